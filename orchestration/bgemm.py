@@ -1,0 +1,79 @@
+"""Batched tiled GEMM: C[b] = A[b] @ B[b] for b < batch, with A[b] of M x K and B[b] of K x N.
+
+The batch is stacked along rows (A is batch*M x K, B is batch*K x N, C is batch*M x N). The
+orchestration loops over batches and M x N output tiles; the K reduction runs inside the
+InCore function. M, N and K need not be multiples of the tiles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pto import Orchestration, cdiv, emin
+from pto.incore.gemm import gemm_tile
+from pto.programs import Program, RunOptions, seeded_randn
+
+# batch, N, K, and the tile sizes per config; M is the sequence length given on the command line
+CONFIGS = {
+    "tiny": dict(batch=2, n=80, k=96, tm=32, tn=64, tk=32),
+    "7b": dict(batch=4, n=4096, k=4096, tm=64, tn=128, tk=64),
+}
+
+
+def build_module(dtype, tm: int, tn: int, tk: int):
+    f = gemm_tile(dtype, tm, tn, tk)
+    o = Orchestration("bgemm")
+    batch, M, N, K = o.scalar("batch"), o.scalar("M"), o.scalar("N"), o.scalar("K")
+    A = o.input("A", batch * M, K, dtype)
+    B = o.input("B", batch * K, N, dtype)
+    C = o.output("C", batch * M, N, dtype)
+    with o.for_loop("b", 0, batch) as b:
+        with o.for_loop("mi", 0, cdiv(M, tm)) as mi:
+            with o.for_loop("ni", 0, cdiv(N, tn)) as ni:
+                rows = emin(tm, M - mi * tm)
+                cols = emin(tn, N - ni * tn)
+                o.call(f, {
+                    "a": (A, b * M + mi * tm, 0, rows, K),
+                    "b": (B, b * K, ni * tn, K, cols),
+                    "c": (C, b * M + mi * tm, ni * tn, rows, cols),
+                    "K": K,
+                })
+    return o.module()
+
+
+class BgemmProgram(Program):
+    name = "bgemm"
+    description = "batched GEMM C[b] = A[b] @ B[b], M = seq"
+    default_seq = 100
+    outputs = ("C",)
+
+    def build(self, opts: RunOptions):
+        self.check_options(opts)
+        c = CONFIGS[opts.config]
+        return build_module(opts.dtype, c["tm"], c["tn"], c["tk"])
+
+    def scalars(self, opts, seq):
+        c = CONFIGS[opts.config]
+        return {"batch": c["batch"], "M": seq, "N": c["n"], "K": c["k"]}
+
+    def inputs(self, opts, seq, device, seed=0):
+        c = CONFIGS[opts.config]
+        g = torch.Generator().manual_seed(seed)
+        return {
+            "A": seeded_randn((c["batch"] * seq, c["k"]), opts.dtype, device, g),
+            "B": seeded_randn((c["batch"] * c["k"], c["n"]), opts.dtype, device, g),
+        }
+
+    def reference(self, opts, seq, inputs):
+        c = CONFIGS[opts.config]
+        a = inputs["A"].double().view(c["batch"], seq, c["k"])
+        b = inputs["B"].double().view(c["batch"], c["k"], c["n"])
+        out = torch.bmm(a, b).view(c["batch"] * seq, c["n"])
+        return {"C": out.to(inputs["A"].dtype)}
+
+    def flops(self, opts, seq):
+        c = CONFIGS[opts.config]
+        return 2.0 * c["batch"] * seq * c["n"] * c["k"]
+
+
+PROGRAM = BgemmProgram()

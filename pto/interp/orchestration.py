@@ -1,0 +1,198 @@
+"""Reference interpreter of orchestration functions: walks the program in order, resolves each
+call to a task (callee variant, regions with directions, scalar arguments) and runs it at once.
+
+:func:`iter_tasks` is the single Python definition of "what task does this call submit"; the
+interpreter, the Python-side graph checks and the tests use it, and the generated C must agree
+with it (tests compare them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from pto.errors import BuildError, ExecutionError, RegionError
+from pto.interp.incore import run_incore
+from pto.ir.analysis import param_access, specialize
+from pto.ir.expr import evaluate
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
+
+
+@dataclass(frozen=True)
+class TaskRegion:
+    param: str
+    tensor: str
+    direction: str  # in | out | inout
+    row0: int
+    col0: int
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: the specialized callee, its regions (in parameter order) and scalar args."""
+
+    func: IncoreFunction
+    regions: tuple[TaskRegion, ...]
+    scalars: tuple[tuple[str, int], ...]
+    call: Call
+
+
+class Specializer:
+    """Caches callee variants and their parameter accesses."""
+
+    def __init__(self, module: Module):
+        self.module = module
+        self._cache: dict[tuple, tuple[IncoreFunction, dict]] = {}
+
+    def get(self, name: str, dims: dict[str, int]) -> tuple[IncoreFunction, dict]:
+        key = (name, tuple(sorted(dims.items())))
+        hit = self._cache.get(key)
+        if hit is None:
+            f = self.module.get(name)
+            if not isinstance(f, IncoreFunction):
+                raise BuildError(f"call to unknown InCore function `{name}`")
+            spec = specialize(f, dims)
+            hit = (spec, param_access(spec))
+            self._cache[key] = hit
+        return hit
+
+
+def tensor_shapes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Concrete shape of every tensor of the orchestration function."""
+    missing = [s for s in fn.scalars if s not in scalars]
+    if missing:
+        raise ExecutionError(f"`{fn.name}` needs scalar{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(missing)}")
+    out = {}
+    for t in fn.tensors:
+        r, c = int(evaluate(t.rows, scalars)), int(evaluate(t.cols, scalars))
+        if r <= 0 or c <= 0:
+            raise ExecutionError(f"tensor `{t.name}` of `{fn.name}` has shape {r}x{c} for "
+                                 f"{', '.join(f'{k}={v}' for k, v in scalars.items())}")
+        out[t.name] = (r, c)
+    return out
+
+
+def resolve_call(spec: Specializer, call: Call, env: dict, shapes: dict[str, tuple[int, int]]) -> TaskSpec:
+    """The task a call submits under the scalar environment ``env`` (checks its regions)."""
+    where = f"call to `{call.func}`" + (f" ({call.loc})" if call.loc else "")
+    try:
+        dims = {k: int(evaluate(e, env)) for k, e in call.dims}
+    except BuildError as err:
+        raise ExecutionError(f"{where}: {err}") from None
+    for k, v in dims.items():
+        if v <= 0:
+            raise RegionError(f"{where}: dim `{k}` evaluates to {v}")
+    func, access = spec.get(call.func, dims)
+    scalars = []
+    for k, v in call.args:
+        if not isinstance(v, RegionBinding):
+            scalars.append((k, int(evaluate(v, env))))
+    callee_env = dict(scalars)
+    regions = []
+    for k, v in call.args:
+        if not isinstance(v, RegionBinding):
+            continue
+        acc = access[k]
+        full_r, full_c = int(evaluate(acc.rows, callee_env)), int(evaluate(acc.cols, callee_env))
+        r0, c0 = int(evaluate(v.row, env)), int(evaluate(v.col, env))
+        nr = full_r if v.rows is None else int(evaluate(v.rows, env))
+        nc = full_c if v.cols is None else int(evaluate(v.cols, env))
+        if nr <= 0 or nc <= 0:
+            raise RegionError(f"{where}: region of `{k}` on tensor `{v.tensor}` is empty "
+                              f"({nr}x{nc} at row {r0}, col {c0})")
+        if nr > full_r or nc > full_c:
+            raise RegionError(f"{where}: region of `{k}` is {nr}x{nc} but `{call.func}` accesses "
+                              f"only {full_r}x{full_c} of it")
+        tr, tc = shapes[v.tensor]
+        if r0 < 0 or c0 < 0 or r0 + nr > tr or c0 + nc > tc:
+            raise RegionError(f"{where}: region of `{k}` rows [{r0}, {r0 + nr}) x cols [{c0}, {c0 + nc}) "
+                              f"lies outside tensor `{v.tensor}` ({tr}x{tc})")
+        regions.append(TaskRegion(k, v.tensor, acc.direction, r0, c0, nr, nc))
+    return TaskSpec(func, tuple(regions), tuple(scalars), call)
+
+
+def iter_tasks(module: Module, scalars: dict[str, int], spec: Specializer | None = None) -> Iterator[TaskSpec]:
+    """The tasks of the entry orchestration function, in program order."""
+    fn = module.entry_function
+    shapes = tensor_shapes(fn, scalars)
+    spec = spec or Specializer(module)
+    env = {k: int(v) for k, v in scalars.items()}
+    yield from _walk(fn.body, env, spec, shapes)
+
+
+def _walk(body, env, spec, shapes):
+    for s in body:
+        if isinstance(s, Let):
+            env[s.name] = int(evaluate(s.value, env))
+        elif isinstance(s, Call):
+            yield resolve_call(spec, s, env, shapes)
+        elif isinstance(s, Loop):
+            lb, ub, st = (int(evaluate(e, env)) for e in (s.lb, s.ub, s.step))
+            if st <= 0:
+                raise ExecutionError(f"loop `{s.var}` has step {st}")
+            if s.adaptive:
+                env[f"{s.var}.rows"] = s.base_rows
+            for v in range(lb, ub, st):
+                env[s.var] = v
+                yield from _walk(s.body, dict(env), spec, shapes)
+        elif isinstance(s, If):
+            branch = s.then if evaluate(s.cond, env) else s.orelse
+            yield from _walk(branch, env, spec, shapes)
+        else:  # pragma: no cover
+            raise TypeError(s)
+
+
+@dataclass
+class RunResult:
+    tensors: dict[str, torch.Tensor]
+    tasks: int
+
+
+def allocate(fn: OrchFunction, shapes: dict[str, tuple[int, int]], given: dict[str, torch.Tensor],
+             device) -> dict[str, torch.Tensor]:
+    """Check the given tensors against the declarations; allocate the rest (poisoned with NaN so
+    that an element no task writes shows up)."""
+    out = {}
+    for t in fn.tensors:
+        shape = shapes[t.name]
+        if t.name in given:
+            x = given[t.name]
+            if tuple(x.shape) != shape:
+                raise ExecutionError(f"tensor `{t.name}` must be {shape[0]}x{shape[1]}, got "
+                                     f"{'x'.join(map(str, x.shape))}")
+            if x.dtype != t.dtype.torch:
+                raise ExecutionError(f"tensor `{t.name}` must be {t.dtype}, got {x.dtype}")
+            out[t.name] = x.contiguous()
+        elif t.role in ("input", "inout"):
+            raise ExecutionError(f"input tensor `{t.name}` of `{fn.name}` was not given")
+        else:
+            out[t.name] = torch.full(shape, float("nan"), dtype=t.dtype.torch, device=device)
+    unknown = set(given) - {t.name for t in fn.tensors}
+    if unknown:
+        raise ExecutionError(f"`{fn.name}` has no tensor {', '.join(sorted(unknown))}")
+    return out
+
+
+def run_task(task: TaskSpec, tensors: dict[str, torch.Tensor]) -> None:
+    regions = {r.param: (tensors[r.tensor], r.row0, r.col0, r.rows, r.cols) for r in task.regions}
+    run_incore(task.func, regions, dict(task.scalars))
+
+
+def run_program(module: Module, inputs: dict[str, torch.Tensor], scalars: dict[str, int],
+                device=None) -> RunResult:
+    """Run the entry orchestration function in program order with the reference interpreter."""
+    fn = module.entry_function
+    shapes = tensor_shapes(fn, scalars)
+    if device is None:
+        device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
+    tensors = allocate(fn, shapes, inputs, device)
+    n = 0
+    for task in iter_tasks(module, scalars):
+        run_task(task, tensors)
+        n += 1
+    return RunResult(tensors, n)

@@ -1,0 +1,1 @@
+"""The IR: dtypes, the op vocabulary, scalar expressions, nodes and derived facts."""

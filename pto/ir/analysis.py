@@ -1,0 +1,242 @@
+"""Facts derived from an InCore function: which region each memref parameter touches and in
+which direction, tile shapes under given dims, and specialization of dims to values.
+
+These are what make a call's regions correct by construction: the direction (in/out/inout)
+and the extent of every parameter come from the callee's own loads and stores, never from
+parameter names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pto.errors import BuildError
+from pto.ir.expr import Const, Expr, bounds, const_value, emax, evaluate, fold, substitute
+from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, Tile
+from pto.ir.ops import Op
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a memref parameter is used: ``direction`` in {"in", "out", "inout"} and the extent
+    of its region (expressions over the function's scalar parameters and dims)."""
+
+    direction: str
+    rows: Expr
+    cols: Expr
+
+
+def loop_ranges(fn: IncoreFunction) -> dict[str, tuple[Expr, Expr]]:
+    """Inclusive value range of every loop variable and of the parallel axis."""
+    ranges: dict[str, tuple[Expr, Expr]] = {}
+    if fn.parallel is not None:
+        ranges[fn.parallel.var] = (Const(0), fold(fn.parallel.extent - 1))
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                lo, _ = bounds(s.lb, ranges)
+                # last value taken: lb + ((ub - lb - 1) // step) * step
+                last = s.lb + ((s.ub - s.lb - 1) // s.step) * s.step
+                _, hi = bounds(last, ranges)
+                ranges[s.var] = (lo, hi)
+                visit(s.body)
+
+    visit(fn.body)
+    return ranges
+
+
+def memref_accesses(fn: IncoreFunction):
+    """Yield (memref name, instr, row expr, col expr, tile) for every load and store."""
+
+    tiles = {t.name: t for t in fn.tiles}
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                yield from visit(s.body)
+            elif s.op is Op.LOAD:
+                mem, row, col = s.srcs
+                yield mem, s, row, col, tiles[s.dst]
+            elif s.op is Op.STORE:
+                tile, mem, row, col = s.srcs
+                yield mem, s, row, col, tiles[tile]
+
+    yield from visit(fn.body)
+
+
+def param_access(fn: IncoreFunction) -> dict[str, Access]:
+    """Direction and region extent of each memref parameter."""
+    ranges = loop_ranges(fn)
+    reads: dict[str, bool] = {}
+    writes: dict[str, bool] = {}
+    ext_rows: dict[str, list[Expr]] = {}
+    ext_cols: dict[str, list[Expr]] = {}
+    for mem, ins, row, col, tile in memref_accesses(fn):
+        if ins.op is Op.LOAD:
+            reads[mem] = True
+        else:
+            writes[mem] = True
+        _, rhi = bounds(row, ranges)
+        _, chi = bounds(col, ranges)
+        ext_rows.setdefault(mem, []).append(fold(rhi + tile.rows))
+        ext_cols.setdefault(mem, []).append(fold(chi + tile.cols))
+    out: dict[str, Access] = {}
+    for p in fn.memrefs:
+        if p.name not in ext_rows:
+            continue
+        direction = "inout" if reads.get(p.name) and writes.get(p.name) else (
+            "in" if reads.get(p.name) else "out")
+        if p.shape is not None:
+            rows, cols = p.shape
+        else:
+            rows = _max_all(ext_rows[p.name])
+            cols = _max_all(ext_cols[p.name])
+        out[p.name] = Access(direction, rows, cols)
+    return out
+
+
+def _max_all(xs: list[Expr]) -> Expr:
+    uniq: list[Expr] = []
+    for x in xs:
+        if x not in uniq:
+            uniq.append(x)
+    consts = [const_value(x) for x in uniq]
+    if all(c is not None for c in consts):
+        return Const(max(consts))
+    out = uniq[0]
+    for x in uniq[1:]:
+        out = emax(out, x)
+    return out
+
+
+def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
+    """Concrete (rows, cols) of a tile under the given dim values."""
+    try:
+        r, c = evaluate(tile.rows, dims), evaluate(tile.cols, dims)
+    except BuildError as e:
+        raise BuildError(f"tile `{tile.name}`: its shape needs {e}") from None
+    return int(r), int(c)
+
+
+def default_dims(fn: IncoreFunction) -> dict[str, int]:
+    return dict(fn.dims)
+
+
+def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> IncoreFunction:
+    """The function with every dim replaced by a value (defaults for dims not given).
+
+    The result has no dims left and records the values in ``variant``; it is what renderers and
+    interpreters run. Raises BuildError for an unknown dim name or a non-positive value.
+    """
+    dims = dict(dims or {})
+    known = dict(fn.dims)
+    for k, v in dims.items():
+        if k not in known:
+            names = ", ".join(known) or "none"
+            raise BuildError(f"`{fn.name}` has no dim `{k}` (its dims: {names})")
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise BuildError(f"`{fn.name}`: dim `{k}` must be a positive integer, got {v!r}")
+    if not known:
+        return fn
+    values = {**known, **dims}
+    mapping = {k: Const(v) for k, v in values.items()}
+
+    def sub(e):
+        return substitute(e, mapping) if isinstance(e, Expr) else e
+
+    def stmt(s):
+        if isinstance(s, ForRange):
+            return ForRange(s.var, sub(s.lb), sub(s.ub), sub(s.step), tuple(stmt(b) for b in s.body))
+        return replace(s, srcs=tuple(sub(x) for x in s.srcs))
+
+    params = tuple(
+        replace(p, shape=(sub(p.shape[0]), sub(p.shape[1])))
+        if isinstance(p, MemRefParam) and p.shape is not None else p
+        for p in fn.params
+    )
+    tiles = tuple(replace(t, rows=sub(t.rows), cols=sub(t.cols)) for t in fn.tiles)
+    parallel = None if fn.parallel is None else Parallel(fn.parallel.var, sub(fn.parallel.extent))
+    spec = IncoreFunction(
+        name=fn.name,
+        params=params,
+        dims=(),
+        tiles=tiles,
+        body=tuple(stmt(s) for s in fn.body),
+        parallel=parallel,
+        variant=tuple(sorted(values.items())),
+        loc=fn.loc,
+    )
+    from pto.builder.verify import verify_incore
+
+    verify_incore(spec)
+    return spec
+
+
+def tile_bytes(fn: IncoreFunction, dims: dict[str, int] | None = None) -> dict[str, int]:
+    """Bytes of every tile, by name, under the given dims (defaults if not given)."""
+    d = {**dict(fn.dims), **(dims or {})}
+    out = {}
+    for t in fn.tiles:
+        r, c = tile_shape(t, d)
+        out[t.name] = r * c * t.dtype.itemsize
+    return out
+
+
+def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> tuple[int, list[str]]:
+    """Peak bytes of tiles live at the same time, and the names live at the peak.
+
+    A tile is live from its first write to its last read in program order; a tile used inside
+    a loop is live across the whole loop (the next iteration may read it).
+    """
+    sizes = tile_bytes(fn, dims)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    pos = 0
+
+    def touch(name: str, at: int):
+        if name in sizes:
+            first.setdefault(name, at)
+            last[name] = max(last.get(name, at), at)
+
+    def visit(body, loop_span: tuple[int, int] | None):
+        nonlocal pos
+        for s in body:
+            if isinstance(s, ForRange):
+                start = pos
+                # size of the loop in positions, to extend liveness over it
+                n = _count_instrs(s.body)
+                visit(s.body, (start, start + n - 1) if loop_span is None else loop_span)
+            else:
+                names = [x for x in s.srcs if isinstance(x, str)]
+                if s.dst is not None:
+                    names.append(s.dst)
+                for nme in names:
+                    touch(nme, pos)
+                    if loop_span is not None:
+                        touch(nme, loop_span[0])
+                        touch(nme, loop_span[1])
+                pos += 1
+
+    visit(fn.body, None)
+    peak, peak_names = 0, []
+    for p in range(pos):
+        live = [n for n in sizes if n in first and first[n] <= p <= last[n]]
+        b = sum(sizes[n] for n in live)
+        if b > peak:
+            peak, peak_names = b, live
+    return peak, peak_names
+
+
+def _count_instrs(body) -> int:
+    n = 0
+    for s in body:
+        n += _count_instrs(s.body) if isinstance(s, ForRange) else 1
+    return n
+
+
+def instr_tiles(ins: Instr) -> list[str]:
+    names = [x for x in ins.srcs if isinstance(x, str)]
+    if ins.dst is not None:
+        names.append(ins.dst)
+    return names

@@ -1,0 +1,156 @@
+"""The tile instruction set: one Op enum, named op groups, and a signature per op.
+
+The verifier (pto.builder.incore), the printer and parser (pto.text), the interpreter
+(pto.interp), the Triton renderer (pto.codegen.triton) and the estimator all branch on these
+groups rather than on individual ops, so adding an op means adding it here and to the few
+tables that give it meaning.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Op(enum.Enum):
+    # memory
+    LOAD = "load"
+    STORE = "store"
+    # elementwise binary, tile (op) tile
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    # elementwise binary, tile (op) scalar
+    ADDS = "adds"
+    SUBS = "subs"
+    MULS = "muls"
+    DIVS = "divs"
+    MAXS = "maxs"
+    MINS = "mins"
+    # unary
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    RECIP = "recip"
+    NEG = "neg"
+    ABS = "abs"
+    RELU = "relu"
+    SILU = "silu"
+    # reductions: rows (R x C -> R x 1), columns (R x C -> 1 x C)
+    ROWSUM = "rowsum"
+    ROWMAX = "rowmax"
+    ROWMIN = "rowmin"
+    COLSUM = "colsum"
+    COLMAX = "colmax"
+    COLMIN = "colmin"
+    # broadcast: a row vector (R x 1) or column vector (1 x C) against a tile
+    ROWEXPAND = "rowexpand"
+    ROWEXPANDADD = "rowexpandadd"
+    ROWEXPANDSUB = "rowexpandsub"
+    ROWEXPANDMUL = "rowexpandmul"
+    ROWEXPANDDIV = "rowexpanddiv"
+    COLEXPAND = "colexpand"
+    COLEXPANDADD = "colexpandadd"
+    COLEXPANDSUB = "colexpandsub"
+    COLEXPANDMUL = "colexpandmul"
+    COLEXPANDDIV = "colexpanddiv"
+    # matrix
+    MATMUL = "matmul"
+    MATMUL_ACC = "matmul_acc"
+    # conversion and data
+    CAST = "cast"
+    MOV = "mov"
+    FULL = "full"
+    # masking (fill elements outside a predicate)
+    MASK_CAUSAL = "mask_causal"
+    MASK_COLS = "mask_cols"
+    MASK_ROWS = "mask_rows"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MEMORY = frozenset({Op.LOAD, Op.STORE})
+BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
+SCALAR_BINARY = frozenset({Op.ADDS, Op.SUBS, Op.MULS, Op.DIVS, Op.MAXS, Op.MINS})
+ELEMENTWISE = BINARY | SCALAR_BINARY
+UNARY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.RECIP, Op.NEG, Op.ABS, Op.RELU, Op.SILU})
+ROW_REDUCE = frozenset({Op.ROWSUM, Op.ROWMAX, Op.ROWMIN})
+COL_REDUCE = frozenset({Op.COLSUM, Op.COLMAX, Op.COLMIN})
+REDUCE = ROW_REDUCE | COL_REDUCE
+ROW_BROADCAST = frozenset({Op.ROWEXPAND, Op.ROWEXPANDADD, Op.ROWEXPANDSUB, Op.ROWEXPANDMUL,
+                           Op.ROWEXPANDDIV})
+COL_BROADCAST = frozenset({Op.COLEXPAND, Op.COLEXPANDADD, Op.COLEXPANDSUB, Op.COLEXPANDMUL,
+                           Op.COLEXPANDDIV})
+BROADCAST = ROW_BROADCAST | COL_BROADCAST
+MATMUL = frozenset({Op.MATMUL, Op.MATMUL_ACC})
+CAST = frozenset({Op.CAST, Op.MOV})
+FILL = frozenset({Op.FULL})
+MASK = frozenset({Op.MASK_CAUSAL, Op.MASK_COLS, Op.MASK_ROWS})
+
+GROUPS = {
+    "memory": MEMORY,
+    "elementwise": ELEMENTWISE,
+    "unary": UNARY,
+    "reduce": REDUCE,
+    "broadcast": BROADCAST,
+    "matmul": MATMUL,
+    "cast": CAST,
+    "fill": FILL,
+    "mask": MASK,
+}
+
+# The arithmetic each elementwise/broadcast op applies, by name; renderers map these names to
+# their own spelling (torch function, Triton expression).
+ARITH = {
+    Op.ADD: "add", Op.ADDS: "add", Op.ROWEXPANDADD: "add", Op.COLEXPANDADD: "add",
+    Op.SUB: "sub", Op.SUBS: "sub", Op.ROWEXPANDSUB: "sub", Op.COLEXPANDSUB: "sub",
+    Op.MUL: "mul", Op.MULS: "mul", Op.ROWEXPANDMUL: "mul", Op.COLEXPANDMUL: "mul",
+    Op.DIV: "div", Op.DIVS: "div", Op.ROWEXPANDDIV: "div", Op.COLEXPANDDIV: "div",
+    Op.MAX: "max", Op.MAXS: "max",
+    Op.MIN: "min", Op.MINS: "min",
+    Op.ROWEXPAND: "copy", Op.COLEXPAND: "copy",
+}
+
+REDUCE_KIND = {
+    Op.ROWSUM: "sum", Op.COLSUM: "sum",
+    Op.ROWMAX: "max", Op.COLMAX: "max",
+    Op.ROWMIN: "min", Op.COLMIN: "min",
+}
+
+# Operand signature of each op: the kinds of its sources, in order.
+#   T = tile, M = memref parameter, E = scalar expression (int or float)
+# and whether it writes a destination tile.
+SIGNATURE: dict[Op, tuple[str, bool]] = {}
+for _op in BINARY:
+    SIGNATURE[_op] = ("TT", True)
+for _op in SCALAR_BINARY:
+    SIGNATURE[_op] = ("TE", True)
+for _op in UNARY | REDUCE | CAST:
+    SIGNATURE[_op] = ("T", True)
+for _op in (Op.ROWEXPAND, Op.COLEXPAND):
+    SIGNATURE[_op] = ("T", True)
+for _op in BROADCAST - {Op.ROWEXPAND, Op.COLEXPAND}:
+    SIGNATURE[_op] = ("TT", True)
+for _op in MATMUL:
+    SIGNATURE[_op] = ("TT", True)
+for _op in MASK:
+    SIGNATURE[_op] = ("TE", True)
+SIGNATURE[Op.FULL] = ("E", True)
+SIGNATURE[Op.LOAD] = ("MEE", True)
+SIGNATURE[Op.STORE] = ("TMEE", False)
+
+# Attributes each op accepts, with their defaults. Anything else is a build error.
+ATTRS: dict[Op, dict[str, object]] = {op: {} for op in Op}
+ATTRS[Op.LOAD] = {"pad": 0.0}
+ATTRS[Op.MATMUL] = {"ta": False, "tb": False, "acc": "f32"}
+ATTRS[Op.MATMUL_ACC] = {"ta": False, "tb": False, "acc": "f32"}
+for _op in MASK:
+    ATTRS[_op] = {"fill": float("-inf")}
+
+assert set(SIGNATURE) == set(Op), set(Op) - set(SIGNATURE)
+
+BY_NAME = {op.value: op for op in Op}

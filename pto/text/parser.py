@@ -1,0 +1,531 @@
+"""Parse the text form (see :mod:`pto.text.printer`) back into a Module, and expression text
+(``"tile_i * 32"``, bare names allowed) into an Expr for the builders.
+
+A small hand-written lexer and recursive-descent parser; errors say the line, the column and
+what was expected (``ParseError: line 4, col 12: expected `]`, found `,```).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from pto.errors import BuildError, ParseError
+from pto.ir.dtypes import dtype_of
+from pto.ir.expr import FUNCS, Attr, Const, Expr, Var, binop, fn
+from pto.ir.nodes import (
+    Call,
+    ForRange,
+    If,
+    IncoreFunction,
+    Instr,
+    Let,
+    Loop,
+    MemRefParam,
+    Module,
+    OrchFunction,
+    Parallel,
+    RegionBinding,
+    ScalarParam,
+    TensorDecl,
+    Tile,
+)
+from pto.ir.ops import ATTRS, BY_NAME, SIGNATURE, Op
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r]+|\#[^\n]*)
+  | (?P<nl>\n)
+  | (?P<float>(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)
+  | (?P<int>\d+)
+  | (?P<var>%[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<func>@[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<str>"[^"\n]*")
+  | (?P<op>//|<=|>=|==|!=|[-+*%<>=(){}\[\],:.])
+""", re.VERBOSE)
+
+
+@dataclass
+class Tok:
+    kind: str
+    text: str
+    line: int
+    col: int
+
+
+def tokenize(src: str) -> list[Tok]:
+    toks: list[Tok] = []
+    pos, line, line_start = 0, 1, 0
+    while pos < len(src):
+        m = _TOKEN.match(src, pos)
+        if m is None:
+            raise ParseError(f"line {line}, col {pos - line_start + 1}: unexpected character {src[pos]!r}")
+        kind = m.lastgroup
+        text = m.group()
+        if kind == "nl":
+            line += 1
+            line_start = m.end()
+        elif kind != "ws":
+            toks.append(Tok(kind, text, line, pos - line_start + 1))
+        pos = m.end()
+    toks.append(Tok("eof", "", line, pos - line_start + 1))
+    return toks
+
+
+class Parser:
+    def __init__(self, src: str, bare_names: bool = False):
+        self.toks = tokenize(src)
+        self.i = 0
+        self.bare = bare_names
+
+    # token helpers -----------------------------------------------------------------------------
+    @property
+    def tok(self) -> Tok:
+        return self.toks[self.i]
+
+    def fail(self, expected: str):
+        t = self.tok
+        found = "end of input" if t.kind == "eof" else f"`{t.text}`"
+        raise ParseError(f"line {t.line}, col {t.col}: expected {expected}, found {found}")
+
+    def at(self, text: str) -> bool:
+        t = self.tok
+        return t.text == text and t.kind in ("op", "name")
+
+    def accept(self, text: str) -> bool:
+        if self.at(text):
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, text: str) -> Tok:
+        if not self.at(text):
+            self.fail(f"`{text}`")
+        t = self.tok
+        self.i += 1
+        return t
+
+    def take(self, kind: str, what: str) -> Tok:
+        if self.tok.kind != kind:
+            self.fail(what)
+        t = self.tok
+        self.i += 1
+        return t
+
+    def var(self) -> str:
+        return self.take("var", "a %name").text[1:]
+
+    def name(self) -> str:
+        return self.take("name", "a name").text
+
+    def int_(self) -> int:
+        neg = self.accept("-")
+        v = int(self.take("int", "an integer").text)
+        return -v if neg else v
+
+    def loc(self) -> str | None:
+        if self.tok.kind == "name" and self.tok.text == "loc":
+            self.i += 1
+            return self.take("str", 'a "file:line" string').text[1:-1]
+        return None
+
+    # expressions -------------------------------------------------------------------------------
+    def expr(self) -> Expr:
+        return self._or()
+
+    def _or(self):
+        e = self._and()
+        while self.at("or"):
+            self.i += 1
+            e = binop("or", e, self._and())
+        return e
+
+    def _and(self):
+        e = self._cmp()
+        while self.at("and"):
+            self.i += 1
+            e = binop("and", e, self._cmp())
+        return e
+
+    def _cmp(self):
+        e = self._add()
+        while self.tok.kind == "op" and self.tok.text in ("<", "<=", ">", ">=", "==", "!="):
+            op = self.tok.text
+            self.i += 1
+            e = binop(op, e, self._add())
+        return e
+
+    def _add(self):
+        e = self._mul()
+        while self.tok.kind == "op" and self.tok.text in ("+", "-"):
+            op = self.tok.text
+            self.i += 1
+            e = binop(op, e, self._mul())
+        return e
+
+    def _mul(self):
+        e = self._unary()
+        while self.tok.kind == "op" and self.tok.text in ("*", "//", "%"):
+            op = self.tok.text
+            self.i += 1
+            e = binop(op, e, self._unary())
+        return e
+
+    def _unary(self):
+        if self.accept("-"):
+            inner = self._unary()
+            if isinstance(inner, Const):
+                return Const(-inner.value)
+            return binop("-", Const(0), inner)
+        return self._primary()
+
+    def _primary(self):
+        t = self.tok
+        if t.kind == "int":
+            self.i += 1
+            return Const(int(t.text))
+        if t.kind == "float":
+            self.i += 1
+            return Const(float(t.text))
+        if t.kind == "var":
+            self.i += 1
+            return self._maybe_attr(t.text[1:])
+        if t.kind == "name":
+            if t.text in ("min", "max"):
+                self.i += 1
+                self.expect("(")
+                a = self.expr()
+                self.expect(",")
+                b = self.expr()
+                out = binop(t.text, a, b)
+                while self.accept(","):
+                    out = binop(t.text, out, self.expr())
+                self.expect(")")
+                return out
+            if t.text in FUNCS and self.toks[self.i + 1].text == "(":
+                self.i += 2
+                args = [self.expr()]
+                while self.accept(","):
+                    args.append(self.expr())
+                self.expect(")")
+                try:
+                    return fn(t.text, *args)
+                except BuildError as err:
+                    raise ParseError(f"line {t.line}, col {t.col}: {err}") from None
+            if t.text == "inf":
+                self.i += 1
+                return Const(math.inf)
+            if t.text in ("true", "false"):
+                self.i += 1
+                return Const(int(t.text == "true"))
+            if self.bare and t.text not in ("and", "or"):
+                self.i += 1
+                return self._maybe_attr(t.text)
+        if self.accept("("):
+            e = self.expr()
+            self.expect(")")
+            return e
+        self.fail("an expression")
+
+    def _maybe_attr(self, base: str) -> Expr:
+        if self.at("."):
+            self.i += 1
+            field = self.name()
+            if field not in ("rows", "cols"):
+                raise ParseError(f"line {self.tok.line}: `{base}.{field}`: only .rows and .cols exist")
+            return Attr(base, field)
+        return Var(base)
+
+    # attributes --------------------------------------------------------------------------------
+    def attrs(self) -> list[tuple[str, object]]:
+        items: list[tuple[str, object]] = []
+        if not self.at("{") or not self._attr_block_ahead():
+            return items
+        self.expect("{")
+        while not self.accept("}"):
+            k = self.name()
+            self.expect("=")
+            items.append((k, self.attr_value()))
+            if not self.accept(","):
+                self.expect("}")
+                break
+        return items
+
+    def _attr_block_ahead(self) -> bool:
+        # `{ name =` starts an attribute block; `{` followed by a statement starts a body
+        nxt, nxt2 = self.toks[self.i + 1], self.toks[min(self.i + 2, len(self.toks) - 1)]
+        return nxt.kind == "name" and nxt2.text == "="
+
+    def attr_value(self):
+        t = self.tok
+        if t.kind == "name" and t.text in ("true", "false"):
+            self.i += 1
+            return t.text == "true"
+        if t.kind == "name" and t.text not in ("inf",):
+            self.i += 1
+            return t.text
+        if self.accept("{"):
+            levels = []
+            while not self.accept("}"):
+                k = self.int_()
+                self.expect(":")
+                v = self.int_()
+                levels.append((k, v))
+                if not self.accept(","):
+                    self.expect("}")
+                    break
+            return tuple(sorted(levels))
+        e = self.expr()
+        if not isinstance(e, Const):
+            self.fail("a constant attribute value")
+        return e.value
+
+    # InCore ------------------------------------------------------------------------------------
+    def incore(self) -> IncoreFunction:
+        self.expect("incore")
+        name = self.take("func", "@name").text[1:]
+        dims = self._dim_list("dims")
+        variant = self._dim_list("variant")
+        loc = self.loc()
+        self.expect("{")
+        params, tiles, parallel = [], [], None
+        while True:
+            if self.accept("param"):
+                pname = self.var()
+                self.expect(":")
+                if self.accept("scalar"):
+                    params.append(ScalarParam(pname))
+                else:
+                    self.expect("memref")
+                    dt = self._dtype()
+                    shape = None
+                    if self.accept("["):
+                        r = self.expr()
+                        self.expect(",")
+                        c = self.expr()
+                        self.expect("]")
+                        shape = (r, c)
+                    params.append(MemRefParam(pname, dt, shape))
+            elif self.accept("tile"):
+                tname = self.var()
+                self.expect(":")
+                r, c = self._shape()
+                tiles.append(Tile(tname, r, c, self._dtype()))
+            elif self.accept("parallel"):
+                pv = self.var()
+                self.expect("<")
+                parallel = Parallel(pv, self.expr())
+            else:
+                break
+        body = self._incore_body()
+        return IncoreFunction(name, tuple(params), tuple(dims), tuple(tiles), tuple(body), parallel,
+                              tuple(variant), loc)
+
+    def _dim_list(self, kw: str) -> list[tuple[str, int]]:
+        out = []
+        if self.accept(kw):
+            self.expect("(")
+            while not self.accept(")"):
+                k = self.var()
+                self.expect("=")
+                out.append((k, self.int_()))
+                if not self.accept(","):
+                    self.expect(")")
+                    break
+        return out
+
+    def _shape(self):
+        self.expect("[")
+        r = self.expr()
+        self.expect(",")
+        c = self.expr()
+        self.expect("]")
+        return r, c
+
+    def _dtype(self):
+        t = self.take("name", "a dtype (f32, f16, bf16)")
+        try:
+            return dtype_of(t.text)
+        except BuildError:
+            raise ParseError(f"line {t.line}, col {t.col}: unknown dtype `{t.text}`") from None
+
+    def _incore_body(self) -> list:
+        out = []
+        while not self.accept("}"):
+            if self.accept("for"):
+                v = self.var()
+                self.expect("=")
+                lb = self.expr()
+                self.expect("to")
+                ub = self.expr()
+                self.expect("step")
+                st = self.expr()
+                self.expect("{")
+                out.append(ForRange(v, lb, ub, st, tuple(self._incore_body())))
+            else:
+                out.append(self.instr())
+        return out
+
+    def instr(self) -> Instr:
+        t = self.take("name", "an instruction")
+        op = BY_NAME.get(t.text)
+        if op is None:
+            raise ParseError(f"line {t.line}, col {t.col}: unknown instruction `{t.text}`")
+        if op is Op.LOAD:
+            dst = self.var()
+            self.expect(",")
+            mem = self.var()
+            row, col = self._index()
+            srcs = (mem, row, col)
+        elif op is Op.STORE:
+            dst = None
+            mem = self.var()
+            row, col = self._index()
+            self.expect(",")
+            srcs = (self.var(), mem, row, col)
+        else:
+            dst = self.var()
+            srcs = []
+            for k in SIGNATURE[op][0]:
+                self.expect(",")
+                srcs.append(self.var() if k in "TM" else self.expr())
+            srcs = tuple(srcs)
+        attrs = self.attrs()
+        for k, _ in attrs:
+            if k not in ATTRS[op]:
+                raise ParseError(f"line {t.line}: `{op.value}` has no attribute `{k}`")
+        return Instr(op, dst, srcs, tuple(sorted(attrs)), loc=self.loc())
+
+    def _index(self):
+        self.expect("[")
+        r = self.expr()
+        self.expect(",")
+        c = self.expr()
+        self.expect("]")
+        return r, c
+
+    # orchestration -----------------------------------------------------------------------------
+    def orch(self) -> OrchFunction:
+        self.expect("orchestration")
+        name = self.take("func", "@name").text[1:]
+        loc = self.loc()
+        self.expect("{")
+        scalars, tensors = [], []
+        while True:
+            if self.accept("scalar"):
+                scalars.append(self.var())
+            elif self.accept("tensor"):
+                tname = self.var()
+                self.expect(":")
+                r, c = self._shape()
+                dt = self._dtype()
+                role = self.name()
+                if role not in ("input", "output", "inout", "temp"):
+                    raise ParseError(f"line {self.tok.line}: unknown tensor role `{role}`")
+                tensors.append(TensorDecl(tname, r, c, dt, role))
+            else:
+                break
+        body = self._orch_body()
+        return OrchFunction(name, tuple(scalars), tuple(tensors), tuple(body), loc)
+
+    def _orch_body(self) -> list:
+        out = []
+        while not self.accept("}"):
+            if self.accept("let"):
+                v = self.var()
+                self.expect("=")
+                out.append(Let(v, self.expr()))
+            elif self.accept("for"):
+                v = self.var()
+                self.expect("=")
+                lb = self.expr()
+                self.expect("to")
+                ub = self.expr()
+                self.expect("step")
+                st = self.expr()
+                attrs = dict(self.attrs())
+                self.expect("{")
+                body = tuple(self._orch_body())
+                out.append(Loop(v, lb, ub, st, body, attrs.get("max_range"), attrs.get("min_range"),
+                                attrs.get("tile_levels")))
+            elif self.accept("if"):
+                cond = self.expr()
+                self.expect("{")
+                then = tuple(self._orch_body())
+                orelse = ()
+                if self.accept("else"):
+                    self.expect("{")
+                    orelse = tuple(self._orch_body())
+                out.append(If(cond, then, orelse))
+            elif self.accept("call"):
+                out.append(self._call())
+            else:
+                self.fail("a statement (let, for, if, call) or `}`")
+        return out
+
+    def _call(self) -> Call:
+        func = self.take("func", "@function").text[1:]
+        self.expect("(")
+        args = []
+        while not self.accept(")"):
+            k = self.name()
+            self.expect("=")
+            if self.tok.kind == "var" and self.toks[self.i + 1].text == "[":
+                tname = self.var()
+                self.expect("[")
+                parts = [self.expr()]
+                while self.accept(","):
+                    parts.append(self.expr())
+                self.expect("]")
+                if len(parts) not in (2, 4):
+                    raise ParseError(f"line {self.tok.line}: a region takes 2 or 4 expressions")
+                rows, cols = (parts[2], parts[3]) if len(parts) == 4 else (None, None)
+                args.append((k, RegionBinding(tname, parts[0], parts[1], rows, cols)))
+            else:
+                args.append((k, self.expr()))
+            if not self.accept(","):
+                self.expect(")")
+                break
+        dims = []
+        if self.accept("dims"):
+            self.expect("(")
+            while not self.accept(")"):
+                k = self.name()
+                self.expect("=")
+                dims.append((k, self.expr()))
+                if not self.accept(","):
+                    self.expect(")")
+                    break
+        return Call(func, tuple(args), tuple(dims), loc=self.loc())
+
+    # module ------------------------------------------------------------------------------------
+    def module(self) -> Module:
+        funcs = []
+        while True:
+            if self.at("incore"):
+                funcs.append(self.incore())
+            elif self.at("orchestration"):
+                funcs.append(self.orch())
+            else:
+                break
+        self.expect("entry")
+        entry = self.take("func", "@entry").text[1:]
+        if self.tok.kind != "eof":
+            self.fail("end of input")
+        return Module(tuple(funcs), entry)
+
+
+def parse_module(src: str) -> Module:
+    """Parse a module's text form. The result is not re-verified; use
+    :func:`pto.verify_module` to check a hand-written module."""
+    return Parser(src).module()
+
+
+def parse_expr(src: str) -> Expr:
+    """Parse one expression; bare identifiers are variables (``"tile_i * 32"``)."""
+    p = Parser(src, bare_names=True)
+    e = p.expr()
+    if p.tok.kind != "eof":
+        p.fail("end of expression")
+    return e
