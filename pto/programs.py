@@ -52,7 +52,8 @@ class Program:
     def inputs(self, opts: RunOptions, seq: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def reference(self, opts: RunOptions, seq: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def reference(self, opts: RunOptions, seq: int,
+                  inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def flops(self, opts: RunOptions, seq: int) -> float:

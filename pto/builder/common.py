@@ -33,6 +33,9 @@ def caller_loc() -> str | None:
     f = sys._getframe(1)
     while f is not None:
         fname = os.path.abspath(f.f_code.co_filename)
+        if os.path.basename(fname) == "contextlib.py":
+            f = f.f_back
+            continue
         if not fname.startswith(_PTO_DIR + os.sep) or "/incore/" in fname or "/orchestration/" in fname:
             return f"{os.path.basename(fname)}:{f.f_lineno}"
         f = f.f_back

@@ -27,7 +27,7 @@ from pto.builder.common import caller_loc, check_name
 from pto.builder.verify import _Ctx, check_instr, verify_incore
 from pto.errors import BuildError
 from pto.ir.dtypes import dtype_of
-from pto.ir.expr import Attr, Const, Expr, ExprLike, Var, as_expr
+from pto.ir.expr import Attr, Const, ExprLike, Var, as_expr
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, ScalarParam, Tile
 from pto.ir.ops import ATTRS, BINARY, BROADCAST, CAST, MASK, REDUCE, SCALAR_BINARY, UNARY, Op
 

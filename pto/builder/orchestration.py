@@ -37,7 +37,6 @@ from pto.ir.nodes import (
     Module,
     OrchFunction,
     RegionBinding,
-    ScalarParam,
     TensorDecl,
 )
 
@@ -194,13 +193,8 @@ class Orchestration:
         sv = const_value(st_)
         if sv is not None and (not isinstance(sv, int) or sv <= 0):
             self._fail(f"loop `{name}`: step must be a positive integer, got {sv!r}", loc)
-        levels = check_loop_attrs(self.name, name, st_, max_range, min_range, tile_levels, loc)
-        if levels is not None:
-            keys = [p for p, _ in levels if p > 0]
-            if max_range is None:
-                max_range = max(keys) if keys else 1
-            if min_range is None:
-                min_range = min(keys) if keys else 1
+        levels, max_range, min_range = check_loop_attrs(self.name, name, st_, max_range, min_range,
+                                                        tile_levels, loc)
         self._declare(name, "loop variable")
         frame = _Frame(loop=name, adaptive=levels is not None)
         frame.names.add(name)
@@ -427,7 +421,8 @@ def _eval_or_none(e: Expr, env: dict):
 
 
 def check_loop_attrs(owner: str, name: str, step: Expr, max_range, min_range, tile_levels, loc=None):
-    """Validate the binary-expansion attributes; return tile_levels as a sorted tuple or None."""
+    """Validate the binary-expansion attributes; return (tile_levels as a sorted tuple,
+    max_range, min_range) with the defaults filled in, or (None, None, None)."""
 
     def fail(msg):
         where = f" ({loc})" if loc else ""
@@ -439,7 +434,7 @@ def check_loop_attrs(owner: str, name: str, step: Expr, max_range, min_range, ti
     if tile_levels is None:
         if max_range is not None or min_range is not None:
             fail("max_range/min_range need tile_levels (the tile height per block size)")
-        return None
+        return None, None, None
     if not isinstance(tile_levels, dict) or not tile_levels:
         fail(f"tile_levels must be a dict {{block size: tile height}}, got {tile_levels!r}")
     for k, v in tile_levels.items():
@@ -457,7 +452,7 @@ def check_loop_attrs(owner: str, name: str, step: Expr, max_range, min_range, ti
             fail(f"{what} must be a positive power of two, got {v!r}")
     keys = sorted(k for k in tile_levels if k != 0)
     mx = max_range if max_range is not None else (keys[-1] if keys else 1)
-    mn = min_range if min_range is not None else (keys[0] if keys else 1)
+    mn = min_range if min_range is not None else min(keys[0] if keys else 1, mx)
     if mn > mx:
         fail(f"min_range {mn} exceeds max_range {mx}")
     for p in keys:
@@ -471,7 +466,7 @@ def check_loop_attrs(owner: str, name: str, step: Expr, max_range, min_range, ti
         if p % (h // base):
             fail(f"a block of {p} base tiles cannot be cut into tiles of {h} rows "
                  f"({h // base} base tiles each)")
-    return tuple(sorted(tile_levels.items()))
+    return tuple(sorted(tile_levels.items())), mx, mn
 
 
 __all__ = ["Orchestration", "TensorRef", "check_loop_attrs", "Attr", "Const"]

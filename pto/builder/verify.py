@@ -88,7 +88,7 @@ def check_instr(ctx: _Ctx, ins: Instr, scope: set[str]) -> None:
                 ctx.fail(ins, f"expected a scalar expression, got `{src}`")
             _check_expr(ctx, ins, src, scope, allow_attr=ins.op not in (Op.LOAD, Op.STORE))
     allowed = ATTRS[ins.op]
-    for k, v in ins.attrs:
+    for k, _ in ins.attrs:
         if k not in allowed:
             names = ", ".join(allowed) or "none"
             ctx.fail(ins, f"unknown attribute `{k}` (this op takes: {names})")

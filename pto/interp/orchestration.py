@@ -116,7 +116,8 @@ def resolve_call(spec: Specializer, call: Call, env: dict, shapes: dict[str, tup
     return TaskSpec(func, tuple(regions), tuple(scalars), call)
 
 
-def iter_tasks(module: Module, scalars: dict[str, int], spec: Specializer | None = None) -> Iterator[TaskSpec]:
+def iter_tasks(module: Module, scalars: dict[str, int],
+               spec: Specializer | None = None) -> Iterator[TaskSpec]:
     """The tasks of the entry orchestration function, in program order."""
     fn = module.entry_function
     shapes = tensor_shapes(fn, scalars)

@@ -165,7 +165,8 @@ def _orch_lines(fn: OrchFunction) -> list[str]:
     for s in fn.scalars:
         lines.append(f"  scalar %{s}")
     for t in fn.tensors:
-        lines.append(f"  tensor %{t.name} : [{format_expr(t.rows)}, {format_expr(t.cols)}] {t.dtype} {t.role}")
+        shape = f"[{format_expr(t.rows)}, {format_expr(t.cols)}]"
+        lines.append(f"  tensor %{t.name} : {shape} {t.dtype} {t.role}")
 
     def body(stmts, ind):
         for s in stmts:

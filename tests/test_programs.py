@@ -1,0 +1,44 @@
+"""softmax and bgemm with the reference interpreter against torch, including sizes that are not
+multiples of the tiles (residual tiles), for f32 and the half types."""
+
+from __future__ import annotations
+
+import pytest
+
+from pto.engine import rel_err
+from pto.interp.orchestration import run_program
+from pto.ir.dtypes import DType
+from pto.programs import RunOptions, get
+
+
+@pytest.mark.parametrize("name", ["softmax", "bgemm"])
+@pytest.mark.parametrize("seq", [1, 31, 32, 33, 100])
+def test_program_f32(name, seq):
+    prog = get(name)
+    opts = RunOptions()
+    m = prog.build(opts)
+    inputs = prog.inputs(opts, seq, "cpu", seed=seq)
+    res = run_program(m, inputs, prog.scalars(opts, seq))
+    for k, ref in prog.reference(opts, seq, inputs).items():
+        assert rel_err(res.tensors[k], ref) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["softmax", "bgemm"])
+@pytest.mark.parametrize("dtype,tol", [(DType.BF16, 1e-2), (DType.F16, 2e-3)])
+def test_program_half(name, dtype, tol):
+    prog = get(name)
+    opts = RunOptions(dtype=dtype)
+    m = prog.build(opts)
+    inputs = prog.inputs(opts, 45, "cpu", seed=3)
+    res = run_program(m, inputs, prog.scalars(opts, 45))
+    for k, ref in prog.reference(opts, 45, inputs).items():
+        assert rel_err(res.tensors[k], ref) <= tol
+
+
+def test_task_count_is_number_of_calls():
+    prog = get("bgemm")
+    opts = RunOptions()
+    m = prog.build(opts)
+    res = run_program(m, prog.inputs(opts, 70, "cpu"), prog.scalars(opts, 70))
+    # batch 2 x ceil(70/32)=3 row tiles x ceil(80/64)=2 column tiles
+    assert res.tasks == 2 * 3 * 2
