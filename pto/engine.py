@@ -48,28 +48,87 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def run(program: str, seq: int | None = None, config: str = "auto", device: str = "auto",
         backend: str = "auto", dtype: str | None = "auto", causal: bool = True, attention: str = "fused",
         target: str | None = None, check: bool = False, dump: str | None = None, trace: str | None = None,
-        seed: int = 0, repeat: int = 1, profile: bool = False) -> dict:
+        seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True) -> dict:
     """Build and run ``program``; returns the JSON-able result of ``pto run --json``."""
+    from pto.backends import get_backend
+    from pto.executor import Executor
+    from pto.graph import CompiledProgram
+    from pto.interp.orchestration import allocate, tensor_shapes
+
     prog, dev, be, opts = resolve_options(program, config, device, backend, dtype, causal, attention, target)
     seq = seq or prog.default_seq
-    from pto.interp.orchestration import run_program
-
+    scalars = prog.scalars(opts, seq)
     t0 = time.perf_counter()
     module = prog.build(opts)
-    build_ms = (time.perf_counter() - t0) * 1e3
-    inputs = prog.inputs(opts, seq, dev, seed)
-    t0 = time.perf_counter()
-    res = run_program(module, inputs, prog.scalars(opts, seq), device=dev)
-    exec_ms = (time.perf_counter() - t0) * 1e3
-    out = {
-        "program": prog.name, "seq": seq, "config": opts.config, "device": dev, "backend": be,
-        "dtype": opts.dtype.short, "tasks": res.tasks, "edges": None, "launches": res.tasks,
-        "build_ms": round(build_ms, 3), "exec_ms": round(exec_ms, 3),
-    }
-    if check:
-        ref = prog.reference(opts, seq, inputs)
-        out["rel_err"] = max(rel_err(res.tensors[k], v) for k, v in ref.items())
-    return out
+    compiled = CompiledProgram.get(module, adaptive=adaptive)
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    graph = compiled.build_graph(scalars)
+    try:
+        if dump:
+            graph.dump(dump)
+        inputs = prog.inputs(opts, seq, dev, seed)
+        fn = module.entry_function
+        tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, dev)
+        ex = Executor(get_backend(be, dev), tensors, record=bool(trace) or profile)
+        stats = ex.run(graph)
+        exec_ms = stats.exec_ms
+        out = {
+            "program": prog.name, "seq": seq, "config": opts.config, "device": dev, "backend": be,
+            "dtype": opts.dtype.short, "tasks": graph.tasks, "edges": graph.edges,
+            "launches": stats.launches, "waves": stats.waves, "build_ms": round(graph.build_ms, 3),
+            "exec_ms": round(exec_ms, 3), "compile_ms": round(compile_ms, 1),
+            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
+        }
+        if check:
+            ref = prog.reference(opts, seq, inputs)
+            out["rel_err"] = max(rel_err(tensors[k], v) for k, v in ref.items())
+        if trace:
+            from pto.trace import write_trace
+
+            write_trace(trace, stats.records, graph)
+        if profile:
+            out["profile"] = profile_table(stats.records)
+        if repeat > 1:
+            out.update(time_replays(ex, repeat, dev))
+        return out
+    finally:
+        graph.close()
+
+
+def profile_table(records) -> dict:
+    """Milliseconds per InCore function (host clock around synchronized launches)."""
+    acc: dict[str, float] = {}
+    for r in records:
+        name = r.func.split("__")[0]
+        acc[name] = acc.get(name, 0.0) + (r.end_ns - r.start_ns) / 1e6
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
+
+
+def time_replays(ex, repeat: int, dev: str) -> dict:
+    """Median time of ``repeat`` replays of the recorded launches (a CUDA graph when the backend
+    allows it)."""
+    times = []
+    if dev == "cuda":
+        graph = ex.capture() if ex.backend.graph_capturable else None
+        for _ in range(repeat):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            if graph is not None:
+                graph.replay()
+            else:
+                ex.replay()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        mode = "cuda_graph" if graph is not None else "launches"
+    else:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            ex.replay()
+            times.append((time.perf_counter() - t0) * 1e3)
+        mode = "launches"
+    times.sort()
+    return {"replay_ms": round(times[len(times) // 2], 4), "replays": repeat, "replay_mode": mode}
 
 
 def format_summary(res: dict) -> str:
@@ -79,8 +138,13 @@ def format_summary(res: dict) -> str:
         f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
         f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",
     ]
+    if "replay_ms" in res:
+        lines.append(f"replay {res['replay_ms']:.3f} ms (median of {res['replays']}, {res['replay_mode']})")
     if "rel_err" in res:
         lines.append(f"rel_err {res['rel_err']:.3e} vs the torch reference")
+    if "profile" in res:
+        lines.append("time per InCore function (ms):")
+        lines += [f"  {k:<28} {v:9.3f}" for k, v in res["profile"].items()]
     return "\n".join(lines)
 
 

@@ -1,0 +1,475 @@
+"""Orchestration function -> portable C99 that drives the runtime.
+
+One source file per orchestration function, generated from the IR by small functions (one per
+statement kind, one expression renderer); fixed C lives in runtime_c/ (pto_runtime.{h,c},
+pto_orch.h). The generated file exports three functions (``NAME`` is the function's name)::
+
+    int pto_NAME_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs);
+    int pto_NAME_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_ids,
+                       int32_t *func_ids);
+    int pto_NAME_build(pto_runtime *rt, const int64_t *scalars, const int32_t *tensor_ids,
+                       const int32_t *func_ids, int32_t *failed_call);
+    const char *pto_NAME_call_site(int32_t k);
+
+``setup`` registers the tensors (shapes from the scalars) and every InCore function variant
+the program can call; ``build`` submits one task per call. On an error ``build`` returns the
+runtime's status and stores the index of the failing call in ``failed_call``; ``call_site``
+names it ("call to `rope_tile` (llama7b.py:212)").
+
+Adaptive loops must be lowered first (pto.passes.binary_expansion). A call's callee variant is
+chosen at run time among the finitely many its dims can take (a value-set analysis over the
+lets, e.g. the tile heights of the enclosing expanded loops).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from pto.errors import BuildError
+from pto.ir.analysis import param_access, specialize, tile_bytes
+from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, evaluate, substitute
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
+
+PTO_VERSION = "0.1.0"
+
+_C_BIN = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==",
+          "!=": "!=", "and": "&&", "or": "||"}
+_C_FN = {"//": "pto_fdiv", "%": "pto_fmod", "min": "pto_min", "max": "pto_max"}
+_C_INTRINSIC = {"bx_count": "pto_bx_count", "bx_start": "pto_bx_start", "bx_size": "pto_bx_size"}
+
+
+def c_expr(e: Expr, name=lambda n: "v_" + n) -> str:
+    """C text of an integer expression; ``name`` maps variable names to C identifiers."""
+    if isinstance(e, Const):
+        if not isinstance(e.value, int):
+            raise BuildError(f"orchestration expressions are integers; got the constant {e.value!r}")
+        v = e.value
+        return f"INT64_C({v})" if abs(v) >= 2**31 else str(v)
+    if isinstance(e, Var):
+        return name(e.name)
+    if isinstance(e, Attr):
+        raise BuildError(f"`{e.base}.{e.field}` reached C code generation; lower adaptive loops first")
+    if isinstance(e, Fn):
+        args = [c_expr(a, name) for a in e.args]
+        if e.name == "select":
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        return f"{_C_INTRINSIC[e.name]}({', '.join(args)})"
+    if isinstance(e, Bin):
+        a, b = c_expr(e.a, name), c_expr(e.b, name)
+        if e.op in _C_FN:
+            return f"{_C_FN[e.op]}({a}, {b})"
+        return f"({a} {_C_BIN[e.op]} {b})"
+    raise TypeError(e)
+
+
+def _strip(s: str) -> str:
+    """Drop the outermost parentheses of a rendered expression, for readability."""
+    if s.startswith("(") and s.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(s):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(s) - 1:
+                return s
+        return s[1:-1]
+    return s
+
+
+# ---------------------------------------------------------------------------- value sets
+
+_MAX_SET = 256
+
+
+def value_set(e: Expr, env: dict[str, frozenset | None]) -> frozenset | None:
+    """The finite set of values ``e`` can take, or None when unknown at compile time."""
+    if isinstance(e, Const):
+        return frozenset({e.value})
+    if isinstance(e, Var):
+        return env.get(e.name)
+    if isinstance(e, Fn) and e.name == "select":
+        a, b = value_set(e.args[1], env), value_set(e.args[2], env)
+        return None if a is None or b is None else a | b
+    parts = [e.a, e.b] if isinstance(e, Bin) else list(e.args) if isinstance(e, Fn) else None
+    if parts is None:
+        return None
+    sets = [value_set(p, env) for p in parts]
+    if any(s is None for s in sets):
+        return None
+    size = 1
+    for s in sets:
+        size *= len(s)
+    if size > _MAX_SET:
+        return None
+    out = set()
+    names = [f"_{i}" for i in range(len(parts))]
+    templ = e.__class__(e.op, Var(names[0]), Var(names[1])) if isinstance(e, Bin) else \
+        Fn(e.name, tuple(Var(n) for n in names))
+    for combo in itertools.product(*sets):
+        try:
+            out.add(evaluate(templ, dict(zip(names, combo))))
+        except ZeroDivisionError:
+            continue
+    return frozenset(out)
+
+
+# ---------------------------------------------------------------------------- the generator
+
+
+@dataclass
+class Variant:
+    func: IncoreFunction  # specialized
+    generic: IncoreFunction
+    dims: tuple[tuple[str, int], ...]
+    enum: str
+    buffer_bytes: int
+
+
+@dataclass
+class COrchestration:
+    """Generated C of one orchestration function and what Python needs to drive it."""
+
+    name: str
+    source: str
+    cdef: str  # declarations for cffi
+    scalars: tuple[str, ...]
+    tensors: tuple[str, ...]
+    variants: list[Variant]
+    call_sites: list[str] = field(default_factory=list)
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.c"
+
+
+class _Gen:
+    def __init__(self, module: Module, fn: OrchFunction):
+        self.module = module
+        self.fn = fn
+        self.lines: list[str] = []
+        self.variants: dict[tuple, Variant] = {}
+        self.call_sites: list[str] = []
+        self.access_cache: dict[str, dict] = {}
+
+    def out(self, ind: int, text: str) -> None:
+        self.lines.append("    " * ind + text)
+
+    def variant(self, f: IncoreFunction, dims: dict[str, int]) -> Variant:
+        full = tuple(sorted({**dict(f.dims), **dims}.items()))
+        key = (f.name, full)
+        v = self.variants.get(key)
+        if v is None:
+            spec = specialize(f, dict(full))
+            enum = "F_" + spec.variant_name
+            v = Variant(spec, f, full, enum, sum(tile_bytes(spec).values()))
+            self.variants[key] = v
+        return v
+
+    # statements --------------------------------------------------------------------------
+    def body(self, stmts, ind: int, env: dict) -> None:
+        for s in stmts:
+            if isinstance(s, Let):
+                env[s.name] = value_set(s.value, env)
+                self.out(ind, f"const int64_t v_{s.name} = {_strip(c_expr(s.value))};")
+            elif isinstance(s, Loop):
+                if s.adaptive:
+                    raise BuildError(f"loop `{s.var}` is adaptive; run binary expansion (or "
+                                     "strip_adaptive) before generating C")
+                v = f"v_{s.var}"
+                step = c_expr(s.step)
+                inner = dict(env)
+                inner[s.var] = None
+                self.out(ind, f"for (int64_t {v} = {_strip(c_expr(s.lb))}, {v}_end = "
+                              f"{_strip(c_expr(s.ub))}; {v} < {v}_end; {v} += {_strip(step)}) {{")
+                self.body(s.body, ind + 1, inner)
+                self.out(ind, "}")
+            elif isinstance(s, If):
+                self.out(ind, f"if ({_strip(c_expr(s.cond))}) {{")
+                self.body(s.then, ind + 1, dict(env))
+                if s.orelse:
+                    self.out(ind, "} else {")
+                    self.body(s.orelse, ind + 1, dict(env))
+                self.out(ind, "}")
+            elif isinstance(s, Call):
+                self.call(s, ind, env)
+            else:  # pragma: no cover
+                raise TypeError(s)
+
+    def call(self, c: Call, ind: int, env: dict) -> None:
+        f = self.module.get(c.func)
+        if not isinstance(f, IncoreFunction):
+            raise BuildError(f"call to unknown InCore function `{c.func}`")
+        site = len(self.call_sites)
+        where = f"call to `{c.func}`" + (f" ({c.loc})" if c.loc else "")
+        self.call_sites.append(where)
+        # the variants this call can select
+        dim_exprs = dict(c.dims)
+        choices = []
+        for k, _ in f.dims:
+            if k in dim_exprs:
+                vs = value_set(dim_exprs[k], env)
+                if vs is None:
+                    raise BuildError(f"{where}: dim `{k}` = `{dim_exprs[k]}` must take values known at "
+                                     "compile time (constants or tile heights of adaptive loops)")
+                choices.append([(k, int(x)) for x in sorted(vs)])
+        combos = [dict(x) for x in itertools.product(*choices)] if choices else [{}]
+        variants = [self.variant(f, d) for d in combos]
+        comment = f"/* {c.func}" + (f" ({c.loc})" if c.loc else "") + " */"
+        self.out(ind, "{")
+        self.out(ind + 1, comment)
+        for k, e in c.dims:
+            self.out(ind + 1, f"const int64_t d_{k} = {_strip(c_expr(e))};")
+        if len(variants) == 1:
+            fexpr = variants[0].enum
+        else:
+            fexpr = variants[-1].enum
+            for v in reversed(variants[:-1]):
+                cond = " && ".join(f"d_{k} == {val}" for k, val in v.dims if k in dim_exprs)
+                fexpr = f"({cond}) ? {v.enum} : {fexpr}"
+        self.out(ind + 1, f"const int32_t f = {_strip(fexpr) if len(variants) > 1 else fexpr};")
+        self.out(ind + 1, f"PTO_CALL({site}, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));")
+        access = self.access_cache.get(f.name)
+        if access is None:
+            access = self.access_cache[f.name] = param_access(f)
+        args = dict(c.args)
+        # callee dims and scalar parameters, in the caller's terms
+        mapping: dict[str, Expr] = {k: Var(f"__d_{k}") for k, _ in f.dims}
+        for k, _ in f.dims:
+            if k not in dim_exprs:
+                mapping[k] = Const(dict(f.dims)[k])
+        for p in f.scalars:
+            mapping[p.name] = args[p.name]
+
+        def name(n: str) -> str:
+            return "d_" + n[4:] if n.startswith("__d_") else "v_" + n
+
+        for p in f.params:
+            v = args[p.name]
+            if isinstance(v, RegionBinding):
+                acc = access[p.name]
+                rows = v.rows if v.rows is not None else substitute(acc.rows, mapping)
+                cols = v.cols if v.cols is not None else substitute(acc.cols, mapping)
+                fn_name = {"in": "pto_task_add_input", "out": "pto_task_add_output",
+                           "inout": "pto_task_add_inout"}[acc.direction]
+                parts = [c_expr(x, name) for x in (v.row, v.col, rows, cols)]
+                self.out(ind + 1, f"PTO_CALL({site}, {fn_name}(rt, task, tensor_ids[T_{v.tensor}], "
+                                  f"{', '.join(_strip(x) for x in parts)}));")
+            else:
+                self.out(ind + 1, f"PTO_CALL({site}, pto_task_add_scalar(rt, task, {_strip(c_expr(v))}));")
+        self.out(ind + 1, f"PTO_CALL({site}, pto_task_submit(rt, task));")
+        self.out(ind, "}")
+
+    # file ----------------------------------------------------------------------------------
+    def generate(self) -> COrchestration:
+        fn = self.fn
+        name = fn.name
+        body_start = len(self.lines)
+        self.body(fn.body, 1, {s: None for s in fn.scalars})
+        body = self.lines[body_start:]
+        self.lines = self.lines[:body_start]
+        variants = list(self.variants.values())
+        decl = _decls(name)
+        src: list[str] = []
+        where = f" from {fn.loc}" if fn.loc else ""
+        src += [
+            f"/* {name}.c - orchestration of `{name}`, generated by pto {PTO_VERSION}{where}.",
+            " *",
+            f" * Submits one task per call of `{name}` to the pto runtime. Do not edit: regenerate",
+            f" * with `pto codegen`. Builds with pto_runtime.c: cc -O2 -Wall -Wextra -Werror *.c",
+            " */",
+            '#include "pto_runtime.h"',
+            '#include "pto_orch.h"',
+            "",
+            "/* record the failing call and return the runtime's status */",
+            "#define PTO_CALL(site, expr)            \\",
+            "    do {                                \\",
+            "        st = (expr);                    \\",
+            "        if (st != PTO_OK) {             \\",
+            "            *failed_call = (site);      \\",
+            "            return st;                  \\",
+            "        }                               \\",
+            "    } while (0)",
+            "",
+            "/* scalar parameters, in order */",
+            *[f"/*   scalars[{i}] = {s} */" for i, s in enumerate(fn.scalars)],
+            "",
+            "/* tensors */",
+            "enum {",
+            *[f"    T_{t.name} = {i}," for i, t in enumerate(fn.tensors)],
+            "};",
+            "",
+            "/* InCore function variants */",
+            "enum {",
+            *[f"    {v.enum} = {i}," for i, v in enumerate(variants)],
+            "};",
+            "",
+            "static const char *const func_names[] = {",
+            *[f'    "{v.func.variant_name}",' for v in variants],
+            "};",
+            "",
+            "/* bytes of the tiles each variant declares (its InCore buffer) */",
+            "static const int32_t func_buffer_bytes[] = {",
+            *[f"    {v.buffer_bytes}," for v in variants],
+            "};",
+            "",
+            "static const char *const call_sites[] = {",
+            *[f'    "{_c_string(s)}",' for s in self.call_sites],
+            "};",
+            "",
+            decl["info"] + " {",
+            f"    *n_scalars = {len(fn.scalars)};",
+            f"    *n_tensors = {len(fn.tensors)};",
+            f"    *n_funcs = {len(variants)};",
+            "    return PTO_OK;",
+            "}",
+            "",
+            decl["call_site"] + " {",
+            f"    if (k < 0 || k >= {len(self.call_sites)}) return \"\";",
+            "    return call_sites[k];",
+            "}",
+            "",
+            decl["setup"] + " {",
+            "    int st;",
+            *self._scalar_lets(fn),
+        ]
+        for t in fn.tensors:
+            rows, cols = _strip(c_expr(t.rows)), _strip(c_expr(t.cols))
+            src.append(f'    st = pto_tensor_register(rt, "{t.name}", {rows}, {cols}, {t.dtype.itemsize}, '
+                       f"&tensor_ids[T_{t.name}]);")
+            src.append("    if (st != PTO_OK) return st;")
+        src += [
+            f"    for (int32_t k = 0; k < {len(variants)}; k++) {{",
+            "        st = pto_func_register(rt, func_names[k], &func_ids[k]);",
+            "        if (st != PTO_OK) return st;",
+            "    }",
+            "    return PTO_OK;",
+            "}",
+            "",
+            decl["build"] + " {",
+            "    int st = PTO_OK;",
+            "    int32_t task = -1;",
+            *self._scalar_lets(fn),
+            *body,
+            "    (void)task;",
+            "    return st;",
+            "}",
+            "",
+        ]
+        cdef = "\n".join(d + ";" for d in decl.values()) + "\n"
+        return COrchestration(name, "\n".join(src), cdef, tuple(fn.scalars),
+                              tuple(t.name for t in fn.tensors), variants, list(self.call_sites))
+
+    @staticmethod
+    def _scalar_lets(fn: OrchFunction) -> list[str]:
+        out = [f"    const int64_t v_{s} = scalars[{i}];" for i, s in enumerate(fn.scalars)]
+        out += [f"    (void)v_{s};" for s in fn.scalars]
+        return out
+
+
+def _c_string(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _decls(name: str) -> dict[str, str]:
+    return {
+        "info": f"int pto_{name}_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs)",
+        "call_site": f"const char *pto_{name}_call_site(int32_t k)",
+        "setup": (f"int pto_{name}_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_ids, "
+                  "int32_t *func_ids)"),
+        "build": (f"int pto_{name}_build(pto_runtime *rt, const int64_t *scalars, const int32_t *tensor_ids, "
+                  "const int32_t *func_ids, int32_t *failed_call)"),
+    }
+
+
+def generate_c(module: Module, name: str | None = None) -> COrchestration:
+    """Generate the C of orchestration function ``name`` (the entry by default). Adaptive loops
+    must have been lowered (expand_binary or strip_adaptive)."""
+    fn = module[name or module.entry]
+    if not isinstance(fn, OrchFunction):
+        raise BuildError(f"`{fn.name}` is not an orchestration function")
+    return _Gen(module, fn).generate()
+
+
+def generate_main(corch: COrchestration, scalar_exprs: dict[str, Expr], program: str) -> str:
+    """A ``main.c`` that builds the graph for a sequence length given on the command line and
+    prints the task and edge counts (optionally a dump), with no Python involved."""
+    name = corch.name
+    sets = []
+    for i, s in enumerate(corch.scalars):
+        e = scalar_exprs.get(s)
+        if e is None:
+            raise BuildError(f"program `{program}` gives no value for scalar `{s}`")
+        sets.append(f"    scalars[{i}] = {_strip(c_expr(e, lambda n: n))};")
+    ns = max(len(corch.scalars), 1)
+    return "\n".join([
+        f"/* main.c - build the task graph of `{program}` for a sequence length, generated by pto.",
+        " *",
+        " * usage: graph SEQ [--dump FILE] [--window N] [--count-only]",
+        " * prints: tasks N edges M bytes_per_task B",
+        " */",
+        "#include <stdio.h>",
+        "#include <stdlib.h>",
+        "#include <string.h>",
+        "",
+        '#include "pto_runtime.h"',
+        "",
+        *[d + ";" for d in _decls(name).values()],
+        "",
+        "int main(int argc, char **argv) {",
+        "    if (argc < 2) {",
+        '        fprintf(stderr, "usage: %s SEQ [--dump FILE] [--window N] [--count-only]\\n", argv[0]);',
+        "        return 2;",
+        "    }",
+        "    char *end = NULL;",
+        "    const long long seq = strtoll(argv[1], &end, 10);",
+        "    if (end == argv[1] || *end != '\\0' || seq <= 0) {",
+        '        fprintf(stderr, "graph: SEQ must be a positive integer, got %s\\n", argv[1]);',
+        "        return 2;",
+        "    }",
+        "    const char *dump = NULL;",
+        "    pto_config cfg;",
+        "    pto_config_init(&cfg);",
+        "    for (int a = 2; a < argc; a++) {",
+        '        if (strcmp(argv[a], "--dump") == 0 && a + 1 < argc) {',
+        "            dump = argv[++a];",
+        '        } else if (strcmp(argv[a], "--window") == 0 && a + 1 < argc) {',
+        "            cfg.window = (int32_t)atoi(argv[++a]);",
+        '        } else if (strcmp(argv[a], "--count-only") == 0) {',
+        "            cfg.count_only = 1;",
+        "        } else {",
+        '            fprintf(stderr, "graph: unknown argument %s\\n", argv[a]);',
+        "            return 2;",
+        "        }",
+        "    }",
+        f"    int64_t scalars[{ns}];",
+        *sets,
+        "    int32_t n_scalars, n_tensors, n_funcs;",
+        f"    pto_{name}_info(&n_scalars, &n_tensors, &n_funcs);",
+        "    int32_t *tensor_ids = malloc(sizeof(int32_t) * (size_t)(n_tensors + 1));",
+        "    int32_t *func_ids = malloc(sizeof(int32_t) * (size_t)(n_funcs + 1));",
+        "    pto_runtime *rt = NULL;",
+        "    int32_t failed = -1;",
+        "    int st = pto_runtime_create(&cfg, &rt);",
+        f"    if (st == PTO_OK) st = pto_{name}_setup(rt, scalars, tensor_ids, func_ids);",
+        f"    if (st == PTO_OK) st = pto_{name}_build(rt, scalars, tensor_ids, func_ids, &failed);",
+        "    if (st != PTO_OK) {",
+        "        fprintf(stderr, \"graph: %s%s%s\\n\", failed >= 0 ? "
+        f"pto_{name}_call_site(failed) : \"\",",
+        '                failed >= 0 ? ": " : "", rt ? pto_last_error(rt) : "cannot create the runtime");',
+        "    } else {",
+        "        pto_stats stats;",
+        "        pto_get_stats(rt, &stats);",
+        '        printf("tasks %lld edges %lld bytes_per_task %.1f\\n", (long long)stats.tasks_submitted,',
+        "               (long long)stats.edges, stats.bytes_per_task);",
+        "        if (dump != NULL) {",
+        "            st = pto_dump(rt, dump);",
+        '            if (st != PTO_OK) fprintf(stderr, "graph: %s\\n", pto_last_error(rt));',
+        "        }",
+        "    }",
+        "    if (rt) pto_runtime_destroy(rt);",
+        "    free(tensor_ids);",
+        "    free(func_ids);",
+        "    return st == PTO_OK ? 0 : 1;",
+        "}",
+        "",
+    ])
