@@ -8,9 +8,10 @@ InCore function. M, N and K need not be multiples of the tiles.
 from __future__ import annotations
 
 import torch
-
-from pto import Orchestration, cdiv, emin
 from pto.incore.gemm import gemm_tile
+
+from pto import Orchestration, Var, cdiv, emin
+from pto.ir.expr import Const
 from pto.programs import Program, RunOptions, seeded_randn
 
 # batch, N, K, and the tile sizes per config; M is the sequence length given on the command line
@@ -27,17 +28,16 @@ def build_module(dtype, tm: int, tn: int, tk: int):
     A = o.input("A", batch * M, K, dtype)
     B = o.input("B", batch * K, N, dtype)
     C = o.output("C", batch * M, N, dtype)
-    with o.for_loop("b", 0, batch) as b:
-        with o.for_loop("mi", 0, cdiv(M, tm)) as mi:
-            with o.for_loop("ni", 0, cdiv(N, tn)) as ni:
-                rows = emin(tm, M - mi * tm)
-                cols = emin(tn, N - ni * tn)
-                o.call(f, {
-                    "a": (A, b * M + mi * tm, 0, rows, K),
-                    "b": (B, b * K, ni * tn, K, cols),
-                    "c": (C, b * M + mi * tm, ni * tn, rows, cols),
-                    "K": K,
-                })
+    with o.for_loop("b", 0, batch) as b, o.for_loop("mi", 0, cdiv(M, tm)) as mi:
+        with o.for_loop("ni", 0, cdiv(N, tn)) as ni:
+            rows = emin(tm, M - mi * tm)
+            cols = emin(tn, N - ni * tn)
+            o.call(f, {
+                "a": (A, b * M + mi * tm, 0, rows, K),
+                "b": (B, b * K, ni * tn, K, cols),
+                "c": (C, b * M + mi * tm, ni * tn, rows, cols),
+                "K": K,
+            })
     return o.module()
 
 
@@ -52,9 +52,9 @@ class BgemmProgram(Program):
         c = CONFIGS[opts.config]
         return build_module(opts.dtype, c["tm"], c["tn"], c["tk"])
 
-    def scalars(self, opts, seq):
+    def scalar_exprs(self, opts):
         c = CONFIGS[opts.config]
-        return {"batch": c["batch"], "M": seq, "N": c["n"], "K": c["k"]}
+        return {"batch": Const(c["batch"]), "M": Var("seq"), "N": Const(c["n"]), "K": Const(c["k"])}
 
     def inputs(self, opts, seq, device, seed=0):
         c = CONFIGS[opts.config]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from pto import Orchestration, cdiv, emin
 from pto.incore.softmax import softmax_tile
+
+from pto import Orchestration, Var, cdiv, emin
 from pto.programs import Program, RunOptions, seeded_randn
 
 CONFIGS = {"tiny": 256, "7b": 4096}  # columns
@@ -38,8 +38,8 @@ class SoftmaxProgram(Program):
         self.check_options(opts)
         return build_module(CONFIGS[opts.config], opts.dtype)
 
-    def scalars(self, opts, seq):
-        return {"R": seq}
+    def scalar_exprs(self, opts):
+        return {"R": Var("seq")}
 
     def inputs(self, opts, seq, device, seed=0):
         g = torch.Generator().manual_seed(seed)

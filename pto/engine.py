@@ -148,5 +148,50 @@ def format_summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def codegen(program: str, out_dir: str, **kw) -> list[str]:  # filled in by the codegen issue
-    raise UsageError("codegen is not available yet")
+def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "auto",
+            dtype: str | None = "auto", causal: bool = True, attention: str = "fused",
+            target: str | None = None, adaptive: bool = True) -> list[str]:
+    """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
+    a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
+    the graph for the sequence length on its command line), the module's text form, and the
+    Triton kernel sources of every InCore variant the program calls."""
+    import shutil
+    from pathlib import Path
+
+    from pto.codegen.c_orch import generate_c, generate_main
+    from pto.passes.binary_expansion import expand_binary, strip_adaptive
+    from pto.runtime import runtime_include_dir
+
+    prog, _dev, _be, opts = resolve_options(program, config, "cpu", "torch", dtype, causal, attention, target)
+    if config == "auto":
+        opts.config = "7b"
+    module = prog.build(opts)
+    lowered = expand_binary(module) if adaptive else strip_adaptive(module)
+    corch = generate_c(lowered)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def write(name: str, text: str) -> None:
+        p = out / name
+        p.write_text(text)
+        written.append(str(p))
+
+    write(corch.filename, corch.source)
+    write("main.c", generate_main(corch, prog.scalar_exprs(opts), prog.name, default_seq=seq))
+    inc = runtime_include_dir()
+    for name in ("pto_runtime.h", "pto_runtime_api.h", "pto_runtime.c", "pto_orch.h"):
+        shutil.copyfile(inc / name, out / name)
+        written.append(str(out / name))
+    write(f"{corch.name}.pto", module.text())
+    try:
+        from pto.backends.triton_backend import render_sources
+    except ImportError:  # triton not installed: the C side stands alone
+        render_sources = None
+    if render_sources is not None:
+        kdir = out / "kernels"
+        kdir.mkdir(exist_ok=True)
+        for fname, src in render_sources([v.func for v in corch.variants]).items():
+            (kdir / fname).write_text(src)
+            written.append(str(kdir / fname))
+    return written

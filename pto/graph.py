@@ -76,7 +76,9 @@ class CompiledProgram:
             tmp.write_text(self.corch.source)
             tmp.replace(path)
         self.lib = load_cffi_module(
-            f"orch_{name}", runtime_cdef() + self.corch.cdef, '#include "pto_runtime.h"\n',
+            f"orch_{name}", runtime_cdef() + self.corch.cdef,
+            # the wrapper must see the prototypes (an implicit declaration returns int)
+            '#include "pto_runtime.h"\n' + self.corch.cdef,
             sources=[*runtime_sources(), path], include_dirs=[runtime_include_dir()])
         self._fns = {k: getattr(self.lib.lib, f"pto_{name}_{k}") for k in ("setup", "build", "call_site")}
 

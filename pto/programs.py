@@ -46,8 +46,15 @@ class Program:
     def build(self, opts: RunOptions) -> Module:
         raise NotImplementedError
 
-    def scalars(self, opts: RunOptions, seq: int) -> dict[str, int]:
+    def scalar_exprs(self, opts: RunOptions) -> dict:
+        """Each scalar parameter of the entry function as an expression of ``seq`` (the
+        standalone main.c that ``pto codegen`` writes evaluates them in C)."""
         raise NotImplementedError
+
+    def scalars(self, opts: RunOptions, seq: int) -> dict[str, int]:
+        from pto.ir.expr import evaluate
+
+        return {k: int(evaluate(e, {"seq": seq})) for k, e in self.scalar_exprs(opts).items()}
 
     def inputs(self, opts: RunOptions, seq: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import os
 import re
 import sys
@@ -11,11 +12,9 @@ from pto.errors import BuildError
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-RESERVED = frozenset({"for", "to", "step", "if", "else", "call", "let", "load", "store", "tile",
-                      "param", "incore", "orchestration", "entry", "and", "or", "min", "max",
-                      "rows", "cols", "dims", "parallel", "scalar", "input", "output", "inout",
-                      "temp", "memref", "tensor", "inf", "nan", "true", "false", "loc", "variant",
-                      "select", "bx_count", "bx_start", "bx_size"})
+# words the expression syntax gives a meaning (plus Python's keywords: kernels are Python)
+RESERVED = frozenset({"and", "or", "not", "min", "max", "inf", "nan", "true", "false", "select",
+                      "bx_count", "bx_start", "bx_size", "loc"}) | frozenset(keyword.kwlist)
 
 
 def check_name(name: object, what: str, owner: str | None = None) -> str:

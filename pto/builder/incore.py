@@ -256,8 +256,11 @@ class InCore:
         self._emit(Op.MASK_ROWS, dst, [src, nrows], {"fill": float(fill)})
 
     # build -------------------------------------------------------------------------------------
-    def build(self) -> IncoreFunction:
-        """Validate the whole function and return it (the builder is closed afterwards)."""
+    def build(self, target=None) -> IncoreFunction:
+        """Validate the whole function and return it (the builder is closed afterwards).
+
+        With ``target`` (a :class:`pto.passes.tiling.Target` or its name) the tiles live at the
+        same time must also fit the target's on-chip memory (SramError otherwise)."""
         self._check_open()
         if len(self._stack) != 1:
             raise BuildError(f"`{self.name}`: build() inside an open loop")
@@ -266,6 +269,10 @@ class InCore:
         if not fn.body:
             raise BuildError(f"`{self.name}` has no instructions")
         verify_incore(fn)
+        if target is not None:
+            from pto.passes.tiling import check_sram
+
+            check_sram(fn, target)
         self._built = True
         return fn
 
