@@ -276,28 +276,11 @@ class Orchestration:
         access = self._access(f)
         dim_names = dict(f.dims)
         all_dims = dict(dims or {})
-        args: list = []
         for key, val in bindings.items():
             if key in dim_names:
                 if key in all_dims:
                     self._fail(f"{what}: dim `{key}` is bound twice", loc)
                 all_dims[key] = val
-                continue
-            p = f.param(key)
-            if p is None:
-                names = ", ".join([q.name for q in f.params] + list(dim_names))
-                self._fail(f"{what}: `{f.name}` has no parameter `{key}` (its parameters: {names})", loc)
-            if isinstance(p, MemRefParam):
-                args.append((key, self._region(f, p, access[key], val, what, loc)))
-            else:
-                if isinstance(val, (TensorRef, tuple, list)):
-                    self._fail(f"{what}: scalar parameter `{key}` is bound to a "
-                               f"{'tensor' if isinstance(val, TensorRef) else 'region'}", loc)
-                args.append((key, self._expr(val, f"{what}, scalar `{key}`", loc)))
-        missing = [p.name for p in f.params if p.name not in bindings]
-        if missing:
-            self._fail(f"{what}: missing binding for parameter{'s' if len(missing) > 1 else ''} "
-                       f"{', '.join('`' + m + '`' for m in missing)}", loc)
         dim_args = []
         for k, v in all_dims.items():
             if k not in dim_names:
@@ -308,6 +291,28 @@ class Orchestration:
             if cv is not None and (not isinstance(cv, int) or cv <= 0):
                 self._fail(f"{what}: dim `{k}` must be a positive integer, got {cv!r}", loc)
             dim_args.append((k, e))
+        # dims known here (defaults and constant bindings) for checking region extents
+        known_dims = {k: v for k, v in dim_names.items() if k not in all_dims}
+        known_dims.update({k: const_value(e) for k, e in dim_args if const_value(e) is not None})
+        args: list = []
+        for key, val in bindings.items():
+            if key in dim_names:
+                continue
+            p = f.param(key)
+            if p is None:
+                names = ", ".join([q.name for q in f.params] + list(dim_names))
+                self._fail(f"{what}: `{f.name}` has no parameter `{key}` (its parameters: {names})", loc)
+            if isinstance(p, MemRefParam):
+                args.append((key, self._region(f, p, access[key], val, what, loc, known_dims)))
+            else:
+                if isinstance(val, (TensorRef, tuple, list)):
+                    self._fail(f"{what}: scalar parameter `{key}` is bound to a "
+                               f"{'tensor' if isinstance(val, TensorRef) else 'region'}", loc)
+                args.append((key, self._expr(val, f"{what}, scalar `{key}`", loc)))
+        missing = [p.name for p in f.params if p.name not in bindings]
+        if missing:
+            self._fail(f"{what}: missing binding for parameter{'s' if len(missing) > 1 else ''} "
+                       f"{', '.join('`' + m + '`' for m in missing)}", loc)
         order = {p.name: i for i, p in enumerate(f.params)}
         args.sort(key=lambda kv: order[kv[0]])
         dim_args.sort(key=lambda kv: list(dim_names).index(kv[0]))
@@ -315,7 +320,7 @@ class Orchestration:
         self._check_adaptive(c, what, loc)
         self._frames[-1].stmts.append(c)
 
-    def _region(self, f, p: MemRefParam, acc, val, what, loc) -> RegionBinding:
+    def _region(self, f, p: MemRefParam, acc, val, what, loc, known_dims: dict) -> RegionBinding:
         if isinstance(val, (TensorRef, str)):
             val = (val, 0, 0)
         if not isinstance(val, (tuple, list)):
@@ -341,7 +346,7 @@ class Orchestration:
             cols = self._expr(val[4], f"{what}, `{p.name}` cols", loc)
             for lbl, mine, theirs in (("rows", rows, acc.rows), ("cols", cols, acc.cols)):
                 mv = const_value(mine)
-                tv = _eval_or_none(theirs, dict(f.dims))
+                tv = _eval_or_none(theirs, known_dims)
                 if mv is not None and mv <= 0:
                     self._fail(f"{what}: `{p.name}` {lbl} must be positive, got {mv}", loc)
                 if mv is not None and tv is not None and mv > tv:

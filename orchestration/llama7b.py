@@ -1,0 +1,327 @@
+"""One LLaMA decoder layer (LLaMA-7B dimensions or a tiny config) as a tiled task graph.
+
+The seed's three phases, each a loop over row tiles with binary-expansion attributes:
+
+1. per tile: RMSNorm, Q/K/V projections, RoPE on q and k (and the flash state init for the
+   split and pair attention modes);
+2. flash attention over (q tile, kv tile) pairs: ``split`` (score, softmax update, output update
+   per pair: the seed's 3 tasks), ``pair`` (one task per pair) or ``fused`` (one task per q tile
+   with the kv loop inside). Causal attention submits no fully masked pair;
+3. per tile: output projection, residual, RMSNorm, gate and up projections, SwiGLU, down
+   projection, residual.
+
+Tile heights come from the SRAM model of the target (pto.passes.tiling): the flash-attention
+block decides the q tile height, binary expansion runs blocks of base tiles with it and the
+residual with the base height. Any sequence length works (the last tile is clipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pto import Orchestration, Var, cdiv, emin, f32
+from pto.incore import llama as L
+from pto.ir.dtypes import DType
+from pto.passes.tiling import Target, flash_tile_rows, get_target
+from pto.programs import Program, RunOptions, seeded_randn
+
+MAX_RANGE = 4096  # base tiles in one full block of binary expansion (128K tokens of 32 rows)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden: int
+    heads: int
+    head_dim: int
+    ffn: int
+    eps: float = 1e-6
+    theta: float = 10000.0
+
+
+CONFIGS = {
+    "7b": LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=11008),
+    "tiny": LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=704),
+}
+
+
+@dataclass(frozen=True)
+class LlamaTiling:
+    """Tile sizes of every function, derived from the target's on-chip memory."""
+
+    base: int  # base tile height (residual tiles)
+    tq: int  # q (and row) tile height
+    tk: int  # kv tile height
+    bn: int  # matmul output column block
+    bk: int  # matmul K step
+    norm_rows: int  # RMSNorm rows per program
+    norm_chunk: int  # RMSNorm columns per pass step
+    ew_block: int  # elementwise column block
+
+
+def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target) -> LlamaTiling:
+    tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
+    tk = min(tq, 64)
+    base = 32 if tq > 32 else max(tq // 2, 8)
+    big = cfg.hidden >= 1024
+    return LlamaTiling(
+        base=base, tq=tq, tk=tk,
+        bn=128 if big else 64, bk=64 if big else 32,
+        norm_rows=16, norm_chunk=min(512 if big else 128, cfg.hidden),
+        ew_block=128 if big else 64,
+    )
+
+
+def tile_levels(base: int, top: int) -> dict[int, int]:
+    """Blocks of p base tiles use tiles of min(p * base, top) rows; the residual uses base."""
+    levels = {0: base}
+    p = 2
+    while p <= MAX_RANGE:
+        if top > base:
+            levels[p] = min(p * base, top)
+        p *= 2
+    return levels
+
+
+def loop_attrs(base: int, top: int) -> dict:
+    levels = tile_levels(base, top)
+    if len(levels) == 1:
+        return dict(tile_levels=levels)
+    return dict(tile_levels=levels, max_range=MAX_RANGE, min_range=2)
+
+
+class Functions:
+    """The InCore functions of one (config, dtype, tiling, target, attention mode)."""
+
+    def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
+                 attention: str):
+        H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+        tg = target
+        self.rmsnorm = L.rmsnorm_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
+        # one matmul definition; calls bind K and N (dims) per weight
+        self.matmul = L.matmul_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
+        self.rope = L.rope_tile(dt, t.tq, NH, D, tg)
+        self.residual = L.residual_add(dt, t.tq, H, t.ew_block, tg)
+        self.swiglu = L.swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
+        if attention == "fused":
+            self.fused = (L.flash_fused if causal else L.flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg)
+            return
+        self.init = L.flash_init(NH, D, t.tq, tg)
+        self.normalize = L.flash_normalize(dt, NH, D, t.tq, tg)
+        if attention == "pair":
+            self.pair = L.flash_pair(dt, NH, D, t.tq, t.tk, causal, tg)
+        else:
+            self.score = L.flash_score(dt, NH, D, t.tq, t.tk, causal, tg)
+            self.softmax = L.flash_softmax(NH, t.tq, t.tk, tg)
+            self.output = L.flash_output(dt, NH, D, t.tq, t.tk, tg)
+
+
+def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
+                 causal: bool = True):
+    if attention not in ("split", "pair", "fused"):
+        from pto.errors import UsageError
+
+        raise UsageError(f"unknown attention mode {attention!r} (choose split, pair or fused)")
+    t = choose_tiling(cfg, dt, target)
+    fn = Functions(cfg, dt, t, target, causal, attention)
+    H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+    base = t.base
+    o = Orchestration("llama7b")
+    S = o.scalar("S")
+    x = o.input("x", S, H, dt)
+    g_attn, g_ffn = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
+    wq, wk, wv, wo = (o.input(n, H, H, dt) for n in ("wq", "wk", "wv", "wo"))
+    wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
+    cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
+    xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
+    attn, ao, h, hn, dn = (o.temp(n, S, H, dt) for n in ("attn", "ao", "h", "hn", "dn"))
+    gate, up, act = (o.temp(n, S, Fd, dt) for n in ("gate", "up", "act"))
+    y = o.output("y", S, H, dt)
+    if attention != "fused":
+        m_, l_ = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
+        acc = o.temp("acc", S, H, f32)
+    if attention == "split":
+        s_ = o.temp("s", S, NH * t.tk, f32)
+        alpha = o.temp("alpha", S, NH, f32)
+    n = o.let("n", cdiv(S, base))
+    q_loop = loop_attrs(base, t.tq)
+
+    def rows(i):
+        return emin(i.rows, S - i * base)
+
+    def tile(tensor, i, cols):
+        return (tensor, i * base, 0, rows(i), cols)
+
+    # phase 1: pre-attention, per row tile
+    with o.for_loop("i", 0, n, **q_loop) as i:
+        R = {"R": i.rows}
+        o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
+        for w, out in ((wq, q), (wk, k), (wv, v)):
+            o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, H)}, dims={**R, "K": H, "N": H})
+        for src, dst in ((q, qr), (k, kr)):
+            o.call(fn.rope, {"x": tile(src, i, H), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
+                             "y": tile(dst, i, H)}, dims=R)
+        if attention != "fused":
+            o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, H)},
+                   dims={"TQ": i.rows})
+
+    # phase 2: attention
+    with o.for_loop("qi", 0, n, **q_loop) as qi:
+        qpos = qi * base
+        q_end = emin(S, qpos + qi.rows)
+        TQ = {"TQ": qi.rows}
+        if attention == "fused":
+            nkv = q_end if causal else S
+            nfull = (qpos // t.tk) * t.tk if causal else (S // t.tk) * t.tk
+            args = {"q": tile(qr, qi, H), "k": (kr, 0, 0, nkv, H), "v": (v, 0, 0, nkv, H),
+                    "o": tile(attn, qi, H), "nfull": nfull, "nkv": nkv}
+            if causal:
+                args["qpos"] = qpos
+            o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
+        else:
+            kv_tiles = cdiv(q_end, base) if causal else n
+            with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk)) as kj:
+                kpos = kj * base
+                kvr = (kr, kpos, 0, rows(kj), H)
+                vr = (v, kpos, 0, rows(kj), H)
+                dims = {**TQ, "TK": kj.rows}
+                state = {"m": tile(m_, qi, NH), "l": tile(l_, qi, NH), "acc": tile(acc, qi, H)}
+                pos = {"qpos": qpos, "kpos": kpos} if causal else {}
+                if attention == "pair":
+                    o.call(fn.pair, {"q": tile(qr, qi, H), "k": kvr, "v": vr, **state, **pos}, dims=dims)
+                else:
+                    sreg = (s_, qpos, 0, rows(qi), NH * kj.rows)
+                    o.call(fn.score, {"q": tile(qr, qi, H), "k": kvr, "s": sreg, **pos}, dims=dims)
+                    o.call(fn.softmax, {"s": sreg, "m": state["m"], "l": state["l"],
+                                        "alpha": tile(alpha, qi, NH)}, dims=dims)
+                    o.call(fn.output, {"p": sreg, "v": vr, "alpha": tile(alpha, qi, NH), "acc": state["acc"]},
+                           dims=dims)
+            o.call(fn.normalize, {"l": tile(l_, qi, NH), "acc": tile(acc, qi, H), "y": tile(attn, qi, H)},
+                   dims=TQ)
+
+    # phase 3: post-attention and FFN, per row tile
+    with o.for_loop("r", 0, n, **q_loop) as r:
+        R = {"R": r.rows}
+        o.call(fn.matmul, {"x": tile(attn, r, H), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": H, "N": H})
+        o.call(fn.residual, {"a": tile(x, r, H), "b": tile(ao, r, H), "y": tile(h, r, H)}, dims=R)
+        o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+        for w, out in ((wg, gate), (wu, up)):
+            o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
+        o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)
+        o.call(fn.matmul, {"x": tile(act, r, Fd), "w": wd, "y": tile(dn, r, H)}, dims={**R, "K": Fd, "N": H})
+        o.call(fn.residual, {"a": tile(h, r, H), "b": tile(dn, r, H), "y": tile(y, r, H)}, dims=R)
+    return o.module()
+
+
+# ------------------------------------------------------------------------ the torch reference
+
+
+def rope_tables(seq: int, cfg: LlamaConfig, dtype: DType, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta^(-2i/D), each seq x D/2."""
+    half = cfg.head_dim // 2
+    inv = cfg.theta ** (-torch.arange(half, dtype=torch.float64) * 2 / cfg.head_dim)
+    ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+    return (ang.cos().to(device=device, dtype=dtype.torch), ang.sin().to(device=device, dtype=dtype.torch))
+
+
+def reference_layer(inp: dict[str, torch.Tensor], cfg: LlamaConfig, causal: bool = True) -> torch.Tensor:
+    """The layer with plain torch ops in the inputs' dtype (SDPA for attention), written
+    independently of the tiled program."""
+    x = inp["x"]
+    S, H = x.shape
+    NH, D = cfg.heads, cfg.head_dim
+
+    def rmsnorm(t, g):
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * g.float()).to(t.dtype)
+
+    def heads(t):
+        return t.view(S, NH, D).transpose(0, 1)
+
+    cos = torch.cat([inp["cos"], inp["cos"]], dim=-1)
+    sin = torch.cat([inp["sin"], inp["sin"]], dim=-1)
+
+    def rope(t):
+        t1, t2 = t[..., : D // 2], t[..., D // 2:]
+        return t * cos + torch.cat([-t2, t1], dim=-1) * sin
+
+    xn = rmsnorm(x, inp["g_attn"])
+    q, k, v = heads(xn @ inp["wq"]), heads(xn @ inp["wk"]), heads(xn @ inp["wv"])
+    a = F.scaled_dot_product_attention(rope(q)[None], rope(k)[None], v[None], is_causal=causal)[0]
+    h = x + a.transpose(0, 1).reshape(S, H) @ inp["wo"]
+    hn = rmsnorm(h, inp["g_ffn"])
+    return h + (F.silu(hn @ inp["wg"]) * (hn @ inp["wu"])) @ inp["wd"]
+
+
+def layer_flops(cfg: LlamaConfig, seq: int, causal: bool = True) -> float:
+    """Matmul flops of one layer (projections, attention QK^T and PV with the causal half)."""
+    H, Fd = cfg.hidden, cfg.ffn
+    proj = 2.0 * seq * H * (4 * H + 3 * Fd)
+    attn = 4.0 * seq * seq * H * (0.5 if causal else 1.0)
+    return proj + attn
+
+
+class LlamaProgram(Program):
+    name = "llama7b"
+    description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for CPU)"
+    default_seq = 128
+    outputs = ("y",)
+
+    def target(self, opts: RunOptions) -> Target:
+        if opts.target is None:
+            from pto.passes.tiling import target_for_device
+
+            return target_for_device(None)
+        return get_target(opts.target)
+
+    def check_options(self, opts: RunOptions) -> None:
+        super().check_options(opts)
+        if opts.attention not in ("split", "pair", "fused"):
+            from pto.errors import UsageError
+
+            raise UsageError(f"unknown attention mode {opts.attention!r} (choose split, pair or fused)")
+
+    def build(self, opts: RunOptions):
+        self.check_options(opts)
+        return build_module(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.attention, opts.causal)
+
+    def tiling(self, opts: RunOptions) -> LlamaTiling:
+        return choose_tiling(CONFIGS[opts.config], opts.dtype, self.target(opts))
+
+    def scalar_exprs(self, opts):
+        return {"S": Var("seq")}
+
+    def inputs(self, opts, seq, device, seed=0):
+        cfg = CONFIGS[opts.config]
+        dt = opts.dtype
+        H, Fd = cfg.hidden, cfg.ffn
+        dev = torch.device(device)
+        g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)
+
+        def rnd(*shape, scale=1.0):
+            if dev.type == "cuda":
+                return (torch.randn(*shape, generator=g, device=dev, dtype=torch.float32) * scale).to(dt.torch)
+            return seeded_randn(shape, dt, dev, g, scale)
+
+        cos, sin = rope_tables(seq, cfg, dt, dev)
+        return {
+            "x": rnd(seq, H),
+            "g_attn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
+            "g_ffn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
+            "wq": rnd(H, H, scale=H ** -0.5), "wk": rnd(H, H, scale=H ** -0.5),
+            "wv": rnd(H, H, scale=H ** -0.5), "wo": rnd(H, H, scale=H ** -0.5),
+            "wg": rnd(H, Fd, scale=H ** -0.5), "wu": rnd(H, Fd, scale=H ** -0.5),
+            "wd": rnd(Fd, H, scale=Fd ** -0.5),
+            "cos": cos, "sin": sin,
+        }
+
+    def reference(self, opts, seq, inputs):
+        return {"y": reference_layer(inputs, CONFIGS[opts.config], opts.causal)}
+
+    def flops(self, opts, seq):
+        return layer_flops(CONFIGS[opts.config], seq, opts.causal)
+
+
+PROGRAM = LlamaProgram()
