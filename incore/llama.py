@@ -96,57 +96,70 @@ def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None)
     return k.build(target)
 
 
-def rope_tile(dtype, rows: int, heads: int, head_dim: int, target=None) -> IncoreFunction:
+def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, target=None) -> IncoreFunction:
     """Rotary embedding of an R x (heads*D) tile, rotate-half convention: with x1, x2 the two
     halves of a head and c, s the cos/sin of each row's position (R x D/2 tables),
-    ``y1 = x1 c - x2 s`` and ``y2 = x2 c + x1 s``. Parallel over heads."""
+    ``y1 = x1 c - x2 s`` and ``y2 = x2 c + x1 s``. Parallel over heads; rows in blocks."""
     k = InCore("rope_tile")
     R = k.dim("R", rows)
+    RB = min(row_block, rows)
     half = head_dim // 2
     x, cos, sin, y = (k.memref(n, dtype) for n in ("x", "cos", "sin", "y"))
     h = k.parallel("h", heads)
-    x1, x2 = k.tile("x1", R, half, dtype), k.tile("x2", R, half, dtype)
-    ct, st = k.tile("ct", R, half, dtype), k.tile("st", R, half, dtype)
-    k.load(x1, x, 0, h * head_dim)
-    k.load(x2, x, 0, h * head_dim + half)
-    k.load(ct, cos, 0, 0)
-    k.load(st, sin, 0, 0)
-    a1 = _as_f32(k, "a1", x1, R, half, dtype)
-    a2 = _as_f32(k, "a2", x2, R, half, dtype)
-    c = _as_f32(k, "c", ct, R, half, dtype)
-    s = _as_f32(k, "s", st, R, half, dtype)
-    o1, o2, tmp = k.tile("o1", R, half, f32), k.tile("o2", R, half, f32), k.tile("tmp", R, half, f32)
-    k.mul(o1, a1, c)
-    k.mul(tmp, a2, s)
-    k.sub(o1, o1, tmp)
-    k.mul(o2, a2, c)
-    k.mul(tmp, a1, s)
-    k.add(o2, o2, tmp)
-    if dtype != f32:
-        k.cast(x1, o1)
-        k.cast(x2, o2)
-        o1, o2 = x1, x2
-    k.store(y, 0, h * head_dim, o1)
-    k.store(y, 0, h * head_dim + half, o2)
+    x1, x2 = k.tile("x1", RB, half, dtype), k.tile("x2", RB, half, dtype)
+    ct, st = k.tile("ct", RB, half, dtype), k.tile("st", RB, half, dtype)
+    o1, o2, tmp = k.tile("o1", RB, half, f32), k.tile("o2", RB, half, f32), k.tile("tmp", RB, half, f32)
+    f32_tiles = {}
+    with k.for_range("rb", 0, R, RB) as rb:
+        k.load(x1, x, rb, h * head_dim)
+        k.load(x2, x, rb, h * head_dim + half)
+        k.load(ct, cos, rb, 0)
+        k.load(st, sin, rb, 0)
+        for name, t in (("a1", x1), ("a2", x2), ("c", ct), ("s", st)):
+            if name not in f32_tiles:
+                f32_tiles[name] = k.tile(name, RB, half, f32) if dtype != f32 else None
+            if f32_tiles[name] is not None:
+                k.cast(f32_tiles[name], t)
+        a1, a2, c, s = (f32_tiles[n] or t for n, t in (("a1", x1), ("a2", x2), ("c", ct), ("s", st)))
+        k.mul(o1, a1, c)
+        k.mul(tmp, a2, s)
+        k.sub(o1, o1, tmp)
+        k.mul(o2, a2, c)
+        k.mul(tmp, a1, s)
+        k.add(o2, o2, tmp)
+        if dtype != f32:
+            k.cast(x1, o1)
+            k.cast(x2, o2)
+            k.store(y, rb, h * head_dim, x1)
+            k.store(y, rb, h * head_dim + half, x2)
+        else:
+            k.store(y, rb, h * head_dim, o1)
+            k.store(y, rb, h * head_dim + half, o2)
     return k.build(target)
 
 
-def _elementwise(name: str, dtype, rows: int, cols: int, block: int, body, target=None):
-    """An R x cols elementwise function over column blocks (parallel axis)."""
+def _elementwise(name: str, dtype, rows: int, cols: int, block: int, body, row_block: int = 32,
+                 target=None):
+    """An R x cols elementwise function: column blocks on the parallel axis, rows in blocks."""
     k = InCore(name)
     R = k.dim("R", rows)
+    RB = min(row_block, rows)
     a, b, y = k.memref("a", dtype), k.memref("b", dtype), k.memref("y", dtype)
     j = k.parallel("j", cdiv(cols, block))
-    ta, tb = k.tile("ta", R, block, dtype), k.tile("tb", R, block, dtype)
-    k.load(ta, a, 0, j * block)
-    k.load(tb, b, 0, j * block)
-    fa = _as_f32(k, "fa", ta, R, block, dtype)
-    fb = _as_f32(k, "fb", tb, R, block, dtype)
-    out = body(k, fa, fb, R, block)
-    if dtype != f32:
-        k.cast(ta, out)
-        out = ta
-    k.store(y, 0, j * block, out)
+    ta, tb = k.tile("ta", RB, block, dtype), k.tile("tb", RB, block, dtype)
+    fa = k.tile("fa", RB, block, f32) if dtype != f32 else ta
+    fb = k.tile("fb", RB, block, f32) if dtype != f32 else tb
+    with k.for_range("rb", 0, R, RB) as rb:
+        k.load(ta, a, rb, j * block)
+        k.load(tb, b, rb, j * block)
+        if dtype != f32:
+            k.cast(fa, ta)
+            k.cast(fb, tb)
+        out = body(k, fa, fb, RB, block)
+        if dtype != f32:
+            k.cast(ta, out)
+            out = ta
+        k.store(y, rb, j * block, out)
     return k.build(target)
 
 
@@ -158,7 +171,7 @@ def residual_add(dtype, rows: int, cols: int, block: int, target=None) -> Incore
         k.add(s, fa, fb)
         return s
 
-    return _elementwise("residual_add", dtype, rows, cols, block, body, target)
+    return _elementwise("residual_add", dtype, rows, cols, block, body, target=target)
 
 
 def swiglu_tile(dtype, rows: int, cols: int, block: int, target=None) -> IncoreFunction:
@@ -170,7 +183,7 @@ def swiglu_tile(dtype, rows: int, cols: int, block: int, target=None) -> IncoreF
         k.mul(s, s, fb)
         return s
 
-    return _elementwise("swiglu_tile", dtype, rows, cols, block, body, target)
+    return _elementwise("swiglu_tile", dtype, rows, cols, block, body, target=target)
 
 
 # --------------------------------------------------------------------------- flash attention

@@ -102,7 +102,7 @@ class Functions:
         self.rmsnorm = L.rmsnorm_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
         # one matmul definition; calls bind K and N (dims) per weight
         self.matmul = L.matmul_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
-        self.rope = L.rope_tile(dt, t.tq, NH, D, tg)
+        self.rope = L.rope_tile(dt, t.tq, NH, D, target=tg)
         self.residual = L.residual_add(dt, t.tq, H, t.ew_block, tg)
         self.swiglu = L.swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
         if attention == "fused":
@@ -325,3 +325,56 @@ class LlamaProgram(Program):
 
 
 PROGRAM = LlamaProgram()
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
+    """(start, height) in base tiles of the row tiles an adaptive loop over n base tiles runs
+    after binary expansion (one task per tile per call in the loop body)."""
+    from pto.ir.expr import bx_blocks
+    from pto.passes.binary_expansion import height_of_block
+
+    levels = tile_levels(base, top)
+    if len(levels) == 1:
+        return [(i, 1) for i in range(n)]
+    lv = tuple(sorted(levels.items()))
+    out = []
+    for start, size in bx_blocks(n, MAX_RANGE, 2):
+        hb = (height_of_block(lv, size) if size >= 2 else base) // base
+        out += [(start + k * hb, hb) for k in range(size // hb)]
+    return out
+
+
+def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
+                adaptive: bool = True) -> dict[str, int]:
+    """Exact task and edge counts of the layer's graph without building it.
+
+    With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
+    kv range overlaps (docs/ESTIMATE.md derives each term):
+    fused: tasks 15T, edges 16T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
+    split: tasks 16T + 3P, edges 14T + 10P.
+    """
+    n = -(-seq // t.base)
+    tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
+    rows = row_tiles(n, t.base, tq)
+    T = len(rows)
+    if causal:
+        ends = [min(n, s + h) for s, h in rows]
+        P = sum(len(row_tiles(e, t.base, tk)) for e in ends)
+        Q = sum(k + 1 for k in range(T))
+    else:
+        P = T * len(row_tiles(n, t.base, tk))
+        Q = T * T
+    tasks = {"fused": 15 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
+    edges = {"fused": 16 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
+    return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P if attention != "fused" else 0}
+
+
+def _closed_form_counts(self, opts: RunOptions, seq: int, adaptive: bool) -> dict[str, int]:
+    """Exact counts for ``pto estimate`` (see :func:`closed_form`)."""
+    return closed_form(CONFIGS[opts.config], self.tiling(opts), seq, opts.attention, opts.causal, adaptive)
+
+
+LlamaProgram.closed_form_counts = _closed_form_counts
