@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pto import Orchestration, Var, cdiv, emin, f32
 from pto.incore import llama as L
 from pto.ir.dtypes import DType
+from pto.errors import SramError
 from pto.passes.tiling import Target, flash_tile_rows, get_target
 from pto.programs import Program, RunOptions, seeded_randn
 
@@ -61,8 +62,10 @@ class LlamaTiling:
     ew_block: int  # elementwise column block
 
 
-def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target) -> LlamaTiling:
-    tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
+def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None) -> LlamaTiling:
+    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``)."""
+    if tq is None:
+        tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
     tk = min(tq, 64)
     base = 32 if tq > 32 else max(tq // 2, 8)
     big = cfg.hidden >= 1024
@@ -118,14 +121,28 @@ class Functions:
             self.output = L.flash_output(dt, NH, D, t.tq, t.tk, tg)
 
 
+def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str):
+    """The tiling and functions: the SRAM model's q tile height, halved until every function's
+    live tiles fit the target (the model counts Q, K, V, O and S in the storage dtype; the
+    functions also keep f32 scores and statistics)."""
+    tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
+    while True:
+        t = choose_tiling(cfg, dt, target, tq)
+        try:
+            return t, Functions(cfg, dt, t, target, causal, attention)
+        except SramError:
+            if tq <= 8:
+                raise
+            tq //= 2
+
+
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
                  causal: bool = True):
     if attention not in ("split", "pair", "fused"):
         from pto.errors import UsageError
 
         raise UsageError(f"unknown attention mode {attention!r} (choose split, pair or fused)")
-    t = choose_tiling(cfg, dt, target)
-    fn = Functions(cfg, dt, t, target, causal, attention)
+    t, fn = fit_functions(cfg, dt, target, causal, attention)
     H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
     base = t.base
     o = Orchestration("llama7b")
@@ -288,7 +305,7 @@ class LlamaProgram(Program):
         return build_module(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.attention, opts.causal)
 
     def tiling(self, opts: RunOptions) -> LlamaTiling:
-        return choose_tiling(CONFIGS[opts.config], opts.dtype, self.target(opts))
+        return fit_functions(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.causal, opts.attention)[0]
 
     def scalar_exprs(self, opts):
         return {"S": Var("seq")}
