@@ -143,18 +143,21 @@ class _Machine:
         return self.tiles[name].to(torch.float32)
 
     def _region_index(self, mem: str, row_e, col_e, r: int, c: int):
+        """Global row and column indices (N x r, N x c), clamped into the tensor, and the
+        valid mask (N x r x c, or None when every element lies inside its region)."""
         rb = self.mems[mem]
-        roff, coff = self._vec(row_e), self._vec(col_e)
         task = self.task
-        ri = roff.view(-1, 1, 1) + torch.arange(r, device=self.device).view(1, r, 1)
-        ci = coff.view(-1, 1, 1) + torch.arange(c, device=self.device).view(1, 1, c)
-        valid = ((ri >= 0) & (ri < rb.rows[task].view(-1, 1, 1)) &
-                 (ci >= 0) & (ci < rb.cols[task].view(-1, 1, 1)))
-        grow = rb.row0[task].view(-1, 1, 1) + ri
-        gcol = rb.col0[task].view(-1, 1, 1) + ci
-        ncols = rb.tensor.shape[1]
-        flat = torch.where(valid, grow * ncols + gcol, torch.zeros_like(grow))
-        return flat, valid
+        ri = self._vec(row_e).view(-1, 1) + torch.arange(r, device=self.device).view(1, r)
+        ci = self._vec(col_e).view(-1, 1) + torch.arange(c, device=self.device).view(1, c)
+        rvalid = (ri >= 0) & (ri < rb.rows[task].view(-1, 1))
+        cvalid = (ci >= 0) & (ci < rb.cols[task].view(-1, 1))
+        nrows, ncols = rb.tensor.shape
+        grow = (rb.row0[task].view(-1, 1) + ri).clamp_(0, nrows - 1)
+        gcol = (rb.col0[task].view(-1, 1) + ci).clamp_(0, ncols - 1)
+        valid = None
+        if not (bool(rvalid.all()) and bool(cvalid.all())):
+            valid = rvalid.view(-1, r, 1) & cvalid.view(-1, 1, c)
+        return grow.view(-1, r, 1), gcol.view(-1, 1, c), valid
 
     # execution -------------------------------------------------------------------------------
     def run(self, body) -> None:
@@ -182,19 +185,27 @@ class _Machine:
         if op is Op.LOAD:
             mem, row, col = ins.srcs
             r, c = self.shapes[ins.dst]
-            flat, valid = self._region_index(mem, row, col, r, c)
+            grow, gcol, valid = self._region_index(mem, row, col, r, c)
             t = self.mems[mem].tensor
-            vals = t.reshape(-1)[flat]
-            pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
-            self._write(ins.dst, torch.where(valid, vals, pad))
+            vals = t[grow, gcol]
+            if valid is not None:
+                pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
+                vals = torch.where(valid, vals, pad)
+            self._write(ins.dst, vals)
         elif op is Op.STORE:
             tile, mem, row, col = ins.srcs
             r, c = self.shapes[tile]
-            flat, valid = self._region_index(mem, row, col, r, c)
-            valid = valid & self.active.view(-1, 1, 1)
+            grow, gcol, valid = self._region_index(mem, row, col, r, c)
             t = self.mems[mem].tensor
             vals = self.tiles[tile].to(t.dtype)
-            t.view(-1)[flat[valid]] = vals[valid]
+            if valid is None and self.all_active:
+                t[grow, gcol] = vals
+            else:
+                keep = self.active.view(-1, 1, 1).expand(-1, r, c)
+                if valid is not None:
+                    keep = keep & valid
+                gr, gc = grow.expand(-1, r, c), gcol.expand(-1, r, c)
+                t[gr[keep], gc[keep]] = vals[keep]
         elif op in BINARY:
             a, b = ins.srcs
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
