@@ -62,8 +62,10 @@ class LlamaTiling:
     ew_block: int  # elementwise column block
 
 
-def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None) -> LlamaTiling:
-    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``)."""
+def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None,
+                  shrink: int = 1) -> LlamaTiling:
+    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``);
+    ``shrink`` divides the column blocks for targets with little on-chip memory."""
     if tq is None:
         tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
     tk = min(tq, 64)
@@ -71,9 +73,9 @@ def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None
     big = cfg.hidden >= 1024
     return LlamaTiling(
         base=base, tq=tq, tk=tk,
-        bn=128 if big else 64, bk=64 if big else 32,
-        norm_rows=16, norm_chunk=min(512 if big else 128, cfg.hidden),
-        ew_block=128 if big else 64,
+        bn=max((128 if big else 64) // shrink, 16), bk=max((64 if big else 32) // shrink, 16),
+        norm_rows=16, norm_chunk=max(min(512 if big else 128, cfg.hidden) // shrink, 16),
+        ew_block=max((128 if big else 64) // shrink, 16),
     )
 
 
@@ -122,18 +124,20 @@ class Functions:
 
 
 def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str):
-    """The tiling and functions: the SRAM model's q tile height, halved until every function's
-    live tiles fit the target (the model counts Q, K, V, O and S in the storage dtype; the
-    functions also keep f32 scores and statistics)."""
+    """The tiling and functions: the SRAM model's q tile height, with narrower column blocks
+    and then halved, until every function's live tiles fit the target (the model counts Q, K, V, O and S in
+    the storage dtype; the functions also keep f32 scores and statistics)."""
     tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
-    while True:
-        t = choose_tiling(cfg, dt, target, tq)
-        try:
-            return t, Functions(cfg, dt, t, target, causal, attention)
-        except SramError:
-            if tq <= 8:
-                raise
-            tq //= 2
+    last = None
+    while tq >= 8:
+        for shrink in (1, 2, 4, 8):
+            t = choose_tiling(cfg, dt, target, tq, shrink)
+            try:
+                return t, Functions(cfg, dt, t, target, causal, attention)
+            except SramError as e:
+                last = e
+        tq //= 2
+    raise last
 
 
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",

@@ -30,6 +30,11 @@ def resolve_options(program: str, config: str, device: str, backend: str, dtype:
         dt = dtype_of(dtype)
     if be == "triton" and dev == "cpu" and dt != DType.F32:
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
+    if target is None:  # tile sizes for the machine that runs the program
+        from pto.device import device_info
+        from pto.passes.tiling import target_for_device
+
+        target = target_for_device(device_info(dev)).name
     opts = RunOptions(config=config, dtype=dt, causal=causal, attention=attention, target=target)
     prog.check_options(opts)
     return prog, dev, be, opts
@@ -185,7 +190,7 @@ def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "a
         written.append(str(out / name))
     write(f"{corch.name}.pto", module.text())
     try:
-        from pto.backends.triton_backend import render_sources
+        from pto.codegen.triton import render_sources
     except ImportError:  # triton not installed: the C side stands alone
         render_sources = None
     if render_sources is not None:

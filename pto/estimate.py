@@ -23,6 +23,8 @@ from pto.programs import RunOptions
 
 #: graphs up to this many tasks are built for real
 MAX_BUILD_TASKS = 2_000_000
+#: calibration builds of the memory model stay below this many tasks
+CALIBRATION_TASKS = 200_000
 #: the task metadata of the reference runtime (seed 004): 2,864 bytes per task
 SEED_BYTES_PER_TASK = 2864
 #: the seed's published rows (tasks with and without adaptive tiles), for the plot
@@ -138,7 +140,7 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
     cal = 64
     while len(samples) < 3 and cal <= 1 << 16:
         c = counter.counts(cal, adaptive)
-        if c["tasks"] > max_build_tasks:
+        if c["tasks"] > CALIBRATION_TASKS:
             break
         if all(s["tasks"] != c["tasks"] for s in samples):
             samples.append(_build(module, prog, opts, cal, adaptive))

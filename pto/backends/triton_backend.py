@@ -1,0 +1,296 @@
+"""The Triton backend: generated, batched kernels, a launch or two per task batch.
+
+``prepare(batch)`` renders the batch's specialized InCore function (:mod:`pto.codegen.triton`,
+cached per function and options), writes the source to a content-addressed file and imports it
+(Triton's ``jit`` reads real source files), builds the per-task offset table once as a device
+tensor, and picks the per-batch specializations (``EVEN_<p>``: the tasks' regions are full, so
+loads and stores skip masks; ``ALIGN_<p>``: the regions start on a 16-column boundary). Tasks
+that allow different specializations launch apart (at most 4 launches; usually 1, or 2 when a
+few residual tiles join full ones). The launch it returns allocates nothing and never
+synchronizes with the host, so the executor may capture it in a CUDA graph (after a first,
+uncaptured call has compiled the kernels).
+
+Sources go to ``$PTO_CACHE_DIR/triton/<hash>.py`` (default ``~/.cache/pto/triton``). On a CPU
+the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``; f32 and f16, small shapes;
+its bf16 conversions truncate, so bf16 is checked by compiling for sm_90 instead).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pto.backends.base import Backend, Launch, TaskBatch
+from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, access_bounds, render, render_sources
+from pto.errors import BuildError, ExecutionError
+from pto.interp.incore import RegionBatch
+from pto.ir.expr import evaluate
+from pto.ir.nodes import IncoreFunction
+
+_MODULES: dict[str, object] = {}  # digest -> imported kernel module (shared by all backends)
+_INT32_MAX = 2**31 - 1
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
+
+
+def cache_dir() -> Path:
+    """Where generated kernel sources are written: ``$PTO_CACHE_DIR/triton`` or
+    ``~/.cache/pto/triton``."""
+    root = os.environ.get("PTO_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "pto"
+    return base / "triton"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_text() == text:
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_kernel(kernel: RenderedKernel):
+    """The ``@triton.jit`` function of a rendered kernel, imported from its cache file."""
+    mod = _MODULES.get(kernel.digest)
+    if mod is None:
+        if importlib.util.find_spec("triton") is None:
+            raise ExecutionError("the triton backend needs the `triton` package (pip install triton)")
+        path = cache_dir() / f"{kernel.digest}.py"
+        _write_atomic(path, kernel.source)
+        name = f"_pto_triton_{kernel.digest}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        _MODULES[kernel.digest] = mod
+    return getattr(mod, kernel.name)
+
+
+@dataclass
+class LaunchGroup:
+    """One launch of a prepared batch: the tasks ``tasks`` (indices into the batch), which share
+    the constexpr flags, on grid (len(tasks), largest parallel extent)."""
+
+    tasks: torch.Tensor
+    grid: tuple[int, int]
+    flags: dict[str, bool]
+    table: torch.Tensor | None = None
+
+
+class TritonBackend(Backend):
+    """Generated Triton kernels: one launch per batch, or one per kind of task with ``split``.
+
+    ``options``: :class:`RenderOptions` (e.g. ``input_precision="tf32"``). ``launch``: per
+    InCore function overrides of the launch parameters, keyed by plain name (``gemm_tile``) or
+    variant name (``gemm_tile__TK64_TM64_TN128``, which wins), e.g.
+    ``{"gemm_tile": {"num_warps": 8, "num_stages": 4}}``. ``even``/``align``: allow the
+    per-batch specializations. ``split``: launch the tasks whose regions are all full and
+    aligned apart from the others (at most 4 launches a batch), so a few residual tiles do not
+    put a whole batch on the masked path.
+    """
+
+    name = "triton"
+
+    def __init__(self, device="cuda", options: RenderOptions | None = None,
+                 launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
+                 split: bool = True):
+        self.device = torch.device(device)
+        self.graph_capturable = self.device.type == "cuda"
+        self.options = options or RenderOptions()
+        self.launch_overrides = dict(launch or {})
+        self.even = even
+        self.align = align
+        self.split = split
+        self._kernels: dict[IncoreFunction, RenderedKernel] = {}
+
+    def kernel(self, fn: IncoreFunction) -> RenderedKernel:
+        """The rendered kernel of ``fn`` under this backend's options (cached)."""
+        k = self._kernels.get(fn)
+        if k is None:
+            k = self._kernels[fn] = render(fn, self.options)
+        return k
+
+    def launch_config(self, fn: IncoreFunction) -> dict:
+        """Launch parameters: the renderer's defaults, then the overrides for the plain name,
+        then those for the variant name."""
+        cfg = dict(self.kernel(fn).launch)
+        cfg.update(self.launch_overrides.get(fn.name, {}))
+        cfg.update(self.launch_overrides.get(fn.variant_name, {}))
+        return cfg
+
+    def render_sources(self, functions) -> dict[str, str]:
+        """``{filename: source}`` of the kernels of ``functions`` under this backend's options."""
+        return render_sources(functions, self.options)
+
+    def prepare(self, batch: TaskBatch) -> Launch:
+        fn = batch.fn
+        _check_batch(batch)
+        if batch.size == 0:
+            return _launcher(None, (), [], {})
+        jit = load_kernel(self.kernel(fn))
+        args = []
+        for p in fn.memrefs:
+            t = batch.mems[p.name].tensor
+            args += [t, t.stride(0)]
+        groups = self.groups(batch)
+        device = batch.mems[fn.memrefs[0].name].tensor.device
+        table = build_table(self.kernel(fn), batch, device)
+        for g in groups:
+            g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
+        return _launcher(jit, tuple(args), groups, self.launch_config(fn))
+
+    def launches_per_batch(self, batch: TaskBatch) -> int:
+        return len(self.groups(batch)) if batch.size else 0
+
+    def groups(self, batch: TaskBatch) -> list[LaunchGroup]:
+        """The launches of a batch: its tasks partitioned by (all regions full, all regions
+        aligned), each part with the flags every one of its tasks allows and its own grid."""
+        fn, size = batch.fn, batch.size
+        env = _task_env(batch)
+        if fn.parallel is not None:
+            ext = torch.as_tensor(evaluate(fn.parallel.extent, env)).reshape(-1).expand(size)
+        else:
+            ext = torch.ones(size, dtype=torch.int64)
+        false = torch.zeros(size, dtype=torch.bool)
+        even = even_masks(fn, env) if self.even else {p.name: false for p in fn.memrefs}
+        align = {p.name: (torch.as_tensor(batch.mems[p.name].col0).reshape(-1).cpu() % ALIGN == 0)
+                 .expand(size) if self.align else false for p in fn.memrefs}
+        if self.split:
+            all_even = torch.stack(list(even.values())).all(0)
+            all_align = torch.stack(list(align.values())).all(0)
+            keys = all_even.long() * 2 + all_align.long()
+            parts = [torch.nonzero(keys == k).flatten() for k in (3, 2, 1, 0)]
+        else:
+            parts = [torch.arange(size)]
+        out = []
+        for idx in parts:
+            if idx.numel() == 0:
+                continue
+            pmax = int(ext[idx].max())
+            if pmax <= 0:
+                continue
+            if pmax > _MAX_GRID_Y:
+                raise ExecutionError(f"`{fn.variant_name}`: parallel axis `{fn.parallel.var}` has extent "
+                                     f"{pmax}; a launch takes at most {_MAX_GRID_Y}")
+            flags = {f"EVEN_{m}": bool(v[idx].all()) for m, v in even.items()}
+            flags.update({f"ALIGN_{m}": bool(v[idx].all()) for m, v in align.items()})
+            out.append(LaunchGroup(idx, (idx.numel(), pmax), flags))
+        return out
+
+
+def _launcher(jit, args: tuple, groups: list[LaunchGroup], cfg: dict) -> Launch:
+    """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
+    calls = [(g.grid, (g.table, *args), {**g.flags, **cfg}) for g in groups]
+
+    def launch():
+        for grid, a, kw in calls:
+            jit[grid](*a, **kw)
+
+    launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
+    return launch
+
+
+def _check_batch(batch: TaskBatch) -> None:
+    fn = batch.fn
+    if fn.dims:
+        raise ExecutionError(f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first")
+    missing = [p.name for p in fn.memrefs if p.name not in batch.mems] + \
+              [p.name for p in fn.scalars if p.name not in batch.scalars]
+    if missing:
+        raise ExecutionError(f"`{fn.name}`: no binding for {', '.join(missing)}")
+    for p in fn.memrefs:
+        t = batch.mems[p.name].tensor
+        if t.dtype != p.dtype.torch:
+            raise ExecutionError(f"`{fn.name}`: memref `{p.name}` is {p.dtype} but the tensor is {t.dtype}")
+        if t.dim() != 2 or not t.is_contiguous():
+            raise ExecutionError(f"`{fn.name}`: tensor for `{p.name}` must be 2-D and contiguous")
+
+
+def _task_env(batch: TaskBatch) -> dict:
+    """Scalar environment of the batch (int64 CPU vectors): scalars and ``p.rows``/``p.cols``."""
+    size = batch.size
+
+    def vec(v):
+        return torch.as_tensor(v).reshape(-1).to("cpu", torch.int64).expand(size)
+
+    env = {k: vec(v) for k, v in batch.scalars.items()}
+    for name, rb in batch.mems.items():
+        env[f"{name}.rows"] = vec(rb.rows)
+        env[f"{name}.cols"] = vec(rb.cols)
+    return env
+
+
+def build_table(kernel: RenderedKernel, batch: TaskBatch, device) -> torch.Tensor:
+    """The ``B x F`` per-task table on ``device``: int32 unless a value needs int64 (the kernel
+    follows the table's type)."""
+    cols = []
+    size = batch.size
+    for name in kernel.layout.memrefs:
+        rb = batch.mems[name]
+        cols += [rb.row0, rb.col0, rb.rows, rb.cols]
+    for name in kernel.layout.scalars:
+        cols.append(batch.scalars[name])
+    vecs = [torch.as_tensor(c).to(device=device, dtype=torch.int64).reshape(-1).expand(size) for c in cols]
+    tab = torch.stack(vecs, dim=1)
+    big = tab.numel() and int(tab.abs().max().item()) > _INT32_MAX
+    return tab.contiguous() if big else tab.to(torch.int32).contiguous()
+
+
+def even_masks(fn: IncoreFunction, env: dict) -> dict[str, torch.Tensor]:
+    """Per memref, per task: does every access stay inside the region's valid extent (so the
+    task may skip masks)? ``env`` holds per-task int64 vectors."""
+    size = len(next(iter(env.values())))
+    out = {}
+    for mem, accesses in access_bounds(fn).items():
+        ok = torch.full((size,), accesses is not None)
+        try:
+            for a in accesses or ():
+                ok &= _inside(evaluate(a.row_lo, env), evaluate(a.row_hi, env), a.rows, env[f"{mem}.rows"])
+                ok &= _inside(evaluate(a.col_lo, env), evaluate(a.col_hi, env), a.cols, env[f"{mem}.cols"])
+        except (ZeroDivisionError, BuildError):
+            ok = torch.zeros(size, dtype=torch.bool)
+        out[mem] = ok
+    return out
+
+
+def _inside(lo, hi, n: int, limit) -> torch.Tensor:
+    """Offsets in [lo, hi] plus a block of n stay in [0, limit), per task. ``lo <= hi`` is
+    required too: bounds assume positive symbolic divisors, and a loop that runs zero times
+    (hi < lo) may as well keep its masks."""
+    lo, hi = torch.as_tensor(lo), torch.as_tensor(hi)
+    return (lo >= 0) & (lo <= hi) & (hi + n <= limit)
+
+
+_DEFAULT: dict[str, TritonBackend] = {}
+
+
+def run_incore_triton(fn: IncoreFunction, regions: dict[str, tuple],
+                      scalars: dict[str, int] | None = None) -> None:
+    """Run one task through the Triton backend, in place: ``regions[p] = (tensor, row0, col0,
+    rows, cols)``; scalars are ints (the signature of :func:`pto.interp.incore.run_incore`)."""
+    if fn.dims:
+        raise ExecutionError(f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first")
+    mems = {}
+    for name, (t, r0, c0, nr, nc) in regions.items():
+        mems[name] = RegionBatch(t, *(torch.tensor([int(v)], device=t.device) for v in (r0, c0, nr, nc)))
+    dev = next(iter(regions.values()))[0].device
+    sc = {k: torch.tensor([int(v)], device=dev) for k, v in (scalars or {}).items()}
+    be = _DEFAULT.get(str(dev))
+    if be is None:
+        be = _DEFAULT[str(dev)] = TritonBackend(dev)
+    be.prepare(TaskBatch(fn, mems, sc, 1))()
+
+
+__all__ = ["TritonBackend", "LaunchGroup", "run_incore_triton", "load_kernel", "build_table", "even_masks",
+           "cache_dir"]

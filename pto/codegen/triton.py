@@ -1,0 +1,681 @@
+"""Render a specialized InCore function as the Python source of one batched ``@triton.jit`` kernel.
+
+Kernel contract (what :mod:`pto.backends.triton_backend` launches):
+
+- grid ``(B, P)``: ``program_id(0)`` is the task of the batch, ``program_id(1)`` the index on the
+  function's parallel axis (``P`` = the largest extent over the batch, 1 without an axis); a
+  program whose index is not below its own task's extent returns at once.
+- arguments: ``tab``, the per-task table (int32 or int64, ``B x F``, row-major), then for every
+  memref parameter in declaration order its tensor pointer ``P_<p>`` and row stride ``S_<p>``, then
+  the constexpr flags ``EVEN_<p>`` (every task's region is full: loads and stores skip their
+  masks) and ``ALIGN_<p>`` (every task's region starts on a multiple of 16 columns: a
+  vectorization hint), in the same parameter order.
+- a table row holds, for every memref parameter in declaration order, its region's ``row0, col0,
+  rows, cols`` (rows/cols: the valid extent), then the value of every scalar parameter.
+
+Numerics follow :mod:`pto.interp.incore`: elementwise, unary, reduction, broadcast and mask ops
+compute in f32 and round to the destination's dtype; matmul feeds the operands in their own
+dtype to ``tl.dot`` with f32 accumulation (an exact f32 broadcast-multiply-sum where a dim is
+below 16, which ``tl.dot`` does not take); loads read ``pad`` outside the valid extent and
+stores skip it; scalar ``//`` and ``%`` floor as in Python.
+
+The walk is generic: one method per op group and small per-op format tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from pto.errors import BuildError
+from pto.ir.analysis import loop_ranges, memref_accesses, specialize, tile_shape
+from pto.ir.dtypes import DType
+from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, bounds, const_value
+from pto.ir.nodes import ForRange, IncoreFunction, Instr
+from pto.ir.ops import (
+    ARITH,
+    BINARY,
+    BROADCAST,
+    CAST,
+    COL_REDUCE,
+    MASK,
+    MATMUL,
+    REDUCE_KIND,
+    ROW_REDUCE,
+    SCALAR_BINARY,
+    SIGNATURE,
+    UNARY,
+    Op,
+)
+
+# Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
+MAX_NUMEL = 1 << 20
+ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 is a multiple of this
+
+TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}
+TL_PTR = {DType.F32: "*fp32", DType.F16: "*fp16", DType.BF16: "*bf16"}
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Choices that change the generated code (part of the cache key).
+
+    ``input_precision``: ``tl.dot`` precision for f32 operands ("ieee" matches the f32
+    reference; "tf32" / "tf32x3" trade accuracy for tensor-core speed on the GPU).
+    ``dot_min``: smallest M, N and K that use ``tl.dot`` (Triton needs 16); below, an exact f32
+    broadcast-multiply-sum. ``ieee_math``: correctly rounded division and square root
+    (``div_rn``/``sqrt_rn``, as torch computes them) instead of the faster approximations.
+    """
+
+    input_precision: str = "ieee"
+    dot_min: int = 16
+    ieee_math: bool = True
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Columns of the per-task table: ``row0, col0, rows, cols`` per memref, then scalars."""
+
+    memrefs: tuple[str, ...]
+    scalars: tuple[str, ...]
+
+    FIELDS = ("r0", "c0", "rows", "cols")
+
+    @property
+    def width(self) -> int:
+        return 4 * len(self.memrefs) + len(self.scalars)
+
+    def column(self, name: str, fld: str | None = None) -> int:
+        """Column of memref ``name``'s field (one of FIELDS) or of scalar ``name``."""
+        if fld is None:
+            return 4 * len(self.memrefs) + self.scalars.index(name)
+        return 4 * self.memrefs.index(name) + self.FIELDS.index(fld)
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """A generated kernel: its source and what launching it needs to know."""
+
+    fn: IncoreFunction
+    name: str  # the @triton.jit function's name in ``source``
+    source: str
+    layout: TableLayout
+    launch: dict = field(hash=False, compare=False)  # default num_warps / num_stages / fp fusion
+    digest: str = ""  # content hash of ``source``
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.py"
+
+    def signature(self) -> dict[str, str]:
+        """Triton signature of the kernel's arguments (for ahead-of-time compilation); the
+        table is int32 here."""
+        sig = {"tab": "*i32"}
+        for p in self.fn.memrefs:
+            sig[f"P_{p.name}"] = TL_PTR[p.dtype]
+            sig[f"S_{p.name}"] = "i32"
+        for p in self.fn.memrefs:
+            sig[f"EVEN_{p.name}"] = "constexpr"
+        for p in self.fn.memrefs:
+            sig[f"ALIGN_{p.name}"] = "constexpr"
+        return sig
+
+
+_HEADER = '''\
+# Generated by pto.codegen.triton from InCore function `{name}`{variant}. Do not edit:
+# regenerate with `pto codegen`. Launch contract: see pto/codegen/triton.py.
+import triton
+import triton.language as tl
+
+_INF = tl.constexpr(float("inf"))
+_NEG_INF = tl.constexpr(float("-inf"))
+_NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit
+def _floordiv(a, b):
+    # Python's floor division from Triton's truncating one
+    q = a // b
+    return q - ((q * b != a) & ((a < 0) != (b < 0))).to(q.dtype)
+
+
+@triton.jit
+def _floormod(a, b):
+    # Python's modulo (the sign of b) from Triton's truncating remainder
+    r = a % b
+    return r + b * ((r != 0) & ((r < 0) != (b < 0))).to(r.dtype)
+
+'''
+
+# scalar-expression operators: Python spelling that keeps the IR's integer semantics
+_EXPR_FMT = {
+    "+": "({a} + {b})",
+    "-": "({a} - {b})",
+    "*": "({a} * {b})",
+    "//": "_floordiv({a}, {b})",
+    "%": "_floormod({a}, {b})",
+    "<": "({a} < {b}).to(tl.int32)",
+    "<=": "({a} <= {b}).to(tl.int32)",
+    ">": "({a} > {b}).to(tl.int32)",
+    ">=": "({a} >= {b}).to(tl.int32)",
+    "==": "({a} == {b}).to(tl.int32)",
+    "!=": "({a} != {b}).to(tl.int32)",
+    "and": "(({a} != 0) & ({b} != 0)).to(tl.int32)",
+    "or": "(({a} != 0) | ({b} != 0)).to(tl.int32)",
+    "min": "tl.minimum({a}, {b})",
+    "max": "tl.maximum({a}, {b})",
+}
+
+# tile arithmetic on f32 operands (NaN-propagating max/min, as torch.maximum/minimum)
+_ARITH_FMT = {
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{div}({a}, {b})",
+    "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+    "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+}
+
+_UNARY_FMT = {
+    Op.EXP: "tl.exp({x})",
+    Op.LOG: "tl.log({x})",
+    Op.SQRT: "{sqrt}({x})",
+    Op.RSQRT: "tl.math.rsqrt({x})",
+    Op.RECIP: "{div}(1.0, {x})",
+    Op.NEG: "-{x}",
+    Op.ABS: "tl.abs({x})",
+    Op.RELU: "tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
+    Op.SILU: "{div}({x}, 1.0 + tl.exp(-{x}))",  # torch's silu: x / (1 + exp(-x))
+}
+
+_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+_MASK_KEEP = {
+    Op.MASK_CAUSAL: "tl.arange(0, {C})[None, :] <= tl.arange(0, {R})[:, None] + {k}",
+    Op.MASK_COLS: "tl.arange(0, {C})[None, :] < {k}",
+    Op.MASK_ROWS: "tl.arange(0, {R})[:, None] < {k}",
+}
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def float_literal(v: float, dtype: DType = DType.F32, as_tensor: bool = True) -> str:
+    """Source of ``v`` rounded to ``dtype`` (exact in f32, so Triton's fp32 constant keeps it).
+
+    Triton types a Python float outside the normal f32 range as fp64, so f32 subnormals become
+    a 1x1 f32 block when ``as_tensor`` (they broadcast like a scalar) and infinities and NaN
+    the constexpr globals of the kernel file.
+    """
+    v = float(torch.tensor(float(v), dtype=dtype.torch).item())
+    if math.isnan(v):
+        return "_NAN"
+    if math.isinf(v):
+        return "_INF" if v > 0 else "_NEG_INF"
+    if v != 0.0 and abs(v) < 2.0 ** -126 and as_tensor:
+        return f"tl.full((1, 1), {v!r}, tl.float32)"
+    return repr(v)
+
+
+_FILE_NAMES = frozenset({"triton", "tl", "_INF", "_NEG_INF", "_NAN", "_floordiv", "_floormod"})
+
+
+def kernel_name(fn: IncoreFunction) -> str:
+    """The kernel's Python name: the variant name (what profilers show), unless it would clash
+    with a keyword or a name of the generated file."""
+    name = fn.variant_name
+    return f"k_{name}" if keyword.iskeyword(name) or name in _FILE_NAMES else name
+
+
+def check_tiles(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
+    """Concrete tile shapes; BuildError naming the function and tile for a shape Triton cannot
+    hold (a dim that is not a power of two, or more than 2**20 elements)."""
+    dims = dict(fn.variant)
+    shapes = {}
+    for t in fn.tiles:
+        r, c = tile_shape(t, dims)
+        bad = [d for d in (r, c) if not _is_pow2(d)]
+        if bad:
+            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c}; the Triton backend "
+                             f"needs power-of-two tile dims ({bad[0]} is not)")
+        if r * c > MAX_NUMEL:
+            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c} = {r * c} elements; "
+                             f"a Triton block holds at most {MAX_NUMEL}")
+        shapes[t.name] = (r, c)
+    return shapes
+
+
+def launch_params(fn: IncoreFunction) -> dict:
+    """Default launch parameters from the static tile sizes.
+
+    4 warps; 8 for a matmul with a 128x128 (or larger) output or tiles of 32K elements and more;
+    3 pipeline stages when a loop loads tiles that feed a matmul (the K loop), else 1 (2 for
+    other loops with loads). FP fusion off: separate IR instructions round separately, as in the
+    reference interpreter.
+    """
+    shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
+    biggest = max((r * c for r, c in shapes.values()), default=1)
+    big_dot = any(i.op in MATMUL and shapes[i.dst][0] * shapes[i.dst][1] >= 128 * 128
+                  for i in _instrs(fn.body))
+    warps = 8 if big_dot or biggest >= 32 * 1024 else 4
+    stages = 1
+    for loop in _loops(fn.body):
+        ops = {i.op for i in _instrs(loop.body)}
+        if Op.LOAD in ops and ops & MATMUL:
+            stages = 3
+        elif Op.LOAD in ops:
+            stages = max(stages, 2)
+    return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+
+
+def _instrs(body):
+    for s in body:
+        if isinstance(s, ForRange):
+            yield from _instrs(s.body)
+        else:
+            yield s
+
+
+def _loops(body):
+    for s in body:
+        if isinstance(s, ForRange):
+            yield s
+            yield from _loops(s.body)
+
+
+# tile dataflow: which loops carry which tiles ------------------------------------------------
+
+
+def _reads(ins: Instr) -> set[str]:
+    names = {x for k, x in zip(SIGNATURE[ins.op][0], ins.srcs) if k == "T"}
+    if ins.op is Op.MATMUL_ACC:
+        names.add(ins.dst)
+    return names
+
+
+def _first_access(body, tile: str) -> str | None:
+    """"read" if ``tile`` may be read in ``body`` before being written, "write" if it is written
+    first on every path, None if the body leaves it alone (loops may run zero times)."""
+    for s in body:
+        if isinstance(s, ForRange):
+            if _first_access(s.body, tile) == "read":
+                return "read"
+        else:
+            if tile in _reads(s):
+                return "read"
+            if s.dst == tile:
+                return "write"
+    return None
+
+
+def _written(body) -> set[str]:
+    return {i.dst for i in _instrs(body) if i.dst is not None}
+
+
+def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:
+    """May ``tile`` be read after statement ``frames[0]`` (body, index), before being
+    rewritten? ``frames[1:]`` are the enclosing loops' positions, innermost first."""
+    for depth, (body, idx) in enumerate(frames):
+        first = _first_access(body[idx + 1:], tile)
+        if first is not None:
+            return first == "read"
+        if depth + 1 < len(frames):  # end of a loop body: the next iteration may read it
+            obody, oidx = frames[depth + 1]
+            if _first_access(obody[oidx].body, tile) == "read":
+                return True
+    return False
+
+
+# the renderer ---------------------------------------------------------------------------------
+
+
+class _Renderer:
+    def __init__(self, fn: IncoreFunction, opts: RenderOptions):
+        self.fn = fn
+        self.opts = opts
+        self.shapes = check_tiles(fn)
+        self.dtypes = {t.name: t.dtype for t in fn.tiles}
+        self.memrefs = {p.name: p for p in fn.memrefs}
+        self.layout = TableLayout(tuple(p.name for p in fn.memrefs), tuple(p.name for p in fn.scalars))
+        self.names: dict[str, str] = {p.name: f"s_{p.name}" for p in fn.scalars}
+        for p in fn.memrefs:
+            self.names[f"{p.name}.rows"] = f"m_{p.name}_rows"
+            self.names[f"{p.name}.cols"] = f"m_{p.name}_cols"
+        self.ranges = loop_ranges(fn)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.defined: set[str] = set()
+        self.tmp = 0
+        self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
+        self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
+
+    # output ---------------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def fresh(self, stem: str) -> str:
+        # every temporary gets its own name: a name reused inside a loop would make Triton
+        # carry it across iterations (with a mismatched shape)
+        self.tmp += 1
+        return f"_{stem}{self.tmp}"
+
+    # scalar expressions ----------------------------------------------------------------------
+    def expr(self, e: Expr) -> str:
+        """Source of an integer expression; always an atom (a name, a number, a call or a
+        parenthesized operation), so callers may apply operators and ``.to()`` to it."""
+        if isinstance(e, Const):
+            v = e.value
+            text = repr(float(v)) if isinstance(v, float) else str(int(v))
+            return f"({text})" if v < 0 else text
+        if isinstance(e, (Var, Attr)):
+            key = e.name if isinstance(e, Var) else f"{e.base}.{e.field}"
+            if key not in self.names:
+                raise BuildError(f"`{self.fn.variant_name}`: `{key}` has no value in the Triton kernel")
+            return self.names[key]
+        if isinstance(e, Bin):
+            return _EXPR_FMT[e.op].format(a=self.expr(e.a), b=self.expr(e.b))
+        if isinstance(e, Fn) and e.name == "select":
+            c, a, b = (self.expr(x) for x in e.args)
+            return f"tl.where({c} != 0, {a}, {b})"
+        raise BuildError(f"`{self.fn.variant_name}`: `{e}` cannot be computed inside a Triton kernel")
+
+    def scalar_f32(self, e: Expr) -> str:
+        """A tile-scalar operand as f32 (the reference converts it with torch.as_tensor(f32))."""
+        v = const_value(e)
+        if v is not None:
+            return float_literal(float(v))
+        return f"{self.expr(e)}.to(tl.float32)"
+
+    # tiles --------------------------------------------------------------------------------------
+    def f32(self, tile: str) -> str:
+        self.use(tile)
+        return f"t_{tile}" if self.dtypes[tile] is DType.F32 else f"t_{tile}.to(tl.float32)"
+
+    def use(self, tile: str) -> None:
+        if tile not in self.defined:
+            # read before any write: the reference's tiles start as NaN
+            self.init_nan(tile)
+
+    def init_nan(self, tile: str) -> None:
+        r, c = self.shapes[tile]
+        self.emit(f"t_{tile} = tl.full(({r}, {c}), _NAN, {TL_DTYPE[self.dtypes[tile]]})")
+        self.defined.add(tile)
+
+    def assign(self, dst: str, value: str, dtype: DType = DType.F32) -> None:
+        """``t_dst = value`` rounded to dst's dtype (``value`` has dtype ``dtype``)."""
+        if self.dtypes[dst] is not dtype:
+            value = f"({value}).to({TL_DTYPE[self.dtypes[dst]]})"
+        self.emit(f"t_{dst} = {value}")
+        self.defined.add(dst)
+
+    # structure ------------------------------------------------------------------------------
+    def render(self) -> RenderedKernel:
+        fn = self.fn
+        kname = kernel_name(fn)
+        params = ["tab"]
+        params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
+        params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+        self.emit("task = tl.program_id(0)")
+        self.emit(f"row = tab + task * {self.layout.width}")
+        for p in fn.memrefs:
+            for fld in TableLayout.FIELDS:
+                self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
+            self.emit(f"if ALIGN_{p.name}:")
+            self.emit(f"    m_{p.name}_c0 = tl.multiple_of(m_{p.name}_c0, {ALIGN})")
+            # the region's origin, in int64: row * stride overflows int32 on large tensors
+            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
+        for s in fn.scalars:
+            self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
+        if fn.parallel is not None:
+            var = f"i_{fn.parallel.var}"
+            self.names[fn.parallel.var] = var
+            self.emit(f"{var} = tl.program_id(1)")
+            if const_value(fn.parallel.extent) is None:  # a constant extent is the grid itself
+                self.emit(f"if {var} >= {self.expr(fn.parallel.extent)}:")
+                self.emit("    return")
+        self.body(fn.body, [])
+        head = _HEADER.format(name=fn.name, variant=f" ({kname})" if fn.variant else "")
+        sig = ",\n        ".join(params)
+        src = head + f"\n@triton.jit\ndef {kname}(\n        {sig}):\n" + "\n".join(self.lines) + "\n"
+        return RenderedKernel(fn, kname, src, self.layout, launch_params(fn),
+                              hashlib.sha256(src.encode()).hexdigest()[:20])
+
+    def body(self, stmts: tuple, frames: list) -> None:
+        for idx, s in enumerate(stmts):
+            if isinstance(s, ForRange):
+                self.loop(s, [(stmts, idx), *frames])
+            else:
+                self.instr(s)
+
+    def loop(self, s: ForRange, frames: list) -> None:
+        # tiles the loop writes that are read in a later iteration or after the loop must
+        # exist before it with their final type (Triton's loop-carried values)
+        for tile in sorted(_written(s.body)):
+            carried = _first_access(s.body, tile) == "read" or _live_after(frames, tile)
+            if carried and tile not in self.defined:
+                self.init_nan(tile)
+        var = f"i_{s.var}"
+        self.names[s.var] = var
+        outer = set(self.defined)
+        self.emit(f"for {var} in range({self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}):")
+        self.depth += 1
+        self.body(s.body, frames)
+        self.depth -= 1
+        self.defined = outer
+        del self.names[s.var]
+
+    # instructions -----------------------------------------------------------------------------
+    def instr(self, ins: Instr) -> None:
+        op = ins.op
+        for group, method in _DISPATCH:
+            if op in group:
+                method(self, ins)
+                return
+        raise BuildError(f"`{self.fn.variant_name}`: no Triton rule for `{op.value}`")  # pragma: no cover
+
+    def _binary(self, ins: Instr) -> None:
+        a, b = ins.srcs
+        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(a), self.f32(b)))
+
+    def _scalar(self, ins: Instr) -> None:
+        a, s = ins.srcs
+        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(a), self.scalar_f32(s)))
+
+    def arith(self, name: str, a: str, b: str) -> str:
+        return _ARITH_FMT[name].format(a=a, b=b, div=self.div)
+
+    def _unary(self, ins: Instr) -> None:
+        x = self.f32(ins.srcs[0])
+        self.assign(ins.dst, _UNARY_FMT[ins.op].format(x=x, div=self.div, sqrt=self.sqrt))
+
+    def _reduce(self, ins: Instr) -> None:
+        x = self.f32(ins.srcs[0])
+        row = ins.op in ROW_REDUCE
+        red = f"{_REDUCE_FN[REDUCE_KIND[ins.op]]}({x}, axis={1 if row else 0})"
+        self.assign(ins.dst, red + ("[:, None]" if row else "[None, :]"))
+
+    def _broadcast(self, ins: Instr) -> None:
+        r, c = self.shapes[ins.dst]
+        vec = self.f32(ins.srcs[-1])
+        if ARITH[ins.op] == "copy":
+            self.assign(ins.dst, f"tl.broadcast_to({vec}, ({r}, {c}))")
+            return
+        # Triton broadcasts the R x 1 / 1 x C vector itself
+        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(ins.srcs[0]), vec))
+
+    def _matmul(self, ins: Instr) -> None:
+        a, b = ins.srcs
+        ta, tb, acc = bool(ins.attr("ta")), bool(ins.attr("tb")), str(ins.attr("acc"))
+        m, k = self.shapes[a][::-1] if ta else self.shapes[a]
+        n = self.shapes[b][0] if tb else self.shapes[b][1]
+        dt = self.dtypes[a]
+        accumulate = ins.op is Op.MATMUL_ACC
+        self.use(a)
+        self.use(b)
+        if accumulate:
+            self.use(ins.dst)
+        opa = f"tl.trans(t_{a})" if ta else f"t_{a}"
+        opb = f"tl.trans(t_{b})" if tb else f"t_{b}"
+        fused = accumulate and acc == "f32"  # accumulate straight onto the f32 destination
+        if min(m, n, k) >= self.opts.dot_min:
+            prec = f', input_precision="{self.opts.input_precision}"' if dt is DType.F32 else ""
+            if fused:
+                value = f"tl.dot({opa}, {opb}, {self.f32(ins.dst)}{prec})"
+            else:
+                value = f"tl.dot({opa}, {opb}{prec}, out_dtype=tl.float32)"
+        else:
+            if m * k * n > MAX_NUMEL:
+                raise BuildError(f"`{self.fn.variant_name}`: matmul into `{ins.dst}` is {m}x{k}x{n}; "
+                                 f"below {self.opts.dot_min} in a dim it needs an {m * k * n}-element "
+                                 f"block (at most {MAX_NUMEL})")
+            if dt is not DType.F32:
+                opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
+            # exact f32 products summed in f32, like the reference's f32 matmul
+            value = f"tl.sum({opa}[:, :, None] * {opb}[None, :, :], axis=1)"
+            if fused:
+                value = f"{self.f32(ins.dst)} + {value}"
+        if acc == "f16":
+            value = f"({value}).to(tl.float16)"
+            if accumulate:
+                d16 = f"t_{ins.dst}" if self.dtypes[ins.dst] is DType.F16 else f"t_{ins.dst}.to(tl.float16)"
+                value = f"({d16}.to(tl.float32) + {value}.to(tl.float32)).to(tl.float16)"
+            self.assign(ins.dst, value, DType.F16)
+        else:
+            self.assign(ins.dst, value)
+
+    def _cast(self, ins: Instr) -> None:
+        src = ins.srcs[0]
+        self.use(src)
+        self.assign(ins.dst, f"t_{src}", self.dtypes[src])
+
+    def _full(self, ins: Instr) -> None:
+        r, c = self.shapes[ins.dst]
+        dt = self.dtypes[ins.dst]
+        # the reference fills f32 and rounds to the tile's dtype
+        v = float(torch.tensor(float(const_value(ins.srcs[0])), dtype=torch.float32).item())
+        value = float_literal(v, dt, as_tensor=False)
+        self.emit(f"t_{ins.dst} = tl.full(({r}, {c}), {value}, {TL_DTYPE[dt]})")
+        self.defined.add(ins.dst)
+
+    def _mask(self, ins: Instr) -> None:
+        src, bound = ins.srcs
+        r, c = self.shapes[ins.dst]
+        keep = _MASK_KEEP[ins.op].format(R=r, C=c, k=self.expr(bound))
+        fill = float_literal(float(ins.attr("fill")))
+        self.assign(ins.dst, f"tl.where({keep}, {self.f32(src)}, {fill})")
+
+    def _memory(self, ins: Instr) -> None:
+        if ins.op is Op.LOAD:
+            mem, row, col = ins.srcs
+            tile = ins.dst
+        else:
+            tile, mem, row, col = ins.srcs
+            self.use(tile)
+        r, c = self.shapes[tile]
+        ri, ci, ptr = self.fresh("r"), self.fresh("c"), self.fresh("p")
+        self.emit(f"{ri} = {self.offset(row, r, True)}")
+        self.emit(f"{ci} = {self.offset(col, c, False)}")
+        self.emit(f"{ptr} = P_{mem} + {ri}.to(tl.int64) * S_{mem} + {ci}")
+        conds = []
+        for idx, e, lim in ((ri, row, f"m_{mem}_rows"), (ci, col, f"m_{mem}_cols")):
+            if not self.nonnegative(e):
+                conds.append(f"({idx} >= 0)")
+            conds.append(f"({idx} < {lim})")
+        mask = " & ".join(conds)
+        self.emit(f"if EVEN_{mem}:")
+        if ins.op is Op.LOAD:
+            pad = float_literal(float(ins.attr("pad")), self.memrefs[mem].dtype)
+            self.emit(f"    t_{tile} = tl.load({ptr})")
+            self.emit("else:")
+            self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad})")
+            self.defined.add(tile)
+        else:
+            self.emit(f"    tl.store({ptr}, t_{tile})")
+            self.emit("else:")
+            self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
+
+    def offset(self, e: Expr, n: int, rows: bool) -> str:
+        idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]")
+        return idx if const_value(e) == 0 else f"{self.expr(e)} + {idx}"
+
+    def nonnegative(self, e: Expr) -> bool:
+        try:
+            lo = const_value(bounds(e, self.ranges)[0])
+        except BuildError:
+            return False
+        return lo is not None and lo >= 0
+
+
+_DISPATCH = (
+    (frozenset({Op.LOAD, Op.STORE}), _Renderer._memory),
+    (BINARY, _Renderer._binary),
+    (SCALAR_BINARY, _Renderer._scalar),
+    (UNARY, _Renderer._unary),
+    (ROW_REDUCE | COL_REDUCE, _Renderer._reduce),
+    (BROADCAST, _Renderer._broadcast),
+    (MATMUL, _Renderer._matmul),
+    (CAST, _Renderer._cast),
+    (frozenset({Op.FULL}), _Renderer._full),
+    (MASK, _Renderer._mask),
+)
+assert set().union(*(g for g, _ in _DISPATCH)) == set(Op)
+
+
+def render(fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
+    """The Triton kernel of a specialized InCore function (a function without dims is
+    specialized with its defaults). Raises BuildError for shapes Triton cannot hold."""
+    if fn.dims:
+        fn = specialize(fn)
+    return _Renderer(fn, options or RenderOptions()).render()
+
+
+def render_sources(functions: Iterable[IncoreFunction],
+                   options: RenderOptions | None = None) -> dict[str, str]:
+    """``{filename: source}`` of the kernels of ``functions`` (for ``pto codegen --out``)."""
+    out = {}
+    for f in functions:
+        k = render(f, options)
+        out[k.filename] = k.source
+    return out
+
+
+@dataclass(frozen=True)
+class AccessBound:
+    """Symbolic bounds of one load or store of a memref (over loops and the parallel axis):
+    the rows ``[row_lo, row_hi + rows)`` and columns ``[col_lo, col_hi + cols)`` it touches."""
+
+    row_lo: Expr
+    row_hi: Expr
+    col_lo: Expr
+    col_hi: Expr
+    rows: int
+    cols: int
+
+
+def access_bounds(fn: IncoreFunction) -> dict[str, list[AccessBound] | None]:
+    """Per memref, the bounds of its accesses (None where an offset cannot be bounded); the
+    backend evaluates them per task to decide whether a batch may skip masks (``EVEN_<p>``)."""
+    ranges = loop_ranges(fn)
+    dims = dict(fn.variant)
+    out: dict[str, list[AccessBound] | None] = {p.name: [] for p in fn.memrefs}
+    for mem, _ins, row, col, tile in memref_accesses(fn):
+        if out[mem] is None:
+            continue
+        try:
+            (rlo, rhi), (clo, chi) = bounds(row, ranges), bounds(col, ranges)
+        except BuildError:
+            out[mem] = None
+            continue
+        r, c = tile_shape(tile, dims)
+        out[mem].append(AccessBound(rlo, rhi, clo, chi, r, c))
+    return out
+
+
+__all__ = ["RenderOptions", "RenderedKernel", "TableLayout", "AccessBound", "render", "render_sources",
+           "launch_params", "check_tiles", "access_bounds", "float_literal"]
