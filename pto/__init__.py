@@ -9,13 +9,24 @@ The user-facing API:
 - :mod:`pto.interp` runs modules with the reference interpreter (the oracle).
 """
 
-from pto.builder import InCore, Orchestration
-from pto.errors import BuildError, ParseError, PTOError
-from pto.ir.dtypes import DType, bf16, f16, f32
-from pto.ir.expr import Expr, Var, cdiv, emax, emin, eq, land, lor, ne
-from pto.ir.nodes import IncoreFunction, Module, OrchFunction
-from pto.ir.ops import Op
-from pto.text import parse_expr, parse_module
+import os as _os
+
+# In a source checkout incore/, orchestration/ and runtime_c/ sit beside pto/; an install maps
+# them to pto.incore, pto.orchestration and pto.runtime_c. Let the checkout import them the
+# same way without an install (scripts, the GPU machine).
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_root = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "incore")) and _os.path.isfile(
+        _os.path.join(_root, "incore", "__init__.py")):
+    __path__.append(_root)  # noqa: F821 - the package's own __path__
+
+from pto.builder import InCore, Orchestration  # noqa: E402
+from pto.errors import BuildError, ParseError, PTOError  # noqa: E402
+from pto.ir.dtypes import DType, bf16, f16, f32  # noqa: E402
+from pto.ir.expr import Expr, Var, cdiv, emax, emin, eq, land, lor, ne  # noqa: E402
+from pto.ir.nodes import IncoreFunction, Module, OrchFunction  # noqa: E402
+from pto.ir.ops import Op  # noqa: E402
+from pto.text import parse_expr, parse_module  # noqa: E402
 
 __version__ = "0.1.0"
 

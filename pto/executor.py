@@ -99,6 +99,7 @@ class Executor:
         self.rng = np.random.default_rng(seed)
         self.sync_each_launch = sync_each_launch
         self.launches: list = []
+        self.device_launches = 0
         self.records: list[LaunchRecord] = []
 
     # -- one graph, fully built ------------------------------------------------------------
@@ -180,7 +181,7 @@ class Executor:
         if self.sync_each_launch or self.record:
             _sync(self.tensors)
         ms = (time.perf_counter() - t0) * 1e3
-        return ExecStats(done, waves, len(self.launches), ms, self.records)
+        return ExecStats(done, waves, self.device_launches, ms, self.records)
 
     def _wave(self, wave: int, ids: np.ndarray, args: _Args, variants, by_id) -> None:
         funcs = args.funcs(ids)
@@ -197,6 +198,10 @@ class Executor:
             else:
                 groups = [np.arange(len(sel))]
             for g in groups:
+                # largest tasks first (by elements their regions cover): with causal attention the
+                # late q tiles do the most work, and a GPU runs the first programs first
+                work = (reg[g][:, mem_idx, 2] * reg[g][:, mem_idx, 3]).sum(axis=1)
+                g = g[np.argsort(-work, kind="stable")]
                 self._launch(wave, fn, sel[g], tens[g], reg[g], sca[g], by_id)
 
     def _launch(self, wave, fn: IncoreFunction, ids, tens, reg, sca, by_id) -> None:
@@ -209,6 +214,7 @@ class Executor:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
         batch = TaskBatch(fn, mems, scalars, len(ids))
         launch = self.backend.prepare(batch)
+        self.device_launches += self.backend.launches_per_batch(batch)
         rec = None
         if self.record:
             _sync(self.tensors)

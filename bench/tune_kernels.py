@@ -1,0 +1,163 @@
+"""Sweep tile shapes and launch parameters of the LLaMA layer's heavy InCore functions on the GPU.
+
+For each candidate: build the InCore function with the tile sizes, run one batch covering every
+row tile of a ``--seq`` long layer through the Triton backend with the launch parameters, check
+the output against torch, time it (CUDA events, median), and print TFLOP/s. The best config per
+function goes to the JSON (``--json``); the program's tiling for the cuda_h100 target and the
+backend's launch table are set from it by hand, with the numbers in docs/PERF.md.
+
+    python bench/tune_kernels.py --seq 16384 --json tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from pto.incore import llama as L  # noqa: E402
+
+from pto.backends.base import TaskBatch  # noqa: E402
+from pto.backends.triton_backend import TritonBackend  # noqa: E402
+from pto.interp.incore import RegionBatch  # noqa: E402
+from pto.ir.dtypes import DType  # noqa: E402
+
+BF16 = DType.BF16
+# (bn, bk, num_warps, num_stages): a short list around the usual Hopper GEMM shapes
+MATMUL_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3),
+                  (256, 64, 8, 4)]
+# (tq, tk, num_warps, num_stages)
+FLASH_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2),
+                 (64, 32, 4, 3)]
+
+
+def cuda_time(fn, repeat=10, warmup=2) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeat):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def regions(t: torch.Tensor, row0, col0, rows, cols) -> RegionBatch:
+    n = len(row0)
+
+    def vec(v):
+        return torch.as_tensor(v, dtype=torch.int64).expand(n).clone() if not torch.is_tensor(v) else v
+
+    return RegionBatch(t, vec(row0), vec(col0), vec(rows), vec(cols))
+
+
+def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
+    x = torch.randn(seq, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+    y = torch.empty(seq, N, device="cuda", dtype=torch.bfloat16)
+    ref = (x.float() @ w.float())
+    starts = torch.arange(0, seq, rows, dtype=torch.int64)
+    out = []
+    for bn, bk, warps, stages in MATMUL_CONFIGS:
+        try:
+            fn = L.matmul_tile(BF16, rows, K, N, bn, bk)
+            be = TritonBackend("cuda", launch={"matmul_tile": {"num_warps": warps, "num_stages": stages}})
+            batch = TaskBatch(fn, {"x": regions(x, starts, 0, rows, K), "w": regions(w, 0, 0, K, N),
+                                   "y": regions(y, starts, 0, rows, N)}, {}, len(starts))
+            launch = be.prepare(batch)
+            y.fill_(float("nan"))
+            launch()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            ms = cuda_time(launch)
+        except Exception as e:  # a config that does not compile or fit is skipped
+            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:200]})
+            continue
+        tf = 2 * seq * K * N / ms / 1e9
+        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+                    "tflops": round(tf, 1), "rel_err": err})
+        print(f"matmul K={K} N={N} R={rows} bn={bn} bk={bk} w={warps} s={stages}: {ms:.3f} ms "
+              f"{tf:.0f} TF/s err {err:.1e}", flush=True)
+    return out
+
+
+def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
+    H = heads * d
+    q = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty(seq, H, device="cuda", dtype=torch.bfloat16)
+    qh, kh, vh = (t.view(seq, heads, d).transpose(0, 1)[None] for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True)[0]
+    ref = ref.transpose(0, 1).reshape(seq, H).float()
+    sdpa_ms = cuda_time(lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True))
+    flops = 4 * seq * seq * H * 0.5
+    print(f"sdpa causal seq={seq}: {sdpa_ms:.3f} ms {flops / sdpa_ms / 1e9:.0f} TF/s", flush=True)
+    out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
+    for tq, tk, warps, stages in FLASH_CONFIGS:
+        try:
+            fn = L.flash_fused(BF16, heads, d, tq, tk)
+            be = TritonBackend("cuda", launch={"flash_fused": {"num_warps": warps, "num_stages": stages}})
+            starts = torch.arange(0, seq, tq, dtype=torch.int64)
+            ends = torch.clamp(starts + tq, max=seq)
+            nfull = (starts // tk) * tk
+            # heavy q tiles first: they finish last otherwise
+            order = torch.argsort(ends, descending=True)
+            starts, ends, nfull = starts[order], ends[order], nfull[order]
+            mems = {"q": regions(q, starts, 0, ends - starts, H), "k": regions(k, 0, 0, ends, H),
+                    "v": regions(v, 0, 0, ends, H), "o": regions(o, starts, 0, ends - starts, H)}
+            batch = TaskBatch(fn, mems, {"qpos": starts, "nfull": nfull, "nkv": ends}, len(starts))
+            launch = be.prepare(batch)
+            o.fill_(float("nan"))
+            launch()
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            ms = cuda_time(launch)
+        except Exception as e:
+            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "error": str(e)[:200]})
+            continue
+        out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+                    "tflops": round(flops / ms / 1e9, 1), "rel_err": err})
+        print(f"flash tq={tq} tk={tk} w={warps} s={stages}: {ms:.3f} ms {flops / ms / 1e9:.0f} TF/s "
+              f"err {err:.1e}", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default="matmul,flash")
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(0), "seq": args.seq}
+    if "matmul" in args.only:
+        res["matmul"] = {f"{K}x{N}": tune_matmul(args.seq, K, N, args.rows)
+                         for K, N in ((4096, 4096), (4096, 11008), (11008, 4096))}
+    if "flash" in args.only:
+        res["flash"] = tune_flash(args.seq)
+    best = {}
+    for key, rows in res.get("matmul", {}).items():
+        ok = [r for r in rows if "ms" in r and r["rel_err"] < 1e-2]
+        if ok:
+            best[f"matmul {key}"] = min(ok, key=lambda r: r["ms"])
+    ok = [r for r in res.get("flash", []) if "ms" in r and r["rel_err"] < 2e-2]
+    if ok:
+        best["flash"] = min(ok, key=lambda r: r["ms"])
+    res["best"] = best
+    print(json.dumps(best, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
