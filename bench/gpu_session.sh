@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING; [ -d /tmp/site/cffi ] || exit 1
 export PYTHONPATH=/tmp/site:$PWD PTO_CACHE_DIR=/tmp/ptocache PYTHONUNBUFFERED=1
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
@@ -20,7 +20,8 @@ for stage in "$@"; do
            --json "$OUT/layer.json" 2>&1 | tee "$OUT/layer.log" | tail -20 ;;
     modes) python3 bench/llama_layer.py --check-modes --seq "${SEQS:-1024,4096,8192,16384}" \
            --json "$OUT/modes.json" 2>&1 | tee "$OUT/modes.log" | tail -20 ;;
-    tune) python3 bench/tune_kernels.py --seq 16384 --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
+    tune) python3 bench/tune_kernels.py --seq 16384 --only "${TUNE:-matmul,swiglu,flash}" \
+           --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

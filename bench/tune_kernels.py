@@ -26,6 +26,7 @@ from pto.incore import llama as L  # noqa: E402
 from pto.backends.base import TaskBatch  # noqa: E402
 from pto.backends.triton_backend import TritonBackend  # noqa: E402
 from pto.interp.incore import RegionBatch  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 
 BF16 = DType.BF16
@@ -33,8 +34,10 @@ BF16 = DType.BF16
 MATMUL_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3),
                   (256, 64, 8, 4)]
 # (tq, tk, num_warps, num_stages)
-FLASH_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2),
-                 (64, 32, 4, 3)]
+FLASH_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3),
+                 (64, 64, 4, 3)]
+# matmul_swiglu_tile (bn per projection, bk, num_warps, num_stages)
+SWIGLU_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 64, 4, 3), (64, 64, 8, 4)]
 
 
 def cuda_time(fn, repeat=10, warmup=2) -> float:
@@ -52,8 +55,8 @@ def cuda_time(fn, repeat=10, warmup=2) -> float:
     return statistics.median(ts)
 
 
-def regions(t: torch.Tensor, row0, col0, rows, cols) -> RegionBatch:
-    n = len(row0)
+def regions(t: torch.Tensor, n: int, row0, col0, rows, cols) -> RegionBatch:
+    """The regions of ``n`` tasks on ``t`` (each field an int or a per-task vector)."""
 
     def vec(v):
         return torch.as_tensor(v, dtype=torch.int64).expand(n).clone() if not torch.is_tensor(v) else v
@@ -70,23 +73,56 @@ def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
     out = []
     for bn, bk, warps, stages in MATMUL_CONFIGS:
         try:
-            fn = L.matmul_tile(BF16, rows, K, N, bn, bk)
+            fn = specialize(L.matmul_tile(BF16, rows, K, N, bn, bk))
             be = TritonBackend("cuda", launch={"matmul_tile": {"num_warps": warps, "num_stages": stages}})
-            batch = TaskBatch(fn, {"x": regions(x, starts, 0, rows, K), "w": regions(w, 0, 0, K, N),
-                                   "y": regions(y, starts, 0, rows, N)}, {}, len(starts))
+            n = len(starts)
+            batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "w": regions(w, n, 0, 0, K, N),
+                                   "y": regions(y, n, starts, 0, rows, N)}, {}, n)
             launch = be.prepare(batch)
             y.fill_(float("nan"))
             launch()
             err = ((y.float() - ref).norm() / ref.norm()).item()
             ms = cuda_time(launch)
         except Exception as e:  # a config that does not compile or fit is skipped
-            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:200]})
+            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:300]})
+            print(f"matmul bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         tf = 2 * seq * K * N / ms / 1e9
         out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "ms": round(ms, 4),
                     "tflops": round(tf, 1), "rel_err": err})
         print(f"matmul K={K} N={N} R={rows} bn={bn} bk={bk} w={warps} s={stages}: {ms:.3f} ms "
               f"{tf:.0f} TF/s err {err:.1e}", flush=True)
+    return out
+
+
+def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> list[dict]:
+    x = torch.randn(seq, K, device="cuda", dtype=torch.bfloat16)
+    wg = torch.randn(K, N, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+    wu = torch.randn(K, N, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+    y = torch.empty(seq, N, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.silu((x @ wg).float()) * (x @ wu).float()
+    starts = torch.arange(0, seq, rows, dtype=torch.int64)
+    n = len(starts)
+    out = []
+    for bn, bk, warps, stages in SWIGLU_CONFIGS:
+        try:
+            fn = specialize(L.matmul_swiglu_tile(BF16, rows, K, N, bn, bk))
+            be = TritonBackend("cuda", launch={"matmul_swiglu_tile": {"num_warps": warps, "num_stages": stages}})
+            batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "wg": regions(wg, n, 0, 0, K, N),
+                                   "wu": regions(wu, n, 0, 0, K, N), "y": regions(y, n, starts, 0, rows, N)}, {}, n)
+            launch = be.prepare(batch)
+            y.fill_(float("nan"))
+            launch()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            ms = cuda_time(launch)
+        except Exception as e:
+            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:300]})
+            print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        tf = 4 * seq * K * N / ms / 1e9
+        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+                    "tflops": round(tf, 1), "rel_err": err})
+        print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {ms:.3f} ms {tf:.0f} TF/s err {err:.1e}", flush=True)
     return out
 
 
@@ -105,7 +141,7 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
     for tq, tk, warps, stages in FLASH_CONFIGS:
         try:
-            fn = L.flash_fused(BF16, heads, d, tq, tk)
+            fn = specialize(L.flash_fused(BF16, heads, d, tq, tk))
             be = TritonBackend("cuda", launch={"flash_fused": {"num_warps": warps, "num_stages": stages}})
             starts = torch.arange(0, seq, tq, dtype=torch.int64)
             ends = torch.clamp(starts + tq, max=seq)
@@ -113,8 +149,9 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
             # heavy q tiles first: they finish last otherwise
             order = torch.argsort(ends, descending=True)
             starts, ends, nfull = starts[order], ends[order], nfull[order]
-            mems = {"q": regions(q, starts, 0, ends - starts, H), "k": regions(k, 0, 0, ends, H),
-                    "v": regions(v, 0, 0, ends, H), "o": regions(o, starts, 0, ends - starts, H)}
+            n = len(starts)
+            mems = {"q": regions(q, n, starts, 0, ends - starts, H), "k": regions(k, n, 0, 0, ends, H),
+                    "v": regions(v, n, 0, 0, ends, H), "o": regions(o, n, starts, 0, ends - starts, H)}
             batch = TaskBatch(fn, mems, {"qpos": starts, "nfull": nfull, "nkv": ends}, len(starts))
             launch = be.prepare(batch)
             o.fill_(float("nan"))
@@ -122,7 +159,8 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
             err = ((o.float() - ref).norm() / ref.norm()).item()
             ms = cuda_time(launch)
         except Exception as e:
-            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "error": str(e)[:200]})
+            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "error": str(e)[:300]})
+            print(f"flash tq={tq} tk={tk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "ms": round(ms, 4),
                     "tflops": round(flops / ms / 1e9, 1), "rel_err": err})
@@ -142,6 +180,8 @@ def main() -> int:
     if "matmul" in args.only:
         res["matmul"] = {f"{K}x{N}": tune_matmul(args.seq, K, N, args.rows)
                          for K, N in ((4096, 4096), (4096, 11008), (11008, 4096))}
+    if "swiglu" in args.only:
+        res["swiglu"] = tune_swiglu(args.seq)
     if "flash" in args.only:
         res["flash"] = tune_flash(args.seq)
     best = {}
@@ -149,6 +189,9 @@ def main() -> int:
         ok = [r for r in rows if "ms" in r and r["rel_err"] < 1e-2]
         if ok:
             best[f"matmul {key}"] = min(ok, key=lambda r: r["ms"])
+    ok = [r for r in res.get("swiglu", []) if "ms" in r and r["rel_err"] < 1e-2]
+    if ok:
+        best["swiglu"] = min(ok, key=lambda r: r["ms"])
     ok = [r for r in res.get("flash", []) if "ms" in r and r["rel_err"] < 2e-2]
     if ok:
         best["flash"] = min(ok, key=lambda r: r["ms"])

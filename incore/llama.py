@@ -96,6 +96,79 @@ def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None)
     return k.build(target)
 
 
+def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = r + x @ w``: :func:`matmul_tile` with the residual connection added in the
+    epilogue (the sum never makes a round trip through memory)."""
+    k = InCore("matmul_residual_tile")
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    w = k.memref("w", dtype, shape=(KD, ND))
+    r = k.memref("r", dtype, shape=(R, ND))
+    y = k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    a = k.tile("a", R, bk, dtype)
+    bt = k.tile("bt", bk, bn, dtype)
+    acc = k.tile("acc", R, bn, f32)
+    res = k.tile("res", R, bn, dtype)
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, KD, bk) as kk:
+        k.load(a, x, 0, kk)
+        k.load(bt, w, kk, j * bn)
+        k.matmul_acc(acc, a, bt)
+    k.load(res, r, 0, j * bn)
+    if dtype != f32:
+        rf = k.tile("rf", R, bn, f32)
+        k.cast(rf, res)
+        k.add(acc, acc, rf)
+        k.cast(res, acc)
+        k.store(y, 0, j * bn, res)
+    else:
+        k.add(acc, acc, res)
+        k.store(y, 0, j * bn, acc)
+    return k.build(target)
+
+
+def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = silu(x @ wg) * (x @ wu)``: the gate and up projections of one column block in one
+    program (two accumulators share each loaded x tile) and SwiGLU in the epilogue."""
+    k = InCore("matmul_swiglu_tile")
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    wg = k.memref("wg", dtype, shape=(KD, ND))
+    wu = k.memref("wu", dtype, shape=(KD, ND))
+    y = k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    a = k.tile("a", R, bk, dtype)
+    bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
+    g, u = k.tile("g", R, bn, f32), k.tile("u", R, bn, f32)
+    k.full(g, 0.0)
+    k.full(u, 0.0)
+    with k.for_range("kk", 0, KD, bk) as kk:
+        k.load(a, x, 0, kk)
+        k.load(bg, wg, kk, j * bn)
+        k.load(bu, wu, kk, j * bn)
+        k.matmul_acc(g, a, bg)
+        k.matmul_acc(u, a, bu)
+    if dtype != f32:
+        # silu and the product of the two bf16-rounded projections, as the unfused layer does
+        gb, ub = k.tile("gb", R, bn, dtype), k.tile("ub", R, bn, dtype)
+        k.cast(gb, g)
+        k.cast(ub, u)
+        k.cast(g, gb)
+        k.cast(u, ub)
+        k.silu(g, g)
+        k.mul(g, g, u)
+        k.cast(gb, g)
+        k.store(y, 0, j * bn, gb)
+    else:
+        k.silu(g, g)
+        k.mul(g, g, u)
+        k.store(y, 0, j * bn, g)
+    return k.build(target)
+
+
 def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, target=None) -> IncoreFunction:
     """Rotary embedding of an R x (heads*D) tile, rotate-half convention: with x1, x2 the two
     halves of a head and c, s the cos/sin of each row's position (R x D/2 tables),

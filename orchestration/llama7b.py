@@ -71,9 +71,11 @@ def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None
     tk = min(tq, 64)
     base = 32 if tq > 32 else max(tq // 2, 8)
     big = cfg.hidden >= 1024
+    # 128 x 256 output blocks for the GEMMs where they fit (Hopper's shared memory, half types)
+    wide = big and dtype.is_half and target.sram_bytes >= 200 * 1024
     return LlamaTiling(
         base=base, tq=tq, tk=tk,
-        bn=max((128 if big else 64) // shrink, 16), bk=max((64 if big else 32) // shrink, 16),
+        bn=max((256 if wide else 128 if big else 64) // shrink, 16), bk=max((64 if big else 32) // shrink, 16),
         norm_rows=16, norm_chunk=max(min(512 if big else 128, cfg.hidden) // shrink, 16),
         ew_block=max((128 if big else 64) // shrink, 16),
     )
@@ -108,11 +110,14 @@ class Functions:
         # one matmul definition; calls bind K and N (dims) per weight
         self.matmul = L.matmul_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
         self.rope = L.rope_tile(dt, t.tq, NH, D, target=tg)
-        self.residual = L.residual_add(dt, t.tq, H, t.ew_block, tg)
-        self.swiglu = L.swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
         if attention == "fused":
+            # the coarse-grained layer: epilogue fusions as well as the fused attention
+            self.matmul_residual = L.matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
+            self.matmul_swiglu = L.matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
             self.fused = (L.flash_fused if causal else L.flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg)
             return
+        self.residual = L.residual_add(dt, t.tq, H, t.ew_block, tg)
+        self.swiglu = L.swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
         self.init = L.flash_init(NH, D, t.tq, tg)
         self.normalize = L.flash_normalize(dt, NH, D, t.tq, tg)
         if attention == "pair":
@@ -157,8 +162,11 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
     cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
     xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
-    attn, ao, h, hn, dn = (o.temp(n, S, H, dt) for n in ("attn", "ao", "h", "hn", "dn"))
-    gate, up, act = (o.temp(n, S, Fd, dt) for n in ("gate", "up", "act"))
+    attn, h, hn = (o.temp(n, S, H, dt) for n in ("attn", "h", "hn"))
+    act = o.temp("act", S, Fd, dt)
+    if attention != "fused":
+        ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
+        gate, up = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
     y = o.output("y", S, H, dt)
     if attention != "fused":
         m_, l_ = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
@@ -223,6 +231,17 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
                    dims=TQ)
 
     # phase 3: post-attention and FFN, per row tile
+    if attention == "fused":
+        with o.for_loop("r", 0, n, **q_loop) as r:
+            R = {"R": r.rows}
+            o.call(fn.matmul_residual, {"x": tile(attn, r, H), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
+                   dims={**R, "K": H, "N": H})
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
+                   dims={**R, "K": H, "N": Fd})
+            o.call(fn.matmul_residual, {"x": tile(act, r, Fd), "w": wd, "r": tile(h, r, H), "y": tile(y, r, H)},
+                   dims={**R, "K": Fd, "N": H})
+        return o.module()
     with o.for_loop("r", 0, n, **q_loop) as r:
         R = {"R": r.rows}
         o.call(fn.matmul, {"x": tile(attn, r, H), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": H, "N": H})
@@ -374,7 +393,7 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
 
     With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
     kv range overlaps (docs/ESTIMATE.md derives each term):
-    fused: tasks 15T, edges 16T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
+    fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
     split: tasks 16T + 3P, edges 14T + 10P.
     """
     n = -(-seq // t.base)
@@ -388,8 +407,8 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     else:
         P = T * len(row_tiles(n, t.base, tk))
         Q = T * T
-    tasks = {"fused": 15 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
-    edges = {"fused": 16 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
+    tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
+    edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P if attention != "fused" else 0}
 
 

@@ -108,6 +108,9 @@ class TritonBackend(Backend):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
+        from pto.backends.tuned import tuned_launch
+
+        self.tuned = tuned_launch(self.device)
         self.launch_overrides = dict(launch or {})
         self.even = even
         self.align = align
@@ -122,9 +125,11 @@ class TritonBackend(Backend):
         return k
 
     def launch_config(self, fn: IncoreFunction) -> dict:
-        """Launch parameters: the renderer's defaults, then the overrides for the plain name,
-        then those for the variant name."""
+        """Launch parameters: the renderer's defaults, the tuned table of the device's
+        architecture (pto.backends.tuned), the overrides for the plain name, then those for the
+        variant name."""
         cfg = dict(self.kernel(fn).launch)
+        cfg.update(self.tuned.get(fn.name, {}))
         cfg.update(self.launch_overrides.get(fn.name, {}))
         cfg.update(self.launch_overrides.get(fn.variant_name, {}))
         return cfg

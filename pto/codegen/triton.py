@@ -256,8 +256,8 @@ def launch_params(fn: IncoreFunction) -> dict:
 
     4 warps; 8 for a matmul with a 128x128 (or larger) output or tiles of 32K elements and more;
     3 pipeline stages when a loop loads tiles that feed a matmul (the K loop), else 1 (2 for
-    other loops with loads). FP fusion off: separate IR instructions round separately, as in the
-    reference interpreter.
+    other loops with loads). FP fusion (FMA contraction) only for kernels with f16/bf16 tiles:
+    all-f32 kernels keep the interpreter's rounding, instruction by instruction.
     """
     shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
     biggest = max((r * c for r, c in shapes.values()), default=1)
@@ -271,7 +271,10 @@ def launch_params(fn: IncoreFunction) -> dict:
             stages = 3
         elif Op.LOAD in ops:
             stages = max(stages, 2)
-    return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+    # contraction into FMAs changes rounding: allowed for kernels with half-precision tiles
+    # (their tolerance is the dtype's), not for all-f32 ones, which match the interpreter
+    half = any(t.dtype.is_half for t in fn.tiles)
+    return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": half}
 
 
 def _instrs(body):
