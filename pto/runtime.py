@@ -1,0 +1,587 @@
+"""Python binding of the PTO C runtime (runtime_c/), in two layers.
+
+:class:`RuntimeLib` is the thin layer: one method per C function, turning a non-zero status
+into :class:`pto.errors.RuntimeStatusError` whose message is the runtime's last-error text.
+:class:`Runtime` is the Pythonic layer on top (context manager, numpy arrays, dicts).
+
+Both only use ``module.ffi`` and ``module.lib`` of a compiled cffi module that contains the
+runtime, so a module that also holds other C (generated orchestration code compiled with
+:func:`runtime_sources`) works too: ``Runtime(lib=that_module)``, and pass ``rt.ptr`` to its
+functions. :func:`read_dump` parses the text dump written by :meth:`Runtime.dump`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from pto.cbuild import load_cffi_module
+from pto.errors import ParseError, RuntimeStatusError
+
+# Status codes (pto_status in runtime_c/pto_runtime_api.h).
+OK = 0
+ERR_INVALID = -1
+ERR_NO_MEMORY = -2
+ERR_WINDOW_FULL = -3
+ERR_UNKNOWN_TENSOR = -4
+ERR_UNKNOWN_FUNC = -5
+ERR_UNKNOWN_TASK = -6
+ERR_REGION = -7
+ERR_STATE = -8
+ERR_IO = -9
+ERR_LIMIT = -10
+
+# Argument kinds (pto_arg_kind) and task states (pto_task_state).
+ARG_IN, ARG_OUT, ARG_INOUT, ARG_SCALAR = 0, 1, 2, 3
+ARG_KIND_NAMES = ("in", "out", "inout", "scalar")
+TASK_OPEN, TASK_SUBMITTED, TASK_READY, TASK_RUNNING, TASK_COMPLETED, TASK_RETIRED = 1, 2, 3, 4, 5, 6
+
+_STATS_FIELDS = (
+    "tasks_submitted", "tasks_completed", "tasks_retired", "tasks_live", "regions", "scalars", "edges",
+    "edges_live", "map_entries", "map_entries_peak", "bytes", "bytes_peak", "bytes_per_task", "ready",
+    "window", "count_only",
+)
+
+
+# ------------------------------------------------------------------------------------------
+# locating and compiling the runtime
+# ------------------------------------------------------------------------------------------
+
+def _runtime_c_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for cand in (here / "runtime_c", here.parent / "runtime_c"):  # installed, then source tree
+        if (cand / "pto_runtime_api.h").is_file():
+            return cand
+    raise RuntimeStatusError("cannot find the runtime C sources (runtime_c/pto_runtime_api.h)")
+
+
+def _build_script() -> ModuleType:
+    path = _runtime_c_dir() / "build_runtime.py"
+    spec = importlib.util.spec_from_file_location("_pto_runtime_c_build", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def runtime_include_dir() -> Path:
+    """Directory with ``pto_runtime.h`` (pass it as an include dir when compiling C that uses it)."""
+    return _runtime_c_dir()
+
+
+def runtime_sources() -> list[Path]:
+    """The runtime's C files, to compile together with other C through :mod:`pto.cbuild`."""
+    return _build_script().runtime_sources()
+
+
+def runtime_cdef() -> str:
+    """The runtime's cdef text (``pto_runtime_api.h``), to prepend to another module's cdef."""
+    return _build_script().runtime_cdef()
+
+
+def load_runtime_module() -> ModuleType:
+    """The bare runtime as a compiled cffi module (cached; compiled on first use)."""
+    return load_cffi_module("pto_runtime", runtime_cdef(), '#include "pto_runtime.h"\n',
+                            sources=runtime_sources(), include_dirs=[runtime_include_dir()])
+
+
+# ------------------------------------------------------------------------------------------
+# thin layer: 1:1 wrappers
+# ------------------------------------------------------------------------------------------
+
+class RuntimeLib:
+    """One method per runtime C function; raises :class:`RuntimeStatusError` on a bad status.
+
+    ``rt`` arguments are the raw ``pto_runtime *`` cdata. Outputs come back as return values.
+    """
+
+    def __init__(self, module: ModuleType):
+        self.module = module
+        self.ffi = module.ffi
+        self.lib = module.lib
+
+    def check(self, rt: Any, status: int) -> None:
+        """Raise the runtime's last error for a non-zero ``status``."""
+        if status != OK:
+            msg = self.ffi.string(self.lib.pto_last_error(rt)).decode(errors="replace")
+            if not msg:
+                msg = self.status_name(status)
+            raise RuntimeStatusError(msg, status)
+
+    def status_name(self, status: int) -> str:
+        """Symbolic name of a status code, e.g. ``PTO_ERR_WINDOW_FULL``."""
+        return self.ffi.string(self.lib.pto_status_name(status)).decode()
+
+    def runtime_create(self, cfg: Any) -> Any:
+        """``pto_runtime_create``: a new runtime from a ``pto_config *``."""
+        out = self.ffi.new("pto_runtime **")
+        status = self.lib.pto_runtime_create(cfg, out)
+        if status != OK:
+            raise RuntimeStatusError(
+                f"cannot create the runtime (window={cfg.window}, count_only={cfg.count_only}): "
+                f"{self.status_name(status)}", status)
+        return out[0]
+
+    def runtime_destroy(self, rt: Any) -> None:
+        """``pto_runtime_destroy``."""
+        self.lib.pto_runtime_destroy(rt)
+
+    def runtime_reset(self, rt: Any) -> None:
+        """``pto_runtime_reset``: forget the graph, tensors and functions, keep the memory."""
+        self.check(rt, self.lib.pto_runtime_reset(rt))
+
+    def tensor_register(self, rt: Any, name: str, rows: int, cols: int, elem_size: int) -> int:
+        """``pto_tensor_register`` → tensor id."""
+        out = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_tensor_register(rt, name.encode(), rows, cols, elem_size, out))
+        return int(out[0])
+
+    def func_register(self, rt: Any, name: str) -> int:
+        """``pto_func_register`` → function id (the same id for a name registered before)."""
+        out = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_func_register(rt, name.encode(), out))
+        return int(out[0])
+
+    def tensor_get(self, rt: Any, tensor: int) -> tuple[str, int, int, int]:
+        """``pto_tensor_get`` → (name, rows, cols, elem_size)."""
+        name = self.ffi.new("const char **")
+        rows, cols = self.ffi.new("int64_t *"), self.ffi.new("int64_t *")
+        elem = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_tensor_get(rt, tensor, name, rows, cols, elem))
+        return self.ffi.string(name[0]).decode(), int(rows[0]), int(cols[0]), int(elem[0])
+
+    def func_get(self, rt: Any, func: int) -> str:
+        """``pto_func_get`` → name."""
+        name = self.ffi.new("const char **")
+        self.check(rt, self.lib.pto_func_get(rt, func, name))
+        return self.ffi.string(name[0]).decode()
+
+    def task_alloc(self, rt: Any, func: int, buffer_bytes: int) -> int:
+        """``pto_task_alloc`` → task id (blocks while the window is full if sync hooks are set)."""
+        out = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_task_alloc(rt, func, buffer_bytes, out))
+        return int(out[0])
+
+    def task_add_input(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
+                       cols: int) -> None:
+        """``pto_task_add_input``."""
+        self.check(rt, self.lib.pto_task_add_input(rt, task, tensor, row0, col0, rows, cols))
+
+    def task_add_output(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
+                        cols: int) -> None:
+        """``pto_task_add_output``."""
+        self.check(rt, self.lib.pto_task_add_output(rt, task, tensor, row0, col0, rows, cols))
+
+    def task_add_inout(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
+                       cols: int) -> None:
+        """``pto_task_add_inout``."""
+        self.check(rt, self.lib.pto_task_add_inout(rt, task, tensor, row0, col0, rows, cols))
+
+    def task_add_scalar(self, rt: Any, task: int, value: int) -> None:
+        """``pto_task_add_scalar``."""
+        self.check(rt, self.lib.pto_task_add_scalar(rt, task, value))
+
+    def task_submit(self, rt: Any, task: int) -> None:
+        """``pto_task_submit``."""
+        self.check(rt, self.lib.pto_task_submit(rt, task))
+
+    def ready_count(self, rt: Any) -> int:
+        """``pto_ready_count``."""
+        out = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_ready_count(rt, out))
+        return int(out[0])
+
+    def ready_pop(self, rt: Any, max_n: int) -> np.ndarray:
+        """``pto_ready_pop`` → int32 array of up to ``max_n`` ids, in the order they became ready."""
+        ids = np.empty(max(max_n, 0), dtype=np.int32)
+        n = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_ready_pop(rt, self.ffi.from_buffer("int32_t[]", ids), max_n, n))
+        return ids[: n[0]]
+
+    def task_complete(self, rt: Any, task: int) -> None:
+        """``pto_task_complete``."""
+        self.check(rt, self.lib.pto_task_complete(rt, task))
+
+    def task_complete_many(self, rt: Any, ids: np.ndarray) -> None:
+        """``pto_task_complete_many`` (stops at the first id that fails)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        self.check(rt, self.lib.pto_task_complete_many(rt, self.ffi.from_buffer("int32_t[]", ids), len(ids)))
+
+    def get_stats(self, rt: Any) -> dict[str, int | float]:
+        """``pto_get_stats`` → dict keyed by the ``pto_stats`` field names."""
+        st = self.ffi.new("pto_stats *")
+        self.check(rt, self.lib.pto_get_stats(rt, st))
+        return {f: getattr(st, f) for f in _STATS_FIELDS}
+
+    def task_query(self, rt: Any, task: int) -> dict[str, int]:
+        """``pto_task_query`` → dict keyed by the ``pto_task_view`` field names."""
+        v = self.ffi.new("pto_task_view *")
+        self.check(rt, self.lib.pto_task_query(rt, task, v))
+        return {f: getattr(v, f) for f in ("func", "buffer_bytes", "state", "fanin", "pending", "n_args",
+                                             "n_fanout")}
+
+    def task_args(self, rt: Any, task: int) -> list[tuple[int, int, int, int, int, int, int]]:
+        """``pto_task_args`` → [(kind, tensor, row0, col0, rows, cols, scalar)] in call order."""
+        n = self.ffi.new("int32_t *")
+        self.check(rt, self.lib.pto_task_args(rt, task, self.ffi.NULL, 0, n))
+        buf = self.ffi.new("pto_arg[]", max(n[0], 1))
+        self.check(rt, self.lib.pto_task_args(rt, task, buf, n[0], n))
+        return [(a.kind, a.tensor, a.row0, a.col0, a.rows, a.cols, a.scalar) for a in buf[0: n[0]]]
+
+    def export_info(self, rt: Any) -> Any:
+        """``pto_export_info_get`` → the ``pto_export_info`` cdata."""
+        info = self.ffi.new("pto_export_info *")
+        self.check(rt, self.lib.pto_export_info_get(rt, info))
+        return info
+
+    def export_fill(self, rt: Any, arrays: Any) -> None:
+        """``pto_export_fill`` with a ``pto_export_arrays *`` of caller buffers."""
+        self.check(rt, self.lib.pto_export_fill(rt, arrays))
+
+    def dump(self, rt: Any, path: str) -> None:
+        """``pto_dump``."""
+        self.check(rt, self.lib.pto_dump(rt, str(path).encode()))
+
+
+# ------------------------------------------------------------------------------------------
+# Pythonic layer
+# ------------------------------------------------------------------------------------------
+
+@dataclass
+class GraphExport:
+    """All live submitted tasks of a runtime as numpy arrays (see :meth:`Runtime.export`).
+
+    Row ``i`` of the per-task arrays is task id ``first_task + i``. Arguments of task ``i`` are
+    rows ``arg_ptr[i]:arg_ptr[i+1]`` of the per-argument arrays, in call order; ``arg_region``
+    holds ``(row0, col0, rows, cols)`` (zeros for scalars), ``arg_tensor`` is -1 and
+    ``arg_scalar`` the value for scalars. Successors of task ``i`` are
+    ``fanout_ids[fanout_ptr[i]:fanout_ptr[i+1]]`` (task ids, ascending).
+    """
+
+    first_task: int
+    func: np.ndarray
+    buffer_bytes: np.ndarray
+    fanin: np.ndarray
+    state: np.ndarray
+    arg_ptr: np.ndarray
+    arg_kind: np.ndarray
+    arg_tensor: np.ndarray
+    arg_region: np.ndarray
+    arg_scalar: np.ndarray
+    fanout_ptr: np.ndarray
+    fanout_ids: np.ndarray
+    tensors: list[tuple[str, int, int, int]] = field(default_factory=list)
+    funcs: list[str] = field(default_factory=list)
+
+    @property
+    def n_tasks(self) -> int:
+        """Number of exported tasks."""
+        return len(self.func)
+
+    @property
+    def task_ids(self) -> np.ndarray:
+        """Task id of every row."""
+        return np.arange(self.first_task, self.first_task + self.n_tasks, dtype=np.int32)
+
+    def edges(self) -> np.ndarray:
+        """All edges as an ``(E, 2)`` int32 array of ``(predecessor, successor)`` ids."""
+        counts = np.diff(self.fanout_ptr)
+        preds = np.repeat(self.task_ids, counts)
+        return np.stack([preds, self.fanout_ids.astype(np.int32)], axis=1)
+
+
+class Runtime:
+    """A PTO runtime: register tensors and functions, build tasks, pop and complete them.
+
+    Args:
+        window: task slots in the ring (0 = unbounded, the whole graph stays in memory).
+        concurrent: install the pthread sync hooks, so the orchestration may run on one
+            thread (blocking in :meth:`task` while the window is full) while another thread
+            pops and completes tasks.
+        count_only: only count tasks and regions (no graph; O(1) memory).
+        lib: a compiled cffi module that contains the runtime (default: the bare runtime).
+    """
+
+    def __init__(self, window: int = 0, concurrent: bool = False, count_only: bool = False,
+                 lib: ModuleType | None = None):
+        module = lib if lib is not None else load_runtime_module()
+        self.api = RuntimeLib(module)
+        self.ffi = module.ffi
+        self.ptr: Any = self.ffi.NULL
+        self._cfg = self.ffi.new("pto_config *")
+        self.api.lib.pto_config_init(self._cfg)
+        self._cfg.window = window
+        self._cfg.count_only = 1 if count_only else 0
+        self._sync = False
+        if concurrent:
+            status = self.api.lib.pto_sync_posix_init(self._cfg)
+            if status != OK:
+                raise RuntimeStatusError(
+                    f"cannot set up the pthread sync hooks: {self.api.status_name(status)}", status)
+            self._sync = True
+        try:
+            self.ptr = self.api.runtime_create(self._cfg)
+        except RuntimeStatusError:
+            self._free_sync()
+            raise
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def _free_sync(self) -> None:
+        if self._sync:
+            self.api.lib.pto_sync_posix_free(self._cfg)
+            self._sync = False
+
+    def close(self) -> None:
+        """Destroy the C runtime (idempotent). No other thread may use it concurrently."""
+        if self.ptr != self.ffi.NULL:
+            self.api.runtime_destroy(self.ptr)
+            self.ptr = self.ffi.NULL
+        self._free_sync()
+
+    def reset(self) -> None:
+        """Forget every tensor, function and task but keep the allocated memory.
+
+        The next graph built into this runtime reuses that memory, so it pays neither
+        allocations nor first-touch page faults; ``bytes_peak`` keeps counting since creation.
+        """
+        self.api.runtime_reset(self._rt())
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # at interpreter shutdown the cffi module may be half torn down already
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _rt(self) -> Any:
+        if self.ptr == self.ffi.NULL:
+            raise RuntimeStatusError("the runtime was closed", ERR_STATE)
+        return self.ptr
+
+    # -- names ---------------------------------------------------------------------------
+
+    def register_tensor(self, name: str, rows: int, cols: int, elem_size: int) -> int:
+        """Register a 2-D tensor ``rows x cols`` of ``elem_size``-byte elements → tensor id."""
+        return self.api.tensor_register(self._rt(), name, rows, cols, elem_size)
+
+    def register_func(self, name: str) -> int:
+        """Register an InCore function name → function id (idempotent per name)."""
+        return self.api.func_register(self._rt(), name)
+
+    # -- building --------------------------------------------------------------------------
+
+    def task(self, func_id: int, buffer_bytes: int = 0) -> int:
+        """Allocate a task of function ``func_id`` → task id; add its arguments, then submit."""
+        return self.api.task_alloc(self._rt(), func_id, buffer_bytes)
+
+    def add_input(self, task: int, tensor: int, row0: int, col0: int, rows: int, cols: int) -> None:
+        """The task reads ``tensor[row0:row0+rows, col0:col0+cols]``."""
+        self.api.task_add_input(self._rt(), task, tensor, row0, col0, rows, cols)
+
+    def add_output(self, task: int, tensor: int, row0: int, col0: int, rows: int, cols: int) -> None:
+        """The task writes the region."""
+        self.api.task_add_output(self._rt(), task, tensor, row0, col0, rows, cols)
+
+    def add_inout(self, task: int, tensor: int, row0: int, col0: int, rows: int, cols: int) -> None:
+        """The task reads and writes the region."""
+        self.api.task_add_inout(self._rt(), task, tensor, row0, col0, rows, cols)
+
+    def add_scalar(self, task: int, value: int) -> None:
+        """A scalar argument, kept in order with the regions."""
+        self.api.task_add_scalar(self._rt(), task, value)
+
+    def submit(self, task: int) -> None:
+        """Resolve the task's dependencies; it becomes ready when its predecessors completed."""
+        self.api.task_submit(self._rt(), task)
+
+    # -- executing ---------------------------------------------------------------------------
+
+    def ready_count(self) -> int:
+        """Tasks waiting in the ready queue."""
+        return self.api.ready_count(self._rt())
+
+    def ready_pop(self, max: int | None = None) -> np.ndarray:
+        """Pop up to ``max`` ready tasks (all if None), in the order they became ready."""
+        rt = self._rt()
+        n = self.api.ready_count(rt) if max is None else max
+        return self.api.ready_pop(rt, n)
+
+    def complete(self, ids: int | Iterable[int] | np.ndarray) -> None:
+        """Mark one popped task or many as completed, releasing their successors."""
+        rt = self._rt()
+        if isinstance(ids, (int, np.integer)):
+            self.api.task_complete(rt, int(ids))
+        else:
+            self.api.task_complete_many(rt, np.fromiter(ids, dtype=np.int32)
+                                        if not isinstance(ids, np.ndarray) else ids)
+
+    # -- inspecting ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters: tasks, edges, tensor-map entries, bytes (current/peak), bytes_per_task..."""
+        return self.api.get_stats(self._rt())
+
+    def task_info(self, task: int) -> dict[str, int]:
+        """State, function, fanin/pending, argument and successor counts of a live task."""
+        return self.api.task_query(self._rt(), task)
+
+    def task_args(self, task: int) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Arguments of a live task: ``(kind, tensor, row0, col0, rows, cols, scalar)``."""
+        return self.api.task_args(self._rt(), task)
+
+    def dump(self, path: str | Path) -> None:
+        """Write the text dump of the live graph (format in docs/RUNTIME.md)."""
+        self.api.dump(self._rt(), str(path))
+
+    def export(self) -> GraphExport:
+        """Every live submitted task, its arguments and its edges as numpy arrays (3 C calls)."""
+        rt = self._rt()
+        info = self.api.export_info(rt)
+        n, na, ne = info.n_tasks, info.n_args, info.n_edges
+        ex = GraphExport(
+            first_task=info.first_task,
+            func=np.empty(n, np.int32), buffer_bytes=np.empty(n, np.int32), fanin=np.empty(n, np.int32),
+            state=np.empty(n, np.int8), arg_ptr=np.empty(n + 1, np.int64), arg_kind=np.empty(na, np.int8),
+            arg_tensor=np.empty(na, np.int32), arg_region=np.empty((na, 4), np.int64),
+            arg_scalar=np.empty(na, np.int64), fanout_ptr=np.empty(n + 1, np.int64),
+            fanout_ids=np.empty(ne, np.int32))
+        arrays = self.ffi.new("pto_export_arrays *")
+        keep = []
+        for name, ctype in (("func", "int32_t[]"), ("buffer_bytes", "int32_t[]"), ("fanin", "int32_t[]"),
+                            ("state", "int8_t[]"), ("arg_ptr", "int64_t[]"), ("arg_kind", "int8_t[]"),
+                            ("arg_tensor", "int32_t[]"), ("arg_region", "int64_t[]"),
+                            ("arg_scalar", "int64_t[]"), ("fanout_ptr", "int64_t[]"),
+                            ("fanout_ids", "int32_t[]")):
+            buf = self.ffi.from_buffer(ctype, getattr(ex, name))
+            keep.append(buf)
+            cname = {"func": "task_func", "buffer_bytes": "task_buffer_bytes", "fanin": "task_fanin",
+                     "state": "task_state"}.get(name, name)
+            setattr(arrays, cname, buf)
+        self.api.export_fill(rt, arrays)
+        ex.tensors = [self.api.tensor_get(rt, i) for i in range(info.n_tensors)]
+        ex.funcs = [self.api.func_get(rt, i) for i in range(info.n_funcs)]
+        return ex
+
+
+# ------------------------------------------------------------------------------------------
+# the text dump
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DumpTensor:
+    """A ``TENSOR`` line."""
+
+    id: int
+    name: str
+    rows: int
+    cols: int
+    elem_size: int
+
+
+@dataclass(frozen=True)
+class DumpArg:
+    """An ``ARG`` line (kind ``in``/``out``/``inout``) or a ``SCALAR`` line (kind ``scalar``)."""
+
+    kind: str
+    tensor: int = -1
+    row0: int = 0
+    col0: int = 0
+    rows: int = 0
+    cols: int = 0
+    value: int = 0
+
+
+@dataclass
+class DumpTask:
+    """A ``TASK`` line with the ``ARG``/``SCALAR`` lines after it."""
+
+    id: int
+    func_id: int
+    func: str
+    buffer_bytes: int
+    fanin: int
+    fanout: list[int]
+    args: list[DumpArg] = field(default_factory=list)
+
+
+@dataclass
+class TaskGraphDump:
+    """A parsed dump: tensors, functions (id → name) and tasks in id order."""
+
+    tensors: list[DumpTensor]
+    funcs: dict[int, str]
+    tasks: list[DumpTask]
+    n_edges: int
+
+    def edges(self) -> list[tuple[int, int]]:
+        """All ``(predecessor, successor)`` pairs."""
+        return [(t.id, s) for t in self.tasks for s in t.fanout]
+
+
+def read_dump(path: str | Path) -> TaskGraphDump:
+    """Parse a dump written by :meth:`Runtime.dump` / ``pto_dump``.
+
+    Raises:
+        ParseError: the file is not a well-formed ``PTO-TASKGRAPH 1`` dump (the message names
+            the line).
+    """
+    tensors: list[DumpTensor] = []
+    funcs: dict[int, str] = {}
+    tasks: list[DumpTask] = []
+    by_id: dict[int, DumpTask] = {}
+    end: tuple[int, int] | None = None
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "PTO-TASKGRAPH 1":
+        raise ParseError(f"{path}: line 1: expected 'PTO-TASKGRAPH 1'")
+    for lineno, line in enumerate(lines[1:], start=2):
+        f = line.split()
+        if not f:
+            continue
+        if end is not None:
+            raise ParseError(f"{path}: line {lineno}: text after END")
+        try:
+            tag = f[0]
+            if tag == "TENSOR" and len(f) == 6:
+                tensors.append(DumpTensor(int(f[1]), f[2], int(f[3]), int(f[4]), int(f[5])))
+            elif tag == "FUNC" and len(f) == 3:
+                funcs[int(f[1])] = f[2]
+            elif tag == "TASK" and len(f) >= 6:
+                nf = int(f[5])
+                if len(f) != 6 + nf:
+                    raise ValueError(f"{nf} fanout ids announced, {len(f) - 6} given")
+                fid = int(f[2])
+                task = DumpTask(int(f[1]), fid, funcs.get(fid, "?"), int(f[3]), int(f[4]),
+                                [int(x) for x in f[6:]])
+                tasks.append(task)
+                by_id[task.id] = task
+            elif tag == "ARG" and len(f) == 8:
+                if f[2] not in ("in", "out", "inout"):
+                    raise ValueError(f"bad direction {f[2]!r}")
+                by_id[int(f[1])].args.append(DumpArg(f[2], *(int(x) for x in f[3:8])))
+            elif tag == "SCALAR" and len(f) == 3:
+                by_id[int(f[1])].args.append(DumpArg("scalar", value=int(f[2])))
+            elif tag == "END" and len(f) == 3:
+                end = (int(f[1]), int(f[2]))
+            else:
+                raise ValueError(f"unexpected {tag!r} line with {len(f)} fields")
+        except (ValueError, KeyError) as exc:
+            raise ParseError(f"{path}: line {lineno}: {exc}: {line!r}") from exc
+    if end is None:
+        raise ParseError(f"{path}: missing END line (truncated dump?)")
+    n_edges = sum(len(t.fanout) for t in tasks)
+    if end != (len(tasks), n_edges):
+        raise ParseError(f"{path}: END says {end[0]} tasks / {end[1]} edges, found {len(tasks)} / {n_edges}")
+    return TaskGraphDump(tensors, funcs, tasks, n_edges)
