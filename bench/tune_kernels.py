@@ -30,12 +30,11 @@ from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 
 BF16 = DType.BF16
-# (bn, bk, num_warps, num_stages): a short list around the usual Hopper GEMM shapes
-MATMUL_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3),
-                  (256, 64, 8, 4)]
+# (bn, bk, num_warps, num_stages, GROUP): around the usual Hopper GEMM shapes and program orders
+MATMUL_CONFIGS = [(256, 64, 8, 4, 0), (256, 64, 8, 4, 4), (256, 64, 8, 4, 8), (256, 64, 8, 4, 16),
+                  (128, 64, 4, 3, 8), (256, 64, 8, 3, 8)]
 # (tq, tk, num_warps, num_stages)
-FLASH_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3),
-                 (64, 64, 4, 3)]
+FLASH_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 8, 2)]
 # matmul_swiglu_tile (bn per projection, bk, num_warps, num_stages)
 SWIGLU_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 64, 4, 3), (64, 64, 8, 4)]
 
@@ -71,10 +70,11 @@ def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
     ref = (x.float() @ w.float())
     starts = torch.arange(0, seq, rows, dtype=torch.int64)
     out = []
-    for bn, bk, warps, stages in MATMUL_CONFIGS:
+    for bn, bk, warps, stages, group in MATMUL_CONFIGS:
         try:
             fn = specialize(L.matmul_tile(BF16, rows, K, N, bn, bk))
-            be = TritonBackend("cuda", launch={"matmul_tile": {"num_warps": warps, "num_stages": stages}})
+            be = TritonBackend("cuda", launch={"matmul_tile": {"num_warps": warps, "num_stages": stages,
+                                                               "GROUP": group}})
             n = len(starts)
             batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "w": regions(w, n, 0, 0, K, N),
                                    "y": regions(y, n, starts, 0, rows, N)}, {}, n)
@@ -84,13 +84,15 @@ def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
             err = ((y.float() - ref).norm() / ref.norm()).item()
             ms = cuda_time(launch)
         except Exception as e:  # a config that does not compile or fit is skipped
-            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:300]})
-            print(f"matmul bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group,
+                        "error": str(e)[:300]})
+            print(f"matmul bn={bn} bk={bk} w={warps} s={stages} g={group}: {type(e).__name__}: "
+                  f"{str(e)[:300]}", flush=True)
             continue
         tf = 2 * seq * K * N / ms / 1e9
-        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
                     "tflops": round(tf, 1), "rel_err": err})
-        print(f"matmul K={K} N={N} R={rows} bn={bn} bk={bk} w={warps} s={stages}: {ms:.3f} ms "
+        print(f"matmul K={K} N={N} R={rows} bn={bn} bk={bk} w={warps} s={stages} g={group}: {ms:.3f} ms "
               f"{tf:.0f} TF/s err {err:.1e}", flush=True)
     return out
 

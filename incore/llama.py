@@ -117,14 +117,11 @@ def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, tar
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(acc, a, bt)
     k.load(res, r, 0, j * bn)
+    k.add(acc, acc, res)  # mixed f32 + storage dtype: no second f32 block in registers
     if dtype != f32:
-        rf = k.tile("rf", R, bn, f32)
-        k.cast(rf, res)
-        k.add(acc, acc, rf)
         k.cast(res, acc)
         k.store(y, 0, j * bn, res)
     else:
-        k.add(acc, acc, res)
         k.store(y, 0, j * bn, acc)
     return k.build(target)
 
@@ -265,18 +262,27 @@ def swiglu_tile(dtype, rows: int, cols: int, block: int, target=None) -> IncoreF
 # per head in (seq x heads) tensors) and the unnormalized output acc (f32, seq x hidden).
 
 
+LOG2E = 1.4426950408889634
+
+
 def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype, masks):
-    """One online-softmax step on tiles: S = Q K^T * scale, masks, then update m, l, acc."""
+    """One online-softmax step on tiles: S = Q K^T, masks, then update m, l, acc.
+
+    The running max m lives in the base-2 domain (m = max(s) * scale * log2 e), so that
+    ``p = exp2(s * c - m)`` is one fused multiply-add and one exp2 per score (exp(x) is exp2 of
+    x * log2 e anyway); l and acc are unchanged by the choice of base."""
+    c = scale * LOG2E
     k.matmul(S, Q, Kt, tb=True)
-    k.muls(S, S, scale)
     for op, bound in masks:
         getattr(k, op)(S, S, bound)
     k.rowmax(mnew, S)
+    k.muls(mnew, mnew, c)
     k.max(mnew, mnew, m)
     k.sub(alpha, m, mnew)
-    k.exp(alpha, alpha)
+    k.exp2(alpha, alpha)
+    k.muls(S, S, c)
     k.rowexpandsub(S, S, mnew)
-    k.exp(S, S)
+    k.exp2(S, S)
     k.rowsum(rs, S)
     k.mul(l, l, alpha)
     k.add(l, l, rs)
@@ -328,9 +334,8 @@ def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal):
     with k.for_range("j2", nfull, nkv, TK) as j2:
         k.load(Kt, kk_, j2, h * D)
         k.load(Vt, v, j2, h * D)
-        masks = [("mask_cols", nkv - j2)]
-        if causal:
-            masks.insert(0, ("mask_causal", qpos - j2))
+        # causal: columns past nkv lie after every valid q row, so the causal mask covers them
+        masks = [("mask_causal", qpos - j2)] if causal else [("mask_cols", nkv - j2)]
         _attn_block(k, *state, masks=masks)
     k.rowexpanddiv(acc, acc, l)
     if dtype != f32:

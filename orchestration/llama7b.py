@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from pto.incore import llama as L
 
 from pto import Orchestration, Var, cdiv, emin, f32
-from pto.incore import llama as L
-from pto.ir.dtypes import DType
 from pto.errors import SramError
+from pto.ir.dtypes import DType
 from pto.passes.tiling import Target, flash_tile_rows, get_target
 from pto.programs import Program, RunOptions, seeded_randn
 

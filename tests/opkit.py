@@ -14,7 +14,7 @@ from pto.ir.dtypes import DType
 TOL = {DType.F32: 2e-6, DType.F16: 2e-3, DType.BF16: 1.6e-2}
 
 UNARY_REF = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+    "exp": np.exp, "exp2": np.exp2, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "recip": lambda x: 1 / x, "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0),
     "silu": lambda x: x / (1 + np.exp(-x)),
 }

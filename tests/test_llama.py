@@ -5,11 +5,11 @@ the graph (tasks per tile and per pair, no masked pair submitted)."""
 from __future__ import annotations
 
 import pytest
+from pto.orchestration.llama7b import CONFIGS, closed_form
 
 from pto.engine import run
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
-from pto.orchestration.llama7b import CONFIGS, closed_form
 from pto.programs import RunOptions, get
 
 SEQS = [1, 31, 100, 333, 1000]

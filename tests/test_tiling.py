@@ -8,8 +8,8 @@ import pytest
 from pto import InCore, bf16, f32
 from pto.errors import SramError, UsageError
 from pto.passes.tiling import (
-    KiB,
     TARGETS,
+    KiB,
     check_sram,
     compute_tile_shape,
     flash_sram_bytes,

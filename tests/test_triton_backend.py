@@ -677,8 +677,11 @@ def compile_sm90(jobs, tmp_path):
     for i, (kern, flags) in enumerate(jobs):
         path = tmp_path / f"k{i}_{kern.digest}.py"
         path.write_text(kern.source)
+        # upper-case launch keys (GROUP) are constexpr arguments, the rest compiler options
+        consts = {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}}
+        options = {k: v for k, v in kern.launch.items() if not k.isupper()}
         spec.append({"path": str(path), "name": kern.name, "digest": f"{i}_{kern.digest}",
-                     "signature": kern.signature(), "flags": flags, "launch": kern.launch})
+                     "signature": kern.signature(), "flags": consts, "launch": options})
     (tmp_path / "jobs.json").write_text(json.dumps(spec))
     (tmp_path / "driver.py").write_text(_AOT_DRIVER)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -755,3 +758,25 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert not failed, "\n".join(failed)
     gemm = [r for r in results if r["name"].startswith("gemm_tile")]
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
+
+
+@pytest.mark.parametrize("group", [0, 1, 2, 3, 8])
+def test_grouped_program_order(group):
+    """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);
+    every (task, parallel index) must still run exactly once."""
+    from pto.incore.llama import matmul_tile
+
+    fn = specialize(matmul_tile(DType.F32, 16, 64, 96, 32, 32))  # 3 column blocks a task
+    g = torch.Generator().manual_seed(group)
+    x, w = torch.randn(80, 64, generator=g), torch.randn(64, 96, generator=g)
+    y = torch.full((80, 96), float("nan"))
+    starts = torch.arange(0, 80, 16)
+    n = len(starts)
+
+    def rb(t, r0, c0, nr, nc):
+        return RegionBatch(t, *(torch.as_tensor(v, dtype=torch.int64).expand(n).clone() for v in (r0, c0, nr, nc)))
+
+    be = TritonBackend("cpu", launch={"matmul_tile": {"GROUP": group}})
+    be.prepare(TaskBatch(fn, {"x": rb(x, starts, 0, 16, 64), "w": rb(w, 0, 0, 64, 96),
+                              "y": rb(y, starts, 0, 16, 96)}, {}, n))()
+    assert torch.allclose(y, x @ w, rtol=1e-5, atol=1e-5)

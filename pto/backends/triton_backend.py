@@ -196,7 +196,14 @@ class TritonBackend(Backend):
 
 def _launcher(jit, args: tuple, groups: list[LaunchGroup], cfg: dict) -> Launch:
     """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
-    calls = [(g.grid, (g.table, *args), {**g.flags, **cfg}) for g in groups]
+    calls = []
+    for g in groups:
+        nb, np_ = g.grid
+        if "GROUP" in cfg:  # a parallel axis: the kernel also takes the grid's extents
+            grid = (nb * np_,) if cfg["GROUP"] > 0 else g.grid
+            calls.append((grid, (g.table, *args), {**g.flags, **cfg, "NB": nb, "NP": np_}))
+        else:
+            calls.append((g.grid, (g.table, *args), {**g.flags, **cfg}))
 
     def launch():
         for grid, a, kw in calls:

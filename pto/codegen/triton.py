@@ -123,6 +123,8 @@ class RenderedKernel:
             sig[f"EVEN_{p.name}"] = "constexpr"
         for p in self.fn.memrefs:
             sig[f"ALIGN_{p.name}"] = "constexpr"
+        if self.fn.parallel is not None:
+            sig.update(NB="i32", NP="i32", GROUP="constexpr")
         return sig
 
 
@@ -183,6 +185,7 @@ _ARITH_FMT = {
 
 _UNARY_FMT = {
     Op.EXP: "tl.exp({x})",
+    Op.EXP2: "tl.exp2({x})",
     Op.LOG: "tl.log({x})",
     Op.SQRT: "{sqrt}({x})",
     Op.RSQRT: "tl.math.rsqrt({x})",
@@ -274,7 +277,10 @@ def launch_params(fn: IncoreFunction) -> dict:
     # contraction into FMAs changes rounding: allowed for kernels with half-precision tiles
     # (their tolerance is the dtype's), not for all-f32 ones, which match the interpreter
     half = any(t.dtype.is_half for t in fn.tiles)
-    return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": half}
+    out = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": half}
+    if fn.parallel is not None:
+        out["GROUP"] = 0  # program order: tasks fastest (see the kernel's prologue)
+    return out
 
 
 def _instrs(body):
@@ -424,7 +430,26 @@ class _Renderer:
         params = ["tab"]
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
-        self.emit("task = tl.program_id(0)")
+        pvar = None
+        if fn.parallel is not None:
+            pvar = f"i_{fn.parallel.var}"
+            self.names[fn.parallel.var] = pvar
+            # GROUP > 0: a 1-D grid of NB x NP programs in groups of GROUP tasks x every parallel
+            # index, so programs running together share their tasks' tiles in L2 (the GEMM
+            # "grouped ordering"); GROUP = 0: grid (NB, NP), tasks fastest
+            params.append("NB, NP, GROUP: tl.constexpr")
+            self.emit("if GROUP > 0:")
+            self.emit("    _pid = tl.program_id(0)")
+            self.emit("    _per = GROUP * NP")
+            self.emit("    _first = (_pid // _per) * GROUP")
+            self.emit("    _gsize = tl.minimum(NB - _first, GROUP)")
+            self.emit("    task = _first + (_pid % _per) % _gsize")
+            self.emit(f"    {pvar} = (_pid % _per) // _gsize")
+            self.emit("else:")
+            self.emit("    task = tl.program_id(0)")
+            self.emit(f"    {pvar} = tl.program_id(1)")
+        else:
+            self.emit("task = tl.program_id(0)")
         self.emit(f"row = tab + task * {self.layout.width}")
         for p in fn.memrefs:
             for fld in TableLayout.FIELDS:
@@ -435,13 +460,10 @@ class _Renderer:
             self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
-        if fn.parallel is not None:
-            var = f"i_{fn.parallel.var}"
-            self.names[fn.parallel.var] = var
-            self.emit(f"{var} = tl.program_id(1)")
-            if const_value(fn.parallel.extent) is None:  # a constant extent is the grid itself
-                self.emit(f"if {var} >= {self.expr(fn.parallel.extent)}:")
-                self.emit("    return")
+        if pvar is not None and const_value(fn.parallel.extent) is None:
+            # a constant extent is the grid itself
+            self.emit(f"if {pvar} >= {self.expr(fn.parallel.extent)}:")
+            self.emit("    return")
         self.body(fn.body, [])
         head = _HEADER.format(name=fn.name, variant=f" ({kname})" if fn.variant else "")
         sig = ",\n        ".join(params)

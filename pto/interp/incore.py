@@ -55,6 +55,7 @@ class RegionBatch:
 
 _UNARY = {
     Op.EXP: torch.exp,
+    Op.EXP2: torch.exp2,
     Op.LOG: torch.log,
     Op.SQRT: torch.sqrt,
     Op.RSQRT: torch.rsqrt,

@@ -31,6 +31,7 @@ class Op(enum.Enum):
     MINS = "mins"
     # unary
     EXP = "exp"
+    EXP2 = "exp2"
     LOG = "log"
     SQRT = "sqrt"
     RSQRT = "rsqrt"
@@ -77,7 +78,7 @@ MEMORY = frozenset({Op.LOAD, Op.STORE})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
 SCALAR_BINARY = frozenset({Op.ADDS, Op.SUBS, Op.MULS, Op.DIVS, Op.MAXS, Op.MINS})
 ELEMENTWISE = BINARY | SCALAR_BINARY
-UNARY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.RECIP, Op.NEG, Op.ABS, Op.RELU, Op.SILU})
+UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.SQRT, Op.RSQRT, Op.RECIP, Op.NEG, Op.ABS, Op.RELU, Op.SILU})
 ROW_REDUCE = frozenset({Op.ROWSUM, Op.ROWMAX, Op.ROWMIN})
 COL_REDUCE = frozenset({Op.COLSUM, Op.COLMAX, Op.COLMIN})
 REDUCE = ROW_REDUCE | COL_REDUCE
