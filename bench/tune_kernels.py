@@ -36,7 +36,7 @@ MATMUL_CONFIGS = [(256, 64, 8, 4, 0), (256, 64, 8, 4, 4), (256, 64, 8, 4, 8), (2
 # (tq, tk, num_warps, num_stages)
 FLASH_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 8, 2)]
 # matmul_swiglu_tile (bn per projection, bk, num_warps, num_stages)
-SWIGLU_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 64, 4, 3), (64, 64, 8, 4)]
+SWIGLU_CONFIGS = [(128, 64, 8, 3, 8), (128, 64, 8, 4, 8), (128, 64, 8, 4, 0)]
 
 
 def cuda_time(fn, repeat=10, warmup=2) -> float:
@@ -106,10 +106,11 @@ def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> lis
     starts = torch.arange(0, seq, rows, dtype=torch.int64)
     n = len(starts)
     out = []
-    for bn, bk, warps, stages in SWIGLU_CONFIGS:
+    for bn, bk, warps, stages, group in SWIGLU_CONFIGS:
         try:
             fn = specialize(L.matmul_swiglu_tile(BF16, rows, K, N, bn, bk))
-            be = TritonBackend("cuda", launch={"matmul_swiglu_tile": {"num_warps": warps, "num_stages": stages}})
+            be = TritonBackend("cuda", launch={"matmul_swiglu_tile": {"num_warps": warps, "num_stages": stages,
+                                                                      "GROUP": group}})
             batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "wg": regions(wg, n, 0, 0, K, N),
                                    "wu": regions(wu, n, 0, 0, K, N), "y": regions(y, n, starts, 0, rows, N)}, {}, n)
             launch = be.prepare(batch)
@@ -122,9 +123,10 @@ def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> lis
             print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         tf = 4 * seq * K * N / ms / 1e9
-        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
                     "tflops": round(tf, 1), "rel_err": err})
-        print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {ms:.3f} ms {tf:.0f} TF/s err {err:.1e}", flush=True)
+        print(f"swiglu bn={bn} bk={bk} w={warps} s={stages} g={group}: {ms:.3f} ms {tf:.0f} TF/s "
+              f"err {err:.1e}", flush=True)
     return out
 
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 # sm90: bench/tune_kernels.py --seq 16384 on an H100 80GB HBM3, 2026-11-22 (docs/PERF.md).
 TUNED: dict[str, dict[str, dict]] = {
     "sm90": {
-        # 128 x 256 output blocks, K step 64: 584-602 TFLOP/s (3 stages: 531-551); GROUP: row
-        # tiles x column blocks run together so the activation panel stays in L2
-        "matmul_tile": {"num_warps": 8, "num_stages": 4, "GROUP": 8},
-        "matmul_residual_tile": {"num_warps": 8, "num_stages": 4, "GROUP": 8},
+        # 128 x 256 output blocks, K step 64, 3 stages, groups of 8 row tiles x every column block
+        # (the activation panel stays in L2): 667-695 TFLOP/s; tasks-fastest order: 591-615
+        "matmul_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
+        "matmul_residual_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
         # two 128 x 128 accumulators (the register budget of one 128 x 256 block): 565 TFLOP/s
         # with 4 stages, 504 with 3
         "matmul_swiglu_tile": {"num_warps": 8, "num_stages": 4, "GROUP": 8},
-        # tq 128, tk 64: 431 TFLOP/s causal at 16K (2 stages: 319; 4 warps: 385)
-        "flash_fused": {"num_warps": 8, "num_stages": 3},
-        "flash_fused_nc": {"num_warps": 8, "num_stages": 3},
+        # tq 128, tk 64, base-2 softmax: 487 TFLOP/s causal at 16K (3 stages: 476; 2: 361)
+        "flash_fused": {"num_warps": 8, "num_stages": 4},
+        "flash_fused_nc": {"num_warps": 8, "num_stages": 4},
     },
 }
 
