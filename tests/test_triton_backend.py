@@ -541,19 +541,20 @@ def _batches(module, scalars, tensors):
 def _program_cases():
     from pto.programs import names
 
-    cases = [("softmax", 100, DType.F32), ("bgemm", 45, DType.F32), ("softmax", 33, DType.F16),
-             ("bgemm", 20, DType.F16)]
-    if "llama7b" in names():
-        cases.append(pytest.param("llama7b", 40, DType.F32, marks=pytest.mark.slow))
+    cases = [("softmax", 100, DType.F32, None), ("bgemm", 45, DType.F32, None),
+             ("softmax", 33, DType.F16, None), ("bgemm", 20, DType.F16, None)]
+    if "llama7b" in names():  # every InCore function of the layer: the three attention modes
+        cases += [pytest.param("llama7b", 40, DType.F32, mode, marks=pytest.mark.slow)
+                  for mode in ("fused", "pair", "split")]
     return cases
 
 
-@pytest.mark.parametrize("name,seq,dtype", _program_cases())
-def test_program_through_both_backends(name, seq, dtype):
+@pytest.mark.parametrize("name,seq,dtype,attention", _program_cases())
+def test_program_through_both_backends(name, seq, dtype, attention):
     """Every call of the program, batched, through the torch and Triton backends, against the
     reference interpreter run of the whole program."""
     prog = get(name)
-    opts = RunOptions(dtype=dtype)
+    opts = RunOptions(dtype=dtype, attention=attention or "fused")
     try:
         module = prog.build(opts)
     except PTOError as e:  # the program's own build is tested elsewhere (test_programs.py)
