@@ -50,43 +50,137 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+class Runner:
+    """One program prepared for repeated execution at one shape.
+
+    The graph is built once and its tensors are static buffers; the first call executes the
+    graph (the executor records its launches), later calls copy the new inputs in and replay the
+    launches, captured in a CUDA graph when the backend allows it. :func:`get_runner` caches
+    runners by shape, so a CUDA graph is rebuilt only when the shapes change.
+    """
+
+    def __init__(self, prog, opts: RunOptions, seq: int, device: str, backend: str, adaptive: bool = True,
+                 record: bool = False):
+        from pto.backends import get_backend
+        from pto.executor import Executor
+        from pto.graph import CompiledProgram
+        from pto.interp.orchestration import allocate, tensor_shapes
+
+        self.prog, self.opts, self.seq, self.device = prog, opts, seq, device
+        t0 = time.perf_counter()
+        self.module = prog.build(opts)
+        compiled = CompiledProgram.get(self.module, adaptive=adaptive)
+        self.compile_ms = (time.perf_counter() - t0) * 1e3
+        self.scalars = prog.scalars(opts, seq)
+        self.graph = compiled.build_graph(self.scalars)
+        fn = self.module.entry_function
+        shapes = tensor_shapes(fn, self.scalars)
+        # static buffers: inputs are copied in on every call (a captured graph reads them there)
+        placeholders = {t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=device)
+                        for t in fn.tensors if t.role in ("input", "inout")}
+        self.tensors = allocate(fn, shapes, placeholders, device)
+        self.executor = Executor(get_backend(backend, device), self.tensors, record=record)
+        self.stats = None
+        self.cuda_graph = None
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run on ``inputs``; returns the program's output tensors (the runner's buffers)."""
+        for name, value in inputs.items():
+            self.tensors[name].copy_(value)
+        if self.stats is None:
+            self.stats = self.executor.run(self.graph)
+        else:
+            self.replay()
+        return {name: self.tensors[name] for name in self.prog.outputs}
+
+    def replay(self) -> str:
+        """Replay the recorded launches; returns how ("cuda_graph" or "launches")."""
+        if self.device == "cuda" and self.executor.backend.graph_capturable:
+            if self.cuda_graph is None:
+                self.cuda_graph = self.executor.capture()
+            self.cuda_graph.replay()
+            return "cuda_graph"
+        self.executor.replay()
+        return "launches"
+
+    def time(self, repeat: int) -> dict:
+        """Median milliseconds of ``repeat`` replays (CUDA events on the GPU)."""
+        times, mode = [], "launches"
+        for _ in range(repeat):
+            if self.device == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                mode = self.replay()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e))
+            else:
+                t0 = time.perf_counter()
+                mode = self.replay()
+                times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        return {"replay_ms": round(times[len(times) // 2], 4), "replays": repeat, "replay_mode": mode}
+
+    def close(self) -> None:
+        self.graph.close()
+
+
+_RUNNERS: dict[tuple, Runner] = {}
+
+
+def get_runner(prog, opts: RunOptions, seq: int, device: str, backend: str, adaptive: bool = True) -> Runner:
+    """The cached runner of this program at this shape (built on first use)."""
+    key = (prog.name, opts.config, opts.dtype, opts.causal, opts.attention, opts.target, seq, device, backend,
+           adaptive)
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        runner = _RUNNERS[key] = Runner(prog, opts, seq, device, backend, adaptive)
+    return runner
+
+
+def clear_runners() -> None:
+    """Drop every cached runner (and the device memory it holds)."""
+    for r in _RUNNERS.values():
+        r.close()
+    _RUNNERS.clear()
+
+
 def run(program: str, seq: int | None = None, config: str = "auto", device: str = "auto",
         backend: str = "auto", dtype: str | None = "auto", causal: bool = True, attention: str = "fused",
         target: str | None = None, check: bool = False, dump: str | None = None, trace: str | None = None,
         seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True) -> dict:
-    """Build and run ``program``; returns the JSON-able result of ``pto run --json``."""
-    from pto.backends import get_backend
-    from pto.executor import Executor
-    from pto.graph import CompiledProgram
-    from pto.interp.orchestration import allocate, tensor_shapes
+    """Build and run ``program``; returns the JSON-able result of ``pto run --json``.
 
+    With ``repeat > 1`` the runner is cached by shape: calling again with the same shapes replays
+    the same CUDA graph."""
     prog, dev, be, opts = resolve_options(program, config, device, backend, dtype, causal, attention, target)
     seq = seq or prog.default_seq
-    scalars = prog.scalars(opts, seq)
-    t0 = time.perf_counter()
-    module = prog.build(opts)
-    compiled = CompiledProgram.get(module, adaptive=adaptive)
-    compile_ms = (time.perf_counter() - t0) * 1e3
-    graph = compiled.build_graph(scalars)
+    record = bool(trace) or profile
+    cached = repeat > 1 and not record
+    runner = get_runner(prog, opts, seq, dev, be, adaptive) if cached else \
+        Runner(prog, opts, seq, dev, be, adaptive, record=record)
     try:
+        graph = runner.graph
         if dump:
             graph.dump(dump)
         inputs = prog.inputs(opts, seq, dev, seed)
-        fn = module.entry_function
-        tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, dev)
-        ex = Executor(get_backend(be, dev), tensors, record=bool(trace) or profile)
-        stats = ex.run(graph)
-        exec_ms = stats.exec_ms
+        first = runner.stats is None
+        t0 = time.perf_counter()
+        outputs = runner(inputs)
+        if not first:
+            _sync(dev)
+        stats = runner.stats
         out = {
             "program": prog.name, "seq": seq, "config": opts.config, "device": dev, "backend": be,
             "dtype": opts.dtype.short, "tasks": graph.tasks, "edges": graph.edges,
             "launches": stats.launches, "waves": stats.waves, "build_ms": round(graph.build_ms, 3),
-            "exec_ms": round(exec_ms, 3), "compile_ms": round(compile_ms, 1),
+            "exec_ms": round(stats.exec_ms if first else (time.perf_counter() - t0) * 1e3, 3),
+            "compile_ms": round(runner.compile_ms, 1),
             "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
         }
         if check:
             ref = prog.reference(opts, seq, inputs)
-            out["rel_err"] = max(rel_err(tensors[k], v) for k, v in ref.items())
+            out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
         if trace:
             from pto.trace import write_trace
 
@@ -94,10 +188,16 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
         if profile:
             out["profile"] = profile_table(stats.records)
         if repeat > 1:
-            out.update(time_replays(ex, repeat, dev))
+            out.update(runner.time(repeat))
         return out
     finally:
-        graph.close()
+        if not cached:
+            runner.close()
+
+
+def _sync(dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
 
 
 def profile_table(records) -> dict:
@@ -107,33 +207,6 @@ def profile_table(records) -> dict:
         name = r.func.split("__")[0]
         acc[name] = acc.get(name, 0.0) + (r.end_ns - r.start_ns) / 1e6
     return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
-
-
-def time_replays(ex, repeat: int, dev: str) -> dict:
-    """Median time of ``repeat`` replays of the recorded launches (a CUDA graph when the backend
-    allows it)."""
-    times = []
-    if dev == "cuda":
-        graph = ex.capture() if ex.backend.graph_capturable else None
-        for _ in range(repeat):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            if graph is not None:
-                graph.replay()
-            else:
-                ex.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        mode = "cuda_graph" if graph is not None else "launches"
-    else:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            ex.replay()
-            times.append((time.perf_counter() - t0) * 1e3)
-        mode = "launches"
-    times.sort()
-    return {"replay_ms": round(times[len(times) // 2], 4), "replays": repeat, "replay_mode": mode}
 
 
 def format_summary(res: dict) -> str:
