@@ -34,7 +34,8 @@ BF16 = DType.BF16
 MATMUL_CONFIGS = [(256, 64, 8, 4, 0), (256, 64, 8, 4, 4), (256, 64, 8, 4, 8), (256, 64, 8, 4, 16),
                   (128, 64, 4, 3, 8), (256, 64, 8, 3, 8)]
 # (tq, tk, num_warps, num_stages)
-FLASH_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 64, 8, 2)]
+FLASH_CONFIGS = [(128, 128, 8, 3, 0), (128, 128, 8, 3, 1), (128, 128, 8, 3, 4), (128, 128, 8, 4, 0),
+                 (128, 64, 8, 4, 0)]
 # matmul_swiglu_tile (bn per projection, bk, num_warps, num_stages)
 SWIGLU_CONFIGS = [(128, 64, 8, 3, 8), (128, 64, 8, 4, 8), (128, 64, 8, 4, 0)]
 
@@ -143,10 +144,11 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     flops = 4 * seq * seq * H * 0.5
     print(f"sdpa causal seq={seq}: {sdpa_ms:.3f} ms {flops / sdpa_ms / 1e9:.0f} TF/s", flush=True)
     out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
-    for tq, tk, warps, stages in FLASH_CONFIGS:
+    for tq, tk, warps, stages, group in FLASH_CONFIGS:
         try:
             fn = specialize(L.flash_fused(BF16, heads, d, tq, tk))
-            be = TritonBackend("cuda", launch={"flash_fused": {"num_warps": warps, "num_stages": stages}})
+            be = TritonBackend("cuda", launch={"flash_fused": {"num_warps": warps, "num_stages": stages,
+                                                               "GROUP": group}})
             starts = torch.arange(0, seq, tq, dtype=torch.int64)
             ends = torch.clamp(starts + tq, max=seq)
             nfull = (starts // tk) * tk
@@ -163,12 +165,13 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
             err = ((o.float() - ref).norm() / ref.norm()).item()
             ms = cuda_time(launch)
         except Exception as e:
-            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "error": str(e)[:300]})
-            print(f"flash tq={tq} tk={tk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "group": group, "error": str(e)[:300]})
+            print(f"flash tq={tq} tk={tk} w={warps} s={stages} g={group}: {type(e).__name__}: {str(e)[:300]}",
+                  flush=True)
             continue
-        out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "ms": round(ms, 4),
+        out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
                     "tflops": round(flops / ms / 1e9, 1), "rel_err": err})
-        print(f"flash tq={tq} tk={tk} w={warps} s={stages}: {ms:.3f} ms {flops / ms / 1e9:.0f} TF/s "
+        print(f"flash tq={tq} tk={tk} w={warps} s={stages} g={group}: {ms:.3f} ms {flops / ms / 1e9:.0f} TF/s "
               f"err {err:.1e}", flush=True)
     return out
 

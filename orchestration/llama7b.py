@@ -63,12 +63,13 @@ class LlamaTiling:
 
 
 def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None,
-                  shrink: int = 1) -> LlamaTiling:
-    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``);
-    ``shrink`` divides the column blocks for targets with little on-chip memory."""
+                  shrink: int = 1, tk: int | None = None) -> LlamaTiling:
+    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``),
+    kv tiles of ``tk`` rows (default: as tall as the q tiles); ``shrink`` divides the column
+    blocks for targets with little on-chip memory."""
     if tq is None:
         tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
-    tk = min(tq, 64)
+    tk = tq if tk is None else min(tk, tq)
     base = 32 if tq > 32 else max(tq // 2, 8)
     big = cfg.hidden >= 1024
     # 128 x 256 output blocks for the GEMMs where they fit (Hopper's shared memory, half types)
@@ -129,18 +130,20 @@ class Functions:
 
 
 def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str):
-    """The tiling and functions: the SRAM model's q tile height, with narrower column blocks
-    and then halved, until every function's live tiles fit the target (the model counts Q, K, V, O and S in
-    the storage dtype; the functions also keep f32 scores and statistics)."""
+    """The tiling and functions: the SRAM model's q tile height, kv tiles as tall or 64 rows,
+    narrower column blocks, then halved, until every function's live tiles fit the target (the
+    model counts Q, K, V, O and S in the storage dtype; the functions also keep f32 scores and
+    statistics)."""
     tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
     last = None
     while tq >= 8:
-        for shrink in (1, 2, 4, 8):
-            t = choose_tiling(cfg, dt, target, tq, shrink)
-            try:
-                return t, Functions(cfg, dt, t, target, causal, attention)
-            except SramError as e:
-                last = e
+        for tk in sorted({tq, min(tq, 64)}, reverse=True):  # the tallest kv tiles that fit
+            for shrink in (1, 2, 4, 8):
+                t = choose_tiling(cfg, dt, target, tq, shrink, tk)
+                try:
+                    return t, Functions(cfg, dt, t, target, causal, attention)
+                except SramError as e:
+                    last = e
         tq //= 2
     raise last
 

@@ -186,46 +186,69 @@ def tile_bytes(fn: IncoreFunction, dims: dict[str, int] | None = None) -> dict[s
 def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> tuple[int, list[str]]:
     """Peak bytes of tiles live at the same time, and the names live at the peak.
 
-    A tile is live from its first write to its last read in program order; a tile used inside
-    a loop is live across the whole loop (the next iteration may read it).
+    A tile's value is live from the write that produces it to its last read; a write that does
+    not read the tile (a load, a fill, a cast into it) ends the previous value's life. Inside a
+    loop, a tile whose first access in the body is a read carries its value from one iteration
+    to the next (an accumulator, a running max) and is live across the whole loop.
     """
     sizes = tile_bytes(fn, dims)
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
+    events: dict[str, list[tuple[int, bool, bool]]] = {n: [] for n in sizes}
+    loops: list[tuple[int, int, dict[str, bool]]] = []  # (start, end, tile -> first access reads)
     pos = 0
 
-    def touch(name: str, at: int):
-        if name in sizes:
-            first.setdefault(name, at)
-            last[name] = max(last.get(name, at), at)
-
-    def visit(body, loop_span: tuple[int, int] | None):
+    def visit(body, open_loops):
         nonlocal pos
         for s in body:
             if isinstance(s, ForRange):
+                info: dict[str, bool] = {}
                 start = pos
-                # size of the loop in positions, to extend liveness over it
-                n = _count_instrs(s.body)
-                visit(s.body, (start, start + n - 1) if loop_span is None else loop_span)
-            else:
-                names = [x for x in s.srcs if isinstance(x, str)]
-                if s.dst is not None:
-                    names.append(s.dst)
-                for nme in names:
-                    touch(nme, pos)
-                    if loop_span is not None:
-                        touch(nme, loop_span[0])
-                        touch(nme, loop_span[1])
-                pos += 1
+                visit(s.body, open_loops + [info])
+                loops.append((start, pos - 1, info))
+                continue
+            reads = _instr_reads(s)
+            writes = {s.dst} if s.dst is not None else set()
+            for name in (reads | writes) & sizes.keys():
+                events[name].append((pos, name in reads, name in writes))
+                for info in open_loops:
+                    info.setdefault(name, name in reads)
+            pos += 1
 
-    visit(fn.body, None)
+    visit(fn.body, [])
+    intervals: dict[str, list[list[int]]] = {n: [] for n in sizes}
+    for name, evs in events.items():
+        cur = None
+        for p, r, w in evs:
+            if w and not r:  # a new value
+                if cur is not None:
+                    intervals[name].append(cur)
+                cur = [p, p]
+            elif cur is None:  # read of a value made in an earlier iteration (or never: NaN)
+                cur = [p, p]
+            else:
+                cur[1] = p
+        if cur is not None:
+            intervals[name].append(cur)
+    for start, end, info in loops:
+        for name, read_first in info.items():
+            if read_first:
+                intervals[name].append([start, end])
     peak, peak_names = 0, []
     for p in range(pos):
-        live = [n for n in sizes if n in first and first[n] <= p <= last[n]]
+        live = [n for n, ivs in intervals.items() if any(a <= p <= b for a, b in ivs)]
         b = sum(sizes[n] for n in live)
         if b > peak:
             peak, peak_names = b, live
     return peak, peak_names
+
+
+def _instr_reads(ins: Instr) -> set[str]:
+    """Tiles an instruction reads (matmul_acc also reads its destination)."""
+    from pto.ir.ops import SIGNATURE
+
+    out = {x for k, x in zip(SIGNATURE[ins.op][0], ins.srcs) if k == "T"}
+    if ins.op is Op.MATMUL_ACC:
+        out.add(ins.dst)
+    return out
 
 
 def _count_instrs(body) -> int:
