@@ -1,5 +1,7 @@
 """Every tile op of the ISA against a float64 numpy reference on seeded random inputs, for every
-dtype the reference interpreter supports on the CPU (f32, f16, bf16)."""
+dtype the reference interpreter supports on the CPU (f32, f16, bf16); the elementwise, unary,
+reduction and broadcast ops also through the Triton backend (f32 and f16 under the Triton
+interpreter, which must agree with the reference interpreter)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,31 @@ from tests.opkit import BINARY_REF, UNARY_REF, assert_close, f64, one_op, rand
 
 DTYPES = [DType.F32, DType.F16, DType.BF16]
 R, C = 8, 16
+# agreement of the Triton backend with the reference interpreter: relative, plus absolute
+# relative to the largest value (sums in another order differ where terms cancel)
+AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
+
+
+@pytest.fixture(params=["interp", "triton"])
+def run_op(request):
+    """``one_op`` through the reference interpreter, or through the Triton backend checked
+    against the reference interpreter (the Triton interpreter rounds bf16 unlike a GPU: skipped)."""
+    if request.param == "interp":
+        return one_op
+    pytest.importorskip("triton")
+    from pto.backends.triton_backend import run_incore_triton
+
+    def both(op, dst_shape, srcs, dtype, **kw):
+        if DType.BF16 in (dtype, kw.get("dst_dtype")):
+            pytest.skip("bf16 under the Triton interpreter")
+        got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
+        want = one_op(op, dst_shape, srcs, dtype, **kw)
+        rtol, atol = AGREE[dtype]
+        scale = float(np.nanmax(np.abs(np.where(np.isinf(want), 0, want)), initial=1.0))
+        np.testing.assert_allclose(got, want, equal_nan=True, err_msg=op, rtol=rtol, atol=atol * scale)
+        return got
+
+    return both
 
 
 @pytest.fixture
@@ -26,40 +53,40 @@ def rng(request):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", sorted(BINARY_REF))
-def test_binary(op, dtype, rng):
+def test_binary(op, dtype, rng, run_op):
     a = rand((R, C), dtype, rng)
     b = rand((R, C), dtype, rng, away_from_zero=(op == "div"))
-    got = one_op(op, (R, C), [a, b], dtype)
+    got = run_op(op, (R, C), [a, b], dtype)
     assert_close(got, BINARY_REF[op](f64(a), f64(b)), dtype, op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", sorted(BINARY_REF))
-def test_tile_scalar(op, dtype, rng):
+def test_tile_scalar(op, dtype, rng, run_op):
     a = rand((R, C), dtype, rng)
     s = 0.75 if op != "div" else -1.5
-    got = one_op(op + "s", (R, C), [a], dtype, scalars=(s,))
+    got = run_op(op + "s", (R, C), [a], dtype, scalars=(s,))
     assert_close(got, BINARY_REF[op](f64(a), s), dtype, op + "s")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", sorted(UNARY_REF))
-def test_unary(op, dtype, rng):
+def test_unary(op, dtype, rng, run_op):
     positive = op in ("log", "sqrt", "rsqrt")
     a = rand((R, C), dtype, rng, positive=positive, away_from_zero=(op == "recip"))
-    got = one_op(op, (R, C), [a], dtype)
+    got = run_op(op, (R, C), [a], dtype)
     assert_close(got, UNARY_REF[op](f64(a)), dtype, op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["sum", "max", "min"])
 @pytest.mark.parametrize("axis", ["row", "col"])
-def test_reduce(axis, kind, dtype, rng):
+def test_reduce(axis, kind, dtype, rng, run_op):
     a = rand((R, C), dtype, rng)
     ref = {"sum": np.sum, "max": np.max, "min": np.min}[kind](f64(a), axis=1 if axis == "row" else 0,
                                                               keepdims=True)
     shape = (R, 1) if axis == "row" else (1, C)
-    got = one_op(f"{axis}{kind}", shape, [a], dtype, dst_dtype=DType.F32)
+    got = run_op(f"{axis}{kind}", shape, [a], dtype, dst_dtype=DType.F32)
     # f32 accumulation of values exact in f32: sums differ from float64 only by f32 rounding
     assert_close(got, ref, DType.F32 if kind != "sum" else DType.F16, f"{axis}{kind}")
 
@@ -67,16 +94,16 @@ def test_reduce(axis, kind, dtype, rng):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", ""])
 @pytest.mark.parametrize("axis", ["row", "col"])
-def test_broadcast(axis, op, dtype, rng):
+def test_broadcast(axis, op, dtype, rng, run_op):
     a = rand((R, C), dtype, rng)
     vshape = (R, 1) if axis == "row" else (1, C)
     v = rand(vshape, dtype, rng, away_from_zero=(op == "div"))
     name = f"{axis}expand{op}"
     if op:
-        got = one_op(name, (R, C), [a, v], dtype)
+        got = run_op(name, (R, C), [a, v], dtype)
         ref = BINARY_REF[op](f64(a), f64(v))
     else:
-        got = one_op(name, (R, C), [v], dtype)
+        got = run_op(name, (R, C), [v], dtype)
         ref = np.broadcast_to(f64(v), (R, C))
     assert_close(got, ref, dtype, name)
 
