@@ -69,61 +69,45 @@ def rmsnorm_tile(hidden: int, dtype, rows: int, row_block: int, chunk: int, eps:
     return k.build(target)
 
 
-def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
-    """``y = x @ w`` for an R x K row tile against a whole K x N weight: the K reduction runs
-    inside (f32 accumulation), a parallel axis over output column blocks of ``bn``."""
-    k = InCore("matmul_tile")
+def _row_tile_matmul(name: str, dtype, rows: int, K: int, N: int, bn: int, bk: int, residual: bool,
+                     target=None) -> IncoreFunction:
+    """An R x K row tile against a whole K x N weight: the K reduction inside (f32 accumulation),
+    a parallel axis over output column blocks of ``bn``; with ``residual``, ``+ r`` in the
+    epilogue (the sum never makes a round trip through memory)."""
+    k = InCore(name)
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)
     x = k.memref("x", dtype, shape=(R, KD))
     w = k.memref("w", dtype, shape=(KD, ND))
+    r = k.memref("r", dtype, shape=(R, ND)) if residual else None
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
     a = k.tile("a", R, bk, dtype)
     bt = k.tile("bt", bk, bn, dtype)
     acc = k.tile("acc", R, bn, f32)
+    out = k.tile("out", R, bn, dtype) if dtype != f32 or residual else acc
     k.full(acc, 0.0)
     with k.for_range("kk", 0, KD, bk) as kk:
         k.load(a, x, 0, kk)
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(acc, a, bt)
-    if dtype != f32:
-        out = k.tile("out", R, bn, dtype)
+    if residual:
+        k.load(out, r, 0, j * bn)
+        k.add(acc, acc, out)  # mixed f32 + storage dtype: no second f32 block in registers
+    if out is not acc:
         k.cast(out, acc)
-        k.store(y, 0, j * bn, out)
-    else:
-        k.store(y, 0, j * bn, acc)
+    k.store(y, 0, j * bn, out)
     return k.build(target)
+
+
+def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = x @ w`` for an R x K row tile against a whole K x N weight."""
+    return _row_tile_matmul("matmul_tile", dtype, rows, K, N, bn, bk, False, target)
 
 
 def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
-    """``y = r + x @ w``: :func:`matmul_tile` with the residual connection added in the
-    epilogue (the sum never makes a round trip through memory)."""
-    k = InCore("matmul_residual_tile")
-    R = k.dim("R", rows)
-    KD, ND = k.dim("K", K), k.dim("N", N)
-    x = k.memref("x", dtype, shape=(R, KD))
-    w = k.memref("w", dtype, shape=(KD, ND))
-    r = k.memref("r", dtype, shape=(R, ND))
-    y = k.memref("y", dtype, shape=(R, ND))
-    j = k.parallel("j", cdiv(ND, bn))
-    a = k.tile("a", R, bk, dtype)
-    bt = k.tile("bt", bk, bn, dtype)
-    acc = k.tile("acc", R, bn, f32)
-    res = k.tile("res", R, bn, dtype)
-    k.full(acc, 0.0)
-    with k.for_range("kk", 0, KD, bk) as kk:
-        k.load(a, x, 0, kk)
-        k.load(bt, w, kk, j * bn)
-        k.matmul_acc(acc, a, bt)
-    k.load(res, r, 0, j * bn)
-    k.add(acc, acc, res)  # mixed f32 + storage dtype: no second f32 block in registers
-    if dtype != f32:
-        k.cast(res, acc)
-        k.store(y, 0, j * bn, res)
-    else:
-        k.store(y, 0, j * bn, acc)
-    return k.build(target)
+    """``y = r + x @ w``: :func:`matmul_tile` with the residual connection in the epilogue."""
+    return _row_tile_matmul("matmul_residual_tile", dtype, rows, K, N, bn, bk, True, target)
 
 
 def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
