@@ -7,13 +7,16 @@
  * platform header. docs/RUNTIME.md documents the design; the short version:
  *
  *  - tasks live in chunked FIFO storage (slot chunks, argument-record chunks) indexed by
- *    task id / argument sequence number; retiring tasks give whole chunks back;
+ *    task id / argument sequence number; retiring tasks give whole chunks back (without a
+ *    window, chunks come in contiguous slabs);
  *  - edges are 8-byte nodes of per-predecessor singly linked fanout lists in a pooled array;
  *  - the tensor map keeps, per tensor, rectangles with their last writer (disjoint) and the
  *    readers since (run-length encoded arithmetic progressions of task ids) in a grid of
  *    cells, so an overlap query visits only nearby entries;
  *  - each region argument is resolved and applied when it is added, so pto_task_submit only
- *    decides whether the task is ready.
+ *    decides whether the task is ready; an argument that is exactly one grid cell holding
+ *    one entry of that cell (the common case of tile programs) is handled by a straight-line
+ *    path inside the public pto_task_add_* functions (see task_add).
  */
 
 #include <inttypes.h>
@@ -25,11 +28,18 @@
 #include "pto_runtime.h"
 
 /* Chunk sizes (log2 of elements per chunk): 8-10 KiB chunks, small enough that a small
- * graph or window costs little memory, large enough that chunk bookkeeping is noise. */
+ * graph or window costs little memory, large enough that chunk bookkeeping is noise.
+ * Without a window (the whole graph is kept, chunks are never given back one by one) new
+ * chunks come in slabs of up to SLAB_MAX consecutive ones, about 1/16 of the pool so far:
+ * the three record streams then run through long contiguous stretches, which builds about
+ * 10% faster than a stream that jumps every 8 KiB (docs/PERF.md), while the unused tail of
+ * the last slab stays a small fraction of the memory. */
 enum {
     SLOT_SHIFT = 8,
     ARG_SHIFT = 9,
     EDGE_SHIFT = 10,
+    SLAB_MAX = 16,
+    SLAB_DIV = 16,
     MAX_SPARE = 2,     /* released chunks kept for reuse before they are freed */
     MAX_REACH = 2,     /* an entry anchored in the grid spans at most MAX_REACH+1 cells */
     MAX_CELLS = 1 << 16,
@@ -62,18 +72,19 @@ enum {
 #define ARG_CHUNK (1u << ARG_SHIFT)
 
 /* One task slot (32 bytes: a power of two, so a slot never straddles a cache line and its
- * address is a shift away). fanin counts every recorded predecessor; pending only those not
- * completed yet, so the task becomes ready when pending reaches 0. */
+ * address is a shift away). fanin counts every recorded predecessor; pending those not
+ * completed yet, so the task becomes ready when pending reaches 0. While the task is open,
+ * pending holds minus the number of its predecessors that completed (so adding an edge only
+ * counts fanin); pto_task_submit adds fanin. */
 typedef struct {
-    unsigned func : 24;
-    unsigned state : 8;
+    int32_t func;
+    int32_t state;
     int32_t buffer_bytes;
     uint32_t arg_begin; /* sequence number of its first argument record */
     int32_t fanout;     /* head edge index of its successor list, newest first; -1 none */
-    int32_t last_succ;  /* newest successor (initially the task itself), see add_edge */
+    int32_t last_succ;  /* newest successor (initially the task itself), see edge_add */
     int32_t fanin;
     int32_t pending;
-    int32_t pad;        /* keeps the slot at 32 bytes */
 } pto_slot;
 
 /* One stored argument (20 bytes): tk = tensor << 2 | kind. Scalars keep the value's low
@@ -91,30 +102,47 @@ typedef struct {
 
 /* One tensor-map rectangle [r0, r1) x [c0, c1) (48 bytes): `writer` wrote these elements
  * last (-1: no live writer; `wslot` is its slot, valid while it is live), and tasks first,
- * first+step, ... (count of them) read every element since that write. Writer rectangles
- * are disjoint; reader-only entries (writer -1) may overlap others. Tile-shaped programs
- * keep one entry per tile: its writer and the run of tasks that read it (a weight read by
- * every row tile is one entry). */
+ * first+step, ..., last read every element since that write (last = -1: no readers; one
+ * reader: first == last and step 0, so a run is extended by one compare, see run_extend).
+ * Writer rectangles are disjoint; reader-only entries (writer -1) may overlap others.
+ * Tile-shaped programs keep one entry per tile: its writer and the run of tasks that read it
+ * (a weight read by every row tile is one entry). `whole`: the rectangle is exactly one full
+ * cell of its tensor's grid (kept by entry_place/entry_link_head and the regrid). */
 typedef struct {
     int32_t r0, c0, r1, c1;
     int32_t next;
+    int32_t whole;      /* 0 or 1, right after next: see alone_whole */
     int32_t writer;
     int32_t first;
     int32_t step;
-    int32_t count;
+    int32_t last;
     pto_slot *wslot;
 } pto_entry;
+
+/* `whole` follows `next` with no padding (a negative array size otherwise). */
+typedef char pto_entry_layout_check[offsetof(pto_entry, whole) == offsetof(pto_entry, next) + 4 ? 1 : -1];
 
 /* Per tensor: shape, name and its part of the tensor map. The grid has ncr x ncc cells of
  * 2^shr rows by 2^shc cols; an entry is anchored in the cell of its top-left element unless
  * it spans more than MAX_REACH+1 cells in a dimension, then it goes to the `large` list.
  * A dimension's cell size is fixed by the first access that does not cover the whole
  * dimension (shift 31 = one cell until then). reach_* is the largest span seen, so a query
- * looks that many cells up/left of itself. */
+ * looks that many cells up/left of itself.
+ *
+ * The first 64 bytes serve the exact-cell path of task_add: while the tensor is `simple`
+ * (every entry lies inside its anchor cell), an access of exactly one whole cell (ex_rows x
+ * ex_cols at a multiple of them, r0 < ex_rlim, c0 < ex_clim) overlaps exactly the entries of
+ * that cell, found at cells[(r0 * ex_rmul + c0 * ex_cmul) >> 32]. ex_rlim = ex_clim = 0
+ * turns the path off. 128 bytes in all on 64-bit targets, so a tensor's address is a shift
+ * away. */
 typedef struct {
+    int32_t *cells;
+    int64_t ex_rows, ex_cols;
+    uint64_t ex_rlim, ex_clim;
+    uint64_t ex_rmul, ex_cmul;
+    uint32_t ex_rmask, ex_cmask;
     int32_t rows, cols, elem_size;
     uint32_t name;
-    int32_t *cells;
     int32_t large;
     int32_t ncr, ncc;
     int32_t maskr, maskc;         /* ~(cell rows - 1), ~(cell cols - 1): same-cell tests */
@@ -122,6 +150,14 @@ typedef struct {
     uint8_t shr, shc, fixed_r, fixed_c, reach_r, reach_c;
     uint8_t simple;               /* reach 0 and no large entries: see apply_region */
 } pto_tensor;
+
+/* Blocks of several consecutive chunks (runtimes without a window, see SLAB_MAX): freed
+ * only when the runtime is destroyed. */
+typedef struct {
+    char **ptr;
+    size_t *bytes;
+    uint32_t n, cap;
+} pto_slabs;
 
 /* Chunked FIFO storage: chunk number k (a counter that only grows) is dir[k & mask];
  * sequence numbers are uint32 and wrap, which stays consistent because the directory size
@@ -136,6 +172,9 @@ typedef struct {
     size_t chunk_bytes;
     void **spare; /* released chunks kept for reuse */
     uint32_t nspare, spare_cap;
+    uint32_t slab_max; /* > 1: new chunks come in slabs and are never freed one by one */
+    uint32_t total;    /* chunks allocated so far (slab mode) */
+    pto_slabs slabs;
 } pto_chunks;
 
 struct pto_runtime {
@@ -153,18 +192,26 @@ struct pto_runtime {
     int32_t next_id;   /* ids handed out so far */
     int32_t retired;   /* every id below has retired */
     int32_t open_task; /* the allocated, not yet submitted task, or -1 */
-    pto_slot *open_slot; /* slot of the open task */
-    /* Bump-allocation windows into the current chunk of each pool: the next free record
-     * and how many follow in that chunk (0: take the slow path, which refills it). */
-    pto_slot *slot_next;
-    pto_argrec *arg_next;
-    pto_edge *edge_next;
-    uint32_t slot_room, arg_room, edge_room;
+    /* The open task's id when the unlocked fast paths may add to and submit it, else -1;
+     * 64 bits wide so that no int32 argument, zero-extended, equals -1. */
+    int64_t add_task;
+    /* Bump-allocation windows into the current chunk of each pool: [next, end) is free
+     * (empty: take the slow path, which refills it). The slot window is kept empty while a
+     * lock or count_only is configured and never reaches past the task window. */
+    pto_slot *slot_next, *slot_end;
+    pto_argrec *arg_next, *arg_end;
     pto_chunks slots, args;
-    uint32_t arg_head, arg_tail;
+    uint64_t arg_count; /* argument records ever stored: the next one's sequence number */
+    uint32_t arg_tail;
 
+    /* Edge nodes: ids [ebump, elim) are the bump window, node i at address ebase + 8 i (the
+     * window's chunk minus its first id's offset, as an integer: see edge_window_at). */
+    uintptr_t ebase;
+    size_t ebump, elim;
     pto_edge **edir;
-    int32_t edir_cap, n_echunks, ebump, efree, ecap; /* ecap = n_echunks << EDGE_SHIFT */
+    int32_t edir_cap, n_echunks, efree, ecap; /* ecap = n_echunks << EDGE_SHIFT */
+    pto_slabs eslabs;                         /* edge chunks of a runtime without a window */
+    int fail_st;       /* status of the failure that set `broken` inside a fast path */
 
     pto_entry *ent;
     int32_t ent_cap, ent_bump, ent_free;
@@ -175,7 +222,7 @@ struct pto_runtime {
     int32_t *rq;
     uint32_t rq_cap, rq_head, rq_tail;
 
-    int64_t submitted, completed, regions, scalars, edges_reused, edges_freed;
+    int64_t submitted, completed, regions, scalars, edges_reused, edges_freed; /* regions: count_only */
     char err[512];
 };
 
@@ -192,11 +239,23 @@ PTO_COLD static int fail(pto_runtime *rt, int status, const char *fmt, ...)
     return status;
 }
 
-PTO_COLD static int oom(pto_runtime *rt, const char *what)
+/* Mark the runtime unusable: no open task, and empty bump windows, so every fast path
+ * refuses and the checks of the slow paths report it. */
+static void set_broken(pto_runtime *rt, int status)
 {
+    if (!rt->broken) {
+        rt->fail_st = status;
+    }
     rt->broken = 1;
     rt->open_task = -1;
-    rt->slot_room = rt->arg_room = 0; /* the fast paths then go through the checks */
+    rt->add_task = -1;
+    rt->slot_end = rt->slot_next;
+    rt->arg_end = rt->arg_next;
+}
+
+PTO_COLD static int oom(pto_runtime *rt, const char *what)
+{
+    set_broken(rt, PTO_ERR_NO_MEMORY);
     return fail(rt, PTO_ERR_NO_MEMORY, "out of memory growing the %s (runtime holds %" PRId64
                 " bytes); the runtime is unusable now, destroy it", what, rt->bytes);
 }
@@ -264,10 +323,56 @@ PTO_COLD static int grow_array(pto_runtime *rt, void **arr, int32_t *cap, int32_
  * chunked FIFO storage
  * ------------------------------------------------------------------------------------- */
 
-static void chunks_init(pto_chunks *c, uint32_t shift, size_t elem)
+/* Slab size for a pool of `total` chunks so far: about 1/SLAB_DIV of it, 1..SLAB_MAX. */
+static uint32_t slab_chunks(uint32_t total)
+{
+    uint32_t n = total / SLAB_DIV;
+    return n < 1 ? 1 : n > SLAB_MAX ? SLAB_MAX : n;
+}
+
+/* A new slab of n chunks of chunk_bytes each, recorded in sl; NULL when out of memory. */
+static char *slab_new(pto_runtime *rt, pto_slabs *sl, size_t chunk_bytes, uint32_t n)
+{
+    char *p;
+    if (sl->n == sl->cap) {
+        uint32_t ncap = sl->cap ? sl->cap * 2 : 8;
+        char **np = mem_realloc(rt, sl->ptr, sl->cap * sizeof *np, ncap * sizeof *np);
+        size_t *nb;
+        if (np == NULL) {
+            return NULL;
+        }
+        sl->ptr = np;
+        nb = mem_realloc(rt, sl->bytes, sl->cap * sizeof *nb, ncap * sizeof *nb);
+        if (nb == NULL) {
+            return NULL;
+        }
+        sl->bytes = nb;
+        sl->cap = ncap;
+    }
+    p = mem_alloc(rt, chunk_bytes * n);
+    if (p != NULL) {
+        sl->ptr[sl->n] = p;
+        sl->bytes[sl->n] = chunk_bytes * n;
+        sl->n++;
+    }
+    return p;
+}
+
+static void slabs_free(pto_runtime *rt, pto_slabs *sl)
+{
+    uint32_t k;
+    for (k = 0; k < sl->n; k++) {
+        mem_free(rt, sl->ptr[k], sl->bytes[k]);
+    }
+    mem_free(rt, sl->ptr, sl->cap * sizeof *sl->ptr);
+    mem_free(rt, sl->bytes, sl->cap * sizeof *sl->bytes);
+}
+
+static void chunks_init(pto_chunks *c, uint32_t shift, size_t elem, uint32_t slab_max)
 {
     memset(c, 0, sizeof *c);
     c->shift = shift;
+    c->slab_max = slab_max;
     c->chunk_bytes = ((size_t)1 << shift) * elem;
 }
 
@@ -294,8 +399,35 @@ PTO_COLD static int chunks_push(pto_runtime *rt, pto_chunks *c, const char *what
         c->cap = ncap;
         c->mask = ncap - 1;
     }
-    p = c->nspare > 0 ? c->spare[--c->nspare] : mem_alloc(rt, c->chunk_bytes);
-    if (p == NULL) {
+    if (c->nspare > 0) {
+        p = c->spare[--c->nspare];
+    } else if (c->slab_max > 1) {
+        /* A slab: its first chunk now, the others to the spares in address order. The spare
+         * array is sized for every chunk, so chunks_reset can always keep them all. */
+        uint32_t n = slab_chunks(c->total), k;
+        char *slab;
+        if (c->spare_cap < c->total + n) {
+            uint32_t ncap = c->spare_cap ? c->spare_cap : 4;
+            void **ns;
+            while (ncap < c->total + n) {
+                ncap *= 2;
+            }
+            ns = mem_realloc(rt, c->spare, c->spare_cap * sizeof *ns, ncap * sizeof *ns);
+            if (ns == NULL) {
+                return oom(rt, what);
+            }
+            c->spare = ns;
+            c->spare_cap = ncap;
+        }
+        if ((slab = slab_new(rt, &c->slabs, c->chunk_bytes, n)) == NULL) {
+            return oom(rt, what);
+        }
+        for (k = n - 1; k >= 1; k--) {
+            c->spare[c->nspare++] = slab + (size_t)k * c->chunk_bytes;
+        }
+        c->total += n;
+        p = slab;
+    } else if ((p = mem_alloc(rt, c->chunk_bytes)) == NULL) {
         return oom(rt, what);
     }
     c->dir[c->hi & (c->cap - 1)] = p;
@@ -317,9 +449,9 @@ static void chunks_keep(pto_runtime *rt, pto_chunks *c, void *p, uint32_t keep)
     }
     if (c->nspare < keep && c->nspare < c->spare_cap) {
         c->spare[c->nspare++] = p;
-    } else {
+    } else if (c->slab_max <= 1) {
         mem_free(rt, p, c->chunk_bytes);
-    }
+    } /* else it belongs to a slab (not reached: the spare array holds every chunk) */
 }
 
 /* Give back the oldest chunk (every record in it has retired). */
@@ -331,12 +463,14 @@ static void chunks_pop(pto_runtime *rt, pto_chunks *c)
     chunks_keep(rt, c, p, MAX_SPARE);
 }
 
-/* Forget every record but keep the memory for the next graph (pto_runtime_reset). */
+/* Forget every record but keep the memory for the next graph (pto_runtime_reset). The
+ * spares are taken from the top, so pushing the chunks newest first hands them out again in
+ * the order the last graph used them (consecutive slab chunks stay consecutive). */
 static void chunks_reset(pto_runtime *rt, pto_chunks *c)
 {
     uint32_t k;
-    for (k = c->lo; k != c->hi; k++) {
-        chunks_keep(rt, c, c->dir[k & (c->cap - 1)], UINT32_MAX);
+    for (k = c->hi; k != c->lo; k--) {
+        chunks_keep(rt, c, c->dir[(k - 1) & (c->cap - 1)], UINT32_MAX);
     }
     c->lo = c->hi = 0;
     c->start = c->end = 0;
@@ -345,11 +479,15 @@ static void chunks_reset(pto_runtime *rt, pto_chunks *c)
 static void chunks_free(pto_runtime *rt, pto_chunks *c)
 {
     uint32_t k;
-    for (k = c->lo; k != c->hi; k++) {
-        mem_free(rt, c->dir[k & (c->cap - 1)], c->chunk_bytes);
-    }
-    for (k = 0; k < c->nspare; k++) {
-        mem_free(rt, c->spare[k], c->chunk_bytes);
+    if (c->slab_max > 1) {
+        slabs_free(rt, &c->slabs);
+    } else {
+        for (k = c->lo; k != c->hi; k++) {
+            mem_free(rt, c->dir[k & (c->cap - 1)], c->chunk_bytes);
+        }
+        for (k = 0; k < c->nspare; k++) {
+            mem_free(rt, c->spare[k], c->chunk_bytes);
+        }
     }
     mem_free(rt, c->spare, c->spare_cap * sizeof *c->spare);
     mem_free(rt, c->dir, c->cap * sizeof *c->dir);
@@ -371,11 +509,17 @@ static PTO_INLINE pto_edge *edge_at(const pto_runtime *rt, int32_t i)
     return rt->edir[(uint32_t)i >> EDGE_SHIFT] + ((uint32_t)i & EDGE_MASK);
 }
 
+/* Slot of the open task: the newest slot handed out (not in count_only mode). */
+static PTO_INLINE pto_slot *open_slot(const pto_runtime *rt)
+{
+    return rt->slot_next - 1;
+}
+
 /* Arguments of live task id: sequence numbers [*begin, *begin + *n). */
 static void task_arg_range(const pto_runtime *rt, int32_t id, uint32_t *begin, uint32_t *n)
 {
     uint32_t b = slot_at(rt, id)->arg_begin;
-    uint32_t e = (id + 1 < rt->next_id) ? slot_at(rt, id + 1)->arg_begin : rt->arg_head;
+    uint32_t e = (id + 1 < rt->next_id) ? slot_at(rt, id + 1)->arg_begin : (uint32_t)rt->arg_count;
     *begin = b;
     *n = e - b;
 }
@@ -441,6 +585,46 @@ static void entry_free(pto_runtime *rt, int32_t i)
     rt->ent_live--;
 }
 
+/* Set `simple`; the exact-cell path is open while it holds (see pto_tensor). */
+static void tensor_set_simple(pto_tensor *t, int simple)
+{
+    t->simple = (uint8_t)(simple != 0);
+    t->ex_rlim = simple ? (uint64_t)(t->rows - t->ex_rows) + 1u : 0;
+    t->ex_clim = simple ? (uint64_t)(t->cols - t->ex_cols) + 1u : 0;
+}
+
+/* The exact-cell geometry of the grid (see pto_tensor), set when the grid is built. */
+static void tensor_set_cells(pto_tensor *t)
+{
+    /* A dimension of one cell (shift 31, or a cell at least the tensor) is matched only by
+     * accesses of all of it: extent = the dimension, offset 0 (limit 1, mask 0). */
+    if (t->shr < 31 && ((int64_t)1 << t->shr) < t->rows) {
+        t->ex_rows = (int64_t)1 << t->shr;
+        t->ex_rmask = (uint32_t)t->ex_rows - 1u;
+    } else {
+        t->ex_rows = t->rows;
+        t->ex_rmask = 0;
+    }
+    if (t->shc < 31 && ((int64_t)1 << t->shc) < t->cols) {
+        t->ex_cols = (int64_t)1 << t->shc;
+        t->ex_cmask = (uint32_t)t->ex_cols - 1u;
+    } else {
+        t->ex_cols = t->cols;
+        t->ex_cmask = 0;
+    }
+    /* r0 = k 2^shr and c0 = j 2^shc give (k ncc + j) 2^32 < 2^48: no overflow. */
+    t->ex_rmul = (uint64_t)t->ncc << (32 - t->shr);
+    t->ex_cmul = (uint64_t)1 << (32 - t->shc);
+}
+
+/* Set e->whole: whether its rectangle is one full grid cell (ex_rows x ex_cols at a multiple
+ * of them; a one-cell dimension is whole when covered from 0 to its end). */
+static void entry_set_whole(const pto_tensor *t, pto_entry *e)
+{
+    e->whole = e->r1 - e->r0 == t->ex_rows && ((uint32_t)e->r0 & t->ex_rmask) == 0
+               && e->c1 - e->c0 == t->ex_cols && ((uint32_t)e->c0 & t->ex_cmask) == 0;
+}
+
 /* The list an entry with this rectangle belongs to; updates the tensor's reach when
  * `grow_reach` (insertion), leaves it alone for a lookup. */
 static int32_t *entry_list(pto_tensor *t, int32_t r0, int32_t c0, int32_t r1, int32_t c1, int grow_reach)
@@ -449,14 +633,14 @@ static int32_t *entry_list(pto_tensor *t, int32_t r0, int32_t c0, int32_t r1, in
     int32_t dr = ((r1 - 1) >> t->shr) - ar, dc = ((c1 - 1) >> t->shc) - ac;
     if (dr > MAX_REACH || dc > MAX_REACH) {
         if (grow_reach) {
-            t->simple = 0;
+            tensor_set_simple(t, 0);
         }
         return &t->large;
     }
     if (grow_reach && (dr > t->reach_r || dc > t->reach_c)) {
         t->reach_r = (uint8_t)(dr > t->reach_r ? dr : t->reach_r);
         t->reach_c = (uint8_t)(dc > t->reach_c ? dc : t->reach_c);
-        t->simple = 0;
+        tensor_set_simple(t, 0);
     }
     return &t->cells[(size_t)ar * (size_t)t->ncc + (size_t)ac];
 }
@@ -467,6 +651,21 @@ static void entry_place(pto_runtime *rt, pto_tensor *t, int32_t i)
     int32_t *head = entry_list(t, e->r0, e->c0, e->r1, e->c1, 1);
     e->next = *head;
     *head = i;
+    entry_set_whole(t, e);
+}
+
+/* Put entry i at the front of list *head (its rectangle's cell list, known to the caller),
+ * or place it by its rectangle when head is NULL. */
+static void entry_link_head(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t i)
+{
+    pto_entry *e = &rt->ent[i];
+    if (head == NULL) {
+        entry_place(rt, t, i);
+        return;
+    }
+    e->next = *head;
+    *head = i;
+    entry_set_whole(t, e);
 }
 
 static int32_t floor_log2(int32_t v)
@@ -534,9 +733,10 @@ static int index_regrid(pto_runtime *rt, pto_tensor *t)
     t->ncr = (int32_t)ncr;
     t->ncc = (int32_t)ncc;
     t->reach_r = t->reach_c = 0;
-    t->simple = 1;
     t->maskr = (int32_t)~((UINT32_C(1) << t->shr) - 1u);
     t->maskc = (int32_t)~((UINT32_C(1) << t->shc) - 1u);
+    tensor_set_cells(t);
+    tensor_set_simple(t, 1);
     while ((i = chain) >= 0) {
         chain = rt->ent[i].next;
         entry_place(rt, t, i);
@@ -568,25 +768,34 @@ PTO_COLD static int index_prepare(pto_runtime *rt, pto_tensor *t, int32_t nr, in
  * dependency resolution
  * ------------------------------------------------------------------------------------- */
 
+/* One more chunk of edge nodes (a slab of them without a window, see SLAB_MAX). */
 PTO_COLD static int edge_grow(pto_runtime *rt)
 {
+    const int32_t limit = (1 << (31 - EDGE_SHIFT)) - 1;
+    const size_t bytes = sizeof(pto_edge) << EDGE_SHIFT;
+    int32_t n = rt->cfg.window > 0 ? 1 : (int32_t)slab_chunks((uint32_t)rt->n_echunks), k;
     pto_edge *chunk;
-    if (rt->n_echunks >= (1 << (31 - EDGE_SHIFT)) - 1) {
+    if (rt->n_echunks >= limit) {
         return fail(rt, PTO_ERR_LIMIT, "more than %d live dependency edges", INT32_MAX - (int32_t)EDGE_MASK);
     }
-    if (rt->n_echunks == rt->edir_cap) {
+    if (n > limit - rt->n_echunks) {
+        n = limit - rt->n_echunks;
+    }
+    if (rt->n_echunks + n > rt->edir_cap) {
         void *p = rt->edir;
-        int st = grow_array(rt, &p, &rt->edir_cap, rt->n_echunks + 1, sizeof(pto_edge *), "edge pool");
+        int st = grow_array(rt, &p, &rt->edir_cap, rt->n_echunks + n, sizeof(pto_edge *), "edge pool");
         rt->edir = p;
         if (st != PTO_OK) {
             return st;
         }
     }
-    chunk = mem_alloc(rt, sizeof(pto_edge) << EDGE_SHIFT);
+    chunk = rt->cfg.window > 0 ? mem_alloc(rt, bytes) : (pto_edge *)(void *)slab_new(rt, &rt->eslabs, bytes, (uint32_t)n);
     if (chunk == NULL) {
         return oom(rt, "edge pool");
     }
-    rt->edir[rt->n_echunks++] = chunk;
+    for (k = 0; k < n; k++) {
+        rt->edir[rt->n_echunks++] = chunk + ((size_t)k << EDGE_SHIFT);
+    }
     rt->ecap = rt->n_echunks << EDGE_SHIFT;
     return PTO_OK;
 }
@@ -597,64 +806,70 @@ static int64_t edges_total(const pto_runtime *rt)
     return (int64_t)rt->ebump + rt->edges_reused;
 }
 
-/* A new edge node when the bump window is empty: a node freed by retirement, else a fresh
- * window of the current (or a new) chunk. */
-PTO_NOINLINE static int edge_new_slow(pto_runtime *rt, int32_t *idx, pto_edge **out)
+/* Node i of the bump window: an address computed as an integer (the window's chunk minus
+ * the offset of its first id), so no out-of-range pointer is ever formed. */
+static PTO_INLINE pto_edge *edge_window_at(const pto_runtime *rt, size_t i)
 {
-    int32_t i = rt->efree;
-    if (i >= 0) {
-        *out = edge_at(rt, i);
-        rt->efree = (*out)->next;
-        *idx = i;
-        rt->edges_reused++;
-        return PTO_OK;
-    }
-    if (rt->ebump == rt->ecap) {
-        int st = edge_grow(rt);
-        if (st != PTO_OK) {
-            return st;
-        }
-    }
-    i = rt->ebump++;
-    *idx = i;
-    *out = edge_at(rt, i);
-    rt->edge_next = *out + 1;
-    rt->edge_room = EDGE_MASK - ((uint32_t)i & EDGE_MASK);
-    return PTO_OK;
+    return (pto_edge *)(rt->ebase + (uintptr_t)i * sizeof(pto_edge));
 }
 
-/* Record pred -> task (task is the open task, ts its slot). All edges into a task are added
- * while its arguments are added, so pred's newest successor (last_succ) tells whether the
- * edge exists already: duplicates collapse in O(1). */
-static PTO_INLINE int add_edge_to(pto_runtime *rt, pto_slot *ps, int32_t task, pto_slot *ts)
+/* Fill edge node i (ed) as pred -> task, pred's slot ps, task's slot ts (the open task). */
+static PTO_INLINE void edge_link(pto_edge *ed, int32_t i, pto_slot *ps, int32_t task, pto_slot *ts)
 {
-    pto_edge *ed;
-    int32_t i;
-    if (ps->last_succ == task) {
-        return PTO_OK;
-    }
-    if (rt->edge_room > 0) {
-        rt->edge_room--;
-        i = rt->ebump++;
-        ed = rt->edge_next++;
-    } else {
-        int st = edge_new_slow(rt, &i, &ed);
-        if (st != PTO_OK) {
-            return st;
-        }
-    }
     ed->succ = task;
     ed->next = ps->fanout;
     ps->fanout = i;
     ps->last_succ = task;
     ts->fanin++;
-    ts->pending += ps->state != PTO_TASK_COMPLETED;
-    return PTO_OK;
+    if (ps->state == PTO_TASK_COMPLETED) {
+        ts->pending--; /* see pto_slot: submit adds fanin */
+    }
 }
 
-static PTO_INLINE int add_edge(pto_runtime *rt, int32_t pred, int32_t task, pto_slot *ts)
+/* edge_add when the bump window is empty: a node freed by retirement, else a fresh window
+ * of the current (or a new) chunk. A failure marks the runtime broken (set_broken); the
+ * argument call that got here reports it. */
+PTO_NOINLINE static void edge_add_slow(pto_runtime *rt, pto_slot *ps, int32_t task, pto_slot *ts)
 {
-    return add_edge_to(rt, slot_at(rt, pred), task, ts);
+    int32_t i = rt->efree;
+    pto_edge *ed;
+    if (i >= 0) {
+        ed = edge_at(rt, i);
+        rt->efree = ed->next;
+        rt->edges_reused++;
+    } else {
+        if (rt->ebump == (size_t)rt->ecap) {
+            int st = edge_grow(rt);
+            if (st != PTO_OK) {
+                set_broken(rt, st);
+                return;
+            }
+        }
+        i = (int32_t)rt->ebump;
+        ed = edge_at(rt, i);
+        rt->ebase = (uintptr_t)ed - (uintptr_t)(uint32_t)i * sizeof(pto_edge);
+        rt->elim = (size_t)(((uint32_t)i | EDGE_MASK) + 1u);
+        rt->ebump = (size_t)i + 1u;
+    }
+    edge_link(ed, i, ps, task, ts);
+}
+
+/* Record pred -> task (task is the open task, ts its slot, ps pred's slot). All edges into
+ * a task are added while its arguments are added, so pred's newest successor (last_succ)
+ * tells whether the edge exists already: duplicates collapse in O(1). */
+static PTO_INLINE void edge_add(pto_runtime *rt, pto_slot *ps, int32_t task, pto_slot *ts)
+{
+    size_t i;
+    if (ps->last_succ == task) {
+        return;
+    }
+    i = rt->ebump;
+    if (i == rt->elim) {
+        edge_add_slow(rt, ps, task, ts);
+        return;
+    }
+    rt->ebump = i + 1u;
+    edge_link(edge_window_at(rt, i), (int32_t)i, ps, task, ts);
 }
 
 /* A region argument as a half-open rectangle. */
@@ -687,41 +902,34 @@ static PTO_INLINE int inside(const pto_entry *e, const pto_rect *r)
     return e->r0 >= r->r0 && e->r1 <= r->r1 && e->c0 >= r->c0 && e->c1 <= r->c1;
 }
 
-/* Edges from the live readers of an entry's run to a task writing over it. */
-static int run_edges(pto_runtime *rt, const pto_entry *e, int32_t task, pto_slot *ts)
+/* Edges from the live readers of a run of two or more readers to a task writing over it. */
+PTO_NOINLINE static void run_edges(pto_runtime *rt, const pto_entry *e, int32_t task, pto_slot *ts)
 {
-    int64_t k = 0, id;
-    if (e->first < rt->retired) {
+    int64_t id = e->first, last = e->last, step = e->step;
+    if (id < rt->retired) {
         /* Readers that retired are satisfied: start at the first live one. */
-        if (e->count == 1) {
-            return PTO_OK;
-        }
-        k = ((int64_t)rt->retired - e->first + e->step - 1) / e->step;
+        id += ((int64_t)rt->retired - id + step - 1) / step * step;
     }
-    for (id = e->first + k * e->step; k < e->count; k++, id += e->step) {
-        int st = add_edge(rt, (int32_t)id, task, ts);
-        if (st != PTO_OK) {
-            return st;
-        }
+    for (; id <= last; id += step) {
+        edge_add(rt, slot_at(rt, (int32_t)id), task, ts);
     }
-    return PTO_OK;
 }
 
-/* Edges implied by one overlapping entry: its writer always, its readers for a write.
- * A writer of -1 (none) is below every retired mark, so one compare covers both. */
-static PTO_INLINE int entry_edges(pto_runtime *rt, const pto_entry *e, int is_write, int32_t task, pto_slot *ts)
+/* Edges implied by one overlapping entry: its writer always, its live readers for a write.
+ * A writer of -1 (none) and a last reader of -1 (none) are below every retired mark, so one
+ * compare each covers both. */
+static PTO_INLINE void entry_edges(pto_runtime *rt, const pto_entry *e, int is_write, int32_t task, pto_slot *ts)
 {
-    int st;
-    if (e->writer >= rt->retired && (st = add_edge_to(rt, e->wslot, task, ts)) != PTO_OK) {
-        return st;
+    if (e->writer >= rt->retired) {
+        edge_add(rt, e->wslot, task, ts);
     }
-    if (is_write && e->count > 0) {
-        if (e->count == 1) {
-            return e->first >= rt->retired ? add_edge(rt, e->first, task, ts) : PTO_OK;
+    if (is_write && e->last >= rt->retired) {
+        if (e->first == e->last) {
+            edge_add(rt, slot_at(rt, e->last), task, ts);
+        } else {
+            run_edges(rt, e, task, ts);
         }
-        return run_edges(rt, e, task, ts);
     }
-    return PTO_OK;
 }
 
 /* Cell range a query must visit: the cells it covers plus reach cells up/left of it, where
@@ -757,10 +965,9 @@ static int add_piece(pto_runtime *rt, pto_tensor *t, const pto_entry *old, int32
 
 /* Read lookup over one list: edges to the writers of overlapping entries, and in *cand the
  * first entry of exactly this rectangle (lists are newest first). */
-static PTO_INLINE int read_list(pto_runtime *rt, int32_t i, const pto_rect *r, int32_t task, pto_slot *ts,
-                            int32_t *cand)
+static PTO_INLINE void read_list(pto_runtime *rt, int32_t i, const pto_rect *r, int32_t task, pto_slot *ts,
+                                 int32_t *cand)
 {
-    int st;
     while (i >= 0) {
         const pto_entry *e = &rt->ent[i];
         if (same_rect(e, r)) {
@@ -771,88 +978,73 @@ static PTO_INLINE int read_list(pto_runtime *rt, int32_t i, const pto_rect *r, i
             i = e->next;
             continue;
         }
-        if (e->writer >= rt->retired && (st = add_edge_to(rt, e->wslot, task, ts)) != PTO_OK) {
-            return st;
+        if (e->writer >= rt->retired) {
+            edge_add(rt, e->wslot, task, ts);
         }
         i = e->next;
     }
-    return PTO_OK;
+}
+
+/* run_extend past its first compare: an empty run or one whose readers all retired starts
+ * over, one reader becomes a run of two, and the run's newest reader is already in. */
+static int run_extend_more(const pto_runtime *rt, pto_entry *e, int32_t task)
+{
+    if (e->last < rt->retired) {
+        e->first = e->last = task;
+        e->step = 0;
+        return 1;
+    }
+    if (e->first == e->last) {
+        e->step = task - e->last;
+        e->last = task;
+        return 1;
+    }
+    return e->last == task;
 }
 
 /* Record `task` as a reader in the run of entry e when it continues the run's arithmetic
- * progression (or the run is empty); 0 when it does not fit. */
-static PTO_INLINE int run_extend(pto_entry *e, int32_t task)
+ * progression; 0 when it does not fit. The common cases (the run's next term, or the one
+ * reader again: step 0) take the first compare. */
+static PTO_INLINE int run_extend(const pto_runtime *rt, pto_entry *e, int32_t task)
 {
-    int64_t last;
-    if (e->count == 0) {
-        e->first = task;
-        e->step = 0;
-        e->count = 1;
+    if (task - e->last == e->step) {
+        e->last = task;
         return 1;
     }
-    if (e->count == 1) {
-        if (e->first != task) {
-            e->step = task - e->first;
-            e->count = 2;
-        }
-        return 1;
+    return run_extend_more(rt, e, task);
+}
+
+/* A reader-only entry of rectangle r0..c1 holding `task`, at the front of *head (or placed
+ * by its rectangle when head is NULL). The rectangle comes as four values: a pointer would
+ * force the hot callers to keep it in memory. */
+PTO_NOINLINE static int reader_new(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t r0, int32_t c0, int32_t r1,
+                                   int32_t c1, int32_t task)
+{
+    pto_entry *e;
+    int32_t i;
+    int st;
+    if ((st = entry_new(rt, &i)) != PTO_OK) {
+        return st;
     }
-    last = (int64_t)e->first + (int64_t)e->step * (e->count - 1);
-    if (last == task) {
-        return 1;
-    }
-    if (task - last == e->step) {
-        e->count++;
-        return 1;
-    }
-    return 0;
+    e = &rt->ent[i];
+    e->r0 = r0;
+    e->c0 = c0;
+    e->r1 = r1;
+    e->c1 = c1;
+    e->writer = -1;
+    e->wslot = NULL;
+    e->first = e->last = task;
+    e->step = 0;
+    entry_link_head(rt, t, head, i);
+    return PTO_OK;
 }
 
 /* Add `task` to the readers of exactly rectangle r: extend the run of the entry found by
  * read_list when the task fits it, else start a reader-only entry. */
 static PTO_INLINE int reader_add(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t cand, const pto_rect *r,
-                                 int32_t task);
-
-/* The rectangle comes as four values: a pointer would force the hot callers to keep it in
- * memory. */
-PTO_NOINLINE static int reader_new(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t r0, int32_t c0, int32_t r1,
-                                   int32_t c1, int32_t task)
-{
-    pto_rect rect;
-    const pto_rect *r = &rect;
-    pto_entry *e;
-    int32_t i;
-    int st;
-    rect.r0 = r0;
-    rect.c0 = c0;
-    rect.r1 = r1;
-    rect.c1 = c1;
-    if ((st = entry_new(rt, &i)) != PTO_OK) {
-        return st;
-    }
-    e = &rt->ent[i];
-    e->r0 = r->r0;
-    e->c0 = r->c0;
-    e->r1 = r->r1;
-    e->c1 = r->c1;
-    e->writer = -1;
-    e->wslot = NULL;
-    e->first = task;
-    e->step = 0;
-    e->count = 1;
-    if (head != NULL) {
-        e->next = *head;
-        *head = i;
-    } else {
-        entry_place(rt, t, i);
-    }
-    return PTO_OK;
-}
-
-static PTO_INLINE int reader_add(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t cand, const pto_rect *r,
                                  int32_t task)
 {
-    if (cand >= 0 && run_extend(&rt->ent[cand], task)) {
+    if (cand >= 0 && run_extend(rt, &rt->ent[cand], task)) {
         return PTO_OK;
     }
     return reader_new(rt, t, head, r->r0, r->c0, r->r1, r->c1, task);
@@ -874,13 +1066,12 @@ static PTO_INLINE int write_list(pto_runtime *rt, int32_t *link, const pto_rect 
             link = &e->next;
             continue;
         }
-        if ((st = entry_edges(rt, e, 1, task, ts)) != PTO_OK) {
-            return st;
-        }
+        entry_edges(rt, e, 1, task, ts);
         if (same && *reuse < 0) {
             e->writer = task;
             e->wslot = ts;
-            e->count = 0;
+            e->last = -1;
+            e->step = 0;
             *reuse = i;
             link = &e->next;
             continue;
@@ -903,6 +1094,30 @@ static PTO_INLINE int write_list(pto_runtime *rt, int32_t *link, const pto_rect 
     return PTO_OK;
 }
 
+/* A writer entry of rectangle r0..c1 for `task` at the front of *head (or placed by its
+ * rectangle when head is NULL). */
+static int writer_new(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t r0, int32_t c0, int32_t r1, int32_t c1,
+                      int32_t task, pto_slot *ts)
+{
+    pto_entry *e;
+    int32_t i;
+    int st;
+    if ((st = entry_new(rt, &i)) != PTO_OK) {
+        return st;
+    }
+    e = &rt->ent[i];
+    e->r0 = r0;
+    e->c0 = c0;
+    e->r1 = r1;
+    e->c1 = c1;
+    e->writer = task;
+    e->wslot = ts;
+    e->first = e->last = -1;
+    e->step = 0;
+    entry_link_head(rt, t, head, i);
+    return PTO_OK;
+}
+
 /* Cut the entries queued in rt->tmp around rectangle r (at most 4 pieces each, keeping the
  * writer and readers), then add the new writer entry unless one was reused. */
 PTO_NOINLINE static int write_finish(pto_runtime *rt, pto_tensor *t, int32_t *head, int32_t r0, int32_t c0, int32_t r1,
@@ -910,7 +1125,7 @@ PTO_NOINLINE static int write_finish(pto_runtime *rt, pto_tensor *t, int32_t *he
 {
     pto_rect rect;
     const pto_rect *r = &rect;
-    int32_t k, i;
+    int32_t k;
     int st;
     rect.r0 = r0;
     rect.c0 = c0;
@@ -933,27 +1148,7 @@ PTO_NOINLINE static int write_finish(pto_runtime *rt, pto_tensor *t, int32_t *he
             return st;
         }
     }
-    if (reuse < 0) {
-        pto_entry *e;
-        if ((st = entry_new(rt, &i)) != PTO_OK) {
-            return st;
-        }
-        e = &rt->ent[i];
-        e->r0 = r->r0;
-        e->c0 = r->c0;
-        e->r1 = r->r1;
-        e->c1 = r->c1;
-        e->writer = task;
-        e->wslot = rt->open_slot;
-        e->count = 0;
-        if (head != NULL) {
-            e->next = *head;
-            *head = i;
-        } else {
-            entry_place(rt, t, i);
-        }
-    }
-    return PTO_OK;
+    return reuse < 0 ? writer_new(rt, t, head, r0, c0, r1, c1, task, open_slot(rt)) : PTO_OK;
 }
 
 /* One read argument anywhere in the tensor: edges from the last writers, then record the
@@ -963,19 +1158,13 @@ PTO_NOINLINE static int read_region(pto_runtime *rt, const pto_argrec *a, int32_
     pto_tensor *t = &rt->tensors[a->tk >> 2];
     pto_rect r = arg_rect(a);
     int32_t cr0, cr1, cc0, cc1, cr, cc, cand = -1;
-    int st;
     query_cells(t, &r, &cr0, &cr1, &cc0, &cc1);
     for (cr = cr0; cr <= cr1; cr++) {
         for (cc = cc0; cc <= cc1; cc++) {
-            st = read_list(rt, t->cells[(size_t)cr * (size_t)t->ncc + (size_t)cc], &r, task, ts, &cand);
-            if (st != PTO_OK) {
-                return st;
-            }
+            read_list(rt, t->cells[(size_t)cr * (size_t)t->ncc + (size_t)cc], &r, task, ts, &cand);
         }
     }
-    if ((st = read_list(rt, t->large, &r, task, ts, &cand)) != PTO_OK) {
-        return st;
-    }
+    read_list(rt, t->large, &r, task, ts, &cand);
     return reader_add(rt, t, NULL, cand, &r, task);
 }
 
@@ -1002,6 +1191,93 @@ PTO_NOINLINE static int write_region(pto_runtime *rt, const pto_argrec *a, int32
     return write_finish(rt, t, NULL, r.r0, r.c0, r.r1, r.c1, task, reuse, nsplit);
 }
 
+/* An exact-cell argument failed inside (out of memory or a limit): take its record back and
+ * report the failure. */
+PTO_COLD static int add_failed(pto_runtime *rt)
+{
+    rt->arg_next--;
+    rt->arg_count--;
+    rt->arg_end = rt->arg_next;
+    return rt->fail_st;
+}
+
+/* The exact-cell path (see pto_tensor and task_add): the region is one whole grid cell of
+ * a simple tensor, so the entries that overlap it are exactly those of the cell's list, all
+ * inside the cell (no overlap tests, no pieces to cut), and an entry is the cell exactly
+ * when it is `whole`. task_add handles a cell of one entry needing at most
+ * two edges inline; exact_slow everything else. */
+
+/* e is alone in its list and `whole` (next == -1, whole == 1): one 64-bit compare. */
+static PTO_INLINE int alone_whole(const pto_entry *e)
+{
+    static const int32_t want[2] = {-1, 1};
+    uint64_t have, need;
+    memcpy(&have, (const unsigned char *)e + offsetof(pto_entry, next), sizeof have);
+    memcpy(&need, want, sizeof need);
+    return have == need;
+}
+
+/* edge_add's fast branch, the caller having checked the bump window has room. */
+static PTO_INLINE void edge_add_room(pto_runtime *rt, pto_slot *ps, int32_t task, pto_slot *ts)
+{
+    size_t i = rt->ebump;
+    rt->ebump = i + 1u;
+    edge_link(edge_window_at(rt, i), (int32_t)i, ps, task, ts);
+}
+
+/* The exact-cell argument just stored (the newest record) in general: any list, any run,
+ * edges from the slow allocator. Failures mark the runtime broken (set_broken). */
+PTO_NOINLINE static int exact_slow(pto_runtime *rt, int32_t task)
+{
+    const pto_argrec *a = rt->arg_next - 1;
+    pto_tensor *t = &rt->tensors[a->tk >> 2];
+    int32_t *head = t->cells + (size_t)(((uint64_t)a->r0 * t->ex_rmul + (uint64_t)a->c0 * t->ex_cmul) >> 32);
+    pto_slot *ts = open_slot(rt);
+    int32_t *link = head, i, cand = -1;
+    int st = PTO_OK;
+    if ((a->tk & 3) == PTO_ARG_IN) {
+        for (i = *head; i >= 0; i = rt->ent[i].next) {
+            pto_entry *e = &rt->ent[i];
+            if (e->writer >= rt->retired) {
+                edge_add(rt, e->wslot, task, ts);
+            }
+            if (cand < 0 && e->whole) {
+                cand = i;
+            }
+        }
+        if (cand < 0 || !run_extend(rt, &rt->ent[cand], task)) {
+            st = reader_new(rt, t, head, a->r0, a->c0, a->r0 + a->nr, a->c0 + a->nc, task);
+        }
+    } else {
+        while ((i = *link) >= 0) {
+            pto_entry *e = &rt->ent[i];
+            entry_edges(rt, e, 1, task, ts);
+            if (cand < 0 && e->whole) {
+                e->writer = task;
+                e->wslot = ts;
+                e->last = -1;
+                e->step = 0;
+                cand = i;
+                link = &e->next;
+            } else {
+                *link = e->next;
+                entry_free(rt, i);
+            }
+        }
+        if (cand < 0) {
+            st = writer_new(rt, t, head, a->r0, a->c0, a->r0 + a->nr, a->c0 + a->nc, task, ts);
+        }
+    }
+    if (st != PTO_OK) {
+        set_broken(rt, st);
+    }
+    return rt->broken ? add_failed(rt) : PTO_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * tensor map garbage collection
+ * ------------------------------------------------------------------------------------- */
+
 /* Drop entries whose tasks all retired (their dependencies are satisfied) and trim the
  * retired front of reader runs, so a windowed graph keeps a bounded map. Amortized: it runs
  * when the map has grown well past its size after the previous sweep. */
@@ -1014,17 +1290,18 @@ static void map_gc_list(pto_runtime *rt, int32_t *link)
             e->writer = -1;
             e->wslot = NULL;
         }
-        if (e->count > 0) {
-            int64_t last = (int64_t)e->first + (int64_t)e->step * (e->count - 1);
-            if (last < rt->retired) {
-                e->count = 0;
-            } else if (e->first < rt->retired) {
-                int64_t k = ((int64_t)rt->retired - e->first + e->step - 1) / e->step;
-                e->first += (int32_t)(k * e->step);
-                e->count -= (int32_t)k;
+        if (e->last < rt->retired) {
+            e->last = -1;
+            e->step = 0;
+        } else if (e->first < rt->retired) {
+            /* A run of two or more (first < last, step > 0): start at the first live one. */
+            int64_t k = ((int64_t)rt->retired - e->first + e->step - 1) / e->step;
+            e->first += (int32_t)(k * e->step);
+            if (e->first == e->last) {
+                e->step = 0;
             }
         }
-        if (e->writer < 0 && e->count == 0) {
+        if (e->writer < 0 && e->last < 0) {
             *link = e->next;
             entry_free(rt, i);
             continue;
@@ -1048,7 +1325,7 @@ static void map_gc(pto_runtime *rt)
             }
         }
         map_gc_list(rt, &t->large);
-        t->simple = t->large < 0 && t->reach_r == 0 && t->reach_c == 0;
+        tensor_set_simple(t, t->large < 0 && t->reach_r == 0 && t->reach_c == 0);
     }
     /* The next sweep waits for half the survivors again in new entries (at least GC_MIN), plus
      * an eighth of the grid, so the sweep's O(entries + cells) cost stays amortized over the
@@ -1121,26 +1398,30 @@ PTO_COLD static int alloc_error(pto_runtime *rt, int32_t func, int32_t buffer_by
     return fail(rt, PTO_ERR_LIMIT, "pto_task_alloc: task ids exhausted (%d tasks)", INT32_MAX);
 }
 
-static PTO_INLINE void slot_init(pto_runtime *rt, pto_slot *s, int32_t func, int32_t buffer_bytes)
+/* Fill the slot of the new task id and make it the open task. */
+static PTO_INLINE void slot_init(pto_runtime *rt, pto_slot *s, int32_t id, int32_t func, int32_t buffer_bytes)
 {
-    s->func = (unsigned)func;
+    s->func = func;
     s->state = PTO_TASK_OPEN;
     s->buffer_bytes = buffer_bytes;
-    s->arg_begin = rt->arg_head;
+    s->arg_begin = (uint32_t)rt->arg_count;
     s->fanout = -1;
-    /* Successors have larger ids, so the task's own id here makes add_edge skip the task
+    /* Successors have larger ids, so the task's own id here makes edge_add skip the task
      * itself: a task never depends on itself. */
-    s->last_succ = rt->next_id;
+    s->last_succ = id;
     s->fanin = 0;
     s->pending = 0;
-    s->pad = 0;
-    rt->open_slot = s;
+    rt->open_task = id;
+    rt->next_id = id + 1;
 }
 
-/* Errors, count_only, a full window (wait or refuse), the first slot of a chunk. */
+/* Everything but pto_task_alloc's fast path: errors, count_only, the lock, a full window
+ * (wait or refuse), the first slot of a chunk. Opens the slot window for the fast path. */
 PTO_COLD static int task_alloc_slow(pto_runtime *rt, int32_t func, int32_t buffer_bytes, int32_t *out)
 {
     pto_slot *s;
+    int32_t id;
+    int64_t avail;
     int st;
     if (out == NULL || (uint32_t)func >= (uint32_t)rt->n_funcs || buffer_bytes < 0 || rt->open_task >= 0
         || rt->next_id == INT32_MAX || rt->broken) {
@@ -1149,6 +1430,11 @@ PTO_COLD static int task_alloc_slow(pto_runtime *rt, int32_t func, int32_t buffe
     if (rt->cfg.count_only) {
         *out = rt->open_task = rt->next_id++;
         return PTO_OK;
+    }
+    /* A windowed runtime sweeps the tensor map now and then (gc_at stays at INT64_MAX
+     * without a window); this slow path runs at least once per chunk of slots. */
+    if (rt->ent_live > rt->gc_at) {
+        map_gc(rt);
     }
     while (rt->cfg.window > 0 && rt->next_id - rt->retired >= rt->cfg.window) {
         if (rt->cfg.wait == NULL) {
@@ -1159,35 +1445,29 @@ PTO_COLD static int task_alloc_slow(pto_runtime *rt, int32_t func, int32_t buffe
         }
         rt->cfg.wait(rt->cfg.sync_ctx);
     }
-    if (rt->slot_room == 0) {
-        if ((uint32_t)rt->next_id == rt->slots.end && (st = chunks_push(rt, &rt->slots, "task slots")) != PTO_OK) {
-            return st;
-        }
-        rt->slot_next = slot_at(rt, rt->next_id);
-        /* Never past the last usable id, so the fast path needs no limit check. */
-        rt->slot_room = rt->slots.end - (uint32_t)rt->next_id;
-        if ((int64_t)rt->next_id + rt->slot_room > INT32_MAX - 1) {
-            rt->slot_room = (uint32_t)(INT32_MAX - 1 - rt->next_id);
-        }
+    id = rt->next_id;
+    if ((uint32_t)id == rt->slots.end && (st = chunks_push(rt, &rt->slots, "task slots")) != PTO_OK) {
+        return st;
     }
-    s = rt->slot_next++;
-    rt->slot_room--;
-    slot_init(rt, s, func, buffer_bytes);
-    *out = rt->open_task = rt->next_id++;
+    s = slot_at(rt, id);
+    /* The fast path's window: the rest of this chunk, never past the last usable id or the
+     * task window, and empty under a lock (the locked calls take this path). */
+    avail = (int64_t)(uint32_t)(rt->slots.end - (uint32_t)id) - 1;
+    if (avail > (int64_t)INT32_MAX - 2 - id) {
+        avail = (int64_t)INT32_MAX - 2 - id;
+    }
+    if (rt->cfg.window > 0 && avail > (int64_t)rt->cfg.window - (id + 1 - rt->retired)) {
+        avail = (int64_t)rt->cfg.window - (id + 1 - rt->retired);
+    }
+    if (avail < 0 || rt->cfg.lock != NULL) {
+        avail = 0;
+    }
+    rt->slot_next = s + 1;
+    rt->slot_end = s + 1 + avail;
+    slot_init(rt, s, id, func, buffer_bytes);
+    rt->add_task = rt->cfg.lock == NULL ? id : -1;
+    *out = id;
     return PTO_OK;
-}
-
-static PTO_INLINE int task_alloc(pto_runtime *rt, int32_t func, int32_t buffer_bytes, int32_t *out)
-{
-    if (out != NULL && (uint32_t)func < (uint32_t)rt->n_funcs && buffer_bytes >= 0 && rt->open_task < 0
-        && rt->slot_room > 0 && (rt->cfg.window == 0 || rt->next_id - rt->retired < rt->cfg.window)) {
-        pto_slot *s = rt->slot_next++;
-        rt->slot_room--;
-        slot_init(rt, s, func, buffer_bytes);
-        *out = rt->open_task = rt->next_id++;
-        return PTO_OK;
-    }
-    return task_alloc_slow(rt, func, buffer_bytes, out);
 }
 
 PTO_COLD static int add_error(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0, int64_t nr,
@@ -1215,20 +1495,21 @@ PTO_COLD static int add_error(pto_runtime *rt, int32_t task, int32_t tensor, int
                 r0, r0 + nr, c0, c0 + nc, t->rows, t->cols);
 }
 
-/* Room for the next argument record of the open task in the FIFO pool (arg_head moves on
- * once the argument was applied). */
-static PTO_INLINE int next_arg(pto_runtime *rt, pto_argrec **out)
+/* Room for the next argument record of the open task in the FIFO pool (arg_done commits
+ * it once the argument was applied). */
+static int next_arg(pto_runtime *rt, pto_argrec **out)
 {
     int st;
-    if (rt->arg_room == 0) {
-        if (rt->arg_head == rt->args.end && (st = chunks_push(rt, &rt->args, "argument records")) != PTO_OK) {
+    if (rt->arg_next == rt->arg_end) {
+        uint32_t head = (uint32_t)rt->arg_count;
+        if (head == rt->args.end && (st = chunks_push(rt, &rt->args, "argument records")) != PTO_OK) {
             return st;
         }
-        if ((uint32_t)(rt->arg_head - rt->arg_tail) >= (uint32_t)INT32_MAX - ARG_CHUNK) {
+        if ((uint32_t)(head - rt->arg_tail) >= (uint32_t)INT32_MAX - ARG_CHUNK) {
             return fail(rt, PTO_ERR_LIMIT, "more than %d live argument records", INT32_MAX - (int32_t)ARG_CHUNK);
         }
-        rt->arg_next = arg_at(rt, rt->arg_head);
-        rt->arg_room = rt->args.end - rt->arg_head;
+        rt->arg_next = arg_at(rt, head);
+        rt->arg_end = rt->arg_next + (rt->args.end - head);
     }
     *out = rt->arg_next;
     return PTO_OK;
@@ -1237,18 +1518,18 @@ static PTO_INLINE int next_arg(pto_runtime *rt, pto_argrec **out)
 /* Commit the record next_arg handed out. */
 static PTO_INLINE void arg_done(pto_runtime *rt)
 {
-    rt->arg_head++;
     rt->arg_next++;
-    rt->arg_room--;
+    rt->arg_count++;
 }
 
-/* Resolve one region argument of the open task against the map and apply it. Arguments
- * are processed one at a time, in call order: that gives the same edges as resolving all of
- * them against the state before the task, because an earlier write already linked every
- * writer and reader a later overlapping argument would need, and the task's own entries are
- * skipped through its last_succ (see task_alloc). */
-static PTO_INLINE int apply_region(pto_runtime *rt, pto_tensor *t, int kind, int32_t r0, int32_t c0, int32_t nr,
-                                   int32_t nc, const pto_argrec *a, int32_t task, pto_slot *ts)
+/* Resolve one region argument of the open task against the map and apply it (the general
+ * path; task_add has the exact-cell one). Arguments are processed one at a time, in call
+ * order: that gives the same edges as resolving all of them against the state before the
+ * task, because an earlier write already linked every writer and reader a later
+ * overlapping argument would need, and the task's own entries are skipped through its
+ * last_succ (see slot_init). */
+static int apply_region(pto_runtime *rt, pto_tensor *t, int kind, int32_t r0, int32_t c0, int32_t nr, int32_t nc,
+                        const pto_argrec *a, int32_t task, pto_slot *ts)
 {
     int32_t ci = t->simple ? cell_index(t, r0, c0, nr, nc) : -1;
     pto_rect r;
@@ -1262,8 +1543,8 @@ static PTO_INLINE int apply_region(pto_runtime *rt, pto_tensor *t, int kind, int
     r.c1 = c0 + nc;
     if (kind == PTO_ARG_IN) {
         int32_t cand = -1;
-        st = read_list(rt, t->cells[ci], &r, task, ts, &cand);
-        return st == PTO_OK ? reader_add(rt, t, &t->cells[ci], cand, &r, task) : st;
+        read_list(rt, t->cells[ci], &r, task, ts, &cand);
+        return reader_add(rt, t, &t->cells[ci], cand, &r, task);
     } else {
         int32_t reuse = -1, nsplit = 0;
         st = write_list(rt, &t->cells[ci], &r, task, ts, &reuse, &nsplit);
@@ -1274,10 +1555,10 @@ static PTO_INLINE int apply_region(pto_runtime *rt, pto_tensor *t, int kind, int
     }
 }
 
-/* Everything but the common case of task_add: errors, count_only, the first access of a
- * tensor (grid). */
-PTO_COLD static int task_add_slow(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0,
-                                  int64_t nr, int64_t nc)
+/* Everything but task_add's exact-cell path: errors, count_only, the first access of a
+ * tensor (grid), regions that are not one whole cell of a simple tensor. */
+PTO_NOINLINE static int task_add_general(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0,
+                                         int64_t c0, int64_t nr, int64_t nc)
 {
     pto_tensor *t;
     pto_argrec *a = NULL;
@@ -1305,48 +1586,104 @@ PTO_COLD static int task_add_slow(pto_runtime *rt, int32_t task, int32_t tensor,
     a->c0 = (int32_t)c0;
     a->nr = (int32_t)nr;
     a->nc = (int32_t)nc;
-    if ((st = apply_region(rt, t, kind, (int32_t)r0, (int32_t)c0, (int32_t)nr, (int32_t)nc, a, task,
-                           rt->open_slot)) != PTO_OK) {
-        rt->broken = 1;
-        rt->open_task = -1;
-        return st;
+    st = apply_region(rt, t, kind, (int32_t)r0, (int32_t)c0, (int32_t)nr, (int32_t)nc, a, task, open_slot(rt));
+    if (st != PTO_OK || rt->broken) {
+        /* A failure inside (edges) marked the runtime broken and recorded its status. */
+        set_broken(rt, st);
+        return rt->fail_st;
     }
     arg_done(rt);
-    rt->regions++;
     return PTO_OK;
 }
 
-/* Called once per region argument: the common case has no calls besides the map work. */
+/* task_add's answers past PTO_OK: the caller goes on with exact_slow or with add_slow (a
+ * plain jump either way, as both take the caller's arguments or fewer). */
+enum { ADD_EXACT_SLOW = 1, ADD_NOT_FAST = 2 };
+
+/* Called once per region argument; inlined into each public entry point, so `kind` is a
+ * constant. The fast path takes a region that is one whole grid cell of a simple tensor
+ * (see pto_tensor): its checks also prove the region inside the tensor, and the cell's list
+ * is all the map work. When that list is one entry of exactly the cell (the tile it was
+ * written or read as before) and at most two edges are due, it is handled here, straight
+ * through with no call (so the public entry points need no stack frame); other exact-cell
+ * arguments return ADD_EXACT_SLOW, and everything else (and any call under a lock, where
+ * add_task stays -1) ADD_NOT_FAST. The record is committed first: exact_slow reads
+ * the argument back from it. */
 static PTO_INLINE int task_add(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0,
-                           int64_t nr, int64_t nc)
+                               int64_t nr, int64_t nc)
 {
     pto_tensor *t;
     pto_argrec *a;
-    int st;
-    if (task == rt->open_task && task >= 0 && (uint32_t)tensor < (uint32_t)rt->n_tensors) {
-        t = &rt->tensors[tensor];
-        /* 1 <= nr <= rows and 0 <= r0 <= rows - nr, as two unsigned compares each. */
-        if ((uint64_t)nr - 1u < (uint64_t)t->rows && (uint64_t)r0 <= (uint64_t)(t->rows - nr)
-            && (uint64_t)nc - 1u < (uint64_t)t->cols && (uint64_t)c0 <= (uint64_t)(t->cols - nc)
-            && nr >= t->grid_rows && nc >= t->grid_cols && rt->arg_room > 0) {
-            a = rt->arg_next;
-            a->tk = (tensor << 2) | kind;
-            a->r0 = (int32_t)r0;
-            a->c0 = (int32_t)c0;
-            a->nr = (int32_t)nr;
-            a->nc = (int32_t)nc;
-            if ((st = apply_region(rt, t, kind, (int32_t)r0, (int32_t)c0, (int32_t)nr, (int32_t)nc, a, task,
-                                   rt->open_slot)) != PTO_OK) {
-                rt->broken = 1;
-                rt->open_task = -1;
-                return st;
-            }
-            arg_done(rt);
-            rt->regions++;
-            return PTO_OK;
-        }
+    pto_entry *e;
+    pto_slot *ts, *ws;
+    int32_t i;
+    if (rt == NULL || (int64_t)(uint32_t)task != rt->add_task || (uint32_t)tensor >= (uint32_t)rt->n_tensors) {
+        return ADD_NOT_FAST;
     }
-    return task_add_slow(rt, task, tensor, kind, r0, c0, nr, nc);
+    t = &rt->tensors[tensor];
+    a = rt->arg_next;
+    if (nr != t->ex_rows || nc != t->ex_cols || (uint64_t)r0 >= t->ex_rlim || (uint64_t)c0 >= t->ex_clim
+        || ((uint32_t)r0 & t->ex_rmask) != 0 || ((uint32_t)c0 & t->ex_cmask) != 0 || a == rt->arg_end) {
+        return ADD_NOT_FAST;
+    }
+    a->tk = (tensor << 2) | kind;
+    a->r0 = (int32_t)r0;
+    a->c0 = (int32_t)c0;
+    a->nr = (int32_t)nr;
+    a->nc = (int32_t)nc;
+    rt->arg_next = a + 1;
+    rt->arg_count++;
+    i = t->cells[(size_t)(((uint64_t)r0 * t->ex_rmul + (uint64_t)c0 * t->ex_cmul) >> 32)];
+    if (i < 0) {
+        return ADD_EXACT_SLOW;
+    }
+    e = &rt->ent[i];
+    if (!alone_whole(e)) {
+        return ADD_EXACT_SLOW;
+    }
+    ts = open_slot(rt);
+    ws = e->wslot;
+    if (kind == PTO_ARG_IN) {
+        /* Edge from the writer (unless none, retired or already linked), then join the
+         * run of readers: its next term, or the first reader of an empty run. */
+        if (task - e->last != e->step && e->last >= 0) {
+            return ADD_EXACT_SLOW;
+        }
+        if (e->writer >= rt->retired && ws->last_succ != task) {
+            if (rt->ebump == rt->elim) {
+                return ADD_EXACT_SLOW;
+            }
+            edge_add_room(rt, ws, task, ts);
+        }
+        if (e->last < 0) {
+            e->first = task;
+        }
+        e->last = task;
+        return PTO_OK;
+    } else {
+        /* Edges from the writer and a single live reader, then the task is the writer. */
+        pto_slot *rs = NULL;
+        if (e->last >= rt->retired) {
+            if (e->first != e->last) {
+                return ADD_EXACT_SLOW;
+            }
+            rs = slot_at(rt, e->last);
+        }
+        if (rt->elim - rt->ebump < 2) {
+            return ADD_EXACT_SLOW;
+        }
+        if (e->writer >= rt->retired && ws->last_succ != task) {
+            edge_add_room(rt, ws, task, ts);
+        }
+        if (rs != NULL && rs->last_succ != task) {
+            edge_add_room(rt, rs, task, ts);
+        }
+        e->writer = task;
+        e->wslot = ts;
+        e->last = -1;
+        e->step = 0;
+        return PTO_OK;
+    }
 }
 
 static int task_add_scalar(pto_runtime *rt, int32_t task, int64_t value)
@@ -1357,13 +1694,12 @@ static int task_add_scalar(pto_runtime *rt, int32_t task, int64_t value)
     if (task != rt->open_task || task < 0) {
         return not_open_error(rt, task, "add scalar");
     }
-    rt->scalars++;
     if (rt->cfg.count_only) {
+        rt->scalars++;
         return PTO_OK;
     }
     if ((st = next_arg(rt, &a)) != PTO_OK) {
-        rt->broken = 1;
-        rt->open_task = -1;
+        set_broken(rt, st);
         return st;
     }
     a->tk = PTO_ARG_SCALAR;
@@ -1371,6 +1707,7 @@ static int task_add_scalar(pto_runtime *rt, int32_t task, int64_t value)
     a->c0 = (int32_t)(uint32_t)(u >> 32);
     a->nr = a->nc = 0;
     arg_done(rt);
+    rt->scalars++;
     return PTO_OK;
 }
 
@@ -1379,32 +1716,34 @@ static int64_t scalar_value(const pto_argrec *a)
     return (int64_t)(((uint64_t)(uint32_t)a->c0 << 32) | (uint64_t)(uint32_t)a->r0);
 }
 
+/* The end of a submit of a task with no pending predecessor: it goes to the ready queue. */
+PTO_NOINLINE static int submit_ready(pto_runtime *rt, int32_t task, pto_slot *ts)
+{
+    ts->state = PTO_TASK_READY;
+    return rq_push(rt, task);
+}
+
+/* Submit past pto_task_submit's fast path: errors, count_only, the lock. */
 static int task_submit(pto_runtime *rt, int32_t task)
 {
     pto_slot *ts;
-    int st;
     if (task != rt->open_task || task < 0) {
         return not_open_error(rt, task, "submit");
     }
     rt->submitted++;
     rt->open_task = -1;
+    rt->add_task = -1;
     if (rt->cfg.count_only) {
         return PTO_OK;
     }
     /* The dependencies were resolved argument by argument; the task now waits for the
-     * predecessors that have not completed. */
-    ts = rt->open_slot;
+     * predecessors that have not completed (see pto_slot). */
+    ts = open_slot(rt);
+    ts->pending += ts->fanin;
     if (ts->pending == 0) {
-        ts->state = PTO_TASK_READY;
-        if ((st = rq_push(rt, task)) != PTO_OK) {
-            return st;
-        }
-    } else {
-        ts->state = PTO_TASK_SUBMITTED;
+        return submit_ready(rt, task, ts);
     }
-    if (rt->cfg.window > 0 && rt->ent_live > rt->gc_at) {
-        map_gc(rt);
-    }
+    ts->state = PTO_TASK_SUBMITTED;
     return PTO_OK;
 }
 
@@ -1429,7 +1768,7 @@ static void retire_completed(pto_runtime *rt)
             rt->edges_freed += n;
         }
         rt->retired++;
-        tail = rt->retired < rt->next_id ? slot_at(rt, rt->retired)->arg_begin : rt->arg_head;
+        tail = rt->retired < rt->next_id ? slot_at(rt, rt->retired)->arg_begin : (uint32_t)rt->arg_count;
         rt->arg_tail = tail;
         while ((uint32_t)(tail - rt->args.start) >= ARG_CHUNK) {
             chunks_pop(rt, &rt->args);
@@ -1710,7 +2049,7 @@ static int task_query(pto_runtime *rt, int32_t task, pto_task_view *out)
     out->buffer_bytes = s->buffer_bytes;
     out->state = (int32_t)s->state;
     out->fanin = s->fanin;
-    out->pending = s->pending;
+    out->pending = s->state == PTO_TASK_OPEN ? s->pending + s->fanin : s->pending;
     out->n_args = (int32_t)n;
     out->n_fanout = count_fanout(rt, s);
     return PTO_OK;
@@ -1887,7 +2226,7 @@ static int get_stats(pto_runtime *rt, pto_stats *out)
     out->tasks_completed = rt->completed;
     out->tasks_retired = rt->cfg.count_only ? 0 : rt->retired;
     out->tasks_live = rt->cfg.count_only ? (rt->open_task >= 0) : rt->next_id - rt->retired;
-    out->regions = rt->regions;
+    out->regions = rt->cfg.count_only ? rt->regions : (int64_t)rt->arg_count - rt->scalars;
     out->scalars = rt->scalars;
     out->edges = edges_total(rt);
     out->edges_live = edges_total(rt) - rt->edges_freed;
@@ -2001,9 +2340,10 @@ int pto_runtime_create(const pto_config *cfg, pto_runtime **out)
     rt->open_task = -1;
     rt->efree = -1;
     rt->ent_free = -1;
-    rt->gc_at = GC_MIN;
-    chunks_init(&rt->slots, SLOT_SHIFT, sizeof(pto_slot));
-    chunks_init(&rt->args, ARG_SHIFT, sizeof(pto_argrec));
+    rt->add_task = -1;
+    rt->gc_at = rt->cfg.window > 0 ? GC_MIN : INT64_MAX;
+    chunks_init(&rt->slots, SLOT_SHIFT, sizeof(pto_slot), rt->cfg.window > 0 ? 1 : SLAB_MAX);
+    chunks_init(&rt->args, ARG_SHIFT, sizeof(pto_argrec), rt->cfg.window > 0 ? 1 : SLAB_MAX);
     if (rt->cfg.window > 0 && !rt->cfg.count_only && presize_for_window(rt) != PTO_OK) {
         pto_runtime_destroy(rt);
         return PTO_ERR_NO_MEMORY;
@@ -2021,8 +2361,12 @@ int pto_runtime_destroy(pto_runtime *rt)
     for (i = 0; i < rt->n_tensors; i++) {
         mem_free(rt, rt->tensors[i].cells, (size_t)rt->tensors[i].ncr * (size_t)rt->tensors[i].ncc * sizeof(int32_t));
     }
-    for (i = 0; i < rt->n_echunks; i++) {
-        mem_free(rt, rt->edir[i], sizeof(pto_edge) << EDGE_SHIFT);
+    if (rt->cfg.window > 0) {
+        for (i = 0; i < rt->n_echunks; i++) {
+            mem_free(rt, rt->edir[i], sizeof(pto_edge) << EDGE_SHIFT);
+        }
+    } else {
+        slabs_free(rt, &rt->eslabs);
     }
     mem_free(rt, rt->edir, (size_t)rt->edir_cap * sizeof *rt->edir);
     chunks_free(rt, &rt->slots);
@@ -2052,18 +2396,23 @@ static int runtime_reset(pto_runtime *rt)
     rt->open_task = -1;
     chunks_reset(rt, &rt->slots);
     chunks_reset(rt, &rt->args);
-    rt->arg_head = rt->arg_tail = 0;
-    rt->ebump = 0;
+    rt->add_task = -1;
+    rt->arg_count = 0;
+    rt->arg_tail = 0;
+    rt->ebump = rt->elim = 0;
+    rt->ebase = 0;
     rt->efree = -1;
-    rt->slot_room = rt->arg_room = rt->edge_room = 0;
+    rt->slot_next = rt->slot_end = NULL;
+    rt->arg_next = rt->arg_end = NULL;
     rt->ent_bump = 0;
     rt->ent_free = -1;
     rt->ent_live = rt->ent_peak = 0;
-    rt->gc_at = GC_MIN;
+    rt->gc_at = rt->cfg.window > 0 ? GC_MIN : INT64_MAX;
     rt->cells_total = 0;
     rt->rq_head = rt->rq_tail = 0;
     rt->submitted = rt->completed = rt->regions = rt->scalars = rt->edges_reused = rt->edges_freed = 0;
     rt->broken = 0;
+    rt->fail_st = PTO_OK;
     rt->err[0] = '\0';
     return PTO_OK;
 }
@@ -2153,50 +2502,98 @@ int pto_func_get(pto_runtime *rt, int32_t id, const char **name)
  * the generic wrapper; a broken runtime has no open task, so they refuse through the
  * not-open error path, which reports the breakage. */
 
-PTO_COLD static int locked_alloc(pto_runtime *rt, int32_t func_id, int32_t buffer_bytes, int32_t *task)
+PTO_COLD static int alloc_slow(pto_runtime *rt, int32_t func_id, int32_t buffer_bytes, int32_t *task)
 {
-    LOCKED(rt, task_alloc(rt, func_id, buffer_bytes, task));
+    if (rt != NULL && rt->cfg.lock == NULL) {
+        return task_alloc_slow(rt, func_id, buffer_bytes, task);
+    }
+    LOCKED(rt, task_alloc_slow(rt, func_id, buffer_bytes, task));
 }
 
+/* The fast path takes a slot from the window that task_alloc_slow opened (empty in
+ * count_only mode and when the task window is full). Under a lock the window stays empty
+ * too, but the lock test comes first: another thread may be changing the window. */
 int pto_task_alloc(pto_runtime *rt, int32_t func_id, int32_t buffer_bytes, int32_t *task)
 {
-    if (rt != NULL && rt->cfg.lock == NULL) {
-        return task_alloc(rt, func_id, buffer_bytes, task);
+    pto_slot *s;
+    if (rt != NULL && rt->cfg.lock == NULL && task != NULL && (uint32_t)func_id < (uint32_t)rt->n_funcs
+        && buffer_bytes >= 0 && rt->open_task < 0 && (s = rt->slot_next) != rt->slot_end) {
+        int32_t id = rt->next_id;
+        rt->slot_next = s + 1;
+        slot_init(rt, s, id, func_id, buffer_bytes);
+        rt->add_task = id;
+        *task = id;
+        return PTO_OK;
     }
-    return locked_alloc(rt, func_id, buffer_bytes, task);
+    return alloc_slow(rt, func_id, buffer_bytes, task);
 }
 
-PTO_COLD static int locked_add(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0,
-                               int64_t nr, int64_t nc)
-{
-    LOCKED(rt, task_add(rt, task, tensor, kind, r0, c0, nr, nc));
-}
-
-static PTO_INLINE int add_region(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0,
-                      int64_t nr, int64_t nc)
+static int add_slow(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0, int64_t nr,
+                    int64_t nc)
 {
     if (rt != NULL && rt->cfg.lock == NULL) {
-        return task_add(rt, task, tensor, kind, r0, c0, nr, nc);
+        return task_add_general(rt, task, tensor, kind, r0, c0, nr, nc);
     }
-    return locked_add(rt, task, tensor, kind, r0, c0, nr, nc);
+    LOCKED(rt, task_add_general(rt, task, tensor, kind, r0, c0, nr, nc));
+}
+
+/* One slow entry per kind with the public signature, so the public functions reach it by a
+ * plain jump. */
+PTO_NOINLINE static int add_slow_in(pto_runtime *rt, int32_t task, int32_t tensor, int64_t r0, int64_t c0, int64_t nr,
+                                    int64_t nc)
+{
+    return add_slow(rt, task, tensor, PTO_ARG_IN, r0, c0, nr, nc);
+}
+
+PTO_NOINLINE static int add_slow_out(pto_runtime *rt, int32_t task, int32_t tensor, int64_t r0, int64_t c0,
+                                     int64_t nr, int64_t nc)
+{
+    return add_slow(rt, task, tensor, PTO_ARG_OUT, r0, c0, nr, nc);
+}
+
+PTO_NOINLINE static int add_slow_inout(pto_runtime *rt, int32_t task, int32_t tensor, int64_t r0, int64_t c0,
+                                       int64_t nr, int64_t nc)
+{
+    return add_slow(rt, task, tensor, PTO_ARG_INOUT, r0, c0, nr, nc);
 }
 
 int pto_task_add_input(pto_runtime *rt, int32_t task, int32_t tensor, int64_t row_off, int64_t col_off,
                        int64_t rows, int64_t cols)
 {
-    return add_region(rt, task, tensor, PTO_ARG_IN, row_off, col_off, rows, cols);
+    int st = task_add(rt, task, tensor, PTO_ARG_IN, row_off, col_off, rows, cols);
+    if (st == PTO_OK) {
+        return PTO_OK;
+    }
+    if (st == ADD_EXACT_SLOW) {
+        return exact_slow(rt, task);
+    }
+    return add_slow_in(rt, task, tensor, row_off, col_off, rows, cols);
 }
 
 int pto_task_add_output(pto_runtime *rt, int32_t task, int32_t tensor, int64_t row_off, int64_t col_off,
                         int64_t rows, int64_t cols)
 {
-    return add_region(rt, task, tensor, PTO_ARG_OUT, row_off, col_off, rows, cols);
+    int st = task_add(rt, task, tensor, PTO_ARG_OUT, row_off, col_off, rows, cols);
+    if (st == PTO_OK) {
+        return PTO_OK;
+    }
+    if (st == ADD_EXACT_SLOW) {
+        return exact_slow(rt, task);
+    }
+    return add_slow_out(rt, task, tensor, row_off, col_off, rows, cols);
 }
 
 int pto_task_add_inout(pto_runtime *rt, int32_t task, int32_t tensor, int64_t row_off, int64_t col_off,
                        int64_t rows, int64_t cols)
 {
-    return add_region(rt, task, tensor, PTO_ARG_INOUT, row_off, col_off, rows, cols);
+    int st = task_add(rt, task, tensor, PTO_ARG_INOUT, row_off, col_off, rows, cols);
+    if (st == PTO_OK) {
+        return PTO_OK;
+    }
+    if (st == ADD_EXACT_SLOW) {
+        return exact_slow(rt, task);
+    }
+    return add_slow_inout(rt, task, tensor, row_off, col_off, rows, cols);
 }
 
 int pto_task_add_scalar(pto_runtime *rt, int32_t task, int64_t value)
@@ -2207,17 +2604,31 @@ int pto_task_add_scalar(pto_runtime *rt, int32_t task, int64_t value)
     LOCKED(rt, task_add_scalar(rt, task, value));
 }
 
-PTO_COLD static int locked_submit(pto_runtime *rt, int32_t task)
-{
-    LOCKED(rt, task_submit(rt, task));
-}
-
-int pto_task_submit(pto_runtime *rt, int32_t task)
+PTO_COLD static int submit_slow(pto_runtime *rt, int32_t task)
 {
     if (rt != NULL && rt->cfg.lock == NULL) {
         return task_submit(rt, task);
     }
-    return locked_submit(rt, task);
+    LOCKED(rt, task_submit(rt, task));
+}
+
+/* The fast path: the open task of an unlocked runtime (add_task). */
+int pto_task_submit(pto_runtime *rt, int32_t task)
+{
+    if (rt != NULL && (int64_t)(uint32_t)task == rt->add_task) {
+        pto_slot *ts = open_slot(rt);
+        int32_t pending = ts->pending + ts->fanin;
+        rt->submitted++;
+        rt->open_task = -1;
+        rt->add_task = -1;
+        ts->pending = pending;
+        if (pending != 0) {
+            ts->state = PTO_TASK_SUBMITTED;
+            return PTO_OK;
+        }
+        return submit_ready(rt, task, ts);
+    }
+    return submit_slow(rt, task);
 }
 
 static int ready_count(pto_runtime *rt, int32_t *n)
