@@ -14,7 +14,7 @@ for stage in "$@"; do
            python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
            python3 -m pto.cli info; } 2>&1 | tee "$OUT/env.log" ;;
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -20 ;;
-    triton-tests) python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py 2>&1 \
+    triton-tests) TRITON_INTERPRET=1 python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py 2>&1 \
            | tee "$OUT/triton_tests.log" | tail -20 ;;
     layer) python3 bench/llama_layer.py --seq "${SEQS:-1024,4096,8192,16384}" --repeat 20 \
            --json "$OUT/layer.json" 2>&1 | tee "$OUT/layer.log" | tail -20 ;;

@@ -6,6 +6,7 @@ interpreter, which must agree with the reference interpreter)."""
 from __future__ import annotations
 
 import math
+import os
 import zlib
 
 import numpy as np
@@ -30,6 +31,8 @@ def run_op(request):
     if request.param == "interp":
         return one_op
     pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":  # CPU tensors: the Triton interpreter's mode
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
     from pto.backends.triton_backend import run_incore_triton
 
     def both(op, dst_shape, srcs, dtype, **kw):

@@ -37,6 +37,11 @@ from pto.programs import RunOptions, get  # noqa: E402
 from tests.opkit import assert_close, f64, one_op, rand  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
+              # these tests hand CPU tensors to the kernels: the Triton interpreter's mode. Where
+              # Triton compiles for a GPU (CUDA present, TRITON_INTERPRET unset) run this file on
+              # its own with TRITON_INTERPRET=1; tests/test_gpu.py covers the compiled kernels.
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs the Triton interpreter (TRITON_INTERPRET=1)"),
               # rows padded with -inf give (-inf) - (-inf) in softmax, as in the reference
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 R, C = 8, 16

@@ -136,7 +136,6 @@ import triton.language as tl
 
 _INF = tl.constexpr(float("inf"))
 _NEG_INF = tl.constexpr(float("-inf"))
-_NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit
@@ -218,7 +217,8 @@ def float_literal(v: float, dtype: DType = DType.F32, as_tensor: bool = True) ->
     """
     v = float(torch.tensor(float(v), dtype=dtype.torch).item())
     if math.isnan(v):
-        return "_NAN"
+        # computed, not a global: Triton re-checks globals at every launch, and nan != nan
+        return NAN_SOURCE
     if math.isinf(v):
         return "_INF" if v > 0 else "_NEG_INF"
     if v != 0.0 and abs(v) < 2.0 ** -126 and as_tensor:
@@ -226,7 +226,8 @@ def float_literal(v: float, dtype: DType = DType.F32, as_tensor: bool = True) ->
     return repr(v)
 
 
-_FILE_NAMES = frozenset({"triton", "tl", "_INF", "_NEG_INF", "_NAN", "_floordiv", "_floormod"})
+NAN_SOURCE = "(_INF - _INF)"
+_FILE_NAMES = frozenset({"triton", "tl", "_INF", "_NEG_INF", "_floordiv", "_floormod"})
 
 
 def kernel_name(fn: IncoreFunction) -> str:
@@ -413,7 +414,7 @@ class _Renderer:
 
     def init_nan(self, tile: str) -> None:
         r, c = self.shapes[tile]
-        self.emit(f"t_{tile} = tl.full(({r}, {c}), _NAN, {TL_DTYPE[self.dtypes[tile]]})")
+        self.emit(f"t_{tile} = tl.full(({r}, {c}), {NAN_SOURCE}, {TL_DTYPE[self.dtypes[tile]]})")
         self.defined.add(tile)
 
     def assign(self, dst: str, value: str, dtype: DType = DType.F32) -> None:
