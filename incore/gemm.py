@@ -6,7 +6,7 @@ from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
 
-def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32) -> IncoreFunction:
+def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32, target=None) -> IncoreFunction:
     """``c = a @ b`` for an TM x K block of A and a K x TN block of B; K is a scalar parameter,
     the loop over K runs inside the function and accumulates in f32. A K that is not a multiple
     of TK is handled by the masked (zero-padded) overhang of the last K tile."""
@@ -30,4 +30,4 @@ def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32) -> IncoreFunc
         k.store(c, 0, 0, out)
     else:
         k.store(c, 0, 0, acc)
-    return k.build()
+    return k.build(target)

@@ -21,8 +21,29 @@ CONFIGS = {
 }
 
 
-def build_module(dtype, tm: int, tn: int, tk: int):
-    f = gemm_tile(dtype, tm, tn, tk)
+def fit_tiles(dtype, tm: int, tn: int, tk: int, target) -> tuple[int, int, int]:
+    """The configured tile sizes, halved (columns first) until the tile kernel fits the target."""
+    from pto.errors import SramError
+
+    while True:
+        try:
+            gemm_tile(dtype, tm, tn, tk, target)
+            return tm, tn, tk
+        except SramError:
+            if tn > 16:
+                tn //= 2
+            elif tm > 16:
+                tm //= 2
+            elif tk > 16:
+                tk //= 2
+            else:
+                raise
+
+
+def build_module(dtype, tm: int, tn: int, tk: int, target=None):
+    if target is not None:
+        tm, tn, tk = fit_tiles(dtype, tm, tn, tk, target)
+    f = gemm_tile(dtype, tm, tn, tk, target)
     o = Orchestration("bgemm")
     batch, M, N, K = o.scalar("batch"), o.scalar("M"), o.scalar("N"), o.scalar("K")
     A = o.input("A", batch * M, K, dtype)
@@ -50,7 +71,7 @@ class BgemmProgram(Program):
     def build(self, opts: RunOptions):
         self.check_options(opts)
         c = CONFIGS[opts.config]
-        return build_module(opts.dtype, c["tm"], c["tn"], c["tk"])
+        return build_module(opts.dtype, c["tm"], c["tn"], c["tk"], opts.target)
 
     def scalar_exprs(self, opts):
         c = CONFIGS[opts.config]

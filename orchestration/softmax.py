@@ -6,25 +6,45 @@ import torch
 from pto.incore.softmax import softmax_tile
 
 from pto import Orchestration, Var, cdiv, emin
+from pto.passes.binary_expansion import tile_levels
+from pto.passes.tiling import compute_tile_shape, get_target
 from pto.programs import Program, RunOptions, seeded_randn
 
 CONFIGS = {"tiny": 256, "7b": 4096}  # columns
-TILE_ROWS = 32
-TILE_LEVELS = {0: 32, 4: 64, 8: 64}
+CHUNK = 256  # columns a task holds on chip at a time
 
 
-def build_module(cols: int, dtype, tile_levels=None):
-    levels = dict(tile_levels or TILE_LEVELS)
-    f = softmax_tile(cols, dtype, rows=levels[0])
+def fit_tiles(cols: int, dtype, target) -> tuple[int, int]:
+    """(rows, chunk): chunks of at most CHUNK columns (and of the target's elementwise tile
+    width), then the tallest power-of-two row count up to 64 whose tiles fit the target."""
+    from pto.errors import SramError
+
+    chunk = min(cols, CHUNK, compute_tile_shape(dtype, target)[1])
+    rows = 64
+    while rows >= 1:
+        try:
+            softmax_tile(cols, dtype, rows, chunk, target)
+            return rows, chunk
+        except SramError:
+            rows //= 2
+    raise SramError(f"softmax: no tile of {chunk} columns fits target {target.name}")
+
+
+def build_module(cols: int, dtype, target=None):
+    target = get_target(target) if isinstance(target, str) else target or get_target("cuda_h100")
+    top, chunk = fit_tiles(cols, dtype, target)
+    base = min(top, 32)
+    levels = tile_levels(base, top)
+    f = softmax_tile(cols, dtype, rows=top, chunk=chunk, target=target)
     o = Orchestration("softmax")
     R = o.scalar("R")
     x = o.input("x", R, cols, dtype)
     y = o.output("y", R, cols, dtype)
-    n = o.let("n", cdiv(R, levels[0]))
-    with o.for_loop("i", 0, n, tile_levels=levels) as i:
-        rows = emin(i.rows, R - i * levels[0])
-        o.call(f, {"x": (x, i * levels[0], 0, rows, cols), "y": (y, i * levels[0], 0, rows, cols)},
-               dims={"R": i.rows})
+    n = o.let("n", cdiv(R, base))
+    attrs = dict(tile_levels=levels) if len(levels) == 1 else dict(tile_levels=levels, max_range=64, min_range=2)
+    with o.for_loop("i", 0, n, **attrs) as i:
+        rows = emin(i.rows, R - i * base)
+        o.call(f, {"x": (x, i * base, 0, rows, cols), "y": (y, i * base, 0, rows, cols)}, dims={"R": i.rows})
     return o.module()
 
 
@@ -36,7 +56,7 @@ class SoftmaxProgram(Program):
 
     def build(self, opts: RunOptions):
         self.check_options(opts)
-        return build_module(CONFIGS[opts.config], opts.dtype)
+        return build_module(CONFIGS[opts.config], opts.dtype, opts.target)
 
     def scalar_exprs(self, opts):
         return {"R": Var("seq")}

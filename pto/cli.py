@@ -30,6 +30,9 @@ def _seq_list(text: str) -> list[int]:
     return out
 
 
+INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -37,7 +40,32 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    if v > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT32_MAX}, got {v}")
     return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
+    return v
+
+
+def _writable(path: str | None, what: str) -> None:
+    """Fail before any work when an output file cannot be created."""
+    if path is None:
+        return
+    if not path:
+        raise UsageError(f"{what}: the path is empty")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{what} {path}: the folder {parent} is not writable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=_positive, default=1,
                    help="time N replays (CUDA graph on the GPU) and report the median")
     s.add_argument("--profile", action="store_true", help="print time per InCore function")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("codegen", help="write orchestration .c (and InCore kernel sources)")
@@ -110,6 +138,8 @@ def _cmd_info(args) -> int:
 def _cmd_run(args) -> int:
     from pto.engine import format_summary, run
 
+    _writable(args.dump, "--dump")
+    _writable(args.trace, "--trace")
     res = run(args.program, seq=args.seq, config=args.config, device=args.device, backend=args.backend,
               dtype=args.dtype, causal=args.causal, attention=args.attention, target=args.target,
               check=args.check, dump=args.dump, trace=args.trace, seed=args.seed, repeat=args.repeat,
@@ -124,6 +154,8 @@ def _cmd_run(args) -> int:
 def _cmd_codegen(args) -> int:
     from pto.engine import codegen
 
+    if not args.out:
+        raise UsageError("--out: the folder name is empty")
     written = codegen(args.program, args.out, seq=args.seq, config=args.config, dtype=args.dtype,
                       causal=args.causal, attention=args.attention, target=args.target)
     for path in written:
@@ -174,7 +206,18 @@ def main(argv: list[str] | None = None) -> int:
         print("pto: interrupted", file=sys.stderr)
         return 130
     except (OSError, MemoryError) as e:
-        print(f"pto: error: {e}", file=sys.stderr)
+        print(f"pto: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # torch's allocation failures (CPU and CUDA) are RuntimeErrors
+        if "alloc" not in str(e).lower() and "out of memory" not in str(e).lower():
+            if os.environ.get("PTO_DEBUG"):
+                raise
+            print(f"pto: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
+                  "(set PTO_DEBUG=1 for the traceback)", file=sys.stderr)
+            return 3
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"pto: error: out of memory ({first}); try a shorter --seq or the tiny config",
+              file=sys.stderr)
         return 1
     except Exception as e:  # an internal error: still one line unless debugging
         if os.environ.get("PTO_DEBUG"):

@@ -30,11 +30,18 @@ def resolve_options(program: str, config: str, device: str, backend: str, dtype:
         dt = dtype_of(dtype)
     if be == "triton" and dev == "cpu" and dt != DType.F32:
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
+    from pto.passes.tiling import get_target
+
     if target is None:  # tile sizes for the machine that runs the program
         from pto.device import device_info
         from pto.passes.tiling import target_for_device
 
         target = target_for_device(device_info(dev)).name
+    get_target(target)  # an unknown name is an error for every program
+    if attention != "fused" and "attention" not in prog.uses:
+        raise UsageError(f"{prog.name} has no attention: --attention {attention} does not apply")
+    if not causal and "causal" not in prog.uses:
+        raise UsageError(f"{prog.name} has no attention: --no-causal does not apply")
     opts = RunOptions(config=config, dtype=dt, causal=causal, attention=attention, target=target)
     prog.check_options(opts)
     return prog, dev, be, opts
@@ -69,7 +76,7 @@ class Runner:
         self.prog, self.opts, self.seq, self.device = prog, opts, seq, device
         t0 = time.perf_counter()
         self.module = prog.build(opts)
-        compiled = CompiledProgram.get(self.module, adaptive=adaptive)
+        compiled = CompiledProgram.get(self.module, adaptive=adaptive, target=opts.target)
         self.compile_ms = (time.perf_counter() - t0) * 1e3
         self.scalars = prog.scalars(opts, seq)
         self.graph = compiled.build_graph(self.scalars)
@@ -121,6 +128,31 @@ class Runner:
         times.sort()
         return {"replay_ms": round(times[len(times) // 2], 4), "replays": repeat, "replay_mode": mode}
 
+    def profile(self, repeat: int = 3) -> dict[str, float]:
+        """Milliseconds per InCore function: each recorded launch timed on its own (warmed up,
+        median of ``repeat``; CUDA events on the GPU), summed per function. The first run
+        compiled the kernels, so this is kernel time, not compile time."""
+        acc: dict[str, float] = {}
+        for launch, name in zip(self.executor.launches, self.executor.launch_names):
+            launch()  # warm
+            times = []
+            for _ in range(repeat):
+                if self.device == "cuda":
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    launch()
+                    e.record()
+                    e.synchronize()
+                    times.append(s.elapsed_time(e))
+                else:
+                    t0 = time.perf_counter()
+                    launch()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            times.sort()
+            base = name.split("__")[0]
+            acc[base] = acc.get(base, 0.0) + times[len(times) // 2]
+        return {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+
     def close(self) -> None:
         self.graph.close()
 
@@ -155,7 +187,7 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
     the same CUDA graph."""
     prog, dev, be, opts = resolve_options(program, config, device, backend, dtype, causal, attention, target)
     seq = seq or prog.default_seq
-    record = bool(trace) or profile
+    record = bool(trace)
     cached = repeat > 1 and not record
     runner = get_runner(prog, opts, seq, dev, be, adaptive) if cached else \
         Runner(prog, opts, seq, dev, be, adaptive, record=record)
@@ -186,7 +218,7 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
 
             write_trace(trace, stats.records, graph)
         if profile:
-            out["profile"] = profile_table(stats.records)
+            out["profile"] = runner.profile()
         if repeat > 1:
             out.update(runner.time(repeat))
         return out
@@ -198,15 +230,6 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
 def _sync(dev: str) -> None:
     if dev == "cuda":
         torch.cuda.synchronize()
-
-
-def profile_table(records) -> dict:
-    """Milliseconds per InCore function (host clock around synchronized launches)."""
-    acc: dict[str, float] = {}
-    for r in records:
-        name = r.func.split("__")[0]
-        acc[name] = acc.get(name, 0.0) + (r.end_ns - r.start_ns) / 1e6
-    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
 
 
 def format_summary(res: dict) -> str:
@@ -240,7 +263,8 @@ def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "a
     from pto.passes.binary_expansion import expand_binary, strip_adaptive
     from pto.runtime import runtime_include_dir
 
-    prog, _dev, _be, opts = resolve_options(program, config, "cpu", "torch", dtype, causal, attention, target)
+    # the same defaults as `pto run` on this machine: its target (tile sizes) and dtype
+    prog, _dev, _be, opts = resolve_options(program, config, "auto", "auto", dtype, causal, attention, target)
     if config == "auto":
         opts.config = "7b"
     module = prog.build(opts)

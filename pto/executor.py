@@ -98,13 +98,18 @@ class Executor:
         self.order = order
         self.rng = np.random.default_rng(seed)
         self.sync_each_launch = sync_each_launch
-        self.launches: list = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.launches: list = []  # prepared launches of the last run, in order
+        self.launch_names: list[str] = []  # the variant each one runs
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
 
     # -- one graph, fully built ------------------------------------------------------------
     def run(self, graph: Graph) -> ExecStats:
         """Execute a fully built graph (window 0)."""
+        self._reset()
         args = _Args(graph.runtime, bulk=True)
         return self._drive(graph.runtime, args, graph.variant_of_func_id(), graph.tensor_ids,
                            total=lambda: graph.tasks, done_building=lambda: True)
@@ -113,6 +118,7 @@ class Executor:
     def run_concurrent(self, program: CompiledProgram, scalars: dict[str, int], window: int,
                        timeout_s: float = 600.0) -> ExecStats:
         """Build on a second thread through a ``window``-slot runtime while executing here."""
+        self._reset()
         rt = Runtime(window=window, concurrent=True, lib=program.lib)
         try:
             tensor_ids, func_ids, build = program.start(scalars, rt)
@@ -214,7 +220,7 @@ class Executor:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
         batch = TaskBatch(fn, mems, scalars, len(ids))
         launch = self.backend.prepare(batch)
-        self.device_launches += self.backend.launches_per_batch(batch)
+        self.device_launches += launch.count
         rec = None
         if self.record:
             _sync(self.tensors)
@@ -226,6 +232,7 @@ class Executor:
             rec.end_ns = time.perf_counter_ns()
             self.records.append(rec)
         self.launches.append(launch)
+        self.launch_names.append(fn.variant_name)
 
     # -- replays -----------------------------------------------------------------------------
     def replay(self) -> None:
@@ -249,7 +256,7 @@ class Executor:
 
 
 def _sync(tensors: dict[str, torch.Tensor]) -> None:
-    for t in tensors.values():
-        if t.is_cuda:
-            torch.cuda.synchronize(t.device)
-        return
+    """Wait for the GPU when the tensors live there (host timestamps need it)."""
+    devices = {t.device for t in tensors.values() if t.is_cuda}
+    for d in devices:
+        torch.cuda.synchronize(d)

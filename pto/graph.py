@@ -21,7 +21,7 @@ from pto.ir.nodes import IncoreFunction, Module
 from pto.passes.binary_expansion import expand_binary, strip_adaptive
 from pto.runtime import Runtime, runtime_cdef, runtime_include_dir, runtime_sources
 
-_COMPILED: dict[tuple[str, bool], CompiledProgram] = {}
+_COMPILED: dict[tuple[str, bool, str | None], CompiledProgram] = {}
 
 
 @dataclass
@@ -61,11 +61,17 @@ class Graph:
 class CompiledProgram:
     """A module lowered, turned into C and compiled with the runtime (cached by content)."""
 
-    def __init__(self, module: Module, adaptive: bool = True):
+    def __init__(self, module: Module, adaptive: bool = True, target=None):
         self.module = module
         self.adaptive = adaptive
         self.lowered = expand_binary(module) if adaptive else strip_adaptive(module)
         self.corch: COrchestration = generate_c(self.lowered)
+        if target is not None:
+            # every variant the program can call (tile heights from binary expansion included)
+            from pto.passes.tiling import check_sram
+
+            for v in self.corch.variants:
+                check_sram(v.func, target)
         name = self.corch.name
         digest = hashlib.sha256(self.corch.source.encode()).hexdigest()[:16]
         src_dir = cache_root() / "src"
@@ -83,12 +89,14 @@ class CompiledProgram:
         self._fns = {k: getattr(self.lib.lib, f"pto_{name}_{k}") for k in ("setup", "build", "call_site")}
 
     @classmethod
-    def get(cls, module: Module, adaptive: bool = True) -> CompiledProgram:
-        """A cached instance per (module text, adaptive)."""
-        key = (module.text(), adaptive)
+    def get(cls, module: Module, adaptive: bool = True, target=None) -> CompiledProgram:
+        """A cached instance per (module text, adaptive, target); with ``target`` (a name or a
+        :class:`pto.passes.tiling.Target`) every variant's live tiles must fit its SRAM."""
+        tname = getattr(target, "name", target)
+        key = (module.text(), adaptive, tname)
         hit = _COMPILED.get(key)
         if hit is None:
-            hit = _COMPILED[key] = cls(module, adaptive)
+            hit = _COMPILED[key] = cls(module, adaptive, target)
         return hit
 
     @property

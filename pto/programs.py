@@ -8,7 +8,7 @@ random inputs, and an independent torch reference for ``--check``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +26,6 @@ class RunOptions:
     causal: bool = True
     attention: str = "fused"
     target: str | None = None  # SRAM-aware tiling target name; None: from the device
-    extra: dict = field(default_factory=dict)
 
 
 class Program:
@@ -37,6 +36,8 @@ class Program:
     default_seq = 128
     configs: tuple[str, ...] = ("tiny", "7b")
     outputs: tuple[str, ...] = ()
+    #: options besides config, dtype and target that change this program (e.g. "attention")
+    uses: frozenset[str] = frozenset()
 
     def check_options(self, opts: RunOptions) -> None:
         if opts.config not in self.configs:

@@ -8,12 +8,33 @@ Both only use ``module.ffi`` and ``module.lib`` of a compiled cffi module that c
 runtime, so a module that also holds other C (generated orchestration code compiled with
 :func:`runtime_sources`) works too: ``Runtime(lib=that_module)``, and pass ``rt.ptr`` to its
 functions. :func:`read_dump` parses the text dump written by :meth:`Runtime.dump`.
+
+Arguments are checked before they reach C, so a bad one never surfaces as a cffi
+``OverflowError``/``TypeError`` nor gets truncated on the way:
+
+- every integer argument must be an ``int`` or a numpy integer (anything with ``__index__``
+  except ``bool``/``numpy.bool_``: a flag where an id or size is expected is a mistake) that
+  fits the C parameter (``int32_t`` for ids, ``window``, ``elem_size``, ``buffer_bytes`` and
+  ``max``; ``int64_t`` for tensor shapes, region offsets/extents and scalar values);
+- names must be ``str`` without NUL characters (C would see the name cut at the NUL);
+- task ids given to :meth:`Runtime.complete` must be integers: an int, an iterable of ints,
+  or a 1-D integer numpy array (float, bool and multi-dimensional arrays are refused, never
+  truncated); int32 arrays go to C as they are;
+- a dump path must be a ``str``/``bytes``/``os.PathLike`` without NUL characters.
+
+Such an argument raises :class:`pto.errors.RuntimeStatusError` with status ``ERR_INVALID``
+(the C runtime's status for a bad argument) and a message in the runtime's style naming the
+call, the argument and the value as given, e.g. ``pto_task_alloc: buffer_bytes 1099511627776
+does not fit int32_t (-2147483648..2147483647)``. Values that fit are judged by C itself
+(a negative task id is ``ERR_UNKNOWN_TASK``, a negative shape ``ERR_INVALID``, ...).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import operator
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +69,102 @@ _STATS_FIELDS = (
     "edges_live", "map_entries", "map_entries_peak", "bytes", "bytes_peak", "bytes_per_task", "ready",
     "window", "count_only",
 )
+
+
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_IDENT_RULE = "letters, digits and '_', not starting with a digit, no whitespace, at most 255 characters"
+
+
+# ------------------------------------------------------------------------------------------
+# argument checks (before anything reaches cffi)
+# ------------------------------------------------------------------------------------------
+
+def _bad_arg(message: str) -> RuntimeStatusError:
+    return RuntimeStatusError(message, ERR_INVALID)
+
+
+def _as_int(what: str, arg: str, value: Any) -> int:
+    """``value`` as a Python int if it is an integer (not a bool), else a RuntimeStatusError."""
+    if not isinstance(value, (bool, np.bool_)):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise _bad_arg(f"{what}: {arg} must be an integer, got {type(value).__name__} {value!r}")
+
+
+def _i32(what: str, arg: str, value: Any) -> int:
+    """Check that ``value`` is an integer that fits ``int32_t``; returns it as an int."""
+    if type(value) is not int:
+        value = _as_int(what, arg, value)
+    if -0x80000000 <= value <= 0x7FFFFFFF:  # literal bounds: no global lookups
+        return value
+    raise _bad_arg(f"{what}: {arg} {value} does not fit int32_t ({_I32_MIN}..{_I32_MAX})")
+
+
+def _i64(what: str, arg: str, value: Any) -> int:
+    """Check that ``value`` is an integer that fits ``int64_t``; returns it as an int."""
+    if type(value) is not int:
+        value = _as_int(what, arg, value)
+    if -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
+        return value
+    raise _bad_arg(f"{what}: {arg} {value} does not fit int64_t ({_I64_MIN}..{_I64_MAX})")
+
+
+def _region(what: str, task: Any, tensor: Any, row0: Any, col0: Any, rows: Any,
+            cols: Any) -> tuple[int, int, int, int, int, int]:
+    # the common case in one expression (literal bounds: no global lookups)
+    if (type(task) is type(tensor) is type(row0) is type(col0) is type(rows) is type(cols) is int
+            and -0x80000000 <= task <= 0x7FFFFFFF and -0x80000000 <= tensor <= 0x7FFFFFFF
+            and -0x8000000000000000 <= row0 <= 0x7FFFFFFFFFFFFFFF
+            and -0x8000000000000000 <= col0 <= 0x7FFFFFFFFFFFFFFF
+            and -0x8000000000000000 <= rows <= 0x7FFFFFFFFFFFFFFF
+            and -0x8000000000000000 <= cols <= 0x7FFFFFFFFFFFFFFF):
+        return task, tensor, row0, col0, rows, cols
+    return (_i32(what, "task id", task), _i32(what, "tensor id", tensor), _i64(what, "row0", row0),
+            _i64(what, "col0", col0), _i64(what, "rows", rows), _i64(what, "cols", cols))
+
+
+def _name(kind: str, name: Any) -> bytes:
+    """A tensor/function name as the bytes C gets; refuses what C would not see as given."""
+    if not isinstance(name, str):
+        raise _bad_arg(f"{kind} name must be a str, got {type(name).__name__} {name!r}")
+    if "\0" in name:
+        raise _bad_arg(f"{kind} name {name!r} is not an identifier: it contains a NUL character "
+                       f"({_IDENT_RULE})")
+    try:
+        return name.encode()
+    except UnicodeEncodeError:
+        raise _bad_arg(f"{kind} name {name!r} is not an identifier ({_IDENT_RULE})") from None
+
+
+def _task_ids(what: str, ids: Any) -> np.ndarray:
+    """Task ids as a contiguous 1-D int32 array; refuses non-integers and ids beyond int32.
+
+    A 1-D int32 array (what :meth:`Runtime.ready_pop` returns) passes without a copy or any
+    per-element work; other integer arrays get one vectorized range check.
+    """
+    if isinstance(ids, np.ndarray):
+        if ids.dtype == np.int32 and ids.ndim == 1:
+            return np.ascontiguousarray(ids)
+        if ids.ndim != 1:
+            raise _bad_arg(f"{what}: task ids must be a 1-D array, got shape {ids.shape}")
+        if ids.dtype.kind == "O":
+            return _task_ids(what, ids.tolist())
+        if ids.dtype.kind not in "iu":
+            shown = np.array2string(ids, threshold=8)
+            raise _bad_arg(f"{what}: task ids must be integers, got a {ids.dtype} array {shown}")
+        if ids.size and (int(ids.min()) < _I32_MIN or int(ids.max()) > _I32_MAX):
+            bad = next(t for t in ids.tolist() if not _I32_MIN <= t <= _I32_MAX)
+            raise _bad_arg(f"{what}: task id {bad} does not fit int32_t ({_I32_MIN}..{_I32_MAX})")
+        return ids.astype(np.int32)
+    if isinstance(ids, (str, bytes)):
+        raise _bad_arg(f"{what}: task ids must be integers, got {type(ids).__name__} {ids!r}")
+    try:
+        it = iter(ids)
+    except TypeError:
+        raise _bad_arg(f"{what}: task ids must be an integer or an iterable of integers, got "
+                       f"{type(ids).__name__} {ids!r}") from None
+    return np.array([_i32(what, "task id", t) for t in it], dtype=np.int32)
 
 
 # ------------------------------------------------------------------------------------------
@@ -100,6 +217,8 @@ class RuntimeLib:
     """One method per runtime C function; raises :class:`RuntimeStatusError` on a bad status.
 
     ``rt`` arguments are the raw ``pto_runtime *`` cdata. Outputs come back as return values.
+    Integer, name and path arguments are checked first (module docstring): a bad one raises
+    :class:`RuntimeStatusError` with status ``ERR_INVALID`` before C is called.
     """
 
     def __init__(self, module: ModuleType):
@@ -117,7 +236,7 @@ class RuntimeLib:
 
     def status_name(self, status: int) -> str:
         """Symbolic name of a status code, e.g. ``PTO_ERR_WINDOW_FULL``."""
-        return self.ffi.string(self.lib.pto_status_name(status)).decode()
+        return self.ffi.string(self.lib.pto_status_name(_i32("pto_status_name", "status", status))).decode()
 
     def runtime_create(self, cfg: Any) -> Any:
         """``pto_runtime_create``: a new runtime from a ``pto_config *``."""
@@ -139,18 +258,24 @@ class RuntimeLib:
 
     def tensor_register(self, rt: Any, name: str, rows: int, cols: int, elem_size: int) -> int:
         """``pto_tensor_register`` → tensor id."""
+        cname = _name("tensor", name)
+        what = f"tensor '{name}'"
+        rows, cols = _i64(what, "rows", rows), _i64(what, "cols", cols)
+        elem_size = _i32(what, "elem_size", elem_size)
         out = self.ffi.new("int32_t *")
-        self.check(rt, self.lib.pto_tensor_register(rt, name.encode(), rows, cols, elem_size, out))
+        self.check(rt, self.lib.pto_tensor_register(rt, cname, rows, cols, elem_size, out))
         return int(out[0])
 
     def func_register(self, rt: Any, name: str) -> int:
         """``pto_func_register`` → function id (the same id for a name registered before)."""
+        cname = _name("function", name)
         out = self.ffi.new("int32_t *")
-        self.check(rt, self.lib.pto_func_register(rt, name.encode(), out))
+        self.check(rt, self.lib.pto_func_register(rt, cname, out))
         return int(out[0])
 
     def tensor_get(self, rt: Any, tensor: int) -> tuple[str, int, int, int]:
         """``pto_tensor_get`` → (name, rows, cols, elem_size)."""
+        tensor = _i32("pto_tensor_get", "tensor id", tensor)
         name = self.ffi.new("const char **")
         rows, cols = self.ffi.new("int64_t *"), self.ffi.new("int64_t *")
         elem = self.ffi.new("int32_t *")
@@ -159,12 +284,15 @@ class RuntimeLib:
 
     def func_get(self, rt: Any, func: int) -> str:
         """``pto_func_get`` → name."""
+        func = _i32("pto_func_get", "function id", func)
         name = self.ffi.new("const char **")
         self.check(rt, self.lib.pto_func_get(rt, func, name))
         return self.ffi.string(name[0]).decode()
 
     def task_alloc(self, rt: Any, func: int, buffer_bytes: int) -> int:
         """``pto_task_alloc`` → task id (blocks while the window is full if sync hooks are set)."""
+        func = _i32("pto_task_alloc", "function id", func)
+        buffer_bytes = _i32("pto_task_alloc", "buffer_bytes", buffer_bytes)
         out = self.ffi.new("int32_t *")
         self.check(rt, self.lib.pto_task_alloc(rt, func, buffer_bytes, out))
         return int(out[0])
@@ -172,25 +300,30 @@ class RuntimeLib:
     def task_add_input(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
                        cols: int) -> None:
         """``pto_task_add_input``."""
-        self.check(rt, self.lib.pto_task_add_input(rt, task, tensor, row0, col0, rows, cols))
+        args = _region("pto_task_add_input", task, tensor, row0, col0, rows, cols)
+        self.check(rt, self.lib.pto_task_add_input(rt, *args))
 
     def task_add_output(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
                         cols: int) -> None:
         """``pto_task_add_output``."""
-        self.check(rt, self.lib.pto_task_add_output(rt, task, tensor, row0, col0, rows, cols))
+        args = _region("pto_task_add_output", task, tensor, row0, col0, rows, cols)
+        self.check(rt, self.lib.pto_task_add_output(rt, *args))
 
     def task_add_inout(self, rt: Any, task: int, tensor: int, row0: int, col0: int, rows: int,
                        cols: int) -> None:
         """``pto_task_add_inout``."""
-        self.check(rt, self.lib.pto_task_add_inout(rt, task, tensor, row0, col0, rows, cols))
+        args = _region("pto_task_add_inout", task, tensor, row0, col0, rows, cols)
+        self.check(rt, self.lib.pto_task_add_inout(rt, *args))
 
     def task_add_scalar(self, rt: Any, task: int, value: int) -> None:
         """``pto_task_add_scalar``."""
+        task = _i32("pto_task_add_scalar", "task id", task)
+        value = _i64("pto_task_add_scalar", "value", value)
         self.check(rt, self.lib.pto_task_add_scalar(rt, task, value))
 
     def task_submit(self, rt: Any, task: int) -> None:
         """``pto_task_submit``."""
-        self.check(rt, self.lib.pto_task_submit(rt, task))
+        self.check(rt, self.lib.pto_task_submit(rt, _i32("pto_task_submit", "task id", task)))
 
     def ready_count(self, rt: Any) -> int:
         """``pto_ready_count``."""
@@ -200,6 +333,9 @@ class RuntimeLib:
 
     def ready_pop(self, rt: Any, max_n: int) -> np.ndarray:
         """``pto_ready_pop`` → int32 array of up to ``max_n`` ids, in the order they became ready."""
+        max_n = _i32("pto_ready_pop", "max", max_n)
+        if max_n > 4096:  # no more than the queue holds: a huge max must not allocate a huge buffer
+            max_n = min(max_n, self.ready_count(rt))
         ids = np.empty(max(max_n, 0), dtype=np.int32)
         n = self.ffi.new("int32_t *")
         self.check(rt, self.lib.pto_ready_pop(rt, self.ffi.from_buffer("int32_t[]", ids), max_n, n))
@@ -207,11 +343,15 @@ class RuntimeLib:
 
     def task_complete(self, rt: Any, task: int) -> None:
         """``pto_task_complete``."""
-        self.check(rt, self.lib.pto_task_complete(rt, task))
+        self.check(rt, self.lib.pto_task_complete(rt, _i32("complete", "task id", task)))
 
     def task_complete_many(self, rt: Any, ids: np.ndarray) -> None:
-        """``pto_task_complete_many`` (stops at the first id that fails)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        """``pto_task_complete_many`` (stops at the first id that fails).
+
+        ``ids``: a 1-D integer array or an iterable of ints; anything else (floats, bools,
+        ids beyond int32) raises before any task is completed.
+        """
+        ids = _task_ids("complete", ids)
         self.check(rt, self.lib.pto_task_complete_many(rt, self.ffi.from_buffer("int32_t[]", ids), len(ids)))
 
     def get_stats(self, rt: Any) -> dict[str, int | float]:
@@ -222,6 +362,7 @@ class RuntimeLib:
 
     def task_query(self, rt: Any, task: int) -> dict[str, int]:
         """``pto_task_query`` → dict keyed by the ``pto_task_view`` field names."""
+        task = _i32("pto_task_query", "task id", task)
         v = self.ffi.new("pto_task_view *")
         self.check(rt, self.lib.pto_task_query(rt, task, v))
         return {f: getattr(v, f) for f in ("func", "buffer_bytes", "state", "fanin", "pending", "n_args",
@@ -229,6 +370,7 @@ class RuntimeLib:
 
     def task_args(self, rt: Any, task: int) -> list[tuple[int, int, int, int, int, int, int]]:
         """``pto_task_args`` → [(kind, tensor, row0, col0, rows, cols, scalar)] in call order."""
+        task = _i32("pto_task_args", "task id", task)
         n = self.ffi.new("int32_t *")
         self.check(rt, self.lib.pto_task_args(rt, task, self.ffi.NULL, 0, n))
         buf = self.ffi.new("pto_arg[]", max(n[0], 1))
@@ -245,9 +387,15 @@ class RuntimeLib:
         """``pto_export_fill`` with a ``pto_export_arrays *`` of caller buffers."""
         self.check(rt, self.lib.pto_export_fill(rt, arrays))
 
-    def dump(self, rt: Any, path: str) -> None:
+    def dump(self, rt: Any, path: str | bytes | os.PathLike[str]) -> None:
         """``pto_dump``."""
-        self.check(rt, self.lib.pto_dump(rt, str(path).encode()))
+        try:
+            cpath = os.fsencode(path)
+        except TypeError:
+            raise _bad_arg(f"dump: path must be a str or a path, got {type(path).__name__} {path!r}") from None
+        if b"\0" in cpath:
+            raise _bad_arg(f"dump: path {path!r} contains a NUL character")
+        self.check(rt, self.lib.pto_dump(rt, cpath))
 
 
 # ------------------------------------------------------------------------------------------
@@ -307,19 +455,25 @@ class Runtime:
             pops and completes tasks.
         count_only: only count tasks and regions (no graph; O(1) memory).
         lib: a compiled cffi module that contains the runtime (default: the bare runtime).
+
+    Arguments are checked as :class:`RuntimeLib` does (module docstring): a non-integer or
+    out-of-range integer, a name with a NUL, float task ids... raise
+    :class:`pto.errors.RuntimeStatusError` with status ``ERR_INVALID``.
     """
 
     def __init__(self, window: int = 0, concurrent: bool = False, count_only: bool = False,
                  lib: ModuleType | None = None):
+        self.ptr: Any = None  # so close() from __del__ is harmless if the checks below fail
+        self._sync = False
+        window = _i32("Runtime", "window", window)
         module = lib if lib is not None else load_runtime_module()
         self.api = RuntimeLib(module)
         self.ffi = module.ffi
-        self.ptr: Any = self.ffi.NULL
+        self.ptr = self.ffi.NULL
         self._cfg = self.ffi.new("pto_config *")
         self.api.lib.pto_config_init(self._cfg)
         self._cfg.window = window
         self._cfg.count_only = 1 if count_only else 0
-        self._sync = False
         if concurrent:
             status = self.api.lib.pto_sync_posix_init(self._cfg)
             if status != OK:
@@ -341,6 +495,8 @@ class Runtime:
 
     def close(self) -> None:
         """Destroy the C runtime (idempotent). No other thread may use it concurrently."""
+        if self.ptr is None:  # __init__ refused its arguments: nothing was created
+            return
         if self.ptr != self.ffi.NULL:
             self.api.runtime_destroy(self.ptr)
             self.ptr = self.ffi.NULL
@@ -419,13 +575,18 @@ class Runtime:
         return self.api.ready_pop(rt, n)
 
     def complete(self, ids: int | Iterable[int] | np.ndarray) -> None:
-        """Mark one popped task or many as completed, releasing their successors."""
+        """Mark one popped task or many as completed, releasing their successors.
+
+        ``ids``: one id, an iterable of ids or a 1-D integer numpy array (int32 arrays, as
+        :meth:`ready_pop` returns them, go to C without per-element work). Float, bool or
+        multi-dimensional arrays and ids beyond int32 raise before any task is completed;
+        a negative or unknown id is reported by C (``ERR_UNKNOWN_TASK``).
+        """
         rt = self._rt()
-        if isinstance(ids, (int, np.integer)):
-            self.api.task_complete(rt, int(ids))
+        if isinstance(ids, (int, np.integer)) or (isinstance(ids, np.ndarray) and ids.ndim == 0):
+            self.api.task_complete(rt, ids)
         else:
-            self.api.task_complete_many(rt, np.fromiter(ids, dtype=np.int32)
-                                        if not isinstance(ids, np.ndarray) else ids)
+            self.api.task_complete_many(rt, ids)
 
     # -- inspecting ----------------------------------------------------------------------------
 
@@ -443,7 +604,7 @@ class Runtime:
 
     def dump(self, path: str | Path) -> None:
         """Write the text dump of the live graph (format in docs/RUNTIME.md)."""
-        self.api.dump(self._rt(), str(path))
+        self.api.dump(self._rt(), path)
 
     def export(self) -> GraphExport:
         """Every live submitted task, its arguments and its edges as numpy arrays (3 C calls)."""

@@ -55,7 +55,7 @@ def test_golden_c(name, opts):
 @pytest.mark.parametrize("name", ["softmax", "bgemm"] + (["llama7b"] if _has("llama7b") else []))
 def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", name, "--out", str(tmp_path),
-                        "--config", "tiny", "--dtype", "f32"], capture_output=True, text=True)
+                        "--config", "tiny", "--dtype", "f32", "--target", "x86_64"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     exe = tmp_path / "graph"
     cc = subprocess.run(["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic",
@@ -64,7 +64,7 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     assert cc.returncode == 0, cc.stderr
     assert cc.stderr == ""
     prog = get(name)
-    opts = RunOptions(config="tiny", dtype=DType.F32)
+    opts = RunOptions(config="tiny", dtype=DType.F32, target="x86_64")
     for seq in (1, 77, 300):
         out = subprocess.run([str(exe), str(seq), "--dump", str(tmp_path / "d.txt")], capture_output=True,
                              text=True, check=True).stdout.split()

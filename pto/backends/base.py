@@ -28,7 +28,7 @@ class TaskBatch:
     size: int
 
 
-Launch = Callable[[], None]
+Launch = Callable[[], None]  # with an int attribute ``count``: the device launches it makes
 
 
 class Backend:
@@ -39,11 +39,13 @@ class Backend:
     graph_capturable = False
 
     def prepare(self, batch: TaskBatch) -> Launch:
+        """Everything that can be done once; the returned callable runs the batch and carries
+        ``count``, the number of device launches it makes (for ``launches`` in reports)."""
         raise NotImplementedError
 
     def launches_per_batch(self, batch: TaskBatch) -> int:
-        """Device launches one prepared batch makes (for ``launches`` in reports)."""
-        return 1
+        """Device launches one prepared batch makes."""
+        return self.prepare(batch).count
 
 
 def get_backend(name: str, device: str) -> Backend:

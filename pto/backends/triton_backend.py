@@ -210,6 +210,7 @@ def _launcher(jit, args: tuple, groups: list[LaunchGroup], cfg: dict) -> Launch:
             jit[grid](*a, **kw)
 
     launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
+    launch.count = len(calls)
     return launch
 
 

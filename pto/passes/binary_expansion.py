@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pto.ir.expr import Attr, Const, Expr, Var, emax, fn, select, substitute
+from pto.ir.expr import Const, Expr, Var, emax, fn, select, substitute
 from pto.ir.nodes import Call, If, Let, Loop, Module, OrchFunction, RegionBinding
 
 
@@ -163,6 +163,18 @@ class _Expander:
         ]
 
 
+def tile_levels(base: int, top: int) -> dict[int, int]:
+    """The usual ``tile_levels``: blocks of p base tiles use tiles of min(p * base, top) rows,
+    the residual the base height. A block takes the level of the largest key <= p, so only the
+    block sizes where the height changes are listed ({0: 32, 2: 64, 4: 128} for 32 -> 128)."""
+    levels = {0: base}
+    p = 2
+    while top > base and p * base // 2 < top:
+        levels[p] = min(p * base, top)
+        p *= 2
+    return levels
+
+
 def closed_form_iterations(n: int, max_range: int, min_range: int,
                            tile_levels: tuple[tuple[int, int], ...]) -> int:
     """Iterations an expanded loop runs for ``n`` base tiles: the sum over blocks of
@@ -178,4 +190,4 @@ def closed_form_iterations(n: int, max_range: int, min_range: int,
 
 
 __all__ = ["expand_binary", "strip_adaptive", "has_adaptive", "closed_form_iterations",
-           "height_of_block", "Attr"]
+           "height_of_block", "tile_levels"]
