@@ -16,15 +16,6 @@ from pto import InCore, cdiv, f32
 from pto.ir.nodes import IncoreFunction
 
 
-def _as_f32(k: InCore, name: str, tile, rows, cols, dtype):
-    """An f32 copy of ``tile`` (the tile itself when the dtype is already f32)."""
-    if dtype == f32:
-        return tile
-    t = k.tile(name, rows, cols, f32)
-    k.cast(t, tile)
-    return t
-
-
 def rmsnorm_tile(hidden: int, dtype, rows: int, row_block: int, chunk: int, eps: float = 1e-6,
                  target=None) -> IncoreFunction:
     """``y = x * rsqrt(mean(x^2) + eps) * g`` over R x hidden rows; two passes over column

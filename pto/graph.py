@@ -19,7 +19,7 @@ from pto.codegen.c_orch import COrchestration, generate_c
 from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module
 from pto.passes.binary_expansion import expand_binary, strip_adaptive
-from pto.runtime import Runtime, runtime_cdef, runtime_include_dir, runtime_sources
+from pto.runtime import ERR_REGION, Runtime, runtime_cdef, runtime_include_dir, runtime_sources
 
 _COMPILED: dict[tuple[str, bool, str | None], CompiledProgram] = {}
 
@@ -138,9 +138,8 @@ class CompiledProgram:
             if status != 0:
                 site = ffi.string(self._fns["call_site"](failed[0])).decode() if failed[0] >= 0 else ""
                 msg = _last_error(rt)
-                cls = RegionError if "outside" in msg or "region" in msg.lower() else RuntimeStatusError
                 text = f"{site}: {msg}" if site else msg
-                if cls is RegionError:
+                if status == ERR_REGION:  # a region outside its tensor: the program's mistake
                     raise RegionError(text)
                 raise RuntimeStatusError(text, status)
 

@@ -91,7 +91,9 @@ def test_reduce(axis, kind, dtype, rng, run_op):
     shape = (R, 1) if axis == "row" else (1, C)
     got = run_op(f"{axis}{kind}", shape, [a], dtype, dst_dtype=DType.F32)
     # f32 accumulation of values exact in f32: sums differ from float64 only by f32 rounding
-    assert_close(got, ref, DType.F32 if kind != "sum" else DType.F16, f"{axis}{kind}")
+    # (relative to the largest |sum|; a 16-term sum stays well inside 1e-5)
+    assert_close(got, ref, DType.F32, f"{axis}{kind}") if kind != "sum" else \
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-5 * max(np.abs(ref).max(), 1.0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -196,19 +198,12 @@ def test_load_pad_and_store_mask():
 
 
 def test_every_op_is_tested():
-    """The ISA and this file stay in step: each op appears in a test above."""
-    import inspect
-    import sys
-
-    src = inspect.getsource(sys.modules[__name__])
-    covered = set()
-    for op in Op:
-        v = op.value
-        if v in src or v.rstrip("s") in BINARY_REF or v in UNARY_REF:
-            covered.add(op)
-    groups = set().union(*GROUPS.values())
-    assert groups == set(Op)
-    derived = {Op(o + "s") for o in BINARY_REF} | {Op(f"{a}{k}") for a in ("row", "col")
-                                                 for k in ("sum", "max", "min")}
-    derived |= {Op(f"{a}expand{o}") for a in ("row", "col") for o in ("add", "sub", "mul", "div", "")}
-    assert set(Op) <= covered | derived | {Op.LOAD, Op.STORE}
+    """The ISA and this file stay in step: the ops the tests above are parametrized over (and
+    the ones they name directly) are exactly the ops of the vocabulary."""
+    tested = {Op(o) for o in BINARY_REF} | {Op(o + "s") for o in BINARY_REF} | {Op(o) for o in UNARY_REF}
+    tested |= {Op(f"{a}{k}") for a in ("row", "col") for k in ("sum", "max", "min")}
+    tested |= {Op(f"{a}expand{o}") for a in ("row", "col") for o in ("add", "sub", "mul", "div", "")}
+    tested |= {Op.MATMUL, Op.MATMUL_ACC, Op.CAST, Op.MOV, Op.FULL, Op.MASK_CAUSAL, Op.MASK_COLS,
+               Op.MASK_ROWS, Op.LOAD, Op.STORE}
+    assert set().union(*GROUPS.values()) == set(Op)
+    assert tested == set(Op), f"ops without a test: {sorted(o.value for o in set(Op) - tested)}"

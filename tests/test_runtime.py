@@ -28,6 +28,7 @@ from pto.runtime import (
     ERR_WINDOW_FULL,
     TASK_COMPLETED,
     TASK_READY,
+    TASK_RUNNING,
     TASK_SUBMITTED,
     Runtime,
     load_runtime_module,
@@ -677,6 +678,205 @@ def test_bad_config(mod):
     with pytest.raises(RuntimeStatusError, match="cannot create the runtime") as err:
         Runtime(window=-1, lib=mod)
     assert err.value.status == ERR_INVALID
+
+
+# ------------------------------------------------------------------------------------------
+# arguments the binding refuses before C sees them (ERR_INVALID, never a cffi exception)
+# ------------------------------------------------------------------------------------------
+
+I32 = r"does not fit int32_t \(-2147483648\.\.2147483647\)"
+I64 = r"does not fit int64_t \(-9223372036854775808\.\.9223372036854775807\)"
+BIG = 2**40
+
+
+@pytest.fixture()
+def open_task(mod):
+    """A runtime with tensor x (8 x 8), function f and task 0 open."""
+    with Runtime(lib=mod) as rt:
+        x = rt.register_tensor("x", 8, 8, 4)
+        f = rt.register_func("f")
+        yield rt, x, f, rt.task(f)
+
+
+@pytest.mark.parametrize("call,pattern", [
+    (lambda rt, x, f, t: rt.register_tensor("y", 2**63, 4, 4), rf"tensor 'y': rows {2**63} {I64}"),
+    (lambda rt, x, f, t: rt.register_tensor("y", 4, -2**63 - 1, 4), rf"tensor 'y': cols {-2**63 - 1} {I64}"),
+    (lambda rt, x, f, t: rt.register_tensor("y", 4, 4, BIG), rf"tensor 'y': elem_size {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.task(BIG), rf"pto_task_alloc: function id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.task(f, buffer_bytes=2**31), rf"pto_task_alloc: buffer_bytes {2**31} {I32}"),
+    (lambda rt, x, f, t: rt.add_input(BIG, x, 0, 0, 1, 1), rf"pto_task_add_input: task id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.add_output(t, -2**31 - 1, 0, 0, 1, 1),
+     rf"pto_task_add_output: tensor id {-2**31 - 1} {I32}"),
+    (lambda rt, x, f, t: rt.add_inout(t, x, 2**64, 0, 1, 1), rf"pto_task_add_inout: row0 {2**64} {I64}"),
+    (lambda rt, x, f, t: rt.add_input(t, x, 0, 2**63, 1, 1), rf"pto_task_add_input: col0 {2**63} {I64}"),
+    (lambda rt, x, f, t: rt.add_input(t, x, 0, 0, 2**70, 1), rf"pto_task_add_input: rows {2**70} {I64}"),
+    (lambda rt, x, f, t: rt.add_input(t, x, 0, 0, 1, -2**70), rf"pto_task_add_input: cols {-2**70} {I64}"),
+    (lambda rt, x, f, t: rt.add_scalar(BIG, 1), rf"pto_task_add_scalar: task id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.add_scalar(t, 2**63), rf"pto_task_add_scalar: value {2**63} {I64}"),
+    (lambda rt, x, f, t: rt.add_scalar(t, np.uint64(2**64 - 1)), rf"pto_task_add_scalar: value {2**64 - 1} {I64}"),
+    (lambda rt, x, f, t: rt.submit(BIG), rf"pto_task_submit: task id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.ready_pop(BIG), rf"pto_ready_pop: max {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.complete(BIG), rf"complete: task id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.task_info(BIG), rf"pto_task_query: task id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.task_args(-BIG), rf"pto_task_args: task id {-BIG} {I32}"),
+    (lambda rt, x, f, t: rt.api.tensor_get(rt.ptr, BIG), rf"pto_tensor_get: tensor id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.api.func_get(rt.ptr, BIG), rf"pto_func_get: function id {BIG} {I32}"),
+    (lambda rt, x, f, t: rt.api.status_name(BIG), rf"pto_status_name: status {BIG} {I32}"),
+])
+def test_out_of_range_integers(open_task, call, pattern):
+    rt, x, f, t = open_task
+    with expect(ERR_INVALID, "^" + pattern + "$"):
+        call(rt, x, f, t)
+    rt.add_output(t, x, 0, 0, 8, 8)  # the runtime is unharmed
+    rt.submit(t)
+    assert rt.stats()["tasks_submitted"] == 1
+
+
+NOT_INT = "must be an integer, got"
+
+
+@pytest.mark.parametrize("call,pattern", [
+    (lambda rt, x, f, t: rt.register_tensor("y", 4.0, 4, 4), rf"tensor 'y': rows {NOT_INT} float 4\.0"),
+    (lambda rt, x, f, t: rt.register_tensor("y", 4, 4, True), rf"tensor 'y': elem_size {NOT_INT} bool True"),
+    (lambda rt, x, f, t: rt.task("0"), rf"pto_task_alloc: function id {NOT_INT} str '0'"),
+    (lambda rt, x, f, t: rt.task(f, True), rf"pto_task_alloc: buffer_bytes {NOT_INT} bool True"),
+    (lambda rt, x, f, t: rt.add_input(t, x, 0.5, 0, 1, 1), rf"pto_task_add_input: row0 {NOT_INT} float 0\.5"),
+    (lambda rt, x, f, t: rt.add_input(t, x, 0, 0, np.float64(1), 1), rf"pto_task_add_input: rows {NOT_INT} float64"),
+    (lambda rt, x, f, t: rt.add_inout(t, x, 0, 0, 1, np.True_), rf"pto_task_add_inout: cols {NOT_INT} bool"),
+    (lambda rt, x, f, t: rt.add_scalar(t, 1.5), rf"pto_task_add_scalar: value {NOT_INT} float 1\.5"),
+    (lambda rt, x, f, t: rt.add_scalar(t, False), rf"pto_task_add_scalar: value {NOT_INT} bool False"),
+    (lambda rt, x, f, t: rt.submit(None), rf"pto_task_submit: task id {NOT_INT} NoneType None"),
+    (lambda rt, x, f, t: rt.ready_pop(1.5), rf"pto_ready_pop: max {NOT_INT} float 1\.5"),
+    (lambda rt, x, f, t: rt.task_info("0"), rf"pto_task_query: task id {NOT_INT} str '0'"),
+])
+def test_non_integer_arguments(open_task, call, pattern):
+    rt, x, f, t = open_task
+    with expect(ERR_INVALID, pattern):
+        call(rt, x, f, t)
+    assert rt.task_args(t) == []
+
+
+def test_numpy_integers_and_int64_extremes_are_accepted(open_task):
+    rt, x, f, t = open_task
+    rt.add_input(np.int32(t), np.int64(x), np.uint8(0), np.int16(0), np.int64(8), np.uint64(8))
+    rt.add_scalar(t, -2**63)
+    rt.add_scalar(t, np.int64(2**63 - 1))
+    rt.submit(np.int32(t))
+    assert [a[6] for a in rt.task_args(t)] == [0, -2**63, 2**63 - 1]
+    assert rt.task_info(np.int64(t))["n_args"] == 3
+    assert rt.register_tensor("y", np.int64(2**31 - 1), 1, np.int8(2)) == 1
+
+
+def test_window_out_of_range_or_not_an_integer(mod):
+    with expect(ERR_INVALID, rf"^Runtime: window {BIG} {I32}$"):
+        Runtime(window=BIG, lib=mod)
+    with expect(ERR_INVALID, r"^Runtime: window must be an integer, got float 4\.0$"):
+        Runtime(window=4.0, lib=mod)
+    with expect(ERR_INVALID, r"^Runtime: window must be an integer, got bool True$"):
+        Runtime(window=True, concurrent=True, lib=mod)
+    with Runtime(window=np.int64(4), lib=mod) as rt:
+        assert rt.stats()["window"] == 4
+
+
+def test_names_with_nul_or_not_str(mod):
+    rule = r"\(letters, digits and '_', not starting with a digit, no whitespace, at most 255 characters\)"
+    with Runtime(lib=mod) as rt:
+        with expect(ERR_INVALID, r"^tensor name 'a\\x00b' is not an identifier: it contains a NUL character " + rule):
+            rt.register_tensor("a\0b", 4, 4, 4)
+        with expect(ERR_INVALID, r"^function name 'f\\x00' is not an identifier: it contains a NUL character"):
+            rt.register_func("f\0")
+        with expect(ERR_INVALID, r"^tensor name '\\udcff' is not an identifier " + rule):
+            rt.register_tensor("\udcff", 4, 4, 4)
+        with expect(ERR_INVALID, r"^tensor name must be a str, got bytes b'a'$"):
+            rt.register_tensor(b"a", 4, 4, 4)
+        with expect(ERR_INVALID, r"^function name must be a str, got NoneType None$"):
+            rt.register_func(None)
+        # nothing was registered under the truncated names
+        assert rt.register_tensor("a", 4, 4, 4) == 0
+        assert rt.register_func("f") == 0
+        assert rt.export().tensors == [("a", 4, 4, 4)] and rt.export().funcs == ["f"]
+
+
+def _running_pair(rt: Runtime) -> list[int]:
+    """Two independent tasks, popped (running)."""
+    x = rt.register_tensor("x", 8, 8, 4)
+    f = rt.register_func("f")
+    ids = [submit_task(rt, f, [x], [("out", 0, 4 * i, 0, 4, 8)]) for i in range(2)]
+    assert rt.ready_pop().tolist() == ids
+    return ids
+
+
+@pytest.mark.parametrize("ids,pattern", [
+    (np.array([0.5]), r"^complete: task ids must be integers, got a float64 array \[0\.5\]$"),
+    (np.array([0.0, 1.0]), r"^complete: task ids must be integers, got a float64 array \[0\. 1\.\]$"),
+    (np.array([True]), r"^complete: task ids must be integers, got a bool array \[ True\]$"),
+    (np.array([[0, 1]], np.int32), r"^complete: task ids must be a 1-D array, got shape \(1, 2\)$"),
+    ([0, 0.5], r"^complete: task id must be an integer, got float 0\.5$"),
+    ((0, True), r"^complete: task id must be an integer, got bool True$"),
+    (0.5, r"^complete: task ids must be an integer or an iterable of integers, got float 0\.5$"),
+    (np.float32(1.0), r"^complete: task ids must be an integer or an iterable of integers, got float32"),
+    (np.array(0.0), r"^complete: task id must be an integer, got ndarray array\(0\.\)$"),
+    (True, r"^complete: task id must be an integer, got bool True$"),
+    ("0", r"^complete: task ids must be integers, got str '0'$"),
+    ([0, BIG], rf"^complete: task id {BIG} {I32}$"),
+    (np.array([0, BIG]), rf"^complete: task id {BIG} {I32}$"),
+    (np.array([0, -BIG]), rf"^complete: task id {-BIG} {I32}$"),
+    (np.array([0, 2**64 - 1], np.uint64), rf"^complete: task id {2**64 - 1} {I32}$"),
+    (np.array([0, 2**70], dtype=object), rf"^complete: task id {2**70} {I32}$"),
+])
+def test_complete_refuses_non_integer_and_out_of_range_ids(mod, ids, pattern):
+    with Runtime(lib=mod) as rt:
+        running = _running_pair(rt)
+        with expect(ERR_INVALID, pattern):
+            rt.complete(ids)
+        # refused before C: nothing completed (0.5 was not truncated to task 0)
+        assert [rt.task_info(t)["state"] for t in running] == [TASK_RUNNING, TASK_RUNNING]
+        rt.complete(np.array(running, np.int64))
+        assert rt.stats()["tasks_completed"] == 2
+
+
+@pytest.mark.parametrize("ids", [-1, np.int64(-1), [-1], np.array([-1], np.int32), np.array([-1], np.int64)])
+def test_complete_negative_ids_reported_by_the_runtime(mod, ids):
+    with Runtime(lib=mod) as rt:
+        _running_pair(rt)
+        with expect(ERR_UNKNOWN_TASK, r"^complete: unknown task id -1 \(2 tasks allocated\)$"):
+            rt.complete(ids)
+
+
+@pytest.mark.parametrize("ids", [np.array([1, 0], np.int32), np.array([1, 0], np.int32)[::-1][::-1],
+                                 np.array([1, 0], np.uint16), np.array([1, 0], ">i4"), [np.int32(1), 0], (1, 0),
+                                 iter([1, 0]), np.array([1, 0], dtype=object)])
+def test_complete_accepts_integer_arrays_and_iterables(mod, ids):
+    with Runtime(lib=mod) as rt:
+        _running_pair(rt)
+        rt.complete(ids)
+        assert rt.stats()["tasks_completed"] == 2
+        rt.complete([])
+        rt.complete(np.empty(0, np.int32))
+
+
+def test_ready_pop_with_a_huge_max_allocates_only_what_is_queued(mod):
+    with Runtime(lib=mod) as rt:
+        x = rt.register_tensor("x", 8, 8, 4)
+        f = rt.register_func("f")
+        for i in range(3):
+            submit_task(rt, f, [x], [("out", 0, i, 0, 1, 8)])
+        ids = rt.ready_pop(2**31 - 1)  # would be an 8 GiB buffer if sized by max
+        assert ids.tolist() == [0, 1, 2] and ids.dtype == np.int32
+        assert rt.ready_pop(np.int64(5)).tolist() == []
+
+
+def test_dump_path_with_nul_or_not_a_path(mod, tmp_path: Path):
+    with Runtime(lib=mod) as rt:
+        bad = str(tmp_path / "g") + "\0.txt"
+        with expect(ERR_INVALID, r"^dump: path '.*g\\x00\.txt' contains a NUL character$"):
+            rt.dump(bad)
+        with expect(ERR_INVALID, r"^dump: path must be a str or a path, got NoneType None$"):
+            rt.dump(None)
+        assert list(tmp_path.iterdir()) == []  # nothing written to the truncated path
+        rt.dump(tmp_path / "g.txt")
+        rt.dump(str(tmp_path / "h.txt").encode())
+        assert read_dump(tmp_path / "h.txt").tasks == []
 
 
 # ------------------------------------------------------------------------------------------

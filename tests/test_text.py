@@ -18,12 +18,14 @@ PROGRAMS = names()
 
 
 def _configs(name):
+    """Every config and dtype; for the LLaMA layer also every attention mode, causal or not."""
+    from pto.ir.dtypes import dtype_of
+
     prog = get(name)
-    out = []
-    for config in prog.configs:
-        for dtype in ("f32", "bf16"):
-            out.append(RunOptions(config=config, dtype=__import__("pto").ir.dtypes.dtype_of(dtype)))
-    return out
+    modes = [(a, c) for a in ("fused", "pair", "split") for c in (True, False)] if "attention" in prog.uses \
+        else [("fused", True)]
+    return [RunOptions(config=config, dtype=dtype_of(dtype), attention=a, causal=c, target="cuda_h100")
+            for config in prog.configs for dtype in ("f32", "bf16") for a, c in modes]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

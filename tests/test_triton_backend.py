@@ -27,7 +27,7 @@ from pto.backends.base import TaskBatch  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton_backend import TritonBackend, cache_dir, run_incore_triton  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
-from pto.errors import BuildError, PTOError  # noqa: E402
+from pto.errors import BuildError  # noqa: E402
 from pto.interp.incore import RegionBatch, run_incore  # noqa: E402
 from pto.interp.orchestration import iter_tasks, run_program  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
@@ -495,7 +495,7 @@ def _program_cases():
              ("softmax", 33, DType.F16, None), ("bgemm", 20, DType.F16, None)]
     if "llama7b" in names():  # every InCore function of the layer: the three attention modes
         cases += [pytest.param("llama7b", 40, DType.F32, mode, marks=pytest.mark.slow)
-                  for mode in ("fused", "pair", "split")]
+                  for mode in ("fused", "pair", "split", "fused-nc", "pair-nc", "split-nc")]
     return cases
 
 
@@ -504,11 +504,10 @@ def test_program_through_both_backends(name, seq, dtype, attention):
     """Every call of the program, batched, through the torch and Triton backends, against the
     reference interpreter run of the whole program."""
     prog = get(name)
-    opts = RunOptions(dtype=dtype, attention=attention or "fused")
-    try:
-        module = prog.build(opts)
-    except PTOError as e:  # the program's own build is tested elsewhere (test_programs.py)
-        pytest.skip(f"{name} does not build: {e}")
+    causal = attention is None or not attention.endswith("-nc")
+    attention = (attention or "fused").removesuffix("-nc")
+    opts = RunOptions(dtype=dtype, attention=attention, causal=causal, target="x86_64")
+    module = prog.build(opts)
     inputs = prog.inputs(opts, seq, "cpu", seed=seq)
     scalars = prog.scalars(opts, seq)
     ref = run_program(module, inputs, scalars).tensors

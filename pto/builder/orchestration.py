@@ -26,7 +26,7 @@ from pto.builder.common import caller_loc, check_name
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.dtypes import dtype_of
-from pto.ir.expr import Attr, Const, Expr, ExprLike, Var, as_expr, const_value, evaluate
+from pto.ir.expr import Expr, ExprLike, Var, as_expr, const_value, evaluate
 from pto.ir.nodes import (
     Call,
     If,
@@ -474,4 +474,4 @@ def check_loop_attrs(owner: str, name: str, step: Expr, max_range, min_range, ti
     return tuple(sorted(tile_levels.items())), mx, mn
 
 
-__all__ = ["Orchestration", "TensorRef", "check_loop_attrs", "Attr", "Const"]
+__all__ = ["Orchestration", "TensorRef", "check_loop_attrs"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, tile_shape
 from pto.ir.dtypes import DType, dtype_of
-from pto.ir.expr import Attr, Expr, bounds, const_value, evaluate, is_int_expr
+from pto.ir.expr import Expr, bounds, const_value, evaluate, is_int_expr
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, ScalarParam, Tile
 from pto.ir.ops import (
     ATTRS,
@@ -354,4 +354,4 @@ def _try_eval(e: Expr, env: dict):
         return None
 
 
-__all__ = ["verify_incore", "check_instr", "Attr"]
+__all__ = ["verify_incore", "check_instr"]

@@ -319,4 +319,4 @@ def run_incore(fn: IncoreFunction, regions: dict[str, tuple], scalars: dict[str,
     run_incore_batch(fn, mems, sc, 1)
 
 
-__all__ = ["RegionBatch", "run_incore_batch", "run_incore", "CAST", "COL_REDUCE", "ROW_REDUCE"]
+__all__ = ["RegionBatch", "run_incore_batch", "run_incore"]

@@ -119,9 +119,6 @@ def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
     return int(r), int(c)
 
 
-def default_dims(fn: IncoreFunction) -> dict[str, int]:
-    return dict(fn.dims)
-
 
 def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> IncoreFunction:
     """The function with every dim replaced by a value (defaults for dims not given).
@@ -256,10 +253,3 @@ def _count_instrs(body) -> int:
     for s in body:
         n += _count_instrs(s.body) if isinstance(s, ForRange) else 1
     return n
-
-
-def instr_tiles(ins: Instr) -> list[str]:
-    names = [x for x in ins.srcs if isinstance(x, str)]
-    if ins.dst is not None:
-        names.append(ins.dst)
-    return names

@@ -12,7 +12,6 @@ only as constants of tile-scalar ops.
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 from typing import Union
@@ -583,6 +582,3 @@ def is_int_expr(e: Expr) -> bool:
     """True when no float constant occurs in ``e``."""
     return not _has_float(e)
 
-
-def is_finite_number(v) -> bool:
-    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))

@@ -22,7 +22,6 @@ from pto.ir.nodes import (
     Module,
     OrchFunction,
     RegionBinding,
-    ScalarParam,
 )
 from pto.ir.ops import SIGNATURE, Op
 
@@ -208,5 +207,4 @@ def format_module(m: Module) -> str:
     return "\n".join(parts) + f"\nentry @{m.entry}\n"
 
 
-__all__ = ["format_expr", "format_module", "format_function", "format_instr", "format_call",
-           "ScalarParam"]
+__all__ = ["format_expr", "format_module", "format_function", "format_instr", "format_call"]
