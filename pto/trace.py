@@ -5,7 +5,9 @@ trace processor import: ``{"traceEvents": [...], "displayTimeUnit": "ms", "other
 
 Layout (one process):
 
-- lane (tid) 0, "launches": one complete event per batched launch, ``launch: function ×n``;
+- lane (tid) 0, "batches": one complete event per batch the executor prepared and ran
+  (``batch: function ×n``; a batch may be one or a few device launches, which is what
+  ``pto run --json`` counts as ``launches``);
 - lanes 1, 2, ...: "task slot k": a launch runs its batch of tasks at once on one stream, so the
   k-th task of every launch goes to lane k + 1 and the tasks of one launch stack up visibly
   instead of hiding behind each other. Each task is a complete event named by its InCore
@@ -82,7 +84,7 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> d
         func = names.get(r.func, r.func.split("__", 1)[0])
         tasks = [int(t) for t in np.asarray(r.tasks).reshape(-1)]
         width = max(width, len(tasks))
-        events.append({"name": f"launch: {func} ×{len(tasks)}", "cat": "launch", "ph": "X", "pid": PID,
+        events.append({"name": f"batch: {func} ×{len(tasks)}", "cat": "launch", "ph": "X", "pid": PID,
                        "tid": LAUNCH_TID, "ts": ts, "dur": dur,
                        "args": {"launch": li, "wave": int(r.wave), "variant": r.func, "tasks": len(tasks),
                                 "first_task": tasks[0] if tasks else -1}})
@@ -118,8 +120,8 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> d
         {"name": "process_name", "ph": "M", "pid": PID, "tid": LAUNCH_TID,
          "args": {"name": f"pto run {prog}"}},
         {"name": "process_labels", "ph": "M", "pid": PID, "tid": LAUNCH_TID,
-         "args": {"labels": f"{len(slot):,} tasks in {len(recs):,} launches; {arrows}"}},
-        {"name": "thread_name", "ph": "M", "pid": PID, "tid": LAUNCH_TID, "args": {"name": "launches"}},
+         "args": {"labels": f"{len(slot):,} tasks in {len(recs):,} batches; {arrows}"}},
+        {"name": "thread_name", "ph": "M", "pid": PID, "tid": LAUNCH_TID, "args": {"name": "batches"}},
         {"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": LAUNCH_TID, "args": {"sort_index": 0}},
     ]
     for k in range(width):
@@ -127,7 +129,7 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> d
                      "args": {"name": f"task slot {k}"}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": k + 1,
                      "args": {"sort_index": k + 1}})
-    other = {"program": prog, "tasks": len(slot), "launches": len(recs), "lanes": width + 1,
+    other = {"program": prog, "tasks": len(slot), "batches": len(recs), "lanes": width + 1,
              "dependencies": total, "flows": n_flows, "flows_capped": capped, "max_flows": max_flows,
              "clock": "host perf_counter_ns around synchronized launches; a task's slice is its launch's"}
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
