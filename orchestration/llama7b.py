@@ -26,6 +26,7 @@ from pto.incore import llama as L
 from pto import Orchestration, Var, cdiv, emin, f32
 from pto.errors import SramError
 from pto.ir.dtypes import DType
+from pto.passes.binary_expansion import tile_levels
 from pto.passes.tiling import Target, flash_tile_rows, get_target
 from pto.programs import Program, RunOptions, seeded_randn
 
@@ -80,17 +81,6 @@ def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None
         norm_rows=16, norm_chunk=max(min(512 if big else 128, cfg.hidden) // shrink, 16),
         ew_block=max((128 if big else 64) // shrink, 16),
     )
-
-
-def tile_levels(base: int, top: int) -> dict[int, int]:
-    """Blocks of p base tiles use tiles of min(p * base, top) rows; the residual uses base."""
-    levels = {0: base}
-    p = 2
-    while p <= MAX_RANGE:
-        if top > base:
-            levels[p] = min(p * base, top)
-        p *= 2
-    return levels
 
 
 def loop_attrs(base: int, top: int) -> dict:
@@ -150,10 +140,6 @@ def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, att
 
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
                  causal: bool = True):
-    if attention not in ("split", "pair", "fused"):
-        from pto.errors import UsageError
-
-        raise UsageError(f"unknown attention mode {attention!r} (choose split, pair or fused)")
     t, fn = fit_functions(cfg, dt, target, causal, attention)
     H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
     base = t.base
@@ -311,6 +297,7 @@ class LlamaProgram(Program):
     description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for CPU)"
     default_seq = 128
     outputs = ("y",)
+    uses = frozenset({"attention", "causal"})
 
     def target(self, opts: RunOptions) -> Target:
         if opts.target is None:
@@ -332,6 +319,21 @@ class LlamaProgram(Program):
 
     def tiling(self, opts: RunOptions) -> LlamaTiling:
         return fit_functions(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.causal, opts.attention)[0]
+
+    def closed_form_counts(self, opts: RunOptions, seq: int, adaptive: bool) -> dict[str, int]:
+        """Exact task and edge counts (see :func:`closed_form`), for ``pto estimate``."""
+        return closed_form(CONFIGS[opts.config], self.tiling(opts), seq, opts.attention, opts.causal, adaptive)
+
+    def check_size(self, opts: RunOptions, seq: int) -> None:
+        """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
+        edges) or inputs that cannot fit in memory."""
+        from pto.errors import UsageError
+
+        c = self.closed_form_counts(opts, seq, True)
+        if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
+            raise UsageError(f"llama7b at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
+                             "runtime's limits (2^31 task ids and edges); use a shorter --seq or "
+                             "`pto estimate` for the counts")
 
     def scalar_exprs(self, opts):
         return {"S": Var("seq")}
@@ -392,32 +394,73 @@ def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
 
 def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
                 adaptive: bool = True) -> dict[str, int]:
-    """Exact task and edge counts of the layer's graph without building it.
+    """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
+    log^2 n) for n base tiles (milliseconds up to 2**31 - 1 tokens: nothing is enumerated per
+    tile).
 
     With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
     kv range overlaps (docs/ESTIMATE.md derives each term):
     fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
     split: tasks 16T + 3P, edges 14T + 10P.
     """
+    from pto.ir.expr import bx_blocks
+    from pto.passes.binary_expansion import closed_form_iterations, height_of_block
+
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
-    rows = row_tiles(n, t.base, tq)
-    T = len(rows)
-    if causal:
-        ends = [min(n, s + h) for s, h in rows]
-        P = sum(len(row_tiles(e, t.base, tk)) for e in ends)
-        Q = sum(k + 1 for k in range(T))
+    q_levels = tuple(sorted(tile_levels(t.base, tq).items()))
+    kv_levels = tuple(sorted(tile_levels(t.base, tk).items()))
+    M = MAX_RANGE
+
+    def w(p: int) -> int:
+        """kv tiles of one binary-expansion block of p base tiles (p = 1: the residual tile)."""
+        return p if p < 2 else p // (height_of_block(kv_levels, p) // t.base)
+
+    def low(r: int) -> int:
+        """kv tiles over the r < M base tiles after the full blocks: one block per set bit."""
+        return sum(w(1 << b) for b in range(r.bit_length()) if r >> b & 1)
+
+    def q_block(start: int, p: int) -> tuple[int, int]:
+        """(q tiles, pairs) of the q block of p base tiles at ``start`` within its M-chunk."""
+        h = height_of_block(q_levels, p) // t.base if p >= 2 else 1
+        c = p // h
+        # the bit arithmetic needs power-of-two tiles dividing their block: tile_levels gives
+        # min(p * base, top) with power-of-two base and top, so this only guards future levels
+        if h & (h - 1) or p % h:
+            raise ValueError(f"q tiles of {h} base tiles in a block of {p}: not a power-of-two split")
+        return c, c * low(start) + w(p) + (c // 2) * sum(w(h << b) for b in range(c.bit_length() - 1))
+
+    def causal_pairs() -> int:
+        """The sum over q tiles of K(end of the q tile), K(m) = kv tiles covering m base tiles.
+
+        K(m) = (m // M) w(M) + low(m % M): the blocks of bx_blocks (min_range 2), additive over
+        disjoint bits. A q block of p base tiles starts at a multiple of 2p (the sum of the
+        larger bits), so its c = p / h q tiles end at start + j h (j = 1 .. c): K sums to
+        c low(start) + w(p) (the last end sets bit p) + the bits of j h for j < c, each bit of
+        j < c being set for c / 2 of them. Per block O(log n) instead of O(tiles * log n).
+        """
+        full = n // M
+        c_full, per_full = q_block(0, M)
+        # full block k: its q tiles also count the k full kv blocks before it (its last tile,
+        # ending at (k + 1) M, counts w(M) more: in per_full)
+        total = full * per_full + c_full * w(M) * (full * (full - 1) // 2)
+        for start, p in bx_blocks(n % M, M, 2):
+            c, pairs = q_block(start, p)
+            total += pairs + c * full * w(M)
+        return total
+
+    # a loop without adaptive levels is not expanded (one iteration per base tile); with a
+    # single level closed_form_iterations counts exactly that
+    T = closed_form_iterations(n, M, 2, q_levels)
+    if attention == "fused":
+        P = 0  # no pair loop: one attention task per q tile
+    elif causal:
+        P = causal_pairs()
     else:
-        P = T * len(row_tiles(n, t.base, tk))
-        Q = T * T
+        P = T * closed_form_iterations(n, M, 2, kv_levels)
+    # every kv range ends on a row-tile boundary: q tile i overlaps i + 1 row tiles (causal)
+    Q = T * (T + 1) // 2 if causal else T * T
     tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
-    return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P if attention != "fused" else 0}
+    return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}
 
-
-def _closed_form_counts(self, opts: RunOptions, seq: int, adaptive: bool) -> dict[str, int]:
-    """Exact counts for ``pto estimate`` (see :func:`closed_form`)."""
-    return closed_form(CONFIGS[opts.config], self.tiling(opts), seq, opts.attention, opts.causal, adaptive)
-
-
-LlamaProgram.closed_form_counts = _closed_form_counts

@@ -168,7 +168,8 @@ def _cmd_estimate(args) -> int:
     from pto.estimate import estimate, format_table, plot
 
     res = estimate(args.program, seqs, config=args.config, dtype=args.dtype, target=args.target,
-                   attention=args.attention, causal=args.causal, adaptive=not args.no_adaptive)
+                   attention=args.attention, causal=args.causal, adaptive=not args.no_adaptive,
+                   plot_path=args.plot)
     if args.plot:
         plot(res, args.plot)
     if args.json:

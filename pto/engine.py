@@ -187,6 +187,7 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
     the same CUDA graph."""
     prog, dev, be, opts = resolve_options(program, config, device, backend, dtype, causal, attention, target)
     seq = seq or prog.default_seq
+    prog.check_size(opts, seq)
     record = bool(trace)
     cached = repeat > 1 and not record
     runner = get_runner(prog, opts, seq, dev, be, adaptive) if cached else \

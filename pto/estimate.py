@@ -11,7 +11,11 @@ docs/ESTIMATE.md gives the formulas and the seed comparison.
 
 from __future__ import annotations
 
+import numbers
+import os
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -23,8 +27,15 @@ from pto.programs import RunOptions
 
 #: graphs up to this many tasks are built for real
 MAX_BUILD_TASKS = 2_000_000
-#: calibration builds of the memory model stay below this many tasks
+#: ... and up to this many edges: the fused layer's edges grow as T^2 / 2 with few tasks (4M
+#: tokens: 360K tasks but 1.1G edges, minutes and gigabytes to build), so the task limit alone
+#: does not keep a build to about a second (20M edges: ~0.4 s and ~170 MB here)
+MAX_BUILD_EDGES = 20_000_000
+#: calibration builds of the memory model stay below this many tasks and edges
 CALIBRATION_TASKS = 200_000
+CALIBRATION_EDGES = 2_000_000
+#: the largest sequence length: the runtime's tensor dimensions are int32
+MAX_SEQ = 2**31 - 1
 #: the task metadata of the reference runtime (seed 004): 2,864 bytes per task
 SEED_BYTES_PER_TASK = 2864
 #: the seed's published rows (tasks with and without adaptive tiles), for the plot
@@ -51,7 +62,8 @@ class _Counter:
         self.module = module
         self.has_closed_form = hasattr(prog, "closed_form_counts")
 
-    def counts(self, seq: int, adaptive: bool) -> dict | None:
+    def counts(self, seq: int, adaptive: bool) -> dict:
+        """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
             return self.prog.closed_form_counts(self.opts, seq, adaptive)
         g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.opts, seq),
@@ -63,6 +75,7 @@ class _Counter:
 
 
 def _build(module, prog, opts, seq: int, adaptive: bool) -> dict:
+    """Build the whole graph (window 0) and read its counts, peak bytes and build time."""
     cp = CompiledProgram.get(module, adaptive)
     scalars = prog.scalars(opts, seq)
     t0 = time.perf_counter()
@@ -70,7 +83,7 @@ def _build(module, prog, opts, seq: int, adaptive: bool) -> dict:
     wall = (time.perf_counter() - t0) * 1e3
     try:
         st = g.stats
-        return {"tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
+        return {"seq": seq, "tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
                 "build_ms": round(g.build_ms, 3), "setup_ms": round(wall - g.build_ms, 3)}
     finally:
         g.close()
@@ -96,19 +109,96 @@ def _fit_bytes(samples: list[dict]) -> tuple[float, float, float]:
 
 
 def _fit_edges(samples: list[dict]) -> tuple[float, float]:
+    """edges ~ a * tasks + b over the builds (programs without a closed form for edges)."""
     A = np.array([[s["tasks"], 1.0] for s in samples], dtype=np.float64)
     y = np.array([s["edges"] for s in samples], dtype=np.float64)
     coef, *_ = np.linalg.lstsq(A, y, rcond=None)
     return float(coef[0]), float(coef[1])
 
 
-def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf16",
-             target: str | None = None, attention: str = "fused", causal: bool = True,
-             adaptive: bool = True, max_build_tasks: int = MAX_BUILD_TASKS) -> dict:
-    """Rows of task counts, edges and runtime memory for each sequence length (JSON-able)."""
-    prog = programs.get(program)
+def _calibration_builds(counter: _Counter, module, prog, opts: RunOptions, adaptive: bool,
+                        samples: list[dict]) -> list[dict]:
+    """Builds for the memory model when fewer than three rows were measured: the largest
+    power-of-two sequence lengths whose graphs stay within CALIBRATION_TASKS and
+    CALIBRATION_EDGES. The largest, not the smallest: the fixed bytes swamp tiny graphs, and the
+    fused layer's edges per task grow with the length, so only graphs with many edges per task
+    pin the bytes per edge (the smallest three left it at 0: 13 MB predicted for a 562 MB
+    graph at 1M tokens)."""
+    fits, cal = [], 64
+    while cal <= 1 << 24:  # the counts are closed-form or count-only runs: cheap
+        c = counter.counts(cal, adaptive)
+        if c["tasks"] > CALIBRATION_TASKS or c.get("edges", 0) > CALIBRATION_EDGES:
+            break
+        fits.append((cal, c["tasks"]))
+        cal *= 2
+    out, seen = [], {s["tasks"] for s in samples}
+    for cal, tasks in reversed(fits):
+        if len(samples) + len(out) >= 3:
+            break
+        if tasks not in seen:
+            seen.add(tasks)
+            out.append(_build(module, prog, opts, cal, adaptive))
+    return out
+
+
+def check_plot_path(path: str) -> None:
+    """UsageError unless matplotlib can write ``path`` (its suffix names a format it writes, and
+    its folder exists): checked before anything is computed, so that a typo costs no build."""
+    try:
+        from matplotlib import rcParams
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise UsageError("--plot needs matplotlib (pip install matplotlib)") from None
+    suffix = Path(path).suffix.lower().lstrip(".")
+    formats = set(FigureCanvasBase.get_supported_filetypes())
+    if not shutil.which(rcParams["pgf.texsystem"]):  # pgf output runs a TeX install
+        formats.discard("pgf")
+    if suffix not in formats:
+        what = f"'.{suffix}' files" if suffix else "a file without a suffix"
+        raise UsageError(f"--plot {path}: matplotlib cannot write {what} "
+                         f"(use .png, .pdf, .svg or .jpg; all: {', '.join(sorted(formats))})")
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UsageError(f"--plot {path}: no folder {str(folder)!r}")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--plot {path}: folder {str(folder)!r} is not writable")
+
+
+def check_seqs(seqs: list[int]) -> list[int]:
+    """The distinct sequence lengths, sorted; UsageError naming the first one out of range."""
     if not seqs:
         raise UsageError("estimate needs at least one sequence length")
+    for s in seqs:
+        if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s <= 0:
+            raise UsageError(f"sequence length {s!r}: must be a positive integer")
+        if s > MAX_SEQ:
+            raise UsageError(f"sequence length {s} is above {MAX_SEQ} (2**31 - 1), the runtime's "
+                             f"limit on a tensor dimension")
+    return sorted({int(s) for s in seqs})
+
+
+def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf16",
+             target: str | None = None, attention: str = "fused", causal: bool = True,
+             adaptive: bool = True, max_build_tasks: int = MAX_BUILD_TASKS,
+             max_build_edges: int = MAX_BUILD_EDGES, plot_path: str | None = None) -> dict:
+    """Rows of task counts, edges and runtime memory for each sequence length (JSON-able).
+
+    A row is built for real when its graph (the adaptive one, or the non-adaptive one with
+    ``adaptive=False``) has at most ``max_build_tasks`` tasks and, where the closed form gives
+    them, ``max_build_edges`` edges. ``plot_path`` is only checked here (before any work; see
+    :func:`check_plot_path`); :func:`plot` draws it. ``attention`` and ``causal`` are reported
+    only for programs that use them, and other values than the defaults are refused for the
+    others (as ``pto run`` does).
+    """
+    seqs = check_seqs(seqs)
+    if plot_path is not None:
+        check_plot_path(plot_path)
+    prog = programs.get(program)
+    uses = getattr(prog, "uses", frozenset())
+    if attention != "fused" and "attention" not in uses:
+        raise UsageError(f"{prog.name} has no attention: --attention {attention} does not apply")
+    if not causal and "causal" not in uses:
+        raise UsageError(f"{prog.name} has no attention: --no-causal does not apply")
     tname = target or default_target()
     from pto.passes.tiling import get_target
 
@@ -118,14 +208,14 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
     module = prog.build(opts)
     counter = _Counter(prog, opts, module)
     rows, samples = [], []
-    for seq in sorted(set(seqs)):
+    for seq in seqs:
         ca, cn = counter.counts(seq, True), counter.counts(seq, False)
         mine = ca if adaptive else cn
         row = {"seq": seq, "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
                "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0}
         if "row_tiles" in mine:
             row["row_tiles"] = mine["row_tiles"]
-        if mine["tasks"] <= max_build_tasks:
+        if mine["tasks"] <= max_build_tasks and mine.get("edges", 0) <= max_build_edges:
             b = _build(module, prog, opts, seq, adaptive)
             if b["tasks"] != mine["tasks"] or ("edges" in mine and b["edges"] != mine["edges"]):
                 raise ExecutionError(f"{program} at seq {seq}: the closed form gives {mine} but the "
@@ -136,15 +226,8 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
         else:
             row.update(edges=mine.get("edges"), measured=False)
         rows.append(row)
-    # calibrate the memory model on small builds when fewer than three sizes were measured
-    cal = 64
-    while len(samples) < 3 and cal <= 1 << 16:
-        c = counter.counts(cal, adaptive)
-        if c["tasks"] > CALIBRATION_TASKS:
-            break
-        if all(s["tasks"] != c["tasks"] for s in samples):
-            samples.append(_build(module, prog, opts, cal, adaptive))
-        cal *= 2
+    if len(samples) < 3:
+        samples += _calibration_builds(counter, module, prog, opts, adaptive, samples)
     if not samples:
         raise ExecutionError(f"{program}: no graph is small enough to build for the memory model")
     a, b, c = _fit_bytes(samples)
@@ -159,52 +242,71 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
             row["edges_estimated"] = True
         row["runtime_bytes"] = int(round(a * n + b * row["edges"] + c))
         row["bytes_per_task"] = round(row["runtime_bytes"] / max(n, 1), 1)
-    return {
-        "program": prog.name, "config": config, "dtype": opts.dtype.short, "target": tname,
-        "attention": attention, "causal": causal, "adaptive": adaptive,
-        "memory_model": {"bytes_per_task": round(a, 2), "bytes_per_edge": round(b, 2), "bytes_fixed": round(c)},
-        "rows": rows,
-    }
+    res = {"program": prog.name, "config": config, "dtype": opts.dtype.short, "target": tname}
+    # attention and causal change only the programs that use them: reporting them for softmax
+    # or bgemm would describe a setting that does not exist
+    res.update({k: v for k, v in (("attention", attention), ("causal", causal)) if k in uses})
+    res.update(adaptive=adaptive, closed_form=counter.has_closed_form,
+               memory_model={"bytes_per_task": round(a, 2), "bytes_per_edge": round(b, 2),
+                             "bytes_fixed": round(c), "fitted_on": sorted(s["seq"] for s in samples)},
+               rows=rows)
+    return res
 
 
 def row_tasks(row: dict, adaptive: bool) -> int:
+    """Tasks of the graph the row's edges and memory describe."""
     return row["tasks"] if adaptive else row["tasks_no_adaptive"]
 
 
 def _human_bytes(n: float) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    """Decimal units up to PB (the 2**31 - 1 token rows reach petabytes)."""
+    for unit, k in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= k:
             return f"{n / k:.1f}{unit}"
     return f"{int(n)}B"
 
 
 def _human_seq(s: int) -> str:
+    """1024 -> 1K; lengths that are not multiples of 1024 as they are."""
     return f"{s // 1024}K" if s % 1024 == 0 else str(s)
 
 
 def format_table(res: dict) -> str:
-    head = (f"{res['program']} config={res['config']} dtype={res['dtype']} target={res['target']} "
-            f"attention={res['attention']} {'causal' if res['causal'] else 'non-causal'}"
-            f"{'' if res['adaptive'] else ' (no adaptive tiles)'}")
+    """The text table of ``pto estimate``. Tasks (adaptive tiles) and No-Opt (none) are both
+    always shown; a header line says which of the two graphs Tiles, Edges, Build, Memory and
+    B/task describe, since ``--no-adaptive`` switches them but not the Tasks column."""
+    setting = [f"{res['program']} config={res['config']} dtype={res['dtype']} target={res['target']}"]
+    if "attention" in res:
+        setting.append(f"attention={res['attention']}")
+    if "causal" in res:
+        setting.append("causal" if res["causal"] else "non-causal")
+    graph = "with" if res["adaptive"] else "WITHOUT"
+    note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory and "
+            f"B/task: the graph {graph} adaptive tiles")
     cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", ""]
-    lines = [head, " | ".join(cols)]
+    unbuilt = "closed form" if res.get("closed_form", True) else "counted"
+    lines = [" ".join(setting), note, " | ".join(cols)]
     for r in res["rows"]:
         build = f"{r['build_ms']:.2f}ms" if r.get("build_ms") is not None else "-"
         tpm = f"{r['tasks_per_ms']:,}" if r.get("tasks_per_ms") else "-"
         lines.append(" | ".join([
             _human_seq(r["seq"]), str(r.get("row_tiles", "-")), f"{r['tasks']:,}", f"{r['tasks_no_adaptive']:,}",
             f"{100 * r['saved']:.0f}%", f"{r['edges']:,}", build, tpm, _human_bytes(r["runtime_bytes"]),
-            f"{r['bytes_per_task']:.0f}", "measured" if r["measured"] else "closed form",
+            f"{r['bytes_per_task']:.0f}", "measured" if r["measured"] else unbuilt,
         ]))
     m = res["memory_model"]
     lines.append(f"memory model: {m['bytes_per_task']} B/task + {m['bytes_per_edge']} B/edge + "
-                 f"{m['bytes_fixed']} B (fitted on measured builds)")
+                 f"{m['bytes_fixed']} B (fitted on the builds at "
+                 f"{', '.join(_human_seq(x) for x in m['fitted_on'])})")
+    if any(r.get("edges_estimated") for r in res["rows"]):
+        lines.append("edges of the counted rows: scaled from the measured graphs")
     return "\n".join(lines)
 
 
 def plot(res: dict, path: str) -> None:
     """Tasks and runtime memory against sequence length (log-log): this setting against the
     seed's setting, with the seed's published rows as markers."""
+    check_plot_path(path)  # callers that did not pass plot_path to estimate()
     try:
         import matplotlib
 
@@ -216,7 +318,9 @@ def plot(res: dict, path: str) -> None:
     seed = estimate(res["program"], seqs, config=res["config"], **SEED_SETTING) \
         if res["program"] == "llama7b" else None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    label = f"ours ({res['target']}, {res['dtype']}, {res['attention']}, {'causal' if res['causal'] else 'non-causal'})"
+    parts = [res["target"], res["dtype"]] + ([res["attention"]] if "attention" in res else []) \
+        + (["causal" if res["causal"] else "non-causal"] if "causal" in res else [])
+    label = f"ours ({', '.join(parts)})"
     ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", label=label + ", adaptive")
     ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", label=label + ", no adaptive")
     ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", label=label)

@@ -64,6 +64,9 @@ class Program:
                   inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def check_size(self, opts: RunOptions, seq: int) -> None:
+        """Refuse, before any work, a size the program cannot run (nothing to check by default)."""
+
     def flops(self, opts: RunOptions, seq: int) -> float:
         """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
         return 0.0

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from pto.estimate import SEED_ROWS, estimate
+from pto.errors import UsageError
+from pto.estimate import SEED_ROWS, estimate, format_table
 from pto.graph import CompiledProgram
 from pto.ir.dtypes import dtype_of
 from pto.programs import RunOptions, get
@@ -85,3 +87,135 @@ def test_cli_json_and_plot(tmp_path):
         assert all(key in x for x in rows)
     assert rows[0]["measured"] and not rows[-1]["measured"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ the closed form at scale
+
+
+def _per_tile_counts(t, seq: int, causal: bool, adaptive: bool) -> tuple[int, int]:
+    """(T, P) by enumerating the row tiles of binary expansion and counting each q tile's kv
+    tiles: the definition the closed form must equal (O(T * n), small n only)."""
+    from pto.orchestration.llama7b import row_tiles
+
+    n = -(-seq // t.base)
+    tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
+    rows = row_tiles(n, t.base, tq)
+    if causal:
+        return len(rows), sum(len(row_tiles(min(n, s + h), t.base, tk)) for s, h in rows)
+    return len(rows), len(rows) * len(row_tiles(n, t.base, tk))
+
+
+@pytest.mark.parametrize("max_range", [4, 8, 4096])
+def test_closed_form_equals_the_per_tile_definition(monkeypatch, max_range):
+    """Every (base, q, kv) tiling the SRAM fitting can choose, every length up to a few full
+    blocks of binary expansion (max_range shrunk so that full blocks are cheap to enumerate),
+    every mode: the O(log^2 n) pair count equals enumerating the tiles."""
+    import pto.orchestration.llama7b as llama
+    from pto.orchestration.llama7b import CONFIGS, LlamaTiling, closed_form
+
+    monkeypatch.setattr(llama, "MAX_RANGE", max_range)
+    tilings = [(32, 128, 128), (32, 128, 64), (32, 64, 64), (16, 32, 32), (8, 16, 16), (8, 8, 8)]
+    ns = list(range(0, 8 * max_range + 3)) if max_range < 4096 else [1, 2, 3, 37, 4095, 4096, 4097]
+    if max_range == 4096:  # the real block size, on the GPU tilings (the enumeration is slow)
+        tilings = tilings[:2]
+    for base, tq, tk in tilings:
+        t = LlamaTiling(base=base, tq=tq, tk=tk, bn=0, bk=0, norm_rows=0, norm_chunk=0, ew_block=0)
+        for n in ns:
+            seq = max(n * base - base // 2, 0)  # a clipped last tile
+            for causal in (True, False):
+                for adaptive in (True, False):
+                    T, P = _per_tile_counts(t, seq, causal, adaptive)
+                    Q = T * (T + 1) // 2 if causal else T * T
+                    want = {"fused": (11 * T, 11 * T + 2 * Q), "pair": (16 * T + P, 16 * T + 4 * P),
+                            "split": (16 * T + 3 * P, 14 * T + 10 * P)}
+                    for attention, (tasks, edges) in want.items():
+                        cf = closed_form(CONFIGS["7b"], t, seq, attention, causal, adaptive)
+                        assert (cf["tasks"], cf["edges"]) == (tasks, edges), (t, seq, attention, causal, adaptive)
+
+
+@pytest.mark.parametrize("attention", ["fused", "split"])
+@pytest.mark.parametrize("adaptive", [True, False], ids=["adaptive", "no-adaptive"])
+def test_4m_tokens_and_the_largest_length_take_the_closed_form_in_seconds(attention, adaptive):
+    """4M tokens (the per-tile closed form took minutes, the fused graph's 1.1G edges would
+    have been built) and 2**31 - 1 tokens: closed form, not built, in about a second."""
+    t0 = time.perf_counter()
+    res = estimate("llama7b", [1 << 22, 2**31 - 1], target="cuda_h100", attention=attention, adaptive=adaptive)
+    assert time.perf_counter() - t0 < 10
+    row = res["rows"][0]
+    assert not row["measured"] and row["runtime_bytes"] > 0
+    T = (1 << 22) // 128  # 128-row q and kv tiles on cuda_h100 bf16
+    P = T * (T + 1) // 2
+    assert row["tasks"] == (11 * T if attention == "fused" else 16 * T + 3 * P)
+    if adaptive:
+        assert row["edges"] == (11 * T + 2 * P if attention == "fused" else 14 * T + 10 * P)
+    assert not res["rows"][1]["measured"]
+
+
+def test_memory_model_predicts_an_edge_heavy_graph():
+    """Nothing measured (the fused layer at 512K tokens has 17M edges): the calibration builds
+    are the largest small graphs, which pin the bytes per edge; the prediction is within 10%
+    of building the graph."""
+    est = estimate("llama7b", [1 << 19], target="cuda_h100", max_build_tasks=0)
+    real = estimate("llama7b", [1 << 19], target="cuda_h100", max_build_edges=10**9)["rows"][0]
+    row = est["rows"][0]
+    assert not row["measured"] and real["measured"] and row["edges"] == real["edges"] > 10**7
+    assert abs(row["runtime_bytes"] - real["runtime_bytes"]) / real["runtime_bytes"] < 0.1
+
+
+# ------------------------------------------------------------------ what the report says
+
+
+def test_no_adaptive_table_says_which_graph_the_columns_describe():
+    res = estimate("llama7b", [1024], target="cuda_h100", adaptive=False)
+    row = res["rows"][0]
+    assert row["tasks"] < row["tasks_no_adaptive"]  # Tasks stays the adaptive count
+    text = format_table(res)
+    assert "Tasks: with adaptive tiles; No-Opt: without" in text
+    assert "the graph WITHOUT adaptive tiles" in text
+    assert f"| {row['tasks']:,} | {row['tasks_no_adaptive']:,} |" in text
+    assert f"| {row['edges']:,} |" in text
+    assert "the graph with adaptive tiles" in format_table(estimate("llama7b", [1024], target="cuda_h100"))
+
+
+def test_attention_and_causal_only_for_programs_that_use_them():
+    assert {"attention", "causal"} <= set(estimate("llama7b", [256], target="cuda_h100"))
+    res = estimate("softmax", [256], config="tiny", dtype="f32")
+    assert "attention" not in res and "causal" not in res
+    assert "attention=" not in format_table(res) and "causal" not in format_table(res)
+    with pytest.raises(UsageError, match="no attention"):
+        estimate("softmax", [256], config="tiny", dtype="f32", attention="split")
+
+
+def test_bad_plot_path_and_too_long_sequence_fail_before_any_work(monkeypatch, tmp_path):
+    import pto.estimate as est
+
+    def no_work(*a, **k):
+        raise AssertionError("computed before rejecting the arguments")
+
+    monkeypatch.setattr(est.programs, "get", no_work)
+    for bad in ("est.bmp", "est", "est.txt"):
+        with pytest.raises(UsageError, match="matplotlib cannot write"):
+            est.estimate("llama7b", [1024], plot_path=str(tmp_path / bad))
+    with pytest.raises(UsageError, match="no folder"):
+        est.estimate("llama7b", [1024], plot_path=str(tmp_path / "missing" / "est.png"))
+    with pytest.raises(UsageError, match="2147483648"):
+        est.estimate("llama7b", [1024, 2**31], plot_path=str(tmp_path / "est.png"))
+    for ok in ("a.png", "a.pdf", "a.svg", "a.jpg", "a.JPEG"):
+        est.check_plot_path(str(tmp_path / ok))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--plot", "{tmp}/est.bmp"], "cannot write '.bmp' files"),
+    (["--plot", "{tmp}/est"], "a file without a suffix"),
+    (["--seq", "1024,2147483648"], "sequence length 2147483648 is above 2147483647"),
+])
+def test_cli_rejects_bad_plot_suffix_and_too_long_sequence(tmp_path, args, needle):
+    """One line on stderr, a non-zero exit, no traceback, nothing on stdout, no file."""
+    argv = ["estimate", "llama7b", "--seq", "1024", "--json"] + [a.format(tmp=tmp_path) for a in args]
+    r = subprocess.run([sys.executable, "-m", "pto.cli", *argv], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert r.stdout == ""
+    err = r.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err and err.startswith("pto: error:"), err
+    assert needle in err
+    assert list(tmp_path.iterdir()) == []
