@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,29 +33,14 @@ from pto.graph import CompiledProgram  # noqa: E402
 from pto.interp.orchestration import allocate, tensor_shapes  # noqa: E402
 from pto.ir.dtypes import dtype_of  # noqa: E402
 from pto.programs import RunOptions, get  # noqa: E402
-
-
-def cuda_time(fn, repeat: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` over ``repeat`` runs (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+from pto.timing import median_ms  # noqa: E402
 
 
 def profile_launches(ex: Executor, names: list[str], repeat: int = 3) -> dict[str, float]:
     """Milliseconds per InCore function: each recorded launch timed alone with events."""
     acc: dict[str, float] = {}
     for launch, name in zip(ex.launches, names):
-        t = cuda_time(launch, repeat, warmup=1)
+        t = median_ms(launch, repeat, warmup=1)
         base = name.split("__")[0]
         acc[base] = acc.get(base, 0.0) + t
     return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
@@ -73,14 +57,14 @@ def bench_seq(seq: int, attention: str, causal: bool, repeat: int, do_compile: b
 
     # PyTorch eager and torch.compile of the same reference layer
     ref = reference_layer(inputs, cfg, causal)
-    out["eager_ms"] = cuda_time(lambda: reference_layer(inputs, cfg, causal), repeat)
+    out["eager_ms"] = median_ms(lambda: reference_layer(inputs, cfg, causal), repeat, warmup=3)
     if do_compile:
         compiled = torch.compile(reference_layer)
         t0 = time.perf_counter()
         compiled(inputs, cfg, causal)
         torch.cuda.synchronize()
         out["compile_s"] = round(time.perf_counter() - t0, 1)
-        out["torch_compile_ms"] = cuda_time(lambda: compiled(inputs, cfg, causal), repeat)
+        out["torch_compile_ms"] = median_ms(lambda: compiled(inputs, cfg, causal), repeat, warmup=3)
 
     # ours
     t0 = time.perf_counter()
@@ -101,9 +85,9 @@ def bench_seq(seq: int, attention: str, causal: bool, repeat: int, do_compile: b
     names = [r.func for r in stats.records]
     graph.close()
     ex.replay()  # warm
-    out["python_launch_ms"] = cuda_time(ex.replay, max(3, repeat // 4))
+    out["python_launch_ms"] = median_ms(ex.replay, max(3, repeat // 4), warmup=3)
     cg = ex.capture()
-    out["ours_ms"] = cuda_time(cg.replay, repeat)
+    out["ours_ms"] = median_ms(cg.replay, repeat, warmup=3)
     out["dispatch_share"] = round(max(0.0, 1 - out["ours_ms"] / out["python_launch_ms"]), 3)
     # the graph replays must keep computing the same output
     torch.cuda.synchronize()

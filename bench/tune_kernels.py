@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from pto.backends.triton_backend import TritonBackend  # noqa: E402
 from pto.interp.incore import RegionBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
+from pto.timing import median_ms  # noqa: E402
 
 BF16 = DType.BF16
 # (bn, bk, num_warps, num_stages, GROUP): around the usual Hopper GEMM shapes and program orders
@@ -38,21 +38,6 @@ FLASH_CONFIGS = [(128, 128, 8, 3, 0), (128, 128, 8, 3, 1), (128, 128, 8, 3, 4), 
                  (128, 64, 8, 4, 0)]
 # matmul_swiglu_tile (bn per projection, bk, num_warps, num_stages)
 SWIGLU_CONFIGS = [(128, 64, 8, 3, 8), (128, 64, 8, 4, 8), (128, 64, 8, 4, 0)]
-
-
-def cuda_time(fn, repeat=10, warmup=2) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
 
 
 def regions(t: torch.Tensor, n: int, row0, col0, rows, cols) -> RegionBatch:
@@ -83,7 +68,7 @@ def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
             y.fill_(float("nan"))
             launch()
             err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = cuda_time(launch)
+            ms = median_ms(launch)
         except Exception as e:  # a config that does not compile or fit is skipped
             out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group,
                         "error": str(e)[:300]})
@@ -118,7 +103,7 @@ def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> lis
             y.fill_(float("nan"))
             launch()
             err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = cuda_time(launch)
+            ms = median_ms(launch)
         except Exception as e:
             out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:300]})
             print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -140,7 +125,7 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     qh, kh, vh = (t.view(seq, heads, d).transpose(0, 1)[None] for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True)[0]
     ref = ref.transpose(0, 1).reshape(seq, H).float()
-    sdpa_ms = cuda_time(lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True))
+    sdpa_ms = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True))
     flops = 4 * seq * seq * H * 0.5
     print(f"sdpa causal seq={seq}: {sdpa_ms:.3f} ms {flops / sdpa_ms / 1e9:.0f} TF/s", flush=True)
     out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
@@ -163,7 +148,7 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
             o.fill_(float("nan"))
             launch()
             err = ((o.float() - ref).norm() / ref.norm()).item()
-            ms = cuda_time(launch)
+            ms = median_ms(launch)
         except Exception as e:
             out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "group": group, "error": str(e)[:300]})
             print(f"flash tq={tq} tk={tk} w={warps} s={stages} g={group}: {type(e).__name__}: {str(e)[:300]}",

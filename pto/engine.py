@@ -112,45 +112,22 @@ class Runner:
 
     def time(self, repeat: int) -> dict:
         """Median milliseconds of ``repeat`` replays (CUDA events on the GPU)."""
-        times, mode = [], "launches"
-        for _ in range(repeat):
-            if self.device == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                mode = self.replay()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                mode = self.replay()
-                times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        return {"replay_ms": round(times[len(times) // 2], 4), "replays": repeat, "replay_mode": mode}
+        from pto.timing import median_ms
+
+        mode = self.replay()  # also captures the CUDA graph once
+        ms = median_ms(self.replay, repeat, warmup=0, cuda=self.device == "cuda")
+        return {"replay_ms": round(ms, 4), "replays": repeat, "replay_mode": mode}
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
         """Milliseconds per InCore function: each recorded launch timed on its own (warmed up,
         median of ``repeat``; CUDA events on the GPU), summed per function. The first run
         compiled the kernels, so this is kernel time, not compile time."""
+        from pto.timing import median_ms
+
         acc: dict[str, float] = {}
         for launch, name in zip(self.executor.launches, self.executor.launch_names):
-            launch()  # warm
-            times = []
-            for _ in range(repeat):
-                if self.device == "cuda":
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    launch()
-                    e.record()
-                    e.synchronize()
-                    times.append(s.elapsed_time(e))
-                else:
-                    t0 = time.perf_counter()
-                    launch()
-                    times.append((time.perf_counter() - t0) * 1e3)
-            times.sort()
             base = name.split("__")[0]
-            acc[base] = acc.get(base, 0.0) + times[len(times) // 2]
+            acc[base] = acc.get(base, 0.0) + median_ms(launch, repeat, warmup=1, cuda=self.device == "cuda")
         return {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
 
     def close(self) -> None:
