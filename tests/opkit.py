@@ -73,3 +73,21 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype: DType, what: str = ""
     scale = max(np.abs(want).max(), 1e-30)
     err = np.abs(got - want).max() / scale
     assert err <= TOL[dtype], f"{what}: max error {err:.3e} > {TOL[dtype]:.1e} ({dtype})"
+
+
+# agreement of the Triton backend with the reference interpreter: relative, plus absolute
+# relative to the largest value (sums in another order differ where terms cancel)
+AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
+
+
+def triton_vs_interp(op: str, dst_shape, srcs, dtype: DType, **kw) -> np.ndarray:
+    """``op`` through the Triton backend, checked against the reference interpreter; returns
+    the Triton result as float64."""
+    from pto.backends.triton_backend import run_incore_triton
+
+    got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
+    want = one_op(op, dst_shape, srcs, dtype, **kw)
+    rtol, atol = AGREE[dtype]
+    scale = float(np.nanmax(np.abs(np.where(np.isinf(want), 0, want)), initial=1.0))
+    np.testing.assert_allclose(got, want, equal_nan=True, err_msg=op, rtol=rtol, atol=atol * scale)
+    return got

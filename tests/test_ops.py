@@ -15,15 +15,10 @@ import torch
 
 from pto.ir.dtypes import DType
 from pto.ir.ops import GROUPS, Op
-from tests.opkit import BINARY_REF, UNARY_REF, assert_close, f64, one_op, rand
+from tests.opkit import BINARY_REF, UNARY_REF, assert_close, f64, one_op, rand, triton_vs_interp
 
 DTYPES = [DType.F32, DType.F16, DType.BF16]
 R, C = 8, 16
-# agreement of the Triton backend with the reference interpreter: relative, plus absolute
-# relative to the largest value (sums in another order differ where terms cancel)
-AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
-
-
 @pytest.fixture(params=["interp", "triton"])
 def run_op(request):
     """``one_op`` through the reference interpreter, or through the Triton backend checked
@@ -33,17 +28,11 @@ def run_op(request):
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":  # CPU tensors: the Triton interpreter's mode
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
-    from pto.backends.triton_backend import run_incore_triton
 
     def both(op, dst_shape, srcs, dtype, **kw):
         if DType.BF16 in (dtype, kw.get("dst_dtype")):
             pytest.skip("bf16 under the Triton interpreter")
-        got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
-        want = one_op(op, dst_shape, srcs, dtype, **kw)
-        rtol, atol = AGREE[dtype]
-        scale = float(np.nanmax(np.abs(np.where(np.isinf(want), 0, want)), initial=1.0))
-        np.testing.assert_allclose(got, want, equal_nan=True, err_msg=op, rtol=rtol, atol=atol * scale)
-        return got
+        return triton_vs_interp(op, dst_shape, srcs, dtype, **kw)
 
     return both
 
@@ -117,8 +106,11 @@ def test_broadcast(axis, op, dtype, rng, run_op):
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("acc_op", ["matmul", "matmul_acc"])
-def test_matmul(acc_op, ta, tb, dtype, rng):
-    M, K, N = 8, 24, 16
+@pytest.mark.parametrize("mkn", [(8, 32, 16), (16, 32, 16)], ids=["8rows", "16rows"])
+def test_matmul(mkn, acc_op, ta, tb, dtype, rng, run_op):
+    """Through the Triton backend, 8-row products take the broadcast-multiply fallback and
+    16-row ones tl.dot."""
+    M, K, N = mkn
     a = rand((K, M) if ta else (M, K), dtype, rng)
     b = rand((N, K) if tb else (K, N), dtype, rng)
     A = f64(a).T if ta else f64(a)
@@ -128,7 +120,7 @@ def test_matmul(acc_op, ta, tb, dtype, rng):
     if acc_op == "matmul_acc":
         init = rand((M, N), DType.F32, rng)
         ref = ref + f64(init)
-    got = one_op(acc_op, (M, N), [a, b], dtype, dst_dtype=DType.F32, init_dst=init, ta=ta, tb=tb)
+    got = run_op(acc_op, (M, N), [a, b], dtype, dst_dtype=DType.F32, init_dst=init, ta=ta, tb=tb)
     # products of dtype values are exact in f32; only the f32 accumulation rounds
     assert_close(got, ref, DType.F32 if dtype == DType.F32 else DType.F16, acc_op)
 

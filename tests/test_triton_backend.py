@@ -34,7 +34,7 @@ from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.ir.expr import evaluate, select  # noqa: E402
 from pto.programs import RunOptions, get  # noqa: E402
-from tests.opkit import assert_close, f64, one_op, rand  # noqa: E402
+from tests.opkit import f64, rand, triton_vs_interp  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               # these tests hand CPU tensors to the kernels: the Triton interpreter's mode. Where
@@ -47,9 +47,6 @@ pytestmark = [pytest.mark.interpret,
 R, C = 8, 16
 # f32 everywhere; f16 too, which the interpreter rounds as the GPU does (its bf16 does not)
 DTYPES = [DType.F32, DType.F16]
-# agreement with the reference interpreter: relative, plus absolute relative to the largest value
-# (sums in another order differ where terms cancel)
-AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -69,36 +66,10 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
-def both(op, dst_shape, srcs, dtype, **kw):
-    """``op`` through the Triton backend; checked against the reference interpreter."""
-    got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
-    want = one_op(op, dst_shape, srcs, dtype, **kw)
-    rtol, atol = AGREE[dtype]
-    scale = float(np.nanmax(np.abs(np.where(np.isinf(want), 0, want)), initial=1.0))
-    np.testing.assert_allclose(got, want, equal_nan=True, err_msg=op, rtol=rtol, atol=atol * scale)
-    return got
+both = triton_vs_interp  # the Triton backend against the reference interpreter
 
 
 # op kinds beyond tests/test_ops.py (which runs every op through this backend too) ---------------
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("ta", [False, True])
-@pytest.mark.parametrize("tb", [False, True])
-@pytest.mark.parametrize("acc_op", ["matmul", "matmul_acc"])
-@pytest.mark.parametrize("mkn", [(8, 32, 16), (16, 32, 16)], ids=["fallback", "dot"])
-def test_matmul(mkn, acc_op, ta, tb, dtype, rng):
-    """8-row products take the broadcast-multiply fallback, 16-row ones tl.dot."""
-    M, K, N = mkn
-    a = rand((K, M) if ta else (M, K), dtype, rng)
-    b = rand((N, K) if tb else (K, N), dtype, rng)
-    ref = (f64(a).T if ta else f64(a)) @ (f64(b).T if tb else f64(b))
-    init = None
-    if acc_op == "matmul_acc":
-        init = rand((M, N), DType.F32, rng)
-        ref = ref + f64(init)
-    got = both(acc_op, (M, N), [a, b], dtype, dst_dtype=DType.F32, init_dst=init, ta=ta, tb=tb)
-    assert_close(got, ref, DType.F32 if dtype == DType.F32 else DType.F16, acc_op)
 
 
 @pytest.mark.parametrize("acc_op", ["matmul", "matmul_acc"])
