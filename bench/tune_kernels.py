@@ -49,37 +49,45 @@ def regions(t: torch.Tensor, n: int, row0, col0, rows, cols) -> RegionBatch:
     return RegionBatch(t, vec(row0), vec(col0), vec(rows), vec(cols))
 
 
+def measure(kind: str, config: dict, flops: float, out: torch.Tensor, ref: torch.Tensor, build) -> dict:
+    """Prepare a launch with ``build()``, check what it writes into ``out`` against ``ref``, time
+    it; one result row (with ``error`` when the config does not compile or fit)."""
+    label = f"{kind} " + " ".join(f"{k}={v}" for k, v in config.items())
+    try:
+        launch = build()
+        out.fill_(float("nan"))
+        launch()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        ms = median_ms(launch)
+    except Exception as e:  # a config that does not compile or fit is reported and skipped
+        print(f"{label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return {**config, "error": str(e)[:300]}
+    tf = flops / ms / 1e9
+    print(f"{label}: {ms:.3f} ms {tf:.0f} TF/s err {err:.1e}", flush=True)
+    return {**config, "ms": round(ms, 4), "tflops": round(tf, 1), "rel_err": err}
+
+
+def _launch_config(name: str, warps: int, stages: int, group: int) -> TritonBackend:
+    return TritonBackend("cuda", launch={name: {"num_warps": warps, "num_stages": stages, "GROUP": group}})
+
+
 def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
     x = torch.randn(seq, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(K, N, device="cuda", dtype=torch.bfloat16) * K ** -0.5
     y = torch.empty(seq, N, device="cuda", dtype=torch.bfloat16)
-    ref = (x.float() @ w.float())
+    ref = x.float() @ w.float()
     starts = torch.arange(0, seq, rows, dtype=torch.int64)
+    n = len(starts)
     out = []
     for bn, bk, warps, stages, group in MATMUL_CONFIGS:
-        try:
+        def build(bn=bn, bk=bk, warps=warps, stages=stages, group=group):
             fn = specialize(L.matmul_tile(BF16, rows, K, N, bn, bk))
-            be = TritonBackend("cuda", launch={"matmul_tile": {"num_warps": warps, "num_stages": stages,
-                                                               "GROUP": group}})
-            n = len(starts)
-            batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "w": regions(w, n, 0, 0, K, N),
-                                   "y": regions(y, n, starts, 0, rows, N)}, {}, n)
-            launch = be.prepare(batch)
-            y.fill_(float("nan"))
-            launch()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = median_ms(launch)
-        except Exception as e:  # a config that does not compile or fit is skipped
-            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group,
-                        "error": str(e)[:300]})
-            print(f"matmul bn={bn} bk={bk} w={warps} s={stages} g={group}: {type(e).__name__}: "
-                  f"{str(e)[:300]}", flush=True)
-            continue
-        tf = 2 * seq * K * N / ms / 1e9
-        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
-                    "tflops": round(tf, 1), "rel_err": err})
-        print(f"matmul K={K} N={N} R={rows} bn={bn} bk={bk} w={warps} s={stages} g={group}: {ms:.3f} ms "
-              f"{tf:.0f} TF/s err {err:.1e}", flush=True)
+            mems = {"x": regions(x, n, starts, 0, rows, K), "w": regions(w, n, 0, 0, K, N),
+                    "y": regions(y, n, starts, 0, rows, N)}
+            return _launch_config("matmul_tile", warps, stages, group).prepare(TaskBatch(fn, mems, {}, n))
+
+        config = dict(K=K, N=N, bn=bn, bk=bk, warps=warps, stages=stages, group=group)
+        out.append(measure("matmul", config, 2 * seq * K * N, y, ref, build))
     return out
 
 
@@ -93,34 +101,20 @@ def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> lis
     n = len(starts)
     out = []
     for bn, bk, warps, stages, group in SWIGLU_CONFIGS:
-        try:
+        def build(bn=bn, bk=bk, warps=warps, stages=stages, group=group):
             fn = specialize(L.matmul_swiglu_tile(BF16, rows, K, N, bn, bk))
-            be = TritonBackend("cuda", launch={"matmul_swiglu_tile": {"num_warps": warps, "num_stages": stages,
-                                                                      "GROUP": group}})
-            batch = TaskBatch(fn, {"x": regions(x, n, starts, 0, rows, K), "wg": regions(wg, n, 0, 0, K, N),
-                                   "wu": regions(wu, n, 0, 0, K, N), "y": regions(y, n, starts, 0, rows, N)}, {}, n)
-            launch = be.prepare(batch)
-            y.fill_(float("nan"))
-            launch()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = median_ms(launch)
-        except Exception as e:
-            out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "error": str(e)[:300]})
-            print(f"swiglu bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-            continue
-        tf = 4 * seq * K * N / ms / 1e9
-        out.append({"bn": bn, "bk": bk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
-                    "tflops": round(tf, 1), "rel_err": err})
-        print(f"swiglu bn={bn} bk={bk} w={warps} s={stages} g={group}: {ms:.3f} ms {tf:.0f} TF/s "
-              f"err {err:.1e}", flush=True)
+            mems = {"x": regions(x, n, starts, 0, rows, K), "wg": regions(wg, n, 0, 0, K, N),
+                    "wu": regions(wu, n, 0, 0, K, N), "y": regions(y, n, starts, 0, rows, N)}
+            return _launch_config("matmul_swiglu_tile", warps, stages, group).prepare(TaskBatch(fn, mems, {}, n))
+
+        config = dict(bn=bn, bk=bk, warps=warps, stages=stages, group=group)
+        out.append(measure("swiglu", config, 4 * seq * K * N, y, ref, build))
     return out
 
 
 def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     H = heads * d
-    q = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(seq, H, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(seq, H, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o = torch.empty(seq, H, device="cuda", dtype=torch.bfloat16)
     qh, kh, vh = (t.view(seq, heads, d).transpose(0, 1)[None] for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True)[0]
@@ -130,10 +124,8 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     print(f"sdpa causal seq={seq}: {sdpa_ms:.3f} ms {flops / sdpa_ms / 1e9:.0f} TF/s", flush=True)
     out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
     for tq, tk, warps, stages, group in FLASH_CONFIGS:
-        try:
+        def build(tq=tq, tk=tk, warps=warps, stages=stages, group=group):
             fn = specialize(L.flash_fused(BF16, heads, d, tq, tk))
-            be = TritonBackend("cuda", launch={"flash_fused": {"num_warps": warps, "num_stages": stages,
-                                                               "GROUP": group}})
             starts = torch.arange(0, seq, tq, dtype=torch.int64)
             ends = torch.clamp(starts + tq, max=seq)
             nfull = (starts // tk) * tk
@@ -143,21 +135,11 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
             n = len(starts)
             mems = {"q": regions(q, n, starts, 0, ends - starts, H), "k": regions(k, n, 0, 0, ends, H),
                     "v": regions(v, n, 0, 0, ends, H), "o": regions(o, n, starts, 0, ends - starts, H)}
-            batch = TaskBatch(fn, mems, {"qpos": starts, "nfull": nfull, "nkv": ends}, len(starts))
-            launch = be.prepare(batch)
-            o.fill_(float("nan"))
-            launch()
-            err = ((o.float() - ref).norm() / ref.norm()).item()
-            ms = median_ms(launch)
-        except Exception as e:
-            out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "group": group, "error": str(e)[:300]})
-            print(f"flash tq={tq} tk={tk} w={warps} s={stages} g={group}: {type(e).__name__}: {str(e)[:300]}",
-                  flush=True)
-            continue
-        out.append({"tq": tq, "tk": tk, "warps": warps, "stages": stages, "group": group, "ms": round(ms, 4),
-                    "tflops": round(flops / ms / 1e9, 1), "rel_err": err})
-        print(f"flash tq={tq} tk={tk} w={warps} s={stages} g={group}: {ms:.3f} ms {flops / ms / 1e9:.0f} TF/s "
-              f"err {err:.1e}", flush=True)
+            batch = TaskBatch(fn, mems, {"qpos": starts, "nfull": nfull, "nkv": ends}, n)
+            return _launch_config("flash_fused", warps, stages, group).prepare(batch)
+
+        config = dict(tq=tq, tk=tk, warps=warps, stages=stages, group=group)
+        out.append(measure("flash", config, flops, o, ref, build))
     return out
 
 
