@@ -239,7 +239,7 @@ def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "a
 
     from pto.codegen.c_orch import generate_c, generate_main
     from pto.passes.binary_expansion import expand_binary, strip_adaptive
-    from pto.runtime import runtime_include_dir
+    from pto.runtime import runtime_portable_files
 
     # the same defaults as `pto run` on this machine: its target (tile sizes) and dtype
     prog, _dev, _be, opts = resolve_options(program, config, "auto", "auto", dtype, causal, attention, target)
@@ -259,10 +259,9 @@ def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "a
 
     write(corch.filename, corch.source)
     write("main.c", generate_main(corch, prog.scalar_exprs(opts), prog.name, default_seq=seq))
-    inc = runtime_include_dir()
-    for name in ("pto_runtime.h", "pto_runtime_api.h", "pto_runtime.c", "pto_orch.h"):
-        shutil.copyfile(inc / name, out / name)
-        written.append(str(out / name))
+    for src in runtime_portable_files():
+        shutil.copyfile(src, out / src.name)
+        written.append(str(out / src.name))
     write(f"{corch.name}.pto", module.text())
     try:
         from pto.codegen.triton import render_sources

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pto.dump import read_dump
 from pto.errors import ParseError, PTOError, UsageError
-from pto.runtime import read_dump
 
 FORMATS = ("pdf", "svg", "png", "dot")
 # nodes plus edge segments a drawing may have: a few seconds of `dot` (see the module docstring)

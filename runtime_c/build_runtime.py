@@ -30,6 +30,12 @@ def runtime_sources() -> list[Path]:
     return [_HERE / "pto_runtime.c", _HERE / "pto_sync_posix.c"]
 
 
+def portable_files() -> list[Path]:
+    """Headers and C files of the runtime that generated code builds with on its own (no
+    threads: the pthread sync adapter stays out)."""
+    return [_HERE / n for n in ("pto_runtime.h", "pto_runtime_api.h", "pto_orch.h", "pto_runtime.c")]
+
+
 def runtime_cdef() -> str:
     """The cdef text: ``pto_runtime_api.h`` verbatim."""
     return (_HERE / "pto_runtime_api.h").read_text()

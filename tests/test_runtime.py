@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pto.dump import read_dump
 from pto.errors import ParseError, RuntimeStatusError
 from pto.runtime import (
     ERR_INVALID,
@@ -32,7 +33,6 @@ from pto.runtime import (
     TASK_SUBMITTED,
     Runtime,
     load_runtime_module,
-    read_dump,
 )
 
 Access = tuple[str, int, int, int, int, int]

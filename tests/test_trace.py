@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 import pytest
 
 import pto.trace
+from pto.dump import read_dump
 from pto.engine import run
-from pto.runtime import read_dump
 
 # keys every event of a phase must have (the trace-event format's required fields)
 REQUIRED = {

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from pto import viz
+from pto.dump import read_dump
 from pto.errors import ParseError, PTOError, UsageError
-from pto.runtime import read_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_DOT = shutil.which("dot") is not None
