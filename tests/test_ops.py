@@ -19,7 +19,7 @@ from tests.opkit import BINARY_REF, UNARY_REF, assert_close, f64, one_op, rand, 
 
 DTYPES = [DType.F32, DType.F16, DType.BF16]
 R, C = 8, 16
-@pytest.fixture(params=["interp", "triton"])
+@pytest.fixture(params=["interp", pytest.param("triton", marks=pytest.mark.interpret)])
 def run_op(request):
     """``one_op`` through the reference interpreter, or through the Triton backend checked
     against the reference interpreter (the Triton interpreter rounds bf16 unlike a GPU: skipped)."""
