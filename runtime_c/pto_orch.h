@@ -12,16 +12,19 @@
 
 /* Python semantics: the quotient rounds toward minus infinity, the remainder has the sign of
  * the divisor. Division by zero yields 0 (the IR refuses constant zero divisors; a run-time
- * zero is a program bug that must not crash the graph build). */
+ * zero is a program bug that must not crash the graph build). A divisor of -1 is a negation:
+ * C's INT64_MIN / -1 and INT64_MIN % -1 are undefined (x86 traps), so the one quotient that
+ * does not fit, 2^63, wraps to INT64_MIN and the remainder is 0. */
 static inline int64_t pto_fdiv(int64_t a, int64_t b) {
     if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0u - (uint64_t)a);
     int64_t q = a / b;
     if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
     return q;
 }
 
 static inline int64_t pto_fmod(int64_t a, int64_t b) {
-    if (b == 0) return 0;
+    if (b == 0 || b == -1) return 0;
     int64_t r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;

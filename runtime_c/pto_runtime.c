@@ -223,6 +223,7 @@ struct pto_runtime {
     uint32_t rq_cap, rq_head, rq_tail;
 
     int64_t submitted, completed, regions, scalars, edges_reused, edges_freed; /* regions: count_only */
+    int32_t count_func; /* count_only: the open task's function (no slots are kept) */
     char err[512];
 };
 
@@ -1393,7 +1394,7 @@ PTO_COLD static int alloc_error(pto_runtime *rt, int32_t func, int32_t buffer_by
     if (rt->open_task >= 0) {
         return fail(rt, PTO_ERR_STATE, "pto_task_alloc: task %d (%s) is still open; submit it before allocating "
                     "another task", rt->open_task,
-                    rt->cfg.count_only ? "?" : func_name(rt, (int32_t)slot_at(rt, rt->open_task)->func));
+                    func_name(rt, rt->cfg.count_only ? rt->count_func : slot_at(rt, rt->open_task)->func));
     }
     return fail(rt, PTO_ERR_LIMIT, "pto_task_alloc: task ids exhausted (%d tasks)", INT32_MAX);
 }
@@ -1428,6 +1429,7 @@ PTO_COLD static int task_alloc_slow(pto_runtime *rt, int32_t func, int32_t buffe
         return alloc_error(rt, func, buffer_bytes, out);
     }
     if (rt->cfg.count_only) {
+        rt->count_func = func;
         *out = rt->open_task = rt->next_id++;
         return PTO_OK;
     }
@@ -1470,12 +1472,26 @@ PTO_COLD static int task_alloc_slow(pto_runtime *rt, int32_t func, int32_t buffe
     return PTO_OK;
 }
 
+/* The end offset `start + extent` of a region (extent >= 1) as decimal text, exact where the
+ * sum passes INT64_MAX (it is at most 2^64 - 2 then), so a message shows the region the
+ * caller asked for and never a wrapped sum. */
+static const char *region_end(char *buf, size_t size, int64_t start, int64_t extent)
+{
+    if (start > INT64_MAX - extent) {
+        snprintf(buf, size, "%" PRIu64, (uint64_t)start + (uint64_t)extent);
+    } else {
+        snprintf(buf, size, "%" PRId64, start + extent);
+    }
+    return buf;
+}
+
 PTO_COLD static int add_error(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0, int64_t c0, int64_t nr,
                      int64_t nc)
 {
     static const char *const kinds[] = {"input", "output", "inout"};
     const pto_tensor *t;
     const char *f, *tn;
+    char r1[24], c1[24];
     if (task != rt->open_task || task < 0) {
         return not_open_error(rt, task, "add region");
     }
@@ -1484,15 +1500,15 @@ PTO_COLD static int add_error(pto_runtime *rt, int32_t task, int32_t tensor, int
                     tensor, rt->n_tensors);
     }
     t = &rt->tensors[tensor];
-    f = rt->cfg.count_only ? "?" : func_name(rt, (int32_t)slot_at(rt, task)->func);
+    f = func_name(rt, rt->cfg.count_only ? rt->count_func : slot_at(rt, task)->func);
     tn = rt->names + t->name;
     if (nr <= 0 || nc <= 0) {
         return fail(rt, PTO_ERR_REGION, "task %d (%s) %s on tensor '%s': region extent %" PRId64 " x %" PRId64
                     " must be positive", task, f, kinds[kind], tn, nr, nc);
     }
-    return fail(rt, PTO_ERR_REGION, "task %d (%s) %s on tensor '%s': region rows %" PRId64 "..%" PRId64
-                " x cols %" PRId64 "..%" PRId64 " is outside the tensor (%d x %d)", task, f, kinds[kind], tn,
-                r0, r0 + nr, c0, c0 + nc, t->rows, t->cols);
+    return fail(rt, PTO_ERR_REGION, "task %d (%s) %s on tensor '%s': region rows %" PRId64 "..%s x cols %" PRId64
+                "..%s is outside the tensor (%d x %d)", task, f, kinds[kind], tn, r0,
+                region_end(r1, sizeof r1, r0, nr), c0, region_end(c1, sizeof c1, c0, nc), t->rows, t->cols);
 }
 
 /* Room for the next argument record of the open task in the FIFO pool (arg_done commits

@@ -8,6 +8,7 @@ Graphs are built from "programs": a list of tasks, each a list of region accesse
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -603,6 +604,78 @@ def test_region_outside_tensor_names_tensor_shape_and_region(mod):
             rt.add_input(t, q, 0, 0, 4, -1)
         with expect(ERR_REGION, r"rows -1\.\.3"):
             rt.add_inout(t, q, -1, 0, 4, 4)
+
+
+I64_MAX, I64_MIN, I32_MAX = 2**63 - 1, -2**63, 2**31 - 1
+
+# Regions no 8 x 8 tensor holds, at and near the int64 limits (ends past INT64_MAX are shown
+# exactly, never wrapped), with negative or zero extents, and values that int32 truncation
+# would turn into valid ones; the message after "task 0 (f) <kind> on tensor 'x': ".
+EXTREME_REGIONS = [
+    ((I64_MAX, 0, 1, 1), "region rows 9223372036854775807..9223372036854775808 x cols 0..1 is outside the tensor "
+                         "(8 x 8)"),
+    ((0, I64_MAX, 1, 1), "region rows 0..1 x cols 9223372036854775807..9223372036854775808 is outside"),
+    ((I64_MAX, I64_MAX, I64_MAX, I64_MAX), "region rows 9223372036854775807..18446744073709551614 x cols "
+                                           "9223372036854775807..18446744073709551614 is outside"),
+    ((0, 0, I64_MAX, 1), "region rows 0..9223372036854775807 x cols 0..1 is outside"),
+    ((1, 0, I64_MAX, 1), "region rows 1..9223372036854775808 x cols 0..1 is outside"),
+    ((I64_MAX - 7, 0, 8, 8), "region rows 9223372036854775800..9223372036854775808 x cols 0..8 is outside"),
+    ((I64_MIN, 0, 1, 1), "region rows -9223372036854775808..-9223372036854775807 x cols 0..1 is outside"),
+    ((I64_MIN, I64_MIN, I64_MAX, I64_MAX), "region rows -9223372036854775808..-1 x cols -9223372036854775808..-1 "
+                                           "is outside"),
+    ((2**32, 0, 1, 1), "region rows 4294967296..4294967297 x cols 0..1 is outside"),
+    ((0, 0, 2**32 + 8, 8), "region rows 0..4294967304 x cols 0..8 is outside"),
+    ((-4, 0, 8, 8), "region rows -4..4 x cols 0..8 is outside"),
+    ((7, 7, 2, 1), "region rows 7..9 x cols 7..8 is outside the tensor (8 x 8)"),
+    ((0, 0, 0, 1), "region extent 0 x 1 must be positive"),
+    ((0, 0, I64_MIN, I64_MIN), "region extent -9223372036854775808 x -9223372036854775808 must be positive"),
+    ((I64_MAX, I64_MAX, I64_MIN, 1), "region extent -9223372036854775808 x 1 must be positive"),
+    ((0, 0, 1, -(2**32) + 8), "region extent 1 x -4294967288 must be positive"),
+]
+
+
+@pytest.mark.parametrize("config", [{}, {"window": 2}, {"count_only": True}, {"concurrent": True}])
+@pytest.mark.parametrize("kind", ["input", "output", "inout"])
+def test_extreme_regions_are_refused_with_exact_messages(mod, config, kind):
+    with Runtime(lib=mod, **config) as rt:
+        x = rt.register_tensor("x", 8, 8, 4)
+        f = rt.register_func("f")
+        t = rt.task(f)
+        rt.add_output(t, x, 4, 4, 4, 4)  # a whole grid cell: arms the exact-cell fast path
+        add = getattr(rt, f"add_{kind}")
+        for region, text in EXTREME_REGIONS:
+            with expect(ERR_REGION, "^" + re.escape(f"task 0 (f) {kind} on tensor 'x': {text}")):
+                add(t, x, *region)
+        rt.add_input(t, x, 0, 0, 4, 4)  # the open task is unharmed
+        rt.submit(t)
+        s = rt.stats()
+        assert (s["tasks_submitted"], s["regions"], s["edges"]) == (1, 2, 0)
+        if not config.get("count_only"):
+            assert [a[2:6] for a in rt.task_args(t)] == [(4, 4, 4, 4), (0, 0, 4, 4)]
+
+
+def test_huge_tensors(mod):
+    """The largest shape: regions touching the last row and column resolve exactly; one more
+    row is refused naming the region and the shape."""
+    m, h = I32_MAX, 2**30
+    with Runtime(lib=mod) as rt:
+        with expect(ERR_INVALID, r"^tensor 'big': shape 2147483648 x 1 must be positive and at most 2147483647 per "
+                                 r"dimension$"):
+            rt.register_tensor("big", m + 1, 1, 4)
+        x = rt.register_tensor("x", m, m, 8)
+        f = rt.register_func("f")
+        program = [[("out", 0, 0, 0, m, m)], [("in", 0, m - 1, m - 1, 1, 1)], [("out", 0, m - 1, 0, 1, m)],
+                   [("in", 0, 0, 0, 1, 1)], [("in", 0, 0, 0, m, m)], [("inout", 0, h, h, h - 1, h - 1)]]
+        for args in program:
+            submit_task(rt, f, [x], args)
+        t = rt.task(f)
+        with expect(ERR_REGION, r"^task 6 \(f\) input on tensor 'x': region rows 2147483647\.\.2147483648 x cols "
+                                r"0\.\.1 is outside the tensor \(2147483647 x 2147483647\)$"):
+            rt.add_input(t, x, m, 0, 1, 1)
+        rt.submit(t)
+        # 5 overwrites the lower right quarter: after 0 (everywhere) and 2 (last row), and after
+        # 4 read it; 1 read the last element before 2 overwrote it, so no edge 1 -> 5
+        assert exported_edges(rt) == {(0, 1), (0, 2), (1, 2), (0, 3), (0, 4), (2, 4), (0, 5), (2, 5), (4, 5)}
 
 
 def test_add_after_submit_and_submit_twice(mod):

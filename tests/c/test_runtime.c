@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pto_orch.h"
 #include "pto_runtime.h"
 
 static int g_failures;
@@ -638,6 +639,202 @@ done:
     pto_runtime_destroy(rt);
 }
 
+/* ---- extreme region values: refused cleanly, messages exact, no undefined behaviour ---- */
+
+typedef struct {
+    int64_t r0, c0, nr, nc;
+    const char *region; /* the message after "task T (f) KIND on tensor 'x': " */
+} bad_region;
+
+/* Regions a user can pass that no 8 x 8 tensor holds: int64 limits, sums past INT64_MAX,
+ * negative and zero extents, values that int32 truncation would turn into valid ones. */
+static const bad_region bad_regions[] = {
+    {INT64_MAX, 0, 1, 1, "region rows 9223372036854775807..9223372036854775808 x cols 0..1 is outside the tensor (8 x 8)"},
+    {0, INT64_MAX, 1, 1, "region rows 0..1 x cols 9223372036854775807..9223372036854775808 is outside the tensor (8 x 8)"},
+    {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, "region rows 9223372036854775807..18446744073709551614 x cols "
+     "9223372036854775807..18446744073709551614 is outside the tensor (8 x 8)"},
+    {0, 0, INT64_MAX, 1, "region rows 0..9223372036854775807 x cols 0..1 is outside the tensor (8 x 8)"},
+    {1, 1, INT64_MAX, INT64_MAX, "region rows 1..9223372036854775808 x cols 1..9223372036854775808 is outside"},
+    {-1, 0, INT64_MAX, 1, "region rows -1..9223372036854775806 x cols 0..1 is outside"},
+    {INT64_MAX - 7, 0, 8, 8, "region rows 9223372036854775800..9223372036854775808 x cols 0..8 is outside"},
+    {INT64_MAX - 8, 0, 8, 8, "region rows 9223372036854775799..9223372036854775807 x cols 0..8 is outside"},
+    {INT64_MIN, 0, 1, 1, "region rows -9223372036854775808..-9223372036854775807 x cols 0..1 is outside"},
+    {INT64_MIN, INT64_MIN, INT64_MAX, INT64_MAX, "region rows -9223372036854775808..-1 x cols "
+     "-9223372036854775808..-1 is outside the tensor (8 x 8)"},
+    {0, INT64_MIN + 1, 1, INT64_MAX, "region rows 0..1 x cols -9223372036854775807..0 is outside"},
+    {(int64_t)1 << 32, 0, 1, 1, "region rows 4294967296..4294967297 x cols 0..1 is outside"},
+    {0, 0, ((int64_t)1 << 32) + 8, 8, "region rows 0..4294967304 x cols 0..8 is outside"},
+    {INT32_MIN, 0, 1, 1, "region rows -2147483648..-2147483647 x cols 0..1 is outside"},
+    {-4, 0, 8, 8, "region rows -4..4 x cols 0..8 is outside"},
+    {7, 7, 2, 1, "region rows 7..9 x cols 7..8 is outside the tensor (8 x 8)"},
+    {0, 0, 9, 8, "region rows 0..9 x cols 0..8 is outside"},
+    {8, 0, 1, 8, "region rows 8..9 x cols 0..8 is outside"},
+    {0, 0, 0, 1, "region extent 0 x 1 must be positive"},
+    {0, 0, 1, -1, "region extent 1 x -1 must be positive"},
+    {0, 0, INT64_MIN, INT64_MIN, "region extent -9223372036854775808 x -9223372036854775808 must be positive"},
+    {INT64_MAX, INT64_MAX, INT64_MIN, 1, "region extent -9223372036854775808 x 1 must be positive"},
+    {INT64_MIN, INT64_MIN, 1, INT64_MIN, "region extent 1 x -9223372036854775808 must be positive"},
+    {0, 0, -((int64_t)1 << 32) + 8, 8, "region extent -4294967288 x 8 must be positive"},
+};
+
+static int add_kind(pto_runtime *rt, int kind, int32_t task, int32_t tensor, int64_t r0, int64_t c0, int64_t nr,
+                    int64_t nc)
+{
+    if (kind == PTO_ARG_IN) {
+        return pto_task_add_input(rt, task, tensor, r0, c0, nr, nc);
+    }
+    if (kind == PTO_ARG_OUT) {
+        return pto_task_add_output(rt, task, tensor, r0, c0, nr, nc);
+    }
+    return pto_task_add_inout(rt, task, tensor, r0, c0, nr, nc);
+}
+
+/* Every bad region through every kind on one runtime configuration: each is refused with
+ * PTO_ERR_REGION and the exact message, and the open task, the tensor map and the counts are
+ * as if it had never been passed (the sanitizers report any overflow on the way). The tensor
+ * is accessed as whole 4 x 4 tiles first, so the exact-cell fast path is armed. */
+static void region_extremes_on(pto_runtime *rt, const char *what)
+{
+    static const char *const kinds[] = {"input", "output", "inout"};
+    char want[512];
+    int32_t x, f, t, n;
+    int64_t ne;
+    size_t k;
+    int kind;
+    unsigned char *m = NULL;
+    pto_stats s;
+    CHECK_OK(rt, pto_tensor_register(rt, "x", 8, 8, 4, &x));
+    CHECK_OK(rt, pto_func_register(rt, "f", &f));
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_OUT, x, 4, 4, 4, 4, NULL));
+    CHECK_OK(rt, pto_task_alloc(rt, f, 0, &t));
+    for (k = 0; k < sizeof bad_regions / sizeof bad_regions[0]; k++) {
+        const bad_region *b = &bad_regions[k];
+        for (kind = PTO_ARG_IN; kind <= PTO_ARG_INOUT; kind++) {
+            snprintf(want, sizeof want, "task %d (f) %s on tensor 'x': %s", t, kinds[kind], b->region);
+            if (add_kind(rt, kind, t, x, b->r0, b->c0, b->nr, b->nc) != PTO_ERR_REGION
+                || strstr(pto_last_error(rt), want) == NULL) {
+                fprintf(stderr, "%s: case %d kind %s: got '%s', want '%s'\n", what, (int)k, kinds[kind],
+                        pto_last_error(rt), want);
+                g_failures++;
+            }
+            g_checks++;
+        }
+    }
+    /* the open task is unharmed: a valid tile still goes in, on the fast path */
+    CHECK_OK(rt, pto_task_add_input(rt, t, x, 4, 4, 4, 4));
+    CHECK_OK(rt, pto_task_add_scalar(rt, t, INT64_MIN));
+    CHECK_OK(rt, pto_task_add_scalar(rt, t, INT64_MAX));
+    CHECK_OK(rt, pto_task_submit(rt, t));
+    CHECK_OK(rt, pto_get_stats(rt, &s));
+    CHECK(s.tasks_submitted == 2 && s.regions == 2 && s.scalars == 2);
+    if (!s.count_only) {
+        pto_arg args[3];
+        CHECK_OK(rt, pto_task_args(rt, t, args, 3, &n));
+        CHECK(n == 3 && args[0].row0 == 4 && args[0].rows == 4 && args[1].scalar == INT64_MIN
+              && args[2].scalar == INT64_MAX);
+        m = edge_matrix(rt, &n, &ne);
+        CHECK(m != NULL && n == 2 && ne == 1 && m[0 * 2 + 1]);
+    }
+done:
+    free(m);
+}
+
+static void test_region_extremes(void)
+{
+    fake_sync fs = {0, 0, 0, 0};
+    pto_config cfg;
+    pto_runtime *rt = new_runtime(0, 0);
+    region_extremes_on(rt, "window 0");
+    pto_runtime_destroy(rt);
+    rt = new_runtime(4, 0);
+    region_extremes_on(rt, "window 4");
+    pto_runtime_destroy(rt);
+    rt = new_runtime(0, 1);
+    region_extremes_on(rt, "count_only");
+    pto_runtime_destroy(rt);
+    /* under a lock every call takes the checked path */
+    pto_config_init(&cfg);
+    cfg.sync_ctx = &fs;
+    cfg.lock = fake_lock;
+    cfg.unlock = fake_unlock;
+    rt = NULL;
+    CHECK(pto_runtime_create(&cfg, &rt) == PTO_OK);
+    region_extremes_on(rt, "locked");
+    CHECK(fs.depth == 0);
+done:
+    pto_runtime_destroy(rt);
+}
+
+/* Tensors of the largest shape, regions touching their last row and column, and shapes past
+ * the limit (refused, naming the shape passed). */
+static void test_huge_tensors(void)
+{
+    pto_runtime *rt = new_runtime(0, 0);
+    const int64_t M = INT32_MAX, H = (int64_t)1 << 30;
+    int32_t h, row, f, t, n, k;
+    int64_t ne;
+    unsigned char *m = NULL;
+    CHECK_OK(rt, pto_func_register(rt, "f", &f));
+    CHECK_ST(rt, pto_tensor_register(rt, "big", M + 1, 1, 4, &h), PTO_ERR_INVALID,
+             "tensor 'big': shape 2147483648 x 1 must be positive and at most 2147483647 per dimension");
+    CHECK_ST(rt, pto_tensor_register(rt, "big", 1, INT64_MAX, 4, &h), PTO_ERR_INVALID,
+             "tensor 'big': shape 1 x 9223372036854775807 must be positive");
+    CHECK_ST(rt, pto_tensor_register(rt, "big", INT64_MIN, INT64_MIN, 4, &h), PTO_ERR_INVALID,
+             "tensor 'big': shape -9223372036854775808 x -9223372036854775808 must be positive");
+    CHECK_ST(rt, pto_tensor_register(rt, "big", 1, 1, INT32_MIN, &h), PTO_ERR_INVALID,
+             "tensor 'big': element size -2147483648 must be positive");
+    CHECK_OK(rt, pto_tensor_register(rt, "h", M, M, 8, &h));
+    CHECK_OK(rt, pto_tensor_register(rt, "row", 1, M, 1, &row));
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_OUT, h, 0, 0, M, M, NULL));         /* 0: all of it */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_IN, h, M - 1, M - 1, 1, 1, NULL));  /* 1: last element */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_OUT, h, M - 1, 0, 1, M, NULL));     /* 2: last row */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_IN, h, 0, 0, 1, 1, NULL));          /* 3: first element */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_IN, h, 0, 0, M, M, NULL));          /* 4: all of it */
+    CHECK_OK(rt, pto_task_alloc(rt, f, 0, &t));                                      /* 5 */
+    CHECK_ST(rt, pto_task_add_input(rt, t, h, M, 0, 1, 1), PTO_ERR_REGION,
+             "input on tensor 'h': region rows 2147483647..2147483648 x cols 0..1 is outside the tensor "
+             "(2147483647 x 2147483647)");
+    CHECK_ST(rt, pto_task_add_inout(rt, t, h, M - 1, M - 1, 2, 1), PTO_ERR_REGION,
+             "region rows 2147483646..2147483648 x cols 2147483646..2147483647 is outside");
+    CHECK_ST(rt, pto_task_add_output(rt, t, h, 0, 0, M + 1, M + 1), PTO_ERR_REGION,
+             "region rows 0..2147483648 x cols 0..2147483648 is outside");
+    /* the lower right quarter, last row and column included: WAW on 0 and 2, WAR on 4 (1
+     * read the last element before 2 overwrote it) */
+    CHECK_OK(rt, pto_task_add_inout(rt, t, h, H, H, H - 1, H - 1));
+    CHECK_OK(rt, pto_task_submit(rt, t));
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_OUT, row, 0, 0, 1, 1, NULL));        /* 6 */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_OUT, row, 0, M - 1, 1, 1, NULL));    /* 7 */
+    CHECK_OK(rt, one_region_task(rt, f, PTO_ARG_IN, row, 0, 0, 1, M, NULL));         /* 8 */
+    m = edge_matrix(rt, &n, &ne);
+    CHECK(m != NULL && n == 9 && ne == 11);
+    {
+        static const int want[][2] = {{0, 1}, {0, 2}, {1, 2}, {0, 3}, {0, 4}, {2, 4}, {0, 5}, {2, 5}, {4, 5},
+                                      {6, 8}, {7, 8}};
+        for (k = 0; k < 11; k++) {
+            CHECK(m[want[k][0] * 9 + want[k][1]]);
+        }
+    }
+    CHECK(run_ready(rt) == 9);
+done:
+    free(m);
+    pto_runtime_destroy(rt);
+}
+
+/* pto_orch.h's Python-style division at the int64 limits (C's INT64_MIN / -1 traps). */
+static void test_orch_division_extremes(void)
+{
+    CHECK(pto_fdiv(INT64_MIN, -1) == INT64_MIN && pto_fmod(INT64_MIN, -1) == 0);
+    CHECK(pto_fdiv(INT64_MAX, -1) == -INT64_MAX && pto_fmod(INT64_MAX, -1) == 0);
+    CHECK(pto_fdiv(INT64_MIN, 1) == INT64_MIN && pto_fmod(INT64_MIN, 1) == 0);
+    CHECK(pto_fdiv(INT64_MIN, INT64_MAX) == -2 && pto_fmod(INT64_MIN, INT64_MAX) == INT64_MAX - 1);
+    CHECK(pto_fdiv(INT64_MAX, INT64_MIN) == -1 && pto_fmod(INT64_MAX, INT64_MIN) == -1);
+    CHECK(pto_fdiv(INT64_MIN, INT64_MIN) == 1 && pto_fmod(INT64_MIN, INT64_MIN) == 0);
+    CHECK(pto_fdiv(-7, 2) == -4 && pto_fmod(-7, 2) == 1 && pto_fdiv(7, -2) == -4 && pto_fmod(7, -2) == -1);
+    CHECK(pto_fdiv(INT64_MIN, 0) == 0 && pto_fmod(INT64_MIN, 0) == 0);
+done:
+    return;
+}
+
 typedef struct {
     pto_runtime *rt;
     int32_t total;
@@ -715,6 +912,9 @@ int main(int argc, char **argv)
     test_window_stream_bounded();
     test_window_full_message();
     test_errors();
+    test_region_extremes();
+    test_huge_tensors();
+    test_orch_division_extremes();
     test_count_only();
     test_dump_and_reset(dir);
     test_hooks_balanced();
