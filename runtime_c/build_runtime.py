@@ -25,15 +25,22 @@ def runtime_include_dir() -> Path:
     return _HERE
 
 
+#: The runtime's C files (plain C99, no platform headers), one part each; the private header
+#: pto_runtime_internal.h describes them.
+CORE_SOURCES = ("pto_mem.c", "pto_map.c", "pto_task.c", "pto_registry.c", "pto_inspect.c", "pto_runtime.c")
+#: Headers the core needs: the public ones and the private one the parts share.
+CORE_HEADERS = ("pto_runtime.h", "pto_runtime_api.h", "pto_runtime_internal.h")
+
+
 def runtime_sources() -> list[Path]:
-    """C files that make up the runtime (core plus the pthread sync adapter)."""
-    return [_HERE / "pto_runtime.c", _HERE / "pto_sync_posix.c"]
+    """C files that make up the runtime (the core plus the pthread sync adapter)."""
+    return [*(_HERE / n for n in CORE_SOURCES), _HERE / "pto_sync_posix.c"]
 
 
 def portable_files() -> list[Path]:
     """Headers and C files of the runtime that generated code builds with on its own (no
-    threads: the pthread sync adapter stays out)."""
-    return [_HERE / n for n in ("pto_runtime.h", "pto_runtime_api.h", "pto_orch.h", "pto_runtime.c")]
+    threads: the pthread sync adapter stays out); ``cc DIR/*.c`` compiles them all."""
+    return [_HERE / n for n in (*CORE_HEADERS, "pto_orch.h", *CORE_SOURCES)]
 
 
 def runtime_cdef() -> str:

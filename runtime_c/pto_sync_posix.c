@@ -1,10 +1,10 @@
 /* pto_sync_posix.c - optional platform adapter: the runtime's sync hooks on pthreads.
  *
- * The runtime core (pto_runtime.c) stays free of platform headers; it calls lock/unlock
- * around every public function, wait while pto_task_alloc finds the window full, and
- * notify_all after completions. This file implements those hooks with one mutex and one
- * condition variable, so an orchestration thread can block in pto_task_alloc while an
- * executor thread pops and completes tasks.
+ * The runtime core (the files pto_runtime_internal.h lists) stays free of platform headers;
+ * it calls lock/unlock around every public function, wait while pto_task_alloc finds the
+ * window full, and notify_all after completions. This file implements those hooks with one
+ * mutex and one condition variable, so an orchestration thread can block in pto_task_alloc
+ * while an executor thread pops and completes tasks.
  */
 
 #include <pthread.h>
