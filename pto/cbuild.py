@@ -3,7 +3,7 @@
 :func:`load_cffi_module` is the one entry point. It is generic: the runtime binding uses it
 for the bare runtime, the benchmark for the runtime plus a C driver, and generated
 orchestration C is compiled the same way (pass the orchestration source as ``source`` or as
-a file in ``sources``, together with :func:`runtime_c.build_runtime.runtime_sources`).
+a file in ``sources``, together with :func:`pto.runtime.runtime_sources`).
 
 The cache key covers everything that changes the binary: the cdef, the inline source, the
 contents of every source file and of every header in the include directories, the compile

@@ -36,6 +36,7 @@ import contextlib
 import importlib.util
 import operator
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,23 +48,31 @@ import numpy as np
 from pto.cbuild import load_cffi_module
 from pto.errors import RuntimeStatusError
 
-# Status codes (pto_status in runtime_c/pto_runtime_api.h).
-OK = 0
-ERR_INVALID = -1
-ERR_NO_MEMORY = -2
-ERR_WINDOW_FULL = -3
-ERR_UNKNOWN_TENSOR = -4
-ERR_UNKNOWN_FUNC = -5
-ERR_UNKNOWN_TASK = -6
-ERR_REGION = -7
-ERR_STATE = -8
-ERR_IO = -9
-ERR_LIMIT = -10
+# The status codes (OK, ERR_INVALID, ... ERR_LIMIT) and task states (TASK_OPEN, ... TASK_RETIRED)
+# are the enum constants pto_status and pto_task_state of pto_runtime_api.h as the compiled
+# library exposes them, without the PTO_ prefix; the module's __getattr__ looks them up on first
+# use, so importing this module compiles nothing.
+_ENUMS = ("pto_status", "pto_task_state")
+_ENUM_NAME = re.compile(r"OK|ERR_[A-Z_]+|TASK_[A-Z]+")
+_constants: dict[str, int] | None = None
 
-# Argument kinds (pto_arg_kind) and task states (pto_task_state).
-ARG_IN, ARG_OUT, ARG_INOUT, ARG_SCALAR = 0, 1, 2, 3
-ARG_KIND_NAMES = ("in", "out", "inout", "scalar")
-TASK_OPEN, TASK_SUBMITTED, TASK_READY, TASK_RUNNING, TASK_COMPLETED, TASK_RETIRED = 1, 2, 3, 4, 5, 6
+
+def _runtime_constants() -> dict[str, int]:
+    """``{"OK": 0, "ERR_INVALID": -1, ..., "TASK_OPEN": 1, ...}`` from the compiled runtime."""
+    global _constants
+    if _constants is None:  # built whole, then published: a racing thread never sees half of it
+        module = load_runtime_module()
+        _constants = {cname.removeprefix("PTO_"): getattr(module.lib, cname)
+                      for enum in _ENUMS for cname in module.ffi.typeof(enum).relements}
+    return _constants
+
+
+def __getattr__(name: str) -> int:
+    if _ENUM_NAME.fullmatch(name):
+        with contextlib.suppress(KeyError):
+            return _runtime_constants()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _STATS_FIELDS = (
     "tasks_submitted", "tasks_completed", "tasks_retired", "tasks_live", "regions", "scalars", "edges",
@@ -82,7 +91,7 @@ _IDENT_RULE = "letters, digits and '_', not starting with a digit, no whitespace
 # ------------------------------------------------------------------------------------------
 
 def _bad_arg(message: str) -> RuntimeStatusError:
-    return RuntimeStatusError(message, ERR_INVALID)
+    return RuntimeStatusError(message, _runtime_constants()["ERR_INVALID"])
 
 
 def _as_int(what: str, arg: str, value: Any) -> int:
@@ -234,8 +243,8 @@ class RuntimeLib:
         self.lib = module.lib
 
     def check(self, rt: Any, status: int) -> None:
-        """Raise the runtime's last error for a non-zero ``status``."""
-        if status != OK:
+        """Raise the runtime's last error for a status other than ``PTO_OK``."""
+        if status != self.lib.PTO_OK:
             msg = self.ffi.string(self.lib.pto_last_error(rt)).decode(errors="replace")
             if not msg:
                 msg = self.status_name(status)
@@ -249,7 +258,7 @@ class RuntimeLib:
         """``pto_runtime_create``: a new runtime from a ``pto_config *``."""
         out = self.ffi.new("pto_runtime **")
         status = self.lib.pto_runtime_create(cfg, out)
-        if status != OK:
+        if status != self.lib.PTO_OK:
             raise RuntimeStatusError(
                 f"cannot create the runtime (window={cfg.window}, count_only={cfg.count_only}): "
                 f"{self.status_name(status)}", status)
@@ -483,7 +492,7 @@ class Runtime:
         self._cfg.count_only = 1 if count_only else 0
         if concurrent:
             status = self.api.lib.pto_sync_posix_init(self._cfg)
-            if status != OK:
+            if status != self.api.lib.PTO_OK:
                 raise RuntimeStatusError(
                     f"cannot set up the pthread sync hooks: {self.api.status_name(status)}", status)
             self._sync = True
@@ -530,7 +539,7 @@ class Runtime:
 
     def _rt(self) -> Any:
         if self.ptr == self.ffi.NULL:
-            raise RuntimeStatusError("the runtime was closed", ERR_STATE)
+            raise RuntimeStatusError("the runtime was closed", self.api.lib.PTO_ERR_STATE)
         return self.ptr
 
     # -- names ---------------------------------------------------------------------------

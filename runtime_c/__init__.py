@@ -1,1 +1,2 @@
-"""The PTO C runtime sources and their cffi build script (installed as ``pto.runtime_c``)."""
+"""The PTO C runtime: its C sources and headers, and ``build_runtime`` listing them (installed as
+``pto.runtime_c``)."""

@@ -1,21 +1,20 @@
-"""cffi API-mode build script of the PTO C runtime.
+"""Where the PTO C runtime's files are, for the code that compiles or copies them.
 
-``ffibuilder`` builds the extension ``pto._pto_runtime`` from ``pto_runtime.c`` and the
-pthread sync adapter ``pto_sync_posix.c``; its cdef is the declarations-only header
-``pto_runtime_api.h`` read verbatim. ``python runtime_c/build_runtime.py`` compiles it into
-``build/cffi/``. At run time pto uses :func:`pto.cbuild.load_cffi_module` with the helpers below
-instead, which also lets generated orchestration C be compiled together with the runtime::
+:func:`runtime_sources` lists the C files of the runtime, :func:`runtime_cdef` is the cdef
+text (``pto_runtime_api.h`` verbatim) and :func:`runtime_include_dir` the ``-I`` directory;
+pto compiles them with :func:`pto.cbuild.load_cffi_module`, alone or together with generated
+orchestration C::
 
     load_cffi_module("orch", runtime_cdef() + ORCH_CDEF, '#include "pto_runtime.h"\\n' + ORCH_C,
                      sources=runtime_sources(), include_dirs=[runtime_include_dir()])
+
+:func:`portable_files` is what ``pto codegen`` copies next to generated code so that it builds
+without Python (``cc -O2 -Wall -Wextra -Werror DIR/*.c``).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import cffi
 
 _HERE = Path(__file__).resolve().parent
 
@@ -46,29 +45,3 @@ def portable_files() -> list[Path]:
 def runtime_cdef() -> str:
     """The cdef text: ``pto_runtime_api.h`` verbatim."""
     return (_HERE / "pto_runtime_api.h").read_text()
-
-
-def _builder(relative: bool) -> cffi.FFI:
-    """The cffi builder; setuptools' cffi_modules wants paths relative to the project root
-    (it builds from there), a direct compile absolute ones (cffi compiles inside tmpdir)."""
-
-    def path(p: Path) -> str:
-        return os.path.relpath(p, _HERE.parent) if relative else str(p)
-
-    ffi = cffi.FFI()
-    ffi.cdef(runtime_cdef())
-    ffi.set_source(
-        "pto._pto_runtime",
-        '#include "pto_runtime.h"\n',
-        sources=[path(p) for p in runtime_sources()],
-        include_dirs=[path(runtime_include_dir())],
-        extra_compile_args=["-O2", "-std=c99"],
-        extra_link_args=["-pthread"],
-    )
-    return ffi
-
-
-ffibuilder = _builder(relative=True)
-
-if __name__ == "__main__":
-    print(_builder(relative=False).compile(tmpdir=str(_HERE.parent / "build" / "cffi"), verbose=True))

@@ -747,6 +747,28 @@ def test_names_must_be_identifiers(mod):
         assert x == 0
 
 
+def test_status_codes_and_task_states_come_from_the_header(mod):
+    """pto.runtime's OK/ERR_*/TASK_* are the header's enums, read from the compiled library, and
+    the C status names agree with the enum (the header is the one place that defines them)."""
+    import pto.runtime as binding
+
+    header = (Path(binding.runtime_include_dir()) / "pto_runtime_api.h").read_text()
+    for enum, prefix in (("pto_status", "PTO_(OK|ERR_)"), ("pto_task_state", "PTO_TASK_")):
+        body = re.search(r"typedef enum \{([^}]*)\} " + enum + ";", header).group(1)
+        declared = {name: int(value) for name, value in re.findall(r"(PTO_\w+) = (-?\d+)", body)}
+        assert declared and all(re.match(prefix, name) for name in declared)
+        assert mod.ffi.typeof(enum).relements == declared
+        for name, value in declared.items():
+            assert getattr(binding, name.removeprefix("PTO_")) == value == getattr(mod.lib, name)
+            if enum == "pto_status":
+                assert mod.ffi.string(mod.lib.pto_status_name(value)).decode() == name
+    assert (binding.OK, binding.ERR_REGION, binding.TASK_READY) == (0, ERR_REGION, TASK_READY) == (0, -7, 3)
+    with Runtime(lib=mod) as rt:
+        assert rt.api.status_name(-11) == rt.api.status_name(1) == "PTO_ERR_UNKNOWN_STATUS"
+    for gone in ("ARG_SCALAR", "ARG_KIND_NAMES", "ERR_NONE", "TASK_", "PTO_OK"):
+        assert not hasattr(binding, gone)
+
+
 def test_bad_config(mod):
     with pytest.raises(RuntimeStatusError, match="cannot create the runtime") as err:
         Runtime(window=-1, lib=mod)
