@@ -5,17 +5,26 @@ the length of the longest predecessor chain that leads to it, so a column is a s
 may run together once everything to their left has finished. Boxes carry the task id, the
 InCore function (variant) and the task's buffer size, filled with one color per InCore function;
 the title gives task, edge and level counts, the initial parallelism (tasks without
-predecessors) and a color legend.
+predecessors), what was summarized, and a color legend.
 
-Graphviz's layered layout turns an edge that spans ``k`` levels into ``k`` segments (``k - 1``
-virtual nodes), and its time grows faster than linearly with nodes plus segments (about 1 s at
-4,000, 5 s at 15,000 and a minute at 60,000 on one core). So a graph with more than
-``max_nodes`` tasks, or whose layout would exceed ``LAYOUT_BUDGET`` nodes plus segments, is
-summarized instead of drawn task by task: all tasks of one function in one level become one
-node "function ×count", and the edges between two groups become one edge whose width grows with
-the log of their count (the count is its label). When that still gives more than ``max_nodes``
-groups or exceeds the budget, consecutive levels are merged into bands of 2, 4, 8, ... levels
-until it fits. The title says so.
+**Readable at 100% zoom, whatever the graph's size.** A drawing fits a page of at most
+:data:`PAGE_IN` (60 x 36 in: about three by three full-HD screens at 100% zoom, 96 dpi) and its
+smallest text is :data:`MIN_FONT_PT` (10 pt; boxes 12 pt, title 14 pt). Graphviz never scales
+it (no ``size`` attribute), so the fonts on the page are the fonts set here. A graph is drawn
+task by task only when that drawing fits the page (and has at most ``max_nodes`` tasks, when a
+limit is given). Otherwise the tasks of one InCore function in one band of levels become one
+node "function ×count", with the narrowest band (1, 2, 4, ... levels) whose drawing fits, and
+the edges between two groups become one edge labelled with their count, its width growing with
+the count's log. A long chain of bands is wrapped into rows stacked top to bottom (one cluster
+per row, all rows sharing the columns). A dependency into a later row starts at a dashed copy of
+its source group at the head of that row, so no arrow runs back across the page.
+
+Sizes are first estimated from the labels (cheap), then measured: ``dot`` lays out the chosen
+drawing once, writing the output and its ``-Tplain`` layout in the same run, and a drawing that
+turns out larger than the page is replaced by the next coarser one. Graphviz's layered layout
+turns an edge that spans ``k`` ranks into ``k`` segments, and its time grows faster than linearly
+with nodes plus segments (about 1 s at 4,000, 5 s at 15,000 and a minute at 60,000 on one core),
+so a drawing above ``LAYOUT_BUDGET`` of them is not attempted.
 
 DOT text is generated here (no graphviz Python package needed); pdf, svg and png are rendered by
 graphviz's ``dot`` binary in a subprocess, ``dot`` format is the DOT text itself.
@@ -24,9 +33,13 @@ graphviz's ``dot`` binary in a subprocess, ``dot`` format is the DOT text itself
 from __future__ import annotations
 
 import html
+import math
+import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +48,20 @@ from pto.dump import read_dump
 from pto.errors import ParseError, PTOError, UsageError
 
 FORMATS = ("pdf", "svg", "png", "dot")
+# The largest page, in inches: 60 x 36 in is 5,760 x 3,456 px at 100% zoom (96 dpi), three
+# full-HD screens across and about three down.
+PAGE_IN = (60.0, 36.0)
+# Font sizes in points; nothing on the page is smaller than MIN_FONT_PT (10 pt is 13 px at 100%).
+TITLE_PT, NODE_PT, EDGE_PT = 14, 12, 10
+MIN_FONT_PT = min(TITLE_PT, NODE_PT, EDGE_PT)
+# graphviz spacing (inches) between boxes of one rank and between ranks
+NODESEP, RANKSEP = 0.15, 0.6
 # nodes plus edge segments a drawing may have: a few seconds of `dot` (see the module docstring)
 LAYOUT_BUDGET = 10_000
 # above this many nodes plus segments, cap dot's crossing-minimization and positioning passes:
 # a slightly less tidy picture instead of minutes of optimization
 TUNE_ABOVE = 1_000
-# a safety net only: summarized graphs render in seconds
+# a safety net only: drawings that fit the page render in seconds
 RENDER_TIMEOUT_S = 300
 
 # Fill colors (light, so black text stays readable), assigned to InCore functions in the order
@@ -182,6 +203,83 @@ def human_bytes(n: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------
+# sizes: estimates that choose a drawing before graphviz measures it
+# ------------------------------------------------------------------------------------------
+
+# Helvetica (Liberation Sans) averages 0.56-0.58 em on names, digits and underscores and dot's
+# lines are about 1.1 em apart; both rounded up, so that estimates err on the large side.
+CHAR_EM, LINE_EM = 0.6, 1.2
+NODE_MARGIN_IN = (0.08, 0.04)
+# room an edge passing through a rank takes in it (dot puts a virtual node there), and around a
+# row's cluster (margin and label)
+VIRTUAL_IN = 0.2
+CLUSTER_PAD_IN = 0.15
+# graphviz's margin around the whole drawing (4 pt each side)
+PAD_IN = 4 / 72
+# rows are only worth their dashed copies when one row would be wider than a screen (1920 x
+# 1080 px at 96 dpi) and this much wider than tall
+SCREEN_IN = (20.0, 11.25)
+MAX_ASPECT = 3.0
+
+
+def _box_in(lines: list[str], pt: float = NODE_PT) -> tuple[float, float]:
+    """Estimated size in inches of a box with these label lines (graphviz's minimum is 0.75 x 0.5)."""
+    chars = max(len(s) for s in lines)
+    return (max(0.75, chars * pt * CHAR_EM / 72 + 2 * NODE_MARGIN_IN[0]),
+            max(0.5, len(lines) * pt * LINE_EM / 72 + 2 * NODE_MARGIN_IN[1]))
+
+
+def _capacity(page: tuple[float, float]) -> int:
+    """The most boxes of the minimum size a page can hold: more never fit."""
+    return int((page[0] + RANKSEP) // (0.75 + RANKSEP)) * int((page[1] + NODESEP) // (0.5 + NODESEP))
+
+
+def _layered_in(row: np.ndarray, col: np.ndarray, w: np.ndarray, h: np.ndarray, src: np.ndarray,
+                dst: np.ndarray) -> tuple[float, float]:
+    """Estimated size in inches of a left-to-right layered drawing without its title.
+
+    Node ``k`` is ``w[k]`` x ``h[k]`` in column ``col[k]`` of row ``row[k]`` (rows are clusters
+    stacked top to bottom that share the columns); edges ``src -> dst`` stay inside their row. A
+    column of a row is as tall as its boxes plus the edges that pass through it; a column is as
+    wide as its widest box over all rows.
+    """
+    n_rows, n_cols = int(row.max()) + 1, int(col.max()) + 1
+    cell = np.zeros((n_rows, n_cols))
+    np.add.at(cell, (row, col), h + NODESEP)
+    span = col[dst] - col[src]
+    long = span > 1
+    if long.any():
+        k = span[long] - 1
+        through = np.repeat(col[src][long] + 1, k) + np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+        np.add.at(cell, (np.repeat(row[src][long], k), through), VIRTUAL_IN)
+    widths = np.zeros(n_cols)
+    np.maximum.at(widths, col, w)
+    width = float(widths.sum()) + RANKSEP * (n_cols - 1)
+    height = float(cell.max(axis=1).sum()) - NODESEP * n_rows
+    if n_rows > 1:
+        width += 2 * CLUSTER_PAD_IN
+        height += n_rows * (NODE_PT * LINE_EM / 72 + 2 * CLUSTER_PAD_IN) + NODESEP * (n_rows - 1)
+    return width, height
+
+
+def _title_in(texts: list[str], legend: list[str]) -> tuple[float, float]:
+    """Estimated size in inches of the title table: text rows, then legend rows of 6 cells."""
+    cell = (TITLE_PT * LINE_EM + 10) / 72  # text, cellpadding 3 pt twice, cellspacing 4 pt
+    width = max(len(t) for t in texts) * TITLE_PT * CHAR_EM / 72
+    for i in range(0, len(legend), 6):
+        width = max(width, sum(len(b) * TITLE_PT * CHAR_EM / 72 + 10 / 72 for b in legend[i:i + 6]))
+    return width + 0.2, cell * (len(texts) + math.ceil(len(legend) / 6)) + 0.1
+
+
+def _page_in(graph: tuple[float, float], title: tuple[float, float]) -> tuple[float, float]:
+    return max(graph[0], title[0]) + 2 * PAD_IN, graph[1] + title[1] + 2 * PAD_IN
+
+
+def _fits(size: tuple[float, float], page: tuple[float, float]) -> bool:
+    return size[0] <= page[0] and size[1] <= page[1]
+
+
+# ------------------------------------------------------------------------------------------
 # DOT text
 # ------------------------------------------------------------------------------------------
 
@@ -189,29 +287,37 @@ def _color(base_index: int) -> str:
     return PALETTE[base_index % len(PALETTE)]
 
 
-def _title(g: DumpGraph, n_levels: int, initial: int, note: str | None) -> str:
-    """An HTML-like graph label: file, counts, summary note, color legend (6 functions a row)."""
-    name = html.escape(Path(g.path).name)
-    stats = (f"{g.n_tasks:,} tasks · {g.n_edges:,} edges · {n_levels:,} levels · "
-             f"initial parallelism {initial:,}")
-    rows = [f'<tr><td colspan="6"><b>{name}</b></td></tr>',
-            f'<tr><td colspan="6">{stats}</td></tr>']
-    if note:
-        rows.append(f'<tr><td colspan="6">{html.escape(note)}</td></tr>')
+def _stats(g: DumpGraph, levels: np.ndarray) -> str:
+    n_levels = int(levels.max()) + 1 if g.n_tasks else 0
+    return (f"{g.n_tasks:,} tasks · {g.n_edges:,} edges · {n_levels:,} levels · "
+            f"initial parallelism {int(np.count_nonzero(levels == 0)):,}")
+
+
+def _title(g: DumpGraph, texts: list[str]) -> str:
+    """An HTML-like graph label: the file name, ``texts`` one a row, the color legend (6 a row)."""
+    rows = [f'<tr><td colspan="6"><b>{html.escape(Path(g.path).name)}</b></td></tr>']
+    rows += [f'<tr><td colspan="6">{html.escape(t)}</td></tr>' for t in texts]
     cells = [f'<td bgcolor="{_color(k)}">{html.escape(b)}</td>' for k, b in enumerate(g.base_names)]
     for i in range(0, len(cells), 6):
         rows.append("<tr>" + "".join(cells[i:i + 6]) + "</tr>")
     return '<<table border="0" cellspacing="4" cellpadding="3">' + "".join(rows) + "</table>>"
 
 
-def _header(title: str, work: int) -> list[str]:
+def _title_texts_in(g: DumpGraph, texts: list[str]) -> tuple[float, float]:
+    return _title_in([Path(g.path).name, *texts], g.base_names)
+
+
+def _header(title: str, work: int, rows: bool = False) -> list[str]:
     tune = ", mclimit=0.1, nslimit=1, nslimit1=1" if work > TUNE_ABOVE else ""
+    # newrank lets a rank=same group take nodes from several clusters (the rows)
+    newrank = ", newrank=true" if rows else ""
     return [
         "digraph taskgraph {",
-        "  graph [rankdir=LR, labelloc=t, fontname=Helvetica, nodesep=0.15, ranksep=0.6"
-        f"{tune}, label={title}];",
-        '  node [shape=box, style="filled,rounded", fontname=Helvetica, fontsize=10, margin="0.08,0.04"];',
-        '  edge [color="#555555", arrowsize=0.5];',
+        f"  graph [rankdir=LR, labelloc=t, fontname=Helvetica, fontsize={TITLE_PT}, nodesep={NODESEP}, "
+        f"ranksep={RANKSEP}{newrank}{tune}, label={title}];",
+        f'  node [shape=box, style="filled,rounded", fontname=Helvetica, fontsize={NODE_PT}, '
+        f'margin="{NODE_MARGIN_IN[0]},{NODE_MARGIN_IN[1]}"];',
+        f'  edge [color="#555555", arrowsize=0.5, fontname=Helvetica, fontsize={EDGE_PT}];',
     ]
 
 
@@ -225,27 +331,43 @@ def _task_spans(g: DumpGraph, levels: np.ndarray) -> np.ndarray:
     return levels[g.succ] - np.repeat(levels, np.diff(g.ptr))
 
 
-def _rank_groups(keys: np.ndarray, names: list[str]) -> list[str]:
-    """One ``{rank=same; ...}`` line per distinct key (level or band), in key order."""
+def _rank_groups(keys: np.ndarray, names: list[str], extra: dict[int, str] | None = None) -> list[str]:
+    """One ``{rank=same; ...}`` line per distinct key (level or column), in key order, starting
+    with ``extra[key]`` where given."""
     order = np.argsort(keys, kind="stable")
     lines = []
     bounds = np.flatnonzero(np.diff(keys[order])) + 1
     for chunk in np.split(order, bounds):
         if len(chunk):
-            lines.append("  { rank=same; " + " ".join(names[i] + ";" for i in chunk) + " }")
+            first = f"{extra[int(keys[chunk[0]])]}; " if extra else ""
+            lines.append("  { rank=same; " + first + " ".join(names[i] + ";" for i in chunk) + " }")
     return lines
+
+
+def _task_label(g: DumpGraph, k: int) -> list[str]:
+    return [f"task {int(g.ids[k])}", g.func_names[g.func[k]], human_bytes(int(g.buffer_bytes[k]))]
+
+
+def detail_size_in(g: DumpGraph, levels: np.ndarray) -> tuple[float, float]:
+    """Estimated page size in inches of the drawing with one box per task."""
+    if not g.n_tasks:
+        return _page_in((0.0, 0.0), _title_texts_in(g, [_stats(g, levels)]))
+    name_len = np.array([len(n) for n in g.func_names])[g.func]
+    chars = np.maximum(name_len, len(f"task {int(g.ids.max())}"))
+    w = np.maximum(0.75, chars * NODE_PT * CHAR_EM / 72 + 2 * NODE_MARGIN_IN[0])
+    h = np.full(g.n_tasks, _box_in(["", "", ""])[1])
+    src = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
+    graph = _layered_in(np.zeros(g.n_tasks, np.int64), levels, w, h, src, g.succ)
+    return _page_in(graph, _title_texts_in(g, [_stats(g, levels)]))
 
 
 def detail_dot(g: DumpGraph, levels: np.ndarray) -> str:
     """DOT text with one box per task (node ``t<id>``) and one arrow per dependency."""
-    n_levels = int(levels.max()) + 1 if g.n_tasks else 0
-    initial = int(np.count_nonzero(levels == 0))
     work = layout_work(g.n_tasks, _task_spans(g, levels))
-    lines = _header(_title(g, n_levels, initial, None), work)
+    lines = _header(_title(g, [_stats(g, levels)]), work)
     names = [f"t{int(i)}" for i in g.ids]
     for k in range(g.n_tasks):
-        label = f"task {int(g.ids[k])}\\n{g.func_names[g.func[k]]}\\n{human_bytes(int(g.buffer_bytes[k]))}"
-        lines.append(f'  {names[k]} [label="{label}", fillcolor="{_color(int(g.base[k]))}"];')
+        lines.append(f'  {names[k]} [label="{_join(_task_label(g, k))}", fillcolor="{_color(int(g.base[k]))}"];')
     lines += _rank_groups(levels, names)
     src = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
     lines += [f"  {names[a]} -> {names[b]};" for a, b in zip(src.tolist(), g.succ.tolist())]
@@ -253,9 +375,14 @@ def detail_dot(g: DumpGraph, levels: np.ndarray) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------------------------------
+# summaries
+# ------------------------------------------------------------------------------------------
+
 @dataclass
 class Summary:
-    """Tasks collapsed into groups of (band of ``band`` levels, InCore function)."""
+    """Tasks collapsed into groups of (band of ``band`` levels, InCore function), the bands
+    wrapped into rows of ``cols`` bands."""
 
     band: int
     group: np.ndarray       # group index of every task
@@ -263,79 +390,288 @@ class Summary:
     base_of: np.ndarray     # InCore function (base index) of every group
     count: np.ndarray       # tasks per group
     edges: np.ndarray       # (E, 3): source group, target group, dependency count
-    work: int               # nodes plus edge segments of its layout
+    n_levels: int
+    cols: int               # bands per row
+    work: int = 0           # nodes plus edge segments of its layout
 
     @property
     def n_groups(self) -> int:
         return len(self.count)
 
+    @property
+    def n_bands(self) -> int:
+        return -(-self.n_levels // self.band)
 
-def summarize(g: DumpGraph, levels: np.ndarray, max_nodes: int, budget: int = LAYOUT_BUDGET) -> Summary:
-    """Group tasks by (level band, InCore function), with bands of 1, 2, 4, ... levels: the
-    narrowest that gives at most ``max_nodes`` groups and a layout within ``budget`` (see
-    :func:`layout_work`), or one band for the whole graph."""
+    @property
+    def rows(self) -> int:
+        return -(-self.n_bands // self.cols)
+
+    def texts(self, n_tasks: int) -> list[str]:
+        """The title's lines about the summary."""
+        per = "level" if self.band == 1 else f"band of {self.band} levels"
+        texts = [f"summarized: {n_tasks:,} tasks in {self.n_groups:,} groups: one per InCore function and {per}"]
+        if self.rows > 1:
+            unit = "levels" if self.band == 1 else "bands"
+            texts.append(f"{self.rows} rows of {self.cols} {unit}; a dashed box repeats a group of an earlier row")
+        return texts
+
+
+def group_tasks(g: DumpGraph, levels: np.ndarray, band: int) -> Summary:
+    """Tasks grouped by (band of ``band`` levels, InCore function), all bands in one row."""
     n_levels = int(levels.max()) + 1 if g.n_tasks else 1
     nb = max(len(g.base_names), 1)
+    key = (levels // band) * nb + g.base
+    uniq, group = np.unique(key, return_inverse=True)
+    group = group.reshape(-1)
     src_task = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
-    band = 1
-    while True:
-        key = (levels // band) * nb + g.base
-        uniq, group = np.unique(key, return_inverse=True)
-        group = group.reshape(-1)
-        src, dst = group[src_task], group[g.succ]
-        keep = src != dst  # dependencies inside a group are not drawn (its count covers them)
-        n_groups = len(uniq)
-        # one int64 key per group pair: a 1-D unique is much faster than unique(axis=0)
-        pair_keys, counts = np.unique(src[keep].astype(np.int64) * n_groups + dst[keep], return_counts=True)
-        pairs = np.stack([pair_keys // n_groups, pair_keys % n_groups], axis=1)
-        band_of = uniq // nb
-        work = layout_work(len(uniq), band_of[pairs[:, 1]] - band_of[pairs[:, 0]])
-        if (len(uniq) <= max_nodes and work <= budget) or band >= n_levels:
-            break
-        band *= 2
-    edges = np.concatenate([pairs, counts.reshape(-1, 1)], axis=1)
-    return Summary(band, group, band_of, uniq % nb, np.bincount(group, minlength=len(uniq)), edges, work)
+    src, dst = group[src_task], group[g.succ]
+    keep = src != dst  # dependencies inside a group are not drawn (its count covers them)
+    n_groups = len(uniq)
+    # one int64 key per group pair: a 1-D unique is much faster than unique(axis=0)
+    pair_keys, counts = np.unique(src[keep].astype(np.int64) * n_groups + dst[keep], return_counts=True)
+    edges = np.stack([pair_keys // n_groups, pair_keys % n_groups, counts], axis=1)
+    s = Summary(band, group, uniq // nb, uniq % nb, np.bincount(group, minlength=n_groups), edges, n_levels, 1)
+    return wrap_rows(s, s.n_bands)
 
 
-def summary_dot(g: DumpGraph, levels: np.ndarray, s: Summary) -> str:
-    """DOT text with one box per group (node ``g<band>_<function index>``) and one weighted
-    arrow per pair of connected groups."""
-    n_levels = int(levels.max()) + 1 if g.n_tasks else 0
-    initial = int(np.count_nonzero(levels == 0))
-    how = "one per level and function" if s.band == 1 else f"one per function and band of {s.band} levels"
-    note = f"summarized: {g.n_tasks:,} tasks in {s.n_groups:,} groups ({how})"
-    lines = _header(_title(g, n_levels, initial, note), s.work)
-    names = [f"g{int(b)}_{int(f)}" for b, f in zip(s.band_of, s.base_of)]
+@dataclass
+class _Placement:
+    """The nodes of a wrapped summary: its groups, then one dashed copy (a "ghost") per (row,
+    source group) of the edges that enter a later row, in a column of their own at the head of
+    the rows, so every edge drawn stays inside one row."""
+
+    row: np.ndarray         # row of every node
+    col: np.ndarray         # column of every node (column 0 holds the ghosts when there are any)
+    ghost_of: np.ndarray    # the group each ghost copies
+    edges: np.ndarray       # (E, 3): source node, target node, dependency count
+
+    @property
+    def work(self) -> int:
+        return layout_work(len(self.row), self.col[self.edges[:, 1]] - self.col[self.edges[:, 0]])
+
+
+def _place(s: Summary) -> _Placement:
+    n = s.n_groups
+    row, col = s.band_of // s.cols, s.band_of % s.cols
+    a, b, c = s.edges[:, 0], s.edges[:, 1], s.edges[:, 2]
+    cross = row[a] != row[b]
+    keys, ghost = np.unique(row[b[cross]] * n + a[cross], return_inverse=True)
+    src = a.copy()
+    src[cross] = n + ghost.reshape(-1)
+    shift = 1 if len(keys) else 0
+    return _Placement(np.concatenate([row, keys // n]), np.concatenate([col + shift, np.zeros(len(keys), np.int64)]),
+                      keys % n, np.stack([src, b, c], axis=1))
+
+
+def wrap_rows(s: Summary, cols: int) -> Summary:
+    """``s`` wrapped into rows of ``cols`` bands (with its layout work)."""
+    out = replace(s, cols=cols)
+    out.work = _place(out).work
+    return out
+
+
+def _levels_text(s: Summary, first_band: int, last_band: int | None = None) -> str:
+    lo = first_band * s.band
+    hi = min(((first_band if last_band is None else last_band) + 1) * s.band, s.n_levels) - 1
+    return f"level {lo}" if lo == hi else f"levels {lo}–{hi}"
+
+
+def _group_labels(g: DumpGraph, s: Summary) -> list[list[str]]:
     buf = np.bincount(s.group, weights=g.buffer_bytes, minlength=s.n_groups)
     variants = np.zeros(s.n_groups, np.int64)
     pairs = np.unique(np.stack([s.group, g.func], axis=1), axis=0)
     np.add.at(variants, pairs[:, 0], 1)
+    labels = []
     for k in range(s.n_groups):
-        lo = int(s.band_of[k]) * s.band
-        hi = min(lo + s.band, n_levels) - 1
-        where = f"level {lo}" if lo == hi else f"levels {lo}–{hi}"
         extra = f", {int(variants[k])} variants" if variants[k] > 1 else ""
-        label = (f"{g.base_names[s.base_of[k]]} ×{int(s.count[k]):,}\\n{where}{extra}\\n"
-                 f"buffers {human_bytes(int(buf[k]))} in all")
-        lines.append(f'  {names[k]} [label="{label}", fillcolor="{_color(int(s.base_of[k]))}"];')
-    lines += _rank_groups(s.band_of, names)
-    for a, b, c in s.edges.tolist():
+        labels.append([f"{g.base_names[s.base_of[k]]} ×{int(s.count[k]):,}",
+                       _levels_text(s, int(s.band_of[k])) + extra, f"buffers {human_bytes(int(buf[k]))} in all"])
+    return labels
+
+
+def _ghost_label(g: DumpGraph, s: Summary, k: int) -> list[str]:
+    return [f"{g.base_names[s.base_of[k]]} ×{int(s.count[k]):,}", _levels_text(s, int(s.band_of[k]))]
+
+
+def _stats_bound(g: DumpGraph) -> str:
+    """A line as long as the stats line can be (levels and initial parallelism <= tasks)."""
+    return f"{g.n_tasks:,} tasks · {g.n_edges:,} edges · {g.n_tasks:,} levels · initial parallelism {g.n_tasks:,}"
+
+
+def _summary_size_in(g: DumpGraph, s: Summary, boxes: np.ndarray, why: str | None) -> tuple[float, float]:
+    """Estimated page size in inches of ``s``; ``boxes`` holds the (width, height) of every group
+    and ``why`` is the title's line on why it is not drawn per task."""
+    p = _place(s)
+    w = np.concatenate([boxes[:, 0], boxes[p.ghost_of, 0]])
+    h = np.concatenate([boxes[:, 1], np.full(len(p.ghost_of), _box_in(["", ""])[1])])
+    graph = _layered_in(p.row, p.col, w, h, p.edges[:, 0], p.edges[:, 1])
+    return _page_in(graph, _title_texts_in(g, [_stats_bound(g), *s.texts(g.n_tasks), why or ""]))
+
+
+def fit_rows(g: DumpGraph, s: Summary, page: tuple[float, float] = PAGE_IN,
+             why: str | None = None) -> tuple[Summary, tuple[float, float]]:
+    """Wrap ``s`` into rows for ``page`` (a title with the line ``why``); returns it with its
+    estimated page size in inches.
+
+    One row when that fits and is no wider than a screen or at most ``MAX_ASPECT`` times wider
+    than tall; else the number of rows whose drawing needs the smallest share of the page, so
+    that its shape follows the page's."""
+    boxes = np.array([_box_in(lines) for lines in _group_labels(g, s)])
+    one = wrap_rows(s, s.n_bands)
+    size = _summary_size_in(g, one, boxes, why)
+    if _fits(size, page) and (size[0] <= SCREEN_IN[0] or size[0] <= MAX_ASPECT * size[1]):
+        return one, size
+    best = None
+    for cols in sorted({-(-s.n_bands // r) for r in range(1, s.n_bands + 1)}, reverse=True):
+        wrapped = wrap_rows(s, cols)
+        size = _summary_size_in(g, wrapped, boxes, why)
+        share = max(size[0] / page[0], size[1] / page[1])
+        if best is None or share < best[0] * 0.98:  # more rows only where they clearly help
+            best = (share, wrapped, size)
+    return best[1], best[2]
+
+
+def summary_dot(g: DumpGraph, levels: np.ndarray, s: Summary, why: str | None = None) -> str:
+    """DOT text with one box per group (node ``g<band>_<function index>``) and one weighted
+    arrow per pair of connected groups. Rows are clusters ``cluster_row<k>``; an edge into a later
+    row starts at a dashed copy ``x<row>_<group node>`` of its source at the head of that row."""
+    texts = [_stats(g, levels), *s.texts(g.n_tasks)] + ([why] if why else [])
+    lines = _header(_title(g, texts), s.work, rows=s.rows > 1)
+    names = [f"g{int(b)}_{int(f)}" for b, f in zip(s.band_of, s.base_of)]
+    p = _place(s)
+    ghosts = [f"x{int(r)}_{names[k]}" for r, k in zip(p.row[s.n_groups:], p.ghost_of)]
+    for k, label in enumerate(_group_labels(g, s)):
+        lines.append(f'  {names[k]} [label="{_join(label)}", fillcolor="{_color(int(s.base_of[k]))}"];')
+    for name, k in zip(ghosts, p.ghost_of.tolist()):
+        lines.append(f'  {name} [label="{_join(_ghost_label(g, s, k))}", style="filled,rounded,dashed", '
+                     f'fillcolor="{_color(int(s.base_of[k]))}"];')
+    nodes = names + ghosts
+    if s.rows == 1:
+        lines += _rank_groups(p.col, nodes)
+    else:
+        # An invisible spine, one node per column chained left to right, gives every row the
+        # same columns; one invisible anchor per row in the first column, all children of a hub
+        # whose edges keep their order (ordering=out: top to bottom in a left-to-right layout),
+        # stacks the rows in order (flat edges between the anchors do not order clusters).
+        n_cols = int(p.col.max()) + 1
+        spine = [f"c{c}" for c in range(n_cols)]
+        anchors = [f"r{r}" for r in range(s.rows)]
+        lines.append("  node [shape=point, style=invis, width=0, height=0];")
+        lines.append("  " + " -> ".join(spine) + " [style=invis];" if n_cols > 1 else f"  {spine[0]};")
+        lines.append("  hub [ordering=out];")
+        lines += [f"  hub -> {a} [style=invis];" for a in anchors]
+        for r in range(s.rows):
+            members = " ".join(nodes[i] + ";" for i in np.flatnonzero(p.row == r))
+            where = _levels_text(s, r * s.cols, min((r + 1) * s.cols, s.n_bands) - 1)
+            lines.append(f'  subgraph cluster_row{r} {{ label="{where}"; fontsize={NODE_PT}; style=rounded; '
+                         f'color="#bbbbbb"; {anchors[r]}; {members} }}')
+        heads = {c: spine[c] for c in range(n_cols)}
+        heads[0] += "; " + "; ".join(anchors)
+        lines += _rank_groups(p.col, nodes, heads)
+    for a, b, c in p.edges.tolist():
         width = 0.8 + 0.6 * float(np.log10(c))
         # an xlabel is placed after layout; a plain label would add a rank between all ranks
-        lines.append(f'  {names[a]} -> {names[b]} [xlabel="{c:,}", penwidth={width:.2f}, fontsize=8];')
+        lines.append(f'  {nodes[a]} -> {nodes[b]} [xlabel="{c:,}", penwidth={width:.2f}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def to_dot(g: DumpGraph, max_nodes: int = 2000) -> tuple[str, Summary | None]:
-    """The DOT text of a loaded dump, per task or summarized (then also the :class:`Summary`)."""
-    if max_nodes < 1:
-        raise UsageError(f"max_nodes must be positive, got {max_nodes}")
+def _join(lines: list[str]) -> str:
+    return "\\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# choosing the drawing
+# ------------------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    """A summary to try, its estimated page size in inches, and whether it is the last resort
+    (one band: one box per InCore function)."""
+
+    summary: Summary
+    size: tuple[float, float]
+    last: bool = False
+
+
+def _check_max_nodes(max_nodes: int | None) -> None:
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+        raise UsageError(f"max_nodes must be a positive integer or None, got {max_nodes!r}")
+
+
+def _check_page(page: tuple[float, float]) -> tuple[float, float]:
+    try:
+        w, h = (float(x) for x in page)
+    except (TypeError, ValueError):
+        raise UsageError(f"page must be (width, height) in inches, got {page!r}") from None
+    if not (w >= 1 and h >= 1 and math.isfinite(w * h)):
+        raise UsageError(f"page {w:g} x {h:g} in: both sides must be at least 1 inch")
+    return w, h
+
+
+def _detail_refusal(g: DumpGraph, levels: np.ndarray, max_nodes: int | None,
+                    page: tuple[float, float]) -> tuple[str | None, tuple[float, float] | None]:
+    """Why the graph cannot be drawn task by task (None when it may be, by estimate), and the
+    estimated page size when that was the reason."""
+    if max_nodes is not None and g.n_tasks > max_nodes:
+        return f"more than max_nodes = {max_nodes:,} tasks", None
+    size = detail_size_in(g, levels)
+    if not _fits(size, page):
+        return _too_big(size, page), size
+    work = layout_work(g.n_tasks, _task_spans(g, levels))
+    if work > LAYOUT_BUDGET:
+        return (f"its layout would have {work:,} nodes plus edge segments "
+                f"(more than {LAYOUT_BUDGET:,}: minutes of graphviz)"), size
+    return None, size
+
+
+def _too_big(size: tuple[float, float], page: tuple[float, float]) -> str:
+    return (f"it would be about {size[0]:.0f} x {size[1]:.0f} in, more than the {page[0]:g} x {page[1]:g} in "
+            f"page that keeps {MIN_FONT_PT} pt text readable at 100% zoom")
+
+
+def _summary_plans(g: DumpGraph, levels: np.ndarray, max_nodes: int | None, page: tuple[float, float],
+                   why: str | None) -> Iterator[_Plan]:
+    """Summaries with bands of 1, 2, 4, ... levels that may fit (by count, budget and estimate),
+    then the one-band summary whatever its size."""
+    n_levels = int(levels.max()) + 1 if g.n_tasks else 1
+    band = 1
+    while band < n_levels:
+        s = group_tasks(g, levels, band)
+        if s.n_groups <= min(max_nodes or s.n_groups, _capacity(page)):
+            s, size = fit_rows(g, s, page, why)
+            if s.work <= LAYOUT_BUDGET and _fits(size, page):
+                yield _Plan(s, size)
+        band *= 2
+    s, size = fit_rows(g, group_tasks(g, levels, n_levels), page, why)
+    yield _Plan(s, size, last=True)
+
+
+def summarize(g: DumpGraph, levels: np.ndarray, max_nodes: int | None = None,
+              page: tuple[float, float] = PAGE_IN, why: str | None = None) -> Summary:
+    """The narrowest summary (bands of 1, 2, 4, ... levels) with at most ``max_nodes`` groups
+    whose estimated drawing, wrapped into rows, fits ``page`` (inches) under a title with the
+    line ``why``, or one band for the whole graph."""
+    return next(_summary_plans(g, levels, max_nodes, _check_page(page), why)).summary
+
+
+def to_dot(g: DumpGraph, max_nodes: int | None = None,
+           page: tuple[float, float] = PAGE_IN) -> tuple[str, Summary | None]:
+    """The DOT text of a loaded dump, chosen by estimated size alone (:func:`draw` also measures):
+    per task when that fits ``page`` and ``max_nodes``, else summarized (then also the
+    :class:`Summary`)."""
+    _check_max_nodes(max_nodes)
+    page = _check_page(page)
     levels = compute_levels(g.ptr, g.succ, g.path)
-    if g.n_tasks <= max_nodes and layout_work(g.n_tasks, _task_spans(g, levels)) <= LAYOUT_BUDGET:
+    refusal, size = _detail_refusal(g, levels, max_nodes, page)
+    if refusal is None:
         return detail_dot(g, levels), None
-    s = summarize(g, levels, max_nodes)
-    return summary_dot(g, levels, s), s
+    s = summarize(g, levels, max_nodes, page, _why(refusal))
+    return summary_dot(g, levels, s, _why(refusal)), s
+
+
+def _why(refusal: str) -> str:
+    return f"not drawn per task: {refusal}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -359,6 +695,26 @@ def resolve_format(out: str | Path, fmt: str | None) -> str:
     return suffix
 
 
+def check_output(dump: str | Path, out: str | Path) -> Path:
+    """Refuse, before any work, an output that cannot be written or that is the dump itself
+    (same path, or the same file through a link or another path)."""
+    out = Path(out)
+    if not str(out).strip():
+        raise UsageError("the output path is empty")
+    same = (os.path.samefile(dump, out) if os.path.exists(dump) and os.path.exists(out)
+            else os.path.realpath(dump) == os.path.realpath(out))
+    if same:
+        raise UsageError(f"output {out} is the dump {dump} itself: drawing it would overwrite the input")
+    if out.is_dir():
+        raise UsageError(f"cannot write {out}: it is a folder")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {out}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UsageError(f"cannot write {out}: permission denied")
+    return out
+
+
 def dot_binary() -> str:
     """Path of graphviz's ``dot``, or a PTOError saying how to do without it."""
     exe = shutil.which("dot")
@@ -368,41 +724,134 @@ def dot_binary() -> str:
     return exe
 
 
-def render(dot_text: str, out: str | Path, fmt: str) -> None:
-    """Write ``dot_text`` to ``out``, rendered with ``dot -T<fmt>`` unless ``fmt`` is dot."""
-    out = Path(out)
-    if not out.parent.is_dir():
-        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
-    if fmt == "dot":
-        out.write_text(dot_text)
-        return
-    exe = dot_binary()
+def _run_dot(exe: str, dot_text: str, fmt: str, folder: str) -> tuple[tuple[float, float], str | None]:
+    """Lay out ``dot_text`` once, writing the layout (``-Tplain``) and, unless ``fmt`` is dot,
+    the drawing into ``folder``. Returns the page size in inches and the drawing's path."""
+    plain = os.path.join(folder, "layout.plain")
+    drawing = None if fmt == "dot" else os.path.join(folder, f"drawing.{fmt}")
+    cmd = [exe, "-Tplain", "-o", plain] + ([] if drawing is None else [f"-T{fmt}", "-o", drawing])
     try:
-        r = subprocess.run([exe, f"-T{fmt}", "-o", str(out)], input=dot_text, capture_output=True,
-                           text=True, timeout=RENDER_TIMEOUT_S)
+        r = subprocess.run(cmd, input=dot_text, capture_output=True, text=True, timeout=RENDER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise PTOError(f"dot did not finish in {RENDER_TIMEOUT_S} s; use a smaller --max-nodes "
                        "or --format dot") from None
     if r.returncode != 0:
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         raise PTOError(f"dot -T{fmt} failed (exit {r.returncode}): {lines[0] if lines else 'no message'}")
+    with open(plain, encoding="utf-8") as f:
+        head = f.readline().split()  # "graph <scale> <width> <height>", inches without the margin
+    return (float(head[2]) + 2 * PAD_IN, float(head[3]) + 2 * PAD_IN), drawing
 
 
-def visualize(dump: str | Path, out: str | Path, fmt: str | None = None, max_nodes: int = 2000) -> str:
-    """Draw the dump at ``dump`` into ``out`` (pdf, svg, png or dot); returns the path written.
+def render(dot_text: str, out: str | Path, fmt: str) -> tuple[float, float] | None:
+    """Write ``dot_text`` to ``out``, rendered with ``dot -T<fmt>`` unless ``fmt`` is dot; returns
+    the page size in inches (None for dot text)."""
+    out = Path(out)
+    if not out.absolute().parent.is_dir():
+        raise UsageError(f"cannot write {out}: folder {out.absolute().parent} does not exist")
+    if fmt == "dot":
+        out.write_text(dot_text)
+        return None
+    exe = dot_binary()
+    with tempfile.TemporaryDirectory(prefix="pto-viz-") as tmp:
+        size, drawing = _run_dot(exe, dot_text, fmt, tmp)
+        shutil.copyfile(drawing, out)
+    return size
+
+
+@dataclass
+class Drawing:
+    """What :func:`draw` wrote."""
+
+    path: str
+    fmt: str
+    n_tasks: int
+    summary: Summary | None          # None: one box per task
+    width_in: float                  # the page, measured by graphviz (estimated for dot text
+    height_in: float                 # without graphviz installed)
+    measured: bool
+    texts: list[str]                 # the title's lines about what was drawn
+    note: str | None                 # one line for the user when max_nodes was not honoured
+
+
+def draw(dump: str | Path, out: str | Path, fmt: str | None = None, max_nodes: int | None = None,
+         page: tuple[float, float] = PAGE_IN) -> Drawing:
+    """Draw the dump at ``dump`` into ``out`` (pdf, svg, png or dot), readable at 100% zoom.
+
+    One box per task when that drawing fits ``page`` (inches; default :data:`PAGE_IN`) and the
+    graph has at most ``max_nodes`` tasks (None: no limit); otherwise a summary by (band of
+    levels, InCore function), wrapped into rows, with at most ``max_nodes`` groups (or one per
+    InCore function, the coarsest). ``note`` says why, when the graph has at most ``max_nodes``
+    tasks and was still summarized, or when even the coarsest drawing exceeds the page.
 
     Raises:
-        UsageError: bad format or output folder, unreadable dump, ``max_nodes`` < 1.
+        UsageError: bad format, ``max_nodes`` or page; an output that cannot be written or is the
+            dump itself (all checked before the dump is read); an unreadable dump.
         ParseError: a malformed dump (the message names the file and line).
         PTOError: ``dot`` is missing or failed.
     """
+    _check_max_nodes(max_nodes)
+    page = _check_page(page)
+    out = check_output(dump, out)
     fmt = resolve_format(out, fmt)
+    exe = shutil.which("dot") if fmt == "dot" else dot_binary()
     g = load_dump(dump)
-    text, _ = to_dot(g, max_nodes)
-    render(text, out, fmt)
-    return str(out)
+    levels = compute_levels(g.ptr, g.succ, g.path)
+    refusal, _ = _detail_refusal(g, levels, max_nodes, page)
+    with tempfile.TemporaryDirectory(prefix="pto-viz-") as tmp:
+        s = None
+        if refusal is None:
+            text = detail_dot(g, levels)
+            size, drawing = _run_dot(exe, text, fmt, tmp) if exe else (detail_size_in(g, levels), None)
+            if not _fits(size, page):  # measured larger than estimated
+                refusal = _too_big(size, page)
+        if refusal is not None:
+            why = _why(refusal)
+            for plan in _summary_plans(g, levels, max_nodes, page, why):
+                s, text = plan.summary, summary_dot(g, levels, plan.summary, why)
+                size, drawing = _run_dot(exe, text, fmt, tmp) if exe else (plan.size, None)
+                if _fits(size, page) or plan.last:
+                    break
+        if drawing is None:
+            out.write_text(text)
+        else:
+            shutil.copyfile(drawing, out)
+    texts = [] if s is None else [*s.texts(g.n_tasks), _why(refusal)]
+    return Drawing(str(out), fmt, g.n_tasks, s, size[0], size[1], exe is not None, texts,
+                   _note(g, s, max_nodes, refusal, size, page))
 
 
-__all__ = ["FORMATS", "DumpGraph", "Summary", "compute_levels", "detail_dot", "human_bytes",
-           "layout_work", "load_dump", "render", "resolve_format", "summarize", "summary_dot", "to_dot",
-           "visualize"]
+def _note(g: DumpGraph, s: Summary | None, max_nodes: int | None, refusal: str | None,
+          size: tuple[float, float], page: tuple[float, float]) -> str | None:
+    notes = []
+    if s is not None and max_nodes is not None and g.n_tasks <= max_nodes:
+        notes.append(f"drew {g.n_tasks:,} tasks as {s.n_groups:,} groups, not one box per task as "
+                     f"max_nodes = {max_nodes:,} allows: {refusal}")
+    if s is not None and max_nodes is not None and s.n_groups > max_nodes:
+        notes.append(f"drew {s.n_groups:,} groups, more than max_nodes = {max_nodes:,}: one per InCore "
+                     "function is the coarsest summary")
+    if not _fits(size, page):
+        notes.append(f"the drawing is {size[0]:.0f} x {size[1]:.0f} in, more than the {page[0]:g} x {page[1]:g} "
+                     "in page")
+    return "; ".join(notes) or None
+
+
+def visualize(dump: str | Path, out: str | Path, fmt: str | None = None, max_nodes: int | None = None,
+              page: tuple[float, float] = PAGE_IN) -> str:
+    """:func:`draw`, returning only the path written."""
+    return draw(dump, out, fmt, max_nodes, page).path
+
+
+def parse_page(text: str) -> tuple[float, float]:
+    """``"60x36"`` -> (60.0, 36.0): a page size in inches as a command line writes it."""
+    try:
+        w, h = (float(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"page {text!r}: expected WIDTHxHEIGHT in inches, e.g. 60x36") from None
+    return _check_page((w, h))
+
+
+__all__ = ["FORMATS", "MIN_FONT_PT", "PAGE_IN", "Drawing", "DumpGraph", "Summary", "check_output",
+           "compute_levels", "detail_dot", "detail_size_in", "draw", "fit_rows", "group_tasks", "human_bytes",
+           "layout_work", "load_dump", "parse_page", "render", "resolve_format", "summarize", "summary_dot",
+           "to_dot", "visualize", "wrap_rows"]
