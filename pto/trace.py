@@ -14,7 +14,8 @@ Layout (one process):
   function, with the task id, variant, wave and launch index as args;
 - flow arrows (``s``/``f`` pairs, ``bp: e``) from each predecessor task to its successor, the
   first ``max_flows`` dependencies in predecessor order (a trace with a million arrows does not
-  load); ``otherData`` and the process label say how many were drawn.
+  load); ``otherData`` and the process label say how many were drawn, and :func:`write_trace`
+  returns the counts (:class:`TraceInfo`) so that the caller can say so too (``flow_note``).
 
 Times come from the executor's records: host ``perf_counter_ns`` around launches that are
 synchronized for tracing, so a task's slice is its launch's interval. They are written in
@@ -25,10 +26,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pto.errors import UsageError
 
 PID = 1
 LAUNCH_TID = 0
@@ -49,8 +53,10 @@ def _function_names(graph) -> dict[str, str]:
     return {v.variant_name: v.name for v in graph.variant_of_func_id().values()}
 
 
-def _edges(graph) -> np.ndarray:
-    """All (predecessor, successor) task-id pairs of the graph, in predecessor order."""
+def _edges(graph, edges) -> np.ndarray:
+    """All (predecessor, successor) task-id pairs, given or the graph's, in predecessor order."""
+    if edges is not None:
+        return np.asarray(edges, np.int64).reshape(-1, 2)
     if graph is None:
         return np.zeros((0, 2), np.int64)
     return graph.runtime.export().edges().astype(np.int64)
@@ -63,15 +69,48 @@ def _program_name(graph) -> str:
         return "pto"
 
 
-def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> dict[str, Any]:
+def flow_note(flows: int, dependencies: int) -> str | None:
+    """The line to tell the user when the arrows were capped, e.g. ``trace: first 5,000 of
+    21,696 dependency arrows drawn``; None when every dependency has its arrow."""
+    if flows >= dependencies:
+        return None
+    return f"trace: first {flows:,} of {dependencies:,} dependency arrows drawn"
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """What :func:`write_trace` wrote (the numbers of its ``otherData``)."""
+
+    path: str
+    tasks: int
+    batches: int
+    dependencies: int   # dependencies between executed tasks
+    flows: int          # arrows drawn: the first ``max_flows`` dependencies
+    max_flows: int
+
+    @property
+    def capped(self) -> bool:
+        return self.flows < self.dependencies
+
+    @property
+    def note(self) -> str | None:
+        """``trace: first 5,000 of 21,696 dependency arrows drawn`` when capped, else None."""
+        return flow_note(self.flows, self.dependencies)
+
+
+def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS, edges=None) -> dict[str, Any]:
     """The trace as a JSON-able dict (see the module docstring).
 
     Args:
-        records: ``pto.executor.LaunchRecord`` s (wave, func, tasks, start_ns, end_ns).
+        records: ``pto.exec.LaunchRecord`` s (wave, func, tasks, start_ns, end_ns).
         graph: the executed ``pto.graph.Graph`` (function names and dependency edges); None
-            gives a trace without arrows, named by variant.
-        max_flows: at most this many dependency arrows.
+            gives a trace named by variant, with arrows only for ``edges``.
+        max_flows: at most this many dependency arrows (0 or more).
+        edges: (predecessor, successor) task-id pairs in predecessor order, in place of the
+            graph's (e.g. ``pto.dump.read_dump(path).edges()``).
     """
+    if isinstance(max_flows, bool) or not isinstance(max_flows, int) or max_flows < 0:
+        raise UsageError(f"max_flows must be a non-negative integer, got {max_flows!r}")
     names = _function_names(graph)
     recs = sorted(records, key=lambda r: (r.start_ns, r.end_ns))
     t0 = recs[0].start_ns if recs else 0
@@ -94,10 +133,9 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> d
                                                 "launch": li, "batch_index": k, "batch_size": len(tasks)}})
             slot[task] = (k + 1, ts)
 
-    edges = _edges(graph)
     n_flows = 0
     total = 0
-    for pred, succ in edges.tolist():
+    for pred, succ in _edges(graph, edges).tolist():
         a, b = slot.get(pred), slot.get(succ)
         if a is None or b is None:  # a task that was not executed (or not recorded) has no slice
             continue
@@ -135,14 +173,19 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> d
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def write_trace(path: str | Path, records: Sequence, graph=None, max_flows: int = MAX_FLOWS) -> str:
-    """Write the trace of ``records`` (and ``graph``'s dependencies) to ``path``; returns it."""
-    trace = trace_events(records, graph, max_flows)
+def write_trace(path: str | Path, records: Sequence, graph=None, max_flows: int = MAX_FLOWS,
+                edges=None) -> TraceInfo:
+    """Write the trace of ``records`` (and ``graph``'s or ``edges``' dependencies) to ``path``.
+
+    Returns what was written; its ``note`` is the line to print when the arrows were capped
+    (``trace: first 5,000 of 21,696 dependency arrows drawn``)."""
+    trace = trace_events(records, graph, max_flows, edges)
     with open(path, "w", encoding="utf-8") as f:
         # compact separators: a 200k-task trace is tens of MB either way, a third less this way
         json.dump(trace, f, separators=(",", ":"), ensure_ascii=False)
         f.write("\n")
-    return str(path)
+    o = trace["otherData"]
+    return TraceInfo(str(path), o["tasks"], o["batches"], o["dependencies"], o["flows"], o["max_flows"])
 
 
-__all__ = ["MAX_FLOWS", "trace_events", "write_trace"]
+__all__ = ["MAX_FLOWS", "TraceInfo", "flow_note", "trace_events", "write_trace"]

@@ -1,19 +1,27 @@
 """pto.trace on real executions: the Chrome/Perfetto trace-event JSON is well formed, has one
 complete event per task on named lanes, and its flow arrows are exactly the graph's
-dependencies (or the first ``max_flows`` of them)."""
+dependencies (or the first ``max_flows`` of them, which ``write_trace`` reports so that the
+command line can say so)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pto.trace
+from pto import viz
 from pto.dump import read_dump
-from pto.engine import run
+from pto.errors import UsageError
+from pto.exec import LaunchRecord
+
+DATA = Path(__file__).resolve().parent / "data" / "taskgraphs"
 
 # keys every event of a phase must have (the trace-event format's required fields)
 REQUIRED = {
@@ -24,15 +32,19 @@ REQUIRED = {
 }
 
 
-def _run(tmp_path, program, **kw):
+def _run(tmp_path, program, *args):
+    """``pto run PROGRAM --trace --dump --json`` on the CPU: the trace, the dump and the result."""
     trace, dump = tmp_path / f"{program}.json", tmp_path / f"{program}.txt"
-    res = run(program, device="cpu", backend="torch", trace=str(trace), dump=str(dump), **kw)
-    return json.loads(trace.read_text(encoding="utf-8")), read_dump(dump), res
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "run", program, "--device", "cpu", "--backend", "torch",
+                        "--trace", str(trace), "--dump", str(dump), "--json", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(trace.read_text(encoding="utf-8")), read_dump(dump), json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("trace"), "llama7b", seq=100)
+    return _run(tmp_path_factory.mktemp("trace"), "llama7b", "--seq", "100")
 
 
 def validate(trace: dict) -> dict:
@@ -105,21 +117,60 @@ def test_llama_trace(llama):
     assert any(e["ph"] == "M" and e["name"] == "process_name" for e in trace["traceEvents"])
 
 
-def test_flow_cap(tmp_path, monkeypatch):
-    real = pto.trace.write_trace
-    monkeypatch.setattr(pto.trace, "write_trace", lambda p, r, g: real(p, r, g, max_flows=10))
-    trace, dump, res = _run(tmp_path, "llama7b", seq=31)
+def _records_by_level(path: Path) -> tuple[list[LaunchRecord], list[tuple[int, int]]]:
+    """One launch per (dependency level, variant) of a real dump, in level order, 10 µs each
+    (what the executor records, without executing), and the dump's edges."""
+    g = viz.load_dump(path)
+    levels = viz.compute_levels(g.ptr, g.succ)
+    recs = []
+    for level in range(int(levels.max()) + 1):
+        for f in np.unique(g.func[levels == level]):
+            tasks = g.ids[(levels == level) & (g.func == f)]
+            t0 = 1_000_000 + 10_000 * len(recs)
+            recs.append(LaunchRecord(level, g.func_names[f], tasks, t0, t0 + 9_000))
+    return recs, read_dump(path).edges()
+
+
+@pytest.fixture(scope="module")
+def split_dump(tmp_path_factory) -> Path:
+    """The 2,096-task, 5,728-edge llama7b graph (tests/data/taskgraphs/README.md)."""
+    path = tmp_path_factory.mktemp("split") / "split.txt"
+    path.write_bytes(gzip.decompress((DATA / "llama7b_seq1000_split.txt.gz").read_bytes()))
+    return path
+
+
+def test_flow_cap_is_reported(split_dump, tmp_path):
+    recs, edges = _records_by_level(split_dump)
+    assert len(edges) == 5728
+    info = pto.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=10)
+    assert (info.flows, info.dependencies, info.capped, info.tasks, info.batches) == (10, 5728, True, 2096, len(recs))
+    assert info.note == "trace: first 10 of 5,728 dependency arrows drawn"
+    trace = json.loads(Path(info.path).read_text(encoding="utf-8"))
     v = validate(trace)
-    assert len(v["flows"]) == 10 < res["edges"]
+    assert len(v["flows"]) == 10
     other = trace["otherData"]
-    assert other["flows_capped"] is True and other["flows"] == 10 and other["dependencies"] == res["edges"]
+    assert other["flows_capped"] is True and other["flows"] == 10 and other["dependencies"] == 5728
     labels = [e["args"]["labels"] for e in trace["traceEvents"] if e["name"] == "process_labels"]
-    assert f"first 10 of {res['edges']} dependency arrows" in labels[0]
+    assert "first 10 of 5,728 dependency arrows" in labels[0]
     # the first ten in predecessor order
     at = _task_at(v["lanes"])
     drawn = [(at[(p["s"]["tid"], p["s"]["ts"])], at[(p["f"]["tid"], p["f"]["ts"])])
              for _, p in sorted(v["flows"].items())]
-    assert drawn == dump.edges()[:10]
+    assert drawn == edges[:10]
+    # the default cap, then no cap
+    info = pto.trace.write_trace(tmp_path / "t.json", recs, edges=edges)
+    assert info.note == "trace: first 5,000 of 5,728 dependency arrows drawn" and info.max_flows == 5000
+    info = pto.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=6000)
+    assert (info.flows, info.capped, info.note) == (5728, False, None)
+    assert len(validate(json.loads((tmp_path / "t.json").read_text()))["flows"]) == 5728
+
+
+def test_flow_note_and_max_flows():
+    assert pto.trace.flow_note(5000, 21696) == "trace: first 5,000 of 21,696 dependency arrows drawn"
+    assert pto.trace.flow_note(12, 12) is None and pto.trace.flow_note(0, 0) is None
+    for bad in (-1, 2.5, True, None):
+        with pytest.raises(UsageError, match="max_flows"):
+            pto.trace.trace_events([], max_flows=bad)
 
 
 def test_softmax_trace_without_edges(tmp_path):
@@ -131,10 +182,6 @@ def test_softmax_trace_without_edges(tmp_path):
 
 
 def test_trace_without_graph_and_empty():
-    import numpy as np
-
-    from pto.executor import LaunchRecord
-
     recs = [LaunchRecord(0, "f__R32", np.array([3, 4]), 1000, 5000),
             LaunchRecord(1, "g", np.array([5]), 6000, 7000)]
     t = pto.trace.trace_events(recs)
@@ -145,13 +192,3 @@ def test_trace_without_graph_and_empty():
     validate(empty)
     assert empty["otherData"]["tasks"] == 0
 
-
-def test_cli_run_trace(tmp_path):
-    out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, "-m", "pto.cli", "run", "softmax", "--trace", str(out), "--json"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout)
-    trace = json.loads(out.read_text(encoding="utf-8"))
-    validate(trace)
-    assert trace["otherData"]["tasks"] == res["tasks"]
