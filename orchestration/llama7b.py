@@ -200,7 +200,9 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
             o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
         else:
             kv_tiles = cdiv(q_end, base) if causal else n
-            with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk)) as kj:
+            # the online-softmax state (m, l, acc) and split mode's scratch (s, alpha) of the q tile
+            # are updated by every kv iteration: merging kv tiles re-associates that reduction
+            with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
                 kpos = kj * base
                 kvr = (kr, kpos, 0, rows(kj), H)
                 vr = (v, kpos, 0, rows(kj), H)

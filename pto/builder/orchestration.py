@@ -181,12 +181,23 @@ class Orchestration:
     @contextlib.contextmanager
     def for_loop(self, name: str, lb: ExprLike, ub: ExprLike, step: ExprLike = 1,
                  max_range: int | None = None, min_range: int | None = None,
-                 tile_levels: dict[int, int] | None = None):
+                 tile_levels: dict[int, int] | None = None, reassociate: bool = False):
         """``for name in range(lb, ub, step)``. With ``tile_levels`` the loop is adaptive: it
         counts base tiles of height ``tile_levels[0]``; binary expansion (pto.passes) runs
         power-of-two blocks of ``p`` iterations (``min_range <= p <= max_range``) with tile
-        height ``tile_levels[p]`` and ``name.rows`` is the current tile height."""
+        height ``tile_levels[p]`` and ``name.rows`` is the current tile height.
+
+        Binary expansion merges iterations only when it proves them independent. With
+        ``reassociate=True`` the author promises that regions every iteration touches alike (the
+        state of a reduction, scratch) may be merged as well: one call over the merged tiles
+        equals the calls it replaces up to floating-point re-association (an online softmax
+        over kv tiles)."""
         loc = caller_loc()
+        if not isinstance(reassociate, bool):
+            self._fail(f"loop `{name}`: reassociate must be True or False, got {reassociate!r}", loc)
+        if reassociate and tile_levels is None:
+            self._fail(f"loop `{name}`: reassociate=True needs tile_levels (only adaptive loops merge "
+                       "iterations)", loc)
         lb_ = self._expr(lb, f"loop `{name}` lower bound", loc)
         ub_ = self._expr(ub, f"loop `{name}` upper bound", loc)
         st_ = self._expr(step, f"loop `{name}` step", loc)
@@ -207,7 +218,7 @@ class Orchestration:
             self._fail(f"loop `{name}` has an empty body", loc)
         self._frames[-1].stmts.append(Loop(name, lb_, ub_, st_, tuple(frame.stmts),
                                            max_range if levels else None,
-                                           min_range if levels else None, levels))
+                                           min_range if levels else None, levels, reassociate))
 
     @contextlib.contextmanager
     def if_(self, cond: ExprLike):

@@ -180,7 +180,12 @@ class Let:
 class Loop:
     """``for var in range(lb, ub, step)``. With ``tile_levels`` the loop is adaptive: it counts
     base tiles of height ``tile_levels[0]`` and binary expansion runs blocks of ``p`` base tiles
-    with the taller tiles ``tile_levels[p]``; ``var.rows`` is the current tile height."""
+    with the taller tiles ``tile_levels[p]``; ``var.rows`` is the current tile height.
+
+    Merging iterations is only the same program when they are independent; binary expansion
+    proves that (:mod:`pto.passes.independence`). ``reassociate`` is the author's promise that
+    regions every iteration touches alike (accumulators, scratch) may be merged too: one call
+    over the merged tiles equals the calls it replaces up to floating-point re-association."""
 
     var: str
     lb: Expr
@@ -190,6 +195,7 @@ class Loop:
     max_range: int | None = None
     min_range: int | None = None
     tile_levels: tuple[tuple[int, int], ...] | None = None
+    reassociate: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -198,6 +204,13 @@ class Loop:
     @property
     def base_rows(self) -> int | None:
         return dict(self.tile_levels)[0] if self.tile_levels else None
+
+    @property
+    def merge_factor(self) -> int:
+        """How many base iterations binary expansion may merge into one (1: none)."""
+        if not self.tile_levels:
+            return 1
+        return max(h for _, h in self.tile_levels) // self.base_rows
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,11 @@ code stays linear in the number of loops::
       }
     }
 
+Merging base iterations into one taller tile is only the same program when they are
+independent; :func:`expand_binary` first proves that (:mod:`pto.passes.independence`) and
+refuses a loop it cannot prove, unless the loop opts in with ``reassociate`` for regions every
+iteration updates alike.
+
 :func:`strip_adaptive` is the other lowering (``--no-adaptive``): the loop keeps its base
 tiles and ``i.rows`` becomes the base height.
 """
@@ -34,15 +39,23 @@ from dataclasses import replace
 
 from pto.ir.expr import Const, Expr, Var, emax, fn, select, substitute
 from pto.ir.nodes import Call, If, Let, Loop, Module, OrchFunction, RegionBinding
+from pto.passes.independence import check_adaptive_loops
 
 
-def expand_binary(module: Module) -> Module:
-    """Lower every adaptive loop of every orchestration function by binary expansion."""
+def expand_binary(module: Module, check: bool = True) -> Module:
+    """Lower every adaptive loop of every orchestration function by binary expansion.
+
+    Merged iterations must be independent (:func:`pto.passes.independence.check_adaptive_loops`
+    proves it or raises BuildError naming the loop, the calls and the two iterations);
+    ``check=False`` skips the proof, only to show what an unproven merge computes."""
+    if check:
+        check_adaptive_loops(module)
     return _map_orch(module, lambda f: _Expander(f, expand=True).run())
 
 
 def strip_adaptive(module: Module) -> Module:
-    """Lower every adaptive loop to a plain loop over base tiles (``i.rows`` = base height)."""
+    """Lower every adaptive loop to a plain loop over base tiles (``i.rows`` = base height).
+    Nothing is merged, so this is the loop's meaning and needs no independence proof."""
     return _map_orch(module, lambda f: _Expander(f, expand=False).run())
 
 

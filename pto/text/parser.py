@@ -444,11 +444,16 @@ class Parser:
                 ub = self.expr()
                 self.expect("step")
                 st = self.expr()
+                line = self.tok.line
                 attrs = dict(self.attrs())
+                reassociate = attrs.get("reassociate", False)
+                if not isinstance(reassociate, bool) or (reassociate and "tile_levels" not in attrs):
+                    raise ParseError(f"line {line}: loop `%{v}`: reassociate must be true or false and "
+                                     "needs tile_levels")
                 self.expect("{")
                 body = tuple(self._orch_body())
                 out.append(Loop(v, lb, ub, st, body, attrs.get("max_range"), attrs.get("min_range"),
-                                attrs.get("tile_levels")))
+                                attrs.get("tile_levels"), reassociate))
             elif self.accept("if"):
                 cond = self.expr()
                 self.expect("{")

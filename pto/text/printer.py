@@ -178,6 +178,8 @@ def _orch_lines(fn: OrchFunction) -> list[str]:
                 if s.tile_levels is not None:
                     attrs = [("max_range", s.max_range), ("min_range", s.min_range),
                              ("tile_levels", s.tile_levels)]
+                    if s.reassociate:
+                        attrs.append(("reassociate", True))
                 lines.append(f"{ind}for %{s.var} = {format_expr(s.lb)} to {format_expr(s.ub)} "
                              f"step {format_expr(s.step)}{_attrs(attrs)} {{")
                 body(s.body, ind + "  ")
