@@ -244,14 +244,13 @@ def _layered_in(row: np.ndarray, col: np.ndarray, w: np.ndarray, h: np.ndarray, 
     wide as its widest box over all rows.
     """
     n_rows, n_cols = int(row.max()) + 1, int(col.max()) + 1
-    cell = np.zeros((n_rows, n_cols))
-    np.add.at(cell, (row, col), h + NODESEP)
-    span = col[dst] - col[src]
-    long = span > 1
-    if long.any():
-        k = span[long] - 1
-        through = np.repeat(col[src][long] + 1, k) + np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-        np.add.at(cell, (np.repeat(row[src][long], k), through), VIRTUAL_IN)
+    cell = np.bincount(row * n_cols + col, h + NODESEP, n_rows * n_cols).reshape(n_rows, n_cols)
+    # an edge from column a to column b passes columns a+1 .. b-1: +VIRTUAL_IN from a+1, minus
+    # again from b, summed along the row (linear in edges however long they are)
+    long = col[dst] - col[src] > 1
+    first, stop = row[src][long] * (n_cols + 1) + col[src][long] + 1, row[src][long] * (n_cols + 1) + col[dst][long]
+    passing = np.bincount(first, minlength=n_rows * (n_cols + 1)) - np.bincount(stop, minlength=n_rows * (n_cols + 1))
+    cell += VIRTUAL_IN * np.cumsum(passing.reshape(n_rows, n_cols + 1), axis=1)[:, :n_cols]
     widths = np.zeros(n_cols)
     np.maximum.at(widths, col, w)
     width = float(widths.sum()) + RANKSEP * (n_cols - 1)
@@ -408,8 +407,13 @@ class Summary:
 
     def texts(self, n_tasks: int) -> list[str]:
         """The title's lines about the summary."""
-        per = "level" if self.band == 1 else f"band of {self.band} levels"
-        texts = [f"summarized: {n_tasks:,} tasks in {self.n_groups:,} groups: one per InCore function and {per}"]
+        if self.band == 1:
+            per = "one per InCore function and level"
+        elif self.n_bands == 1:
+            per = f"one per InCore function over all {self.n_levels:,} levels"
+        else:
+            per = f"one per InCore function and band of {self.band} levels"
+        texts = [f"summarized: {n_tasks:,} tasks in {self.n_groups:,} groups: {per}"]
         if self.rows > 1:
             unit = "levels" if self.band == 1 else "bands"
             texts.append(f"{self.rows} rows of {self.cols} {unit}; a dashed box repeats a group of an earlier row")
@@ -478,9 +482,8 @@ def _levels_text(s: Summary, first_band: int, last_band: int | None = None) -> s
 
 def _group_labels(g: DumpGraph, s: Summary) -> list[list[str]]:
     buf = np.bincount(s.group, weights=g.buffer_bytes, minlength=s.n_groups)
-    variants = np.zeros(s.n_groups, np.int64)
-    pairs = np.unique(np.stack([s.group, g.func], axis=1), axis=0)
-    np.add.at(variants, pairs[:, 0], 1)
+    nf = max(len(g.func_names), 1)
+    variants = np.bincount(np.unique(s.group.astype(np.int64) * nf + g.func) // nf, minlength=s.n_groups)
     labels = []
     for k in range(s.n_groups):
         extra = f", {int(variants[k])} variants" if variants[k] > 1 else ""
