@@ -27,29 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pto.orchestration.llama7b import CONFIGS, reference_layer  # noqa: E402
 
 from pto.backends import get_backend  # noqa: E402
+from pto.buffers import allocate, tensor_shapes  # noqa: E402
 from pto.engine import rel_err  # noqa: E402
-from pto.executor import Executor  # noqa: E402
+from pto.exec.waves import WaveExecutor  # noqa: E402
 from pto.graph import CompiledProgram  # noqa: E402
-from pto.interp.orchestration import allocate, tensor_shapes  # noqa: E402
-from pto.ir.dtypes import dtype_of  # noqa: E402
-from pto.programs import RunOptions, get  # noqa: E402
+from pto.programs import get  # noqa: E402
+from pto.target import detect  # noqa: E402
 from pto.timing import median_ms  # noqa: E402
-
-
-def profile_launches(ex: Executor, names: list[str], repeat: int = 3) -> dict[str, float]:
-    """Milliseconds per InCore function: each recorded launch timed alone with events."""
-    acc: dict[str, float] = {}
-    for launch, name in zip(ex.launches, names):
-        t = median_ms(launch, repeat, warmup=1)
-        base = name.split("__")[0]
-        acc[base] = acc.get(base, 0.0) + t
-    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
 
 
 def bench_seq(seq: int, attention: str, causal: bool, repeat: int, do_compile: bool, profile: bool) -> dict:
     prog = get("llama7b")
-    opts = RunOptions(config="7b", dtype=dtype_of("bf16"), causal=causal, attention=attention,
-                      target="cuda_h100")
+    opts = prog.settings(device="cuda", config="7b", dtype="bf16", causal=causal, attention=attention,
+                         target=detect("cuda"))
     cfg = CONFIGS["7b"]
     flops = prog.flops(opts, seq)
     inputs = prog.inputs(opts, seq, "cuda", seed=seq)
@@ -75,14 +65,13 @@ def bench_seq(seq: int, attention: str, causal: bool, repeat: int, do_compile: b
     out.update(tasks=graph.tasks, edges=graph.edges, build_ms=round(graph.build_ms, 3))
     fn = module.entry_function
     tensors = allocate(fn, tensor_shapes(fn, prog.scalars(opts, seq)), inputs, "cuda")
-    ex = Executor(get_backend("triton", "cuda"), tensors, record=profile)
+    ex = WaveExecutor(get_backend("triton", "cuda", launch=prog.launch_defaults(opts)), tensors)
     t0 = time.perf_counter()
     stats = ex.run(graph)
     torch.cuda.synchronize()
     out["first_run_s"] = round(time.perf_counter() - t0, 2)  # includes Triton compilation
     out.update(waves=stats.waves, launches=stats.launches)
     out["rel_err"] = rel_err(tensors["y"], ref)
-    names = [r.func for r in stats.records]
     graph.close()
     ex.replay()  # warm
     out["python_launch_ms"] = median_ms(ex.replay, max(3, repeat // 4), warmup=3)
@@ -93,7 +82,7 @@ def bench_seq(seq: int, attention: str, causal: bool, repeat: int, do_compile: b
     torch.cuda.synchronize()
     out["rel_err_after_replay"] = rel_err(tensors["y"], ref)
     if profile:
-        out["profile_ms"] = {k: round(v, 3) for k, v in profile_launches(ex, names).items()}
+        out["profile_ms"] = {k: round(v, 3) for k, v in ex.profile().items()}
     for k in ("ours_ms", "eager_ms", "torch_compile_ms"):
         if k in out:
             out[k.replace("_ms", "_tflops")] = round(flops / (out[k] * 1e-3) / 1e12, 1)

@@ -22,9 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from pto.incore import llama as L  # noqa: E402
 
-from pto.backends.base import TaskBatch  # noqa: E402
 from pto.backends.triton_backend import TritonBackend  # noqa: E402
-from pto.interp.incore import RegionBatch  # noqa: E402
+from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.timing import median_ms  # noqa: E402

@@ -12,7 +12,7 @@ from pto.incore.gemm import gemm_tile
 
 from pto import Orchestration, Var, cdiv, emin
 from pto.ir.expr import Const
-from pto.programs import Program, RunOptions, seeded_randn
+from pto.program import Program, Settings, seeded_randn
 
 # batch, N, K, and the tile sizes per config; M is the sequence length given on the command line
 CONFIGS = {
@@ -65,35 +65,35 @@ def build_module(dtype, tm: int, tn: int, tk: int, target=None):
 class BgemmProgram(Program):
     name = "bgemm"
     description = "batched GEMM C[b] = A[b] @ B[b], M = seq"
+    configs = CONFIGS
     default_seq = 100
     outputs = ("C",)
 
-    def build(self, opts: RunOptions):
-        self.check_options(opts)
-        c = CONFIGS[opts.config]
-        return build_module(opts.dtype, c["tm"], c["tn"], c["tk"], opts.target)
+    def build(self, s: Settings):
+        c = CONFIGS[s.config]
+        return build_module(s.dtype, c["tm"], c["tn"], c["tk"], s.target)
 
-    def scalar_exprs(self, opts):
-        c = CONFIGS[opts.config]
+    def scalar_exprs(self, s):
+        c = CONFIGS[s.config]
         return {"batch": Const(c["batch"]), "M": Var("seq"), "N": Const(c["n"]), "K": Const(c["k"])}
 
-    def inputs(self, opts, seq, device, seed=0):
-        c = CONFIGS[opts.config]
+    def inputs(self, s, seq, device, seed=0):
+        c = CONFIGS[s.config]
         g = torch.Generator().manual_seed(seed)
         return {
-            "A": seeded_randn((c["batch"] * seq, c["k"]), opts.dtype, device, g),
-            "B": seeded_randn((c["batch"] * c["k"], c["n"]), opts.dtype, device, g),
+            "A": seeded_randn((c["batch"] * seq, c["k"]), s.dtype, device, g),
+            "B": seeded_randn((c["batch"] * c["k"], c["n"]), s.dtype, device, g),
         }
 
-    def reference(self, opts, seq, inputs):
-        c = CONFIGS[opts.config]
+    def reference(self, s, seq, inputs):
+        c = CONFIGS[s.config]
         a = inputs["A"].double().view(c["batch"], seq, c["k"])
         b = inputs["B"].double().view(c["batch"], c["k"], c["n"])
         out = torch.bmm(a, b).view(c["batch"] * seq, c["n"])
         return {"C": out.to(inputs["A"].dtype)}
 
-    def flops(self, opts, seq):
-        c = CONFIGS[opts.config]
+    def flops(self, s, seq):
+        c = CONFIGS[s.config]
         return 2.0 * c["batch"] * seq * c["n"] * c["k"]
 
 

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from pto.incore import llama as L
 
 from pto import Orchestration, Var, cdiv, emin, f32
-from pto.errors import SramError
+from pto.errors import SramError, UsageError
 from pto.ir.dtypes import DType
 from pto.passes.binary_expansion import tile_levels
-from pto.passes.tiling import Target, flash_tile_rows, get_target
-from pto.programs import Program, RunOptions, seeded_randn
+from pto.program import Option, Program, Settings, seeded_randn
+from pto.target import KiB, Target
 
 MAX_RANGE = 4096  # base tiles in one full block of binary expansion (128K tokens of 32 rows)
 
@@ -44,9 +44,24 @@ class LlamaConfig:
 
 
 CONFIGS = {
-    "7b": LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=11008),
     "tiny": LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=704),
+    "7b": LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=11008),
 }
+
+
+def flash_sram_bytes(rows: int, head_dim: int, dtype: DType) -> int:
+    """On-chip bytes of one flash-attention block: Q, K, V, O (rows x d each) and S (rows x rows),
+    so S grows quadratically and caps the tile height."""
+    return (4 * rows * head_dim + rows * rows) * dtype.itemsize
+
+
+def flash_tile_rows(target: Target, head_dim: int, dtype: DType, candidates=(256, 128, 64, 32, 16)) -> int:
+    """The largest tile height whose flash-attention block fits the target's on-chip memory."""
+    for r in candidates:
+        if flash_sram_bytes(r, head_dim, dtype) <= target.sram_bytes:
+            return r
+    raise SramError(f"no flash-attention tile of {list(candidates)} rows with head dim {head_dim} "
+                    f"({dtype}) fits the {target.sram_bytes // KiB} KiB of target {target.name}")
 
 
 @dataclass(frozen=True)
@@ -294,55 +309,88 @@ def layer_flops(cfg: LlamaConfig, seq: int, causal: bool = True) -> float:
     return proj + attn
 
 
+# Launch parameters measured best per GPU architecture (bench/tune_kernels.py --seq 16384 on an
+# H100 80GB HBM3, 2026-11-22; docs/PERF.md has the sweeps).
+LAUNCH_DEFAULTS: dict[str, dict[str, dict]] = {
+    "sm90": {
+        # 128 x 256 output blocks, K step 64, 3 stages, groups of 8 row tiles x every column block
+        # (the activation panel stays in L2): 667-695 TFLOP/s; tasks-fastest order: 591-615
+        "matmul_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
+        "matmul_residual_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
+        # two 128 x 128 accumulators (the register budget of one 128 x 256 block), grouped:
+        # 588 TFLOP/s with 3 stages, 568 with 4; tasks-fastest order 536
+        "matmul_swiglu_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
+        # tq 128, tk 128, base-2 softmax: 501 TFLOP/s causal at 16K (tk 64: 476-487)
+        "flash_fused": {"num_warps": 8, "num_stages": 3},
+        "flash_fused_nc": {"num_warps": 8, "num_stages": 3},
+    },
+}
+
+ATTENTION_MODES = ("split", "pair", "fused")
+
+#: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
+#: f32, bidirectional, split attention), and the bytes per task of its runtime
+SEED_ROWS = {1024: (1024, 3584), 2048: (3584, 13312), 4096: (13312, 51200), 8192: (51200, 200704),
+             16384: (200704, 794624)}
+SEED_BYTES_PER_TASK = 2864
+
+
 class LlamaProgram(Program):
     name = "llama7b"
-    description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for CPU)"
+    description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for the CPU)"
+    configs = CONFIGS
+    options = (
+        Option("attention", "fused", "attention granularity: split (3 tasks per q x kv tile pair, the seed's), "
+               "pair (1 task per pair) or fused (1 task per q tile, residuals and SwiGLU fused too)",
+               choices=ATTENTION_MODES),
+        Option("causal", True, "causal attention"),
+    )
     default_seq = 128
     outputs = ("y",)
-    uses = frozenset({"attention", "causal"})
 
-    def target(self, opts: RunOptions) -> Target:
-        if opts.target is None:
-            from pto.passes.tiling import target_for_device
+    def default_config(self, device: str) -> str:
+        return "7b" if device == "cuda" else "tiny"
 
-            return target_for_device(None)
-        return get_target(opts.target)
+    def build(self, s: Settings):
+        return build_module(CONFIGS[s.config], s.dtype, s.target, s["attention"], s["causal"])
 
-    def check_options(self, opts: RunOptions) -> None:
-        super().check_options(opts)
-        if opts.attention not in ("split", "pair", "fused"):
-            from pto.errors import UsageError
+    def tiling(self, s: Settings) -> LlamaTiling:
+        return fit_functions(CONFIGS[s.config], s.dtype, s.target, s["causal"], s["attention"])[0]
 
-            raise UsageError(f"unknown attention mode {opts.attention!r} (choose split, pair or fused)")
-
-    def build(self, opts: RunOptions):
-        self.check_options(opts)
-        return build_module(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.attention, opts.causal)
-
-    def tiling(self, opts: RunOptions) -> LlamaTiling:
-        return fit_functions(CONFIGS[opts.config], opts.dtype, self.target(opts), opts.causal, opts.attention)[0]
-
-    def closed_form_counts(self, opts: RunOptions, seq: int, adaptive: bool) -> dict[str, int]:
+    def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts (see :func:`closed_form`), for ``pto estimate``."""
-        return closed_form(CONFIGS[opts.config], self.tiling(opts), seq, opts.attention, opts.causal, adaptive)
+        return closed_form(CONFIGS[s.config], self.tiling(s), seq, s["attention"], s["causal"], adaptive)
 
-    def check_size(self, opts: RunOptions, seq: int) -> None:
+    def check_size(self, s: Settings, seq: int) -> None:
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
-        edges) or inputs that cannot fit in memory."""
-        from pto.errors import UsageError
-
-        c = self.closed_form_counts(opts, seq, True)
+        edges)."""
+        c = self.counts(s, seq, True)
         if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
             raise UsageError(f"llama7b at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
                              "runtime's limits (2^31 task ids and edges); use a shorter --seq or "
                              "`pto estimate` for the counts")
 
-    def scalar_exprs(self, opts):
+    def launch_defaults(self, s: Settings) -> dict[str, dict]:
+        return dict(LAUNCH_DEFAULTS.get(s.target.arch, {}))
+
+    def seed_settings(self, config: str) -> Settings:
+        """The setting of seed 004's table."""
+        from pto.target import get
+
+        return self.settings(config=config, dtype="f32", target=get("ascend910b"), attention="split", causal=False)
+
+    def estimate_baselines(self, s: Settings) -> list:
+        from pto.estimate import Baseline
+
+        return [Baseline("seed setting (ascend910b f32 split)", self.seed_settings(s.config),
+                         {k: v[0] for k, v in SEED_ROWS.items()}, ("seed runtime", SEED_BYTES_PER_TASK))]
+
+    def scalar_exprs(self, s):
         return {"S": Var("seq")}
 
-    def inputs(self, opts, seq, device, seed=0):
-        cfg = CONFIGS[opts.config]
-        dt = opts.dtype
+    def inputs(self, s, seq, device, seed=0):
+        cfg = CONFIGS[s.config]
+        dt = s.dtype
         H, Fd = cfg.hidden, cfg.ffn
         dev = torch.device(device)
         g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)
@@ -364,11 +412,11 @@ class LlamaProgram(Program):
             "cos": cos, "sin": sin,
         }
 
-    def reference(self, opts, seq, inputs):
-        return {"y": reference_layer(inputs, CONFIGS[opts.config], opts.causal)}
+    def reference(self, s, seq, inputs):
+        return {"y": reference_layer(inputs, CONFIGS[s.config], s["causal"])}
 
-    def flops(self, opts, seq):
-        return layer_flops(CONFIGS[opts.config], seq, opts.causal)
+    def flops(self, s, seq):
+        return layer_flops(CONFIGS[s.config], seq, s["causal"])
 
 
 PROGRAM = LlamaProgram()

@@ -7,8 +7,9 @@ from pto.incore.softmax import softmax_tile
 
 from pto import Orchestration, Var, cdiv, emin
 from pto.passes.binary_expansion import tile_levels
-from pto.passes.tiling import compute_tile_shape, get_target
-from pto.programs import Program, RunOptions, seeded_randn
+from pto.passes.tiling import compute_tile_shape
+from pto.program import Program, Settings, seeded_randn
+from pto.target import Target
 
 CONFIGS = {"tiny": 256, "7b": 4096}  # columns
 CHUNK = 256  # columns a task holds on chip at a time
@@ -30,8 +31,7 @@ def fit_tiles(cols: int, dtype, target) -> tuple[int, int]:
     raise SramError(f"softmax: no tile of {chunk} columns fits target {target.name}")
 
 
-def build_module(cols: int, dtype, target=None):
-    target = get_target(target) if isinstance(target, str) else target or get_target("cuda_h100")
+def build_module(cols: int, dtype, target: Target):
     top, chunk = fit_tiles(cols, dtype, target)
     base = min(top, 32)
     levels = tile_levels(base, top)
@@ -51,26 +51,26 @@ def build_module(cols: int, dtype, target=None):
 class SoftmaxProgram(Program):
     name = "softmax"
     description = "row softmax of a seq x C tensor (C = 256 tiny, 4096 7b)"
+    configs = CONFIGS
     default_seq = 100
     outputs = ("y",)
 
-    def build(self, opts: RunOptions):
-        self.check_options(opts)
-        return build_module(CONFIGS[opts.config], opts.dtype, opts.target)
+    def build(self, s: Settings):
+        return build_module(CONFIGS[s.config], s.dtype, s.target)
 
-    def scalar_exprs(self, opts):
+    def scalar_exprs(self, s):
         return {"R": Var("seq")}
 
-    def inputs(self, opts, seq, device, seed=0):
+    def inputs(self, s, seq, device, seed=0):
         g = torch.Generator().manual_seed(seed)
-        return {"x": seeded_randn((seq, CONFIGS[opts.config]), opts.dtype, device, g, scale=3.0)}
+        return {"x": seeded_randn((seq, CONFIGS[s.config]), s.dtype, device, g, scale=3.0)}
 
-    def reference(self, opts, seq, inputs):
+    def reference(self, s, seq, inputs):
         x = inputs["x"]
         return {"y": torch.softmax(x.float(), dim=-1).to(x.dtype)}
 
-    def flops(self, opts, seq):
-        return 5.0 * seq * CONFIGS[opts.config]
+    def flops(self, s, seq):
+        return 5.0 * seq * CONFIGS[s.config]
 
 
 PROGRAM = SoftmaxProgram()

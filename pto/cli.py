@@ -1,8 +1,13 @@
-"""The ``pto`` command line: info, codegen, run, estimate, visualize.
+"""The ``pto`` command line: info, run, codegen, estimate, visualize.
 
-The contract (DESIGN.md): ``--json`` prints one JSON object on stdout and nothing else there;
-every error a user can cause ends with a one-line message on stderr and a non-zero exit, never a
-traceback or a hang (set PTO_DEBUG=1 to see the traceback of an internal error).
+The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
+user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
+a hang (set PTO_DEBUG=1 to see the traceback of an internal error). Long work shows a progress
+bar on a terminal (never with ``--json``).
+
+The commands that take a PROGRAM add that program's own options (:mod:`pto.program`): the line
+is parsed once to find the program, then again with its options, so ``pto run llama7b --help``
+lists them and another program's flag is an error.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import os
 import sys
 
 from pto.errors import PTOError, UsageError
+
+INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
+PROGRAM_COMMANDS = ("run", "codegen", "estimate")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,9 +36,6 @@ def _seq_list(text: str) -> list[int]:
     if not out or any(v <= 0 for v in out):
         raise UsageError(f"--seq {text!r}: sequence lengths must be positive")
     return out
-
-
-INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
 
 
 def _positive(text: str) -> int:
@@ -55,135 +60,230 @@ def _seed(text: str) -> int:
     return v
 
 
-def _writable(path: str | None, what: str) -> None:
-    """Fail before any work when an output file cannot be created."""
+def check_output_file(path: str | None, what: str) -> None:
+    """Fail before any work when an output file cannot be created: an empty path, a folder, a
+    missing or read-only parent folder."""
     if path is None:
         return
     if not path:
         raise UsageError(f"{what}: the path is empty")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path}: is a folder; give a file name")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{what} {path}: the folder {parent} is not writable")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path}: cannot write there")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pto", description="PTO task-graph runtime and orchestration code generator")
+def check_distinct(outputs: dict[str, str | None]) -> None:
+    """No two outputs of one command may be the same file (one would overwrite the other)."""
+    seen: dict[str, str] = {}
+    for what, path in outputs.items():
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {what} are the same file ({path}): one would overwrite the other")
+        seen[key] = what
+
+
+def check_output_dir(path: str, what: str) -> None:
+    if not path:
+        raise UsageError(f"{what}: the folder name is empty")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{what} {path}: is a file, not a folder")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
+    target = path if os.path.isdir(path) else parent
+    if not os.access(target, os.W_OK):
+        raise UsageError(f"{what} {path}: cannot write there")
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+
+def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
+    from pto import programs, target
+    from pto.device import DEVICES
+    from pto.ir.dtypes import DType
+
+    s.add_argument("program", metavar="PROGRAM", help=f"one of: {', '.join(programs.names())}")
+    if cmd == "estimate":
+        s.add_argument("--seq", required=True, metavar="N,N,...", help="comma-separated sequence lengths")
+    else:
+        s.add_argument("--seq", type=_positive, default=None, metavar="N",
+                       help="sequence length (default: the program's)")
+    dev_help = "where the program runs" if cmd == "run" else "the device whose defaults apply (config, dtype, target)"
+    s.add_argument("--device", default="auto", choices=DEVICES, help=f"{dev_help} (default: auto)")
+    configs = list(program.configs) if program is not None else None
+    s.add_argument("--config", default="auto", choices=["auto", *configs] if configs else None, metavar=None
+                   if configs else "NAME", help="the program's configuration (default: auto, the program's "
+                   "default for the device)")
+    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)],
+                   help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
+    s.add_argument("--target", default=None, choices=target.names(),
+                   help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
+    if program is not None and program.options:
+        g = s.add_argument_group(f"options of {program.name}")
+        for o in program.options:
+            o.add_to(g)
+
+
+def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
+    """The parser; with ``program`` the program commands also take its options."""
+    from pto.backends import names as backend_names
+    from pto.exec import names as executor_names
+    from pto.program import DEFAULTS_RULE
+
+    p = _Parser(prog="pto", description="PTO task-graph runtime and orchestration code generator",
+                add_help=helps)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    more = "; `pto COMMAND PROGRAM --help` lists the program's own options"
 
-    s = sub.add_parser("info", help="GPU/arch/capability, SRAM, available backends")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("info", help="the device, its target (SRAM, SMs), backends and executors", add_help=helps)
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
-    s = sub.add_parser("run", help="build and execute a program's task graph")
-    _program_args(s)
-    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    s.add_argument("--backend", default="auto", choices=["auto", "triton", "torch"])
-    s.add_argument("--check", action="store_true", help="compare with an independent torch reference")
+    s = sub.add_parser("run", help="build and execute a program's task graph", add_help=helps,
+                       epilog=DEFAULTS_RULE + more)
+    _program_args(s, "run", program)
+    s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
+                   help="how InCore tasks run (default: auto, triton on a GPU, torch on the CPU)")
+    s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
+                   help="how the graph runs (default: auto)")
+    s.add_argument("--check", action="store_true", help="compare with an independent torch reference (rel_err)")
     s.add_argument("--dump", metavar="FILE", help="write the task graph dump (pto visualize reads it)")
     s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the execution")
-    s.add_argument("--repeat", type=_positive, default=1,
-                   help="time N replays (CUDA graph on the GPU) and report the median")
-    s.add_argument("--profile", action="store_true", help="print time per InCore function")
-    s.add_argument("--seed", type=_seed, default=0)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--repeat", type=_positive, default=1, metavar="N",
+                   help="time N replays (a CUDA graph on the GPU) and report the median")
+    s.add_argument("--profile", action="store_true", help="time each InCore function")
+    s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
-    s = sub.add_parser("codegen", help="write orchestration .c (and InCore kernel sources)")
-    _program_args(s)
-    s.add_argument("--out", required=True, metavar="DIR")
+    s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "codegen", program)
+    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing)")
+    s.add_argument("--no-adaptive", action="store_true", help="no binary expansion: base tiles only")
 
-    s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length")
-    s.add_argument("program")
-    s.add_argument("--seq", required=True, help="comma-separated sequence lengths")
-    s.add_argument("--config", default="7b", choices=["tiny", "7b"])
-    s.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
-    s.add_argument("--target", default=None)
-    s.add_argument("--attention", default="fused", choices=["split", "pair", "fused"])
-    s.add_argument("--causal", dest="causal", action="store_true", default=True)
-    s.add_argument("--no-causal", dest="causal", action="store_false")
+    s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "estimate", program)
     s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--plot", metavar="FILE.png")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
 
-    s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)")
-    s.add_argument("dump")
-    s.add_argument("out")
-    s.add_argument("--format", choices=["pdf", "svg", "png", "dot"], default=None)
-    s.add_argument("--max-nodes", type=_positive, default=2000)
+    s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
+    s.add_argument("dump", help="a dump written by `pto run --dump`")
+    s.add_argument("out", help="the drawing to write (its suffix picks the format)")
+    s.add_argument("--format", choices=["pdf", "svg", "png", "dot"], default=None,
+                   help="output format (default: from the suffix, else pdf)")
+    s.add_argument("--max-nodes", type=_positive, default=2000, metavar="N",
+                   help="draw task by task up to N tasks, else summarize (default: 2000)")
     return p
 
 
-def _program_args(s):
-    s.add_argument("program")
-    s.add_argument("--seq", type=_positive, default=None)
-    s.add_argument("--config", default="auto", choices=["auto", "tiny", "7b"])
-    s.add_argument("--dtype", default="auto", choices=["auto", "bf16", "f16", "f32"])
-    s.add_argument("--attention", default="fused", choices=["split", "pair", "fused"])
-    s.add_argument("--causal", dest="causal", action="store_true", default=True)
-    s.add_argument("--no-causal", dest="causal", action="store_false")
-    s.add_argument("--target", default=None, help="SRAM-aware tiling target (default: the device's)")
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``: once without help to find the program, then with its options."""
+    from pto import programs
+
+    program = None
+    if argv and argv[0] in PROGRAM_COMMANDS:
+        # the program: the first registered name after the command (it may follow options), else
+        # whatever the generic parser takes for it (an unknown name is reported here)
+        known = set(programs.names())
+        name = next((a for a in argv[1:] if a in known), None)
+        if name is None:
+            try:
+                name = build_parser(helps=False).parse_known_args(argv)[0].program
+            except UsageError:
+                if "-h" not in argv and "--help" not in argv:
+                    raise
+        if name is not None:
+            program = programs.get(name)
+    return build_parser(program).parse_args(argv)
+
+
+# -- the commands --------------------------------------------------------------------------------
+
+
+def _job(args):
+    from pto.engine import resolve
+    from pto.programs import get
+
+    prog = get(args.program)
+    options = {o.name: getattr(args, o.name) for o in prog.options}
+    return resolve(args.program, device=args.device, backend=getattr(args, "backend", "auto"),
+                   executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
+                   target=args.target, options=options)
 
 
 def _cmd_info(args) -> int:
-    from pto.device import device_info, format_info
+    from pto.device import format_info, info
 
-    info = device_info("auto")
-    if args.json:
-        print(json.dumps(info.to_json()))
-    else:
-        print(format_info(info))
+    d = info("auto")
+    print(json.dumps(d) if args.json else format_info(d))
     return 0
 
 
 def _cmd_run(args) -> int:
     from pto.engine import format_summary, run
+    from pto.progress import bar, wanted
 
-    _writable(args.dump, "--dump")
-    _writable(args.trace, "--trace")
-    res = run(args.program, seq=args.seq, config=args.config, device=args.device, backend=args.backend,
-              dtype=args.dtype, causal=args.causal, attention=args.attention, target=args.target,
-              check=args.check, dump=args.dump, trace=args.trace, seed=args.seed, repeat=args.repeat,
-              profile=args.profile)
+    check_output_file(args.dump, "--dump")
+    check_output_file(args.trace, "--trace")
+    check_distinct({"--dump": args.dump, "--trace": args.trace})
+    job = _job(args)
+    with bar(f"{job.program.name}: executing", wanted(args.json)) as progress:
+        res = run(job, seq=args.seq, check=args.check, dump=args.dump, trace=args.trace, seed=args.seed,
+                  repeat=args.repeat, profile=args.profile, progress=progress)
+    if "trace" in res:
+        from pto.trace import flow_note
+
+        note = flow_note(res["trace"]["flows"], res["trace"]["dependencies"])
+        if note:
+            print(f"pto: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res, sort_keys=False))
+        print(json.dumps(res))
     else:
-        print(format_summary(res))
+        print(format_summary(res, tuple(o.name for o in job.program.options)))
     return 0
 
 
 def _cmd_codegen(args) -> int:
     from pto.engine import codegen
+    from pto.progress import wanted
 
-    if not args.out:
-        raise UsageError("--out: the folder name is empty")
-    written = codegen(args.program, args.out, seq=args.seq, config=args.config, dtype=args.dtype,
-                      causal=args.causal, attention=args.attention, target=args.target)
-    for path in written:
+    check_output_dir(args.out, "--out")
+    job = _job(args)
+    for path in codegen(job, args.out, seq=args.seq, adaptive=not args.no_adaptive, progress=wanted(False)):
         print(path)
     return 0
 
 
 def _cmd_estimate(args) -> int:
-    seqs = _seq_list(args.seq)
-    from pto.estimate import estimate, format_table, plot
+    from pto.estimate import check_plot_path, check_seqs, estimate, format_table, plot
+    from pto.progress import wanted
 
-    res = estimate(args.program, seqs, config=args.config, dtype=args.dtype, target=args.target,
-                   attention=args.attention, causal=args.causal, adaptive=not args.no_adaptive,
-                   plot_path=args.plot)
+    seqs = check_seqs(_seq_list(args.seq))
     if args.plot:
-        plot(res, args.plot)
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print(format_table(res))
+        check_plot_path(args.plot)
+    job = _job(args)
+    show = wanted(args.json)
+    res = estimate(job.program, seqs, settings=job.settings, adaptive=not args.no_adaptive, progress=show)
+    if args.plot:
+        baselines = [(b, estimate(job.program, seqs, settings=b.settings, adaptive=not args.no_adaptive))
+                     for b in job.program.estimate_baselines(job.settings)]
+        plot(res, args.plot, baselines)
+    print(json.dumps(res) if args.json else format_table(res))
     return 0
 
 
 def _cmd_visualize(args) -> int:
     from pto.viz import visualize
 
-    out = visualize(args.dump, args.out, fmt=args.format, max_nodes=args.max_nodes)
-    print(out)
+    print(visualize(args.dump, args.out, fmt=args.format, max_nodes=args.max_nodes))
     return 0
 
 
@@ -192,12 +292,12 @@ COMMANDS = {"info": _cmd_info, "run": _cmd_run, "codegen": _cmd_codegen, "estima
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parser.parse_args(argv)
+        args = parse(argv)
         if not args.cmd:
-            parser.print_help(sys.stderr)
-            raise UsageError("pto: a command is required (info, run, codegen, estimate, visualize)")
+            build_parser().print_help(sys.stderr)
+            raise UsageError(f"pto: a command is required ({', '.join(COMMANDS)})")
         return COMMANDS[args.cmd](args)
     except PTOError as e:
         msg = " ".join(str(e).split("\n"))
@@ -217,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(set PTO_DEBUG=1 for the traceback)", file=sys.stderr)
             return 3
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"pto: error: out of memory ({first}); try a shorter --seq or the tiny config",
+        print(f"pto: error: out of memory ({first}); try a shorter --seq or a smaller --config",
               file=sys.stderr)
         return 1
     except Exception as e:  # an internal error: still one line unless debugging

@@ -1,49 +1,16 @@
-"""What machine we run on: GPU architecture and capabilities, and the backend ``auto`` picks.
+"""The machine pto runs on: which device ``auto`` means, and what ``pto info`` prints.
 
-The dispatch rule (seed 001): detect the compute capability and features, pick the fastest
-implementation that the machine supports, and always keep one that works everywhere (the torch
-backend on the CPU).
+The device's description is its :class:`pto.target.Target` (detected from the driver); the
+backends and executors ``auto`` picks come from their registries.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import platform
-from dataclasses import asdict, dataclass
 
 from pto.errors import UsageError
 
-
-@dataclass
-class DeviceInfo:
-    device: str  # "cuda" or "cpu"
-    name: str
-    capability: tuple[int, int] | None
-    sm_count: int | None
-    smem_per_block: int | None  # bytes a block may opt in to
-    memory_bytes: int | None
-    bf16: bool
-    fp8: bool
-    triton: bool
-    backend: str  # what --backend auto picks
-
-    @property
-    def arch(self) -> str:
-        if self.capability is None:
-            return platform.machine()
-        major, minor = self.capability
-        return {9: "hopper", 10: "blackwell", 12: "blackwell", 8: "ampere" if minor < 9 else "ada",
-                7: "volta" if minor < 5 else "turing"}.get(major, f"sm_{major}{minor}")
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["arch"] = self.arch
-        return d
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def cuda_available() -> bool:
@@ -55,27 +22,9 @@ def cuda_available() -> bool:
         return False
 
 
-def device_info(device: str = "auto") -> DeviceInfo:
-    """Describe ``device`` ("auto" picks cuda when present)."""
-    dev = resolve_device(device)
-    tri = triton_available()
-    if dev == "cuda":
-        import torch
-
-        p = torch.cuda.get_device_properties(0)
-        cap = (p.major, p.minor)
-        smem = (getattr(p, "shared_memory_per_block_optin", None)
-                or getattr(p, "shared_memory_per_block", None))
-        return DeviceInfo("cuda", p.name, cap, p.multi_processor_count, smem, p.total_memory,
-                          bf16=cap >= (8, 0), fp8=cap >= (8, 9), triton=tri,
-                          backend="triton" if tri else "torch")
-    return DeviceInfo("cpu", platform.processor() or platform.machine(), None, None, None, None,
-                      bf16=True, fp8=False, triton=tri, backend="torch")
-
-
 def resolve_device(device: str) -> str:
-    if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"unknown device {device!r} (choose auto, cpu or cuda)")
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r} (choose {', '.join(DEVICES)})")
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cuda" and not cuda_available():
@@ -83,39 +32,62 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_backend(backend: str, device: str) -> str:
-    """``auto`` is triton on a GPU with Triton installed, torch otherwise. Triton on the CPU needs
-    the interpreter (TRITON_INTERPRET=1, f32, small shapes)."""
-    if backend not in ("auto", "triton", "torch"):
-        raise UsageError(f"unknown backend {backend!r} (choose auto, triton or torch)")
-    if backend == "auto":
-        return "triton" if device == "cuda" and triton_available() else "torch"
-    if backend == "triton":
-        if not triton_available():
-            raise UsageError("--backend triton: the triton package is not installed")
-        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise UsageError("--backend triton on the CPU needs TRITON_INTERPRET=1 (the Triton "
-                             "interpreter; f32 and small shapes only)")
-    return backend
+def info(device: str = "auto") -> dict:
+    """What ``pto info --json`` prints: the device, its target, backends and executors."""
+    from pto import backends
+    from pto.exec import names as executor_names
+    from pto.exec import resolve as resolve_executor
+    from pto.target import detect
+
+    dev = resolve_device(device)
+    t = detect(dev)
+    triton_version = None
+    if backends.base.triton_available():
+        from importlib.metadata import version
+
+        triton_version = version("triton")
+    be = backends.resolve("auto", dev)
+    out = {
+        "device": dev,
+        "name": t.device_name or platform.processor() or platform.machine(),
+        "target": t.name,
+        "arch": t.arch,
+        "capability": list(t.capability) if t.capability else None,
+        "sram_bytes": t.sram_bytes,
+        "regs_per_block": t.regs_per_block,
+        "sm_count": t.sm_count,
+        "memory_bytes": t.memory_bytes,
+        "triton": triton_version,
+        "backend": be,
+        "backends": backends.names(),
+        "executor": resolve_executor("auto", dev, be),
+        "executors": executor_names(),
+    }
+    if dev == "cuda":
+        out["bf16"] = t.capability >= (8, 0)
+        out["fp8"] = t.capability >= (8, 9)
+    return out
 
 
-def format_info(info: DeviceInfo) -> str:
-    if info.device == "cpu":
-        lines = [
-            f"device:   cpu ({info.name}); no CUDA GPU visible to torch",
-            f"backend:  {info.backend} (auto); triton {'installed' if info.triton else 'not installed'}"
-            + (" (usable on the CPU only with TRITON_INTERPRET=1)" if info.triton else ""),
-        ]
-        return "\n".join(lines)
-    major, minor = info.capability
-    gib = info.memory_bytes / 2**30 if info.memory_bytes else 0
-    lines = [
-        f"device:   {info.name} (cuda)",
-        f"arch:     {info.arch}, compute capability {major}.{minor}",
-        f"SMs:      {info.sm_count}",
-        f"smem:     {info.smem_per_block // 1024 if info.smem_per_block else '?'} KiB per block (opt-in)",
-        f"memory:   {gib:.1f} GiB",
-        f"bf16:     {'yes' if info.bf16 else 'no'}    fp8: {'yes' if info.fp8 else 'no'}",
-        f"backend:  {info.backend} (auto)",
-    ]
+def format_info(d: dict) -> str:
+    kib = d["sram_bytes"] // 1024
+    none = "; no CUDA GPU visible to torch" if d["device"] == "cpu" else ""
+    lines = [f"device:    {d['device']} ({d['name']}){none}"]
+    lines.append(f"target:    {d['target']} (arch {d['arch']}" +
+                 (f", compute capability {d['capability'][0]}.{d['capability'][1]}" if d["capability"] else "") + ")")
+    sram = "shared memory per block (opt-in)" if d["device"] == "cuda" else "on-chip memory per task (L1D)"
+    lines.append(f"SRAM:      {kib} KiB {sram}")
+    if d["regs_per_block"]:
+        lines.append(f"registers: {d['regs_per_block']:,} per block")
+    if d["sm_count"]:
+        lines.append(f"SMs:       {d['sm_count']}")
+    if d["memory_bytes"]:
+        lines.append(f"memory:    {d['memory_bytes'] / 2**30:.1f} GiB")
+    if "bf16" in d:
+        lines.append(f"bf16:      {'yes' if d['bf16'] else 'no'}    fp8: {'yes' if d['fp8'] else 'no'}")
+    tri = f"triton {d['triton']}" if d["triton"] else "triton not installed"
+    if d["triton"] and d["device"] == "cpu":
+        tri += " (on the CPU only through its interpreter: TRITON_INTERPRET=1)"
+    lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
+    lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     return "\n".join(lines)

@@ -1,50 +1,57 @@
-"""The ``pto run`` pipeline: resolve options, build the program, build and execute its graph,
-check against the reference, report.
+"""The ``pto run`` and ``pto codegen`` pipelines: resolve a job, build the program and its graph,
+execute, check against the reference, report.
 
-Kept apart from the command line so that benchmarks and tests call the same code.
+Kept apart from the command line so that benchmarks and tests call the same code. Nothing here
+names a program or its options: a :class:`Job` carries the program and its
+:class:`pto.program.Settings`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from pto import programs
-from pto.device import resolve_backend, resolve_device
+from pto.backends import resolve as resolve_backend
+from pto.device import resolve_device
 from pto.errors import UsageError
-from pto.ir.dtypes import DType, dtype_of
-from pto.programs import RunOptions
+from pto.exec import resolve as resolve_executor
+from pto.program import Program, Settings
+from pto.target import Target
+from pto.target import resolve as resolve_target
 
 
-def resolve_options(program: str, config: str, device: str, backend: str, dtype: str, causal: bool,
-                    attention: str, target: str | None):
+@dataclass(frozen=True)
+class Job:
+    """A program with its settings, and where and how it runs."""
+
+    program: Program
+    settings: Settings
+    device: str
+    backend: str
+    executor: str
+
+    def to_json(self) -> dict:
+        return {"program": self.program.name, "device": self.device, "backend": self.backend,
+                "executor": self.executor, **self.settings.to_json()}
+
+
+def resolve(program: str, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
+            config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
+            options: dict | None = None) -> Job:
+    """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
+    command), every value checked."""
     prog = programs.get(program)
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
-    if config == "auto":
-        config = "7b" if dev == "cuda" else "tiny"
-    if dtype in (None, "auto"):
-        dt = DType.BF16 if dev == "cuda" else DType.F32
-    else:
-        dt = dtype_of(dtype)
-    if be == "triton" and dev == "cpu" and dt != DType.F32:
+    tg = target if isinstance(target, Target) else resolve_target(target, dev)
+    s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, **(options or {}))
+    if be == "triton" and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
-    from pto.passes.tiling import get_target
-
-    if target is None:  # tile sizes for the machine that runs the program
-        from pto.device import device_info
-        from pto.passes.tiling import target_for_device
-
-        target = target_for_device(device_info(dev)).name
-    get_target(target)  # an unknown name is an error for every program
-    if attention != "fused" and "attention" not in prog.uses:
-        raise UsageError(f"{prog.name} has no attention: --attention {attention} does not apply")
-    if not causal and "causal" not in prog.uses:
-        raise UsageError(f"{prog.name} has no attention: --no-causal does not apply")
-    opts = RunOptions(config=config, dtype=dt, causal=causal, attention=attention, target=target)
-    prog.check_options(opts)
-    return prog, dev, be, opts
+    return Job(prog, s, dev, be, resolve_executor(executor, dev, be))
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -57,36 +64,94 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+# -- memory, before any work ---------------------------------------------------------------------
+
+#: bytes the runtime holds per task and per edge (docs/PERF.md: 119 B/task with ~3 edges)
+RUNTIME_BYTES_PER_TASK, RUNTIME_BYTES_PER_EDGE = 100, 8
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes the device can still allocate (None if unknown)."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _human(n: float) -> str:
+    for unit, k in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def check_memory(job: Job, seq: int, module, check: bool) -> None:
+    """Refuse, before allocating anything, a run whose tensors or task graph do not fit: the
+    tensors (inputs twice: generated, then copied into the run's buffers; outputs once more for
+    the reference) on the device, the graph (and the tensors of a CPU run) in host memory."""
+    from pto.buffers import tensor_bytes
+
+    fn = module.entry_function
+    sizes = tensor_bytes(fn, job.program.scalars(job.settings, seq))
+    role = {t.name: t.role for t in fn.tensors}
+    tensors = sum(sizes.values()) + sum(b for n, b in sizes.items() if role[n] in ("input", "inout"))
+    if check:
+        tensors += sum(sizes[n] for n in job.program.outputs if n in sizes)
+    counts = job.program.counts(job.settings, seq)
+    graph = counts["tasks"] * RUNTIME_BYTES_PER_TASK + counts["edges"] * RUNTIME_BYTES_PER_EDGE if counts else 0
+    needs = [("cpu", graph + (tensors if job.device == "cpu" else 0))]
+    if job.device != "cpu":
+        needs.append((job.device, tensors))
+    for dev, need in needs:
+        avail = available_memory(dev)
+        if avail is not None and need > avail:
+            parts = [f"tensors {_human(tensors)}"] if dev == job.device else []
+            parts += [f"task graph {_human(graph)}"] if dev == "cpu" and graph else []
+            where = "host" if dev == "cpu" else dev
+            raise UsageError(f"{job.program.name} at seq {seq} needs about {_human(need)} of {where} memory "
+                             f"({', '.join(parts)}) but {_human(avail)} is available; use a shorter --seq")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
 class Runner:
     """One program prepared for repeated execution at one shape.
 
     The graph is built once and its tensors are static buffers; the first call executes the
-    graph (the executor records its launches), later calls copy the new inputs in and replay the
-    launches, captured in a CUDA graph when the backend allows it. :func:`get_runner` caches
-    runners by shape, so a CUDA graph is rebuilt only when the shapes change.
+    graph, later calls copy the new inputs in and replay, captured in a CUDA graph when the
+    backend allows it. :func:`get_runner` caches runners by shape, so a CUDA graph is rebuilt
+    only when the shapes change.
     """
 
-    def __init__(self, prog, opts: RunOptions, seq: int, device: str, backend: str, adaptive: bool = True,
-                 record: bool = False):
+    def __init__(self, job: Job, seq: int, adaptive: bool = True, record: bool = False, progress=None):
         from pto.backends import get_backend
-        from pto.executor import Executor
+        from pto.buffers import allocate, tensor_shapes
+        from pto.exec import get_executor
         from pto.graph import CompiledProgram
-        from pto.interp.orchestration import allocate, tensor_shapes
 
-        self.prog, self.opts, self.seq, self.device = prog, opts, seq, device
+        self.job, self.seq, self.device = job, seq, job.device
+        prog, s = job.program, job.settings
         t0 = time.perf_counter()
-        self.module = prog.build(opts)
-        compiled = CompiledProgram.get(self.module, adaptive=adaptive, target=opts.target)
+        self.module = prog.build(s)
+        compiled = CompiledProgram.get(self.module, adaptive=adaptive, target=s.target)
         self.compile_ms = (time.perf_counter() - t0) * 1e3
-        self.scalars = prog.scalars(opts, seq)
+        self.scalars = prog.scalars(s, seq)
         self.graph = compiled.build_graph(self.scalars)
         fn = self.module.entry_function
         shapes = tensor_shapes(fn, self.scalars)
         # static buffers: inputs are copied in on every call (a captured graph reads them there)
-        placeholders = {t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=device)
+        placeholders = {t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=job.device)
                         for t in fn.tensors if t.role in ("input", "inout")}
-        self.tensors = allocate(fn, shapes, placeholders, device)
-        self.executor = Executor(get_backend(backend, device), self.tensors, record=record)
+        self.tensors = allocate(fn, shapes, placeholders, job.device)
+        backend = get_backend(job.backend, job.device, launch=prog.launch_defaults(s))
+        self.executor = get_executor(job.executor, backend, self.tensors, record=record, progress=progress)
         self.stats = None
         self.cuda_graph = None
 
@@ -98,10 +163,10 @@ class Runner:
             self.stats = self.executor.run(self.graph)
         else:
             self.replay()
-        return {name: self.tensors[name] for name in self.prog.outputs}
+        return {name: self.tensors[name] for name in self.job.program.outputs}
 
     def replay(self) -> str:
-        """Replay the recorded launches; returns how ("cuda_graph" or "launches")."""
+        """Replay the execution; returns how ("cuda_graph" or "launches")."""
         if self.device == "cuda" and self.executor.backend.graph_capturable:
             if self.cuda_graph is None:
                 self.cuda_graph = self.executor.capture()
@@ -119,16 +184,8 @@ class Runner:
         return {"replay_ms": round(ms, 4), "replays": repeat, "replay_mode": mode}
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
-        """Milliseconds per InCore function: each recorded launch timed on its own (warmed up,
-        median of ``repeat``; CUDA events on the GPU), summed per function. The first run
-        compiled the kernels, so this is kernel time, not compile time."""
-        from pto.timing import median_ms
-
-        acc: dict[str, float] = {}
-        for launch, name in zip(self.executor.launches, self.executor.launch_names):
-            base = name.split("__")[0]
-            acc[base] = acc.get(base, 0.0) + median_ms(launch, repeat, warmup=1, cuda=self.device == "cuda")
-        return {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+        """Milliseconds per InCore function (see the executor's ``profile``)."""
+        return self.executor.profile(repeat)
 
     def close(self) -> None:
         self.graph.close()
@@ -137,13 +194,12 @@ class Runner:
 _RUNNERS: dict[tuple, Runner] = {}
 
 
-def get_runner(prog, opts: RunOptions, seq: int, device: str, backend: str, adaptive: bool = True) -> Runner:
-    """The cached runner of this program at this shape (built on first use)."""
-    key = (prog.name, opts.config, opts.dtype, opts.causal, opts.attention, opts.target, seq, device, backend,
-           adaptive)
+def get_runner(job: Job, seq: int, adaptive: bool = True) -> Runner:
+    """The cached runner of this job at this shape (built on first use)."""
+    key = (job.program.name, job.settings.key, job.device, job.backend, job.executor, seq, adaptive)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = Runner(prog, opts, seq, device, backend, adaptive)
+        runner = _RUNNERS[key] = Runner(job, seq, adaptive)
     return runner
 
 
@@ -154,47 +210,54 @@ def clear_runners() -> None:
     _RUNNERS.clear()
 
 
-def run(program: str, seq: int | None = None, config: str = "auto", device: str = "auto",
-        backend: str = "auto", dtype: str | None = "auto", causal: bool = True, attention: str = "fused",
-        target: str | None = None, check: bool = False, dump: str | None = None, trace: str | None = None,
-        seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True) -> dict:
-    """Build and run ``program``; returns the JSON-able result of ``pto run --json``.
+def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: str | None = None,
+        trace: str | None = None, seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True,
+        progress=None, device: str = "auto", backend: str = "auto", executor: str = "auto",
+        config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
+        **options) -> dict:
+    """Build and run a job (or the program named ``job`` with the given settings and program
+    options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
+    ``pto run --json``.
 
     With ``repeat > 1`` the runner is cached by shape: calling again with the same shapes replays
-    the same CUDA graph."""
-    prog, dev, be, opts = resolve_options(program, config, device, backend, dtype, causal, attention, target)
+    the same CUDA graph. ``progress(done, total)`` is called as tasks complete."""
+    if not isinstance(job, Job):
+        job = resolve(job, device=device, backend=backend, executor=executor, config=config, dtype=dtype,
+                      target=target, options=options)
+    prog, s = job.program, job.settings
     seq = seq or prog.default_seq
-    prog.check_size(opts, seq)
+    prog.check_size(s, seq)
+    check_memory(job, seq, prog.build(s), check)
     record = bool(trace)
     cached = repeat > 1 and not record
-    runner = get_runner(prog, opts, seq, dev, be, adaptive) if cached else \
-        Runner(prog, opts, seq, dev, be, adaptive, record=record)
+    runner = get_runner(job, seq, adaptive) if cached else Runner(job, seq, adaptive, record=record, progress=progress)
     try:
         graph = runner.graph
         if dump:
             graph.dump(dump)
-        inputs = prog.inputs(opts, seq, dev, seed)
+        inputs = prog.inputs(s, seq, job.device, seed)
         first = runner.stats is None
         t0 = time.perf_counter()
         outputs = runner(inputs)
-        if not first:
-            _sync(dev)
+        if not first and job.device == "cuda":
+            torch.cuda.synchronize()
         stats = runner.stats
         out = {
-            "program": prog.name, "seq": seq, "config": opts.config, "device": dev, "backend": be,
-            "dtype": opts.dtype.short, "tasks": graph.tasks, "edges": graph.edges,
-            "launches": stats.launches, "waves": stats.waves, "build_ms": round(graph.build_ms, 3),
+            **job.to_json(), "seq": seq,
+            "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
+            "build_ms": round(graph.build_ms, 3),
             "exec_ms": round(stats.exec_ms if first else (time.perf_counter() - t0) * 1e3, 3),
             "compile_ms": round(runner.compile_ms, 1),
             "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
         }
         if check:
-            ref = prog.reference(opts, seq, inputs)
+            ref = prog.reference(s, seq, inputs)
             out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
         if trace:
             from pto.trace import write_trace
 
-            write_trace(trace, stats.records, graph)
+            info = write_trace(trace, stats.records, graph)
+            out["trace"] = {"path": str(trace), "dependencies": info.dependencies, "flows": info.flows}
         if profile:
             out["profile"] = runner.profile()
         if repeat > 1:
@@ -205,15 +268,12 @@ def run(program: str, seq: int | None = None, config: str = "auto", device: str 
             runner.close()
 
 
-def _sync(dev: str) -> None:
-    if dev == "cuda":
-        torch.cuda.synchronize()
-
-
-def format_summary(res: dict) -> str:
+def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
+    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
     lines = [
-        f"{res['program']} seq={res['seq']} config={res['config']} device={res['device']} "
-        f"backend={res['backend']} dtype={res['dtype']}",
+        f"{res['program']} seq={res['seq']} config={res['config']} dtype={res['dtype']} target={res['target']}"
+        f"{opts}",
+        f"device={res['device']} backend={res['backend']} executor={res['executor']}",
         f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
         f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",
     ]
@@ -227,25 +287,22 @@ def format_summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "auto",
-            dtype: str | None = "auto", causal: bool = True, attention: str = "fused",
-            target: str | None = None, adaptive: bool = True) -> list[str]:
+def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = True, progress: bool = False) -> list[str]:
     """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
     a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
     the graph for the sequence length on its command line), the module's text form, and the
     Triton kernel sources of every InCore variant the program calls."""
     import shutil
-    from pathlib import Path
 
     from pto.codegen.c_orch import generate_c, generate_main
+    from pto.codegen.triton import render
     from pto.passes.binary_expansion import expand_binary, strip_adaptive
+    from pto.progress import iterate
     from pto.runtime import runtime_portable_files
+    from pto.text import format_module
 
-    # the same defaults as `pto run` on this machine: its target (tile sizes) and dtype
-    prog, _dev, _be, opts = resolve_options(program, config, "auto", "auto", dtype, causal, attention, target)
-    if config == "auto":
-        opts.config = "7b"
-    module = prog.build(opts)
+    prog, s = job.program, job.settings
+    module = prog.build(s)
     lowered = expand_binary(module) if adaptive else strip_adaptive(module)
     corch = generate_c(lowered)
     out = Path(out_dir)
@@ -258,19 +315,19 @@ def codegen(program: str, out_dir: str, seq: int | None = None, config: str = "a
         written.append(str(p))
 
     write(corch.filename, corch.source)
-    write("main.c", generate_main(corch, prog.scalar_exprs(opts), prog.name, default_seq=seq))
+    write("main.c", generate_main(corch, prog.scalar_exprs(s), prog.name, default_seq=seq))
     for src in runtime_portable_files():
         shutil.copyfile(src, out / src.name)
         written.append(str(out / src.name))
-    write(f"{corch.name}.pto", module.text())
-    try:
-        from pto.codegen.triton import render_sources
-    except ImportError:  # triton not installed: the C side stands alone
-        render_sources = None
-    if render_sources is not None:
-        kdir = out / "kernels"
-        kdir.mkdir(exist_ok=True)
-        for fname, src in render_sources([v.func for v in corch.variants]).items():
-            (kdir / fname).write_text(src)
-            written.append(str(kdir / fname))
+    write(f"{corch.name}.pto", format_module(module))
+    kdir = out / "kernels"
+    kdir.mkdir(exist_ok=True)
+    for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
+        k = render(v.func)
+        (kdir / k.filename).write_text(k.source)
+        written.append(str(kdir / k.filename))
     return written
+
+
+__all__ = ["Job", "resolve", "run", "codegen", "Runner", "get_runner", "clear_runners", "rel_err", "check_memory",
+           "format_summary"]

@@ -15,6 +15,7 @@ import numbers
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,9 @@ import numpy as np
 from pto import programs
 from pto.errors import ExecutionError, UsageError
 from pto.graph import CompiledProgram
-from pto.ir.dtypes import dtype_of
-from pto.programs import RunOptions
+from pto.program import Program, Settings
+from pto.progress import iterate
+from pto.target import Target
 
 #: graphs up to this many tasks are built for real
 MAX_BUILD_TASKS = 2_000_000
@@ -36,37 +38,35 @@ CALIBRATION_TASKS = 200_000
 CALIBRATION_EDGES = 2_000_000
 #: the largest sequence length: the runtime's tensor dimensions are int32
 MAX_SEQ = 2**31 - 1
-#: the task metadata of the reference runtime (seed 004): 2,864 bytes per task
-SEED_BYTES_PER_TASK = 2864
-#: the seed's published rows (tasks with and without adaptive tiles), for the plot
-SEED_ROWS = {1024: (1024, 3584), 2048: (3584, 13312), 4096: (13312, 51200), 8192: (51200, 200704),
-             16384: (200704, 794624)}
-SEED_SETTING = dict(target="ascend910b", dtype="f32", causal=False, attention="split")
 
 
-def default_target() -> str:
-    """The GPU's target when one is visible, else the H100's (estimates are for the GPU)."""
-    from pto.device import cuda_available, device_info
-    from pto.passes.tiling import target_for_device
+@dataclass(frozen=True)
+class Baseline:
+    """A setting to draw beside the user's in ``--plot`` (a program's ``estimate_baselines``):
+    its label, its settings, published task counts by sequence length (markers), and the bytes
+    per task of another runtime for the same graph (a second memory line), if any."""
 
-    return target_for_device(device_info("cuda")).name if cuda_available() else "cuda_h100"
+    label: str
+    settings: Settings
+    published: dict[int, int] | None = None
+    other_bytes_per_task: tuple[str, float] | None = None
 
 
 class _Counter:
     """Counts of one program setting: closed form when the program has one, else count-only
     builds of the generated C."""
 
-    def __init__(self, prog, opts: RunOptions, module):
+    def __init__(self, prog: Program, s: Settings, module):
         self.prog = prog
-        self.opts = opts
+        self.s = s
         self.module = module
-        self.has_closed_form = hasattr(prog, "closed_form_counts")
+        self.has_closed_form = prog.counts(s, 1) is not None
 
     def counts(self, seq: int, adaptive: bool) -> dict:
         """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
-            return self.prog.closed_form_counts(self.opts, seq, adaptive)
-        g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.opts, seq),
+            return self.prog.counts(self.s, seq, adaptive)
+        g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.s, seq),
                                                                   count_only=True)
         try:
             return {"tasks": g.tasks}
@@ -74,10 +74,10 @@ class _Counter:
             g.close()
 
 
-def _build(module, prog, opts, seq: int, adaptive: bool) -> dict:
+def _build(module, prog: Program, s: Settings, seq: int, adaptive: bool) -> dict:
     """Build the whole graph (window 0) and read its counts, peak bytes and build time."""
     cp = CompiledProgram.get(module, adaptive)
-    scalars = prog.scalars(opts, seq)
+    scalars = prog.scalars(s, seq)
     t0 = time.perf_counter()
     g = cp.build_graph(scalars)
     wall = (time.perf_counter() - t0) * 1e3
@@ -116,8 +116,7 @@ def _fit_edges(samples: list[dict]) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def _calibration_builds(counter: _Counter, module, prog, opts: RunOptions, adaptive: bool,
-                        samples: list[dict]) -> list[dict]:
+def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list[dict]) -> list[dict]:
     """Builds for the memory model when fewer than three rows were measured: the largest
     power-of-two sequence lengths whose graphs stay within CALIBRATION_TASKS and
     CALIBRATION_EDGES. The largest, not the smallest: the fixed bytes swamp tiny graphs, and the
@@ -137,7 +136,7 @@ def _calibration_builds(counter: _Counter, module, prog, opts: RunOptions, adapt
             break
         if tasks not in seen:
             seen.add(tasks)
-            out.append(_build(module, prog, opts, cal, adaptive))
+            out.append(_build(module, counter.prog, counter.s, cal, adaptive))
     return out
 
 
@@ -177,38 +176,37 @@ def check_seqs(seqs: list[int]) -> list[int]:
     return sorted({int(s) for s in seqs})
 
 
-def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf16",
-             target: str | None = None, attention: str = "fused", causal: bool = True,
-             adaptive: bool = True, max_build_tasks: int = MAX_BUILD_TASKS,
-             max_build_edges: int = MAX_BUILD_EDGES, plot_path: str | None = None) -> dict:
+def estimate(program: Program | str, seqs: list[int], *, settings: Settings | None = None, adaptive: bool = True,
+             max_build_tasks: int = MAX_BUILD_TASKS, max_build_edges: int = MAX_BUILD_EDGES,
+             plot_path: str | None = None, progress: bool = False, device: str = "auto",
+             config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
+             **options) -> dict:
     """Rows of task counts, edges and runtime memory for each sequence length (JSON-able).
 
-    A row is built for real when its graph (the adaptive one, or the non-adaptive one with
-    ``adaptive=False``) has at most ``max_build_tasks`` tasks and, where the closed form gives
-    them, ``max_build_edges`` edges. ``plot_path`` is only checked here (before any work; see
-    :func:`check_plot_path`); :func:`plot` draws it. ``attention`` and ``causal`` are reported
-    only for programs that use them, and other values than the defaults are refused for the
-    others (as ``pto run`` does).
+    The program's settings are ``settings``, or resolved from ``device``, ``config``, ``dtype``,
+    ``target`` and the program's own ``options`` by the rule every command follows
+    (:mod:`pto.program`). A row is built for real when its graph (the adaptive one, or the
+    non-adaptive one with ``adaptive=False``) has at most ``max_build_tasks`` tasks and, where
+    the closed form gives them, ``max_build_edges`` edges. ``plot_path`` is only checked here
+    (before any work; see :func:`check_plot_path`); :func:`plot` draws it.
     """
     seqs = check_seqs(seqs)
     if plot_path is not None:
         check_plot_path(plot_path)
-    prog = programs.get(program)
-    uses = getattr(prog, "uses", frozenset())
-    if attention != "fused" and "attention" not in uses:
-        raise UsageError(f"{prog.name} has no attention: --attention {attention} does not apply")
-    if not causal and "causal" not in uses:
-        raise UsageError(f"{prog.name} has no attention: --no-causal does not apply")
-    tname = target or default_target()
-    from pto.passes.tiling import get_target
+    prog = program if isinstance(program, Program) else programs.get(program)
+    if settings is None:
+        from pto.device import resolve_device
+        from pto.target import get as get_target
+        from pto.target import resolve as resolve_target
 
-    get_target(tname)
-    opts = RunOptions(config=config, dtype=dtype_of(dtype), causal=causal, attention=attention, target=tname)
-    prog.check_options(opts)
-    module = prog.build(opts)
-    counter = _Counter(prog, opts, module)
+        dev = resolve_device(device)
+        tg = get_target(target) if isinstance(target, str) else target or resolve_target(None, dev)
+        settings = prog.settings(device=dev, config=config, dtype=dtype, target=tg, **options)
+    s = settings
+    module = prog.build(s)
+    counter = _Counter(prog, s, module)
     rows, samples = [], []
-    for seq in seqs:
+    for seq in iterate(seqs, "estimating", progress, unit="length"):
         ca, cn = counter.counts(seq, True), counter.counts(seq, False)
         mine = ca if adaptive else cn
         row = {"seq": seq, "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
@@ -216,9 +214,9 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
         if "row_tiles" in mine:
             row["row_tiles"] = mine["row_tiles"]
         if mine["tasks"] <= max_build_tasks and mine.get("edges", 0) <= max_build_edges:
-            b = _build(module, prog, opts, seq, adaptive)
+            b = _build(module, prog, s, seq, adaptive)
             if b["tasks"] != mine["tasks"] or ("edges" in mine and b["edges"] != mine["edges"]):
-                raise ExecutionError(f"{program} at seq {seq}: the closed form gives {mine} but the "
+                raise ExecutionError(f"{prog.name} at seq {seq}: the closed form gives {mine} but the "
                                      f"built graph has {b['tasks']} tasks and {b['edges']} edges")
             samples.append(b)
             row.update(edges=b["edges"], runtime_bytes=b["bytes"], build_ms=b["build_ms"], measured=True,
@@ -227,9 +225,9 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
             row.update(edges=mine.get("edges"), measured=False)
         rows.append(row)
     if len(samples) < 3:
-        samples += _calibration_builds(counter, module, prog, opts, adaptive, samples)
+        samples += _calibration_builds(counter, module, adaptive, samples)
     if not samples:
-        raise ExecutionError(f"{program}: no graph is small enough to build for the memory model")
+        raise ExecutionError(f"{prog.name}: no graph is small enough to build for the memory model")
     a, b, c = _fit_bytes(samples)
     ea, eb = _fit_edges(samples)
     for row in rows:
@@ -242,10 +240,7 @@ def estimate(program: str, seqs: list[int], config: str = "7b", dtype: str = "bf
             row["edges_estimated"] = True
         row["runtime_bytes"] = int(round(a * n + b * row["edges"] + c))
         row["bytes_per_task"] = round(row["runtime_bytes"] / max(n, 1), 1)
-    res = {"program": prog.name, "config": config, "dtype": opts.dtype.short, "target": tname}
-    # attention and causal change only the programs that use them: reporting them for softmax
-    # or bgemm would describe a setting that does not exist
-    res.update({k: v for k, v in (("attention", attention), ("causal", causal)) if k in uses})
+    res = {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options]}
     res.update(adaptive=adaptive, closed_form=counter.has_closed_form,
                memory_model={"bytes_per_task": round(a, 2), "bytes_per_edge": round(b, 2),
                              "bytes_fixed": round(c), "fitted_on": sorted(s["seq"] for s in samples)},
@@ -276,10 +271,7 @@ def format_table(res: dict) -> str:
     always shown; a header line says which of the two graphs Tiles, Edges, Build, Memory and
     B/task describe, since ``--no-adaptive`` switches them but not the Tasks column."""
     setting = [f"{res['program']} config={res['config']} dtype={res['dtype']} target={res['target']}"]
-    if "attention" in res:
-        setting.append(f"attention={res['attention']}")
-    if "causal" in res:
-        setting.append("causal" if res["causal"] else "non-causal")
+    setting += [f"{k}={res[k]}" for k in res["options"]]
     graph = "with" if res["adaptive"] else "WITHOUT"
     note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory and "
             f"B/task: the graph {graph} adaptive tiles")
@@ -303,9 +295,14 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict, path: str) -> None:
-    """Tasks and runtime memory against sequence length (log-log): this setting against the
-    seed's setting, with the seed's published rows as markers."""
+def _label(res: dict) -> str:
+    return ", ".join([res["target"], res["dtype"]] + [f"{k}={res[k]}" for k in res["options"]])
+
+
+def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()) -> None:
+    """Tasks and runtime memory against sequence length (log-log): this setting, and each
+    baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at the
+    same lengths) with its published rows as markers."""
     check_plot_path(path)  # callers that did not pass plot_path to estimate()
     try:
         import matplotlib
@@ -315,22 +312,21 @@ def plot(res: dict, path: str) -> None:
     except ImportError:
         raise UsageError("--plot needs matplotlib (pip install matplotlib)") from None
     seqs = [r["seq"] for r in res["rows"]]
-    seed = estimate(res["program"], seqs, config=res["config"], **SEED_SETTING) \
-        if res["program"] == "llama7b" else None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    parts = [res["target"], res["dtype"]] + ([res["attention"]] if "attention" in res else []) \
-        + (["causal" if res["causal"] else "non-causal"] if "causal" in res else [])
-    label = f"ours ({', '.join(parts)})"
+    label = f"ours ({_label(res)})"
     ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", label=label + ", adaptive")
     ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", label=label + ", no adaptive")
     ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", label=label)
-    if seed is not None:
-        ax1.plot(seqs, [r["tasks"] for r in seed["rows"]], "s-", label="seed setting (ascend910b f32 split), ours")
-        ax2.plot(seqs, [r["runtime_bytes"] for r in seed["rows"]], "s-", label="seed setting, our runtime")
-        ax2.plot(seqs, [r["tasks"] * SEED_BYTES_PER_TASK for r in seed["rows"]], "s:",
-                 label="seed setting, seed runtime (2,864 B/task)")
-        pts = sorted(SEED_ROWS.items())
-        ax1.plot([s for s, _ in pts], [v[0] for _, v in pts], "kx", label="seed 004 table (adaptive)")
+    for b, bres in baselines:
+        ax1.plot(seqs, [r["tasks"] for r in bres["rows"]], "s-", label=f"{b.label}, ours")
+        ax2.plot(seqs, [r["runtime_bytes"] for r in bres["rows"]], "s-", label=f"{b.label}, our runtime")
+        if b.other_bytes_per_task:
+            name, per = b.other_bytes_per_task
+            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:",
+                     label=f"{b.label}, {name} ({per:,.0f} B/task)")
+        if b.published:
+            pts = sorted(b.published.items())
+            ax1.plot([s for s, _ in pts], [v for _, v in pts], "kx", label=f"{b.label}, published")
     for ax, title in ((ax1, "tasks"), (ax2, "runtime memory (bytes)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

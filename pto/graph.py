@@ -20,6 +20,8 @@ from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module
 from pto.passes.binary_expansion import expand_binary, strip_adaptive
 from pto.runtime import ERR_REGION, Runtime, runtime_cdef, runtime_include_dir, runtime_sources
+from pto.target import Target
+from pto.text.printer import format_module
 
 _COMPILED: dict[tuple[str, bool, str | None], CompiledProgram] = {}
 
@@ -61,7 +63,7 @@ class Graph:
 class CompiledProgram:
     """A module lowered, turned into C and compiled with the runtime (cached by content)."""
 
-    def __init__(self, module: Module, adaptive: bool = True, target=None):
+    def __init__(self, module: Module, adaptive: bool = True, target: Target | None = None):
         self.module = module
         self.adaptive = adaptive
         self.lowered = expand_binary(module) if adaptive else strip_adaptive(module)
@@ -89,11 +91,10 @@ class CompiledProgram:
         self._fns = {k: getattr(self.lib.lib, f"pto_{name}_{k}") for k in ("setup", "build", "call_site")}
 
     @classmethod
-    def get(cls, module: Module, adaptive: bool = True, target=None) -> CompiledProgram:
-        """A cached instance per (module text, adaptive, target); with ``target`` (a name or a
-        :class:`pto.passes.tiling.Target`) every variant's live tiles must fit its SRAM."""
-        tname = getattr(target, "name", target)
-        key = (module.text(), adaptive, tname)
+    def get(cls, module: Module, adaptive: bool = True, target: Target | None = None) -> CompiledProgram:
+        """A cached instance per (module text, adaptive, target); with ``target`` every
+        variant's live tiles must fit its SRAM."""
+        key = (format_module(module), adaptive, target)
         hit = _COMPILED.get(key)
         if hit is None:
             hit = _COMPILED[key] = cls(module, adaptive, target)

@@ -1,11 +1,13 @@
 """The command-line contract: --json prints exactly one JSON object on stdout; user errors end
-with a one-line message on stderr and a non-zero exit."""
+with a one-line message on stderr and a non-zero exit, before any work; one rule of defaults for
+every command; help that lists what can be chosen."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,25 +22,41 @@ def test_run_check_json(program):
     r = pto("run", program, "--check", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    for key in ("program", "seq", "config", "device", "backend", "dtype", "tasks", "edges", "launches",
-                "build_ms", "exec_ms", "rel_err"):
+    for key in ("program", "seq", "config", "device", "backend", "executor", "dtype", "target", "tasks", "edges",
+                "launches", "build_ms", "exec_ms", "rel_err"):
         assert key in out
     assert out["program"] == program and out["device"] == "cpu" and out["dtype"] == "f32"
+    assert out["executor"] == "waves" and out["target"] in ("x86_64", "arm64")
     assert out["rel_err"] <= 1e-5
     assert out["tasks"] > 0
 
 
+def test_run_json_reports_the_program_options():
+    out = json.loads(pto("run", "llama7b", "--seq", "40", "--attention", "pair", "--no-causal", "--json").stdout)
+    assert (out["attention"], out["causal"], out["config"]) == ("pair", False, "tiny")
+    out = json.loads(pto("run", "softmax", "--seq", "40", "--json").stdout)
+    assert "attention" not in out and "causal" not in out
+
+
 @pytest.mark.parametrize("args,needle", [
-    (["run", "nosuch"], "unknown program 'nosuch'"),
+    (["run", "nosuch"], "unknown program 'nosuch' (choose from bgemm, llama7b, softmax"),
     (["run", "softmax", "--seq", "-3"], "--seq"),
     (["run", "softmax", "--seq", "99999999999999999999"], "must be at most 2147483647"),
     (["run", "softmax", "--seed", "-1"], "--seed: must be in [0, 2**63)"),
     (["run", "softmax", "--device", "tpu"], "invalid choice: 'tpu'"),
-    (["run", "softmax", "--target", "nope"], "unknown target 'nope'"),
-    (["run", "softmax", "--no-causal"], "softmax has no attention"),
+    (["run", "softmax", "--target", "nope"], "invalid choice: 'nope' (choose from"),
+    (["run", "softmax", "--no-causal"], "unrecognized arguments: --no-causal"),
+    (["run", "softmax", "--attention", "fused"], "unrecognized arguments: --attention fused"),
+    (["run", "bgemm", "--attention", "pair"], "unrecognized arguments: --attention pair"),
+    (["run", "llama7b", "--causal", "--no-causal"], "argument --no-causal: not allowed with argument --causal"),
+    (["run", "llama7b", "--config", "13b"], "invalid choice: '13b' (choose from"),
     (["run", "llama7b", "--trace", "/nonexistent/t.json"], "the folder /nonexistent does not exist"),
     (["run", "llama7b", "--dump", "/nonexistent/d.txt"], "the folder /nonexistent does not exist"),
+    (["run", "llama7b", "--trace", "/tmp"], "--trace /tmp: is a folder"),
+    (["run", "llama7b", "--dump", "/tmp/pto-same.txt", "--trace", "/tmp/pto-same.txt"],
+     "--dump and --trace are the same file"),
     (["codegen", "softmax", "--out", ""], "--out: the folder name is empty"),
+    (["codegen", "softmax", "--out", "/nonexistent/deeper/dir"], "the folder /nonexistent/deeper does not exist"),
     (["visualize", "/nonexistent/dump.txt", "/tmp/x.pdf"], "/nonexistent/dump.txt"),
     (["estimate", "softmax", "--seq", "1,x"], "--seq '1,x'"),
     ([], "a command is required"),
@@ -52,8 +70,59 @@ def test_user_errors_are_one_line(args, needle):
     assert r.stdout.strip() == "" or not args
 
 
+def test_output_file_that_is_a_file_for_codegen(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("keep")
+    r = pto("codegen", "softmax", "--out", str(f))
+    assert r.returncode == 2 and "is a file, not a folder" in r.stderr and f.read_text() == "keep"
+
+
+def test_memory_is_refused_up_front_with_the_number():
+    """2**31 - 1 rows of softmax need terabytes: refused at once, not after minutes of allocation.
+    x and y are 2.2 TB each in f32 (256 columns), and x is made once more before it is copied in."""
+    t0 = time.perf_counter()
+    r = pto("run", "softmax", "--seq", "2147483647")
+    assert time.perf_counter() - t0 < 30
+    assert r.returncode == 2, r.stderr
+    assert "needs about 6.6 TB of host memory (tensors 6.6 TB) but" in r.stderr and "available" in r.stderr
+
+
+def test_one_rule_of_defaults_for_every_command(tmp_path):
+    """On a CPU machine run, codegen and estimate all pick the program's CPU config, f32 and the
+    host's target, and all accept --config auto."""
+    run = json.loads(pto("run", "llama7b", "--seq", "40", "--json").stdout)
+    est = json.loads(pto("estimate", "llama7b", "--seq", "40", "--config", "auto", "--json").stdout)
+    for res in (run, est):
+        assert (res["config"], res["dtype"], res["target"]) == ("tiny", "f32", run["target"])
+    r = pto("codegen", "llama7b", "--out", str(tmp_path), "--config", "auto")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "llama7b.pto").read_text()
+    assert "[%S, 256] f32" in text  # tiny's hidden size, f32
+
+
+def test_help_lists_programs_targets_and_every_option():
+    r = pto("run", "--help")
+    assert r.returncode == 0
+    for name in ("bgemm", "llama7b", "softmax", "x86_64", "cuda_h100", "ascend910b", "waves", "defaults:"):
+        assert name in r.stdout, name
+    r = pto("run", "llama7b", "--help")
+    assert "options of llama7b" in r.stdout and "--attention {split,pair,fused}" in r.stdout
+    assert "--no-causal" in r.stdout
+    from pto.cli import build_parser
+    from pto.programs import get
+
+    for prog in (None, get("llama7b"), get("softmax")):
+        sub = next(a for a in build_parser(prog)._actions if a.dest == "cmd")
+        for cmd, parser in sub.choices.items():
+            for action in parser._actions:
+                assert action.help, f"pto {cmd}: {action.option_strings or action.dest} has no help"
+
+
 def test_info():
     r = pto("info", "--json")
     assert r.returncode == 0
     info = json.loads(r.stdout)
-    assert info["backend"] in ("torch", "triton")
+    assert info["backend"] in ("torch", "triton") and info["executor"] == "waves"
+    assert info["target"] and info["sram_bytes"] > 0
+    text = pto("info").stdout
+    assert "target:" in text and "SRAM:" in text and "KiB" in text

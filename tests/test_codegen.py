@@ -19,7 +19,8 @@ from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
 from pto.passes.binary_expansion import expand_binary
-from pto.programs import RunOptions, get
+from pto.programs import get
+from pto.target import get as target
 
 GOLDEN = Path(__file__).parent / "golden"
 HAVE_CC = shutil.which("gcc") is not None
@@ -27,24 +28,21 @@ needs_cc = pytest.mark.skipif(not HAVE_CC, reason="gcc not installed")
 
 
 def _golden_programs():
-    return [("softmax", RunOptions()), ("bgemm", RunOptions())] + (
-        [("llama7b", RunOptions(config="tiny", attention="split", target="x86_64"))] if _has("llama7b") else [])
+    h100, cpu = target("cuda_h100"), target("x86_64")
+    return [("softmax", {"target": h100}), ("bgemm", {"target": cpu}),
+            ("llama7b", {"config": "tiny", "attention": "split", "target": cpu}),
+            ("llama7b_fused", {"config": "7b", "dtype": "bf16", "attention": "fused", "target": h100})]
 
 
-def _has(name):
-    from pto.programs import names
-
-    return name in names()
-
-
-@pytest.mark.parametrize("name,opts", _golden_programs(), ids=lambda x: x if isinstance(x, str) else "")
-def test_golden_c(name, opts):
+@pytest.mark.parametrize("name,settings", _golden_programs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_golden_c(name, settings):
     """The generated C of the canonical programs is checked in; a change shows in the diff.
     Regenerate with PTO_UPDATE_GOLDEN=1 after an intended change."""
     from pto.codegen.c_orch import generate_c
 
+    prog = get(name.split("_")[0])
     # source lines of the program (comments, call-site names) move with unrelated edits
-    src = re.sub(r"(\.py):\d+", r"\1:N", generate_c(expand_binary(get(name).build(opts))).source)
+    src = re.sub(r"(\.py):\d+", r"\1:N", generate_c(expand_binary(prog.build(prog.settings(**settings)))).source)
     path = GOLDEN / f"{name}.c"
     if os.environ.get("PTO_UPDATE_GOLDEN"):
         GOLDEN.mkdir(exist_ok=True)
@@ -54,7 +52,7 @@ def test_golden_c(name, opts):
 
 
 @needs_cc
-@pytest.mark.parametrize("name", ["softmax", "bgemm"] + (["llama7b"] if _has("llama7b") else []))
+@pytest.mark.parametrize("name", ["softmax", "bgemm", "llama7b"])
 def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", name, "--out", str(tmp_path),
                         "--config", "tiny", "--dtype", "f32", "--target", "x86_64"], capture_output=True, text=True)
@@ -66,7 +64,7 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     assert cc.returncode == 0, cc.stderr
     assert cc.stderr == ""
     prog = get(name)
-    opts = RunOptions(config="tiny", dtype=DType.F32, target="x86_64")
+    opts = prog.settings(config="tiny", dtype=DType.F32, target=target("x86_64"))
     for seq in (1, 77, 300):
         out = subprocess.run([str(exe), str(seq), "--dump", str(tmp_path / "d.txt")], capture_output=True,
                              text=True, check=True).stdout.split()
@@ -81,7 +79,7 @@ def test_c_tasks_equal_python_tasks(name, seq):
     """Every task the generated C submits (variant, regions, directions, scalars) is the task
     the Python interpreter derives for the same call."""
     prog = get(name)
-    opts = RunOptions()
+    opts = prog.settings()
     module = prog.build(opts)
     cp = CompiledProgram.get(module)
     g = cp.build_graph(prog.scalars(opts, seq))
@@ -121,7 +119,7 @@ def test_region_outside_tensor_names_call_site():
 
 def test_count_only_mode_counts_exactly():
     prog = get("bgemm")
-    opts = RunOptions()
+    opts = prog.settings()
     cp = CompiledProgram.get(prog.build(opts))
     full = cp.build_graph(prog.scalars(opts, 500))
     fast = cp.build_graph(prog.scalars(opts, 500), count_only=True)
@@ -135,9 +133,9 @@ def test_count_only_mode_counts_exactly():
 def test_warm_start_runs_no_compiler(tmp_path):
     """A second process finds the compiled module by content hash: with no compiler on the
     PATH it still builds the graph."""
-    code = ("from pto.programs import get, RunOptions\n"
+    code = ("from pto.programs import get\n"
             "from pto.graph import CompiledProgram\n"
-            "p = get('softmax'); o = RunOptions()\n"
+            "p = get('softmax'); o = p.settings()\n"
             "g = CompiledProgram.get(p.build(o)).build_graph(p.scalars(o, 50))\n"
             "print(g.tasks)\n")
     env = dict(os.environ, PTO_CACHE_DIR=str(tmp_path))
@@ -151,11 +149,12 @@ def test_warm_start_runs_no_compiler(tmp_path):
 
 def test_executor_any_ready_order_matches_interpreter():
     from pto.backends import get_backend
-    from pto.executor import Executor
-    from pto.interp.orchestration import allocate, run_program, tensor_shapes
+    from pto.buffers import allocate, tensor_shapes
+    from pto.exec.waves import WaveExecutor
+    from pto.interp.orchestration import run_program
 
     prog = get("bgemm")
-    opts = RunOptions()
+    opts = prog.settings()
     module = prog.build(opts)
     scalars = prog.scalars(opts, 70)
     inputs = prog.inputs(opts, 70, "cpu", seed=5)
@@ -164,7 +163,7 @@ def test_executor_any_ready_order_matches_interpreter():
         g = CompiledProgram.get(module).build_graph(scalars)
         fn = module.entry_function
         tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, "cpu")
-        Executor(get_backend("torch", "cpu"), tensors, order="random", seed=seed).run(g)
+        WaveExecutor(get_backend("torch", "cpu"), tensors, order="random", seed=seed).run(g)
         assert torch.equal(tensors["C"], want)
         g.close()
 

@@ -9,22 +9,23 @@ import sys
 import time
 
 import pytest
+from pto.orchestration.llama7b import SEED_ROWS
 
 from pto.errors import UsageError
-from pto.estimate import SEED_ROWS, estimate, format_table
+from pto.estimate import estimate, format_table
 from pto.graph import CompiledProgram
-from pto.ir.dtypes import dtype_of
-from pto.programs import RunOptions, get
+from pto.programs import get
+from pto.target import get as target
 
 
 def test_seed_setting_reproduces_the_seed_rows():
     """--target ascend910b --dtype f32 --no-causal --attention split: the seed's rows are
     16(N/2) + 3(N/2)^2 with 64-row tiles over N 32-row tiles, and 16N + 3N^2 without."""
-    res = estimate("llama7b", sorted(SEED_ROWS), target="ascend910b", dtype="f32", causal=False,
+    res = estimate("llama7b", sorted(SEED_ROWS), config="7b", target="ascend910b", dtype="f32", causal=False,
                    attention="split", max_build_tasks=60_000)
     for row in res["rows"]:
         assert (row["tasks"], row["tasks_no_adaptive"]) == SEED_ROWS[row["seq"]]
-    big = estimate("llama7b", [131072], target="ascend910b", dtype="f32", causal=False, attention="split",
+    big = estimate("llama7b", [131072], config="7b", target="ascend910b", dtype="f32", causal=False, attention="split",
                    max_build_tasks=0)["rows"][0]
     n = 131072 // 32
     assert big["tasks"] == 16 * (n // 2) + 3 * (n // 2) ** 2 == 12_615_680  # the seed printed 12,611,584
@@ -37,7 +38,7 @@ def test_measured_rows_equal_running_the_generated_orchestration(attention):
     res = estimate("llama7b", [512, 2048], config="7b", dtype="bf16", target="cuda_h100",
                    attention=attention, causal=True)
     prog = get("llama7b")
-    opts = RunOptions(config="7b", dtype=dtype_of("bf16"), attention=attention, target="cuda_h100")
+    opts = prog.settings(config="7b", dtype="bf16", attention=attention, target=target("cuda_h100"))
     module = prog.build(opts)
     for row in res["rows"]:
         assert row["measured"]
@@ -53,10 +54,10 @@ def test_measured_rows_equal_running_the_generated_orchestration(attention):
 
 def test_extrapolated_memory_is_close_to_a_real_build():
     """The memory model fitted on small builds predicts a larger build within 10%."""
-    small = estimate("llama7b", [256, 512, 1024], dtype="f32", target="ascend910b", causal=False,
+    small = estimate("llama7b", [256, 512, 1024], config="7b", dtype="f32", target="ascend910b", causal=False,
                      attention="split")
     m = small["memory_model"]
-    big = estimate("llama7b", [8192], dtype="f32", target="ascend910b", causal=False, attention="split")
+    big = estimate("llama7b", [8192], config="7b", dtype="f32", target="ascend910b", causal=False, attention="split")
     row = big["rows"][0]
     assert row["measured"]
     pred = m["bytes_per_task"] * row["tasks"] + m["bytes_per_edge"] * row["edges"] + m["bytes_fixed"]
@@ -66,7 +67,7 @@ def test_extrapolated_memory_is_close_to_a_real_build():
 def test_programs_without_closed_form_use_count_only_builds():
     res = estimate("bgemm", [64, 500], config="tiny", dtype="f32")
     prog = get("bgemm")
-    opts = RunOptions()
+    opts = prog.settings()
     for row in res["rows"]:
         g = CompiledProgram.get(prog.build(opts)).build_graph(prog.scalars(opts, row["seq"]))
         assert row["tasks"] == g.tasks == row["tasks_no_adaptive"]
@@ -77,6 +78,7 @@ def test_cli_json_and_plot(tmp_path):
     png = tmp_path / "est.png"
     # split, bidirectional attention: the 128K graph (12.6M tasks) is beyond the build limit
     r = subprocess.run([sys.executable, "-m", "pto.cli", "estimate", "llama7b", "--seq", "1024,4096,131072",
+                        "--config", "7b", "--dtype", "bf16", "--target", "cuda_h100",
                         "--attention", "split", "--no-causal", "--json", "--plot", str(png)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -139,7 +141,8 @@ def test_4m_tokens_and_the_largest_length_take_the_closed_form_in_seconds(attent
     """4M tokens (the per-tile closed form took minutes, the fused graph's 1.1G edges would
     have been built) and 2**31 - 1 tokens: closed form, not built, in about a second."""
     t0 = time.perf_counter()
-    res = estimate("llama7b", [1 << 22, 2**31 - 1], target="cuda_h100", attention=attention, adaptive=adaptive)
+    res = estimate("llama7b", [1 << 22, 2**31 - 1], config="7b", dtype="bf16", target="cuda_h100",
+                   attention=attention, adaptive=adaptive)
     assert time.perf_counter() - t0 < 10
     row = res["rows"][0]
     assert not row["measured"] and row["runtime_bytes"] > 0
@@ -155,8 +158,9 @@ def test_memory_model_predicts_an_edge_heavy_graph():
     """Nothing measured (the fused layer at 512K tokens has 17M edges): the calibration builds
     are the largest small graphs, which pin the bytes per edge; the prediction is within 10%
     of building the graph."""
-    est = estimate("llama7b", [1 << 19], target="cuda_h100", max_build_tasks=0)
-    real = estimate("llama7b", [1 << 19], target="cuda_h100", max_build_edges=10**9)["rows"][0]
+    est = estimate("llama7b", [1 << 19], config="7b", dtype="bf16", target="cuda_h100", max_build_tasks=0)
+    real = estimate("llama7b", [1 << 19], config="7b", dtype="bf16", target="cuda_h100",
+                    max_build_edges=10**9)["rows"][0]
     row = est["rows"][0]
     assert not row["measured"] and real["measured"] and row["edges"] == real["edges"] > 10**7
     assert abs(row["runtime_bytes"] - real["runtime_bytes"]) / real["runtime_bytes"] < 0.1
@@ -166,7 +170,7 @@ def test_memory_model_predicts_an_edge_heavy_graph():
 
 
 def test_no_adaptive_table_says_which_graph_the_columns_describe():
-    res = estimate("llama7b", [1024], target="cuda_h100", adaptive=False)
+    res = estimate("llama7b", [1024], config="7b", dtype="bf16", target="cuda_h100", adaptive=False)
     row = res["rows"][0]
     assert row["tasks"] < row["tasks_no_adaptive"]  # Tasks stays the adaptive count
     text = format_table(res)
@@ -174,15 +178,17 @@ def test_no_adaptive_table_says_which_graph_the_columns_describe():
     assert "the graph WITHOUT adaptive tiles" in text
     assert f"| {row['tasks']:,} | {row['tasks_no_adaptive']:,} |" in text
     assert f"| {row['edges']:,} |" in text
-    assert "the graph with adaptive tiles" in format_table(estimate("llama7b", [1024], target="cuda_h100"))
+    assert "the graph with adaptive tiles" in format_table(estimate("llama7b", [1024], config="7b", target="cuda_h100"))
 
 
-def test_attention_and_causal_only_for_programs_that_use_them():
-    assert {"attention", "causal"} <= set(estimate("llama7b", [256], target="cuda_h100"))
+def test_options_only_for_programs_that_have_them():
+    res = estimate("llama7b", [256], target="cuda_h100")
+    assert {"attention", "causal"} <= set(res) and res["options"] == ["attention", "causal"]
+    assert "attention=fused causal=True" in format_table(res)
     res = estimate("softmax", [256], config="tiny", dtype="f32")
-    assert "attention" not in res and "causal" not in res
+    assert "attention" not in res and "causal" not in res and res["options"] == []
     assert "attention=" not in format_table(res) and "causal" not in format_table(res)
-    with pytest.raises(UsageError, match="no attention"):
+    with pytest.raises(UsageError, match="softmax has no option 'attention'"):
         estimate("softmax", [256], config="tiny", dtype="f32", attention="split")
 
 

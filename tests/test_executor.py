@@ -1,4 +1,4 @@
-"""The batched executor: concurrent build through a bounded window, any ready order, the number
+"""The wave executor: concurrent build through a bounded window, any ready order, the number
 of waves and launches."""
 
 from __future__ import annotations
@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from pto.backends import get_backend
-from pto.executor import Executor
+from pto.buffers import allocate, tensor_shapes
+from pto.exec.waves import WaveExecutor as Executor
 from pto.graph import CompiledProgram
-from pto.interp.orchestration import allocate, run_program, tensor_shapes
-from pto.programs import RunOptions, get
+from pto.interp.orchestration import run_program
+from pto.programs import get
+from pto.target import get as target
 
 
 def _setup(attention: str, seq: int):
     prog = get("llama7b")
-    opts = RunOptions(attention=attention, target="x86_64")
+    opts = prog.settings(attention=attention, target=target("x86_64"))
     module = prog.build(opts)
     scalars = prog.scalars(opts, seq)
     inputs = prog.inputs(opts, seq, "cpu", seed=7)

@@ -10,7 +10,7 @@ from pto.orchestration.llama7b import CONFIGS, closed_form
 from pto.engine import run
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
-from pto.programs import RunOptions, get
+from pto.programs import get
 
 SEQS = [1, 31, 100, 333, 1000]
 
@@ -38,7 +38,7 @@ def test_tasks_per_tile_and_pair(attention, per_tile, per_pair):
     eight post-attention tasks (split, pair) or one attention task and four fused
     post-attention tasks (fused); per (q, kv) pair 3 (split) or 1 (pair) tasks."""
     prog = get("llama7b")
-    opts = RunOptions(attention=attention, causal=False)
+    opts = prog.settings(attention=attention, causal=False)
     module = prog.build(opts)
     seq = 200
     tasks = list(iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, seq)))
@@ -52,7 +52,7 @@ def test_tasks_per_tile_and_pair(attention, per_tile, per_pair):
 
 def test_causal_submits_no_fully_masked_pair():
     prog = get("llama7b")
-    opts = RunOptions(attention="pair", causal=True)
+    opts = prog.settings(attention="pair", causal=True)
     module = prog.build(opts)
     for task in iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, 333)):
         if task.func.name == "flash_pair":
@@ -65,7 +65,7 @@ def test_graph_counts_equal_closed_form_across_settings():
     prog = get("llama7b")
     for attention in ("fused", "pair", "split"):
         for causal in (True, False):
-            opts = RunOptions(attention=attention, causal=causal)
+            opts = prog.settings(attention=attention, causal=causal)
             module = prog.build(opts)
             for adaptive in (True, False):
                 cp = CompiledProgram.get(module, adaptive)

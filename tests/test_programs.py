@@ -8,14 +8,14 @@ import pytest
 from pto.engine import rel_err
 from pto.interp.orchestration import run_program
 from pto.ir.dtypes import DType
-from pto.programs import RunOptions, get
+from pto.programs import get
 
 
 @pytest.mark.parametrize("name", ["softmax", "bgemm"])
 @pytest.mark.parametrize("seq", [1, 31, 32, 33, 100])
 def test_program_f32(name, seq):
     prog = get(name)
-    opts = RunOptions()
+    opts = prog.settings()
     m = prog.build(opts)
     inputs = prog.inputs(opts, seq, "cpu", seed=seq)
     res = run_program(m, inputs, prog.scalars(opts, seq))
@@ -27,7 +27,7 @@ def test_program_f32(name, seq):
 @pytest.mark.parametrize("dtype,tol", [(DType.BF16, 1e-2), (DType.F16, 2e-3)])
 def test_program_half(name, dtype, tol):
     prog = get(name)
-    opts = RunOptions(dtype=dtype)
+    opts = prog.settings(dtype=dtype)
     m = prog.build(opts)
     inputs = prog.inputs(opts, 45, "cpu", seed=3)
     res = run_program(m, inputs, prog.scalars(opts, 45))
@@ -37,7 +37,7 @@ def test_program_half(name, dtype, tol):
 
 def test_task_count_is_number_of_calls():
     prog = get("bgemm")
-    opts = RunOptions()
+    opts = prog.settings()
     m = prog.build(opts)
     res = run_program(m, prog.inputs(opts, 70, "cpu"), prog.scalars(opts, 70))
     # batch 2 x ceil(70/32)=3 row tiles x ceil(80/64)=2 column tiles

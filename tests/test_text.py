@@ -11,21 +11,24 @@ from pto import parse_expr, parse_module
 from pto.errors import BuildError, ParseError
 from pto.ir.analysis import specialize
 from pto.ir.expr import Const, Var, binop, emax, emin, evaluate, select
-from pto.programs import RunOptions, get, names
+from pto.programs import get, names
+from pto.target import get as target
 from pto.text import format_expr
 
 PROGRAMS = names()
 
 
 def _configs(name):
-    """Every config and dtype; for the LLaMA layer also every attention mode, causal or not."""
-    from pto.ir.dtypes import dtype_of
+    """Every config and dtype, and every value of every option the program has (the LLaMA
+    layer: every attention mode, causal or not)."""
+    import itertools
 
     prog = get(name)
-    modes = [(a, c) for a in ("fused", "pair", "split") for c in (True, False)] if "attention" in prog.uses \
-        else [("fused", True)]
-    return [RunOptions(config=config, dtype=dtype_of(dtype), attention=a, causal=c, target="cuda_h100")
-            for config in prog.configs for dtype in ("f32", "bf16") for a, c in modes]
+    choices = {o.name: o.choices or ((True, False) if isinstance(o.default, bool) else (o.default,))
+               for o in prog.options}
+    combos = [dict(zip(choices, vals)) for vals in itertools.product(*choices.values())]
+    return [prog.settings(config=config, dtype=dtype, target=target("cuda_h100"), **opts)
+            for config in prog.configs for dtype in ("f32", "bf16") for opts in combos]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -42,7 +45,7 @@ def test_round_trip_every_program(name):
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_round_trip_specialized_variants(name):
     prog = get(name)
-    m = prog.build(RunOptions())
+    m = prog.build(prog.settings())
     for f in m.incore_functions:
         spec = specialize(f)
         from pto.ir.nodes import Module

@@ -23,17 +23,18 @@ import torch
 triton = pytest.importorskip("triton")
 
 from pto import InCore, emax, emin, eq, f32, land, lor, ne  # noqa: E402
-from pto.backends.base import TaskBatch  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton_backend import TritonBackend, cache_dir, run_incore_triton  # noqa: E402
+from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
-from pto.interp.incore import RegionBatch, run_incore  # noqa: E402
+from pto.interp.incore import run_incore  # noqa: E402
 from pto.interp.orchestration import iter_tasks, run_program  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.ir.expr import evaluate, select  # noqa: E402
-from pto.programs import RunOptions, get  # noqa: E402
+from pto.programs import get  # noqa: E402
+from pto.target import get as target  # noqa: E402
 from tests.opkit import f64, rand, triton_vs_interp  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
@@ -460,13 +461,11 @@ def _batches(module, scalars, tensors):
 
 
 def _program_cases():
-    from pto.programs import names
-
     cases = [("softmax", 100, DType.F32, None), ("bgemm", 45, DType.F32, None),
              ("softmax", 33, DType.F16, None), ("bgemm", 20, DType.F16, None)]
-    if "llama7b" in names():  # every InCore function of the layer: the three attention modes
-        cases += [pytest.param("llama7b", 40, DType.F32, mode, marks=pytest.mark.slow)
-                  for mode in ("fused", "pair", "split", "fused-nc", "pair-nc", "split-nc")]
+    # every InCore function of the layer: the three attention modes
+    cases += [pytest.param("llama7b", 40, DType.F32, mode, marks=pytest.mark.slow)
+              for mode in ("fused", "pair", "split", "fused-nc", "pair-nc", "split-nc")]
     return cases
 
 
@@ -475,9 +474,10 @@ def test_program_through_both_backends(name, seq, dtype, attention):
     """Every call of the program, batched, through the torch and Triton backends, against the
     reference interpreter run of the whole program."""
     prog = get(name)
-    causal = attention is None or not attention.endswith("-nc")
-    attention = (attention or "fused").removesuffix("-nc")
-    opts = RunOptions(dtype=dtype, attention=attention, causal=causal, target="x86_64")
+    options = {}
+    if attention is not None:
+        options = {"attention": attention.removesuffix("-nc"), "causal": not attention.endswith("-nc")}
+    opts = prog.settings(dtype=dtype, target=target("x86_64"), **options)
     module = prog.build(opts)
     inputs = prog.inputs(opts, seq, "cpu", seed=seq)
     scalars = prog.scalars(opts, seq)

@@ -1,12 +1,7 @@
-"""Execution backends for InCore tasks: ``torch`` (the batched reference interpreter, any
-device) and ``triton`` (generated Triton kernels; GPU, or the CPU interpreter for tests).
+"""Execution backends for InCore tasks: ``torch`` (the batched tile evaluator, any device) and
+``triton`` (generated Triton kernels; GPU, or the CPU interpreter for tests). See
+:mod:`pto.backends.base` for the interface and the registry."""
 
-A backend turns a :class:`TaskBatch` (one specialized InCore function, many tasks) into a launch:
-``launch = backend.prepare(batch)`` does everything that can be done once (compile, upload the
-offset table), and ``launch()`` runs it; the executor calls launches in order on one stream and
-may capture them in a CUDA graph.
-"""
+from pto.backends.base import BACKENDS, Backend, get_backend, names, resolve
 
-from pto.backends.base import Backend, TaskBatch, get_backend
-
-__all__ = ["Backend", "TaskBatch", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "get_backend", "names", "resolve"]

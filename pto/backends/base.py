@@ -1,32 +1,20 @@
-"""The backend interface and the registry."""
+"""The backend interface and the registry of backends.
+
+A backend turns a :class:`pto.batch.TaskBatch` into a launch: ``launch = backend.prepare(batch)``
+does everything that can be done once (compile, upload the offset table) and ``launch()`` runs
+it. Backends are registered by name in :data:`BACKENDS`; ``auto`` picks the fastest one the
+device supports and keeps one that works everywhere (seed 001's dispatch rule).
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
-
+from pto.batch import TaskBatch
 from pto.errors import UsageError
-from pto.interp.incore import RegionBatch
-from pto.ir.nodes import IncoreFunction
-
-
-@dataclass
-class TaskBatch:
-    """Tasks of one specialized InCore function that may run concurrently.
-
-    ``mems[p]`` holds, for every task, the region memref parameter ``p`` is bound to (all tasks
-    of a batch bind ``p`` to the same tensor); ``scalars[s]`` the per-task values of scalar
-    parameter ``s`` (int64 vectors of length ``size``). Tasks of a batch never write overlapping
-    elements.
-    """
-
-    fn: IncoreFunction
-    mems: dict[str, RegionBatch]
-    scalars: dict[str, torch.Tensor]
-    size: int
-
 
 Launch = Callable[[], None]  # with an int attribute ``count``: the device launches it makes
 
@@ -48,13 +36,42 @@ class Backend:
         return self.prepare(batch).count
 
 
-def get_backend(name: str, device: str) -> Backend:
-    if name == "torch":
-        from pto.backends.torch_backend import TorchBackend
+#: name -> (module, class, what it needs)
+BACKENDS = {
+    "triton": ("pto.backends.triton_backend", "TritonBackend", "generated Triton kernels (a GPU, or the CPU "
+               "interpreter with TRITON_INTERPRET=1: f32, small shapes)"),
+    "torch": ("pto.backends.torch_backend", "TorchBackend", "the batched tile evaluator in torch (any device)"),
+}
 
-        return TorchBackend()
+
+def names() -> list[str]:
+    return list(BACKENDS)
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve(name: str, device: str) -> str:
+    """``auto`` is triton on a GPU with Triton installed, torch otherwise. Triton on the CPU
+    needs the interpreter (TRITON_INTERPRET=1, f32, small shapes)."""
+    if name != "auto" and name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r} (choose auto, {', '.join(BACKENDS)})")
+    if name == "auto":
+        return "triton" if device == "cuda" and triton_available() else "torch"
     if name == "triton":
-        from pto.backends.triton_backend import TritonBackend
+        if not triton_available():
+            raise UsageError("--backend triton: the triton package is not installed (pip install -e \".[triton]\")")
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--backend triton on the CPU needs TRITON_INTERPRET=1 (the Triton "
+                             "interpreter; f32 and small shapes only)")
+    return name
 
-        return TritonBackend(device)
-    raise UsageError(f"unknown backend {name!r} (choose triton or torch)")
+
+def get_backend(name: str, device: str = "cpu", launch: dict[str, dict] | None = None) -> Backend:
+    """An instance of backend ``name`` for ``device``; ``launch``: per InCore function launch
+    parameters (backends without launch parameters ignore them)."""
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r} (choose {', '.join(BACKENDS)})")
+    module, cls, _ = BACKENDS[name]
+    return getattr(importlib.import_module(module), cls).create(device, launch or {})

@@ -1,4 +1,4 @@
-"""The torch backend: the batched reference interpreter (pto.interp.incore) as a backend.
+"""The torch backend: the batched tile evaluator (:mod:`pto.backends.torch_eval`) as a backend.
 
 Any device; one group of torch ops per instruction for a whole batch. It synchronizes with the
 host (loop trip counts, parallel extents), so its launches are not captured in CUDA graphs.
@@ -6,12 +6,17 @@ host (loop trip counts, parallel extents), so its launches are not captured in C
 
 from __future__ import annotations
 
-from pto.backends.base import Backend, Launch, TaskBatch
-from pto.interp.incore import RegionBatch, run_incore_batch
+from pto.backends.base import Backend, Launch
+from pto.backends.torch_eval import run_incore_batch
+from pto.batch import RegionBatch, TaskBatch
 
 
 class TorchBackend(Backend):
     name = "torch"
+
+    @classmethod
+    def create(cls, device, launch: dict[str, dict]) -> TorchBackend:
+        return cls()  # no launch parameters to apply
 
     def prepare(self, batch: TaskBatch) -> Launch:
         fn, size = batch.fn, batch.size

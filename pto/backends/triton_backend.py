@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from pto.backends.base import Backend, Launch, TaskBatch
+from pto.backends.base import Backend, Launch
+from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, access_bounds, render, render_sources
 from pto.errors import BuildError, ExecutionError
-from pto.interp.incore import RegionBatch
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -108,9 +108,6 @@ class TritonBackend(Backend):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
-        from pto.backends.tuned import tuned_launch
-
-        self.tuned = tuned_launch(self.device)
         self.launch_overrides = dict(launch or {})
         self.even = even
         self.align = align
@@ -124,12 +121,14 @@ class TritonBackend(Backend):
             k = self._kernels[fn] = render(fn, self.options)
         return k
 
+    @classmethod
+    def create(cls, device, launch: dict[str, dict]) -> TritonBackend:
+        return cls(device, launch=launch)
+
     def launch_config(self, fn: IncoreFunction) -> dict:
-        """Launch parameters: the renderer's defaults, the tuned table of the device's
-        architecture (pto.backends.tuned), the overrides for the plain name, then those for the
-        variant name."""
+        """Launch parameters: the renderer's defaults, then ``launch`` for the plain name (the
+        program's measured defaults come this way), then ``launch`` for the variant name."""
         cfg = dict(self.kernel(fn).launch)
-        cfg.update(self.tuned.get(fn.name, {}))
         cfg.update(self.launch_overrides.get(fn.name, {}))
         cfg.update(self.launch_overrides.get(fn.variant_name, {}))
         return cfg
@@ -291,7 +290,7 @@ _DEFAULT: dict[str, TritonBackend] = {}
 def run_incore_triton(fn: IncoreFunction, regions: dict[str, tuple],
                       scalars: dict[str, int] | None = None) -> None:
     """Run one task through the Triton backend, in place: ``regions[p] = (tensor, row0, col0,
-    rows, cols)``; scalars are ints (the signature of :func:`pto.interp.incore.run_incore`)."""
+    rows, cols)``; scalars are ints (as the reference interpreter's ``run_incore``)."""
     if fn.dims:
         raise ExecutionError(f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first")
     mems = {}

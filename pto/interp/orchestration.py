@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pto.buffers import allocate, tensor_shapes
 from pto.errors import BuildError, ExecutionError, RegionError
 from pto.interp.incore import run_incore
 from pto.ir.analysis import param_access, specialize
 from pto.ir.expr import evaluate
-from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, RegionBinding
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,6 @@ class Specializer:
             hit = (spec, param_access(spec))
             self._cache[key] = hit
         return hit
-
-
-def tensor_shapes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """Concrete shape of every tensor of the orchestration function."""
-    missing = [s for s in fn.scalars if s not in scalars]
-    if missing:
-        raise ExecutionError(f"`{fn.name}` needs scalar{'s' if len(missing) > 1 else ''} "
-                             f"{', '.join(missing)}")
-    out = {}
-    for t in fn.tensors:
-        r, c = int(evaluate(t.rows, scalars)), int(evaluate(t.cols, scalars))
-        if r <= 0 or c <= 0:
-            raise ExecutionError(f"tensor `{t.name}` of `{fn.name}` has shape {r}x{c} for "
-                                 f"{', '.join(f'{k}={v}' for k, v in scalars.items())}")
-        out[t.name] = (r, c)
-    return out
 
 
 def resolve_call(spec: Specializer, call: Call, env: dict, shapes: dict[str, tuple[int, int]]) -> TaskSpec:
@@ -152,31 +137,6 @@ def _walk(body, env, spec, shapes):
 class RunResult:
     tensors: dict[str, torch.Tensor]
     tasks: int
-
-
-def allocate(fn: OrchFunction, shapes: dict[str, tuple[int, int]], given: dict[str, torch.Tensor],
-             device) -> dict[str, torch.Tensor]:
-    """Check the given tensors against the declarations; allocate the rest (poisoned with NaN so
-    that an element no task writes shows up)."""
-    out = {}
-    for t in fn.tensors:
-        shape = shapes[t.name]
-        if t.name in given:
-            x = given[t.name]
-            if tuple(x.shape) != shape:
-                raise ExecutionError(f"tensor `{t.name}` must be {shape[0]}x{shape[1]}, got "
-                                     f"{'x'.join(map(str, x.shape))}")
-            if x.dtype != t.dtype.torch:
-                raise ExecutionError(f"tensor `{t.name}` must be {t.dtype}, got {x.dtype}")
-            out[t.name] = x.contiguous()
-        elif t.role in ("input", "inout"):
-            raise ExecutionError(f"input tensor `{t.name}` of `{fn.name}` was not given")
-        else:
-            out[t.name] = torch.full(shape, float("nan"), dtype=t.dtype.torch, device=device)
-    unknown = set(given) - {t.name for t in fn.tensors}
-    if unknown:
-        raise ExecutionError(f"`{fn.name}` has no tensor {', '.join(sorted(unknown))}")
-    return out
 
 
 def run_task(task: TaskSpec, tensors: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,92 @@
+"""The executor interface: run a built task graph on a backend, then replay it.
+
+An executor consumes a :class:`pto.graph.Graph` (through the runtime's bulk export,
+:class:`pto.runtime.GraphExport`) and executes its tasks on the tensors of a run with a
+:class:`pto.backends.Backend`. ``run`` executes the graph once (compiling what it needs) and
+keeps what a replay needs; ``replay`` runs it again on the same tensors (the runner copies new
+inputs in first); ``capture`` records a replay into a CUDA graph where the backend allows it.
+Implementations register in :mod:`pto.exec` by name (``--executor``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pto.backends.base import Backend
+from pto.errors import ExecutionError
+
+#: progress callback: (tasks done, tasks in all)
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class LaunchRecord:
+    """One launch: which variant, which tasks, and when (host clock, ns)."""
+
+    wave: int
+    func: str
+    tasks: np.ndarray
+    start_ns: int = 0
+    end_ns: int = 0
+
+
+@dataclass
+class ExecStats:
+    tasks: int
+    waves: int
+    launches: int  # device launches of one replay
+    exec_ms: float
+    records: list[LaunchRecord] = field(default_factory=list)
+
+
+class Executor:
+    """Base class: see the module docstring."""
+
+    name = ""
+
+    def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
+                 progress: Progress | None = None):
+        self.backend = backend
+        self.tensors = tensors
+        self.record = record
+        self.progress = progress
+
+    def run(self, graph) -> ExecStats:
+        raise NotImplementedError
+
+    def replay(self) -> None:
+        raise NotImplementedError
+
+    def profile(self, repeat: int = 3) -> dict[str, float]:
+        """Milliseconds per InCore function of one replay (summed over its launches)."""
+        raise NotImplementedError
+
+    @property
+    def cuda(self) -> bool:
+        return any(t.is_cuda for t in self.tensors.values())
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        """Record a replay into a CUDA graph (the backend must be graph-capturable)."""
+        if not self.backend.graph_capturable:
+            raise ExecutionError(f"the {self.backend.name} backend cannot be captured in a CUDA graph")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capture, as torch recommends
+            self.replay()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.replay()
+        return g
+
+    def sync(self) -> None:
+        """Wait for the GPU when the tensors live there (host timestamps need it)."""
+        for d in {t.device for t in self.tensors.values() if t.is_cuda}:
+            torch.cuda.synchronize(d)
+
+
+__all__ = ["Executor", "ExecStats", "LaunchRecord", "Progress"]

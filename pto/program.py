@@ -1,0 +1,201 @@
+"""What a runnable program is: the plugin interface behind ``pto run/codegen/estimate PROGRAM``.
+
+A :class:`Program` owns everything about itself that the generic layers must not know: its
+configurations, its own options (each an :class:`Option`, which becomes a command-line flag of
+the commands that take the program), the module it builds for a :class:`Settings`, its scalar
+parameters as expressions of the sequence length, seeded inputs, an independent torch
+reference, flops, exact task counts where it has them, and launch-parameter defaults per target.
+
+Programs are found through the ``pto.programs`` entry-point group (:mod:`pto.programs`), so a
+package outside this repository adds one by declaring, in its ``pyproject.toml``::
+
+    [project.entry-points."pto.programs"]
+    myprog = "mypackage.myprog:PROGRAM"
+
+The defaults follow one rule for every command (:meth:`Program.settings`): the device is the
+GPU when one is visible, else the CPU; the configuration is the program's default for that
+device, the dtype bf16 on a GPU and f32 on a CPU, the target the device's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pto.errors import UsageError
+from pto.ir.dtypes import DType, dtype_of
+from pto.ir.expr import evaluate
+from pto.ir.nodes import Module
+from pto.target import Target
+
+DEFAULTS_RULE = ("defaults: --device auto is cuda when a GPU is visible, else cpu; --config auto is the "
+                 "program's default for that device, --dtype auto bf16 on cuda and f32 on cpu, --target the "
+                 "device's own")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a program: a key of its :class:`Settings` and a command-line flag.
+
+    A ``bool`` default makes a pair of flags, ``--name`` and ``--no-name`` (giving both is an
+    error); otherwise ``--name VALUE``, checked against ``choices`` when given. Underscores in
+    ``name`` become dashes in the flag.
+    """
+
+    name: str
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if isinstance(self.default, bool):
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(self.flag, dest=self.name, action="store_true", default=None,
+                               help=f"{self.help} (default: {'on' if self.default else 'off'})")
+            group.add_argument("--no-" + self.name.replace("_", "-"), dest=self.name, action="store_false",
+                               default=None, help=f"the opposite of {self.flag}")
+            return
+        kind = type(self.default)
+        parser.add_argument(self.flag, dest=self.name, default=None, type=kind, choices=self.choices,
+                            metavar=None if self.choices else self.name.upper(),
+                            help=f"{self.help} (default: {self.default})")
+
+    def check(self, program: str, value: Any) -> Any:
+        if value is None:
+            return self.default
+        if isinstance(self.default, bool):
+            if not isinstance(value, bool):
+                raise UsageError(f"{program}: {self.flag} takes true or false, got {value!r}")
+            return value
+        if self.choices is not None and value not in self.choices:
+            raise UsageError(f"{program}: unknown {self.name} {value!r} "
+                             f"(choose from {', '.join(map(str, self.choices))})")
+        return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that changes the program a :class:`Program` builds (not how it runs)."""
+
+    config: str
+    dtype: DType
+    target: Target
+    options: tuple[tuple[str, Any], ...] = ()  # the program's own options, sorted by name
+
+    def __getitem__(self, name: str) -> Any:
+        for k, v in self.options:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    @property
+    def key(self) -> tuple:
+        """Hashable identity (caches of built programs and runners)."""
+        return (self.config, self.dtype.short, self.target, self.options)
+
+    def to_json(self) -> dict:
+        return {"config": self.config, "dtype": self.dtype.short, "target": self.target.name, **dict(self.options)}
+
+
+class Program:
+    """Base class of runnable programs (see the module docstring)."""
+
+    name = ""
+    description = ""
+    #: configuration name -> the program's description of it (first: the CPU default)
+    configs: Mapping[str, Any] = {}
+    #: the program's own options
+    options: tuple[Option, ...] = ()
+    #: output tensors (checked against the reference)
+    outputs: tuple[str, ...] = ()
+    default_seq = 128
+
+    # -- settings ---------------------------------------------------------------------------------
+    def default_config(self, device: str) -> str:
+        """The configuration ``--config auto`` picks on ``device`` (the first one by default)."""
+        return next(iter(self.configs))
+
+    def settings(self, *, device: str = "cpu", config: str | None = None, dtype: DType | str | None = None,
+                 target: Target | None = None, **options: Any) -> Settings:
+        """Resolve the defaults (the module docstring's rule) and check every value."""
+        if config in (None, "auto"):
+            config = self.default_config(device)
+        if config not in self.configs:
+            raise UsageError(f"{self.name}: unknown config {config!r} (choose from {', '.join(self.configs)})")
+        if dtype in (None, "auto"):
+            dtype = DType.BF16 if device == "cuda" else DType.F32
+        dt = dtype_of(dtype) if not isinstance(dtype, DType) else dtype
+        if target is None:
+            from pto.target import detect
+
+            target = detect(device)
+        known = {o.name: o for o in self.options}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            have = f" (its options: {', '.join(known)})" if known else " (it has no options of its own)"
+            raise UsageError(f"{self.name} has no option {unknown[0]!r}{have}")
+        vals = tuple(sorted((n, o.check(self.name, options.get(n))) for n, o in known.items()))
+        s = Settings(config, dt, target, vals)
+        self.check_settings(s)
+        return s
+
+    def check_settings(self, s: Settings) -> None:
+        """Refuse a combination of settings the program cannot build (nothing by default)."""
+
+    # -- what the program is ----------------------------------------------------------------------
+    def build(self, s: Settings) -> Module:
+        raise NotImplementedError
+
+    def scalar_exprs(self, s: Settings) -> dict:
+        """Each scalar parameter of the entry function as an expression of ``seq`` (the
+        standalone main.c that ``pto codegen`` writes evaluates them in C)."""
+        raise NotImplementedError
+
+    def scalars(self, s: Settings, seq: int) -> dict[str, int]:
+        return {k: int(evaluate(e, {"seq": seq})) for k, e in self.scalar_exprs(s).items()}
+
+    def inputs(self, s: Settings, seq: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def reference(self, s: Settings, seq: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def flops(self, s: Settings, seq: int) -> float:
+        """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
+        return 0.0
+
+    def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int] | None:
+        """Exact ``tasks`` and ``edges`` of the graph without building it, or None (then
+        ``pto estimate`` counts by running the generated C)."""
+        return None
+
+    def check_size(self, s: Settings, seq: int) -> None:
+        """Refuse, before any work, a size the program cannot run (nothing to check by default)."""
+
+    def estimate_baselines(self, s: Settings) -> list:
+        """Other settings ``pto estimate --plot`` draws beside ``s`` (a list of
+        :class:`pto.estimate.Baseline`; none by default)."""
+        return []
+
+    def launch_defaults(self, s: Settings) -> dict[str, dict]:
+        """Launch parameters measured best for this program's InCore functions on ``s.target``
+        (function name -> parameters); the Triton backend applies them over its heuristics."""
+        return {}
+
+
+def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):
+    """Normal random values made on the CPU from a seeded generator (the same numbers on every
+    device), then moved and cast."""
+    x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+    return x.to(device=device, dtype=dtype.torch)
+
+
+__all__ = ["Program", "Option", "Settings", "seeded_randn", "DEFAULTS_RULE"]
