@@ -701,9 +701,9 @@ def resolve_format(out: str | Path, fmt: str | None) -> str:
 def check_output(dump: str | Path, out: str | Path) -> Path:
     """Refuse, before any work, an output that cannot be written or that is the dump itself
     (same path, or the same file through a link or another path)."""
-    out = Path(out)
     if not str(out).strip():
         raise UsageError("the output path is empty")
+    out = Path(out)
     same = (os.path.samefile(dump, out) if os.path.exists(dump) and os.path.exists(out)
             else os.path.realpath(dump) == os.path.realpath(out))
     if same:

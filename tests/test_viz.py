@@ -468,6 +468,8 @@ def test_output_checked_before_the_dump_is_read(dumps, tmp_path):
     (tmp_path / "dir.pdf").mkdir()
     with pytest.raises(UsageError, match="it is a folder"):
         viz.visualize(dump, tmp_path / "dir.pdf")
+    with pytest.raises(UsageError, match="the output path is empty"):
+        viz.visualize(dump, "")
     with pytest.raises(ParseError):  # a writable output: now the dump is read
         viz.visualize(dump, tmp_path / "x.pdf")
     assert not (tmp_path / "x.pdf").exists()
