@@ -179,8 +179,11 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("out", help="the drawing to write (its suffix picks the format)")
     s.add_argument("--format", choices=["pdf", "svg", "png", "dot"], default=None,
                    help="output format (default: from the suffix, else pdf)")
-    s.add_argument("--max-nodes", type=_positive, default=2000, metavar="N",
-                   help="draw task by task up to N tasks, else summarize (default: 2000)")
+    s.add_argument("--max-nodes", type=_positive, default=None, metavar="N",
+                   help="draw one box per task only for graphs of at most N tasks, and at most N groups in a "
+                   "summary (default: per task whenever that fits the page)")
+    s.add_argument("--page", type=_page, default=None, metavar="WxH",
+                   help="the largest page in inches (default: 60x36, about 3 x 3 screens at 100%% zoom)")
     return p
 
 
@@ -280,10 +283,22 @@ def _cmd_estimate(args) -> int:
     return 0
 
 
-def _cmd_visualize(args) -> int:
-    from pto.viz import visualize
+def _page(text: str):
+    from pto.viz import parse_page
 
-    print(visualize(args.dump, args.out, fmt=args.format, max_nodes=args.max_nodes))
+    try:
+        return parse_page(text)
+    except PTOError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _cmd_visualize(args) -> int:
+    from pto.viz import PAGE_IN, draw
+
+    d = draw(args.dump, args.out, fmt=args.format, max_nodes=args.max_nodes, page=args.page or PAGE_IN)
+    print(d.path)
+    if d.note:
+        print(f"pto visualize: note: {d.note}", file=sys.stderr)
     return 0
 
 
