@@ -1,0 +1,189 @@
+"""The batched Triton kernel of a specialized InCore function (what the ``waves`` executor
+launches through :mod:`pto.backends.triton_backend`).
+
+Kernel contract:
+
+- grid ``(B, P)``: ``program_id(0)`` is the task of the batch, ``program_id(1)`` the index on the
+  function's parallel axis (``P`` = the largest extent over the batch, 1 without an axis); a
+  program whose index is not below its own task's extent does nothing. With ``GROUP > 0`` the
+  grid is 1-D, ``NB x NP`` programs in groups of ``GROUP`` tasks x every parallel index.
+- arguments: ``tab``, the per-task table (int32 or int64, ``B x F``, row-major), then for every
+  memref parameter in declaration order its tensor pointer ``P_<p>`` and row stride ``S_<p>``, then
+  the constexpr flags ``EVEN_<p>`` (every task's region is full: loads and stores skip their
+  masks) and ``ALIGN_<p>`` (every task's region starts on a multiple of 16 columns: a
+  vectorization hint), in the same parameter order.
+- a table row holds, for every memref parameter in declaration order, its region's ``row0, col0,
+  rows, cols`` (rows/cols: the valid extent), then the value of every scalar parameter
+  (:class:`TableLayout`).
+
+The kernel computes its task and parallel index and calls the function's device function
+(:mod:`pto.codegen.triton.body`) with its table row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pto.codegen.triton.body import (
+    TL_PTR,
+    BodyRenderer,
+    RenderOptions,
+    TableLayout,
+    _instrs,
+    _loops,
+    file_source,
+    kernel_name,
+)
+from pto.errors import BuildError
+from pto.ir.analysis import loop_ranges, memref_accesses, specialize, tile_shape
+from pto.ir.expr import Expr, bounds
+from pto.ir.nodes import IncoreFunction
+from pto.ir.ops import MATMUL, Op
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """A generated kernel: its source and what launching it needs to know."""
+
+    fn: IncoreFunction
+    name: str  # the @triton.jit function's name in ``source``
+    source: str
+    layout: TableLayout
+    launch: dict = field(hash=False, compare=False)  # default num_warps / num_stages / fp fusion
+    digest: str = ""  # content hash of ``source``
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.py"
+
+    def signature(self) -> dict[str, str]:
+        """Triton signature of the kernel's arguments (for ahead-of-time compilation); the
+        table is int32 here."""
+        sig = {"tab": "*i32"}
+        for p in self.fn.memrefs:
+            sig[f"P_{p.name}"] = TL_PTR[p.dtype]
+            sig[f"S_{p.name}"] = "i32"
+        for p in self.fn.memrefs:
+            sig[f"EVEN_{p.name}"] = "constexpr"
+        for p in self.fn.memrefs:
+            sig[f"ALIGN_{p.name}"] = "constexpr"
+        if self.fn.parallel is not None:
+            sig.update(NB="i32", NP="i32", GROUP="constexpr")
+        return sig
+
+
+def launch_params(fn: IncoreFunction) -> dict:
+    """Default launch parameters from the static tile sizes.
+
+    4 warps; 8 for a matmul with a 128x128 (or larger) output or tiles of 32K elements and more;
+    3 pipeline stages when a loop loads tiles that feed a matmul (the K loop), else 1 (2 for
+    other loops with loads). FP fusion (FMA contraction) only for kernels with f16/bf16 tiles:
+    all-f32 kernels keep the interpreter's rounding, instruction by instruction.
+    """
+    shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
+    biggest = max((r * c for r, c in shapes.values()), default=1)
+    big_dot = any(i.op in MATMUL and shapes[i.dst][0] * shapes[i.dst][1] >= 128 * 128
+                  for i in _instrs(fn.body))
+    warps = 8 if big_dot or biggest >= 32 * 1024 else 4
+    stages = 1
+    for loop in _loops(fn.body):
+        ops = {i.op for i in _instrs(loop.body)}
+        if Op.LOAD in ops and ops & MATMUL:
+            stages = 3
+        elif Op.LOAD in ops:
+            stages = max(stages, 2)
+    # contraction into FMAs changes rounding: allowed for kernels with half-precision tiles
+    # (their tolerance is the dtype's), not for all-f32 ones, which match the interpreter
+    half = any(t.dtype.is_half for t in fn.tiles)
+    out = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": half}
+    if fn.parallel is not None:
+        out["GROUP"] = 0  # program order: tasks fastest (see the kernel's prologue)
+    return out
+
+
+def render(fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
+    """The batched Triton kernel of a specialized InCore function (a function without dims is
+    specialized with its defaults): the device function and a kernel that runs it for program
+    ``(task, parallel index)``. Raises BuildError for shapes Triton cannot hold."""
+    if fn.dims:
+        fn = specialize(fn)
+    r = BodyRenderer(fn, options or RenderOptions())
+    dname, dlines = r.device_function()
+    kname = kernel_name(fn)
+    params = ["tab"] + [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
+    params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+    args = [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
+    args += [", ".join(f"{w}_{p.name}" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+    body = []
+    if fn.parallel is not None:
+        pvar = f"i_{fn.parallel.var}"
+        # GROUP > 0: a 1-D grid of NB x NP programs in groups of GROUP tasks x every parallel
+        # index, so programs running together share their tasks' tiles in L2 (the GEMM
+        # "grouped ordering"); GROUP = 0: grid (NB, NP), tasks fastest
+        params.append("NB, NP, GROUP: tl.constexpr")
+        body += ["if GROUP > 0:",
+                 "    _pid = tl.program_id(0)",
+                 "    _per = GROUP * NP",
+                 "    _first = (_pid // _per) * GROUP",
+                 "    _gsize = tl.minimum(NB - _first, GROUP)",
+                 "    task = _first + (_pid % _per) % _gsize",
+                 f"    {pvar} = (_pid % _per) // _gsize",
+                 "else:",
+                 "    task = tl.program_id(0)",
+                 f"    {pvar} = tl.program_id(1)"]
+        args.insert(0, pvar)
+    else:
+        body.append("task = tl.program_id(0)")
+    body.append(f"{dname}(tab + task * {r.layout.width}, {', '.join(args)})")
+    sig = ",\n        ".join(params)
+    kernel = [f"@triton.jit\ndef {kname}(\n        {sig}):"] + ["    " + line for line in body]
+    variant = f" ({kname})" if fn.variant else ""
+    src = file_source(f"Generated by pto.codegen.triton from InCore function `{fn.name}`{variant}.", [dlines, kernel])
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), hashlib.sha256(src.encode()).hexdigest()[:20])
+
+
+def render_sources(functions: Iterable[IncoreFunction],
+                   options: RenderOptions | None = None) -> dict[str, str]:
+    """``{filename: source}`` of the kernels of ``functions`` (for ``pto codegen --out``)."""
+    out = {}
+    for f in functions:
+        k = render(f, options)
+        out[k.filename] = k.source
+    return out
+
+
+@dataclass(frozen=True)
+class AccessBound:
+    """Symbolic bounds of one load or store of a memref (over loops and the parallel axis):
+    the rows ``[row_lo, row_hi + rows)`` and columns ``[col_lo, col_hi + cols)`` it touches."""
+
+    row_lo: Expr
+    row_hi: Expr
+    col_lo: Expr
+    col_hi: Expr
+    rows: int
+    cols: int
+
+
+def access_bounds(fn: IncoreFunction) -> dict[str, list[AccessBound] | None]:
+    """Per memref, the bounds of its accesses (None where an offset cannot be bounded); the
+    backend evaluates them per task to decide whether a batch may skip masks (``EVEN_<p>``)."""
+    ranges = loop_ranges(fn)
+    dims = dict(fn.variant)
+    out: dict[str, list[AccessBound] | None] = {p.name: [] for p in fn.memrefs}
+    for mem, _ins, row, col, tile in memref_accesses(fn):
+        if out[mem] is None:
+            continue
+        try:
+            (rlo, rhi), (clo, chi) = bounds(row, ranges), bounds(col, ranges)
+        except BuildError:
+            out[mem] = None
+            continue
+        r, c = tile_shape(tile, dims)
+        out[mem].append(AccessBound(rlo, rhi, clo, chi, r, c))
+    return out
+
+
+__all__ = ["RenderedKernel", "AccessBound", "render", "render_sources", "launch_params", "access_bounds"]
