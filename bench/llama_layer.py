@@ -24,7 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from pto.orchestration.llama7b import CONFIGS, reference_layer  # noqa: E402
+from pto.orchestration.llama.config import CONFIGS  # noqa: E402
+from pto.orchestration.llama.reference import reference_layer  # noqa: E402
 
 from pto.backends import get_backend  # noqa: E402
 from pto.buffers import allocate, tensor_shapes  # noqa: E402

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from pto.incore import llama as L  # noqa: E402
+from pto.incore.attention import flash_fused  # noqa: E402
+from pto.incore.matmul import matmul_swiglu_tile, matmul_tile  # noqa: E402
 
 from pto.backends.triton_backend import TritonBackend  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
@@ -80,7 +81,7 @@ def tune_matmul(seq: int, K: int, N: int, rows: int) -> list[dict]:
     out = []
     for bn, bk, warps, stages, group in MATMUL_CONFIGS:
         def build(bn=bn, bk=bk, warps=warps, stages=stages, group=group):
-            fn = specialize(L.matmul_tile(BF16, rows, K, N, bn, bk))
+            fn = specialize(matmul_tile(BF16, rows, K, N, bn, bk))
             mems = {"x": regions(x, n, starts, 0, rows, K), "w": regions(w, n, 0, 0, K, N),
                     "y": regions(y, n, starts, 0, rows, N)}
             return _launch_config("matmul_tile", warps, stages, group).prepare(TaskBatch(fn, mems, {}, n))
@@ -101,7 +102,7 @@ def tune_swiglu(seq: int, K: int = 4096, N: int = 11008, rows: int = 128) -> lis
     out = []
     for bn, bk, warps, stages, group in SWIGLU_CONFIGS:
         def build(bn=bn, bk=bk, warps=warps, stages=stages, group=group):
-            fn = specialize(L.matmul_swiglu_tile(BF16, rows, K, N, bn, bk))
+            fn = specialize(matmul_swiglu_tile(BF16, rows, K, N, bn, bk))
             mems = {"x": regions(x, n, starts, 0, rows, K), "wg": regions(wg, n, 0, 0, K, N),
                     "wu": regions(wu, n, 0, 0, K, N), "y": regions(y, n, starts, 0, rows, N)}
             return _launch_config("matmul_swiglu_tile", warps, stages, group).prepare(TaskBatch(fn, mems, {}, n))
@@ -124,7 +125,7 @@ def tune_flash(seq: int, heads: int = 32, d: int = 128) -> list[dict]:
     out = [{"sdpa_ms": round(sdpa_ms, 4), "sdpa_tflops": round(flops / sdpa_ms / 1e9, 1)}]
     for tq, tk, warps, stages, group in FLASH_CONFIGS:
         def build(tq=tq, tk=tk, warps=warps, stages=stages, group=group):
-            fn = specialize(L.flash_fused(BF16, heads, d, tq, tk))
+            fn = specialize(flash_fused(BF16, heads, d, tq, tk))
             starts = torch.arange(0, seq, tq, dtype=torch.int64)
             ends = torch.clamp(starts + tq, max=seq)
             nfull = (starts // tk) * tk

@@ -1,5 +1,7 @@
-"""Orchestration programs (installs as ``pto.orchestration``): softmax, bgemm, llama7b.
+"""Orchestration programs (installs as ``pto.orchestration``): ``softmax.py``, ``bgemm.py`` and
+the LLaMA layer's package ``llama/`` (the program ``llama7b``).
 
-Each module builds its module with the builder and registers a :class:`pto.programs.Program`
-as ``PROGRAM`` (inputs, scalars and an independent torch reference).
+Each program builds its module with the builder and exposes a :class:`pto.program.Program` as
+``PROGRAM`` (inputs, scalars and an independent torch reference), registered through the
+``pto.programs`` entry points of ``pyproject.toml``.
 """

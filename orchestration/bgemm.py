@@ -8,7 +8,7 @@ InCore function. M, N and K need not be multiples of the tiles.
 from __future__ import annotations
 
 import torch
-from pto.incore.gemm import gemm_tile
+from pto.incore.matmul import gemm_tile
 
 from pto import Orchestration, Var, cdiv, emin
 from pto.ir.expr import Const

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from pto.orchestration.llama7b import SEED_ROWS
+from pto.orchestration.llama.program import SEED_ROWS
 
 from pto.errors import UsageError
 from pto.estimate import estimate, format_table
@@ -97,7 +97,7 @@ def test_cli_json_and_plot(tmp_path):
 def _per_tile_counts(t, seq: int, causal: bool, adaptive: bool) -> tuple[int, int]:
     """(T, P) by enumerating the row tiles of binary expansion and counting each q tile's kv
     tiles: the definition the closed form must equal (O(T * n), small n only)."""
-    from pto.orchestration.llama7b import row_tiles
+    from pto.orchestration.llama.counts import row_tiles
 
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
@@ -112,10 +112,12 @@ def test_closed_form_equals_the_per_tile_definition(monkeypatch, max_range):
     """Every (base, q, kv) tiling the SRAM fitting can choose, every length up to a few full
     blocks of binary expansion (max_range shrunk so that full blocks are cheap to enumerate),
     every mode: the O(log^2 n) pair count equals enumerating the tiles."""
-    import pto.orchestration.llama7b as llama
-    from pto.orchestration.llama7b import CONFIGS, LlamaTiling, closed_form
+    from pto.orchestration.llama import tiling
+    from pto.orchestration.llama.config import CONFIGS
+    from pto.orchestration.llama.counts import closed_form
+    from pto.orchestration.llama.tiling import LlamaTiling
 
-    monkeypatch.setattr(llama, "MAX_RANGE", max_range)
+    monkeypatch.setattr(tiling, "MAX_RANGE", max_range)
     tilings = [(32, 128, 128), (32, 128, 64), (32, 64, 64), (16, 32, 32), (8, 16, 16), (8, 8, 8)]
     ns = list(range(0, 8 * max_range + 3)) if max_range < 4096 else [1, 2, 3, 37, 4095, 4096, 4097]
     if max_range == 4096:  # the real block size, on the GPU tilings (the enumeration is slow)

@@ -5,7 +5,8 @@ the graph (tasks per tile and per pair, no masked pair submitted)."""
 from __future__ import annotations
 
 import pytest
-from pto.orchestration.llama7b import CONFIGS, closed_form
+from pto.orchestration.llama.config import CONFIGS
+from pto.orchestration.llama.counts import closed_form
 
 from pto.engine import run
 from pto.graph import CompiledProgram

@@ -4,7 +4,7 @@ model and the live-tile check."""
 from __future__ import annotations
 
 import pytest
-from pto.orchestration.llama7b import flash_sram_bytes, flash_tile_rows
+from pto.orchestration.llama.tiling import flash_sram_bytes, flash_tile_rows
 
 from pto import InCore, bf16, f16, f32
 from pto.errors import SramError

@@ -565,7 +565,7 @@ def test_render_options_change_the_code_not_the_result():
 
 
 def test_launch_parameters_defaults_and_overrides():
-    from pto.incore.gemm import gemm_tile
+    from pto.incore.matmul import gemm_tile
 
     small = specialize(gemm_tile(f32, 32, 64, 32))
     big = specialize(gemm_tile(f32, 128, 128, 64))
@@ -672,7 +672,7 @@ def _every_op_fn(dtype):
 
 
 def _aot_functions():
-    from pto.incore.gemm import gemm_tile
+    from pto.incore.matmul import gemm_tile
     from pto.incore.softmax import softmax_tile
 
     yield from (_every_op_fn(d) for d in (DType.BF16, DType.F16, DType.F32))
@@ -702,7 +702,7 @@ def test_kernels_compile_for_sm90(tmp_path):
 def test_grouped_program_order(group):
     """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);
     every (task, parallel index) must still run exactly once."""
-    from pto.incore.llama import matmul_tile
+    from pto.incore.matmul import matmul_tile
 
     fn = specialize(matmul_tile(DType.F32, 16, 64, 96, 32, 32))  # 3 column blocks a task
     g = torch.Generator().manual_seed(group)

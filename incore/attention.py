@@ -1,0 +1,258 @@
+"""Flash attention tiles at three granularities, for any multi-head attention.
+
+- ``fused``: :func:`flash_fused` (causal) and :func:`flash_fused_nc`, one task per q tile with
+  the kv loop inside;
+- ``pair``: :func:`flash_pair`, one task per (q tile, kv tile) pair;
+- ``split``: :func:`flash_score`, :func:`flash_softmax`, :func:`flash_output` per pair (the
+  seed's three tasks).
+
+``pair`` and ``split`` keep the state of a q tile in memory between tasks, per head: the
+running row max m and row sum l (f32, one column per head in ``(seq, heads)`` tensors) and the
+unnormalized output acc (f32, ``(seq, hidden)``); :func:`flash_init` sets it and
+:func:`flash_normalize` turns it into the output. Heads are column blocks of ``head_dim`` (head
+``h`` at columns ``[h*D, (h+1)*D)``), all of them on the parallel axis; scores, statistics and
+accumulators are f32 whatever the storage dtype. Tile heights are dims (``TQ``, ``TK``) so
+binary expansion derives every variant from one definition.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pto import InCore, f32
+from pto.ir.nodes import IncoreFunction
+
+LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see _attn_block)
+
+
+def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype, masks):
+    """One online-softmax step on tiles: S = Q K^T, masks, then update m, l, acc.
+
+    The running max m lives in the base-2 domain (m = max(s) * scale * log2 e), so that
+    ``p = exp2(s * c - m)`` is one fused multiply-add and one exp2 per score (exp(x) is exp2 of
+    x * log2 e anyway); l and acc are unchanged by the choice of base."""
+    c = scale * LOG2E
+    k.matmul(S, Q, Kt, tb=True)
+    for op, bound in masks:
+        getattr(k, op)(S, S, bound)
+    k.rowmax(mnew, S)
+    k.muls(mnew, mnew, c)
+    k.max(mnew, mnew, m)
+    k.sub(alpha, m, mnew)
+    k.exp2(alpha, alpha)
+    k.muls(S, S, c)
+    k.rowexpandsub(S, S, mnew)
+    k.exp2(S, S)
+    k.rowsum(rs, S)
+    k.mul(l, l, alpha)
+    k.add(l, l, rs)
+    k.rowexpandmul(acc, acc, alpha)
+    if P is not S:
+        k.cast(P, S)
+    k.matmul_acc(acc, P, Vt)
+    k.mov(m, mnew)
+
+
+def flash_fused(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+    """Attention of one q tile over its kv range, the kv loop inside (one task per q tile).
+
+    Scalars: ``qpos`` (position of the tile's first row), ``nfull`` (kv rows [0, nfull) need no
+    mask: before the diagonal, whole blocks), ``nkv`` (kv rows to visit: the causal limit, or
+    the sequence). Blocks in [nfull, nkv) get the causal mask (``causal``) and the kv edge."""
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True)
+
+
+def flash_fused_nc(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+    """:func:`flash_fused` without the causal mask (bidirectional attention)."""
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=False)
+
+
+def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal):
+    k = InCore("flash_fused" if causal else "flash_fused_nc")
+    TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
+    D = head_dim
+    q, kk_, v, o = k.memref("q", dtype), k.memref("k", dtype), k.memref("v", dtype), k.memref("o", dtype)
+    qpos = k.scalar("qpos") if causal else None
+    nfull, nkv = k.scalar("nfull"), k.scalar("nkv")
+    h = k.parallel("h", heads)
+    Q = k.tile("Q", TQ, D, dtype)
+    Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
+    S = k.tile("S", TQ, TK, f32)
+    P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
+    m, l, mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("m", "l", "mnew", "alpha", "rs"))
+    acc = k.tile("acc", TQ, D, f32)
+    scale = 1.0 / math.sqrt(D)
+    k.load(Q, q, 0, h * D)
+    k.full(m, -math.inf)
+    k.full(l, 0.0)
+    k.full(acc, 0.0)
+    state = (Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype)
+    with k.for_range("j", 0, nfull, TK) as j:
+        k.load(Kt, kk_, j, h * D)
+        k.load(Vt, v, j, h * D)
+        _attn_block(k, *state, masks=[])
+    with k.for_range("j2", nfull, nkv, TK) as j2:
+        k.load(Kt, kk_, j2, h * D)
+        k.load(Vt, v, j2, h * D)
+        # causal: columns past nkv lie after every valid q row, so the causal mask covers them
+        masks = [("mask_causal", qpos - j2)] if causal else [("mask_cols", nkv - j2)]
+        _attn_block(k, *state, masks=masks)
+    k.rowexpanddiv(acc, acc, l)
+    if dtype != f32:
+        k.cast(Q, acc)
+        k.store(o, 0, h * D, Q)
+    else:
+        k.store(o, 0, h * D, acc)
+    return k.build(target)
+
+
+def _state_tiles(k: InCore, TQ, D):
+    m, l = k.tile("mt", TQ, 1, f32), k.tile("lt", TQ, 1, f32)
+    acc = k.tile("acct", TQ, D, f32)
+    return m, l, acc
+
+
+def flash_init(heads: int, head_dim: int, tq: int, target=None) -> IncoreFunction:
+    """m = -inf, l = 0, acc = 0 for one q tile, every head."""
+    k = InCore("flash_init")
+    TQ = k.dim("TQ", tq)
+    m_, l_, o_ = k.memref("m", f32), k.memref("l", f32), k.memref("acc", f32)
+    h = k.parallel("h", heads)
+    m, l, acc = _state_tiles(k, TQ, head_dim)
+    k.full(m, -math.inf)
+    k.full(l, 0.0)
+    k.full(acc, 0.0)
+    k.store(m_, 0, h, m)
+    k.store(l_, 0, h, l)
+    k.store(o_, 0, h * head_dim, acc)
+    return k.build(target)
+
+
+def flash_normalize(dtype, heads: int, head_dim: int, tq: int, target=None) -> IncoreFunction:
+    """out = acc / l for one q tile, every head."""
+    k = InCore("flash_normalize")
+    TQ = k.dim("TQ", tq)
+    l_, o_, y = k.memref("l", f32), k.memref("acc", f32), k.memref("y", dtype)
+    h = k.parallel("h", heads)
+    l, acc = k.tile("lt", TQ, 1, f32), k.tile("acct", TQ, head_dim, f32)
+    k.load(l, l_, 0, h)
+    k.load(acc, o_, 0, h * head_dim)
+    k.rowexpanddiv(acc, acc, l)
+    if dtype != f32:
+        out = k.tile("out", TQ, head_dim, dtype)
+        k.cast(out, acc)
+        k.store(y, 0, h * head_dim, out)
+    else:
+        k.store(y, 0, h * head_dim, acc)
+    return k.build(target)
+
+
+def _pair_masks(causal, qpos, kpos, kmem):
+    masks = [("mask_cols", kmem.rows)]
+    if causal:
+        masks.insert(0, ("mask_causal", qpos - kpos))
+    return masks
+
+
+def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None):
+    """One (q tile, kv tile) step: scores, online softmax and output update in one task."""
+    k = InCore("flash_pair" if causal else "flash_pair_nc")
+    TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
+    D = head_dim
+    q, kk_, v = k.memref("q", dtype), k.memref("k", dtype), k.memref("v", dtype)
+    m_, l_, o_ = k.memref("m", f32), k.memref("l", f32), k.memref("acc", f32)
+    qpos, kpos = (k.scalar("qpos"), k.scalar("kpos")) if causal else (None, None)
+    h = k.parallel("h", heads)
+    Q = k.tile("Q", TQ, D, dtype)
+    Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
+    S = k.tile("S", TQ, TK, f32)
+    P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
+    m, l, acc = _state_tiles(k, TQ, D)
+    mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("mnew", "alpha", "rs"))
+    k.load(Q, q, 0, h * D)
+    k.load(Kt, kk_, 0, h * D)
+    k.load(Vt, v, 0, h * D)
+    k.load(m, m_, 0, h)
+    k.load(l, l_, 0, h)
+    k.load(acc, o_, 0, h * D)
+    masks = _pair_masks(causal, qpos, kpos, kk_)
+    _attn_block(k, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, 1.0 / math.sqrt(D), dtype, masks)
+    k.store(m_, 0, h, m)
+    k.store(l_, 0, h, l)
+    k.store(o_, 0, h * D, acc)
+    return k.build(target)
+
+
+def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None):
+    """split step 1: s = mask(Q K^T * scale) for every head (s: TQ x heads*TK, f32)."""
+    k = InCore("flash_score" if causal else "flash_score_nc")
+    TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
+    D = head_dim
+    q, kk_, s_ = k.memref("q", dtype), k.memref("k", dtype), k.memref("s", f32)
+    qpos, kpos = (k.scalar("qpos"), k.scalar("kpos")) if causal else (None, None)
+    h = k.parallel("h", heads)
+    Q, Kt = k.tile("Q", TQ, D, dtype), k.tile("Kt", TK, D, dtype)
+    S = k.tile("S", TQ, TK, f32)
+    k.load(Q, q, 0, h * D)
+    k.load(Kt, kk_, 0, h * D)
+    k.matmul(S, Q, Kt, tb=True)
+    k.muls(S, S, 1.0 / math.sqrt(D))
+    for op, bound in _pair_masks(causal, qpos, kpos, kk_):
+        getattr(k, op)(S, S, bound)
+    k.store(s_, 0, h * TK, S)
+    return k.build(target)
+
+
+def flash_softmax(heads: int, tq: int, tk: int, target=None) -> IncoreFunction:
+    """split step 2: online softmax; s becomes p = exp(s - m_new) in place; m, l updated;
+    alpha = exp(m_old - m_new) for the output rescale."""
+    k = InCore("flash_softmax")
+    TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
+    s_, m_, l_, a_ = k.memref("s", f32), k.memref("m", f32), k.memref("l", f32), k.memref("alpha", f32)
+    h = k.parallel("h", heads)
+    S = k.tile("S", TQ, TK, f32)
+    m, l = k.tile("mt", TQ, 1, f32), k.tile("lt", TQ, 1, f32)
+    mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("mnew", "at", "rs"))
+    k.load(S, s_, 0, h * TK)
+    k.load(m, m_, 0, h)
+    k.load(l, l_, 0, h)
+    k.rowmax(mnew, S)
+    k.max(mnew, mnew, m)
+    k.sub(alpha, m, mnew)
+    k.exp(alpha, alpha)
+    k.rowexpandsub(S, S, mnew)
+    k.exp(S, S)
+    k.rowsum(rs, S)
+    k.mul(l, l, alpha)
+    k.add(l, l, rs)
+    k.store(s_, 0, h * TK, S)
+    k.store(m_, 0, h, mnew)
+    k.store(l_, 0, h, l)
+    k.store(a_, 0, h, alpha)
+    return k.build(target)
+
+
+def flash_output(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+    """split step 3: acc = acc * alpha + p @ V."""
+    k = InCore("flash_output")
+    TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
+    D = head_dim
+    s_, v, a_, o_ = k.memref("p", f32), k.memref("v", dtype), k.memref("alpha", f32), k.memref("acc", f32)
+    h = k.parallel("h", heads)
+    S = k.tile("S", TQ, TK, f32)
+    Vt = k.tile("Vt", TK, D, dtype)
+    alpha = k.tile("at", TQ, 1, f32)
+    acc = k.tile("acct", TQ, D, f32)
+    k.load(S, s_, 0, h * TK)
+    k.load(Vt, v, 0, h * D)
+    k.load(alpha, a_, 0, h)
+    k.load(acc, o_, 0, h * D)
+    k.rowexpandmul(acc, acc, alpha)
+    if dtype != f32:
+        P = k.tile("P", TQ, TK, dtype)
+        k.cast(P, S)
+        k.matmul_acc(acc, P, Vt)
+    else:
+        k.matmul_acc(acc, S, Vt)
+    k.store(o_, 0, h * D, acc)
+    return k.build(target)

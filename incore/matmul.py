@@ -1,0 +1,121 @@
+"""Matmul tiles, the K reduction inside the function and f32 accumulation in every one.
+
+- :func:`gemm_tile`: one TM x TN block of ``C = A @ B`` (the batched GEMM's tile);
+- :func:`matmul_tile`: an R x K row tile of activations against a whole K x N weight, output
+  column blocks on the parallel axis (a transformer's projections);
+- :func:`matmul_residual_tile` and :func:`matmul_swiglu_tile`: the same with the residual add or
+  SwiGLU in the epilogue, so the result never makes a round trip through memory.
+"""
+
+from __future__ import annotations
+
+from pto import InCore, cdiv, f32
+from pto.ir.nodes import IncoreFunction
+
+
+def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32, target=None) -> IncoreFunction:
+    """``c = a @ b`` for a TM x K block of A and a K x TN block of B; K is a scalar parameter,
+    the loop over K runs inside the function and accumulates in f32. A K that is not a multiple
+    of TK is handled by the masked (zero-padded) overhang of the last K tile."""
+    k = InCore("gemm_tile")
+    TM, TN, TK = k.dim("TM", tm), k.dim("TN", tn), k.dim("TK", tk)
+    K = k.scalar("K")
+    a = k.memref("a", dtype, shape=(TM, K))
+    b = k.memref("b", dtype, shape=(K, TN))
+    c = k.memref("c", dtype)
+    ta = k.tile("ta", TM, TK, dtype)
+    tb = k.tile("tb", TK, TN, dtype)
+    acc = k.tile("acc", TM, TN, f32)
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, K, TK) as kk:
+        k.load(ta, a, 0, kk)
+        k.load(tb, b, kk, 0)
+        k.matmul_acc(acc, ta, tb)
+    if dtype != f32:
+        out = k.tile("out", TM, TN, dtype)
+        k.cast(out, acc)
+        k.store(c, 0, 0, out)
+    else:
+        k.store(c, 0, 0, acc)
+    return k.build(target)
+
+
+def _row_tile_matmul(name: str, dtype, rows: int, K: int, N: int, bn: int, bk: int, residual: bool,
+                     target=None) -> IncoreFunction:
+    """An R x K row tile against a whole K x N weight: the K reduction inside (f32 accumulation),
+    a parallel axis over output column blocks of ``bn``; with ``residual``, ``+ r`` in the
+    epilogue (the sum never makes a round trip through memory)."""
+    k = InCore(name)
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    w = k.memref("w", dtype, shape=(KD, ND))
+    r = k.memref("r", dtype, shape=(R, ND)) if residual else None
+    y = k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    a = k.tile("a", R, bk, dtype)
+    bt = k.tile("bt", bk, bn, dtype)
+    acc = k.tile("acc", R, bn, f32)
+    out = k.tile("out", R, bn, dtype) if dtype != f32 or residual else acc
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, KD, bk) as kk:
+        k.load(a, x, 0, kk)
+        k.load(bt, w, kk, j * bn)
+        k.matmul_acc(acc, a, bt)
+    if residual:
+        k.load(out, r, 0, j * bn)
+        k.add(acc, acc, out)  # mixed f32 + storage dtype: no second f32 block in registers
+    if out is not acc:
+        k.cast(out, acc)
+    k.store(y, 0, j * bn, out)
+    return k.build(target)
+
+
+def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = x @ w`` for an R x K row tile against a whole K x N weight."""
+    return _row_tile_matmul("matmul_tile", dtype, rows, K, N, bn, bk, False, target)
+
+
+def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = r + x @ w``: :func:`matmul_tile` with the residual connection in the epilogue."""
+    return _row_tile_matmul("matmul_residual_tile", dtype, rows, K, N, bn, bk, True, target)
+
+
+def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = silu(x @ wg) * (x @ wu)``: the gate and up projections of one column block in one
+    program (two accumulators share each loaded x tile) and SwiGLU in the epilogue."""
+    k = InCore("matmul_swiglu_tile")
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    wg = k.memref("wg", dtype, shape=(KD, ND))
+    wu = k.memref("wu", dtype, shape=(KD, ND))
+    y = k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    a = k.tile("a", R, bk, dtype)
+    bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
+    g, u = k.tile("g", R, bn, f32), k.tile("u", R, bn, f32)
+    k.full(g, 0.0)
+    k.full(u, 0.0)
+    with k.for_range("kk", 0, KD, bk) as kk:
+        k.load(a, x, 0, kk)
+        k.load(bg, wg, kk, j * bn)
+        k.load(bu, wu, kk, j * bn)
+        k.matmul_acc(g, a, bg)
+        k.matmul_acc(u, a, bu)
+    if dtype != f32:
+        # silu and the product of the two bf16-rounded projections, as the unfused layer does
+        gb, ub = k.tile("gb", R, bn, dtype), k.tile("ub", R, bn, dtype)
+        k.cast(gb, g)
+        k.cast(ub, u)
+        k.cast(g, gb)
+        k.cast(u, ub)
+        k.silu(g, g)
+        k.mul(g, g, u)
+        k.cast(gb, g)
+        k.store(y, 0, j * bn, gb)
+    else:
+        k.silu(g, g)
+        k.mul(g, g, u)
+        k.store(y, 0, j * bn, g)
+    return k.build(target)

@@ -1,0 +1,96 @@
+"""Exact task and edge counts of the LLaMA layer's graph without building it (docs/ESTIMATE.md
+derives them): what ``pto estimate llama7b`` reports at any length, checked against the built
+graph and a per-tile enumeration by the tests."""
+
+from __future__ import annotations
+
+from pto.orchestration.llama import tiling
+from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.tiling import LlamaTiling
+
+from pto.ir.expr import bx_blocks
+from pto.passes.binary_expansion import closed_form_iterations, height_of_block, tile_levels
+
+
+def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
+    """(start, height) in base tiles of the row tiles an adaptive loop over n base tiles runs
+    after binary expansion (one task per tile per call in the loop body)."""
+    levels = tile_levels(base, top)
+    if len(levels) == 1:
+        return [(i, 1) for i in range(n)]
+    lv = tuple(sorted(levels.items()))
+    out = []
+    for start, size in bx_blocks(n, tiling.MAX_RANGE, 2):
+        hb = (height_of_block(lv, size) if size >= 2 else base) // base
+        out += [(start + k * hb, hb) for k in range(size // hb)]
+    return out
+
+
+def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
+                adaptive: bool = True) -> dict[str, int]:
+    """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
+    log^2 n) for n base tiles (milliseconds up to 2**31 - 1 tokens: nothing is enumerated per
+    tile).
+
+    With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
+    kv range overlaps (docs/ESTIMATE.md derives each term):
+    fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
+    split: tasks 16T + 3P, edges 14T + 10P.
+    """
+    n = -(-seq // t.base)
+    tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
+    q_levels = tuple(sorted(tile_levels(t.base, tq).items()))
+    kv_levels = tuple(sorted(tile_levels(t.base, tk).items()))
+    M = tiling.MAX_RANGE
+
+    def w(p: int) -> int:
+        """kv tiles of one binary-expansion block of p base tiles (p = 1: the residual tile)."""
+        return p if p < 2 else p // (height_of_block(kv_levels, p) // t.base)
+
+    def low(r: int) -> int:
+        """kv tiles over the r < M base tiles after the full blocks: one block per set bit."""
+        return sum(w(1 << b) for b in range(r.bit_length()) if r >> b & 1)
+
+    def q_block(start: int, p: int) -> tuple[int, int]:
+        """(q tiles, pairs) of the q block of p base tiles at ``start`` within its M-chunk."""
+        h = height_of_block(q_levels, p) // t.base if p >= 2 else 1
+        c = p // h
+        # the bit arithmetic needs power-of-two tiles dividing their block: tile_levels gives
+        # min(p * base, top) with power-of-two base and top, so this only guards future levels
+        if h & (h - 1) or p % h:
+            raise ValueError(f"q tiles of {h} base tiles in a block of {p}: not a power-of-two split")
+        return c, c * low(start) + w(p) + (c // 2) * sum(w(h << b) for b in range(c.bit_length() - 1))
+
+    def causal_pairs() -> int:
+        """The sum over q tiles of K(end of the q tile), K(m) = kv tiles covering m base tiles.
+
+        K(m) = (m // M) w(M) + low(m % M): the blocks of bx_blocks (min_range 2), additive over
+        disjoint bits. A q block of p base tiles starts at a multiple of 2p (the sum of the
+        larger bits), so its c = p / h q tiles end at start + j h (j = 1 .. c): K sums to
+        c low(start) + w(p) (the last end sets bit p) + the bits of j h for j < c, each bit of
+        j < c being set for c / 2 of them. Per block O(log n) instead of O(tiles * log n).
+        """
+        full = n // M
+        c_full, per_full = q_block(0, M)
+        # full block k: its q tiles also count the k full kv blocks before it (its last tile,
+        # ending at (k + 1) M, counts w(M) more: in per_full)
+        total = full * per_full + c_full * w(M) * (full * (full - 1) // 2)
+        for start, p in bx_blocks(n % M, M, 2):
+            c, pairs = q_block(start, p)
+            total += pairs + c * full * w(M)
+        return total
+
+    # a loop without adaptive levels is not expanded (one iteration per base tile); with a
+    # single level closed_form_iterations counts exactly that
+    T = closed_form_iterations(n, M, 2, q_levels)
+    if attention == "fused":
+        P = 0  # no pair loop: one attention task per q tile
+    elif causal:
+        P = causal_pairs()
+    else:
+        P = T * closed_form_iterations(n, M, 2, kv_levels)
+    # every kv range ends on a row-tile boundary: q tile i overlaps i + 1 row tiles (causal)
+    Q = T * (T + 1) // 2 if causal else T * T
+    tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
+    edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
+    return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}

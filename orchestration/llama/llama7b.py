@@ -1,0 +1,138 @@
+"""The orchestration of one LLaMA decoder layer (the ``llama7b`` program's module).
+
+The seed's three phases, each a loop over row tiles with binary-expansion attributes:
+
+1. per tile: RMSNorm, Q/K/V projections, RoPE on q and k (and the flash state init for the
+   split and pair attention modes);
+2. flash attention over (q tile, kv tile) pairs: ``split`` (score, softmax update, output update
+   per pair: the seed's 3 tasks), ``pair`` (one task per pair) or ``fused`` (one task per q tile
+   with the kv loop inside). Causal attention submits no fully masked pair;
+3. per tile: output projection, residual, RMSNorm, gate and up projections, SwiGLU, down
+   projection, residual.
+
+Tile heights come from the SRAM model of the target (:mod:`.tiling`): the flash-attention block
+decides the q tile height, binary expansion runs blocks of base tiles with it and the residual
+with the base height. Any sequence length works (the last tile is clipped).
+
+The file is named after the program: the generated C names each call by its source line here
+("call to `rope_tile` (llama7b.py:N)").
+"""
+
+from __future__ import annotations
+
+from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.tiling import fit_functions, loop_attrs
+
+from pto import Orchestration, cdiv, emin, f32
+from pto.ir.dtypes import DType
+from pto.target import Target
+
+
+def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
+                 causal: bool = True):
+    """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, with ``attention``
+    granularity (``split``, ``pair`` or ``fused``) and ``causal`` or bidirectional attention."""
+    t, fn = fit_functions(cfg, dt, target, causal, attention)
+    H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+    base = t.base
+    o = Orchestration("llama7b")
+    S = o.scalar("S")
+    x = o.input("x", S, H, dt)
+    g_attn, g_ffn = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
+    wq, wk, wv, wo = (o.input(n, H, H, dt) for n in ("wq", "wk", "wv", "wo"))
+    wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
+    cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
+    xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
+    attn, h, hn = (o.temp(n, S, H, dt) for n in ("attn", "h", "hn"))
+    act = o.temp("act", S, Fd, dt)
+    if attention != "fused":
+        ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
+        gate, up = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
+    y = o.output("y", S, H, dt)
+    if attention != "fused":
+        m_, l_ = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
+        acc = o.temp("acc", S, H, f32)
+    if attention == "split":
+        s_ = o.temp("s", S, NH * t.tk, f32)
+        alpha = o.temp("alpha", S, NH, f32)
+    n = o.let("n", cdiv(S, base))
+    q_loop = loop_attrs(base, t.tq)
+
+    def rows(i):
+        return emin(i.rows, S - i * base)
+
+    def tile(tensor, i, cols):
+        return (tensor, i * base, 0, rows(i), cols)
+
+    # phase 1: pre-attention, per row tile
+    with o.for_loop("i", 0, n, **q_loop) as i:
+        R = {"R": i.rows}
+        o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
+        for w, out in ((wq, q), (wk, k), (wv, v)):
+            o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, H)}, dims={**R, "K": H, "N": H})
+        for src, dst in ((q, qr), (k, kr)):
+            o.call(fn.rope, {"x": tile(src, i, H), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
+                             "y": tile(dst, i, H)}, dims=R)
+        if attention != "fused":
+            o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, H)},
+                   dims={"TQ": i.rows})
+
+    # phase 2: attention
+    with o.for_loop("qi", 0, n, **q_loop) as qi:
+        qpos = qi * base
+        q_end = emin(S, qpos + qi.rows)
+        TQ = {"TQ": qi.rows}
+        if attention == "fused":
+            nkv = q_end if causal else S
+            nfull = (qpos // t.tk) * t.tk if causal else (S // t.tk) * t.tk
+            args = {"q": tile(qr, qi, H), "k": (kr, 0, 0, nkv, H), "v": (v, 0, 0, nkv, H),
+                    "o": tile(attn, qi, H), "nfull": nfull, "nkv": nkv}
+            if causal:
+                args["qpos"] = qpos
+            o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
+        else:
+            kv_tiles = cdiv(q_end, base) if causal else n
+            # the online-softmax state (m, l, acc) and split mode's scratch (s, alpha) of the q tile
+            # are updated by every kv iteration: merging kv tiles re-associates that reduction
+            with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
+                kpos = kj * base
+                kvr = (kr, kpos, 0, rows(kj), H)
+                vr = (v, kpos, 0, rows(kj), H)
+                dims = {**TQ, "TK": kj.rows}
+                state = {"m": tile(m_, qi, NH), "l": tile(l_, qi, NH), "acc": tile(acc, qi, H)}
+                pos = {"qpos": qpos, "kpos": kpos} if causal else {}
+                if attention == "pair":
+                    o.call(fn.pair, {"q": tile(qr, qi, H), "k": kvr, "v": vr, **state, **pos}, dims=dims)
+                else:
+                    sreg = (s_, qpos, 0, rows(qi), NH * kj.rows)
+                    o.call(fn.score, {"q": tile(qr, qi, H), "k": kvr, "s": sreg, **pos}, dims=dims)
+                    o.call(fn.softmax, {"s": sreg, "m": state["m"], "l": state["l"],
+                                        "alpha": tile(alpha, qi, NH)}, dims=dims)
+                    o.call(fn.output, {"p": sreg, "v": vr, "alpha": tile(alpha, qi, NH), "acc": state["acc"]},
+                           dims=dims)
+            o.call(fn.normalize, {"l": tile(l_, qi, NH), "acc": tile(acc, qi, H), "y": tile(attn, qi, H)},
+                   dims=TQ)
+
+    # phase 3: post-attention and FFN, per row tile
+    if attention == "fused":
+        with o.for_loop("r", 0, n, **q_loop) as r:
+            R = {"R": r.rows}
+            o.call(fn.matmul_residual, {"x": tile(attn, r, H), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
+                   dims={**R, "K": H, "N": H})
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
+                   dims={**R, "K": H, "N": Fd})
+            o.call(fn.matmul_residual, {"x": tile(act, r, Fd), "w": wd, "r": tile(h, r, H), "y": tile(y, r, H)},
+                   dims={**R, "K": Fd, "N": H})
+        return o.module()
+    with o.for_loop("r", 0, n, **q_loop) as r:
+        R = {"R": r.rows}
+        o.call(fn.matmul, {"x": tile(attn, r, H), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": H, "N": H})
+        o.call(fn.residual, {"a": tile(x, r, H), "b": tile(ao, r, H), "y": tile(h, r, H)}, dims=R)
+        o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+        for w, out in ((wg, gate), (wu, up)):
+            o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
+        o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)
+        o.call(fn.matmul, {"x": tile(act, r, Fd), "w": wd, "y": tile(dn, r, H)}, dims={**R, "K": Fd, "N": H})
+        o.call(fn.residual, {"a": tile(h, r, H), "b": tile(dn, r, H), "y": tile(y, r, H)}, dims=R)
+    return o.module()

@@ -1,0 +1,141 @@
+"""Tile sizes of the LLaMA layer from the target's on-chip memory, and its InCore functions.
+
+The flash-attention block (Q, K, V, O and the score tile S) decides the q tile height
+(:func:`flash_tile_rows`); :func:`choose_tiling` derives every other size from it;
+:func:`fit_functions` builds the functions (:class:`Functions`) and, where the builder's SRAM
+check refuses one, retries with lower tiles and narrower column blocks. ``MAX_RANGE`` and
+:func:`loop_attrs` are the binary-expansion attributes of the layer's row-tile loops (the closed
+forms of :mod:`.counts` read the same ``MAX_RANGE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pto.incore.attention import (
+    flash_fused,
+    flash_fused_nc,
+    flash_init,
+    flash_normalize,
+    flash_output,
+    flash_pair,
+    flash_score,
+    flash_softmax,
+)
+from pto.incore.elementwise import residual_add, swiglu_tile
+from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
+from pto.incore.norm import rmsnorm_tile
+from pto.incore.rope import rope_tile
+from pto.orchestration.llama.config import LlamaConfig
+
+from pto.errors import SramError
+from pto.ir.dtypes import DType
+from pto.passes.binary_expansion import tile_levels
+from pto.target import KiB, Target
+
+MAX_RANGE = 4096  # base tiles in one full block of binary expansion (128K tokens of 32 rows)
+
+
+def flash_sram_bytes(rows: int, head_dim: int, dtype: DType) -> int:
+    """On-chip bytes of one flash-attention block: Q, K, V, O (rows x d each) and S (rows x rows),
+    so S grows quadratically and caps the tile height."""
+    return (4 * rows * head_dim + rows * rows) * dtype.itemsize
+
+
+def flash_tile_rows(target: Target, head_dim: int, dtype: DType, candidates=(256, 128, 64, 32, 16)) -> int:
+    """The largest tile height whose flash-attention block fits the target's on-chip memory."""
+    for r in candidates:
+        if flash_sram_bytes(r, head_dim, dtype) <= target.sram_bytes:
+            return r
+    raise SramError(f"no flash-attention tile of {list(candidates)} rows with head dim {head_dim} "
+                    f"({dtype}) fits the {target.sram_bytes // KiB} KiB of target {target.name}")
+
+
+@dataclass(frozen=True)
+class LlamaTiling:
+    """Tile sizes of every function, derived from the target's on-chip memory."""
+
+    base: int  # base tile height (residual tiles)
+    tq: int  # q (and row) tile height
+    tk: int  # kv tile height
+    bn: int  # matmul output column block
+    bk: int  # matmul K step
+    norm_rows: int  # RMSNorm rows per program
+    norm_chunk: int  # RMSNorm columns per pass step
+    ew_block: int  # elementwise column block
+
+
+def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None,
+                  shrink: int = 1, tk: int | None = None) -> LlamaTiling:
+    """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``),
+    kv tiles of ``tk`` rows (default: as tall as the q tiles); ``shrink`` divides the column
+    blocks for targets with little on-chip memory."""
+    if tq is None:
+        tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
+    tk = tq if tk is None else min(tk, tq)
+    base = 32 if tq > 32 else max(tq // 2, 8)
+    big = cfg.hidden >= 1024
+    # 128 x 256 output blocks for the GEMMs where they fit (Hopper's shared memory, half types)
+    wide = big and dtype.is_half and target.sram_bytes >= 200 * 1024
+    return LlamaTiling(
+        base=base, tq=tq, tk=tk,
+        bn=max((256 if wide else 128 if big else 64) // shrink, 16), bk=max((64 if big else 32) // shrink, 16),
+        norm_rows=16, norm_chunk=max(min(512 if big else 128, cfg.hidden) // shrink, 16),
+        ew_block=max((128 if big else 64) // shrink, 16),
+    )
+
+
+def loop_attrs(base: int, top: int) -> dict:
+    """Binary-expansion attributes of a loop over base tiles whose tallest tile is ``top`` rows."""
+    levels = tile_levels(base, top)
+    if len(levels) == 1:
+        return dict(tile_levels=levels)
+    return dict(tile_levels=levels, max_range=MAX_RANGE, min_range=2)
+
+
+class Functions:
+    """The InCore functions of one (config, dtype, tiling, target, attention mode)."""
+
+    def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
+                 attention: str):
+        H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+        tg = target
+        self.rmsnorm = rmsnorm_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
+        # one matmul definition; calls bind K and N (dims) per weight
+        self.matmul = matmul_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
+        self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
+        if attention == "fused":
+            # the coarse-grained layer: epilogue fusions as well as the fused attention
+            self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
+            self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
+            self.fused = (flash_fused if causal else flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg)
+            return
+        self.residual = residual_add(dt, t.tq, H, t.ew_block, tg)
+        self.swiglu = swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
+        self.init = flash_init(NH, D, t.tq, tg)
+        self.normalize = flash_normalize(dt, NH, D, t.tq, tg)
+        if attention == "pair":
+            self.pair = flash_pair(dt, NH, D, t.tq, t.tk, causal, tg)
+        else:
+            self.score = flash_score(dt, NH, D, t.tq, t.tk, causal, tg)
+            self.softmax = flash_softmax(NH, t.tq, t.tk, tg)
+            self.output = flash_output(dt, NH, D, t.tq, t.tk, tg)
+
+
+def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str):
+    """The tiling and functions: the SRAM model's q tile height, kv tiles as tall or 64 rows,
+    narrower column blocks, then halved, until every function's live tiles fit the target (the
+    model counts Q, K, V, O and S in the storage dtype; the functions also keep f32 scores and
+    statistics)."""
+    tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
+    last = None
+    while tq >= 8:
+        for tk in sorted({tq, min(tq, 64)}, reverse=True):  # the tallest kv tiles that fit
+            for shrink in (1, 2, 4, 8):
+                t = choose_tiling(cfg, dt, target, tq, shrink, tk)
+                try:
+                    return t, Functions(cfg, dt, t, target, causal, attention)
+                except SramError as e:
+                    last = e
+        tq //= 2
+    raise last
