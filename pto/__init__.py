@@ -4,8 +4,8 @@ The user-facing API:
 
 - :class:`InCore` builds tile kernels (InCore functions) from the tile ISA (:class:`Op`);
 - :class:`Orchestration` builds the program that calls them on regions of whole tensors;
-- a :class:`Module` holds both, prints as text (``module.text()``) and parses back
-  (:func:`parse_module`);
+- a :class:`Module` holds both, prints as text (:func:`format_module`) and parses back
+  (:func:`parse_module`, which verifies it like :func:`verify_module`);
 - :mod:`pto.interp` runs modules with the reference interpreter (the oracle).
 """
 
@@ -26,12 +26,13 @@ from pto.ir.dtypes import DType, bf16, f16, f32  # noqa: E402
 from pto.ir.expr import Expr, Var, cdiv, emax, emin, eq, land, lor, ne  # noqa: E402
 from pto.ir.nodes import IncoreFunction, Module, OrchFunction  # noqa: E402
 from pto.ir.ops import Op  # noqa: E402
-from pto.text import parse_expr, parse_module  # noqa: E402
-
-__version__ = "0.1.0"
+from pto.ir.verify import verify_module  # noqa: E402
+from pto.text import format_module, parse_expr, parse_module  # noqa: E402
+from pto.version import __version__  # noqa: E402
 
 __all__ = [
     "InCore", "Orchestration", "Module", "IncoreFunction", "OrchFunction", "Op",
     "DType", "f32", "f16", "bf16", "Expr", "Var", "cdiv", "emin", "emax", "eq", "ne", "land", "lor",
-    "PTOError", "BuildError", "ParseError", "parse_module", "parse_expr",
+    "PTOError", "BuildError", "ParseError", "parse_module", "parse_expr", "format_module", "verify_module",
+    "__version__",
 ]

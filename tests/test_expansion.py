@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pto import InCore, Orchestration, emax, emin, f32, parse_module
+from pto import InCore, Orchestration, emax, emin, f32, format_module, parse_module
 from pto.codegen.c_orch import generate_c
 from pto.errors import BuildError, ParseError
 from pto.graph import CompiledProgram
@@ -363,8 +363,8 @@ def test_nested_loops_are_checked_each_against_its_own_variable():
 
 def test_reassociate_round_trips_through_the_text_form_and_needs_tile_levels():
     m = sum_program(True)
-    text = m.text()
-    assert "reassociate = true" in text and "reassociate" not in sum_program(False).text()
+    text = format_module(m)
+    assert "reassociate = true" in text and "reassociate" not in format_module(sum_program(False))
     assert parse_module(text) == m and parse_module(text) != sum_program(False)
     bad = text.replace("tile_levels = {0: 4, 2: 8, 4: 16, 8: 16}, ", "").replace("max_range = 8, min_range = 2, ", "")
     with pytest.raises(ParseError, match=r"line \d+: loop `%i`: reassociate .* needs tile_levels"):

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from pto import InCore, Orchestration, cdiv, emin, f32
+from pto import InCore, Orchestration, cdiv, emin, f32, format_module
 from pto.backends import get_backend
 from pto.errors import BuildError
 from pto.exec import get_executor
@@ -255,7 +255,8 @@ def test_random_programs_are_refused_or_computed_bit_exactly():
         seen["accepted_with_shift"] += any(r["row"] != ("move", 0) for _, rs in plan["calls"] for r in rs.values()
                                            if r["row"][0] == "move")
         for S in sizes:
-            assert _same(run(lowered, S, p), run(m, S, p)), f"program {p}, S={S}: the expansion differs\n{m.text()}"
+            assert _same(run(lowered, S, p), run(m, S, p)), \
+                f"program {p}, S={S}: the expansion differs\n{format_module(m)}"
     elapsed = time.perf_counter() - t0
     # the generator reaches every case the check distinguishes, and merges that would have
     # computed something else are among the refusals

@@ -13,7 +13,7 @@ from pto.ir.analysis import specialize
 from pto.ir.expr import Const, Var, binop, emax, emin, evaluate, select
 from pto.programs import get, names
 from pto.target import get as target
-from pto.text import format_expr
+from pto.text import format_expr, format_module
 
 PROGRAMS = names()
 
@@ -36,10 +36,10 @@ def test_round_trip_every_program(name):
     prog = get(name)
     for opts in _configs(name):
         m = prog.build(opts)
-        text = m.text()
+        text = format_module(m)
         back = parse_module(text)
         assert back == m
-        assert back.text() == text
+        assert format_module(back) == text
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -50,8 +50,10 @@ def test_round_trip_specialized_variants(name):
         spec = specialize(f)
         from pto.ir.nodes import Module
 
+        # a variant beside calls that still bind its dims is no program: only the text form is
+        # checked here, so the parse is not verified
         mod = Module((spec, *[g for g in m.functions if g.name != f.name]), m.entry)
-        assert parse_module(mod.text()) == mod
+        assert parse_module(format_module(mod), verify=False) == mod
 
 
 def test_parse_error_says_where():

@@ -1,30 +1,31 @@
-"""Pieces shared by the two builders: source locations and name checks."""
+"""Pieces shared by the two builders: source locations and expression arguments.
+
+Names are checked by the one registry, :mod:`pto.ir.names` (``check_name``, imported here for the
+builders).
+"""
 
 from __future__ import annotations
 
-import keyword
 import os
-import re
 import sys
 
-from pto.errors import BuildError
+from pto.errors import BuildError, ParseError
+from pto.ir.expr import Expr, ExprLike, as_expr
+from pto.ir.names import check_name
+from pto.text.parser import parse_expr
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# words the expression syntax gives a meaning (plus Python's keywords: kernels are Python)
-RESERVED = frozenset({"and", "or", "not", "min", "max", "inf", "nan", "true", "false", "select",
-                      "bx_count", "bx_start", "bx_size", "loc"}) | frozenset(keyword.kwlist)
 
-
-def check_name(name: object, what: str, owner: str | None = None) -> str:
-    """A user-facing name must be an identifier that the text form and C can carry."""
-    where = f" in `{owner}`" if owner else ""
-    if not isinstance(name, str) or not _IDENT.match(name):
-        raise BuildError(f"{what} name {name!r}{where} is not an identifier")
-    if name in RESERVED:
-        raise BuildError(f"{what} name `{name}`{where} is a reserved word")
-    return name
+def expr_of(x: ExprLike | str) -> Expr:
+    """An expression argument of a builder: an int, a float, an Expr or expression text
+    (``"tile_i * 32"``, bare names), which is parsed here; the IR itself takes no text."""
+    if isinstance(x, str):
+        try:
+            return parse_expr(x)
+        except ParseError as err:
+            raise BuildError(f"expression {x!r}: {err}") from None
+    return as_expr(x)
 
 
 def caller_loc() -> str | None:
@@ -39,3 +40,6 @@ def caller_loc() -> str | None:
             return f"{os.path.basename(fname)}:{f.f_lineno}"
         f = f.f_back
     return None
+
+
+__all__ = ["caller_loc", "check_name", "expr_of"]

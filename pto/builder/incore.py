@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import math
 
-from pto.builder.common import caller_loc, check_name
-from pto.builder.verify import _Ctx, check_instr, verify_incore
+from pto.builder.common import caller_loc, check_name, expr_of
 from pto.errors import BuildError
 from pto.ir.dtypes import dtype_of
-from pto.ir.expr import Attr, Const, ExprLike, Var, as_expr
+from pto.ir.expr import Attr, Const, ExprLike, Var
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, ScalarParam, Tile
 from pto.ir.ops import ATTRS, BINARY, BROADCAST, CAST, MASK, REDUCE, SCALAR_BINARY, UNARY, Op
+from pto.ir.verify_incore import IncoreCtx, check_instr, verify_incore
 
 
 class TileRef:
@@ -70,7 +70,7 @@ class InCore:
     """Builder of one InCore function."""
 
     def __init__(self, name: str):
-        self.name = check_name(name, "InCore function")
+        self.name = check_name(name, "InCore function", function=True)
         self._loc = caller_loc()
         self._params: list = []
         self._dims: list[tuple[str, int]] = []
@@ -108,7 +108,7 @@ class InCore:
         if shape is not None:
             if not isinstance(shape, (tuple, list)) or len(shape) != 2:
                 raise BuildError(f"`{self.name}`: shape of memref `{name}` must be (rows, cols)")
-            shp = (as_expr(shape[0]), as_expr(shape[1]))
+            shp = (expr_of(shape[0]), expr_of(shape[1]))
         self._params.append(MemRefParam(name, dt, shp))
         return MemRef(name)
 
@@ -121,7 +121,7 @@ class InCore:
     def tile(self, name: str, rows: ExprLike, cols: ExprLike, dtype) -> TileRef:
         """A static tile; ``rows``/``cols`` are integers or expressions of dims."""
         self._declare(name, "tile")
-        r, c = as_expr(rows), as_expr(cols)
+        r, c = expr_of(rows), expr_of(cols)
         for e in (r, c):
             bad = [v for v in e.free_vars() if self._names.get(v) != "dim"]
             if bad:
@@ -142,14 +142,14 @@ class InCore:
         if self._parallel is not None:
             raise BuildError(f"`{self.name}`: only one parallel axis; `{self._parallel.var}` exists")
         self._declare(name, "parallel axis")
-        self._parallel = Parallel(name, as_expr(extent))
+        self._parallel = Parallel(name, expr_of(extent))
         return Var(name)
 
     @contextlib.contextmanager
     def for_range(self, name: str, lb: ExprLike, ub: ExprLike, step: ExprLike = 1):
         """A sequential loop (``with k.for_range("kk", 0, K, 64) as kk: ...``)."""
         self._declare(name, "loop variable")
-        lb_, ub_, st_ = as_expr(lb), as_expr(ub), as_expr(step)
+        lb_, ub_, st_ = expr_of(lb), expr_of(ub), expr_of(step)
         sv = st_.value if isinstance(st_, Const) else None
         if sv is not None and (not isinstance(sv, int) or sv <= 0):
             raise BuildError(f"`{self.name}`: loop `{name}` step must be a positive integer, got {sv!r}")
@@ -202,7 +202,7 @@ class InCore:
             else:
                 if isinstance(s, (TileRef, MemRef)):
                     raise BuildError(f"`{self.name}`, {op.value}: expected a scalar, got {s.name!r}")
-                conv.append(as_expr(s))
+                conv.append(expr_of(s))
         defaults = ATTRS[op]
         attr_items = []
         for k, v in (attrs or {}).items():
@@ -213,7 +213,7 @@ class InCore:
             attr_items.append((k, v))
         ins = Instr(op, None if dst is None else self._name(dst), tuple(conv), tuple(sorted(attr_items)),
                     loc=caller_loc())
-        ctx = _Ctx(self._snapshot(), dict(self._dims))
+        ctx = IncoreCtx(self._snapshot(), dict(self._dims))
         check_instr(ctx, ins, self._scope())
         self._stack[-1].append(ins)
 

@@ -27,11 +27,11 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from pto import __version__
 from pto.errors import BuildError
 from pto.ir.analysis import param_access, specialize, tile_bytes
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, evaluate, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
+from pto.version import __version__
 
 _C_BIN = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==",
           "!=": "!=", "and": "&&", "or": "||"}

@@ -164,7 +164,7 @@ def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Incore
         variant=tuple(sorted(values.items())),
         loc=fn.loc,
     )
-    from pto.builder.verify import verify_incore
+    from pto.ir.verify_incore import verify_incore  # it builds on this module's derived facts
 
     verify_incore(spec)
     return spec
@@ -246,10 +246,3 @@ def _instr_reads(ins: Instr) -> set[str]:
     if ins.op is Op.MATMUL_ACC:
         out.add(ins.dst)
     return out
-
-
-def _count_instrs(body) -> int:
-    n = 0
-    for s in body:
-        n += _count_instrs(s.body) if isinstance(s, ForRange) else 1
-    return n

@@ -12,11 +12,13 @@ only as constants of tile-scalar ops.
 
 from __future__ import annotations
 
-import operator
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Union
 
 from pto.errors import BuildError
+from pto.ir.evaluation import EVAL, FUNCS, bx_blocks, bx_count, bx_size, bx_start
 
 Number = Union[int, float]
 
@@ -79,8 +81,6 @@ class Expr:
         )
 
     def __str__(self) -> str:
-        from pto.text.printer import format_expr
-
         return format_expr(self)
 
     # queries ---------------------------------------------------------------------------------
@@ -151,32 +151,24 @@ LOGIC_OPS = ("and", "or")
 FUNC_OPS = ("min", "max")
 BIN_OPS = ARITH_OPS + CMP_OPS + LOGIC_OPS + FUNC_OPS
 
-ExprLike = Union[Expr, int, float, str]
+# what the expression constructors take; text (``"tile_i * 32"``) only at the builders' entry
+# points, which parse it (pto.builder.common.expr_of)
+ExprLike = Union[Expr, int, float]
 
 
 def as_expr(x: ExprLike) -> Expr:
-    """Turn an int, float, expression or expression text (``"tile_i * 32"``) into an Expr."""
+    """Turn an int, a float or an expression into an Expr (numpy numbers too)."""
     if isinstance(x, Expr):
         return x
     if isinstance(x, bool):
         return Const(int(x))
-    if isinstance(x, int):
+    if isinstance(x, numbers.Integral):
         return Const(int(x))
-    if isinstance(x, float):
+    if isinstance(x, numbers.Real):
         return Const(float(x))
     if isinstance(x, str):
-        from pto.text.parser import parse_expr
-
-        return parse_expr(x)
-    try:  # numpy integers and the like
-        import numbers
-
-        if isinstance(x, numbers.Integral):
-            return Const(int(x))
-        if isinstance(x, numbers.Real):
-            return Const(float(x))
-    except ImportError:  # pragma: no cover
-        pass
+        raise BuildError(f"expected a scalar expression, got the text {x!r} (the builders parse expression "
+                         "text; elsewhere use pto.parse_expr)")
     raise BuildError(f"expected a scalar expression, got {type(x).__name__} {x!r}")
 
 
@@ -222,72 +214,6 @@ def cdiv(a: ExprLike, b: ExprLike) -> Expr:
     return (a + b - 1) // b
 
 
-# intrinsics ------------------------------------------------------------------------------------
-
-def _select(c, a, b):
-    if _is_scalar(c):
-        return a if c else b
-    import torch
-
-    return torch.where(_as_t(c) != 0, _as_t(a), _as_t(b))
-
-
-def bx_blocks(n: int, max_range: int, min_range: int) -> list[tuple[int, int]]:
-    """Binary expansion of ``n`` base tiles: (start, size) of each block, in order.
-
-    ``n // max_range`` full blocks of ``max_range``, then one block per set bit ``p`` of the
-    remainder with ``min_range <= p < max_range`` (descending), then a residual block of the
-    ``remainder % min_range`` last tiles (run with the base tile height).
-    """
-    n = max(int(n), 0)
-    out = [(k * max_range, max_range) for k in range(n // max_range)]
-    pos = (n // max_range) * max_range
-    r = n % max_range
-    p = max_range // 2
-    while p >= min_range:
-        if r & p:
-            out.append((pos, p))
-            pos += p
-        p //= 2
-    if r % min_range:
-        out.append((pos, r % min_range))
-    return out
-
-
-def bx_count(n, max_range, min_range):
-    n = max(int(n), 0)
-    r = n % max_range
-    return n // max_range + bin(r // min_range).count("1") + (1 if r % min_range else 0)
-
-
-def _bx_block(n, k, max_range, min_range):
-    n, k = max(int(n), 0), int(k)
-    nfull = n // max_range
-    if k < nfull:
-        return k * max_range, max_range
-    blocks = bx_blocks(n, max_range, min_range)
-    if not 0 <= k < len(blocks):
-        raise BuildError(f"bx block {k} out of range for n={n} (max {max_range}, min {min_range})")
-    return blocks[k]
-
-
-def bx_start(n, k, max_range, min_range):
-    return _bx_block(n, k, max_range, min_range)[0]
-
-
-def bx_size(n, k, max_range, min_range):
-    return _bx_block(n, k, max_range, min_range)[1]
-
-
-# name -> (arity, implementation); renderers to C keep a table of the same names
-FUNCS = {
-    "select": (3, _select),
-    "bx_count": (3, bx_count),
-    "bx_start": (4, bx_start),
-    "bx_size": (4, bx_size),
-}
-
-
 def fn(name: str, *args: ExprLike) -> Expr:
     """Build an intrinsic call, folding it when every argument is constant."""
     if name not in FUNCS:
@@ -303,90 +229,55 @@ def select(cond: ExprLike, a: ExprLike, b: ExprLike) -> Expr:
     return fn("select", cond, a, b)
 
 
-# evaluation ------------------------------------------------------------------------------------
+# text ------------------------------------------------------------------------------------------
 
-def _floordiv(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        if b == 0:
-            raise ZeroDivisionError("integer division by zero in a scalar expression")
-        return a // b
-    return _tensor_op("floor_divide", a, b)
+# binding strength of the infix operators (min and max print as calls)
+PREC = {"or": 1, "and": 2, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
+        "+": 4, "-": 4, "*": 5, "//": 5, "%": 5}
 
 
-def _mod(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        if b == 0:
-            raise ZeroDivisionError("integer modulo by zero in a scalar expression")
-        return a % b
-    return _tensor_op("remainder", a, b)
+def format_number(v) -> str:
+    """A constant as the text form writes it (``true``, ``-inf``, ``0.5``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return repr(float(v))
 
 
-def _tensor_op(name, a, b):
-    import torch
-
-    return getattr(torch, name)(torch.as_tensor(a), torch.as_tensor(b))
-
-
-def _min(a, b):
-    if _is_scalar(a) and _is_scalar(b):
-        return min(a, b)
-    return _tensor_op("minimum", a, b)
-
-
-def _max(a, b):
-    if _is_scalar(a) and _is_scalar(b):
-        return max(a, b)
-    return _tensor_op("maximum", a, b)
-
-
-def _is_scalar(v) -> bool:
-    return isinstance(v, (int, float))
-
-
-def _cmp(fn):
-    def go(a, b):
-        r = fn(a, b)
-        return int(r) if isinstance(r, bool) else r.long() if hasattr(r, "long") else r
-
-    return go
-
-
-def _and(a, b):
-    if _is_scalar(a) and _is_scalar(b):
-        return int(bool(a) and bool(b))
-    return ((_as_t(a) != 0) & (_as_t(b) != 0)).long()
+def format_expr(e: Expr, bare: bool = False) -> str:
+    """Infix text of an expression, parenthesized only where precedence needs it; names are
+    written ``%name`` (the text form) or, with ``bare``, as they are."""
+    sig = "" if bare else "%"
+    if isinstance(e, Const):
+        return format_number(e.value)
+    if isinstance(e, Var):
+        return sig + e.name
+    if isinstance(e, Attr):
+        return f"{sig}{e.base}.{e.field}"
+    if isinstance(e, Fn):
+        return f"{e.name}({', '.join(format_expr(a, bare) for a in e.args)})"
+    if isinstance(e, Bin):
+        if e.op in ("min", "max"):
+            return f"{e.op}({format_expr(e.a, bare)}, {format_expr(e.b, bare)})"
+        p = PREC[e.op]
+        a = format_expr(e.a, bare)
+        b = format_expr(e.b, bare)
+        if isinstance(e.a, Bin) and e.a.op in PREC and PREC[e.a.op] < p:
+            a = f"({a})"
+        if isinstance(e.a, Const) and e.a.value < 0 and p >= PREC["*"]:
+            a = f"({a})"
+        if isinstance(e.b, Bin) and e.b.op in PREC and PREC[e.b.op] <= p:
+            b = f"({b})"
+        if isinstance(e.b, Const) and e.b.value < 0:
+            b = f"({b})"
+        return f"{a} {e.op} {b}"
+    raise TypeError(e)
 
 
-def _or(a, b):
-    if _is_scalar(a) and _is_scalar(b):
-        return int(bool(a) or bool(b))
-    return ((_as_t(a) != 0) | (_as_t(b) != 0)).long()
-
-
-def _as_t(v):
-    import torch
-
-    return torch.as_tensor(v)
-
-
-EVAL = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "//": _floordiv,
-    "%": _mod,
-    "<": _cmp(operator.lt),
-    "<=": _cmp(operator.le),
-    ">": _cmp(operator.gt),
-    ">=": _cmp(operator.ge),
-    "==": _cmp(operator.eq),
-    "!=": _cmp(operator.ne),
-    "and": _and,
-    "or": _or,
-    "min": _min,
-    "max": _max,
-}
-
+# evaluation, substitution, folding ----------------------------------------------------------
 
 def evaluate(e: Expr, env: dict):
     """Evaluate with ``env`` mapping variable names (and ``"base.field"`` for Attr) to values.
@@ -469,7 +360,7 @@ def fold(e: Expr) -> Expr:
         try:
             v = EVAL[op](a.value, b.value)
         except ZeroDivisionError as err:
-            raise BuildError(f"`{format_plain(e)}`: {err}") from None
+            raise BuildError(f"`{format_expr(e)}`: {err}") from None
         return Const(v)
     if op == "+":
         if _is_const(a, 0):
@@ -510,12 +401,6 @@ def _has_float(e: Expr) -> bool:
     return False
 
 
-def format_plain(e: Expr) -> str:
-    from pto.text.printer import format_expr
-
-    return format_expr(e)
-
-
 # interval bounds ----------------------------------------------------------------------------
 
 def bounds(e: Expr, ranges: dict[str, tuple[Expr, Expr]]) -> tuple[Expr, Expr]:
@@ -536,7 +421,7 @@ def bounds(e: Expr, ranges: dict[str, tuple[Expr, Expr]]) -> tuple[Expr, Expr]:
             return fold(Bin("min", alo, blo)), fold(Bin("max", ahi, bhi))
         if all(bounds(a, ranges)[0] == bounds(a, ranges)[1] for a in e.args):
             return e, e
-        raise BuildError(f"cannot bound `{format_plain(e)}`")
+        raise BuildError(f"cannot bound `{format_expr(e)}`")
     if not isinstance(e, Bin):
         raise TypeError(e)
     (alo, ahi), (blo, bhi) = bounds(e.a, ranges), bounds(e.b, ranges)
@@ -575,10 +460,17 @@ def bounds(e: Expr, ranges: dict[str, tuple[Expr, Expr]]) -> tuple[Expr, Expr]:
             v = fold(Bin(op, alo, blo))
             return v, v
         return Const(0), Const(1)
-    raise BuildError(f"cannot bound `{format_plain(e)}`")
+    raise BuildError(f"cannot bound `{format_expr(e)}`")
 
 
 def is_int_expr(e: Expr) -> bool:
     """True when no float constant occurs in ``e``."""
     return not _has_float(e)
 
+
+__all__ = [
+    "Expr", "Const", "Var", "Attr", "Bin", "Fn", "ExprLike", "BIN_OPS", "CMP_OPS", "LOGIC_OPS", "FUNCS",
+    "as_expr", "binop", "emin", "emax", "eq", "ne", "land", "lor", "cdiv", "fn", "select",
+    "evaluate", "const_value", "substitute", "fold", "bounds", "is_int_expr", "format_expr", "format_number",
+    "bx_blocks", "bx_count", "bx_start", "bx_size",
+]

@@ -2,8 +2,9 @@
 (scalars, loops, conditions and calls on tensor regions), and the Module that holds both.
 
 Nodes are frozen dataclasses, so two modules compare equal exactly when they are the same
-program (source locations are carried along but do not take part in equality). The builders in
-:mod:`pto.builder` construct and validate them; nothing here checks anything.
+program (source locations are carried along but do not take part in equality). Nothing here
+checks anything: the verifiers (:mod:`pto.ir.verify`) do, for the builders (:mod:`pto.builder`)
+and the text parser alike.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Union
 
 from pto.ir.dtypes import DType
 from pto.ir.expr import Expr
+from pto.ir.names import variant_name
 from pto.ir.ops import Op
 
 # --------------------------------------------------------------------------- InCore functions
@@ -95,6 +97,10 @@ class Parallel:
 
 @dataclass(frozen=True)
 class IncoreFunction:
+    """A tile kernel. A generic definition has ``dims`` (symbols with defaults); a variant made
+    by :func:`pto.ir.analysis.specialize` has none left and records their values in
+    ``variant``, keeping the generic ``name``."""
+
     name: str
     params: tuple[Param, ...]
     dims: tuple[tuple[str, int], ...]  # compile-time symbols with their default values
@@ -129,10 +135,9 @@ class IncoreFunction:
 
     @property
     def variant_name(self) -> str:
-        """``name`` plus the dim values it was specialized with, e.g. ``softmax_tile__R64``."""
-        if not self.variant:
-            return self.name
-        return self.name + "__" + "_".join(f"{k}{v}" for k, v in self.variant)
+        """``name`` plus the dim values it was specialized with, e.g. ``softmax_tile__R64``: built
+        from ``name`` and ``variant``, the data to read instead of parsing it."""
+        return variant_name(self.name, self.variant)
 
 
 # --------------------------------------------------------------------- orchestration functions
@@ -273,22 +278,6 @@ class Module:
     @property
     def orchestration_functions(self) -> tuple[OrchFunction, ...]:
         return tuple(f for f in self.functions if isinstance(f, OrchFunction))
-
-    def text(self) -> str:
-        from pto.text.printer import format_module
-
-        return format_module(self)
-
-
-def walk_incore(body) -> list[Instr]:
-    """All instructions of an InCore body, loops flattened, in program order."""
-    out: list[Instr] = []
-    for s in body:
-        if isinstance(s, ForRange):
-            out.extend(walk_incore(s.body))
-        else:
-            out.append(s)
-    return out
 
 
 def walk_calls(body) -> list[Call]:

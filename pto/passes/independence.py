@@ -38,10 +38,9 @@ from dataclasses import dataclass
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, substitute
+from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.passes.affine import Prover, nonaffine_part
-from pto.text.printer import format_expr
 
 _D = "@d"  # the iteration distance; '@' keeps these names apart from the program's
 

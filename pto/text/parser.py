@@ -1,5 +1,6 @@
 """Parse the text form (see :mod:`pto.text.printer`) back into a Module, and expression text
-(``"tile_i * 32"``, bare names allowed) into an Expr for the builders.
+(``"tile_i * 32"``, bare names allowed) into an Expr for the builders. A parsed module is
+verified by the same rules as a built one (:func:`pto.ir.verify.verify_module`).
 
 A small hand-written lexer and recursive-descent parser; errors say the line, the column and
 what was expected (``ParseError: line 4, col 12: expected `]`, found `,```).
@@ -8,12 +9,11 @@ what was expected (``ParseError: line 4, col 12: expected `]`, found `,```).
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 from pto.errors import BuildError, ParseError
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import FUNCS, Attr, Const, Expr, Var, binop, fn
+from pto.ir.names import EXPR_WORDS
 from pto.ir.nodes import (
     Call,
     ForRange,
@@ -32,45 +32,8 @@ from pto.ir.nodes import (
     Tile,
 )
 from pto.ir.ops import ATTRS, BY_NAME, SIGNATURE, Op
-
-_TOKEN = re.compile(r"""
-    (?P<ws>[ \t\r]+|\#[^\n]*)
-  | (?P<nl>\n)
-  | (?P<float>(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)
-  | (?P<int>\d+)
-  | (?P<var>%[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<func>@[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<str>"[^"\n]*")
-  | (?P<op>//|<=|>=|==|!=|[-+*%<>=(){}\[\],:.])
-""", re.VERBOSE)
-
-
-@dataclass
-class Tok:
-    kind: str
-    text: str
-    line: int
-    col: int
-
-
-def tokenize(src: str) -> list[Tok]:
-    toks: list[Tok] = []
-    pos, line, line_start = 0, 1, 0
-    while pos < len(src):
-        m = _TOKEN.match(src, pos)
-        if m is None:
-            raise ParseError(f"line {line}, col {pos - line_start + 1}: unexpected character {src[pos]!r}")
-        kind = m.lastgroup
-        text = m.group()
-        if kind == "nl":
-            line += 1
-            line_start = m.end()
-        elif kind != "ws":
-            toks.append(Tok(kind, text, line, pos - line_start + 1))
-        pos = m.end()
-    toks.append(Tok("eof", "", line, pos - line_start + 1))
-    return toks
+from pto.ir.verify import verify_module
+from pto.text.lexer import Tok, tokenize
 
 
 class Parser:
@@ -219,7 +182,7 @@ class Parser:
             if t.text in ("true", "false"):
                 self.i += 1
                 return Const(int(t.text == "true"))
-            if self.bare and t.text not in ("and", "or"):
+            if self.bare and t.text not in EXPR_WORDS:
                 self.i += 1
                 return self._maybe_attr(t.text)
         if self.accept("("):
@@ -299,13 +262,7 @@ class Parser:
                 else:
                     self.expect("memref")
                     dt = self._dtype()
-                    shape = None
-                    if self.accept("["):
-                        r = self.expr()
-                        self.expect(",")
-                        c = self.expr()
-                        self.expect("]")
-                        shape = (r, c)
+                    shape = self._shape() if self.at("[") else None
                     params.append(MemRefParam(pname, dt, shape))
             elif self.accept("tile"):
                 tname = self.var()
@@ -336,6 +293,7 @@ class Parser:
         return out
 
     def _shape(self):
+        """``[row, col]``: a shape or an index."""
         self.expect("[")
         r = self.expr()
         self.expect(",")
@@ -376,12 +334,12 @@ class Parser:
             dst = self.var()
             self.expect(",")
             mem = self.var()
-            row, col = self._index()
+            row, col = self._shape()
             srcs = (mem, row, col)
         elif op is Op.STORE:
             dst = None
             mem = self.var()
-            row, col = self._index()
+            row, col = self._shape()
             self.expect(",")
             srcs = (self.var(), mem, row, col)
         else:
@@ -396,14 +354,6 @@ class Parser:
             if k not in ATTRS[op]:
                 raise ParseError(f"line {t.line}: `{op.value}` has no attribute `{k}`")
         return Instr(op, dst, srcs, tuple(sorted(attrs)), loc=self.loc())
-
-    def _index(self):
-        self.expect("[")
-        r = self.expr()
-        self.expect(",")
-        c = self.expr()
-        self.expect("]")
-        return r, c
 
     # orchestration -----------------------------------------------------------------------------
     def orch(self) -> OrchFunction:
@@ -420,10 +370,7 @@ class Parser:
                 self.expect(":")
                 r, c = self._shape()
                 dt = self._dtype()
-                role = self.name()
-                if role not in ("input", "output", "inout", "temp"):
-                    raise ParseError(f"line {self.tok.line}: unknown tensor role `{role}`")
-                tensors.append(TensorDecl(tname, r, c, dt, role))
+                tensors.append(TensorDecl(tname, r, c, dt, self.name()))  # the verifier checks the role
             else:
                 break
         body = self._orch_body()
@@ -521,10 +468,14 @@ class Parser:
         return Module(tuple(funcs), entry)
 
 
-def parse_module(src: str) -> Module:
-    """Parse a module's text form. The result is not re-verified; use
-    :func:`pto.verify_module` to check a hand-written module."""
-    return Parser(src).module()
+def parse_module(src: str, verify: bool = True) -> Module:
+    """Parse a module's text form and verify it (:func:`pto.ir.verify.verify_module`): text
+    that is not the grammar raises ParseError (with the line and column), a module that is not
+    a valid program BuildError. ``verify=False`` returns what was parsed unchecked."""
+    m = Parser(src).module()
+    if verify:
+        verify_module(m)
+    return m
 
 
 def parse_expr(src: str) -> Expr:

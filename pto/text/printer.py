@@ -7,9 +7,7 @@ locations as ``loc "file:line"``. See docs/ARCHITECTURE.md for the grammar.
 
 from __future__ import annotations
 
-import math
-
-from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var
+from pto.ir.expr import format_expr, format_number
 from pto.ir.nodes import (
     Call,
     ForRange,
@@ -24,53 +22,6 @@ from pto.ir.nodes import (
     RegionBinding,
 )
 from pto.ir.ops import SIGNATURE, Op
-
-PREC = {"or": 1, "and": 2, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
-        "+": 4, "-": 4, "*": 5, "//": 5, "%": 5}
-
-
-def format_number(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    r = repr(float(v))
-    return r
-
-
-def format_expr(e: Expr, bare: bool = False) -> str:
-    """Infix text of an expression, parenthesized only where precedence needs it."""
-    sig = "" if bare else "%"
-    if isinstance(e, Const):
-        return format_number(e.value)
-    if isinstance(e, Var):
-        return sig + e.name
-    if isinstance(e, Attr):
-        return f"{sig}{e.base}.{e.field}"
-    if isinstance(e, Fn):
-        return f"{e.name}({', '.join(format_expr(a, bare) for a in e.args)})"
-    if isinstance(e, Bin):
-        if e.op in ("min", "max"):
-            return f"{e.op}({format_expr(e.a, bare)}, {format_expr(e.b, bare)})"
-        p = PREC[e.op]
-        a = format_expr(e.a, bare)
-        b = format_expr(e.b, bare)
-        if isinstance(e.a, Bin) and e.a.op in PREC and PREC[e.a.op] < p:
-            a = f"({a})"
-        if isinstance(e.a, Const) and _negative(e.a.value) and p >= PREC["*"]:
-            a = f"({a})"
-        if isinstance(e.b, Bin) and e.b.op in PREC and PREC[e.b.op] <= p:
-            b = f"({b})"
-        if isinstance(e.b, Const) and _negative(e.b.value):
-            b = f"({b})"
-        return f"{a} {e.op} {b}"
-    raise TypeError(e)
-
-
-def _negative(v) -> bool:
-    return v < 0
 
 
 def _attr_value(v) -> str:
@@ -209,4 +160,4 @@ def format_module(m: Module) -> str:
     return "\n".join(parts) + f"\nentry @{m.entry}\n"
 
 
-__all__ = ["format_expr", "format_module", "format_function", "format_instr", "format_call"]
+__all__ = ["format_expr", "format_number", "format_module", "format_function", "format_instr", "format_call"]

@@ -1,8 +1,10 @@
 """The verifier of InCore functions: a table of per-op rules plus whole-function checks.
 
-Every message names the function, the instruction as the user wrote it and the operands
-involved, e.g. "`softmax_tile`, add %s, %a, %b (softmax.py:12): tile `a` is 32x128 but `b` is
-32x64".
+The InCore builder checks each instruction with :func:`check_instr` as it is added and the
+whole function with :func:`verify_incore` in ``build()``; :func:`pto.ir.verify.verify_module`
+runs the same on parsed or hand-made modules. Every message names the function, the instruction
+as the user wrote it and the operands involved, e.g. "`softmax_tile`, add %s, %a, %b
+(softmax.py:12): tile `a` is 32x128 but `b` is 32x64".
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, tile_shape
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import Expr, bounds, const_value, evaluate, is_int_expr
+from pto.ir.names import check_name
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, ScalarParam, Tile
 from pto.ir.ops import (
     ATTRS,
@@ -40,7 +43,9 @@ def _fmt_instr(ins: Instr) -> str:
     return f"{ins.op.value} {', '.join(ops)}{where}"
 
 
-class _Ctx:
+class IncoreCtx:
+    """What the rules of one function look things up in: tiles, memrefs, scalars, dims."""
+
     def __init__(self, fn: IncoreFunction, dims: dict[str, int]):
         self.fn = fn
         self.dims = dims
@@ -62,7 +67,7 @@ def _fmt_shape(s: tuple[int, int]) -> str:
     return f"{s[0]}x{s[1]}"
 
 
-def check_instr(ctx: _Ctx, ins: Instr, scope: set[str]) -> None:
+def check_instr(ctx: IncoreCtx, ins: Instr, scope: set[str]) -> None:
     """Check one instruction: operand kinds, names in scope, attributes, shapes, dtypes."""
     sig, has_dst = SIGNATURE[ins.op]
     if has_dst != (ins.dst is not None):
@@ -95,7 +100,7 @@ def check_instr(ctx: _Ctx, ins: Instr, scope: set[str]) -> None:
     RULES[_rule_key(ins.op)](ctx, ins)
 
 
-def _check_expr(ctx: _Ctx, ins: Instr, e: Expr, scope: set[str], allow_attr: bool) -> None:
+def _check_expr(ctx: IncoreCtx, ins: Instr, e: Expr, scope: set[str], allow_attr: bool) -> None:
     for name in e.free_vars():
         if "." in name:
             base, field = name.split(".", 1)
@@ -120,7 +125,7 @@ def _rule_key(op: Op) -> str:
     return op.value
 
 
-def _same(ctx: _Ctx, ins: Instr, names: list[str]) -> None:
+def _same(ctx: IncoreCtx, ins: Instr, names: list[str]) -> None:
     shapes = [(n, ctx.shape(n)) for n in names]
     n0, s0 = shapes[0]
     for n, s in shapes[1:]:
@@ -258,10 +263,12 @@ RULES = {
 def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> None:
     """Check a whole InCore function under ``dims`` (the defaults where not given)."""
     d = {**dict(fn.dims), **(dims or {})}
-    ctx = _Ctx(fn, d)
+    ctx = IncoreCtx(fn, d)
+    check_name(fn.name, "InCore function", function=True)
     names: dict[str, str] = {}
     for kind, nm in ([("parameter", p.name) for p in fn.params] + [("tile", t.name) for t in fn.tiles]
                      + [("dim", k) for k, _ in fn.dims]):
+        check_name(nm, kind, fn.name)
         if nm in names:
             ctx.fail(None, f"`{nm}` is declared twice (as {names[nm]} and as {kind})")
         names[nm] = kind
@@ -271,6 +278,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
             ctx.fail(None, f"tile `{t.name}` has non-positive shape {r}x{c}")
     base_scope = set(ctx.scalars) | set(d)
     if fn.parallel is not None:
+        check_name(fn.parallel.var, "parallel axis", fn.name)
         if fn.parallel.var in names:
             ctx.fail(None, f"parallel axis `{fn.parallel.var}` reuses a declared name")
         for v in fn.parallel.extent.free_vars():
@@ -291,6 +299,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
                 sv = const_value(s.step)
                 if sv is not None and sv <= 0:
                     ctx.fail(None, f"loop `{s.var}`: step must be positive, got {sv}")
+                check_name(s.var, "loop variable", fn.name)
                 if s.var in scope or s.var in names:
                     ctx.fail(None, f"loop variable `{s.var}` shadows another name")
                 visit(s.body, scope | {s.var})
@@ -324,7 +333,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
     _check_region_bounds(ctx)
 
 
-def _check_region_bounds(ctx: _Ctx) -> None:
+def _check_region_bounds(ctx: IncoreCtx) -> None:
     """Loads and stores must start inside the region (tiles may overhang a declared shape's
     edge; the overhang is masked). Checked where the offsets' bounds are known numbers."""
     fn = ctx.fn
@@ -354,4 +363,4 @@ def _try_eval(e: Expr, env: dict):
         return None
 
 
-__all__ = ["verify_incore", "check_instr"]
+__all__ = ["verify_incore", "check_instr", "IncoreCtx"]
