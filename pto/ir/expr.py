@@ -6,8 +6,12 @@ nodes. Python operators build them (``i * 32 + 1``, ``(n + 31) // 32``, ``i < n`
 structural equality, so use :func:`eq` / :func:`ne` for comparisons that yield 0 or 1.
 
 Semantics are those of Python integers: ``//`` and ``%`` floor (renderers to C and Triton
-emit floor-division helpers), comparisons and ``and``/``or`` yield 0 or 1. Floats appear
-only as constants of tile-scalar ops.
+emit floor-division helpers), comparisons and ``and``/``or`` yield 0 or 1 (the value tables are
+in :mod:`pto.ir.evaluation`). Floats appear only as constants of tile-scalar ops.
+
+Here too: constant folding, substitution, evaluation, symbolic interval bounds and the infix
+text (:func:`format_expr`, what ``str(e)`` and every message print). Expression *text* is not
+accepted here; the builders parse it (:func:`pto.builder.common.expr_of`).
 """
 
 from __future__ import annotations
