@@ -1,4 +1,4 @@
-"""The ``pto`` command line: info, run, codegen, estimate, visualize.
+"""The ``pto`` command line: info, run, codegen, estimate, bench, visualize.
 
 The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
 user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
@@ -20,7 +20,7 @@ import sys
 from pto.errors import PTOError, UsageError
 
 INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
-PROGRAM_COMMANDS = ("run", "codegen", "estimate")
+PROGRAM_COMMANDS = ("run", "codegen", "estimate", "bench")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,12 +110,13 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     from pto.ir.dtypes import DType
 
     s.add_argument("program", metavar="PROGRAM", help=f"one of: {', '.join(programs.names())}")
-    if cmd == "estimate":
+    if cmd in ("estimate", "bench"):
         s.add_argument("--seq", required=True, metavar="N,N,...", help="comma-separated sequence lengths")
     else:
         s.add_argument("--seq", type=_positive, default=None, metavar="N",
                        help="sequence length (default: the program's)")
-    dev_help = "where the program runs" if cmd == "run" else "the device whose defaults apply (config, dtype, target)"
+    dev_help = "where the program runs" if cmd in ("run", "bench") else \
+        "the device whose defaults apply (config, dtype, target)"
     s.add_argument("--device", default="auto", choices=DEVICES, help=f"{dev_help} (default: auto)")
     configs = list(program.configs) if program is not None else None
     s.add_argument("--config", default="auto", choices=["auto", *configs] if configs else None, metavar=None
@@ -173,6 +174,21 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
+
+    s = sub.add_parser("bench", help="time a program against PyTorch eager and torch.compile (a GPU)",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "bench", program)
+    s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
+                   help="how InCore tasks run (default: auto)")
+    s.add_argument("--executor", default="auto", metavar="NAME[,NAME]",
+                   help=f"executors to time, comma-separated (default: auto; from {', '.join(executor_names())})")
+    s.add_argument("--compare", default="eager,compile", metavar="LIST",
+                   help="references to time: eager, compile, both or none (default: eager,compile)")
+    s.add_argument("--iterations", type=_positive, default=20, metavar="N", help="timed runs (default: 20)")
+    s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default: 3)")
+    s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    s.add_argument("--plot", metavar="FILE.png", help="draw ms against sequence length (needs matplotlib)")
 
     s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
     s.add_argument("dump", help="a dump written by `pto run --dump`")
@@ -283,6 +299,38 @@ def _cmd_estimate(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from pto.bench import bench, format_table, plot
+    from pto.estimate import check_plot_path, check_seqs
+    from pto.progress import wanted
+
+    seqs = check_seqs(_seq_list(args.seq))
+    check_output_file(args.json, "--json")
+    if args.plot:
+        check_plot_path(args.plot)
+    check_distinct({"--json": args.json, "--plot": args.plot})
+    if args.device == "auto":
+        from pto.device import cuda_available
+
+        if not cuda_available():
+            raise UsageError("pto bench times a GPU and none is visible; --device cpu times the torch backend on "
+                             "the CPU (small configs)")
+    compare = tuple(c for c in args.compare.split(",") if c and c != "none")
+    executors = tuple(e for e in args.executor.split(",") if e)
+    prog = __import__("pto.programs", fromlist=["get"]).get(args.program)
+    res = bench(args.program, seqs, executors=executors or ("auto",), compare=compare, iterations=args.iterations,
+                warmup=args.warmup, device=args.device, backend=args.backend, config=args.config, dtype=args.dtype,
+                target=args.target, options={o.name: getattr(args, o.name) for o in prog.options}, seed=args.seed,
+                progress=wanted(False))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    if args.plot:
+        plot(res, args.plot)
+    print(format_table(res))
+    return 0
+
+
 def _page(text: str):
     from pto.viz import parse_page
 
@@ -303,7 +351,7 @@ def _cmd_visualize(args) -> int:
 
 
 COMMANDS = {"info": _cmd_info, "run": _cmd_run, "codegen": _cmd_codegen, "estimate": _cmd_estimate,
-            "visualize": _cmd_visualize}
+            "bench": _cmd_bench, "visualize": _cmd_visualize}
 
 
 def main(argv: list[str] | None = None) -> int:

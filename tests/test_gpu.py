@@ -57,3 +57,53 @@ def test_nan_constants_survive_relaunch():
         out = torch.zeros(16, 16, device="cuda")
         run_incore_triton(fn, {"x": (src, 0, 0, 8, 16), "y": (out, 0, 0, 16, 16)})
         assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("attention", ["fused", "pair", "split"])
+def test_persistent_executor_matches_waves(attention):
+    """The persistent kernel on the GPU: the tiny layer in bf16, every attention mode, within
+    the dtype's tolerance of the reference and of the wave executor."""
+    from pto.engine import Runner, rel_err, resolve
+
+    outs = {}
+    for executor in ("waves", "persistent"):
+        job = resolve("llama7b", device="cuda", backend="triton", executor=executor, config="tiny", dtype="bf16",
+                      options={"attention": attention})
+        runner = Runner(job, 333)
+        inputs = job.program.inputs(job.settings, 333, "cuda", seed=3)
+        outs[executor] = runner(inputs)["y"].clone()
+        runner.executor.check()
+        ref = job.program.reference(job.settings, 333, inputs)["y"]
+        assert rel_err(outs[executor], ref) <= 2e-2
+        runner.close()
+    assert rel_err(outs["persistent"], outs["waves"]) <= 1e-2
+
+
+def test_persistent_7b_layer_replays_as_a_cuda_graph():
+    from pto.engine import run
+
+    res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", executor="persistent",
+              dtype="bf16", attention="fused", check=True, repeat=3)
+    assert res["rel_err"] <= 2e-2 and res["launches"] == 1
+    assert res["replay_mode"] == "cuda_graph" and res["replay_ms"] > 0
+
+
+def test_persistent_wait_is_bounded_on_the_gpu():
+    """A dependency never released: the waiting program gives up and the host names the task;
+    the GPU does not hang."""
+    from pto.engine import Runner, resolve
+    from pto.errors import ExecutionError
+
+    job = resolve("llama7b", device="cuda", backend="triton", executor="persistent", config="tiny", dtype="bf16")
+    runner = Runner(job, 200)
+    try:
+        runner(job.program.inputs(job.settings, 200, "cuda"))
+        ex = runner.executor
+        ex.max_polls = 10_000
+        victim = int((ex.buf["pending0"] > 0).nonzero()[-1])
+        ex.buf["pending0"][victim] += 1
+        ex.replay()
+        with pytest.raises(ExecutionError, match=f"predecessors of task {victim + ex.plan.first_task} "):
+            ex.check()
+    finally:
+        runner.close()

@@ -2,8 +2,10 @@
 
 ``waves`` (:mod:`pto.exec.waves`): the host takes every ready task, groups them by InCore
 variant and bindings, launches one batched kernel per group, completes the wave; replayed as a
-CUDA graph. The registry maps names to implementations of :class:`pto.exec.base.Executor`;
-``auto`` picks one per device and backend.
+CUDA graph. ``persistent`` (:mod:`pto.exec.persistent`): one persistent Triton kernel takes work
+items from a device queue and waits only on each task's own predecessors. The registry maps
+names to implementations of :class:`pto.exec.base.Executor`; ``auto`` picks one per device and
+backend.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pto.exec.base import ExecStats, Executor, LaunchRecord
 #: name -> (module, class, one line for --help)
 EXECUTORS = {
     "waves": ("pto.exec.waves", "WaveExecutor", "host-driven waves of batched launches, replayed as a CUDA graph"),
+    "persistent": ("pto.exec.persistent", "PersistentExecutor", "one GPU-resident Triton kernel runs the whole "
+                   "graph, tasks waiting only on their own predecessors (triton backend)"),
 }
 
 

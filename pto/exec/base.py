@@ -65,6 +65,14 @@ class Executor:
         """Milliseconds per InCore function of one replay (summed over its launches)."""
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Raise ExecutionError if the device reported a failure during the last runs (nothing to
+        check for host-driven executors)."""
+
+    def report(self) -> dict:
+        """Executor-specific numbers for reports (JSON-able)."""
+        return {}
+
     @property
     def cuda(self) -> bool:
         return any(t.is_cuda for t in self.tensors.values())

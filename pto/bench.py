@@ -1,0 +1,142 @@
+"""``pto bench``: a program against PyTorch eager and torch.compile of its own reference.
+
+For each sequence length, in one process on the same seeded inputs: the program's reference
+(``Program.reference``: plain torch ops) run eagerly and under ``torch.compile``, and our task
+graph with each requested executor (built once, then replayed: a CUDA graph on the GPU). Times
+are medians of ``iterations`` runs after ``warmup`` (CUDA events on the GPU); TFLOP/s come from
+the program's flop count; ratios are the reference's time over ours (above 1: we are faster);
+``rel_err`` is ours against the reference.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pto.engine import Job, Runner, rel_err, resolve
+from pto.errors import UsageError
+from pto.progress import iterate
+from pto.timing import median_ms
+
+COMPARE = ("eager", "compile")
+
+
+def _reference_runner(job: Job, seq: int, compiled: bool):
+    prog, s = job.program, job.settings
+
+    def ref(inputs):
+        return prog.reference(s, seq, inputs)
+
+    return torch.compile(ref) if compiled else ref
+
+
+def bench(program: str, seqs: list[int], *, executors: tuple[str, ...] = ("auto",),
+          compare: tuple[str, ...] = COMPARE, iterations: int = 20, warmup: int = 3, device: str = "auto",
+          backend: str = "auto", config: str | None = None, dtype: str | None = None, target=None,
+          options: dict | None = None, seed: int = 0, progress: bool = False) -> dict:
+    """Rows of milliseconds, TFLOP/s, ratios and rel_err for each sequence length (JSON-able)."""
+    bad = [c for c in compare if c not in COMPARE]
+    if bad:
+        raise UsageError(f"--compare {bad[0]!r}: choose from {', '.join(COMPARE)}")
+    if iterations <= 0 or warmup < 0:
+        raise UsageError("--iterations must be positive and --warmup not negative")
+    jobs = [resolve(program, device=device, backend=backend, executor=e, config=config, dtype=dtype, target=target,
+                    options=options) for e in executors]
+    job0 = jobs[0]
+    prog, s, cuda = job0.program, job0.settings, job0.device == "cuda"
+    for seq in seqs:
+        prog.check_size(s, seq)
+    rows = []
+    for seq in iterate(seqs, f"{prog.name}: benchmarking", progress, unit="length"):
+        inputs = prog.inputs(s, seq, job0.device, seed)
+        flops = prog.flops(s, seq)
+        row: dict = {"seq": seq, "gflop": round(flops / 1e9, 3)}
+        ref = {k: v.clone() for k, v in prog.reference(s, seq, inputs).items()}
+        for name in compare:
+            f = _reference_runner(job0, seq, name == "compile")
+            t0 = time.perf_counter()
+            f(inputs)
+            if cuda:
+                torch.cuda.synchronize()
+            if name == "compile":
+                row["compile_s"] = round(time.perf_counter() - t0, 2)
+            row[f"{name}_ms"] = round(median_ms(lambda f=f, x=inputs: f(x), iterations, warmup, cuda=cuda), 4)
+        for job in jobs:
+            key = job.executor
+            runner = Runner(job, seq)
+            try:
+                t0 = time.perf_counter()
+                out = runner(inputs)
+                if cuda:
+                    torch.cuda.synchronize()
+                row[f"{key}_first_run_s"] = round(time.perf_counter() - t0, 2)
+                row[f"{key}_rel_err"] = max(rel_err(out[k], v) for k, v in ref.items())
+                row[f"{key}_tasks"] = runner.graph.tasks
+                row[f"{key}_launches"] = runner.stats.launches
+                row.update({f"{key}_{k}": v for k, v in runner.executor.report().items()})
+                for _ in range(warmup):
+                    runner.replay()
+                row[f"{key}_ms"] = runner.time(iterations)["replay_ms"]
+                runner.executor.check()
+            finally:
+                runner.close()
+        for k in [k for k in row if k.endswith("_ms")]:
+            if flops and row[k] > 0:
+                row[k.replace("_ms", "_tflops")] = round(flops / (row[k] * 1e-3) / 1e12, 1)
+        for job in jobs:
+            for name in compare:
+                row[f"{job.executor}_vs_{name}"] = round(row[f"{name}_ms"] / row[f"{job.executor}_ms"], 3)
+        rows.append(row)
+        if cuda:
+            torch.cuda.empty_cache()
+    dev = torch.cuda.get_device_name(0) if cuda else "cpu"
+    return {"program": prog.name, **s.to_json(), "device": job0.device, "device_name": dev, "backend": job0.backend,
+            "executors": [j.executor for j in jobs], "compare": list(compare), "iterations": iterations,
+            "warmup": warmup, "rows": rows}
+
+
+def format_table(res: dict) -> str:
+    ex, cmp = res["executors"], res["compare"]
+    head = [f"{res['program']} on {res['device_name']} ({res['device']}), config={res['config']} "
+            f"dtype={res['dtype']} target={res['target']}, median of {res['iterations']}"]
+    cols = ["seq"] + [f"{e} ms" for e in ex] + [f"{c} ms" for c in cmp] + [f"{e} TF/s" for e in ex] \
+        + [f"{e} x {c}" for e in ex for c in cmp] + [f"{e} rel_err" for e in ex]
+    lines = head + [" | ".join(cols)]
+    for r in res["rows"]:
+        vals = [str(r["seq"])] + [f"{r[f'{e}_ms']:.3f}" for e in ex] + [f"{r[f'{c}_ms']:.3f}" for c in cmp]
+        vals += [f"{r.get(f'{e}_tflops', 0):.0f}" for e in ex]
+        vals += [f"{r[f'{e}_vs_{c}']:.3f}" for e in ex for c in cmp]
+        vals += [f"{r[f'{e}_rel_err']:.1e}" for e in ex]
+        lines.append(" | ".join(vals))
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    """Milliseconds against sequence length for every method (log-log)."""
+    from pto.estimate import check_plot_path
+
+    check_plot_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seqs = [r["seq"] for r in res["rows"]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in [*res["executors"], *res["compare"]]:
+        label = f"pto ({name})" if name in res["executors"] else f"torch {name}"
+        ax.plot(seqs, [r[f"{name}_ms"] for r in res["rows"]], "o-", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("ms")
+    ax.set_title(f"{res['program']} {res['config']} {res['dtype']} on {res['device_name']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["bench", "format_table", "plot", "COMPARE"]

@@ -1,0 +1,155 @@
+"""The persistent megakernel: one Triton kernel that runs a whole task graph (the ``persistent``
+executor, :mod:`pto.exec.persistent`).
+
+Every program of the launch loops: it takes the next work item (a task and an index of its
+parallel axis) from a device queue (one atomic counter over an array in topological order),
+waits until the task's pending-predecessor counter is zero (acquire), runs the task's InCore
+variant (the same device functions the batched kernels call, :mod:`pto.codegen.triton.body`,
+dispatched on a branch id), and marks completion: the last item of a task to finish decrements
+the pending counters of the task's successors (release). The proof that this cannot deadlock and
+the memory ordering of each flag are in docs/ARCHITECTURE.md.
+
+Kernel contract (argument order):
+
+- ``items`` int32 ``[n_items, 2]`` (task, parallel index), in queue order; ``n_items``; ``nxt``
+  int32 ``[1]``, the queue head (0 before a run);
+- ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
+  ``task_row`` int64 ``[n]``: the offset of the task's row in ``tab`` (the variant's
+  :class:`~pto.codegen.triton.body.TableLayout`); ``task_tensor`` int32 ``[n, MAXM]``: the tensor
+  of each memref parameter; ``ptrs`` int64 / ``strides`` int64 ``[tensors]``: base addresses and
+  row strides;
+- ``pending`` int32 ``[n]`` (the number of predecessors before a run), ``done`` int32 ``[n]``
+  (0 before a run), ``nitems`` int32 ``[n]``, successors in CSR ``succ_ptr`` int32 ``[n + 1]`` /
+  ``succ`` int32;
+- ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
+  program then stops;
+- ``trace`` int64 ``[n_items, 3]``: (start, end, program) of every item when ``tracing`` is not
+  0 (a run-time switch: one compiled kernel serves both); ``clock`` int32 ``[1]``: a logical
+  clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from pto.codegen.triton.body import TL_DTYPE, BodyRenderer, RenderOptions, file_source
+from pto.ir.nodes import IncoreFunction
+
+KERNEL = "pto_persistent"
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One dispatch target: a specialized variant with the EVEN/ALIGN flags of its tasks."""
+
+    fn: IncoreFunction
+    even: tuple[bool, ...]  # per memref parameter, declaration order
+    align: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class MegaKernel:
+    name: str
+    source: str
+    digest: str
+    branches: tuple[Branch, ...]
+    max_memrefs: int
+
+
+_CLOCK = [
+    "@triton.jit",
+    "def _now(clock, GPU_CLOCK: tl.constexpr):",
+    "    if GPU_CLOCK:",
+    "        # the GPU's global nanosecond timer (one value for every program, unlike clock64)",
+    "        t = tl.inline_asm_elementwise(\"mov.u64 $0, %globaltimer;\", \"=l,r\", [tl.program_id(0)],",
+    "                                      dtype=tl.int64, is_pure=False, pack=1)",
+    "    else:",
+    "        t = tl.atomic_add(clock, 1).to(tl.int64)",
+    "    return t",
+]
+
+
+def render_megakernel(branches: list[Branch], options: RenderOptions | None = None) -> MegaKernel:
+    """The source of the persistent kernel that dispatches ``branches`` (branch id = index)."""
+    opts = options or RenderOptions()
+    devices: dict[str, list[str]] = {}
+    calls = []
+    maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
+    for k, b in enumerate(branches):
+        r = BodyRenderer(b.fn, opts)
+        name, lines = r.device_function()
+        devices.setdefault(name, lines)
+        args, loads = [], []
+        for j, p in enumerate(b.fn.memrefs):
+            loads.append(f"_t{j} = tl.load(tids + {j})")
+            loads.append(f"P_{p.name} = tl.load(ptrs + _t{j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))")
+            loads.append(f"S_{p.name} = tl.load(strides + _t{j})")
+            args.append(f"P_{p.name}, S_{p.name}")
+        args += [str(v) for v in b.even] + [str(v) for v in b.align]
+        if b.fn.parallel is not None:
+            args.insert(0, "p")
+        calls.append((k, loads, f"{name}(row, {', '.join(args)})"))
+    body = [
+        "@triton.jit",
+        f"def {KERNEL}(items, n_items, nxt, task_branch, task_row, tab, task_tensor, ptrs, strides,",
+        "        pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,",
+        "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr):",
+        "    i = tl.atomic_add(nxt, 1)",
+        "    running = i < n_items",
+        "    while running:",
+        "        task = tl.load(items + 2 * i)",
+        "        p = tl.load(items + 2 * i + 1)",
+        "        # wait for the predecessors (acquire: their writes are visible after this)",
+        "        pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
+        "        polls = 0",
+        "        while (pend > 0) & (polls < MAX_POLLS):",
+        "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
+        "            polls += 1",
+        "            if tl.atomic_add(err, 0) != 0:  # another program gave up: stop waiting",
+        "                polls = MAX_POLLS",
+        "        if pend == 0:",
+        "            t0 = 0",
+        "            if tracing != 0:",
+        "                t0 = _now(clock, GPU_CLOCK)",
+        "            branch = tl.load(task_branch + task)",
+        "            row = tab + tl.load(task_row + task)",
+        "            tids = task_tensor + task * MAXM",
+    ]
+    for k, loads, call in calls:
+        body.append(f"            {'if' if k == 0 else 'elif'} branch == {k}:")
+        body += [f"                {line}" for line in loads]
+        body.append(f"                {call}")
+    body += [
+        "            if tracing != 0:",
+        "                t1 = _now(clock, GPU_CLOCK)",
+        "                tl.store(trace + 3 * i, t0)",
+        "                tl.store(trace + 3 * i + 1, t1)",
+        "                tl.store(trace + 3 * i + 2, tl.program_id(0).to(tl.int64))",
+        "            # every thread's stores before the release; acq_rel: the last item of the task",
+        "            # acquires the other items' stores and releases them all to the successors",
+        "            tl.debug_barrier()",
+        "            old = tl.atomic_add(done + task, 1, sem=\"acq_rel\")",
+        "            if old == tl.load(nitems + task) - 1:",
+        "                s0 = tl.load(succ_ptr + task)",
+        "                s1 = tl.load(succ_ptr + task + 1)",
+        "                for k in range(s0, s1, SUCC_BLOCK):",
+        "                    offs = k + tl.arange(0, SUCC_BLOCK)",
+        "                    live = offs < s1",
+        "                    ids = tl.load(succ + offs, mask=live, other=0)",
+        "                    tl.atomic_add(pending + ids, -1, mask=live, sem=\"release\")",
+        "            i = tl.atomic_add(nxt, 1)",
+        "            running = i < n_items",
+        "        else:",
+        "            # the wait exceeded its bound (or another program's did): the first to give up",
+        "            # reports the task it waited on; every program stops",
+        "            if tl.atomic_cas(err, 0, 1) == 0:",
+        "                tl.atomic_xchg(err + 1, task)",
+        "            running = False",
+    ]
+    src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
+                      "InCore branches.", [*devices.values(), _CLOCK, body])
+    return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
+
+
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL"]

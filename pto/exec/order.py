@@ -1,0 +1,91 @@
+"""Orders of a task graph for the persistent executor's queue.
+
+The queue must be topological (every predecessor's items before any of its successors' items:
+what makes the persistent kernel deadlock-free, docs/ARCHITECTURE.md). Within that, the order is
+a priority: which ready work the GPU's programs take first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray) -> np.ndarray:
+    """The longest dependency chain ending at each task (0 without predecessors), by Kahn's
+    algorithm one frontier at a time; ValueError on a cycle."""
+    indeg = np.bincount(succ, minlength=n).astype(np.int64)
+    level = np.zeros(n, np.int64)
+    frontier = np.nonzero(indeg == 0)[0]
+    seen = 0
+    while len(frontier):
+        seen += len(frontier)
+        starts, ends = succ_ptr[frontier], succ_ptr[frontier + 1]
+        counts = ends - starts
+        if counts.sum() == 0:
+            break
+        idx = np.repeat(starts - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
+        targets = succ[idx]
+        src_level = np.repeat(level[frontier], counts)
+        np.maximum.at(level, targets, src_level + 1)
+        np.subtract.at(indeg, targets, 1)
+        uniq = np.unique(targets)
+        frontier = uniq[indeg[uniq] == 0]
+    if seen < n:
+        raise ValueError(f"the task graph has a cycle ({n - seen} tasks never become ready)")
+    return level
+
+
+def bottom_levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The longest chain from each task to a sink (0 for sinks), visiting tasks by decreasing
+    level (every successor has a larger level)."""
+    bottom = np.zeros(n, np.int64)
+    for lv in range(int(level.max(initial=0)), -1, -1):
+        ts = np.nonzero(level == lv)[0]
+        counts = succ_ptr[ts + 1] - succ_ptr[ts]
+        has = counts > 0
+        if not has.any():
+            continue
+        ts, counts = ts[has], counts[has]
+        idx = np.repeat(succ_ptr[ts] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
+        best = np.zeros(len(ts), np.int64)
+        np.maximum.at(best, np.repeat(np.arange(len(ts)), counts), bottom[succ[idx]] + 1)
+        bottom[ts] = best
+    return bottom
+
+
+def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent: np.ndarray,
+               group: np.ndarray) -> np.ndarray:
+    """Work items ``[k, 2]`` (task, parallel index) in queue order.
+
+    Tasks by level (topological), then the longest remaining chain first (critical path), then
+    branch and task id. Consecutive tasks of one branch with ``group[t] > 0`` run their items in
+    groups of ``group`` tasks x every parallel index, the parallel index slowest within a group
+    (the batched kernels' grouped order: programs running together share operand panels in L2).
+    """
+    order = np.lexsort((np.arange(len(level)), branch, -bottom, level))
+    out = []
+    i = 0
+    while i < len(order):
+        t = order[i]
+        j = i + 1
+        while j < len(order) and level[order[j]] == level[t] and branch[order[j]] == branch[t] \
+                and bottom[order[j]] == bottom[t]:
+            j += 1
+        run = order[i:j]
+        g = int(group[t])
+        if g > 0 and extent[t] > 1:
+            for c in range(0, len(run), g):
+                chunk = run[c:c + g]
+                for p in range(int(extent[chunk].max())):
+                    live = chunk[extent[chunk] > p]
+                    out.append(np.stack([live, np.full(len(live), p)], axis=1))
+        else:
+            ext = extent[run]
+            out.append(np.stack([np.repeat(run, ext), np.concatenate([np.arange(e) for e in ext])], axis=1))
+        i = j
+    if not out:
+        return np.zeros((0, 2), np.int32)
+    return np.concatenate(out).astype(np.int32)
+
+
+__all__ = ["levels", "bottom_levels", "item_order"]
