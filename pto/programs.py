@@ -7,7 +7,9 @@ a :class:`pto.program.Program` instance or class; it is loaded on first use.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import re
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from pathlib import Path
 
 from pto.errors import UsageError
 from pto.program import Program
@@ -16,8 +18,30 @@ GROUP = "pto.programs"
 _LOADED: dict[str, Program] = {}
 
 
+def _checkout_entry_points() -> list[EntryPoint]:
+    """pto's own entry points read from the pyproject.toml of a source checkout that is not
+    installed (scripts run from the tree, the GPU machine): the same declarations an install
+    registers."""
+    try:
+        distribution("pto")
+        return []  # installed: the metadata has them
+    except PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    section = re.search(r'^\[project\.entry-points\."pto\.programs"\]\s*$(.*?)(?=^\[|\Z)', pyproject.read_text(),
+                        re.M | re.S)
+    if section is None:
+        return []
+    return [EntryPoint(m.group(1), m.group(2), GROUP)
+            for m in re.finditer(r'^\s*([A-Za-z0-9_.-]+)\s*=\s*"([^"]+)"', section.group(1), re.M)]
+
+
 def _entry_points() -> dict:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+    eps = {ep.name: ep for ep in _checkout_entry_points()}
+    eps.update({ep.name: ep for ep in entry_points(group=GROUP)})
+    return eps
 
 
 def names() -> list[str]:

@@ -42,3 +42,22 @@ def test_task_count_is_number_of_calls():
     res = run_program(m, prog.inputs(opts, 70, "cpu"), prog.scalars(opts, 70))
     # batch 2 x ceil(70/32)=3 row tiles x ceil(80/64)=2 column tiles
     assert res.tasks == 2 * 3 * 2
+
+
+def test_a_source_checkout_registers_the_same_programs(monkeypatch):
+    """Not installed (scripts run from the tree, the GPU machine): pto's entry points come from
+    its pyproject.toml, the same declarations an install registers."""
+    from importlib.metadata import PackageNotFoundError
+
+    import pto.programs as registry
+
+    installed = {n: registry._entry_points()[n].value for n in registry.names()}
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(registry, "distribution", not_installed)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    from_tree = {ep.name: ep.value for ep in registry._checkout_entry_points()}
+    assert from_tree == {k: v for k, v in installed.items() if k in ("softmax", "bgemm", "llama7b")}
+    assert registry.get("softmax").name == "softmax"
