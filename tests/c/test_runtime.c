@@ -1,11 +1,13 @@
-/* test_runtime.c - C unit tests of the PTO runtime (runtime_c/pto_runtime.c).
+/* test_runtime.c - C unit tests of the PTO runtime (runtime_c/).
  *
- * tests/test_runtime_c.py compiles this with pto_runtime.c and pto_sync_posix.c under
- * AddressSanitizer + UndefinedBehaviorSanitizer (leak checking on) and runs it; any failed
- * check or sanitizer report fails that test. Usage: test_runtime TMPDIR (for the dump file).
+ * tests/test_runtime_c.py compiles this with the runtime's C files under AddressSanitizer +
+ * UndefinedBehaviorSanitizer (leak checking on) and runs it; any failed check or sanitizer
+ * report fails that test. Usage: test_runtime TMPDIR (for the dump file).
  *
  * Checks print file:line and keep going with the next test, so one run reports every
- * failure. The random test compares the runtime's edges with an element-by-element oracle.
+ * failure. The random tests compare the runtime's edges with an element-by-element oracle,
+ * with the whole graph kept and through small windows; the extreme-value tests pass int64
+ * limits everywhere a region or shape goes in.
  */
 
 #include <pthread.h>
@@ -78,6 +80,19 @@ static int one_region_task(pto_runtime *rt, int32_t func, int kind, int32_t tens
         *id = t;
     }
     return pto_task_submit(rt, t);
+}
+
+/* Add one region argument of the given kind. */
+static int add_kind(pto_runtime *rt, int kind, int32_t task, int32_t tensor, int64_t r0, int64_t c0, int64_t nr,
+                    int64_t nc)
+{
+    if (kind == PTO_ARG_IN) {
+        return pto_task_add_input(rt, task, tensor, r0, c0, nr, nc);
+    }
+    if (kind == PTO_ARG_OUT) {
+        return pto_task_add_output(rt, task, tensor, r0, c0, nr, nc);
+    }
+    return pto_task_add_inout(rt, task, tensor, r0, c0, nr, nc);
 }
 
 /* Edges of the runtime as an n x n matrix (caller frees), via the bulk export. */
@@ -351,12 +366,135 @@ static void random_vs_oracle(int iterations, int max_rows, int max_cols, int sma
     }
 }
 
+/* OR the edges among the live submitted tasks into seen (n x n, indexed by task id). */
+static int collect_edges(pto_runtime *rt, unsigned char *seen, int n)
+{
+    pto_export_info info;
+    pto_export_arrays a;
+    int64_t *fptr, k;
+    int32_t *fids, i;
+    int st;
+    memset(&a, 0, sizeof a);
+    if ((st = pto_export_info_get(rt, &info)) != PTO_OK) {
+        return st;
+    }
+    fptr = malloc(sizeof *fptr * (size_t)(info.n_tasks + 1));
+    fids = malloc(sizeof *fids * (size_t)(info.n_edges + 1));
+    a.fanout_ptr = fptr;
+    a.fanout_ids = fids;
+    if ((st = pto_export_fill(rt, &a)) == PTO_OK) {
+        for (i = 0; i < info.n_tasks; i++) {
+            for (k = fptr[i]; k < fptr[i + 1]; k++) {
+                seen[(size_t)(info.first_task + i) * (size_t)n + (size_t)fids[k]] = 1;
+            }
+        }
+    }
+    free(fptr);
+    free(fids);
+    return st;
+}
+
+/* Random programs through windows of 1..6 slots, completing a random part of the ready
+ * tasks whenever the window is full (retirement, chunk reuse and freed edges under the
+ * sanitizers). Edges are collected before every round of completions (nothing retires in
+ * between), so they must be exactly the oracle's edges whose predecessor had not retired
+ * when the successor was built; a task must never be handed out before its predecessors
+ * completed. */
+static void random_windowed_vs_oracle(int iterations)
+{
+    static access prog[MAXT][MAXA];
+    static unsigned char want[MAXT * MAXT], seen[MAXT * MAXT];
+    int nargs[MAXT], shape[NTENS][2], completed[MAXT], built_after[MAXT];
+    int iter;
+    for (iter = 0; iter < iterations; iter++) {
+        int32_t window = 1 + (int32_t)rnd(6), tid[NTENS], f, pool[MAXT], t, a, got;
+        pto_runtime *rt = new_runtime(window, 0);
+        int n = 1 + (int)rnd(MAXT), submitted = 0, retired = 0, ncompleted = 0, npool = 0, bad = 0;
+        pto_stats s;
+        char name[8];
+        CHECK_OK(rt, pto_func_register(rt, "f", &f));
+        for (t = 0; t < NTENS; t++) {
+            shape[t][0] = 1 + (int)rnd(12);
+            shape[t][1] = 1 + (int)rnd(12);
+            sprintf(name, "t%d", t);
+            CHECK_OK(rt, pto_tensor_register(rt, name, shape[t][0], shape[t][1], 4, &tid[t]));
+        }
+        for (t = 0; t < n; t++) {
+            nargs[t] = 1 + (int)rnd(MAXA);
+            for (a = 0; a < nargs[t]; a++) {
+                access *x = &prog[t][a];
+                x->kind = (int)rnd(3);
+                x->tensor = (int)rnd(NTENS);
+                x->r0 = (int)rnd((uint32_t)shape[x->tensor][0]);
+                x->c0 = (int)rnd((uint32_t)shape[x->tensor][1]);
+                x->nr = extent(shape[x->tensor][0] - x->r0, 0);
+                x->nc = extent(shape[x->tensor][1] - x->c0, 0);
+            }
+            completed[t] = 0;
+        }
+        oracle(n, nargs, prog, (const int(*)[2])shape, want);
+        memset(seen, 0, sizeof seen);
+        while (ncompleted < n) {
+            if (submitted < n && submitted - retired < window) {
+                int32_t id;
+                built_after[submitted] = retired;
+                CHECK_OK(rt, pto_task_alloc(rt, f, 0, &id));
+                CHECK(id == submitted);
+                for (a = 0; a < nargs[id]; a++) {
+                    const access *x = &prog[id][a];
+                    CHECK_OK(rt, add_kind(rt, x->kind, id, tid[x->tensor], x->r0, x->c0, x->nr, x->nc));
+                }
+                CHECK_OK(rt, pto_task_submit(rt, id));
+                submitted++;
+                continue;
+            }
+            CHECK_OK(rt, collect_edges(rt, seen, n));
+            CHECK_OK(rt, pto_ready_pop(rt, pool + npool, MAXT - npool, &got));
+            for (t = npool; t < npool + got; t++) {
+                for (a = 0; a < pool[t]; a++) {
+                    CHECK(!want[(size_t)a * (size_t)n + (size_t)pool[t]] || completed[a]);
+                }
+            }
+            npool += got;
+            CHECK(npool > 0);
+            for (got = 1 + (int32_t)rnd((uint32_t)npool); got > 0; got--) {
+                int32_t pick = (int32_t)rnd((uint32_t)npool), id = pool[pick];
+                pool[pick] = pool[--npool];
+                CHECK_OK(rt, pto_task_complete(rt, id));
+                completed[id] = 1;
+                ncompleted++;
+            }
+            while (retired < n && completed[retired]) {
+                retired++;
+            }
+        }
+        for (t = 0; t < n; t++) {
+            for (a = 0; a < n; a++) {
+                int expect = want[(size_t)a * (size_t)n + (size_t)t] && a >= built_after[t];
+                if (expect != seen[(size_t)a * (size_t)n + (size_t)t] && bad++ == 0) {
+                    fprintf(stderr, "windowed iteration %d (window %d): edge %d -> %d: runtime %d, oracle %d\n",
+                            iter, window, a, t, seen[(size_t)a * (size_t)n + (size_t)t], expect);
+                }
+            }
+        }
+        CHECK(bad == 0);
+        CHECK_OK(rt, pto_get_stats(rt, &s));
+        CHECK(s.tasks_retired == n && s.tasks_live == 0 && s.edges_live == 0);
+        pto_runtime_destroy(rt);
+        continue;
+    done:
+        pto_runtime_destroy(rt);
+        return;
+    }
+}
+
 static void test_random_vs_oracle(void)
 {
     random_vs_oracle(600, 12, 12, 0);
     /* big tensors with 1..6-element tiles: more than 2^16 cells, so the grid coarsens, and
      * occasional huge regions land in the large list */
     random_vs_oracle(40, 300, 300, 1);
+    random_windowed_vs_oracle(600);
 }
 
 /* Regrid with large entries present: rows fixed first, a whole-tensor write (large), then a
@@ -676,18 +814,6 @@ static const bad_region bad_regions[] = {
     {INT64_MIN, INT64_MIN, 1, INT64_MIN, "region extent 1 x -9223372036854775808 must be positive"},
     {0, 0, -((int64_t)1 << 32) + 8, 8, "region extent -4294967288 x 8 must be positive"},
 };
-
-static int add_kind(pto_runtime *rt, int kind, int32_t task, int32_t tensor, int64_t r0, int64_t c0, int64_t nr,
-                    int64_t nc)
-{
-    if (kind == PTO_ARG_IN) {
-        return pto_task_add_input(rt, task, tensor, r0, c0, nr, nc);
-    }
-    if (kind == PTO_ARG_OUT) {
-        return pto_task_add_output(rt, task, tensor, r0, c0, nr, nc);
-    }
-    return pto_task_add_inout(rt, task, tensor, r0, c0, nr, nc);
-}
 
 /* Every bad region through every kind on one runtime configuration: each is refused with
  * PTO_ERR_REGION and the exact message, and the open task, the tensor map and the counts are
