@@ -229,6 +229,7 @@ class PersistentExecutor(Executor):
         tg = detect("cuda", self.device.index or 0)
         consts = self._consts()
         compiled = jit.warmup(*self._args(), grid=(1,), **consts)
+        compiled._init_handles()  # loads the module: registers and spills are known from here
         warps = consts["num_warps"]
         by_regs = (tg.regs_per_block or 65536) // max(compiled.n_regs * 32 * warps, 1)
         smem = compiled.metadata.shared

@@ -109,7 +109,7 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
         "            if tl.atomic_add(err, 0) != 0:  # another program gave up: stop waiting",
         "                polls = MAX_POLLS",
         "        if pend == 0:",
-        "            t0 = 0",
+        "            t0 = tl.zeros((), dtype=tl.int64)",
         "            if tracing != 0:",
         "                t0 = _now(clock, GPU_CLOCK)",
         "            branch = tl.load(task_branch + task)",
