@@ -98,8 +98,13 @@ def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.
     return rows.astype(np.int64), ext, even, align
 
 
-def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int]) -> Plan:
-    """The device tables of a fully built graph (``launch_group``: GROUP per InCore function)."""
+def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
+              tensor_aligned: np.ndarray | None = None) -> Plan:
+    """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
+    ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
+    aligned base; all by default)."""
+    if tensor_aligned is None:
+        tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
     n = ex.n_tasks
     variants = graph.variant_of_func_id()
@@ -130,14 +135,16 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int]) -> P
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
         for j, k in enumerate(mem_k):
             task_tensor[idx, j] = np.vectorize(tensor_index.__getitem__, otypes=[np.int32])(tens[:, k])
-        keys = np.concatenate([even, align], axis=1)
+        m = len(fn.memrefs)
+        aligned = tensor_aligned[task_tensor[idx, :m]]
+        keys = np.concatenate([even, align, aligned], axis=1)
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
             key = (int(fid), tuple(bool(x) for x in row))
             if key not in branch_ids:
-                m = len(fn.memrefs)
                 branch_ids[key] = len(branches)
-                branches.append(Branch(fn, tuple(bool(x) for x in row[:m]), tuple(bool(x) for x in row[m:])))
+                flags = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(3)]
+                branches.append(Branch(fn, *flags))
             task_branch[idx[inv.reshape(-1) == u]] = branch_ids[key]
         for t in idx:
             task_variant[t] = fn
@@ -247,7 +254,9 @@ class PersistentExecutor(Executor):
         t0 = time.perf_counter()
         names = list(graph.tensor_ids)
         groups = {fn.name: self.backend.launch_config(fn).get("GROUP", 0) for fn in graph.variants}
-        self.plan = make_plan(graph, names, groups)
+        aligned = np.array([self.tensors[n].stride(0) % 16 == 0 and self.tensors[n].data_ptr() % 16 == 0
+                            for n in names], bool)
+        self.plan = make_plan(graph, names, groups, aligned)
         self.kernel = render_megakernel(self.plan.branches, self.backend.options)
         self.jit = load_kernel(self.kernel)
         self._upload()

@@ -46,6 +46,11 @@ class Branch:
     fn: IncoreFunction
     even: tuple[bool, ...]  # per memref parameter, declaration order
     align: tuple[bool, ...]
+    # per memref: every task's tensor has a row stride that is a multiple of 16 elements and a
+    # 16-byte aligned base. The batched kernels get this from Triton's specialization of their
+    # arguments; loaded from a table, the megakernel must say it, or no load is vectorized and
+    # no K loop pipelined.
+    aligned: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,12 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
         args, loads = [], []
         for j, p in enumerate(b.fn.memrefs):
             loads.append(f"_t{j} = tl.load(tids + {j})")
-            loads.append(f"P_{p.name} = tl.load(ptrs + _t{j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))")
-            loads.append(f"S_{p.name} = tl.load(strides + _t{j})")
+            ptr = f"tl.load(ptrs + _t{j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
+            stride = f"tl.load(strides + _t{j})"
+            if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
+                ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
+            loads.append(f"P_{p.name} = {ptr}")
+            loads.append(f"S_{p.name} = {stride}")
             args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         if b.fn.parallel is not None:
