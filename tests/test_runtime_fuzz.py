@@ -1,12 +1,13 @@
 """10,000 random region programs through the C runtime, each checked against an oracle written
 independently of it: 5,000 whole graphs, 3,000 through small windows (1 to 6 slots) and 2,000
-built on a second thread while this one executes (half with a window of 1 to 4 slots).
+built on a second thread while this one executes (half with a window of 1 to 4 slots); plus 30
+programs of 1,000-3,000 tasks through windows, long enough that the runtime sweeps its tensor map.
 
 A program is a list of tasks; a task is a list of arguments ``(kind, tensor, row0, col0, rows,
 cols)`` (kind ``IN``/``OUT``/``INOUT``) or ``(SCALAR, value)``. The generator mixes whole-tile
-accesses of tile-shaped tensors (the runtime's exact-cell path, reader runs), arbitrary
-rectangles (the general path, cut entries, large entries), row and column bands, whole
-tensors and repeats of earlier regions.
+accesses of tile-shaped tensors (the runtime's exact-cell path, reader runs), rectangles inside
+one tile (cells of several entries), arbitrary rectangles (the general path, cut entries, large
+entries), row and column bands, whole tensors and repeats of earlier regions.
 
 The oracle (:func:`oracle_predecessors`) is the definition of the dependency semantics,
 element by element, with numpy arrays over all elements of all tensors: a task depends on the
