@@ -54,26 +54,29 @@ def bottom_levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndar
 
 
 def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent: np.ndarray,
-               group: np.ndarray) -> np.ndarray:
+               group: np.ndarray, binding: np.ndarray | None = None, work: np.ndarray | None = None) -> np.ndarray:
     """Work items ``[k, 2]`` (task, parallel index) in queue order.
 
     Tasks by level (topological), then the longest remaining chain first (critical path), then
-    branch and task id. Consecutive tasks of one branch with ``group[t] > 0`` run their items in
-    groups of ``group`` tasks x every parallel index, the parallel index slowest within a group
-    (the batched kernels' grouped order: programs running together share operand panels in L2).
+    by branch and by the tensors they are bound to (``binding``: tasks of one projection together,
+    as the wave executor batches them), then the largest first (``work``: with causal attention
+    the late q tiles do the most, so they must not be left for the end), then task id. Consecutive
+    tasks of one branch and binding with ``group[t] > 0`` run their items in groups of ``group``
+    tasks x every parallel index, the parallel index slowest within a group (the batched kernels'
+    grouped order: programs running together share operand panels in L2).
     """
-    order = np.lexsort((np.arange(len(level)), branch, -bottom, level))
+    n = len(level)
+    binding = np.zeros(n, np.int64) if binding is None else binding
+    work = np.zeros(n, np.int64) if work is None else work
+    order = np.lexsort((np.arange(n), -work, binding, branch, -bottom, level))
+    key = np.stack([level, -bottom, branch, binding], axis=1)[order]
+    cuts = np.nonzero((key[1:] != key[:-1]).any(axis=1))[0] + 1
     out = []
-    i = 0
-    while i < len(order):
-        t = order[i]
-        j = i + 1
-        while j < len(order) and level[order[j]] == level[t] and branch[order[j]] == branch[t] \
-                and bottom[order[j]] == bottom[t]:
-            j += 1
-        run = order[i:j]
-        g = int(group[t])
-        if g > 0 and extent[t] > 1:
+    for run in np.split(order, cuts):
+        if not len(run):
+            continue
+        g = int(group[run[0]])
+        if g > 0 and extent[run].max() > 1:
             for c in range(0, len(run), g):
                 chunk = run[c:c + g]
                 for p in range(int(extent[chunk].max())):
@@ -81,8 +84,8 @@ def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent
                     out.append(np.stack([live, np.full(len(live), p)], axis=1))
         else:
             ext = extent[run]
-            out.append(np.stack([np.repeat(run, ext), np.concatenate([np.arange(e) for e in ext])], axis=1))
-        i = j
+            out.append(np.stack([np.repeat(run, ext), np.arange(ext.sum()) - np.repeat(np.cumsum(ext) - ext, ext)],
+                                axis=1))
     if not out:
         return np.zeros((0, 2), np.int32)
     return np.concatenate(out).astype(np.int32)

@@ -116,6 +116,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
     maxm = max((len(f.memrefs) for f in variants.values()), default=1) or 1
     task_tensor = np.zeros((n, maxm), np.int32)
     task_variant: list[IncoreFunction | None] = [None] * n
+    work = np.zeros(n, np.int64)  # elements of a task's regions: the wave executor's "largest first"
     branches: list[Branch] = []
     branch_ids: dict[tuple, int] = {}
     chunks, offset = [], 0
@@ -126,13 +127,14 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
         base = ex.arg_ptr[idx][:, None] + np.arange(nargs)[None, :]
         tens, reg, sca = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
         rows, ext, even, align = _task_tables(fn, tens, reg, sca)
+        mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
+        work[idx] = (reg[:, mem_k, 2] * reg[:, mem_k, 3]).sum(axis=1)
         extent[idx] = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
         group[idx] = launch_group.get(fn.name, 0)
         width = rows.shape[1]
         task_row[idx] = offset + np.arange(len(idx)) * width
         offset += len(idx) * width
         chunks.append(rows.reshape(-1))
-        mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
         for j, k in enumerate(mem_k):
             task_tensor[idx, j] = np.vectorize(tensor_index.__getitem__, otypes=[np.int32])(tens[:, k])
         m = len(fn.memrefs)
@@ -158,7 +160,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
     pending = np.bincount(succ, minlength=n).astype(np.int32)
     lv = levels(n, succ_ptr, succ)
     bottom = bottom_levels(n, succ_ptr, succ, lv)
-    items = item_order(lv, bottom, task_branch, extent, group)
+    _, binding = np.unique(task_tensor, axis=0, return_inverse=True)
+    items = item_order(lv, bottom, task_branch, extent, group, binding.reshape(-1), work)
     if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
         raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
                              "persistent kernel's int32 indices hold; use --executor waves")
