@@ -26,7 +26,7 @@ from pto import viz
 from pto.dump import read_dump
 from pto.errors import ParseError, PTOError, UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "taskgraphs"
 HAVE_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(not HAVE_DOT, reason="graphviz's dot is not installed")

@@ -1,4 +1,4 @@
-"""Builds and runs the C unit tests of the runtime (tests/c/test_runtime.c) under
+"""Builds and runs the C unit tests of the runtime (tests/runtime/c/test_runtime.c) under
 AddressSanitizer + UndefinedBehaviorSanitizer with leak checking, and checks that every runtime
 file compiles warning-free as strict C99, that the portable files build on their own, and that
 the runtime exports exactly its API.
@@ -21,8 +21,9 @@ import pytest
 
 from pto.runtime import runtime_portable_files, runtime_sources
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "runtime_c"
+C_TESTS = Path(__file__).resolve().parent / "c" / "test_runtime.c"
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
 STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY: ")
@@ -52,7 +53,7 @@ def leak_check_works() -> bool:
 def run_c_tests(tmp_path: Path, leaks: bool) -> subprocess.CompletedProcess:
     exe = tmp_path / "test_runtime"
     cmd = [GCC, "-std=c99", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{RUNTIME}",
-           str(ROOT / "tests" / "c" / "test_runtime.c"), *map(str, runtime_sources()), "-o", str(exe), "-pthread"]
+           str(C_TESTS), *map(str, runtime_sources()), "-o", str(exe), "-pthread"]
     build = subprocess.run(cmd, capture_output=True, text=True)
     assert build.returncode == 0 and not build.stderr, build.stderr
     return subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, env=_env(leaks),

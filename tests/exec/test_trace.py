@@ -21,7 +21,7 @@ from pto.dump import read_dump
 from pto.errors import UsageError
 from pto.exec import LaunchRecord
 
-DATA = Path(__file__).resolve().parent / "data" / "taskgraphs"
+DATA = Path(__file__).resolve().parents[1] / "data" / "taskgraphs"
 
 # keys every event of a phase must have (the trace-event format's required fields)
 REQUIRED = {

@@ -3,7 +3,7 @@ exactly once, runs the closed-form number of tasks, expands nested loops, and ke
 generated code linear in the number of loops; merged iterations must be independent (a
 recurrence, an accumulator without ``reassociate``, an offset the proof cannot decide and a
 condition on the loop variable are refused, each with one line naming what the user wrote).
-tests/test_expansion_semantics.py checks the rule on random programs."""
+tests/passes/test_expansion_semantics.py checks the rule on random programs."""
 
 from __future__ import annotations
 

@@ -388,9 +388,9 @@ def test_30_long_programs_through_windows_sweep_the_tensor_map(mod):
 
 
 def test_the_oracle_agrees_with_the_element_by_element_one_of_test_runtime():
-    """The numpy oracle here and the set-based one of tests/test_runtime.py, written apart,
+    """The numpy oracle here and the set-based one of tests/runtime/test_runtime.py, written apart,
     give the same edges on 300 of these programs."""
-    from tests.test_runtime import oracle_edges as set_oracle
+    from tests.runtime.test_runtime import oracle_edges as set_oracle
 
     names = ("in", "out", "inout")
     for seed in range(300):

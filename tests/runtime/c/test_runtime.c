@@ -1,6 +1,6 @@
 /* test_runtime.c - C unit tests of the PTO runtime (runtime_c/).
  *
- * tests/test_runtime_c.py compiles this with the runtime's C files under AddressSanitizer +
+ * tests/runtime/test_runtime_c.py compiles this with the runtime's C files under AddressSanitizer +
  * UndefinedBehaviorSanitizer (leak checking on) and runs it; any failed check or sanitizer
  * report fails that test. Usage: test_runtime TMPDIR (for the dump file).
  *

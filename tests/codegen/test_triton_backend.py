@@ -40,7 +40,7 @@ from tests.opkit import f64, rand, triton_vs_interp  # noqa: E402
 pytestmark = [pytest.mark.interpret,
               # these tests hand CPU tensors to the kernels: the Triton interpreter's mode. Where
               # Triton compiles for a GPU (CUDA present, TRITON_INTERPRET unset) run this file on
-              # its own with TRITON_INTERPRET=1; tests/test_gpu.py covers the compiled kernels.
+              # its own with TRITON_INTERPRET=1; tests/gpu/test_gpu.py covers the compiled kernels.
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="needs the Triton interpreter (TRITON_INTERPRET=1)"),
               # rows padded with -inf give (-inf) - (-inf) in softmax, as in the reference
@@ -70,7 +70,7 @@ def rng(request):
 both = triton_vs_interp  # the Triton backend against the reference interpreter
 
 
-# op kinds beyond tests/test_ops.py (which runs every op through this backend too) ---------------
+# op kinds beyond tests/ir/test_ops.py (which runs every op through this backend too) ------------
 
 
 @pytest.mark.parametrize("acc_op", ["matmul", "matmul_acc"])
