@@ -2,7 +2,7 @@
 # One device session on the lent GPU (docs/PERF.md): set up, then run the named stages, logging
 # each to $OUT/<stage>.log (JSON results beside). Stages:
 #   env         the GPU, torch/Triton versions, pto info
-#   tests       tests/test_gpu.py (the compiled kernels, both executors)
+#   tests       tests/gpu/test_gpu.py (the compiled kernels, both executors)
 #   fused       pto bench llama7b, fused layer, both executors, eager and torch.compile ($SEQS)
 #   modes       pto bench llama7b --attention split and pair, both executors, eager ($MODE_SEQS)
 #   odd         pto bench llama7b, fused, odd lengths ($ODD_SEQS)
@@ -21,7 +21,7 @@ for stage in "$@"; do
     env) { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
            python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
            python3 -m pto.cli info; } 2>&1 | tee "$OUT/env.log" ;;
-    tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py tests/test_target.py 2>&1 \
+    tests) python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_gpu.py tests/target/test_target.py 2>&1 \
            | tee "$OUT/tests.log" | tail -20 ;;
     fused) $BENCH --seq "${SEQS:-1024,4096,16384}" --executor waves,persistent --json "$OUT/fused.json" 2>&1 \
            | tee "$OUT/fused.log" | tail -12 ;;
