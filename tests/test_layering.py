@@ -1,5 +1,14 @@
-"""The shape of the house: pto/ir imports nothing above it (only itself and pto.errors), code
-generation does not import the package front, and the IR, builder and text modules stay small."""
+"""The shape of the house: every module of pto imports only in the allowed directions (the table
+below, drawn in docs/ARCHITECTURE.md, "Import directions"), lazy imports inside functions and
+modules named by string for ``importlib`` included; and the IR, builder and text modules stay
+small.
+
+A module belongs to an area (a folder of pto/, a top-level module, or the programs in incore/
+and orchestration/, which install as ``pto.incore`` and ``pto.orchestration``). An area may
+import itself and the areas its rule names; an entry with a dot names one module of an area
+(``passes.tiling``), not all of it. A new module of pto/ that no area claims fails too, so the
+table stays complete.
+"""
 
 from __future__ import annotations
 
@@ -8,33 +17,212 @@ from pathlib import Path
 
 import pytest
 
-PTO = Path(__file__).resolve().parent.parent / "pto"
+ROOT = Path(__file__).resolve().parent.parent
+#: where each package's sources live in the checkout (pyproject.toml's package-dir)
+SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestration": ROOT / "orchestration"}
+
+#: module prefix (without "pto.") -> area; "" is the package front, pto/__init__.py
+AREAS = {
+    "": "front",
+    "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
+    "ir": "ir",
+    "passes": "passes", "text": "text",
+    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
+    "backends": "backends", "interp": "interp",
+    "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
+    "graph": "graph", "exec": "exec",
+    "program": "program", "programs": "program",
+    "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "engine": "engine",
+    "bench": "bench", "cli": "cli",
+    "incore": "incore", "orchestration": "orchestration",
+}
+
+#: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
+#: passes, text, builder, codegen), execution (batches, backends, the interpreter, the runtime,
+#: the graph, the executors), the program interface; above them the tools, the command line and
+#: the programs.
+CORE: dict[str, set[str]] = {
+    # the foundation: leaves that anything may import
+    "errors": set(),
+    "version": set(),
+    "timing": set(),
+    "progress": set(),
+    "target": {"errors"},
+    # the compiler
+    "ir": {"errors"},
+    "passes": {"ir", "target", "errors"},
+    "text": {"ir", "errors"},
+    "builder": {"ir", "text", "passes.tiling", "errors"},
+    "front": {"builder", "text", "ir", "errors", "version"},
+    "codegen": {"ir", "passes", "errors", "version"},
+    # execution
+    "batch": {"ir", "errors"},
+    "buffers": {"ir", "errors"},
+    "backends": {"batch", "codegen", "ir", "errors"},
+    "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
+    "cbuild": {"errors"},
+    "runtime": {"cbuild", "errors"},
+    "dump": {"errors"},
+    "graph": {"runtime", "cbuild", "codegen", "passes", "text", "ir", "target", "errors"},
+    "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
+    # what a runnable program is, and the registry of them
+    "program": {"ir", "target", "errors"},
+}
+#: the tools, in order: each may import the core and the tools before it
+TOOLS = ("device", "trace", "viz", "estimate", "engine", "bench")
+RULES: dict[str, set[str]] = dict(CORE)
+for _i, _tool in enumerate(TOOLS):
+    RULES[_tool] = set(CORE) | set(TOOLS[:_i])
+RULES["cli"] = set(CORE) | set(TOOLS)
+# the programs are plugins (found through entry points, imported by nothing generic): anything
+# but what runs them (engine, bench, cli); their InCore functions need no orchestration
+RULES["incore"] = set(CORE)
+RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports (at any depth: lazy imports inside functions count), with
-    its line."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
+def _module_files() -> dict[str, Path]:
+    """Every module of the package (dotted name -> file), the programs under their installed names."""
+    out = {}
+    for pkg, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join((pkg, *parts))] = path
     return out
 
 
-@pytest.mark.parametrize("path", sorted((PTO / "ir").glob("*.py")), ids=lambda p: p.name)
-def test_ir_imports_nothing_above_it(path):
-    bad = [f"{path.name}:{line} imports {mod}" for line, mod in _imports(path)
-           if (mod == "pto" or mod.startswith("pto.")) and not (mod.startswith("pto.ir") or mod == "pto.errors")]
-    assert not bad, "; ".join(bad)
+MODULES = _module_files()
 
 
-def test_codegen_does_not_import_the_package_front():
-    assert all(mod != "pto" for _, mod in _imports(PTO / "codegen" / "c_orch.py"))
+def area_of(module: str) -> str | None:
+    """The area of a dotted module name of the package (longest matching prefix), or None."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), -1, -1):
+        area = AREAS.get(".".join(parts[:n]))
+        if area is not None and (n > 0 or not parts):
+            return area
+    return None
 
 
-@pytest.mark.parametrize("path", sorted(p for d in ("ir", "builder", "text") for p in (PTO / d).glob("*.py")),
+def _resolve(module: str, base: str, level: int, name: str | None) -> str:
+    """The module an import statement names: ``from P import X`` imports P.X when that is a
+    module of the package, else P (a name defined in P)."""
+    if level:
+        pkg = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+        base = ".".join(pkg[:len(pkg) - level + 1] + ([base] if base else []))
+    if name is not None and f"{base}.{name}" in MODULES:
+        return f"{base}.{name}"
+    return base
+
+
+def imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, module of the package) for every import in ``module``'s source, at any depth: lazy
+    imports inside functions count, and so does a string constant that is exactly the name of a
+    module of the package (the tables that ``importlib.import_module`` reads)."""
+    if source is None:
+        source = MODULES[module].read_text()
+    out = []
+    for node in ast.walk(ast.parse(source, str(MODULES.get(module, module)))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out += [(node.lineno, _resolve(module, node.module or "", node.level, a.name)) for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULES \
+                and node.value != "pto":
+            out.append((node.lineno, node.value))
+    return [(line, m) for line, m in out if m == "pto" or m.startswith("pto.")]
+
+
+def allowed(area: str, target: str) -> bool:
+    """Whether a module of ``area`` may import the package module ``target``."""
+    tarea = area_of(target)
+    if tarea == area:
+        return True
+    rel = target[len("pto."):] if target.startswith("pto.") else ""
+    for entry in RULES[area]:
+        if "." in entry:
+            if rel == entry or rel.startswith(entry + "."):
+                return True
+        elif entry == tarea:
+            return True
+    return False
+
+
+def violations(module: str, source: str | None = None) -> list[str]:
+    """One line per import of ``module`` that its area's rule does not allow: the file and line,
+    what it imports, and the rule."""
+    area = area_of(module)
+    path = MODULES.get(module)
+    where = path.relative_to(ROOT).as_posix() if path else module
+    out = []
+    for line, target in imports(module, source):
+        if not allowed(area, target):
+            tarea = area_of(target) or "an unknown area"
+            may = ", ".join(sorted(RULES[area])) or "nothing of pto"
+            out.append(f"{where}:{line} imports {target} ({tarea}), but {area} may import only {may} "
+                       f"(tests/test_layering.py RULES; docs/ARCHITECTURE.md, Import directions)")
+    return out
+
+
+def test_every_module_has_an_area():
+    homeless = [f"{p.relative_to(ROOT)} ({m})" for m, p in MODULES.items() if area_of(m) is None]
+    assert not homeless, ("modules that no area of tests/test_layering.py claims (add them to AREAS and "
+                          "docs/ARCHITECTURE.md): " + ", ".join(homeless))
+
+
+def test_the_rules_point_one_way():
+    """The allowed imports form no cycle between areas, so every rule points down."""
+    graph = {a: {e.split(".")[0] for e in deps} - {a} for a, deps in RULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(a, path):
+        if state.get(a) == 1:
+            raise AssertionError("the rules allow a cycle: " + " -> ".join((*path, a)))
+        if state.get(a) == 2:
+            return
+        state[a] = 1
+        for d in sorted(graph[a]):
+            visit(d, (*path, a))
+        state[a] = 2
+
+    for a in graph:
+        visit(a, ())
+
+
+@pytest.mark.parametrize("module", sorted(MODULES), ids=lambda m: MODULES[m].relative_to(ROOT).as_posix())
+def test_imports_point_down(module):
+    bad = violations(module)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(("module", "source", "needle"), [
+    ("pto.ir.nodes", "def f():\n    from pto.graph import CompiledProgram\n",
+     "pto/ir/nodes.py:2 imports pto.graph (graph), but ir may import only errors"),
+    ("pto.codegen.c_orch", "from pto import InCore\n",
+     "pto/codegen/c_orch.py:1 imports pto (front), but codegen may import only errors, ir, passes, version"),
+    ("pto.exec.waves", "import pto.interp.incore\n", "pto/exec/waves.py:1 imports pto.interp.incore (interp)"),
+    ("pto.builder.incore", "from pto.passes import binary_expansion\n",
+     "imports pto.passes.binary_expansion (passes), but builder may import only errors, ir, passes.tiling, text"),
+    ("pto.backends.base", 'EXECUTORS = {"w": ("pto.exec.waves", "Cls")}\n',
+     "pto/backends/base.py:1 imports pto.exec.waves (exec)"),
+    ("pto.estimate", "from pto.orchestration.softmax import PROGRAM\n",
+     "imports pto.orchestration.softmax (orchestration), but estimate may import only"),
+    ("pto.orchestration.bgemm", "from pto.engine import run\n",
+     "orchestration/bgemm.py:1 imports pto.engine (engine), but orchestration may import only"),
+])
+def test_an_upward_import_names_the_file_the_line_and_the_rule(module, source, needle):
+    bad = violations(module, source)
+    assert len(bad) == 1 and needle in bad[0], bad
+
+
+def test_allowed_imports_pass():
+    assert not violations("pto.builder.incore", "from pto.passes.tiling import check_sram\nfrom pto.ir import nodes\n")
+    assert not violations("pto.interp.incore", "from pto.backends.torch_eval import run\n")
+    assert not violations("pto.cli", "import pto\nfrom pto import programs\nfrom pto.viz import draw\n")
+
+
+@pytest.mark.parametrize("path", sorted(p for d in ("ir", "builder", "text") for p in (ROOT / "pto" / d).glob("*.py")),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 500, f"{path} has more than 500 lines"
