@@ -91,4 +91,83 @@ def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent
     return np.concatenate(out).astype(np.int32)
 
 
-__all__ = ["levels", "bottom_levels", "item_order"]
+def weighted_bottom(cost: np.ndarray, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The critical path from each task to a sink in estimated time: its own item cost plus the
+    longest of its successors'."""
+    n = len(cost)
+    out = cost.astype(np.float64).copy()
+    for lv in range(int(level.max(initial=0)), -1, -1):
+        ts = np.nonzero(level == lv)[0]
+        counts = succ_ptr[ts + 1] - succ_ptr[ts]
+        has = counts > 0
+        if not has.any():
+            continue
+        ts, counts = ts[has], counts[has]
+        idx = np.repeat(succ_ptr[ts] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
+        best = np.zeros(len(ts))
+        np.maximum.at(best, np.repeat(np.arange(len(ts)), counts), out[succ[idx]])
+        out[ts] += best
+    assert len(out) == n
+    return out
+
+
+def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, succ_ptr: np.ndarray,
+               succ: np.ndarray, pending: np.ndarray, level: np.ndarray, programs: int,
+               bucket: float = 0.05) -> np.ndarray:
+    """The queue as a list schedule: simulate ``programs`` workers taking, whenever one is free,
+    the ready item whose task has the longest estimated critical path to the end (``cost``:
+    nanoseconds per item), and queue the items in the order the simulation starts them.
+
+    A schedule only starts items whose predecessors have finished, so the order is topological.
+    Priorities within ``bucket`` (relative) of each other count as equal and keep the order of
+    ``static_items`` (:func:`item_order`: grouped, bound tensors together), so ties do not undo
+    the L2-friendly grouping. Critical path first keeps the longest chains (the last q tiles of
+    causal attention, the kv chains of the split and pair modes) moving, and starts a task's
+    successors as soon as it is done, which keeps the data they read in L2.
+    """
+    import heapq
+
+    n = len(cost)
+    if n == 0:
+        return static_items
+    b = weighted_bottom(cost, succ_ptr, succ, level)
+    prio = -np.floor(np.log(np.maximum(b, 1.0)) / np.log1p(bucket)).astype(np.int64)
+    base = np.concatenate([[0], np.cumsum(extent)[:-1]]).astype(np.int64)
+    spos = np.empty(int(extent.sum()), np.int64)
+    spos[base[static_items[:, 0]] + static_items[:, 1]] = np.arange(len(static_items))
+    pend = pending.astype(np.int64).copy()
+    left = extent.astype(np.int64).copy()
+    ready: list = []
+
+    def release(t: int) -> None:
+        pr = int(prio[t])
+        for p in range(int(extent[t])):
+            heapq.heappush(ready, (pr, int(spos[base[t] + p]), t, p))
+
+    for t in np.nonzero(pend == 0)[0]:
+        release(int(t))
+    running: list = []
+    free, now = programs, 0.0
+    out = np.empty((len(static_items), 2), np.int32)
+    k = 0
+    while ready or running:
+        while ready and free > 0:
+            _, _, t, p = heapq.heappop(ready)
+            out[k] = (t, p)
+            k += 1
+            free -= 1
+            heapq.heappush(running, (now + float(cost[t]), t))
+        now, t = heapq.heappop(running)
+        free += 1
+        left[t] -= 1
+        if left[t] == 0:
+            for s in succ[succ_ptr[t]:succ_ptr[t + 1]]:
+                pend[s] -= 1
+                if pend[s] == 0:
+                    release(int(s))
+    if k != len(out):
+        raise ValueError(f"list schedule placed {k} of {len(out)} items (a cycle?)")
+    return out
+
+
+__all__ = ["levels", "bottom_levels", "item_order", "weighted_bottom", "list_order"]

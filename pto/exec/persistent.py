@@ -28,7 +28,8 @@ from pto.codegen.triton import ALIGN
 from pto.codegen.triton.megakernel import Branch, MegaKernel, render_megakernel
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, Progress
-from pto.exec.order import bottom_levels, item_order, levels
+from pto.exec.cost import item_costs
+from pto.exec.order import bottom_levels, item_order, levels, list_order
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -66,7 +67,8 @@ class Plan:
 
 
 def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.ndarray):
-    """Per task of one variant: (rows of its table, parallel extent, EVEN and ALIGN per memref)."""
+    """Per task of one variant: (rows of its table, parallel extent, EVEN and ALIGN per memref,
+    estimated nanoseconds per item)."""
     from pto.backends.triton_backend import even_masks
 
     size = len(tens)
@@ -95,14 +97,16 @@ def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.
     even = np.stack([even[m.name].numpy() for m in fn.memrefs], axis=1) if fn.memrefs else np.zeros((size, 0), bool)
     align = np.stack([even_env_mems[m.name][:, 1] % ALIGN == 0 for m in fn.memrefs], axis=1) \
         if fn.memrefs else np.zeros((size, 0), bool)
-    return rows.astype(np.int64), ext, even, align
+    return rows.astype(np.int64), ext, even, align, item_costs(fn, env, size)
 
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
-              tensor_aligned: np.ndarray | None = None) -> Plan:
+              tensor_aligned: np.ndarray | None = None, programs: int = 132, order: str = "list") -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
-    aligned base; all by default)."""
+    aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
+    programs, :func:`pto.exec.order.list_order`) or ``levels`` (:func:`pto.exec.order.item_order`
+    alone))."""
     if tensor_aligned is None:
         tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
@@ -117,6 +121,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
     task_tensor = np.zeros((n, maxm), np.int32)
     task_variant: list[IncoreFunction | None] = [None] * n
     work = np.zeros(n, np.int64)  # elements of a task's regions: the wave executor's "largest first"
+    cost = np.zeros(n)  # estimated ns per item
     branches: list[Branch] = []
     branch_ids: dict[tuple, int] = {}
     chunks, offset = [], 0
@@ -126,7 +131,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
         nargs = len(fn.params)
         base = ex.arg_ptr[idx][:, None] + np.arange(nargs)[None, :]
         tens, reg, sca = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
-        rows, ext, even, align = _task_tables(fn, tens, reg, sca)
+        rows, ext, even, align, cost[idx] = _task_tables(fn, tens, reg, sca)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
         work[idx] = (reg[:, mem_k, 2] * reg[:, mem_k, 3]).sum(axis=1)
         extent[idx] = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
@@ -162,6 +167,10 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
     bottom = bottom_levels(n, succ_ptr, succ, lv)
     _, binding = np.unique(task_tensor, axis=0, return_inverse=True)
     items = item_order(lv, bottom, task_branch, extent, group, binding.reshape(-1), work)
+    if order == "list":
+        items = list_order(items, cost, extent, succ_ptr, succ, pending, lv, programs)
+    elif order != "levels":
+        raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
         raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
                              "persistent kernel's int32 indices hold; use --executor waves")
@@ -176,13 +185,15 @@ class PersistentExecutor(Executor):
     name = "persistent"
 
     def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
-                 progress: Progress | None = None, max_polls: int = MAX_POLLS, programs: int | None = None):
+                 progress: Progress | None = None, max_polls: int = MAX_POLLS, programs: int | None = None,
+                 order: str = "list"):
         if backend.name != "triton":
             raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend.name} needs "
                              "--executor waves")
         super().__init__(backend, tensors, record, progress)
         self.max_polls = max_polls
         self.programs_override = programs
+        self.order = order
         self.plan: Plan | None = None
         self.kernel: MegaKernel | None = None
 
@@ -253,13 +264,17 @@ class PersistentExecutor(Executor):
     # -- running ----------------------------------------------------------------------------------
     def run(self, graph) -> ExecStats:
         from pto.backends.triton_backend import load_kernel
+        from pto.target import detect
 
         t0 = time.perf_counter()
         names = list(graph.tensor_ids)
         groups = {fn.name: self.backend.launch_config(fn).get("GROUP", 0) for fn in graph.variants}
         aligned = np.array([self.tensors[n].stride(0) % 16 == 0 and self.tensors[n].data_ptr() % 16 == 0
                             for n in names], bool)
-        self.plan = make_plan(graph, names, groups, aligned)
+        # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
+        sms = self.programs_override or (detect("cuda", self.device.index or 0).sm_count
+                                         if self.device.type == "cuda" else 4)
+        self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order)
         self.kernel = render_megakernel(self.plan.branches, self.backend.options)
         self.jit = load_kernel(self.kernel)
         self._upload()
