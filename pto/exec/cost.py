@@ -46,7 +46,7 @@ def item_costs(fn: IncoreFunction, env: dict[str, torch.Tensor], n: int) -> np.n
                 try:
                     lb, ub, st = (_vec(evaluate(e, scope), n) for e in (s.lb, s.ub, s.step))
                     trips = np.maximum(np.ceil((ub - lb) / np.maximum(st, 1)), 0)
-                    scope[s.var] = torch.as_tensor(lb, dtype=torch.int64)
+                    scope[s.var] = torch.as_tensor(np.array(lb), dtype=torch.int64)
                 except Exception:  # a bound the estimate cannot evaluate: count one trip
                     trips = np.ones(n)
                 walk(s.body, mult * trips)
