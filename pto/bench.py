@@ -63,8 +63,10 @@ def bench(program: str, seqs: list[int], *, executors: tuple[str, ...] = ("auto"
                 row["compile_s"] = round(time.perf_counter() - t0, 2)
             row[f"{name}_ms"] = round(median_ms(lambda f=f, x=inputs: f(x), iterations, warmup, cuda=cuda), 4)
         for job in jobs:
-            key = job.executor
             runner = Runner(job, seq)
+            key = job.executor
+            if key == "auto":
+                row["auto"] = runner.executor.name
             try:
                 t0 = time.perf_counter()
                 out = runner(inputs)

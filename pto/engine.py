@@ -151,7 +151,12 @@ class Runner:
                         for t in fn.tensors if t.role in ("input", "inout")}
         self.tensors = allocate(fn, shapes, placeholders, job.device)
         backend = get_backend(job.backend, job.device, launch=prog.launch_defaults(s))
-        self.executor = get_executor(job.executor, backend, self.tensors, record=record, progress=progress)
+        name = job.executor
+        if name == "auto":
+            from pto.exec import choose
+
+            name = choose(self.graph)
+        self.executor = get_executor(name, backend, self.tensors, record=record, progress=progress)
         self.stats = None
         self.cuda_graph = None
 
@@ -243,7 +248,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
             torch.cuda.synchronize()
         stats = runner.stats
         out = {
-            **job.to_json(), "seq": seq,
+            **job.to_json(), "executor": runner.executor.name, "seq": seq,
             "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
             "build_ms": round(graph.build_ms, 3),
             "exec_ms": round(stats.exec_ms if first else (time.perf_counter() - t0) * 1e3, 3),

@@ -35,6 +35,20 @@ class LaunchRecord:
 
 
 @dataclass
+class ItemRecord:
+    """One work item of the persistent executor: a task and its parallel index, the program
+    (lane) that ran it, and when (the GPU's global timer in ns; ticks of a logical clock under
+    the interpreter)."""
+
+    task: int
+    p: int
+    program: int
+    start_ns: int
+    end_ns: int
+    func: str  # variant name
+
+
+@dataclass
 class ExecStats:
     tasks: int
     waves: int
@@ -97,4 +111,4 @@ class Executor:
             torch.cuda.synchronize(d)
 
 
-__all__ = ["Executor", "ExecStats", "LaunchRecord", "Progress"]
+__all__ = ["Executor", "ExecStats", "LaunchRecord", "ItemRecord", "Progress"]

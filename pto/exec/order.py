@@ -91,6 +91,25 @@ def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent
     return np.concatenate(out).astype(np.int32)
 
 
+def wave_batches(graph) -> int:
+    """How many batches the wave executor runs for ``graph``: per wave (a level of Kahn's
+    algorithm: every ready task at once), one per InCore variant and set of bound tensors."""
+    ex = graph.runtime.export()
+    n = ex.n_tasks
+    if n == 0:
+        return 0
+    succ = ex.fanout_ids.astype(np.int64) - ex.first_task
+    lv = levels(n, ex.fanout_ptr.astype(np.int64), succ)
+    counts = ex.arg_ptr[1:] - ex.arg_ptr[:-1]
+    width = int(counts.max())
+    tens = np.full((n, width), -1, np.int64)
+    for k in range(width):
+        has = counts > k
+        tens[has, k] = ex.arg_tensor[ex.arg_ptr[:-1][has] + k]
+    keys = np.concatenate([lv[:, None], ex.func[:, None].astype(np.int64), tens], axis=1)
+    return len(np.unique(keys, axis=0))
+
+
 def weighted_bottom(cost: np.ndarray, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
     """The critical path from each task to a sink in estimated time: its own item cost plus the
     longest of its successors'."""
@@ -170,4 +189,4 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, s
     return out
 
 
-__all__ = ["levels", "bottom_levels", "item_order", "weighted_bottom", "list_order"]
+__all__ = ["levels", "bottom_levels", "item_order", "weighted_bottom", "list_order", "wave_batches"]

@@ -27,7 +27,7 @@ from pto.backends.base import Backend
 from pto.codegen.triton import ALIGN
 from pto.codegen.triton.megakernel import Branch, MegaKernel, render_megakernel
 from pto.errors import ExecutionError, UsageError
-from pto.exec.base import ExecStats, Executor, Progress
+from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.cost import item_costs
 from pto.exec.order import bottom_levels, item_order, levels, list_order
 from pto.ir.expr import evaluate
@@ -314,13 +314,12 @@ class PersistentExecutor(Executor):
         if int(self.buf["nxt"].cpu()[0]) < self.plan.n_items:
             raise ExecutionError("persistent executor: the kernel ended before taking every work item")
 
-    def trace_records(self) -> list[dict]:
-        """One record per work item: task, parallel index, program, start and end (ns on the GPU,
-        ticks of a logical clock under the interpreter)."""
+    def trace_records(self) -> list[ItemRecord]:
+        """One record per work item of the last traced run."""
         self.sync()
         tr = self.buf["trace"].cpu().numpy()[: self.plan.n_items]
-        return [{"task": int(t) + self.plan.first_task, "p": int(p), "program": int(tr[i, 2]),
-                 "start": int(tr[i, 0]), "end": int(tr[i, 1]), "func": self.plan.variants[t].variant_name}
+        return [ItemRecord(int(t) + self.plan.first_task, int(p), int(tr[i, 2]), int(tr[i, 0]), int(tr[i, 1]),
+                           self.plan.variants[t].variant_name)
                 for i, (t, p) in enumerate(self.plan.items)]
 
     def report(self) -> dict:
@@ -333,7 +332,7 @@ class PersistentExecutor(Executor):
         recs = self.trace_records()
         by_prog: dict[int, list] = {}
         for r in recs:
-            by_prog.setdefault(r["program"], []).append((r["start"], r["end"]))
+            by_prog.setdefault(r.program, []).append((r.start_ns, r.end_ns))
         gaps = []
         for spans in by_prog.values():
             spans.sort()
@@ -351,8 +350,8 @@ class PersistentExecutor(Executor):
         self.check()
         acc: dict[str, float] = {}
         for r in self.trace_records():
-            name = self.plan.variants[r["task"] - self.plan.first_task].name
-            acc[name] = acc.get(name, 0.0) + (r["end"] - r["start"]) / 1e6
+            name = self.plan.variants[r.task - self.plan.first_task].name
+            acc[name] = acc.get(name, 0.0) + (r.end_ns - r.start_ns) / 1e6
         return {k: round(v / self.programs, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
 
 

@@ -114,19 +114,19 @@ def test_trace_schedule_respects_every_dependency():
         assert len(recs) == plan.n_items
         end_of = {}
         for r in recs:
-            assert r["start"] < r["end"]
-            t = r["task"] - plan.first_task
-            end_of[t] = max(end_of.get(t, -1), r["end"])
+            assert r.start_ns < r.end_ns
+            t = r.task - plan.first_task
+            end_of[t] = max(end_of.get(t, -1), r.end_ns)
         by_prog = {}
         for r in recs:
-            by_prog.setdefault(r["program"], []).append((r["start"], r["end"]))
+            by_prog.setdefault(r.program, []).append((r.start_ns, r.end_ns))
         for spans in by_prog.values():
             spans.sort()
             assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
         for r in recs:
-            t = r["task"] - plan.first_task
+            t = r.task - plan.first_task
             preds = [p for p in range(plan.n_tasks) if t in plan.succ[plan.succ_ptr[p]:plan.succ_ptr[p + 1]]]
-            assert all(end_of[p] < r["start"] for p in preds)
+            assert all(end_of[p] < r.start_ns for p in preds)
         rep = runner.executor.report()
         assert rep["items"] == plan.n_items and rep["item_gap_ticks"] >= 0
     finally:
