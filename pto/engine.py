@@ -273,6 +273,30 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
             runner.close()
 
 
+def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *, device: str = "auto",
+            backend: str = "auto", executor: str = "auto", adaptive: bool = True) -> dict[str, torch.Tensor]:
+    """Run any module (a program written with the builders, registered or not) on ``inputs``:
+    binary expansion, the generated C builds the graph, the executor runs it with the backend.
+    Returns every tensor of the entry function by name (outputs included)."""
+    from pto.backends import get_backend
+    from pto.buffers import allocate, tensor_shapes
+    from pto.exec import choose, get_executor
+    from pto.exec import resolve as resolve_exec
+    from pto.graph import CompiledProgram
+
+    dev = resolve_device(device)
+    be = resolve_backend(backend, dev)
+    graph = CompiledProgram.get(module, adaptive=adaptive).build_graph(scalars)
+    try:
+        fn = module.entry_function
+        tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.to(dev) for k, v in inputs.items()}, dev)
+        name = resolve_exec(executor, dev, be)
+        get_executor(choose(graph) if name == "auto" else name, get_backend(be, dev), tensors).run(graph)
+        return tensors
+    finally:
+        graph.close()
+
+
 def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
     opts = "".join(f" {k}={res[k]}" for k in options if k in res)
     lines = [
@@ -334,5 +358,5 @@ def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = Tru
     return written
 
 
-__all__ = ["Job", "resolve", "run", "codegen", "Runner", "get_runner", "clear_runners", "rel_err", "check_memory",
+__all__ = ["Job", "resolve", "run", "execute", "codegen", "Runner", "get_runner", "clear_runners", "rel_err", "check_memory",
            "format_summary"]
