@@ -358,5 +358,5 @@ def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = Tru
     return written
 
 
-__all__ = ["Job", "resolve", "run", "execute", "codegen", "Runner", "get_runner", "clear_runners", "rel_err", "check_memory",
-           "format_summary"]
+__all__ = ["Job", "resolve", "run", "execute", "codegen", "Runner", "get_runner", "clear_runners", "rel_err",
+           "check_memory", "format_summary"]
