@@ -126,3 +126,49 @@ def test_info():
     assert info["target"] and info["sram_bytes"] > 0
     text = pto("info").stdout
     assert "target:" in text and "SRAM:" in text and "KiB" in text
+
+
+def _run_on_a_terminal(args, timeout=300):
+    """``pto ARGS`` with stderr on a pseudo-terminal (stdout a pipe); returns (rc, stdout, what
+    the terminal showed)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size
+    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", *args], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out, _ = proc.communicate(timeout=timeout)
+    os.close(master)
+    return proc.returncode, out.decode(), shown.decode(errors="replace")
+
+
+def test_long_runs_show_progress_on_a_terminal_and_stay_quiet_otherwise():
+    """More than a second of execution: a tqdm bar on a terminal; none with --json, none when
+    stderr is not a terminal."""
+    args = ["run", "llama7b", "--seq", "1200", "--attention", "pair"]
+    rc, out, shown = _run_on_a_terminal(args)
+    assert rc == 0 and "llama7b: executing" in shown and "task" in shown and "tasks" in out
+    rc, out, shown = _run_on_a_terminal([*args, "--json"])
+    assert rc == 0 and "executing" not in shown and json.loads(out)["tasks"] > 0
+    r = pto(*args)
+    assert r.returncode == 0 and "executing" not in r.stderr
+
+
+def test_a_capped_trace_says_so(tmp_path):
+    r = pto("run", "llama7b", "--seq", "1000", "--attention", "split", "--trace", str(tmp_path / "t.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "pto: trace: first 5,000 of 5,728 dependency arrows drawn" in r.stderr
+    assert json.loads(r.stdout)["trace"] == {"path": str(tmp_path / "t.json"), "dependencies": 5728, "flows": 5000}
