@@ -37,7 +37,7 @@ def measure(mode: str, seq: int, repeat: int) -> dict:
     row = {"mode": mode, "seq": seq, "tasks": graph.tasks}
     for name in ("waves", "list", "levels"):
         tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, "cuda")
-        backend = get_backend("triton", "cuda", launch=prog.launch_defaults(s))
+        backend = get_backend("triton", "cuda")
         ex = WaveExecutor(backend, tensors) if name == "waves" else PersistentExecutor(backend, tensors, order=name)
         ex.run(graph)
         torch.cuda.synchronize()

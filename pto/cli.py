@@ -1,4 +1,4 @@
-"""The ``pto`` command line: info, run, codegen, estimate, bench, visualize.
+"""The ``pto`` command line: info, run, codegen, estimate, bench, tune, visualize.
 
 The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
 user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
@@ -20,7 +20,7 @@ import sys
 from pto.errors import PTOError, UsageError
 
 INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
-PROGRAM_COMMANDS = ("run", "codegen", "estimate", "bench")
+PROGRAM_COMMANDS = ("run", "codegen", "estimate", "bench", "tune")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,12 +110,13 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     from pto.ir.dtypes import DType
 
     s.add_argument("program", metavar="PROGRAM", help=f"one of: {', '.join(programs.names())}")
-    if cmd in ("estimate", "bench"):
-        s.add_argument("--seq", required=True, metavar="N,N,...", help="comma-separated sequence lengths")
+    if cmd in ("estimate", "bench", "tune"):
+        s.add_argument("--seq", required=cmd != "tune", default=None, metavar="N,N,...",
+                       help="comma-separated sequence lengths" + (" (default: the program's)" if cmd == "tune" else ""))
     else:
         s.add_argument("--seq", type=_positive, default=None, metavar="N",
                        help="sequence length (default: the program's)")
-    dev_help = "where the program runs" if cmd in ("run", "bench") else \
+    dev_help = "where the program runs" if cmd in ("run", "bench", "tune") else \
         "the device whose defaults apply (config, dtype, target)"
     s.add_argument("--device", default="auto", choices=DEVICES, help=f"{dev_help} (default: auto)")
     configs = list(program.configs) if program is not None else None
@@ -189,6 +190,15 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
     s.add_argument("--json", metavar="FILE", help="write the results as JSON")
     s.add_argument("--plot", metavar="FILE.png", help="draw ms against sequence length (needs matplotlib)")
+
+    s = sub.add_parser("tune", help="search each InCore function's launch parameters on the GPU; store the "
+                       "winners in the schedule database", add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "tune", program)
+    s.add_argument("--budget-s", type=float, default=600.0, metavar="S", help="stop after S seconds (default: 600)")
+    s.add_argument("--iterations", type=_positive, default=10, metavar="N",
+                   help="timed runs per candidate (default: 10)")
+    s.add_argument("--show", action="store_true", help="print what applies to each variant now, and why; tune nothing")
+    s.add_argument("--json", metavar="FILE", help="write every variant's search as JSON")
 
     s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
     s.add_argument("dump", help="a dump written by `pto run --dump`")
@@ -331,6 +341,41 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_tune(args) -> int:
+    from pto.estimate import check_seqs
+    from pto.programs import get
+    from pto.progress import wanted
+    from pto.tune import refuse_without_gpu, show, tune
+
+    prog = get(args.program)
+    seqs = check_seqs(_seq_list(args.seq)) if args.seq else [prog.default_seq]
+    options = {o.name: getattr(args, o.name) for o in prog.options}
+    kw = dict(device=args.device, config=args.config, dtype=args.dtype, target=args.target, options=options)
+    if args.show:
+        print(show(args.program, seqs, **kw))
+        return 0
+    refuse_without_gpu(args.device)
+    check_output_file(args.json, "--json")
+
+    def report(label, cand, ms, why):
+        if not wanted(False):
+            return
+        what = "heuristics" if cand is None else cand
+        print(f"  {what}: {f'{ms:.3f} ms' if ms is not None else 'rejected: ' + why}", file=sys.stderr)
+
+    res = tune(args.program, seqs, budget_s=args.budget_s, iterations=args.iterations, progress=wanted(False),
+               on_measure=report, **kw)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    for r in res["results"]:
+        gain = f" ({r['default_ms'] / r['best_ms']:.2f}x the heuristics)" if r["best_ms"] and r["default_ms"] else ""
+        print(f"{r['variant']} ({r['tasks']} tasks): {r['best']} {r['best_ms']} ms{gain}; "
+              f"{r['rejected']} of {r['candidates']} candidates rejected")
+    print(f"stored in {res['database']}" + ("; interrupted: kept what was measured" if res["interrupted"] else ""))
+    return 130 if res["interrupted"] else 0
+
+
 def _page(text: str):
     from pto.viz import parse_page
 
@@ -351,7 +396,7 @@ def _cmd_visualize(args) -> int:
 
 
 COMMANDS = {"info": _cmd_info, "run": _cmd_run, "codegen": _cmd_codegen, "estimate": _cmd_estimate,
-            "bench": _cmd_bench, "visualize": _cmd_visualize}
+            "bench": _cmd_bench, "tune": _cmd_tune, "visualize": _cmd_visualize}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,7 +150,7 @@ class Runner:
         placeholders = {t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=job.device)
                         for t in fn.tensors if t.role in ("input", "inout")}
         self.tensors = allocate(fn, shapes, placeholders, job.device)
-        backend = get_backend(job.backend, job.device, launch=prog.launch_defaults(s))
+        backend = get_backend(job.backend, job.device)
         name = job.executor
         if name == "auto":
             from pto.exec import choose

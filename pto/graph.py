@@ -45,6 +45,15 @@ class Graph:
     def variant_of_func_id(self) -> dict[int, IncoreFunction]:
         return {fid: v for fid, v in zip(self.func_ids, self.variants)}
 
+    def tasks_per_variant(self) -> dict[IncoreFunction, int]:
+        """How many tasks of each variant the graph holds."""
+        import numpy as np
+
+        ex = self.runtime.export()
+        fids, counts = np.unique(ex.func, return_counts=True)
+        by_id = self.variant_of_func_id()
+        return {by_id[int(f)]: int(c) for f, c in zip(fids, counts)}
+
     @property
     def tasks(self) -> int:
         return int(self.stats["tasks_submitted"])

@@ -4,7 +4,8 @@ A :class:`Program` owns everything about itself that the generic layers must not
 configurations, its own options (each an :class:`Option`, which becomes a command-line flag of
 the commands that take the program), the module it builds for a :class:`Settings`, its scalar
 parameters as expressions of the sequence length, seeded inputs, an independent torch
-reference, flops, exact task counts where it has them, and launch-parameter defaults per target.
+reference, flops and exact task counts where it has them. Launch parameters are data
+(:mod:`pto.schedules`), not code.
 
 Programs are found through the ``pto.programs`` entry-point group (:mod:`pto.programs`), so a
 package outside this repository adds one by declaring, in its ``pyproject.toml``::
@@ -185,10 +186,6 @@ class Program:
         :class:`pto.estimate.Baseline`; none by default)."""
         return []
 
-    def launch_defaults(self, s: Settings) -> dict[str, dict]:
-        """Launch parameters measured best for this program's InCore functions on ``s.target``
-        (function name -> parameters); the Triton backend applies them over its heuristics."""
-        return {}
 
 
 def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):

@@ -1,6 +1,6 @@
 """The ``llama7b`` program (:class:`LlamaProgram`, registered as ``PROGRAM``): its options,
-settings, inputs, reference, counts and measured launch parameters, over the pieces of this
-package."""
+settings, inputs, reference and counts, over the pieces of this package. Its measured launch
+parameters are schedule data (pto/schedules/data/<device>/)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,6 @@ from pto.orchestration.llama.tiling import LlamaTiling, fit_functions
 from pto import Var
 from pto.errors import UsageError
 from pto.program import Option, Program, Settings, seeded_randn
-
-# Launch parameters measured best per GPU architecture (bench/tune_kernels.py --seq 16384 on an
-# H100 80GB HBM3, 2026-11-22; docs/PERF.md has the sweeps).
-LAUNCH_DEFAULTS: dict[str, dict[str, dict]] = {
-    "sm90": {
-        # 128 x 256 output blocks, K step 64, 3 stages, groups of 8 row tiles x every column block
-        # (the activation panel stays in L2): 667-695 TFLOP/s; tasks-fastest order: 591-615
-        "matmul_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
-        "matmul_residual_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
-        # two 128 x 128 accumulators (the register budget of one 128 x 256 block), grouped:
-        # 588 TFLOP/s with 3 stages, 568 with 4; tasks-fastest order 536
-        "matmul_swiglu_tile": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
-        # tq 128, tk 128, base-2 softmax: 501 TFLOP/s causal at 16K (tk 64: 476-487)
-        "flash_fused": {"num_warps": 8, "num_stages": 3},
-        "flash_fused_nc": {"num_warps": 8, "num_stages": 3},
-    },
-}
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
 #: f32, bidirectional, split attention), and the bytes per task of its runtime
@@ -75,9 +58,6 @@ class LlamaProgram(Program):
             raise UsageError(f"llama7b at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
                              "runtime's limits (2^31 task ids and edges); use a shorter --seq or "
                              "`pto estimate` for the counts")
-
-    def launch_defaults(self, s: Settings) -> dict[str, dict]:
-        return dict(LAUNCH_DEFAULTS.get(s.target.arch, {}))
 
     def seed_settings(self, config: str) -> Settings:
         """The setting of seed 004's table."""

@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -104,31 +104,40 @@ class TritonBackend(Backend):
 
     def __init__(self, device="cuda", options: RenderOptions | None = None,
                  launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
-                 split: bool = True):
+                 split: bool = True, schedules=None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
         self.launch_overrides = dict(launch or {})
+        self.schedules = schedules  # a pto.schedules.ScheduleDB (None: the renderer's heuristics)
         self.even = even
         self.align = align
         self.split = split
-        self._kernels: dict[IncoreFunction, RenderedKernel] = {}
+        self._kernels: dict[tuple, RenderedKernel] = {}
 
-    def kernel(self, fn: IncoreFunction) -> RenderedKernel:
-        """The rendered kernel of ``fn`` under this backend's options (cached)."""
-        k = self._kernels.get(fn)
+    def kernel(self, fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
+        """The rendered kernel of ``fn`` under ``options`` (default: this backend's; cached)."""
+        opts = options or self.options
+        k = self._kernels.get((fn, opts))
         if k is None:
-            k = self._kernels[fn] = render(fn, self.options)
+            k = self._kernels[(fn, opts)] = render(fn, opts)
         return k
 
     @classmethod
     def create(cls, device, launch: dict[str, dict]) -> TritonBackend:
-        return cls(device, launch=launch)
+        from pto.schedules import for_device
 
-    def launch_config(self, fn: IncoreFunction) -> dict:
-        """Launch parameters: the renderer's defaults, then ``launch`` for the plain name (the
-        program's measured defaults come this way), then ``launch`` for the variant name."""
-        cfg = dict(self.kernel(fn).launch)
+        return cls(device, launch=launch, schedules=for_device(str(device)))
+
+    def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> dict:
+        """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
+        heuristics, then the schedule database's entry for the variant and the batch's shape
+        bucket (the user's, else the shipped defaults; :mod:`pto.schedules`), then ``launch``
+        for the plain name, then ``launch`` for the variant name."""
+        kernel = self.kernel(fn)
+        cfg = dict(kernel.launch)
+        if self.schedules is not None:
+            cfg.update(self.schedules.lookup(fn.name, fn.variant_name, tasks, kernel.digest)[0])
         cfg.update(self.launch_overrides.get(fn.name, {}))
         cfg.update(self.launch_overrides.get(fn.variant_name, {}))
         return cfg
@@ -142,17 +151,21 @@ class TritonBackend(Backend):
         _check_batch(batch)
         if batch.size == 0:
             return _launcher(None, (), [], {})
-        jit = load_kernel(self.kernel(fn))
+        cfg = self.launch_config(fn, batch.size)
+        # a schedule may switch code generation options (RenderOptions fields) as well
+        fields = {k: cfg.pop(k) for k in list(cfg) if k in RenderOptions.__dataclass_fields__}
+        kernel = self.kernel(fn, replace(self.options, **fields) if fields else None)
+        jit = load_kernel(kernel)
         args = []
         for p in fn.memrefs:
             t = batch.mems[p.name].tensor
             args += [t, t.stride(0)]
         groups = self.groups(batch)
         device = batch.mems[fn.memrefs[0].name].tensor.device
-        table = build_table(self.kernel(fn), batch, device)
+        table = build_table(kernel, batch, device)
         for g in groups:
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
-        return _launcher(jit, tuple(args), groups, self.launch_config(fn))
+        return _launcher(jit, tuple(args), groups, cfg)
 
     def launches_per_batch(self, batch: TaskBatch) -> int:
         return len(self.groups(batch)) if batch.size else 0

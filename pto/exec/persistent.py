@@ -199,7 +199,10 @@ class PersistentExecutor(Executor):
 
     # -- building ---------------------------------------------------------------------------------
     def _launch_config(self) -> dict:
-        cfgs = [self.backend.launch_config(b.fn) for b in self.plan.branches]
+        """One configuration for the whole kernel: the largest warps and stages any branch's
+        schedule asks for, FMA contraction if any branch allows it."""
+        tasks = np.bincount(self.plan.task_branch, minlength=len(self.plan.branches))
+        cfgs = [self.backend.launch_config(b.fn, int(n)) for b, n in zip(self.plan.branches, tasks)]
         return {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
                 "num_stages": max((c["num_stages"] for c in cfgs), default=1),
                 "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
@@ -268,7 +271,9 @@ class PersistentExecutor(Executor):
 
         t0 = time.perf_counter()
         names = list(graph.tensor_ids)
-        groups = {fn.name: self.backend.launch_config(fn).get("GROUP", 0) for fn in graph.variants}
+        per_variant = graph.tasks_per_variant()
+        groups = {fn.name: self.backend.launch_config(fn, per_variant.get(fn, 1)).get("GROUP", 0)
+                  for fn in graph.variants}
         aligned = np.array([self.tensors[n].stride(0) % 16 == 0 and self.tensors[n].data_ptr() % 16 == 0
                             for n in names], bool)
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)

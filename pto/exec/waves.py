@@ -76,6 +76,7 @@ class WaveExecutor(Executor):
             raise ExecutionError(f"unknown execution order {order!r}")
         super().__init__(backend, tensors, record, progress)
         self.order = order
+        self.on_batch = None  # called with every TaskBatch before it is prepared
         self.rng = np.random.default_rng(seed)
         self.sync_each_launch = sync_each_launch
         self._reset()
@@ -201,6 +202,8 @@ class WaveExecutor(Executor):
             else:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
         batch = TaskBatch(fn, mems, scalars, len(ids))
+        if self.on_batch is not None:  # pto tune collects the batches it times
+            self.on_batch(batch)
         launch = self.backend.prepare(batch)
         self.device_launches += launch.count
         rec = None

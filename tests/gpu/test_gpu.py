@@ -107,3 +107,16 @@ def test_persistent_wait_is_bounded_on_the_gpu():
             ex.check()
     finally:
         runner.close()
+
+
+def test_tune_rejects_a_wrong_candidate_on_the_gpu(tmp_path):
+    """tf32 for an f32 GEMM is fast and wrong beyond f32's tolerance: pto tune never keeps it."""
+    from pto.schedules import ScheduleDB
+    from pto.tune import tune
+
+    db = ScheduleDB(torch.cuda.get_device_name(0), user_dir=tmp_path)
+    space = {"gemm_tile": [{"input_precision": "tf32"}, {"num_warps": 4, "num_stages": 2}]}
+    res = tune("bgemm", [256], device="cuda", config="tiny", dtype="f32", db=db, iterations=3, warmup=1,
+               candidates=space)
+    (r,) = res["results"]
+    assert r["rejected"] == 1 and r["best"] == {"num_warps": 4, "num_stages": 2}

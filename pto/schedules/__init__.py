@@ -1,0 +1,175 @@
+"""Schedules as data (seeds 002 and 003): launch parameters per device, InCore function and shape.
+
+A schedule database holds, for one device (by the name its driver reports), one JSON file per
+InCore function (``<function>.json``) with entries keyed by the function's variant and a shape
+bucket. Lookup order: the user's database (``$PTO_CACHE_DIR/schedules/<device>/``, default
+``~/.cache/pto/schedules/<device>/``, what ``pto tune`` writes), then the defaults shipped with
+pto (``pto/schedules/data/<device>/``), then the renderer's heuristics. An entry records the
+Triton version and the kernel source hash it was measured with; an entry whose version or hash
+differs from the running one is stale and ignored (``pto tune --show`` says so).
+
+File format (``format`` 1)::
+
+    {"format": 1, "device": "NVIDIA H100 80GB HBM3", "function": "matmul_tile",
+     "entries": [{"variant": "matmul_tile__K4096_N4096_R128", "bucket": "large",
+                  "params": {"num_warps": 8, "num_stages": 3, "GROUP": 8},
+                  "triton": "3.6.0", "source": "<kernel digest>", "ms": 0.812,
+                  "measured": "2026-11-24 pto tune llama7b --seq 16384", "candidates": 24}]}
+
+Shape buckets follow the seed's small / medium / large M: the number of tasks a batch of the
+variant runs (for the LLaMA layer, 128-row tiles: up to 2K tokens small, up to 8K medium).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pto.errors import UsageError
+
+FORMAT = 1
+BUCKETS = (("small", 16), ("medium", 64), ("large", None))
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def bucket(tasks: int) -> str:
+    """The shape bucket of a batch of ``tasks`` tasks."""
+    for name, limit in BUCKETS:
+        if limit is None or tasks <= limit:
+            return name
+    return BUCKETS[-1][0]
+
+
+def device_key(name: str) -> str:
+    """The folder of a device's database: its driver name as a file name."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
+
+
+def user_root() -> Path:
+    root = os.environ.get("PTO_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "pto") / "schedules"
+
+
+def triton_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("triton")
+    except Exception:  # triton not installed: nothing can be current
+        return ""
+
+
+@dataclass
+class Entry:
+    variant: str
+    bucket: str
+    params: dict
+    triton: str
+    source: str
+    ms: float | None = None
+    measured: str = ""
+    candidates: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def stale_reason(self, source: str, triton: str) -> str | None:
+        if self.triton != triton:
+            return f"measured with Triton {self.triton}, running {triton or 'none'}"
+        if self.source != source:
+            return "the kernel source changed since it was measured"
+        return None
+
+
+class CorruptDatabase(UsageError):
+    """A schedule file that is not a well-formed database (reported; the file is set aside)."""
+
+
+def _read(path: Path) -> list[Entry]:
+    """The entries of one function's file ([] if absent). A file that does not parse is moved
+    aside to ``<file>.corrupt`` and reported once as a warning; lookups go on without it."""
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        return [Entry(**e) for e in data["entries"]]
+    except (ValueError, TypeError, KeyError) as e:
+        import warnings
+
+        bad = path.with_suffix(path.suffix + ".corrupt")
+        try:
+            path.replace(bad)
+            where = f"moved to {bad}"
+        except OSError:
+            where = "left in place"
+        warnings.warn(f"schedule database {path} is corrupt ({e}); ignored and {where}", stacklevel=3)
+        return []
+
+
+def _write(path: Path, device: str, function: str, entries: list[Entry]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "device": device, "function": function, "entries": [asdict(e) for e in entries]}
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)  # readers see the old file or the whole new one
+
+
+class ScheduleDB:
+    """The schedules of one device: the user's database over the shipped defaults."""
+
+    def __init__(self, device_name: str, user_dir: Path | None = None, shipped_dir: Path | None = None):
+        self.device = device_name
+        key = device_key(device_name)
+        self.user_dir = (user_dir or user_root()) / key
+        self.shipped_dir = (shipped_dir or DATA) / key
+        self.triton = triton_version()
+
+    def _entries(self, where: str, function: str) -> list[Entry]:
+        base = self.user_dir if where == "user" else self.shipped_dir
+        return _read(base / f"{function}.json")
+
+    def lookup(self, function: str, variant: str, tasks: int, source: str) -> tuple[dict, str]:
+        """``(params, origin)``: the current entry for the variant and the batch's bucket, from
+        the user's database, else the shipped defaults; ``({}, "heuristic")`` if neither has one."""
+        b = bucket(tasks)
+        for where in ("user", "shipped"):
+            for e in self._entries(where, function):
+                if e.variant == variant and e.bucket == b and e.stale_reason(source, self.triton) is None:
+                    return dict(e.params), where
+        return {}, "heuristic"
+
+    def explain(self, function: str, variant: str, tasks: int, source: str) -> list[str]:
+        """Why each candidate entry applies or not (for ``pto tune --show``)."""
+        b, out = bucket(tasks), []
+        for where in ("user", "shipped"):
+            for e in self._entries(where, function):
+                if e.variant != variant or e.bucket != b:
+                    continue
+                why = e.stale_reason(source, self.triton)
+                out.append(f"{where}: {e.params} ({e.measured}{', ' + str(e.ms) + ' ms' if e.ms else ''})"
+                           + (f": stale, {why}" if why else ""))
+        return out
+
+    def store(self, function: str, entry: Entry) -> Path:
+        """Add or replace the user's entry for (variant, bucket)."""
+        path = self.user_dir / f"{function}.json"
+        entries = [e for e in _read(path) if (e.variant, e.bucket) != (entry.variant, entry.bucket)]
+        entries.append(entry)
+        entries.sort(key=lambda e: (e.variant, e.bucket))
+        _write(path, self.device, function, entries)
+        return path
+
+
+def for_device(device: str) -> ScheduleDB:
+    """The database of the device pto runs on (``cpu`` for the interpreter)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return ScheduleDB(torch.cuda.get_device_name(0))
+    return ScheduleDB("cpu")
+
+
+__all__ = ["ScheduleDB", "Entry", "bucket", "device_key", "for_device", "user_root", "FORMAT", "BUCKETS"]

@@ -1,0 +1,248 @@
+"""``pto tune``: search each InCore variant's schedule space on the GPU and store the winners in the
+schedule database (:mod:`pto.schedules`).
+
+For every sequence length: the program's graph runs once with the wave executor (the intermediate
+tensors hold real data), recording the batches the executor launches. For each variant, the
+largest of its batches is the benchmark: every candidate of the variant's space (warps, pipeline
+stages, the grouped program order where the function has a parallel axis) is run on the batch,
+its outputs are compared with the torch backend's on the same inputs (a candidate outside the
+dtype's tolerance is never kept), the survivors are timed (CUDA events, median), and the fastest
+is stored for the variant and the batch's shape bucket, with the Triton version and the kernel's
+source hash. Variants go in order of their estimated cost, biggest first, within a time budget;
+the database is written after each variant, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pto.backends.torch_backend import TorchBackend
+from pto.backends.triton_backend import TritonBackend
+from pto.batch import RegionBatch, TaskBatch
+from pto.engine import Job, rel_err, resolve
+from pto.errors import UsageError
+from pto.ir.analysis import param_access
+from pto.ir.nodes import ForRange
+from pto.ir.ops import Op
+from pto.progress import iterate
+from pto.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
+from pto.timing import median_ms
+
+#: relative L2 error a candidate may have against the torch backend, per storage dtype
+TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 2e-2}
+
+
+@dataclass
+class Result:
+    variant: str
+    function: str
+    tasks: int
+    candidates: int
+    rejected: int
+    best: dict | None
+    best_ms: float | None
+    default_ms: float | None
+
+
+def space(fn) -> list[dict]:
+    """The candidates of a variant: warps x pipeline stages (when a loop loads tiles) x the
+    grouped order (when the function has a parallel axis)."""
+    loads_in_loop = any(isinstance(s, ForRange) and _loads(s.body) for s in fn.body)
+    stages = (2, 3, 4) if loads_in_loop else (1,)
+    groups = (0, 4, 8, 16) if fn.parallel is not None else (None,)
+    out = []
+    for w, st, g in itertools.product((4, 8), stages, groups):
+        c = {"num_warps": w, "num_stages": st}
+        if g is not None:
+            c["GROUP"] = g
+        out.append(c)
+    return out
+
+
+def _loads(body) -> bool:
+    return any(_loads(s.body) if isinstance(s, ForRange) else s.op is Op.LOAD for s in body)
+
+
+def _collect_batches(job: Job, seq: int, seed: int):
+    """Run the program once with the wave executor; every (variant, batch) it launched."""
+    from pto.buffers import allocate, tensor_shapes
+    from pto.exec.waves import WaveExecutor
+    from pto.graph import CompiledProgram
+
+    prog, s = job.program, job.settings
+    module = prog.build(s)
+    scalars = prog.scalars(s, seq)
+    graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
+    try:
+        fn = module.entry_function
+        tensors = allocate(fn, tensor_shapes(fn, scalars), prog.inputs(s, seq, job.device, seed), job.device)
+        ex = WaveExecutor(TritonBackend(job.device, schedules=for_device(job.device)), tensors)
+        batches: list[TaskBatch] = []
+        ex.on_batch = batches.append
+        ex.run(graph)
+        if job.device == "cuda":
+            torch.cuda.synchronize()
+        return batches
+    finally:
+        graph.close()
+
+
+def _clone(batch: TaskBatch, written: set[str]) -> TaskBatch:
+    mems = {k: RegionBatch(v.tensor.clone() if k in written else v.tensor, v.row0, v.col0, v.rows, v.cols)
+            for k, v in batch.mems.items()}
+    return TaskBatch(batch.fn, mems, batch.scalars, batch.size)
+
+
+def accept(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], dtype: str) -> float | None:
+    """The worst relative L2 error of ``out`` against ``ref`` if within the dtype's tolerance,
+    else None (the candidate is wrong)."""
+    err = max(rel_err(out[k], ref[k]) for k in ref)
+    return err if err <= TOLERANCE[dtype] else None
+
+
+def _backend(device, cand: dict | None, variant: str) -> TritonBackend:
+    """A backend running ``cand`` for ``variant``: launch parameters, and RenderOptions fields
+    (e.g. ``input_precision``) that switch the generated code."""
+    return TritonBackend(device, launch={variant: dict(cand)} if cand else None)
+
+
+def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, warmup: int, cuda: bool,
+               deadline: float, label: str, candidates: list[dict] | None = None, on_measure=None) -> Result:
+    """Search one variant on one batch, storing the best candidate in ``db`` each time it
+    improves (an interrupted search keeps it); the search result."""
+    fn = batch.fn
+    access = param_access(fn)
+    written = {p.name for p in fn.memrefs if access[p.name].direction != "in"}
+    snapshot = _clone(batch, written)  # inputs as the graph run left them
+    ref = _clone(snapshot, written)
+    TorchBackend().prepare(ref)()
+    ref_out = {k: ref.mems[k].tensor for k in written}
+    cands = candidates if candidates is not None else space(fn)
+    device = batch.mems[fn.memrefs[0].name].tensor.device
+    result = Result(fn.variant_name, fn.name, batch.size, len(cands), 0, None, None, None)
+    for cand in [None, *cands]:  # None: the renderer's heuristics, for comparison
+        if time.monotonic() > deadline:
+            break
+        be = _backend(device, cand, fn.variant_name)
+        work = _clone(snapshot, written)
+        try:
+            launch = be.prepare(work)
+            launch()
+            if cuda:
+                torch.cuda.synchronize()
+        except Exception as e:  # a candidate Triton cannot compile (too much shared memory, ...)
+            result.rejected += 1
+            if on_measure:
+                on_measure(label, cand, None, type(e).__name__)
+            continue
+        if accept({n: work.mems[n].tensor for n in written}, ref_out, dtype) is None:
+            result.rejected += 1  # never kept, whatever its speed
+            if on_measure:
+                on_measure(label, cand, None, "wrong result")
+            continue
+        ms = round(median_ms(launch, iterations, warmup, cuda=cuda), 4)
+        if cand is None:
+            result.default_ms = ms
+        elif result.best_ms is None or ms < result.best_ms:
+            result.best, result.best_ms = dict(cand), ms
+            # the source is the variant's code under the default options: render switches in the
+            # entry's parameters are applied on top (TritonBackend.prepare)
+            db.store(fn.name, Entry(fn.variant_name, bucket(batch.size), dict(cand), triton_version(),
+                                    TritonBackend(device).kernel(fn).digest, ms, label, len(cands),
+                                    {"default_ms": result.default_ms}))
+        if on_measure:
+            on_measure(label, cand, ms, None)
+    return result
+
+
+def tune(program: str, seqs: list[int], *, device: str = "auto", config=None, dtype=None, target=None,
+         options: dict | None = None, budget_s: float = 600.0, iterations: int = 10, warmup: int = 2,
+         seed: int = 0, progress: bool = False, db: ScheduleDB | None = None, only: set[str] | None = None,
+         candidates: dict[str, list[dict]] | None = None, on_measure=None) -> dict:
+    """Tune every variant the program runs at ``seqs`` (JSON-able summary). ``only``: function
+    names to tune; ``candidates``: a space per function name in place of :func:`space`."""
+    from datetime import date
+
+    job = resolve(program, device=device, backend="triton", executor="waves", config=config, dtype=dtype,
+                  target=target, options=options)
+    cuda = job.device == "cuda"
+    db = db or for_device(job.device)
+    deadline = time.monotonic() + budget_s
+    results: list[Result] = []
+    interrupted = False
+    try:
+        for seq in seqs:
+            job.program.check_size(job.settings, seq)
+            best: dict[str, TaskBatch] = {}
+            for b in _collect_batches(job, seq, seed):
+                if only and b.fn.name not in only:
+                    continue
+                if b.fn.variant_name not in best or b.size > best[b.fn.variant_name].size:
+                    best[b.fn.variant_name] = b
+            order = sorted(best.values(), key=lambda b: -_estimate(b))
+            for b in iterate(order, f"tuning {job.program.name} at {seq}", progress, unit="variant"):
+                if time.monotonic() > deadline:
+                    break
+                label = f"{date.today().isoformat()} pto tune {job.program.name} --seq {seq}"
+                cands = candidates.get(b.fn.name) if candidates else None
+                results.append(tune_batch(b, db, job.settings.dtype.short, iterations, warmup, cuda, deadline, label,
+                                          cands, on_measure))
+    except KeyboardInterrupt:
+        interrupted = True
+    return {"program": job.program.name, **job.settings.to_json(), "device": job.device, "database": str(db.user_dir),
+            "budget_s": budget_s, "interrupted": interrupted,
+            "results": [r.__dict__ for r in results]}
+
+
+def _estimate(batch: TaskBatch) -> float:
+    from pto.exec.cost import item_costs
+
+    env = {f"{k}.rows": v.rows.cpu() for k, v in batch.mems.items()}
+    env.update({f"{k}.cols": v.cols.cpu() for k, v in batch.mems.items()})
+    env.update({k: v.cpu() for k, v in batch.scalars.items()})
+    try:
+        return float(item_costs(batch.fn, env, batch.size).sum())
+    except Exception:
+        return float(batch.size)
+
+
+def show(program: str, seqs: list[int], *, device: str = "auto", config=None, dtype=None, target=None,
+         options: dict | None = None) -> str:
+    """What applies to each variant the program runs at ``seqs``: the parameters, where they
+    come from (user, shipped, heuristic) and why other entries do not apply."""
+    from pto.graph import CompiledProgram
+
+    job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options)
+    db = for_device(job.device)
+    be = TritonBackend(job.device if job.device == "cuda" else "cpu", schedules=db)
+    lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
+             f"{db.triton or 'not installed'})"]
+    for seq in seqs:
+        graph = CompiledProgram.get(job.program.build(job.settings), target=job.settings.target).build_graph(
+            job.program.scalars(job.settings, seq))
+        try:
+            for fn, n in sorted(graph.tasks_per_variant().items(), key=lambda kv: kv[0].variant_name):
+                digest = be.kernel(fn).digest
+                _, origin = db.lookup(fn.name, fn.variant_name, n, digest)
+                lines.append(f"seq {seq}  {fn.variant_name} ({n} tasks, {bucket(n)}): {origin} "
+                             f"{be.launch_config(fn, n)}")
+                lines += [f"    {x}" for x in db.explain(fn.name, fn.variant_name, n, digest)]
+        finally:
+            graph.close()
+    return "\n".join(lines)
+
+
+def refuse_without_gpu(device: str) -> None:
+    if device in ("auto", "cuda"):
+        from pto.device import cuda_available
+
+        if not cuda_available():
+            raise UsageError("pto tune measures kernels on a GPU and none is visible (the schedules of a "
+                             "CPU do not exist: its backend has no launch parameters)")
+
+
+__all__ = ["tune", "tune_batch", "show", "space", "accept", "TOLERANCE", "Result"]

@@ -1,0 +1,175 @@
+"""The schedule database and pto tune: lookup order (user, shipped, heuristics), stale entries
+ignored, corrupt files set aside, the shipped H100 entries current for today's kernels, a tuning
+run under the Triton interpreter that stores what it measured (also when interrupted), and wrong
+candidates never kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from pto import f32
+from pto.backends.triton_backend import TritonBackend
+from pto.ir.analysis import specialize
+from pto.schedules import DATA, Entry, ScheduleDB, bucket, triton_version
+
+
+def _gemm():
+    from pto.incore.matmul import gemm_tile
+
+    return specialize(gemm_tile(f32, 32, 64, 32))
+
+
+def _db(tmp_path, name="TestGPU 9000"):
+    return ScheduleDB(name, user_dir=tmp_path / "user", shipped_dir=tmp_path / "shipped")
+
+
+def test_buckets_follow_the_batch_size():
+    assert [bucket(n) for n in (1, 16, 17, 64, 65, 4096)] == ["small", "small", "medium", "medium", "large", "large"]
+
+
+def test_lookup_order_user_then_shipped_then_heuristics(tmp_path):
+    fn = _gemm()
+    db = _db(tmp_path)
+    be = TritonBackend("cpu", schedules=db)
+    digest = be.kernel(fn).digest
+    heuristic = be.launch_config(fn, 100)
+    assert db.lookup(fn.name, fn.variant_name, 100, digest) == ({}, "heuristic")
+    shipped = ScheduleDB(db.device, user_dir=tmp_path / "shipped")  # writes where the shipped files live
+    shipped.store(fn.name, Entry(fn.variant_name, "large", {"num_warps": 2, "num_stages": 5}, triton_version(),
+                                 digest))
+    assert db.lookup(fn.name, fn.variant_name, 100, digest) == ({"num_warps": 2, "num_stages": 5}, "shipped")
+    db.store(fn.name, Entry(fn.variant_name, "large", {"num_warps": 16}, triton_version(), digest))
+    assert db.lookup(fn.name, fn.variant_name, 100, digest) == ({"num_warps": 16}, "user")
+    cfg = be.launch_config(fn, 100)
+    assert cfg["num_warps"] == 16 and cfg["num_stages"] == heuristic["num_stages"]
+    # another bucket has no entry: the heuristics
+    assert be.launch_config(fn, 3) == heuristic
+    # explicit overrides still win over the database
+    forced = TritonBackend("cpu", schedules=db, launch={fn.name: {"num_warps": 1}})
+    assert forced.launch_config(fn, 100)["num_warps"] == 1
+
+
+def test_stale_entries_are_ignored_and_explained(tmp_path):
+    fn = _gemm()
+    db = _db(tmp_path)
+    digest = TritonBackend("cpu").kernel(fn).digest
+    db.store(fn.name, Entry(fn.variant_name, "small", {"num_warps": 2}, "0.0.1", digest))
+    assert db.lookup(fn.name, fn.variant_name, 4, digest)[1] == "heuristic"
+    assert "stale, measured with Triton 0.0.1" in db.explain(fn.name, fn.variant_name, 4, digest)[0]
+    db.store(fn.name, Entry(fn.variant_name, "small", {"num_warps": 2}, triton_version(), "0" * 20))
+    assert db.lookup(fn.name, fn.variant_name, 4, digest)[1] == "heuristic"
+    assert "the kernel source changed" in db.explain(fn.name, fn.variant_name, 4, digest)[0]
+
+
+def test_a_corrupt_file_is_set_aside_and_reported(tmp_path):
+    fn = _gemm()
+    db = _db(tmp_path)
+    path = db.user_dir / f"{fn.name}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"format": 1, "entries": [{"variant": ')  # truncated
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert db.lookup(fn.name, fn.variant_name, 4, "x") == ({}, "heuristic")
+    assert any("is corrupt" in str(x.message) for x in w)
+    assert not path.exists() and path.with_suffix(".json.corrupt").exists()
+    db.store(fn.name, Entry(fn.variant_name, "small", {"num_warps": 2}, triton_version(), "x"))  # rebuilt
+    assert db.lookup(fn.name, fn.variant_name, 4, "x")[1] == "user"
+
+
+def test_shipped_h100_entries_match_todays_kernels():
+    """Every shipped entry names a variant the LLaMA layer runs on an H100 and carries the
+    current source hash of its kernel: a renderer change that would make them stale fails here
+    (re-measure with pto tune and ship the new entries)."""
+    from pto.graph import CompiledProgram
+    from pto.programs import get
+    from pto.target import get as target
+
+    prog = get("llama7b")
+    variants = {}
+    for mode in ("fused", "pair", "split"):
+        for causal in (True, False):
+            s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"),
+                              attention=mode, causal=causal)
+            for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
+                variants[v.func.variant_name] = v.func
+    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=DATA / "none")
+    files = sorted(db.shipped_dir.glob("*.json"))
+    assert files
+    be = TritonBackend("cpu")
+    for f in files:
+        for e in db._entries("shipped", f.stem):
+            assert e.variant in variants, e.variant
+            assert e.source == be.kernel(variants[e.variant]).digest, e.variant
+            assert e.triton == "3.6.0"
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted(tmp_path):
+    from pto.tune import tune
+
+    db = _db(tmp_path, "cpu")
+    space = {"gemm_tile": [{"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 3}]}
+    res = tune("bgemm", [40], device="cpu", db=db, iterations=1, warmup=0, candidates=space)
+    (r,) = res["results"]
+    assert r["function"] == "gemm_tile" and r["rejected"] == 0 and r["best"] in space["gemm_tile"]
+    params, origin = db.lookup("gemm_tile", r["variant"], r["tasks"], TritonBackend("cpu").kernel(_gemm_of(r)).digest)
+    assert origin == "user" and params == r["best"]
+
+    # Ctrl-C after the first candidate was timed: the run says so and keeps that candidate
+    db2 = _db(tmp_path / "b", "cpu")
+    seen = []
+
+    def interrupt(label, cand, ms, why):
+        seen.append(cand)
+        if cand is not None:
+            raise KeyboardInterrupt
+
+    res = tune("bgemm", [40], device="cpu", db=db2, iterations=1, warmup=0, candidates=space, on_measure=interrupt)
+    assert res["interrupted"] and seen == [None, space["gemm_tile"][0]]
+    stored = db2._entries("user", "gemm_tile")
+    assert len(stored) == 1 and stored[0].params == space["gemm_tile"][0]
+
+
+def _gemm_of(result):
+    from pto.graph import CompiledProgram
+    from pto.programs import get
+
+    prog = get("bgemm")
+    s = prog.settings()
+    cp = CompiledProgram.get(prog.build(s), target=s.target)
+    return next(v.func for v in cp.variants if v.func.variant_name == result["variant"])
+
+
+def test_a_wrong_candidate_is_never_kept():
+    """The acceptance check on real outputs: a result off by more than the dtype's tolerance is
+    rejected, one within it accepted (on a GPU, tf32 for an f32 GEMM is such a candidate:
+    tests/gpu)."""
+    from pto.tune import accept
+
+    g = torch.Generator().manual_seed(0)
+    ref = {"c": torch.randn(64, 64, generator=g)}
+    close = {"c": ref["c"] * (1 + 1e-7)}
+    off = {"c": ref["c"].clone()}
+    off["c"][3, 5] += 0.05 * ref["c"].norm()  # one element badly wrong
+    assert accept(close, ref, "f32") is not None
+    assert accept(off, ref, "f32") is None and accept(off, ref, "bf16") is None
+    nan = {"c": ref["c"].clone()}
+    nan["c"][0, 0] = float("nan")
+    assert accept(nan, ref, "bf16") is None
+
+
+def test_tune_refuses_without_a_gpu_and_show_reports_the_origin():
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "tune", "softmax"], capture_output=True, text=True)
+    if not torch.cuda.is_available():
+        assert r.returncode == 2 and "pto tune measures kernels on a GPU and none is visible" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "tune", "softmax", "--show", "--seq", "100"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "schedules for" in r.stdout and "softmax_tile__" in r.stdout and "heuristic" in r.stdout
