@@ -27,7 +27,7 @@ def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
 
 
 def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
-                adaptive: bool = True) -> dict[str, int]:
+                adaptive: bool = True, fuse: bool = False) -> dict[str, int]:
     """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
     log^2 n) for n base tiles (milliseconds up to 2**31 - 1 tokens: nothing is enumerated per
     tile).
@@ -35,7 +35,9 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
     kv range overlaps (docs/ESTIMATE.md derives each term):
     fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
-    split: tasks 16T + 3P, edges 14T + 10P.
+    split: tasks 16T + 3P, edges 14T + 10P. With ``fuse`` (fused attention, RMSNorm folded into
+    the projections, RoPE in the Q/K epilogue): tasks 7T, edges 5T + 2Q (no edge into the
+    projections, which read only inputs).
     """
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
@@ -93,4 +95,6 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     Q = T * (T + 1) // 2 if causal else T * T
     tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
+    if fuse:
+        tasks, edges = 7 * T, 5 * T + 2 * Q
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}

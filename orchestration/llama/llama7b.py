@@ -29,10 +29,11 @@ from pto.target import Target
 
 
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
-                 causal: bool = True):
+                 causal: bool = True, fuse: bool = False):
     """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, with ``attention``
-    granularity (``split``, ``pair`` or ``fused``) and ``causal`` or bidirectional attention."""
-    t, fn = fit_functions(cfg, dt, target, causal, attention)
+    granularity (``split``, ``pair`` or ``fused``) and ``causal`` or bidirectional attention;
+    ``fuse`` (fused attention only): RMSNorm folded into the projections, RoPE into q and k's."""
+    t, fn = fit_functions(cfg, dt, target, causal, attention, fuse)
     H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
     base = t.base
     o = Orchestration("llama7b")
@@ -42,8 +43,11 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     wq, wk, wv, wo = (o.input(n, H, H, dt) for n in ("wq", "wk", "wv", "wo"))
     wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
     cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
-    xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
-    attn, h, hn = (o.temp(n, S, H, dt) for n in ("attn", "h", "hn"))
+    if fuse:
+        v, qr, kr, attn, h = (o.temp(n, S, H, dt) for n in ("v", "qr", "kr", "attn", "h"))
+    else:
+        xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
+        attn, h, hn = (o.temp(n, S, H, dt) for n in ("attn", "h", "hn"))
     act = o.temp("act", S, Fd, dt)
     if attention != "fused":
         ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
@@ -67,12 +71,18 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     # phase 1: pre-attention, per row tile
     with o.for_loop("i", 0, n, **q_loop) as i:
         R = {"R": i.rows}
-        o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
-        for w, out in ((wq, q), (wk, k), (wv, v)):
-            o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, H)}, dims={**R, "K": H, "N": H})
-        for src, dst in ((q, qr), (k, kr)):
-            o.call(fn.rope, {"x": tile(src, i, H), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
-                             "y": tile(dst, i, H)}, dims=R)
+        if fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
+            for w, out in ((wq, qr), (wk, kr)):
+                o.call(fn.matmul_norm_rope, {"x": tile(x, i, H), "g": g_attn, "w": w, "cos": tile(cos, i, D // 2),
+                                             "sin": tile(sin, i, D // 2), "y": tile(out, i, H)}, dims=R)
+            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": g_attn, "w": wv, "y": tile(v, i, H)}, dims=R)
+        else:
+            o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
+            for w, out in ((wq, q), (wk, k), (wv, v)):
+                o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, H)}, dims={**R, "K": H, "N": H})
+            for src, dst in ((q, qr), (k, kr)):
+                o.call(fn.rope, {"x": tile(src, i, H), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
+                                 "y": tile(dst, i, H)}, dims=R)
         if attention != "fused":
             o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, H)},
                    dims={"TQ": i.rows})
@@ -119,9 +129,13 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
             R = {"R": r.rows}
             o.call(fn.matmul_residual, {"x": tile(attn, r, H), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
                    dims={**R, "K": H, "N": H})
-            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
-            o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
-                   dims={**R, "K": H, "N": Fd})
+            if fuse:
+                o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": g_ffn, "wg": wg, "wu": wu,
+                                               "y": tile(act, r, Fd)}, dims=R)
+            else:
+                o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+                o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
+                       dims={**R, "K": H, "N": Fd})
             o.call(fn.matmul_residual, {"x": tile(act, r, Fd), "w": wd, "r": tile(h, r, H), "y": tile(y, r, H)},
                    dims={**R, "K": Fd, "N": H})
         return o.module()

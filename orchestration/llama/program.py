@@ -33,6 +33,8 @@ class LlamaProgram(Program):
                "pair (1 task per pair) or fused (1 task per q tile, residuals and SwiGLU fused too)",
                choices=ATTENTION_MODES),
         Option("causal", True, "causal attention"),
+        Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
+               "and apply RoPE in the q and k projections' epilogue (7 tasks per row tile instead of 11)"),
     )
     default_seq = 128
     outputs = ("y",)
@@ -40,15 +42,21 @@ class LlamaProgram(Program):
     def default_config(self, device: str) -> str:
         return "7b" if device == "cuda" else "tiny"
 
+    def check_settings(self, s: Settings) -> None:
+        if s["fuse_norm_rope"] and s["attention"] != "fused":
+            raise UsageError(f"llama7b: --fuse-norm-rope needs --attention fused (got --attention {s['attention']})")
+
     def build(self, s: Settings):
-        return build_module(CONFIGS[s.config], s.dtype, s.target, s["attention"], s["causal"])
+        return build_module(CONFIGS[s.config], s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"])
 
     def tiling(self, s: Settings) -> LlamaTiling:
-        return fit_functions(CONFIGS[s.config], s.dtype, s.target, s["causal"], s["attention"])[0]
+        return fit_functions(CONFIGS[s.config], s.dtype, s.target, s["causal"], s["attention"],
+                             s["fuse_norm_rope"])[0]
 
     def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts (see :func:`closed_form`), for ``pto estimate``."""
-        return closed_form(CONFIGS[s.config], self.tiling(s), seq, s["attention"], s["causal"], adaptive)
+        return closed_form(CONFIGS[s.config], self.tiling(s), seq, s["attention"], s["causal"], adaptive,
+                           s["fuse_norm_rope"])
 
     def check_size(self, s: Settings, seq: int) -> None:
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31

@@ -23,6 +23,7 @@ from pto.incore.attention import (
     flash_softmax,
 )
 from pto.incore.elementwise import residual_add, swiglu_tile
+from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
 from pto.incore.norm import rmsnorm_tile
 from pto.incore.rope import rope_tile
@@ -97,7 +98,7 @@ class Functions:
     """The InCore functions of one (config, dtype, tiling, target, attention mode)."""
 
     def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
-                 attention: str):
+                 attention: str, fuse: bool = False):
         H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
         tg = target
         self.rmsnorm = rmsnorm_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
@@ -106,6 +107,10 @@ class Functions:
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
+            if fuse:  # and the norms folded into the projections after them, RoPE into q and k's
+                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, H, t.bn, t.bk, cfg.eps, tg)
+                self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps, tg)
+                self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, tg)
             self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
             self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
             self.fused = (flash_fused if causal else flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg)
@@ -122,7 +127,7 @@ class Functions:
             self.output = flash_output(dt, NH, D, t.tq, t.tk, tg)
 
 
-def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str):
+def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str, fuse: bool = False):
     """The tiling and functions: the SRAM model's q tile height, kv tiles as tall or 64 rows,
     narrower column blocks, then halved, until every function's live tiles fit the target (the
     model counts Q, K, V, O and S in the storage dtype; the functions also keep f32 scores and
@@ -134,7 +139,7 @@ def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, att
             for shrink in (1, 2, 4, 8):
                 t = choose_tiling(cfg, dt, target, tq, shrink, tk)
                 try:
-                    return t, Functions(cfg, dt, t, target, causal, attention)
+                    return t, Functions(cfg, dt, t, target, causal, attention, fuse)
                 except SramError as e:
                     last = e
         tq //= 2

@@ -465,7 +465,7 @@ def _program_cases():
              ("softmax", 33, DType.F16, None), ("bgemm", 20, DType.F16, None)]
     # every InCore function of the layer: the three attention modes
     cases += [pytest.param("llama7b", 40, DType.F32, mode, marks=pytest.mark.slow)
-              for mode in ("fused", "pair", "split", "fused-nc", "pair-nc", "split-nc")]
+              for mode in ("fused", "pair", "split", "fused-nc", "pair-nc", "split-nc", "fused+fuse")]
     return cases
 
 
@@ -476,7 +476,9 @@ def test_program_through_both_backends(name, seq, dtype, attention):
     prog = get(name)
     options = {}
     if attention is not None:
-        options = {"attention": attention.removesuffix("-nc"), "causal": not attention.endswith("-nc")}
+        mode = attention.removesuffix("-nc").removesuffix("+fuse")
+        options = {"attention": mode, "causal": not attention.endswith("-nc"),
+                   "fuse_norm_rope": attention.endswith("+fuse")}
     opts = prog.settings(dtype=dtype, target=target("x86_64"), **options)
     module = prog.build(opts)
     inputs = prog.inputs(opts, seq, "cpu", seed=seq)
@@ -680,6 +682,11 @@ def _aot_functions():
     yield specialize(softmax_tile(4096, DType.BF16, rows=32))
     yield from (_pgemm_fn(), _rowwise_fn(), _edge_fn(-math.inf), _edge_fn(1e-45), _subnormal_fn())
     yield from (_scalars_fn(), _carry_fn())
+    from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
+
+    yield specialize(matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6))
+    yield specialize(matmul_norm_rope_tile(DType.BF16, 128, 512, 4, 128, 64, 1e-6))
+    yield specialize(matmul_norm_swiglu_tile(DType.BF16, 128, 512, 1024, 128, 64, 1e-6))
 
 
 @pytest.mark.slow

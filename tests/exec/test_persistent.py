@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.interpret,
 CASES = [("softmax", 70, {}), ("bgemm", 45, {}),
          ("llama7b", 40, {"attention": "fused"}), ("llama7b", 40, {"attention": "pair"}),
          ("llama7b", 40, {"attention": "split"}), ("llama7b", 33, {"attention": "fused", "causal": False}),
-         ("llama7b", 33, {"attention": "split", "causal": False})]
+         ("llama7b", 33, {"attention": "split", "causal": False}),
+         ("llama7b", 40, {"attention": "fused", "fuse_norm_rope": True})]
 
 
 def _run(program, seq, options, executor, seed=1):

@@ -64,14 +64,25 @@ def test_causal_submits_no_fully_masked_pair():
 
 def test_graph_counts_equal_closed_form_across_settings():
     prog = get("llama7b")
-    for attention in ("fused", "pair", "split"):
+    for attention, fuse in (("fused", False), ("fused", True), ("pair", False), ("split", False)):
         for causal in (True, False):
-            opts = prog.settings(attention=attention, causal=causal)
+            opts = prog.settings(attention=attention, causal=causal, fuse_norm_rope=fuse)
             module = prog.build(opts)
             for adaptive in (True, False):
                 cp = CompiledProgram.get(module, adaptive)
                 for seq in (1, 65, 640):
                     g = cp.build_graph(prog.scalars(opts, seq))
-                    cf = closed_form(CONFIGS["tiny"], prog.tiling(opts), seq, attention, causal, adaptive)
-                    assert (g.tasks, g.edges) == (cf["tasks"], cf["edges"]), (attention, causal, adaptive, seq)
+                    cf = closed_form(CONFIGS["tiny"], prog.tiling(opts), seq, attention, causal, adaptive, fuse)
+                    assert (g.tasks, g.edges) == (cf["tasks"], cf["edges"]), (attention, fuse, causal, adaptive, seq)
                     g.close()
+
+
+@pytest.mark.parametrize("dtype,tol", [("f32", 1e-4), ("bf16", 2e-2)])
+@pytest.mark.parametrize("seq", [1, 77, 333])
+def test_fused_norm_and_rope_match_the_reference(seq, dtype, tol):
+    """RMSNorm folded into the projections and RoPE in the q/k epilogue: the same layer (7 tasks
+    per row tile instead of 11), within the dtype's tolerance of the reference."""
+    res = run("llama7b", seq=seq, config="tiny", device="cpu", backend="torch", dtype=dtype, fuse_norm_rope=True,
+              check=True, seed=seq)
+    assert res["rel_err"] <= tol, res
+    assert res["tasks"] == 7 * res["tasks"] // 7 and res["fuse_norm_rope"] is True
