@@ -161,6 +161,15 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    help="time N replays (a CUDA graph on the GPU) and report the median")
     s.add_argument("--profile", action="store_true", help="time each InCore function")
     s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--inputs", metavar="FILE", help="take the inputs from a safetensors file (every input of the "
+                   "program by name, at its shape) instead of seeded random ones")
+    s.add_argument("--save", metavar="FILE", help="write the outputs to a safetensors file")
+    s.add_argument("--sentinel", action="store_true", help="when an output holds NaN or inf, name the task that made "
+                   "the first one (exit 1); docs/SAFETY.md")
+    s.add_argument("--check-schedule", action="store_true", help="check the execution trace against the graph: every "
+                   "task after its predecessors, no conflicting tasks at once")
+    s.add_argument("--deterministic", action="store_true", help="the same bits from the waves and persistent "
+                   "executors on a GPU (the batched kernels take the persistent kernel's launch settings)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
@@ -262,11 +271,16 @@ def _cmd_run(args) -> int:
 
     check_output_file(args.dump, "--dump")
     check_output_file(args.trace, "--trace")
-    check_distinct({"--dump": args.dump, "--trace": args.trace})
+    check_output_file(args.save, "--save")
+    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--inputs": args.inputs})
+    if args.inputs is not None and not os.path.isfile(args.inputs):
+        raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
     with bar(f"{job.program.name}: executing", wanted(args.json)) as progress:
         res = run(job, seq=args.seq, check=args.check, dump=args.dump, trace=args.trace, seed=args.seed,
-                  repeat=args.repeat, profile=args.profile, progress=progress)
+                  repeat=args.repeat, profile=args.profile, progress=progress, sentinel=args.sentinel,
+                  inputs=args.inputs, save=args.save, check_schedule=args.check_schedule,
+                  deterministic=args.deterministic)
     if "trace" in res:
         from pto.trace import flow_note
 
@@ -277,7 +291,7 @@ def _cmd_run(args) -> int:
         print(json.dumps(res))
     else:
         print(format_summary(res, tuple(o.name for o in job.program.options)))
-    return 0
+    return 1 if res.get("nonfinite") else 0
 
 
 def _cmd_codegen(args) -> int:
@@ -369,7 +383,11 @@ def _cmd_tune(args) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     for r in res["results"]:
-        gain = f" ({r['default_ms'] / r['best_ms']:.2f}x the heuristics)" if r["best_ms"] and r["default_ms"] else ""
+        if r["best"] is None:
+            print(f"{r['variant']} ({r['tasks']} tasks): nothing faster than today's {r['default_ms']} ms; "
+                  f"{r['rejected']} of {r['candidates']} candidates rejected")
+            continue
+        gain = f" ({r['default_ms'] / r['best_ms']:.2f}x today's)" if r["default_ms"] else ""
         print(f"{r['variant']} ({r['tasks']} tasks): {r['best']} {r['best_ms']} ms{gain}; "
               f"{r['rejected']} of {r['candidates']} candidates rejected")
     print(f"stored in {res['database']}" + ("; interrupted: kept what was measured" if res["interrupted"] else ""))
