@@ -7,12 +7,12 @@
   (the ``persistent`` executor).
 """
 
-from pto.codegen.triton.body import (
+from pto.codegen.triton.body import BodyRenderer
+from pto.codegen.triton.common import (
     ALIGN,
     MAX_NUMEL,
     TL_DTYPE,
     TL_PTR,
-    BodyRenderer,
     RenderOptions,
     TableLayout,
     check_tiles,

@@ -7,21 +7,32 @@ own dtype to ``tl.dot`` with f32 accumulation (an exact f32 broadcast-multiply-s
 below 16, which ``tl.dot`` does not take); loads read ``pad`` outside the valid extent and stores
 skip it; scalar ``//`` and ``%`` floor as in Python.
 
-The walk is generic: one method per op group and small per-op format tables. Both executors
+The walk is generic: one method per op group and small per-op format tables (the options, table
+layout, literals and file prelude it shares with the kernel builders are in
+:mod:`pto.codegen.triton.common`). Both executors
 call the same device function: the batched kernels of :mod:`pto.codegen.triton.kernel` and the
 persistent megakernel of :mod:`pto.codegen.triton.megakernel`.
 """
 
 from __future__ import annotations
 
-import keyword
-import math
-from dataclasses import dataclass
-
 import torch
 
+from pto.codegen.triton.common import (
+    ALIGN,
+    MAX_NUMEL,
+    NAN_SOURCE,
+    TL_DTYPE,
+    RenderOptions,
+    TableLayout,
+    _instrs,
+    check_tiles,
+    device_name,
+    file_source,  # noqa: F401  (the megakernel's import until it names common)
+    float_literal,
+)
 from pto.errors import BuildError
-from pto.ir.analysis import loop_ranges, tile_shape
+from pto.ir.analysis import loop_ranges
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, bounds, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr
@@ -40,50 +51,6 @@ from pto.ir.ops import (
     UNARY,
     Op,
 )
-
-# Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
-MAX_NUMEL = 1 << 20
-ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 is a multiple of this
-
-TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}
-TL_PTR = {DType.F32: "*fp32", DType.F16: "*fp16", DType.BF16: "*bf16"}
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    """Choices that change the generated code (part of the cache key).
-
-    ``input_precision``: ``tl.dot`` precision for f32 operands ("ieee" matches the f32
-    reference; "tf32" / "tf32x3" trade accuracy for tensor-core speed on the GPU).
-    ``dot_min``: smallest M, N and K that use ``tl.dot`` (Triton needs 16); below, an exact f32
-    broadcast-multiply-sum. ``ieee_math``: correctly rounded division and square root
-    (``div_rn``/``sqrt_rn``, as torch computes them) instead of the faster approximations.
-    """
-
-    input_precision: str = "ieee"
-    dot_min: int = 16
-    ieee_math: bool = True
-
-
-@dataclass(frozen=True)
-class TableLayout:
-    """Columns of the per-task table: ``row0, col0, rows, cols`` per memref, then scalars."""
-
-    memrefs: tuple[str, ...]
-    scalars: tuple[str, ...]
-
-    FIELDS = ("r0", "c0", "rows", "cols")
-
-    @property
-    def width(self) -> int:
-        return 4 * len(self.memrefs) + len(self.scalars)
-
-    def column(self, name: str, fld: str | None = None) -> int:
-        """Column of memref ``name``'s field (one of FIELDS) or of scalar ``name``."""
-        if fld is None:
-            return 4 * len(self.memrefs) + self.scalars.index(name)
-        return 4 * self.memrefs.index(name) + self.FIELDS.index(fld)
-
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
 _EXPR_FMT = {
@@ -134,79 +101,6 @@ _MASK_KEEP = {
     Op.MASK_COLS: "tl.arange(0, {C})[None, :] < {k}",
     Op.MASK_ROWS: "tl.arange(0, {R})[:, None] < {k}",
 }
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def float_literal(v: float, dtype: DType = DType.F32, as_tensor: bool = True) -> str:
-    """Source of ``v`` rounded to ``dtype`` (exact in f32, so Triton's fp32 constant keeps it).
-
-    Triton types a Python float outside the normal f32 range as fp64, so f32 subnormals become
-    a 1x1 f32 block when ``as_tensor`` (they broadcast like a scalar) and infinities and NaN
-    the constexpr globals of the kernel file.
-    """
-    v = float(torch.tensor(float(v), dtype=dtype.torch).item())
-    if math.isnan(v):
-        # computed, not a global: Triton re-checks globals at every launch, and nan != nan
-        return NAN_SOURCE
-    if math.isinf(v):
-        return "_INF" if v > 0 else "_NEG_INF"
-    if v != 0.0 and abs(v) < 2.0 ** -126 and as_tensor:
-        return f"tl.full((1, 1), {v!r}, tl.float32)"
-    return repr(v)
-
-
-NAN_SOURCE = "(_INF - _INF)"
-_FILE_NAMES = frozenset({"triton", "tl", "_INF", "_NEG_INF", "_floordiv", "_floormod"})
-
-
-
-def check_tiles(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
-    """Concrete tile shapes; BuildError naming the function and tile for a shape Triton cannot
-    hold (a dim that is not a power of two, or more than 2**20 elements)."""
-    dims = dict(fn.variant)
-    shapes = {}
-    for t in fn.tiles:
-        r, c = tile_shape(t, dims)
-        bad = [d for d in (r, c) if not _is_pow2(d)]
-        if bad:
-            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c}; the Triton backend "
-                             f"needs power-of-two tile dims ({bad[0]} is not)")
-        if r * c > MAX_NUMEL:
-            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c} = {r * c} elements; "
-                             f"a Triton block holds at most {MAX_NUMEL}")
-        shapes[t.name] = (r, c)
-    return shapes
-
-
-
-
-def kernel_name(fn: IncoreFunction) -> str:
-    """The kernel's Python name: the variant name (what profilers show), unless it would clash
-    with a keyword or a name of the generated file."""
-    name = fn.variant_name
-    return f"k_{name}" if keyword.iskeyword(name) or name in _FILE_NAMES else name
-
-
-def device_name(fn: IncoreFunction) -> str:
-    """The device function's name (``d_`` + the variant name)."""
-    return f"d_{fn.variant_name}"
-
-def _instrs(body):
-    for s in body:
-        if isinstance(s, ForRange):
-            yield from _instrs(s.body)
-        else:
-            yield s
-
-
-def _loops(body):
-    for s in body:
-        if isinstance(s, ForRange):
-            yield s
-            yield from _loops(s.body)
 
 
 # tile dataflow: which loops carry which tiles ------------------------------------------------
@@ -546,36 +440,3 @@ _DISPATCH = (
     (MASK, BodyRenderer._mask),
 )
 assert set().union(*(g for g, _ in _DISPATCH)) == set(Op)
-
-
-
-
-_PRELUDE = '''\
-import triton
-import triton.language as tl
-
-_INF = tl.constexpr(float("inf"))
-_NEG_INF = tl.constexpr(float("-inf"))
-
-
-@triton.jit
-def _floordiv(a, b):
-    # Python's floor division from Triton's truncating one
-    q = a // b
-    return q - ((q * b != a) & ((a < 0) != (b < 0))).to(q.dtype)
-
-
-@triton.jit
-def _floormod(a, b):
-    # Python's modulo (the sign of b) from Triton's truncating remainder
-    r = a % b
-    return r + b * ((r != 0) & ((r < 0) != (b < 0))).to(r.dtype)
-
-'''
-
-
-def file_source(title: str, functions: list[list[str]]) -> str:
-    """A generated Triton file: a two-line title, the prelude (imports, constants, integer
-    helpers) and the given ``@triton.jit`` functions (each a list of lines)."""
-    return (f"# {title}\n# Do not edit: regenerate with `pto codegen`. Contracts: see pto/codegen/triton/.\n"
-            + _PRELUDE + "\n" + "\n\n\n".join("\n".join(f) for f in functions) + "\n")

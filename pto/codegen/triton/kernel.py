@@ -26,9 +26,9 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pto.codegen.triton.body import (
+from pto.codegen.triton.body import BodyRenderer
+from pto.codegen.triton.common import (
     TL_PTR,
-    BodyRenderer,
     RenderOptions,
     TableLayout,
     _instrs,
