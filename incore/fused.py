@@ -16,6 +16,8 @@ storage dtype's tolerance.
 
 from __future__ import annotations
 
+from pto.incore.matmul import swiglu_epilogue
+
 from pto import InCore, cdiv, f32
 from pto.ir.nodes import IncoreFunction
 
@@ -160,17 +162,7 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
         k.matmul_acc(g, a, bg)
         k.matmul_acc(u, a, bu)
     norm.scale(g, u)
-    gb = k.tile("gb", R, bn, dtype)
-    if dtype != f32:  # the two projections rounded, as the unfused layer stores them
-        ub = k.tile("ub", R, bn, dtype)
-        k.cast(gb, g)
-        k.cast(ub, u)
-        k.cast(g, gb)
-        k.cast(u, ub)
-    k.silu(g, g)
-    k.mul(g, g, u)
-    k.cast(gb, g)
-    k.store(y, 0, j * bn, gb)
+    swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
 
 

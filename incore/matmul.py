@@ -81,6 +81,22 @@ def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, tar
     return _row_tile_matmul("matmul_residual_tile", dtype, rows, K, N, bn, bk, True, target)
 
 
+def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
+    """``y[:, col:] = silu(g) * u`` from the gate and up accumulators (f32), each rounded to the
+    storage dtype first, as the unfused layer stores the two projections."""
+    gb = k.tile("gb", R, bn, dtype)
+    if dtype != f32:
+        ub = k.tile("ub", R, bn, dtype)
+        k.cast(gb, g)
+        k.cast(ub, u)
+        k.cast(g, gb)
+        k.cast(u, ub)
+    k.silu(g, g)
+    k.mul(g, g, u)
+    k.cast(gb, g)
+    k.store(y, 0, col, gb)
+
+
 def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
     """``y = silu(x @ wg) * (x @ wu)``: the gate and up projections of one column block in one
     program (two accumulators share each loaded x tile) and SwiGLU in the epilogue."""
@@ -103,19 +119,5 @@ def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
         k.load(bu, wu, kk, j * bn)
         k.matmul_acc(g, a, bg)
         k.matmul_acc(u, a, bu)
-    if dtype != f32:
-        # silu and the product of the two bf16-rounded projections, as the unfused layer does
-        gb, ub = k.tile("gb", R, bn, dtype), k.tile("ub", R, bn, dtype)
-        k.cast(gb, g)
-        k.cast(ub, u)
-        k.cast(g, gb)
-        k.cast(u, ub)
-        k.silu(g, g)
-        k.mul(g, g, u)
-        k.cast(gb, g)
-        k.store(y, 0, j * bn, gb)
-    else:
-        k.silu(g, g)
-        k.mul(g, g, u)
-        k.store(y, 0, j * bn, g)
+    swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)

@@ -98,6 +98,28 @@ class TraceInfo:
         return flow_note(self.flows, self.dependencies)
 
 
+def _flows(pairs: np.ndarray, src: dict, dst: dict, max_flows: int) -> tuple[list[dict[str, Any]], int, int]:
+    """Flow arrows for the dependency ``pairs`` between executed tasks: an ``s`` event at the
+    predecessor's slice ``src[pred]`` and an ``f`` event with ``bp: e`` at the successor's slice
+    ``dst[succ]`` (each ``(tid, ts, ...)``: a slice's start, the point every viewer resolves to
+    exactly that slice), the first ``max_flows`` of them; returns (events, drawn, total)."""
+    events: list[dict[str, Any]] = []
+    n_flows = total = 0
+    for pred, succ in pairs.tolist():
+        a, b = src.get(pred), dst.get(succ)
+        if a is None or b is None:  # a task that was not executed (or not recorded) has no slice
+            continue
+        total += 1
+        if n_flows >= max_flows:
+            continue
+        events.append({"name": "dep", "cat": TASK_CAT, "ph": "s", "id": n_flows, "pid": PID, "tid": a[0],
+                       "ts": a[1]})
+        events.append({"name": "dep", "cat": TASK_CAT, "ph": "f", "bp": "e", "id": n_flows, "pid": PID,
+                       "tid": b[0], "ts": b[1]})
+        n_flows += 1
+    return events, n_flows, total
+
+
 def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS, edges=None) -> dict[str, Any]:
     """The trace as a JSON-able dict (see the module docstring).
 
@@ -133,22 +155,8 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS, edge
                                                 "launch": li, "batch_index": k, "batch_size": len(tasks)}})
             slot[task] = (k + 1, ts)
 
-    n_flows = 0
-    total = 0
-    for pred, succ in _edges(graph, edges).tolist():
-        a, b = slot.get(pred), slot.get(succ)
-        if a is None or b is None:  # a task that was not executed (or not recorded) has no slice
-            continue
-        total += 1
-        if n_flows >= max_flows:
-            continue
-        # "s" binds to the predecessor's slice, "f" with bp=e to the successor's slice (both
-        # at the slice start, the point every viewer resolves to exactly that slice)
-        events.append({"name": "dep", "cat": TASK_CAT, "ph": "s", "id": n_flows, "pid": PID,
-                       "tid": a[0], "ts": a[1]})
-        events.append({"name": "dep", "cat": TASK_CAT, "ph": "f", "bp": "e", "id": n_flows, "pid": PID,
-                       "tid": b[0], "ts": b[1]})
-        n_flows += 1
+    flows, n_flows, total = _flows(_edges(graph, edges), slot, slot, max_flows)
+    events += flows
 
     prog = _program_name(graph)
     capped = total > n_flows
@@ -198,19 +206,8 @@ def item_trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS,
         first.setdefault(r.task, (tid, ts))
         if r.task not in last or end >= last[r.task][2]:
             last[r.task] = (tid, ts, end)
-    n_flows = total = 0
-    for pred, succ in _edges(graph, edges).tolist():
-        a, b = last.get(pred), first.get(succ)
-        if a is None or b is None:
-            continue
-        total += 1
-        if n_flows >= max_flows:
-            continue
-        events.append({"name": "dep", "cat": TASK_CAT, "ph": "s", "id": n_flows, "pid": PID, "tid": a[0],
-                       "ts": a[1]})
-        events.append({"name": "dep", "cat": TASK_CAT, "ph": "f", "bp": "e", "id": n_flows, "pid": PID,
-                       "tid": b[0], "ts": b[1]})
-        n_flows += 1
+    flows, n_flows, total = _flows(_edges(graph, edges), last, first, max_flows)
+    events += flows
     prog = _program_name(graph)
     capped = total > n_flows
     arrows = f"first {n_flows:,} of {total:,} dependency arrows" if capped else f"{n_flows:,} dependency arrows"

@@ -35,10 +35,11 @@ def levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray) -> np.ndarray:
     return level
 
 
-def bottom_levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
-    """The longest chain from each task to a sink (0 for sinks), visiting tasks by decreasing
-    level (every successor has a larger level)."""
-    bottom = np.zeros(n, np.int64)
+def _longest_down(succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray, own: np.ndarray,
+                  edge: float) -> np.ndarray:
+    """``out[t] = own[t] + max(out[s] + edge for s in successors(t))`` (``own[t]`` for a sink),
+    visiting tasks by decreasing level (every successor has a larger level)."""
+    out = own.copy()
     for lv in range(int(level.max(initial=0)), -1, -1):
         ts = np.nonzero(level == lv)[0]
         counts = succ_ptr[ts + 1] - succ_ptr[ts]
@@ -47,10 +48,15 @@ def bottom_levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndar
             continue
         ts, counts = ts[has], counts[has]
         idx = np.repeat(succ_ptr[ts] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
-        best = np.zeros(len(ts), np.int64)
-        np.maximum.at(best, np.repeat(np.arange(len(ts)), counts), bottom[succ[idx]] + 1)
-        bottom[ts] = best
-    return bottom
+        best = np.zeros(len(ts), out.dtype)
+        np.maximum.at(best, np.repeat(np.arange(len(ts)), counts), out[succ[idx]] + edge)
+        out[ts] += best
+    return out
+
+
+def bottom_levels(n: int, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The longest chain from each task to a sink, in tasks (0 for sinks)."""
+    return _longest_down(succ_ptr, succ, level, np.zeros(n, np.int64), 1)
 
 
 def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent: np.ndarray,
@@ -113,21 +119,7 @@ def wave_batches(graph) -> int:
 def weighted_bottom(cost: np.ndarray, succ_ptr: np.ndarray, succ: np.ndarray, level: np.ndarray) -> np.ndarray:
     """The critical path from each task to a sink in estimated time: its own item cost plus the
     longest of its successors'."""
-    n = len(cost)
-    out = cost.astype(np.float64).copy()
-    for lv in range(int(level.max(initial=0)), -1, -1):
-        ts = np.nonzero(level == lv)[0]
-        counts = succ_ptr[ts + 1] - succ_ptr[ts]
-        has = counts > 0
-        if not has.any():
-            continue
-        ts, counts = ts[has], counts[has]
-        idx = np.repeat(succ_ptr[ts] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
-        best = np.zeros(len(ts))
-        np.maximum.at(best, np.repeat(np.arange(len(ts)), counts), out[succ[idx]])
-        out[ts] += best
-    assert len(out) == n
-    return out
+    return _longest_down(succ_ptr, succ, level, cost.astype(np.float64), 0.0)
 
 
 def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, succ_ptr: np.ndarray,
