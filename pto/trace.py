@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from pto.errors import UsageError
+from pto.ir.names import base_name
 
 PID = 1
 LAUNCH_TID = 0
@@ -98,6 +99,14 @@ class TraceInfo:
         return flow_note(self.flows, self.dependencies)
 
 
+def _prepare(records: Sequence, graph, max_flows: int) -> tuple[dict[str, str], list, int]:
+    """Check ``max_flows``; (variant -> function names, records by start, the first start)."""
+    if isinstance(max_flows, bool) or not isinstance(max_flows, int) or max_flows < 0:
+        raise UsageError(f"max_flows must be a non-negative integer, got {max_flows!r}")
+    recs = sorted(records, key=lambda r: (r.start_ns, r.end_ns))
+    return _function_names(graph), recs, (recs[0].start_ns if recs else 0)
+
+
 def _flows(pairs: np.ndarray, src: dict, dst: dict, max_flows: int) -> tuple[list[dict[str, Any]], int, int]:
     """Flow arrows for the dependency ``pairs`` between executed tasks: an ``s`` event at the
     predecessor's slice ``src[pred]`` and an ``f`` event with ``bp: e`` at the successor's slice
@@ -131,18 +140,14 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS, edge
         edges: (predecessor, successor) task-id pairs in predecessor order, in place of the
             graph's (e.g. ``pto.dump.read_dump(path).edges()``).
     """
-    if isinstance(max_flows, bool) or not isinstance(max_flows, int) or max_flows < 0:
-        raise UsageError(f"max_flows must be a non-negative integer, got {max_flows!r}")
-    names = _function_names(graph)
-    recs = sorted(records, key=lambda r: (r.start_ns, r.end_ns))
-    t0 = recs[0].start_ns if recs else 0
+    names, recs, t0 = _prepare(records, graph, max_flows)
     events: list[dict[str, Any]] = []
     # where each task's slice is, for the flow arrows: task id -> (tid, ts)
     slot: dict[int, tuple[int, float]] = {}
     width = 0
     for li, r in enumerate(recs):
         ts, dur = _us(r.start_ns, t0), max(_us(r.end_ns, t0) - _us(r.start_ns, t0), 0.0)
-        func = names.get(r.func, r.func.split("__", 1)[0])
+        func = names.get(r.func, base_name(r.func))
         tasks = [int(t) for t in np.asarray(r.tasks).reshape(-1)]
         width = max(width, len(tasks))
         events.append({"name": f"batch: {func} ×{len(tasks)}", "cat": "launch", "ph": "X", "pid": PID,
@@ -188,11 +193,7 @@ def item_trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS,
     predecessor task to the first item of its successor, so the schedule and the waits show.
     Times are the GPU's global timer (ticks of a logical clock under the interpreter), in
     microseconds from the first item."""
-    if isinstance(max_flows, bool) or not isinstance(max_flows, int) or max_flows < 0:
-        raise UsageError(f"max_flows must be a non-negative integer, got {max_flows!r}")
-    names = _function_names(graph)
-    recs = sorted(records, key=lambda r: (r.start_ns, r.end_ns))
-    t0 = recs[0].start_ns if recs else 0
+    names, recs, t0 = _prepare(records, graph, max_flows)
     events: list[dict[str, Any]] = []
     first: dict[int, tuple[int, float]] = {}
     last: dict[int, tuple[int, float, float]] = {}

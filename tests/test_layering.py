@@ -32,8 +32,8 @@ AREAS = {
     "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
-    "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "engine": "engine",
-    "bench": "bench", "cli": "cli",
+    "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
+    "bench": "bench", "tune": "tune", "schedules": "schedules", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
 }
 
@@ -48,6 +48,8 @@ CORE: dict[str, set[str]] = {
     "timing": set(),
     "progress": set(),
     "target": {"errors"},
+    # launch parameters as data (the schedule database)
+    "schedules": {"errors"},
     # the compiler
     "ir": {"errors"},
     "passes": {"ir", "target", "errors"},
@@ -58,7 +60,7 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
-    "backends": {"batch", "codegen", "ir", "errors"},
+    "backends": {"batch", "codegen", "ir", "schedules", "errors"},
     "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
     "cbuild": {"errors"},
     "runtime": {"cbuild", "errors"},
@@ -69,7 +71,7 @@ CORE: dict[str, set[str]] = {
     "program": {"ir", "target", "errors"},
 }
 #: the tools, in order: each may import the core and the tools before it
-TOOLS = ("device", "trace", "viz", "estimate", "engine", "bench")
+TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune")
 RULES: dict[str, set[str]] = dict(CORE)
 for _i, _tool in enumerate(TOOLS):
     RULES[_tool] = set(CORE) | set(TOOLS[:_i])

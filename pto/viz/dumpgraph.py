@@ -14,6 +14,7 @@ import numpy as np
 
 from pto.dump import read_dump
 from pto.errors import ParseError, UsageError
+from pto.ir.names import base_name
 
 
 @dataclass
@@ -42,11 +43,6 @@ class DumpGraph:
     @property
     def n_edges(self) -> int:
         return len(self.succ)
-
-
-def base_name(variant: str) -> str:
-    """The InCore function of a variant name (``rope_tile__R32`` -> ``rope_tile``)."""
-    return variant.split("__", 1)[0]
 
 
 def load_dump(path: str | Path) -> DumpGraph:
