@@ -130,7 +130,8 @@ class Runner:
     only when the shapes change.
     """
 
-    def __init__(self, job: Job, seq: int, adaptive: bool = True, record: bool = False, progress=None):
+    def __init__(self, job: Job, seq: int, adaptive: bool = True, record: bool = False, progress=None,
+                 sentinel: bool = False, deterministic: bool = False):
         from pto.backends import get_backend
         from pto.buffers import allocate, tensor_shapes
         from pto.exec import get_executor
@@ -151,12 +152,17 @@ class Runner:
                         for t in fn.tensors if t.role in ("input", "inout")}
         self.tensors = allocate(fn, shapes, placeholders, job.device)
         backend = get_backend(job.backend, job.device)
+        if deterministic and job.backend == "triton":  # the persistent kernel's launch settings everywhere
+            from pto.safety.determinism import uniform_launch
+
+            backend.launch_overrides.update(uniform_launch(backend, self.graph))
         name = job.executor
         if name == "auto":
             from pto.exec import choose
 
             name = choose(self.graph)
-        self.executor = get_executor(name, backend, self.tensors, record=record, progress=progress)
+        self.executor = get_executor(name, backend, self.tensors, record=record, progress=progress,
+                                     **({"sentinel": True} if sentinel else {}))
         self.stats = None
         self.cuda_graph = None
 
@@ -199,12 +205,12 @@ class Runner:
 _RUNNERS: dict[tuple, Runner] = {}
 
 
-def get_runner(job: Job, seq: int, adaptive: bool = True) -> Runner:
+def get_runner(job: Job, seq: int, adaptive: bool = True, deterministic: bool = False) -> Runner:
     """The cached runner of this job at this shape (built on first use)."""
-    key = (job.program.name, job.settings.key, job.device, job.backend, job.executor, seq, adaptive)
+    key = (job.program.name, job.settings.key, job.device, job.backend, job.executor, seq, adaptive, deterministic)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = Runner(job, seq, adaptive)
+        runner = _RUNNERS[key] = Runner(job, seq, adaptive, deterministic=deterministic)
     return runner
 
 
@@ -217,33 +223,49 @@ def clear_runners() -> None:
 
 def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: str | None = None,
         trace: str | None = None, seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True,
-        progress=None, device: str = "auto", backend: str = "auto", executor: str = "auto",
-        config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
-        **options) -> dict:
+        progress=None, sentinel: bool = False, inputs: str | None = None, save: str | None = None,
+        check_schedule: bool = False, deterministic: bool = False, device: str = "auto", backend: str = "auto",
+        executor: str = "auto", config: str | None = None, dtype: str | None = None,
+        target: str | Target | None = None, **options) -> dict:
     """Build and run a job (or the program named ``job`` with the given settings and program
     options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
     ``pto run --json``.
 
     With ``repeat > 1`` the runner is cached by shape: calling again with the same shapes replays
-    the same CUDA graph. ``progress(done, total)`` is called as tasks complete."""
+    the same CUDA graph. ``progress(done, total)`` is called as tasks complete. docs/SAFETY.md:
+    ``sentinel`` (``nonfinite``: who made the first NaN or infinity of an output), ``inputs`` /
+    ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
+    ``deterministic`` (the same bits from both executors on a GPU)."""
     if not isinstance(job, Job):
         job = resolve(job, device=device, backend=backend, executor=executor, config=config, dtype=dtype,
                       target=target, options=options)
     prog, s = job.program, job.settings
     seq = seq or prog.default_seq
     prog.check_size(s, seq)
-    check_memory(job, seq, prog.build(s), check)
-    record = bool(trace)
-    cached = repeat > 1 and not record
-    runner = get_runner(job, seq, adaptive) if cached else Runner(job, seq, adaptive, record=record, progress=progress)
+    module = prog.build(s)
+    check_memory(job, seq, module, check)
+    given = None
+    if inputs:
+        from pto.safety.tensor_io import load_inputs
+
+        given = load_inputs(inputs, module, prog.scalars(s, seq), job.device,
+                            program=f"{prog.name} at seq {seq} (config {s.config})")
+    record = bool(trace) or check_schedule
+    cached = repeat > 1 and not record and not sentinel
+    runner = get_runner(job, seq, adaptive, deterministic) if cached else \
+        Runner(job, seq, adaptive, record=record, progress=progress, sentinel=sentinel, deterministic=deterministic)
     try:
         graph = runner.graph
         if dump:
             graph.dump(dump)
-        inputs = prog.inputs(s, seq, job.device, seed)
+        data = given if given is not None else prog.inputs(s, seq, job.device, seed)
+        if sentinel:
+            from pto.safety.blame import blame, nonfinite_summary
+
+            before = nonfinite_summary(data, data)
         first = runner.stats is None
         t0 = time.perf_counter()
-        outputs = runner(inputs)
+        outputs = runner(data)
         if not first and job.device == "cuda":
             torch.cuda.synchronize()
         stats = runner.stats
@@ -255,9 +277,25 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
             "compile_ms": round(runner.compile_ms, 1),
             "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
         }
+        if inputs:
+            out["inputs"] = str(inputs)
+        if sentinel:
+            out["nonfinite"] = blame(graph, runner.executor.flags, runner.tensors, prog.outputs, before)
         if check:
-            ref = prog.reference(s, seq, inputs)
+            ref = prog.reference(s, seq, data)
             out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
+        if check_schedule:
+            from pto.safety.schedule import verify_schedule
+
+            out["schedule"] = verify_schedule(graph.runtime.export(), stats.records).to_json()
+        from pto.safety.determinism import guarantee
+
+        out["determinism"] = guarantee(job.device, job.backend, deterministic)
+        if save:
+            from pto.safety.tensor_io import save_outputs
+
+            save_outputs(save, outputs, {k: v for k, v in out.items() if isinstance(v, (str, int, float))})
+            out["saved"] = str(save)
         if trace:
             from pto.trace import write_trace
 
@@ -274,10 +312,14 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
 
 
 def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *, device: str = "auto",
-            backend: str = "auto", executor: str = "auto", adaptive: bool = True) -> dict[str, torch.Tensor]:
+            backend: str = "auto", executor: str = "auto", adaptive: bool = True,
+            sentinel: bool = False) -> dict[str, torch.Tensor]:
     """Run any module (a program written with the builders, registered or not) on ``inputs``:
     binary expansion, the generated C builds the graph, the executor runs it with the backend.
-    Returns every tensor of the entry function by name (outputs included)."""
+    Returns every tensor of the entry function by name (outputs included). With ``sentinel``,
+    an output or inout tensor holding a NaN or an infinity raises
+    :class:`pto.safety.NonFiniteError` naming the task that made the first one (``.report``,
+    ``.tensors``)."""
     from pto.backends import get_backend
     from pto.buffers import allocate, tensor_shapes
     from pto.exec import choose, get_executor
@@ -291,7 +333,18 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
         fn = module.entry_function
         tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.to(dev) for k, v in inputs.items()}, dev)
         name = resolve_exec(executor, dev, be)
-        get_executor(choose(graph) if name == "auto" else name, get_backend(be, dev), tensors).run(graph)
+        ex = get_executor(choose(graph) if name == "auto" else name, get_backend(be, dev), tensors,
+                          **({"sentinel": True} if sentinel else {}))
+        if not sentinel:
+            ex.run(graph)
+            return tensors
+        from pto.safety.blame import NonFiniteError, blame, nonfinite_summary
+
+        before = nonfinite_summary(tensors, [t.name for t in fn.tensors if t.role in ("input", "inout")])
+        ex.run(graph)
+        report = blame(graph, ex.flags, tensors, [t.name for t in fn.tensors if t.role in ("output", "inout")], before)
+        if report is not None:
+            raise NonFiniteError(report, tensors)
         return tensors
     finally:
         graph.close()
@@ -310,6 +363,14 @@ def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
         lines.append(f"replay {res['replay_ms']:.3f} ms (median of {res['replays']}, {res['replay_mode']})")
     if "rel_err" in res:
         lines.append(f"rel_err {res['rel_err']:.3e} vs the torch reference")
+    if "nonfinite" in res:
+        from pto.safety.blame import format_nonfinite
+
+        lines += format_nonfinite(res["nonfinite"]) if res.get("nonfinite") else ["sentinel: every output is finite"]
+    if "schedule" in res:
+        sc = res["schedule"]
+        lines.append(f"schedule checked: {sc['tasks']} tasks, {sc['dependencies']} dependencies kept, "
+                     f"{sc['concurrent_pairs']} concurrent accesses without a conflict")
     if "profile" in res:
         lines.append("time per InCore function (ms):")
         lines += [f"  {k:<28} {v:9.3f}" for k, v in res["profile"].items()]

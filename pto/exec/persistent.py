@@ -12,6 +12,12 @@ wave executor's launches.
 On the CPU the kernel runs under the Triton interpreter, which runs the programs one after
 another: the first takes every item in queue order, so every wait is already satisfied (the
 tests compare it bit for bit with the wave executor).
+
+With ``sentinel=True`` the kernel is rendered with the non-finite sentinel
+(:mod:`pto.codegen.triton.scan`): the device records every task's first non-finite input and
+output element, the host checks the inputs of the tasks without predecessors before each launch,
+and ``flags`` (:class:`pto.exec.sentinel.TaskFlags`) holds the records of the last launch.
+Without it the kernel and its arguments are exactly those of a plain run.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.cost import item_costs
 from pto.exec.order import bottom_levels, item_order, levels, list_order
+from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -186,7 +193,7 @@ class PersistentExecutor(Executor):
 
     def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
                  progress: Progress | None = None, max_polls: int = MAX_POLLS, programs: int | None = None,
-                 order: str = "list"):
+                 order: str = "list", sentinel: bool = False):
         if backend.name != "triton":
             raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend.name} needs "
                              "--executor waves")
@@ -196,6 +203,8 @@ class PersistentExecutor(Executor):
         self.order = order
         self.plan: Plan | None = None
         self.kernel: MegaKernel | None = None
+        self.sentinel = sentinel
+        self.flags: TaskFlags | None = None  # the sentinel's records of the last launch
 
     # -- building ---------------------------------------------------------------------------------
     def _launch_config(self) -> dict:
@@ -222,6 +231,10 @@ class PersistentExecutor(Executor):
         t["err"] = torch.zeros(2, dtype=torch.int32, device=dev)
         t["clock"] = torch.zeros(1, dtype=torch.int32, device=dev)
         t["trace"] = torch.zeros((max(p.n_items, 1), 3), dtype=torch.int64, device=dev)
+        if self.sentinel:
+            t["spend"] = t["pending0"].clone()
+            t["sread"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
+            t["swrite"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
         self.tracing = 0
         self.buf = t
 
@@ -234,7 +247,8 @@ class PersistentExecutor(Executor):
         b["tracing"] = self.tracing
         return (b["items"], self.plan.n_items, b["nxt"], b["task_branch"], b["task_row"], b["tab"],
                 b["task_tensor"], b["ptrs"], b["strides"], b["pending"], b["done"], b["nitems"],
-                b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"])
+                b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
+                *((b["spend"], b["sread"], b["swrite"]) if self.sentinel else ()))
 
     def _consts(self) -> dict:
         cfg = self._launch_config()
@@ -280,8 +294,13 @@ class PersistentExecutor(Executor):
         sms = self.programs_override or (detect("cuda", self.device.index or 0).sm_count
                                          if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order)
-        self.kernel = render_megakernel(self.plan.branches, self.backend.options)
+        ignore = declared_infinities(graph.variants) if self.sentinel else frozenset()
+        self.kernel = render_megakernel(self.plan.branches, self.backend.options, sentinel=self.sentinel,
+                                        ignore=ignore)
         self.jit = load_kernel(self.kernel)
+        if self.sentinel:
+            self.flags = TaskFlags(graph.runtime.export(), {graph.tensor_ids[n]: self.tensors[n] for n in names},
+                                   ignore)
         self._upload()
         self.programs = self._resident_programs(self.jit)
         self._launch(trace=self.record)
@@ -300,9 +319,30 @@ class PersistentExecutor(Executor):
 
     def _launch(self, trace: bool = False) -> None:
         self._reset()
+        if self.sentinel:
+            self._sentinel_before()
         self.tracing = int(trace)
         self.jit[(max(1, min(self.programs, self.plan.n_items)),)](*self._args(), **self._consts())
         self.tracing = 0
+        if self.sentinel:
+            self._sentinel_after()
+
+    def _sentinel_before(self) -> None:
+        """Reset the device records; check the inputs of the tasks without predecessors here
+        (the device checks a task's inputs when its last predecessor releases it)."""
+        b = self.buf
+        b["spend"].copy_(b["pending0"])
+        b["sread"].fill_(-1)
+        b["swrite"].fill_(-1)
+        self.flags.clear()
+        roots = np.nonzero(self.plan.pending == 0)[0]
+        self.flags.scan(roots + self.plan.first_task, writes=False)
+
+    def _sentinel_after(self) -> None:
+        n = self.plan.n_tasks
+        inner = self.plan.pending > 0
+        self.flags.read[inner] = self.buf["sread"].cpu().numpy()[:n][inner]
+        self.flags.wrote[:] = self.buf["swrite"].cpu().numpy()[:n]
 
     def replay(self) -> None:
         self._launch()

@@ -10,6 +10,9 @@ graph nodes ~1 µs).
 Per-task arguments come from one bulk export of the runtime (numpy arrays), so grouping costs
 numpy operations per wave, not Python per task. ``order="random"`` executes random subsets of
 the ready tasks instead of whole waves (tests: any ready order must give the same result).
+With ``sentinel=True`` the host checks every task's regions for NaN and infinities between waves
+(:class:`pto.exec.sentinel.TaskFlags`, in ``flags`` after :meth:`WaveExecutor.run`); without it
+the loop does nothing more.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pto.backends.base import Backend
 from pto.batch import RegionBatch, TaskBatch
 from pto.errors import ExecutionError
 from pto.exec.base import ExecStats, Executor, LaunchRecord, Progress
+from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.graph import CompiledProgram, Graph
 from pto.ir.nodes import IncoreFunction, MemRefParam
 from pto.runtime import Runtime
@@ -37,7 +41,7 @@ class _Args:
         self.rt = runtime
         self.bulk = bulk
         if bulk:
-            ex = runtime.export()
+            ex = self.export = runtime.export()
             self.first = ex.first_task
             self.func = ex.func
             self.arg_ptr = ex.arg_ptr
@@ -71,7 +75,7 @@ class WaveExecutor(Executor):
 
     def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
                  progress: Progress | None = None, order: str = "waves", seed: int = 0,
-                 sync_each_launch: bool = False):
+                 sync_each_launch: bool = False, sentinel: bool = False):
         if order not in ("waves", "random"):
             raise ExecutionError(f"unknown execution order {order!r}")
         super().__init__(backend, tensors, record, progress)
@@ -79,6 +83,8 @@ class WaveExecutor(Executor):
         self.on_batch = None  # called with every TaskBatch before it is prepared
         self.rng = np.random.default_rng(seed)
         self.sync_each_launch = sync_each_launch
+        self.sentinel = sentinel
+        self.flags: TaskFlags | None = None  # the sentinel's records of the last run
         self._reset()
 
     def _reset(self) -> None:
@@ -92,6 +98,9 @@ class WaveExecutor(Executor):
         """Execute a fully built graph (window 0)."""
         self._reset()
         args = _Args(graph.runtime, bulk=True)
+        if self.sentinel:
+            self.flags = TaskFlags(args.export, {tid: self.tensors[n] for n, tid in graph.tensor_ids.items()},
+                                   declared_infinities(graph.variants))
         return self._drive(graph.runtime, args, graph.variant_of_func_id(), graph.tensor_ids,
                            total=lambda: graph.tasks, done_building=lambda: True)
 
@@ -100,6 +109,8 @@ class WaveExecutor(Executor):
                        timeout_s: float = 600.0) -> ExecStats:
         """Build on a second thread through a ``window``-slot runtime while executing here."""
         self._reset()
+        if self.sentinel:
+            raise ExecutionError("the non-finite sentinel needs a fully built graph (run, not run_concurrent)")
         rt = Runtime(window=window, concurrent=True, lib=program.lib)
         try:
             tensor_ids, func_ids, build = program.start(scalars, rt)
@@ -161,7 +172,11 @@ class WaveExecutor(Executor):
                 ids, pool = pool[:k], pool[k:]
             else:
                 ids, pool = pool, np.empty(0, np.int32)
+            if self.flags is not None:
+                self.flags.scan(ids, writes=False)
             self._wave(waves, ids, args, variants, by_id)
+            if self.flags is not None:
+                self.flags.scan(ids, writes=True)
             rt.complete(ids)
             done += len(ids)
             waves += 1

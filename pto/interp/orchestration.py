@@ -9,7 +9,7 @@ with it (tests compare them).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,12 +34,15 @@ class TaskRegion:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task: the specialized callee, its regions (in parameter order) and scalar args."""
+    """One task: the specialized callee, its regions (in parameter order) and scalar args;
+    ``loops``: the values of the names :func:`iter_tasks` tracks at the call (by default the
+    enclosing loop variables, outermost first)."""
 
     func: IncoreFunction
     regions: tuple[TaskRegion, ...]
     scalars: tuple[tuple[str, int], ...]
     call: Call
+    loops: tuple[tuple[str, int], ...] = ()
 
 
 class Specializer:
@@ -101,22 +104,47 @@ def resolve_call(spec: Specializer, call: Call, env: dict, shapes: dict[str, tup
     return TaskSpec(func, tuple(regions), tuple(scalars), call)
 
 
-def iter_tasks(module: Module, scalars: dict[str, int],
-               spec: Specializer | None = None) -> Iterator[TaskSpec]:
-    """The tasks of the entry orchestration function, in program order."""
+def iter_tasks(module: Module, scalars: dict[str, int], spec: Specializer | None = None,
+               track: tuple[str, ...] | None = None) -> Iterator[TaskSpec]:
+    """The tasks of the entry orchestration function, in program order (task ``k`` is the
+    ``k``-th task the generated C submits). Each carries the values of the names in ``track``
+    that are defined at its call (default: the enclosing loop variables), as ``loops``."""
     fn = module.entry_function
     shapes = tensor_shapes(fn, scalars)
     spec = spec or Specializer(module)
     env = {k: int(v) for k, v in scalars.items()}
-    yield from _walk(fn.body, env, spec, shapes)
+    for call, (loops, at) in _walk(fn.body, env, (), track):
+        yield replace(resolve_call(spec, call, at, shapes), loops=loops)
 
 
-def _walk(body, env, spec, shapes):
+def call_sites(module: Module, scalars: dict[str, int], wanted, track: tuple[str, ...] | None = None
+               ) -> dict[int, tuple[Call, tuple[tuple[str, int], ...]]]:
+    """The call that submits each task index in ``wanted`` and the tracked values there (as
+    :func:`iter_tasks`'s ``loops``), without resolving any call: a walk of the loops and lets
+    only, so finding one task of a large graph is cheap."""
+    want = set(int(k) for k in wanted)
+    out = {}
+    if not want:
+        return out
+    last = max(want)
+    env = {k: int(v) for k, v in scalars.items()}
+    for k, (call, (loops, _)) in enumerate(_walk(module.entry_function.body, env, (), track)):
+        if k in want:
+            out[k] = (call, loops)
+        if k >= last:
+            break
+    return out
+
+
+def _walk(body, env, scope, track):
+    """(call, (tracked values, environment)) for every call in program order; ``scope``: the
+    enclosing loop variables."""
     for s in body:
         if isinstance(s, Let):
             env[s.name] = int(evaluate(s.value, env))
         elif isinstance(s, Call):
-            yield resolve_call(spec, s, env, shapes)
+            names = scope if track is None else track
+            yield s, (tuple((n, env[n]) for n in names if n in env), env)
         elif isinstance(s, Loop):
             lb, ub, st = (int(evaluate(e, env)) for e in (s.lb, s.ub, s.step))
             if st <= 0:
@@ -125,10 +153,10 @@ def _walk(body, env, spec, shapes):
                 env[f"{s.var}.rows"] = s.base_rows
             for v in range(lb, ub, st):
                 env[s.var] = v
-                yield from _walk(s.body, dict(env), spec, shapes)
+                yield from _walk(s.body, dict(env), (*scope, s.var), track)
         elif isinstance(s, If):
             branch = s.then if evaluate(s.cond, env) else s.orelse
-            yield from _walk(branch, env, spec, shapes)
+            yield from _walk(branch, env, scope, track)
         else:  # pragma: no cover
             raise TypeError(s)
 

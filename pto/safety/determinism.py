@@ -1,0 +1,90 @@
+"""Bitwise determinism: what keeps a run's outputs the same bits, and what would not.
+
+What holds (docs/SAFETY.md, "Deterministic replay"; tests/safety/test_determinism.py):
+
+- **replays and processes**: the same inputs give bitwise-identical outputs on every replay of a
+  runner and in every process, for every executor and backend. No task's numerics depend on the
+  schedule: a task computes its outputs alone (no atomics on data, no reduction across tasks
+  except through an ``inout`` region, whose updates the dependencies order in program order),
+  launch settings come from the program, the renderer and the schedule database, never from
+  timing, and the persistent executor's queue order and program count decide only when an item
+  runs, not what it computes.
+- **executors**: the waves and persistent executors give identical bits under the Triton
+  interpreter and with the torch backend (the persistent executor needs Triton). On a GPU the
+  megakernel compiles every branch with one set of launch settings (the largest ``num_warps``
+  and ``num_stages`` of its branches, FMA contraction if any branch allows it) while each batched
+  kernel uses its own, and a reduction over a different number of warps, or a contracted
+  multiply-add, rounds differently; :func:`uniform_launch` (``pto run --deterministic``) gives
+  the batched kernels the megakernel's settings so both compile each device function alike.
+
+:data:`RUN_OPTIONS` says, for every option of ``pto run``, what it does to the output bits; a
+test fails when ``pto run`` gains an option that is not listed, so an option that would break
+bitwise replay must say so here (``"breaks: why"``) and :func:`guarantee` reports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+#: ``pto run`` option (argparse dest) -> what it does to the outputs' bits:
+#: ``none``: nothing; ``program``: it picks the program, its shape or its inputs (the same value
+#: gives the same bits); ``executor``: how the graph runs (the same bits across executors where
+#: :func:`guarantee` says so); ``breaks: <why>``: outputs may differ between replays or runs
+RUN_OPTIONS = {
+    "cmd": "none", "program": "program", "seq": "program", "device": "program", "config": "program",
+    "dtype": "program", "target": "program", "backend": "program", "seed": "program", "inputs": "program",
+    "executor": "executor", "deterministic": "executor",
+    "check": "none", "dump": "none", "trace": "none", "repeat": "none", "profile": "none", "json": "none",
+    "sentinel": "none", "check_schedule": "none", "save": "none",
+}
+
+
+def breaking(options: dict) -> list[str]:
+    """The options set in ``options`` (dest -> value; None/False/0 are unset) that break bitwise
+    replay, each ``--flag: why``."""
+    out = []
+    for name, value in options.items():
+        effect = RUN_OPTIONS.get(name, "program")
+        if effect.startswith("breaks") and value not in (None, False, 0):
+            out.append(f"--{name.replace('_', '-')}: {effect.partition(':')[2].strip()}")
+    return out
+
+
+def guarantee(device: str, backend: str, deterministic: bool, options: dict | None = None) -> dict:
+    """What this run's outputs are bitwise-identical with (for ``pto run --json``)."""
+    broken = breaking(options or {})
+    across = backend == "triton" and (device == "cpu" or deterministic)
+    if backend == "torch":
+        note = "the persistent executor needs the triton backend"
+    elif across:
+        note = "the waves and persistent executors give the same bits" + (
+            " (--deterministic: one set of launch settings)" if device != "cpu" else " under the interpreter")
+    else:
+        note = "on a GPU the executors agree bit for bit only with --deterministic"
+    return {"replays": not broken, "processes": not broken, "executors": across and not broken,
+            "note": "; ".join([*broken, note])}
+
+
+def uniform_launch(backend, graph) -> dict[str, dict]:
+    """Launch overrides (variant name -> parameters) that compile every batched kernel of
+    ``graph`` as the persistent megakernel compiles its branches: the largest ``num_warps`` and
+    ``num_stages`` any variant's launch configuration asks for, FMA contraction if any allows it,
+    and the backend's own code-generation options (a schedule may not switch them for one
+    kernel). Applied over a Triton backend's overrides, the persistent executor's configuration
+    is the same, so both executors run identically compiled device functions."""
+    import numpy as np
+
+    from pto.codegen.triton import RenderOptions
+
+    ex = graph.runtime.export()
+    by_id = graph.variant_of_func_id()
+    fids, counts = np.unique(ex.func, return_counts=True)
+    cfgs = [backend.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)]
+    same = {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
+            "num_stages": max((c["num_stages"] for c in cfgs), default=1),
+            "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
+    same.update({f.name: getattr(backend.options, f.name) for f in fields(RenderOptions)})
+    return {by_id[int(f)].variant_name: dict(same) for f in fids}
+
+
+__all__ = ["uniform_launch", "guarantee", "breaking", "RUN_OPTIONS"]

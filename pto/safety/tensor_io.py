@@ -1,0 +1,110 @@
+"""User tensors in and out: a program's inputs from a safetensors file (``pto run --inputs``) and
+its outputs to one (``--save``), so a run on real weights, or one that made a NaN, can be
+reproduced.
+
+Every input of the program (the entry function's ``input`` and ``inout`` tensors) must be in the
+file under its name with its shape at the run's scalars; names the program does not have, a
+missing input, a wrong shape, a tensor that is not floating point or a file that is not
+safetensors are each one error naming the file, the tensor and what was expected, raised before
+anything runs. A floating-point tensor of another dtype is converted to the program's. The
+header is read first, so a wrong file is refused before any tensor data is loaded. Outputs are
+written to a temporary file and renamed into place (an interrupted run leaves no partial file),
+with the run's settings as the file's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pto.buffers import tensor_shapes
+from pto.errors import UsageError
+
+_FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def _safetensors(what: str):
+    try:
+        import safetensors  # noqa: F401
+        import safetensors.torch
+    except ImportError:
+        raise UsageError(f"{what} needs the `safetensors` package (pip install safetensors)") from None
+    return safetensors
+
+
+def program_inputs(module, scalars: dict[str, int]) -> dict[str, tuple[tuple[int, int], torch.dtype]]:
+    """Name -> (shape, dtype) of every tensor a run of ``module``'s entry function takes."""
+    fn = module.entry_function
+    shapes = tensor_shapes(fn, scalars)
+    return {t.name: (shapes[t.name], t.dtype.torch) for t in fn.tensors if t.role in ("input", "inout")}
+
+
+def load_inputs(path: str, module, scalars: dict[str, int], device, program: str = "the program",
+                what: str = "--inputs") -> dict[str, torch.Tensor]:
+    """The inputs of ``module`` at ``scalars`` from the safetensors file ``path``, on ``device``
+    (see the module docstring for the checks). ``program`` names the run in messages."""
+    st = _safetensors(what)
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} {path}: no such file")
+    want = program_inputs(module, scalars)
+    try:
+        f = st.safe_open(str(p), framework="pt", device="cpu")
+    except Exception as e:  # the header does not parse: not a safetensors file, or truncated
+        raise UsageError(f"{what} {path}: not a readable safetensors file ({_one_line(e)})") from None
+    with f:
+        have = list(f.keys())
+        unknown = [k for k in have if k not in want]
+        if unknown:
+            raise UsageError(f"{what} {path}: tensor `{unknown[0]}` is not an input of {program} "
+                             f"(its inputs: {', '.join(want)})")
+        missing = [k for k in want if k not in have]
+        if missing:
+            raise UsageError(f"{what} {path}: no tensor for the input{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(f'`{k}`' for k in missing)} of {program}")
+        for k, (shape, _) in want.items():
+            sl = f.get_slice(k)
+            got, dt = tuple(sl.get_shape()), sl.get_dtype()
+            if got != shape:
+                raise UsageError(f"{what} {path}: tensor `{k}` is {_shape(got)} but {program} takes {_shape(shape)}")
+            if dt not in _FLOATS:
+                raise UsageError(f"{what} {path}: tensor `{k}` is {dt}, not a floating-point type")
+        out = {}
+        for k, (_, dtype) in want.items():
+            try:
+                t = f.get_tensor(k)
+            except Exception as e:  # a header that promises more data than the file holds
+                raise UsageError(f"{what} {path}: cannot read tensor `{k}` ({_one_line(e)})") from None
+            out[k] = t.to(device=device, dtype=dtype)
+        return out
+
+
+def save_outputs(path: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
+    """Write ``tensors`` to the safetensors file ``path`` (atomically; ``metadata`` values become
+    strings)."""
+    st = _safetensors("--save")
+    data = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pto-save-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        st.torch.save_file(data, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _shape(s) -> str:
+    return "x".join(str(int(v)) for v in s) if len(s) else "a scalar"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+__all__ = ["load_inputs", "save_outputs", "program_inputs"]
