@@ -1,4 +1,5 @@
-"""Flash attention tiles at three granularities, for any multi-head attention.
+"""Flash attention tiles at three granularities, for multi-head and grouped-query attention, causal,
+bidirectional or causal within a sliding window.
 
 - ``fused``: :func:`flash_fused` (causal) and :func:`flash_fused_nc`, one task per q tile with
   the kv loop inside;
@@ -13,6 +14,13 @@ unnormalized output acc (f32, ``(seq, hidden)``); :func:`flash_init` sets it and
 ``h`` at columns ``[h*D, (h+1)*D)``), all of them on the parallel axis; scores, statistics and
 accumulators are f32 whatever the storage dtype. Tile heights are dims (``TQ``, ``TK``) so
 binary expansion derives every variant from one definition.
+
+Grouped-query attention (``kv_heads`` dividing ``heads``): k and v have ``kv_heads`` column
+blocks and query head ``h`` reads key/value head ``h // (heads // kv_heads)``; one program per
+query head as before (its block is the same size; the group's programs are adjacent, so a k/v
+tile is read from L2 by all but the first). A sliding ``window`` (Mistral) keeps the keys k of
+query q with ``q - window < k <= q``: :func:`flash_fused_swa` visits only the kv tiles of that
+range and masks the window's edge only in the tiles that cross it.
 """
 
 from __future__ import annotations
@@ -23,9 +31,32 @@ from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
 LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see _attn_block)
+#: the score of a key outside the sliding window: finite, so that a row whose keys in one tile all
+#: lie before its window (possible in the first tiles a q tile visits) keeps a finite max; the
+#: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly
+WINDOW_FILL = -1e30
 
 
-def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype, masks):
+def _kv_col(h, head_dim: int, heads: int, kv_heads: int | None):
+    """The first column of query head ``h``'s key/value head."""
+    group = heads // (kv_heads or heads)
+    return (h // group) * head_dim if group > 1 else h * head_dim
+
+
+def _apply_masks(k: InCore, S, masks, Z=None) -> None:
+    """Each (op, bound) of ``masks`` on the scores S: a mask op of the IR, or ``window``: keep
+    ``c > r + bound`` (scores at or left of the diagonal ``bound`` get :data:`WINDOW_FILL`, added
+    from the bias tile Z: the IR's causal mask, filled the other way round)."""
+    for op, bound in masks:
+        if op == "window":
+            k.full(Z, WINDOW_FILL)
+            k.mask_causal(Z, Z, bound, fill=0.0)
+            k.add(S, S, Z)
+        else:
+            getattr(k, op)(S, S, bound)
+
+
+def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype, masks, Z=None):
     """One online-softmax step on tiles: S = Q K^T, masks, then update m, l, acc.
 
     The running max m lives in the base-2 domain (m = max(s) * scale * log2 e), so that
@@ -33,8 +64,7 @@ def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, d
     x * log2 e anyway); l and acc are unchanged by the choice of base."""
     c = scale * LOG2E
     k.matmul(S, Q, Kt, tb=True)
-    for op, bound in masks:
-        getattr(k, op)(S, S, bound)
+    _apply_masks(k, S, masks, Z)
     k.rowmax(mnew, S)
     k.muls(mnew, mnew, c)
     k.max(mnew, mnew, m)
@@ -53,32 +83,50 @@ def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, d
     k.mov(m, mnew)
 
 
-def flash_fused(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+def flash_fused(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None,
+                kv_heads: int | None = None) -> IncoreFunction:
     """Attention of one q tile over its kv range, the kv loop inside (one task per q tile).
 
     Scalars: ``qpos`` (position of the tile's first row), ``nfull`` (kv rows [0, nfull) need no
     mask: before the diagonal, whole blocks), ``nkv`` (kv rows to visit: the causal limit, or
     the sequence). Blocks in [nfull, nkv) get the causal mask (``causal``) and the kv edge."""
-    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True)
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True, kv_heads=kv_heads)
 
 
-def flash_fused_nc(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+def flash_fused_nc(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None,
+                   kv_heads: int | None = None) -> IncoreFunction:
     """:func:`flash_fused` without the causal mask (bidirectional attention)."""
-    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=False)
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=False, kv_heads=kv_heads)
 
 
-def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal):
-    k = InCore("flash_fused" if causal else "flash_fused_nc")
+def flash_fused_swa(dtype, heads: int, head_dim: int, tq: int, tk: int, window: int, target=None,
+                    kv_heads: int | None = None) -> IncoreFunction:
+    """:func:`flash_fused` within a sliding window of ``window`` keys. The k and v regions start at
+    the kv tile holding the q tile's first key (``q - window + 1`` of its first row, down to a
+    multiple of ``TK``), so tiles before the window are neither loaded nor depended on. Scalars,
+    relative to that start: ``qoff`` (the q tile's first row), ``nwin`` (tiles in [0, nwin) cross
+    the window's edge: window mask), ``nfull`` (tiles in [nwin, nfull): no mask), ``nkv`` (tiles
+    in [nfull, nkv) meet the diagonal: causal and window masks)."""
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True, kv_heads=kv_heads, window=window)
+
+
+def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal, kv_heads=None, window=None):
+    k = InCore("flash_fused_swa" if window else "flash_fused" if causal else "flash_fused_nc")
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
     q, kk_, v, o = k.memref("q", dtype), k.memref("k", dtype), k.memref("v", dtype), k.memref("o", dtype)
-    qpos = k.scalar("qpos") if causal else None
+    if window:
+        qpos, nwin = k.scalar("qoff"), k.scalar("nwin")
+    else:
+        qpos = k.scalar("qpos") if causal else None
     nfull, nkv = k.scalar("nfull"), k.scalar("nkv")
     h = k.parallel("h", heads)
+    kvc = _kv_col(h, D, heads, kv_heads)
     Q = k.tile("Q", TQ, D, dtype)
     Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
     P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
+    Z = k.tile("Z", TQ, TK, f32) if window else None
     m, l, mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("m", "l", "mnew", "alpha", "rs"))
     acc = k.tile("acc", TQ, D, f32)
     scale = 1.0 / math.sqrt(D)
@@ -87,16 +135,23 @@ def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal):
     k.full(l, 0.0)
     k.full(acc, 0.0)
     state = (Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype)
-    with k.for_range("j", 0, nfull, TK) as j:
-        k.load(Kt, kk_, j, h * D)
-        k.load(Vt, v, j, h * D)
+    if window:
+        with k.for_range("j0", 0, nwin, TK) as j0:
+            k.load(Kt, kk_, j0, kvc)
+            k.load(Vt, v, j0, kvc)
+            _attn_block(k, *state, masks=[("window", qpos - j0 - window)], Z=Z)
+    with k.for_range("j", nwin if window else 0, nfull, TK) as j:
+        k.load(Kt, kk_, j, kvc)
+        k.load(Vt, v, j, kvc)
         _attn_block(k, *state, masks=[])
     with k.for_range("j2", nfull, nkv, TK) as j2:
-        k.load(Kt, kk_, j2, h * D)
-        k.load(Vt, v, j2, h * D)
+        k.load(Kt, kk_, j2, kvc)
+        k.load(Vt, v, j2, kvc)
         # causal: columns past nkv lie after every valid q row, so the causal mask covers them
         masks = [("mask_causal", qpos - j2)] if causal else [("mask_cols", nkv - j2)]
-        _attn_block(k, *state, masks=masks)
+        if window:
+            masks.insert(0, ("window", qpos - j2 - window))
+        _attn_block(k, *state, masks=masks, Z=Z)
     k.rowexpanddiv(acc, acc, l)
     if dtype != f32:
         k.cast(Q, acc)
@@ -147,45 +202,57 @@ def flash_normalize(dtype, heads: int, head_dim: int, tq: int, target=None) -> I
     return k.build(target)
 
 
-def _pair_masks(causal, qpos, kpos, kmem):
+def _pair_masks(causal, qpos, kpos, kmem, window=None):
     masks = [("mask_cols", kmem.rows)]
     if causal:
         masks.insert(0, ("mask_causal", qpos - kpos))
+    if window:
+        masks.insert(0, ("window", qpos - kpos - window))
     return masks
 
 
-def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None):
-    """One (q tile, kv tile) step: scores, online softmax and output update in one task."""
-    k = InCore("flash_pair" if causal else "flash_pair_nc")
+def _pair_name(base: str, causal: bool, window) -> str:
+    return base + ("_swa" if window else "" if causal else "_nc")
+
+
+def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None,
+               kv_heads: int | None = None, window: int | None = None):
+    """One (q tile, kv tile) step: scores, online softmax and output update in one task (with a
+    sliding ``window``: its mask as well; the orchestration submits only the pairs that meet the
+    window)."""
+    k = InCore(_pair_name("flash_pair", causal, window))
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
     q, kk_, v = k.memref("q", dtype), k.memref("k", dtype), k.memref("v", dtype)
     m_, l_, o_ = k.memref("m", f32), k.memref("l", f32), k.memref("acc", f32)
     qpos, kpos = (k.scalar("qpos"), k.scalar("kpos")) if causal else (None, None)
     h = k.parallel("h", heads)
+    kvc = _kv_col(h, D, heads, kv_heads)
     Q = k.tile("Q", TQ, D, dtype)
     Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
     P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
+    Z = k.tile("Z", TQ, TK, f32) if window else None
     m, l, acc = _state_tiles(k, TQ, D)
     mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("mnew", "alpha", "rs"))
     k.load(Q, q, 0, h * D)
-    k.load(Kt, kk_, 0, h * D)
-    k.load(Vt, v, 0, h * D)
+    k.load(Kt, kk_, 0, kvc)
+    k.load(Vt, v, 0, kvc)
     k.load(m, m_, 0, h)
     k.load(l, l_, 0, h)
     k.load(acc, o_, 0, h * D)
-    masks = _pair_masks(causal, qpos, kpos, kk_)
-    _attn_block(k, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, 1.0 / math.sqrt(D), dtype, masks)
+    masks = _pair_masks(causal, qpos, kpos, kk_, window)
+    _attn_block(k, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, 1.0 / math.sqrt(D), dtype, masks, Z)
     k.store(m_, 0, h, m)
     k.store(l_, 0, h, l)
     k.store(o_, 0, h * D, acc)
     return k.build(target)
 
 
-def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None):
+def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None,
+                kv_heads: int | None = None, window: int | None = None):
     """split step 1: s = mask(Q K^T * scale) for every head (s: TQ x heads*TK, f32)."""
-    k = InCore("flash_score" if causal else "flash_score_nc")
+    k = InCore(_pair_name("flash_score", causal, window))
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
     q, kk_, s_ = k.memref("q", dtype), k.memref("k", dtype), k.memref("s", f32)
@@ -193,12 +260,12 @@ def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool
     h = k.parallel("h", heads)
     Q, Kt = k.tile("Q", TQ, D, dtype), k.tile("Kt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
+    Z = k.tile("Z", TQ, TK, f32) if window else None
     k.load(Q, q, 0, h * D)
-    k.load(Kt, kk_, 0, h * D)
+    k.load(Kt, kk_, 0, _kv_col(h, D, heads, kv_heads))
     k.matmul(S, Q, Kt, tb=True)
     k.muls(S, S, 1.0 / math.sqrt(D))
-    for op, bound in _pair_masks(causal, qpos, kpos, kk_):
-        getattr(k, op)(S, S, bound)
+    _apply_masks(k, S, _pair_masks(causal, qpos, kpos, kk_, window), Z)
     k.store(s_, 0, h * TK, S)
     return k.build(target)
 
@@ -232,7 +299,8 @@ def flash_softmax(heads: int, tq: int, tk: int, target=None) -> IncoreFunction:
     return k.build(target)
 
 
-def flash_output(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None) -> IncoreFunction:
+def flash_output(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None,
+                 kv_heads: int | None = None) -> IncoreFunction:
     """split step 3: acc = acc * alpha + p @ V."""
     k = InCore("flash_output")
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
@@ -244,7 +312,7 @@ def flash_output(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None
     alpha = k.tile("at", TQ, 1, f32)
     acc = k.tile("acct", TQ, D, f32)
     k.load(S, s_, 0, h * TK)
-    k.load(Vt, v, 0, h * D)
+    k.load(Vt, v, 0, _kv_col(h, D, heads, kv_heads))
     k.load(alpha, a_, 0, h)
     k.load(acc, o_, 0, h * D)
     k.rowexpandmul(acc, acc, alpha)

@@ -86,11 +86,12 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
 
 
 def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                          target=None) -> IncoreFunction:
+                          target=None, name: str = "matmul_norm_rope_tile") -> IncoreFunction:
     """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: one head per index of the
     parallel axis, its two halves in two accumulators, rotated by the row tile's ``cos`` and
-    ``sin`` (``rows x head_dim / 2``) before the store."""
-    k = InCore("matmul_norm_rope_tile")
+    ``sin`` (``rows x head_dim / 2``) before the store. ``name``: a second function for another
+    head count (grouped-query attention's k)."""
+    k = InCore(name)
     R = k.dim("R", rows)
     half = head_dim // 2
     x = k.memref("x", dtype, shape=(R, K))

@@ -10,11 +10,13 @@ from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
 
-def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, target=None) -> IncoreFunction:
+def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, target=None,
+              name: str = "rope_tile") -> IncoreFunction:
     """Rotary embedding of an R x (heads*D) tile, rotate-half convention: with x1, x2 the two
     halves of a head and c, s the cos/sin of each row's position (R x D/2 tables),
-    ``y1 = x1 c - x2 s`` and ``y2 = x2 c + x1 s``. Parallel over heads; rows in blocks."""
-    k = InCore("rope_tile")
+    ``y1 = x1 c - x2 s`` and ``y2 = x2 c + x1 s``. Parallel over heads; rows in blocks. ``name``:
+    a second function for another head count (grouped-query attention's k)."""
+    k = InCore(name)
     R = k.dim("R", rows)
     RB = min(row_block, rows)
     half = head_dim // 2

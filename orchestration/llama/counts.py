@@ -30,14 +30,16 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
                 adaptive: bool = True, fuse: bool = False) -> dict[str, int]:
     """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
     log^2 n) for n base tiles (milliseconds up to 2**31 - 1 tokens: nothing is enumerated per
-    tile).
+    tile; a sliding window adds O(window / tile) terms).
 
     With T row tiles, P (q tile, kv tile) pairs and Q = sum over q tiles of the row tiles their
     kv range overlaps (docs/ESTIMATE.md derives each term):
     fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
     split: tasks 16T + 3P, edges 14T + 10P. With ``fuse`` (fused attention, RMSNorm folded into
     the projections, RoPE in the Q/K epilogue): tasks 7T, edges 5T + 2Q (no edge into the
-    projections, which read only inputs).
+    projections, which read only inputs). Grouped-query attention changes none of these (k and v
+    are narrower, not split); a sliding window (causal only) changes P and Q: each q tile's kv
+    range starts at the kv tile holding its first row's first key.
     """
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
@@ -53,6 +55,10 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
         """kv tiles over the r < M base tiles after the full blocks: one block per set bit."""
         return sum(w(1 << b) for b in range(r.bit_length()) if r >> b & 1)
 
+    def K(m: int) -> int:
+        """kv tiles of a kv loop over m base tiles."""
+        return (m // M) * w(M) + low(m % M)
+
     def q_block(start: int, p: int) -> tuple[int, int]:
         """(q tiles, pairs) of the q block of p base tiles at ``start`` within its M-chunk."""
         h = height_of_block(q_levels, p) // t.base if p >= 2 else 1
@@ -63,8 +69,8 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
             raise ValueError(f"q tiles of {h} base tiles in a block of {p}: not a power-of-two split")
         return c, c * low(start) + w(p) + (c // 2) * sum(w(h << b) for b in range(c.bit_length() - 1))
 
-    def causal_pairs() -> int:
-        """The sum over q tiles of K(end of the q tile), K(m) = kv tiles covering m base tiles.
+    def causal_pairs(n: int) -> int:
+        """The sum over the q tiles of n base tiles of K(end of the q tile).
 
         K(m) = (m // M) w(M) + low(m % M): the blocks of bx_blocks (min_range 2), additive over
         disjoint bits. A q block of p base tiles starts at a multiple of 2p (the sum of the
@@ -85,16 +91,70 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     # a loop without adaptive levels is not expanded (one iteration per base tile); with a
     # single level closed_form_iterations counts exactly that
     T = closed_form_iterations(n, M, 2, q_levels)
-    if attention == "fused":
-        P = 0  # no pair loop: one attention task per q tile
-    elif causal:
-        P = causal_pairs()
+    if causal and cfg.window:
+        P, Q = window_terms(n, t.base, tq // t.base, t.tk // t.base, cfg.window, K, causal_pairs)
+        if attention == "fused":
+            P = 0
     else:
-        P = T * closed_form_iterations(n, M, 2, kv_levels)
-    # every kv range ends on a row-tile boundary: q tile i overlaps i + 1 row tiles (causal)
-    Q = T * (T + 1) // 2 if causal else T * T
+        if attention == "fused":
+            P = 0  # no pair loop: one attention task per q tile
+        elif causal:
+            P = causal_pairs(n)
+        else:
+            P = T * closed_form_iterations(n, M, 2, kv_levels)
+        # every kv range ends on a row-tile boundary: q tile i overlaps i + 1 row tiles (causal)
+        Q = T * (T + 1) // 2 if causal else T * T
     tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
     if fuse:
         tasks, edges = 7 * T, 5 * T + 2 * Q
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}
+
+
+def window_start(qs: int, base: int, align: int, window: int) -> int:
+    """The first base tile of the kv range of the q tile starting at base tile ``qs``: the one
+    holding key ``qs * base - window + 1``, rounded down to a multiple of ``align`` base tiles
+    (the module's kv tile height, also when the graph is built without adaptive tiles), as the
+    orchestration computes it."""
+    return max(0, ((qs * base - (window - 1)) // (align * base)) * align)
+
+
+def window_terms(n: int, base: int, h: int, align: int, window: int, K, causal_pairs) -> tuple[int, int]:
+    """(P, Q) of causal attention within a sliding window over n base tiles: P the pairs (the
+    sum over q tiles of K(end - start of the kv range)), Q the row tiles the kv ranges overlap.
+
+    Row tiles are h base tiles high up to n_u = n - n % h (binary expansion's blocks of at least
+    h base tiles), then the tail: one tile per set bit of n % h. The kv range of uniform q tile t
+    (base tiles [t h, (t + 1) h)) starts at lo_t = :func:`window_start` of t h, which is 0 for the
+    first t_z tiles (they see every key before them: the causal count of their t_z h base tiles)
+    and after them depends on t modulo p = max(1, align / h) only: with t = u p + v, lo_t = t h -
+    v h + align f_v, f_v = floor((v h base - window + 1) / (align base)), so the range spans the
+    same h + v h - align f_v base tiles and overlaps the same 1 + v - floor(align f_v / h) row
+    tiles for every t of residue v. The tail's few q tiles are counted one by one. O(p + log n)
+    besides ``causal_pairs``."""
+    n_u = n - n % h
+    T_u = n_u // h
+    t_z = min(T_u, -(-(align * base + window - 1) // (h * base)))
+    P, Q = causal_pairs(t_z * h), t_z * (t_z + 1) // 2
+    p = max(1, align // h)
+    for v in range(p):
+        f = (v * h * base - (window - 1)) // (align * base)
+        count = (T_u - 1 - v) // p - (t_z - 1 - v) // p  # t in [t_z, T_u) with t % p == v
+        P += count * K(h + v * h - align * f)
+        Q += count * (1 + v - (align * f) // h)
+    tail = []  # (start, height) of the tail's row tiles
+    start = n_u
+    for b in reversed(range((n % h).bit_length())):
+        if n % h >> b & 1:
+            tail.append((start, 1 << b))
+            start += 1 << b
+
+    def ended_by(x: int) -> int:
+        """Row tiles ending at or before base tile x."""
+        return min(x, n_u) // h + sum(1 for s, hh in tail if s + hh <= x)
+
+    for j, (s, hh) in enumerate(tail):
+        lo = window_start(s, base, align, window)
+        P += K(s + hh - lo)
+        Q += T_u + j + 1 - ended_by(lo)
+    return P, Q

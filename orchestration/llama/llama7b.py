@@ -6,9 +6,15 @@ The seed's three phases, each a loop over row tiles with binary-expansion attrib
    split and pair attention modes);
 2. flash attention over (q tile, kv tile) pairs: ``split`` (score, softmax update, output update
    per pair: the seed's 3 tasks), ``pair`` (one task per pair) or ``fused`` (one task per q tile
-   with the kv loop inside). Causal attention submits no fully masked pair;
+   with the kv loop inside). Causal attention submits no fully masked pair, and with a sliding
+   window no pair before the window either: a q tile's kv range starts at the kv tile holding
+   its first row's first key (rounded down to a whole kv tile), for the pairs as for the fused
+   task's k and v regions;
 3. per tile: output projection, residual, RMSNorm, gate and up projections, SwiGLU, down
    projection, residual.
+
+Grouped-query attention: k and v (and their weights) are ``kv_heads * head_dim`` wide, q and the
+attention output ``heads * head_dim``; the attention functions map query heads to kv heads.
 
 Tile heights come from the SRAM model of the target (:mod:`.tiling`): the flash-attention block
 decides the q tile height, binary expansion runs blocks of base tiles with it and the residual
@@ -23,7 +29,7 @@ from __future__ import annotations
 from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.tiling import fit_functions, loop_attrs
 
-from pto import Orchestration, cdiv, emin, f32
+from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
 from pto.target import Target
 
@@ -35,19 +41,23 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     ``fuse`` (fused attention only): RMSNorm folded into the projections, RoPE into q and k's."""
     t, fn = fit_functions(cfg, dt, target, causal, attention, fuse)
     H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+    QD, KVD = cfg.q_dim, cfg.kv_dim
+    W = cfg.window if causal else None
     base = t.base
     o = Orchestration("llama7b")
     S = o.scalar("S")
     x = o.input("x", S, H, dt)
     g_attn, g_ffn = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
-    wq, wk, wv, wo = (o.input(n, H, H, dt) for n in ("wq", "wk", "wv", "wo"))
+    wq, wk, wv, wo = o.input("wq", H, QD, dt), o.input("wk", H, KVD, dt), o.input("wv", H, KVD, dt), \
+        o.input("wo", QD, H, dt)
     wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
     cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
+    width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
     if fuse:
-        v, qr, kr, attn, h = (o.temp(n, S, H, dt) for n in ("v", "qr", "kr", "attn", "h"))
+        v, qr, kr, attn, h = (o.temp(n, S, width.get(n, H), dt) for n in ("v", "qr", "kr", "attn", "h"))
     else:
-        xn, q, k, v, qr, kr = (o.temp(n, S, H, dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
-        attn, h, hn = (o.temp(n, S, H, dt) for n in ("attn", "h", "hn"))
+        xn, q, k, v, qr, kr = (o.temp(n, S, width.get(n, H), dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
+        attn, h, hn = (o.temp(n, S, width.get(n, H), dt) for n in ("attn", "h", "hn"))
     act = o.temp("act", S, Fd, dt)
     if attention != "fused":
         ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
@@ -55,7 +65,7 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     y = o.output("y", S, H, dt)
     if attention != "fused":
         m_, l_ = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
-        acc = o.temp("acc", S, H, f32)
+        acc = o.temp("acc", S, QD, f32)
     if attention == "split":
         s_ = o.temp("s", S, NH * t.tk, f32)
         alpha = o.temp("alpha", S, NH, f32)
@@ -72,19 +82,20 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     with o.for_loop("i", 0, n, **q_loop) as i:
         R = {"R": i.rows}
         if fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
-            for w, out in ((wq, qr), (wk, kr)):
-                o.call(fn.matmul_norm_rope, {"x": tile(x, i, H), "g": g_attn, "w": w, "cos": tile(cos, i, D // 2),
-                                             "sin": tile(sin, i, D // 2), "y": tile(out, i, H)}, dims=R)
-            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": g_attn, "w": wv, "y": tile(v, i, H)}, dims=R)
+            for f, w, out, cols in ((fn.matmul_norm_rope, wq, qr, QD), (fn.matmul_norm_rope_k, wk, kr, KVD)):
+                o.call(f, {"x": tile(x, i, H), "g": g_attn, "w": w, "cos": tile(cos, i, D // 2),
+                           "sin": tile(sin, i, D // 2), "y": tile(out, i, cols)}, dims=R)
+            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": g_attn, "w": wv, "y": tile(v, i, KVD)}, dims=R)
         else:
             o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
-            for w, out in ((wq, q), (wk, k), (wv, v)):
-                o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, H)}, dims={**R, "K": H, "N": H})
-            for src, dst in ((q, qr), (k, kr)):
-                o.call(fn.rope, {"x": tile(src, i, H), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
-                                 "y": tile(dst, i, H)}, dims=R)
+            for w, out, cols in ((wq, q, QD), (wk, k, KVD), (wv, v, KVD)):
+                o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, cols)},
+                       dims={**R, "K": H, "N": cols})
+            for f, src, dst, cols in ((fn.rope, q, qr, QD), (fn.rope_k, k, kr, KVD)):
+                o.call(f, {"x": tile(src, i, cols), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
+                           "y": tile(dst, i, cols)}, dims=R)
         if attention != "fused":
-            o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, H)},
+            o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, QD)},
                    dims={"TQ": i.rows})
 
     # phase 2: attention
@@ -92,43 +103,56 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
         qpos = qi * base
         q_end = emin(S, qpos + qi.rows)
         TQ = {"TQ": qi.rows}
-        if attention == "fused":
+        # sliding window: the first kv row the q tile visits, that of its first row's first key
+        # rounded down to a whole kv tile (0 without a window)
+        lo = emax(0, ((qpos - (W - 1)) // t.tk) * t.tk) if W else 0
+        if attention == "fused" and W:
+            nkv, nfull = q_end - lo, (qpos // t.tk) * t.tk - lo
+            # tiles starting before the last row's first key cross the window's edge
+            nwin = emin(nfull, cdiv(emax(0, q_end - W - lo), t.tk) * t.tk)
+            args = {"q": tile(qr, qi, QD), "k": (kr, lo, 0, nkv, KVD), "v": (v, lo, 0, nkv, KVD),
+                    "o": tile(attn, qi, QD), "qoff": qpos - lo, "nwin": nwin, "nfull": nfull, "nkv": nkv}
+            o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
+        elif attention == "fused":
             nkv = q_end if causal else S
             nfull = (qpos // t.tk) * t.tk if causal else (S // t.tk) * t.tk
-            args = {"q": tile(qr, qi, H), "k": (kr, 0, 0, nkv, H), "v": (v, 0, 0, nkv, H),
-                    "o": tile(attn, qi, H), "nfull": nfull, "nkv": nkv}
+            args = {"q": tile(qr, qi, QD), "k": (kr, 0, 0, nkv, KVD), "v": (v, 0, 0, nkv, KVD),
+                    "o": tile(attn, qi, QD), "nfull": nfull, "nkv": nkv}
             if causal:
                 args["qpos"] = qpos
             o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
         else:
-            kv_tiles = cdiv(q_end, base) if causal else n
+            # with a window, the kv loop counts base tiles from lo (a whole number of kv tiles)
+            lo_tiles = emax(0, ((qpos - (W - 1)) // t.tk) * (t.tk // base)) if W else 0
+            kv_tiles = (cdiv(q_end, base) - lo_tiles if W else cdiv(q_end, base)) if causal else n
             # the online-softmax state (m, l, acc) and split mode's scratch (s, alpha) of the q tile
             # are updated by every kv iteration: merging kv tiles re-associates that reduction
             with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
-                kpos = kj * base
-                kvr = (kr, kpos, 0, rows(kj), H)
-                vr = (v, kpos, 0, rows(kj), H)
+                kpos = (kj + lo_tiles) * base if W else kj * base
+                kv_rows = emin(kj.rows, S - kpos)
+                kvr = (kr, kpos, 0, kv_rows, KVD)
+                vr = (v, kpos, 0, kv_rows, KVD)
                 dims = {**TQ, "TK": kj.rows}
-                state = {"m": tile(m_, qi, NH), "l": tile(l_, qi, NH), "acc": tile(acc, qi, H)}
+                state = {"m": tile(m_, qi, NH), "l": tile(l_, qi, NH), "acc": tile(acc, qi, QD)}
                 pos = {"qpos": qpos, "kpos": kpos} if causal else {}
                 if attention == "pair":
-                    o.call(fn.pair, {"q": tile(qr, qi, H), "k": kvr, "v": vr, **state, **pos}, dims=dims)
+                    o.call(fn.pair, {"q": tile(qr, qi, QD), "k": kvr, "v": vr, **state, **pos}, dims=dims)
                 else:
                     sreg = (s_, qpos, 0, rows(qi), NH * kj.rows)
-                    o.call(fn.score, {"q": tile(qr, qi, H), "k": kvr, "s": sreg, **pos}, dims=dims)
+                    o.call(fn.score, {"q": tile(qr, qi, QD), "k": kvr, "s": sreg, **pos}, dims=dims)
                     o.call(fn.softmax, {"s": sreg, "m": state["m"], "l": state["l"],
                                         "alpha": tile(alpha, qi, NH)}, dims=dims)
                     o.call(fn.output, {"p": sreg, "v": vr, "alpha": tile(alpha, qi, NH), "acc": state["acc"]},
                            dims=dims)
-            o.call(fn.normalize, {"l": tile(l_, qi, NH), "acc": tile(acc, qi, H), "y": tile(attn, qi, H)},
+            o.call(fn.normalize, {"l": tile(l_, qi, NH), "acc": tile(acc, qi, QD), "y": tile(attn, qi, QD)},
                    dims=TQ)
 
     # phase 3: post-attention and FFN, per row tile
     if attention == "fused":
         with o.for_loop("r", 0, n, **q_loop) as r:
             R = {"R": r.rows}
-            o.call(fn.matmul_residual, {"x": tile(attn, r, H), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
-                   dims={**R, "K": H, "N": H})
+            o.call(fn.matmul_residual, {"x": tile(attn, r, QD), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
+                   dims={**R, "K": QD, "N": H})
             if fuse:
                 o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": g_ffn, "wg": wg, "wu": wu,
                                                "y": tile(act, r, Fd)}, dims=R)
@@ -141,7 +165,7 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
         return o.module()
     with o.for_loop("r", 0, n, **q_loop) as r:
         R = {"R": r.rows}
-        o.call(fn.matmul, {"x": tile(attn, r, H), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": H, "N": H})
+        o.call(fn.matmul, {"x": tile(attn, r, QD), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": QD, "N": H})
         o.call(fn.residual, {"a": tile(x, r, H), "b": tile(ao, r, H), "y": tile(h, r, H)}, dims=R)
         o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
         for w, out in ((wg, gate), (wu, up)):

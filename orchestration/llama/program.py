@@ -1,15 +1,22 @@
-"""The ``llama7b`` program (:class:`LlamaProgram`, registered as ``PROGRAM``): its options,
-settings, inputs, reference and counts, over the pieces of this package. Its measured launch
+"""The LLaMA-family programs over the pieces of this package: ``llama7b`` (:class:`LlamaProgram`,
+``PROGRAM``: the 7B layer on a GPU, ``tiny`` on the CPU) and ``llama`` (:class:`LlamaFamily`,
+``FAMILY``: the same program defaulting to LLaMA-3-8B's shape, ``tiny-gqa`` on the CPU). Both
+take every built-in configuration, a Hugging Face ``config.json`` (``--hf-config``) and one
+layer's weights from a safetensors checkpoint (``--weights``, ``--layer``). Their measured launch
 parameters are schedule data (pto/schedules/data/<device>/)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import torch
-from pto.orchestration.llama.config import ATTENTION_MODES, CONFIGS
+from pto.orchestration.llama.config import ATTENTION_MODES, CONFIGS, LlamaConfig, config_named
 from pto.orchestration.llama.counts import closed_form
+from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
 from pto.orchestration.llama.tiling import LlamaTiling, fit_functions
+from pto.orchestration.llama.weights import check_weights, load_layer
 
 from pto import Var
 from pto.errors import UsageError
@@ -24,10 +31,40 @@ SEED_ROWS = {1024: (1024, 3584), 2048: (3584, 13312), 4096: (13312, 51200), 8192
 SEED_BYTES_PER_TASK = 2864
 
 
+class Configs(Mapping):
+    """The built-in configurations by name (what ``--config`` lists), and also, by its
+    :meth:`LlamaConfig.spec`, any configuration read from a file: the name ``--hf-config`` gives
+    the settings, so that the built module, the caches and every report follow the file."""
+
+    def __init__(self, named: dict[str, LlamaConfig]):
+        self._named = named
+
+    def __getitem__(self, name: str) -> LlamaConfig:
+        try:
+            return config_named(name)
+        except (KeyError, ValueError):
+            raise KeyError(name) from None
+
+    def __contains__(self, name) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._named)
+
+    def __len__(self) -> int:
+        return len(self._named)
+
+
 class LlamaProgram(Program):
     name = "llama7b"
     description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for the CPU)"
-    configs = CONFIGS
+    configs = Configs(CONFIGS)
+    #: --config auto on a GPU and on the CPU
+    gpu_default, cpu_default = "7b", "tiny"
     options = (
         Option("attention", "fused", "attention granularity: split (3 tasks per q x kv tile pair, the seed's), "
                "pair (1 task per pair) or fused (1 task per q tile, residuals and SwiGLU fused too)",
@@ -35,27 +72,55 @@ class LlamaProgram(Program):
         Option("causal", True, "causal attention"),
         Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
                "and apply RoPE in the q and k projections' epilogue (7 tasks per row tile instead of 11)"),
+        Option("hf_config", "", "a Hugging Face config.json (or its folder) of the LLaMA family (model_type llama "
+               "or mistral): the layer's dimensions, eps, RoPE base and scaling, sliding window; instead of --config"),
+        Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "
+               "layer's weights under the Hugging Face names instead of random ones"),
+        Option("layer", 0, "the decoder layer of --weights to run"),
     )
     default_seq = 128
     outputs = ("y",)
 
     def default_config(self, device: str) -> str:
-        return "7b" if device == "cuda" else "tiny"
+        return self.gpu_default if device == "cuda" else self.cpu_default
+
+    def settings(self, *, device: str = "cpu", config: str | None = None, **kw) -> Settings:
+        """The base rule, and ``--hf-config`` in place of ``--config``: the file's configuration
+        becomes the settings' config (its :meth:`LlamaConfig.spec`)."""
+        if kw.get("layer") is not None and not kw.get("weights"):
+            raise UsageError(f"{self.name}: --layer picks a layer of --weights; give --weights FILE too")
+        if kw.get("hf_config"):
+            if config not in (None, "auto"):
+                raise UsageError(f"{self.name}: --hf-config and --config {config} both give the layer's "
+                                 "configuration; give one of them")
+            config = load_hf_config(kw["hf_config"]).spec()
+        return super().settings(device=device, config=config, **kw)
+
+    def config(self, s: Settings) -> LlamaConfig:
+        return self.configs[s.config]
 
     def check_settings(self, s: Settings) -> None:
+        cfg = self.config(s)
         if s["fuse_norm_rope"] and s["attention"] != "fused":
-            raise UsageError(f"llama7b: --fuse-norm-rope needs --attention fused (got --attention {s['attention']})")
+            raise UsageError(f"{self.name}: --fuse-norm-rope needs --attention fused "
+                             f"(got --attention {s['attention']})")
+        if cfg.window and not s["causal"]:
+            raise UsageError(f"{self.name}: the configuration attends within a sliding window of {cfg.window} "
+                             "tokens, which is causal: --no-causal does not apply to it")
+        if s["layer"] < 0:
+            raise UsageError(f"{self.name}: --layer {s['layer']} is negative")
+        if s["weights"]:
+            check_weights(s["weights"], s["layer"], cfg)
 
     def build(self, s: Settings):
-        return build_module(CONFIGS[s.config], s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"])
+        return build_module(self.config(s), s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"])
 
     def tiling(self, s: Settings) -> LlamaTiling:
-        return fit_functions(CONFIGS[s.config], s.dtype, s.target, s["causal"], s["attention"],
-                             s["fuse_norm_rope"])[0]
+        return fit_functions(self.config(s), s.dtype, s.target, s["causal"], s["attention"], s["fuse_norm_rope"])[0]
 
     def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts (see :func:`closed_form`), for ``pto estimate``."""
-        return closed_form(CONFIGS[s.config], self.tiling(s), seq, s["attention"], s["causal"], adaptive,
+        return closed_form(self.config(s), self.tiling(s), seq, s["attention"], s["causal"], adaptive,
                            s["fuse_norm_rope"])
 
     def check_size(self, s: Settings, seq: int) -> None:
@@ -63,7 +128,7 @@ class LlamaProgram(Program):
         edges)."""
         c = self.counts(s, seq, True)
         if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
-            raise UsageError(f"llama7b at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
+            raise UsageError(f"{self.name} at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
                              "runtime's limits (2^31 task ids and edges); use a shorter --seq or "
                              "`pto estimate` for the counts")
 
@@ -76,6 +141,8 @@ class LlamaProgram(Program):
     def estimate_baselines(self, s: Settings) -> list:
         from pto.estimate import Baseline
 
+        if s.config not in CONFIGS or self.config(s).window:
+            return []  # the seed's setting is bidirectional: a layer of a file or with a window has none
         return [Baseline("seed setting (ascend910b f32 split)", self.seed_settings(s.config),
                          {k: v[0] for k, v in SEED_ROWS.items()}, ("seed runtime", SEED_BYTES_PER_TASK))]
 
@@ -83,9 +150,11 @@ class LlamaProgram(Program):
         return {"S": Var("seq")}
 
     def inputs(self, s, seq, device, seed=0):
-        cfg = CONFIGS[s.config]
+        """Seeded random activations; the weights random too (scaled by 1/sqrt(fan-in)) or the
+        layer's from ``--weights``; cos and sin of the positions from the configuration's RoPE."""
+        cfg = self.config(s)
         dt = s.dtype
-        H, Fd = cfg.hidden, cfg.ffn
+        H, Fd, QD, KVD = cfg.hidden, cfg.ffn, cfg.q_dim, cfg.kv_dim
         dev = torch.device(device)
         g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)
 
@@ -95,22 +164,36 @@ class LlamaProgram(Program):
             return seeded_randn(shape, dt, dev, g, scale)
 
         cos, sin = rope_tables(seq, cfg, dt, dev)
+        x = rnd(seq, H)
+        if s["weights"]:
+            return {"x": x, **load_layer(s["weights"], s["layer"], cfg, dt.torch, dev), "cos": cos, "sin": sin}
         return {
-            "x": rnd(seq, H),
+            "x": x,
             "g_attn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
             "g_ffn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
-            "wq": rnd(H, H, scale=H ** -0.5), "wk": rnd(H, H, scale=H ** -0.5),
-            "wv": rnd(H, H, scale=H ** -0.5), "wo": rnd(H, H, scale=H ** -0.5),
+            "wq": rnd(H, QD, scale=H ** -0.5), "wk": rnd(H, KVD, scale=H ** -0.5),
+            "wv": rnd(H, KVD, scale=H ** -0.5), "wo": rnd(QD, H, scale=QD ** -0.5),
             "wg": rnd(H, Fd, scale=H ** -0.5), "wu": rnd(H, Fd, scale=H ** -0.5),
             "wd": rnd(Fd, H, scale=Fd ** -0.5),
             "cos": cos, "sin": sin,
         }
 
     def reference(self, s, seq, inputs):
-        return {"y": reference_layer(inputs, CONFIGS[s.config], s["causal"])}
+        return {"y": reference_layer(inputs, self.config(s), s["causal"])}
 
     def flops(self, s, seq):
-        return layer_flops(CONFIGS[s.config], seq, s["causal"])
+        return layer_flops(self.config(s), seq, s["causal"])
+
+
+class LlamaFamily(LlamaProgram):
+    """``llama``: the same program for the whole family, defaulting to LLaMA-3-8B's layer on a
+    GPU and its tiny grouped-query shape on the CPU."""
+
+    name = "llama"
+    description = ("one decoder layer of the LLaMA family (LLaMA-1/2/3, Mistral: grouped-query attention, sliding "
+                   "window): a built-in configuration or a Hugging Face config.json, random or safetensors weights")
+    gpu_default, cpu_default = "llama3-8b", "tiny-gqa"
 
 
 PROGRAM = LlamaProgram()
+FAMILY = LlamaFamily()

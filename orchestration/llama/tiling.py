@@ -6,6 +6,12 @@ The flash-attention block (Q, K, V, O and the score tile S) decides the q tile h
 check refuses one, retries with lower tiles and narrower column blocks. ``MAX_RANGE`` and
 :func:`loop_attrs` are the binary-expansion attributes of the layer's row-tile loops (the closed
 forms of :mod:`.counts` read the same ``MAX_RANGE``).
+
+Grouped-query attention changes no block: a program of the attention functions holds one query
+head and the key/value head it reads, so the model counts one head's Q, K, V, O and S whatever
+the number of key/value heads (the k and v projections and k's RoPE are narrower, their own
+functions where the head count differs). A sliding window adds one f32 TQ x TK bias tile to the
+attention functions, which the builder's check of live tiles counts.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pto.incore.attention import (
     flash_fused,
     flash_fused_nc,
+    flash_fused_swa,
     flash_init,
     flash_normalize,
     flash_output,
@@ -100,31 +107,40 @@ class Functions:
     def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
                  attention: str, fuse: bool = False):
         H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
+        NKV, W = cfg.kv_heads, cfg.window if causal else None
+        gqa = dict(kv_heads=NKV) if NKV != NH else {}
         tg = target
         self.rmsnorm = rmsnorm_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
         # one matmul definition; calls bind K and N (dims) per weight
         self.matmul = matmul_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
+        # k's RoPE over the key/value heads (the same function when there are as many)
+        self.rope_k = rope_tile(dt, t.tq, NKV, D, target=tg, name="rope_k_tile") if NKV != NH else self.rope
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
             if fuse:  # and the norms folded into the projections after them, RoPE into q and k's
-                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, H, t.bn, t.bk, cfg.eps, tg)
+                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, tg)
                 self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps, tg)
+                self.matmul_norm_rope_k = self.matmul_norm_rope if NKV == NH else matmul_norm_rope_tile(
+                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, tg, name="matmul_norm_rope_k_tile")
                 self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, tg)
             self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
             self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
-            self.fused = (flash_fused if causal else flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg)
+            if W:
+                self.fused = flash_fused_swa(dt, NH, D, t.tq, t.tk, W, tg, **gqa)
+            else:
+                self.fused = (flash_fused if causal else flash_fused_nc)(dt, NH, D, t.tq, t.tk, tg, **gqa)
             return
         self.residual = residual_add(dt, t.tq, H, t.ew_block, tg)
         self.swiglu = swiglu_tile(dt, t.tq, Fd, t.ew_block, tg)
         self.init = flash_init(NH, D, t.tq, tg)
         self.normalize = flash_normalize(dt, NH, D, t.tq, tg)
         if attention == "pair":
-            self.pair = flash_pair(dt, NH, D, t.tq, t.tk, causal, tg)
+            self.pair = flash_pair(dt, NH, D, t.tq, t.tk, causal, tg, window=W, **gqa)
         else:
-            self.score = flash_score(dt, NH, D, t.tq, t.tk, causal, tg)
+            self.score = flash_score(dt, NH, D, t.tq, t.tk, causal, tg, window=W, **gqa)
             self.softmax = flash_softmax(NH, t.tq, t.tk, tg)
-            self.output = flash_output(dt, NH, D, t.tq, t.tk, tg)
+            self.output = flash_output(dt, NH, D, t.tq, t.tk, tg, **gqa)
 
 
 def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str, fuse: bool = False):
