@@ -31,10 +31,12 @@ from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
 LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see _attn_block)
-#: the score of a key outside the sliding window: finite, so that a row whose keys in one tile all
+#: the bias of a key outside the sliding window: finite, so that a row whose keys in one tile all
 #: lie before its window (possible in the first tiles a q tile visits) keeps a finite max; the
-#: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly
+#: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly. In an f16 bias
+#: tile the fill is the largest that f16 holds in round numbers (scores are O(100) at most)
 WINDOW_FILL = -1e30
+WINDOW_FILL_F16 = -30000.0
 
 
 def _kv_col(h, head_dim: int, heads: int, kv_heads: int | None):
@@ -43,13 +45,19 @@ def _kv_col(h, head_dim: int, heads: int, kv_heads: int | None):
     return (h // group) * head_dim if group > 1 else h * head_dim
 
 
+def _bias_tile(k: InCore, TQ, TK, dtype, P):
+    """The sliding window's bias tile: the P tile of a half-precision layer (dead while the scores
+    are masked, so the window costs no on-chip memory), else an f32 tile of its own."""
+    return P if dtype != f32 else k.tile("Z", TQ, TK, f32)
+
+
 def _apply_masks(k: InCore, S, masks, Z=None) -> None:
     """Each (op, bound) of ``masks`` on the scores S: a mask op of the IR, or ``window``: keep
     ``c > r + bound`` (scores at or left of the diagonal ``bound`` get :data:`WINDOW_FILL`, added
     from the bias tile Z: the IR's causal mask, filled the other way round)."""
     for op, bound in masks:
         if op == "window":
-            k.full(Z, WINDOW_FILL)
+            k.full(Z, WINDOW_FILL_F16 if Z.tile.dtype.short == "f16" else WINDOW_FILL)
             k.mask_causal(Z, Z, bound, fill=0.0)
             k.add(S, S, Z)
         else:
@@ -126,7 +134,7 @@ def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal, kv_heads=None, 
     Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
     P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
-    Z = k.tile("Z", TQ, TK, f32) if window else None
+    Z = _bias_tile(k, TQ, TK, dtype, P) if window else None
     m, l, mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("m", "l", "mnew", "alpha", "rs"))
     acc = k.tile("acc", TQ, D, f32)
     scale = 1.0 / math.sqrt(D)
@@ -232,7 +240,7 @@ def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool,
     Kt, Vt = k.tile("Kt", TK, D, dtype), k.tile("Vt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
     P = k.tile("P", TQ, TK, dtype) if dtype != f32 else S
-    Z = k.tile("Z", TQ, TK, f32) if window else None
+    Z = _bias_tile(k, TQ, TK, dtype, P) if window else None
     m, l, acc = _state_tiles(k, TQ, D)
     mnew, alpha, rs = (k.tile(n, TQ, 1, f32) for n in ("mnew", "alpha", "rs"))
     k.load(Q, q, 0, h * D)
@@ -260,7 +268,7 @@ def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool
     h = k.parallel("h", heads)
     Q, Kt = k.tile("Q", TQ, D, dtype), k.tile("Kt", TK, D, dtype)
     S = k.tile("S", TQ, TK, f32)
-    Z = k.tile("Z", TQ, TK, f32) if window else None
+    Z = k.tile("Z", TQ, TK, dtype) if window else None  # the bias in the storage dtype
     k.load(Q, q, 0, h * D)
     k.load(Kt, kk_, 0, _kv_col(h, D, heads, kv_heads))
     k.matmul(S, Q, Kt, tb=True)
