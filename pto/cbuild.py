@@ -9,9 +9,15 @@ The cache key covers everything that changes the binary: the cdef, the inline so
 contents of every source file and of every header in the include directories, the compile
 arguments, the interpreter's ABI tag and the cffi version. A warm start hashes those inputs,
 finds the module and imports it without running the compiler. A cold start builds in a
-temporary directory next to the cache entry and renames it into place, so concurrent
-processes (pytest-xdist workers) never load a half-written module: the first rename wins
-and the others use its result.
+temporary directory next to the cache entry, imports the module from there and renames the
+directory into place, so concurrent processes (pytest-xdist workers, two ``pto run`` at once)
+never load a half-written module and never depend on another's: the first rename wins and the
+others keep the identical module they built.
+
+Every entry holds the SHA-256 of its module (``sha256``), checked before the module is loaded:
+an entry that is truncated or corrupted (or does not load) is set aside, rebuilt, and reported
+on the ``pto.cache`` logger (one line on stderr by default), never a crash; an entry without a
+checksum (written by an older pto) is rebuilt without a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import io
+import logging
 import os
 import re
 import shlex
@@ -45,6 +52,10 @@ WRAPPER_CFLAGS = ("-O2", "-std=c99", "-fPIC")
 
 _loaded: dict[str, ModuleType] = {}
 _lock = threading.Lock()
+#: where repairs of cache entries are reported (here and in pto.backends.triton_backend)
+log = logging.getLogger("pto.cache")
+CHECKSUM = "sha256"
+NO_CHECKSUM = "without a checksum"
 
 
 def cache_root() -> Path:
@@ -130,6 +141,43 @@ def _build(modname: str, cdef: str, source: str, sources: Sequence[Path], includ
     return out
 
 
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_problem(target: Path) -> str | None:
+    """Why the cache entry of module file ``target`` cannot be trusted, or None if it can."""
+    stamp = target.parent / CHECKSUM
+    if not target.is_file():
+        return "missing its module"
+    if not stamp.is_file():
+        return NO_CHECKSUM
+    want = stamp.read_bytes().decode(errors="replace").strip()
+    if _digest(target) != want:
+        return f"corrupt (its {target.stat().st_size:,}-byte module does not match its checksum)"
+    return None
+
+
+def _set_aside(final: Path, target: Path) -> None:
+    """Move a bad entry out of the way (unless another process has just replaced it with a good
+    one) and delete it."""
+    if entry_problem(target) is None:
+        return
+    away = final.parent / f".bad-{final.name[:12]}-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.rename(final, away)
+    except OSError:
+        return  # gone already: another process is repairing it
+    if away.is_dir():
+        shutil.rmtree(away, ignore_errors=True)
+    else:
+        away.unlink(missing_ok=True)
+
+
 def _import(modname: str, path: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader(modname, str(path))
     spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
@@ -176,20 +224,37 @@ def load_cffi_module(name: str, cdef: str, source: str, sources: Sequence[Path |
         modname = f"_pto_{name}_{key[:16]}"
         final = cache_root() / "cffi" / key[:32]
         target = final / f"{modname}{sysconfig.get_config_var('EXT_SUFFIX')}"
-        if not target.is_file():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=final.parent))
-            try:
-                _build(modname, cdef, source, src_paths, inc_paths, extra_compile_args, tmp)
+        module = None
+        if final.exists():
+            problem = entry_problem(target)
+            if problem is None:
                 try:
-                    os.rename(tmp, final)
-                except OSError:
-                    # Another process finished the same build first; its module is identical.
-                    if not target.is_file():
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-        module = _import(modname, target)
+                    module = _import(modname, target)
+                except ImportError as exc:
+                    problem = f"not loadable ({' '.join(str(exc).split())})"
+            if problem is not None:
+                _set_aside(final, target)
+                # an entry of an older pto has no checksum: rebuilt quietly, it was not damaged
+                level = logging.INFO if problem == NO_CHECKSUM else logging.WARNING
+                log.log(level, "pto: cache: the compiled module %s was %s; rebuilt", final, problem)
+        if module is None:
+            module = _build_entry(modname, key, final, cdef, source, src_paths, inc_paths, extra_compile_args)
         _loaded[key] = module
         return module
+
+
+def _build_entry(modname: str, key: str, final: Path, cdef: str, source: str, src_paths, inc_paths,
+                 extra_compile_args) -> ModuleType:
+    """Build into a temporary directory, import from there, then rename it into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=final.parent))
+    try:
+        built = _build(modname, cdef, source, src_paths, inc_paths, extra_compile_args, tmp)
+        (tmp / CHECKSUM).write_text(_digest(built) + "\n")
+        module = _import(modname, built)  # loaded: the rename below cannot pull it away
+        with contextlib.suppress(OSError):  # another process finished the same build first: identical
+            os.rename(tmp, final)
+        return module
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -10,11 +10,12 @@ scalars and submits every task from C; the result is a :class:`Graph` around the
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto.cbuild import cache_root, load_cffi_module
+from pto.cbuild import cache_root, load_cffi_module, log
 from pto.codegen.c_orch import COrchestration, generate_c
 from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module
@@ -88,9 +89,11 @@ class CompiledProgram:
         src_dir = cache_root() / "src"
         src_dir.mkdir(parents=True, exist_ok=True)
         path = src_dir / f"{name}_{digest}.c"
-        if not path.exists():
-            tmp = path.with_suffix(f".tmp{id(self)}")
-            tmp.write_text(self.corch.source)
+        if not path.exists() or path.read_bytes() != self.corch.source.encode():
+            if path.exists():  # a truncated or corrupted copy: compiling it would fail or differ
+                log.warning("pto: cache: the generated source %s was corrupt; rewritten", path)
+            tmp = path.with_suffix(f".tmp{os.getpid()}-{id(self)}")
+            tmp.write_bytes(self.corch.source.encode())
             tmp.replace(path)
         self.lib = load_cffi_module(
             f"orch_{name}", runtime_cdef() + self.corch.cdef,
