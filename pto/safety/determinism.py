@@ -33,6 +33,9 @@ from dataclasses import fields
 RUN_OPTIONS = {
     "cmd": "none", "program": "program", "seq": "program", "device": "program", "config": "program",
     "dtype": "program", "target": "program", "backend": "program", "seed": "program", "inputs": "program",
+    # the ranks sum their partial results in a collective: another tp is another summation order
+    # (another program); the same tp on the same machine sums in the same order
+    "tp": "program",
     "executor": "executor", "deterministic": "executor",
     "check": "none", "dump": "none", "trace": "none", "repeat": "none", "profile": "none", "json": "none",
     "sentinel": "none", "check_schedule": "none", "save": "none",
