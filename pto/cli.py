@@ -127,6 +127,11 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
                    help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
     s.add_argument("--target", default=None, choices=target.names(),
                    help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
+    if cmd in ("run", "codegen", "estimate"):
+        s.add_argument("--tp", type=_positive, default=1, metavar="N",
+                       help="tensor-parallel ranks: the graph of one rank" + (
+                           "; one process per rank: torchrun --nproc-per-node N -m pto.cli run ... --tp N"
+                           if cmd == "run" else "") + " (default: 1)")
     if program is not None and program.options:
         g = s.add_argument_group(f"options of {program.name}")
         for o in program.options:
@@ -254,7 +259,7 @@ def _job(args):
     options = {o.name: getattr(args, o.name) for o in prog.options}
     return resolve(args.program, device=args.device, backend=getattr(args, "backend", "auto"),
                    executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
-                   target=args.target, options=options)
+                   target=args.target, options=options, tp=getattr(args, "tp", 1))
 
 
 def _cmd_info(args) -> int:
@@ -281,6 +286,12 @@ def _cmd_run(args) -> int:
                   repeat=args.repeat, profile=args.profile, progress=progress, sentinel=args.sentinel,
                   inputs=args.inputs, save=args.save, check_schedule=args.check_schedule,
                   deterministic=args.deterministic)
+    from pto import dist
+
+    code = 1 if res.get("nonfinite") else 0
+    if dist.rank() != 0:  # tensor parallelism: rank 0 reports for all
+        dist.shutdown()
+        return code
     if "trace" in res:
         from pto.trace import flow_note
 
@@ -291,7 +302,8 @@ def _cmd_run(args) -> int:
         print(json.dumps(res))
     else:
         print(format_summary(res, tuple(o.name for o in job.program.options)))
-    return 1 if res.get("nonfinite") else 0
+    dist.shutdown()
+    return code
 
 
 def _cmd_codegen(args) -> int:
@@ -417,6 +429,17 @@ COMMANDS = {"info": _cmd_info, "run": _cmd_run, "codegen": _cmd_codegen, "estima
             "bench": _cmd_bench, "tune": _cmd_tune, "visualize": _cmd_visualize}
 
 
+def _rank_prefix() -> str:
+    """``rank R: `` in a torchrun launch of several processes (each failing rank says its line)."""
+    try:
+        from pto.dist import environment
+
+        env = environment()
+    except PTOError:
+        return ""
+    return f"rank {env.rank}: " if env is not None and env.world > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -427,29 +450,29 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.cmd](args)
     except PTOError as e:
         msg = " ".join(str(e).split("\n"))
-        print(f"pto: error: {msg}", file=sys.stderr)
+        print(f"pto: error: {_rank_prefix()}{msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pto: interrupted", file=sys.stderr)
         return 130
     except (OSError, MemoryError) as e:
-        print(f"pto: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"pto: error: {_rank_prefix()}{' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # torch's allocation failures (CPU and CUDA) are RuntimeErrors
         if "alloc" not in str(e).lower() and "out of memory" not in str(e).lower():
             if os.environ.get("PTO_DEBUG"):
                 raise
-            print(f"pto: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
+            print(f"pto: internal error: {_rank_prefix()}{type(e).__name__}: {' '.join(str(e).split())} "
                   "(set PTO_DEBUG=1 for the traceback)", file=sys.stderr)
             return 3
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"pto: error: out of memory ({first}); try a shorter --seq or a smaller --config",
+        print(f"pto: error: {_rank_prefix()}out of memory ({first}); try a shorter --seq or a smaller --config",
               file=sys.stderr)
         return 1
     except Exception as e:  # an internal error: still one line unless debugging
         if os.environ.get("PTO_DEBUG"):
             raise
-        print(f"pto: internal error: {type(e).__name__}: {e} (set PTO_DEBUG=1 for the traceback)",
+        print(f"pto: internal error: {_rank_prefix()}{type(e).__name__}: {e} (set PTO_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 3
 

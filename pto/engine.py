@@ -19,6 +19,7 @@ from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
+from pto.ir.analysis import has_collective
 from pto.program import Program, Settings
 from pto.target import Target
 from pto.target import resolve as resolve_target
@@ -41,14 +42,14 @@ class Job:
 
 def resolve(program: str, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
             config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
-            options: dict | None = None) -> Job:
+            options: dict | None = None, tp: int = 1) -> Job:
     """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
-    command), every value checked."""
+    command), every value checked; ``tp``: the tensor-parallel ranks (one rank's module)."""
     prog = programs.get(program)
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
     tg = target if isinstance(target, Target) else resolve_target(target, dev)
-    s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, **(options or {}))
+    s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, tp=tp, **(options or {}))
     if be == "triton" and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
     return Job(prog, s, dev, be, resolve_executor(executor, dev, be))
@@ -145,6 +146,8 @@ class Runner:
         self.compile_ms = (time.perf_counter() - t0) * 1e3
         self.scalars = prog.scalars(s, seq)
         self.graph = compiled.build_graph(self.scalars)
+        # collectives run through the torch evaluator (host synchronization): never captured
+        self.collective = any(has_collective(f) for f in self.graph.variants)
         fn = self.module.entry_function
         shapes = tensor_shapes(fn, self.scalars)
         # static buffers: inputs are copied in on every call (a captured graph reads them there)
@@ -178,7 +181,7 @@ class Runner:
 
     def replay(self) -> str:
         """Replay the execution; returns how ("cuda_graph" or "launches")."""
-        if self.device == "cuda" and self.executor.backend.graph_capturable:
+        if self.device == "cuda" and self.executor.backend.graph_capturable and not self.collective:
             if self.cuda_graph is None:
                 self.cuda_graph = self.executor.capture()
             self.cuda_graph.replay()
@@ -235,20 +238,34 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     the same CUDA graph. ``progress(done, total)`` is called as tasks complete. docs/SAFETY.md:
     ``sentinel`` (``nonfinite``: who made the first NaN or infinity of an output), ``inputs`` /
     ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
-    ``deterministic`` (the same bits from both executors on a GPU)."""
+    ``deterministic`` (the same bits from both executors on a GPU).
+
+    Tensor parallelism (``tp`` > 1 in the job's settings): one process per rank, started by
+    torchrun; the default process group is started here (:func:`pto.dist.init`), every rank
+    makes the whole seeded inputs and runs on its shard (:meth:`Program.shard`), rank 0 checks
+    the outputs against the reference on the whole inputs and writes the files; ``ranks`` has
+    every rank's time and collectives."""
+    from pto import dist
+
     if not isinstance(job, Job):
         job = resolve(job, device=device, backend=backend, executor=executor, config=config, dtype=dtype,
                       target=target, options=options)
     prog, s = job.program, job.settings
     seq = seq or prog.default_seq
+    rank = dist.init(job.device, s.tp, command=f"run {prog.name}")
+    if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
+        dump = trace = save = None
     prog.check_size(s, seq)
     module = prog.build(s)
     check_memory(job, seq, module, check)
     given = None
     if inputs:
+        from dataclasses import replace
+
         from pto.safety.tensor_io import load_inputs
 
-        given = load_inputs(inputs, module, prog.scalars(s, seq), job.device,
+        whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard
+        given = load_inputs(inputs, whole, prog.scalars(s, seq), job.device,
                             program=f"{prog.name} at seq {seq} (config {s.config})")
     record = bool(trace) or check_schedule
     cached = repeat > 1 and not record and not sentinel
@@ -259,13 +276,15 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if dump:
             graph.dump(dump)
         data = given if given is not None else prog.inputs(s, seq, job.device, seed)
+        local = prog.shard(s, data, rank)
         if sentinel:
             from pto.safety.blame import blame, nonfinite_summary
 
-            before = nonfinite_summary(data, data)
+            before = nonfinite_summary(local, local)
+        dist.counters(reset=True)
         first = runner.stats is None
         t0 = time.perf_counter()
-        outputs = runner(data)
+        outputs = runner(local)
         if not first and job.device == "cuda":
             torch.cuda.synchronize()
         stats = runner.stats
@@ -281,7 +300,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
             out["inputs"] = str(inputs)
         if sentinel:
             out["nonfinite"] = blame(graph, runner.executor.flags, runner.tensors, prog.outputs, before)
-        if check:
+        if check and rank == 0:
             ref = prog.reference(s, seq, data)
             out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
         if check_schedule:
@@ -305,6 +324,11 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
             out["profile"] = runner.profile()
         if repeat > 1:
             out.update(runner.time(repeat))
+        if dist.world_size() > 1:
+            mine = {"rank": rank, "exec_ms": out["exec_ms"], "collectives": dist.counters()}
+            if "replay_ms" in out:
+                mine["replay_ms"] = out["replay_ms"]
+            out["ranks"] = dist.gather(mine)
         return out
     finally:
         if not cached:
@@ -413,6 +437,8 @@ def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = Tru
     kdir = out / "kernels"
     kdir.mkdir(exist_ok=True)
     for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
+        if has_collective(v.func):  # runs through the torch evaluator: no kernel
+            continue
         k = render(v.func)
         (kdir / k.filename).write_text(k.source)
         written.append(str(kdir / k.filename))

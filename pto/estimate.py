@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pto import programs
+from pto.buffers import tensor_bytes
 from pto.errors import ExecutionError, UsageError
 from pto.graph import CompiledProgram
 from pto.program import Program, Settings
@@ -210,7 +211,9 @@ def estimate(program: Program | str, seqs: list[int], *, settings: Settings | No
         ca, cn = counter.counts(seq, True), counter.counts(seq, False)
         mine = ca if adaptive else cn
         row = {"seq": seq, "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
-               "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0}
+               "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
+               # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
+               "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, seq)).values())}
         if "row_tiles" in mine:
             row["row_tiles"] = mine["row_tiles"]
         if mine["tasks"] <= max_build_tasks and mine.get("edges", 0) <= max_build_edges:
@@ -271,11 +274,14 @@ def format_table(res: dict) -> str:
     always shown; a header line says which of the two graphs Tiles, Edges, Build, Memory and
     B/task describe, since ``--no-adaptive`` switches them but not the Tasks column."""
     setting = [f"{res['program']} config={res['config']} dtype={res['dtype']} target={res['target']}"]
+    if res.get("tp", 1) > 1:
+        setting.append(f"tp={res['tp']} (one rank's graph and tensors)")
     setting += [f"{k}={res[k]}" for k in res["options"]]
     graph = "with" if res["adaptive"] else "WITHOUT"
-    note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory and "
-            f"B/task: the graph {graph} adaptive tiles")
-    cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", ""]
+    note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory (the runtime's) and "
+            f"B/task: the graph {graph} adaptive tiles; Tensors: what a run allocates")
+    cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", "Tensors",
+            ""]
     unbuilt = "closed form" if res.get("closed_form", True) else "counted"
     lines = [" ".join(setting), note, " | ".join(cols)]
     for r in res["rows"]:
@@ -284,7 +290,7 @@ def format_table(res: dict) -> str:
         lines.append(" | ".join([
             _human_seq(r["seq"]), str(r.get("row_tiles", "-")), f"{r['tasks']:,}", f"{r['tasks_no_adaptive']:,}",
             f"{100 * r['saved']:.0f}%", f"{r['edges']:,}", build, tpm, _human_bytes(r["runtime_bytes"]),
-            f"{r['bytes_per_task']:.0f}", "measured" if r["measured"] else unbuilt,
+            f"{r['bytes_per_task']:.0f}", _human_bytes(r["tensor_bytes"]), "measured" if r["measured"] else unbuilt,
         ]))
     m = res["memory_model"]
     lines.append(f"memory model: {m['bytes_per_task']} B/task + {m['bytes_per_edge']} B/edge + "

@@ -90,6 +90,7 @@ class Settings:
     dtype: DType
     target: Target
     options: tuple[tuple[str, Any], ...] = ()  # the program's own options, sorted by name
+    tp: int = 1  # tensor-parallel ranks: the module is one rank's (every rank builds the same)
 
     def __getitem__(self, name: str) -> Any:
         for k, v in self.options:
@@ -100,10 +101,11 @@ class Settings:
     @property
     def key(self) -> tuple:
         """Hashable identity (caches of built programs and runners)."""
-        return (self.config, self.dtype.short, self.target, self.options)
+        return (self.config, self.dtype.short, self.target, self.options, self.tp)
 
     def to_json(self) -> dict:
-        return {"config": self.config, "dtype": self.dtype.short, "target": self.target.name, **dict(self.options)}
+        return {"config": self.config, "dtype": self.dtype.short, "target": self.target.name, "tp": self.tp,
+                **dict(self.options)}
 
 
 class Program:
@@ -118,6 +120,9 @@ class Program:
     #: output tensors (checked against the reference)
     outputs: tuple[str, ...] = ()
     default_seq = 128
+    #: the program has a tensor-parallel form (``--tp N``): with ``Settings.tp`` > 1, :meth:`build`
+    #: makes one rank's module (the same on every rank) and :meth:`shard` gives each rank its inputs
+    tensor_parallel = False
 
     # -- settings ---------------------------------------------------------------------------------
     def default_config(self, device: str) -> str:
@@ -125,8 +130,13 @@ class Program:
         return next(iter(self.configs))
 
     def settings(self, *, device: str = "cpu", config: str | None = None, dtype: DType | str | None = None,
-                 target: Target | None = None, **options: Any) -> Settings:
-        """Resolve the defaults (the module docstring's rule) and check every value."""
+                 target: Target | None = None, tp: int = 1, **options: Any) -> Settings:
+        """Resolve the defaults (the module docstring's rule) and check every value; ``tp``: the
+        tensor-parallel ranks the module is built for."""
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise UsageError(f"{self.name}: --tp must be a positive integer, got {tp!r}")
+        if tp > 1 and not self.tensor_parallel:
+            raise UsageError(f"{self.name} has no tensor-parallel form (--tp {tp}); run it with --tp 1")
         if config in (None, "auto"):
             config = self.default_config(device)
         if config not in self.configs:
@@ -144,7 +154,7 @@ class Program:
             have = f" (its options: {', '.join(known)})" if known else " (it has no options of its own)"
             raise UsageError(f"{self.name} has no option {unknown[0]!r}{have}")
         vals = tuple(sorted((n, o.check(self.name, options.get(n))) for n, o in known.items()))
-        s = Settings(config, dt, target, vals)
+        s = Settings(config, dt, target, vals, tp)
         self.check_settings(s)
         return s
 
@@ -167,6 +177,16 @@ class Program:
         raise NotImplementedError
 
     def reference(self, s: Settings, seq: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outputs from the whole inputs of :meth:`inputs` (with ``s.tp`` > 1 too: the
+        reference is the single-process layer)."""
+        raise NotImplementedError
+
+    def shard(self, s: Settings, inputs: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+        """Rank ``rank``'s inputs (those of the module :meth:`build` makes) from the whole inputs
+        of :meth:`inputs`, which every rank makes from the same seed; the inputs themselves with
+        ``s.tp`` 1."""
+        if s.tp == 1:
+            return inputs
         raise NotImplementedError
 
     def flops(self, s: Settings, seq: int) -> float:

@@ -25,6 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
+    "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
     "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
@@ -50,6 +51,8 @@ CORE: dict[str, set[str]] = {
     "target": {"errors"},
     # launch parameters as data (the schedule database)
     "schedules": {"errors"},
+    # the ranks of a device mesh (torch.distributed's process group) and its collectives
+    "dist": {"errors"},
     # the compiler
     "ir": {"errors"},
     "passes": {"ir", "target", "errors"},
@@ -60,7 +63,7 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
-    "backends": {"batch", "codegen", "ir", "schedules", "errors"},
+    "backends": {"batch", "codegen", "dist", "ir", "schedules", "errors"},
     "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
     "cbuild": {"errors"},
     "runtime": {"cbuild", "errors"},

@@ -9,7 +9,7 @@ window (Mistral: query q sees keys k with ``q - window < k <= q``) and a SwiGLU 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,18 @@ class LlamaConfig:
     def group(self) -> int:
         """Query heads per key/value head (1: multi-head attention)."""
         return self.heads // self.kv_heads
+
+    def shard(self, tp: int) -> LlamaConfig:
+        """One rank's layer under ``tp``-way tensor parallelism (Megatron's split: the q, k, v,
+        gate and up projections by columns, o and down by rows): ``1/tp`` of the query heads,
+        the key/value heads and the FFN columns; hidden size, head size and the rest as the
+        whole layer's. ValueError naming what does not divide."""
+        if tp == 1:
+            return self
+        for what, n in (("query heads", self.heads), ("key/value heads", self.kv_heads), ("FFN columns", self.ffn)):
+            if n % tp:
+                raise ValueError(f"the {n} {what} do not divide among {tp} ranks")
+        return replace(self, heads=self.heads // tp, kv_heads=self.kv_heads // tp, ffn=self.ffn // tp)
 
     def spec(self) -> str:
         """The configuration as one line that :func:`from_spec` reads back: the name a

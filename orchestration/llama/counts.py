@@ -27,7 +27,7 @@ def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
 
 
 def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
-                adaptive: bool = True, fuse: bool = False) -> dict[str, int]:
+                adaptive: bool = True, fuse: bool = False, tp: int = 1) -> dict[str, int]:
     """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
     log^2 n) for n base tiles (milliseconds up to 2**31 - 1 tokens: nothing is enumerated per
     tile; a sliding window adds O(window / tile) terms).
@@ -39,7 +39,10 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     the projections, RoPE in the Q/K epilogue): tasks 7T, edges 5T + 2Q (no edge into the
     projections, which read only inputs). Grouped-query attention changes none of these (k and v
     are narrower, not split); a sliding window (causal only) changes P and Q: each q tile's kv
-    range starts at the kv tile holding its first row's first key.
+    range starts at the kv tile holding its first row's first key. One rank's graph under ``tp``
+    > 1 ranks: the split and pair layers' residual adds become the all-reduces (the same counts);
+    the fused layer's two projections with the residual in the epilogue become a projection and
+    an all-reduce each, one edge between them: 2T more tasks and edges.
     """
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
@@ -108,6 +111,8 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
     if fuse:
         tasks, edges = 7 * T, 5 * T + 2 * Q
+    if tp > 1 and attention == "fused":
+        tasks, edges = tasks + 2 * T, edges + 2 * T
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}
 
 

@@ -16,6 +16,13 @@ The seed's three phases, each a loop over row tiles with binary-expansion attrib
 Grouped-query attention: k and v (and their weights) are ``kv_heads * head_dim`` wide, q and the
 attention output ``heads * head_dim``; the attention functions map query heads to kv heads.
 
+Tensor parallelism (``tp`` > 1, Megatron's split): the module is one rank's, the same on every
+rank: its share of the heads and FFN columns (:meth:`LlamaConfig.shard`; the weights are the
+rank's column shards of wq, wk, wv, wg, wu and row shards of wo, wd). The o and down projections
+then give partial sums, which one task per row tile sums over the ranks with the residual added
+(``allreduce_residual_tile``): it depends on that row tile's projection only and releases that
+row tile to its consumers.
+
 Tile heights come from the SRAM model of the target (:mod:`.tiling`): the flash-attention block
 decides the q tile height, binary expansion runs blocks of base tiles with it and the residual
 with the base height. Any sequence length works (the last tile is clipped).
@@ -35,11 +42,14 @@ from pto.target import Target
 
 
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
-                 causal: bool = True, fuse: bool = False):
+                 causal: bool = True, fuse: bool = False, tp: int = 1, reduce_dt: DType = DType.F32):
     """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, with ``attention``
     granularity (``split``, ``pair`` or ``fused``) and ``causal`` or bidirectional attention;
-    ``fuse`` (fused attention only): RMSNorm folded into the projections, RoPE into q and k's."""
-    t, fn = fit_functions(cfg, dt, target, causal, attention, fuse)
+    ``fuse`` (fused attention only): RMSNorm folded into the projections, RoPE into q and k's;
+    ``tp`` > 1: one rank's module of the layer split over ``tp`` ranks, its all-reduces summing
+    in ``reduce_dt``."""
+    cfg = cfg.shard(tp)
+    t, fn = fit_functions(cfg, dt, target, causal, attention, fuse, tp, reduce_dt)
     H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
     QD, KVD = cfg.q_dim, cfg.kv_dim
     W = cfg.window if causal else None
@@ -59,8 +69,9 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
         xn, q, k, v, qr, kr = (o.temp(n, S, width.get(n, H), dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
         attn, h, hn = (o.temp(n, S, width.get(n, H), dt) for n in ("attn", "h", "hn"))
     act = o.temp("act", S, Fd, dt)
-    if attention != "fused":
+    if attention != "fused" or tp > 1:
         ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
+    if attention != "fused":
         gate, up = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
     y = o.output("y", S, H, dt)
     if attention != "fused":
@@ -148,29 +159,36 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
                    dims=TQ)
 
     # phase 3: post-attention and FFN, per row tile
-    if attention == "fused":
-        with o.for_loop("r", 0, n, **q_loop) as r:
-            R = {"R": r.rows}
-            o.call(fn.matmul_residual, {"x": tile(attn, r, QD), "w": wo, "r": tile(x, r, H), "y": tile(h, r, H)},
-                   dims={**R, "K": QD, "N": H})
-            if fuse:
-                o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": g_ffn, "wg": wg, "wu": wu,
-                                               "y": tile(act, r, Fd)}, dims=R)
-            else:
-                o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
-                o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
-                       dims={**R, "K": H, "N": Fd})
-            o.call(fn.matmul_residual, {"x": tile(act, r, Fd), "w": wd, "r": tile(h, r, H), "y": tile(y, r, H)},
-                   dims={**R, "K": Fd, "N": H})
-        return o.module()
+    def projection(r, src, w, K, residual, out, partial):
+        """``out = residual + src @ w``: one task with the residual in the epilogue (fused
+        attention), or the product then the residual add; with ``tp`` > 1 the product is this
+        rank's partial sum, summed over the ranks with the residual added by the all-reduce."""
+        R = {"R": r.rows}
+        if attention == "fused" and tp == 1:
+            o.call(fn.matmul_residual, {"x": tile(src, r, K), "w": w, "r": tile(residual, r, H), "y": tile(out, r, H)},
+                   dims={**R, "K": K, "N": H})
+            return
+        o.call(fn.matmul, {"x": tile(src, r, K), "w": w, "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
+        if tp > 1:
+            o.call(fn.allreduce_residual, {"x": tile(partial, r, H), "r": tile(residual, r, H), "y": tile(out, r, H)},
+                   dims=R)
+        else:
+            o.call(fn.residual, {"a": tile(residual, r, H), "b": tile(partial, r, H), "y": tile(out, r, H)}, dims=R)
+
     with o.for_loop("r", 0, n, **q_loop) as r:
         R = {"R": r.rows}
-        o.call(fn.matmul, {"x": tile(attn, r, QD), "w": wo, "y": tile(ao, r, H)}, dims={**R, "K": QD, "N": H})
-        o.call(fn.residual, {"a": tile(x, r, H), "b": tile(ao, r, H), "y": tile(h, r, H)}, dims=R)
-        o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
-        for w, out in ((wg, gate), (wu, up)):
-            o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
-        o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)
-        o.call(fn.matmul, {"x": tile(act, r, Fd), "w": wd, "y": tile(dn, r, H)}, dims={**R, "K": Fd, "N": H})
-        o.call(fn.residual, {"a": tile(h, r, H), "b": tile(dn, r, H), "y": tile(y, r, H)}, dims=R)
+        projection(r, attn, wo, QD, x, h, ao if attention != "fused" or tp > 1 else None)
+        if fuse:
+            o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": g_ffn, "wg": wg, "wu": wu,
+                                           "y": tile(act, r, Fd)}, dims=R)
+        elif attention == "fused":
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
+                   dims={**R, "K": H, "N": Fd})
+        else:
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            for w, out in ((wg, gate), (wu, up)):
+                o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
+            o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)
+        projection(r, act, wd, Fd, h, y, dn if attention != "fused" or tp > 1 else None)
     return o.module()

@@ -20,6 +20,7 @@ from pto.orchestration.llama.weights import check_weights, load_layer
 
 from pto import Var
 from pto.errors import UsageError
+from pto.ir.dtypes import DType
 from pto.program import Option, Program, Settings, seeded_randn
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
@@ -77,9 +78,12 @@ class LlamaProgram(Program):
         Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "
                "layer's weights under the Hugging Face names instead of random ones"),
         Option("layer", 0, "the decoder layer of --weights to run"),
+        Option("allreduce_dtype", "f32", "with --tp N: the dtype the ranks' partial sums are all-reduced in: f32, "
+               "or the storage dtype (half the bytes sent, as Megatron)", choices=("f32", "storage")),
     )
     default_seq = 128
     outputs = ("y",)
+    tensor_parallel = True
 
     def default_config(self, device: str) -> str:
         return self.gpu_default if device == "cuda" else self.cpu_default
@@ -97,7 +101,11 @@ class LlamaProgram(Program):
         return super().settings(device=device, config=config, **kw)
 
     def config(self, s: Settings) -> LlamaConfig:
+        """The whole layer's configuration (one rank's: ``config(s).shard(s.tp)``)."""
         return self.configs[s.config]
+
+    def _reduce_dtype(self, s: Settings) -> DType:
+        return s.dtype if s["allreduce_dtype"] == "storage" else DType.F32
 
     def check_settings(self, s: Settings) -> None:
         cfg = self.config(s)
@@ -111,17 +119,25 @@ class LlamaProgram(Program):
             raise UsageError(f"{self.name}: --layer {s['layer']} is negative")
         if s["weights"]:
             check_weights(s["weights"], s["layer"], cfg)
+        try:
+            cfg.shard(s.tp)
+        except ValueError as e:
+            raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
     def build(self, s: Settings):
-        return build_module(self.config(s), s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"])
+        """One rank's module (the whole layer with ``s.tp`` 1)."""
+        return build_module(self.config(s), s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"], s.tp,
+                            self._reduce_dtype(s))
 
     def tiling(self, s: Settings) -> LlamaTiling:
-        return fit_functions(self.config(s), s.dtype, s.target, s["causal"], s["attention"], s["fuse_norm_rope"])[0]
+        return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, s["causal"], s["attention"],
+                             s["fuse_norm_rope"], s.tp, self._reduce_dtype(s))[0]
 
     def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int]:
-        """Exact task and edge counts (see :func:`closed_form`), for ``pto estimate``."""
+        """Exact task and edge counts of one rank's graph (see :func:`closed_form`), for ``pto
+        estimate``."""
         return closed_form(self.config(s), self.tiling(s), seq, s["attention"], s["causal"], adaptive,
-                           s["fuse_norm_rope"])
+                           s["fuse_norm_rope"], s.tp)
 
     def check_size(self, s: Settings, seq: int) -> None:
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
@@ -180,6 +196,22 @@ class LlamaProgram(Program):
 
     def reference(self, s, seq, inputs):
         return {"y": reference_layer(inputs, self.config(s), s["causal"])}
+
+    def shard(self, s, inputs, rank):
+        """Rank ``rank``'s weights (Megatron's split, as :meth:`LlamaConfig.shard` describes):
+        columns of wq, wk, wv, wg and wu, rows of wo and wd, the rank's heads and FFN columns
+        (grouped-query attention: its query heads read its key/value heads); x, the norms' gains
+        and the RoPE tables whole."""
+        if s.tp == 1:
+            return inputs
+        cfg, tp = self.config(s), s.tp
+        q, kv, f = cfg.q_dim // tp, cfg.kv_dim // tp, cfg.ffn // tp
+        out = dict(inputs)
+        for name, w in (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f)):
+            out[name] = inputs[name][:, rank * w:(rank + 1) * w]
+        for name, w in (("wo", q), ("wd", f)):
+            out[name] = inputs[name][rank * w:(rank + 1) * w]
+        return out
 
     def flops(self, s, seq):
         return layer_flops(self.config(s), seq, s["causal"])

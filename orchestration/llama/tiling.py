@@ -29,6 +29,7 @@ from pto.incore.attention import (
     flash_score,
     flash_softmax,
 )
+from pto.incore.collective import allreduce_residual_tile
 from pto.incore.elementwise import residual_add, swiglu_tile
 from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
@@ -105,7 +106,7 @@ class Functions:
     """The InCore functions of one (config, dtype, tiling, target, attention mode)."""
 
     def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
-                 attention: str, fuse: bool = False):
+                 attention: str, fuse: bool = False, tp: int = 1, reduce_dt: DType = DType.F32):
         H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
         NKV, W = cfg.kv_heads, cfg.window if causal else None
         gqa = dict(kv_heads=NKV) if NKV != NH else {}
@@ -116,6 +117,9 @@ class Functions:
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
         # k's RoPE over the key/value heads (the same function when there are as many)
         self.rope_k = rope_tile(dt, t.tq, NKV, D, target=tg, name="rope_k_tile") if NKV != NH else self.rope
+        if tp > 1:  # the row-parallel projections' partial sums, summed over the ranks, plus the residual
+            self.allreduce_residual = allreduce_residual_tile(dt, t.tq, H, t.ew_block, acc=reduce_dt,
+                                                              target=tg)
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
             if fuse:  # and the norms folded into the projections after them, RoPE into q and k's
@@ -143,11 +147,13 @@ class Functions:
             self.output = flash_output(dt, NH, D, t.tq, t.tk, tg, **gqa)
 
 
-def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str, fuse: bool = False):
+def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str, fuse: bool = False,
+                  tp: int = 1, reduce_dt: DType = DType.F32):
     """The tiling and functions: the SRAM model's q tile height, kv tiles as tall or 64 rows,
     narrower column blocks, then halved, until every function's live tiles fit the target (the
     model counts Q, K, V, O and S in the storage dtype; the functions also keep f32 scores and
-    statistics)."""
+    statistics). ``cfg`` is one rank's layer with ``tp`` > 1 (:meth:`LlamaConfig.shard`), whose
+    all-reduces sum in ``reduce_dt`` (f32, or the storage dtype: half the bytes)."""
     tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
     last = None
     while tq >= 8:
@@ -155,7 +161,7 @@ def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, att
             for shrink in (1, 2, 4, 8):
                 t = choose_tiling(cfg, dt, target, tq, shrink, tk)
                 try:
-                    return t, Functions(cfg, dt, t, target, causal, attention, fuse)
+                    return t, Functions(cfg, dt, t, target, causal, attention, fuse, tp, reduce_dt)
                 except SramError as e:
                     last = e
         tq //= 2

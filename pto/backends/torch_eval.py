@@ -11,7 +11,8 @@ the ``torch`` backend of the executors.
 Numerics (the contract the Triton renderer follows too): elementwise, unary, reduction,
 broadcast and mask ops compute in f32 and round to the destination's dtype; matmul multiplies
 the operands in their own dtype and accumulates in ``acc`` (f32 by default); loads return
-``pad`` outside the region's valid extent; stores skip elements outside it.
+``pad`` outside the region's valid extent; stores skip elements outside it; ``allreduce`` sums
+over the ranks of torch.distributed's default process group in its ``acc`` dtype (:mod:`pto.dist`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from pto.batch import RegionBatch
+from pto.dist import all_reduce
 from pto.errors import ExecutionError
 from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import dtype_of
@@ -31,6 +33,7 @@ from pto.ir.ops import (
     CAST,
     COL_BROADCAST,
     COL_REDUCE,
+    COLLECTIVE,
     MASK,
     MATMUL,
     REDUCE_KIND,
@@ -222,6 +225,11 @@ class _Machine:
             self._write(ins.dst, torch.full((self.n, r, c), v, device=self.device))
         elif op in MASK:
             self._mask(ins)
+        elif op in COLLECTIVE:
+            # one collective for the whole batch (tasks x parallel indices, stacked): every rank
+            # runs the same graph and the executor batches it identically, so every rank issues
+            # the same collectives in the same order
+            self._write(ins.dst, all_reduce(self.tiles[ins.srcs[0]], dtype_of(ins.attr("acc")).torch))
         else:  # pragma: no cover - every op is handled above
             raise ExecutionError(f"interpreter has no rule for `{op.value}`")
 

@@ -18,9 +18,11 @@ its bf16 conversions truncate, so bf16 is checked by compiling for sm_90 instead
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,10 +32,12 @@ from pto.backends.base import Backend, Launch
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, access_bounds, render, render_sources
 from pto.errors import BuildError, ExecutionError
+from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
 _MODULES: dict[str, object] = {}  # digest -> imported kernel module (shared by all backends)
+log = logging.getLogger("pto.cache")  # repairs of cache entries (as pto.cbuild's)
 _INT32_MAX = 2**31 - 1
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
@@ -47,13 +51,20 @@ def cache_dir() -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Make ``path`` hold ``text``: a file that holds anything else (truncated, corrupted) is
+    replaced, and that is reported on the ``pto.cache`` logger."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.read_text() == text:
-        return
+    data = text.encode()
+    if path.exists():
+        old = path.read_bytes()
+        if old == data:
+            return
+        log.warning("pto: cache: the Triton source %s was corrupt (%d bytes, expected %d); rewritten", path,
+                    len(old), len(data))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -69,10 +80,12 @@ def load_kernel(kernel: RenderedKernel):
         path = cache_dir() / f"{kernel.digest}.py"
         _write_atomic(path, kernel.source)
         name = f"_pto_triton_{kernel.digest}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
+        # compiled from the source in hand, not through an import: no bytecode cache to go stale
+        # or corrupt; Triton reads the function's source back from the file, which holds it
+        mod = types.ModuleType(name)
+        mod.__file__ = str(path)
         sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+        exec(compile(kernel.source, str(path), "exec"), mod.__dict__)
         _MODULES[kernel.digest] = mod
     return getattr(mod, kernel.name)
 
@@ -149,6 +162,10 @@ class TritonBackend(Backend):
     def prepare(self, batch: TaskBatch) -> Launch:
         fn = batch.fn
         _check_batch(batch)
+        if has_collective(fn):  # Triton kernels do not communicate: the torch evaluator, same device
+            from pto.backends.torch_backend import TorchBackend
+
+            return TorchBackend().prepare(batch)
         if batch.size == 0:
             return _launcher(None, (), [], {})
         cfg = self.launch_config(fn, batch.size)
@@ -168,6 +185,8 @@ class TritonBackend(Backend):
         return _launcher(jit, tuple(args), groups, cfg)
 
     def launches_per_batch(self, batch: TaskBatch) -> int:
+        if has_collective(batch.fn):
+            return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0
 
     def groups(self, batch: TaskBatch) -> list[LaunchGroup]:

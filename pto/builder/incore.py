@@ -255,6 +255,13 @@ class InCore:
         """Keep rows ``r < nrows``, else ``fill``."""
         self._emit(Op.MASK_ROWS, dst, [src, nrows], {"fill": float(fill)})
 
+    def allreduce(self, dst, src, acc="f32") -> None:
+        """``dst = sum of src over every rank`` of the default process group (torch.distributed),
+        summed in ``acc`` (f32, or src's dtype: half the bytes sent) and rounded to dst's dtype;
+        with one rank, ``dst = src``. A collective: each rank runs the same task graph, so the
+        task that holds it issues it on every rank (docs/ARCHITECTURE.md, "Tensor parallelism")."""
+        self._emit(Op.ALLREDUCE, dst, [src], {"acc": acc})
+
     # build -------------------------------------------------------------------------------------
     def build(self, target=None) -> IncoreFunction:
         """Validate the whole function and return it (the builder is closed afterwards).

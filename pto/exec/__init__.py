@@ -46,9 +46,13 @@ def resolve(name: str, device: str, backend: str) -> str:
 def choose(graph) -> str:
     """``auto`` for a built graph: ``persistent`` when the wave executor would run more than
     AUTO_MIN_BATCHES batches of fewer than AUTO_MAX_TASKS_PER_BATCH tasks each on average (the
-    seed's fine-grained attention, residual tiles at odd lengths), else ``waves``."""
+    seed's fine-grained attention, residual tiles at odd lengths), else ``waves``; always ``waves``
+    for a graph with collectives (tensor parallelism)."""
     from pto.exec.order import wave_batches
+    from pto.ir.analysis import has_collective
 
+    if any(has_collective(fn) for fn in graph.variants):
+        return "waves"  # the persistent kernel runs no collectives
     batches = wave_batches(graph)
     return "persistent" if batches > AUTO_MIN_BATCHES and graph.tasks < AUTO_MAX_TASKS_PER_BATCH * batches \
         else "waves"

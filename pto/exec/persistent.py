@@ -32,11 +32,13 @@ import torch
 from pto.backends.base import Backend
 from pto.codegen.triton import ALIGN
 from pto.codegen.triton.megakernel import Branch, MegaKernel, render_megakernel
+from pto.codegen.triton.scan import scan_table
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.cost import item_costs
 from pto.exec.order import bottom_levels, item_order, levels, list_order
 from pto.exec.sentinel import TaskFlags, declared_infinities
+from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -235,6 +237,8 @@ class PersistentExecutor(Executor):
             t["spend"] = t["pending0"].clone()
             t["sread"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
             t["swrite"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
+            t["stab"] = torch.tensor(scan_table([b.fn for b in p.branches], self.kernel.max_memrefs),
+                                     dtype=torch.int32, device=dev)
         self.tracing = 0
         self.buf = t
 
@@ -248,7 +252,7 @@ class PersistentExecutor(Executor):
         return (b["items"], self.plan.n_items, b["nxt"], b["task_branch"], b["task_row"], b["tab"],
                 b["task_tensor"], b["ptrs"], b["strides"], b["pending"], b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
-                *((b["spend"], b["sread"], b["swrite"]) if self.sentinel else ()))
+                *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.sentinel else ()))
 
     def _consts(self) -> dict:
         cfg = self._launch_config()
@@ -284,6 +288,10 @@ class PersistentExecutor(Executor):
         from pto.target import detect
 
         t0 = time.perf_counter()
+        talking = sorted({fn.name for fn in graph.variants if has_collective(fn)})
+        if talking:
+            raise UsageError(f"the persistent executor runs no collectives (`{talking[0]}` sums over the ranks "
+                             "through torch.distributed); use --executor waves")
         names = list(graph.tensor_ids)
         per_variant = graph.tasks_per_variant()
         groups = {fn.name: self.backend.launch_config(fn, per_variant.get(fn, 1)).get("GROUP", 0)

@@ -29,6 +29,7 @@ from pto.errors import ExecutionError
 from pto.exec.base import ExecStats, Executor, LaunchRecord, Progress
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.graph import CompiledProgram, Graph
+from pto.ir.analysis import has_collective
 from pto.ir.nodes import IncoreFunction, MemRefParam
 from pto.runtime import Runtime
 from pto.timing import median_ms
@@ -111,6 +112,10 @@ class WaveExecutor(Executor):
         self._reset()
         if self.sentinel:
             raise ExecutionError("the non-finite sentinel needs a fully built graph (run, not run_concurrent)")
+        if any(has_collective(v.func) for v in program.variants):
+            # tasks are batched as the build thread submits them, differently on every rank
+            raise ExecutionError("a graph with collectives runs fully built (run, not run_concurrent): every rank "
+                                 "must issue the same collectives in the same order")
         rt = Runtime(window=window, concurrent=True, lib=program.lib)
         try:
             tensor_ids, func_ids, build = program.start(scalars, rt)

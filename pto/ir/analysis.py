@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pto.errors import BuildError
 from pto.ir.expr import Const, Expr, bounds, const_value, emax, evaluate, fold, substitute
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, Tile
-from pto.ir.ops import Op
+from pto.ir.ops import COLLECTIVE, Op
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,17 @@ def memref_accesses(fn: IncoreFunction):
                 yield mem, s, row, col, tiles[tile]
 
     yield from visit(fn.body)
+
+
+def has_collective(fn: IncoreFunction) -> bool:
+    """Does ``fn`` communicate with other ranks (an op of the collective group anywhere)? Such a
+    function runs where collectives do (the torch evaluator over torch.distributed), never in a
+    Triton kernel, and its tasks must be issued in the same order on every rank."""
+
+    def visit(body) -> bool:
+        return any(visit(s.body) if isinstance(s, ForRange) else s.op in COLLECTIVE for s in body)
+
+    return visit(fn.body)
 
 
 def param_access(fn: IncoreFunction) -> dict[str, Access]:

@@ -69,6 +69,8 @@ class Op(enum.Enum):
     MASK_CAUSAL = "mask_causal"
     MASK_COLS = "mask_cols"
     MASK_ROWS = "mask_rows"
+    # collectives over the ranks of a device mesh (torch.distributed's default process group)
+    ALLREDUCE = "allreduce"
 
     def __str__(self) -> str:
         return self.value
@@ -91,6 +93,9 @@ MATMUL = frozenset({Op.MATMUL, Op.MATMUL_ACC})
 CAST = frozenset({Op.CAST, Op.MOV})
 FILL = frozenset({Op.FULL})
 MASK = frozenset({Op.MASK_CAUSAL, Op.MASK_COLS, Op.MASK_ROWS})
+#: ``allreduce dst, src``: dst = the sum of src over every rank (each rank runs the same task
+#: graph, so the same task issues the collective everywhere); with one rank, src itself
+COLLECTIVE = frozenset({Op.ALLREDUCE})
 
 GROUPS = {
     "memory": MEMORY,
@@ -102,6 +107,7 @@ GROUPS = {
     "cast": CAST,
     "fill": FILL,
     "mask": MASK,
+    "collective": COLLECTIVE,
 }
 
 # The arithmetic each elementwise/broadcast op applies, by name; renderers map these names to
@@ -140,6 +146,7 @@ for _op in MATMUL:
     SIGNATURE[_op] = ("TT", True)
 for _op in MASK:
     SIGNATURE[_op] = ("TE", True)
+SIGNATURE[Op.ALLREDUCE] = ("T", True)
 SIGNATURE[Op.FULL] = ("E", True)
 SIGNATURE[Op.LOAD] = ("MEE", True)
 SIGNATURE[Op.STORE] = ("TMEE", False)
@@ -151,6 +158,9 @@ ATTRS[Op.MATMUL] = {"ta": False, "tb": False, "acc": "f32"}
 ATTRS[Op.MATMUL_ACC] = {"ta": False, "tb": False, "acc": "f32"}
 for _op in MASK:
     ATTRS[_op] = {"fill": float("-inf")}
+# the dtype the ranks' values are summed (and sent) in: f32, or the source tile's own dtype
+# (half the bytes on the wire for a half-precision tile, rounded at every step of the reduction)
+ATTRS[Op.ALLREDUCE] = {"acc": "f32"}
 
 assert set(SIGNATURE) == set(Op), set(Op) - set(SIGNATURE)
 

@@ -21,6 +21,7 @@ from pto.ir.ops import (
     CAST,
     COL_BROADCAST,
     COL_REDUCE,
+    COLLECTIVE,
     FILL,
     MASK,
     MATMUL,
@@ -119,7 +120,8 @@ def _rule_key(op: Op) -> str:
     for key, group in (("binary", BINARY), ("scalar", SCALAR_BINARY), ("unary", UNARY),
                        ("rowreduce", ROW_REDUCE), ("colreduce", COL_REDUCE),
                        ("rowbcast", ROW_BROADCAST), ("colbcast", COL_BROADCAST),
-                       ("matmul", MATMUL), ("cast", CAST), ("fill", FILL), ("mask", MASK)):
+                       ("matmul", MATMUL), ("cast", CAST), ("fill", FILL), ("mask", MASK),
+                       ("collective", COLLECTIVE)):
         if op in group:
             return key
     return op.value
@@ -219,6 +221,18 @@ def _mask(ctx, ins):
         ctx.fail(ins, f"fill must be a number, got {fill!r}")
 
 
+def _collective(ctx, ins):
+    _same(ctx, ins, [ins.dst, ins.srcs[0]])
+    acc = ins.attr("acc")
+    src_dt = ctx.tiles[ins.srcs[0]].dtype
+    try:
+        acc_dt = dtype_of(acc)
+    except BuildError:
+        ctx.fail(ins, f"unknown accumulation dtype {acc!r}")
+    if acc_dt not in (DType.F32, src_dt):
+        ctx.fail(ins, f"the sum over ranks runs in f32 or in the source's dtype ({src_dt}), not {acc_dt}")
+
+
 def _load(ctx, ins):
     mem, row, col = ins.srcs
     t = ctx.tiles[ins.dst]
@@ -255,6 +269,7 @@ RULES = {
     "cast": _cast,
     "fill": _fill,
     "mask": _mask,
+    "collective": _collective,
     "load": _load,
     "store": _store,
 }

@@ -189,6 +189,17 @@ def test_load_pad_and_store_mask():
     assert torch.equal(dst, want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("acc", ["f32", "own"])
+def test_allreduce_one_rank(dtype, acc, rng):
+    """With one rank (no process group) the sum over the ranks is the source itself, through
+    ``acc`` and rounded to the destination's dtype (the sum over several ranks: tests/dist)."""
+    a = rand((R, C), dtype, rng)
+    for dst in (dtype, DType.F32):
+        got = one_op("allreduce", (R, C), [a], dtype, dst_dtype=dst, acc="f32" if acc == "f32" else dtype.short)
+        assert np.array_equal(got, f64(a))
+
+
 def test_every_op_is_tested():
     """The ISA and this file stay in step: the ops the tests above are parametrized over (and
     the ones they name directly) are exactly the ops of the vocabulary."""
@@ -196,6 +207,6 @@ def test_every_op_is_tested():
     tested |= {Op(f"{a}{k}") for a in ("row", "col") for k in ("sum", "max", "min")}
     tested |= {Op(f"{a}expand{o}") for a in ("row", "col") for o in ("add", "sub", "mul", "div", "")}
     tested |= {Op.MATMUL, Op.MATMUL_ACC, Op.CAST, Op.MOV, Op.FULL, Op.MASK_CAUSAL, Op.MASK_COLS,
-               Op.MASK_ROWS, Op.LOAD, Op.STORE}
+               Op.MASK_ROWS, Op.LOAD, Op.STORE, Op.ALLREDUCE}
     assert set().union(*GROUPS.values()) == set(Op)
     assert tested == set(Op), f"ops without a test: {sorted(o.value for o in set(Op) - tested)}"

@@ -42,6 +42,7 @@ from pto.ir.ops import (
     BROADCAST,
     CAST,
     COL_REDUCE,
+    COLLECTIVE,
     MASK,
     MATMUL,
     REDUCE_KIND,
@@ -294,6 +295,11 @@ class BodyRenderer:
                 return
         raise BuildError(f"`{self.fn.variant_name}`: no Triton rule for `{op.value}`")  # pragma: no cover
 
+    def _collective(self, ins: Instr) -> None:
+        raise BuildError(f"`{self.fn.variant_name}`: `{ins.op.value}` is a collective (a sum over the ranks of "
+                         "torch.distributed's process group); Triton kernels do not communicate: the triton "
+                         "backend runs this function with the torch evaluator, the persistent executor not at all")
+
     def _binary(self, ins: Instr) -> None:
         a, b = ins.srcs
         self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(a), self.f32(b)))
@@ -438,5 +444,6 @@ _DISPATCH = (
     (CAST, BodyRenderer._cast),
     (frozenset({Op.FULL}), BodyRenderer._full),
     (MASK, BodyRenderer._mask),
+    (COLLECTIVE, BodyRenderer._collective),
 )
 assert set().union(*(g for g, _ in _DISPATCH)) == set(Op)

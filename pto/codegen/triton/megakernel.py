@@ -27,8 +27,9 @@ Kernel contract (argument order):
   0 (a run-time switch: one compiled kernel serves both); ``clock`` int32 ``[1]``: a logical
   clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).
 - with ``sentinel=True`` only (another source; the kernel without it is unchanged): ``spend``
-  int32 ``[n]``, a second copy of the predecessor counts, and ``sread`` / ``swrite`` int64
-  ``[n, 4]``, the non-finite records of every task (:mod:`pto.codegen.triton.scan`).
+  int32 ``[n]``, a second copy of the predecessor counts, ``sread`` / ``swrite`` int64
+  ``[n, 4]``, the non-finite records of every task, and ``stab`` int32, the branches' memref
+  slots (:func:`pto.codegen.triton.scan.scan_table`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
         "@triton.jit",
         f"def {KERNEL}(items, n_items, nxt, task_branch, task_row, tab, task_tensor, ptrs, strides,",
         "        pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
-        + (" spend, sread, swrite," if sentinel else ""),
+        + (" spend, sread, swrite, stab," if sentinel else ""),
         "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr):",
         "    i = tl.atomic_add(nxt, 1)",
         "    running = i < n_items",

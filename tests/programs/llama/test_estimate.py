@@ -186,7 +186,8 @@ def test_no_adaptive_table_says_which_graph_the_columns_describe():
 def test_options_only_for_programs_that_have_them():
     res = estimate("llama7b", [256], target="cuda_h100")
     assert {"attention", "causal"} <= set(res)
-    assert res["options"] == ["attention", "causal", "fuse_norm_rope", "hf_config", "layer", "weights"]
+    assert res["options"] == ["allreduce_dtype", "attention", "causal", "fuse_norm_rope", "hf_config", "layer",
+                              "weights"]
     assert "attention=fused causal=True" in format_table(res)
     res = estimate("softmax", [256], config="tiny", dtype="f32")
     assert "attention" not in res and "causal" not in res and res["options"] == []

@@ -1,0 +1,156 @@
+"""The ranks of a device mesh: torch.distributed's default process group, and the collectives
+the tile ops of :data:`pto.ir.ops.COLLECTIVE` run.
+
+Tensor parallelism (docs/ARCHITECTURE.md, "Tensor parallelism") runs one process per rank,
+started by ``torchrun``; every rank builds the same task graph with its own shards of the
+weights, and a collective task sums its region over the ranks here. Nothing in this module
+knows a program:
+
+- :func:`environment`: (rank, world size, local rank) from torchrun's variables, or None;
+- :func:`init`: the default process group, once (gloo on the CPU; NCCL on a GPU, the local rank's
+  device, with NVLink multicast off), after checking that the mesh has ``tp`` ranks;
+- :func:`rank`, :func:`world_size`: of the group (0 and 1 without one);
+- :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
+  :func:`counters`;
+- :func:`gather`: one picklable value from every rank (reports), :func:`shutdown`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from pto.errors import UsageError
+
+#: NVLink multicast (NVLS, symmetric-memory multicast) stays off on the GPU machines: the
+#: collectives take NCCL's ring and tree algorithms
+_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+#: a rank that waits longer than this in a collective fails instead of hanging (seconds)
+TIMEOUT_S = float(os.environ.get("PTO_DIST_TIMEOUT_S", "300"))
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where this process sits in a torchrun launch."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+
+def environment() -> Env | None:
+    """This process's rank, world size and local rank from torchrun's environment (RANK,
+    WORLD_SIZE, LOCAL_RANK), or None when it was not started by torchrun."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    try:
+        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}, RANK={os.environ['RANK']!r}: not integers") \
+            from None
+    return Env(rank, world, local)
+
+
+def _available() -> bool:
+    return torch.distributed.is_available()
+
+
+def initialized() -> bool:
+    return _available() and torch.distributed.is_initialized()
+
+
+def world_size() -> int:
+    """Ranks of the default process group (1 without one)."""
+    return torch.distributed.get_world_size() if initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank in the default process group (0 without one)."""
+    return torch.distributed.get_rank() if initialized() else 0
+
+
+def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
+    """Check that this launch has ``tp`` ranks and start the default process group (once);
+    returns this process's rank. ``tp`` 1 outside torchrun needs no group. Errors are one line
+    naming what the user wrote."""
+    env = environment()
+    if env is None:
+        if tp > 1:
+            raise UsageError(f"--tp {tp} runs one process per rank: start it with `torchrun --nproc-per-node {tp} "
+                             f"-m pto.cli {command} --tp {tp} ...`")
+        return 0
+    if env.world != tp:
+        raise UsageError(f"--tp {tp} but torchrun started {env.world} process{'es' if env.world != 1 else ''} "
+                         f"(WORLD_SIZE={env.world}); give --nproc-per-node {tp} or --tp {env.world}")
+    if initialized():
+        if world_size() != tp:
+            raise UsageError(f"--tp {tp} but the process group has {world_size()} ranks")
+        return rank()
+    if not _available():
+        raise UsageError("--tp: this torch has no torch.distributed")
+    for k, v in _ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    if device == "cuda":
+        if env.local_rank >= torch.cuda.device_count():
+            raise UsageError(f"rank {env.rank}: local rank {env.local_rank} has no GPU ({torch.cuda.device_count()} "
+                             "visible)")
+        torch.cuda.set_device(env.local_rank)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    kw = {"device_id": torch.device("cuda", env.local_rank)} if device == "cuda" else {}
+    torch.distributed.init_process_group(backend, timeout=timedelta(seconds=TIMEOUT_S), **kw)
+    return rank()
+
+
+def shutdown() -> None:
+    """Leave the default process group (if this process started one)."""
+    if initialized():
+        torch.distributed.destroy_process_group()
+
+
+# -- collectives ----------------------------------------------------------------------------------
+
+_COUNTERS = {"calls": 0, "bytes": 0, "host_ms": 0.0}
+
+
+def all_reduce(t: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """The elementwise sum of ``t`` over the ranks of the default process group, computed (and
+    sent) in ``acc``; a new tensor of dtype ``acc``. With one rank (or no group) ``t`` in
+    ``acc``. Every rank must call it with the same shape, in the same order."""
+    out = t.to(acc, copy=True).contiguous()
+    if world_size() == 1:
+        return out
+    t0 = time.perf_counter()
+    torch.distributed.all_reduce(out)
+    _COUNTERS["host_ms"] += (time.perf_counter() - t0) * 1e3
+    _COUNTERS["calls"] += 1
+    _COUNTERS["bytes"] += out.numel() * out.element_size()
+    return out
+
+
+def counters(reset: bool = False) -> dict:
+    """Collectives issued by this process: ``calls``, ``bytes`` (each rank's buffer) and
+    ``host_ms`` (host time inside them: the whole cost with gloo, the launch with NCCL)."""
+    out = {**_COUNTERS, "host_ms": round(_COUNTERS["host_ms"], 3)}
+    if reset:
+        _COUNTERS.update(calls=0, bytes=0, host_ms=0.0)
+    return out
+
+
+def gather(value) -> list:
+    """``value`` (picklable) of every rank, in rank order (``[value]`` without a group)."""
+    if world_size() == 1:
+        return [value]
+    out: list = [None] * world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "all_reduce", "counters",
+           "gather", "TIMEOUT_S"]
