@@ -223,9 +223,10 @@ def table(rows: list[dict]) -> str:
             "rel_err transformers bf16 |")
     lines = [head, "| --- " * (head.count("|") - 1) + "|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['seq']} | {r['ours_ms']:.3f} | {r['eager_ms']:.3f} | "
-                     f"{r.get('compile_ms', float('nan')):.3f} | {r['speedup_vs_eager']:.2f}x | "
-                     f"{r.get('speedup_vs_compile', float('nan')):.2f}x | {r['ours_rel_err']:.2e} | "
+        compiled = ("-", "-") if "compile_ms" not in r else \
+            (f"{r['compile_ms']:.3f}", f"{r['speedup_vs_compile']:.2f}x")
+        lines.append(f"| {r['model']} | {r['seq']} | {r['ours_ms']:.3f} | {r['eager_ms']:.3f} | {compiled[0]} | "
+                     f"{r['speedup_vs_eager']:.2f}x | {compiled[1]} | {r['ours_rel_err']:.2e} | "
                      f"{r['hf_bf16_rel_err']:.2e} |")
     return "\n".join(lines)
 
