@@ -33,10 +33,13 @@ from pto.ir.nodes import IncoreFunction
 LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see _attn_block)
 #: the bias of a key outside the sliding window: finite, so that a row whose keys in one tile all
 #: lie before its window (possible in the first tiles a q tile visits) keeps a finite max; the
-#: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly. In an f16 bias
-#: tile the fill is the largest that f16 holds in round numbers (scores are O(100) at most)
-WINDOW_FILL = -1e30
-WINDOW_FILL_F16 = -30000.0
+#: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly. Moderate, not
+#: huge: the GPU fuses ``s * c - m`` into one FMA, which subtracts the rounded max from the exact
+#: product, so a fully masked row's exponents are off by up to half an ulp of ``fill * c``: 4.7e21
+#: for a fill of -1e30 (exp2 = inf, then inf * 0 = NaN: Mistral-7B at 16K on the H100 gave inf),
+#: 1e-4 for this one, which f16 and bf16 bias tiles hold too. Scores are O(100) at most, so
+#: exp2((s + fill) * c - m) is still exactly 0 once a row has a key inside its window.
+WINDOW_FILL = -30000.0
 
 
 def _kv_col(h, head_dim: int, heads: int, kv_heads: int | None):
@@ -57,7 +60,7 @@ def _apply_masks(k: InCore, S, masks, Z=None) -> None:
     from the bias tile Z: the IR's causal mask, filled the other way round)."""
     for op, bound in masks:
         if op == "window":
-            k.full(Z, WINDOW_FILL_F16 if Z.tile.dtype.short == "f16" else WINDOW_FILL)
+            k.full(Z, WINDOW_FILL)
             k.mask_causal(Z, Z, bound, fill=0.0)
             k.add(S, S, Z)
         else:
