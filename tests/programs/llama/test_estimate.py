@@ -229,3 +229,61 @@ def test_cli_rejects_bad_plot_suffix_and_too_long_sequence(tmp_path, args, needl
     assert "\n" not in err and "Traceback" not in err and err.startswith("pto: error:"), err
     assert needle in err
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ one rank's share under --tp
+
+
+def _rank_elements(cfg, seq: int, tp: int) -> int:
+    """Elements one rank of the fused layer allocates, from the configuration alone: the gains,
+    x, the normed x and h, h, y (hidden wide), the weight shards (Megatron's split: wq, wk, wv,
+    wg, wu by columns, wo, wd by rows), q, its RoPE and the attention output (q_dim / tp wide),
+    k, v and k's RoPE (kv_dim / tp), the SwiGLU activation (ffn / tp), the RoPE tables (head_dim /
+    2); under tp > 1 the o and down projections' partial sums too (hidden wide), which the
+    single-process layer adds to the residual in the projection's epilogue instead."""
+    H, QD, KVD, F = cfg.hidden, cfg.q_dim // tp, cfg.kv_dim // tp, cfg.ffn // tp
+    weights = 2 * H + H * QD + 2 * H * KVD + QD * H + 2 * H * F + F * H
+    per_row = 5 * H + 3 * QD + 3 * KVD + F + 2 * (cfg.head_dim // 2) + (2 * H if tp > 1 else 0)
+    return weights + seq * per_row
+
+
+@pytest.mark.parametrize("config,dtype,target_name,tp", [("tiny", "f32", "x86_64", 2), ("tiny", "f32", "x86_64", 4),
+                                                         ("7b", "bf16", "cuda_h100", 1), ("7b", "bf16", "cuda_h100", 2),
+                                                         ("llama3-8b", "bf16", "cuda_h100", 8)])
+def test_tp_rows_are_one_ranks_tasks_and_tensors(config, dtype, target_name, tp):
+    """``estimate --tp N`` reports one rank's graph and tensors: the tensor bytes the shard sizes
+    give, the task count of the closed form's tp term (the fused layer: two all-reduce tasks
+    per row tile beside the 11 of the single-process layer) and of the built graph."""
+    from pto.orchestration.llama.config import CONFIGS
+
+    seqs = [100, 4096]
+    res = estimate("llama7b", seqs, config=config, dtype=dtype, target=target_name, tp=tp)
+    assert res["tp"] == tp
+    assert (f"tp={tp} (one rank's graph and tensors)" in format_table(res)) == (tp > 1)
+    prog = get("llama7b")
+    s = prog.settings(config=config, dtype=dtype, target=target(target_name), tp=tp)
+    module = prog.build(s)
+    itemsize = 4 if dtype == "f32" else 2
+    for row in res["rows"]:
+        assert row["tensor_bytes"] == _rank_elements(CONFIGS[config], row["seq"], tp) * itemsize
+        assert row["tasks"] == (11 + (2 if tp > 1 else 0)) * row["row_tiles"]
+        assert row["measured"]
+        g = CompiledProgram.get(module).build_graph(prog.scalars(s, row["seq"]))
+        assert (g.tasks, g.edges) == (row["tasks"], row["edges"])
+        g.close()
+
+
+def test_tp_split_and_pair_counts_equal_the_single_process_layers():
+    """The split and pair layers add the residual in a task of their own: under tp it becomes the
+    all-reduce with the residual, the same number of tasks and edges."""
+    for attention in ("split", "pair"):
+        one, two = (estimate("llama7b", [333], attention=attention, tp=tp)["rows"][0] for tp in (1, 2))
+        assert (one["tasks"], one["edges"]) == (two["tasks"], two["edges"])
+        assert two["tensor_bytes"] < one["tensor_bytes"]
+
+
+def test_tp_that_does_not_divide_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "estimate", "llama7b", "--seq", "1024", "--config", "7b",
+                        "--tp", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "pto: error: llama7b: --tp 3: the 32 query heads do not divide among 3 ranks\n"
