@@ -12,7 +12,8 @@ knows a program:
 - :func:`rank`, :func:`world_size`: of the group (0 and 1 without one);
 - :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
   :func:`counters`;
-- :func:`gather`: one picklable value from every rank (reports), :func:`shutdown`.
+- :func:`gather`: one picklable value from every rank (reports), :func:`barrier`,
+  :func:`shutdown`.
 """
 
 from __future__ import annotations
@@ -152,5 +153,11 @@ def gather(value) -> list:
     return out
 
 
+def barrier() -> None:
+    """Wait until every rank gets here (nothing without a group)."""
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
 __all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "all_reduce", "counters",
-           "gather", "TIMEOUT_S"]
+           "gather", "barrier", "TIMEOUT_S"]

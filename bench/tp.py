@@ -1,0 +1,291 @@
+"""Tensor parallelism of the LLaMA layer: ours against tp = 1 and against a plain PyTorch
+tensor-parallel layer, time, scaling efficiency and the share of time in communication.
+
+One launch per tensor-parallel width, the width being the launch's world size (pto's ``--tp``
+splits over the default process group, all of it)::
+
+    for n in 2 4 8; do torchrun --nproc-per-node $n bench/tp.py --json tp$n.json; done
+
+Each launch, at each sequence length (default 4K, 16K, 32K; the 7B layer in bf16, LLaMA-2-7B's
+shape), on the same seeded inputs:
+
+- ours: the engine's Runner of ``llama7b --tp N`` on every rank (each its shard,
+  :meth:`LlamaProgram.shard`), timed as replays; rank 0 also runs the single-process layer
+  (``--tp 1``) on the whole inputs: the tp = 1 output and time;
+- PyTorch: the same layer written here with Megatron's split by hand (q, k, v, gate, up by
+  columns, o and down by rows, ``torch.distributed.all_reduce`` after each), and the same code
+  with one rank on rank 0;
+- the reference: ``pto run --check``'s layer on the whole inputs in float32 (rank 0).
+
+Reported per length: milliseconds (the slowest rank's median), scaling efficiency ``t1 / (N
+tN)`` for ours and for PyTorch, the share of a step spent in communication and how much of the
+communication overlaps compute (from a profiler trace of a few steps: NCCL kernels against the
+others on a GPU, the all-reduce calls on the CPU), pto's collective counters, and relative
+errors (ours against tp = 1, against PyTorch's TP layer, each against the f32 reference).
+``--trace-dir DIR`` keeps rank 0's Chrome traces. Output: a markdown table (docs/PERF.md) and
+``--json FILE`` (rank 0 writes both).
+
+``--tiny`` runs the tiny layer at 100 and 300 tokens on the CPU with gloo, in f32::
+
+    torchrun --nproc-per-node 2 bench/tp.py --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+# the single-process run on rank 0 (a cold Triton compile of the 7B layer) keeps the other ranks
+# waiting in a barrier: longer than pto.dist's default timeout allows
+os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from pto import dist  # noqa: E402
+
+# -- PyTorch's own tensor-parallel layer ------------------------------------------------------------
+
+
+def torch_tp_layer(w: dict[str, torch.Tensor], cfg, tp: int) -> torch.Tensor:
+    """The layer on one rank's shards ``w`` (the whole layer with ``tp`` 1) in plain PyTorch:
+    Megatron's split, an all-reduce of the o and down projections' partial sums over the
+    default process group, causal SDPA over the rank's heads. Written apart from pto's tiled
+    program and from its reference (RoPE as both take it: rotate-half with seq x D/2 tables)."""
+    x = w["x"]
+    S = x.shape[0]
+    NH, NKV, D = cfg.heads // tp, cfg.kv_heads // tp, cfg.head_dim
+
+    def rmsnorm(t, g):
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * g.float()).to(t.dtype)
+
+    cos, sin = torch.cat([w["cos"]] * 2, -1), torch.cat([w["sin"]] * 2, -1)
+
+    def rope(t):
+        return t * cos + torch.cat([-t[..., D // 2:], t[..., : D // 2]], -1) * sin
+
+    def reduce(t):
+        if tp > 1:
+            torch.distributed.all_reduce(t)
+        return t
+
+    xn = rmsnorm(x, w["g_attn"])
+    q = rope((xn @ w["wq"]).view(S, NH, D).transpose(0, 1))
+    k = rope((xn @ w["wk"]).view(S, NKV, D).transpose(0, 1)).repeat_interleave(NH // NKV, 0)
+    v = (xn @ w["wv"]).view(S, NKV, D).transpose(0, 1).repeat_interleave(NH // NKV, 0)
+    a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+    h = x + reduce(a.transpose(0, 1).reshape(S, NH * D) @ w["wo"])
+    hn = rmsnorm(h, w["g_ffn"])
+    return h + reduce((F.silu(hn @ w["wg"]) * (hn @ w["wu"])) @ w["wd"])
+
+
+# -- communication in a profiler trace ----------------------------------------------------------------
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersection(xs, ys) -> float:
+    total, j = 0.0, 0
+    for a, b in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            total += max(0.0, min(b, ys[k][1]) - max(a, ys[k][0]))
+            k += 1
+    return total
+
+
+def comm_profile(step, steps: int, cuda: bool, trace: Path | None = None) -> dict:
+    """Run ``step`` ``steps`` times under the profiler: ``comm_share`` (time with communication
+    running over the steps' wall time) and ``overlap`` (the part of the communication time during
+    which compute runs too): NCCL kernels against the other kernels on a GPU, the all-reduce
+    calls (nothing overlaps them: gloo blocks the host) on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    comm, compute = [], []
+    for e in prof.events():
+        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        span = (e.time_range.start, e.time_range.end)
+        name = e.name.lower()
+        if cuda and on_gpu:
+            (comm if "nccl" in name else compute).append(span)
+        elif not cuda and ("allreduce" in name or "all_reduce" in name):
+            comm.append(span)
+    comm, compute = _union(comm), _union(compute)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    c = _length(comm)
+    return {"comm_share": round(c / wall_us, 4) if wall_us else 0.0,
+            "overlap": round(_intersection(comm, compute) / c, 4) if c else 0.0,
+            "comm_ms_per_step": round(c / steps / 1e3, 4)}
+
+
+# -- the measurement ------------------------------------------------------------------------------
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.double(), ref.double()
+    return float((o - r).norm() / r.norm()) if torch.isfinite(o).all() else float("inf")
+
+
+def _time(fn, args, cuda: bool) -> float:
+    from pto.timing import median_ms
+
+    dist.barrier()
+    return round(median_ms(fn, args.iterations, args.warmup, cuda=cuda), 4)
+
+
+def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
+    from pto.engine import Runner, resolve
+
+    cuda = device == "cuda"
+    options = {"attention": args.attention, "allreduce_dtype": args.allreduce_dtype}
+    job = resolve("llama7b", device=device, config=args.config, dtype=args.dtype, options=options, tp=tp)
+    prog, s = job.program, job.settings
+    cfg = prog.config(s)
+    inputs = prog.inputs(s, seq, device, args.seed)  # every rank the whole seeded inputs
+    local = prog.shard(s, inputs, rank)
+    row = {"seq": seq, "tp": tp, "config": s.config, "dtype": s.dtype.short, **options}
+    trace = Path(args.trace_dir) if args.trace_dir and rank == 0 else None
+    if trace:
+        trace.mkdir(parents=True, exist_ok=True)
+
+    runner = Runner(job, seq)
+    ours = runner(local)["y"].clone()
+    row["tasks_per_rank"], row["executor"] = runner.graph.tasks, runner.executor.name
+    mine = {"ours_ms": _time(runner.replay, args, cuda)}
+    dist.counters(reset=True)
+    prof = comm_profile(runner.replay, args.profile_steps, cuda, trace and trace / f"ours_seq{seq}_rank0.json")
+    mine.update({f"ours_{k}": v for k, v in prof.items()}, collectives=dist.counters(reset=True))
+    runner.close()
+    del runner
+
+    theirs = torch_tp_layer(local, cfg, tp)
+    mine["torch_ms"] = _time(lambda: torch_tp_layer(local, cfg, tp), args, cuda)
+    prof = comm_profile(lambda: torch_tp_layer(local, cfg, tp), args.profile_steps, cuda,
+                        trace and trace / f"torch_seq{seq}_rank0.json")
+    mine.update({f"torch_{k}": v for k, v in prof.items()})
+    ranks = dist.gather(mine)
+
+    if rank == 0:  # the single-process runs and the reference, while the other ranks wait
+        from pto.timing import median_ms
+
+        job1 = resolve("llama7b", device=device, config=args.config, dtype=args.dtype, options=options, tp=1)
+        r1 = Runner(job1, seq)
+        one = r1(inputs)["y"].clone()
+        row["ours_tp1_ms"] = round(r1.time(args.iterations)["replay_ms"], 4)
+        r1.close()
+        del r1
+        torch_one = torch_tp_layer(inputs, cfg, 1)
+        row["torch_tp1_ms"] = round(median_ms(lambda: torch_tp_layer(inputs, cfg, 1), args.iterations, args.warmup,
+                                              cuda=cuda), 4)
+        ref = prog.reference(job1.settings, seq, {k: v.float() for k, v in inputs.items()})["y"]
+        row.update(ours_ms=max(r["ours_ms"] for r in ranks), torch_ms=max(r["torch_ms"] for r in ranks))
+        row["ours_efficiency"] = round(row["ours_tp1_ms"] / (tp * row["ours_ms"]), 4)
+        row["torch_efficiency"] = round(row["torch_tp1_ms"] / (tp * row["torch_ms"]), 4)
+        row["ours_vs_torch_tp"] = round(row["torch_ms"] / row["ours_ms"], 4)
+        for who in ("ours", "torch"):
+            for k in ("comm_share", "overlap", "comm_ms_per_step"):
+                row[f"{who}_{k}"] = max(r[f"{who}_{k}"] for r in ranks)
+        row.update(ours_rel_err=rel_err(ours, ref), ours_tp1_rel_err=rel_err(one, ref),
+                   torch_tp_rel_err=rel_err(theirs, ref), torch_tp1_rel_err=rel_err(torch_one, ref),
+                   ours_vs_tp1=rel_err(ours, one), ours_vs_torch_tp_out=rel_err(ours, theirs))
+        row["ranks"] = ranks
+    dist.barrier()
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+#: the table's columns: header, the row's key, its format
+COLUMNS = (("tp", "tp", "{}"), ("seq", "seq", "{}"), ("ours ms", "ours_ms", "{:.3f}"),
+           ("tp=1 ms", "ours_tp1_ms", "{:.3f}"), ("efficiency", "ours_efficiency", "{:.2f}"),
+           ("comm share", "ours_comm_share", "{:.1%}"), ("overlap", "ours_overlap", "{:.1%}"),
+           ("PyTorch TP ms", "torch_ms", "{:.3f}"), ("PyTorch tp=1 ms", "torch_tp1_ms", "{:.3f}"),
+           ("PyTorch efficiency", "torch_efficiency", "{:.2f}"), ("PyTorch comm share", "torch_comm_share", "{:.1%}"),
+           ("rel_err ours", "ours_rel_err", "{:.2e}"), ("rel_err vs tp=1", "ours_vs_tp1", "{:.2e}"))
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown, for docs/PERF.md."""
+    cells = [[h for h, _, _ in COLUMNS], ["---"] * len(COLUMNS)]
+    cells += [[f.format(r[k]) for _, k, f in COLUMNS] for r in rows]
+    return "\n".join("| " + " | ".join(c) + " |" for c in cells)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seq", default=None, help="comma-separated lengths (default 4096,16384,32768; --tiny 100,300)")
+    p.add_argument("--tiny", action="store_true", help="the tiny layer in f32 on the CPU (gloo)")
+    p.add_argument("--config", default=None, help="the layer (default: 7b, LLaMA-2-7B's shape; --tiny: tiny)")
+    p.add_argument("--dtype", default=None, help="default bf16 (--tiny: f32)")
+    p.add_argument("--attention", default="fused", choices=["fused", "pair", "split"])
+    p.add_argument("--allreduce-dtype", default="f32", choices=["f32", "storage"])
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (communication share)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-dir", default=None, help="keep rank 0's Chrome traces here")
+    p.add_argument("--max-rel-err", type=float, default=None,
+                   help="exit 1 when ours is further than this from the reference (default: 2e-2 in bf16, "
+                   "1e-4 in f32)")
+    p.add_argument("--json", default=None, metavar="FILE")
+    args = p.parse_args(argv)
+    args.config = args.config or ("tiny" if args.tiny else "7b")
+    args.dtype = args.dtype or ("f32" if args.tiny else "bf16")
+    device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    seqs = [int(v) for v in (args.seq or ("100,300" if args.tiny else "4096,16384,32768")).split(",")]
+    env = dist.environment()
+    tp = env.world if env else 1
+    rank = dist.init(device, tp, command="bench/tp.py")
+    rows = []
+    for seq in seqs:
+        row = measure(seq, args, device, tp, rank)
+        if rank == 0:
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "ranks"}), file=sys.stderr, flush=True)
+    limit = args.max_rel_err or (2e-2 if args.dtype == "bf16" else 1e-4)
+    bad = [r for r in rows if r["ours_rel_err"] > limit]
+    if rank == 0:
+        info = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+                "world_size": tp, "torch": torch.__version__, "backend": "nccl" if device == "cuda" else "gloo",
+                "iterations": args.iterations, "warmup": args.warmup, "tiny": args.tiny,
+                "nccl_env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
+        print(table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+        for r in bad:
+            print(f"tp: seq {r['seq']}: rel_err {r['ours_rel_err']:.2e} above {limit:g}", file=sys.stderr)
+    dist.shutdown()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
