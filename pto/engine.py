@@ -229,7 +229,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         progress=None, sentinel: bool = False, inputs: str | None = None, save: str | None = None,
         check_schedule: bool = False, deterministic: bool = False, device: str = "auto", backend: str = "auto",
         executor: str = "auto", config: str | None = None, dtype: str | None = None,
-        target: str | Target | None = None, **options) -> dict:
+        target: str | Target | None = None, tp: int = 1, **options) -> dict:
     """Build and run a job (or the program named ``job`` with the given settings and program
     options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
     ``pto run --json``.
@@ -249,7 +249,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
 
     if not isinstance(job, Job):
         job = resolve(job, device=device, backend=backend, executor=executor, config=config, dtype=dtype,
-                      target=target, options=options)
+                      target=target, options=options, tp=tp)
     prog, s = job.program, job.settings
     seq = seq or prog.default_seq
     rank = dist.init(job.device, s.tp, command=f"run {prog.name}")

@@ -1,6 +1,6 @@
 """Run many tensor-parallel cases in one launch: ``python -m torch.distributed.run
 --nproc-per-node N tests/dist/driver.py CASES.json OUT_DIR`` (or plain ``python`` for tp = 1
-without a process group). Each case is a dict of :func:`pto.engine.resolve`'s settings plus
+without a process group). Each case is a dict of :func:`pto.engine.run`'s program options plus
 ``seq``, ``seed`` and ``name``; every rank runs every case in the same order (the collectives
 match), rank 0 saves each case's outputs to OUT_DIR/NAME.safetensors and writes the results
 (``pto run --json``'s object per case) to OUT_DIR/results.json. Not a test module: the tests
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from pto import dist
-from pto.engine import resolve, run
+from pto.engine import run
 
 
 def main(cases_file: str, out_dir: str) -> int:
@@ -25,8 +25,9 @@ def main(cases_file: str, out_dir: str) -> int:
         c = dict(c)
         name, seq, seed = c.pop("name"), c.pop("seq"), c.pop("seed", 0)
         config, dtype = c.pop("config", "tiny"), c.pop("dtype", "f32")
-        job = resolve("llama7b", device="cpu", backend="torch", config=config, dtype=dtype, options=c, tp=tp)
-        res = run(job, seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"))
+        # by name, as a user of the Python API writes it (run's own tp, the options as keywords)
+        res = run("llama7b", seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"), device="cpu",
+                  backend="torch", config=config, dtype=dtype, tp=tp, **c)
         results.append({"name": name, **res})
     if dist.rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
