@@ -1,12 +1,15 @@
 """Schedules as data (seeds 002 and 003): launch parameters per device, InCore function and shape.
 
 A schedule database holds, for one device (by the name its driver reports), one JSON file per
-InCore function (``<function>.json``) with entries keyed by the function's variant and a shape
-bucket. Lookup order: the user's database (``$PTO_CACHE_DIR/schedules/<device>/``, default
-``~/.cache/pto/schedules/<device>/``, what ``pto tune`` writes), then the defaults shipped with
-pto (``pto/schedules/data/<device>/``), then the renderer's heuristics. An entry records the
+InCore function (``<function>.json``) with entries keyed by the function's variant, a shape
+bucket and the kernel's source hash (one variant name can render to several kernels: the LLaMA
+layer's flash attention bakes in the query heads per key/value head, RMSNorm its eps, so LLaMA-2
+and LLaMA-3 each keep their own entry). Lookup order: the user's database
+(``$PTO_CACHE_DIR/schedules/<device>/``, default ``~/.cache/pto/schedules/<device>/``, what
+``pto tune`` writes), then the defaults shipped with pto (``pto/schedules/data/<device>/``), then
+the renderer's heuristics. An entry records the
 Triton version and the kernel source hash it was measured with; an entry whose version or hash
-differs from the running one is stale and ignored (``pto tune --show`` says so).
+differs from the running one does not apply (``pto tune --show`` says so).
 
 File format (``format`` 1)::
 
@@ -78,7 +81,7 @@ class Entry:
         if self.triton != triton:
             return f"measured with Triton {self.triton}, running {triton or 'none'}"
         if self.source != source:
-            return "the kernel source changed since it was measured"
+            return "measured for another kernel source (another configuration of the variant, or older code)"
         return None
 
 
@@ -132,7 +135,8 @@ class ScheduleDB:
         return _read(base / f"{function}.json")
 
     def lookup(self, function: str, variant: str, tasks: int, source: str) -> tuple[dict, str]:
-        """``(params, origin)``: the current entry for the variant and the batch's bucket, from
+        """``(params, origin)``: the current entry (Triton version and kernel source those running
+        now) for the variant and the batch's bucket, from
         the user's database, else the shipped defaults; ``({}, "heuristic")`` if neither has one."""
         b = bucket(tasks)
         for where in ("user", "shipped"):
@@ -154,11 +158,14 @@ class ScheduleDB:
         return out
 
     def store(self, function: str, entry: Entry) -> Path:
-        """Add or replace the user's entry for (variant, bucket)."""
+        """Add or replace the user's entry for (variant, bucket, kernel source): one variant name
+        can render to several kernels (the LLaMA layer's flash attention bakes in the query heads
+        per key/value head, its norms the eps), each with its own entry."""
         path = self.user_dir / f"{function}.json"
-        entries = [e for e in _read(path) if (e.variant, e.bucket) != (entry.variant, entry.bucket)]
+        key = (entry.variant, entry.bucket, entry.source)
+        entries = [e for e in _read(path) if (e.variant, e.bucket, e.source) != key]
         entries.append(entry)
-        entries.sort(key=lambda e: (e.variant, e.bucket))
+        entries.sort(key=lambda e: (e.variant, e.bucket, e.source))
         _write(path, self.device, function, entries)
         return path
 
