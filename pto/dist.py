@@ -8,7 +8,10 @@ knows a program:
 
 - :func:`environment`: (rank, world size, local rank) from torchrun's variables, or None;
 - :func:`init`: the default process group, once (gloo on the CPU; NCCL on a GPU, the local rank's
-  device, with NVLink multicast off), after checking that the mesh has ``tp`` ranks;
+  device, with NVLink multicast off; ``PTO_DIST_BACKEND=gloo`` on a GPU lets ranks share the
+  GPUs, local rank modulo their count, to check a tensor-parallel run on a one-GPU machine: gloo
+  sums CUDA tensors through the host, so its times say nothing of NCCL's), after checking that the
+  mesh has ``tp`` ranks;
 - :func:`rank`, :func:`world_size`: of the group (0 and 1 without one);
 - :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
   :func:`counters`;
@@ -32,6 +35,7 @@ from pto.errors import UsageError
 _ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 #: a rank that waits longer than this in a collective fails instead of hanging (seconds)
 TIMEOUT_S = float(os.environ.get("PTO_DIST_TIMEOUT_S", "300"))
+BACKENDS = ("nccl", "gloo")
 
 
 @dataclass(frozen=True)
@@ -96,15 +100,20 @@ def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
         raise UsageError("--tp: this torch has no torch.distributed")
     for k, v in _ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
+    backend = os.environ.get("PTO_DIST_BACKEND", "nccl" if device == "cuda" else "gloo")
+    if backend not in BACKENDS or (backend == "nccl" and device != "cuda"):
+        raise UsageError(f"PTO_DIST_BACKEND={backend!r}: expected " +
+                         ("nccl or gloo" if device == "cuda" else "gloo (NCCL needs --device cuda)"))
+    kw = {}
     if device == "cuda":
-        if env.local_rank >= torch.cuda.device_count():
-            raise UsageError(f"rank {env.rank}: local rank {env.local_rank} has no GPU ({torch.cuda.device_count()} "
-                             "visible)")
-        torch.cuda.set_device(env.local_rank)
-        backend = "nccl"
-    else:
-        backend = "gloo"
-    kw = {"device_id": torch.device("cuda", env.local_rank)} if device == "cuda" else {}
+        count = torch.cuda.device_count()
+        if backend == "nccl" and env.local_rank >= count:
+            raise UsageError(f"rank {env.rank}: local rank {env.local_rank} has no GPU ({count} visible); "
+                             "PTO_DIST_BACKEND=gloo lets ranks share GPUs (to check, not to time)")
+        gpu = env.local_rank % count
+        torch.cuda.set_device(gpu)
+        if backend == "nccl":
+            kw["device_id"] = torch.device("cuda", gpu)
     torch.distributed.init_process_group(backend, timeout=timedelta(seconds=TIMEOUT_S), **kw)
     return rank()
 

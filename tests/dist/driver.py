@@ -3,12 +3,16 @@
 without a process group). Each case is a dict of :func:`pto.engine.run`'s program options plus
 ``seq``, ``seed`` and ``name``; every rank runs every case in the same order (the collectives
 match), rank 0 saves each case's outputs to OUT_DIR/NAME.safetensors and writes the results
-(``pto run --json``'s object per case) to OUT_DIR/results.json. Not a test module: the tests
-in this folder start it."""
+(``pto run --json``'s object per case) to OUT_DIR/results.json; a case may name its ``device``
+and ``backend`` (default: the CPU and the torch backend). Not a test module: the tests start it
+(:func:`launch`, :func:`run_cases`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,14 +29,50 @@ def main(cases_file: str, out_dir: str) -> int:
         c = dict(c)
         name, seq, seed = c.pop("name"), c.pop("seq"), c.pop("seed", 0)
         config, dtype = c.pop("config", "tiny"), c.pop("dtype", "f32")
+        device, backend = c.pop("device", "cpu"), c.pop("backend", "torch")
         # by name, as a user of the Python API writes it (run's own tp, the options as keywords)
-        res = run("llama7b", seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"), device="cpu",
-                  backend="torch", config=config, dtype=dtype, tp=tp, **c)
+        res = run("llama7b", seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"), device=device,
+                  backend=backend, config=config, dtype=dtype, tp=tp, **c)
         results.append({"name": name, **res})
     if dist.rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
     dist.shutdown()
     return 0
+
+
+LAUNCH_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict:
+    """This environment without a torchrun launch's variables (the test may itself run under one)."""
+    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
+
+
+def launch(n: int, *args: str, env: dict | None = None, timeout: int = LAUNCH_TIMEOUT_S):
+    """``python -m torch.distributed.run --nproc-per-node n --master-port FREE args``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+           str(free_port()), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**clean_env(), **(env or {})}, timeout=timeout)
+
+
+def run_cases(tp: int, cases: list[dict], folder: Path, env: dict | None = None) -> dict[str, dict]:
+    """Every case at ``tp`` ranks (tp = 1 in this process, without a process group); the results
+    by case name, the outputs in ``folder``/NAME.safetensors."""
+    spec = folder / "cases.json"
+    spec.write_text(json.dumps(cases))
+    if tp == 1:
+        main(str(spec), str(folder))
+    else:
+        r = launch(tp, __file__, str(spec), str(folder), env=env)
+        assert r.returncode == 0, r.stderr[-4000:]
+    return {c["name"]: c for c in json.loads((folder / "results.json").read_text())}
 
 
 if __name__ == "__main__":

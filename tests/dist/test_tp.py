@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +45,12 @@ U = {"f32": 2.0**-24, "bf16": 2.0**-8}
 #: the single-process layer's tolerance against the reference (tests/programs/llama/test_llama.py)
 REF_TOL = {"f32": 1e-4, "bf16": 2e-2}
 TPS = (1, 2, 4)
-LAUNCH_TIMEOUT_S = 300
 
 
 def _cases(tp: int) -> list[dict]:
     """Every attention mode at two lengths that are not tile multiples, bf16 with the partial sums
-    sent in bf16, and (where its 2 key/value heads divide among the ranks) grouped-query attention
-    with and without a sliding window."""
+    sent in bf16, (where its 2 key/value heads divide among the ranks) grouped-query attention
+    with and without a sliding window, and the Triton backend at tp 1 and 2."""
     out = [{"name": f"{a}-{s}", "seq": s, "seed": s, "attention": a} for a in ("fused", "pair", "split")
            for s in (37, 100)]
     out.append({"name": "bf16-storage-100", "seq": 100, "seed": 5, "dtype": "bf16", "allreduce_dtype": "storage"})
@@ -61,26 +58,10 @@ def _cases(tp: int) -> list[dict]:
     for name in ("tiny-gqa", "tiny-swa"):
         if CONFIGS[name].kv_heads % tp == 0:
             out.append({"name": f"{name}-100", "seq": 100, "seed": 7, "config": name, "attention": "pair"})
+    if tp <= 2 and os.environ.get("TRITON_INTERPRET") == "1":  # the Triton backend's kernels between the
+        # all-reduces, under the interpreter (tests/conftest.py sets it without a GPU; on a GPU: test_tp_gpu.py)
+        out.append({"name": "triton-fused-40", "seq": 40, "seed": 9, "backend": "triton", "attention": "fused"})
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    """This environment without a torchrun launch's variables (the test may itself run under one)."""
-    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
-
-
-def _torchrun(n: int, *args: str, env: dict | None = None, timeout: int = LAUNCH_TIMEOUT_S):
-    """``python -m torch.distributed.run --nproc-per-node n --master-port FREE args``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
-           str(_free_port()), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**_env(), **(env or {})}, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +70,7 @@ def runs(tmp_path_factory) -> dict[int, tuple[Path, dict]]:
     out = {}
     for tp in TPS:
         d = tmp_path_factory.mktemp(f"tp{tp}")
-        cases = d / "cases.json"
-        cases.write_text(json.dumps(_cases(tp)))
-        if tp == 1:
-            driver.main(str(cases), str(d))
-        else:
-            r = _torchrun(tp, str(Path(driver.__file__)), str(cases), str(d))
-            assert r.returncode == 0, r.stderr[-4000:]
-        out[tp] = d, {c["name"]: c for c in json.loads((d / "results.json").read_text())}
+        out[tp] = d, driver.run_cases(tp, _cases(tp), d)
     return out
 
 
@@ -161,7 +135,8 @@ def test_the_issue_command_passes():
     assert torchrun.is_file(), "torch installs the torchrun script beside python"
     r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "pto.cli", "run", "llama7b", "--tp", "2",
                         "--device", "cpu", "--check", "--json"], capture_output=True, text=True,
-                       env={**_env(), "PET_MASTER_PORT": str(_free_port())}, timeout=LAUNCH_TIMEOUT_S)
+                       env={**driver.clean_env(), "PET_MASTER_PORT": str(driver.free_port())},
+                       timeout=driver.LAUNCH_TIMEOUT_S)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)  # rank 0 alone prints: one object
     assert (out["program"], out["tp"], out["config"], out["device"]) == ("llama7b", 2, "tiny", "cpu")
@@ -184,7 +159,7 @@ def _one_line(stderr: str, *needles: str) -> None:
 ], ids=["no-torchrun", "heads", "kv-heads", "softmax"])
 def test_errors_without_a_launch_are_one_line(args, needles):
     r = subprocess.run([sys.executable, "-m", "pto.cli", "run", *args, "--device", "cpu"], capture_output=True,
-                       text=True, env=_env(), timeout=300)
+                       text=True, env=driver.clean_env(), timeout=300)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("pto: error:"), r.stderr
     _one_line(r.stderr, *needles)
@@ -194,11 +169,12 @@ def test_errors_without_a_launch_are_one_line(args, needles):
     (["--tp", "4"], {}, ["--tp 4 but torchrun started 2 processes", "--nproc-per-node 4 or --tp 2"]),
     (["--tp", "2", "--backend", "triton", "--executor", "persistent", "--seq", "40"], {"TRITON_INTERPRET": "1"},
      ["the persistent executor runs no collectives", "--executor waves"]),
-], ids=["world-size", "persistent"])
+    (["--tp", "2"], {"PTO_DIST_BACKEND": "nccl"}, ["PTO_DIST_BACKEND='nccl'", "gloo (NCCL needs --device cuda)"]),
+], ids=["world-size", "persistent", "backend"])
 def test_errors_in_a_launch_are_one_line_per_rank(args, env, needles):
     """Every rank fails with its line (``rank R: ...``) and a non-zero exit; torchrun adds its
     own report after them."""
-    r = _torchrun(2, "-m", "pto.cli", "run", "llama7b", "--device", "cpu", *args, env=env)
+    r = driver.launch(2, "-m", "pto.cli", "run", "llama7b", "--device", "cpu", *args, env=env)
     assert r.returncode != 0 and r.stdout == ""
     lines = sorted(x for x in r.stderr.splitlines() if x.startswith("pto: error:"))
     assert [x.split(":")[2] for x in lines] == [" rank 0", " rank 1"], r.stderr
