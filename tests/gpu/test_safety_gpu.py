@@ -68,16 +68,22 @@ def _parse(text: str) -> float:
 def test_ctrl_c_during_a_gpu_run_exits_cleanly(tmp_path, executor):
     """SIGINT while CUDA-graph replays run: exit 130, one line, and the GPU serves the next run."""
     dump = tmp_path / "graph.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--device", "cuda", "--config",
-                             "tiny", "--seq", "333", "--executor", executor, "--repeat", "100000000", "--dump",
-                             str(dump)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not dump.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert dump.exists(), proc.communicate()[1]
-    time.sleep(3.0)  # compiled, captured, replaying
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    from tests.safety.programs import interruptible
+
+    with subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--device", "cuda", "--config",
+                           "tiny", "--seq", "333", "--executor", executor, "--repeat", "100000000", "--dump",
+                           str(dump)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=interruptible) as proc:
+        try:
+            deadline = time.monotonic() + 300
+            while not dump.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert dump.exists(), proc.communicate()[1]
+            time.sleep(3.0)  # compiled, captured, replaying
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
     assert proc.returncode == 130 and err == "pto: interrupted\n" and out == "", err
     r = _pto("run", "softmax", "--device", "cuda", "--check", "--json")
     assert r.returncode == 0, r.stderr

@@ -79,3 +79,12 @@ def unwritten_module():
             o.call(SCALE, {"x": (x, i * ROWS, 0, rows, COLS), "y": (h, i * ROWS, 0, rows, COLS)})
         o.call(EXP, {"x": (h, i * ROWS, 0, rows, COLS), "y": (y, i * ROWS, 0, rows, COLS)})
     return o.module()
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child the tests interrupt: SIGINT back to its default, as a terminal
+    gives it (a shell's background job, a CI runner's included, inherits it ignored, and Python
+    then installs no KeyboardInterrupt handler, so the child would never see the Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

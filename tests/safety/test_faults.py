@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.safety import programs
+
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -194,16 +196,21 @@ def test_two_runs_on_a_fresh_cache_at_once_both_succeed(tmp_path):
 def test_ctrl_c_during_a_run_exits_cleanly(tmp_path, extra):
     """SIGINT while the replays run: exit 130, one line on stderr, no file half-written."""
     dump, save = tmp_path / "graph.txt", tmp_path / "y.safetensors"
-    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--device", "cpu", "--seq", "40",
-                             "--repeat", "1000000", "--dump", str(dump), "--save", str(save), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not dump.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert dump.exists(), proc.communicate()[1]
-    time.sleep(1.0)  # inside the replays
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    # SIGINT as a terminal gives it (programs.interruptible); the child killed whatever happens
+    with subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--device", "cpu", "--seq", "40",
+                           "--repeat", "1000000", "--dump", str(dump), "--save", str(save), *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=programs.interruptible) as proc:
+        try:
+            deadline = time.monotonic() + 240
+            while not dump.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert dump.exists(), proc.communicate()[1]
+            time.sleep(1.0)  # inside the replays
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
     assert proc.returncode == 130 and err == "pto: interrupted\n" and out == "", err
     # the first run's outputs are saved before the replays, if it got that far: complete, and no
     # temporary left either way
