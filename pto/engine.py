@@ -9,7 +9,7 @@ names a program or its options: a :class:`Job` carries the program and its
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -260,8 +260,6 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     check_memory(job, seq, module, check)
     given = None
     if inputs:
-        from dataclasses import replace
-
         from pto.safety.tensor_io import load_inputs
 
         whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard

@@ -36,6 +36,7 @@ from pto.ir.expr import evaluate, select  # noqa: E402
 from pto.programs import get  # noqa: E402
 from pto.target import get as target  # noqa: E402
 from tests.opkit import f64, rand, triton_vs_interp  # noqa: E402
+from tests.sm90 import compile_sm90  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               # these tests hand CPU tensors to the kernels: the Triton interpreter's mode. Where
@@ -584,53 +585,12 @@ def test_launch_parameters_defaults_and_overrides():
 
 # Runs in a fresh interpreter without TRITON_INTERPRET: Triton picks the interpreter or the
 # compiler when its modules are imported, so one process cannot do both reliably.
-_AOT_DRIVER = r"""
-import importlib.util, json, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import triton
-
-out = []
-for job in json.load(open(sys.argv[1])):
-    spec = importlib.util.spec_from_file_location("k" + job["digest"], job["path"])
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sig = job["signature"]
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t != "constexpr"}
-    try:
-        src = ASTSource(getattr(mod, job["name"]), sig, constexprs=job["flags"], attrs=attrs)
-        cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["launch"])
-        out.append({"name": job["name"], "ok": True, "ptx": cc.asm["ptx"][-200000:]})
-    except Exception as e:
-        out.append({"name": job["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
-print(json.dumps(out))
-"""
-
-
-def compile_sm90(jobs, tmp_path):
-    """Compile ``(kernel, flags)`` pairs for sm_90 in a subprocess; one result dict per job."""
-    import json
-    import subprocess
-    import sys
-
-    spec = []
-    for i, (kern, flags) in enumerate(jobs):
-        path = tmp_path / f"k{i}_{kern.digest}.py"
-        path.write_text(kern.source)
-        # upper-case launch keys (GROUP) are constexpr arguments, the rest compiler options
-        consts = {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}}
-        options = {k: v for k, v in kern.launch.items() if not k.isupper()}
-        spec.append({"path": str(path), "name": kern.name, "digest": f"{i}_{kern.digest}",
-                     "signature": kern.signature(), "flags": consts, "launch": options})
-    (tmp_path / "jobs.json").write_text(json.dumps(spec))
-    (tmp_path / "driver.py").write_text(_AOT_DRIVER)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "jobs.json")],
-                          capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _jobs_sm90(pairs):
+    """:func:`tests.sm90.compile_sm90`'s jobs for ``(kernel, flags)`` pairs: upper-case launch keys
+    (GROUP) are constexpr arguments, the rest compiler options; every pointer 16-aligned."""
+    return [{"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
+             "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+             "options": {k: v for k, v in kern.launch.items() if not k.isupper()}} for kern, flags in pairs]
 
 
 def _every_op_fn(dtype):
@@ -698,7 +658,7 @@ def test_kernels_compile_for_sm90(tmp_path):
         kern = render(fn)
         for even in (False, True):
             jobs.append((kern, {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in fn.memrefs}))
-    results = compile_sm90(jobs, tmp_path)
+    results = compile_sm90(_jobs_sm90(jobs), tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
     gemm = [r for r in results if r["name"].startswith("gemm_tile")]

@@ -1,0 +1,59 @@
+"""Compile generated Triton kernels for an H100 (sm_90) without a GPU: Triton's compiler in a
+subprocess without the interpreter (``TRITON_INTERPRET`` is read at import). The tests that check
+what the renderers emit call :func:`compile_sm90`; where this Triton cannot target sm_90 they
+skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_DRIVER = r"""
+import importlib.util, json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import triton
+
+out = []
+for i, job in enumerate(json.load(open(sys.argv[1]))):
+    spec = importlib.util.spec_from_file_location(f"k{i}", job["path"])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sig = job["signature"]
+    attrs = {(a,): [["tt.divisibility", 16]] for a, t in enumerate(sig.values()) if t != "constexpr"} \
+        if job["aligned"] else {}
+    try:
+        src = ASTSource(getattr(mod, job["name"]), sig, constexprs=job["constexprs"], attrs=attrs)
+        cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+        out.append({"name": job["name"], "ok": True, "shared": cc.metadata.shared,
+                    "ptx": cc.asm["ptx"][-200000:]})
+    except Exception as e:
+        out.append({"name": job["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
+print(json.dumps(out))
+"""
+
+
+def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[dict]:
+    """Compile each job (``source``, ``name`` of its @triton.jit function, ``signature``,
+    ``constexprs``, compiler ``options``, ``aligned``: every non-constexpr argument 16-divisible)
+    for sm_90; one result per job: ``name``, ``ok`` and ``shared`` (bytes) and the PTX's tail, or
+    ``error``."""
+    spec = []
+    for i, job in enumerate(jobs):
+        path = tmp_path / f"k{i}_{job['name']}.py"
+        path.write_text(job["source"])
+        spec.append({"path": str(path), "aligned": False, **{k: v for k, v in job.items() if k != "source"}})
+    (tmp_path / "jobs.json").write_text(json.dumps(spec))
+    (tmp_path / "driver.py").write_text(_DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "jobs.json")],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
