@@ -174,7 +174,9 @@ class Runner:
         for name, value in inputs.items():
             self.tensors[name].copy_(value)
         if self.stats is None:
-            self.stats = self.executor.run(self.graph)
+            from pto.exec import run_first
+
+            self.executor, self.stats = run_first(self.executor, self.graph)
         else:
             self.replay()
         return {name: self.tensors[name] for name in self.job.program.outputs}
@@ -344,7 +346,7 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
     ``.tensors``)."""
     from pto.backends import get_backend
     from pto.buffers import allocate, tensor_shapes
-    from pto.exec import choose, get_executor
+    from pto.exec import choose, get_executor, run_first
     from pto.exec import resolve as resolve_exec
     from pto.graph import CompiledProgram
 
@@ -358,12 +360,12 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
         ex = get_executor(choose(graph) if name == "auto" else name, get_backend(be, dev), tensors,
                           **({"sentinel": True} if sentinel else {}))
         if not sentinel:
-            ex.run(graph)
+            run_first(ex, graph)
             return tensors
         from pto.safety.blame import NonFiniteError, blame, nonfinite_summary
 
         before = nonfinite_summary(tensors, [t.name for t in fn.tensors if t.role in ("input", "inout")])
-        ex.run(graph)
+        ex, _ = run_first(ex, graph)
         report = blame(graph, ex.flags, tensors, [t.name for t in fn.tensors if t.role in ("output", "inout")], before)
         if report is not None:
             raise NonFiniteError(report, tensors)

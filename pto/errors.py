@@ -40,5 +40,10 @@ class ExecutionError(PTOError):
     """A graph could not be executed (no backend, deadlock, wrong inputs)."""
 
 
+class ResourceError(ExecutionError):
+    """A kernel needs more of a device resource (shared memory, registers) than the device has;
+    the message names the kernel, the resource and the setting that asked for it."""
+
+
 class UsageError(PTOError):
     """A command-line or API argument has a value pto cannot accept."""

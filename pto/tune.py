@@ -15,8 +15,10 @@ the database is written after each variant, so an interrupted run keeps what it 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -147,6 +149,12 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, wa
             if on_measure:
                 on_measure(label, cand, None, "wrong result")
             continue
+        unfit = be.unfit_specializations(fn, batch.size) if cand is not None and be.compiles else []
+        if unfit:  # a residual tile's launch would need what the device does not have
+            result.rejected += 1
+            if on_measure:
+                on_measure(label, cand, None, unfit[0])
+            continue
         ms = round(median_ms(launch, iterations, warmup, cuda=cuda), 4)
         if cand is None:
             result.default_ms = ms
@@ -174,6 +182,8 @@ def tune(program: str, seqs: list[int], *, device: str = "auto", config=None, dt
                   target=target, options=options)
     cuda = job.device == "cuda"
     db = db or for_device(job.device)
+    if db is None:
+        raise UsageError("PTO_SCHEDULES=none: pto tune has no schedule database to store its results in")
     deadline = time.monotonic() + budget_s
     results: list[Result] = []
     interrupted = False
@@ -222,8 +232,12 @@ def show(program: str, seqs: list[int], *, device: str = "auto", config=None, dt
     job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options)
     db = for_device(job.device)
     be = TritonBackend(job.device if job.device == "cuda" else "cpu", schedules=db)
-    lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
-             f"{db.triton or 'not installed'})"]
+    if db is None:
+        lines = ["schedules: none (PTO_SCHEDULES=none): the renderer's heuristics for every kernel"]
+        db = ScheduleDB("none", user_dir=Path(os.devnull), shipped_dir=Path(os.devnull))
+    else:
+        lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
+                 f"{db.triton or 'not installed'})"]
     for seq in seqs:
         graph = CompiledProgram.get(job.program.build(job.settings), target=job.settings.target).build_graph(
             job.program.scalars(job.settings, seq))

@@ -57,3 +57,21 @@ def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[d
     if proc.returncode != 0:
         pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_MEGAKERNEL_ARGS = {"items": "*i32", "n_items": "i32", "nxt": "*i32", "task_branch": "*i32", "task_row": "*i64",
+                    "tab": "*i32", "task_tensor": "*i32", "ptrs": "*i64", "strides": "*i64", "pending": "*i32",
+                    "done": "*i32", "nitems": "*i32", "succ_ptr": "*i32", "succ": "*i32", "err": "*i32",
+                    "trace": "*i64", "clock": "*i32", "tracing": "i32"}
+_SENTINEL_ARGS = {"spend": "*i32", "sread": "*i64", "swrite": "*i64", "stab": "*i32"}
+
+
+def megakernel_job(kernel, options: dict, sentinel: bool = False) -> dict:
+    """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``."""
+    sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
+           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK"), "constexpr")}
+    return {"source": kernel.source, "name": kernel.name, "signature": sig,
+            "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
+                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True},
+            "options": options}
+

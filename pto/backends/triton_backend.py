@@ -38,6 +38,7 @@ from pto.ir.nodes import IncoreFunction
 
 _MODULES: dict[str, object] = {}  # digest -> imported kernel module (shared by all backends)
 log = logging.getLogger("pto.cache")  # repairs of cache entries (as pto.cbuild's)
+log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
 _INT32_MAX = 2**31 - 1
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
@@ -127,6 +128,7 @@ class TritonBackend(Backend):
         self.align = align
         self.split = split
         self._kernels: dict[tuple, RenderedKernel] = {}
+        self._shared: int | None = None
 
     def kernel(self, fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
         """The rendered kernel of ``fn`` under ``options`` (default: this backend's; cached)."""
@@ -155,6 +157,16 @@ class TritonBackend(Backend):
         cfg.update(self.launch_overrides.get(fn.variant_name, {}))
         return cfg
 
+    def launch_origin(self, fn: IncoreFunction, tasks: int = 1) -> str:
+        """Where ``launch_config``'s settings come from, for messages: an override, the user's or
+        the shipped schedule database, or the renderer's heuristics."""
+        if fn.name in self.launch_overrides or fn.variant_name in self.launch_overrides:
+            return "launch settings given to the backend"
+        where = self.schedules.lookup(fn.name, fn.variant_name, tasks, self.kernel(fn).digest)[1] \
+            if self.schedules is not None else "heuristic"
+        return {"user": "the user's schedule database; pto tune --show lists it",
+                "shipped": "the schedules shipped with pto; pto tune --show lists them"}.get(where, "the heuristics")
+
     def render_sources(self, functions) -> dict[str, str]:
         """``{filename: source}`` of the kernels of ``functions`` under this backend's options."""
         return render_sources(functions, self.options)
@@ -167,8 +179,9 @@ class TritonBackend(Backend):
 
             return TorchBackend().prepare(batch)
         if batch.size == 0:
-            return _launcher(None, (), [], {})
+            return _launcher(None, [], [])
         cfg = self.launch_config(fn, batch.size)
+        origin = self.launch_origin(fn, batch.size)
         # a schedule may switch code generation options (RenderOptions fields) as well
         fields = {k: cfg.pop(k) for k in list(cfg) if k in RenderOptions.__dataclass_fields__}
         kernel = self.kernel(fn, replace(self.options, **fields) if fields else None)
@@ -182,7 +195,47 @@ class TritonBackend(Backend):
         table = build_table(kernel, batch, device)
         for g in groups:
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
-        return _launcher(jit, tuple(args), groups, cfg)
+        what = f"`{kernel.name}` ({origin})"
+        calls = _calls(groups, tuple(args), cfg)
+        if self.compiles:
+            calls = fit_calls(jit, calls, self.shared_limit(), what)
+        return _launcher(jit, calls, groups, what)
+
+    def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:
+        """The specializations of ``fn``'s batched kernel (every region full or not, aligned or
+        not) that need more shared memory than the device has with the launch settings for
+        ``tasks`` tasks as given (compiled, not launched): a schedule is kept only if none
+        (``pto tune``), since a residual tile's masked path may need more than the full tiles it
+        was measured on."""
+        cfg = self.launch_config(fn, tasks)
+        fields = {k: cfg.pop(k) for k in list(cfg) if k in RenderOptions.__dataclass_fields__}
+        kernel = self.kernel(fn, replace(self.options, **fields) if fields else None)
+        jit = load_kernel(kernel)
+        # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
+        args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=self.device), 16)]
+        table = torch.zeros(1, max(kernel.layout.width, 1), dtype=torch.int32, device=self.device)
+        bad = []
+        for even, align in ((True, True), (True, False), (False, True), (False, False)):
+            flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
+            grid, a, kw = _calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg)[0]
+            need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
+            if need > self.shared_limit():
+                bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "
+                           f"{need:,} bytes of shared memory (the device allows {self.shared_limit():,})")
+        return bad
+
+    @property
+    def compiles(self) -> bool:
+        """Kernels are compiled for the GPU (not run by the Triton interpreter)."""
+        return self.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+    def shared_limit(self) -> int:
+        """Bytes of shared memory one program may use on this device."""
+        if self._shared is None:
+            from pto.target import detect
+
+            self._shared = detect("cuda", self.device.index or 0).sram_bytes
+        return self._shared
 
     def launches_per_batch(self, batch: TaskBatch) -> int:
         if has_collective(batch.fn):
@@ -225,8 +278,23 @@ class TritonBackend(Backend):
         return out
 
 
-def _launcher(jit, args: tuple, groups: list[LaunchGroup], cfg: dict) -> Launch:
-    """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
+def triton_error(e: Exception, what: str, cfg: dict) -> ExecutionError:
+    """One line for an error Triton raised compiling or launching ``what`` (a kernel and where
+    its settings come from) with launch settings ``cfg``: the resource and the setting that asked
+    for too much of it, or the compiler's first line."""
+    from pto.errors import ResourceError
+
+    settings = ", ".join(f"{k}={cfg[k]}" for k in ("num_warps", "num_stages") if k in cfg)
+    required, limit = getattr(e, "required", None), getattr(e, "limit", None)
+    if required is not None and limit is not None:
+        return ResourceError(f"{what}: needs {int(required):,} bytes of {getattr(e, 'name', 'a resource')} with "
+                             f"{settings} (the device allows {int(limit):,}); lower num_stages for it")
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
+
+
+def _calls(groups: list[LaunchGroup], args: tuple, cfg: dict) -> list[tuple]:
+    """``(grid, arguments, keyword arguments)`` of each group's launch."""
     calls = []
     for g in groups:
         nb, np_ = g.grid
@@ -235,10 +303,48 @@ def _launcher(jit, args: tuple, groups: list[LaunchGroup], cfg: dict) -> Launch:
             calls.append((grid, (g.table, *args), {**g.flags, **cfg, "NB": nb, "NP": np_}))
         else:
             calls.append((g.grid, (g.table, *args), {**g.flags, **cfg}))
+    return calls
+
+
+def fit_calls(jit, calls: list[tuple], limit: int, what: str) -> list[tuple]:
+    """The calls with each launch's pipelining depth lowered until its compiled kernel fits
+    ``limit`` bytes of shared memory (compiled here, before any launch). A schedule is measured
+    on the specializations its tuning run launched; a residual tile's masked path can need more
+    shared memory at the same depth. Raises :class:`ResourceError` when one stage is too much."""
+    from triton.errors import TritonError
+
+    out = []
+    for grid, a, kw in calls:
+        kw = dict(kw)
+        while True:
+            try:
+                need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
+            except TritonError as e:
+                raise triton_error(e, what, kw) from e
+            if need <= limit:
+                break
+            if kw.get("num_stages", 1) <= 1:
+                from pto.errors import ResourceError
+
+                raise ResourceError(f"{what}: needs {need:,} bytes of shared memory with num_warps="
+                                    f"{kw.get('num_warps')}, num_stages=1 (the device allows {limit:,})")
+            log_fit.info("pto: %s: num_stages %d needs %d bytes of shared memory (the device allows %d); "
+                         "lowered", what, kw["num_stages"], need, limit)
+            kw["num_stages"] -= 1
+        out.append((grid, a, kw))
+    return out
+
+
+def _launcher(jit, calls: list[tuple], groups: list[LaunchGroup], what: str = "") -> Launch:
+    """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
+    from triton.errors import TritonError
 
     def launch():
-        for grid, a, kw in calls:
-            jit[grid](*a, **kw)
+        try:
+            for grid, a, kw in calls:
+                jit[grid](*a, **kw)
+        except TritonError as e:  # compiling (first launch) or loading the kernel
+            raise triton_error(e, what, calls[0][2]) from e
 
     launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
     launch.count = len(calls)

@@ -11,9 +11,12 @@ backend.
 from __future__ import annotations
 
 import importlib
+import logging
 
-from pto.errors import UsageError
+from pto.errors import ResourceError, UsageError
 from pto.exec.base import ExecStats, Executor, LaunchRecord
+
+log = logging.getLogger("pto.exec")  # one line on stderr: the executor a run fell back to
 
 #: name -> (module, class, one line for --help)
 EXECUTORS = {
@@ -65,4 +68,21 @@ def get_executor(name: str, backend, tensors, **kw) -> Executor:
     return getattr(importlib.import_module(module), cls)(backend, tensors, **kw)
 
 
-__all__ = ["EXECUTORS", "Executor", "ExecStats", "LaunchRecord", "names", "resolve", "choose", "get_executor"]
+def run_first(ex: Executor, graph) -> tuple[Executor, ExecStats]:
+    """The first run of ``graph`` on ``ex``: ``(the executor that ran it, its stats)``. A
+    persistent kernel that no configuration fits on the device (:class:`ResourceError`, raised
+    before any launch) falls back to the wave executor, said in one line on the ``pto.exec``
+    logger."""
+    try:
+        return ex, ex.run(graph)
+    except ResourceError as e:
+        if ex.name != "persistent":
+            raise
+        log.warning("pto: %s; running with --executor waves instead", e)
+        waves = get_executor("waves", ex.backend, ex.tensors, record=ex.record, progress=ex.progress,
+                             sentinel=getattr(ex, "sentinel", False))
+        return waves, waves.run(graph)
+
+
+__all__ = ["EXECUTORS", "Executor", "ExecStats", "LaunchRecord", "names", "resolve", "choose", "get_executor",
+           "run_first"]

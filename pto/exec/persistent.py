@@ -22,7 +22,6 @@ Without it the kernel and its arguments are exactly those of a plain run.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ import torch
 
 from pto.backends.base import Backend
 from pto.codegen.triton import ALIGN
-from pto.codegen.triton.megakernel import Branch, MegaKernel, render_megakernel
+from pto.codegen.triton.megakernel import Branch, MegaKernel, fit_megakernel, kernel_settings, render_megakernel
 from pto.codegen.triton.scan import scan_table
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
@@ -188,6 +187,20 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int],
                 task_variant, dict(launch_group))
 
 
+def _translated(e: Exception, ex: PersistentExecutor) -> Exception:
+    """An error Triton raised compiling or launching the megakernel as one line naming it
+    (:func:`pto.backends.triton_backend.triton_error`); any other error unchanged."""
+    try:
+        from triton.errors import TritonError
+    except ImportError:  # pragma: no cover - the executor needs Triton
+        return e
+    if not isinstance(e, TritonError):
+        return e
+    from pto.backends.triton_backend import triton_error
+
+    return triton_error(e, f"the persistent kernel over {len(ex.plan.branches)} branches", ex._consts())
+
+
 class PersistentExecutor(Executor):
     """Runs a graph as one persistent Triton kernel (see the module docstring)."""
 
@@ -195,13 +208,14 @@ class PersistentExecutor(Executor):
 
     def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
                  progress: Progress | None = None, max_polls: int = MAX_POLLS, programs: int | None = None,
-                 order: str = "list", sentinel: bool = False):
+                 order: str = "list", sentinel: bool = False, shared_limit: int | None = None):
         if backend.name != "triton":
             raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend.name} needs "
                              "--executor waves")
         super().__init__(backend, tensors, record, progress)
         self.max_polls = max_polls
         self.programs_override = programs
+        self.shared_limit = shared_limit  # bytes of shared memory the kernel may use (None: the device's)
         self.order = order
         self.plan: Plan | None = None
         self.kernel: MegaKernel | None = None
@@ -209,14 +223,48 @@ class PersistentExecutor(Executor):
         self.flags: TaskFlags | None = None  # the sentinel's records of the last launch
 
     # -- building ---------------------------------------------------------------------------------
-    def _launch_config(self) -> dict:
-        """One configuration for the whole kernel: the largest warps and stages any branch's
-        schedule asks for, FMA contraction if any branch allows it."""
+    def _branch_configs(self) -> list[dict]:
+        """Each branch's launch configuration (its schedule for the number of tasks it runs)."""
         tasks = np.bincount(self.plan.task_branch, minlength=len(self.plan.branches))
-        cfgs = [self.backend.launch_config(b.fn, int(n)) for b, n in zip(self.plan.branches, tasks)]
-        return {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
-                "num_stages": max((c["num_stages"] for c in cfgs), default=1),
-                "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
+        return [self.backend.launch_config(b.fn, int(n)) for b, n in zip(self.plan.branches, tasks)]
+
+    def _launch_config(self) -> dict:
+        """One configuration for the whole kernel (:func:`kernel_settings`); pipelining is per
+        loop, in the source (``self.stages``), so the kernel's own depth is 1."""
+        return {**kernel_settings(self._branch_configs()), "num_stages": 1}
+
+    def _build_kernel(self, graph) -> None:
+        """Render the megakernel with each variant's pipelining depth, lowered until the compiled
+        kernel fits the device's shared memory (:func:`fit_megakernel`; compiled here, before any
+        launch). Under the interpreter nothing is compiled and the depths stay as asked."""
+        want: dict[str, int] = {}
+        for b, c in zip(self.plan.branches, self._branch_configs()):
+            v = b.fn.variant_name
+            want[v] = max(want.get(v, 1), int(c.get("num_stages", 1)))
+        ignore = declared_infinities(graph.variants) if self.sentinel else frozenset()
+
+        def render(stages: dict[str, int]) -> MegaKernel:
+            return render_megakernel(self.plan.branches, self.backend.options, sentinel=self.sentinel,
+                                     ignore=ignore, stages=stages)
+
+        self.stages = want
+        self.kernel = render(want)
+        self._upload()
+        if not self._compiles():
+            return
+        from pto.backends.triton_backend import load_kernel
+
+        limit = self.shared_limit or self.backend.shared_limit()
+
+        def shared(kernel: MegaKernel) -> int:
+            self.kernel = kernel
+            return int(load_kernel(kernel).warmup(*self._args(), grid=(1,), **self._consts()).metadata.shared)
+
+        self.kernel, self.stages, _ = fit_megakernel(self.plan.branches, want, shared, limit, render)
+
+    def _compiles(self) -> bool:
+        """The kernel is compiled for the GPU (not run by the Triton interpreter)."""
+        return self.device.type == "cuda" and self.backend.compiles
 
     def _upload(self) -> None:
         p, dev = self.plan, self.device
@@ -264,7 +312,7 @@ class PersistentExecutor(Executor):
         the interpreter (it runs programs one after another)."""
         if self.programs_override:
             return self.programs_override
-        if self.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        if not self._compiles():
             return 2
         from pto.target import detect
 
@@ -302,16 +350,20 @@ class PersistentExecutor(Executor):
         sms = self.programs_override or (detect("cuda", self.device.index or 0).sm_count
                                          if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order)
-        ignore = declared_infinities(graph.variants) if self.sentinel else frozenset()
-        self.kernel = render_megakernel(self.plan.branches, self.backend.options, sentinel=self.sentinel,
-                                        ignore=ignore)
-        self.jit = load_kernel(self.kernel)
-        if self.sentinel:
-            self.flags = TaskFlags(graph.runtime.export(), {graph.tensor_ids[n]: self.tensors[n] for n in names},
-                                   ignore)
-        self._upload()
-        self.programs = self._resident_programs(self.jit)
-        self._launch(trace=self.record)
+        try:
+            self._build_kernel(graph)
+            self.jit = load_kernel(self.kernel)
+            if self.sentinel:
+                self.flags = TaskFlags(graph.runtime.export(),
+                                       {graph.tensor_ids[n]: self.tensors[n] for n in names},
+                                       declared_infinities(graph.variants))
+            self.programs = self._resident_programs(self.jit)
+            self._launch(trace=self.record)
+        except Exception as e:
+            one_line = _translated(e, self)
+            if one_line is e:
+                raise
+            raise one_line from e
         self.check()
         if self.progress is not None:
             self.progress(self.plan.n_tasks, self.plan.n_tasks)

@@ -70,22 +70,21 @@ def guarantee(device: str, backend: str, deterministic: bool, options: dict | No
 
 def uniform_launch(backend, graph) -> dict[str, dict]:
     """Launch overrides (variant name -> parameters) that compile every batched kernel of
-    ``graph`` as the persistent megakernel compiles its branches: the largest ``num_warps`` and
-    ``num_stages`` any variant's launch configuration asks for, FMA contraction if any allows it,
-    and the backend's own code-generation options (a schedule may not switch them for one
-    kernel). Applied over a Triton backend's overrides, the persistent executor's configuration
-    is the same, so both executors run identically compiled device functions."""
+    ``graph`` as the persistent megakernel compiles its branches: the kernel-wide settings of
+    :func:`pto.codegen.triton.megakernel.kernel_settings` (the most warps any variant asks for,
+    FMA contraction if any allows it) and the backend's own code-generation options (a schedule
+    may not switch them for one kernel). Pipelining depth stays each variant's own: it reorders
+    loads, not arithmetic. Applied over a Triton backend's overrides, the persistent executor's
+    configuration is the same, so both executors run identically compiled arithmetic."""
     import numpy as np
 
     from pto.codegen.triton import RenderOptions
+    from pto.codegen.triton.megakernel import kernel_settings
 
     ex = graph.runtime.export()
     by_id = graph.variant_of_func_id()
     fids, counts = np.unique(ex.func, return_counts=True)
-    cfgs = [backend.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)]
-    same = {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
-            "num_stages": max((c["num_stages"] for c in cfgs), default=1),
-            "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
+    same = kernel_settings([backend.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
     same.update({f.name: getattr(backend.options, f.name) for f in fields(RenderOptions)})
     return {by_id[int(f)].variant_name: dict(same) for f in fids}
 

@@ -170,8 +170,16 @@ class ScheduleDB:
         return path
 
 
-def for_device(device: str) -> ScheduleDB:
-    """The database of the device pto runs on (``cpu`` for the interpreter)."""
+def for_device(device: str) -> ScheduleDB | None:
+    """The database of the device pto runs on (``cpu`` for the interpreter). ``PTO_SCHEDULES``
+    overrides it: ``none`` for the renderer's heuristics alone (no database), a device name
+    (``NVIDIA H100 80GB HBM3``) for that device's databases (another GPU of the same architecture
+    runs its schedules: the smoke check runs the H100's on an H200)."""
+    chosen = os.environ.get("PTO_SCHEDULES", "").strip()
+    if chosen.lower() == "none":
+        return None
+    if chosen:
+        return ScheduleDB(chosen)
     if device.startswith("cuda"):
         import torch
 

@@ -17,6 +17,7 @@ from pto import f32
 from pto.backends.triton_backend import TritonBackend
 from pto.ir.analysis import specialize
 from pto.schedules import DATA, Entry, ScheduleDB, bucket, triton_version
+from tests.schedules.family import family_kernels
 
 
 def _gemm():
@@ -114,20 +115,9 @@ def test_shipped_h100_entries_match_todays_kernels():
     configurations) runs on an H100 and carries the current source hash of one of its kernels: a
     renderer change that would make them stale fails here (re-measure with pto tune and ship the
     new entries)."""
-    from pto.graph import CompiledProgram
-    from pto.programs import get
-    from pto.target import get as target
-
-    prog = get("llama7b")
-    be = TritonBackend("cpu")
     digests: dict[str, set] = {}
-    for config in ("7b", "llama2-7b", "llama3-8b", "mistral-7b"):
-        for mode in ("fused", "pair", "split"):
-            for causal in (True, False) if config != "mistral-7b" else (True,):  # a window is causal
-                s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"),
-                                  attention=mode, causal=causal)
-                for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
-                    digests.setdefault(v.func.variant_name, set()).add(be.kernel(v.func).digest)
+    for variant, digest in family_kernels(TritonBackend("cpu")):
+        digests.setdefault(variant, set()).add(digest)
     db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=DATA / "none")
     files = sorted(db.shipped_dir.glob("*.json"))
     assert files

@@ -153,9 +153,10 @@ def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:
 class BodyRenderer:
     """Walks a specialized InCore function's body into Triton source lines."""
 
-    def __init__(self, fn: IncoreFunction, opts: RenderOptions):
+    def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
         self.fn = fn
         self.opts = opts
+        self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
         self.shapes = check_tiles(fn)
         self.dtypes = {t.name: t.dtype for t in fn.tiles}
         self.memrefs = {p.name: p for p in fn.memrefs}
@@ -258,7 +259,7 @@ class BodyRenderer:
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
         self.body(fn.body, [])
-        name = device_name(fn)
+        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}")
         sig = ",\n        ".join(params)
         return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
@@ -279,7 +280,11 @@ class BodyRenderer:
         var = f"i_{s.var}"
         self.names[s.var] = var
         outer = set(self.defined)
-        self.emit(f"for {var} in range({self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}):")
+        bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
+        if self.stages is None:
+            self.emit(f"for {var} in range({bounds}):")
+        else:
+            self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
         self.body(s.body, frames)
         self.depth -= 1

@@ -35,12 +35,16 @@ Kernel contract (argument order):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pto.codegen.triton.body import BodyRenderer
-from pto.codegen.triton.common import TL_DTYPE, RenderOptions, file_source
+from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _instrs, _loops, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
+from pto.errors import ResourceError
+from pto.ir.analysis import tile_shape
 from pto.ir.nodes import IncoreFunction
+from pto.ir.ops import Op
 
 KERNEL = "pto_persistent"
 
@@ -82,7 +86,8 @@ _CLOCK = [
 
 
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
-                      sentinel: bool = False, ignore: frozenset[int] = frozenset()) -> MegaKernel:
+                      sentinel: bool = False, ignore: frozenset[int] = frozenset(),
+                      stages: dict[str, int] | None = None) -> MegaKernel:
     """The source of the persistent kernel that dispatches ``branches`` (branch id = index);
     ``sentinel``: also record every task's first non-finite input and output element (NaN and
     the infinities whose codes are not in ``ignore``, :mod:`pto.codegen.triton.scan`)."""
@@ -91,7 +96,7 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     calls = []
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
     for k, b in enumerate(branches):
-        r = BodyRenderer(b.fn, opts)
+        r = BodyRenderer(b.fn, opts, (stages or {}).get(b.fn.variant_name))
         name, lines = r.device_function()
         devices.setdefault(name, lines)
         args, loads = [], []
@@ -177,4 +182,64 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL"]
+def kernel_settings(cfgs: list[dict]) -> dict:
+    """The launch settings of one kernel that runs the device functions of several launch
+    configurations (the megakernel; the batched kernels under ``--deterministic``): the most
+    warps any asks for (a branch gets at least the threads it was tuned with) and FMA contraction
+    if any allows it. Pipelining depth is not merged: it is each variant's own, on its loops
+    (:func:`fit_megakernel`)."""
+    return {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
+            "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
+
+
+def stage_bytes(fn: IncoreFunction) -> int:
+    """What one more pipeline stage of ``fn``'s loops costs in shared memory, estimated: the
+    bytes of the tiles its loops load (each stage buffers one more of each)."""
+    shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
+    size = {t.name: t.dtype.itemsize for t in fn.tiles}
+    total = 0
+    for loop in _loops(fn.body):
+        for ins in _instrs(loop.body):
+            if ins.op is Op.LOAD:
+                r, c = shapes[ins.dst]
+                total += r * c * size[ins.dst]
+    return total
+
+
+def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Callable[[MegaKernel], int],
+                   limit: int, render: Callable[[dict[str, int]], MegaKernel] | None = None,
+                   ) -> tuple[MegaKernel, dict[str, int], int]:
+    """The megakernel of ``branches`` with the deepest pipelines that fit ``limit`` bytes of
+    shared memory: ``stages`` (variant name -> the depth its schedule asks for) is lowered, a
+    stage at a time from the variant whose stages cost the most (:func:`stage_bytes`), until
+    ``shared(kernel)`` (the compiler's figure for the kernel as it will launch) is within
+    ``limit``. Returns ``(kernel, stages, shared bytes)``; raises :class:`ResourceError` naming
+    the variants when one stage everywhere is still too much. ``render``: stages -> kernel
+    (default :func:`render_megakernel` of ``branches``)."""
+    render = render or (lambda st: render_megakernel(branches, stages=st))
+    fns = {b.fn.variant_name: b.fn for b in branches}
+    cost = {v: stage_bytes(fn) for v, fn in fns.items()}
+    # a depth only matters for a loop that loads: the others render as 1 (one kernel source)
+    cur = {v: (max(1, stages.get(v, 1)) if cost[v] else 1) for v in fns}
+    while True:
+        kernel = render(cur)
+        need = shared(kernel)
+        if need <= limit:
+            return kernel, cur, need
+        deeper = [v for v in cur if cur[v] > 1]
+        if not deeper:
+            big = sorted(fns, key=lambda v: -max(cost[v], 1))[:3]
+            raise ResourceError(f"persistent kernel: needs {need:,} bytes of shared memory with one pipeline stage "
+                                f"per loop (the device allows {limit:,}); its largest branches: "
+                                f"{', '.join(f'`{v}`' for v in big)}")
+        # branches run one at a time, so the kernel needs about what its largest branch needs:
+        # lower every depth whose estimate is within the excess of the largest (at least one)
+        est = {v: cur[v] * cost[v] for v in deeper}
+        top = max(est.values())
+        for v in deeper:
+            if est[v] > top - (need - limit) or est[v] == top:
+                cur[v] -= 1
+
+
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "fit_megakernel", "kernel_settings",
+           "stage_bytes"]

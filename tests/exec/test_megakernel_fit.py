@@ -1,0 +1,99 @@
+"""The persistent megakernel fits the device's shared memory by construction: each variant's
+loops keep the pipelining depth its schedule asks for, lowered (deepest and costliest first)
+until the compiled kernel fits; when nothing fits, one error names the branches. Compiled for an
+H100 (sm_90) by Triton's own compiler, no GPU needed (tests/sm90.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pto import programs
+from pto.backends.triton_backend import TritonBackend
+from pto.codegen.triton.megakernel import fit_megakernel, render_megakernel, stage_bytes
+from pto.errors import ResourceError
+from pto.exec.persistent import make_plan
+from pto.graph import CompiledProgram
+from pto.schedules import ScheduleDB
+from pto.target import get as target
+from tests.sm90 import compile_sm90, megakernel_job
+
+H100_SHARED = 232448  # bytes of shared memory a block may opt in to on an H100 (227 KiB)
+OPTIONS = {"num_warps": 8, "num_stages": 1, "enable_fp_fusion": True}
+
+
+def _plan(program: str, config: str, seq: int, **options):
+    prog = programs.get(program)
+    s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"), **options)
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, seq))
+    try:
+        return make_plan(graph, list(graph.tensor_ids), {})
+    finally:
+        graph.close()
+
+
+def _compiler(tmp_path):
+    """Shared memory of a kernel as Triton compiles it for sm_90 (one subprocess per kernel)."""
+    sizes = []
+
+    def shared(kernel) -> int:
+        folder = tmp_path / f"k{len(sizes)}"
+        folder.mkdir()
+        (r,) = compile_sm90([megakernel_job(kernel, OPTIONS)], folder)
+        assert r["ok"], r.get("error")
+        sizes.append(r["shared"])
+        return r["shared"]
+
+    return shared, sizes
+
+
+@pytest.mark.slow
+def test_shipped_h100_schedules_fit_the_7b_megakernel(tmp_path):
+    """The crash of `pto run llama7b --seq 1537` on an H100: the shipped schedules ask for 4
+    stages for some GEMMs; the kernel-wide maximum (the old rule) needs more shared memory than
+    an H100 has, the fitted kernel fits and keeps every depth that fits."""
+    plan = _plan("llama7b", "7b", 1537, attention="fused")
+    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=tmp_path / "user")
+    db.triton = "3.6.0"  # the shipped entries apply as on the H100 (measured with Triton 3.6)
+    backend = TritonBackend("cpu", schedules=db)
+    tasks = np.bincount(plan.task_branch, minlength=len(plan.branches))
+    want: dict[str, int] = {}
+    for b, n in zip(plan.branches, tasks):
+        want[b.fn.variant_name] = max(want.get(b.fn.variant_name, 1), backend.launch_config(b.fn, int(n))["num_stages"])
+    assert max(want.values()) == 4
+    shared, sizes = _compiler(tmp_path)
+    deepest = max(want.values())
+    old = shared(render_megakernel(plan.branches, stages={v: deepest for v in want}))
+    assert old > H100_SHARED
+    kernel, stages, need = fit_megakernel(plan.branches, want, shared, H100_SHARED)
+    assert need <= H100_SHARED and need == sizes[-1]
+    assert all(1 <= stages[v] <= max(want[v], 1) for v in want)
+    # a depth is lowered only when the kernel with the asked depths did not fit
+    fns = {b.fn.variant_name: b.fn for b in plan.branches}
+    lowered = {v for v in want if stages[v] < want[v] and stage_bytes(fns[v])}
+    assert not lowered or sizes[1] > H100_SHARED
+    assert "num_stages=" in kernel.source
+
+
+@pytest.mark.slow
+def test_a_kernel_that_never_fits_is_one_error_naming_its_branches(tmp_path):
+    plan = _plan("llama7b", "tiny", 300, attention="fused")
+    shared, sizes = _compiler(tmp_path)
+    with pytest.raises(ResourceError, match=r"persistent kernel: needs [\d,]+ bytes of shared memory with one "
+                                            r"pipeline stage per loop \(the device allows 16\); its largest "
+                                            r"branches: `"):
+        fit_megakernel(plan.branches, {b.fn.variant_name: 3 for b in plan.branches}, shared, 16)
+    assert len(sizes) >= 1
+
+
+def test_stage_bytes_counts_the_tiles_a_loop_loads():
+    plan = _plan("llama7b", "7b", 1537, attention="fused")
+    by_name = {b.fn.variant_name: b.fn for b in plan.branches}
+    gemm = by_name["matmul_tile__K4096_N4096_R128"]
+    # a 128 x 64 activation tile and a 64 x N-block weight tile per K step, bf16
+    a = next(t for t in gemm.tiles if t.name == "a")
+    bt = next(t for t in gemm.tiles if t.name == "bt")
+    from pto.ir.analysis import tile_shape
+
+    expect = sum(np.prod(tile_shape(t, dict(gemm.variant))) * 2 for t in (a, bt))
+    assert stage_bytes(gemm) == expect
