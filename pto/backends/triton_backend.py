@@ -232,9 +232,8 @@ class TritonBackend(Backend):
     def shared_limit(self) -> int:
         """Bytes of shared memory one program may use on this device."""
         if self._shared is None:
-            from pto.target import detect
-
-            self._shared = detect("cuda", self.device.index or 0).sram_bytes
+            p = torch.cuda.get_device_properties(self.device.index or 0)
+            self._shared = int(getattr(p, "shared_memory_per_block_optin", 0) or p.shared_memory_per_block)
         return self._shared
 
     def launches_per_batch(self, batch: TaskBatch) -> int:
