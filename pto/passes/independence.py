@@ -41,6 +41,7 @@ from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.passes.affine import Prover, nonaffine_part
+from pto.passes.merged_tiles import LoopFacts, Placement, check_placements
 
 _D = "@d"  # the iteration distance; '@' keeps these names apart from the program's
 
@@ -132,6 +133,7 @@ class _LoopCheck:
         self.k = loop.merge_factor
         self.v = loop.var
         self.regions: list[_Region] = []
+        self.placements: list[Placement] = []
 
     # collecting ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -140,6 +142,9 @@ class _LoopCheck:
             for b in self.regions:
                 if a.tensor == b.tensor and (a.writes or b.writes):
                     self.check_pair(a, b)
+        ranges, dist = self.ranges(None)
+        facts = LoopFacts(self.v, self.loop.base_rows, self.loop.reassociate, ranges, dist, self.refuse)
+        check_placements(facts, self.placements)
 
     def collect(self, body, env: dict[str, Expr], inner: tuple[_Inner, ...]) -> None:
         env = dict(env)
@@ -166,19 +171,41 @@ class _LoopCheck:
         binds: dict[str, Expr] = {k: Const(v) for k, v in f.dims}
         binds.update({k: e for k, e in c.dims})
         binds.update({k: e for k, e in c.args if not isinstance(e, RegionBinding)})
+        height = f"{self.v}.rows"
+        grown = {k for k, e in c.dims if height in substitute(e, env).free_vars()}
+        scalars_move = any(self.v in x.free_vars() or height in x.free_vars()
+                           for x in (self.own(substitute(e, env), inner, keep=True)
+                                     for _, e in c.args if not isinstance(e, RegionBinding)))
         for k, v in c.args:
             if not isinstance(v, RegionBinding) or k not in access:
                 continue
             acc = access[k]
             rows = substitute(acc.rows, binds) if v.rows is None else v.rows
             cols = substitute(acc.cols, binds) if v.cols is None else v.cols
-            exprs = (self.own(substitute(e, env), inner) for e in (v.row, v.col, rows, cols))
-            self.regions.append(_Region(c, v.tensor, acc.direction, *exprs, inner))
+            inlined = [substitute(e, env) for e in (v.row, v.col, rows, cols)]
+            self.regions.append(_Region(c, v.tensor, acc.direction, *(self.own(e, inner) for e in inlined), inner))
+            tiled = (bool(acc.rows.free_vars() & grown), bool(acc.cols.free_vars() & grown))
+            exprs = tuple(self.own(e, inner, keep=True) for e in inlined)
+            located = scalars_move or self.nested_locates(exprs[:2], inner)
+            self.placements.append(Placement(c, k, acc.direction, v, exprs, tiled, located))
 
-    def own(self, e: Expr, inner: tuple[_Inner, ...]) -> Expr:
+    def nested_locates(self, offsets: tuple[Expr, ...], inner: tuple[_Inner, ...]) -> bool:
+        """An offset moves with a loop nested in this one whose range moves with this loop (the
+        kv tiles of attention for the q tile): the merged iteration runs that loop over the range
+        of its taller tile."""
+        height = f"{self.v}.rows"
+        used = set().union(*(e.free_vars() for e in offsets))
+        for it in inner:
+            bounds = (self.own(e, inner, keep=True) for e in (it.lb, it.ub))
+            if it.var in used and any(self.v in b.free_vars() or height in b.free_vars() for b in bounds):
+                return True
+        return False
+
+    def own(self, e: Expr, inner: tuple[_Inner, ...], keep: bool = False) -> Expr:
         """``e`` with this loop's and nested adaptive loops' heights at their base (the
-        base-tile meaning), enclosing loops' heights as variables with a range."""
-        m: dict[str, Expr] = {f"{self.v}.rows": Const(self.loop.base_rows)}
+        base-tile meaning), enclosing loops' heights as variables with a range; with ``keep``,
+        this loop's height stays the variable ``i.rows`` (what a merged call changes)."""
+        m: dict[str, Expr] = {} if keep else {f"{self.v}.rows": Const(self.loop.base_rows)}
         for it in inner:
             if it.base is not None:
                 m[f"{it.var}.rows"] = Const(it.base)
@@ -201,9 +228,9 @@ class _LoopCheck:
                 self.conflict(a, b, d)
                 return
 
-    def disjoint(self, a: _Region, b: _Region, d: int | None) -> bool:
-        """Iteration i's region ``a`` and iteration i+d's region ``b`` never overlap (all
-        ``1 <= d < k`` when ``d`` is None)."""
+    def ranges(self, d: int | None) -> tuple[dict[str, tuple[Expr, Expr]], Expr]:
+        """The ranges of the enclosing loops, of the distance between two iterations (all
+        ``1 <= d < k`` when ``d`` is None) and of the loop variable, and the distance."""
         ranges: dict[str, tuple[Expr, Expr]] = {}
         for o in self.outer:
             ranges[o.var] = (self.own(o.lb, ()), self.own(o.ub, ()) - 1)
@@ -215,6 +242,12 @@ class _LoopCheck:
             ranges[_D] = (Const(1), Const(self.k - 1))
         lb, ub = (self.own(e, ()) for e in (self.loop.lb, self.loop.ub))
         ranges[self.v] = (lb, ub - 1 - dist)
+        return ranges, dist
+
+    def disjoint(self, a: _Region, b: _Region, d: int | None) -> bool:
+        """Iteration i's region ``a`` and iteration i+d's region ``b`` never overlap (all
+        ``1 <= d < k`` when ``d`` is None)."""
+        ranges, dist = self.ranges(d)
         ea = self.side(a, Var(self.v), "@a", ranges)
         eb = self.side(b, Var(self.v) + dist, "@b", ranges)
         (ra, ca, nra, nca), (rb, cb, nrb, ncb) = ea, eb
