@@ -4,10 +4,11 @@ An adaptive loop ``for i`` (one with ``tile_levels``) means the plain loop over 
 reference interpreter and ``--no-adaptive`` run it so. Binary expansion runs ``k`` consecutive
 base iterations (``k`` = tile height / base height, up to the largest level / base) as one
 iteration with the taller tile ``i.rows``: every call of the body runs once over the union of
-the k calls' regions. That is the same program only when those iterations are independent: no
+the k calls' regions. That is the same program only when those iterations are independent (no
 region that one iteration writes overlaps a region that another iteration of the same block
-reads or writes. :func:`check_adaptive_loops` proves this for every adaptive loop, symbolically
-(the trip count is a run-time scalar), before the loop is lowered:
+reads or writes) and when each merged call covers exactly the regions of the base calls it
+replaces, in their order. :func:`check_adaptive_loops` proves both for every adaptive loop,
+symbolically (the trip count is a run-time scalar), before the loop is lowered; independence:
 
 - for every ordered pair of regions (A, B) on one tensor in the loop body (A and B from the same
   call or from two calls, at least one writing), iteration ``i``'s region of A must be disjoint
@@ -26,10 +27,20 @@ reads or writes. :func:`check_adaptive_loops` proves this for every adaptive loo
   offset that is not affine in ``i`` (the prover cannot decide). An ``if`` whose condition
   depends on ``i`` is refused too: a merged iteration evaluates it once for the whole tile.
 
-The author still promises what independence cannot show: that a call over a taller tile (with
-the first iteration's scalars and offsets) does the work of the base calls it replaces. The
-builder checks the visible half of that (a call that moves with ``i`` uses ``i.rows``).
-``strip_adaptive`` runs the base iterations one by one and needs no proof.
+Then the placements (:mod:`pto.passes.merged_tiles`): a region the callee tiles by the loop
+(its extent uses a dim bound to ``i.rows``) must advance by exactly the base stride,
+``off(i + d) == off(i) + d * m * base`` over the loop's range for an extent ``m * i.rows + c``
+(possibly cut off at an end that stays put: the residual tile), its other axis still; a
+clamped, min/max, select or floor-divided offset passes only where the prover shows it equal to
+such an offset. A region the callee does not tile must not move with ``i`` unless a scalar
+argument or a loop nested in ``i`` moves with it. A failed proof is refused with one line naming
+the loop, the call and the offset or extent as written.
+
+So expansion gives the reference interpreter's result or a refusal before any work, as far as
+the orchestration shows; what it cannot see stays the author's: that the callee computes each row of a
+taller tile as it would in the base tile holding it, that a region located by scalars or by a
+nested loop is found through them (attention's kv rows, positions and masks), and
+``reassociate``. ``strip_adaptive`` runs the base iterations one by one and needs no proof.
 """
 
 from __future__ import annotations

@@ -95,6 +95,18 @@ def test_the_issues_clamped_read_is_refused_naming_loop_call_and_offset():
         assert torch.equal(run_program(strip_adaptive(m), {"x": xs}, {"S": S}).tensors["y"], ref)
 
 
+def test_an_offset_bound_by_a_let_is_quoted_as_written_and_inlined():
+    o = Orchestration("lets")
+    S = o.scalar("S")
+    x, y = o.input("x", S, 4, f32), o.output("y", S, 4, f32)
+    with o.for_loop("i", 0, cdiv(S, 4), tile_levels={0: 4, 2: 8}) as i:
+        start = o.let("start", emax(emin(i * 4 - 3, S - 1), 0))
+        o.call(_halve(), {"x": x[start, 0, i.rows, 4], "y": y[i * 4, 0, i.rows, 4]}, dims={"R": i.rows})
+    with pytest.raises(BuildError, match=r"reads `x` at row offset `start` \(= `max\(min\(i \* 4 - 3, S - 1\), 0\)`\), "
+                                         r"which is not `i \* 4`"):
+        expand_binary(o.module())
+
+
 def _one_call(x_row, x_rows=None, x_col=0, y_rows=None, levels=None, reassociate=False):
     """y's tile i from x's region at ``x_row(i, S)``; extents default to the residual tile."""
     o = Orchestration("one")
