@@ -46,13 +46,14 @@ nested loop is found through them (attention's kv rows, positions and masks), an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.passes.affine import Prover, nonaffine_part
-from pto.passes.merged_tiles import LoopFacts, Placement, check_placements
+from pto.passes.merged_tiles import LoopFacts, Placement, check_placements, fix, verb, who
 
 _D = "@d"  # the iteration distance; '@' keeps these names apart from the program's
 
@@ -281,42 +282,34 @@ class _LoopCheck:
         return tuple(substitute(e, m) for e in r.exprs)
 
     # refusing -----------------------------------------------------------------------------------
-    def refuse(self, msg: str) -> None:
+    def refuse(self, msg: str) -> NoReturn:
         raise BuildError(f"`{self.w.f.name}`: adaptive loop `{self.v}`: {msg}")
 
     def conflict(self, a: _Region, b: _Region, d: int) -> None:
         v, t = self.v, a.tensor
         it0, it1 = f"iterations {v} and {v}+{d}", f"iteration {v}+{d}"
-        ca, cb = _call(a.call), _call(b.call)
-        fix = f"drop tile_levels from loop `{v}` (or lower with --no-adaptive)"
+        ca, cb = who(a.call), who(b.call)
+        way_out = fix(v)
         if not self.moves(a) and not self.moves(b):
             if self.loop.reassociate:
                 return
-            who = f"{ca} {_verb(a)} it" if a.call is b.call and a.direction == b.direction else \
-                f"{ca} {_verb(a)} it and {cb} {_verb(b)} it"
-            self.refuse(f"{it0} touch the same region of `{t}` ({who} in every iteration: an accumulator or "
+            parties = f"{ca} {verb(a.direction)} it" if a.call is b.call and a.direction == b.direction else \
+                f"{ca} {verb(a.direction)} it and {cb} {verb(b.direction)} it"
+            self.refuse(f"{it0} touch the same region of `{t}` ({parties} in every iteration: an accumulator or "
                         "scratch that does not move with the loop), and a merged iteration runs each call once "
                         "over the taller tile; pass reassociate=True to the loop if one call over the merged "
                         "tiles equals the calls it replaces up to floating-point re-association (a reduction "
-                        f"such as an online softmax), or {fix}")
+                        f"such as an online softmax), or {way_out}")
         for e in a.exprs + b.exprs:
             bad = nonaffine_part(e, v)
             if bad is not None:
-                who = ca if a.call is b.call else f"{ca} and {cb}"
-                self.refuse(f"cannot prove that {it0} of {who} touch disjoint parts of `{t}`: "
-                            f"`{format_expr(bad, bare=True)}` is not affine in `{v}`; {fix}")
+                calls = ca if a.call is b.call else f"{ca} and {cb}"
+                self.refuse(f"cannot prove that {it0} of {calls} touch disjoint parts of `{t}`: "
+                            f"`{format_expr(bad, bare=True)}` is not affine in `{v}`; {way_out}")
         same = "the same call" if a.call is b.call else ca
-        self.refuse(f"{it1} of {cb} {_verb(b)} `{t}` where iteration {v} of {same} {_verb(a)} it "
+        self.refuse(f"{it1} of {cb} {verb(b.direction)} `{t}` where iteration {v} of {same} {verb(a.direction)} it "
                     "(a loop-carried dependence), so merging the iterations into one taller tile would change "
-                    f"the result; {fix}")
-
-
-def _call(c: Call) -> str:
-    return f"call to `{c.func}`" + (f" ({c.loc})" if c.loc else "")
-
-
-def _verb(r: _Region) -> str:
-    return {"in": "reads", "out": "writes", "inout": "updates"}[r.direction]
+                    f"the result; {way_out}")
 
 
 def _attrs_as_vars(e: Expr) -> Expr:

@@ -31,7 +31,9 @@ the tensor and the expression as written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from pto.ir.expr import Bin, Expr, Var, format_expr, substitute
 from pto.ir.nodes import Call, RegionBinding
@@ -68,7 +70,7 @@ class LoopFacts:
     reassociate: bool
     ranges: dict
     dist: Expr
-    refuse: object  # callable(str) -> NoReturn
+    refuse: Callable[[str], NoReturn]
 
     @property
     def height(self) -> str:
@@ -84,9 +86,9 @@ def check_placements(loop: LoopFacts, placements: list[Placement]) -> None:
         if not moves and loop.reassociate:
             continue
         if all(p.tiled):
-            loop.refuse(f"{_who(p)} {_verb(p)} `{p.tensor}` in a tile that grows with `{h}` in rows and in columns, so "
+            loop.refuse(f"{_act(p)} in a tile that grows with `{h}` in rows and in columns, so "
                         "a merged call would cover the whole square of its base tiles' rows and columns, not the base "
-                        "tiles on its diagonal; " + _fix(v))
+                        "tiles on its diagonal; " + fix(v))
         if any(p.tiled):
             axis = p.tiled.index(True)
             _check_tile_axis(loop, p, axis)
@@ -102,15 +104,15 @@ def _check_tile_axis(loop: LoopFacts, p: Placement, axis: int) -> None:
     s = _stride(loop, ext)
     if s is None:
         n = "rows" if axis == 0 else "cols"
-        loop.refuse(f"{_who(p)} {_verb(p)} `{p.tensor}` {_where(p, 2 + axis)}, which does not grow "
+        loop.refuse(f"{_act(p)} {_where(p, 2 + axis)}, which does not grow "
                     f"with the tile as `{h}` (times a constant, plus a part that does not move with `{v}`) or as "
                     f"`min({h}, END - {v} * {loop.base})`, so one call over a taller tile would not cover the "
-                    f"base tiles' {n} in order; " + _fix(v))
+                    f"base tiles' {n} in order; " + fix(v))
     if h not in off.free_vars() and _shifts_by(loop, off, s):
         return
-    loop.refuse(f"{_who(p)} {_verb(p)} `{p.tensor}` {_where(p, axis)}, which is not "
+    loop.refuse(f"{_act(p)} {_where(p, axis)}, which is not "
                 f"`{v} * {s}` plus a part that does not move with `{v}`, so one call over a taller tile at "
-                f"iteration {v}'s offset would not cover the base tiles' {AXES[axis]}s in order; " + _fix(v))
+                f"iteration {v}'s offset would not cover the base tiles' {AXES[axis]}s in order; " + fix(v))
 
 
 def _stride(loop: LoopFacts, ext: Expr) -> int | None:
@@ -139,9 +141,9 @@ def _check_still_axis(loop: LoopFacts, p: Placement, axis: int) -> None:
     for k in (axis, 2 + axis):
         e = p.exprs[k]
         if v in e.free_vars() or h in e.free_vars():
-            loop.refuse(f"{_who(p)} {_verb(p)} `{p.tensor}` in tiles of `{h}` {AXES[1 - axis]}s, but {_where(p, k)} "
+            loop.refuse(f"{_act(p)} in tiles of `{h}` {AXES[1 - axis]}s, but {_where(p, k)} "
                         f"moves with `{v}` too, and a merged call would use iteration {v}'s for every base tile; "
-                        + _fix(v))
+                        + fix(v))
 
 
 def _check_unmoved(loop: LoopFacts, p: Placement) -> None:
@@ -150,10 +152,10 @@ def _check_unmoved(loop: LoopFacts, p: Placement) -> None:
     v, h = loop.var, loop.height
     for k, e in enumerate(p.exprs):
         if v in e.free_vars() or h in e.free_vars():
-            loop.refuse(f"{_who(p)} {_verb(p)} `{p.tensor}` {_where(p, k)}, which moves with `{v}`, but "
+            loop.refuse(f"{_act(p)} {_where(p, k)}, which moves with `{v}`, but "
                         f"`{p.call.func}` does not tile `{p.param}` by `{h}` and neither a scalar argument of the "
                         f"call nor a loop nested in `{v}` moves with `{v}`, so a merged call would use iteration "
-                        f"{v}'s region for every base tile; " + _fix(v))
+                        f"{v}'s region for every base tile; " + fix(v))
 
 
 def _shifts_by(loop: LoopFacts, e: Expr, s: int) -> bool:
@@ -167,6 +169,11 @@ def _min_args(e: Expr) -> list[Expr]:
     if isinstance(e, Bin) and e.op == "min":
         return _min_args(e.a) + _min_args(e.b)
     return [e]
+
+
+def _act(p: Placement) -> str:
+    """``call to `f` (file.py:12) reads `x```."""
+    return f"{who(p.call)} {verb(p.direction)} `{p.tensor}`"
 
 
 def _where(p: Placement, k: int) -> str:
@@ -186,16 +193,18 @@ def _quote(p: Placement, k: int, inlined: Expr) -> str:
     return f"`{format_expr(mine, bare=True)}` (= {text})"
 
 
-def _who(p: Placement) -> str:
-    return f"call to `{p.call.func}`" + (f" ({p.call.loc})" if p.call.loc else "")
+def who(c: Call) -> str:
+    """A call as messages name it: callee and source line."""
+    return f"call to `{c.func}`" + (f" ({c.loc})" if c.loc else "")
 
 
-def _verb(p: Placement) -> str:
-    return {"in": "reads", "out": "writes", "inout": "updates"}[p.direction]
+def verb(direction: str) -> str:
+    return {"in": "reads", "out": "writes", "inout": "updates"}[direction]
 
 
-def _fix(v: str) -> str:
+def fix(v: str) -> str:
+    """The way out every refusal of an adaptive loop offers."""
     return f"drop tile_levels from loop `{v}` (or lower with --no-adaptive)"
 
 
-__all__ = ["Placement", "LoopFacts", "check_placements"]
+__all__ = ["Placement", "LoopFacts", "check_placements", "who", "verb", "fix"]
