@@ -162,7 +162,10 @@ class Orchestration:
         power-of-two blocks of ``p`` iterations (``min_range <= p <= max_range``) with tile
         height ``tile_levels[p]`` and ``name.rows`` is the current tile height.
 
-        Binary expansion merges iterations only when it proves them independent. With
+        Binary expansion merges iterations only when it proves them independent and each merged
+        call's regions to be its base calls' regions laid end to end (a tile of the loop at
+        ``i * base`` plus a part that does not move, extent ``i.rows`` or
+        ``min(i.rows, END - i * base)``); it refuses what it cannot prove, before any work. With
         ``reassociate=True`` the author promises that regions every iteration touches alike (the
         state of a reduction, scratch) may be merged as well: one call over the merged tiles
         equals the calls it replaces up to floating-point re-association (an online softmax

@@ -25,8 +25,9 @@ code stays linear in the number of loops::
     }
 
 Merging base iterations into one taller tile is only the same program when they are
-independent; :func:`expand_binary` first proves that (:mod:`pto.passes.independence`) and
-refuses a loop it cannot prove, unless the loop opts in with ``reassociate`` for regions every
+independent and each merged call covers the base calls' regions in order; :func:`expand_binary`
+first proves both (:mod:`pto.passes.independence`, :mod:`pto.passes.merged_tiles`) and refuses
+a loop it cannot prove, unless the loop opts in with ``reassociate`` for regions every
 iteration updates alike.
 
 :func:`strip_adaptive` is the other lowering (``--no-adaptive``): the loop keeps its base
@@ -45,9 +46,10 @@ from pto.passes.independence import check_adaptive_loops
 def expand_binary(module: Module, check: bool = True) -> Module:
     """Lower every adaptive loop of every orchestration function by binary expansion.
 
-    Merged iterations must be independent (:func:`pto.passes.independence.check_adaptive_loops`
-    proves it or raises BuildError naming the loop, the calls and the two iterations);
-    ``check=False`` skips the proof, only to show what an unproven merge computes."""
+    Merged iterations must be independent and each merged call must cover its base calls'
+    regions in order (:func:`pto.passes.independence.check_adaptive_loops` proves it or raises
+    BuildError naming the loop, the calls and the iterations, offset or extent); ``check=False``
+    skips the proof, only to show what an unproven merge computes."""
     if check:
         check_adaptive_loops(module)
     return _map_orch(module, lambda f: _Expander(f, expand=True).run())

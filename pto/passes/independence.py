@@ -4,10 +4,11 @@ An adaptive loop ``for i`` (one with ``tile_levels``) means the plain loop over 
 reference interpreter and ``--no-adaptive`` run it so. Binary expansion runs ``k`` consecutive
 base iterations (``k`` = tile height / base height, up to the largest level / base) as one
 iteration with the taller tile ``i.rows``: every call of the body runs once over the union of
-the k calls' regions. That is the same program only when those iterations are independent: no
+the k calls' regions. That is the same program only when those iterations are independent (no
 region that one iteration writes overlaps a region that another iteration of the same block
-reads or writes. :func:`check_adaptive_loops` proves this for every adaptive loop, symbolically
-(the trip count is a run-time scalar), before the loop is lowered:
+reads or writes) and when each merged call covers exactly the regions of the base calls it
+replaces, in their order. :func:`check_adaptive_loops` proves both for every adaptive loop,
+symbolically (the trip count is a run-time scalar), before the loop is lowered; independence:
 
 - for every ordered pair of regions (A, B) on one tensor in the loop body (A and B from the same
   call or from two calls, at least one writing), iteration ``i``'s region of A must be disjoint
@@ -26,21 +27,33 @@ reads or writes. :func:`check_adaptive_loops` proves this for every adaptive loo
   offset that is not affine in ``i`` (the prover cannot decide). An ``if`` whose condition
   depends on ``i`` is refused too: a merged iteration evaluates it once for the whole tile.
 
-The author still promises what independence cannot show: that a call over a taller tile (with
-the first iteration's scalars and offsets) does the work of the base calls it replaces. The
-builder checks the visible half of that (a call that moves with ``i`` uses ``i.rows``).
-``strip_adaptive`` runs the base iterations one by one and needs no proof.
+Then the placements (:mod:`pto.passes.merged_tiles`): a region the callee tiles by the loop
+(its extent uses a dim bound to ``i.rows``) must advance by exactly the base stride,
+``off(i + d) == off(i) + d * m * base`` over the loop's range for an extent ``m * i.rows + c``
+(possibly cut off at an end that stays put: the residual tile), its other axis still; a
+clamped, min/max, select or floor-divided offset passes only where the prover shows it equal to
+such an offset. A region the callee does not tile must not move with ``i`` unless a scalar
+argument or a loop nested in ``i`` moves with it. A failed proof is refused with one line naming
+the loop, the call and the offset or extent as written.
+
+So expansion gives the reference interpreter's result or a refusal before any work, as far as
+the orchestration shows; what it cannot see stays the author's: that the callee computes each row of a
+taller tile as it would in the base tile holding it, that a region located by scalars or by a
+nested loop is found through them (attention's kv rows, positions and masks), and
+``reassociate``. ``strip_adaptive`` runs the base iterations one by one and needs no proof.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.passes.affine import Prover, nonaffine_part
+from pto.passes.merged_tiles import LoopFacts, Placement, check_placements, fix, verb, who
 
 _D = "@d"  # the iteration distance; '@' keeps these names apart from the program's
 
@@ -132,6 +145,7 @@ class _LoopCheck:
         self.k = loop.merge_factor
         self.v = loop.var
         self.regions: list[_Region] = []
+        self.placements: list[Placement] = []
 
     # collecting ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -140,6 +154,9 @@ class _LoopCheck:
             for b in self.regions:
                 if a.tensor == b.tensor and (a.writes or b.writes):
                     self.check_pair(a, b)
+        ranges, dist = self.ranges(None)
+        facts = LoopFacts(self.v, self.loop.base_rows, self.loop.reassociate, ranges, dist, self.refuse)
+        check_placements(facts, self.placements)
 
     def collect(self, body, env: dict[str, Expr], inner: tuple[_Inner, ...]) -> None:
         env = dict(env)
@@ -166,19 +183,41 @@ class _LoopCheck:
         binds: dict[str, Expr] = {k: Const(v) for k, v in f.dims}
         binds.update({k: e for k, e in c.dims})
         binds.update({k: e for k, e in c.args if not isinstance(e, RegionBinding)})
+        height = f"{self.v}.rows"
+        grown = {k for k, e in c.dims if height in substitute(e, env).free_vars()}
+        scalars_move = any(self.v in x.free_vars() or height in x.free_vars()
+                           for x in (self.own(substitute(e, env), inner, keep=True)
+                                     for _, e in c.args if not isinstance(e, RegionBinding)))
         for k, v in c.args:
             if not isinstance(v, RegionBinding) or k not in access:
                 continue
             acc = access[k]
             rows = substitute(acc.rows, binds) if v.rows is None else v.rows
             cols = substitute(acc.cols, binds) if v.cols is None else v.cols
-            exprs = (self.own(substitute(e, env), inner) for e in (v.row, v.col, rows, cols))
-            self.regions.append(_Region(c, v.tensor, acc.direction, *exprs, inner))
+            inlined = [substitute(e, env) for e in (v.row, v.col, rows, cols)]
+            self.regions.append(_Region(c, v.tensor, acc.direction, *(self.own(e, inner) for e in inlined), inner))
+            tiled = (bool(acc.rows.free_vars() & grown), bool(acc.cols.free_vars() & grown))
+            exprs = tuple(self.own(e, inner, keep=True) for e in inlined)
+            located = scalars_move or self.nested_locates(exprs[:2], inner)
+            self.placements.append(Placement(c, k, acc.direction, v, exprs, tiled, located))
 
-    def own(self, e: Expr, inner: tuple[_Inner, ...]) -> Expr:
+    def nested_locates(self, offsets: tuple[Expr, ...], inner: tuple[_Inner, ...]) -> bool:
+        """An offset moves with a loop nested in this one whose range moves with this loop (the
+        kv tiles of attention for the q tile): the merged iteration runs that loop over the range
+        of its taller tile."""
+        height = f"{self.v}.rows"
+        used = set().union(*(e.free_vars() for e in offsets))
+        for it in inner:
+            bounds = (self.own(e, inner, keep=True) for e in (it.lb, it.ub))
+            if it.var in used and any(self.v in b.free_vars() or height in b.free_vars() for b in bounds):
+                return True
+        return False
+
+    def own(self, e: Expr, inner: tuple[_Inner, ...], keep: bool = False) -> Expr:
         """``e`` with this loop's and nested adaptive loops' heights at their base (the
-        base-tile meaning), enclosing loops' heights as variables with a range."""
-        m: dict[str, Expr] = {f"{self.v}.rows": Const(self.loop.base_rows)}
+        base-tile meaning), enclosing loops' heights as variables with a range; with ``keep``,
+        this loop's height stays the variable ``i.rows`` (what a merged call changes)."""
+        m: dict[str, Expr] = {} if keep else {f"{self.v}.rows": Const(self.loop.base_rows)}
         for it in inner:
             if it.base is not None:
                 m[f"{it.var}.rows"] = Const(it.base)
@@ -201,9 +240,9 @@ class _LoopCheck:
                 self.conflict(a, b, d)
                 return
 
-    def disjoint(self, a: _Region, b: _Region, d: int | None) -> bool:
-        """Iteration i's region ``a`` and iteration i+d's region ``b`` never overlap (all
-        ``1 <= d < k`` when ``d`` is None)."""
+    def ranges(self, d: int | None) -> tuple[dict[str, tuple[Expr, Expr]], Expr]:
+        """The ranges of the enclosing loops, of the distance between two iterations (all
+        ``1 <= d < k`` when ``d`` is None) and of the loop variable, and the distance."""
         ranges: dict[str, tuple[Expr, Expr]] = {}
         for o in self.outer:
             ranges[o.var] = (self.own(o.lb, ()), self.own(o.ub, ()) - 1)
@@ -215,6 +254,12 @@ class _LoopCheck:
             ranges[_D] = (Const(1), Const(self.k - 1))
         lb, ub = (self.own(e, ()) for e in (self.loop.lb, self.loop.ub))
         ranges[self.v] = (lb, ub - 1 - dist)
+        return ranges, dist
+
+    def disjoint(self, a: _Region, b: _Region, d: int | None) -> bool:
+        """Iteration i's region ``a`` and iteration i+d's region ``b`` never overlap (all
+        ``1 <= d < k`` when ``d`` is None)."""
+        ranges, dist = self.ranges(d)
         ea = self.side(a, Var(self.v), "@a", ranges)
         eb = self.side(b, Var(self.v) + dist, "@b", ranges)
         (ra, ca, nra, nca), (rb, cb, nrb, ncb) = ea, eb
@@ -237,42 +282,34 @@ class _LoopCheck:
         return tuple(substitute(e, m) for e in r.exprs)
 
     # refusing -----------------------------------------------------------------------------------
-    def refuse(self, msg: str) -> None:
+    def refuse(self, msg: str) -> NoReturn:
         raise BuildError(f"`{self.w.f.name}`: adaptive loop `{self.v}`: {msg}")
 
     def conflict(self, a: _Region, b: _Region, d: int) -> None:
         v, t = self.v, a.tensor
         it0, it1 = f"iterations {v} and {v}+{d}", f"iteration {v}+{d}"
-        ca, cb = _call(a.call), _call(b.call)
-        fix = f"drop tile_levels from loop `{v}` (or lower with --no-adaptive)"
+        ca, cb = who(a.call), who(b.call)
+        way_out = fix(v)
         if not self.moves(a) and not self.moves(b):
             if self.loop.reassociate:
                 return
-            who = f"{ca} {_verb(a)} it" if a.call is b.call and a.direction == b.direction else \
-                f"{ca} {_verb(a)} it and {cb} {_verb(b)} it"
-            self.refuse(f"{it0} touch the same region of `{t}` ({who} in every iteration: an accumulator or "
+            parties = f"{ca} {verb(a.direction)} it" if a.call is b.call and a.direction == b.direction else \
+                f"{ca} {verb(a.direction)} it and {cb} {verb(b.direction)} it"
+            self.refuse(f"{it0} touch the same region of `{t}` ({parties} in every iteration: an accumulator or "
                         "scratch that does not move with the loop), and a merged iteration runs each call once "
                         "over the taller tile; pass reassociate=True to the loop if one call over the merged "
                         "tiles equals the calls it replaces up to floating-point re-association (a reduction "
-                        f"such as an online softmax), or {fix}")
+                        f"such as an online softmax), or {way_out}")
         for e in a.exprs + b.exprs:
             bad = nonaffine_part(e, v)
             if bad is not None:
-                who = ca if a.call is b.call else f"{ca} and {cb}"
-                self.refuse(f"cannot prove that {it0} of {who} touch disjoint parts of `{t}`: "
-                            f"`{format_expr(bad, bare=True)}` is not affine in `{v}`; {fix}")
+                calls = ca if a.call is b.call else f"{ca} and {cb}"
+                self.refuse(f"cannot prove that {it0} of {calls} touch disjoint parts of `{t}`: "
+                            f"`{format_expr(bad, bare=True)}` is not affine in `{v}`; {way_out}")
         same = "the same call" if a.call is b.call else ca
-        self.refuse(f"{it1} of {cb} {_verb(b)} `{t}` where iteration {v} of {same} {_verb(a)} it "
+        self.refuse(f"{it1} of {cb} {verb(b.direction)} `{t}` where iteration {v} of {same} {verb(a.direction)} it "
                     "(a loop-carried dependence), so merging the iterations into one taller tile would change "
-                    f"the result; {fix}")
-
-
-def _call(c: Call) -> str:
-    return f"call to `{c.func}`" + (f" ({c.loc})" if c.loc else "")
-
-
-def _verb(r: _Region) -> str:
-    return {"in": "reads", "out": "writes", "inout": "updates"}[r.direction]
+                    f"the result; {way_out}")
 
 
 def _attrs_as_vars(e: Expr) -> Expr:

@@ -19,13 +19,13 @@ import time
 
 import torch
 
-from pto import InCore, Orchestration, cdiv, emin, f32, format_module
+from pto import InCore, Orchestration, cdiv, emax, emin, f32, format_module
 from pto.backends import get_backend
 from pto.errors import BuildError
 from pto.exec import get_executor
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import Specializer, resolve_call, run_program
-from pto.ir.expr import evaluate
+from pto.ir.expr import evaluate, select
 from pto.ir.nodes import If, Let, Loop, Module
 from pto.passes.binary_expansion import expand_binary
 
@@ -69,24 +69,58 @@ def _kernels() -> dict:
 
 KERNELS = _kernels()
 
+# How a moving region's offset and extent follow the loop (b the base height, v the region's
+# shift): the affine forms, forms that are not affine as written but equal to an affine one over
+# the loop's range, and forms a merged call would get wrong for some sizes.
+ROW_FORMS = {
+    "affine": lambda i, S, b, v: i * b + v,
+    "never_max": lambda i, S, b, v: emax(i * b + v, -3 * b),  # v >= -3b and i >= 0
+    "never_min": lambda i, S, b, v: emin(i * b + v, i * b + v + b),
+    "clamp": lambda i, S, b, v: emax(emin(i * b + v, S - b), 0),
+    "min": lambda i, S, b, v: emin(i * b + v, 2 * b),
+    "max": lambda i, S, b, v: emax(i * b + v, 2 * b),
+    "floordiv": lambda i, S, b, v: (i // 2) * b + v,
+    "select": lambda i, S, b, v: select(i % 2, i * b - b, i * b + b) + v,
+}
+COL_FORMS = {
+    "affine": lambda j, s: j * C0 + s,
+    "max": lambda j, s: emax(j * C0 + s, 0),
+    "select": lambda j, s: select(j % 2, j * C0 - C0, j * C0 + C0),
+}
+EXTENTS = {
+    "residual": lambda i, S, b: emin(i.rows, S - i * b),
+    "end_beyond": lambda i, S, b: emin(S + b - i * b, i.rows),  # the end stays put, past S
+    "short": lambda i, S, b: emin(i.rows, 2 * b),  # every merged tile is cut to two base tiles
+}
+SAFE = {"affine", "never_max", "never_min", "residual", "end_beyond"}
 
-def random_plan(rng: random.Random) -> dict:
-    """What a program is made of, drawn at random; :func:`build` turns it into a module."""
+
+def random_plan(rng: random.Random, forms: bool = False) -> dict:
+    """What a program is made of, drawn at random; :func:`build` turns it into a module. With
+    ``forms``, moving regions also take offsets and extents of every form above."""
     b = rng.choice((2, 4))
     shape = rng.choice(("1d", "rows_cols", "cols_rows"))
     plan = dict(b=b, levels={p: m * b for p, m in rng.choice(LEVELS).items()}, shape=shape,
                 ncb=rng.choice((2, 3)), j_adaptive=shape != "1d" and rng.random() < 0.5, calls=[])
     shifts = (0, 0, 0, -b, -2 * b, -3 * b, b, 2 * b, -(b // 2), b // 2)
+    if forms:  # fewer recurrences, so that most refusals come from the forms
+        shifts = (0,) * 8 + shifts[3:]
     cshifts = (0, 0, 0, 0, -C0, C0, -(C0 // 2))
 
-    def moving(tensor):
-        return dict(tensor=tensor, row=("move", rng.choice(shifts)), csh=rng.choice(cshifts) if shape != "1d" else 0)
+    def moving(tensor, reads=False):
+        r = dict(tensor=tensor, row=("move", rng.choice(shifts)), csh=rng.choice(cshifts) if shape != "1d" else 0)
+        if forms:  # mostly affine; reads take the other forms more often (a write there is often a conflict)
+            odd = 0.45 if reads else 0.15
+            r.update(form=rng.choice(list(ROW_FORMS)[1:]) if rng.random() < odd else "affine",
+                     cform=rng.choice(list(COL_FORMS)[1:]) if rng.random() < odd / 2 else "affine",
+                     ext=rng.choice(list(EXTENTS)[1:]) if rng.random() < odd / 2 else "residual")
+        return r
 
     data = ["t0", "t1", "t2"]
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice(("plus1", "plus1", "twice1", "accum"))
         if kind == "plus1":
-            x, y = moving(rng.choice(data)), moving(rng.choice(data))
+            x, y = moving(rng.choice(data), reads=True), moving(rng.choice(data))
             if rng.random() < 0.1:
                 y["row"] = ("fixed", rng.choice((0, 1)))
             regions = {"x": x, "y": y}
@@ -96,7 +130,7 @@ def random_plan(rng: random.Random) -> dict:
                 y["row"] = ("fixed", rng.choice((0, 1)))
             regions = {"y": y}
         else:
-            regions = {"x": moving(rng.choice(data)),
+            regions = {"x": moving(rng.choice(data), reads=True),
                        "acc": dict(tensor="acc", row=("acc", rng.choice((0, 1))), csh=0)}
         plan["calls"].append((kind, regions))
     # reassociate is the author's promise that merged calls equal the calls they replace; these
@@ -122,7 +156,8 @@ def build(plan: dict) -> Module:
             for p, r in regions.items():
                 mode, v = r["row"]
                 if mode == "move":
-                    row, nrows = marg + i * b + v, emin(i.rows, S - i * b)
+                    row = marg + ROW_FORMS[r.get("form", "affine")](i, S, b, v)
+                    nrows = EXTENTS[r.get("ext", "residual")](i, S, b)
                 elif mode == "fixed":
                     row, nrows = v, b
                 else:
@@ -130,7 +165,8 @@ def build(plan: dict) -> Module:
                 if j is None:
                     col, ncols = CM, ncb * C0
                 else:
-                    col, ncols = CM + j * C0 + r["csh"], (j.rows if plan["j_adaptive"] else C0)
+                    col = CM + COL_FORMS[r.get("cform", "affine")](j, r["csh"])
+                    ncols = j.rows if plan["j_adaptive"] else C0
                 binds[p] = (T[r["tensor"]], row, col, nrows, ncols)
             w = ncb * C0 if j is None else (j.rows if plan["j_adaptive"] else C0)
             o.call(KERNELS[kind], binds, dims={"R": i.rows, "W": w})
