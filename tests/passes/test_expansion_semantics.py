@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 
 import torch
 
@@ -258,7 +257,6 @@ def test_random_programs_are_refused_or_computed_bit_exactly():
     rng = random.Random(20260501)
     seen = dict(accepted=0, refused=0, reassociated=0, nested_adaptive=0, recurrence=0, invariant=0,
                 unchecked_differs=0, accepted_with_shift=0)
-    t0 = time.perf_counter()
     n_programs = 120
     for p in range(n_programs):
         plan = random_plan(rng)
@@ -293,14 +291,12 @@ def test_random_programs_are_refused_or_computed_bit_exactly():
         for S in sizes:
             assert _same(run(lowered, S, p), run(m, S, p)), \
                 f"program {p}, S={S}: the expansion differs\n{format_module(m)}"
-    elapsed = time.perf_counter() - t0
     # the generator reaches every case the check distinguishes, and merges that would have
     # computed something else are among the refusals
     assert seen["accepted"] >= 40 and seen["refused"] >= 40, seen
     assert min(seen["reassociated"], seen["nested_adaptive"], seen["recurrence"], seen["invariant"],
                seen["accepted_with_shift"]) >= 5, seen
     assert seen["unchecked_differs"] >= 20, seen
-    assert elapsed < 60, f"{n_programs} programs took {elapsed:.0f} s"
 
 
 def test_accepted_random_programs_run_as_graphs_bit_exactly():
