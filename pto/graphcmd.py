@@ -83,8 +83,9 @@ def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
              f"tasks {res['tasks']:,}  edges {res['edges']:,}  build {res['build_ms']:.2f} ms "
              f"(module and C {res['compile_ms']:.0f} ms); not executed"]
     if res["exec_estimate_s"] is not None:
-        lines.append(f"executing it would take about {human_duration(res['exec_estimate_s'])} on {res['device']} "
-                     f"with the {res['backend']} backend (a rough estimate)")
+        about = human_duration(res["exec_estimate_s"], rough=True)
+        lines.append(f"executing it would take about {about} on {res['device']} with the {res['backend']} backend "
+                     "(a rough estimate)")
     if "dump" in res:
         lines.append(f"wrote the dump {res['dump']}")
     if "drawing" in res:

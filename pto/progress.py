@@ -69,16 +69,17 @@ def long_run_warning(job, seq: int, tasks: int) -> str | None:
     flops = job.program.flops(job.settings, seq)
     work = f"{tasks:,} tasks" + (f", {flops / 1e9:,.0f} GFLOP" if flops >= 1e9 else "")
     return (f"warning: {job.program.name} at seq {seq} (config {job.settings.config}; {work}) may take about "
-            f"{human_duration(est)} on {job.device} with the {job.backend} backend (a rough estimate); a shorter "
-            f"--seq or a smaller --config is faster")
+            f"{human_duration(est, rough=True)} on {job.device} with the {job.backend} backend (a rough estimate); "
+            "a shorter --seq or a smaller --config is faster")
 
 
-def human_duration(seconds: float) -> str:
-    """``40 s``, ``1 min 25 s``, ``12 min``, ``2.5 h``."""
+def human_duration(seconds: float, rough: bool = False) -> str:
+    """``40 s``, ``1 min 25 s``, ``12 min``, ``2.5 h``; ``rough`` (an estimate): whole minutes
+    from a minute up."""
     s = max(round(seconds), 1)
     if s < 60:
         return f"{s} s"
-    if s < 600:
+    if s < 600 and not rough:
         return f"{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
     if s < 90 * 60:
         return f"{round(s / 60)} min"
@@ -144,7 +145,7 @@ class ProgressLines:
         done, total = self.state
         text = f"{head}{done:,}/{total:,} {self.unit}s ({100 * done // total}%), {human_duration(elapsed)} elapsed"
         if 0 < done < total:  # the pace so far
-            text += f", ~{human_duration(elapsed * (total - done) / done)} left"
+            text += f", ~{human_duration(elapsed * (total - done) / done, rough=True)} left"
         return text
 
     def _loop(self) -> None:
