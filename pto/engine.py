@@ -172,8 +172,8 @@ class Runner:
 
         self.job, self.seq, self.device = job, seq, job.device
         built = build_graph(job, seq, adaptive)
-        self.module, self.scalars, self.graph, self.compile_ms = built.module, built.scalars, built.graph, \
-            built.compile_ms
+        self.module, self.scalars, self.graph = built.module, built.scalars, built.graph
+        self.compile_ms = built.compile_ms
         # collectives run through the torch evaluator (host synchronization): never captured
         self.collective = any(has_collective(f) for f in self.graph.variants)
         fn = self.module.entry_function

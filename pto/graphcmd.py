@@ -27,7 +27,7 @@ def check_outputs(dump: str | None, draw: str | None) -> None:
 
     if dump is not None and os.path.realpath(dump) == os.path.realpath(draw):
         raise UsageError(f"--dump and --draw are the same file ({draw}): one would overwrite the other")
-    check_output(dump or os.devnull, draw)
+    check_output(dump or os.devnull, draw)  # without a dump there is no input to overwrite
     if resolve_format(draw, None) != "dot":
         dot_binary()
 
