@@ -93,9 +93,9 @@ def bench(program: str, seqs: list[int], *, executors: tuple[str, ...] = ("auto"
         if cuda:
             torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name(0) if cuda else "cpu"
-    return {"program": prog.name, **s.to_json(), "device": job0.device, "device_name": dev, "backend": job0.backend,
-            "executors": [j.executor for j in jobs], "compare": list(compare), "iterations": iterations,
-            "warmup": warmup, "rows": rows}
+    return {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options], "device": job0.device,
+            "device_name": dev, "backend": job0.backend, "executors": [j.executor for j in jobs],
+            "compare": list(compare), "iterations": iterations, "warmup": warmup, "rows": rows}
 
 
 def format_table(res: dict) -> str:
@@ -114,31 +114,23 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict, path: str) -> None:
-    """Milliseconds against sequence length for every method (log-log)."""
+def plot(res: dict, path: str):
+    """Milliseconds against sequence length for every method (log-log); the settings in the
+    title (:mod:`pto.plotting`). Returns the figure."""
     from pto.estimate import check_plot_path
+    from pto.plotting import figure, finish, log_axes
 
     check_plot_path(path)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     seqs = [r["seq"] for r in res["rows"]]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax,) = figure(1)
     for name in [*res["executors"], *res["compare"]]:
         label = f"pto ({name})" if name in res["executors"] else f"torch {name}"
         ax.plot(seqs, [r[f"{name}_ms"] for r in res["rows"]], "o-", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel("ms")
-    ax.set_title(f"{res['program']} {res['config']} {res['dtype']} on {res['device_name']}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    log_axes(ax, "time per run (median)", "ms")
+    opts = [f"{k}={res[k]}" for k in res["options"] if res[k] != ""]
+    details = [", ".join([f"config {res['config']}", res["dtype"], f"target {res['target']}",
+                          f"{res['backend']} backend", f"median of {res['iterations']}", *opts])]
+    return finish(fig, [ax], f"{res['program']} on {res['device_name']}", details, path)
 
 
 __all__ = ["bench", "format_table", "plot", "COMPARE"]

@@ -1,9 +1,9 @@
-"""The ``pto`` command line: info, run, codegen, estimate, bench, tune, visualize.
+"""The ``pto`` command line: info, run, graph, codegen, estimate, bench, tune, visualize.
 
 The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
 user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
 a hang (set PTO_DEBUG=1 to see the traceback of an internal error). Long work shows a progress
-bar on a terminal (never with ``--json``).
+bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod:`pto.progress`).
 
 The commands that take a PROGRAM add that program's own options (:mod:`pto.program`): the line
 is parsed once to find the program, then again with its options, so ``pto run llama7b --help``
@@ -20,7 +20,7 @@ import sys
 from pto.errors import PTOError, UsageError
 
 INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
-PROGRAM_COMMANDS = ("run", "codegen", "estimate", "bench", "tune")
+PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,7 +127,7 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
                    help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
     s.add_argument("--target", default=None, choices=target.names(),
                    help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
-    if cmd in ("run", "codegen", "estimate"):
+    if cmd in ("run", "graph", "codegen", "estimate"):
         s.add_argument("--tp", type=_positive, default=1, metavar="N",
                        help="tensor-parallel ranks: the graph of one rank" + (
                            "; one process per rank: torchrun --nproc-per-node N -m pto.cli run ... --tp N"
@@ -175,6 +175,13 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    "task after its predecessors, no conflicting tasks at once")
     s.add_argument("--deterministic", action="store_true", help="the same bits from the waves and persistent "
                    "executors on a GPU (the batched kernels take the persistent kernel's launch settings)")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    s = sub.add_parser("graph", help="build a program's task graph as `pto run` does, execute nothing: counts, "
+                       "dump, drawing", add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "graph", program)
+    s.add_argument("--dump", metavar="FILE", help="write the task graph dump (the one `pto run --dump` writes)")
+    s.add_argument("--draw", metavar="FILE", help="draw the graph as `pto visualize` does (.pdf, .svg, .png or .dot)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
@@ -272,7 +279,7 @@ def _cmd_info(args) -> int:
 
 def _cmd_run(args) -> int:
     from pto.engine import format_summary, run
-    from pto.progress import bar, wanted
+    from pto.progress import reporter
 
     check_output_file(args.dump, "--dump")
     check_output_file(args.trace, "--trace")
@@ -281,11 +288,11 @@ def _cmd_run(args) -> int:
     if args.inputs is not None and not os.path.isfile(args.inputs):
         raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
-    with bar(f"{job.program.name}: executing", wanted(args.json)) as progress:
+    with reporter(f"{job.program.name}: executing", args.json) as progress:
         res = run(job, seq=args.seq, check=args.check, dump=args.dump, trace=args.trace, seed=args.seed,
                   repeat=args.repeat, profile=args.profile, progress=progress, sentinel=args.sentinel,
                   inputs=args.inputs, save=args.save, check_schedule=args.check_schedule,
-                  deterministic=args.deterministic)
+                  deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
     from pto import dist
 
     code = 1 if res.get("nonfinite") else 0
@@ -304,6 +311,18 @@ def _cmd_run(args) -> int:
         print(format_summary(res, tuple(o.name for o in job.program.options)))
     dist.shutdown()
     return code
+
+
+def _cmd_graph(args) -> int:
+    from pto.graphcmd import build_only, format_report
+
+    check_output_file(args.dump, "--dump")
+    job = _job(args)
+    res = build_only(job, args.seq, dump=args.dump, draw=args.draw)
+    if "drawing_note" in res:
+        print(f"pto graph: note: {res['drawing_note']}", file=sys.stderr)
+    print(json.dumps(res) if args.json else format_report(res, tuple(o.name for o in job.program.options)))
+    return 0
 
 
 def _cmd_codegen(args) -> int:
@@ -331,7 +350,10 @@ def _cmd_estimate(args) -> int:
         baselines = [(b, estimate(job.program, seqs, settings=b.settings, adaptive=not args.no_adaptive))
                      for b in job.program.estimate_baselines(job.settings)]
         plot(res, args.plot, baselines)
+        res["plot"] = args.plot
     print(json.dumps(res) if args.json else format_table(res))
+    if args.plot and not args.json:
+        print(f"wrote the plot {args.plot}")
     return 0
 
 
@@ -358,12 +380,15 @@ def _cmd_bench(args) -> int:
                 warmup=args.warmup, device=args.device, backend=args.backend, config=args.config, dtype=args.dtype,
                 target=args.target, options={o.name: getattr(args, o.name) for o in prog.options}, seed=args.seed,
                 progress=wanted(False))
+    if args.plot:
+        plot(res, args.plot)
+        res["plot"] = args.plot
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
-    if args.plot:
-        plot(res, args.plot)
     print(format_table(res))
+    if args.plot:
+        print(f"wrote the plot {args.plot}")
     return 0
 
 
@@ -425,8 +450,8 @@ def _cmd_visualize(args) -> int:
     return 0
 
 
-COMMANDS = {"info": _cmd_info, "run": _cmd_run, "codegen": _cmd_codegen, "estimate": _cmd_estimate,
-            "bench": _cmd_bench, "tune": _cmd_tune, "visualize": _cmd_visualize}
+COMMANDS = {"info": _cmd_info, "run": _cmd_run, "graph": _cmd_graph, "codegen": _cmd_codegen,
+            "estimate": _cmd_estimate, "bench": _cmd_bench, "tune": _cmd_tune, "visualize": _cmd_visualize}
 
 
 def _rank_prefix() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,10 @@ from pto.ir.analysis import has_collective
 from pto.program import Program, Settings
 from pto.target import Target
 from pto.target import resolve as resolve_target
+
+if TYPE_CHECKING:
+    from pto.graph import Graph
+    from pto.ir.nodes import Module
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,15 @@ def _human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def check_memory(job: Job, seq: int, module, check: bool) -> None:
+def check_memory(job: Job, seq: int, module, check: bool, execute: bool = True) -> None:
     """Refuse, before allocating anything, a run whose tensors or task graph do not fit: the
     tensors (inputs twice: generated, then copied into the run's buffers; outputs once more for
-    the reference) on the device, the graph (and the tensors of a CPU run) in host memory."""
+    the reference) on the device, the graph (and the tensors of a CPU run) in host memory.
+    Without ``execute`` (a graph built only), the graph alone."""
     from pto.buffers import tensor_bytes
 
     fn = module.entry_function
-    sizes = tensor_bytes(fn, job.program.scalars(job.settings, seq))
+    sizes = tensor_bytes(fn, job.program.scalars(job.settings, seq)) if execute else {}
     role = {t.name: t.role for t in fn.tensors}
     tensors = sum(sizes.values()) + sum(b for n, b in sizes.items() if role[n] in ("input", "inout"))
     if check:
@@ -107,12 +113,12 @@ def check_memory(job: Job, seq: int, module, check: bool) -> None:
     counts = job.program.counts(job.settings, seq)
     graph = counts["tasks"] * RUNTIME_BYTES_PER_TASK + counts["edges"] * RUNTIME_BYTES_PER_EDGE if counts else 0
     needs = [("cpu", graph + (tensors if job.device == "cpu" else 0))]
-    if job.device != "cpu":
+    if job.device != "cpu" and execute:
         needs.append((job.device, tensors))
     for dev, need in needs:
         avail = available_memory(dev)
         if avail is not None and need > avail:
-            parts = [f"tensors {_human(tensors)}"] if dev == job.device else []
+            parts = [f"tensors {_human(tensors)}"] if dev == job.device and execute else []
             parts += [f"task graph {_human(graph)}"] if dev == "cpu" and graph else []
             where = "host" if dev == "cpu" else dev
             raise UsageError(f"{job.program.name} at seq {seq} needs about {_human(need)} of {where} memory "
@@ -120,6 +126,33 @@ def check_memory(job: Job, seq: int, module, check: bool) -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuiltGraph:
+    """What :func:`build_graph` made: the program's module, its scalars at the run's length, the
+    task graph (close it when done) and the milliseconds of building and compiling the module."""
+
+    module: Module
+    scalars: dict[str, int]
+    graph: Graph
+    compile_ms: float
+
+
+def build_graph(job: Job, seq: int, adaptive: bool = True) -> BuiltGraph:
+    """The task graph of ``job`` at ``seq``, built the way every run builds it: the program's
+    module, lowered (binary expansion unless not ``adaptive``) and checked against the target's
+    SRAM, its generated C compiled with the runtime (cached on disk), run for the program's
+    scalars. Nothing is allocated for the tensors and nothing executes (``pto graph``)."""
+    from pto.graph import CompiledProgram
+
+    prog, s = job.program, job.settings
+    t0 = time.perf_counter()
+    module = prog.build(s)
+    compiled = CompiledProgram.get(module, adaptive=adaptive, target=s.target)
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    scalars = prog.scalars(s, seq)
+    return BuiltGraph(module, scalars, compiled.build_graph(scalars), compile_ms)
 
 
 class Runner:
@@ -136,16 +169,11 @@ class Runner:
         from pto.backends import get_backend
         from pto.buffers import allocate, tensor_shapes
         from pto.exec import get_executor
-        from pto.graph import CompiledProgram
 
         self.job, self.seq, self.device = job, seq, job.device
-        prog, s = job.program, job.settings
-        t0 = time.perf_counter()
-        self.module = prog.build(s)
-        compiled = CompiledProgram.get(self.module, adaptive=adaptive, target=s.target)
-        self.compile_ms = (time.perf_counter() - t0) * 1e3
-        self.scalars = prog.scalars(s, seq)
-        self.graph = compiled.build_graph(self.scalars)
+        built = build_graph(job, seq, adaptive)
+        self.module, self.scalars, self.graph = built.module, built.scalars, built.graph
+        self.compile_ms = built.compile_ms
         # collectives run through the torch evaluator (host synchronization): never captured
         self.collective = any(has_collective(f) for f in self.graph.variants)
         fn = self.module.entry_function
@@ -229,15 +257,17 @@ def clear_runners() -> None:
 def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: str | None = None,
         trace: str | None = None, seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True,
         progress=None, sentinel: bool = False, inputs: str | None = None, save: str | None = None,
-        check_schedule: bool = False, deterministic: bool = False, device: str = "auto", backend: str = "auto",
-        executor: str = "auto", config: str | None = None, dtype: str | None = None,
+        check_schedule: bool = False, deterministic: bool = False, warn=None, device: str = "auto",
+        backend: str = "auto", executor: str = "auto", config: str | None = None, dtype: str | None = None,
         target: str | Target | None = None, tp: int = 1, **options) -> dict:
     """Build and run a job (or the program named ``job`` with the given settings and program
     options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
     ``pto run --json``.
 
     With ``repeat > 1`` the runner is cached by shape: calling again with the same shapes replays
-    the same CUDA graph. ``progress(done, total)`` is called as tasks complete. docs/SAFETY.md:
+    the same CUDA graph. ``progress(done, total)`` is called as tasks complete; ``warn(line)``
+    once the graph is built, before anything executes, when the execution will be long
+    (:func:`pto.progress.long_run_warning`). docs/SAFETY.md:
     ``sentinel`` (``nonfinite``: who made the first NaN or infinity of an output), ``inputs`` /
     ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
     ``deterministic`` (the same bits from both executors on a GPU).
@@ -248,6 +278,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     the outputs against the reference on the whole inputs and writes the files; ``ranks`` has
     every rank's time and collectives."""
     from pto import dist
+    from pto.progress import long_run_warning
 
     if not isinstance(job, Job):
         job = resolve(job, device=device, backend=backend, executor=executor, config=config, dtype=dtype,
@@ -275,6 +306,9 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         graph = runner.graph
         if dump:
             graph.dump(dump)
+        note = long_run_warning(job, seq, graph.tasks) if warn is not None and rank == 0 else None
+        if note and runner.stats is None:  # a cached runner's graph has run before: no news
+            warn(note)
         data = given if given is not None else prog.inputs(s, seq, job.device, seed)
         local = prog.shard(s, data, rank)
         if sentinel:

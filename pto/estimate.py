@@ -302,44 +302,38 @@ def format_table(res: dict) -> str:
 
 
 def _label(res: dict) -> str:
-    return ", ".join([res["target"], res["dtype"]] + [f"{k}={res[k]}" for k in res["options"]])
+    """The settings of a result in a line (options left empty, e.g. no --weights, left out)."""
+    return ", ".join([res["target"], res["dtype"]] + [f"{k}={res[k]}" for k in res["options"] if res[k] != ""])
 
 
-def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()) -> None:
-    """Tasks and runtime memory against sequence length (log-log): this setting, and each
-    baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at the
-    same lengths) with its published rows as markers."""
+def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
+    """Tasks and runtime memory against sequence length (log-log): this setting ("ours"), and
+    each baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at
+    the same lengths) with its published rows as markers; every setting spelled out in the
+    title (:mod:`pto.plotting`). Returns the figure."""
+    from pto.plotting import figure, finish, log_axes
+
     check_plot_path(path)  # callers that did not pass plot_path to estimate()
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install matplotlib)") from None
     seqs = [r["seq"] for r in res["rows"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    label = f"ours ({_label(res)})"
-    ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", label=label + ", adaptive")
-    ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", label=label + ", no adaptive")
-    ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", label=label)
-    for b, bres in baselines:
-        ax1.plot(seqs, [r["tasks"] for r in bres["rows"]], "s-", label=f"{b.label}, ours")
-        ax2.plot(seqs, [r["runtime_bytes"] for r in bres["rows"]], "s-", label=f"{b.label}, our runtime")
+    fig, (ax1, ax2) = figure(2)
+    # one color per setting in both panels
+    ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", color="C0", label="ours, adaptive tiles")
+    ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", color="C0", label="ours, no adaptive tiles")
+    ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", color="C0", label="ours")
+    details = [f"ours: {_label(res)}"]
+    for i, (b, bres) in enumerate(baselines, start=1):
+        ax1.plot(seqs, [r["tasks"] for r in bres["rows"]], "s-", color=f"C{i}", label=f"{b.label}, ours")
+        ax2.plot(seqs, [r["runtime_bytes"] for r in bres["rows"]], "s-", color=f"C{i}", label=f"{b.label}, our runtime")
+        details.append(f"{b.label}: {_label(bres)}")
         if b.other_bytes_per_task:
             name, per = b.other_bytes_per_task
-            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:",
-                     label=f"{b.label}, {name} ({per:,.0f} B/task)")
+            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:", color=f"C{i}", label=f"{b.label}, {name}")
+            details.append(f"{b.label}, {name}: {per:,.0f} B/task")
         if b.published:
             pts = sorted(b.published.items())
             ax1.plot([s for s, _ in pts], [v for _, v in pts], "kx", label=f"{b.label}, published")
-    for ax, title in ((ax1, "tasks"), (ax2, "runtime memory (bytes)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    log_axes(ax1, "tasks", "tasks")
+    log_axes(ax2, "runtime memory", "bytes")
+    rank = f", one rank of tp={res['tp']}" if res.get("tp", 1) > 1 else ""
+    title = f"{res['program']} (config {res['config']}{rank}): the task graph against sequence length"
+    return finish(fig, [ax1, ax2], title, details, path)

@@ -1,19 +1,103 @@
-"""Progress bars for long work (tqdm on stderr).
+"""Progress of long work on stderr, and how long a run will take.
 
-A bar appears only on a terminal, only when the caller asks for one (the command line does,
-unless ``--json``), and only once the work has run for a second, so short runs and scripts stay
-quiet. Library calls take an optional callback instead and draw nothing themselves.
+On a terminal a tqdm bar appears only when the caller asks for one (the command line does, unless
+``--json``), and only once the work has run for a second, so short runs stay quiet. When stderr
+is not a terminal (a log file, a pipe) there is no bar to redraw: :func:`reporter` prints a line
+every ``PTO_PROGRESS_S`` seconds instead (default 10; 0 turns the lines off), the first once the
+work has run that long, ``--json`` or not (stdout still holds only the JSON object)::
+
+    pto: llama7b: executing: 1,234/5,678 tasks (22%), 40 s elapsed, ~2 min left
+
+Library calls take an optional callback instead and print nothing themselves.
+
+:func:`exec_estimate_s` is the rough cost model behind the warning ``pto run`` prints before a
+long execution and the estimate ``pto graph`` reports (docs/PERF.md, "How long a run takes").
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from contextlib import contextmanager
+
+#: seconds between two progress lines when stderr is not a terminal (``PTO_PROGRESS_S``)
+LINE_INTERVAL_S = 10.0
+
+#: (seconds per task, flop per second) of an execution by (device, backend): a per-task cost
+#: (dispatch, the batched evaluator's Python) and the program's flops at a sustained rate.
+#: Measured with the llama7b layer (docs/PERF.md, "How long a run takes"); right within a factor
+#: of about 3, enough to tell a minute from an hour
+EXEC_COST = {
+    ("cpu", "torch"): (0.02, 1.0e9),
+    ("cpu", "triton"): (0.03, 1.0e7),  # the Triton interpreter
+    ("cuda", "torch"): (1.0e-3, 5.0e13),
+    ("cuda", "triton"): (2.0e-5, 2.0e14),
+}
+#: an execution estimated to take at least this long is announced before it starts
+LONG_RUN_S = 60.0
 
 
 def wanted(json_output: bool) -> bool:
-    """The command line's rule: bars on a terminal, never with ``--json``."""
+    """The command line's rule for bars: on a terminal, never with ``--json``."""
     return not json_output and sys.stderr.isatty()
+
+
+def exec_estimate_s(tasks: int, flops: float, device: str, backend: str) -> float | None:
+    """Seconds an execution of ``tasks`` tasks and ``flops`` floating-point operations takes on
+    ``device`` with ``backend`` by :data:`EXEC_COST` (None for a pair it has no numbers for)."""
+    cost = EXEC_COST.get((device, backend))
+    if cost is None:
+        return None
+    per_task, rate = cost
+    return tasks * per_task + flops / rate
+
+
+def estimate_run_s(job, seq: int, tasks: int) -> float | None:
+    """:func:`exec_estimate_s` of a graph of ``tasks`` tasks of ``job`` (a
+    :class:`pto.engine.Job`) at sequence length ``seq``."""
+    return exec_estimate_s(tasks, job.program.flops(job.settings, seq), job.device, job.backend)
+
+
+def long_run_warning(job, seq: int, tasks: int) -> str | None:
+    """One line announcing an execution of ``job`` at ``seq`` (``tasks`` tasks) estimated to take
+    :data:`LONG_RUN_S` or more; None for a shorter one."""
+    est = estimate_run_s(job, seq, tasks)
+    if est is None or est < LONG_RUN_S:
+        return None
+    flops = job.program.flops(job.settings, seq)
+    work = f"{tasks:,} tasks" + (f", {flops / 1e9:,.0f} GFLOP" if flops >= 1e9 else "")
+    return (f"warning: {job.program.name} at seq {seq} (config {job.settings.config}; {work}) may take about "
+            f"{human_duration(est, rough=True)} on {job.device} with the {job.backend} backend (a rough estimate); "
+            "a shorter --seq or a smaller --config is faster")
+
+
+def human_duration(seconds: float, rough: bool = False) -> str:
+    """``40 s``, ``1 min 25 s``, ``12 min``, ``2.5 h``; ``rough`` (an estimate): whole minutes
+    from a minute up."""
+    s = max(round(seconds), 1)
+    if s < 60:
+        return f"{s} s"
+    if s < 600 and not rough:
+        return f"{s // 60} min" + (f" {s % 60} s" if s % 60 else "")
+    if s < 90 * 60:
+        return f"{round(s / 60)} min"
+    return f"{s / 3600:.1f} h"
+
+
+def line_interval() -> float:
+    """``PTO_PROGRESS_S`` in seconds (:data:`LINE_INTERVAL_S` when unset); 0 or less: no lines.
+    A value that is not a number is reported once and the default used."""
+    text = os.environ.get("PTO_PROGRESS_S", "").strip()
+    if not text:
+        return LINE_INTERVAL_S
+    try:
+        return float(text)
+    except ValueError:
+        print(f"pto: PTO_PROGRESS_S={text!r} is not a number of seconds; a line every "
+              f"{LINE_INTERVAL_S:g} s", file=sys.stderr)
+        return LINE_INTERVAL_S
 
 
 @contextmanager
@@ -37,6 +121,61 @@ def bar(desc: str, enabled: bool, unit: str = "task"):
         pbar.close()
 
 
+class ProgressLines:
+    """``update(done, total)`` for a log: a thread prints where the work stands every
+    ``interval`` seconds (whether or not a task finished since), until :meth:`stop`."""
+
+    def __init__(self, desc: str, interval: float, unit: str = "task", stream=None):
+        self.desc, self.interval, self.unit = desc, interval, unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.state: tuple[int, int] | None = None
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pto-progress", daemon=True)
+        self._thread.start()
+
+    def __call__(self, done: int, total: int) -> None:
+        self.state = (done, total)
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = (time.monotonic() if now is None else now) - self.start
+        head = f"pto: {self.desc}: "
+        if self.state is None or not self.state[1]:
+            return f"{head}{human_duration(elapsed)} elapsed, no {self.unit} finished yet"
+        done, total = self.state
+        text = f"{head}{done:,}/{total:,} {self.unit}s ({100 * done // total}%), {human_duration(elapsed)} elapsed"
+        if 0 < done < total:  # the pace so far
+            text += f", ~{human_duration(elapsed * (total - done) / done, rough=True)} left"
+        return text
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            print(self.line(), file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@contextmanager
+def reporter(desc: str, json_output: bool, unit: str = "task"):
+    """The command line's progress of long work: a bar on a terminal (none with ``--json``),
+    timed lines when stderr is not a terminal (:class:`ProgressLines`), or None."""
+    if sys.stderr.isatty():
+        with bar(desc, not json_output, unit) as update:
+            yield update
+        return
+    interval = line_interval()
+    if interval <= 0:
+        yield None
+        return
+    lines = ProgressLines(desc, interval, unit)
+    try:
+        yield lines
+    finally:
+        lines.stop()
+
+
 def iterate(items, desc: str, enabled: bool, unit: str = "item"):
     """``items``, with a bar when enabled."""
     if not enabled:
@@ -46,4 +185,5 @@ def iterate(items, desc: str, enabled: bool, unit: str = "item"):
     return tqdm(items, desc=desc, unit=unit, file=sys.stderr, delay=1.0, leave=False, dynamic_ncols=True)
 
 
-__all__ = ["wanted", "bar", "iterate"]
+__all__ = ["wanted", "bar", "reporter", "ProgressLines", "iterate", "exec_estimate_s", "estimate_run_s",
+           "long_run_warning", "human_duration", "line_interval", "EXEC_COST", "LONG_RUN_S", "LINE_INTERVAL_S"]

@@ -25,6 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
+    "plotting": "plotting",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
@@ -34,7 +35,7 @@ AREAS = {
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
-    "bench": "bench", "tune": "tune", "schedules": "schedules", "cli": "cli",
+    "bench": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
 }
 
@@ -49,6 +50,8 @@ CORE: dict[str, set[str]] = {
     "timing": set(),
     "progress": set(),
     "target": {"errors"},
+    # the figures of --plot (matplotlib)
+    "plotting": {"errors"},
     # launch parameters as data (the schedule database)
     "schedules": {"errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
@@ -74,7 +77,7 @@ CORE: dict[str, set[str]] = {
     "program": {"ir", "target", "errors"},
 }
 #: the tools, in order: each may import the core and the tools before it
-TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune")
+TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune", "graphcmd")
 RULES: dict[str, set[str]] = dict(CORE)
 for _i, _tool in enumerate(TOOLS):
     RULES[_tool] = set(CORE) | set(TOOLS[:_i])

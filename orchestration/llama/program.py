@@ -159,7 +159,7 @@ class LlamaProgram(Program):
 
         if s.config not in CONFIGS or self.config(s).window:
             return []  # the seed's setting is bidirectional: a layer of a file or with a window has none
-        return [Baseline("seed setting (ascend910b f32 split)", self.seed_settings(s.config),
+        return [Baseline("seed setting", self.seed_settings(s.config),
                          {k: v[0] for k, v in SEED_ROWS.items()}, ("seed runtime", SEED_BYTES_PER_TASK))]
 
     def scalar_exprs(self, s):

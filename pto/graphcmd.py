@@ -1,0 +1,96 @@
+"""``pto graph``: build a program's task graph the way ``pto run`` does, and execute nothing.
+
+The same pipeline as a run (:func:`pto.engine.build_graph`: the program's module, binary
+expansion, the generated orchestration C compiled with the runtime, run for the program's
+scalars), so the dump it writes is the dump ``pto run --dump`` writes for the same program and
+options; but no tensor is allocated and no executor is made, so a graph whose execution takes an
+hour on a CPU is dumped or drawn in seconds. It reports the task and edge counts, the build time
+and how long an execution would take by the rough cost model of :mod:`pto.progress`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from pto.engine import Job, build_graph, check_memory
+from pto.errors import UsageError
+from pto.progress import estimate_run_s
+
+
+def check_outputs(dump: str | None, draw: str | None) -> None:
+    """Refuse, before any work, a drawing graphviz cannot write there (the format from its
+    suffix, the folder, ``dot`` installed) or one that is the dump itself."""
+    if draw is None:
+        return
+    from pto.viz import check_output, dot_binary, resolve_format
+
+    if dump is not None and os.path.realpath(dump) == os.path.realpath(draw):
+        raise UsageError(f"--dump and --draw are the same file ({draw}): one would overwrite the other")
+    check_output(dump or os.devnull, draw)  # without a dump there is no input to overwrite
+    if resolve_format(draw, None) != "dot":
+        dot_binary()
+
+
+def build_only(job: Job, seq: int | None = None, *, dump: str | None = None, draw: str | None = None,
+               max_nodes: int | None = None) -> dict:
+    """Build the graph of ``job`` at ``seq`` (the program's default when None), write the dump
+    (``dump``) and the drawing (``draw``, pdf, svg, png or dot by its suffix, as ``pto
+    visualize`` draws it); returns the JSON-able report of ``pto graph --json``."""
+    prog, s = job.program, job.settings
+    seq = seq or prog.default_seq
+    check_outputs(dump, draw)
+    prog.check_size(s, seq)
+    check_memory(job, seq, prog.build(s), check=False, execute=False)
+    built = build_graph(job, seq)
+    graph = built.graph
+    try:
+        out = {k: v for k, v in job.to_json().items() if k != "executor"}
+        est = estimate_run_s(job, seq, graph.tasks)
+        out.update(seq=seq, tasks=graph.tasks, edges=graph.edges, build_ms=round(graph.build_ms, 3),
+                   compile_ms=round(built.compile_ms, 1),
+                   bytes_per_task=round(float(graph.stats["bytes_per_task"]), 1),
+                   exec_estimate_s=None if est is None else round(est, 1))
+        if dump:
+            graph.dump(dump)
+            out["dump"] = str(dump)
+        if draw:
+            out.update(_draw(graph, dump, draw, max_nodes))
+        return out
+    finally:
+        graph.close()
+
+
+def _draw(graph, dump: str | None, path: str, max_nodes: int | None) -> dict:
+    """Draw the graph through its dump (a temporary one without ``--dump``)."""
+    from pto.viz import draw
+
+    with tempfile.TemporaryDirectory(prefix="pto-graph-") as tmp:
+        source = dump or os.path.join(tmp, "graph.txt")
+        if not dump:
+            graph.dump(source)
+        d = draw(source, path, max_nodes=max_nodes)
+    return {"drawing": d.path, **({"drawing_note": d.note} if d.note else {})}
+
+
+def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
+    """The text ``pto graph`` prints."""
+    from pto.progress import human_duration
+
+    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
+    lines = [f"{res['program']} seq={res['seq']} config={res['config']} dtype={res['dtype']} "
+             f"target={res['target']}{opts}",
+             f"tasks {res['tasks']:,}  edges {res['edges']:,}  build {res['build_ms']:.2f} ms "
+             f"(module and C {res['compile_ms']:.0f} ms); not executed"]
+    if res["exec_estimate_s"] is not None:
+        about = human_duration(res["exec_estimate_s"], rough=True)
+        lines.append(f"executing it would take about {about} on {res['device']} with the {res['backend']} backend "
+                     "(a rough estimate)")
+    if "dump" in res:
+        lines.append(f"wrote the dump {res['dump']}")
+    if "drawing" in res:
+        lines.append(f"wrote the drawing {res['drawing']}")
+    return "\n".join(lines)
+
+
+__all__ = ["build_only", "check_outputs", "format_report"]

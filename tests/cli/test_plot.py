@@ -1,0 +1,108 @@
+"""``--plot`` of ``pto estimate`` and ``pto bench``: a figure a person reads at 100% on a screen.
+
+Measured on the figure objects the plotting functions return: panels of at least matplotlib's
+default figure size at 100 dpi, no text under 10 pt, legend labels that say only which line is
+which (the settings are in the title), and every text, legend and panel inside the image. On the
+command line: the file is written and one line on stdout names it (with ``--json``, the JSON
+object names it instead)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pto.plotting import MAX_LABEL
+
+pytest.importorskip("matplotlib")
+
+
+def pto(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pto.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_readable(fig, panels: int) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the figure comes back closed: draw it again as it was saved
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    page = fig.bbox
+    assert fig.dpi == 100
+    assert len(fig.axes) == panels
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        assert box.width >= 400 and box.height >= 300, "a squashed panel"
+        whole = ax.get_tightbbox(renderer)  # the panel with its labels, title and legend
+        assert whole.x0 >= page.x0 - 1 and whole.y0 >= page.y0 - 1, whole
+        assert whole.x1 <= page.x1 + 1 and whole.y1 <= page.y1 + 1, whole
+        legend = ax.get_legend()
+        assert legend is not None
+        lb = legend.get_window_extent(renderer)
+        assert page.x0 <= lb.x0 and lb.x1 <= page.x1 and page.y0 <= lb.y0 and lb.y1 <= page.y1
+        for t in legend.get_texts():
+            assert 0 < len(t.get_text()) <= MAX_LABEL, t.get_text()
+            assert t.get_fontsize() >= 10
+        for t in (ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()):
+            assert t.get_fontsize() >= 10
+    title = fig.get_suptitle()
+    assert title
+    tb = fig._suptitle.get_window_extent(renderer)
+    assert page.x0 <= tb.x0 and tb.x1 <= page.x1 and tb.y1 <= page.y1 + 1, (tb, page)
+    assert fig._suptitle.get_fontsize() >= 10
+
+
+def test_estimate_plot_is_readable(tmp_path):
+    from pto.engine import resolve
+    from pto.estimate import estimate, plot
+
+    job = resolve("llama7b", device="cpu", config="7b", dtype="bf16", target="cuda_h100")
+    seqs = [1024, 4096, 16384]
+    res = estimate(job.program, seqs, settings=job.settings)
+    baselines = [(b, estimate(job.program, seqs, settings=b.settings))
+                 for b in job.program.estimate_baselines(job.settings)]
+    path = tmp_path / "est.png"
+    fig = plot(res, str(path), baselines)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check_readable(fig, 2)
+    title = fig.get_suptitle()
+    # the settings moved from the legend to the title: this setting's and the baseline's
+    assert "cuda_h100, bf16" in title and "attention=fused" in title
+    assert "seed setting: ascend910b, f32" in title and "attention=split" in title and "2,864 B/task" in title
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert "ours, adaptive tiles" in labels and "seed setting, published" in labels
+
+
+def test_bench_plot_is_readable(tmp_path):
+    from pto.bench import bench, plot
+
+    res = bench("softmax", [64, 128], compare=("eager",), iterations=2, warmup=0, device="cpu")
+    fig = plot(res, str(tmp_path / "b.png"))
+    check_readable(fig, 1)
+    assert "config tiny, f32" in fig.get_suptitle()
+
+
+def test_estimate_says_where_the_plot_is(tmp_path):
+    png = tmp_path / "est.png"
+    r = pto("estimate", "softmax", "--seq", "256,1024", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"wrote the plot {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.unlink()
+    r = pto("estimate", "softmax", "--seq", "256,1024", "--plot", str(png), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["plot"] == str(png)  # stdout: the JSON object and nothing else
+    assert png.is_file()
+
+
+def test_bench_says_where_the_plot_is(tmp_path):
+    png, js = tmp_path / "b.svg", tmp_path / "b.json"
+    r = pto("bench", "softmax", "--device", "cpu", "--seq", "64", "--compare", "eager", "--iterations", "2",
+            "--warmup", "0", "--plot", str(png), "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"wrote the plot {png}"
+    assert "<svg" in png.read_text()
+    assert json.loads(js.read_text())["plot"] == str(png)

@@ -1,0 +1,79 @@
+"""Long runs say so when stderr is a log: one warning line with the estimated time before a long
+execution starts, then a progress line every ``PTO_PROGRESS_S`` seconds (10 by default); short
+runs print nothing; stdout keeps only the JSON object with ``--json``. (The bar on a terminal:
+tests/cli/test_cli.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+
+from pto.progress import ProgressLines, human_duration
+
+LINE = re.compile(r"pto: llama7b: executing: (([\d,]+)/([\d,]+) tasks \(\d+%\), [\w ]+ elapsed(, ~[\w ]+ left)?"
+                  r"|[\w ]+ elapsed, no task finished yet)")
+
+
+def _pto(args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "pto.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_run_into_a_log_prints_progress_lines():
+    """stderr a pipe, a line every 0.2 s: several lines, every one of the documented form, the
+    counts among them; stdout the JSON object alone."""
+    r = _pto(["run", "llama7b", "--seq", "256", "--json"], env={"PTO_PROGRESS_S": "0.2"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tasks"] == 88
+    lines = r.stderr.splitlines()
+    assert lines, "no progress line"
+    assert all(LINE.fullmatch(line) for line in lines), lines
+    counted = [LINE.fullmatch(line) for line in lines if "/88 tasks" in line]
+    assert counted and all(int(m.group(2).replace(",", "")) <= 88 for m in counted)
+
+
+def test_short_runs_and_turned_off_lines_print_nothing():
+    r = _pto(["run", "softmax", "--json"])  # well under the default 10 s
+    assert r.returncode == 0 and r.stderr == ""
+    r = _pto(["run", "llama7b", "--seq", "256"], env={"PTO_PROGRESS_S": "0"})
+    assert r.returncode == 0 and r.stderr == "" and "tasks 88" in r.stdout
+
+
+def test_a_long_run_is_announced_before_it_executes():
+    """LLaMA-7B's layer at 1,024 tokens on the CPU executes for minutes: the warning comes once the
+    graph is built, before the inputs are made (the run is stopped there)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--config", "7b", "--seq", "1024",
+                             "--device", "cpu", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PTO_PROGRESS_S": "0"})
+    try:
+        # a first line within 4 minutes (the build takes seconds; the execution many minutes)
+        ready, _, _ = select.select([proc.stderr], [], [], 240)
+        assert ready, "nothing on stderr"
+        first = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert first.startswith("pto: warning: llama7b at seq 1024 (config 7b; 704 tasks, "), first
+    assert re.search(r"may take about \d+ min on cpu with the torch backend \(a rough estimate\); a shorter --seq",
+                     first), first
+
+
+def test_the_line_and_its_estimate():
+    lines = ProgressLines("llama7b: executing", interval=3600)
+    try:
+        assert lines.line(now=lines.start + 3) == "pto: llama7b: executing: 3 s elapsed, no task finished yet"
+        lines(1234, 5678)
+        assert lines.line(now=lines.start + 40) == \
+            "pto: llama7b: executing: 1,234/5,678 tasks (21%), 40 s elapsed, ~2 min left"
+        lines(5678, 5678)
+        assert lines.line(now=lines.start + 200) == \
+            "pto: llama7b: executing: 5,678/5,678 tasks (100%), 3 min 20 s elapsed"
+    finally:
+        lines.stop()
+    assert [human_duration(s) for s in (0.2, 59, 60, 125, 1900, 7200)] == ["1 s", "59 s", "1 min", "2 min 5 s",
+                                                                          "32 min", "2.0 h"]
+    assert human_duration(125, rough=True) == "2 min"
