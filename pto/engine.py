@@ -52,7 +52,13 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
     s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, tp=tp, **(options or {}))
     if be == "triton" and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
-    return Job(prog, s, dev, be, resolve_executor(executor, dev, be))
+    ex = resolve_executor(executor, dev, be)
+    if ex == "persistent" and be != "triton":  # refused here, before the graph is built
+        if backend == "auto":
+            raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
+                             "with TRITON_INTERPRET=1); on the CPU use --executor waves")
+        raise UsageError(f"the persistent executor runs Triton kernels; --backend {be} needs --executor waves")
+    return Job(prog, s, dev, be, ex)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -25,6 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
+    "cachedir": "cachedir",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
@@ -49,8 +50,10 @@ CORE: dict[str, set[str]] = {
     "timing": set(),
     "progress": set(),
     "target": {"errors"},
+    # where the caches live ($PTO_CACHE_DIR, checked)
+    "cachedir": {"errors"},
     # launch parameters as data (the schedule database)
-    "schedules": {"errors"},
+    "schedules": {"cachedir", "errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
     # the compiler
@@ -63,12 +66,12 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
-    "backends": {"batch", "codegen", "dist", "ir", "schedules", "errors"},
+    "backends": {"batch", "cachedir", "codegen", "dist", "ir", "schedules", "errors"},
     "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
-    "cbuild": {"errors"},
+    "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
     "dump": {"errors"},
-    "graph": {"runtime", "cbuild", "codegen", "passes", "text", "ir", "target", "errors"},
+    "graph": {"runtime", "cbuild", "cachedir", "codegen", "passes", "text", "ir", "target", "errors"},
     "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
     # what a runnable program is, and the registry of them
     "program": {"ir", "target", "errors"},
