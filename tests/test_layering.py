@@ -35,7 +35,7 @@ AREAS = {
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
-    "bench": "bench", "tune": "tune", "schedules": "schedules", "cli": "cli",
+    "bench": "bench", "tune": "tune", "schedules": "schedules", "cli": "cli", "cli_checks": "cli",
     "incore": "incore", "orchestration": "orchestration",
 }
 
