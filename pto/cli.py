@@ -106,6 +106,8 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="FILE", help="take the inputs from a safetensors file (every input of the "
                    "program by name, at its shape) instead of seeded random ones")
     s.add_argument("--save", metavar="FILE", help="write the outputs to a safetensors file")
+    s.add_argument("--save-inputs", metavar="FILE", help="write the run's inputs (the seeded ones, or those of "
+                   "--inputs) to a safetensors file, by name, as --inputs takes them")
     s.add_argument("--sentinel", action="store_true", help="when an output holds NaN or inf, name the task that made "
                    "the first one (exit 1); docs/SAFETY.md")
     s.add_argument("--check-schedule", action="store_true", help="check the execution trace against the graph: every "
@@ -218,14 +220,17 @@ def _cmd_run(args) -> int:
     check_output_file(args.dump, "--dump")
     check_output_file(args.trace, "--trace")
     check_output_file(args.save, "--save")
-    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--inputs": args.inputs})
+    check_output_file(args.save_inputs, "--save-inputs")
+    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--save-inputs": args.save_inputs,
+                    "--inputs": args.inputs})
     if args.inputs is not None and not os.path.isfile(args.inputs):
         raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
     with bar(f"{job.program.name}: executing", wanted(args.json)) as progress:
         res = run(job, seq=args.seq, check=args.check, dump=args.dump, trace=args.trace, seed=args.seed,
                   repeat=args.repeat, profile=args.profile, progress=progress, sentinel=args.sentinel,
-                  inputs=args.inputs, save=args.save, check_schedule=args.check_schedule,
+                  inputs=args.inputs, save=args.save, save_inputs=args.save_inputs,
+                  check_schedule=args.check_schedule,
                   deterministic=args.deterministic)
     from pto import dist
 

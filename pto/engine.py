@@ -233,9 +233,9 @@ def clear_runners() -> None:
 def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: str | None = None,
         trace: str | None = None, seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True,
         progress=None, sentinel: bool = False, inputs: str | None = None, save: str | None = None,
-        check_schedule: bool = False, deterministic: bool = False, device: str = "auto", backend: str = "auto",
-        executor: str = "auto", config: str | None = None, dtype: str | None = None,
-        target: str | Target | None = None, tp: int = 1, **options) -> dict:
+        save_inputs: str | None = None, check_schedule: bool = False, deterministic: bool = False,
+        device: str = "auto", backend: str = "auto", executor: str = "auto", config: str | None = None,
+        dtype: str | None = None, target: str | Target | None = None, tp: int = 1, **options) -> dict:
     """Build and run a job (or the program named ``job`` with the given settings and program
     options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
     ``pto run --json``.
@@ -243,7 +243,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     With ``repeat > 1`` the runner is cached by shape: calling again with the same shapes replays
     the same CUDA graph. ``progress(done, total)`` is called as tasks complete. docs/SAFETY.md:
     ``sentinel`` (``nonfinite``: who made the first NaN or infinity of an output), ``inputs`` /
-    ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
+    ``save_inputs`` / ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
     ``deterministic`` (the same bits from both executors on a GPU).
 
     Tensor parallelism (``tp`` > 1 in the job's settings): one process per rank, started by
@@ -260,15 +260,15 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     seq = seq or prog.default_seq
     rank = dist.init(job.device, s.tp, command=f"run {prog.name}")
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
-        dump = trace = save = None
+        dump = trace = save = save_inputs = None
     prog.check_size(s, seq)
     module = prog.build(s)
     check_memory(job, seq, module, check)
     given = None
+    whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard
     if inputs:
         from pto.safety.tensor_io import load_inputs
 
-        whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard
         given = load_inputs(inputs, whole, prog.scalars(s, seq), job.device,
                             program=f"{prog.name} at seq {seq} (config {s.config})")
     record = bool(trace) or check_schedule
@@ -280,6 +280,11 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if dump:
             graph.dump(dump)
         data = given if given is not None else prog.inputs(s, seq, job.device, seed)
+        meta = file_metadata(job, seq, seed, inputs)
+        if save_inputs:  # before the run: a run that fails can be repeated from the file
+            from pto.safety.tensor_io import save_inputs as write_inputs
+
+            write_inputs(save_inputs, whole, prog.scalars(s, seq), data, meta)
         local = prog.shard(s, data, rank)
         if sentinel:
             from pto.safety.blame import blame, nonfinite_summary
@@ -317,8 +322,10 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if save:
             from pto.safety.tensor_io import save_outputs
 
-            save_outputs(save, outputs, {k: v for k, v in out.items() if isinstance(v, (str, int, float))})
+            save_outputs(save, outputs, meta)
             out["saved"] = str(save)
+        if save_inputs:
+            out["saved_inputs"] = str(save_inputs)
         if trace:
             from pto.trace import write_trace
 
@@ -337,6 +344,13 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     finally:
         if not cached:
             runner.close()
+
+
+def file_metadata(job: Job, seq: int, seed: int, inputs: str | None) -> dict:
+    """The metadata of the files a run writes: what the command fixes, never a timing or anything
+    else that differs between identical runs (so they write identical bytes)."""
+    where = {"inputs": str(inputs)} if inputs else {"seed": seed}
+    return {**job.to_json(), "seq": seq, **where}
 
 
 def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *, device: str = "auto",
