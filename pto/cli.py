@@ -119,7 +119,10 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
                        add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "codegen", program)
-    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing)")
+    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing; pto's "
+                   "earlier output there is replaced whole; another non-empty folder is refused)")
+    s.add_argument("--force", action="store_true", help="write into a folder that holds other files: pto's files "
+                   "replaced, the others kept")
     s.add_argument("--no-adaptive", action="store_true", help="no binary expansion: base tiles only")
 
     s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
@@ -253,12 +256,14 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_codegen(args) -> int:
-    from pto.engine import codegen
+    from pto.emit import check, codegen
     from pto.progress import wanted
 
     check_output_dir(args.out, "--out")
+    check(args.out, args.force)
     job = _job(args)
-    for path in codegen(job, args.out, seq=args.seq, adaptive=not args.no_adaptive, progress=wanted(False)):
+    for path in codegen(job, args.out, seq=args.seq, adaptive=not args.no_adaptive, progress=wanted(False),
+                        force=args.force):
         print(path)
     return 0
 

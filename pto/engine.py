@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -280,11 +279,11 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if dump:
             graph.dump(dump)
         data = given if given is not None else prog.inputs(s, seq, job.device, seed)
-        meta = file_metadata(job, seq, seed, inputs)
-        if save_inputs:  # before the run: a run that fails can be repeated from the file
-            from pto.safety.tensor_io import save_inputs as write_inputs
+        from pto.safety.tensor_io import run_metadata, save_inputs_file
 
-            write_inputs(save_inputs, whole, prog.scalars(s, seq), data, meta)
+        meta = run_metadata(job, seq, seed, inputs)
+        if save_inputs:  # before the run: a run that fails can be repeated from the file
+            save_inputs_file(save_inputs, whole, prog.scalars(s, seq), data, meta)
         local = prog.shard(s, data, rank)
         if sentinel:
             from pto.safety.blame import blame, nonfinite_summary
@@ -344,13 +343,6 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     finally:
         if not cached:
             runner.close()
-
-
-def file_metadata(job: Job, seq: int, seed: int, inputs: str | None) -> dict:
-    """The metadata of the files a run writes: what the command fixes, never a timing or anything
-    else that differs between identical runs (so they write identical bytes)."""
-    where = {"inputs": str(inputs)} if inputs else {"seed": seed}
-    return {**job.to_json(), "seq": seq, **where}
 
 
 def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *, device: str = "auto",
@@ -419,49 +411,5 @@ def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = True, progress: bool = False) -> list[str]:
-    """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
-    a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
-    the graph for the sequence length on its command line), the module's text form, and the
-    Triton kernel sources of every InCore variant the program calls."""
-    import shutil
-
-    from pto.codegen.c_orch import generate_c, generate_main
-    from pto.codegen.triton import render
-    from pto.passes.binary_expansion import expand_binary, strip_adaptive
-    from pto.progress import iterate
-    from pto.runtime import runtime_portable_files
-    from pto.text import format_module
-
-    prog, s = job.program, job.settings
-    module = prog.build(s)
-    lowered = expand_binary(module) if adaptive else strip_adaptive(module)
-    corch = generate_c(lowered)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    def write(name: str, text: str) -> None:
-        p = out / name
-        p.write_text(text)
-        written.append(str(p))
-
-    write(corch.filename, corch.source)
-    write("main.c", generate_main(corch, prog.scalar_exprs(s), prog.name, default_seq=seq))
-    for src in runtime_portable_files():
-        shutil.copyfile(src, out / src.name)
-        written.append(str(out / src.name))
-    write(f"{corch.name}.pto", format_module(module))
-    kdir = out / "kernels"
-    kdir.mkdir(exist_ok=True)
-    for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
-        if has_collective(v.func):  # runs through the torch evaluator: no kernel
-            continue
-        k = render(v.func)
-        (kdir / k.filename).write_text(k.source)
-        written.append(str(kdir / k.filename))
-    return written
-
-
-__all__ = ["Job", "resolve", "run", "execute", "codegen", "Runner", "get_runner", "clear_runners", "rel_err",
+__all__ = ["Job", "resolve", "run", "execute", "Runner", "get_runner", "clear_runners", "rel_err",
            "check_memory", "format_summary"]

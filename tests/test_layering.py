@@ -25,7 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
-    "cachedir": "cachedir",
+    "cachedir": "cachedir", "emit": "engine",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",

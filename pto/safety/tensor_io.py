@@ -110,11 +110,18 @@ def save_outputs(path: str, tensors: dict[str, torch.Tensor], metadata: dict | N
     save_tensors(path, tensors, metadata, "--save")
 
 
-def save_inputs(path: str, module, scalars: dict[str, int], tensors: dict[str, torch.Tensor],
+def save_inputs_file(path: str, module, scalars: dict[str, int], tensors: dict[str, torch.Tensor],
                 metadata: dict | None = None) -> None:
     """The inputs of a run (``--save-inputs``): every input of ``module`` at ``scalars``, by name,
     as :func:`load_inputs` takes them back."""
     save_tensors(path, {k: tensors[k] for k in program_inputs(module, scalars)}, metadata, "--save-inputs")
+
+
+def run_metadata(job, seq: int, seed: int, inputs: str | None) -> dict:
+    """The metadata of the files a run of ``job`` (a :class:`pto.engine.Job`) writes: what the
+    command fixes, never a timing or anything else that differs between identical runs."""
+    where = {"inputs": str(inputs)} if inputs else {"seed": seed}
+    return {**job.to_json(), "seq": seq, **where}
 
 
 def _sorted_header(blob: bytes) -> bytes:
@@ -138,4 +145,4 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-__all__ = ["load_inputs", "save_tensors", "save_outputs", "save_inputs", "program_inputs"]
+__all__ = ["load_inputs", "save_tensors", "save_outputs", "save_inputs_file", "run_metadata", "program_inputs"]
