@@ -43,6 +43,7 @@ from types import ModuleType
 
 import cffi
 
+from pto.cachedir import cache_root
 from pto.errors import BuildError
 
 #: Flags every translation unit gets; callers add theirs through ``extra_compile_args``.
@@ -56,12 +57,6 @@ _lock = threading.Lock()
 log = logging.getLogger("pto.cache")
 CHECKSUM = "sha256"
 NO_CHECKSUM = "without a checksum"
-
-
-def cache_root() -> Path:
-    """Directory of the compiled-module cache: ``$PTO_CACHE_DIR`` or ``~/.cache/pto``."""
-    env = os.environ.get("PTO_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "pto"
 
 
 def _compiler() -> list[str]:

@@ -17,88 +17,25 @@ import json
 import os
 import sys
 
+from pto.cli_checks import (
+    check_cache,
+    check_distinct,
+    check_output_dir,
+    check_output_file,
+    page,
+    positive,
+    seed,
+    seq_list,
+    unrecognized,
+)
 from pto.errors import PTOError, UsageError
 
-INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
 PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _seq_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--seq {text!r}: expected comma-separated integers") from None
-    if not out or any(v <= 0 for v in out):
-        raise UsageError(f"--seq {text!r}: sequence lengths must be positive")
-    return out
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
-    if v > INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {INT32_MAX}, got {v}")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= v < 2**63:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
-    return v
-
-
-def check_output_file(path: str | None, what: str) -> None:
-    """Fail before any work when an output file cannot be created: an empty path, a folder, a
-    missing or read-only parent folder."""
-    if path is None:
-        return
-    if not path:
-        raise UsageError(f"{what}: the path is empty")
-    if os.path.isdir(path):
-        raise UsageError(f"{what} {path}: is a folder; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{what} {path}: cannot write there")
-
-
-def check_distinct(outputs: dict[str, str | None]) -> None:
-    """No two outputs of one command may be the same file (one would overwrite the other)."""
-    seen: dict[str, str] = {}
-    for what, path in outputs.items():
-        if not path:
-            continue
-        key = os.path.realpath(path)
-        if key in seen:
-            raise UsageError(f"{seen[key]} and {what} are the same file ({path}): one would overwrite the other")
-        seen[key] = what
-
-
-def check_output_dir(path: str, what: str) -> None:
-    if not path:
-        raise UsageError(f"{what}: the folder name is empty")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"{what} {path}: is a file, not a folder")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    target = path if os.path.isdir(path) else parent
-    if not os.access(target, os.W_OK):
-        raise UsageError(f"{what} {path}: cannot write there")
+    def error(self, message):  # one line, no usage dump; the subcommand's name, never "pto" twice
+        raise UsageError(message if self.prog == "pto" else f"{self.prog}: {message}")
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -114,7 +51,7 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
         s.add_argument("--seq", required=cmd != "tune", default=None, metavar="N,N,...",
                        help="comma-separated sequence lengths" + (" (default: the program's)" if cmd == "tune" else ""))
     else:
-        s.add_argument("--seq", type=_positive, default=None, metavar="N",
+        s.add_argument("--seq", type=positive, default=None, metavar="N",
                        help="sequence length (default: the program's)")
     dev_help = "where the program runs" if cmd in ("run", "bench", "tune") else \
         "the device whose defaults apply (config, dtype, target)"
@@ -128,7 +65,7 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     s.add_argument("--target", default=None, choices=target.names(),
                    help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
     if cmd in ("run", "graph", "codegen", "estimate"):
-        s.add_argument("--tp", type=_positive, default=1, metavar="N",
+        s.add_argument("--tp", type=positive, default=1, metavar="N",
                        help="tensor-parallel ranks: the graph of one rank" + (
                            "; one process per rank: torchrun --nproc-per-node N -m pto.cli run ... --tp N"
                            if cmd == "run" else "") + " (default: 1)")
@@ -162,13 +99,15 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--check", action="store_true", help="compare with an independent torch reference (rel_err)")
     s.add_argument("--dump", metavar="FILE", help="write the task graph dump (pto visualize reads it)")
     s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the execution")
-    s.add_argument("--repeat", type=_positive, default=1, metavar="N",
+    s.add_argument("--repeat", type=positive, default=1, metavar="N",
                    help="time N replays (a CUDA graph on the GPU) and report the median")
     s.add_argument("--profile", action="store_true", help="time each InCore function")
-    s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default: 0)")
     s.add_argument("--inputs", metavar="FILE", help="take the inputs from a safetensors file (every input of the "
                    "program by name, at its shape) instead of seeded random ones")
     s.add_argument("--save", metavar="FILE", help="write the outputs to a safetensors file")
+    s.add_argument("--save-inputs", metavar="FILE", help="write the run's inputs (the seeded ones, or those of "
+                   "--inputs) to a safetensors file, by name, as --inputs takes them")
     s.add_argument("--sentinel", action="store_true", help="when an output holds NaN or inf, name the task that made "
                    "the first one (exit 1); docs/SAFETY.md")
     s.add_argument("--check-schedule", action="store_true", help="check the execution trace against the graph: every "
@@ -187,7 +126,10 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
                        add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "codegen", program)
-    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing)")
+    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing; pto's "
+                   "earlier output there is replaced whole; another non-empty folder is refused)")
+    s.add_argument("--force", action="store_true", help="write into a folder that holds other files: pto's files "
+                   "replaced, the others kept")
     s.add_argument("--no-adaptive", action="store_true", help="no binary expansion: base tiles only")
 
     s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
@@ -206,9 +148,9 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    help=f"executors to time, comma-separated (default: auto; from {', '.join(executor_names())})")
     s.add_argument("--compare", default="eager,compile", metavar="LIST",
                    help="references to time: eager, compile, both or none (default: eager,compile)")
-    s.add_argument("--iterations", type=_positive, default=20, metavar="N", help="timed runs (default: 20)")
+    s.add_argument("--iterations", type=positive, default=20, metavar="N", help="timed runs (default: 20)")
     s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default: 3)")
-    s.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default: 0)")
     s.add_argument("--json", metavar="FILE", help="write the results as JSON")
     s.add_argument("--plot", metavar="FILE.png", help="draw ms against sequence length (needs matplotlib)")
 
@@ -216,7 +158,7 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                        "winners in the schedule database", add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "tune", program)
     s.add_argument("--budget-s", type=float, default=600.0, metavar="S", help="stop after S seconds (default: 600)")
-    s.add_argument("--iterations", type=_positive, default=10, metavar="N",
+    s.add_argument("--iterations", type=positive, default=10, metavar="N",
                    help="timed runs per candidate (default: 10)")
     s.add_argument("--show", action="store_true", help="print what applies to each variant now, and why; tune nothing")
     s.add_argument("--json", metavar="FILE", help="write every variant's search as JSON")
@@ -226,10 +168,10 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("out", help="the drawing to write (its suffix picks the format)")
     s.add_argument("--format", choices=["pdf", "svg", "png", "dot"], default=None,
                    help="output format (default: from the suffix, else pdf)")
-    s.add_argument("--max-nodes", type=_positive, default=None, metavar="N",
+    s.add_argument("--max-nodes", type=positive, default=None, metavar="N",
                    help="draw one box per task only for graphs of at most N tasks, and at most N groups in a "
                    "summary (default: per task whenever that fits the page)")
-    s.add_argument("--page", type=_page, default=None, metavar="WxH",
+    s.add_argument("--page", type=page, default=None, metavar="WxH",
                    help="the largest page in inches (default: 60x36, about 3 x 3 screens at 100%% zoom)")
     return p
 
@@ -252,7 +194,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     raise
         if name is not None:
             program = programs.get(name)
-    return build_parser(program).parse_args(argv)
+    parser = build_parser(program)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        raise UsageError(unrecognized(extra, parser, args.cmd, program))
+    return args
 
 
 # -- the commands --------------------------------------------------------------------------------
@@ -284,15 +230,18 @@ def _cmd_run(args) -> int:
     check_output_file(args.dump, "--dump")
     check_output_file(args.trace, "--trace")
     check_output_file(args.save, "--save")
-    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--inputs": args.inputs})
+    check_output_file(args.save_inputs, "--save-inputs")
+    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--save-inputs": args.save_inputs,
+                    "--inputs": args.inputs})
     if args.inputs is not None and not os.path.isfile(args.inputs):
         raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
     with reporter(f"{job.program.name}: executing", args.json) as progress:
         res = run(job, seq=args.seq, check=args.check, dump=args.dump, trace=args.trace, seed=args.seed,
                   repeat=args.repeat, profile=args.profile, progress=progress, sentinel=args.sentinel,
-                  inputs=args.inputs, save=args.save, check_schedule=args.check_schedule,
-                  deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
+                  inputs=args.inputs, save=args.save, save_inputs=args.save_inputs,
+                  check_schedule=args.check_schedule, deterministic=args.deterministic,
+                  warn=lambda line: print(f"pto: {line}", file=sys.stderr))
     from pto import dist
 
     code = 1 if res.get("nonfinite") else 0
@@ -326,12 +275,14 @@ def _cmd_graph(args) -> int:
 
 
 def _cmd_codegen(args) -> int:
-    from pto.engine import codegen
+    from pto.emit import check, codegen
     from pto.progress import wanted
 
     check_output_dir(args.out, "--out")
+    check(args.out, args.force)
     job = _job(args)
-    for path in codegen(job, args.out, seq=args.seq, adaptive=not args.no_adaptive, progress=wanted(False)):
+    for path in codegen(job, args.out, seq=args.seq, adaptive=not args.no_adaptive, progress=wanted(False),
+                        force=args.force):
         print(path)
     return 0
 
@@ -340,7 +291,7 @@ def _cmd_estimate(args) -> int:
     from pto.estimate import check_plot_path, check_seqs, estimate, format_table, plot
     from pto.progress import wanted
 
-    seqs = check_seqs(_seq_list(args.seq))
+    seqs = check_seqs(seq_list(args.seq))
     if args.plot:
         check_plot_path(args.plot)
     job = _job(args)
@@ -362,7 +313,7 @@ def _cmd_bench(args) -> int:
     from pto.estimate import check_plot_path, check_seqs
     from pto.progress import wanted
 
-    seqs = check_seqs(_seq_list(args.seq))
+    seqs = check_seqs(seq_list(args.seq))
     check_output_file(args.json, "--json")
     if args.plot:
         check_plot_path(args.plot)
@@ -399,13 +350,13 @@ def _cmd_tune(args) -> int:
     from pto.tune import refuse_without_gpu, show, tune
 
     prog = get(args.program)
-    seqs = check_seqs(_seq_list(args.seq)) if args.seq else [prog.default_seq]
+    seqs = check_seqs(seq_list(args.seq)) if args.seq else [prog.default_seq]
     options = {o.name: getattr(args, o.name) for o in prog.options}
     kw = dict(device=args.device, config=args.config, dtype=args.dtype, target=args.target, options=options)
     if args.show:
         print(show(args.program, seqs, **kw))
         return 0
-    refuse_without_gpu(args.device)
+    refuse_without_gpu(args.device, args.program)
     check_output_file(args.json, "--json")
 
     def report(label, cand, ms, why):
@@ -429,15 +380,6 @@ def _cmd_tune(args) -> int:
               f"{r['rejected']} of {r['candidates']} candidates rejected")
     print(f"stored in {res['database']}" + ("; interrupted: kept what was measured" if res["interrupted"] else ""))
     return 130 if res["interrupted"] else 0
-
-
-def _page(text: str):
-    from pto.viz import parse_page
-
-    try:
-        return parse_page(text)
-    except PTOError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cmd_visualize(args) -> int:
@@ -469,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parse(argv)
+        check_cache(args.cmd)
         if not args.cmd:
             build_parser().print_help(sys.stderr)
             raise UsageError(f"pto: a command is required ({', '.join(COMMANDS)})")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,7 +56,13 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
     s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, tp=tp, **(options or {}))
     if be == "triton" and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
-    return Job(prog, s, dev, be, resolve_executor(executor, dev, be))
+    ex = resolve_executor(executor, dev, be)
+    if ex == "persistent" and be != "triton":  # refused here, before the graph is built
+        if backend == "auto":
+            raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
+                             "with TRITON_INTERPRET=1); on the CPU use --executor waves")
+        raise UsageError(f"the persistent executor runs Triton kernels; --backend {be} needs --executor waves")
+    return Job(prog, s, dev, be, ex)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -257,9 +262,9 @@ def clear_runners() -> None:
 def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: str | None = None,
         trace: str | None = None, seed: int = 0, repeat: int = 1, profile: bool = False, adaptive: bool = True,
         progress=None, sentinel: bool = False, inputs: str | None = None, save: str | None = None,
-        check_schedule: bool = False, deterministic: bool = False, warn=None, device: str = "auto",
-        backend: str = "auto", executor: str = "auto", config: str | None = None, dtype: str | None = None,
-        target: str | Target | None = None, tp: int = 1, **options) -> dict:
+        save_inputs: str | None = None, check_schedule: bool = False, deterministic: bool = False, warn=None,
+        device: str = "auto", backend: str = "auto", executor: str = "auto", config: str | None = None,
+        dtype: str | None = None, target: str | Target | None = None, tp: int = 1, **options) -> dict:
     """Build and run a job (or the program named ``job`` with the given settings and program
     options, e.g. ``run("llama7b", 100, attention="split")``); returns the JSON-able result of
     ``pto run --json``.
@@ -269,7 +274,7 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     once the graph is built, before anything executes, when the execution will be long
     (:func:`pto.progress.long_run_warning`). docs/SAFETY.md:
     ``sentinel`` (``nonfinite``: who made the first NaN or infinity of an output), ``inputs`` /
-    ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
+    ``save_inputs`` / ``save`` (safetensors files), ``check_schedule`` (``schedule``: the trace against the graph),
     ``deterministic`` (the same bits from both executors on a GPU).
 
     Tensor parallelism (``tp`` > 1 in the job's settings): one process per rank, started by
@@ -287,15 +292,15 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
     seq = seq or prog.default_seq
     rank = dist.init(job.device, s.tp, command=f"run {prog.name}")
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
-        dump = trace = save = None
+        dump = trace = save = save_inputs = None
     prog.check_size(s, seq)
     module = prog.build(s)
     check_memory(job, seq, module, check)
     given = None
+    whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard
     if inputs:
         from pto.safety.tensor_io import load_inputs
 
-        whole = module if s.tp == 1 else prog.build(replace(s, tp=1))  # the whole inputs, every rank its shard
         given = load_inputs(inputs, whole, prog.scalars(s, seq), job.device,
                             program=f"{prog.name} at seq {seq} (config {s.config})")
     record = bool(trace) or check_schedule
@@ -310,6 +315,11 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if note and runner.stats is None:  # a cached runner's graph has run before: no news
             warn(note)
         data = given if given is not None else prog.inputs(s, seq, job.device, seed)
+        from pto.safety.tensor_io import run_metadata, save_inputs_file
+
+        meta = run_metadata(job, seq, seed, inputs)
+        if save_inputs:  # before the run: a run that fails can be repeated from the file
+            save_inputs_file(save_inputs, whole, prog.scalars(s, seq), data, meta)
         local = prog.shard(s, data, rank)
         if sentinel:
             from pto.safety.blame import blame, nonfinite_summary
@@ -347,8 +357,10 @@ def run(job: Job | str, seq: int | None = None, *, check: bool = False, dump: st
         if save:
             from pto.safety.tensor_io import save_outputs
 
-            save_outputs(save, outputs, {k: v for k, v in out.items() if isinstance(v, (str, int, float))})
+            save_outputs(save, outputs, meta)
             out["saved"] = str(save)
+        if save_inputs:
+            out["saved_inputs"] = str(save_inputs)
         if trace:
             from pto.trace import write_trace
 
@@ -435,49 +447,5 @@ def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = True, progress: bool = False) -> list[str]:
-    """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
-    a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
-    the graph for the sequence length on its command line), the module's text form, and the
-    Triton kernel sources of every InCore variant the program calls."""
-    import shutil
-
-    from pto.codegen.c_orch import generate_c, generate_main
-    from pto.codegen.triton import render
-    from pto.passes.binary_expansion import expand_binary, strip_adaptive
-    from pto.progress import iterate
-    from pto.runtime import runtime_portable_files
-    from pto.text import format_module
-
-    prog, s = job.program, job.settings
-    module = prog.build(s)
-    lowered = expand_binary(module) if adaptive else strip_adaptive(module)
-    corch = generate_c(lowered)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    def write(name: str, text: str) -> None:
-        p = out / name
-        p.write_text(text)
-        written.append(str(p))
-
-    write(corch.filename, corch.source)
-    write("main.c", generate_main(corch, prog.scalar_exprs(s), prog.name, default_seq=seq))
-    for src in runtime_portable_files():
-        shutil.copyfile(src, out / src.name)
-        written.append(str(out / src.name))
-    write(f"{corch.name}.pto", format_module(module))
-    kdir = out / "kernels"
-    kdir.mkdir(exist_ok=True)
-    for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
-        if has_collective(v.func):  # runs through the torch evaluator: no kernel
-            continue
-        k = render(v.func)
-        (kdir / k.filename).write_text(k.source)
-        written.append(str(kdir / k.filename))
-    return written
-
-
-__all__ = ["Job", "resolve", "run", "execute", "codegen", "Runner", "get_runner", "clear_runners", "rel_err",
+__all__ = ["Job", "resolve", "run", "execute", "Runner", "get_runner", "clear_runners", "rel_err",
            "check_memory", "format_summary"]

@@ -278,11 +278,12 @@ def format_table(res: dict) -> str:
         setting.append(f"tp={res['tp']} (one rank's graph and tensors)")
     setting += [f"{k}={res[k]}" for k in res["options"]]
     graph = "with" if res["adaptive"] else "WITHOUT"
-    note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory (the runtime's) and "
-            f"B/task: the graph {graph} adaptive tiles; Tensors: what a run allocates")
-    cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", "Tensors",
-            ""]
     unbuilt = "closed form" if res.get("closed_form", True) else "counted"
+    note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory (the runtime's) and "
+            f"B/task: the graph {graph} adaptive tiles; Tensors: what a run allocates; Source: measured (the graph "
+            f"built) or {unbuilt}")
+    cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", "Tensors",
+            "Source"]
     lines = [" ".join(setting), note, " | ".join(cols)]
     for r in res["rows"]:
         build = f"{r['build_ms']:.2f}ms" if r.get("build_ms") is not None else "-"

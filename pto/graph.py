@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto.cbuild import cache_root, load_cffi_module, log
+from pto.cachedir import cache_root
+from pto.cbuild import load_cffi_module, log
 from pto.codegen.c_orch import COrchestration, generate_c
 from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module

@@ -65,9 +65,9 @@ class Option:
                                default=None, help=f"the opposite of {self.flag}")
             return
         kind = type(self.default)
+        shown = "" if self.default in ("", None) else f" (default: {self.default})"  # no "(default: )"
         parser.add_argument(self.flag, dest=self.name, default=None, type=kind, choices=self.choices,
-                            metavar=None if self.choices else self.name.upper(),
-                            help=f"{self.help} (default: {self.default})")
+                            metavar=None if self.choices else self.name.upper(), help=f"{self.help}{shown}")
 
     def check(self, program: str, value: Any) -> Any:
         if value is None:

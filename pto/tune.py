@@ -253,13 +253,18 @@ def show(program: str, seqs: list[int], *, device: str = "auto", config=None, dt
     return "\n".join(lines)
 
 
-def refuse_without_gpu(device: str) -> None:
+def refuse_without_gpu(device: str, program: str = "PROGRAM") -> None:
+    """Tuning measures Triton kernels: on a GPU, or (``--device cpu``) under the interpreter,
+    whose timings mean nothing but which checks the search. ``--show`` needs neither."""
+    show = f"`pto tune {program} --show` works anywhere: what applies to each kernel now, and why"
     if device in ("auto", "cuda"):
         from pto.device import cuda_available
 
         if not cuda_available():
-            raise UsageError("pto tune measures kernels on a GPU and none is visible (the schedules of a "
-                             "CPU do not exist: its backend has no launch parameters)")
+            raise UsageError(f"pto tune measures kernels on a GPU and none is visible; {show}")
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageError(f"pto tune --device cpu runs the kernels under the Triton interpreter (a check of the "
+                         f"search, not a timing): set TRITON_INTERPRET=1; {show}")
 
 
 __all__ = ["tune", "tune_batch", "show", "space", "accept", "TOLERANCE", "Result"]

@@ -25,7 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
-    "plotting": "plotting",
+    "plotting": "plotting", "cachedir": "cachedir", "emit": "engine",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
@@ -36,6 +36,7 @@ AREAS = {
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
     "bench": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
+    "cli_checks": "cli",
     "incore": "incore", "orchestration": "orchestration",
 }
 
@@ -52,8 +53,10 @@ CORE: dict[str, set[str]] = {
     "target": {"errors"},
     # the figures of --plot (matplotlib)
     "plotting": {"errors"},
+    # where the caches live ($PTO_CACHE_DIR, checked)
+    "cachedir": {"errors"},
     # launch parameters as data (the schedule database)
-    "schedules": {"errors"},
+    "schedules": {"cachedir", "errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
     # the compiler
@@ -66,12 +69,12 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
-    "backends": {"batch", "codegen", "dist", "ir", "schedules", "errors"},
+    "backends": {"batch", "cachedir", "codegen", "dist", "ir", "schedules", "errors"},
     "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
-    "cbuild": {"errors"},
+    "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
     "dump": {"errors"},
-    "graph": {"runtime", "cbuild", "codegen", "passes", "text", "ir", "target", "errors"},
+    "graph": {"runtime", "cbuild", "cachedir", "codegen", "passes", "text", "ir", "target", "errors"},
     "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
     # what a runnable program is, and the registry of them
     "program": {"ir", "target", "errors"},

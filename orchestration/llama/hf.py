@@ -55,6 +55,9 @@ def load_hf_config(path: str) -> LlamaConfig:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+        if not p.exists():
+            raise UsageError(f"{where}: the folder has no config.json (give a checkpoint's folder or its "
+                             "config.json)")
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:

@@ -30,6 +30,7 @@ import torch
 
 from pto.backends.base import Backend, Launch
 from pto.batch import RegionBatch, TaskBatch
+from pto.cachedir import cache_root
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, access_bounds, render, render_sources
 from pto.errors import BuildError, ExecutionError
 from pto.ir.analysis import has_collective
@@ -46,9 +47,7 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 def cache_dir() -> Path:
     """Where generated kernel sources are written: ``$PTO_CACHE_DIR/triton`` or
     ``~/.cache/pto/triton``."""
-    root = os.environ.get("PTO_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "pto"
-    return base / "triton"
+    return cache_root() / "triton"
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -38,7 +38,7 @@ RUN_OPTIONS = {
     "tp": "program",
     "executor": "executor", "deterministic": "executor",
     "check": "none", "dump": "none", "trace": "none", "repeat": "none", "profile": "none", "json": "none",
-    "sentinel": "none", "check_schedule": "none", "save": "none",
+    "sentinel": "none", "check_schedule": "none", "save": "none", "save_inputs": "none",
 }
 
 

@@ -1,19 +1,22 @@
 """User tensors in and out: a program's inputs from a safetensors file (``pto run --inputs``) and
-its outputs to one (``--save``), so a run on real weights, or one that made a NaN, can be
-reproduced.
+to one (``--save-inputs``), its outputs to one (``--save``), so a run on real weights, or one
+that made a NaN, can be reproduced.
 
 Every input of the program (the entry function's ``input`` and ``inout`` tensors) must be in the
 file under its name with its shape at the run's scalars; names the program does not have, a
 missing input, a wrong shape, a tensor that is not floating point or a file that is not
 safetensors are each one error naming the file, the tensor and what was expected, raised before
 anything runs. A floating-point tensor of another dtype is converted to the program's. The
-header is read first, so a wrong file is refused before any tensor data is loaded. Outputs are
+header is read first, so a wrong file is refused before any tensor data is loaded. Inputs
+(``--save-inputs``: the seeded ones, to edit or to run again with ``--inputs``) and outputs are
 written to a temporary file and renamed into place (an interrupted run leaves no partial file),
-with the run's settings as the file's metadata.
+with the run's settings as the file's metadata: only what the command fixes (program, seq,
+config, dtype, options, seed), never a timing, so identical runs write identical bytes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -82,21 +85,56 @@ def load_inputs(path: str, module, scalars: dict[str, int], device, program: str
         return out
 
 
-def save_outputs(path: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
-    """Write ``tensors`` to the safetensors file ``path`` (atomically; ``metadata`` values become
-    strings)."""
-    st = _safetensors("--save")
+def save_tensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None,
+                 what: str = "--save") -> None:
+    """Write ``tensors`` to the safetensors file ``path``, atomically; ``metadata`` values become
+    strings. The same tensors and metadata give the same bytes: safetensors writes its metadata
+    in hash order, so the header is written again with the metadata sorted."""
+    st = _safetensors(what)
     data = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    blob = _sorted_header(st.torch.save(data, metadata=meta))
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pto-save-", suffix=".safetensors")
-    os.close(fd)
     try:
-        st.torch.save_file(data, tmp, metadata=meta)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_outputs(path: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:
+    """The outputs of a run (``--save``); see :func:`save_tensors`."""
+    save_tensors(path, tensors, metadata, "--save")
+
+
+def save_inputs_file(path: str, module, scalars: dict[str, int], tensors: dict[str, torch.Tensor],
+                metadata: dict | None = None) -> None:
+    """The inputs of a run (``--save-inputs``): every input of ``module`` at ``scalars``, by name,
+    as :func:`load_inputs` takes them back."""
+    save_tensors(path, {k: tensors[k] for k in program_inputs(module, scalars)}, metadata, "--save-inputs")
+
+
+def run_metadata(job, seq: int, seed: int, inputs: str | None) -> dict:
+    """The metadata of the files a run of ``job`` (a :class:`pto.engine.Job`) writes: what the
+    command fixes, never a timing or anything else that differs between identical runs."""
+    where = {"inputs": str(inputs)} if inputs else {"seed": seed}
+    return {**job.to_json(), "seq": seq, **where}
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file's bytes with the header's metadata in sorted order (the tensors' data
+    and offsets untouched; the header padded with spaces to 8 bytes, as safetensors does)."""
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    if meta:
+        header = {"__metadata__": dict(sorted(meta.items())), **header}
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + n:]
 
 
 def _shape(s) -> str:
@@ -107,4 +145,4 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-__all__ = ["load_inputs", "save_outputs", "program_inputs"]
+__all__ = ["load_inputs", "save_tensors", "save_outputs", "save_inputs_file", "run_metadata", "program_inputs"]

@@ -31,6 +31,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pto.cachedir import cache_root
 from pto.errors import UsageError
 
 FORMAT = 1
@@ -52,8 +53,7 @@ def device_key(name: str) -> str:
 
 
 def user_root() -> Path:
-    root = os.environ.get("PTO_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "pto") / "schedules"
+    return cache_root() / "schedules"
 
 
 def triton_version() -> str:

@@ -119,3 +119,49 @@ def test_save_checks_its_path_before_running(tmp_path):
     assert r.returncode == 2 and "--save" in r.stderr and "does not exist" in r.stderr
     r = _pto("run", "softmax", "--device", "cpu", "--save", str(tmp_path / "a"), "--trace", str(tmp_path / "a"))
     assert r.returncode == 2 and "the same file" in r.stderr
+
+
+def test_save_inputs_round_trip(tmp_path):
+    """--save-inputs writes the seeded inputs as --inputs takes them: running from the file gives
+    the seeded run's outputs, bit for bit, and the same rel_err."""
+    a, y1, y2 = (str(tmp_path / n) for n in ("a.safetensors", "y1.safetensors", "y2.safetensors"))
+    common = ("run", "llama7b", "--seq", "40", "--device", "cpu", "--attention", "pair", "--check", "--json")
+    r1 = _pto(*common, "--seed", "7", "--save-inputs", a, "--save", y1)
+    assert r1.returncode == 0, r1.stderr
+    assert json.loads(r1.stdout)["saved_inputs"] == a
+    job, module, scalars = _llama(40)
+    saved = load_file(a)
+    want = {k: shape for k, (shape, _) in program_inputs(module, scalars).items()}
+    assert {k: tuple(v.shape) for k, v in saved.items()} == want
+    seeded = job.program.inputs(job.settings, 40, "cpu", seed=7)
+    assert all(torch.equal(saved[k], seeded[k]) for k in saved)
+    r2 = _pto(*common, "--inputs", a, "--save", y2)
+    assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout)["rel_err"] == json.loads(r1.stdout)["rel_err"]
+    assert torch.equal(load_file(y1)["y"], load_file(y2)["y"])
+
+
+def test_identical_runs_write_identical_files(tmp_path):
+    """No timing or other run-dependent value in the files' metadata, and the metadata in one
+    order: two identical runs (two processes) write the same bytes."""
+    paths = []
+    for i in (1, 2):
+        y, a = tmp_path / f"y{i}.safetensors", tmp_path / f"a{i}.safetensors"
+        r = _pto("run", "llama7b", "--seq", "40", "--device", "cpu", "--attention", "pair", "--save", str(y),
+                 "--save-inputs", str(a))
+        assert r.returncode == 0, r.stderr
+        paths.append((y, a))
+    (y1, a1), (y2, a2) = paths
+    assert y1.read_bytes() == y2.read_bytes() and a1.read_bytes() == a2.read_bytes()
+    with safe_open(str(y1), "pt") as f:
+        meta = f.metadata()
+    assert (meta["program"], meta["seq"], meta["config"], meta["dtype"], meta["seed"]) == \
+        ("llama7b", "40", "tiny", "f32", "0")
+    assert not any(k.endswith("_ms") or k in ("tasks", "launches", "waves", "determinism") for k in meta), meta
+
+
+def test_save_inputs_is_checked_before_running(tmp_path):
+    r = _pto("run", "softmax", "--device", "cpu", "--save-inputs", str(tmp_path / "no" / "a.safetensors"))
+    assert r.returncode == 2 and r.stderr.startswith("pto: error: --save-inputs") and "does not exist" in r.stderr
+    r = _pto("run", "softmax", "--device", "cpu", "--save-inputs", str(tmp_path / "a"), "--save", str(tmp_path / "a"))
+    assert r.returncode == 2 and "the same file" in r.stderr

@@ -212,6 +212,9 @@ def test_hf_config_is_the_settings_config(tmp_path):
         prog.settings(hf_config=path, causal=False)
     with pytest.raises(UsageError, match="no such file"):
         prog.settings(hf_config=str(tmp_path / "missing.json"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="empty: the folder has no config.json"):
+        prog.settings(hf_config=str(tmp_path / "empty"))
     (tmp_path / "bad.json").write_text("{ nope")
     with pytest.raises(UsageError, match="not JSON"):
         prog.settings(hf_config=str(tmp_path / "bad.json"))

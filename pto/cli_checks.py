@@ -1,0 +1,156 @@
+"""The command line's checks of what the user typed, each one line and before any work: argument
+types (sequence lengths, seeds), output files and folders, the cache folder, and what to say
+about an option the command or program does not take.
+
+Kept apart from :mod:`pto.cli` (which builds the parser and runs the commands) so that both stay
+small; :mod:`pto.cli` re-exports the public checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pto.errors import PTOError, UsageError
+
+INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
+#: the commands whose work builds or runs graphs, and so uses the cache folder
+CACHE_COMMANDS = ("run", "estimate", "bench", "tune")
+
+
+def seq_list(text: str) -> list[int]:
+    """``--seq N,N,...``: every item an integer (an empty one is refused, not skipped)."""
+    items = [x.strip() for x in text.split(",")]
+    if any(not x for x in items):
+        raise UsageError(f"--seq {text!r}: an empty value between commas (expected N,N,...)")
+    try:
+        out = [int(x) for x in items]
+    except ValueError:
+        raise UsageError(f"--seq {text!r}: expected comma-separated integers") from None
+    if any(v <= 0 for v in out):
+        raise UsageError(f"--seq {text!r}: sequence lengths must be positive")
+    return out
+
+
+def positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    if v > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT32_MAX}, got {v}")
+    return v
+
+
+def seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
+    return v
+
+
+def page(text: str):
+    from pto.viz import parse_page
+
+    try:
+        return parse_page(text)
+    except PTOError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_output_file(path: str | None, what: str) -> None:
+    """Fail before any work when an output file cannot be created: an empty path, a folder, a
+    missing or read-only parent folder."""
+    if path is None:
+        return
+    if not path:
+        raise UsageError(f"{what}: the path is empty")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path}: is a folder; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path}: cannot write there")
+
+
+def check_distinct(outputs: dict[str, str | None]) -> None:
+    """No two outputs of one command may be the same file (one would overwrite the other)."""
+    seen: dict[str, str] = {}
+    for what, path in outputs.items():
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {what} are the same file ({path}): one would overwrite the other")
+        seen[key] = what
+
+
+def check_output_dir(path: str, what: str) -> None:
+    if not path:
+        raise UsageError(f"{what}: the folder name is empty")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{what} {path}: is a file, not a folder")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{what} {path}: the folder {parent} does not exist")
+    target = path if os.path.isdir(path) else parent
+    if not os.access(target, os.W_OK):
+        raise UsageError(f"{what} {path}: cannot write there")
+
+
+def check_cache(cmd: str | None) -> None:
+    """A command that builds graphs needs a usable cache folder: a bad ``PTO_CACHE_DIR`` is one
+    line naming it, before any work."""
+    if cmd in CACHE_COMMANDS:
+        from pto.cachedir import cache_root
+
+        cache_root()
+
+
+def unrecognized(extra: list[str], parser: argparse.ArgumentParser, cmd: str | None, program) -> str:
+    """The message for arguments nothing took, with where the first unknown option belongs: the
+    programs that have it, else the commands that take it, else where the options are listed."""
+    msg = f"unrecognized arguments: {' '.join(extra)}"
+    flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
+    if flag is None or cmd is None:
+        return msg
+    who = f"{program.name}" if program is not None else f"pto {cmd}"
+    owners = _programs_with(flag)
+    if owners:
+        return f"{msg} ({who} takes no {flag}; it is an option of {', '.join(owners)})"
+    commands = _commands_with(parser, flag)
+    if commands:
+        return f"{msg} (pto {cmd} takes no {flag}; it is an option of {', '.join(f'pto {c}' for c in commands)})"
+    helped = f"pto {cmd} {program.name}" if program is not None else f"pto {cmd}"
+    return f"{msg} (`{helped} --help` lists the options)"
+
+
+def _programs_with(flag: str) -> list[str]:
+    from pto import programs
+
+    out = []
+    for name in programs.names():
+        try:
+            prog = programs.get(name)
+        except PTOError:  # a broken plugin: nothing to say about it here
+            continue
+        flags = {o.flag for o in prog.options} | {"--no-" + o.flag[2:] for o in prog.options
+                                                 if isinstance(o.default, bool)}
+        if flag in flags:
+            out.append(name)
+    return out
+
+
+def _commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [c for c, p in sub.choices.items() if flag in p._option_string_actions]
+
+
+__all__ = ["INT32_MAX", "seq_list", "positive", "seed", "page", "check_output_file", "check_distinct",
+           "check_output_dir", "check_cache", "unrecognized"]

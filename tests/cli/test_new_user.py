@@ -1,0 +1,122 @@
+"""What a new user trips on (issue 20, section 3): each mistake is one line on stderr that says
+what is wrong and what to do, before any work; the tables and help say what they show."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def pto(*args, env=None, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pto.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def one_line_error(r, rc=2) -> str:
+    assert r.returncode == rc, (r.returncode, r.stderr)
+    assert r.stdout == "" and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    err = r.stderr.strip()
+    assert "\n" not in err and err.startswith("pto: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("cmd", [["run", "softmax"], ["estimate", "softmax", "--seq", "64"],
+                                 ["tune", "softmax", "--show"], ["bench", "softmax", "--device", "cpu", "--seq", "64"]])
+def test_a_bad_cache_dir_is_one_line_naming_the_variable(tmp_path, cmd):
+    f = tmp_path / "f"
+    f.write_text("a file, not a folder")
+    err = one_line_error(pto(*cmd, env={"PTO_CACHE_DIR": str(f)}))
+    assert f"PTO_CACHE_DIR={f}: not a directory" in err and "Errno" not in err
+    err = one_line_error(pto(*cmd, env={"PTO_CACHE_DIR": str(f / "sub")}))
+    assert f"PTO_CACHE_DIR={f / 'sub'}: not a directory ({f} is a file)" in err
+
+
+def test_the_cache_dir_is_checked_by_every_user_of_it(tmp_path, monkeypatch):
+    """The compiled modules, the Triton sources and the schedules all live under one checked folder."""
+    from pto.backends.triton_backend import cache_dir
+    from pto.cachedir import cache_root
+    from pto.errors import UsageError
+    from pto.schedules import user_root
+
+    monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    assert cache_dir() == tmp_path / "new" / "cache" / "triton"
+    assert user_root() == cache_root() / "schedules"
+    (tmp_path / "f").write_text("")
+    monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path / "f"))
+    for where in (cache_root, cache_dir, user_root):
+        with pytest.raises(UsageError, match="PTO_CACHE_DIR=.*: not a directory"):
+            where()
+
+
+def test_a_folder_without_config_json_says_so(tmp_path):
+    err = one_line_error(pto("run", "llama", "--hf-config", str(tmp_path)))
+    assert f"--hf-config {tmp_path}: the folder has no config.json" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "softmax", "--attention", "split"],
+     "pto: error: unrecognized arguments: --attention split (softmax takes no --attention; it is an option of "
+     "llama, llama7b)"),
+    (["run", "bgemm", "--no-causal"], "(bgemm takes no --no-causal; it is an option of llama, llama7b)"),
+    (["estimate", "softmax", "--seq", "64", "--check"], "(pto estimate takes no --check; it is an option of pto run)"),
+    (["run", "softmax", "--nosuch"], "unrecognized arguments: --nosuch (`pto run softmax --help` lists the options)"),
+])
+def test_an_option_of_another_program_or_command_says_whose_it_is(args, needle):
+    err = one_line_error(pto(*args))
+    assert needle in err and "pto: error: pto:" not in err
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "bench", "tune"])
+@pytest.mark.parametrize("seq", ["1024,,4096", "1024,", ",64"])
+def test_an_empty_seq_value_is_refused(cmd, seq):
+    err = one_line_error(pto(cmd, "softmax", "--seq", seq, "--device", "cpu"))
+    assert f"--seq {seq!r}: an empty value between commas" in err
+
+
+def test_the_estimate_table_labels_every_column():
+    r = pto("estimate", "softmax", "--seq", "64,100000000")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("SeqLen |"))
+    cols = [c.strip() for c in header.split("|")]
+    assert all(cols) and cols[-1] == "Source"
+    rows = [line for line in lines if re.match(r"\d", line)]
+    assert len(rows) == 2 and all(len(row.split("|")) == len(cols) for row in rows)
+    assert rows[0].endswith("| measured") and rows[1].endswith("| counted")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
+def test_tune_without_a_gpu_points_at_show(tmp_path):
+    env = {"PTO_CACHE_DIR": str(tmp_path), "TRITON_INTERPRET": "0"}  # were it to tune, not in the user's cache
+    err = one_line_error(pto("tune", "softmax", env=env))
+    assert "measures kernels on a GPU and none is visible" in err and "do not exist" not in err
+    assert "`pto tune softmax --show` works anywhere" in err
+    err = one_line_error(pto("tune", "softmax", "--device", "cpu", env=env))
+    assert "TRITON_INTERPRET=1" in err and "--backend" not in err
+
+
+def test_no_help_shows_an_empty_default():
+    from pto import programs
+    from pto.cli import build_parser
+
+    for prog in [None, *map(programs.get, programs.names())]:
+        sub = next(a for a in build_parser(prog)._actions if isinstance(a, argparse._SubParsersAction))
+        for cmd, parser in sub.choices.items():
+            text = " ".join(parser.format_help().split())
+            for m in re.finditer(r"\(default: ?([^)]*)\)", text):
+                assert m.group(1).strip() not in ("", "None"), f"pto {cmd} {prog and prog.name}: {m.group(0)}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
+def test_persistent_on_the_cpu_says_it_needs_a_gpu():
+    err = one_line_error(pto("run", "softmax", "--executor", "persistent"))
+    assert "the persistent executor needs a GPU" in err and "--backend triton with TRITON_INTERPRET=1" in err
+    assert "--backend torch" not in err
+    err = one_line_error(pto("run", "softmax", "--executor", "persistent", "--backend", "torch"))
+    assert "--backend torch needs --executor waves" in err
