@@ -180,9 +180,9 @@ def measure(name: str, cfg: dict, seq: int, files: tuple[Path, Path], args, devi
                   options={"hf_config": str(files[0]), "weights": str(files[1]), "layer": 0,
                            "attention": args.attention})
     prog, s = job.program, job.settings
-    prog.check_size(s, seq)
+    prog.check_size(s, prog.shape(seq))
     row = {"model": name, "seq": seq, "dtype": "bf16", "attention": args.attention}
-    inputs = prog.inputs(s, seq, device, args.seed)
+    inputs = prog.inputs(s, prog.shape(seq), device, args.seed)
     x = inputs["x"]
     # ours
     runner = Runner(job, seq)

@@ -29,10 +29,10 @@ def measure(mode: str, seq: int, repeat: int) -> dict:
     job = resolve("llama7b", device="cuda", config="7b", dtype="bf16", options={"attention": mode})
     prog, s = job.program, job.settings
     module = prog.build(s)
-    scalars = prog.scalars(s, seq)
+    scalars = prog.scalars(s, prog.shape(seq))
     graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
-    inputs = prog.inputs(s, seq, "cuda", seed=seq)
-    ref = prog.reference(s, seq, inputs)["y"]
+    inputs = prog.inputs(s, prog.shape(seq), "cuda", seed=seq)
+    ref = prog.reference(s, prog.shape(seq), inputs)["y"]
     fn = module.entry_function
     row = {"mode": mode, "seq": seq, "tasks": graph.tasks}
     for name in ("waves", "list", "levels"):

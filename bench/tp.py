@@ -170,7 +170,7 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
     job = resolve("llama7b", device=device, config=args.config, dtype=args.dtype, options=options, tp=tp)
     prog, s = job.program, job.settings
     cfg = prog.config(s)
-    inputs = prog.inputs(s, seq, device, args.seed)  # every rank the whole seeded inputs
+    inputs = prog.inputs(s, prog.shape(seq), device, args.seed)  # every rank the whole seeded inputs
     local = prog.shard(s, inputs, rank)
     row = {"seq": seq, "tp": tp, "config": s.config, "dtype": s.dtype.short, **options}
     trace = Path(args.trace_dir) if args.trace_dir and rank == 0 else None
@@ -206,7 +206,7 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
         torch_one = torch_tp_layer(inputs, cfg, 1)
         row["torch_tp1_ms"] = round(median_ms(lambda: torch_tp_layer(inputs, cfg, 1), args.iterations, args.warmup,
                                               cuda=cuda), 4)
-        ref = prog.reference(job1.settings, seq, {k: v.float() for k, v in inputs.items()})["y"]
+        ref = prog.reference(job1.settings, prog.shape(seq), {k: v.float() for k, v in inputs.items()})["y"]
         row.update(ours_ms=max(r["ours_ms"] for r in ranks), torch_ms=max(r["torch_ms"] for r in ranks))
         row["ours_efficiency"] = round(row["ours_tp1_ms"] / (tp * row["ours_ms"]), 4)
         row["torch_efficiency"] = round(row["torch_tp1_ms"] / (tp * row["torch_ms"]), 4)

@@ -12,7 +12,7 @@ from pto.incore.matmul import gemm_tile
 
 from pto import Orchestration, Var, cdiv, emin
 from pto.ir.expr import Const
-from pto.program import Program, Settings, seeded_randn
+from pto.program import Program, Settings, ShapeParam, seeded_randn
 
 # batch, N, K, and the tile sizes per config; M is the sequence length given on the command line
 CONFIGS = {
@@ -66,7 +66,7 @@ class BgemmProgram(Program):
     name = "bgemm"
     description = "batched GEMM C[b] = A[b] @ B[b], M = seq"
     configs = CONFIGS
-    default_seq = 100
+    shape_params = (ShapeParam("seq", 100, "rows M of each product"),)
     outputs = ("C",)
 
     def build(self, s: Settings):
@@ -77,24 +77,24 @@ class BgemmProgram(Program):
         c = CONFIGS[s.config]
         return {"batch": Const(c["batch"]), "M": Var("seq"), "N": Const(c["n"]), "K": Const(c["k"])}
 
-    def inputs(self, s, seq, device, seed=0):
-        c = CONFIGS[s.config]
+    def inputs(self, s, shape, device, seed=0):
+        c, seq = CONFIGS[s.config], shape["seq"]
         g = torch.Generator().manual_seed(seed)
         return {
             "A": seeded_randn((c["batch"] * seq, c["k"]), s.dtype, device, g),
             "B": seeded_randn((c["batch"] * c["k"], c["n"]), s.dtype, device, g),
         }
 
-    def reference(self, s, seq, inputs):
-        c = CONFIGS[s.config]
+    def reference(self, s, shape, inputs):
+        c, seq = CONFIGS[s.config], shape["seq"]
         a = inputs["A"].double().view(c["batch"], seq, c["k"])
         b = inputs["B"].double().view(c["batch"], c["k"], c["n"])
         out = torch.bmm(a, b).view(c["batch"] * seq, c["n"])
         return {"C": out.to(inputs["A"].dtype)}
 
-    def flops(self, s, seq):
+    def flops(self, s, shape):
         c = CONFIGS[s.config]
-        return 2.0 * c["batch"] * seq * c["n"] * c["k"]
+        return 2.0 * c["batch"] * shape["seq"] * c["n"] * c["k"]
 
 
 PROGRAM = BgemmProgram()

@@ -8,7 +8,7 @@ from pto.incore.softmax import softmax_tile
 from pto import Orchestration, Var, cdiv, emin
 from pto.passes.binary_expansion import tile_levels
 from pto.passes.tiling import compute_tile_shape
-from pto.program import Program, Settings, seeded_randn
+from pto.program import Program, Settings, ShapeParam, seeded_randn
 from pto.target import Target
 
 CONFIGS = {"tiny": 256, "7b": 4096}  # columns
@@ -52,7 +52,7 @@ class SoftmaxProgram(Program):
     name = "softmax"
     description = "row softmax of a seq x C tensor (C = 256 tiny, 4096 7b)"
     configs = CONFIGS
-    default_seq = 100
+    shape_params = (ShapeParam("seq", 100, "rows of x"),)
     outputs = ("y",)
 
     def build(self, s: Settings):
@@ -61,16 +61,16 @@ class SoftmaxProgram(Program):
     def scalar_exprs(self, s):
         return {"R": Var("seq")}
 
-    def inputs(self, s, seq, device, seed=0):
+    def inputs(self, s, shape, device, seed=0):
         g = torch.Generator().manual_seed(seed)
-        return {"x": seeded_randn((seq, CONFIGS[s.config]), s.dtype, device, g, scale=3.0)}
+        return {"x": seeded_randn((shape["seq"], CONFIGS[s.config]), s.dtype, device, g, scale=3.0)}
 
-    def reference(self, s, seq, inputs):
+    def reference(self, s, shape, inputs):
         x = inputs["x"]
         return {"y": torch.softmax(x.float(), dim=-1).to(x.dtype)}
 
-    def flops(self, s, seq):
-        return 5.0 * seq * CONFIGS[s.config]
+    def flops(self, s, shape):
+        return 5.0 * shape["seq"] * CONFIGS[s.config]
 
 
 PROGRAM = SoftmaxProgram()

@@ -9,16 +9,13 @@ The user-facing API:
 - :mod:`pto.interp` runs modules with the reference interpreter (the oracle).
 """
 
-import os as _os
+from pathlib import Path as _Path
 
-# In a source checkout incore/, orchestration/ and runtime_c/ sit beside pto/; an install maps
-# them to pto.incore, pto.orchestration and pto.runtime_c. Let the checkout import them the
-# same way without an install (scripts, the GPU machine).
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_root = _os.path.dirname(_here)
-if not _os.path.isdir(_os.path.join(_here, "incore")) and _os.path.isfile(
-        _os.path.join(_root, "incore", "__init__.py")):
-    __path__.append(_root)  # noqa: F821 - the package's own __path__
+from pto import layout as _layout
+
+# incore/, orchestration/ and runtime_c/ are pto.incore, pto.orchestration and pto.runtime_c in a
+# plain checkout too (pto/layout.py says how, installed or not)
+_layout.install(_Path(__file__).resolve().parent)
 
 from pto.builder import InCore, Orchestration  # noqa: E402
 from pto.errors import BuildError, ParseError, PTOError  # noqa: E402

@@ -42,11 +42,12 @@ MANIFEST = "pto-manifest.json"
 BUILT = ("graph",)
 
 
-def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = True, progress: bool = False,
-            force: bool = False) -> list[str]:
+def codegen(job: Job, out_dir: str, shape: dict[str, int] | None = None, adaptive: bool = True,
+            progress: bool = False, force: bool = False) -> list[str]:
     """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
     a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
-    the graph for the sequence length on its command line), the module's text form, the Triton
+    the graph for the shape on its command line, ``graph SEQ``; the values of ``shape`` given
+    here become its defaults), the module's text form, the Triton
     kernel sources of every InCore variant the program calls, and the manifest of what pto
     wrote. Everything is generated before the folder is touched; an earlier output of pto is
     replaced whole, a folder holding other files is refused unless ``force`` (the module docstring)."""
@@ -56,7 +57,8 @@ def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = Tru
     lowered = expand_binary(module) if adaptive else strip_adaptive(module)
     corch = generate_c(lowered)
     files = {corch.filename: corch.source.encode(),
-             "main.c": generate_main(corch, prog.scalar_exprs(s), prog.name, default_seq=seq).encode()}
+             "main.c": generate_main(corch, prog.scalar_exprs(s), prog.name,
+                                     [(p.name, (shape or {}).get(p.name)) for p in prog.shape_params]).encode()}
     files.update({src.name: src.read_bytes() for src in runtime_portable_files()})
     files[f"{corch.name}.pto"] = format_module(module).encode()
     for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
@@ -64,7 +66,7 @@ def codegen(job: Job, out_dir: str, seq: int | None = None, adaptive: bool = Tru
             continue
         k = render(v.func)
         files[f"kernels/{k.filename}"] = k.source.encode()
-    about = {"program": prog.name, **s.to_json(), "seq": seq, "adaptive": adaptive}
+    about = {"program": prog.name, **s.to_json(), "shape": dict(shape or {}), "adaptive": adaptive}
     return write(out_dir, files, about, force)
 
 

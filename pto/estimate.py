@@ -24,7 +24,7 @@ from pto import programs
 from pto.buffers import tensor_bytes
 from pto.errors import ExecutionError, UsageError
 from pto.graph import CompiledProgram
-from pto.program import Program, Settings
+from pto.program import Program, Settings, Shape
 from pto.progress import iterate
 from pto.target import Target
 
@@ -61,13 +61,13 @@ class _Counter:
         self.prog = prog
         self.s = s
         self.module = module
-        self.has_closed_form = prog.counts(s, 1) is not None
+        self.has_closed_form = prog.counts(s, prog.shape()) is not None
 
-    def counts(self, seq: int, adaptive: bool) -> dict:
+    def counts(self, shape: Shape, adaptive: bool) -> dict:
         """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
-            return self.prog.counts(self.s, seq, adaptive)
-        g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.s, seq),
+            return self.prog.counts(self.s, shape, adaptive)
+        g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.s, shape),
                                                                   count_only=True)
         try:
             return {"tasks": g.tasks}
@@ -75,16 +75,16 @@ class _Counter:
             g.close()
 
 
-def _build(module, prog: Program, s: Settings, seq: int, adaptive: bool) -> dict:
+def _build(module, prog: Program, s: Settings, shape: Shape, adaptive: bool) -> dict:
     """Build the whole graph (window 0) and read its counts, peak bytes and build time."""
     cp = CompiledProgram.get(module, adaptive)
-    scalars = prog.scalars(s, seq)
+    scalars = prog.scalars(s, shape)
     t0 = time.perf_counter()
     g = cp.build_graph(scalars)
     wall = (time.perf_counter() - t0) * 1e3
     try:
         st = g.stats
-        return {"seq": seq, "tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
+        return {"value": shape[prog.swept.name], "tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
                 "build_ms": round(g.build_ms, 3), "setup_ms": round(wall - g.build_ms, 3)}
     finally:
         g.close()
@@ -117,16 +117,17 @@ def _fit_edges(samples: list[dict]) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list[dict]) -> list[dict]:
+def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list[dict], at) -> list[dict]:
     """Builds for the memory model when fewer than three rows were measured: the largest
-    power-of-two sequence lengths whose graphs stay within CALIBRATION_TASKS and
+    power-of-two values of the swept shape parameter (``at(value)``: the shape) whose graphs stay
+    within CALIBRATION_TASKS and
     CALIBRATION_EDGES. The largest, not the smallest: the fixed bytes swamp tiny graphs, and the
     fused layer's edges per task grow with the length, so only graphs with many edges per task
     pin the bytes per edge (the smallest three left it at 0: 13 MB predicted for a 562 MB
     graph at 1M tokens)."""
     fits, cal = [], 64
     while cal <= 1 << 24:  # the counts are closed-form or count-only runs: cheap
-        c = counter.counts(cal, adaptive)
+        c = counter.counts(at(cal), adaptive)
         if c["tasks"] > CALIBRATION_TASKS or c.get("edges", 0) > CALIBRATION_EDGES:
             break
         fits.append((cal, c["tasks"]))
@@ -137,7 +138,7 @@ def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list
             break
         if tasks not in seen:
             seen.add(tasks)
-            out.append(_build(module, counter.prog, counter.s, cal, adaptive))
+            out.append(_build(module, counter.prog, counter.s, at(cal), adaptive))
     return out
 
 
@@ -164,73 +165,102 @@ def check_plot_path(path: str) -> None:
         raise UsageError(f"--plot {path}: folder {str(folder)!r} is not writable")
 
 
-def check_seqs(seqs: list[int]) -> list[int]:
-    """The distinct sequence lengths, sorted; UsageError naming the first one out of range."""
-    if not seqs:
-        raise UsageError("estimate needs at least one sequence length")
-    for s in seqs:
+def check_values(values: list[int], name: str = "seq") -> list[int]:
+    """The distinct values of the swept shape parameter ``name``, sorted; UsageError naming the
+    first one out of range."""
+    if not values:
+        raise UsageError(f"at least one value of --{name} is needed")
+    for s in values:
         if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s <= 0:
-            raise UsageError(f"sequence length {s!r}: must be a positive integer")
+            raise UsageError(f"--{name} {s!r}: must be a positive integer")
         if s > MAX_SEQ:
-            raise UsageError(f"sequence length {s} is above {MAX_SEQ} (2**31 - 1), the runtime's "
+            raise UsageError(f"--{name} {s} is above {MAX_SEQ} (2**31 - 1), the runtime's "
                              f"limit on a tensor dimension")
-    return sorted({int(s) for s in seqs})
+    return sorted({int(s) for s in values})
 
 
-def estimate(program: Program | str, seqs: list[int], *, settings: Settings | None = None, adaptive: bool = True,
-             max_build_tasks: int = MAX_BUILD_TASKS, max_build_edges: int = MAX_BUILD_EDGES,
-             plot_path: str | None = None, progress: bool = False, device: str = "auto",
-             config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
-             **options) -> dict:
-    """Rows of task counts, edges and runtime memory for each sequence length (JSON-able).
+def estimate(program: Program | str, values: list[int], *, shape: Shape | None = None, adaptive: bool = True,
+             limits: tuple[int, int] = (MAX_BUILD_TASKS, MAX_BUILD_EDGES), plot_path: str | None = None,
+             progress: bool = False, **resolve_kw) -> dict:
+    """Rows of task counts, edges and runtime memory for each value of the program's swept shape
+    parameter (``seq``), the others at ``shape``'s (the defaults); JSON-able.
 
-    The program's settings are ``settings``, or resolved from ``device``, ``config``, ``dtype``,
-    ``target`` and the program's own ``options`` by the rule every command follows
-    (:mod:`pto.program`). A row is built for real when its graph (the adaptive one, or the
-    non-adaptive one with ``adaptive=False``) has at most ``max_build_tasks`` tasks and, where
-    the closed form gives them, ``max_build_edges`` edges. ``plot_path`` is only checked here
-    (before any work; see :func:`check_plot_path`); :func:`plot` draws it.
+    The program's settings are ``settings`` (in ``resolve_kw``), or resolved from ``device``,
+    ``config``, ``dtype``, ``target`` and the program's own options by the rule every command
+    follows (:mod:`pto.program`). A row is built for real when its graph (the adaptive one, or
+    the non-adaptive one with ``adaptive=False``) has at most ``limits`` = (tasks, edges; edges
+    where the closed form gives them). ``plot_path`` is only checked here (before any work;
+    :func:`check_plot_path`); :func:`plot` draws it.
     """
-    seqs = check_seqs(seqs)
     if plot_path is not None:
         check_plot_path(plot_path)
+    values = check_values(values, "seq" if isinstance(program, str) else program.swept.name)
     prog = program if isinstance(program, Program) else programs.get(program)
-    if settings is None:
-        from pto.device import resolve_device
-        from pto.target import get as get_target
-        from pto.target import resolve as resolve_target
+    name = prog.swept.name
+    s = _settings(prog, **resolve_kw)
+    base = prog.shape(shape)
 
-        dev = resolve_device(device)
-        tg = get_target(target) if isinstance(target, str) else target or resolve_target(None, dev)
-        settings = prog.settings(device=dev, config=config, dtype=dtype, target=tg, **options)
-    s = settings
+    def at(v: int) -> Shape:
+        return prog.shape({**base, name: v})
+
     module = prog.build(s)
     counter = _Counter(prog, s, module)
     rows, samples = [], []
-    for seq in iterate(seqs, "estimating", progress, unit="length"):
-        ca, cn = counter.counts(seq, True), counter.counts(seq, False)
-        mine = ca if adaptive else cn
-        row = {"seq": seq, "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
-               "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
-               # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
-               "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, seq)).values())}
-        if "row_tiles" in mine:
-            row["row_tiles"] = mine["row_tiles"]
-        if mine["tasks"] <= max_build_tasks and mine.get("edges", 0) <= max_build_edges:
-            b = _build(module, prog, s, seq, adaptive)
-            if b["tasks"] != mine["tasks"] or ("edges" in mine and b["edges"] != mine["edges"]):
-                raise ExecutionError(f"{prog.name} at seq {seq}: the closed form gives {mine} but the "
-                                     f"built graph has {b['tasks']} tasks and {b['edges']} edges")
-            samples.append(b)
-            row.update(edges=b["edges"], runtime_bytes=b["bytes"], build_ms=b["build_ms"], measured=True,
-                       tasks_per_ms=round(b["tasks"] / b["build_ms"]) if b["build_ms"] > 0 else None)
-        else:
-            row.update(edges=mine.get("edges"), measured=False)
+    for v in iterate(values, "estimating", progress, unit=name):
+        row, built = _row(counter, module, at(v), adaptive, limits)
         rows.append(row)
+        samples += [built] if built else []
     if len(samples) < 3:
-        samples += _calibration_builds(counter, module, adaptive, samples)
+        samples += _calibration_builds(counter, module, adaptive, samples, at)
     if not samples:
         raise ExecutionError(f"{prog.name}: no graph is small enough to build for the memory model")
+    model = _fill_memory(rows, samples, adaptive)
+    res = {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options], "swept": name,
+           "shape": base.to_json()}
+    res.update(adaptive=adaptive, closed_form=counter.has_closed_form, memory_model=model, rows=rows)
+    return res
+
+
+def _settings(prog: Program, settings: Settings | None = None, device: str = "auto", config: str | None = None,
+              dtype: str | None = None, target: str | Target | None = None, **options) -> Settings:
+    if settings is not None:
+        return settings
+    from pto.device import resolve_device
+    from pto.target import get as get_target
+    from pto.target import resolve as resolve_target
+
+    dev = resolve_device(device)
+    tg = get_target(target) if isinstance(target, str) else target or resolve_target(None, dev)
+    return prog.settings(device=dev, config=config, dtype=dtype, target=tg, **options)
+
+
+def _row(counter: _Counter, module, shape: Shape, adaptive: bool, limits: tuple[int, int]) -> tuple[dict, dict | None]:
+    """One row (counts, tensors; built and measured when the graph is small enough) and the
+    build's sample for the memory model, if built."""
+    prog, s = counter.prog, counter.s
+    ca, cn = counter.counts(shape, True), counter.counts(shape, False)
+    mine = ca if adaptive else cn
+    row = {**shape.to_json(), "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
+           "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
+           # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
+           "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, shape)).values())}
+    if "row_tiles" in mine:
+        row["row_tiles"] = mine["row_tiles"]
+    if mine["tasks"] > limits[0] or mine.get("edges", 0) > limits[1]:
+        row.update(edges=mine.get("edges"), measured=False)
+        return row, None
+    b = _build(module, prog, s, shape, adaptive)
+    if b["tasks"] != mine["tasks"] or ("edges" in mine and b["edges"] != mine["edges"]):
+        raise ExecutionError(f"{prog.name} at {shape}: the closed form gives {mine} but the "
+                             f"built graph has {b['tasks']} tasks and {b['edges']} edges")
+    row.update(edges=b["edges"], runtime_bytes=b["bytes"], build_ms=b["build_ms"], measured=True,
+               tasks_per_ms=round(b["tasks"] / b["build_ms"]) if b["build_ms"] > 0 else None)
+    return row, b
+
+
+def _fill_memory(rows: list[dict], samples: list[dict], adaptive: bool) -> dict:
+    """The memory model fitted on ``samples``; the rows not built get their edges and bytes
+    from it."""
     a, b, c = _fit_bytes(samples)
     ea, eb = _fit_edges(samples)
     for row in rows:
@@ -243,12 +273,8 @@ def estimate(program: Program | str, seqs: list[int], *, settings: Settings | No
             row["edges_estimated"] = True
         row["runtime_bytes"] = int(round(a * n + b * row["edges"] + c))
         row["bytes_per_task"] = round(row["runtime_bytes"] / max(n, 1), 1)
-    res = {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options]}
-    res.update(adaptive=adaptive, closed_form=counter.has_closed_form,
-               memory_model={"bytes_per_task": round(a, 2), "bytes_per_edge": round(b, 2),
-                             "bytes_fixed": round(c), "fitted_on": sorted(s["seq"] for s in samples)},
-               rows=rows)
-    return res
+    return {"bytes_per_task": round(a, 2), "bytes_per_edge": round(b, 2), "bytes_fixed": round(c),
+            "fitted_on": sorted(x["value"] for x in samples)}
 
 
 def row_tasks(row: dict, adaptive: bool) -> int:
@@ -282,14 +308,15 @@ def format_table(res: dict) -> str:
     note = (f"Tasks: with adaptive tiles; No-Opt: without; Tiles, Edges, Build, Tasks/ms, Memory (the runtime's) and "
             f"B/task: the graph {graph} adaptive tiles; Tensors: what a run allocates; Source: measured (the graph "
             f"built) or {unbuilt}")
-    cols = ["SeqLen", "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms", "Memory", "B/task", "Tensors",
-            "Source"]
+    swept = res.get("swept", "seq")
+    cols = ["SeqLen" if swept == "seq" else swept, "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms",
+            "Memory", "B/task", "Tensors", "Source"]
     lines = [" ".join(setting), note, " | ".join(cols)]
     for r in res["rows"]:
         build = f"{r['build_ms']:.2f}ms" if r.get("build_ms") is not None else "-"
         tpm = f"{r['tasks_per_ms']:,}" if r.get("tasks_per_ms") else "-"
         lines.append(" | ".join([
-            _human_seq(r["seq"]), str(r.get("row_tiles", "-")), f"{r['tasks']:,}", f"{r['tasks_no_adaptive']:,}",
+            _human_seq(r[swept]), str(r.get("row_tiles", "-")), f"{r['tasks']:,}", f"{r['tasks_no_adaptive']:,}",
             f"{100 * r['saved']:.0f}%", f"{r['edges']:,}", build, tpm, _human_bytes(r["runtime_bytes"]),
             f"{r['bytes_per_task']:.0f}", _human_bytes(r["tensor_bytes"]), "measured" if r["measured"] else unbuilt,
         ]))
@@ -315,7 +342,8 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     from pto.plotting import figure, finish, log_axes
 
     check_plot_path(path)  # callers that did not pass plot_path to estimate()
-    seqs = [r["seq"] for r in res["rows"]]
+    name = res.get("swept", "seq")
+    seqs = [r[name] for r in res["rows"]]
     fig, (ax1, ax2) = figure(2)
     # one color per setting in both panels
     ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", color="C0", label="ours, adaptive tiles")
@@ -333,8 +361,9 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
         if b.published:
             pts = sorted(b.published.items())
             ax1.plot([s for s, _ in pts], [v for _, v in pts], "kx", label=f"{b.label}, published")
-    log_axes(ax1, "tasks", "tasks")
-    log_axes(ax2, "runtime memory", "bytes")
+    xlabel = "sequence length" if name == "seq" else name
+    log_axes(ax1, "tasks", "tasks", xlabel)
+    log_axes(ax2, "runtime memory", "bytes", xlabel)
     rank = f", one rank of tp={res['tp']}" if res.get("tp", 1) > 1 else ""
-    title = f"{res['program']} (config {res['config']}{rank}): the task graph against sequence length"
+    title = f"{res['program']} (config {res['config']}{rank}): the task graph against {name}"
     return finish(fig, [ax1, ax2], title, details, path)

@@ -15,6 +15,7 @@ import tempfile
 
 from pto.engine import Job, build_graph, check_memory
 from pto.errors import UsageError
+from pto.program import Shape
 from pto.progress import estimate_run_s
 
 
@@ -32,22 +33,23 @@ def check_outputs(dump: str | None, draw: str | None) -> None:
         dot_binary()
 
 
-def build_only(job: Job, seq: int | None = None, *, dump: str | None = None, draw: str | None = None,
+def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None, draw: str | None = None,
                max_nodes: int | None = None) -> dict:
-    """Build the graph of ``job`` at ``seq`` (the program's default when None), write the dump
+    """Build the graph of ``job`` at ``shape`` (the program's defaults when None), write the dump
     (``dump``) and the drawing (``draw``, pdf, svg, png or dot by its suffix, as ``pto
     visualize`` draws it); returns the JSON-able report of ``pto graph --json``."""
     prog, s = job.program, job.settings
-    seq = seq or prog.default_seq
+    shape = prog.shape(shape)
     check_outputs(dump, draw)
-    prog.check_size(s, seq)
-    check_memory(job, seq, prog.build(s), check=False, execute=False)
-    built = build_graph(job, seq)
+    prog.check_size(s, shape)
+    check_memory(job, shape, prog.build(s), check=False, execute=False)
+    built = build_graph(job, shape)
     graph = built.graph
     try:
         out = {k: v for k, v in job.to_json().items() if k != "executor"}
-        est = estimate_run_s(job, seq, graph.tasks)
-        out.update(seq=seq, tasks=graph.tasks, edges=graph.edges, build_ms=round(graph.build_ms, 3),
+        est = estimate_run_s(job, shape, graph.tasks)
+        out.update(**shape.to_json(), shape=shape.to_json(), tasks=graph.tasks, edges=graph.edges,
+                   build_ms=round(graph.build_ms, 3),
                    compile_ms=round(built.compile_ms, 1),
                    bytes_per_task=round(float(graph.stats["bytes_per_task"]), 1),
                    exec_estimate_s=None if est is None else round(est, 1))
@@ -78,7 +80,8 @@ def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
     from pto.progress import human_duration
 
     opts = "".join(f" {k}={res[k]}" for k in options if k in res)
-    lines = [f"{res['program']} seq={res['seq']} config={res['config']} dtype={res['dtype']} "
+    shape = " ".join(f"{k}={v}" for k, v in res["shape"].items())
+    lines = [f"{res['program']} {shape} config={res['config']} dtype={res['dtype']} "
              f"target={res['target']}{opts}",
              f"tasks {res['tasks']:,}  edges {res['edges']:,}  build {res['build_ms']:.2f} ms "
              f"(module and C {res['compile_ms']:.0f} ms); not executed"]

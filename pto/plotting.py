@@ -42,11 +42,11 @@ def figure(panels: int):
     return fig, list(axes[0])
 
 
-def log_axes(ax, title: str, ylabel: str | None = None) -> None:
-    """Log-log axes against sequence length (powers of two), a grid and the panel's title."""
+def log_axes(ax, title: str, ylabel: str | None = None, xlabel: str = "sequence length") -> None:
+    """Log-log axes against a shape parameter (powers of two), a grid and the panel's title."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("sequence length", fontsize=TEXT_PT)
+    ax.set_xlabel(xlabel, fontsize=TEXT_PT)
     if ylabel:
         ax.set_ylabel(ylabel, fontsize=TEXT_PT)
     ax.set_title(title, fontsize=TEXT_PT)

@@ -2,10 +2,11 @@
 
 A :class:`Program` owns everything about itself that the generic layers must not know: its
 configurations, its own options (each an :class:`Option`, which becomes a command-line flag of
-the commands that take the program), the module it builds for a :class:`Settings`, its scalar
-parameters as expressions of the sequence length, seeded inputs, an independent torch
-reference, flops and exact task counts where it has them. Launch parameters are data
-(:mod:`pto.schedules`), not code.
+the commands that take the program), its shape parameters (each a :class:`ShapeParam`: the
+sequence length of a layer, the batch and cache length of a decode step; a :class:`Shape` holds
+their values), the module it builds for a :class:`Settings`, its scalar parameters as
+expressions of the shape, seeded inputs, an independent torch reference, flops and exact task
+counts where it has them. Launch parameters are data (:mod:`pto.schedules`), not code.
 
 Programs are found through the ``pto.programs`` entry-point group (:mod:`pto.programs`), so a
 package outside this repository adds one by declaring, in its ``pyproject.toml``::
@@ -83,6 +84,50 @@ class Option:
 
 
 @dataclass(frozen=True)
+class ShapeParam:
+    """One named dimension of a program's shape (``seq``, ``batch``, ``cache``): a positive
+    integer, a command-line flag (``--seq N``) of the commands that take the program."""
+
+    name: str
+    default: int
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+#: the runtime's tensor dimensions and ids are int32
+_SHAPE_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Shape(Mapping):
+    """The values of a program's shape parameters, in the program's order (a read-only mapping:
+    ``shape["seq"]``); the orchestration's scalars are expressions of them."""
+
+    values: tuple[tuple[str, int], ...]
+
+    def __getitem__(self, name: str) -> int:
+        for k, v in self.values:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def __iter__(self):
+        return (k for k, _ in self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.values)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.values)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything that changes the program a :class:`Program` builds (not how it runs)."""
 
@@ -119,7 +164,8 @@ class Program:
     options: tuple[Option, ...] = ()
     #: output tensors (checked against the reference)
     outputs: tuple[str, ...] = ()
-    default_seq = 128
+    #: the shape's named dimensions; the first is the one ``pto estimate`` and ``pto bench`` sweep
+    shape_params: tuple[ShapeParam, ...] = (ShapeParam("seq", 128, "sequence length"),)
     #: the program has a tensor-parallel form (``--tp N``): with ``Settings.tp`` > 1, :meth:`build`
     #: makes one rank's module (the same on every rank) and :meth:`shard` gives each rank its inputs
     tensor_parallel = False
@@ -161,22 +207,50 @@ class Program:
     def check_settings(self, s: Settings) -> None:
         """Refuse a combination of settings the program cannot build (nothing by default)."""
 
+    @property
+    def swept(self) -> ShapeParam:
+        """The shape parameter ``pto estimate`` and ``pto bench`` sweep (the first)."""
+        return self.shape_params[0]
+
+    def shape(self, value: Shape | Mapping | int | None = None, **named: int | None) -> Shape:
+        """A checked :class:`Shape`: ``value`` (a Shape, a mapping of names to values, or an int
+        for the first parameter) and ``named`` values over the defaults; an unknown name or a
+        value that is not a positive integer is one UsageError naming the flag."""
+        given: dict = {}
+        if isinstance(value, Mapping):
+            given.update(value)
+        elif value is not None:
+            given[self.swept.name] = value
+        given.update({k: v for k, v in named.items() if v is not None})
+        known = {p.name: p for p in self.shape_params}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise UsageError(f"{self.name} has no shape parameter {unknown[0]!r} (its shape: "
+                             f"{', '.join(known)})")
+        out = []
+        for p in self.shape_params:
+            v = given.get(p.name, p.default)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _SHAPE_MAX:
+                raise UsageError(f"{self.name}: {p.flag} must be an integer from 1 to {_SHAPE_MAX}, got {v!r}")
+            out.append((p.name, int(v)))
+        return Shape(tuple(out))
+
     # -- what the program is ----------------------------------------------------------------------
     def build(self, s: Settings) -> Module:
         raise NotImplementedError
 
     def scalar_exprs(self, s: Settings) -> dict:
-        """Each scalar parameter of the entry function as an expression of ``seq`` (the
-        standalone main.c that ``pto codegen`` writes evaluates them in C)."""
+        """Each scalar parameter of the entry function as an expression of the shape parameters
+        (the standalone main.c that ``pto codegen`` writes evaluates them in C)."""
         raise NotImplementedError
 
-    def scalars(self, s: Settings, seq: int) -> dict[str, int]:
-        return {k: int(evaluate(e, {"seq": seq})) for k, e in self.scalar_exprs(s).items()}
+    def scalars(self, s: Settings, shape: Shape) -> dict[str, int]:
+        return {k: int(evaluate(e, dict(shape))) for k, e in self.scalar_exprs(s).items()}
 
-    def inputs(self, s: Settings, seq: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
+    def inputs(self, s: Settings, shape: Shape, device, seed: int = 0) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def reference(self, s: Settings, seq: int, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def reference(self, s: Settings, shape: Shape, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The outputs from the whole inputs of :meth:`inputs` (with ``s.tp`` > 1 too: the
         reference is the single-process layer)."""
         raise NotImplementedError
@@ -189,16 +263,16 @@ class Program:
             return inputs
         raise NotImplementedError
 
-    def flops(self, s: Settings, seq: int) -> float:
+    def flops(self, s: Settings, shape: Shape) -> float:
         """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
         return 0.0
 
-    def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int] | None:
+    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int] | None:
         """Exact ``tasks`` and ``edges`` of the graph without building it, or None (then
         ``pto estimate`` counts by running the generated C)."""
         return None
 
-    def check_size(self, s: Settings, seq: int) -> None:
+    def check_size(self, s: Settings, shape: Shape) -> None:
         """Refuse, before any work, a size the program cannot run (nothing to check by default)."""
 
     def estimate_baselines(self, s: Settings) -> list:
@@ -215,4 +289,4 @@ def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale:
     return x.to(device=device, dtype=dtype.torch)
 
 
-__all__ = ["Program", "Option", "Settings", "seeded_randn", "DEFAULTS_RULE"]
+__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "seeded_randn", "DEFAULTS_RULE"]

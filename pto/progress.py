@@ -54,23 +54,23 @@ def exec_estimate_s(tasks: int, flops: float, device: str, backend: str) -> floa
     return tasks * per_task + flops / rate
 
 
-def estimate_run_s(job, seq: int, tasks: int) -> float | None:
+def estimate_run_s(job, shape, tasks: int) -> float | None:
     """:func:`exec_estimate_s` of a graph of ``tasks`` tasks of ``job`` (a
-    :class:`pto.engine.Job`) at sequence length ``seq``."""
-    return exec_estimate_s(tasks, job.program.flops(job.settings, seq), job.device, job.backend)
+    :class:`pto.engine.Job`) at ``shape`` (a :class:`pto.program.Shape`)."""
+    return exec_estimate_s(tasks, job.program.flops(job.settings, shape), job.device, job.backend)
 
 
-def long_run_warning(job, seq: int, tasks: int) -> str | None:
-    """One line announcing an execution of ``job`` at ``seq`` (``tasks`` tasks) estimated to take
-    :data:`LONG_RUN_S` or more; None for a shorter one."""
-    est = estimate_run_s(job, seq, tasks)
+def long_run_warning(job, shape, tasks: int) -> str | None:
+    """One line announcing an execution of ``job`` at ``shape`` (``tasks`` tasks) estimated to
+    take :data:`LONG_RUN_S` or more; None for a shorter one."""
+    est = estimate_run_s(job, shape, tasks)
     if est is None or est < LONG_RUN_S:
         return None
-    flops = job.program.flops(job.settings, seq)
+    flops = job.program.flops(job.settings, shape)
     work = f"{tasks:,} tasks" + (f", {flops / 1e9:,.0f} GFLOP" if flops >= 1e9 else "")
-    return (f"warning: {job.program.name} at seq {seq} (config {job.settings.config}; {work}) may take about "
+    return (f"warning: {job.program.name} at {shape} (config {job.settings.config}; {work}) may take about "
             f"{human_duration(est, rough=True)} on {job.device} with the {job.backend} backend (a rough estimate); "
-            "a shorter --seq or a smaller --config is faster")
+            f"a smaller {job.program.swept.flag} or --config is faster")
 
 
 def human_duration(seconds: float, rough: bool = False) -> str:

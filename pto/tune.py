@@ -30,6 +30,7 @@ from pto.errors import UsageError
 from pto.ir.analysis import param_access
 from pto.ir.nodes import ForRange
 from pto.ir.ops import Op
+from pto.program import Shape
 from pto.progress import iterate
 from pto.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
 from pto.timing import median_ms
@@ -69,28 +70,22 @@ def _loads(body) -> bool:
     return any(_loads(s.body) if isinstance(s, ForRange) else s.op is Op.LOAD for s in body)
 
 
-def _collect_batches(job: Job, seq: int, seed: int):
+def _collect_batches(job: Job, shape: Shape, seed: int):
     """Run the program once with the wave executor; every (variant, batch) it launched."""
-    from pto.buffers import allocate, tensor_shapes
-    from pto.exec.waves import WaveExecutor
-    from pto.graph import CompiledProgram
+    from pto.engine import Placement, Prepared, build_graph
 
     prog, s = job.program, job.settings
-    module = prog.build(s)
-    scalars = prog.scalars(s, seq)
-    graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
+    run = Prepared(build_graph(job, shape), Placement(job.device, "triton", "waves"),
+                   prog.inputs(s, shape, job.device, seed))
     try:
-        fn = module.entry_function
-        tensors = allocate(fn, tensor_shapes(fn, scalars), prog.inputs(s, seq, job.device, seed), job.device)
-        ex = WaveExecutor(TritonBackend(job.device, schedules=for_device(job.device)), tensors)
         batches: list[TaskBatch] = []
-        ex.on_batch = batches.append
-        ex.run(graph)
+        run.executor.on_batch = batches.append
+        run()
         if job.device == "cuda":
             torch.cuda.synchronize()
         return batches
     finally:
-        graph.close()
+        run.close()
 
 
 def _clone(batch: TaskBatch, written: set[str]) -> TaskBatch:
@@ -170,11 +165,11 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, wa
     return result
 
 
-def tune(program: str, seqs: list[int], *, device: str = "auto", config=None, dtype=None, target=None,
+def tune(program: str, shapes: list[Shape | int], *, device: str = "auto", config=None, dtype=None, target=None,
          options: dict | None = None, budget_s: float = 600.0, iterations: int = 10, warmup: int = 2,
          seed: int = 0, progress: bool = False, db: ScheduleDB | None = None, only: set[str] | None = None,
          candidates: dict[str, list[dict]] | None = None, on_measure=None) -> dict:
-    """Tune every variant the program runs at ``seqs`` (JSON-able summary). ``only``: function
+    """Tune every variant the program runs at ``shapes`` (JSON-able summary). ``only``: function
     names to tune; ``candidates``: a space per function name in place of :func:`space`."""
     from datetime import date
 
@@ -188,19 +183,20 @@ def tune(program: str, seqs: list[int], *, device: str = "auto", config=None, dt
     results: list[Result] = []
     interrupted = False
     try:
-        for seq in seqs:
-            job.program.check_size(job.settings, seq)
+        for shape in [job.program.shape(x) for x in shapes]:
+            job.program.check_size(job.settings, shape)
             best: dict[str, TaskBatch] = {}
-            for b in _collect_batches(job, seq, seed):
+            for b in _collect_batches(job, shape, seed):
                 if only and b.fn.name not in only:
                     continue
                 if b.fn.variant_name not in best or b.size > best[b.fn.variant_name].size:
                     best[b.fn.variant_name] = b
             order = sorted(best.values(), key=lambda b: -_estimate(b))
-            for b in iterate(order, f"tuning {job.program.name} at {seq}", progress, unit="variant"):
+            for b in iterate(order, f"tuning {job.program.name} at {shape}", progress, unit="variant"):
                 if time.monotonic() > deadline:
                     break
-                label = f"{date.today().isoformat()} pto tune {job.program.name} --seq {seq}"
+                flags = " ".join(f"--{k} {v}" for k, v in shape.items())
+                label = f"{date.today().isoformat()} pto tune {job.program.name} {flags}"
                 cands = candidates.get(b.fn.name) if candidates else None
                 results.append(tune_batch(b, db, job.settings.dtype.short, iterations, warmup, cuda, deadline, label,
                                           cands, on_measure))
@@ -223,9 +219,9 @@ def _estimate(batch: TaskBatch) -> float:
         return float(batch.size)
 
 
-def show(program: str, seqs: list[int], *, device: str = "auto", config=None, dtype=None, target=None,
+def show(program: str, shapes: list[Shape | int], *, device: str = "auto", config=None, dtype=None, target=None,
          options: dict | None = None) -> str:
-    """What applies to each variant the program runs at ``seqs``: the parameters, where they
+    """What applies to each variant the program runs at ``shapes``: the parameters, where they
     come from (user, shipped, heuristic) and why other entries do not apply."""
     from pto.graph import CompiledProgram
 
@@ -238,14 +234,14 @@ def show(program: str, seqs: list[int], *, device: str = "auto", config=None, dt
     else:
         lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
                  f"{db.triton or 'not installed'})"]
-    for seq in seqs:
+    for shape in [job.program.shape(x) for x in shapes]:
         graph = CompiledProgram.get(job.program.build(job.settings), target=job.settings.target).build_graph(
-            job.program.scalars(job.settings, seq))
+            job.program.scalars(job.settings, shape))
         try:
             for fn, n in sorted(graph.tasks_per_variant().items(), key=lambda kv: kv[0].variant_name):
                 digest = be.kernel(fn).digest
                 _, origin = db.lookup(fn.name, fn.variant_name, n, digest)
-                lines.append(f"seq {seq}  {fn.variant_name} ({n} tasks, {bucket(n)}): {origin} "
+                lines.append(f"{shape}  {fn.variant_name} ({n} tasks, {bucket(n)}): {origin} "
                              f"{be.launch_config(fn, n)}")
                 lines += [f"    {x}" for x in db.explain(fn.name, fn.variant_name, n, digest)]
         finally:

@@ -25,7 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
-    "plotting": "plotting", "cachedir": "cachedir", "emit": "engine",
+    "plotting": "plotting", "cachedir": "cachedir", "emit": "engine", "run": "engine",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
@@ -36,7 +36,6 @@ AREAS = {
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
     "bench": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
-    "cli_checks": "cli",
     "incore": "incore", "orchestration": "orchestration",
 }
 

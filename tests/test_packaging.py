@@ -24,3 +24,36 @@ def test_every_subpackage_is_installed():
     for pkg, folder in cfg["package-dir"].items():
         assert (ROOT / folder / "__init__.py").is_file(), (pkg, folder)
     assert cfg["package-data"]["pto.runtime_c"] == ["*.c", "*.h"]
+
+
+_CHECKOUT = """
+import sys
+# a plain checkout: no installed pto (the editable install's finder removed), the root on the path
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path.insert(0, sys.argv[1])
+import pto, pto.incore.matmul, pto.orchestration.llama.program, pto.runtime_c
+print(pto.incore.matmul.__file__, pto.orchestration.llama.program.__file__, pto.runtime_c.__file__)
+for name in ("pto.tests", "pto.docs"):
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        continue
+    raise SystemExit(f"{name} is importable")
+"""
+
+
+def test_the_checkout_maps_exactly_its_three_folders(tmp_path):
+    """incore/, orchestration/ and runtime_c/ import as pto.incore, pto.orchestration and
+    pto.runtime_c from a plain checkout (pto/layout.py) and from this environment's install;
+    no other folder of the checkout becomes part of pto."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _CHECKOUT, str(ROOT)], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    files = r.stdout.split()
+    assert files == [str(ROOT / "incore" / "matmul.py"), str(ROOT / "orchestration" / "llama" / "program.py"),
+                     str(ROOT / "runtime_c" / "__init__.py")]
+    for name in ("pto.tests", "pto.docs"):
+        with pytest.raises(ModuleNotFoundError):
+            __import__(name)

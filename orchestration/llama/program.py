@@ -21,7 +21,7 @@ from pto.orchestration.llama.weights import check_weights, load_layer
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
-from pto.program import Option, Program, Settings, seeded_randn
+from pto.program import Option, Program, Settings, Shape, ShapeParam, seeded_randn
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
 #: f32, bidirectional, split attention), and the bytes per task of its runtime
@@ -81,7 +81,7 @@ class LlamaProgram(Program):
         Option("allreduce_dtype", "f32", "with --tp N: the dtype the ranks' partial sums are all-reduced in: f32, "
                "or the storage dtype (half the bytes sent, as Megatron)", choices=("f32", "storage")),
     )
-    default_seq = 128
+    shape_params = (ShapeParam("seq", 128, "tokens (rows of x)"),)
     outputs = ("y",)
     tensor_parallel = True
 
@@ -133,18 +133,19 @@ class LlamaProgram(Program):
         return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, s["causal"], s["attention"],
                              s["fuse_norm_rope"], s.tp, self._reduce_dtype(s))[0]
 
-    def counts(self, s: Settings, seq: int, adaptive: bool = True) -> dict[str, int]:
+    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts of one rank's graph (see :func:`closed_form`), for ``pto
         estimate``."""
-        return closed_form(self.config(s), self.tiling(s), seq, s["attention"], s["causal"], adaptive,
+        return closed_form(self.config(s), self.tiling(s), shape["seq"], s["attention"], s["causal"], adaptive,
                            s["fuse_norm_rope"], s.tp)
 
-    def check_size(self, s: Settings, seq: int) -> None:
+    def check_size(self, s: Settings, shape: Shape) -> None:
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
         edges)."""
-        c = self.counts(s, seq, True)
+        c = self.counts(s, shape, True)
         if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
-            raise UsageError(f"{self.name} at seq {seq}: {c['tasks']:,} tasks and {c['edges']:,} edges exceed the "
+            raise UsageError(f"{self.name} at seq {shape['seq']}: {c['tasks']:,} tasks and {c['edges']:,} edges "
+                             "exceed the "
                              "runtime's limits (2^31 task ids and edges); use a shorter --seq or "
                              "`pto estimate` for the counts")
 
@@ -165,7 +166,7 @@ class LlamaProgram(Program):
     def scalar_exprs(self, s):
         return {"S": Var("seq")}
 
-    def inputs(self, s, seq, device, seed=0):
+    def inputs(self, s, shape, device, seed=0):
         """Seeded random activations; the weights random too (scaled by 1/sqrt(fan-in)) or the
         layer's from ``--weights``; cos and sin of the positions from the configuration's RoPE."""
         cfg = self.config(s)
@@ -179,6 +180,7 @@ class LlamaProgram(Program):
                 return (torch.randn(*shape, generator=g, device=dev, dtype=torch.float32) * scale).to(dt.torch)
             return seeded_randn(shape, dt, dev, g, scale)
 
+        seq = shape["seq"]
         cos, sin = rope_tables(seq, cfg, dt, dev)
         x = rnd(seq, H)
         if s["weights"]:
@@ -194,7 +196,7 @@ class LlamaProgram(Program):
             "cos": cos, "sin": sin,
         }
 
-    def reference(self, s, seq, inputs):
+    def reference(self, s, shape, inputs):
         return {"y": reference_layer(inputs, self.config(s), s["causal"])}
 
     def shard(self, s, inputs, rank):
@@ -213,8 +215,8 @@ class LlamaProgram(Program):
             out[name] = inputs[name][rank * w:(rank + 1) * w]
         return out
 
-    def flops(self, s, seq):
-        return layer_flops(self.config(s), seq, s["causal"])
+    def flops(self, s, shape):
+        return layer_flops(self.config(s), shape["seq"], s["causal"])
 
 
 class LlamaFamily(LlamaProgram):

@@ -35,6 +35,11 @@ class Backend:
         """Device launches one prepared batch makes."""
         return self.prepare(batch).count
 
+    def uniform_launch(self, graph) -> dict[str, dict]:
+        """Launch overrides that make every batch of ``graph`` compute exactly as the persistent
+        executor's kernel does (``--deterministic``); none for a backend without launch settings."""
+        return {}
+
 
 #: name -> (module, class, what it needs)
 BACKENDS = {

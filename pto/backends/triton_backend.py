@@ -200,6 +200,24 @@ class TritonBackend(Backend):
             calls = fit_calls(jit, calls, self.shared_limit(), what)
         return _launcher(jit, calls, groups, what)
 
+    def uniform_launch(self, graph) -> dict[str, dict]:
+        """Launch overrides (variant name -> parameters) that compile every batched kernel of
+        ``graph`` as the persistent megakernel compiles its branches: the kernel-wide settings of
+        :func:`pto.codegen.triton.megakernel.kernel_settings` (the most warps any variant asks for,
+        FMA contraction if any allows it) and this backend's code-generation options (a schedule
+        may not switch them for one kernel). Pipelining depth stays each variant's own: it reorders
+        loads, not arithmetic. So both executors run identically compiled arithmetic."""
+        import numpy as np
+
+        from pto.codegen.triton.megakernel import kernel_settings
+
+        ex = graph.runtime.export()
+        by_id = graph.variant_of_func_id()
+        fids, counts = np.unique(ex.func, return_counts=True)
+        same = kernel_settings([self.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
+        same.update({f: getattr(self.options, f) for f in RenderOptions.__dataclass_fields__})
+        return {by_id[int(f)].variant_name: dict(same) for f in fids}
+
     def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:
         """The specializations of ``fn``'s batched kernel (every region full or not, aligned or
         not) that need more shared memory than the device has with the launch settings for

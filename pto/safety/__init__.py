@@ -5,9 +5,8 @@ launch settings behind bitwise determinism (:mod:`pto.safety.determinism`). docs
 explains each."""
 
 from pto.safety.blame import NonFiniteError, blame, format_nonfinite
-from pto.safety.determinism import uniform_launch
 from pto.safety.schedule import ScheduleReport, check_schedule, verify_schedule
 from pto.safety.tensor_io import load_inputs, save_outputs
 
 __all__ = ["blame", "format_nonfinite", "NonFiniteError", "check_schedule", "verify_schedule", "ScheduleReport",
-           "load_inputs", "save_outputs", "uniform_launch"]
+           "load_inputs", "save_outputs"]

@@ -24,8 +24,6 @@ bitwise replay must say so here (``"breaks: why"``) and :func:`guarantee` report
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 #: ``pto run`` option (argparse dest) -> what it does to the outputs' bits:
 #: ``none``: nothing; ``program``: it picks the program, its shape or its inputs (the same value
 #: gives the same bits); ``executor``: how the graph runs (the same bits across executors where
@@ -68,25 +66,4 @@ def guarantee(device: str, backend: str, deterministic: bool, options: dict | No
             "note": "; ".join([*broken, note])}
 
 
-def uniform_launch(backend, graph) -> dict[str, dict]:
-    """Launch overrides (variant name -> parameters) that compile every batched kernel of
-    ``graph`` as the persistent megakernel compiles its branches: the kernel-wide settings of
-    :func:`pto.codegen.triton.megakernel.kernel_settings` (the most warps any variant asks for,
-    FMA contraction if any allows it) and the backend's own code-generation options (a schedule
-    may not switch them for one kernel). Pipelining depth stays each variant's own: it reorders
-    loads, not arithmetic. Applied over a Triton backend's overrides, the persistent executor's
-    configuration is the same, so both executors run identically compiled arithmetic."""
-    import numpy as np
-
-    from pto.codegen.triton import RenderOptions
-    from pto.codegen.triton.megakernel import kernel_settings
-
-    ex = graph.runtime.export()
-    by_id = graph.variant_of_func_id()
-    fids, counts = np.unique(ex.func, return_counts=True)
-    same = kernel_settings([backend.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
-    same.update({f.name: getattr(backend.options, f.name) for f in fields(RenderOptions)})
-    return {by_id[int(f)].variant_name: dict(same) for f in fids}
-
-
-__all__ = ["uniform_launch", "guarantee", "breaking", "RUN_OPTIONS"]
+__all__ = ["guarantee", "breaking", "RUN_OPTIONS"]

@@ -117,11 +117,11 @@ def save_inputs_file(path: str, module, scalars: dict[str, int], tensors: dict[s
     save_tensors(path, {k: tensors[k] for k in program_inputs(module, scalars)}, metadata, "--save-inputs")
 
 
-def run_metadata(job, seq: int, seed: int, inputs: str | None) -> dict:
+def run_metadata(job, shape, seed: int, inputs: str | None) -> dict:
     """The metadata of the files a run of ``job`` (a :class:`pto.engine.Job`) writes: what the
     command fixes, never a timing or anything else that differs between identical runs."""
     where = {"inputs": str(inputs)} if inputs else {"seed": seed}
-    return {**job.to_json(), "seq": seq, **where}
+    return {**job.to_json(), **dict(shape), **where}
 
 
 def _sorted_header(blob: bytes) -> bytes:

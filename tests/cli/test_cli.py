@@ -108,7 +108,7 @@ def test_help_lists_programs_targets_and_every_option():
     r = pto("run", "llama7b", "--help")
     assert "options of llama7b" in r.stdout and "--attention {split,pair,fused}" in r.stdout
     assert "--no-causal" in r.stdout
-    from pto.cli import build_parser
+    from pto.cli.parser import build_parser
     from pto.programs import get
 
     for prog in (None, get("llama7b"), get("softmax")):

@@ -103,7 +103,7 @@ def test_tune_without_a_gpu_points_at_show(tmp_path):
 
 def test_no_help_shows_an_empty_default():
     from pto import programs
-    from pto.cli import build_parser
+    from pto.cli.parser import build_parser
 
     for prog in [None, *map(programs.get, programs.names())]:
         sub = next(a for a in build_parser(prog)._actions if isinstance(a, argparse._SubParsersAction))

@@ -58,7 +58,7 @@ def test_a_long_run_is_announced_before_it_executes():
         proc.kill()
         proc.communicate()
     assert first.startswith("pto: warning: llama7b at seq 1024 (config 7b; 704 tasks, "), first
-    assert re.search(r"may take about \d+ min on cpu with the torch backend \(a rough estimate\); a shorter --seq",
+    assert re.search(r"may take about \d+ min on cpu with the torch backend \(a rough estimate\); a smaller --seq",
                      first), first
 
 

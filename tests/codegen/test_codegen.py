@@ -68,7 +68,7 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     for seq in (1, 77, 300):
         out = subprocess.run([str(exe), str(seq), "--dump", str(tmp_path / "d.txt")], capture_output=True,
                              text=True, check=True).stdout.split()
-        g = CompiledProgram.get(prog.build(opts)).build_graph(prog.scalars(opts, seq))
+        g = CompiledProgram.get(prog.build(opts)).build_graph(prog.scalars(opts, prog.shape(seq)))
         assert int(out[1]) == g.tasks and int(out[3]) == g.edges
         g.close()
         assert (tmp_path / "d.txt").read_text().startswith("PTO-TASKGRAPH 1")
@@ -82,9 +82,9 @@ def test_c_tasks_equal_python_tasks(name, seq):
     opts = prog.settings()
     module = prog.build(opts)
     cp = CompiledProgram.get(module)
-    g = cp.build_graph(prog.scalars(opts, seq))
+    g = cp.build_graph(prog.scalars(opts, prog.shape(seq)))
     ex = g.runtime.export()
-    want = list(iter_tasks(cp.lowered, prog.scalars(opts, seq)))
+    want = list(iter_tasks(cp.lowered, prog.scalars(opts, prog.shape(seq))))
     assert ex.n_tasks == len(want)
     tnames = {v: k for k, v in g.tensor_ids.items()}
     fnames = {fid: v.variant_name for fid, v in g.variant_of_func_id().items()}
@@ -121,8 +121,8 @@ def test_count_only_mode_counts_exactly():
     prog = get("bgemm")
     opts = prog.settings()
     cp = CompiledProgram.get(prog.build(opts))
-    full = cp.build_graph(prog.scalars(opts, 500))
-    fast = cp.build_graph(prog.scalars(opts, 500), count_only=True)
+    full = cp.build_graph(prog.scalars(opts, prog.shape(500)))
+    fast = cp.build_graph(prog.scalars(opts, prog.shape(500)), count_only=True)
     assert fast.tasks == full.tasks and fast.stats["regions"] == full.stats["regions"]
     assert fast.stats["bytes_peak"] < full.stats["bytes_peak"]
     full.close()
@@ -136,7 +136,7 @@ def test_warm_start_runs_no_compiler(tmp_path):
     code = ("from pto.programs import get\n"
             "from pto.graph import CompiledProgram\n"
             "p = get('softmax'); o = p.settings()\n"
-            "g = CompiledProgram.get(p.build(o)).build_graph(p.scalars(o, 50))\n"
+            "g = CompiledProgram.get(p.build(o)).build_graph(p.scalars(o, p.shape(50)))\n"
             "print(g.tasks)\n")
     env = dict(os.environ, PTO_CACHE_DIR=str(tmp_path))
     cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -156,8 +156,8 @@ def test_executor_any_ready_order_matches_interpreter():
     prog = get("bgemm")
     opts = prog.settings()
     module = prog.build(opts)
-    scalars = prog.scalars(opts, 70)
-    inputs = prog.inputs(opts, 70, "cpu", seed=5)
+    scalars = prog.scalars(opts, prog.shape(70))
+    inputs = prog.inputs(opts, prog.shape(70), "cpu", seed=5)
     want = run_program(module, inputs, scalars).tensors["C"]
     for seed in range(3):
         g = CompiledProgram.get(module).build_graph(scalars)

@@ -482,8 +482,8 @@ def test_program_through_both_backends(name, seq, dtype, attention):
                    "fuse_norm_rope": attention.endswith("+fuse")}
     opts = prog.settings(dtype=dtype, target=target("x86_64"), **options)
     module = prog.build(opts)
-    inputs = prog.inputs(opts, seq, "cpu", seed=seq)
-    scalars = prog.scalars(opts, seq)
+    inputs = prog.inputs(opts, prog.shape(seq), "cpu", seed=seq)
+    scalars = prog.scalars(opts, prog.shape(seq))
     ref = run_program(module, inputs, scalars).tensors
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == DType.F32 else dict(rtol=2e-3, atol=2e-3)
     for backend in (TorchBackend(), TritonBackend("cpu")):

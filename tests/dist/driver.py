@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from pto import dist
-from pto.engine import run
+from pto.run import run
 
 
 def main(cases_file: str, out_dir: str) -> int:

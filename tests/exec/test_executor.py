@@ -19,8 +19,8 @@ def _setup(attention: str, seq: int):
     prog = get("llama7b")
     opts = prog.settings(attention=attention, target=target("x86_64"))
     module = prog.build(opts)
-    scalars = prog.scalars(opts, seq)
-    inputs = prog.inputs(opts, seq, "cpu", seed=7)
+    scalars = prog.scalars(opts, prog.shape(seq))
+    inputs = prog.inputs(opts, prog.shape(seq), "cpu", seed=7)
     want = run_program(module, inputs, scalars).tensors["y"]
     fn = module.entry_function
     tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, "cpu")

@@ -25,7 +25,7 @@ OPTIONS = {"num_warps": 8, "num_stages": 1, "enable_fp_fusion": True}
 def _plan(program: str, config: str, seq: int, **options):
     prog = programs.get(program)
     s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"), **options)
-    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, seq))
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(seq)))
     try:
         return make_plan(graph, list(graph.tensor_ids), {})
     finally:

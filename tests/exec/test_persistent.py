@@ -30,7 +30,7 @@ CASES = [("softmax", 70, {}), ("bgemm", 45, {}),
 def _run(program, seq, options, executor, seed=1):
     job = resolve(program, device="cpu", backend="triton", executor=executor, options=options)
     runner = Runner(job, seq)
-    inputs = job.program.inputs(job.settings, seq, "cpu", seed=seed)
+    inputs = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=seed)
     out = {k: v.clone() for k, v in runner(inputs).items()}
     return job, runner, inputs, out
 
@@ -47,7 +47,7 @@ def test_bit_identical_to_waves_and_close_to_the_reference(program, seq, options
         assert rp.stats.launches == 1
         for k in want:
             assert torch.equal(got[k], want[k]), k
-        ref = job.program.reference(job.settings, seq, inputs)
+        ref = job.program.reference(job.settings, job.program.shape(seq), inputs)
         assert max(rel_err(got[k], v) for k, v in ref.items()) <= 1e-4
         _check_queue(rp.executor.plan)
     finally:
@@ -74,9 +74,9 @@ def test_replays_reset_the_counters_and_read_new_inputs():
     job, runner, _, first = _run("llama7b", 40, {"attention": "pair"}, "persistent", seed=1)
     try:
         for seed in (2, 1):
-            inputs = job.program.inputs(job.settings, 40, "cpu", seed=seed)
+            inputs = job.program.inputs(job.settings, job.program.shape(40), "cpu", seed=seed)
             out = runner(inputs)["y"]
-            ref = job.program.reference(job.settings, 40, inputs)["y"]
+            ref = job.program.reference(job.settings, job.program.shape(40), inputs)["y"]
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
             runner.executor.check()
         assert torch.equal(out, first["y"])  # seed 1 again: the same bits
@@ -90,7 +90,7 @@ def test_a_wait_that_never_ends_is_reported_with_its_task():
     job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
     runner = Runner(job, 40)
     try:
-        runner(job.program.inputs(job.settings, 40, "cpu"))
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         ex = runner.executor
         ex.max_polls = 50
         victim = int(np.nonzero(ex.plan.pending)[0][-1])  # a task with predecessors
@@ -109,7 +109,7 @@ def test_trace_schedule_respects_every_dependency():
     job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "split"})
     runner = Runner(job, 40, record=True)
     try:
-        runner(job.program.inputs(job.settings, 40, "cpu"))
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         recs = runner.stats.records
         plan = runner.executor.plan
         assert len(recs) == plan.n_items

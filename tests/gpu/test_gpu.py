@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("attention", ["fused", "pair", "split"])
 def test_tiny_layer_triton_matches_reference(attention):
-    from pto.engine import run
+    from pto.run import run
 
     res = run("llama7b", seq=333, config="tiny", device="cuda", backend="triton", dtype="bf16",
               attention=attention, check=True)
@@ -26,7 +26,7 @@ def test_family_layers_on_triton(config, attention, executor):
     """Grouped-query attention and the sliding window on the GPU's compiled kernels (the
     interpreter neither runs bf16 nor fuses multiply-adds): at 333 tokens the 64-key window
     leaves whole rows of the first kv tiles masked, where a huge window bias once gave inf."""
-    from pto.engine import run
+    from pto.run import run
 
     res = run("llama", seq=333, config=config, device="cuda", backend="triton", executor=executor, dtype="bf16",
               attention=attention, check=True)
@@ -34,7 +34,7 @@ def test_family_layers_on_triton(config, attention, executor):
 
 
 def test_f32_programs_on_triton():
-    from pto.engine import run
+    from pto.run import run
 
     for prog in ("softmax", "bgemm"):
         res = run(prog, seq=333, config="tiny", device="cuda", backend="triton", dtype="f32", check=True)
@@ -42,7 +42,7 @@ def test_f32_programs_on_triton():
 
 
 def test_7b_layer_bf16_and_graph_replay():
-    from pto.engine import run
+    from pto.run import run
 
     res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", dtype="bf16",
               attention="fused", check=True, repeat=3)
@@ -84,17 +84,17 @@ def test_persistent_executor_matches_waves(attention):
         job = resolve("llama7b", device="cuda", backend="triton", executor=executor, config="tiny", dtype="bf16",
                       options={"attention": attention})
         runner = Runner(job, 333)
-        inputs = job.program.inputs(job.settings, 333, "cuda", seed=3)
+        inputs = job.program.inputs(job.settings, job.program.shape(333), "cuda", seed=3)
         outs[executor] = runner(inputs)["y"].clone()
         runner.executor.check()
-        ref = job.program.reference(job.settings, 333, inputs)["y"]
+        ref = job.program.reference(job.settings, job.program.shape(333), inputs)["y"]
         assert rel_err(outs[executor], ref) <= 2e-2
         runner.close()
     assert rel_err(outs["persistent"], outs["waves"]) <= 1e-2
 
 
 def test_persistent_7b_layer_replays_as_a_cuda_graph():
-    from pto.engine import run
+    from pto.run import run
 
     res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", executor="persistent",
               dtype="bf16", attention="fused", check=True, repeat=3)
@@ -111,7 +111,7 @@ def test_persistent_wait_is_bounded_on_the_gpu():
     job = resolve("llama7b", device="cuda", backend="triton", executor="persistent", config="tiny", dtype="bf16")
     runner = Runner(job, 200)
     try:
-        runner(job.program.inputs(job.settings, 200, "cuda"))
+        runner(job.program.inputs(job.settings, job.program.shape(200), "cuda"))
         ex = runner.executor
         ex.max_polls = 10_000
         victim = int((ex.buf["pending0"] > 0).nonzero()[-1])

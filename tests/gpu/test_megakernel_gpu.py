@@ -34,11 +34,11 @@ def test_shipped_h100_schedules_on_the_persistent_executor(seq, tmp_path):
 
     job, runner = _runner(seq, tmp_path)
     try:
-        inputs = job.program.inputs(job.settings, seq, "cuda", seed=5)
+        inputs = job.program.inputs(job.settings, job.program.shape(seq), "cuda", seed=5)
         out = runner(inputs)["y"]
         assert runner.executor.name == "persistent"
         runner.executor.check()
-        ref = job.program.reference(job.settings, seq, inputs)["y"]
+        ref = job.program.reference(job.settings, job.program.shape(seq), inputs)["y"]
         assert rel_err(out, ref) <= 2e-2
         props = torch.cuda.get_device_properties(0)
         assert runner.executor.report()["shared"] <= props.shared_memory_per_block_optin
@@ -52,13 +52,13 @@ def test_a_kernel_that_cannot_fit_falls_back_to_waves(tmp_path, caplog):
     job, runner = _runner(777, tmp_path)
     runner.executor.shared_limit = 1024  # no branch of the 7B layer fits 1 KiB
     try:
-        inputs = job.program.inputs(job.settings, 777, "cuda", seed=6)
+        inputs = job.program.inputs(job.settings, job.program.shape(777), "cuda", seed=6)
         with caplog.at_level(logging.WARNING, logger="pto.exec"):
             out = runner(inputs)["y"]
         assert runner.executor.name == "waves"
         (line,) = [r.getMessage() for r in caplog.records if r.name == "pto.exec"]
         assert "shared memory" in line and "(the device allows 1,024)" in line and "--executor waves" in line
-        ref = job.program.reference(job.settings, 777, inputs)["y"]
+        ref = job.program.reference(job.settings, job.program.shape(777), inputs)["y"]
         assert rel_err(out, ref) <= 2e-2
     finally:
         runner.close()
@@ -74,9 +74,9 @@ def test_a_schedule_too_deep_for_a_specialization_is_lowered(tmp_path):
     runner = Runner(job, 1537)
     runner.executor.backend.launch_overrides["matmul_tile"] = {"num_stages": 8}
     try:
-        inputs = job.program.inputs(job.settings, 1537, "cuda", seed=7)
+        inputs = job.program.inputs(job.settings, job.program.shape(1537), "cuda", seed=7)
         out = runner(inputs)["y"]
-        assert rel_err(out, job.program.reference(job.settings, 1537, inputs)["y"]) <= 2e-2
+        assert rel_err(out, job.program.reference(job.settings, job.program.shape(1537), inputs)["y"]) <= 2e-2
     finally:
         runner.close()
 

@@ -36,8 +36,8 @@ def test_out_of_memory_is_refused_before_allocating_with_the_numbers():
     """The 7B layer at a million tokens needs several times the GPU's memory: refused by the
     estimate (tensors on the device), nothing allocated, the need and what is free in the
     message (what torch.cuda.mem_get_info reports)."""
-    from pto.engine import run
     from pto.errors import UsageError
+    from pto.run import run
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -146,7 +146,7 @@ def test_a_nan_planted_in_a_bf16_weight_is_named_on_the_gpu(attention, executor)
                   options={"attention": attention})
     runner = Runner(job, 333, sentinel=True)
     try:
-        x = job.program.inputs(job.settings, 333, "cuda", seed=2)
+        x = job.program.inputs(job.settings, job.program.shape(333), "cuda", seed=2)
         x["wv"][9, 4] = math.nan
         before = nonfinite_summary(x, x)
         runner(x)
@@ -177,7 +177,7 @@ def test_the_persistent_schedule_keeps_every_dependency(attention, config, seq):
                       options={"attention": attention})
         runner = Runner(job, seq, record=True)
         try:
-            runner(job.program.inputs(job.settings, seq, "cuda"))
+            runner(job.program.inputs(job.settings, job.program.shape(seq), "cuda"))
             rep = verify_schedule(runner.graph.runtime.export(), runner.stats.records)
             assert rep.ok and rep.tasks == runner.graph.tasks
             if executor == "persistent":
@@ -203,7 +203,7 @@ def test_both_executors_give_the_same_bits_with_deterministic(program, options, 
                       options=options)
         runner = Runner(job, 333, deterministic=True)
         try:
-            x = job.program.inputs(job.settings, 333, "cuda", seed=5)
+            x = job.program.inputs(job.settings, job.program.shape(333), "cuda", seed=5)
             first = {k: v.clone() for k, v in runner(x).items()}
             for _ in range(3):
                 runner.replay()

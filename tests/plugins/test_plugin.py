@@ -47,10 +47,10 @@ def test_installed_with_its_entry_point(site):
 
 
 def test_run_checks_against_the_reference_with_its_option(site):
-    r = pto("run", "example", "--seq", "100", "--scale", "2", "--check", "--json", site=site)
+    r = pto("run", "example", "--rows", "100", "--scale", "2", "--check", "--json", site=site)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert (out["program"], out["config"], out["scale"], out["seq"]) == ("example", "tiny", 2.0, 100)
+    assert (out["program"], out["config"], out["scale"], out["rows"]) == ("example", "tiny", 2.0, 100)
     assert (out["tasks"], out["edges"]) == (8, 4)  # 4 row tiles (the last of 4 rows), 2 stages each
     assert out["rel_err"] <= 1e-5
 
@@ -75,11 +75,11 @@ def test_codegen_writes_c_that_builds_and_counts_the_tasks(site, tmp_path):
 
 
 def test_estimate_uses_its_closed_form(site):
-    r = pto("estimate", "example", "--seq", "100,1000", "--json", site=site)
+    r = pto("estimate", "example", "--rows", "100,1000", "--json", site=site)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["program"], out["scale"], out["closed_form"]) == ("example", 0.5, True)
     rows = out["rows"]
-    assert [x["seq"] for x in rows] == [100, 1000]
+    assert [x["rows"] for x in rows] == [100, 1000]
     assert [(x["tasks"], x["edges"]) for x in rows] == [(8, 4), (64, 32)]
     assert all(x["measured"] and x["runtime_bytes"] > 0 for x in rows)

@@ -17,9 +17,9 @@ def test_program_f32(name, seq):
     prog = get(name)
     opts = prog.settings()
     m = prog.build(opts)
-    inputs = prog.inputs(opts, seq, "cpu", seed=seq)
-    res = run_program(m, inputs, prog.scalars(opts, seq))
-    for k, ref in prog.reference(opts, seq, inputs).items():
+    inputs = prog.inputs(opts, prog.shape(seq), "cpu", seed=seq)
+    res = run_program(m, inputs, prog.scalars(opts, prog.shape(seq)))
+    for k, ref in prog.reference(opts, prog.shape(seq), inputs).items():
         assert rel_err(res.tensors[k], ref) <= 1e-5
 
 
@@ -29,9 +29,9 @@ def test_program_half(name, dtype, tol):
     prog = get(name)
     opts = prog.settings(dtype=dtype)
     m = prog.build(opts)
-    inputs = prog.inputs(opts, 45, "cpu", seed=3)
-    res = run_program(m, inputs, prog.scalars(opts, 45))
-    for k, ref in prog.reference(opts, 45, inputs).items():
+    inputs = prog.inputs(opts, prog.shape(45), "cpu", seed=3)
+    res = run_program(m, inputs, prog.scalars(opts, prog.shape(45)))
+    for k, ref in prog.reference(opts, prog.shape(45), inputs).items():
         assert rel_err(res.tensors[k], ref) <= tol
 
 
@@ -39,7 +39,7 @@ def test_task_count_is_number_of_calls():
     prog = get("bgemm")
     opts = prog.settings()
     m = prog.build(opts)
-    res = run_program(m, prog.inputs(opts, 70, "cpu"), prog.scalars(opts, 70))
+    res = run_program(m, prog.inputs(opts, prog.shape(70), "cpu"), prog.scalars(opts, prog.shape(70)))
     # batch 2 x ceil(70/32)=3 row tiles x ceil(80/64)=2 column tiles
     assert res.tasks == 2 * 3 * 2
 

@@ -24,7 +24,7 @@ from pto.buffers import allocate, tensor_shapes
 from pto.engine import Runner, resolve
 from pto.exec.waves import WaveExecutor
 from pto.graph import CompiledProgram
-from pto.safety.determinism import RUN_OPTIONS, breaking, guarantee, uniform_launch
+from pto.safety.determinism import RUN_OPTIONS, breaking, guarantee
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 SEQ = 37  # residual tiles everywhere
@@ -64,7 +64,7 @@ def _runs(program, options, backend, executor, replays=2):
     job = resolve(program, device="cpu", backend=backend, executor=executor, options=options)
     runner = Runner(job, SEQ)
     try:
-        x = job.program.inputs(job.settings, SEQ, "cpu", seed=11)
+        x = job.program.inputs(job.settings, job.program.shape(SEQ), "cpu", seed=11)
         out = [digest(runner({k: v.clone() for k, v in x.items()})) for _ in range(1 + replays)]
     finally:
         runner.close()
@@ -75,11 +75,11 @@ def _runs(program, options, backend, executor, replays=2):
 def _random_order(program, options, seed):
     job = resolve(program, device="cpu", backend="torch", options=options)
     p, s = job.program, job.settings
-    module, scalars = p.build(s), p.scalars(s, SEQ)
+    module, scalars = p.build(s), p.scalars(s, p.shape(SEQ))
     graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
     try:
         fn = module.entry_function
-        t = allocate(fn, tensor_shapes(fn, scalars), p.inputs(s, SEQ, "cpu", seed=11), "cpu")
+        t = allocate(fn, tensor_shapes(fn, scalars), p.inputs(s, p.shape(SEQ), "cpu", seed=11), "cpu")
         WaveExecutor(get_backend("torch", "cpu"), t, order="random", seed=seed).run(graph)
         return digest({k: t[k] for k in p.outputs})
     finally:
@@ -127,7 +127,7 @@ def test_another_process_gives_the_same_bits():
 def test_every_run_option_says_what_it_does_to_the_bits():
     """A new `pto run` option fails here until RUN_OPTIONS lists it ("breaks: why" if it makes
     outputs differ between replays or runs; the run's JSON then says so)."""
-    from pto.cli import build_parser
+    from pto.cli.parser import build_parser
 
     dests = set(vars(build_parser().parse_args(["run", "softmax"])))  # the program's own options aside
     assert dests <= set(RUN_OPTIONS), f"options of pto run missing from RUN_OPTIONS: {sorted(dests - set(RUN_OPTIONS))}"
@@ -143,7 +143,7 @@ def test_every_run_option_says_what_it_does_to_the_bits():
 
 def test_deterministic_launch_settings_are_the_megakernels():
     """bf16 LLaMA variants (compiled for a GPU, nothing launched): their own launch settings
-    differ (warps, FMA contraction); with uniform_launch every batched kernel gets the
+    differ (warps, FMA contraction); with the backend's uniform_launch every batched kernel gets the
     persistent kernel's num_warps, num_stages and fp fusion, and the same code options."""
     from pto.backends.triton_backend import TritonBackend
     from pto.exec.persistent import PersistentExecutor, make_plan
@@ -151,13 +151,13 @@ def test_deterministic_launch_settings_are_the_megakernels():
 
     prog = programs.get("llama7b")
     s = prog.settings(device="cuda", config="tiny", dtype="bf16", target=target("cuda_h100"), attention="split")
-    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, 300))
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(300)))
     try:
         backend = TritonBackend("cpu")
         used = {f for f in graph.variants if f in graph.tasks_per_variant()}
         own = {(c["num_warps"], c["enable_fp_fusion"]) for c in (backend.launch_config(f) for f in used)}
         assert len(own) > 1  # the point: without it the kernels compile differently
-        backend.launch_overrides.update(uniform_launch(backend, graph))
+        backend.launch_overrides.update(backend.uniform_launch(graph))
         ex = PersistentExecutor(backend, {})
         ex.plan = make_plan(graph, list(graph.tensor_ids), {})
         mega = ex._launch_config()

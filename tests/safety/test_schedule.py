@@ -33,11 +33,11 @@ def _trace(program, options, seq, order="waves", seed=0):
     job = resolve(program, device="cpu", backend="torch", options=options)
     p, s = job.program, job.settings
     module = p.build(s)
-    scalars = p.scalars(s, seq)
+    scalars = p.scalars(s, p.shape(seq))
     graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
     try:
         fn = module.entry_function
-        tensors = allocate(fn, tensor_shapes(fn, scalars), p.inputs(s, seq, "cpu", seed=1), "cpu")
+        tensors = allocate(fn, tensor_shapes(fn, scalars), p.inputs(s, p.shape(seq), "cpu", seed=1), "cpu")
         stats = WaveExecutor(get_backend("torch", "cpu"), tensors, record=True, order=order, seed=seed).run(graph)
         return graph.runtime.export(), stats.records
     finally:
@@ -131,7 +131,7 @@ def test_persistent_item_traces_pass(attention):
     job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": attention})
     runner = Runner(job, 40, record=True)
     try:
-        runner(job.program.inputs(job.settings, 40, "cpu"))
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         ex = runner.graph.runtime.export()
         recs = runner.stats.records
         rep = verify_schedule(ex, recs)

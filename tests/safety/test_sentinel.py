@@ -128,7 +128,7 @@ def test_a_value_planted_in_a_llama_weight(value, backend, executor, attention):
     seq = 40
     runner = Runner(job, seq, sentinel=True)
     try:
-        x = job.program.inputs(job.settings, seq, "cpu", seed=2)
+        x = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=2)
         x["wk"][5, 7] = value
         before = nonfinite_summary(x, x)
         runner(x)
@@ -169,8 +169,8 @@ def test_host_and_device_records_agree(case):
         x["x"][[5, 70, 99], [1, 2, 63]] = torch.tensor([math.nan, 30.0, -math.inf])
     else:
         job = resolve("llama7b", device="cpu", options={"attention": "split"})
-        module, scalars = job.program.build(job.settings), job.program.scalars(job.settings, 40)
-        x = job.program.inputs(job.settings, 40, "cpu", seed=3)
+        module, scalars = job.program.build(job.settings), job.program.scalars(job.settings, job.program.shape(40))
+        x = job.program.inputs(job.settings, job.program.shape(40), "cpu", seed=3)
         x["x"][17, 9] = math.inf
     flags = []
     for backend, executor in (("torch", "waves"), ("triton", "waves"), ("triton", "persistent")):
@@ -190,7 +190,7 @@ def test_clean_runs_flag_nothing(program, options):
     job = resolve(program, device="cpu", backend="torch", options=options)
     runner = Runner(job, 45, sentinel=True)
     try:
-        runner(job.program.inputs(job.settings, 45, "cpu"))
+        runner(job.program.inputs(job.settings, job.program.shape(45), "cpu"))
         f = runner.executor.flags
         assert (f.read == -1).all() and (f.wrote == -1).all()
         assert blame(runner.graph, f, runner.tensors, job.program.outputs) is None
@@ -216,13 +216,13 @@ def test_off_means_no_checks():
     """Without the sentinel the executors keep no records and the megakernel is the plain one."""
     job = resolve("softmax", device="cpu", backend="torch")
     runner = Runner(job, 50)
-    runner(job.program.inputs(job.settings, 50, "cpu"))
+    runner(job.program.inputs(job.settings, job.program.shape(50), "cpu"))
     assert runner.executor.flags is None
     runner.close()
     if INTERP:
         job = resolve("softmax", device="cpu", backend="triton", executor="persistent")
         runner = Runner(job, 50)
-        runner(job.program.inputs(job.settings, 50, "cpu"))
+        runner(job.program.inputs(job.settings, job.program.shape(50), "cpu"))
         assert runner.executor.flags is None and "_scan" not in runner.executor.kernel.source
         assert len(runner.executor._args()) == 18
         runner.close()
@@ -234,7 +234,7 @@ def test_cli_sentinel_on_user_inputs_with_a_nan(tmp_path):
     from safetensors.torch import save_file
 
     job = resolve("llama7b", device="cpu", options={"attention": "fused"})
-    x = job.program.inputs(job.settings, 50, "cpu", seed=9)
+    x = job.program.inputs(job.settings, job.program.shape(50), "cpu", seed=9)
     x["x"][45, 3] = math.nan
     path = tmp_path / "in.safetensors"
     save_file(x, str(path))
@@ -243,8 +243,8 @@ def test_cli_sentinel_on_user_inputs_with_a_nan(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)["nonfinite"]
-    k, _ = _first_task(job.program.build(job.settings), job.program.scalars(job.settings, 50), "x", 45, 3,
-                       ("in", "inout"))
+    scalars = job.program.scalars(job.settings, job.program.shape(50))
+    k, _ = _first_task(job.program.build(job.settings), scalars, "x", 45, 3, ("in", "inout"))
     assert (rep["input"]["tensor"], rep["input"]["row"], rep["input"]["col"]) == ("x", 45, 3)
     assert rep["input"]["read_by"]["id"] == k
     x["x"][45, 3] = 0.0

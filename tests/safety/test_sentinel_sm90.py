@@ -20,7 +20,7 @@ from tests.sm90 import compile_sm90, megakernel_job
 def test_the_sentinel_megakernel_compiles_for_sm90(tmp_path):
     prog = programs.get("llama7b")
     s = prog.settings(device="cuda", config="tiny", dtype="bf16", target=target("cuda_h100"), attention="split")
-    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, 300))
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(300)))
     try:
         plan = make_plan(graph, list(graph.tensor_ids), {})
         ignore = declared_infinities(graph.variants)

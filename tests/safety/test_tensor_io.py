@@ -25,14 +25,14 @@ def _pto(*args, timeout=300):
 
 def _llama(seq=48):
     job = resolve("llama7b", device="cpu", options={"attention": "pair"})
-    return job, job.program.build(job.settings), job.program.scalars(job.settings, seq)
+    return job, job.program.build(job.settings), job.program.scalars(job.settings, job.program.shape(seq))
 
 
 def test_inputs_from_a_file_and_outputs_to_one(tmp_path):
     """Seeded inputs written to a file, run from it: the saved outputs are the seeded run's
     bits, and --check compares with the reference on the file's tensors."""
     job, _, _ = _llama()
-    x = job.program.inputs(job.settings, 48, "cpu", seed=5)
+    x = job.program.inputs(job.settings, job.program.shape(48), "cpu", seed=5)
     x["x"] = x["x"] * 3  # not what seed 5 gives: the run must really read the file
     save_file(x, str(tmp_path / "in.safetensors"))
     r = _pto("run", "llama7b", "--seq", "48", "--device", "cpu", "--attention", "pair", "--inputs",
@@ -42,7 +42,7 @@ def test_inputs_from_a_file_and_outputs_to_one(tmp_path):
     assert res["rel_err"] <= 1e-4 and res["inputs"].endswith("in.safetensors")
     got = load_file(str(tmp_path / "out.safetensors"))
     assert set(got) == {"y"}
-    ref = job.program.reference(job.settings, 48, x)["y"]
+    ref = job.program.reference(job.settings, job.program.shape(48), x)["y"]
     torch.testing.assert_close(got["y"], ref, rtol=1e-4, atol=1e-4)
     with safe_open(str(tmp_path / "out.safetensors"), "pt") as f:
         meta = f.metadata()
@@ -58,7 +58,7 @@ def test_saved_outputs_equal_the_in_process_run_bit_for_bit(tmp_path):
     from pto.engine import Runner
 
     runner = Runner(job, 40)
-    want = runner(job.program.inputs(job.settings, 40, "cpu", seed=3))["y"]
+    want = runner(job.program.inputs(job.settings, job.program.shape(40), "cpu", seed=3))["y"]
     assert torch.equal(load_file(str(tmp_path / "y.safetensors"))["y"], want)
     runner.close()
 
@@ -79,7 +79,7 @@ def _write(path, tensors):
 ])
 def test_each_mismatch_is_one_clear_error(tmp_path, case, needle):
     job, module, scalars = _llama()
-    x = job.program.inputs(job.settings, 48, "cpu")
+    x = job.program.inputs(job.settings, job.program.shape(48), "cpu")
     path = tmp_path / "in.safetensors"
     if case == "unknown":
         x["bogus"] = torch.zeros(2, 2)
@@ -107,7 +107,7 @@ def test_each_mismatch_is_one_clear_error(tmp_path, case, needle):
 
 def test_other_float_dtypes_are_converted(tmp_path):
     job, module, scalars = _llama()
-    x = job.program.inputs(job.settings, 48, "cpu")
+    x = job.program.inputs(job.settings, job.program.shape(48), "cpu")
     path = _write(tmp_path / "in.safetensors", {k: v.double() for k, v in x.items()})
     got = load_inputs(path, module, scalars, "cpu")
     assert set(got) == set(program_inputs(module, scalars)) == set(x)
@@ -133,7 +133,7 @@ def test_save_inputs_round_trip(tmp_path):
     saved = load_file(a)
     want = {k: shape for k, (shape, _) in program_inputs(module, scalars).items()}
     assert {k: tuple(v.shape) for k, v in saved.items()} == want
-    seeded = job.program.inputs(job.settings, 40, "cpu", seed=7)
+    seeded = job.program.inputs(job.settings, job.program.shape(40), "cpu", seed=7)
     assert all(torch.equal(saved[k], seeded[k]) for k in saved)
     r2 = _pto(*common, "--inputs", a, "--save", y2)
     assert r2.returncode == 0, r2.stderr

@@ -1,4 +1,4 @@
-"""An example program outside pto: ``y = silu(scale * x) * x`` over a seq x C tensor, in two
+"""An example program outside pto: ``y = silu(scale * x) * x`` over a rows x C tensor, in two
 stages per row tile (``scale_tile`` writes ``h = scale * x``, ``gate_tile`` reads it back), so
 every tile gives two tasks and one dependency.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from pto import InCore, Orchestration, Var, cdiv, emin, f32
-from pto.program import Option, Program, Settings, seeded_randn
+from pto.program import Option, Program, Settings, ShapeParam, seeded_randn
 
 CONFIGS = {"tiny": 128, "wide": 512}  # columns
 ROWS = 32  # rows per tile
@@ -87,28 +87,29 @@ class ExampleProgram(Program):
     configs = CONFIGS
     options = (Option("scale", 0.5, "the factor of the first stage"),)
     outputs = ("y",)
-    default_seq = 100
+    # a shape parameter of its own name: every command takes --rows (estimate and bench sweep it)
+    shape_params = (ShapeParam("rows", 100, "rows of x"),)
 
     def build(self, s: Settings):
         return build_module(CONFIGS[s.config], float(s["scale"]), s.dtype, s.target)
 
     def scalar_exprs(self, s):
-        return {"S": Var("seq")}
+        return {"S": Var("rows")}
 
-    def inputs(self, s, seq, device, seed=0):
+    def inputs(self, s, shape, device, seed=0):
         g = torch.Generator().manual_seed(seed)
-        return {"x": seeded_randn((seq, CONFIGS[s.config]), s.dtype, device, g, scale=2.0)}
+        return {"x": seeded_randn((shape["rows"], CONFIGS[s.config]), s.dtype, device, g, scale=2.0)}
 
-    def reference(self, s, seq, inputs):
+    def reference(self, s, shape, inputs):
         x = inputs["x"].double()
         y = torch.nn.functional.silu(float(s["scale"]) * x) * x
         return {"y": y.to(inputs["x"].dtype)}
 
-    def flops(self, s, seq):
-        return 6.0 * seq * CONFIGS[s.config]
+    def flops(self, s, shape):
+        return 6.0 * shape["rows"] * CONFIGS[s.config]
 
-    def counts(self, s, seq, adaptive=True):
-        tiles = -(-seq // ROWS)
+    def counts(self, s, shape, adaptive=True):
+        tiles = -(-shape["rows"] // ROWS)
         return {"tasks": 2 * tiles, "edges": tiles}  # each gate task waits for its scale task
 
 

@@ -12,7 +12,7 @@ import pytest
 from pto.orchestration.llama.program import SEED_ROWS
 
 from pto.errors import UsageError
-from pto.estimate import estimate, format_table
+from pto.estimate import MAX_BUILD_EDGES, MAX_BUILD_TASKS, estimate, format_table
 from pto.graph import CompiledProgram
 from pto.programs import get
 from pto.target import get as target
@@ -22,11 +22,11 @@ def test_seed_setting_reproduces_the_seed_rows():
     """--target ascend910b --dtype f32 --no-causal --attention split: the seed's rows are
     16(N/2) + 3(N/2)^2 with 64-row tiles over N 32-row tiles, and 16N + 3N^2 without."""
     res = estimate("llama7b", sorted(SEED_ROWS), config="7b", target="ascend910b", dtype="f32", causal=False,
-                   attention="split", max_build_tasks=60_000)
+                   attention="split", limits=(60_000, MAX_BUILD_EDGES))
     for row in res["rows"]:
         assert (row["tasks"], row["tasks_no_adaptive"]) == SEED_ROWS[row["seq"]]
     big = estimate("llama7b", [131072], config="7b", target="ascend910b", dtype="f32", causal=False, attention="split",
-                   max_build_tasks=0)["rows"][0]
+                   limits=(0, MAX_BUILD_EDGES))["rows"][0]
     n = 131072 // 32
     assert big["tasks"] == 16 * (n // 2) + 3 * (n // 2) ** 2 == 12_615_680  # the seed printed 12,611,584
     assert big["tasks_no_adaptive"] == 16 * n + 3 * n * n
@@ -42,11 +42,11 @@ def test_measured_rows_equal_running_the_generated_orchestration(attention):
     module = prog.build(opts)
     for row in res["rows"]:
         assert row["measured"]
-        g = CompiledProgram.get(module).build_graph(prog.scalars(opts, row["seq"]))
+        g = CompiledProgram.get(module).build_graph(prog.scalars(opts, prog.shape(row["seq"])))
         assert (row["tasks"], row["edges"]) == (g.tasks, g.edges)
         assert row["runtime_bytes"] == g.stats["bytes_peak"]
         g.close()
-        gn = CompiledProgram.get(module, adaptive=False).build_graph(prog.scalars(opts, row["seq"]),
+        gn = CompiledProgram.get(module, adaptive=False).build_graph(prog.scalars(opts, prog.shape(row["seq"])),
                                                                      count_only=True)
         assert row["tasks_no_adaptive"] == gn.tasks
         gn.close()
@@ -69,7 +69,7 @@ def test_programs_without_closed_form_use_count_only_builds():
     prog = get("bgemm")
     opts = prog.settings()
     for row in res["rows"]:
-        g = CompiledProgram.get(prog.build(opts)).build_graph(prog.scalars(opts, row["seq"]))
+        g = CompiledProgram.get(prog.build(opts)).build_graph(prog.scalars(opts, prog.shape(row["seq"])))
         assert row["tasks"] == g.tasks == row["tasks_no_adaptive"]
         g.close()
 
@@ -160,9 +160,9 @@ def test_memory_model_predicts_an_edge_heavy_graph():
     """Nothing measured (the fused layer at 512K tokens has 17M edges): the calibration builds
     are the largest small graphs, which pin the bytes per edge; the prediction is within 10%
     of building the graph."""
-    est = estimate("llama7b", [1 << 19], config="7b", dtype="bf16", target="cuda_h100", max_build_tasks=0)
+    est = estimate("llama7b", [1 << 19], config="7b", dtype="bf16", target="cuda_h100", limits=(0, MAX_BUILD_EDGES))
     real = estimate("llama7b", [1 << 19], config="7b", dtype="bf16", target="cuda_h100",
-                    max_build_edges=10**9)["rows"][0]
+                    limits=(MAX_BUILD_TASKS, 10**9))["rows"][0]
     row = est["rows"][0]
     assert not row["measured"] and real["measured"] and row["edges"] == real["edges"] > 10**7
     assert abs(row["runtime_bytes"] - real["runtime_bytes"]) / real["runtime_bytes"] < 0.1
@@ -268,7 +268,7 @@ def test_tp_rows_are_one_ranks_tasks_and_tensors(config, dtype, target_name, tp)
         assert row["tensor_bytes"] == _rank_elements(CONFIGS[config], row["seq"], tp) * itemsize
         assert row["tasks"] == (11 + (2 if tp > 1 else 0)) * row["row_tiles"]
         assert row["measured"]
-        g = CompiledProgram.get(module).build_graph(prog.scalars(s, row["seq"]))
+        g = CompiledProgram.get(module).build_graph(prog.scalars(s, prog.shape(row["seq"])))
         assert (g.tasks, g.edges) == (row["tasks"], row["edges"])
         g.close()
 

@@ -20,12 +20,13 @@ from pto.orchestration.llama.hf import hf_dict
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import reference_layer
 
-from pto.engine import execute, rel_err, run
+from pto.engine import execute, rel_err
 from pto.errors import UsageError
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
 from pto.programs import get
+from pto.run import run
 from pto.target import get as target
 
 SWA = CONFIGS["tiny-swa"]  # 8 query heads, 2 kv heads of 32, window 64
@@ -53,7 +54,7 @@ def test_windows_narrower_and_wider_than_a_tile(window, tg, attention):
     s = prog.settings(config="tiny-swa", target=target(tg), attention=attention)
     module = build_module(cfg, DType.F32, target(tg), attention, True, False)
     for seq in (150, 301):
-        inputs = prog.inputs(s, seq, "cpu", seed=seq)
+        inputs = prog.inputs(s, prog.shape(seq), "cpu", seed=seq)
         out = execute(module, {"S": seq}, inputs, device="cpu", backend="torch")["y"]
         assert rel_err(out, reference_layer(inputs, cfg)) <= 1e-5, (window, tg, seq)
 
@@ -71,7 +72,7 @@ def test_no_pair_outside_the_window_and_none_missing():
     s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"))
     seq, W = 333, SWA.window
     cover: dict[int, set] = {}
-    for task in iter_tasks(CompiledProgram.get(prog.build(s)).lowered, prog.scalars(s, seq)):
+    for task in iter_tasks(CompiledProgram.get(prog.build(s)).lowered, prog.scalars(s, prog.shape(seq))):
         if task.func.name != "flash_pair_swa":
             continue
         sc = dict(task.scalars)
@@ -155,9 +156,9 @@ def test_window_closed_form_at_scale():
     milliseconds, and pairs growing linearly (each q tile sees 33 kv tiles of 128 once warm)."""
     prog = get("llama")
     s = prog.settings(config="mistral-7b", target=target("cuda_h100"), dtype="bf16", attention="split")
-    a, b = prog.counts(s, 1 << 20), prog.counts(s, 1 << 21)
+    a, b = prog.counts(s, prog.shape(1 << 20)), prog.counts(s, prog.shape(1 << 21))
     assert b["pairs"] - a["pairs"] == 33 * (b["row_tiles"] - a["row_tiles"])
-    big = prog.counts(s, 2**31 - 1)
+    big = prog.counts(s, prog.shape(2**31 - 1))
     assert big["tasks"] == 16 * big["row_tiles"] + 3 * big["pairs"] and big["pairs"] < 34 * big["row_tiles"]
 
 
@@ -246,7 +247,7 @@ def test_weights_are_the_layers_transposed(tmp_path):
     path = _checkpoint(tmp_path / "m.safetensors", cfg, dtype=torch.bfloat16)
     prog = get("llama")
     s = prog.settings(config="tiny-gqa", weights=path, layer=1)
-    inp = prog.inputs(s, 9, "cpu")
+    inp = prog.inputs(s, prog.shape(9), "cpu")
     raw = load_file(path)
     assert torch.equal(inp["wq"], raw["model.layers.1.self_attn.q_proj.weight"].float().t())
     assert inp["wk"].shape == (256, 64) and inp["wo"].shape == (256, 256) and inp["g_attn"].shape == (1, 256)
@@ -255,8 +256,8 @@ def test_weights_are_the_layers_transposed(tmp_path):
     # a sharded checkpoint: its index names the file of each tensor
     index = _write(tmp_path, "model.safetensors.index.json",
                    {"weight_map": {k: "m.safetensors" for k in raw}})
-    assert torch.equal(prog.inputs(prog.settings(config="tiny-gqa", weights=index, layer=1), 9, "cpu")["wd"],
-                       inp["wd"])
+    s1 = prog.settings(config="tiny-gqa", weights=index, layer=1)
+    assert torch.equal(prog.inputs(s1, prog.shape(9), "cpu")["wd"], inp["wd"])
 
 
 def test_weights_errors_name_the_tensor(tmp_path):
@@ -326,7 +327,7 @@ def test_codegen_of_a_windowed_gqa_layer_builds_and_counts(tmp_path):
     s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"))
     for seq in (1, 77, 300):
         out = subprocess.run([str(exe), str(seq)], capture_output=True, text=True, check=True).stdout.split()
-        cf = prog.counts(s, seq)
+        cf = prog.counts(s, prog.shape(seq))
         assert (int(out[1]), int(out[3])) == (cf["tasks"], cf["edges"])
 
 

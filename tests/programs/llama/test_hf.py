@@ -16,9 +16,10 @@ import torch
 from pto.orchestration.llama.hf import load_hf_config, parse_hf_config
 from pto.orchestration.llama.reference import rope_tables
 
-from pto.engine import execute, rel_err, run
+from pto.engine import execute, rel_err
 from pto.ir.dtypes import DType
 from pto.programs import get
+from pto.run import run
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,10 +84,10 @@ def test_layer_matches_transformers(checkpoint, attention, fuse, seq):
     prog = get("llama")
     s = prog.settings(hf_config=str(folder / "config.json"), weights=str(folder / "model.safetensors"), layer=LAYER,
                       attention=attention, fuse_norm_rope=fuse, dtype="f32")
-    inputs = prog.inputs(s, seq, "cpu", seed=seq)
+    inputs = prog.inputs(s, prog.shape(seq), "cpu", seed=seq)
     x, want = _hf_layer(model, torch.randn(seq, SMALL["hidden_size"], generator=torch.Generator().manual_seed(seq)))
     inputs["x"] = x.contiguous()
-    got = execute(prog.build(s), prog.scalars(s, seq), inputs, device="cpu", backend="torch")["y"]
+    got = execute(prog.build(s), prog.scalars(s, prog.shape(seq)), inputs, device="cpu", backend="torch")["y"]
     err = rel_err(got, want)
     assert err <= 2e-6, (family, attention, fuse, seq, err)
 
@@ -108,7 +109,7 @@ def test_the_checkpoint_reads_back_as_written(checkpoint):
         (8, FAMILIES[family][2]["num_key_value_heads"], 32, FAMILIES[family][2].get("sliding_window"))
     prog = get("llama")
     s = prog.settings(hf_config=str(folder), weights=str(folder), layer=LAYER)
-    w = prog.inputs(s, 4, "cpu")
+    w = prog.inputs(s, prog.shape(4), "cpu")
     layer = model.model.layers[LAYER]
     assert torch.equal(w["wk"], layer.self_attn.k_proj.weight.detach().t())
     assert torch.equal(w["wd"], layer.mlp.down_proj.weight.detach().t())

@@ -8,10 +8,10 @@ import pytest
 from pto.orchestration.llama.config import CONFIGS
 from pto.orchestration.llama.counts import closed_form
 
-from pto.engine import run
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.programs import get
+from pto.run import run
 
 SEQS = [1, 31, 100, 333, 1000]
 
@@ -42,7 +42,7 @@ def test_tasks_per_tile_and_pair(attention, per_tile, per_pair):
     opts = prog.settings(attention=attention, causal=False)
     module = prog.build(opts)
     seq = 200
-    tasks = list(iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, seq)))
+    tasks = list(iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, prog.shape(seq))))
     cf = closed_form(CONFIGS["tiny"], prog.tiling(opts), seq, attention, False)
     assert len(tasks) == per_tile * cf["row_tiles"] + per_pair * cf["pairs"]
     names = {t.func.name for t in tasks}
@@ -55,7 +55,7 @@ def test_causal_submits_no_fully_masked_pair():
     prog = get("llama7b")
     opts = prog.settings(attention="pair", causal=True)
     module = prog.build(opts)
-    for task in iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, 333)):
+    for task in iter_tasks(CompiledProgram.get(module).lowered, prog.scalars(opts, prog.shape(333))):
         if task.func.name == "flash_pair":
             sc = dict(task.scalars)
             q = next(r for r in task.regions if r.param == "q")
@@ -71,7 +71,7 @@ def test_graph_counts_equal_closed_form_across_settings():
             for adaptive in (True, False):
                 cp = CompiledProgram.get(module, adaptive)
                 for seq in (1, 65, 640):
-                    g = cp.build_graph(prog.scalars(opts, seq))
+                    g = cp.build_graph(prog.scalars(opts, prog.shape(seq)))
                     cf = closed_form(CONFIGS["tiny"], prog.tiling(opts), seq, attention, causal, adaptive, fuse)
                     assert (g.tasks, g.edges) == (cf["tasks"], cf["edges"]), (attention, fuse, causal, adaptive, seq)
                     g.close()

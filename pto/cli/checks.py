@@ -2,8 +2,7 @@
 types (sequence lengths, seeds), output files and folders, the cache folder, and what to say
 about an option the command or program does not take.
 
-Kept apart from :mod:`pto.cli` (which builds the parser and runs the commands) so that both stay
-small; :mod:`pto.cli` re-exports the public checks.
+Kept apart from the parser and the commands so that each stays small.
 """
 
 from __future__ import annotations
@@ -18,17 +17,18 @@ INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
 CACHE_COMMANDS = ("run", "estimate", "bench", "tune")
 
 
-def seq_list(text: str) -> list[int]:
-    """``--seq N,N,...``: every item an integer (an empty one is refused, not skipped)."""
+def value_list(text: str, flag: str = "--seq") -> list[int]:
+    """``--seq N,N,...`` (the swept shape parameter's flag): every item a positive integer (an
+    empty one is refused, not skipped)."""
     items = [x.strip() for x in text.split(",")]
     if any(not x for x in items):
-        raise UsageError(f"--seq {text!r}: an empty value between commas (expected N,N,...)")
+        raise UsageError(f"{flag} {text!r}: an empty value between commas (expected N,N,...)")
     try:
         out = [int(x) for x in items]
     except ValueError:
-        raise UsageError(f"--seq {text!r}: expected comma-separated integers") from None
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers") from None
     if any(v <= 0 for v in out):
-        raise UsageError(f"--seq {text!r}: sequence lengths must be positive")
+        raise UsageError(f"{flag} {text!r}: the values must be positive")
     return out
 
 
@@ -152,5 +152,5 @@ def _commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
     return [c for c, p in sub.choices.items() if flag in p._option_string_actions]
 
 
-__all__ = ["INT32_MAX", "seq_list", "positive", "seed", "page", "check_output_file", "check_distinct",
+__all__ = ["INT32_MAX", "value_list", "positive", "seed", "page", "check_output_file", "check_distinct",
            "check_output_dir", "check_cache", "unrecognized"]

@@ -1,0 +1,193 @@
+"""The parser of the ``pto`` command line (:mod:`pto.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pto.cli.checks import page, positive, seed, unrecognized
+from pto.errors import UsageError
+
+PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
+#: the commands that sweep the program's first shape parameter (``--seq 1024,4096``)
+SWEEPS = ("estimate", "bench", "tune")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump; the subcommand's name, never "pto" twice
+        raise UsageError(message if self.prog == "pto" else f"{self.prog}: {message}")
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+
+def _shape_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
+    """A flag per shape parameter of the program (``--seq N``); the sweeping commands take a
+    list for the first (``--seq 1024,4096``), which estimate and bench require."""
+    from pto.program import Program
+
+    params = program.shape_params if program is not None else Program.shape_params
+    for k, p in enumerate(params):
+        if cmd in SWEEPS and k == 0:
+            need = cmd != "tune" and program is not None
+            s.add_argument(p.flag, dest=p.name, required=need, default=None, metavar="N,N,...",
+                           help=f"{p.help}: comma-separated values" + ("" if need else f" (default: {p.default})"))
+        else:
+            s.add_argument(p.flag, dest=p.name, type=positive, default=None, metavar="N",
+                           help=f"{p.help} (default: {p.default})")
+
+
+def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
+    from pto import programs, target
+    from pto.device import DEVICES
+    from pto.ir.dtypes import DType
+
+    s.add_argument("program", metavar="PROGRAM", help=f"one of: {', '.join(programs.names())}")
+    _shape_args(s, cmd, program)
+    dev_help = "where the program runs" if cmd in ("run", "bench", "tune") else \
+        "the device whose defaults apply (config, dtype, target)"
+    s.add_argument("--device", default="auto", choices=DEVICES, help=f"{dev_help} (default: auto)")
+    configs = list(program.configs) if program is not None else None
+    s.add_argument("--config", default="auto", choices=["auto", *configs] if configs else None, metavar=None
+                   if configs else "NAME", help="the program's configuration (default: auto, the program's "
+                   "default for the device)")
+    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)],
+                   help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
+    s.add_argument("--target", default=None, choices=target.names(),
+                   help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
+    if cmd in ("run", "graph", "codegen", "estimate"):
+        s.add_argument("--tp", type=positive, default=1, metavar="N",
+                       help="tensor-parallel ranks: the graph of one rank" + (
+                           "; one process per rank: torchrun --nproc-per-node N -m pto.cli run ... --tp N"
+                           if cmd == "run" else "") + " (default: 1)")
+    if program is not None and program.options:
+        g = s.add_argument_group(f"options of {program.name}")
+        for o in program.options:
+            o.add_to(g)
+
+
+def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
+    """The parser; with ``program`` the program commands also take its options."""
+    from pto.backends import names as backend_names
+    from pto.exec import names as executor_names
+    from pto.program import DEFAULTS_RULE
+
+    p = _Parser(prog="pto", description="PTO task-graph runtime and orchestration code generator",
+                add_help=helps)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    more = "; `pto COMMAND PROGRAM --help` lists the program's own options"
+
+    s = sub.add_parser("info", help="the device, its target (SRAM, SMs), backends and executors", add_help=helps)
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    s = sub.add_parser("run", help="build and execute a program's task graph", add_help=helps,
+                       epilog=DEFAULTS_RULE + more)
+    _program_args(s, "run", program)
+    s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
+                   help="how InCore tasks run (default: auto, triton on a GPU, torch on the CPU)")
+    s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
+                   help="how the graph runs (default: auto)")
+    s.add_argument("--check", action="store_true", help="compare with an independent torch reference (rel_err)")
+    s.add_argument("--dump", metavar="FILE", help="write the task graph dump (pto visualize reads it)")
+    s.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the execution")
+    s.add_argument("--repeat", type=positive, default=1, metavar="N",
+                   help="time N replays (a CUDA graph on the GPU) and report the median")
+    s.add_argument("--profile", action="store_true", help="time each InCore function")
+    s.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--inputs", metavar="FILE", help="take the inputs from a safetensors file (every input of the "
+                   "program by name, at its shape) instead of seeded random ones")
+    s.add_argument("--save", metavar="FILE", help="write the outputs to a safetensors file")
+    s.add_argument("--save-inputs", metavar="FILE", help="write the run's inputs (the seeded ones, or those of "
+                   "--inputs) to a safetensors file, by name, as --inputs takes them")
+    s.add_argument("--sentinel", action="store_true", help="when an output holds NaN or inf, name the task that made "
+                   "the first one (exit 1); docs/SAFETY.md")
+    s.add_argument("--check-schedule", action="store_true", help="check the execution trace against the graph: every "
+                   "task after its predecessors, no conflicting tasks at once")
+    s.add_argument("--deterministic", action="store_true", help="the same bits from the waves and persistent "
+                   "executors on a GPU (the batched kernels take the persistent kernel's launch settings)")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    s = sub.add_parser("graph", help="build a program's task graph as `pto run` does, execute nothing: counts, "
+                       "dump, drawing", add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "graph", program)
+    s.add_argument("--dump", metavar="FILE", help="write the task graph dump (the one `pto run --dump` writes)")
+    s.add_argument("--draw", metavar="FILE", help="draw the graph as `pto visualize` does (.pdf, .svg, .png or .dot)")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "codegen", program)
+    s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing; pto's "
+                   "earlier output there is replaced whole; another non-empty folder is refused)")
+    s.add_argument("--force", action="store_true", help="write into a folder that holds other files: pto's files "
+                   "replaced, the others kept")
+    s.add_argument("--no-adaptive", action="store_true", help="no binary expansion: base tiles only")
+
+    s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "estimate", program)
+    s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
+
+    s = sub.add_parser("bench", help="time a program against PyTorch eager and torch.compile (a GPU)",
+                       add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "bench", program)
+    s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
+                   help="how InCore tasks run (default: auto)")
+    s.add_argument("--executor", default="auto", metavar="NAME[,NAME]",
+                   help=f"executors to time, comma-separated (default: auto; from {', '.join(executor_names())})")
+    s.add_argument("--compare", default="eager,compile", metavar="LIST",
+                   help="references to time: eager, compile, both or none (default: eager,compile)")
+    s.add_argument("--iterations", type=positive, default=20, metavar="N", help="timed runs (default: 20)")
+    s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default: 3)")
+    s.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    s.add_argument("--plot", metavar="FILE.png", help="draw ms against sequence length (needs matplotlib)")
+
+    s = sub.add_parser("tune", help="search each InCore function's launch parameters on the GPU; store the "
+                       "winners in the schedule database", add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, "tune", program)
+    s.add_argument("--budget-s", type=float, default=600.0, metavar="S", help="stop after S seconds (default: 600)")
+    s.add_argument("--iterations", type=positive, default=10, metavar="N",
+                   help="timed runs per candidate (default: 10)")
+    s.add_argument("--show", action="store_true", help="print what applies to each variant now, and why; tune nothing")
+    s.add_argument("--json", metavar="FILE", help="write every variant's search as JSON")
+
+    s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
+    s.add_argument("dump", help="a dump written by `pto run --dump`")
+    s.add_argument("out", help="the drawing to write (its suffix picks the format)")
+    s.add_argument("--format", choices=["pdf", "svg", "png", "dot"], default=None,
+                   help="output format (default: from the suffix, else pdf)")
+    s.add_argument("--max-nodes", type=positive, default=None, metavar="N",
+                   help="draw one box per task only for graphs of at most N tasks, and at most N groups in a "
+                   "summary (default: per task whenever that fits the page)")
+    s.add_argument("--page", type=page, default=None, metavar="WxH",
+                   help="the largest page in inches (default: 60x36, about 3 x 3 screens at 100%% zoom)")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``: once without help to find the program, then with its options."""
+    from pto import programs
+
+    program = None
+    if argv and argv[0] in PROGRAM_COMMANDS:
+        # the program: the first registered name after the command (it may follow options), else
+        # whatever the generic parser takes for it (an unknown name is reported here)
+        known = set(programs.names())
+        name = next((a for a in argv[1:] if a in known), None)
+        if name is None:
+            try:
+                name = build_parser(helps=False).parse_known_args(argv)[0].program
+            except UsageError:
+                if "-h" not in argv and "--help" not in argv:
+                    raise
+        if name is not None:
+            program = programs.get(name)
+    parser = build_parser(program)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        raise UsageError(unrecognized(extra, parser, args.cmd, program))
+    return args
+
+

@@ -1,0 +1,33 @@
+"""The text ``pto run`` prints (``--json`` prints the result itself)."""
+
+from __future__ import annotations
+
+
+def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
+    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
+    lines = [
+        f"{res['program']} seq={res['seq']} config={res['config']} dtype={res['dtype']} target={res['target']}"
+        f"{opts}",
+        f"device={res['device']} backend={res['backend']} executor={res['executor']}",
+        f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
+        f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",
+    ]
+    if "replay_ms" in res:
+        lines.append(f"replay {res['replay_ms']:.3f} ms (median of {res['replays']}, {res['replay_mode']})")
+    if "rel_err" in res:
+        lines.append(f"rel_err {res['rel_err']:.3e} vs the torch reference")
+    if "nonfinite" in res:
+        from pto.safety.blame import format_nonfinite
+
+        lines += format_nonfinite(res["nonfinite"]) if res.get("nonfinite") else ["sentinel: every output is finite"]
+    if "schedule" in res:
+        sc = res["schedule"]
+        lines.append(f"schedule checked: {sc['tasks']} tasks, {sc['dependencies']} dependencies kept, "
+                     f"{sc['concurrent_pairs']} concurrent accesses without a conflict")
+    if "profile" in res:
+        lines.append("time per InCore function (ms):")
+        lines += [f"  {k:<28} {v:9.3f}" for k, v in res["profile"].items()]
+    return "\n".join(lines)
+
+
+__all__ = ["format_summary"]
