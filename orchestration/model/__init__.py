@@ -1,0 +1,1 @@
+"""A whole LLaMA-family model (placeholder docstring)."""
