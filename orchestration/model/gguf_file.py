@@ -2,7 +2,7 @@
 block-quantized) read through the maintained ``gguf`` package.
 
 :func:`open_gguf` parses the header once per file and process (the token list of a 50K
-vocabulary makes parsing take seconds) and keeps the last file opened, so that reading the
+vocabulary makes parsing take seconds) and keeps the last few files opened, so that reading the
 configuration, the tokenizer and the weights of one file parses it once. Tensor data stays
 memory-mapped until :meth:`GGUFFile.tensor` dequantizes it.
 
@@ -21,7 +21,8 @@ import torch
 from pto.errors import UsageError
 
 _MISSING = object()
-_OPEN: dict[tuple, GGUFFile] = {}
+_OPEN: dict[tuple, GGUFFile] = {}  # (path, mtime, size) -> parsed file, least recent first
+_KEEP = 4
 
 
 def _gguf():
@@ -42,18 +43,18 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """The parsed file at ``path`` (the last one opened is reused while unchanged on disk)."""
+    """The parsed file at ``path`` (the last few opened are reused while unchanged on disk)."""
     p = Path(path)
     try:
         st = p.stat()
     except OSError:
         raise UsageError(f"{path}: no such file") from None
     key = (os.path.realpath(p), st.st_mtime_ns, st.st_size)
-    if key not in _OPEN:
-        f = GGUFFile(p)
-        _OPEN.clear()
-        _OPEN[key] = f
-    return _OPEN[key]
+    f = _OPEN.pop(key, None) or GGUFFile(p)
+    _OPEN[key] = f  # the most recent last
+    while len(_OPEN) > _KEEP:
+        del _OPEN[next(iter(_OPEN))]
+    return f
 
 
 class GGUFFile:

@@ -166,13 +166,18 @@ def test_window_ring_equals_full_cache(windowed):
     assert ring.capacity == 8 and full.capacity == 30 and not full.ring
     prompt = torch.tensor([seq[:11], seq[1:12]])
     a, b = ours.prefill(ring, prompt, torch.tensor([11, 6])), ours.prefill(full, prompt, torch.tensor([11, 6]))
-    for t in range(11, 29):
-        assert rel(a, b) < 1e-6
+    assert rel(a, b) < 1e-6
+    chunk, counts = torch.tensor([seq[11:16], seq[20:25]]), torch.tensor([5, 2])  # a second prefill piece
+    a, b = ours.forward(ring, chunk, counts), ours.forward(full, chunk, counts)
+    assert rel(a[0], b[0]) < 1e-6 and rel(a[1, :2], b[1, :2]) < 1e-6
+    for t in range(16, 29):
         nxt = torch.tensor([seq[t], seq[t - 5]])
         a, b = ours.decode_step(ring, nxt), ours.decode_step(full, nxt)
-    assert ring.lengths.tolist() == [29, 24]
+        assert rel(a, b) < 1e-6
+    assert ring.lengths.tolist() == [29, 21]
     pos = ring.slot_positions()
     assert sorted(pos[0].tolist()) == list(range(21, 29)) and all(int(p) % 8 == s for s, p in enumerate(pos[0]))
+    assert sorted(pos[1].tolist()) == list(range(13, 21))
     assert torch.equal(ring.k[0, 0, :, pos[0] % 8], full.k[0, 0, :, pos[0]])  # layer 0: the same keys
 
 

@@ -116,7 +116,7 @@ def test_llama3_pre_tokenizer(tmp_path, smollm):
     assert pieces == ["Ġ", "123", "456", "7", "ĠI", "'M"]  # digits in threes, contractions of any case
 
 
-def test_refusals(tmp_path, smollm):
+def test_refusals(tmp_path, tokenizer):
     from pto.orchestration.model.tokenizer import load_tokenizer
 
     path = write_gguf(tmp_path / "bare.gguf", tiny_model())
@@ -133,6 +133,5 @@ def test_refusals(tmp_path, smollm):
 
     with pytest.raises(UsageError, match=r"odd.gguf: tokenizer.ggml.pre 'qwen99' is not supported"):
         load_tokenizer(write_gguf(tmp_path / "odd.gguf", tiny_model(), keys=keys))
-    tok = load_tokenizer(smollm)
     with pytest.raises(UsageError, match="chat messages must be"):
-        tok.apply_chat_template([{"content": "no role"}])
+        tokenizer.apply_chat_template([{"content": "no role"}])
