@@ -16,7 +16,7 @@ from .conftest import need
 from .tiny import tiny_model, write_gguf
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _packages():
     need("gguf")
     need("transformers")

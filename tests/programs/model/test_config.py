@@ -18,16 +18,14 @@ from .conftest import need
 from .tiny import tiny_model, write_gguf
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _packages():
     need("gguf")
     need("transformers")
 
 
-def test_gguf_config_matches_transformers(smollm, hf_model):
-    from pto.orchestration.model.config import load_config
-
-    cfg, ref = load_config(smollm), hf_model.config
+def test_gguf_config_matches_transformers(weights, hf_model):
+    cfg, ref = weights.config, hf_model.config  # load_weights' reading of the file (load_config's)
     lc = cfg.layer
     assert (lc.hidden, lc.heads, lc.kv_heads, lc.head_dim, lc.ffn) == (
         ref.hidden_size, ref.num_attention_heads, ref.num_key_value_heads, ref.head_dim, ref.intermediate_size)

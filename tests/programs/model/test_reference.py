@@ -35,7 +35,7 @@ TOL = 1e-5
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village, there lived"]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _packages(one_thread):
     need("transformers")
 
@@ -97,6 +97,7 @@ def _tiny(name: str, folder):
     from pto.orchestration.model.checkpoint import load_weights
     from pto.orchestration.model.reference import ReferenceModel
 
+    need("transformers")
     model = tiny_model(seed=5, **TINY[name])
     model.save_pretrained(folder)
     return name, model, ReferenceModel(load_weights(folder))

@@ -31,7 +31,7 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _packages():
     need("gguf")
     need("tokenizers")
