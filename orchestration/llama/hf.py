@@ -52,6 +52,12 @@ def load_hf_config(path: str) -> LlamaConfig:
     """The layer ``path`` describes; every problem is one UsageError line naming the file and
     the field."""
     where = f"--hf-config {path}"
+    return parse_hf_config(read_config_json(path, where), where)
+
+
+def read_config_json(path: str, where: str) -> dict:
+    """The JSON object in ``path`` (a config.json, or a folder holding one); a missing,
+    unreadable or malformed file is one UsageError line beginning with ``where``."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -68,7 +74,7 @@ def load_hf_config(path: str) -> LlamaConfig:
         raise UsageError(f"{where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{where}: not a JSON object")
-    return parse_hf_config(data, where)
+    return data
 
 
 def parse_hf_config(data: dict, where: str = "config") -> LlamaConfig:
@@ -173,4 +179,4 @@ def hf_dict(cfg: LlamaConfig, model_type: str | None = None, **extra) -> dict:
     return {**d, **extra}
 
 
-__all__ = ["load_hf_config", "parse_hf_config", "hf_dict", "MODEL_TYPES"]
+__all__ = ["load_hf_config", "read_config_json", "parse_hf_config", "hf_dict", "MODEL_TYPES", "HEAD_DIMS"]

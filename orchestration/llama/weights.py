@@ -34,7 +34,7 @@ HF_NAMES = {
     "wu": "mlp.up_proj.weight",
     "wd": "mlp.down_proj.weight",
 }
-_FLOATS = {"F64", "F32", "F16", "BF16"}
+FLOATS = {"F64", "F32", "F16", "BF16"}
 
 
 def hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -49,10 +49,11 @@ def hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 class Checkpoint:
-    """The tensor names of a checkpoint (one file or the shards of an index) and the file of each."""
+    """The tensor names of a checkpoint (one file or the shards of an index) and the file of each;
+    ``where`` (default: ``--weights PATH``) begins every message."""
 
-    def __init__(self, path: str):
-        self.where = f"--weights {path}"
+    def __init__(self, path: str, where: str | None = None):
+        self.where = where or f"--weights {path}"
         try:
             import safetensors
         except ImportError:
@@ -116,7 +117,7 @@ class Checkpoint:
             return f.get_tensor(name)
 
 
-def _names(ck: Checkpoint, layer: int, cfg: LlamaConfig) -> dict[str, str]:
+def layer_names(ck: Checkpoint, layer: int, cfg: LlamaConfig) -> dict[str, str]:
     """Input -> the checked tensor name (names, shapes and dtypes from the headers)."""
     pre = ck.prefix(layer)
     out = {}
@@ -128,7 +129,7 @@ def _names(ck: Checkpoint, layer: int, cfg: LlamaConfig) -> dict[str, str]:
         if tuple(got) != shape:
             ck.fail(f"{name} is {' x '.join(map(str, got))} but the configuration needs "
                     f"{' x '.join(map(str, shape))} ({fields}); is the configuration the checkpoint's config.json?")
-        if dtype not in _FLOATS:
+        if dtype not in FLOATS:
             ck.fail(f"{name} holds {dtype}, not floating-point weights (quantized checkpoints are not supported)")
         out[inp] = name
     return out
@@ -137,7 +138,7 @@ def _names(ck: Checkpoint, layer: int, cfg: LlamaConfig) -> dict[str, str]:
 def check_weights(path: str, layer: int, cfg: LlamaConfig) -> None:
     """Refuse, from the headers alone, a checkpoint whose layer ``layer`` misses a tensor or has
     one of another shape than ``cfg`` needs."""
-    _names(Checkpoint(path), layer, cfg)
+    layer_names(Checkpoint(path), layer, cfg)
 
 
 _CACHE: dict[tuple, dict[str, torch.Tensor]] = {}
@@ -152,7 +153,7 @@ def load_layer(path: str, layer: int, cfg: LlamaConfig, dtype: torch.dtype, devi
         return _CACHE[key]
     ck = Checkpoint(path)
     out = {}
-    for inp, name in _names(ck, layer, cfg).items():
+    for inp, name in layer_names(ck, layer, cfg).items():
         t = ck.tensor(name).to(device=device, dtype=dtype)
         out[inp] = t.view(1, -1) if t.dim() == 1 else t.t().contiguous()
     _CACHE.clear()
@@ -160,4 +161,4 @@ def load_layer(path: str, layer: int, cfg: LlamaConfig, dtype: torch.dtype, devi
     return out
 
 
-__all__ = ["HF_NAMES", "hf_shapes", "check_weights", "load_layer", "Checkpoint"]
+__all__ = ["HF_NAMES", "hf_shapes", "check_weights", "load_layer", "layer_names", "Checkpoint", "FLOATS"]
