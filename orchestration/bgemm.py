@@ -69,7 +69,7 @@ class BgemmProgram(Program):
     shape_params = (ShapeParam("seq", 100, "rows M of each product"),)
     outputs = ("C",)
 
-    def build(self, s: Settings):
+    def build(self, s: Settings, shape=None):
         c = CONFIGS[s.config]
         return build_module(s.dtype, c["tm"], c["tn"], c["tk"], s.target)
 

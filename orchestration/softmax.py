@@ -55,7 +55,7 @@ class SoftmaxProgram(Program):
     shape_params = (ShapeParam("seq", 100, "rows of x"),)
     outputs = ("y",)
 
-    def build(self, s: Settings):
+    def build(self, s: Settings, shape=None):
         return build_module(CONFIGS[s.config], s.dtype, s.target)
 
     def scalar_exprs(self, s):

@@ -53,7 +53,7 @@ def codegen(job: Job, out_dir: str, shape: dict[str, int] | None = None, adaptiv
     replaced whole, a folder holding other files is refused unless ``force`` (the module docstring)."""
     check(out_dir, force)
     prog, s = job.program, job.settings
-    module = prog.build(s)
+    module = prog.build(s, prog.shape(shape))
     lowered = expand_binary(module) if adaptive else strip_adaptive(module)
     corch = generate_c(lowered)
     files = {corch.filename: corch.source.encode(),

@@ -170,7 +170,7 @@ def build_graph(job: Job, shape: Shape, adaptive: bool = True) -> BuiltGraph:
     stops here)."""
     prog, s = job.program, job.settings
     t0 = time.perf_counter()
-    built = build_module_graph(prog.build(s), prog.scalars(s, shape), adaptive, s.target)
+    built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target)
     built.compile_ms = (time.perf_counter() - t0) * 1e3 - built.graph.build_ms
     return built
 

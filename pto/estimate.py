@@ -203,7 +203,7 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
     def at(v: int) -> Shape:
         return prog.shape({**base, name: v})
 
-    module = prog.build(s)
+    module = prog.build(s, base)
     counter = _Counter(prog, s, module)
     rows, samples = [], []
     for v in iterate(values, "estimating", progress, unit=name):

@@ -42,7 +42,7 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
     shape = prog.shape(shape)
     check_outputs(dump, draw)
     prog.check_size(s, shape)
-    check_memory(job, shape, prog.build(s), check=False, execute=False)
+    check_memory(job, shape, prog.build(s, shape), check=False, execute=False)
     built = build_graph(job, shape)
     graph = built.graph
     try:

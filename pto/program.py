@@ -169,6 +169,8 @@ class Program:
     #: the program has a tensor-parallel form (``--tp N``): with ``Settings.tp`` > 1, :meth:`build`
     #: makes one rank's module (the same on every rank) and :meth:`shard` gives each rank its inputs
     tensor_parallel = False
+    #: the program generates text token by token (``pto generate`` runs :meth:`generate`)
+    generates = False
 
     # -- settings ---------------------------------------------------------------------------------
     def default_config(self, device: str) -> str:
@@ -236,7 +238,10 @@ class Program:
         return Shape(tuple(out))
 
     # -- what the program is ----------------------------------------------------------------------
-    def build(self, s: Settings) -> Module:
+    def build(self, s: Settings, shape: Shape | None = None) -> Module:
+        """The module of settings ``s``. Its scalars are expressions of the shape
+        (:meth:`scalar_exprs`); a program whose tiles depend on a shape parameter (a decode
+        step's batch: the rows of its tiles) builds for ``shape`` (its defaults when None)."""
         raise NotImplementedError
 
     def scalar_exprs(self, s: Settings) -> dict:
@@ -274,6 +279,16 @@ class Program:
 
     def check_size(self, s: Settings, shape: Shape) -> None:
         """Refuse, before any work, a size the program cannot run (nothing to check by default)."""
+
+    def generate(self, request: dict, stream=None) -> dict:
+        """``pto generate``: text from a checkpoint and prompts (``request``: the command line's
+        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the first
+        sequence's text streamed to ``stream``; the JSON-able result."""
+        raise UsageError(f"{self.name} does not generate text")
+
+    def describe_generation(self, res: dict) -> str:
+        """The line ``pto generate`` prints after the text (the speed)."""
+        return ""
 
     def estimate_baselines(self, s: Settings) -> list:
         """Other settings ``pto estimate --plot`` draws beside ``s`` (a list of

@@ -102,9 +102,9 @@ def _prepare_checks(job: Job, shape: Shape, opts: RunOptions):
     whose inputs every rank makes."""
     prog, s = job.program, job.settings
     prog.check_size(s, shape)
-    module = prog.build(s)
+    module = prog.build(s, shape)
     check_memory(job, shape, module, opts.check)
-    return module if s.tp == 1 else prog.build(replace(s, tp=1))
+    return module if s.tp == 1 else prog.build(replace(s, tp=1), shape)
 
 
 def _inputs(job: Job, shape: Shape, opts: RunOptions, whole) -> dict[str, torch.Tensor]:

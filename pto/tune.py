@@ -235,7 +235,7 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
         lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
                  f"{db.triton or 'not installed'})"]
     for shape in [job.program.shape(x) for x in shapes]:
-        graph = CompiledProgram.get(job.program.build(job.settings), target=job.settings.target).build_graph(
+        graph = CompiledProgram.get(job.program.build(job.settings, shape), target=job.settings.target).build_graph(
             job.program.scalars(job.settings, shape))
         try:
             for fn, n in sorted(graph.tasks_per_variant().items(), key=lambda kv: kv[0].variant_name):

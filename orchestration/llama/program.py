@@ -124,7 +124,7 @@ class LlamaProgram(Program):
         except ValueError as e:
             raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
-    def build(self, s: Settings):
+    def build(self, s: Settings, shape=None):
         """One rank's module (the whole layer with ``s.tp`` 1)."""
         return build_module(self.config(s), s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"], s.tp,
                             self._reduce_dtype(s))

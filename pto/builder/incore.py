@@ -79,6 +79,7 @@ class InCore:
         self._loop_vars: list[str] = []
         self._parallel: Parallel | None = None
         self._names: dict[str, str] = {}
+        self._loaded: list[str] = []  # scalars defined by load_scalar
         self._built = False
 
     # declarations -----------------------------------------------------------------------------
@@ -172,6 +173,7 @@ class InCore:
 
     def _scope(self) -> set[str]:
         s = {p.name for p in self._params if isinstance(p, ScalarParam)}
+        s |= set(self._loaded)
         s |= {k for k, _ in self._dims}
         s |= set(self._loop_vars)
         if self._parallel is not None:
@@ -213,13 +215,29 @@ class InCore:
             attr_items.append((k, v))
         ins = Instr(op, None if dst is None else self._name(dst), tuple(conv), tuple(sorted(attr_items)),
                     loc=caller_loc())
-        ctx = IncoreCtx(self._snapshot(), dict(self._dims))
+        ctx = IncoreCtx(self._snapshot(), dict(self._dims), set(self._loaded))
         check_instr(ctx, ins, self._scope())
         self._stack[-1].append(ins)
 
     def _snapshot(self) -> IncoreFunction:
         return IncoreFunction(self.name, tuple(self._params), tuple(self._dims), tuple(self._tiles),
                               (), self._parallel, (), self._loc)
+
+    def load_scalar(self, name: str, src, row: ExprLike, col: ExprLike) -> Var:
+        """A scalar read from memory when the task runs: the integer value of ``src[row, col]``
+        (an f32 memref; integers are exact below 2**24). Device data (a decode step's position,
+        a token id) becomes an offset or a bound without rebuilding the graph. At the top level,
+        before its uses; a load or store whose offset uses it needs the memref's ``shape``."""
+        if len(self._stack) > 1:
+            raise BuildError(f"`{self.name}`: load_scalar `{name}` must be at the function's top level, not "
+                             "inside a loop")
+        self._declare(name, "loaded scalar")
+        self._check_open()
+        ins = Instr(Op.LOAD_SCALAR, name, (self._name(src), expr_of(row), expr_of(col)), loc=caller_loc())
+        check_instr(IncoreCtx(self._snapshot(), dict(self._dims), set(self._loaded)), ins, self._scope())
+        self._loaded.append(name)
+        self._stack[-1].append(ins)
+        return Var(name)
 
     def load(self, dst, src, row: ExprLike, col: ExprLike, pad: float = 0.0) -> None:
         """``dst = src[row : row + dst.rows, col : col + dst.cols]`` relative to the region;
@@ -321,6 +339,8 @@ for _op in UNARY:
     setattr(InCore, _op.value, _make_method(_op, _DOCS["unary"].format(_op.value)))
 for _op in REDUCE:
     setattr(InCore, _op.value, _make_method(_op, _DOCS["reduce"].format(_op.value)))
+InCore.rowargmax.__doc__ = ("``dst[r] =`` the column of row r's largest element of ``a`` (the first of equal ones), "
+                            "as a number in dst's float dtype (exact below 2**24): greedy sampling's argmax.")
 for _op in BROADCAST:
     setattr(InCore, _op.value, _make_method(_op, _DOCS["broadcast"].format(_op.value)))
 for _op in CAST:

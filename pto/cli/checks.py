@@ -14,7 +14,7 @@ from pto.errors import PTOError, UsageError
 
 INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
 #: the commands whose work builds or runs graphs, and so uses the cache folder
-CACHE_COMMANDS = ("run", "estimate", "bench", "tune")
+CACHE_COMMANDS = ("run", "graph", "estimate", "bench", "tune", "generate")
 
 
 def value_list(text: str, flag: str = "--seq") -> list[int]:

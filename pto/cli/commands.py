@@ -212,6 +212,33 @@ def _cmd_tune(args) -> int:
     return 130 if res["interrupted"] else 0
 
 
+def _cmd_generate(args) -> int:
+    """``pto generate``: the program that generates text (the one registered with ``generates``)."""
+    from pto import programs
+
+    makers = [p for p in (programs.get(n) for n in programs.names()) if p.generates]
+    if not makers:
+        raise UsageError("no installed program generates text")
+    path = args.gguf or args.hf
+    if path is None:
+        raise UsageError("pto generate needs --gguf FILE or --hf DIR (the model)")
+    prompts = list(args.prompt or [])
+    if args.batch > 1 and len(prompts) == 1:
+        prompts *= args.batch
+    elif args.batch > 1 and len(prompts) != args.batch:
+        raise UsageError(f"--batch {args.batch} with {len(prompts)} prompts: give one prompt (copied) or {args.batch}")
+    request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
+               "device": args.device, "dtype": args.dtype, "executor": args.executor}
+    res = makers[0].generate(request, None if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for i, text in enumerate(res["texts"][1:], start=2):
+            print(f"--- sequence {i}:\n{text}")
+        print(makers[0].describe_generation(res), file=sys.stderr)
+    return 0
+
+
 def _cmd_visualize(args) -> int:
     from pto.viz import PAGE_IN, draw
 
@@ -222,7 +249,7 @@ def _cmd_visualize(args) -> int:
     return 0
 
 
-COMMANDS = {"info": _cmd_info, "run": _cmd_run, "graph": _cmd_graph, "codegen": _cmd_codegen,
+COMMANDS = {"generate": _cmd_generate, "info": _cmd_info, "run": _cmd_run, "graph": _cmd_graph, "codegen": _cmd_codegen,
             "estimate": _cmd_estimate, "bench": _cmd_bench, "tune": _cmd_tune, "visualize": _cmd_visualize}
 
 

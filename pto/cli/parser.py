@@ -153,6 +153,23 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--show", action="store_true", help="print what applies to each variant now, and why; tune nothing")
     s.add_argument("--json", metavar="FILE", help="write every variant's search as JSON")
 
+    s = sub.add_parser("generate", help="generate text token by token from a checkpoint (GGUF or Hugging Face), "
+                       "each step one task graph", add_help=helps)
+    src = s.add_mutually_exclusive_group()
+    src.add_argument("--gguf", metavar="FILE", help="a GGUF checkpoint (its weights are dequantized at load)")
+    src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder: config.json, safetensors, tokenizer.json")
+    s.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a batch)")
+    s.add_argument("--chat", action="store_true", help="wrap each prompt in the checkpoint's chat template")
+    s.add_argument("--max-new-tokens", type=positive, default=64, metavar="N", help="tokens to generate (default: 64)")
+    s.add_argument("--batch", type=positive, default=1, metavar="B",
+                   help="sequences decoded together: B copies of one --prompt, or B prompts (default: 1)")
+    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where it runs (default: auto)")
+    s.add_argument("--dtype", default="auto", choices=("auto", "f32", "bf16", "f16"),
+                   help="the weights' and activations' dtype (default: auto, bf16 on cuda, f32 on cpu)")
+    s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
+                   help="how each step's graph runs (default: auto)")
+    s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
+
     s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
     s.add_argument("dump", help="a dump written by `pto run --dump`")
     s.add_argument("out", help="the drawing to write (its suffix picks the format)")

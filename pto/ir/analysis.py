@@ -47,9 +47,11 @@ def loop_ranges(fn: IncoreFunction) -> dict[str, tuple[Expr, Expr]]:
 
 
 def memref_accesses(fn: IncoreFunction):
-    """Yield (memref name, instr, row expr, col expr, tile) for every load and store."""
+    """Yield (memref name, instr, row expr, col expr, tile) for every load and store; a
+    load_scalar reads a 1 x 1 tile of its memref's dtype."""
 
     tiles = {t.name: t for t in fn.tiles}
+    dtypes = {p.name: p.dtype for p in fn.memrefs}
 
     def visit(body):
         for s in body:
@@ -61,6 +63,9 @@ def memref_accesses(fn: IncoreFunction):
             elif s.op is Op.STORE:
                 tile, mem, row, col = s.srcs
                 yield mem, s, row, col, tiles[tile]
+            elif s.op is Op.LOAD_SCALAR:
+                mem, row, col = s.srcs
+                yield mem, s, row, col, Tile(s.dst, Const(1), Const(1), dtypes[mem])
 
     yield from visit(fn.body)
 
@@ -83,11 +88,15 @@ def param_access(fn: IncoreFunction) -> dict[str, Access]:
     writes: dict[str, bool] = {}
     ext_rows: dict[str, list[Expr]] = {}
     ext_cols: dict[str, list[Expr]] = {}
+    shaped = {p.name for p in fn.memrefs if p.shape is not None}
     for mem, ins, row, col, tile in memref_accesses(fn):
-        if ins.op is Op.LOAD:
+        if ins.op in (Op.LOAD, Op.LOAD_SCALAR):
             reads[mem] = True
         else:
             writes[mem] = True
+        if mem in shaped:  # the declared shape is the extent (offsets may be device data)
+            ext_rows.setdefault(mem, [])
+            continue
         _, rhi = bounds(row, ranges)
         _, chi = bounds(col, ranges)
         ext_rows.setdefault(mem, []).append(fold(rhi + tile.rows))

@@ -15,6 +15,7 @@ class Op(enum.Enum):
     # memory
     LOAD = "load"
     STORE = "store"
+    LOAD_SCALAR = "load_scalar"
     # elementwise binary, tile (op) tile
     ADD = "add"
     SUB = "sub"
@@ -44,6 +45,8 @@ class Op(enum.Enum):
     ROWSUM = "rowsum"
     ROWMAX = "rowmax"
     ROWMIN = "rowmin"
+    ROWARGMAX = "rowargmax"
+    ROWTAKEMAX = "rowtakemax"
     COLSUM = "colsum"
     COLMAX = "colmax"
     COLMIN = "colmin"
@@ -77,11 +80,17 @@ class Op(enum.Enum):
 
 
 MEMORY = frozenset({Op.LOAD, Op.STORE})
+#: ``load_scalar %p, %mem[row, col]``: the integer value of one element of a region (device data:
+#: a decode step's position or token id), a scalar the instructions after it may use
+SCALAR_LOAD = frozenset({Op.LOAD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
 SCALAR_BINARY = frozenset({Op.ADDS, Op.SUBS, Op.MULS, Op.DIVS, Op.MAXS, Op.MINS})
 ELEMENTWISE = BINARY | SCALAR_BINARY
 UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.SQRT, Op.RSQRT, Op.RECIP, Op.NEG, Op.ABS, Op.RELU, Op.SILU})
-ROW_REDUCE = frozenset({Op.ROWSUM, Op.ROWMAX, Op.ROWMIN})
+#: ``rowargmax dst, a``: the column of each row's largest element (the first of equal ones), as a
+#: number in the destination's float dtype (exact below 2**24); ``rowtakemax dst, a, b``: b's
+#: element at that column (a second-stage argmax picks the index its first stage recorded)
+ROW_REDUCE = frozenset({Op.ROWSUM, Op.ROWMAX, Op.ROWMIN, Op.ROWARGMAX, Op.ROWTAKEMAX})
 COL_REDUCE = frozenset({Op.COLSUM, Op.COLMAX, Op.COLMIN})
 REDUCE = ROW_REDUCE | COL_REDUCE
 ROW_BROADCAST = frozenset({Op.ROWEXPAND, Op.ROWEXPANDADD, Op.ROWEXPANDSUB, Op.ROWEXPANDMUL,
@@ -99,6 +108,7 @@ COLLECTIVE = frozenset({Op.ALLREDUCE})
 
 GROUPS = {
     "memory": MEMORY,
+    "scalar_load": SCALAR_LOAD,
     "elementwise": ELEMENTWISE,
     "unary": UNARY,
     "reduce": REDUCE,
@@ -126,6 +136,7 @@ REDUCE_KIND = {
     Op.ROWSUM: "sum", Op.COLSUM: "sum",
     Op.ROWMAX: "max", Op.COLMAX: "max",
     Op.ROWMIN: "min", Op.COLMIN: "min",
+    Op.ROWARGMAX: "argmax", Op.ROWTAKEMAX: "takemax",
 }
 
 # Operand signature of each op: the kinds of its sources, in order.
@@ -138,6 +149,7 @@ for _op in SCALAR_BINARY:
     SIGNATURE[_op] = ("TE", True)
 for _op in UNARY | REDUCE | CAST:
     SIGNATURE[_op] = ("T", True)
+SIGNATURE[Op.ROWTAKEMAX] = ("TT", True)
 for _op in (Op.ROWEXPAND, Op.COLEXPAND):
     SIGNATURE[_op] = ("T", True)
 for _op in BROADCAST - {Op.ROWEXPAND, Op.COLEXPAND}:
@@ -150,6 +162,7 @@ SIGNATURE[Op.ALLREDUCE] = ("T", True)
 SIGNATURE[Op.FULL] = ("E", True)
 SIGNATURE[Op.LOAD] = ("MEE", True)
 SIGNATURE[Op.STORE] = ("TMEE", False)
+SIGNATURE[Op.LOAD_SCALAR] = ("MEE", True)  # the destination is a scalar name, not a tile
 
 # Attributes each op accepts, with their defaults. Anything else is a build error.
 ATTRS: dict[Op, dict[str, object]] = {op: {} for op in Op}

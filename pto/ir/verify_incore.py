@@ -28,6 +28,7 @@ from pto.ir.ops import (
     ROW_BROADCAST,
     ROW_REDUCE,
     SCALAR_BINARY,
+    SCALAR_LOAD,
     SIGNATURE,
     UNARY,
     Op,
@@ -47,12 +48,14 @@ def _fmt_instr(ins: Instr) -> str:
 class IncoreCtx:
     """What the rules of one function look things up in: tiles, memrefs, scalars, dims."""
 
-    def __init__(self, fn: IncoreFunction, dims: dict[str, int]):
+    def __init__(self, fn: IncoreFunction, dims: dict[str, int], loaded: set[str] | None = None):
         self.fn = fn
         self.dims = dims
         self.tiles = {t.name: t for t in fn.tiles}
         self.memrefs = {p.name: p for p in fn.params if isinstance(p, MemRefParam)}
         self.scalars = {p.name for p in fn.params if isinstance(p, ScalarParam)}
+        # the scalars load_scalar defines (device data): ``fn``'s, or the builder's so far
+        self.loaded = loaded_scalars(fn) if loaded is None else loaded
 
     def fail(self, ins: Instr | None, msg: str):
         head = f"`{self.fn.name}`"
@@ -75,7 +78,7 @@ def check_instr(ctx: IncoreCtx, ins: Instr, scope: set[str]) -> None:
         ctx.fail(ins, "this op " + ("writes a destination tile" if has_dst else "has no destination"))
     if len(ins.srcs) != len(sig):
         ctx.fail(ins, f"expects {len(sig)} operands after the destination, got {len(ins.srcs)}")
-    if ins.dst is not None and ins.dst not in ctx.tiles:
+    if ins.dst is not None and ins.dst not in ctx.tiles and ins.op not in SCALAR_LOAD:
         what = "a memref parameter, not a tile" if ins.dst in ctx.memrefs else "not a declared tile"
         ctx.fail(ins, f"destination `{ins.dst}` is {what}")
     for kind, src in zip(sig, ins.srcs):
@@ -92,7 +95,7 @@ def check_instr(ctx: IncoreCtx, ins: Instr, scope: set[str]) -> None:
         else:
             if not isinstance(src, Expr):
                 ctx.fail(ins, f"expected a scalar expression, got `{src}`")
-            _check_expr(ctx, ins, src, scope, allow_attr=ins.op not in (Op.LOAD, Op.STORE))
+            _check_expr(ctx, ins, src, scope, allow_attr=ins.op not in (Op.LOAD, Op.STORE, Op.LOAD_SCALAR))
     allowed = ATTRS[ins.op]
     for k, _ in ins.attrs:
         if k not in allowed:
@@ -121,7 +124,7 @@ def _rule_key(op: Op) -> str:
                        ("rowreduce", ROW_REDUCE), ("colreduce", COL_REDUCE),
                        ("rowbcast", ROW_BROADCAST), ("colbcast", COL_BROADCAST),
                        ("matmul", MATMUL), ("cast", CAST), ("fill", FILL), ("mask", MASK),
-                       ("collective", COLLECTIVE)):
+                       ("collective", COLLECTIVE), ("scalar_load", SCALAR_LOAD)):
         if op in group:
             return key
     return op.value
@@ -150,6 +153,8 @@ def _unary(ctx, ins):
 def _rowreduce(ctx, ins):
     r, _ = ctx.shape(ins.srcs[0])
     d = ctx.shape(ins.dst)
+    if ins.op is Op.ROWTAKEMAX:
+        _same(ctx, ins, list(ins.srcs))
     if d != (r, 1):
         ctx.fail(ins, f"a row reduction of `{ins.srcs[0]}` ({_fmt_shape(ctx.shape(ins.srcs[0]))}) "
                       f"needs a {r}x1 destination; `{ins.dst}` is {_fmt_shape(d)}")
@@ -247,7 +252,23 @@ def _store(ctx, ins):
     _check_access(ctx, ins, ctx.tiles[tile], ctx.memrefs[mem], row, col)
 
 
+def _load_scalar(ctx, ins):
+    mem, row, col = ins.srcs
+    m = ctx.memrefs[mem]
+    if ins.dst in ctx.tiles or ins.dst in ctx.memrefs or ins.dst in ctx.scalars or ins.dst in ctx.dims:
+        ctx.fail(ins, f"`{ins.dst}` is already declared; load_scalar defines a new scalar")
+    if m.dtype is not DType.F32:
+        ctx.fail(ins, f"load_scalar reads an f32 memref (integers exact below 2**24); `{mem}` is {m.dtype}")
+    for what, e in (("row", row), ("col", col)):
+        if not is_int_expr(e):
+            ctx.fail(ins, f"{what} offset `{e}` must be an integer expression")
+
+
 def _check_access(ctx, ins, tile: Tile, mem: MemRefParam, row: Expr, col: Expr):
+    dynamic = sorted((row.free_vars() | col.free_vars()) & ctx.loaded)
+    if dynamic and mem.shape is None:
+        ctx.fail(ins, f"the offset uses `{dynamic[0]}`, a scalar loaded from memory: memref `{mem.name}` must "
+                      "declare its shape (memref(..., shape=...)), the region a task may touch")
     if tile.dtype != mem.dtype:
         verb = "load" if ins.op is Op.LOAD else "store"
         ctx.fail(ins, f"{verb} between {mem.dtype} memref `{mem.name}` and {tile.dtype} tile "
@@ -272,7 +293,13 @@ RULES = {
     "collective": _collective,
     "load": _load,
     "store": _store,
+    "scalar_load": _load_scalar,
 }
+
+
+def loaded_scalars(fn: IncoreFunction) -> set[str]:
+    """The scalars ``fn``'s load_scalar instructions define (all at the top level)."""
+    return {s.dst for s in fn.body if isinstance(s, Instr) and s.op in SCALAR_LOAD}
 
 
 def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> None:
@@ -320,6 +347,12 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
                 visit(s.body, scope | {s.var})
             else:
                 check_instr(ctx, s, scope)
+                if s.op in SCALAR_LOAD:
+                    if scope is not top[0]:
+                        ctx.fail(s, "load_scalar must be at the function's top level, not inside a loop")
+                    if s.dst in names or s.dst in scope:
+                        ctx.fail(s, f"`{s.dst}` is already declared; load_scalar defines a new scalar")
+                    scope.add(s.dst)  # in scope from here on (the top-level set is shared)
                 for x in s.srcs:
                     if isinstance(x, str):
                         used.add(x)
@@ -328,6 +361,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
                 if s.dst is not None:
                     used.add(s.dst)
 
+    top = [base_scope]
     visit(fn.body, base_scope)
     if fn.parallel is not None:
         used.update(fn.parallel.extent.free_vars())
@@ -355,6 +389,8 @@ def _check_region_bounds(ctx: IncoreCtx) -> None:
     ranges = loop_ranges(fn)
     env = dict(ctx.dims)
     for mem, ins, row, col, _tile in memref_accesses(fn):
+        if (row.free_vars() | col.free_vars()) & ctx.loaded:
+            continue  # device data: masked by the region's extent when the task runs
         p = ctx.memrefs[mem]
         for what, e, limit in (("row", row, p.shape[0] if p.shape else None),
                                ("col", col, p.shape[1] if p.shape else None)):

@@ -330,7 +330,7 @@ class Parser:
         op = BY_NAME.get(t.text)
         if op is None:
             raise ParseError(f"line {t.line}, col {t.col}: unknown instruction `{t.text}`")
-        if op is Op.LOAD:
+        if op in (Op.LOAD, Op.LOAD_SCALAR):
             dst = self.var()
             self.expect(",")
             mem = self.var()

@@ -51,6 +51,9 @@ def format_instr(ins: Instr) -> str:
     elif ins.op is Op.STORE:
         tile, mem, row, col = ins.srcs
         body = f"store %{mem}[{format_expr(row)}, {format_expr(col)}], %{tile}"
+    elif ins.op is Op.LOAD_SCALAR:
+        mem, row, col = ins.srcs
+        body = f"load_scalar %{ins.dst}, %{mem}[{format_expr(row)}, {format_expr(col)}]"
     else:
         kinds = SIGNATURE[ins.op][0]
         ops = [f"%{ins.dst}"]

@@ -90,7 +90,7 @@ class ExampleProgram(Program):
     # a shape parameter of its own name: every command takes --rows (estimate and bench sweep it)
     shape_params = (ShapeParam("rows", 100, "rows of x"),)
 
-    def build(self, s: Settings):
+    def build(self, s: Settings, shape=None):
         return build_module(CONFIGS[s.config], float(s["scale"]), s.dtype, s.target)
 
     def scalar_exprs(self, s):

@@ -1,0 +1,257 @@
+"""InCore functions of a decode step: one new token per sequence, its position and token id read
+from device memory (``load_scalar``), so one task graph serves every step.
+
+- :func:`embed_row`: a sequence's activation row from the embedding row of its token;
+- :func:`rope_q_decode` and :func:`rope_kv_append`: RoPE at the sequence's position on q (into a
+  ``[heads, D]`` block) and on k, with k and v appended to the sequence's KV-cache block at that
+  position;
+- :func:`decode_attn_part` and :func:`decode_attn_combine`: flash-decoding, the cache split in
+  chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
+  unnormalized output), then one combine per query head;
+- :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
+  epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
+  the step's end: the chosen token and the next position written back for the next step.
+
+Positions and token ids are f32 numbers in ``[B, 1]`` tensors (exact below 2**24).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pto.incore.fused import _Norm
+
+from pto import InCore, cdiv, emin, f32
+from pto.ir.nodes import IncoreFunction
+
+
+def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None) -> IncoreFunction:
+    """``x[0, :] = emb[tok, :]`` with ``tok`` read from memory (the whole table is the region)."""
+    k = InCore("embed_row")
+    tok = k.memref("tok", f32)
+    emb = k.memref("emb", dtype, shape=(vocab, hidden))
+    x = k.memref("x", dtype)
+    t = k.load_scalar("t", tok, 0, 0)
+    row = k.tile("row", 1, chunk, dtype)
+    with k.for_range("c", 0, hidden, chunk) as c:
+        k.load(row, emb, t, c)
+        k.store(x, 0, c, row)
+    return k.build(target)
+
+
+def _rotate(k: InCore, x, cos, sin, col, p, half: int, dtype):
+    """The rotated halves (f32 tiles) of the head at column ``col`` of x's row, at position ``p``
+    of the cos/sin tables: ``y1 = x1 c - x2 s``, ``y2 = x2 c + x1 s`` (rotate-half)."""
+    tiles = {n: k.tile(n, 1, half, dtype) for n in ("x1", "x2", "ct", "st")}
+    f = {n: k.tile(f"{n}f", 1, half, f32) for n in ("x1", "x2", "ct", "st", "o1", "o2", "tmp")}
+    k.load(tiles["x1"], x, 0, col)
+    k.load(tiles["x2"], x, 0, col + half)
+    k.load(tiles["ct"], cos, p, 0)
+    k.load(tiles["st"], sin, p, 0)
+    for n in ("x1", "x2", "ct", "st"):
+        k.cast(f[n], tiles[n])
+    k.mul(f["o1"], f["x1"], f["ct"])
+    k.mul(f["tmp"], f["x2"], f["st"])
+    k.sub(f["o1"], f["o1"], f["tmp"])
+    k.mul(f["o2"], f["x2"], f["ct"])
+    k.mul(f["tmp"], f["x1"], f["st"])
+    k.add(f["o2"], f["o2"], f["tmp"])
+    out = k.tile("out", 1, half, dtype)
+    return f["o1"], f["o2"], out
+
+
+def rope_q_decode(dtype, heads: int, head_dim: int, positions: int, target=None) -> IncoreFunction:
+    """RoPE on each query head of one sequence's q row (the first ``heads * D`` columns of its
+    qkv row) at the position read from ``pos``; head h to row h of ``q`` (a ``[heads, D]``
+    block, the layout the attention tasks read). Parallel over heads."""
+    k = InCore("rope_q_decode")
+    half = head_dim // 2
+    pos, x = k.memref("pos", f32), k.memref("x", dtype)
+    cos = k.memref("cos", dtype, shape=(positions, half))
+    sin = k.memref("sin", dtype, shape=(positions, half))
+    q = k.memref("q", dtype)
+    h = k.parallel("h", heads)
+    p = k.load_scalar("p", pos, 0, 0)
+    o1, o2, out = _rotate(k, x, cos, sin, h * head_dim, p, half, dtype)
+    k.cast(out, o1)
+    k.store(q, h, 0, out)
+    k.cast(out, o2)
+    k.store(q, h, half, out)
+    return k.build(target)
+
+
+def rope_kv_append(dtype, kv_heads: int, head_dim: int, positions: int, target=None) -> IncoreFunction:
+    """RoPE on each key head of one sequence's k and v row ``x`` (``[1, 2 * kv_heads * D]``: k,
+    then v) at its position p, the rotated k and the v
+    head appended to the sequence's cache blocks ``kc``/``vc`` (``[cap, kv_heads * D]``) at slot
+    ``p mod cap`` (a ring: a sliding window's cache keeps the latest ``cap`` positions; a full
+    cache never wraps). Parallel over key/value heads."""
+    k = InCore("rope_kv_append")
+    half, D = head_dim // 2, head_dim
+    kvd = kv_heads * D
+    cap = k.scalar("cap")
+    pos, x = k.memref("pos", f32), k.memref("x", dtype)
+    cos = k.memref("cos", dtype, shape=(positions, half))
+    sin = k.memref("sin", dtype, shape=(positions, half))
+    kc = k.memref("kc", dtype, shape=(cap, kvd))
+    vc = k.memref("vc", dtype, shape=(cap, kvd))
+    g = k.parallel("g", kv_heads)
+    p = k.load_scalar("p", pos, 0, 0)
+    o1, o2, out = _rotate(k, x, cos, sin, g * D, p, half, dtype)
+    k.cast(out, o1)
+    k.store(kc, p % cap, g * D, out)
+    k.cast(out, o2)
+    k.store(kc, p % cap, g * D + half, out)
+    vt = k.tile("vt", 1, D, dtype)
+    k.load(vt, x, 0, kvd + g * D)
+    k.store(vc, p % cap, g * D, vt)
+    return k.build(target)
+
+
+def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, target=None) -> IncoreFunction:
+    """One chunk of a sequence's cache for the ``group`` query heads of one key/value head: of
+    its slots ``j0 .. j0 + chunk - 1``, those that hold a key (the first ``min(p + 1, cap)``
+    slots of the ring, p read from ``pos``: slot order does not matter, RoPE is applied before
+    the cache), online softmax over tiles of ``tk`` keys; the partial state (row max ``m``, sum
+    ``l``, the unnormalized output ``o``, f32) of each query head to ``ml`` ([group, 2]) and
+    ``o`` ([group, D]). A chunk past the last key runs no tile (m = -inf, l = 0, o = 0)."""
+    k = InCore("decode_attn_part")
+    D = head_dim
+    pos = k.memref("pos", f32)
+    q = k.memref("q", dtype, shape=(group, D))
+    kc = k.memref("kc", dtype, shape=(chunk, D))
+    vc = k.memref("vc", dtype, shape=(chunk, D))
+    o = k.memref("o", f32, shape=(group, D))
+    ml = k.memref("ml", f32, shape=(group, 2))
+    j0 = k.scalar("j0")  # the chunk's first slot
+    cap = k.scalar("cap")
+    p = k.load_scalar("p", pos, 0, 0)
+    n = emin(p + 1, cap) - j0  # keys in this chunk and after it
+    qt, kt, vt = k.tile("qt", group, D, dtype), k.tile("kt", tk, D, dtype), k.tile("vt", tk, D, dtype)
+    s, pr = k.tile("s", group, tk, f32), k.tile("pr", group, tk, dtype)
+    m, mnew, l, alpha, rs = (k.tile(n, group, 1, f32) for n in ("m", "mnew", "l", "alpha", "rs"))
+    acc, pv = k.tile("acc", group, D, f32), k.tile("pv", group, D, f32)
+    k.load(qt, q, 0, 0)
+    k.full(m, float("-inf"))
+    k.full(l, 0.0)
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, emin(chunk, n), tk) as kk:
+        k.load(kt, kc, kk, 0)
+        k.load(vt, vc, kk, 0)
+        k.matmul(s, qt, kt, tb=True)
+        k.muls(s, s, 1.0 / math.sqrt(D))
+        k.mask_cols(s, s, n - kk)
+        k.rowmax(mnew, s)
+        k.max(mnew, mnew, m)
+        k.sub(alpha, m, mnew)
+        k.exp(alpha, alpha)
+        k.rowexpandsub(s, s, mnew)
+        k.exp(s, s)
+        k.rowsum(rs, s)
+        k.mul(l, l, alpha)
+        k.add(l, l, rs)
+        k.cast(pr, s)
+        k.matmul(pv, pr, vt)
+        k.rowexpandmul(acc, acc, alpha)
+        k.add(acc, acc, pv)
+        k.mov(m, mnew)
+    k.store(o, 0, 0, acc)
+    k.store(ml, 0, 0, m)
+    k.store(ml, 0, 1, l)
+    return k.build(target)
+
+
+def decode_attn_combine(dtype, head_dim: int, target=None) -> IncoreFunction:
+    """One query head's output from its ``chunks`` partial states (rows of ``o`` and ``ml``
+    ``stride`` apart: ``o[j * stride]``): ``sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j``."""
+    k = InCore("decode_attn_combine")
+    D = head_dim
+    o = k.memref("o", f32)
+    ml = k.memref("ml", f32)
+    y = k.memref("y", dtype)
+    stride, chunks = k.scalar("stride"), k.scalar("chunks")
+    m, mj, lj, w, l = (k.tile(n, 1, 1, f32) for n in ("m", "mj", "lj", "w", "l"))
+    acc, oj, mnew, alpha = k.tile("acc", 1, D, f32), k.tile("oj", 1, D, f32), k.tile("mnew", 1, 1, f32), \
+        k.tile("alpha", 1, 1, f32)
+    k.full(m, float("-inf"))
+    k.full(l, 0.0)
+    k.full(acc, 0.0)
+    with k.for_range("j", 0, chunks) as j:
+        k.load(mj, ml, j * stride, 0)
+        k.load(lj, ml, j * stride, 1)
+        k.load(oj, o, j * stride, 0)
+        k.max(mnew, m, mj)
+        # a chunk past the position has m = -inf: its weight is exp(-inf) = 0 (chunk 0 never is)
+        k.sub(alpha, m, mnew)
+        k.exp(alpha, alpha)
+        k.sub(w, mj, mnew)
+        k.exp(w, w)
+        k.mul(l, l, alpha)
+        k.mul(lj, lj, w)
+        k.add(l, l, lj)
+        k.rowexpandmul(acc, acc, alpha)
+        k.rowexpandmul(oj, oj, w)
+        k.add(acc, acc, oj)
+        k.mov(m, mnew)
+    k.rowexpanddiv(acc, acc, l)
+    out = k.tile("out", 1, D, dtype)
+    k.cast(out, acc)
+    k.store(y, 0, 0, out)
+    return k.build(target)
+
+
+def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
+                       target=None) -> IncoreFunction:
+    """``logits = rmsnorm(x; g, eps) @ w`` for the R rows of x against a ``[K, N]`` LM head,
+    column blocks of ``bn`` on the parallel axis, with the first stage of greedy sampling in the
+    epilogue: each row's largest logit of the block to ``best[r, j]`` and its column (in the
+    whole vocabulary) to ``index[r, j]``."""
+    k = InCore("lmhead_argmax_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    w = k.memref("w", dtype, shape=(K, N))
+    y = k.memref("y", f32, shape=(R, N))
+    best, index = k.memref("best", f32), k.memref("index", f32)
+    j = k.parallel("j", cdiv(N, bn))
+    norm = _Norm(k, R, bk, dtype, eps, K)
+    a, bt = k.tile("a", R, bk, dtype), k.tile("bt", bk, bn, dtype)
+    acc = k.tile("acc", R, bn, f32)
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, K, bk) as kk:
+        norm.step(x, kk, a)
+        k.load(bt, w, kk, j * bn)
+        k.matmul_acc(acc, a, bt)
+    norm.scale(acc)
+    k.store(y, 0, j * bn, acc)
+    # the columns past the vocabulary's end never win
+    k.mask_cols(acc, acc, N - j * bn)
+    top, col = k.tile("top", R, 1, f32), k.tile("col", R, 1, f32)
+    k.rowmax(top, acc)
+    k.rowargmax(col, acc)
+    k.adds(col, col, j * bn)
+    k.store(best, 0, j, top)
+    k.store(index, 0, j, col)
+    return k.build(target)
+
+
+def argmax_advance(blocks: int, target=None) -> IncoreFunction:
+    """The step's end for one sequence: the token whose logit is the largest over the
+    ``blocks`` first-stage maxima (``best``, ``index``) to ``tok``, the position plus one to
+    ``pos`` (what the next step reads)."""
+    k = InCore("argmax_advance")
+    best, index = k.memref("best", f32), k.memref("index", f32)
+    tok, pos = k.memref("tok", f32), k.memref("pos", f32)
+    bt, it = k.tile("bt", 1, blocks, f32), k.tile("it", 1, blocks, f32)
+    t, p = k.tile("t", 1, 1, f32), k.tile("p", 1, 1, f32)
+    k.load(bt, best, 0, 0, pad=float("-inf"))
+    k.load(it, index, 0, 0)
+    k.rowtakemax(t, bt, it)
+    k.store(tok, 0, 0, t)
+    k.load(p, pos, 0, 0)
+    k.adds(p, p, 1.0)
+    k.store(pos, 0, 0, p)
+    return k.build(target)
+
+
+__all__ = ["embed_row", "rope_q_decode", "rope_kv_append", "decode_attn_part", "decode_attn_combine",
+           "lmhead_argmax_tile", "argmax_advance"]

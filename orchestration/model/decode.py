@@ -1,0 +1,168 @@
+"""One decode step of a whole model as one task graph: for every sequence of the batch one new
+token, through every layer, to the next token.
+
+The step reads each sequence's token id and position from device tensors (``tok``, ``pos``,
+``[B, 1]`` f32) inside its tasks (``load_scalar``), and its last tasks write the chosen token and
+the next position back: the graph is built once per shape (batch ``B``, cache capacity ``C``)
+and replayed for every step, with no host synchronization inside a step.
+
+Per layer (weights of all layers stacked in one tensor per kind, a layer's block at row
+``l * rows``):
+
+1. ``matmul_norm_tile``: qkv = rmsnorm(x) @ [wq wk wv] (the norm folded into the projection);
+2. per sequence: ``rope_q_decode`` (RoPE on q at the position, into a ``[heads, D]`` block) and
+   ``rope_kv_append`` (RoPE on k, k and v appended to the sequence's cache block at the position
+   modulo C: a ring for sliding-window models);
+3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
+   (flash-decoding), then per query head ``decode_attn_combine``;
+4. ``matmul_residual_tile``: x2 = x + attn @ wo; ``matmul_norm_swiglu_tile``: h =
+   swiglu(rmsnorm(x2)); ``matmul_residual_tile``: x = x2 + h @ wd.
+
+Then ``lmhead_argmax_tile`` (the final norm folded into the LM head, each vocabulary block's
+largest logit and its index) and per sequence ``argmax_advance``. The KV cache is a state of
+the graph: ``k_cache``/``v_cache`` ``[L * B * C, kv_heads * D]``, sequence b's block of layer l at
+row ``(l * B + b) * C``; slot ``p mod C`` holds position p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pto.incore import decode as dk
+from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
+from pto.incore.matmul import matmul_residual_tile
+from pto.orchestration.model.config import ModelConfig
+
+from pto import Orchestration, f32
+from pto.ir.dtypes import DType
+from pto.ir.nodes import IncoreFunction, Module
+from pto.target import Target
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """Block sizes of the step: ``chunk`` cache slots per attention task (``tk`` keys per
+    tile), output columns ``bn`` and contraction ``bk`` of the projections, ``bv`` vocabulary
+    columns per LM-head block; ``rows``: the batch's tile height (the batch, rounded up to a
+    power of two by the backend)."""
+
+    chunk: int = 256
+    tk: int = 64
+    bn: int = 64
+    bk: int = 64
+    bv: int = 512
+
+
+@dataclass(frozen=True)
+class DecodeFunctions:
+    qkv: IncoreFunction
+    rope_q: IncoreFunction
+    append: IncoreFunction
+    part: IncoreFunction
+    combine: IncoreFunction
+    proj: IncoreFunction
+    gate_up: IncoreFunction
+    lm: IncoreFunction
+    embed: IncoreFunction
+    advance: IncoreFunction
+
+
+def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> DecodeFunctions:
+    """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles)."""
+    c = cfg.layer
+    H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
+    G = c.heads // c.kv_heads
+    bv = min(t.bv, cfg.vocab)
+    return DecodeFunctions(
+        qkv=matmul_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target),
+        rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
+        append=dk.rope_kv_append(dt, c.kv_heads, D, cfg.max_positions, target),
+        part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
+        combine=dk.decode_attn_combine(dt, D, target),
+        proj=matmul_residual_tile(dt, batch, QD, H, t.bn, t.bk, target),
+        gate_up=matmul_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target),
+        lm=dk.lmhead_argmax_tile(dt, batch, H, cfg.vocab, bv, t.bk, c.eps, target),
+        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
+        advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
+    )
+
+
+def cdiv_int(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
+               tiling: DecodeTiling | None = None) -> Module:
+    """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
+    ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
+    (equal to ``batch``: the projections' tiles have that many rows)."""
+    t = tiling or DecodeTiling()
+    fn = functions(cfg, dt, target, t, batch)
+    c = cfg.layer
+    L, H, D, QD, KVD, F = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
+    NQ, NKV, G = c.heads, c.kv_heads, c.heads // c.kv_heads
+    NBV = cdiv_int(cfg.vocab, min(t.bv, cfg.vocab))
+    o = Orchestration("decode_step")
+    B, C = o.scalar("B"), o.scalar("C")
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV)
+    J = o.let("J", C // t.chunk)  # attention chunks per sequence
+    with o.for_loop("b0", 0, B) as b:
+        o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
+    with o.for_loop("l", 0, L) as l:
+        o.call(fn.qkv, {"x": T["x"], "g": (T["g_attn"], l, 0, 1, H), "w": (T["w_qkv"], l * H, 0, H, QD + 2 * KVD),
+                        "y": T["qkv"]})
+        with o.for_loop("b", 0, B) as b:
+            row = (l * B + b) * C
+            tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
+            o.call(fn.rope_q, {**tables, "x": (T["qkv"], b, 0, 1, QD), "q": (T["q"], b * NQ, 0, NQ, D)})
+            o.call(fn.append, {**tables, "x": (T["qkv"], b, QD, 1, 2 * KVD), "kc": (T["k_cache"], row, 0, C, KVD),
+                               "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+            with o.for_loop("j", 0, J) as j:
+                for g in range(NKV):
+                    part = (b * J + j) * NQ + g * G
+                    o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
+                                     "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                     "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                     "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
+                                     "j0": j * t.chunk, "cap": C})
+            for h in range(NQ):
+                first = b * J * NQ + h
+                o.call(fn.combine, {"o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
+                                    "ml": (T["ml_part"], first, 0, (J - 1) * NQ + 1, 2),
+                                    "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J})
+        o.call(fn.proj, {"x": T["attn"], "w": (T["wo"], l * QD, 0, QD, H), "r": T["x"], "y": T["x2"]})
+        o.call(fn.gate_up, {"x": T["x2"], "g": (T["g_ffn"], l, 0, 1, H), "wg": (T["wg"], l * H, 0, H, F),
+                            "wu": (T["wu"], l * H, 0, H, F), "y": T["hb"]})
+        o.call(fn.proj, {"x": T["hb"], "w": (T["wd"], l * F, 0, F, H), "r": T["x2"], "y": T["x"]},
+               dims={"K": F, "N": H})
+    o.call(fn.lm, {"x": T["x"], "g": T["g_out"], "w": T["lm_head"], "y": T["logits"], "best": T["best"],
+                   "index": T["index"]})
+    with o.for_loop("b1", 0, B) as b:
+        o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
+                            "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
+    return o.module()
+
+
+def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int) -> dict:
+    """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
+    logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J."""
+    B, C, J = sizes
+    c = cfg.layer
+    L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
+    T = {"emb": o.input("emb", V, H, dt), "w_qkv": o.input("w_qkv", L * H, QD + 2 * KVD, dt),
+         "g_attn": o.input("g_attn", L, H, dt), "wo": o.input("wo", L * QD, H, dt),
+         "g_ffn": o.input("g_ffn", L, H, dt), "wg": o.input("wg", L * H, F, dt), "wu": o.input("wu", L * H, F, dt),
+         "wd": o.input("wd", L * F, H, dt), "g_out": o.input("g_out", 1, H, dt),
+         "lm_head": o.input("lm_head", H, V, dt),
+         "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
+    T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
+             tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
+    for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
+                                    ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
+                                    ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
+                                    ("best", B, NBV, f32), ("index", B, NBV, f32)):
+        T[name] = o.temp(name, rows, cols, dtype)
+    return T
+
+
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step"]

@@ -1,0 +1,194 @@
+"""``model``: one decode step of a whole LLaMA-family model as a program (``pto run model``, ``pto
+estimate model``, ``pto graph model``), and the program ``pto generate`` drives.
+
+The shape is the batch (sequences decoded together) and the cache capacity (slots per
+sequence); a step's position and token id are device data (:mod:`.decode`). The configuration
+is built in (random weights of a real model's shape) or read with the weights from a GGUF file
+or a Hugging Face folder (``--weights``). ``pto run model --check`` runs one step from a cache
+filled with random keys and values at random positions and compares the logits, the chosen
+token and the next position with :class:`.reference.ReferenceModel`'s step on the same state.
+"""
+
+from __future__ import annotations
+
+import torch
+from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.reference import rope_tables
+from pto.orchestration.model.checkpoint import ModelWeights
+from pto.orchestration.model.config import ModelConfig
+from pto.orchestration.model.decode import DecodeTiling, build_step
+from pto.orchestration.model.reference import KVCache, ReferenceModel
+
+from pto import Var
+from pto.errors import UsageError
+from pto.program import Option, Program, Settings, Shape, ShapeParam
+
+CONFIGS = {
+    "tiny": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2), vocab=512, layers=2,
+                        tied=True, max_positions=1024, eos_ids=(2,)),
+    "tiny-swa": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2, window=64), vocab=512,
+                            layers=2, tied=False, max_positions=1024, eos_ids=(2,)),
+    "smollm2-135m": ModelConfig(LlamaConfig(hidden=576, heads=9, head_dim=64, ffn=1536, kv_heads=3, eps=1e-5,
+                                            theta=100000.0), vocab=49152, layers=30, tied=True, max_positions=8192,
+                                eos_ids=(2,)),
+    "llama3-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
+                                         theta=500000.0), vocab=128256, layers=32, tied=False, max_positions=8192,
+                             eos_ids=(128001, 128009)),
+}
+#: the tiles of the CPU's tiny configurations (few tasks) and of real sizes
+TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128)
+TILING = DecodeTiling()
+
+
+def tiling_for(cfg: ModelConfig) -> DecodeTiling:
+    return TINY_TILING if cfg.layer.hidden < 256 else TILING
+
+
+class ModelProgram(Program):
+    name = "model"
+    description = ("one decode step of a whole LLaMA-family model (embedding, every layer with a KV cache, the LM "
+                   "head, greedy sampling) as one task graph; pto generate runs it token by token")
+    configs = CONFIGS
+    options = (Option("weights", "", "a GGUF file or a Hugging Face folder: the model's configuration and weights "
+                      "(replaces --config)"),)
+    shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
+                    ShapeParam("batch", 1, "sequences decoded together"))
+    outputs = ("logits", "tok", "pos")
+    generates = True
+
+    def generate(self, request: dict, stream=None) -> dict:
+        from pto.orchestration.model.textgen import Request, run
+
+        return run(Request(**request), stream)
+
+    def describe_generation(self, res: dict) -> str:
+        from pto.orchestration.model.textgen import format_speed
+
+        return format_speed(res)
+
+    def default_config(self, device: str) -> str:
+        return "smollm2-135m" if device == "cuda" else "tiny"
+
+    def config(self, s: Settings) -> ModelConfig:
+        if s["weights"]:
+            from pto.orchestration.model.config import load_config
+
+            return load_config(s["weights"])
+        return CONFIGS[s.config]
+
+    def check_settings(self, s: Settings) -> None:
+        self.config(s)  # a file that is not a model: one line now
+
+    def build(self, s: Settings, shape: Shape | None = None):
+        shape = self.shape(shape)
+        cfg = self.config(s)
+        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg))
+
+    def check_size(self, s: Settings, shape: Shape) -> None:
+        cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
+        if shape["cache"] % chunk:
+            raise UsageError(f"{self.name}: --cache {shape['cache']} must be a multiple of {chunk} (the slots of one "
+                             "attention task)")
+        window = cfg.layer.window
+        if window and shape["cache"] != window:
+            raise UsageError(f"{self.name}: the model attends to a sliding window of {window} positions: its cache "
+                             f"is a ring of exactly that many slots (--cache {window}, not {shape['cache']})")
+        if shape["cache"] > cfg.max_positions and not window:
+            raise UsageError(f"{self.name}: --cache {shape['cache']} exceeds the model's context of "
+                             f"{cfg.max_positions} positions")
+
+    def scalar_exprs(self, s):
+        return {"B": Var("batch"), "C": Var("cache")}
+
+    def inputs(self, s, shape, device, seed=0):
+        """The weights (random, scaled by 1/sqrt(fan-in), or ``--weights``'), the RoPE tables, and
+        a state to step from: every sequence at a seeded random position with random keys and
+        values in its cache and a random token."""
+        cfg = self.config(s)
+        g = torch.Generator().manual_seed(seed)
+        weights = load_or_random(s, cfg, g)
+        B, C = shape["batch"], shape["cache"]
+        kvd = cfg.layer.kv_dim
+        cache = torch.randn(2, cfg.layers * B * C, kvd, generator=g).to(s.dtype.torch)
+        # a ring (sliding window) has wrapped at positions past its slots
+        pos = torch.randint(0, 3 * C if cfg.layer.window else C, (B, 1), generator=g).float()
+        pos[-1, 0] = C - 1  # a full cache
+        tok = torch.randint(0, cfg.vocab, (B, 1), generator=g).float()
+        out = {**stack_weights(weights), "k_cache": cache[0], "v_cache": cache[1], "tok": tok, "pos": pos}
+        cos, sin = rope_tables(cfg.max_positions, cfg.layer, s.dtype, "cpu")
+        out.update(cos=cos, sin=sin)
+        return {k: v.to(device) for k, v in out.items()}
+
+    def reference(self, s, shape, inputs):
+        """:class:`ReferenceModel`'s decode step (float32) from the same weights and state."""
+        cfg = self.config(s)
+        B, C = shape["batch"], shape["cache"]
+        w = unstack_weights(cfg, {k: v.float() for k, v in inputs.items()})
+        L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
+
+        def blocks(t):
+            return t.float().view(L, B, C, NKV, D).permute(0, 1, 3, 2, 4).contiguous()
+
+        pos = inputs["pos"].view(-1).long()
+        cache = KVCache(blocks(inputs["k_cache"]), blocks(inputs["v_cache"]), pos.clone(), C)
+        if cfg.layer.window:  # a ring of C slots: the reference's cache is a ring when max_len > capacity
+            cache.max_len = cfg.max_positions
+        logits = ReferenceModel(w).decode_step(cache, inputs["tok"].view(-1).long())
+        return {"logits": logits, "tok": logits.argmax(-1, keepdim=True).float(), "pos": (pos + 1)[:, None].float()}
+
+
+def load_or_random(s: Settings, cfg: ModelConfig, g: torch.Generator) -> ModelWeights:
+    """The weights of ``--weights``, else seeded random ones of ``cfg``'s shape."""
+    if s["weights"]:
+        from pto.orchestration.model.checkpoint import load_weights
+
+        return load_weights(s["weights"], s.dtype.torch)
+    return random_weights(cfg, s.dtype.torch, g)
+
+
+def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> ModelWeights:
+    """Normal weights scaled by 1/sqrt(fan-in) (norm gains near 1), made on the CPU in f32."""
+    c = cfg.layer
+    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    layers = [{"g_attn": (1 + 0.1 * torch.randn(1, H, generator=g)).to(dtype), "wq": rnd(H, QD, scale=H ** -0.5),
+               "wk": rnd(H, KVD, scale=H ** -0.5), "wv": rnd(H, KVD, scale=H ** -0.5),
+               "wo": rnd(QD, H, scale=QD ** -0.5), "g_ffn": (1 + 0.1 * torch.randn(1, H, generator=g)).to(dtype),
+               "wg": rnd(H, F, scale=H ** -0.5), "wu": rnd(H, F, scale=H ** -0.5), "wd": rnd(F, H, scale=F ** -0.5)}
+              for _ in range(cfg.layers)]
+    emb = rnd(cfg.vocab, H)
+    head = emb.t() if cfg.tied else rnd(H, cfg.vocab, scale=H ** -0.5)
+    return ModelWeights(cfg, emb, (1 + 0.1 * torch.randn(1, H, generator=g)).to(dtype), head, layers)
+
+
+def stack_weights(w: ModelWeights) -> dict[str, torch.Tensor]:
+    """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`)."""
+    ls = w.layers
+    qkv = torch.cat([torch.cat([x["wq"], x["wk"], x["wv"]], 1) for x in ls])
+    return {"emb": w.embedding.contiguous(), "w_qkv": qkv,
+            "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": torch.cat([x["wo"] for x in ls]),
+            "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": torch.cat([x["wg"] for x in ls]),
+            "wu": torch.cat([x["wu"] for x in ls]), "wd": torch.cat([x["wd"] for x in ls]),
+            "g_out": w.norm.contiguous(), "lm_head": w.lm_head.contiguous()}
+
+
+def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> ModelWeights:
+    """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
+    c = cfg.layer
+    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
+    layers = []
+    for i in range(cfg.layers):
+        qkv = t["w_qkv"][i * H:(i + 1) * H]
+        layers.append({"g_attn": t["g_attn"][i:i + 1], "wq": qkv[:, :QD], "wk": qkv[:, QD:QD + KVD],
+                       "wv": qkv[:, QD + KVD:], "wo": t["wo"][i * QD:(i + 1) * QD], "g_ffn": t["g_ffn"][i:i + 1],
+                       "wg": t["wg"][i * H:(i + 1) * H], "wu": t["wu"][i * H:(i + 1) * H],
+                       "wd": t["wd"][i * F:(i + 1) * F]})
+    return ModelWeights(cfg, t["emb"], t["g_out"], t["lm_head"], layers)
+
+
+PROGRAM = ModelProgram()
+
+__all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "unstack_weights", "random_weights", "tiling_for"]

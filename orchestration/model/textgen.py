@@ -1,0 +1,96 @@
+"""``pto generate``: a checkpoint and prompts in, text out, streamed as it is generated, then the
+speed of the prompt (prefill) and of decoding (milliseconds per token, tokens per second).
+
+``--gguf FILE`` or ``--hf DIR`` names the model (its configuration, weights and tokenizer);
+``--prompt TEXT`` (repeatable, or ``--batch B`` copies of one prompt) the prompts, wrapped in the
+file's chat template with ``--chat``. Greedy decoding; the reference for the tokens is
+transformers' ``generate`` on the same file (tests/programs/model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pto.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``pto generate`` was asked: the model's file or folder, the prompts, and how."""
+
+    path: str
+    prompts: tuple[str, ...]
+    max_new_tokens: int = 64
+    chat: bool = False
+    device: str = "auto"
+    dtype: str | None = None
+    executor: str = "auto"
+
+
+def _check(req: Request) -> None:
+    import os
+
+    if not os.path.exists(req.path):
+        raise UsageError(f"{req.path}: no such file or folder")
+    if not req.prompts or any(not p for p in req.prompts):
+        raise UsageError("--prompt: every prompt needs some text")
+    if req.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
+
+
+def run(req: Request, stream=None) -> dict:
+    """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
+    to it as it is generated. Returns the JSON-able result: the texts, token counts, timings."""
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.tokenizer import load_tokenizer
+
+    from pto.device import resolve_device
+    from pto.ir.dtypes import DType, dtype_of
+
+    _check(req)
+    device = resolve_device(req.device)
+    dtype = dtype_of(req.dtype) if req.dtype not in (None, "auto") else (DType.BF16 if device == "cuda" else DType.F32)
+    tok = load_tokenizer(req.path)
+    weights = load_weights(req.path, dtype.torch)
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) if req.chat else tok.encode(p) for p in req.prompts]
+    longest = max(map(len, prompts)) + req.max_new_tokens
+    if longest > weights.config.max_positions and not weights.config.layer.window:
+        raise UsageError(f"the prompt ({max(map(len, prompts))} tokens) and --max-new-tokens {req.max_new_tokens} "
+                         f"exceed the model's context of {weights.config.max_positions} tokens")
+    gen = Generator(weights, device, dtype, executor=req.executor)
+    decoders = [tok.stream() for _ in prompts]
+    texts = [""] * len(prompts)
+
+    def on_step(new):
+        for i, t in enumerate(new):
+            if t is not None and t not in weights.config.eos_ids:
+                piece = decoders[i].push(t)
+                texts[i] += piece
+                if i == 0 and stream is not None:
+                    stream.write(piece)
+                    stream.flush()
+
+    try:
+        result = gen.generate(prompts, req.max_new_tokens, on_step)
+    finally:
+        gen.close()
+    for i, d in enumerate(decoders):
+        rest = d.flush()
+        texts[i] += rest
+        if i == 0 and stream is not None:
+            stream.write(rest + "\n")
+    return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
+            **result.to_json()}
+
+
+def format_speed(res: dict) -> str:
+    """The line ``pto generate`` prints after the text."""
+    ms = res["ms_per_token"]
+    per = f"{ms:.3f} ms per token ({res['tokens_per_s']:,.0f} tokens/s)" if ms else "no decode step"
+    return (f"prompt {sum(res['prompt_tokens'])} tokens in {res['prefill_ms']:.0f} ms; decode {per}, "
+            f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
+            f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")
+
+
+__all__ = ["Request", "run", "format_speed"]
