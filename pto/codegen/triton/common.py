@@ -30,8 +30,9 @@ class RenderOptions:
     ``input_precision``: ``tl.dot`` precision for f32 operands ("ieee" matches the f32
     reference; "tf32" / "tf32x3" trade accuracy for tensor-core speed on the GPU).
     ``dot_min``: smallest M, N and K (of the blocks, padded dims rounded up to powers of two)
-    that use ``tl.dot`` (Triton needs 16); below, an exact f32 broadcast-multiply-sum. ``ieee_math``: correctly rounded division and square root
-    (``div_rn``/``sqrt_rn``, as torch computes them) instead of the faster approximations.
+    that use ``tl.dot`` (Triton needs 16); below, an exact f32 broadcast-multiply-sum.
+    ``ieee_math``: correctly rounded division and square root (``div_rn``/``sqrt_rn``, as torch
+    computes them) instead of the faster approximations.
     """
 
     input_precision: str = "ieee"
