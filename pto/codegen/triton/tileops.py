@@ -244,7 +244,8 @@ class TileOps:
         self.emit(f"if EVEN_{mem}:")
         if ins.op is Op.LOAD:
             pad = float_literal(float(ins.attr("pad")), self.memrefs[mem].dtype)
-            self.emit(f"    t_{tile} = tl.load({ptr}{even}{'' if lanes is None else f', other={pad}'})")
+            other = "" if lanes is None else f", other={pad}"
+            self.emit(f"    t_{tile} = tl.load({ptr}{even}{other})")
             self.emit("else:")
             self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad})")
             self.defined.add(tile)
