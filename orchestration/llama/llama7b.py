@@ -89,16 +89,21 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
     def tile(tensor, i, cols):
         return (tensor, i * base, 0, rows(i), cols)
 
+    def gain(g):
+        # the norm's 1 x H gain, as a region: a whole-tensor binding would span the functions'
+        # column loops, a multiple of their chunk, wider than H where the chunk does not divide it
+        return (g, 0, 0, 1, H)
+
     # phase 1: pre-attention, per row tile
     with o.for_loop("i", 0, n, **q_loop) as i:
         R = {"R": i.rows}
         if fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
             for f, w, out, cols in ((fn.matmul_norm_rope, wq, qr, QD), (fn.matmul_norm_rope_k, wk, kr, KVD)):
-                o.call(f, {"x": tile(x, i, H), "g": g_attn, "w": w, "cos": tile(cos, i, D // 2),
+                o.call(f, {"x": tile(x, i, H), "g": gain(g_attn), "w": w, "cos": tile(cos, i, D // 2),
                            "sin": tile(sin, i, D // 2), "y": tile(out, i, cols)}, dims=R)
-            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": g_attn, "w": wv, "y": tile(v, i, KVD)}, dims=R)
+            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": gain(g_attn), "w": wv, "y": tile(v, i, KVD)}, dims=R)
         else:
-            o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": g_attn, "y": tile(xn, i, H)}, dims=R)
+            o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": gain(g_attn), "y": tile(xn, i, H)}, dims=R)
             for w, out, cols in ((wq, q, QD), (wk, k, KVD), (wv, v, KVD)):
                 o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, cols)},
                        dims={**R, "K": H, "N": cols})
@@ -179,14 +184,14 @@ def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "
         R = {"R": r.rows}
         projection(r, attn, wo, QD, x, h, ao if attention != "fused" or tp > 1 else None)
         if fuse:
-            o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": g_ffn, "wg": wg, "wu": wu,
+            o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": gain(g_ffn), "wg": wg, "wu": wu,
                                            "y": tile(act, r, Fd)}, dims=R)
         elif attention == "fused":
-            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": gain(g_ffn), "y": tile(hn, r, H)}, dims=R)
             o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
                    dims={**R, "K": H, "N": Fd})
         else:
-            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": g_ffn, "y": tile(hn, r, H)}, dims=R)
+            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": gain(g_ffn), "y": tile(hn, r, H)}, dims=R)
             for w, out in ((wg, gate), (wu, up)):
                 o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
             o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)

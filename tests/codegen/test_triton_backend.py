@@ -498,13 +498,15 @@ def test_program_through_both_backends(name, seq, dtype, attention):
 # build errors, sources, launch parameters ------------------------------------------------------------
 
 
-def test_non_power_of_two_tile_is_a_build_error():
-    k = InCore("odd")
+def test_too_large_a_tile_is_a_build_error():
+    """Padded tiles are tests/codegen/test_triton_padding.py's; a block over Triton's limit is refused."""
+    k = InCore("big")
     x = k.memref("x", f32)
-    t = k.tile("t", 8, 24, f32)
+    t = k.tile("t", 1024, 2048, f32)
     k.load(t, x, 0, 0)
     k.store(x, 0, 0, t)
-    with pytest.raises(BuildError, match=r"^`odd`: tile `t` is 8x24; .*power-of-two.*24 is not"):
+    with pytest.raises(BuildError, match=r"^`big`: tile `t` is 1024x2048 = 2097152 elements; a Triton block "
+                                         r"holds at most 1048576$"):
         render(k.build())
 
 

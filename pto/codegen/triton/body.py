@@ -3,55 +3,41 @@
 
 Numerics follow :mod:`pto.backends.torch_eval`: elementwise, unary, reduction, broadcast and
 mask ops compute in f32 and round to the destination's dtype; matmul feeds the operands in their
-own dtype to ``tl.dot`` with f32 accumulation (an exact f32 broadcast-multiply-sum where a dim is
-below 16, which ``tl.dot`` does not take); loads read ``pad`` outside the valid extent and stores
-skip it; scalar ``//`` and ``%`` floor as in Python.
+own dtype to ``tl.dot`` with f32 accumulation (an exact f32 broadcast-multiply-sum where a block
+dim is below 16, which ``tl.dot`` does not take); loads read ``pad`` outside the valid extent and
+stores skip it; scalar ``//`` and ``%`` floor as in Python. A tile whose dims are not powers of
+two is held in a padded block whose padding lanes never reach a logical lane
+(:mod:`pto.codegen.triton.tileops` says how); the code of power-of-two tiles has no padding.
 
-The walk is generic: one method per op group and small per-op format tables (the options, table
-layout, literals and file prelude it shares with the kernel builders are in
-:mod:`pto.codegen.triton.common`). Both executors
-call the same device function: the batched kernels of :mod:`pto.codegen.triton.kernel` and the
-persistent megakernel of :mod:`pto.codegen.triton.megakernel`.
+The walk is generic: this module walks the structure (parameters, loops and the tiles they
+carry, scalar expressions), :mod:`pto.codegen.triton.tileops` renders the tile instructions, one
+method per op group with small per-op format tables (the options, table layout, literals and
+file prelude they share with the kernel builders are in :mod:`pto.codegen.triton.common`). Both
+executors call the same device function: the batched kernels of :mod:`pto.codegen.triton.kernel`
+and the persistent megakernel of :mod:`pto.codegen.triton.megakernel`.
 """
 
 from __future__ import annotations
 
-import torch
-
 from pto.codegen.triton.common import (
     ALIGN,
-    MAX_NUMEL,
     NAN_SOURCE,
     TL_DTYPE,
     RenderOptions,
     TableLayout,
     _instrs,
+    block_shape,
     check_tiles,
     device_name,
-    file_source,  # noqa: F401  (the megakernel's import until it names common)
     float_literal,
 )
+from pto.codegen.triton.tileops import TileOps
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges
 from pto.ir.dtypes import DType
-from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, bounds, const_value
+from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr
-from pto.ir.ops import (
-    ARITH,
-    BINARY,
-    BROADCAST,
-    CAST,
-    COL_REDUCE,
-    COLLECTIVE,
-    MASK,
-    MATMUL,
-    REDUCE_KIND,
-    ROW_REDUCE,
-    SCALAR_BINARY,
-    SIGNATURE,
-    UNARY,
-    Op,
-)
+from pto.ir.ops import SIGNATURE, Op
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
 _EXPR_FMT = {
@@ -71,38 +57,6 @@ _EXPR_FMT = {
     "min": "tl.minimum({a}, {b})",
     "max": "tl.maximum({a}, {b})",
 }
-
-# tile arithmetic on f32 operands (NaN-propagating max/min, as torch.maximum/minimum)
-_ARITH_FMT = {
-    "add": "{a} + {b}",
-    "sub": "{a} - {b}",
-    "mul": "{a} * {b}",
-    "div": "{div}({a}, {b})",
-    "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-    "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-}
-
-_UNARY_FMT = {
-    Op.EXP: "tl.exp({x})",
-    Op.EXP2: "tl.exp2({x})",
-    Op.LOG: "tl.log({x})",
-    Op.SQRT: "{sqrt}({x})",
-    Op.RSQRT: "tl.math.rsqrt({x})",
-    Op.RECIP: "{div}(1.0, {x})",
-    Op.NEG: "-{x}",
-    Op.ABS: "tl.abs({x})",
-    Op.RELU: "tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
-    Op.SILU: "{div}({x}, 1.0 + tl.exp(-{x}))",  # torch's silu: x / (1 + exp(-x))
-}
-
-_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
-
-_MASK_KEEP = {
-    Op.MASK_CAUSAL: "tl.arange(0, {C})[None, :] <= tl.arange(0, {R})[:, None] + {k}",
-    Op.MASK_COLS: "tl.arange(0, {C})[None, :] < {k}",
-    Op.MASK_ROWS: "tl.arange(0, {R})[:, None] < {k}",
-}
-
 
 # tile dataflow: which loops carry which tiles ------------------------------------------------
 
@@ -150,14 +104,15 @@ def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:
 # the renderer ---------------------------------------------------------------------------------
 
 
-class BodyRenderer:
+class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
-        self.shapes = check_tiles(fn)
+        self.shapes = check_tiles(fn)  # logical
+        self.blocks = {name: block_shape(shape) for name, shape in self.shapes.items()}
         self.dtypes = {t.name: t.dtype for t in fn.tiles}
         self.memrefs = {p.name: p for p in fn.memrefs}
         self.layout = TableLayout(tuple(p.name for p in fn.memrefs), tuple(p.name for p in fn.scalars))
@@ -221,7 +176,7 @@ class BodyRenderer:
             self.init_nan(tile)
 
     def init_nan(self, tile: str) -> None:
-        r, c = self.shapes[tile]
+        r, c = self.blocks[tile]
         self.emit(f"t_{tile} = tl.full(({r}, {c}), {NAN_SOURCE}, {TL_DTYPE[self.dtypes[tile]]})")
         self.defined.add(tile)
 
@@ -290,165 +245,3 @@ class BodyRenderer:
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
-
-    # instructions -----------------------------------------------------------------------------
-    def instr(self, ins: Instr) -> None:
-        op = ins.op
-        for group, method in _DISPATCH:
-            if op in group:
-                method(self, ins)
-                return
-        raise BuildError(f"`{self.fn.variant_name}`: no Triton rule for `{op.value}`")  # pragma: no cover
-
-    def _collective(self, ins: Instr) -> None:
-        raise BuildError(f"`{self.fn.variant_name}`: `{ins.op.value}` is a collective (a sum over the ranks of "
-                         "torch.distributed's process group); Triton kernels do not communicate: the triton "
-                         "backend runs this function with the torch evaluator, the persistent executor not at all")
-
-    def _binary(self, ins: Instr) -> None:
-        a, b = ins.srcs
-        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(a), self.f32(b)))
-
-    def _scalar(self, ins: Instr) -> None:
-        a, s = ins.srcs
-        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(a), self.scalar_f32(s)))
-
-    def arith(self, name: str, a: str, b: str) -> str:
-        return _ARITH_FMT[name].format(a=a, b=b, div=self.div)
-
-    def _unary(self, ins: Instr) -> None:
-        x = self.f32(ins.srcs[0])
-        self.assign(ins.dst, _UNARY_FMT[ins.op].format(x=x, div=self.div, sqrt=self.sqrt))
-
-    def _reduce(self, ins: Instr) -> None:
-        x = self.f32(ins.srcs[0])
-        row = ins.op in ROW_REDUCE
-        red = f"{_REDUCE_FN[REDUCE_KIND[ins.op]]}({x}, axis={1 if row else 0})"
-        self.assign(ins.dst, red + ("[:, None]" if row else "[None, :]"))
-
-    def _broadcast(self, ins: Instr) -> None:
-        r, c = self.shapes[ins.dst]
-        vec = self.f32(ins.srcs[-1])
-        if ARITH[ins.op] == "copy":
-            self.assign(ins.dst, f"tl.broadcast_to({vec}, ({r}, {c}))")
-            return
-        # Triton broadcasts the R x 1 / 1 x C vector itself
-        self.assign(ins.dst, self.arith(ARITH[ins.op], self.f32(ins.srcs[0]), vec))
-
-    def _matmul(self, ins: Instr) -> None:
-        a, b = ins.srcs
-        ta, tb, acc = bool(ins.attr("ta")), bool(ins.attr("tb")), str(ins.attr("acc"))
-        m, k = self.shapes[a][::-1] if ta else self.shapes[a]
-        n = self.shapes[b][0] if tb else self.shapes[b][1]
-        dt = self.dtypes[a]
-        accumulate = ins.op is Op.MATMUL_ACC
-        self.use(a)
-        self.use(b)
-        if accumulate:
-            self.use(ins.dst)
-        opa = f"tl.trans(t_{a})" if ta else f"t_{a}"
-        opb = f"tl.trans(t_{b})" if tb else f"t_{b}"
-        fused = accumulate and acc == "f32"  # accumulate straight onto the f32 destination
-        if min(m, n, k) >= self.opts.dot_min:
-            prec = f', input_precision="{self.opts.input_precision}"' if dt is DType.F32 else ""
-            if fused:
-                value = f"tl.dot({opa}, {opb}, {self.f32(ins.dst)}{prec})"
-            else:
-                value = f"tl.dot({opa}, {opb}{prec}, out_dtype=tl.float32)"
-        else:
-            if m * k * n > MAX_NUMEL:
-                raise BuildError(f"`{self.fn.variant_name}`: matmul into `{ins.dst}` is {m}x{k}x{n}; "
-                                 f"below {self.opts.dot_min} in a dim it needs an {m * k * n}-element "
-                                 f"block (at most {MAX_NUMEL})")
-            if dt is not DType.F32:
-                opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
-            # exact f32 products summed in f32, like the reference's f32 matmul
-            value = f"tl.sum({opa}[:, :, None] * {opb}[None, :, :], axis=1)"
-            if fused:
-                value = f"{self.f32(ins.dst)} + {value}"
-        if acc == "f16":
-            value = f"({value}).to(tl.float16)"
-            if accumulate:
-                d16 = f"t_{ins.dst}" if self.dtypes[ins.dst] is DType.F16 else f"t_{ins.dst}.to(tl.float16)"
-                value = f"({d16}.to(tl.float32) + {value}.to(tl.float32)).to(tl.float16)"
-            self.assign(ins.dst, value, DType.F16)
-        else:
-            self.assign(ins.dst, value)
-
-    def _cast(self, ins: Instr) -> None:
-        src = ins.srcs[0]
-        self.use(src)
-        self.assign(ins.dst, f"t_{src}", self.dtypes[src])
-
-    def _full(self, ins: Instr) -> None:
-        r, c = self.shapes[ins.dst]
-        dt = self.dtypes[ins.dst]
-        # the reference fills f32 and rounds to the tile's dtype
-        v = float(torch.tensor(float(const_value(ins.srcs[0])), dtype=torch.float32).item())
-        value = float_literal(v, dt, as_tensor=False)
-        self.emit(f"t_{ins.dst} = tl.full(({r}, {c}), {value}, {TL_DTYPE[dt]})")
-        self.defined.add(ins.dst)
-
-    def _mask(self, ins: Instr) -> None:
-        src, bound = ins.srcs
-        r, c = self.shapes[ins.dst]
-        keep = _MASK_KEEP[ins.op].format(R=r, C=c, k=self.expr(bound))
-        fill = float_literal(float(ins.attr("fill")))
-        self.assign(ins.dst, f"tl.where({keep}, {self.f32(src)}, {fill})")
-
-    def _memory(self, ins: Instr) -> None:
-        if ins.op is Op.LOAD:
-            mem, row, col = ins.srcs
-            tile = ins.dst
-        else:
-            tile, mem, row, col = ins.srcs
-            self.use(tile)
-        r, c = self.shapes[tile]
-        ri, ci, ptr = self.fresh("r"), self.fresh("c"), self.fresh("p")
-        self.emit(f"{ri} = {self.offset(row, r, True)}")
-        self.emit(f"{ci} = {self.offset(col, c, False)}")
-        self.emit(f"{ptr} = P_{mem} + {ri}.to(tl.int64) * S_{mem} + {ci}")
-        conds = []
-        for idx, e, lim in ((ri, row, f"m_{mem}_rows"), (ci, col, f"m_{mem}_cols")):
-            if not self.nonnegative(e):
-                conds.append(f"({idx} >= 0)")
-            conds.append(f"({idx} < {lim})")
-        mask = " & ".join(conds)
-        self.emit(f"if EVEN_{mem}:")
-        if ins.op is Op.LOAD:
-            pad = float_literal(float(ins.attr("pad")), self.memrefs[mem].dtype)
-            self.emit(f"    t_{tile} = tl.load({ptr})")
-            self.emit("else:")
-            self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad})")
-            self.defined.add(tile)
-        else:
-            self.emit(f"    tl.store({ptr}, t_{tile})")
-            self.emit("else:")
-            self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
-
-    def offset(self, e: Expr, n: int, rows: bool) -> str:
-        idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]")
-        return idx if const_value(e) == 0 else f"{self.expr(e)} + {idx}"
-
-    def nonnegative(self, e: Expr) -> bool:
-        try:
-            lo = const_value(bounds(e, self.ranges)[0])
-        except BuildError:
-            return False
-        return lo is not None and lo >= 0
-
-
-_DISPATCH = (
-    (frozenset({Op.LOAD, Op.STORE}), BodyRenderer._memory),
-    (BINARY, BodyRenderer._binary),
-    (SCALAR_BINARY, BodyRenderer._scalar),
-    (UNARY, BodyRenderer._unary),
-    (ROW_REDUCE | COL_REDUCE, BodyRenderer._reduce),
-    (BROADCAST, BodyRenderer._broadcast),
-    (MATMUL, BodyRenderer._matmul),
-    (CAST, BodyRenderer._cast),
-    (frozenset({Op.FULL}), BodyRenderer._full),
-    (MASK, BodyRenderer._mask),
-    (COLLECTIVE, BodyRenderer._collective),
-)
-assert set().union(*(g for g, _ in _DISPATCH)) == set(Op)

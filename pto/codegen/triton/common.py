@@ -29,9 +29,10 @@ class RenderOptions:
 
     ``input_precision``: ``tl.dot`` precision for f32 operands ("ieee" matches the f32
     reference; "tf32" / "tf32x3" trade accuracy for tensor-core speed on the GPU).
-    ``dot_min``: smallest M, N and K that use ``tl.dot`` (Triton needs 16); below, an exact f32
-    broadcast-multiply-sum. ``ieee_math``: correctly rounded division and square root
-    (``div_rn``/``sqrt_rn``, as torch computes them) instead of the faster approximations.
+    ``dot_min``: smallest M, N and K (of the blocks, padded dims rounded up to powers of two)
+    that use ``tl.dot`` (Triton needs 16); below, an exact f32 broadcast-multiply-sum.
+    ``ieee_math``: correctly rounded division and square root (``div_rn``/``sqrt_rn``, as torch
+    computes them) instead of the faster approximations.
     """
 
     input_precision: str = "ieee"
@@ -59,8 +60,15 @@ class TableLayout:
         return 4 * self.memrefs.index(name) + self.FIELDS.index(fld)
 
 
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+def block(n: int) -> int:
+    """The Triton block dim that holds a tile dim of ``n``: the next power of two (Triton's
+    blocks have power-of-two dims); the lanes past ``n`` are padding (see the body's docstring)."""
+    return 1 << (n - 1).bit_length()
+
+
+def block_shape(shape: tuple[int, int]) -> tuple[int, int]:
+    """The block of a tile of logical ``shape`` (rows, cols)."""
+    return block(shape[0]), block(shape[1])
 
 
 def float_literal(v: float, dtype: DType = DType.F32, as_tensor: bool = True) -> str:
@@ -87,23 +95,21 @@ _FILE_NAMES = frozenset({"triton", "tl", "_INF", "_NEG_INF", "_floordiv", "_floo
 
 
 def check_tiles(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
-    """Concrete tile shapes; BuildError naming the function and tile for a shape Triton cannot
-    hold (a dim that is not a power of two, or more than 2**20 elements)."""
+    """Concrete (logical) tile shapes; BuildError naming the function and tile for one whose
+    block (:func:`block_shape`: each dim rounded up to a power of two) has more than 2**20
+    elements, which Triton cannot hold."""
     dims = dict(fn.variant)
     shapes = {}
     for t in fn.tiles:
         r, c = tile_shape(t, dims)
-        bad = [d for d in (r, c) if not _is_pow2(d)]
-        if bad:
-            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c}; the Triton backend "
-                             f"needs power-of-two tile dims ({bad[0]} is not)")
-        if r * c > MAX_NUMEL:
-            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {r}x{c} = {r * c} elements; "
-                             f"a Triton block holds at most {MAX_NUMEL}")
+        br, bc = block_shape((r, c))
+        if br * bc > MAX_NUMEL:
+            size = f"{r}x{c} = {r * c} elements" if (br, bc) == (r, c) else \
+                f"{r}x{c}, held as a {br}x{bc} block of {br * bc} elements"
+            raise BuildError(f"`{fn.variant_name}`: tile `{t.name}` is {size}; a Triton block holds at most "
+                             f"{MAX_NUMEL}")
         shapes[t.name] = (r, c)
     return shapes
-
-
 
 
 def kernel_name(fn: IncoreFunction) -> str:

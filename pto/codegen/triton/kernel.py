@@ -33,6 +33,7 @@ from pto.codegen.triton.common import (
     TableLayout,
     _instrs,
     _loops,
+    block_shape,
     file_source,
     kernel_name,
 )
@@ -80,9 +81,10 @@ def launch_params(fn: IncoreFunction) -> dict:
     4 warps; 8 for a matmul with a 128x128 (or larger) output or tiles of 32K elements and more;
     3 pipeline stages when a loop loads tiles that feed a matmul (the K loop), else 1 (2 for
     other loops with loads). FP fusion (FMA contraction) only for kernels with f16/bf16 tiles:
-    all-f32 kernels keep the interpreter's rounding, instruction by instruction.
+    all-f32 kernels keep the interpreter's rounding, instruction by instruction. Sizes are the
+    blocks' (a padded tile takes its whole block of registers).
     """
-    shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
+    shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
     biggest = max((r * c for r, c in shapes.values()), default=1)
     big_dot = any(i.op in MATMUL and shapes[i.dst][0] * shapes[i.dst][1] >= 128 * 128
                   for i in _instrs(fn.body))
@@ -181,7 +183,7 @@ def access_bounds(fn: IncoreFunction) -> dict[str, list[AccessBound] | None]:
         except BuildError:
             out[mem] = None
             continue
-        r, c = tile_shape(tile, dims)
+        r, c = tile_shape(tile, dims)  # logical: a padded tile's padding lanes are masked even so
         out[mem].append(AccessBound(rlo, rhi, clo, chi, r, c))
     return out
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pto.codegen.triton.body import BodyRenderer
-from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _instrs, _loops, file_source
+from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _instrs, _loops, block_shape, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
 from pto.errors import ResourceError
 from pto.ir.analysis import tile_shape
@@ -194,8 +194,9 @@ def kernel_settings(cfgs: list[dict]) -> dict:
 
 def stage_bytes(fn: IncoreFunction) -> int:
     """What one more pipeline stage of ``fn``'s loops costs in shared memory, estimated: the
-    bytes of the tiles its loops load (each stage buffers one more of each)."""
-    shapes = {t.name: tile_shape(t, dict(fn.variant)) for t in fn.tiles}
+    bytes of the tiles its loops load (each stage buffers one more of each, a padded tile's whole
+    block)."""
+    shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
     size = {t.name: t.dtype.itemsize for t in fn.tiles}
     total = 0
     for loop in _loops(fn.body):
