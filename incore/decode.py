@@ -138,6 +138,8 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
     with k.for_range("kk", 0, emin(chunk, n), tk) as kk:
         k.load(kt, kc, kk, 0)
         k.load(vt, vc, kk, 0)
+        # the slots past the last key hold anything (NaN in a fresh cache): 0 * NaN would leak
+        k.mask_rows(vt, vt, n - kk, fill=0.0)
         k.matmul(s, qt, kt, tb=True)
         k.muls(s, s, 1.0 / math.sqrt(D))
         k.mask_cols(s, s, n - kk)

@@ -97,6 +97,11 @@ class Generator:
             place = Placement(self.device, self.backend, resolve_executor(self.executor, self.device, self.backend))
             inputs = {k: v.to(self.device) for k, v in stack_weights(self.weights).items()}
             inputs.update(cos=self.cos, sin=self.sin)
+            kvd = self.config.layer.kv_dim
+            for name in ("k_cache", "v_cache"):  # slots never written are masked, and finite
+                inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
+                                           device=self.device)
+            inputs.update(tok=torch.zeros(batch, 1, device=self.device), pos=torch.zeros(batch, 1, device=self.device))
             self._steps[key] = Prepared(built, place, inputs)
         return self._steps[key]
 

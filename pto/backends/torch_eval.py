@@ -70,6 +70,7 @@ _REDUCE = {
     "sum": lambda x, d: x.sum(dim=d, keepdim=True),
     "max": lambda x, d: x.amax(dim=d, keepdim=True),
     "min": lambda x, d: x.amin(dim=d, keepdim=True),
+    "argmax": lambda x, d: x.argmax(dim=d, keepdim=True).to(torch.float32),  # the first of equal ones
 }
 
 
@@ -209,8 +210,13 @@ class _Machine:
             self._write(ins.dst, _ARITH[ARITH[op]](x, v))
         elif op in UNARY:
             self._write(ins.dst, _UNARY[op](self._f32(ins.srcs[0])))
+        elif op is Op.ROWTAKEMAX:  # b's element at a's row maximum
+            at = self._f32(ins.srcs[0]).argmax(dim=2, keepdim=True)
+            self._write(ins.dst, self._f32(ins.srcs[1]).gather(2, at))
         elif op in ROW_REDUCE:
             self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
+        elif op is Op.LOAD_SCALAR:
+            self._load_scalar(ins)
         elif op in COL_REDUCE:
             self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 1))
         elif op in BROADCAST:
@@ -232,6 +238,13 @@ class _Machine:
             self._write(ins.dst, all_reduce(self.tiles[ins.srcs[0]], dtype_of(ins.attr("acc")).torch))
         else:  # pragma: no cover - every op is handled above
             raise ExecutionError(f"interpreter has no rule for `{op.value}`")
+
+    def _load_scalar(self, ins: Instr) -> None:
+        """The element's integer value per instance (truncated; the memref holds exact
+        integers): a scalar of the environment from here on."""
+        mem, row, col = ins.srcs
+        grow, gcol, _ = self._region_index(mem, row, col, 1, 1)
+        self.env[ins.dst] = self.mems[mem].tensor[grow.view(-1), gcol.view(-1)].to(torch.int64)
 
     def _broadcast(self, ins: Instr) -> None:
         op = ins.op

@@ -172,11 +172,17 @@ class AccessBound:
 def access_bounds(fn: IncoreFunction) -> dict[str, list[AccessBound] | None]:
     """Per memref, the bounds of its accesses (None where an offset cannot be bounded); the
     backend evaluates them per task to decide whether a batch may skip masks (``EVEN_<p>``)."""
+    from pto.ir.verify_incore import loaded_scalars
+
     ranges = loop_ranges(fn)
     dims = dict(fn.variant)
+    loaded = loaded_scalars(fn)
     out: dict[str, list[AccessBound] | None] = {p.name: [] for p in fn.memrefs}
     for mem, _ins, row, col, tile in memref_accesses(fn):
         if out[mem] is None:
+            continue
+        if (row.free_vars() | col.free_vars()) & loaded:  # device data: never provably inside
+            out[mem] = None
             continue
         try:
             (rlo, rhi), (clo, chi) = bounds(row, ranges), bounds(col, ranges)

@@ -34,6 +34,7 @@ from pto.ir.ops import (
     REDUCE_KIND,
     ROW_REDUCE,
     SCALAR_BINARY,
+    SCALAR_LOAD,
     UNARY,
     Op,
 )
@@ -61,10 +62,10 @@ _UNARY_FMT = {
     Op.SILU: "{div}({x}, 1.0 + tl.exp(-{x}))",  # torch's silu: x / (1 + exp(-x))
 }
 
-_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "argmax": "tl.argmax"}
 # what a padding lane holds for a reduction: its neutral element (+0.0 for sums, as torch's sum
 # starts from +0.0: a row of -0.0 sums to +0.0 there too)
-_NEUTRAL = {"sum": "0.0", "max": "_NEG_INF", "min": "_INF"}
+_NEUTRAL = {"sum": "0.0", "max": "_NEG_INF", "min": "_INF", "argmax": "_NEG_INF", "takemax": "_NEG_INF"}
 
 _MASK_KEEP = {
     Op.MASK_CAUSAL: "tl.arange(0, {C})[None, :] <= tl.arange(0, {R})[:, None] + {k}",
@@ -131,8 +132,26 @@ class TileOps:
         mask = self.lanes(src, axis)
         if mask is not None:
             x = f"tl.where({mask}, {x}, {_NEUTRAL[kind]})"
-        red = f"{_REDUCE_FN[kind]}({x}, axis={axis})"
+        if kind == "takemax":  # b's element at a's row maximum (the first of equal ones)
+            at = self.fresh("at")
+            self.emit(f"{at} = tl.argmax({x}, axis=1, tie_break_left=True)")
+            cols = f"tl.arange(0, {self.blocks[src][1]})[None, :]"
+            pick = f"tl.where({cols} == {at}[:, None], {self.f32(ins.srcs[1])}, 0.0)"
+            self.assign(ins.dst, f"tl.sum({pick}, axis=1)[:, None]")
+            return
+        if kind == "argmax":
+            red = f"tl.argmax({x}, axis=1, tie_break_left=True).to(tl.float32)"
+        else:
+            red = f"{_REDUCE_FN[kind]}({x}, axis={axis})"
         self.assign(ins.dst, red + ("[:, None]" if row else "[None, :]"))
+
+    def _load_scalar(self, ins: Instr) -> None:
+        """The element's integer value (truncated: the memref holds exact integers)."""
+        mem, row, col = ins.srcs
+        name = f"s_{ins.dst}"
+        # (an offset within the region: no int64 needed, the region's origin is already in P)
+        self.emit(f"{name} = tl.load(P_{mem} + {self.expr(row)} * S_{mem} + {self.expr(col)}).to(tl.int32)")
+        self.names[ins.dst] = name
 
     def _broadcast(self, ins: Instr) -> None:
         r, c = self.blocks[ins.dst]
@@ -268,6 +287,7 @@ class TileOps:
 
 _DISPATCH = (
     (frozenset({Op.LOAD, Op.STORE}), TileOps._memory),
+    (SCALAR_LOAD, TileOps._load_scalar),
     (BINARY, TileOps._binary),
     (SCALAR_BINARY, TileOps._scalar),
     (UNARY, TileOps._unary),

@@ -1,0 +1,161 @@
+"""The decode step as a task graph (the program ``model``) and generation with it, against the
+reference model (itself checked against transformers in test_reference.py) and, on the real
+SmolLM2 checkpoint, against transformers' ``generate``.
+
+A step's state (every sequence at its own position, the cache filled with seeded random keys and
+values, a random token) steps once: the logits, the chosen token and the next position must be
+the reference's. Positions and token ids are device data, so one graph serves every step: the
+generation tests replay one graph for every token."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pto.engine import rel_err
+from pto.run import run
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.parametrize("config,cache,batch", [("tiny", 64, 1), ("tiny", 96, 3), ("tiny-swa", 64, 2)])
+def test_one_step_matches_the_reference(config, cache, batch):
+    """f32 on the torch backend: the same sums in another order (tiles of 32 for the
+    projections, chunks for attention), so the logits agree to about 1e-6 relative; the
+    argmax and the next position exactly. tiny-swa's ring has wrapped at some positions."""
+    res = run("model", config=config, cache=cache, batch=batch, device="cpu", check=True, seed=batch)
+    assert res["rel_err"] <= 1e-5, res
+    assert (res["cache"], res["batch"]) == (cache, batch)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("executor", ["waves", "persistent"])
+def test_one_step_on_triton(executor):
+    """The step's kernels under the Triton interpreter (load_scalar, rowargmax, rowtakemax, the
+    ring's p mod C, a dynamic loop bound), both executors."""
+    res = run("model", config="tiny", cache=64, batch=2, device="cpu", backend="triton", executor=executor,
+              check=True, seed=3)
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_a_cache_that_is_not_whole_chunks_or_too_long_is_one_error():
+    from pto.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--cache 100 must be a multiple of 32"):
+        run("model", config="tiny", cache=100, device="cpu")
+    with pytest.raises(UsageError, match=r"sliding window of 64 positions: .* \(--cache 64, not 128\)"):
+        run("model", config="tiny-swa", cache=128, device="cpu")
+    with pytest.raises(UsageError, match=r"--cache 2048 exceeds the model's context of 1024"):
+        run("model", config="tiny", cache=2048, device="cpu")
+
+
+def _random_weights(config: str, seed: int = 0):
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    return random_weights(CONFIGS[config], torch.float32, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny-swa"])
+def test_generation_replays_one_graph_and_matches_the_reference(config):
+    """Prompts of different lengths in one batch (one of a single token: no prefill), prefill
+    through the layer program, then the step replayed: the reference model's greedy tokens.
+    tiny-swa generates past its 64-slot ring."""
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights(config, seed=4)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=g).tolist() for n in (7, 1, 30)]
+    new = 50 if config == "tiny-swa" else 20
+    want = ReferenceModel(w).generate(prompts, new, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32)
+    try:
+        got = gen.generate(prompts, new, stop_ids=())
+        assert len(gen._steps) == 1  # one graph for every step
+    finally:
+        gen.close()
+    assert got.tokens == want
+    assert len(got.decode_ms) == new and got.tasks_per_step > 0
+
+
+def test_estimate_and_graph_of_a_decode_step():
+    """pto estimate sweeps the cache (the program's first shape parameter); pto graph builds the
+    step without running it; the counts agree."""
+    from pto.engine import build_graph, resolve
+    from pto.estimate import estimate
+
+    res = estimate("model", [64, 128], config="tiny", shape=None)
+    assert [r["cache"] for r in res["rows"]] == [64, 128] and res["swept"] == "cache"
+    job = resolve("model", device="cpu", config="tiny")
+    built = build_graph(job, job.program.shape({"cache": 128}))
+    try:
+        assert built.graph.tasks == res["rows"][1]["tasks"]
+    finally:
+        built.graph.close()
+
+
+@pytest.mark.slow
+def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_tokenizer):
+    """The real checkpoint (Q4_1, dequantized to f32 at load), greedy, 32 new tokens on several
+    prompts (chat-formatted and plain, one batch): the same tokens as transformers' generate."""
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.tokenizer import load_tokenizer
+
+    from pto.ir.dtypes import DType
+
+    tok = load_tokenizer(smollm)
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    prompts = [tok.encode(t) for t in texts] + [tok.encode_chat([{"role": "user", "content": "Name three colors."}])]
+    want = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
+        want.append(out[0, len(p):].tolist())
+    gen = Generator(load_weights(smollm, torch.float32), "cpu", DType.F32)
+    try:
+        got = gen.generate(prompts, 32, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
+
+
+def test_teacher_forced_logits_of_the_step_match_the_reference_at_smollm2_shape():
+    """SmolLM2's dimensions (hidden 576, 9 query and 3 key/value heads of 64, FFN 1536: none a
+    power of two where it matters), random weights, two layers: one step's logits."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    cfg = replace(mp.CONFIGS["smollm2-135m"], layers=2, vocab=1000)
+    mp.CONFIGS["smollm2-2l"] = cfg
+    try:
+        res = run("model", config="smollm2-2l", cache=256, batch=2, device="cpu", check=True)
+    finally:
+        del mp.CONFIGS["smollm2-2l"]
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_the_step_reads_its_position_and_token_from_device_data():
+    """Replaying the same graph with other positions and tokens (written into its state) gives
+    the reference's step at those: nothing about a step is baked into the graph."""
+    from pto.engine import Runner, resolve
+
+    job = resolve("model", device="cpu", config="tiny")
+    shape = job.program.shape({"cache": 64, "batch": 2})
+    runner = Runner(job, shape)
+    try:
+        for seed in (1, 2):
+            inputs = job.program.inputs(job.settings, shape, "cpu", seed=seed)
+            ref = job.program.reference(job.settings, shape, inputs)
+            out = runner(inputs)
+            assert rel_err(out["logits"], ref["logits"]) <= 1e-5
+            assert torch.equal(out["tok"], ref["tok"]) and torch.equal(out["pos"], ref["pos"])
+    finally:
+        runner.close()
