@@ -72,7 +72,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
-    bv = min(t.bv, cfg.vocab)
+    lm, bv = _lm_head(cfg, dt, target, t, batch)
     return DecodeFunctions(
         qkv=matmul_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target),
         rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
@@ -81,10 +81,31 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         combine=dk.decode_attn_combine(dt, D, target),
         proj=matmul_residual_tile(dt, batch, QD, H, t.bn, t.bk, target),
         gate_up=matmul_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target),
-        lm=dk.lmhead_argmax_tile(dt, batch, H, cfg.vocab, bv, t.bk, c.eps, target),
+        lm=lm,
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
         advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
     )
+
+
+def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int):
+    """The LM head with the widest vocabulary block up to ``t.bv`` whose tiles fit the target's
+    on-chip memory (SRAM-aware: a CPU's 48 KiB takes narrower blocks than an H100), and that
+    width."""
+    from pto.errors import SramError
+
+    bv = min(t.bv, cfg.vocab)
+    while True:
+        try:
+            return dk.lmhead_argmax_tile(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.bk, cfg.layer.eps, target), bv
+        except SramError:
+            if bv <= 16:
+                raise
+            bv //= 2
+
+
+def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> int:
+    """The LM head's vocabulary block (what :func:`functions` picks)."""
+    return _lm_head(cfg, dt, target, t, batch)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
@@ -101,7 +122,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     c = cfg.layer
     L, H, D, QD, KVD, F = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     NQ, NKV, G = c.heads, c.kv_heads, c.heads // c.kv_heads
-    NBV = cdiv_int(cfg.vocab, min(t.bv, cfg.vocab))
+    NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
     T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV)
