@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 #: import name -> the checkout folder it lives in (pyproject.toml's package-dir says the same)
-SUBPACKAGES = {"pto.incore": "incore", "pto.orchestration": "orchestration", "pto.runtime_c": "runtime_c"}
+SUBPACKAGES = {f"pto.{folder}": folder for folder in ("incore", "orchestration", "runtime_c")}
 
 
 class CheckoutFinder(importlib.abc.MetaPathFinder):

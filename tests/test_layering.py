@@ -25,7 +25,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 AREAS = {
     "": "front",
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
-    "plotting": "plotting", "cachedir": "cachedir", "emit": "engine", "run": "engine",
+    "plotting": "plotting", "cachedir": "cachedir", "emit": "engine", "run": "engine", "layout": "layout",
     "dist": "dist",
     "ir": "ir",
     "passes": "passes", "text": "text",
@@ -37,6 +37,8 @@ AREAS = {
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
     "bench": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
+    # a program's own drivers: pto generate runs the model program's graphs
+    "orchestration.model.generate": "driver", "orchestration.model.textgen": "driver",
 }
 
 #: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
@@ -63,7 +65,9 @@ CORE: dict[str, set[str]] = {
     "passes": {"ir", "target", "errors"},
     "text": {"ir", "errors"},
     "builder": {"ir", "text", "passes.tiling", "errors"},
-    "front": {"builder", "text", "ir", "errors", "version"},
+    "front": {"builder", "text", "ir", "errors", "version", "layout"},
+    # how incore/, orchestration/ and runtime_c/ import as pto.* in a checkout
+    "layout": set(),
     "codegen": {"ir", "passes", "errors", "version"},
     # execution
     "batch": {"ir", "errors"},
@@ -88,6 +92,9 @@ RULES["cli"] = set(CORE) | set(TOOLS)
 # but what runs them (engine, bench, cli); their InCore functions need no orchestration
 RULES["incore"] = set(CORE)
 RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
+RULES["driver"] = RULES["orchestration"] | {"orchestration", "engine"}
+# the model program hands pto generate to its driver (lazily, in Program.generate)
+RULES["orchestration"] |= {"orchestration.model.textgen"}
 
 
 def _module_files() -> dict[str, Path]:

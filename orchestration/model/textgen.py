@@ -80,6 +80,7 @@ def run(req: Request, stream=None) -> dict:
         texts[i] += rest
         if i == 0 and stream is not None:
             stream.write(rest + "\n")
+            stream.flush()
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
             **result.to_json()}
 

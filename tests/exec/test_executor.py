@@ -67,15 +67,16 @@ def test_runner_is_cached_by_shape_and_replays_new_inputs():
     """With --repeat the prepared graph (a CUDA graph on the GPU) is reused while the shapes stay
     the same; replays read the new inputs from the runner's static buffers."""
     from pto import engine
+    from pto.run import run
 
     engine.clear_runners()
     try:
-        a = engine.run("llama7b", seq=64, config="tiny", device="cpu", repeat=2, check=True, seed=1)
+        a = run("llama7b", seq=64, config="tiny", device="cpu", repeat=2, check=True, seed=1)
         runner = next(iter(engine._RUNNERS.values()))
-        b = engine.run("llama7b", seq=64, config="tiny", device="cpu", repeat=2, check=True, seed=2)
+        b = run("llama7b", seq=64, config="tiny", device="cpu", repeat=2, check=True, seed=2)
         assert list(engine._RUNNERS.values()) == [runner]  # same shape: not rebuilt
         assert a["rel_err"] <= 1e-4 and b["rel_err"] <= 1e-4  # seed 2's inputs, replayed
-        engine.run("llama7b", seq=65, config="tiny", device="cpu", repeat=2)
+        run("llama7b", seq=65, config="tiny", device="cpu", repeat=2)
         assert len(engine._RUNNERS) == 2  # a new shape: a new runner
     finally:
         engine.clear_runners()

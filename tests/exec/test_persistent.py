@@ -135,6 +135,6 @@ def test_trace_schedule_respects_every_dependency():
 
 
 def test_persistent_needs_the_triton_backend():
-    job = resolve("softmax", device="cpu", backend="torch", executor="persistent")
-    with pytest.raises(UsageError, match="persistent executor runs Triton kernels"):
-        Runner(job, 10)
+    """Refused when the job is resolved, before any graph is built."""
+    with pytest.raises(UsageError, match="persistent executor runs Triton kernels; --backend torch needs"):
+        resolve("softmax", device="cpu", backend="torch", executor="persistent")

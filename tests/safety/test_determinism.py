@@ -144,7 +144,8 @@ def test_every_run_option_says_what_it_does_to_the_bits():
 def test_deterministic_launch_settings_are_the_megakernels():
     """bf16 LLaMA variants (compiled for a GPU, nothing launched): their own launch settings
     differ (warps, FMA contraction); with the backend's uniform_launch every batched kernel gets the
-    persistent kernel's num_warps, num_stages and fp fusion, and the same code options."""
+    persistent kernel's num_warps and fp fusion, and the same code options (pipelining depth is
+    each variant's own on both: it reorders loads, not arithmetic)."""
     from pto.backends.triton_backend import TritonBackend
     from pto.exec.persistent import PersistentExecutor, make_plan
     from pto.target import get as target
@@ -160,7 +161,7 @@ def test_deterministic_launch_settings_are_the_megakernels():
         backend.launch_overrides.update(backend.uniform_launch(graph))
         ex = PersistentExecutor(backend, {})
         ex.plan = make_plan(graph, list(graph.tensor_ids), {})
-        mega = ex._launch_config()
+        mega = {k: v for k, v in ex._launch_config().items() if k != "num_stages"}
         for f in used:
             for tasks in (1, 17, 100):
                 cfg = backend.launch_config(f, tasks)

@@ -217,7 +217,7 @@ def test_bad_plot_path_and_too_long_sequence_fail_before_any_work(monkeypatch, t
 @pytest.mark.parametrize("args,needle", [
     (["--plot", "{tmp}/est.bmp"], "cannot write '.bmp' files"),
     (["--plot", "{tmp}/est"], "a file without a suffix"),
-    (["--seq", "1024,2147483648"], "sequence length 2147483648 is above 2147483647"),
+    (["--seq", "1024,2147483648"], "--seq 2147483648 is above 2147483647"),
 ])
 def test_cli_rejects_bad_plot_suffix_and_too_long_sequence(tmp_path, args, needle):
     """One line on stderr, a non-zero exit, no traceback, nothing on stdout, no file."""
