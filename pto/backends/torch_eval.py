@@ -17,8 +17,11 @@ over the ranks of torch.distributed's default process group in its ``acc`` dtype
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from pto.backends.torch_regions import Regions, pick
 from pto.batch import RegionBatch
 from pto.dist import all_reduce
 from pto.errors import ExecutionError
@@ -73,6 +76,21 @@ _REDUCE = {
 }
 
 
+class _Tiles(dict):
+    """The tiles of a batch, created on first use: poisoned with NaN, so that reading a tile
+    before writing it shows up (a tile whose first write covers every instance never needs the
+    poison, so it is not allocated)."""
+
+    def __init__(self, n: int, shapes: dict[str, tuple[int, int]], dtypes: dict[str, torch.dtype], device):
+        super().__init__()
+        self.n, self.shapes, self.dtypes, self.device = n, shapes, dtypes, device
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        r, c = self.shapes[name]
+        t = self[name] = torch.full((self.n, r, c), float("nan"), dtype=self.dtypes[name], device=self.device)
+        return t
+
+
 class _Machine:
     def __init__(self, fn: IncoreFunction, mems: dict[str, RegionBatch], scalars: dict[str, torch.Tensor],
                  batch: int, device):
@@ -98,24 +116,32 @@ class _Machine:
         self.n = n
         # instance n = task (n // P), parallel index (n % P)
         self.task = torch.arange(batch, device=device).repeat_interleave(self.p)
-        self.env = {k: v[self.task] for k, v in env_b.items()}
+        one = self.p == 1  # instance i is task i: the per-task vectors serve as they are
+        self.env = dict(env_b) if one else {k: v[self.task] for k, v in env_b.items()}
         self.env.update(dims)
+        self.regions = Regions(mems, None if one else self.task, device)
         self.active = torch.ones(n, dtype=torch.bool, device=device)
         if fn.parallel is not None:
             pidx = torch.arange(self.p, device=device).repeat(batch)
             self.env[fn.parallel.var] = pidx
-            self.active = pidx < ext[self.task]
-        self.tiles: dict[str, torch.Tensor] = {}
-        for t in fn.tiles:
-            r, c = self.shapes[t.name]
-            # poison: reading a tile before writing it shows up as NaN
-            self.tiles[t.name] = torch.full((n, r, c), float("nan"), dtype=t.dtype.torch, device=device)
+            self.active = pidx < (ext if one else ext[self.task])
+        self.tiles = _Tiles(n, self.shapes, self.dtypes, device)
         self.all_active = bool(self.active.all())
 
     # helpers ---------------------------------------------------------------------------------
     def _vec(self, e) -> torch.Tensor:
-        v = evaluate(e, self.env)
+        return self._as_vec(evaluate(e, self.env))
+
+    def _as_vec(self, v) -> torch.Tensor:
         return torch.as_tensor(v, device=self.device).expand(self.n).to(torch.int64)
+
+    def _offset(self, e):
+        """An integer expression's value: an int when it is the same for every instance, else
+        an int64 vector (what :meth:`_vec` would give, unexpanded)."""
+        v = evaluate(e, self.env)
+        if isinstance(v, torch.Tensor):
+            return v.to(torch.int64)
+        return int(v)
 
     def _scalar_value(self, e):
         v = evaluate(e, self.env)
@@ -134,23 +160,6 @@ class _Machine:
     def _f32(self, name: str) -> torch.Tensor:
         return self.tiles[name].to(torch.float32)
 
-    def _region_index(self, mem: str, row_e, col_e, r: int, c: int):
-        """Global row and column indices (N x r, N x c), clamped into the tensor, and the
-        valid mask (N x r x c, or None when every element lies inside its region)."""
-        rb = self.mems[mem]
-        task = self.task
-        ri = self._vec(row_e).view(-1, 1) + torch.arange(r, device=self.device).view(1, r)
-        ci = self._vec(col_e).view(-1, 1) + torch.arange(c, device=self.device).view(1, c)
-        rvalid = (ri >= 0) & (ri < rb.rows[task].view(-1, 1))
-        cvalid = (ci >= 0) & (ci < rb.cols[task].view(-1, 1))
-        nrows, ncols = rb.tensor.shape
-        grow = (rb.row0[task].view(-1, 1) + ri).clamp_(0, nrows - 1)
-        gcol = (rb.col0[task].view(-1, 1) + ci).clamp_(0, ncols - 1)
-        valid = None
-        if not (bool(rvalid.all()) and bool(cvalid.all())):
-            valid = rvalid.view(-1, r, 1) & cvalid.view(-1, 1, c)
-        return grow.view(-1, r, 1), gcol.view(-1, 1, c), valid
-
     # execution -------------------------------------------------------------------------------
     def run(self, body) -> None:
         for s in body:
@@ -160,44 +169,87 @@ class _Machine:
                 self._instr(s)
 
     def _loop(self, s: ForRange) -> None:
-        lb, ub, st = self._vec(s.lb), self._vec(s.ub), self._vec(s.step)
+        lb, ub, st = (evaluate(e, self.env) for e in (s.lb, s.ub, s.step))
+        if type(lb) is int and type(ub) is int and type(st) is int:
+            self._uniform_loop(s, lb, ub, st)
+            return
+        lb, ub, st = self._as_vec(lb), self._as_vec(ub), self._as_vec(st)
         trips = torch.clamp((ub - lb + st - 1) // st, min=0)
         saved_active, saved_all = self.active, self.all_active
-        tmax = int(trips[saved_active].max().item()) if bool(saved_active.any()) else 0
+        tmin, tmax = 0, 0
+        if bool(saved_active.any()):
+            tmin, tmax = (int(v) for v in torch.stack([trips[saved_active].min(), trips[saved_active].max()]))
         for t in range(tmax):
             self.env[s.var] = lb + st * t
-            self.active = saved_active & (t < trips)
-            self.all_active = bool(self.active.all())
+            if t >= tmin:  # before the shortest active loop ends, the loop leaves the mask as it is
+                self.active = saved_active & (t < trips)
+                self.all_active = bool(self.active.all())
             self.run(s.body)
         self.env.pop(s.var, None)
         self.active, self.all_active = saved_active, saved_all
 
+    def _uniform_loop(self, s: ForRange, lb: int, ub: int, st: int) -> None:
+        """A loop with the same bounds in every instance: the loop variable is an int and the
+        active mask stays as it is."""
+        trips = max((ub - lb + st - 1) // st, 0)
+        if not (self.all_active or bool(self.active.any())):
+            trips = 0
+        for t in range(trips):
+            self.env[s.var] = lb + st * t
+            self.run(s.body)
+        self.env.pop(s.var, None)
+
+    def _load(self, ins: Instr) -> None:
+        mem, row, col = ins.srcs
+        r, c = self.shapes[ins.dst]
+        row, col = self._offset(row), self._offset(col)
+        regions = self.regions
+        if regions.all_inside(mem, row, col, r, c):
+            self._write(ins.dst, regions.gather(mem, regions.flat(mem, row, col, r, c)))
+            return
+        # the tiles inside their regions the fast way, the others padded
+        inside = regions.inside(mem, row, col, r, c)
+        good, bad = inside.nonzero().view(-1), (~inside).nonzero().view(-1)
+        t = self.mems[mem].tensor
+        vals = torch.empty((self.n, r, c), dtype=t.dtype, device=self.device)
+        if len(good):
+            flat = regions.flat(mem, pick(row, good), pick(col, good), r, c, good)
+            vals.index_copy_(0, good, regions.gather(mem, flat))
+        grow, gcol, valid = regions.index(mem, self._as_vec(row)[bad], self._as_vec(col)[bad], r, c, bad)
+        part = t[grow, gcol]
+        if valid is not None:
+            pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
+            part = torch.where(valid, part, pad)
+        vals.index_copy_(0, bad, part)
+        self._write(ins.dst, vals)
+
+    def _store(self, ins: Instr) -> None:
+        tile, mem, row, col = ins.srcs
+        r, c = self.shapes[tile]
+        t = self.mems[mem].tensor
+        vals = self.tiles[tile].to(t.dtype)
+        row, col = self._offset(row), self._offset(col)
+        regions = self.regions
+        if self.all_active and regions.all_inside(mem, row, col, r, c):
+            regions.scatter(mem, regions.flat(mem, row, col, r, c), vals)
+            return
+        # active tiles inside their regions the fast way, the other active ones element by element
+        inside = regions.inside(mem, row, col, r, c)
+        good, bad = (self.active & inside).nonzero().view(-1), (self.active & ~inside).nonzero().view(-1)
+        if len(good):
+            regions.scatter(mem, regions.flat(mem, pick(row, good), pick(col, good), r, c, good), vals[good])
+        grow, gcol, valid = regions.index(mem, self._as_vec(row)[bad], self._as_vec(col)[bad], r, c, bad)
+        gr, gc, part = grow.expand(-1, r, c), gcol.expand(-1, r, c), vals[bad]
+        if valid is not None:
+            gr, gc, part = gr[valid], gc[valid], part[valid]
+        t[gr, gc] = part
+
     def _instr(self, ins: Instr) -> None:
         op = ins.op
         if op is Op.LOAD:
-            mem, row, col = ins.srcs
-            r, c = self.shapes[ins.dst]
-            grow, gcol, valid = self._region_index(mem, row, col, r, c)
-            t = self.mems[mem].tensor
-            vals = t[grow, gcol]
-            if valid is not None:
-                pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
-                vals = torch.where(valid, vals, pad)
-            self._write(ins.dst, vals)
+            self._load(ins)
         elif op is Op.STORE:
-            tile, mem, row, col = ins.srcs
-            r, c = self.shapes[tile]
-            grow, gcol, valid = self._region_index(mem, row, col, r, c)
-            t = self.mems[mem].tensor
-            vals = self.tiles[tile].to(t.dtype)
-            if valid is None and self.all_active:
-                t[grow, gcol] = vals
-            else:
-                keep = self.active.view(-1, 1, 1).expand(-1, r, c)
-                if valid is not None:
-                    keep = keep & valid
-                gr, gc = grow.expand(-1, r, c), gcol.expand(-1, r, c)
-                t[gr[keep], gc[keep]] = vals[keep]
+            self._store(ins)
         elif op in BINARY:
             a, b = ins.srcs
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
@@ -275,6 +327,27 @@ class _Machine:
         self._write(ins.dst, torch.where(keep, x, fill))
 
 
+#: tile batches (instances x tile elements) up to this size run on one intra-op thread on the CPU
+PARALLEL_MIN_ELEMENTS = 1 << 20
+
+
+@contextlib.contextmanager
+def _intra_op_threads(device, elements: int):
+    """One intra-op thread for a batch of small tiles on the CPU. Each op on them is small: a
+    second thread costs a fork and join per op, and where the cores are shared, a wait for a
+    descheduled thread (on the 2-core development VM, torch.exp of 128K elements took 0.4-0.9 ms
+    on one thread and 6-16 ms on two; the tiny LLaMA layer 35 s against 3 s, docs/PERF.md)."""
+    prev = torch.get_num_threads()
+    if device.type != "cpu" or elements > PARALLEL_MIN_ELEMENTS or prev == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
                      scalars: dict[str, torch.Tensor] | None = None, batch: int | None = None) -> None:
     """Run a specialized InCore function (no dims left) for a batch of tasks, in place.
@@ -301,7 +374,8 @@ def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
         if not t.is_contiguous():
             raise ExecutionError(f"`{fn.name}`: tensor for `{p.name}` must be contiguous")
     m = _Machine(fn, mems, scalars, batch, device)
-    m.run(fn.body)
+    with _intra_op_threads(device, m.n * max((r * c for r, c in m.shapes.values()), default=0)):
+        m.run(fn.body)
 
 
 __all__ = ["run_incore_batch"]
