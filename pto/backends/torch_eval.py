@@ -17,11 +17,10 @@ over the ranks of torch.distributed's default process group in its ``acc`` dtype
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from pto.backends.torch_regions import Regions, pick
+from pto.backends.torch_regions import Offset, Regions
+from pto.backends.torch_support import Env, Tiles, arange, as_dtype, f32_const, intra_op_threads, loop_vars
 from pto.batch import RegionBatch
 from pto.dist import all_reduce
 from pto.errors import ExecutionError
@@ -76,21 +75,6 @@ _REDUCE = {
 }
 
 
-class _Tiles(dict):
-    """The tiles of a batch, created on first use: poisoned with NaN, so that reading a tile
-    before writing it shows up (a tile whose first write covers every instance never needs the
-    poison, so it is not allocated)."""
-
-    def __init__(self, n: int, shapes: dict[str, tuple[int, int]], dtypes: dict[str, torch.dtype], device):
-        super().__init__()
-        self.n, self.shapes, self.dtypes, self.device = n, shapes, dtypes, device
-
-    def __missing__(self, name: str) -> torch.Tensor:
-        r, c = self.shapes[name]
-        t = self[name] = torch.full((self.n, r, c), float("nan"), dtype=self.dtypes[name], device=self.device)
-        return t
-
-
 class _Machine:
     def __init__(self, fn: IncoreFunction, mems: dict[str, RegionBatch], scalars: dict[str, torch.Tensor],
                  batch: int, device):
@@ -105,28 +89,29 @@ class _Machine:
         for name, rb in mems.items():
             env_b[f"{name}.rows"] = rb.rows
             env_b[f"{name}.cols"] = rb.cols
-        if fn.parallel is not None:
-            ext = evaluate(fn.parallel.extent, {**env_b, **dims})
+        ext = evaluate(fn.parallel.extent, {**env_b, **dims}) if fn.parallel is not None else 1
+        if isinstance(ext, torch.Tensor):
             ext = torch.as_tensor(ext, device=device).expand(batch).clone()
-            p = int(ext.max().item()) if batch else 0
-        else:
-            ext, p = None, 1
-        self.p = max(p, 0)
-        n = batch * self.p
-        self.n = n
-        # instance n = task (n // P), parallel index (n % P)
-        self.task = torch.arange(batch, device=device).repeat_interleave(self.p)
-        one = self.p == 1  # instance i is task i: the per-task vectors serve as they are
-        self.env = dict(env_b) if one else {k: v[self.task] for k, v in env_b.items()}
+            self.p = max(int(ext.max().item()) if batch else 0, 0)
+        else:  # the same extent for every task: every instance is active
+            self.p = max(int(ext), 0)
+        self.n = n = batch * self.p
+        # instance n = task (n // P), parallel index (n % P); with P = 1, instance i is task i
+        self.task = None if self.p == 1 else arange(batch, device).repeat_interleave(self.p)
+        self.env = Env(env_b, self.task)
         self.env.update(dims)
-        self.regions = Regions(mems, None if one else self.task, device)
+        self.regions = Regions(mems, self.task, device)
         self.active = torch.ones(n, dtype=torch.bool, device=device)
+        self.all_active = True
         if fn.parallel is not None:
-            pidx = torch.arange(self.p, device=device).repeat(batch)
+            pidx = arange(self.p, device).repeat(batch)
             self.env[fn.parallel.var] = pidx
-            self.active = pidx < (ext if one else ext[self.task])
-        self.tiles = _Tiles(n, self.shapes, self.dtypes, device)
-        self.all_active = bool(self.active.all())
+            if isinstance(ext, torch.Tensor):
+                self.active = pidx < (ext if self.task is None else ext[self.task])
+                self.all_active = bool(self.active.all())
+        self.tiles = Tiles(n, self.shapes, self.dtypes, device)
+        self._loop_vars = loop_vars(fn.body, set())
+        self._fixed: dict[int, Offset] = {}  # offsets of expressions no loop variable changes, by id
 
     # helpers ---------------------------------------------------------------------------------
     def _vec(self, e) -> torch.Tensor:
@@ -135,22 +120,24 @@ class _Machine:
     def _as_vec(self, v) -> torch.Tensor:
         return torch.as_tensor(v, device=self.device).expand(self.n).to(torch.int64)
 
-    def _offset(self, e):
-        """An integer expression's value: an int when it is the same for every instance, else
-        an int64 vector (what :meth:`_vec` would give, unexpanded)."""
-        v = evaluate(e, self.env)
-        if isinstance(v, torch.Tensor):
-            return v.to(torch.int64)
-        return int(v)
+    def _offset(self, e) -> Offset:
+        """An integer expression's value (what :meth:`_vec` would give, an int where it is the
+        same for every instance), computed once per batch unless a loop variable changes it."""
+        off = self._fixed.get(id(e))
+        if off is None:
+            off = Offset.of(evaluate(e, self.env))
+            if self._loop_vars.isdisjoint(e.free_vars()):
+                self._fixed[id(e)] = off
+        return off
 
     def _scalar_value(self, e):
         v = evaluate(e, self.env)
         if isinstance(v, torch.Tensor):
             return v.to(torch.float32).view(-1, 1, 1)
-        return float(v)
+        return f32_const(float(v), self.device)
 
     def _write(self, name: str, value: torch.Tensor) -> None:
-        value = value.to(self.dtypes[name])
+        value = as_dtype(value, self.dtypes[name])
         if self.all_active:
             self.tiles[name] = value
         else:
@@ -158,7 +145,7 @@ class _Machine:
             self.tiles[name] = torch.where(m, value, self.tiles[name])
 
     def _f32(self, name: str) -> torch.Tensor:
-        return self.tiles[name].to(torch.float32)
+        return as_dtype(self.tiles[name], torch.float32)
 
     # execution -------------------------------------------------------------------------------
     def run(self, body) -> None:
@@ -204,45 +191,31 @@ class _Machine:
         r, c = self.shapes[ins.dst]
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
+        flat = regions.flat(mem, row, col, r, c)
         if regions.all_inside(mem, row, col, r, c):
-            self._write(ins.dst, regions.gather(mem, regions.flat(mem, row, col, r, c)))
+            self._write(ins.dst, regions.gather(mem, flat))
             return
-        # the tiles inside their regions the fast way, the others padded
-        inside = regions.inside(mem, row, col, r, c)
-        good, bad = inside.nonzero().view(-1), (~inside).nonzero().view(-1)
+        # elements outside their regions read some element of the tensor, then the pad
         t = self.mems[mem].tensor
-        vals = torch.empty((self.n, r, c), dtype=t.dtype, device=self.device)
-        if len(good):
-            flat = regions.flat(mem, pick(row, good), pick(col, good), r, c, good)
-            vals.index_copy_(0, good, regions.gather(mem, flat))
-        grow, gcol, valid = regions.index(mem, self._as_vec(row)[bad], self._as_vec(col)[bad], r, c, bad)
-        part = t[grow, gcol]
-        if valid is not None:
-            pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
-            part = torch.where(valid, part, pad)
-        vals.index_copy_(0, bad, part)
-        self._write(ins.dst, vals)
+        vals = regions.gather(mem, regions.clamped(mem, flat))
+        pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
+        self._write(ins.dst, torch.where(regions.valid(mem, row, col, r, c), vals, pad))
 
     def _store(self, ins: Instr) -> None:
         tile, mem, row, col = ins.srcs
         r, c = self.shapes[tile]
-        t = self.mems[mem].tensor
-        vals = self.tiles[tile].to(t.dtype)
+        vals = as_dtype(self.tiles[tile], self.mems[mem].tensor.dtype)
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
+        flat = regions.flat(mem, row, col, r, c)
         if self.all_active and regions.all_inside(mem, row, col, r, c):
-            regions.scatter(mem, regions.flat(mem, row, col, r, c), vals)
+            regions.scatter(mem, flat, vals)
             return
-        # active tiles inside their regions the fast way, the other active ones element by element
-        inside = regions.inside(mem, row, col, r, c)
-        good, bad = (self.active & inside).nonzero().view(-1), (self.active & ~inside).nonzero().view(-1)
-        if len(good):
-            regions.scatter(mem, regions.flat(mem, pick(row, good), pick(col, good), r, c, good), vals[good])
-        grow, gcol, valid = regions.index(mem, self._as_vec(row)[bad], self._as_vec(col)[bad], r, c, bad)
-        gr, gc, part = grow.expand(-1, r, c), gcol.expand(-1, r, c), vals[bad]
-        if valid is not None:
-            gr, gc, part = gr[valid], gc[valid], part[valid]
-        t[gr, gc] = part
+        # only the elements of active instances inside their regions
+        keep = regions.valid(mem, row, col, r, c)
+        if not self.all_active:
+            keep = keep & self.active.view(-1, 1, 1)
+        regions.scatter(mem, flat[keep], vals[keep])
 
     def _instr(self, ins: Instr) -> None:
         op = ins.op
@@ -255,10 +228,7 @@ class _Machine:
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
         elif op in SCALAR_BINARY:
             a, s = ins.srcs
-            x = self._f32(a)
-            v = self._scalar_value(s)
-            v = torch.as_tensor(v, dtype=torch.float32, device=self.device)
-            self._write(ins.dst, _ARITH[ARITH[op]](x, v))
+            self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._scalar_value(s)))
         elif op in UNARY:
             self._write(ins.dst, _UNARY[op](self._f32(ins.srcs[0])))
         elif op in ROW_REDUCE:
@@ -303,49 +273,25 @@ class _Machine:
             b = b.transpose(1, 2)
         acc_dt = dtype_of(ins.attr("acc")).torch
         # products of the operands' values, summed in the accumulation dtype
-        prod = torch.matmul(a.to(torch.float32), b.to(torch.float32))
-        if acc_dt != torch.float32:
-            prod = prod.to(acc_dt)
+        prod = as_dtype(torch.matmul(as_dtype(a, torch.float32), as_dtype(b, torch.float32)), acc_dt)
         if ins.op is Op.MATMUL_ACC:
-            prod = self.tiles[ins.dst].to(acc_dt) + prod
+            prod = as_dtype(self.tiles[ins.dst], acc_dt) + prod
         self._write(ins.dst, prod)
 
     def _mask(self, ins: Instr) -> None:
         src, bound = ins.srcs
         r, c = self.shapes[ins.dst]
         x = self._f32(src)
-        k = self._vec(bound).view(-1, 1, 1)
-        ri = torch.arange(r, device=self.device).view(1, r, 1)
-        ci = torch.arange(c, device=self.device).view(1, 1, c)
+        k = evaluate(bound, self.env)
+        k = k.to(torch.int64).view(-1, 1, 1) if isinstance(k, torch.Tensor) else int(k)
+        ri, ci = arange(r, self.device).view(1, r, 1), arange(c, self.device).view(1, 1, c)
         if ins.op is Op.MASK_CAUSAL:
             keep = ci <= ri + k
         elif ins.op is Op.MASK_COLS:
             keep = ci < k
         else:
             keep = ri < k
-        fill = torch.tensor(float(ins.attr("fill")), dtype=torch.float32, device=self.device)
-        self._write(ins.dst, torch.where(keep, x, fill))
-
-
-#: tile batches (instances x tile elements) up to this size run on one intra-op thread on the CPU
-PARALLEL_MIN_ELEMENTS = 1 << 20
-
-
-@contextlib.contextmanager
-def _intra_op_threads(device, elements: int):
-    """One intra-op thread for a batch of small tiles on the CPU. Each op on them is small: a
-    second thread costs a fork and join per op, and where the cores are shared, a wait for a
-    descheduled thread (on the 2-core development VM, torch.exp of 128K elements took 0.4-0.9 ms
-    on one thread and 6-16 ms on two; the tiny LLaMA layer 35 s against 3 s, docs/PERF.md)."""
-    prev = torch.get_num_threads()
-    if device.type != "cpu" or elements > PARALLEL_MIN_ELEMENTS or prev == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
+        self._write(ins.dst, torch.where(keep, x, f32_const(float(ins.attr("fill")), self.device)))
 
 
 def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
@@ -374,7 +320,7 @@ def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
         if not t.is_contiguous():
             raise ExecutionError(f"`{fn.name}`: tensor for `{p.name}` must be contiguous")
     m = _Machine(fn, mems, scalars, batch, device)
-    with _intra_op_threads(device, m.n * max((r * c for r, c in m.shapes.values()), default=0)):
+    with intra_op_threads(device, m.n * max((r * c for r, c in m.shapes.values()), default=0)):
         m.run(fn.body)
 
 
