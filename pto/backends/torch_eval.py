@@ -100,7 +100,7 @@ class _Machine:
         self.task = None if self.p == 1 else arange(batch, device).repeat_interleave(self.p)
         self.env = Env(env_b, self.task)
         self.env.update(dims)
-        self.regions = Regions(mems, self.task, device)
+        self.regions = Regions(mems, self.task, n, device)
         self.active = torch.ones(n, dtype=torch.bool, device=device)
         self.all_active = True
         if fn.parallel is not None:
@@ -111,7 +111,9 @@ class _Machine:
                 self.all_active = bool(self.active.all())
         self.tiles = Tiles(n, self.shapes, self.dtypes, device)
         self._loop_vars = loop_vars(fn.body, set())
-        self._fixed: dict[int, Offset] = {}  # offsets of expressions no loop variable changes, by id
+        # offsets of the expressions (by id) that no loop variable changes, and the others
+        self._fixed: dict[int, Offset] = {}
+        self._varying: set[int] = set()
 
     # helpers ---------------------------------------------------------------------------------
     def _vec(self, e) -> torch.Tensor:
@@ -124,10 +126,14 @@ class _Machine:
         """An integer expression's value (what :meth:`_vec` would give, an int where it is the
         same for every instance), computed once per batch unless a loop variable changes it."""
         off = self._fixed.get(id(e))
-        if off is None:
-            off = Offset.of(evaluate(e, self.env))
-            if self._loop_vars.isdisjoint(e.free_vars()):
-                self._fixed[id(e)] = off
+        if off is not None:
+            return off
+        if id(e) in self._varying:
+            return Offset.of(evaluate(e, self.env))
+        if not self._loop_vars.isdisjoint(e.free_vars()):
+            self._varying.add(id(e))
+            return Offset.of(evaluate(e, self.env))
+        off = self._fixed[id(e)] = Offset.of(evaluate(e, self.env), fixed=True)
         return off
 
     def _scalar_value(self, e):
@@ -191,13 +197,14 @@ class _Machine:
         r, c = self.shapes[ins.dst]
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
-        flat = regions.flat(mem, row, col, r, c)
+        place = regions.place(mem, row, col, r, c)
         if regions.all_inside(mem, row, col, r, c):
-            self._write(ins.dst, regions.gather(mem, flat))
+            self._write(ins.dst, regions.gather(mem, place, r, c))
             return
         # elements outside their regions read some element of the tensor, then the pad
         t = self.mems[mem].tensor
-        vals = regions.gather(mem, regions.clamped(mem, flat))
+        flat = regions.clamped(mem, regions.flat(mem, place, r, c))
+        vals = t.view(-1).index_select(0, flat.view(-1)).view(flat.shape)
         pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
         self._write(ins.dst, torch.where(regions.valid(mem, row, col, r, c), vals, pad))
 
@@ -207,15 +214,16 @@ class _Machine:
         vals = as_dtype(self.tiles[tile], self.mems[mem].tensor.dtype)
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
-        flat = regions.flat(mem, row, col, r, c)
+        place = regions.place(mem, row, col, r, c)
         if self.all_active and regions.all_inside(mem, row, col, r, c):
-            regions.scatter(mem, flat, vals)
+            regions.scatter(mem, place, vals, r, c)
             return
         # only the elements of active instances inside their regions
         keep = regions.valid(mem, row, col, r, c)
         if not self.all_active:
             keep = keep & self.active.view(-1, 1, 1)
-        regions.scatter(mem, flat[keep], vals[keep])
+        keep = keep.expand(self.n, r, c)
+        regions.write(mem, regions.flat(mem, place, r, c).expand(self.n, r, c)[keep], vals[keep])
 
     def _instr(self, ins: Instr) -> None:
         op = ins.op
