@@ -201,12 +201,16 @@ class _Machine:
         if regions.all_inside(mem, row, col, r, c):
             self._write(ins.dst, regions.gather(mem, place, r, c))
             return
-        # elements outside their regions read some element of the tensor, then the pad
-        t = self.mems[mem].tensor
-        flat = regions.clamped(mem, regions.flat(mem, place, r, c))
-        vals = t.view(-1).index_select(0, flat.view(-1)).view(flat.shape)
-        pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
-        self._write(ins.dst, torch.where(regions.valid(mem, row, col, r, c), vals, pad))
+        # the tiles inside their regions as above, the others padded
+        pad = float(ins.attr("pad"))
+        good, bad = self._partition(regions, mem, row, col, r, c)
+        if good is None:
+            self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
+            return
+        vals = torch.empty((self.n, r, c), dtype=self.mems[mem].tensor.dtype, device=self.device)
+        vals.index_copy_(0, good, regions.gather(mem, regions.subset(place, good), r, c))
+        vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
+        self._write(ins.dst, vals)
 
     def _store(self, ins: Instr) -> None:
         tile, mem, row, col = ins.srcs
@@ -218,12 +222,31 @@ class _Machine:
         if self.all_active and regions.all_inside(mem, row, col, r, c):
             regions.scatter(mem, place, vals, r, c)
             return
-        # only the elements of active instances inside their regions
-        keep = regions.valid(mem, row, col, r, c)
-        if not self.all_active:
-            keep = keep & self.active.view(-1, 1, 1)
-        keep = keep.expand(self.n, r, c)
-        regions.write(mem, regions.flat(mem, place, r, c).expand(self.n, r, c)[keep], vals[keep])
+        # active tiles inside their regions as above; of the others, the elements inside
+        if self.all_active:
+            good, bad = self._partition(regions, mem, row, col, r, c)
+            if good is None:
+                regions.masked_write(mem, place, row, col, r, c, vals)
+                return
+        else:
+            inside = regions.inside(mem, row, col, r, c)
+            good, bad = (inside & self.active).nonzero().view(-1), (~inside & self.active).nonzero().view(-1)
+        if len(good):
+            regions.scatter(mem, regions.subset(place, good), vals[good], r, c)
+        if len(bad):
+            regions.masked_write(mem, regions.subset(place, bad), row, col, r, c, vals[bad], bad)
+
+    @staticmethod
+    def _partition(regions: Regions, mem: str, row: Offset, col: Offset, r: int, c: int):
+        """``(good, bad)``: the instances whose tiles lie inside their regions and the others
+        (index vectors), or ``(None, None)`` when none does."""
+        if regions.none_inside(mem, row, col, r, c):
+            return None, None
+        inside = regions.inside(mem, row, col, r, c)
+        good = inside.nonzero().view(-1)
+        if not len(good):
+            return None, None
+        return good, (~inside).nonzero().view(-1)
 
     def _instr(self, ins: Instr) -> None:
         op = ins.op

@@ -3,15 +3,20 @@ scattered into, the regions their memref parameters are bound to.
 
 Every instance (task x parallel index) reads an ``r x c`` tile at an offset ``(row, col)`` of its
 region. An offset is an :class:`Offset`: an int (the same for every instance) or an int64 vector,
-with its smallest and largest value. The flat indices of a tile's elements (row-major into the
-contiguous tensor) are the region's first element plus the offset plus a grid, and one
-``index_select`` (a load) or ``index_copy_`` (a store) moves them. When every tile lies inside
-its region (decided from the offsets' extremes, without a tensor op where they are ints), that
-is the whole access; otherwise a mask of the elements inside their regions picks what a store
-writes and which loaded elements are replaced by the pad (the others are read from indices
-clamped into the tensor). Regions lie inside their tensors (the runtime refuses others), so an
-element inside its region has the same index either way, and the values moved are exactly those
-of row and column indexing (the evaluator's former, slower form).
+with its smallest and largest value. A tile's elements lie at flat indices (row-major into the
+contiguous tensor) from its start: the region's first element plus ``row * ncols + col``. A
+:class:`Place` says where the tiles of some instances start: evenly stepping starts (one task, a
+parallel axis over column blocks, consecutive row tiles) make one strided view of the tensor,
+copied in one op; other starts make a grid of flat indices for one ``index_select`` (a load) or
+``index_copy_`` (a store).
+
+Tiles inside their regions (decided from the offsets' extremes where that suffices, without a
+tensor op where they are ints) take that path. The instances with a tile overhanging its region
+take the masked path: a load reads the elements from indices clamped into the tensor and puts
+the pad where they lie outside the region; a store writes only the elements inside. Regions lie
+inside their tensors (the runtime refuses others), so an element inside its region has the
+same index either way, and the values moved are exactly those of row and column indexing (the
+evaluator's former, slower form).
 """
 
 from __future__ import annotations
@@ -45,16 +50,25 @@ class Offset:
             return Offset(v, lo, hi, fixed)
         return Offset(int(v), int(v), int(v), fixed)
 
+    def pick(self, inst: torch.Tensor):
+        """The values of instances ``inst``."""
+        return self.value[inst] if isinstance(self.value, torch.Tensor) else self.value
+
 
 @dataclass(frozen=True)
 class Place:
-    """Where the tiles of the instances lie, as flat indices into the tensor: instance ``i``'s
-    tile starts at ``start + i * step``, its rows ``ncols`` apart (strided); or, where the starts
-    do not step evenly, its elements lie at ``grid[i] + start`` (``grid``: N x r x c)."""
+    """Where the tiles of ``n`` instances start, as flat indices into the tensor: instance
+    ``i``'s at ``start + i * step`` where ``starts`` is None (strided), else at ``start +
+    starts[i]``; ``grid`` (``starts`` as n x r x c element indices, or None) is kept with it."""
 
-    grid: torch.Tensor | None
+    n: int
     start: int
-    step: int
+    step: int = 0
+    starts: torch.Tensor | None = None
+    grid: torch.Tensor | None = None
+
+    def shifted(self, by: int) -> Place:
+        return Place(self.n, self.start + by, self.step, self.starts, self.grid)
 
 
 @functools.lru_cache(maxsize=256)
@@ -77,7 +91,7 @@ class _Bound:
         base = rb.row0 * self.ncols + rb.col0  # flat offset of each region's first element
         lo, hi = (v.tolist() for v in torch.stack([base, rb.rows, rb.cols]).aminmax(dim=1))
         # the smallest region extents: offsets known by their extremes are checked against them
-        self.rows_min, self.cols_min = lo[1], lo[2]
+        self.rows_min, self.cols_min, self.rows_max, self.cols_max = lo[1], lo[2], hi[1], hi[2]
         self.base: int | torch.Tensor = lo[0] if lo[0] == hi[0] else base if task is None else base[task]
         self._inst: dict[str, torch.Tensor] = {}
 
@@ -92,7 +106,8 @@ class _Bound:
 
 class Regions:
     """Gathers and scatters tiles for the ``n`` instances of one batch (``task[i]``: the task of
-    instance ``i``, None when every task has one instance)."""
+    instance ``i``, None when every task has one instance); ``inst`` (an int64 vector) picks
+    some of the instances."""
 
     def __init__(self, mems: dict[str, RegionBatch], task: torch.Tensor | None, n: int, device):
         self.mems = mems
@@ -100,7 +115,7 @@ class Regions:
         self.n = n
         self.device = device
         self._bound: dict[str, _Bound] = {}
-        self._places: dict[tuple, Place] = {}  # where the tiles of fixed offsets lie, before the int shift
+        self._places: dict[tuple, Place] = {}  # places of fixed vector offsets, before the int shift
 
     def bound(self, mem: str) -> _Bound:
         b = self._bound.get(mem)
@@ -114,19 +129,54 @@ class Regions:
         b = self.bound(mem)
         return row.lo >= 0 and col.lo >= 0 and row.hi + r <= b.rows_min and col.hi + c <= b.cols_min
 
-    def valid(self, mem: str, row: Offset, col: Offset, r: int, c: int) -> torch.Tensor:
-        """Per element of every instance's tile (N x r x c, bool): whether it lies inside its region."""
+    def none_inside(self, mem: str, row: Offset, col: Offset, r: int, c: int) -> bool:
+        """Whether no instance's ``r x c`` tile lies inside its region, as far as the extremes
+        tell (False may be conservative)."""
+        b = self.bound(mem)
+        return row.lo + r > b.rows_max or col.lo + c > b.cols_max or row.hi < 0 or col.hi < 0 or self.n <= 1
+
+    def inside(self, mem: str, row: Offset, col: Offset, r: int, c: int) -> torch.Tensor:
+        """Per instance (a bool vector): whether its ``r x c`` tile lies inside its region."""
+        b = self.bound(mem)
+        ok = (b.per_instance("rows") >= row.value + r) & (b.per_instance("cols") >= col.value + c)
+        for off in (row, col):
+            if off.lo < 0:
+                ok = ok & (torch.as_tensor(off.value, device=self.device) >= 0)
+        return ok
+
+    def valid(self, mem: str, row: Offset, col: Offset, r: int, c: int, inst: torch.Tensor | None) -> torch.Tensor:
+        """Per element of the tiles of instances ``inst`` (all where None; M x r x c, bool):
+        whether it lies inside its region."""
         b = self.bound(mem)
         valid = []
-        for off, size, extent in ((row, r, b.per_instance("rows")), (col, c, b.per_instance("cols"))):
-            v = off.value.view(-1, 1) if isinstance(off.value, torch.Tensor) else off.value
-            at = arange(size, self.device).view(1, size) + v
-            valid.append((at >= 0) & (at < extent.view(-1, 1)) if off.lo < 0 else at < extent.view(-1, 1))
+        for off, size, field in ((row, r, "rows"), (col, c, "cols")):
+            v, extent = off.value, b.per_instance(field)
+            if inst is not None:
+                v, extent = off.pick(inst), extent[inst]
+            at = arange(size, self.device).view(1, size) + (v.view(-1, 1) if isinstance(v, torch.Tensor) else v)
+            ok = at < extent.view(-1, 1)
+            valid.append(ok & (at >= 0) if off.lo < 0 else ok)
         return valid[0].view(-1, r, 1) & valid[1].view(-1, 1, c)
 
+    def masked_read(self, mem: str, place: Place, row: Offset, col: Offset, r: int, c: int, pad: float,
+                    inst: torch.Tensor | None = None) -> torch.Tensor:
+        """The tiles of instances ``inst`` (``place``: theirs; all where None), ``pad`` where they
+        lie outside their regions (the elements there are read from indices clamped into the tensor)."""
+        t = self.bound(mem).tensor
+        vals = self.read(mem, self.clamped(mem, self.flat(mem, place, r, c)))
+        pad_t = torch.tensor(pad, dtype=t.dtype, device=self.device)
+        return torch.where(self.valid(mem, row, col, r, c, inst), vals, pad_t)
+
+    def masked_write(self, mem: str, place: Place, row: Offset, col: Offset, r: int, c: int, vals: torch.Tensor,
+                     inst: torch.Tensor | None = None) -> None:
+        """Write the elements of the tiles ``vals`` of instances ``inst`` (``place``: theirs; all
+        where None) that lie inside their regions."""
+        keep = self.valid(mem, row, col, r, c, inst).expand(vals.shape)
+        self.write(mem, self.flat(mem, place, r, c).expand(vals.shape)[keep], vals[keep])
+
     def place(self, mem: str, row: Offset, col: Offset, r: int, c: int) -> Place:
-        """Where every instance's ``r x c`` tile lies (kept for the batch where the offsets are
-        fixed); elements outside their regions may lie outside the tensor."""
+        """Where every instance's ``r x c`` tile starts (kept for the batch where the offsets are
+        fixed; the int parts make a shift, without a tensor op)."""
         b = self.bound(mem)
         shift, spread, key = 0, [], (mem, r, c)
         for off, scale in ((b.base, 1), (row.value, b.ncols), (col.value, 1)):
@@ -135,52 +185,59 @@ class Regions:
             else:
                 spread.append(off if scale == 1 else off * scale)
         if not spread:
-            return Place(None, shift, 0)
+            return Place(self.n, shift)
         for o in (row, col):
             if not isinstance(o.value, int):
                 key = key + (id(o),) if o.fixed and key is not None else None
         place = self._places.get(key) if key is not None else None
         if place is None:
-            place = self._spread(sum(spread[1:], spread[0]), r, c, b.ncols)
+            place = self._even(sum(spread[1:], spread[0]))
             if key is not None:
+                if place.starts is not None:  # the grid too, for the batch
+                    place = Place(place.n, place.start, 0, place.starts, self._grid(mem, place.starts, r, c))
                 self._places[key] = place
-        return Place(place.grid, place.start + shift, place.step)
+        return place.shifted(shift)
 
-    def _spread(self, starts: torch.Tensor, r: int, c: int, ncols: int) -> Place:
-        """The place of tiles starting at flat offsets ``starts`` (one per instance): strided
-        where they step evenly, else a grid."""
-        head = starts[:2].tolist()
+    def subset(self, place: Place, inst: torch.Tensor) -> Place:
+        """The place of the tiles of instances ``inst``."""
+        starts = place.step * inst if place.starts is None else place.starts[inst]
+        return self._even(starts).shifted(place.start)
+
+    def _even(self, starts: torch.Tensor) -> Place:
+        """The place of tiles starting at flat offsets ``starts`` (a vector): strided where they
+        step evenly."""
+        head, n = starts[:2].tolist(), len(starts)
         first = head[0] if head else 0
-        step = head[1] - first if len(head) > 1 else 0
-        if torch.equal(starts, first + step * arange(self.n, self.device)):
-            return Place(None, first, step)
-        return Place(tile_grid(r, c, ncols, self.device) + starts.view(-1, 1, 1), 0, 0)
+        step = head[1] - first if n > 1 else 0
+        if torch.equal(starts, first + step * arange(n, self.device)):
+            return Place(n, first, step)
+        return Place(n, 0, 0, starts)
 
     def flat(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
-        """The flat element indices of every instance's tile, as one N x r x c tensor."""
-        if place.grid is not None:
-            return place.grid + place.start if place.start else place.grid
-        starts = place.start + place.step * arange(self.n, self.device)
+        """The flat element indices of the tiles of ``place``, one M x r x c tensor."""
+        grid = place.grid
+        if grid is None:
+            starts = place.starts if place.starts is not None else place.step * arange(place.n, self.device)
+            grid = self._grid(mem, starts, r, c)
+        return grid + place.start if place.start else grid
+
+    def _grid(self, mem: str, starts: torch.Tensor, r: int, c: int) -> torch.Tensor:
         return tile_grid(r, c, self.bound(mem).ncols, self.device) + starts.view(-1, 1, 1)
 
     def _strided(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
-        """Every instance's tile as one view (N x r x c) of the tensor."""
+        """The tiles of a strided ``place`` as one view (M x r x c) of the tensor."""
         t = self.bound(mem).tensor
-        return t.as_strided((self.n, r, c), (place.step, t.shape[1], 1), t.storage_offset() + place.start)
+        return t.as_strided((place.n, r, c), (place.step, t.shape[1], 1), t.storage_offset() + place.start)
 
     def gather(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
-        """The N x r x c elements of every instance's tile (all inside the tensor)."""
-        if place.grid is None and place.step >= 0:
+        """The M x r x c elements of the tiles of ``place`` (all inside the tensor)."""
+        if place.starts is None and place.step >= 0:
             return self._strided(mem, place, r, c).clone(memory_format=torch.contiguous_format)
-        grid = self.flat(mem, place, r, c) if place.grid is None else place.grid
-        src = self.bound(mem).tensor.view(-1)
-        if place.grid is not None and place.start:
-            src = src.narrow(0, place.start, src.numel() - place.start)
-        return src.index_select(0, grid.reshape(-1)).view(grid.shape)
+        return self.read(mem, self.flat(mem, place, r, c))
 
     def scatter(self, mem: str, place: Place, vals: torch.Tensor, r: int, c: int) -> None:
-        """Write the N x r x c ``vals`` into every instance's tile (all inside the tensor)."""
-        if place.grid is None and self._disjoint(mem, place, r, c):
+        """Write the M x r x c ``vals`` into the tiles of ``place`` (all inside the tensor)."""
+        if place.starts is None and self._disjoint(mem, place, r, c):
             self._strided(mem, place, r, c).copy_(vals)
             return
         self.write(mem, self.flat(mem, place, r, c).reshape(-1), vals.reshape(-1))
@@ -188,13 +245,17 @@ class Regions:
     def _disjoint(self, mem: str, place: Place, r: int, c: int) -> bool:
         """Whether the strided tiles of ``place`` are disjoint (side by side, or stacked)."""
         ncols, step = self.bound(mem).ncols, place.step
-        if self.n == 1:
+        if place.n <= 1:
             return True
         if step <= 0:
             return False
         if step % ncols == 0:
             return step // ncols >= r
-        return step >= c and place.start % ncols + (self.n - 1) * step + c <= ncols
+        return step >= c and place.start % ncols + (place.n - 1) * step + c <= ncols
+
+    def read(self, mem: str, flat: torch.Tensor) -> torch.Tensor:
+        """The elements at flat indices ``flat`` (any shape, all inside the tensor)."""
+        return self.bound(mem).tensor.view(-1).index_select(0, flat.reshape(-1)).view(flat.shape)
 
     def write(self, mem: str, flat: torch.Tensor, vals: torch.Tensor) -> None:
         """``vals`` at flat indices ``flat`` (vectors)."""
@@ -205,4 +266,4 @@ class Regions:
         return flat.clamp(0, self.bound(mem).tensor.numel() - 1)
 
 
-__all__ = ["Offset", "Regions", "tile_grid"]
+__all__ = ["Offset", "Place", "Regions", "tile_grid"]
