@@ -44,15 +44,28 @@ class Offset:
     def of(v, fixed: bool = False) -> Offset:
         if isinstance(v, torch.Tensor):
             v = v.to(torch.int64)
-            if v.dim() == 0 or v.numel() == 0:
-                return Offset(v, 0, 0, fixed) if v.numel() == 0 else Offset(int(v), int(v), int(v), fixed)
-            lo, hi = (int(x) for x in torch.aminmax(v))
+            if v.dim() == 0:
+                return Offset(int(v), int(v), int(v), fixed)
+            lo, hi = _extremes(v)
             return Offset(v, lo, hi, fixed)
         return Offset(int(v), int(v), int(v), fixed)
 
     def pick(self, inst: torch.Tensor):
         """The values of instances ``inst``."""
         return self.value[inst] if isinstance(self.value, torch.Tensor) else self.value
+
+
+#: vectors up to this length are read into Python for their extremes (one op, not three)
+SMALL = 256
+
+
+def _extremes(v: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest value of an int vector (0, 0 when it is empty)."""
+    if len(v) <= SMALL:
+        vals = v.tolist()
+        return (min(vals), max(vals)) if vals else (0, 0)
+    lo, hi = torch.aminmax(v)
+    return int(lo), int(hi)
 
 
 @dataclass(frozen=True)
@@ -88,11 +101,12 @@ class _Bound:
         self.task = task
         self.tensor = rb.tensor
         self.nrows, self.ncols = rb.tensor.shape
+        self.storage_offset = rb.tensor.storage_offset()
         base = rb.row0 * self.ncols + rb.col0  # flat offset of each region's first element
-        lo, hi = (v.tolist() for v in torch.stack([base, rb.rows, rb.cols]).aminmax(dim=1))
-        # the smallest region extents: offsets known by their extremes are checked against them
-        self.rows_min, self.cols_min, self.rows_max, self.cols_max = lo[1], lo[2], hi[1], hi[2]
-        self.base: int | torch.Tensor = lo[0] if lo[0] == hi[0] else base if task is None else base[task]
+        # the region extents' extremes: offsets known by theirs are checked against them
+        (lo, hi), (self.rows_min, self.rows_max), (self.cols_min, self.cols_max) = (
+            _extremes(v) for v in (base, rb.rows, rb.cols))
+        self.base: int | torch.Tensor = lo if lo == hi else base if task is None else base[task]
         self._inst: dict[str, torch.Tensor] = {}
 
     def per_instance(self, field: str) -> torch.Tensor:
@@ -206,12 +220,15 @@ class Regions:
     def _even(self, starts: torch.Tensor) -> Place:
         """The place of tiles starting at flat offsets ``starts`` (a vector): strided where they
         step evenly."""
-        head, n = starts[:2].tolist(), len(starts)
+        n = len(starts)
+        head = starts.tolist() if n <= SMALL else starts[:2].tolist()
         first = head[0] if head else 0
         step = head[1] - first if n > 1 else 0
-        if torch.equal(starts, first + step * arange(n, self.device)):
-            return Place(n, first, step)
-        return Place(n, 0, 0, starts)
+        if n <= SMALL:
+            even = head == [first + i * step for i in range(n)]
+        else:
+            even = torch.equal(starts, first + step * arange(n, self.device))
+        return Place(n, first, step) if even else Place(n, 0, 0, starts)
 
     def flat(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The flat element indices of the tiles of ``place``, one M x r x c tensor."""
@@ -226,8 +243,8 @@ class Regions:
 
     def _strided(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The tiles of a strided ``place`` as one view (M x r x c) of the tensor."""
-        t = self.bound(mem).tensor
-        return t.as_strided((place.n, r, c), (place.step, t.shape[1], 1), t.storage_offset() + place.start)
+        b = self.bound(mem)
+        return b.tensor.as_strided((place.n, r, c), (place.step, b.ncols, 1), b.storage_offset + place.start)
 
     def gather(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The M x r x c elements of the tiles of ``place`` (all inside the tensor)."""
