@@ -20,7 +20,17 @@ from __future__ import annotations
 import torch
 
 from pto.backends.torch_regions import Offset, Regions
-from pto.backends.torch_support import Env, Tiles, arange, as_dtype, f32_const, intra_op_threads, loop_vars
+from pto.backends.torch_support import (
+    Env,
+    Tiles,
+    all_true,
+    arange,
+    as_dtype,
+    f32_const,
+    instances,
+    intra_op_threads,
+    loop_vars,
+)
 from pto.batch import RegionBatch
 from pto.dist import all_reduce
 from pto.errors import ExecutionError
@@ -97,14 +107,14 @@ class _Machine:
             self.p = max(int(ext), 0)
         self.n = n = batch * self.p
         # instance n = task (n // P), parallel index (n % P); with P = 1, instance i is task i
-        self.task = None if self.p == 1 else arange(batch, device).repeat_interleave(self.p)
+        task, pidx = instances(batch, self.p, device)
+        self.task = None if self.p == 1 else task
         self.env = Env(env_b, self.task)
         self.env.update(dims)
         self.regions = Regions(mems, self.task, n, device)
-        self.active = torch.ones(n, dtype=torch.bool, device=device)
+        self.active = all_true(n, device)
         self.all_active = True
         if fn.parallel is not None:
-            pidx = arange(self.p, device).repeat(batch)
             self.env[fn.parallel.var] = pidx
             if isinstance(ext, torch.Tensor):
                 self.active = pidx < (ext if self.task is None else ext[self.task])
@@ -114,6 +124,7 @@ class _Machine:
         # offsets of the expressions (by id) that no loop variable changes, and the others
         self._fixed: dict[int, Offset] = {}
         self._varying: set[int] = set()
+        self._attrs: dict[int, tuple] = {}  # attributes of the instructions (by id) loops repeat
 
     # helpers ---------------------------------------------------------------------------------
     def _vec(self, e) -> torch.Tensor:
@@ -231,9 +242,9 @@ class _Machine:
         else:
             inside = regions.inside(mem, row, col, r, c)
             good, bad = (inside & self.active).nonzero().view(-1), (~inside & self.active).nonzero().view(-1)
-        if len(good):
+        if good.shape[0]:
             regions.scatter(mem, regions.subset(place, good), vals[good], r, c)
-        if len(bad):
+        if bad.shape[0]:
             regions.masked_write(mem, regions.subset(place, bad), row, col, r, c, vals[bad], bad)
 
     @staticmethod
@@ -244,7 +255,7 @@ class _Machine:
             return None, None
         inside = regions.inside(mem, row, col, r, c)
         good = inside.nonzero().view(-1)
-        if not len(good):
+        if not good.shape[0]:
             return None, None
         return good, (~inside).nonzero().view(-1)
 
@@ -298,16 +309,23 @@ class _Machine:
 
     def _matmul(self, ins: Instr) -> None:
         a, b = self.tiles[ins.srcs[0]], self.tiles[ins.srcs[1]]
-        if ins.attr("ta"):
+        ta, tb, acc_dt = self._matmul_attrs(ins)
+        if ta:
             a = a.transpose(1, 2)
-        if ins.attr("tb"):
+        if tb:
             b = b.transpose(1, 2)
-        acc_dt = dtype_of(ins.attr("acc")).torch
         # products of the operands' values, summed in the accumulation dtype
         prod = as_dtype(torch.matmul(as_dtype(a, torch.float32), as_dtype(b, torch.float32)), acc_dt)
         if ins.op is Op.MATMUL_ACC:
             prod = as_dtype(self.tiles[ins.dst], acc_dt) + prod
         self._write(ins.dst, prod)
+
+    def _matmul_attrs(self, ins: Instr) -> tuple[bool, bool, torch.dtype]:
+        """``(ta, tb, acc dtype)`` of a matmul, looked up once per batch (loops repeat it)."""
+        got = self._attrs.get(id(ins))
+        if got is None:
+            got = self._attrs[id(ins)] = (ins.attr("ta"), ins.attr("tb"), dtype_of(ins.attr("acc")).torch)
+        return got
 
     def _mask(self, ins: Instr) -> None:
         src, bound = ins.srcs

@@ -61,7 +61,7 @@ SMALL = 256
 
 def _extremes(v: torch.Tensor) -> tuple[int, int]:
     """The smallest and largest value of an int vector (0, 0 when it is empty)."""
-    if len(v) <= SMALL:
+    if v.shape[0] <= SMALL:
         vals = v.tolist()
         return (min(vals), max(vals)) if vals else (0, 0)
     lo, hi = torch.aminmax(v)
@@ -220,7 +220,7 @@ class Regions:
     def _even(self, starts: torch.Tensor) -> Place:
         """The place of tiles starting at flat offsets ``starts`` (a vector): strided where they
         step evenly."""
-        n = len(starts)
+        n = starts.shape[0]
         head = starts.tolist() if n <= SMALL else starts[:2].tolist()
         first = head[0] if head else 0
         step = head[1] - first if n > 1 else 0

@@ -58,6 +58,19 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 
 
+@functools.lru_cache(maxsize=256)
+def instances(batch: int, p: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(task, index)`` of the ``batch * p`` instances of a batch with a parallel axis of
+    extent ``p``: instance ``i`` is parallel index ``i % p`` of task ``i // p``; shared."""
+    return arange(batch, device).repeat_interleave(p), arange(p, device).repeat(batch)
+
+
+@functools.lru_cache(maxsize=256)
+def all_true(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` times True, shared (never written to)."""
+    return torch.ones(n, dtype=torch.bool, device=device)
+
+
 def f32_const(v: float, device: torch.device) -> torch.Tensor:
     """``v`` as a 0-d f32 tensor, shared (never written to)."""
     return _f32_const(v.hex(), device)  # by the bits: 0.0 == -0.0, and they multiply differently
@@ -93,4 +106,5 @@ def intra_op_threads(device, elements: int):
         torch.set_num_threads(prev)
 
 
-__all__ = ["Tiles", "Env", "loop_vars", "arange", "f32_const", "as_dtype", "intra_op_threads", "PARALLEL_MIN_ELEMENTS"]
+__all__ = ["Tiles", "Env", "loop_vars", "arange", "instances", "all_true", "f32_const", "as_dtype", "intra_op_threads",
+           "PARALLEL_MIN_ELEMENTS"]
