@@ -11,7 +11,8 @@ does); the table gives the medians of
 - ``build_ms`` (the C runtime's graph build) and ``compile_ms`` (specializing the InCore
   functions), which are not part of the execution;
 - for softmax, ``eager_ms``: ``torch.softmax`` of the same tensor in the same process (median of
-  21 calls), and the ratio ``exec_ms / eager_ms``.
+  21 calls) with torch's default intra-op threads, ``eager_1t_ms`` with one, and the ratio
+  ``exec_ms / eager_ms``.
 
 Times are wall-clock on the host; on a shared machine compare runs made in the same session.
 """
@@ -53,15 +54,27 @@ def measure(program: str, seq: int, options: dict, runs: int) -> dict:
            "exec_ms_min": round(min(r["exec_ms"] for r in results), 3),
            "tasks_per_s": round(results[0]["tasks"] / med["exec_ms"] * 1e3, 1)}
     if program == "softmax":
-        x = torch.randn(seq, programs.get("softmax").configs["tiny"]) * 3.0
-        out["eager_ms"] = round(median_ms(lambda: torch.softmax(x, dim=-1), 21, warmup=2, cuda=False), 3)
+        out.update(eager(seq))
         out["vs_eager"] = round(med["exec_ms"] / out["eager_ms"], 1)
+    return out
+
+
+def eager(seq: int) -> dict:
+    """``torch.softmax`` of a tiny softmax input: median ms with the default threads and with one."""
+    x = torch.randn(seq, programs.get("softmax").configs["tiny"]) * 3.0
+    out = {"eager_ms": round(median_ms(lambda: torch.softmax(x, dim=-1), 21, warmup=2, cuda=False), 3)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out["eager_1t_ms"] = round(median_ms(lambda: torch.softmax(x, dim=-1), 21, warmup=2, cuda=False), 3)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
     head = ("case", "tasks", "launches", "exec_ms", "tasks_per_s", "build_ms", "compile_ms", "eager_ms",
-            "vs_eager")
+            "eager_1t_ms", "vs_eager")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for label, r in rows:
         cells = [label] + [str(r.get(k, "")) for k in head[1:]]
