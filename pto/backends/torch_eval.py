@@ -85,6 +85,16 @@ _REDUCE = {
 }
 
 
+#: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
+#: set lookups: an Op's hash is computed in Python)
+_KIND = {Op.LOAD: "load", Op.STORE: "store", Op.FULL: "full"}
+for _kind, _ops in (("binary", BINARY), ("scalar", SCALAR_BINARY), ("unary", UNARY), ("row_reduce", ROW_REDUCE),
+                    ("col_reduce", COL_REDUCE), ("broadcast", BROADCAST), ("matmul", MATMUL), ("cast", CAST),
+                    ("mask", MASK), ("collective", COLLECTIVE)):
+    for _op in _ops:
+        _KIND.setdefault(_op, _kind)
+
+
 class _Machine:
     def __init__(self, fn: IncoreFunction, mems: dict[str, RegionBatch], scalars: dict[str, torch.Tensor],
                  batch: int, device):
@@ -261,35 +271,36 @@ class _Machine:
 
     def _instr(self, ins: Instr) -> None:
         op = ins.op
-        if op is Op.LOAD:
+        kind = _KIND.get(op)
+        if kind == "load":
             self._load(ins)
-        elif op is Op.STORE:
+        elif kind == "store":
             self._store(ins)
-        elif op in BINARY:
+        elif kind == "binary":
             a, b = ins.srcs
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
-        elif op in SCALAR_BINARY:
+        elif kind == "scalar":
             a, s = ins.srcs
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._scalar_value(s)))
-        elif op in UNARY:
+        elif kind == "unary":
             self._write(ins.dst, _UNARY[op](self._f32(ins.srcs[0])))
-        elif op in ROW_REDUCE:
+        elif kind == "row_reduce":
             self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
-        elif op in COL_REDUCE:
+        elif kind == "col_reduce":
             self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 1))
-        elif op in BROADCAST:
+        elif kind == "broadcast":
             self._broadcast(ins)
-        elif op in MATMUL:
+        elif kind == "matmul":
             self._matmul(ins)
-        elif op in CAST:
+        elif kind == "cast":
             self._write(ins.dst, self.tiles[ins.srcs[0]])
-        elif op is Op.FULL:
+        elif kind == "full":
             r, c = self.shapes[ins.dst]
             v = float(evaluate(ins.srcs[0], {}))
             self._write(ins.dst, torch.full((self.n, r, c), v, device=self.device))
-        elif op in MASK:
+        elif kind == "mask":
             self._mask(ins)
-        elif op in COLLECTIVE:
+        elif kind == "collective":
             # one collective for the whole batch (tasks x parallel indices, stacked): every rank
             # runs the same graph and the executor batches it identically, so every rank issues
             # the same collectives in the same order

@@ -7,8 +7,8 @@ with its smallest and largest value. A tile's elements lie at flat indices (row-
 contiguous tensor) from its start: the region's first element plus ``row * ncols + col``. A
 :class:`Place` says where the tiles of some instances start: evenly stepping starts (one task, a
 parallel axis over column blocks, consecutive row tiles) make one strided view of the tensor,
-copied in one op; other starts make a grid of flat indices for one ``index_select`` (a load) or
-``index_copy_`` (a store).
+copied in one op; otherwise one ``index_select`` (a load) or ``index_copy_`` (a store) moves the
+tiles' rows, each a window of ``c`` consecutive elements of the tensor.
 
 Tiles inside their regions (decided from the offsets' extremes where that suffices, without a
 tensor op where they are ints) take that path. The instances with a tile overhanging its region
@@ -22,7 +22,7 @@ evaluator's former, slower form).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,10 +30,10 @@ from pto.backends.torch_support import arange
 from pto.batch import RegionBatch
 
 
-@dataclass(frozen=True)
-class Offset:
+class Offset(NamedTuple):
     """An offset in the regions: ``value`` an int or an int64 vector; ``lo``, ``hi`` its extremes;
-    ``fixed``: the same object serves a whole batch (so what is derived from it may be kept)."""
+    ``fixed``: the same object serves a whole batch (so what is derived from it may be kept).
+    A named tuple: made for every load and store, where a dataclass costs microseconds."""
 
     value: int | torch.Tensor
     lo: int
@@ -46,7 +46,7 @@ class Offset:
             v = v.to(torch.int64)
             if v.dim() == 0:
                 return Offset(int(v), int(v), int(v), fixed)
-            lo, hi = _extremes(v)
+            (lo, hi), = _extremes(v.reshape(1, -1))
             return Offset(v, lo, hi, fixed)
         return Offset(int(v), int(v), int(v), fixed)
 
@@ -59,29 +59,28 @@ class Offset:
 SMALL = 256
 
 
-def _extremes(v: torch.Tensor) -> tuple[int, int]:
-    """The smallest and largest value of an int vector (0, 0 when it is empty)."""
-    if v.shape[0] <= SMALL:
-        vals = v.tolist()
-        return (min(vals), max(vals)) if vals else (0, 0)
-    lo, hi = torch.aminmax(v)
-    return int(lo), int(hi)
+def _extremes(v: torch.Tensor) -> list[tuple[int, int]]:
+    """The smallest and largest value of each row of an int matrix ((0, 0) for empty rows)."""
+    if v.shape[1] <= SMALL:
+        return [(min(row), max(row)) if row else (0, 0) for row in v.tolist()]
+    lo, hi = torch.aminmax(v, dim=1)
+    return list(zip(lo.tolist(), hi.tolist()))
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(NamedTuple):
     """Where the tiles of ``n`` instances start, as flat indices into the tensor: instance
     ``i``'s at ``start + i * step`` where ``starts`` is None (strided), else at ``start +
-    starts[i]``; ``grid`` (``starts`` as n x r x c element indices, or None) is kept with it."""
+    starts[i]``; ``rows`` (where the tiles' rows start, n * r indices from ``start``, or None)
+    is kept with it."""
 
     n: int
     start: int
     step: int = 0
     starts: torch.Tensor | None = None
-    grid: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
 
     def shifted(self, by: int) -> Place:
-        return Place(self.n, self.start + by, self.step, self.starts, self.grid)
+        return Place(self.n, self.start + by, self.step, self.starts, self.rows)
 
 
 @functools.lru_cache(maxsize=256)
@@ -102,11 +101,14 @@ class _Bound:
         self.tensor = rb.tensor
         self.nrows, self.ncols = rb.tensor.shape
         self.storage_offset = rb.tensor.storage_offset()
-        base = rb.row0 * self.ncols + rb.col0  # flat offset of each region's first element
         # the region extents' extremes: offsets known by theirs are checked against them
-        (lo, hi), (self.rows_min, self.rows_max), (self.cols_min, self.cols_max) = (
-            _extremes(v) for v in (base, rb.rows, rb.cols))
-        self.base: int | torch.Tensor = lo if lo == hi else base if task is None else base[task]
+        (r0_lo, r0_hi), (c0_lo, c0_hi), (self.rows_min, self.rows_max), (self.cols_min, self.cols_max) = (
+            _extremes(torch.stack([rb.row0, rb.col0, rb.rows, rb.cols])))
+        # the flat offset of each region's first element
+        self.base: int | torch.Tensor = r0_lo * self.ncols + c0_lo
+        if r0_lo != r0_hi or c0_lo != c0_hi:
+            base = rb.row0 * self.ncols + rb.col0
+            self.base = base if task is None else base[task]
         self._inst: dict[str, torch.Tensor] = {}
 
     def per_instance(self, field: str) -> torch.Tensor:
@@ -207,8 +209,8 @@ class Regions:
         if place is None:
             place = self._even(sum(spread[1:], spread[0]))
             if key is not None:
-                if place.starts is not None:  # the grid too, for the batch
-                    place = Place(place.n, place.start, 0, place.starts, self._grid(mem, place.starts, r, c))
+                if place.starts is not None:  # its rows too, for the batch
+                    place = Place(place.n, place.start, 0, place.starts, self._rows(mem, place.starts, r))
                 self._places[key] = place
         return place.shifted(shift)
 
@@ -232,32 +234,46 @@ class Regions:
 
     def flat(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The flat element indices of the tiles of ``place``, one M x r x c tensor."""
-        grid = place.grid
-        if grid is None:
-            starts = place.starts if place.starts is not None else place.step * arange(place.n, self.device)
-            grid = self._grid(mem, starts, r, c)
+        starts = place.starts if place.starts is not None else place.step * arange(place.n, self.device)
+        grid = tile_grid(r, c, self.bound(mem).ncols, self.device) + starts.view(-1, 1, 1)
         return grid + place.start if place.start else grid
 
-    def _grid(self, mem: str, starts: torch.Tensor, r: int, c: int) -> torch.Tensor:
-        return tile_grid(r, c, self.bound(mem).ncols, self.device) + starts.view(-1, 1, 1)
+    def _rows(self, mem: str, starts: torch.Tensor, r: int) -> torch.Tensor:
+        """Where the rows of tiles starting at ``starts`` start (M * r flat indices)."""
+        ncols = self.bound(mem).ncols
+        return (starts.view(-1, 1) + tile_grid(r, 1, ncols, self.device).view(1, r)).view(-1)
 
     def _strided(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The tiles of a strided ``place`` as one view (M x r x c) of the tensor."""
         b = self.bound(mem)
         return b.tensor.as_strided((place.n, r, c), (place.step, b.ncols, 1), b.storage_offset + place.start)
 
+    def _windows(self, mem: str, start: int, c: int) -> torch.Tensor:
+        """The tensor from flat index ``start`` on as overlapping windows of ``c`` elements
+        (window ``k``: elements ``start + k`` to ``start + k + c - 1``): a tile row is a window."""
+        b = self.bound(mem)
+        return b.tensor.as_strided((b.tensor.numel() - start - c + 1, c), (1, 1), b.storage_offset + start)
+
     def gather(self, mem: str, place: Place, r: int, c: int) -> torch.Tensor:
         """The M x r x c elements of the tiles of ``place`` (all inside the tensor)."""
         if place.starts is None and place.step >= 0:
             return self._strided(mem, place, r, c).clone(memory_format=torch.contiguous_format)
-        return self.read(mem, self.flat(mem, place, r, c))
+        if place.starts is None:
+            return self.read(mem, self.flat(mem, place, r, c))
+        rows = place.rows if place.rows is not None else self._rows(mem, place.starts, r)
+        return self._windows(mem, place.start, c).index_select(0, rows).view(place.n, r, c)
 
     def scatter(self, mem: str, place: Place, vals: torch.Tensor, r: int, c: int) -> None:
         """Write the M x r x c ``vals`` into the tiles of ``place`` (all inside the tensor)."""
         if place.starts is None and self._disjoint(mem, place, r, c):
             self._strided(mem, place, r, c).copy_(vals)
-            return
-        self.write(mem, self.flat(mem, place, r, c).reshape(-1), vals.reshape(-1))
+        elif place.starts is None:
+            self.write(mem, self.flat(mem, place, r, c).reshape(-1), vals.reshape(-1))
+        else:
+            # the windows overlap in memory, the rows written do not (tiles of a batch never
+            # do); torch checks a written view for overlap only where a stride is 0
+            rows = place.rows if place.rows is not None else self._rows(mem, place.starts, r)
+            self._windows(mem, place.start, c).index_copy_(0, rows, vals.reshape(-1, c))
 
     def _disjoint(self, mem: str, place: Place, r: int, c: int) -> bool:
         """Whether the strided tiles of ``place`` are disjoint (side by side, or stacked)."""
