@@ -222,15 +222,24 @@ class _Machine:
         if regions.all_inside(mem, row, col, r, c):
             self._write(ins.dst, regions.gather(mem, place, r, c))
             return
-        # the tiles inside their regions as above, the others padded
         pad = float(ins.attr("pad"))
-        good, bad = self._partition(regions, mem, row, col, r, c)
-        if good is None:
-            self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
-            return
-        vals = torch.empty((self.n, r, c), dtype=self.mems[mem].tensor.dtype, device=self.device)
-        vals.index_copy_(0, good, regions.gather(mem, regions.subset(place, good), r, c))
-        vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
+        if self.all_active:
+            good, bad = self._partition(regions, mem, row, col, r, c)
+            if good is None:
+                self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
+                return
+            vals = torch.empty((self.n, r, c), dtype=self.mems[mem].tensor.dtype, device=self.device)
+        else:
+            # an inactive instance keeps its old tile (_write), so what it loads is never seen:
+            # the pad, unless its tile lies inside its region anyway
+            inside = regions.inside(mem, row, col, r, c)
+            good, bad = inside.nonzero().view(-1), (~inside & self.active).nonzero().view(-1)
+            vals = torch.full((self.n, r, c), pad, dtype=self.mems[mem].tensor.dtype, device=self.device)
+        # the tiles inside their regions as above, the others padded
+        if good.shape[0]:
+            vals.index_copy_(0, good, regions.gather(mem, regions.subset(place, good), r, c))
+        if bad.shape[0]:
+            vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
         self._write(ins.dst, vals)
 
     def _store(self, ins: Instr) -> None:
