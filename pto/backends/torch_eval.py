@@ -8,6 +8,11 @@ With B = 1 it is the reference interpreter's InCore step (:func:`pto.interp.inco
 the oracle that graph execution and the Triton backend are checked against; with larger B it is
 the ``torch`` backend of the executors.
 
+Its cost is per op, not per element: loads and stores are one strided or indexed copy
+(:mod:`pto.backends.torch_regions`), offsets no loop changes are computed once per batch, and on
+the CPU small batches run on one intra-op thread (:mod:`pto.backends.torch_support`); the same
+elements move and the same ops compute.
+
 Numerics (the contract the Triton renderer follows too): elementwise, unary, reduction,
 broadcast and mask ops compute in f32 and round to the destination's dtype; matmul multiplies
 the operands in their own dtype and accumulates in ``acc`` (f32 by default); loads return
@@ -224,7 +229,7 @@ class _Machine:
             return
         pad = float(ins.attr("pad"))
         if self.all_active:
-            good, bad = self._partition(regions, mem, row, col, r, c)
+            good, bad = regions.partition(mem, row, col, r, c)
             if good is None:
                 self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
                 return
@@ -254,7 +259,7 @@ class _Machine:
             return
         # active tiles inside their regions as above; of the others, the elements inside
         if self.all_active:
-            good, bad = self._partition(regions, mem, row, col, r, c)
+            good, bad = regions.partition(mem, row, col, r, c)
             if good is None:
                 regions.masked_write(mem, place, row, col, r, c, vals)
                 return
@@ -265,18 +270,6 @@ class _Machine:
             regions.scatter(mem, regions.subset(place, good), vals[good], r, c)
         if bad.shape[0]:
             regions.masked_write(mem, regions.subset(place, bad), row, col, r, c, vals[bad], bad)
-
-    @staticmethod
-    def _partition(regions: Regions, mem: str, row: Offset, col: Offset, r: int, c: int):
-        """``(good, bad)``: the instances whose tiles lie inside their regions and the others
-        (index vectors), or ``(None, None)`` when none does."""
-        if regions.none_inside(mem, row, col, r, c):
-            return None, None
-        inside = regions.inside(mem, row, col, r, c)
-        good = inside.nonzero().view(-1)
-        if not good.shape[0]:
-            return None, None
-        return good, (~inside).nonzero().view(-1)
 
     def _instr(self, ins: Instr) -> None:
         op = ins.op

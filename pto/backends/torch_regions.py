@@ -160,6 +160,17 @@ class Regions:
                 ok = ok & (torch.as_tensor(off.value, device=self.device) >= 0)
         return ok
 
+    def partition(self, mem: str, row: Offset, col: Offset, r: int, c: int):
+        """``(good, bad)``: the instances whose ``r x c`` tiles lie inside their regions and the
+        others (index vectors), or ``(None, None)`` when none does."""
+        if self.none_inside(mem, row, col, r, c):
+            return None, None
+        inside = self.inside(mem, row, col, r, c)
+        good = inside.nonzero().view(-1)
+        if not good.shape[0]:
+            return None, None
+        return good, (~inside).nonzero().view(-1)
+
     def valid(self, mem: str, row: Offset, col: Offset, r: int, c: int, inst: torch.Tensor | None) -> torch.Tensor:
         """Per element of the tiles of instances ``inst`` (all where None; M x r x c, bool):
         whether it lies inside its region."""
