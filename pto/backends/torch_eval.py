@@ -8,6 +8,11 @@ With B = 1 it is the reference interpreter's InCore step (:func:`pto.interp.inco
 the oracle that graph execution and the Triton backend are checked against; with larger B it is
 the ``torch`` backend of the executors.
 
+Its cost is per op, not per element: loads and stores are one strided or indexed copy
+(:mod:`pto.backends.torch_regions`), offsets no loop changes are computed once per batch, and on
+the CPU small batches run on one intra-op thread (:mod:`pto.backends.torch_support`); the same
+elements move and the same ops compute.
+
 Numerics (the contract the Triton renderer follows too): elementwise, unary, reduction,
 broadcast and mask ops compute in f32 and round to the destination's dtype; matmul multiplies
 the operands in their own dtype and accumulates in ``acc`` (f32 by default); loads return
@@ -19,6 +24,18 @@ from __future__ import annotations
 
 import torch
 
+from pto.backends.torch_regions import Offset, Regions
+from pto.backends.torch_support import (
+    Env,
+    Tiles,
+    all_true,
+    arange,
+    as_dtype,
+    f32_const,
+    instances,
+    intra_op_threads,
+    loop_vars,
+)
 from pto.batch import RegionBatch
 from pto.dist import all_reduce
 from pto.errors import ExecutionError
@@ -74,6 +91,17 @@ _REDUCE = {
 }
 
 
+#: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
+#: set lookups: an Op's hash is computed in Python)
+_KIND = {Op.LOAD: "load", Op.STORE: "store", Op.FULL: "full", Op.LOAD_SCALAR: "load_scalar",
+         Op.ROWTAKEMAX: "takemax"}
+for _kind, _ops in (("binary", BINARY), ("scalar", SCALAR_BINARY), ("unary", UNARY), ("row_reduce", ROW_REDUCE),
+                    ("col_reduce", COL_REDUCE), ("broadcast", BROADCAST), ("matmul", MATMUL), ("cast", CAST),
+                    ("mask", MASK), ("collective", COLLECTIVE)):
+    for _op in _ops:
+        _KIND.setdefault(_op, _kind)
+
+
 class _Machine:
     def __init__(self, fn: IncoreFunction, mems: dict[str, RegionBatch], scalars: dict[str, torch.Tensor],
                  batch: int, device):
@@ -88,44 +116,62 @@ class _Machine:
         for name, rb in mems.items():
             env_b[f"{name}.rows"] = rb.rows
             env_b[f"{name}.cols"] = rb.cols
-        if fn.parallel is not None:
-            ext = evaluate(fn.parallel.extent, {**env_b, **dims})
+        ext = evaluate(fn.parallel.extent, {**env_b, **dims}) if fn.parallel is not None else 1
+        if isinstance(ext, torch.Tensor):
             ext = torch.as_tensor(ext, device=device).expand(batch).clone()
-            p = int(ext.max().item()) if batch else 0
-        else:
-            ext, p = None, 1
-        self.p = max(p, 0)
-        n = batch * self.p
-        self.n = n
-        # instance n = task (n // P), parallel index (n % P)
-        self.task = torch.arange(batch, device=device).repeat_interleave(self.p)
-        self.env = {k: v[self.task] for k, v in env_b.items()}
+            self.p = max(int(ext.max().item()) if batch else 0, 0)
+        else:  # the same extent for every task: every instance is active
+            self.p = max(int(ext), 0)
+        self.n = n = batch * self.p
+        # instance n = task (n // P), parallel index (n % P); with P = 1, instance i is task i
+        task, pidx = instances(batch, self.p, device)
+        self.task = None if self.p == 1 else task
+        self.env = Env(env_b, self.task)
         self.env.update(dims)
-        self.active = torch.ones(n, dtype=torch.bool, device=device)
+        self.regions = Regions(mems, self.task, n, device)
+        self.active = all_true(n, device)
+        self.all_active = True
         if fn.parallel is not None:
-            pidx = torch.arange(self.p, device=device).repeat(batch)
             self.env[fn.parallel.var] = pidx
-            self.active = pidx < ext[self.task]
-        self.tiles: dict[str, torch.Tensor] = {}
-        for t in fn.tiles:
-            r, c = self.shapes[t.name]
-            # poison: reading a tile before writing it shows up as NaN
-            self.tiles[t.name] = torch.full((n, r, c), float("nan"), dtype=t.dtype.torch, device=device)
-        self.all_active = bool(self.active.all())
+            if isinstance(ext, torch.Tensor):
+                self.active = pidx < (ext if self.task is None else ext[self.task])
+                self.all_active = bool(self.active.all())
+        self.tiles = Tiles(n, self.shapes, self.dtypes, device)
+        self._loop_vars = loop_vars(fn.body, set())
+        # offsets of the expressions (by id) that no loop variable changes, and the others
+        self._fixed: dict[int, Offset] = {}
+        self._varying: set[int] = set()
+        self._attrs: dict[int, tuple] = {}  # attributes of the instructions (by id) loops repeat
 
     # helpers ---------------------------------------------------------------------------------
     def _vec(self, e) -> torch.Tensor:
-        v = evaluate(e, self.env)
+        return self._as_vec(evaluate(e, self.env))
+
+    def _as_vec(self, v) -> torch.Tensor:
         return torch.as_tensor(v, device=self.device).expand(self.n).to(torch.int64)
+
+    def _offset(self, e) -> Offset:
+        """An integer expression's value (what :meth:`_vec` would give, an int where it is the
+        same for every instance), computed once per batch unless a loop variable changes it."""
+        off = self._fixed.get(id(e))
+        if off is not None:
+            return off
+        if id(e) in self._varying:
+            return Offset.of(evaluate(e, self.env))
+        if not self._loop_vars.isdisjoint(e.free_vars()):
+            self._varying.add(id(e))
+            return Offset.of(evaluate(e, self.env))
+        off = self._fixed[id(e)] = Offset.of(evaluate(e, self.env), fixed=True)
+        return off
 
     def _scalar_value(self, e):
         v = evaluate(e, self.env)
         if isinstance(v, torch.Tensor):
             return v.to(torch.float32).view(-1, 1, 1)
-        return float(v)
+        return f32_const(float(v), self.device)
 
     def _write(self, name: str, value: torch.Tensor) -> None:
-        value = value.to(self.dtypes[name])
+        value = as_dtype(value, self.dtypes[name])
         if self.all_active:
             self.tiles[name] = value
         else:
@@ -133,24 +179,7 @@ class _Machine:
             self.tiles[name] = torch.where(m, value, self.tiles[name])
 
     def _f32(self, name: str) -> torch.Tensor:
-        return self.tiles[name].to(torch.float32)
-
-    def _region_index(self, mem: str, row_e, col_e, r: int, c: int):
-        """Global row and column indices (N x r, N x c), clamped into the tensor, and the
-        valid mask (N x r x c, or None when every element lies inside its region)."""
-        rb = self.mems[mem]
-        task = self.task
-        ri = self._vec(row_e).view(-1, 1) + torch.arange(r, device=self.device).view(1, r)
-        ci = self._vec(col_e).view(-1, 1) + torch.arange(c, device=self.device).view(1, c)
-        rvalid = (ri >= 0) & (ri < rb.rows[task].view(-1, 1))
-        cvalid = (ci >= 0) & (ci < rb.cols[task].view(-1, 1))
-        nrows, ncols = rb.tensor.shape
-        grow = (rb.row0[task].view(-1, 1) + ri).clamp_(0, nrows - 1)
-        gcol = (rb.col0[task].view(-1, 1) + ci).clamp_(0, ncols - 1)
-        valid = None
-        if not (bool(rvalid.all()) and bool(cvalid.all())):
-            valid = rvalid.view(-1, r, 1) & cvalid.view(-1, 1, c)
-        return grow.view(-1, r, 1), gcol.view(-1, 1, c), valid
+        return as_dtype(self.tiles[name], torch.float32)
 
     # execution -------------------------------------------------------------------------------
     def run(self, body) -> None:
@@ -161,90 +190,141 @@ class _Machine:
                 self._instr(s)
 
     def _loop(self, s: ForRange) -> None:
-        lb, ub, st = self._vec(s.lb), self._vec(s.ub), self._vec(s.step)
+        lb, ub, st = (evaluate(e, self.env) for e in (s.lb, s.ub, s.step))
+        if type(lb) is int and type(ub) is int and type(st) is int:
+            self._uniform_loop(s, lb, ub, st)
+            return
+        lb, ub, st = self._as_vec(lb), self._as_vec(ub), self._as_vec(st)
         trips = torch.clamp((ub - lb + st - 1) // st, min=0)
         saved_active, saved_all = self.active, self.all_active
-        tmax = int(trips[saved_active].max().item()) if bool(saved_active.any()) else 0
+        tmin, tmax = 0, 0
+        if bool(saved_active.any()):
+            tmin, tmax = (int(v) for v in torch.stack([trips[saved_active].min(), trips[saved_active].max()]))
         for t in range(tmax):
             self.env[s.var] = lb + st * t
-            self.active = saved_active & (t < trips)
-            self.all_active = bool(self.active.all())
+            if t >= tmin:  # before the shortest active loop ends, the loop leaves the mask as it is
+                self.active = saved_active & (t < trips)
+                self.all_active = bool(self.active.all())
             self.run(s.body)
         self.env.pop(s.var, None)
         self.active, self.all_active = saved_active, saved_all
 
+    def _uniform_loop(self, s: ForRange, lb: int, ub: int, st: int) -> None:
+        """A loop with the same bounds in every instance: the loop variable is an int and the
+        active mask stays as it is."""
+        trips = max((ub - lb + st - 1) // st, 0)
+        if not (self.all_active or bool(self.active.any())):
+            trips = 0
+        for t in range(trips):
+            self.env[s.var] = lb + st * t
+            self.run(s.body)
+        self.env.pop(s.var, None)
+
+    def _load_scalar(self, ins: Instr) -> None:
+        """The element's integer value per instance (truncated; the memref holds exact
+        integers): a scalar of the environment from here on."""
+        mem, row, col = ins.srcs
+        regions = self.regions
+        place = regions.place(mem, self._offset(row), self._offset(col), 1, 1)
+        flat = regions.clamped(mem, regions.flat(mem, place, 1, 1))
+        self.env[ins.dst] = regions.read(mem, flat).reshape(-1).to(torch.int64).expand(self.n)
+
+    def _load(self, ins: Instr) -> None:
+        mem, row, col = ins.srcs
+        r, c = self.shapes[ins.dst]
+        row, col = self._offset(row), self._offset(col)
+        regions = self.regions
+        place = regions.place(mem, row, col, r, c)
+        if regions.all_inside(mem, row, col, r, c):
+            self._write(ins.dst, regions.gather(mem, place, r, c))
+            return
+        pad = float(ins.attr("pad"))
+        if self.all_active:
+            good, bad = regions.partition(mem, row, col, r, c)
+            if good is None:
+                self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
+                return
+            vals = torch.empty((self.n, r, c), dtype=self.mems[mem].tensor.dtype, device=self.device)
+        else:
+            # an inactive instance keeps its old tile (_write), so what it loads is never seen:
+            # the pad, unless its tile lies inside its region anyway
+            inside = regions.inside(mem, row, col, r, c)
+            good, bad = inside.nonzero().view(-1), (~inside & self.active).nonzero().view(-1)
+            vals = torch.full((self.n, r, c), pad, dtype=self.mems[mem].tensor.dtype, device=self.device)
+        # the tiles inside their regions as above, the others padded
+        if good.shape[0]:
+            vals.index_copy_(0, good, regions.gather(mem, regions.subset(place, good), r, c))
+        if bad.shape[0]:
+            vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
+        self._write(ins.dst, vals)
+
+    def _store(self, ins: Instr) -> None:
+        tile, mem, row, col = ins.srcs
+        r, c = self.shapes[tile]
+        vals = as_dtype(self.tiles[tile], self.mems[mem].tensor.dtype)
+        row, col = self._offset(row), self._offset(col)
+        regions = self.regions
+        place = regions.place(mem, row, col, r, c)
+        if self.all_active and regions.all_inside(mem, row, col, r, c):
+            regions.scatter(mem, place, vals, r, c)
+            return
+        # active tiles inside their regions as above; of the others, the elements inside
+        if self.all_active:
+            good, bad = regions.partition(mem, row, col, r, c)
+            if good is None:
+                regions.masked_write(mem, place, row, col, r, c, vals)
+                return
+        else:
+            inside = regions.inside(mem, row, col, r, c)
+            good, bad = (inside & self.active).nonzero().view(-1), (~inside & self.active).nonzero().view(-1)
+        if good.shape[0]:
+            regions.scatter(mem, regions.subset(place, good), vals[good], r, c)
+        if bad.shape[0]:
+            regions.masked_write(mem, regions.subset(place, bad), row, col, r, c, vals[bad], bad)
+
     def _instr(self, ins: Instr) -> None:
         op = ins.op
-        if op is Op.LOAD:
-            mem, row, col = ins.srcs
-            r, c = self.shapes[ins.dst]
-            grow, gcol, valid = self._region_index(mem, row, col, r, c)
-            t = self.mems[mem].tensor
-            vals = t[grow, gcol]
-            if valid is not None:
-                pad = torch.tensor(float(ins.attr("pad")), dtype=t.dtype, device=self.device)
-                vals = torch.where(valid, vals, pad)
-            self._write(ins.dst, vals)
-        elif op is Op.STORE:
-            tile, mem, row, col = ins.srcs
-            r, c = self.shapes[tile]
-            grow, gcol, valid = self._region_index(mem, row, col, r, c)
-            t = self.mems[mem].tensor
-            vals = self.tiles[tile].to(t.dtype)
-            if valid is None and self.all_active:
-                t[grow, gcol] = vals
-            else:
-                keep = self.active.view(-1, 1, 1).expand(-1, r, c)
-                if valid is not None:
-                    keep = keep & valid
-                gr, gc = grow.expand(-1, r, c), gcol.expand(-1, r, c)
-                t[gr[keep], gc[keep]] = vals[keep]
-        elif op in BINARY:
+        kind = _KIND.get(op)
+        if kind == "load":
+            self._load(ins)
+        elif kind == "store":
+            self._store(ins)
+        elif kind == "binary":
             a, b = ins.srcs
             self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
-        elif op in SCALAR_BINARY:
+        elif kind == "scalar":
             a, s = ins.srcs
-            x = self._f32(a)
-            v = self._scalar_value(s)
-            v = torch.as_tensor(v, dtype=torch.float32, device=self.device)
-            self._write(ins.dst, _ARITH[ARITH[op]](x, v))
-        elif op in UNARY:
+            self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._scalar_value(s)))
+        elif kind == "unary":
             self._write(ins.dst, _UNARY[op](self._f32(ins.srcs[0])))
-        elif op is Op.ROWTAKEMAX:  # b's element at a's row maximum
+        elif kind == "row_reduce":
+            self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
+        elif kind == "takemax":  # b's element at a's row maximum
             at = self._f32(ins.srcs[0]).argmax(dim=2, keepdim=True)
             self._write(ins.dst, self._f32(ins.srcs[1]).gather(2, at))
-        elif op in ROW_REDUCE:
-            self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
-        elif op is Op.LOAD_SCALAR:
+        elif kind == "load_scalar":
             self._load_scalar(ins)
-        elif op in COL_REDUCE:
+        elif kind == "col_reduce":
             self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 1))
-        elif op in BROADCAST:
+        elif kind == "broadcast":
             self._broadcast(ins)
-        elif op in MATMUL:
+        elif kind == "matmul":
             self._matmul(ins)
-        elif op in CAST:
+        elif kind == "cast":
             self._write(ins.dst, self.tiles[ins.srcs[0]])
-        elif op is Op.FULL:
+        elif kind == "full":
             r, c = self.shapes[ins.dst]
             v = float(evaluate(ins.srcs[0], {}))
             self._write(ins.dst, torch.full((self.n, r, c), v, device=self.device))
-        elif op in MASK:
+        elif kind == "mask":
             self._mask(ins)
-        elif op in COLLECTIVE:
+        elif kind == "collective":
             # one collective for the whole batch (tasks x parallel indices, stacked): every rank
             # runs the same graph and the executor batches it identically, so every rank issues
             # the same collectives in the same order
             self._write(ins.dst, all_reduce(self.tiles[ins.srcs[0]], dtype_of(ins.attr("acc")).torch))
         else:  # pragma: no cover - every op is handled above
             raise ExecutionError(f"interpreter has no rule for `{op.value}`")
-
-    def _load_scalar(self, ins: Instr) -> None:
-        """The element's integer value per instance (truncated; the memref holds exact
-        integers): a scalar of the environment from here on."""
-        mem, row, col = ins.srcs
-        grow, gcol, _ = self._region_index(mem, row, col, 1, 1)
-        self.env[ins.dst] = self.mems[mem].tensor[grow.view(-1), gcol.view(-1)].to(torch.int64)
 
     def _broadcast(self, ins: Instr) -> None:
         op = ins.op
@@ -258,34 +338,38 @@ class _Machine:
 
     def _matmul(self, ins: Instr) -> None:
         a, b = self.tiles[ins.srcs[0]], self.tiles[ins.srcs[1]]
-        if ins.attr("ta"):
+        ta, tb, acc_dt = self._matmul_attrs(ins)
+        if ta:
             a = a.transpose(1, 2)
-        if ins.attr("tb"):
+        if tb:
             b = b.transpose(1, 2)
-        acc_dt = dtype_of(ins.attr("acc")).torch
         # products of the operands' values, summed in the accumulation dtype
-        prod = torch.matmul(a.to(torch.float32), b.to(torch.float32))
-        if acc_dt != torch.float32:
-            prod = prod.to(acc_dt)
+        prod = as_dtype(torch.matmul(as_dtype(a, torch.float32), as_dtype(b, torch.float32)), acc_dt)
         if ins.op is Op.MATMUL_ACC:
-            prod = self.tiles[ins.dst].to(acc_dt) + prod
+            prod = as_dtype(self.tiles[ins.dst], acc_dt) + prod
         self._write(ins.dst, prod)
+
+    def _matmul_attrs(self, ins: Instr) -> tuple[bool, bool, torch.dtype]:
+        """``(ta, tb, acc dtype)`` of a matmul, looked up once per batch (loops repeat it)."""
+        got = self._attrs.get(id(ins))
+        if got is None:
+            got = self._attrs[id(ins)] = (ins.attr("ta"), ins.attr("tb"), dtype_of(ins.attr("acc")).torch)
+        return got
 
     def _mask(self, ins: Instr) -> None:
         src, bound = ins.srcs
         r, c = self.shapes[ins.dst]
         x = self._f32(src)
-        k = self._vec(bound).view(-1, 1, 1)
-        ri = torch.arange(r, device=self.device).view(1, r, 1)
-        ci = torch.arange(c, device=self.device).view(1, 1, c)
+        k = evaluate(bound, self.env)
+        k = k.to(torch.int64).view(-1, 1, 1) if isinstance(k, torch.Tensor) else int(k)
+        ri, ci = arange(r, self.device).view(1, r, 1), arange(c, self.device).view(1, 1, c)
         if ins.op is Op.MASK_CAUSAL:
             keep = ci <= ri + k
         elif ins.op is Op.MASK_COLS:
             keep = ci < k
         else:
             keep = ri < k
-        fill = torch.tensor(float(ins.attr("fill")), dtype=torch.float32, device=self.device)
-        self._write(ins.dst, torch.where(keep, x, fill))
+        self._write(ins.dst, torch.where(keep, x, f32_const(float(ins.attr("fill")), self.device)))
 
 
 def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
@@ -314,7 +398,8 @@ def run_incore_batch(fn: IncoreFunction, mems: dict[str, RegionBatch],
         if not t.is_contiguous():
             raise ExecutionError(f"`{fn.name}`: tensor for `{p.name}` must be contiguous")
     m = _Machine(fn, mems, scalars, batch, device)
-    m.run(fn.body)
+    with intra_op_threads(device, m.n * max((r * c for r, c in m.shapes.values()), default=0)):
+        m.run(fn.body)
 
 
 __all__ = ["run_incore_batch"]
