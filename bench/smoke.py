@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
+#: SmolLM2's tokenizer as tokenizer.json (the GGUF file is too large to carry to the GPU machine)
+TOKENIZER = ROOT / ".bench" / "smol-tokenizer" / "tokenizer.json"
 TOL = {"bf16": 2e-2, "f32": 1e-4}
 
 
@@ -96,6 +98,10 @@ def readme_jobs(tmp: Path) -> list[Job]:
         Job("readme tp 2 gpu (gloo, one GPU)", torchrun("run", "llama", "--config", "llama3-8b", "--seq", "4096",
                                                         "--tp", "2", "--check", "--json"),
             env={"PTO_DIST_BACKEND": "gloo"}),
+        Job("generate (SmolLM2's shape, random weights)", [
+            f"{sys.executable} {ROOT / 'bench' / 'smoke.py'} --make-model {t}/smol && {sys.executable} -m pto.cli "
+            f"generate --hf {t}/smol --prompt 'The capital of France is' --max-new-tokens 16 --json"],
+            needs="tokenizer", tol=None, shell=True),
         Job("readme visualize", [f"{sys.executable} -m pto.cli run softmax --dump {t}/g2.txt >/dev/null && "
                                  f"{sys.executable} -m pto.cli visualize {t}/g2.txt {t}/graph.pdf"],
             needs="dot", tol=None, shell=True),
@@ -122,6 +128,11 @@ def runs() -> list[tuple[str, list[str]]]:
             out.append((f"llama {config} {mode} 333 persistent", ["llama", "--config", config, "--attention", mode,
                                                                   "--seq", "333", "--executor", "persistent"]))
     out.append(("llama7b 7b fused 20001 auto", ["llama7b", "--config", "7b", "--seq", "20001"]))
+    for config, cache in (("smollm2-135m", "1024"), ("llama3-8b", "512")):
+        for ex in ("waves", "persistent"):
+            for batch in ("1", "3"):
+                out.append((f"model {config} cache {cache} batch {batch} {ex}",
+                            ["model", "--config", config, "--cache", cache, "--batch", batch, "--executor", ex]))
     return out
 
 
@@ -142,7 +153,22 @@ def missing(needs: str) -> str | None:
         return "graphviz's dot is not installed"
     if needs == "cc" and shutil.which("cc") is None:
         return "no C compiler"
+    if needs == "tokenizer" and not TOKENIZER.is_file():
+        return f"no {TOKENIZER} (bench/smoke.py --save-tokenizer GGUF makes it)"
     return None
+
+
+def make_model(folder: str) -> None:
+    """A Hugging Face folder of SmolLM2-135M's configuration with random weights (transformers
+    saves it) and SmolLM2's tokenizer (:data:`TOKENIZER`): what pto generate --hf reads."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                                   num_key_value_heads=3, num_hidden_layers=30, vocab_size=49152, rms_norm_eps=1e-5,
+                                   rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+                                   bos_token_id=1, eos_token_id=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    shutil.copy(TOKENIZER, Path(folder) / "tokenizer.json")
 
 
 def run_job(job: Job, base_env: dict, timeout: int) -> dict:
@@ -190,7 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every job's result here")
     ap.add_argument("--list", action="store_true", help="list the jobs and exit")
     ap.add_argument("--timeout", type=int, default=420, help="seconds one job may take")
+    ap.add_argument("--make-model", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--save-tokenizer", metavar="GGUF", help="write SmolLM2's tokenizer.json for the generate job")
     args = ap.parse_args(argv)
+    if args.make_model:
+        make_model(args.make_model)
+        return 0
+    if args.save_tokenizer:
+        from pto.orchestration.model.tokenizer import load_tokenizer
+
+        TOKENIZER.parent.mkdir(parents=True, exist_ok=True)
+        load_tokenizer(args.save_tokenizer).backend.save(str(TOKENIZER))
+        return 0
     dev = device_name()
     schedules = {"device": {}, "none": {"PTO_SCHEDULES": "none"}}
     if dev and dev != H100:

@@ -1,0 +1,174 @@
+"""Decode speed: milliseconds per token of one step of a whole model (every sequence of the batch
+one new token), ours against transformers in the same process, random weights of the real
+configurations (bf16, a GPU).
+
+    python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
+                           [--long 32768] [--steps 64] [--json FILE] [--no-hf]
+
+Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
+as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
+between steps), each executor. The cache is filled to half its capacity first (random keys and
+values: the speed of attention depends on the length, not the values). transformers: its
+LlamaForCausalLM with a static cache, ``torch.compile(mode="reduce-overhead")`` of the one-token
+forward, the same positions, timed the same way. The HBM floor: the bytes every step must read
+(the weights once, the cache up to the position) over the bandwidth of a large copy measured
+here. Correctness: the first step's logits against a float64 reference (:mod:`.reference`),
+beside transformers' own bf16 against the same reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pto.orchestration.model.generate import Generator  # noqa: E402
+from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
+
+from pto.ir.dtypes import DType  # noqa: E402
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t0)
+
+
+def events_ms(fn, steps: int) -> float:
+    """Milliseconds per call of ``fn`` over ``steps`` calls, CUDA events around the loop."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(steps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / steps
+
+
+def ours(w, batch: int, cache: int, executor: str, steps: int) -> dict:
+    """Our step at half the cache's capacity: ms per step and its graph's size."""
+    gen = Generator(w, "cuda", DType.BF16, executor=executor)
+    try:
+        step = gen.step(batch, cache)
+        t = step.tensors
+        t["k_cache"].normal_()
+        t["v_cache"].normal_()
+        t["pos"].fill_(cache // 2)
+        t["tok"].random_(0, w.config.vocab)
+        step()  # the first run: compiles, fits the megakernel, uploads the plan
+        torch.cuda.synchronize()
+        start = t["pos"].clone()
+
+        def one():
+            t["pos"].copy_(start)  # the same position every step: the cost at that length
+            step.replay()
+
+        ms = events_ms(one, steps)
+        return {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
+    finally:
+        gen.close()
+
+
+def transformers_step(cfg, batch: int, cache: int, steps: int) -> dict:
+    """transformers' LlamaForCausalLM (random weights), static cache, compiled one-token step."""
+    import transformers
+    from transformers import StaticCache
+
+    c = cfg.layer
+    hc = transformers.LlamaConfig(hidden_size=c.hidden, intermediate_size=c.ffn, num_attention_heads=c.heads,
+                                  num_key_value_heads=c.kv_heads, head_dim=c.head_dim, num_hidden_layers=cfg.layers,
+                                  vocab_size=cfg.vocab, rms_norm_eps=c.eps, rope_theta=c.theta,
+                                  max_position_embeddings=max(cfg.max_positions, cache),
+                                  tie_word_embeddings=cfg.tied)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(hc).to(torch.bfloat16).eval()
+    kv = StaticCache(config=hc, max_batch_size=batch, max_cache_len=cache, device="cuda", dtype=torch.bfloat16)
+    tok = torch.randint(0, cfg.vocab, (batch, 1), device="cuda")
+    pos = torch.full((1,), cache // 2, device="cuda", dtype=torch.long)
+
+    def forward():
+        with torch.no_grad():
+            return model(input_ids=tok, past_key_values=kv, cache_position=pos, use_cache=True).logits
+
+    t0 = time.perf_counter()
+    compiled = torch.compile(forward, mode="reduce-overhead", fullgraph=False)
+    for _ in range(3):
+        compiled()
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    ms = events_ms(compiled, steps)
+    return {"ms": round(ms, 4), "compile_s": round(compile_s, 1)}
+
+
+def floor_ms(cfg, batch: int, cache: int, bw: float) -> float:
+    c = cfg.layer
+    params = cfg.vocab * c.hidden * (1 if cfg.tied else 2) + cfg.layers * (
+        c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn)
+    kv = cfg.layers * batch * (cache // 2) * 2 * c.kv_dim
+    return round((params + kv) * 2 / bw * 1e3, 4)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--cache", type=int, default=1024)
+    ap.add_argument("--long", type=int, default=32768, help="a long cache for batch 1 (0: none)")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--executors", default="persistent,waves")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    args = ap.parse_args(argv)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
+    rows = []
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
+        shapes = [(int(b), args.cache) for b in args.batches.split(",")]
+        if args.long and args.long <= cfg.max_positions:
+            shapes.append((1, args.long))
+        for batch, cache in shapes:
+            row = {"config": name, "batch": batch, "cache": cache, "floor_ms": floor_ms(cfg, batch, cache, bw)}
+            for ex in args.executors.split(","):
+                row[ex] = ours(w, batch, cache, ex, args.steps)
+            if not args.no_hf:
+                try:
+                    row["transformers"] = transformers_step(cfg, batch, cache, args.steps)
+                except Exception as e:  # another transformers: say so, keep ours
+                    row["transformers_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del w
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
+                                               "rows": rows}, indent=1))
+    for r in rows:
+        cols = [f"{r['config']} B={r['batch']} cache={r['cache']}: floor {r['floor_ms']} ms"]
+        cols += [f"{ex} {r[ex]['ms']} ms" for ex in args.executors.split(",")]
+        if "transformers" in r:
+            cols.append(f"transformers {r['transformers']['ms']} ms")
+        print("; ".join(cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
