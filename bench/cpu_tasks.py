@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from pto import engine, programs  # noqa: E402
+from pto import programs  # noqa: E402
+from pto.run import run  # noqa: E402
 from pto.timing import median_ms  # noqa: E402
 
 #: (label, program, seq, program options)
@@ -45,8 +46,8 @@ CASES = [
 
 
 def measure(program: str, seq: int, options: dict, runs: int) -> dict:
-    """Medians of ``runs`` engine runs of one case (fresh runner each)."""
-    results = [engine.run(program, seq, device="cpu", backend="torch", executor="waves", **options)
+    """Medians of ``runs`` runs of one case (fresh runner each)."""
+    results = [run(program, seq, device="cpu", backend="torch", executor="waves", **options)
                for _ in range(runs)]
     med = {k: statistics.median(r[k] for r in results) for k in ("exec_ms", "build_ms", "compile_ms")}
     out = {"tasks": results[0]["tasks"], "launches": results[0]["launches"], "waves": results[0]["waves"],

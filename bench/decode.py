@@ -3,7 +3,7 @@ one new token), ours against transformers in the same process, random weights of
 configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
-                           [--long 32768] [--steps 64] [--json FILE] [--no-hf]
+                           [--long 32768] [--steps 64] [--json FILE] [--hf-configs NAMES] [--hf-batches 1]
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
@@ -12,8 +12,9 @@ values: the speed of attention depends on the length, not the values). transform
 LlamaForCausalLM with a static cache, ``torch.compile(mode="reduce-overhead")`` of the one-token
 forward, the same positions, timed the same way. The HBM floor: the bytes every step must read
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
-here. Correctness: the first step's logits against a float64 reference (:mod:`.reference`),
-beside transformers' own bf16 against the same reference.
+here. For the persistent executor, a traced run's scheduling cost per work item (``item_gap_us``)
+and its busy time per InCore function (where the time goes). Correctness is not measured here:
+tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ def ours(w, batch: int, cache: int, executor: str, steps: int) -> dict:
             step.replay()
 
         ms = events_ms(one, steps)
-        return {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
+        out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
+        if step.executor.name == "persistent":
+            out["report"] = step.executor.report()
+            out["profile_ms"] = step.executor.profile()
+        return out
     finally:
         gen.close()
 
@@ -124,6 +129,11 @@ def floor_ms(cfg, batch: int, cache: int, bw: float) -> float:
     return round((params + kv) * 2 / bw * 1e3, 4)
 
 
+def hf_wanted(args, config: str, batch: int) -> bool:
+    return ((args.hf_configs is None or config in args.hf_configs.split(","))
+            and (args.hf_batches is None or str(batch) in args.hf_batches.split(",")))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="smollm2-135m,llama3-8b")
@@ -133,7 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--executors", default="persistent,waves")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
+    ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
@@ -147,8 +158,12 @@ def main(argv=None) -> int:
         for batch, cache in shapes:
             row = {"config": name, "batch": batch, "cache": cache, "floor_ms": floor_ms(cfg, batch, cache, bw)}
             for ex in args.executors.split(","):
-                row[ex] = ours(w, batch, cache, ex, args.steps)
-            if not args.no_hf:
+                try:
+                    row[ex] = ours(w, batch, cache, ex, args.steps)
+                except Exception as e:  # report it, measure the rest
+                    row[ex] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                torch.cuda.empty_cache()
+            if hf_wanted(args, name, batch):
                 try:
                     row["transformers"] = transformers_step(cfg, batch, cache, args.steps)
                 except Exception as e:  # another transformers: say so, keep ours
@@ -163,7 +178,7 @@ def main(argv=None) -> int:
                                                "rows": rows}, indent=1))
     for r in rows:
         cols = [f"{r['config']} B={r['batch']} cache={r['cache']}: floor {r['floor_ms']} ms"]
-        cols += [f"{ex} {r[ex]['ms']} ms" for ex in args.executors.split(",")]
+        cols += [f"{ex} {r[ex].get('ms', r[ex].get('error'))} ms" for ex in args.executors.split(",")]
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))

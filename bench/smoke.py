@@ -43,6 +43,7 @@ class Job:
     needs: str = ""  # "dot", "cc", "2gpus": skipped without it
     tol: float | None = 2e-2  # rel_err bound when the output is JSON with rel_err
     shell: bool = False  # argv[0] is a shell line (README's codegen + cc)
+    exclusive: bool = False  # needs most of the GPU's memory: runs alone, after the others
 
 
 def pto(*args: str) -> list[str]:
@@ -128,18 +129,23 @@ def runs() -> list[tuple[str, list[str]]]:
             out.append((f"llama {config} {mode} 333 persistent", ["llama", "--config", config, "--attention", mode,
                                                                   "--seq", "333", "--executor", "persistent"]))
     out.append(("llama7b 7b fused 20001 auto", ["llama7b", "--config", "7b", "--seq", "20001"]))
-    for config, cache in (("smollm2-135m", "1024"), ("llama3-8b", "512")):
+    for config, cache, batches in (("smollm2-135m", "1280", ("1", "3")), ("llama3-8b", "512", ("1",))):
         for ex in ("waves", "persistent"):
-            for batch in ("1", "3"):
+            for batch in batches:
                 out.append((f"model {config} cache {cache} batch {batch} {ex}",
                             ["model", "--config", config, "--cache", cache, "--batch", batch, "--executor", ex]))
     return out
 
 
 def matrix_jobs(schedules: dict[str, dict]) -> list[Job]:
-    """:func:`runs` under each schedule setting, checked against the reference."""
-    return [Job(f"[{sname}] {label}", pto("run", *args, "--check", "--json"), env=dict(env))
-            for sname, env in schedules.items() for label, args in runs()]
+    """:func:`runs` under each schedule setting, checked against the reference. A whole model's
+    step in bf16 is further from the f32 reference than one layer (30 layers of rounding: torch's
+    own bf16 step of SmolLM2's configuration is 2.7e-2 from float64, docs/PERF.md), hence 5e-2;
+    the 8B model's step (16 GB of weights, 32 GB with the check's copy) runs alone."""
+    return [Job(f"[{sname}] {label}", pto("run", *args, "--check", "--json"), env=dict(env),
+                tol=5e-2 if label.startswith("model") else 2e-2, exclusive=label.startswith("model llama3-8b"))
+            for sname, env in schedules.items() for label, args in runs()
+            if sname == "device" or not label.startswith("model llama3-8b")]  # no schedules for it to differ by
 
 
 def device_name() -> str:
@@ -243,12 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     # the longest first, so the slowest job does not start last
     order = sorted(jobs, key=lambda j: ("16K" not in j.name and "bench" not in j.name and "tune" not in j.name))
+    results = []
+
+    def report(r: dict) -> None:
+        results.append(r)
+        print(f"{r['status']:8} {r.get('s', 0):6.1f} s  {r['name']}" + (f"  ({r['why']})" if r.get("why") else "")
+              + (f"  rel_err {r['rel_err']:.2e}" if "rel_err" in r else ""), flush=True)
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = []
-        for r in pool.map(lambda j: run_job(j, base, args.timeout), order):
-            results.append(r)
-            print(f"{r['status']:8} {r.get('s', 0):6.1f} s  {r['name']}" + (f"  ({r['why']})" if r.get("why") else "")
-                  + (f"  rel_err {r['rel_err']:.2e}" if "rel_err" in r else ""), flush=True)
+        for r in pool.map(lambda j: run_job(j, base, args.timeout), [j for j in order if not j.exclusive]):
+            report(r)
+    for j in order:
+        if j.exclusive:
+            report(run_job(j, base, args.timeout))
     total = time.perf_counter() - t0
     failed = [r for r in results if r["status"] == "failed"]
     summary = {"device": dev, "jobs": len(results), "failed": len(failed),

@@ -167,8 +167,10 @@ def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool =
 
 def build_graph(job: Job, shape: Shape, adaptive: bool = True) -> BuiltGraph:
     """The task graph of ``job`` at ``shape``, built the way every run builds it (``pto graph``
-    stops here)."""
+    stops here). A size the program cannot run is refused here too (the commands refuse it
+    earlier, before any work), so no caller builds a graph that computes something else."""
     prog, s = job.program, job.settings
+    prog.check_size(s, shape)
     t0 = time.perf_counter()
     built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target)
     built.compile_ms = (time.perf_counter() - t0) * 1e3 - built.graph.build_ms

@@ -119,15 +119,17 @@ class ModelProgram(Program):
         out.update(cos=cos, sin=sin)
         return {k: v.to(device) for k, v in out.items()}
 
-    def reference(self, s, shape, inputs):
-        """:class:`ReferenceModel`'s decode step (float32) from the same weights and state."""
+    def reference(self, s, shape, inputs, dtype: torch.dtype = torch.float32):
+        """:class:`ReferenceModel`'s decode step from the same weights and state, computed in
+        ``dtype`` (float32 for ``--check``; float64 and bfloat16 measure a bf16 run's error
+        against a framework's own)."""
         cfg = self.config(s)
         B, C = shape["batch"], shape["cache"]
-        w = unstack_weights(cfg, {k: v.float() for k, v in inputs.items()})
+        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()})
         L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
 
         def blocks(t):
-            return t.float().view(L, B, C, NKV, D).permute(0, 1, 3, 2, 4).contiguous()
+            return t.to(dtype).view(L, B, C, NKV, D).permute(0, 1, 3, 2, 4).contiguous()
 
         pos = inputs["pos"].view(-1).long()
         cache = KVCache(blocks(inputs["k_cache"]), blocks(inputs["v_cache"]), pos.clone(), C)

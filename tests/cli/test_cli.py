@@ -39,7 +39,7 @@ def test_run_json_reports_the_program_options():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["run", "nosuch"], "unknown program 'nosuch' (choose from bgemm, llama, llama7b, softmax"),
+    (["run", "nosuch"], "unknown program 'nosuch' (choose from bgemm, llama, llama7b, model, softmax"),
     (["run", "softmax", "--seq", "-3"], "--seq"),
     (["run", "softmax", "--seq", "99999999999999999999"], "must be at most 2147483647"),
     (["run", "softmax", "--seed", "-1"], "--seed: must be in [0, 2**63)"),

@@ -117,7 +117,7 @@ def _layer(cfg: LlamaConfig, executor: str, attention: str, fuse: bool, seq: int
                   options={"attention": attention, "fuse_norm_rope": fuse})
     runner = Runner(job, seq)
     try:
-        inputs = job.program.inputs(job.settings, seq, "cpu", seed=3)
+        inputs = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=3)
         out = runner(inputs)["y"].clone()
     finally:
         runner.close()
@@ -137,7 +137,7 @@ def test_llama_layer_on_both_executors(cfg, attention, fuse):
     assert bool(padded) == (cfg is HEAD48), padded
     _, _, persistent = _layer(cfg, "persistent", attention, fuse, seq)
     assert torch.equal(persistent, waves)
-    ref = job.program.reference(job.settings, seq, inputs)["y"]
+    ref = job.program.reference(job.settings, job.program.shape(seq), inputs)["y"]
     assert rel_err(waves, ref) <= 1e-5
 
 

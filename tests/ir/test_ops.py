@@ -200,6 +200,47 @@ def test_allreduce_one_rank(dtype, acc, rng):
         assert np.array_equal(got, f64(a))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rowargmax_and_rowtakemax(dtype, rng, run_op):
+    """rowargmax: the column of each row's largest element, the first of equal ones (a tie is
+    planted in row 0); rowtakemax: a second tile's element at that column."""
+    a = rand((R, C), dtype, rng)
+    a[0, 3] = a[0, 11] = a[0].max() + 1
+    b = rand((R, C), dtype, rng)
+    ref = np.argmax(f64(a), axis=1)[:, None]  # numpy's argmax also returns the first maximum
+    assert ref[0, 0] == 3
+    assert np.array_equal(run_op("rowargmax", (R, 1), [a], dtype, dst_dtype=DType.F32), ref)
+    took = run_op("rowtakemax", (R, 1), [a, b], dtype)
+    assert np.array_equal(took, np.take_along_axis(f64(b), ref, axis=1))
+
+
+def test_load_scalar_moves_a_load():
+    """load_scalar reads an integer from memory when the task runs; a load offset by it reads
+    the row it names (a decode step's position), and a store offset by it writes there."""
+    from pto import InCore, f32
+    from pto.interp.incore import run_incore
+
+    k = InCore("at_pos")
+    pos = k.memref("pos", f32)
+    x = k.memref("x", f32, shape=(8, 4))
+    y = k.memref("y", f32, shape=(8, 4))
+    t = k.tile("t", 1, 4, f32)
+    p = k.load_scalar("p", pos, 0, 0)
+    k.load(t, x, p, 0)
+    k.muls(t, t, 2.0)
+    k.store(y, p + 1, 0, t)
+    fn = k.build()
+    g = torch.Generator().manual_seed(5)
+    src = torch.randn(8, 4, generator=g)
+    for at in (0, 3, 6):
+        dst = torch.zeros(8, 4)
+        run_incore(fn, {"pos": (torch.tensor([[float(at)]]), 0, 0, 1, 1), "x": (src, 0, 0, 8, 4),
+                        "y": (dst, 0, 0, 8, 4)})
+        want = torch.zeros(8, 4)
+        want[at + 1] = src[at] * 2
+        assert torch.equal(dst, want)
+
+
 def test_every_op_is_tested():
     """The ISA and this file stay in step: the ops the tests above are parametrized over (and
     the ones they name directly) are exactly the ops of the vocabulary."""
@@ -207,6 +248,6 @@ def test_every_op_is_tested():
     tested |= {Op(f"{a}{k}") for a in ("row", "col") for k in ("sum", "max", "min")}
     tested |= {Op(f"{a}expand{o}") for a in ("row", "col") for o in ("add", "sub", "mul", "div", "")}
     tested |= {Op.MATMUL, Op.MATMUL_ACC, Op.CAST, Op.MOV, Op.FULL, Op.MASK_CAUSAL, Op.MASK_COLS,
-               Op.MASK_ROWS, Op.LOAD, Op.STORE, Op.ALLREDUCE}
+               Op.MASK_ROWS, Op.LOAD, Op.STORE, Op.ALLREDUCE, Op.ROWARGMAX, Op.ROWTAKEMAX, Op.LOAD_SCALAR}
     assert set().union(*GROUPS.values()) == set(Op)
     assert tested == set(Op), f"ops without a test: {sorted(o.value for o in set(Op) - tested)}"

@@ -50,6 +50,10 @@ def test_a_cache_that_is_not_whole_chunks_or_too_long_is_one_error():
         run("model", config="tiny-swa", cache=128, device="cpu")
     with pytest.raises(UsageError, match=r"--cache 2048 exceeds the model's context of 1024"):
         run("model", config="tiny", cache=2048, device="cpu")
+    from pto.engine import Runner, resolve  # a runner made directly refuses it too
+
+    with pytest.raises(UsageError, match=r"--cache 100 must be a multiple of 32"):
+        Runner(resolve("model", device="cpu", config="tiny"), {"cache": 100, "batch": 1})
 
 
 def _random_weights(config: str, seed: int = 0):

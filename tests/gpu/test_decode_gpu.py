@@ -1,0 +1,37 @@
+"""The decode step of a whole model on the GPU in bf16 (skipped without CUDA): SmolLM2-135M's
+configuration with random weights, a cache that is not a power of two, each executor. Its logits
+must be no further from a float64 run of the same step than the same step computed by torch in
+bf16 (the reference model's ops, as transformers computes them) is; the chosen token and the next
+position are the float64 run's where the float64 top two logits are not within bf16's rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("executor", ["persistent", "waves"])
+@pytest.mark.parametrize("batch,cache", [(1, 768), (3, 1280)])
+def test_smollm2_step_in_bf16_is_as_close_to_float64_as_torch_bf16(executor, batch, cache):
+    from pto.engine import Runner, rel_err, resolve
+
+    job = resolve("model", device="cuda", backend="triton", executor=executor, config="smollm2-135m", dtype="bf16")
+    shape = job.program.shape({"cache": cache, "batch": batch})
+    runner = Runner(job, shape)
+    try:
+        inputs = job.program.inputs(job.settings, shape, "cuda", seed=batch)
+        out = {k: v.clone() for k, v in runner(inputs).items()}
+        assert runner.executor.name == executor
+    finally:
+        runner.close()
+    f64 = job.program.reference(job.settings, shape, inputs, torch.float64)
+    bf16 = job.program.reference(job.settings, shape, inputs, torch.bfloat16)
+    ours, theirs = rel_err(out["logits"], f64["logits"]), rel_err(bf16["logits"], f64["logits"])
+    assert ours <= max(theirs, 1e-3), (ours, theirs)
+    assert torch.equal(out["pos"], f64["pos"].to(out["pos"].dtype))
+    top2 = f64["logits"].topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp(min=1)  # beyond bf16's rounding
+    assert torch.equal(out["tok"][clear].view(-1).long(), f64["tok"][clear].view(-1).long())
