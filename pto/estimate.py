@@ -127,6 +127,11 @@ def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list
     graph at 1M tokens)."""
     fits, cal = [], 64
     while cal <= 1 << 24:  # the counts are closed-form or count-only runs: cheap
+        try:
+            counter.prog.check_size(counter.s, at(cal))
+        except UsageError:  # a size the program cannot build (a decode cache below one chunk)
+            cal *= 2
+            continue
         c = counter.counts(at(cal), adaptive)
         if c["tasks"] > CALIBRATION_TASKS or c.get("edges", 0) > CALIBRATION_EDGES:
             break
@@ -203,6 +208,8 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
     def at(v: int) -> Shape:
         return prog.shape({**base, name: v})
 
+    for v in values:  # refused before any work
+        prog.check_size(s, at(v))
     module = prog.build(s, base)
     counter = _Counter(prog, s, module)
     rows, samples = [], []

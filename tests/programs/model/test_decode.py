@@ -87,6 +87,19 @@ def test_generation_replays_one_graph_and_matches_the_reference(config):
     assert len(got.decode_ms) == new and got.tasks_per_step > 0
 
 
+def test_estimate_calibrates_only_on_caches_the_step_can_hold():
+    """SmolLM2's attention chunk is 256 slots: the memory model's calibration builds skip the
+    smaller caches (they failed with a zero-row tensor), and a cache that is not whole chunks is
+    refused before any build."""
+    from pto.errors import UsageError
+    from pto.estimate import estimate
+
+    res = estimate("model", [1024], config="smollm2-135m", dtype="bf16", target="cuda_h100")
+    assert all(v % 256 == 0 for v in res["memory_model"]["fitted_on"]), res["memory_model"]
+    with pytest.raises(UsageError, match="--cache 1000 must be a multiple of 256"):
+        estimate("model", [1000], config="smollm2-135m", dtype="bf16", target="cuda_h100")
+
+
 def test_estimate_and_graph_of_a_decode_step():
     """pto estimate sweeps the cache (the program's first shape parameter); pto graph builds the
     step without running it; the counts agree."""
