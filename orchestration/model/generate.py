@@ -23,6 +23,7 @@ from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import build_step
 from pto.orchestration.model.program import stack_weights, tiling_for
+from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
@@ -143,10 +144,13 @@ class Generator:
 
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
-                 on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None) -> Generation:
-        """Greedy generation for a batch of prompts; ``on_step(tokens)`` after each step (None
-        for a sequence that has stopped: it produced a token of ``stop_ids``, by default the
-        model's end tokens)."""
+                 on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None,
+                 sampler: Sampler | None = None) -> Generation:
+        """Generation for a batch of prompts, greedy (the step's own argmax) or with ``sampler``
+        (temperature, top-k, top-p, seeded: the step's logits sampled on the device and the token
+        written back into the step's state before the next replay); ``on_step(tokens)`` after each
+        step (None for a sequence that has stopped: it produced a token of ``stop_ids``, by
+        default the model's end tokens)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UsageError("every prompt needs at least one token")
         if max_new_tokens < 1:
@@ -163,6 +167,9 @@ class Generator:
         for _ in range(max_new_tokens):
             t1 = time.perf_counter()
             step()
+            if sampler is not None and not sampler.greedy:
+                t = step.tensors
+                t["tok"].copy_(sampler(t["logits"]).to(t["tok"].dtype)[:, None])
             self._sync()
             out.decode_ms.append((time.perf_counter() - t1) * 1e3)
             new = [None if d else int(v) for d, v in zip(done, step.tensors["tok"].view(-1).tolist())]

@@ -3,8 +3,9 @@ speed of the prompt (prefill) and of decoding (milliseconds per token, tokens pe
 
 ``--gguf FILE`` or ``--hf DIR`` names the model (its configuration, weights and tokenizer);
 ``--prompt TEXT`` (repeatable, or ``--batch B`` copies of one prompt) the prompts, wrapped in the
-file's chat template with ``--chat``. Greedy decoding; the reference for the tokens is
-transformers' ``generate`` on the same file (tests/programs/model).
+file's chat template with ``--chat``. Greedy decoding by default (the reference for the tokens is
+transformers' ``generate`` on the same file, tests/programs/model); ``--temperature`` above 0
+samples, restricted by ``--top-k`` and ``--top-p``, from a generator seeded with ``--seed``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class Request:
     device: str = "auto"
     dtype: str | None = None
     executor: str = "auto"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
 
 
 def _check(req: Request) -> None:
@@ -36,6 +41,18 @@ def _check(req: Request) -> None:
         raise UsageError("--prompt: every prompt needs some text")
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
+    _sampler(req)  # its values checked before any work
+
+
+def _sampler(req: Request):
+    from pto.orchestration.model.sampling import Sampler
+
+    if req.temperature == 0 and (req.top_k is not None or req.top_p is not None):
+        raise UsageError("--top-k and --top-p restrict sampling: give --temperature above 0 too (0 is greedy)")
+    try:
+        return Sampler(req.temperature, req.top_k, req.top_p, req.seed)
+    except UsageError as e:
+        raise UsageError(f"--{e}") from None
 
 
 def run(req: Request, stream=None) -> dict:
@@ -72,7 +89,7 @@ def run(req: Request, stream=None) -> dict:
                     stream.flush()
 
     try:
-        result = gen.generate(prompts, req.max_new_tokens, on_step)
+        result = gen.generate(prompts, req.max_new_tokens, on_step, sampler=_sampler(req))
     finally:
         gen.close()
     for i, d in enumerate(decoders):

@@ -228,7 +228,8 @@ def _cmd_generate(args) -> int:
     elif args.batch > 1 and len(prompts) != args.batch:
         raise UsageError(f"--batch {args.batch} with {len(prompts)} prompts: give one prompt (copied) or {args.batch}")
     request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
-               "device": args.device, "dtype": args.dtype, "executor": args.executor}
+               "device": args.device, "dtype": args.dtype, "executor": args.executor,
+               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
     res = makers[0].generate(request, None if args.json else sys.stdout)
     if args.json:
         print(json.dumps(res))

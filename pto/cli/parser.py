@@ -168,6 +168,12 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    help="the weights' and activations' dtype (default: auto, bf16 on cuda, f32 on cpu)")
     s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
                    help="how each step's graph runs (default: auto)")
+    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0: greedy (the default); above 0: sample from softmax(logits / T)")
+    s.add_argument("--top-k", type=positive, default=None, metavar="K", help="sample among the K most likely tokens")
+    s.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="sample among the fewest tokens whose probability reaches P (nucleus)")
+    s.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
 
     s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)

@@ -87,6 +87,43 @@ def test_generation_replays_one_graph_and_matches_the_reference(config):
     assert len(got.decode_ms) == new and got.tasks_per_step > 0
 
 
+def test_sampled_generation_draws_what_the_reference_draws():
+    """Temperature, top-k and top-p with a seed: the step's logits sampled on the device and the
+    token written back into its state; the same draws as the reference model's sampler on its
+    logits (the two logits agree to about 1e-6, far inside any draw's margin), and another seed
+    draws other tokens."""
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.reference import ReferenceModel
+    from pto.orchestration.model.sampling import Sampler
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights("tiny", seed=6)
+    prompts = [[5, 9, 11, 300], [42]]
+    gen = Generator(w, "cpu", DType.F32)
+    try:
+        got = [gen.generate(prompts, 16, stop_ids=(), sampler=Sampler(3.0, 40, 0.95, seed)).tokens for seed in (3, 4)]
+    finally:
+        gen.close()
+    want = ReferenceModel(w).generate(prompts, 16, Sampler(3.0, 40, 0.95, 3), stop_ids=())
+    greedy = ReferenceModel(w).generate(prompts, 16, stop_ids=())
+    assert got[0] == want and got[0] != got[1] and got[0] != greedy
+
+
+def test_sampling_options_are_checked_before_any_work(tmp_path):
+    from pto.orchestration.model.textgen import Request
+    from pto.orchestration.model.textgen import run as generate
+
+    from pto.errors import UsageError
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"not read")
+    for kw, msg in (({"temperature": -1.0}, "--temperature must be 0"), ({"top_p": 0.5}, "give --temperature"),
+                    ({"temperature": 1.0, "top_p": 1.5}, r"--top-p must be in \(0, 1\]")):
+        with pytest.raises(UsageError, match=msg):
+            generate(Request(str(f), ("hi",), **kw))
+
+
 def test_estimate_calibrates_only_on_caches_the_step_can_hold():
     """SmolLM2's attention chunk is 256 slots: the memory model's calibration builds skip the
     smaller caches (they failed with a zero-row tensor), and a cache that is not whole chunks is
