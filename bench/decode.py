@@ -123,7 +123,7 @@ def transformers_step(cfg, batch: int, cache: int, steps: int) -> dict:
 
 def floor_ms(cfg, batch: int, cache: int, bw: float) -> float:
     c = cfg.layer
-    params = cfg.vocab * c.hidden * (1 if cfg.tied else 2) + cfg.layers * (
+    params = cfg.vocab * c.hidden + cfg.layers * (  # the LM head, not the embedding (a row per token)
         c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn)
     kv = cfg.layers * batch * (cache // 2) * 2 * c.kv_dim
     return round((params + kv) * 2 / bw * 1e3, 4)

@@ -250,7 +250,8 @@ def _row(counter: _Counter, module, shape: Shape, adaptive: bool, limits: tuple[
     row = {**shape.to_json(), "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],
            "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
            # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
-           "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, shape)).values())}
+           "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, shape)).values()),
+           **prog.estimate_columns(s, shape)}
     if "row_tiles" in mine:
         row["row_tiles"] = mine["row_tiles"]
     if mine["tasks"] > limits[0] or mine.get("edges", 0) > limits[1]:
@@ -302,6 +303,10 @@ def _human_seq(s: int) -> str:
     return f"{s // 1024}K" if s % 1024 == 0 else str(s)
 
 
+#: column labels of the programs' own byte counts (:meth:`Program.estimate_columns`)
+_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
+
+
 def format_table(res: dict) -> str:
     """The text table of ``pto estimate``. Tasks (adaptive tiles) and No-Opt (none) are both
     always shown; a header line says which of the two graphs Tiles, Edges, Build, Memory and
@@ -318,6 +323,8 @@ def format_table(res: dict) -> str:
     swept = res.get("swept", "seq")
     cols = ["SeqLen" if swept == "seq" else swept, "Tiles", "Tasks", "No-Opt", "Saved", "Edges", "Build", "Tasks/ms",
             "Memory", "B/task", "Tensors", "Source"]
+    extra = [k for k in res["rows"][0] if k.endswith("_bytes") and k not in ("tensor_bytes", "runtime_bytes")]
+    cols += [_EXTRA_LABELS.get(k, k) for k in extra]
     lines = [" ".join(setting), note, " | ".join(cols)]
     for r in res["rows"]:
         build = f"{r['build_ms']:.2f}ms" if r.get("build_ms") is not None else "-"
@@ -326,7 +333,7 @@ def format_table(res: dict) -> str:
             _human_seq(r[swept]), str(r.get("row_tiles", "-")), f"{r['tasks']:,}", f"{r['tasks_no_adaptive']:,}",
             f"{100 * r['saved']:.0f}%", f"{r['edges']:,}", build, tpm, _human_bytes(r["runtime_bytes"]),
             f"{r['bytes_per_task']:.0f}", _human_bytes(r["tensor_bytes"]), "measured" if r["measured"] else unbuilt,
-        ]))
+            *(_human_bytes(r[k]) for k in extra)]))
     m = res["memory_model"]
     lines.append(f"memory model: {m['bytes_per_task']} B/task + {m['bytes_per_edge']} B/edge + "
                  f"{m['bytes_fixed']} B (fitted on the builds at "

@@ -290,6 +290,11 @@ class Program:
         """The line ``pto generate`` prints after the text (the speed)."""
         return ""
 
+    def estimate_columns(self, s: Settings, shape: Shape) -> dict[str, int]:
+        """Bytes the program itself accounts for, shown as extra columns of ``pto estimate`` (a
+        decode step: its KV cache and the bytes each step must read); none by default."""
+        return {}
+
     def estimate_baselines(self, s: Settings) -> list:
         """Other settings ``pto estimate --plot`` draws beside ``s`` (a list of
         :class:`pto.estimate.Baseline`; none by default)."""

@@ -97,6 +97,18 @@ class ModelProgram(Program):
             raise UsageError(f"{self.name}: --cache {shape['cache']} exceeds the model's context of "
                              f"{cfg.max_positions} positions")
 
+    def estimate_columns(self, s, shape):
+        """The KV cache (every layer's keys and values for every slot) and the bytes one step
+        must read from memory at a full cache: every layer's weights and the LM head once (of
+        the embedding only a row per sequence) and the whole cache; over the memory bandwidth,
+        the step's floor."""
+        cfg = self.config(s)
+        c, esize = cfg.layer, s.dtype.itemsize
+        kv = cfg.layers * shape["batch"] * shape["cache"] * 2 * c.kv_dim * esize
+        weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
+            c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
+        return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+
     def scalar_exprs(self, s):
         return {"B": Var("batch"), "C": Var("cache")}
 

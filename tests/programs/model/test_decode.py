@@ -124,6 +124,24 @@ def test_sampling_options_are_checked_before_any_work(tmp_path):
             generate(Request(str(f), ("hi",), **kw))
 
 
+def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
+    """``pto estimate model``'s KV cache and Read/step columns against the tensors a run makes:
+    the cache is k_cache and v_cache; a step reads every weight but the embedding (a row per
+    sequence) and the cache. Untied (tiny-swa: its own LM head) and bf16."""
+    from pto.engine import resolve
+    from pto.estimate import estimate
+
+    for config in ("tiny", "tiny-swa"):
+        res = estimate("model", [64], config=config, dtype="bf16", shape={"batch": 3})
+        row = res["rows"][0]
+        job = resolve("model", device="cpu", config=config, dtype="bf16")
+        t = job.program.inputs(job.settings, job.program.shape({"cache": 64, "batch": 3}), "cpu")
+        nbytes = {k: v.numel() * v.element_size() for k, v in t.items()}
+        assert row["kv_cache_bytes"] == nbytes["k_cache"] + nbytes["v_cache"]
+        state = ("emb", "cos", "sin", "tok", "pos")
+        assert row["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in state)
+
+
 def test_estimate_calibrates_only_on_caches_the_step_can_hold():
     """SmolLM2's attention chunk is 256 slots: the memory model's calibration builds skip the
     smaller caches (they failed with a zero-row tensor), and a cache that is not whole chunks is
