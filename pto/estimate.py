@@ -128,7 +128,7 @@ def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list
     fits, cal = [], 64
     while cal <= 1 << 24:  # the counts are closed-form or count-only runs: cheap
         try:
-            counter.prog.check_size(counter.s, at(cal))
+            counter.prog.check_shape(counter.s, at(cal))
         except UsageError:  # a size the program cannot build (a decode cache below one chunk)
             cal *= 2
             continue
@@ -208,8 +208,8 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
     def at(v: int) -> Shape:
         return prog.shape({**base, name: v})
 
-    for v in values:  # refused before any work
-        prog.check_size(s, at(v))
+    for v in values:  # refused before any work (sizes too large to run are estimated)
+        prog.check_shape(s, at(v))
     module = prog.build(s, base)
     counter = _Counter(prog, s, module)
     rows, samples = [], []

@@ -277,8 +277,15 @@ class Program:
         ``pto estimate`` counts by running the generated C)."""
         return None
 
+    def check_shape(self, s: Settings, shape: Shape) -> None:
+        """Refuse a shape the program cannot be built for (a decode cache that is not whole
+        attention chunks): it would compute something else. ``pto estimate`` checks this alone;
+        nothing to check by default."""
+
     def check_size(self, s: Settings, shape: Shape) -> None:
-        """Refuse, before any work, a size the program cannot run (nothing to check by default)."""
+        """Refuse, before any work, a size the program cannot run: :meth:`check_shape`, and what
+        a run needs beyond it (a graph the runtime can hold)."""
+        self.check_shape(s, shape)
 
     def generate(self, request: dict, stream=None) -> dict:
         """``pto generate``: text from a checkpoint and prompts (``request``: the command line's

@@ -142,6 +142,7 @@ class LlamaProgram(Program):
     def check_size(self, s: Settings, shape: Shape) -> None:
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
         edges)."""
+        self.check_shape(s, shape)
         c = self.counts(s, shape, True)
         if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
             raise UsageError(f"{self.name} at seq {shape['seq']}: {c['tasks']:,} tasks and {c['edges']:,} edges "

@@ -84,7 +84,7 @@ class ModelProgram(Program):
         cfg = self.config(s)
         return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg))
 
-    def check_size(self, s: Settings, shape: Shape) -> None:
+    def check_shape(self, s: Settings, shape: Shape) -> None:
         cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
         if shape["cache"] % chunk:
             raise UsageError(f"{self.name}: --cache {shape['cache']} must be a multiple of {chunk} (the slots of one "

@@ -38,6 +38,7 @@ def test_run_json_reports_the_program_options():
     assert "attention" not in out and "causal" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["run", "nosuch"], "unknown program 'nosuch' (choose from bgemm, llama, llama7b, model, softmax"),
     (["run", "softmax", "--seq", "-3"], "--seq"),
@@ -87,6 +88,7 @@ def test_memory_is_refused_up_front_with_the_number():
     assert "needs about 6.6 TB of host memory (tensors 6.6 TB) but" in r.stderr and "available" in r.stderr
 
 
+@pytest.mark.slow
 def test_one_rule_of_defaults_for_every_command(tmp_path):
     """On a CPU machine run, codegen and estimate all pick the program's CPU config, f32 and the
     host's target, and all accept --config auto."""
@@ -100,6 +102,7 @@ def test_one_rule_of_defaults_for_every_command(tmp_path):
     assert "[%S, 256] f32" in text  # tiny's hidden size, f32
 
 
+@pytest.mark.slow
 def test_help_lists_programs_targets_and_every_option():
     r = pto("run", "--help")
     assert r.returncode == 0
@@ -118,6 +121,7 @@ def test_help_lists_programs_targets_and_every_option():
                 assert action.help, f"pto {cmd}: {action.option_strings or action.dest} has no help"
 
 
+@pytest.mark.slow
 def test_info():
     r = pto("info", "--json")
     assert r.returncode == 0
@@ -155,6 +159,7 @@ def _run_on_a_terminal(args, timeout=300):
     return proc.returncode, out.decode(), shown.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_long_runs_show_a_bar_on_a_terminal_only():
     """More than a second of execution: a tqdm bar on a terminal; none with --json, none when
     stderr is not a terminal (progress lines there instead: tests/cli/test_progress.py)."""

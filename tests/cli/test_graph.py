@@ -24,6 +24,7 @@ def pto(*args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["llama7b", "--seq", "100", "--attention", "pair", "--no-causal"],
     ["bgemm", "--seq", "70"],
@@ -103,6 +104,7 @@ def test_dump_and_draw_as_json(tmp_path):
     assert (tmp_path / "d.pdf").read_bytes()[:5] == b"%PDF-"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["--dump", "/nonexistent/d.txt"], "--dump /nonexistent/d.txt: the folder /nonexistent does not exist"),
     (["--draw", "/nonexistent/g.pdf"], "folder /nonexistent does not exist"),

@@ -26,6 +26,7 @@ def one_line_error(r, rc=2) -> str:
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", [["run", "softmax"], ["estimate", "softmax", "--seq", "64"],
                                  ["tune", "softmax", "--show"], ["bench", "softmax", "--device", "cpu", "--seq", "64"]])
 def test_a_bad_cache_dir_is_one_line_naming_the_variable(tmp_path, cmd):
@@ -59,6 +60,7 @@ def test_a_folder_without_config_json_says_so(tmp_path):
     assert f"--hf-config {tmp_path}: the folder has no config.json" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["run", "softmax", "--attention", "split"],
      "pto: error: unrecognized arguments: --attention split (softmax takes no --attention; it is an option of "
@@ -72,6 +74,7 @@ def test_an_option_of_another_program_or_command_says_whose_it_is(args, needle):
     assert needle in err and "pto: error: pto:" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["estimate", "bench", "tune"])
 @pytest.mark.parametrize("seq", ["1024,,4096", "1024,", ",64"])
 def test_an_empty_seq_value_is_refused(cmd, seq):
@@ -91,6 +94,7 @@ def test_the_estimate_table_labels_every_column():
     assert rows[0].endswith("| measured") and rows[1].endswith("| counted")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
 def test_tune_without_a_gpu_points_at_show(tmp_path):
     env = {"PTO_CACHE_DIR": str(tmp_path), "TRITON_INTERPRET": "0"}  # were it to tune, not in the user's cache
@@ -113,6 +117,7 @@ def test_no_help_shows_an_empty_default():
                 assert m.group(1).strip() not in ("", "None"), f"pto {cmd} {prog and prog.name}: {m.group(0)}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
 def test_persistent_on_the_cpu_says_it_needs_a_gpu():
     err = one_line_error(pto("run", "softmax", "--executor", "persistent"))

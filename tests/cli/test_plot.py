@@ -85,6 +85,7 @@ def test_bench_plot_is_readable(tmp_path):
     assert "config tiny, f32" in fig.get_suptitle()
 
 
+@pytest.mark.slow
 def test_estimate_says_where_the_plot_is(tmp_path):
     png = tmp_path / "est.png"
     r = pto("estimate", "softmax", "--seq", "256,1024", "--plot", str(png))

@@ -12,6 +12,8 @@ import select
 import subprocess
 import sys
 
+import pytest
+
 from pto.progress import ProgressLines, human_duration
 
 LINE = re.compile(r"pto: llama7b: executing: (([\d,]+)/([\d,]+) tasks \(\d+%\), [\w ]+ elapsed(, ~[\w ]+ left)?"
@@ -36,6 +38,7 @@ def test_a_run_into_a_log_prints_progress_lines():
     assert counted and all(int(m.group(2).replace(",", "")) <= tasks for m in counted)
 
 
+@pytest.mark.slow
 def test_short_runs_and_turned_off_lines_print_nothing():
     r = _pto(["run", "softmax", "--json"])  # well under the default 10 s
     assert r.returncode == 0 and r.stderr == ""

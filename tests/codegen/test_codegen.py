@@ -51,6 +51,7 @@ def test_golden_c(name, settings):
     assert src == path.read_text(), f"generated C of {name} differs from {path}"
 
 
+@pytest.mark.slow
 @needs_cc
 @pytest.mark.parametrize("name", ["softmax", "bgemm", "llama7b"])
 def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
@@ -129,6 +130,7 @@ def test_count_only_mode_counts_exactly():
     fast.close()
 
 
+@pytest.mark.slow
 @needs_cc
 def test_warm_start_runs_no_compiler(tmp_path):
     """A second process finds the compiled module by content hash: with no compiler on the

@@ -30,6 +30,7 @@ def refused(r, folder) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_a_folder_pto_did_not_write_is_refused_and_force_keeps_the_rest(tmp_path):
     gen = tmp_path / "gen"
     gen.mkdir()
@@ -47,6 +48,7 @@ def test_a_folder_pto_did_not_write_is_refused_and_force_keeps_the_rest(tmp_path
     refused(codegen(gen), gen)  # notes.txt is still not pto's
 
 
+@pytest.mark.slow
 def test_pto_output_is_replaced_whole(tmp_path):
     """7b's kernels, then tiny's: the folder holds exactly what a fresh codegen of tiny writes,
     and the binary built from 7b's sources is gone with them."""

@@ -470,6 +470,7 @@ def _program_cases():
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,seq,dtype,attention", _program_cases())
 def test_program_through_both_backends(name, seq, dtype, attention):
     """Every call of the program, batched, through the torch and Triton backends, against the

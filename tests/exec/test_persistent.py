@@ -35,6 +35,7 @@ def _run(program, seq, options, executor, seed=1):
     return job, runner, inputs, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program,seq,options", CASES, ids=lambda x: str(x) if not isinstance(x, dict) else
                          "-".join(f"{k}={v}" for k, v in x.items()) or "default")
 def test_bit_identical_to_waves_and_close_to_the_reference(program, seq, options):
@@ -70,6 +71,7 @@ def _check_queue(plan):
     assert int(plan.pending.sum()) == len(plan.succ)
 
 
+@pytest.mark.slow
 def test_replays_reset_the_counters_and_read_new_inputs():
     job, runner, _, first = _run("llama7b", 40, {"attention": "pair"}, "persistent", seed=1)
     try:
@@ -103,6 +105,7 @@ def test_a_wait_that_never_ends_is_reported_with_its_task():
         runner.close()
 
 
+@pytest.mark.slow
 def test_trace_schedule_respects_every_dependency():
     """Traced run: every item has a start before its end on one program, items of a program do
     not overlap, and every item starts after every item of the task's predecessors ended."""

@@ -39,6 +39,7 @@ def pto(*args, site: Path | None = None) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_installed_with_its_entry_point(site):
     (info,) = site.glob("pto_example-*.dist-info")
     assert "example = pto_example:PROGRAM" in (info / "entry_points.txt").read_text()

@@ -351,6 +351,7 @@ def run_threaded(mod, seed: int, window: int, timeout: float = 30.0) -> None:
 # the tests (seeds differ per test, so the programs do too)
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_5000_random_programs_whole_graph_match_the_oracle(mod):
     """5,000 random programs, the whole graph kept (a runtime reused through pto_runtime_reset,
     a fresh one every 100): exact edges, then a random execution in dependency order."""
@@ -366,12 +367,14 @@ def test_5000_random_programs_whole_graph_match_the_oracle(mod):
     rt.close()
 
 
+@pytest.mark.slow
 def test_3000_random_programs_small_windows_match_the_oracle(mod):
     """3,000 random programs through windows of 1 to 6 slots, single-threaded."""
     for k in range(WINDOWED):
         run_windowed(mod, seed=1_000_000 + k)
 
 
+@pytest.mark.slow
 def test_2000_random_programs_built_on_another_thread_match_the_oracle(mod):
     """2,000 random programs built on a second thread while this one executes them: 1,000
     with the whole graph kept (exact edges at the end), 1,000 through windows of 1 to 4 slots."""
@@ -379,6 +382,7 @@ def test_2000_random_programs_built_on_another_thread_match_the_oracle(mod):
         run_threaded(mod, seed=2_000_000 + k, window=0 if k % 2 == 0 else 1 + k // 2 % 4)
 
 
+@pytest.mark.slow
 def test_30_long_programs_through_windows_sweep_the_tensor_map(mod):
     """30 random programs of 1,000-3,000 tasks (45,000 in all) through windows of 2 to 64 slots:
     thousands of live regions make the runtime sweep retired entries from its tensor map and

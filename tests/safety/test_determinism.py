@@ -99,6 +99,7 @@ def test_torch_backend_replays_and_ready_orders(program, options):
     assert len(set(runs + orders)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("program,options", CONFIGS, ids=IDS)
 def test_triton_replays_and_executors(program, options):
@@ -115,6 +116,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_another_process_gives_the_same_bits():
     """A second process with another hash seed (set and dict orders differ) computes every
     program's outputs again: the same bits as this process (torch waves; Triton persistent

@@ -63,6 +63,7 @@ def _damage(m: Path, how: str) -> None:
         m.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damages", [("truncated", "flipped"), ("no-module", "no-checksum")], ids="+".join)
 def test_a_damaged_compiled_module_is_rebuilt_and_reported(tmp_path, damages):
     """The bare runtime's module and the program's, each damaged one way."""
@@ -86,6 +87,7 @@ def test_a_damaged_compiled_module_is_rebuilt_and_reported(tmp_path, damages):
     assert _cache_lines(err) == []  # repaired for good
 
 
+@pytest.mark.slow
 def test_a_damaged_generated_source_is_rewritten_and_reported(tmp_path):
     cache = tmp_path / "cache"
     _, want = _run_ok(cache, tmp_path / "a.safetensors")
@@ -100,6 +102,7 @@ def test_a_damaged_generated_source_is_rewritten_and_reported(tmp_path):
 needs_interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 
 
+@pytest.mark.slow
 @needs_interp
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_triton_source_is_rewritten_and_reported(tmp_path, damage):
@@ -119,6 +122,7 @@ def test_a_damaged_triton_source_is_rewritten_and_reported(tmp_path, damage):
     assert not (cache / "triton" / "__pycache__").exists()  # no bytecode to go stale or corrupt
 
 
+@pytest.mark.slow
 @needs_interp
 def test_a_corrupt_schedule_database_is_set_aside_and_reported(tmp_path):
     """pto.schedules keeps the user's launch parameters as JSON under the cache folder; a file
@@ -174,6 +178,7 @@ def test_two_processes_compiling_one_entry_at_once_both_succeed(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "45" and "pto: cache" not in r.stderr
 
 
+@pytest.mark.slow
 @needs_interp
 def test_two_runs_on_a_fresh_cache_at_once_both_succeed(tmp_path):
     """Two whole `pto run` processes compile the same runtime, orchestration and Triton kernels
@@ -191,6 +196,7 @@ def test_two_runs_on_a_fresh_cache_at_once_both_succeed(tmp_path):
     assert a.equal(b) and json.loads(outs[0][0])["tasks"] == json.loads(outs[1][0])["tasks"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [(), pytest.param(("--backend", "triton", "--executor", "persistent"),
                                                     marks=needs_interp)], ids=["torch-waves", "triton-persistent"])
 def test_ctrl_c_during_a_run_exits_cleanly(tmp_path, extra):

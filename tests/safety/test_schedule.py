@@ -123,6 +123,7 @@ def test_missing_and_repeated_tasks_are_found():
     assert rep.violations[0].startswith(f"task {int(rec.tasks[0])} ") and "ran 2 times" in rep.violations[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 @pytest.mark.parametrize("attention", ["fused", "pair", "split"])
 def test_persistent_item_traces_pass(attention):

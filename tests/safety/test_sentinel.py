@@ -114,6 +114,7 @@ def test_planted_inputs_are_named_with_their_first_reader(backend, executor, ord
     assert rep["task"]["id"] == k and rep["task"]["element"]["row"] == 90
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize("backend,executor,attention", [
     ("torch", "waves", "fused"), ("torch", "waves", "split"),
@@ -156,6 +157,7 @@ def test_a_buffer_read_before_any_task_wrote_it():
     assert rep["task"] is None and rep["input"] is None
 
 
+@pytest.mark.slow
 @needs_interp
 @pytest.mark.parametrize("case", ["overflow", "llama-split"])
 def test_host_and_device_records_agree(case):
@@ -228,6 +230,7 @@ def test_off_means_no_checks():
         runner.close()
 
 
+@pytest.mark.slow
 def test_cli_sentinel_on_user_inputs_with_a_nan(tmp_path):
     """pto run --inputs FILE --sentinel --json: exit 1, the JSON names the input and its reader;
     the same inputs without the NaN: exit 0, `nonfinite` null."""

@@ -68,6 +68,7 @@ def _write(path, tensors):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,needle", [
     ("unknown", "tensor `bogus` is not an input of llama7b"),
     ("missing", "no tensor for the inputs `wq`, `cos` of llama7b"),
@@ -121,6 +122,7 @@ def test_save_checks_its_path_before_running(tmp_path):
     assert r.returncode == 2 and "the same file" in r.stderr
 
 
+@pytest.mark.slow
 def test_save_inputs_round_trip(tmp_path):
     """--save-inputs writes the seeded inputs as --inputs takes them: running from the file gives
     the seeded run's outputs, bit for bit, and the same rel_err."""
@@ -141,6 +143,7 @@ def test_save_inputs_round_trip(tmp_path):
     assert torch.equal(load_file(y1)["y"], load_file(y2)["y"])
 
 
+@pytest.mark.slow
 def test_identical_runs_write_identical_files(tmp_path):
     """No timing or other run-dependent value in the files' metadata, and the metadata in one
     order: two identical runs (two processes) write the same bytes."""

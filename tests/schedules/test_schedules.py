@@ -201,6 +201,7 @@ def test_a_wrong_candidate_is_never_kept():
     assert accept(nan, ref, "bf16") is None
 
 
+@pytest.mark.slow
 def test_tune_refuses_without_a_gpu_and_show_reports_the_origin():
     r = subprocess.run([sys.executable, "-m", "pto.cli", "tune", "softmax"], capture_output=True, text=True)
     if not torch.cuda.is_available():

@@ -267,6 +267,7 @@ def test_summary_rows_keep_every_dependency_inside_a_row(dumps):
 # readable at 100% zoom
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_dot
 @pytest.mark.parametrize("name", [*REAL, *SYNTHETIC])
 def test_drawing_is_readable(dumps, tmp_path, name):
@@ -497,6 +498,7 @@ COMMANDS = pytest.mark.parametrize("command", [
 ], ids=["pto-visualize", "tools-script"])
 
 
+@pytest.mark.slow
 @COMMANDS
 def test_command_lines(dumps, tmp_path, command):
     path = dumps["llama"]

@@ -214,6 +214,7 @@ def test_bad_plot_path_and_too_long_sequence_fail_before_any_work(monkeypatch, t
         est.check_plot_path(str(tmp_path / ok))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["--plot", "{tmp}/est.bmp"], "cannot write '.bmp' files"),
     (["--plot", "{tmp}/est"], "a file without a suffix"),

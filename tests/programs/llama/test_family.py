@@ -32,6 +32,7 @@ from pto.target import get as target
 SWA = CONFIGS["tiny-swa"]  # 8 query heads, 2 kv heads of 32, window 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,fuse", [("fused", False), ("fused", True), ("pair", False), ("split", False)],
                          ids=["fused", "fused-norm-rope", "pair", "split"])
 @pytest.mark.parametrize("config", ["tiny-gqa", "tiny-swa"])
@@ -293,6 +294,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "\n" not in err and err.startswith("pto: error:") and "no layer 7" in err, err
 
 
+@pytest.mark.slow
 def test_cli_run_and_estimate_with_hf_config(tmp_path):
     """`pto run llama --hf-config F --weights W --layer N --check --json` and `pto estimate` of the
     same file (measured rows equal the closed form, or estimate fails)."""
@@ -313,6 +315,7 @@ def test_cli_run_and_estimate_with_hf_config(tmp_path):
     assert rows[0]["measured"] and not rows[-1]["measured"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/usr/bin/gcc") and not os.path.exists("/usr/bin/cc"), reason="no C compiler")
 def test_codegen_of_a_windowed_gqa_layer_builds_and_counts(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", "llama", "--out", str(tmp_path), "--config",
@@ -334,6 +337,7 @@ def test_codegen_of_a_windowed_gqa_layer_builds_and_counts(tmp_path):
 # ------------------------------------------------------------------ Triton, under the interpreter
 
 
+@pytest.mark.slow
 @pytest.mark.interpret
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 @pytest.mark.parametrize("config,attention,fuse,executor", [

@@ -77,6 +77,7 @@ def _hf_layer(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 MODES = [("fused", False), ("fused", True), ("pair", False), ("split", False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,fuse", MODES, ids=["fused", "fused-norm-rope", "pair", "split"])
 @pytest.mark.parametrize("seq", [1, 77, 150])
 def test_layer_matches_transformers(checkpoint, attention, fuse, seq):
@@ -141,6 +142,7 @@ def test_pto_run_with_the_checkpoint(checkpoint):
     assert ("window=64" in res["config"]) == (family == "mistral")
 
 
+@pytest.mark.slow
 def test_bench_llama_family_runs_tiny(tmp_path):
     """bench/llama_family.py --tiny (what the GPU run measures, on tiny shapes): ours and
     transformers' bf16 layer both within bf16's error of transformers' float64 layer."""

@@ -16,6 +16,7 @@ from pto.run import run
 SEQS = [1, 31, 100, 333, 1000]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["fused", "pair", "split"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("seq", SEQS)

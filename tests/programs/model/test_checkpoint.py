@@ -47,6 +47,7 @@ def _assert_same(weights, state: dict[str, torch.Tensor]) -> int:
     return len(ours)
 
 
+@pytest.mark.slow
 def test_smollm_weights_equal_transformers(weights, hf_model):
     n = _assert_same(weights, hf_model.state_dict())
     assert n == 3 + 9 * 30

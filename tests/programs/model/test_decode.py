@@ -155,6 +155,7 @@ def test_estimate_calibrates_only_on_caches_the_step_can_hold():
         estimate("model", [1000], config="smollm2-135m", dtype="bf16", target="cuda_h100")
 
 
+@pytest.mark.slow
 def test_estimate_and_graph_of_a_decode_step():
     """pto estimate sweeps the cache (the program's first shape parameter); pto graph builds the
     step without running it; the counts agree."""

@@ -51,6 +51,7 @@ def model(weights):
     return ReferenceModel(weights)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_greedy_equals_transformers(model, tokenizer, hf_model):
     prompts = [tokenizer.encode(p) for p in PROMPTS]

@@ -92,6 +92,7 @@ def test_hf_folder_tokenizer(tmp_path, tokenizer, hf_tokenizer):
     assert ours.special["eos_token"] == "<|im_end|>"
 
 
+@pytest.mark.slow
 def test_llama3_pre_tokenizer(tmp_path, smollm):
     """The LLaMA 3 split (``llama-bpe``) on the real vocabulary, against transformers' reading of
     the same metadata."""
