@@ -243,3 +243,36 @@ def test_allowed_imports_pass():
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 500, f"{path} has more than 500 lines"
+
+
+def _documented_rules() -> dict[str, set[str]]:
+    """The rows of docs/ARCHITECTURE.md's "Import directions" table for the core areas: area ->
+    the areas (and dotted modules) its second column names. Words of the prose are not areas, so
+    a name counts when it is an area of RULES or a dotted entry of one."""
+    import re
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("## Import directions", 1)[1]
+    table = next(block for block in section.split("\n\n") if block.startswith("| area"))
+    names = set(RULES) | {e for deps in RULES.values() for e in deps}
+    out: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 2:
+            continue
+        first = "front" if "pto/__init__.py" in cells[0] else None
+        areas = [first] if first else [a for a in re.findall(r"`([a-z_.]+)`", cells[0]) if a in CORE]
+        allowed_part = re.sub(r"never [^)]*", "", cells[1].replace("`", ""))  # "(never interp)" forbids
+        said = {w for w in re.findall(r"[a-z_][a-z_.]*[a-z_]", allowed_part) if w in names}
+        for a in areas:
+            out[a] = said - {"errors"}
+    return out
+
+
+def test_the_documented_table_is_the_rules():
+    """docs/ARCHITECTURE.md's table says for every core area exactly what RULES allows (errors
+    aside: every area but the leaves may import it)."""
+    doc = {a: deps for a, deps in _documented_rules().items() if a != "errors"}
+    assert set(doc) == set(CORE) - {"errors"}, sorted(set(CORE) - set(doc) - {"errors"})
+    wrong = {a: (sorted(doc[a]), sorted(RULES[a] - {"errors"})) for a in doc if doc[a] != RULES[a] - {"errors"}}
+    assert not wrong, f"area: (docs/ARCHITECTURE.md says, tests/test_layering.py RULES allow): {wrong}"
