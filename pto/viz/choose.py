@@ -14,7 +14,7 @@ from pto.errors import UsageError
 from pto.viz.detail import detail_dot, detail_size_in, task_spans
 from pto.viz.dumpgraph import DumpGraph, compute_levels
 from pto.viz.sizes import LAYOUT_BUDGET, MIN_FONT_PT, PAGE_IN, capacity, fits, layout_work
-from pto.viz.summary import Summary, fit_rows, group_tasks, summary_dot
+from pto.viz.summary import Summary, find_period, fit_rows, group_tasks, summary_dot
 
 
 @dataclass
@@ -69,11 +69,17 @@ def too_big(size: tuple[float, float], page: tuple[float, float]) -> str:
 def summary_plans(g: DumpGraph, levels: np.ndarray, max_nodes: int | None, page: tuple[float, float],
                   why: str | None) -> Iterator[Plan]:
     """Summaries with bands of 1, 2, 4, ... levels that may fit (by count, budget and estimate),
-    then the one-band summary whatever its size."""
+    then the one-band summary whatever its size. A graph that repeats itself every p levels (the
+    layers of a model) gets bands of p, 2p, 4p, ... levels aligned to its repeats instead of the
+    powers of two from p on, so a band is whole layers."""
     n_levels = int(levels.max()) + 1 if g.n_tasks else 1
+    period, offset = find_period(g, levels)
     band = 1
     while band < n_levels:
-        s = group_tasks(g, levels, band)
+        if period and band > period // 2 and band % period:
+            band = period  # from here on, whole periods
+        aligned = period and band % period == 0
+        s = group_tasks(g, levels, band, offset if aligned else 0, period)
         if s.n_groups <= min(max_nodes or s.n_groups, capacity(page)):
             s, size = fit_rows(g, s, page, why)
             if s.work <= LAYOUT_BUDGET and fits(size, page):

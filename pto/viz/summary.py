@@ -46,6 +46,8 @@ class Summary:
     n_levels: int
     cols: int               # bands per row
     work: int = 0           # nodes plus edge segments of its layout
+    offset: int = 0         # band of level v: (v + offset) // band (bands aligned to the graph's period)
+    period: int = 0         # the levels after which the graph repeats itself, when it does (0: not found)
 
     @property
     def n_groups(self) -> int:
@@ -53,7 +55,7 @@ class Summary:
 
     @property
     def n_bands(self) -> int:
-        return -(-self.n_levels // self.band)
+        return -(-(self.n_levels + self.offset) // self.band)
 
     @property
     def rows(self) -> int:
@@ -67,6 +69,8 @@ class Summary:
             per = f"one per InCore function over all {self.n_levels:,} levels"
         else:
             per = f"one per InCore function and band of {self.band} levels"
+        if self.period and self.band % self.period == 0 and self.n_bands > 1:
+            per += f" (the graph repeats every {self.period} levels; a band holds {self.band // self.period})"
         texts = [f"summarized: {n_tasks:,} tasks in {self.n_groups:,} groups: {per}"]
         if self.rows > 1:
             unit = "levels" if self.band == 1 else "bands"
@@ -74,11 +78,12 @@ class Summary:
         return texts
 
 
-def group_tasks(g: DumpGraph, levels: np.ndarray, band: int) -> Summary:
-    """Tasks grouped by (band of ``band`` levels, InCore function), all bands in one row."""
+def group_tasks(g: DumpGraph, levels: np.ndarray, band: int, offset: int = 0, period: int = 0) -> Summary:
+    """Tasks grouped by (band of ``band`` levels, InCore function), all bands in one row; level v
+    falls in band ``(v + offset) // band``."""
     n_levels = int(levels.max()) + 1 if g.n_tasks else 1
     nb = max(len(g.base_names), 1)
-    key = (levels // band) * nb + g.base
+    key = ((levels + offset) // band) * nb + g.base
     uniq, group = np.unique(key, return_inverse=True)
     group = group.reshape(-1)
     src_task = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
@@ -88,8 +93,33 @@ def group_tasks(g: DumpGraph, levels: np.ndarray, band: int) -> Summary:
     # one int64 key per group pair: a 1-D unique is much faster than unique(axis=0)
     pair_keys, counts = np.unique(src[keep].astype(np.int64) * n_groups + dst[keep], return_counts=True)
     edges = np.stack([pair_keys // n_groups, pair_keys % n_groups, counts], axis=1)
-    s = Summary(band, group, uniq // nb, uniq % nb, np.bincount(group, minlength=n_groups), edges, n_levels, 1)
+    s = Summary(band, group, uniq // nb, uniq % nb, np.bincount(group, minlength=n_groups), edges, n_levels, 1,
+                offset=offset, period=period)
     return wrap_rows(s, s.n_bands)
+
+
+def find_period(g: DumpGraph, levels: np.ndarray, longest: int = 64) -> tuple[int, int]:
+    """The smallest p (2 to ``longest`` levels, at least three repeats) after which the InCore
+    functions present at each level repeat for at least 90% of the levels (a model's layers), and
+    the offset that starts a band of p where most bands look alike; (0, 0) when there is none."""
+    n_levels = int(levels.max()) + 1 if g.n_tasks else 1
+    nb = max(len(g.base_names), 1)
+    present = np.zeros((n_levels, nb), dtype=bool)
+    present[levels, g.base] = True
+    sig = np.unique(present, axis=0, return_inverse=True)[1].reshape(-1)  # one id per set of functions
+    for p in range(2, min(longest, n_levels // 3) + 1):
+        if len(set(sig[:p].tolist())) < 2:
+            continue  # the same functions at every level of a period: no structure to show
+        if np.mean(sig[p:] == sig[:-p]) >= 0.9:
+            return p, max(range(p), key=lambda o, p=p: (_alike(sig, p, o), -o))
+    return 0, 0
+
+
+def _alike(sig: np.ndarray, p: int, offset: int) -> int:
+    """How many bands of ``p`` levels starting at ``-offset`` equal the most common one."""
+    n = len(sig)
+    bands = [tuple(sig[max(b * p - offset, 0):b * p - offset + p].tolist()) for b in range(1, -(-n // p))]
+    return max((bands.count(x) for x in set(bands)), default=0)
 
 
 @dataclass
@@ -129,8 +159,8 @@ def wrap_rows(s: Summary, cols: int) -> Summary:
 
 
 def _levels_text(s: Summary, first_band: int, last_band: int | None = None) -> str:
-    lo = first_band * s.band
-    hi = min(((first_band if last_band is None else last_band) + 1) * s.band, s.n_levels) - 1
+    lo = max(first_band * s.band - s.offset, 0)
+    hi = min(((first_band if last_band is None else last_band) + 1) * s.band - s.offset, s.n_levels) - 1
     return f"level {lo}" if lo == hi else f"levels {lo}–{hi}"
 
 

@@ -172,6 +172,29 @@ def test_estimate_and_graph_of_a_decode_step():
         built.graph.close()
 
 
+def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
+    """SmolLM2's step (30 layers, 213 dependency levels) is too large to draw per task; the
+    summary finds that the graph repeats every 7 levels (a layer) and bands whole layers: every
+    band but the first and the last holds the same InCore functions, each the same number of
+    times."""
+    import numpy as np
+
+    from pto import viz
+    from pto.engine import resolve
+    from pto.graphcmd import build_only
+
+    job = resolve("model", device="cpu", config="smollm2-135m", dtype="bf16", target="cuda_h100")
+    build_only(job, job.program.shape({"cache": 1024}), dump=str(tmp_path / "step.txt"))
+    g = viz.load_dump(tmp_path / "step.txt")
+    text, s = viz.to_dot(g)
+    assert s is not None and s.period == 7 and s.band % 7 == 0, (s.period, s.band)
+    assert f"repeats every 7 levels; a band holds {s.band // 7}" in text
+    inner = [sorted(zip(s.base_of[s.band_of == b].tolist(), s.count[s.band_of == b].tolist()))
+             for b in range(1, s.n_bands - 1)]
+    assert len(inner) >= 3 and all(x == inner[0] for x in inner), inner
+    assert len(np.unique(s.base_of[s.band_of == 1])) == 7  # a layer's seven functions
+
+
 @pytest.mark.slow
 def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_tokenizer):
     """The real checkpoint (Q4_1, dequantized to f32 at load), greedy, 32 new tokens on several
