@@ -27,7 +27,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pto.codegen.c_orch import generate_c, generate_main
+from pto.codegen.c_main import generate_main
+from pto.codegen.c_orch import generate_c
 from pto.codegen.triton import render
 from pto.engine import Job
 from pto.errors import UsageError
