@@ -12,7 +12,7 @@ import sys
 from pto.errors import BuildError, ParseError
 from pto.ir.expr import Expr, ExprLike, as_expr
 from pto.ir.names import check_name
-from pto.text.parser import parse_expr
+from pto.text.expr_parser import parse_expr
 
 _PTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
