@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
-from pto.ir.expr import Const, Expr, bounds, const_value, emax, evaluate, fold, substitute
+from pto.ir.bounds import bounds
+from pto.ir.expr import Const, Expr, const_value, emax, evaluate, fold, substitute
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, Tile
 from pto.ir.ops import COLLECTIVE, Op
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, tile_shape
+from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType, dtype_of
-from pto.ir.expr import Expr, bounds, const_value, evaluate, is_int_expr
+from pto.ir.expr import Expr, const_value, evaluate, is_int_expr
 from pto.ir.names import check_name
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, ScalarParam, Tile
 from pto.ir.ops import (

@@ -21,7 +21,8 @@ means not proven (unknown symbols left over, a step budget exhausted, an atom it
 from __future__ import annotations
 
 from pto.errors import BuildError
-from pto.ir.expr import Bin, Const, Expr, Fn, Var, bounds
+from pto.ir.bounds import bounds
+from pto.ir.expr import Bin, Const, Expr, Fn, Var
 
 Form = tuple[dict[Expr, int], int]  # atom -> coefficient, constant
 

@@ -39,7 +39,8 @@ from pto.codegen.triton.common import (
 )
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, specialize, tile_shape
-from pto.ir.expr import Expr, bounds
+from pto.ir.bounds import bounds
+from pto.ir.expr import Expr
 from pto.ir.nodes import IncoreFunction
 from pto.ir.ops import MATMUL, Op
 

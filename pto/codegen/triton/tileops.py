@@ -19,8 +19,9 @@ import torch
 
 from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
 from pto.errors import BuildError
+from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType
-from pto.ir.expr import Expr, bounds, const_value
+from pto.ir.expr import Expr, const_value
 from pto.ir.nodes import Instr
 from pto.ir.ops import (
     ARITH,
