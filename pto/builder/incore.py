@@ -29,7 +29,8 @@ from pto.ir.dtypes import dtype_of
 from pto.ir.expr import Attr, Const, ExprLike, Var
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, ScalarParam, Tile
 from pto.ir.ops import ATTRS, BINARY, BROADCAST, CAST, MASK, REDUCE, SCALAR_BINARY, UNARY, Op
-from pto.ir.verify_incore import IncoreCtx, check_instr, verify_incore
+from pto.ir.verify_incore import verify_incore
+from pto.ir.verify_instr import IncoreCtx, check_instr
 
 
 class TileRef:

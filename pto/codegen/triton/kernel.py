@@ -173,7 +173,7 @@ class AccessBound:
 def access_bounds(fn: IncoreFunction) -> dict[str, list[AccessBound] | None]:
     """Per memref, the bounds of its accesses (None where an offset cannot be bounded); the
     backend evaluates them per task to decide whether a batch may skip masks (``EVEN_<p>``)."""
-    from pto.ir.verify_incore import loaded_scalars
+    from pto.ir.verify_instr import loaded_scalars
 
     ranges = loop_ranges(fn)
     dims = dict(fn.variant)
