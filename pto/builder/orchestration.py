@@ -32,6 +32,7 @@ from pto.builder.common import caller_loc, check_name, expr_of
 from pto.errors import BuildError
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import Expr, ExprLike, Var
+from pto.ir.loop_attrs import check_loop_attrs
 from pto.ir.nodes import (
     Call,
     If,
@@ -52,7 +53,6 @@ from pto.ir.verify_orch import (
     check_if,
     check_let,
     check_loop,
-    check_loop_attrs,
     check_loop_body,
     check_scalar,
     check_tensor,
