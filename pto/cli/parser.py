@@ -67,17 +67,33 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
 
 def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     """The parser; with ``program`` the program commands also take its options."""
-    from pto.backends import names as backend_names
-    from pto.exec import names as executor_names
-    from pto.program import DEFAULTS_RULE
-
     p = _Parser(prog="pto", description="PTO task-graph runtime and orchestration code generator",
                 add_help=helps)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     more = "; `pto COMMAND PROGRAM --help` lists the program's own options"
+    _add_info(sub, program, helps, more)
+    _add_run(sub, program, helps, more)
+    _add_graph(sub, program, helps, more)
+    _add_codegen(sub, program, helps, more)
+    _add_estimate(sub, program, helps, more)
+    _add_bench(sub, program, helps, more)
+    _add_tune(sub, program, helps, more)
+    _add_generate(sub, program, helps, more)
+    _add_visualize(sub, program, helps, more)
+    return p
 
+
+def _add_info(sub, program, helps: bool, more: str) -> None:
+    """`pto info`'s flags."""
     s = sub.add_parser("info", help="the device, its target (SRAM, SMs), backends and executors", add_help=helps)
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _add_run(sub, program, helps: bool, more: str) -> None:
+    """`pto run`'s flags."""
+    from pto.backends import names as backend_names
+    from pto.exec import names as executor_names
+    from pto.program import DEFAULTS_RULE
 
     s = sub.add_parser("run", help="build and execute a program's task graph", add_help=helps,
                        epilog=DEFAULTS_RULE + more)
@@ -106,12 +122,22 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    "executors on a GPU (the batched kernels take the persistent kernel's launch settings)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
+
+def _add_graph(sub, program, helps: bool, more: str) -> None:
+    """`pto graph`'s flags."""
+    from pto.program import DEFAULTS_RULE
+
     s = sub.add_parser("graph", help="build a program's task graph as `pto run` does, execute nothing: counts, "
                        "dump, drawing", add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "graph", program)
     s.add_argument("--dump", metavar="FILE", help="write the task graph dump (the one `pto run --dump` writes)")
     s.add_argument("--draw", metavar="FILE", help="draw the graph as `pto visualize` does (.pdf, .svg, .png or .dot)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _add_codegen(sub, program, helps: bool, more: str) -> None:
+    """`pto codegen`'s flags."""
+    from pto.program import DEFAULTS_RULE
 
     s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
                        add_help=helps, epilog=DEFAULTS_RULE + more)
@@ -122,12 +148,24 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    "replaced, the others kept")
     s.add_argument("--no-adaptive", action="store_true", help="no binary expansion: base tiles only")
 
+
+def _add_estimate(sub, program, helps: bool, more: str) -> None:
+    """`pto estimate`'s flags."""
+    from pto.program import DEFAULTS_RULE
+
     s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
                        add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "estimate", program)
     s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
+
+
+def _add_bench(sub, program, helps: bool, more: str) -> None:
+    """`pto bench`'s flags."""
+    from pto.backends import names as backend_names
+    from pto.exec import names as executor_names
+    from pto.program import DEFAULTS_RULE
 
     s = sub.add_parser("bench", help="time a program against PyTorch eager and torch.compile (a GPU)",
                        add_help=helps, epilog=DEFAULTS_RULE + more)
@@ -144,6 +182,11 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="FILE", help="write the results as JSON")
     s.add_argument("--plot", metavar="FILE.png", help="draw ms against sequence length (needs matplotlib)")
 
+
+def _add_tune(sub, program, helps: bool, more: str) -> None:
+    """`pto tune`'s flags."""
+    from pto.program import DEFAULTS_RULE
+
     s = sub.add_parser("tune", help="search each InCore function's launch parameters on the GPU; store the "
                        "winners in the schedule database", add_help=helps, epilog=DEFAULTS_RULE + more)
     _program_args(s, "tune", program)
@@ -152,6 +195,11 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    help="timed runs per candidate (default: 10)")
     s.add_argument("--show", action="store_true", help="print what applies to each variant now, and why; tune nothing")
     s.add_argument("--json", metavar="FILE", help="write every variant's search as JSON")
+
+
+def _add_generate(sub, program, helps: bool, more: str) -> None:
+    """`pto generate`'s flags."""
+    from pto.exec import names as executor_names
 
     s = sub.add_parser("generate", help="generate text token by token from a checkpoint (GGUF or Hugging Face), "
                        "each step one task graph", add_help=helps)
@@ -176,6 +224,9 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
 
+
+def _add_visualize(sub, program, helps: bool, more: str) -> None:
+    """`pto visualize`'s flags."""
     s = sub.add_parser("visualize", help="draw a task-graph dump (graphviz)", add_help=helps)
     s.add_argument("dump", help="a dump written by `pto run --dump`")
     s.add_argument("out", help="the drawing to write (its suffix picks the format)")
@@ -186,7 +237,6 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
                    "summary (default: per task whenever that fits the page)")
     s.add_argument("--page", type=page, default=None, metavar="WxH",
                    help="the largest page in inches (default: 60x36, about 3 x 3 screens at 100%% zoom)")
-    return p
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
