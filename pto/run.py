@@ -179,7 +179,7 @@ def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: di
     if opts.inputs:
         out["inputs"] = str(opts.inputs)
     if opts.check_schedule:
-        from pto.safety.schedule import verify_schedule
+        from pto.safety.trace_check import verify_schedule
 
         out["schedule"] = verify_schedule(graph.runtime.export(), stats.records).to_json()
     out["determinism"] = guarantee(job.device, job.backend, opts.deterministic)

@@ -35,7 +35,7 @@ AREAS = {
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
-    "bench": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
+    "benchcmd": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
     # a program's own drivers: pto generate runs the model program's graphs
     "orchestration.model.generate": "driver", "orchestration.model.textgen": "driver",

@@ -139,7 +139,7 @@ def _cmd_estimate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from pto.bench import bench, format_table, plot
+    from pto.benchcmd import bench, format_table, plot
     from pto.estimate import check_plot_path
     from pto.programs import get
     from pto.progress import wanted

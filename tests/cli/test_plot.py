@@ -77,7 +77,7 @@ def test_estimate_plot_is_readable(tmp_path):
 
 
 def test_bench_plot_is_readable(tmp_path):
-    from pto.bench import bench, plot
+    from pto.benchcmd import bench, plot
 
     res = bench("softmax", [64, 128], compare=("eager",), iterations=2, warmup=0, device="cpu")
     fig = plot(res, str(tmp_path / "b.png"))

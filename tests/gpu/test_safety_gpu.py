@@ -170,7 +170,7 @@ def test_the_persistent_schedule_keeps_every_dependency(attention, config, seq):
     """Items timed with the GPU's global timer, on up to every SM at once: no item of a task
     starts before all of its predecessors' items ended, no conflicting tasks overlap."""
     from pto.engine import Runner, resolve
-    from pto.safety.schedule import verify_schedule
+    from pto.safety.trace_check import verify_schedule
 
     for executor in ("persistent", "waves"):
         job = resolve("llama7b", device="cuda", backend="triton", executor=executor, config=config, dtype="bf16",

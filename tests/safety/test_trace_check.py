@@ -22,7 +22,7 @@ from pto.errors import ExecutionError
 from pto.exec.base import LaunchRecord
 from pto.exec.waves import WaveExecutor
 from pto.graph import CompiledProgram
-from pto.safety.schedule import check_schedule, task_intervals, verify_schedule
+from pto.safety.trace_check import check_schedule, task_intervals, verify_schedule
 
 PROGRAMS = [("softmax", {}), ("bgemm", {}), ("llama7b", {"attention": "fused"}), ("llama7b", {"attention": "pair"}),
             ("llama7b", {"attention": "split"}), ("llama7b", {"attention": "split", "causal": False})]
