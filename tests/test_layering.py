@@ -30,7 +30,7 @@ AREAS = {
     "ir": "ir",
     "passes": "passes", "text": "text",
     "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
-    "backends": "backends", "interp": "interp",
+    "backends": "backends", "interp": "interp", "evaluator": "evaluator",
     "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
@@ -72,8 +72,10 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
-    "backends": {"batch", "cachedir", "codegen", "dist", "ir", "schedules", "errors"},
-    "interp": {"backends.torch_eval", "batch", "buffers", "ir", "errors"},
+    # the reference tile evaluator (the interpreter's and the torch backend's)
+    "evaluator": {"batch", "dist", "ir", "errors"},
+    "backends": {"batch", "cachedir", "codegen", "evaluator", "ir", "schedules", "errors"},
+    "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
     "dump": {"errors"},
@@ -235,7 +237,7 @@ def test_an_upward_import_names_the_file_the_line_and_the_rule(module, source, n
 
 def test_allowed_imports_pass():
     assert not violations("pto.builder.incore", "from pto.passes.tiling import check_sram\nfrom pto.ir import nodes\n")
-    assert not violations("pto.interp.incore", "from pto.backends.torch_eval import run\n")
+    assert not violations("pto.interp.incore", "from pto.evaluator.machine import run_incore_batch\n")
     assert not violations("pto.cli", "import pto\nfrom pto import programs\nfrom pto.viz import draw\n")
 
 

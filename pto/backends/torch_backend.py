@@ -1,4 +1,4 @@
-"""The torch backend: the batched tile evaluator (:mod:`pto.backends.torch_eval`) as a backend.
+"""The torch backend: the batched tile evaluator (:mod:`pto.evaluator.machine`) as a backend.
 
 Any device; one group of torch ops per instruction for a whole batch. It synchronizes with the
 host (loop trip counts, parallel extents), so its launches are not captured in CUDA graphs.
@@ -7,8 +7,8 @@ host (loop trip counts, parallel extents), so its launches are not captured in C
 from __future__ import annotations
 
 from pto.backends.base import Backend, Launch
-from pto.backends.torch_eval import run_incore_batch
 from pto.batch import RegionBatch, TaskBatch
+from pto.evaluator.machine import run_incore_batch
 
 
 class TorchBackend(Backend):

@@ -1,5 +1,5 @@
 """The reference interpreter's InCore step: one task of a specialized InCore function on torch
-tensors, through the batched tile evaluator (:mod:`pto.backends.torch_eval`, which holds the
+tensors, through the batched tile evaluator (:mod:`pto.evaluator.machine`, which holds the
 numerics contract every backend follows) with a batch of one.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from pto.backends.torch_eval import run_incore_batch
 from pto.batch import RegionBatch
+from pto.evaluator.machine import run_incore_batch
 from pto.ir.nodes import IncoreFunction
 
 

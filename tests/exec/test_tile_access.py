@@ -1,4 +1,4 @@
-"""The torch backend's loads and stores (pto/backends/torch_regions.py): a batch of tasks moves
+"""The torch backend's loads and stores (pto/evaluator/regions.py): a batch of tasks moves
 exactly the elements a task-by-task numpy reference moves, whatever the layout of the regions
 (one task, tasks whose tiles step evenly, irregular ones, partial tiles with padding and
 inactive parallel instances) and whatever the offsets (ints, per-task scalars, the parallel
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pto import InCore, cdiv, f32
-from pto.backends.torch_eval import run_incore_batch
 from pto.batch import RegionBatch
+from pto.evaluator.machine import run_incore_batch
 from pto.ir.expr import Var, as_expr
 
 RB, CB = 4, 8  # tile rows and columns

@@ -1,7 +1,7 @@
 """The body of a Triton InCore kernel: a specialized InCore function rendered as a
 ``@triton.jit`` device function that runs one task (and one index of its parallel axis).
 
-Numerics follow :mod:`pto.backends.torch_eval`: elementwise, unary, reduction, broadcast and
+Numerics follow :mod:`pto.evaluator.machine`: elementwise, unary, reduction, broadcast and
 mask ops compute in f32 and round to the destination's dtype; matmul feeds the operands in their
 own dtype to ``tl.dot`` with f32 accumulation (an exact f32 broadcast-multiply-sum where a block
 dim is below 16, which ``tl.dot`` does not take); loads read ``pad`` outside the valid extent and

@@ -1,4 +1,4 @@
-"""What the tile evaluator (:mod:`pto.backends.torch_eval`) keeps for one batch, and how it runs it on the CPU.
+"""What the tile evaluator (:mod:`pto.evaluator.machine`) keeps for one batch, and how it runs it on the CPU.
 
 The tiles (created on first use), the instances' environment (per-task values expanded on first
 use), small shared constants, and the intra-op thread count of a batch of small tiles.

@@ -9,8 +9,8 @@ the oracle that graph execution and the Triton backend are checked against; with
 the ``torch`` backend of the executors.
 
 Its cost is per op, not per element: loads and stores are one strided or indexed copy
-(:mod:`pto.backends.torch_regions`), offsets no loop changes are computed once per batch, and on
-the CPU small batches run on one intra-op thread (:mod:`pto.backends.torch_support`); the same
+(:mod:`pto.evaluator.regions`), offsets no loop changes are computed once per batch, and on
+the CPU small batches run on one intra-op thread (:mod:`pto.evaluator.support`); the same
 elements move and the same ops compute.
 
 Numerics (the contract the Triton renderer follows too): elementwise, unary, reduction,
@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from pto.backends.torch_regions import Offset, Regions
-from pto.backends.torch_support import (
+from pto.batch import RegionBatch
+from pto.dist import all_reduce
+from pto.errors import ExecutionError
+from pto.evaluator.regions import Offset, Regions
+from pto.evaluator.support import (
     Env,
     Tiles,
     all_true,
@@ -36,9 +39,6 @@ from pto.backends.torch_support import (
     intra_op_threads,
     loop_vars,
 )
-from pto.batch import RegionBatch
-from pto.dist import all_reduce
-from pto.errors import ExecutionError
 from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import evaluate

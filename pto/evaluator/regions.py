@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import torch
 
-from pto.backends.torch_support import arange
 from pto.batch import RegionBatch
+from pto.evaluator.support import arange
 
 
 class Offset(NamedTuple):
