@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pto import programs
+from pto.backends import capable
 from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
 from pto.errors import UsageError
@@ -61,10 +62,10 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
     be = resolve_backend(backend, dev)
     tg = target if isinstance(target, Target) else resolve_target(target, dev)
     s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, tp=tp, **(options or {}))
-    if be == "triton" and dev == "cpu" and s.dtype.short != "f32":
+    if capable(be, "cpu_f32_only") and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
     ex = resolve_executor(executor, dev, be)
-    if ex == "persistent" and be != "triton":  # refused here, before the graph is built
+    if ex == "persistent" and not capable(be, "megakernel"):  # refused here, before the graph is built
         if backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
                              "with TRITON_INTERPRET=1); on the CPU use --executor waves")

@@ -278,3 +278,20 @@ def test_the_documented_table_is_the_rules():
     assert set(doc) == set(CORE) - {"errors"}, sorted(set(CORE) - set(doc) - {"errors"})
     wrong = {a: (sorted(doc[a]), sorted(RULES[a] - {"errors"})) for a in doc if doc[a] != RULES[a] - {"errors"}}
     assert not wrong, f"area: (docs/ARCHITECTURE.md says, tests/test_layering.py RULES allow): {wrong}"
+
+
+def test_no_generic_module_tells_backends_apart_by_name():
+    """Outside the backends (and the command line's text), what a backend can do is asked by
+    capability (``pto.backends.capable``), never by comparing its name."""
+    from pto.backends import BACKENDS
+
+    found = []
+    for module, path in MODULES.items():
+        if area_of(module) in ("backends", "cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                consts = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
+                if any(v in BACKENDS for v in consts):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "backend names compared (use pto.backends.capable): " + ", ".join(found)

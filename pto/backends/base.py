@@ -41,12 +41,26 @@ class Backend:
         return {}
 
 
-#: name -> (module, class, what it needs)
+#: what a backend can do, asked by name (executors and checks never compare backend names):
+#: ``megakernel``: it compiles a whole graph into one persistent kernel (the persistent
+#: executor runs on it); ``cpu_f32_only``: on the CPU it computes in f32 only (an interpreter)
+CAPABILITIES = ("megakernel", "cpu_f32_only")
+
+#: name -> (module, class, what it needs, its capabilities)
 BACKENDS = {
     "triton": ("pto.backends.triton_backend", "TritonBackend", "generated Triton kernels (a GPU, or the CPU "
-               "interpreter with TRITON_INTERPRET=1: f32, small shapes)"),
-    "torch": ("pto.backends.torch_backend", "TorchBackend", "the batched tile evaluator in torch (any device)"),
+               "interpreter with TRITON_INTERPRET=1: f32, small shapes)", frozenset({"megakernel", "cpu_f32_only"})),
+    "torch": ("pto.backends.torch_backend", "TorchBackend", "the batched tile evaluator in torch (any device)",
+              frozenset()),
 }
+
+
+def capable(name: str, capability: str) -> bool:
+    """Whether backend ``name`` has ``capability`` (one of :data:`CAPABILITIES`), without
+    importing it."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"unknown backend capability {capability!r} (one of {', '.join(CAPABILITIES)})")
+    return name in BACKENDS and capability in BACKENDS[name][3]
 
 
 def names() -> list[str]:
@@ -78,5 +92,5 @@ def get_backend(name: str, device: str = "cpu", launch: dict[str, dict] | None =
     parameters (backends without launch parameters ignore them)."""
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r} (choose {', '.join(BACKENDS)})")
-    module, cls, _ = BACKENDS[name]
+    module, cls, _, _ = BACKENDS[name]
     return getattr(importlib.import_module(module), cls).create(device, launch or {})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 
+from pto.backends.base import capable
 from pto.errors import ResourceError, UsageError
 from pto.exec.base import ExecStats, Executor, LaunchRecord
 
@@ -41,7 +42,7 @@ def resolve(name: str, device: str, backend: str) -> str:
     persistent executor can run (the triton backend on a GPU), else it is ``waves``."""
     if name != "auto" and name not in EXECUTORS:
         raise UsageError(f"unknown executor {name!r} (choose auto, {', '.join(EXECUTORS)})")
-    if name == "auto" and not (device == "cuda" and backend == "triton"):
+    if name == "auto" and not (device == "cuda" and capable(backend, "megakernel")):
         return "waves"
     return name
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pto.backends.base import Backend
+from pto.backends.base import Backend, capable
 from pto.codegen.triton import ALIGN
 from pto.codegen.triton.megakernel import Branch, MegaKernel, fit_megakernel, kernel_settings, render_megakernel
 from pto.codegen.triton.scan import scan_table
@@ -209,7 +209,7 @@ class PersistentExecutor(Executor):
     def __init__(self, backend: Backend, tensors: dict[str, torch.Tensor], record: bool = False,
                  progress: Progress | None = None, max_polls: int = MAX_POLLS, programs: int | None = None,
                  order: str = "list", sentinel: bool = False, shared_limit: int | None = None):
-        if backend.name != "triton":
+        if not capable(backend.name, "megakernel"):
             raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend.name} needs "
                              "--executor waves")
         super().__init__(backend, tensors, record, progress)

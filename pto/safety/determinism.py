@@ -24,6 +24,8 @@ bitwise replay must say so here (``"breaks: why"``) and :func:`guarantee` report
 
 from __future__ import annotations
 
+from pto.backends import capable
+
 #: ``pto run`` option (argparse dest) -> what it does to the outputs' bits:
 #: ``none``: nothing; ``program``: it picks the program, its shape or its inputs (the same value
 #: gives the same bits); ``executor``: how the graph runs (the same bits across executors where
@@ -54,8 +56,8 @@ def breaking(options: dict) -> list[str]:
 def guarantee(device: str, backend: str, deterministic: bool, options: dict | None = None) -> dict:
     """What this run's outputs are bitwise-identical with (for ``pto run --json``)."""
     broken = breaking(options or {})
-    across = backend == "triton" and (device == "cpu" or deterministic)
-    if backend == "torch":
+    across = capable(backend, "megakernel") and (device == "cpu" or deterministic)
+    if not capable(backend, "megakernel"):
         note = "the persistent executor needs the triton backend"
     elif across:
         note = "the waves and persistent executors give the same bits" + (
