@@ -129,10 +129,23 @@ class ScheduleDB:
         self.user_dir = (user_dir or user_root()) / key
         self.shipped_dir = (shipped_dir or DATA) / key
         self.triton = triton_version()
+        #: path -> (the file's stamp when read, its entries): a lookup reads a file again only
+        #: when it changed (another process's `pto tune`, or :meth:`store`, replaces it whole)
+        self._cache: dict[Path, tuple[tuple | None, list[Entry]]] = {}
 
     def _entries(self, where: str, function: str) -> list[Entry]:
-        base = self.user_dir if where == "user" else self.shipped_dir
-        return _read(base / f"{function}.json")
+        path = (self.user_dir if where == "user" else self.shipped_dir) / f"{function}.json"
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            stamp = None
+        hit = self._cache.get(path)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        entries = _read(path) if stamp is not None else []
+        self._cache[path] = (stamp, entries)
+        return entries
 
     def lookup(self, function: str, variant: str, tasks: int, source: str) -> tuple[dict, str]:
         """``(params, origin)``: the current entry (Triton version and kernel source those running

@@ -95,6 +95,24 @@ def test_one_variant_name_keeps_an_entry_per_kernel_source(tmp_path):
     assert len(db._entries("user", "flash_fused")) == 2
 
 
+def test_lookups_read_a_file_once_until_it_changes(tmp_path, monkeypatch):
+    """Every launch that is not replayed looks its schedule up: a file is read once, and again
+    only when it was replaced (another database object's store, as another process's tune)."""
+    import pto.schedules as sched
+
+    reads = []
+    real = sched._read
+    monkeypatch.setattr(sched, "_read", lambda path: reads.append(path) or real(path))
+    fn = _gemm()
+    db, other = _db(tmp_path), _db(tmp_path)
+    other.store(fn.name, Entry(fn.variant_name, "large", {"num_warps": 2}, triton_version(), "x"))
+    for _ in range(5):
+        assert db.lookup(fn.name, fn.variant_name, 100, "x") == ({"num_warps": 2}, "user")
+    assert len(reads) == 2  # other's store read the file before writing it; db read it once
+    other.store(fn.name, Entry(fn.variant_name, "large", {"num_warps": 8}, triton_version(), "x"))
+    assert db.lookup(fn.name, fn.variant_name, 100, "x") == ({"num_warps": 8}, "user")
+
+
 def test_a_corrupt_file_is_set_aside_and_reported(tmp_path):
     fn = _gemm()
     db = _db(tmp_path)
