@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from pto.incore.fused import _Norm
+from pto.incore.fused import normed_gemm
 
 from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
@@ -215,15 +215,7 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
     y = k.memref("y", f32, shape=(R, N))
     best, index = k.memref("best", f32), k.memref("index", f32)
     j = k.parallel("j", cdiv(N, bn))
-    norm = _Norm(k, R, bk, dtype, eps, K)
-    a, bt = k.tile("a", R, bk, dtype), k.tile("bt", bk, bn, dtype)
-    acc = k.tile("acc", R, bn, f32)
-    k.full(acc, 0.0)
-    with k.for_range("kk", 0, K, bk) as kk:
-        norm.step(x, kk, a)
-        k.load(bt, w, kk, j * bn)
-        k.matmul_acc(acc, a, bt)
-    norm.scale(acc)
+    acc = normed_gemm(k, x, w, R, K, bn, bk, dtype, eps, j)
     k.store(y, 0, j * bn, acc)
     # the columns past the vocabulary's end never win
     k.mask_cols(acc, acc, N - j * bn)

@@ -60,15 +60,10 @@ class _Norm:
             k.rowexpandmul(acc, acc, self.ss)
 
 
-def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None) -> IncoreFunction:
-    """``y = rmsnorm(x; g, eps) @ w`` for an R x K row tile against a whole K x N weight, output
-    column blocks of ``bn`` on the parallel axis."""
-    k = InCore("matmul_norm_tile")
-    R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(K, N))
-    y = k.memref("y", dtype, shape=(R, N))
-    j = k.parallel("j", cdiv(N, bn))
+def normed_gemm(k: InCore, x, w, R, K: int, bn: int, bk: int, dtype, eps: float, j):
+    """The shared body of a row tile's projection with the RMSNorm folded in: the R rows of
+    ``x`` against column block ``j`` (``bn`` wide) of ``w``, accumulated over K in steps of
+    ``bk`` and scaled by each row's rsqrt(mean(x^2) + eps); returns the f32 accumulator."""
     norm = _Norm(k, R, bk, dtype, eps, K)
     a = k.tile("a", R, bk, dtype)
     bt = k.tile("bt", bk, bn, dtype)
@@ -79,6 +74,19 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(acc, a, bt)
     norm.scale(acc)
+    return acc
+
+
+def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None) -> IncoreFunction:
+    """``y = rmsnorm(x; g, eps) @ w`` for an R x K row tile against a whole K x N weight, output
+    column blocks of ``bn`` on the parallel axis."""
+    k = InCore("matmul_norm_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    w = k.memref("w", dtype, shape=(K, N))
+    y = k.memref("y", dtype, shape=(R, N))
+    j = k.parallel("j", cdiv(N, bn))
+    acc = normed_gemm(k, x, w, R, K, bn, bk, dtype, eps, j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
