@@ -83,6 +83,16 @@ def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+def _program_command(sub, name: str, help_text: str, program, helps: bool, more: str) -> argparse.ArgumentParser:
+    """A command that takes a program: its parser, with the rule of defaults as its epilog and
+    the generic and the program's own flags (:func:`_program_args`)."""
+    from pto.program import DEFAULTS_RULE
+
+    s = sub.add_parser(name, help=help_text, add_help=helps, epilog=DEFAULTS_RULE + more)
+    _program_args(s, name, program)
+    return s
+
+
 def _add_info(sub, program, helps: bool, more: str) -> None:
     """`pto info`'s flags."""
     s = sub.add_parser("info", help="the device, its target (SRAM, SMs), backends and executors", add_help=helps)
@@ -93,11 +103,8 @@ def _add_run(sub, program, helps: bool, more: str) -> None:
     """`pto run`'s flags."""
     from pto.backends import names as backend_names
     from pto.exec import names as executor_names
-    from pto.program import DEFAULTS_RULE
 
-    s = sub.add_parser("run", help="build and execute a program's task graph", add_help=helps,
-                       epilog=DEFAULTS_RULE + more)
-    _program_args(s, "run", program)
+    s = _program_command(sub, "run", "build and execute a program's task graph", program, helps, more)
     s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
                    help="how InCore tasks run (default: auto, triton on a GPU, torch on the CPU)")
     s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
@@ -125,11 +132,8 @@ def _add_run(sub, program, helps: bool, more: str) -> None:
 
 def _add_graph(sub, program, helps: bool, more: str) -> None:
     """`pto graph`'s flags."""
-    from pto.program import DEFAULTS_RULE
-
-    s = sub.add_parser("graph", help="build a program's task graph as `pto run` does, execute nothing: counts, "
-                       "dump, drawing", add_help=helps, epilog=DEFAULTS_RULE + more)
-    _program_args(s, "graph", program)
+    s = _program_command(sub, "graph", "build a program's task graph as `pto run` does, execute nothing: counts, "
+                       "dump, drawing", program, helps, more)
     s.add_argument("--dump", metavar="FILE", help="write the task graph dump (the one `pto run --dump` writes)")
     s.add_argument("--draw", metavar="FILE", help="draw the graph as `pto visualize` does (.pdf, .svg, .png or .dot)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -137,11 +141,8 @@ def _add_graph(sub, program, helps: bool, more: str) -> None:
 
 def _add_codegen(sub, program, helps: bool, more: str) -> None:
     """`pto codegen`'s flags."""
-    from pto.program import DEFAULTS_RULE
-
-    s = sub.add_parser("codegen", help="write orchestration .c, the runtime, main.c and the Triton kernels",
-                       add_help=helps, epilog=DEFAULTS_RULE + more)
-    _program_args(s, "codegen", program)
+    s = _program_command(sub, "codegen", "write orchestration .c, the runtime, main.c and the Triton kernels",
+                         program, helps, more)
     s.add_argument("--out", required=True, metavar="DIR", help="the folder to write (created if missing; pto's "
                    "earlier output there is replaced whole; another non-empty folder is refused)")
     s.add_argument("--force", action="store_true", help="write into a folder that holds other files: pto's files "
@@ -151,11 +152,8 @@ def _add_codegen(sub, program, helps: bool, more: str) -> None:
 
 def _add_estimate(sub, program, helps: bool, more: str) -> None:
     """`pto estimate`'s flags."""
-    from pto.program import DEFAULTS_RULE
-
-    s = sub.add_parser("estimate", help="task counts and runtime memory against sequence length",
-                       add_help=helps, epilog=DEFAULTS_RULE + more)
-    _program_args(s, "estimate", program)
+    s = _program_command(sub, "estimate", "task counts and runtime memory against sequence length",
+                         program, helps, more)
     s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
@@ -165,11 +163,9 @@ def _add_bench(sub, program, helps: bool, more: str) -> None:
     """`pto bench`'s flags."""
     from pto.backends import names as backend_names
     from pto.exec import names as executor_names
-    from pto.program import DEFAULTS_RULE
 
-    s = sub.add_parser("bench", help="time a program against PyTorch eager and torch.compile (a GPU)",
-                       add_help=helps, epilog=DEFAULTS_RULE + more)
-    _program_args(s, "bench", program)
+    s = _program_command(sub, "bench", "time a program against PyTorch eager and torch.compile (a GPU)",
+                         program, helps, more)
     s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
                    help="how InCore tasks run (default: auto)")
     s.add_argument("--executor", default="auto", metavar="NAME[,NAME]",
@@ -185,11 +181,8 @@ def _add_bench(sub, program, helps: bool, more: str) -> None:
 
 def _add_tune(sub, program, helps: bool, more: str) -> None:
     """`pto tune`'s flags."""
-    from pto.program import DEFAULTS_RULE
-
-    s = sub.add_parser("tune", help="search each InCore function's launch parameters on the GPU; store the "
-                       "winners in the schedule database", add_help=helps, epilog=DEFAULTS_RULE + more)
-    _program_args(s, "tune", program)
+    s = _program_command(sub, "tune", "search each InCore function's launch parameters on the GPU; store the "
+                       "winners in the schedule database", program, helps, more)
     s.add_argument("--budget-s", type=float, default=600.0, metavar="S", help="stop after S seconds (default: 600)")
     s.add_argument("--iterations", type=positive, default=10, metavar="N",
                    help="timed runs per candidate (default: 10)")
