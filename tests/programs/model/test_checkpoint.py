@@ -10,10 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pto.errors import UsageError
-
 from .conftest import need
-from .tiny import tiny_model, write_gguf
+from .tiny import assert_refused, tiny_model, write_gguf
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -90,10 +88,7 @@ def test_hf_folder(tmp_path, tied, shards):
 def _refused(path, *words):
     from pto.orchestration.model.checkpoint import load_weights
 
-    with pytest.raises(UsageError) as e:
-        load_weights(path)
-    msg = str(e.value)
-    assert "\n" not in msg and all(w in msg for w in words), msg
+    assert_refused(load_weights, path, *words)
 
 
 def test_gguf_refusals(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from pto.errors import UsageError
 
 from .conftest import need
-from .tiny import tiny_model, write_gguf
+from .tiny import assert_refused, tiny_model, write_gguf
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -111,10 +111,7 @@ def test_gguf_rope_scaling(tmp_path):
 def _refused(path, *words):
     from pto.orchestration.model.config import load_config
 
-    with pytest.raises(UsageError) as e:
-        load_config(path)
-    msg = str(e.value)
-    assert "\n" not in msg and all(w in msg for w in words), msg
+    assert_refused(load_config, path, *words)
 
 
 def test_gguf_refusals(tmp_path):

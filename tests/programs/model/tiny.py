@@ -103,3 +103,15 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
                 t = llama_cpp_rows(t, c.num_key_value_heads)
             out[f"blk.{i}.{gg}.weight"] = t
     return out
+
+
+def assert_refused(load, path, *words) -> None:
+    """``load(path)`` raises one UsageError of one line that names every one of ``words``."""
+    import pytest
+
+    from pto.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        load(path)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
