@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from pto.orchestration.llama.weights import FLOATS, HF_NAMES, Checkpoint, hf_shapes, layer_names
 from pto.orchestration.model.config import ModelConfig, gguf_config, hf_config
-from pto.orchestration.model.gguf_file import GGUFFile, is_gguf, open_gguf
-
-from pto.errors import UsageError
+from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
 
 #: the layer program's input -> the tensor's name under ``blk.N.`` in a GGUF file
 GGUF_NAMES = {
@@ -73,14 +70,7 @@ class ModelWeights:
 
 def load_weights(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
     """The weights of a GGUF file or a Hugging Face model folder, in ``dtype`` on ``device``."""
-    p = Path(path)
-    if p.is_dir():
-        return hf_weights(p, dtype, device)
-    if is_gguf(p):
-        return gguf_weights(open_gguf(p), dtype, device)
-    if not p.exists():
-        raise UsageError(f"{path}: no such file or folder")
-    raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder (with config.json)")
+    return from_checkpoint(path, lambda p: hf_weights(p, dtype, device), lambda f: gguf_weights(f, dtype, device))
 
 
 def program_layout(t: torch.Tensor) -> torch.Tensor:

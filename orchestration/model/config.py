@@ -29,7 +29,7 @@ import torch
 from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.hf import HEAD_DIMS, parse_hf_config, read_config_json
 from pto.orchestration.llama.reference import inv_frequencies
-from pto.orchestration.model.gguf_file import GGUFFile, is_gguf, open_gguf
+from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
 
 from pto.errors import UsageError
 
@@ -61,14 +61,7 @@ class ModelConfig:
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
     """The configuration of a GGUF file or a Hugging Face model folder (config.json)."""
-    p = Path(path)
-    if p.is_dir():
-        return hf_config(p)
-    if is_gguf(p):
-        return gguf_config(open_gguf(p))
-    if not p.exists():
-        raise UsageError(f"{path}: no such file or folder")
-    raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder (with config.json)")
+    return from_checkpoint(path, hf_config, gguf_config)
 
 
 # -- GGUF ------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ numpy's order is ``ne = [columns, rows]``. Everything here speaks numpy's (and t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +25,9 @@ from pto.errors import UsageError
 _MISSING = object()
 _OPEN: dict[tuple, GGUFFile] = {}  # (path, mtime, size) -> parsed file, least recent first
 _KEEP = 4
+
+
+T = TypeVar("T")
 
 
 def _gguf():
@@ -40,6 +45,19 @@ def is_gguf(path: str | os.PathLike) -> bool:
         return False
     with open(p, "rb") as f:
         return f.read(4) == b"GGUF"
+
+
+def from_checkpoint(path: str | os.PathLike, folder: Callable[[Path], T], gguf: Callable[[GGUFFile], T]) -> T:
+    """``folder(path)`` for a Hugging Face model folder, ``gguf(the open file)`` for a GGUF file;
+    one UsageError naming ``path`` for anything else (what every reader of a checkpoint accepts)."""
+    p = Path(path)
+    if p.is_dir():
+        return folder(p)
+    if is_gguf(p):
+        return gguf(open_gguf(p))
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or folder")
+    raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder (with config.json)")
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:

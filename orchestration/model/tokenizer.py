@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from pto.orchestration.model.chat import render_chat
-from pto.orchestration.model.gguf_file import GGUFFile, is_gguf, open_gguf
+from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
 
 from pto.errors import UsageError
 
@@ -131,14 +131,7 @@ class StreamDecoder:
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """The tokenizer of a GGUF file or a Hugging Face model folder."""
-    p = Path(path)
-    if p.is_dir():
-        return hf_tokenizer(p)
-    if is_gguf(p):
-        return gguf_tokenizer(open_gguf(p))
-    if not p.exists():
-        raise UsageError(f"{path}: no such file or folder")
-    raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder")
+    return from_checkpoint(path, hf_tokenizer, gguf_tokenizer)
 
 
 def byte_alphabet() -> dict[int, str]:
