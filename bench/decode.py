@@ -4,6 +4,7 @@ configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
                            [--long 32768] [--steps 64] [--json FILE] [--hf-configs NAMES] [--hf-batches 1]
+                           [--tilings 'default;bn=32;bn=16,bk=128']
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
@@ -23,12 +24,14 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
 
@@ -62,9 +65,18 @@ def events_ms(fn, steps: int) -> float:
     return a.elapsed_time(b) / steps
 
 
-def ours(w, batch: int, cache: int, executor: str, steps: int) -> dict:
-    """Our step at half the cache's capacity: ms per step and its graph's size."""
-    gen = Generator(w, "cuda", DType.BF16, executor=executor)
+def parse_tiling(text: str) -> DecodeTiling | None:
+    """``bn=32,bk=128`` -> the default tiling with those fields; ``default`` -> None."""
+    if text == "default":
+        return None
+    fields = dict(kv.split("=") for kv in text.split(","))
+    return replace(DecodeTiling(), **{k: int(v) for k, v in fields.items()})
+
+
+def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None) -> dict:
+    """Our step at half the cache's capacity: ms per step, its graph's size and where the time
+    goes (each InCore function's kernel time)."""
+    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling)
     try:
         step = gen.step(batch, cache)
         t = step.tensors
@@ -84,7 +96,7 @@ def ours(w, batch: int, cache: int, executor: str, steps: int) -> dict:
         out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
-            out["profile_ms"] = step.executor.profile()
+        out["profile_ms"] = step.executor.profile()
         return out
     finally:
         gen.close()
@@ -143,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--executors", default="persistent,waves")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tilings", default="default",
+                    help="decode tilings to compare, ';'-separated, e.g. 'default;bn=32;bn=16,bk=128'")
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
     ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
     args = ap.parse_args(argv)
@@ -157,12 +171,14 @@ def main(argv=None) -> int:
             shapes.append((1, args.long))
         for batch, cache in shapes:
             row = {"config": name, "batch": batch, "cache": cache, "floor_ms": floor_ms(cfg, batch, cache, bw)}
-            for ex in args.executors.split(","):
-                try:
-                    row[ex] = ours(w, batch, cache, ex, args.steps)
-                except Exception as e:  # report it, measure the rest
-                    row[ex] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                torch.cuda.empty_cache()
+            for tiling in args.tilings.split(";"):
+                for ex in args.executors.split(","):
+                    key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                    try:
+                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling))
+                    except Exception as e:  # report it, measure the rest
+                        row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    torch.cuda.empty_cache()
             if hf_wanted(args, name, batch):
                 try:
                     row["transformers"] = transformers_step(cfg, batch, cache, args.steps)
@@ -178,7 +194,8 @@ def main(argv=None) -> int:
                                                "rows": rows}, indent=1))
     for r in rows:
         cols = [f"{r['config']} B={r['batch']} cache={r['cache']}: floor {r['floor_ms']} ms"]
-        cols += [f"{ex} {r[ex].get('ms', r[ex].get('error'))} ms" for ex in args.executors.split(",")]
+        cols += [f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items()
+                 if isinstance(v, dict) and k != "transformers"]
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
-from pto.orchestration.model.decode import build_step
+from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.program import stack_weights, tiling_for
 from pto.orchestration.model.sampling import Sampler
 
@@ -72,13 +72,14 @@ class Generator:
     (one per batch size and capacity, cached)."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
-                 executor: str = "auto"):
+                 executor: str = "auto", tiling: DecodeTiling | None = None):
         from pto.backends import resolve as resolve_backend
 
         self.weights, self.config = weights, weights.config
         self.device, self.dtype = device, dtype
         self.backend = resolve_backend(backend, device)
         self.executor = executor
+        self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
         self._layer_jobs: dict = {}
         self._steps: dict = {}
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, device)
@@ -92,8 +93,7 @@ class Generator:
             from pto.exec import resolve as resolve_executor
             from pto.target import resolve as resolve_target
 
-            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch,
-                                tiling_for(self.config))
+            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling)
             built = build_module_graph(module, {"B": batch, "C": capacity})
             place = Placement(self.device, self.backend, resolve_executor(self.executor, self.device, self.backend))
             inputs = {k: v.to(self.device) for k, v in stack_weights(self.weights).items()}
