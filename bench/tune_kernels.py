@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pto.incore.attention import flash_fused  # noqa: E402
 from pto.incore.matmul import matmul_swiglu_tile, matmul_tile  # noqa: E402
 
-from pto.backends.triton_backend import TritonBackend  # noqa: E402
+from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402

@@ -53,7 +53,7 @@ WRAPPER_CFLAGS = ("-O2", "-std=c99", "-fPIC")
 
 _loaded: dict[str, ModuleType] = {}
 _lock = threading.Lock()
-#: where repairs of cache entries are reported (here and in pto.backends.triton_backend)
+#: where repairs of cache entries are reported (here and in pto.backends.triton)
 log = logging.getLogger("pto.cache")
 CHECKSUM = "sha256"
 NO_CHECKSUM = "without a checksum"

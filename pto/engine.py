@@ -190,6 +190,7 @@ class Placement:
     sentinel: bool = False
     deterministic: bool = False
     progress: Callable | None = None
+    schedules: tuple = ()  # the program's shipped schedule folders (Program.schedules)
 
 
 class Prepared:
@@ -213,7 +214,7 @@ class Prepared:
         given.update({t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=place.device)
                       for t in fn.tensors if t.role in ("input", "inout") and t.name not in given})
         self.tensors = allocate(fn, shapes, given, place.device)
-        backend = get_backend(place.backend, place.device)
+        backend = get_backend(place.backend, place.device, shipped=place.schedules)
         if place.deterministic:  # the persistent kernel's launch settings everywhere
             backend.launch_overrides.update(backend.uniform_launch(self.graph))
         name = choose(self.graph) if place.executor == "auto" else place.executor
@@ -269,7 +270,8 @@ class Runner(Prepared):
     def __init__(self, job: Job, shape: Shape | int, adaptive: bool = True, *, record: bool = False,
                  sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None):
         self.job, self.shape = job, job.program.shape(shape)
-        place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress)
+        place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress,
+                          job.program.schedules)
         super().__init__(build_graph(job, self.shape, adaptive), place)
         self.compile_ms = self.built.compile_ms
 

@@ -6,7 +6,7 @@ the commands that take the program), its shape parameters (each a :class:`ShapeP
 sequence length of a layer, the batch and cache length of a decode step; a :class:`Shape` holds
 their values), the module it builds for a :class:`Settings`, its scalar parameters as
 expressions of the shape, seeded inputs, an independent torch reference, flops and exact task
-counts where it has them. Launch parameters are data (:mod:`pto.schedules`), not code.
+counts where it has them. Launch parameters are data (:mod:`pto.backends.triton.schedules`), not code.
 
 Programs are found through the ``pto.programs`` entry-point group (:mod:`pto.programs`), so a
 package outside this repository adds one by declaring, in its ``pyproject.toml``::
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -169,6 +170,10 @@ class Program:
     #: the program has a tensor-parallel form (``--tp N``): with ``Settings.tp`` > 1, :meth:`build`
     #: makes one rank's module (the same on every rank) and :meth:`shard` gives each rank its inputs
     tensor_parallel = False
+    #: folders of tuned launch settings the program ships beside its code (each holds a
+    #: ``<device>/<function>.json`` database, :mod:`pto.backends.triton.schedules`); the user's
+    #: own database (``pto tune``) comes first
+    schedules: tuple[Path, ...] = ()
     #: the program generates text token by token (``pto generate`` runs :meth:`generate`)
     generates = False
 

@@ -1,5 +1,5 @@
 """``pto tune``: search each InCore variant's schedule space on the GPU and store the winners in the
-schedule database (:mod:`pto.schedules`).
+schedule database (:mod:`pto.backends.triton.schedules`).
 
 For every sequence length: the program's graph runs once with the wave executor (the intermediate
 tensors hold real data), recording the batches the executor launches. For each variant, the
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from pto.backends.torch_backend import TorchBackend
-from pto.backends.triton_backend import TritonBackend
+from pto.backends.triton import TritonBackend
+from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
 from pto.batch import RegionBatch, TaskBatch
 from pto.engine import Job, rel_err, resolve
 from pto.errors import UsageError
@@ -32,11 +33,27 @@ from pto.ir.nodes import ForRange
 from pto.ir.ops import Op
 from pto.program import Shape
 from pto.progress import iterate
-from pto.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
 from pto.timing import median_ms
 
 #: relative L2 error a candidate may have against the torch backend, per storage dtype
 TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a tuning run searches: ``budget_s`` seconds in all, each candidate timed over
+    ``iterations`` launches after ``warmup``; ``seed`` of the program's inputs; ``progress``
+    bars; ``only``: the function names to tune; ``candidates``: a space per function name in place
+    of :func:`space`; ``on_measure(label, candidate, ms, why_rejected)`` after each candidate."""
+
+    budget_s: float = 600.0
+    iterations: int = 10
+    warmup: int = 2
+    seed: int = 0
+    progress: bool = False
+    only: frozenset[str] | None = None
+    candidates: dict[str, list[dict]] | None = None
+    on_measure: object = None
 
 
 @dataclass
@@ -75,7 +92,7 @@ def _collect_batches(job: Job, shape: Shape, seed: int):
     from pto.engine import Placement, Prepared, build_graph
 
     prog, s = job.program, job.settings
-    run = Prepared(build_graph(job, shape), Placement(job.device, "triton", "waves"),
+    run = Prepared(build_graph(job, shape), Placement(job.device, "triton", "waves", schedules=prog.schedules),
                    prog.inputs(s, shape, job.device, seed))
     try:
         batches: list[TaskBatch] = []
@@ -107,12 +124,13 @@ def _backend(device, cand: dict | None, variant: str) -> TritonBackend:
     return TritonBackend(device, launch={variant: dict(cand)} if cand else None)
 
 
-def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, warmup: int, cuda: bool,
-               deadline: float, label: str, candidates: list[dict] | None = None, on_measure=None) -> Result:
+def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, deadline: float, label: str) -> Result:
     """Search one variant on one batch, storing the best candidate in ``db`` each time it
     improves on what runs today and on the candidates before it (an interrupted search keeps
     it; a search that finds nothing faster stores nothing); the search result."""
     fn = batch.fn
+    candidates = search.candidates.get(fn.name) if search.candidates else None
+    on_measure = search.on_measure
     access = param_access(fn)
     written = {p.name for p in fn.memrefs if access[p.name].direction != "in"}
     snapshot = _clone(batch, written)  # inputs as the graph run left them
@@ -121,6 +139,7 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, wa
     ref_out = {k: ref.mems[k].tensor for k in written}
     cands = candidates if candidates is not None else space(fn)
     device = batch.mems[fn.memrefs[0].name].tensor.device
+    cuda = device.type == "cuda"
     result = Result(fn.variant_name, fn.name, batch.size, len(cands), 0, None, None, None)
     # None first: what runs today (the database's entry, else the renderer's heuristics), the
     # baseline a candidate must beat to be stored
@@ -150,7 +169,7 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, wa
             if on_measure:
                 on_measure(label, cand, None, unfit[0])
             continue
-        ms = round(median_ms(launch, iterations, warmup, cuda=cuda), 4)
+        ms = round(median_ms(launch, search.iterations, search.warmup, cuda=cuda), 4)
         if cand is None:
             result.default_ms = ms
         elif (result.best_ms is None or ms < result.best_ms) and (result.default_ms is None or ms < result.default_ms):
@@ -165,45 +184,41 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, iterations: int, wa
     return result
 
 
-def tune(program: str, shapes: list[Shape | int], *, device: str = "auto", config=None, dtype=None, target=None,
-         options: dict | None = None, budget_s: float = 600.0, iterations: int = 10, warmup: int = 2,
-         seed: int = 0, progress: bool = False, db: ScheduleDB | None = None, only: set[str] | None = None,
-         candidates: dict[str, list[dict]] | None = None, on_measure=None) -> dict:
-    """Tune every variant the program runs at ``shapes`` (JSON-able summary). ``only``: function
-    names to tune; ``candidates``: a space per function name in place of :func:`space`."""
+def tune(program: str, shapes: list[Shape | int], search: Search | None = None, db: ScheduleDB | None = None,
+         **where) -> dict:
+    """Tune every variant the program runs at ``shapes`` (JSON-able summary); ``where``: the
+    program's settings as :func:`pto.engine.resolve` takes them (device, config, dtype, target,
+    options); ``db``: where the winners go (the device's user database by default)."""
     from datetime import date
 
-    job = resolve(program, device=device, backend="triton", executor="waves", config=config, dtype=dtype,
-                  target=target, options=options)
-    cuda = job.device == "cuda"
-    db = db or for_device(job.device)
+    search = search or Search()
+    job = resolve(program, backend="triton", executor="waves", **where)
+    db = db or for_device(job.device, job.program.schedules)
     if db is None:
         raise UsageError("PTO_SCHEDULES=none: pto tune has no schedule database to store its results in")
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + search.budget_s
     results: list[Result] = []
     interrupted = False
     try:
         for shape in [job.program.shape(x) for x in shapes]:
             job.program.check_size(job.settings, shape)
             best: dict[str, TaskBatch] = {}
-            for b in _collect_batches(job, shape, seed):
-                if only and b.fn.name not in only:
+            for b in _collect_batches(job, shape, search.seed):
+                if search.only and b.fn.name not in search.only:
                     continue
                 if b.fn.variant_name not in best or b.size > best[b.fn.variant_name].size:
                     best[b.fn.variant_name] = b
             order = sorted(best.values(), key=lambda b: -_estimate(b))
-            for b in iterate(order, f"tuning {job.program.name} at {shape}", progress, unit="variant"):
+            for b in iterate(order, f"tuning {job.program.name} at {shape}", search.progress, unit="variant"):
                 if time.monotonic() > deadline:
                     break
                 flags = " ".join(f"--{k} {v}" for k, v in shape.items())
                 label = f"{date.today().isoformat()} pto tune {job.program.name} {flags}"
-                cands = candidates.get(b.fn.name) if candidates else None
-                results.append(tune_batch(b, db, job.settings.dtype.short, iterations, warmup, cuda, deadline, label,
-                                          cands, on_measure))
+                results.append(tune_batch(b, db, job.settings.dtype.short, search, deadline, label))
     except KeyboardInterrupt:
         interrupted = True
     return {"program": job.program.name, **job.settings.to_json(), "device": job.device, "database": str(db.user_dir),
-            "budget_s": budget_s, "interrupted": interrupted,
+            "budget_s": search.budget_s, "interrupted": interrupted,
             "results": [r.__dict__ for r in results]}
 
 
@@ -226,13 +241,14 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
     from pto.graph import CompiledProgram
 
     job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options)
-    db = for_device(job.device)
+    db = for_device(job.device, job.program.schedules)
     be = TritonBackend(job.device if job.device == "cuda" else "cpu", schedules=db)
     if db is None:
         lines = ["schedules: none (PTO_SCHEDULES=none): the renderer's heuristics for every kernel"]
-        db = ScheduleDB("none", user_dir=Path(os.devnull), shipped_dir=Path(os.devnull))
+        db = ScheduleDB("none", user_dir=Path(os.devnull))
     else:
-        lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {db.shipped_dir}; Triton "
+        shipped = ", ".join(str(d) for d in db.shipped_dirs) or f"none for {job.program.name}"
+        lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {shipped}; Triton "
                  f"{db.triton or 'not installed'})"]
     for shape in [job.program.shape(x) for x in shapes]:
         graph = CompiledProgram.get(job.program.build(job.settings, shape), target=job.settings.target).build_graph(

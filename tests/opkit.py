@@ -83,7 +83,7 @@ AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
 def triton_vs_interp(op: str, dst_shape, srcs, dtype: DType, **kw) -> np.ndarray:
     """``op`` through the Triton backend, checked against the reference interpreter; returns
     the Triton result as float64."""
-    from pto.backends.triton_backend import run_incore_triton
+    from pto.backends.triton import run_incore_triton
 
     got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
     want = one_op(op, dst_shape, srcs, dtype, **kw)

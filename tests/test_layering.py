@@ -35,7 +35,7 @@ AREAS = {
     "graph": "graph", "exec": "exec",
     "program": "program", "programs": "program",
     "device": "device", "trace": "trace", "viz": "viz", "estimate": "estimate", "safety": "safety", "engine": "engine",
-    "benchcmd": "bench", "tune": "tune", "graphcmd": "graphcmd", "schedules": "schedules", "cli": "cli",
+    "benchcmd": "bench", "tune": "tune", "graphcmd": "graphcmd", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
     # a program's own drivers: pto generate runs the model program's graphs
     "orchestration.model.generate": "driver", "orchestration.model.textgen": "driver",
@@ -56,8 +56,6 @@ CORE: dict[str, set[str]] = {
     "plotting": {"errors"},
     # where the caches live ($PTO_CACHE_DIR, checked)
     "cachedir": {"errors"},
-    # launch parameters as data (the schedule database)
-    "schedules": {"cachedir", "errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
     # the compiler
@@ -74,7 +72,9 @@ CORE: dict[str, set[str]] = {
     "buffers": {"ir", "errors"},
     # the reference tile evaluator (the interpreter's and the torch backend's)
     "evaluator": {"batch", "dist", "ir", "errors"},
-    "backends": {"batch", "cachedir", "codegen", "evaluator", "ir", "schedules", "errors"},
+    # the backends; the Triton backend owns what launches its kernels: launch settings, the
+    # schedule database, the megakernel (the device's limits come from target)
+    "backends": {"batch", "cachedir", "codegen", "evaluator", "ir", "target", "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},

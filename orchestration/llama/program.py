@@ -3,11 +3,12 @@
 ``FAMILY``: the same program defaulting to LLaMA-3-8B's shape, ``tiny-gqa`` on the CPU). Both
 take every built-in configuration, a Hugging Face ``config.json`` (``--hf-config``) and one
 layer's weights from a safetensors checkpoint (``--weights``, ``--layer``). Their measured launch
-parameters are schedule data (pto/schedules/data/<device>/)."""
+parameters ship beside them as schedule data (``schedules/<device>/``, :attr:`Program.schedules`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import torch
 from pto.orchestration.llama.config import ATTENTION_MODES, CONFIGS, LlamaConfig, config_named
@@ -62,6 +63,7 @@ class Configs(Mapping):
 
 class LlamaProgram(Program):
     name = "llama7b"
+    schedules = (Path(__file__).resolve().parent / "schedules",)
     description = "one LLaMA decoder layer (7b: hidden 4096, 32 heads x 128, FFN 11008; tiny for the CPU)"
     configs = Configs(CONFIGS)
     #: --config auto on a GPU and on the CPU

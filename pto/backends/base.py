@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pto.batch import TaskBatch
 from pto.errors import UsageError
@@ -35,6 +35,18 @@ class Backend:
         """Device launches one prepared batch makes."""
         return self.prepare(batch).count
 
+    def launch_config(self, fn, tasks: int = 1) -> Mapping:
+        """The launch settings of a batch of ``tasks`` tasks of ``fn`` (a mapping of launch
+        keywords; ``GROUP``: the parallel axis's program order); none for a backend without
+        launch settings."""
+        return {}
+
+    def megakernel(self, plan, tensors, settings):
+        """A whole graph's plan (:class:`pto.exec.plan.Plan`) compiled into one persistent kernel,
+        for a backend with the ``megakernel`` capability (:func:`capable`)."""
+        raise UsageError(f"the persistent executor needs a backend that compiles a megakernel; --backend {self.name} "
+                         "needs --executor waves")
+
     def uniform_launch(self, graph) -> dict[str, dict]:
         """Launch overrides that make every batch of ``graph`` compute exactly as the persistent
         executor's kernel does (``--deterministic``); none for a backend without launch settings."""
@@ -48,7 +60,7 @@ CAPABILITIES = ("megakernel", "cpu_f32_only")
 
 #: name -> (module, class, what it needs, its capabilities)
 BACKENDS = {
-    "triton": ("pto.backends.triton_backend", "TritonBackend", "generated Triton kernels (a GPU, or the CPU "
+    "triton": ("pto.backends.triton", "TritonBackend", "generated Triton kernels (a GPU, or the CPU "
                "interpreter with TRITON_INTERPRET=1: f32, small shapes)", frozenset({"megakernel", "cpu_f32_only"})),
     "torch": ("pto.backends.torch_backend", "TorchBackend", "the batched tile evaluator in torch (any device)",
               frozenset()),
@@ -87,10 +99,12 @@ def resolve(name: str, device: str) -> str:
     return name
 
 
-def get_backend(name: str, device: str = "cpu", launch: dict[str, dict] | None = None) -> Backend:
+def get_backend(name: str, device: str = "cpu", launch: dict[str, dict] | None = None,
+                shipped: tuple = ()) -> Backend:
     """An instance of backend ``name`` for ``device``; ``launch``: per InCore function launch
-    parameters (backends without launch parameters ignore them)."""
+    parameters, ``shipped``: the folders of the program's shipped schedules
+    (:attr:`pto.program.Program.schedules`; backends without launch parameters ignore both)."""
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r} (choose {', '.join(BACKENDS)})")
     module, cls, _, _ = BACKENDS[name]
-    return getattr(importlib.import_module(module), cls).create(device, launch or {})
+    return getattr(importlib.import_module(module), cls).create(device, launch or {}, tuple(shipped))

@@ -15,8 +15,8 @@ class TorchBackend(Backend):
     name = "torch"
 
     @classmethod
-    def create(cls, device, launch: dict[str, dict]) -> TorchBackend:
-        return cls()  # no launch parameters to apply
+    def create(cls, device, launch: dict[str, dict], shipped: tuple = ()) -> TorchBackend:
+        return cls()  # no launch parameters or schedules to apply
 
     def prepare(self, batch: TaskBatch) -> Launch:
         fn, size = batch.fn, batch.size

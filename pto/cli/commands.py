@@ -177,7 +177,7 @@ def _cmd_bench(args) -> int:
 def _cmd_tune(args) -> int:
     from pto.programs import get
     from pto.progress import wanted
-    from pto.tune import refuse_without_gpu, show, tune
+    from pto.tune import Search, refuse_without_gpu, show, tune
 
     prog = get(args.program)
     seqs = _sweep(args, prog)
@@ -195,8 +195,8 @@ def _cmd_tune(args) -> int:
         what = "heuristics" if cand is None else cand
         print(f"  {what}: {f'{ms:.3f} ms' if ms is not None else 'rejected: ' + why}", file=sys.stderr)
 
-    res = tune(args.program, seqs, budget_s=args.budget_s, iterations=args.iterations, progress=wanted(False),
-               on_measure=report, **kw)
+    res = tune(args.program, seqs, Search(budget_s=args.budget_s, iterations=args.iterations, progress=wanted(False),
+                                         on_measure=report), **kw)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

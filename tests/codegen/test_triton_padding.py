@@ -34,7 +34,7 @@ triton = pytest.importorskip("triton")
 
 from pto import InCore, f16, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
-from pto.backends.triton_backend import TritonBackend, run_incore_triton  # noqa: E402
+from pto.backends.triton import TritonBackend, run_incore_triton  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import render  # noqa: E402
 from pto.codegen.triton.common import block_shape  # noqa: E402

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from pto import programs
-from pto.backends.triton_backend import TritonBackend
+from pto.backends.triton import TritonBackend
+from pto.backends.triton.schedules import ScheduleDB
 from pto.codegen.triton.megakernel import fit_megakernel, render_megakernel, stage_bytes
 from pto.errors import ResourceError
-from pto.exec.persistent import make_plan
+from pto.exec.plan import make_plan
 from pto.graph import CompiledProgram
-from pto.schedules import ScheduleDB
 from pto.target import get as target
 from tests.sm90 import compile_sm90, megakernel_job
 
@@ -27,7 +27,7 @@ def _plan(program: str, config: str, seq: int, **options):
     s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"), **options)
     graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(seq)))
     try:
-        return make_plan(graph, list(graph.tensor_ids), {})
+        return make_plan(graph, list(graph.tensor_ids), {}, flags=TritonBackend("cpu").task_flags)
     finally:
         graph.close()
 
@@ -53,7 +53,7 @@ def test_shipped_h100_schedules_fit_the_7b_megakernel(tmp_path):
     stages for some GEMMs; the kernel-wide maximum (the old rule) needs more shared memory than
     an H100 has, the fitted kernel fits and keeps every depth that fits."""
     plan = _plan("llama7b", "7b", 1537, attention="fused")
-    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=tmp_path / "user")
+    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=tmp_path / "user", shipped=programs.get("llama7b").schedules)
     db.triton = "3.6.0"  # the shipped entries apply as on the H100 (measured with Triton 3.6)
     backend = TritonBackend("cpu", schedules=db)
     tasks = np.bincount(plan.task_branch, minlength=len(plan.branches))

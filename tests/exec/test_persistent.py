@@ -94,9 +94,9 @@ def test_a_wait_that_never_ends_is_reported_with_its_task():
     try:
         runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         ex = runner.executor
-        ex.max_polls = 50
+        ex.kernel.max_polls = 50
         victim = int(np.nonzero(ex.plan.pending)[0][-1])  # a task with predecessors
-        ex.buf["pending0"][victim] += 1
+        ex.kernel.buf["pending0"][victim] += 1
         ex.replay()
         with pytest.raises(ExecutionError, match=rf"predecessors of task {victim + ex.plan.first_task} "
                                                  rf"\(`{ex.plan.variants[victim].variant_name}`\)"):

@@ -56,7 +56,7 @@ def test_nan_constants_survive_relaunch():
     import math
 
     from pto import InCore, f32
-    from pto.backends.triton_backend import run_incore_triton
+    from pto.backends.triton import run_incore_triton
 
     k = InCore("nan_paths")
     x, y = k.memref("x", f32), k.memref("y", f32)
@@ -113,9 +113,9 @@ def test_persistent_wait_is_bounded_on_the_gpu():
     try:
         runner(job.program.inputs(job.settings, job.program.shape(200), "cuda"))
         ex = runner.executor
-        ex.max_polls = 10_000
-        victim = int((ex.buf["pending0"] > 0).nonzero()[-1])
-        ex.buf["pending0"][victim] += 1
+        ex.kernel.max_polls = 10_000
+        victim = int((ex.kernel.buf["pending0"] > 0).nonzero()[-1])
+        ex.kernel.buf["pending0"][victim] += 1
         ex.replay()
         with pytest.raises(ExecutionError, match=f"predecessors of task {victim + ex.plan.first_task} "):
             ex.check()
@@ -125,12 +125,12 @@ def test_persistent_wait_is_bounded_on_the_gpu():
 
 def test_tune_rejects_a_wrong_candidate_on_the_gpu(tmp_path):
     """tf32 for an f32 GEMM is fast and wrong beyond f32's tolerance: pto tune never keeps it."""
-    from pto.schedules import ScheduleDB
-    from pto.tune import tune
+    from pto.backends.triton.schedules import ScheduleDB
+    from pto.tune import Search, tune
 
     db = ScheduleDB(torch.cuda.get_device_name(0), user_dir=tmp_path)
     space = {"gemm_tile": [{"input_precision": "tf32"}, {"num_warps": 4, "num_stages": 2}]}
-    res = tune("bgemm", [256], device="cuda", config="tiny", dtype="f32", db=db, iterations=3, warmup=1,
-               candidates=space)
+    res = tune("bgemm", [256], Search(iterations=3, warmup=1, candidates=space), db, device="cuda", config="tiny",
+               dtype="f32")
     (r,) = res["results"]
     assert r["rejected"] == 1 and r["best"] == {"num_warps": 4, "num_stages": 2}

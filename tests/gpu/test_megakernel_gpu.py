@@ -17,14 +17,14 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _runner(seq: int, tmp_path, attention: str = "fused"):
+    from pto.backends.triton.schedules import ScheduleDB
     from pto.engine import Runner, resolve
-    from pto.schedules import ScheduleDB
 
     job = resolve("llama7b", device="cuda", backend="triton", executor="persistent", config="7b", dtype="bf16",
                   options={"attention": attention})
     runner = Runner(job, seq)
     # the schedules shipped for the H100, on whichever sm_90 GPU runs the test
-    runner.executor.backend.schedules = ScheduleDB(H100, user_dir=tmp_path)
+    runner.executor.backend.schedules = ScheduleDB(H100, user_dir=tmp_path, shipped=job.program.schedules)
     return job, runner
 
 
@@ -85,7 +85,7 @@ def test_a_kernel_too_big_for_shared_memory_is_one_error_naming_it():
     """Operands of one dot that no pipelining depth fits: one ResourceError naming the kernel,
     the resource, the settings and where they came from, before any launch."""
     from pto import InCore, f32
-    from pto.backends.triton_backend import run_incore_triton
+    from pto.backends.triton import run_incore_triton
     from pto.errors import ResourceError
 
     k = InCore("big_dot")

@@ -17,15 +17,16 @@ TASKS = {"small": 1, "medium": 32, "large": 1000}  # a batch size in each bucket
 
 
 def test_every_shipped_entry_fits_every_specialization(tmp_path):
-    from pto.backends.triton_backend import TritonBackend
-    from pto.schedules import ScheduleDB
+    from pto import programs
+    from pto.backends.triton import TritonBackend
+    from pto.backends.triton.schedules import ScheduleDB
 
-    db = ScheduleDB(H100, user_dir=tmp_path)
+    db = ScheduleDB(H100, user_dir=tmp_path, shipped=programs.get("llama7b").schedules)
     be = TritonBackend("cuda", schedules=db)
     kernels = family_kernels(be)
     checked, bad = set(), []
-    for f in sorted(db.shipped_dir.glob("*.json")):
-        for e in db._entries("shipped", f.stem):
+    for f in sorted(db.shipped_dirs[0].glob("*.json")):
+        for e in db.entries(f.stem, db.shipped_dirs[0]):
             key = (e.source, tuple(sorted(e.params.items())))
             if key in checked:
                 continue

@@ -154,8 +154,9 @@ def test_deterministic_launch_settings_are_the_megakernels():
     differ (warps, FMA contraction); with the backend's uniform_launch every batched kernel gets the
     persistent kernel's num_warps and fp fusion, and the same code options (pipelining depth is
     each variant's own on both: it reorders loads, not arithmetic)."""
-    from pto.backends.triton_backend import TritonBackend
-    from pto.exec.persistent import PersistentExecutor, make_plan
+    from pto.backends.triton import TritonBackend, merged
+    from pto.backends.triton.megakernel import branch_configs
+    from pto.exec.plan import make_plan
     from pto.target import get as target
 
     prog = programs.get("llama7b")
@@ -167,9 +168,8 @@ def test_deterministic_launch_settings_are_the_megakernels():
         own = {(c["num_warps"], c["enable_fp_fusion"]) for c in (backend.launch_config(f) for f in used)}
         assert len(own) > 1  # the point: without it the kernels compile differently
         backend.launch_overrides.update(backend.uniform_launch(graph))
-        ex = PersistentExecutor(backend, {})
-        ex.plan = make_plan(graph, list(graph.tensor_ids), {})
-        mega = {k: v for k, v in ex._launch_config().items() if k != "num_stages"}
+        plan = make_plan(graph, list(graph.tensor_ids), {}, flags=backend.task_flags)
+        mega = {k: v for k, v in merged(branch_configs(backend, plan)).items() if k != "num_stages"}
         for f in used:
             for tasks in (1, 17, 100):
                 cfg = backend.launch_config(f, tasks)

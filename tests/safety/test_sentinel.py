@@ -225,8 +225,8 @@ def test_off_means_no_checks():
         job = resolve("softmax", device="cpu", backend="triton", executor="persistent")
         runner = Runner(job, 50)
         runner(job.program.inputs(job.settings, job.program.shape(50), "cpu"))
-        assert runner.executor.flags is None and "_scan" not in runner.executor.kernel.source
-        assert len(runner.executor._args()) == 18
+        assert runner.executor.flags is None and "_scan" not in runner.executor.kernel.rendered.source
+        assert len(runner.executor.kernel.args()) == 18
         runner.close()
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from pto import programs
+from pto.backends.triton import TritonBackend
 from pto.codegen.triton.megakernel import render_megakernel
-from pto.exec.persistent import make_plan
+from pto.exec.plan import make_plan
 from pto.exec.sentinel import declared_infinities
 from pto.graph import CompiledProgram
 from pto.target import get as target
@@ -22,7 +23,7 @@ def test_the_sentinel_megakernel_compiles_for_sm90(tmp_path):
     s = prog.settings(device="cuda", config="tiny", dtype="bf16", target=target("cuda_h100"), attention="split")
     graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(300)))
     try:
-        plan = make_plan(graph, list(graph.tensor_ids), {})
+        plan = make_plan(graph, list(graph.tensor_ids), {}, flags=TritonBackend("cpu").task_flags)
         ignore = declared_infinities(graph.variants)
     finally:
         graph.close()

@@ -4,7 +4,7 @@ variant name and kernel source hash."""
 
 from __future__ import annotations
 
-from pto.backends.triton_backend import TritonBackend
+from pto.backends.triton import TritonBackend
 from pto.ir.nodes import IncoreFunction
 
 H100 = "NVIDIA H100 80GB HBM3"

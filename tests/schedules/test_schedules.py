@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from pto import f32
-from pto.backends.triton_backend import TritonBackend
+from pto.backends.triton import TritonBackend
+from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, triton_version
 from pto.ir.analysis import specialize
-from pto.schedules import DATA, Entry, ScheduleDB, bucket, triton_version
 from tests.schedules.family import family_kernels
 
 
@@ -27,7 +27,7 @@ def _gemm():
 
 
 def _db(tmp_path, name="TestGPU 9000"):
-    return ScheduleDB(name, user_dir=tmp_path / "user", shipped_dir=tmp_path / "shipped")
+    return ScheduleDB(name, user_dir=tmp_path / "user", shipped=(tmp_path / "shipped",))
 
 
 def test_buckets_follow_the_batch_size():
@@ -92,13 +92,13 @@ def test_one_variant_name_keeps_an_entry_per_kernel_source(tmp_path):
     assert db.lookup("flash_fused", name3, 128, src3) == ({"num_warps": 8}, "user")
     db.store("flash_fused", Entry(name3, "large", {"num_warps": 2}, triton_version(), src3))  # re-tuned: replaced
     assert db.lookup("flash_fused", name3, 128, src3) == ({"num_warps": 2}, "user")
-    assert len(db._entries("user", "flash_fused")) == 2
+    assert len(db.entries("flash_fused")) == 2
 
 
 def test_lookups_read_a_file_once_until_it_changes(tmp_path, monkeypatch):
     """Every launch that is not replayed looks its schedule up: a file is read once, and again
     only when it was replaced (another database object's store, as another process's tune)."""
-    import pto.schedules as sched
+    import pto.backends.triton.schedules as sched
 
     reads = []
     real = sched._read
@@ -136,11 +136,14 @@ def test_shipped_h100_entries_match_todays_kernels():
     digests: dict[str, set] = {}
     for variant, digest in family_kernels(TritonBackend("cpu")):
         digests.setdefault(variant, set()).add(digest)
-    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=DATA / "none")
-    files = sorted(db.shipped_dir.glob("*.json"))
+    from pto import programs
+
+    (folder,) = programs.get("llama7b").schedules
+    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=folder / "none", shipped=(folder,))
+    files = sorted(db.shipped_dirs[0].glob("*.json"))
     assert files
     for f in files:
-        for e in db._entries("shipped", f.stem):
+        for e in db.entries(f.stem, db.shipped_dirs[0]):
             assert e.variant in digests, e.variant
             assert e.source in digests[e.variant], e.variant
             assert e.triton == "3.6.0"
@@ -153,7 +156,7 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
     is noise; what must hold: every candidate was checked and timed, what is stored is the
     fastest candidate and faster than what ran before (else nothing is stored), and the
     database answers with it."""
-    from pto.tune import tune
+    from pto.tune import Search, tune
 
     db = _db(tmp_path, "cpu")
     space = {"gemm_tile": [{"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 3}]}
@@ -162,12 +165,12 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
     def record(label, cand, ms, why):
         measured.append((cand, ms, why))
 
-    res = tune("bgemm", [40], device="cpu", db=db, iterations=3, warmup=0, candidates=space, on_measure=record)
+    res = tune("bgemm", [40], Search(iterations=3, warmup=0, candidates=space, on_measure=record), db, device="cpu")
     (r,) = res["results"]
     assert r["function"] == "gemm_tile" and r["rejected"] == 0
     assert [c for c, _, _ in measured] == [None, *space["gemm_tile"]] and all(ms for _, ms, _ in measured)
     times = {str(c): ms for c, ms, _ in measured}
-    stored = db._entries("user", "gemm_tile")
+    stored = db.entries("gemm_tile")
     if r["best"] is None:
         assert stored == [] and min(times[str(c)] for c in space["gemm_tile"]) >= r["default_ms"]
     else:
@@ -186,9 +189,10 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
         if cand is not None:
             raise KeyboardInterrupt
 
-    res = tune("bgemm", [40], device="cpu", db=db2, iterations=1, warmup=0, candidates=space, on_measure=interrupt)
+    res = tune("bgemm", [40], Search(iterations=1, warmup=0, candidates=space, on_measure=interrupt), db2,
+               device="cpu")
     assert res["interrupted"] and seen == [None, space["gemm_tile"][0]]
-    assert [e.params for e in db2._entries("user", "gemm_tile")] in ([], [space["gemm_tile"][0]])
+    assert [e.params for e in db2.entries("gemm_tile")] in ([], [space["gemm_tile"][0]])
 
 
 def _gemm_of(result):

@@ -1,5 +1,5 @@
 """The batched Triton kernel of a specialized InCore function (what the ``waves`` executor
-launches through :mod:`pto.backends.triton_backend`).
+launches through :mod:`pto.backends.triton`).
 
 Kernel contract:
 

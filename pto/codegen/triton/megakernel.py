@@ -1,5 +1,5 @@
 """The persistent megakernel: one Triton kernel that runs a whole task graph (the ``persistent``
-executor, :mod:`pto.exec.persistent`).
+executor, :mod:`pto.exec.persistent`, compiled and launched by :mod:`pto.backends.triton.megakernel`).
 
 Every program of the launch loops: it takes the next work item (a task and an index of its
 parallel axis) from a device queue (one atomic counter over an array in topological order),
@@ -182,16 +182,6 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
-def kernel_settings(cfgs: list[dict]) -> dict:
-    """The launch settings of one kernel that runs the device functions of several launch
-    configurations (the megakernel; the batched kernels under ``--deterministic``): the most
-    warps any asks for (a branch gets at least the threads it was tuned with) and FMA contraction
-    if any allows it. Pipelining depth is not merged: it is each variant's own, on its loops
-    (:func:`fit_megakernel`)."""
-    return {"num_warps": max((c["num_warps"] for c in cfgs), default=4),
-            "enable_fp_fusion": any(c.get("enable_fp_fusion", False) for c in cfgs)}
-
-
 def stage_bytes(fn: IncoreFunction) -> int:
     """What one more pipeline stage of ``fn``'s loops costs in shared memory, estimated: the
     bytes of the tiles its loops load (each stage buffers one more of each, a padded tile's whole
@@ -242,5 +232,5 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "fit_megakernel", "kernel_settings",
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "fit_megakernel",
            "stage_bytes"]

@@ -6,8 +6,9 @@ bucket and the kernel's source hash (one variant name can render to several kern
 layer's flash attention bakes in the query heads per key/value head, RMSNorm its eps, so LLaMA-2
 and LLaMA-3 each keep their own entry). Lookup order: the user's database
 (``$PTO_CACHE_DIR/schedules/<device>/``, default ``~/.cache/pto/schedules/<device>/``, what
-``pto tune`` writes), then the defaults shipped with pto (``pto/schedules/data/<device>/``), then
-the renderer's heuristics. An entry records the
+``pto tune`` writes), then the defaults the program ships beside its code (a program's
+``schedules`` folders, e.g. ``orchestration/llama/schedules/<device>/``, :attr:`pto.program.Program.schedules`),
+then the renderer's heuristics. An entry records the
 Triton version and the kernel source hash it was measured with; an entry whose version or hash
 differs from the running one does not apply (``pto tune --show`` says so).
 
@@ -36,7 +37,6 @@ from pto.errors import UsageError
 
 FORMAT = 1
 BUCKETS = (("small", 16), ("medium", 64), ("large", None))
-DATA = Path(__file__).resolve().parent / "data"
 
 
 def bucket(tasks: int) -> str:
@@ -121,20 +121,27 @@ def _write(path: Path, device: str, function: str, entries: list[Entry]) -> None
 
 
 class ScheduleDB:
-    """The schedules of one device: the user's database over the shipped defaults."""
+    """The schedules of one device: the user's database over the shipped defaults (``shipped``:
+    folders that hold a ``<device>/`` folder each, a program's first)."""
 
-    def __init__(self, device_name: str, user_dir: Path | None = None, shipped_dir: Path | None = None):
+    def __init__(self, device_name: str, user_dir: Path | None = None, shipped: tuple[Path, ...] = ()):
         self.device = device_name
         key = device_key(device_name)
         self.user_dir = (user_dir or user_root()) / key
-        self.shipped_dir = (shipped_dir or DATA) / key
+        self.shipped_dirs = tuple(Path(d) / key for d in shipped)
         self.triton = triton_version()
         #: path -> (the file's stamp when read, its entries): a lookup reads a file again only
         #: when it changed (another process's `pto tune`, or :meth:`store`, replaces it whole)
         self._cache: dict[Path, tuple[tuple | None, list[Entry]]] = {}
 
-    def _entries(self, where: str, function: str) -> list[Entry]:
-        path = (self.user_dir if where == "user" else self.shipped_dir) / f"{function}.json"
+    def _sources(self) -> list[tuple[str, Path]]:
+        """``(origin, folder)``: the user's database, then each shipped folder."""
+        return [("user", self.user_dir)] + [("shipped", d) for d in self.shipped_dirs]
+
+    def entries(self, function: str, folder: Path | None = None) -> list[Entry]:
+        """The entries of ``function``'s file in ``folder`` (the user's database by default;
+        a shipped folder, :attr:`shipped_dirs`)."""
+        path = (folder or self.user_dir) / f"{function}.json"
         try:
             st = path.stat()
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -152,8 +159,8 @@ class ScheduleDB:
         now) for the variant and the batch's bucket, from
         the user's database, else the shipped defaults; ``({}, "heuristic")`` if neither has one."""
         b = bucket(tasks)
-        for where in ("user", "shipped"):
-            for e in self._entries(where, function):
+        for where, folder in self._sources():
+            for e in self.entries(function, folder):
                 if e.variant == variant and e.bucket == b and e.stale_reason(source, self.triton) is None:
                     return dict(e.params), where
         return {}, "heuristic"
@@ -161,8 +168,8 @@ class ScheduleDB:
     def explain(self, function: str, variant: str, tasks: int, source: str) -> list[str]:
         """Why each candidate entry applies or not (for ``pto tune --show``)."""
         b, out = bucket(tasks), []
-        for where in ("user", "shipped"):
-            for e in self._entries(where, function):
+        for where, folder in self._sources():
+            for e in self.entries(function, folder):
                 if e.variant != variant or e.bucket != b:
                     continue
                 why = e.stale_reason(source, self.triton)
@@ -183,8 +190,9 @@ class ScheduleDB:
         return path
 
 
-def for_device(device: str) -> ScheduleDB | None:
-    """The database of the device pto runs on (``cpu`` for the interpreter). ``PTO_SCHEDULES``
+def for_device(device: str, shipped: tuple[Path, ...] = ()) -> ScheduleDB | None:
+    """The database of the device pto runs on (``cpu`` for the interpreter), over the defaults
+    in the ``shipped`` folders (the program's, :attr:`pto.program.Program.schedules`). ``PTO_SCHEDULES``
     overrides it: ``none`` for the renderer's heuristics alone (no database), a device name
     (``NVIDIA H100 80GB HBM3``) for that device's databases (another GPU of the same architecture
     runs its schedules: the smoke check runs the H100's on an H200)."""
@@ -192,12 +200,12 @@ def for_device(device: str) -> ScheduleDB | None:
     if chosen.lower() == "none":
         return None
     if chosen:
-        return ScheduleDB(chosen)
+        return ScheduleDB(chosen, shipped=shipped)
     if device.startswith("cuda"):
         import torch
 
-        return ScheduleDB(torch.cuda.get_device_name(0))
-    return ScheduleDB("cpu")
+        return ScheduleDB(torch.cuda.get_device_name(0), shipped=shipped)
+    return ScheduleDB("cpu", shipped=shipped)
 
 
 __all__ = ["ScheduleDB", "Entry", "bucket", "device_key", "for_device", "user_root", "FORMAT", "BUCKETS"]

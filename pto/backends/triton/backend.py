@@ -1,0 +1,267 @@
+"""The Triton backend: generated, batched kernels, a launch or two per task batch.
+
+``prepare(batch)`` renders the batch's specialized InCore function (:mod:`pto.codegen.triton`,
+cached per function and options), loads it (:mod:`.loader`), builds the per-task offset table
+once as a device tensor (:mod:`.tables`), and picks the per-batch specializations (``EVEN_<p>``:
+the tasks' regions are full, so loads and stores skip masks; ``ALIGN_<p>``: the regions start
+on a 16-column boundary). Tasks that allow different specializations launch apart (at most 4
+launches; usually 1, or 2 when a few residual tiles join full ones). The launch it returns
+allocates nothing and never synchronizes with the host, so the executor may capture it in a
+CUDA graph (after a first, uncaptured call has compiled the kernels). Launch settings are a
+:class:`~.launch.LaunchConfig`: the renderer's heuristics, the schedule database
+(:mod:`.schedules`), the caller's overrides. :meth:`TritonBackend.megakernel` compiles a whole
+graph into the persistent kernel (:mod:`.megakernel`).
+
+On a CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``; f32 and f16,
+small shapes; its bf16 conversions truncate, so bf16 is checked by compiling for sm_90 instead).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pto.backends.base import Backend, Launch
+from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, fit_calls, launcher, merged
+from pto.backends.triton.loader import load_kernel
+from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
+from pto.backends.triton.schedules import for_device
+from pto.backends.triton.tables import build_table, check_batch, even_masks, task_env
+from pto.batch import RegionBatch, TaskBatch
+from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
+from pto.errors import ExecutionError
+from pto.ir.analysis import has_collective
+from pto.ir.expr import evaluate
+from pto.ir.nodes import IncoreFunction
+
+_MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
+
+
+class TritonBackend(Backend):
+    """Generated Triton kernels: one launch per batch, or one per kind of task with ``split``.
+
+    ``options``: :class:`RenderOptions` (e.g. ``input_precision="tf32"``). ``launch``: per
+    InCore function overrides of the launch parameters, keyed by plain name (``gemm_tile``) or
+    variant name (``gemm_tile__TK64_TM64_TN128``, which wins), e.g.
+    ``{"gemm_tile": {"num_warps": 8, "num_stages": 4}}``. ``even``/``align``: allow the
+    per-batch specializations. ``split``: launch the tasks whose regions are all full and
+    aligned apart from the others (at most 4 launches a batch), so a few residual tiles do not
+    put a whole batch on the masked path.
+    """
+
+    name = "triton"
+
+    def __init__(self, device="cuda", options: RenderOptions | None = None,
+                 launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
+                 split: bool = True, schedules=None):
+        self.device = torch.device(device)
+        self.graph_capturable = self.device.type == "cuda"
+        self.options = options or RenderOptions()
+        self.launch_overrides = dict(launch or {})
+        self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
+        self.even = even
+        self.align = align
+        self.split = split
+        self._kernels: dict[tuple, RenderedKernel] = {}
+        self._shared: int | None = None
+
+    def kernel(self, fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
+        """The rendered kernel of ``fn`` under ``options`` (default: this backend's; cached)."""
+        opts = options or self.options
+        k = self._kernels.get((fn, opts))
+        if k is None:
+            k = self._kernels[(fn, opts)] = render(fn, opts)
+        return k
+
+    @classmethod
+    def create(cls, device, launch: dict[str, dict], shipped: tuple[Path, ...] = ()) -> TritonBackend:
+        return cls(device, launch=launch, schedules=for_device(str(device), shipped))
+
+    def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
+        """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
+        heuristics, then the schedule database's entry for the variant and the batch's shape
+        bucket (the user's, else the program's shipped defaults;
+        :mod:`pto.backends.triton.schedules`), then ``launch`` for the plain name, then
+        ``launch`` for the variant name."""
+        kernel = self.kernel(fn)
+        cfg = LaunchConfig.of(kernel.launch, f"`{fn.name}`'s heuristics")
+        if self.schedules is not None:
+            found, where = self.schedules.lookup(fn.name, fn.variant_name, tasks, kernel.digest)
+            cfg = cfg.updated(found, f"the {where} schedule of `{fn.variant_name}`")
+        for key in (fn.name, fn.variant_name):
+            cfg = cfg.updated(self.launch_overrides.get(key, {}), f"the launch settings given for `{key}`")
+        return cfg
+
+    def launch_origin(self, fn: IncoreFunction, tasks: int = 1) -> str:
+        """Where ``launch_config``'s settings come from, for messages: an override, the user's or
+        the shipped schedule database, or the renderer's heuristics."""
+        if fn.name in self.launch_overrides or fn.variant_name in self.launch_overrides:
+            return "launch settings given to the backend"
+        where = self.schedules.lookup(fn.name, fn.variant_name, tasks, self.kernel(fn).digest)[1] \
+            if self.schedules is not None else "heuristic"
+        return {"user": "the user's schedule database; pto tune --show lists it",
+                "shipped": "the schedules shipped with pto; pto tune --show lists them"}.get(where, "the heuristics")
+
+    def render_sources(self, functions) -> dict[str, str]:
+        """``{filename: source}`` of the kernels of ``functions`` under this backend's options."""
+        return render_sources(functions, self.options)
+
+    def prepare(self, batch: TaskBatch) -> Launch:
+        fn = batch.fn
+        check_batch(batch)
+        if has_collective(fn):  # Triton kernels do not communicate: the torch evaluator, same device
+            from pto.backends.torch_backend import TorchBackend
+
+            return TorchBackend().prepare(batch)
+        if batch.size == 0:
+            return launcher(None, [], [])
+        cfg = self.launch_config(fn, batch.size)
+        origin = self.launch_origin(fn, batch.size)
+        # a schedule may switch code generation options (RenderOptions fields) as well
+        kernel = self.kernel(fn, cfg.options(self.options))
+        jit = load_kernel(kernel)
+        args = []
+        for p in fn.memrefs:
+            t = batch.mems[p.name].tensor
+            args += [t, t.stride(0)]
+        groups = self.groups(batch)
+        device = batch.mems[fn.memrefs[0].name].tensor.device
+        table = build_table(kernel, batch, device)
+        for g in groups:
+            g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
+        what = f"`{kernel.name}` ({origin})"
+        launches = calls(groups, tuple(args), cfg)
+        if self.compiles:
+            launches = fit_calls(jit, launches, self.shared_limit(), what)
+        return launcher(jit, launches, groups, what)
+
+    def uniform_launch(self, graph) -> dict[str, dict]:
+        """Launch overrides (variant name -> parameters) that compile every batched kernel of
+        ``graph`` as the persistent megakernel compiles its branches: the kernel-wide settings of
+        :func:`pto.codegen.triton.megakernel.kernel_settings` (the most warps any variant asks for,
+        FMA contraction if any allows it, :func:`merged`) and this backend's code-generation options
+        (a schedule may not switch them for one kernel). Pipelining depth stays each variant's own:
+        it reorders loads, not arithmetic. So both executors run identically compiled arithmetic."""
+        ex = graph.runtime.export()
+        by_id = graph.variant_of_func_id()
+        fids, counts = np.unique(ex.func, return_counts=True)
+        one = merged([self.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
+        same = {"num_warps": one.num_warps, "enable_fp_fusion": one.enable_fp_fusion}
+        same.update({f: getattr(self.options, f) for f in RenderOptions.__dataclass_fields__})
+        return {by_id[int(f)].variant_name: dict(same) for f in fids}
+
+    def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:
+        """The specializations of ``fn``'s batched kernel (every region full or not, aligned or
+        not) that need more shared memory than the device has with the launch settings for
+        ``tasks`` tasks as given (compiled, not launched): a schedule is kept only if none
+        (``pto tune``), since a residual tile's masked path may need more than the full tiles it
+        was measured on."""
+        cfg = self.launch_config(fn, tasks)
+        kernel = self.kernel(fn, cfg.options(self.options))
+        jit = load_kernel(kernel)
+        # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
+        args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=self.device), 16)]
+        table = torch.zeros(1, max(kernel.layout.width, 1), dtype=torch.int32, device=self.device)
+        bad = []
+        for even, align in ((True, True), (True, False), (False, True), (False, False)):
+            flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
+            grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg)[0]
+            need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
+            if need > self.shared_limit():
+                bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "
+                           f"{need:,} bytes of shared memory (the device allows {self.shared_limit():,})")
+        return bad
+
+    def task_flags(self, fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per task and memref (``regions``: ``[tasks, memrefs, 4]``, ``env``: per-task int64
+        vectors): may it skip masks (every access inside the region), does its region start on
+        an ALIGN-column boundary. The persistent executor's plan makes a branch of each
+        combination (:func:`pto.exec.plan.make_plan`)."""
+        size = len(regions)
+        if not fn.memrefs:
+            return np.zeros((size, 0), bool), np.zeros((size, 0), bool)
+        even = even_masks(fn, env)
+        return (np.stack([even[m.name].numpy() for m in fn.memrefs], axis=1),
+                regions[:, :, 1] % ALIGN == 0)
+
+    def megakernel(self, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings) -> Megakernel:
+        """``plan`` (:class:`pto.exec.plan.Plan`) compiled into the persistent kernel over
+        ``tensors`` (:mod:`.megakernel`)."""
+        return Megakernel(self, plan, tensors, settings)
+
+    @property
+    def compiles(self) -> bool:
+        """Kernels are compiled for the GPU (not run by the Triton interpreter)."""
+        return self.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+    def shared_limit(self) -> int:
+        """Bytes of shared memory one program may use on this device."""
+        if self._shared is None:
+            p = torch.cuda.get_device_properties(self.device.index or 0)
+            self._shared = int(getattr(p, "shared_memory_per_block_optin", 0) or p.shared_memory_per_block)
+        return self._shared
+
+    def launches_per_batch(self, batch: TaskBatch) -> int:
+        if has_collective(batch.fn):
+            return 1 if batch.size else 0
+        return len(self.groups(batch)) if batch.size else 0
+
+    def groups(self, batch: TaskBatch) -> list[LaunchGroup]:
+        """The launches of a batch: its tasks partitioned by (all regions full, all regions
+        aligned), each part with the flags every one of its tasks allows and its own grid."""
+        fn, size = batch.fn, batch.size
+        env = task_env(batch)
+        if fn.parallel is not None:
+            ext = torch.as_tensor(evaluate(fn.parallel.extent, env)).reshape(-1).expand(size)
+        else:
+            ext = torch.ones(size, dtype=torch.int64)
+        false = torch.zeros(size, dtype=torch.bool)
+        even = even_masks(fn, env) if self.even else {p.name: false for p in fn.memrefs}
+        align = {p.name: (torch.as_tensor(batch.mems[p.name].col0).reshape(-1).cpu() % ALIGN == 0)
+                 .expand(size) if self.align else false for p in fn.memrefs}
+        if self.split:
+            all_even = torch.stack(list(even.values())).all(0)
+            all_align = torch.stack(list(align.values())).all(0)
+            keys = all_even.long() * 2 + all_align.long()
+            parts = [torch.nonzero(keys == k).flatten() for k in (3, 2, 1, 0)]
+        else:
+            parts = [torch.arange(size)]
+        out = []
+        for idx in parts:
+            if idx.numel() == 0:
+                continue
+            pmax = int(ext[idx].max())
+            if pmax <= 0:
+                continue
+            if pmax > _MAX_GRID_Y:
+                raise ExecutionError(f"`{fn.variant_name}`: parallel axis `{fn.parallel.var}` has extent "
+                                     f"{pmax}; a launch takes at most {_MAX_GRID_Y}")
+            flags = {f"EVEN_{m}": bool(v[idx].all()) for m, v in even.items()}
+            flags.update({f"ALIGN_{m}": bool(v[idx].all()) for m, v in align.items()})
+            out.append(LaunchGroup(idx, (idx.numel(), pmax), flags))
+        return out
+
+
+_DEFAULT: dict[str, TritonBackend] = {}
+
+
+def run_incore_triton(fn: IncoreFunction, regions: dict[str, tuple],
+                      scalars: dict[str, int] | None = None) -> None:
+    """Run one task through the Triton backend, in place: ``regions[p] = (tensor, row0, col0,
+    rows, cols)``; scalars are ints (as the reference interpreter's ``run_incore``)."""
+    if fn.dims:
+        raise ExecutionError(f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first")
+    mems = {}
+    for name, (t, r0, c0, nr, nc) in regions.items():
+        mems[name] = RegionBatch(t, *(torch.tensor([int(v)], device=t.device) for v in (r0, c0, nr, nc)))
+    dev = next(iter(regions.values()))[0].device
+    sc = {k: torch.tensor([int(v)], device=dev) for k, v in (scalars or {}).items()}
+    be = _DEFAULT.get(str(dev))
+    if be is None:
+        be = _DEFAULT[str(dev)] = TritonBackend(dev)
+    be.prepare(TaskBatch(fn, mems, sc, 1))()
+
+__all__ = ["TritonBackend", "run_incore_triton"]

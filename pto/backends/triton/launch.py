@@ -1,0 +1,187 @@
+"""Launch settings and launches of the Triton backend.
+
+:class:`LaunchConfig` is the typed launch configuration of one kernel: Triton's launch keywords
+(``num_warps``, ``num_stages``, ``enable_fp_fusion``), the parallel axis's program order
+(``GROUP``) and the code-generation options a schedule may switch (:class:`RenderOptions`
+fields). It reads as a mapping of those keywords, so ``jit[grid](*args, **cfg)`` launches with
+it. :func:`merged` is the one rule for a kernel that runs the device functions of several
+configurations (the persistent megakernel; the batched kernels under ``--deterministic``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from pto.codegen.triton import RenderOptions
+from pto.errors import ExecutionError, ResourceError, UsageError
+
+log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
+_CODEGEN = tuple(f.name for f in fields(RenderOptions))
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchConfig(Mapping):
+    """How one kernel launches (see the module docstring). ``group`` is None for a kernel
+    without a parallel axis (it takes no ``GROUP``); ``codegen``: RenderOptions fields."""
+
+    num_warps: int = 4
+    num_stages: int = 1
+    enable_fp_fusion: bool = False
+    group: int | None = None
+    codegen: tuple[tuple[str, object], ...] = field(default=())
+
+    @classmethod
+    def of(cls, settings: Mapping, where: str = "launch settings") -> LaunchConfig:
+        """From a mapping of launch keywords (a schedule entry, an override, the renderer's
+        heuristics); an unknown key is refused, naming ``where`` it came from."""
+        return cls().updated(settings, where)
+
+    def updated(self, settings: Mapping, where: str = "launch settings") -> LaunchConfig:
+        """These settings with ``settings``' keys replacing theirs."""
+        if isinstance(settings, LaunchConfig):
+            settings = dict(settings)
+        plain, codegen = {}, dict(self.codegen)
+        for k, v in settings.items():
+            if k in ("num_warps", "num_stages"):
+                plain[k] = int(v)
+            elif k == "enable_fp_fusion":
+                plain[k] = bool(v)
+            elif k == "GROUP":
+                plain["group"] = int(v)
+            elif k in _CODEGEN:
+                codegen[k] = v
+            else:
+                raise UsageError(f"{where}: unknown launch setting {k!r} (known: num_warps, num_stages, "
+                                 f"enable_fp_fusion, GROUP, {', '.join(_CODEGEN)})")
+        return replace(self, **plain, codegen=tuple(sorted(codegen.items())))
+
+    def kwargs(self) -> dict:
+        """Triton's launch keywords (and ``GROUP`` for a kernel with a parallel axis)."""
+        out = {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": self.enable_fp_fusion}
+        if self.group is not None:
+            out["GROUP"] = self.group
+        return out
+
+    def options(self, base: RenderOptions) -> RenderOptions:
+        """``base`` with the code-generation options this configuration switches."""
+        return replace(base, **dict(self.codegen)) if self.codegen else base
+
+    # a read-only mapping of every setting (what **cfg passes, what --show prints)
+    def _items(self) -> dict:
+        return {**self.kwargs(), **dict(self.codegen)}
+
+    def __getitem__(self, key: str):
+        return self._items()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._items().items())))
+
+    def __repr__(self) -> str:
+        return repr(self._items())
+
+
+def merged(configs: list[LaunchConfig]) -> LaunchConfig:
+    """The launch settings of one kernel that runs the device functions of several launch
+    configurations (the megakernel; the batched kernels under ``--deterministic``): the most
+    warps any asks for (a branch gets at least the threads it was tuned with) and FMA contraction
+    if any allows it. Pipelining depth is not merged: it is each variant's own, on its loops
+    (:func:`pto.codegen.triton.megakernel.fit_megakernel`), so the kernel's own depth is 1."""
+    return LaunchConfig(num_warps=max((c.num_warps for c in configs), default=4), num_stages=1,
+                        enable_fp_fusion=any(c.enable_fp_fusion for c in configs))
+
+
+@dataclass
+class LaunchGroup:
+    """One launch of a prepared batch: the tasks ``tasks`` (indices into the batch), which share
+    the constexpr flags, on grid (len(tasks), largest parallel extent)."""
+
+    tasks: torch.Tensor
+    grid: tuple[int, int]
+    flags: dict[str, bool]
+    table: torch.Tensor | None = None
+
+
+def triton_error(e: Exception, what: str, cfg: Mapping) -> ExecutionError:
+    """One line for an error Triton raised compiling or launching ``what`` (a kernel and where
+    its settings come from) with launch settings ``cfg``: the resource and the setting that asked
+    for too much of it, or the compiler's first line."""
+    settings = ", ".join(f"{k}={cfg[k]}" for k in ("num_warps", "num_stages") if k in cfg)
+    required, limit = getattr(e, "required", None), getattr(e, "limit", None)
+    if required is not None and limit is not None:
+        return ResourceError(f"{what}: needs {int(required):,} bytes of {getattr(e, 'name', 'a resource')} with "
+                             f"{settings} (the device allows {int(limit):,}); lower num_stages for it")
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
+
+
+def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig) -> list[tuple]:
+    """``(grid, arguments, keyword arguments)`` of each group's launch."""
+    out = []
+    kw = cfg.kwargs()
+    for g in groups:
+        nb, np_ = g.grid
+        if cfg.group is not None:  # a parallel axis: the kernel also takes the grid's extents
+            grid = (nb * np_,) if cfg.group > 0 else g.grid
+            out.append((grid, (g.table, *args), {**g.flags, **kw, "NB": nb, "NP": np_}))
+        else:
+            out.append((g.grid, (g.table, *args), {**g.flags, **kw}))
+    return out
+
+
+def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
+    """The calls with each launch's pipelining depth lowered until its compiled kernel fits
+    ``limit`` bytes of shared memory (compiled here, before any launch). A schedule is measured
+    on the specializations its tuning run launched; a residual tile's masked path can need more
+    shared memory at the same depth. Raises :class:`ResourceError` when one stage is too much."""
+    from triton.errors import TritonError
+
+    out = []
+    for grid, a, kw in launches:
+        kw = dict(kw)
+        while True:
+            try:
+                need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
+            except TritonError as e:
+                raise triton_error(e, what, kw) from e
+            if need <= limit:
+                break
+            if kw.get("num_stages", 1) <= 1:
+                raise ResourceError(f"{what}: needs {need:,} bytes of shared memory with num_warps="
+                                    f"{kw.get('num_warps')}, num_stages=1 (the device allows {limit:,})")
+            log_fit.info("pto: %s: num_stages %d needs %d bytes of shared memory (the device allows %d); "
+                         "lowered", what, kw["num_stages"], need, limit)
+            kw["num_stages"] -= 1
+        out.append((grid, a, kw))
+    return out
+
+
+def launcher(jit, launches: list[tuple], groups: list[LaunchGroup], what: str = ""):
+    """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
+    from triton.errors import TritonError
+
+    def launch():
+        try:
+            for grid, a, kw in launches:
+                jit[grid](*a, **kw)
+        except TritonError as e:  # compiling (first launch) or loading the kernel
+            raise triton_error(e, what, launches[0][2]) from e
+
+    launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
+    launch.count = len(launches)
+    return launch
+
+
+__all__ = ["LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher"]

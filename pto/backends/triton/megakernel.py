@@ -1,0 +1,218 @@
+"""A task graph's plan compiled into the persistent megakernel, its device tables and its launch.
+
+The persistent executor (:mod:`pto.exec.persistent`) builds a plan of the graph (the tables of
+:class:`pto.exec.plan.Plan`) and asks the backend for a :class:`Megakernel`
+(:meth:`TritonBackend.megakernel <pto.backends.triton.backend.TritonBackend.megakernel>`). Here
+the kernel is rendered (:mod:`pto.codegen.triton.megakernel`) with each variant's pipelining depth
+from its launch configuration, lowered until the compiled kernel fits the device's shared memory
+(compiled before any launch; under the interpreter nothing is compiled), the plan is uploaded,
+and as many programs as the GPU holds at once are launched. A launch resets the counters on the
+device (two memsets and a copy) and launches again, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pto.backends.triton.launch import LaunchConfig, merged, triton_error
+from pto.backends.triton.loader import load_kernel
+from pto.codegen.triton.megakernel import MegaKernel, fit_megakernel, render_megakernel
+from pto.codegen.triton.scan import scan_table
+
+#: polls of a predecessor counter before a program gives up (about 1 s per 2**21 on an H100)
+MAX_POLLS = 1 << 24
+
+
+@dataclass(frozen=True)
+class MegakernelSettings:
+    """How the megakernel is built: ``sentinel`` renders the non-finite sentinel (``ignore``: the
+    variants whose declared infinities it does not report); ``max_polls`` bounds a dependency
+    wait; ``shared_limit`` the bytes of shared memory (None: the device's); ``programs`` the
+    programs of a launch (None: as many as fit on the GPU)."""
+
+    sentinel: bool = False
+    ignore: frozenset = frozenset()
+    max_polls: int = MAX_POLLS
+    shared_limit: int | None = None
+    programs: int | None = None
+
+
+def branch_configs(backend, plan) -> list[LaunchConfig]:
+    """Each branch's launch configuration: its schedule for the number of tasks it runs."""
+    tasks = np.bincount(plan.task_branch, minlength=len(plan.branches))
+    return [backend.launch_config(b.fn, int(n)) for b, n in zip(plan.branches, tasks)]
+
+
+class Megakernel:
+    """``plan`` (a :class:`pto.exec.plan.Plan`) as one compiled persistent kernel over
+    ``tensors``, ready to launch."""
+
+    def __init__(self, backend, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings):
+        self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
+        self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
+        self.device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        self.compiled_info: dict = {}
+        self.tracing = 0
+        try:
+            self._build()
+            self.jit = load_kernel(self.rendered)
+            self.programs = self._resident_programs()
+        except Exception as e:
+            one_line = self._translated(e)
+            if one_line is e:
+                raise
+            raise one_line from e
+
+    # -- building ---------------------------------------------------------------------------------
+    def branch_configs(self) -> list[LaunchConfig]:
+        return branch_configs(self.backend, self.plan)
+
+    def launch_config(self) -> LaunchConfig:
+        """One configuration for the whole kernel (:func:`merged`); pipelining is per loop, in
+        the source (``self.stages``)."""
+        return merged(self.branch_configs())
+
+    def _build(self) -> None:
+        want: dict[str, int] = {}
+        for b, c in zip(self.plan.branches, self.branch_configs()):
+            v = b.fn.variant_name
+            want[v] = max(want.get(v, 1), c.num_stages)
+        s = self.settings
+
+        def render(stages: dict[str, int]) -> MegaKernel:
+            return render_megakernel(self.plan.branches, self.backend.options, sentinel=s.sentinel,
+                                     ignore=s.ignore, stages=stages)
+
+        self.stages = want
+        self.rendered = render(want)
+        self._upload()
+        if not self.compiles:
+            return
+        limit = s.shared_limit or self.backend.shared_limit()
+
+        def shared(kernel: MegaKernel) -> int:
+            self.rendered = kernel
+            return int(load_kernel(kernel).warmup(*self.args(), grid=(1,), **self.consts()).metadata.shared)
+
+        self.rendered, self.stages, _ = fit_megakernel(self.plan.branches, want, shared, limit, render)
+
+    @property
+    def compiles(self) -> bool:
+        """The kernel is compiled for the GPU (not run by the Triton interpreter)."""
+        return self.device.type == "cuda" and self.backend.compiles
+
+    def _upload(self) -> None:
+        p, dev = self.plan, self.device
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
+            ("items", p.items), ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
+            ("task_tensor", p.task_tensor), ("pending0", p.pending), ("nitems", p.nitems),
+            ("succ_ptr", p.succ_ptr), ("succ", p.succ if len(p.succ) else np.zeros(1, np.int32)))}
+        tensors = [self.tensors[name] for name in p.tensor_names]
+        t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
+        t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
+        t["pending"] = t["pending0"].clone()
+        t["done"] = torch.zeros(p.n_tasks, dtype=torch.int32, device=dev)
+        t["nxt"] = torch.zeros(1, dtype=torch.int32, device=dev)
+        t["err"] = torch.zeros(2, dtype=torch.int32, device=dev)
+        t["clock"] = torch.zeros(1, dtype=torch.int32, device=dev)
+        t["trace"] = torch.zeros((max(p.n_items, 1), 3), dtype=torch.int64, device=dev)
+        if self.settings.sentinel:
+            t["spend"] = t["pending0"].clone()
+            t["sread"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
+            t["swrite"] = torch.full((max(p.n_tasks, 1), 4), -1, dtype=torch.int64, device=dev)
+            t["stab"] = torch.tensor(scan_table([b.fn for b in p.branches], self.rendered.max_memrefs),
+                                     dtype=torch.int32, device=dev)
+        self.buf = t
+
+    def args(self) -> tuple:
+        b = self.buf
+        b["tracing"] = self.tracing
+        return (b["items"], self.plan.n_items, b["nxt"], b["task_branch"], b["task_row"], b["tab"],
+                b["task_tensor"], b["ptrs"], b["strides"], b["pending"], b["done"], b["nitems"],
+                b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
+                *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()))
+
+    def consts(self) -> dict:
+        cfg = self.launch_config()
+        return {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
+                "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda", **cfg.kwargs()}
+
+    def _resident_programs(self) -> int:
+        """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
+        the interpreter (it runs programs one after another)."""
+        if self.settings.programs:
+            return self.settings.programs
+        if not self.compiles:
+            return 2
+        from pto.target import detect
+
+        tg = detect("cuda", self.device.index or 0)
+        consts = self.consts()
+        compiled = self.jit.warmup(*self.args(), grid=(1,), **consts)
+        compiled._init_handles()  # loads the module: registers and spills are known from here
+        warps = consts["num_warps"]
+        by_regs = (tg.regs_per_block or 65536) // max(compiled.n_regs * 32 * warps, 1)
+        smem = compiled.metadata.shared
+        by_smem = (tg.sram_bytes + 1024) // (smem + 1024) if smem else 32
+        by_threads = 2048 // (32 * warps)
+        per_sm = max(1, min(by_regs, by_smem, by_threads, 32))
+        self.compiled_info = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": smem,
+                              "programs_per_sm": per_sm}
+        return per_sm * (tg.sm_count or 1)
+
+    def _translated(self, e: Exception) -> Exception:
+        """An error Triton raised compiling or launching the kernel as one line naming it; any
+        other error unchanged."""
+        try:
+            from triton.errors import TritonError
+        except ImportError:  # pragma: no cover - the backend needs Triton
+            return e
+        if not isinstance(e, TritonError):
+            return e
+        cfg = self.launch_config().kwargs() if hasattr(self, "rendered") else {}
+        return triton_error(e, f"the persistent kernel over {len(self.plan.branches)} branches", cfg)
+
+    # -- running ----------------------------------------------------------------------------------
+    def launch(self, trace: bool = False) -> None:
+        """Reset the counters and run every item (``trace``: record each item's span)."""
+        b = self.buf
+        b["nxt"].zero_()
+        b["done"].zero_()
+        b["pending"].copy_(b["pending0"])
+        if self.settings.sentinel:
+            b["spend"].copy_(b["pending0"])
+            b["sread"].fill_(-1)
+            b["swrite"].fill_(-1)
+        self.tracing = int(trace)
+        try:
+            self.jit[(max(1, min(self.programs, self.plan.n_items)),)](*self.args(), **self.consts())
+        except Exception as e:
+            one_line = self._translated(e)
+            if one_line is e:
+                raise
+            raise one_line from e
+        finally:
+            self.tracing = 0
+
+    def gave_up(self) -> int | None:
+        """The task (index in the plan) a program gave up waiting for, if one did."""
+        err = self.buf["err"].cpu()
+        return int(err[1]) if int(err[0]) else None
+
+    def items_taken(self) -> int:
+        return int(self.buf["nxt"].cpu()[0])
+
+    def trace(self) -> np.ndarray:
+        """``[n_items, 3]``: (start, end, program) of each item of the last traced launch."""
+        return self.buf["trace"].cpu().numpy()[: self.plan.n_items]
+
+    def sentinel_records(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per task, the first non-finite element each read and wrote (the sentinel's records)."""
+        n = self.plan.n_tasks
+        return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
+
+
+__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "branch_configs"]

@@ -1,0 +1,180 @@
+"""A fully built graph as the persistent megakernel's tables (:class:`Plan`).
+
+Per task: its branch (the InCore variant and the specializations its regions allow, as the
+backend decides them: :meth:`TritonBackend.task_flags <pto.backends.triton.backend.TritonBackend.task_flags>`),
+its table row, the tensor of each memref parameter, its number of work items (parallel-axis
+blocks), its predecessor count and its successors; and the queue of work items in a topological
+priority order (:mod:`pto.exec.order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pto.codegen.triton.megakernel import Branch
+from pto.errors import ExecutionError, UsageError
+from pto.exec.cost import item_costs
+from pto.exec.order import bottom_levels, item_order, levels, list_order
+from pto.ir.expr import evaluate
+from pto.ir.nodes import IncoreFunction
+
+_INT32_MAX = 2**31 - 1
+#: (function, per-task environment of int64 vectors, regions [size, memrefs, 4]) -> per-task
+#: (every access inside the region, the region column-aligned) [size, memrefs] bool each
+FlagRule = Callable[[IncoreFunction, dict, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def no_flags(fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """No specialization: every task takes the masked, unaligned path."""
+    shape = (len(regions), len(fn.memrefs))
+    return np.zeros(shape, bool), np.zeros(shape, bool)
+
+
+@dataclass
+class Plan:
+    """A graph as the megakernel's tables (numpy; the backend uploads them)."""
+
+    branches: list[Branch]
+    items: np.ndarray  # [k, 2] int32: (task, parallel index), queue order
+    task_branch: np.ndarray  # [n] int32
+    task_row: np.ndarray  # [n] int64
+    tab: np.ndarray  # int32 or int64
+    task_tensor: np.ndarray  # [n, maxm] int32: index into ``tensor_names``
+    tensor_names: list[str]
+    pending: np.ndarray  # [n] int32: predecessors
+    nitems: np.ndarray  # [n] int32
+    succ_ptr: np.ndarray  # [n + 1] int32
+    succ: np.ndarray  # int32
+    first_task: int  # runtime id of task 0
+    variants: list[IncoreFunction]  # per task index: its variant (for reports)
+    group_of: dict[str, int]  # InCore function -> GROUP used in the order
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_branch)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.items)
+
+
+def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.ndarray, flags: FlagRule):
+    """Per task of one variant: (rows of its table, parallel extent, EVEN and ALIGN per memref,
+    estimated nanoseconds per item)."""
+    size = len(tens)
+    mem_names = {m.name for m in fn.memrefs}
+    env, regions = {}, {}
+    for k, p in enumerate(fn.params):
+        if p.name in mem_names:
+            regions[p.name] = reg[:, k, :]
+            env[f"{p.name}.rows"] = torch.from_numpy(reg[:, k, 2].copy())
+            env[f"{p.name}.cols"] = torch.from_numpy(reg[:, k, 3].copy())
+        else:
+            env[p.name] = torch.from_numpy(sca[:, k].copy())
+    cols = [regions[m.name][:, j] for m in fn.memrefs for j in range(4)]
+    cols += [env[s.name].numpy() for s in fn.scalars]
+    rows = np.stack(cols, axis=1) if cols else np.zeros((size, 0), np.int64)
+    if fn.parallel is not None:
+        ext = np.broadcast_to(np.asarray(evaluate(fn.parallel.extent, env), dtype=np.int64), (size,)).copy()
+    else:
+        ext = np.ones(size, np.int64)
+    mem_regions = np.stack([regions[m.name] for m in fn.memrefs], axis=1) if fn.memrefs \
+        else np.zeros((size, 0, 4), np.int64)
+    even, align = flags(fn, env, mem_regions)
+    return rows.astype(np.int64), ext, even, align, item_costs(fn, env, size)
+
+
+class _Tables:
+    """The per-task tables of :func:`make_plan`, filled one variant at a time."""
+
+    def __init__(self, n: int, maxm: int):
+        self.task_branch = np.zeros(n, np.int32)
+        self.task_row = np.zeros(n, np.int64)
+        self.extent = np.ones(n, np.int64)
+        self.group = np.zeros(n, np.int64)
+        self.task_tensor = np.zeros((n, maxm), np.int32)
+        self.variant: list[IncoreFunction | None] = [None] * n
+        self.work = np.zeros(n, np.int64)  # elements of a task's regions: the wave executor's "largest first"
+        self.cost = np.zeros(n)  # estimated ns per item
+        self.branches: list[Branch] = []
+        self.branch_ids: dict[tuple, int] = {}
+        self.chunks: list[np.ndarray] = []
+        self.offset = 0
+
+    def add_variant(self, fid: int, fn, idx, args, tensor_index, aligned_tensors, flags, group: int) -> None:
+        tens, reg, sca = args
+        rows, ext, even, align, self.cost[idx] = _task_tables(fn, tens, reg, sca, flags)
+        mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
+        self.work[idx] = (reg[:, mem_k, 2] * reg[:, mem_k, 3]).sum(axis=1)
+        self.extent[idx] = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
+        self.group[idx] = group
+        width = rows.shape[1]
+        self.task_row[idx] = self.offset + np.arange(len(idx)) * width
+        self.offset += len(idx) * width
+        self.chunks.append(rows.reshape(-1))
+        for j, k in enumerate(mem_k):
+            self.task_tensor[idx, j] = np.vectorize(tensor_index.__getitem__, otypes=[np.int32])(tens[:, k])
+        m = len(fn.memrefs)
+        keys = np.concatenate([even, align, aligned_tensors[self.task_tensor[idx, :m]]], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        for u, row in enumerate(uniq):
+            key = (fid, tuple(bool(x) for x in row))
+            if key not in self.branch_ids:
+                self.branch_ids[key] = len(self.branches)
+                parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(3)]
+                self.branches.append(Branch(fn, *parts))
+            self.task_branch[idx[inv.reshape(-1) == u]] = self.branch_ids[key]
+        for t in idx:
+            self.variant[t] = fn
+
+    def table(self) -> np.ndarray:
+        tab = np.concatenate(self.chunks) if self.chunks else np.zeros(1, np.int64)
+        if len(tab) == 0:
+            tab = np.zeros(1, np.int64)
+        return tab.astype(np.int32) if np.abs(tab).max() <= _INT32_MAX else tab
+
+
+def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
+              programs: int = 132, order: str = "list", flags: FlagRule = no_flags) -> Plan:
+    """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
+    ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
+    aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
+    programs, :func:`pto.exec.order.list_order`) or ``levels`` (:func:`pto.exec.order.item_order`
+    alone); ``flags``: the specializations each task allows, the backend's rule)."""
+    if order not in ("list", "levels"):
+        raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
+    if tensor_aligned is None:
+        tensor_aligned = np.ones(len(tensor_names), bool)
+    ex = graph.runtime.export()
+    n = ex.n_tasks
+    variants = graph.variant_of_func_id()
+    tensor_index = {graph.tensor_ids[name]: i for i, name in enumerate(tensor_names)}
+    t = _Tables(n, max((len(f.memrefs) for f in variants.values()), default=1) or 1)
+    for fid in np.unique(ex.func):
+        fn = variants[int(fid)]
+        idx = np.nonzero(ex.func == fid)[0]
+        base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
+        args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
+        t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_aligned, flags, launch_group.get(fn.name, 0))
+    succ_ptr = ex.fanout_ptr.astype(np.int64)
+    succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
+    pending = np.bincount(succ, minlength=n).astype(np.int32)
+    lv = levels(n, succ_ptr, succ)
+    bottom = bottom_levels(n, succ_ptr, succ, lv)
+    _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
+    items = item_order(lv, bottom, t.task_branch, t.extent, t.group, binding.reshape(-1), t.work)
+    if order == "list":
+        items = list_order(items, t.cost, t.extent, succ_ptr, succ, pending, lv, programs)
+    if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
+        raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
+                             "persistent kernel's int32 indices hold; use --executor waves")
+    return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
+                t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
+                t.variant, dict(launch_group))
+
+
+__all__ = ["Plan", "make_plan", "no_flags", "FlagRule"]
