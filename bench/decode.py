@@ -73,7 +73,35 @@ def parse_tiling(text: str) -> DecodeTiling | None:
     return replace(DecodeTiling(), **{k: int(v) for k, v in fields.items()})
 
 
-def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None) -> dict:
+def kernel_times(fn, steps: int) -> dict:
+    """What the GPU ran during ``steps`` calls of ``fn`` (torch.profiler, CUPTI): per kernel name
+    its launches per step and its microseconds per launch, the device's busy time per step
+    against the wall time per step (the rest is the gaps between kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6 / steps
+    acc: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            a = acc.setdefault(e.name[:60], [0, 0.0])
+            a[0] += 1
+            a[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    busy = sum(v[1] for v in acc.values()) / steps
+    top = sorted(acc.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"wall_us_per_step": round(wall_us, 1), "busy_us_per_step": round(busy, 1),
+            "per_kernel": {k: {"per_step": round(n / steps, 1), "us_each": round(t / max(n, 1), 2)}
+                           for k, (n, t) in top}}
+
+
+def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
+         kernels: bool = False) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
     goes (each InCore function's kernel time)."""
     gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling)
@@ -94,6 +122,8 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
 
         ms = events_ms(one, steps)
         out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
+        if kernels:
+            out["kernels"] = kernel_times(one, 8)
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
         out["profile_ms"] = step.executor.profile()
@@ -155,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--executors", default="persistent,waves")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kernels", action="store_true",
+                    help="profile each step's kernels (torch.profiler): launches, time each, busy against wall")
     ap.add_argument("--tilings", default="default",
                     help="decode tilings to compare, ';'-separated, e.g. 'default;bn=32;bn=16,bk=128'")
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
@@ -175,7 +207,7 @@ def main(argv=None) -> int:
                 for ex in args.executors.split(","):
                     key = ex if tiling == "default" else f"{ex}[{tiling}]"
                     try:
-                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling))
+                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling), args.kernels)
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     torch.cuda.empty_cache()

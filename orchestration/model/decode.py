@@ -156,7 +156,8 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                             "wu": (T["wu"], l * H, 0, H, F), "y": T["hb"]})
         o.call(fn.proj, {"x": T["hb"], "w": (T["wd"], l * F, 0, F, H), "r": T["x2"], "y": T["x"]},
                dims={"K": F, "N": H})
-    o.call(fn.lm, {"x": T["x"], "g": T["g_out"], "w": T["lm_head"], "y": T["logits"], "best": T["best"],
+    # the norm's weight as its region (a K step that does not divide H reads past it: masked)
+    o.call(fn.lm, {"x": T["x"], "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"], "y": T["logits"], "best": T["best"],
                    "index": T["index"]})
     with o.for_loop("b1", 0, B) as b:
         o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),

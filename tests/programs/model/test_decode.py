@@ -30,6 +30,18 @@ def test_one_step_matches_the_reference(config, cache, batch):
     assert (res["cache"], res["batch"]) == (cache, batch)
 
 
+def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch):
+    """Block sizes that divide none of the widths (hidden 64 and FFN 160 in K steps of 48,
+    outputs in blocks of 48, the vocabulary of 512 in blocks of 96): the last blocks of every
+    projection and of the LM head's norm weight run past the tensors and are masked."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import DecodeTiling
+
+    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96))
+    res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=5)
+    assert res["rel_err"] <= 1e-5, res
+
+
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
 @pytest.mark.parametrize("executor", ["waves", "persistent"])
