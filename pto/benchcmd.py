@@ -12,6 +12,7 @@ the program's flop count; ratios are the reference's time over ours (above 1: we
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -33,11 +34,23 @@ def _reference_runner(job: Job, shape: Shape, compiled: bool):
     return torch.compile(ref) if compiled else ref
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How each run is timed: the median of ``iterations`` after ``warmup``, on the inputs of
+    ``seed``."""
+
+    iterations: int = 20
+    warmup: int = 3
+    seed: int = 0
+
+
 def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...] = ("auto",),
-          compare: tuple[str, ...] = COMPARE, iterations: int = 20, warmup: int = 3, seed: int = 0,
-          progress: bool = False, **resolve_kw) -> dict:
+          compare: tuple[str, ...] = COMPARE, timing: Timing | None = None, progress: bool = False,
+          **resolve_kw) -> dict:
     """Rows of milliseconds, TFLOP/s, ratios and rel_err for each shape (JSON-able);
     ``resolve_kw``: the settings of :func:`pto.engine.resolve` but the executor."""
+    timing = timing or Timing()
+    iterations, warmup, seed = timing.iterations, timing.warmup, timing.seed
     bad = [c for c in compare if c not in COMPARE]
     if bad:
         raise UsageError(f"--compare {bad[0]!r}: choose from {', '.join(COMPARE)}")

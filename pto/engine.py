@@ -53,15 +53,20 @@ SETTING_NAMES = ("device", "backend", "executor", "config", "dtype", "target", "
 
 
 def resolve(program: str, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
-            config: str | None = None, dtype: str | None = None, target: str | Target | None = None,
-            options: dict | None = None, tp: int = 1) -> Job:
+            target: str | Target | None = None, options: dict | None = None, **settings) -> Job:
     """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
-    command), every value checked; ``tp``: the tensor-parallel ranks (one rank's module)."""
+    command), every value checked. ``settings``: the program's common settings (``config``,
+    ``dtype``, ``tp``: the tensor-parallel ranks, one rank's module; :meth:`Program.settings`),
+    ``options`` its own."""
     prog = programs.get(program)
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
     tg = target if isinstance(target, Target) else resolve_target(target, dev)
-    s = prog.settings(device=dev, config=config, dtype=dtype, target=tg, tp=tp, **(options or {}))
+    unknown = set(settings) - {"config", "dtype", "tp"}
+    if unknown:
+        raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
+                         "go in options)")
+    s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
     if capable(be, "cpu_f32_only") and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
     ex = resolve_executor(executor, dev, be)

@@ -26,6 +26,57 @@ def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:
     return out
 
 
+class _Pairs:
+    """Counts of (q tile, kv tile) pairs of adaptive loops over base tiles, closed form: binary
+    expansion's blocks of at most ``M`` base tiles (min_range 2), kv tiles of ``kv_levels``, q
+    tiles of ``q_levels`` (heights in rows over base tiles of ``base`` rows)."""
+
+    def __init__(self, base: int, q_levels: tuple, kv_levels: tuple, M: int):
+        self.base, self.q_levels, self.kv_levels, self.M = base, q_levels, kv_levels, M
+
+    def w(self, p: int) -> int:
+        """kv tiles of one binary-expansion block of p base tiles (p = 1: the residual tile)."""
+        return p if p < 2 else p // (height_of_block(self.kv_levels, p) // self.base)
+
+    def low(self, r: int) -> int:
+        """kv tiles over the r < M base tiles after the full blocks: one block per set bit."""
+        return sum(self.w(1 << b) for b in range(r.bit_length()) if r >> b & 1)
+
+    def K(self, m: int) -> int:
+        """kv tiles of a kv loop over m base tiles."""
+        return (m // self.M) * self.w(self.M) + self.low(m % self.M)
+
+    def q_block(self, start: int, p: int) -> tuple[int, int]:
+        """(q tiles, pairs) of the q block of p base tiles at ``start`` within its M-chunk."""
+        h = height_of_block(self.q_levels, p) // self.base if p >= 2 else 1
+        c = p // h
+        # the bit arithmetic needs power-of-two tiles dividing their block: tile_levels gives
+        # min(p * base, top) with power-of-two base and top, so this only guards future levels
+        if h & (h - 1) or p % h:
+            raise ValueError(f"q tiles of {h} base tiles in a block of {p}: not a power-of-two split")
+        return c, c * self.low(start) + self.w(p) + (c // 2) * sum(self.w(h << b) for b in range(c.bit_length() - 1))
+
+    def causal_pairs(self, n: int) -> int:
+        """The sum over the q tiles of n base tiles of K(end of the q tile).
+
+        K(m) = (m // M) w(M) + low(m % M): the blocks of bx_blocks (min_range 2), additive over
+        disjoint bits. A q block of p base tiles starts at a multiple of 2p (the sum of the
+        larger bits), so its c = p / h q tiles end at start + j h (j = 1 .. c): K sums to
+        c low(start) + w(p) (the last end sets bit p) + the bits of j h for j < c, each bit of
+        j < c being set for c / 2 of them. Per block O(log n) instead of O(tiles * log n).
+        """
+        M = self.M
+        full = n // M
+        c_full, per_full = self.q_block(0, M)
+        # full block k: its q tiles also count the k full kv blocks before it (its last tile,
+        # ending at (k + 1) M, counts w(M) more: in per_full)
+        total = full * per_full + c_full * self.w(M) * (full * (full - 1) // 2)
+        for start, p in bx_blocks(n % M, M, 2):
+            c, pairs = self.q_block(start, p)
+            total += pairs + c * full * self.w(M)
+        return total
+
+
 def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, causal: bool,
                 adaptive: bool = True, fuse: bool = False, tp: int = 1) -> dict[str, int]:
     """Exact task and edge counts of the layer's graph without building it, in O(n / 4096 +
@@ -49,60 +100,19 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     q_levels = tuple(sorted(tile_levels(t.base, tq).items()))
     kv_levels = tuple(sorted(tile_levels(t.base, tk).items()))
     M = tiling.MAX_RANGE
-
-    def w(p: int) -> int:
-        """kv tiles of one binary-expansion block of p base tiles (p = 1: the residual tile)."""
-        return p if p < 2 else p // (height_of_block(kv_levels, p) // t.base)
-
-    def low(r: int) -> int:
-        """kv tiles over the r < M base tiles after the full blocks: one block per set bit."""
-        return sum(w(1 << b) for b in range(r.bit_length()) if r >> b & 1)
-
-    def K(m: int) -> int:
-        """kv tiles of a kv loop over m base tiles."""
-        return (m // M) * w(M) + low(m % M)
-
-    def q_block(start: int, p: int) -> tuple[int, int]:
-        """(q tiles, pairs) of the q block of p base tiles at ``start`` within its M-chunk."""
-        h = height_of_block(q_levels, p) // t.base if p >= 2 else 1
-        c = p // h
-        # the bit arithmetic needs power-of-two tiles dividing their block: tile_levels gives
-        # min(p * base, top) with power-of-two base and top, so this only guards future levels
-        if h & (h - 1) or p % h:
-            raise ValueError(f"q tiles of {h} base tiles in a block of {p}: not a power-of-two split")
-        return c, c * low(start) + w(p) + (c // 2) * sum(w(h << b) for b in range(c.bit_length() - 1))
-
-    def causal_pairs(n: int) -> int:
-        """The sum over the q tiles of n base tiles of K(end of the q tile).
-
-        K(m) = (m // M) w(M) + low(m % M): the blocks of bx_blocks (min_range 2), additive over
-        disjoint bits. A q block of p base tiles starts at a multiple of 2p (the sum of the
-        larger bits), so its c = p / h q tiles end at start + j h (j = 1 .. c): K sums to
-        c low(start) + w(p) (the last end sets bit p) + the bits of j h for j < c, each bit of
-        j < c being set for c / 2 of them. Per block O(log n) instead of O(tiles * log n).
-        """
-        full = n // M
-        c_full, per_full = q_block(0, M)
-        # full block k: its q tiles also count the k full kv blocks before it (its last tile,
-        # ending at (k + 1) M, counts w(M) more: in per_full)
-        total = full * per_full + c_full * w(M) * (full * (full - 1) // 2)
-        for start, p in bx_blocks(n % M, M, 2):
-            c, pairs = q_block(start, p)
-            total += pairs + c * full * w(M)
-        return total
-
+    pairs = _Pairs(t.base, q_levels, kv_levels, M)
     # a loop without adaptive levels is not expanded (one iteration per base tile); with a
     # single level closed_form_iterations counts exactly that
     T = closed_form_iterations(n, M, 2, q_levels)
     if causal and cfg.window:
-        P, Q = window_terms(n, t.base, tq // t.base, t.tk // t.base, cfg.window, K, causal_pairs)
+        P, Q = window_terms(n, t.base, tq // t.base, t.tk // t.base, cfg.window, pairs.K, pairs.causal_pairs)
         if attention == "fused":
             P = 0
     else:
         if attention == "fused":
             P = 0  # no pair loop: one attention task per q tile
         elif causal:
-            P = causal_pairs(n)
+            P = pairs.causal_pairs(n)
         else:
             P = T * closed_form_iterations(n, M, 2, kv_levels)
         # every kv range ends on a row-tile boundary: q tile i overlaps i + 1 row tiles (causal)

@@ -34,166 +34,202 @@ The file is named after the program: the generated C names each call by its sour
 from __future__ import annotations
 
 from pto.orchestration.llama.config import LlamaConfig
-from pto.orchestration.llama.tiling import fit_functions, loop_attrs
+from pto.orchestration.llama.tiling import LayerForm, fit_functions, loop_attrs
 
 from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
 from pto.target import Target
 
 
-def build_module(cfg: LlamaConfig, dt: DType, target: Target, attention: str = "fused",
-                 causal: bool = True, fuse: bool = False, tp: int = 1, reduce_dt: DType = DType.F32):
-    """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, with ``attention``
-    granularity (``split``, ``pair`` or ``fused``) and ``causal`` or bidirectional attention;
-    ``fuse`` (fused attention only): RMSNorm folded into the projections, RoPE into q and k's;
-    ``tp`` > 1: one rank's module of the layer split over ``tp`` ranks, its all-reduces summing
-    in ``reduce_dt``."""
-    cfg = cfg.shard(tp)
-    t, fn = fit_functions(cfg, dt, target, causal, attention, fuse, tp, reduce_dt)
-    H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
-    QD, KVD = cfg.q_dim, cfg.kv_dim
-    W = cfg.window if causal else None
-    base = t.base
-    o = Orchestration("llama7b")
-    S = o.scalar("S")
-    x = o.input("x", S, H, dt)
-    g_attn, g_ffn = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
-    wq, wk, wv, wo = o.input("wq", H, QD, dt), o.input("wk", H, KVD, dt), o.input("wv", H, KVD, dt), \
-        o.input("wo", QD, H, dt)
-    wg, wu, wd = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
-    cos, sin = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
-    width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
-    if fuse:
-        v, qr, kr, attn, h = (o.temp(n, S, width.get(n, H), dt) for n in ("v", "qr", "kr", "attn", "h"))
-    else:
-        xn, q, k, v, qr, kr = (o.temp(n, S, width.get(n, H), dt) for n in ("xn", "q", "k", "v", "qr", "kr"))
-        attn, h, hn = (o.temp(n, S, width.get(n, H), dt) for n in ("attn", "h", "hn"))
-    act = o.temp("act", S, Fd, dt)
-    if attention != "fused" or tp > 1:
-        ao, dn = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
-    if attention != "fused":
-        gate, up = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
-    y = o.output("y", S, H, dt)
-    if attention != "fused":
-        m_, l_ = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
-        acc = o.temp("acc", S, QD, f32)
-    if attention == "split":
-        s_ = o.temp("s", S, NH * t.tk, f32)
-        alpha = o.temp("alpha", S, NH, f32)
-    n = o.let("n", cdiv(S, base))
-    q_loop = loop_attrs(base, t.tq)
+def build_module(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm | None = None):
+    """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, of the given ``form``
+    (attention granularity, causal or not, fusions, tensor parallelism: :class:`LayerForm`; the
+    default: causal fused attention, nothing folded, one rank)."""
+    form = form or LayerForm()
+    return _Layer(cfg.shard(form.tp), dt, target, form).module()
 
-    def rows(i):
-        return emin(i.rows, S - i * base)
 
-    def tile(tensor, i, cols):
-        return (tensor, i * base, 0, rows(i), cols)
+class _Layer:
+    """The module under construction: its tensors, then the three phases (the order of the
+    calls is the module's)."""
 
-    def gain(g):
+    def __init__(self, cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm):
+        self.cfg, self.dt, self.form = cfg, dt, form
+        self.t, self.fn = fit_functions(cfg, dt, target, form)
+        self.o = Orchestration("llama7b")
+        self.S = self.o.scalar("S")
+        self._tensors()
+        self.n = self.o.let("n", cdiv(self.S, self.t.base))
+        self.q_loop = loop_attrs(self.t.base, self.t.tq)
+
+    def _tensors(self) -> None:
+        o, dt, S, c, f = self.o, self.dt, self.S, self.cfg, self.form
+        H, NH, D, Fd, QD, KVD = c.hidden, c.heads, c.head_dim, c.ffn, c.q_dim, c.kv_dim
+        T = self.T = {"x": o.input("x", S, H, dt)}
+        T["g_attn"], T["g_ffn"] = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
+        T["wq"], T["wk"], T["wv"], T["wo"] = o.input("wq", H, QD, dt), o.input("wk", H, KVD, dt), \
+            o.input("wv", H, KVD, dt), o.input("wo", QD, H, dt)
+        T["wg"], T["wu"], T["wd"] = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
+        T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
+        width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
+        names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "q", "k", "v", "qr", "kr", "attn", "h", "hn")
+        for name in names:
+            T[name] = o.temp(name, S, width.get(name, H), dt)
+        T["act"] = o.temp("act", S, Fd, dt)
+        if f.attention != "fused" or f.tp > 1:
+            T["ao"], T["dn"] = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
+        if f.attention != "fused":
+            T["gate"], T["up"] = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
+        T["y"] = o.output("y", S, H, dt)
+        if f.attention != "fused":
+            T["m"], T["l"] = o.temp("m", S, NH, f32), o.temp("l", S, NH, f32)
+            T["acc"] = o.temp("acc", S, QD, f32)
+        if f.attention == "split":
+            T["s"] = o.temp("s", S, NH * self.t.tk, f32)
+            T["alpha"] = o.temp("alpha", S, NH, f32)
+
+    def rows(self, i):
+        return emin(i.rows, self.S - i * self.t.base)
+
+    def tile(self, name: str, i, cols):
+        return (self.T[name], i * self.t.base, 0, self.rows(i), cols)
+
+    def gain(self, name: str):
         # the norm's 1 x H gain, as a region: a whole-tensor binding would span the functions'
         # column loops, a multiple of their chunk, wider than H where the chunk does not divide it
-        return (g, 0, 0, 1, H)
+        return (self.T[name], 0, 0, 1, self.cfg.hidden)
+
+    def module(self):
+        self.pre_attention()
+        self.attention()
+        self.post_attention()
+        return self.o.module()
 
     # phase 1: pre-attention, per row tile
-    with o.for_loop("i", 0, n, **q_loop) as i:
-        R = {"R": i.rows}
-        if fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
-            for f, w, out, cols in ((fn.matmul_norm_rope, wq, qr, QD), (fn.matmul_norm_rope_k, wk, kr, KVD)):
-                o.call(f, {"x": tile(x, i, H), "g": gain(g_attn), "w": w, "cos": tile(cos, i, D // 2),
-                           "sin": tile(sin, i, D // 2), "y": tile(out, i, cols)}, dims=R)
-            o.call(fn.matmul_norm, {"x": tile(x, i, H), "g": gain(g_attn), "w": wv, "y": tile(v, i, KVD)}, dims=R)
-        else:
-            o.call(fn.rmsnorm, {"x": tile(x, i, H), "g": gain(g_attn), "y": tile(xn, i, H)}, dims=R)
-            for w, out, cols in ((wq, q, QD), (wk, k, KVD), (wv, v, KVD)):
-                o.call(fn.matmul, {"x": tile(xn, i, H), "w": w, "y": tile(out, i, cols)},
-                       dims={**R, "K": H, "N": cols})
-            for f, src, dst, cols in ((fn.rope, q, qr, QD), (fn.rope_k, k, kr, KVD)):
-                o.call(f, {"x": tile(src, i, cols), "cos": tile(cos, i, D // 2), "sin": tile(sin, i, D // 2),
-                           "y": tile(dst, i, cols)}, dims=R)
-        if attention != "fused":
-            o.call(fn.init, {"m": tile(m_, i, NH), "l": tile(l_, i, NH), "acc": tile(acc, i, QD)},
-                   dims={"TQ": i.rows})
+    def pre_attention(self) -> None:
+        o, fn, T, tile, c = self.o, self.fn, self.T, self.tile, self.cfg
+        H, D, QD, KVD = c.hidden, c.head_dim, c.q_dim, c.kv_dim
+        with o.for_loop("i", 0, self.n, **self.q_loop) as i:
+            R = {"R": i.rows}
+            if self.form.fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
+                for f, w, out, cols in ((fn.matmul_norm_rope, "wq", "qr", QD),
+                                        (fn.matmul_norm_rope_k, "wk", "kr", KVD)):
+                    o.call(f, {"x": tile("x", i, H), "g": self.gain("g_attn"), "w": T[w],
+                               "cos": tile("cos", i, D // 2), "sin": tile("sin", i, D // 2), "y": tile(out, i, cols)},
+                           dims=R)
+                o.call(fn.matmul_norm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "w": T["wv"],
+                                        "y": tile("v", i, KVD)}, dims=R)
+            else:
+                o.call(fn.rmsnorm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "y": tile("xn", i, H)}, dims=R)
+                for w, out, cols in (("wq", "q", QD), ("wk", "k", KVD), ("wv", "v", KVD)):
+                    o.call(fn.matmul, {"x": tile("xn", i, H), "w": T[w], "y": tile(out, i, cols)},
+                           dims={**R, "K": H, "N": cols})
+                for f, src, dst, cols in ((fn.rope, "q", "qr", QD), (fn.rope_k, "k", "kr", KVD)):
+                    o.call(f, {"x": tile(src, i, cols), "cos": tile("cos", i, D // 2), "sin": tile("sin", i, D // 2),
+                               "y": tile(dst, i, cols)}, dims=R)
+            if self.form.attention != "fused":
+                o.call(fn.init, {"m": tile("m", i, c.heads), "l": tile("l", i, c.heads), "acc": tile("acc", i, QD)},
+                       dims={"TQ": i.rows})
 
     # phase 2: attention
-    with o.for_loop("qi", 0, n, **q_loop) as qi:
-        qpos = qi * base
-        q_end = emin(S, qpos + qi.rows)
+    def attention(self) -> None:
+        W = self.cfg.window if self.form.causal else None
+        with self.o.for_loop("qi", 0, self.n, **self.q_loop) as qi:
+            qpos = qi * self.t.base
+            q_end = emin(self.S, qpos + qi.rows)
+            if self.form.attention == "fused" and W:
+                self._fused_window(qi, qpos, q_end, W)
+            elif self.form.attention == "fused":
+                self._fused(qi, qpos, q_end)
+            else:
+                self._pairs(qi, qpos, q_end, W)
+
+    def _fused_window(self, qi, qpos, q_end, W) -> None:
+        """Sliding window: the first kv row the q tile visits is that of its first row's first
+        key rounded down to a whole kv tile."""
+        tk, QD, KVD = self.t.tk, self.cfg.q_dim, self.cfg.kv_dim
+        lo = emax(0, ((qpos - (W - 1)) // tk) * tk)
+        nkv, nfull = q_end - lo, (qpos // tk) * tk - lo
+        # tiles starting before the last row's first key cross the window's edge
+        nwin = emin(nfull, cdiv(emax(0, q_end - W - lo), tk) * tk)
+        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], lo, 0, nkv, KVD), "v": (self.T["v"], lo, 0, nkv, KVD),
+                "o": self.tile("attn", qi, QD), "qoff": qpos - lo, "nwin": nwin, "nfull": nfull, "nkv": nkv}
+        self.o.call(self.fn.fused, args, dims={"TQ": qi.rows, "TK": tk})
+
+    def _fused(self, qi, qpos, q_end) -> None:
+        tk, QD, KVD, causal = self.t.tk, self.cfg.q_dim, self.cfg.kv_dim, self.form.causal
+        nkv = q_end if causal else self.S
+        nfull = (qpos // tk) * tk if causal else (self.S // tk) * tk
+        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], 0, 0, nkv, KVD), "v": (self.T["v"], 0, 0, nkv, KVD),
+                "o": self.tile("attn", qi, QD), "nfull": nfull, "nkv": nkv}
+        if causal:
+            args["qpos"] = qpos
+        self.o.call(self.fn.fused, args, dims={"TQ": qi.rows, "TK": tk})
+
+    def _pairs(self, qi, qpos, q_end, W) -> None:
+        """The split and pair modes: a loop over the q tile's kv tiles, then the normalization."""
+        o, fn, T, tile, t, base = self.o, self.fn, self.T, self.tile, self.t, self.t.base
+        NH, QD, KVD, causal = self.cfg.heads, self.cfg.q_dim, self.cfg.kv_dim, self.form.causal
         TQ = {"TQ": qi.rows}
-        # sliding window: the first kv row the q tile visits, that of its first row's first key
-        # rounded down to a whole kv tile (0 without a window)
-        lo = emax(0, ((qpos - (W - 1)) // t.tk) * t.tk) if W else 0
-        if attention == "fused" and W:
-            nkv, nfull = q_end - lo, (qpos // t.tk) * t.tk - lo
-            # tiles starting before the last row's first key cross the window's edge
-            nwin = emin(nfull, cdiv(emax(0, q_end - W - lo), t.tk) * t.tk)
-            args = {"q": tile(qr, qi, QD), "k": (kr, lo, 0, nkv, KVD), "v": (v, lo, 0, nkv, KVD),
-                    "o": tile(attn, qi, QD), "qoff": qpos - lo, "nwin": nwin, "nfull": nfull, "nkv": nkv}
-            o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
-        elif attention == "fused":
-            nkv = q_end if causal else S
-            nfull = (qpos // t.tk) * t.tk if causal else (S // t.tk) * t.tk
-            args = {"q": tile(qr, qi, QD), "k": (kr, 0, 0, nkv, KVD), "v": (v, 0, 0, nkv, KVD),
-                    "o": tile(attn, qi, QD), "nfull": nfull, "nkv": nkv}
-            if causal:
-                args["qpos"] = qpos
-            o.call(fn.fused, args, dims={**TQ, "TK": t.tk})
-        else:
-            # with a window, the kv loop counts base tiles from lo (a whole number of kv tiles)
-            lo_tiles = emax(0, ((qpos - (W - 1)) // t.tk) * (t.tk // base)) if W else 0
-            kv_tiles = (cdiv(q_end, base) - lo_tiles if W else cdiv(q_end, base)) if causal else n
-            # the online-softmax state (m, l, acc) and split mode's scratch (s, alpha) of the q tile
-            # are updated by every kv iteration: merging kv tiles re-associates that reduction
-            with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
-                kpos = (kj + lo_tiles) * base if W else kj * base
-                kv_rows = emin(kj.rows, S - kpos)
-                kvr = (kr, kpos, 0, kv_rows, KVD)
-                vr = (v, kpos, 0, kv_rows, KVD)
-                dims = {**TQ, "TK": kj.rows}
-                state = {"m": tile(m_, qi, NH), "l": tile(l_, qi, NH), "acc": tile(acc, qi, QD)}
-                pos = {"qpos": qpos, "kpos": kpos} if causal else {}
-                if attention == "pair":
-                    o.call(fn.pair, {"q": tile(qr, qi, QD), "k": kvr, "v": vr, **state, **pos}, dims=dims)
-                else:
-                    sreg = (s_, qpos, 0, rows(qi), NH * kj.rows)
-                    o.call(fn.score, {"q": tile(qr, qi, QD), "k": kvr, "s": sreg, **pos}, dims=dims)
-                    o.call(fn.softmax, {"s": sreg, "m": state["m"], "l": state["l"],
-                                        "alpha": tile(alpha, qi, NH)}, dims=dims)
-                    o.call(fn.output, {"p": sreg, "v": vr, "alpha": tile(alpha, qi, NH), "acc": state["acc"]},
-                           dims=dims)
-            o.call(fn.normalize, {"l": tile(l_, qi, NH), "acc": tile(acc, qi, QD), "y": tile(attn, qi, QD)},
-                   dims=TQ)
+        # with a window, the kv loop counts base tiles from lo (a whole number of kv tiles)
+        lo_tiles = emax(0, ((qpos - (W - 1)) // t.tk) * (t.tk // base)) if W else 0
+        kv_tiles = (cdiv(q_end, base) - lo_tiles if W else cdiv(q_end, base)) if causal else self.n
+        # the online-softmax state (m, l, acc) and split mode's scratch (s, alpha) of the q tile
+        # are updated by every kv iteration: merging kv tiles re-associates that reduction
+        with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
+            kpos = (kj + lo_tiles) * base if W else kj * base
+            kv_rows = emin(kj.rows, self.S - kpos)
+            kvr, vr = (T["kr"], kpos, 0, kv_rows, KVD), (T["v"], kpos, 0, kv_rows, KVD)
+            dims = {**TQ, "TK": kj.rows}
+            state = {"m": tile("m", qi, NH), "l": tile("l", qi, NH), "acc": tile("acc", qi, QD)}
+            pos = {"qpos": qpos, "kpos": kpos} if causal else {}
+            if self.form.attention == "pair":
+                o.call(fn.pair, {"q": tile("qr", qi, QD), "k": kvr, "v": vr, **state, **pos}, dims=dims)
+            else:
+                sreg = (T["s"], qpos, 0, self.rows(qi), NH * kj.rows)
+                o.call(fn.score, {"q": tile("qr", qi, QD), "k": kvr, "s": sreg, **pos}, dims=dims)
+                o.call(fn.softmax, {"s": sreg, "m": state["m"], "l": state["l"], "alpha": tile("alpha", qi, NH)},
+                       dims=dims)
+                o.call(fn.output, {"p": sreg, "v": vr, "alpha": tile("alpha", qi, NH), "acc": state["acc"]},
+                       dims=dims)
+        o.call(fn.normalize, {"l": tile("l", qi, NH), "acc": tile("acc", qi, QD), "y": tile("attn", qi, QD)}, dims=TQ)
 
     # phase 3: post-attention and FFN, per row tile
-    def projection(r, src, w, K, residual, out, partial):
+    def _projection(self, r, src: str, w: str, K, residual: str, out: str, partial: str | None) -> None:
         """``out = residual + src @ w``: one task with the residual in the epilogue (fused
         attention), or the product then the residual add; with ``tp`` > 1 the product is this
         rank's partial sum, summed over the ranks with the residual added by the all-reduce."""
+        o, fn, tile, H = self.o, self.fn, self.tile, self.cfg.hidden
         R = {"R": r.rows}
-        if attention == "fused" and tp == 1:
-            o.call(fn.matmul_residual, {"x": tile(src, r, K), "w": w, "r": tile(residual, r, H), "y": tile(out, r, H)},
-                   dims={**R, "K": K, "N": H})
+        if self.form.attention == "fused" and self.form.tp == 1:
+            o.call(fn.matmul_residual, {"x": tile(src, r, K), "w": self.T[w], "r": tile(residual, r, H),
+                                        "y": tile(out, r, H)}, dims={**R, "K": K, "N": H})
             return
-        o.call(fn.matmul, {"x": tile(src, r, K), "w": w, "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
-        if tp > 1:
+        o.call(fn.matmul, {"x": tile(src, r, K), "w": self.T[w], "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
+        if self.form.tp > 1:
             o.call(fn.allreduce_residual, {"x": tile(partial, r, H), "r": tile(residual, r, H), "y": tile(out, r, H)},
                    dims=R)
         else:
             o.call(fn.residual, {"a": tile(residual, r, H), "b": tile(partial, r, H), "y": tile(out, r, H)}, dims=R)
 
-    with o.for_loop("r", 0, n, **q_loop) as r:
-        R = {"R": r.rows}
-        projection(r, attn, wo, QD, x, h, ao if attention != "fused" or tp > 1 else None)
-        if fuse:
-            o.call(fn.matmul_norm_swiglu, {"x": tile(h, r, H), "g": gain(g_ffn), "wg": wg, "wu": wu,
-                                           "y": tile(act, r, Fd)}, dims=R)
-        elif attention == "fused":
-            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": gain(g_ffn), "y": tile(hn, r, H)}, dims=R)
-            o.call(fn.matmul_swiglu, {"x": tile(hn, r, H), "wg": wg, "wu": wu, "y": tile(act, r, Fd)},
-                   dims={**R, "K": H, "N": Fd})
-        else:
-            o.call(fn.rmsnorm, {"x": tile(h, r, H), "g": gain(g_ffn), "y": tile(hn, r, H)}, dims=R)
-            for w, out in ((wg, gate), (wu, up)):
-                o.call(fn.matmul, {"x": tile(hn, r, H), "w": w, "y": tile(out, r, Fd)}, dims={**R, "K": H, "N": Fd})
-            o.call(fn.swiglu, {"a": tile(gate, r, Fd), "b": tile(up, r, Fd), "y": tile(act, r, Fd)}, dims=R)
-        projection(r, act, wd, Fd, h, y, dn if attention != "fused" or tp > 1 else None)
-    return o.module()
+    def post_attention(self) -> None:
+        o, fn, T, tile, f = self.o, self.fn, self.T, self.tile, self.form
+        H, Fd = self.cfg.hidden, self.cfg.ffn
+        split = f.attention != "fused" or f.tp > 1
+        with o.for_loop("r", 0, self.n, **self.q_loop) as r:
+            R = {"R": r.rows}
+            self._projection(r, "attn", "wo", self.cfg.q_dim, "x", "h", "ao" if split else None)
+            if f.fuse:
+                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "wg": T["wg"],
+                                               "wu": T["wu"], "y": tile("act", r, Fd)}, dims=R)
+            elif f.attention == "fused":
+                o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
+                o.call(fn.matmul_swiglu, {"x": tile("hn", r, H), "wg": T["wg"], "wu": T["wu"], "y": tile("act", r, Fd)},
+                       dims={**R, "K": H, "N": Fd})
+            else:
+                o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
+                for w, out in (("wg", "gate"), ("wu", "up")):
+                    o.call(fn.matmul, {"x": tile("hn", r, H), "w": T[w], "y": tile(out, r, Fd)},
+                           dims={**R, "K": H, "N": Fd})
+                o.call(fn.swiglu, {"a": tile("gate", r, Fd), "b": tile("up", r, Fd), "y": tile("act", r, Fd)}, dims=R)
+            self._projection(r, "act", "wd", Fd, "h", "y", "dn" if split else None)

@@ -16,7 +16,7 @@ from pto.orchestration.llama.counts import closed_form
 from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
-from pto.orchestration.llama.tiling import LlamaTiling, fit_functions
+from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
 from pto.orchestration.llama.weights import check_weights, load_layer
 
 from pto import Var
@@ -128,12 +128,14 @@ class LlamaProgram(Program):
 
     def build(self, s: Settings, shape=None):
         """One rank's module (the whole layer with ``s.tp`` 1)."""
-        return build_module(self.config(s), s.dtype, s.target, s["attention"], s["causal"], s["fuse_norm_rope"], s.tp,
-                            self._reduce_dtype(s))
+        return build_module(self.config(s), s.dtype, s.target, self.form(s))
 
     def tiling(self, s: Settings) -> LlamaTiling:
-        return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, s["causal"], s["attention"],
-                             s["fuse_norm_rope"], s.tp, self._reduce_dtype(s))[0]
+        return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, self.form(s))[0]
+
+    def form(self, s: Settings) -> LayerForm:
+        """Which layer the settings ask for (attention mode, causal, fusions, tensor parallelism)."""
+        return LayerForm(s["attention"], s["causal"], s["fuse_norm_rope"], s.tp, self._reduce_dtype(s))
 
     def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts of one rank's graph (see :func:`closed_form`), for ``pto

@@ -102,11 +102,25 @@ def loop_attrs(base: int, top: int) -> dict:
     return dict(tile_levels=levels, max_range=MAX_RANGE, min_range=2)
 
 
-class Functions:
-    """The InCore functions of one (config, dtype, tiling, target, attention mode)."""
+@dataclass(frozen=True)
+class LayerForm:
+    """Which layer the functions compute: ``causal`` or bidirectional attention at ``attention``
+    granularity (``split``, ``pair`` or ``fused``); ``fuse`` (fused attention only): RMSNorm folded
+    into the projections, RoPE into q and k's; ``tp`` > 1: one rank's share of the layer split
+    over ``tp`` ranks, its all-reduces summing in ``reduce_dt``."""
 
-    def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, causal: bool,
-                 attention: str, fuse: bool = False, tp: int = 1, reduce_dt: DType = DType.F32):
+    attention: str = "fused"
+    causal: bool = True
+    fuse: bool = False
+    tp: int = 1
+    reduce_dt: DType = DType.F32
+
+
+class Functions:
+    """The InCore functions of one (config, dtype, tiling, target, layer form)."""
+
+    def __init__(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, target: Target, form: LayerForm):
+        causal, attention, fuse, tp, reduce_dt = form.causal, form.attention, form.fuse, form.tp, form.reduce_dt
         H, NH, D, Fd = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
         NKV, W = cfg.kv_heads, cfg.window if causal else None
         gqa = dict(kv_heads=NKV) if NKV != NH else {}
@@ -147,13 +161,12 @@ class Functions:
             self.output = flash_output(dt, NH, D, t.tq, t.tk, tg, **gqa)
 
 
-def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, attention: str, fuse: bool = False,
-                  tp: int = 1, reduce_dt: DType = DType.F32):
+def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm):
     """The tiling and functions: the SRAM model's q tile height, kv tiles as tall or 64 rows,
     narrower column blocks, then halved, until every function's live tiles fit the target (the
     model counts Q, K, V, O and S in the storage dtype; the functions also keep f32 scores and
-    statistics). ``cfg`` is one rank's layer with ``tp`` > 1 (:meth:`LlamaConfig.shard`), whose
-    all-reduces sum in ``reduce_dt`` (f32, or the storage dtype: half the bytes)."""
+    statistics). ``cfg`` is one rank's layer with ``form.tp`` > 1 (:meth:`LlamaConfig.shard`), whose
+    all-reduces sum in ``form.reduce_dt`` (f32, or the storage dtype: half the bytes)."""
     tq = min(flash_tile_rows(target, cfg.head_dim, dt), 128)
     last = None
     while tq >= 8:
@@ -161,7 +174,7 @@ def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, causal: bool, att
             for shrink in (1, 2, 4, 8):
                 t = choose_tiling(cfg, dt, target, tq, shrink, tk)
                 try:
-                    return t, Functions(cfg, dt, t, target, causal, attention, fuse, tp, reduce_dt)
+                    return t, Functions(cfg, dt, t, target, form)
                 except SramError as e:
                     last = e
         tq //= 2

@@ -43,14 +43,15 @@ from pto.target import Target
 class DecodeTiling:
     """Block sizes of the step: ``chunk`` cache slots per attention task (``tk`` keys per
     tile), output columns ``bn`` and contraction ``bk`` of the projections, ``bv`` vocabulary
-    columns per LM-head block; ``rows``: the batch's tile height (the batch, rounded up to a
-    power of two by the backend)."""
+    columns and contraction ``lm_bk`` per LM-head block (the batch is the tiles' height,
+    rounded up to a power of two by the backend)."""
 
     chunk: int = 256
     tk: int = 64
     bn: int = 64
     bk: int = 64
     bv: int = 512
+    lm_bk: int = 64
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     bv = min(t.bv, cfg.vocab)
     while True:
         try:
-            return dk.lmhead_argmax_tile(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.bk, cfg.layer.eps, target), bv
+            return dk.lmhead_argmax_tile(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.lm_bk, cfg.layer.eps,
+                                         target), bv
         except SramError:
             if bv <= 16:
                 raise

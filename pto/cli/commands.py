@@ -139,7 +139,7 @@ def _cmd_estimate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from pto.benchcmd import bench, format_table, plot
+    from pto.benchcmd import Timing, bench, format_table, plot
     from pto.estimate import check_plot_path
     from pto.programs import get
     from pto.progress import wanted
@@ -158,10 +158,10 @@ def _cmd_bench(args) -> int:
                              "the CPU (small configs)")
     compare = tuple(c for c in args.compare.split(",") if c and c != "none")
     executors = tuple(e for e in args.executor.split(",") if e)
-    res = bench(args.program, shapes, executors=executors or ("auto",), compare=compare, iterations=args.iterations,
-                warmup=args.warmup, device=args.device, backend=args.backend, config=args.config, dtype=args.dtype,
-                target=args.target, options={o.name: getattr(args, o.name) for o in prog.options}, seed=args.seed,
-                progress=wanted(False))
+    res = bench(args.program, shapes, executors=executors or ("auto",), compare=compare,
+                timing=Timing(args.iterations, args.warmup, args.seed), device=args.device, backend=args.backend,
+                config=args.config, dtype=args.dtype, target=args.target,
+                options={o.name: getattr(args, o.name) for o in prog.options}, progress=wanted(False))
     if args.plot:
         plot(res, args.plot)
         res["plot"] = args.plot

@@ -7,6 +7,8 @@ a priority: which ready work the GPU's programs take first.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -122,8 +124,17 @@ def weighted_bottom(cost: np.ndarray, succ_ptr: np.ndarray, succ: np.ndarray, le
     return _longest_down(succ_ptr, succ, level, cost.astype(np.float64), 0.0)
 
 
-def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, succ_ptr: np.ndarray,
-               succ: np.ndarray, pending: np.ndarray, level: np.ndarray, programs: int,
+class Dag(NamedTuple):
+    """A graph's edges as the schedule reads them: successors in CSR (``succ_ptr``, ``succ``),
+    each task's predecessor count and its level."""
+
+    succ_ptr: np.ndarray
+    succ: np.ndarray
+    pending: np.ndarray
+    level: np.ndarray
+
+
+def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, dag: Dag, programs: int,
                bucket: float = 0.05) -> np.ndarray:
     """The queue as a list schedule: simulate ``programs`` workers taking, whenever one is free,
     the ready item whose task has the longest estimated critical path to the end (``cost``:
@@ -141,6 +152,7 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, s
     n = len(cost)
     if n == 0:
         return static_items
+    succ_ptr, succ, pending, level = dag
     b = weighted_bottom(cost, succ_ptr, succ, level)
     prio = -np.floor(np.log(np.maximum(b, 1.0)) / np.log1p(bucket)).astype(np.int64)
     base = np.concatenate([[0], np.cumsum(extent)[:-1]]).astype(np.int64)
@@ -181,4 +193,4 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, s
     return out
 
 
-__all__ = ["levels", "bottom_levels", "item_order", "weighted_bottom", "list_order", "wave_batches"]
+__all__ = ["Dag", "levels", "bottom_levels", "item_order", "weighted_bottom", "list_order", "wave_batches"]

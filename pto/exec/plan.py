@@ -18,7 +18,7 @@ import torch
 from pto.codegen.triton.megakernel import Branch
 from pto.errors import ExecutionError, UsageError
 from pto.exec.cost import item_costs
-from pto.exec.order import bottom_levels, item_order, levels, list_order
+from pto.exec.order import Dag, bottom_levels, item_order, levels, list_order
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -168,7 +168,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
     items = item_order(lv, bottom, t.task_branch, t.extent, t.group, binding.reshape(-1), t.work)
     if order == "list":
-        items = list_order(items, t.cost, t.extent, succ_ptr, succ, pending, lv, programs)
+        items = list_order(items, t.cost, t.extent, Dag(succ_ptr, succ, pending, lv), programs)
     if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
         raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
                              "persistent kernel's int32 indices hold; use --executor waves")

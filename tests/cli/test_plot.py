@@ -77,9 +77,9 @@ def test_estimate_plot_is_readable(tmp_path):
 
 
 def test_bench_plot_is_readable(tmp_path):
-    from pto.benchcmd import bench, plot
+    from pto.benchcmd import Timing, bench, plot
 
-    res = bench("softmax", [64, 128], compare=("eager",), iterations=2, warmup=0, device="cpu")
+    res = bench("softmax", [64, 128], compare=("eager",), timing=Timing(iterations=2, warmup=0), device="cpu")
     fig = plot(res, str(tmp_path / "b.png"))
     check_readable(fig, 1)
     assert "config tiny, f32" in fig.get_suptitle()

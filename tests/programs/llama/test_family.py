@@ -19,6 +19,7 @@ from pto.orchestration.llama.counts import closed_form
 from pto.orchestration.llama.hf import hf_dict
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import reference_layer
+from pto.orchestration.llama.tiling import LayerForm
 
 from pto.engine import execute, rel_err
 from pto.errors import UsageError
@@ -53,7 +54,7 @@ def test_windows_narrower_and_wider_than_a_tile(window, tg, attention):
     cfg = dataclasses.replace(SWA, window=window)
     prog = get("llama")
     s = prog.settings(config="tiny-swa", target=target(tg), attention=attention)
-    module = build_module(cfg, DType.F32, target(tg), attention, True, False)
+    module = build_module(cfg, DType.F32, target(tg), LayerForm(attention, True, False))
     for seq in (150, 301):
         inputs = prog.inputs(s, prog.shape(seq), "cpu", seed=seq)
         out = execute(module, {"S": seq}, inputs, device="cpu", backend="torch")["y"]
@@ -99,7 +100,7 @@ def test_graph_counts_equal_closed_form_for_the_family():
             for attention, fuse in (("fused", False), ("fused", True), ("pair", False), ("split", False)):
                 s = prog.settings(config="tiny-swa", target=target(tg), attention=attention, fuse_norm_rope=fuse)
                 t = prog.tiling(s)
-                module = build_module(cfg, DType.F32, target(tg), attention, True, fuse)
+                module = build_module(cfg, DType.F32, target(tg), LayerForm(attention, True, fuse))
                 for adaptive in (True, False):
                     cp = CompiledProgram.get(module, adaptive)
                     for seq in (1, 65, 200, 417):

@@ -37,7 +37,7 @@ def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch):
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import DecodeTiling
 
-    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96))
+    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96, lm_bk=48))
     res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=5)
     assert res["rel_err"] <= 1e-5, res
 
