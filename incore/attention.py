@@ -26,11 +26,13 @@ range and masks the window's edge only in the tiles that cross it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
-LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see _attn_block)
+LOG2E = 1.4426950408889634  # the softmax runs in base 2 (see online_softmax_step)
 #: the bias of a key outside the sliding window: finite, so that a row whose keys in one tile all
 #: lie before its window (possible in the first tiles a q tile visits) keeps a finite max; the
 #: next tile's larger max then scales what it summed by exp2(-huge) = 0 exactly. Moderate, not
@@ -67,12 +69,41 @@ def _apply_masks(k: InCore, S, masks, Z=None) -> None:
             getattr(k, op)(S, S, bound)
 
 
-def _attn_block(k: InCore, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype, masks, Z=None):
+class FlashTiles(NamedTuple):
+    """The tiles of an online-softmax step: q, the k and v tiles, the scores S and their
+    storage-dtype copy P (S itself in an f32 layer), the running max m, sum l and output acc,
+    scratch (mnew, alpha, rs) and the sliding window's bias tile Z."""
+
+    Q: object
+    Kt: object
+    Vt: object
+    S: object
+    P: object
+    m: object
+    l: object
+    mnew: object
+    alpha: object
+    rs: object
+    acc: object
+    Z: object = None
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which keys a query sees: ``causal`` (none after it), within a sliding ``window`` of keys
+    (Mistral; causal only) or all of them."""
+
+    causal: bool = True
+    window: int | None = None
+
+
+def online_softmax_step(k: InCore, t: FlashTiles, scale: float, masks) -> None:
     """One online-softmax step on tiles: S = Q K^T, masks, then update m, l, acc.
 
     The running max m lives in the base-2 domain (m = max(s) * scale * log2 e), so that
     ``p = exp2(s * c - m)`` is one fused multiply-add and one exp2 per score (exp(x) is exp2 of
     x * log2 e anyway); l and acc are unchanged by the choice of base."""
+    Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, Z = t
     c = scale * LOG2E
     k.matmul(S, Q, Kt, tb=True)
     _apply_masks(k, S, masks, Z)
@@ -101,13 +132,13 @@ def flash_fused(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None,
     Scalars: ``qpos`` (position of the tile's first row), ``nfull`` (kv rows [0, nfull) need no
     mask: before the diagonal, whole blocks), ``nkv`` (kv rows to visit: the causal limit, or
     the sequence). Blocks in [nfull, nkv) get the causal mask (``causal``) and the kv edge."""
-    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True, kv_heads=kv_heads)
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, Mask(causal=True), kv_heads)
 
 
 def flash_fused_nc(dtype, heads: int, head_dim: int, tq: int, tk: int, target=None,
                    kv_heads: int | None = None) -> IncoreFunction:
     """:func:`flash_fused` without the causal mask (bidirectional attention)."""
-    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=False, kv_heads=kv_heads)
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, Mask(causal=False), kv_heads)
 
 
 def flash_fused_swa(dtype, heads: int, head_dim: int, tq: int, tk: int, window: int, target=None,
@@ -118,10 +149,11 @@ def flash_fused_swa(dtype, heads: int, head_dim: int, tq: int, tk: int, window: 
     relative to that start: ``qoff`` (the q tile's first row), ``nwin`` (tiles in [0, nwin) cross
     the window's edge: window mask), ``nfull`` (tiles in [nwin, nfull): no mask), ``nkv`` (tiles
     in [nfull, nkv) meet the diagonal: causal and window masks)."""
-    return _flash_fused(dtype, heads, head_dim, tq, tk, target, causal=True, kv_heads=kv_heads, window=window)
+    return _flash_fused(dtype, heads, head_dim, tq, tk, target, Mask(causal=True, window=window), kv_heads)
 
 
-def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal, kv_heads=None, window=None):
+def _flash_fused(dtype, heads, head_dim, tq, tk, target, mask: Mask, kv_heads=None):
+    causal, window = mask.causal, mask.window
     k = InCore("flash_fused_swa" if window else "flash_fused" if causal else "flash_fused_nc")
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
@@ -145,16 +177,16 @@ def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal, kv_heads=None, 
     k.full(m, -math.inf)
     k.full(l, 0.0)
     k.full(acc, 0.0)
-    state = (Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, scale, dtype)
+    state = FlashTiles(Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, Z)
     if window:
         with k.for_range("j0", 0, nwin, TK) as j0:
             k.load(Kt, kk_, j0, kvc)
             k.load(Vt, v, j0, kvc)
-            _attn_block(k, *state, masks=[("window", qpos - j0 - window)], Z=Z)
+            online_softmax_step(k, state, scale, [("window", qpos - j0 - window)])
     with k.for_range("j", nwin if window else 0, nfull, TK) as j:
         k.load(Kt, kk_, j, kvc)
         k.load(Vt, v, j, kvc)
-        _attn_block(k, *state, masks=[])
+        online_softmax_step(k, state, scale, [])
     with k.for_range("j2", nfull, nkv, TK) as j2:
         k.load(Kt, kk_, j2, kvc)
         k.load(Vt, v, j2, kvc)
@@ -162,7 +194,7 @@ def _flash_fused(dtype, heads, head_dim, tq, tk, target, causal, kv_heads=None, 
         masks = [("mask_causal", qpos - j2)] if causal else [("mask_cols", nkv - j2)]
         if window:
             masks.insert(0, ("window", qpos - j2 - window))
-        _attn_block(k, *state, masks=masks, Z=Z)
+        online_softmax_step(k, state, scale, masks)
     k.rowexpanddiv(acc, acc, l)
     if dtype != f32:
         k.cast(Q, acc)
@@ -213,25 +245,26 @@ def flash_normalize(dtype, heads: int, head_dim: int, tq: int, target=None) -> I
     return k.build(target)
 
 
-def _pair_masks(causal, qpos, kpos, kmem, window=None):
+def _pair_masks(mask: Mask, qpos, kpos, kmem):
     masks = [("mask_cols", kmem.rows)]
-    if causal:
+    if mask.causal:
         masks.insert(0, ("mask_causal", qpos - kpos))
-    if window:
-        masks.insert(0, ("window", qpos - kpos - window))
+    if mask.window:
+        masks.insert(0, ("window", qpos - kpos - mask.window))
     return masks
 
 
-def _pair_name(base: str, causal: bool, window) -> str:
-    return base + ("_swa" if window else "" if causal else "_nc")
+def _pair_name(base: str, mask: Mask) -> str:
+    return base + ("_swa" if mask.window else "" if mask.causal else "_nc")
 
 
-def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None,
-               kv_heads: int | None = None, window: int | None = None):
+def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, mask: Mask, target=None,
+               kv_heads: int | None = None):
     """One (q tile, kv tile) step: scores, online softmax and output update in one task (with a
-    sliding ``window``: its mask as well; the orchestration submits only the pairs that meet the
+    sliding window: its mask as well; the orchestration submits only the pairs that meet the
     window)."""
-    k = InCore(_pair_name("flash_pair", causal, window))
+    causal, window = mask.causal, mask.window
+    k = InCore(_pair_name("flash_pair", mask))
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
     q, kk_, v = k.memref("q", dtype), k.memref("k", dtype), k.memref("v", dtype)
@@ -252,18 +285,19 @@ def flash_pair(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool,
     k.load(m, m_, 0, h)
     k.load(l, l_, 0, h)
     k.load(acc, o_, 0, h * D)
-    masks = _pair_masks(causal, qpos, kpos, kk_, window)
-    _attn_block(k, Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, 1.0 / math.sqrt(D), dtype, masks, Z)
+    masks = _pair_masks(mask, qpos, kpos, kk_)
+    online_softmax_step(k, FlashTiles(Q, Kt, Vt, S, P, m, l, mnew, alpha, rs, acc, Z), 1.0 / math.sqrt(D), masks)
     k.store(m_, 0, h, m)
     k.store(l_, 0, h, l)
     k.store(o_, 0, h * D, acc)
     return k.build(target)
 
 
-def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool, target=None,
-                kv_heads: int | None = None, window: int | None = None):
+def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, mask: Mask, target=None,
+                kv_heads: int | None = None):
     """split step 1: s = mask(Q K^T * scale) for every head (s: TQ x heads*TK, f32)."""
-    k = InCore(_pair_name("flash_score", causal, window))
+    causal, window = mask.causal, mask.window
+    k = InCore(_pair_name("flash_score", mask))
     TQ, TK = k.dim("TQ", tq), k.dim("TK", tk)
     D = head_dim
     q, kk_, s_ = k.memref("q", dtype), k.memref("k", dtype), k.memref("s", f32)
@@ -276,7 +310,7 @@ def flash_score(dtype, heads: int, head_dim: int, tq: int, tk: int, causal: bool
     k.load(Kt, kk_, 0, _kv_col(h, D, heads, kv_heads))
     k.matmul(S, Q, Kt, tb=True)
     k.muls(S, S, 1.0 / math.sqrt(D))
-    _apply_masks(k, S, _pair_masks(causal, qpos, kpos, kk_, window), Z)
+    _apply_masks(k, S, _pair_masks(mask, qpos, kpos, kk_), Z)
     k.store(s_, 0, h * TK, S)
     return k.build(target)
 

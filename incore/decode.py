@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from pto.incore.fused import normed_gemm
+from pto.incore.attention import FlashTiles, online_softmax_step
+from pto.incore.fused import RowNorm, normed_gemm
 
 from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
@@ -112,9 +113,11 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
     """One chunk of a sequence's cache for the ``group`` query heads of one key/value head: of
     its slots ``j0 .. j0 + chunk - 1``, those that hold a key (the first ``min(p + 1, cap)``
     slots of the ring, p read from ``pos``: slot order does not matter, RoPE is applied before
-    the cache), online softmax over tiles of ``tk`` keys; the partial state (row max ``m``, sum
-    ``l``, the unnormalized output ``o``, f32) of each query head to ``ml`` ([group, 2]) and
-    ``o`` ([group, D]). A chunk past the last key runs no tile (m = -inf, l = 0, o = 0)."""
+    the cache), online softmax over tiles of ``tk`` keys (the prefill's step,
+    :func:`~pto.incore.attention.online_softmax_step`); the partial state (row max ``m`` of the
+    scores times ``log2 e / sqrt(D)``, sum ``l``, the unnormalized output ``o``, f32) of each query
+    head to ``ml`` ([group, 2]) and ``o`` ([group, D]). A chunk past the last key runs no tile
+    (m = -inf, l = 0, o = 0)."""
     k = InCore("decode_attn_part")
     D = head_dim
     pos = k.memref("pos", f32)
@@ -133,9 +136,11 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
     # a few for the tensor-core product)
     G = max(group, 16)
     qt, kt, vt = k.tile("qt", G, D, dtype), k.tile("kt", tk, D, dtype), k.tile("vt", tk, D, dtype)
-    s, pr = k.tile("s", G, tk, f32), k.tile("pr", G, tk, dtype)
-    m, mnew, l, alpha, rs = (k.tile(n, G, 1, f32) for n in ("m", "mnew", "l", "alpha", "rs"))
-    acc, pv = k.tile("acc", G, D, f32), k.tile("pv", G, D, f32)
+    s = k.tile("s", G, tk, f32)
+    pr = k.tile("pr", G, tk, dtype) if dtype != f32 else s
+    m, l, mnew, alpha, rs = (k.tile(n, G, 1, f32) for n in ("m", "l", "mnew", "alpha", "rs"))
+    acc = k.tile("acc", G, D, f32)
+    tiles = FlashTiles(qt, kt, vt, s, pr, m, l, mnew, alpha, rs, acc)
     k.load(qt, q, 0, 0)
     k.full(m, float("-inf"))
     k.full(l, 0.0)
@@ -145,23 +150,8 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
         k.load(vt, vc, kk, 0)
         # the slots past the last key hold anything (NaN in a fresh cache): 0 * NaN would leak
         k.mask_rows(vt, vt, n - kk, fill=0.0)
-        k.matmul(s, qt, kt, tb=True)
-        k.muls(s, s, 1.0 / math.sqrt(D))
-        k.mask_cols(s, s, n - kk)
-        k.rowmax(mnew, s)
-        k.max(mnew, mnew, m)
-        k.sub(alpha, m, mnew)
-        k.exp(alpha, alpha)
-        k.rowexpandsub(s, s, mnew)
-        k.exp(s, s)
-        k.rowsum(rs, s)
-        k.mul(l, l, alpha)
-        k.add(l, l, rs)
-        k.cast(pr, s)
-        k.matmul(pv, pr, vt)
-        k.rowexpandmul(acc, acc, alpha)
-        k.add(acc, acc, pv)
-        k.mov(m, mnew)
+        # the prefill's step: the max in the base-2 domain (the combine's exp2 follows it)
+        online_softmax_step(k, tiles, 1.0 / math.sqrt(D), [("mask_cols", n - kk)])
     k.store(o, 0, 0, acc)
     k.store(ml, 0, 0, m)
     k.store(ml, 0, 1, l)
@@ -170,7 +160,8 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
 
 def decode_attn_combine(dtype, head_dim: int, target=None) -> IncoreFunction:
     """One query head's output from its ``chunks`` partial states (rows of ``o`` and ``ml``
-    ``stride`` apart: ``o[j * stride]``): ``sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j``."""
+    ``stride`` apart: ``o[j * stride]``): ``sum_j 2^(m_j - M) o_j / sum_j 2^(m_j - M) l_j`` (the
+    maxima are in the base-2 domain, as :func:`decode_attn_part` leaves them)."""
     k = InCore("decode_attn_combine")
     D = head_dim
     o = k.memref("o", f32)
@@ -188,11 +179,11 @@ def decode_attn_combine(dtype, head_dim: int, target=None) -> IncoreFunction:
         k.load(lj, ml, j * stride, 1)
         k.load(oj, o, j * stride, 0)
         k.max(mnew, m, mj)
-        # a chunk past the position has m = -inf: its weight is exp(-inf) = 0 (chunk 0 never is)
+        # a chunk past the position has m = -inf: its weight is 2^-inf = 0 (chunk 0 never is)
         k.sub(alpha, m, mnew)
-        k.exp(alpha, alpha)
+        k.exp2(alpha, alpha)
         k.sub(w, mj, mnew)
-        k.exp(w, w)
+        k.exp2(w, w)
         k.mul(l, l, alpha)
         k.mul(lj, lj, w)
         k.add(l, l, lj)
@@ -220,7 +211,7 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
     y = k.memref("y", f32, shape=(R, N))
     best, index = k.memref("best", f32), k.memref("index", f32)
     j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, R, K, bn, bk, dtype, eps, j)
+    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K), bn, j)
     k.store(y, 0, j * bn, acc)
     # the columns past the vocabulary's end never win
     k.mask_cols(acc, acc, N - j * bn)

@@ -22,11 +22,12 @@ from pto import InCore, cdiv, f32
 from pto.ir.nodes import IncoreFunction
 
 
-class _Norm:
-    """The tiles and steps of the folded RMSNorm in a row-tile matmul's K loop."""
+class RowNorm:
+    """The tiles and steps of the folded RMSNorm in a row-tile matmul's K loop: R rows of K
+    columns in steps of ``bk``."""
 
     def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int):
-        self.k, self.dtype, self.eps, self.K = k, dtype, eps, K
+        self.k, self.dtype, self.eps, self.K, self.R, self.bk = k, dtype, eps, K, R, bk
         self.g = k.memref("g", dtype)
         self.xt = k.tile("xt", R, bk, dtype)
         self.xf = k.tile("xf", R, bk, f32)
@@ -60,16 +61,17 @@ class _Norm:
             k.rowexpandmul(acc, acc, self.ss)
 
 
-def normed_gemm(k: InCore, x, w, R, K: int, bn: int, bk: int, dtype, eps: float, j):
-    """The shared body of a row tile's projection with the RMSNorm folded in: the R rows of
-    ``x`` against column block ``j`` (``bn`` wide) of ``w``, accumulated over K in steps of
-    ``bk`` and scaled by each row's rsqrt(mean(x^2) + eps); returns the f32 accumulator."""
-    norm = _Norm(k, R, bk, dtype, eps, K)
+def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
+    """The shared body of a row tile's projection with the RMSNorm folded in (``norm``, declared
+    just before: its tiles come first): the R rows of ``x`` against column block ``j`` (``bn``
+    wide) of ``w``, accumulated over K in the norm's steps and scaled by each row's
+    rsqrt(mean(x^2) + eps); returns the f32 accumulator."""
+    R, bk, dtype = norm.R, norm.bk, norm.dtype
     a = k.tile("a", R, bk, dtype)
     bt = k.tile("bt", bk, bn, dtype)
     acc = k.tile("acc", R, bn, f32)
     k.full(acc, 0.0)
-    with k.for_range("kk", 0, K, bk) as kk:
+    with k.for_range("kk", 0, norm.K, bk) as kk:
         norm.step(x, kk, a)
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(acc, a, bt)
@@ -86,7 +88,7 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
     w = k.memref("w", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, R, K, bn, bk, dtype, eps, j)
+    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K), bn, j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -94,12 +96,25 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
 
 
 def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                          target=None, name: str = "matmul_norm_rope_tile") -> IncoreFunction:
+                          target=None) -> IncoreFunction:
     """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: one head per index of the
     parallel axis, its two halves in two accumulators, rotated by the row tile's ``cos`` and
-    ``sin`` (``rows x head_dim / 2``) before the store. ``name``: a second function for another
-    head count (grouped-query attention's k)."""
-    k = InCore(name)
+    ``sin`` (``rows x head_dim / 2``) before the store."""
+    k = InCore("matmul_norm_rope_tile")
+    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype)
+    return k.build(target)
+
+
+def matmul_norm_rope_k_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
+                            target=None) -> IncoreFunction:
+    """:func:`matmul_norm_rope_tile` as a second function for another head count (grouped-query
+    attention's k)."""
+    k = InCore("matmul_norm_rope_k_tile")
+    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype)
+    return k.build(target)
+
+
+def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float, dtype) -> None:
     R = k.dim("R", rows)
     half = head_dim // 2
     x = k.memref("x", dtype, shape=(R, K))
@@ -107,7 +122,7 @@ def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, b
     cos, sin = k.memref("cos", dtype), k.memref("sin", dtype)
     y = k.memref("y", dtype, shape=(R, heads * head_dim))
     h = k.parallel("h", heads)
-    norm = _Norm(k, R, bk, dtype, eps, K)
+    norm = RowNorm(k, R, bk, dtype, eps, K)
     a = k.tile("a", R, bk, dtype)
     b1, b2 = k.tile("b1", bk, half, dtype), k.tile("b2", bk, half, dtype)
     a1, a2 = k.tile("a1", R, half, f32), k.tile("a2", R, half, f32)
@@ -144,7 +159,6 @@ def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, b
     k.add(t1, t1, t2)  # y2 = a2 cos + a1 sin
     k.cast(ob, t1)
     k.store(y, 0, h * head_dim + half, ob)
-    return k.build(target)
 
 
 def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
@@ -158,7 +172,7 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     wu = k.memref("wu", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    norm = _Norm(k, R, bk, dtype, eps, K)
+    norm = RowNorm(k, R, bk, dtype, eps, K)
     a = k.tile("a", R, bk, dtype)
     bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
     g, u = k.tile("gacc", R, bn, f32), k.tile("uacc", R, bn, f32)
@@ -175,4 +189,5 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     return k.build(target)
 
 
-__all__ = ["matmul_norm_tile", "matmul_norm_rope_tile", "matmul_norm_swiglu_tile"]
+__all__ = ["RowNorm", "normed_gemm", "matmul_norm_tile", "matmul_norm_rope_tile", "matmul_norm_rope_k_tile",
+           "matmul_norm_swiglu_tile"]

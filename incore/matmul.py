@@ -40,12 +40,12 @@ def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32, target=None) 
     return k.build(target)
 
 
-def _row_tile_matmul(name: str, dtype, rows: int, K: int, N: int, bn: int, bk: int, residual: bool,
+def _row_tile_matmul(dtype, rows: int, K: int, N: int, bn: int, bk: int, residual: bool,
                      target=None) -> IncoreFunction:
     """An R x K row tile against a whole K x N weight: the K reduction inside (f32 accumulation),
     a parallel axis over output column blocks of ``bn``; with ``residual``, ``+ r`` in the
     epilogue (the sum never makes a round trip through memory)."""
-    k = InCore(name)
+    k = InCore("matmul_residual_tile" if residual else "matmul_tile")
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)
     x = k.memref("x", dtype, shape=(R, KD))
@@ -73,12 +73,12 @@ def _row_tile_matmul(name: str, dtype, rows: int, K: int, N: int, bn: int, bk: i
 
 def matmul_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
     """``y = x @ w`` for an R x K row tile against a whole K x N weight."""
-    return _row_tile_matmul("matmul_tile", dtype, rows, K, N, bn, bk, False, target)
+    return _row_tile_matmul(dtype, rows, K, N, bn, bk, False, target)
 
 
 def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
     """``y = r + x @ w``: :func:`matmul_tile` with the residual connection in the epilogue."""
-    return _row_tile_matmul("matmul_residual_tile", dtype, rows, K, N, bn, bk, True, target)
+    return _row_tile_matmul(dtype, rows, K, N, bn, bk, True, target)
 
 
 def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:

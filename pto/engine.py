@@ -70,6 +70,8 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
     if capable(be, "cpu_f32_only") and dev == "cpu" and s.dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
     ex = resolve_executor(executor, dev, be)
+    if ex == "auto" and prog.auto_executor:
+        ex = prog.auto_executor
     if ex == "persistent" and not capable(be, "megakernel"):  # refused here, before the graph is built
         if backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "

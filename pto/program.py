@@ -176,6 +176,9 @@ class Program:
     schedules: tuple[Path, ...] = ()
     #: the program generates text token by token (``pto generate`` runs :meth:`generate`)
     generates = False
+    #: the executor ``auto`` means for this program on a GPU where measurements settle it (None:
+    #: decided per built graph, :func:`pto.exec.choose`)
+    auto_executor: str | None = None
 
     # -- settings ---------------------------------------------------------------------------------
     def default_config(self, device: str) -> str:

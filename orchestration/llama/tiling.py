@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pto.incore.attention import (
+    Mask,
     flash_fused,
     flash_fused_nc,
     flash_fused_swa,
@@ -31,7 +32,12 @@ from pto.incore.attention import (
 )
 from pto.incore.collective import allreduce_residual_tile
 from pto.incore.elementwise import residual_add, swiglu_tile
-from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
+from pto.incore.fused import (
+    matmul_norm_rope_k_tile,
+    matmul_norm_rope_tile,
+    matmul_norm_swiglu_tile,
+    matmul_norm_tile,
+)
 from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
 from pto.incore.norm import rmsnorm_tile
 from pto.incore.rope import rope_tile
@@ -139,8 +145,8 @@ class Functions:
             if fuse:  # and the norms folded into the projections after them, RoPE into q and k's
                 self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, tg)
                 self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps, tg)
-                self.matmul_norm_rope_k = self.matmul_norm_rope if NKV == NH else matmul_norm_rope_tile(
-                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, tg, name="matmul_norm_rope_k_tile")
+                self.matmul_norm_rope_k = self.matmul_norm_rope if NKV == NH else matmul_norm_rope_k_tile(
+                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, tg)
                 self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, tg)
             self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
             self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
@@ -154,9 +160,9 @@ class Functions:
         self.init = flash_init(NH, D, t.tq, tg)
         self.normalize = flash_normalize(dt, NH, D, t.tq, tg)
         if attention == "pair":
-            self.pair = flash_pair(dt, NH, D, t.tq, t.tk, causal, tg, window=W, **gqa)
+            self.pair = flash_pair(dt, NH, D, t.tq, t.tk, Mask(causal, W), tg, **gqa)
         else:
-            self.score = flash_score(dt, NH, D, t.tq, t.tk, causal, tg, window=W, **gqa)
+            self.score = flash_score(dt, NH, D, t.tq, t.tk, Mask(causal, W), tg, **gqa)
             self.softmax = flash_softmax(NH, t.tq, t.tk, tg)
             self.output = flash_output(dt, NH, D, t.tq, t.tk, tg, **gqa)
 

@@ -48,8 +48,10 @@ class DecodeTiling:
 
     chunk: int = 256
     tk: int = 64
-    bn: int = 64
-    bk: int = 64
+    # 16 output columns in K steps of 192: the fastest of the GEMV tilings measured on an H100
+    # (SmolLM2, docs/PERF.md "Decode"): narrow blocks give most SMs a block
+    bn: int = 16
+    bk: int = 192
     bv: int = 512
     lm_bk: int = 64
 

@@ -22,7 +22,7 @@ import torch
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
-from pto.orchestration.model.program import stack_weights, tiling_for
+from pto.orchestration.model.program import PROGRAM, stack_weights, tiling_for
 from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
@@ -95,7 +95,10 @@ class Generator:
 
             module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling)
             built = build_module_graph(module, {"B": batch, "C": capacity})
-            place = Placement(self.device, self.backend, resolve_executor(self.executor, self.device, self.backend))
+            executor = resolve_executor(self.executor, self.device, self.backend)
+            if executor == "auto":
+                executor = PROGRAM.auto_executor
+            place = Placement(self.device, self.backend, executor, schedules=PROGRAM.schedules)
             inputs = {k: v.to(self.device) for k, v in stack_weights(self.weights).items()}
             inputs.update(cos=self.cos, sin=self.sin)
             kvd = self.config.layer.kv_dim
