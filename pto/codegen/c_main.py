@@ -4,7 +4,8 @@ beside the orchestration C (:mod:`pto.codegen.c_orch`)."""
 
 from __future__ import annotations
 
-from pto.codegen.c_orch import COrchestration, c_declarations, c_expr, strip_parens
+from pto.codegen.c_expr import c_expr, strip_parens
+from pto.codegen.c_orch import COrchestration, c_declarations
 from pto.errors import BuildError
 from pto.ir.expr import Expr
 

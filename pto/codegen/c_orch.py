@@ -27,91 +27,12 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from pto.codegen.c_expr import c_expr, strip_parens, value_set
 from pto.errors import BuildError
 from pto.ir.analysis import param_access, specialize, tile_bytes
-from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, evaluate, substitute
+from pto.ir.expr import Const, Expr, Var, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.version import __version__
-
-_C_BIN = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==",
-          "!=": "!=", "and": "&&", "or": "||"}
-_C_FN = {"//": "pto_fdiv", "%": "pto_fmod", "min": "pto_min", "max": "pto_max"}
-_C_INTRINSIC = {"bx_count": "pto_bx_count", "bx_start": "pto_bx_start", "bx_size": "pto_bx_size"}
-
-
-def c_expr(e: Expr, name=lambda n: "v_" + n) -> str:
-    """C text of an integer expression; ``name`` maps variable names to C identifiers."""
-    if isinstance(e, Const):
-        if not isinstance(e.value, int):
-            raise BuildError(f"orchestration expressions are integers; got the constant {e.value!r}")
-        v = e.value
-        return f"INT64_C({v})" if abs(v) >= 2**31 else str(v)
-    if isinstance(e, Var):
-        return name(e.name)
-    if isinstance(e, Attr):
-        raise BuildError(f"`{e.base}.{e.field}` reached C code generation; lower adaptive loops first")
-    if isinstance(e, Fn):
-        args = [c_expr(a, name) for a in e.args]
-        if e.name == "select":
-            return f"({args[0]} ? {args[1]} : {args[2]})"
-        return f"{_C_INTRINSIC[e.name]}({', '.join(args)})"
-    if isinstance(e, Bin):
-        a, b = c_expr(e.a, name), c_expr(e.b, name)
-        if e.op in _C_FN:
-            return f"{_C_FN[e.op]}({a}, {b})"
-        return f"({a} {_C_BIN[e.op]} {b})"
-    raise TypeError(e)
-
-
-def strip_parens(s: str) -> str:
-    """Drop the outermost parentheses of a rendered expression, for readability."""
-    if s.startswith("(") and s.endswith(")"):
-        depth = 0
-        for i, ch in enumerate(s):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0 and i < len(s) - 1:
-                return s
-        return s[1:-1]
-    return s
-
-
-# ---------------------------------------------------------------------------- value sets
-
-_MAX_SET = 256
-
-
-def value_set(e: Expr, env: dict[str, frozenset | None]) -> frozenset | None:
-    """The finite set of values ``e`` can take, or None when unknown at compile time."""
-    if isinstance(e, Const):
-        return frozenset({e.value})
-    if isinstance(e, Var):
-        return env.get(e.name)
-    if isinstance(e, Fn) and e.name == "select":
-        a, b = value_set(e.args[1], env), value_set(e.args[2], env)
-        return None if a is None or b is None else a | b
-    parts = [e.a, e.b] if isinstance(e, Bin) else list(e.args) if isinstance(e, Fn) else None
-    if parts is None:
-        return None
-    sets = [value_set(p, env) for p in parts]
-    if any(s is None for s in sets):
-        return None
-    size = 1
-    for s in sets:
-        size *= len(s)
-    if size > _MAX_SET:
-        return None
-    out = set()
-    names = [f"_{i}" for i in range(len(parts))]
-    templ = e.__class__(e.op, Var(names[0]), Var(names[1])) if isinstance(e, Bin) else \
-        Fn(e.name, tuple(Var(n) for n in names))
-    for combo in itertools.product(*sets):
-        try:
-            out.add(evaluate(templ, dict(zip(names, combo))))
-        except ZeroDivisionError:
-            continue
-    return frozenset(out)
-
 
 # ---------------------------------------------------------------------------- the generator
 
@@ -202,18 +123,8 @@ class _Gen:
         site = len(self.call_sites)
         where = f"call to `{c.func}`" + (f" ({c.loc})" if c.loc else "")
         self.call_sites.append(where)
-        # the variants this call can select
+        variants = self._call_variants(c, f, env, where)
         dim_exprs = dict(c.dims)
-        choices = []
-        for k, _ in f.dims:
-            if k in dim_exprs:
-                vs = value_set(dim_exprs[k], env)
-                if vs is None:
-                    raise BuildError(f"{where}: dim `{k}` = `{dim_exprs[k]}` must take values known at "
-                                     "compile time (constants or tile heights of adaptive loops)")
-                choices.append([(k, int(x)) for x in sorted(vs)])
-        combos = [dict(x) for x in itertools.product(*choices)] if choices else [{}]
-        variants = [self.variant(f, d) for d in combos]
         comment = f"/* {c.func}" + (f" ({c.loc})" if c.loc else "") + " */"
         self.out(ind, "{")
         self.out(ind + 1, comment)
@@ -227,10 +138,35 @@ class _Gen:
                 fexpr = f"({cond}) ? {v.enum} : {fexpr}"
         self.out(ind + 1, f"const int32_t f = {strip_parens(fexpr) if len(variants) > 1 else fexpr};")
         self.out(ind + 1, f"PTO_CALL({site}, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));")
+        self._call_args(c, f, ind, site)
+        self.out(ind + 1, f"PTO_CALL({site}, pto_task_submit(rt, task));")
+        self.out(ind, "}")
+        body = "\n".join(self.lines[dims_at:])
+        used = [f"{'    ' * (ind + 1)}const int64_t d_{k} = {strip_parens(c_expr(e))};"
+                for k, e in c.dims if re.search(rf"\bd_{k}\b", body)]
+        self.lines[dims_at:dims_at] = used
+
+    def _call_variants(self, c: Call, f: IncoreFunction, env: dict, where: str) -> list:
+        """The variants of ``f`` the call can select: one per combination of the values its dims
+        take (each must be known at compile time)."""
+        dim_exprs = dict(c.dims)
+        choices = []
+        for k, _ in f.dims:
+            if k in dim_exprs:
+                vs = value_set(dim_exprs[k], env)
+                if vs is None:
+                    raise BuildError(f"{where}: dim `{k}` = `{dim_exprs[k]}` must take values known at "
+                                     "compile time (constants or tile heights of adaptive loops)")
+                choices.append([(k, int(x)) for x in sorted(vs)])
+        combos = [dict(x) for x in itertools.product(*choices)] if choices else [{}]
+        return [self.variant(f, d) for d in combos]
+
+    def _call_args(self, c: Call, f: IncoreFunction, ind: int, site: int) -> None:
+        """The task's regions (direction from the callee's accesses) and scalars, in order."""
         access = self.access_cache.get(f.name)
         if access is None:
             access = self.access_cache[f.name] = param_access(f)
-        args = dict(c.args)
+        args, dim_exprs = dict(c.args), dict(c.dims)
         # callee dims and scalar parameters, in the caller's terms
         mapping: dict[str, Expr] = {k: Var(f"__d_{k}") for k, _ in f.dims}
         for k, _ in f.dims:
@@ -255,12 +191,6 @@ class _Gen:
                                   f"{', '.join(strip_parens(x) for x in parts)}));")
             else:
                 self.out(ind + 1, f"PTO_CALL({site}, pto_task_add_scalar(rt, task, {strip_parens(c_expr(v))}));")
-        self.out(ind + 1, f"PTO_CALL({site}, pto_task_submit(rt, task));")
-        self.out(ind, "}")
-        body = "\n".join(self.lines[dims_at:])
-        used = [f"{'    ' * (ind + 1)}const int64_t d_{k} = {strip_parens(c_expr(e))};"
-                for k, e in c.dims if re.search(rf"\bd_{k}\b", body)]
-        self.lines[dims_at:dims_at] = used
 
     # file ----------------------------------------------------------------------------------
     def generate(self) -> COrchestration:

@@ -29,6 +29,9 @@ from pto.dist import all_reduce
 from pto.errors import ExecutionError
 from pto.evaluator.regions import Offset, Regions
 from pto.evaluator.support import (
+    ARITH_FN,
+    REDUCE_FN,
+    UNARY_FN,
     Env,
     Tiles,
     all_true,
@@ -60,36 +63,6 @@ from pto.ir.ops import (
     UNARY,
     Op,
 )
-
-_UNARY = {
-    Op.EXP: torch.exp,
-    Op.EXP2: torch.exp2,
-    Op.LOG: torch.log,
-    Op.SQRT: torch.sqrt,
-    Op.RSQRT: torch.rsqrt,
-    Op.RECIP: torch.reciprocal,
-    Op.NEG: torch.neg,
-    Op.ABS: torch.abs,
-    Op.RELU: torch.relu,
-    Op.SILU: torch.nn.functional.silu,
-}
-
-_ARITH = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "max": torch.maximum,
-    "min": torch.minimum,
-}
-
-_REDUCE = {
-    "sum": lambda x, d: x.sum(dim=d, keepdim=True),
-    "max": lambda x, d: x.amax(dim=d, keepdim=True),
-    "min": lambda x, d: x.amin(dim=d, keepdim=True),
-    "argmax": lambda x, d: x.argmax(dim=d, keepdim=True).to(torch.float32),  # the first of equal ones
-}
-
 
 #: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
 #: set lookups: an Op's hash is computed in Python)
@@ -291,21 +264,21 @@ class _Machine:
             self._store(ins)
         elif kind == "binary":
             a, b = ins.srcs
-            self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._f32(b)))
+            self._write(ins.dst, ARITH_FN[ARITH[op]](self._f32(a), self._f32(b)))
         elif kind == "scalar":
             a, s = ins.srcs
-            self._write(ins.dst, _ARITH[ARITH[op]](self._f32(a), self._scalar_value(s)))
+            self._write(ins.dst, ARITH_FN[ARITH[op]](self._f32(a), self._scalar_value(s)))
         elif kind == "unary":
-            self._write(ins.dst, _UNARY[op](self._f32(ins.srcs[0])))
+            self._write(ins.dst, UNARY_FN[op](self._f32(ins.srcs[0])))
         elif kind == "row_reduce":
-            self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
+            self._write(ins.dst, REDUCE_FN[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 2))
         elif kind == "takemax":  # b's element at a's row maximum
             at = self._f32(ins.srcs[0]).argmax(dim=2, keepdim=True)
             self._write(ins.dst, self._f32(ins.srcs[1]).gather(2, at))
         elif kind == "load_scalar":
             self._load_scalar(ins)
         elif kind == "col_reduce":
-            self._write(ins.dst, _REDUCE[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 1))
+            self._write(ins.dst, REDUCE_FN[REDUCE_KIND[op]](self._f32(ins.srcs[0]), 1))
         elif kind == "broadcast":
             self._broadcast(ins)
         elif kind == "matmul":
@@ -334,7 +307,7 @@ class _Machine:
         if ARITH[op] == "copy":
             self._write(ins.dst, vec.clone())
         else:
-            self._write(ins.dst, _ARITH[ARITH[op]](self._f32(ins.srcs[0]), vec))
+            self._write(ins.dst, ARITH_FN[ARITH[op]](self._f32(ins.srcs[0]), vec))
 
     def _matmul(self, ins: Instr) -> None:
         a, b = self.tiles[ins.srcs[0]], self.tiles[ins.srcs[1]]

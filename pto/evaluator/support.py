@@ -12,6 +12,7 @@ import functools
 import torch
 
 from pto.ir.nodes import ForRange
+from pto.ir.ops import Op
 
 
 class Tiles(dict):
@@ -106,5 +107,35 @@ def intra_op_threads(device, elements: int):
         torch.set_num_threads(prev)
 
 
+#: the torch function of each unary op, binary arithmetic and reduction
+UNARY_FN = {
+    Op.EXP: torch.exp,
+    Op.EXP2: torch.exp2,
+    Op.LOG: torch.log,
+    Op.SQRT: torch.sqrt,
+    Op.RSQRT: torch.rsqrt,
+    Op.RECIP: torch.reciprocal,
+    Op.NEG: torch.neg,
+    Op.ABS: torch.abs,
+    Op.RELU: torch.relu,
+    Op.SILU: torch.nn.functional.silu,
+}
+
+ARITH_FN = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "max": torch.maximum,
+    "min": torch.minimum,
+}
+
+REDUCE_FN = {
+    "sum": lambda x, d: x.sum(dim=d, keepdim=True),
+    "max": lambda x, d: x.amax(dim=d, keepdim=True),
+    "min": lambda x, d: x.amin(dim=d, keepdim=True),
+    "argmax": lambda x, d: x.argmax(dim=d, keepdim=True).to(torch.float32),  # the first of equal ones
+}
+
 __all__ = ["Tiles", "Env", "loop_vars", "arange", "instances", "all_true", "f32_const", "as_dtype", "intra_op_threads",
-           "PARALLEL_MIN_ELEMENTS"]
+           "PARALLEL_MIN_ELEMENTS", "UNARY_FN", "ARITH_FN", "REDUCE_FN"]

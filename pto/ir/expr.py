@@ -28,56 +28,28 @@ from pto.ir.evaluation import EVAL, FUNCS, bx_blocks, bx_count, bx_size, bx_star
 Number = Union[int, float]
 
 
+def _binary(op: str, reflected: bool = False):
+    """The operator method that builds ``self op other`` (``other op self`` when ``reflected``)."""
+    if reflected:
+        return lambda self, o: binop(op, o, self)
+    return lambda self, o: binop(op, self, o)
+
+
 class Expr:
     """Base class; subclasses are frozen dataclasses so that equal trees compare equal."""
 
     __slots__ = ()
 
-    # arithmetic -----------------------------------------------------------------------------
-    def __add__(self, o):
-        return binop("+", self, o)
-
-    def __radd__(self, o):
-        return binop("+", o, self)
-
-    def __sub__(self, o):
-        return binop("-", self, o)
-
-    def __rsub__(self, o):
-        return binop("-", o, self)
-
-    def __mul__(self, o):
-        return binop("*", self, o)
-
-    def __rmul__(self, o):
-        return binop("*", o, self)
-
-    def __floordiv__(self, o):
-        return binop("//", self, o)
-
-    def __rfloordiv__(self, o):
-        return binop("//", o, self)
-
-    def __mod__(self, o):
-        return binop("%", self, o)
-
-    def __rmod__(self, o):
-        return binop("%", o, self)
+    # arithmetic and comparisons (``==`` stays structural: :func:`eq`) --------------------------
+    __add__, __radd__ = _binary("+"), _binary("+", True)
+    __sub__, __rsub__ = _binary("-"), _binary("-", True)
+    __mul__, __rmul__ = _binary("*"), _binary("*", True)
+    __floordiv__, __rfloordiv__ = _binary("//"), _binary("//", True)
+    __mod__, __rmod__ = _binary("%"), _binary("%", True)
+    __lt__, __le__, __gt__, __ge__ = _binary("<"), _binary("<="), _binary(">"), _binary(">=")
 
     def __neg__(self):
         return binop("-", Const(0), self)
-
-    def __lt__(self, o):
-        return binop("<", self, o)
-
-    def __le__(self, o):
-        return binop("<=", self, o)
-
-    def __gt__(self, o):
-        return binop(">", self, o)
-
-    def __ge__(self, o):
-        return binop(">=", self, o)
 
     def __bool__(self):
         raise BuildError(
