@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from pto.incore import decode as dk
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
+from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
 from pto.orchestration.model.config import ModelConfig
 
@@ -46,7 +47,9 @@ class DecodeTiling:
     columns and contraction ``lm_bk`` per LM-head block (the batch is the tiles' height,
     rounded up to a power of two by the backend)."""
 
-    chunk: int = 256
+    # 64 cache slots per attention task: one key tile each, and many tasks for one token
+    # (1.22 against 1.39 ms a SmolLM2 step with 256 on an H100, docs/PERF.md "Decode")
+    chunk: int = 64
     tk: int = 64
     # 16 output columns in K steps of 192: the fastest of the GEMV tilings measured on an H100
     # (SmolLM2, docs/PERF.md "Decode"): narrow blocks give most SMs a block
@@ -54,6 +57,9 @@ class DecodeTiling:
     bk: int = 192
     bv: int = 512
     lm_bk: int = 64
+    #: the layers' weights stored output-major ([N, K], as nn.Linear keeps them): the
+    #: projections are the GEMVs of :mod:`pto.incore.gemv`
+    wt: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class DecodeFunctions:
     append: IncoreFunction
     part: IncoreFunction
     combine: IncoreFunction
-    proj: IncoreFunction
+    proj: IncoreFunction  # attn @ wo + x (K and N dims: also h @ wd + x2)
     gate_up: IncoreFunction
     lm: IncoreFunction
     embed: IncoreFunction
@@ -76,14 +82,22 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
     lm, bv = _lm_head(cfg, dt, target, t, batch)
+    if t.wt:
+        qkv = gemv_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target)
+        proj = gemv_residual_tile(dt, batch, QD, H, t.bn, t.bk, target)
+        gate_up = gemv_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target)
+    else:
+        qkv = matmul_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target)
+        proj = matmul_residual_tile(dt, batch, QD, H, t.bn, t.bk, target)
+        gate_up = matmul_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target)
     return DecodeFunctions(
-        qkv=matmul_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target),
+        qkv=qkv,
         rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
         append=dk.rope_kv_append(dt, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
         combine=dk.decode_attn_combine(dt, D, target),
-        proj=matmul_residual_tile(dt, batch, QD, H, t.bn, t.bk, target),
-        gate_up=matmul_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target),
+        proj=proj,
+        gate_up=gate_up,
         lm=lm,
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
         advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
@@ -129,13 +143,19 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV, t.wt)
+    ws = weight_shapes(cfg, t.wt)
+
+    def W(kind: str, l):
+        """Layer ``l``'s block of a stacked weight, as a call's region."""
+        rows, cols = ws[kind]
+        return (T[kind], l * rows, 0, rows, cols)
+
     J = o.let("J", C // t.chunk)  # attention chunks per sequence
     with o.for_loop("b0", 0, B) as b:
         o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
     with o.for_loop("l", 0, L) as l:
-        o.call(fn.qkv, {"x": T["x"], "g": (T["g_attn"], l, 0, 1, H), "w": (T["w_qkv"], l * H, 0, H, QD + 2 * KVD),
-                        "y": T["qkv"]})
+        o.call(fn.qkv, {"x": T["x"], "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l), "y": T["qkv"]})
         with o.for_loop("b", 0, B) as b:
             row = (l * B + b) * C
             tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
@@ -155,10 +175,10 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                 o.call(fn.combine, {"o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
                                     "ml": (T["ml_part"], first, 0, (J - 1) * NQ + 1, 2),
                                     "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J})
-        o.call(fn.proj, {"x": T["attn"], "w": (T["wo"], l * QD, 0, QD, H), "r": T["x"], "y": T["x2"]})
-        o.call(fn.gate_up, {"x": T["x2"], "g": (T["g_ffn"], l, 0, 1, H), "wg": (T["wg"], l * H, 0, H, F),
-                            "wu": (T["wu"], l * H, 0, H, F), "y": T["hb"]})
-        o.call(fn.proj, {"x": T["hb"], "w": (T["wd"], l * F, 0, F, H), "r": T["x2"], "y": T["x"]},
+        o.call(fn.proj, {"x": T["attn"], "w": W("wo", l), "r": T["x"], "y": T["x2"]})
+        o.call(fn.gate_up, {"x": T["x2"], "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
+                            "y": T["hb"]})
+        o.call(fn.proj, {"x": T["hb"], "w": W("wd", l), "r": T["x2"], "y": T["x"]},
                dims={"K": F, "N": H})
     # the norm's weight as its region (a K step that does not divide H reads past it: masked)
     o.call(fn.lm, {"x": T["x"], "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"], "y": T["logits"], "best": T["best"],
@@ -169,16 +189,31 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     return o.module()
 
 
-def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int) -> dict:
+def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
+    """One layer's ``(K, N)`` of each stacked weight kind: the layers' blocks are ``K`` rows of
+    ``N`` (``N`` rows of ``K`` when output-major, ``wt``)."""
+    c = cfg.layer
+    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
+    kn = {"w_qkv": (H, QD + 2 * KVD), "wo": (QD, H), "wg": (H, F), "wu": (H, F), "wd": (F, H)}
+    return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
+
+
+def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, wt: bool = False) -> dict:
     """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
     logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J."""
     B, C, J = sizes
     c = cfg.layer
     L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
-    T = {"emb": o.input("emb", V, H, dt), "w_qkv": o.input("w_qkv", L * H, QD + 2 * KVD, dt),
-         "g_attn": o.input("g_attn", L, H, dt), "wo": o.input("wo", L * QD, H, dt),
-         "g_ffn": o.input("g_ffn", L, H, dt), "wg": o.input("wg", L * H, F, dt), "wu": o.input("wu", L * H, F, dt),
-         "wd": o.input("wd", L * F, H, dt), "g_out": o.input("g_out", 1, H, dt),
+    ws = weight_shapes(cfg, wt)
+
+    def stacked(kind: str):
+        rows, cols = ws[kind]
+        return o.input(kind, L * rows, cols, dt)
+
+    T = {"emb": o.input("emb", V, H, dt), "w_qkv": stacked("w_qkv"),
+         "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
+         "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
+         "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
          "lm_head": o.input("lm_head", H, V, dt),
          "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
     T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
@@ -191,4 +226,4 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
     return T
 
 
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step"]
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes"]

@@ -18,7 +18,7 @@ from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import DecodeTiling, build_step
+from pto.orchestration.model.decode import DecodeTiling, build_step, weight_shapes
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
 from pto import Var
@@ -132,7 +132,8 @@ class ModelProgram(Program):
         pos = torch.randint(0, 3 * C if cfg.layer.window else C, (B, 1), generator=g).float()
         pos[-1, 0] = C - 1  # a full cache
         tok = torch.randint(0, cfg.vocab, (B, 1), generator=g).float()
-        out = {**stack_weights(weights), "k_cache": cache[0], "v_cache": cache[1], "tok": tok, "pos": pos}
+        out = {**stack_weights(weights, tiling_for(cfg).wt), "k_cache": cache[0], "v_cache": cache[1], "tok": tok,
+               "pos": pos}
         cos, sin = rope_tables(cfg.max_positions, cfg.layer, s.dtype, "cpu")
         out.update(cos=cos, sin=sin)
         return {k: v.to(device) for k, v in out.items()}
@@ -143,7 +144,7 @@ class ModelProgram(Program):
         against a framework's own)."""
         cfg = self.config(s)
         B, C = shape["batch"], shape["cache"]
-        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()})
+        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()}, tiling_for(cfg).wt)
         L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
 
         def blocks(t):
@@ -187,28 +188,37 @@ def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> 
     return ModelWeights(cfg, emb, gain(), head, layers)
 
 
-def stack_weights(w: ModelWeights) -> dict[str, torch.Tensor]:
-    """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`)."""
+def stack_weights(w: ModelWeights, wt: bool = False) -> dict[str, torch.Tensor]:
+    """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`), each
+    block output-major with ``wt`` (:attr:`DecodeTiling.wt`)."""
     ls = w.layers
-    qkv = torch.cat([torch.cat([x["wq"], x["wk"], x["wv"]], 1) for x in ls])
-    return {"emb": w.embedding.contiguous(), "w_qkv": qkv,
-            "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": torch.cat([x["wo"] for x in ls]),
-            "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": torch.cat([x["wg"] for x in ls]),
-            "wu": torch.cat([x["wu"] for x in ls]), "wd": torch.cat([x["wd"] for x in ls]),
+
+    def stack(blocks):
+        return torch.cat([b.t() if wt else b for b in blocks]).contiguous()
+
+    return {"emb": w.embedding.contiguous(), "w_qkv": stack([torch.cat([x["wq"], x["wk"], x["wv"]], 1) for x in ls]),
+            "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": stack([x["wo"] for x in ls]),
+            "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": stack([x["wg"] for x in ls]),
+            "wu": stack([x["wu"] for x in ls]), "wd": stack([x["wd"] for x in ls]),
             "g_out": w.norm.contiguous(), "lm_head": w.lm_head.contiguous()}
 
 
-def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> ModelWeights:
+def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False) -> ModelWeights:
     """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
-    c = cfg.layer
-    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
+    QD, KVD = cfg.layer.q_dim, cfg.layer.kv_dim
+    shapes = weight_shapes(cfg, wt)
+
+    def block(kind: str, i: int) -> torch.Tensor:
+        rows = shapes[kind][0]
+        b = t[kind][i * rows:(i + 1) * rows]
+        return b.t() if wt else b
+
     layers = []
     for i in range(cfg.layers):
-        qkv = t["w_qkv"][i * H:(i + 1) * H]
+        qkv = block("w_qkv", i)
         layers.append({"g_attn": t["g_attn"][i:i + 1], "wq": qkv[:, :QD], "wk": qkv[:, QD:QD + KVD],
-                       "wv": qkv[:, QD + KVD:], "wo": t["wo"][i * QD:(i + 1) * QD], "g_ffn": t["g_ffn"][i:i + 1],
-                       "wg": t["wg"][i * H:(i + 1) * H], "wu": t["wu"][i * H:(i + 1) * H],
-                       "wd": t["wd"][i * F:(i + 1) * F]})
+                       "wv": qkv[:, QD + KVD:], "wo": block("wo", i), "g_ffn": t["g_ffn"][i:i + 1],
+                       "wg": block("wg", i), "wu": block("wu", i), "wd": block("wd", i)})
     return ModelWeights(cfg, t["emb"], t["g_out"], t["lm_head"], layers)
 
 

@@ -203,6 +203,14 @@ class TileOps:
             raise BuildError(f"`{self.fn.variant_name}`: matmul into `{ins.dst}` is {lm}x{lk}x{ln}; "
                              f"below {self.opts.dot_min} in a dim it needs an {m * k * n}-element "
                              f"block (at most {MAX_NUMEL})")
+        if tb and not ta:
+            # b as it is stored (n x k): each output lane sums along the rows' contiguous axis,
+            # with no transposed copy of b (a GEMV against a weight stored output-major)
+            opb = self.operand(b, False, 1)
+            if dt is not DType.F32:
+                opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
+            value = f"tl.sum({opa}[:, None, :] * {opb}[None, :, :], axis=2)"
+            return f"{self.f32(ins.dst)} + {value}" if fused else value
         if dt is not DType.F32:
             opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
         # exact f32 products summed in f32, like the reference's f32 matmul

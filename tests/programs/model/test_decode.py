@@ -30,24 +30,31 @@ def test_one_step_matches_the_reference(config, cache, batch):
     assert (res["cache"], res["batch"]) == (cache, batch)
 
 
-def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch):
+@pytest.mark.parametrize("wt", [False, True])
+def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt):
     """Block sizes that divide none of the widths (hidden 64 and FFN 160 in K steps of 48,
     outputs in blocks of 48, the vocabulary of 512 in blocks of 96): the last blocks of every
-    projection and of the LM head's norm weight run past the tensors and are masked."""
+    projection and of the LM head's norm weight run past the tensors and are masked; with the
+    layers' weights stored output-major (``wt``: the GEMVs of pto.incore.gemv) as well."""
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import DecodeTiling
 
-    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96, lm_bk=48))
+    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96, lm_bk=48, wt=wt))
     res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=5)
     assert res["rel_err"] <= 1e-5, res
 
 
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
-@pytest.mark.parametrize("executor", ["waves", "persistent"])
-def test_one_step_on_triton(executor):
+@pytest.mark.parametrize("executor,wt", [("waves", False), ("persistent", False), ("waves", True)])
+def test_one_step_on_triton(executor, wt, monkeypatch):
     """The step's kernels under the Triton interpreter (load_scalar, rowargmax, rowtakemax, the
-    ring's p mod C, a dynamic loop bound), both executors."""
+    ring's p mod C, a dynamic loop bound), both executors; the output-major GEMVs (``wt``)."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, wt=wt))
     res = run("model", config="tiny", cache=64, batch=2, device="cpu", backend="triton", executor=executor,
               check=True, seed=3)
     assert res["rel_err"] <= 1e-5, res
@@ -155,15 +162,18 @@ def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
 
 
 def test_estimate_calibrates_only_on_caches_the_step_can_hold():
-    """SmolLM2's attention chunk is 256 slots: the memory model's calibration builds skip the
+    """SmolLM2's attention chunk is 64 slots: the memory model's calibration builds skip the
     smaller caches (they failed with a zero-row tensor), and a cache that is not whole chunks is
     refused before any build."""
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+
     from pto.errors import UsageError
     from pto.estimate import estimate
 
+    chunk = tiling_for(CONFIGS["smollm2-135m"]).chunk
     res = estimate("model", [1024], config="smollm2-135m", dtype="bf16", target="cuda_h100")
-    assert all(v % 256 == 0 for v in res["memory_model"]["fitted_on"]), res["memory_model"]
-    with pytest.raises(UsageError, match="--cache 1000 must be a multiple of 256"):
+    assert all(v % chunk == 0 for v in res["memory_model"]["fitted_on"]), res["memory_model"]
+    with pytest.raises(UsageError, match=f"--cache 1000 must be a multiple of {chunk}"):
         estimate("model", [1000], config="smollm2-135m", dtype="bf16", target="cuda_h100")
 
 
