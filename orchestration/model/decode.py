@@ -51,15 +51,17 @@ class DecodeTiling:
     # (1.22 against 1.39 ms a SmolLM2 step with 256 on an H100, docs/PERF.md "Decode")
     chunk: int = 64
     tk: int = 64
-    # 16 output columns in K steps of 192: the fastest of the GEMV tilings measured on an H100
-    # (SmolLM2, docs/PERF.md "Decode"): narrow blocks give most SMs a block
-    bn: int = 16
-    bk: int = 192
+    # blocks of 4 outputs of output-major weights in K steps of 1024: the fastest of the GEMV
+    # tilings measured on an H100 (SmolLM2 0.92 ms a step, against 1.21 with 16 columns of
+    # [K, N] weights in steps of 192; docs/PERF.md "Decode"): every SM gets blocks, each reads
+    # long contiguous rows
+    bn: int = 4
+    bk: int = 1024
     bv: int = 512
     lm_bk: int = 64
     #: the layers' weights stored output-major ([N, K], as nn.Linear keeps them): the
     #: projections are the GEMVs of :mod:`pto.incore.gemv`
-    wt: bool = False
+    wt: bool = True
 
 
 @dataclass(frozen=True)
