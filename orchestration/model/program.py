@@ -11,8 +11,6 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.reference import rope_tables
@@ -60,7 +58,6 @@ class ModelProgram(Program):
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H100
     # at every tiling measured (SmolLM2, batch 1: 1.40 against 1.96 ms; docs/PERF.md, "Decode")
     auto_executor = "waves"
-    schedules = (Path(__file__).resolve().parent / "schedules",)
 
     def generate(self, request: dict, stream=None) -> dict:
         from pto.orchestration.model.textgen import Request, run
