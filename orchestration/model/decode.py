@@ -26,7 +26,7 @@ row ``(l * B + b) * C``; slot ``p mod C`` holds position p.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pto.incore import decode as dk
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
@@ -84,14 +84,16 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
     lm, bv = _lm_head(cfg, dt, target, t, batch)
+    if batch >= 16:  # rows enough for tensor-core dots: blocks of 16 outputs, not a broadcast sum
+        t = replace(t, bn=max(t.bn, 16))
     if t.wt:
-        qkv = gemv_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target)
-        proj = gemv_residual_tile(dt, batch, QD, H, t.bn, t.bk, target)
-        gate_up = gemv_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target)
+        qkv = _fitted(gemv_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
+        proj = _fitted(gemv_residual_tile, dt, batch, QD, H, t.bn, t.bk, target=target)
+        gate_up = _fitted(gemv_norm_swiglu_tile, dt, batch, H, F, t.bn, t.bk, c.eps, target=target)
     else:
-        qkv = matmul_norm_tile(dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target)
-        proj = matmul_residual_tile(dt, batch, QD, H, t.bn, t.bk, target)
-        gate_up = matmul_norm_swiglu_tile(dt, batch, H, F, t.bn, t.bk, c.eps, target)
+        qkv = _fitted(matmul_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
+        proj = _fitted(matmul_residual_tile, dt, batch, QD, H, t.bn, t.bk, target=target)
+        gate_up = _fitted(matmul_norm_swiglu_tile, dt, batch, H, F, t.bn, t.bk, c.eps, target=target)
     return DecodeFunctions(
         qkv=qkv,
         rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
@@ -104,6 +106,21 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
         advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
     )
+
+
+def _fitted(build, dt, rows: int, K: int, N: int, bn: int, bk: int, *eps, target=None) -> IncoreFunction:
+    """A projection's function with the widest contraction step up to ``bk`` whose tiles fit the
+    target's on-chip memory (SRAM-aware: a batch of 32 rows in steps of 1024 does not fit an
+    H100's 227 KiB; the step halves until it does)."""
+    from pto.errors import SramError
+
+    while True:
+        try:
+            return build(dt, rows, K, N, bn, bk, *eps, target)
+        except SramError:
+            if bk <= 16:
+                raise
+            bk //= 2
 
 
 def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int):
