@@ -83,9 +83,14 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
-    lm, bv = _lm_head(cfg, dt, target, t, batch)
-    if batch >= 16:  # rows enough for tensor-core dots: blocks of 16 outputs, not a broadcast sum
+    # one sequence: a multiply-sum along the weight rows (the GEMV); several: their rows padded to
+    # 16 (rows past the batch load as zeros, are never stored) and blocks of 16 outputs, so the
+    # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
+    # sequences of the 8B model: 15.7 ms a step as broadcast sums)
+    batch = tile_rows(batch)
+    if batch >= 16:
         t = replace(t, bn=max(t.bn, 16))
+    lm, bv = _lm_head(cfg, dt, target, t, batch)
     if t.wt:
         qkv = _fitted(gemv_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
         proj = _fitted(gemv_residual_tile, dt, batch, QD, H, t.bn, t.bk, target=target)
@@ -142,7 +147,13 @@ def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
 
 def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks)."""
-    return _lm_head(cfg, dt, target, t, batch)[1]
+    return _lm_head(cfg, dt, target, t, tile_rows(batch))[1]
+
+
+def tile_rows(batch: int) -> int:
+    """The rows of the projections' tiles for ``batch`` sequences: 1, or at least 16 (what a
+    tensor-core dot takes; the rows past the batch are padding)."""
+    return batch if batch == 1 else max(batch, 16)
 
 
 def cdiv_int(a: int, b: int) -> int:
@@ -170,11 +181,16 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
         rows, cols = ws[kind]
         return (T[kind], l * rows, 0, rows, cols)
 
+    def A(name: str, cols):
+        """The batch's rows of an activation (a projection's tiles may be taller: padded)."""
+        return (T[name], 0, 0, B, cols)
+
     J = o.let("J", C // t.chunk)  # attention chunks per sequence
     with o.for_loop("b0", 0, B) as b:
         o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
     with o.for_loop("l", 0, L) as l:
-        o.call(fn.qkv, {"x": T["x"], "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l), "y": T["qkv"]})
+        o.call(fn.qkv, {"x": A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l),
+                        "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             row = (l * B + b) * C
             tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
@@ -194,14 +210,14 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                 o.call(fn.combine, {"o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
                                     "ml": (T["ml_part"], first, 0, (J - 1) * NQ + 1, 2),
                                     "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J})
-        o.call(fn.proj, {"x": T["attn"], "w": W("wo", l), "r": T["x"], "y": T["x2"]})
-        o.call(fn.gate_up, {"x": T["x2"], "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
-                            "y": T["hb"]})
-        o.call(fn.proj, {"x": T["hb"], "w": W("wd", l), "r": T["x2"], "y": T["x"]},
+        o.call(fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
+        o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
+                            "y": A("hb", F)})
+        o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
                dims={"K": F, "N": H})
     # the norm's weight as its region (a K step that does not divide H reads past it: masked)
-    o.call(fn.lm, {"x": T["x"], "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"], "y": T["logits"], "best": T["best"],
-                   "index": T["index"]})
+    o.call(fn.lm, {"x": A("x", H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"], "y": A("logits", cfg.vocab),
+                   "best": A("best", NBV), "index": A("index", NBV)})
     with o.for_loop("b1", 0, B) as b:
         o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
                             "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
