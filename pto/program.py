@@ -312,7 +312,7 @@ class Program:
 
     def estimate_baselines(self, s: Settings) -> list:
         """Other settings ``pto estimate --plot`` draws beside ``s`` (a list of
-        :class:`pto.estimate.Baseline`; none by default)."""
+        :class:`pto.tools.estimate.Baseline`; none by default)."""
         return []
 
 

@@ -161,7 +161,7 @@ class LlamaProgram(Program):
         return self.settings(config=config, dtype="f32", target=get("ascend910b"), attention="split", causal=False)
 
     def estimate_baselines(self, s: Settings) -> list:
-        from pto.estimate import Baseline
+        from pto.tools.estimate import Baseline
 
         if s.config not in CONFIGS or self.config(s).window:
             return []  # the seed's setting is bidirectional: a layer of a file or with a window has none

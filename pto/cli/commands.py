@@ -34,7 +34,7 @@ def _shape(args, prog):
 def _sweep(args, prog, required: bool = True) -> list:
     """The shapes of a sweeping command: each value of the swept parameter's list (``--seq
     1024,4096``), the others as given or their defaults."""
-    from pto.estimate import check_values
+    from pto.tools.estimate import check_values
 
     p = prog.swept
     text = getattr(args, p.name, None)
@@ -54,7 +54,7 @@ def _cmd_info(args) -> int:
 def _cmd_run(args) -> int:
     from pto.cli.report import format_summary
     from pto.progress import reporter
-    from pto.run import RunOptions, run
+    from pto.tools.run import RunOptions, run
 
     check_output_file(args.dump, "--dump")
     check_output_file(args.trace, "--trace")
@@ -78,7 +78,7 @@ def _cmd_run(args) -> int:
         dist.shutdown()
         return code
     if "trace" in res:
-        from pto.trace import flow_note
+        from pto.tools.trace import flow_note
 
         note = flow_note(res["trace"]["flows"], res["trace"]["dependencies"])
         if note:
@@ -92,7 +92,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_graph(args) -> int:
-    from pto.graphcmd import build_only, format_report
+    from pto.tools.graphcmd import build_only, format_report
 
     check_output_file(args.dump, "--dump")
     job = _job(args)
@@ -104,8 +104,8 @@ def _cmd_graph(args) -> int:
 
 
 def _cmd_codegen(args) -> int:
-    from pto.emit import check, codegen
     from pto.progress import wanted
+    from pto.tools.emit import check, codegen
 
     check_output_dir(args.out, "--out")
     check(args.out, args.force)
@@ -117,8 +117,8 @@ def _cmd_codegen(args) -> int:
 
 
 def _cmd_estimate(args) -> int:
-    from pto.estimate import check_plot_path, estimate, format_table, plot
     from pto.progress import wanted
+    from pto.tools.estimate import check_plot_path, estimate, format_table, plot
 
     job = _job(args)
     shapes = _sweep(args, job.program)
@@ -139,10 +139,10 @@ def _cmd_estimate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from pto.benchcmd import Timing, bench, format_table, plot
-    from pto.estimate import check_plot_path
     from pto.programs import get
     from pto.progress import wanted
+    from pto.tools.benchcmd import Timing, bench, format_table, plot
+    from pto.tools.estimate import check_plot_path
 
     prog = get(args.program)
     shapes = _sweep(args, prog)
@@ -177,7 +177,7 @@ def _cmd_bench(args) -> int:
 def _cmd_tune(args) -> int:
     from pto.programs import get
     from pto.progress import wanted
-    from pto.tune import Search, refuse_without_gpu, show, tune
+    from pto.tools.tune import Search, refuse_without_gpu, show, tune
 
     prog = get(args.program)
     seqs = _sweep(args, prog)

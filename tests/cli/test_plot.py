@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pto.plotting import MAX_LABEL
+from pto.tools.plotting import MAX_LABEL
 
 pytest.importorskip("matplotlib")
 
@@ -57,7 +57,7 @@ def check_readable(fig, panels: int) -> None:
 
 def test_estimate_plot_is_readable(tmp_path):
     from pto.engine import resolve
-    from pto.estimate import estimate, plot
+    from pto.tools.estimate import estimate, plot
 
     job = resolve("llama7b", device="cpu", config="7b", dtype="bf16", target="cuda_h100")
     seqs = [1024, 4096, 16384]
@@ -77,7 +77,7 @@ def test_estimate_plot_is_readable(tmp_path):
 
 
 def test_bench_plot_is_readable(tmp_path):
-    from pto.benchcmd import Timing, bench, plot
+    from pto.tools.benchcmd import Timing, bench, plot
 
     res = bench("softmax", [64, 128], compare=("eager",), timing=Timing(iterations=2, warmup=0), device="cpu")
     fig = plot(res, str(tmp_path / "b.png"))

@@ -1,6 +1,6 @@
 """Run many tensor-parallel cases in one launch: ``python -m torch.distributed.run
 --nproc-per-node N tests/dist/driver.py CASES.json OUT_DIR`` (or plain ``python`` for tp = 1
-without a process group). Each case is a dict of :func:`pto.run.run`'s program options plus
+without a process group). Each case is a dict of :func:`pto.tools.run.run`'s program options plus
 ``seq``, ``seed`` and ``name``; every rank runs every case in the same order (the collectives
 match), rank 0 saves each case's outputs to OUT_DIR/NAME.safetensors and writes the results
 (``pto run --json``'s object per case) to OUT_DIR/results.json; a case may name its ``device``
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from pto import dist
-from pto.run import run
+from pto.tools.run import run
 
 
 def main(cases_file: str, out_dir: str) -> int:

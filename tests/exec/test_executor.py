@@ -67,7 +67,7 @@ def test_runner_is_cached_by_shape_and_replays_new_inputs():
     """With --repeat the prepared graph (a CUDA graph on the GPU) is reused while the shapes stay
     the same; replays read the new inputs from the runner's static buffers."""
     from pto import engine
-    from pto.run import run
+    from pto.tools.run import run
 
     engine.clear_runners()
     try:

@@ -37,7 +37,7 @@ def test_out_of_memory_is_refused_before_allocating_with_the_numbers():
     estimate (tensors on the device), nothing allocated, the need and what is free in the
     message (what torch.cuda.mem_get_info reports)."""
     from pto.errors import UsageError
-    from pto.run import run
+    from pto.tools.run import run
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

@@ -156,7 +156,7 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
     is noise; what must hold: every candidate was checked and timed, what is stored is the
     fastest candidate and faster than what ran before (else nothing is stored), and the
     database answers with it."""
-    from pto.tune import Search, tune
+    from pto.tools.tune import Search, tune
 
     db = _db(tmp_path, "cpu")
     space = {"gemm_tile": [{"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 3}]}
@@ -209,7 +209,7 @@ def test_a_wrong_candidate_is_never_kept():
     """The acceptance check on real outputs: a result off by more than the dtype's tolerance is
     rejected, one within it accepted (on a GPU, tf32 for an f32 GEMM is such a candidate:
     tests/gpu)."""
-    from pto.tune import accept
+    from pto.tools.tune import accept
 
     g = torch.Generator().manual_seed(0)
     ref = {"c": torch.randn(64, 64, generator=g)}

@@ -12,10 +12,10 @@ import pytest
 from pto.orchestration.llama.program import SEED_ROWS
 
 from pto.errors import UsageError
-from pto.estimate import MAX_BUILD_EDGES, MAX_BUILD_TASKS, estimate, format_table
 from pto.graph import CompiledProgram
 from pto.programs import get
 from pto.target import get as target
+from pto.tools.estimate import MAX_BUILD_EDGES, MAX_BUILD_TASKS, estimate, format_table
 
 
 def test_seed_setting_reproduces_the_seed_rows():
@@ -197,7 +197,7 @@ def test_options_only_for_programs_that_have_them():
 
 
 def test_bad_plot_path_and_too_long_sequence_fail_before_any_work(monkeypatch, tmp_path):
-    import pto.estimate as est
+    import pto.tools.estimate as est
 
     def no_work(*a, **k):
         raise AssertionError("computed before rejecting the arguments")

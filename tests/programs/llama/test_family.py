@@ -27,8 +27,8 @@ from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
 from pto.programs import get
-from pto.run import run
 from pto.target import get as target
+from pto.tools.run import run
 
 SWA = CONFIGS["tiny-swa"]  # 8 query heads, 2 kv heads of 32, window 64
 

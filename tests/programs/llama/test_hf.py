@@ -19,7 +19,7 @@ from pto.orchestration.llama.reference import rope_tables
 from pto.engine import execute, rel_err
 from pto.ir.dtypes import DType
 from pto.programs import get
-from pto.run import run
+from pto.tools.run import run
 
 transformers = pytest.importorskip("transformers")
 

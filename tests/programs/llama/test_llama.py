@@ -11,7 +11,7 @@ from pto.orchestration.llama.counts import closed_form
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.programs import get
-from pto.run import run
+from pto.tools.run import run
 
 SEQS = [1, 31, 100, 333, 1000]
 

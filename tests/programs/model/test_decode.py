@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pto.engine import rel_err
-from pto.run import run
+from pto.tools.run import run
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -148,7 +148,7 @@ def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
     the cache is k_cache and v_cache; a step reads every weight but the embedding (a row per
     sequence) and the cache. Untied (tiny-swa: its own LM head) and bf16."""
     from pto.engine import resolve
-    from pto.estimate import estimate
+    from pto.tools.estimate import estimate
 
     for config in ("tiny", "tiny-swa"):
         res = estimate("model", [64], config=config, dtype="bf16", shape={"batch": 3})
@@ -168,7 +168,7 @@ def test_estimate_calibrates_only_on_caches_the_step_can_hold():
     from pto.orchestration.model.program import CONFIGS, tiling_for
 
     from pto.errors import UsageError
-    from pto.estimate import estimate
+    from pto.tools.estimate import estimate
 
     chunk = tiling_for(CONFIGS["smollm2-135m"]).chunk
     res = estimate("model", [1024], config="smollm2-135m", dtype="bf16", target="cuda_h100")
@@ -182,7 +182,7 @@ def test_estimate_and_graph_of_a_decode_step():
     """pto estimate sweeps the cache (the program's first shape parameter); pto graph builds the
     step without running it; the counts agree."""
     from pto.engine import build_graph, resolve
-    from pto.estimate import estimate
+    from pto.tools.estimate import estimate
 
     res = estimate("model", [64, 128], config="tiny", shape=None)
     assert [r["cache"] for r in res["rows"]] == [64, 128] and res["swept"] == "cache"
@@ -203,7 +203,7 @@ def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
 
     from pto import viz
     from pto.engine import resolve
-    from pto.graphcmd import build_only
+    from pto.tools.graphcmd import build_only
 
     job = resolve("model", device="cpu", config="smollm2-135m", dtype="bf16", target="cuda_h100")
     build_only(job, job.program.shape({"cache": 1024}), dump=str(tmp_path / "step.txt"))

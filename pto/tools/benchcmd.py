@@ -141,9 +141,9 @@ def format_table(res: dict) -> str:
 
 def plot(res: dict, path: str):
     """Milliseconds against sequence length for every method (log-log); the settings in the
-    title (:mod:`pto.plotting`). Returns the figure."""
-    from pto.estimate import check_plot_path
-    from pto.plotting import figure, finish, log_axes
+    title (:mod:`pto.tools.plotting`). Returns the figure."""
+    from pto.tools.estimate import check_plot_path
+    from pto.tools.plotting import figure, finish, log_axes
 
     check_plot_path(path)
     swept = res.get("swept", "seq")

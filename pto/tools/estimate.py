@@ -352,8 +352,8 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     """Tasks and runtime memory against sequence length (log-log): this setting ("ours"), and
     each baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at
     the same lengths) with its published rows as markers; every setting spelled out in the
-    title (:mod:`pto.plotting`). Returns the figure."""
-    from pto.plotting import figure, finish, log_axes
+    title (:mod:`pto.tools.plotting`). Returns the figure."""
+    from pto.tools.plotting import figure, finish, log_axes
 
     check_plot_path(path)  # callers that did not pass plot_path to estimate()
     name = res.get("swept", "seq")

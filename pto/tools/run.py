@@ -191,7 +191,7 @@ def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: di
     if opts.save_inputs:
         out["saved_inputs"] = str(opts.save_inputs)
     if opts.trace:
-        from pto.trace import write_trace
+        from pto.tools.trace import write_trace
 
         info = write_trace(opts.trace, stats.records, graph)
         out["trace"] = {"path": str(opts.trace), "dependencies": info.dependencies, "flows": info.flows}
