@@ -47,10 +47,11 @@ def test_shipped_h100_schedules_on_the_persistent_executor(seq, tmp_path):
 
 
 def test_a_kernel_that_cannot_fit_falls_back_to_waves(tmp_path, caplog):
+    from pto.backends.triton import MegakernelSettings
     from pto.engine import rel_err
 
     job, runner = _runner(777, tmp_path)
-    runner.executor.shared_limit = 1024  # no branch of the 7B layer fits 1 KiB
+    runner.executor.settings = MegakernelSettings(shared_limit=1024)  # no branch of the 7B layer fits 1 KiB
     try:
         inputs = job.program.inputs(job.settings, job.program.shape(777), "cuda", seed=6)
         with caplog.at_level(logging.WARNING, logger="pto.exec"):
