@@ -15,6 +15,7 @@ import tempfile
 
 from pto.engine import Job, build_graph, check_memory
 from pto.errors import UsageError
+from pto.passes.chains import Chain, find_chains
 from pto.program import Shape
 from pto.progress import estimate_run_s
 
@@ -52,7 +53,8 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
                    build_ms=round(graph.build_ms, 3),
                    compile_ms=round(built.compile_ms, 1),
                    bytes_per_task=round(float(graph.stats["bytes_per_task"]), 1),
-                   exec_estimate_s=None if est is None else round(est, 1))
+                   exec_estimate_s=None if est is None else round(est, 1),
+                   fusable=[c.to_json() for c in find_chains(built.module)])
         if dump:
             graph.dump(dump)
             out["dump"] = str(dump)
@@ -89,6 +91,8 @@ def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
         about = human_duration(res["exec_estimate_s"], rough=True)
         lines.append(f"executing it would take about {about} on {res['device']} with the {res['backend']} backend "
                      "(a rough estimate)")
+    for c in res.get("fusable", ()):
+        lines.append(f"fusable: {Chain(**{**c, 'handoffs': tuple(map(tuple, c['handoffs']))}).describe()}")
     if "dump" in res:
         lines.append(f"wrote the dump {res['dump']}")
     if "drawing" in res:
