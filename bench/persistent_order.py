@@ -37,7 +37,7 @@ def measure(mode: str, seq: int, repeat: int) -> dict:
     row = {"mode": mode, "seq": seq, "tasks": graph.tasks}
     for name in ("waves", "list", "levels"):
         tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, "cuda")
-        backend = get_backend("triton", "cuda")
+        backend = get_backend("triton", "cuda", shipped=prog.schedules)  # as pto run: the shipped schedules
         ex = WaveExecutor(backend, tensors) if name == "waves" else PersistentExecutor(backend, tensors, order=name)
         ex.run(graph)
         torch.cuda.synchronize()

@@ -63,6 +63,17 @@ class DecodeTiling:
     #: projections are the GEMVs of :mod:`pto.incore.gemv`
     wt: bool = True
 
+    def __post_init__(self):
+        from pto.errors import UsageError
+
+        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk") if getattr(self, k) < 1]
+        if bad:
+            raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
+        if self.chunk % self.tk:
+            # an attention task's last key tile would run past its chunk into keys it must not see
+            raise UsageError(f"decode tiling: chunk={self.chunk} is not a multiple of tk={self.tk} (the attention "
+                             "task's key tiles must cover its chunk exactly)")
+
 
 @dataclass(frozen=True)
 class DecodeFunctions:

@@ -51,7 +51,7 @@ class Generation:
                 "cache": self.capacity, "tasks_per_step": self.tasks_per_step, "executor": self.executor}
 
 
-def capacity_for(weights: ModelWeights, longest: int) -> int:
+def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
     """The cache slots a generation needs: the window of a sliding-window model, else the
     smallest power of two of whole attention chunks holding ``longest`` positions."""
     cfg = weights.config
@@ -60,7 +60,7 @@ def capacity_for(weights: ModelWeights, longest: int) -> int:
     if longest > cfg.max_positions:
         raise UsageError(f"the prompt and the new tokens need {longest} positions; the model's context holds "
                          f"{cfg.max_positions}")
-    cap = tiling_for(cfg).chunk
+    cap = chunk or tiling_for(cfg).chunk
     while cap < longest:
         cap *= 2
     return cap
@@ -88,6 +88,10 @@ class Generator:
     def step(self, batch: int, capacity: int):
         """The decode step's prepared graph for ``batch`` sequences of ``capacity`` slots."""
         key = (batch, capacity)
+        chunk = self.tiling.chunk
+        if capacity < chunk or capacity % chunk:
+            raise UsageError(f"a decode step of {capacity} cache slots: the attention chunk is {chunk} slots, and the "
+                             "cache must be whole chunks")
         if key not in self._steps:
             from pto.engine import Placement, Prepared, build_module_graph
             from pto.exec import resolve as resolve_executor
@@ -158,7 +162,7 @@ class Generator:
             raise UsageError("every prompt needs at least one token")
         if max_new_tokens < 1:
             raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
-        capacity = capacity_for(self.weights, max(map(len, prompts)) + max_new_tokens)
+        capacity = capacity_for(self.weights, max(map(len, prompts)) + max_new_tokens, self.tiling.chunk)
         step = self.step(len(prompts), capacity)
         t0 = time.perf_counter()
         self.prefill(step, prompts, capacity)

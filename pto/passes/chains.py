@@ -19,7 +19,8 @@ compared structurally):
   call outside the loop's body names the tensor (the intermediate can stay on chip).
 
 A loop with carried regions is a :class:`Chain` of the calls that touch them and the calls its
-handoffs link to those.
+handoffs link to those, unless a nested loop or branch of the body touches the same tensors (it
+interleaves with the chain; the decode step's layer loop is such a loop).
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ class _Finder:
             if calls.index(a) in members or calls.index(b) in members:
                 members |= {calls.index(a), calls.index(b)}
         order = sorted(members)
+        # a nested loop or branch between the calls that touches what they touch interleaves
+        # with them: the chain is not the body's whole story, so it is not reported
+        nested: dict[str, int] = {}
+        _tensor_uses([s for s in loop.body if not isinstance(s, Call)], nested)
+        touched = {v.tensor for i in order for _, v in calls[i].args if isinstance(v, RegionBinding)}
+        if touched & set(nested):
+            return
         self.chains.append(Chain(loop.var, tuple(calls[i].func for i in order), tuple(dict.fromkeys(carried)),
                                  tuple(dict.fromkeys(scratch)),
                                  tuple((a.func, b.func, t) for a, b, t in handoffs),

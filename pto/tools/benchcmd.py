@@ -49,6 +49,9 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
           **resolve_kw) -> dict:
     """Rows of milliseconds, TFLOP/s, ratios and rel_err for each shape (JSON-able);
     ``resolve_kw``: the settings of :func:`pto.engine.resolve` but the executor."""
+    moved = sorted(set(resolve_kw) & {"iterations", "warmup", "seed"})
+    if moved:
+        raise UsageError(f"bench: {', '.join(moved)} go in timing=Timing(...)")
     timing = timing or Timing()
     iterations, warmup, seed = timing.iterations, timing.warmup, timing.seed
     bad = [c for c in compare if c not in COMPARE]
@@ -56,7 +59,11 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
         raise UsageError(f"--compare {bad[0]!r}: choose from {', '.join(COMPARE)}")
     if iterations <= 0 or warmup < 0:
         raise UsageError("--iterations must be positive and --warmup not negative")
-    jobs = [resolve(program, executor=e, **resolve_kw) for e in executors]
+    jobs = []
+    for e in executors:  # auto may resolve to an executor also asked for by name: time it once
+        job = resolve(program, executor=e, **resolve_kw)
+        if job.executor not in [j.executor for j in jobs]:
+            jobs.append(job)
     job0 = jobs[0]
     prog, s, cuda = job0.program, job0.settings, job0.device == "cuda"
     shapes = [prog.shape(x) for x in shapes]

@@ -191,6 +191,9 @@ def tune(program: str, shapes: list[Shape | int], search: Search | None = None, 
     options); ``db``: where the winners go (the device's user database by default)."""
     from datetime import date
 
+    moved = sorted(set(where) & set(Search.__dataclass_fields__))
+    if moved:
+        raise UsageError(f"tune: {', '.join(moved)} go in search=Search(...)")
     search = search or Search()
     job = resolve(program, backend="triton", executor="waves", **where)
     db = db or for_device(job.device, job.program.schedules)

@@ -107,3 +107,13 @@ def test_bench_says_where_the_plot_is(tmp_path):
     assert r.stdout.splitlines()[-1] == f"wrote the plot {png}"
     assert "<svg" in png.read_text()
     assert json.loads(js.read_text())["plot"] == str(png)
+
+
+def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_name():
+    """``--executor auto,waves`` where auto means waves (the CPU; the model program on a GPU):
+    one column, not a second run writing over the first."""
+    from pto.tools.benchcmd import Timing, bench
+
+    res = bench("softmax", [64], executors=("auto", "waves"), compare=(), timing=Timing(iterations=1, warmup=0),
+                device="cpu")
+    assert res["executors"] == ["waves"] and "waves_ms" in res["rows"][0]

@@ -114,3 +114,12 @@ def test_pto_graph_reports_the_chains():
     assert c["loop"] == "kj" and c["calls"] == ["flash_pair"] and set(c["carried"]) == {"m", "l", "acc"}
     assert "fusable: loop kj (llama7b.py:" in format_report(res)
     assert build_only(resolve("llama7b", device="cpu"), 100)["fusable"] == []
+
+
+def test_a_loop_with_nested_statements_on_the_same_tensors_is_not_a_chain():
+    """The decode step's layer loop carries the residual stream x, but its per-sequence loop
+    between the projections reads qkv and writes attn: the direct calls are not the whole body,
+    so no chain is reported (a fusion of them alone would be wrong)."""
+    prog = programs.get("model")
+    s = prog.settings(device="cpu", config="tiny", target=get("x86_64"))
+    assert find_chains(prog.build(s, prog.shape({"cache": 64, "batch": 1}))) == []

@@ -232,3 +232,30 @@ def test_tune_refuses_without_a_gpu_and_show_reports_the_origin():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "schedules for" in r.stdout and "softmax_tile__" in r.stdout and "heuristic" in r.stdout
+
+
+def test_launch_settings_are_typed_and_name_where_a_bad_one_came_from():
+    """A schedule's or an override's keys: Triton's launch keywords, GROUP, the code-generation
+    options, and Triton's maxnreg and num_ctas passed through; anything else is one error naming
+    its source."""
+    from pto.backends.triton import LaunchConfig, merged
+    from pto.errors import UsageError
+
+    c = LaunchConfig.of({"num_warps": 8, "GROUP": 4, "maxnreg": 128, "input_precision": "tf32"})
+    assert c.kwargs() == {"num_warps": 8, "num_stages": 1, "enable_fp_fusion": False, "maxnreg": 128, "GROUP": 4}
+    assert dict(c)["input_precision"] == "tf32" and c == {**c.kwargs(), "input_precision": "tf32"}
+    assert merged([c, LaunchConfig(num_warps=4, enable_fp_fusion=True)]).kwargs() == {
+        "num_warps": 8, "num_stages": 1, "enable_fp_fusion": True}
+    with pytest.raises(UsageError, match="the user schedule of v: unknown launch setting 'warps'"):
+        LaunchConfig.of({"warps": 8}, "the user schedule of v")
+
+
+def test_the_old_keywords_of_tune_and_bench_say_where_they_went():
+    from pto.errors import UsageError
+    from pto.tools.benchcmd import bench
+    from pto.tools.tune import tune
+
+    with pytest.raises(UsageError, match=r"tune: budget_s go in search=Search\(...\)"):
+        tune("bgemm", [40], budget_s=1, device="cpu")
+    with pytest.raises(UsageError, match=r"bench: iterations go in timing=Timing\(...\)"):
+        bench("softmax", [64], iterations=2, device="cpu")

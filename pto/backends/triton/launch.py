@@ -21,6 +21,8 @@ from pto.errors import ExecutionError, ResourceError, UsageError
 
 log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
 _CODEGEN = tuple(f.name for f in fields(RenderOptions))
+#: Triton launch options passed through as given (a schedule file may name them)
+_TRITON_EXTRA = ("maxnreg", "num_ctas")
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +35,7 @@ class LaunchConfig(Mapping):
     enable_fp_fusion: bool = False
     group: int | None = None
     codegen: tuple[tuple[str, object], ...] = field(default=())
+    extra: tuple[tuple[str, object], ...] = field(default=())  # maxnreg, num_ctas
 
     @classmethod
     def of(cls, settings: Mapping, where: str = "launch settings") -> LaunchConfig:
@@ -44,7 +47,7 @@ class LaunchConfig(Mapping):
         """These settings with ``settings``' keys replacing theirs."""
         if isinstance(settings, LaunchConfig):
             settings = dict(settings)
-        plain, codegen = {}, dict(self.codegen)
+        plain, codegen, extra = {}, dict(self.codegen), dict(self.extra)
         for k, v in settings.items():
             if k in ("num_warps", "num_stages"):
                 plain[k] = int(v)
@@ -54,14 +57,17 @@ class LaunchConfig(Mapping):
                 plain["group"] = int(v)
             elif k in _CODEGEN:
                 codegen[k] = v
+            elif k in _TRITON_EXTRA:
+                extra[k] = v
             else:
                 raise UsageError(f"{where}: unknown launch setting {k!r} (known: num_warps, num_stages, "
-                                 f"enable_fp_fusion, GROUP, {', '.join(_CODEGEN)})")
-        return replace(self, **plain, codegen=tuple(sorted(codegen.items())))
+                                 f"enable_fp_fusion, GROUP, {', '.join(_CODEGEN + _TRITON_EXTRA)})")
+        return replace(self, **plain, codegen=tuple(sorted(codegen.items())), extra=tuple(sorted(extra.items())))
 
     def kwargs(self) -> dict:
         """Triton's launch keywords (and ``GROUP`` for a kernel with a parallel axis)."""
-        out = {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": self.enable_fp_fusion}
+        out = {"num_warps": self.num_warps, "num_stages": self.num_stages, "enable_fp_fusion": self.enable_fp_fusion,
+               **dict(self.extra)}
         if self.group is not None:
             out["GROUP"] = self.group
         return out

@@ -300,3 +300,22 @@ def test_the_steps_tiles_fit_the_target_at_large_batches():
                 assert tiles["a"].cols.value == step, (name, batch, fn.name)
                 check_sram(fn, h100, {"R": batch})
             assert [t for t in f.qkv.tiles if t.name.startswith("b")][-1].rows.value == bn
+
+
+def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
+    """Key tiles that do not divide the chunk would read keys past it unmasked (the softmax
+    silently off by 2e-2); a cache that is not whole chunks would drop its last slots: both are
+    refused, naming the numbers."""
+    from pto.orchestration.model.decode import DecodeTiling
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    from pto.errors import UsageError
+    from pto.ir.dtypes import DType
+
+    with pytest.raises(UsageError, match="chunk=24 is not a multiple of tk=16"):
+        DecodeTiling(chunk=24, tk=16)
+    w = random_weights(CONFIGS["tiny"], torch.float32, torch.Generator().manual_seed(0))
+    gen = Generator(w, "cpu", DType.F32, tiling=DecodeTiling(chunk=96, tk=32, bn=32, bk=32, bv=128, lm_bk=32))
+    with pytest.raises(UsageError, match="the attention chunk is 96 slots"):
+        gen.step(1, 128)
