@@ -125,8 +125,9 @@ def test_a_damaged_triton_source_is_rewritten_and_reported(tmp_path, damage):
 @pytest.mark.slow
 @needs_interp
 def test_a_corrupt_schedule_database_is_set_aside_and_reported(tmp_path):
-    """pto.schedules keeps the user's launch parameters as JSON under the cache folder; a file
-    that does not parse is moved aside, reported, and the run goes on with the defaults."""
+    """The schedule database (pto.backends.triton.schedules) keeps the user's launch parameters
+    as JSON under the cache folder; a file that does not parse is moved aside, reported, and the
+    run goes on with the defaults."""
     from pto.backends.triton.schedules import device_key
 
     cache = tmp_path / "cache"

@@ -141,8 +141,8 @@ class TritonBackend(Backend):
     def uniform_launch(self, graph) -> dict[str, dict]:
         """Launch overrides (variant name -> parameters) that compile every batched kernel of
         ``graph`` as the persistent megakernel compiles its branches: the kernel-wide settings of
-        :func:`pto.codegen.triton.megakernel.kernel_settings` (the most warps any variant asks for,
-        FMA contraction if any allows it, :func:`merged`) and this backend's code-generation options
+        :func:`~pto.backends.triton.launch.merged` (the most warps any variant asks for, FMA
+        contraction if any allows it) and this backend's code-generation options
         (a schedule may not switch them for one kernel). Pipelining depth stays each variant's own:
         it reorders loads, not arithmetic. So both executors run identically compiled arithmetic."""
         ex = graph.runtime.export()
