@@ -21,6 +21,7 @@ import math
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
+from pto.incore.gemv import Gemv, gemv_accumulate
 
 from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
@@ -212,6 +213,31 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
     best, index = k.memref("best", f32), k.memref("index", f32)
     j = k.parallel("j", cdiv(N, bn))
     acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K), bn, j)
+    _argmax_epilogue(k, acc, (y, best, index), R, N, bn, j)
+    return k.build(target)
+
+
+def lmhead_argmax_gemv_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
+                            target=None) -> IncoreFunction:
+    """:func:`lmhead_argmax_tile` against an output-major ``[N, K]`` LM head (a tied model's
+    embedding table as it is): blocks of ``bn`` vocabulary rows, the GEMV of
+    :mod:`pto.incore.gemv`."""
+    k = InCore("lmhead_argmax_gemv_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    w = k.memref("w", dtype, shape=(N, K))
+    y = k.memref("y", f32, shape=(R, N))
+    best, index = k.memref("best", f32), k.memref("index", f32)
+    j = k.parallel("j", cdiv(N, bn))
+    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    _argmax_epilogue(k, acc, (y, best, index), R, N, bn, j)
+    return k.build(target)
+
+
+def _argmax_epilogue(k: InCore, acc, outs, R, N: int, bn: int, j) -> None:
+    """Store the block's logits and the first stage of greedy sampling: each row's largest
+    logit of the block and its column in the whole vocabulary (``outs``: y, best, index)."""
+    y, best, index = outs
     k.store(y, 0, j * bn, acc)
     # the columns past the vocabulary's end never win
     k.mask_cols(acc, acc, N - j * bn)
@@ -221,7 +247,6 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
     k.adds(col, col, j * bn)
     k.store(best, 0, j, top)
     k.store(index, 0, j, col)
-    return k.build(target)
 
 
 def argmax_advance(blocks: int, target=None) -> IncoreFunction:
@@ -244,4 +269,5 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
 
 
 __all__ = ["embed_row", "rope_q_decode", "rope_kv_append", "decode_attn_part", "decode_attn_combine",
+           "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -38,7 +38,7 @@ class Gemv:
     dtype: object
 
 
-def _accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
+def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
     """The f32 accumulators ``x @ w[j * bn: (j + 1) * bn].T`` of each weight (scaled by the
     folded norm's row factors with ``norm``, declared just before)."""
     a = k.tile("a", g.R, g.bk, g.dtype)
@@ -68,7 +68,7 @@ def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: floa
     w = k.memref("w", dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    (acc,) = _accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -86,7 +86,7 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
     r = k.memref("r", dtype, shape=(R, ND))
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
-    (acc,) = _accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
+    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
     out = k.tile("out", R, bn, dtype)
     k.load(out, r, 0, j * bn)
     k.add(acc, acc, out)
@@ -107,9 +107,9 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
     wu = k.memref("wu", dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    g, u = _accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
     swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
 
 
-__all__ = ["Gemv", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile"]
+__all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile"]

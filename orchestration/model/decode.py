@@ -62,6 +62,12 @@ class DecodeTiling:
     #: the layers' weights stored output-major ([N, K], as nn.Linear keeps them): the
     #: projections are the GEMVs of :mod:`pto.incore.gemv`
     wt: bool = True
+    #: the LM head output-major too (``[V, H]``: a tied model's embedding as it is), its GEMV
+    #: in blocks of ``bv`` rows; off by default until measured on a GPU (bench/decode.py --tilings)
+    lm_wt: bool = False
+    #: the K step of the projections when their tiles are tensor-core dots (16 rows and more);
+    #: None: ``bk`` (measured slow at 16 rows: docs/PERF.md "Decode", batches)
+    dot_bk: int | None = None
 
     def __post_init__(self):
         from pto.errors import UsageError
@@ -100,7 +106,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
     if batch >= 16:
-        t = replace(t, bn=max(t.bn, 16))
+        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk)
     lm, bv = _lm_head(cfg, dt, target, t, batch)
     if t.wt:
         qkv = _fitted(gemv_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
@@ -146,10 +152,10 @@ def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     from pto.errors import SramError
 
     bv = min(t.bv, cfg.vocab)
+    build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
     while True:
         try:
-            return dk.lmhead_argmax_tile(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.lm_bk, cfg.layer.eps,
-                                         target), bv
+            return build(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.lm_bk, cfg.layer.eps, target), bv
         except SramError:
             if bv <= 16:
                 raise
@@ -184,7 +190,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV, t.wt)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV, t)
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -244,13 +250,13 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
     return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
 
 
-def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, wt: bool = False) -> dict:
+def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling) -> dict:
     """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
     logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J."""
     B, C, J = sizes
     c = cfg.layer
     L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
-    ws = weight_shapes(cfg, wt)
+    ws = weight_shapes(cfg, t.wt)
 
     def stacked(kind: str):
         rows, cols = ws[kind]
@@ -260,7 +266,7 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
          "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
          "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
          "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
-         "lm_head": o.input("lm_head", H, V, dt),
+         "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), dt),
          "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
     T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
              tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))

@@ -103,7 +103,8 @@ class Generator:
             if executor == "auto":
                 executor = PROGRAM.auto_executor
             place = Placement(self.device, self.backend, executor, schedules=PROGRAM.schedules)
-            inputs = {k: v.to(self.device) for k, v in stack_weights(self.weights, self.tiling.wt).items()}
+            stacked = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
+            inputs = {k: v.to(self.device) for k, v in stacked.items()}
             inputs.update(cos=self.cos, sin=self.sin)
             kvd = self.config.layer.kv_dim
             for name in ("k_cache", "v_cache"):  # slots never written are masked, and finite

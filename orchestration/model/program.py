@@ -129,7 +129,8 @@ class ModelProgram(Program):
         pos = torch.randint(0, 3 * C if cfg.layer.window else C, (B, 1), generator=g).float()
         pos[-1, 0] = C - 1  # a full cache
         tok = torch.randint(0, cfg.vocab, (B, 1), generator=g).float()
-        out = {**stack_weights(weights, tiling_for(cfg).wt), "k_cache": cache[0], "v_cache": cache[1], "tok": tok,
+        tiling = tiling_for(cfg)
+        out = {**stack_weights(weights, tiling.wt, tiling.lm_wt), "k_cache": cache[0], "v_cache": cache[1], "tok": tok,
                "pos": pos}
         cos, sin = rope_tables(cfg.max_positions, cfg.layer, s.dtype, "cpu")
         out.update(cos=cos, sin=sin)
@@ -141,7 +142,8 @@ class ModelProgram(Program):
         against a framework's own)."""
         cfg = self.config(s)
         B, C = shape["batch"], shape["cache"]
-        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()}, tiling_for(cfg).wt)
+        tiling = tiling_for(cfg)
+        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()}, tiling.wt, tiling.lm_wt)
         L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
 
         def blocks(t):
@@ -185,9 +187,9 @@ def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> 
     return ModelWeights(cfg, emb, gain(), head, layers)
 
 
-def stack_weights(w: ModelWeights, wt: bool = False) -> dict[str, torch.Tensor]:
+def stack_weights(w: ModelWeights, wt: bool = False, lm_wt: bool = False) -> dict[str, torch.Tensor]:
     """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`), each
-    block output-major with ``wt`` (:attr:`DecodeTiling.wt`)."""
+    block output-major with ``wt``, the LM head with ``lm_wt`` (:class:`DecodeTiling`)."""
     ls = w.layers
 
     def stack(blocks):
@@ -197,10 +199,11 @@ def stack_weights(w: ModelWeights, wt: bool = False) -> dict[str, torch.Tensor]:
             "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": stack([x["wo"] for x in ls]),
             "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": stack([x["wg"] for x in ls]),
             "wu": stack([x["wu"] for x in ls]), "wd": stack([x["wd"] for x in ls]),
-            "g_out": w.norm.contiguous(), "lm_head": w.lm_head.contiguous()}
+            "g_out": w.norm.contiguous(), "lm_head": (w.lm_head.t() if lm_wt else w.lm_head).contiguous()}
 
 
-def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False) -> ModelWeights:
+def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False,
+                    lm_wt: bool = False) -> ModelWeights:
     """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
     QD, KVD = cfg.layer.q_dim, cfg.layer.kv_dim
     shapes = weight_shapes(cfg, wt)
@@ -216,7 +219,7 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
         layers.append({"g_attn": t["g_attn"][i:i + 1], "wq": qkv[:, :QD], "wk": qkv[:, QD:QD + KVD],
                        "wv": qkv[:, QD + KVD:], "wo": block("wo", i), "g_ffn": t["g_ffn"][i:i + 1],
                        "wg": block("wg", i), "wu": block("wu", i), "wd": block("wd", i)})
-    return ModelWeights(cfg, t["emb"], t["g_out"], t["lm_head"], layers)
+    return ModelWeights(cfg, t["emb"], t["g_out"], t["lm_head"].t() if lm_wt else t["lm_head"], layers)
 
 
 PROGRAM = ModelProgram()

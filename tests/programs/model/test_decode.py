@@ -30,17 +30,19 @@ def test_one_step_matches_the_reference(config, cache, batch):
     assert (res["cache"], res["batch"]) == (cache, batch)
 
 
-@pytest.mark.parametrize("wt", [False, True])
-def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt):
+@pytest.mark.parametrize("wt,lm_wt,batch", [(False, False, 2), (True, False, 2), (True, True, 2), (True, True, 3)])
+def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt, lm_wt, batch):
     """Block sizes that divide none of the widths (hidden 64 and FFN 160 in K steps of 48,
     outputs in blocks of 48, the vocabulary of 512 in blocks of 96): the last blocks of every
     projection and of the LM head's norm weight run past the tensors and are masked; with the
-    layers' weights stored output-major (``wt``: the GEMVs of pto.incore.gemv) as well."""
+    layers' weights stored output-major (``wt``: the GEMVs of pto.incore.gemv), the LM head too
+    (``lm_wt``), and a K step of its own on the dot path (``dot_bk``) as well."""
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import DecodeTiling
 
-    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96, lm_bk=48, wt=wt))
-    res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=5)
+    monkeypatch.setattr(mp, "TINY_TILING", DecodeTiling(chunk=32, tk=16, bn=48, bk=48, bv=96, lm_bk=48, wt=wt,
+                                                        lm_wt=lm_wt, dot_bk=24))
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", check=True, seed=5)
     assert res["rel_err"] <= 1e-5, res
 
 
@@ -54,7 +56,7 @@ def test_one_step_on_triton(executor, wt, monkeypatch):
 
     from pto.orchestration.model import program as mp
 
-    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, wt=wt))
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, wt=wt, lm_wt=wt))
     res = run("model", config="tiny", cache=64, batch=2, device="cpu", backend="triton", executor=executor,
               check=True, seed=3)
     assert res["rel_err"] <= 1e-5, res
