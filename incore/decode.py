@@ -18,6 +18,7 @@ Positions and token ids are f32 numbers in ``[B, 1]`` tensors (exact below 2**24
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
@@ -206,14 +207,7 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
     epilogue: each row's largest logit of the block to ``best[r, j]`` and its column (in the
     whole vocabulary) to ``index[r, j]``."""
     k = InCore("lmhead_argmax_tile")
-    R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(K, N))
-    y = k.memref("y", f32, shape=(R, N))
-    best, index = k.memref("best", f32), k.memref("index", f32)
-    j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K), bn, j)
-    _argmax_epilogue(k, acc, (y, best, index), R, N, bn, j)
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype), N, eps, wt=False)
     return k.build(target)
 
 
@@ -223,15 +217,25 @@ def lmhead_argmax_gemv_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     embedding table as it is): blocks of ``bn`` vocabulary rows, the GEMV of
     :mod:`pto.incore.gemv`."""
     k = InCore("lmhead_argmax_gemv_tile")
-    R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(N, K))
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype), N, eps, wt=True)
+    return k.build(target)
+
+
+def _lmhead(k: InCore, g: Gemv, N: int, eps: float, wt: bool) -> None:
+    """The LM head's body: ``g.R`` rows (the R dim's default) against a ``[K, N]`` weight, or
+    ``[N, K]`` with ``wt``."""
+    R = k.dim("R", g.R)
+    x = k.memref("x", g.dtype, shape=(R, g.K))
+    w = k.memref("w", g.dtype, shape=(N, g.K) if wt else (g.K, N))
     y = k.memref("y", f32, shape=(R, N))
     best, index = k.memref("best", f32), k.memref("index", f32)
-    j = k.parallel("j", cdiv(N, bn))
-    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
-    _argmax_epilogue(k, acc, (y, best, index), R, N, bn, j)
-    return k.build(target)
+    j = k.parallel("j", cdiv(N, g.bn))
+    norm = RowNorm(k, R, g.bk, g.dtype, eps, g.K)
+    if wt:
+        (acc,) = gemv_accumulate(k, x, {"": w}, replace(g, R=R), j, norm)
+    else:
+        acc = normed_gemm(k, x, w, norm, g.bn, j)
+    _argmax_epilogue(k, acc, (y, best, index), R, N, g.bn, j)
 
 
 def _argmax_epilogue(k: InCore, acc, outs, R, N: int, bn: int, j) -> None:

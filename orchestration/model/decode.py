@@ -108,14 +108,13 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     if batch >= 16:
         t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk)
     lm, bv = _lm_head(cfg, dt, target, t, batch)
-    if t.wt:
-        qkv = _fitted(gemv_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
-        proj = _fitted(gemv_residual_tile, dt, batch, QD, H, t.bn, t.bk, target=target)
-        gate_up = _fitted(gemv_norm_swiglu_tile, dt, batch, H, F, t.bn, t.bk, c.eps, target=target)
-    else:
-        qkv = _fitted(matmul_norm_tile, dt, batch, H, QD + 2 * KVD, t.bn, t.bk, c.eps, target=target)
-        proj = _fitted(matmul_residual_tile, dt, batch, QD, H, t.bn, t.bk, target=target)
-        gate_up = _fitted(matmul_norm_swiglu_tile, dt, batch, H, F, t.bn, t.bk, c.eps, target=target)
+    norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
+        (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
+    # each projection with the widest contraction step up to bk whose tiles fit the target (a
+    # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
+    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, t.bn, bk, c.eps, target), t.bk)[0]
+    proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
+    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.bn, bk, c.eps, target), t.bk)[0]
     return DecodeFunctions(
         qkv=qkv,
         rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
@@ -130,36 +129,26 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     )
 
 
-def _fitted(build, dt, rows: int, K: int, N: int, bn: int, bk: int, *eps, target=None) -> IncoreFunction:
-    """A projection's function with the widest contraction step up to ``bk`` whose tiles fit the
-    target's on-chip memory (SRAM-aware: a batch of 32 rows in steps of 1024 does not fit an
-    H100's 227 KiB; the step halves until it does)."""
+def _widest(build, size: int):
+    """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to 16) whose
+    function's tiles fit the target's on-chip memory (SRAM-aware sizing)."""
     from pto.errors import SramError
 
     while True:
         try:
-            return build(dt, rows, K, N, bn, bk, *eps, target)
+            return build(size), size
         except SramError:
-            if bk <= 16:
+            if size <= 16:
                 raise
-            bk //= 2
+            size //= 2
 
 
 def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int):
     """The LM head with the widest vocabulary block up to ``t.bv`` whose tiles fit the target's
-    on-chip memory (SRAM-aware: a CPU's 48 KiB takes narrower blocks than an H100), and that
-    width."""
-    from pto.errors import SramError
-
-    bv = min(t.bv, cfg.vocab)
+    on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
-    while True:
-        try:
-            return build(dt, batch, cfg.layer.hidden, cfg.vocab, bv, t.lm_bk, cfg.layer.eps, target), bv
-        except SramError:
-            if bv <= 16:
-                raise
-            bv //= 2
+    c = cfg.layer
+    return _widest(lambda bv: build(dt, batch, c.hidden, cfg.vocab, bv, t.lm_bk, c.eps, target), min(t.bv, cfg.vocab))
 
 
 def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> int:
@@ -232,13 +221,21 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                             "y": A("hb", F)})
         o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
                dims={"K": F, "N": H})
+    _sample(o, fn, T, (B, H, cfg.vocab, NBV))
+    return o.module()
+
+
+def _sample(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
+    """The step's end: the LM head with the first stage of the argmax, then per sequence the
+    token and the next position (``sizes``: B, H, the vocabulary, its blocks)."""
+    B, H, V, NBV = sizes
     # the norm's weight as its region (a K step that does not divide H reads past it: masked)
-    o.call(fn.lm, {"x": A("x", H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"], "y": A("logits", cfg.vocab),
-                   "best": A("best", NBV), "index": A("index", NBV)})
+    o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
+                   "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
+                   "index": (T["index"], 0, 0, B, NBV)})
     with o.for_loop("b1", 0, B) as b:
         o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
                             "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
-    return o.module()
 
 
 def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:

@@ -56,8 +56,12 @@ class Megakernel:
         self.device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         self.compiled_info: dict = {}
         self.tracing = 0
+        configs = branch_configs(backend, plan)  # each branch's schedule, looked up once
+        #: one configuration for the whole kernel (:func:`merged`); pipelining is per loop, in the
+        #: source (``self.stages``)
+        self.config = merged(configs)
         try:
-            self._build()
+            self._build(configs)
             self.jit = load_kernel(self.rendered)
             self.programs = self._resident_programs()
         except Exception as e:
@@ -67,17 +71,9 @@ class Megakernel:
             raise one_line from e
 
     # -- building ---------------------------------------------------------------------------------
-    def branch_configs(self) -> list[LaunchConfig]:
-        return branch_configs(self.backend, self.plan)
-
-    def launch_config(self) -> LaunchConfig:
-        """One configuration for the whole kernel (:func:`merged`); pipelining is per loop, in
-        the source (``self.stages``)."""
-        return merged(self.branch_configs())
-
-    def _build(self) -> None:
+    def _build(self, configs: list[LaunchConfig]) -> None:
         want: dict[str, int] = {}
-        for b, c in zip(self.plan.branches, self.branch_configs()):
+        for b, c in zip(self.plan.branches, configs):
             v = b.fn.variant_name
             want[v] = max(want.get(v, 1), c.num_stages)
         s = self.settings
@@ -136,7 +132,7 @@ class Megakernel:
                 *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()))
 
     def consts(self) -> dict:
-        cfg = self.launch_config()
+        cfg = self.config
         return {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
                 "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda", **cfg.kwargs()}
 
@@ -172,7 +168,7 @@ class Megakernel:
             return e
         if not isinstance(e, TritonError):
             return e
-        cfg = self.launch_config().kwargs() if hasattr(self, "rendered") else {}
+        cfg = self.config.kwargs()
         return triton_error(e, f"the persistent kernel over {len(self.plan.branches)} branches", cfg)
 
     # -- running ----------------------------------------------------------------------------------

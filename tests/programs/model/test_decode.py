@@ -321,3 +321,19 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
     gen = Generator(w, "cpu", DType.F32, tiling=DecodeTiling(chunk=96, tk=32, bn=32, bk=32, bv=128, lm_bk=32))
     with pytest.raises(UsageError, match="the attention chunk is 96 slots"):
         gen.step(1, 128)
+
+
+def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
+    """On a GPU ``--executor auto`` is decided per graph, unless the program says which executor
+    its measurements settle on: the model program's step runs the waves executor (resolved
+    without a GPU by making torch report one; nothing is built or run)."""
+    import pto.device
+    from pto.engine import resolve
+    from pto.errors import UsageError
+
+    monkeypatch.setattr(pto.device, "cuda_available", lambda: True)
+    assert resolve("model", device="cuda", target="cuda_h100").executor == "waves"
+    assert resolve("llama7b", device="cuda", target="cuda_h100").executor == "auto"
+    assert resolve("model", device="cuda", target="cuda_h100", executor="persistent").executor == "persistent"
+    with pytest.raises(UsageError, match="model: unknown setting 'iterations'"):
+        resolve("model", device="cpu", iterations=3)
