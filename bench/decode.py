@@ -121,7 +121,8 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
             step.replay()
 
         ms = events_ms(one, steps)
-        out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name}
+        out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name,
+               "pdl": getattr(step.executor.backend.options, "pdl", "") or "off"}
         if kernels:
             out["kernels"] = kernel_times(one, 8)
         if step.executor.name == "persistent":

@@ -10,6 +10,9 @@
 #   modes       pto bench llama7b --attention split and pair, both executors, eager ($MODE_SEQS)
 #   odd         pto bench llama7b, fused, odd lengths ($ODD_SEQS)
 #   profile     pto run --profile of the fused layer at 16K, both executors
+#   pdl         programmatic dependent launch in the modes $PDL_MODES (default: off early late;
+#               PTO_PDL): bench/decode.py for $PDL_CONFIGS at batches $DEC_BATCHES (default 1,8)
+#               with the tilings $TILINGS, and the fused layer at $PDL_SEQS (none: skipped)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -45,6 +48,18 @@ for stage in "$@"; do
                python3 -m pto.cli run llama7b --config 7b --seq ${PROFILE_SEQ:-16384} --executor $e --profile \
                  --json 2>&1 | tee "$OUT/profile_$e.json" | tail -3
              done ;;
+    pdl) for p in ${PDL_MODES:-off early late}; do
+           PTO_PDL=$p python3 bench/decode.py --configs "${PDL_CONFIGS:-smollm2-135m,llama3-8b}" \
+             --batches "${DEC_BATCHES:-1,8}" --long 0 --steps 16 --executors waves --hf-configs none \
+             --tilings "${TILINGS:-default}" --json "$OUT/decode_pdl_$p.json" > "$OUT/decode_pdl_$p.log" 2>&1
+           echo "PTO_PDL=$p"; grep "B=" "$OUT/decode_pdl_$p.log"
+         done
+         for p in ${PDL_MODES:-off early late}; do
+           [ "${PDL_SEQS:-1024,4096}" = none ] && break
+           PTO_PDL=$p $BENCH --seq "${PDL_SEQS:-1024,4096}" --executor waves --json "$OUT/fused_pdl_$p.json" \
+             > "$OUT/fused_pdl_$p.log" 2>&1
+           echo "PTO_PDL=$p"; tail -4 "$OUT/fused_pdl_$p.log"
+         done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

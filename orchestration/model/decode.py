@@ -63,11 +63,13 @@ class DecodeTiling:
     #: projections are the GEMVs of :mod:`pto.incore.gemv`
     wt: bool = True
     #: the LM head output-major too (``[V, H]``: a tied model's embedding as it is), its GEMV
-    #: in blocks of ``bv`` rows; off by default until measured on a GPU (bench/decode.py --tilings)
+    #: in blocks of ``bv`` rows; off: measured slower on an H200 (the 8B step 5.61 against 5.04
+    #: ms, SmolLM2 0.945 against 0.910; docs/PERF.md "Decode", the second session)
     lm_wt: bool = False
-    #: the K step of the projections when their tiles are tensor-core dots (16 rows and more);
-    #: None: ``bk`` (measured slow at 16 rows: docs/PERF.md "Decode", batches)
-    dot_bk: int | None = None
+    #: the K step of the projections when their tiles are tensor-core dots (16 rows and more;
+    #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
+    #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
+    dot_bk: int | None = 128
 
     def __post_init__(self):
         from pto.errors import UsageError

@@ -133,10 +133,12 @@ def triton_error(e: Exception, what: str, cfg: Mapping) -> ExecutionError:
     return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
 
 
-def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig) -> list[tuple]:
-    """``(grid, arguments, keyword arguments)`` of each group's launch."""
+def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str | bool = False) -> list[tuple]:
+    """``(grid, arguments, keyword arguments)`` of each group's launch; ``pdl``: the kernel was
+    rendered with the PDL prologue (``RenderedKernel.pdl``), so it launches with ``launch_pdl``
+    (never otherwise: a dependent launch must wait before its first access)."""
     out = []
-    kw = cfg.kwargs()
+    kw = cfg.kwargs() | ({"launch_pdl": True} if pdl else {})
     for g in groups:
         nb, np_ = g.grid
         if cfg.group is not None:  # a parallel axis: the kernel also takes the grid's extents

@@ -33,11 +33,16 @@ class RenderOptions:
     that use ``tl.dot`` (Triton needs 16); below, an exact f32 broadcast-multiply-sum.
     ``ieee_math``: correctly rounded division and square root (``div_rn``/``sqrt_rn``, as torch
     computes them) instead of the faster approximations.
+    ``pdl``: programmatic dependent launch (sm_90 and later, compiled kernels only; "" off): the
+    batched kernel waits for the previous launch's memory before its first access and lets the
+    next launch's programs start, "early" (before its own work) or "late" (after it)
+    (:func:`pto.codegen.triton.kernel.render`).
     """
 
     input_precision: str = "ieee"
     dot_min: int = 16
     ieee_math: bool = True
+    pdl: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,8 @@ def _floormod(a, b):
 '''
 
 
-def file_source(title: str, functions: list[list[str]]) -> str:
+def file_source(title: str, functions: list[list[str]], imports: str = "") -> str:
     """A generated Triton file: a two-line title, the prelude (imports, constants, integer
-    helpers) and the given ``@triton.jit`` functions (each a list of lines)."""
+    helpers), ``imports`` (lines) and the given ``@triton.jit`` functions (each a list of lines)."""
     return (f"# {title}\n# Do not edit: regenerate with `pto codegen`. Contracts: see pto/codegen/triton/.\n"
-            + _PRELUDE + "\n" + "\n\n\n".join("\n".join(f) for f in functions) + "\n")
+            + _PRELUDE + imports + "\n" + "\n\n\n".join("\n".join(f) for f in functions) + "\n")

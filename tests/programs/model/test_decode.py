@@ -282,9 +282,10 @@ def test_the_step_reads_its_position_and_token_from_device_data():
 
 
 def test_the_steps_tiles_fit_the_target_at_large_batches():
-    """A batch of 32 rows in the default K steps of 1024 needs 258 KiB of an H100's 227: the
-    projections' step halves until the tiles fit (SRAM-aware), and from 16 rows on the blocks are
-    16 outputs wide (tensor-core dots, not a broadcast sum); the 8B model's too."""
+    """A batch of 32 rows in K steps of 1024 needs 258 KiB of an H100's 227: the projections'
+    step halves until the tiles fit (SRAM-aware); from 16 rows on the blocks are 16 outputs wide
+    (tensor-core dots, not a broadcast sum) in the dot path's own K step (``dot_bk``, 128 by
+    default); the 8B model's too."""
     from pto.orchestration.model.decode import DecodeTiling, functions
     from pto.orchestration.model.program import CONFIGS
 
@@ -294,9 +295,10 @@ def test_the_steps_tiles_fit_the_target_at_large_batches():
 
     h100 = get("cuda_h100")
     for name in ("smollm2-135m", "llama3-8b"):
-        # (batch, the normed projections' K step, the residual one's, the output block)
-        for batch, bk_norm, bk, bn in ((1, 1024, 1024, 4), (32, 512, 1024, 16)):
-            f = functions(CONFIGS[name], DType.BF16, h100, DecodeTiling(), batch)
+        # (tiling, batch, the normed projections' K step, the residual one's, the output block)
+        for tiling, batch, bk_norm, bk, bn in ((DecodeTiling(), 1, 1024, 1024, 4), (DecodeTiling(), 32, 128, 128, 16),
+                                               (DecodeTiling(dot_bk=None), 32, 512, 1024, 16)):
+            f = functions(CONFIGS[name], DType.BF16, h100, tiling, batch)
             for fn, step in ((f.qkv, bk_norm), (f.gate_up, bk_norm), (f.proj, bk)):
                 tiles = {t.name: t for t in fn.tiles}
                 assert tiles["a"].cols.value == step, (name, batch, fn.name)

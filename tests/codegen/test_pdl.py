@@ -1,0 +1,78 @@
+"""Programmatic dependent launch (``RenderOptions.pdl``): the batched kernel's prologue, its
+digest, the launch keyword, and the PTX Triton makes of it for an H100 (compiled without a GPU).
+On a GPU of compute capability 9.0 and later the backend renders "late" by default (PTO_PDL=off|early|late;
+docs/PERF.md), so tests/gpu and bench/smoke.py run every batched kernel with it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from pto.incore.matmul import gemm_tile  # noqa: E402
+
+from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls  # noqa: E402
+from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.errors import BuildError, UsageError  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.dtypes import DType  # noqa: E402
+from tests.sm90 import compile_sm90  # noqa: E402
+
+
+def _gemm():
+    return specialize(gemm_tile(DType.BF16, 64, 128, 64))
+
+
+@pytest.mark.parametrize("mode", ["early", "late"])
+def test_prologue_waits_before_any_access(mode):
+    """With ``pdl`` the kernel waits before it calls the device function (its first load) and
+    signals the next launch before ("early") or after ("late") it; the digest, which keys the
+    schedule database, is the plain kernel's."""
+    plain, pdl = render(_gemm()), render(_gemm(), RenderOptions(pdl=mode))
+    assert not plain.pdl and pdl.pdl == mode
+    assert "_gdc" not in plain.source
+    body = pdl.source.split(f"def {pdl.name}(")[1]
+    wait, call, signal = body.index("_gdc_wait()"), body.index("(tab + task *"), body.index("_gdc_launch_dependents()")
+    assert wait < call
+    assert (signal < wait) if mode == "early" else (signal > call)
+    assert pdl.digest == plain.digest and pdl.source != plain.source
+    with pytest.raises(BuildError, match="pdl='sometimes'"):
+        render(_gemm(), RenderOptions(pdl="sometimes"))
+
+
+def test_launch_keyword_follows_the_kernel():
+    """``launch_pdl`` only for a kernel rendered with the prologue, never for a plain one."""
+    import torch
+
+    group = [LaunchGroup(torch.zeros(1), (1, 1), {}, torch.zeros(1, 4, dtype=torch.int32))]
+    assert "launch_pdl" not in calls(group, (), LaunchConfig())[0][2]
+    assert calls(group, (), LaunchConfig(), pdl=True)[0][2]["launch_pdl"] is True
+
+
+def test_interpreter_backend_refuses_pdl(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PTO_PDL", "early")
+    assert TritonBackend("cpu").options.pdl == ""  # auto: off where nothing is compiled
+    with pytest.raises(UsageError, match="programmatic dependent launch"):
+        TritonBackend("cpu", pdl="early")
+    with pytest.raises(UsageError, match="pdl='yes'"):
+        TritonBackend("cpu", pdl="yes")
+    monkeypatch.setenv("PTO_PDL", "maybe")
+    with pytest.raises(UsageError, match="PTO_PDL='maybe'"):
+        TritonBackend("cpu")
+
+
+@pytest.mark.slow
+def test_pdl_kernel_compiles_for_sm90(tmp_path):
+    """Triton turns the prologue into ``griddepcontrol`` instructions ahead of the first load."""
+    kern = render(_gemm(), RenderOptions(pdl="late"))
+    flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+    job = {"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
+           "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+           "options": {**{k: v for k, v in kern.launch.items() if not k.isupper()}, "launch_pdl": True}}
+    (res,) = compile_sm90([job], tmp_path)
+    assert res["ok"], res.get("error")
+    ptx = res["ptx"]
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
