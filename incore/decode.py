@@ -2,9 +2,8 @@
 from device memory (``load_scalar``), so one task graph serves every step.
 
 - :func:`embed_row`: a sequence's activation row from the embedding row of its token;
-- :func:`rope_q_decode` and :func:`rope_kv_append`: RoPE at the sequence's position on q (into a
-  ``[heads, D]`` block) and on k, with k and v appended to the sequence's KV-cache block at that
-  position;
+- :func:`rope_qkv_append`: RoPE at the sequence's position on q (into a ``[heads, D]`` block)
+  and on k, with k and v appended to the sequence's KV-cache block at that position;
 - :func:`decode_attn_part` and :func:`decode_attn_combine`: flash-decoding, the cache split in
   chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
   unnormalized output), then one combine per query head;
@@ -42,72 +41,64 @@ def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None) -> Incore
     return k.build(target)
 
 
-def _rotate(k: InCore, x, cos, sin, col, p, half: int, dtype):
-    """The rotated halves (f32 tiles) of the head at column ``col`` of x's row, at position ``p``
-    of the cos/sin tables: ``y1 = x1 c - x2 s``, ``y2 = x2 c + x1 s`` (rotate-half)."""
-    tiles = {n: k.tile(n, 1, half, dtype) for n in ("x1", "x2", "ct", "st")}
-    f = {n: k.tile(f"{n}f", 1, half, f32) for n in ("x1", "x2", "ct", "st", "o1", "o2", "tmp")}
-    k.load(tiles["x1"], x, 0, col)
-    k.load(tiles["x2"], x, 0, col + half)
-    k.load(tiles["ct"], cos, p, 0)
-    k.load(tiles["st"], sin, p, 0)
-    for n in ("x1", "x2", "ct", "st"):
-        k.cast(f[n], tiles[n])
-    k.mul(f["o1"], f["x1"], f["ct"])
-    k.mul(f["tmp"], f["x2"], f["st"])
+def _rotate(k: InCore, x, tables, col, half: int, dtype, name: str):
+    """The rotated halves (f32 tiles) of the head at column ``col`` of x's row, with the cos and
+    sin rows ``tables`` (f32 tiles) at the position: ``y1 = x1 c - x2 s``, ``y2 = x2 c + x1 s``
+    (rotate-half)."""
+    ct, st = tables
+    x1, x2 = k.tile(f"{name}1", 1, half, dtype), k.tile(f"{name}2", 1, half, dtype)
+    f = {n: k.tile(f"{name}{n}f", 1, half, f32) for n in ("x1", "x2", "o1", "o2", "tmp")}
+    k.load(x1, x, 0, col)
+    k.load(x2, x, 0, col + half)
+    k.cast(f["x1"], x1)
+    k.cast(f["x2"], x2)
+    k.mul(f["o1"], f["x1"], ct)
+    k.mul(f["tmp"], f["x2"], st)
     k.sub(f["o1"], f["o1"], f["tmp"])
-    k.mul(f["o2"], f["x2"], f["ct"])
-    k.mul(f["tmp"], f["x1"], f["st"])
+    k.mul(f["o2"], f["x2"], ct)
+    k.mul(f["tmp"], f["x1"], st)
     k.add(f["o2"], f["o2"], f["tmp"])
-    out = k.tile("out", 1, half, dtype)
-    return f["o1"], f["o2"], out
+    return f["o1"], f["o2"]
 
 
-def rope_q_decode(dtype, heads: int, head_dim: int, positions: int, target=None) -> IncoreFunction:
-    """RoPE on each query head of one sequence's q row (the first ``heads * D`` columns of its
-    qkv row) at the position read from ``pos``; head h to row h of ``q`` (a ``[heads, D]``
-    block, the layout the attention tasks read). Parallel over heads."""
-    k = InCore("rope_q_decode")
-    half = head_dim // 2
-    pos, x = k.memref("pos", f32), k.memref("x", dtype)
-    cos = k.memref("cos", dtype, shape=(positions, half))
-    sin = k.memref("sin", dtype, shape=(positions, half))
-    q = k.memref("q", dtype)
-    h = k.parallel("h", heads)
-    p = k.load_scalar("p", pos, 0, 0)
-    o1, o2, out = _rotate(k, x, cos, sin, h * head_dim, p, half, dtype)
-    k.cast(out, o1)
-    k.store(q, h, 0, out)
-    k.cast(out, o2)
-    k.store(q, h, half, out)
-    return k.build(target)
-
-
-def rope_kv_append(dtype, kv_heads: int, head_dim: int, positions: int, target=None) -> IncoreFunction:
-    """RoPE on each key head of one sequence's k and v row ``x`` (``[1, 2 * kv_heads * D]``: k,
-    then v) at its position p, the rotated k and the v
-    head appended to the sequence's cache blocks ``kc``/``vc`` (``[cap, kv_heads * D]``) at slot
-    ``p mod cap`` (a ring: a sliding window's cache keeps the latest ``cap`` positions; a full
-    cache never wraps). Parallel over key/value heads."""
-    k = InCore("rope_kv_append")
+def rope_qkv_append(dtype, heads: int, kv_heads: int, head_dim: int, positions: int,
+                    target=None) -> IncoreFunction:
+    """RoPE at one sequence's position p (read from ``pos``) on its qkv row ``x`` (``[1, (heads
+    + 2 * kv_heads) * D]``: q, k, v): query head h to row h of ``q`` (a ``[heads, D]`` block, the
+    layout the attention tasks read); the rotated key head and the value head appended to the
+    sequence's cache blocks ``kc``/``vc`` (``[cap, kv_heads * D]``) at slot ``p mod cap`` (a ring:
+    a sliding window's cache keeps the latest ``cap`` positions; a full cache never wraps).
+    Parallel over query heads; program h also appends key/value head h when there is one (a
+    one-trip loop), so the whole of a sequence's RoPE and append is one task, one launch."""
+    k = InCore("rope_qkv_append")
     half, D = head_dim // 2, head_dim
-    kvd = kv_heads * D
+    qd, kvd = heads * D, kv_heads * D
     cap = k.scalar("cap")
     pos, x = k.memref("pos", f32), k.memref("x", dtype)
     cos = k.memref("cos", dtype, shape=(positions, half))
     sin = k.memref("sin", dtype, shape=(positions, half))
+    q = k.memref("q", dtype)
     kc = k.memref("kc", dtype, shape=(cap, kvd))
     vc = k.memref("vc", dtype, shape=(cap, kvd))
-    g = k.parallel("g", kv_heads)
+    h = k.parallel("h", heads)
     p = k.load_scalar("p", pos, 0, 0)
-    o1, o2, out = _rotate(k, x, cos, sin, g * D, p, half, dtype)
-    k.cast(out, o1)
-    k.store(kc, p % cap, g * D, out)
-    k.cast(out, o2)
-    k.store(kc, p % cap, g * D + half, out)
-    vt = k.tile("vt", 1, D, dtype)
-    k.load(vt, x, 0, kvd + g * D)
-    k.store(vc, p % cap, g * D, vt)
+    tables = []
+    for name, table in (("c", cos), ("s", sin)):
+        t, tf = k.tile(f"{name}t", 1, half, dtype), k.tile(f"{name}tf", 1, half, f32)
+        k.load(t, table, p, 0)
+        k.cast(tf, t)
+        tables.append(tf)
+    out = k.tile("out", 1, half, dtype)
+    for i, o in enumerate(_rotate(k, x, tables, h * D, half, dtype, "q")):
+        k.cast(out, o)
+        k.store(q, h, i * half, out)
+    with k.for_range("g", h, emin(h + 1, kv_heads)) as g:  # one trip for h < kv_heads, else none
+        for i, o in enumerate(_rotate(k, x, tables, qd + g * D, half, dtype, "k")):
+            k.cast(out, o)
+            k.store(kc, p % cap, g * D + i * half, out)
+        vt = k.tile("vt", 1, D, dtype)
+        k.load(vt, x, 0, qd + kvd + g * D)
+        k.store(vc, p % cap, g * D, vt)
     return k.build(target)
 
 
@@ -272,6 +263,6 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
     return k.build(target)
 
 
-__all__ = ["embed_row", "rope_q_decode", "rope_kv_append", "decode_attn_part", "decode_attn_combine",
+__all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine",
            "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -142,8 +142,8 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
             parts += [f"task graph {_human(graph)}"] if dev == "cpu" and graph else []
             where = "host" if dev == "cpu" else dev
             raise UsageError(f"{job.program.name} at {shape} needs about {_human(need)} of {where} memory "
-                             f"({', '.join(parts)}) but {_human(avail)} is available; use a smaller shape "
-                             "or config")
+                             f"({', '.join(parts)}) but {_human(avail)} is available; use a smaller "
+                             f"{' or '.join('--' + k.replace('_', '-') for k in shape)} or --config")
 
 
 # -- preparing -----------------------------------------------------------------------------------

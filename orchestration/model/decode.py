@@ -10,8 +10,8 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
 ``l * rows``):
 
 1. ``matmul_norm_tile``: qkv = rmsnorm(x) @ [wq wk wv] (the norm folded into the projection);
-2. per sequence: ``rope_q_decode`` (RoPE on q at the position, into a ``[heads, D]`` block) and
-   ``rope_kv_append`` (RoPE on k, k and v appended to the sequence's cache block at the position
+2. per sequence: ``rope_qkv_append`` (RoPE on q at the position, into a ``[heads, D]`` block;
+   RoPE on k, k and v appended to the sequence's cache block at the position
    modulo C: a ring for sliding-window models);
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
    (flash-decoding), then per query head ``decode_attn_combine``;
@@ -86,8 +86,7 @@ class DecodeTiling:
 @dataclass(frozen=True)
 class DecodeFunctions:
     qkv: IncoreFunction
-    rope_q: IncoreFunction
-    append: IncoreFunction
+    rope: IncoreFunction
     part: IncoreFunction
     combine: IncoreFunction
     proj: IncoreFunction  # attn @ wo + x (K and N dims: also h @ wd + x2)
@@ -119,8 +118,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.bn, bk, c.eps, target), t.bk)[0]
     return DecodeFunctions(
         qkv=qkv,
-        rope_q=dk.rope_q_decode(dt, c.heads, D, cfg.max_positions, target),
-        append=dk.rope_kv_append(dt, c.kv_heads, D, cfg.max_positions, target),
+        rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
         combine=dk.decode_attn_combine(dt, D, target),
         proj=proj,
@@ -202,9 +200,8 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
         with o.for_loop("b", 0, B) as b:
             row = (l * B + b) * C
             tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
-            o.call(fn.rope_q, {**tables, "x": (T["qkv"], b, 0, 1, QD), "q": (T["q"], b * NQ, 0, NQ, D)})
-            o.call(fn.append, {**tables, "x": (T["qkv"], b, QD, 1, 2 * KVD), "kc": (T["k_cache"], row, 0, C, KVD),
-                               "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+            o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
+                             "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
             with o.for_loop("j", 0, J) as j:
                 for g in range(NKV):
                     part = (b * J + j) * NQ + g * G

@@ -46,7 +46,7 @@ def test_out_of_memory_is_refused_before_allocating_with_the_numbers():
     msg = str(err.value)
     size = r"([\d.]+ [KMGT]?B)"
     m = re.fullmatch(rf"llama7b at seq 1000000 needs about {size} of cuda memory \(tensors {size}\) but {size} is "
-                     r"available; use a shorter --seq", msg)
+                     r"available; use a smaller --seq or --config", msg)
     assert m, msg
     free = torch.cuda.mem_get_info()[0]
     assert abs(_parse(m.group(3)) - free) < 0.05 * free

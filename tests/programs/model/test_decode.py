@@ -216,7 +216,7 @@ def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
     inner = [sorted(zip(s.base_of[s.band_of == b].tolist(), s.count[s.band_of == b].tolist()))
              for b in range(1, s.n_bands - 1)]
     assert len(inner) >= 3 and all(x == inner[0] for x in inner), inner
-    assert len(np.unique(s.base_of[s.band_of == 1])) == 7  # a layer's seven functions
+    assert len(np.unique(s.base_of[s.band_of == 1])) == 6  # a layer's six functions (the residual GEMV twice)
 
 
 @pytest.mark.slow
@@ -339,3 +339,39 @@ def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
     assert resolve("model", device="cuda", target="cuda_h100", executor="persistent").executor == "persistent"
     with pytest.raises(UsageError, match="model: unknown setting 'iterations'"):
         resolve("model", device="cpu", iterations=3)
+
+
+@pytest.mark.slow
+def test_the_steps_kernels_compile_for_sm90(tmp_path):
+    """Every InCore function of SmolLM2's bf16 step (one sequence: the GEMVs; sixteen: the dot
+    path), both the masked and the mask-free path, through Triton's compiler for an H100 (no GPU
+    needed): what the interpreter lets through (bf16, the one-trip loop of the RoPE task) compiles."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import DecodeTiling, functions
+    from pto.orchestration.model.program import CONFIGS
+
+    from pto.codegen.triton import render
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType
+    from pto.target import get
+    from tests.sm90 import compile_sm90
+
+    jobs, seen = [], set()
+    for batch in (1, 16):
+        fns = functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch)
+        for f in fields(fns):
+            kern = render(specialize(getattr(fns, f.name)))
+            if kern.digest in seen:
+                continue
+            seen.add(kern.digest)
+            for even in (False, True):
+                flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+                jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(),
+                             "aligned": True,
+                             "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+                             "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    results = compile_sm90(jobs, tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert any(r["name"].startswith("rope_qkv_append") for r in results)
