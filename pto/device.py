@@ -6,6 +6,7 @@ backends and executors ``auto`` picks come from their registries.
 
 from __future__ import annotations
 
+import os
 import platform
 
 from pto.errors import UsageError
@@ -66,6 +67,10 @@ def info(device: str = "auto") -> dict:
     if dev == "cuda":
         out["bf16"] = t.capability >= (8, 0)
         out["fp8"] = t.capability >= (8, 9)
+    if dev == "cuda" and triton_version:
+        from pto.backends.triton import pdl_mode
+
+        out["pdl"] = pdl_mode(t.capability, os.environ.get("TRITON_INTERPRET") != "1") or "off"
     return out
 
 
@@ -88,6 +93,8 @@ def format_info(d: dict) -> str:
     tri = f"triton {d['triton']}" if d["triton"] else "triton not installed"
     if d["triton"] and d["device"] == "cpu":
         tri += " (on the CPU only through its interpreter: TRITON_INTERPRET=1)"
+    if "pdl" in d:
+        tri += f"; programmatic dependent launch {d['pdl']} (PTO_PDL)"
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from pto.incore.matmul import gemm_tile  # noqa: E402
 
-from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.backends.triton import TritonBackend, pdl_mode  # noqa: E402
 from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.errors import BuildError, UsageError  # noqa: E402
@@ -61,6 +61,27 @@ def test_interpreter_backend_refuses_pdl(monkeypatch):
     monkeypatch.setenv("PTO_PDL", "maybe")
     with pytest.raises(UsageError, match="PTO_PDL='maybe'"):
         TritonBackend("cpu")
+
+
+def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
+    """"late" by default from compute capability 9.0 on, where kernels are compiled; PTO_PDL
+    chooses; a misspelt value is one error; ``pto info`` says which mode a GPU gets."""
+    from pto.device import format_info, info
+
+    monkeypatch.delenv("PTO_PDL", raising=False)
+    assert [pdl_mode(c) for c in ((9, 0), (10, 0), (8, 9), None)] == ["late", "late", "", ""]
+    assert pdl_mode((9, 0), compiles=False) == ""
+    for env, mode in (("early", "early"), ("late", "late"), ("off", "")):
+        monkeypatch.setenv("PTO_PDL", env)
+        assert pdl_mode((9, 0)) == mode
+    monkeypatch.setenv("PTO_PDL", "on")
+    with pytest.raises(UsageError, match="PTO_PDL='on'"):
+        pdl_mode((9, 0))
+    monkeypatch.delenv("PTO_PDL")
+    d = info("cpu")
+    assert "pdl" not in d and "dependent launch" not in format_info(d)
+    gpu = {**d, "device": "cuda", "capability": [9, 0], "triton": "3.6.0", "pdl": "late"}
+    assert "programmatic dependent launch late (PTO_PDL)" in format_info(gpu)
 
 
 @pytest.mark.slow

@@ -260,15 +260,22 @@ class TritonBackend(Backend):
         return out
 
 
-def _pdl_from_env(backend: TritonBackend) -> str:
-    """``PTO_PDL`` (early, late, off; default late) where the kernels are compiled for a GPU that
-    has programmatic dependent launch (compute capability 9.0 and later); else off."""
+def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
+    """The programmatic-dependent-launch mode of the batched kernels: ``PTO_PDL`` (early, late,
+    off; default late) where they are compiled (``compiles``) for a GPU of ``capability`` 9.0
+    and later (the first with PDL), else "" (off)."""
     mode = os.environ.get("PTO_PDL", "late")
     if mode not in PDL_MODES + ("off", ""):
         raise UsageError(f"PTO_PDL={mode!r}: one of {', '.join(PDL_MODES)} or off")
-    if mode in ("off", "") or not backend.compiles:
+    if mode in ("off", "") or not compiles or capability is None or tuple(capability) < (9, 0):
         return ""
-    return mode if torch.cuda.get_device_capability(backend.device)[0] >= 9 else ""
+    return mode
+
+
+def _pdl_from_env(backend: TritonBackend) -> str:
+    if not backend.compiles:
+        return pdl_mode(None, False)  # still refuses a misspelt PTO_PDL
+    return pdl_mode(torch.cuda.get_device_capability(backend.device))
 
 
 _DEFAULT: dict[str, TritonBackend] = {}
@@ -290,4 +297,4 @@ def run_incore_triton(fn: IncoreFunction, regions: dict[str, tuple],
         be = _DEFAULT[str(dev)] = TritonBackend(dev)
     be.prepare(TaskBatch(fn, mems, sc, 1))()
 
-__all__ = ["TritonBackend", "run_incore_triton"]
+__all__ = ["TritonBackend", "pdl_mode", "run_incore_triton"]
