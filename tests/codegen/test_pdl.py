@@ -80,8 +80,18 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     monkeypatch.delenv("PTO_PDL")
     d = info("cpu")
     assert "pdl" not in d and "dependent launch" not in format_info(d)
-    gpu = {**d, "device": "cuda", "capability": [9, 0], "triton": "3.6.0", "pdl": "late"}
+    # the GPU branch of `pto info`, with an H100's description in place of a driver's
+    import pto.device
+    import pto.target
+
+    monkeypatch.setattr(pto.target, "detect", lambda dev: pto.target.get("cuda_h100"))
+    monkeypatch.setattr(pto.device, "resolve_device", lambda dev: "cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gpu = info("auto")
+    assert gpu["pdl"] == "late"
     assert "programmatic dependent launch late (PTO_PDL)" in format_info(gpu)
+    monkeypatch.setenv("PTO_PDL", "off")
+    assert info("auto")["pdl"] == "off"
 
 
 @pytest.mark.slow
