@@ -66,11 +66,12 @@ def events_ms(fn, steps: int) -> float:
 
 
 def parse_tiling(text: str) -> DecodeTiling | None:
-    """``bn=32,bk=128`` -> the default tiling with those fields; ``default`` -> None."""
+    """``bn=32,bk=128`` -> the default tiling with those fields (``dot_bk=none``: ``bk`` on the
+    dot path too); ``default`` -> None."""
     if text == "default":
         return None
     fields = dict(kv.split("=") for kv in text.split(","))
-    return replace(DecodeTiling(), **{k: int(v) for k, v in fields.items()})
+    return replace(DecodeTiling(), **{k: None if v == "none" else int(v) for k, v in fields.items()})
 
 
 def kernel_times(fn, steps: int) -> dict:
@@ -122,7 +123,8 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
 
         ms = events_ms(one, steps)
         out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name,
-               "pdl": getattr(step.executor.backend.options, "pdl", "") or "off"}
+               "pdl": (getattr(step.executor.backend.options, "pdl", "") or "off")
+               if step.executor.name == "waves" else "off"}  # the megakernel is one plain launch
         if kernels:
             out["kernels"] = kernel_times(one, 8)
         if step.executor.name == "persistent":

@@ -74,7 +74,8 @@ class DecodeTiling:
     def __post_init__(self):
         from pto.errors import UsageError
 
-        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk") if getattr(self, k) < 1]
+        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk")
+               if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
         if self.chunk % self.tk:

@@ -36,7 +36,7 @@ CONFIGS = {
                              eos_ids=(128001, 128009)),
 }
 #: the tiles of the CPU's tiny configurations (few tasks) and of real sizes
-TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32)
+TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32, dot_bk=32)
 TILING = DecodeTiling()
 
 

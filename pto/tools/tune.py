@@ -177,7 +177,7 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, dea
             # the source is the variant's code under the default options: render switches in the
             # entry's parameters are applied on top (TritonBackend.prepare)
             db.store(fn.name, Entry(fn.variant_name, bucket(batch.size), dict(cand), triton_version(),
-                                    TritonBackend(device).kernel(fn).digest, ms, label, len(cands),
+                                    TritonBackend(device).kernel(fn).schedule_digest, ms, label, len(cands),
                                     {"default_ms": result.default_ms}))
         if on_measure:
             on_measure(label, cand, ms, None)
@@ -258,7 +258,7 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
             job.program.scalars(job.settings, shape))
         try:
             for fn, n in sorted(graph.tasks_per_variant().items(), key=lambda kv: kv[0].variant_name):
-                digest = be.kernel(fn).digest
+                digest = be.kernel(fn).schedule_digest
                 _, origin = db.lookup(fn.name, fn.variant_name, n, digest)
                 lines.append(f"{shape}  {fn.variant_name} ({n} tasks, {bucket(n)}): {origin} "
                              f"{be.launch_config(fn, n)}")

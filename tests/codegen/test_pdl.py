@@ -36,9 +36,34 @@ def test_prologue_waits_before_any_access(mode):
     wait, call, signal = body.index("_gdc_wait()"), body.index("(tab + task *"), body.index("_gdc_launch_dependents()")
     assert wait < call
     assert (signal < wait) if mode == "early" else (signal > call)
-    assert pdl.digest == plain.digest and pdl.source != plain.source
+    # schedules hold with PDL on or off; the loader's cache tells the two sources apart
+    assert pdl.schedule_digest == plain.schedule_digest == plain.digest != pdl.digest
     with pytest.raises(BuildError, match="pdl='sometimes'"):
         render(_gemm(), RenderOptions(pdl="sometimes"))
+
+
+def test_the_loader_keeps_both_sources_apart(monkeypatch, tmp_path):
+    """A process that loads the plain kernel and then the PDL one (two backends, or a bench that
+    switches) gets each its own function: a kernel launched with ``launch_pdl`` always waits."""
+    from pto.backends.triton.loader import load_kernel
+
+    monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path))
+    plain, pdl = render(_gemm()), render(_gemm(), RenderOptions(pdl="late"))
+    a, b = load_kernel(plain), load_kernel(pdl)
+    assert a is not b
+    assert all("_gdc_wait" in p.read_text() for p in tmp_path.rglob(f"{pdl.digest}.py"))
+    assert any(tmp_path.rglob(f"{pdl.digest}.py")) and any(tmp_path.rglob(f"{plain.digest}.py"))
+    assert not any("_gdc_wait" in p.read_text() for p in tmp_path.rglob(f"{plain.digest}.py"))
+
+
+def test_a_schedule_cannot_switch_pdl(monkeypatch):
+    """PDL is the backend's (a compiled kernel on sm_90, the launch keyword with it): a launch
+    override or schedule entry that names it is refused, never rendered under the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    be = TritonBackend("cpu", launch={"gemm_tile": {"pdl": "late"}})
+    with pytest.raises(UsageError, match="unknown launch setting 'pdl'"):
+        be.launch_config(_gemm())
+    assert TritonBackend("cpu", pdl="off").options.pdl == ""
 
 
 def test_launch_keyword_follows_the_kernel():

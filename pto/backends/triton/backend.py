@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pto.backends.base import Backend, Launch
-from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, fit_calls, launcher, merged
+from pto.backends.triton.launch import CODEGEN, LaunchConfig, LaunchGroup, calls, fit_calls, launcher, merged
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
 from pto.backends.triton.schedules import for_device
@@ -69,11 +69,15 @@ class TritonBackend(Backend):
         self.options = options or RenderOptions()
         if pdl is None:
             pdl = self.options.pdl or _pdl_from_env(self)
+        pdl = "" if pdl == "off" else pdl
         if pdl not in ("",) + PDL_MODES:
-            raise UsageError(f"pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
+            raise UsageError(f"pdl={pdl!r}: one of {', '.join(PDL_MODES)} or off")
         if pdl and not self.compiles:
             raise UsageError("programmatic dependent launch (pdl) needs kernels compiled for a GPU; "
                              "this backend runs the Triton interpreter")
+        if pdl and torch.cuda.get_device_capability(self.device)[0] < 9:
+            raise UsageError(f"programmatic dependent launch (pdl={pdl!r}) needs compute capability 9.0 or later; "
+                             f"{self.device} has {'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}")
         self.options = replace(self.options, pdl=pdl)
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
@@ -104,7 +108,7 @@ class TritonBackend(Backend):
         kernel = self.kernel(fn)
         cfg = LaunchConfig.of(kernel.launch, f"`{fn.name}`'s heuristics")
         if self.schedules is not None:
-            found, where = self.schedules.lookup(fn.name, fn.variant_name, tasks, kernel.digest)
+            found, where = self.schedules.lookup(fn.name, fn.variant_name, tasks, kernel.schedule_digest)
             cfg = cfg.updated(found, f"the {where} schedule of `{fn.variant_name}`")
         for key in (fn.name, fn.variant_name):
             cfg = cfg.updated(self.launch_overrides.get(key, {}), f"the launch settings given for `{key}`")
@@ -115,7 +119,7 @@ class TritonBackend(Backend):
         the shipped schedule database, or the renderer's heuristics."""
         if fn.name in self.launch_overrides or fn.variant_name in self.launch_overrides:
             return "launch settings given to the backend"
-        where = self.schedules.lookup(fn.name, fn.variant_name, tasks, self.kernel(fn).digest)[1] \
+        where = self.schedules.lookup(fn.name, fn.variant_name, tasks, self.kernel(fn).schedule_digest)[1] \
             if self.schedules is not None else "heuristic"
         return {"user": "the user's schedule database; pto tune --show lists it",
                 "shipped": "the schedules shipped with pto; pto tune --show lists them"}.get(where, "the heuristics")
@@ -165,7 +169,7 @@ class TritonBackend(Backend):
         fids, counts = np.unique(ex.func, return_counts=True)
         one = merged([self.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
         same = {"num_warps": one.num_warps, "enable_fp_fusion": one.enable_fp_fusion}
-        same.update({f: getattr(self.options, f) for f in RenderOptions.__dataclass_fields__})
+        same.update({f: getattr(self.options, f) for f in CODEGEN})
         return {by_id[int(f)].variant_name: dict(same) for f in fids}
 
     def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:

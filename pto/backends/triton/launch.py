@@ -20,7 +20,9 @@ from pto.codegen.triton import RenderOptions
 from pto.errors import ExecutionError, ResourceError, UsageError
 
 log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
-_CODEGEN = tuple(f.name for f in fields(RenderOptions))
+#: the RenderOptions a schedule may switch: not ``pdl``, which is the backend's (it needs a
+#: compiled kernel on sm_90 and goes with the launch keyword; TritonBackend checks both)
+CODEGEN = tuple(f.name for f in fields(RenderOptions) if f.name != "pdl")
 #: Triton launch options passed through as given (a schedule file may name them)
 _TRITON_EXTRA = ("maxnreg", "num_ctas")
 
@@ -55,13 +57,13 @@ class LaunchConfig(Mapping):
                 plain[k] = bool(v)
             elif k == "GROUP":
                 plain["group"] = int(v)
-            elif k in _CODEGEN:
+            elif k in CODEGEN:
                 codegen[k] = v
             elif k in _TRITON_EXTRA:
                 extra[k] = v
             else:
                 raise UsageError(f"{where}: unknown launch setting {k!r} (known: num_warps, num_stages, "
-                                 f"enable_fp_fusion, GROUP, {', '.join(_CODEGEN + _TRITON_EXTRA)})")
+                                 f"enable_fp_fusion, GROUP, {', '.join(CODEGEN + _TRITON_EXTRA)})")
         return replace(self, **plain, codegen=tuple(sorted(codegen.items())), extra=tuple(sorted(extra.items())))
 
     def kwargs(self) -> dict:
@@ -192,4 +194,4 @@ def launcher(jit, launches: list[tuple], groups: list[LaunchGroup], what: str = 
     return launch
 
 
-__all__ = ["LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher"]
+__all__ = ["CODEGEN", "LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher"]

@@ -54,8 +54,11 @@ class RenderedKernel:
     source: str
     layout: TableLayout
     launch: dict = field(hash=False, compare=False)  # default num_warps / num_stages / fp fusion
-    digest: str = ""  # content hash of ``source`` (rendered without the PDL prologue)
+    digest: str = ""  # content hash of ``source`` (the loader's cache key)
     pdl: str = ""  # launch with programmatic dependent launch (RenderOptions.pdl: early, late)
+    #: content hash of the source rendered without the PDL prologue: the arithmetic, what the
+    #: schedule database keys entries by (a schedule holds with PDL on or off)
+    schedule_digest: str = ""
 
     @property
     def filename(self) -> str:
@@ -162,8 +165,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         return file_source(title, [dlines, kernel], imports)
 
     src = source(body)
-    # the digest names the arithmetic (schedules are keyed by it): the same with or without PDL
-    digest = hashlib.sha256(src.encode()).hexdigest()[:20]
+    plain = hashlib.sha256(src.encode()).hexdigest()[:20]  # the arithmetic: with or without PDL
     pdl = r.opts.pdl
     if pdl == "early":
         src = source([PDL_SIGNAL, PDL_WAIT] + body, PDL_IMPORTS)
@@ -171,7 +173,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source([PDL_WAIT] + body + [PDL_SIGNAL], PDL_IMPORTS)
     elif pdl:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl)
+    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl else plain
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain)
 
 
 def render_sources(functions: Iterable[IncoreFunction],

@@ -319,6 +319,8 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
 
     with pytest.raises(UsageError, match="chunk=24 is not a multiple of tk=16"):
         DecodeTiling(chunk=24, tk=16)
+    with pytest.raises(UsageError, match="dot_bk=0: block sizes are positive"):
+        DecodeTiling(dot_bk=0)
     w = random_weights(CONFIGS["tiny"], torch.float32, torch.Generator().manual_seed(0))
     gen = Generator(w, "cpu", DType.F32, tiling=DecodeTiling(chunk=96, tk=32, bn=32, bk=32, bv=128, lm_bk=32))
     with pytest.raises(UsageError, match="the attention chunk is 96 slots"):
