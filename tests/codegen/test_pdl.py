@@ -66,13 +66,27 @@ def test_a_schedule_cannot_switch_pdl(monkeypatch):
     assert TritonBackend("cpu", pdl="off").options.pdl == ""
 
 
+def test_a_gpu_backend_takes_its_mode_from_the_capability(monkeypatch):
+    """A compiling backend (device cuda, no interpreter; the capability as a driver reports it):
+    "late" by default from 9.0 on, off below; asking for PDL below 9.0 is one error."""
+    import torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("PTO_PDL", raising=False)
+    for cap, mode in (((9, 0), "late"), ((8, 0), "")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=cap: c)
+        assert TritonBackend("cuda").options.pdl == mode
+    with pytest.raises(UsageError, match="needs compute capability 9.0 or later; cuda has 8.0"):
+        TritonBackend("cuda", pdl="early")
+
+
 def test_launch_keyword_follows_the_kernel():
     """``launch_pdl`` only for a kernel rendered with the prologue, never for a plain one."""
     import torch
 
     group = [LaunchGroup(torch.zeros(1), (1, 1), {}, torch.zeros(1, 4, dtype=torch.int32))]
     assert "launch_pdl" not in calls(group, (), LaunchConfig())[0][2]
-    assert calls(group, (), LaunchConfig(), pdl=True)[0][2]["launch_pdl"] is True
+    assert calls(group, (), LaunchConfig(), pdl="late")[0][2]["launch_pdl"] is True
 
 
 def test_interpreter_backend_refuses_pdl(monkeypatch):

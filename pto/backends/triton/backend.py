@@ -67,18 +67,7 @@ class TritonBackend(Backend):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
-        if pdl is None:
-            pdl = self.options.pdl or _pdl_from_env(self)
-        pdl = "" if pdl == "off" else pdl
-        if pdl not in ("",) + PDL_MODES:
-            raise UsageError(f"pdl={pdl!r}: one of {', '.join(PDL_MODES)} or off")
-        if pdl and not self.compiles:
-            raise UsageError("programmatic dependent launch (pdl) needs kernels compiled for a GPU; "
-                             "this backend runs the Triton interpreter")
-        if pdl and torch.cuda.get_device_capability(self.device)[0] < 9:
-            raise UsageError(f"programmatic dependent launch (pdl={pdl!r}) needs compute capability 9.0 or later; "
-                             f"{self.device} has {'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}")
-        self.options = replace(self.options, pdl=pdl)
+        self.options = replace(self.options, pdl=self._pdl(pdl))
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
         self.even = even
@@ -86,6 +75,22 @@ class TritonBackend(Backend):
         self.split = split
         self._kernels: dict[tuple, RenderedKernel] = {}
         self._shared: int | None = None
+
+    def _pdl(self, asked: str | None) -> str:
+        """The PDL mode: ``asked`` ("off" or a mode; None: the options', else ``PTO_PDL``'s for
+        this GPU), refused where the kernels are not compiled for compute capability 9.0+."""
+        cap = torch.cuda.get_device_capability(self.device) if self.compiles else None
+        mode = asked if asked is not None else (self.options.pdl or pdl_mode(cap, self.compiles))
+        mode = "" if mode == "off" else mode
+        if mode not in ("",) + PDL_MODES:
+            raise UsageError(f"pdl={mode!r}: one of {', '.join(PDL_MODES)} or off")
+        if mode and cap is None:
+            raise UsageError("programmatic dependent launch (pdl) needs kernels compiled for a GPU; "
+                             "this backend runs the Triton interpreter")
+        if mode and cap < (9, 0):
+            raise UsageError(f"programmatic dependent launch (pdl={mode!r}) needs compute capability 9.0 or "
+                             f"later; {self.device} has {cap[0]}.{cap[1]}")
+        return mode
 
     def kernel(self, fn: IncoreFunction, options: RenderOptions | None = None) -> RenderedKernel:
         """The rendered kernel of ``fn`` under ``options`` (default: this backend's; cached)."""
@@ -274,12 +279,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     if mode in ("off", "") or not compiles or capability is None or tuple(capability) < (9, 0):
         return ""
     return mode
-
-
-def _pdl_from_env(backend: TritonBackend) -> str:
-    if not backend.compiles:
-        return pdl_mode(None, False)  # still refuses a misspelt PTO_PDL
-    return pdl_mode(torch.cuda.get_device_capability(backend.device))
 
 
 _DEFAULT: dict[str, TritonBackend] = {}

@@ -135,7 +135,7 @@ def triton_error(e: Exception, what: str, cfg: Mapping) -> ExecutionError:
     return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
 
 
-def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str | bool = False) -> list[tuple]:
+def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str = "") -> list[tuple]:
     """``(grid, arguments, keyword arguments)`` of each group's launch; ``pdl``: the kernel was
     rendered with the PDL prologue (``RenderedKernel.pdl``), so it launches with ``launch_pdl``
     (never otherwise: a dependent launch must wait before its first access)."""
