@@ -13,6 +13,10 @@
 #   pdl         programmatic dependent launch in the modes $PDL_MODES (default: off early late;
 #               PTO_PDL): bench/decode.py for $PDL_CONFIGS at batches $DEC_BATCHES (default 1,8)
 #               with the tilings $TILINGS, and the fused layer at $PDL_SEQS (none: skipped)
+#   rows        issue 23's lengths with whole row tiles (eager, torch.compile), the same with
+#               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT)
+#   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
+#   cold        the first run of a new shape with empty Triton and pto caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -60,6 +64,21 @@ for stage in "$@"; do
              > "$OUT/fused_pdl_$p.log" 2>&1
            echo "PTO_PDL=$p"; tail -4 "$OUT/fused_pdl_$p.log"
          done ;;
+    rows) R=${ROW_SEQS:-1024,1537,4096,5555,16384,20001}
+          $BENCH --seq "$R" --row-tiles whole --executor waves --json "$OUT/rows_whole.json" > "$OUT/rows_whole.log" 2>&1
+          tail -8 "$OUT/rows_whole.log"
+          $BENCH --seq "$R" --row-tiles adaptive --executor waves --compare none --json "$OUT/rows_adaptive.json" \
+            > "$OUT/rows_adaptive.log" 2>&1; tail -8 "$OUT/rows_adaptive.log"
+          $BENCH --seq "${ROW_NEXT:-1664,5632,20096}" --row-tiles whole --executor waves --compare none \
+            --json "$OUT/rows_next.json" > "$OUT/rows_next.log" 2>&1; tail -5 "$OUT/rows_next.log" ;;
+    fnr) for f in --no-fuse-norm-rope --fuse-norm-rope; do
+           python3 -m pto.cli run llama7b --config 7b --seq ${FNR_SEQ:-4096} $f --executor waves --profile --json \
+             > "$OUT/fnr$f.json" 2> "$OUT/fnr$f.err"; tail -c 1500 "$OUT/fnr$f.json"; echo
+         done ;;
+    cold) ( export PTO_CACHE_DIR=/tmp/cold_pto TRITON_CACHE_DIR=/tmp/cold_triton; rm -rf /tmp/cold_pto /tmp/cold_triton
+            for s in ${COLD_SEQS:-3333 3334}; do
+              TIMEFORMAT="seq $s: %R s wall"; time python3 -m pto.cli run llama7b --config 7b --seq $s > /dev/null
+            done ) 2>&1 | tee "$OUT/cold.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

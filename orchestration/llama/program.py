@@ -80,6 +80,10 @@ class LlamaProgram(Program):
         Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "
                "layer's weights under the Hugging Face names instead of random ones"),
         Option("layer", 0, "the decoder layer of --weights to run"),
+        Option("row_tiles", "auto", "whole: every row tile the q tile's height, the last one clipped (one kernel a "
+               "phase on a GPU); adaptive: binary expansion's blocks with residual tiles of the base height (the "
+               "seed's: fewer padding rows, a kernel more per phase); auto: whole on a GPU with --attention fused",
+               choices=("auto", "whole", "adaptive")),
         Option("allreduce_dtype", "f32", "with --tp N: the dtype the ranks' partial sums are all-reduced in: f32, "
                "or the storage dtype (half the bytes sent, as Megatron)", choices=("f32", "storage")),
     )
@@ -111,6 +115,9 @@ class LlamaProgram(Program):
 
     def check_settings(self, s: Settings) -> None:
         cfg = self.config(s)
+        if s["row_tiles"] == "whole" and s["attention"] != "fused":
+            raise UsageError(f"{self.name}: --row-tiles whole needs --attention fused (the pair and split modes' "
+                             f"kv loops are binary-expanded; got --attention {s['attention']})")
         if s["fuse_norm_rope"] and s["attention"] != "fused":
             raise UsageError(f"{self.name}: --fuse-norm-rope needs --attention fused "
                              f"(got --attention {s['attention']})")
@@ -135,7 +142,9 @@ class LlamaProgram(Program):
 
     def form(self, s: Settings) -> LayerForm:
         """Which layer the settings ask for (attention mode, causal, fusions, tensor parallelism)."""
-        return LayerForm(s["attention"], s["causal"], s["fuse_norm_rope"], s.tp, self._reduce_dtype(s))
+        rt = s["row_tiles"]
+        whole = rt == "whole" or (rt == "auto" and s.target.is_gpu and s["attention"] == "fused")
+        return LayerForm(s["attention"], s["causal"], s["fuse_norm_rope"], s.tp, self._reduce_dtype(s), whole)
 
     def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int]:
         """Exact task and edge counts of one rank's graph (see :func:`closed_form`), for ``pto

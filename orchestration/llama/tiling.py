@@ -81,14 +81,16 @@ class LlamaTiling:
 
 
 def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None = None,
-                  shrink: int = 1, tk: int | None = None) -> LlamaTiling:
+                  shrink: int = 1, tk: int | None = None, whole: bool = False) -> LlamaTiling:
     """Tiles for ``target``: the q tile height from the flash-attention SRAM model (or ``tq``),
     kv tiles of ``tk`` rows (default: as tall as the q tiles); ``shrink`` divides the column
-    blocks for targets with little on-chip memory."""
+    blocks for targets with little on-chip memory. ``whole``: the base tile is the q tile (every
+    row tile as tall, the last one clipped), else binary expansion's blocks of base tiles with a
+    residual of the base height."""
     if tq is None:
         tq = min(flash_tile_rows(target, cfg.head_dim, dtype), 128)
     tk = tq if tk is None else min(tk, tq)
-    base = 32 if tq > 32 else max(tq // 2, 8)
+    base = tq if whole else 32 if tq > 32 else max(tq // 2, 8)
     big = cfg.hidden >= 1024
     # 128 x 256 output blocks for the GEMMs where they fit (Hopper's shared memory, half types)
     wide = big and dtype.is_half and target.sram_bytes >= 200 * 1024
@@ -113,13 +115,21 @@ class LayerForm:
     """Which layer the functions compute: ``causal`` or bidirectional attention at ``attention``
     granularity (``split``, ``pair`` or ``fused``); ``fuse`` (fused attention only): RMSNorm folded
     into the projections, RoPE into q and k's; ``tp`` > 1: one rank's share of the layer split
-    over ``tp`` ranks, its all-reduces summing in ``reduce_dt``."""
+    over ``tp`` ranks, its all-reduces summing in ``reduce_dt``; ``whole`` (fused attention
+    only): every row tile the q tile's height, the last one clipped, instead of binary
+    expansion's residual tiles of the base height (:func:`choose_tiling`).
+
+    On a GPU a residual tile is a kernel of its own in every phase: it reads every weight again
+    for a few rows, with a few programs (the 7B layer at 1,537 tokens took 1.90 ms against 0.80
+    at 1,024, docs/PERF.md). Whole tiles put the last rows in the phase's one kernel, at the
+    price of computing the clipped tile's padding rows."""
 
     attention: str = "fused"
     causal: bool = True
     fuse: bool = False
     tp: int = 1
     reduce_dt: DType = DType.F32
+    whole: bool = False
 
 
 class Functions:
@@ -178,7 +188,7 @@ def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm):
     while tq >= 8:
         for tk in sorted({tq, min(tq, 64)}, reverse=True):  # the tallest kv tiles that fit
             for shrink in (1, 2, 4, 8):
-                t = choose_tiling(cfg, dt, target, tq, shrink, tk)
+                t = choose_tiling(cfg, dt, target, tq, shrink, tk, form.whole)
                 try:
                     return t, Functions(cfg, dt, t, target, form)
                 except SramError as e:

@@ -172,7 +172,8 @@ def test_memory_model_predicts_an_edge_heavy_graph():
 
 
 def test_no_adaptive_table_says_which_graph_the_columns_describe():
-    res = estimate("llama7b", [1024], config="7b", dtype="bf16", target="cuda_h100", adaptive=False)
+    res = estimate("llama7b", [1024], config="7b", dtype="bf16", target="cuda_h100", adaptive=False,
+                   row_tiles="adaptive")
     row = res["rows"][0]
     assert row["tasks"] < row["tasks_no_adaptive"]  # Tasks stays the adaptive count
     text = format_table(res)
@@ -187,7 +188,7 @@ def test_options_only_for_programs_that_have_them():
     res = estimate("llama7b", [256], target="cuda_h100")
     assert {"attention", "causal"} <= set(res)
     assert res["options"] == ["allreduce_dtype", "attention", "causal", "fuse_norm_rope", "hf_config", "layer",
-                              "weights"]
+                              "row_tiles", "weights"]
     assert "attention=fused causal=True" in format_table(res)
     res = estimate("softmax", [256], config="tiny", dtype="f32")
     assert "attention" not in res and "causal" not in res and res["options"] == []

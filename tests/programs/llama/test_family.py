@@ -100,7 +100,7 @@ def test_graph_counts_equal_closed_form_for_the_family():
             for attention, fuse in (("fused", False), ("fused", True), ("pair", False), ("split", False)):
                 s = prog.settings(config="tiny-swa", target=target(tg), attention=attention, fuse_norm_rope=fuse)
                 t = prog.tiling(s)
-                module = build_module(cfg, DType.F32, target(tg), LayerForm(attention, True, fuse))
+                module = build_module(cfg, DType.F32, target(tg), prog.form(s))  # whole row tiles on the GPU
                 for adaptive in (True, False):
                     cp = CompiledProgram.get(module, adaptive)
                     for seq in (1, 65, 200, 417):

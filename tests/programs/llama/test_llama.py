@@ -87,3 +87,38 @@ def test_fused_norm_and_rope_match_the_reference(seq, dtype, tol):
               check=True, seed=seq)
     assert res["rel_err"] <= tol, res
     assert res["tasks"] == 7 * res["tasks"] // 7 and res["fuse_norm_rope"] is True
+
+
+@pytest.mark.parametrize("seq", [1, 45, 333])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_whole_row_tiles_match_the_reference(seq, causal):
+    """``--row-tiles whole`` (the GPU default): every row tile the q tile's height, the last
+    one clipped, against the reference at lengths that are not a tile multiple."""
+    res = run("llama7b", seq=seq, config="tiny", device="cpu", backend="torch", dtype="f32", causal=causal,
+              row_tiles="whole", check=True, seed=seq)
+    assert res["rel_err"] <= 1e-4, res
+
+
+def test_whole_row_tiles_run_one_tile_height():
+    """Whole row tiles: every task of a function has the q tile's height (one kernel a phase on
+    a GPU), where adaptive tiles add residual tiles of the base height; auto picks whole for a
+    GPU target only."""
+    from pto.target import get as target
+
+    prog = get("llama7b")
+    variants = {}
+    for rt in ("whole", "adaptive"):
+        s = prog.settings(row_tiles=rt)
+        t = prog.tiling(s)
+        tasks = list(iter_tasks(CompiledProgram.get(prog.build(s)).lowered, prog.scalars(s, prog.shape(333))))
+        # the variants of each call site: one per tile height (the specializer keeps one per dims)
+        per_call = {}
+        for task in tasks:
+            per_call.setdefault(id(task.call), set()).add(id(task.func))
+        variants[rt] = max(len(v) for v in per_call.values())
+        if rt == "whole":
+            assert t.base == t.tq and len(tasks) == 11 * -(-333 // t.tq)
+    assert variants == {"whole": 1, "adaptive": 2}  # 333 rows: full blocks and a residual tile
+    assert prog.form(prog.settings(target=target("cuda_h100"))).whole
+    assert not prog.form(prog.settings(target=target("cuda_h100"), attention="pair")).whole
+    assert not prog.form(prog.settings()).whole
