@@ -16,6 +16,8 @@
 #   rows        issue 23's lengths with whole row tiles (eager, torch.compile), the same with
 #               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT)
 #   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
+#   split       the split modes (PTO_SPLIT masks, align): the fused layer at $SPLIT_SEQS (align
+#               with eager and torch.compile), the Llama-3-8B layer, the decode step at batch 1
 #   cold        the first run of a new shape with empty Triton and pto caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
 set -uo pipefail
@@ -75,6 +77,16 @@ for stage in "$@"; do
            python3 -m pto.cli run llama7b --config 7b --seq ${FNR_SEQ:-4096} $f --executor waves --profile --json \
              > "$OUT/fnr$f.json" 2> "$OUT/fnr$f.err"; tail -c 1500 "$OUT/fnr$f.json"; echo
          done ;;
+    split) for m in masks align; do
+             cmp=none; [ $m = align ] && cmp=eager,compile
+             PTO_SPLIT=$m $BENCH --seq "${SPLIT_SEQS:-1024,1537,4096,5555,20001}" --executor waves --compare $cmp \
+               --json "$OUT/split_$m.json" > "$OUT/split_$m.log" 2>&1; echo "PTO_SPLIT=$m"; tail -6 "$OUT/split_$m.log"
+             PTO_SPLIT=$m python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
+               --seq "${SPLIT8B_SEQS:-1024,1537,4096}" --executor waves --compare $cmp > "$OUT/split8b_$m.log" 2>&1
+             tail -4 "$OUT/split8b_$m.log"
+             PTO_SPLIT=$m python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
+               --executors waves --hf-configs none > "$OUT/split_decode_$m.log" 2>&1; grep "B=" "$OUT/split_decode_$m.log"
+           done ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto TRITON_CACHE_DIR=/tmp/cold_triton; rm -rf /tmp/cold_pto /tmp/cold_triton
             for s in ${COLD_SEQS:-3333 3334}; do
               TIMEFORMAT="seq $s: %R s wall"; time python3 -m pto.cli run llama7b --config 7b --seq $s > /dev/null

@@ -24,6 +24,7 @@ triton = pytest.importorskip("triton")
 
 from pto import InCore, emax, emin, eq, f32, land, lor, ne  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
 from pto.backends.triton import TritonBackend, cache_dir, run_incore_triton  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
@@ -239,23 +240,43 @@ def test_batch_of_tasks_matches_torch_backend(full):
     _compare_backends(fn, mems, scalars, 37, ["y"], be)
 
 
-def test_full_and_residual_tasks_launch_apart():
-    """A few residual tiles do not put a whole batch on the masked path: full, aligned tasks
-    get a launch of their own (unless ``split=False``)."""
+def test_split_modes_decide_which_tasks_launch_apart():
+    """``split="masks"``: full, aligned tasks get a launch of their own, so a few clipped tiles
+    do not put a whole batch on the masked path. ``"align"`` (the default): the clipped tiles
+    join the full ones (one launch on the masked path: a second launch would run after the
+    first); only unaligned regions (a first column or a width not a multiple of 16) launch
+    apart. ``"none"``: one launch. Every mode computes the same."""
     fn = _rowwise_fn()
     mems, scalars = _random_batch(12, seed=8, full=True)
     for name in ("x", "y"):
         mems[name].rows[[3, 7]] = torch.tensor([5, 9])
         mems[name].col0[:] = 16 * (mems[name].col0 // 16)
     batch = TaskBatch(fn, mems, scalars, 12)
-    be = TritonBackend("cpu")
+    be = TritonBackend("cpu", split="masks")
     groups = be.groups(batch)
     assert [sorted(g.tasks.tolist()) for g in groups] == [[i for i in range(12) if i not in (3, 7)], [3, 7]]
     assert all(groups[0].flags.values()) and not groups[1].flags["EVEN_x"] and groups[1].flags["ALIGN_x"]
     assert be.launches_per_batch(batch) == 2
-    assert TritonBackend("cpu", split=False).launches_per_batch(batch) == 1
-    _compare_backends(fn, mems, scalars, 12, ["y"], be)
-    _compare_backends(fn, mems, scalars, 12, ["y"], TritonBackend("cpu", split=False))
+    (one,) = TritonBackend("cpu").groups(batch)
+    assert not one.flags["EVEN_x"] and one.flags["ALIGN_x"] and one.flags["ALIGN_y"]
+    assert TritonBackend("cpu", split="none").launches_per_batch(batch) == 1
+    for mode in ("masks", "align", "none"):
+        _compare_backends(fn, mems, scalars, 12, ["y"], TritonBackend("cpu", split=mode))
+    # a region 8 columns narrower is not aligned (its width): it launches apart under "align"
+    mems["x"].cols[5] -= 8
+    groups = TritonBackend("cpu").groups(TaskBatch(fn, mems, scalars, 12))
+    assert [sorted(g.tasks.tolist()) for g in groups] == [[i for i in range(12) if i != 5], [5]]
+    assert groups[0].flags["ALIGN_x"] and not groups[1].flags["ALIGN_x"]
+    _compare_backends(fn, mems, scalars, 12, ["y"], TritonBackend("cpu"))
+
+
+def test_split_mode_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PTO_SPLIT", "masks")
+    assert TritonBackend("cpu").split == "masks"
+    assert TritonBackend("cpu", split="none").split == "none"
+    monkeypatch.setenv("PTO_SPLIT", "sometimes")
+    with pytest.raises(UsageError, match="PTO_SPLIT='sometimes': one of align, masks, none"):
+        TritonBackend("cpu")
 
 
 def test_mask_free_path_is_exact():

@@ -203,8 +203,11 @@ class BodyRenderer(TileOps):
         for p in fn.memrefs:
             for fld in TableLayout.FIELDS:
                 self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
+            # ALIGN: the region's first column and its width are multiples of 16, so a column
+            # mask is constant over 16 lanes and masked loads keep their vector width
             self.emit(f"if ALIGN_{p.name}:")
             self.emit(f"    m_{p.name}_c0 = tl.multiple_of(m_{p.name}_c0, {ALIGN})")
+            self.emit(f"    m_{p.name}_cols = tl.multiple_of(m_{p.name}_cols, {ALIGN})")
             # the region's origin, in int64: row * stride overflows int32 on large tensors
             self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
         for s in fn.scalars:

@@ -17,7 +17,7 @@ from pto.ir.nodes import ForRange, IncoreFunction
 
 # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MAX_NUMEL = 1 << 20
-ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 is a multiple of this
+ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are multiples of this
 
 TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}
 TL_PTR = {DType.F32: "*fp32", DType.F16: "*fp16", DType.BF16: "*bf16"}

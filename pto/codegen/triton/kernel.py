@@ -10,8 +10,9 @@ Kernel contract:
 - arguments: ``tab``, the per-task table (int32 or int64, ``B x F``, row-major), then for every
   memref parameter in declaration order its tensor pointer ``P_<p>`` and row stride ``S_<p>``, then
   the constexpr flags ``EVEN_<p>`` (every task's region is full: loads and stores skip their
-  masks) and ``ALIGN_<p>`` (every task's region starts on a multiple of 16 columns: a
-  vectorization hint), in the same parameter order.
+  masks) and ``ALIGN_<p>`` (every task's region starts on a multiple of 16 columns and is a
+  multiple of 16 columns wide: a vectorization hint, also for masked loads), in the same
+  parameter order.
 - a table row holds, for every memref parameter in declaration order, its region's ``row0, col0,
   rows, cols`` (rows/cols: the valid extent), then the value of every scalar parameter
   (:class:`TableLayout`).
