@@ -18,7 +18,8 @@
 #   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
 #   split       the split modes (PTO_SPLIT masks, align): the fused layer at $SPLIT_SEQS (align
 #               with eager and torch.compile), the Llama-3-8B layer, the decode step at batch 1
-#   cold        the first run of a new shape with empty Triton and pto caches (wall seconds)
+#   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
+#               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -87,10 +88,17 @@ for stage in "$@"; do
              PTO_SPLIT=$m python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
                --executors waves --hf-configs none > "$OUT/split_decode_$m.log" 2>&1; grep "B=" "$OUT/split_decode_$m.log"
            done ;;
-    cold) ( export PTO_CACHE_DIR=/tmp/cold_pto TRITON_CACHE_DIR=/tmp/cold_triton; rm -rf /tmp/cold_pto /tmp/cold_triton
-            for s in ${COLD_SEQS:-3333 3334}; do
-              TIMEFORMAT="seq $s: %R s wall"; time python3 -m pto.cli run llama7b --config 7b --seq $s > /dev/null
-            done ) 2>&1 | tee "$OUT/cold.log" ;;
+    cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
+            TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
+            time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null
+            for t in 1 16; do
+              TIMEFORMAT="empty Triton cache, PTO_COMPILE_THREADS=$t, seq 3335: %R s wall"
+              time PTO_COMPILE_THREADS=$t TRITON_CACHE_DIR=/tmp/cold_triton$t python3 -m pto.cli run llama7b \
+                --config 7b --seq 3335 > /dev/null
+            done
+            TIMEFORMAT="warm caches, a new shape (seq 3334): %R s wall"
+            time TRITON_CACHE_DIR=/tmp/cold_triton16 python3 -m pto.cli run llama7b --config 7b --seq 3334 > /dev/null
+          ) 2>&1 | tee "$OUT/cold.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

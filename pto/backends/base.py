@@ -31,6 +31,11 @@ class Backend:
         ``count``, the number of device launches it makes (for ``launches`` in reports)."""
         raise NotImplementedError
 
+    def prepare_ahead(self, batch: TaskBatch) -> Launch:
+        """:meth:`prepare` for an executor that may hold the launch until it has planned the
+        rest of its graph (a backend that compiles kernels may compile this one meanwhile)."""
+        return self.prepare(batch)
+
     def launches_per_batch(self, batch: TaskBatch) -> int:
         """Device launches one prepared batch makes."""
         return self.prepare(batch).count

@@ -93,6 +93,7 @@ class WaveExecutor(Executor):
         self.launch_funcs: list[IncoreFunction] = []  # the variant each one runs
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
+        self._held: list | None = None  # launches held back while their kernels compile (run)
 
     # -- one graph, fully built ------------------------------------------------------------
     def run(self, graph: Graph) -> ExecStats:
@@ -102,8 +103,18 @@ class WaveExecutor(Executor):
         if self.sentinel:
             self.flags = TaskFlags(args.export, {tid: self.tensors[n] for n, tid in graph.tensor_ids.items()},
                                    declared_infinities(graph.variants))
-        return self._drive(graph.runtime, args, graph.variant_of_func_id(), graph.tensor_ids,
-                           total=lambda: graph.tasks, done_building=lambda: True)
+        # launches whose kernels compile on workers wait, in order, until every wave is planned
+        # (a first run's compiles overlap); not with per-launch records, syncs or the sentinel
+        hold = not (self.record or self.sync_each_launch or self.sentinel or self.on_batch is not None)
+        self._held = [] if hold else None
+        try:
+            stats = self._drive(graph.runtime, args, graph.variant_of_func_id(), graph.tensor_ids,
+                                total=lambda: graph.tasks, done_building=lambda: True)
+            for launch in self._held or ():
+                launch()
+        finally:
+            self._held = None
+        return stats
 
     # -- build and execute concurrently (bounded window) -------------------------------------
     def run_concurrent(self, program: CompiledProgram, scalars: dict[str, int], window: int,
@@ -226,8 +237,14 @@ class WaveExecutor(Executor):
         batch = TaskBatch(fn, mems, scalars, len(ids))
         if self.on_batch is not None:  # pto tune collects the batches it times
             self.on_batch(batch)
-        launch = self.backend.prepare(batch)
+        ahead = self._held is not None
+        launch = self.backend.prepare_ahead(batch) if ahead else self.backend.prepare(batch)
         self.device_launches += launch.count
+        self.launches.append(launch)
+        self.launch_funcs.append(fn)
+        if ahead and (self._held or getattr(launch, "pending", False)):
+            self._held.append(launch)  # its kernel compiles on a worker: it and what follows wait
+            return
         rec = None
         if self.record:
             self.sync()
@@ -238,8 +255,6 @@ class WaveExecutor(Executor):
         if rec is not None:
             rec.end_ns = time.perf_counter_ns()
             self.records.append(rec)
-        self.launches.append(launch)
-        self.launch_funcs.append(fn)
 
     # -- replays -----------------------------------------------------------------------------
     def replay(self) -> None:

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from pto.backends.base import Backend, Launch
+from pto.backends.triton.ahead import fitted, note, submit
+from pto.backends.triton.ahead import key as ahead_key
 from pto.backends.triton.launch import CODEGEN, LaunchConfig, LaunchGroup, calls, fit_calls, launcher, merged
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
@@ -137,6 +139,15 @@ class TritonBackend(Backend):
         return render_sources(functions, self.options)
 
     def prepare(self, batch: TaskBatch) -> Launch:
+        return self._prepare(batch, ahead=False)
+
+    def prepare_ahead(self, batch: TaskBatch) -> Launch:
+        """:meth:`prepare`, with a kernel this process has not compiled for the batch's
+        arguments compiled on a worker thread (:mod:`.ahead`): the launch waits for it, and
+        carries ``pending`` while it runs."""
+        return self._prepare(batch, ahead=True)
+
+    def _prepare(self, batch: TaskBatch, ahead: bool) -> Launch:
         fn = batch.fn
         check_batch(batch)
         if has_collective(fn):  # Triton kernels do not communicate: the torch evaluator, same device
@@ -161,8 +172,15 @@ class TritonBackend(Backend):
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
         launches = calls(groups, tuple(args), cfg, kernel.pdl)
-        if self.compiles:
-            launches = fit_calls(jit, launches, self.shared_limit(), what)
+        if not self.compiles:
+            return launcher(jit, launches, groups, what)
+        k = ahead_key(kernel.digest, launches)
+        if ahead and not fitted(k):
+            limit = self.shared_limit()
+            return launcher(jit, None, groups, what,
+                            submit(k, jit, lambda: fit_calls(jit, launches, limit, what), device))
+        launches = fit_calls(jit, launches, self.shared_limit(), what)
+        note(k)
         return launcher(jit, launches, groups, what)
 
     def uniform_launch(self, graph) -> dict[str, dict]:

@@ -178,19 +178,27 @@ def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
     return out
 
 
-def launcher(jit, launches: list[tuple], groups: list[LaunchGroup], what: str = ""):
-    """The closure the executor calls: Triton launches only (no allocation, no host sync)."""
+def launcher(jit, launches: list[tuple] | None, groups: list[LaunchGroup], what: str = "", future=None):
+    """The closure the executor calls: Triton launches only (no allocation, no host sync).
+    ``future``: the launches are being compiled on a worker (:mod:`.ahead`; ``launches`` None):
+    the first call waits for them (and raises what compiling raised); ``launch.pending`` says
+    whether the compile is still running."""
     from triton.errors import TritonError
 
+    done = [launches]
+
     def launch():
+        if done[0] is None:
+            done[0] = future.result()
         try:
-            for grid, a, kw in launches:
+            for grid, a, kw in done[0]:
                 jit[grid](*a, **kw)
         except TritonError as e:  # compiling (first launch) or loading the kernel
-            raise triton_error(e, what, launches[0][2]) from e
+            raise triton_error(e, what, done[0][0][2]) from e
 
     launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
-    launch.count = len(launches)
+    launch.count = len(groups) if launches is None else len(launches)
+    launch.pending = future is not None and not future.done()
     return launch
 
 

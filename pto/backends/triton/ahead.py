@@ -1,0 +1,93 @@
+"""Compiling a run's kernels ahead, in parallel.
+
+A first run compiles every kernel it launches, one after another where the launches come
+(seconds each for a GEMM or attention kernel). Triton's compiler spends most of that time
+outside Python's lock (the MLIR passes, ``ptxas``), so threads compile several kernels at once
+(docs/PERF.md "First run"). The waves executor asks for its batches
+"ahead" (:meth:`TritonBackend.prepare_ahead <pto.backends.triton.backend.TritonBackend.prepare_ahead>`):
+a batch whose kernel this process has not compiled for these arguments gets its compile (and
+the shared-memory fit of :func:`~.launch.fit_calls`) submitted here, and its launch waits for
+it; the executor holds that launch, and every later one, until the graph's waves are planned,
+so the compiles of the whole graph overlap.
+
+One lock per kernel keeps two compiles of one kernel apart (Triton's per-kernel cache is a
+plain dictionary). A worker compiles with the batch's device current, as the launch will run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+_POOL: ThreadPoolExecutor | None = None
+_GUARD = threading.Lock()
+_LOCKS: dict[int, threading.Lock] = {}
+_FITTED: set = set()
+
+
+def workers() -> int:
+    """Compile threads: ``PTO_COMPILE_THREADS``, else the CPU's cores up to 16."""
+    asked = os.environ.get("PTO_COMPILE_THREADS")
+    if asked is not None:
+        from pto.errors import UsageError
+
+        if not asked.isdigit() or int(asked) < 1:
+            raise UsageError(f"PTO_COMPILE_THREADS={asked!r}: a positive number of threads")
+        return int(asked)
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _GUARD:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(workers(), thread_name_prefix="pto-compile")
+        return _POOL
+
+
+def _spec(a) -> tuple:
+    """What Triton specializes an argument on (coarsely): a tensor's dtype and 16-byte
+    alignment, an integer's value being 1 or a multiple of 16 and its width."""
+    if isinstance(a, torch.Tensor):
+        return (str(a.dtype), a.data_ptr() % 16 == 0)
+    if isinstance(a, int):
+        return (a == 1, a % 16 == 0, -2**31 <= a < 2**31)
+    return (type(a).__name__,)
+
+
+def key(digest: str, launches: list[tuple]) -> tuple:
+    """The compiled kernels ``launches`` (``(grid, args, kwargs)``) need, as far as they differ."""
+    return (digest,) + tuple((tuple(_spec(a) for a in args), tuple(sorted(kw.items())))
+                             for _grid, args, kw in launches)
+
+
+def fitted(k: tuple) -> bool:
+    """Has this process compiled the kernels of key ``k``?"""
+    return k in _FITTED
+
+
+def submit(k: tuple, jit, fit, device: torch.device) -> Future:
+    """Run ``fit()`` (the compiles and fits of one batch, returning its launches) on a worker,
+    one at a time per kernel ``jit``, with ``device`` current; record ``k`` as compiled."""
+    with _GUARD:
+        lock = _LOCKS.setdefault(id(jit), threading.Lock())
+
+    def work():
+        with lock, (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()):
+            out = fit()
+        _FITTED.add(k)
+        return out
+
+    return _pool().submit(work)
+
+
+def note(k: tuple) -> None:
+    """Record key ``k`` as compiled (a batch fitted in the caller's thread)."""
+    _FITTED.add(k)
+
+
+__all__ = ["workers", "key", "fitted", "submit", "note"]
