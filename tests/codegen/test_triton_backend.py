@@ -24,11 +24,10 @@ triton = pytest.importorskip("triton")
 
 from pto import InCore, emax, emin, eq, f32, land, lor, ne  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
-from pto.errors import UsageError  # noqa: E402
 from pto.backends.triton import TritonBackend, cache_dir, run_incore_triton  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
-from pto.errors import BuildError  # noqa: E402
+from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.interp.orchestration import iter_tasks, run_program  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402

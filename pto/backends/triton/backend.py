@@ -55,11 +55,12 @@ class TritonBackend(Backend):
     aligned from the unaligned; a batch's few clipped tiles join the full ones, all on the
     masked path, whose aligned column masks keep the loads' vector width), "masks" (also the
     full from the clipped: at most 4 launches; the clipped tiles' launch runs after the full
-    ones' and streams the weights again with a few programs: the 7B layer at 1,537 tokens
-    took 2.18 ms against 1.32 at 1,664) or "none"; None: ``PTO_SPLIT``, else "align". ``pdl``: launch with programmatic dependent launch
-    (``RenderOptions.pdl``: "early", "late" or "" for off); None: "late" where the kernels are
-    compiled for a GPU of compute capability 9.0 or later, unless the environment sets
-    ``PTO_PDL`` (``off``, ``early``, ``late``). Measured on an H100: the decode step 15% faster
+    ones' and streams the weights again with a few programs: on an H100 the 7B layer at 1,537
+    tokens took 1.69 ms so, 1.34 with "align", 1.32 at 1,664) or "none"; None: ``PTO_SPLIT``,
+    else "align". ``pdl``: launch with programmatic dependent launch (``RenderOptions.pdl``:
+    "early", "late" or "" for off); None: "late" where the kernels are compiled for a GPU of
+    compute capability 9.0 or later, unless the environment sets ``PTO_PDL`` (``off``,
+    ``early``, ``late``). Measured on an H100: the decode step 15% faster
     (SmolLM2) with "late", 30% slower with "early"; the prefill layer unchanged
     (docs/PERF.md "Programmatic dependent launch").
     """
