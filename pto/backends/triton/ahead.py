@@ -59,9 +59,18 @@ def _spec(a) -> tuple:
     return (type(a).__name__,)
 
 
+def _kwspec(v) -> object:
+    """A keyword argument as the key holds it: a plain value itself, a tensor descriptor by
+    what its type is made of."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    base = getattr(v, "base", None)
+    return (type(v).__name__, str(getattr(base, "dtype", "")), tuple(getattr(v, "block_shape", ())))
+
+
 def key(digest: str, launches: list[tuple]) -> tuple:
     """The compiled kernels ``launches`` (``(grid, args, kwargs)``) need, as far as they differ."""
-    return (digest,) + tuple((tuple(_spec(a) for a in args), tuple(sorted(kw.items())))
+    return (digest,) + tuple((tuple(_spec(a) for a in args), tuple((k, _kwspec(v)) for k, v in sorted(kw.items())))
                              for _grid, args, kw in launches)
 
 

@@ -28,7 +28,16 @@ import torch
 from pto.backends.base import Backend, Launch
 from pto.backends.triton.ahead import fitted, note, submit
 from pto.backends.triton.ahead import key as ahead_key
-from pto.backends.triton.launch import CODEGEN, LaunchConfig, LaunchGroup, calls, fit_calls, launcher, merged
+from pto.backends.triton.launch import (
+    CODEGEN,
+    LaunchConfig,
+    LaunchGroup,
+    calls,
+    fit_calls,
+    launcher,
+    merged,
+    with_descriptors,
+)
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
 from pto.backends.triton.schedules import for_device
@@ -69,11 +78,12 @@ class TritonBackend(Backend):
 
     def __init__(self, device="cuda", options: RenderOptions | None = None,
                  launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
-                 split: str | None = None, schedules=None, pdl: str | None = None):
+                 split: str | None = None, schedules=None, pdl: str | None = None, tma: bool | None = None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
         self.options = replace(self.options, pdl=self._pdl(pdl))
+        self.options = replace(self.options, tma=self._tma(tma))
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
         self.even = even
@@ -81,6 +91,22 @@ class TritonBackend(Backend):
         self.split = split_mode(split)
         self._kernels: dict[tuple, RenderedKernel] = {}
         self._shared: int | None = None
+
+    def _tma(self, asked: bool | None) -> bool:
+        """Tensor-descriptor loads: ``asked``, else the options', else ``PTO_TMA`` (on, off;
+        default off). Asked for where the kernels are not compiled for compute capability 9.0+:
+        refused, or off when only the environment asks."""
+        env = os.environ.get("PTO_TMA", "off")
+        if env not in ("on", "off"):
+            raise UsageError(f"PTO_TMA={env!r}: on or off")
+        want = asked if asked is not None else (self.options.tma or env == "on")
+        cap = torch.cuda.get_device_capability(self.device) if self.compiles else None
+        if want and (cap is None or tuple(cap) < (9, 0)):
+            if asked or self.options.tma:
+                raise UsageError("tensor-descriptor loads (tma) need kernels compiled for a GPU of compute "
+                                 "capability 9.0 or later")
+            return False
+        return bool(want)
 
     def _pdl(self, asked: str | None) -> str:
         """The PDL mode: ``asked`` ("off" or a mode; None: the options', else ``PTO_PDL``'s for
@@ -172,7 +198,7 @@ class TritonBackend(Backend):
         for g in groups:
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
-        launches = calls(groups, tuple(args), cfg, kernel.pdl)
+        launches = with_descriptors(kernel, batch, calls(groups, tuple(args), cfg, kernel.pdl))
         if not self.compiles:
             return launcher(jit, launches, groups, what)
         k = ahead_key(kernel.digest, launches)
@@ -214,6 +240,7 @@ class TritonBackend(Backend):
         bad = []
         for even, align in ((True, True), (True, False), (False, True), (False, False)):
             flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
+            flags |= {f"TMA_{m}": False for m in kernel.tma} | {f"D_{m}": None for m in kernel.tma}
             grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl)[0]
             need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
             if need > self.shared_limit():

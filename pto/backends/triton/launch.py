@@ -178,6 +178,30 @@ def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
     return out
 
 
+def with_descriptors(kernel, batch, launches: list[tuple]) -> list[tuple]:
+    """The launches with the tensor-descriptor arguments of the kernel's TMA memrefs
+    (:mod:`pto.codegen.triton.tma`): a descriptor of the whole tensor where the launch's tasks
+    keep every access inside their regions (``EVEN_<p>``) and the hardware takes the tensor
+    (16-byte aligned base and row stride, contiguous rows), else none and the pointer loads."""
+    if not kernel.tma:
+        return launches
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    descs = {}
+    for m, block in kernel.tma.items():
+        t = batch.mems[m].tensor
+        ok = (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+              and (t.stride(0) * t.element_size()) % 16 == 0)
+        descs[m] = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block)) if ok else None
+    out = []
+    for grid, a, kw in launches:
+        use = {m: descs[m] is not None and kw[f"EVEN_{m}"] for m in kernel.tma}
+        kw = {**kw, **{f"TMA_{m}": u for m, u in use.items()},
+              **{f"D_{m}": descs[m] if u else None for m, u in use.items()}}
+        out.append((grid, a, kw))
+    return out
+
+
 def launcher(jit, launches: list[tuple] | None, groups: list[LaunchGroup], what: str = "", future=None):
     """The closure the executor calls: Triton launches only (no allocation, no host sync).
     ``future``: the launches are being compiled on a worker (:mod:`.ahead`; ``launches`` None):
@@ -202,4 +226,5 @@ def launcher(jit, launches: list[tuple] | None, groups: list[LaunchGroup], what:
     return launch
 
 
-__all__ = ["CODEGEN", "LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher"]
+__all__ = ["CODEGEN", "LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher",
+           "with_descriptors"]

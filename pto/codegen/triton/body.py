@@ -32,6 +32,7 @@ from pto.codegen.triton.common import (
     float_literal,
 )
 from pto.codegen.triton.tileops import TileOps
+from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges
 from pto.ir.dtypes import DType
@@ -121,6 +122,8 @@ class BodyRenderer(TileOps):
             self.names[f"{p.name}.rows"] = f"m_{p.name}_rows"
             self.names[f"{p.name}.cols"] = f"m_{p.name}_cols"
         self.ranges = loop_ranges(fn)
+        #: memrefs the kernel may load through tensor descriptors (RenderOptions.tma)
+        self.tma = tma_memrefs(fn) if opts.tma else {}
         self.lines: list[str] = []
         self.depth = 1
         self.defined: set[str] = set()
@@ -200,6 +203,7 @@ class BodyRenderer(TileOps):
             params.append(pvar)
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+        params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in self.tma]
         for p in fn.memrefs:
             for fld in TableLayout.FIELDS:
                 self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")

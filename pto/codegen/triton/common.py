@@ -37,12 +37,15 @@ class RenderOptions:
     batched kernel waits for the previous launch's memory before its first access and lets the
     next launch's programs start, "early" (before its own work) or "late" (after it)
     (:func:`pto.codegen.triton.kernel.render`).
+    ``tma``: the batched kernels may load the tiles that feed matrix products through tensor
+    descriptors (TMA, sm_90 and later; :mod:`pto.codegen.triton.tma`).
     """
 
     input_precision: str = "ieee"
     dot_min: int = 16
     ieee_math: bool = True
     pdl: str = ""
+    tma: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import (
@@ -57,9 +57,13 @@ class RenderedKernel:
     launch: dict = field(hash=False, compare=False)  # default num_warps / num_stages / fp fusion
     digest: str = ""  # content hash of ``source`` (the loader's cache key)
     pdl: str = ""  # launch with programmatic dependent launch (RenderOptions.pdl: early, late)
-    #: content hash of the source rendered without the PDL prologue: the arithmetic, what the
-    #: schedule database keys entries by (a schedule holds with PDL on or off)
+    #: content hash of the source rendered without the PDL prologue and tensor-descriptor loads:
+    #: the arithmetic, what the schedule database keys entries by (a schedule holds with PDL and
+    #: TMA on or off)
     schedule_digest: str = ""
+    #: memrefs the kernel may load through tensor descriptors, with their block shapes (the
+    #: arguments ``D_<p>`` and ``TMA_<p>``: :mod:`pto.codegen.triton.tma`)
+    tma: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def filename(self) -> str:
@@ -76,6 +80,8 @@ class RenderedKernel:
             sig[f"EVEN_{p.name}"] = "constexpr"
         for p in self.fn.memrefs:
             sig[f"ALIGN_{p.name}"] = "constexpr"
+        for m in self.tma:  # the pointer path: no descriptor
+            sig[f"D_{m}"] = sig[f"TMA_{m}"] = "constexpr"
         if self.fn.parallel is not None:
             sig.update(NB="i32", NP="i32", GROUP="constexpr")
         return sig
@@ -135,8 +141,10 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     kname = kernel_name(fn)
     params = ["tab"] + [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
     params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+    params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in r.tma]
     args = [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
     args += [", ".join(f"{w}_{p.name}" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
+    args += [f"D_{m}, TMA_{m}" for m in r.tma]
     body = []
     if fn.parallel is not None:
         pvar = f"i_{fn.parallel.var}"
@@ -166,7 +174,9 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         return file_source(title, [dlines, kernel], imports)
 
     src = source(body)
-    plain = hashlib.sha256(src.encode()).hexdigest()[:20]  # the arithmetic: with or without PDL
+    # the arithmetic: with or without PDL and tensor-descriptor loads
+    plain = render(fn, replace(r.opts, pdl="", tma=False)).schedule_digest if r.tma or r.opts.tma else \
+        hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
     if pdl == "early":
         src = source([PDL_SIGNAL, PDL_WAIT] + body, PDL_IMPORTS)
@@ -174,8 +184,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source([PDL_WAIT] + body + [PDL_SIGNAL], PDL_IMPORTS)
     elif pdl:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
-    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain)
+    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma))
 
 
 def render_sources(functions: Iterable[IncoreFunction],

@@ -121,6 +121,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
             loads.append(f"S_{p.name} = {stride}")
             args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
+        args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
         if b.fn.parallel is not None:
             args.insert(0, "p")
         calls.append((k, loads, f"{name}(row, {', '.join(args)})"))

@@ -269,7 +269,13 @@ class TileOps:
         lanes = self.valid(tile)
         mask = " & ".join(conds if lanes is None else [lanes, *conds])
         even = "" if lanes is None else f", mask={lanes}"
-        self.emit(f"if EVEN_{mem}:")
+        if ins.op is Op.LOAD and mem in self.tma:  # the descriptor's coordinates: the whole tensor's
+            self.emit(f"if TMA_{mem}:")
+            self.emit(f"    t_{tile} = D_{mem}.load([(m_{mem}_r0 + {self.expr(row)}).to(tl.int32), "
+                      f"(m_{mem}_c0 + {self.expr(col)}).to(tl.int32)])")
+            self.emit(f"elif EVEN_{mem}:")
+        else:
+            self.emit(f"if EVEN_{mem}:")
         if ins.op is Op.LOAD:
             pad = float_literal(float(ins.attr("pad")), self.memrefs[mem].dtype)
             other = "" if lanes is None else f", other={pad}"

@@ -48,75 +48,33 @@ enum {
 
 /* InCore function variants */
 enum {
-    F_rmsnorm_tile__R32 = 0,
-    F_rmsnorm_tile__R64 = 1,
-    F_rmsnorm_tile__R128 = 2,
-    F_matmul_tile__K4096_N4096_R32 = 3,
-    F_matmul_tile__K4096_N4096_R64 = 4,
-    F_matmul_tile__K4096_N4096_R128 = 5,
-    F_rope_tile__R32 = 6,
-    F_rope_tile__R64 = 7,
-    F_rope_tile__R128 = 8,
-    F_flash_fused__TK128_TQ32 = 9,
-    F_flash_fused__TK128_TQ64 = 10,
-    F_flash_fused__TK128_TQ128 = 11,
-    F_matmul_residual_tile__K4096_N4096_R32 = 12,
-    F_matmul_residual_tile__K4096_N4096_R64 = 13,
-    F_matmul_residual_tile__K4096_N4096_R128 = 14,
-    F_matmul_swiglu_tile__K4096_N11008_R32 = 15,
-    F_matmul_swiglu_tile__K4096_N11008_R64 = 16,
-    F_matmul_swiglu_tile__K4096_N11008_R128 = 17,
-    F_matmul_residual_tile__K11008_N4096_R32 = 18,
-    F_matmul_residual_tile__K11008_N4096_R64 = 19,
-    F_matmul_residual_tile__K11008_N4096_R128 = 20,
+    F_rmsnorm_tile__R128 = 0,
+    F_matmul_tile__K4096_N4096_R128 = 1,
+    F_rope_tile__R128 = 2,
+    F_flash_fused__TK128_TQ128 = 3,
+    F_matmul_residual_tile__K4096_N4096_R128 = 4,
+    F_matmul_swiglu_tile__K4096_N11008_R128 = 5,
+    F_matmul_residual_tile__K11008_N4096_R128 = 6,
 };
 
 static const char *const func_names[] = {
-    "rmsnorm_tile__R32",
-    "rmsnorm_tile__R64",
     "rmsnorm_tile__R128",
-    "matmul_tile__K4096_N4096_R32",
-    "matmul_tile__K4096_N4096_R64",
     "matmul_tile__K4096_N4096_R128",
-    "rope_tile__R32",
-    "rope_tile__R64",
     "rope_tile__R128",
-    "flash_fused__TK128_TQ32",
-    "flash_fused__TK128_TQ64",
     "flash_fused__TK128_TQ128",
-    "matmul_residual_tile__K4096_N4096_R32",
-    "matmul_residual_tile__K4096_N4096_R64",
     "matmul_residual_tile__K4096_N4096_R128",
-    "matmul_swiglu_tile__K4096_N11008_R32",
-    "matmul_swiglu_tile__K4096_N11008_R64",
     "matmul_swiglu_tile__K4096_N11008_R128",
-    "matmul_residual_tile__K11008_N4096_R32",
-    "matmul_residual_tile__K11008_N4096_R64",
     "matmul_residual_tile__K11008_N4096_R128",
 };
 
 /* bytes of the tiles each variant declares (its InCore buffer) */
 static const int32_t func_buffer_bytes[] = {
     52352,
-    52352,
-    52352,
-    86016,
-    139264,
     245760,
     73728,
-    73728,
-    73728,
-    115328,
-    165120,
     264704,
-    86016,
-    139264,
     245760,
-    86016,
-    139264,
     245760,
-    86016,
-    139264,
     245760,
 };
 
@@ -137,7 +95,7 @@ static const char *const call_sites[] = {
 int pto_llama7b_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs) {
     *n_scalars = 1;
     *n_tensors = 23;
-    *n_funcs = 21;
+    *n_funcs = 7;
     return PTO_OK;
 }
 
@@ -196,7 +154,7 @@ int pto_llama7b_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_i
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "y", v_S, 4096, 2, &tensor_ids[T_y]);
     if (st != PTO_OK) return st;
-    for (int32_t k = 0; k < 21; k++) {
+    for (int32_t k = 0; k < 7; k++) {
         st = pto_func_register(rt, func_names[k], &func_ids[k]);
         if (st != PTO_OK) return st;
     }
@@ -208,165 +166,153 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
     int32_t task = -1;
     const int64_t v_S = scalars[0];
     (void)v_S;
-    const int64_t v_n = pto_fdiv(((v_S + 32) - 1), 32);
+    const int64_t v_n = pto_fdiv(((v_S + 128) - 1), 128);
     const int64_t v_i__n = pto_max(v_n, 0);
-    for (int64_t v_i__b = 0, v_i__b_end = pto_bx_count(v_i__n, 4096, 2); v_i__b < v_i__b_end; v_i__b += 1) {
-        const int64_t v_i__size = pto_bx_size(v_i__n, v_i__b, 4096, 2);
-        const int64_t v_i__rows = (v_i__size >= 4) ? 128 : ((v_i__size >= 2) ? 64 : 32);
-        const int64_t v_i__scale = pto_fdiv(v_i__rows, 32);
-        const int64_t v_i__start = pto_bx_start(v_i__n, v_i__b, 4096, 2);
+    for (int64_t v_i__b = 0, v_i__b_end = pto_bx_count(v_i__n, 1, 1); v_i__b < v_i__b_end; v_i__b += 1) {
+        const int64_t v_i__size = pto_bx_size(v_i__n, v_i__b, 1, 1);
+        const int64_t v_i__rows = 128;
+        const int64_t v_i__scale = pto_fdiv(v_i__rows, 128);
+        const int64_t v_i__start = pto_bx_start(v_i__n, v_i__b, 1, 1);
         for (int64_t v_i__t = 0, v_i__t_end = pto_fdiv(v_i__size, v_i__scale); v_i__t < v_i__t_end; v_i__t += 1) {
             const int64_t v_i = v_i__start + (v_i__t * v_i__scale);
             {
                 /* rmsnorm_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
-                const int32_t f = (d_R == 32) ? F_rmsnorm_tile__R32 : (d_R == 64) ? F_rmsnorm_tile__R64 : F_rmsnorm_tile__R128;
+                const int32_t f = F_rmsnorm_tile__R128;
                 PTO_CALL(0, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(0, pto_task_add_input(rt, task, tensor_ids[T_x], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(0, pto_task_add_input(rt, task, tensor_ids[T_x], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(0, pto_task_add_input(rt, task, tensor_ids[T_g_attn], 0, 0, 1, 4096));
-                PTO_CALL(0, pto_task_add_output(rt, task, tensor_ids[T_xn], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(0, pto_task_add_output(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(0, pto_task_submit(rt, task));
             }
             {
                 /* matmul_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
                 const int64_t d_K = 4096;
                 const int64_t d_N = 4096;
-                const int32_t f = (d_K == 4096 && d_N == 4096 && d_R == 32) ? F_matmul_tile__K4096_N4096_R32 : (d_K == 4096 && d_N == 4096 && d_R == 64) ? F_matmul_tile__K4096_N4096_R64 : F_matmul_tile__K4096_N4096_R128;
+                const int32_t f = F_matmul_tile__K4096_N4096_R128;
                 PTO_CALL(1, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_wq], 0, 0, d_K, d_N));
-                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_q], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_q], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(1, pto_task_submit(rt, task));
             }
             {
                 /* matmul_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
                 const int64_t d_K = 4096;
                 const int64_t d_N = 4096;
-                const int32_t f = (d_K == 4096 && d_N == 4096 && d_R == 32) ? F_matmul_tile__K4096_N4096_R32 : (d_K == 4096 && d_N == 4096 && d_R == 64) ? F_matmul_tile__K4096_N4096_R64 : F_matmul_tile__K4096_N4096_R128;
+                const int32_t f = F_matmul_tile__K4096_N4096_R128;
                 PTO_CALL(2, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_wk], 0, 0, d_K, d_N));
-                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_k], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_k], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(2, pto_task_submit(rt, task));
             }
             {
                 /* matmul_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
                 const int64_t d_K = 4096;
                 const int64_t d_N = 4096;
-                const int32_t f = (d_K == 4096 && d_N == 4096 && d_R == 32) ? F_matmul_tile__K4096_N4096_R32 : (d_K == 4096 && d_N == 4096 && d_R == 64) ? F_matmul_tile__K4096_N4096_R64 : F_matmul_tile__K4096_N4096_R128;
+                const int32_t f = F_matmul_tile__K4096_N4096_R128;
                 PTO_CALL(3, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_wv], 0, 0, d_K, d_N));
-                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_v], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_v], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(3, pto_task_submit(rt, task));
             }
             {
                 /* rope_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
-                const int32_t f = (d_R == 32) ? F_rope_tile__R32 : (d_R == 64) ? F_rope_tile__R64 : F_rope_tile__R128;
+                const int32_t f = F_rope_tile__R128;
                 PTO_CALL(4, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_q], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 64));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 64));
-                PTO_CALL(4, pto_task_add_output(rt, task, tensor_ids[T_qr], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_q], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
+                PTO_CALL(4, pto_task_add_output(rt, task, tensor_ids[T_qr], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(4, pto_task_submit(rt, task));
             }
             {
                 /* rope_tile (llama7b.py:N) */
-                const int64_t d_R = v_i__rows;
-                const int32_t f = (d_R == 32) ? F_rope_tile__R32 : (d_R == 64) ? F_rope_tile__R64 : F_rope_tile__R128;
+                const int32_t f = F_rope_tile__R128;
                 PTO_CALL(5, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_k], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 64));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 64));
-                PTO_CALL(5, pto_task_add_output(rt, task, tensor_ids[T_kr], v_i * 32, 0, pto_min(v_i__rows, (v_S - (v_i * 32))), 4096));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_k], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
+                PTO_CALL(5, pto_task_add_output(rt, task, tensor_ids[T_kr], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(5, pto_task_submit(rt, task));
             }
         }
     }
     const int64_t v_qi__n = pto_max(v_n, 0);
-    for (int64_t v_qi__b = 0, v_qi__b_end = pto_bx_count(v_qi__n, 4096, 2); v_qi__b < v_qi__b_end; v_qi__b += 1) {
-        const int64_t v_qi__size = pto_bx_size(v_qi__n, v_qi__b, 4096, 2);
-        const int64_t v_qi__rows = (v_qi__size >= 4) ? 128 : ((v_qi__size >= 2) ? 64 : 32);
-        const int64_t v_qi__scale = pto_fdiv(v_qi__rows, 32);
-        const int64_t v_qi__start = pto_bx_start(v_qi__n, v_qi__b, 4096, 2);
+    for (int64_t v_qi__b = 0, v_qi__b_end = pto_bx_count(v_qi__n, 1, 1); v_qi__b < v_qi__b_end; v_qi__b += 1) {
+        const int64_t v_qi__size = pto_bx_size(v_qi__n, v_qi__b, 1, 1);
+        const int64_t v_qi__rows = 128;
+        const int64_t v_qi__scale = pto_fdiv(v_qi__rows, 128);
+        const int64_t v_qi__start = pto_bx_start(v_qi__n, v_qi__b, 1, 1);
         for (int64_t v_qi__t = 0, v_qi__t_end = pto_fdiv(v_qi__size, v_qi__scale); v_qi__t < v_qi__t_end; v_qi__t += 1) {
             const int64_t v_qi = v_qi__start + (v_qi__t * v_qi__scale);
             {
                 /* flash_fused (llama7b.py:N) */
-                const int64_t d_TQ = v_qi__rows;
-                const int64_t d_TK = 128;
-                const int32_t f = (d_TK == 128 && d_TQ == 32) ? F_flash_fused__TK128_TQ32 : (d_TK == 128 && d_TQ == 64) ? F_flash_fused__TK128_TQ64 : F_flash_fused__TK128_TQ128;
+                const int32_t f = F_flash_fused__TK128_TQ128;
                 PTO_CALL(6, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_qr], v_qi * 32, 0, pto_min(v_qi__rows, (v_S - (v_qi * 32))), 4096));
-                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_kr], 0, 0, pto_min(v_S, ((v_qi * 32) + v_qi__rows)), 4096));
-                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_v], 0, 0, pto_min(v_S, ((v_qi * 32) + v_qi__rows)), 4096));
-                PTO_CALL(6, pto_task_add_output(rt, task, tensor_ids[T_attn], v_qi * 32, 0, pto_min(v_qi__rows, (v_S - (v_qi * 32))), 4096));
-                PTO_CALL(6, pto_task_add_scalar(rt, task, v_qi * 32));
-                PTO_CALL(6, pto_task_add_scalar(rt, task, pto_fdiv((v_qi * 32), 128) * 128));
-                PTO_CALL(6, pto_task_add_scalar(rt, task, pto_min(v_S, ((v_qi * 32) + v_qi__rows))));
+                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_qr], v_qi * 128, 0, pto_min(v_qi__rows, (v_S - (v_qi * 128))), 4096));
+                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_kr], 0, 0, pto_min(v_S, ((v_qi * 128) + v_qi__rows)), 4096));
+                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_v], 0, 0, pto_min(v_S, ((v_qi * 128) + v_qi__rows)), 4096));
+                PTO_CALL(6, pto_task_add_output(rt, task, tensor_ids[T_attn], v_qi * 128, 0, pto_min(v_qi__rows, (v_S - (v_qi * 128))), 4096));
+                PTO_CALL(6, pto_task_add_scalar(rt, task, v_qi * 128));
+                PTO_CALL(6, pto_task_add_scalar(rt, task, pto_fdiv((v_qi * 128), 128) * 128));
+                PTO_CALL(6, pto_task_add_scalar(rt, task, pto_min(v_S, ((v_qi * 128) + v_qi__rows))));
                 PTO_CALL(6, pto_task_submit(rt, task));
             }
         }
     }
     const int64_t v_r__n = pto_max(v_n, 0);
-    for (int64_t v_r__b = 0, v_r__b_end = pto_bx_count(v_r__n, 4096, 2); v_r__b < v_r__b_end; v_r__b += 1) {
-        const int64_t v_r__size = pto_bx_size(v_r__n, v_r__b, 4096, 2);
-        const int64_t v_r__rows = (v_r__size >= 4) ? 128 : ((v_r__size >= 2) ? 64 : 32);
-        const int64_t v_r__scale = pto_fdiv(v_r__rows, 32);
-        const int64_t v_r__start = pto_bx_start(v_r__n, v_r__b, 4096, 2);
+    for (int64_t v_r__b = 0, v_r__b_end = pto_bx_count(v_r__n, 1, 1); v_r__b < v_r__b_end; v_r__b += 1) {
+        const int64_t v_r__size = pto_bx_size(v_r__n, v_r__b, 1, 1);
+        const int64_t v_r__rows = 128;
+        const int64_t v_r__scale = pto_fdiv(v_r__rows, 128);
+        const int64_t v_r__start = pto_bx_start(v_r__n, v_r__b, 1, 1);
         for (int64_t v_r__t = 0, v_r__t_end = pto_fdiv(v_r__size, v_r__scale); v_r__t < v_r__t_end; v_r__t += 1) {
             const int64_t v_r = v_r__start + (v_r__t * v_r__scale);
             {
                 /* matmul_residual_tile (llama7b.py:N) */
-                const int64_t d_R = v_r__rows;
                 const int64_t d_K = 4096;
                 const int64_t d_N = 4096;
-                const int32_t f = (d_K == 4096 && d_N == 4096 && d_R == 32) ? F_matmul_residual_tile__K4096_N4096_R32 : (d_K == 4096 && d_N == 4096 && d_R == 64) ? F_matmul_residual_tile__K4096_N4096_R64 : F_matmul_residual_tile__K4096_N4096_R128;
+                const int32_t f = F_matmul_residual_tile__K4096_N4096_R128;
                 PTO_CALL(7, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_attn], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_attn], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_wo], 0, 0, d_K, d_N));
-                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_x], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
-                PTO_CALL(7, pto_task_add_output(rt, task, tensor_ids[T_h], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_x], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
+                PTO_CALL(7, pto_task_add_output(rt, task, tensor_ids[T_h], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(7, pto_task_submit(rt, task));
             }
             {
                 /* rmsnorm_tile (llama7b.py:N) */
-                const int64_t d_R = v_r__rows;
-                const int32_t f = (d_R == 32) ? F_rmsnorm_tile__R32 : (d_R == 64) ? F_rmsnorm_tile__R64 : F_rmsnorm_tile__R128;
+                const int32_t f = F_rmsnorm_tile__R128;
                 PTO_CALL(8, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(8, pto_task_add_input(rt, task, tensor_ids[T_h], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(8, pto_task_add_input(rt, task, tensor_ids[T_h], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(8, pto_task_add_input(rt, task, tensor_ids[T_g_ffn], 0, 0, 1, 4096));
-                PTO_CALL(8, pto_task_add_output(rt, task, tensor_ids[T_hn], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(8, pto_task_add_output(rt, task, tensor_ids[T_hn], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(8, pto_task_submit(rt, task));
             }
             {
                 /* matmul_swiglu_tile (llama7b.py:N) */
-                const int64_t d_R = v_r__rows;
                 const int64_t d_K = 4096;
                 const int64_t d_N = 11008;
-                const int32_t f = (d_K == 4096 && d_N == 11008 && d_R == 32) ? F_matmul_swiglu_tile__K4096_N11008_R32 : (d_K == 4096 && d_N == 11008 && d_R == 64) ? F_matmul_swiglu_tile__K4096_N11008_R64 : F_matmul_swiglu_tile__K4096_N11008_R128;
+                const int32_t f = F_matmul_swiglu_tile__K4096_N11008_R128;
                 PTO_CALL(9, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_hn], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_hn], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_wg], 0, 0, d_K, d_N));
                 PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_wu], 0, 0, d_K, d_N));
-                PTO_CALL(9, pto_task_add_output(rt, task, tensor_ids[T_act], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 11008));
+                PTO_CALL(9, pto_task_add_output(rt, task, tensor_ids[T_act], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 11008));
                 PTO_CALL(9, pto_task_submit(rt, task));
             }
             {
                 /* matmul_residual_tile (llama7b.py:N) */
-                const int64_t d_R = v_r__rows;
                 const int64_t d_K = 11008;
                 const int64_t d_N = 4096;
-                const int32_t f = (d_K == 11008 && d_N == 4096 && d_R == 32) ? F_matmul_residual_tile__K11008_N4096_R32 : (d_K == 11008 && d_N == 4096 && d_R == 64) ? F_matmul_residual_tile__K11008_N4096_R64 : F_matmul_residual_tile__K11008_N4096_R128;
+                const int32_t f = F_matmul_residual_tile__K11008_N4096_R128;
                 PTO_CALL(10, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(10, pto_task_add_input(rt, task, tensor_ids[T_act], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 11008));
+                PTO_CALL(10, pto_task_add_input(rt, task, tensor_ids[T_act], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 11008));
                 PTO_CALL(10, pto_task_add_input(rt, task, tensor_ids[T_wd], 0, 0, d_K, d_N));
-                PTO_CALL(10, pto_task_add_input(rt, task, tensor_ids[T_h], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
-                PTO_CALL(10, pto_task_add_output(rt, task, tensor_ids[T_y], v_r * 32, 0, pto_min(v_r__rows, (v_S - (v_r * 32))), 4096));
+                PTO_CALL(10, pto_task_add_input(rt, task, tensor_ids[T_h], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
+                PTO_CALL(10, pto_task_add_output(rt, task, tensor_ids[T_y], v_r * 128, 0, pto_min(v_r__rows, (v_S - (v_r * 128))), 4096));
                 PTO_CALL(10, pto_task_submit(rt, task));
             }
         }

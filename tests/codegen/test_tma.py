@@ -1,0 +1,115 @@
+"""Tensor-descriptor (TMA) loads (``RenderOptions.tma``, pto.codegen.triton.tma): which memrefs
+qualify, what the kernel renders, the descriptors the backend passes per launch (only where
+every task keeps its accesses inside its region and the tensor suits the hardware), and the
+PTX Triton makes of the descriptor path for an H100 (compiled without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+from pto.incore.attention import flash_fused  # noqa: E402
+from pto.incore.matmul import matmul_tile  # noqa: E402
+from pto.incore.norm import rmsnorm_tile  # noqa: E402
+
+from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, with_descriptors  # noqa: E402
+from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.codegen.triton.tma import tma_memrefs  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.dtypes import DType  # noqa: E402
+from tests.sm90 import compile_sm90  # noqa: E402
+
+BF16 = DType.BF16
+
+
+def _matmul(rows=128):
+    return specialize(matmul_tile(BF16, rows, 256, 512, 256, 64), {"R": rows, "K": 256, "N": 512})
+
+
+def test_the_operands_of_products_in_loops_qualify():
+    """The K loop's x and w tiles qualify, not the stored output; attention's k and v (its kv
+    loop), not q (loaded once, before it); nothing of a function without a product; not a
+    tile with padding lanes (one descriptor block per memref)."""
+    assert tma_memrefs(_matmul()) == {"x": (128, 64), "w": (64, 256)}
+    fa = specialize(flash_fused(BF16, 4, 64, 64, 64), {"TQ": 64, "TK": 64})
+    assert set(tma_memrefs(fa)) == {"k", "v"}
+    assert tma_memrefs(specialize(rmsnorm_tile(256, BF16, 32, 16, 128, 1e-5))) == {}
+    assert "x" not in tma_memrefs(_matmul(100))  # 100 rows: a 128-row block with padding lanes
+
+
+def test_render_adds_the_descriptor_path_and_keeps_the_schedule_digest():
+    plain, tma = render(_matmul()), render(_matmul(), RenderOptions(tma=True))
+    assert "D_x" not in plain.source and plain.tma == {}
+    assert "if TMA_x:" in tma.source and "D_x.load([" in tma.source and "D_w.load([" in tma.source
+    assert "D_y" not in tma.source and tma.tma == {"x": (128, 64), "w": (64, 256)}
+    # schedules hold with descriptors on or off; the loader tells the sources apart
+    assert tma.schedule_digest == plain.schedule_digest == plain.digest != tma.digest
+    assert tma.signature()["D_x"] == tma.signature()["TMA_x"] == "constexpr"
+
+
+def _batch(fn, x, w, y, rows):
+    n = len(rows)
+
+    def rb(t, r0, nr, nc):
+        return RegionBatch(t, torch.tensor(r0), torch.zeros(n, dtype=torch.int64), torch.tensor(nr),
+                           torch.full((n,), nc))
+
+    return TaskBatch(fn, {"x": rb(x, [128 * i for i in range(n)], rows, 256),
+                          "w": rb(w, [0] * n, [256] * n, 512),
+                          "y": rb(y, [128 * i for i in range(n)], rows, 512)}, {}, n)
+
+
+def test_descriptors_only_for_full_tasks_and_tensors_the_hardware_takes():
+    """A launch of full tasks gets descriptors of x and w; a launch with a clipped x tile keeps
+    x's pointer loads (a descriptor's bounds are the tensor's, not the region's) and still
+    gets w's; a tensor whose rows are not 16-byte aligned gets none."""
+    fn = _matmul()
+    kern = render(fn, RenderOptions(tma=True))
+    x, w, y = (torch.zeros(r, c, dtype=torch.bfloat16) for r, c in ((256, 256), (256, 512), (256, 512)))
+    cfg = LaunchConfig(num_warps=8, num_stages=3)
+
+    def kwargs(batch, even_x):
+        flags = {"EVEN_x": even_x, "EVEN_w": True, "EVEN_y": even_x, "ALIGN_x": True, "ALIGN_w": True,
+                 "ALIGN_y": True}
+        group = LaunchGroup(torch.arange(batch.size), (batch.size, 2), flags, torch.zeros(1))
+        return with_descriptors(kern, batch, calls([group], (), cfg))[0][2]
+
+    full = kwargs(_batch(fn, x, w, y, [128, 128]), True)
+    assert full["TMA_x"] and full["TMA_w"] and full["D_x"].block_shape == [128, 64]
+    assert list(full["D_w"].shape) == [256, 512] and full["D_w"].block_shape == [64, 256]
+    clipped = kwargs(_batch(fn, x, w, y, [128, 5]), False)
+    assert not clipped["TMA_x"] and clipped["D_x"] is None and clipped["TMA_w"]
+    odd = torch.zeros(256, 257, dtype=torch.bfloat16)[:, :256]  # rows 514 bytes apart
+    bad = kwargs(_batch(fn, odd, w, y, [128, 128]), True)
+    assert not bad["TMA_x"] and bad["D_x"] is None and bad["TMA_w"]
+
+
+def test_tma_needs_a_compiled_sm90_kernel(monkeypatch):
+    with pytest.raises(UsageError, match="compute capability 9.0"):
+        TritonBackend("cpu", tma=True)
+    monkeypatch.setenv("PTO_TMA", "on")  # the environment's wish where it cannot hold: pointer loads
+    assert not TritonBackend("cpu").options.tma
+    monkeypatch.setenv("PTO_TMA", "maybe")
+    with pytest.raises(UsageError, match="PTO_TMA='maybe': on or off"):
+        TritonBackend("cpu")
+
+
+@pytest.mark.slow
+def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
+    """Triton turns the descriptor loads into TMA copies (``cp.async.bulk.tensor``)."""
+    kern = render(_matmul(), RenderOptions(tma=True))
+    flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+    sig = dict(kern.signature())
+    sig.update({"D_x": "tensordesc<bf16[128, 64]>", "D_w": "tensordesc<bf16[64, 256]>",
+                "TMA_x": "constexpr", "TMA_w": "constexpr"})
+    job = {"source": kern.source, "name": kern.name, "signature": sig,
+           "constexprs": {**flags, "TMA_x": True, "TMA_w": True, "GROUP": 0},
+           "options": {k: v for k, v in kern.launch.items() if not k.isupper()}}
+    (res,) = compile_sm90([job], tmp_path)
+    assert res["ok"], res.get("error")
+    assert "cp.async.bulk.tensor" in res["ptx"]
