@@ -18,6 +18,9 @@
 #   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
 #   split       the split modes (PTO_SPLIT masks, align): the fused layer at $SPLIT_SEQS (align
 #               with eager and torch.compile), the Llama-3-8B layer, the decode step at batch 1
+#   tma         tensor-descriptor loads (PTO_TMA off, on): the fused layer at $TMA_SEQS (on: with eager
+#               and torch.compile), the Llama-3-8B layer at 4096, the decode step at batches 1 and 8,
+#               then the GPU layer tests with PTO_TMA=on
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -88,6 +91,17 @@ for stage in "$@"; do
              PTO_SPLIT=$m python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
                --executors waves --hf-configs none > "$OUT/split_decode_$m.log" 2>&1; grep "B=" "$OUT/split_decode_$m.log"
            done ;;
+    tma) for t in off on; do
+           cmp=none; [ $t = on ] && cmp=eager,compile
+           PTO_TMA=$t $BENCH --seq "${TMA_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \
+             --json "$OUT/tma_$t.json" > "$OUT/tma_$t.log" 2>&1; echo "PTO_TMA=$t"; tail -4 "$OUT/tma_$t.log"
+           PTO_TMA=$t python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
+             --seq 4096 --executor waves --compare $cmp > "$OUT/tma8b_$t.log" 2>&1; tail -1 "$OUT/tma8b_$t.log"
+           PTO_TMA=$t python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
+             --executors waves --hf-configs none > "$OUT/tma_decode_$t.log" 2>&1; grep "B=" "$OUT/tma_decode_$t.log"
+         done
+         PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \
+           > "$OUT/tma_tests.log" 2>&1; tail -3 "$OUT/tma_tests.log" ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null
