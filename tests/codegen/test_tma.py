@@ -36,10 +36,23 @@ def test_the_operands_of_products_in_loops_qualify():
     loop), not q (loaded once, before it); nothing of a function without a product; not a
     tile with padding lanes (one descriptor block per memref)."""
     assert tma_memrefs(_matmul()) == {"x": (128, 64), "w": (64, 256)}
-    fa = specialize(flash_fused(BF16, 4, 64, 64, 64), {"TQ": 64, "TK": 64})
+    fa = specialize(flash_fused(BF16, 4, 128, 64, 64), {"TQ": 64, "TK": 64})  # kv loop: many trips
     assert set(tma_memrefs(fa)) == {"k", "v"}
     assert tma_memrefs(specialize(rmsnorm_tile(256, BF16, 32, 16, 128, 1e-5))) == {}
     assert "x" not in tma_memrefs(_matmul(100))  # 100 rows: a 128-row block with padding lanes
+
+
+def test_small_blocks_and_one_trip_loops_keep_pointer_loads():
+    """The decode step's tiles: a projection's 16-row blocks are too small, and an attention
+    task whose key loop runs once (a chunk of one key tile) has nothing to run ahead of; a
+    chunk of several key tiles qualifies."""
+    from pto.incore import decode as dk
+    from pto.incore.gemv import gemv_norm_tile
+
+    assert tma_memrefs(specialize(gemv_norm_tile(BF16, 16, 4096, 6144, 16, 128, 1e-5))) == {}
+    assert tma_memrefs(specialize(dk.decode_attn_part(BF16, 4, 128, 64, 64))) == {}
+    assert tma_memrefs(specialize(dk.decode_attn_part(BF16, 4, 128, 256, 64))) == {"kc": (64, 128),
+                                                                                 "vc": (64, 128)}
 
 
 def test_render_adds_the_descriptor_path_and_keeps_the_schedule_digest():
@@ -92,6 +105,7 @@ def test_descriptors_only_for_full_tasks_and_tensors_the_hardware_takes():
 def test_tma_needs_a_compiled_sm90_kernel(monkeypatch):
     with pytest.raises(UsageError, match="compute capability 9.0"):
         TritonBackend("cpu", tma=True)
+    assert not TritonBackend("cpu").options.tma  # the default (on for sm_90) where it cannot hold
     monkeypatch.setenv("PTO_TMA", "on")  # the environment's wish where it cannot hold: pointer loads
     assert not TritonBackend("cpu").options.tma
     monkeypatch.setenv("PTO_TMA", "maybe")

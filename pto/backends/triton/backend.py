@@ -71,7 +71,10 @@ class TritonBackend(Backend):
     compute capability 9.0 or later, unless the environment sets ``PTO_PDL`` (``off``,
     ``early``, ``late``). Measured on an H100: the decode step 15% faster
     (SmolLM2) with "late", 30% slower with "early"; the prefill layer unchanged
-    (docs/PERF.md "Programmatic dependent launch").
+    (docs/PERF.md "Programmatic dependent launch"). ``tma``: load the large tiles that feed
+    matrix products through tensor descriptors (:mod:`pto.codegen.triton.tma`); None: on where
+    the kernels are compiled for compute capability 9.0 or later, unless ``PTO_TMA=off``
+    (the 7B layer 9-12% faster on an H100).
     """
 
     name = "triton"
@@ -94,9 +97,9 @@ class TritonBackend(Backend):
 
     def _tma(self, asked: bool | None) -> bool:
         """Tensor-descriptor loads: ``asked``, else the options', else ``PTO_TMA`` (on, off;
-        default off). Asked for where the kernels are not compiled for compute capability 9.0+:
-        refused, or off when only the environment asks."""
-        env = os.environ.get("PTO_TMA", "off")
+        default on). Asked for where the kernels are not compiled for compute capability 9.0+:
+        refused, or off when only the environment asks (or nobody: the default)."""
+        env = os.environ.get("PTO_TMA", "on")
         if env not in ("on", "off"):
             raise UsageError(f"PTO_TMA={env!r}: on or off")
         want = asked if asked is not None else (self.options.tma or env == "on")
