@@ -21,6 +21,8 @@
 #   tma         tensor-descriptor loads (PTO_TMA off, on): the fused layer at $TMA_SEQS (on: with eager
 #               and torch.compile), the Llama-3-8B layer at 4096, the decode step at batches 1 and 8,
 #               then the GPU layer tests with PTO_TMA=on
+#   layers      the defaults against eager and torch.compile: the 7B layer at $LAYER_SEQS, the next
+#               multiples of 128 of its odd lengths ($LAYER_NEXT), the Llama-3-8B layer at $LAYER8B_SEQS
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -102,6 +104,13 @@ for stage in "$@"; do
          done
          PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \
            > "$OUT/tma_tests.log" 2>&1; tail -3 "$OUT/tma_tests.log" ;;
+    layers) $BENCH --seq "${LAYER_SEQS:-1024,1537,4096,5555,16384,20001,32768}" --executor waves \
+              --json "$OUT/layers_7b.json" > "$OUT/layers_7b.log" 2>&1; tail -8 "$OUT/layers_7b.log"
+            $BENCH --seq "${LAYER_NEXT:-1664,5632,20096}" --executor waves --compare none \
+              --json "$OUT/layers_next.json" > "$OUT/layers_next.log" 2>&1; tail -4 "$OUT/layers_next.log"
+            python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
+              --seq "${LAYER8B_SEQS:-1024,4096,16384}" --executor waves --json "$OUT/layers_8b.json" \
+              > "$OUT/layers_8b.log" 2>&1; tail -4 "$OUT/layers_8b.log" ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null

@@ -16,6 +16,7 @@ from pto.incore.norm import rmsnorm_tile  # noqa: E402
 
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, with_descriptors  # noqa: E402
+from pto.backends.triton.tables import descriptor_masks, task_env  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.codegen.triton.tma import tma_memrefs  # noqa: E402
@@ -77,28 +78,32 @@ def _batch(fn, x, w, y, rows):
                           "y": rb(y, [128 * i for i in range(n)], rows, 512)}, {}, n)
 
 
-def test_descriptors_only_for_full_tasks_and_tensors_the_hardware_takes():
-    """A launch of full tasks gets descriptors of x and w; a launch with a clipped x tile keeps
-    x's pointer loads (a descriptor's bounds are the tensor's, not the region's) and still
-    gets w's; a tensor whose rows are not 16-byte aligned gets none."""
+def test_descriptors_where_every_read_stays_in_the_region_or_past_the_tensor():
+    """A launch gets descriptors where each task's reads stay inside its region, or overhang it
+    only past the tensor's end (a clipped last row tile: the descriptor reads zeros there, as
+    the masked load does); a tile clipped inside the tensor keeps x's pointer loads (it would
+    read the next rows), w's descriptor stays; a tensor whose rows are not 16-byte aligned
+    gets none."""
     fn = _matmul()
     kern = render(fn, RenderOptions(tma=True))
-    x, w, y = (torch.zeros(r, c, dtype=torch.bfloat16) for r, c in ((256, 256), (256, 512), (256, 512)))
+    w, y = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(256, 512, dtype=torch.bfloat16)
     cfg = LaunchConfig(num_warps=8, num_stages=3)
 
-    def kwargs(batch, even_x):
-        flags = {"EVEN_x": even_x, "EVEN_w": True, "EVEN_y": even_x, "ALIGN_x": True, "ALIGN_w": True,
-                 "ALIGN_y": True}
-        group = LaunchGroup(torch.arange(batch.size), (batch.size, 2), flags, torch.zeros(1))
-        return with_descriptors(kern, batch, calls([group], (), cfg))[0][2]
+    def kwargs(batch):
+        safe = descriptor_masks(fn, task_env(batch), batch, kern.tma)
+        group = LaunchGroup(torch.arange(batch.size), (batch.size, 2), {}, torch.zeros(1))
+        return with_descriptors(kern, batch, [group], calls([group], (), cfg), safe)[0][2]
 
-    full = kwargs(_batch(fn, x, w, y, [128, 128]), True)
+    x = torch.zeros(256, 256, dtype=torch.bfloat16)
+    full = kwargs(_batch(fn, x, w, y, [128, 128]))
     assert full["TMA_x"] and full["TMA_w"] and full["D_x"].block_shape == [128, 64]
     assert list(full["D_w"].shape) == [256, 512] and full["D_w"].block_shape == [64, 256]
-    clipped = kwargs(_batch(fn, x, w, y, [128, 5]), False)
-    assert not clipped["TMA_x"] and clipped["D_x"] is None and clipped["TMA_w"]
+    at_end = kwargs(_batch(fn, torch.zeros(133, 256, dtype=torch.bfloat16), w, y, [128, 5]))
+    assert at_end["TMA_x"] and at_end["TMA_w"]
+    inside = kwargs(_batch(fn, x, w, y, [128, 5]))
+    assert not inside["TMA_x"] and inside["D_x"] is None and inside["TMA_w"]
     odd = torch.zeros(256, 257, dtype=torch.bfloat16)[:, :256]  # rows 514 bytes apart
-    bad = kwargs(_batch(fn, odd, w, y, [128, 128]), True)
+    bad = kwargs(_batch(fn, odd, w, y, [128, 128]))
     assert not bad["TMA_x"] and bad["D_x"] is None and bad["TMA_w"]
 
 

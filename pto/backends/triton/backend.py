@@ -41,7 +41,7 @@ from pto.backends.triton.launch import (
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
 from pto.backends.triton.schedules import for_device
-from pto.backends.triton.tables import build_table, check_batch, even_masks, task_env
+from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
 from pto.codegen.triton.kernel import PDL_MODES
@@ -201,7 +201,8 @@ class TritonBackend(Backend):
         for g in groups:
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
-        launches = with_descriptors(kernel, batch, calls(groups, tuple(args), cfg, kernel.pdl))
+        safe = descriptor_masks(fn, task_env(batch), batch, kernel.tma) if kernel.tma else {}
+        launches = with_descriptors(kernel, batch, groups, calls(groups, tuple(args), cfg, kernel.pdl), safe)
         if not self.compiles:
             return launcher(jit, launches, groups, what)
         k = ahead_key(kernel.digest, launches)

@@ -178,10 +178,11 @@ def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
     return out
 
 
-def with_descriptors(kernel, batch, launches: list[tuple]) -> list[tuple]:
-    """The launches with the tensor-descriptor arguments of the kernel's TMA memrefs
-    (:mod:`pto.codegen.triton.tma`): a descriptor of the whole tensor where the launch's tasks
-    keep every access inside their regions (``EVEN_<p>``) and the hardware takes the tensor
+def with_descriptors(kernel, batch, groups: list[LaunchGroup], launches: list[tuple], safe: dict) -> list[tuple]:
+    """The launches (one per group) with the tensor-descriptor arguments of the kernel's TMA
+    memrefs (:mod:`pto.codegen.triton.tma`): a descriptor of the whole tensor where every task
+    of the launch may read through it (``safe``: per memref, per task of the batch:
+    :func:`~pto.backends.triton.tables.descriptor_masks`) and the hardware takes the tensor
     (16-byte aligned base and row stride, contiguous rows), else none and the pointer loads."""
     if not kernel.tma:
         return launches
@@ -194,8 +195,8 @@ def with_descriptors(kernel, batch, launches: list[tuple]) -> list[tuple]:
               and (t.stride(0) * t.element_size()) % 16 == 0)
         descs[m] = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block)) if ok else None
     out = []
-    for grid, a, kw in launches:
-        use = {m: descs[m] is not None and kw[f"EVEN_{m}"] for m in kernel.tma}
+    for g, (grid, a, kw) in zip(groups, launches):
+        use = {m: descs[m] is not None and bool(safe[m][g.tasks.cpu()].all()) for m in kernel.tma}
         kw = {**kw, **{f"TMA_{m}": u for m, u in use.items()},
               **{f"D_{m}": descs[m] if u else None for m, u in use.items()}}
         out.append((grid, a, kw))

@@ -81,6 +81,31 @@ def even_masks(fn: IncoreFunction, env: dict) -> dict[str, torch.Tensor]:
     return out
 
 
+def descriptor_masks(fn: IncoreFunction, env: dict, batch: TaskBatch, memrefs) -> dict[str, torch.Tensor]:
+    """Per memref of ``memrefs``, per task: may its loads go through a descriptor of the whole
+    tensor (:mod:`pto.codegen.triton.tma`)? Each access must stay inside the region, or, on an
+    axis where it overhangs the region's end, that end must be the tensor's: the descriptor then
+    reads zeros there, as the masked load does (the memrefs that qualify load with pad 0)."""
+    size = batch.size
+    bounds = access_bounds(fn)
+    out = {}
+    for mem in memrefs:
+        rb, shape = batch.mems[mem], batch.mems[mem].tensor.shape
+        ok = torch.full((size,), bounds[mem] is not None)
+        try:
+            for a in bounds[mem] or ():
+                for lo_e, hi_e, n, start, dim in ((a.row_lo, a.row_hi, a.rows, rb.row0, 0),
+                                                  (a.col_lo, a.col_hi, a.cols, rb.col0, 1)):
+                    lo, hi = torch.as_tensor(evaluate(lo_e, env)), torch.as_tensor(evaluate(hi_e, env))
+                    ext = env[f"{mem}.{'rows' if dim == 0 else 'cols'}"]
+                    edge = torch.as_tensor(start).reshape(-1).cpu() + ext == shape[dim]
+                    ok &= _inside(lo, hi, n, ext) | ((lo >= 0) & (lo <= hi) & edge)
+        except (ZeroDivisionError, BuildError):
+            ok = torch.zeros(size, dtype=torch.bool)
+        out[mem] = ok
+    return out
+
+
 def _inside(lo, hi, n: int, limit) -> torch.Tensor:
     """Offsets in [lo, hi] plus a block of n stay in [0, limit), per task. ``lo <= hi`` is
     required too: bounds assume positive symbolic divisors, and a loop that runs zero times
@@ -89,4 +114,4 @@ def _inside(lo, hi, n: int, limit) -> torch.Tensor:
     return (lo >= 0) & (lo <= hi) & (hi + n <= limit)
 
 
-__all__ = ["check_batch", "task_env", "build_table", "even_masks"]
+__all__ = ["check_batch", "task_env", "build_table", "even_masks", "descriptor_masks"]

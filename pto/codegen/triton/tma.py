@@ -1,6 +1,6 @@
 """Tensor-descriptor (TMA) loads in the batched kernels (``RenderOptions.tma``; sm_90 and later).
 
-A memref qualifies (:func:`tma_memrefs`) when the function only loads it, always as one tile
+A memref qualifies (:func:`tma_memrefs`) when the function only loads it (with pad 0), always as one tile
 shape without padding lanes (a descriptor has one block shape), at least once inside a loop
 that multiplies tiles and may run more than once (the K loops of the GEMMs, the kv loop of
 attention: where the copy engine runs ahead of the tensor cores), and the block is large (both
@@ -12,9 +12,11 @@ attention's one-trip key loop 2% at batch 1), the prefill layer's won 9-12%.
 The batched kernel then takes, per such memref, a host-built descriptor ``D_<p>`` of the whole
 tensor (block shape: the tile) and a constexpr ``TMA_<p>``; a load reads
 ``D_<p>.load([row0 + r, col0 + c])`` in the tensor's coordinates. The backend sets ``TMA_<p>``
-only on a launch whose tasks all keep the memref's accesses inside their regions (``EVEN_<p>``)
-and whose tensor the hardware takes (16-byte aligned base and row stride): a masked task keeps
-the pointer loads, since a descriptor's bounds are the tensor's, not a region's. The megakernel
+only on a launch whose tasks all keep the memref's accesses inside their regions, or overhang
+a region only where its end is the tensor's (a clipped last row tile: the descriptor reads
+zeros there, as the masked load), and whose tensor the hardware takes (16-byte aligned base
+and row stride); other tasks keep the pointer loads, since a descriptor's bounds are the
+tensor's, not a region's. The megakernel
 passes no descriptor (``TMA_<p>`` False).
 
 Measured on an H100 (bench/gemm_probe.py, docs/PERF.md): the layer's GEMM shapes 4-7% faster
@@ -40,6 +42,8 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     for ins in _instrs(fn.body):
         if ins.op is Op.LOAD:
             shapes.setdefault(ins.srcs[0], set()).add(ins.dst)
+            if float(ins.attr("pad")) != 0.0:  # a descriptor fills zeros past the tensor
+                stored.add(ins.srcs[0])
         elif ins.op is Op.STORE:
             stored.add(ins.srcs[1])
     fed = set()  # memrefs loaded in a loop that multiplies tiles and may run more than once
