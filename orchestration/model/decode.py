@@ -121,7 +121,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
-        combine=dk.decode_attn_combine(dt, D, target),
+        combine=dk.decode_attn_combine(dt, D, t.chunk, target),
         proj=proj,
         gate_up=gate_up,
         lm=lm,
@@ -213,9 +213,9 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                                      "j0": j * t.chunk, "cap": C})
             for h in range(NQ):
                 first = b * J * NQ + h
-                o.call(fn.combine, {"o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
+                o.call(fn.combine, {"pos": (T["pos"], b, 0, 1, 1), "o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
                                     "ml": (T["ml_part"], first, 0, (J - 1) * NQ + 1, 2),
-                                    "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J})
+                                    "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J, "cap": C})
         o.call(fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
