@@ -109,7 +109,7 @@ def test_descriptors_where_every_read_stays_in_the_region_or_past_the_tensor():
 
 def test_tma_needs_a_compiled_sm90_kernel(monkeypatch):
     with pytest.raises(UsageError, match="compute capability 9.0"):
-        TritonBackend("cpu", tma=True)
+        TritonBackend("cpu", RenderOptions(tma=True))
     assert not TritonBackend("cpu").options.tma  # the default (on for sm_90) where it cannot hold
     monkeypatch.setenv("PTO_TMA", "on")  # the environment's wish where it cannot hold: pointer loads
     assert not TritonBackend("cpu").options.tma

@@ -71,22 +71,22 @@ class TritonBackend(Backend):
     compute capability 9.0 or later, unless the environment sets ``PTO_PDL`` (``off``,
     ``early``, ``late``). Measured on an H100: the decode step 15% faster
     (SmolLM2) with "late", 30% slower with "early"; the prefill layer unchanged
-    (docs/PERF.md "Programmatic dependent launch"). ``tma``: load the large tiles that feed
-    matrix products through tensor descriptors (:mod:`pto.codegen.triton.tma`); None: on where
-    the kernels are compiled for compute capability 9.0 or later, unless ``PTO_TMA=off``
-    (the 7B layer 9-12% faster on an H100).
+    (docs/PERF.md "Programmatic dependent launch"). Tensor-descriptor loads of the large tiles
+    that feed matrix products (``RenderOptions.tma``, :mod:`pto.codegen.triton.tma`): on where
+    the kernels are compiled for compute capability 9.0 or later, unless ``PTO_TMA=off`` (the
+    7B layer 9-12% faster on an H100).
     """
 
     name = "triton"
 
     def __init__(self, device="cuda", options: RenderOptions | None = None,
                  launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
-                 split: str | None = None, schedules=None, pdl: str | None = None, tma: bool | None = None):
+                 split: str | None = None, schedules=None, pdl: str | None = None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
         self.options = options or RenderOptions()
         self.options = replace(self.options, pdl=self._pdl(pdl))
-        self.options = replace(self.options, tma=self._tma(tma))
+        self.options = replace(self.options, tma=self._tma())
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
         self.even = even
@@ -95,21 +95,21 @@ class TritonBackend(Backend):
         self._kernels: dict[tuple, RenderedKernel] = {}
         self._shared: int | None = None
 
-    def _tma(self, asked: bool | None) -> bool:
-        """Tensor-descriptor loads: ``asked``, else the options', else ``PTO_TMA`` (on, off;
-        default on). Asked for where the kernels are not compiled for compute capability 9.0+:
-        refused, or off when only the environment asks (or nobody: the default)."""
+    def _tma(self) -> bool:
+        """Tensor-descriptor loads: asked for by the options (``RenderOptions(tma=True)``), else
+        ``PTO_TMA`` (on, off; default on). Asked for where the kernels are not compiled for
+        compute capability 9.0+: refused by the options, off by the environment's default."""
         env = os.environ.get("PTO_TMA", "on")
         if env not in ("on", "off"):
             raise UsageError(f"PTO_TMA={env!r}: on or off")
-        want = asked if asked is not None else (self.options.tma or env == "on")
+        want = self.options.tma or env == "on"
         cap = torch.cuda.get_device_capability(self.device) if self.compiles else None
         if want and (cap is None or tuple(cap) < (9, 0)):
-            if asked or self.options.tma:
-                raise UsageError("tensor-descriptor loads (tma) need kernels compiled for a GPU of compute "
-                                 "capability 9.0 or later")
+            if self.options.tma:
+                raise UsageError("tensor-descriptor loads (RenderOptions.tma) need kernels compiled for a GPU of "
+                                 "compute capability 9.0 or later")
             return False
-        return bool(want)
+        return want
 
     def _pdl(self, asked: str | None) -> str:
         """The PDL mode: ``asked`` ("off" or a mode; None: the options', else ``PTO_PDL``'s for
