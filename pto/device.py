@@ -68,9 +68,11 @@ def info(device: str = "auto") -> dict:
         out["bf16"] = t.capability >= (8, 0)
         out["fp8"] = t.capability >= (8, 9)
     if dev == "cuda" and triton_version:
-        from pto.backends.triton import pdl_mode
+        from pto.backends.triton import pdl_mode, tma_mode
 
-        out["pdl"] = pdl_mode(t.capability, os.environ.get("TRITON_INTERPRET") != "1") or "off"
+        compiles = os.environ.get("TRITON_INTERPRET") != "1"
+        out["pdl"] = pdl_mode(t.capability, compiles) or "off"
+        out["tma"] = "on" if tma_mode(t.capability, compiles) else "off"
     return out
 
 
@@ -95,6 +97,7 @@ def format_info(d: dict) -> str:
         tri += " (on the CPU only through its interpreter: TRITON_INTERPRET=1)"
     if "pdl" in d:
         tri += f"; programmatic dependent launch {d['pdl']} (PTO_PDL)"
+        tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     return "\n".join(lines)

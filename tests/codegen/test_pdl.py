@@ -129,8 +129,11 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     gpu = info("auto")
     assert gpu["pdl"] == "late"
     assert "programmatic dependent launch late (PTO_PDL)" in format_info(gpu)
+    assert gpu["tma"] == "on" and "tensor descriptors on (PTO_TMA)" in format_info(gpu)
     monkeypatch.setenv("PTO_PDL", "off")
     assert info("auto")["pdl"] == "off"
+    monkeypatch.setenv("PTO_TMA", "off")
+    assert info("auto")["tma"] == "off"
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pto.incore.attention import flash_fused  # noqa: E402
 from pto.incore.matmul import matmul_tile  # noqa: E402
 from pto.incore.norm import rmsnorm_tile  # noqa: E402
 
-from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.backends.triton import TritonBackend, tma_mode  # noqa: E402
 from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, with_descriptors  # noqa: E402
 from pto.backends.triton.tables import descriptor_masks, task_env  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
@@ -113,6 +113,9 @@ def test_tma_needs_a_compiled_sm90_kernel(monkeypatch):
     assert not TritonBackend("cpu").options.tma  # the default (on for sm_90) where it cannot hold
     monkeypatch.setenv("PTO_TMA", "on")  # the environment's wish where it cannot hold: pointer loads
     assert not TritonBackend("cpu").options.tma
+    assert tma_mode((9, 0)) and not tma_mode((8, 0)) and not tma_mode((9, 0), compiles=False)
+    monkeypatch.setenv("PTO_TMA", "off")
+    assert not tma_mode((9, 0))
     monkeypatch.setenv("PTO_TMA", "maybe")
     with pytest.raises(UsageError, match="PTO_TMA='maybe': on or off"):
         TritonBackend("cpu")

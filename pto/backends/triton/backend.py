@@ -96,20 +96,14 @@ class TritonBackend(Backend):
         self._shared: int | None = None
 
     def _tma(self) -> bool:
-        """Tensor-descriptor loads: asked for by the options (``RenderOptions(tma=True)``), else
-        ``PTO_TMA`` (on, off; default on). Asked for where the kernels are not compiled for
-        compute capability 9.0+: refused by the options, off by the environment's default."""
-        env = os.environ.get("PTO_TMA", "on")
-        if env not in ("on", "off"):
-            raise UsageError(f"PTO_TMA={env!r}: on or off")
-        want = self.options.tma or env == "on"
+        """Tensor-descriptor loads: asked for by the options (``RenderOptions(tma=True)``; refused
+        where the kernels are not compiled for compute capability 9.0+), else ``PTO_TMA``'s
+        (:func:`tma_mode`)."""
         cap = torch.cuda.get_device_capability(self.device) if self.compiles else None
-        if want and (cap is None or tuple(cap) < (9, 0)):
-            if self.options.tma:
-                raise UsageError("tensor-descriptor loads (RenderOptions.tma) need kernels compiled for a GPU of "
-                                 "compute capability 9.0 or later")
-            return False
-        return want
+        if self.options.tma and (cap is None or tuple(cap) < (9, 0)):
+            raise UsageError("tensor-descriptor loads (RenderOptions.tma) need kernels compiled for a GPU of "
+                             "compute capability 9.0 or later")
+        return self.options.tma or tma_mode(cap, self.compiles)
 
     def _pdl(self, asked: str | None) -> str:
         """The PDL mode: ``asked`` ("off" or a mode; None: the options', else ``PTO_PDL``'s for
@@ -340,6 +334,15 @@ def aligned(col0, cols) -> torch.Tensor:
     """Per task: the region's first column and width are multiples of ``ALIGN`` (``ALIGN_<p>``)."""
     c0, w = (torch.as_tensor(v).reshape(-1).cpu() for v in (col0, cols))
     return (c0 % ALIGN == 0) & (w % ALIGN == 0)
+
+
+def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
+    """Do the batched kernels load through tensor descriptors by default: ``PTO_TMA`` (on, off;
+    default on) where they are compiled (``compiles``) for a GPU of ``capability`` 9.0 and later."""
+    env = os.environ.get("PTO_TMA", "on")
+    if env not in ("on", "off"):
+        raise UsageError(f"PTO_TMA={env!r}: on or off")
+    return env == "on" and compiles and capability is not None and tuple(capability) >= (9, 0)
 
 
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
