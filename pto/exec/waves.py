@@ -107,13 +107,19 @@ class WaveExecutor(Executor):
         # (a first run's compiles overlap); not with per-launch records, syncs or the sentinel
         hold = not (self.record or self.sync_each_launch or self.sentinel or self.on_batch is not None)
         self._held = [] if hold else None
+        t0 = time.perf_counter()
         try:
             stats = self._drive(graph.runtime, args, graph.variant_of_func_id(), graph.tensor_ids,
                                 total=lambda: graph.tasks, done_building=lambda: True)
-            for launch in self._held or ():
-                launch()
+            while self._held:
+                self._held.pop(0)()
         finally:
+            for launch in self._held or ():  # not run (an error): their queued compiles are not needed
+                future = getattr(launch, "future", None)
+                if future is not None:
+                    future.cancel()
             self._held = None
+        stats.exec_ms = (time.perf_counter() - t0) * 1e3  # the held launches (and their compiles) too
         return stats
 
     # -- build and execute concurrently (bounded window) -------------------------------------

@@ -121,6 +121,14 @@ def test_tma_needs_a_compiled_sm90_kernel(monkeypatch):
         TritonBackend("cpu")
 
 
+def test_a_schedule_cannot_switch_descriptors_on():
+    """Descriptors are the backend's (sm_90 and later): a launch override or schedule entry that
+    names them is refused, never rendered under the interpreter."""
+    be = TritonBackend("cpu", launch={"matmul_tile": {"tma": True}})
+    with pytest.raises(UsageError, match="unknown launch setting 'tma'"):
+        be.launch_config(_matmul())
+
+
 @pytest.mark.slow
 def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
     """Triton turns the descriptor loads into TMA copies (``cp.async.bulk.tensor``)."""

@@ -80,3 +80,60 @@ def test_runner_is_cached_by_shape_and_replays_new_inputs():
         assert len(engine._RUNNERS) == 2  # a new shape: a new runner
     finally:
         engine.clear_runners()
+
+
+class _Compiling:
+    """The torch backend as a compiling backend sees it: every second batch's launch comes back
+    with its compile still running (``pending``, a future the launch waits for), as
+    :meth:`TritonBackend.prepare_ahead` returns a batch whose kernel compiles on a worker; the
+    launches record the order they run in."""
+
+    def __init__(self, fail_at: int | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.inner = get_backend("torch", "cpu")
+        self.pool = ThreadPoolExecutor(1)
+        self.prepared, self.ran, self.fail_at, self.futures = 0, [], fail_at, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prepare_ahead(self, batch):
+        import threading
+
+        real, k = self.inner.prepare(batch), self.prepared
+        self.prepared += 1
+        gate = threading.Event()
+
+        def compile_():
+            gate.wait(5)
+            if k == self.fail_at:
+                raise RuntimeError(f"compile {k} failed")
+        future = self.pool.submit(compile_) if k % 2 else None
+        if future is not None:
+            self.futures.append(future)
+
+        def launch():
+            if future is not None:
+                gate.set()
+                future.result()
+            self.ran.append(k)
+            real()
+        launch.count, launch.pending, launch.future = real.count, future is not None, future
+        return launch
+
+
+def test_launches_held_for_their_compiles_run_in_order_once():
+    """A first run's launch whose kernel still compiles is held, and every launch after it,
+    until the waves are planned; then all run, in the planned order, once: the result equals
+    the in-order interpreter. A compile that fails raises from the run, and the compiles of
+    the launches after it that never ran are cancelled."""
+    cp, scalars, tensors, want = _setup("fused", 100)
+    be = _Compiling()
+    stats = Executor(be, tensors).run(cp.build_graph(scalars))
+    assert be.ran == list(range(be.prepared)) and be.prepared > 2 and stats.exec_ms > 0
+    torch.testing.assert_close(tensors["y"], want, rtol=1e-5, atol=1e-5)
+    be = _Compiling(fail_at=1)
+    with pytest.raises(RuntimeError, match="compile 1 failed"):
+        Executor(be, tensors).run(cp.build_graph(scalars))
+    assert be.ran == [0] and len(be.futures) > 2 and be.futures[-1].cancelled()

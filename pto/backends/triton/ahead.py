@@ -10,8 +10,10 @@ the shared-memory fit of :func:`~.launch.fit_calls`) submitted here, and its lau
 it; the executor holds that launch, and every later one, until the graph's waves are planned,
 so the compiles of the whole graph overlap.
 
-One lock per kernel keeps two compiles of one kernel apart (Triton's per-kernel cache is a
-plain dictionary). A worker compiles with the batch's device current, as the launch will run.
+On the workers, one lock per kernel keeps two compiles of one kernel apart (the calling
+thread's own compiles of a kernel already compiled here only read Triton's cache). A worker
+compiles with the batch's device current, as the launch will run. A run that fails cancels the
+compiles of its launches that have not started.
 """
 
 from __future__ import annotations
@@ -59,9 +61,15 @@ def _spec(a) -> tuple:
     return (type(a).__name__,)
 
 
-def _kwspec(v) -> object:
-    """A keyword argument as the key holds it: a plain value itself, a tensor descriptor by
-    what its type is made of."""
+#: keyword arguments that are runtime integers (the grid's extents), not compile-time values
+_RUNTIME_INTS = ("NB", "NP")
+
+
+def _kwspec(k: str, v) -> object:
+    """A keyword argument as the key holds it: a runtime integer as Triton specializes it, a
+    plain value itself, a tensor descriptor by what its type is made of."""
+    if k in _RUNTIME_INTS and isinstance(v, int):
+        return _spec(v)
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     base = getattr(v, "base", None)
@@ -70,7 +78,7 @@ def _kwspec(v) -> object:
 
 def key(digest: str, launches: list[tuple]) -> tuple:
     """The compiled kernels ``launches`` (``(grid, args, kwargs)``) need, as far as they differ."""
-    return (digest,) + tuple((tuple(_spec(a) for a in args), tuple((k, _kwspec(v)) for k, v in sorted(kw.items())))
+    return (digest,) + tuple((tuple(_spec(a) for a in args), tuple((k, _kwspec(k, v)) for k, v in sorted(kw.items())))
                              for _grid, args, kw in launches)
 
 

@@ -4,8 +4,9 @@
 cached per function and options), loads it (:mod:`.loader`), builds the per-task offset table
 once as a device tensor (:mod:`.tables`), and picks the per-batch specializations (``EVEN_<p>``:
 the tasks' regions are full, so loads and stores skip masks; ``ALIGN_<p>``: the regions start
-on a 16-column boundary). Tasks that allow different specializations launch apart (at most 4
-launches; usually 1, or 2 when a few residual tiles join full ones). The launch it returns
+on a 16-column boundary and are a multiple of 16 columns wide; ``TMA_<p>``: tensor-descriptor
+loads). The aligned tasks and the others launch apart (``split``; usually one launch: a
+clipped last tile joins the full ones on the masked path). The launch it returns
 allocates nothing and never synchronizes with the host, so the executor may capture it in a
 CUDA graph (after a first, uncaptured call has compiled the kernels). Launch settings are a
 :class:`~.launch.LaunchConfig`: the renderer's heuristics, the schedule database
@@ -248,8 +249,8 @@ class TritonBackend(Backend):
 
     def task_flags(self, fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per task and memref (``regions``: ``[tasks, memrefs, 4]``, ``env``: per-task int64
-        vectors): may it skip masks (every access inside the region), does its region start on
-        an ALIGN-column boundary. The persistent executor's plan makes a branch of each
+        vectors): may it skip masks (every access inside the region), do its region's first
+        column and width fall on ALIGN-column boundaries. The persistent executor's plan makes a branch of each
         combination (:func:`pto.exec.plan.make_plan`)."""
         size = len(regions)
         if not fn.memrefs:
@@ -281,8 +282,9 @@ class TritonBackend(Backend):
         return len(self.groups(batch)) if batch.size else 0
 
     def groups(self, batch: TaskBatch) -> list[LaunchGroup]:
-        """The launches of a batch: its tasks partitioned by (all regions full, all regions
-        aligned), each part with the flags every one of its tasks allows and its own grid."""
+        """The launches of a batch: its tasks partitioned by the ``split`` mode (aligned or not,
+        and full or not with "masks"), each part with the flags every one of its tasks allows
+        and its own grid."""
         fn, size = batch.fn, batch.size
         env = task_env(batch)
         if fn.parallel is not None:

@@ -22,7 +22,8 @@ from pto.errors import ExecutionError, ResourceError, UsageError
 log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
 #: the RenderOptions a schedule may switch: not ``pdl``, which is the backend's (it needs a
 #: compiled kernel on sm_90 and goes with the launch keyword; TritonBackend checks both)
-CODEGEN = tuple(f.name for f in fields(RenderOptions) if f.name != "pdl")
+# pdl and tma are the backend's (a GPU's capability decides them), not a schedule's
+CODEGEN = tuple(f.name for f in fields(RenderOptions) if f.name not in ("pdl", "tma"))
 #: Triton launch options passed through as given (a schedule file may name them)
 _TRITON_EXTRA = ("maxnreg", "num_ctas")
 
@@ -191,8 +192,9 @@ def with_descriptors(kernel, batch, groups: list[LaunchGroup], launches: list[tu
     descs = {}
     for m, block in kernel.tma.items():
         t = batch.mems[m].tensor
-        ok = (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
-              and (t.stride(0) * t.element_size()) % 16 == 0)
+        ok = (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and min(t.shape) > 0
+              and max(t.shape) < 2**31 and (t.stride(0) * t.element_size()) % 16 == 0
+              and any(bool(safe[m][g.tasks.cpu()].all()) for g in groups))
         descs[m] = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block)) if ok else None
     out = []
     for g, (grid, a, kw) in zip(groups, launches):
@@ -224,6 +226,7 @@ def launcher(jit, launches: list[tuple] | None, groups: list[LaunchGroup], what:
     launch.groups = groups  # for inspection; the closure keeps the tables alive anyway
     launch.count = len(groups) if launches is None else len(launches)
     launch.pending = future is not None and not future.done()
+    launch.future = future
     return launch
 
 
