@@ -8,7 +8,8 @@ kernel through the Triton backend: one task per 128-row tile, the schedules the 
 
     python3 bench/gemm_probe.py [--m 16384] [--shapes 4096x4096,4096x11008,11008x4096]
 
-Prints TFLOP/s per variant and shape (CUDA events around 20 launches, median of 5 rounds).
+Prints TFLOP/s per variant and shape (the median of 20 launches, each timed by CUDA events:
+:func:`pto.timing.median_ms`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import torch
 import triton
 import triton.language as tl
+
+from pto.timing import median_ms
 
 
 @triton.jit
@@ -63,21 +66,6 @@ def gemm_tma_ws(a_d, b_d, c_d, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: 
         for k in range(0, K, BK):
             acc = tl.dot(a_d.load([pm * BM, k]), b_d.load([k, pn * BN]), acc)
         c_d.store([pm * BM, pn * BN], acc.to(tl.bfloat16))
-
-
-def timed(f, rounds: int = 5, n: int = 20) -> float:
-    f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n):
-            f()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e) / n)
-    return sorted(out)[len(out) // 2]
 
 
 def pto_gemm(a, b, c, launch: dict | None = None):
@@ -132,7 +120,7 @@ def shape_row(M: int, K: int, N: int, pto_launch: list[dict], sms: int) -> dict:
     row = {"M": M, "K": K, "N": N}
     for name, f in variants.items():
         try:
-            ms = timed(f)
+            ms = median_ms(f, repeat=20, warmup=2, cuda=True)
             err = float((c.float() - ref).norm() / ref.norm())
             row[name] = {"ms": round(ms, 4), "tflops": round(2 * M * N * K / ms / 1e9, 1), "rel_err": err}
         except Exception as e:  # a variant this Triton cannot compile: reported, not fatal

@@ -33,6 +33,20 @@ python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl
 [ -d /tmp/site/cffi ] || exit 1
 export PYTHONPATH=/tmp/site:$PWD PTO_CACHE_DIR=${PTO_CACHE_DIR:-/tmp/ptocache} PYTHONUNBUFFERED=1
 BENCH="python3 -m pto.cli bench llama7b --config 7b --dtype bf16 --iterations ${ITER:-20}"
+# ab VAR "A B" SEQS SEQS_8B: VAR=A, then VAR=B (the last with eager and torch.compile beside it):
+# the fused 7B layer at SEQS, the Llama-3-8B layer at SEQS_8B, the decode step at batches 1 and 8
+ab() {
+  local var=$1 vals=$2 seqs=$3 seqs8b=$4 last=${2##* } v cmp
+  for v in $vals; do
+    cmp=none; [ "$v" = "$last" ] && cmp=eager,compile
+    env "$var=$v" $BENCH --seq "$seqs" --executor waves --compare $cmp --json "$OUT/${var}_$v.json" \
+      > "$OUT/${var}_$v.log" 2>&1; echo "$var=$v"; tail -6 "$OUT/${var}_$v.log"
+    env "$var=$v" python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
+      --seq "$seqs8b" --executor waves --compare $cmp > "$OUT/${var}_8b_$v.log" 2>&1; tail -4 "$OUT/${var}_8b_$v.log"
+    env "$var=$v" python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
+      --executors waves --hf-configs none > "$OUT/${var}_decode_$v.log" 2>&1; grep "B=" "$OUT/${var}_decode_$v.log"
+  done
+}
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
@@ -83,25 +97,8 @@ for stage in "$@"; do
            python3 -m pto.cli run llama7b --config 7b --seq ${FNR_SEQ:-4096} $f --executor waves --profile --json \
              > "$OUT/fnr$f.json" 2> "$OUT/fnr$f.err"; tail -c 1500 "$OUT/fnr$f.json"; echo
          done ;;
-    split) for m in masks align; do
-             cmp=none; [ $m = align ] && cmp=eager,compile
-             PTO_SPLIT=$m $BENCH --seq "${SPLIT_SEQS:-1024,1537,4096,5555,20001}" --executor waves --compare $cmp \
-               --json "$OUT/split_$m.json" > "$OUT/split_$m.log" 2>&1; echo "PTO_SPLIT=$m"; tail -6 "$OUT/split_$m.log"
-             PTO_SPLIT=$m python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
-               --seq "${SPLIT8B_SEQS:-1024,1537,4096}" --executor waves --compare $cmp > "$OUT/split8b_$m.log" 2>&1
-             tail -4 "$OUT/split8b_$m.log"
-             PTO_SPLIT=$m python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
-               --executors waves --hf-configs none > "$OUT/split_decode_$m.log" 2>&1; grep "B=" "$OUT/split_decode_$m.log"
-           done ;;
-    tma) for t in off on; do
-           cmp=none; [ $t = on ] && cmp=eager,compile
-           PTO_TMA=$t $BENCH --seq "${TMA_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \
-             --json "$OUT/tma_$t.json" > "$OUT/tma_$t.log" 2>&1; echo "PTO_TMA=$t"; tail -4 "$OUT/tma_$t.log"
-           PTO_TMA=$t python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
-             --seq 4096 --executor waves --compare $cmp > "$OUT/tma8b_$t.log" 2>&1; tail -1 "$OUT/tma8b_$t.log"
-           PTO_TMA=$t python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8 --long 0 --steps 16 \
-             --executors waves --hf-configs none > "$OUT/tma_decode_$t.log" 2>&1; grep "B=" "$OUT/tma_decode_$t.log"
-         done
+    split) ab PTO_SPLIT "masks align" "${SPLIT_SEQS:-1024,1537,4096,5555,20001}" "${SPLIT8B_SEQS:-1024,1537,4096}" ;;
+    tma) ab PTO_TMA "off on" "${TMA_SEQS:-1024,4096,16384}" 4096
          PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \
            > "$OUT/tma_tests.log" 2>&1; tail -3 "$OUT/tma_tests.log" ;;
     layers) $BENCH --seq "${LAYER_SEQS:-1024,1537,4096,5555,16384,20001,32768}" --executor waves \
