@@ -24,6 +24,10 @@ def test_key_follows_what_triton_specializes_on():
     assert k != ahead.key("d1", [((1,), (b[1:], 64), {"num_warps": 4})])  # a pointer off 16 bytes
     assert k != ahead.key("d1", [((1,), (a, 65), {"num_warps": 4})])  # a stride not a multiple of 16
     assert k != ahead.key("d1", [((1,), (a.half(), 64), {"num_warps": 4})])  # dtype
+    # the grid's extents are runtime integers: a new batch size is the same kernel, 1 or a
+    # multiple of 16 another specialization
+    grid = [ahead.key("d1", [((1,), (a, 64), {"num_warps": 4, "NB": nb, "NP": 2})]) for nb in (3, 5, 16, 1)]
+    assert grid[0] == grid[1] and len({grid[0], grid[2], grid[3]}) == 3
 
 
 def test_one_compile_at_a_time_per_kernel_and_the_key_recorded():

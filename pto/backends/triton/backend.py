@@ -190,13 +190,14 @@ class TritonBackend(Backend):
         for p in fn.memrefs:
             t = batch.mems[p.name].tensor
             args += [t, t.stride(0)]
-        groups = self.groups(batch)
+        env = task_env(batch)
+        groups = self.groups(batch, env)
         device = batch.mems[fn.memrefs[0].name].tensor.device
         table = build_table(kernel, batch, device)
         for g in groups:
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
-        safe = descriptor_masks(fn, task_env(batch), batch, kernel.tma) if kernel.tma else {}
+        safe = descriptor_masks(fn, env, batch, kernel.tma) if kernel.tma else {}
         launches = with_descriptors(kernel, batch, groups, calls(groups, tuple(args), cfg, kernel.pdl), safe)
         if not self.compiles:
             return launcher(jit, launches, groups, what)
@@ -281,12 +282,12 @@ class TritonBackend(Backend):
             return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0
 
-    def groups(self, batch: TaskBatch) -> list[LaunchGroup]:
+    def groups(self, batch: TaskBatch, env: dict | None = None) -> list[LaunchGroup]:
         """The launches of a batch: its tasks partitioned by the ``split`` mode (aligned or not,
         and full or not with "masks"), each part with the flags every one of its tasks allows
-        and its own grid."""
+        and its own grid (``env``: the batch's :func:`~.tables.task_env`, if the caller has it)."""
         fn, size = batch.fn, batch.size
-        env = task_env(batch)
+        env = task_env(batch) if env is None else env
         if fn.parallel is not None:
             ext = torch.as_tensor(evaluate(fn.parallel.extent, env)).reshape(-1).expand(size)
         else:

@@ -20,9 +20,8 @@ from pto.codegen.triton import RenderOptions
 from pto.errors import ExecutionError, ResourceError, UsageError
 
 log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit the device
-#: the RenderOptions a schedule may switch: not ``pdl``, which is the backend's (it needs a
-#: compiled kernel on sm_90 and goes with the launch keyword; TritonBackend checks both)
-# pdl and tma are the backend's (a GPU's capability decides them), not a schedule's
+#: the RenderOptions a schedule may switch: not ``pdl`` and ``tma``, which are the backend's (they
+#: need a compiled kernel on sm_90; PDL goes with the launch keyword; TritonBackend checks both)
 CODEGEN = tuple(f.name for f in fields(RenderOptions) if f.name not in ("pdl", "tma"))
 #: Triton launch options passed through as given (a schedule file may name them)
 _TRITON_EXTRA = ("maxnreg", "num_ctas")
@@ -189,19 +188,19 @@ def with_descriptors(kernel, batch, groups: list[LaunchGroup], launches: list[tu
         return launches
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    uses = [{m: bool(safe[m][g.tasks.cpu()].all()) for m in kernel.tma} for g in groups]
     descs = {}
     for m, block in kernel.tma.items():
         t = batch.mems[m].tensor
         ok = (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and min(t.shape) > 0
-              and max(t.shape) < 2**31 and (t.stride(0) * t.element_size()) % 16 == 0
-              and any(bool(safe[m][g.tasks.cpu()].all()) for g in groups))
-        descs[m] = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block)) if ok else None
+              and max(t.shape) < 2**31 and (t.stride(0) * t.element_size()) % 16 == 0)
+        descs[m] = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block)) \
+            if ok and any(u[m] for u in uses) else None
     out = []
-    for g, (grid, a, kw) in zip(groups, launches):
-        use = {m: descs[m] is not None and bool(safe[m][g.tasks.cpu()].all()) for m in kernel.tma}
-        kw = {**kw, **{f"TMA_{m}": u for m, u in use.items()},
-              **{f"D_{m}": descs[m] if u else None for m, u in use.items()}}
-        out.append((grid, a, kw))
+    for use, (grid, a, kw) in zip(uses, launches):
+        on = {m: u and descs[m] is not None for m, u in use.items()}
+        out.append((grid, a, {**kw, **{f"TMA_{m}": v for m, v in on.items()},
+                              **{f"D_{m}": descs[m] if v else None for m, v in on.items()}}))
     return out
 
 

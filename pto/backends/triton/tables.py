@@ -67,18 +67,7 @@ def build_table(kernel: RenderedKernel, batch: TaskBatch, device) -> torch.Tenso
 def even_masks(fn: IncoreFunction, env: dict) -> dict[str, torch.Tensor]:
     """Per memref, per task: does every access stay inside the region's valid extent (so the
     task may skip masks)? ``env`` holds per-task int64 vectors."""
-    size = len(next(iter(env.values())))
-    out = {}
-    for mem, accesses in access_bounds(fn).items():
-        ok = torch.full((size,), accesses is not None)
-        try:
-            for a in accesses or ():
-                ok &= _inside(evaluate(a.row_lo, env), evaluate(a.row_hi, env), a.rows, env[f"{mem}.rows"])
-                ok &= _inside(evaluate(a.col_lo, env), evaluate(a.col_hi, env), a.cols, env[f"{mem}.cols"])
-        except (ZeroDivisionError, BuildError):
-            ok = torch.zeros(size, dtype=torch.bool)
-        out[mem] = ok
-    return out
+    return _access_masks(fn, env, [p.name for p in fn.memrefs], {})
 
 
 def descriptor_masks(fn: IncoreFunction, env: dict, batch: TaskBatch, memrefs) -> dict[str, torch.Tensor]:
@@ -86,20 +75,32 @@ def descriptor_masks(fn: IncoreFunction, env: dict, batch: TaskBatch, memrefs) -
     tensor (:mod:`pto.codegen.triton.tma`)? Each access must stay inside the region, or, on an
     axis where it overhangs the region's end, that end must be the tensor's: the descriptor then
     reads zeros there, as the masked load does (the memrefs that qualify load with pad 0)."""
-    size = batch.size
+    edges = {}
+    for mem in memrefs:
+        rb, shape = batch.mems[mem], batch.mems[mem].tensor.shape
+        edges[mem] = tuple(torch.as_tensor(start).reshape(-1).cpu() + env[f"{mem}.{ext}"] == shape[dim]
+                           for dim, (start, ext) in enumerate(((rb.row0, "rows"), (rb.col0, "cols"))))
+    return _access_masks(fn, env, memrefs, edges)
+
+
+def _access_masks(fn: IncoreFunction, env: dict, memrefs, edges: dict) -> dict[str, torch.Tensor]:
+    """Per memref of ``memrefs``, per task: every access inside the region, or (where ``edges``
+    gives the memref's per-task (rows, columns) "the region ends at the tensor's end") past its
+    end on such an axis only."""
+    size = len(next(iter(env.values())))
     bounds = access_bounds(fn)
     out = {}
     for mem in memrefs:
-        rb, shape = batch.mems[mem], batch.mems[mem].tensor.shape
         ok = torch.full((size,), bounds[mem] is not None)
         try:
             for a in bounds[mem] or ():
-                for lo_e, hi_e, n, start, dim in ((a.row_lo, a.row_hi, a.rows, rb.row0, 0),
-                                                  (a.col_lo, a.col_hi, a.cols, rb.col0, 1)):
+                for dim, (lo_e, hi_e, n, ext) in enumerate(((a.row_lo, a.row_hi, a.rows, "rows"),
+                                                            (a.col_lo, a.col_hi, a.cols, "cols"))):
                     lo, hi = torch.as_tensor(evaluate(lo_e, env)), torch.as_tensor(evaluate(hi_e, env))
-                    ext = env[f"{mem}.{'rows' if dim == 0 else 'cols'}"]
-                    edge = torch.as_tensor(start).reshape(-1).cpu() + ext == shape[dim]
-                    ok &= _inside(lo, hi, n, ext) | ((lo >= 0) & (lo <= hi) & edge)
+                    inside = _inside(lo, hi, n, env[f"{mem}.{ext}"])
+                    if mem in edges:
+                        inside |= (lo >= 0) & (lo <= hi) & edges[mem][dim]
+                    ok &= inside
         except (ZeroDivisionError, BuildError):
             ok = torch.zeros(size, dtype=torch.bool)
         out[mem] = ok
