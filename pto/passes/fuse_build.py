@@ -1,0 +1,270 @@
+"""One fused InCore function from member calls (:mod:`pto.passes.fusion` decides which).
+
+:func:`build` copies the members into one function (:mod:`pto.passes.inline`), then keeps on
+chip what the members passed through memory. A region that the members write and read again
+(a producer's output its consumer reads, or a chain's state each iteration reads and rewrites)
+must be accessed at one place with one tile shape, outside the members' own loops; it becomes
+a state tile:
+
+- a load from it becomes a copy of the state tile, masked past the region's extent with the
+  load's pad value where the region may not cover the tile (what the load would have read);
+- a store to it becomes a copy into the state tile;
+- if the first access is a load, the state tile is loaded once before (a chain: before the loop);
+- if it is written and anything outside the fusion may read it, or the fusion read it from
+  memory, the state tile is stored once after.
+
+Anything else that the members both write and read, or write twice, is refused: inside one
+program, a load after a store of another thread is not ordered, so it cannot stay in memory.
+In a chain, a read-only region the loop does not move is loaded once before the loop.
+"""
+
+from __future__ import annotations
+
+from pto.errors import BuildError
+from pto.ir.analysis import param_access
+from pto.ir.expr import Const, Expr, Var, as_expr, emin, fold, substitute
+from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, Parallel, ScalarParam, Tile
+from pto.ir.ops import Op
+from pto.ir.verify_incore import verify_incore
+from pto.passes.inline import (
+    ChainLoop,
+    Member,
+    Names,
+    Refused,
+    Scope,
+    Slot,
+    covered,
+    key,
+    memref_params,
+    mentions,
+    pad_masks,
+    slot_for,
+)
+
+
+class Fused:
+    """What :func:`build` made: the function, the call that replaces the members, and the
+    tensors whose regions stay on chip (``on_chip``) or are no longer touched (``removed``)."""
+
+    def __init__(self, fn: IncoreFunction, call: Call, on_chip: list[str], removed: list[str]):
+        self.fn, self.call, self.on_chip, self.removed = fn, call, on_chip, removed
+
+
+def _dims(calls, fns, chain: ChainLoop | None, names: Names):
+    """Each member's dims in the fused function's names, the fused dims and their bindings."""
+    seen: dict[tuple, str] = {}
+    per: list[dict[str, str]] = []
+    fdims, bind = [], {}
+    for c, f in zip(calls, fns):
+        cd = dict(c.dims)
+        mine = {}
+        for d, default in f.dims:
+            b = as_expr(cd.get(d, Const(default)))
+            if chain is not None:
+                if chain.tile is not None:
+                    b = fold(substitute(b, {f"{chain.var}.rows": Const(chain.tile)}))
+                if mentions(b, chain.var):
+                    raise Refused(f"dim `{d}` of `{f.name}` moves with loop `{chain.var}`")
+            if (d, b) not in seen:
+                seen[(d, b)] = n = names.fresh(d)
+                fdims.append((n, default))
+                bind[n] = b
+            mine[d] = seen[(d, b)]
+        per.append(mine)
+    return per, fdims, bind
+
+
+def _slots(calls, fns, scope: Scope, names: Names, full):
+    """The fused function's memref parameters, and each member's (callee name -> slot)."""
+    slots: dict[tuple, Slot] = {}
+    written: dict[tuple, bool] = {}
+    per = []
+    for c, f in zip(calls, fns):
+        args, acc, mine = dict(c.args), param_access(f), {}
+        for p in f.memrefs:
+            if p.shape is not None:
+                raise Refused(f"`{f.name}` declares the shape of memref `{p.name}` (device-data offsets)")
+            b = args[p.name]
+            k = key(b)
+            if k not in slots:
+                slots[k] = slot_for(b, p.dtype, scope, names, full[b.tensor])
+            if slots[k].dtype != p.dtype:
+                raise Refused(f"`{b.tensor}` is {slots[k].dtype} in one member and {p.dtype} in another")
+            written[k] = written.get(k, False) or (p.name in acc and acc[p.name].direction != "in")
+            mine[p.name] = slots[k]
+        per.append(mine)
+    by_tensor: dict[str, list[tuple]] = {}
+    for k in slots:
+        by_tensor.setdefault(k[0], []).append(k)
+    for t, ks in by_tensor.items():
+        if len(ks) > 1 and any(written[k] for k in ks):
+            raise Refused(f"the members write `{t}` and touch another region of it")
+    return slots, per
+
+
+def _offsets(ins: Instr):
+    return ins.srcs[1:3] if ins.op is Op.LOAD else ins.srcs[2:4]
+
+
+def _tile_of(ins: Instr) -> str:
+    return ins.dst if ins.op is Op.LOAD else ins.srcs[0]
+
+
+class _Promoter:
+    """Keeps on chip the slots written and read again (the module docstring)."""
+
+    def __init__(self, body: list, tiles: dict[str, Tile], names: Names, ranges: dict):
+        self.body, self.tiles, self.names, self.ranges = body, tiles, names, ranges
+        self.pre: list = []
+        self.post: list = []
+        self.new_tiles: list[Tile] = []
+
+    def promote(self, s: Slot, dead: bool) -> str:
+        """Rewrite ``s``'s accesses; 'removed' (no memory access left) or 'on_chip'."""
+        first = s.accesses[0][0]
+        rr, cc = _offsets(first)
+        shape = (self.tiles[_tile_of(first)].rows, self.tiles[_tile_of(first)].cols)
+        for ins, top, _, _ in s.accesses:
+            t = self.tiles[_tile_of(ins)]
+            if not top or tuple(_offsets(ins)) != (rr, cc) or (t.rows, t.cols) != shape:
+                raise Refused(f"`{s.binding.tensor}` is written and read again at different places or shapes")
+        st = self.names.fresh(f"{s.name}_st")
+        self.new_tiles.append(Tile(st, shape[0], shape[1], s.dtype))
+        loaded = first.op is Op.LOAD
+        if loaded:
+            self.pre.append(Instr(Op.LOAD, st, (s.name, rr, cc), first.attrs, first.loc))
+        stored = False
+        for ins, _, r, c in s.accesses:
+            i = next(j for j, x in enumerate(self.body) if x is ins)
+            if ins.op is Op.STORE:
+                stored = True
+                self.body[i] = Instr(Op.MOV, st, (ins.srcs[0],), (), ins.loc)
+                continue
+            rep = [Instr(Op.MOV, ins.dst, (st,), (), ins.loc)]
+            for m in pad_masks(ins.dst, s, r, c, ins.attr("pad"), ins.loc):
+                ext, off = (s.rows, r) if m.op is Op.MASK_ROWS else (s.cols, c)
+                size = shape[0] if m.op is Op.MASK_ROWS else shape[1]
+                if not covered(ext, off, size, self.ranges):
+                    rep.append(m)
+            self.body[i:i + 1] = rep
+        if stored and not (dead and not loaded):
+            self.post.append(Instr(Op.STORE, None, (st, s.name, rr, cc), (), first.loc))
+        return "on_chip" if loaded or self.post and self.post[-1].srcs[1] == s.name else "removed"
+
+    def hoist(self, s: Slot, it: str) -> None:
+        """Load a read-only region the loop does not move once, before the loop."""
+        for ins, top, _, _ in s.accesses:
+            if not top or it in set().union(*(e.free_vars() for e in _offsets(ins))):
+                continue
+            if sum(1 for x in _instrs(self.body) if x.dst == ins.dst) != 1:
+                continue
+            self.body[:] = [x for x in self.body if x is not ins]
+            self.pre.append(ins)
+
+
+def _instrs(body):
+    for s in body:
+        if isinstance(s, ForRange):
+            yield from _instrs(s.body)
+        else:
+            yield s
+
+
+def _used_names(fn_body, tiles, parallel) -> set[str]:
+    used: set[str] = set()
+    exprs: list[Expr] = []
+    for t in tiles:
+        exprs += [t.rows, t.cols]
+    if parallel is not None:
+        exprs.append(parallel.extent)
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                exprs.extend((s.lb, s.ub, s.step))
+                visit(s.body)
+            else:
+                exprs.extend(x for x in s.srcs if isinstance(x, Expr))
+                used.update(x for x in s.srcs if isinstance(x, str))
+
+    visit(fn_body)
+    for e in exprs:
+        used |= e.free_vars()
+    return used
+
+
+def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainLoop | None,
+          dead: set[str], full: dict) -> Fused:
+    """The fused function of ``calls`` (callees ``fns``; a chain: the loop inside), its call,
+    and what stays on chip. ``dead``: tensors nothing outside the members reads; ``full``:
+    each tensor's (rows, cols). Raises :class:`Refused` with the reason it cannot."""
+    names = Names()
+    if len({f.parallel is None for f in fns}) > 1:
+        raise Refused("some members have a parallel axis and some do not")
+    pvar = names.fresh(fns[0].parallel.var) if fns[0].parallel is not None else None
+    if chain is not None:
+        names.used.add(chain.it)
+    per_dims, fdims, bind = _dims(calls, fns, chain, names)
+    dim_of: dict = {}  # orchestration expressions stay scalars: a dim in an extent would make it a tile of the loop
+    scope = Scope(names, dim_of, chain)
+    slots, per_slots = _slots(calls, fns, scope, names, full)
+    ranges: dict = {}
+    members = [Member(i, c, f, scope, per_slots[i], per_dims[i], pvar, names, ranges)
+               for i, (c, f) in enumerate(zip(calls, fns))]
+    parallel = None
+    if pvar is not None:
+        exts = {m.ex(f.parallel.extent) for m, f in zip(members, fns)}
+        if len(exts) > 1:
+            raise Refused(f"the members' parallel axes differ ({', '.join(sorted(map(str, exts)))})")
+        parallel = Parallel(pvar, exts.pop())
+    if parallel is not None:
+        ranges[pvar] = (Const(0), fold(parallel.extent - 1))
+    body: list = []
+    tiles: list[Tile] = []
+    for m, d in zip(members, per_dims):
+        body.extend(m.body())
+        tiles.extend(m.tile_decls(d))
+    pro = _Promoter(body, {t.name: t for t in tiles}, names, ranges)
+    on_chip, removed = [], []
+    for s in slots.values():
+        stores = [a for a in s.accesses if a[0].op is Op.STORE]
+        if not stores:
+            if chain is not None and not s.variant:
+                pro.hoist(s, chain.it)
+            continue
+        if s.variant:
+            raise Refused(f"the loop writes `{s.binding.tensor}` at a region that moves with it")
+        if len(s.accesses) == 1 and chain is None:
+            continue
+        (on_chip if pro.promote(s, s.binding.tensor in dead) == "on_chip" else removed).append(s.binding.tensor)
+    if chain is not None:
+        body = [ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))]
+    fbody = tuple(pro.pre + body + pro.post)
+    tiles += pro.new_tiles
+    used = _used_names(fbody, tiles, parallel)
+    kept = [s for s in slots.values() if s.name in used]
+    scalars = [n for n in scope.scalars if n in used]
+    fn = IncoreFunction(name, tuple(memref_params(kept)) + tuple(ScalarParam(n) for n in scalars), tuple(fdims),
+                        tuple(tiles), fbody, parallel, (), calls[0].loc)
+    try:
+        verify_incore(fn)
+    except BuildError as e:
+        raise Refused(f"the fused function does not verify: {e}") from None
+    args = tuple((s.name, s.binding) for s in kept) + tuple((n, scope.scalars[n]) for n in scalars)
+    call = Call(name, args, tuple(bind.items()), calls[0].loc)
+    return Fused(fn, call, on_chip, removed)
+
+
+def chain_loop(loop, it: str, multiples: dict[str, int], merge: bool = True) -> ChainLoop:
+    """The :class:`ChainLoop` of orchestration loop ``loop`` (``multiples``: the enclosing
+    adaptive loops' bases): with ``merge``, an adaptive loop that allows re-association steps
+    over its widest merged tile, else over single iterations."""
+    if not loop.adaptive:
+        return ChainLoop(loop.var, it, loop.lb, loop.ub, loop.step, multiples=multiples)
+    base = loop.base_rows
+    m = loop.merge_factor if loop.reassociate and merge else 1
+    rows = Const(base) if m == 1 else fold(emin(m, loop.ub - Var(loop.var)) * base)
+    return ChainLoop(loop.var, it, loop.lb, loop.ub, Const(m), rows, m * base, base, {**multiples, loop.var: base})
+
+
+__all__ = ["Fused", "build", "chain_loop"]

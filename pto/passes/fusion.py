@@ -1,0 +1,246 @@
+"""Automatic task fusion (issue 24): the written graph's chains and producer/consumer runs, each
+fused into one InCore function whose intermediate state stays on chip.
+
+:func:`fuse` rewrites a module's entry orchestration, innermost bodies first:
+
+- **producers into consumers**: in a run of consecutive calls, a call that reads a region an
+  earlier call of the run writes joins it, if every call that reads that tensor anywhere is in
+  the same body (the intermediate has no reader the fusion could hide it from). The split
+  attention's score, softmax update and output update become one function per (q, kv) pair;
+- **chains**: a loop whose body is calls only and carries a region from iteration to
+  iteration (:mod:`pto.passes.chains`: read first, then rewritten, at a place the loop does
+  not move) becomes one call of a function with the loop inside. The online softmax's
+  ``m``, ``l`` and ``acc`` then live in tiles for the whole kv loop. An adaptive loop that
+  allows re-association (``reassociate``) steps over its widest merged tile.
+
+Then the same rule joins the fused chain and the call after it (the normalization that reads
+the chain's state), so the split and pair modes come out as one task per q tile, as the
+hand-fused layer. What makes a fusion legal is in :mod:`pto.passes.fuse_build`; anything it
+cannot prove is refused and reported (:class:`Refusal`), never a changed result. The new
+functions are ordinary InCore functions: every backend, the estimator and the code generator
+see them as written ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pto.ir.analysis import param_access
+from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
+from pto.passes.fuse_build import build, chain_loop
+from pto.passes.inline import Refused, key, mentions
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One fused function: ``kind`` "chain" (a loop moved inside) or "producer" (a run of
+    producers and consumers), the written callees it replaces, the tensors whose regions it
+    keeps on chip and those it no longer touches."""
+
+    kind: str
+    function: str
+    calls: tuple[str, ...]
+    loop: str | None
+    on_chip: tuple[str, ...]
+    removed: tuple[str, ...]
+    loc: str | None = None
+
+    def describe(self) -> str:
+        what = f"loop {self.loop}: " if self.loop else ""
+        keep = ", ".join(self.on_chip) or "none"
+        gone = f"; no longer in memory: {', '.join(self.removed)}" if self.removed else ""
+        return f"{what}{' + '.join(self.calls)} -> {self.function} (on chip: {keep}{gone})"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A fusion candidate left as written, and why."""
+
+    kind: str
+    calls: tuple[str, ...]
+    loop: str | None
+    reason: str
+    loc: str | None = None
+
+    def describe(self) -> str:
+        what = f"loop {self.loop}: " if self.loop else ""
+        return f"{what}{' + '.join(self.calls)} not fused: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    fused: tuple[Fusion, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"fused": [dict(vars(f), calls=list(f.calls), on_chip=list(f.on_chip), removed=list(f.removed))
+                          for f in self.fused],
+                "refused": [dict(vars(r), calls=list(r.calls)) for r in self.refused]}
+
+    def describe(self) -> list[str]:
+        return [f.describe() for f in self.fused] + [r.describe() for r in self.refused]
+
+
+def _name(base: str, taken) -> str:
+    base = base[:48].rstrip("_")
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _short(name: str) -> str:
+    for p in ("fused_", "chain_"):
+        if name.startswith(p):
+            return name[len(p):]
+    return name
+
+
+class _Fuser:
+    def __init__(self, module: Module, merge: bool):
+        self.module, self.merge = module, merge
+        self.multiples: dict[str, int] = {}  # the enclosing adaptive loops' variables -> base height
+        self.functions = {f.name: f for f in module.functions}
+        entry = module.entry_function
+        self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
+        self.origin: dict[int, frozenset[int]] = {}
+        self.written: dict[int, tuple[str, ...]] = {}  # id(call) -> the written callees it stands for
+        self.readers: dict[str, set[int]] = {}
+        self._access: dict[str, dict] = {}
+        for c in walk_calls(entry.body):
+            self.origin[id(c)] = frozenset({id(c)})
+            self.written[id(c)] = (c.func,)
+            for t in self._reads(c):
+                self.readers.setdefault(t, set()).add(id(c))
+        self.fused: list[Fusion] = []
+        self.refused: list[Refusal] = []
+
+    def _dirs(self, c: Call) -> dict[str, str]:
+        if c.func not in self._access:
+            f = self.functions[c.func]
+            self._access[c.func] = {p: a.direction for p, a in param_access(f).items()} \
+                if isinstance(f, IncoreFunction) else {}
+        return self._access[c.func]
+
+    def _regions(self, c: Call, want: tuple[str, ...]) -> list[RegionBinding]:
+        d = self._dirs(c)
+        return [v for p, v in c.args if isinstance(v, RegionBinding) and d.get(p, "in") in want]
+
+    def _reads(self, c: Call) -> set[str]:
+        return {v.tensor for v in self._regions(c, ("in", "inout"))}
+
+    # -- the walk -----------------------------------------------------------------------------
+    def body(self, stmts) -> list:
+        out: list = []
+        for s in stmts:
+            if isinstance(s, Loop):
+                outer = dict(self.multiples)
+                if s.adaptive:
+                    self.multiples[s.var] = s.base_rows
+                s = replace(s, body=tuple(self.body(s.body)))
+                self.multiples = outer
+                out.append(self.chain(s))
+            elif isinstance(s, If):
+                out.append(replace(s, then=tuple(self.body(s.then)), orelse=tuple(self.body(s.orelse))))
+            else:
+                out.append(s)
+        return self.producers(out)
+
+    def producers(self, stmts: list) -> list:
+        here = frozenset().union(*(self.origin.get(id(s), frozenset()) for s in stmts if isinstance(s, Call)))
+        out: list = []
+        i = 0
+        while i < len(stmts):
+            s = stmts[i]
+            group, made, j = [s], None, i + 1
+            while isinstance(s, Call) and j < len(stmts) and isinstance(stmts[j], Call) \
+                    and self._linked(group, stmts[j], here):
+                try:
+                    made = self._build(group + [stmts[j]], None)
+                except Refused as r:
+                    self._refuse("producer", group + [stmts[j]], None, str(r))
+                    break
+                group.append(stmts[j])
+                j += 1
+            out.append(self._register(group, made, None) if made is not None else s)
+            i = j if made is not None else i + 1
+        return out
+
+    def _linked(self, group: list[Call], c: Call, here: frozenset) -> bool:
+        written = {key(v) for g in group for v in self._regions(g, ("out", "inout"))}
+        return any(key(v) in written and self.readers.get(v.tensor, set()) <= here
+                   for v in self._regions(c, ("in", "inout")))
+
+    def chain(self, loop: Loop):
+        calls = list(loop.body)
+        if not calls or not all(isinstance(c, Call) for c in calls) or not self._carries(calls, loop.var):
+            return loop
+        ch = chain_loop(loop, f"{loop.var}_f", self.multiples, self.merge)
+        try:
+            made = self._build(calls, ch)
+        except Refused as r:
+            self._refuse("chain", calls, loop.var, str(r))
+            return loop
+        return self._register(calls, made, ch)
+
+    def _carries(self, calls: list[Call], var: str) -> bool:
+        """Some region the loop does not move is read first, then written."""
+        first: dict[tuple, str] = {}
+        written = set()
+        for c in calls:
+            d = self._dirs(c)
+            for p, v in c.args:
+                if not isinstance(v, RegionBinding) or any(mentions(e, var) for e in (v.row, v.col, v.rows, v.cols)):
+                    continue
+                first.setdefault(key(v), d.get(p, "in"))
+                if d.get(p, "in") != "in":
+                    written.add(key(v))
+        return any(first[k] != "out" for k in written)
+
+    def _build(self, calls: list[Call], chain):
+        members = frozenset().union(*(self.origin[id(c)] for c in calls))
+        dead = {t for t, r in self.readers.items() if r <= members}
+        fns = [self.functions[c.func] for c in calls]
+        if not all(isinstance(f, IncoreFunction) for f in fns):
+            raise Refused("a member is not an InCore function")
+        parts = "_".join(dict.fromkeys(_short(c.func) for c in calls))
+        name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions)
+        return build(name, calls, fns, chain, dead, self.full)
+
+    def _register(self, calls: list[Call], made, chain) -> Call:
+        self.functions[made.fn.name] = made.fn
+        self.origin[id(made.call)] = frozenset().union(*(self.origin[id(c)] for c in calls))
+        written = tuple(w for c in calls for w in self.written[id(c)])
+        self.written[id(made.call)] = written
+        self.fused.append(Fusion("chain" if chain is not None else "producer", made.fn.name, written,
+                                 chain.var if chain is not None else None, tuple(made.on_chip),
+                                 tuple(made.removed), calls[0].loc))
+        return made.call
+
+    def _refuse(self, kind: str, calls: list[Call], loop: str | None, reason: str) -> None:
+        written = tuple(w for c in calls for w in self.written.get(id(c), (c.func,)))
+        self.refused.append(Refusal(kind, written, loop, reason, calls[0].loc))
+
+
+def fuse(module: Module, merge: bool = True) -> tuple[Module, FusionReport]:
+    """``module`` with its chains and producer/consumer runs fused (the module docstring), and
+    the report of what was fused and what was refused. A module with nothing to fuse comes back
+    unchanged. ``merge``: a chain over an adaptive loop that allows re-association steps over the
+    loop's widest tile (False: over its base tiles, the same arithmetic as the written loop)."""
+    f = _Fuser(module, merge)
+    entry = module.entry_function
+    body = tuple(f.body(entry.body))
+    report = FusionReport(tuple(f.fused), tuple(f.refused))
+    if not f.fused:
+        return module, report
+    named = {v.tensor for c in walk_calls(body) for _, v in c.args if isinstance(v, RegionBinding)}
+    tensors = tuple(t for t in entry.tensors if t.role != "temp" or t.name in named)
+    new_entry = replace(entry, body=body, tensors=tensors)
+    orch = [new_entry if g.name == entry.name else g for g in module.functions if isinstance(g, OrchFunction)]
+    called = {c.func for g in orch for c in walk_calls(g.body)}
+    incore = [g for n, g in f.functions.items() if isinstance(g, IncoreFunction) and n in called]
+    return Module(tuple(incore) + tuple(orch), module.entry), report
+
+
+__all__ = ["Fusion", "FusionReport", "Refusal", "fuse"]

@@ -1,0 +1,343 @@
+"""Calls inlined into one InCore function: the pieces :mod:`pto.passes.fusion` builds a fused
+function from.
+
+A fusion's members are calls of one orchestration body (a run of producers and consumers, or
+the calls of a loop's body). Each member's callee is copied into the fused function's names:
+
+- its tiles and loop variables get a prefix per member (``c0_S``, ``c1_S``), its parallel axis
+  the fused function's one;
+- its dims become the fused function's dims, shared where two members bind a dim of the same
+  name to the same expression;
+- its scalar parameters are replaced by the expressions the call passed, translated from the
+  orchestration's names into the fused function's (:class:`Scope`): the orchestration scalars,
+  lets and outer loop variables they use become scalar parameters of the fused function;
+- its memref parameters become the fused function's :class:`Slot` s, one per region of the
+  orchestration (two members that bind the same region share a slot).
+
+In a chain (a loop fused with the loop inside, :class:`ChainLoop`), a region that moves with
+the loop variable becomes the union of its iterations' regions, each iteration's loads shifted
+to its part and masked to its extent, so that every load reads what it read before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value, emax, emin, fold, substitute
+from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, MemRefParam, RegionBinding, Tile
+from pto.ir.ops import COLLECTIVE, SCALAR_LOAD, Op
+from pto.passes.affine import Prover, linear
+
+
+class Refused(Exception):
+    """A fusion that cannot be proved to compute what the members compute (the reason)."""
+
+
+class Names:
+    """Fresh names of one fused function."""
+
+    def __init__(self):
+        self.used: set[str] = set()
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class ChainLoop:
+    """The orchestration loop a chain fusion moves inside the fused function."""
+
+    var: str  # the orchestration loop variable
+    it: str  # the fused function's loop variable (the same values)
+    lb: Expr  # orchestration bounds
+    ub: Expr
+    step: Expr  # the fused loop's step, in the orchestration variable's units
+    rows: Expr | None = None  # ``var.rows`` (adaptive loops), an orchestration expression of ``var``
+    tile: int | None = None  # ``var.rows`` where a dim binds it (the merged tile's height)
+    base: int | None = None  # the adaptive loop's base tile height
+    multiples: dict = field(default_factory=dict)  # enclosing adaptive loops' variables -> base height
+
+
+def key(b: RegionBinding) -> tuple:
+    return (b.tensor, b.row, b.col, b.rows, b.cols)
+
+
+def mentions(e: Expr | None, var: str) -> bool:
+    return e is not None and bool({var, f"{var}.rows"} & e.free_vars())
+
+
+class Scope:
+    """Orchestration expressions in the fused function's names: ``dim_of`` maps a dim's binding
+    to the dim, the chain's variable becomes the fused loop's, anything else free becomes a
+    scalar parameter bound at the fused call (``scalars``: name -> orchestration expression)."""
+
+    def __init__(self, names: Names, dim_of: dict[Expr, str], chain: ChainLoop | None):
+        self.names, self.dim_of, self.chain = names, dim_of, chain
+        self.scalars: dict[str, Expr] = {}
+        self._named: dict[Expr, str] = {}
+
+    def _scalar(self, e: Expr, base: str) -> Var:
+        name = self._named.get(e)
+        if name is None:
+            name = self._named[e] = self.names.fresh(base)
+            self.scalars[name] = e
+        return Var(name)
+
+    def tr(self, e: Expr) -> Expr:
+        if e in self.dim_of:
+            return Var(self.dim_of[e])
+        ch = self.chain
+        if isinstance(e, Var):
+            return Var(ch.it) if ch is not None and e.name == ch.var else self._scalar(e, e.name)
+        if isinstance(e, Attr):
+            if ch is not None and e.base == ch.var:
+                if ch.rows is None:
+                    raise Refused(f"`{e.base}.rows` of a loop that is not adaptive")
+                return self.tr(ch.rows)
+            return self._scalar(e, f"{e.base}_{e.field}")
+        if isinstance(e, Bin):
+            return fold(Bin(e.op, self.tr(e.a), self.tr(e.b)))
+        if isinstance(e, Fn):
+            return fold(Fn(e.name, tuple(self.tr(a) for a in e.args)))
+        return e
+
+
+@dataclass
+class Slot:
+    """One memref parameter of the fused function: the region the fused call binds, and per
+    iteration (fused-function expressions) the shift of the members' region inside it and the
+    members' extent (None: whole-tensor bindings, extent from the accesses)."""
+
+    name: str
+    dtype: object
+    binding: RegionBinding
+    variant: bool = False
+    drow: Expr = Const(0)
+    dcol: Expr = Const(0)
+    rows: Expr | None = None
+    cols: Expr | None = None
+    masked: bool = False  # loads need masks to the members' extent (a union's iterations)
+    accesses: list = field(default_factory=list)  # (instr, top level) of the fused body
+
+
+def _upper(e: Expr) -> int | None:
+    """A constant upper bound of ``e`` where a simple one exists."""
+    v = const_value(e)
+    if v is not None:
+        return v
+    if isinstance(e, Bin) and e.op == "min":
+        known = [u for u in (_upper(e.a), _upper(e.b)) if u is not None]
+        return min(known) if known else None
+    if isinstance(e, Bin) and e.op == "+":
+        a, b = _upper(e.a), _upper(e.b)
+        return a + b if a is not None and b is not None else None
+    return None
+
+
+def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[Expr, Expr, bool]:
+    """The extent a chain's fused call binds on one axis of a region that may move with the
+    loop (offset ``off``, extent ``ext``, the tensor's ``full`` extent): (offset, extent, whether
+    each iteration's loads need a mask to its own extent)."""
+    v = ch.var
+    if not mentions(off, v):
+        if mentions(ext, v):
+            raise Refused("a region whose extent, not its offset, moves with the loop")
+        return off, ext, False
+    if ext is None:
+        raise Refused("a region that moves with the loop has no extent")
+    if f"{v}.rows" in off.free_vars():
+        raise Refused(f"a region offset that uses `{v}.rows`")
+    terms, stride = linear(fold(substitute(off, {v: Var(v) + 1}) - off))
+    if terms or stride <= 0:
+        raise Refused(f"a region offset `{off}` that is not increasing by a constant step of `{v}`")
+    lo = fold(substitute(off, {v: ch.lb}))
+    # the iterations tile [off(v), end) with one clip at the end (ext = min(v.rows, end - off(v))
+    # with base tiles of the stride): the union ends there and its own mask is the members'
+    if ch.base == stride and isinstance(ext, Bin) and ext.op == "min":
+        for a, b in ((ext.a, ext.b), (ext.b, ext.a)):
+            end = fold(b + off)
+            if a == Attr(v, "rows") and not any(mentions(t, v) for t in linear(end)[0]):
+                end = fold(substitute(end, {v: Const(0)}))
+                stop = _tiled_stop(end, off, ch, stride)
+                hi = min_of(stop, full) if stop is not None else min_of(end, substitute(off, {v: ch.ub}), full)
+                rows = fold(hi - lo)
+                return lo, rows if const_value(lo) == 0 else fold(emax(1, rows)), False
+    u = _upper(substitute(ext, {f"{v}.rows": Const(ch.tile)}) if ch.tile is not None else ext)
+    hi = emin(full, fold(substitute(off, {v: ch.ub - 1}) + u)) if u is not None else full
+    return lo, fold(emax(1, hi - lo)), True
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return linear(fold(a - b)) == ({}, 0)
+
+
+def _multiple(e: Expr, k: int, multiples: dict[str, int]) -> bool:
+    """Whether ``e`` is a multiple of ``k`` for every value: an integer combination of loop
+    variables, constants and tile heights of adaptive loops whose base height ``k`` divides."""
+    terms, c = linear(e)
+    if c % k:
+        return False
+    for atom, coef in terms.items():
+        if isinstance(atom, Var) and coef % k == 0:
+            continue
+        if isinstance(atom, Attr) and atom.field == "rows" and (coef * multiples.get(atom.base, 1)) % k == 0:
+            continue
+        return False
+    return True
+
+
+def _min_args(e: Expr) -> list[Expr]:
+    if isinstance(e, Bin) and e.op == "min":
+        return _min_args(e.a) + _min_args(e.b)
+    return [e]
+
+
+def min_of(*xs: Expr) -> Expr:
+    """``min`` of ``xs``, nested mins flattened and repeated arguments dropped."""
+    args: list[Expr] = []
+    for x in xs:
+        for p in _min_args(fold(x)):
+            if not any(_same(p, q) for q in args):
+                args.append(p)
+    return args[0] if len(args) == 1 else emin(*args)
+
+
+def _tiled_stop(end: Expr, off: Expr, ch: ChainLoop, stride: int) -> Expr | None:
+    """``min(end, off(ub))`` without its ceiling division where the loop counts the tiles of
+    [0, X): ``off = v * stride``, ``ub = cdiv(X, stride)``. Then ``off(ub)`` is X rounded up, and
+    every argument of a ``min`` in X is either ``end`` (rounding it up changes nothing under the
+    ``min`` with ``end``) or a multiple of the stride (rounding changes nothing)."""
+    ub = ch.ub
+    if linear(off) != ({Var(ch.var): stride}, 0) or const_value(ch.lb) != 0:
+        return None
+    if not (isinstance(ub, Bin) and ub.op == "//" and const_value(ub.b) == stride):
+        return None
+    terms, c = linear(ub.a)
+    x = next(iter(terms)) if c == stride - 1 and list(terms.values()) == [1] else fold(ub.a - (stride - 1))
+    kept = []
+    for p in _min_args(x):
+        if _same(p, end):
+            continue
+        if not _multiple(p, stride, ch.multiples):
+            return None
+        kept.append(p)
+    return min_of(end, *kept)
+
+
+def covered(extent: Expr, off: Expr, size: Expr, ranges: dict) -> bool:
+    """Whether ``off + size <= extent`` holds provably (then a load needs no mask)."""
+    return Prover(ranges).nonneg(fold(extent - off - size))
+
+
+class Member:
+    """One member call, its callee copied into the fused function's names."""
+
+    def __init__(self, idx: int, call: Call, fn: IncoreFunction, scope: Scope, slots: dict[str, Slot],
+                 dims: dict[str, str], pvar: str | None, names: Names, ranges: dict):
+        self.call, self.fn, self.scope, self.slots = call, fn, scope, slots
+        self.ranges = ranges  # the fused function's variable ranges (filled before body())
+        args = dict(call.args)
+        self.tiles = {t.name: names.fresh(f"c{idx}_{t.name}") for t in fn.tiles}
+        env: dict[str, Expr] = {d: Var(n) for d, n in dims.items()}
+        for p in fn.scalars:
+            env[p.name] = scope.tr(args[p.name])
+        if fn.parallel is not None and pvar is not None:
+            env[fn.parallel.var] = Var(pvar)
+        for m, s in slots.items():
+            env[f"{m}.rows"] = s.rows if s.rows is not None else Attr(s.name, "rows")
+            env[f"{m}.cols"] = s.cols if s.cols is not None else Attr(s.name, "cols")
+        self.env = env
+        self._loops(fn.body, idx, names)
+        for d, n in dims.items():
+            self.env.setdefault(d, Var(n))
+
+    def _loops(self, body, idx: int, names: Names) -> None:
+        for s in body:
+            if isinstance(s, ForRange):
+                self.env[s.var] = Var(names.fresh(f"c{idx}_{s.var}"))
+                self._loops(s.body, idx, names)
+
+    def ex(self, e: Expr) -> Expr:
+        return fold(substitute(e, self.env))
+
+    def tile_decls(self, dims: dict[str, str]) -> list[Tile]:
+        ren = {d: Var(n) for d, n in dims.items()}
+        return [Tile(self.tiles[t.name], fold(substitute(t.rows, ren)), fold(substitute(t.cols, ren)), t.dtype)
+                for t in self.fn.tiles]
+
+    def body(self, stmts=None, top: bool = True) -> list:
+        out: list = []
+        for s in self.fn.body if stmts is None else stmts:
+            if isinstance(s, ForRange):
+                out.append(ForRange(self.env[s.var].name, self.ex(s.lb), self.ex(s.ub), self.ex(s.step),
+                                    tuple(self.body(s.body, top=False))))
+            elif s.op in SCALAR_LOAD or s.op in COLLECTIVE:
+                raise Refused(f"`{self.fn.name}` uses {s.op} (not fused)")
+            elif s.op in (Op.LOAD, Op.STORE):
+                out.extend(self._access(s, top))
+            else:
+                srcs = tuple(self.tiles[x] if isinstance(x, str) else self.ex(x) for x in s.srcs)
+                out.append(Instr(s.op, self.tiles[s.dst], srcs, s.attrs, s.loc))
+        return out
+
+    def _access(self, s: Instr, top: bool) -> list:
+        if s.op is Op.LOAD:
+            mem, row, col = s.srcs
+            tile = s.dst
+        else:
+            tile, mem, row, col = s.srcs
+        slot = self.slots[mem]
+        r, c = self.ex(row), self.ex(col)
+        rr, cc = fold(r + slot.drow), fold(c + slot.dcol)
+        if s.op is Op.STORE:
+            ins = Instr(Op.STORE, None, (self.tiles[tile], slot.name, rr, cc), s.attrs, s.loc)
+            slot.accesses.append((ins, top, r, c))
+            return [ins]
+        ins = Instr(Op.LOAD, self.tiles[tile], (slot.name, rr, cc), s.attrs, s.loc)
+        slot.accesses.append((ins, top, r, c))
+        out = [ins]
+        if slot.masked:
+            t = self.fn.tile(tile)
+            size = {Op.MASK_ROWS: self.ex(t.rows), Op.MASK_COLS: self.ex(t.cols)}
+            out.extend(m for m in pad_masks(self.tiles[tile], slot, r, c, ins.attr("pad"), s.loc)
+                       if not covered(m.srcs[1], Const(0), size[m.op], self.ranges))
+        return out
+
+
+def pad_masks(tile: str, slot: Slot, r: Expr, c: Expr, pad: float, loc) -> list[Instr]:
+    """What a load's region does to a tile outside it: ``pad`` in the rows and columns past the
+    members' extent (the ones a mask to the union, or a forwarded tile, would not clear)."""
+    out = []
+    for op, ext, off in ((Op.MASK_ROWS, slot.rows, r), (Op.MASK_COLS, slot.cols, c)):
+        if ext is not None:
+            out.append(Instr(op, tile, (tile, fold(ext - off)), (("fill", float(pad)),), loc))
+    return out
+
+
+def slot_for(b: RegionBinding, dtype, scope: Scope, names: Names, full: tuple[Expr, Expr]) -> Slot:
+    """The fused function's parameter for the members' region ``b`` (a union of iterations
+    where ``b`` moves with a chain's loop)."""
+    ch = scope.chain
+    moves = ch is not None and any(mentions(e, ch.var) for e in (b.row, b.col, b.rows, b.cols))
+    rows = scope.tr(b.rows) if b.rows is not None else None
+    cols = scope.tr(b.cols) if b.cols is not None else None
+    if not moves:
+        return Slot(names.fresh(b.tensor), dtype, b, rows=rows, cols=cols)
+    row, nrows, mr = union_axis(b.row, b.rows, full[0], ch)
+    col, ncols, mc = union_axis(b.col, b.cols, full[1], ch)
+    union = RegionBinding(b.tensor, row, col, nrows, ncols)
+    return Slot(names.fresh(b.tensor), dtype, union, True, fold(scope.tr(b.row) - scope.tr(row)),
+                fold(scope.tr(b.col) - scope.tr(col)), rows, cols, mr or mc)
+
+
+def memref_params(slots: list[Slot]) -> list[MemRefParam]:
+    return [MemRefParam(s.name, s.dtype) for s in slots]
+
+
+__all__ = ["ChainLoop", "Member", "Names", "Refused", "Scope", "Slot", "covered", "key", "mentions",
+           "pad_masks", "slot_for", "union_axis"]
