@@ -21,6 +21,7 @@ from pto.orchestration.llama.weights import check_weights, load_layer
 
 from pto import Var
 from pto.errors import UsageError
+from pto.passes.fusion import fuse
 from pto.ir.dtypes import DType
 from pto.program import Option, Program, Settings, Shape, ShapeParam, seeded_randn
 
@@ -73,6 +74,9 @@ class LlamaProgram(Program):
                "pair (1 task per pair) or fused (1 task per q tile, residuals and SwiGLU fused too)",
                choices=ATTENTION_MODES),
         Option("causal", True, "causal attention"),
+        Option("fuse", True, "fuse each chain of calls that carries state through memory, and each producer into "
+               "the consumers that alone read it, into one InCore function (split and pair attention become one "
+               "task per q tile, the state on chip); --no-fuse keeps the graph as written"),
         Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
                "and apply RoPE in the q and k projections' epilogue (7 tasks per row tile instead of 11)"),
         Option("hf_config", "", "a Hugging Face config.json (or its folder) of the LLaMA family (model_type llama "
@@ -133,9 +137,17 @@ class LlamaProgram(Program):
         except ValueError as e:
             raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
-    def build(self, s: Settings, shape=None):
-        """One rank's module (the whole layer with ``s.tp`` 1)."""
+    def written(self, s: Settings, shape=None):
+        """One rank's module as written (the whole layer with ``s.tp`` 1)."""
         return build_module(self.config(s), s.dtype, s.target, self.form(s))
+
+    def build(self, s: Settings, shape=None):
+        """:meth:`written`, fused unless ``--no-fuse`` (:func:`pto.passes.fusion.fuse`)."""
+        module = self.written(s, shape)
+        return fuse(module)[0] if s["fuse"] else module
+
+    def fusion(self, s: Settings, shape=None):
+        return fuse(self.written(s, shape))[1] if s["fuse"] else None
 
     def tiling(self, s: Settings) -> LlamaTiling:
         return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, self.form(s))[0]
@@ -146,9 +158,15 @@ class LlamaProgram(Program):
         whole = rt == "whole" or (rt == "auto" and s.target.is_gpu and s["attention"] == "fused")
         return LayerForm(s["attention"], s["causal"], s["fuse_norm_rope"], s.tp, self._reduce_dtype(s), whole)
 
-    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int]:
+    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int] | None:
         """Exact task and edge counts of one rank's graph (see :func:`closed_form`), for ``pto
-        estimate``."""
+        estimate``; None for the fused split and pair modes (counted on their graphs)."""
+        if s["fuse"] and self.fusion(s, shape).fused:
+            return None
+        return self.written_counts(s, shape, adaptive)
+
+    def written_counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int]:
+        """The counts of the graph as written (an upper bound of the fused graph's)."""
         return closed_form(self.config(s), self.tiling(s), shape["seq"], s["attention"], s["causal"], adaptive,
                            s["fuse_norm_rope"], s.tp)
 
@@ -156,7 +174,7 @@ class LlamaProgram(Program):
         """Refuse, before any work, a graph the runtime cannot hold (2^31 - 1 task ids, 2^31
         edges)."""
         self.check_shape(s, shape)
-        c = self.counts(s, shape, True)
+        c = self.written_counts(s, shape, True)
         if c["tasks"] >= 2**31 - 1 or c["edges"] >= 2**31:
             raise UsageError(f"{self.name} at seq {shape['seq']}: {c['tasks']:,} tasks and {c['edges']:,} edges "
                              "exceed the "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Const, Expr, Var, as_expr, emin, fold, substitute
+from pto.ir.expr import Const, Expr, as_expr, fold, substitute
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, Parallel, ScalarParam, Tile
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
@@ -82,8 +82,6 @@ def _slots(calls, fns, scope: Scope, names: Names, full):
     for c, f in zip(calls, fns):
         args, acc, mine = dict(c.args), param_access(f), {}
         for p in f.memrefs:
-            if p.shape is not None:
-                raise Refused(f"`{f.name}` declares the shape of memref `{p.name}` (device-data offsets)")
             b = args[p.name]
             k = key(b)
             if k not in slots:
@@ -100,6 +98,21 @@ def _slots(calls, fns, scope: Scope, names: Names, full):
         if len(ks) > 1 and any(written[k] for k in ks):
             raise Refused(f"the members write `{t}` and touch another region of it")
     return slots, per
+
+
+def _shapes(members, fns, per_slots, scope: Scope) -> None:
+    """The region each slot may touch, where a member declares it or the slot is a chain's union
+    (its extent is then the union's, however many iterations run: none is still one row)."""
+    for m, f, mine in zip(members, fns, per_slots):
+        for p in f.memrefs:
+            s = mine[p.name]
+            if p.shape is not None and s.shape is None and not s.variant:
+                s.shape = (m.ex(p.shape[0]), m.ex(p.shape[1]))
+    for s in {id(x): x for mine in per_slots for x in mine.values()}.values():
+        if s.variant:
+            if s.binding.rows is None or s.binding.cols is None:
+                raise Refused(f"a region of `{s.binding.tensor}` that moves with the loop has no extent")
+            s.shape = (scope.tr(s.binding.rows), scope.tr(s.binding.cols))
 
 
 def _offsets(ins: Instr):
@@ -219,6 +232,7 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
         parallel = Parallel(pvar, exts.pop())
     if parallel is not None:
         ranges[pvar] = (Const(0), fold(parallel.extent - 1))
+    _shapes(members, fns, per_slots, scope)
     body: list = []
     tiles: list[Tile] = []
     for m, d in zip(members, per_dims):
@@ -255,16 +269,15 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     return Fused(fn, call, on_chip, removed)
 
 
-def chain_loop(loop, it: str, multiples: dict[str, int], merge: bool = True) -> ChainLoop:
+def chain_loop(loop, it: str, multiples: dict[str, int], m: int = 1) -> ChainLoop:
     """The :class:`ChainLoop` of orchestration loop ``loop`` (``multiples``: the enclosing
-    adaptive loops' bases): with ``merge``, an adaptive loop that allows re-association steps
-    over its widest merged tile, else over single iterations."""
+    adaptive loops' bases), stepping ``m`` base tiles at a time (an adaptive loop that allows
+    re-association; the caller gives it a whole number of steps)."""
     if not loop.adaptive:
         return ChainLoop(loop.var, it, loop.lb, loop.ub, loop.step, multiples=multiples)
     base = loop.base_rows
-    m = loop.merge_factor if loop.reassociate and merge else 1
-    rows = Const(base) if m == 1 else fold(emin(m, loop.ub - Var(loop.var)) * base)
-    return ChainLoop(loop.var, it, loop.lb, loop.ub, Const(m), rows, m * base, base, {**multiples, loop.var: base})
+    return ChainLoop(loop.var, it, loop.lb, loop.ub, Const(m), Const(m * base), m * base, base,
+                     {**multiples, loop.var: base})
 
 
 __all__ = ["Fused", "build", "chain_loop"]

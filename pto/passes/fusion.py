@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pto.ir.analysis import param_access
+from pto.ir.expr import fold
 from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.passes.fuse_build import build, chain_loop
 from pto.passes.inline import Refused, key, mentions
@@ -90,17 +91,11 @@ def _name(base: str, taken) -> str:
     return name
 
 
-def _short(name: str) -> str:
-    for p in ("fused_", "chain_"):
-        if name.startswith(p):
-            return name[len(p):]
-    return name
-
-
 class _Fuser:
     def __init__(self, module: Module, merge: bool):
         self.module, self.merge = module, merge
         self.multiples: dict[str, int] = {}  # the enclosing adaptive loops' variables -> base height
+        self.reserved: set[str] = set()  # names given to fused functions, registered or not
         self.functions = {f.name: f for f in module.functions}
         entry = module.entry_function
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
@@ -140,7 +135,7 @@ class _Fuser:
                     self.multiples[s.var] = s.base_rows
                 s = replace(s, body=tuple(self.body(s.body)))
                 self.multiples = outer
-                out.append(self.chain(s))
+                out.extend(self.chain(s))
             elif isinstance(s, If):
                 out.append(replace(s, then=tuple(self.body(s.then)), orelse=tuple(self.body(s.orelse))))
             else:
@@ -172,17 +167,29 @@ class _Fuser:
         return any(key(v) in written and self.readers.get(v.tensor, set()) <= here
                    for v in self._regions(c, ("in", "inout")))
 
-    def chain(self, loop: Loop):
+    def chain(self, loop: Loop) -> list:
+        """The loop as one fused call, or as written. An adaptive loop that allows re-association
+        (with ``merge``) steps over its widest tile: a call over its whole steps, then one over
+        the base tiles left (each function's tiles as tall as its steps, as binary expansion's
+        merged and residual calls); the calls after them join them as producers."""
         calls = list(loop.body)
         if not calls or not all(isinstance(c, Call) for c in calls) or not self._carries(calls, loop.var):
-            return loop
-        ch = chain_loop(loop, f"{loop.var}_f", self.multiples, self.merge)
-        try:
-            made = self._build(calls, ch)
-        except Refused as r:
-            self._refuse("chain", calls, loop.var, str(r))
-            return loop
-        return self._register(calls, made, ch)
+            return [loop]
+        m = loop.merge_factor if loop.adaptive and loop.reassociate and self.merge else 1
+        if m > 1:
+            mid = fold(loop.lb + ((loop.ub - loop.lb) // m) * m)
+            parts = [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)]
+        else:
+            parts = [(loop, 1)]
+        made = []
+        for part, step in parts:
+            ch = chain_loop(part, f"{loop.var}_f", self.multiples, step)
+            try:
+                made.append((self._build(calls, ch), ch))
+            except Refused as r:
+                self._refuse("chain", calls, loop.var, str(r))
+                return [loop]
+        return [self._register(calls, f, ch) for f, ch in made]
 
     def _carries(self, calls: list[Call], var: str) -> bool:
         """Some region the loop does not move is read first, then written."""
@@ -204,8 +211,9 @@ class _Fuser:
         fns = [self.functions[c.func] for c in calls]
         if not all(isinstance(f, IncoreFunction) for f in fns):
             raise Refused("a member is not an InCore function")
-        parts = "_".join(dict.fromkeys(_short(c.func) for c in calls))
-        name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions)
+        parts = "_".join(dict.fromkeys(t for c in calls for w in self.written[id(c)] for t in w.split("_")))
+        name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions.keys() | self.reserved)
+        self.reserved.add(name)
         return build(name, calls, fns, chain, dead, self.full)
 
     def _register(self, calls: list[Call], made, chain) -> Call:

@@ -122,6 +122,7 @@ class Slot:
     rows: Expr | None = None
     cols: Expr | None = None
     masked: bool = False  # loads need masks to the members' extent (a union's iterations)
+    shape: tuple[Expr, Expr] | None = None  # the region the fused function may touch (MemRefParam.shape)
     accesses: list = field(default_factory=list)  # (instr, top level) of the fused body
 
 
@@ -155,7 +156,8 @@ def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[
     terms, stride = linear(fold(substitute(off, {v: Var(v) + 1}) - off))
     if terms or stride <= 0:
         raise Refused(f"a region offset `{off}` that is not increasing by a constant step of `{v}`")
-    lo = fold(substitute(off, {v: ch.lb}))
+    # (inside the tensor even where no iteration runs: one that runs starts there)
+    lo = min_of(substitute(off, {v: ch.lb}), full - 1)
     # the iterations tile [off(v), end) with one clip at the end (ext = min(v.rows, end - off(v))
     # with base tiles of the stride): the union ends there and its own mask is the members'
     if ch.base == stride and isinstance(ext, Bin) and ext.op == "min":
@@ -166,7 +168,7 @@ def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[
                 stop = _tiled_stop(end, off, ch, stride)
                 hi = min_of(stop, full) if stop is not None else min_of(end, substitute(off, {v: ch.ub}), full)
                 rows = fold(hi - lo)
-                return lo, rows if const_value(lo) == 0 else fold(emax(1, rows)), False
+                return lo, fold(emax(1, rows)), False  # a loop with no whole step: one row, unread
     u = _upper(substitute(ext, {f"{v}.rows": Const(ch.tile)}) if ch.tile is not None else ext)
     hi = emin(full, fold(substitute(off, {v: ch.ub - 1}) + u)) if u is not None else full
     return lo, fold(emax(1, hi - lo)), True
@@ -336,7 +338,7 @@ def slot_for(b: RegionBinding, dtype, scope: Scope, names: Names, full: tuple[Ex
 
 
 def memref_params(slots: list[Slot]) -> list[MemRefParam]:
-    return [MemRefParam(s.name, s.dtype) for s in slots]
+    return [MemRefParam(s.name, s.dtype, s.shape) for s in slots]
 
 
 __all__ = ["ChainLoop", "Member", "Names", "Refused", "Scope", "Slot", "covered", "key", "mentions",
