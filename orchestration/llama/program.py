@@ -21,8 +21,8 @@ from pto.orchestration.llama.weights import check_weights, load_layer
 
 from pto import Var
 from pto.errors import UsageError
-from pto.passes.fusion import fuse
 from pto.ir.dtypes import DType
+from pto.passes.fusion import fuse
 from pto.program import Option, Program, Settings, Shape, ShapeParam, seeded_randn
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,

@@ -9,9 +9,8 @@ import random
 import pytest
 import torch
 
-from pto import InCore, Orchestration, f32, programs
+from pto import programs
 from pto.engine import execute
-from pto.interp.orchestration import run_program
 from pto.ir.nodes import walk_calls
 from pto.ir.verify import verify_module
 from pto.passes.fusion import fuse
