@@ -8,6 +8,8 @@
 #   decode      bench/decode.py: SmolLM2 and the 8B model at batches 1, 8, 32, per-kernel profile
 #   fused       pto bench llama7b, fused layer, both executors, eager and torch.compile ($SEQS)
 #   modes       pto bench llama7b --attention split and pair, both executors, eager ($MODE_SEQS)
+#   fusion      issue 24: the fused layer (eager, torch.compile), --attention pair and split fused by the pass
+#               (both executors) at $FUSE_SEQS, and as written (--no-fuse, persistent) at $NOFUSE_SEQS
 #   odd         pto bench llama7b, fused, odd lengths ($ODD_SEQS)
 #   profile     pto run --profile of the fused layer at 16K, both executors
 #   pdl         programmatic dependent launch in the modes $PDL_MODES (default: off early late;
@@ -68,6 +70,16 @@ for stage in "$@"; do
              $BENCH --seq "${MODE_SEQS:-4096,16384}" --attention $a --executor waves,persistent --compare eager \
                --json "$OUT/modes_$a.json" 2>&1 | tee "$OUT/modes_$a.log" | tail -6
            done ;;
+    fusion) F=${FUSE_SEQS:-4096,16384}  # issue 24: the pass's split and pair against the hand-fused layer
+            $BENCH --seq "$F" --executor waves --json "$OUT/fusion_fused.json" > "$OUT/fusion_fused.log" 2>&1
+            tail -4 "$OUT/fusion_fused.log"
+            for a in pair split; do
+              $BENCH --seq "$F" --attention $a --executor waves,persistent --compare none \
+                --json "$OUT/fusion_$a.json" > "$OUT/fusion_$a.log" 2>&1; tail -4 "$OUT/fusion_$a.log"
+              $BENCH --seq "${NOFUSE_SEQS:-4096}" --attention $a --no-fuse --executor persistent --compare none \
+                --json "$OUT/fusion_${a}_written.json" > "$OUT/fusion_${a}_written.log" 2>&1
+              tail -2 "$OUT/fusion_${a}_written.log"
+            done ;;
     odd) $BENCH --seq "${ODD_SEQS:-777,3000,12345}" --executor waves,persistent --compare eager \
            --json "$OUT/odd.json" 2>&1 | tee "$OUT/odd.log" | tail -8 ;;
     profile) for e in waves persistent; do
