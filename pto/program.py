@@ -252,6 +252,16 @@ class Program:
         step's batch: the rows of its tiles) builds for ``shape`` (its defaults when None)."""
         raise NotImplementedError
 
+    def written(self, s: Settings, shape: Shape | None = None) -> Module:
+        """The module as the program writes it, before the program's own rewrites (its
+        ``--fuse``); :meth:`build` by default."""
+        return self.build(s, shape)
+
+    def fusion(self, s: Settings, shape: Shape | None = None):
+        """What :func:`pto.passes.fusion.fuse` did to :meth:`written` for :meth:`build` (a
+        :class:`pto.passes.fusion.FusionReport`), or None where the program does not fuse."""
+        return None
+
     def scalar_exprs(self, s: Settings) -> dict:
         """Each scalar parameter of the entry function as an expression of the shape parameters
         (the standalone main.c that ``pto codegen`` writes evaluates them in C)."""

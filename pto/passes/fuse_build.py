@@ -131,6 +131,13 @@ class _Promoter:
         self.pre: list = []
         self.post: list = []
         self.new_tiles: list[Tile] = []
+        self.forwarded: list[tuple[str, str]] = []  # (a member's tile, the state tile it copies)
+
+    def coalesce(self) -> None:
+        """A member's tile that only holds the state (copied from it, updated in place, copied
+        back) becomes the state tile itself: one tile on chip, not two (see :func:`_rename`)."""
+        for d, st in self.forwarded:
+            _rename(self.body, d, st)
 
     def promote(self, s: Slot, dead: bool) -> str:
         """Rewrite ``s``'s accesses; 'removed' (no memory access left) or 'on_chip'."""
@@ -153,6 +160,7 @@ class _Promoter:
                 stored = True
                 self.body[i] = Instr(Op.MOV, st, (ins.srcs[0],), (), ins.loc)
                 continue
+            self.forwarded.append((ins.dst, st))
             rep = [Instr(Op.MOV, ins.dst, (st,), (), ins.loc)]
             for m in pad_masks(ins.dst, s, r, c, ins.attr("pad"), ins.loc):
                 ext, off = (s.rows, r) if m.op is Op.MASK_ROWS else (s.cols, c)
@@ -173,6 +181,47 @@ class _Promoter:
                 continue
             self.body[:] = [x for x in self.body if x is not ins]
             self.pre.append(ins)
+
+
+def _tiles_of(x: Instr) -> set[str]:
+    return {t for t in (x.dst, *x.srcs) if isinstance(t, str)}
+
+
+def _rename(body: list, d: str, st: str) -> None:
+    """Use state tile ``st`` for tile ``d`` from the copy ``mov d, st`` on, where that changes
+    nothing: ``d`` appears at the top level only, the copy is its first use, later writes of
+    ``d`` update it in place, writes of ``st`` from other tiles come after ``d``'s last use, and
+    an in-place update of ``d`` is copied back into ``st`` after it."""
+    if any(isinstance(x, ForRange) and d in _used_names(x.body, (), None) for x in body):  # noqa: SIM102
+        return
+    uses = [i for i, x in enumerate(body) if isinstance(x, Instr) and d in _tiles_of(x)]
+    first = uses[0] if uses else None
+    if first is None or body[first].op is not Op.MOV or body[first].dst != d or body[first].srcs != (st,):
+        return
+    last_use = uses[-1]
+    updated = -1
+    for i in uses[1:]:
+        x = body[i]
+        if x.dst == d:
+            if d not in _instr_reads_of(x):
+                return  # a new value: d holds something else from here
+            updated = i
+    for i, x in enumerate(body):
+        if isinstance(x, Instr) and i > first and x.op is Op.MOV and x.dst == st and x.srcs[0] != d and i <= last_use:
+            return
+    if updated >= 0 and not any(isinstance(x, Instr) and x.op is Op.MOV and x.dst == st and x.srcs == (d,)
+                                for x in body[updated + 1:]):
+        return
+    for i in uses:
+        x = body[i]
+        body[i] = Instr(x.op, st if x.dst == d else x.dst, tuple(st if y == d else y for y in x.srcs), x.attrs, x.loc)
+    body[:] = [x for x in body if not (isinstance(x, Instr) and x.op is Op.MOV and x.dst == x.srcs[0])]
+
+
+def _instr_reads_of(x: Instr) -> set[str]:
+    from pto.ir.analysis import _instr_reads
+
+    return _instr_reads(x)
 
 
 def _instrs(body):
@@ -251,11 +300,14 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
         if len(s.accesses) == 1 and chain is None:
             continue
         (on_chip if pro.promote(s, s.binding.tensor in dead) == "on_chip" else removed).append(s.binding.tensor)
+    pro.coalesce()
     if chain is not None:
         body = [ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))]
     fbody = tuple(pro.pre + body + pro.post)
     tiles += pro.new_tiles
-    used = _used_names(fbody, tiles, parallel)
+    used = _used_names(fbody, (), None)
+    tiles = [t for t in tiles if t.name in used]
+    used |= _used_names((), tiles, parallel)
     kept = [s for s in slots.values() if s.name in used]
     scalars = [n for n in scope.scalars if n in used]
     fn = IncoreFunction(name, tuple(memref_params(kept)) + tuple(ScalarParam(n) for n in scalars), tuple(fdims),

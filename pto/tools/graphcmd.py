@@ -16,6 +16,7 @@ import tempfile
 from pto.engine import Job, build_graph, check_memory
 from pto.errors import UsageError
 from pto.passes.chains import Chain, find_chains
+from pto.passes.fusion import Fusion
 from pto.program import Shape
 from pto.progress import estimate_run_s
 
@@ -54,7 +55,7 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
                    compile_ms=round(built.compile_ms, 1),
                    bytes_per_task=round(float(graph.stats["bytes_per_task"]), 1),
                    exec_estimate_s=None if est is None else round(est, 1),
-                   fusable=[c.to_json() for c in find_chains(built.module)])
+                   **fusion_json(prog, s, shape, built.module))
         if dump:
             graph.dump(dump)
             out["dump"] = str(dump)
@@ -63,6 +64,17 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
         return out
     finally:
         graph.close()
+
+
+def fusion_json(prog, s, shape, module) -> dict:
+    """What ``--json`` says of fusion: the chains of the module that ran (``fusable``: those
+    left to fuse, :func:`find_chains`), and where the program fuses (``--fuse``), what it fused
+    and what it refused (:func:`pto.passes.fusion.fuse`)."""
+    out: dict = {"fusable": [c.to_json() for c in find_chains(module)]}
+    report = prog.fusion(s, shape)
+    if report is not None:
+        out.update(report.to_json())
+    return out
 
 
 def _draw(graph, dump: str | None, path: str, max_nodes: int | None) -> dict:
@@ -93,6 +105,9 @@ def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
                      "(a rough estimate)")
     for c in res.get("fusable", ()):
         lines.append(f"fusable: {Chain(**{**c, 'handoffs': tuple(map(tuple, c['handoffs']))}).describe()}")
+    for f in res.get("fused", ()):
+        lists = {k: tuple(f[k]) for k in ("calls", "on_chip", "removed")}
+        lines.append(f"fused: {Fusion(**{**f, **lists}).describe()}")
     if "dump" in res:
         lines.append(f"wrote the dump {res['dump']}")
     if "drawing" in res:

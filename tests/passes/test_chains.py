@@ -93,7 +93,7 @@ def test_the_llama_layers_kv_loop_carries_the_online_softmax_state(attention, ca
     m, l and acc through memory, s and alpha pass from task to task; the fused layer has no such
     loop (its kv loop is inside one function)."""
     prog = programs.get("llama7b")
-    m = prog.build(prog.settings(device="cpu", config="tiny", target=get("x86_64"), attention=attention))
+    m = prog.written(prog.settings(device="cpu", config="tiny", target=get("x86_64"), attention=attention))
     chains = find_chains(m)
     if calls is None:
         assert chains == []
@@ -105,14 +105,18 @@ def test_the_llama_layers_kv_loop_carries_the_online_softmax_state(attention, ca
 
 
 def test_pto_graph_reports_the_chains():
-    """``pto graph`` (build only) lists them: in its JSON report and one line each in its text."""
+    """``pto graph`` (build only) lists them: in its JSON report and one line each in its text; with
+    the fusion on (the default) it lists what was fused instead, and no chain is left."""
     from pto.engine import resolve
     from pto.tools.graphcmd import build_only, format_report
 
-    res = build_only(resolve("llama7b", device="cpu", options={"attention": "pair"}), 100)
+    res = build_only(resolve("llama7b", device="cpu", options={"attention": "pair", "fuse": False}), 100)
     (c,) = res["fusable"]
     assert c["loop"] == "kj" and c["calls"] == ["flash_pair"] and set(c["carried"]) == {"m", "l", "acc"}
-    assert "fusable: loop kj (llama7b.py:" in format_report(res)
+    assert "fusable: loop kj (llama7b.py:" in format_report(res) and "fused" not in res
+    res = build_only(resolve("llama7b", device="cpu", options={"attention": "pair"}), 100)
+    assert res["fusable"] == [] and [f["kind"] for f in res["fused"]] == ["chain", "chain", "producer"]
+    assert "fused: loop kj: flash_pair -> chain_flash_pair" in format_report(res)
     assert build_only(resolve("llama7b", device="cpu"), 100)["fusable"] == []
 
 
