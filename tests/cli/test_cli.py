@@ -174,7 +174,8 @@ def test_long_runs_show_a_bar_on_a_terminal_only():
 
 
 def test_a_capped_trace_says_so(tmp_path):
-    r = pto("run", "llama7b", "--seq", "1000", "--attention", "split", "--trace", str(tmp_path / "t.json"), "--json")
+    r = pto("run", "llama7b", "--seq", "1000", "--attention", "split", "--no-fuse", "--trace", str(tmp_path / "t.json"),
+            "--json")
     assert r.returncode == 0, r.stderr
     assert "pto: trace: first 5,000 of 5,728 dependency arrows drawn" in r.stderr
     assert json.loads(r.stdout)["trace"] == {"path": str(tmp_path / "t.json"), "dependencies": 5728, "flows": 5000}
