@@ -143,11 +143,18 @@ class LlamaProgram(Program):
 
     def build(self, s: Settings, shape=None):
         """:meth:`written`, fused unless ``--no-fuse`` (:func:`pto.passes.fusion.fuse`)."""
-        module = self.written(s, shape)
-        return fuse(module)[0] if s["fuse"] else module
+        return self._fused(s)[0] if s["fuse"] else self.written(s, shape)
 
     def fusion(self, s: Settings, shape=None):
-        return fuse(self.written(s, shape))[1] if s["fuse"] else None
+        return self._fused(s)[1] if s["fuse"] else None
+
+    def _fused(self, s: Settings):
+        """The fused module and its report, once per settings (the layer does not depend on the
+        sequence length)."""
+        cache = self.__dict__.setdefault("_fusions", {})
+        if s.key not in cache:
+            cache[s.key] = fuse(self.written(s))
+        return cache[s.key]
 
     def tiling(self, s: Settings) -> LlamaTiling:
         return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, self.form(s))[0]

@@ -24,7 +24,7 @@ from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Const, Expr, as_expr, fold, substitute
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, Parallel, ScalarParam, Tile
-from pto.ir.ops import Op
+from pto.ir.ops import COL_BROADCAST, COL_REDUCE, MATMUL, Op
 from pto.ir.verify_incore import verify_incore
 from pto.passes.inline import (
     ChainLoop,
@@ -126,12 +126,45 @@ def _tile_of(ins: Instr) -> str:
 class _Promoter:
     """Keeps on chip the slots written and read again (the module docstring)."""
 
-    def __init__(self, body: list, tiles: dict[str, Tile], names: Names, ranges: dict):
-        self.body, self.tiles, self.names, self.ranges = body, tiles, names, ranges
+    def __init__(self, body: list, tiles: dict[str, Tile], names: Names, ranges: dict, scope: Scope):
+        self.body, self.tiles, self.names, self.ranges, self.scope = body, tiles, names, ranges, scope
         self.pre: list = []
         self.post: list = []
         self.new_tiles: list[Tile] = []
         self.forwarded: list[tuple[str, str]] = []  # (a member's tile, the state tile it copies)
+        self.row_pads: list[Instr] = []  # masks giving forwarded tiles the rows past the region a load pads
+
+    def drop_row_pads(self, slots) -> None:
+        """Drop the forwarded tiles' row masks where no row of a tile they touch reaches another
+        row: every product takes them as its left operand (not transposed), no column reduction
+        or broadcast reads them, and each store of them goes to a region of the same rows. Rows
+        past the region then stay in rows that no store writes."""
+        bounds = {m.srcs[1] for m in self.row_pads}
+        if len(bounds) != 1:
+            return
+        bound = bounds.pop()
+        rows = {m.dst for m in self.row_pads} | {st for _, st in self.forwarded}
+        code = list(_instrs(self.pre + self.body + self.post))
+        grew = True
+        while grew:
+            grew = False
+            for x in code:
+                if x.dst is not None and x.dst not in rows and x.op not in (Op.LOAD, Op.FULL) \
+                        and _instr_reads_of(x) & rows:
+                    rows.add(x.dst)
+                    grew = True
+        by_name = {sl.name: sl for sl in slots}
+        for x in code:
+            if x.op in MATMUL and (x.srcs[1] in rows or (x.attr("ta") and x.srcs[0] in rows)):
+                return
+            if x.op in COL_REDUCE | COL_BROADCAST and _instr_reads_of(x) & rows:
+                return
+            if x.op is Op.STORE and x.srcs[0] in rows:
+                sl = by_name[x.srcs[1]]
+                if sl.rows != bound or x.srcs[2] != Const(0):
+                    return
+        pads = {id(m) for m in self.row_pads}
+        self.body[:] = [x for x in self.body if id(x) not in pads]
 
     def coalesce(self) -> None:
         """A member's tile that only holds the state (copied from it, updated in place, copied
@@ -165,8 +198,10 @@ class _Promoter:
             for m in pad_masks(ins.dst, s, r, c, ins.attr("pad"), ins.loc):
                 ext, off = (s.rows, r) if m.op is Op.MASK_ROWS else (s.cols, c)
                 size = shape[0] if m.op is Op.MASK_ROWS else shape[1]
-                if not covered(ext, off, size, self.ranges):
+                if not covered(ext, off, size, self.ranges, self.scope.facts()):
                     rep.append(m)
+                    if m.op is Op.MASK_ROWS and r == Const(0):
+                        self.row_pads.append(m)
             self.body[i:i + 1] = rep
         if stored and not (dead and not loaded):
             self.post.append(Instr(Op.STORE, None, (st, s.name, rr, cc), (), first.loc))
@@ -218,6 +253,26 @@ def _rename(body: list, d: str, st: str) -> None:
     body[:] = [x for x in body if not (isinstance(x, Instr) and x.op is Op.MOV and x.dst == x.srcs[0])]
 
 
+def _prune_masks(body: list, tiles: dict[str, Tile], ranges: dict, facts: dict) -> None:
+    """Drop the row and column masks that keep the whole tile (their bound provably reaches its
+    extent): a no-op whatever their fill, once the fused call's facts are known (a step's tile
+    height as a constant, a scalar that equals a dim)."""
+    for i, x in enumerate(body):
+        if isinstance(x, ForRange):
+            inner = list(x.body)
+            _prune_masks(inner, tiles, ranges, facts)
+            body[i] = ForRange(x.var, x.lb, x.ub, x.step, tuple(inner))
+    keep = []
+    for x in body:
+        if isinstance(x, Instr) and x.op in (Op.MASK_ROWS, Op.MASK_COLS) and x.dst == x.srcs[0]:
+            t = tiles[x.dst]
+            size = t.rows if x.op is Op.MASK_ROWS else t.cols
+            if covered(x.srcs[1], Const(0), substitute(size, facts), ranges, facts):
+                continue
+        keep.append(x)
+    body[:] = keep
+
+
 def _instr_reads_of(x: Instr) -> set[str]:
     from pto.ir.analysis import _instr_reads
 
@@ -267,8 +322,7 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     if chain is not None:
         names.used.add(chain.it)
     per_dims, fdims, bind = _dims(calls, fns, chain, names)
-    dim_of: dict = {}  # orchestration expressions stay scalars: a dim in an extent would make it a tile of the loop
-    scope = Scope(names, dim_of, chain)
+    scope = Scope(names, bind, chain)
     slots, per_slots = _slots(calls, fns, scope, names, full)
     ranges: dict = {}
     members = [Member(i, c, f, scope, per_slots[i], per_dims[i], pvar, names, ranges)
@@ -287,7 +341,7 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     for m, d in zip(members, per_dims):
         body.extend(m.body())
         tiles.extend(m.tile_decls(d))
-    pro = _Promoter(body, {t.name: t for t in tiles}, names, ranges)
+    pro = _Promoter(body, {t.name: t for t in tiles}, names, ranges, scope)
     on_chip, removed = [], []
     for s in slots.values():
         stores = [a for a in s.accesses if a[0].op is Op.STORE]
@@ -300,7 +354,9 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
         if len(s.accesses) == 1 and chain is None:
             continue
         (on_chip if pro.promote(s, s.binding.tensor in dead) == "on_chip" else removed).append(s.binding.tensor)
+    pro.drop_row_pads(slots.values())
     pro.coalesce()
+    _prune_masks(body, {t.name: t for t in tiles + pro.new_tiles}, ranges, scope.facts())
     if chain is not None:
         body = [ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))]
     fbody = tuple(pro.pre + body + pro.post)
@@ -309,6 +365,8 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     tiles = [t for t in tiles if t.name in used]
     used |= _used_names((), tiles, parallel)
     kept = [s for s in slots.values() if s.name in used]
+    for s in kept:  # a declared shape's scalars are parameters too
+        used |= set().union(*(e.free_vars() for e in s.shape)) if s.shape is not None else set()
     scalars = [n for n in scope.scalars if n in used]
     fn = IncoreFunction(name, tuple(memref_params(kept)) + tuple(ScalarParam(n) for n in scalars), tuple(fdims),
                         tuple(tiles), fbody, parallel, (), calls[0].loc)

@@ -72,14 +72,27 @@ def mentions(e: Expr | None, var: str) -> bool:
 
 
 class Scope:
-    """Orchestration expressions in the fused function's names: ``dim_of`` maps a dim's binding
-    to the dim, the chain's variable becomes the fused loop's, anything else free becomes a
-    scalar parameter bound at the fused call (``scalars``: name -> orchestration expression)."""
+    """Orchestration expressions in the fused function's names: the chain's variable becomes the
+    fused loop's, anything else free becomes a scalar parameter bound at the fused call
+    (``scalars``: name -> orchestration expression). Never a dim: a dim in a region's extent
+    would make the region a tile of an enclosing adaptive loop. ``dims`` (the fused dims'
+    bindings) only serve proofs (:meth:`facts`)."""
 
-    def __init__(self, names: Names, dim_of: dict[Expr, str], chain: ChainLoop | None):
-        self.names, self.dim_of, self.chain = names, dim_of, chain
+    def __init__(self, names: Names, dims: dict[str, Expr], chain: ChainLoop | None):
+        self.names, self.dims, self.chain = names, dims, chain
+        self.dim_of: dict[Expr, str] = {}
         self.scalars: dict[str, Expr] = {}
         self._named: dict[Expr, str] = {}
+
+    def facts(self) -> dict[str, Expr]:
+        """What the fused call makes equal: a scalar bound to what a dim is bound to is that dim,
+        a dim bound to a constant is the constant."""
+        out: dict[str, Expr] = {d: b for d, b in self.dims.items() if isinstance(b, Const)}
+        for n, e in self.scalars.items():
+            for d, b in self.dims.items():
+                if b == e:
+                    out[n] = b if isinstance(b, Const) else Var(d)
+        return out
 
     def _scalar(self, e: Expr, base: str) -> Var:
         name = self._named.get(e)
@@ -231,9 +244,10 @@ def _tiled_stop(end: Expr, off: Expr, ch: ChainLoop, stride: int) -> Expr | None
     return min_of(end, *kept)
 
 
-def covered(extent: Expr, off: Expr, size: Expr, ranges: dict) -> bool:
-    """Whether ``off + size <= extent`` holds provably (then a load needs no mask)."""
-    return Prover(ranges).nonneg(fold(extent - off - size))
+def covered(extent: Expr, off: Expr, size: Expr, ranges: dict, facts: dict | None = None) -> bool:
+    """Whether ``off + size <= extent`` holds provably (then a load needs no mask); ``facts``:
+    names the fused call makes equal to other expressions (:meth:`Scope.facts`)."""
+    return Prover(ranges).nonneg(fold(substitute(extent - off - size, facts or {})))
 
 
 class Member:
@@ -307,7 +321,7 @@ class Member:
             t = self.fn.tile(tile)
             size = {Op.MASK_ROWS: self.ex(t.rows), Op.MASK_COLS: self.ex(t.cols)}
             out.extend(m for m in pad_masks(self.tiles[tile], slot, r, c, ins.attr("pad"), s.loc)
-                       if not covered(m.srcs[1], Const(0), size[m.op], self.ranges))
+                       if not covered(m.srcs[1], Const(0), size[m.op], self.ranges, self.scope.facts()))
         return out
 
 
