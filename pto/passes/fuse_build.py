@@ -132,6 +132,8 @@ class _Promoter:
         self.post: list = []
         self.new_tiles: list[Tile] = []
         self.forwarded: list[tuple[str, str]] = []  # (a member's tile, the state tile it copies)
+        self.stored: list[tuple[str, str]] = []  # (a member's tile, the state tile a store copies it to)
+        self.live_out: set[str] = set()  # state tiles read after the body or carried across iterations
         self.row_pads: list[Instr] = []  # masks giving forwarded tiles the rows past the region a load pads
 
     def drop_row_pads(self, slots) -> None:
@@ -170,7 +172,9 @@ class _Promoter:
         """A member's tile that only holds the state (copied from it, updated in place, copied
         back) becomes the state tile itself: one tile on chip, not two (see :func:`_rename`)."""
         for d, st in self.forwarded:
-            _rename(self.body, d, st)
+            _rename(self.body, d, st, self.live_out)
+        for src, st in self.stored:
+            _rename_source(self.body, src, st)
 
     def promote(self, s: Slot, dead: bool) -> str:
         """Rewrite ``s``'s accesses; 'removed' (no memory access left) or 'on_chip'."""
@@ -191,6 +195,7 @@ class _Promoter:
             i = next(j for j, x in enumerate(self.body) if x is ins)
             if ins.op is Op.STORE:
                 stored = True
+                self.stored.append((ins.srcs[0], st))
                 self.body[i] = Instr(Op.MOV, st, (ins.srcs[0],), (), ins.loc)
                 continue
             self.forwarded.append((ins.dst, st))
@@ -205,6 +210,9 @@ class _Promoter:
             self.body[i:i + 1] = rep
         if stored and not (dead and not loaded):
             self.post.append(Instr(Op.STORE, None, (st, s.name, rr, cc), (), first.loc))
+            self.live_out.add(st)
+        if loaded:
+            self.live_out.add(st)
         return "on_chip" if loaded or self.post and self.post[-1].srcs[1] == s.name else "removed"
 
     def hoist(self, s: Slot, it: str) -> None:
@@ -222,11 +230,12 @@ def _tiles_of(x: Instr) -> set[str]:
     return {t for t in (x.dst, *x.srcs) if isinstance(t, str)}
 
 
-def _rename(body: list, d: str, st: str) -> None:
+def _rename(body: list, d: str, st: str, live_out: set[str]) -> None:
     """Use state tile ``st`` for tile ``d`` from the copy ``mov d, st`` on, where that changes
     nothing: ``d`` appears at the top level only, the copy is its first use, later writes of
     ``d`` update it in place, writes of ``st`` from other tiles come after ``d``'s last use, and
-    an in-place update of ``d`` is copied back into ``st`` after it."""
+    an in-place update of ``d`` is copied back into ``st`` after it, or ``st`` is not read after
+    it (``live_out``: the state tiles read after the body, or from one iteration to the next)."""
     if any(isinstance(x, ForRange) and d in _used_names(x.body, (), None) for x in body):  # noqa: SIM102
         return
     uses = [i for i, x in enumerate(body) if isinstance(x, Instr) and d in _tiles_of(x)]
@@ -244,8 +253,10 @@ def _rename(body: list, d: str, st: str) -> None:
     for i, x in enumerate(body):
         if isinstance(x, Instr) and i > first and x.op is Op.MOV and x.dst == st and x.srcs[0] != d and i <= last_use:
             return
-    if updated >= 0 and not any(isinstance(x, Instr) and x.op is Op.MOV and x.dst == st and x.srcs == (d,)
-                                for x in body[updated + 1:]):
+    copied_back = any(isinstance(x, Instr) and x.op is Op.MOV and x.dst == st and x.srcs == (d,)
+                      for x in body[updated + 1:])
+    # an update not copied back: only where nothing reads st after it (st is not live out)
+    if updated >= 0 and not copied_back and (st in live_out or _reads_after(body, updated, st)):
         return
     for i in uses:
         x = body[i]
@@ -271,6 +282,37 @@ def _prune_masks(body: list, tiles: dict[str, Tile], ranges: dict, facts: dict) 
                 continue
         keep.append(x)
     body[:] = keep
+
+
+def _reads_after(body: list, i: int, t: str) -> bool:
+    return any(isinstance(x, ForRange) and t in _used_names(x.body, (), None)
+               or isinstance(x, Instr) and t in _instr_reads_of(x) for x in body[i + 1:])
+
+
+def _rename_source(body: list, src: str, st: str) -> None:
+    """Compute ``src`` in state tile ``st`` where ``mov st, src`` is its last use: ``src`` appears
+    at the top level only and starts as a new value, and ``st`` is not read or written from there
+    to the copy."""
+    if any(isinstance(x, ForRange) and src in _used_names(x.body, (), None) for x in body):
+        return
+    uses = [i for i, x in enumerate(body) if isinstance(x, Instr) and src in _tiles_of(x)]
+    movs = [i for i in uses if body[i].op is Op.MOV and body[i].dst == st and body[i].srcs == (src,)]
+    if not movs or movs[0] != uses[-1]:
+        return
+    first, last = uses[0], uses[-1]
+    x0 = body[first]
+    if x0.dst != src or src in _instr_reads_of(x0):
+        return
+    for x in body[first:last]:
+        if isinstance(x, ForRange) and st in _used_names(x.body, (), None):
+            return
+        if isinstance(x, Instr) and st in _tiles_of(x):
+            return
+    for i in uses:
+        x = body[i]
+        body[i] = Instr(x.op, st if x.dst == src else x.dst, tuple(st if y == src else y for y in x.srcs), x.attrs,
+                        x.loc)
+    body[:] = [x for x in body if not (isinstance(x, Instr) and x.op is Op.MOV and x.dst == x.srcs[0])]
 
 
 def _instr_reads_of(x: Instr) -> set[str]:
