@@ -250,13 +250,26 @@ def covered(extent: Expr, off: Expr, size: Expr, ranges: dict, facts: dict | Non
     return Prover(ranges).nonneg(fold(substitute(extent - off - size, facts or {})))
 
 
+@dataclass
+class Fusing:
+    """What every member of one fusion shares: the fused function's names, the scope of its
+    orchestration expressions, its variables' ranges (filled before the bodies are copied) and
+    its parallel axis."""
+
+    names: Names
+    scope: Scope
+    ranges: dict
+    pvar: str | None
+
+
 class Member:
     """One member call, its callee copied into the fused function's names."""
 
-    def __init__(self, idx: int, call: Call, fn: IncoreFunction, scope: Scope, slots: dict[str, Slot],
-                 dims: dict[str, str], pvar: str | None, names: Names, ranges: dict):
+    def __init__(self, idx: int, call: Call, fn: IncoreFunction, ctx: Fusing, slots: dict[str, Slot],
+                 dims: dict[str, str]):
+        scope, names, pvar = ctx.scope, ctx.names, ctx.pvar
         self.call, self.fn, self.scope, self.slots = call, fn, scope, slots
-        self.ranges = ranges  # the fused function's variable ranges (filled before body())
+        self.ranges = ctx.ranges
         args = dict(call.args)
         self.tiles = {t.name: names.fresh(f"c{idx}_{t.name}") for t in fn.tiles}
         env: dict[str, Expr] = {d: Var(n) for d, n in dims.items()}
@@ -355,5 +368,5 @@ def memref_params(slots: list[Slot]) -> list[MemRefParam]:
     return [MemRefParam(s.name, s.dtype, s.shape) for s in slots]
 
 
-__all__ = ["ChainLoop", "Member", "Names", "Refused", "Scope", "Slot", "covered", "key", "mentions",
+__all__ = ["ChainLoop", "Fusing", "Member", "Names", "Refused", "Scope", "Slot", "covered", "key", "mentions",
            "pad_masks", "slot_for", "union_axis"]
