@@ -135,8 +135,10 @@ def _keep_on_chip(pro: Promoter, slots, chain: ChainLoop | None, dead: set[str])
     return on_chip, removed
 
 
-def _function(name: str, calls, fbody: tuple, tiles: list[Tile], slots, scope: Scope, fdims, parallel, bind):
-    """The fused function (what it uses of the tiles, slots and scalars) and its call."""
+def _function(name: str, calls, fbody: tuple, tiles: list[Tile], slots, scope: Scope, parallel, dims):
+    """The fused function (what it uses of the tiles, slots and scalars) and its call; ``dims``:
+    the fused dims with their defaults, and their bindings."""
+    fdims, bind = dims
     used = used_names(fbody, (), None)
     tiles = [t for t in tiles if t.name in used]
     used |= used_names((), tiles, parallel)
@@ -182,7 +184,7 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     if chain is not None:
         body = [ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))]
     fn, call = _function(name, calls, tuple(pro.pre + body + pro.post), tiles + pro.new_tiles, list(slots.values()),
-                         scope, fdims, parallel, bind)
+                         scope, parallel, (fdims, bind))
     return Fused(fn, call, on_chip, removed)
 
 
