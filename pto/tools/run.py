@@ -183,6 +183,9 @@ def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: di
 
         out["schedule"] = verify_schedule(graph.runtime.export(), stats.records).to_json()
     out["determinism"] = guarantee(job.device, job.backend, opts.deterministic)
+    fusion = job.program.fusion(job.settings)
+    if fusion is not None and fusion.fused:
+        out["fused"] = [f.describe() for f in fusion.fused]
     if opts.save:
         from pto.safety.tensor_io import save_outputs
 

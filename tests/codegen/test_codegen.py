@@ -30,7 +30,8 @@ needs_cc = pytest.mark.skipif(not HAVE_CC, reason="gcc not installed")
 def _golden_programs():
     h100, cpu = target("cuda_h100"), target("x86_64")
     return [("softmax", {"target": h100}), ("bgemm", {"target": cpu}),
-            ("llama7b", {"config": "tiny", "attention": "split", "target": cpu}),
+            ("llama7b", {"config": "tiny", "attention": "split", "fuse": False, "target": cpu}),
+            ("llama7b_split_fused", {"config": "tiny", "attention": "split", "target": cpu}),
             ("llama7b_fused", {"config": "7b", "dtype": "bf16", "attention": "fused", "target": h100})]
 
 

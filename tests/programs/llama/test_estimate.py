@@ -22,11 +22,11 @@ def test_seed_setting_reproduces_the_seed_rows():
     """--target ascend910b --dtype f32 --no-causal --attention split: the seed's rows are
     16(N/2) + 3(N/2)^2 with 64-row tiles over N 32-row tiles, and 16N + 3N^2 without."""
     res = estimate("llama7b", sorted(SEED_ROWS), config="7b", target="ascend910b", dtype="f32", causal=False,
-                   attention="split", limits=(60_000, MAX_BUILD_EDGES))
+                   attention="split", fuse=False, limits=(60_000, MAX_BUILD_EDGES))
     for row in res["rows"]:
         assert (row["tasks"], row["tasks_no_adaptive"]) == SEED_ROWS[row["seq"]]
     big = estimate("llama7b", [131072], config="7b", target="ascend910b", dtype="f32", causal=False, attention="split",
-                   limits=(0, MAX_BUILD_EDGES))["rows"][0]
+                   fuse=False, limits=(0, MAX_BUILD_EDGES))["rows"][0]
     n = 131072 // 32
     assert big["tasks"] == 16 * (n // 2) + 3 * (n // 2) ** 2 == 12_615_680  # the seed printed 12,611,584
     assert big["tasks_no_adaptive"] == 16 * n + 3 * n * n
@@ -55,9 +55,10 @@ def test_measured_rows_equal_running_the_generated_orchestration(attention):
 def test_extrapolated_memory_is_close_to_a_real_build():
     """The memory model fitted on small builds predicts a larger build within 10%."""
     small = estimate("llama7b", [256, 512, 1024], config="7b", dtype="f32", target="ascend910b", causal=False,
-                     attention="split")
+                     attention="split", fuse=False)
     m = small["memory_model"]
-    big = estimate("llama7b", [8192], config="7b", dtype="f32", target="ascend910b", causal=False, attention="split")
+    big = estimate("llama7b", [8192], config="7b", dtype="f32", target="ascend910b", causal=False, attention="split",
+                   fuse=False)
     row = big["rows"][0]
     assert row["measured"]
     pred = m["bytes_per_task"] * row["tasks"] + m["bytes_per_edge"] * row["edges"] + m["bytes_fixed"]
@@ -79,7 +80,7 @@ def test_cli_json_and_plot(tmp_path):
     # split, bidirectional attention: the 128K graph (12.6M tasks) is beyond the build limit
     r = subprocess.run([sys.executable, "-m", "pto.cli", "estimate", "llama7b", "--seq", "1024,4096,131072",
                         "--config", "7b", "--dtype", "bf16", "--target", "cuda_h100",
-                        "--attention", "split", "--no-causal", "--json", "--plot", str(png)],
+                        "--attention", "split", "--no-fuse", "--no-causal", "--json", "--plot", str(png)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -144,7 +145,7 @@ def test_4m_tokens_and_the_largest_length_take_the_closed_form_in_seconds(attent
     have been built) and 2**31 - 1 tokens: closed form, not built, in about a second."""
     t0 = time.perf_counter()
     res = estimate("llama7b", [1 << 22, 2**31 - 1], config="7b", dtype="bf16", target="cuda_h100",
-                   attention=attention, adaptive=adaptive)
+                   attention=attention, adaptive=adaptive, fuse=False)  # the closed form is the written graph's
     assert time.perf_counter() - t0 < 10
     row = res["rows"][0]
     assert not row["measured"] and row["runtime_bytes"] > 0
@@ -187,8 +188,8 @@ def test_no_adaptive_table_says_which_graph_the_columns_describe():
 def test_options_only_for_programs_that_have_them():
     res = estimate("llama7b", [256], target="cuda_h100")
     assert {"attention", "causal"} <= set(res)
-    assert res["options"] == ["allreduce_dtype", "attention", "causal", "fuse_norm_rope", "hf_config", "layer",
-                              "row_tiles", "weights"]
+    assert res["options"] == ["allreduce_dtype", "attention", "causal", "fuse", "fuse_norm_rope", "hf_config",
+                              "layer", "row_tiles", "weights"]
     assert "attention=fused causal=True" in format_table(res)
     res = estimate("softmax", [256], config="tiny", dtype="f32")
     assert "attention" not in res and "causal" not in res and res["options"] == []

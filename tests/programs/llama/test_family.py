@@ -71,7 +71,7 @@ def test_no_pair_outside_the_window_and_none_missing():
     """Every pair task's kv tile meets the window of one of its q rows, and the pairs of a q tile
     cover every key its rows attend to."""
     prog = get("llama")
-    s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"))
+    s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"), fuse=False)
     seq, W = 333, SWA.window
     cover: dict[int, set] = {}
     for task in iter_tasks(CompiledProgram.get(prog.build(s)).lowered, prog.scalars(s, prog.shape(seq))):
@@ -157,7 +157,7 @@ def test_window_closed_form_at_scale():
     """Mistral-7B's 4096-token window on the H100 tiling: the counts at 2**31 - 1 tokens in
     milliseconds, and pairs growing linearly (each q tile sees 33 kv tiles of 128 once warm)."""
     prog = get("llama")
-    s = prog.settings(config="mistral-7b", target=target("cuda_h100"), dtype="bf16", attention="split")
+    s = prog.settings(config="mistral-7b", target=target("cuda_h100"), dtype="bf16", attention="split", fuse=False)
     a, b = prog.counts(s, prog.shape(1 << 20)), prog.counts(s, prog.shape(1 << 21))
     assert b["pairs"] - a["pairs"] == 33 * (b["row_tiles"] - a["row_tiles"])
     big = prog.counts(s, prog.shape(2**31 - 1))
@@ -328,7 +328,7 @@ def test_codegen_of_a_windowed_gqa_layer_builds_and_counts(tmp_path):
                         capture_output=True, text=True)
     assert cc.returncode == 0 and cc.stderr == "", cc.stderr
     prog = get("llama")
-    s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"))
+    s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"), fuse=False)
     for seq in (1, 77, 300):
         out = subprocess.run([str(exe), str(seq)], capture_output=True, text=True, check=True).stdout.split()
         cf = prog.counts(s, prog.shape(seq))
