@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from pto import programs
+from pto import InCore, Orchestration, f32, programs
 from pto.engine import execute
 from pto.ir.nodes import walk_calls
 from pto.ir.verify import verify_module
@@ -82,3 +82,75 @@ def test_no_fuse_keeps_the_written_graph_and_the_fused_mode_has_nothing_to_fuse(
     assert prog.counts(s, prog.shape(64)) is not None
     prog, s = _llama("tiny", "pair")
     assert prog.counts(s, prog.shape(64)) is None  # counted on the fused graph, not the closed form
+
+
+def _ksplit_gemm():
+    """y = x @ w as a K-split chain: one call per K block adds x[:, kb] @ w[kb, :] to y."""
+    k = InCore("gemm_kstep")
+    x, w, y = k.memref("x", f32), k.memref("w", f32), k.memref("y", f32)
+    a, b, acc = k.tile("a", 8, 16, f32), k.tile("b", 16, 8, f32), k.tile("acc", 8, 8, f32)
+    k.load(a, x, 0, 0)
+    k.load(b, w, 0, 0)
+    k.load(acc, y, 0, 0)
+    k.matmul_acc(acc, a, b)
+    k.store(y, 0, 0, acc)
+    step = k.build()
+    o = Orchestration("ksplit")
+    nk = o.scalar("nk")
+    X, W, Y = o.input("x", 8, 16 * nk, f32), o.input("w", 16 * nk, 8, f32), o.inout("y", 8, 8, f32)
+    with o.for_loop("kb", 0, nk) as kb:
+        o.call(step, {"x": (X, 0, kb * 16, 8, 16), "w": (W, kb * 16, 0, 16, 8), "y": (Y, 0, 0, 8, 8)})
+    return o.module()
+
+
+def _scan():
+    """A running sum: carry += x[i]; y[i] = carry (the carry is the chain's state, y moves)."""
+    k = InCore("scan_step")
+    x, c, y = k.memref("x", f32), k.memref("carry", f32), k.memref("y", f32)
+    t, u = k.tile("t", 4, 4, f32), k.tile("u", 4, 4, f32)
+    k.load(t, x, 0, 0)
+    k.load(u, c, 0, 0)
+    k.add(u, u, t)
+    k.store(c, 0, 0, u)
+    k.store(y, 0, 0, u)
+    step = k.build()
+    o = Orchestration("scan")
+    n = o.scalar("n")
+    X, C, Y = o.input("x", 4 * n, 4, f32), o.inout("carry", 4, 4, f32), o.output("y", 4 * n, 4, f32)
+    with o.for_loop("i", 0, n) as i:
+        o.call(step, {"x": (X, i * 4, 0, 4, 4), "carry": (C, 0, 0, 4, 4), "y": (Y, i * 4, 0, 4, 4)})
+    return o.module()
+
+
+def _random_inputs(module, scalars, seed=0):
+    from pto.ir.expr import evaluate
+
+    g = torch.Generator().manual_seed(seed)
+    return {t.name: torch.randn(int(evaluate(t.rows, scalars)), int(evaluate(t.cols, scalars)), generator=g)
+            for t in module.entry_function.tensors if t.role != "output"}
+
+
+def test_a_k_split_gemm_is_one_task_with_its_accumulator_on_chip():
+    """Not attention: the K loop becomes one function, y accumulated in a tile and stored once;
+    bit-exact against the written chain in f32 (the same products in the same order)."""
+    m = _ksplit_gemm()
+    fm, rep = fuse(m)
+    (f,) = rep.fused
+    assert (f.kind, f.calls, f.on_chip) == ("chain", ("gemm_kstep",), ("y",))
+    assert len(walk_calls(fm.entry_function.body)) == 1
+    sc = {"nk": 5}
+    x = _random_inputs(m, sc)
+    want = execute(m, sc, {k: v.clone() for k, v in x.items()}, device="cpu", backend="torch")["y"]
+    got = execute(fm, sc, {k: v.clone() for k, v in x.items()}, device="cpu", backend="torch")["y"]
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got, x["y"] + x["x"].double().mm(x["w"].double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_scan_with_an_output_per_step_is_refused_and_left_as_written():
+    """Its per-step output moves with the loop: stores into the union of the steps' regions
+    would not stop at a step's own rows, so the pass refuses and says why."""
+    m = _scan()
+    fm, rep = fuse(m)
+    assert fm == m and not rep.fused
+    (r,) = rep.refused
+    assert r.kind == "chain" and "writes `y` at a region that moves with it" in r.reason
