@@ -28,7 +28,6 @@ from pto.passes.inline import (
     mentions,
     slot_for,
 )
-from pto.passes.loopsplit import split_masks
 from pto.passes.promote import Promoter, prune_masks, used_names
 
 
@@ -183,8 +182,7 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     on_chip, removed = _keep_on_chip(pro, list(slots.values()), chain, dead)
     prune_masks(body, {t.name: t for t in tiles + pro.new_tiles}, ctx.ranges, scope.facts())
     if chain is not None:
-        loop = ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))
-        body = split_masks(loop, {t.name: t for t in tiles + pro.new_tiles}, names)
+        body = [ForRange(chain.it, scope.tr(chain.lb), scope.tr(chain.ub), scope.tr(chain.step), tuple(body))]
     fn, call = _function(name, calls, tuple(pro.pre + body + pro.post), tiles + pro.new_tiles, list(slots.values()),
                          scope, parallel, (fdims, bind))
     return Fused(fn, call, on_chip, removed)
