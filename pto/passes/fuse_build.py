@@ -90,18 +90,27 @@ def _slots(calls, fns, scope: Scope, names: Names, full):
 
 
 def _shapes(members, fns, per_slots, scope: Scope) -> None:
-    """The region each slot may touch, where a member declares it or the slot is a chain's union
-    (its extent is then the union's, however many iterations run: none is still one row)."""
+    """The region each slot may touch: a chain's union (its extent, however many iterations
+    run: none is still one row), or the shape the members declare, where every member that binds
+    the slot declares the same one (any other mix is refused: one member's shape would clip
+    another's accesses)."""
+    declared: dict[int, set] = {}
     for m, f, mine in zip(members, fns, per_slots):
         for p in f.memrefs:
             s = mine[p.name]
-            if p.shape is not None and s.shape is None and not s.variant:
-                s.shape = (m.ex(p.shape[0]), m.ex(p.shape[1]))
+            declared.setdefault(id(s), set()).add(None if p.shape is None else (m.ex(p.shape[0]), m.ex(p.shape[1])))
     for s in {id(x): x for mine in per_slots for x in mine.values()}.values():
+        shapes = declared[id(s)]
         if s.variant:
+            if shapes != {None}:
+                raise Refused(f"a member declares the shape of `{s.binding.tensor}`, which moves with the loop")
             if s.binding.rows is None or s.binding.cols is None:
                 raise Refused(f"a region of `{s.binding.tensor}` that moves with the loop has no extent")
             s.shape = (scope.tr(s.binding.rows), scope.tr(s.binding.cols))
+        elif len(shapes) > 1:
+            raise Refused(f"the members declare different shapes of `{s.binding.tensor}`")
+        else:
+            s.shape = next(iter(shapes))
 
 
 def _members(calls, fns, ctx: Fusing, per_slots, per_dims) -> tuple[list[Member], Parallel | None]:
@@ -129,7 +138,8 @@ def _keep_on_chip(pro: Promoter, slots, chain: ChainLoop | None, dead: set[str])
             raise Refused(f"the loop writes `{s.binding.tensor}` at a region that moves with it")
         if len(s.accesses) == 1 and chain is None:
             continue
-        (on_chip if pro.promote(s, s.binding.tensor in dead) == "on_chip" else removed).append(s.binding.tensor)
+        kept = pro.promote(s, s.binding.tensor in dead, chain is not None)
+        (on_chip if kept == "on_chip" else removed).append(s.binding.tensor)
     pro.drop_row_pads(slots)
     pro.coalesce()
     return on_chip, removed

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import fold
 from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
+from pto.ir.verify import verify_module
 from pto.passes.fuse_build import build, chain_loop
 from pto.passes.inline import Refused, key, mentions
 
@@ -99,6 +101,7 @@ class _Fuser:
         self.functions = {f.name: f for f in module.functions}
         entry = module.entry_function
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
+        self.roles = {t.name: t.role for t in entry.tensors}
         self.origin: dict[int, frozenset[int]] = {}
         self.written: dict[int, tuple[str, ...]] = {}  # id(call) -> the written callees it stands for
         self.readers: dict[str, set[int]] = {}
@@ -207,7 +210,8 @@ class _Fuser:
 
     def _build(self, calls: list[Call], chain):
         members = frozenset().union(*(self.origin[id(c)] for c in calls))
-        dead = {t for t, r in self.readers.items() if r <= members}
+        # a temporary that only the members read (the program's inputs and outputs always reach memory)
+        dead = {t for t, r in self.readers.items() if r <= members and self.roles.get(t) == "temp"}
         fns = [self.functions[c.func] for c in calls]
         if not all(isinstance(f, IncoreFunction) for f in fns):
             raise Refused("a member is not an InCore function")
@@ -248,7 +252,13 @@ def fuse(module: Module, merge: bool = True) -> tuple[Module, FusionReport]:
     orch = [new_entry if g.name == entry.name else g for g in module.functions if isinstance(g, OrchFunction)]
     called = {c.func for g in orch for c in walk_calls(g.body)}
     incore = [g for n, g in f.functions.items() if isinstance(g, IncoreFunction) and n in called]
-    return Module(tuple(incore) + tuple(orch), module.entry), report
+    fused = Module(tuple(incore) + tuple(orch), module.entry)
+    try:  # each fused function was verified; the program around them is checked once more
+        verify_module(fused)
+    except BuildError as e:
+        why = Refusal("module", tuple(x.function for x in report.fused), None, f"the fused module does not verify: {e}")
+        return module, FusionReport((), report.refused + (why,))
+    return fused, report
 
 
 __all__ = ["Fusion", "FusionReport", "Refusal", "fuse"]

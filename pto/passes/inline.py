@@ -84,6 +84,12 @@ class Scope:
         self.scalars: dict[str, Expr] = {}
         self._named: dict[Expr, str] = {}
 
+    def nonneg(self, e: Expr, ranges: dict) -> bool:
+        """Whether ``e >= 0`` for every value of the variables in ``ranges`` and every positive
+        value of the dims (tile extents), after :meth:`facts`."""
+        dims = {d: (Const(1), Const(1 << 30)) for d in self.dims}
+        return Prover({**dims, **ranges}).nonneg(fold(substitute(e, self.facts())))
+
     def facts(self) -> dict[str, Expr]:
         """What the fused call makes equal: a scalar bound to what a dim is bound to is that dim,
         a dim bound to a constant is the constant."""
@@ -134,7 +140,7 @@ class Slot:
     dcol: Expr = Const(0)
     rows: Expr | None = None
     cols: Expr | None = None
-    masked: bool = False  # loads need masks to the members' extent (a union's iterations)
+    axes: tuple[str, str] = ("still", "still")  # how each axis moves with a chain's loop (union_axis)
     shape: tuple[Expr, Expr] | None = None  # the region the fused function may touch (MemRefParam.shape)
     accesses: list = field(default_factory=list)  # (instr, top level) of the fused body
 
@@ -153,15 +159,16 @@ def _upper(e: Expr) -> int | None:
     return None
 
 
-def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[Expr, Expr, bool]:
+def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[Expr, Expr, str]:
     """The extent a chain's fused call binds on one axis of a region that may move with the
-    loop (offset ``off``, extent ``ext``, the tensor's ``full`` extent): (offset, extent, whether
-    each iteration's loads need a mask to its own extent)."""
+    loop (offset ``off``, extent ``ext``, the tensor's ``full`` extent): (offset, extent, how the
+    axis moves: "still" (not at all), "tiled" (base tiles end to end, clipped once at the end:
+    a load inside its iteration's ``v.rows`` needs no mask of its own) or "moves")."""
     v = ch.var
     if not mentions(off, v):
         if mentions(ext, v):
             raise Refused("a region whose extent, not its offset, moves with the loop")
-        return off, ext, False
+        return off, ext, "still"
     if ext is None:
         raise Refused("a region that moves with the loop has no extent")
     if f"{v}.rows" in off.free_vars():
@@ -181,10 +188,10 @@ def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[
                 stop = _tiled_stop(end, off, ch, stride)
                 hi = min_of(stop, full) if stop is not None else min_of(end, substitute(off, {v: ch.ub}), full)
                 rows = fold(hi - lo)
-                return lo, fold(emax(1, rows)), False  # a loop with no whole step: one row, unread
+                return lo, fold(emax(1, rows)), "tiled"  # a loop with no whole step: one row, unread
     u = _upper(substitute(ext, {f"{v}.rows": Const(ch.tile)}) if ch.tile is not None else ext)
     hi = emin(full, fold(substitute(off, {v: ch.ub - 1}) + u)) if u is not None else full
-    return lo, fold(emax(1, hi - lo)), True
+    return lo, fold(emax(1, hi - lo)), "moves"
 
 
 def _same(a: Expr, b: Expr) -> bool:
@@ -277,9 +284,12 @@ class Member:
             env[p.name] = scope.tr(args[p.name])
         if fn.parallel is not None and pvar is not None:
             env[fn.parallel.var] = Var(pvar)
+        used = _callee_names(fn)
         for m, s in slots.items():
-            env[f"{m}.rows"] = s.rows if s.rows is not None else Attr(s.name, "rows")
-            env[f"{m}.cols"] = s.cols if s.cols is not None else Attr(s.name, "cols")
+            for f, ext in (("rows", s.rows), ("cols", s.cols)):
+                if ext is None and f"{m}.{f}" in used:
+                    raise Refused(f"`{fn.name}` reads `{m}.{f}` of a region bound without its extent")
+                env[f"{m}.{f}"] = ext if ext is not None else Attr(s.name, f)
         self.env = env
         self._loops(fn.body, idx, names)
         for d, n in dims.items():
@@ -330,12 +340,48 @@ class Member:
         ins = Instr(Op.LOAD, self.tiles[tile], (slot.name, rr, cc), s.attrs, s.loc)
         slot.accesses.append((ins, top, r, c))
         out = [ins]
-        if slot.masked:
-            t = self.fn.tile(tile)
-            size = {Op.MASK_ROWS: self.ex(t.rows), Op.MASK_COLS: self.ex(t.cols)}
-            out.extend(m for m in pad_masks(self.tiles[tile], slot, r, c, ins.attr("pad"), s.loc)
-                       if not covered(m.srcs[1], Const(0), size[m.op], self.ranges, self.scope.facts()))
+        if slot.variant:
+            out.extend(self._iteration_masks(slot, tile, r, c, ins.attr("pad"), s.loc))
         return out
+
+    def _iteration_masks(self, slot: Slot, tile: str, r: Expr, c: Expr, pad: float, loc) -> list[Instr]:
+        """What keeps a load from a chain's union region to what it read of its own iteration's
+        region: a mask past that region's extent on each axis that moves, unless the tile
+        provably stays inside it (or, on a tiled axis, inside the iteration's whole tile, the
+        union clipping the last one as the iteration's region did)."""
+        t, facts, out = self.fn.tile(tile), self.scope.facts(), []
+        along = ((Op.MASK_ROWS, r, self.ex(t.rows)), (Op.MASK_COLS, c, self.ex(t.cols)))
+        for axis, (op, off, size) in enumerate(along):
+            how = slot.axes[axis]
+            if how == "still":
+                continue
+            if not self.scope.nonneg(off, self.ranges):
+                raise Refused(f"a load of `{slot.binding.tensor}` may start before its iteration's region")
+            ext = slot.rows if axis == 0 else slot.cols
+            cap = Const(self.scope.chain.tile) if how == "tiled" and self.scope.chain.tile is not None else ext
+            if covered(cap, off, size, self.ranges, facts) or covered(ext, off, size, self.ranges, facts):
+                continue
+            out.append(Instr(op, self.tiles[tile], (self.tiles[tile], fold(ext - off)), (("fill", float(pad)),), loc))
+        return out
+
+
+def _callee_names(fn: IncoreFunction) -> set[str]:
+    """Every name the expressions of ``fn`` use (``m.rows`` attributes included)."""
+    out: set[str] = set()
+
+    def visit(body):
+        for x in body:
+            if isinstance(x, ForRange):
+                for e in (x.lb, x.ub, x.step):
+                    out.update(e.free_vars())
+                visit(x.body)
+            else:
+                for e in x.srcs:
+                    if isinstance(e, Expr):
+                        out.update(e.free_vars())
+
+    visit(fn.body)
+    return out
 
 
 def pad_masks(tile: str, slot: Slot, r: Expr, c: Expr, pad: float, loc) -> list[Instr]:
@@ -357,11 +403,11 @@ def slot_for(b: RegionBinding, dtype, scope: Scope, names: Names, full: tuple[Ex
     cols = scope.tr(b.cols) if b.cols is not None else None
     if not moves:
         return Slot(names.fresh(b.tensor), dtype, b, rows=rows, cols=cols)
-    row, nrows, mr = union_axis(b.row, b.rows, full[0], ch)
-    col, ncols, mc = union_axis(b.col, b.cols, full[1], ch)
+    row, nrows, ar = union_axis(b.row, b.rows, full[0], ch)
+    col, ncols, ac = union_axis(b.col, b.cols, full[1], ch)
     union = RegionBinding(b.tensor, row, col, nrows, ncols)
     return Slot(names.fresh(b.tensor), dtype, union, True, fold(scope.tr(b.row) - scope.tr(row)),
-                fold(scope.tr(b.col) - scope.tr(col)), rows, cols, mr or mc)
+                fold(scope.tr(b.col) - scope.tr(col)), rows, cols, (ar, ac))
 
 
 def memref_params(slots: list[Slot]) -> list[MemRefParam]:

@@ -87,20 +87,28 @@ class Promoter:
         for src, st in self.stored:
             _rename_source(self.body, src, st)
 
-    def promote(self, s: Slot, dead: bool) -> str:
-        """Rewrite ``s``'s accesses; 'removed' (no memory access left) or 'on_chip'."""
+    def promote(self, s: Slot, dead: bool, chain: bool) -> str:
+        """Rewrite ``s``'s accesses; 'removed' (no memory access left) or 'on_chip'. In a chain
+        (``chain``), a state that is stored after the loop is loaded before it even when the
+        loop writes it first: a loop that runs no iteration stores back what was there."""
         first = s.accesses[0][0]
         rr, cc = _offsets(first)
         shape = (self.tiles[_tile_of(first)].rows, self.tiles[_tile_of(first)].cols)
         for ins, top, _, _ in s.accesses:
             t = self.tiles[_tile_of(ins)]
             if not top or tuple(_offsets(ins)) != (rr, cc) or (t.rows, t.cols) != shape:
-                raise Refused(f"`{s.binding.tensor}` is written and read again at different places or shapes")
+                raise Refused(f"`{s.binding.tensor}` is accessed at different places or with different shapes")
+        if s.shape is not None:
+            raise Refused(f"`{s.binding.tensor}` is written and read again inside a declared shape")
+        if not all(self.scope.nonneg(e, self.ranges) for e in s.accesses[0][2:4]):
+            raise Refused(f"`{s.binding.tensor}` is accessed at an offset that may lie before its region")
         st = self.names.fresh(f"{s.name}_st")
         self.new_tiles.append(Tile(st, shape[0], shape[1], s.dtype))
-        loaded = first.op is Op.LOAD
+        stores_after = any(a[0].op is Op.STORE for a in s.accesses) and not (dead and first.op is not Op.LOAD)
+        loaded = first.op is Op.LOAD or (chain and stores_after)
         if loaded:
-            self.pre.append(Instr(Op.LOAD, st, (s.name, rr, cc), first.attrs, first.loc))
+            self.pre.append(Instr(Op.LOAD, st, (s.name, rr, cc), first.attrs if first.op is Op.LOAD else (),
+                                  first.loc))
         stored = False
         for ins, _, r, c in s.accesses:
             i = next(j for j, x in enumerate(self.body) if x is ins)
@@ -144,7 +152,8 @@ def _tiles_of(x: Instr) -> set[str]:
 def _rename(body: list, d: str, st: str, live_out: set[str]) -> None:
     """Use state tile ``st`` for tile ``d`` from the copy ``mov d, st`` on, where that changes
     nothing: ``d`` appears at the top level only, the copy is its first use, later writes of
-    ``d`` update it in place, writes of ``st`` from other tiles come after ``d``'s last use, and
+    ``d`` update it in place, nothing else reads or writes ``st`` until ``d``'s last use (a
+    copy of ``d`` back into it aside), and
     an in-place update of ``d`` is copied back into ``st`` after it, or ``st`` is not read after
     it (``live_out``: the state tiles read after the body, or from one iteration to the next)."""
     if any(isinstance(x, ForRange) and d in used_names(x.body, (), None) for x in body):  # noqa: SIM102
@@ -161,8 +170,10 @@ def _rename(body: list, d: str, st: str, live_out: set[str]) -> None:
             if d not in _instr_reads(x):
                 return  # a new value: d holds something else from here
             updated = i
-    for i, x in enumerate(body):
-        if isinstance(x, Instr) and i > first and x.op is Op.MOV and x.dst == st and x.srcs[0] != d and i <= last_use:
+    for x in body[first + 1:last_use + 1]:  # st is d's alone while d lives (a copy back of d aside)
+        if isinstance(x, ForRange) and st in used_names(x.body, (), None):
+            return
+        if isinstance(x, Instr) and st in _tiles_of(x) and not (x.op is Op.MOV and x.dst == st and x.srcs == (d,)):
             return
     copied_back = any(isinstance(x, Instr) and x.op is Op.MOV and x.dst == st and x.srcs == (d,)
                       for x in body[updated + 1:])
