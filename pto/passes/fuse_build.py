@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Const, as_expr, fold, substitute
+from pto.ir.expr import Attr, Const, as_expr, fold, substitute
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, Tile
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
@@ -49,16 +49,19 @@ def _dims(calls, fns, chain: ChainLoop | None, names: Names):
         mine = {}
         for d, default in f.dims:
             b = as_expr(cd.get(d, Const(default)))
+            grows = chain is not None and b == Attr(chain.var, "rows")
             if chain is not None:
                 if chain.tile is not None:
                     b = fold(substitute(b, {f"{chain.var}.rows": Const(chain.tile)}))
                 if mentions(b, chain.var):
                     raise Refused(f"dim `{d}` of `{f.name}` moves with loop `{chain.var}`")
-            if (d, b) not in seen:
-                seen[(d, b)] = n = names.fresh(d)
+            if (d, b, grows) not in seen:
+                seen[(d, b, grows)] = n = names.fresh(d)
                 fdims.append((n, default))
                 bind[n] = b
-            mine[d] = seen[(d, b)]
+                if grows:
+                    chain.grown.add(n)
+            mine[d] = seen[(d, b, grows)]
         per.append(mine)
     return per, fdims, bind
 

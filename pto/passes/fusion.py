@@ -184,6 +184,14 @@ class _Fuser:
             parts = [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)]
         else:
             parts = [(loop, 1)]
+        made = self._parts(calls, loop, parts)
+        if made is None and m > 1:  # the members' tiles do not grow with the step: base tiles
+            made = self._parts(calls, loop, [(loop, 1)])
+        if made is None:
+            return [loop]
+        return [self._register(calls, f, ch) for f, ch in made]
+
+    def _parts(self, calls: list[Call], loop: Loop, parts) -> list | None:
         made = []
         for part, step in parts:
             ch = chain_loop(part, f"{loop.var}_f", self.multiples, step)
@@ -191,8 +199,8 @@ class _Fuser:
                 made.append((self._build(calls, ch), ch))
             except Refused as r:
                 self._refuse("chain", calls, loop.var, str(r))
-                return [loop]
-        return [self._register(calls, f, ch) for f, ch in made]
+                return None
+        return made
 
     def _carries(self, calls: list[Call], var: str) -> bool:
         """Some region the loop does not move is read first, then written."""

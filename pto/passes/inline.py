@@ -61,6 +61,7 @@ class ChainLoop:
     tile: int | None = None  # ``var.rows`` where a dim binds it (the merged tile's height)
     base: int | None = None  # the adaptive loop's base tile height
     multiples: dict = field(default_factory=dict)  # enclosing adaptive loops' variables -> base height
+    grown: set = field(default_factory=set)  # the fused dims bound to ``var.rows`` (the step's tile height)
 
 
 def key(b: RegionBinding) -> tuple:
@@ -355,6 +356,10 @@ class Member:
             how = slot.axes[axis]
             if how == "still":
                 continue
+            ch = self.scope.chain
+            if ch.tile is not None and ch.base is not None and ch.tile > ch.base \
+                    and not (isinstance(size, Var) and size.name in ch.grown):
+                raise Refused(f"a tile of `{slot.binding.tensor}` that does not grow with the loop's merged step")
             if not self.scope.nonneg(off, self.ranges):
                 raise Refused(f"a load of `{slot.binding.tensor}` may start before its iteration's region")
             ext = slot.rows if axis == 0 else slot.cols

@@ -1,0 +1,157 @@
+"""Fusion on small programs written to break it (a review's counterexamples, each once a wrong
+result): the fused program computes what the written one computes, or the pass refuses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pto import InCore, Orchestration, emin, f32
+from pto.interp.orchestration import run_program
+from pto.ir.expr import evaluate
+from pto.passes.fusion import fuse
+
+
+def _same(m, scalars: dict, merge: bool = False):
+    """Fuse ``m`` and run both on small integers: the tensors agree (NaN where neither run
+    wrote); returns the report."""
+    fm, rep = fuse(m, merge=merge)
+    g = torch.Generator().manual_seed(0)
+    x = {t.name: torch.randint(-4, 5, (int(evaluate(t.rows, scalars)), int(evaluate(t.cols, scalars))),
+                               generator=g).float()
+         for t in m.entry_function.tensors if t.role in ("input", "inout")}
+    want = run_program(m, {k: v.clone() for k, v in x.items()}, scalars).tensors
+    got = run_program(fm, {k: v.clone() for k, v in x.items()}, scalars).tensors
+    roles = {t.name: t.role for t in m.entry_function.tensors}
+    for t in want:
+        if roles[t] == "temp" and t not in got:
+            continue  # a temporary the fused program no longer needs
+        assert t in got and torch.equal(want[t].isnan(), got[t].isnan()), t
+        assert torch.equal(want[t].nan_to_num(), got[t].nan_to_num()), (t, rep.describe())
+    return rep
+
+
+def _tile_fn(name, mems, body):
+    k = InCore(name)
+    refs = {n: k.memref(n, f32, shape=shape) for n, shape in mems}
+    body(k, refs)
+    return k.build()
+
+
+def _produce(shape=None, plus=1.0, rows_attr=False):
+    def body(k, r):
+        p = k.tile("p", 4, 4, f32)
+        k.load(p, r["x"], 0, 0)
+        k.adds(p, p, r["x"].rows if rows_attr else plus)
+        k.store(r["s"], 0, 0, p)
+    return _tile_fn("produce", (("x", None), ("s", shape)), body)
+
+
+def test_a_copy_updated_in_place_does_not_change_another_copy_of_the_state():
+    def body(k, r):
+        d1, d2, o = k.tile("d1", 4, 4, f32), k.tile("d2", 4, 4, f32), k.tile("o", 4, 4, f32)
+        k.load(d1, r["s"], 0, 0)
+        k.load(d2, r["s"], 0, 0)
+        k.adds(d1, d1, 1.0)
+        k.add(o, d1, d2)
+        k.store(r["y"], 0, 0, o)
+    consume = _tile_fn("consume", (("s", None), ("y", None)), body)
+    o = Orchestration("prog")
+    X, S, Y = o.input("x", 4, 4, f32), o.temp("s", 4, 4, f32), o.output("y", 4, 4, f32)
+    o.call(_produce(), {"x": X, "s": S})
+    o.call(consume, {"s": S, "y": Y})
+    assert _same(o.module(), {}).fused
+
+
+def _carry_step(read_again: bool):
+    def body(k, r):
+        d, o = k.tile("d", 4, 4, f32), k.tile("o", 4, 4, f32)
+        k.load(d, r["carry"], 0, 0)
+        k.adds(d, d, 1.0)
+        if read_again:
+            e = k.tile("e", 4, 4, f32)
+            k.load(e, r["carry"], 0, 0)  # the old carry, read after d's update
+            k.add(o, d, e)
+        else:
+            k.mov(o, d)
+        k.store(r["y"], 0, 0, o)
+        k.store(r["carry"], 0, 0, d)
+    return _tile_fn("step", (("carry", None), ("y", None)), body)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+@pytest.mark.parametrize("read_again", [True, False])
+def test_a_chain_with_state_read_twice_or_no_trip(n, read_again):
+    """The carry read again after an in-place update, and a loop that runs no iteration: the
+    state after the loop is what the written loop leaves (for no trip, what was there)."""
+    o = Orchestration("prog")
+    N = o.scalar("n")
+    C, Y = o.inout("carry", 4, 4, f32), o.inout("y", 4, 4, f32)
+    with o.for_loop("i", 0, N):
+        o.call(_carry_step(read_again), {"carry": C, "y": Y})
+    assert _same(o.module(), {"n": n}).fused
+
+
+def test_an_output_read_only_by_its_consumer_still_reaches_memory():
+    def body(k, r):
+        d = k.tile("d", 4, 4, f32)
+        k.load(d, r["s"], 0, 0)
+        k.muls(d, d, 2.0)
+        k.store(r["y"], 0, 0, d)
+    consume = _tile_fn("consume", (("s", None), ("y", None)), body)
+    o = Orchestration("prog")
+    X, S, Y = o.input("x", 4, 4, f32), o.output("s", 4, 4, f32), o.output("y", 4, 4, f32)
+    o.call(_produce(), {"x": X, "s": S})
+    o.call(consume, {"s": S, "y": Y})
+    assert _same(o.module(), {}).fused
+
+
+@pytest.mark.parametrize("shapes", [(None, (2, 4)), ((2, 4), None)])
+def test_members_that_declare_different_shapes_of_a_region_are_refused(shapes):
+    def body(k, r):
+        d = k.tile("d", 4, 4, f32)
+        k.load(d, r["s"], 0, 0, pad=7.0)
+        k.store(r["y"], 0, 0, d)
+    consume = _tile_fn("consume", (("s", shapes[1]), ("y", None)), body)
+    o = Orchestration("prog")
+    X, S, Y = o.input("x", 4, 4, f32), o.inout("s", 4, 4, f32), o.output("y", 4, 4, f32)
+    o.call(_produce(shapes[0]), {"x": X, "s": S})
+    o.call(consume, {"s": S, "y": Y})
+    rep = _same(o.module(), {})
+    assert not rep.fused and "different shapes of `s`" in rep.refused[0].reason
+
+
+def test_a_members_rows_of_a_region_bound_without_extent_is_refused():
+    def body(k, r):
+        d = k.tile("d", 4, 4, f32)
+        k.load(d, r["s"], 0, 0)
+        k.store(r["y"], 0, 0, d)
+    consume = _tile_fn("consume", (("s", None), ("y", None)), body)
+    o = Orchestration("prog")
+    X, S, Y = o.input("x", 8, 4, f32), o.temp("s", 4, 4, f32), o.output("y", 4, 4, f32)
+    o.call(_produce(rows_attr=True), {"x": X, "s": S})
+    o.call(consume, {"s": S, "y": Y})
+    rep = _same(o.module(), {})
+    assert not rep.fused and "`x.rows`" in rep.refused[0].reason
+
+
+@pytest.mark.parametrize("tile_rows,row_off,pad", [(4, 0, 0.0), (8, 0, 0.0), (4, 2, 0.0), (4, 0, 5.0)])
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_tiled_union_keeps_each_loads_own_padding(tile_rows, row_off, pad, merge):
+    """An adaptive loop over base tiles of 4 rows (extent min(i.rows, N - 4i)): a member tile
+    taller than its iteration, or a load at a row offset, must still read the pad past its own
+    iteration's rows, not the next iteration's."""
+    def body(k, r):
+        t, u = k.tile("t", tile_rows, 4, f32), k.tile("u", tile_rows, 4, f32)
+        k.load(t, r["x"], row_off, 0, pad=pad)
+        k.load(u, r["acc"], 0, 0)
+        k.add(u, u, t)
+        k.store(r["acc"], 0, 0, u)
+    step = _tile_fn("acc_step", (("x", None), ("acc", None)), body)
+    o = Orchestration("prog")
+    N = o.scalar("N")
+    X, A = o.input("x", N, 4, f32), o.inout("acc", 8, 4, f32)
+    with o.for_loop("i", 0, (N + 3) // 4, tile_levels={0: 4, 2: 8}, reassociate=True) as i:
+        o.call(step, {"x": (X, i * 4, 0, emin(i.rows, N - i * 4), 4), "acc": (A, 0, 0, tile_rows, 4)})
+    for n in (10, 12):
+        assert _same(o.module(), {"N": n}, merge=merge).fused
