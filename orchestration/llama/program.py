@@ -153,7 +153,7 @@ class LlamaProgram(Program):
         sequence length)."""
         cache = self.__dict__.setdefault("_fusions", {})
         if s.key not in cache:
-            cache[s.key] = fuse(self.written(s))
+            cache[s.key] = fuse(self.written(s), target=s.target)
         return cache[s.key]
 
     def tiling(self, s: Settings) -> LlamaTiling:

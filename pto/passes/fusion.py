@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import fold
+from pto.ir.expr import Attr, const_value, fold
 from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
 from pto.passes.fuse_build import build, chain_loop
@@ -94,8 +94,9 @@ def _name(base: str, taken) -> str:
 
 
 class _Fuser:
-    def __init__(self, module: Module, merge: bool):
-        self.module, self.merge = module, merge
+    def __init__(self, module: Module, merge: bool, target=None):
+        self.module, self.merge, self.target = module, merge, target
+        self.heights: dict[str, int] = {}  # the enclosing adaptive loops' variables -> tallest tile
         self.multiples: dict[str, int] = {}  # the enclosing adaptive loops' variables -> base height
         self.reserved: set[str] = set()  # names given to fused functions, registered or not
         self.functions = {f.name: f for f in module.functions}
@@ -134,10 +135,12 @@ class _Fuser:
         for s in stmts:
             if isinstance(s, Loop):
                 outer = dict(self.multiples)
+                outer_heights = dict(self.heights)
                 if s.adaptive:
                     self.multiples[s.var] = s.base_rows
+                    self.heights[s.var] = max(h for _, h in s.tile_levels)
                 s = replace(s, body=tuple(self.body(s.body)))
-                self.multiples = outer
+                self.multiples, self.heights = outer, outer_heights
                 out.extend(self.chain(s))
             elif isinstance(s, If):
                 out.append(replace(s, then=tuple(self.body(s.then)), orelse=tuple(self.body(s.orelse))))
@@ -226,7 +229,27 @@ class _Fuser:
         parts = "_".join(dict.fromkeys(t for c in calls for w in self.written[id(c)] for t in w.split("_")))
         name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions.keys() | self.reserved)
         self.reserved.add(name)
-        return build(name, calls, fns, chain, dead, self.full)
+        made = build(name, calls, fns, chain, dead, self.full)
+        if self.target is not None:
+            self._fits(made)
+        return made
+
+    def _fits(self, made) -> None:
+        """Refuse a fused function whose live tiles exceed the target's on-chip memory at the
+        tallest tiles its call can bind (each member fits alone; together they may not)."""
+        from pto.errors import SramError
+        from pto.passes.tiling import check_sram
+
+        dims = {}
+        for d, b in made.call.dims:
+            v = const_value(b)
+            if v is None and isinstance(b, Attr) and b.field == "rows":
+                v = self.heights.get(b.base)
+            dims[d] = v if v is not None else dict(made.fn.dims)[d]
+        try:
+            check_sram(made.fn, self.target, dims)
+        except SramError as e:
+            raise Refused(str(e)) from None
 
     def _register(self, calls: list[Call], made, chain) -> Call:
         self.functions[made.fn.name] = made.fn
@@ -243,12 +266,14 @@ class _Fuser:
         self.refused.append(Refusal(kind, written, loop, reason, calls[0].loc))
 
 
-def fuse(module: Module, merge: bool = True) -> tuple[Module, FusionReport]:
+def fuse(module: Module, merge: bool = True, target=None) -> tuple[Module, FusionReport]:
     """``module`` with its chains and producer/consumer runs fused (the module docstring), and
     the report of what was fused and what was refused. A module with nothing to fuse comes back
     unchanged. ``merge``: a chain over an adaptive loop that allows re-association steps over the
-    loop's widest tile (False: over its base tiles, the same arithmetic as the written loop)."""
-    f = _Fuser(module, merge)
+    loop's widest tile (False: over its base tiles, the same arithmetic as the written loop).
+    ``target`` (a :class:`pto.target.Target`): a fused function whose tiles do not fit its on-chip
+    memory is refused."""
+    f = _Fuser(module, merge, target)
     entry = module.entry_function
     body = tuple(f.body(entry.body))
     report = FusionReport(tuple(f.fused), tuple(f.refused))
