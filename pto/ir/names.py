@@ -46,6 +46,17 @@ def check_name(name: object, what: str, owner: str | None = None, function: bool
     return name
 
 
+def fresh_name(base: str, taken: set[str], sep: str = "") -> str:
+    """``base``, or ``base`` + ``sep`` + the first count from 2 that is not in ``taken``; added
+    to ``taken``."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{sep}{k}"
+    taken.add(name)
+    return name
+
+
 def variant_name(name: str, variant: tuple[tuple[str, int], ...]) -> str:
     """``name`` plus the dim values of a variant: ``softmax_tile__R64`` (``name`` without any)."""
     if not variant:

@@ -280,6 +280,15 @@ class Module:
         return tuple(f for f in self.functions if isinstance(f, OrchFunction))
 
 
+def walk_instrs(body):
+    """Every instruction of an InCore body, in order, loops' bodies included."""
+    for s in body:
+        if isinstance(s, ForRange):
+            yield from walk_instrs(s.body)
+        else:
+            yield s
+
+
 def walk_calls(body) -> list[Call]:
     """All calls of an orchestration body, in program order (both branches of an if)."""
     out: list[Call] = []

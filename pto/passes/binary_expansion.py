@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pto.ir.expr import Const, Expr, Var, emax, fn, select, substitute
+from pto.ir.names import fresh_name
 from pto.ir.nodes import Call, If, Let, Loop, Module, OrchFunction, RegionBinding
 from pto.passes.independence import check_adaptive_loops
 
@@ -105,12 +106,7 @@ class _Expander:
                 self._collect_names(s.orelse)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}{k}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
     def run(self) -> OrchFunction:
         return replace(self.f, body=self.body(self.f.body, {}))

@@ -56,7 +56,8 @@ class Chain:
                 f"through memory (scratch: {', '.join(self.scratch) or 'none'}; handoffs: {hand})")
 
 
-def _key(b: RegionBinding) -> tuple:
+def region_key(b: RegionBinding) -> tuple:
+    """A region as written: its tensor and its offset and extent expressions."""
     return (b.tensor, b.row, b.col, b.rows, b.cols)
 
 
@@ -111,7 +112,7 @@ class _Finder:
         for i, c in enumerate(calls):
             for p, v in c.args:
                 if isinstance(v, RegionBinding) and _invariant(v, loop.var):
-                    seen.setdefault(_key(v), []).append((i, self.direction(c, p)))
+                    seen.setdefault(region_key(v), []).append((i, self.direction(c, p)))
         carried, scratch, members = [], [], set()
         for key, acc in seen.items():
             written = any(d in _WRITE for _, d in acc)
@@ -152,8 +153,8 @@ class _Finder:
                 if self.uses.get(v.tensor, 0) != inside.get(v.tensor, 0):
                     continue  # read elsewhere too: it must reach memory
                 for b in calls[i + 1:]:
-                    if any(isinstance(w, RegionBinding) and _key(w) == _key(v) and self.direction(b, q) in _READ
-                           for q, w in b.args):
+                    if any(isinstance(w, RegionBinding) and region_key(w) == region_key(v)
+                           and self.direction(b, q) in _READ for q, w in b.args):
                         out.append((a, b, v.tensor))
         return out
 
@@ -166,4 +167,4 @@ def find_chains(module: Module) -> list[Chain]:
     return f.chains
 
 
-__all__ = ["Chain", "find_chains"]
+__all__ = ["Chain", "find_chains", "region_key"]

@@ -15,6 +15,7 @@ from pto.ir.expr import Attr, Const, as_expr, fold, substitute
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, Tile
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
+from pto.passes.chains import region_key
 from pto.passes.inline import (
     ChainLoop,
     Fusing,
@@ -23,7 +24,6 @@ from pto.passes.inline import (
     Refused,
     Scope,
     Slot,
-    key,
     memref_params,
     mentions,
     slot_for,
@@ -75,7 +75,7 @@ def _slots(calls, fns, scope: Scope, names: Names, full):
         args, acc, mine = dict(c.args), param_access(f), {}
         for p in f.memrefs:
             b = args[p.name]
-            k = key(b)
+            k = region_key(b)
             if k not in slots:
                 slots[k] = slot_for(b, p.dtype, scope, names, full[b.tensor])
             if slots[k].dtype != p.dtype:

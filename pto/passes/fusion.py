@@ -30,8 +30,9 @@ from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, const_value, fold
 from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
+from pto.passes.chains import region_key
 from pto.passes.fuse_build import build, chain_loop
-from pto.passes.inline import Refused, key, mentions
+from pto.passes.inline import Refused, mentions
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,8 @@ class _Fuser:
         return out
 
     def _linked(self, group: list[Call], c: Call, here: frozenset) -> bool:
-        written = {key(v) for g in group for v in self._regions(g, ("out", "inout"))}
-        return any(key(v) in written and self.readers.get(v.tensor, set()) <= here
+        written = {region_key(v) for g in group for v in self._regions(g, ("out", "inout"))}
+        return any(region_key(v) in written and self.readers.get(v.tensor, set()) <= here
                    for v in self._regions(c, ("in", "inout")))
 
     def chain(self, loop: Loop) -> list:
@@ -214,9 +215,9 @@ class _Fuser:
             for p, v in c.args:
                 if not isinstance(v, RegionBinding) or any(mentions(e, var) for e in (v.row, v.col, v.rows, v.cols)):
                     continue
-                first.setdefault(key(v), d.get(p, "in"))
+                first.setdefault(region_key(v), d.get(p, "in"))
                 if d.get(p, "in") != "in":
-                    written.add(key(v))
+                    written.add(region_key(v))
         return any(first[k] != "out" for k in written)
 
     def _build(self, calls: list[Call], chain):

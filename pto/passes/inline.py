@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, fold, substitute
+from pto.ir.names import fresh_name
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, MemRefParam, RegionBinding, Tile
 from pto.ir.ops import COLLECTIVE, SCALAR_LOAD, Op
 from pto.passes.affine import Prover
@@ -40,12 +41,7 @@ class Names:
         self.used: set[str] = set()
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
+        return fresh_name(base, self.used, "_")
 
 
 @dataclass
@@ -62,10 +58,6 @@ class ChainLoop:
     base: int | None = None  # the adaptive loop's base tile height
     multiples: dict = field(default_factory=dict)  # enclosing adaptive loops' variables -> base height
     grown: set = field(default_factory=set)  # the fused dims bound to ``var.rows`` (the step's tile height)
-
-
-def key(b: RegionBinding) -> tuple:
-    return (b.tensor, b.row, b.col, b.rows, b.cols)
 
 
 def mentions(e: Expr | None, var: str) -> bool:
@@ -315,5 +307,5 @@ def memref_params(slots: list[Slot]) -> list[MemRefParam]:
     return [MemRefParam(s.name, s.dtype, s.shape) for s in slots]
 
 
-__all__ = ["ChainLoop", "Fusing", "Member", "Names", "Refused", "Scope", "Slot", "covered", "key", "mentions",
+__all__ = ["ChainLoop", "Fusing", "Member", "Names", "Refused", "Scope", "Slot", "covered", "mentions",
            "pad_masks", "slot_for"]

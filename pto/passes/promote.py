@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pto.ir.analysis import _instr_reads
 from pto.ir.expr import Const, Expr, substitute
-from pto.ir.nodes import ForRange, Instr, Tile
+from pto.ir.nodes import ForRange, Instr, Tile, walk_instrs
 from pto.ir.ops import COL_BROADCAST, COL_REDUCE, MATMUL, Op
 from pto.passes.inline import Names, Refused, Scope, Slot, covered, pad_masks
 
@@ -57,7 +57,7 @@ class Promoter:
             return
         bound = bounds.pop()
         rows = {m.dst for m in self.row_pads} | {st for _, st in self.forwarded}
-        code = list(_instrs(self.pre + self.body + self.post))
+        code = list(walk_instrs(self.pre + self.body + self.post))
         grew = True
         while grew:
             grew = False
@@ -139,7 +139,7 @@ class Promoter:
         for ins, top, _, _ in s.accesses:
             if not top or it in set().union(*(e.free_vars() for e in _offsets(ins))):
                 continue
-            if sum(1 for x in _instrs(self.body) if x.dst == ins.dst) != 1:
+            if sum(1 for x in walk_instrs(self.body) if x.dst == ins.dst) != 1:
                 continue
             self.body[:] = [x for x in self.body if x is not ins]
             self.pre.append(ins)
@@ -180,10 +180,7 @@ def _rename(body: list, d: str, st: str, live_out: set[str]) -> None:
     # an update not copied back: only where nothing reads st after it (st is not live out)
     if updated >= 0 and not copied_back and (st in live_out or _reads_after(body, updated, st)):
         return
-    for i in uses:
-        x = body[i]
-        body[i] = Instr(x.op, st if x.dst == d else x.dst, tuple(st if y == d else y for y in x.srcs), x.attrs, x.loc)
-    body[:] = [x for x in body if not (isinstance(x, Instr) and x.op is Op.MOV and x.dst == x.srcs[0])]
+    _retarget(body, uses, d, st)
 
 
 def prune_masks(body: list, tiles: dict[str, Tile], ranges: dict, facts: dict) -> None:
@@ -230,19 +227,16 @@ def _rename_source(body: list, src: str, st: str) -> None:
             return
         if isinstance(x, Instr) and st in _tiles_of(x):
             return
+    _retarget(body, uses, src, st)
+
+
+def _retarget(body: list, uses: list[int], old: str, new: str) -> None:
+    """Tile ``old`` becomes ``new`` in the instructions at ``uses``; copies of a tile onto itself go."""
     for i in uses:
         x = body[i]
-        body[i] = Instr(x.op, st if x.dst == src else x.dst, tuple(st if y == src else y for y in x.srcs), x.attrs,
+        body[i] = Instr(x.op, new if x.dst == old else x.dst, tuple(new if y == old else y for y in x.srcs), x.attrs,
                         x.loc)
     body[:] = [x for x in body if not (isinstance(x, Instr) and x.op is Op.MOV and x.dst == x.srcs[0])]
-
-
-def _instrs(body):
-    for s in body:
-        if isinstance(s, ForRange):
-            yield from _instrs(s.body)
-        else:
-            yield s
 
 
 def used_names(fn_body, tiles, parallel) -> set[str]:

@@ -154,3 +154,33 @@ def test_a_scan_with_an_output_per_step_is_refused_and_left_as_written():
     assert fm == m and not rep.fused
     (r,) = rep.refused
     assert r.kind == "chain" and "writes `y` at a region that moves with it" in r.reason
+
+
+def test_a_fused_function_that_does_not_fit_the_target_is_refused():
+    """The sliding-window split layer fused over merged kv steps needs more live tiles than the
+    CPU target's 48 KiB: that fusion is refused with the numbers, and the chain steps over base
+    tiles instead (each fused function the program runs fits)."""
+    from pto.graph import CompiledProgram
+    from pto.target import get as target
+
+    prog, s = _llama("tiny-swa", "split")
+    fm, rep = fuse(prog.written(s), target=target("x86_64"))
+    assert any("live tiles" in r.reason and "x86_64" in r.reason for r in rep.refused), rep.describe()
+    assert rep.fused and rep.fused[-1].calls[-1].startswith("flash_normalize")
+    CompiledProgram.get(fm, target=target("x86_64"))  # checks every variant's live tiles against the target
+
+
+def test_pto_run_json_lists_what_was_fused():
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "pto.cli", "run", "llama", "--attention", "pair", "--seq", "40",
+                            "--json", *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    fused, written = run(), run("--no-fuse")
+    assert any("flash_pair" in f and "on chip: m, l, acc" in f for f in fused["fused"])
+    assert "fused" not in written and written["tasks"] > fused["tasks"]

@@ -25,7 +25,6 @@ from pto.codegen.triton.common import (
     TL_DTYPE,
     RenderOptions,
     TableLayout,
-    _instrs,
     block_shape,
     check_tiles,
     device_name,
@@ -37,7 +36,7 @@ from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
-from pto.ir.nodes import ForRange, IncoreFunction, Instr
+from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
@@ -85,7 +84,7 @@ def _first_access(body, tile: str) -> str | None:
 
 
 def _written(body) -> set[str]:
-    return {i.dst for i in _instrs(body) if i.dst is not None}
+    return {i.dst for i in walk_instrs(body) if i.dst is not None}
 
 
 def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:

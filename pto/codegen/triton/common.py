@@ -131,14 +131,6 @@ def device_name(fn: IncoreFunction) -> str:
     """The device function's name (``d_`` + the variant name)."""
     return f"d_{fn.variant_name}"
 
-def _instrs(body):
-    for s in body:
-        if isinstance(s, ForRange):
-            yield from _instrs(s.body)
-        else:
-            yield s
-
-
 def _loops(body):
     for s in body:
         if isinstance(s, ForRange):

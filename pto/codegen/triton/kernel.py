@@ -32,7 +32,6 @@ from pto.codegen.triton.common import (
     TL_PTR,
     RenderOptions,
     TableLayout,
-    _instrs,
     _loops,
     block_shape,
     file_source,
@@ -42,7 +41,7 @@ from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, specialize, tile_shape
 from pto.ir.bounds import bounds
 from pto.ir.expr import Expr
-from pto.ir.nodes import IncoreFunction
+from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 
 
@@ -112,11 +111,11 @@ def launch_params(fn: IncoreFunction) -> dict:
     shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
     biggest = max((r * c for r, c in shapes.values()), default=1)
     big_dot = any(i.op in MATMUL and shapes[i.dst][0] * shapes[i.dst][1] >= 128 * 128
-                  for i in _instrs(fn.body))
+                  for i in walk_instrs(fn.body))
     warps = 8 if big_dot or biggest >= 32 * 1024 else 4
     stages = 1
     for loop in _loops(fn.body):
-        ops = {i.op for i in _instrs(loop.body)}
+        ops = {i.op for i in walk_instrs(loop.body)}
         if Op.LOAD in ops and ops & MATMUL:
             stages = 3
         elif Op.LOAD in ops:

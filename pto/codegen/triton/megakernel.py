@@ -39,11 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pto.codegen.triton.body import BodyRenderer
-from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _instrs, _loops, block_shape, file_source
+from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
 from pto.errors import ResourceError
 from pto.ir.analysis import tile_shape
-from pto.ir.nodes import IncoreFunction
+from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import Op
 
 KERNEL = "pto_persistent"
@@ -209,7 +209,7 @@ def stage_bytes(fn: IncoreFunction) -> int:
     size = {t.name: t.dtype.itemsize for t in fn.tiles}
     total = 0
     for loop in _loops(fn.body):
-        for ins in _instrs(loop.body):
+        for ins in walk_instrs(loop.body):
             if ins.op is Op.LOAD:
                 r, c = shapes[ins.dst]
                 total += r * c * size[ins.dst]

@@ -25,12 +25,12 @@ through descriptors than through pointer loads of the same tiles.
 
 from __future__ import annotations
 
-from pto.codegen.triton.common import _instrs, _loops, block_shape
+from pto.codegen.triton.common import _loops, block_shape
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, tile_shape
 from pto.ir.bounds import bounds
 from pto.ir.expr import Bin, const_value
-from pto.ir.nodes import IncoreFunction
+from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 
 
@@ -39,7 +39,7 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     dims = dict(fn.variant)
     shapes: dict[str, set] = {}
     stored = set()
-    for ins in _instrs(fn.body):
+    for ins in walk_instrs(fn.body):
         if ins.op is Op.LOAD:
             shapes.setdefault(ins.srcs[0], set()).add(ins.dst)
             if float(ins.attr("pad")) != 0.0:  # a descriptor fills zeros past the tensor
@@ -49,7 +49,7 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     fed = set()  # memrefs loaded in a loop that multiplies tiles and may run more than once
     ranges = loop_ranges(fn)
     for loop in _loops(fn.body):
-        ins = list(_instrs(loop.body))
+        ins = list(walk_instrs(loop.body))
         if any(i.op in MATMUL for i in ins) and not _one_trip(loop, ranges):
             fed |= {i.srcs[0] for i in ins if i.op is Op.LOAD}
     out = {}
