@@ -25,6 +25,9 @@
 #               then the GPU layer tests with PTO_TMA=on
 #   layers      the defaults against eager and torch.compile: the 7B layer at $LAYER_SEQS, the next
 #               multiples of 128 of its odd lengths ($LAYER_NEXT), the Llama-3-8B layer at $LAYER8B_SEQS
+#   tp          issue 25, on a two-GPU machine: bench/tp.py at $TP_SEQS (default 4096,16384) for each
+#               setting in $TP_RUNS (";"-separated environment and flags, e.g. "PTO_COLLECTIVE_CHUNKS=1;
+#               PTO_COLLECTIVES=evaluator --seq 4096"), each run under $TP_LIMIT seconds (default 240)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -131,6 +134,15 @@ for stage in "$@"; do
             TIMEFORMAT="warm caches, a new shape (seq 3334): %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton16 python3 -m pto.cli run llama7b --config 7b --seq 3334 > /dev/null
           ) 2>&1 | tee "$OUT/cold.log" ;;
+    tp) IFS=';' read -ra runs <<< "${TP_RUNS:-PTO_COLLECTIVES=native}"; n=0
+        for r in "${runs[@]}"; do
+          n=$((n + 1)); read -ra words <<< "$r"; envs=(); flags=()
+          for w in "${words[@]}"; do [[ $w == *=* && $w != --* ]] && envs+=("$w") || flags+=("$w"); done
+          echo "tp run $n: $r"
+          timeout "${TP_LIMIT:-240}" env "${envs[@]}" torchrun --nproc-per-node "${TP_N:-2}" bench/tp.py \
+            --seq "${TP_SEQS:-4096,16384}" --json "$OUT/tp_$n.json" "${flags[@]}" > "$OUT/tp_$n.log" 2>&1
+          echo "rc=$?"; grep -v "^{" "$OUT/tp_$n.log" | tail -6
+        done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -7,12 +7,16 @@ a row tile's all-reduce starts as soon as that row tile's partial sums exist.
 - :func:`allreduce_tile`: ``x = sum over ranks of x``, in place (an inout region);
 - :func:`allreduce_residual_tile`: ``y = r + sum over ranks of x``: the row-parallel
   projections' all-reduce with the residual connection in its epilogue (the sum is kept in f32
-  and rounded once, after the add).
+  and rounded once, after the add);
+- :func:`matmul_allreduce_residual_tile`: ``y = r + sum over ranks of (x @ w)``: the
+  row-parallel projection itself, its partial product rounded to the storage dtype (as a
+  stored partial would be), summed, the residual added.
 
-Column blocks are the parallel axis, as in :mod:`.elementwise`; the whole row tile is one tile,
-so a batch of tasks is one collective. These functions run through the torch evaluator (on the
-GPU too); their tiles are small enough for any target's on-chip memory only so that the SRAM
-check of every variant passes.
+Column blocks are the parallel axis, as in :mod:`.elementwise`; a batch of tasks is one
+collective. On the GPU the Triton backend cuts each at its all-reduce
+(:mod:`pto.passes.collective`): the part before is one kernel, the sum one NCCL call over the
+batch (in chunks, so that the product of one chunk runs while the previous chunk is summed),
+the part after a second kernel. Elsewhere they run through the torch evaluator.
 """
 
 from __future__ import annotations
@@ -50,4 +54,32 @@ def allreduce_residual_tile(dtype, rows: int, cols: int, block: int, acc=f32, ta
     k.add(s, s, u)
     k.cast(t, s)
     k.store(y, 0, j * block, t)
+    return k.build(target)
+
+
+def matmul_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, acc=f32,
+                                   target=None) -> IncoreFunction:
+    """``y = r + sum over ranks of round(x @ w)`` for an R x K row tile against this rank's
+    K x N row shard of a row-parallel weight: the product accumulated in f32 and rounded to
+    ``dtype`` (the partial sum the unfused layer stores), summed in ``acc``, plus ``r``."""
+    k = InCore("matmul_allreduce_residual_tile")
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    w = k.memref("w", dtype, shape=(KD, ND))
+    r, y = k.memref("r", dtype, shape=(R, ND)), k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    a, bt = k.tile("a", R, bk, dtype), k.tile("bt", bk, bn, dtype)
+    p, out = k.tile("p", R, bn, f32), k.tile("out", R, bn, dtype)
+    k.full(p, 0.0)
+    with k.for_range("kk", 0, KD, bk) as kk:
+        k.load(a, x, 0, kk)
+        k.load(bt, w, kk, j * bn)
+        k.matmul_acc(p, a, bt)
+    k.cast(out, p)
+    k.allreduce(p, out, acc=acc)
+    k.load(out, r, 0, j * bn)
+    k.add(p, p, out)
+    k.cast(out, p)
+    k.store(y, 0, j * bn, out)
     return k.build(target)

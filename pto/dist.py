@@ -14,7 +14,9 @@ knows a program:
   mesh has ``tp`` ranks;
 - :func:`rank`, :func:`world_size`: of the group (0 and 1 without one);
 - :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
-  :func:`counters`;
+  :func:`counters`; :func:`all_reduce_` the same in place, in the tensor's dtype (the Triton
+  backend's collective tasks: no host synchronization, captured in CUDA graphs with NCCL);
+  :func:`backend`: the process group's;
 - :func:`gather`: one picklable value from every rank (reports), :func:`barrier`,
   :func:`shutdown`.
 """
@@ -133,15 +135,25 @@ def all_reduce(t: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     """The elementwise sum of ``t`` over the ranks of the default process group, computed (and
     sent) in ``acc``; a new tensor of dtype ``acc``. With one rank (or no group) ``t`` in
     ``acc``. Every rank must call it with the same shape, in the same order."""
-    out = t.to(acc, copy=True).contiguous()
-    if world_size() == 1:
-        return out
-    t0 = time.perf_counter()
-    torch.distributed.all_reduce(out)
-    _COUNTERS["host_ms"] += (time.perf_counter() - t0) * 1e3
-    _COUNTERS["calls"] += 1
-    _COUNTERS["bytes"] += out.numel() * out.element_size()
-    return out
+    return all_reduce_(t.to(acc, copy=True).contiguous())
+
+
+def all_reduce_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over the ranks in place, in its own dtype, without waiting for the host (on the
+    current CUDA stream with NCCL; a CUDA graph captures it); ``t`` itself. With one rank (or no
+    group) nothing happens. Every rank must call it with the same shape, in the same order."""
+    if world_size() > 1:
+        t0 = time.perf_counter()
+        torch.distributed.all_reduce(t)
+        _COUNTERS["host_ms"] += (time.perf_counter() - t0) * 1e3
+        _COUNTERS["calls"] += 1
+        _COUNTERS["bytes"] += t.numel() * t.element_size()
+    return t
+
+
+def backend() -> str | None:
+    """The default process group's backend ("nccl", "gloo"), None without one."""
+    return str(torch.distributed.get_backend()) if initialized() else None
 
 
 def counters(reset: bool = False) -> dict:
@@ -168,5 +180,5 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "all_reduce", "counters",
-           "gather", "barrier", "TIMEOUT_S"]
+__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "all_reduce", "all_reduce_",
+           "backend", "counters", "gather", "barrier", "TIMEOUT_S"]

@@ -23,7 +23,6 @@ from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
-from pto.ir.analysis import has_collective
 from pto.program import Program, Settings, Shape
 from pto.target import Target
 from pto.target import resolve as resolve_target
@@ -213,8 +212,6 @@ class Prepared:
 
         self.built, self.place, self.device = built, place, place.device
         self.module, self.scalars, self.graph = built.module, built.scalars, built.graph
-        # collectives run through the torch evaluator (host synchronization): never captured
-        self.collective = any(has_collective(f) for f in self.graph.variants)
         fn = self.module.entry_function
         shapes = tensor_shapes(fn, self.scalars)
         given = {k: v.to(place.device) for k, v in (inputs or {}).items()}
@@ -244,7 +241,8 @@ class Prepared:
 
     def replay(self) -> str:
         """Replay the execution; returns how ("cuda_graph" or "launches")."""
-        if self.device == "cuda" and self.executor.backend.graph_capturable and not self.collective:
+        backend = self.executor.backend
+        if self.device == "cuda" and backend.graph_capturable and backend.captures(self.graph.variants):
             if self.cuda_graph is None:
                 self.cuda_graph = self.executor.capture()
             self.cuda_graph.replay()

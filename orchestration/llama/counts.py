@@ -91,9 +91,10 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     projections, which read only inputs). Grouped-query attention changes none of these (k and v
     are narrower, not split); a sliding window (causal only) changes P and Q: each q tile's kv
     range starts at the kv tile holding its first row's first key. One rank's graph under ``tp``
-    > 1 ranks: the split and pair layers' residual adds become the all-reduces (the same counts);
-    the fused layer's two projections with the residual in the epilogue become a projection and
-    an all-reduce each, one edge between them: 2T more tasks and edges.
+    > 1 ranks: each row-parallel projection, its sum over the ranks and the residual are one
+    task, as the fused layer's projection with the residual in the epilogue (the same counts);
+    the split and pair layers' product and residual add become that one task: 2T fewer tasks
+    and edges (the edge from the product to the add).
     """
     n = -(-seq // t.base)
     tq, tk = (t.tq, t.tk) if adaptive else (t.base, t.base)
@@ -121,8 +122,8 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
     if fuse:
         tasks, edges = 7 * T, 5 * T + 2 * Q
-    if tp > 1 and attention == "fused":
-        tasks, edges = tasks + 2 * T, edges + 2 * T
+    if tp > 1 and attention != "fused":
+        tasks, edges = tasks - 2 * T, edges - 2 * T
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}
 
 

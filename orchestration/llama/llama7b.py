@@ -19,9 +19,9 @@ attention output ``heads * head_dim``; the attention functions map query heads t
 Tensor parallelism (``tp`` > 1, Megatron's split): the module is one rank's, the same on every
 rank: its share of the heads and FFN columns (:meth:`LlamaConfig.shard`; the weights are the
 rank's column shards of wq, wk, wv, wg, wu and row shards of wo, wd). The o and down projections
-then give partial sums, which one task per row tile sums over the ranks with the residual added
-(``allreduce_residual_tile``): it depends on that row tile's projection only and releases that
-row tile to its consumers.
+then give partial sums: one task per row tile computes its product, sums it over the ranks and
+adds the residual (``matmul_allreduce_residual_tile``), releasing that row tile to its
+consumers.
 
 Tile heights come from the SRAM model of the target (:mod:`.tiling`): the flash-attention block
 decides the q tile height, binary expansion runs blocks of base tiles with it and the residual
@@ -76,7 +76,7 @@ class _Layer:
         for name in names:
             T[name] = o.temp(name, S, width.get(name, H), dt)
         T["act"] = o.temp("act", S, Fd, dt)
-        if f.attention != "fused" or f.tp > 1:
+        if f.attention != "fused" and f.tp == 1:  # the partial products, then the residual add
             T["ao"], T["dn"] = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
         if f.attention != "fused":
             T["gate"], T["up"] = o.temp("gate", S, Fd, dt), o.temp("up", S, Fd, dt)
@@ -197,25 +197,25 @@ class _Layer:
     # phase 3: post-attention and FFN, per row tile
     def _projection(self, r, src: str, w: str, K, residual: str, out: str, partial: str | None) -> None:
         """``out = residual + src @ w``: one task with the residual in the epilogue (fused
-        attention), or the product then the residual add; with ``tp`` > 1 the product is this
-        rank's partial sum, summed over the ranks with the residual added by the all-reduce."""
+        attention), or the product then the residual add; with ``tp`` > 1 one task of the
+        product, its sum over the ranks and the residual."""
         o, fn, tile, H = self.o, self.fn, self.tile, self.cfg.hidden
         R = {"R": r.rows}
-        if self.form.attention == "fused" and self.form.tp == 1:
-            o.call(fn.matmul_residual, {"x": tile(src, r, K), "w": self.T[w], "r": tile(residual, r, H),
-                                        "y": tile(out, r, H)}, dims={**R, "K": K, "N": H})
-            return
-        o.call(fn.matmul, {"x": tile(src, r, K), "w": self.T[w], "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
+        x, y = tile(src, r, K), tile(out, r, H)
         if self.form.tp > 1:
-            o.call(fn.allreduce_residual, {"x": tile(partial, r, H), "r": tile(residual, r, H), "y": tile(out, r, H)},
-                   dims=R)
+            o.call(fn.matmul_allreduce_residual, {"x": x, "w": self.T[w], "r": tile(residual, r, H), "y": y},
+                   dims={**R, "K": K, "N": H})
+        elif self.form.attention == "fused":
+            o.call(fn.matmul_residual, {"x": x, "w": self.T[w], "r": tile(residual, r, H), "y": y},
+                   dims={**R, "K": K, "N": H})
         else:
-            o.call(fn.residual, {"a": tile(residual, r, H), "b": tile(partial, r, H), "y": tile(out, r, H)}, dims=R)
+            o.call(fn.matmul, {"x": x, "w": self.T[w], "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
+            o.call(fn.residual, {"a": tile(residual, r, H), "b": tile(partial, r, H), "y": y}, dims=R)
 
     def post_attention(self) -> None:
         o, fn, T, tile, f = self.o, self.fn, self.T, self.tile, self.form
         H, Fd = self.cfg.hidden, self.cfg.ffn
-        split = f.attention != "fused" or f.tp > 1
+        split = f.attention != "fused" and f.tp == 1
         with o.for_loop("r", 0, self.n, **self.q_loop) as r:
             R = {"R": r.rows}
             self._projection(r, "attn", "wo", self.cfg.q_dim, "x", "h", "ao" if split else None)

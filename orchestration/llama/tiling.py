@@ -30,7 +30,7 @@ from pto.incore.attention import (
     flash_score,
     flash_softmax,
 )
-from pto.incore.collective import allreduce_residual_tile
+from pto.incore.collective import matmul_allreduce_residual_tile
 from pto.incore.elementwise import residual_add, swiglu_tile
 from pto.incore.fused import (
     matmul_norm_rope_k_tile,
@@ -147,9 +147,10 @@ class Functions:
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
         # k's RoPE over the key/value heads (the same function when there are as many)
         self.rope_k = rope_tile(dt, t.tq, NKV, D, target=tg, name="rope_k_tile") if NKV != NH else self.rope
-        if tp > 1:  # the row-parallel projections' partial sums, summed over the ranks, plus the residual
-            self.allreduce_residual = allreduce_residual_tile(dt, t.tq, H, t.ew_block, acc=reduce_dt,
-                                                              target=tg)
+        if tp > 1:  # the row-parallel projections: their partial products summed over the ranks, plus the
+            # residual, one task a row tile
+            self.matmul_allreduce_residual = matmul_allreduce_residual_tile(dt, t.tq, H, H, t.bn, t.bk,
+                                                                            acc=reduce_dt, target=tg)
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
             if fuse:  # and the norms folded into the projections after them, RoPE into q and k's

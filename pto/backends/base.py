@@ -36,6 +36,13 @@ class Backend:
         rest of its graph (a backend that compiles kernels may compile this one meanwhile)."""
         return self.prepare(batch)
 
+    def captures(self, variants) -> bool:
+        """Can a CUDA graph capture the batches of these variants (with ``graph_capturable``)?
+        Not a collective's, unless the backend runs it without the host."""
+        from pto.ir.analysis import has_collective
+
+        return not any(has_collective(f) for f in variants)
+
     def launches_per_batch(self, batch: TaskBatch) -> int:
         """Device launches one prepared batch makes."""
         return self.prepare(batch).count

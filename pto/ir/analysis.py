@@ -223,7 +223,7 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
                 visit(s.body, open_loops + [info])
                 loops.append((start, pos - 1, info))
                 continue
-            reads = _instr_reads(s)
+            reads = instr_reads(s)
             writes = {s.dst} if s.dst is not None else set()
             for name in (reads | writes) & sizes.keys():
                 events[name].append((pos, name in reads, name in writes))
@@ -259,7 +259,7 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
     return peak, peak_names
 
 
-def _instr_reads(ins: Instr) -> set[str]:
+def instr_reads(ins: Instr) -> set[str]:
     """Tiles an instruction reads (matmul_acc also reads its destination)."""
     from pto.ir.ops import SIGNATURE
 

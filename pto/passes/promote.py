@@ -19,7 +19,7 @@ tile, or give padding rows that no row of the function ever reaches, are dropped
 
 from __future__ import annotations
 
-from pto.ir.analysis import _instr_reads
+from pto.ir.analysis import instr_reads
 from pto.ir.expr import Const, Expr, substitute
 from pto.ir.nodes import ForRange, Instr, Tile, walk_instrs
 from pto.ir.ops import COL_BROADCAST, COL_REDUCE, MATMUL, Op
@@ -63,14 +63,14 @@ class Promoter:
             grew = False
             for x in code:
                 if x.dst is not None and x.dst not in rows and x.op not in (Op.LOAD, Op.FULL) \
-                        and _instr_reads(x) & rows:
+                        and instr_reads(x) & rows:
                     rows.add(x.dst)
                     grew = True
         by_name = {sl.name: sl for sl in slots}
         for x in code:
             if x.op in MATMUL and (x.srcs[1] in rows or (x.attr("ta") and x.srcs[0] in rows)):
                 return
-            if x.op in COL_REDUCE | COL_BROADCAST and _instr_reads(x) & rows:
+            if x.op in COL_REDUCE | COL_BROADCAST and instr_reads(x) & rows:
                 return
             if x.op is Op.STORE and x.srcs[0] in rows:
                 sl = by_name[x.srcs[1]]
@@ -167,7 +167,7 @@ def _rename(body: list, d: str, st: str, live_out: set[str]) -> None:
     for i in uses[1:]:
         x = body[i]
         if x.dst == d:
-            if d not in _instr_reads(x):
+            if d not in instr_reads(x):
                 return  # a new value: d holds something else from here
             updated = i
     for x in body[first + 1:last_use + 1]:  # st is d's alone while d lives (a copy back of d aside)
@@ -205,7 +205,7 @@ def prune_masks(body: list, tiles: dict[str, Tile], ranges: dict, facts: dict) -
 
 def _reads_after(body: list, i: int, t: str) -> bool:
     return any(isinstance(x, ForRange) and t in used_names(x.body, (), None)
-               or isinstance(x, Instr) and t in _instr_reads(x) for x in body[i + 1:])
+               or isinstance(x, Instr) and t in instr_reads(x) for x in body[i + 1:])
 
 
 def _rename_source(body: list, src: str, st: str) -> None:
@@ -220,7 +220,7 @@ def _rename_source(body: list, src: str, st: str) -> None:
         return
     first, last = uses[0], uses[-1]
     x0 = body[first]
-    if x0.dst != src or src in _instr_reads(x0):
+    if x0.dst != src or src in instr_reads(x0):
         return
     for x in body[first:last]:
         if isinstance(x, ForRange) and st in used_names(x.body, (), None):

@@ -29,6 +29,7 @@ import torch
 from pto.backends.base import Backend, Launch
 from pto.backends.triton.ahead import fitted, note, submit
 from pto.backends.triton.ahead import key as ahead_key
+from pto.backends.triton.collective import capturable, collective_launch, native_split, parts
 from pto.backends.triton.launch import (
     CODEGEN,
     LaunchConfig,
@@ -175,12 +176,15 @@ class TritonBackend(Backend):
     def _prepare(self, batch: TaskBatch, ahead: bool) -> Launch:
         fn = batch.fn
         check_batch(batch)
-        if has_collective(fn):  # Triton kernels do not communicate: the torch evaluator, same device
+        if batch.size == 0:
+            return launcher(None, [], [])
+        if has_collective(fn):  # Triton kernels do not communicate: two kernels and NCCL, or the evaluator
+            split = native_split(fn)
+            if split is not None:
+                return collective_launch(lambda part: self._prepare(part, ahead), batch, split, task_env(batch))
             from pto.backends.torch_backend import TorchBackend
 
             return TorchBackend().prepare(batch)
-        if batch.size == 0:
-            return launcher(None, [], [])
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
         # a schedule may switch code generation options (RenderOptions fields) as well
@@ -277,7 +281,14 @@ class TritonBackend(Backend):
             self._shared = int(getattr(p, "shared_memory_per_block_optin", 0) or p.shared_memory_per_block)
         return self._shared
 
+    def captures(self, variants) -> bool:
+        return capturable(variants)
+
     def launches_per_batch(self, batch: TaskBatch) -> int:
+        split = native_split(batch.fn)
+        if split is not None and batch.size:
+            _, first, second = parts(batch, split, task_env(batch), allocate=False)
+            return self.launches_per_batch(first) + self.launches_per_batch(second)
         if has_collective(batch.fn):
             return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0

@@ -1,0 +1,132 @@
+"""A batch of collective tasks on the GPU without the host: two kernels and one NCCL call.
+
+:func:`pto.passes.collective.split_collective` cuts a collective InCore function at its
+all-reduce. The batch's launch is the first part's kernel (every task writes its tile, in the
+sum's dtype, to its own rows of one buffer), one ``all_reduce`` of the whole buffer over the
+ranks in place (:func:`pto.dist.all_reduce_`), and the second part's kernel (every task reads its
+summed tile back and goes on). Nothing waits for the host, so a CUDA graph captures the batch
+with the rest of the step when the process group's backend can be captured (NCCL). A function
+the pass does not split runs through the torch evaluator as before.
+
+``PTO_COLLECTIVES=evaluator`` keeps every collective on the evaluator (to compare);
+``PTO_COLLECTIVE_CHUNKS`` sets how many parts a batch's sum goes in (:func:`chunks`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pto import dist
+from pto.batch import RegionBatch, TaskBatch
+from pto.errors import UsageError
+from pto.ir.analysis import has_collective
+from pto.ir.expr import evaluate
+from pto.passes.collective import CollectiveSplit, split_collective
+
+MODES = ("native", "evaluator")
+
+
+def mode() -> str:
+    """``PTO_COLLECTIVES``: native (the default) or evaluator."""
+    m = os.environ.get("PTO_COLLECTIVES", "native")
+    if m not in MODES:
+        raise UsageError(f"PTO_COLLECTIVES={m!r}: expected native or evaluator")
+    return m
+
+
+def native_split(fn) -> CollectiveSplit | None:
+    """How the Triton backend runs collective ``fn`` natively, or None (the evaluator)."""
+    return split_collective(fn) if has_collective(fn) and mode() == "native" else None
+
+
+def capturable(variants) -> bool:
+    """Can a CUDA graph capture the collective tasks of a graph with these variants? Every one
+    native, and the process group's collectives capturable (NCCL, or no group at all)."""
+    talking = [f for f in variants if has_collective(f)]
+    if not talking:
+        return True
+    if any(native_split(f) is None for f in talking):
+        return False
+    return not dist.initialized() or dist.backend() == "nccl"
+
+
+def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = True):
+    """(the sum buffer, the first part's batch, the second part's batch) of ``batch`` (its
+    function cut as ``split``; ``env`` its task environment): task t's place in the buffer is
+    rows ``[t R, (t + 1) R)``. ``allocate=False``: an empty tensor (to count launches)."""
+    size, fn = batch.size, batch.fn
+    device = next(iter(batch.mems.values())).tensor.device
+    extent = 1
+    if fn.parallel is not None:
+        extent = int(torch.as_tensor(evaluate(fn.parallel.extent, env)).max())
+    width = split.cols * extent
+    shape = (size * split.rows, width) if allocate else (0, 0)
+    buffer = torch.zeros(shape, dtype=split.acc.torch, device=device)
+    ones = torch.ones(size, dtype=torch.int64)
+    region = RegionBatch(buffer, torch.arange(size, dtype=torch.int64) * split.rows, ones * 0, ones * split.rows,
+                         ones * width)
+    mems = {**batch.mems, split.buffer: region}
+
+    def part(f):
+        return TaskBatch(f, {p.name: mems[p.name] for p in f.memrefs},
+                         {p.name: batch.scalars[p.name] for p in f.scalars}, size)
+
+    return buffer, part(split.pre), part(split.post)
+
+
+def chunks() -> int:
+    """``PTO_COLLECTIVE_CHUNKS``: how many parts a batch's sum is sent in (default 4)."""
+    v = os.environ.get("PTO_COLLECTIVE_CHUNKS", "4")
+    if not v.isdigit() or int(v) < 1:
+        raise UsageError(f"PTO_COLLECTIVE_CHUNKS={v!r}: expected a positive integer")
+    return int(v)
+
+
+def _tasks(batch: TaskBatch, lo: int, hi: int) -> TaskBatch:
+    """Tasks ``[lo, hi)`` of ``batch``."""
+    return TaskBatch(batch.fn, {k: RegionBatch(v.tensor, v.row0[lo:hi], v.col0[lo:hi], v.rows[lo:hi], v.cols[lo:hi])
+                                for k, v in batch.mems.items()},
+                     {k: v[lo:hi] for k, v in batch.scalars.items()}, hi - lo)
+
+
+def collective_launch(prepare, batch: TaskBatch, split: CollectiveSplit, env: dict):
+    """The launch of ``batch`` (see :func:`parts`): ``prepare`` makes each part's kernel launch
+    (the backend's own). With NCCL the tasks go in :func:`chunks` consecutive parts: chunk c's
+    sum runs on a second stream while chunk c + 1's first part runs, and every second part
+    waits for its own chunk's sum; a CUDA graph captures the two streams' order as edges."""
+    buffer, first, second = parts(batch, split, env)
+    n = min(chunks(), batch.size) if buffer.is_cuda and dist.world_size() > 1 and dist.backend() == "nccl" else 1
+    edges = [batch.size * c // n for c in range(n + 1)]
+    steps = [(prepare(_tasks(first, lo, hi)), buffer[lo * split.rows:hi * split.rows],
+              prepare(_tasks(second, lo, hi))) for lo, hi in zip(edges, edges[1:])]
+    comm = torch.cuda.Stream(buffer.device) if n > 1 else None
+
+    def launch():
+        if comm is None:
+            for pre, view, post in steps:
+                pre()
+                dist.all_reduce_(view)
+                post()
+            return
+        main, done = torch.cuda.current_stream(buffer.device), []
+        for pre, view, _ in steps:
+            pre()
+            comm.wait_stream(main)
+            with torch.cuda.stream(comm):
+                dist.all_reduce_(view)
+                done.append(torch.cuda.Event())
+                done[-1].record(comm)
+        for (_, _, post), event in zip(steps, done):
+            main.wait_event(event)
+            post()
+
+    launch.count = sum(pre.count + post.count for pre, _, post in steps)
+    launch.pending = any(getattr(f, "pending", False) for pre, _, post in steps for f in (pre, post))
+    launch.future = None
+    launch.buffer = buffer  # the bytes each rank sends (and inspection)
+    return launch
+
+
+__all__ = ["MODES", "mode", "native_split", "capturable", "parts", "chunks", "collective_launch"]
