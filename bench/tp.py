@@ -17,11 +17,13 @@ shape), on the same seeded inputs:
   with one rank on rank 0;
 - the reference: ``pto run --check``'s layer on the whole inputs in float32 (rank 0).
 
-Reported per length: milliseconds (the slowest rank's median), scaling efficiency ``t1 / (N
-tN)`` for ours and for PyTorch, the share of a step spent in communication and how much of the
+Reported per length: milliseconds (the slowest rank's median), scaling efficiency ``t1 / (N tN)``
+for ours and for PyTorch, the share of a step spent in communication and how much of the
 communication overlaps compute (from a profiler trace of a few steps: NCCL kernels against the
 others on a GPU, the all-reduce calls on the CPU), pto's collective counters, and relative
-errors (ours against tp = 1, against PyTorch's TP layer, each against the f32 reference).
+errors (ours against tp = 1, against PyTorch's TP layer, each against the f32 reference); in
+``--json`` also rank 0's longest kernels per step (``ours_kernels``, ``ours_tp1_kernels``,
+``torch_kernels``).
 ``--trace-dir DIR`` keeps rank 0's Chrome traces. Output: a markdown table (docs/PERF.md) and
 ``--json FILE`` (rank 0 writes both).
 
@@ -129,13 +131,14 @@ def comm_profile(step, steps: int, cuda: bool, trace: Path | None = None) -> dic
         if cuda:
             torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
-    comm, compute = [], []
+    comm, compute, kernels = [], [], {}
     for e in prof.events():
         on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
         span = (e.time_range.start, e.time_range.end)
         name = e.name.lower()
         if cuda and on_gpu:
             (comm if "nccl" in name else compute).append(span)
+            kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + span[1] - span[0]
         elif not cuda and ("allreduce" in name or "all_reduce" in name):
             comm.append(span)
     comm, compute = _union(comm), _union(compute)
@@ -144,7 +147,9 @@ def comm_profile(step, steps: int, cuda: bool, trace: Path | None = None) -> dic
     c = _length(comm)
     return {"comm_share": round(c / wall_us, 4) if wall_us else 0.0,
             "overlap": round(_intersection(comm, compute) / c, 4) if c else 0.0,
-            "comm_ms_per_step": round(c / steps / 1e3, 4)}
+            "comm_ms_per_step": round(c / steps / 1e3, 4),
+            # GPU time per step of the 12 longest kernels (the NCCL ones run beside the others)
+            "kernels": {k: round(v / steps / 1e3, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
 
 
 # -- the measurement ------------------------------------------------------------------------------
@@ -201,6 +206,7 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
         r1 = Runner(job1, seq)
         one = r1(inputs)["y"].clone()
         row["ours_tp1_ms"] = round(r1.time(args.iterations)["replay_ms"], 4)
+        row["ours_tp1_kernels"] = comm_profile(r1.replay, args.profile_steps, cuda)["kernels"]
         r1.close()
         del r1
         torch_one = torch_tp_layer(inputs, cfg, 1)
@@ -214,6 +220,7 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
         for who in ("ours", "torch"):
             for k in ("comm_share", "overlap", "comm_ms_per_step"):
                 row[f"{who}_{k}"] = max(r[f"{who}_{k}"] for r in ranks)
+            row[f"{who}_kernels"] = ranks[0][f"{who}_kernels"]
         row.update(ours_rel_err=rel_err(ours, ref), ours_tp1_rel_err=rel_err(one, ref),
                    torch_tp_rel_err=rel_err(theirs, ref), torch_tp1_rel_err=rel_err(torch_one, ref),
                    ours_vs_tp1=rel_err(ours, one), ours_vs_torch_tp_out=rel_err(ours, theirs))
