@@ -189,6 +189,10 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
     dist.counters(reset=True)
     prof = comm_profile(runner.replay, args.profile_steps, cuda, trace and trace / f"ours_seq{seq}_rank0.json")
     mine.update({f"ours_{k}": v for k, v in prof.items()}, collectives=dist.counters(reset=True))
+    # how replays run (a CUDA graph with the collectives inside, where they can be captured), and
+    # that a replay computes the first run's bits
+    mine["replay_mode"] = runner.replay()
+    mine["replay_vs_first"] = rel_err(runner.tensors["y"], ours)
     runner.close()
     del runner
 
@@ -224,6 +228,8 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
         row.update(ours_rel_err=rel_err(ours, ref), ours_tp1_rel_err=rel_err(one, ref),
                    torch_tp_rel_err=rel_err(theirs, ref), torch_tp1_rel_err=rel_err(torch_one, ref),
                    ours_vs_tp1=rel_err(ours, one), ours_vs_torch_tp_out=rel_err(ours, theirs))
+        row["replay_mode"] = ranks[0]["replay_mode"]
+        row["replay_vs_first"] = max(r["replay_vs_first"] for r in ranks)
         row["ranks"] = ranks
     dist.barrier()
     if cuda:

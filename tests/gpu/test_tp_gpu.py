@@ -69,3 +69,20 @@ def test_the_torchrun_command_on_the_gpu():
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)
     assert (out["tp"], out["device"], out["dtype"]) == (2, "cuda", "bf16") and out["rel_err"] <= 2e-2, out
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (NCCL)")
+def test_two_gpus_sum_over_nccl_inside_a_captured_step(tmp_path):
+    """On two GPUs the collective tasks are two kernels around an NCCL sum, chunked on a second
+    stream, and the step replays as one CUDA graph: bench/tp.py on the tiny layer (bf16) and the
+    7B layer at 1024 tokens, each replay giving the first run's bits, within 2e-2 of the
+    reference and 4 u_bf16 of tp = 1, faster than tp = 1 not asserted (a benchmark's claim)."""
+    out, bench = tmp_path / "tp.json", Path(__file__).resolve().parents[2] / "bench" / "tp.py"
+    for config, seq in (("tiny", "300"), ("7b", "1024")):
+        r = driver.launch(2, str(bench), "--config", config, "--dtype", "bf16", "--seq", seq, "--iterations", "3",
+                          "--json", str(out))
+        assert r.returncode == 0, r.stderr[-4000:]
+        row = json.loads(out.read_text())["rows"][0]
+        assert row["replay_mode"] == "cuda_graph" and row["replay_vs_first"] == 0.0, row
+        assert row["ours_rel_err"] <= 2e-2 and 0 < row["ours_vs_tp1"] <= 4 * U_BF16, row
+        assert all(x["collectives"]["calls"] >= 2 for x in row["ranks"]), row["ranks"]
