@@ -20,10 +20,11 @@ shape), on the same seeded inputs:
 Reported per length: milliseconds (the slowest rank's median), scaling efficiency ``t1 / (N tN)``
 for ours and for PyTorch, the share of a step spent in communication and how much of the
 communication overlaps compute (from a profiler trace of a few steps: NCCL kernels against the
-others on a GPU, the all-reduce calls on the CPU), pto's collective counters, and relative
-errors (ours against tp = 1, against PyTorch's TP layer, each against the f32 reference); in
-``--json`` also rank 0's longest kernels per step (``ours_kernels``, ``ours_tp1_kernels``,
-``torch_kernels``).
+others on a GPU, the all-reduce calls on the CPU), pto's collective counters (host calls: a
+step replayed as a CUDA graph makes none), how the replays ran (``replay_mode``) and how far a
+replay is from the first run (``replay_vs_first``), and relative errors (ours against tp = 1,
+against PyTorch's TP layer, each against the f32 reference); in ``--json`` also rank 0's longest
+kernels per step (``ours_kernels``, ``ours_tp1_kernels``, ``torch_kernels``).
 ``--trace-dir DIR`` keeps rank 0's Chrome traces. Output: a markdown table (docs/PERF.md) and
 ``--json FILE`` (rank 0 writes both).
 

@@ -85,4 +85,5 @@ def test_two_gpus_sum_over_nccl_inside_a_captured_step(tmp_path):
         row = json.loads(out.read_text())["rows"][0]
         assert row["replay_mode"] == "cuda_graph" and row["replay_vs_first"] == 0.0, row
         assert row["ours_rel_err"] <= 2e-2 and 0 < row["ours_vs_tp1"] <= 4 * U_BF16, row
-        assert all(x["collectives"]["calls"] >= 2 for x in row["ranks"]), row["ranks"]
+        # the replays run NCCL kernels (inside the graph: the host counters see only the capture)
+        assert any("nccl" in k.lower() for k in row["ours_kernels"]), row["ours_kernels"]
