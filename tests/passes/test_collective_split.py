@@ -188,3 +188,21 @@ def test_the_triton_backend_runs_a_projection_with_its_sum():
     run_incore_batch(fn, ref.mems, ref.scalars, ref.size)
     TritonBackend("cpu").prepare(got)()
     torch.testing.assert_close(got.mems["y"].tensor, ref.mems["y"].tensor, rtol=0, atol=8 * 2.0**-24 * 32**0.5 * 8)
+
+
+def test_the_batches_of_one_backend_share_one_sum_buffer():
+    """Two batches through one pool: the second takes the front of the first one's buffer (or
+    grows it), so a graph with many collective batches holds one buffer, not one per batch."""
+    from pto.backends.triton.tables import task_env
+
+    _, fn, names, rows, cols, scalars = next(c for c in CASES if c[0] == "residual-bf16-f32")
+    split, pool = split_collective(fn), {}
+    small = _batch(fn, names, rows, cols, 2, torch.Generator().manual_seed(1), torch.bfloat16)
+    big = _batch(fn, names, rows, cols, 5, torch.Generator().manual_seed(2), torch.bfloat16)
+    a, _, _ = parts(big, split, task_env(big), pool=pool)
+    b, _, _ = parts(small, split, task_env(small), pool=pool)
+    assert a.shape == (5 * rows, cols) and b.shape == (2 * rows, cols)
+    assert b.data_ptr() == a.data_ptr() and len(pool) == 1
+    more = _batch(fn, names, rows, cols, 7, torch.Generator().manual_seed(3), torch.bfloat16)
+    c, _, _ = parts(more, split, task_env(more), pool=pool)
+    assert c.shape[0] == 7 * rows and next(iter(pool.values())).numel() == c.numel()

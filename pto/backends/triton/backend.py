@@ -86,6 +86,7 @@ class TritonBackend(Backend):
                  split: str | None = None, schedules=None, pdl: str | None = None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
+        self._sum_buffers: dict = {}  # the collective batches' one sum buffer (pto/backends/triton/collective.py)
         self.options = options or RenderOptions()
         self.options = replace(self.options, pdl=self._pdl(pdl))
         self.options = replace(self.options, tma=self._tma())
@@ -181,7 +182,8 @@ class TritonBackend(Backend):
         if has_collective(fn):  # Triton kernels do not communicate: two kernels and NCCL, or the evaluator
             split = native_split(fn)
             if split is not None:
-                return collective_launch(lambda part: self._prepare(part, ahead), batch, split, task_env(batch))
+                return collective_launch(lambda part: self._prepare(part, ahead), batch, split, task_env(batch),
+                                         self._sum_buffers)
             from pto.backends.torch_backend import TorchBackend
 
             return TorchBackend().prepare(batch)

@@ -52,10 +52,15 @@ def capturable(variants) -> bool:
     return not dist.initialized() or dist.backend() == "nccl"
 
 
-def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = True):
+def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = True, pool: dict | None = None):
     """(the sum buffer, the first part's batch, the second part's batch) of ``batch`` (its
     function cut as ``split``; ``env`` its task environment): task t's place in the buffer is
-    rows ``[t R, (t + 1) R)``. ``allocate=False``: an empty tensor (to count launches)."""
+    rows ``[t R, (t + 1) R)``. ``allocate=False``: an empty tensor (to count launches).
+
+    ``pool`` (dtype, device) -> a flat tensor: the buffer is the front of that tensor, grown when
+    too small, so that the batches of one backend share one buffer: a batch's second part has
+    read it (on the executor's stream, after every chunk's sum) before the next batch's first
+    part writes it."""
     size, fn = batch.size, batch.fn
     device = next(iter(batch.mems.values())).tensor.device
     extent = 1
@@ -63,7 +68,13 @@ def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = 
         extent = int(torch.as_tensor(evaluate(fn.parallel.extent, env)).max())
     width = split.cols * extent
     shape = (size * split.rows, width) if allocate else (0, 0)
-    buffer = torch.zeros(shape, dtype=split.acc.torch, device=device)
+    need, key = shape[0] * shape[1], (split.acc, str(device))
+    flat = None if pool is None else pool.get(key)
+    if flat is None or flat.numel() < need:
+        flat = torch.zeros(need, dtype=split.acc.torch, device=device)
+        if pool is not None and allocate:
+            pool[key] = flat
+    buffer = flat[:need].view(shape)
     ones = torch.ones(size, dtype=torch.int64)
     region = RegionBatch(buffer, torch.arange(size, dtype=torch.int64) * split.rows, ones * 0, ones * split.rows,
                          ones * width)
@@ -91,12 +102,13 @@ def _tasks(batch: TaskBatch, lo: int, hi: int) -> TaskBatch:
                      {k: v[lo:hi] for k, v in batch.scalars.items()}, hi - lo)
 
 
-def collective_launch(prepare, batch: TaskBatch, split: CollectiveSplit, env: dict):
-    """The launch of ``batch`` (see :func:`parts`): ``prepare`` makes each part's kernel launch
-    (the backend's own). With NCCL the tasks go in :func:`chunks` consecutive parts: chunk c's
-    sum runs on a second stream while chunk c + 1's first part runs, and every second part
-    waits for its own chunk's sum; a CUDA graph captures the two streams' order as edges."""
-    buffer, first, second = parts(batch, split, env)
+def collective_launch(prepare, batch: TaskBatch, split: CollectiveSplit, env: dict, pool: dict | None = None):
+    """The launch of ``batch`` (see :func:`parts`, also for ``pool``): ``prepare`` makes each
+    part's kernel launch (the backend's own). With NCCL the tasks go in :func:`chunks`
+    consecutive parts: chunk c's sum runs on a second stream while chunk c + 1's first part
+    runs, and every second part waits for its own chunk's sum; a CUDA graph captures the two
+    streams' order as edges."""
+    buffer, first, second = parts(batch, split, env, pool=pool)
     n = min(chunks(), batch.size) if buffer.is_cuda and dist.world_size() > 1 and dist.backend() == "nccl" else 1
     edges = [batch.size * c // n for c in range(n + 1)]
     steps = [(prepare(_tasks(first, lo, hi)), buffer[lo * split.rows:hi * split.rows],
