@@ -1,12 +1,13 @@
 """The kernels the shipped schedules are for: every InCore variant the LLaMA layer runs on an H100
 in bf16 (7B and the family's built-in configurations, every attention mode, causal or not, whole and
-adaptive row tiles), by
-variant name and kernel source hash."""
+adaptive row tiles; and one rank of the 7B layer at tp = 2, its collective tasks as the two
+kernels the Triton backend runs), by variant name and kernel source hash."""
 
 from __future__ import annotations
 
 from pto.backends.triton import TritonBackend
 from pto.ir.nodes import IncoreFunction
+from pto.passes.collective import split_collective
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -28,4 +29,9 @@ def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFuncti
                                       attention=mode, causal=causal, row_tiles=rows)
                     for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
                         out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
+    s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), tp=2)
+    for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
+        split = split_collective(v.func)
+        for f in (split.pre, split.post) if split is not None else (v.func,):
+            out[(f.variant_name, backend.kernel(f).digest)] = f
     return out
