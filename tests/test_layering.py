@@ -75,8 +75,9 @@ CORE: dict[str, set[str]] = {
     # the reference tile evaluator (the interpreter's and the torch backend's)
     "evaluator": {"batch", "dist", "ir", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
-    # schedule database, the megakernel (the device's limits come from target)
-    "backends": {"batch", "cachedir", "codegen", "evaluator", "ir", "target", "errors"},
+    # schedule database, the megakernel (the device's limits come from target), and the cut of a
+    # collective task (passes) around its sum over the ranks (dist)
+    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "target", "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
