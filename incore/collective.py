@@ -13,10 +13,11 @@ a row tile's all-reduce starts as soon as that row tile's partial sums exist.
   stored partial would be), summed, the residual added.
 
 Column blocks are the parallel axis, as in :mod:`.elementwise`; a batch of tasks is one
-collective. On the GPU the Triton backend cuts each at its all-reduce
-(:mod:`pto.passes.collective`): the part before is one kernel, the sum one NCCL call over the
-batch (in chunks, so that the product of one chunk runs while the previous chunk is summed),
-the part after a second kernel. Elsewhere they run through the torch evaluator.
+collective. The Triton backend cuts each at its all-reduce (:mod:`pto.passes.collective`):
+the part before is one kernel, the sum one NCCL call over the batch (in chunks, so that the
+product of one chunk runs while the previous chunk is summed), the part after a second kernel
+(under the interpreter on the CPU the same, around gloo). The torch backend runs them through
+the tile evaluator.
 """
 
 from __future__ import annotations

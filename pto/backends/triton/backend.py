@@ -29,7 +29,7 @@ import torch
 from pto.backends.base import Backend, Launch
 from pto.backends.triton.ahead import fitted, note, submit
 from pto.backends.triton.ahead import key as ahead_key
-from pto.backends.triton.collective import capturable, collective_launch, native_split, parts
+from pto.backends.triton.collective import capturable, chunked, collective_launch, native_split, parts
 from pto.backends.triton.launch import (
     CODEGEN,
     LaunchConfig,
@@ -290,7 +290,7 @@ class TritonBackend(Backend):
         split = native_split(batch.fn)
         if split is not None and batch.size:
             _, first, second = parts(batch, split, task_env(batch), allocate=False)
-            return self.launches_per_batch(first) + self.launches_per_batch(second)
+            return sum(self.launches_per_batch(a) + self.launches_per_batch(b) for a, b, _, _ in chunked(first, second))
         if has_collective(batch.fn):
             return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0

@@ -102,18 +102,44 @@ def _tasks(batch: TaskBatch, lo: int, hi: int) -> TaskBatch:
                      {k: v[lo:hi] for k, v in batch.scalars.items()}, hi - lo)
 
 
+def _overlapped(device: torch.device) -> bool:
+    """Do a batch's chunks overlap (their sums on a second stream)? On a GPU with NCCL and
+    other ranks; a GPU otherwise (gloo sums through the host; one rank sums nothing) takes the
+    batch whole. On the CPU the chunks run one after another."""
+    return device.type == "cuda" and dist.world_size() > 1 and dist.backend() == "nccl"
+
+
+def chunked(first: TaskBatch, second: TaskBatch) -> list[tuple[TaskBatch, TaskBatch, int, int]]:
+    """``(first part's tasks, second part's tasks, lo, hi)`` of each chunk of consecutive tasks
+    (:func:`chunks` of them where they run: see :func:`_overlapped`; at most one per task)."""
+    size = first.size
+    device = first.mems[first.fn.memrefs[0].name].tensor.device
+    n = min(chunks(), size) if device.type == "cpu" or _overlapped(device) else 1
+    edges = [size * c // n for c in range(n + 1)]
+    return [(_tasks(first, lo, hi), _tasks(second, lo, hi), lo, hi) for lo, hi in zip(edges, edges[1:])]
+
+
+class _Futures:
+    """The compiles queued for a collective launch's parts: ``cancel`` cancels them all (the
+    wave executor cancels a held launch's compile when the run fails)."""
+
+    def __init__(self, launches):
+        self.futures = [f for f in (getattr(x, "future", None) for x in launches) if f is not None]
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
+
+
 def collective_launch(prepare, batch: TaskBatch, split: CollectiveSplit, env: dict, pool: dict | None = None):
     """The launch of ``batch`` (see :func:`parts`, also for ``pool``): ``prepare`` makes each
-    part's kernel launch (the backend's own). With NCCL the tasks go in :func:`chunks`
-    consecutive parts: chunk c's sum runs on a second stream while chunk c + 1's first part
-    runs, and every second part waits for its own chunk's sum; a CUDA graph captures the two
-    streams' order as edges."""
+    part's kernel launch (the backend's own), chunk by chunk (:func:`chunked`). With NCCL chunk
+    c's sum runs on a second stream while chunk c + 1's first part runs, and every second part
+    waits for its own chunk's sum; a CUDA graph captures the two streams' order as edges."""
     buffer, first, second = parts(batch, split, env, pool=pool)
-    n = min(chunks(), batch.size) if buffer.is_cuda and dist.world_size() > 1 and dist.backend() == "nccl" else 1
-    edges = [batch.size * c // n for c in range(n + 1)]
-    steps = [(prepare(_tasks(first, lo, hi)), buffer[lo * split.rows:hi * split.rows],
-              prepare(_tasks(second, lo, hi))) for lo, hi in zip(edges, edges[1:])]
-    comm = torch.cuda.Stream(buffer.device) if n > 1 else None
+    steps = [(prepare(a), buffer[lo * split.rows:hi * split.rows], prepare(b))
+             for a, b, lo, hi in chunked(first, second)]
+    comm = torch.cuda.Stream(buffer.device) if len(steps) > 1 and _overlapped(buffer.device) else None
 
     def launch():
         if comm is None:
@@ -136,9 +162,9 @@ def collective_launch(prepare, batch: TaskBatch, split: CollectiveSplit, env: di
 
     launch.count = sum(pre.count + post.count for pre, _, post in steps)
     launch.pending = any(getattr(f, "pending", False) for pre, _, post in steps for f in (pre, post))
-    launch.future = None
+    launch.future = _Futures([f for pre, _, post in steps for f in (pre, post)])
     launch.buffer = buffer  # the bytes each rank sends (and inspection)
     return launch
 
 
-__all__ = ["MODES", "mode", "native_split", "capturable", "parts", "chunks", "collective_launch"]
+__all__ = ["MODES", "mode", "native_split", "capturable", "parts", "chunks", "chunked", "collective_launch"]
