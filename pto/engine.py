@@ -119,7 +119,8 @@ def _human(n: float) -> str:
 def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = True) -> None:
     """Refuse, before allocating anything, a run whose tensors or task graph do not fit: the
     tensors (inputs twice: generated, then copied into the run's buffers; outputs once more for
-    the reference) on the device, the graph (and the tensors of a CPU run) in host memory.
+    the reference) and the program's scratch (:meth:`Program.scratch_bytes`) on the device, the
+    graph (and the tensors of a CPU run) in host memory.
     Without ``execute`` (a graph built only), the graph alone."""
     from pto.buffers import tensor_bytes
 
@@ -129,6 +130,8 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
     tensors = sum(sizes.values()) + sum(b for n, b in sizes.items() if role[n] in ("input", "inout"))
     if check:
         tensors += sum(sizes[n] for n in job.program.outputs if n in sizes)
+    scratch = job.program.scratch_bytes(job.settings, shape) if execute else 0
+    tensors += scratch
     counts = job.program.counts(job.settings, shape)
     graph = counts["tasks"] * RUNTIME_BYTES_PER_TASK + counts["edges"] * RUNTIME_BYTES_PER_EDGE if counts else 0
     needs = [("cpu", graph + (tensors if job.device == "cpu" else 0))]
@@ -137,7 +140,8 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
     for dev, need in needs:
         avail = available_memory(dev)
         if avail is not None and need > avail:
-            parts = [f"tensors {_human(tensors)}"] if dev == job.device and execute else []
+            parts = [f"tensors {_human(tensors - scratch)}"] if dev == job.device and execute else []
+            parts += [f"collective sum buffer {_human(scratch)}"] if dev == job.device and scratch else []
             parts += [f"task graph {_human(graph)}"] if dev == "cpu" and graph else []
             where = "host" if dev == "cpu" else dev
             raise UsageError(f"{job.program.name} at {shape} needs about {_human(need)} of {where} memory "

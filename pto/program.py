@@ -290,6 +290,11 @@ class Program:
         """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
         return 0.0
 
+    def scratch_bytes(self, s: Settings, shape: Shape) -> int:
+        """Bytes a run allocates beside the graph's tensors, at most (the Triton backend's sum
+        buffer for collective tasks): the memory check counts them with the tensors."""
+        return 0
+
     def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int] | None:
         """Exact ``tasks`` and ``edges`` of the graph without building it, or None (then
         ``pto estimate`` counts by running the generated C)."""

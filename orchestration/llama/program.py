@@ -117,6 +117,14 @@ class LlamaProgram(Program):
     def _reduce_dtype(self, s: Settings) -> DType:
         return s.dtype if s["allreduce_dtype"] == "storage" else DType.F32
 
+    def scratch_bytes(self, s: Settings, shape: Shape) -> int:
+        """Under ``tp`` > 1 the sum buffer of the row-parallel projections' collective tasks
+        (pto/backends/triton/collective.py): at most every row tile of one batch, ``hidden``
+        values a row in the sum's dtype, one tile's rows of padding at most."""
+        if s.tp == 1:
+            return 0
+        return (shape["seq"] + self.tiling(s).tq) * self.config(s).hidden * self._reduce_dtype(s).itemsize
+
     def check_settings(self, s: Settings) -> None:
         cfg = self.config(s)
         if s["row_tiles"] == "whole" and s["attention"] != "fused":

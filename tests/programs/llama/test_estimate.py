@@ -293,3 +293,26 @@ def test_tp_that_does_not_divide_is_one_line():
                         "--tp", "3"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == "pto: error: llama7b: --tp 3: the 32 query heads do not divide among 3 ranks\n"
+
+
+def test_the_memory_check_counts_the_collective_sum_buffer():
+    """Under tp > 1 a run also allocates the collective tasks' sum buffer (every row of the
+    layer, ``hidden`` values in the sum's dtype): the refusal before a run counts it and says
+    so, and the storage dtype halves it."""
+    from pto.engine import check_memory, resolve
+    from pto.errors import UsageError
+
+    seq = 2**31 - 1
+    sizes = {}
+    for reduce in ("f32", "storage"):
+        job = resolve("llama7b", device="cpu", config="tiny", dtype="bf16", tp=2,
+                      options={"allreduce_dtype": reduce})
+        prog, s = job.program, job.settings
+        shape = prog.shape(seq)
+        sizes[reduce] = prog.scratch_bytes(s, shape)
+        assert sizes[reduce] >= seq * prog.config(s).hidden * (4 if reduce == "f32" else 2)
+        with pytest.raises(UsageError, match=r"\(tensors [0-9.]+ [KMGT]B, collective sum buffer [0-9.]+ [KMGT]B[,)]"):
+            check_memory(job, shape, prog.build(s, shape), check=False)
+    assert sizes["storage"] * 2 == sizes["f32"]
+    one = resolve("llama7b", device="cpu", config="tiny", dtype="bf16")
+    assert one.program.scratch_bytes(one.settings, one.program.shape(seq)) == 0
