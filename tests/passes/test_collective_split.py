@@ -151,6 +151,16 @@ def test_the_evaluator_mode_keeps_every_collective_off_the_kernels(monkeypatch):
         native_split(fn)
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_bad_chunk_count_is_one_line_naming_it(value, monkeypatch):
+    from pto.backends.triton.collective import chunks
+    from pto.errors import UsageError
+
+    monkeypatch.setenv("PTO_COLLECTIVE_CHUNKS", value)
+    with pytest.raises(UsageError, match=f"PTO_COLLECTIVE_CHUNKS='{value}': expected a positive integer"):
+        chunks()
+
+
 #: the cases without a matmul (a Triton dot sums in another order than torch's matmul)
 EXACT = [c for c in CASES if not c[0].startswith("matmul")]
 
