@@ -50,11 +50,7 @@ def allreduce_residual_tile(dtype, rows: int, cols: int, block: int, acc=f32, ta
     t, u = k.tile("t", R, block, dtype), k.tile("u", R, block, dtype)
     s = k.tile("s", R, block, f32)
     k.load(t, x, 0, j * block)
-    k.allreduce(s, t, acc=acc)
-    k.load(u, r, 0, j * block)
-    k.add(s, s, u)
-    k.cast(t, s)
-    k.store(y, 0, j * block, t)
+    _sum_and_add(k, (s, t, u), r, y, j * block, acc)
     return k.build(target)
 
 
@@ -78,9 +74,16 @@ def matmul_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(p, a, bt)
     k.cast(out, p)
-    k.allreduce(p, out, acc=acc)
-    k.load(out, r, 0, j * bn)
-    k.add(p, p, out)
-    k.cast(out, p)
-    k.store(y, 0, j * bn, out)
+    _sum_and_add(k, (p, out, out), r, y, j * bn, acc)
     return k.build(target)
+
+
+def _sum_and_add(k: InCore, tiles, r, y, col, acc) -> None:
+    """``y[:, col:] = r[:, col:] + sum over ranks of t``: the sum into the f32 tile ``s``, the
+    residual loaded into ``u``, the result rounded into ``t`` (``tiles``: s, t, u)."""
+    s, t, u = tiles
+    k.allreduce(s, t, acc=acc)
+    k.load(u, r, 0, col)
+    k.add(s, s, u)
+    k.cast(t, s)
+    k.store(y, 0, col, t)
