@@ -16,12 +16,20 @@ forward, the same positions, timed the same way. The HBM floor: the bytes every 
 here. For the persistent executor, a traced run's scheduling cost per work item (``item_gap_us``)
 and its busy time per InCore function (where the time goes). Correctness is not measured here:
 tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
+
+Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
+(``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
+step alone (``tp1``, the others waiting) and reports the scaling efficiency ``t1 / (N tN)``; the
+waves executor only (the persistent one runs no collectives)::
+
+    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8 --long 0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -30,11 +38,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# rank 0's single-process step (a cold compile of every kernel) keeps the other ranks waiting
+os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
 
+from pto import dist  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 
 
@@ -102,17 +113,18 @@ def kernel_times(fn, steps: int) -> dict:
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
-         kernels: bool = False) -> dict:
+         kernels: bool = False, tp: int = 1) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
-    goes (each InCore function's kernel time)."""
-    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling)
+    goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step."""
+    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp)
     try:
         step = gen.step(batch, cache)
         t = step.tensors
         t["k_cache"].normal_()
         t["v_cache"].normal_()
         t["pos"].fill_(cache // 2)
-        t["tok"].random_(0, w.config.vocab)
+        # the same tokens on every rank (seeded)
+        t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
         step()  # the first run: compiles, fits the megakernel, uploads the plan
         torch.cuda.synchronize()
         start = t["pos"].clone()
@@ -195,6 +207,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
     ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
     args = ap.parse_args(argv)
+    env = dist.environment()
+    if env is not None and env.world > 1:
+        return main_tp(args, env.world)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
     rows = []
@@ -234,6 +249,42 @@ def main(argv=None) -> int:
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))
+    return 0
+
+
+def main_tp(args, tp: int) -> int:
+    """The tensor-parallel run (module docstring): per configuration and batch, every rank's
+    share of the step, then rank 0's whole step; rank 0 prints and writes ``--json``."""
+    rank = dist.init("cuda", tp, command="bench/decode.py")
+    bw = copy_bandwidth()
+    rows = []
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
+        for batch in (int(b) for b in args.batches.split(",")):
+            row = {"config": name, "batch": batch, "cache": args.cache, "tp": tp,
+                   "floor_ms": floor_ms(cfg, batch, args.cache, bw)}
+            mine = ours(w, batch, args.cache, "waves", args.steps, kernels=args.kernels, tp=tp)
+            row[f"tp{tp}"] = {**mine, "ms": max(r["ms"] for r in dist.gather(mine))}  # the slowest rank's
+            torch.cuda.empty_cache()
+            dist.barrier()
+            if rank == 0:
+                row["tp1"] = ours(w, batch, args.cache, "waves", args.steps)
+                row["efficiency"] = round(row["tp1"]["ms"] / (tp * row[f"tp{tp}"]["ms"]), 3)
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
+            dist.barrier()
+            rows.append(row)
+        del w
+        torch.cuda.empty_cache()
+    if rank == 0:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw, "tp": tp,
+                                                   "rows": rows}, indent=1))
+        for r in rows:
+            print(f"{r['config']} B={r['batch']} cache={r['cache']}: tp{tp} {r[f'tp{tp}']['ms']} ms, tp1 "
+                  f"{r['tp1']['ms']} ms, efficiency {r['efficiency']}; floor (one GPU) {r['floor_ms']} ms")
+    dist.shutdown()
     return 0
 
 

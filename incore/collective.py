@@ -10,7 +10,9 @@ a row tile's all-reduce starts as soon as that row tile's partial sums exist.
   and rounded once, after the add);
 - :func:`matmul_allreduce_residual_tile`: ``y = r + sum over ranks of (x @ w)``: the
   row-parallel projection itself, its partial product rounded to the storage dtype (as a
-  stored partial would be), summed, the residual added.
+  stored partial would be), summed, the residual added;
+- :func:`gemv_allreduce_residual_tile`: the same against an output-major (``[N, K]``) weight,
+  the decode step's row-parallel GEMVs (:mod:`.gemv`).
 
 Column blocks are the parallel axis, as in :mod:`.elementwise`; a batch of tasks is one
 collective. The Triton backend cuts each at its all-reduce (:mod:`pto.passes.collective`):
@@ -21,6 +23,8 @@ the tile evaluator.
 """
 
 from __future__ import annotations
+
+from pto.incore.gemv import Gemv, gemv_accumulate
 
 from pto import InCore, cdiv, f32
 from pto.ir.nodes import IncoreFunction
@@ -73,6 +77,26 @@ def matmul_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk
         k.load(a, x, 0, kk)
         k.load(bt, w, kk, j * bn)
         k.matmul_acc(p, a, bt)
+    k.cast(out, p)
+    _sum_and_add(k, (p, out, out), r, y, j * bn, acc)
+    return k.build(target)
+
+
+def gemv_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, acc=f32,
+                                 target=None) -> IncoreFunction:
+    """``y = r + sum over ranks of round(x @ w.T)`` for R rows of K against this rank's ``[N, K]``
+    shard of a row-parallel weight stored output-major (its K columns are the rank's: the heads or
+    FFN columns it holds), blocks of ``bn`` outputs; rounded, summed and added as
+    :func:`matmul_allreduce_residual_tile`."""
+    k = InCore("gemv_allreduce_residual_tile")
+    R = k.dim("R", rows)
+    KD, ND = k.dim("K", K), k.dim("N", N)
+    x = k.memref("x", dtype, shape=(R, KD))
+    w = k.memref("w", dtype, shape=(ND, KD))
+    r, y = k.memref("r", dtype, shape=(R, ND)), k.memref("y", dtype, shape=(R, ND))
+    j = k.parallel("j", cdiv(ND, bn))
+    (p,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
+    out = k.tile("out", R, bn, dtype)
     k.cast(out, p)
     _sum_and_add(k, (p, out, out), r, y, j * bn, acc)
     return k.build(target)

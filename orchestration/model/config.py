@@ -58,6 +58,12 @@ class ModelConfig:
     def hidden(self) -> int:
         return self.layer.hidden
 
+    def shard(self, tp: int) -> ModelConfig:
+        """One rank's model under ``tp``-way tensor parallelism: every layer split as
+        :meth:`LlamaConfig.shard` splits it (ValueError naming what does not divide); the
+        embedding, the final norm and the LM head whole on every rank."""
+        return self if tp == 1 else replace(self, layer=self.layer.shard(tp))
+
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
     """The configuration of a GGUF file or a Hugging Face model folder (config.json)."""

@@ -18,6 +18,14 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
 4. ``matmul_residual_tile``: x2 = x + attn @ wo; ``matmul_norm_swiglu_tile``: h =
    swiglu(rmsnorm(x2)); ``matmul_residual_tile``: x = x2 + h @ wd.
 
+Tensor parallelism (``tp`` > 1, Megatron's split as the layer program's): the module is one
+rank's, the same on every rank, with ``1/tp`` of every layer's query and key/value heads and FFN
+columns (the weights and the cache are the rank's shards, :func:`shard_inputs`). The o and down
+projections are then partial sums: each is one task of the product, its sum over the ranks and
+the residual (``gemv_allreduce_residual_tile``), so every rank holds the whole activation row
+after it. The embedding, the final norm, the LM head and the sampling run whole on every rank:
+every rank picks the same token (the all-reduce leaves the same bits on every rank).
+
 Then ``lmhead_argmax_tile`` (the final norm folded into the LM head, each vocabulary block's
 largest logit and its index) and per sequence ``argmax_advance``. The KV cache is a state of
 the graph: ``k_cache``/``v_cache`` ``[L * B * C, kv_heads * D]``, sequence b's block of layer l at
@@ -29,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pto.incore import decode as dk
+from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
@@ -97,8 +106,11 @@ class DecodeFunctions:
     advance: IncoreFunction
 
 
-def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> DecodeFunctions:
-    """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles)."""
+def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
+              reduce: DType | None = None) -> DecodeFunctions:
+    """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles);
+    ``cfg`` is one rank's, and ``reduce`` the dtype of the row-parallel projections' sum over the
+    ranks (None: one rank, no sum)."""
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
@@ -115,7 +127,11 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
     qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, t.bn, bk, c.eps, target), t.bk)[0]
-    proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
+    if reduce is not None:  # the product, its sum over the ranks and the residual: one task
+        summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
+        proj = _widest(lambda bk: summed(dt, batch, QD, H, t.bn, bk, reduce, target), t.bk)[0]
+    else:
+        proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.bn, bk, c.eps, target), t.bk)[0]
     return DecodeFunctions(
         qkv=qkv,
@@ -168,12 +184,14 @@ def cdiv_int(a: int, b: int) -> int:
 
 
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
-               tiling: DecodeTiling | None = None) -> Module:
+               tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32) -> Module:
     """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
-    (equal to ``batch``: the projections' tiles have that many rows)."""
+    (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
+    step (the module docstring), the partial sums summed over the ranks in ``reduce``."""
     t = tiling or DecodeTiling()
-    fn = functions(cfg, dt, target, t, batch)
+    cfg = cfg.shard(tp)
+    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None)
     c = cfg.layer
     L, H, D, QD, KVD, F = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     NQ, NKV, G = c.heads, c.kv_heads, c.heads // c.kv_heads

@@ -10,6 +10,11 @@ whole attention chunks, at least the longest prompt plus the new tokens; the win
 sliding-window model) and replayed: the token and the position are device data the step itself
 advances, so nothing is rebuilt and nothing synchronizes with the host inside a step. Reading the
 new tokens back (to print them) happens between steps.
+
+Tensor parallelism (``tp`` > 1, one process per rank under torchrun): every rank's step is its
+share of the heads and FFN columns (:func:`~.program.shard_inputs`), its cache the key/value
+heads it holds; prefill runs the whole layer on every rank and keeps the rank's heads of the
+keys and values. Every rank picks the same tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
-from pto.orchestration.model.program import PROGRAM, stack_weights, tiling_for
+from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
 from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
@@ -72,7 +77,8 @@ class Generator:
     (one per batch size and capacity, cached)."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
-                 executor: str = "auto", tiling: DecodeTiling | None = None):
+                 executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1):
+        from pto import dist
         from pto.backends import resolve as resolve_backend
 
         self.weights, self.config = weights, weights.config
@@ -80,6 +86,14 @@ class Generator:
         self.backend = resolve_backend(backend, device)
         self.executor = executor
         self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
+        self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
+        if tp > 1 and dist.world_size() != tp:
+            raise UsageError(f"--tp {tp} runs one process per rank (torchrun --nproc-per-node {tp}); this process "
+                             f"group has {dist.world_size()}")
+        try:
+            self.local = self.config.shard(tp)  # this rank's layers
+        except ValueError as e:
+            raise UsageError(f"--tp {tp}: {e}") from None
         self._layer_jobs: dict = {}
         self._steps: dict = {}
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, device)
@@ -97,16 +111,18 @@ class Generator:
             from pto.exec import resolve as resolve_executor
             from pto.target import resolve as resolve_target
 
-            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling)
+            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling, self.tp)
             built = build_module_graph(module, {"B": batch, "C": capacity})
             executor = resolve_executor(self.executor, self.device, self.backend)
             if executor == "auto":
                 executor = PROGRAM.auto_executor
             place = Placement(self.device, self.backend, executor, schedules=PROGRAM.schedules)
-            stacked = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
-            inputs = {k: v.to(self.device) for k, v in stacked.items()}
+            inputs = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
+            if self.tp > 1:
+                inputs = shard_inputs(self.config, inputs, self.tp, self.rank, self.tiling.wt)
+            inputs = {k: v.to(self.device) for k, v in inputs.items()}
             inputs.update(cos=self.cos, sin=self.sin)
-            kvd = self.config.layer.kv_dim
+            kvd = self.local.layer.kv_dim
             for name in ("k_cache", "v_cache"):  # slots never written are masked, and finite
                 inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
                                            device=self.device)
@@ -130,6 +146,8 @@ class Generator:
         and position for the first step."""
         t = step.tensors
         L, B = self.config.layers, len(prompts)
+        kvd = self.local.layer.kv_dim
+        heads = slice(self.rank * kvd, (self.rank + 1) * kvd)  # this rank's key/value heads
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
@@ -141,7 +159,7 @@ class Generator:
                     y = runner({"x": x, **self._layer_inputs(layer, n)})["y"]
                     row = (layer * B + b) * capacity
                     for src, dst in (("kr", "k_cache"), ("v", "v_cache")):
-                        t[dst][row + keep] = runner.tensors[src][n - len(keep):]
+                        t[dst][row + keep] = runner.tensors[src][n - len(keep):, heads]
                     x = y.clone()
             t["tok"][b, 0] = float(prompt[-1])
             t["pos"][b, 0] = float(n)

@@ -16,11 +16,12 @@ from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import DecodeTiling, build_step, weight_shapes
+from pto.orchestration.model.decode import DecodeTiling, build_step, tile_rows, weight_shapes
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
 from pto import Var
 from pto.errors import UsageError
+from pto.ir.dtypes import DType
 from pto.program import Option, Program, Settings, Shape, ShapeParam
 
 CONFIGS = {
@@ -50,11 +51,14 @@ class ModelProgram(Program):
                    "head, greedy sampling) as one task graph; pto generate runs it token by token")
     configs = CONFIGS
     options = (Option("weights", "", "a GGUF file or a Hugging Face folder: the model's configuration and weights "
-                      "(replaces --config)"),)
+                      "(replaces --config)"),
+               Option("allreduce_dtype", "f32", "with --tp N: the dtype the ranks' partial sums are all-reduced in: "
+                      "f32, or the storage dtype (half the bytes sent)", choices=("f32", "storage")))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
     generates = True
+    tensor_parallel = True
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H100
     # at every tiling measured (SmolLM2, batch 1: 1.40 against 1.96 ms; docs/PERF.md, "Decode")
     auto_executor = "waves"
@@ -80,12 +84,32 @@ class ModelProgram(Program):
         return CONFIGS[s.config]
 
     def check_settings(self, s: Settings) -> None:
-        self.config(s)  # a file that is not a model: one line now
+        cfg = self.config(s)  # a file that is not a model: one line now
+        try:
+            cfg.shard(s.tp)
+        except ValueError as e:
+            raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
+
+    def _reduce_dtype(self, s: Settings) -> DType:
+        return s.dtype if s["allreduce_dtype"] == "storage" else DType.F32
 
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
-        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg))
+        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s))
+
+    def scratch_bytes(self, s: Settings, shape: Shape) -> int:
+        """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one
+        task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype."""
+        if s.tp == 1:
+            return 0
+        return tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize
+
+    def shard(self, s: Settings, inputs: dict, rank: int) -> dict:
+        """Rank ``rank``'s inputs (:func:`shard_inputs`)."""
+        if s.tp == 1:
+            return inputs
+        return shard_inputs(self.config(s), inputs, s.tp, rank, tiling_for(self.config(s)).wt)
 
     def check_shape(self, s: Settings, shape: Shape) -> None:
         cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
@@ -202,6 +226,36 @@ def stack_weights(w: ModelWeights, wt: bool = False, lm_wt: bool = False) -> dic
             "g_out": w.norm.contiguous(), "lm_head": (w.lm_head.t() if lm_wt else w.lm_head).contiguous()}
 
 
+def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, rank: int,
+                 wt: bool = True) -> dict[str, torch.Tensor]:
+    """Rank ``rank`` of ``tp``'s step inputs from the whole ones (:func:`stack_weights`'
+    layout, output-major blocks with ``wt``): of every layer, the outputs of wq, wk, wv, wg and
+    wu and the contraction columns of wo and wd that belong to its query heads, key/value heads
+    and FFN columns, and the same key/value heads' columns of both caches; the rest whole."""
+    c, L = cfg.layer, cfg.layers
+    q, kv, f = c.q_dim // tp, c.kv_dim // tp, c.ffn // tp
+    shapes = weight_shapes(cfg, wt)
+    out = dict(inputs)
+
+    def pick(kind: str, outputs: bool, ranges) -> torch.Tensor:
+        """Each layer's block of ``kind`` cut to ``ranges`` (start, length) of its outputs
+        (``outputs``) or of its contraction columns."""
+        rows, cols = shapes[kind]
+        axis = 1 if outputs == wt else 2  # output-major blocks: outputs are rows
+        blocks = inputs[kind].view(L, rows, cols)
+        return torch.cat([blocks.narrow(axis, a, n) for a, n in ranges], axis).flatten(0, 1).contiguous()
+
+    out["w_qkv"] = pick("w_qkv", True, [(rank * q, q), (c.q_dim + rank * kv, kv), (c.q_dim + c.kv_dim + rank * kv, kv)])
+    for kind in ("wg", "wu"):
+        out[kind] = pick(kind, True, [(rank * f, f)])
+    out["wo"] = pick("wo", False, [(rank * q, q)])
+    out["wd"] = pick("wd", False, [(rank * f, f)])
+    for name in ("k_cache", "v_cache"):
+        if name in inputs:
+            out[name] = inputs[name][:, rank * kv:(rank + 1) * kv].contiguous()
+    return out
+
+
 def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False,
                     lm_wt: bool = False) -> ModelWeights:
     """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
@@ -224,4 +278,5 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 
 PROGRAM = ModelProgram()
 
-__all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "unstack_weights", "random_weights", "tiling_for"]
+__all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
+           "tiling_for"]

@@ -6,6 +6,8 @@ speed of the prompt (prefill) and of decoding (milliseconds per token, tokens pe
 file's chat template with ``--chat``. Greedy decoding by default (the reference for the tokens is
 transformers' ``generate`` on the same file, tests/programs/model); ``--temperature`` above 0
 samples, restricted by ``--top-k`` and ``--top-p``, from a generator seeded with ``--seed``.
+``--tp N`` under ``torchrun --nproc-per-node N`` splits every layer over N ranks (tensor
+parallelism, :mod:`.generate`); rank 0 streams and reports.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    tp: int = 1
 
 
 def _check(req: Request) -> None:
@@ -62,11 +65,21 @@ def run(req: Request, stream=None) -> dict:
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.tokenizer import load_tokenizer
 
+    from pto import dist
     from pto.device import resolve_device
     from pto.ir.dtypes import DType, dtype_of
 
     _check(req)
+    if req.tp > 1:  # the heads must divide among the ranks: one line before any launch or load
+        from pto.orchestration.model.config import load_config
+
+        try:
+            load_config(req.path).shard(req.tp)
+        except ValueError as e:
+            raise UsageError(f"--tp {req.tp}: {e}") from None
     device = resolve_device(req.device)
+    if dist.init(device, req.tp, command="generate") != 0:
+        stream = None  # every rank makes the same tokens: rank 0 shows them
     dtype = dtype_of(req.dtype) if req.dtype not in (None, "auto") else (DType.BF16 if device == "cuda" else DType.F32)
     tok = load_tokenizer(req.path)
     weights = load_weights(req.path, dtype.torch)
@@ -75,7 +88,7 @@ def run(req: Request, stream=None) -> dict:
     if longest > weights.config.max_positions and not weights.config.layer.window:
         raise UsageError(f"the prompt ({max(map(len, prompts))} tokens) and --max-new-tokens {req.max_new_tokens} "
                          f"exceed the model's context of {weights.config.max_positions} tokens")
-    gen = Generator(weights, device, dtype, executor=req.executor)
+    gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp)
     decoders = [tok.stream() for _ in prompts]
     texts = [""] * len(prompts)
 

@@ -1,11 +1,14 @@
 """Run many tensor-parallel cases in one launch: ``python -m torch.distributed.run
 --nproc-per-node N tests/dist/driver.py CASES.json OUT_DIR`` (or plain ``python`` for tp = 1
 without a process group). Each case is a dict of :func:`pto.tools.run.run`'s program options plus
-``seq``, ``seed`` and ``name``; every rank runs every case in the same order (the collectives
-match), rank 0 saves each case's outputs to OUT_DIR/NAME.safetensors and writes the results
-(``pto run --json``'s object per case) to OUT_DIR/results.json; a case may name its ``device``
-and ``backend`` (default: the CPU and the torch backend). Not a test module: the tests start it
-(:func:`launch`, :func:`run_cases`)."""
+``seq`` (the shape: an int for the program's first shape parameter, or a dict), ``seed`` and
+``name``; every rank runs every case in the same order (the collectives match), rank 0 saves each
+case's outputs to OUT_DIR/NAME.safetensors and writes the results (``pto run --json``'s object
+per case) to OUT_DIR/results.json; a case may name its ``program`` (default llama7b), ``device``
+and ``backend`` (default: the CPU and the torch backend). A case with ``generate`` (prompts'
+lengths, new tokens) generates from the model program's seeded random weights of ``config``
+with :class:`~pto.orchestration.model.generate.Generator` instead: its result holds the tokens.
+Not a test module: the tests start it (:func:`launch`, :func:`run_cases`)."""
 
 from __future__ import annotations
 
@@ -27,17 +30,42 @@ def main(cases_file: str, out_dir: str) -> int:
     results = []
     for c in cases:
         c = dict(c)
-        name, seq, seed = c.pop("name"), c.pop("seq"), c.pop("seed", 0)
+        name, seed = c.pop("name"), c.pop("seed", 0)
         config, dtype = c.pop("config", "tiny"), c.pop("dtype", "f32")
+        if "generate" in c:
+            results.append({"name": name, "tp": tp, **generate(config, seed, tp, *c["generate"])})
+            continue
         device, backend = c.pop("device", "cpu"), c.pop("backend", "torch")
+        program, seq = c.pop("program", "llama7b"), c.pop("seq")
         # by name, as a user of the Python API writes it (run's own tp, the options as keywords)
-        res = run("llama7b", seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"), device=device,
+        res = run(program, seq, check=True, seed=seed, save=str(out / f"{name}.safetensors"), device=device,
                   backend=backend, config=config, dtype=dtype, tp=tp, **c)
         results.append({"name": name, **res})
     if dist.rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
     dist.shutdown()
     return 0
+
+
+def generate(config: str, seed: int, tp: int, lengths: list[int], new: int) -> dict:
+    """Greedy tokens of prompts of ``lengths`` (seeded) from the model program's random weights
+    of ``config`` (seeded), ``tp`` ranks, on the CPU in f32."""
+    import torch
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    from pto.ir.dtypes import DType
+
+    w = random_weights(CONFIGS[config], torch.float32, torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 1)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=g).tolist() for n in lengths]
+    gen = Generator(w, "cpu", DType.F32, tp=tp)
+    dist.counters(reset=True)
+    try:
+        got = gen.generate(prompts, new, stop_ids=())
+    finally:
+        gen.close()
+    return {"tokens": got.tokens, "collectives": dist.counters()}
 
 
 LAUNCH_TIMEOUT_S = 300
