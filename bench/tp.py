@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=None, help="the layer (default: 7b, LLaMA-2-7B's shape; --tiny: tiny)")
     p.add_argument("--dtype", default=None, help="default bf16 (--tiny: f32)")
     p.add_argument("--attention", default="fused", choices=["fused", "pair", "split"])
-    p.add_argument("--allreduce-dtype", default="f32", choices=["f32", "storage"])
+    p.add_argument("--allreduce-dtype", default="storage", choices=["storage", "f32"])
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (communication share)")

@@ -52,8 +52,8 @@ class ModelProgram(Program):
     configs = CONFIGS
     options = (Option("weights", "", "a GGUF file or a Hugging Face folder: the model's configuration and weights "
                       "(replaces --config)"),
-               Option("allreduce_dtype", "f32", "with --tp N: the dtype the ranks' partial sums are all-reduced in: "
-                      "f32, or the storage dtype (half the bytes sent)", choices=("f32", "storage")))
+               Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
+                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
