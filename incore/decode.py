@@ -158,7 +158,8 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
     slots that hold keys: the first ``min(p + 1, cap)`` slots, p read from ``pos`` (of the
     ``chunks`` the cache has; the others' partials are empty). A step's loop is a load and the
     arithmetic that waits for it (about 0.2 us a chunk on an H100): a cache filled to half
-    combines half its chunks."""
+    combines half its chunks. The partials may be spans' merged states
+    (:func:`decode_attn_merge`): ``chunk`` is then a span's slots."""
     k = InCore("decode_attn_combine")
     D = head_dim
     pos = k.memref("pos", f32)
@@ -168,18 +169,52 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
     stride, chunks, cap = k.scalar("stride"), k.scalar("chunks"), k.scalar("cap")
     p = k.load_scalar("p", pos, 0, 0)
     used = emin(chunks, cdiv(emin(p + 1, cap), chunk))  # chunks that hold a key (chunk 0 always)
+    acc, _, l = _merge(k, (o, ml), used, stride, D)
+    k.rowexpanddiv(acc, acc, l)
+    out = k.tile("out", 1, D, dtype)
+    k.cast(out, acc)
+    k.store(y, 0, 0, out)
+    return k.build(target)
+
+
+def decode_attn_merge(head_dim: int, chunk: int, span: int, target=None) -> IncoreFunction:
+    """The first of two combine levels for long caches: one query head's partial states of the
+    ``span`` chunks from chunk ``j0`` (rows ``stride`` apart, as :func:`decode_attn_combine`
+    reads them) merged into one unnormalized state (``o`` [1, D], ``ml`` [1, 2]: m, l), over
+    those chunks that hold keys. A span past the position merges nothing (m = -inf, l = 0,
+    o = 0), and :func:`decode_attn_combine` over the spans (``chunk`` = a span's slots) never
+    reads it. So a 32K cache's 512 chunks are two loops of 16 and 32 steps, not one of 512."""
+    k = InCore("decode_attn_merge")
+    D = head_dim
+    pos = k.memref("pos", f32)
+    o_in, ml_in = k.memref("o_in", f32), k.memref("ml_in", f32)
+    o, ml = k.memref("o", f32, shape=(1, D)), k.memref("ml", f32, shape=(1, 2))
+    stride, j0, cap = k.scalar("stride"), k.scalar("j0"), k.scalar("cap")
+    p = k.load_scalar("p", pos, 0, 0)
+    used = emin(span, cdiv(emin(p + 1, cap), chunk) - j0)  # of this span's chunks (none: <= 0)
+    acc, m, l = _merge(k, (o_in, ml_in), used, stride, D)
+    k.store(o, 0, 0, acc)
+    k.store(ml, 0, 0, m)
+    k.store(ml, 0, 1, l)
+    return k.build(target)
+
+
+def _merge(k: InCore, src, n, stride, D: int):
+    """The online merge of the partial states ``src`` (o, ml) at rows ``j * stride`` for j in
+    ``[0, n)``: the tiles of the merged state (acc, m, l), acc and l unnormalized."""
+    o, ml = src
     m, mj, lj, w, l = (k.tile(n, 1, 1, f32) for n in ("m", "mj", "lj", "w", "l"))
     acc, oj, mnew, alpha = k.tile("acc", 1, D, f32), k.tile("oj", 1, D, f32), k.tile("mnew", 1, 1, f32), \
         k.tile("alpha", 1, 1, f32)
     k.full(m, float("-inf"))
     k.full(l, 0.0)
     k.full(acc, 0.0)
-    with k.for_range("j", 0, used) as j:
+    with k.for_range("j", 0, n) as j:
         k.load(mj, ml, j * stride, 0)
         k.load(lj, ml, j * stride, 1)
         k.load(oj, o, j * stride, 0)
         k.max(mnew, m, mj)
-        # a chunk past the position has m = -inf: its weight is 2^-inf = 0 (chunk 0 never is)
+        # a chunk past the position has m = -inf: its weight is 2^-inf = 0 (the first never is)
         k.sub(alpha, m, mnew)
         k.exp2(alpha, alpha)
         k.sub(w, mj, mnew)
@@ -191,11 +226,7 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
         k.rowexpandmul(oj, oj, w)
         k.add(acc, acc, oj)
         k.mov(m, mnew)
-    k.rowexpanddiv(acc, acc, l)
-    out = k.tile("out", 1, D, dtype)
-    k.cast(out, acc)
-    k.store(y, 0, 0, out)
-    return k.build(target)
+    return acc, m, l
 
 
 def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
@@ -270,6 +301,6 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
     return k.build(target)
 
 
-__all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine",
+__all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine", "decode_attn_merge",
            "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -14,7 +14,9 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
    RoPE on k, k and v appended to the sequence's cache block at the position
    modulo C: a ring for sliding-window models);
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
-   (flash-decoding), then per query head ``decode_attn_combine``;
+   (flash-decoding), then per query head ``decode_attn_combine``; for a long cache (more than
+   ``DecodeTiling.span`` chunks, a multiple of it) first ``decode_attn_merge`` per span of that
+   many chunks and query head, then the combine over the spans;
 4. ``matmul_residual_tile``: x2 = x + attn @ wo; ``matmul_norm_swiglu_tile``: h =
    swiglu(rmsnorm(x2)); ``matmul_residual_tile``: x = x2 + h @ wd.
 
@@ -79,6 +81,9 @@ class DecodeTiling:
     #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
     #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
     dot_bk: int | None = 128
+    #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
+    #: multiple of it; 0: the combine always loops over every chunk itself)
+    span: int = 16
 
     def __post_init__(self):
         from pto.errors import UsageError
@@ -87,10 +92,21 @@ class DecodeTiling:
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
+        if self.span < 0 or self.span == 1:
+            raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
         if self.chunk % self.tk:
             # an attention task's last key tile would run past its chunk into keys it must not see
             raise UsageError(f"decode tiling: chunk={self.chunk} is not a multiple of tk={self.tk} (the attention "
                              "task's key tiles must cover its chunk exactly)")
+
+
+def spans(cache: int | None, t: DecodeTiling) -> int:
+    """Spans of ``t.span`` chunks the first combine level merges for a cache of ``cache`` slots
+    (0: one level; None: the cache is not known at build, one level). The combine's loop waits on
+    a load per chunk: a 32K cache's 512 chunks of 64 would be one 512-step loop, two levels are
+    loops of 16 and 32."""
+    J = (cache or 0) // t.chunk
+    return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ class DecodeFunctions:
     lm: IncoreFunction
     embed: IncoreFunction
     advance: IncoreFunction
+    merge: IncoreFunction  # a span of chunks (long caches: the first of two combine levels)
+    combine_spans: IncoreFunction  # the combine over the spans
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -138,6 +156,8 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
         combine=dk.decode_attn_combine(dt, D, t.chunk, target),
+        merge=dk.decode_attn_merge(D, t.chunk, max(t.span, 2), target),
+        combine_spans=dk.decode_attn_combine(dt, D, t.chunk * max(t.span, 2), target),
         proj=proj,
         gate_up=gate_up,
         lm=lm,
@@ -184,11 +204,13 @@ def cdiv_int(a: int, b: int) -> int:
 
 
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
-               tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32) -> Module:
+               tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
+               cache: int | None = None) -> Module:
     """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
-    step (the module docstring), the partial sums summed over the ranks in ``reduce``."""
+    step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
+    the capacity the step will run with, where known (a long cache combines in two levels)."""
     t = tiling or DecodeTiling()
     cfg = cfg.shard(tp)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None)
@@ -198,7 +220,8 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk), NBV, t)
+    S = spans(cache, t)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t)
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -229,11 +252,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                                      "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
                                      "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
                                      "j0": j * t.chunk, "cap": C})
-            for h in range(NQ):
-                first = b * J * NQ + h
-                o.call(fn.combine, {"pos": (T["pos"], b, 0, 1, 1), "o": (T["o_part"], first, 0, (J - 1) * NQ + 1, D),
-                                    "ml": (T["ml_part"], first, 0, (J - 1) * NQ + 1, 2),
-                                    "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": J, "cap": C})
+            _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
         o.call(fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
@@ -241,6 +260,29 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                dims={"K": F, "N": H})
     _sample(o, fn, T, (B, H, cfg.vocab, NBV))
     return o.module()
+
+
+def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
+    """Sequence b's attention output of every query head from its chunks' partial states: one
+    combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
+    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C)."""
+    b, J, S, SPAN, NQ, D, C = sizes
+    pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
+    if S:
+        with o.for_loop("s", 0, S) as s:
+            for h in range(NQ):
+                first, into = (b * J + s * SPAN) * NQ + h, (b * S + s) * NQ + h
+                o.call(fn.merge, {"pos": pos, "o_in": (T["o_part"], first, 0, (SPAN - 1) * NQ + 1, D),
+                                  "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
+                                  "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
+                                  "stride": NQ, "j0": s * SPAN, "cap": C})
+        src, n = ("o_span", "ml_span"), S
+    for h in range(NQ):
+        first = b * n * NQ + h
+        o.call(fn.combine_spans if S else fn.combine,
+               {"pos": pos, "o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),
+                "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
+                "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": n, "cap": C})
 
 
 def _sample(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
@@ -267,8 +309,9 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
 
 def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling) -> dict:
     """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
-    logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J."""
-    B, C, J = sizes
+    logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J
+    and the combine's spans S (0: none)."""
+    B, C, J, S = sizes
     c = cfg.layer
     L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
     ws = weight_shapes(cfg, t.wt)
@@ -290,6 +333,8 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
                                     ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
                                     ("best", B, NBV, f32), ("index", B, NBV, f32)):
         T[name] = o.temp(name, rows, cols, dtype)
+    if S:
+        T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32), ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
     return T
 
 

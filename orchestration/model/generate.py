@@ -111,7 +111,8 @@ class Generator:
             from pto.exec import resolve as resolve_executor
             from pto.target import resolve as resolve_target
 
-            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling, self.tp)
+            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling,
+                                self.tp, cache=capacity)
             built = build_module_graph(module, {"B": batch, "C": capacity})
             executor = resolve_executor(self.executor, self.device, self.backend)
             if executor == "auto":

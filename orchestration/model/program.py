@@ -12,7 +12,7 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 from __future__ import annotations
 
 import torch
-from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
@@ -35,6 +35,11 @@ CONFIGS = {
     "llama3-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
                                          theta=500000.0), vocab=128256, layers=32, tied=False, max_positions=8192,
                              eos_ids=(128001, 128009)),
+    # LLaMA 3.1's 128K context (its RoPE scaling): the 8B model's shape at long caches
+    "llama3.1-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
+                                           theta=500000.0, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)),
+                               vocab=128256, layers=32, tied=False, max_positions=131072,
+                               eos_ids=(128001, 128008, 128009)),
 }
 #: the tiles of the CPU's tiny configurations (few tasks) and of real sizes
 TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32, dot_bk=32)
@@ -96,7 +101,8 @@ class ModelProgram(Program):
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
-        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s))
+        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s),
+                          shape["cache"])
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one

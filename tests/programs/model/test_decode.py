@@ -377,3 +377,60 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
     assert any(r["name"].startswith("rope_qkv_append") for r in results)
+
+
+def test_a_long_cache_combines_in_two_levels_and_matches_the_reference():
+    """More than SPAN chunks (a multiple of it): a merge task per span of chunks and query head,
+    then the combine over the spans; the step is the reference's (f32, the same sums in another
+    grouping, as the one-level combine). tiny's cache of 1024 slots is 32 chunks of 32: 2 spans,
+    so beside the 16 chunks more than at 512 slots the graph has a merge task per layer,
+    sequence, span and query head."""
+    from pto.orchestration.model.decode import DecodeTiling, spans
+
+    from pto import programs
+
+    t32, t64 = DecodeTiling(chunk=32, tk=16), DecodeTiling()
+    assert (spans(1024, t32), spans(512, t32), spans(640, t32), spans(None, t64), spans(32768, t64)) == \
+        (2, 0, 0, 0, 32)
+    assert spans(32768, DecodeTiling(span=0)) == 0 and spans(32768, DecodeTiling(span=64)) == 8
+    res = run("model", config="tiny", cache=1024, batch=3, device="cpu", check=True, seed=11)
+    assert res["rel_err"] <= 1e-5, res
+    prog = programs.get("model")
+    s = prog.settings(device="cpu", config="tiny")
+    cfg = prog.config(s)
+    one_level = prog.build(s, prog.shape({"cache": 512, "batch": 3}))
+    two_levels = prog.build(s, prog.shape({"cache": 1024, "batch": 3}))
+    calls = [sum(1 for f in m.functions if f.name == "decode_attn_merge") for m in (one_level, two_levels)]
+    assert calls == [0, 1], calls
+    # 16 chunks more per sequence and key/value head, and 2 spans' merges per query head
+    more = cfg.layers * 3 * (16 * cfg.layer.kv_heads + 2 * cfg.layer.heads)
+    assert res["tasks"] == run("model", config="tiny", cache=512, batch=3, device="cpu")["tasks"] + more
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+def test_the_two_combine_levels_on_triton():
+    """The merge and the combine over spans as Triton kernels (the interpreter), a full cache."""
+    res = run("model", config="tiny", cache=1024, batch=2, device="cpu", backend="triton", check=True, seed=13)
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_generation_past_sixteen_chunks_matches_the_reference():
+    """A generation whose capacity is 32 chunks (prompt and new tokens past 512 positions): the
+    step combines in two levels, every token the reference model's."""
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights("tiny", seed=12)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (500, 3)]
+    want = ReferenceModel(w).generate(prompts, 40, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32)
+    try:
+        got = gen.generate(prompts, 40, stop_ids=())
+        assert got.capacity == 1024
+    finally:
+        gen.close()
+    assert got.tokens == want
