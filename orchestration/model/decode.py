@@ -84,11 +84,29 @@ class DecodeTiling:
     #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
     #: multiple of it; 0: the combine always loops over every chunk itself)
     span: int = 16
+    #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (the
+    #: largest power-of-two multiple of ``chunk`` that divides it; None: always ``chunk``). 128:
+    #: a 32K cache of Llama-3.1-8B in chunks of 256 took 7.00 ms a step on an H100, 7.09 in 128,
+    #: 7.51 in 64 (docs/PERF.md, "Long caches")
+    long_chunks: int | None = 128
+    #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
+    #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of
+    #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
+    ffn_bn: int | None = None
+    ffn_bk: int | None = None
+
+    def for_cache(self, cache: int | None) -> DecodeTiling:
+        """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
+        c = self.chunk
+        while self.long_chunks and cache and cache // c > self.long_chunks and cache % (2 * c) == 0:
+            c *= 2
+        return self if c == self.chunk else replace(self, chunk=c)
 
     def __post_init__(self):
         from pto.errors import UsageError
 
-        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk")
+        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
+                                                  "ffn_bn", "ffn_bk")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
@@ -138,7 +156,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
     if batch >= 16:
-        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk)
+        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None)
     lm, bv = _lm_head(cfg, dt, target, t, batch)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
@@ -150,7 +168,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         proj = _widest(lambda bk: summed(dt, batch, QD, H, t.bn, bk, reduce, target), t.bk)[0]
     else:
         proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
-    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.bn, bk, c.eps, target), t.bk)[0]
+    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
     return DecodeFunctions(
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
@@ -211,7 +229,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
     step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
     the capacity the step will run with, where known (a long cache combines in two levels)."""
-    t = tiling or DecodeTiling()
+    t = (tiling or DecodeTiling()).for_cache(cache)
     cfg = cfg.shard(tp)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None)
     c = cfg.layer

@@ -434,3 +434,24 @@ def test_generation_past_sixteen_chunks_matches_the_reference():
     finally:
         gen.close()
     assert got.tokens == want
+
+
+def test_a_long_cache_takes_wider_chunks(monkeypatch):
+    """``long_chunks``: a cache of more than that many chunks is cut into wider ones (the largest
+    power-of-two multiple of the chunk that divides it), and the step is still the reference's:
+    tiny's 1024 slots with at most 8 chunks are 8 chunks of 128 (8 key tiles of 16 a task)."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import DecodeTiling
+
+    t = DecodeTiling()
+    assert [t.for_cache(c).chunk for c in (1024, 8192, 16384, 32768, 38400, None)] == [64, 64, 128, 256, 512, 64]
+    assert DecodeTiling(long_chunks=None).for_cache(32768).chunk == 64
+    base = run("model", config="tiny", cache=1024, batch=2, device="cpu", check=True, seed=14)
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, long_chunks=8))
+    res = run("model", config="tiny", cache=1024, batch=2, device="cpu", check=True, seed=14)
+    assert res["rel_err"] <= 1e-5, res
+    cfg = mp.CONFIGS["tiny"]
+    # 32 chunks of 32 with two merge levels before; 8 of 128, one level, now
+    assert base["tasks"] - res["tasks"] == cfg.layers * 2 * (24 * cfg.layer.kv_heads + 2 * cfg.layer.heads)
