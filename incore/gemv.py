@@ -12,7 +12,10 @@ contiguous axis (no transposed copy).
 - :func:`gemv_norm_tile`: ``y = rmsnorm(x) @ w.T`` (the norm folded in, as
   :func:`pto.incore.fused.matmul_norm_tile`);
 - :func:`gemv_residual_tile`: ``y = r + x @ w.T``;
-- :func:`gemv_norm_swiglu_tile`: ``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x)``.
+- :func:`gemv_norm_swiglu_tile`: ``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x)``;
+- :func:`gemv_norm_rope_append_tile`: one sequence's q, k, v projection with the norm folded in
+  and RoPE and the KV-cache append in its epilogue (a decode step of one sequence: one task
+  where the projection and the RoPE task were two).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pto.incore.fused import RowNorm
 from pto.incore.matmul import swiglu_epilogue
 
-from pto import InCore, cdiv, f32
+from pto import InCore, cdiv, emax, emin, f32
 from pto.ir.nodes import IncoreFunction
 
 
@@ -112,4 +115,73 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
     return k.build(target)
 
 
-__all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile"]
+def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: int, bk: int, eps: float,
+                               positions: int, target=None) -> IncoreFunction:
+    """One sequence's ``rmsnorm(x) @ w.T`` against the ``[N, K]`` q, k, v weight (``heads``: the
+    query heads, the key/value heads, the head size D; N = (query + 2 key/value) heads x D),
+    with RoPE at the sequence's position p (read from ``pos``) and the append in the epilogue:
+    program j computes ``bh`` rotation pairs of one head (outputs ``i`` and ``i + D/2`` for ``bh``
+    consecutive i: rows of w in two blocks), rotates them with the cos and sin rows at p, and
+    stores a query head's to ``q`` ([heads, D]), a key head's to the cache block ``kc`` and a
+    value head's (not rotated) to ``vc`` at slot ``p mod cap`` (the ring of
+    :func:`~pto.incore.decode.rope_qkv_append`, which this replaces for one sequence). The
+    three stores are one-trip loops on the head index: a program takes one of them."""
+    nq, nkv, D = heads
+    half = D // 2
+    if half % bh:  # a block past its half would store into the next half or head
+        raise ValueError(f"gemv_norm_rope_append_tile: {bh} pairs a block do not divide a head's {half}")
+    k = InCore("gemv_norm_rope_append_tile")
+    cap = k.scalar("cap")
+    x = k.memref("x", dtype, shape=(1, K))
+    w = k.memref("w", dtype, shape=((nq + 2 * nkv) * D, K))
+    pos = k.memref("pos", f32)
+    cos, sin = (k.memref(n, dtype, shape=(positions, half)) for n in ("cos", "sin"))
+    # q without a declared shape: its row is a one-trip loop's variable, whose bound the static
+    # check does not follow through the other kinds' empty ranges (the region bounds it at run time)
+    q = k.memref("q", dtype)
+    kc, vc = (k.memref(n, dtype, shape=(cap, nkv * D)) for n in ("kc", "vc"))
+    j = k.parallel("j", (nq + 2 * nkv) * cdiv(half, bh))
+    t, i0 = j // cdiv(half, bh), (j % cdiv(half, bh)) * bh  # the head (q, then k, then v) and pair
+    p = k.load_scalar("p", pos, 0, 0)
+    norm = RowNorm(k, 1, bk, dtype, eps, K)
+    a = k.tile("a", 1, bk, dtype)
+    b1, b2 = k.tile("b1", bh, bk, dtype), k.tile("b2", bh, bk, dtype)
+    y1, y2 = k.tile("y1", 1, bh, f32), k.tile("y2", 1, bh, f32)
+    k.full(y1, 0.0)
+    k.full(y2, 0.0)
+    with k.for_range("kk", 0, K, bk) as kk:
+        norm.step(x, kk, a)
+        k.load(b1, w, t * D + i0, kk)
+        k.load(b2, w, t * D + half + i0, kk)
+        k.matmul_acc(y1, a, b1, tb=True)
+        k.matmul_acc(y2, a, b2, tb=True)
+    norm.scale(y1, y2)
+    ct, st = k.tile("ct", 1, bh, dtype), k.tile("st", 1, bh, dtype)
+    cf, sf, r1, r2, tmp = (k.tile(n, 1, bh, f32) for n in ("cf", "sf", "r1", "r2", "tmp"))
+    out = k.tile("out", 1, bh, dtype)
+    k.load(ct, cos, p, i0)
+    k.load(st, sin, p, i0)
+    k.cast(cf, ct)
+    k.cast(sf, st)
+    k.mul(r1, y1, cf)  # rotate-half: r1 = y1 c - y2 s, r2 = y2 c + y1 s
+    k.mul(tmp, y2, sf)
+    k.sub(r1, r1, tmp)
+    k.mul(r2, y2, cf)
+    k.mul(tmp, y1, sf)
+    k.add(r2, r2, tmp)
+    slot = p % cap
+    stores = ((q, r1, r2, 0, emin(t + 1, nq), lambda h: (h, 0)),  # a query head: row h of q
+              (kc, r1, r2, emax(t, nq), emin(t + 1, nq + nkv), lambda h: (slot, (h - nq) * D)),
+              (vc, y1, y2, emax(t, nq + nkv), t + 1, lambda h: (slot, (h - nq - nkv) * D)))
+    for n, (dst, lo, hi, first, last, at) in enumerate(stores):
+        with k.for_range(f"h{n}", emax(first, t), last) as h:  # one trip for this program's kind
+            row, col = at(h)
+            k.cast(out, lo)
+            k.store(dst, row, col + i0, out)
+            k.cast(out, hi)
+            k.store(dst, row, col + half + i0, out)
+    return k.build(target)
+
+
+__all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
+           "gemv_norm_rope_append_tile"]

@@ -12,7 +12,9 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
 1. ``matmul_norm_tile``: qkv = rmsnorm(x) @ [wq wk wv] (the norm folded into the projection);
 2. per sequence: ``rope_qkv_append`` (RoPE on q at the position, into a ``[heads, D]`` block;
    RoPE on k, k and v appended to the sequence's cache block at the position
-   modulo C: a ring for sliding-window models);
+   modulo C: a ring for sliding-window models); with one sequence (and output-major weights)
+   1 and 2 are one task, ``gemv_norm_rope_append_tile``, RoPE and the append in the
+   projection's epilogue;
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
    (flash-decoding), then per query head ``decode_attn_combine``; for a long cache (more than
    ``DecodeTiling.span`` chunks, a multiple of it) first ``decode_attn_merge`` per span of that
@@ -36,12 +38,13 @@ row ``(l * B + b) * C``; slot ``p mod C`` holds position p.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
-from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
+from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
 from pto.orchestration.model.config import ModelConfig
 
@@ -94,6 +97,9 @@ class DecodeTiling:
     #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
     ffn_bn: int | None = None
     ffn_bk: int | None = None
+    #: one sequence (batch 1, output-major weights): RoPE and the cache append in the q, k, v
+    #: projection's epilogue (``gemv_norm_rope_append_tile``: one task where there were two)
+    rope_in_qkv: bool = True
 
     def for_cache(self, cache: int | None) -> DecodeTiling:
         """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
@@ -140,6 +146,7 @@ class DecodeFunctions:
     advance: IncoreFunction
     merge: IncoreFunction  # a span of chunks (long caches: the first of two combine levels)
     combine_spans: IncoreFunction  # the combine over the spans
+    qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -169,7 +176,13 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     else:
         proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
+    qkv_rope = None
+    if batch == 1 and t.wt and t.rope_in_qkv:
+        bh = math.gcd(max(1, t.bn // 2), D // 2)  # pairs a program: its rows as the plain GEMV's
+        qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
+                                                                 cfg.max_positions, target), t.bk)[0]
     return DecodeFunctions(
+        qkv_rope=qkv_rope,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
@@ -239,7 +252,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
     S = spans(cache, t)
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -255,13 +268,20 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     with o.for_loop("b0", 0, B) as b:
         o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
     with o.for_loop("l", 0, L) as l:
-        o.call(fn.qkv, {"x": A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l),
-                        "y": A("qkv", QD + 2 * KVD)})
+        projection = {"x": A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l)}
+        if fn.qkv_rope is not None:  # one sequence: its RoPE and append in the projection's task
+            o.call(fn.qkv_rope, {**projection, "pos": (T["pos"], 0, 0, 1, 1), "cos": T["cos"], "sin": T["sin"],
+                                 "q": (T["q"], 0, 0, NQ, D), "kc": (T["k_cache"], l * C, 0, C, KVD),
+                                 "vc": (T["v_cache"], l * C, 0, C, KVD), "cap": C})
+        else:
+            o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             row = (l * B + b) * C
-            tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
-            o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
-                             "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+            if fn.qkv_rope is None:
+                tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
+                o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
+                                 "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD),
+                                 "cap": C})
             with o.for_loop("j", 0, J) as j:
                 for g in range(NKV):
                     part = (b * J + j) * NQ + g * G
@@ -325,7 +345,8 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
     return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
 
 
-def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling) -> dict:
+def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling,
+             unused: tuple[str, ...] = ()) -> dict:
     """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
     logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J
     and the combine's spans S (0: none)."""
@@ -350,7 +371,8 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
                                     ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
                                     ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
                                     ("best", B, NBV, f32), ("index", B, NBV, f32)):
-        T[name] = o.temp(name, rows, cols, dtype)
+        if name not in unused:  # (qkv: not with the projection's own RoPE)
+            T[name] = o.temp(name, rows, cols, dtype)
     if S:
         T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32), ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
     return T
