@@ -45,8 +45,10 @@ CONFIGS = {
 TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32, dot_bk=32)
 TILING = DecodeTiling()
 #: models of hidden 2048 and more: the gate/up projection in blocks of 8 outputs, K steps of 2048
-#: (an 8B model's, measured on an H100: DecodeTiling.ffn_bn)
-WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048)
+#: (an 8B model's, measured on an H100: DecodeTiling.ffn_bn); RoPE as its own task (the 8B
+#: model's projection with RoPE in its epilogue took 25.9 us a layer against 21.0 + 2.7 for the
+#: two: 5.756 against 5.689 ms a step, where SmolLM2 gains 5.8%: docs/PERF.md)
+WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False)
 
 
 def tiling_for(cfg: ModelConfig) -> DecodeTiling:
