@@ -18,7 +18,8 @@ knows a program:
   backend's collective tasks: no host synchronization, captured in CUDA graphs with NCCL);
   :func:`backend`: the process group's;
 - :func:`gather`: one picklable value from every rank (reports), :func:`barrier`,
-  :func:`shutdown`.
+  :func:`shutdown` (after the releases registered with :func:`at_shutdown`: a CUDA graph that
+  captured NCCL calls must be freed before the process group is destroyed).
 """
 
 from __future__ import annotations
@@ -120,9 +121,25 @@ def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
     return rank()
 
 
+_AT_SHUTDOWN: list = []
+
+
+def at_shutdown(release) -> None:
+    """Call ``release()`` before :func:`shutdown` leaves the process group (once per function):
+    what holds CUDA graphs with captured NCCL calls must free them first, or NCCL's
+    communicator destruction waits forever (pytorch/pytorch#115388)."""
+    if release not in _AT_SHUTDOWN:
+        _AT_SHUTDOWN.append(release)
+
+
 def shutdown() -> None:
-    """Leave the default process group (if this process started one)."""
+    """Leave the default process group (if this process started one), after the releases of
+    :func:`at_shutdown`."""
     if initialized():
+        for release in _AT_SHUTDOWN:
+            release()
+        if backend() == "nccl":
+            torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
 
 
@@ -180,5 +197,5 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "all_reduce", "all_reduce_",
-           "backend", "counters", "gather", "barrier", "TIMEOUT_S"]
+__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "at_shutdown", "all_reduce",
+           "all_reduce_", "backend", "counters", "gather", "barrier", "TIMEOUT_S"]

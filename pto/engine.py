@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pto import programs
+from pto import dist, programs
 from pto.backends import capable
 from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
@@ -267,6 +267,11 @@ class Prepared:
         return self.executor.profile(repeat)
 
     def close(self) -> None:
+        """Free the task graph and the CUDA graph of the replays (a captured NCCL call keeps the
+        process group from being destroyed until the graph is gone: :func:`pto.dist.at_shutdown`)."""
+        if self.cuda_graph is not None:
+            self.cuda_graph.reset()
+            self.cuda_graph = None
         self.graph.close()
 
 
@@ -306,6 +311,9 @@ def clear_runners() -> None:
     for r in _RUNNERS.values():
         r.close()
     _RUNNERS.clear()
+
+
+dist.at_shutdown(clear_runners)  # the cached runners' CUDA graphs go before the process group
 
 
 def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *, device: str = "auto",

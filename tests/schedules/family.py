@@ -29,9 +29,11 @@ def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFuncti
                                       attention=mode, causal=causal, row_tiles=rows)
                     for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
                         out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
-    s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), tp=2)
-    for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
-        split = split_collective(v.func)
-        for f in (split.pre, split.post) if split is not None else (v.func,):
-            out[(f.variant_name, backend.kernel(f).digest)] = f
+    for reduce in ("storage", "f32"):  # the sum in bf16 (the default) or f32: two first parts
+        s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), tp=2,
+                          allreduce_dtype=reduce)
+        for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
+            split = split_collective(v.func)
+            for f in (split.pre, split.post) if split is not None else (v.func,):
+                out[(f.variant_name, backend.kernel(f).digest)] = f
     return out
