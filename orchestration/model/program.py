@@ -140,8 +140,9 @@ class ModelProgram(Program):
         """The KV cache (every layer's keys and values for every slot) and the bytes one step
         must read from memory at a full cache: every layer's weights and the LM head once (of
         the embedding only a row per sequence) and the whole cache; over the memory bandwidth,
-        the step's floor."""
-        cfg = self.config(s)
+        the step's floor. Under ``--tp`` one rank's: its share of the layers and of the cache,
+        the LM head whole."""
+        cfg = self.config(s).shard(s.tp)
         c, esize = cfg.layer, s.dtype.itemsize
         kv = cfg.layers * shape["batch"] * shape["cache"] * 2 * c.kv_dim * esize
         weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
