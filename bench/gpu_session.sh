@@ -28,6 +28,9 @@
 #   tp          issue 25, on a two-GPU machine: bench/tp.py at $TP_SEQS (default 4096,16384) for each
 #               setting in $TP_RUNS (";"-separated environment and flags, e.g. "PTO_COLLECTIVE_CHUNKS=1;
 #               PTO_COLLECTIVES=evaluator --seq 4096"), each run under $TP_LIMIT seconds (default 240)
+#   tpdecode    issue 25, on a two-GPU machine: the 8B decode step at batches 1 and 8, tp = $TP_N (default 2)
+#               against one GPU (torchrun bench/decode.py)
+#   long        the Llama-3.1-8B step at caches 1024 and 32768 (two combine levels, wider chunks), per-kernel
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -143,6 +146,12 @@ for stage in "$@"; do
             --seq "${TP_SEQS:-4096,16384}" --json "$OUT/tp_$n.json" "${flags[@]}" > "$OUT/tp_$n.log" 2>&1
           echo "rc=$?"; grep -v "^{" "$OUT/tp_$n.log" | tail -6
         done ;;
+    tpdecode) timeout "${TP_LIMIT:-240}" torchrun --nproc-per-node "${TP_N:-2}" bench/decode.py --configs llama3-8b \
+                --batches 1,8 --long 0 --steps 32 --json "$OUT/tpdecode.json" > "$OUT/tpdecode.log" 2>&1
+              echo "rc=$?"; grep "efficiency" "$OUT/tpdecode.log" | grep -v "^{" ;;
+    long) python3 bench/decode.py --configs llama3.1-8b --batches 1 --cache 1024 --long 32768 --steps 16 \
+            --executors waves --hf-configs none --kernels --json "$OUT/long.json" > "$OUT/long.log" 2>&1
+          grep "B=" "$OUT/long.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
