@@ -156,19 +156,7 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
         k.matmul_acc(y1, a, b1, tb=True)
         k.matmul_acc(y2, a, b2, tb=True)
     norm.scale(y1, y2)
-    ct, st = k.tile("ct", 1, bh, dtype), k.tile("st", 1, bh, dtype)
-    cf, sf, r1, r2, tmp = (k.tile(n, 1, bh, f32) for n in ("cf", "sf", "r1", "r2", "tmp"))
-    out = k.tile("out", 1, bh, dtype)
-    k.load(ct, cos, p, i0)
-    k.load(st, sin, p, i0)
-    k.cast(cf, ct)
-    k.cast(sf, st)
-    k.mul(r1, y1, cf)  # rotate-half: r1 = y1 c - y2 s, r2 = y2 c + y1 s
-    k.mul(tmp, y2, sf)
-    k.sub(r1, r1, tmp)
-    k.mul(r2, y2, cf)
-    k.mul(tmp, y1, sf)
-    k.add(r2, r2, tmp)
+    r1, r2, out = _rotate_pairs(k, (y1, y2), (cos, sin), (p, i0), bh, dtype)
     slot = p % cap
     stores = ((q, r1, r2, 0, emin(t + 1, nq), lambda h: (h, 0)),  # a query head: row h of q
               (kc, r1, r2, emax(t, nq), emin(t + 1, nq + nkv), lambda h: (slot, (h - nq) * D)),
@@ -181,6 +169,27 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
             k.cast(out, hi)
             k.store(dst, row, col + half + i0, out)
     return k.build(target)
+
+
+def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
+    """RoPE of ``bh`` rotation pairs (the f32 tiles ``y``: first and second halves) with the cos
+    and sin rows of ``tables`` at (position, pair) ``at``: ``r1 = y1 c - y2 s``, ``r2 = y2 c +
+    y1 s`` (rotate-half); returns r1, r2 and a storage-dtype tile to store through."""
+    (y1, y2), (cos, sin), (p, i0) = y, tables, at
+    ct, st = k.tile("ct", 1, bh, dtype), k.tile("st", 1, bh, dtype)
+    cf, sf, r1, r2, tmp = (k.tile(n, 1, bh, f32) for n in ("cf", "sf", "r1", "r2", "tmp"))
+    out = k.tile("out", 1, bh, dtype)
+    k.load(ct, cos, p, i0)
+    k.load(st, sin, p, i0)
+    k.cast(cf, ct)
+    k.cast(sf, st)
+    k.mul(r1, y1, cf)
+    k.mul(tmp, y2, sf)
+    k.sub(r1, r1, tmp)
+    k.mul(r2, y2, cf)
+    k.mul(tmp, y1, sf)
+    k.add(r2, r2, tmp)
+    return r1, r2, out
 
 
 __all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",

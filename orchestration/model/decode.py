@@ -246,8 +246,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     cfg = cfg.shard(tp)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None)
     c = cfg.layer
-    L, H, D, QD, KVD, F = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
-    NQ, NKV, G = c.heads, c.kv_heads, c.heads // c.kv_heads
+    L, H, D, QD, KVD, F, NQ = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
@@ -276,21 +275,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
         else:
             o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
-            row = (l * B + b) * C
-            if fn.qkv_rope is None:
-                tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
-                o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
-                                 "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD),
-                                 "cap": C})
-            with o.for_loop("j", 0, J) as j:
-                for g in range(NKV):
-                    part = (b * J + j) * NQ + g * G
-                    o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
-                                     "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                                     "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                                     "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
-                                     "j0": j * t.chunk, "cap": C})
-            _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
+            _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
         o.call(fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
@@ -298,6 +283,29 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                dims={"K": F, "N": H})
     _sample(o, fn, T, (B, H, cfg.vocab, NBV))
     return o.module()
+
+
+def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, sizes: tuple) -> None:
+    """Layer l's attention of sequence b (``sizes``: l, b, B, C, J, S, the rank's config): RoPE
+    and the append (unless the projection did them), the chunks' partial states per key/value
+    head, then the combine."""
+    l, b, B, C, J, S, cfg = sizes
+    c = cfg.layer
+    D, QD, KVD, NQ, NKV, G = c.head_dim, c.q_dim, c.kv_dim, c.heads, c.kv_heads, c.heads // c.kv_heads
+    row = (l * B + b) * C
+    if fn.qkv_rope is None:
+        tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
+        o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
+                         "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+    with o.for_loop("j", 0, J) as j:
+        for g in range(NKV):
+            part = (b * J + j) * NQ + g * G
+            o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
+                             "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                             "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                             "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
+                             "j0": j * t.chunk, "cap": C})
+    _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
 
 
 def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
