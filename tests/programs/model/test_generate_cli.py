@@ -38,3 +38,26 @@ def test_a_prompt_that_outgrows_the_context_is_one_line(smollm):
     assert r.returncode != 0 and len(lines) == 1, r.stderr
     assert re.match(r"pto: error: the prompt \(\d+ tokens\) and --max-new-tokens 9000 exceed the model's context of "
                     r"8192 tokens", lines[0]), lines
+
+
+@pytest.mark.slow
+def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
+    """``torchrun --nproc-per-node 3 -m pto.cli generate --gguf SmolLM2 --tp 3`` (its 9 query and
+    3 key/value heads over 3 ranks, gloo, f32): the greedy tokens and text of the single process
+    (itself transformers' tokens on the same file: test_decode.py), one JSON object (rank 0's)."""
+    from tests.dist import driver
+
+    args = ["-m", "pto.cli", "generate", "--gguf", str(smollm), "--prompt", "The capital of France is",
+            "--max-new-tokens", "6", "--device", "cpu", "--json"]
+    r3 = driver.launch(3, *args, "--tp", "3")
+    r1 = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=driver.clean_env(), timeout=300)
+    assert r3.returncode == 0 and r1.returncode == 0, (r3.stderr[-3000:], r1.stderr[-3000:])
+    one, three = json.loads(r1.stdout), json.loads(r3.stdout)
+    assert three["tokens"] == one["tokens"] and len(one["tokens"][0]) == 6
+    assert three["texts"] == one["texts"]
+
+
+def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
+    r = _pto("--gguf", str(smollm), "--prompt", "hi", "--tp", "2", "--device", "cpu")
+    assert r.returncode == 2 and r.stderr == "pto: error: --tp 2: the 9 query heads do not divide among 2 ranks\n", \
+        r.stderr
