@@ -391,7 +391,7 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
 
 
 def test_a_long_cache_combines_in_two_levels_and_matches_the_reference():
-    """More than SPAN chunks (a multiple of it): a merge task per span of chunks and query head,
+    """More than ``span`` chunks (a multiple of it): a merge task per span of chunks and query head,
     then the combine over the spans; the step is the reference's (f32, the same sums in another
     grouping, as the one-level combine). tiny's cache of 1024 slots is 32 chunks of 32: 2 spans,
     so beside the 16 chunks more than at 512 slots the graph has a merge task per layer,
