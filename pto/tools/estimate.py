@@ -57,17 +57,26 @@ class _Counter:
     """Counts of one program setting: closed form when the program has one, else count-only
     builds of the generated C."""
 
-    def __init__(self, prog: Program, s: Settings, module):
+    def __init__(self, prog: Program, s: Settings):
         self.prog = prog
         self.s = s
-        self.module = module
+        self._modules: dict[str, object] = {}
         self.has_closed_form = prog.counts(s, prog.shape()) is not None
+
+    def module(self, shape: Shape):
+        """The program's module at ``shape``: the same one for every shape it builds alike (a
+        decode step's structure depends on its cache: chunks and combine levels), so each
+        distinct module compiles once."""
+        from pto.text.printer import format_module
+
+        m = self.prog.build(self.s, shape)
+        return self._modules.setdefault(format_module(m), m)
 
     def counts(self, shape: Shape, adaptive: bool) -> dict:
         """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
             return self.prog.counts(self.s, shape, adaptive)
-        g = CompiledProgram.get(self.module, adaptive).build_graph(self.prog.scalars(self.s, shape),
+        g = CompiledProgram.get(self.module(shape), adaptive).build_graph(self.prog.scalars(self.s, shape),
                                                                   count_only=True)
         try:
             return {"tasks": g.tasks}
@@ -117,7 +126,7 @@ def _fit_edges(samples: list[dict]) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list[dict], at) -> list[dict]:
+def _calibration_builds(counter: _Counter, adaptive: bool, samples: list[dict], at) -> list[dict]:
     """Builds for the memory model when fewer than three rows were measured: the largest
     power-of-two values of the swept shape parameter (``at(value)``: the shape) whose graphs stay
     within CALIBRATION_TASKS and
@@ -143,7 +152,7 @@ def _calibration_builds(counter: _Counter, module, adaptive: bool, samples: list
             break
         if tasks not in seen:
             seen.add(tasks)
-            out.append(_build(module, counter.prog, counter.s, at(cal), adaptive))
+            out.append(_build(counter.module(at(cal)), counter.prog, counter.s, at(cal), adaptive))
     return out
 
 
@@ -210,15 +219,14 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
 
     for v in values:  # refused before any work (sizes too large to run are estimated)
         prog.check_shape(s, at(v))
-    module = prog.build(s, base)
-    counter = _Counter(prog, s, module)
+    counter = _Counter(prog, s)
     rows, samples = [], []
     for v in iterate(values, "estimating", progress, unit=name):
-        row, built = _row(counter, module, at(v), adaptive, limits)
+        row, built = _row(counter, at(v), adaptive, limits)
         rows.append(row)
         samples += [built] if built else []
     if len(samples) < 3:
-        samples += _calibration_builds(counter, module, adaptive, samples, at)
+        samples += _calibration_builds(counter, adaptive, samples, at)
     if not samples:
         raise ExecutionError(f"{prog.name}: no graph is small enough to build for the memory model")
     model = _fill_memory(rows, samples, adaptive)
@@ -241,10 +249,10 @@ def _settings(prog: Program, settings: Settings | None = None, device: str = "au
     return prog.settings(device=dev, config=config, dtype=dtype, target=tg, **options)
 
 
-def _row(counter: _Counter, module, shape: Shape, adaptive: bool, limits: tuple[int, int]) -> tuple[dict, dict | None]:
+def _row(counter: _Counter, shape: Shape, adaptive: bool, limits: tuple[int, int]) -> tuple[dict, dict | None]:
     """One row (counts, tensors; built and measured when the graph is small enough) and the
     build's sample for the memory model, if built."""
-    prog, s = counter.prog, counter.s
+    prog, s, module = counter.prog, counter.s, counter.module(shape)
     ca, cn = counter.counts(shape, True), counter.counts(shape, False)
     mine = ca if adaptive else cn
     row = {**shape.to_json(), "tasks": ca["tasks"], "tasks_no_adaptive": cn["tasks"],

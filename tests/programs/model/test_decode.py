@@ -505,3 +505,14 @@ def test_one_sequence_on_triton(executor):
     res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor=executor,
               check=True, seed=17)
     assert res["rel_err"] <= 1e-5, res
+
+
+def test_estimate_counts_each_cache_with_the_graph_a_run_builds():
+    """A decode step's structure depends on its cache (two combine levels past 16 chunks, wider
+    chunks past 128): ``pto estimate`` counts each swept cache with the module built for it, so
+    its tasks are a run's at every cache, whichever shape the sweep starts from."""
+    from pto.tools.estimate import estimate
+
+    res = estimate("model", [256, 1024], config="tiny", shape={"cache": 1024, "batch": 1})
+    runs = [run("model", config="tiny", cache=c, batch=1, device="cpu")["tasks"] for c in (256, 1024)]
+    assert [r["tasks"] for r in res["rows"]] == runs
