@@ -20,9 +20,10 @@ tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
 step alone (``tp1``, the others waiting) and reports the scaling efficiency ``t1 / (N tN)``; the
-waves executor only (the persistent one runs no collectives)::
+waves executor and the default tiling only (the persistent executor runs no collectives), at
+``--cache`` (``--long``, ``--tilings`` and ``--hf-*`` are not read)::
 
-    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8 --long 0
+    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8
 """
 
 from __future__ import annotations

@@ -136,10 +136,10 @@ def shutdown() -> None:
     """Leave the default process group (if this process started one), after the releases of
     :func:`at_shutdown`."""
     if initialized():
+        if backend() == "nccl":
+            torch.cuda.synchronize()  # nothing in flight on a graph's memory when it is freed
         for release in _AT_SHUTDOWN:
             release()
-        if backend() == "nccl":
-            torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
 
 

@@ -12,9 +12,9 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
 1. ``matmul_norm_tile``: qkv = rmsnorm(x) @ [wq wk wv] (the norm folded into the projection);
 2. per sequence: ``rope_qkv_append`` (RoPE on q at the position, into a ``[heads, D]`` block;
    RoPE on k, k and v appended to the sequence's cache block at the position
-   modulo C: a ring for sliding-window models); with one sequence (and output-major weights)
-   1 and 2 are one task, ``gemv_norm_rope_append_tile``, RoPE and the append in the
-   projection's epilogue;
+   modulo C: a ring for sliding-window models); with one sequence (output-major weights, and
+   ``DecodeTiling.rope_in_qkv``: models below hidden 2048, measured) 1 and 2 are one task,
+   ``gemv_norm_rope_append_tile``, RoPE and the append in the projection's epilogue;
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
    (flash-decoding), then per query head ``decode_attn_combine``; for a long cache (more than
    ``DecodeTiling.span`` chunks, a multiple of it) first ``decode_attn_merge`` per span of that
@@ -87,8 +87,9 @@ class DecodeTiling:
     #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
     #: multiple of it; 0: the combine always loops over every chunk itself)
     span: int = 16
-    #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (the
-    #: largest power-of-two multiple of ``chunk`` that divides it; None: always ``chunk``). 128:
+    #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (``chunk``
+    #: doubled while there are more than this many and the doubled chunk divides the cache, so a
+    #: cache that is an odd number of chunks keeps ``chunk``; None: always ``chunk``). 128:
     #: a 32K cache of Llama-3.1-8B in chunks of 256 took 7.00 ms a step on an H100, 7.09 in 128,
     #: 7.51 in 64 (docs/PERF.md, "Long caches")
     long_chunks: int | None = 128

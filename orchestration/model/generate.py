@@ -74,10 +74,12 @@ def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) 
 class Generator:
     """A model's weights on a device, ready to generate for batches of prompts: the layer
     program's runners for prefill (one per prompt length, cached) and the decode step's graph
-    (one per batch size and capacity, cached)."""
+    (one per batch size and capacity, cached). ``tp``: this process is one of that many ranks,
+    whose partial sums are summed in the storage dtype or f32 (``allreduce_dtype``)."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
-                 executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1):
+                 executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
+                 allreduce_dtype: str = "storage"):
         from pto import dist
         from pto.backends import resolve as resolve_backend
 
@@ -87,6 +89,10 @@ class Generator:
         self.executor = executor
         self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
+        if allreduce_dtype not in ("storage", "f32"):
+            raise UsageError(f"--allreduce-dtype {allreduce_dtype!r}: expected storage or f32")
+        # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
+        self.reduce = dtype if allreduce_dtype == "storage" else DType.F32
         if tp > 1 and dist.world_size() != tp:
             raise UsageError(f"--tp {tp} runs one process per rank (torchrun --nproc-per-node {tp}); this process "
                              f"group has {dist.world_size()}")
@@ -112,7 +118,7 @@ class Generator:
             from pto.target import resolve as resolve_target
 
             module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling,
-                                self.tp, cache=capacity)
+                                self.tp, self.reduce, cache=capacity)
             built = build_module_graph(module, {"B": batch, "C": capacity})
             executor = resolve_executor(self.executor, self.device, self.backend)
             if executor == "auto":

@@ -126,8 +126,8 @@ class ModelProgram(Program):
     def check_shape(self, s: Settings, shape: Shape) -> None:
         cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
         if shape["cache"] % chunk:
-            raise UsageError(f"{self.name}: --cache {shape['cache']} must be a multiple of {chunk} (the slots of one "
-                             "attention task)")
+            raise UsageError(f"{self.name}: --cache {shape['cache']} must be a multiple of {chunk} (the attention "
+                             "chunk: the slots of one attention task, more in a long cache)")
         window = cfg.layer.window
         if window and shape["cache"] != window:
             raise UsageError(f"{self.name}: the model attends to a sliding window of {window} positions: its cache "

@@ -33,6 +33,7 @@ class Request:
     top_p: float | None = None
     seed: int = 0
     tp: int = 1
+    allreduce_dtype: str = "storage"
 
 
 def _check(req: Request) -> None:
@@ -88,7 +89,7 @@ def run(req: Request, stream=None) -> dict:
     if longest > weights.config.max_positions and not weights.config.layer.window:
         raise UsageError(f"the prompt ({max(map(len, prompts))} tokens) and --max-new-tokens {req.max_new_tokens} "
                          f"exceed the model's context of {weights.config.max_positions} tokens")
-    gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp)
+    gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp, allreduce_dtype=req.allreduce_dtype)
     decoders = [tok.stream() for _ in prompts]
     texts = [""] * len(prompts)
 

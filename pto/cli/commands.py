@@ -230,12 +230,14 @@ def _cmd_generate(args) -> int:
     request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
                "device": args.device, "dtype": args.dtype, "executor": args.executor,
                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-               "tp": args.tp}
-    res = makers[0].generate(request, None if args.json else sys.stdout)
+               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype}
     from pto import dist
 
-    rank = dist.rank()
-    dist.shutdown()
+    try:
+        res = makers[0].generate(request, None if args.json else sys.stdout)
+        rank = dist.rank()
+    finally:
+        dist.shutdown()
     if rank != 0:  # every rank made the same text: rank 0 prints it
         return 0
     if args.json:

@@ -217,6 +217,8 @@ def _add_generate(sub, program, helps: bool, more: str) -> None:
     s.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
     s.add_argument("--tp", type=positive, default=1, metavar="N",
                    help="tensor-parallel ranks, one process each: torchrun --nproc-per-node N (default: 1)")
+    s.add_argument("--allreduce-dtype", default="storage", choices=("storage", "f32"),
+                   help="with --tp N: the dtype the ranks' partial sums are summed in (default: storage)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
 
 
