@@ -64,12 +64,7 @@ def matmul_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk
     K x N row shard of a row-parallel weight: the product accumulated in f32 and rounded to
     ``dtype`` (the partial sum the unfused layer stores), summed in ``acc``, plus ``r``."""
     k = InCore("matmul_allreduce_residual_tile")
-    R = k.dim("R", rows)
-    KD, ND = k.dim("K", K), k.dim("N", N)
-    x = k.memref("x", dtype, shape=(R, KD))
-    w = k.memref("w", dtype, shape=(KD, ND))
-    r, y = k.memref("r", dtype, shape=(R, ND)), k.memref("y", dtype, shape=(R, ND))
-    j = k.parallel("j", cdiv(ND, bn))
+    R, KD, ND, (x, w, r, y), j = _row_parallel(k, dtype, (rows, K, N), bn, output_major=False)
     a, bt = k.tile("a", R, bk, dtype), k.tile("bt", bk, bn, dtype)
     p, out = k.tile("p", R, bn, f32), k.tile("out", R, bn, dtype)
     k.full(p, 0.0)
@@ -89,17 +84,24 @@ def gemv_allreduce_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: 
     FFN columns it holds), blocks of ``bn`` outputs; rounded, summed and added as
     :func:`matmul_allreduce_residual_tile`."""
     k = InCore("gemv_allreduce_residual_tile")
-    R = k.dim("R", rows)
-    KD, ND = k.dim("K", K), k.dim("N", N)
-    x = k.memref("x", dtype, shape=(R, KD))
-    w = k.memref("w", dtype, shape=(ND, KD))
-    r, y = k.memref("r", dtype, shape=(R, ND)), k.memref("y", dtype, shape=(R, ND))
-    j = k.parallel("j", cdiv(ND, bn))
+    R, KD, ND, (x, w, r, y), j = _row_parallel(k, dtype, (rows, K, N), bn, output_major=True)
     (p,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, p)
     _sum_and_add(k, (p, out, out), r, y, j * bn, acc)
     return k.build(target)
+
+
+def _row_parallel(k: InCore, dtype, sizes, bn: int, output_major: bool):
+    """The declarations of a row-parallel projection with its sum: dims R, K, N (``sizes``: their
+    defaults), memrefs x, w (``[K, N]``, or ``[N, K]`` when ``output_major``), r, y, and the
+    parallel axis over blocks of ``bn`` outputs."""
+    R = k.dim("R", sizes[0])
+    KD, ND = k.dim("K", sizes[1]), k.dim("N", sizes[2])
+    x = k.memref("x", dtype, shape=(R, KD))
+    w = k.memref("w", dtype, shape=(ND, KD) if output_major else (KD, ND))
+    r, y = k.memref("r", dtype, shape=(R, ND)), k.memref("y", dtype, shape=(R, ND))
+    return R, KD, ND, (x, w, r, y), k.parallel("j", cdiv(ND, bn))
 
 
 def _sum_and_add(k: InCore, tiles, r, y, col, acc) -> None:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
 from pto.incore.gemv import Gemv, gemv_accumulate
+from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
@@ -52,12 +53,7 @@ def _rotate(k: InCore, x, tables, col, half: int, dtype, name: str):
     k.load(x2, x, 0, col + half)
     k.cast(f["x1"], x1)
     k.cast(f["x2"], x2)
-    k.mul(f["o1"], f["x1"], ct)
-    k.mul(f["tmp"], f["x2"], st)
-    k.sub(f["o1"], f["o1"], f["tmp"])
-    k.mul(f["o2"], f["x2"], ct)
-    k.mul(f["tmp"], f["x1"], st)
-    k.add(f["o2"], f["o2"], f["tmp"])
+    rotate_half(k, (f["o1"], f["o2"]), f["tmp"], (f["x1"], f["x2"]), (ct, st))
     return f["o1"], f["o2"]
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pto.incore.fused import RowNorm
 from pto.incore.matmul import swiglu_epilogue
+from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emax, emin, f32
 from pto.ir.nodes import IncoreFunction
@@ -183,12 +184,7 @@ def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
     k.load(st, sin, p, i0)
     k.cast(cf, ct)
     k.cast(sf, st)
-    k.mul(r1, y1, cf)
-    k.mul(tmp, y2, sf)
-    k.sub(r1, r1, tmp)
-    k.mul(r2, y2, cf)
-    k.mul(tmp, y1, sf)
-    k.add(r2, r2, tmp)
+    rotate_half(k, (r1, r2), tmp, (y1, y2), (cf, sf))
     return r1, r2, out
 
 

@@ -10,6 +10,18 @@ from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
 
+def rotate_half(k: InCore, out, tmp, halves, tables) -> None:
+    """``out = (x1 c - x2 s, x2 c + x1 s)`` for the f32 tiles ``halves`` (x1, x2) and ``tables``
+    (c, s), through the scratch tile ``tmp``: the rotate-half arithmetic every RoPE here shares."""
+    (o1, o2), (a1, a2), (c, s) = out, halves, tables
+    k.mul(o1, a1, c)
+    k.mul(tmp, a2, s)
+    k.sub(o1, o1, tmp)
+    k.mul(o2, a2, c)
+    k.mul(tmp, a1, s)
+    k.add(o2, o2, tmp)
+
+
 def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, target=None,
               name: str = "rope_tile") -> IncoreFunction:
     """Rotary embedding of an R x (heads*D) tile, rotate-half convention: with x1, x2 the two
@@ -37,12 +49,7 @@ def rope_tile(dtype, rows: int, heads: int, head_dim: int, row_block: int = 32, 
             if f32_tiles[name] is not None:
                 k.cast(f32_tiles[name], t)
         a1, a2, c, s = (f32_tiles[n] or t for n, t in (("a1", x1), ("a2", x2), ("c", ct), ("s", st)))
-        k.mul(o1, a1, c)
-        k.mul(tmp, a2, s)
-        k.sub(o1, o1, tmp)
-        k.mul(o2, a2, c)
-        k.mul(tmp, a1, s)
-        k.add(o2, o2, tmp)
+        rotate_half(k, (o1, o2), tmp, (a1, a2), (c, s))
         if dtype != f32:
             k.cast(x1, o1)
             k.cast(x2, o2)
