@@ -33,7 +33,8 @@ def main(cases_file: str, out_dir: str) -> int:
         name, seed = c.pop("name"), c.pop("seed", 0)
         config, dtype = c.pop("config", "tiny"), c.pop("dtype", "f32")
         if "generate" in c:
-            results.append({"name": name, "tp": tp, **generate(config, seed, tp, *c["generate"])})
+            results.append({"name": name, "tp": tp, **generate(config, seed, tp, *c["generate"], dtype=dtype,
+                                                               allreduce_dtype=c.get("allreduce_dtype", "storage"))})
             continue
         device, backend = c.pop("device", "cpu"), c.pop("backend", "torch")
         program, seq = c.pop("program", "llama7b"), c.pop("seq")
@@ -47,19 +48,22 @@ def main(cases_file: str, out_dir: str) -> int:
     return 0
 
 
-def generate(config: str, seed: int, tp: int, lengths: list[int], new: int) -> dict:
+def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtype: str = "f32",
+             allreduce_dtype: str = "storage") -> dict:
     """Greedy tokens of prompts of ``lengths`` (seeded) from the model program's random weights
-    of ``config`` (seeded), ``tp`` ranks, on the CPU in f32."""
+    of ``config`` (seeded), ``tp`` ranks, on the CPU in ``dtype``, the ranks' partial sums in
+    ``allreduce_dtype``."""
     import torch
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.ir.dtypes import DType
 
-    w = random_weights(CONFIGS[config], torch.float32, torch.Generator().manual_seed(seed))
+    dt = DType.BF16 if dtype == "bf16" else DType.F32
+    w = random_weights(CONFIGS[config], dt.torch, torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed + 1)
     prompts = [torch.randint(0, w.config.vocab, (n,), generator=g).tolist() for n in lengths]
-    gen = Generator(w, "cpu", DType.F32, tp=tp)
+    gen = Generator(w, "cpu", dt, tp=tp, allreduce_dtype=allreduce_dtype)
     dist.counters(reset=True)
     try:
         got = gen.generate(prompts, new, stop_ids=())

@@ -47,6 +47,9 @@ def _cases() -> list[dict]:
                     "backend": "triton"})
     out.append({"name": "generate", "generate": [[7, 1, 30], 12], "seed": 8})
     out.append({"name": "generate-swa", "config": "tiny-swa", "generate": [[5, 20], 50], "seed": 9})
+    for reduce in ("storage", "f32"):  # pto generate's sums: bf16 by default, as the programs'
+        out.append({"name": f"generate-bf16-{reduce}", "dtype": "bf16", "allreduce_dtype": reduce,
+                    "generate": [[6], 3], "seed": 10})
     return out
 
 
@@ -106,7 +109,7 @@ def test_generation_over_two_ranks_makes_the_reference_tokens(runs):
     from pto.orchestration.model.program import random_weights
     from pto.orchestration.model.reference import ReferenceModel
 
-    for case in (c for c in _cases() if "generate" in c):
+    for case in (c for c in _cases() if "generate" in c and "dtype" not in c):
         name = case["name"]
         got = runs[2][1][name]
         assert got["tokens"] == runs[1][1][name]["tokens"], name
@@ -130,3 +133,34 @@ def test_a_model_whose_heads_do_not_divide_is_one_line():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == "pto: error: model: --tp 2: the 9 query heads do not divide among 2 ranks\n", r.stderr
 
+
+@pytest.mark.slow
+def test_generation_sums_in_the_storage_dtype_unless_asked_for_f32(runs):
+    """The Generator (``pto generate``) sums the ranks' partials as the programs do: in bf16 by
+    default, half the bytes of ``allreduce_dtype="f32"`` for the same steps."""
+    res = runs[2][1]
+    bf16, f32 = (res[f"generate-bf16-{r}"]["collectives"] for r in ("storage", "f32"))
+    assert bf16["calls"] == f32["calls"] > 0 and bf16["bytes"] * 2 == f32["bytes"], (bf16, f32)
+
+
+def test_shutdown_releases_what_holds_captured_graphs_before_leaving_the_group(tmp_path):
+    """``dist.shutdown`` calls the releases registered with ``at_shutdown`` (once each, however
+    often registered) while the process group still exists, then leaves it (a one-rank gloo
+    group in this process)."""
+    from pto import dist
+
+    seen = []
+
+    def release():
+        seen.append(dist.initialized())
+
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    try:
+        dist.at_shutdown(release)
+        dist.at_shutdown(release)
+        dist.shutdown()
+        assert seen == [True] and not dist.initialized()
+    finally:
+        dist._AT_SHUTDOWN.remove(release)
+        if dist.initialized():
+            torch.distributed.destroy_process_group()
