@@ -44,7 +44,7 @@ os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.generate import Generator  # noqa: E402
-from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
+from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
 from pto import dist  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
@@ -77,13 +77,13 @@ def events_ms(fn, steps: int) -> float:
     return a.elapsed_time(b) / steps
 
 
-def parse_tiling(text: str) -> DecodeTiling | None:
-    """``bn=32,bk=128`` -> the default tiling with those fields (``dot_bk=none``: ``bk`` on the
-    dot path too); ``default`` -> None."""
+def parse_tiling(text: str, base: DecodeTiling) -> DecodeTiling | None:
+    """``bn=32,bk=128`` -> the configuration's tiling ``base`` with those fields (``dot_bk=none``:
+    ``bk`` on the dot path too); ``default`` -> None (``base`` itself)."""
     if text == "default":
         return None
     fields = dict(kv.split("=") for kv in text.split(","))
-    return replace(DecodeTiling(), **{k: None if v == "none" else int(v) for k, v in fields.items()})
+    return replace(base, **{k: None if v == "none" else int(v) for k, v in fields.items()})
 
 
 def kernel_times(fn, steps: int) -> dict:
@@ -226,7 +226,8 @@ def main(argv=None) -> int:
                 for ex in args.executors.split(","):
                     key = ex if tiling == "default" else f"{ex}[{tiling}]"
                     try:
-                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling), args.kernels)
+                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                                        args.kernels)
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     torch.cuda.empty_cache()

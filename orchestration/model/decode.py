@@ -98,6 +98,16 @@ class DecodeTiling:
     #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
     ffn_bn: int | None = None
     ffn_bk: int | None = None
+    #: the q, k, v projection's and the o projection's output block and K step where they differ
+    #: from ``bn`` and ``bk`` (None: the same; the o projection then shares the down projection's
+    #: function, otherwise it is a function of its own)
+    qkv_bn: int | None = None
+    qkv_bk: int | None = None
+    o_bn: int | None = None
+    o_bk: int | None = None
+    #: rotation pairs a program of the fused q, k, v projection computes (None: half the
+    #: projection's block, so that its rows are the plain GEMV's)
+    rope_bh: int | None = None
     #: one sequence (batch 1, output-major weights): RoPE and the cache append in the q, k, v
     #: projection's epilogue (``gemv_norm_rope_append_tile``: one task where there were two)
     rope_in_qkv: bool = True
@@ -113,7 +123,7 @@ class DecodeTiling:
         from pto.errors import UsageError
 
         bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
-                                                  "ffn_bn", "ffn_bk")
+                                                  "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
@@ -140,7 +150,7 @@ class DecodeFunctions:
     rope: IncoreFunction
     part: IncoreFunction
     combine: IncoreFunction
-    proj: IncoreFunction  # attn @ wo + x (K and N dims: also h @ wd + x2)
+    proj: IncoreFunction  # h @ wd + x2 (K and N dims: also attn @ wo + x, as proj_o may be)
     gate_up: IncoreFunction
     lm: IncoreFunction
     embed: IncoreFunction
@@ -148,6 +158,7 @@ class DecodeFunctions:
     merge: IncoreFunction  # a span of chunks (long caches: the first of two combine levels)
     combine_spans: IncoreFunction  # the combine over the spans
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
+    proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -164,24 +175,33 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
     if batch >= 16:
-        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None)
+        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None, qkv_bk=None,
+                    o_bn=None, o_bk=None)
     lm, bv = _lm_head(cfg, dt, target, t, batch)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
-    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, t.bn, bk, c.eps, target), t.bk)[0]
-    if reduce is not None:  # the product, its sum over the ranks and the residual: one task
-        summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
-        proj = _widest(lambda bk: summed(dt, batch, QD, H, t.bn, bk, reduce, target), t.bk)[0]
-    else:
-        proj = _widest(lambda bk: residual(dt, batch, QD, H, t.bn, bk, target), t.bk)[0]
+    qkv_bn, qkv_bk = t.qkv_bn or t.bn, t.qkv_bk or t.bk
+    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target), qkv_bk)[0]
+
+    def projection(bn: int, bk: int) -> IncoreFunction:
+        if reduce is not None:  # the product, its sum over the ranks and the residual: one task
+            summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
+            return _widest(lambda b: summed(dt, batch, QD, H, bn, b, reduce, target), bk)[0]
+        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target), bk)[0]
+
+    proj = projection(t.bn, t.bk)
+    o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
+    # tiles of its own: a function of its own (a module's InCore functions have distinct names)
+    proj_o = proj if o_tiles == (t.bn, t.bk) else (lambda f: replace(f, name=f"{f.name}_o"))(projection(*o_tiles))
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
     qkv_rope = None
     if batch == 1 and t.wt and t.rope_in_qkv:
-        bh = math.gcd(max(1, t.bn // 2), D // 2)  # pairs a program: its rows as the plain GEMV's
+        # pairs a program: by default its rows as the plain GEMV's
+        bh = math.gcd(t.rope_bh or max(1, qkv_bn // 2), D // 2)
         qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
-                                                                 cfg.max_positions, target), t.bk)[0]
+                                                                 cfg.max_positions, target), qkv_bk)[0]
     return DecodeFunctions(
         qkv_rope=qkv_rope,
         qkv=qkv,
@@ -191,6 +211,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         merge=dk.decode_attn_merge(D, t.chunk, max(t.span, 2), target),
         combine_spans=dk.decode_attn_combine(dt, D, t.chunk * max(t.span, 2), target),
         proj=proj,
+        proj_o=proj_o,
         gate_up=gate_up,
         lm=lm,
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
@@ -277,7 +298,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
             o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        o.call(fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
+        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
         o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},

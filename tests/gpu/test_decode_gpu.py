@@ -16,6 +16,28 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("executor", ["persistent", "waves"])
 @pytest.mark.parametrize("batch,cache", [(1, 768), (3, 1280)])
 def test_smollm2_step_in_bf16_is_as_close_to_float64_as_torch_bf16(executor, batch, cache):
+    _check_step(executor, batch, cache)
+
+
+@pytest.mark.parametrize("executor", ["persistent", "waves"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_long_cache_in_wide_chunks_and_two_combine_levels_on_the_gpu(executor, batch, monkeypatch):
+    """The long-cache path at a size the GPU checks quickly: at most 16 chunks a sequence
+    (``long_chunks``), so a 2048-slot cache takes chunks of 128 (two key tiles a task), and spans
+    of 4 chunks (``span``), so the combine runs in two levels (the merge kernel, then the
+    combine over the spans); as close to float64 as torch's bf16."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import spans
+
+    t = replace(mp.TILING, long_chunks=16, span=4)
+    assert t.for_cache(2048).chunk == 128 and spans(2048, t.for_cache(2048)) == 4
+    monkeypatch.setattr(mp, "TILING", t)
+    _check_step(executor, batch, 2048)
+
+
+def _check_step(executor: str, batch: int, cache: int) -> None:
     from pto.engine import Runner, rel_err, resolve
 
     job = resolve("model", device="cuda", backend="triton", executor=executor, config="smollm2-135m", dtype="bf16")

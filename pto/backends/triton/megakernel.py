@@ -46,6 +46,17 @@ def branch_configs(backend, plan) -> list[LaunchConfig]:
     return [backend.launch_config(b.fn, int(n)) for b, n in zip(plan.branches, tasks)]
 
 
+def item_descriptors(plan) -> np.ndarray:
+    """The kernel's ``items``: per work item, in queue order, (task, parallel index, the task's
+    branch, its row's offset in the table), int64 ``[n_items, 4]`` (at least one row)."""
+    out = np.zeros((max(plan.n_items, 1), 4), np.int64)
+    if plan.n_items:
+        task = plan.items[:, 0].astype(np.int64)
+        out[:, 0], out[:, 1] = task, plan.items[:, 1]
+        out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
+    return out
+
+
 class Megakernel:
     """``plan`` (a :class:`pto.exec.plan.Plan`) as one compiled persistent kernel over
     ``tensors``, ready to launch."""
@@ -103,12 +114,17 @@ class Megakernel:
     def _upload(self) -> None:
         p, dev = self.plan, self.device
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
-            ("items", p.items), ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
+            ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
             ("task_tensor", p.task_tensor), ("pending0", p.pending), ("nitems", p.nitems),
             ("succ_ptr", p.succ_ptr), ("succ", p.succ if len(p.succ) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
+        t["items"] = torch.from_numpy(item_descriptors(p)).to(dev)
+        # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
+        # the columns past a task's memrefs hold tensor 0's and are never read
+        t["task_ptr"] = t["ptrs"][t["task_tensor"].long()].contiguous()
+        t["task_stride"] = t["strides"][t["task_tensor"].long()].contiguous()
         t["pending"] = t["pending0"].clone()
         t["done"] = torch.zeros(p.n_tasks, dtype=torch.int32, device=dev)
         t["nxt"] = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -127,7 +143,8 @@ class Megakernel:
         b = self.buf
         b["tracing"] = self.tracing
         return (b["items"], self.plan.n_items, b["nxt"], b["task_branch"], b["task_row"], b["tab"],
-                b["task_tensor"], b["ptrs"], b["strides"], b["pending"], b["done"], b["nitems"],
+                b["task_tensor"], b["ptrs"], b["strides"], b["task_ptr"], b["task_stride"], b["pending"],
+                b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
                 *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()))
 
@@ -211,4 +228,4 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "branch_configs"]
+__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "branch_configs", "item_descriptors"]

@@ -6,18 +6,24 @@ parallel axis) from a device queue (one atomic counter over an array in topologi
 waits until the task's pending-predecessor counter is zero (acquire), runs the task's InCore
 variant (the same device functions the batched kernels call, :mod:`pto.codegen.triton.body`,
 dispatched on a branch id), and marks completion: the last item of a task to finish decrements
-the pending counters of the task's successors (release). The proof that this cannot deadlock and
+the pending counters of the task's successors (release). A program takes its next item and
+loads that item's descriptor (and the current task's completion counts) before it runs the
+current one, so those loads' latency hides behind the work instead of adding to the time
+between items. The proof that this cannot deadlock and
 the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
 Kernel contract (argument order):
 
-- ``items`` int32 ``[n_items, 2]`` (task, parallel index), in queue order; ``n_items``; ``nxt``
-  int32 ``[1]``, the queue head (0 before a run);
+- ``items`` int64 ``[n_items, 4]``, in queue order: an item's descriptor, (task, parallel index,
+  the task's branch, the offset of its row in ``tab``), so that one round trip to memory gives
+  what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue head (0 before a run);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
   ``task_row`` int64 ``[n]``: the offset of the task's row in ``tab`` (the variant's
   :class:`~pto.codegen.triton.body.TableLayout`); ``task_tensor`` int32 ``[n, MAXM]``: the tensor
   of each memref parameter; ``ptrs`` int64 / ``strides`` int64 ``[tensors]``: base addresses and
-  row strides;
+  row strides (the sentinel's scan reads these); ``task_ptr`` / ``task_stride`` int64 ``[n,
+  MAXM]``: the same resolved per task (the base address and row stride of each memref's tensor),
+  one load where those tables take two dependent ones;
 - ``pending`` int32 ``[n]`` (the number of predecessors before a run), ``done`` int32 ``[n]``
   (0 before a run), ``nitems`` int32 ``[n]``, successors in CSR ``succ_ptr`` int32 ``[n + 1]`` /
   ``succ`` int32;
@@ -112,9 +118,8 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
         devices.setdefault(name, lines)
         args, loads = [], []
         for j, p in enumerate(b.fn.memrefs):
-            loads.append(f"_t{j} = tl.load(tids + {j})")
-            ptr = f"tl.load(ptrs + _t{j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
-            stride = f"tl.load(strides + _t{j})"
+            ptr = f"tl.load(tptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
+            stride = f"tl.load(tstride + {j})"
             if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
                 ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
             loads.append(f"P_{p.name} = {ptr}")
@@ -134,32 +139,48 @@ def _kernel_lines(calls: list, sentinel: bool) -> list[str]:
     body = [
         "@triton.jit",
         f"def {KERNEL}(items, n_items, nxt, task_branch, task_row, tab, task_tensor, ptrs, strides,",
-        "        pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
+        "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
         + (" spend, sread, swrite, stab," if sentinel else ""),
         "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr):",
-        "    i = tl.atomic_add(nxt, 1)",
+        "    # the queue head and the error flag order no data: relaxed (no fence around them)",
+        "    i = tl.atomic_add(nxt, 1, sem=\"relaxed\")",
         "    running = i < n_items",
+        "    # the item's descriptor (a program past the last item reads the last one's, or the table's",
+        "    # one row of zeros when there are none, and stops)",
+        "    d = items + 4 * tl.maximum(tl.minimum(i, n_items - 1), 0).to(tl.int64)",
+        "    task = tl.load(d).to(tl.int32)",
+        "    p = tl.load(d + 1).to(tl.int32)",
+        "    branch = tl.load(d + 2).to(tl.int32)",
+        "    roff = tl.load(d + 3)",
         "    while running:",
-        "        task = tl.load(items + 2 * i)",
-        "        p = tl.load(items + 2 * i + 1)",
         "        # wait for the predecessors (acquire: their writes are visible after this)",
         "        pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
         "        polls = 0",
         "        while (pend > 0) & (polls < MAX_POLLS):",
         "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
         "            polls += 1",
-        "            if tl.atomic_add(err, 0) != 0:  # another program gave up: stop waiting",
+        "            if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:  # another program gave up: stop waiting",
         "                polls = MAX_POLLS",
         "        if pend == 0:",
         "            # take the next item now: the queue's atomic round trip hides behind this one",
         "            # (still deadlock-free: a program holding an unstarted item is running an earlier one)",
-        "            i_next = tl.atomic_add(nxt, 1)",
+        "            i_next = tl.atomic_add(nxt, 1, sem=\"relaxed\")",
+        "            # the next item's descriptor and this task's completion counts: loads in flight",
+        "            # while the item runs (their values are used after it)",
+        "            dn = items + 4 * tl.maximum(tl.minimum(i_next, n_items - 1), 0).to(tl.int64)",
+        "            task_n = tl.load(dn).to(tl.int32)",
+        "            p_n = tl.load(dn + 1).to(tl.int32)",
+        "            branch_n = tl.load(dn + 2).to(tl.int32)",
+        "            roff_n = tl.load(dn + 3)",
+        "            want = tl.load(nitems + task)",
+        "            s0 = tl.load(succ_ptr + task)",
+        "            s1 = tl.load(succ_ptr + task + 1)",
         "            t0 = tl.zeros((), dtype=tl.int64)",
         "            if tracing != 0:",
         "                t0 = _now(clock, GPU_CLOCK)",
-        "            branch = tl.load(task_branch + task)",
-        "            row = tab + tl.load(task_row + task)",
-        "            tids = task_tensor + task * MAXM",
+        "            row = tab + roff",
+        "            tptr = task_ptr + task.to(tl.int64) * MAXM",
+        "            tstride = task_stride + task.to(tl.int64) * MAXM",
     ]
     for k, loads, call in calls:
         body.append(f"            {'if' if k == 0 else 'elif'} branch == {k}:")
@@ -181,10 +202,8 @@ def _completion_lines(sentinel: bool) -> list[str]:
         "            # acquires the other items' stores and releases them all to the successors",
         "            tl.debug_barrier()",
         "            old = tl.atomic_add(done + task, 1, sem=\"acq_rel\")",
-        "            if old == tl.load(nitems + task) - 1:",
+        "            if old == want - 1:",
         *([f"                {line}" for line in RELEASE] if sentinel else [
-            "                s0 = tl.load(succ_ptr + task)",
-            "                s1 = tl.load(succ_ptr + task + 1)",
             "                for k in range(s0, s1, SUCC_BLOCK):",
             "                    offs = k + tl.arange(0, SUCC_BLOCK)",
             "                    live = offs < s1",
@@ -192,6 +211,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
             "                    tl.atomic_add(pending + ids, -1, mask=live, sem=\"release\")"]),
         "            i = i_next",
         "            running = i < n_items",
+        "            task, p, branch, roff = task_n, p_n, branch_n, roff_n",
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
         "            # reports the task it waited on; every program stops",

@@ -124,8 +124,6 @@ _ARGS = "task_branch, task_row, tab, task_tensor, ptrs, strides, stab, MAXM"
 RELEASE = [
     "tl.debug_barrier()",
     f"_scan(task, swrite, 2, {_ARGS})",
-    "s0 = tl.load(succ_ptr + task)",
-    "s1 = tl.load(succ_ptr + task + 1)",
     "for k in range(s0, s1):",
     "    s = tl.load(succ + k)",
     "    # acq_rel: the last predecessor to get here sees every predecessor's stores",

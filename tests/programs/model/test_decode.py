@@ -46,6 +46,29 @@ def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt, lm
     assert res["rel_err"] <= 1e-5, res
 
 
+@pytest.mark.parametrize("batch,fields", [(1, dict(qkv_bn=8, qkv_bk=32, o_bn=2, o_bk=16, rope_bh=4)),
+                                          (1, dict(qkv_bn=2, o_bn=16, rope_in_qkv=False)),
+                                          (2, dict(qkv_bn=8, qkv_bk=16, o_bn=2, o_bk=32))])
+def test_projections_with_tiles_of_their_own_match_the_reference(monkeypatch, batch, fields):
+    """One sequence: the q, k, v projection (fused with RoPE or not) and the o projection in
+    blocks and K steps of their own (the o projection then a function of its own beside the down
+    projection's), on the torch backend, give the reference's logits and tokens; from 2
+    sequences on (tensor-core tiles of 16 rows) the projections share the dot path's tiles."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+
+    t = replace(mp.TINY_TILING, **fields)
+    monkeypatch.setattr(mp, "TINY_TILING", t)
+    names = {f.name for f in build_step(mp.CONFIGS["tiny"], DType.F32, None, batch, t).functions}
+    assert "gemv_residual_tile" in names and ("gemv_residual_tile_o" in names) == (batch == 1)
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", check=True, seed=11)
+    assert res["rel_err"] <= 1e-5, res
+
+
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
 @pytest.mark.parametrize("executor,wt", [("waves", False), ("persistent", False), ("waves", True)])
