@@ -2,14 +2,18 @@
 
 A decode layer's attention phase (RoPE, the attention chunks, the combine) reads little and
 leaves the HBM idle for about 11 us on the 8B model; the o projection after it then streams its
-weights from HBM. This replays, as one CUDA graph: a flush of the L2 (a 256 MB read, as the FFN
-that precedes the phase does), a phase of ``--idle-us`` on a few programs (a spin), then a GEMV of
-the shape asked (blocks of 4 output rows, K steps of 1024, weights output-major as
-``incore/gemv.py``'s). With ``--prefetch`` the spin's programs first issue bulk L2 prefetches
-(``cp.async.bulk.prefetch.L2``) of the GEMV's weights, split among them. The time of the GEMV is
-the sequence's time minus the same sequence without it.
+weights from HBM. This replays, as one CUDA graph per variant: a flush of the L2 (a 256 MB read,
+as the FFN that precedes the phase does), a short phase on a few programs (a spin), then a GEMV
+of the shape asked (blocks of 4 output rows, K steps of 1024, weights output-major as
+``incore/gemv.py``'s), and reports each kernel's time (torch.profiler) and an iteration's. The
+variants: ``plain``; the spin's programs first prefetching the GEMV's weights into the L2, as
+bulk prefetches (``bulk``: ``cp.async.bulk.prefetch.L2`` of ``--chunk-kb``), as one
+``prefetch.global.L2`` per 128-byte line (``lines``), or the same with the ``evict_last``
+policy; and the GEMV launched as a programmatic dependent of the spin (``pdl``), also with an L2
+prefetch of its own weight rows before its wait (``pdl_own_prefetch``). docs/PERF.md has what
+it measured.
 
-    python bench/l2_prefetch.py [--n 4096] [--k 4096] [--chunk-kb 16] [--idle-us 10]
+    python bench/l2_prefetch.py [--n 4096,6144] [--k 4096] [--chunk-kb 16,64] [--idle-us 5,10,15]
 """
 
 from __future__ import annotations
@@ -24,23 +28,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _gemv(w, x, y, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    j = tl.program_id(0)
-    rows = j * BN + tl.arange(0, BN)
-    acc = tl.zeros([BN, BK], tl.float32)
-    for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        wt = tl.load(w + rows[:, None] * K + cols[None, :])
-        xt = tl.load(x + cols)
-        acc += wt.to(tl.float32) * xt.to(tl.float32)[None, :]
-    tl.store(y + rows, tl.sum(acc, 1).to(y.dtype.element_ty))
-
-
-@triton.jit
-def _gemv_pdl(w, x, y, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr):
-    """``_gemv`` launched as a programmatic dependent of the kernel before it: the wait for that
-    kernel before the first load; with PF, first an L2 prefetch of the program's weight rows
-    (they do not depend on the previous kernel), one ``prefetch.global.L2`` per 128-byte line."""
+def _gemv(w, x, y, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr):
+    """y = w @ x in blocks of BN rows, K steps of BK. PDL: launched as a programmatic dependent
+    of the kernel before it (its wait before the first load); PF: first an L2 prefetch of the
+    program's weight rows (they do not depend on the previous kernel), one ``prefetch.global.L2``
+    per 128-byte line."""
     j = tl.program_id(0)
     rows = j * BN + tl.arange(0, BN)
     if PF:
@@ -49,14 +41,16 @@ def _gemv_pdl(w, x, y, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PF: 
                                                  + tl.arange(0, lines)[None, :].to(tl.int64) * 128)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                   is_pure=False, pack=1)
-    gdc_wait()
+    if PDL:
+        gdc_wait()
     acc = tl.zeros([BN, BK], tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         wt = tl.load(w + rows[:, None] * K + cols[None, :])
         xt = tl.load(x + cols)
         acc += wt.to(tl.float32) * xt.to(tl.float32)[None, :]
-    gdc_launch_dependents()
+    if PDL:
+        gdc_launch_dependents()
     tl.store(y + rows, tl.sum(acc, 1).to(y.dtype.element_ty))
 
 
@@ -158,10 +152,10 @@ def run(n: int, k: int, chunk_kb: int, idle_us: float, programs: int, reps: int)
         big.sum()  # the L2 flush (the FFN's streaming before the phase)
         if prefetch >= 4:  # the GEMV as a programmatic dependent, 5: with its own prefetch first
             _spin[(programs,)](sink, w, n_iter, nbytes, PREFETCH=0, CHUNK=chunk, PER=per, launch_pdl=True)
-            _gemv_pdl[(n // 4,)](w, x, y, K=k, BN=4, BK=min(k, 1024), PF=prefetch == 5, launch_pdl=True)
+            _gemv[(n // 4,)](w, x, y, K=k, BN=4, BK=min(k, 1024), PDL=True, PF=prefetch == 5, launch_pdl=True)
             return
         _spin[(programs,)](sink, w, n_iter, nbytes, PREFETCH=prefetch, CHUNK=chunk, PER=per)
-        _gemv[(n // 4,)](w, x, y, K=k, BN=4, BK=min(k, 1024))
+        _gemv[(n // 4,)](w, x, y, K=k, BN=4, BK=min(k, 1024), PDL=False, PF=False)
 
     out = {"n": n, "k": k, "mb": nbytes / 1e6, "chunk_kb": chunk_kb, "idle_us": idle_us, "programs": programs}
     for name, pf in (("plain", 0), ("bulk", 1), ("lines", 2), ("lines_evict_last", 3), ("pdl", 4),
