@@ -84,6 +84,8 @@ class DecodeTiling:
     #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
     #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
     dot_bk: int | None = 128
+    #: the projections' output block on the dot path (None: ``bn``, at least 16)
+    dot_bn: int | None = None
     #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
     #: multiple of it; 0: the combine always loops over every chunk itself)
     span: int = 16
@@ -123,7 +125,8 @@ class DecodeTiling:
         from pto.errors import UsageError
 
         bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
-                                                  "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh")
+                                                  "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
+                                                  "dot_bn")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
@@ -175,8 +178,8 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
     if batch >= 16:
-        t = replace(t, bn=max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None, qkv_bk=None,
-                    o_bn=None, o_bk=None)
+        t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
+                    qkv_bk=None, o_bn=None, o_bk=None)
     lm, bv = _lm_head(cfg, dt, target, t, batch)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)

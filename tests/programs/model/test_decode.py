@@ -48,12 +48,13 @@ def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt, lm
 
 @pytest.mark.parametrize("batch,fields", [(1, dict(qkv_bn=8, qkv_bk=32, o_bn=2, o_bk=16, rope_bh=4)),
                                           (1, dict(qkv_bn=2, o_bn=16, rope_in_qkv=False)),
-                                          (2, dict(qkv_bn=8, qkv_bk=16, o_bn=2, o_bk=32))])
+                                          (2, dict(qkv_bn=8, qkv_bk=16, o_bn=2, o_bk=32, dot_bn=8))])
 def test_projections_with_tiles_of_their_own_match_the_reference(monkeypatch, batch, fields):
     """One sequence: the q, k, v projection (fused with RoPE or not) and the o projection in
     blocks and K steps of their own (the o projection then a function of its own beside the down
     projection's), on the torch backend, give the reference's logits and tokens; from 2
-    sequences on (tensor-core tiles of 16 rows) the projections share the dot path's tiles."""
+    sequences on (tensor-core tiles of 16 rows) the projections share the dot path's tiles
+    (``dot_bn``, ``dot_bk``)."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
