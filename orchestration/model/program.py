@@ -47,8 +47,10 @@ TILING = DecodeTiling()
 #: models of hidden 2048 and more: the gate/up projection in blocks of 8 outputs, K steps of 2048
 #: (an 8B model's, measured on an H100: DecodeTiling.ffn_bn); RoPE as its own task (the 8B
 #: model's projection with RoPE in its epilogue took 25.9 us a layer against 21.0 + 2.7 for the
-#: two: 5.756 against 5.689 ms a step, where SmolLM2 gains 5.8%: docs/PERF.md)
-WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False)
+#: two: 5.756 against 5.689 ms a step, where SmolLM2 gains 5.8%: docs/PERF.md); from 2
+#: sequences on, blocks of 32 outputs on the dot path (the 8B step at batch 8: 7.22 against 8.34
+#: ms with 16; SmolLM2's 1.14 against 1.09, so it keeps 16)
+WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 
 
 def tiling_for(cfg: ModelConfig) -> DecodeTiling:
