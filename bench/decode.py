@@ -225,6 +225,7 @@ def main(argv=None) -> int:
             for tiling in args.tilings.split(";"):
                 for ex in args.executors.split(","):
                     key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                    key += f" #{sum(k.split(' #')[0] == key for k in row) + 1}" if key in row else ""
                     try:
                         row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
                                         args.kernels)

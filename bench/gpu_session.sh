@@ -31,6 +31,8 @@
 #   tpdecode    issue 25, on a two-GPU machine: the 8B decode step at batches 1 and 8, tp = $TP_N (default 2)
 #               against one GPU (torchrun bench/decode.py)
 #   long        the Llama-3.1-8B step at caches 1024 and 32768 (two combine levels, wider chunks), per-kernel
+#   dispatch    the persistent megakernel's cost per work item: 1,024 independent softmax tasks (no
+#               waits: the dispatch alone, item_gap_us) and SmolLM2's decode step on both executors
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -152,6 +154,12 @@ for stage in "$@"; do
     long) python3 bench/decode.py --configs llama3.1-8b --batches 1 --cache 1024 --long 32768 --steps 16 \
             --executors waves --hf-configs none --kernels --json "$OUT/long.json" > "$OUT/long.log" 2>&1
           grep "B=" "$OUT/long.log" ;;
+    dispatch) python3 -m pto.cli bench softmax --seq 65536 --executor waves,persistent --compare none \
+                --json "$OUT/dispatch_softmax.json" > "$OUT/dispatch_softmax.log" 2>&1
+              grep -o '"persistent_item_gap_us": [0-9.]*' "$OUT/dispatch_softmax.json"
+              python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 16 \
+                --executors waves,persistent --hf-configs none --json "$OUT/dispatch_decode.json" \
+                > "$OUT/dispatch_decode.log" 2>&1; grep "B=" "$OUT/dispatch_decode.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

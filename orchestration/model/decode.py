@@ -84,7 +84,8 @@ class DecodeTiling:
     #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
     #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
     dot_bk: int | None = 128
-    #: the projections' output block on the dot path (None: ``bn``, at least 16)
+    #: the projections' output block on the dot path (None: ``bn``, at least 16; a block below 16
+    #: is computed as a broadcast sum, not a tensor-core dot)
     dot_bn: int | None = None
     #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
     #: multiple of it; 0: the combine always loops over every chunk itself)
@@ -100,15 +101,17 @@ class DecodeTiling:
     #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
     ffn_bn: int | None = None
     ffn_bk: int | None = None
-    #: the q, k, v projection's and the o projection's output block and K step where they differ
-    #: from ``bn`` and ``bk`` (None: the same; the o projection then shares the down projection's
-    #: function, otherwise it is a function of its own)
+    #: one sequence: the q, k, v projection's and the o projection's output block and K step where
+    #: they differ from ``bn`` and ``bk`` (None: the same; the o projection then shares the down
+    #: projection's function, otherwise it is a function of its own); from 2 sequences on the dot
+    #: path's ``dot_bn`` and ``dot_bk`` apply instead
     qkv_bn: int | None = None
     qkv_bk: int | None = None
     o_bn: int | None = None
     o_bk: int | None = None
-    #: rotation pairs a program of the fused q, k, v projection computes (None: half the
-    #: projection's block, so that its rows are the plain GEMV's)
+    #: rotation pairs a program of the fused q, k, v projection computes (one sequence, with
+    #: ``rope_in_qkv``; None: half the projection's block, so that its rows are the plain GEMV's;
+    #: taken down to the largest divisor of half the head)
     rope_bh: int | None = None
     #: one sequence (batch 1, output-major weights): RoPE and the cache append in the q, k, v
     #: projection's epilogue (``gemv_norm_rope_append_tile``: one task where there were two)

@@ -123,8 +123,9 @@ class Megakernel:
         t["items"] = torch.from_numpy(item_descriptors(p)).to(dev)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
-        t["task_ptr"] = t["ptrs"][t["task_tensor"].long()].contiguous()
-        t["task_stride"] = t["strides"][t["task_tensor"].long()].contiguous()
+        idx = t["task_tensor"].long()
+        t["task_ptr"] = t["ptrs"][idx].contiguous() if tensors else torch.zeros_like(idx)
+        t["task_stride"] = t["strides"][idx].contiguous() if tensors else torch.zeros_like(idx)
         t["pending"] = t["pending0"].clone()
         t["done"] = torch.zeros(p.n_tasks, dtype=torch.int32, device=dev)
         t["nxt"] = torch.zeros(1, dtype=torch.int32, device=dev)

@@ -14,7 +14,7 @@ the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
 Kernel contract (argument order):
 
-- ``items`` int64 ``[n_items, 4]``, in queue order: an item's descriptor, (task, parallel index,
+- ``items`` int64 ``[max(n_items, 1), 4]``, in queue order: an item's descriptor, (task, parallel index,
   the task's branch, the offset of its row in ``tab``), so that one round trip to memory gives
   what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue head (0 before a run);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
@@ -162,11 +162,12 @@ def _kernel_lines(calls: list, sentinel: bool) -> list[str]:
         "            if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:  # another program gave up: stop waiting",
         "                polls = MAX_POLLS",
         "        if pend == 0:",
-        "            # take the next item now: the queue's atomic round trip hides behind this one",
-        "            # (still deadlock-free: a program holding an unstarted item is running an earlier one)",
+        "            # take the next item now (its atomic's result is broadcast behind a barrier: this",
+        "            # round trip is on the path; still deadlock-free: a program holding an unstarted",
+        "            # item is running an earlier one)",
         "            i_next = tl.atomic_add(nxt, 1, sem=\"relaxed\")",
         "            # the next item's descriptor and this task's completion counts: loads in flight",
-        "            # while the item runs (their values are used after it)",
+        "            # while the item runs (their values are used after it: these round trips hide)",
         "            dn = items + 4 * tl.maximum(tl.minimum(i_next, n_items - 1), 0).to(tl.int64)",
         "            task_n = tl.load(dn).to(tl.int32)",
         "            p_n = tl.load(dn + 1).to(tl.int32)",
