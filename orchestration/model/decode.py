@@ -141,6 +141,16 @@ class DecodeTiling:
                              "task's key tiles must cover its chunk exactly)")
 
 
+def allreduce_dtype(dtype: DType, choice: str) -> DType:
+    """The dtype the ranks' partial sums are summed in: the storage ``dtype`` (``choice``
+    "storage", as Megatron) or f32."""
+    from pto.errors import UsageError
+
+    if choice not in ("storage", "f32"):
+        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
+    return dtype if choice == "storage" else DType.F32
+
+
 def spans(cache: int | None, t: DecodeTiling) -> int:
     """Spans of ``t.span`` chunks the first combine level merges for a cache of ``cache`` slots
     (0: one level; None: the cache is not known at build, one level). The combine's loop waits on
@@ -200,7 +210,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     proj = projection(t.bn, t.bk)
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
     # tiles of its own: a function of its own (a module's InCore functions have distinct names)
-    proj_o = proj if o_tiles == (t.bn, t.bk) else (lambda f: replace(f, name=f"{f.name}_o"))(projection(*o_tiles))
+    proj_o = proj if o_tiles == (t.bn, t.bk) else replace(projection(*o_tiles), name=f"{proj.name}_o")
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
     qkv_rope = None
     if batch == 1 and t.wt and t.rope_in_qkv:
@@ -414,4 +424,4 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
     return T
 
 
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes"]
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes", "allreduce_dtype"]

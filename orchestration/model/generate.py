@@ -27,6 +27,7 @@ import torch
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
+from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
 from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
 from pto.orchestration.model.sampling import Sampler
 
@@ -89,10 +90,8 @@ class Generator:
         self.executor = executor
         self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
-        if allreduce_dtype not in ("storage", "f32"):
-            raise UsageError(f"--allreduce-dtype {allreduce_dtype!r}: expected storage or f32")
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
-        self.reduce = dtype if allreduce_dtype == "storage" else DType.F32
+        self.reduce = reduce_dtype(dtype, allreduce_dtype)
         if tp > 1 and dist.world_size() != tp:
             raise UsageError(f"--tp {tp} runs one process per rank (torchrun --nproc-per-node {tp}); this process "
                              f"group has {dist.world_size()}")

@@ -16,7 +16,7 @@ from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import DecodeTiling, build_step, tile_rows, weight_shapes
+from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, weight_shapes
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
 from pto import Var
@@ -104,7 +104,7 @@ class ModelProgram(Program):
             raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
     def _reduce_dtype(self, s: Settings) -> DType:
-        return s.dtype if s["allreduce_dtype"] == "storage" else DType.F32
+        return allreduce_dtype(s.dtype, s["allreduce_dtype"])
 
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)

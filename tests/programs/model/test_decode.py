@@ -340,7 +340,8 @@ def test_the_steps_tiles_fit_the_target_at_large_batches():
 def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
     """Key tiles that do not divide the chunk would read keys past it unmasked (the softmax
     silently off by 2e-2); a cache that is not whole chunks would drop its last slots: both are
-    refused, naming the numbers."""
+    refused, naming the numbers; so are block sizes below 1 and a sum dtype Generator does not
+    know."""
     from pto.orchestration.model.decode import DecodeTiling
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
@@ -352,7 +353,11 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
         DecodeTiling(chunk=24, tk=16)
     with pytest.raises(UsageError, match="dot_bk=0: block sizes are positive"):
         DecodeTiling(dot_bk=0)
+    with pytest.raises(UsageError, match="o_bn=0, rope_bh=-1: block sizes are positive"):
+        DecodeTiling(o_bn=0, rope_bh=-1)
     w = random_weights(CONFIGS["tiny"], torch.float32, torch.Generator().manual_seed(0))
+    with pytest.raises(UsageError, match="--allreduce-dtype 'bf16': expected storage or f32"):
+        Generator(w, "cpu", DType.F32, allreduce_dtype="bf16")
     gen = Generator(w, "cpu", DType.F32, tiling=DecodeTiling(chunk=96, tk=32, bn=32, bk=32, bv=128, lm_bk=32))
     with pytest.raises(UsageError, match="the attention chunk is 96 slots"):
         gen.step(1, 128)
