@@ -18,6 +18,9 @@
 #   rows        issue 23's lengths with whole row tiles (eager, torch.compile), the same with
 #               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT)
 #   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
+#   fold        --fuse-norm-rope (the norms' gains folded into the weights) against the unfused layer:
+#               the 7B layer at $FOLD_SEQS (unfused with eager and torch.compile), the Llama-3-8B layer
+#               at $FOLD8B_SEQS
 #   split       the split modes (PTO_SPLIT masks, align): the fused layer at $SPLIT_SEQS (align
 #               with eager and torch.compile), the Llama-3-8B layer, the decode step at batch 1
 #   tma         tensor-descriptor loads (PTO_TMA off, on): the fused layer at $TMA_SEQS (on: with eager
@@ -117,6 +120,14 @@ for stage in "$@"; do
            python3 -m pto.cli run llama7b --config 7b --seq ${FNR_SEQ:-4096} $f --executor waves --profile --json \
              > "$OUT/fnr$f.json" 2> "$OUT/fnr$f.err"; tail -c 1500 "$OUT/fnr$f.json"; echo
          done ;;
+    fold) for f in --no-fuse-norm-rope --fuse-norm-rope; do
+            cmp=none; [ "$f" = --no-fuse-norm-rope ] && cmp=eager,compile
+            $BENCH --seq "${FOLD_SEQS:-1024,1537,4096,16384}" $f --executor waves --compare $cmp \
+              --json "$OUT/fold$f.json" > "$OUT/fold$f.log" 2>&1; tail -6 "$OUT/fold$f.log"
+            python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} $f \
+              --seq "${FOLD8B_SEQS:-4096}" --executor waves --compare $cmp --json "$OUT/fold_8b$f.json" \
+              > "$OUT/fold_8b$f.log" 2>&1; tail -3 "$OUT/fold_8b$f.log"
+          done ;;
     split) ab PTO_SPLIT "masks align" "${SPLIT_SEQS:-1024,1537,4096,5555,20001}" "${SPLIT8B_SEQS:-1024,1537,4096}" ;;
     tma) ab PTO_TMA "off on" "${TMA_SEQS:-1024,4096,16384}" 4096
          PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \

@@ -1,17 +1,28 @@
 """Projections with the RMSNorm before them folded in, and RoPE in the Q/K projections' epilogue.
 
-``rmsnorm(x) @ w = diag(r) ((x * g) @ w)`` with ``r = rsqrt(mean(x^2) + eps)`` per row: the K loop
-that feeds the matmul loads every element of the row tile anyway, so it also sums the squares,
-multiplies the tile by the norm weight ``g`` before the matmul, and the epilogue scales each row
-of the accumulator by ``r``. No normalized copy of the activations is written or read, and no
-separate norm task runs. RoPE mixes the two halves of each head (``y1 = a1 cos - a2 sin``,
-``y2 = a2 cos + a1 sin``), so the Q/K projection computes a head's two halves in two accumulators
-and rotates them before the store.
+``rmsnorm(x) @ w = diag(r) ((x * g) @ w) = diag(r) (x @ (diag(g) w))`` with
+``r = rsqrt(mean(x^2) + eps)`` per row: the K loop that feeds the matmul loads every element of
+the row tile anyway, so it also sums the squares, and the epilogue scales each row of the
+accumulator by ``r``. No normalized copy of the activations is written or read, and no separate
+norm task runs. The norm's gain ``g`` goes one of two ways (:class:`RowNorm`):
 
-Numerics: the product ``x * g`` is rounded to the storage dtype before the matmul (as the norm's
-output is in the unfused layer), the row scale is applied in f32 afterwards; the sum of squares
-accumulates in f32. The difference to the unfused layer is one rounding per element, within the
-storage dtype's tolerance.
+- ``gain=True``: the K loop multiplies each x tile by ``g`` before the matmul (the decode
+  step's GEMVs, whose x tile passes through registers anyway);
+- ``gain=False``: ``g`` is folded into the weight's rows once, when the weights are loaded
+  (``w_g = diag(g) w``; the prefill layer's ``--fuse-norm-rope``): the x tile goes to the
+  matmul as loaded, so the K loop is the plain GEMM's plus the sum of squares. Multiplying the
+  tile in the loop made the tensor cores' operand come from registers after a cast and a
+  multiply, and the folded projections ran 1.7-2x slower than the GEMM plus the norm they
+  replaced (docs/PERF.md).
+
+RoPE mixes the two halves of each head (``y1 = a1 cos - a2 sin``, ``y2 = a2 cos + a1 sin``), so
+the Q/K projection computes each head's two halves in two accumulators and rotates them before
+the store; a program takes one or more heads.
+
+Numerics: the product ``x * g`` (or the folded weight ``g w``) is rounded to the storage dtype
+before the matmul, as the norm's output is in the unfused layer; the row scale is applied in f32
+afterwards; the sum of squares accumulates in f32. The difference to the unfused layer is one
+rounding per element, within the storage dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -24,32 +35,39 @@ from pto.ir.nodes import IncoreFunction
 
 class RowNorm:
     """The tiles and steps of the folded RMSNorm in a row-tile matmul's K loop: R rows of K
-    columns in steps of ``bk``."""
+    columns in steps of ``bk``. ``gain``: the K loop multiplies the x tile by the norm's gain
+    (a memref ``g``); without it the gain is in the weights and the x tile feeds the matmul as
+    loaded."""
 
-    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int):
-        self.k, self.dtype, self.eps, self.K, self.R, self.bk = k, dtype, eps, K, R, bk
-        self.g = k.memref("g", dtype)
-        self.xt = k.tile("xt", R, bk, dtype)
+    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int, gain: bool = True):
+        self.k, self.dtype, self.eps, self.K, self.R, self.bk, self.gain = k, dtype, eps, K, R, bk, gain
+        self.g = k.memref("g", dtype) if gain else None
+        self.xt = k.tile("xt", R, bk, dtype) if gain else None
         self.xf = k.tile("xf", R, bk, f32)
-        self.sq = k.tile("sq", R, bk, f32)
-        self.gt = k.tile("gt", 1, bk, dtype)
-        self.gf = k.tile("gf", 1, bk, f32)
+        self.sq = k.tile("sq", R, bk, f32) if gain else self.xf  # without the gain: squared in place
+        if gain:
+            self.gt = k.tile("gt", 1, bk, dtype)
+            self.gf = k.tile("gf", 1, bk, f32)
         self.part = k.tile("part", R, 1, f32)
         self.ss = k.tile("ss", R, 1, f32)
         k.full(self.ss, 0.0)
 
     def step(self, x, kk, a) -> None:
-        """Load the x tile at column ``kk``, add its squares to the row sums, ``a = x * g``."""
+        """Load the x tile at column ``kk``, add its squares to the row sums; ``a`` = the tile
+        times the gain, or the tile itself (``gain=False``: loaded straight into ``a``)."""
         k = self.k
-        k.load(self.xt, x, 0, kk)
-        k.load(self.gt, self.g, 0, kk)
-        k.cast(self.xf, self.xt)
+        xt = self.xt if self.gain else a
+        k.load(xt, x, 0, kk)
+        if self.gain:
+            k.load(self.gt, self.g, 0, kk)
+        k.cast(self.xf, xt)
         k.mul(self.sq, self.xf, self.xf)
         k.rowsum(self.part, self.sq)
         k.add(self.ss, self.ss, self.part)
-        k.cast(self.gf, self.gt)
-        k.colexpandmul(self.xf, self.xf, self.gf)
-        k.cast(a, self.xf)
+        if self.gain:
+            k.cast(self.gf, self.gt)
+            k.colexpandmul(self.xf, self.xf, self.gf)
+            k.cast(a, self.xf)
 
     def scale(self, *accs) -> None:
         """``acc *= rsqrt(mean(x^2) + eps)`` per row."""
@@ -79,16 +97,18 @@ def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
     return acc
 
 
-def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None) -> IncoreFunction:
+def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
+                     gain: bool = True) -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w`` for an R x K row tile against a whole K x N weight, output
-    column blocks of ``bn`` on the parallel axis."""
+    column blocks of ``bn`` on the parallel axis. ``gain=False``: no ``g``, the gain is in ``w``'s
+    rows (:class:`RowNorm`)."""
     k = InCore("matmul_norm_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
     w = k.memref("w", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K), bn, j)
+    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K, gain), bn, j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -96,75 +116,101 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
 
 
 def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                          target=None) -> IncoreFunction:
-    """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: one head per index of the
-    parallel axis, its two halves in two accumulators, rotated by the row tile's ``cos`` and
-    ``sin`` (``rows x head_dim / 2``) before the store."""
-    k = InCore("matmul_norm_rope_tile")
-    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype)
+                          target=None, heads_per_program: int = 1, gain: bool = True,
+                          name: str = "matmul_norm_rope_tile") -> IncoreFunction:
+    """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: ``heads_per_program`` heads
+    per index of the parallel axis, each head's two halves in two accumulators (one K loop feeds
+    them all), rotated by the row tile's ``cos`` and ``sin`` (``rows x head_dim / 2``) before the
+    store. ``gain=False``: the gain is in ``w``'s rows. ``name``: a second function for another
+    head count (grouped-query attention's k)."""
+    if heads % heads_per_program:
+        raise ValueError(f"{name}: {heads} heads are not a multiple of {heads_per_program} heads per program")
+    k = InCore(name)
+    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype, heads_per_program, gain)
     return k.build(target)
 
 
 def matmul_norm_rope_k_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                            target=None) -> IncoreFunction:
+                            target=None, heads_per_program: int = 1, gain: bool = True) -> IncoreFunction:
     """:func:`matmul_norm_rope_tile` as a second function for another head count (grouped-query
     attention's k)."""
-    k = InCore("matmul_norm_rope_k_tile")
-    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype)
-    return k.build(target)
+    return matmul_norm_rope_tile(dtype, rows, K, heads, head_dim, bk, eps, target, heads_per_program, gain,
+                                 name="matmul_norm_rope_k_tile")
 
 
-def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float, dtype) -> None:
+def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float, dtype,
+               hp: int = 1, gain: bool = True) -> None:
     R = k.dim("R", rows)
     half = head_dim // 2
     x = k.memref("x", dtype, shape=(R, K))
     w = k.memref("w", dtype, shape=(K, heads * head_dim))
     cos, sin = k.memref("cos", dtype), k.memref("sin", dtype)
     y = k.memref("y", dtype, shape=(R, heads * head_dim))
-    h = k.parallel("h", heads)
-    norm = RowNorm(k, R, bk, dtype, eps, K)
+    h = k.parallel("h", heads // hp)
+    norm = RowNorm(k, R, bk, dtype, eps, K, gain)
     a = k.tile("a", R, bk, dtype)
-    b1, b2 = k.tile("b1", bk, half, dtype), k.tile("b2", bk, half, dtype)
-    a1, a2 = k.tile("a1", R, half, f32), k.tile("a2", R, half, f32)
-    k.full(a1, 0.0)
-    k.full(a2, 0.0)
+    sfx = [""] + [f"_{i}" for i in range(1, hp)]  # head i of the program's: tiles b1_i, a1_i, ...
+    bs = [(k.tile("b1" + n, bk, half, dtype), k.tile("b2" + n, bk, half, dtype)) for n in sfx]
+    accs = [(k.tile("a1" + n, R, half, f32), k.tile("a2" + n, R, half, f32)) for n in sfx]
+    cols = [(h * hp + i) * head_dim for i in range(hp)] if hp > 1 else [h * head_dim]
+    for a1, a2 in accs:
+        k.full(a1, 0.0)
+        k.full(a2, 0.0)
     with k.for_range("kk", 0, K, bk) as kk:
         norm.step(x, kk, a)
-        k.load(b1, w, kk, h * head_dim)
-        k.load(b2, w, kk, h * head_dim + half)
-        k.matmul_acc(a1, a, b1)
-        k.matmul_acc(a2, a, b2)
-    norm.scale(a1, a2)
-    # bf16 rounding of the projection first, as the unfused layer stores q and k before RoPE
-    ct, st = k.tile("ct", R, half, dtype), k.tile("st", R, half, dtype)
-    cf, sf = k.tile("cf", R, half, f32), k.tile("sf", R, half, f32)
-    t1, t2 = k.tile("t1", R, half, f32), k.tile("t2", R, half, f32)
-    ob = k.tile("ob", R, half, dtype)
+        for (b1, b2), (a1, a2), col in zip(bs, accs, cols):
+            k.load(b1, w, kk, col)
+            k.load(b2, w, kk, col + half)
+            k.matmul_acc(a1, a, b1)
+            k.matmul_acc(a2, a, b2)
+    norm.scale(*(t for pair in accs for t in pair))
+    _rope_epilogue(k, accs, cols, cos, sin, y, R, half, dtype)
+
+
+def _rope_epilogue(k: InCore, accs, cols, cos, sin, y, R, half: int, dtype) -> None:
+    """Rotate each head's accumulator halves ``accs`` by the row tile's cos and sin and store them
+    at the head's columns ``cols`` of ``y``."""
+    # the projection rounded to the storage dtype first, as the unfused layer stores q and k before
+    # RoPE: the rounded halves (half the bytes of the f32 accumulators) are what stays live while
+    # the heads rotate one after another; arithmetic on tiles runs in f32 whatever their dtypes
     if dtype != f32:
-        k.cast(ob, a1)
-        k.cast(a1, ob)
-        k.cast(ob, a2)
-        k.cast(a2, ob)
+        rounded = []
+        for (a1, a2), n in zip(accs, [""] + [f"_{i}" for i in range(1, len(accs))]):
+            r1, r2 = k.tile("r1" + n, R, half, dtype), k.tile("r2" + n, R, half, dtype)
+            k.cast(r1, a1)
+            k.cast(r2, a2)
+            rounded.append((r1, r2))
+        accs = rounded
+    ct, st = k.tile("ct", R, half, dtype), k.tile("st", R, half, dtype)
+    t1, t2 = k.tile("t1", R, half, f32), k.tile("t2", R, half, f32)
+    ob = k.tile("ob", R, half, dtype) if dtype != f32 else None
     k.load(ct, cos, 0, 0)
     k.load(st, sin, 0, 0)
-    k.cast(cf, ct)
-    k.cast(sf, st)
-    k.mul(t1, a1, cf)
-    k.mul(t2, a2, sf)
-    k.sub(t1, t1, t2)  # y1 = a1 cos - a2 sin
-    k.cast(ob, t1)
-    k.store(y, 0, h * head_dim, ob)
-    k.mul(t1, a2, cf)
-    k.mul(t2, a1, sf)
-    k.add(t1, t1, t2)  # y2 = a2 cos + a1 sin
-    k.cast(ob, t1)
-    k.store(y, 0, h * head_dim + half, ob)
+    for (a1, a2), col in zip(accs, cols):
+        k.mul(t1, a1, ct)
+        k.mul(t2, a2, st)
+        k.sub(t1, t1, t2)  # y1 = a1 cos - a2 sin
+        _store(k, y, col, t1, ob)
+        k.mul(t1, a2, ct)
+        k.mul(t2, a1, st)
+        k.add(t1, t1, t2)  # y2 = a2 cos + a1 sin
+        _store(k, y, col + half, t1, ob)
+
+
+def _store(k: InCore, y, col, t, ob) -> None:
+    """Store the f32 tile ``t`` at column ``col`` of ``y``, through ``ob`` (the storage dtype) unless
+    that is f32 (``ob`` None)."""
+    if ob is not None:
+        k.cast(ob, t)
+        t = ob
+    k.store(y, 0, col, t)
 
 
 def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                            target=None) -> IncoreFunction:
+                            target=None, gain: bool = True) -> IncoreFunction:
     """``y = silu(xn @ wg) * (xn @ wu)`` with ``xn = rmsnorm(x; g, eps)`` folded in: the FFN's
-    norm, gate and up projections and SwiGLU in one program per column block."""
+    norm, gate and up projections and SwiGLU in one program per column block. ``gain=False``:
+    the gain is in the rows of ``wg`` and ``wu``."""
     k = InCore("matmul_norm_swiglu_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
@@ -172,7 +218,7 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     wu = k.memref("wu", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    norm = RowNorm(k, R, bk, dtype, eps, K)
+    norm = RowNorm(k, R, bk, dtype, eps, K, gain)
     a = k.tile("a", R, bk, dtype)
     bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
     g, u = k.tile("gacc", R, bn, f32), k.tile("uacc", R, bn, f32)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.tiling import LayerForm, fit_functions, loop_attrs
+from pto.orchestration.llama.weights import FOLDED, folded
 
 from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
@@ -66,10 +67,13 @@ class _Layer:
         o, dt, S, c, f = self.o, self.dt, self.S, self.cfg, self.form
         H, NH, D, Fd, QD, KVD = c.hidden, c.heads, c.head_dim, c.ffn, c.q_dim, c.kv_dim
         T = self.T = {"x": o.input("x", S, H, dt)}
-        T["g_attn"], T["g_ffn"] = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
-        T["wq"], T["wk"], T["wv"], T["wo"] = o.input("wq", H, QD, dt), o.input("wk", H, KVD, dt), \
-            o.input("wv", H, KVD, dt), o.input("wo", QD, H, dt)
-        T["wg"], T["wu"], T["wd"] = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt), o.input("wd", Fd, H, dt)
+        if not f.fuse:
+            T["g_attn"], T["g_ffn"] = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
+        # with the norms folded in, the weights after them hold their gains (wq_g = diag(g_attn) wq, ...)
+        w = {n: folded(n) if f.fuse and n in FOLDED else n for n in ("wq", "wk", "wv", "wo", "wg", "wu", "wd")}
+        T["wq"], T["wk"], T["wv"], T["wo"] = o.input(w["wq"], H, QD, dt), o.input(w["wk"], H, KVD, dt), \
+            o.input(w["wv"], H, KVD, dt), o.input("wo", QD, H, dt)
+        T["wg"], T["wu"], T["wd"] = o.input(w["wg"], H, Fd, dt), o.input(w["wu"], H, Fd, dt), o.input("wd", Fd, H, dt)
         T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
         width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
         names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "q", "k", "v", "qr", "kr", "attn", "h", "hn")
@@ -114,11 +118,9 @@ class _Layer:
             if self.form.fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
                 for f, w, out, cols in ((fn.matmul_norm_rope, "wq", "qr", QD),
                                         (fn.matmul_norm_rope_k, "wk", "kr", KVD)):
-                    o.call(f, {"x": tile("x", i, H), "g": self.gain("g_attn"), "w": T[w],
-                               "cos": tile("cos", i, D // 2), "sin": tile("sin", i, D // 2), "y": tile(out, i, cols)},
-                           dims=R)
-                o.call(fn.matmul_norm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "w": T["wv"],
-                                        "y": tile("v", i, KVD)}, dims=R)
+                    o.call(f, {"x": tile("x", i, H), "w": T[w], "cos": tile("cos", i, D // 2),
+                               "sin": tile("sin", i, D // 2), "y": tile(out, i, cols)}, dims=R)
+                o.call(fn.matmul_norm, {"x": tile("x", i, H), "w": T["wv"], "y": tile("v", i, KVD)}, dims=R)
             else:
                 o.call(fn.rmsnorm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "y": tile("xn", i, H)}, dims=R)
                 for w, out, cols in (("wq", "q", QD), ("wk", "k", KVD), ("wv", "v", KVD)):
@@ -220,8 +222,8 @@ class _Layer:
             R = {"R": r.rows}
             self._projection(r, "attn", "wo", self.cfg.q_dim, "x", "h", "ao" if split else None)
             if f.fuse:
-                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "wg": T["wg"],
-                                               "wu": T["wu"], "y": tile("act", r, Fd)}, dims=R)
+                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "wg": T["wg"], "wu": T["wu"],
+                                               "y": tile("act", r, Fd)}, dims=R)
             elif f.attention == "fused":
                 o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
                 o.call(fn.matmul_swiglu, {"x": tile("hn", r, H), "wg": T["wg"], "wu": T["wu"], "y": tile("act", r, Fd)},

@@ -17,7 +17,7 @@ from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
 from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
-from pto.orchestration.llama.weights import check_weights, load_layer
+from pto.orchestration.llama.weights import check_weights, fold_gains, folded, load_layer, unfold_gains
 
 from pto import Var
 from pto.errors import UsageError
@@ -217,10 +217,11 @@ class LlamaProgram(Program):
 
     def inputs(self, s, shape, device, seed=0):
         """Seeded random activations; the weights random too (scaled by 1/sqrt(fan-in)) or the
-        layer's from ``--weights``; cos and sin of the positions from the configuration's RoPE."""
+        layer's from ``--weights``; cos and sin of the positions from the configuration's RoPE. With
+        ``--fuse-norm-rope`` the norms' gains are folded into the weights after them, once, here
+        (:func:`fold_gains`: the module takes ``wq_g``, ..., and no gains)."""
         cfg = self.config(s)
         dt = s.dtype
-        H, Fd, QD, KVD = cfg.hidden, cfg.ffn, cfg.q_dim, cfg.kv_dim
         dev = torch.device(device)
         g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)
 
@@ -231,13 +232,21 @@ class LlamaProgram(Program):
 
         seq = shape["seq"]
         cos, sin = rope_tables(seq, cfg, dt, dev)
-        x = rnd(seq, H)
+        x = rnd(seq, cfg.hidden)
         if s["weights"]:
-            return {"x": x, **load_layer(s["weights"], s["layer"], cfg, dt.torch, dev), "cos": cos, "sin": sin}
+            layer = {"x": x, **load_layer(s["weights"], s["layer"], cfg, dt.torch, dev), "cos": cos, "sin": sin}
+        else:
+            layer = self._random_layer(rnd, x, cfg, cos, sin)
+        return fold_gains(layer) if s["fuse_norm_rope"] else layer
+
+    @staticmethod
+    def _random_layer(rnd, x, cfg, cos, sin):
+        H, Fd, QD, KVD = cfg.hidden, cfg.ffn, cfg.q_dim, cfg.kv_dim
+        dt = x.dtype
         return {
             "x": x,
-            "g_attn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
-            "g_ffn": (1.0 + 0.1 * rnd(1, H).float()).to(dt.torch),
+            "g_attn": (1.0 + 0.1 * rnd(1, H).float()).to(dt),
+            "g_ffn": (1.0 + 0.1 * rnd(1, H).float()).to(dt),
             "wq": rnd(H, QD, scale=H ** -0.5), "wk": rnd(H, KVD, scale=H ** -0.5),
             "wv": rnd(H, KVD, scale=H ** -0.5), "wo": rnd(QD, H, scale=QD ** -0.5),
             "wg": rnd(H, Fd, scale=H ** -0.5), "wu": rnd(H, Fd, scale=H ** -0.5),
@@ -246,6 +255,10 @@ class LlamaProgram(Program):
         }
 
     def reference(self, s, shape, inputs):
+        """The layer in plain torch; with ``--fuse-norm-rope`` the inputs' folded weights with unit
+        gains (:func:`unfold_gains`: the same layer)."""
+        if s["fuse_norm_rope"]:
+            inputs = unfold_gains(inputs)
         return {"y": reference_layer(inputs, self.config(s), s["causal"])}
 
     def shard(self, s, inputs, rank):
@@ -259,6 +272,7 @@ class LlamaProgram(Program):
         q, kv, f = cfg.q_dim // tp, cfg.kv_dim // tp, cfg.ffn // tp
         out = dict(inputs)
         for name, w in (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f)):
+            name = folded(name) if s["fuse_norm_rope"] else name
             out[name] = inputs[name][:, rank * w:(rank + 1) * w]
         for name, w in (("wo", q), ("wd", f)):
             out[name] = inputs[name][rank * w:(rank + 1) * w]

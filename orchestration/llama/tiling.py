@@ -132,6 +132,15 @@ class LayerForm:
     whole: bool = False
 
 
+def rope_heads(heads: int, head_dim: int, bn: int) -> int:
+    """Heads per program of the q/k projection with RoPE in its epilogue: as many as one of the
+    GEMMs' output column blocks holds (``bn`` columns), down to a divisor of ``heads``."""
+    hp = max(1, bn // head_dim)
+    while heads % hp:
+        hp -= 1
+    return hp
+
+
 class Functions:
     """The InCore functions of one (config, dtype, tiling, target, layer form)."""
 
@@ -153,12 +162,15 @@ class Functions:
                                                                             acc=reduce_dt, target=tg)
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
-            if fuse:  # and the norms folded into the projections after them, RoPE into q and k's
-                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, tg)
-                self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps, tg)
+            if fuse:  # and the norms folded into the projections after them (their gains into the
+                # weights: gain=False), RoPE into q and k's
+                nrm = dict(target=tg, gain=False)
+                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, **nrm)
+                self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps,
+                                                              heads_per_program=rope_heads(NH, D, t.bn), **nrm)
                 self.matmul_norm_rope_k = self.matmul_norm_rope if NKV == NH else matmul_norm_rope_k_tile(
-                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, tg)
-                self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, tg)
+                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, heads_per_program=rope_heads(NKV, D, t.bn), **nrm)
+                self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, **nrm)
             self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
             self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
             if W:

@@ -35,6 +35,33 @@ HF_NAMES = {
     "wd": "mlp.down_proj.weight",
 }
 FLOATS = {"F64", "F32", "F16", "BF16"}
+#: ``--fuse-norm-rope``: each weight whose rows take the gain of the RMSNorm before it -> the gain
+FOLDED = {"wq": "g_attn", "wk": "g_attn", "wv": "g_attn", "wg": "g_ffn", "wu": "g_ffn"}
+
+
+def folded(name: str) -> str:
+    """The input holding weight ``name`` with its norm's gain folded in."""
+    return name + "_g"
+
+
+def fold_gains(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs of the layer whose norms are folded into the projections after them: each
+    weight ``w`` of :data:`FOLDED` becomes ``w_g = diag(g) w`` (in f32, rounded once to the
+    weight's dtype: ``rmsnorm(x; g) @ w = rmsnorm(x; 1) @ w_g``), and the gains go."""
+    out = {k: v for k, v in inputs.items() if k not in FOLDED and k not in FOLDED.values()}
+    for w, g in FOLDED.items():
+        out[folded(w)] = (inputs[g].float().reshape(-1, 1) * inputs[w].float()).to(inputs[w].dtype)
+    return out
+
+
+def unfold_gains(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Folded inputs (:func:`fold_gains`) as the unfused layer's: the folded weights with unit
+    gains, the same layer."""
+    out = {k: v for k, v in inputs.items() if k not in map(folded, FOLDED)}
+    out.update({w: inputs[folded(w)] for w in FOLDED})
+    w = inputs[folded("wq")]
+    out.update({g: torch.ones(1, w.shape[0], dtype=w.dtype, device=w.device) for g in FOLDED.values()})
+    return out
 
 
 def hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -161,4 +188,5 @@ def load_layer(path: str, layer: int, cfg: LlamaConfig, dtype: torch.dtype, devi
     return out
 
 
-__all__ = ["HF_NAMES", "hf_shapes", "check_weights", "load_layer", "layer_names", "Checkpoint", "FLOATS"]
+__all__ = ["HF_NAMES", "FOLDED", "folded", "fold_gains", "unfold_gains", "hf_shapes", "check_weights", "load_layer",
+           "layer_names", "Checkpoint", "FLOATS"]

@@ -5,6 +5,8 @@ PTX Triton makes of the descriptor path for an H100 (compiled without a GPU)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("triton")
@@ -143,3 +145,35 @@ def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
     (res,) = compile_sm90([job], tmp_path)
     assert res["ok"], res.get("error")
     assert "cp.async.bulk.tensor" in res["ptx"]
+
+
+@pytest.mark.slow
+def test_folded_norm_projections_feed_the_mma_from_shared_memory(tmp_path):
+    """With the norm's gain in the weights (``gain=False``) the folded projections' tensor-core
+    operands both come from shared memory (``wgmma`` with two descriptors), as the plain GEMM's;
+    multiplying the x tile by the gain in the K loop puts the left operand in registers."""
+    from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
+
+    bf = DType.BF16
+    fns = {"plain": _matmul(), "norm": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6, gain=False),
+           "rope": matmul_norm_rope_tile(bf, 128, 4096, 32, 128, 64, 1e-6, heads_per_program=2, gain=False),
+           "swiglu": matmul_norm_swiglu_tile(bf, 128, 4096, 11008, 128, 64, 1e-6, gain=False),
+           "gain": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6)}
+    jobs = []
+    for fn in fns.values():
+        kern = render(specialize(fn), RenderOptions(tma=True))
+        sig, flags = dict(kern.signature()), {"GROUP": 8}
+        flags.update({f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs})
+        for p, (r, c) in kern.tma.items():
+            sig[f"D_{p}"], sig[f"TMA_{p}"], flags[f"TMA_{p}"] = f"tensordesc<bf16[{r}, {c}]>", "constexpr", True
+        jobs.append({"source": kern.source, "name": kern.name, "signature": sig, "constexprs": flags,
+                     "options": {"num_warps": 8, "num_stages": 3}})
+    assert tma_memrefs(specialize(fns["rope"])) == {"x": (128, 64), "w": (64, 64)}  # every head's halves
+    results = dict(zip(fns, compile_sm90(jobs, tmp_path)))
+    for name, res in results.items():
+        assert res["ok"], (name, res.get("error"))
+        mma = re.findall(r"wgmma\.mma_async[^;]*;", res["ptx"])
+        assert mma, name
+        # the operands after the accumulator: "{a regs}, desc_b" (registers) or "desc_a, desc_b"
+        a_in_registers = {m.split("}", 1)[1].lstrip(" ,").startswith("{") for m in mma}
+        assert a_in_registers == {name == "gain"}, name

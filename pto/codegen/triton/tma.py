@@ -1,11 +1,12 @@
 """Tensor-descriptor (TMA) loads in the batched kernels (``RenderOptions.tma``; sm_90 and later).
 
-A memref qualifies (:func:`tma_memrefs`) when the function only loads it (with pad 0), always as one tile
-shape without padding lanes (a descriptor has one block shape), at least once inside a loop
-that multiplies tiles and may run more than once (the K loops of the GEMMs, the kv loop of
-attention: where the copy engine runs ahead of the tensor cores), and the block is large (both
-dimensions 64 or more, 8,192 elements or more) and suits the hardware (each dimension 256
-elements or fewer). The decode step's small tiles lost with descriptors on an H100 (Llama-3-8B
+A memref qualifies (:func:`tma_memrefs`) when the function only loads it (with pad 0), always as
+tiles of one shape without padding lanes (a descriptor has one block shape; several tiles of
+that shape may share it, as the halves of each head in the q/k projection with RoPE in its
+epilogue), at least once inside a loop that multiplies tiles and may run more than once (the K
+loops of the GEMMs, the kv loop of attention: where the copy engine runs ahead of the tensor
+cores), and the block is large (both dimensions 64 or more) and suits the hardware (each
+dimension 256 elements or fewer). The decode step's small tiles lost with descriptors on an H100 (Llama-3-8B
 at 8 sequences 13.3 ms a step against 8.3, the [16, 128] blocks of its projections; its
 attention's one-trip key loop 2% at batch 1), the prefill layer's won 9-12%.
 
@@ -55,12 +56,14 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     out = {}
     tiles = {t.name: t for t in fn.tiles}
     for p in fn.memrefs:
-        if p.name in stored or p.name not in fed or len(shapes.get(p.name, ())) != 1:
+        if p.name in stored or p.name not in fed:
             continue
-        (tile,) = shapes[p.name]
-        logical = tile_shape(tiles[tile], dims)
+        logical = {tuple(tile_shape(tiles[t], dims)) for t in shapes[p.name]}
+        if len(logical) != 1:  # tiles of several shapes: a descriptor has one block shape
+            continue
+        (logical,) = logical
         r, c = block_shape(logical)
-        if (r, c) != tuple(logical) or not (64 <= r <= 256 and 64 <= c <= 256) or r * c < 8192:
+        if (r, c) != logical or not (64 <= r <= 256 and 64 <= c <= 256) or r * c < 4096:
             continue
         out[p.name] = (r, c)
     return out
