@@ -1,19 +1,20 @@
 """Projections with the RMSNorm before them folded in, and RoPE in the Q/K projections' epilogue.
 
 ``rmsnorm(x) @ w = diag(r) ((x * g) @ w) = diag(r) (x @ (diag(g) w))`` with
-``r = rsqrt(mean(x^2) + eps)`` per row: the K loop that feeds the matmul loads every element of
-the row tile anyway, so it also sums the squares, and the epilogue scales each row of the
-accumulator by ``r``. No normalized copy of the activations is written or read, and no separate
-norm task runs. The norm's gain ``g`` goes one of two ways (:class:`RowNorm`):
+``r = rsqrt(mean(x^2) + eps)`` per row: no normalized copy of the activations is written or
+read, and the epilogue scales each row of the accumulator by ``r``. Two ways (``norm``):
 
-- ``gain=True``: the K loop multiplies each x tile by ``g`` before the matmul (the decode
-  step's GEMVs, whose x tile passes through registers anyway);
-- ``gain=False``: ``g`` is folded into the weight's rows once, when the weights are loaded
-  (``w_g = diag(g) w``; the prefill layer's ``--fuse-norm-rope``): the x tile goes to the
-  matmul as loaded, so the K loop is the plain GEMM's plus the sum of squares. Multiplying the
-  tile in the loop made the tensor cores' operand come from registers after a cast and a
-  multiply, and the folded projections ran 1.7-2x slower than the GEMM plus the norm they
-  replaced (docs/PERF.md).
+- ``"loop"`` (:class:`RowNorm`, the decode step's GEMVs): the K loop, which loads every
+  element of the row tile anyway, also sums its squares and multiplies the tile by the norm's
+  gain ``g`` before the matmul. The tile then reaches the tensor cores from registers after a
+  cast and a multiply: the prefill layer's projections ran 1.7-2x slower that way than the GEMM
+  plus the norm they replaced (docs/PERF.md).
+- ``"stats"`` (:class:`RowScale`, the prefill layer's ``--fuse-norm-rope``): ``g`` is folded into
+  the weight's rows once, when the weights are loaded (``w_g = diag(g) w``), and a statistics
+  task (:func:`pto.incore.norm.rms_scale_tile`) writes each row's ``r``: the K loop is the plain
+  GEMM's, its operands straight from shared memory. (Summing the squares of the loaded tile in
+  the same loop, its shared-memory buffer also the matmul's operand, computed wrong results under
+  Triton 3.6's software pipelining on an H100 with 2 or more stages: docs/PERF.md.)
 
 RoPE mixes the two halves of each head (``y1 = a1 cos - a2 sin``, ``y2 = a2 cos + a1 sin``), so
 the Q/K projection computes each head's two halves in two accumulators and rotates them before
@@ -35,39 +36,32 @@ from pto.ir.nodes import IncoreFunction
 
 class RowNorm:
     """The tiles and steps of the folded RMSNorm in a row-tile matmul's K loop: R rows of K
-    columns in steps of ``bk``. ``gain``: the K loop multiplies the x tile by the norm's gain
-    (a memref ``g``); without it the gain is in the weights and the x tile feeds the matmul as
-    loaded."""
+    columns in steps of ``bk``."""
 
-    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int, gain: bool = True):
-        self.k, self.dtype, self.eps, self.K, self.R, self.bk, self.gain = k, dtype, eps, K, R, bk, gain
-        self.g = k.memref("g", dtype) if gain else None
-        self.xt = k.tile("xt", R, bk, dtype) if gain else None
+    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int):
+        self.k, self.dtype, self.eps, self.K, self.R, self.bk = k, dtype, eps, K, R, bk
+        self.g = k.memref("g", dtype)
+        self.xt = k.tile("xt", R, bk, dtype)
         self.xf = k.tile("xf", R, bk, f32)
-        self.sq = k.tile("sq", R, bk, f32) if gain else self.xf  # without the gain: squared in place
-        if gain:
-            self.gt = k.tile("gt", 1, bk, dtype)
-            self.gf = k.tile("gf", 1, bk, f32)
+        self.sq = k.tile("sq", R, bk, f32)
+        self.gt = k.tile("gt", 1, bk, dtype)
+        self.gf = k.tile("gf", 1, bk, f32)
         self.part = k.tile("part", R, 1, f32)
         self.ss = k.tile("ss", R, 1, f32)
         k.full(self.ss, 0.0)
 
     def step(self, x, kk, a) -> None:
-        """Load the x tile at column ``kk``, add its squares to the row sums; ``a`` = the tile
-        times the gain, or the tile itself (``gain=False``: loaded straight into ``a``)."""
+        """Load the x tile at column ``kk``, add its squares to the row sums, ``a = x * g``."""
         k = self.k
-        xt = self.xt if self.gain else a
-        k.load(xt, x, 0, kk)
-        if self.gain:
-            k.load(self.gt, self.g, 0, kk)
-        k.cast(self.xf, xt)
+        k.load(self.xt, x, 0, kk)
+        k.load(self.gt, self.g, 0, kk)
+        k.cast(self.xf, self.xt)
         k.mul(self.sq, self.xf, self.xf)
         k.rowsum(self.part, self.sq)
         k.add(self.ss, self.ss, self.part)
-        if self.gain:
-            k.cast(self.gf, self.gt)
-            k.colexpandmul(self.xf, self.xf, self.gf)
-            k.cast(a, self.xf)
+        k.cast(self.gf, self.gt)
+        k.colexpandmul(self.xf, self.xf, self.gf)
+        k.cast(a, self.xf)
 
     def scale(self, *accs) -> None:
         """``acc *= rsqrt(mean(x^2) + eps)`` per row."""
@@ -77,6 +71,41 @@ class RowNorm:
         k.rsqrt(self.ss, self.ss)
         for acc in accs:
             k.rowexpandmul(acc, acc, self.ss)
+
+
+class RowScale:
+    """The folded RMSNorm of a projection whose gain is in its weight and whose rows' scale a
+    statistics task computed (:func:`pto.incore.norm.rms_scale_tile`): the K loop is the plain
+    GEMM's (the x tile goes to the matmul as loaded), the epilogue multiplies each row by its
+    ``rsqrt(mean(x^2) + eps)`` from the memref ``rs`` (R x 1, f32). The same steps as
+    :class:`RowNorm`."""
+
+    def __init__(self, k: InCore, R, bk: int, dtype, K: int):
+        self.k, self.dtype, self.K, self.R, self.bk = k, dtype, K, R, bk
+        self.rs = k.memref("rs", f32)
+        self.rt = k.tile("rt", R, 1, f32)
+
+    def step(self, x, kk, a) -> None:
+        """Load the x tile at column ``kk`` into ``a``."""
+        self.k.load(a, x, 0, kk)
+
+    def scale(self, *accs) -> None:
+        """``acc *= rs`` per row."""
+        k = self.k
+        k.load(self.rt, self.rs, 0, 0)
+        for acc in accs:
+            k.rowexpandmul(acc, acc, self.rt)
+
+
+def row_norm(k: InCore, R, bk: int, dtype, eps: float, K: int, norm: str):
+    """The folded norm of a projection: ``"loop"`` (:class:`RowNorm`: the gain and the sum of
+    squares in the K loop) or ``"stats"`` (:class:`RowScale`: the gain in the weight, the scale
+    from a statistics task)."""
+    if norm == "loop":
+        return RowNorm(k, R, bk, dtype, eps, K)
+    if norm == "stats":
+        return RowScale(k, R, bk, dtype, K)
+    raise ValueError(f"norm must be 'loop' or 'stats', not {norm!r}")
 
 
 def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
@@ -98,17 +127,17 @@ def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
 
 
 def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
-                     gain: bool = True) -> IncoreFunction:
+                     norm: str = "loop") -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w`` for an R x K row tile against a whole K x N weight, output
-    column blocks of ``bn`` on the parallel axis. ``gain=False``: no ``g``, the gain is in ``w``'s
-    rows (:class:`RowNorm`)."""
+    column blocks of ``bn`` on the parallel axis. ``norm="stats"``: no ``g``, the gain is in ``w``'s
+    rows and the rows' scale in ``rs`` (:class:`RowScale`)."""
     k = InCore("matmul_norm_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
     w = k.memref("w", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, RowNorm(k, R, bk, dtype, eps, K, gain), bn, j)
+    acc = normed_gemm(k, x, w, row_norm(k, R, bk, dtype, eps, K, norm), bn, j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -116,30 +145,30 @@ def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: fl
 
 
 def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                          target=None, heads_per_program: int = 1, gain: bool = True,
+                          target=None, heads_per_program: int = 1, norm: str = "loop",
                           name: str = "matmul_norm_rope_tile") -> IncoreFunction:
     """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: ``heads_per_program`` heads
     per index of the parallel axis, each head's two halves in two accumulators (one K loop feeds
     them all), rotated by the row tile's ``cos`` and ``sin`` (``rows x head_dim / 2``) before the
-    store. ``gain=False``: the gain is in ``w``'s rows. ``name``: a second function for another
-    head count (grouped-query attention's k)."""
+    store. ``norm="stats"``: the gain is in ``w``'s rows, the rows' scale in ``rs``. ``name``: a
+    second function for another head count (grouped-query attention's k)."""
     if heads % heads_per_program:
         raise ValueError(f"{name}: {heads} heads are not a multiple of {heads_per_program} heads per program")
     k = InCore(name)
-    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype, heads_per_program, gain)
+    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype, heads_per_program, norm)
     return k.build(target)
 
 
 def matmul_norm_rope_k_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                            target=None, heads_per_program: int = 1, gain: bool = True) -> IncoreFunction:
+                            target=None, heads_per_program: int = 1, norm: str = "loop") -> IncoreFunction:
     """:func:`matmul_norm_rope_tile` as a second function for another head count (grouped-query
     attention's k)."""
-    return matmul_norm_rope_tile(dtype, rows, K, heads, head_dim, bk, eps, target, heads_per_program, gain,
+    return matmul_norm_rope_tile(dtype, rows, K, heads, head_dim, bk, eps, target, heads_per_program, norm,
                                  name="matmul_norm_rope_k_tile")
 
 
 def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float, dtype,
-               hp: int = 1, gain: bool = True) -> None:
+               hp: int = 1, norm: str = "loop") -> None:
     R = k.dim("R", rows)
     half = head_dim // 2
     x = k.memref("x", dtype, shape=(R, K))
@@ -147,7 +176,7 @@ def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int,
     cos, sin = k.memref("cos", dtype), k.memref("sin", dtype)
     y = k.memref("y", dtype, shape=(R, heads * head_dim))
     h = k.parallel("h", heads // hp)
-    norm = RowNorm(k, R, bk, dtype, eps, K, gain)
+    norm = row_norm(k, R, bk, dtype, eps, K, norm)
     a = k.tile("a", R, bk, dtype)
     sfx = [""] + [f"_{i}" for i in range(1, hp)]  # head i of the program's: tiles b1_i, a1_i, ...
     bs = [(k.tile("b1" + n, bk, half, dtype), k.tile("b2" + n, bk, half, dtype)) for n in sfx]
@@ -207,10 +236,10 @@ def _store(k: InCore, y, col, t, ob) -> None:
 
 
 def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                            target=None, gain: bool = True) -> IncoreFunction:
+                            target=None, norm: str = "loop") -> IncoreFunction:
     """``y = silu(xn @ wg) * (xn @ wu)`` with ``xn = rmsnorm(x; g, eps)`` folded in: the FFN's
-    norm, gate and up projections and SwiGLU in one program per column block. ``gain=False``:
-    the gain is in the rows of ``wg`` and ``wu``."""
+    norm, gate and up projections and SwiGLU in one program per column block. ``norm="stats"``:
+    the gain is in the rows of ``wg`` and ``wu``, the rows' scale in ``rs``."""
     k = InCore("matmul_norm_swiglu_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
@@ -218,7 +247,7 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     wu = k.memref("wu", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    norm = RowNorm(k, R, bk, dtype, eps, K, gain)
+    norm = row_norm(k, R, bk, dtype, eps, K, norm)
     a = k.tile("a", R, bk, dtype)
     bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
     g, u = k.tile("gacc", R, bn, f32), k.tile("uacc", R, bn, f32)
@@ -235,5 +264,5 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     return k.build(target)
 
 
-__all__ = ["RowNorm", "normed_gemm", "matmul_norm_tile", "matmul_norm_rope_tile", "matmul_norm_rope_k_tile",
-           "matmul_norm_swiglu_tile"]
+__all__ = ["RowNorm", "RowScale", "row_norm", "normed_gemm", "matmul_norm_tile", "matmul_norm_rope_tile",
+           "matmul_norm_rope_k_tile", "matmul_norm_swiglu_tile"]

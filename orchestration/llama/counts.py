@@ -87,8 +87,9 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     kv range overlaps (docs/ESTIMATE.md derives each term):
     fused: tasks 11T, edges 11T + 2Q; pair: tasks 16T + P, edges 16T + 4P;
     split: tasks 16T + 3P, edges 14T + 10P. With ``fuse`` (fused attention, RMSNorm folded into
-    the projections, RoPE in the Q/K epilogue): tasks 7T, edges 5T + 2Q (no edge into the
-    projections, which read only inputs). Grouped-query attention changes none of these (k and v
+    the projections after a statistics task each, RoPE in the Q/K epilogue): tasks 9T, edges
+    10T + 2Q (the q, k and v projections read only inputs and the first statistics, the FFN's
+    projection its own). Grouped-query attention changes none of these (k and v
     are narrower, not split); a sliding window (causal only) changes P and Q: each q tile's kv
     range starts at the kv tile holding its first row's first key. One rank's graph under ``tp``
     > 1 ranks: each row-parallel projection, its sum over the ranks and the residual are one
@@ -121,7 +122,7 @@ def closed_form(cfg: LlamaConfig, t: LlamaTiling, seq: int, attention: str, caus
     tasks = {"fused": 11 * T, "pair": 16 * T + P, "split": 16 * T + 3 * P}[attention]
     edges = {"fused": 11 * T + 2 * Q, "pair": 16 * T + 4 * P, "split": 14 * T + 10 * P}[attention]
     if fuse:
-        tasks, edges = 7 * T, 5 * T + 2 * Q
+        tasks, edges = 9 * T, 10 * T + 2 * Q
     if tp > 1 and attention != "fused":
         tasks, edges = tasks - 2 * T, edges - 2 * T
     return {"tasks": tasks, "edges": edges, "row_tiles": T, "pairs": P}

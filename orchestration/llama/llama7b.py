@@ -79,6 +79,8 @@ class _Layer:
         names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "q", "k", "v", "qr", "kr", "attn", "h", "hn")
         for name in names:
             T[name] = o.temp(name, S, width.get(name, H), dt)
+        if f.fuse:  # each row's rsqrt(mean(x^2) + eps) before attention and before the FFN
+            T["rs_attn"], T["rs_ffn"] = o.temp("rs_attn", S, 1, f32), o.temp("rs_ffn", S, 1, f32)
         T["act"] = o.temp("act", S, Fd, dt)
         if f.attention != "fused" and f.tp == 1:  # the partial products, then the residual add
             T["ao"], T["dn"] = o.temp("ao", S, H, dt), o.temp("dn", S, H, dt)
@@ -115,12 +117,16 @@ class _Layer:
         H, D, QD, KVD = c.hidden, c.head_dim, c.q_dim, c.kv_dim
         with o.for_loop("i", 0, self.n, **self.q_loop) as i:
             R = {"R": i.rows}
-            if self.form.fuse:  # one task per projection, each with the norm folded in (and RoPE for q and k)
+            if self.form.fuse:  # the rows' scale, then one task per projection with the norm folded in
+                # (and RoPE for q and k)
+                rs = tile("rs_attn", i, 1)
+                o.call(fn.rms_scale, {"x": tile("x", i, H), "r": rs}, dims=R)
                 for f, w, out, cols in ((fn.matmul_norm_rope, "wq", "qr", QD),
                                         (fn.matmul_norm_rope_k, "wk", "kr", KVD)):
-                    o.call(f, {"x": tile("x", i, H), "w": T[w], "cos": tile("cos", i, D // 2),
+                    o.call(f, {"x": tile("x", i, H), "w": T[w], "rs": rs, "cos": tile("cos", i, D // 2),
                                "sin": tile("sin", i, D // 2), "y": tile(out, i, cols)}, dims=R)
-                o.call(fn.matmul_norm, {"x": tile("x", i, H), "w": T["wv"], "y": tile("v", i, KVD)}, dims=R)
+                o.call(fn.matmul_norm, {"x": tile("x", i, H), "w": T["wv"], "rs": rs, "y": tile("v", i, KVD)},
+                       dims=R)
             else:
                 o.call(fn.rmsnorm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "y": tile("xn", i, H)}, dims=R)
                 for w, out, cols in (("wq", "q", QD), ("wk", "k", KVD), ("wv", "v", KVD)):
@@ -222,7 +228,9 @@ class _Layer:
             R = {"R": r.rows}
             self._projection(r, "attn", "wo", self.cfg.q_dim, "x", "h", "ao" if split else None)
             if f.fuse:
-                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "wg": T["wg"], "wu": T["wu"],
+                rs = tile("rs_ffn", r, 1)
+                o.call(fn.rms_scale, {"x": tile("h", r, H), "r": rs}, dims=R)
+                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "wg": T["wg"], "wu": T["wu"], "rs": rs,
                                                "y": tile("act", r, Fd)}, dims=R)
             elif f.attention == "fused":
                 o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)

@@ -78,7 +78,8 @@ class LlamaProgram(Program):
                "the consumers that alone read it, into one InCore function (split and pair attention become one "
                "task per q tile, the state on chip); --no-fuse keeps the graph as written"),
         Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
-               "and apply RoPE in the q and k projections' epilogue (7 tasks per row tile instead of 11)"),
+               "(its gain into the weights, each row's scale from a statistics task) and apply RoPE in the q and k "
+               "projections' epilogue (9 tasks per row tile instead of 11)"),
         Option("hf_config", "", "a Hugging Face config.json (or its folder) of the LLaMA family (model_type llama "
                "or mistral): the layer's dimensions, eps, RoPE base and scaling, sliding window; instead of --config"),
         Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "

@@ -39,7 +39,7 @@ from pto.incore.fused import (
     matmul_norm_tile,
 )
 from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
-from pto.incore.norm import rmsnorm_tile
+from pto.incore.norm import rms_scale_tile, rmsnorm_tile
 from pto.incore.rope import rope_tile
 from pto.orchestration.llama.config import LlamaConfig
 
@@ -163,8 +163,9 @@ class Functions:
         if attention == "fused":
             # the coarse-grained layer: epilogue fusions as well as the fused attention
             if fuse:  # and the norms folded into the projections after them (their gains into the
-                # weights: gain=False), RoPE into q and k's
-                nrm = dict(target=tg, gain=False)
+                # weights, each row's scale from a statistics task), RoPE into q and k's
+                self.rms_scale = rms_scale_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
+                nrm = dict(target=tg, norm="stats")
                 self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, **nrm)
                 self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps,
                                                               heads_per_program=rope_heads(NH, D, t.bn), **nrm)

@@ -149,16 +149,17 @@ def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
 
 @pytest.mark.slow
 def test_folded_norm_projections_feed_the_mma_from_shared_memory(tmp_path):
-    """With the norm's gain in the weights (``gain=False``) the folded projections' tensor-core
-    operands both come from shared memory (``wgmma`` with two descriptors), as the plain GEMM's;
-    multiplying the x tile by the gain in the K loop puts the left operand in registers."""
+    """With the norm's gain in the weights and the rows' scale from a statistics task
+    (``norm="stats"``) the folded projections' tensor-core operands both come from shared memory
+    (``wgmma`` with two descriptors), as the plain GEMM's; multiplying the x tile by the gain in
+    the K loop (``norm="loop"``) puts the left operand in registers."""
     from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
 
     bf = DType.BF16
-    fns = {"plain": _matmul(), "norm": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6, gain=False),
-           "rope": matmul_norm_rope_tile(bf, 128, 4096, 32, 128, 64, 1e-6, heads_per_program=2, gain=False),
-           "swiglu": matmul_norm_swiglu_tile(bf, 128, 4096, 11008, 128, 64, 1e-6, gain=False),
-           "gain": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6)}
+    fns = {"plain": _matmul(), "norm": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6, norm="stats"),
+           "rope": matmul_norm_rope_tile(bf, 128, 4096, 32, 128, 64, 1e-6, heads_per_program=2, norm="stats"),
+           "swiglu": matmul_norm_swiglu_tile(bf, 128, 4096, 11008, 128, 64, 1e-6, norm="stats"),
+           "loop": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6)}
     jobs = []
     for fn in fns.values():
         kern = render(specialize(fn), RenderOptions(tma=True))
@@ -176,4 +177,4 @@ def test_folded_norm_projections_feed_the_mma_from_shared_memory(tmp_path):
         assert mma, name
         # the operands after the accumulator: "{a regs}, desc_b" (registers) or "desc_a, desc_b"
         a_in_registers = {m.split("}", 1)[1].lstrip(" ,").startswith("{") for m in mma}
-        assert a_in_registers == {name == "gain"}, name
+        assert a_in_registers == {name == "loop"}, name

@@ -29,6 +29,10 @@ def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFuncti
                                       attention=mode, causal=causal, row_tiles=rows)
                     for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
                         out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
+    for config in ("7b", "llama3-8b"):  # the norms folded into the projections (--fuse-norm-rope)
+        s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"), fuse_norm_rope=True)
+        for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
+            out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
     for reduce in ("storage", "f32"):  # the sum in bf16 (the default) or f32: two first parts
         s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), tp=2,
                           allreduce_dtype=reduce)

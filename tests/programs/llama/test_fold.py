@@ -1,8 +1,9 @@
-"""``--fuse-norm-rope``: the norms' gains folded into the weights after them (once, when the inputs
-are made), the row scale in the projections' epilogue, RoPE in the q/k projections' epilogue over
-one or more heads a program. The folded layer against the unfused one on the same weights, each
-against a float64 run; the q/k projection's heads per program against each other and a float64
-formula; the folded inputs' names and their errors."""
+"""``--fuse-norm-rope``: the norms' gains folded into the weights after them (once, when the
+inputs are made), each row's scale from a statistics task applied in the projections' epilogue,
+RoPE in the q/k projections' epilogue over one or more heads a program. The folded layer against
+the unfused one on the same weights, each against a float64 run; the statistics task; the q/k
+projection's heads per program against each other and a float64 formula; the folded inputs'
+names."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 import pytest
 import torch
 from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_tile
+from pto.incore.norm import rms_scale_tile
 from pto.orchestration.llama.reference import reference_layer
 from pto.orchestration.llama.tiling import rope_heads
 from pto.orchestration.llama.weights import FOLDED, fold_gains, folded, unfold_gains
@@ -18,7 +20,9 @@ from pto.orchestration.llama.weights import FOLDED, fold_gains, folded, unfold_g
 from pto.engine import Runner, rel_err, resolve
 from pto.interp.incore import run_incore
 from pto.ir.analysis import specialize
-from pto.ir.dtypes import DType
+from pto.ir.dtypes import DType, dtype_of
+from pto.ir.nodes import ForRange, walk_instrs
+from pto.ir.ops import Op
 
 
 def _run(config: str, dtype: str, fuse: bool, seq: int, inputs=None):
@@ -74,11 +78,29 @@ def test_folded_inputs_name_the_folded_weights_and_drop_the_gains():
 def _rope_ref(x, w, cos, sin, heads, D, eps):
     """float64: rope(rmsnorm(x; 1) @ w), rotate-half, the projection rounded to ``x``'s dtype first."""
     xd = x.double()
-    p = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)) @ w.double()
+    p = (xd * _scale(x, eps).double()) @ w.double()
     p = p.to(x.dtype).double().view(x.shape[0], heads, D)
     c, s = cos.double()[:, None, :], sin.double()[:, None, :]
     a1, a2 = p[..., : D // 2], p[..., D // 2:]
     return torch.cat([a1 * c - a2 * s, a2 * c + a1 * s], dim=-1).reshape(x.shape[0], heads * D)
+
+
+def _scale(x, eps):
+    """Each row's rsqrt(mean(x^2) + eps) through :func:`rms_scale_tile` (the statistics task)."""
+    R, K = x.shape
+    fn = specialize(rms_scale_tile(K, dtype_of(x.dtype), R, 4, 32, eps))
+    r = torch.full((R, 1), float("nan"))
+    run_incore(fn, {"x": (x, 0, 0, R, K), "r": (r, 0, 0, R, 1)})
+    return r
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+def test_the_statistics_task_is_rmsnorms_scale(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(10, 96, generator=g).to(dtype.torch)
+    xd = x.double()
+    want = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert rel_err(_scale(x, 1e-5), want) <= 2e-6  # f32 sums of exact squares, one rsqrt
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
@@ -91,13 +113,13 @@ def test_rope_projection_is_the_same_whatever_the_heads_per_program(dtype):
     x, w = torch.randn(R, K, generator=g).to(dtype.torch), (torch.randn(K, heads * D, generator=g) / 8).to(dtype.torch)
     ang = torch.rand(R, D // 2, generator=g) * math.pi
     cos, sin = ang.cos().to(dtype.torch), ang.sin().to(dtype.torch)
-    outs = []
+    outs, rs = [], _scale(x, eps)
     for hp in (1, 2, 4):
-        fn = specialize(matmul_norm_rope_tile(dtype, R, K, heads, D, bk, eps, heads_per_program=hp, gain=False))
-        assert [m.name for m in fn.memrefs] == ["x", "w", "cos", "sin", "y"]  # no gain: it is in w
+        fn = specialize(matmul_norm_rope_tile(dtype, R, K, heads, D, bk, eps, heads_per_program=hp, norm="stats"))
+        assert [m.name for m in fn.memrefs] == ["x", "w", "cos", "sin", "y", "rs"]  # no gain: it is in w
         y = torch.full((R, heads * D), float("nan"), dtype=dtype.torch)
         regions = {"x": (x, 0, 0, R, K), "w": (w, 0, 0, K, heads * D), "cos": (cos, 0, 0, R, D // 2),
-                   "sin": (sin, 0, 0, R, D // 2), "y": (y, 0, 0, R, heads * D)}
+                   "sin": (sin, 0, 0, R, D // 2), "y": (y, 0, 0, R, heads * D), "rs": (rs, 0, 0, R, 1)}
         run_incore(fn, regions)
         outs.append(y)
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
@@ -105,19 +127,16 @@ def test_rope_projection_is_the_same_whatever_the_heads_per_program(dtype):
     assert rel_err(outs[0], _rope_ref(x, w, cos, sin, heads, D, eps)) <= tol
 
 
-def test_the_projection_without_gain_loads_the_tile_it_multiplies():
-    """``gain=False``: no ``g`` memref, and the matmul's left operand is the loaded x tile itself
-    (no multiply, no cast between the load and the product)."""
-    fn = matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6, gain=False)
-    assert "g" not in [m.name for m in fn.memrefs]
+def test_the_projection_with_the_scale_from_statistics_has_the_plain_k_loop():
+    """``norm="stats"``: no ``g`` memref, the rows' scale from ``rs``, and the K loop is the plain
+    GEMM's: load, load, matmul (no multiply, no cast, no reduction beside the product)."""
+    fn = matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6, norm="stats")
+    assert [m.name for m in fn.memrefs] == ["x", "w", "y", "rs"]
     assert "g" in [m.name for m in matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6).memrefs]
-    from pto.ir.nodes import walk_instrs
-    from pto.ir.ops import Op
-
-    ins = list(walk_instrs(fn.body))
-    (mm,) = [i for i in ins if i.op in (Op.MATMUL_ACC,)]
-    loaded = {i.dst for i in ins if i.op is Op.LOAD}
-    assert mm.srcs[0] in loaded
+    (loop,) = [n for n in fn.body if isinstance(n, ForRange)]
+    assert [i.op for i in walk_instrs(loop.body)] == [Op.LOAD, Op.LOAD, Op.MATMUL_ACC]
+    with pytest.raises(ValueError, match="norm must be 'loop' or 'stats', not 'gain'"):
+        matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6, norm="gain")
 
 
 def test_heads_per_program():
