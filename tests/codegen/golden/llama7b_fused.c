@@ -69,7 +69,7 @@ static const char *const func_names[] = {
 
 /* bytes of the tiles each variant declares (its InCore buffer) */
 static const int32_t func_buffer_bytes[] = {
-    52352,
+    73744,
     245760,
     73728,
     264704,
