@@ -238,8 +238,10 @@ def _store(k: InCore, y, col, t, ob) -> None:
 def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
                             target=None, norm: str = "loop") -> IncoreFunction:
     """``y = silu(xn @ wg) * (xn @ wu)`` with ``xn = rmsnorm(x; g, eps)`` folded in: the FFN's
-    norm, gate and up projections and SwiGLU in one program per column block. ``norm="stats"``:
-    the gain is in the rows of ``wg`` and ``wu``, the rows' scale in ``rs``."""
+    norm, gate and up projections and SwiGLU in one program per column block of ``bn``.
+    ``norm="stats"``: :func:`matmul_interleaved_swiglu` (one interleaved weight ``w``)."""
+    if norm == "stats":
+        return matmul_interleaved_swiglu(dtype, rows, K, N, bn, bk, target)
     k = InCore("matmul_norm_swiglu_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
@@ -264,5 +266,40 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     return k.build(target)
 
 
+def matmul_interleaved_swiglu(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """The FFN's gate and up projections and SwiGLU against one weight ``w`` (K x 2N) whose
+    columns interleave the two (``w[:, 2c] = wg[:, c]``, ``w[:, 2c + 1] = wu[:, c]``, gains folded
+    in: :func:`pto.orchestration.llama.weights.fold_gains`), with each row's RMSNorm scale from
+    ``rs``: one accumulator of ``2 bn`` columns a program, the K loop the plain GEMM's (two
+    accumulators of ``bn`` ran 5-10% slower on an H100, docs/PERF.md), then the even and odd
+    columns (:meth:`InCore.deinterleave`), each rounded to the storage dtype as the unfused
+    layer stores the two projections, and ``silu(g) u``."""
+    k = InCore("matmul_norm_swiglu_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    w = k.memref("w", dtype, shape=(K, 2 * N))
+    y = k.memref("y", dtype, shape=(R, N))
+    j = k.parallel("j", cdiv(N, bn))
+    norm = RowScale(k, R, bk, dtype, K)
+    a = k.tile("a", R, bk, dtype)
+    bt = k.tile("bt", bk, 2 * bn, dtype)
+    acc = k.tile("acc", R, 2 * bn, f32)
+    k.full(acc, 0.0)
+    with k.for_range("kk", 0, K, bk) as kk:
+        norm.step(x, kk, a)
+        k.load(bt, w, kk, j * (2 * bn))
+        k.matmul_acc(acc, a, bt)
+    norm.scale(acc)
+    g, u = k.tile("g", R, bn, dtype), k.tile("u", R, bn, dtype)
+    k.deinterleave(g, acc, 0)
+    k.deinterleave(u, acc, 1)
+    h = k.tile("h", R, bn, f32)
+    k.silu(h, g)
+    k.mul(h, h, u)
+    k.cast(g, h)
+    k.store(y, 0, j * bn, g)
+    return k.build(target)
+
+
 __all__ = ["RowNorm", "RowScale", "row_norm", "normed_gemm", "matmul_norm_tile", "matmul_norm_rope_tile",
-           "matmul_norm_rope_k_tile", "matmul_norm_swiglu_tile"]
+           "matmul_norm_rope_k_tile", "matmul_norm_swiglu_tile", "matmul_interleaved_swiglu"]

@@ -13,6 +13,14 @@ The seed's three phases, each a loop over row tiles with binary-expansion attrib
 3. per tile: output projection, residual, RMSNorm, gate and up projections, SwiGLU, down
    projection, residual.
 
+With the norms folded in (``LayerForm.fuse``, ``--fuse-norm-rope``): per row tile a statistics
+task (each row's rsqrt(mean(x^2) + eps)), then the q and k projections with RoPE in their
+epilogue and the v projection, each scaling its rows by the statistics; before the FFN the same
+for h, then the gate/up projection. The weights after a norm hold its gain (inputs ``wq_g``,
+``wk_g``, ``wv_g``, and ``wgu_g``: the gate and up weights' columns interleaved, one product
+computing both; :func:`pto.orchestration.llama.weights.fold_gains`), and the module takes no
+gains.
+
 Grouped-query attention: k and v (and their weights) are ``kv_heads * head_dim`` wide, q and the
 attention output ``heads * head_dim``; the attention functions map query heads to kv heads.
 
@@ -35,7 +43,7 @@ from __future__ import annotations
 
 from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.tiling import LayerForm, fit_functions, loop_attrs
-from pto.orchestration.llama.weights import FOLDED, folded
+from pto.orchestration.llama.weights import FOLDED, GATE_UP, folded
 
 from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
@@ -69,11 +77,16 @@ class _Layer:
         T = self.T = {"x": o.input("x", S, H, dt)}
         if not f.fuse:
             T["g_attn"], T["g_ffn"] = o.input("g_attn", 1, H, dt), o.input("g_ffn", 1, H, dt)
-        # with the norms folded in, the weights after them hold their gains (wq_g = diag(g_attn) wq, ...)
+        # with the norms folded in, the weights after them hold their gains (wq_g = diag(g_attn) wq, ...),
+        # the gate and up weights' columns interleaved in one
         w = {n: folded(n) if f.fuse and n in FOLDED else n for n in ("wq", "wk", "wv", "wo", "wg", "wu", "wd")}
         T["wq"], T["wk"], T["wv"], T["wo"] = o.input(w["wq"], H, QD, dt), o.input(w["wk"], H, KVD, dt), \
             o.input(w["wv"], H, KVD, dt), o.input("wo", QD, H, dt)
-        T["wg"], T["wu"], T["wd"] = o.input(w["wg"], H, Fd, dt), o.input(w["wu"], H, Fd, dt), o.input("wd", Fd, H, dt)
+        if f.fuse:
+            T["wgu"] = o.input(GATE_UP, H, 2 * Fd, dt)
+        else:
+            T["wg"], T["wu"] = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt)
+        T["wd"] = o.input("wd", Fd, H, dt)
         T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
         width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
         names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "q", "k", "v", "qr", "kr", "attn", "h", "hn")
@@ -230,8 +243,8 @@ class _Layer:
             if f.fuse:
                 rs = tile("rs_ffn", r, 1)
                 o.call(fn.rms_scale, {"x": tile("h", r, H), "r": rs}, dims=R)
-                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "wg": T["wg"], "wu": T["wu"], "rs": rs,
-                                               "y": tile("act", r, Fd)}, dims=R)
+                o.call(fn.matmul_norm_swiglu, {"x": tile("h", r, H), "w": T["wgu"], "rs": rs, "y": tile("act", r, Fd)},
+                       dims=R)
             elif f.attention == "fused":
                 o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
                 o.call(fn.matmul_swiglu, {"x": tile("hn", r, H), "wg": T["wg"], "wu": T["wu"], "y": tile("act", r, Fd)},

@@ -17,7 +17,7 @@ from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
 from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
-from pto.orchestration.llama.weights import check_weights, fold_gains, folded, load_layer, unfold_gains
+from pto.orchestration.llama.weights import GATE_UP, check_weights, fold_gains, folded, load_layer, unfold_gains
 
 from pto import Var
 from pto.errors import UsageError
@@ -272,8 +272,12 @@ class LlamaProgram(Program):
         cfg, tp = self.config(s), s.tp
         q, kv, f = cfg.q_dim // tp, cfg.kv_dim // tp, cfg.ffn // tp
         out = dict(inputs)
-        for name, w in (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f)):
-            name = folded(name) if s["fuse_norm_rope"] else name
+        fold = s["fuse_norm_rope"]
+        # the rank's columns; of the interleaved gate/up weight, its FFN columns' pairs
+        cols = (("wq", q), ("wk", kv), ("wv", kv)) + ((GATE_UP, 2 * f),) if fold else \
+            (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f))
+        for name, w in cols:
+            name = folded(name) if fold and name != GATE_UP else name
             out[name] = inputs[name][:, rank * w:(rank + 1) * w]
         for name, w in (("wo", q), ("wd", f)):
             out[name] = inputs[name][rank * w:(rank + 1) * w]

@@ -44,21 +44,30 @@ def folded(name: str) -> str:
     return name + "_g"
 
 
+#: the folded gate and up weights, their columns interleaved (``wgu_g[:, 2c]`` is ``wg_g[:, c]``,
+#: ``wgu_g[:, 2c + 1]`` is ``wu_g[:, c]``): one product computes both
+GATE_UP = "wgu_g"
+
+
 def fold_gains(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inputs of the layer whose norms are folded into the projections after them: each
     weight ``w`` of :data:`FOLDED` becomes ``w_g = diag(g) w`` (in f32, rounded once to the
-    weight's dtype: ``rmsnorm(x; g) @ w = rmsnorm(x; 1) @ w_g``), and the gains go."""
+    weight's dtype: ``rmsnorm(x; g) @ w = rmsnorm(x; 1) @ w_g``), the gate and up weights one
+    interleaved :data:`GATE_UP`, and the gains go."""
     out = {k: v for k, v in inputs.items() if k not in FOLDED and k not in FOLDED.values()}
     for w, g in FOLDED.items():
         out[folded(w)] = (inputs[g].float().reshape(-1, 1) * inputs[w].float()).to(inputs[w].dtype)
+    gate, up = out.pop(folded("wg")), out.pop(folded("wu"))
+    out[GATE_UP] = torch.stack([gate, up], dim=-1).reshape(gate.shape[0], 2 * gate.shape[1])
     return out
 
 
 def unfold_gains(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Folded inputs (:func:`fold_gains`) as the unfused layer's: the folded weights with unit
     gains, the same layer."""
-    out = {k: v for k, v in inputs.items() if k not in map(folded, FOLDED)}
-    out.update({w: inputs[folded(w)] for w in FOLDED})
+    out = {k: v for k, v in inputs.items() if k not in (*map(folded, FOLDED), GATE_UP)}
+    out.update({w: inputs[folded(w)] for w in ("wq", "wk", "wv")})
+    out["wg"], out["wu"] = inputs[GATE_UP][:, 0::2], inputs[GATE_UP][:, 1::2]
     w = inputs[folded("wq")]
     out.update({g: torch.ones(1, w.shape[0], dtype=w.dtype, device=w.device) for g in FOLDED.values()})
     return out
@@ -188,5 +197,5 @@ def load_layer(path: str, layer: int, cfg: LlamaConfig, dtype: torch.dtype, devi
     return out
 
 
-__all__ = ["HF_NAMES", "FOLDED", "folded", "fold_gains", "unfold_gains", "hf_shapes", "check_weights", "load_layer",
-           "layer_names", "Checkpoint", "FLOATS"]
+__all__ = ["HF_NAMES", "FOLDED", "GATE_UP", "folded", "fold_gains", "unfold_gains", "hf_shapes", "check_weights",
+           "load_layer", "layer_names", "Checkpoint", "FLOATS"]

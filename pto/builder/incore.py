@@ -261,6 +261,11 @@ class InCore:
         """Fill ``dst`` with a constant."""
         self._emit(Op.FULL, dst, [float(value)])
 
+    def deinterleave(self, dst, src, part: int) -> None:
+        """``dst = src[:, part::2]``: every other column of ``src`` (R x 2C) from column ``part``
+        (0 or 1), converted to dst's dtype (R x C)."""
+        self._emit(Op.DEINTERLEAVE, dst, [src], {"part": part})
+
     def mask_causal(self, dst, src, diag: ExprLike, fill: float = -math.inf) -> None:
         """Keep ``src[r, c]`` where ``c <= r + diag``, else ``fill`` (causal attention with
         ``diag = q_pos - k_pos``)."""

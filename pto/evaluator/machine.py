@@ -67,7 +67,7 @@ from pto.ir.ops import (
 #: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
 #: set lookups: an Op's hash is computed in Python)
 _KIND = {Op.LOAD: "load", Op.STORE: "store", Op.FULL: "full", Op.LOAD_SCALAR: "load_scalar",
-         Op.ROWTAKEMAX: "takemax"}
+         Op.ROWTAKEMAX: "takemax", Op.DEINTERLEAVE: "deinterleave"}
 for _kind, _ops in (("binary", BINARY), ("scalar", SCALAR_BINARY), ("unary", UNARY), ("row_reduce", ROW_REDUCE),
                     ("col_reduce", COL_REDUCE), ("broadcast", BROADCAST), ("matmul", MATMUL), ("cast", CAST),
                     ("mask", MASK), ("collective", COLLECTIVE)):
@@ -291,6 +291,8 @@ class _Machine:
             self._write(ins.dst, torch.full((self.n, r, c), v, device=self.device))
         elif kind == "mask":
             self._mask(ins)
+        elif kind == "deinterleave":
+            self._write(ins.dst, self.tiles[ins.srcs[0]][:, :, int(ins.attr("part"))::2])
         elif kind == "collective":
             # one collective for the whole batch (tasks x parallel indices, stacked): every rank
             # runs the same graph and the executor batches it identically, so every rank issues

@@ -68,6 +68,8 @@ class Op(enum.Enum):
     CAST = "cast"
     MOV = "mov"
     FULL = "full"
+    # layout: every other column
+    DEINTERLEAVE = "deinterleave"
     # masking (fill elements outside a predicate)
     MASK_CAUSAL = "mask_causal"
     MASK_COLS = "mask_cols"
@@ -102,6 +104,10 @@ MATMUL = frozenset({Op.MATMUL, Op.MATMUL_ACC})
 CAST = frozenset({Op.CAST, Op.MOV})
 FILL = frozenset({Op.FULL})
 MASK = frozenset({Op.MASK_CAUSAL, Op.MASK_COLS, Op.MASK_ROWS})
+#: ``deinterleave dst, src {part = p}``: dst (R x C) = src's columns p, p + 2, p + 4, ... (src is
+#: R x 2C; part 0 the even columns, 1 the odd ones), converted to dst's dtype: the two results of
+#: a product whose weight columns were interleaved (gate and up, one accumulator)
+LAYOUT = frozenset({Op.DEINTERLEAVE})
 #: ``allreduce dst, src``: dst = the sum of src over every rank (each rank runs the same task
 #: graph, so the same task issues the collective everywhere); with one rank, src itself
 COLLECTIVE = frozenset({Op.ALLREDUCE})
@@ -117,6 +123,7 @@ GROUPS = {
     "cast": CAST,
     "fill": FILL,
     "mask": MASK,
+    "layout": LAYOUT,
     "collective": COLLECTIVE,
 }
 
@@ -159,6 +166,7 @@ for _op in MATMUL:
 for _op in MASK:
     SIGNATURE[_op] = ("TE", True)
 SIGNATURE[Op.ALLREDUCE] = ("T", True)
+SIGNATURE[Op.DEINTERLEAVE] = ("T", True)
 SIGNATURE[Op.FULL] = ("E", True)
 SIGNATURE[Op.LOAD] = ("MEE", True)
 SIGNATURE[Op.STORE] = ("TMEE", False)
@@ -174,6 +182,7 @@ for _op in MASK:
 # the dtype the ranks' values are summed (and sent) in: f32, or the source tile's own dtype
 # (half the bytes on the wire for a half-precision tile, rounded at every step of the reduction)
 ATTRS[Op.ALLREDUCE] = {"acc": "f32"}
+ATTRS[Op.DEINTERLEAVE] = {"part": 0}
 
 assert set(SIGNATURE) == set(Op), set(Op) - set(SIGNATURE)
 

@@ -223,6 +223,16 @@ def _mask(ctx, ins):
         ctx.fail(ins, f"fill must be a number, got {fill!r}")
 
 
+def _deinterleave(ctx, ins):
+    (r, c), (sr, sc) = ctx.shape(ins.dst), ctx.shape(ins.srcs[0])
+    if (sr, sc) != (r, 2 * c):
+        ctx.fail(ins, f"every other column of `{ins.srcs[0]}` ({_fmt_shape((sr, sc))}) needs a "
+                      f"{_fmt_shape((sr, sc // 2)) if sc % 2 == 0 else 'tile of half its (odd) width'} "
+                      f"destination; `{ins.dst}` is {_fmt_shape((r, c))}")
+    if ins.attr("part") not in (0, 1) or isinstance(ins.attr("part"), bool):
+        ctx.fail(ins, f"attribute `part` must be 0 (even columns) or 1 (odd), not {ins.attr('part')!r}")
+
+
 def _collective(ctx, ins):
     _same(ctx, ins, [ins.dst, ins.srcs[0]])
     acc = ins.attr("acc")
@@ -288,6 +298,7 @@ RULES = {
     "fill": _fill,
     "mask": _mask,
     "collective": _collective,
+    "deinterleave": _deinterleave,
     "load": _load,
     "store": _store,
     "scalar_load": _load_scalar,

@@ -214,6 +214,31 @@ def test_rowargmax_and_rowtakemax(dtype, rng, run_op):
     assert np.array_equal(took, np.take_along_axis(f64(b), ref, axis=1))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("part", [0, 1])
+@pytest.mark.parametrize("cols", [16, 12], ids=["block", "padded"])
+def test_deinterleave(cols, part, dtype, rng, run_op):
+    """Every other column from ``part``: exact (a padded tile's block splits into its half's)."""
+    a = rand((R, cols), dtype, rng)
+    got = run_op("deinterleave", (R, cols // 2), [a], dtype, dst_dtype=DType.F32, part=part)
+    assert np.array_equal(got, f64(a)[:, part::2])
+
+
+@pytest.mark.parametrize("shape,part,error", [
+    ((8, 6), 0, r"every other column of `a` \(8x16\) needs a 8x8 destination; `d` is 8x6"),
+    ((8, 8), 2, "attribute `part` must be 0 \\(even columns\\) or 1 \\(odd\\), not 2")])
+def test_deinterleave_errors_name_the_tiles(shape, part, error):
+    from pto import InCore, f32
+    from pto.errors import BuildError
+
+    k = InCore("bad")
+    x = k.memref("x", f32)
+    a, d = k.tile("a", 8, 16, f32), k.tile("d", *shape, f32)
+    k.load(a, x, 0, 0)
+    with pytest.raises(BuildError, match=error):
+        k.deinterleave(d, a, part)
+
+
 def test_load_scalar_moves_a_load():
     """load_scalar reads an integer from memory when the task runs; a load offset by it reads
     the row it names (a decode step's position), and a store offset by it writes there."""
@@ -248,6 +273,7 @@ def test_every_op_is_tested():
     tested |= {Op(f"{a}{k}") for a in ("row", "col") for k in ("sum", "max", "min")}
     tested |= {Op(f"{a}expand{o}") for a in ("row", "col") for o in ("add", "sub", "mul", "div", "")}
     tested |= {Op.MATMUL, Op.MATMUL_ACC, Op.CAST, Op.MOV, Op.FULL, Op.MASK_CAUSAL, Op.MASK_COLS,
-               Op.MASK_ROWS, Op.LOAD, Op.STORE, Op.ALLREDUCE, Op.ROWARGMAX, Op.ROWTAKEMAX, Op.LOAD_SCALAR}
+               Op.MASK_ROWS, Op.LOAD, Op.STORE, Op.ALLREDUCE, Op.ROWARGMAX, Op.ROWTAKEMAX, Op.LOAD_SCALAR,
+               Op.DEINTERLEAVE}
     assert set().union(*GROUPS.values()) == set(Op)
     assert tested == set(Op), f"ops without a test: {sorted(o.value for o in set(Op) - tested)}"

@@ -30,6 +30,7 @@ from pto.ir.ops import (
     CAST,
     COL_REDUCE,
     COLLECTIVE,
+    LAYOUT,
     MASK,
     MATMUL,
     REDUCE_KIND,
@@ -240,6 +241,18 @@ class TileOps:
         self.emit(f"t_{ins.dst} = tl.full(({r}, {c}), {value}, {TL_DTYPE[dt]})")
         self.defined.add(ins.dst)
 
+    def _deinterleave(self, ins: Instr) -> None:
+        """Every other column: the source block reshaped to (rows, columns / 2, 2) and split
+        (a padded tile's block is a power of two, twice its half's)."""
+        src = ins.srcs[0]
+        (r, c2), (_, c) = self.blocks[src], self.blocks[ins.dst]
+        if c2 != 2 * c:  # pragma: no cover - blocks are powers of two
+            raise BuildError(f"`{self.fn.variant_name}`: deinterleave of a {r}x{c2} block into {c} columns")
+        self.use(src)
+        even, odd = self.fresh("ev"), self.fresh("od")
+        self.emit(f"{even}, {odd} = tl.split(tl.reshape(t_{src}, ({r}, {c}, 2)))")
+        self.assign(ins.dst, odd if int(ins.attr("part")) else even, self.dtypes[src])
+
     def _mask(self, ins: Instr) -> None:
         src, bound = ins.srcs
         r, c = self.blocks[ins.dst]
@@ -312,6 +325,7 @@ _DISPATCH = (
     (CAST, TileOps._cast),
     (frozenset({Op.FULL}), TileOps._full),
     (MASK, TileOps._mask),
+    (LAYOUT, TileOps._deinterleave),
     (COLLECTIVE, TileOps._collective),
 )
 assert set().union(*(g for g, _ in _DISPATCH)) == set(Op)

@@ -11,11 +11,11 @@ import math
 
 import pytest
 import torch
-from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_tile
+from pto.incore.fused import matmul_interleaved_swiglu, matmul_norm_rope_tile, matmul_norm_tile
 from pto.incore.norm import rms_scale_tile
 from pto.orchestration.llama.reference import reference_layer
 from pto.orchestration.llama.tiling import rope_heads
-from pto.orchestration.llama.weights import FOLDED, fold_gains, folded, unfold_gains
+from pto.orchestration.llama.weights import FOLDED, GATE_UP, fold_gains, folded, unfold_gains
 
 from pto.engine import Runner, rel_err, resolve
 from pto.interp.incore import run_incore
@@ -67,12 +67,17 @@ def test_folded_inputs_name_the_folded_weights_and_drop_the_gains():
               "g_ffn": torch.randn(1, H, generator=g), "wo": torch.randn(H, H, generator=g)}
     inputs.update({w: torch.randn(H, 2 * H, generator=g).to(torch.bfloat16) for w in FOLDED})
     out = fold_gains(inputs)
-    assert set(out) == {"x", "wo", *map(folded, FOLDED)}
-    for w, gain in FOLDED.items():
-        want = (inputs[gain].double().reshape(-1, 1) * inputs[w].double()).to(torch.bfloat16)
-        assert out[folded(w)].dtype == torch.bfloat16 and torch.equal(out[folded(w)], want)
+    assert set(out) == {"x", "wo", "wq_g", "wk_g", "wv_g", GATE_UP}
+    want = {w: (inputs[gain].double().reshape(-1, 1) * inputs[w].double()).to(torch.bfloat16)
+            for w, gain in FOLDED.items()}
+    for w in ("wq", "wk", "wv"):
+        assert out[folded(w)].dtype == torch.bfloat16 and torch.equal(out[folded(w)], want[w])
+    # the gate and up weights' columns interleaved: gate c at 2c, up c at 2c + 1
+    assert out[GATE_UP].shape == (H, 4 * H)
+    assert torch.equal(out[GATE_UP][:, 0::2], want["wg"]) and torch.equal(out[GATE_UP][:, 1::2], want["wu"])
     back = unfold_gains(out)
     assert set(back) == set(inputs) and torch.equal(back["g_attn"], torch.ones(1, H, dtype=torch.bfloat16))
+    assert torch.equal(back["wu"], want["wu"])
 
 
 def _rope_ref(x, w, cos, sin, heads, D, eps):
@@ -148,3 +153,25 @@ def test_heads_per_program():
     assert rope_heads(4, 128, 64) == 1
     with pytest.raises(ValueError, match="6 heads are not a multiple of 4 heads per program"):
         matmul_norm_rope_tile(DType.F32, 8, 64, 6, 16, 16, 1e-5, heads_per_program=4)
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+def test_the_gate_and_up_projection_of_one_interleaved_weight(dtype):
+    """SwiGLU from one accumulator against the interleaved gate/up weight: the even columns are
+    the gate's, the odd the up projection's, each rounded to the dtype before ``silu(g) u``, as
+    the unfused layer computes it; against float64, within the dtype's rounding of the stored
+    projections and result."""
+    R, K, N, bn, bk, eps = 8, 64, 48, 16, 16, 1e-5
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(R, K, generator=g).to(dtype.torch)
+    wg, wu = ((torch.randn(K, N, generator=g) / 8).to(dtype.torch) for _ in range(2))
+    w = torch.stack([wg, wu], -1).reshape(K, 2 * N)
+    rs = _scale(x, eps)
+    fn = specialize(matmul_interleaved_swiglu(dtype, R, K, N, bn, bk))
+    y = torch.full((R, N), float("nan"), dtype=dtype.torch)
+    run_incore(fn, {"x": (x, 0, 0, R, K), "w": (w, 0, 0, K, 2 * N), "rs": (rs, 0, 0, R, 1), "y": (y, 0, 0, R, N)})
+    xn = x.double() * rs.double()
+    gate, up = ((xn @ m.double()).to(dtype.torch).double() for m in (wg, wu))
+    want = torch.nn.functional.silu(gate) * up
+    tol = 2e-6 if dtype == DType.F32 else 1.6e-2
+    assert rel_err(y, want) <= tol
