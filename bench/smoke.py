@@ -120,10 +120,15 @@ def runs() -> list[tuple[str, list[str]]]:
             for mode in ("fused", "pair", "split"):
                 out.append((f"llama7b 7b {mode} {seq} {ex}", ["llama7b", "--config", "7b", "--attention", mode,
                                                              "--seq", seq, "--executor", ex]))
+            # the norms folded into the projections (their statistics tasks, RoPE and SwiGLU epilogues)
+            out.append((f"llama7b 7b fused norms folded {seq} {ex}", ["llama7b", "--config", "7b", "--seq", seq,
+                                                                      "--fuse-norm-rope", "--executor", ex]))
     for config in ("llama2-7b", "llama3-8b", "mistral-7b"):
         for ex in ("waves", "persistent"):
             out.append((f"llama {config} fused 5555 {ex}", ["llama", "--config", config, "--seq", "5555",
                                                             "--executor", ex]))
+    out.append(("llama llama3-8b fused norms folded 5555 waves", ["llama", "--config", "llama3-8b", "--seq", "5555",
+                                                                  "--fuse-norm-rope", "--executor", "waves"]))
     for config in ("tiny-gqa", "tiny-swa"):
         for mode in ("split", "pair", "fused"):
             out.append((f"llama {config} {mode} 333 persistent", ["llama", "--config", config, "--attention", mode,
