@@ -160,3 +160,40 @@ def test_first_run_compiles_ahead_in_parallel_and_matches(tmp_path):
     assert outs["1"].keys() == outs["8"].keys()
     for name in outs["1"]:
         assert torch.equal(outs["1"][name], outs["8"][name]), name
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_a_multiplied_tile_read_otherwise_is_right_at_every_pipeline_depth(stages, tma):
+    """A K loop that multiplies its x tile and also sums its squares: Triton 3.6's pipelining
+    computed it 0.3-0.6 from float64 on an H100 with 2 or more stages (docs/PERF.md, eighth
+    session). The renderer loads the tile a second time for the squares
+    (pto/codegen/triton/operands.py); the f32 result is as close to float64 as its f32 sums
+    allow (K = 4096 terms: a few 1e-6)."""
+    from pto.backends.triton import TritonBackend
+    from pto.batch import RegionBatch, TaskBatch
+    from pto.codegen.triton import RenderOptions
+    from pto.engine import rel_err
+    from pto.ir.dtypes import DType
+    from tests.codegen.test_operands import squares_in_the_k_loop
+
+    dev, T, K, N = torch.device("cuda"), 512, 4096, 256
+    fn = squares_in_the_k_loop(DType.BF16, R=128, K=K, N=N, bk=64)
+    g = torch.Generator(device=dev).manual_seed(stages)
+    x = torch.randn(T, K, generator=g, device=dev).to(torch.bfloat16)
+    w = (torch.randn(K, N, generator=g, device=dev) / 64).to(torch.bfloat16)
+    y = torch.full((T, N), float("nan"), device=dev)
+    n = T // 128
+    z, rows = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(n, device=dev) * 128
+
+    def region(t, per_row):
+        return RegionBatch(t, rows if per_row else z, z, torch.full((n,), 128 if per_row else t.shape[0], device=dev),
+                           torch.full((n,), t.shape[1], device=dev))
+
+    be = TritonBackend(dev, RenderOptions(tma=tma), launch={"squares": {"num_warps": 8, "num_stages": stages}})
+    if tma and not be.options.tma:
+        pytest.skip("no tensor descriptors on this GPU")
+    be.prepare(TaskBatch(fn, {"x": region(x, True), "w": region(w, False), "y": region(y, True)}, {}, n))()
+    xd = x.double()
+    want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) @ w.double()
+    assert rel_err(y, want) <= 1e-4

@@ -30,6 +30,7 @@ from pto.codegen.triton.common import (
     device_name,
     float_literal,
 )
+from pto.codegen.triton.operands import separate_operand_loads
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
@@ -108,6 +109,7 @@ class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
+        fn = separate_operand_loads(fn)  # Triton 3.6's pipelining and a multiplied tile read otherwise
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
