@@ -109,7 +109,8 @@ class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
-        fn = separate_operand_loads(fn)  # Triton 3.6's pipelining and a multiplied tile read otherwise
+        # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
+        fn, self.copies = separate_operand_loads(fn)
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)

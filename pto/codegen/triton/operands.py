@@ -12,7 +12,9 @@ it: the evaluator and the Triton interpreter compute it right.
 So that an InCore function means on the GPU what it means everywhere else, the renderer loads
 such a tile twice: the product keeps its plain load, and the instructions that read the tile
 after it in the loop read a copy (``<tile>__v``) loaded from the same place right after it, so
-it holds the same values. Left as they are: a loop that writes the tile otherwise, reads it
+it holds the same values. The copy is a pointer load with a cache modifier of its own
+(``.cg``): Triton merges identical loads (its CSE undid a plain second load, the PTX unchanged),
+and never a tensor descriptor's. Left as they are: a loop that writes the tile otherwise, reads it
 before the load (the previous iteration's value) or stores to the memref it loads from.
 """
 
@@ -24,15 +26,17 @@ from pto.ir.nodes import ForRange, IncoreFunction, Instr, Tile, walk_instrs
 from pto.ir.ops import MATMUL, Op
 
 
-def separate_operand_loads(fn: IncoreFunction) -> IncoreFunction:
+def separate_operand_loads(fn: IncoreFunction) -> tuple[IncoreFunction, frozenset[str]]:
     """``fn`` with a second load for the non-product readers of each tile a loop both loads,
-    multiplies and reads otherwise (the module docstring); ``fn`` itself where there is none."""
+    multiplies and reads otherwise (the module docstring), and the copies' tile names (the
+    renderer gives their loads a cache modifier of their own: Triton's CSE merges identical
+    loads, which undid the rewrite); ``fn`` itself and no names where there is none."""
     tiles = {t.name: t for t in fn.tiles}
     extra: list[Tile] = []
     body = _rewrite(fn.body, tiles, extra)
     if not extra:
-        return fn
-    return replace(fn, tiles=fn.tiles + tuple(extra), body=body)
+        return fn, frozenset()
+    return replace(fn, tiles=fn.tiles + tuple(extra), body=body), frozenset(t.name for t in extra)
 
 
 def _rewrite(body, tiles: dict, extra: list) -> tuple:

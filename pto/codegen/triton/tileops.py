@@ -282,7 +282,10 @@ class TileOps:
         lanes = self.valid(tile)
         mask = " & ".join(conds if lanes is None else [lanes, *conds])
         even = "" if lanes is None else f", mask={lanes}"
-        if ins.op is Op.LOAD and mem in self.tma:  # the descriptor's coordinates: the whole tensor's
+        # a second load of a multiplied tile (pto/codegen/triton/operands.py): a cache modifier of
+        # its own, so that Triton's CSE does not merge it back into the first; never a descriptor
+        cg = ', cache_modifier=".cg"' if ins.op is Op.LOAD and tile in self.copies else ""
+        if ins.op is Op.LOAD and mem in self.tma and not cg:  # the descriptor's coordinates: the whole tensor's
             self.emit(f"if TMA_{mem}:")
             self.emit(f"    t_{tile} = D_{mem}.load([(m_{mem}_r0 + {self.expr(row)}).to(tl.int32), "
                       f"(m_{mem}_c0 + {self.expr(col)}).to(tl.int32)])")
@@ -292,9 +295,9 @@ class TileOps:
         if ins.op is Op.LOAD:
             pad = float_literal(float(ins.attr("pad")), self.memrefs[mem].dtype)
             other = "" if lanes is None else f", other={pad}"
-            self.emit(f"    t_{tile} = tl.load({ptr}{even}{other})")
+            self.emit(f"    t_{tile} = tl.load({ptr}{even}{other}{cg})")
             self.emit("else:")
-            self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad})")
+            self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad}{cg})")
             self.defined.add(tile)
         else:
             self.emit(f"    tl.store({ptr}, t_{tile}{even})")
