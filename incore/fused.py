@@ -28,6 +28,8 @@ rounding per element, within the storage dtype's tolerance.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pto.incore.matmul import swiglu_epilogue
 
 from pto import InCore, cdiv, f32
@@ -97,15 +99,40 @@ class RowScale:
             k.rowexpandmul(acc, acc, self.rt)
 
 
-def row_norm(k: InCore, R, bk: int, dtype, eps: float, K: int, norm: str):
-    """The folded norm of a projection: ``"loop"`` (:class:`RowNorm`: the gain and the sum of
-    squares in the K loop) or ``"stats"`` (:class:`RowScale`: the gain in the weight, the scale
-    from a statistics task)."""
-    if norm == "loop":
-        return RowNorm(k, R, bk, dtype, eps, K)
-    if norm == "stats":
-        return RowScale(k, R, bk, dtype, K)
-    raise ValueError(f"norm must be 'loop' or 'stats', not {norm!r}")
+@dataclass(frozen=True)
+class Fold:
+    """How a projection folds in the RMSNorm before it: its ``eps``, and ``norm``: ``"loop"``
+    (:class:`RowNorm`: the gain and the sum of squares in the K loop) or ``"stats"``
+    (:class:`RowScale`: the gain in the weight, each row's scale from a statistics task). A
+    function taking a fold also takes a bare ``eps`` (the loop)."""
+
+    eps: float = 1e-6
+    norm: str = "loop"
+
+    def __post_init__(self):
+        if self.norm not in ("loop", "stats"):
+            raise ValueError(f"norm must be 'loop' or 'stats', not {self.norm!r}")
+
+
+@dataclass(frozen=True)
+class Heads:
+    """The heads of the q or k projection with RoPE: ``count`` of ``dim`` columns each,
+    ``per_program`` a program (a divisor of ``count``)."""
+
+    count: int
+    dim: int
+    per_program: int = 1
+
+
+def _fold(fold) -> Fold:
+    return fold if isinstance(fold, Fold) else Fold(float(fold))
+
+
+def row_norm(k: InCore, R, bk: int, dtype, K: int, fold: Fold):
+    """The folded norm of a projection (:class:`Fold`)."""
+    if fold.norm == "loop":
+        return RowNorm(k, R, bk, dtype, fold.eps, K)
+    return RowScale(k, R, bk, dtype, K)
 
 
 def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
@@ -126,62 +153,61 @@ def normed_gemm(k: InCore, x, w, norm: RowNorm, bn: int, j):
     return acc
 
 
-def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
-                     norm: str = "loop") -> IncoreFunction:
+def matmul_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, fold: Fold | float,
+                     target=None) -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w`` for an R x K row tile against a whole K x N weight, output
-    column blocks of ``bn`` on the parallel axis. ``norm="stats"``: no ``g``, the gain is in ``w``'s
-    rows and the rows' scale in ``rs`` (:class:`RowScale`)."""
+    column blocks of ``bn`` on the parallel axis. ``fold``: :class:`Fold` or the norm's eps; with
+    ``norm="stats"`` no ``g``: the gain is in ``w``'s rows and the rows' scale in ``rs``."""
+    fold = _fold(fold)
     k = InCore("matmul_norm_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
     w = k.memref("w", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    acc = normed_gemm(k, x, w, row_norm(k, R, bk, dtype, eps, K, norm), bn, j)
+    acc = normed_gemm(k, x, w, row_norm(k, R, bk, dtype, K, fold), bn, j)
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
     return k.build(target)
 
 
-def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                          target=None, heads_per_program: int = 1, norm: str = "loop",
+def matmul_norm_rope_tile(dtype, rows: int, K: int, heads: Heads, bk: int, fold: Fold | float, target=None,
                           name: str = "matmul_norm_rope_tile") -> IncoreFunction:
-    """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: ``heads_per_program`` heads
+    """``y = rope(rmsnorm(x; g, eps) @ w)`` for the q or k projection: ``heads.per_program`` heads
     per index of the parallel axis, each head's two halves in two accumulators (one K loop feeds
     them all), rotated by the row tile's ``cos`` and ``sin`` (``rows x head_dim / 2``) before the
-    store. ``norm="stats"``: the gain is in ``w``'s rows, the rows' scale in ``rs``. ``name``: a
-    second function for another head count (grouped-query attention's k)."""
-    if heads % heads_per_program:
-        raise ValueError(f"{name}: {heads} heads are not a multiple of {heads_per_program} heads per program")
+    store. ``fold``: :class:`Fold` or the norm's eps (``norm="stats"``: the gain is in ``w``'s
+    rows, the rows' scale in ``rs``). ``name``: a second function for another head count
+    (grouped-query attention's k)."""
+    if heads.count % heads.per_program:
+        raise ValueError(f"{name}: {heads.count} heads are not a multiple of {heads.per_program} heads per program")
     k = InCore(name)
-    _norm_rope(k, rows, K, heads, head_dim, bk, eps, dtype, heads_per_program, norm)
+    _norm_rope(k, dtype, rows, K, heads, bk, _fold(fold))
     return k.build(target)
 
 
-def matmul_norm_rope_k_tile(dtype, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float,
-                            target=None, heads_per_program: int = 1, norm: str = "loop") -> IncoreFunction:
+def matmul_norm_rope_k_tile(dtype, rows: int, K: int, heads: Heads, bk: int, fold: Fold | float,
+                            target=None) -> IncoreFunction:
     """:func:`matmul_norm_rope_tile` as a second function for another head count (grouped-query
     attention's k)."""
-    return matmul_norm_rope_tile(dtype, rows, K, heads, head_dim, bk, eps, target, heads_per_program, norm,
-                                 name="matmul_norm_rope_k_tile")
+    return matmul_norm_rope_tile(dtype, rows, K, heads, bk, fold, target, name="matmul_norm_rope_k_tile")
 
 
-def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int, eps: float, dtype,
-               hp: int = 1, norm: str = "loop") -> None:
+def _norm_rope(k: InCore, dtype, rows: int, K: int, heads: Heads, bk: int, fold: Fold) -> None:
     R = k.dim("R", rows)
-    half = head_dim // 2
+    hp, half = heads.per_program, heads.dim // 2
     x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(K, heads * head_dim))
+    w = k.memref("w", dtype, shape=(K, heads.count * heads.dim))
     cos, sin = k.memref("cos", dtype), k.memref("sin", dtype)
-    y = k.memref("y", dtype, shape=(R, heads * head_dim))
-    h = k.parallel("h", heads // hp)
-    norm = row_norm(k, R, bk, dtype, eps, K, norm)
+    y = k.memref("y", dtype, shape=(R, heads.count * heads.dim))
+    h = k.parallel("h", heads.count // hp)
+    norm = row_norm(k, R, bk, dtype, K, fold)
     a = k.tile("a", R, bk, dtype)
     sfx = [""] + [f"_{i}" for i in range(1, hp)]  # head i of the program's: tiles b1_i, a1_i, ...
     bs = [(k.tile("b1" + n, bk, half, dtype), k.tile("b2" + n, bk, half, dtype)) for n in sfx]
     accs = [(k.tile("a1" + n, R, half, f32), k.tile("a2" + n, R, half, f32)) for n in sfx]
-    cols = [(h * hp + i) * head_dim for i in range(hp)] if hp > 1 else [h * head_dim]
+    cols = [(h * hp + i) * heads.dim for i in range(hp)] if hp > 1 else [h * heads.dim]
     for a1, a2 in accs:
         k.full(a1, 0.0)
         k.full(a2, 0.0)
@@ -193,12 +219,13 @@ def _norm_rope(k: InCore, rows: int, K: int, heads: int, head_dim: int, bk: int,
             k.matmul_acc(a1, a, b1)
             k.matmul_acc(a2, a, b2)
     norm.scale(*(t for pair in accs for t in pair))
-    _rope_epilogue(k, accs, cols, cos, sin, y, R, half, dtype)
+    _rope_epilogue(k, accs, cols, (cos, sin), y, R, half, dtype)
 
 
-def _rope_epilogue(k: InCore, accs, cols, cos, sin, y, R, half: int, dtype) -> None:
-    """Rotate each head's accumulator halves ``accs`` by the row tile's cos and sin and store them
-    at the head's columns ``cols`` of ``y``."""
+def _rope_epilogue(k: InCore, accs, cols, tables, y, R, half: int, dtype) -> None:
+    """Rotate each head's accumulator halves ``accs`` by the row tile's cos and sin (``tables``:
+    their memrefs) and store them at the head's columns ``cols`` of ``y``."""
+    cos, sin = tables
     # the projection rounded to the storage dtype first, as the unfused layer stores q and k before
     # RoPE: the rounded halves (half the bytes of the f32 accumulators) are what stays live while
     # the heads rotate one after another; arithmetic on tiles runs in f32 whatever their dtypes
@@ -235,12 +262,14 @@ def _store(k: InCore, y, col, t, ob) -> None:
     k.store(y, 0, col, t)
 
 
-def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                            target=None, norm: str = "loop") -> IncoreFunction:
+def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, fold: Fold | float,
+                            target=None) -> IncoreFunction:
     """``y = silu(xn @ wg) * (xn @ wu)`` with ``xn = rmsnorm(x; g, eps)`` folded in: the FFN's
     norm, gate and up projections and SwiGLU in one program per column block of ``bn``.
-    ``norm="stats"``: :func:`matmul_interleaved_swiglu` (one interleaved weight ``w``)."""
-    if norm == "stats":
+    ``fold``: :class:`Fold` or the norm's eps; ``norm="stats"``: :func:`matmul_interleaved_swiglu`
+    (one interleaved weight ``w``)."""
+    fold = _fold(fold)
+    if fold.norm == "stats":
         return matmul_interleaved_swiglu(dtype, rows, K, N, bn, bk, target)
     k = InCore("matmul_norm_swiglu_tile")
     R = k.dim("R", rows)
@@ -249,7 +278,7 @@ def matmul_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     wu = k.memref("wu", dtype, shape=(K, N))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    norm = row_norm(k, R, bk, dtype, eps, K, norm)
+    norm = row_norm(k, R, bk, dtype, K, fold)
     a = k.tile("a", R, bk, dtype)
     bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
     g, u = k.tile("gacc", R, bn, f32), k.tile("uacc", R, bn, f32)
@@ -301,5 +330,5 @@ def matmul_interleaved_swiglu(dtype, rows: int, K: int, N: int, bn: int, bk: int
     return k.build(target)
 
 
-__all__ = ["RowNorm", "RowScale", "row_norm", "normed_gemm", "matmul_norm_tile", "matmul_norm_rope_tile",
-           "matmul_norm_rope_k_tile", "matmul_norm_swiglu_tile", "matmul_interleaved_swiglu"]
+__all__ = ["Fold", "Heads", "RowNorm", "RowScale", "row_norm", "normed_gemm", "matmul_norm_tile",
+           "matmul_norm_rope_tile", "matmul_norm_rope_k_tile", "matmul_norm_swiglu_tile", "matmul_interleaved_swiglu"]

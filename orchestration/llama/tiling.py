@@ -33,6 +33,8 @@ from pto.incore.attention import (
 from pto.incore.collective import matmul_allreduce_residual_tile
 from pto.incore.elementwise import residual_add, swiglu_tile
 from pto.incore.fused import (
+    Fold,
+    Heads,
     matmul_norm_rope_k_tile,
     matmul_norm_rope_tile,
     matmul_norm_swiglu_tile,
@@ -177,13 +179,13 @@ class Functions:
             if fuse:  # and the norms folded into the projections after them (their gains into the
                 # weights, each row's scale from a statistics task), RoPE into q and k's
                 self.rms_scale = rms_scale_tile(H, dt, t.tq, t.norm_rows, t.norm_chunk, cfg.eps, tg)
-                nrm = dict(target=tg, norm="stats")
-                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, cfg.eps, **nrm)
-                self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, NH, D, t.bk, cfg.eps,
-                                                              heads_per_program=rope_heads(NH, D, t.bn), **nrm)
+                fold = Fold(cfg.eps, "stats")
+                self.matmul_norm = matmul_norm_tile(dt, t.tq, H, cfg.kv_dim, t.bn, t.bk, fold, tg)
+                self.matmul_norm_rope = matmul_norm_rope_tile(dt, t.tq, H, Heads(NH, D, rope_heads(NH, D, t.bn)),
+                                                              t.bk, fold, tg)
                 self.matmul_norm_rope_k = self.matmul_norm_rope if NKV == NH else matmul_norm_rope_k_tile(
-                    dt, t.tq, H, NKV, D, t.bk, cfg.eps, heads_per_program=rope_heads(NKV, D, t.bn), **nrm)
-                self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, cfg.eps, **nrm)
+                    dt, t.tq, H, Heads(NKV, D, rope_heads(NKV, D, t.bn)), t.bk, fold, tg)
+                self.matmul_norm_swiglu = matmul_norm_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, fold, tg)
             self.matmul_residual = matmul_residual_tile(dt, t.tq, H, H, t.bn, t.bk, tg)
             self.matmul_swiglu = matmul_swiglu_tile(dt, t.tq, H, Fd, t.bn // 2, t.bk, tg)
             if W:

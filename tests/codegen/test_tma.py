@@ -153,12 +153,13 @@ def test_folded_norm_projections_feed_the_mma_from_shared_memory(tmp_path):
     (``norm="stats"``) the folded projections' tensor-core operands both come from shared memory
     (``wgmma`` with two descriptors), as the plain GEMM's; multiplying the x tile by the gain in
     the K loop (``norm="loop"``) puts the left operand in registers."""
-    from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
+    from pto.incore.fused import Fold, Heads, matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
 
     bf = DType.BF16
-    fns = {"plain": _matmul(), "norm": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6, norm="stats"),
-           "rope": matmul_norm_rope_tile(bf, 128, 4096, 32, 128, 64, 1e-6, heads_per_program=2, norm="stats"),
-           "swiglu": matmul_norm_swiglu_tile(bf, 128, 4096, 11008, 128, 64, 1e-6, norm="stats"),
+    stats = Fold(1e-6, "stats")
+    fns = {"plain": _matmul(), "norm": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, stats),
+           "rope": matmul_norm_rope_tile(bf, 128, 4096, Heads(32, 128, 2), 64, stats),
+           "swiglu": matmul_norm_swiglu_tile(bf, 128, 4096, 11008, 128, 64, stats),
            "loop": matmul_norm_tile(bf, 128, 4096, 4096, 256, 64, 1e-6)}
     jobs = []
     for fn in fns.values():

@@ -665,11 +665,15 @@ def _aot_functions():
     yield specialize(softmax_tile(4096, DType.BF16, rows=32))
     yield from (_pgemm_fn(), _rowwise_fn(), _edge_fn(-math.inf), _edge_fn(1e-45), _subnormal_fn())
     yield from (_scalars_fn(), _carry_fn())
-    from pto.incore.fused import matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
+    from pto.incore.fused import Fold, Heads, matmul_norm_rope_tile, matmul_norm_swiglu_tile, matmul_norm_tile
 
     yield specialize(matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6))
-    yield specialize(matmul_norm_rope_tile(DType.BF16, 128, 512, 4, 128, 64, 1e-6))
+    yield specialize(matmul_norm_rope_tile(DType.BF16, 128, 512, Heads(4, 128), 64, 1e-6))
     yield specialize(matmul_norm_swiglu_tile(DType.BF16, 128, 512, 1024, 128, 64, 1e-6))
+    stats = Fold(1e-6, "stats")
+    yield specialize(matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, stats))
+    yield specialize(matmul_norm_rope_tile(DType.BF16, 128, 512, Heads(4, 128, 2), 64, stats))
+    yield specialize(matmul_norm_swiglu_tile(DType.BF16, 128, 512, 1024, 128, 64, stats))
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from pto.incore.fused import matmul_interleaved_swiglu, matmul_norm_rope_tile, matmul_norm_tile
+from pto.incore.fused import Fold, Heads, matmul_interleaved_swiglu, matmul_norm_rope_tile, matmul_norm_tile
 from pto.incore.norm import rms_scale_tile
 from pto.orchestration.llama.reference import reference_layer
 from pto.orchestration.llama.tiling import rope_heads
@@ -120,7 +120,7 @@ def test_rope_projection_is_the_same_whatever_the_heads_per_program(dtype):
     cos, sin = ang.cos().to(dtype.torch), ang.sin().to(dtype.torch)
     outs, rs = [], _scale(x, eps)
     for hp in (1, 2, 4):
-        fn = specialize(matmul_norm_rope_tile(dtype, R, K, heads, D, bk, eps, heads_per_program=hp, norm="stats"))
+        fn = specialize(matmul_norm_rope_tile(dtype, R, K, Heads(heads, D, hp), bk, Fold(eps, "stats")))
         assert [m.name for m in fn.memrefs] == ["x", "w", "cos", "sin", "y", "rs"]  # no gain: it is in w
         y = torch.full((R, heads * D), float("nan"), dtype=dtype.torch)
         regions = {"x": (x, 0, 0, R, K), "w": (w, 0, 0, K, heads * D), "cos": (cos, 0, 0, R, D // 2),
@@ -135,13 +135,13 @@ def test_rope_projection_is_the_same_whatever_the_heads_per_program(dtype):
 def test_the_projection_with_the_scale_from_statistics_has_the_plain_k_loop():
     """``norm="stats"``: no ``g`` memref, the rows' scale from ``rs``, and the K loop is the plain
     GEMM's: load, load, matmul (no multiply, no cast, no reduction beside the product)."""
-    fn = matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6, norm="stats")
+    fn = matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, Fold(1e-6, "stats"))
     assert [m.name for m in fn.memrefs] == ["x", "w", "y", "rs"]
     assert "g" in [m.name for m in matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6).memrefs]
     (loop,) = [n for n in fn.body if isinstance(n, ForRange)]
     assert [i.op for i in walk_instrs(loop.body)] == [Op.LOAD, Op.LOAD, Op.MATMUL_ACC]
     with pytest.raises(ValueError, match="norm must be 'loop' or 'stats', not 'gain'"):
-        matmul_norm_tile(DType.BF16, 128, 512, 512, 256, 64, 1e-6, norm="gain")
+        Fold(1e-6, "gain")
 
 
 def test_heads_per_program():
@@ -152,7 +152,7 @@ def test_heads_per_program():
     assert rope_heads(4, 64, 64) == 1
     assert rope_heads(4, 128, 64) == 1
     with pytest.raises(ValueError, match="6 heads are not a multiple of 4 heads per program"):
-        matmul_norm_rope_tile(DType.F32, 8, 64, 6, 16, 16, 1e-5, heads_per_program=4)
+        matmul_norm_rope_tile(DType.F32, 8, 64, Heads(6, 16, 4), 16, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
