@@ -83,6 +83,7 @@ class RowScale:
     :class:`RowNorm`."""
 
     def __init__(self, k: InCore, R, bk: int, dtype, K: int):
+        # the shape of the K loop, as RowNorm's (normed_gemm reads R, bk, dtype and K)
         self.k, self.dtype, self.K, self.R, self.bk = k, dtype, K, R, bk
         self.rs = k.memref("rs", f32)
         self.rt = k.tile("rt", R, 1, f32)

@@ -79,7 +79,8 @@ class LlamaProgram(Program):
                "task per q tile, the state on chip); --no-fuse keeps the graph as written"),
         Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
                "(its gain into the weights, each row's scale from a statistics task) and apply RoPE in the q and k "
-               "projections' epilogue (9 tasks per row tile instead of 11)"),
+               "projections' epilogue (9 tasks per row tile instead of 11); the layer's inputs are then wq_g, wk_g, "
+               "wv_g and wgu_g (gate and up interleaved) instead of the gains and wq, wk, wv, wg, wu"),
         Option("hf_config", "", "a Hugging Face config.json (or its folder) of the LLaMA family (model_type llama "
                "or mistral): the layer's dimensions, eps, RoPE base and scaling, sliding window; instead of --config"),
         Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "
@@ -266,7 +267,8 @@ class LlamaProgram(Program):
         """Rank ``rank``'s weights (Megatron's split, as :meth:`LlamaConfig.shard` describes):
         columns of wq, wk, wv, wg and wu, rows of wo and wd, the rank's heads and FFN columns
         (grouped-query attention: its query heads read its key/value heads); x, the norms' gains
-        and the RoPE tables whole."""
+        and the RoPE tables whole. With ``--fuse-norm-rope``: columns of wq_g, wk_g and wv_g, and
+        of the interleaved wgu_g the pairs of the rank's FFN columns (a contiguous slice)."""
         if s.tp == 1:
             return inputs
         cfg, tp = self.config(s), s.tp

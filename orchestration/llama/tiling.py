@@ -109,11 +109,13 @@ def choose_tiling(cfg: LlamaConfig, dtype: DType, target: Target, tq: int | None
 
 
 def _divisor(n: int, most: int) -> int:
-    """The largest power of two up to ``most`` that divides ``n`` (at least 16)."""
+    """The largest power of two up to ``most`` that divides ``n``; where that is under 512 (a
+    width with few factors of two, 3200 say), the power of two up to ``most`` that covers ``n``
+    in the fewest steps (the last one masked), not many small ones."""
     c = most
-    while c > 16 and n % c:
+    while c > 512 and n % c:
         c //= 2
-    return c
+    return c if n % c == 0 else min(most, 1 << (n - 1).bit_length())
 
 
 def loop_attrs(base: int, top: int) -> dict:

@@ -63,7 +63,7 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
             continue
         (logical,) = logical
         r, c = block_shape(logical)
-        if (r, c) != logical or not (64 <= r <= 256 and 64 <= c <= 256) or r * c < 4096:
+        if (r, c) != logical or not (64 <= r <= 256 and 64 <= c <= 256):
             continue
         out[p.name] = (r, c)
     return out
