@@ -262,6 +262,12 @@ class Program:
         :class:`pto.passes.fusion.FusionReport`), or None where the program does not fuse."""
         return None
 
+    def input_conversions(self, s: Settings) -> list:
+        """Other sets of inputs a file given to ``pto run --inputs`` may hold for this program:
+        ``(settings whose module takes them, their conversion to this module's inputs)``, tried in
+        order where the file does not hold this module's own; none by default."""
+        return []
+
     def scalar_exprs(self, s: Settings) -> dict:
         """Each scalar parameter of the entry function as an expression of the shape parameters
         (the standalone main.c that ``pto codegen`` writes evaluates them in C)."""

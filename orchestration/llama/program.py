@@ -8,6 +8,7 @@ parameters ship beside them as schedule data (``schedules/<device>/``, :attr:`Pr
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -80,7 +81,8 @@ class LlamaProgram(Program):
         Option("fuse_norm_rope", False, "with --attention fused: fold each RMSNorm into the projections after it "
                "(its gain into the weights, each row's scale from a statistics task) and apply RoPE in the q and k "
                "projections' epilogue (9 tasks per row tile instead of 11); the layer's inputs are then wq_g, wk_g, "
-               "wv_g and wgu_g (gate and up interleaved) instead of the gains and wq, wk, wv, wg, wu"),
+               "wv_g and wgu_g (gate and up interleaved) instead of the gains and wq, wk, wv, wg, wu (an --inputs file "
+               "of those is folded as it is loaded)"),
         Option("hf_config", "", "a Hugging Face config.json (or its folder) of the LLaMA family (model_type llama "
                "or mistral): the layer's dimensions, eps, RoPE base and scaling, sliding window; instead of --config"),
         Option("weights", "", "a safetensors checkpoint (a file, a sharded one's index.json, or their folder): the "
@@ -255,6 +257,14 @@ class LlamaProgram(Program):
             "wd": rnd(Fd, H, scale=Fd ** -0.5),
             "cos": cos, "sin": sin,
         }
+
+    def input_conversions(self, s):
+        """With ``--fuse-norm-rope``: the unfused layer's inputs (the gains and wq, ..., wu), folded
+        (:func:`fold_gains`), so that a file saved without the flag runs with it."""
+        if not s["fuse_norm_rope"]:
+            return []
+        plain = replace(s, options=tuple((k, False if k == "fuse_norm_rope" else v) for k, v in s.options))
+        return [(plain, fold_gains)]
 
     def reference(self, s, shape, inputs):
         """The layer in plain torch; with ``--fuse-norm-rope`` the inputs' folded weights with unit

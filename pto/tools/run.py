@@ -16,6 +16,7 @@ import torch
 
 from pto import programs
 from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, rel_err, resolve
+from pto.errors import UsageError
 from pto.program import Shape
 
 
@@ -113,8 +114,18 @@ def _inputs(job: Job, shape: Shape, opts: RunOptions, whole) -> dict[str, torch.
     if opts.inputs:
         from pto.safety.tensor_io import load_inputs
 
-        return load_inputs(opts.inputs, whole, prog.scalars(s, shape), job.device,
-                           program=f"{prog.name} at {shape} (config {s.config})")
+        where = f"{prog.name} at {shape} (config {s.config})"
+        try:
+            return load_inputs(opts.inputs, whole, prog.scalars(s, shape), job.device, program=where)
+        except UsageError as mine:  # another form of the inputs the program converts (Program.input_conversions)
+            for alt, convert in prog.input_conversions(s):
+                module = prog.build(replace(alt, tp=1), shape)
+                try:
+                    return convert(load_inputs(opts.inputs, module, prog.scalars(alt, shape), job.device,
+                                               program=where))
+                except UsageError:
+                    continue
+            raise mine
     return prog.inputs(s, shape, job.device, opts.seed)
 
 

@@ -179,3 +179,37 @@ def test_the_gate_and_up_projection_of_one_interleaved_weight(dtype):
     gate, up = ((xn @ m.double()).to(dtype.torch).double() for m in (wg, wu))
     want = torch.nn.functional.silu(gate) * up
     assert rel_err(y, want) <= _ONE_ROUNDING[dtype]
+
+
+def test_a_file_of_the_unfused_layers_inputs_runs_folded(tmp_path):
+    """``pto run --fuse-norm-rope --inputs FILE`` with a file of the unfused layer's inputs (the
+    gains and wq, ..., wu: what a run without the flag saves) folds them when it loads them: the
+    output is the unfused run's on the same file, and a file of neither form is refused with the
+    folded layer's own message."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file, save_file
+
+    job = resolve("llama", device="cpu", config="tiny-gqa", dtype="f32")
+    inputs = job.program.inputs(job.settings, job.program.shape(40), "cpu", seed=6)
+    inputs["x"] = inputs["x"] * 2  # not what any seed gives: the runs must read the file
+    save_file(inputs, str(tmp_path / "in.safetensors"))
+
+    def pto(*flags):
+        r = subprocess.run([sys.executable, "-m", "pto.cli", "run", "llama", "--config", "tiny-gqa", "--seq", "40",
+                            "--device", "cpu", "--backend", "torch", "--inputs", str(tmp_path / "in.safetensors"),
+                            *flags], capture_output=True, text=True, timeout=300)
+        return r
+
+    outs = {}
+    for flag in ("--no-fuse-norm-rope", "--fuse-norm-rope"):
+        r = pto(flag, "--check", "--json", "--save", str(tmp_path / f"{flag}.safetensors"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["rel_err"] <= 1e-6  # f32: the fold's own error, as above
+        outs[flag] = load_file(str(tmp_path / f"{flag}.safetensors"))["y"]
+    assert rel_err(outs["--fuse-norm-rope"], outs["--no-fuse-norm-rope"]) <= 1e-6
+    save_file({"x": inputs["x"]}, str(tmp_path / "in.safetensors"))
+    r = pto("--fuse-norm-rope")
+    assert r.returncode == 2 and "no tensor for the inputs `wq_g`" in r.stderr, r.stderr
