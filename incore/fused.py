@@ -205,9 +205,8 @@ def _norm_rope(k: InCore, dtype, rows: int, K: int, heads: Heads, bk: int, fold:
     h = k.parallel("h", heads.count // hp)
     norm = row_norm(k, R, bk, dtype, K, fold)
     a = k.tile("a", R, bk, dtype)
-    sfx = [""] + [f"_{i}" for i in range(1, hp)]  # head i of the program's: tiles b1_i, a1_i, ...
-    bs = [(k.tile("b1" + n, bk, half, dtype), k.tile("b2" + n, bk, half, dtype)) for n in sfx]
-    accs = [(k.tile("a1" + n, R, half, f32), k.tile("a2" + n, R, half, f32)) for n in sfx]
+    bs = [(k.tile("b1" + n, bk, half, dtype), k.tile("b2" + n, bk, half, dtype)) for n in _suffixes(hp)]
+    accs = [(k.tile("a1" + n, R, half, f32), k.tile("a2" + n, R, half, f32)) for n in _suffixes(hp)]
     cols = [(h * hp + i) * heads.dim for i in range(hp)] if hp > 1 else [h * heads.dim]
     for a1, a2 in accs:
         k.full(a1, 0.0)
@@ -223,6 +222,12 @@ def _norm_rope(k: InCore, dtype, rows: int, K: int, heads: Heads, bk: int, fold:
     _rope_epilogue(k, accs, cols, (cos, sin), y, R, half, dtype)
 
 
+def _suffixes(n: int) -> list[str]:
+    """The tile-name suffixes of a program's ``n`` heads: head 0's tiles keep the plain names
+    (``a1``), head i's take ``_i`` (``a1_1``)."""
+    return [""] + [f"_{i}" for i in range(1, n)]
+
+
 def _rope_epilogue(k: InCore, accs, cols, tables, y, R, half: int, dtype) -> None:
     """Rotate each head's accumulator halves ``accs`` by the row tile's cos and sin (``tables``:
     their memrefs) and store them at the head's columns ``cols`` of ``y``."""
@@ -232,7 +237,7 @@ def _rope_epilogue(k: InCore, accs, cols, tables, y, R, half: int, dtype) -> Non
     # the heads rotate one after another; arithmetic on tiles runs in f32 whatever their dtypes
     if dtype != f32:
         rounded = []
-        for (a1, a2), n in zip(accs, [""] + [f"_{i}" for i in range(1, len(accs))]):
+        for (a1, a2), n in zip(accs, _suffixes(len(accs))):
             r1, r2 = k.tile("r1" + n, R, half, dtype), k.tile("r2" + n, R, half, dtype)
             k.cast(r1, a1)
             k.cast(r2, a2)

@@ -284,12 +284,11 @@ class LlamaProgram(Program):
         cfg, tp = self.config(s), s.tp
         q, kv, f = cfg.q_dim // tp, cfg.kv_dim // tp, cfg.ffn // tp
         out = dict(inputs)
-        fold = s["fuse_norm_rope"]
-        # the rank's columns; of the interleaved gate/up weight, its FFN columns' pairs
-        cols = (("wq", q), ("wk", kv), ("wv", kv)) + ((GATE_UP, 2 * f),) if fold else \
-            (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f))
+        if s["fuse_norm_rope"]:  # of the interleaved gate/up weight, the pairs of the rank's FFN columns
+            cols = ((folded("wq"), q), (folded("wk"), kv), (folded("wv"), kv), (GATE_UP, 2 * f))
+        else:
+            cols = (("wq", q), ("wk", kv), ("wv", kv), ("wg", f), ("wu", f))
         for name, w in cols:
-            name = folded(name) if fold and name != GATE_UP else name
             out[name] = inputs[name][:, rank * w:(rank + 1) * w]
         for name, w in (("wo", q), ("wd", f)):
             out[name] = inputs[name][rank * w:(rank + 1) * w]

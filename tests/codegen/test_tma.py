@@ -45,6 +45,33 @@ def test_the_operands_of_products_in_loops_qualify():
     assert "x" not in tma_memrefs(_matmul(100))  # 100 rows: a 128-row block with padding lanes
 
 
+def test_tiles_of_one_shape_share_a_descriptor_and_of_two_shapes_do_not():
+    """A memref loaded in the K loop as two tiles of one shape qualifies (one block shape: the
+    q/k projection's halves of each head); as tiles of two shapes it keeps pointer loads."""
+    from pto import InCore, f32
+
+    def two_loads(cols2):
+        k = InCore("two")
+        x, w, y = k.memref("x", BF16), k.memref("w", BF16), k.memref("y", f32)
+        a = k.tile("a", 128, 64, BF16)
+        b1, b2 = k.tile("b1", 64, 64, BF16), k.tile("b2", 64, cols2, BF16)
+        c1, c2 = k.tile("c1", 128, 64, f32), k.tile("c2", 128, cols2, f32)
+        k.full(c1, 0.0)
+        k.full(c2, 0.0)
+        with k.for_range("kk", 0, 512, 64) as kk:
+            k.load(a, x, 0, kk)
+            k.load(b1, w, kk, 0)
+            k.load(b2, w, kk, 64)
+            k.matmul_acc(c1, a, b1)
+            k.matmul_acc(c2, a, b2)
+        k.store(y, 0, 0, c1)
+        k.store(y, 0, 64, c2)
+        return specialize(k.build())
+
+    assert tma_memrefs(two_loads(64)) == {"x": (128, 64), "w": (64, 64)}
+    assert tma_memrefs(two_loads(128)) == {"x": (128, 64)}
+
+
 def test_small_blocks_and_one_trip_loops_keep_pointer_loads():
     """The decode step's tiles: a projection's 16-row blocks are too small, and an attention
     task whose key loop runs once (a chunk of one key tile) has nothing to run ahead of; a

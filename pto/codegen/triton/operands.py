@@ -56,7 +56,7 @@ def _loop(body: tuple, tiles: dict, extra: list) -> tuple:
     for i in every:
         written[i.dst] = written.get(i.dst, 0) + 1
     stored = {i.srcs[1] for i in every if i.op is Op.STORE}  # the memref a store writes
-    out = list(body)
+    out, copies = list(body), {}  # position of a load -> the copy's load, right after it
     for pos in range(len(body)):
         ins = body[pos]
         if not (isinstance(ins, Instr) and ins.op is Op.LOAD and ins.dst in operands and written[ins.dst] == 1):
@@ -73,11 +73,8 @@ def _loop(body: tuple, tiles: dict, extra: list) -> tuple:
         extra.append(tiles[copy])
         for k in later:
             out[k] = _renamed(out[k], tile, copy)
-        out[pos] = (ins, replace(ins, dst=copy))
-    flat = []
-    for s in out:
-        flat.extend(s if isinstance(s, tuple) else (s,))
-    return tuple(flat)
+        copies[pos] = replace(ins, dst=copy)
+    return tuple(x for pos, s in enumerate(out) for x in ((s, copies[pos]) if pos in copies else (s,)))
 
 
 def _reads(s, tile: str) -> bool:

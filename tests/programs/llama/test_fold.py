@@ -213,3 +213,19 @@ def test_a_file_of_the_unfused_layers_inputs_runs_folded(tmp_path):
     save_file({"x": inputs["x"]}, str(tmp_path / "in.safetensors"))
     r = pto("--fuse-norm-rope")
     assert r.returncode == 2 and "no tensor for the inputs `wq_g`" in r.stderr, r.stderr
+
+
+def test_a_ranks_folded_inputs_are_its_unfused_shard_folded():
+    """Tensor parallelism of the folded layer: rank r's shard of the folded inputs (columns of
+    wq_g, wk_g, wv_g; the pairs of its FFN columns in the interleaved wgu_g) is the fold of its
+    shard of the unfused inputs, for every rank of 2 and 4 (the gains scale rows, the shards
+    split columns)."""
+    for tp in (2, 4):
+        plain = resolve("llama", device="cpu", config="tiny", tp=tp)
+        fold = resolve("llama", device="cpu", config="tiny", tp=tp, options={"fuse_norm_rope": True})
+        inputs = plain.program.inputs(plain.settings, plain.program.shape(20), "cpu", seed=tp)
+        for rank in range(tp):
+            got = fold.program.shard(fold.settings, fold_gains(inputs), rank)
+            want = fold_gains(plain.program.shard(plain.settings, inputs, rank))
+            assert got.keys() == want.keys()
+            assert all(torch.equal(got[k], want[k]) for k in got), rank

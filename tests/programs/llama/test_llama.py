@@ -10,6 +10,7 @@ from pto.orchestration.llama.counts import closed_form
 
 from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
+from pto.ir.dtypes import DType
 from pto.programs import get
 from pto.tools.run import run
 
@@ -126,3 +127,19 @@ def test_whole_row_tiles_run_one_tile_height():
     assert prog.form(prog.settings(target=target("cuda_h100"))).whole
     assert not prog.form(prog.settings(target=target("cuda_h100"), attention="pair")).whole
     assert not prog.form(prog.settings()).whole
+
+
+def test_norm_chunks_on_a_hopper_sized_gpu():
+    """RMSNorm's column step on a GPU with Hopper's shared memory: the largest power of two up to
+    4096 dividing the width, or, where that would be under 512, one power of two covering the
+    width in the fewest (masked) steps; two rows a program. Elsewhere the old tiling."""
+    from pto.orchestration.llama.tiling import _divisor, choose_tiling
+
+    from pto.target import get as target
+
+    assert [_divisor(n, 4096) for n in (4096, 8192, 5120, 6144, 1536, 3200, 576)] == \
+        [4096, 4096, 1024, 2048, 512, 4096, 1024]
+    t = choose_tiling(CONFIGS["7b"], DType.BF16, target("cuda_h100"), 128)
+    assert (t.norm_rows, t.norm_chunk) == (2, 4096)
+    t = choose_tiling(CONFIGS["7b"], DType.F32, target("x86_64"), 32)
+    assert (t.norm_rows, t.norm_chunk) == (16, 512)
