@@ -7,6 +7,8 @@ from device memory (``load_scalar``), so one task graph serves every step.
 - :func:`decode_attn_part` and :func:`decode_attn_combine`: flash-decoding, the cache split in
   chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
   unnormalized output), then one combine per query head;
+- :func:`gemv_combine_residual_tile`: one sequence's combine of every head folded into the
+  output projection's K loop (one task where the combine and the projection were two);
 - :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
   epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
   the step's end: the chosen token and the next position written back for the next step.
@@ -173,6 +175,53 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
     return k.build(target)
 
 
+def gemv_combine_residual_tile(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int,
+                               target=None) -> IncoreFunction:
+    """One sequence's ``y = r + attn @ wo.T`` with attn combined from the ``parts`` partial
+    states of each of the ``heads`` query heads (:func:`decode_attn_part`'s chunks, or the spans
+    :func:`decode_attn_merge` left: rows ``i * heads + h`` of ``o`` and ``ml``) in the projection's
+    K loop, one head a step: the combine and the output projection as one task. A head's partial
+    states are read with one strided load each (every ``heads``-th row), not a loop of dependent
+    loads: ``attn_h = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i``, ``M`` their largest m;
+    the chunks past the position have m = -inf (weight 0), so every part is read. attn_h is
+    rounded to the storage dtype, as the combine task stores it, before its product with the
+    weight's columns ``h * D ..``; the block of ``bn`` outputs is program j's."""
+    k = InCore("gemv_combine_residual_tile")
+    D, K = head_dim, heads * head_dim
+    o = k.memref("o", f32, shape=(parts * heads, D))
+    ml = k.memref("ml", f32, shape=(parts * heads, 2))
+    w = k.memref("w", dtype, shape=(N, K))
+    r = k.memref("r", dtype, shape=(1, N))
+    y = k.memref("y", dtype, shape=(1, N))
+    j = k.parallel("j", cdiv(N, bn))
+    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
+    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
+    a, b = k.tile("a", 1, D, dtype), k.tile("b", bn, D, dtype)
+    acc = k.tile("acc", 1, bn, f32)
+    k.full(acc, 0.0)
+    with k.for_range("h", 0, heads) as h:
+        k.load(m, ml, h, 0, pad=float("-inf"), step=heads)
+        k.load(lw, ml, h, 1, step=heads)
+        k.load(oh, o, h, 0, step=heads)
+        k.colmax(top, m)  # finite: chunk 0 holds the position's own key
+        k.colexpandsub(m, m, top)
+        k.exp2(m, m)  # each part's weight (2^-inf = 0 past the position)
+        k.mul(lw, lw, m)
+        k.colsum(lsum, lw)
+        k.rowexpandmul(oh, oh, m)
+        k.colsum(av, oh)
+        k.rowexpanddiv(av, av, lsum)
+        k.cast(a, av)
+        k.load(b, w, j * bn, h * D)
+        k.matmul_acc(acc, a, b, tb=True)
+    out = k.tile("out", 1, bn, dtype)
+    k.load(out, r, 0, j * bn)
+    k.add(acc, acc, out)
+    k.cast(out, acc)
+    k.store(y, 0, j * bn, out)
+    return k.build(target)
+
+
 def decode_attn_merge(head_dim: int, chunk: int, span: int, target=None) -> IncoreFunction:
     """The first of two combine levels for long caches: one query head's partial states of the
     ``span`` chunks from chunk ``j0`` (rows ``stride`` apart, as :func:`decode_attn_combine`
@@ -298,5 +347,5 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
 
 
 __all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine", "decode_attn_merge",
-           "lmhead_argmax_gemv_tile",
+           "gemv_combine_residual_tile", "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -47,98 +47,12 @@ from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
 from pto.orchestration.model.config import ModelConfig
+from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
 
 from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
 from pto.target import Target
-
-
-@dataclass(frozen=True)
-class DecodeTiling:
-    """Block sizes of the step: ``chunk`` cache slots per attention task (``tk`` keys per
-    tile), output columns ``bn`` and contraction ``bk`` of the projections, ``bv`` vocabulary
-    columns and contraction ``lm_bk`` per LM-head block (the batch is the tiles' height,
-    rounded up to a power of two by the backend)."""
-
-    # 64 cache slots per attention task: one key tile each, and many tasks for one token
-    # (1.22 against 1.39 ms a SmolLM2 step with 256 on an H100, docs/PERF.md "Decode")
-    chunk: int = 64
-    tk: int = 64
-    # blocks of 4 outputs of output-major weights in K steps of 1024: the fastest of the GEMV
-    # tilings measured on an H100 (SmolLM2 0.92 ms a step, against 1.21 with 16 columns of
-    # [K, N] weights in steps of 192; docs/PERF.md "Decode"): every SM gets blocks, each reads
-    # long contiguous rows
-    bn: int = 4
-    bk: int = 1024
-    bv: int = 512
-    lm_bk: int = 64
-    #: the layers' weights stored output-major ([N, K], as nn.Linear keeps them): the
-    #: projections are the GEMVs of :mod:`pto.incore.gemv`
-    wt: bool = True
-    #: the LM head output-major too (``[V, H]``: a tied model's embedding as it is), its GEMV
-    #: in blocks of ``bv`` rows; off: measured slower on an H200 (the 8B step 5.61 against 5.04
-    #: ms, SmolLM2 0.945 against 0.910; docs/PERF.md "Decode", the second session)
-    lm_wt: bool = False
-    #: the K step of the projections when their tiles are tensor-core dots (16 rows and more;
-    #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
-    #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
-    dot_bk: int | None = 128
-    #: the projections' output block on the dot path (None: ``bn``, at least 16; a block below 16
-    #: is computed as a broadcast sum, not a tensor-core dot)
-    dot_bn: int | None = None
-    #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
-    #: multiple of it; 0: the combine always loops over every chunk itself)
-    span: int = 16
-    #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (``chunk``
-    #: doubled while there are more than this many and the doubled chunk divides the cache, so a
-    #: cache that is an odd number of chunks keeps ``chunk``; None: always ``chunk``). 128:
-    #: a 32K cache of Llama-3.1-8B in chunks of 256 took 7.00 ms a step on an H100, 7.09 in 128,
-    #: 7.51 in 64 (docs/PERF.md, "Long caches")
-    long_chunks: int | None = 128
-    #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
-    #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of
-    #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
-    ffn_bn: int | None = None
-    ffn_bk: int | None = None
-    #: one sequence: the q, k, v projection's and the o projection's output block and K step where
-    #: they differ from ``bn`` and ``bk`` (None: the same; the o projection then shares the down
-    #: projection's function, otherwise it is a function of its own); from 2 sequences on the dot
-    #: path's ``dot_bn`` and ``dot_bk`` apply instead
-    qkv_bn: int | None = None
-    qkv_bk: int | None = None
-    o_bn: int | None = None
-    o_bk: int | None = None
-    #: rotation pairs a program of the fused q, k, v projection computes (one sequence, with
-    #: ``rope_in_qkv``; None: half the projection's block, so that its rows are the plain GEMV's;
-    #: taken down to the largest divisor of half the head)
-    rope_bh: int | None = None
-    #: one sequence (batch 1, output-major weights): RoPE and the cache append in the q, k, v
-    #: projection's epilogue (``gemv_norm_rope_append_tile``: one task where there were two)
-    rope_in_qkv: bool = True
-
-    def for_cache(self, cache: int | None) -> DecodeTiling:
-        """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
-        c = self.chunk
-        while self.long_chunks and cache and cache // c > self.long_chunks and cache % (2 * c) == 0:
-            c *= 2
-        return self if c == self.chunk else replace(self, chunk=c)
-
-    def __post_init__(self):
-        from pto.errors import UsageError
-
-        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
-                                                  "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
-                                                  "dot_bn")
-               if getattr(self, k) is not None and getattr(self, k) < 1]
-        if bad:
-            raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
-        if self.span < 0 or self.span == 1:
-            raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
-        if self.chunk % self.tk:
-            # an attention task's last key tile would run past its chunk into keys it must not see
-            raise UsageError(f"decode tiling: chunk={self.chunk} is not a multiple of tk={self.tk} (the attention "
-                             "task's key tiles must cover its chunk exactly)")
 
 
 def allreduce_dtype(dtype: DType, choice: str) -> DType:
@@ -149,15 +63,6 @@ def allreduce_dtype(dtype: DType, choice: str) -> DType:
     if choice not in ("storage", "f32"):
         raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
     return dtype if choice == "storage" else DType.F32
-
-
-def spans(cache: int | None, t: DecodeTiling) -> int:
-    """Spans of ``t.span`` chunks the first combine level merges for a cache of ``cache`` slots
-    (0: one level; None: the cache is not known at build, one level). The combine's loop waits on
-    a load per chunk: a 32K cache's 512 chunks of 64 would be one 512-step loop, two levels are
-    loops of 16 and 32."""
-    J = (cache or 0) // t.chunk
-    return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 
 @dataclass(frozen=True)
@@ -175,13 +80,15 @@ class DecodeFunctions:
     combine_spans: IncoreFunction  # the combine over the spans
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
+    o_combine: IncoreFunction | None = None  # one sequence: the combine and attn @ wo + x
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-              reduce: DType | None = None) -> DecodeFunctions:
+              reduce: DType | None = None, parts: int | None = None) -> DecodeFunctions:
     """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles);
     ``cfg`` is one rank's, and ``reduce`` the dtype of the row-parallel projections' sum over the
-    ranks (None: one rank, no sum)."""
+    ranks (None: one rank, no sum); ``parts``: the partial states a head's attention leaves
+    (chunks or spans; None: not known at build)."""
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
@@ -218,7 +125,11 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         bh = math.gcd(t.rope_bh or max(1, qkv_bn // 2), D // 2)
         qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
                                                                  cfg.max_positions, target), qkv_bk)[0]
+    o_combine = None
+    if batch == 1 and t.wt and t.combine_in_o and reduce is None and parts and parts <= COMBINE_ROWS:
+        o_combine = dk.gemv_combine_residual_tile(dt, c.heads, D, parts, H, o_tiles[0], target)
     return DecodeFunctions(
+        o_combine=o_combine,
         qkv_rope=qkv_rope,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
@@ -262,12 +173,6 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     return _lm_head(cfg, dt, target, t, tile_rows(batch))[1]
 
 
-def tile_rows(batch: int) -> int:
-    """The rows of the projections' tiles for ``batch`` sequences: 1, or at least 16 (what a
-    tensor-core dot takes; the rows past the batch are padding)."""
-    return batch if batch == 1 else max(batch, 16)
-
-
 def cdiv_int(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -282,14 +187,15 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     the capacity the step will run with, where known (a long cache combines in two levels)."""
     t = (tiling or DecodeTiling()).for_cache(cache)
     cfg = cfg.shard(tp)
-    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None)
+    S = spans(cache, t)
+    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None, S or (cache // t.chunk if cache else None))
     c = cfg.layer
     L, H, D, QD, KVD, F, NQ = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    S = spans(cache, t)
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
+    unused = (("qkv",) if fn.qkv_rope is not None else ()) + (("attn",) if fn.o_combine is not None else ())
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, unused)
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -314,7 +220,12 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
             o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
+        if fn.o_combine is not None:  # one sequence: its partial states straight into the projection
+            src, n = ("o_span", "ml_span") if S else ("o_part", "ml_part"), (S or cache // t.chunk) * NQ
+            o.call(fn.o_combine, {"o": (T[src[0]], 0, 0, n, D), "ml": (T[src[1]], 0, 0, n, 2), "w": W("wo", l),
+                                  "r": A("x", H), "y": A("x2", H)})
+        else:
+            o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
         o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
@@ -349,7 +260,8 @@ def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, 
 def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
     """Sequence b's attention output of every query head from its chunks' partial states: one
     combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
-    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C)."""
+    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); with the o
+    projection's own combine (``fn.o_combine``) only the merges."""
     b, J, S, SPAN, NQ, D, C = sizes
     pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
     if S:
@@ -361,6 +273,8 @@ def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> No
                                   "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
                                   "stride": NQ, "j0": s * SPAN, "cap": C})
         src, n = ("o_span", "ml_span"), S
+    if fn.o_combine is not None:
+        return
     for h in range(NQ):
         first = b * n * NQ + h
         o.call(fn.combine_spans if S else fn.combine,
@@ -424,4 +338,6 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
     return T
 
 
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes", "allreduce_dtype"]
+# (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes", "allreduce_dtype",
+           "COMBINE_ROWS", "spans", "tile_rows"]

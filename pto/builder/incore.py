@@ -240,10 +240,11 @@ class InCore:
         self._stack[-1].append(ins)
         return Var(name)
 
-    def load(self, dst, src, row: ExprLike, col: ExprLike, pad: float = 0.0) -> None:
-        """``dst = src[row : row + dst.rows, col : col + dst.cols]`` relative to the region;
-        elements outside the region's valid extent read as ``pad``."""
-        self._emit(Op.LOAD, dst, [src, row, col], {"pad": float(pad)})
+    def load(self, dst, src, row: ExprLike, col: ExprLike, pad: float = 0.0, step: int = 1) -> None:
+        """``dst = src[row : row + dst.rows * step : step, col : col + dst.cols]`` relative to
+        the region (``step`` > 1: every step-th row, a strided load); elements outside the
+        region's valid extent read as ``pad``."""
+        self._emit(Op.LOAD, dst, [src, row, col], {"pad": float(pad), "step": step})
 
     def store(self, dst, row: ExprLike, col: ExprLike, src) -> None:
         """``dst[row : ..., col : ...] = src``; elements outside the valid extent are skipped."""

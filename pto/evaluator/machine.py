@@ -205,17 +205,21 @@ class _Machine:
     def _load(self, ins: Instr) -> None:
         mem, row, col = ins.srcs
         r, c = self.shapes[ins.dst]
+        step = int(ins.attr("step"))
+        if step > 1:  # a strided load: every step-th row of the rows it spans, read as one tile
+            r = (r - 1) * step + 1
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
         place = regions.place(mem, row, col, r, c)
+        write = self._write if step == 1 else (lambda dst, v: self._write(dst, v[:, ::step]))
         if regions.all_inside(mem, row, col, r, c):
-            self._write(ins.dst, regions.gather(mem, place, r, c))
+            write(ins.dst, regions.gather(mem, place, r, c))
             return
         pad = float(ins.attr("pad"))
         if self.all_active:
             good, bad = regions.partition(mem, row, col, r, c)
             if good is None:
-                self._write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
+                write(ins.dst, regions.masked_read(mem, place, row, col, r, c, pad))
                 return
             vals = torch.empty((self.n, r, c), dtype=self.mems[mem].tensor.dtype, device=self.device)
         else:
@@ -229,7 +233,7 @@ class _Machine:
             vals.index_copy_(0, good, regions.gather(mem, regions.subset(place, good), r, c))
         if bad.shape[0]:
             vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
-        self._write(ins.dst, vals)
+        write(ins.dst, vals)
 
     def _store(self, ins: Instr) -> None:
         tile, mem, row, col = ins.srcs

@@ -47,9 +47,18 @@ def loop_ranges(fn: IncoreFunction) -> dict[str, tuple[Expr, Expr]]:
     return ranges
 
 
+def spanned(tile: Tile, step: int) -> Tile:
+    """The rows of its region a tile loaded with row ``step`` spans: ``(rows - 1) * step + 1``
+    (the tile itself for step 1)."""
+    if step == 1:
+        return tile
+    return replace(tile, rows=fold(tile.rows * Const(step) - Const(step - 1)))
+
+
 def memref_accesses(fn: IncoreFunction):
     """Yield (memref name, instr, row expr, col expr, tile) for every load and store; a
-    load_scalar reads a 1 x 1 tile of its memref's dtype."""
+    load_scalar reads a 1 x 1 tile of its memref's dtype; a strided load the rows it spans
+    (:func:`spanned`)."""
 
     tiles = {t.name: t for t in fn.tiles}
     dtypes = {p.name: p.dtype for p in fn.memrefs}
@@ -60,7 +69,7 @@ def memref_accesses(fn: IncoreFunction):
                 yield from visit(s.body)
             elif s.op is Op.LOAD:
                 mem, row, col = s.srcs
-                yield mem, s, row, col, tiles[s.dst]
+                yield mem, s, row, col, spanned(tiles[s.dst], int(s.attr("step")))
             elif s.op is Op.STORE:
                 tile, mem, row, col = s.srcs
                 yield mem, s, row, col, tiles[tile]

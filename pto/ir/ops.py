@@ -174,7 +174,8 @@ SIGNATURE[Op.LOAD_SCALAR] = ("MEE", True)  # the destination is a scalar name, n
 
 # Attributes each op accepts, with their defaults. Anything else is a build error.
 ATTRS: dict[Op, dict[str, object]] = {op: {} for op in Op}
-ATTRS[Op.LOAD] = {"pad": 0.0}
+# step: the tile's rows are every step-th row of the region from the offset (a strided load)
+ATTRS[Op.LOAD] = {"pad": 0.0, "step": 1}
 ATTRS[Op.MATMUL] = {"ta": False, "tb": False, "acc": "f32"}
 ATTRS[Op.MATMUL_ACC] = {"ta": False, "tb": False, "acc": "f32"}
 for _op in MASK:

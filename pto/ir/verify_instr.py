@@ -252,6 +252,9 @@ def _load(ctx, ins):
     pad = ins.attr("pad")
     if not isinstance(pad, (int, float)):
         ctx.fail(ins, f"pad must be a number, got {pad!r}")
+    step = ins.attr("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        ctx.fail(ins, f"step must be a positive integer (every step-th row), got {step!r}")
 
 
 def _store(ctx, ins):

@@ -212,6 +212,8 @@ class Member:
         return out
 
     def _access(self, s: Instr, top: bool) -> list:
+        if s.op is Op.LOAD and int(s.attr("step")) != 1:
+            raise Refused(f"`{self.fn.name}` loads every {s.attr('step')}th row of `{s.srcs[0]}` (not fused)")
         if s.op is Op.LOAD:
             mem, row, col = s.srcs
             tile = s.dst

@@ -269,7 +269,8 @@ class TileOps:
             self.use(tile)
         r, c = self.blocks[tile]
         ri, ci, ptr = self.fresh("r"), self.fresh("c"), self.fresh("p")
-        self.emit(f"{ri} = {self.offset(row, r, True)}")
+        step = int(ins.attr("step")) if ins.op is Op.LOAD else 1
+        self.emit(f"{ri} = {self.offset(row, r, True, step)}")
         self.emit(f"{ci} = {self.offset(col, c, False)}")
         self.emit(f"{ptr} = P_{mem} + {ri}.to(tl.int64) * S_{mem} + {ci}")
         conds = []
@@ -304,8 +305,8 @@ class TileOps:
             self.emit("else:")
             self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
 
-    def offset(self, e: Expr, n: int, rows: bool) -> str:
-        idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]")
+    def offset(self, e: Expr, n: int, rows: bool, step: int = 1) -> str:
+        idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]") + (f" * {step}" if step > 1 else "")
         return idx if const_value(e) == 0 else f"{self.expr(e)} + {idx}"
 
     def nonnegative(self, e: Expr) -> bool:

@@ -43,7 +43,8 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     for ins in walk_instrs(fn.body):
         if ins.op is Op.LOAD:
             shapes.setdefault(ins.srcs[0], set()).add(ins.dst)
-            if float(ins.attr("pad")) != 0.0:  # a descriptor fills zeros past the tensor
+            # a descriptor fills zeros past the tensor, and reads whole blocks of rows
+            if float(ins.attr("pad")) != 0.0 or int(ins.attr("step")) != 1:
                 stored.add(ins.srcs[0])
         elif ins.op is Op.STORE:
             stored.add(ins.srcs[1])

@@ -1,0 +1,122 @@
+"""The tiles of a decode step (:class:`DecodeTiling`) and the structure they give it: the spans
+of a long cache's two combine levels, the rows of the projections' tiles, the most partial
+states the o projection combines itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """Block sizes of the step: ``chunk`` cache slots per attention task (``tk`` keys per
+    tile), output columns ``bn`` and contraction ``bk`` of the projections, ``bv`` vocabulary
+    columns and contraction ``lm_bk`` per LM-head block (the batch is the tiles' height,
+    rounded up to a power of two by the backend)."""
+
+    # 64 cache slots per attention task: one key tile each, and many tasks for one token
+    # (1.22 against 1.39 ms a SmolLM2 step with 256 on an H100, docs/PERF.md "Decode")
+    chunk: int = 64
+    tk: int = 64
+    # blocks of 4 outputs of output-major weights in K steps of 1024: the fastest of the GEMV
+    # tilings measured on an H100 (SmolLM2 0.92 ms a step, against 1.21 with 16 columns of
+    # [K, N] weights in steps of 192; docs/PERF.md "Decode"): every SM gets blocks, each reads
+    # long contiguous rows
+    bn: int = 4
+    bk: int = 1024
+    bv: int = 512
+    lm_bk: int = 64
+    #: the layers' weights stored output-major ([N, K], as nn.Linear keeps them): the
+    #: projections are the GEMVs of :mod:`pto.incore.gemv`
+    wt: bool = True
+    #: the LM head output-major too (``[V, H]``: a tied model's embedding as it is), its GEMV
+    #: in blocks of ``bv`` rows; off: measured slower on an H200 (the 8B step 5.61 against 5.04
+    #: ms, SmolLM2 0.945 against 0.910; docs/PERF.md "Decode", the second session)
+    lm_wt: bool = False
+    #: the K step of the projections when their tiles are tensor-core dots (16 rows and more;
+    #: None: ``bk``). 128: measured fastest on an H100 at batch 8 and 32 of both models (the 8B
+    #: model at 32 sequences 10.4 ms a step against 17.2 with ``bk``'s 1024 and 15.3 with 64)
+    dot_bk: int | None = 128
+    #: the projections' output block on the dot path (None: ``bn``, at least 16; a block below 16
+    #: is computed as a broadcast sum, not a tensor-core dot)
+    dot_bn: int | None = None
+    #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
+    #: multiple of it; 0: the combine always loops over every chunk itself)
+    span: int = 16
+    #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (``chunk``
+    #: doubled while there are more than this many and the doubled chunk divides the cache, so a
+    #: cache that is an odd number of chunks keeps ``chunk``; None: always ``chunk``). 128:
+    #: a 32K cache of Llama-3.1-8B in chunks of 256 took 7.00 ms a step on an H100, 7.09 in 128,
+    #: 7.51 in 64 (docs/PERF.md, "Long caches")
+    long_chunks: int | None = 128
+    #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
+    #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of
+    #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
+    ffn_bn: int | None = None
+    ffn_bk: int | None = None
+    #: one sequence: the q, k, v projection's and the o projection's output block and K step where
+    #: they differ from ``bn`` and ``bk`` (None: the same; the o projection then shares the down
+    #: projection's function, otherwise it is a function of its own); from 2 sequences on the dot
+    #: path's ``dot_bn`` and ``dot_bk`` apply instead
+    qkv_bn: int | None = None
+    qkv_bk: int | None = None
+    o_bn: int | None = None
+    o_bk: int | None = None
+    #: rotation pairs a program of the fused q, k, v projection computes (one sequence, with
+    #: ``rope_in_qkv``; None: half the projection's block, so that its rows are the plain GEMV's;
+    #: taken down to the largest divisor of half the head)
+    rope_bh: int | None = None
+    #: one sequence (batch 1, output-major weights): RoPE and the cache append in the q, k, v
+    #: projection's epilogue (``gemv_norm_rope_append_tile``: one task where there were two)
+    rope_in_qkv: bool = True
+    #: one sequence (output-major weights, one rank): the attention combine in the o
+    #: projection's K loop (``gemv_combine_residual_tile``: one task where the combine tasks of
+    #: every head and the projection were several) when a sequence has at most
+    #: :data:`COMBINE_ROWS` partial states a head (chunks, or spans of a long cache)
+    combine_in_o: bool = True
+
+    def for_cache(self, cache: int | None) -> DecodeTiling:
+        """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
+        c = self.chunk
+        while self.long_chunks and cache and cache // c > self.long_chunks and cache % (2 * c) == 0:
+            c *= 2
+        return self if c == self.chunk else replace(self, chunk=c)
+
+    def __post_init__(self):
+        from pto.errors import UsageError
+
+        bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
+                                                  "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
+                                                  "dot_bn")
+               if getattr(self, k) is not None and getattr(self, k) < 1]
+        if bad:
+            raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
+        if self.span < 0 or self.span == 1:
+            raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
+        if self.chunk % self.tk:
+            # an attention task's last key tile would run past its chunk into keys it must not see
+            raise UsageError(f"decode tiling: chunk={self.chunk} is not a multiple of tk={self.tk} (the attention "
+                             "task's key tiles must cover its chunk exactly)")
+
+
+#: the most partial states a head the o projection combines itself (its strided tile of them is
+#: this many rows of the head size, f32)
+COMBINE_ROWS = 32
+
+
+def spans(cache: int | None, t: DecodeTiling) -> int:
+    """Spans of ``t.span`` chunks the first combine level merges for a cache of ``cache`` slots
+    (0: one level; None: the cache is not known at build, one level). The combine's loop waits on
+    a load per chunk: a 32K cache's 512 chunks of 64 would be one 512-step loop, two levels are
+    loops of 16 and 32."""
+    J = (cache or 0) // t.chunk
+    return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
+
+
+def tile_rows(batch: int) -> int:
+    """The rows of the projections' tiles for ``batch`` sequences: 1, or at least 16 (what a
+    tensor-core dot takes; the rows past the batch are padding)."""
+    return batch if batch == 1 else max(batch, 16)
+
+
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "spans", "tile_rows"]
