@@ -7,8 +7,9 @@ from device memory (``load_scalar``), so one task graph serves every step.
 - :func:`decode_attn_part` and :func:`decode_attn_combine`: flash-decoding, the cache split in
   chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
   unnormalized output), then one combine per query head;
-- :func:`gemv_combine_residual_tile`: one sequence's combine of every head folded into the
-  output projection's K loop (one task where the combine and the projection were two);
+- :func:`decode_attn_combine_parts`: the combine with a head's partial states read at once
+  (strided loads), and :func:`gemv_combine_residual_tile`: one sequence's combine of every head
+  in the output projection (one task where the combine and the projection were two);
 - :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
   epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
   the step's end: the chosen token and the next position written back for the next step.
@@ -175,17 +176,34 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
     return k.build(target)
 
 
+def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, target=None) -> IncoreFunction:
+    """:func:`decode_attn_combine` with every partial state read at once: one query head's
+    ``parts`` states (rows ``i * heads`` of ``o`` and ``ml``: every ``heads``-th row) as one
+    strided load each, merged with their largest m (:func:`_combine_parts`), where the loop
+    waits on a load per chunk. The parts past the position have m = -inf (weight 0), so all are
+    read and no position is needed."""
+    k = InCore("decode_attn_combine_parts")
+    D = head_dim
+    o = k.memref("o", f32, shape=((parts - 1) * heads + 1, D))
+    ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
+    y = k.memref("y", dtype, shape=(1, D))
+    av = _combine_parts(k, _load_parts(k, (o, ml), 0, (heads, parts, D)), _scratch(k, D))
+    out = k.tile("out", 1, D, dtype)
+    k.cast(out, av)
+    k.store(y, 0, 0, out)
+    return k.build(target)
+
+
 def gemv_combine_residual_tile(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int,
                                target=None) -> IncoreFunction:
     """One sequence's ``y = r + attn @ wo.T`` with attn combined from the ``parts`` partial
     states of each of the ``heads`` query heads (:func:`decode_attn_part`'s chunks, or the spans
-    :func:`decode_attn_merge` left: rows ``i * heads + h`` of ``o`` and ``ml``) in the projection's
-    K loop, one head a step: the combine and the output projection as one task. A head's partial
-    states are read with one strided load each (every ``heads``-th row), not a loop of dependent
-    loads: ``attn_h = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i``, ``M`` their largest m;
-    the chunks past the position have m = -inf (weight 0), so every part is read. attn_h is
-    rounded to the storage dtype, as the combine task stores it, before its product with the
-    weight's columns ``h * D ..``; the block of ``bn`` outputs is program j's."""
+    :func:`decode_attn_merge` left: rows ``i * heads + h`` of ``o`` and ``ml``): the combine and
+    the output projection as one task. Every load comes first (each head's states as strided
+    loads, :func:`_load_parts`, and the weight's columns of each head), so their round trips
+    overlap; then per head the merge (:func:`_combine_parts`), attn_h rounded to the storage
+    dtype as the combine task stores it, and its product with the head's columns ``h * D ..``;
+    the block of ``bn`` outputs is program j's."""
     k = InCore("gemv_combine_residual_tile")
     D, K = head_dim, heads * head_dim
     o = k.memref("o", f32, shape=(parts * heads, D))
@@ -194,32 +212,54 @@ def gemv_combine_residual_tile(dtype, heads: int, head_dim: int, parts: int, N: 
     r = k.memref("r", dtype, shape=(1, N))
     y = k.memref("y", dtype, shape=(1, N))
     j = k.parallel("j", cdiv(N, bn))
-    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
-    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
-    a, b = k.tile("a", 1, D, dtype), k.tile("b", bn, D, dtype)
-    acc = k.tile("acc", 1, bn, f32)
-    k.full(acc, 0.0)
-    with k.for_range("h", 0, heads) as h:
-        k.load(m, ml, h, 0, pad=float("-inf"), step=heads)
-        k.load(lw, ml, h, 1, step=heads)
-        k.load(oh, o, h, 0, step=heads)
-        k.colmax(top, m)  # finite: chunk 0 holds the position's own key
-        k.colexpandsub(m, m, top)
-        k.exp2(m, m)  # each part's weight (2^-inf = 0 past the position)
-        k.mul(lw, lw, m)
-        k.colsum(lsum, lw)
-        k.rowexpandmul(oh, oh, m)
-        k.colsum(av, oh)
-        k.rowexpanddiv(av, av, lsum)
-        k.cast(a, av)
+    states = [_load_parts(k, (o, ml), h, (heads, parts, D), str(h)) for h in range(heads)]
+    blocks = [k.tile(f"b{h}", bn, D, dtype) for h in range(heads)]
+    for h, b in enumerate(blocks):
         k.load(b, w, j * bn, h * D)
-        k.matmul_acc(acc, a, b, tb=True)
     out = k.tile("out", 1, bn, dtype)
     k.load(out, r, 0, j * bn)
+    a, acc, scratch = k.tile("a", 1, D, dtype), k.tile("acc", 1, bn, f32), _scratch(k, D)
+    k.full(acc, 0.0)
+    for h, b in enumerate(blocks):
+        k.cast(a, _combine_parts(k, states[h], scratch))
+        k.matmul_acc(acc, a, b, tb=True)
     k.add(acc, acc, out)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
     return k.build(target)
+
+
+def _load_parts(k: InCore, src, row, sizes: tuple, tag: str = ""):
+    """The tiles of one head's partial states (``sizes``: heads, parts, D) from rows ``row + i
+    * heads`` of ``src`` (o, ml): m (-inf past the memref), l and o."""
+    (o, ml), (heads, parts, D) = src, sizes
+    m, lw, oh = k.tile(f"m{tag}", parts, 1, f32), k.tile(f"lw{tag}", parts, 1, f32), k.tile(f"oh{tag}", parts, D, f32)
+    k.load(m, ml, row, 0, pad=float("-inf"), step=heads)
+    k.load(lw, ml, row, 1, step=heads)
+    k.load(oh, o, row, 0, step=heads)
+    return m, lw, oh
+
+
+def _combine_parts(k: InCore, states, scratch):
+    """``sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i`` of loaded partial states (``M`` their
+    largest m: finite, chunk 0 holds the position's own key; a part past the position weighs
+    2^-inf = 0), into ``av`` of ``scratch`` (f32 tiles top [1, 1], lsum [1, 1], av [1, D])."""
+    m, lw, oh = states
+    top, lsum, av = scratch
+    k.colmax(top, m)
+    k.colexpandsub(m, m, top)
+    k.exp2(m, m)
+    k.mul(lw, lw, m)
+    k.colsum(lsum, lw)
+    k.rowexpandmul(oh, oh, m)
+    k.colsum(av, oh)
+    k.rowexpanddiv(av, av, lsum)
+    return av
+
+
+def _scratch(k: InCore, D: int):
+    """The tiles :func:`_combine_parts` computes in."""
+    return k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
 
 
 def decode_attn_merge(head_dim: int, chunk: int, span: int, target=None) -> IncoreFunction:
@@ -347,5 +387,5 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
 
 
 __all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine", "decode_attn_merge",
-           "gemv_combine_residual_tile", "lmhead_argmax_gemv_tile",
+           "decode_attn_combine_parts", "gemv_combine_residual_tile", "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -81,6 +81,7 @@ class DecodeFunctions:
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     o_combine: IncoreFunction | None = None  # one sequence: the combine and attn @ wo + x
+    combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -125,11 +126,15 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         bh = math.gcd(t.rope_bh or max(1, qkv_bn // 2), D // 2)
         qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
                                                                  cfg.max_positions, target), qkv_bk)[0]
-    o_combine = None
-    if batch == 1 and t.wt and t.combine_in_o and reduce is None and parts and parts <= COMBINE_ROWS:
+    few = bool(parts) and parts <= COMBINE_ROWS  # a head's states fit one strided tile
+    o_combine = combine_parts = None
+    if few and batch == 1 and t.wt and t.combine_in_o and reduce is None:
         o_combine = dk.gemv_combine_residual_tile(dt, c.heads, D, parts, H, o_tiles[0], target)
+    elif few and t.combine_parts:
+        combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         o_combine=o_combine,
+        combine_parts=combine_parts,
         qkv_rope=qkv_rope,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
@@ -277,10 +282,12 @@ def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> No
         return
     for h in range(NQ):
         first = b * n * NQ + h
-        o.call(fn.combine_spans if S else fn.combine,
-               {"pos": pos, "o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),
-                "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
-                "y": (T["attn"], b, h * D, 1, D), "stride": NQ, "chunks": n, "cap": C})
+        region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
+                  "y": (T["attn"], b, h * D, 1, D)}
+        if fn.combine_parts is not None:
+            o.call(fn.combine_parts, region)
+            continue
+        o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
 
 
 def _sample(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:

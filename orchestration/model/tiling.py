@@ -74,6 +74,9 @@ class DecodeTiling:
     #: every head and the projection were several) when a sequence has at most
     #: :data:`COMBINE_ROWS` partial states a head (chunks, or spans of a long cache)
     combine_in_o: bool = True
+    #: the combine task reads a head's partial states at once (``decode_attn_combine_parts``:
+    #: strided loads, at most :data:`COMBINE_ROWS` of them) instead of a loop of dependent loads
+    combine_parts: bool = True
 
     def for_cache(self, cache: int | None) -> DecodeTiling:
         """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""

@@ -1,8 +1,10 @@
-"""One sequence's attention combine in the o projection (``gemv_combine_residual_tile``,
-``DecodeTiling.combine_in_o``): the function against float64 numpy on seeded partial states
-(chunks past the position included), through the reference interpreter and the Triton backend;
-the step built with it, against the reference model, short and long caches; and where it is not
-built (several sequences, more partial states than its tile holds)."""
+"""The attention combine reading a head's partial states at once (strided loads): in the o
+projection of one sequence (``gemv_combine_residual_tile``, ``DecodeTiling.combine_in_o``) and
+as the combine task (``decode_attn_combine_parts``, ``combine_parts``). The functions against
+float64 numpy on seeded partial states (chunks past the position included), through the
+reference interpreter and the Triton backend; the steps built with them against the reference
+model, short and long caches; and where they are not built (more partial states than the tile
+holds, an unknown cache)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,35 @@ def test_the_combine_and_the_projection_match_float64(parts, used, bn, runner):
     np.testing.assert_allclose(y.double().numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("parts,used", [(8, 8), (8, 3), (5, 1), (32, 20)])
+@pytest.mark.parametrize("runner", ["interp", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_the_combine_task_reading_every_part_at_once_matches_float64(parts, used, runner):
+    """One head's states (every ``heads``-th row of a region that starts at the head's first
+    row), merged: f32 against float64."""
+    from pto.incore.decode import decode_attn_combine_parts
+
+    from pto.interp.incore import run_incore
+    from pto.ir.dtypes import DType
+
+    if runner == "triton" and not INTERP:
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    if runner == "triton":
+        from pto.backends.triton import run_incore_triton as run_fn
+    else:
+        run_fn = run_incore
+    heads, D, h = 3, 16, 2
+    g = torch.Generator().manual_seed(parts * 7 + used)
+    o, ml = _partials(parts, heads, D, used, g)
+    y = torch.full((1, D), float("nan"))
+    rows = (parts - 1) * heads + 1
+    fn = decode_attn_combine_parts(DType.F32, heads, D, parts)
+    run_fn(fn, {"o": (o, h, 0, rows, D), "ml": (ml, h, 0, rows, 2), "y": (y, 0, 0, 1, D)})
+    o64, ml64 = o.double().numpy()[h::heads], ml.double().numpy()[h::heads]
+    wt = np.exp2(ml64[:, 0] - ml64[:, 0].max())
+    want = (wt[:, None] * o64).sum(0) / (wt * ml64[:, 1]).sum()
+    np.testing.assert_allclose(y.double().numpy()[0], want, rtol=1e-5, atol=1e-6)
+
+
 def _functions(cache: int, batch: int, **fields) -> set[str]:
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import build_step
@@ -80,24 +111,26 @@ def _functions(cache: int, batch: int, **fields) -> set[str]:
 
 def test_where_the_projection_combines():
     """One sequence with a known cache of at most COMBINE_ROWS parts a head (chunks, or spans of
-    a long cache): the projection combines; several sequences, an unknown cache, more parts, or
-    the option off: the combine tasks."""
+    a long cache): the projection combines; several sequences or the option off: a combine task
+    per head that reads its states at once; more parts, an unknown cache, or that option off
+    too: the combine's loop."""
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import COMBINE_ROWS, build_step
 
     from pto.ir.dtypes import DType
 
-    fused, plain = "gemv_combine_residual_tile", "decode_attn_combine"
-    assert fused in _functions(256, 1) and plain not in _functions(256, 1)
-    assert fused not in _functions(256, 2) and plain in _functions(256, 2)
-    assert fused not in _functions(256, 1, combine_in_o=False)
+    fused, parts, loop = "gemv_combine_residual_tile", "decode_attn_combine_parts", "decode_attn_combine"
+    assert fused in _functions(256, 1) and not {parts, loop} & _functions(256, 1)
+    assert parts in _functions(256, 2) and not {fused, loop} & _functions(256, 2)
+    assert parts in _functions(256, 1, combine_in_o=False)
+    assert loop in _functions(256, 1, combine_in_o=False, combine_parts=False)
     # 1024 slots in chunks of 32 with two levels: 2 spans a head; without spans 32 chunks (the
     # most the tile holds); in chunks of 16, 64 chunks: too many
-    assert {fused, "decode_attn_merge"} <= _functions(1024, 1) and plain not in _functions(1024, 1)
+    assert {fused, "decode_attn_merge"} <= _functions(1024, 1) and loop not in _functions(1024, 1)
     assert COMBINE_ROWS == 32 and fused in _functions(1024, 1, span=0)
-    assert fused not in _functions(1024, 1, span=0, chunk=16)
+    assert loop in _functions(1024, 1, span=0, chunk=16) and loop in _functions(1024, 3, span=0, chunk=16)
     no_cache = build_step(mp.CONFIGS["tiny"], DType.F32, None, 1, mp.TINY_TILING)
-    assert fused not in {f.name for f in no_cache.functions}
+    assert loop in {f.name for f in no_cache.functions}
 
 
 @pytest.mark.parametrize("cache", [64, 1024])
