@@ -8,8 +8,7 @@ from device memory (``load_scalar``), so one task graph serves every step.
   chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
   unnormalized output), then one combine per query head;
 - :func:`decode_attn_combine_parts`: the combine with a head's partial states read at once
-  (strided loads), and :func:`gemv_combine_residual_tile`: one sequence's combine of every head
-  in the output projection (one task where the combine and the projection were two);
+  (strided loads) where they are few;
 - :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
   epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
   the step's end: the chosen token and the next position written back for the next step.
@@ -194,41 +193,6 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     return k.build(target)
 
 
-def gemv_combine_residual_tile(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int,
-                               target=None) -> IncoreFunction:
-    """One sequence's ``y = r + attn @ wo.T`` with attn combined from the ``parts`` partial
-    states of each of the ``heads`` query heads (:func:`decode_attn_part`'s chunks, or the spans
-    :func:`decode_attn_merge` left: rows ``i * heads + h`` of ``o`` and ``ml``): the combine and
-    the output projection as one task. Every load comes first (each head's states as strided
-    loads, :func:`_load_parts`, and the weight's columns of each head), so their round trips
-    overlap; then per head the merge (:func:`_combine_parts`), attn_h rounded to the storage
-    dtype as the combine task stores it, and its product with the head's columns ``h * D ..``;
-    the block of ``bn`` outputs is program j's."""
-    k = InCore("gemv_combine_residual_tile")
-    D, K = head_dim, heads * head_dim
-    o = k.memref("o", f32, shape=(parts * heads, D))
-    ml = k.memref("ml", f32, shape=(parts * heads, 2))
-    w = k.memref("w", dtype, shape=(N, K))
-    r = k.memref("r", dtype, shape=(1, N))
-    y = k.memref("y", dtype, shape=(1, N))
-    j = k.parallel("j", cdiv(N, bn))
-    states = [_load_parts(k, (o, ml), h, (heads, parts, D), str(h)) for h in range(heads)]
-    blocks = [k.tile(f"b{h}", bn, D, dtype) for h in range(heads)]
-    for h, b in enumerate(blocks):
-        k.load(b, w, j * bn, h * D)
-    out = k.tile("out", 1, bn, dtype)
-    k.load(out, r, 0, j * bn)
-    a, acc, scratch = k.tile("a", 1, D, dtype), k.tile("acc", 1, bn, f32), _scratch(k, D)
-    k.full(acc, 0.0)
-    for h, b in enumerate(blocks):
-        k.cast(a, _combine_parts(k, states[h], scratch))
-        k.matmul_acc(acc, a, b, tb=True)
-    k.add(acc, acc, out)
-    k.cast(out, acc)
-    k.store(y, 0, j * bn, out)
-    return k.build(target)
-
-
 def _load_parts(k: InCore, src, row, sizes: tuple, tag: str = ""):
     """The tiles of one head's partial states (``sizes``: heads, parts, D) from rows ``row + i
     * heads`` of ``src`` (o, ml): m (-inf past the memref), l and o."""
@@ -387,5 +351,5 @@ def argmax_advance(blocks: int, target=None) -> IncoreFunction:
 
 
 __all__ = ["embed_row", "rope_qkv_append", "decode_attn_part", "decode_attn_combine", "decode_attn_merge",
-           "decode_attn_combine_parts", "gemv_combine_residual_tile", "lmhead_argmax_gemv_tile",
+           "decode_attn_combine_parts", "lmhead_argmax_gemv_tile",
            "lmhead_argmax_tile", "argmax_advance"]

@@ -51,12 +51,15 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
     for acc in accs.values():
         k.full(acc, 0.0)
     with k.for_range("kk", 0, g.K, g.bk) as kk:
+        # the weights' loads first: their round trips to memory overlap the x tile's and the
+        # norm's reduction (whose barrier no later load is moved above)
+        for n, w in weights.items():
+            k.load(blocks[n], w, j * g.bn, kk)
         if norm is not None:
             norm.step(x, kk, a)
         else:
             k.load(a, x, 0, kk)
-        for n, w in weights.items():
-            k.load(blocks[n], w, j * g.bn, kk)
+        for n in weights:
             k.matmul_acc(accs[n], a, blocks[n], tb=True)
     if norm is not None:
         norm.scale(*accs.values())
@@ -151,9 +154,9 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     k.full(y1, 0.0)
     k.full(y2, 0.0)
     with k.for_range("kk", 0, K, bk) as kk:
-        norm.step(x, kk, a)
-        k.load(b1, w, t * D + i0, kk)
+        k.load(b1, w, t * D + i0, kk)  # (before the norm's reduction, as gemv_accumulate's)
         k.load(b2, w, t * D + half + i0, kk)
+        norm.step(x, kk, a)
         k.matmul_acc(y1, a, b1, tb=True)
         k.matmul_acc(y2, a, b2, tb=True)
     norm.scale(y1, y2)

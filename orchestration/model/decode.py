@@ -80,7 +80,6 @@ class DecodeFunctions:
     combine_spans: IncoreFunction  # the combine over the spans
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
-    o_combine: IncoreFunction | None = None  # one sequence: the combine and attn @ wo + x
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
 
 
@@ -126,14 +125,10 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         bh = math.gcd(t.rope_bh or max(1, qkv_bn // 2), D // 2)
         qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
                                                                  cfg.max_positions, target), qkv_bk)[0]
-    few = bool(parts) and parts <= COMBINE_ROWS  # a head's states fit one strided tile
-    o_combine = combine_parts = None
-    if few and batch == 1 and t.wt and t.combine_in_o and reduce is None:
-        o_combine = dk.gemv_combine_residual_tile(dt, c.heads, D, parts, H, o_tiles[0], target)
-    elif few and t.combine_parts:
+    combine_parts = None
+    if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
-        o_combine=o_combine,
         combine_parts=combine_parts,
         qkv_rope=qkv_rope,
         qkv=qkv,
@@ -199,8 +194,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    unused = (("qkv",) if fn.qkv_rope is not None else ()) + (("attn",) if fn.o_combine is not None else ())
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, unused)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -225,12 +219,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
             o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        if fn.o_combine is not None:  # one sequence: its partial states straight into the projection
-            src, n = ("o_span", "ml_span") if S else ("o_part", "ml_part"), (S or cache // t.chunk) * NQ
-            o.call(fn.o_combine, {"o": (T[src[0]], 0, 0, n, D), "ml": (T[src[1]], 0, 0, n, 2), "w": W("wo", l),
-                                  "r": A("x", H), "y": A("x2", H)})
-        else:
-            o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
+        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
         o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
                             "y": A("hb", F)})
         o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
@@ -265,8 +254,8 @@ def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, 
 def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
     """Sequence b's attention output of every query head from its chunks' partial states: one
     combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
-    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); with the o
-    projection's own combine (``fn.o_combine``) only the merges."""
+    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); each combine reads
+    its head's states at once where they are few (``fn.combine_parts``), else in a loop."""
     b, J, S, SPAN, NQ, D, C = sizes
     pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
     if S:
@@ -278,8 +267,6 @@ def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> No
                                   "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
                                   "stride": NQ, "j0": s * SPAN, "cap": C})
         src, n = ("o_span", "ml_span"), S
-    if fn.o_combine is not None:
-        return
     for h in range(NQ):
         first = b * n * NQ + h
         region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),

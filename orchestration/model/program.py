@@ -49,9 +49,8 @@ TILING = DecodeTiling()
 #: model's projection with RoPE in its epilogue took 25.9 us a layer against 21.0 + 2.7 for the
 #: two: 5.756 against 5.689 ms a step, where SmolLM2 gains 5.8%: docs/PERF.md); from 2
 #: sequences on, blocks of 32 outputs on the dot path (the 8B step at batch 8: 7.22 against 8.34
-#: ms with 16; SmolLM2's 1.14 against 1.09, so it keeps 16); the combine as tasks of its own (the o
-#: projection's combine holds every head's states at once: 32 heads of 16 x 128 f32 each)
-WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32, combine_in_o=False)
+#: ms with 16; SmolLM2's 1.14 against 1.09, so it keeps 16)
+WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 
 
 def tiling_for(cfg: ModelConfig) -> DecodeTiling:

@@ -1,0 +1,134 @@
+"""The attention combine reading a head's partial states at once (``decode_attn_combine_parts``,
+``DecodeTiling.combine_parts``: strided loads, where the loop of ``decode_attn_combine`` waits on
+a load per chunk): the function against float64 numpy on seeded partial states (chunks past the
+position included), through the reference interpreter and the Triton backend; the steps built
+with it against the reference model, short and long caches, one sequence and several; and where
+it is not built (more partial states than its tile holds, an unknown cache)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from pto.tools.run import run
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _partials(parts: int, heads: int, D: int, used: int, g: torch.Generator):
+    """Partial states as decode_attn_part leaves them: rows ``i * heads + h``; the parts from
+    ``used`` on are past the position (m = -inf, l = 0, o = 0)."""
+    o = torch.randn(parts * heads, D, generator=g)
+    m = torch.randn(parts * heads, 1, generator=g) * 4
+    l_ = torch.rand(parts * heads, 1, generator=g) * 8 + 0.5
+    o[used * heads:], m[used * heads:], l_[used * heads:] = 0.0, float("-inf"), 0.0
+    return o, torch.cat([m, l_], dim=1)
+
+
+@pytest.mark.parametrize("parts,used", [(8, 8), (8, 3), (5, 1), (32, 20)])
+@pytest.mark.parametrize("runner", ["interp", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_the_combine_task_reading_every_part_at_once_matches_float64(parts, used, runner):
+    """One head's states (every ``heads``-th row of a region that starts at the head's first
+    row), merged: f32 against float64."""
+    from pto.incore.decode import decode_attn_combine_parts
+
+    from pto.interp.incore import run_incore
+    from pto.ir.dtypes import DType
+
+    if runner == "triton" and not INTERP:
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    if runner == "triton":
+        from pto.backends.triton import run_incore_triton as run_fn
+    else:
+        run_fn = run_incore
+    heads, D, h = 3, 16, 2
+    g = torch.Generator().manual_seed(parts * 7 + used)
+    o, ml = _partials(parts, heads, D, used, g)
+    y = torch.full((1, D), float("nan"))
+    rows = (parts - 1) * heads + 1
+    fn = decode_attn_combine_parts(DType.F32, heads, D, parts)
+    run_fn(fn, {"o": (o, h, 0, rows, D), "ml": (ml, h, 0, rows, 2), "y": (y, 0, 0, 1, D)})
+    o64, ml64 = o.double().numpy()[h::heads], ml.double().numpy()[h::heads]
+    wt = np.exp2(ml64[:, 0] - ml64[:, 0].max())
+    want = (wt[:, None] * o64).sum(0) / (wt * ml64[:, 1]).sum()
+    np.testing.assert_allclose(y.double().numpy()[0], want, rtol=1e-5, atol=1e-6)
+
+
+def _functions(cache: int, batch: int, **fields) -> set[str]:
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+
+    t = replace(mp.TINY_TILING, **fields)
+    return {f.name for f in build_step(mp.CONFIGS["tiny"], DType.F32, None, batch, t, cache=cache).functions}
+
+
+def test_where_the_combine_reads_every_part_at_once():
+    """A known cache of at most COMBINE_ROWS parts a head (chunks, or the spans of a long
+    cache's two levels), any batch: the combine reads them at once; more parts, an unknown
+    cache or the option off: the combine's loop."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import COMBINE_ROWS, build_step
+
+    from pto.ir.dtypes import DType
+
+    parts, loop = "decode_attn_combine_parts", "decode_attn_combine"
+    for batch in (1, 2):
+        assert parts in _functions(256, batch) and loop not in _functions(256, batch)
+        assert loop in _functions(256, batch, combine_parts=False)
+    # 1024 slots in chunks of 32 with two levels: 2 spans a head; without spans 32 chunks (the
+    # most the tile holds); in chunks of 16, 64 chunks: too many
+    assert {parts, "decode_attn_merge"} <= _functions(1024, 1) and loop not in _functions(1024, 1)
+    assert COMBINE_ROWS == 32 and parts in _functions(1024, 1, span=0)
+    assert loop in _functions(1024, 1, span=0, chunk=16) and parts not in _functions(1024, 3, span=0, chunk=16)
+    no_cache = build_step(mp.CONFIGS["tiny"], DType.F32, None, 1, mp.TINY_TILING)
+    assert loop in {f.name for f in no_cache.functions}
+
+
+@pytest.mark.parametrize("cache,batch", [(64, 1), (1024, 1), (256, 3)])
+def test_the_step_matches_the_reference_with_either_combine(cache, batch, monkeypatch):
+    """The step (a short cache, a long one whose spans are combined, several sequences) gives
+    the reference's logits with either combine, in as many tasks."""
+    from pto.orchestration.model import program as mp
+
+    res = run("model", config="tiny", cache=cache, batch=batch, device="cpu", check=True, seed=21)
+    assert res["rel_err"] <= 1e-5, res
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, combine_parts=False))
+    plain = run("model", config="tiny", cache=cache, batch=batch, device="cpu", check=True, seed=21)
+    assert plain["rel_err"] <= 1e-5, plain
+    assert plain["tasks"] == res["tasks"]
+
+
+@pytest.mark.parametrize("config,new", [("tiny", 20), ("tiny-swa", 70)])
+def test_generation_with_the_combine_reading_every_part_is_the_reference_models(config, new):
+    """Token by token (tiny-swa wraps its 64-slot ring: chunks of the ring past the position
+    hold old keys, and the parts' weights follow the position, not the slot order)."""
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = random_weights(CONFIGS[config], torch.float32, torch.Generator().manual_seed(22))
+    prompt = torch.randint(0, w.config.vocab, (7,), generator=torch.Generator().manual_seed(23)).tolist()
+    want = ReferenceModel(w).generate([prompt], new, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32)
+    try:
+        got = gen.generate([prompt], new, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("executor,cache", [("waves", 64), ("persistent", 64), ("waves", 1024)])
+def test_the_combine_reading_every_part_on_triton(executor, cache):
+    res = run("model", config="tiny", cache=cache, batch=1, device="cpu", backend="triton", executor=executor,
+              check=True, seed=24)
+    assert res["rel_err"] <= 1e-5, res
