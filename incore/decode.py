@@ -136,6 +136,8 @@ def decode_attn_part(dtype, group: int, head_dim: int, chunk: int, tk: int, targ
     k.full(m, float("-inf"))
     k.full(l, 0.0)
     k.full(acc, 0.0)
+    # (the key tile loaded before the position arrives, so that the round trips overlap, took
+    # longer on an H200: 3.57 against 3.28 us a SmolLM2 task)
     with k.for_range("kk", 0, emin(chunk, n), tk) as kk:
         k.load(kt, kc, kk, 0)
         k.load(vt, vc, kk, 0)

@@ -211,7 +211,7 @@ class _Machine:
         row, col = self._offset(row), self._offset(col)
         regions = self.regions
         place = regions.place(mem, row, col, r, c)
-        write = self._write if step == 1 else (lambda dst, v: self._write(dst, v[:, ::step]))
+        write = self._write if step == 1 else (lambda dst, v: self._write(dst, v[:, ::step].contiguous()))
         if regions.all_inside(mem, row, col, r, c):
             write(ins.dst, regions.gather(mem, place, r, c))
             return

@@ -107,18 +107,26 @@ def intra_op_threads(device, elements: int):
         torch.set_num_threads(prev)
 
 
+def _in_f64(fn):
+    """``fn`` computed in float64 and rounded to the input's dtype. torch's f32 transcendentals
+    on the CPU round an element by the code path it takes (a vector lane, or the scalar loop of
+    a buffer's last few elements), so an element's value would depend on how many tiles a batch
+    holds, which the ready order decides; rounded from float64 it does not."""
+    return lambda x: fn(x.double()).to(x.dtype)
+
+
 #: the torch function of each unary op, binary arithmetic and reduction
 UNARY_FN = {
-    Op.EXP: torch.exp,
-    Op.EXP2: torch.exp2,
-    Op.LOG: torch.log,
+    Op.EXP: _in_f64(torch.exp),
+    Op.EXP2: _in_f64(torch.exp2),
+    Op.LOG: _in_f64(torch.log),
     Op.SQRT: torch.sqrt,
     Op.RSQRT: torch.rsqrt,
     Op.RECIP: torch.reciprocal,
     Op.NEG: torch.neg,
     Op.ABS: torch.abs,
     Op.RELU: torch.relu,
-    Op.SILU: torch.nn.functional.silu,
+    Op.SILU: _in_f64(torch.nn.functional.silu),
 }
 
 ARITH_FN = {
