@@ -19,7 +19,7 @@ import torch
 
 from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
-from pto.codegen.triton.megakernel import MegaKernel, fit_megakernel, render_megakernel
+from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, MegaKernel, fit_megakernel, render_megakernel
 from pto.codegen.triton.scan import scan_table
 
 #: polls of a predecessor counter before a program gives up (about 1 s per 2**21 on an H100)
@@ -31,13 +31,34 @@ class MegakernelSettings:
     """How the megakernel is built: ``sentinel`` renders the non-finite sentinel (``ignore``: the
     variants whose declared infinities it does not report); ``max_polls`` bounds a dependency
     wait; ``shared_limit`` the bytes of shared memory (None: the device's); ``programs`` the
-    programs of a launch (None: as many as fit on the GPU)."""
+    programs of a launch (None: as many as fit on the GPU); ``dispatch`` how a program finds its
+    next item (:data:`~pto.codegen.triton.megakernel.DISPATCH`; None: ``PTO_DISPATCH`` or
+    :data:`DEFAULT_DISPATCH`)."""
 
     sentinel: bool = False
     ignore: frozenset = frozenset()
     max_polls: int = MAX_POLLS
     shared_limit: int | None = None
     programs: int | None = None
+    dispatch: str | None = None
+
+
+#: the dispatch of a megakernel whose settings and environment name none
+DEFAULT_DISPATCH = "queue"
+
+
+def resolve_dispatch(choice: str | None) -> str:
+    """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`; UsageError naming an
+    unknown one."""
+    import os
+
+    from pto.errors import UsageError
+
+    d = choice or os.environ.get("PTO_DISPATCH") or DEFAULT_DISPATCH
+    if d not in DISPATCH:
+        src = "PTO_DISPATCH" if not choice else "dispatch"
+        raise UsageError(f"{src}={d!r}: the megakernel's dispatch is {' or '.join(DISPATCH)}")
+    return d
 
 
 def branch_configs(backend, plan) -> list[LaunchConfig]:
@@ -48,12 +69,14 @@ def branch_configs(backend, plan) -> list[LaunchConfig]:
 
 def item_descriptors(plan) -> np.ndarray:
     """The kernel's ``items``: per work item, in queue order, (task, parallel index, the task's
-    branch, its row's offset in the table), int64 ``[n_items, 4]`` (at least one row)."""
-    out = np.zeros((max(plan.n_items, 1), 4), np.int64)
+    branch, its row's offset in the table, 1 if the task has predecessors), int64 ``[n_items,
+    ITEM_COLS]`` (at least one row)."""
+    out = np.zeros((max(plan.n_items, 1), ITEM_COLS), np.int64)
     if plan.n_items:
         task = plan.items[:, 0].astype(np.int64)
         out[:, 0], out[:, 1] = task, plan.items[:, 1]
         out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
+        out[:, 4] = plan.pending[task] > 0
     return out
 
 
@@ -64,6 +87,7 @@ class Megakernel:
     def __init__(self, backend, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings):
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
+        self.dispatch = resolve_dispatch(settings.dispatch)
         self.device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         self.compiled_info: dict = {}
         self.tracing = 0
@@ -91,7 +115,7 @@ class Megakernel:
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.backend.options, sentinel=s.sentinel,
-                                     ignore=s.ignore, stages=stages)
+                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch)
 
         self.stages = want
         self.rendered = render(want)
@@ -156,11 +180,12 @@ class Megakernel:
 
     def _resident_programs(self) -> int:
         """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
-        the interpreter (it runs programs one after another)."""
+        the interpreter (it runs programs one after another), 1 with static dispatch there (a
+        program would wait for an item of one that has not started)."""
         if self.settings.programs:
             return self.settings.programs
         if not self.compiles:
-            return 2
+            return 1 if self.dispatch == "static" else 2
         from pto.target import detect
 
         tg = detect("cuda", self.device.index or 0)
@@ -229,4 +254,5 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "branch_configs", "item_descriptors"]
+__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "resolve_dispatch", "branch_configs",
+           "item_descriptors"]

@@ -1,0 +1,115 @@
+"""The persistent kernel's static dispatch (``PTO_DISPATCH=static``, ``MegakernelSettings.dispatch``:
+program k runs items k, k + P, k + 2P, ... of the queue order, no queue atomic) under the Triton
+interpreter: bit-identical to the wave executor, every item run once by the program its index
+names, a wait that never ends still reported with its task; the items' descriptors say which
+tasks wait at all; an unknown dispatch is one line."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pto.backends.triton import MegakernelSettings  # noqa: E402
+from pto.engine import Runner, resolve  # noqa: E402
+from pto.errors import ExecutionError, UsageError  # noqa: E402
+
+pytestmark = [pytest.mark.interpret,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs the Triton interpreter (TRITON_INTERPRET=1)")]
+
+
+def _outputs(program, seq, options, executor, settings=None, trace=False):
+    job = resolve(program, device="cpu", backend="triton", executor=executor, options=options)
+    runner = Runner(job, seq)
+    if settings is not None:
+        runner.executor.settings = settings
+    inputs = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=5)
+    return runner, {k: v.clone() for k, v in runner(inputs).items()}
+
+
+@pytest.mark.parametrize("program,seq,options", [("llama7b", 40, {"attention": "fused"}), ("bgemm", 45, {})])
+def test_static_dispatch_is_bit_identical_to_waves(program, seq, options, monkeypatch):
+    """One program under the interpreter (a second would wait for an item of one not started):
+    the queue order itself, every wait already satisfied."""
+    monkeypatch.setenv("PTO_DISPATCH", "static")
+    rw, want = _outputs(program, seq, options, "waves")
+    rw.close()
+    rp, got = _outputs(program, seq, options, "persistent")
+    try:
+        assert rp.executor.kernel.dispatch == "static" and rp.executor.programs == 1
+        assert "tl.atomic_add(nxt, 1" not in rp.executor.kernel.rendered.source
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+        rp.executor.check()  # every item taken
+    finally:
+        rp.close()
+
+
+def test_static_dispatch_over_several_programs_runs_every_item_where_its_index_says():
+    """Tasks without dependencies (softmax's row tiles) on 3 programs, one after another under
+    the interpreter: item i runs on program i mod 3, every item once, the rows right."""
+    rw, want = _outputs("softmax", 300, {}, "waves")
+    rw.close()
+    rp, got = _outputs("softmax", 300, {}, "persistent", MegakernelSettings(programs=3, dispatch="static"))
+    try:
+        ex = rp.executor
+        assert ex.programs == 3 and ex.plan.n_items > 3
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+        ex._launch(trace=True)
+        ex.check()
+        records = ex.trace_records()
+        order = {(int(t), int(p)): i for i, (t, p) in enumerate(ex.plan.items)}
+        assert sorted(order.values()) == list(range(ex.plan.n_items))
+        assert all(r.program == order[(r.task - ex.plan.first_task, r.p)] % 3 for r in records)
+    finally:
+        rp.close()
+
+
+def test_a_wait_that_never_ends_is_reported_with_its_task_under_static_dispatch():
+    job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
+    runner = Runner(job, 40)
+    runner.executor.settings = MegakernelSettings(dispatch="static")
+    try:
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
+        ex = runner.executor
+        ex.kernel.max_polls = 50
+        victim = int(np.nonzero(ex.plan.pending)[0][-1])
+        ex.kernel.buf["pending0"][victim] += 1
+        ex.replay()
+        with pytest.raises(ExecutionError, match=rf"predecessors of task {victim + ex.plan.first_task} "):
+            ex.check()
+    finally:
+        runner.close()
+
+
+def test_the_descriptors_say_which_tasks_wait():
+    """Column 4 of an item's descriptor: its task has predecessors (a task without any does not
+    poll its counter)."""
+    from pto.backends.triton.megakernel import item_descriptors
+
+    runner, _ = _outputs("llama7b", 40, {"attention": "fused"}, "persistent")
+    try:
+        plan = runner.executor.plan
+        d = item_descriptors(plan)
+        assert d.shape == (plan.n_items, 5)
+        assert np.array_equal(d[:, 4], (plan.pending[plan.items[:, 0]] > 0).astype(np.int64))
+        assert 0 < d[:, 4].sum() < plan.n_items
+    finally:
+        runner.close()
+
+
+def test_an_unknown_dispatch_is_one_line(monkeypatch):
+    from pto.backends.triton.megakernel import resolve_dispatch
+
+    monkeypatch.setenv("PTO_DISPATCH", "fastest")
+    with pytest.raises(UsageError, match=r"^PTO_DISPATCH='fastest': the megakernel's dispatch is queue or static$"):
+        resolve_dispatch(None)
+    assert resolve_dispatch("static") == "static"
+    with pytest.raises(UsageError, match=r"^dispatch='x'"):
+        resolve_dispatch("x")
