@@ -86,11 +86,15 @@ def test_replays_reset_the_counters_and_read_new_inputs():
         runner.close()
 
 
-def test_a_wait_that_never_ends_is_reported_with_its_task():
+@pytest.mark.parametrize("dispatch", ["queue", "static"])
+def test_a_wait_that_never_ends_is_reported_with_its_task(dispatch):
     """A dependency that is never released (a predecessor counter one too high) makes the
     waiting program give up after max_polls: an error naming the task, not a hung kernel."""
+    from pto.backends.triton import MegakernelSettings
+
     job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
     runner = Runner(job, 40)
+    runner.executor.settings = MegakernelSettings(dispatch=dispatch)
     try:
         runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         ex = runner.executor

@@ -1,8 +1,8 @@
 """The persistent kernel's static dispatch (``PTO_DISPATCH=static``, ``MegakernelSettings.dispatch``:
 program k runs items k, k + P, k + 2P, ... of the queue order, no queue atomic) under the Triton
 interpreter: bit-identical to the wave executor, every item run once by the program its index
-names, a wait that never ends still reported with its task; the items' descriptors say which
-tasks wait at all; an unknown dispatch is one line."""
+names (a wait that never ends: tests/exec/test_persistent.py, both dispatches); the items'
+descriptors say which tasks wait at all; an unknown dispatch is one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from pto.backends.triton import MegakernelSettings  # noqa: E402
 from pto.engine import Runner, resolve  # noqa: E402
-from pto.errors import ExecutionError, UsageError  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -69,23 +69,6 @@ def test_static_dispatch_over_several_programs_runs_every_item_where_its_index_s
         assert all(r.program == order[(r.task - ex.plan.first_task, r.p)] % 3 for r in records)
     finally:
         rp.close()
-
-
-def test_a_wait_that_never_ends_is_reported_with_its_task_under_static_dispatch():
-    job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
-    runner = Runner(job, 40)
-    runner.executor.settings = MegakernelSettings(dispatch="static")
-    try:
-        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
-        ex = runner.executor
-        ex.kernel.max_polls = 50
-        victim = int(np.nonzero(ex.plan.pending)[0][-1])
-        ex.kernel.buf["pending0"][victim] += 1
-        ex.replay()
-        with pytest.raises(ExecutionError, match=rf"predecessors of task {victim + ex.plan.first_task} "):
-            ex.check()
-    finally:
-        runner.close()
 
 
 def test_the_descriptors_say_which_tasks_wait():

@@ -3,12 +3,13 @@ executor, :mod:`pto.exec.persistent`, compiled and launched by :mod:`pto.backend
 
 Every program of the launch loops: it takes the next work item (a task and an index of its
 parallel axis) from a device queue (one atomic counter over an array in topological order; with
-static dispatch, program k takes every P-th item from the k-th, no atomic), waits until the task's pending-predecessor counter is zero (acquire), runs the task's InCore
-variant (the same device functions the batched kernels call, :mod:`pto.codegen.triton.body`,
-dispatched on a branch id), and marks completion: the last item of a task to finish decrements
-the pending counters of the task's successors (release). A program takes its next item and
-loads that item's descriptor (and the current task's completion counts) before it runs the
-current one, so those loads' latency hides behind the work instead of adding to the time
+static dispatch, program k takes every P-th item from the k-th, no atomic), waits until the
+task's pending-predecessor counter is zero (acquire), runs the task's InCore variant (the same
+device functions the batched kernels call, :mod:`pto.codegen.triton.body`, dispatched on a
+branch id), and marks completion: the last item of a task to finish decrements the pending
+counters of the task's successors (release). A program takes its next item and loads that item's
+descriptor (and the current task's completion counts) before it runs the current one, so those
+loads' latency hides behind the work instead of adding to the time
 between items. The proof that this cannot deadlock and
 the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
