@@ -4,10 +4,11 @@ from __future__ import annotations
 
 
 def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
-    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
+    opts = "".join(f" {k}={res[k]}" for k in options if res.get(k, "") != "")
+    # the program's named shape (seq=..., or cache=... batch=...)
+    shape = " ".join(f"{k}={v}" for k, v in res.get("shape", {"seq": res.get("seq")}).items())
     lines = [
-        f"{res['program']} seq={res['seq']} config={res['config']} dtype={res['dtype']} target={res['target']}"
-        f"{opts}",
+        f"{res['program']} {shape} config={res['config']} dtype={res['dtype']} target={res['target']}{opts}",
         f"device={res['device']} backend={res['backend']} executor={res['executor']}",
         f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
         f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",

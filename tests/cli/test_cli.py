@@ -31,6 +31,19 @@ def test_run_check_json(program):
     assert out["tasks"] > 0
 
 
+@pytest.mark.parametrize("args,first", [
+    (["run", "softmax", "--seq", "64", "--check"], "softmax seq=64 config=tiny dtype=f32"),
+    (["run", "model", "--cache", "64", "--batch", "2", "--check"], "model cache=64 batch=2 config=tiny dtype=f32")])
+def test_the_text_summary_names_the_shape_by_name(args, first):
+    """The summary without --json: the program's named shape (a decode step's cache and batch,
+    not a seq it has none of), the options that have a value, the error against the reference."""
+    r = pto(*args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(first) and "weights=" not in lines[0], lines[0]
+    assert any(line.startswith("rel_err ") for line in lines)
+
+
 def test_run_json_reports_the_program_options():
     out = json.loads(pto("run", "llama7b", "--seq", "40", "--attention", "pair", "--no-causal", "--json").stdout)
     assert (out["attention"], out["causal"], out["config"]) == ("pair", False, "tiny")
