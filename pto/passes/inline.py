@@ -213,7 +213,8 @@ class Member:
 
     def _access(self, s: Instr, top: bool) -> list:
         if s.op is Op.LOAD and int(s.attr("step")) != 1:
-            raise Refused(f"`{self.fn.name}` loads every {s.attr('step')}th row of `{s.srcs[0]}` (not fused)")
+            raise Refused(f"`{self.fn.name}` loads a strided tile of `{s.srcs[0]}` (a row in every "
+                          f"{s.attr('step')}; not fused)")
         if s.op is Op.LOAD:
             mem, row, col = s.srcs
             tile = s.dst

@@ -135,6 +135,23 @@ def test_a_members_rows_of_a_region_bound_without_extent_is_refused():
     assert not rep.fused and "`x.rows`" in rep.refused[0].reason
 
 
+def test_a_member_with_a_strided_load_is_refused():
+    """A strided load (every s-th row) of the region the producer wrote: the fused function
+    would read its slot as contiguous rows, so the pass refuses the pair, says why, and the
+    program is left as written (``_same`` checks its values)."""
+    def body(k, r):
+        d = k.tile("d", 2, 4, f32)
+        k.load(d, r["s"], 0, 0, step=2)
+        k.store(r["y"], 0, 0, d)
+    consume = _tile_fn("consume", (("s", None), ("y", None)), body)
+    o = Orchestration("prog")
+    X, S, Y = o.input("x", 4, 4, f32), o.temp("s", 4, 4, f32), o.output("y", 2, 4, f32)
+    o.call(_produce(), {"x": X, "s": S})
+    o.call(consume, {"s": S, "y": Y})
+    rep = _same(o.module(), {})
+    assert not rep.fused and "loads a strided tile of `s` (a row in every 2" in rep.refused[0].reason
+
+
 @pytest.mark.parametrize("tile_rows,row_off,pad", [(4, 0, 0.0), (8, 0, 0.0), (4, 2, 0.0), (4, 0, 5.0)])
 @pytest.mark.parametrize("merge", [False, True])
 def test_a_tiled_union_keeps_each_loads_own_padding(tile_rows, row_off, pad, merge):
