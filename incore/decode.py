@@ -180,38 +180,20 @@ def decode_attn_combine(dtype, head_dim: int, chunk: int, target=None) -> Incore
 def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, target=None) -> IncoreFunction:
     """:func:`decode_attn_combine` with every partial state read at once: one query head's
     ``parts`` states (rows ``i * heads`` of ``o`` and ``ml``: every ``heads``-th row) as one
-    strided load each, merged with their largest m (:func:`_combine_parts`), where the loop
-    waits on a load per chunk. The parts past the position have m = -inf (weight 0), so all are
-    read and no position is needed."""
+    strided load each, where the loop waits on a load per chunk: ``sum_i 2^(m_i - M) o_i /
+    sum_i 2^(m_i - M) l_i``, ``M`` their largest m (finite: chunk 0 holds the position's own
+    key). The parts past the position have m = -inf (weight 2^-inf = 0), so all are read and no
+    position is needed."""
     k = InCore("decode_attn_combine_parts")
     D = head_dim
     o = k.memref("o", f32, shape=((parts - 1) * heads + 1, D))
     ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
     y = k.memref("y", dtype, shape=(1, D))
-    av = _combine_parts(k, _load_parts(k, (o, ml), 0, (heads, parts, D)), _scratch(k, D))
-    out = k.tile("out", 1, D, dtype)
-    k.cast(out, av)
-    k.store(y, 0, 0, out)
-    return k.build(target)
-
-
-def _load_parts(k: InCore, src, row, sizes: tuple, tag: str = ""):
-    """The tiles of one head's partial states (``sizes``: heads, parts, D) from rows ``row + i
-    * heads`` of ``src`` (o, ml): m (-inf past the memref), l and o."""
-    (o, ml), (heads, parts, D) = src, sizes
-    m, lw, oh = k.tile(f"m{tag}", parts, 1, f32), k.tile(f"lw{tag}", parts, 1, f32), k.tile(f"oh{tag}", parts, D, f32)
-    k.load(m, ml, row, 0, pad=float("-inf"), step=heads)
-    k.load(lw, ml, row, 1, step=heads)
-    k.load(oh, o, row, 0, step=heads)
-    return m, lw, oh
-
-
-def _combine_parts(k: InCore, states, scratch):
-    """``sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i`` of loaded partial states (``M`` their
-    largest m: finite, chunk 0 holds the position's own key; a part past the position weighs
-    2^-inf = 0), into ``av`` of ``scratch`` (f32 tiles top [1, 1], lsum [1, 1], av [1, D])."""
-    m, lw, oh = states
-    top, lsum, av = scratch
+    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
+    k.load(m, ml, 0, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
+    k.load(lw, ml, 0, 1, step=heads)
+    k.load(oh, o, 0, 0, step=heads)
+    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
     k.colmax(top, m)
     k.colexpandsub(m, m, top)
     k.exp2(m, m)
@@ -220,12 +202,10 @@ def _combine_parts(k: InCore, states, scratch):
     k.rowexpandmul(oh, oh, m)
     k.colsum(av, oh)
     k.rowexpanddiv(av, av, lsum)
-    return av
-
-
-def _scratch(k: InCore, D: int):
-    """The tiles :func:`_combine_parts` computes in."""
-    return k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
+    out = k.tile("out", 1, D, dtype)
+    k.cast(out, av)
+    k.store(y, 0, 0, out)
+    return k.build(target)
 
 
 def decode_attn_merge(head_dim: int, chunk: int, span: int, target=None) -> IncoreFunction:

@@ -158,10 +158,16 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     y1, y2 = k.tile("y1", 1, bh, f32), k.tile("y2", 1, bh, f32)
     k.full(y1, 0.0)
     k.full(y2, 0.0)
+    early = bk >= K  # one K step: the weights' loads before the norm's reduction (gemv_accumulate's)
     with k.for_range("kk", 0, K, bk) as kk:
-        k.load(b1, w, t * D + i0, kk)  # (before the norm's reduction: gemv_accumulate's one step)
-        k.load(b2, w, t * D + half + i0, kk)
+        blocks = ((b1, t * D + i0), (b2, t * D + half + i0))
+        if early:
+            for b, row in blocks:
+                k.load(b, w, row, kk)
         norm.step(x, kk, a)
+        if not early:
+            for b, row in blocks:
+                k.load(b, w, row, kk)
         k.matmul_acc(y1, a, b1, tb=True)
         k.matmul_acc(y2, a, b2, tb=True)
     norm.scale(y1, y2)

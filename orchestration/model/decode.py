@@ -16,9 +16,11 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
    ``DecodeTiling.rope_in_qkv``: models below hidden 2048, measured) 1 and 2 are one task,
    ``gemv_norm_rope_append_tile``, RoPE and the append in the projection's epilogue;
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
-   (flash-decoding), then per query head ``decode_attn_combine``; for a long cache (more than
-   ``DecodeTiling.span`` chunks, a multiple of it) first ``decode_attn_merge`` per span of that
-   many chunks and query head, then the combine over the spans;
+   (flash-decoding), then per query head ``decode_attn_combine_parts`` (a head's partial states
+   read at once, where they are at most ``COMBINE_ROWS``; else ``decode_attn_combine``'s loop
+   over them); for a long cache (more than ``DecodeTiling.span`` chunks, a multiple of it)
+   first ``decode_attn_merge`` per span of that many chunks and query head, then the combine
+   over the spans;
 4. ``matmul_residual_tile``: x2 = x + attn @ wo; ``matmul_norm_swiglu_tile``: h =
    swiglu(rmsnorm(x2)); ``matmul_residual_tile``: x = x2 + h @ wd.
 
@@ -119,18 +121,12 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # tiles of its own: a function of its own (a module's InCore functions have distinct names)
     proj_o = proj if o_tiles == (t.bn, t.bk) else replace(projection(*o_tiles), name=f"{proj.name}_o")
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
-    qkv_rope = None
-    if batch == 1 and t.wt and t.rope_in_qkv:
-        # pairs a program: by default its rows as the plain GEMV's
-        bh = math.gcd(t.rope_bh or max(1, qkv_bn // 2), D // 2)
-        qkv_rope = _widest(lambda bk: gemv_norm_rope_append_tile(dt, H, (c.heads, c.kv_heads, D), bh, bk, c.eps,
-                                                                 cfg.max_positions, target), qkv_bk)[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         combine_parts=combine_parts,
-        qkv_rope=qkv_rope,
+        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk)) if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
@@ -144,6 +140,15 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
         advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
     )
+
+
+def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, tiles: tuple[int, int]):
+    """One sequence's q, k, v projection with RoPE and the append in its epilogue, ``tiles`` the
+    plain projection's (bn, bk): by default a program's pairs are its rows."""
+    c, (bn, bk) = cfg.layer, tiles
+    bh = math.gcd(t.rope_bh or max(1, bn // 2), c.head_dim // 2)
+    return _widest(lambda b: gemv_norm_rope_append_tile(dt, c.hidden, (c.heads, c.kv_heads, c.head_dim), bh, b, c.eps,
+                                                         cfg.max_positions, target), bk)[0]
 
 
 def _widest(build, size: int):

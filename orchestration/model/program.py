@@ -43,9 +43,11 @@ CONFIGS = {
 }
 #: the tiles of the CPU's tiny configurations (few tasks) and of real sizes
 TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32, dot_bk=32)
-#: the rest: the down projection in one K step of 2048 (SmolLM2's 1536 columns: 2.91 against 3.65
-#: us a layer in two steps of 1024 on an H200), the other projections in steps of 1024; the LM
-#: head in blocks of 256 vocabulary columns (22.2 against 25.2 us a step with 512)
+#: the rest (hidden 256 to 2047): the down projection in K steps of 2048, the other projections
+#: in steps of 1024, the LM head in blocks of 256 vocabulary columns. Measured on SmolLM2 only (an
+#: H200: its down projection's 1536 columns in one step 2.91 against 3.65 us a layer in two of
+#: 1024; the head 22.2 against 25.2 us a step in blocks of 512); a model of this range with an
+#: FFN wider than 2048 takes several steps, one of them partly masked, unmeasured
 TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 #: models of hidden 2048 and more: the gate/up projection in blocks of 8 outputs, K steps of 2048
 #: (an 8B model's, measured on an H100: DecodeTiling.ffn_bn); RoPE as its own task (the 8B

@@ -122,8 +122,11 @@ class PersistentExecutor(Executor):
             raise ExecutionError(f"persistent executor: a program waited more than {self.kernel.max_polls:,} polls "
                                  f"for the predecessors of task {t + self.plan.first_task} (`{fn.variant_name}`); "
                                  "a dependency was never released")
-        if self.kernel.items_taken() < self.plan.n_items:
+        taken = self.kernel.items_taken()
+        if taken < self.plan.n_items:
             raise ExecutionError("persistent executor: the kernel ended before taking every work item")
+        if self.kernel.dispatch == "static" and taken != self.plan.n_items:  # (each program counts its own)
+            raise ExecutionError(f"persistent executor: the programs ran {taken:,} items of {self.plan.n_items:,}")
 
     def trace_records(self) -> list[ItemRecord]:
         """One record per work item of the last traced run."""

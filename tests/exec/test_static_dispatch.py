@@ -63,12 +63,27 @@ def test_static_dispatch_over_several_programs_runs_every_item_where_its_index_s
             assert torch.equal(got[k], want[k]), k
         ex._launch(trace=True)
         ex.check()
+        assert ex.kernel.items_taken() == ex.plan.n_items  # each program counted its own, once
         records = ex.trace_records()
         order = {(int(t), int(p)): i for i, (t, p) in enumerate(ex.plan.items)}
         assert sorted(order.values()) == list(range(ex.plan.n_items))
         assert all(r.program == order[(r.task - ex.plan.first_task, r.p)] % 3 for r in records)
     finally:
         rp.close()
+
+
+def test_several_programs_of_a_graph_with_dependencies_are_refused_under_the_interpreter():
+    """The interpreter runs programs one after another: with static dispatch a second program's
+    items would be waited for before it starts. One line, before any work."""
+    job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
+    runner = Runner(job, 40)
+    runner.executor.settings = MegakernelSettings(programs=2, dispatch="static")
+    try:
+        with pytest.raises(UsageError, match=r"^static dispatch of 2 programs under the Triton interpreter: .*one "
+                                             r"program\)$"):
+            runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
+    finally:
+        runner.close()
 
 
 def test_the_descriptors_say_which_tasks_wait():

@@ -21,6 +21,7 @@ from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
 from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, MegaKernel, fit_megakernel, render_megakernel
 from pto.codegen.triton.scan import scan_table
+from pto.errors import UsageError
 
 #: polls of a predecessor counter before a program gives up (about 1 s per 2**21 on an H100)
 MAX_POLLS = 1 << 24
@@ -51,8 +52,6 @@ def resolve_dispatch(choice: str | None) -> str:
     """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`; UsageError naming an
     unknown one."""
     import os
-
-    from pto.errors import UsageError
 
     d = choice or os.environ.get("PTO_DISPATCH") or DEFAULT_DISPATCH
     if d not in DISPATCH:
@@ -181,11 +180,25 @@ class Megakernel:
     def _resident_programs(self) -> int:
         """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
         the interpreter (it runs programs one after another), 1 with static dispatch there (a
-        program would wait for an item of one that has not started)."""
-        if self.settings.programs:
-            return self.settings.programs
+        program would wait for an item of one that has not started). A count the settings ask
+        for is taken as it is, but static dispatch refuses more than are resident at once."""
+        asked = self.settings.programs
+        if asked and self.dispatch == "queue":
+            return asked
         if not self.compiles:
-            return 1 if self.dispatch == "static" else 2
+            if asked and asked > 1 and (self.plan.pending > 0).any():
+                raise UsageError(f"static dispatch of {asked} programs under the Triton interpreter: it runs them one "
+                                 "after another, so a program would wait for an item of one not started (a graph "
+                                 "with dependencies takes one program)")
+            return asked or (1 if self.dispatch == "static" else 2)
+        fit = self._resident_on_gpu()
+        if asked and asked > fit:
+            raise UsageError(f"static dispatch of {asked} programs: the GPU holds {fit} of this kernel at once, and "
+                             "every program must be resident (use at most that many, or the queue)")
+        return asked or fit
+
+    def _resident_on_gpu(self) -> int:
+        """The compiled kernel's programs the GPU holds at once (its compile info recorded)."""
         from pto.target import detect
 
         tg = detect("cuda", self.device.index or 0)

@@ -163,12 +163,7 @@ def _kernel_lines(calls: list, sentinel: bool, static: bool) -> list[str]:
         "    running = i < n_items",
         "    # the item's descriptor (a program past the last item reads the last one's, or the table's",
         "    # one row of zeros when there are none, and stops)",
-        f"    d = items + {ITEM_COLS} * tl.maximum(tl.minimum(i, n_items - 1), 0).to(tl.int64)",
-        "    task = tl.load(d).to(tl.int32)",
-        "    p = tl.load(d + 1).to(tl.int32)",
-        "    branch = tl.load(d + 2).to(tl.int32)",
-        "    roff = tl.load(d + 3)",
-        "    waits = tl.load(d + 4)",
+        *_descriptor_lines("    ", "i", "d", ""),
         "    while running:",
         "        # wait for the predecessors (acquire: their writes are visible after this); a task",
         "        # without any does not ask",
@@ -188,12 +183,7 @@ def _kernel_lines(calls: list, sentinel: bool, static: bool) -> list[str]:
         f"            i_next = {then}",
         "            # the next item's descriptor and this task's completion counts: loads in flight",
         "            # while the item runs (their values are used after it: these round trips hide)",
-        f"            dn = items + {ITEM_COLS} * tl.maximum(tl.minimum(i_next, n_items - 1), 0).to(tl.int64)",
-        "            task_n = tl.load(dn).to(tl.int32)",
-        "            p_n = tl.load(dn + 1).to(tl.int32)",
-        "            branch_n = tl.load(dn + 2).to(tl.int32)",
-        "            roff_n = tl.load(dn + 3)",
-        "            waits_n = tl.load(dn + 4)",
+        *_descriptor_lines("            ", "i_next", "dn", "_n"),
         "            want = tl.load(nitems + task)",
         "            s0 = tl.load(succ_ptr + task)",
         "            s1 = tl.load(succ_ptr + task + 1)",
@@ -210,6 +200,16 @@ def _kernel_lines(calls: list, sentinel: bool, static: bool) -> list[str]:
         body.append(f"                {call}")
     tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if static else []
     return body + _completion_lines(sentinel) + tail
+
+
+def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[str]:
+    """The loads of item ``index``'s descriptor (clamped into the table) into ``task``, ``p``,
+    ``branch``, ``roff`` and ``waits`` (each name with ``suffix``)."""
+    out = [f"{ptr} = items + {ITEM_COLS} * tl.maximum(tl.minimum({index}, n_items - 1), 0).to(tl.int64)"]
+    for col, (name, cast) in enumerate((("task", ".to(tl.int32)"), ("p", ".to(tl.int32)"),
+                                        ("branch", ".to(tl.int32)"), ("roff", ""), ("waits", ""))):
+        out.append(f"{name}{suffix} = tl.load({ptr}{f' + {col}' if col else ''}){cast}")
+    return [indent + line for line in out]
 
 
 def _completion_lines(sentinel: bool) -> list[str]:
