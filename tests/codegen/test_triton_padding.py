@@ -41,7 +41,7 @@ from pto.codegen.triton.common import block_shape  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-from tests.codegen.test_triton_backend import _clone_mems, _run_batch  # noqa: E402
+from tests.codegen.tritonkit import clone_mems, run_batch, temp_cache_dir  # noqa: E402,F401 (applies itself)
 from tests.opkit import rand  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
@@ -54,18 +54,6 @@ pytestmark = [pytest.mark.interpret,
 SHAPES = [(3, 5), (12, 20), (9, 64), (1, 576)]
 ULP = 2.0 ** -24  # unit roundoff of f32
 SENTINEL = 7.0  # what the output tensor holds where no store may write
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory):
-    """Generated sources go to a temporary cache, not the user's."""
-    old = os.environ.get("PTO_CACHE_DIR")
-    os.environ["PTO_CACHE_DIR"] = str(tmp_path_factory.mktemp("pto-cache"))
-    yield
-    if old is None:
-        os.environ.pop("PTO_CACHE_DIR", None)
-    else:
-        os.environ["PTO_CACHE_DIR"] = old
 
 
 @pytest.fixture
@@ -306,10 +294,10 @@ def test_batch_of_odd_tiles_matches_torch_backend(full):
             "w": rb(w, [(0, 0, c, 24) for _, c in shapes]),
             "y": rb(y, [(12 * i, 3, r, 24) for i, (r, _) in enumerate(shapes)]),
             "z": rb(z, [(i, 1, 1, 24) for i in range(size)])}
-    ref, got = _clone_mems(mems), _clone_mems(mems)
-    _run_batch(_odd_rowwise_fn(), ref, {}, size, TorchBackend())
+    ref, got = clone_mems(mems), clone_mems(mems)
+    run_batch(_odd_rowwise_fn(), ref, {}, size, TorchBackend())
     be = TritonBackend("cpu")
-    _run_batch(_odd_rowwise_fn(), got, {}, size, be)
+    run_batch(_odd_rowwise_fn(), got, {}, size, be)
     if full:  # the mask-free path: only the padding lanes masked
         assert all(gr.flags["EVEN_x"] for gr in be.groups(TaskBatch(_odd_rowwise_fn(), mems, {}, size)))
     for name in ("y", "z"):

@@ -31,7 +31,7 @@ from pto.ir.analysis import specialize, tile_shape  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.programs import get  # noqa: E402
 from pto.target import get as target  # noqa: E402
-from tests.codegen.test_triton_backend import _jobs_sm90  # noqa: E402
+from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
 from tests.sm90 import compile_sm90  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
@@ -176,7 +176,7 @@ def test_padded_kernels_compile_for_sm90(tmp_path):
         kern = render(fn)
         for even in (False, True):
             jobs.append((kern, {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in fn.memrefs}))
-    results = compile_sm90(_jobs_sm90(jobs), tmp_path)
+    results = compile_sm90(jobs_sm90(jobs), tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
     mm = [r for r in results if r["name"].startswith(("matmul", "flash_fused", "flash_pair", "flash_score"))]
