@@ -56,8 +56,9 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
     # (the 8B model's gate/up, two steps, took 3% longer with its weights first)
     early = norm is not None and g.bk >= norm.K
     with k.for_range("kk", 0, g.K, g.bk) as kk:
-        for n, w in weights.items() if early else ():
-            k.load(blocks[n], w, j * g.bn, kk)
+        if early:
+            for n, w in weights.items():
+                k.load(blocks[n], w, j * g.bn, kk)
         if norm is not None:
             norm.step(x, kk, a)
         else:

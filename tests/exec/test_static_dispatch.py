@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.interpret,
                                  reason="needs the Triton interpreter (TRITON_INTERPRET=1)")]
 
 
-def _outputs(program, seq, options, executor, settings=None, trace=False):
+def _outputs(program, seq, options, executor, settings=None):
     job = resolve(program, device="cpu", backend="triton", executor=executor, options=options)
     runner = Runner(job, seq)
     if settings is not None:

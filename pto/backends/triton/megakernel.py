@@ -12,6 +12,7 @@ device (two memsets and a copy) and launches again, so it can be captured in a C
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,8 +52,6 @@ DEFAULT_DISPATCH = "queue"
 def resolve_dispatch(choice: str | None) -> str:
     """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`; UsageError naming an
     unknown one."""
-    import os
-
     d = choice or os.environ.get("PTO_DISPATCH") or DEFAULT_DISPATCH
     if d not in DISPATCH:
         src = "PTO_DISPATCH" if not choice else "dispatch"
