@@ -137,7 +137,7 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
         ms = events_ms(one, steps)
         out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name,
                # the megakernel is one plain launch
-               "pdl": (step.executor.backend.options.pdl or "off") if step.executor.name == "waves" else "off"}
+               "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
         if kernels:
             out["kernels"] = kernel_times(one, 8)
         if step.executor.name == "persistent":

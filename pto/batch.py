@@ -7,7 +7,7 @@ the backends and the tile evaluator all speak it; it depends on nothing but torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,13 +32,20 @@ class TaskBatch:
     ``mems[p]`` holds, for every task, the region memref parameter ``p`` is bound to (all tasks
     of a batch bind ``p`` to the same tensor); ``scalars[s]`` the per-task values of scalar
     parameter ``s`` (int64 vectors of length ``size``). Tasks of a batch never write overlapping
-    elements.
+    elements. ``readonly``: memref parameters bound to tensors that no task of the graph writes
+    and that were written before the graph's first launch (its inputs, from its second launch on):
+    a kernel launched as a programmatic dependent of the previous one may load them before it
+    waits (``RenderOptions.pre``).
     """
 
     fn: IncoreFunction
     mems: dict[str, RegionBatch]
     scalars: dict[str, torch.Tensor]
     size: int
+    readonly: frozenset[str] = field(default_factory=frozenset)
+    #: the launch after this one loads inputs before its wait: this one signals right after its own
+    #: wait, so that those loads overlap its work (the "auto" PDL policy)
+    chain: bool = False
 
 
 __all__ = ["RegionBatch", "TaskBatch"]

@@ -47,6 +47,14 @@ class Backend:
         """Device launches one prepared batch makes."""
         return self.prepare(batch).count
 
+    #: programmatic-dependent-launch policy ("auto": the executor tells each batch whether the
+    #: next loads early, TaskBatch.chain; "" for a backend without PDL)
+    pdl = ""
+
+    def loads_early(self, batch: TaskBatch) -> bool:
+        """Does ``batch``'s launch load inputs before it waits for the previous launch?"""
+        return False
+
     def launch_config(self, fn, tasks: int = 1) -> Mapping:
         """The launch settings of a batch of ``tasks`` tasks of ``fn`` (a mapping of launch
         keywords; ``GROUP``: the parallel axis's program order); none for a backend without

@@ -69,6 +69,13 @@ class _Args:
         return tens, reg, sca
 
 
+def input_ids(graph: Graph) -> set[int]:
+    """Runtime ids of ``graph``'s input tensors (the verifier refuses a write to one)."""
+    entry = graph.program.module.entry_function
+    return {tid for name, tid in graph.tensor_ids.items()
+            if (d := entry.tensor(name)) is not None and d.role == "input"}
+
+
 class WaveExecutor(Executor):
     """Runs one graph's tasks on ``tensors`` (name -> torch tensor) with ``backend``."""
 
@@ -86,6 +93,9 @@ class WaveExecutor(Executor):
         self.sync_each_launch = sync_each_launch
         self.sentinel = sentinel
         self.flags: TaskFlags | None = None  # the sentinel's records of the last run
+        # PDL "auto": a batch is issued once the next is known (whether it loads early decides
+        # where the first signals); not with per-launch records, syncs or the sentinel's scans
+        self._defer = getattr(backend, "pdl", "") == "auto" and not (record or sync_each_launch or sentinel)
         self._reset()
 
     def _reset(self) -> None:
@@ -94,11 +104,15 @@ class WaveExecutor(Executor):
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
         self._held: list | None = None  # launches held back while their kernels compile (run)
+        self._inputs: set[int] = set()  # ids of the graph's input tensors (run: TaskBatch.readonly)
+        self._next: tuple | None = None  # the batch whose issue waits for the next one (_defer)
+        self._batches = 0  # batches made this run
 
     # -- one graph, fully built ------------------------------------------------------------
     def run(self, graph: Graph) -> ExecStats:
         """Execute a fully built graph (window 0)."""
         self._reset()
+        self._inputs = input_ids(graph)
         args = _Args(graph.runtime, bulk=True)
         if self.sentinel:
             self.flags = TaskFlags(args.export, {tid: self.tensors[n] for n, tid in graph.tensor_ids.items()},
@@ -204,6 +218,9 @@ class WaveExecutor(Executor):
             waves += 1
             if self.progress is not None:
                 self.progress(done, total())
+        if self._next is not None:
+            self._issue(*self._next)
+            self._next = None
         if self.sync_each_launch or self.record:
             self.sync()
         ms = (time.perf_counter() - t0) * 1e3
@@ -240,7 +257,22 @@ class WaveExecutor(Executor):
                 mems[p.name] = RegionBatch(by_id[int(tens[0, k])], *r.unbind(0))
             else:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
-        batch = TaskBatch(fn, mems, scalars, len(ids))
+        # inputs are never written by the graph: a launch after the first may load them before
+        # it waits for its predecessor (the first waits for whatever wrote them before the run)
+        readonly = frozenset(p.name for k, p in enumerate(fn.params) if isinstance(p, MemRefParam)
+                             and int(tens[0, k]) in self._inputs) if self._batches else frozenset()
+        self._batches += 1
+        batch = TaskBatch(fn, mems, scalars, len(ids), readonly)
+        if self._defer:
+            prev, self._next = self._next, (wave, ids, batch)
+            if prev is not None:
+                prev[2].chain = self.backend.loads_early(batch)
+                self._issue(*prev)
+        else:
+            self._issue(wave, ids, batch)
+
+    def _issue(self, wave, ids, batch: TaskBatch) -> None:
+        fn = batch.fn
         if self.on_batch is not None:  # pto tune collects the batches it times
             self.on_batch(batch)
         ahead = self._held is not None

@@ -150,6 +150,17 @@ def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
 
 
 
+def substitute_stmt(s, mapping: dict[str, Expr]):
+    """Statement ``s`` with the names of ``mapping`` replaced in its scalar operands and loop bounds."""
+
+    def sub(e):
+        return substitute(e, mapping) if isinstance(e, Expr) else e
+
+    if isinstance(s, ForRange):
+        return ForRange(s.var, sub(s.lb), sub(s.ub), sub(s.step), tuple(substitute_stmt(b, mapping) for b in s.body))
+    return replace(s, srcs=tuple(sub(x) for x in s.srcs))
+
+
 def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> IncoreFunction:
     """The function with every dim replaced by a value (defaults for dims not given).
 
@@ -172,11 +183,6 @@ def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Incore
     def sub(e):
         return substitute(e, mapping) if isinstance(e, Expr) else e
 
-    def stmt(s):
-        if isinstance(s, ForRange):
-            return ForRange(s.var, sub(s.lb), sub(s.ub), sub(s.step), tuple(stmt(b) for b in s.body))
-        return replace(s, srcs=tuple(sub(x) for x in s.srcs))
-
     params = tuple(
         replace(p, shape=(sub(p.shape[0]), sub(p.shape[1])))
         if isinstance(p, MemRefParam) and p.shape is not None else p
@@ -189,7 +195,7 @@ def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Incore
         params=params,
         dims=(),
         tiles=tiles,
-        body=tuple(stmt(s) for s in fn.body),
+        body=tuple(substitute_stmt(s, mapping) for s in fn.body),
         parallel=parallel,
         variant=tuple(sorted(values.items())),
         loc=fn.loc,

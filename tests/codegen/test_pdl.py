@@ -1,7 +1,9 @@
 """Programmatic dependent launch (``RenderOptions.pdl``): the batched kernel's prologue, its
 digest, the launch keyword, and the PTX Triton makes of it for an H100 (compiled without a GPU).
-On a GPU of compute capability 9.0 and later the backend renders "late" by default (PTO_PDL=off|early|late;
-docs/PERF.md), so tests/gpu and bench/smoke.py run every batched kernel with it."""
+On a GPU of compute capability 9.0 and later the backend takes the "auto" policy by default (every kernel
+"late", or "chain" before a kernel that loads its inputs early: tests/codegen/test_pdl_early.py;
+PTO_PDL=off|early|late|chain|auto; docs/PERF.md), so tests/gpu and bench/smoke.py run every batched kernel
+with it."""
 
 from __future__ import annotations
 
@@ -68,14 +70,16 @@ def test_a_schedule_cannot_switch_pdl(monkeypatch):
 
 def test_a_gpu_backend_takes_its_mode_from_the_capability(monkeypatch):
     """A compiling backend (device cuda, no interpreter; the capability as a driver reports it):
-    "late" by default from 9.0 on, off below; asking for PDL below 9.0 is one error."""
+    "auto" by default from 9.0 on (kernels rendered "late" unless a batch says otherwise), off
+    below; asking for PDL below 9.0 is one error."""
     import torch
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("PTO_PDL", raising=False)
-    for cap, mode in (((9, 0), "late"), ((8, 0), "")):
+    for cap, policy, mode in (((9, 0), "auto", "late"), ((8, 0), "", "")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=cap: c)
-        assert TritonBackend("cuda").options.pdl == mode
+        be = TritonBackend("cuda")
+        assert (be.pdl, be.options.pdl) == (policy, mode)
     with pytest.raises(UsageError, match="needs compute capability 9.0 or later; cuda has 8.0"):
         TritonBackend("cuda", pdl="early")
 
@@ -103,14 +107,14 @@ def test_interpreter_backend_refuses_pdl(monkeypatch):
 
 
 def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
-    """"late" by default from compute capability 9.0 on, where kernels are compiled; PTO_PDL
+    """"auto" by default from compute capability 9.0 on, where kernels are compiled; PTO_PDL
     chooses; a misspelt value is one error; ``pto info`` says which mode a GPU gets."""
     from pto.device import format_info, info
 
     monkeypatch.delenv("PTO_PDL", raising=False)
-    assert [pdl_mode(c) for c in ((9, 0), (10, 0), (8, 9), None)] == ["late", "late", "", ""]
+    assert [pdl_mode(c) for c in ((9, 0), (10, 0), (8, 9), None)] == ["auto", "auto", "", ""]
     assert pdl_mode((9, 0), compiles=False) == ""
-    for env, mode in (("early", "early"), ("late", "late"), ("off", "")):
+    for env, mode in (("early", "early"), ("late", "late"), ("chain", "chain"), ("auto", "auto"), ("off", "")):
         monkeypatch.setenv("PTO_PDL", env)
         assert pdl_mode((9, 0)) == mode
     monkeypatch.setenv("PTO_PDL", "on")
@@ -127,8 +131,8 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     monkeypatch.setattr(pto.device, "resolve_device", lambda dev: "cuda")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     gpu = info("auto")
-    assert gpu["pdl"] == "late"
-    assert "programmatic dependent launch late (PTO_PDL)" in format_info(gpu)
+    assert gpu["pdl"] == "auto"
+    assert "programmatic dependent launch auto (PTO_PDL)" in format_info(gpu)
     assert gpu["tma"] == "on" and "tensor descriptors on (PTO_TMA)" in format_info(gpu)
     monkeypatch.setenv("PTO_PDL", "off")
     assert info("auto")["pdl"] == "off"

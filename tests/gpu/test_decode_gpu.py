@@ -37,6 +37,31 @@ def test_a_long_cache_in_wide_chunks_and_two_combine_levels_on_the_gpu(executor,
     _check_step(executor, batch, 2048)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_weights_loaded_before_the_wait_change_no_bit(batch, monkeypatch):
+    """The "auto" PDL policy (each GEMV's weights loaded before it waits for the previous launch,
+    the launch before it signalling right after its own wait) computes what "late" computes, bit
+    for bit: only loads of memory no task writes move, and the arithmetic is the same."""
+    from pto.engine import Runner, resolve
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    outs = []
+    for policy in ("late", "auto"):
+        monkeypatch.setenv("PTO_PDL", policy)
+        job = resolve("model", device="cuda", backend="triton", executor="waves", config="smollm2-135m", dtype="bf16")
+        shape = job.program.shape({"cache": 768, "batch": batch})
+        runner = Runner(job, shape)
+        try:
+            assert runner.executor.backend.pdl == policy
+            inputs = job.program.inputs(job.settings, shape, "cuda", seed=batch)
+            outs.append({k: v.clone() for k, v in runner(inputs).items()})
+        finally:
+            runner.close()
+    for name in ("logits", "tok", "pos"):
+        assert torch.equal(outs[0][name], outs[1][name]), name
+
+
 def _check_step(executor: str, batch: int, cache: int) -> None:
     from pto.engine import Runner, rel_err, resolve
 

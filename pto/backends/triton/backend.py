@@ -42,11 +42,11 @@ from pto.backends.triton.launch import (
 )
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
+from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
-from pto.codegen.triton.kernel import PDL_MODES
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
@@ -68,12 +68,15 @@ class TritonBackend(Backend):
     full from the clipped: at most 4 launches; the clipped tiles' launch runs after the full
     ones' and streams the weights again with a few programs: on an H100 the 7B layer at 1,537
     tokens took 1.69 ms so, 1.34 with "align", 1.32 at 1,664) or "none"; None: ``PTO_SPLIT``,
-    else "align". ``pdl``: launch with programmatic dependent launch (``RenderOptions.pdl``:
-    "early", "late" or "" for off); None: "late" where the kernels are compiled for a GPU of
-    compute capability 9.0 or later, unless the environment sets ``PTO_PDL`` (``off``,
-    ``early``, ``late``). Measured on an H100: the decode step 15% faster
-    (SmolLM2) with "late", 30% slower with "early"; the prefill layer unchanged
-    (docs/PERF.md "Programmatic dependent launch"). Tensor-descriptor loads of the large tiles
+    else "align". ``pdl``: the programmatic-dependent-launch policy (:data:`PDL_POLICIES`; "off"):
+    a render mode for every launch (``RenderOptions.pdl``: "early", "late", "chain"), or "auto":
+    each launch may load the graph's inputs before its wait (``TaskBatch.readonly``), and signals
+    "late", or "chain" (right after its wait) where the executor says the next launch loads early
+    (``TaskBatch.chain``, :meth:`loads_early`); None: "auto" where the kernels are compiled for a
+    GPU of compute capability 9.0 or later, unless the environment sets ``PTO_PDL``. Measured on
+    an H100: the SmolLM2 decode step 15% faster with "late" than without PDL, and 18% faster
+    again with "auto"; "early" 30% slower; the prefill layer unchanged by any (docs/PERF.md
+    "Programmatic dependent launch", "Tenth session"). Tensor-descriptor loads of the large tiles
     that feed matrix products (``RenderOptions.tma``, :mod:`pto.codegen.triton.tma`): on where
     the kernels are compiled for compute capability 9.0 or later, unless ``PTO_TMA=off`` (the
     7B layer 9-12% faster on an H100).
@@ -88,7 +91,10 @@ class TritonBackend(Backend):
         self.graph_capturable = self.device.type == "cuda"
         self._sum_buffers: dict = {}  # the collective batches' one sum buffer (pto/backends/triton/collective.py)
         self.options = options or RenderOptions()
-        self.options = replace(self.options, pdl=self._pdl(pdl))
+        #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
+        #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load inputs early
+        self.pdl = self._pdl(pdl)
+        self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl)
         self.options = replace(self.options, tma=self._tma())
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
@@ -114,8 +120,8 @@ class TritonBackend(Backend):
         cap = torch.cuda.get_device_capability(self.device) if self.compiles else None
         mode = asked if asked is not None else (self.options.pdl or pdl_mode(cap, self.compiles))
         mode = "" if mode == "off" else mode
-        if mode not in ("",) + PDL_MODES:
-            raise UsageError(f"pdl={mode!r}: one of {', '.join(PDL_MODES)} or off")
+        if mode not in ("",) + PDL_POLICIES:
+            raise UsageError(f"pdl={mode!r}: one of {', '.join(PDL_POLICIES)} or off")
         if mode and cap is None:
             raise UsageError("programmatic dependent launch (pdl) needs kernels compiled for a GPU; "
                              "this backend runs the Triton interpreter")
@@ -189,8 +195,7 @@ class TritonBackend(Backend):
             return TorchBackend().prepare(batch)
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
-        # a schedule may switch code generation options (RenderOptions fields) as well
-        kernel = self.kernel(fn, cfg.options(self.options))
+        kernel = self.kernel(fn, self.batch_options(cfg, batch))
         jit = load_kernel(kernel)
         args = []
         for p in fn.memrefs:
@@ -215,6 +220,24 @@ class TritonBackend(Backend):
         launches = fit_calls(jit, launches, self.shared_limit(), what)
         note(k)
         return launcher(jit, launches, groups, what)
+
+    def batch_options(self, cfg: LaunchConfig, batch: TaskBatch) -> RenderOptions:
+        """The code-generation options of ``batch``'s kernel: this backend's, those a schedule
+        switches (``cfg``), and under the "auto" and "chain" PDL policies the inputs it may load
+        before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
+        opts = cfg.options(self.options)
+        if self.pdl in ("auto", "chain") and batch.readonly:
+            opts = replace(opts, pre=tuple(sorted(batch.readonly)))
+        if self.pdl == "auto" and batch.chain:
+            opts = replace(opts, pdl="chain")
+        return opts
+
+    def loads_early(self, batch: TaskBatch) -> bool:
+        """Does ``batch``'s kernel load inputs before its PDL wait (so that the launch before it
+        should let it start early: ``TaskBatch.chain``)?"""
+        if self.pdl not in ("auto", "chain") or not batch.readonly or batch.size == 0 or has_collective(batch.fn):
+            return False
+        return self.kernel(batch.fn, self.batch_options(self.launch_config(batch.fn, batch.size), batch)).waits
 
     def uniform_launch(self, graph) -> dict[str, dict]:
         """Launch overrides (variant name -> parameters) that compile every batched kernel of
@@ -334,43 +357,10 @@ class TritonBackend(Backend):
         return out
 
 
-SPLIT_MODES = ("align", "masks", "none")
-
-
-def split_mode(asked: str | None) -> str:
-    """The backend's split mode: ``asked``, else ``PTO_SPLIT``, else "align"."""
-    mode = asked if asked is not None else os.environ.get("PTO_SPLIT", "align")
-    if mode not in SPLIT_MODES:
-        src = "split" if asked is not None else "PTO_SPLIT"
-        raise UsageError(f"{src}={mode!r}: one of {', '.join(SPLIT_MODES)}")
-    return mode
-
-
 def aligned(col0, cols) -> torch.Tensor:
     """Per task: the region's first column and width are multiples of ``ALIGN`` (``ALIGN_<p>``)."""
     c0, w = (torch.as_tensor(v).reshape(-1).cpu() for v in (col0, cols))
     return (c0 % ALIGN == 0) & (w % ALIGN == 0)
-
-
-def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
-    """Do the batched kernels load through tensor descriptors by default: ``PTO_TMA`` (on, off;
-    default on) where they are compiled (``compiles``) for a GPU of ``capability`` 9.0 and later."""
-    env = os.environ.get("PTO_TMA", "on")
-    if env not in ("on", "off"):
-        raise UsageError(f"PTO_TMA={env!r}: on or off")
-    return env == "on" and compiles and capability is not None and tuple(capability) >= (9, 0)
-
-
-def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
-    """The programmatic-dependent-launch mode of the batched kernels: ``PTO_PDL`` (early, late,
-    off; default late) where they are compiled (``compiles``) for a GPU of ``capability`` 9.0
-    and later (the first with PDL), else "" (off)."""
-    mode = os.environ.get("PTO_PDL", "late")
-    if mode not in PDL_MODES + ("off", ""):
-        raise UsageError(f"PTO_PDL={mode!r}: one of {', '.join(PDL_MODES)} or off")
-    if mode in ("off", "") or not compiles or capability is None or tuple(capability) < (9, 0):
-        return ""
-    return mode
 
 
 _DEFAULT: dict[str, TritonBackend] = {}

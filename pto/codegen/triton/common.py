@@ -19,6 +19,20 @@ from pto.ir.nodes import ForRange, IncoreFunction
 MAX_NUMEL = 1 << 20
 ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are multiples of this
 
+#: Programmatic dependent launch (``RenderOptions.pdl``; sm_90 and later): the kernel is launched
+#: with ``launch_pdl``, so its programs may become resident while the previous launch's last
+#: programs run. Each program waits until the previous launch has completed and its memory is
+#: visible, before any load or store (but the loads of ``RenderOptions.pre``'s memrefs that come
+#: first), and signals that the next launch may start the same way (a hint; it takes effect once
+#: every program of this launch has given it): before its work ("early"), after it ("late"), or
+#: right after its wait ("chain": the next launch's programs become resident, and issue their own
+#: early loads, while this one works; at most two launches are resident at once). Every kernel of
+#: a chain waits, so a launch also follows everything before its predecessor.
+PDL_MODES = ("early", "late", "chain")
+PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
+PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
+              "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
+
 TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}
 TL_PTR = {DType.F32: "*fp32", DType.F16: "*fp16", DType.BF16: "*bf16"}
 
@@ -35,8 +49,11 @@ class RenderOptions:
     computes them) instead of the faster approximations.
     ``pdl``: programmatic dependent launch (sm_90 and later, compiled kernels only; "" off): the
     batched kernel waits for the previous launch's memory before its first access and lets the
-    next launch's programs start, "early" (before its own work) or "late" (after it)
-    (:func:`pto.codegen.triton.kernel.render`).
+    next launch's programs start, "early" (before its own work), "late" (after it) or "chain"
+    (right after its wait) (:func:`pto.codegen.triton.kernel.render`).
+    ``pre``: with ``pdl``, memrefs that no launch of the graph writes (its inputs: weights): the
+    loads of them that come before the body's first other access run before the wait, so that
+    they overlap the previous launch (:data:`PDL_MODES`).
     ``tma``: the batched kernels may load the tiles that feed matrix products through tensor
     descriptors (TMA, sm_90 and later; :mod:`pto.codegen.triton.tma`).
     """
@@ -46,6 +63,7 @@ class RenderOptions:
     ieee_math: bool = True
     pdl: str = ""
     tma: bool = False
+    pre: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

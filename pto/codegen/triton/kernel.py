@@ -29,6 +29,10 @@ from dataclasses import dataclass, field, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import (
+    PDL_IMPORTS,
+    PDL_MODES,
+    PDL_SIGNAL,
+    PDL_WAIT,
     TL_PTR,
     RenderOptions,
     TableLayout,
@@ -63,6 +67,8 @@ class RenderedKernel:
     #: memrefs the kernel may load through tensor descriptors, with their block shapes (the
     #: arguments ``D_<p>`` and ``TMA_<p>``: :mod:`pto.codegen.triton.tma`)
     tma: dict = field(default_factory=dict, hash=False, compare=False)
+    #: the body waits for the previous launch itself, after loads of inputs (RenderOptions.pre)
+    waits: bool = False
 
     @property
     def filename(self) -> str:
@@ -84,19 +90,6 @@ class RenderedKernel:
         if self.fn.parallel is not None:
             sig.update(NB="i32", NP="i32", GROUP="constexpr")
         return sig
-
-
-#: Programmatic dependent launch (``RenderOptions.pdl``; sm_90 and later): the kernel is launched
-#: with ``launch_pdl``, so its programs may become resident while the previous launch's last
-#: programs run. Each program waits until the previous launch has completed and its memory is
-#: visible, before any load or store, and signals that the next launch may start the same way
-#: (a hint; it takes effect once every program of this launch has given it), before its work
-#: ("early") or after it ("late"). Every kernel of a chain waits, so a launch also follows
-#: everything before its predecessor.
-PDL_MODES = ("early", "late")
-PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
-PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
-              "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
 
 
 def launch_params(fn: IncoreFunction) -> dict:
@@ -174,17 +167,23 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
 
     src = source(body)
     # the arithmetic: with or without PDL and tensor-descriptor loads
-    plain = render(fn, replace(r.opts, pdl="", tma=False)).schedule_digest if r.tma or r.opts.tma else \
-        hashlib.sha256(src.encode()).hexdigest()[:20]
+    plain = render(fn, replace(r.opts, pdl="", tma=False, pre=())).schedule_digest \
+        if r.tma or r.opts.tma or r.waits else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
-    if pdl == "early":
-        src = source([PDL_SIGNAL, PDL_WAIT] + body, PDL_IMPORTS)
-    elif pdl == "late":
-        src = source([PDL_WAIT] + body + [PDL_SIGNAL], PDL_IMPORTS)
-    elif pdl:
+    if pdl and pdl not in PDL_MODES:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
+    if pdl:
+        # the wait: here, before the device function, unless the body waits itself (after the
+        # loads it may issue first, RenderOptions.pre); the signal where the mode says
+        wait = [] if r.waits else [PDL_WAIT]
+        if pdl == "early":
+            src = source([PDL_SIGNAL] + wait + body, PDL_IMPORTS)
+        elif pdl == "late":
+            src = source(wait + body + [PDL_SIGNAL], PDL_IMPORTS)
+        else:  # chain: the body signals after its wait
+            src = source(wait + ([] if r.waits else [PDL_SIGNAL]) + body, PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma))
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.waits)
 
 
 def render_sources(functions: Iterable[IncoreFunction],

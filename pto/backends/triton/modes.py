@@ -1,0 +1,52 @@
+"""The Triton backend's modes that the environment may set: how a batch splits into launches
+(``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``) and programmatic dependent launch
+(``PTO_PDL``), each with its default for the GPU the kernels are compiled for."""
+
+from __future__ import annotations
+
+import os
+
+from pto.codegen.triton.common import PDL_MODES
+from pto.errors import UsageError
+
+#: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
+#: launch "late", but "chain" where the next launch loads inputs before its wait; the executor
+#: says where: ``TaskBatch.chain``)
+PDL_POLICIES = PDL_MODES + ("auto",)
+
+SPLIT_MODES = ("align", "masks", "none")
+
+
+def split_mode(asked: str | None) -> str:
+    """The backend's split mode: ``asked``, else ``PTO_SPLIT``, else "align"."""
+    mode = asked if asked is not None else os.environ.get("PTO_SPLIT", "align")
+    if mode not in SPLIT_MODES:
+        src = "split" if asked is not None else "PTO_SPLIT"
+        raise UsageError(f"{src}={mode!r}: one of {', '.join(SPLIT_MODES)}")
+    return mode
+
+
+def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
+    """Do the batched kernels load through tensor descriptors by default: ``PTO_TMA`` (on, off;
+    default on) where they are compiled (``compiles``) for a GPU of ``capability`` 9.0 and later."""
+    env = os.environ.get("PTO_TMA", "on")
+    if env not in ("on", "off"):
+        raise UsageError(f"PTO_TMA={env!r}: on or off")
+    return env == "on" and compiles and capability is not None and tuple(capability) >= (9, 0)
+
+
+def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
+    """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
+    late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
+    ``capability`` 9.0 and later (the first with PDL), else "" (off). On an H100 "auto" took a
+    SmolLM2 step 0.456 ms against 0.555 with "late" (the 8B step and the prefill layer within 1%
+    of it; "chain" everywhere: 0.522 and 8% slower for the 8B; docs/PERF.md, "Tenth session")."""
+    mode = os.environ.get("PTO_PDL", "auto")
+    if mode not in PDL_POLICIES + ("off", ""):
+        raise UsageError(f"PTO_PDL={mode!r}: one of {', '.join(PDL_POLICIES)} or off")
+    if mode in ("off", "") or not compiles or capability is None or tuple(capability) < (9, 0):
+        return ""
+    return mode
+
+
+__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "split_mode", "tma_mode"]

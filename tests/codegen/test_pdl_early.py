@@ -1,0 +1,222 @@
+"""Inputs loaded before the programmatic-dependent-launch wait (``RenderOptions.pre``, the "auto"
+policy): where the renderer puts the wait and the signal, which loads may move ahead of it, the
+backend's policy per batch, and the wave executor's flags (``TaskBatch.readonly``, ``chain``) on
+a decode step run by the reference evaluator with each function's loads moved as the renderer
+moves them, which must compute the same bits (the GPU run of the same step: tests/gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pto.incore.gemv import gemv_residual_tile  # noqa: E402
+
+from pto import InCore  # noqa: E402
+from pto.backends.torch_backend import TorchBackend  # noqa: E402
+from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.codegen.triton.body import early_loads  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.dtypes import DType  # noqa: E402
+from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
+from tests.sm90 import compile_sm90  # noqa: E402
+
+
+def _gemv(K: int, bk: int):
+    """y = r + x @ w.T, blocks of 4 outputs, K steps of ``bk`` (one step when bk >= K)."""
+    return specialize(gemv_residual_tile(DType.BF16, 1, K, 64, 4, bk))
+
+
+def _device_lines(kern) -> list[str]:
+    src = kern.source
+    return src[src.index("def d_"):src.index(f"def {kern.name}(")].splitlines()
+
+
+def _at(lines: list[str], text: str) -> int:
+    return next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize("mode", ["early", "late", "chain"])
+def test_inputs_load_before_the_wait_and_everything_else_after(mode):
+    """A one-step GEMV: its weight block loads first, then the wait, then x, the residual and the
+    store; the kernel itself no longer waits. The signal: before everything ("early"), after the
+    device function ("late"), right after the wait ("chain"). The schedule digest is the plain
+    kernel's."""
+    plain = render(_gemv(576, 1024))
+    kern = render(_gemv(576, 1024), RenderOptions(pdl=mode, pre=("w",)))
+    assert kern.waits and kern.pdl == mode
+    dev = _device_lines(kern)
+    wait = _at(dev, "_gdc_wait()")
+    assert _at(dev, "= P_w + _r") < wait < _at(dev, "= P_x + _r") < _at(dev, "= P_r + _r") < _at(dev, "tl.store(")
+    assert [line.split("=")[0].strip() for line in dev[:wait] if "tl.load(_p" in line] == ["t_b", "t_b"]
+    outer = kern.source.split(f"def {kern.name}(")[1]
+    assert "_gdc_wait()" not in outer
+    if mode == "chain":
+        assert "_gdc_launch_dependents()" in dev[wait + 1] and "_gdc_launch_dependents" not in outer
+    else:
+        assert "_gdc_launch_dependents" not in "\n".join(dev)
+        sig, call = outer.index("_gdc_launch_dependents()"), outer.index("(tab + task *")
+        assert (sig < call) if mode == "early" else (sig > call)
+    assert "for i_kk" not in "\n".join(dev)  # the loop that runs once is straight-line code
+    assert kern.schedule_digest == plain.schedule_digest == plain.digest != kern.digest
+
+
+def test_without_an_early_load_the_kernel_is_the_plain_pdl_one():
+    """A K loop of four steps loads x and w in every step: nothing comes before the wait (the
+    loop is not peeled), so the source is the plain PDL kernel's; without PDL ``pre`` is unread."""
+    for mode in ("late", "chain"):
+        plain = render(_gemv(4096, 1024), RenderOptions(pdl=mode))
+        kern = render(_gemv(4096, 1024), RenderOptions(pdl=mode, pre=("w",)))
+        assert not kern.waits and kern.source == plain.source
+    assert render(_gemv(576, 1024), RenderOptions(pre=("w",))).source == render(_gemv(576, 1024)).source
+
+
+def test_a_load_at_a_device_position_and_stores_wait():
+    """An input read at a position that is device data (load_scalar, written by an earlier launch)
+    waits; one at a fixed row moves ahead; no store and no other memory comes before the wait."""
+    k = InCore("rows_at")
+    pos = k.memref("pos", DType.F32, shape=(1, 1))
+    w = k.memref("w", DType.F32, shape=(64, 16))
+    y = k.memref("y", DType.F32, shape=(2, 16))
+    a, b = k.tile("a", 1, 16, DType.F32), k.tile("b", 1, 16, DType.F32)
+    p = k.load_scalar("p", pos, 0, 0)
+    k.load(a, w, p, 0)
+    k.load(b, w, 3, 0)
+    k.store(y, 0, 0, a)
+    k.store(y, 1, 0, b)
+    fn = k.build()
+    body = early_loads(fn.body, frozenset({"w"}))
+    assert [(i.op.value, i.dst) for i in body[:2]] == [("load", "b"), ("load_scalar", "p")]
+    kern = render(fn, RenderOptions(pdl="late", pre=("w",)))
+    dev = _device_lines(kern)
+    wait = _at(dev, "_gdc_wait()")
+    assert _at(dev, "t_b = ") < wait < _at(dev, "s_p = ") < _at(dev, "t_a = ") < _at(dev, "tl.store(")
+
+
+@pytest.mark.slow
+def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
+    """Compiled for an H100 (no GPU needed): a 16-byte weight load is issued before
+    ``griddepcontrol.wait``, the signal follows the wait, and every store comes after."""
+    kern = render(_gemv(576, 1024), RenderOptions(pdl="chain", pre=("w",)))
+    flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+    (job,) = jobs_sm90([(kern, flags)])
+    job["options"]["launch_pdl"] = True
+    (res,) = compile_sm90([job], tmp_path)
+    assert res["ok"], res.get("error")
+    ptx = res["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("ld.global.v4") < wait < ptx.index("griddepcontrol.launch_dependents")
+    assert wait < ptx.index("st.global")
+
+
+def _hopper(monkeypatch, policy: str | None = None) -> TritonBackend:
+    """A compiling backend as on an H100 (the capability as its driver reports it; nothing runs)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    return TritonBackend("cuda", pdl=policy)
+
+
+def _batch(fn, readonly=frozenset(), chain=False) -> TaskBatch:
+    one = torch.zeros(1, dtype=torch.int64)
+    mems = {p.name: RegionBatch(torch.zeros(64, 1024, dtype=torch.bfloat16), one, one, one + 1, one + 1)
+            for p in fn.memrefs}
+    return TaskBatch(fn, mems, {}, 1, frozenset(readonly), chain)
+
+
+def test_auto_renders_late_and_chains_where_the_next_loads_early(monkeypatch):
+    """"auto" (the default on sm_90): a batch's inputs load early, it signals "late", or right
+    after its wait where the executor says the next batch loads early; "late" loads nothing
+    early; a K loop of several steps loads nothing early under any policy."""
+    monkeypatch.delenv("PTO_PDL", raising=False)
+    be = _hopper(monkeypatch)
+    assert be.pdl == "auto" and be.options.pdl == "late"
+    one, four = _gemv(576, 1024), _gemv(4096, 1024)
+    cfg = be.launch_config(one)
+    assert be.batch_options(cfg, _batch(one)).pre == ()
+    opts = be.batch_options(cfg, _batch(one, {"w"}, chain=True))
+    assert opts.pre == ("w",) and opts.pdl == "chain"
+    assert be.loads_early(_batch(one, {"w"})) and not be.loads_early(_batch(one))
+    assert not be.loads_early(_batch(four, {"w"}))
+    late = _hopper(monkeypatch, "late")
+    assert not late.loads_early(_batch(one, {"w"}))
+    assert late.batch_options(late.launch_config(one), _batch(one, {"w"}, chain=True)).pdl == "late"
+
+
+def _calls(body):
+    for st in body:
+        if hasattr(st, "func") and hasattr(st, "args"):
+            yield st
+        for attr in ("body", "then", "orelse"):
+            yield from _calls(getattr(st, attr, ()) or ())
+
+
+class _EarlyLoadsEvaluator(TorchBackend):
+    """The reference evaluator running every batch's function with its inputs' loads moved as the
+    Triton kernel issues them before its wait; the "auto" policy's questions answered by a
+    compiling Triton backend (as on an H100). Records each batch's flags."""
+
+    pdl = "auto"
+
+    def __init__(self, triton: TritonBackend):
+        super().__init__()
+        self.triton = triton
+        self.seen: list[tuple[str, frozenset, bool, bool]] = []
+
+    def loads_early(self, batch):
+        return self.triton.loads_early(batch)
+
+    def prepare(self, batch):
+        fn = specialize(batch.fn) if batch.fn.dims else batch.fn
+        early = early_loads(fn.body, batch.readonly) if batch.readonly else None
+        self.seen.append((fn.name, batch.readonly, batch.chain, early is not None))
+        if early is not None:
+            fn = type(fn)(**{**fn.__dict__, "body": early})
+        return super().prepare(TaskBatch(fn, batch.mems, batch.scalars, batch.size))
+
+
+def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
+    """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU) through
+    the wave executor: the first batch loads nothing
+    early (whatever wrote the inputs ran before the run), the others load their inputs (the
+    weights) early where they come first, a batch is flagged ``chain`` exactly when the next one
+    loads early, and the results are the plain run's, bit for bit."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    from pto.buffers import allocate, tensor_shapes
+    from pto.engine import resolve
+    from pto.exec.waves import WaveExecutor
+    from pto.graph import CompiledProgram
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=512))
+    job = resolve("model", device="cpu", dtype="f32", target="cuda_h100", config="tiny")
+    prog, s = job.program, job.settings
+    shape = prog.shape(cache=128, batch=1)
+    module, scalars = prog.build(s, shape), prog.scalars(s, shape)
+    inputs = prog.inputs(s, shape, "cpu", seed=3)
+    cp = CompiledProgram.get(module, target=s.target)
+    roles = {t.name: t.role for t in module.entry_function.tensors}
+    inputs_of = {}  # function -> its memref parameters every call binds to an input tensor
+    for f in module.functions:
+        if f.kind == "orchestration":
+            for c in _calls(f.body):
+                bound = {p for p, b in c.args if hasattr(b, "tensor") and roles.get(b.tensor) == "input"}
+                inputs_of[c.func] = inputs_of.get(c.func, bound) & bound
+    outs = []
+    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))):
+        fn = module.entry_function
+        tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
+        g = cp.build_graph(scalars)
+        WaveExecutor(backend, tensors).run(g)
+        g.close()
+        outs.append(tensors)
+    seen = backend.seen
+    assert seen[0][1] == frozenset() and all(ro == inputs_of[name] for name, ro, _, _ in seen[1:])
+    assert any(early for *_, early in seen) and not all(early for *_, early in seen)
+    assert [chain for _, _, chain, _ in seen[:-1]] == [early for *_, early in seen[1:]] and not seen[-1][2]
+    for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
+        assert torch.equal(outs[0][name], outs[1][name]), name
