@@ -32,10 +32,10 @@ class TaskBatch:
     ``mems[p]`` holds, for every task, the region memref parameter ``p`` is bound to (all tasks
     of a batch bind ``p`` to the same tensor); ``scalars[s]`` the per-task values of scalar
     parameter ``s`` (int64 vectors of length ``size``). Tasks of a batch never write overlapping
-    elements. ``readonly``: memref parameters bound to tensors that no task of the graph writes
-    and that were written before the graph's first launch (its inputs, from its second launch on):
-    a kernel launched as a programmatic dependent of the previous one may load them before it
-    waits (``RenderOptions.pre``).
+    elements. ``readonly``: memref parameters the function only reads whose tensors the batch
+    before does not write (none for a run's first batch): a kernel launched as a programmatic
+    dependent of the previous one may load them before it waits (``RenderOptions.pre``), since
+    every launch before its predecessor has completed when it starts.
     """
 
     fn: IncoreFunction
@@ -43,7 +43,7 @@ class TaskBatch:
     scalars: dict[str, torch.Tensor]
     size: int
     readonly: frozenset[str] = field(default_factory=frozenset)
-    #: the launch after this one loads inputs before its wait: this one signals right after its own
+    #: the launch after this one loads memory before its wait: this one signals right after its own
     #: wait, so that those loads overlap its work (the "auto" PDL policy)
     chain: bool = False
 

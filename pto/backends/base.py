@@ -52,7 +52,7 @@ class Backend:
     pdl = ""
 
     def loads_early(self, batch: TaskBatch) -> bool:
-        """Does ``batch``'s launch load inputs before it waits for the previous launch?"""
+        """Does ``batch``'s launch load memory before it waits for the previous launch?"""
         return False
 
     def launch_config(self, fn, tasks: int = 1) -> Mapping:

@@ -29,7 +29,7 @@ from pto.errors import ExecutionError
 from pto.exec.base import ExecStats, Executor, LaunchRecord, Progress
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.graph import CompiledProgram, Graph
-from pto.ir.analysis import has_collective
+from pto.ir.analysis import has_collective, param_access
 from pto.ir.nodes import IncoreFunction, MemRefParam
 from pto.runtime import Runtime
 from pto.timing import median_ms
@@ -69,11 +69,19 @@ class _Args:
         return tens, reg, sca
 
 
-def input_ids(graph: Graph) -> set[int]:
-    """Runtime ids of ``graph``'s input tensors (the verifier refuses a write to one)."""
-    entry = graph.program.module.entry_function
-    return {tid for name, tid in graph.tensor_ids.items()
-            if (d := entry.tensor(name)) is not None and d.role == "input"}
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def directions(fn: IncoreFunction) -> dict[str, str]:
+    """Per memref parameter of ``fn``: "in", "out" or "inout" (cached on the function)."""
+    d = _DIRECTIONS.get(fn)
+    if d is None:
+        d = _DIRECTIONS[fn] = {p: a.direction for p, a in param_access(fn).items()}
+    return d
+
+
+_DIRECTIONS: dict = {}
 
 
 class WaveExecutor(Executor):
@@ -104,15 +112,13 @@ class WaveExecutor(Executor):
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
         self._held: list | None = None  # launches held back while their kernels compile (run)
-        self._inputs: set[int] = set()  # ids of the graph's input tensors (run: TaskBatch.readonly)
         self._next: tuple | None = None  # the batch whose issue waits for the next one (_defer)
-        self._batches = 0  # batches made this run
+        self._written: set[int] | None = None  # storages the previous batch writes (None: none yet)
 
     # -- one graph, fully built ------------------------------------------------------------
     def run(self, graph: Graph) -> ExecStats:
         """Execute a fully built graph (window 0)."""
         self._reset()
-        self._inputs = input_ids(graph)
         args = _Args(graph.runtime, bulk=True)
         if self.sentinel:
             self.flags = TaskFlags(args.export, {tid: self.tensors[n] for n, tid in graph.tensor_ids.items()},
@@ -257,12 +263,7 @@ class WaveExecutor(Executor):
                 mems[p.name] = RegionBatch(by_id[int(tens[0, k])], *r.unbind(0))
             else:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
-        # inputs are never written by the graph: a launch after the first may load them before
-        # it waits for its predecessor (the first waits for whatever wrote them before the run)
-        readonly = frozenset(p.name for k, p in enumerate(fn.params) if isinstance(p, MemRefParam)
-                             and int(tens[0, k]) in self._inputs) if self._batches else frozenset()
-        self._batches += 1
-        batch = TaskBatch(fn, mems, scalars, len(ids), readonly)
+        batch = TaskBatch(fn, mems, scalars, len(ids), self._settled(fn, mems))
         if self._defer:
             prev, self._next = self._next, (wave, ids, batch)
             if prev is not None:
@@ -270,6 +271,19 @@ class WaveExecutor(Executor):
                 self._issue(*prev)
         else:
             self._issue(wave, ids, batch)
+
+    def _settled(self, fn: IncoreFunction, mems: dict[str, RegionBatch]) -> frozenset[str]:
+        """The memrefs ``fn`` only reads whose tensors the previous batch does not write: when a
+        launch starts (PDL), every launch before its predecessor has completed (each waits for
+        its own predecessor before it lets the next start), so these may load before the wait.
+        None for the run's first batch (its predecessor is whatever ran before). Tensors are
+        told apart by storage (views of one buffer are one)."""
+        io = directions(fn)
+        writes = {_storage(mems[p].tensor) for p, d in io.items() if d != "in"}
+        prev, self._written = self._written, writes
+        if prev is None:
+            return frozenset()
+        return frozenset(p for p, d in io.items() if d == "in" and _storage(mems[p].tensor) not in prev)
 
     def _issue(self, wave, ids, batch: TaskBatch) -> None:
         fn = batch.fn

@@ -1,4 +1,4 @@
-"""Inputs loaded before the programmatic-dependent-launch wait (``RenderOptions.pre``, the "auto"
+"""Loads moved before the programmatic-dependent-launch wait (``RenderOptions.pre``, the "auto"
 policy): where the renderer puts the wait and the signal, which loads may move ahead of it, the
 backend's policy per batch, and the wave executor's flags (``TaskBatch.readonly``, ``chain``) on
 a decode step run by the reference evaluator with each function's loads moved as the renderer
@@ -19,7 +19,7 @@ from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.codegen.triton.body import early_loads  # noqa: E402
-from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.analysis import param_access, specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
 from tests.sm90 import compile_sm90  # noqa: E402
@@ -75,8 +75,10 @@ def test_without_an_early_load_the_kernel_is_the_plain_pdl_one():
 
 
 def test_a_load_at_a_device_position_and_stores_wait():
-    """An input read at a position that is device data (load_scalar, written by an earlier launch)
-    waits; one at a fixed row moves ahead; no store and no other memory comes before the wait."""
+    """A ``pre`` memref read at a position that is device data the launch before may write
+    (load_scalar of a memref not in ``pre``) waits; one at a fixed row moves ahead; no store and no
+    other memory comes before the wait. With the position in ``pre`` its load and the load at
+    it move too."""
     k = InCore("rows_at")
     pos = k.memref("pos", DType.F32, shape=(1, 1))
     w = k.memref("w", DType.F32, shape=(64, 16))
@@ -94,6 +96,12 @@ def test_a_load_at_a_device_position_and_stores_wait():
     dev = _device_lines(kern)
     wait = _at(dev, "_gdc_wait()")
     assert _at(dev, "t_b = ") < wait < _at(dev, "s_p = ") < _at(dev, "t_a = ") < _at(dev, "tl.store(")
+    # a position the launch before did not write (a load of a scalar of ``pre``): both move
+    body = early_loads(fn.body, frozenset({"w", "pos"}))
+    assert [(i.op.value, i.dst) for i in body[:3]] == [("load_scalar", "p"), ("load", "a"), ("load", "b")]
+    dev = _device_lines(render(fn, RenderOptions(pdl="late", pre=("pos", "w"))))
+    moved = max(_at(dev, "s_p = "), _at(dev, "t_a = "), _at(dev, "t_b = "))
+    assert moved < _at(dev, "_gdc_wait()") < _at(dev, "tl.store(")
 
 
 @pytest.mark.slow
@@ -145,14 +153,6 @@ def test_auto_renders_late_and_chains_where_the_next_loads_early(monkeypatch):
     assert late.batch_options(late.launch_config(one), _batch(one, {"w"}, chain=True)).pdl == "late"
 
 
-def _calls(body):
-    for st in body:
-        if hasattr(st, "func") and hasattr(st, "args"):
-            yield st
-        for attr in ("body", "then", "orelse"):
-            yield from _calls(getattr(st, attr, ()) or ())
-
-
 class _EarlyLoadsEvaluator(TorchBackend):
     """The reference evaluator running every batch's function with its inputs' loads moved as the
     Triton kernel issues them before its wait; the "auto" policy's questions answered by a
@@ -171,7 +171,9 @@ class _EarlyLoadsEvaluator(TorchBackend):
     def prepare(self, batch):
         fn = specialize(batch.fn) if batch.fn.dims else batch.fn
         early = early_loads(fn.body, batch.readonly) if batch.readonly else None
-        self.seen.append((fn.name, batch.readonly, batch.chain, early is not None))
+        io = {p: a.direction for p, a in param_access(fn).items()}
+        storage = {p: m.tensor.untyped_storage().data_ptr() for p, m in batch.mems.items()}
+        self.seen.append((fn.name, batch.readonly, batch.chain, early is not None, io, storage))
         if early is not None:
             fn = type(fn)(**{**fn.__dict__, "body": early})
         return super().prepare(TaskBatch(fn, batch.mems, batch.scalars, batch.size))
@@ -179,10 +181,10 @@ class _EarlyLoadsEvaluator(TorchBackend):
 
 def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU) through
-    the wave executor: the first batch loads nothing
-    early (whatever wrote the inputs ran before the run), the others load their inputs (the
-    weights) early where they come first, a batch is flagged ``chain`` exactly when the next one
-    loads early, and the results are the plain run's, bit for bit."""
+    the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
+    the run); each other batch may load early what its function only reads and the batch before
+    it does not write (the weights, the residual, the position); a batch is flagged ``chain``
+    exactly when the next one loads early; the results are the plain run's, bit for bit."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -199,13 +201,6 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     module, scalars = prog.build(s, shape), prog.scalars(s, shape)
     inputs = prog.inputs(s, shape, "cpu", seed=3)
     cp = CompiledProgram.get(module, target=s.target)
-    roles = {t.name: t.role for t in module.entry_function.tensors}
-    inputs_of = {}  # function -> its memref parameters every call binds to an input tensor
-    for f in module.functions:
-        if f.kind == "orchestration":
-            for c in _calls(f.body):
-                bound = {p for p, b in c.args if hasattr(b, "tensor") and roles.get(b.tensor) == "input"}
-                inputs_of[c.func] = inputs_of.get(c.func, bound) & bound
     outs = []
     for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))):
         fn = module.entry_function
@@ -215,8 +210,12 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
         g.close()
         outs.append(tensors)
     seen = backend.seen
-    assert seen[0][1] == frozenset() and all(ro == inputs_of[name] for name, ro, _, _ in seen[1:])
-    assert any(early for *_, early in seen) and not all(early for *_, early in seen)
-    assert [chain for _, _, chain, _ in seen[:-1]] == [early for *_, early in seen[1:]] and not seen[-1][2]
+    assert seen[0][1] == frozenset()
+    for (*_, io0, st0), (_, ro, *_, io, st) in zip(seen, seen[1:]):  # read only, not written just before
+        written = {st0[p] for p, d in io0.items() if d != "in"}
+        assert ro == {p for p, d in io.items() if d == "in" and st[p] not in written}
+    early = [e for _, _, _, e, _, _ in seen]
+    assert any(early) and not all(early)
+    assert [c for _, _, c, *_ in seen[:-1]] == early[1:] and not seen[-1][2]
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
         assert torch.equal(outs[0][name], outs[1][name]), name

@@ -70,7 +70,7 @@ class TritonBackend(Backend):
     tokens took 1.69 ms so, 1.34 with "align", 1.32 at 1,664) or "none"; None: ``PTO_SPLIT``,
     else "align". ``pdl``: the programmatic-dependent-launch policy (:data:`PDL_POLICIES`; "off"):
     a render mode for every launch (``RenderOptions.pdl``: "early", "late", "chain"), or "auto":
-    each launch may load the graph's inputs before its wait (``TaskBatch.readonly``), and signals
+    each launch may load what the one before does not write before its wait (``TaskBatch.readonly``), and signals
     "late", or "chain" (right after its wait) where the executor says the next launch loads early
     (``TaskBatch.chain``, :meth:`loads_early`); None: "auto" where the kernels are compiled for a
     GPU of compute capability 9.0 or later, unless the environment sets ``PTO_PDL``. Measured on
@@ -92,7 +92,7 @@ class TritonBackend(Backend):
         self._sum_buffers: dict = {}  # the collective batches' one sum buffer (pto/backends/triton/collective.py)
         self.options = options or RenderOptions()
         #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
-        #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load inputs early
+        #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load TaskBatch.readonly early
         self.pdl = self._pdl(pdl)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl)
         self.options = replace(self.options, tma=self._tma())
@@ -223,7 +223,7 @@ class TritonBackend(Backend):
 
     def batch_options(self, cfg: LaunchConfig, batch: TaskBatch) -> RenderOptions:
         """The code-generation options of ``batch``'s kernel: this backend's, those a schedule
-        switches (``cfg``), and under the "auto" and "chain" PDL policies the inputs it may load
+        switches (``cfg``), and under the "auto" and "chain" PDL policies the memrefs it may load
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = cfg.options(self.options)
         if self.pdl in ("auto", "chain") and batch.readonly:
@@ -233,7 +233,7 @@ class TritonBackend(Backend):
         return opts
 
     def loads_early(self, batch: TaskBatch) -> bool:
-        """Does ``batch``'s kernel load inputs before its PDL wait (so that the launch before it
+        """Does ``batch``'s kernel load memory before its PDL wait (so that the launch before it
         should let it start early: ``TaskBatch.chain``)?"""
         if self.pdl not in ("auto", "chain") or not batch.readonly or batch.size == 0 or has_collective(batch.fn):
             return False

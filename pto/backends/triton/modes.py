@@ -10,7 +10,7 @@ from pto.codegen.triton.common import PDL_MODES
 from pto.errors import UsageError
 
 #: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
-#: launch "late", but "chain" where the next launch loads inputs before its wait; the executor
+#: launch "late", but "chain" where the next launch loads memory before its wait; the executor
 #: says where: ``TaskBatch.chain``)
 PDL_POLICIES = PDL_MODES + ("auto",)
 

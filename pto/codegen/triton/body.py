@@ -110,7 +110,7 @@ def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:
 def _touches(s, pre: frozenset) -> bool:
     """Does statement ``s`` access memory other than by a load of a ``pre`` memref (what must
     come after the wait for the previous launch)?"""
-    return any(i.op in (Op.LOAD, Op.STORE, Op.LOAD_SCALAR) and not (i.op is Op.LOAD and i.srcs[0] in pre)
+    return any(i.op in (Op.LOAD, Op.STORE, Op.LOAD_SCALAR) and not _pre_load(i, pre)
                for i in (walk_instrs((s,)) if isinstance(s, ForRange) else (s,)))
 
 
@@ -134,7 +134,8 @@ def _flat(stmts: tuple) -> tuple:
 
 
 def _pre_load(s, pre: frozenset) -> bool:
-    return isinstance(s, Instr) and s.op is Op.LOAD and s.srcs[0] in pre
+    """A load (of a tile or a scalar) of a ``pre`` memref."""
+    return isinstance(s, Instr) and s.op in (Op.LOAD, Op.LOAD_SCALAR) and s.srcs[0] in pre
 
 
 def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
@@ -158,7 +159,7 @@ def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
             tiles |= instr_reads(i) | ({i.dst} if i.dst is not None else set())
             if i.op is Op.LOAD_SCALAR:
                 scalars.add(i.dst)
-    early = any(_pre_load(s, pre) or (isinstance(s, ForRange) and any(i.op is Op.LOAD for i in walk_instrs(s.body)))
+    early = any(_pre_load(s, pre) or (isinstance(s, ForRange) and any(_pre_load(i, pre) for i in walk_instrs(s.body)))
                 for s in stmts[:first]) or bool(moved)
     return stmts[:first] + tuple(moved) + tuple(rest) if early else None
 

@@ -22,8 +22,8 @@ ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are mult
 #: Programmatic dependent launch (``RenderOptions.pdl``; sm_90 and later): the kernel is launched
 #: with ``launch_pdl``, so its programs may become resident while the previous launch's last
 #: programs run. Each program waits until the previous launch has completed and its memory is
-#: visible, before any load or store (but the loads of ``RenderOptions.pre``'s memrefs that come
-#: first), and signals that the next launch may start the same way (a hint; it takes effect once
+#: visible, before any load or store (but the loads of ``RenderOptions.pre``'s memrefs that may
+#: come first), and signals that the next launch may start the same way (a hint; it takes effect once
 #: every program of this launch has given it): before its work ("early"), after it ("late"), or
 #: right after its wait ("chain": the next launch's programs become resident, and issue their own
 #: early loads, while this one works; at most two launches are resident at once). Every kernel of
@@ -51,9 +51,10 @@ class RenderOptions:
     batched kernel waits for the previous launch's memory before its first access and lets the
     next launch's programs start, "early" (before its own work), "late" (after it) or "chain"
     (right after its wait) (:func:`pto.codegen.triton.kernel.render`).
-    ``pre``: with ``pdl``, memrefs that no launch of the graph writes (its inputs: weights): the
-    loads of them that come before the body's first other access run before the wait, so that
-    they overlap the previous launch (:data:`PDL_MODES`).
+    ``pre``: with ``pdl``, memrefs the function only reads that the previous launch does not
+    write (weights, a residual, a position; ``TaskBatch.readonly``): the loads of them that may
+    come before the body's first other access run before the wait, so that they overlap the
+    previous launch (:data:`PDL_MODES`, :func:`pto.codegen.triton.body.early_loads`).
     ``tma``: the batched kernels may load the tiles that feed matrix products through tensor
     descriptors (TMA, sm_90 and later; :mod:`pto.codegen.triton.tma`).
     """
