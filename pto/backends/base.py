@@ -51,9 +51,9 @@ class Backend:
     #: next loads early, TaskBatch.chain; "" for a backend without PDL)
     pdl = ""
 
-    def loads_early(self, batch: TaskBatch) -> bool:
-        """Does ``batch``'s launch load memory before it waits for the previous launch?"""
-        return False
+    def loads_early(self, batch: TaskBatch) -> frozenset[str]:
+        """The memrefs ``batch``'s launch loads before it waits for the previous launch."""
+        return frozenset()
 
     def launch_config(self, fn, tasks: int = 1) -> Mapping:
         """The launch settings of a batch of ``tasks`` tasks of ``fn`` (a mapping of launch

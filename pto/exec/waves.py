@@ -114,11 +114,13 @@ class WaveExecutor(Executor):
         self._held: list | None = None  # launches held back while their kernels compile (run)
         self._next: tuple | None = None  # the batch whose issue waits for the next one (_defer)
         self._written: set[int] | None = None  # storages the previous batch writes (None: none yet)
+        self._inputs: set[int] = set()  # storages of the graph's input tensors (weights)
 
     # -- one graph, fully built ------------------------------------------------------------
     def run(self, graph: Graph) -> ExecStats:
         """Execute a fully built graph (window 0)."""
         self._reset()
+        self._inputs = self._input_storages(graph.program.module)
         args = _Args(graph.runtime, bulk=True)
         if self.sentinel:
             self.flags = TaskFlags(args.export, {tid: self.tensors[n] for n, tid in graph.tensor_ids.items()},
@@ -156,6 +158,7 @@ class WaveExecutor(Executor):
         rt = Runtime(window=window, concurrent=True, lib=program.lib)
         try:
             tensor_ids, func_ids, build = program.start(scalars, rt)
+            self._inputs = self._input_storages(program.module)
             variants = {fid: v.func for fid, v in zip(func_ids, program.variants)}
             errors: list[BaseException] = []
 
@@ -267,10 +270,23 @@ class WaveExecutor(Executor):
         if self._defer:
             prev, self._next = self._next, (wave, ids, batch)
             if prev is not None:
-                prev[2].chain = self.backend.loads_early(batch)
+                prev[2].chain = self._weights_early(batch)
                 self._issue(*prev)
         else:
             self._issue(wave, ids, batch)
+
+    def _input_storages(self, module) -> set[int]:
+        return {_storage(self.tensors[t.name]) for t in module.entry_function.tensors
+                if t.role == "input" and t.name in self.tensors}
+
+    def _weights_early(self, batch: TaskBatch) -> bool:
+        """Does ``batch`` load inputs (weights) before its wait? Then the batch before it signals
+        right after its own wait, so that those loads overlap its work ("chain"). Not for early
+        loads of other memory (a residual, a position): a few bytes, where a launch made resident
+        early costs its predecessor more (on an H100 the 8B step at 8 sequences 8.03 against 7.15
+        ms, SmolLM2's at one 0.490 against 0.457; docs/PERF.md, "Tenth session")."""
+        early = self.backend.loads_early(batch)
+        return any(_storage(batch.mems[p].tensor) in self._inputs for p in early)
 
     def _settled(self, fn: IncoreFunction, mems: dict[str, RegionBatch]) -> frozenset[str]:
         """The memrefs ``fn`` only reads whose tensors the previous batch does not write: when a

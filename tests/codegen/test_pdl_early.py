@@ -154,28 +154,30 @@ def test_auto_renders_late_and_chains_where_the_next_loads_early(monkeypatch):
 
 
 class _EarlyLoadsEvaluator(TorchBackend):
-    """The reference evaluator running every batch's function with its inputs' loads moved as the
-    Triton kernel issues them before its wait; the "auto" policy's questions answered by a
-    compiling Triton backend (as on an H100). Records each batch's flags."""
+    """The reference evaluator running every batch's function with its loads moved as the Triton
+    kernel issues them before its wait; the "auto" policy's questions answered by a compiling
+    Triton backend (as on an H100). Records each batch: its flags, the memrefs it loads early, its
+    parameters' directions and the storages they are bound to."""
 
     pdl = "auto"
 
     def __init__(self, triton: TritonBackend):
         super().__init__()
         self.triton = triton
-        self.seen: list[tuple[str, frozenset, bool, bool]] = []
+        self.seen: list[dict] = []
 
     def loads_early(self, batch):
         return self.triton.loads_early(batch)
 
     def prepare(self, batch):
         fn = specialize(batch.fn) if batch.fn.dims else batch.fn
-        early = early_loads(fn.body, batch.readonly) if batch.readonly else None
-        io = {p: a.direction for p, a in param_access(fn).items()}
-        storage = {p: m.tensor.untyped_storage().data_ptr() for p, m in batch.mems.items()}
-        self.seen.append((fn.name, batch.readonly, batch.chain, early is not None, io, storage))
-        if early is not None:
-            fn = type(fn)(**{**fn.__dict__, "body": early})
+        body = early_loads(fn.body, batch.readonly) if batch.readonly else None
+        self.seen.append({"readonly": batch.readonly, "chain": batch.chain, "early": self.triton.loads_early(batch),
+                          "io": {p: a.direction for p, a in param_access(fn).items()},
+                          "at": {p: m.tensor.untyped_storage().data_ptr() for p, m in batch.mems.items()}})
+        assert (body is not None) == bool(self.seen[-1]["early"])
+        if body is not None:
+            fn = type(fn)(**{**fn.__dict__, "body": body})
         return super().prepare(TaskBatch(fn, batch.mems, batch.scalars, batch.size))
 
 
@@ -184,7 +186,8 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
     the run); each other batch may load early what its function only reads and the batch before
     it does not write (the weights, the residual, the position); a batch is flagged ``chain``
-    exactly when the next one loads early; the results are the plain run's, bit for bit."""
+    exactly when the next one loads an input (a weight) early; the results are the plain run's,
+    bit for bit."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -210,12 +213,13 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
         g.close()
         outs.append(tensors)
     seen = backend.seen
-    assert seen[0][1] == frozenset()
-    for (*_, io0, st0), (_, ro, *_, io, st) in zip(seen, seen[1:]):  # read only, not written just before
-        written = {st0[p] for p, d in io0.items() if d != "in"}
-        assert ro == {p for p, d in io.items() if d == "in" and st[p] not in written}
-    early = [e for _, _, _, e, _, _ in seen]
-    assert any(early) and not all(early)
-    assert [c for _, _, c, *_ in seen[:-1]] == early[1:] and not seen[-1][2]
+    weights = {tensors[t.name].untyped_storage().data_ptr() for t in module.entry_function.tensors if t.role == "input"}
+    assert seen[0]["readonly"] == frozenset() and not seen[-1]["chain"]
+    for a, b in zip(seen, seen[1:]):
+        written = {a["at"][p] for p, d in a["io"].items() if d != "in"}
+        assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in written}
+        assert a["chain"] == any(b["at"][p] in weights for p in b["early"])
+    assert any(b["early"] and not b["early"] & {p for p in b["at"] if b["at"][p] in weights} for b in seen)
+    assert any(b["chain"] for b in seen) and not all(b["early"] for b in seen)
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
         assert torch.equal(outs[0][name], outs[1][name]), name

@@ -232,12 +232,12 @@ class TritonBackend(Backend):
             opts = replace(opts, pdl="chain")
         return opts
 
-    def loads_early(self, batch: TaskBatch) -> bool:
-        """Does ``batch``'s kernel load memory before its PDL wait (so that the launch before it
-        should let it start early: ``TaskBatch.chain``)?"""
+    def loads_early(self, batch: TaskBatch) -> frozenset[str]:
+        """The memrefs ``batch``'s kernel loads before its PDL wait (the executor's question for
+        ``TaskBatch.chain``)."""
         if self.pdl not in ("auto", "chain") or not batch.readonly or batch.size == 0 or has_collective(batch.fn):
-            return False
-        return self.kernel(batch.fn, self.batch_options(self.launch_config(batch.fn, batch.size), batch)).waits
+            return frozenset()
+        return self.kernel(batch.fn, self.batch_options(self.launch_config(batch.fn, batch.size), batch)).early
 
     def uniform_launch(self, graph) -> dict[str, dict]:
         """Launch overrides (variant name -> parameters) that compile every batched kernel of

@@ -164,6 +164,16 @@ def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
     return stmts[:first] + tuple(moved) + tuple(rest) if early else None
 
 
+def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
+    """The memrefs ``stmts`` (as :func:`early_loads` leaves them) load before the wait."""
+    out = set()
+    for s in stmts:
+        if _touches(s, pre):
+            break
+        out |= {i.srcs[0] for i in (walk_instrs((s,)) if isinstance(s, ForRange) else (s,)) if _pre_load(i, pre)}
+    return frozenset(out)
+
+
 # the renderer ---------------------------------------------------------------------------------
 
 
@@ -198,6 +208,7 @@ class BodyRenderer(TileOps):
         #: memrefs that come first (else the kernel waits before it calls the device function)
         self.pre = frozenset(opts.pre) if opts.pdl else frozenset()
         self.waits = self.waiting = False
+        self.early: frozenset[str] = frozenset()  # the memrefs it loads before the wait
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -290,6 +301,7 @@ class BodyRenderer(TileOps):
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.waits = self.waiting = early is not None
+        self.early = frozenset() if early is None else _before_wait(early, self.pre)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
             self.wait()

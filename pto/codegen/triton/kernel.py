@@ -67,8 +67,14 @@ class RenderedKernel:
     #: memrefs the kernel may load through tensor descriptors, with their block shapes (the
     #: arguments ``D_<p>`` and ``TMA_<p>``: :mod:`pto.codegen.triton.tma`)
     tma: dict = field(default_factory=dict, hash=False, compare=False)
-    #: the body waits for the previous launch itself, after loads of inputs (RenderOptions.pre)
-    waits: bool = False
+    #: the memrefs the body loads before it waits for the previous launch (RenderOptions.pre;
+    #: empty: the kernel waits before the body)
+    early: frozenset = frozenset()
+
+    @property
+    def waits(self) -> bool:
+        """Does the body wait itself (after its early loads)?"""
+        return bool(self.early)
 
     @property
     def filename(self) -> str:
@@ -183,7 +189,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         else:  # chain: the body signals after its wait
             src = source(wait + ([] if r.waits else [PDL_SIGNAL]) + body, PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.waits)
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early)
 
 
 def render_sources(functions: Iterable[IncoreFunction],
