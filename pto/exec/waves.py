@@ -29,7 +29,8 @@ from pto.errors import ExecutionError
 from pto.exec.base import ExecStats, Executor, LaunchRecord, Progress
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.graph import CompiledProgram, Graph
-from pto.ir.analysis import has_collective, param_access
+from pto.ir.analysis import has_collective, param_access, specialize
+from pto.ir.expr import const_value
 from pto.ir.nodes import IncoreFunction, MemRefParam
 from pto.runtime import Runtime
 from pto.timing import median_ms
@@ -73,11 +74,15 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def directions(fn: IncoreFunction) -> dict[str, str]:
-    """Per memref parameter of ``fn``: "in", "out" or "inout" (cached on the function)."""
+def directions(fn: IncoreFunction) -> tuple[dict[str, str], bool]:
+    """Per memref parameter of ``fn``: "in", "out" or "inout"; and does a batch of it surely
+    launch (a parallel axis whose extent may be 0 for every task launches nothing). Cached."""
     d = _DIRECTIONS.get(fn)
     if d is None:
-        d = _DIRECTIONS[fn] = {p: a.direction for p, a in param_access(fn).items()}
+        spec = specialize(fn) if fn.dims else fn
+        extent = None if spec.parallel is None else const_value(spec.parallel.extent)
+        d = _DIRECTIONS[fn] = ({p: a.direction for p, a in param_access(fn).items()},
+                               spec.parallel is None or (extent is not None and extent > 0))
     return d
 
 
@@ -292,11 +297,15 @@ class WaveExecutor(Executor):
         """The memrefs ``fn`` only reads whose tensors the previous batch does not write: when a
         launch starts (PDL), every launch before its predecessor has completed (each waits for
         its own predecessor before it lets the next start), so these may load before the wait.
-        None for the run's first batch (its predecessor is whatever ran before). Tensors are
-        told apart by storage (views of one buffer are one)."""
-        io = directions(fn)
+        None for the run's first batch (its predecessor is whatever ran before). Tensors are told
+        apart by storage (views of one buffer are one). A task's own stores are the renderer's
+        to respect (no load moves above one: :func:`~pto.codegen.triton.body.early_loads`); the
+        other tasks of its batch write no region it reads (they would depend on each other)."""
+        io, launches = directions(fn)
         writes = {_storage(mems[p].tensor) for p, d in io.items() if d != "in"}
-        prev, self._written = self._written, writes
+        prev = self._written
+        # a batch that may launch nothing leaves the launch before it the next one's predecessor
+        self._written = writes if launches else None if prev is None else writes | prev
         if prev is None:
             return frozenset()
         return frozenset(p for p, d in io.items() if d == "in" and _storage(mems[p].tensor) not in prev)

@@ -19,6 +19,7 @@ from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.codegen.triton.body import early_loads  # noqa: E402
+from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.ir.analysis import param_access, specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
@@ -39,12 +40,13 @@ def _at(lines: list[str], text: str) -> int:
     return next(i for i, line in enumerate(lines) if text in line)
 
 
-@pytest.mark.parametrize("mode", ["early", "late", "chain"])
+@pytest.mark.parametrize("mode", ["late", "chain"])
 def test_inputs_load_before_the_wait_and_everything_else_after(mode):
     """A one-step GEMV: its weight block loads first, then the wait, then x, the residual and the
-    store; the kernel itself no longer waits. The signal: before everything ("early"), after the
-    device function ("late"), right after the wait ("chain"). The schedule digest is the plain
-    kernel's."""
+    store; the kernel itself no longer waits. The signal: after the device function ("late"),
+    right after the wait ("chain"); never before the wait ("early" is refused: the next launch
+    would start, and load early, before this one's predecessor is done). The schedule digest is
+    the plain kernel's."""
     plain = render(_gemv(576, 1024))
     kern = render(_gemv(576, 1024), RenderOptions(pdl=mode, pre=("w",)))
     assert kern.waits and kern.pdl == mode
@@ -62,6 +64,8 @@ def test_inputs_load_before_the_wait_and_everything_else_after(mode):
         assert (sig < call) if mode == "early" else (sig > call)
     assert "for i_kk" not in "\n".join(dev)  # the loop that runs once is straight-line code
     assert kern.schedule_digest == plain.schedule_digest == plain.digest != kern.digest
+    with pytest.raises(BuildError, match="pre needs pdl 'late' or 'chain'"):
+        render(_gemv(576, 1024), RenderOptions(pdl="early", pre=("w",)))
 
 
 def test_without_an_early_load_the_kernel_is_the_plain_pdl_one():
@@ -96,6 +100,24 @@ def test_a_load_at_a_device_position_and_stores_wait():
     dev = _device_lines(kern)
     wait = _at(dev, "_gdc_wait()")
     assert _at(dev, "t_b = ") < wait < _at(dev, "s_p = ") < _at(dev, "t_a = ") < _at(dev, "tl.store(")
+    # no load moves above a store (two memrefs may be one tensor: an in-place residual)
+    k2 = InCore("store_then_load")
+    w2, y2 = k2.memref("w", DType.F32, shape=(2, 16)), k2.memref("y", DType.F32, shape=(2, 16))
+    c, d = k2.tile("c", 1, 16, DType.F32), k2.tile("d", 1, 16, DType.F32)
+    k2.load(c, w2, 0, 0)
+    k2.store(y2, 0, 0, c)
+    k2.load(d, w2, 1, 0)
+    k2.store(y2, 1, 0, d)
+    fn2 = k2.build()
+    assert early_loads(fn2.body, frozenset({"w"})) == fn2.body  # c loads early; d stays after the store
+    k3 = InCore("x_store_then_load")
+    x3, w3, y3 = (k3.memref(n, DType.F32, shape=(2, 16)) for n in ("x", "w", "y"))
+    e, f = k3.tile("e", 1, 16, DType.F32), k3.tile("f", 1, 16, DType.F32)
+    k3.load(e, x3, 0, 0)
+    k3.store(y3, 0, 0, e)
+    k3.load(f, w3, 1, 0)
+    k3.store(y3, 1, 0, f)
+    assert early_loads(k3.build().body, frozenset({"w"})) is None
     # a position the launch before did not write (a load of a scalar of ``pre``): both move
     body = early_loads(fn.body, frozenset({"w", "pos"}))
     assert [(i.op.value, i.dst) for i in body[:3]] == [("load_scalar", "p"), ("load", "a"), ("load", "b")]
@@ -151,6 +173,11 @@ def test_auto_renders_late_and_chains_where_the_next_loads_early(monkeypatch):
     late = _hopper(monkeypatch, "late")
     assert not late.loads_early(_batch(one, {"w"}))
     assert late.batch_options(late.launch_config(one), _batch(one, {"w"}, chain=True)).pdl == "late"
+    # what may load early is the executor's to say: not a schedule's, nor the backend's options
+    with pytest.raises(UsageError, match="unknown launch setting 'pre'"):
+        TritonBackend("cuda", launch={one.name: {"pre": ("w", "x")}}).launch_config(one)
+    given = TritonBackend("cuda", options=RenderOptions(pre=("x",)))
+    assert given.batch_options(given.launch_config(one), _batch(one)).pre == ()
 
 
 class _EarlyLoadsEvaluator(TorchBackend):
@@ -223,3 +250,41 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     assert any(b["chain"] for b in seen) and not all(b["early"] for b in seen)
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
         assert torch.equal(outs[0][name], outs[1][name]), name
+
+
+def _copy_fn(name: str, parallel=None):
+    """y = x, 1 x 16 (over a parallel axis of ``parallel`` blocks: a scalar's value, so possibly
+    none for every task)."""
+    k = InCore(name)
+    x, y = k.memref("x", DType.F32, shape=(1, 16)), k.memref("y", DType.F32, shape=(1, 16))
+    if parallel is not None:
+        k.parallel("j", k.scalar(parallel))
+    t = k.tile("t", 1, 16, DType.F32)
+    k.load(t, x, 0, 0)
+    k.store(y, 0, 0, t)
+    return k.build()
+
+
+def test_what_a_batch_may_load_early_follows_the_launch_before_it():
+    """``TaskBatch.readonly``: what the function only reads and neither it nor the batch before
+    writes; nothing for the run's first batch; and where the batch before may launch nothing (a
+    parallel axis whose extent is data), what the batch before that writes is excluded too."""
+    from pto.exec.waves import WaveExecutor
+
+    T, U, V, W = (torch.zeros(1, 16) for _ in range(4))
+    ex = WaveExecutor(TorchBackend(), {})
+    plain, maybe = _copy_fn("copy"), _copy_fn("copy_n", parallel="n")
+
+    def batch(fn, x, y):
+        one = torch.zeros(1, dtype=torch.int64)
+        return fn, {p: RegionBatch(t, one, one, one + 1, one + 16) for p, t in (("x", x), ("y", y))}
+
+    def run(*batches):
+        ex._reset()
+        return [ex._settled(*batch(*b)) for b in batches]
+
+    assert run((plain, U, T), (plain, T, V), (plain, W, V)) == [frozenset(), frozenset(), {"x"}]
+    assert run((plain, U, T), (maybe, W, V), (plain, T, U)) == [frozenset(), {"x"}, frozenset()]
+    assert run((maybe, U, T), (plain, W, V)) == [frozenset(), frozenset()]
+    assert run((plain, U, T), (plain, V, V)) == [frozenset(), {"x"}]  # its own store: the renderer's
+    assert run((plain, U, T), (plain, T[:, 8:], V)) == [frozenset(), frozenset()]  # a view of what was written

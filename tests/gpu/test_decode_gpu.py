@@ -39,9 +39,10 @@ def test_a_long_cache_in_wide_chunks_and_two_combine_levels_on_the_gpu(executor,
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_weights_loaded_before_the_wait_change_no_bit(batch, monkeypatch):
-    """The "auto" PDL policy (each GEMV's weights loaded before it waits for the previous launch,
-    the launch before it signalling right after its own wait) computes what "late" computes, bit
-    for bit: only loads of memory no task writes move, and the arithmetic is the same."""
+    """The "auto" PDL policy (each GEMV's weights, residual and position loaded before it waits for
+    the previous launch, the launch before it signalling right after its own wait) computes what
+    "late" computes, bit for bit, in three steps: only loads of memory the launch just before
+    does not write move, and the arithmetic is the same."""
     from pto.engine import Runner, resolve
 
     if torch.cuda.get_device_capability() < (9, 0):
@@ -53,13 +54,21 @@ def test_weights_loaded_before_the_wait_change_no_bit(batch, monkeypatch):
         shape = job.program.shape({"cache": 768, "batch": batch})
         runner = Runner(job, shape)
         try:
-            assert runner.executor.backend.pdl == policy
+            backend = runner.executor.backend
+            assert backend.pdl == policy
             inputs = job.program.inputs(job.settings, shape, "cuda", seed=batch)
-            outs.append({k: v.clone() for k, v in runner(inputs).items()})
+            steps = []
+            for _ in range(3):  # each step from the token the last one chose (at the same positions:
+                out = runner(inputs)  # one sequence's cache is full)
+                steps.append({k: v.clone() for k, v in out.items()})
+                inputs = {**inputs, "tok": steps[-1]["tok"]}
+            outs.append(steps)
+            assert any(k.waits for k in backend._kernels.values()) == (policy == "auto")
         finally:
             runner.close()
-    for name in ("logits", "tok", "pos"):
-        assert torch.equal(outs[0][name], outs[1][name]), name
+    for late, auto in zip(*outs):
+        for name in ("logits", "tok", "pos"):
+            assert torch.equal(late[name], auto[name]), name
 
 
 def _check_step(executor: str, batch: int, cache: int) -> None:

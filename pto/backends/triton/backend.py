@@ -71,10 +71,10 @@ class TritonBackend(Backend):
     else "align". ``pdl``: the programmatic-dependent-launch policy (:data:`PDL_POLICIES`; "off"):
     a render mode for every launch (``RenderOptions.pdl``: "early", "late", "chain"), or "auto":
     each launch may load what the one before does not write before its wait (``TaskBatch.readonly``), and signals
-    "late", or "chain" (right after its wait) where the executor says the next launch loads early
-    (``TaskBatch.chain``, :meth:`loads_early`); None: "auto" where the kernels are compiled for a
+    "late", or "chain" (right after its wait) where the executor says the next launch loads weights
+    early (``TaskBatch.chain``, :meth:`loads_early`); None: "auto" where the kernels are compiled for a
     GPU of compute capability 9.0 or later, unless the environment sets ``PTO_PDL``. Measured on
-    an H100: the SmolLM2 decode step 15% faster with "late" than without PDL, and 18% faster
+    an H100: the SmolLM2 decode step 15% faster with "late" than without PDL, and 19% faster
     again with "auto"; "early" 30% slower; the prefill layer unchanged by any (docs/PERF.md
     "Programmatic dependent launch", "Tenth session"). Tensor-descriptor loads of the large tiles
     that feed matrix products (``RenderOptions.tma``, :mod:`pto.codegen.triton.tma`): on where
@@ -94,7 +94,8 @@ class TritonBackend(Backend):
         #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
         #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load TaskBatch.readonly early
         self.pdl = self._pdl(pdl)
-        self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl)
+        # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
+        self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma())
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
@@ -226,8 +227,7 @@ class TritonBackend(Backend):
         switches (``cfg``), and under the "auto" and "chain" PDL policies the memrefs it may load
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = cfg.options(self.options)
-        if self.pdl in ("auto", "chain") and batch.readonly:
-            opts = replace(opts, pre=tuple(sorted(batch.readonly)))
+        opts = replace(opts, pre=tuple(sorted(batch.readonly)) if self.pdl in ("auto", "chain") else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")
         return opts

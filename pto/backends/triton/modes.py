@@ -39,8 +39,9 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
     ``capability`` 9.0 and later (the first with PDL), else "" (off). On an H100 "auto" took a
-    SmolLM2 step 0.456 ms against 0.555 with "late" (the 8B step and the prefill layer within 1%
-    of it; "chain" everywhere: 0.522 and 8% slower for the 8B; docs/PERF.md, "Tenth session")."""
+    SmolLM2 step 0.447 ms against 0.553 with "late" (the 8B step 1.2% faster, the prefill layer
+    unchanged; "chain" everywhere: SmolLM2 0.522, the 8B step 9% slower; docs/PERF.md, "Tenth
+    session")."""
     mode = os.environ.get("PTO_PDL", "auto")
     if mode not in PDL_POLICIES + ("off", ""):
         raise UsageError(f"PTO_PDL={mode!r}: one of {', '.join(PDL_POLICIES)} or off")

@@ -178,6 +178,10 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     pdl = r.opts.pdl
     if pdl and pdl not in PDL_MODES:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
+    if pdl == "early" and r.waits:
+        # the next launch would start before this one waits, and its own early loads could read
+        # what this one's predecessor is still writing
+        raise BuildError("RenderOptions.pre needs pdl 'late' or 'chain' (an 'early' signal comes before the wait)")
     if pdl:
         # the wait: here, before the device function, unless the body waits itself (after the
         # loads it may issue first, RenderOptions.pre); the signal where the mode says
