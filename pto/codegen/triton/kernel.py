@@ -176,24 +176,28 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     plain = render(fn, replace(r.opts, pdl="", tma=False, pre=())).schedule_digest \
         if r.tma or r.opts.tma or r.waits else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
-    if pdl and pdl not in PDL_MODES:
+    if pdl:
+        src = source(_with_pdl(body, pdl, r.waits), PDL_IMPORTS)
+    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
+    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early)
+
+
+def _with_pdl(body: list[str], pdl: str, waits: bool) -> list[str]:
+    """The kernel's lines with the PDL wait (before the device function, unless the body waits
+    itself, after the loads it may issue first: RenderOptions.pre) and the signal where the mode
+    says."""
+    if pdl not in PDL_MODES:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
-    if pdl == "early" and r.waits:
+    if pdl == "early" and waits:
         # the next launch would start before this one waits, and its own early loads could read
         # what this one's predecessor is still writing
         raise BuildError("RenderOptions.pre needs pdl 'late' or 'chain' (an 'early' signal comes before the wait)")
-    if pdl:
-        # the wait: here, before the device function, unless the body waits itself (after the
-        # loads it may issue first, RenderOptions.pre); the signal where the mode says
-        wait = [] if r.waits else [PDL_WAIT]
-        if pdl == "early":
-            src = source([PDL_SIGNAL] + wait + body, PDL_IMPORTS)
-        elif pdl == "late":
-            src = source(wait + body + [PDL_SIGNAL], PDL_IMPORTS)
-        else:  # chain: the body signals after its wait
-            src = source(wait + ([] if r.waits else [PDL_SIGNAL]) + body, PDL_IMPORTS)
-    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early)
+    wait = [] if waits else [PDL_WAIT]
+    if pdl == "early":
+        return [PDL_SIGNAL] + wait + body
+    if pdl == "late":
+        return wait + body + [PDL_SIGNAL]
+    return wait + ([] if waits else [PDL_SIGNAL]) + body  # chain: a body that waits also signals
 
 
 def render_sources(functions: Iterable[IncoreFunction],
