@@ -12,8 +12,8 @@
 #               (both executors) at $FUSE_SEQS, and as written (--no-fuse, persistent) at $NOFUSE_SEQS
 #   odd         pto bench llama7b, fused, odd lengths ($ODD_SEQS)
 #   profile     pto run --profile of the fused layer at 16K, both executors
-#   pdl         programmatic dependent launch in the modes $PDL_MODES (default: off early late;
-#               PTO_PDL): bench/decode.py for $PDL_CONFIGS at batches $DEC_BATCHES (default 1,8)
+#   pdl         programmatic dependent launch in the policies $PDL_MODES (default: off late chain
+#               auto; PTO_PDL): bench/decode.py for $PDL_CONFIGS at batches $DEC_BATCHES (default 1,8)
 #               with the tilings $TILINGS, and the fused layer at $PDL_SEQS (none: skipped)
 #   rows        issue 23's lengths with whole row tiles (eager, torch.compile), the same with
 #               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT)
@@ -97,13 +97,13 @@ for stage in "$@"; do
                python3 -m pto.cli run llama7b --config 7b --seq ${PROFILE_SEQ:-16384} --executor $e --profile \
                  --json 2>&1 | tee "$OUT/profile_$e.json" | tail -3
              done ;;
-    pdl) for p in ${PDL_MODES:-off early late}; do
+    pdl) for p in ${PDL_MODES:-off late chain auto}; do
            PTO_PDL=$p python3 bench/decode.py --configs "${PDL_CONFIGS:-smollm2-135m,llama3-8b}" \
              --batches "${DEC_BATCHES:-1,8}" --long 0 --steps 16 --executors waves --hf-configs none \
              --tilings "${TILINGS:-default}" --json "$OUT/decode_pdl_$p.json" > "$OUT/decode_pdl_$p.log" 2>&1
            echo "PTO_PDL=$p"; grep "B=" "$OUT/decode_pdl_$p.log"
          done
-         for p in ${PDL_MODES:-off early late}; do
+         for p in ${PDL_MODES:-off late chain auto}; do
            [ "${PDL_SEQS:-1024,4096}" = none ] && break
            PTO_PDL=$p $BENCH --seq "${PDL_SEQS:-1024,4096}" --executor waves --json "$OUT/fused_pdl_$p.json" \
              > "$OUT/fused_pdl_$p.log" 2>&1
