@@ -22,7 +22,7 @@ from pto.codegen.triton.body import early_loads  # noqa: E402
 from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.ir.analysis import param_access, specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
+from tests.codegen.tritonkit import jobs_sm90, path_flags  # noqa: E402
 from tests.sm90 import compile_sm90  # noqa: E402
 
 
@@ -131,8 +131,7 @@ def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
     """Compiled for an H100 (no GPU needed): a 16-byte weight load is issued before
     ``griddepcontrol.wait``, the signal follows the wait, and every store comes after."""
     kern = render(_gemv(576, 1024), RenderOptions(pdl="chain", pre=("w",)))
-    flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
-    (job,) = jobs_sm90([(kern, flags)])
+    (job,) = jobs_sm90([(kern, path_flags(kern.fn, True))])
     job["options"]["launch_pdl"] = True
     (res,) = compile_sm90([job], tmp_path)
     assert res["ok"], res.get("error")

@@ -23,7 +23,6 @@ pytest.importorskip("triton")
 
 from pto.orchestration.llama.config import LlamaConfig  # noqa: E402
 
-from pto.codegen.triton import render  # noqa: E402
 from pto.codegen.triton.common import block_shape  # noqa: E402
 from pto.engine import Runner, execute, rel_err, resolve  # noqa: E402
 from pto.interp.orchestration import iter_tasks  # noqa: E402
@@ -31,8 +30,7 @@ from pto.ir.analysis import specialize, tile_shape  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.programs import get  # noqa: E402
 from pto.target import get as target  # noqa: E402
-from tests.codegen.tritonkit import jobs_sm90  # noqa: E402
-from tests.sm90 import compile_sm90  # noqa: E402
+from tests.codegen.tritonkit import compile_both_paths_sm90  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -170,14 +168,8 @@ def _sm90_functions():
 def test_padded_kernels_compile_for_sm90(tmp_path):
     """Both the masked and the mask-free path; the products of padded blocks stay on the tensor
     cores."""
-    jobs = []
-    for fn in _sm90_functions():
-        assert _padded(fn), fn.variant_name
-        kern = render(fn)
-        for even in (False, True):
-            jobs.append((kern, {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in fn.memrefs}))
-    results = compile_sm90(jobs_sm90(jobs), tmp_path)
-    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
+    functions = _sm90_functions()
+    assert all(_padded(fn) for fn in functions), [fn.variant_name for fn in functions if not _padded(fn)]
+    results = compile_both_paths_sm90(functions, tmp_path)
     mm = [r for r in results if r["name"].startswith(("matmul", "flash_fused", "flash_pair", "flash_score"))]
     assert mm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in mm)

@@ -28,8 +28,8 @@ from tests.codegen.tritonkit import (  # noqa: E402,F401 (temp_cache_dir applies
     INTERPRETER_ONLY,
     carry_fn,
     clone_mems,
+    compile_both_paths_sm90,
     edge_fn,
-    jobs_sm90,
     pgemm_fn,
     rowwise_fn,
     run_batch,
@@ -37,7 +37,6 @@ from tests.codegen.tritonkit import (  # noqa: E402,F401 (temp_cache_dir applies
     subnormal_fn,
     temp_cache_dir,
 )
-from tests.sm90 import compile_sm90  # noqa: E402
 
 pytestmark = INTERPRETER_ONLY
 
@@ -186,7 +185,7 @@ def test_launch_parameters_defaults_and_overrides():
 
 # ahead-of-time compilation for the GPU (no GPU needed) -----------------------------------------------
 
-# (compiled in a fresh interpreter without TRITON_INTERPRET: tests.codegen.tritonkit.jobs_sm90)
+# (compiled in a fresh interpreter without TRITON_INTERPRET: tests.codegen.tritonkit.compile_both_paths_sm90)
 def _every_op_fn(dtype):
     """One kernel using every op group (and a K loop) in ``dtype``."""
     k = InCore("every_op")
@@ -251,14 +250,7 @@ def _aot_functions():
 def test_kernels_compile_for_sm90(tmp_path):
     """The generated code passes Triton's compiler for an H100 (bf16 included, both the masked
     and the mask-free path), and the K loop of a bf16 GEMM becomes tensor-core MMAs."""
-    jobs = []
-    for fn in _aot_functions():
-        kern = render(fn)
-        for even in (False, True):
-            jobs.append((kern, {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in fn.memrefs}))
-    results = compile_sm90(jobs_sm90(jobs), tmp_path)
-    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
-    assert not failed, "\n".join(failed)
+    results = compile_both_paths_sm90(_aot_functions(), tmp_path)
     gemm = [r for r in results if r["name"].startswith("gemm_tile")]
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
 

@@ -148,3 +148,21 @@ def jobs_sm90(pairs):
     return [{"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
              "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
              "options": {k: v for k, v in kern.launch.items() if not k.isupper()}} for kern, flags in pairs]
+
+
+def path_flags(fn, even: bool) -> dict[str, bool]:
+    """The EVEN/ALIGN constexprs of ``fn``'s kernel, all ``even``: the mask-free or the masked path."""
+    return {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in fn.memrefs}
+
+
+def compile_both_paths_sm90(functions, tmp_path) -> list[dict]:
+    """Each function's kernel compiled for an H100 on the masked and the mask-free path (no GPU
+    needed); fails naming every kernel that did not compile; the results otherwise."""
+    from pto.codegen.triton import render
+    from tests.sm90 import compile_sm90
+
+    jobs = [(render(fn), path_flags(fn, even)) for fn in functions for even in (False, True)]
+    results = compile_sm90(jobs_sm90(jobs), tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    return results

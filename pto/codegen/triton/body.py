@@ -206,11 +206,11 @@ class BodyRenderer(TileOps):
         self.tmp = 0
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
-        #: the body waits for the previous launch itself, after the loads of RenderOptions.pre's
-        #: memrefs that come first (else the kernel waits before it calls the device function)
         self.pre = frozenset(opts.pre) if opts.pdl else frozenset()
-        self.waits = self.waiting = False
-        self.early: frozenset[str] = frozenset()  # the memrefs it loads before the wait
+        #: the memrefs the body loads before it waits for the previous launch itself (none: the
+        #: kernel waits before it calls the device function); ``waiting``: that wait is to come
+        self.early: frozenset[str] = frozenset()
+        self.waiting = False
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -302,8 +302,8 @@ class BodyRenderer(TileOps):
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
-        self.waits = self.waiting = early is not None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
+        self.waiting = bool(self.early)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
             self.wait()

@@ -174,10 +174,10 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     src = source(body)
     # the arithmetic: with or without PDL and tensor-descriptor loads
     plain = render(fn, replace(r.opts, pdl="", tma=False, pre=())).schedule_digest \
-        if r.tma or r.opts.tma or r.waits else hashlib.sha256(src.encode()).hexdigest()[:20]
+        if r.tma or r.opts.tma or r.early else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
     if pdl:
-        src = source(_with_pdl(body, pdl, r.waits), PDL_IMPORTS)
+        src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma else plain
     return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early)
 
