@@ -36,6 +36,8 @@
 #   long        the Llama-3.1-8B step at caches 1024 and 32768 (two combine levels, wider chunks), per-kernel
 #   dispatch    the persistent megakernel's cost per work item: 1,024 independent softmax tasks (no
 #               waits: the dispatch alone, item_gap_us) and SmolLM2's decode step on both executors
+#               (the step's item gap and dependency_wait_us: a predecessor's end to its successor's start;
+#               PTO_DISPATCH=queue|static picks the dispatch)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -170,7 +172,8 @@ for stage in "$@"; do
               grep -o '"persistent_item_gap_us": [0-9.]*' "$OUT/dispatch_softmax.json"
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 16 \
                 --executors waves,persistent --hf-configs none --json "$OUT/dispatch_decode.json" \
-                > "$OUT/dispatch_decode.log" 2>&1; grep "B=" "$OUT/dispatch_decode.log" ;;
+                > "$OUT/dispatch_decode.log" 2>&1; grep "B=" "$OUT/dispatch_decode.log"
+              grep -o '"\(item_gap\|dependency_wait\)_us": [0-9.]*' "$OUT/dispatch_decode.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -134,10 +134,11 @@ def runs() -> list[tuple[str, list[str]]]:
             out.append((f"llama {config} {mode} 333 persistent", ["llama", "--config", config, "--attention", mode,
                                                                   "--seq", "333", "--executor", "persistent"]))
     out.append(("llama7b 7b fused 20001 auto", ["llama7b", "--config", "7b", "--seq", "20001"]))
-    # 1280 slots: one combine level; 2048: 32 chunks, two levels (a merge per span of 16); the 8B
+    # 1280 slots: 20 chunks, one combine reads them at once; 4096: 64 chunks, two levels (a merge
+    # per span of 16); the 8B
     # model at 2 sequences: its dot path's tiles (blocks of 32 outputs)
     for config, cache, batches, executors in (("smollm2-135m", "1280", ("1", "3"), ("waves", "persistent")),
-                                              ("smollm2-135m", "2048", ("1",), ("waves", "persistent")),
+                                              ("smollm2-135m", "4096", ("1",), ("waves", "persistent")),
                                               ("llama3-8b", "512", ("1",), ("waves", "persistent")),
                                               ("llama3-8b", "512", ("2",), ("waves",))):
         for ex in executors:

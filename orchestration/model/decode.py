@@ -18,9 +18,9 @@ Per layer (weights of all layers stacked in one tensor per kind, a layer's block
 3. per sequence and key/value head, per chunk of ``chunk`` cache slots: ``decode_attn_part``
    (flash-decoding), then per query head ``decode_attn_combine_parts`` (a head's partial states
    read at once, where they are at most ``COMBINE_ROWS``; else ``decode_attn_combine``'s loop
-   over them); for a long cache (more than ``DecodeTiling.span`` chunks, a multiple of it)
-   first ``decode_attn_merge`` per span of that many chunks and query head, then the combine
-   over the spans;
+   over them); for a long cache (more than ``DecodeTiling.span`` chunks, a multiple of it,
+   and more than ``COMBINE_ROWS``) first ``decode_attn_merge`` per span of that many chunks and
+   query head, then the combine over the spans;
 4. ``matmul_residual_tile``: x2 = x + attn @ wo; ``matmul_norm_swiglu_tile``: h =
    swiglu(rmsnorm(x2)); ``matmul_residual_tile``: x = x2 + h @ wd.
 

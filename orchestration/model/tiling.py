@@ -41,7 +41,8 @@ class DecodeTiling:
     #: is computed as a broadcast sum, not a tensor-core dot)
     dot_bn: int | None = None
     #: chunks one ``decode_attn_merge`` task merges when a cache holds more than that many (a
-    #: multiple of it; 0: the combine always loops over every chunk itself)
+    #: multiple of it) and more than one combine reads at once (:func:`spans`); 0: the combine
+    #: always reads every chunk itself
     span: int = 16
     #: the most chunks a sequence's cache is cut into: a longer cache takes wider chunks (``chunk``
     #: doubled while there are more than this many and the doubled chunk divides the cache, so a
@@ -108,8 +109,11 @@ def spans(cache: int | None, t: DecodeTiling) -> int:
     """Spans of ``t.span`` chunks the first combine level merges for a cache of ``cache`` slots
     (0: one level; None: the cache is not known at build, one level). The combine's loop waits on
     a load per chunk: a 32K cache's 512 chunks of 64 would be one 512-step loop, two levels are
-    loops of 16 and 32."""
+    loops of 16 and 32. A head's chunks that one combine reads at once (at most
+    :data:`COMBINE_ROWS`, with ``combine_parts``) take one level: a launch fewer a layer."""
     J = (cache or 0) // t.chunk
+    if t.combine_parts and J <= COMBINE_ROWS:
+        return 0
     return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 

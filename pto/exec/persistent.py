@@ -143,18 +143,42 @@ class PersistentExecutor(Executor):
         on the GPU (ticks of the logical clock under the interpreter)."""
         self._launch(trace=True)
         self.check()
+        records = self.trace_records()
         by_prog: dict[int, list] = {}
-        for r in self.trace_records():
+        for r in records:
             by_prog.setdefault(r.program, []).append((r.start_ns, r.end_ns))
         gaps = []
         for spans in by_prog.values():
             spans.sort()
             gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:])]
-        gap = float(np.median(gaps)) / (1e3 if self.device.type == "cuda" else 1.0) if gaps else 0.0
+        unit, suffix = (1e3, "us") if self.device.type == "cuda" else (1.0, "ticks")
+        gap = float(np.median(gaps)) / unit if gaps else 0.0
+        wait = self._release_waits(records)
         out = {"items": self.plan.n_items, "programs": self.programs, "branches": len(self.plan.branches),
-               "item_gap_us" if self.device.type == "cuda" else "item_gap_ticks": round(gap, 3)}
+               f"item_gap_{suffix}": round(gap, 3),
+               f"dependency_wait_{suffix}": round(float(np.median(wait)) / unit, 3) if len(wait) else 0.0}
         out.update(self.kernel.compiled_info)
         return out
+
+    def _release_waits(self, records: list[ItemRecord]) -> np.ndarray:
+        """Per task with predecessors, from its last predecessor's last item's end to its own first
+        item's start: what a dependency costs through memory (the release, the poll that sees it,
+        the dispatch), and also any time no program was free to take the task (so the median is
+        the cost where programs wait on their dependencies, as in a decode step)."""
+        n = len(self.plan.pending)
+        first = np.full(n, np.iinfo(np.int64).max)
+        last = np.full(n, np.iinfo(np.int64).min)
+        for r in records:
+            t = r.task - self.plan.first_task
+            first[t] = min(first[t], r.start_ns)
+            last[t] = max(last[t], r.end_ns)
+        ready = np.full(n, np.iinfo(np.int64).min)
+        ptr, succ = self.plan.succ_ptr, self.plan.succ
+        for t in range(n):
+            ids = succ[ptr[t]:ptr[t + 1]]
+            ready[ids] = np.maximum(ready[ids], last[t])
+        waited = self.plan.pending > 0
+        return (first[waited] - ready[waited]).astype(np.float64)
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
         """Per InCore function: the summed duration of its work items divided by the number of

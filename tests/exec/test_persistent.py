@@ -137,6 +137,10 @@ def test_trace_schedule_respects_every_dependency():
             assert all(end_of[p] < r.start_ns for p in preds)
         rep = runner.executor.report()
         assert rep["items"] == plan.n_items and rep["item_gap_ticks"] >= 0
+        # a dependency's cost: every waiting task started after its last predecessor ended
+        waits = runner.executor._release_waits(runner.executor.trace_records())
+        assert len(waits) == int((plan.pending > 0).sum()) > 0 and waits.min() > 0
+        assert rep["dependency_wait_ticks"] == round(float(np.median(waits)), 3)
     finally:
         runner.close()
 

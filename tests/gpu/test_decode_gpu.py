@@ -22,19 +22,31 @@ def test_smollm2_step_in_bf16_is_as_close_to_float64_as_torch_bf16(executor, bat
 @pytest.mark.parametrize("executor", ["persistent", "waves"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_long_cache_in_wide_chunks_and_two_combine_levels_on_the_gpu(executor, batch, monkeypatch):
-    """The long-cache path at a size the GPU checks quickly: at most 16 chunks a sequence
-    (``long_chunks``), so a 2048-slot cache takes chunks of 128 (two key tiles a task), and spans
-    of 4 chunks (``span``), so the combine runs in two levels (the merge kernel, then the
+    """The long-cache path at a size the GPU checks quickly: at most 64 chunks a sequence
+    (``long_chunks``), so an 8192-slot cache takes chunks of 128 (two key tiles a task), and
+    spans of 8 chunks (``span``), so the combine runs in two levels (the merge kernel, then the
     combine over the spans); as close to float64 as torch's bf16."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import spans
 
-    t = replace(mp.TILING, long_chunks=16, span=4)
-    assert t.for_cache(2048).chunk == 128 and spans(2048, t.for_cache(2048)) == 4
+    t = replace(mp.TILING, long_chunks=64, span=8)
+    assert t.for_cache(8192).chunk == 128 and spans(8192, t.for_cache(8192)) == 8
     monkeypatch.setattr(mp, "TILING", t)
-    _check_step(executor, batch, 2048)
+    _check_step(executor, batch, 8192)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_thirty_two_chunks_combine_at_once_on_the_gpu(batch):
+    """A 2048-slot cache is 32 chunks of 64: one combine reads a head's 32 partial states at once
+    (no merge level); as close to float64 as torch's bf16."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import spans
+
+    t = mp.TILING.for_cache(2048)
+    assert 2048 // t.chunk == 32 and spans(2048, t) == 0
+    _check_step("waves", batch, 2048)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

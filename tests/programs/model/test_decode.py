@@ -420,45 +420,59 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
     assert {"rope_qkv_append", "gemv_norm_rope_append_tile", "decode_attn_merge"} <= names, names
 
 
-def test_a_long_cache_combines_in_two_levels_and_matches_the_reference():
+def test_a_long_cache_combines_in_two_levels_and_matches_the_reference(monkeypatch):
     """More than ``span`` chunks (a multiple of it): a merge task per span of chunks and query head,
     then the combine over the spans; the step is the reference's (f32, the same sums in another
-    grouping, as the one-level combine). tiny's cache of 1024 slots is 32 chunks of 32: 2 spans,
-    so beside the 16 chunks more than at 512 slots the graph has a merge task per layer,
-    sequence, span and query head."""
+    grouping, as the one-level combine). tiny's cache of 1024 slots in chunks of 16 is 64 chunks:
+    4 spans, so beside the 32 chunks more than at 512 slots the graph has a merge task per layer,
+    sequence, span and query head; in its own chunks of 32 (32 chunks) one combine reads them all."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import DecodeTiling, spans
 
     from pto import programs
 
     t32, t64 = DecodeTiling(chunk=32, tk=16), DecodeTiling()
-    assert (spans(1024, t32), spans(512, t32), spans(640, t32), spans(None, t64), spans(32768, t64)) == \
-        (2, 0, 0, 0, 32)
+    assert (spans(2048, t32), spans(512, t32), spans(640, t32), spans(None, t64), spans(32768, t64)) == \
+        (4, 0, 0, 0, 32)
     assert spans(32768, DecodeTiling(span=0)) == 0 and spans(32768, DecodeTiling(span=64)) == 8
-    res = run("model", config="tiny", cache=1024, batch=3, device="cpu", check=True, seed=11)
-    assert res["rel_err"] <= 1e-5, res
+    # up to COMBINE_ROWS chunks: one combine reads them all at once (a launch fewer); its loop
+    # (without combine_parts) keeps two levels
+    assert (spans(1024, t32), spans(1024, replace(t32, combine_parts=False)), spans(1056, t32)) == (0, 2, 0)
     prog = programs.get("model")
     s = prog.settings(device="cpu", config="tiny")
     cfg = prog.config(s)
+    all_at_once = prog.build(s, prog.shape({"cache": 1024, "batch": 3}))
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, chunk=16))
+    res = run("model", config="tiny", cache=1024, batch=3, device="cpu", check=True, seed=11)
+    assert res["rel_err"] <= 1e-5, res
     one_level = prog.build(s, prog.shape({"cache": 512, "batch": 3}))
     two_levels = prog.build(s, prog.shape({"cache": 1024, "batch": 3}))
-    calls = [sum(1 for f in m.functions if f.name == "decode_attn_merge") for m in (one_level, two_levels)]
-    assert calls == [0, 1], calls
-    # 16 chunks more per sequence and key/value head, and 2 spans' merges per query head
-    more = cfg.layers * 3 * (16 * cfg.layer.kv_heads + 2 * cfg.layer.heads)
+    calls = [sum(1 for f in m.functions if f.name == "decode_attn_merge") for m in (one_level, all_at_once, two_levels)]
+    assert calls == [0, 0, 1], calls
+    # 32 chunks more per sequence and key/value head, and 4 spans' merges per query head
+    more = cfg.layers * 3 * (32 * cfg.layer.kv_heads + 4 * cfg.layer.heads)
     assert res["tasks"] == run("model", config="tiny", cache=512, batch=3, device="cpu")["tasks"] + more
 
 
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
-def test_the_two_combine_levels_on_triton():
-    """The merge and the combine over spans as Triton kernels (the interpreter), a full cache."""
+def test_the_two_combine_levels_on_triton(monkeypatch):
+    """The merge and the combine over spans as Triton kernels (the interpreter), a full cache of
+    64 chunks."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, chunk=16))
     res = run("model", config="tiny", cache=1024, batch=2, device="cpu", backend="triton", check=True, seed=13)
     assert res["rel_err"] <= 1e-5, res
 
 
 def test_generation_past_sixteen_chunks_matches_the_reference():
     """A generation whose capacity is 32 chunks (prompt and new tokens past 512 positions): the
-    step combines in two levels, every token the reference model's."""
+    step's combine reads a head's 32 partial states at once, every token the reference model's."""
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
@@ -494,8 +508,8 @@ def test_a_long_cache_takes_wider_chunks(monkeypatch):
     res = run("model", config="tiny", cache=1024, batch=2, device="cpu", check=True, seed=14)
     assert res["rel_err"] <= 1e-5, res
     cfg = mp.CONFIGS["tiny"]
-    # 32 chunks of 32 with two merge levels before; 8 of 128, one level, now
-    assert base["tasks"] - res["tasks"] == cfg.layers * 2 * (24 * cfg.layer.kv_heads + 2 * cfg.layer.heads)
+    # 32 chunks of 32 before, 8 of 128 now (one combine level both times)
+    assert base["tasks"] - res["tasks"] == cfg.layers * 2 * 24 * cfg.layer.kv_heads
 
 
 @pytest.mark.parametrize("config,new", [("tiny", 20), ("tiny-swa", 70)])
