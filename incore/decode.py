@@ -24,7 +24,6 @@ from dataclasses import replace
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
 from pto.incore.gemv import Gemv, gemv_accumulate
-from pto.incore.headsum import combined_head
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
@@ -190,7 +189,19 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     o = k.memref("o", f32, shape=((parts - 1) * heads + 1, D))
     ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
     y = k.memref("y", dtype, shape=(1, D))
-    av = combined_head(k, o, ml, heads, D, parts)
+    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
+    k.load(m, ml, 0, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
+    k.load(lw, ml, 0, 1, step=heads)
+    k.load(oh, o, 0, 0, step=heads)
+    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
+    k.colmax(top, m)
+    k.colexpandsub(m, m, top)
+    k.exp2(m, m)
+    k.mul(lw, lw, m)
+    k.colsum(lsum, lw)
+    k.rowexpandmul(oh, oh, m)
+    k.colsum(av, oh)
+    k.rowexpanddiv(av, av, lsum)
     out = k.tile("out", 1, D, dtype)
     k.cast(out, av)
     k.store(y, 0, 0, out)

@@ -55,19 +55,15 @@ class RowNorm:
     def step(self, x, kk, a) -> None:
         """Load the x tile at column ``kk``, add its squares to the row sums, ``a = x * g``."""
         k = self.k
-        self.row(x, kk)
+        k.load(self.xt, x, 0, kk)
+        k.load(self.gt, self.g, 0, kk)
+        k.cast(self.xf, self.xt)
         k.mul(self.sq, self.xf, self.xf)
         k.rowsum(self.part, self.sq)
         k.add(self.ss, self.ss, self.part)
         k.cast(self.gf, self.gt)
         k.colexpandmul(self.xf, self.xf, self.gf)
         k.cast(a, self.xf)
-
-    def row(self, x, kk) -> None:
-        """The x tile at column ``kk`` into ``xf`` (f32), the gain's into ``gt``."""
-        self.k.load(self.xt, x, 0, kk)
-        self.k.load(self.gt, self.g, 0, kk)
-        self.k.cast(self.xf, self.xt)
 
     def scale(self, *accs) -> None:
         """``acc *= rsqrt(mean(x^2) + eps)`` per row."""

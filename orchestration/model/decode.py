@@ -44,7 +44,6 @@ import math
 from dataclasses import dataclass, replace
 
 from pto.incore import decode as dk
-from pto.incore import headsum as hs
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
@@ -84,9 +83,6 @@ class DecodeFunctions:
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
-    # one sequence: the o projection split by head into the combine (pto.incore.headsum): the
-    # combine with the head's product, the gate/up and the down projection that sum its rows
-    headsum: tuple[IncoreFunction, IncoreFunction, IncoreFunction] | None = None
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -130,7 +126,6 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         combine_parts=combine_parts,
-        headsum=_headsum(cfg, dt, target, t, parts) if combine_parts and batch == 1 and reduce is None else None,
         qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk)) if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
@@ -154,20 +149,6 @@ def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     bh = math.gcd(t.rope_bh or max(1, bn // 2), c.head_dim // 2)
     return _widest(lambda b: gemv_norm_rope_append_tile(dt, c.hidden, (c.heads, c.kv_heads, c.head_dim), bh, b, c.eps,
                                                          cfg.max_positions, target), bk)[0]
-
-
-def _headsum(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, parts: int):
-    """One sequence's o projection split by head into the combine (``t.o_in_combine``, output-major
-    weights): the combine with the head's product, the gate/up and the down projection that sum
-    the heads' rows (:mod:`pto.incore.headsum`); None where the tiling does not ask for it."""
-    if not (t.o_in_combine and t.wt):
-        return None
-    c = cfg.layer
-    H, D, F = c.hidden, c.head_dim, c.ffn
-    return (hs.decode_combine_o_tile(dt, c.heads, D, parts, H, t.o_split_bn, target),
-            _widest(lambda bk: hs.gemv_headsum_norm_swiglu_tile(dt, H, F, c.heads, t.ffn_bn or t.bn, bk, c.eps,
-                                                                 target), t.ffn_bk or t.bk)[0],
-            _widest(lambda bk: hs.gemv_headsum_residual_tile(dt, F, H, c.heads, t.bn, bk, target), t.bk)[0])
 
 
 def _widest(build, size: int):
@@ -218,8 +199,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
     o = Orchestration("decode_step")
     B, C = o.scalar("B"), o.scalar("C")
-    unused = (("qkv",) if fn.qkv_rope is not None else ()) + (("x2", "attn") if fn.headsum else ("o_heads",))
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, unused)
+    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
     ws = weight_shapes(cfg, t.wt)
 
     def W(kind: str, l):
@@ -244,16 +224,11 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
             o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
         with o.for_loop("b", 0, B) as b:
             _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        ffn = {"g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l), "y": A("hb", F)}
-        if fn.headsum:  # the o projection was the combine's: x2 = x + the heads' rows, summed by both
-            heads = (T["o_heads"], 0, 0, NQ, H)
-            o.call(fn.headsum[1], {**ffn, "x": A("x", H), "p": heads})
-            o.call(fn.headsum[2], {"h": A("hb", F), "w": W("wd", l), "p": heads, "x": A("x", H)})
-        else:
-            o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
-            o.call(fn.gate_up, {**ffn, "x": A("x2", H)})
-            o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
-                   dims={"K": F, "N": H})
+        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
+        o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
+                            "y": A("hb", F)})
+        o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
+               dims={"K": F, "N": H})
     _sample(o, fn, T, (B, H, cfg.vocab, NBV))
     return o.module()
 
@@ -278,16 +253,14 @@ def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, 
                              "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
                              "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
                              "j0": j * t.chunk, "cap": C})
-    _combine(o, fn, T, (b, J, S, t.span, NQ, D, C), (T["wo"], l * c.hidden, c.hidden))
+    _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
 
 
-def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple, wo: tuple) -> None:
+def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
     """Sequence b's attention output of every query head from its chunks' partial states: one
     combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
     combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); each combine reads
-    its head's states at once where they are few (``fn.combine_parts``), else in a loop. With
-    ``fn.headsum`` each head's combine also multiplies it by its columns of the layer's o weight
-    (``wo``: the stacked weight, the layer's first row, its rows) into its row of ``o_heads``."""
+    its head's states at once where they are few (``fn.combine_parts``), else in a loop."""
     b, J, S, SPAN, NQ, D, C = sizes
     pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
     if S:
@@ -301,13 +274,8 @@ def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple, wo: t
         src, n = ("o_span", "ml_span"), S
     for h in range(NQ):
         first = b * n * NQ + h
-        region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2)}
-        if fn.headsum:
-            w, row, rows = wo
-            o.call(fn.headsum[0], {**region, "w": (w, row, h * D, rows, D),
-                                   "y": (T["o_heads"], b * NQ + h, 0, 1, rows)})
-            continue
-        region["y"] = (T["attn"], b, h * D, 1, D)
+        region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
+                  "y": (T["attn"], b, h * D, 1, D)}
         if fn.combine_parts is not None:
             o.call(fn.combine_parts, region)
             continue
@@ -361,7 +329,6 @@ def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: i
     for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
                                     ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
                                     ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
-                                    ("o_heads", B * c.heads, H, f32),
                                     ("best", B, NBV, f32), ("index", B, NBV, f32)):
         if name not in unused:  # (qkv: not with the projection's own RoPE)
             T[name] = o.temp(name, rows, cols, dtype)

@@ -75,12 +75,6 @@ class DecodeTiling:
     #: 1.99 against 3.47 us a task, SmolLM2's step 0.573 against 0.671 ms on an H200
     #: (docs/PERF.md, "Ninth session")
     combine_parts: bool = True
-    #: one sequence (output-major weights, one rank, a combine reading a head's states at once):
-    #: the o projection split by query head into the combine, its product's rows summed into the
-    #: residual by the gate/up and down projections (:mod:`pto.incore.headsum`): a layer's tasks
-    #: one fewer. ``o_split_bn``: outputs a program of the head's product
-    o_in_combine: bool = False
-    o_split_bn: int = 64
 
     def for_cache(self, cache: int | None) -> DecodeTiling:
         """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
@@ -94,7 +88,7 @@ class DecodeTiling:
 
         bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
                                                   "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
-                                                  "dot_bn", "o_split_bn")
+                                                  "dot_bn")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")

@@ -103,15 +103,3 @@ def _check_step(executor: str, batch: int, cache: int) -> None:
     top2 = f64["logits"].topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp(min=1)  # beyond bf16's rounding
     assert torch.equal(out["tok"][clear].view(-1).long(), f64["tok"][clear].view(-1).long())
-
-
-@pytest.mark.parametrize("executor", ["waves", "persistent"])
-def test_the_o_projection_in_the_combine_on_the_gpu(executor, monkeypatch):
-    """One sequence with the o projection split by head into the combine (``o_in_combine``): the
-    step's bf16 logits as close to float64 as torch's bf16, its token and position right."""
-    from dataclasses import replace
-
-    from pto.orchestration.model import program as mp
-
-    monkeypatch.setattr(mp, "TILING", replace(mp.TILING, o_in_combine=True))
-    _check_step(executor, 1, 1024)
