@@ -24,7 +24,7 @@ from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, MegaKernel, fit_m
 from pto.codegen.triton.scan import scan_table
 from pto.errors import UsageError
 
-#: polls of a predecessor counter before a program gives up (about 1 s per 2**21 on an H100)
+#: polls of a predecessor counter before a program gives up (seconds on an H100: a poll is an atomic round trip)
 MAX_POLLS = 1 << 24
 
 
@@ -46,7 +46,7 @@ class MegakernelSettings:
 
 
 #: the dispatch of a megakernel whose settings and environment name none
-DEFAULT_DISPATCH = "queue"
+DEFAULT_DISPATCH = "static"
 
 
 def resolve_dispatch(choice: str | None) -> str:
