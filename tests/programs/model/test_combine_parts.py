@@ -81,21 +81,23 @@ def test_where_the_combine_reads_every_part_at_once():
     for batch in (1, 2):
         assert parts in _functions(256, batch) and loop not in _functions(256, batch)
         assert loop in _functions(256, batch, combine_parts=False)
-    # 1024 slots in chunks of 32 with two levels: 2 spans a head; without spans 32 chunks (the
-    # most the tile holds); in chunks of 16, 64 chunks: too many
-    assert {parts, "decode_attn_merge"} <= _functions(1024, 1) and loop not in _functions(1024, 1)
+    # 1024 slots in chunks of 32: 32 chunks, the most the tile holds, one level; in chunks of 16,
+    # 64 chunks: two levels (4 spans a head, read at once), or without spans too many
+    assert parts in _functions(1024, 1) and not {loop, "decode_attn_merge"} & _functions(1024, 1)
+    assert {parts, "decode_attn_merge"} <= _functions(1024, 1, chunk=16) and loop not in _functions(1024, 1, chunk=16)
     assert COMBINE_ROWS == 32 and parts in _functions(1024, 1, span=0)
     assert loop in _functions(1024, 1, span=0, chunk=16) and parts not in _functions(1024, 3, span=0, chunk=16)
     no_cache = build_step(mp.CONFIGS["tiny"], DType.F32, None, 1, mp.TINY_TILING)
     assert loop in {f.name for f in no_cache.functions}
 
 
-@pytest.mark.parametrize("cache,batch", [(64, 1), (1024, 1), (256, 3)])
-def test_the_step_matches_the_reference_with_either_combine(cache, batch, monkeypatch):
-    """The step (a short cache, a long one whose spans are combined, several sequences) gives
-    the reference's logits with either combine, in as many tasks."""
+@pytest.mark.parametrize("cache,batch,chunk", [(64, 1, 32), (1024, 1, 16), (256, 3, 32)])
+def test_the_step_matches_the_reference_with_either_combine(cache, batch, chunk, monkeypatch):
+    """The step (a short cache, a long one whose spans are combined: 64 chunks of 16, several
+    sequences) gives the reference's logits with either combine, in as many tasks."""
     from pto.orchestration.model import program as mp
 
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, chunk=chunk))
     res = run("model", config="tiny", cache=cache, batch=batch, device="cpu", check=True, seed=21)
     assert res["rel_err"] <= 1e-5, res
     monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, combine_parts=False))
