@@ -58,6 +58,17 @@ class Plan:
         return len(self.task_branch)
 
     @property
+    def pending_items(self) -> np.ndarray:
+        """Per task, the work items of all its predecessors: the count the megakernel's items
+        release one by one (each item of a predecessor releases its successors itself)."""
+        src = np.repeat(np.arange(self.n_tasks), np.diff(self.succ_ptr))
+        counts = np.bincount(self.succ, weights=self.nitems[src].astype(np.float64), minlength=self.n_tasks)
+        if len(counts) and counts.max() > np.iinfo(np.int32).max:
+            raise ExecutionError(f"a task waits for {int(counts.max()):,} work items of its predecessors: more than "
+                                 "the megakernel's int32 counters hold")
+        return counts.astype(np.int32)
+
+    @property
     def n_items(self) -> int:
         return len(self.items)
 

@@ -69,6 +69,12 @@ def _check_queue(plan):
         for s in plan.succ[plan.succ_ptr[t]:plan.succ_ptr[t + 1]]:
             assert last[t] < first[s], (t, s)
     assert int(plan.pending.sum()) == len(plan.succ)
+    # the megakernel's counts: every item of every predecessor releases its successor once
+    items_before = np.zeros(plan.n_tasks, np.int64)
+    for t in range(plan.n_tasks):
+        for s in plan.succ[plan.succ_ptr[t]:plan.succ_ptr[t + 1]]:
+            items_before[s] += plan.nitems[t]
+    assert np.array_equal(plan.pending_items, items_before) and ((plan.pending_items > 0) == (plan.pending > 0)).all()
 
 
 @pytest.mark.slow

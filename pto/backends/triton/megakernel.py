@@ -135,9 +135,12 @@ class Megakernel:
 
     def _upload(self) -> None:
         p, dev = self.plan, self.device
+        # the successors' counts: their predecessor tasks with the sentinel (a task's last item
+        # releases), else their predecessors' items (each item releases)
+        pending = p.pending if self.settings.sentinel else p.pending_items
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
             ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
-            ("task_tensor", p.task_tensor), ("pending0", p.pending), ("nitems", p.nitems),
+            ("task_tensor", p.task_tensor), ("pending0", pending), ("nitems", p.nitems),
             ("succ_ptr", p.succ_ptr), ("succ", p.succ if len(p.succ) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)

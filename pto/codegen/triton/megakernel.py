@@ -214,6 +214,29 @@ def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[st
     return [indent + line for line in out]
 
 
+#: the end of an item without the sentinel: it releases each successor's counter itself (a
+#: successor waits for every item of its predecessors: its count is theirs), with no count of
+#: the task's items to wait for on the way
+_ITEM_RELEASES = [
+    "            for k in range(s0, s1, SUCC_BLOCK):",
+    "                offs = k + tl.arange(0, SUCC_BLOCK)",
+    "                live = offs < s1",
+    "                ids = tl.load(succ + offs, mask=live, other=0)",
+    "                tl.atomic_add(pending + ids, -1, mask=live, sem=\"release\")",
+]
+#: with the sentinel: the task's last item (acq_rel on the count of its items: it acquires the
+#: other items' stores; a task of one item is its own last) scans and releases the successors,
+#: whose counts are their predecessor tasks
+_LAST_RELEASES = [
+    "            last = want == 1",
+    "            if want > 1:",
+    "                old = tl.atomic_add(done + task, 1, sem=\"acq_rel\")",
+    "                last = old == want - 1",
+    "            if last:",
+    *[f"                {line}" for line in RELEASE],
+]
+
+
 def _completion_lines(sentinel: bool) -> list[str]:
     """The end of an item: its trace record, the task's completion (the last item releases the
     successors), the next item; or, after a wait that gave up, the error and the stop."""
@@ -223,21 +246,9 @@ def _completion_lines(sentinel: bool) -> list[str]:
         "                tl.store(trace + 3 * i, t0)",
         "                tl.store(trace + 3 * i + 1, t1)",
         "                tl.store(trace + 3 * i + 2, tl.program_id(0).to(tl.int64))",
-        "            # every thread's stores before the release; acq_rel: the last item of the task",
-        "            # acquires the other items' stores and releases them all to the successors (a",
-        "            # task of one item is its own last: no count, the successors' release suffices)",
+        "            # every thread's stores before the release",
         "            tl.debug_barrier()",
-        "            last = want == 1",
-        "            if want > 1:",
-        "                old = tl.atomic_add(done + task, 1, sem=\"acq_rel\")",
-        "                last = old == want - 1",
-        "            if last:",
-        *([f"                {line}" for line in RELEASE] if sentinel else [
-            "                for k in range(s0, s1, SUCC_BLOCK):",
-            "                    offs = k + tl.arange(0, SUCC_BLOCK)",
-            "                    live = offs < s1",
-            "                    ids = tl.load(succ + offs, mask=live, other=0)",
-            "                    tl.atomic_add(pending + ids, -1, mask=live, sem=\"release\")"]),
+        *(_LAST_RELEASES if sentinel else _ITEM_RELEASES),
         "            i = i_next",
         "            taken += 1",
         "            running = i < n_items",
