@@ -6,8 +6,10 @@ parallel axis) from a device queue (one atomic counter over an array in topologi
 static dispatch, program k takes every P-th item from the k-th, no atomic), waits until the
 task's pending-predecessor counter is zero (acquire), runs the task's InCore variant (the same
 device functions the batched kernels call, :mod:`pto.codegen.triton.body`, dispatched on a
-branch id), and marks completion: the last item of a task to finish decrements the pending
-counters of the task's successors (release). A program takes its next item and loads that item's
+branch id), and marks completion: every item decrements the pending counters of the task's
+successors (release; a counter starts at the work items of all its predecessors). With the
+sentinel, the last item of a task to finish releases them (the counters count predecessor
+tasks). A program takes its next item and loads that item's
 descriptor (and the current task's completion counts) before it runs the current one, so those
 loads' latency hides behind the work instead of adding to the time
 between items. The proof that this cannot deadlock and
@@ -27,9 +29,10 @@ Kernel contract (argument order):
   row strides (the sentinel's scan reads these); ``task_ptr`` / ``task_stride`` int64 ``[n,
   MAXM]``: the same resolved per task (the base address and row stride of each memref's tensor),
   one load where those tables take two dependent ones;
-- ``pending`` int32 ``[n]`` (the number of predecessors before a run), ``done`` int32 ``[n]``
-  (0 before a run), ``nitems`` int32 ``[n]``, successors in CSR ``succ_ptr`` int32 ``[n + 1]`` /
-  ``succ`` int32;
+- ``pending`` int32 ``[n]`` (before a run: the work items of all of a task's predecessors; with
+  the sentinel the number of its predecessors), ``done`` int32 ``[n]`` (0 before a run; the
+  sentinel's count of a task's finished items), ``nitems`` int32 ``[n]``, successors in CSR
+  ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
 - ``trace`` int64 ``[n_items, 3]``: (start, end, program) of every item when ``tracing`` is not
@@ -238,8 +241,9 @@ _LAST_RELEASES = [
 
 
 def _completion_lines(sentinel: bool) -> list[str]:
-    """The end of an item: its trace record, the task's completion (the last item releases the
-    successors), the next item; or, after a wait that gave up, the error and the stop."""
+    """The end of an item: its trace record, the successors' release (each item's, or with the
+    sentinel the task's last item's), the next item; or, after a wait that gave up, the error and
+    the stop."""
     return [
         "            if tracing != 0:",
         "                t1 = _now(clock, GPU_CLOCK)",
