@@ -165,19 +165,15 @@ class PersistentExecutor(Executor):
         item's start: what a dependency costs through memory (the release, the poll that sees it,
         the dispatch), and also any time no program was free to take the task (so the median is
         the cost where programs wait on their dependencies, as in a decode step)."""
-        n = len(self.plan.pending)
-        first = np.full(n, np.iinfo(np.int64).max)
-        last = np.full(n, np.iinfo(np.int64).min)
-        for r in records:
-            t = r.task - self.plan.first_task
-            first[t] = min(first[t], r.start_ns)
-            last[t] = max(last[t], r.end_ns)
-        ready = np.full(n, np.iinfo(np.int64).min)
-        ptr, succ = self.plan.succ_ptr, self.plan.succ
-        for t in range(n):
-            ids = succ[ptr[t]:ptr[t + 1]]
-            ready[ids] = np.maximum(ready[ids], last[t])
-        waited = self.plan.pending > 0
+        plan = self.plan
+        task = np.array([r.task for r in records], np.int64) - plan.first_task
+        first = np.full(plan.n_tasks, np.iinfo(np.int64).max)
+        last = np.full(plan.n_tasks, np.iinfo(np.int64).min)
+        np.minimum.at(first, task, np.array([r.start_ns for r in records], np.int64))
+        np.maximum.at(last, task, np.array([r.end_ns for r in records], np.int64))
+        ready = np.full(plan.n_tasks, np.iinfo(np.int64).min)
+        np.maximum.at(ready, plan.succ, last[plan.edge_sources])
+        waited = plan.pending > 0
         return (first[waited] - ready[waited]).astype(np.float64)
 
     def profile(self, repeat: int = 3) -> dict[str, float]:

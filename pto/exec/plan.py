@@ -58,10 +58,15 @@ class Plan:
         return len(self.task_branch)
 
     @property
+    def edge_sources(self) -> np.ndarray:
+        """The predecessor of each edge (``succ[e]``'s): the CSR rows expanded."""
+        return np.repeat(np.arange(self.n_tasks), np.diff(self.succ_ptr))
+
+    @property
     def pending_items(self) -> np.ndarray:
         """Per task, the work items of all its predecessors: the count the megakernel's items
         release one by one (each item of a predecessor releases its successors itself)."""
-        src = np.repeat(np.arange(self.n_tasks), np.diff(self.succ_ptr))
+        src = self.edge_sources
         counts = np.bincount(self.succ, weights=self.nitems[src].astype(np.float64), minlength=self.n_tasks)
         if len(counts) and counts.max() > np.iinfo(np.int32).max:
             raise ExecutionError(f"a task waits for {int(counts.max()):,} work items of its predecessors: more than "

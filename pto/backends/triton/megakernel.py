@@ -234,9 +234,9 @@ class Megakernel:
         """Reset the counters and run every item (``trace``: record each item's span)."""
         b = self.buf
         b["nxt"].zero_()
-        b["done"].zero_()
         b["pending"].copy_(b["pending0"])
-        if self.settings.sentinel:
+        if self.settings.sentinel:  # (only its kernel counts a task's finished items)
+            b["done"].zero_()
             b["spend"].copy_(b["pending0"])
             b["sread"].fill_(-1)
             b["swrite"].fill_(-1)
