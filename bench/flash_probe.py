@@ -6,14 +6,17 @@ backend, its generated source patched per variant (warp specialization of the kv
 scores), under several launch settings, against SDPA in the same process (TFLOP/s of the causal
 half, the median of 10 launches). An H100 (sm_90).
 
-    python3 bench/flash_probe.py [SEQ]     (default 16384)
+    python3 bench/flash_probe.py [SEQ] [--patches base,ws-full,...]     (default 16384, every patch)
+
+The launch settings include the persistent tile loop (``RenderOptions.persistent``: one program a
+multiprocessor, each looping over the q tiles and heads in the grid's order).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +49,10 @@ PATCHES = {
                          .replace(f"t_mnew = t_mnew * {SCALE}", "").replace(f"t_S = t_S * {SCALE}", ""),
 }
 LAUNCHES = ({"num_warps": 8, "num_stages": 3, "GROUP": 16}, {"num_warps": 8, "num_stages": 2, "GROUP": 16},
-            {"num_warps": 8, "num_stages": 3, "GROUP": 0}, {"num_warps": 4, "num_stages": 3, "GROUP": 16})
+            {"num_warps": 8, "num_stages": 3, "GROUP": 0}, {"num_warps": 4, "num_stages": 3, "GROUP": 16},
+            {"num_warps": 8, "num_stages": 3, "GROUP": 16, "persistent": "loop"},
+            {"num_warps": 8, "num_stages": 3, "GROUP": 0, "persistent": "loop"},
+            {"num_warps": 8, "num_stages": 3, "GROUP": 0, "persistent": "flat"})
 
 
 def patched(render, patch):
@@ -58,7 +64,11 @@ def patched(render, patch):
 
 
 def main() -> None:
-    seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("seq", type=int, nargs="?", default=16384)
+    ap.add_argument("--patches", default=",".join(PATCHES), help="which source variants (default: all)")
+    args = ap.parse_args()
+    seq = args.seq
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(seq, NH * D, generator=g, device=dev).to(torch.bfloat16) for _ in range(3))
@@ -85,7 +95,8 @@ def main() -> None:
     scalars = {"qpos": qpos, "nfull": qpos, "nkv": qpos + TQ}
     render = backend.render
     try:
-        for name, patch in PATCHES.items():
+        for name in args.patches.split(","):
+            patch = PATCHES[name]
             backend.render = patched(render, patch)
             for launch in LAUNCHES:
                 try:

@@ -38,6 +38,10 @@
 #               waits: the dispatch alone, item_gap_us) and SmolLM2's decode step on both executors
 #               (the step's item gap and dependency_wait_us: a predecessor's end to its successor's start;
 #               PTO_DISPATCH=queue|static picks the dispatch)
+#   persist     persistent tile loops (RenderOptions.persistent): bench/gemm_probe.py with pto's GEMM in
+#               each mode, bench/flash_probe.py (base source), and the fused layer at $PERSIST_SEQS
+#               (default 1024,4096,16384) under PTO_PERSISTENT in $PERSIST_MODES (default "off flat ws";
+#               the last with eager and torch.compile)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
@@ -134,6 +138,16 @@ for stage in "$@"; do
     tma) ab PTO_TMA "off on" "${TMA_SEQS:-1024,4096,16384}" 4096
          PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \
            > "$OUT/tma_tests.log" 2>&1; tail -3 "$OUT/tma_tests.log" ;;
+    persist) python3 bench/gemm_probe.py --json "$OUT/persist_gemm.json" \
+               --pto-launch '{"persistent": "loop"};{"persistent": "flat"};{"persistent": "ws"}' \
+               > "$OUT/persist_gemm.log" 2>&1; grep -o '^[0-9x]* [^{]*{[^,]*, "tflops": [0-9.]*' "$OUT/persist_gemm.log"
+             python3 bench/flash_probe.py 16384 --patches base > "$OUT/persist_flash.log" 2>&1; cat "$OUT/persist_flash.log"
+             modes=${PERSIST_MODES:-off flat ws}
+             for v in $modes; do
+               cmp=none; [ "$v" = "${modes##* }" ] && cmp=eager,compile
+               PTO_PERSISTENT=$v $BENCH --seq "${PERSIST_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \
+                 --json "$OUT/persist_$v.json" > "$OUT/persist_$v.log" 2>&1; echo "PTO_PERSISTENT=$v"; tail -5 "$OUT/persist_$v.log"
+             done ;;
     layers) $BENCH --seq "${LAYER_SEQS:-1024,1537,4096,5555,16384,20001,32768}" --executor waves \
               --json "$OUT/layers_7b.json" > "$OUT/layers_7b.log" 2>&1; tail -8 "$OUT/layers_7b.log"
             $BENCH --seq "${LAYER_NEXT:-1664,5632,20096}" --executor waves --compare none \

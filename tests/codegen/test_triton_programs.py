@@ -255,10 +255,12 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
 
 
+@pytest.mark.parametrize("persistent", ["", "loop", "flat", "ws"])
 @pytest.mark.parametrize("group", [0, 1, 2, 3, 8])
-def test_grouped_program_order(group):
+def test_grouped_program_order(group, persistent):
     """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);
-    every (task, parallel index) must still run exactly once."""
+    a persistent kernel's programs (3 under the interpreter) loop over the same pairs; every
+    (task, parallel index) must still run exactly once."""
     from pto.incore.matmul import matmul_tile
 
     fn = specialize(matmul_tile(DType.F32, 16, 64, 96, 32, 32))  # 3 column blocks a task
@@ -271,7 +273,7 @@ def test_grouped_program_order(group):
     def rb(t, r0, c0, nr, nc):
         return RegionBatch(t, *(torch.as_tensor(v, dtype=torch.int64).expand(n).clone() for v in (r0, c0, nr, nc)))
 
-    be = TritonBackend("cpu", launch={"matmul_tile": {"GROUP": group}})
+    be = TritonBackend("cpu", launch={"matmul_tile": {"GROUP": group, "persistent": persistent}})
     be.prepare(TaskBatch(fn, {"x": rb(x, starts, 0, 16, 64), "w": rb(w, 0, 0, 64, 96),
                               "y": rb(y, starts, 0, 16, 96)}, {}, n))()
     assert torch.allclose(y, x @ w, rtol=1e-5, atol=1e-5)

@@ -42,11 +42,12 @@ from pto.backends.triton.launch import (
 )
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
-from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, split_mode, tma_mode
+from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
+from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
@@ -97,6 +98,10 @@ class TritonBackend(Backend):
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma())
+        #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
+        #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
+        self.persistent = self.options.persistent or persistent_mode()
+        self.options = replace(self.options, persistent="")
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
         self.even = even
@@ -210,7 +215,8 @@ class TritonBackend(Backend):
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
         safe = descriptor_masks(fn, env, batch, kernel.tma) if kernel.tma else {}
-        launches = with_descriptors(kernel, batch, groups, calls(groups, tuple(args), cfg, kernel.pdl), safe)
+        launches = calls(groups, tuple(args), cfg, kernel.pdl, self.programs(kernel))
+        launches = with_descriptors(kernel, batch, groups, launches, safe)
         if not self.compiles:
             return launcher(jit, launches, groups, what)
         k = ahead_key(kernel.digest, launches)
@@ -226,10 +232,19 @@ class TritonBackend(Backend):
         """The code-generation options of ``batch``'s kernel: this backend's, those a schedule
         switches (``cfg``), and under the "auto" and "chain" PDL policies the memrefs it may load
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
-        opts = cfg.options(self.options)
+        opts = self.render_options(batch.fn, cfg)
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if self.pdl in ("auto", "chain") else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")
+        return opts
+
+    def render_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
+        """This backend's code-generation options with those ``cfg`` switches, and the backend's
+        persistent tile loop (``self.persistent``) for a kernel whose loops multiply large tiles
+        where ``cfg`` does not say."""
+        opts = cfg.options(self.options)
+        if self.persistent and "persistent" not in dict(cfg.codegen) and tma_memrefs(fn):
+            opts = replace(opts, persistent=self.persistent)
         return opts
 
     def loads_early(self, batch: TaskBatch) -> frozenset[str]:
@@ -261,7 +276,7 @@ class TritonBackend(Backend):
         (``pto tune``), since a residual tile's masked path may need more than the full tiles it
         was measured on."""
         cfg = self.launch_config(fn, tasks)
-        kernel = self.kernel(fn, cfg.options(self.options))
+        kernel = self.kernel(fn, self.render_options(fn, cfg))
         jit = load_kernel(kernel)
         # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
         args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=self.device), 16)]
@@ -270,7 +285,8 @@ class TritonBackend(Backend):
         for even, align in ((True, True), (True, False), (False, True), (False, False)):
             flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
             flags |= {f"TMA_{m}": False for m in kernel.tma} | {f"D_{m}": None for m in kernel.tma}
-            grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl)[0]
+            grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl,
+                                 self.programs(kernel))[0]
             need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
             if need > self.shared_limit():
                 bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "
@@ -298,6 +314,16 @@ class TritonBackend(Backend):
     def compiles(self) -> bool:
         """Kernels are compiled for the GPU (not run by the Triton interpreter)."""
         return self.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+    def programs(self, kernel: RenderedKernel) -> int:
+        """How many programs a persistent kernel launches (0: not persistent): one per
+        multiprocessor on a GPU; 3 under the interpreter (which runs them one by one), so that a
+        program takes several pairs."""
+        if not kernel.persistent:
+            return 0
+        if self.device.type != "cuda":
+            return 3
+        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
 
     def shared_limit(self) -> int:
         """Bytes of shared memory one program may use on this device."""

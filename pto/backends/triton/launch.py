@@ -136,17 +136,22 @@ def triton_error(e: Exception, what: str, cfg: Mapping) -> ExecutionError:
     return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
 
 
-def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str = "") -> list[tuple]:
+def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str = "", programs: int = 0) -> list[tuple]:
     """``(grid, arguments, keyword arguments)`` of each group's launch; ``pdl``: the kernel was
     rendered with the PDL prologue (``RenderedKernel.pdl``), so it launches with ``launch_pdl``
-    (never otherwise: a dependent launch must wait before its first access)."""
+    (never otherwise: a dependent launch must wait before its first access); ``programs``: the
+    kernel loops over its pairs (``RenderedKernel.persistent``), launched on at most this many
+    programs (the device's multiprocessors)."""
     out = []
     kw = cfg.kwargs() | ({"launch_pdl": True} if pdl else {})
     for g in groups:
         nb, np_ = g.grid
         if cfg.group is not None:  # a parallel axis: the kernel also takes the grid's extents
             grid = (nb * np_,) if cfg.group > 0 else g.grid
+            grid = (min(nb * np_, programs),) if programs else grid
             out.append((grid, (g.table, *args), {**g.flags, **kw, "NB": nb, "NP": np_}))
+        elif programs:
+            out.append(((min(nb, programs),), (g.table, *args), {**g.flags, **kw, "NB": nb}))
         else:
             out.append((g.grid, (g.table, *args), {**g.flags, **kw}))
     return out

@@ -1,12 +1,13 @@
 """The Triton backend's modes that the environment may set: how a batch splits into launches
-(``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``) and programmatic dependent launch
-(``PTO_PDL``), each with its default for the GPU the kernels are compiled for."""
+(``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``), programmatic dependent launch
+(``PTO_PDL``) and persistent tile loops (``PTO_PERSISTENT``), each with its default for the GPU
+the kernels are compiled for."""
 
 from __future__ import annotations
 
 import os
 
-from pto.codegen.triton.common import PDL_MODES
+from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES
 from pto.errors import UsageError
 
 #: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
@@ -35,6 +36,17 @@ def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
     return env == "on" and compiles and capability is not None and tuple(capability) >= (9, 0)
 
 
+def persistent_mode() -> str:
+    """The persistent tile loop of the batched kernels whose loops multiply large tiles (the
+    GEMMs' K loops, attention's key loop; :func:`pto.codegen.triton.tma.tma_memrefs`) where no
+    schedule says: ``PTO_PERSISTENT`` (loop, flat, ws, off; default off;
+    :data:`~pto.codegen.triton.common.PERSISTENT_MODES`)."""
+    mode = os.environ.get("PTO_PERSISTENT", "off")
+    if mode not in PERSISTENT_MODES + ("off", ""):
+        raise UsageError(f"PTO_PERSISTENT={mode!r}: one of {', '.join(PERSISTENT_MODES)} or off")
+    return "" if mode == "off" else mode
+
+
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -50,4 +62,4 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "persistent_mode", "split_mode", "tma_mode"]

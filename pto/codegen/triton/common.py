@@ -29,6 +29,13 @@ ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are mult
 #: early loads, while this one works; at most two launches are resident at once). Every kernel of
 #: a chain waits, so a launch also follows everything before its predecessor.
 PDL_MODES = ("early", "late", "chain")
+#: Persistent tile loops (``RenderOptions.persistent``): the batched kernel launches at most one
+#: program per multiprocessor, and each loops over the launch's (task, parallel index) pairs in
+#: the order the non-persistent grid would run them. "loop": a plain loop; "flat": Triton
+#: flattens it with the function's loop (its software pipeline then loads the next tile's first
+#: blocks while the last tile's epilogue runs: ``tl.range(..., flatten=True)``); "ws": flattened
+#: and warp-specialized (``warp_specialize=True``, Hopper and later).
+PERSISTENT_MODES = ("loop", "flat", "ws")
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
@@ -57,6 +64,8 @@ class RenderOptions:
     previous launch (:data:`PDL_MODES`, :func:`pto.codegen.triton.body.early_loads`).
     ``tma``: the batched kernels may load the tiles that feed matrix products through tensor
     descriptors (TMA, sm_90 and later; :mod:`pto.codegen.triton.tma`).
+    ``persistent``: the batched kernel's persistent tile loop (:data:`PERSISTENT_MODES`; "" off);
+    a launch setting a schedule may switch (the arithmetic is the same).
     """
 
     input_precision: str = "ieee"
@@ -65,6 +74,7 @@ class RenderOptions:
     pdl: str = ""
     tma: bool = False
     pre: tuple[str, ...] = ()
+    persistent: str = ""
 
 
 @dataclass(frozen=True)
