@@ -64,6 +64,27 @@ def _exp(fn: str):
     return lambda s: s.replace(HEAD, HEAD + POLY).replace(EXP, f"t_S = {fn}(t_S)")
 
 
+# the full blocks' loop software-pipelined by hand: block j+1's scores are computed (their wgmma
+# issued) before block j's softmax, so the tensor cores may run while the softmax does; the last
+# trip computes one block's scores again (unused)
+DOT = "        t_S = tl.dot(t_Q, tl.trans(t_Kt), out_dtype=tl.float32)\n"
+SOFTMAX = "        t_mnew = tl.max(t_S, axis=1)[:, None]\n"
+
+
+def _pipelined(src: str) -> str:
+    head, rest = src.split("    for i_j in range(0, s_nfull, 128):\n", 1)
+    loop, tail = rest.split("    for i_j2 in", 1)
+    kload = loop[:loop.index("        _r7 = ")]  # the K block's load (every path), at i_j
+    vload = loop[loop.index("        _r7 = "):loop.index(DOT)]
+    body = loop[loop.index(SOFTMAX):]
+    first = "".join("    " + line + "\n" for line in kload.replace("i_j", "0").splitlines())
+    return (head + "    t_Sn = tl.full((128, 128), 0.0, tl.float32)\n    if s_nfull > 0:\n" + first
+            + "    " + DOT.replace("t_S =", "t_Sn =")
+            + "    for i_j in range(0, s_nfull, 128):\n        t_S = t_Sn\n" + vload
+            + "        i_n = tl.minimum(i_j + 128, s_nfull - 128)\n" + kload.replace("i_j", "i_n")
+            + DOT.replace("t_S =", "t_Sn =") + body + "    for i_j2 in" + tail)
+
+
 def _ws(loop: str) -> str:
     head, rng = loop.split(" in ")
     return f"{head} in tl.{rng[:-2]}, warp_specialize=True):"
@@ -75,6 +96,7 @@ PATCHES = {
     "ws-both": lambda s: s.replace(FULL, _ws(FULL)).replace(DIAG, _ws(DIAG)),
     "poly-all": _exp("_exp2_poly"),  # every exponential on the FMA units
     "poly-half": _exp("_exp2_half"),  # half the columns on MUFU, half on the FMA units
+    "pipelined": _pipelined,
     "qscale": lambda s: s.replace(INIT, f"    t_Q = (t_Q.to(tl.float32) * {SCALE}).to(tl.bfloat16)\n{INIT}")
                          .replace(f"t_mnew = t_mnew * {SCALE}", "").replace(f"t_S = t_S * {SCALE}", ""),
 }
@@ -82,7 +104,14 @@ LAUNCHES = ({"num_warps": 8, "num_stages": 3, "GROUP": 16}, {"num_warps": 8, "nu
             {"num_warps": 8, "num_stages": 3, "GROUP": 0}, {"num_warps": 4, "num_stages": 3, "GROUP": 16},
             {"num_warps": 8, "num_stages": 3, "GROUP": 16, "persistent": "loop"},
             {"num_warps": 8, "num_stages": 3, "GROUP": 0, "persistent": "loop"},
-            {"num_warps": 8, "num_stages": 3, "GROUP": 0, "persistent": "flat"})
+            {"num_warps": 8, "num_stages": 3, "GROUP": 0, "persistent": "ws"})
+
+
+def _root(e: BaseException) -> str:
+    """The innermost cause's message (Triton nests the callee's compile error), its last lines."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {str(e)[-800:]}"
 
 
 def patched(render, patch):
@@ -138,7 +167,7 @@ def main() -> None:
                     ms = median_ms(go, 10, 2)
                     print(f"{name} {launch}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s rel_err {err:.1e}", flush=True)
                 except Exception as e:  # a variant Triton cannot compile: reported, the others go on
-                    print(f"{name} {launch}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+                    print(f"{name} {launch}: FAILED {type(e).__name__}: {_root(e)}", flush=True)
     finally:
         backend.render = render
 

@@ -40,7 +40,7 @@
 #               PTO_DISPATCH=queue|static picks the dispatch)
 #   persist     persistent tile loops (RenderOptions.persistent): bench/gemm_probe.py with pto's GEMM in
 #               each mode, bench/flash_probe.py (base source), and the fused layer at $PERSIST_SEQS
-#               (default 1024,4096,16384) under PTO_PERSISTENT in $PERSIST_MODES (default "off flat ws";
+#               (default 1024,4096,16384) under PTO_PERSISTENT in $PERSIST_MODES (default "off loop ws";
 #               the last with eager and torch.compile)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
@@ -139,10 +139,10 @@ for stage in "$@"; do
          PTO_TMA=on python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k "tiny_layer or family or 7b_layer" \
            > "$OUT/tma_tests.log" 2>&1; tail -3 "$OUT/tma_tests.log" ;;
     persist) python3 bench/gemm_probe.py --json "$OUT/persist_gemm.json" \
-               --pto-launch '{"persistent": "loop"};{"persistent": "flat"};{"persistent": "ws"}' \
+               --pto-launch '{"persistent": "loop"};{"persistent": "ws"}' \
                > "$OUT/persist_gemm.log" 2>&1; grep -o '^[0-9x]* [^{]*{[^,]*, "tflops": [0-9.]*' "$OUT/persist_gemm.log"
              python3 bench/flash_probe.py 16384 --patches base > "$OUT/persist_flash.log" 2>&1; cat "$OUT/persist_flash.log"
-             modes=${PERSIST_MODES:-off flat ws}
+             modes=${PERSIST_MODES:-off loop ws}
              for v in $modes; do
                cmp=none; [ "$v" = "${modes##* }" ] && cmp=eager,compile
                PTO_PERSISTENT=$v $BENCH --seq "${PERSIST_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \

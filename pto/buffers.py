@@ -30,6 +30,27 @@ def tensor_shapes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, tuple[
     return out
 
 
+def placeholders(fn: OrchFunction, shapes: dict[str, tuple[int, int]], device,
+                 packed: tuple[tuple[str, ...], ...] = ()) -> dict[str, torch.Tensor]:
+    """Uninitialized buffers of ``fn``'s inputs (a run copies the values in); in each group of
+    ``packed`` (:meth:`pto.program.Program.packed_inputs`) the inputs of one shape and dtype are
+    contiguous blocks of one buffer, stacked by rows."""
+    decl = {t.name: t for t in fn.tensors if t.role in ("input", "inout")}
+    out = {}
+    for group in packed:
+        kinds: dict[tuple, list[str]] = {}
+        for name in group:
+            if name in decl:
+                kinds.setdefault((shapes[name], decl[name].dtype), []).append(name)
+        for ((rows, cols), dt), names in kinds.items():
+            buf = torch.empty(len(names) * rows, cols, dtype=dt.torch, device=device)
+            out.update({n: buf[k * rows:(k + 1) * rows] for k, n in enumerate(names)})
+    for name, t in decl.items():
+        if name not in out:
+            out[name] = torch.empty(shapes[name], dtype=t.dtype.torch, device=device)
+    return out
+
+
 def allocate(fn: OrchFunction, shapes: dict[str, tuple[int, int]], given: dict[str, torch.Tensor],
              device) -> dict[str, torch.Tensor]:
     """Check the given tensors against the declarations; allocate the rest (poisoned with NaN so
@@ -61,4 +82,4 @@ def tensor_bytes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, int]:
     return {t.name: shapes[t.name][0] * shapes[t.name][1] * t.dtype.itemsize for t in fn.tensors}
 
 
-__all__ = ["tensor_shapes", "allocate", "tensor_bytes"]
+__all__ = ["tensor_shapes", "placeholders", "allocate", "tensor_bytes"]

@@ -209,9 +209,10 @@ class Prepared:
     executes, later calls replay (a CUDA graph when the backend allows it). The one recipe of
     every command: :class:`Runner`, :func:`execute`, ``pto tune``, the benchmarks."""
 
-    def __init__(self, built: BuiltGraph, place: Placement, inputs: Mapping[str, torch.Tensor] | None = None):
+    def __init__(self, built: BuiltGraph, place: Placement, inputs: Mapping[str, torch.Tensor] | None = None,
+                 packed: tuple[tuple[str, ...], ...] = ()):
         from pto.backends import get_backend
-        from pto.buffers import allocate, tensor_shapes
+        from pto.buffers import allocate, placeholders, tensor_shapes
         from pto.exec import choose, get_executor
 
         self.built, self.place, self.device = built, place, place.device
@@ -219,8 +220,8 @@ class Prepared:
         fn = self.module.entry_function
         shapes = tensor_shapes(fn, self.scalars)
         given = {k: v.to(place.device) for k, v in (inputs or {}).items()}
-        given.update({t.name: torch.empty(shapes[t.name], dtype=t.dtype.torch, device=place.device)
-                      for t in fn.tensors if t.role in ("input", "inout") and t.name not in given})
+        # the inputs' buffers (``packed``: groups in one buffer, :meth:`Program.packed_inputs`)
+        given.update({k: v for k, v in placeholders(fn, shapes, place.device, packed).items() if k not in given})
         self.tensors = allocate(fn, shapes, given, place.device)
         backend = get_backend(place.backend, place.device, shipped=place.schedules)
         if place.deterministic:  # the persistent kernel's launch settings everywhere
@@ -286,7 +287,8 @@ class Runner(Prepared):
         self.job, self.shape = job, job.program.shape(shape)
         place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress,
                           job.program.schedules)
-        super().__init__(build_graph(job, self.shape, adaptive), place)
+        super().__init__(build_graph(job, self.shape, adaptive), place,
+                         packed=job.program.packed_inputs(job.settings))
         self.compile_ms = self.built.compile_ms
 
     def __call__(self, inputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -268,6 +268,13 @@ class Program:
         order where the file does not hold this module's own; none by default."""
         return []
 
+    def packed_inputs(self, s: Settings) -> tuple[tuple[str, ...], ...]:
+        """Groups of inputs that a run allocates in one buffer, those of one shape and dtype
+        stacked by rows (:func:`pto.buffers.allocate`): the wave executor launches one function's
+        tasks over views of one buffer as one batch (:class:`pto.exec.waves.WaveExecutor`); none
+        by default."""
+        return ()
+
     def scalar_exprs(self, s: Settings) -> dict:
         """Each scalar parameter of the entry function as an expression of the shape parameters
         (the standalone main.c that ``pto codegen`` writes evaluates them in C)."""

@@ -88,10 +88,15 @@ class _Layer:
             T["wg"], T["wu"] = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt)
         T["wd"] = o.input("wd", Fd, H, dt)
         T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
-        width = {"q": QD, "k": KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
-        names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "q", "k", "v", "qr", "kr", "attn", "h", "hn")
+        width = {"qkv": QD + 2 * KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
+        # unfused, the q, k and v projections write one tensor's columns: where the weights are
+        # views of one buffer too (LlamaProgram.inputs), the wave executor launches the
+        # projections of one function variant as one batch (pto.exec.waves)
+        names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "qkv", "qr", "kr", "attn", "h", "hn")
         for name in names:
             T[name] = o.temp(name, S, width.get(name, H), dt)
+        #: where q, k and v are: (tensor, first column)
+        self.at = {"v": ("v", 0)} if f.fuse else {"q": ("qkv", 0), "k": ("qkv", QD), "v": ("qkv", QD + KVD)}
         if f.fuse:  # each row's rsqrt(mean(x^2) + eps) before attention and before the FFN
             T["rs_attn"], T["rs_ffn"] = o.temp("rs_attn", S, 1, f32), o.temp("rs_ffn", S, 1, f32)
         T["act"] = o.temp("act", S, Fd, dt)
@@ -112,6 +117,11 @@ class _Layer:
 
     def tile(self, name: str, i, cols):
         return (self.T[name], i * self.t.base, 0, self.rows(i), cols)
+
+    def part(self, name: str, row0, rows, cols):
+        """Rows ``[row0, row0 + rows)`` of q, k or v (:attr:`at`)."""
+        tensor, col0 = self.at[name]
+        return (self.T[tensor], row0, col0, rows, cols)
 
     def gain(self, name: str):
         # the norm's 1 x H gain, as a region: a whole-tensor binding would span the functions'
@@ -138,16 +148,17 @@ class _Layer:
                                         (fn.matmul_norm_rope_k, "wk", "kr", KVD)):
                     o.call(f, {"x": tile("x", i, H), "w": T[w], "rs": rs, "cos": tile("cos", i, D // 2),
                                "sin": tile("sin", i, D // 2), "y": tile(out, i, cols)}, dims=R)
-                o.call(fn.matmul_norm, {"x": tile("x", i, H), "w": T["wv"], "rs": rs, "y": tile("v", i, KVD)},
-                       dims=R)
+                o.call(fn.matmul_norm, {"x": tile("x", i, H), "w": T["wv"], "rs": rs,
+                                        "y": self.part("v", i * self.t.base, self.rows(i), KVD)}, dims=R)
             else:
                 o.call(fn.rmsnorm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "y": tile("xn", i, H)}, dims=R)
+                row0, rows = i * self.t.base, self.rows(i)
                 for w, out, cols in (("wq", "q", QD), ("wk", "k", KVD), ("wv", "v", KVD)):
-                    o.call(fn.matmul, {"x": tile("xn", i, H), "w": T[w], "y": tile(out, i, cols)},
+                    o.call(fn.matmul, {"x": tile("xn", i, H), "w": T[w], "y": self.part(out, row0, rows, cols)},
                            dims={**R, "K": H, "N": cols})
                 for f, src, dst, cols in ((fn.rope, "q", "qr", QD), (fn.rope_k, "k", "kr", KVD)):
-                    o.call(f, {"x": tile(src, i, cols), "cos": tile("cos", i, D // 2), "sin": tile("sin", i, D // 2),
-                               "y": tile(dst, i, cols)}, dims=R)
+                    o.call(f, {"x": self.part(src, row0, rows, cols), "cos": tile("cos", i, D // 2),
+                               "sin": tile("sin", i, D // 2), "y": tile(dst, i, cols)}, dims=R)
             if self.form.attention != "fused":
                 o.call(fn.init, {"m": tile("m", i, c.heads), "l": tile("l", i, c.heads), "acc": tile("acc", i, QD)},
                        dims={"TQ": i.rows})
@@ -173,7 +184,7 @@ class _Layer:
         nkv, nfull = q_end - lo, (qpos // tk) * tk - lo
         # tiles starting before the last row's first key cross the window's edge
         nwin = emin(nfull, cdiv(emax(0, q_end - W - lo), tk) * tk)
-        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], lo, 0, nkv, KVD), "v": (self.T["v"], lo, 0, nkv, KVD),
+        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], lo, 0, nkv, KVD), "v": self.part("v", lo, nkv, KVD),
                 "o": self.tile("attn", qi, QD), "qoff": qpos - lo, "nwin": nwin, "nfull": nfull, "nkv": nkv}
         self.o.call(self.fn.fused, args, dims={"TQ": qi.rows, "TK": tk})
 
@@ -181,7 +192,7 @@ class _Layer:
         tk, QD, KVD, causal = self.t.tk, self.cfg.q_dim, self.cfg.kv_dim, self.form.causal
         nkv = q_end if causal else self.S
         nfull = (qpos // tk) * tk if causal else (self.S // tk) * tk
-        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], 0, 0, nkv, KVD), "v": (self.T["v"], 0, 0, nkv, KVD),
+        args = {"q": self.tile("qr", qi, QD), "k": (self.T["kr"], 0, 0, nkv, KVD), "v": self.part("v", 0, nkv, KVD),
                 "o": self.tile("attn", qi, QD), "nfull": nfull, "nkv": nkv}
         if causal:
             args["qpos"] = qpos
@@ -200,7 +211,7 @@ class _Layer:
         with o.for_loop("kj", 0, kv_tiles, **loop_attrs(base, t.tk), reassociate=True) as kj:
             kpos = (kj + lo_tiles) * base if W else kj * base
             kv_rows = emin(kj.rows, self.S - kpos)
-            kvr, vr = (T["kr"], kpos, 0, kv_rows, KVD), (T["v"], kpos, 0, kv_rows, KVD)
+            kvr, vr = (T["kr"], kpos, 0, kv_rows, KVD), self.part("v", kpos, kv_rows, KVD)
             dims = {**TQ, "TK": kj.rows}
             state = {"m": tile("m", qi, NH), "l": tile("l", qi, NH), "acc": tile("acc", qi, QD)}
             pos = {"qpos": qpos, "kpos": kpos} if causal else {}

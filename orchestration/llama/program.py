@@ -258,6 +258,16 @@ class LlamaProgram(Program):
             "cos": cos, "sin": sin,
         }
 
+    def packed_inputs(self, s):
+        """Unfused, with as many key/value heads as query heads, the q, k and v weights in one
+        buffer: the three projections (one function variant) then run as one launch. At 1,664
+        tokens on an H100 three 4096 x 4096 products took 0.43 ms, one 4096 x 12288 0.28; the
+        7B layer was 0.7-4% faster at 1K-16K. With fewer key/value heads only k and v would
+        share a launch: the Llama-3-8B layer at 4096 tokens was 1.6-4.6% slower so, and they
+        stay apart (docs/PERF.md, "Twelfth session")."""
+        cfg = self.config(s)
+        return () if s["fuse_norm_rope"] or cfg.kv_heads != cfg.heads else (("wq", "wk", "wv"),)
+
     def input_conversions(self, s):
         """With ``--fuse-norm-rope``: the unfused layer's inputs (the gains and wq, ..., wu), folded
         (:func:`fold_gains`), so that a file saved without the flag runs with it."""

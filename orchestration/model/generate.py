@@ -164,11 +164,20 @@ class Generator:
                 for layer in range(L):
                     y = runner({"x": x, **self._layer_inputs(layer, n)})["y"]
                     row = (layer * B + b) * capacity
-                    for src, dst in (("kr", "k_cache"), ("v", "v_cache")):
-                        t[dst][row + keep] = runner.tensors[src][n - len(keep):, heads]
+                    for src, dst in ((runner.tensors["kr"], "k_cache"), (self._values(runner), "v_cache")):
+                        t[dst][row + keep] = src[n - len(keep):, heads]
                     x = y.clone()
             t["tok"][b, 0] = float(prompt[-1])
             t["pos"][b, 0] = float(n)
+
+    def _values(self, runner) -> torch.Tensor:
+        """The layer's values: the columns of ``qkv`` after q and k (the unfused layer writes the
+        three projections into one tensor), or ``v``."""
+        t = runner.tensors
+        if "v" in t:
+            return t["v"]
+        qd, kvd = self.config.layer.q_dim, self.config.layer.kv_dim
+        return t["qkv"][:, qd + kvd:qd + 2 * kvd]
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
         w = self.weights.layers[layer]

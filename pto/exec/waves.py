@@ -74,6 +74,50 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+class _Views:
+    """Tensors that are 2-D views of one buffer with one row stride (weights sliced from one
+    allocation, as the LLaMA layer's q, k and v projections': :meth:`LlamaProgram.inputs`) are
+    bound to memrefs as one tensor, the buffer's span, each region moved by its view's offset: a
+    batch of one function over several of them is one launch. ``by_id`` gains the spans (ids
+    below 0); :meth:`remap` rewrites a wave's tensor ids and regions."""
+
+    def __init__(self, by_id: dict[int, torch.Tensor]):
+        groups: dict[tuple, list[int]] = {}
+        for tid, t in by_id.items():
+            if t.dim() == 2 and t.stride(1) == 1 and t.numel() > 0:
+                groups.setdefault((_storage(t), t.dtype, t.device, t.stride(0)), []).append(tid)
+        size = max(by_id, default=-1) + 1
+        self.base = np.arange(size, dtype=np.int32)
+        self.offset = np.zeros((size, 2), np.int64)  # (rows, cols) of each view in its span
+        self.merged = False
+        for (_, _, _, stride), tids in groups.items():
+            offs = {tid: divmod(by_id[tid].storage_offset(), stride) for tid in tids}
+            # a view that wraps a row is not a column slice: it keeps its own id
+            offs = {tid: (r, c) for tid, (r, c) in offs.items() if c + by_id[tid].shape[1] <= stride}
+            if len(offs) < 2:
+                continue
+            row0 = min(r for r, _ in offs.values())
+            rows = max(r + by_id[tid].shape[0] for tid, (r, _) in offs.items()) - row0
+            cols = max(c + by_id[tid].shape[1] for tid, (_, c) in offs.items())
+            t = by_id[next(iter(offs))]
+            if (row0 + rows - 1) * stride + cols > t.untyped_storage().nbytes() // t.element_size():
+                continue
+            span = -1 - len([k for k in by_id if k < 0])
+            by_id[span] = torch.as_strided(t, (rows, cols), (stride, 1), row0 * stride)
+            for tid, (r, c) in offs.items():
+                self.base[tid], self.offset[tid] = span, (r - row0, c)
+            self.merged = True
+
+    def remap(self, tens: np.ndarray, reg: np.ndarray, mem_idx: list[int]) -> None:
+        """In place: the memrefs' tensor ids [B, nargs] to their spans, the regions [B, nargs, 4]
+        to the spans' coordinates."""
+        if not self.merged or not mem_idx:
+            return
+        ids = tens[:, mem_idx]
+        tens[:, mem_idx] = self.base[ids]
+        reg[:, mem_idx, :2] += self.offset[ids]
+
+
 def directions(fn: IncoreFunction) -> tuple[dict[str, str], bool]:
     """Per memref parameter of ``fn``: "in", "out" or "inout"; and does a batch of it surely
     launch (a parallel axis whose extent may be 0 for every task launches nothing). Cached."""
@@ -197,6 +241,7 @@ class WaveExecutor(Executor):
     def _drive(self, rt: Runtime, args: _Args, variants: dict[int, IncoreFunction],
                tensor_ids: dict[str, int], total, done_building) -> ExecStats:
         by_id = {tid: self.tensors[name] for name, tid in tensor_ids.items()}
+        self._views = _Views(by_id)
         t0 = time.perf_counter()
         pool = np.empty(0, np.int32)
         done = waves = 0
@@ -249,6 +294,8 @@ class WaveExecutor(Executor):
             nargs = len(fn.params)
             tens, reg, sca = args.table(sel, nargs)
             mem_idx = [k for k, p in enumerate(fn.params) if isinstance(p, MemRefParam)]
+            views = tens[:, mem_idx].copy() if self._views.merged else None  # the tensors before remap
+            self._views.remap(tens, reg, mem_idx)
             keys = tens[:, mem_idx]
             if len(sel) > 1 and (keys != keys[0]).any():
                 uniq, inv = np.unique(keys, axis=0, return_inverse=True)
@@ -259,7 +306,10 @@ class WaveExecutor(Executor):
             # late q tiles do the most work, and a GPU runs the first programs first
             work = (reg[:, mem_idx, 2] * reg[:, mem_idx, 3]).sum(axis=1)
             for g in groups:
-                g = g[np.argsort(-work[g], kind="stable")]
+                if views is None:
+                    g = g[np.argsort(-work[g], kind="stable")]
+                else:  # and the tasks of one view together (one weight's: the programs' grouped order shares it in L2)
+                    g = g[np.lexsort((*views[g].T[::-1], -work[g]))]
                 self._launch(wave, fn, sel[g], tens[g], reg[g], sca[g], by_id)
 
     def _launch(self, wave, fn: IncoreFunction, ids, tens, reg, sca, by_id) -> None:

@@ -26,6 +26,8 @@ from pto.backends.torch_backend import TorchBackend
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
 from pto.batch import RegionBatch, TaskBatch
+from pto.codegen.triton.common import PERSISTENT_MODES
+from pto.codegen.triton.tma import tma_memrefs
 from pto.engine import Job, rel_err, resolve
 from pto.errors import UsageError
 from pto.ir.analysis import param_access
@@ -68,9 +70,12 @@ class Result:
     default_ms: float | None
 
 
-def space(fn) -> list[dict]:
+def space(fn, capability: tuple[int, int] | None = None) -> list[dict]:
     """The candidates of a variant: warps x pipeline stages (when a loop loads tiles) x the
-    grouped order (when the function has a parallel axis)."""
+    grouped order (when the function has a parallel axis); for a kernel whose loops multiply
+    large tiles (:func:`~pto.codegen.triton.tma.tma_memrefs`) compiled for a GPU of compute
+    ``capability``, also the persistent tile loops at 8 warps and 3 stages, in every grouped
+    order: "loop", and "ws" (warp-specialized) from 9.0 (:data:`~pto.codegen.triton.common.PERSISTENT_MODES`)."""
     loads_in_loop = any(isinstance(s, ForRange) and _loads(s.body) for s in fn.body)
     stages = (2, 3, 4) if loads_in_loop else (1,)
     groups = (0, 4, 8, 16) if fn.parallel is not None else (None,)
@@ -80,6 +85,9 @@ def space(fn) -> list[dict]:
         if g is not None:
             c["GROUP"] = g
         out.append(c)
+    if capability is not None and loads_in_loop and tma_memrefs(fn):
+        modes = PERSISTENT_MODES if tuple(capability) >= (9, 0) else ("loop",)
+        out += [{**c, "persistent": m} for m in modes for c in out if c["num_warps"] == 8 and c["num_stages"] == 3]
     return out
 
 
@@ -93,11 +101,11 @@ def _collect_batches(job: Job, shape: Shape, seed: int):
 
     prog, s = job.program, job.settings
     run = Prepared(build_graph(job, shape), Placement(job.device, "triton", "waves", schedules=prog.schedules),
-                   prog.inputs(s, shape, job.device, seed))
+                   packed=prog.packed_inputs(s))
     try:
         batches: list[TaskBatch] = []
         run.executor.on_batch = batches.append
-        run()
+        run(prog.inputs(s, shape, job.device, seed))
         if job.device == "cuda":
             torch.cuda.synchronize()
         return batches
@@ -137,8 +145,10 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, dea
     ref = _clone(snapshot, written)
     TorchBackend().prepare(ref)()
     ref_out = {k: ref.mems[k].tensor for k in written}
-    cands = candidates if candidates is not None else space(fn)
     device = batch.mems[fn.memrefs[0].name].tensor.device
+    compiled = device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    cands = candidates if candidates is not None else \
+        space(fn, torch.cuda.get_device_capability(device) if compiled else None)
     cuda = device.type == "cuda"
     result = Result(fn.variant_name, fn.name, batch.size, len(cands), 0, None, None, None)
     # None first: what runs today (the database's entry, else the renderer's heuristics), the

@@ -169,6 +169,31 @@ def test_render_options_change_the_code_not_the_result():
         assert float((tol / c).median()) < 1e-4
 
 
+def test_a_persistent_kernel_runs_every_task_once_and_keeps_its_schedule_key():
+    """A kernel without a parallel axis loops over its tasks too (3 programs under the
+    interpreter for 7 tasks); the persistent loop is a launch setting, so the schedule database's
+    key (the arithmetic) is the plain kernel's; an unknown mode is refused."""
+    k = InCore("absrows")
+    x, y = k.memref("x", f32), k.memref("y", f32)
+    t = k.tile("t", 16, 32, f32)
+    k.load(t, x, 0, 0)
+    k.abs(t, t)
+    k.store(y, 0, 0, t)
+    fn = k.build()
+    xs = torch.randn(112, 32, generator=torch.Generator().manual_seed(7))
+    ys = torch.full_like(xs, float("nan"))
+    n = 7
+    r0, zero = torch.arange(n) * 16, torch.zeros(n, dtype=torch.int64)
+    mems = {m: RegionBatch(v, r0, zero, torch.full((n,), 16), torch.full((n,), 32)) for m, v in (("x", xs), ("y", ys))}
+    TritonBackend("cpu", launch={"absrows": {"persistent": "loop"}}).prepare(TaskBatch(fn, mems, {}, n))()
+    assert torch.equal(ys, xs.abs())
+    plain, looped = render(fn), render(fn, RenderOptions(persistent="loop"))
+    assert "tl.range(tl.program_id(0), NB, tl.num_programs(0))" in looped.source
+    assert looped.schedule_digest == plain.schedule_digest and looped.digest != plain.digest
+    with pytest.raises(BuildError, match=r"RenderOptions.persistent='flat': one of loop, ws or '' \(off\)"):
+        render(fn, RenderOptions(persistent="flat"))
+
+
 def test_launch_parameters_defaults_and_overrides():
     from pto.incore.matmul import gemm_tile
 
@@ -255,7 +280,7 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
 
 
-@pytest.mark.parametrize("persistent", ["", "loop", "flat", "ws"])
+@pytest.mark.parametrize("persistent", ["", "loop", "ws"])
 @pytest.mark.parametrize("group", [0, 1, 2, 3, 8])
 def test_grouped_program_order(group, persistent):
     """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);

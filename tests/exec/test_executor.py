@@ -63,6 +63,68 @@ def test_fused_layer_runs_in_few_waves_and_launches():
         assert stats.launches <= 2 * 11 < g.tasks
 
 
+@pytest.mark.parametrize("config,merged", [("tiny", 2), ("tiny-gqa", 0)])
+def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged):
+    """With the q, k and v weights in one buffer (LlamaProgram.packed_inputs: with as many
+    key/value heads as query heads) the three projections are one launch per row-tile height;
+    the result equals the reference interpreter's, as with separate buffers."""
+    from pto.buffers import placeholders
+
+    prog = get("llama7b")
+    opts = prog.settings(config=config, target=target("x86_64"))
+    module = prog.build(opts)
+    scalars = prog.scalars(opts, prog.shape(200))
+    inputs = prog.inputs(opts, prog.shape(200), "cpu", seed=3)
+    want = run_program(module, inputs, scalars).tensors["y"]
+    fn = module.entry_function
+    shapes = tensor_shapes(fn, scalars)
+    launches = {}
+    for packed in ((), prog.packed_inputs(opts)):
+        bufs = placeholders(fn, shapes, "cpu", packed)
+        for k, v in inputs.items():
+            bufs[k].copy_(v)
+        tensors = allocate(fn, shapes, bufs, "cpu")
+        g = CompiledProgram.get(module).build_graph(scalars)
+        ex, batches = Executor(get_backend("torch", "cpu"), tensors), []
+        ex.on_batch = batches.append
+        launches[packed] = ex.run(g).launches
+        g.close()
+        if packed and merged:  # a merged batch runs one weight's tasks together (L2), the larger tasks first
+            b = max((b for b in batches if b.fn.name == "matmul_tile"), key=lambda b: b.size)
+            rows, w0 = b.mems["x"].rows.tolist(), b.mems["w"].row0.tolist()
+            assert rows == sorted(rows, reverse=True) and len(set(w0)) == merged + 1
+            assert all(w0[k] <= w0[k + 1] for k in range(len(w0) - 1) if rows[k] == rows[k + 1])
+        torch.testing.assert_close(tensors["y"], want, rtol=1e-5, atol=1e-5)
+    heights = 2  # 200 rows: full row tiles and the clipped last one
+    assert launches[()] - launches[prog.packed_inputs(opts)] == merged * heights
+
+
+def test_views_of_one_buffer_become_one_span_with_moved_regions():
+    """Row and column views of one buffer with one row stride map to one span (their regions
+    moved by the views' offsets); a tensor of its own, or a view of another stride, keeps its
+    id; a view that is not a column slice (it wraps a row) is left alone."""
+    import numpy as np
+
+    from pto.exec.waves import _Views
+
+    buf = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    other = torch.zeros(4, 4)
+    by_id = {0: buf[0:2, 0:3], 1: buf[2:6, 3:8], 2: other, 3: buf.view(-1)[8:32].view(4, 6),
+             4: torch.as_strided(buf, (2, 6), (8, 1), 5)}
+    views = _Views(by_id)
+    span = by_id[-1]
+    assert span.shape == (6, 8) and span.data_ptr() == buf.data_ptr() and -2 not in by_id
+    tens = np.array([[0, 1, 2, 3, 4]], np.int32)
+    reg = np.array([[[1, 1, 1, 2], [0, 2, 3, 1], [0, 0, 4, 4], [0, 0, 1, 1], [0, 0, 2, 6]]], np.int64)
+    views.remap(tens, reg, [0, 1, 2, 3, 4])
+    assert tens.tolist() == [[-1, -1, 2, 3, 4]] and reg[0, 2:].tolist() == [[0, 0, 4, 4], [0, 0, 1, 1], [0, 0, 2, 6]]
+    assert reg[0, :2].tolist() == [[1, 1, 1, 2], [2, 5, 3, 1]]
+    for k in (0, 1):  # the moved region is the same memory
+        r0, c0, r, c = (int(v) for v in [[1, 1, 1, 2], [0, 2, 3, 1]][k])
+        R0, C0 = (int(v) for v in reg[0, k, :2])
+        assert torch.equal(by_id[k][r0:r0 + r, c0:c0 + c], span[R0:R0 + r, C0:C0 + c])
+
+
 def test_runner_is_cached_by_shape_and_replays_new_inputs():
     """With --repeat the prepared graph (a CUDA graph on the GPU) is reused while the shapes stay
     the same; replays read the new inputs from the runner's static buffers."""

@@ -259,3 +259,50 @@ def test_the_old_keywords_of_tune_and_bench_say_where_they_went():
         tune("bgemm", [40], budget_s=1, device="cpu")
     with pytest.raises(UsageError, match=r"bench: iterations go in timing=Timing\(...\)"):
         bench("softmax", [64], iterations=2, device="cpu")
+
+
+def test_the_tuner_tries_persistent_tile_loops_only_on_kernels_that_multiply_large_tiles_in_a_loop():
+    """The search space adds the persistent tile loops (at 8 warps, 3 stages, every grouped order)
+    for a GEMM whose K loop loads large tiles, where the kernels are compiled (warp-specialized
+    from compute capability 9.0); never for a kernel without such a loop, nor under the
+    interpreter."""
+    from pto.incore.matmul import matmul_tile
+    from pto.incore.norm import rmsnorm_tile
+
+    from pto import bf16
+    from pto.ir.analysis import specialize
+    from pto.tools.tune import space
+
+    gemm = specialize(matmul_tile(bf16, 128, 4096, 4096, 256, 64), {"R": 128, "K": 4096, "N": 4096})
+    plain = space(gemm)
+    assert len(plain) == 24 and not any("persistent" in c for c in plain)
+    hopper = space(gemm, (9, 0))
+    extra = [c for c in hopper if "persistent" in c]
+    assert hopper[:24] == plain and len(extra) == 8
+    assert {c["persistent"] for c in extra} == {"loop", "ws"}
+    assert {(c["num_warps"], c["num_stages"]) for c in extra} == {(8, 3)}
+    assert {c["persistent"] for c in space(gemm, (8, 0)) if "persistent" in c} == {"loop"}
+    norm = specialize(rmsnorm_tile(4096, bf16, 128, 2, 4096))
+    assert not any("persistent" in c for c in space(norm, (9, 0)))
+
+
+def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_schedule_says(monkeypatch):
+    from pto.incore.matmul import matmul_tile
+    from pto.incore.norm import rmsnorm_tile
+
+    from pto import bf16
+    from pto.backends.triton import TritonBackend
+    from pto.errors import UsageError
+    from pto.ir.analysis import specialize
+
+    gemm = specialize(matmul_tile(bf16, 128, 4096, 4096, 256, 64), {"R": 128, "K": 4096, "N": 4096})
+    norm = specialize(rmsnorm_tile(4096, bf16, 128, 2, 4096))
+    monkeypatch.setenv("PTO_PERSISTENT", "loop")
+    be = TritonBackend("cpu")
+    assert be.render_options(gemm, be.launch_config(gemm)).persistent == "loop"
+    assert be.render_options(norm, be.launch_config(norm)).persistent == ""
+    off = TritonBackend("cpu", launch={"matmul_tile": {"persistent": ""}})
+    assert off.render_options(gemm, off.launch_config(gemm)).persistent == ""
+    monkeypatch.setenv("PTO_PERSISTENT", "flat")
+    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='flat': one of loop, ws or off"):
+        TritonBackend("cpu")

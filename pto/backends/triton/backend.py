@@ -38,6 +38,7 @@ from pto.backends.triton.launch import (
     fit_calls,
     launcher,
     merged,
+    unfit_specializations,
     with_descriptors,
 )
 from pto.backends.triton.loader import load_kernel
@@ -270,28 +271,11 @@ class TritonBackend(Backend):
         return {by_id[int(f)].variant_name: dict(same) for f in fids}
 
     def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:
-        """The specializations of ``fn``'s batched kernel (every region full or not, aligned or
-        not) that need more shared memory than the device has with the launch settings for
-        ``tasks`` tasks as given (compiled, not launched): a schedule is kept only if none
-        (``pto tune``), since a residual tile's masked path may need more than the full tiles it
-        was measured on."""
+        """The specializations of ``fn``'s batched kernel that need more shared memory than the
+        device has with the launch settings for ``tasks`` tasks (:func:`.launch.unfit_specializations`)."""
         cfg = self.launch_config(fn, tasks)
         kernel = self.kernel(fn, self.render_options(fn, cfg))
-        jit = load_kernel(kernel)
-        # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
-        args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=self.device), 16)]
-        table = torch.zeros(1, max(kernel.layout.width, 1), dtype=torch.int32, device=self.device)
-        bad = []
-        for even, align in ((True, True), (True, False), (False, True), (False, False)):
-            flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
-            flags |= {f"TMA_{m}": False for m in kernel.tma} | {f"D_{m}": None for m in kernel.tma}
-            grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl,
-                                 self.programs(kernel))[0]
-            need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
-            if need > self.shared_limit():
-                bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "
-                           f"{need:,} bytes of shared memory (the device allows {self.shared_limit():,})")
-        return bad
+        return unfit_specializations(kernel, cfg, self.device, self.programs(kernel), self.shared_limit())
 
     def task_flags(self, fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per task and memref (``regions``: ``[tasks, memrefs, 4]``, ``env``: per-task int64

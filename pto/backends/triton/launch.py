@@ -184,6 +184,31 @@ def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
     return out
 
 
+def unfit_specializations(kernel, cfg: LaunchConfig, device: torch.device, programs: int, limit: int) -> list[str]:
+    """The specializations of ``kernel`` (every region full or not, aligned or not) that need more
+    than ``limit`` bytes of shared memory with launch settings ``cfg`` (compiled, not launched;
+    ``programs``: :func:`calls`'): a schedule is kept only if none (``pto tune``), since a
+    residual tile's masked path may need more than the full tiles it was measured on."""
+    from pto.backends.triton.loader import load_kernel
+
+    fn = kernel.fn
+    jit = load_kernel(kernel)
+    # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
+    args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=device), 16)]
+    table = torch.zeros(1, max(kernel.layout.width, 1), dtype=torch.int32, device=device)
+    bad = []
+    for even, align in ((True, True), (True, False), (False, True), (False, False)):
+        flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
+        flags |= {f"TMA_{m}": False for m in kernel.tma} | {f"D_{m}": None for m in kernel.tma}
+        grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl,
+                            programs)[0]
+        need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
+        if need > limit:
+            bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "
+                       f"{need:,} bytes of shared memory (the device allows {limit:,})")
+    return bad
+
+
 def with_descriptors(kernel, batch, groups: list[LaunchGroup], launches: list[tuple], safe: dict) -> list[tuple]:
     """The launches (one per group) with the tensor-descriptor arguments of the kernel's TMA
     memrefs (:mod:`pto.codegen.triton.tma`): a descriptor of the whole tensor where every task
@@ -236,4 +261,4 @@ def launcher(jit, launches: list[tuple] | None, groups: list[LaunchGroup], what:
 
 
 __all__ = ["CODEGEN", "LaunchConfig", "LaunchGroup", "merged", "triton_error", "calls", "fit_calls", "launcher",
-           "with_descriptors"]
+           "unfit_specializations", "with_descriptors"]

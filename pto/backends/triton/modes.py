@@ -39,7 +39,7 @@ def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
 def persistent_mode() -> str:
     """The persistent tile loop of the batched kernels whose loops multiply large tiles (the
     GEMMs' K loops, attention's key loop; :func:`pto.codegen.triton.tma.tma_memrefs`) where no
-    schedule says: ``PTO_PERSISTENT`` (loop, flat, ws, off; default off;
+    schedule says: ``PTO_PERSISTENT`` (loop, ws, off; default off;
     :data:`~pto.codegen.triton.common.PERSISTENT_MODES`)."""
     mode = os.environ.get("PTO_PERSISTENT", "off")
     if mode not in PERSISTENT_MODES + ("off", ""):

@@ -31,11 +31,13 @@ ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are mult
 PDL_MODES = ("early", "late", "chain")
 #: Persistent tile loops (``RenderOptions.persistent``): the batched kernel launches at most one
 #: program per multiprocessor, and each loops over the launch's (task, parallel index) pairs in
-#: the order the non-persistent grid would run them. "loop": a plain loop; "flat": Triton
-#: flattens it with the function's loop (its software pipeline then loads the next tile's first
-#: blocks while the last tile's epilogue runs: ``tl.range(..., flatten=True)``); "ws": flattened
-#: and warp-specialized (``warp_specialize=True``, Hopper and later).
-PERSISTENT_MODES = ("loop", "flat", "ws")
+#: the order the non-persistent grid would run them. "loop": a plain loop; "ws": Triton flattens
+#: it with the function's loop and warp-specializes it (``tl.range(..., flatten=True,
+#: warp_specialize=True)``; Hopper and later), so that the next tile's first blocks load while
+#: the last tile's epilogue runs. On an H100 under Triton 3.6 neither sped up the 7B layer's
+#: GEMMs by more than 1% (flattening made the residual projection 60 times slower) and both
+#: slowed its attention (docs/PERF.md, "Twelfth session"); they are the tuner's to try.
+PERSISTENT_MODES = ("loop", "ws")
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"

@@ -183,7 +183,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         total = "NB"
     if persistent:
         # one program per multiprocessor, each over the pairs the grid would give its index
-        extra = {"loop": "", "flat": ", flatten=True", "ws": ", flatten=True, warp_specialize=True"}[persistent]
+        extra = {"loop": "", "ws": ", flatten=True, warp_specialize=True"}[persistent]
         body = [f"for _pid in tl.range(tl.program_id(0), {total}, tl.num_programs(0){extra}):"] + \
             ["    " + line for line in body]
     sig = ",\n        ".join(params)

@@ -34,25 +34,23 @@ enum {
     T_cos = 10,
     T_sin = 11,
     T_xn = 12,
-    T_q = 13,
-    T_k = 14,
-    T_v = 15,
-    T_qr = 16,
-    T_kr = 17,
-    T_attn = 18,
-    T_h = 19,
-    T_hn = 20,
-    T_act = 21,
-    T_ao = 22,
-    T_dn = 23,
-    T_gate = 24,
-    T_up = 25,
-    T_y = 26,
-    T_m = 27,
-    T_l = 28,
-    T_acc = 29,
-    T_s = 30,
-    T_alpha = 31,
+    T_qkv = 13,
+    T_qr = 14,
+    T_kr = 15,
+    T_attn = 16,
+    T_h = 17,
+    T_hn = 18,
+    T_act = 19,
+    T_ao = 20,
+    T_dn = 21,
+    T_gate = 22,
+    T_up = 23,
+    T_y = 24,
+    T_m = 25,
+    T_l = 26,
+    T_acc = 27,
+    T_s = 28,
+    T_alpha = 29,
 };
 
 /* InCore function variants */
@@ -180,7 +178,7 @@ static const char *const call_sites[] = {
 
 int pto_llama7b_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs) {
     *n_scalars = 1;
-    *n_tensors = 32;
+    *n_tensors = 30;
     *n_funcs = 30;
     return PTO_OK;
 }
@@ -220,11 +218,7 @@ int pto_llama7b_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_i
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "xn", v_S, 256, 4, &tensor_ids[T_xn]);
     if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "q", v_S, 256, 4, &tensor_ids[T_q]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "k", v_S, 256, 4, &tensor_ids[T_k]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "v", v_S, 256, 4, &tensor_ids[T_v]);
+    st = pto_tensor_register(rt, "qkv", v_S, 768, 4, &tensor_ids[T_qkv]);
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "qr", v_S, 256, 4, &tensor_ids[T_qr]);
     if (st != PTO_OK) return st;
@@ -298,7 +292,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(1, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_wq], 0, 0, d_K, d_N));
-                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_q], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(1, pto_task_submit(rt, task));
             }
             {
@@ -310,7 +304,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(2, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_wk], 0, 0, d_K, d_N));
-                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_k], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 256, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(2, pto_task_submit(rt, task));
             }
             {
@@ -322,7 +316,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(3, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_wv], 0, 0, d_K, d_N));
-                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_v], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 512, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(3, pto_task_submit(rt, task));
             }
             {
@@ -330,7 +324,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 const int64_t d_R = v_i__rows;
                 const int32_t f = (d_R == 16) ? F_rope_tile__R16 : F_rope_tile__R32;
                 PTO_CALL(4, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_q], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(4, pto_task_add_output(rt, task, tensor_ids[T_qr], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
@@ -341,7 +335,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 const int64_t d_R = v_i__rows;
                 const int32_t f = (d_R == 16) ? F_rope_tile__R16 : F_rope_tile__R32;
                 PTO_CALL(5, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_k], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 16, 256, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(5, pto_task_add_output(rt, task, tensor_ids[T_kr], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
@@ -407,7 +401,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                         const int32_t f = (d_TK == 16 && d_TQ == 16) ? F_flash_output__TK16_TQ16 : (d_TK == 32 && d_TQ == 16) ? F_flash_output__TK32_TQ16 : (d_TK == 16 && d_TQ == 32) ? F_flash_output__TK16_TQ32 : F_flash_output__TK32_TQ32;
                         PTO_CALL(9, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                         PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_s], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 4 * v_kj__rows));
-                        PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_v], v_kj * 16, 0, pto_min(v_kj__rows, (v_S - (v_kj * 16))), 256));
+                        PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_kj * 16, 512, pto_min(v_kj__rows, (v_S - (v_kj * 16))), 256));
                         PTO_CALL(9, pto_task_add_input(rt, task, tensor_ids[T_alpha], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 4));
                         PTO_CALL(9, pto_task_add_inout(rt, task, tensor_ids[T_acc], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 256));
                         PTO_CALL(9, pto_task_submit(rt, task));

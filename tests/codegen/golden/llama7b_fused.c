@@ -34,16 +34,14 @@ enum {
     T_cos = 10,
     T_sin = 11,
     T_xn = 12,
-    T_q = 13,
-    T_k = 14,
-    T_v = 15,
-    T_qr = 16,
-    T_kr = 17,
-    T_attn = 18,
-    T_h = 19,
-    T_hn = 20,
-    T_act = 21,
-    T_y = 22,
+    T_qkv = 13,
+    T_qr = 14,
+    T_kr = 15,
+    T_attn = 16,
+    T_h = 17,
+    T_hn = 18,
+    T_act = 19,
+    T_y = 20,
 };
 
 /* InCore function variants */
@@ -94,7 +92,7 @@ static const char *const call_sites[] = {
 
 int pto_llama7b_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs) {
     *n_scalars = 1;
-    *n_tensors = 23;
+    *n_tensors = 21;
     *n_funcs = 7;
     return PTO_OK;
 }
@@ -134,11 +132,7 @@ int pto_llama7b_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_i
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "xn", v_S, 4096, 2, &tensor_ids[T_xn]);
     if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "q", v_S, 4096, 2, &tensor_ids[T_q]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "k", v_S, 4096, 2, &tensor_ids[T_k]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "v", v_S, 4096, 2, &tensor_ids[T_v]);
+    st = pto_tensor_register(rt, "qkv", v_S, 12288, 2, &tensor_ids[T_qkv]);
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "qr", v_S, 4096, 2, &tensor_ids[T_qr]);
     if (st != PTO_OK) return st;
@@ -192,7 +186,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(1, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_wq], 0, 0, d_K, d_N));
-                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_q], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(1, pto_task_submit(rt, task));
             }
             {
@@ -203,7 +197,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(2, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_wk], 0, 0, d_K, d_N));
-                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_k], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 128, 4096, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(2, pto_task_submit(rt, task));
             }
             {
@@ -214,14 +208,14 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(3, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_wv], 0, 0, d_K, d_N));
-                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_v], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 128, 8192, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(3, pto_task_submit(rt, task));
             }
             {
                 /* rope_tile (llama7b.py:N) */
                 const int32_t f = F_rope_tile__R128;
                 PTO_CALL(4, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_q], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
                 PTO_CALL(4, pto_task_add_output(rt, task, tensor_ids[T_qr], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
@@ -231,7 +225,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 /* rope_tile (llama7b.py:N) */
                 const int32_t f = F_rope_tile__R128;
                 PTO_CALL(5, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_k], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 128, 4096, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 64));
                 PTO_CALL(5, pto_task_add_output(rt, task, tensor_ids[T_kr], v_i * 128, 0, pto_min(v_i__rows, (v_S - (v_i * 128))), 4096));
@@ -253,7 +247,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(6, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_qr], v_qi * 128, 0, pto_min(v_qi__rows, (v_S - (v_qi * 128))), 4096));
                 PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_kr], 0, 0, pto_min(v_S, ((v_qi * 128) + v_qi__rows)), 4096));
-                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_v], 0, 0, pto_min(v_S, ((v_qi * 128) + v_qi__rows)), 4096));
+                PTO_CALL(6, pto_task_add_input(rt, task, tensor_ids[T_qkv], 0, 8192, pto_min(v_S, ((v_qi * 128) + v_qi__rows)), 4096));
                 PTO_CALL(6, pto_task_add_output(rt, task, tensor_ids[T_attn], v_qi * 128, 0, pto_min(v_qi__rows, (v_S - (v_qi * 128))), 4096));
                 PTO_CALL(6, pto_task_add_scalar(rt, task, v_qi * 128));
                 PTO_CALL(6, pto_task_add_scalar(rt, task, pto_fdiv((v_qi * 128), 128) * 128));

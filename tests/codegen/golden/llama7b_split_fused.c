@@ -34,23 +34,21 @@ enum {
     T_cos = 10,
     T_sin = 11,
     T_xn = 12,
-    T_q = 13,
-    T_k = 14,
-    T_v = 15,
-    T_qr = 16,
-    T_kr = 17,
-    T_attn = 18,
-    T_h = 19,
-    T_hn = 20,
-    T_act = 21,
-    T_ao = 22,
-    T_dn = 23,
-    T_gate = 24,
-    T_up = 25,
-    T_y = 26,
-    T_m = 27,
-    T_l = 28,
-    T_acc = 29,
+    T_qkv = 13,
+    T_qr = 14,
+    T_kr = 15,
+    T_attn = 16,
+    T_h = 17,
+    T_hn = 18,
+    T_act = 19,
+    T_ao = 20,
+    T_dn = 21,
+    T_gate = 22,
+    T_up = 23,
+    T_y = 24,
+    T_m = 25,
+    T_l = 26,
+    T_acc = 27,
 };
 
 /* InCore function variants */
@@ -139,7 +137,7 @@ static const char *const call_sites[] = {
 
 int pto_llama7b_info(int32_t *n_scalars, int32_t *n_tensors, int32_t *n_funcs) {
     *n_scalars = 1;
-    *n_tensors = 30;
+    *n_tensors = 28;
     *n_funcs = 18;
     return PTO_OK;
 }
@@ -179,11 +177,7 @@ int pto_llama7b_setup(pto_runtime *rt, const int64_t *scalars, int32_t *tensor_i
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "xn", v_S, 256, 4, &tensor_ids[T_xn]);
     if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "q", v_S, 256, 4, &tensor_ids[T_q]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "k", v_S, 256, 4, &tensor_ids[T_k]);
-    if (st != PTO_OK) return st;
-    st = pto_tensor_register(rt, "v", v_S, 256, 4, &tensor_ids[T_v]);
+    st = pto_tensor_register(rt, "qkv", v_S, 768, 4, &tensor_ids[T_qkv]);
     if (st != PTO_OK) return st;
     st = pto_tensor_register(rt, "qr", v_S, 256, 4, &tensor_ids[T_qr]);
     if (st != PTO_OK) return st;
@@ -253,7 +247,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(1, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(1, pto_task_add_input(rt, task, tensor_ids[T_wq], 0, 0, d_K, d_N));
-                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_q], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(1, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(1, pto_task_submit(rt, task));
             }
             {
@@ -265,7 +259,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(2, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(2, pto_task_add_input(rt, task, tensor_ids[T_wk], 0, 0, d_K, d_N));
-                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_k], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(2, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 256, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(2, pto_task_submit(rt, task));
             }
             {
@@ -277,7 +271,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(3, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_xn], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(3, pto_task_add_input(rt, task, tensor_ids[T_wv], 0, 0, d_K, d_N));
-                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_v], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(3, pto_task_add_output(rt, task, tensor_ids[T_qkv], v_i * 16, 512, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(3, pto_task_submit(rt, task));
             }
             {
@@ -285,7 +279,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 const int64_t d_R = v_i__rows;
                 const int32_t f = (d_R == 16) ? F_rope_tile__R16 : F_rope_tile__R32;
                 PTO_CALL(4, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_q], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(4, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(4, pto_task_add_output(rt, task, tensor_ids[T_qr], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
@@ -296,7 +290,7 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 const int64_t d_R = v_i__rows;
                 const int32_t f = (d_R == 16) ? F_rope_tile__R16 : F_rope_tile__R32;
                 PTO_CALL(5, pto_task_alloc(rt, func_ids[f], func_buffer_bytes[f], &task));
-                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_k], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
+                PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_qkv], v_i * 16, 256, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_cos], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(5, pto_task_add_input(rt, task, tensor_ids[T_sin], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 32));
                 PTO_CALL(5, pto_task_add_output(rt, task, tensor_ids[T_kr], v_i * 16, 0, pto_min(v_i__rows, (v_S - (v_i * 16))), 256));
@@ -333,10 +327,10 @@ int pto_llama7b_build(pto_runtime *rt, const int64_t *scalars, const int32_t *te
                 PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_kr], pto_min(0, (v_S - 1)), 0, pto_max(1, (pto_min(v_S, ((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16)) - pto_min(0, (v_S - 1)))), 256));
                 PTO_CALL(7, pto_task_add_inout(rt, task, tensor_ids[T_m], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 4));
                 PTO_CALL(7, pto_task_add_inout(rt, task, tensor_ids[T_l], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 4));
-                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_v], pto_min(0, (v_S - 1)), 0, pto_max(1, (pto_min(v_S, ((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16)) - pto_min(0, (v_S - 1)))), 256));
+                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_qkv], pto_min(0, (v_S - 1)), 512, pto_max(1, (pto_min(v_S, ((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16)) - pto_min(0, (v_S - 1)))), 256));
                 PTO_CALL(7, pto_task_add_inout(rt, task, tensor_ids[T_acc], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 256));
                 PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_kr], pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)), 0, pto_max(1, (pto_min(v_S, (pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16) * 16)) - pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)))), 256));
-                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_v], pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)), 0, pto_max(1, (pto_min(v_S, (pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16) * 16)) - pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)))), 256));
+                PTO_CALL(7, pto_task_add_input(rt, task, tensor_ids[T_qkv], pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)), 512, pto_max(1, (pto_min(v_S, (pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16) * 16)) - pto_min(((pto_fdiv(pto_fdiv(((pto_min(v_S, ((v_qi * 16) + v_qi__rows)) + 16) - 1), 16), 2) * 2) * 16), (v_S - 1)))), 256));
                 PTO_CALL(7, pto_task_add_output(rt, task, tensor_ids[T_attn], v_qi * 16, 0, pto_min(v_qi__rows, (v_S - (v_qi * 16))), 256));
                 PTO_CALL(7, pto_task_add_scalar(rt, task, v_qi__rows));
                 PTO_CALL(7, pto_task_add_scalar(rt, task, v_S));
