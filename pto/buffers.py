@@ -31,11 +31,11 @@ def tensor_shapes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, tuple[
 
 
 def placeholders(fn: OrchFunction, shapes: dict[str, tuple[int, int]], device,
-                 packed: tuple[tuple[str, ...], ...] = ()) -> dict[str, torch.Tensor]:
-    """Uninitialized buffers of ``fn``'s inputs (a run copies the values in); in each group of
-    ``packed`` (:meth:`pto.program.Program.packed_inputs`) the inputs of one shape and dtype are
-    contiguous blocks of one buffer, stacked by rows."""
-    decl = {t.name: t for t in fn.tensors if t.role in ("input", "inout")}
+                 packed: tuple[tuple[str, ...], ...] = (), given=()) -> dict[str, torch.Tensor]:
+    """Uninitialized buffers of ``fn``'s inputs but those ``given`` (a run copies the values in);
+    in each group of ``packed`` (:meth:`pto.program.Program.packed_inputs`) the inputs of one shape
+    and dtype are contiguous blocks of one buffer, stacked by rows."""
+    decl = {t.name: t for t in fn.tensors if t.role in ("input", "inout") and t.name not in given}
     out = {}
     for group in packed:
         kinds: dict[tuple, list[str]] = {}

@@ -221,7 +221,7 @@ class Prepared:
         shapes = tensor_shapes(fn, self.scalars)
         given = {k: v.to(place.device) for k, v in (inputs or {}).items()}
         # the inputs' buffers (``packed``: groups in one buffer, :meth:`Program.packed_inputs`)
-        given.update({k: v for k, v in placeholders(fn, shapes, place.device, packed).items() if k not in given})
+        given.update(placeholders(fn, shapes, place.device, packed, given))
         self.tensors = allocate(fn, shapes, given, place.device)
         backend = get_backend(place.backend, place.device, shipped=place.schedules)
         if place.deterministic:  # the persistent kernel's launch settings everywhere

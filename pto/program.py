@@ -270,7 +270,7 @@ class Program:
 
     def packed_inputs(self, s: Settings) -> tuple[tuple[str, ...], ...]:
         """Groups of inputs that a run allocates in one buffer, those of one shape and dtype
-        stacked by rows (:func:`pto.buffers.allocate`): the wave executor launches one function's
+        stacked by rows (:func:`pto.buffers.placeholders`): the wave executor launches one function's
         tasks over views of one buffer as one batch (:class:`pto.exec.waves.WaveExecutor`); none
         by default."""
         return ()

@@ -90,7 +90,7 @@ class _Layer:
         T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
         width = {"qkv": QD + 2 * KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
         # unfused, the q, k and v projections write one tensor's columns: where the weights are
-        # views of one buffer too (LlamaProgram.inputs), the wave executor launches the
+        # blocks of one buffer too (LlamaProgram.packed_inputs), the wave executor launches the
         # projections of one function variant as one batch (pto.exec.waves)
         names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "qkv", "qr", "kr", "attn", "h", "hn")
         for name in names:

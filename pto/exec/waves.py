@@ -75,8 +75,8 @@ def _storage(t: torch.Tensor) -> int:
 
 
 class _Views:
-    """Tensors that are 2-D views of one buffer with one row stride (weights sliced from one
-    allocation, as the LLaMA layer's q, k and v projections': :meth:`LlamaProgram.inputs`) are
+    """Tensors that are 2-D views of one buffer with one row stride (weights allocated as blocks of
+    one buffer, as the LLaMA layer's q, k and v: :meth:`pto.program.Program.packed_inputs`) are
     bound to memrefs as one tensor, the buffer's span, each region moved by its view's offset: a
     batch of one function over several of them is one launch. ``by_id`` gains the spans (ids
     below 0); :meth:`remap` rewrites a wave's tensor ids and regions."""
@@ -308,7 +308,7 @@ class WaveExecutor(Executor):
             for g in groups:
                 if views is None:
                     g = g[np.argsort(-work[g], kind="stable")]
-                else:  # and the tasks of one view together (one weight's: the programs' grouped order shares it in L2)
+                else:  # among tasks of one size, one view's together (its weight shared in L2 by the grouped order)
                     g = g[np.lexsort((*views[g].T[::-1], -work[g]))]
                 self._launch(wave, fn, sel[g], tens[g], reg[g], sca[g], by_id)
 

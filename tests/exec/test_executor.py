@@ -95,6 +95,10 @@ def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged
             assert rows == sorted(rows, reverse=True) and len(set(w0)) == merged + 1
             assert all(w0[k] <= w0[k + 1] for k in range(len(w0) - 1) if rows[k] == rows[k + 1])
         torch.testing.assert_close(tensors["y"], want, rtol=1e-5, atol=1e-5)
+    # what the caller gives is not allocated again (the decode step gives a whole model)
+    given = {"wq": inputs["wq"]}
+    assert set(placeholders(fn, shapes, "cpu", prog.packed_inputs(opts), given)) == \
+        {t.name for t in fn.tensors if t.role in ("input", "inout")} - {"wq"}
     heights = 2  # 200 rows: full row tiles and the clipped last one
     assert launches[()] - launches[prog.packed_inputs(opts)] == merged * heights
 

@@ -102,6 +102,9 @@ class TritonBackend(Backend):
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
+        if self.persistent == "ws" and self.compiles and tuple(torch.cuda.get_device_capability(self.device)) < (9, 0):
+            raise UsageError("persistent tile loops 'ws' (warp-specialized) need compute capability 9.0 or later; "
+                             "use 'loop'")
         self.options = replace(self.options, persistent="")
         self.launch_overrides = dict(launch or {})
         self.schedules = schedules  # a ScheduleDB (None: the renderer's heuristics)
@@ -234,7 +237,9 @@ class TritonBackend(Backend):
         switches (``cfg``), and under the "auto" and "chain" PDL policies the memrefs it may load
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = self.render_options(batch.fn, cfg)
-        opts = replace(opts, pre=tuple(sorted(batch.readonly)) if self.pdl in ("auto", "chain") else ())
+        # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
+        early = self.pdl in ("auto", "chain") and opts.persistent != "ws"
+        opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")
         return opts

@@ -35,8 +35,10 @@ PDL_MODES = ("early", "late", "chain")
 #: it with the function's loop and warp-specializes it (``tl.range(..., flatten=True,
 #: warp_specialize=True)``; Hopper and later), so that the next tile's first blocks load while
 #: the last tile's epilogue runs. On an H100 under Triton 3.6 neither sped up the 7B layer's
-#: GEMMs by more than 1% (flattening made the residual projection 60 times slower) and both
-#: slowed its attention (docs/PERF.md, "Twelfth session"); they are the tuner's to try.
+#: GEMMs by more than 1% (flattening made the residual projection 60 times slower), and both a
+#: plain loop and a flattened one slowed its attention (docs/PERF.md, "Twelfth session"); they
+#: are the tuner's to try. With "ws" no load moves above the PDL wait (the wait stays before
+#: the loop).
 PERSISTENT_MODES = ("loop", "ws")
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
