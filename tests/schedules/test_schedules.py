@@ -306,3 +306,25 @@ def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_sch
     monkeypatch.setenv("PTO_PERSISTENT", "flat")
     with pytest.raises(UsageError, match=r"PTO_PERSISTENT='flat': one of loop, ws or off"):
         TritonBackend("cpu")
+
+
+@pytest.mark.parametrize("mode,early", [("loop", ("w",)), ("ws", ())])
+def test_a_warp_specialized_loop_loads_nothing_before_its_wait(mode, early):
+    """Under the "auto" PDL policy a batch's kernel loads what the previous launch does not
+    write (here the weight) before its wait; a warp-specialized persistent loop keeps the wait
+    before the loop instead (what Triton's partitions do around an inline wait is unchecked)."""
+    from pto.incore.matmul import matmul_tile
+
+    from pto import bf16
+    from pto.backends.triton import TritonBackend
+    from pto.batch import RegionBatch, TaskBatch
+    from pto.ir.analysis import specialize
+
+    gemm = specialize(matmul_tile(bf16, 128, 4096, 4096, 256, 64), {"R": 128, "K": 4096, "N": 4096})
+    be = TritonBackend("cpu", launch={"matmul_tile": {"persistent": mode}})
+    be.pdl = "auto"  # the policy of a GPU of compute capability 9.0 (refused on the CPU)
+    one = torch.zeros(1, dtype=torch.int64)
+    mems = {p.name: RegionBatch(torch.empty(1, 1), one, one, one + 1, one + 1) for p in gemm.memrefs}
+    batch = TaskBatch(gemm, mems, {}, 1, frozenset({"w"}))
+    opts = be.batch_options(be.launch_config(gemm), batch)
+    assert opts.persistent == mode and opts.pre == early
