@@ -6,7 +6,7 @@ backend, its generated source patched per variant (warp specialization of the kv
 scores), under several launch settings, against SDPA in the same process (TFLOP/s of the causal
 half, the median of 10 launches). An H100 (sm_90).
 
-    python3 bench/flash_probe.py [SEQ] [--patches base,ws-full,...]     (default 16384, every patch)
+    python3 bench/flash_probe.py [SEQ] [--patches base,ws-full,...] [--tk 64]   (default 16384, every patch)
 
 The launch settings include the persistent tile loop (``RenderOptions.persistent``: one program a
 multiprocessor, each looping over the q tiles and heads in the grid's order).
@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("seq", type=int, nargs="?", default=16384)
     ap.add_argument("--patches", default=",".join(PATCHES), help="which source variants (default: all)")
     ap.add_argument("--launches", type=int, default=len(LAUNCHES), help="time the first N launch settings")
+    ap.add_argument("--tk", type=int, default=TQ, help="kv block height (the patches expect 128)")
     args = ap.parse_args()
     seq = args.seq
     dev = torch.device("cuda")
@@ -142,7 +143,7 @@ def main() -> None:
     flops = 4.0 * NH * D * 0.5 * seq * seq
     ms = median_ms(sdpa, 10, 2)
     print(f"SDPA {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
-    fn = specialize(flash_fused(DType.BF16, NH, D, TQ, TQ))
+    fn = specialize(flash_fused(DType.BF16, NH, D, TQ, args.tk))
     n = seq // TQ
     qpos = torch.arange(n - 1, -1, -1, device=dev) * TQ  # longest first
     z = torch.zeros(n, dtype=torch.long, device=dev)

@@ -12,6 +12,11 @@ import torch
 
 def median_ms(fn: Callable[[], object], repeat: int = 10, warmup: int = 2, cuda: bool | None = None) -> float:
     """Median milliseconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
+    return statistics.median(samples_ms(fn, repeat, warmup, cuda))
+
+
+def samples_ms(fn: Callable[[], object], repeat: int, warmup: int = 0, cuda: bool | None = None) -> list[float]:
+    """Milliseconds of each of ``repeat`` runs of ``fn()`` after ``warmup`` untimed runs."""
     if cuda is None:
         cuda = torch.cuda.is_available()
     for _ in range(warmup):
@@ -31,4 +36,4 @@ def median_ms(fn: Callable[[], object], repeat: int = 10, warmup: int = 2, cuda:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times

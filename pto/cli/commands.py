@@ -159,8 +159,8 @@ def _cmd_bench(args) -> int:
     compare = tuple(c for c in args.compare.split(",") if c and c != "none")
     executors = tuple(e for e in args.executor.split(",") if e)
     res = bench(args.program, shapes, executors=executors or ("auto",), compare=compare,
-                timing=Timing(args.iterations, args.warmup, args.seed), device=args.device, backend=args.backend,
-                config=args.config, dtype=args.dtype, target=args.target,
+                timing=Timing(args.iterations, args.warmup, args.seed, args.rounds), device=args.device,
+                backend=args.backend, config=args.config, dtype=args.dtype, target=args.target,
                 options={o.name: getattr(args, o.name) for o in prog.options}, progress=wanted(False))
     if args.plot:
         plot(res, args.plot)

@@ -173,6 +173,9 @@ def _add_bench(sub, program, helps: bool, more: str) -> None:
     s.add_argument("--compare", default="eager,compile", metavar="LIST",
                    help="references to time: eager, compile, both or none (default: eager,compile)")
     s.add_argument("--iterations", type=positive, default=20, metavar="N", help="timed runs (default: 20)")
+    s.add_argument("--rounds", type=positive, default=1, metavar="R",
+                   help="time every method R times in turn, --iterations runs each time, and report the median of "
+                   "all its runs: a drift of the GPU's clocks then falls on every method alike (default: 1)")
     s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default: 3)")
     s.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default: 0)")
     s.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -3,14 +3,19 @@
 For each shape (each value of the program's swept shape parameter, ``--seq``), in one process
 on the same seeded inputs: the program's reference (``Program.reference``: plain torch ops) run
 eagerly and under ``torch.compile``, and our task
-graph with each requested executor (built once, then replayed: a CUDA graph on the GPU). Times
-are medians of ``iterations`` runs after ``warmup`` (CUDA events on the GPU); TFLOP/s come from
-the program's flop count; ratios are the reference's time over ours (above 1: we are faster);
-``rel_err`` is ours against the reference.
+graph with each requested executor (built once, then replayed: a CUDA graph on the GPU);
+``torch.compile`` specializes to each shape (``dynamic=False``, dynamo reset between shapes). Times
+are medians of ``iterations`` runs after ``warmup`` (CUDA events on the GPU); with ``rounds`` above
+1 every method is timed ``iterations`` runs in turn, round after round, and its time is the median
+of all its runs, so that a drift of the GPU's clocks during the shape's minute falls on all
+methods alike (``{name}_spread``: its slowest round's median over its fastest's, minus 1).
+TFLOP/s come from the program's flop count; ratios are the reference's time over ours (above 1:
+we are faster); ``rel_err`` is ours against the reference.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -20,7 +25,7 @@ from pto.engine import Job, Runner, rel_err, resolve
 from pto.errors import UsageError
 from pto.program import Shape
 from pto.progress import iterate
-from pto.timing import median_ms
+from pto.timing import samples_ms
 
 COMPARE = ("eager", "compile")
 
@@ -31,17 +36,23 @@ def _reference_runner(job: Job, shape: Shape, compiled: bool):
     def ref(inputs):
         return prog.reference(s, shape, inputs)
 
-    return torch.compile(ref) if compiled else ref
+    if not compiled:
+        return ref
+    # each shape its own specialized code (dynamo would otherwise compile the second shape's and
+    # later ones with symbolic sizes), and no recompile limit across the sweep's shapes
+    torch._dynamo.reset()
+    return torch.compile(ref, dynamic=False)
 
 
 @dataclass(frozen=True)
 class Timing:
     """How each run is timed: the median of ``iterations`` after ``warmup``, on the inputs of
-    ``seed``."""
+    ``seed``; ``rounds`` of ``iterations`` each, the methods in turn."""
 
     iterations: int = 20
     warmup: int = 3
     seed: int = 0
+    rounds: int = 1
 
 
 def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...] = ("auto",),
@@ -53,12 +64,11 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
     if moved:
         raise UsageError(f"bench: {', '.join(moved)} go in timing=Timing(...)")
     timing = timing or Timing()
-    iterations, warmup, seed = timing.iterations, timing.warmup, timing.seed
+    if timing.iterations <= 0 or timing.warmup < 0 or timing.rounds <= 0:
+        raise UsageError("--iterations and --rounds must be positive and --warmup not negative")
     bad = [c for c in compare if c not in COMPARE]
     if bad:
         raise UsageError(f"--compare {bad[0]!r}: choose from {', '.join(COMPARE)}")
-    if iterations <= 0 or warmup < 0:
-        raise UsageError("--iterations must be positive and --warmup not negative")
     jobs = []
     for e in executors:  # auto may resolve to an executor also asked for by name: time it once
         job = resolve(program, executor=e, **resolve_kw)
@@ -71,68 +81,101 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
         prog.check_size(s, shape)
     rows = []
     for shape in iterate(shapes, f"{prog.name}: benchmarking", progress, unit="shape"):
-        inputs = prog.inputs(s, shape, job0.device, seed)
-        flops = prog.flops(s, shape)
-        row: dict = {**shape.to_json(), "gflop": round(flops / 1e9, 3)}
-        ref = {k: v.clone() for k, v in prog.reference(s, shape, inputs).items()}
-        for name in compare:
-            _time_reference(row, _reference_runner(job0, shape, name == "compile"), name, inputs, iterations,
-                            warmup, cuda)
-        for job in jobs:
-            _time_ours(row, job, shape, inputs, ref, iterations, warmup)
-        for k in [k for k in row if k.endswith("_ms")]:
-            if flops and row[k] > 0:
-                row[k.replace("_ms", "_tflops")] = round(flops / (row[k] * 1e-3) / 1e12, 1)
-        for job in jobs:
-            for name in compare:
-                row[f"{job.executor}_vs_{name}"] = round(row[f"{name}_ms"] / row[f"{job.executor}_ms"], 3)
-        rows.append(row)
+        rows.append(_shape_row(jobs, compare, shape, timing))
         if cuda:
             torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name(0) if cuda else "cpu"
     return {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options], "device": job0.device,
             "device_name": dev, "backend": job0.backend, "executors": [j.executor for j in jobs],
-            "compare": list(compare), "iterations": iterations, "warmup": warmup, "swept": prog.swept.name,
+            "compare": list(compare), "iterations": timing.iterations, "warmup": timing.warmup,
+            "rounds": timing.rounds, "swept": prog.swept.name,
             "rows": rows}
 
 
-def _time_reference(row: dict, f, name: str, inputs, iterations: int, warmup: int, cuda: bool) -> None:
+def _shape_row(jobs, compare, shape: Shape, timing: Timing) -> dict:
+    """One shape's row: each method run once (a compile's seconds, our first run, rel_err), then
+    all of them timed in ``timing.rounds`` rounds."""
+    job0 = jobs[0]
+    prog, s, cuda = job0.program, job0.settings, job0.device == "cuda"
+    inputs = prog.inputs(s, shape, job0.device, timing.seed)
+    flops = prog.flops(s, shape)
+    row: dict = {**shape.to_json(), "gflop": round(flops / 1e9, 3)}
+    ref = {k: v.clone() for k, v in prog.reference(s, shape, inputs).items()}
+    timers, runners = {}, []
+    try:
+        for name in compare:
+            timers[name] = _first_reference(row, _reference_runner(job0, shape, name == "compile"), name, inputs,
+                                            cuda)
+        for job in jobs:
+            runners.append(Runner(job, shape))
+            timers[job.executor] = _first_ours(row, job, runners[-1], inputs, ref)
+        for name, ms in _interleaved(timers, timing, cuda).items():
+            row[f"{name}_ms"] = round(statistics.median(ms), 4)
+            if timing.rounds > 1:
+                meds = [statistics.median(ms[i::timing.rounds]) for i in range(timing.rounds)]
+                row[f"{name}_spread"] = round(max(meds) / min(meds) - 1, 4)
+        for runner in runners:
+            runner.executor.check()
+    finally:
+        for runner in runners:
+            runner.close()
+    for k in [k for k in row if k.endswith("_ms")]:
+        if flops and row[k] > 0:
+            row[k.replace("_ms", "_tflops")] = round(flops / (row[k] * 1e-3) / 1e12, 1)
+    for job in jobs:
+        for name in compare:
+            row[f"{job.executor}_vs_{name}"] = round(row[f"{name}_ms"] / row[f"{job.executor}_ms"], 3)
+    return row
+
+
+def _interleaved(timers: dict, timing: Timing, cuda: bool) -> dict[str, list[float]]:
+    """Milliseconds of every run of each timer: ``timing.warmup`` untimed runs each, then
+    ``timing.rounds`` rounds of ``timing.iterations`` runs of each timer in turn (run ``i`` of
+    round ``r`` at index ``i * rounds + r``, so that ``ms[r::rounds]`` is round ``r``)."""
+    out: dict[str, list[float]] = {name: [0.0] * (timing.iterations * timing.rounds) for name in timers}
+    for f in timers.values():
+        samples_ms(f, 0, timing.warmup, cuda=cuda)
+    for r in range(timing.rounds):
+        for name, f in timers.items():
+            for i, ms in enumerate(samples_ms(f, timing.iterations, 0, cuda=cuda)):
+                out[name][i * timing.rounds + r] = ms
+    return out
+
+
+def _first_reference(row: dict, f, name: str, inputs, cuda: bool):
+    """Run the reference once (a compile's seconds in the row); returns the timed call."""
     t0 = time.perf_counter()
     f(inputs)
     if cuda:
         torch.cuda.synchronize()
     if name == "compile":
         row["compile_s"] = round(time.perf_counter() - t0, 2)
-    row[f"{name}_ms"] = round(median_ms(lambda: f(inputs), iterations, warmup, cuda=cuda), 4)
+    return lambda: f(inputs)
 
 
-def _time_ours(row: dict, job: Job, shape: Shape, inputs, ref: dict, iterations: int, warmup: int) -> None:
-    runner = Runner(job, shape)
+def _first_ours(row: dict, job: Job, runner: Runner, inputs, ref: dict):
+    """Our first run (its seconds, rel_err, tasks, launches in the row); returns the replay, with
+    the CUDA graph captured."""
     key = job.executor
     if key == "auto":
         row["auto"] = runner.executor.name
-    try:
-        t0 = time.perf_counter()
-        out = runner(inputs)
-        if job.device == "cuda":
-            torch.cuda.synchronize()
-        row[f"{key}_first_run_s"] = round(time.perf_counter() - t0, 2)
-        row[f"{key}_rel_err"] = max(rel_err(out[k], v) for k, v in ref.items())
-        row[f"{key}_tasks"] = runner.graph.tasks
-        row[f"{key}_launches"] = runner.stats.launches
-        row.update({f"{key}_{k}": v for k, v in runner.executor.report().items()})
-        for _ in range(warmup):
-            runner.replay()
-        row[f"{key}_ms"] = runner.time(iterations)["replay_ms"]
-        runner.executor.check()
-    finally:
-        runner.close()
+    t0 = time.perf_counter()
+    out = runner(inputs)
+    if job.device == "cuda":
+        torch.cuda.synchronize()
+    row[f"{key}_first_run_s"] = round(time.perf_counter() - t0, 2)
+    row[f"{key}_rel_err"] = max(rel_err(out[k], v) for k, v in ref.items())
+    row[f"{key}_tasks"] = runner.graph.tasks
+    row[f"{key}_launches"] = runner.stats.launches
+    row.update({f"{key}_{k}": v for k, v in runner.executor.report().items()})
+    runner.replay()  # captures the CUDA graph
+    return runner.replay
 
 
 def format_table(res: dict) -> str:
     ex, cmp = res["executors"], res["compare"]
     head = [f"{res['program']} on {res['device_name']} ({res['device']}), config={res['config']} "
-            f"dtype={res['dtype']} target={res['target']}, median of {res['iterations']}"]
+            f"dtype={res['dtype']} target={res['target']}, median of {_runs(res)}"]
     name = res.get("swept", "seq")
     cols = [name] + [f"{e} ms" for e in ex] + [f"{c} ms" for c in cmp] + [f"{e} TF/s" for e in ex] \
         + [f"{e} x {c}" for e in ex for c in cmp] + [f"{e} rel_err" for e in ex]
@@ -144,6 +187,11 @@ def format_table(res: dict) -> str:
         vals += [f"{r[f'{e}_rel_err']:.1e}" for e in ex]
         lines.append(" | ".join(vals))
     return "\n".join(lines)
+
+
+def _runs(res: dict) -> str:
+    rounds = res.get("rounds", 1)
+    return f"{res['iterations']}" if rounds == 1 else f"{res['iterations']} x {rounds} rounds (in turn)"
 
 
 def plot(res: dict, path: str):
@@ -162,7 +210,7 @@ def plot(res: dict, path: str):
     log_axes(ax, "time per run (median)", "ms", "sequence length" if swept == "seq" else swept)
     opts = [f"{k}={res[k]}" for k in res["options"] if res[k] != ""]
     details = [", ".join([f"config {res['config']}", res["dtype"], f"target {res['target']}",
-                          f"{res['backend']} backend", f"median of {res['iterations']}", *opts])]
+                          f"{res['backend']} backend", f"median of {_runs(res)}", *opts])]
     return finish(fig, [ax], f"{res['program']} on {res['device_name']}", details, path)
 
 

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pto.errors import UsageError
 from pto.tools.plotting import MAX_LABEL
 
 pytest.importorskip("matplotlib")
@@ -117,3 +118,21 @@ def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_nam
     res = bench("softmax", [64], executors=("auto", "waves"), compare=(), timing=Timing(iterations=1, warmup=0),
                 device="cpu")
     assert res["executors"] == ["waves"] and "waves_ms" in res["rows"][0]
+
+
+def test_bench_rounds_time_every_method_in_turn():
+    """``rounds``: each method's runs in turn, round after round (sample ``i`` of round ``r`` at
+    ``i * rounds + r``), every method warmed first; the row has each method's spread."""
+    from pto.tools.benchcmd import Timing, _interleaved, bench
+
+    calls = []
+    timers = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    ms = _interleaved(timers, Timing(iterations=2, warmup=1, rounds=3), cuda=False)
+    assert "".join(calls) == "ab" + "aabb" * 3
+    assert {k: len(v) for k, v in ms.items()} == {"a": 6, "b": 6} and min(ms["a"] + ms["b"]) >= 0
+    res = bench("softmax", [64], compare=("eager",), timing=Timing(iterations=2, warmup=0, rounds=3), device="cpu")
+    row = res["rows"][0]
+    assert res["rounds"] == 3 and row["waves_spread"] >= 0 and row["eager_spread"] >= 0
+    assert row["waves_vs_eager"] == round(row["eager_ms"] / row["waves_ms"], 3)
+    with pytest.raises(UsageError, match="--rounds"):
+        bench("softmax", [64], compare=(), timing=Timing(rounds=0), device="cpu")
