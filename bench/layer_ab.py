@@ -9,8 +9,9 @@ folds its weights gets them folded from the same seed).
     python3 bench/layer_ab.py --program llama7b --config 7b --seq 1024,4096 \\
         --variants '{}' '{"fuse_norm_rope": true}' [--rounds 5] [--iterations 10] [--json F]
 
-Prints one line per length: each variant's median ms, its spread between rounds, B over A, and
-torch.compile's over each.
+Prints one line per length: each variant's median ms, its spread between rounds (slowest round's
+median over the fastest's), each variant over the first and torch.compile over the first (the
+median of the rounds' ratios).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def row(args, variants: list[dict], seq: int, timing: Timing) -> dict:
     jobs = [resolve(args.program, device=args.device, config=args.config, dtype=args.dtype, executor="waves",
                     options=v) for v in variants]
     out: dict = {"seq": seq}
-    timers, runners, inputs0 = {}, [], None
+    timers, runners = {}, []
     try:
         for i, job in enumerate(jobs):
             prog, s = job.program, job.settings
@@ -46,15 +47,18 @@ def row(args, variants: list[dict], seq: int, timing: Timing) -> dict:
                 inputs0, ref0 = inputs, torch.compile(lambda x, p=prog, s=s, sh=shape: p.reference(s, sh, x),
                                                       dynamic=False)
                 ref0(inputs0)
-                timers["compile"] = lambda: ref0(inputs0)
+                timers["compile"] = lambda f=ref0, x=inputs0: f(x)
         ms = _interleaved(timers, timing, cuda=args.device == "cuda")
     finally:
         for r in runners:
             r.close()
+    meds = {name: [statistics.median(v[r::timing.rounds]) for r in range(timing.rounds)] for name, v in ms.items()}
     for name, v in ms.items():
         out[f"{name}_ms"] = round(statistics.median(v), 4)
-        meds = [statistics.median(v[r::timing.rounds]) for r in range(timing.rounds)]
-        out[f"{name}_spread"] = round(max(meds) / min(meds) - 1, 4)
+        out[f"{name}_rounds"] = [round(m, 4) for m in meds[name]]
+        out[f"{name}_spread"] = round(max(meds[name]) / min(meds[name]) - 1, 4)
+    for name in [n for n in ms if n != "v0"]:  # the median of the rounds' ratios
+        out[f"{name}_over_v0"] = round(statistics.median(a / b for a, b in zip(meds[name], meds["v0"])), 4)
     return out
 
 
@@ -80,8 +84,8 @@ def main() -> None:
         rows.append(r)
         cells = [f"v{i} {r[f'v{i}_ms']:.3f} (+-{r[f'v{i}_spread']:.1%}, err {r[f'v{i}_rel_err']:.1e})"
                  for i in range(len(variants))]
-        ratios = [f"v{i}/v0 {r[f'v{i}_ms'] / r['v0_ms']:.3f}" for i in range(1, len(variants))]
-        vs = [f"compile/v{i} {r['compile_ms'] / r[f'v{i}_ms']:.3f}" for i in range(len(variants))]
+        ratios = [f"v{i}/v0 {r[f'v{i}_over_v0']:.3f}" for i in range(1, len(variants))]
+        vs = [f"compile/v0 {r['compile_over_v0']:.3f}"]
         print(f"{seq} | " + " | ".join(cells + [f"compile {r['compile_ms']:.3f} (+-{r['compile_spread']:.1%})"]
                                        + ratios + vs), flush=True)
         if args.device == "cuda":

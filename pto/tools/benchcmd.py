@@ -8,9 +8,10 @@ graph with each requested executor (built once, then replayed: a CUDA graph on t
 are medians of ``iterations`` runs after ``warmup`` (CUDA events on the GPU); with ``rounds`` above
 1 every method is timed ``iterations`` runs in turn, round after round, and its time is the median
 of all its runs, so that a drift of the GPU's clocks during the shape's minute falls on all
-methods alike (``{name}_spread``: its slowest round's median over its fastest's, minus 1).
-TFLOP/s come from the program's flop count; ratios are the reference's time over ours (above 1:
-we are faster); ``rel_err`` is ours against the reference.
+methods alike (``{name}_rounds``: each round's median; ``{name}_spread``: its slowest round's
+over its fastest's, minus 1). TFLOP/s come from the program's flop count; ratios are the
+reference's time over ours (above 1: we are faster), the median of the rounds' ratios;
+``rel_err`` is ours against the reference.
 """
 
 from __future__ import annotations
@@ -109,11 +110,13 @@ def _shape_row(jobs, compare, shape: Shape, timing: Timing) -> dict:
         for job in jobs:
             runners.append(Runner(job, shape))
             timers[job.executor] = _first_ours(row, job, runners[-1], inputs, ref)
+        rounds = {}
         for name, ms in _interleaved(timers, timing, cuda).items():
             row[f"{name}_ms"] = round(statistics.median(ms), 4)
+            rounds[name] = [statistics.median(ms[i::timing.rounds]) for i in range(timing.rounds)]
             if timing.rounds > 1:
-                meds = [statistics.median(ms[i::timing.rounds]) for i in range(timing.rounds)]
-                row[f"{name}_spread"] = round(max(meds) / min(meds) - 1, 4)
+                row[f"{name}_rounds"] = [round(m, 4) for m in rounds[name]]
+                row[f"{name}_spread"] = round(max(rounds[name]) / min(rounds[name]) - 1, 4)
         for runner in runners:
             runner.executor.check()
     finally:
@@ -122,9 +125,10 @@ def _shape_row(jobs, compare, shape: Shape, timing: Timing) -> dict:
     for k in [k for k in row if k.endswith("_ms")]:
         if flops and row[k] > 0:
             row[k.replace("_ms", "_tflops")] = round(flops / (row[k] * 1e-3) / 1e12, 1)
-    for job in jobs:
+    for job in jobs:  # the median of the rounds' ratios: each round's methods ran minutes apart at most
         for name in compare:
-            row[f"{job.executor}_vs_{name}"] = round(row[f"{name}_ms"] / row[f"{job.executor}_ms"], 3)
+            row[f"{job.executor}_vs_{name}"] = round(statistics.median(
+                a / b for a, b in zip(rounds[name], rounds[job.executor])), 3)
     return row
 
 
