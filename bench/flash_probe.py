@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +128,8 @@ def main() -> None:
     ap.add_argument("seq", type=int, nargs="?", default=16384)
     ap.add_argument("--patches", default=",".join(PATCHES), help="which source variants (default: all)")
     ap.add_argument("--launches", type=int, default=len(LAUNCHES), help="time the first N launch settings")
+    ap.add_argument("--launch", nargs="*", default=[], help="launch settings (JSON objects) instead of the list's")
+    ap.add_argument("--tq", type=int, default=TQ, help="q block height (the patches expect 128)")
     ap.add_argument("--tk", type=int, default=TQ, help="kv block height (the patches expect 128)")
     args = ap.parse_args()
     seq = args.seq
@@ -143,23 +146,25 @@ def main() -> None:
     flops = 4.0 * NH * D * 0.5 * seq * seq
     ms = median_ms(sdpa, 10, 2)
     print(f"SDPA {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
-    fn = specialize(flash_fused(DType.BF16, NH, D, TQ, args.tk))
-    n = seq // TQ
-    qpos = torch.arange(n - 1, -1, -1, device=dev) * TQ  # longest first
+    tq, tk = args.tq, args.tk
+    fn = specialize(flash_fused(DType.BF16, NH, D, tq, tk))
+    n = seq // tq
+    qpos = torch.arange(n - 1, -1, -1, device=dev) * tq  # longest first
     z = torch.zeros(n, dtype=torch.long, device=dev)
 
     def full(x):
         return torch.full((n,), x, device=dev, dtype=torch.long)
 
-    mems = {"q": RegionBatch(q, qpos, z, full(TQ), full(NH * D)), "k": RegionBatch(k, z, z, qpos + TQ, full(NH * D)),
-            "v": RegionBatch(v, z, z, qpos + TQ, full(NH * D)), "o": RegionBatch(o, qpos, z, full(TQ), full(NH * D))}
-    scalars = {"qpos": qpos, "nfull": qpos, "nkv": qpos + TQ}
+    mems = {"q": RegionBatch(q, qpos, z, full(tq), full(NH * D)), "k": RegionBatch(k, z, z, qpos + tq, full(NH * D)),
+            "v": RegionBatch(v, z, z, qpos + tq, full(NH * D)), "o": RegionBatch(o, qpos, z, full(tq), full(NH * D))}
+    # the kv blocks every query row of the tile sees whole, then the diagonal ones (masked)
+    scalars = {"qpos": qpos, "nfull": qpos // tk * tk, "nkv": qpos + tq}
     render = backend.render
     try:
         for name in args.patches.split(","):
             patch = PATCHES[name]
             backend.render = patched(render, patch)
-            for launch in LAUNCHES[:args.launches]:
+            for launch in [json.loads(x) for x in args.launch] or LAUNCHES[:args.launches]:
                 try:
                     go = TritonBackend(dev, launch={"flash_fused": launch}).prepare(TaskBatch(fn, mems, scalars, n))
                     o.fill_(float("nan"))
