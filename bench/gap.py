@@ -6,7 +6,9 @@ into matrix products, attention and everything else, beside each side's time per
 
 A kernel is a matrix product when its name says so (pto: ``matmul``; torch: cuBLAS's and CUTLASS's
 ``gemm``, ``nvjet``, ``xmma``, ``cutlass``), attention (pto: ``flash``; torch: ``flash``, ``fmha``,
-``attention``, ``cudnn``), else the rest (norms, RoPE, element-wise; pto's products carry the
+``attention``, ``cudnn``; never torch.compile's generated ``triton_`` kernels, whose names list
+the operations they fuse, SDPA's layout among them), else the rest (norms, RoPE, element-wise;
+pto's products carry the
 residual and SwiGLU in their epilogues, torch.compile's Triton kernels carry them apart). Our
 graph runs its launches without the CUDA graph here (kernel times are the same; the "per run"
 column is the CUDA graph's replay, timed alone). Each side's ten largest kernels are printed, so
@@ -30,6 +32,8 @@ KINDS = (("gemm", re.compile(r"matmul|gemm|nvjet|xmma|cutlass", re.I)),
 
 
 def kind(name: str) -> str:
+    if name.startswith("triton_"):  # torch.compile's own kernels: element-wise, whatever ops they name
+        return "other"
     return next((k for k, rx in KINDS if rx.search(name)), "other")
 
 
