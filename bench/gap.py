@@ -8,11 +8,10 @@ A kernel is a matrix product when its name says so (pto: ``matmul``; torch: cuBL
 ``gemm``, ``nvjet``, ``xmma``, ``cutlass``), attention (pto: ``flash``; torch: ``flash``, ``fmha``,
 ``attention``, ``cudnn``; never torch.compile's generated ``triton_`` kernels, whose names list
 the operations they fuse, SDPA's layout among them), else the rest (norms, RoPE, element-wise;
-pto's products carry the
-residual and SwiGLU in their epilogues, torch.compile's Triton kernels carry them apart). Our
-graph runs its launches without the CUDA graph here (kernel times are the same; the "per run"
-column is the CUDA graph's replay, timed alone). Each side's ten largest kernels are printed, so
-that the classification can be checked.
+pto's products carry the residual and SwiGLU in their epilogues, torch.compile's Triton kernels
+carry them apart). Our graph runs its launches without the CUDA graph here (kernel times are the
+same; the "per run" column is the CUDA graph's replay, timed alone). Each side's ten largest
+kernels are printed, so that the classification can be checked.
 """
 
 from __future__ import annotations
