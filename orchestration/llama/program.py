@@ -19,6 +19,7 @@ from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
 from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
 from pto.orchestration.llama.weights import GATE_UP, check_weights, fold_gains, folded, load_layer, unfold_gains
+from pto.orchestration.model.decode import allreduce_dtype
 
 from pto import Var
 from pto.errors import UsageError
@@ -121,7 +122,7 @@ class LlamaProgram(Program):
         return self.configs[s.config]
 
     def _reduce_dtype(self, s: Settings) -> DType:
-        return s.dtype if s["allreduce_dtype"] == "storage" else DType.F32
+        return allreduce_dtype(s.dtype, s["allreduce_dtype"])
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the row-parallel projections' collective tasks
