@@ -190,6 +190,10 @@ def format_table(res: dict) -> str:
         vals += [f"{r[f'{e}_vs_{c}']:.3f}" for e in ex for c in cmp]
         vals += [f"{r[f'{e}_rel_err']:.1e}" for e in ex]
         lines.append(" | ".join(vals))
+    if res.get("rounds", 1) > 1:  # how far each method's rounds moved: how much a ratio can be trusted
+        spreads = [(m, [r[f"{m}_spread"] for r in res["rows"]]) for m in [*ex, *cmp]]
+        lines.append("spread between rounds (slowest round's median over the fastest's): " + ", ".join(
+            f"{m} {min(v):.0%}-{max(v):.0%}" for m, v in spreads))
     return "\n".join(lines)
 
 

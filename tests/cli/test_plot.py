@@ -123,7 +123,7 @@ def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_nam
 def test_bench_rounds_time_every_method_in_turn():
     """``rounds``: each method's runs in turn, round after round (sample ``i`` of round ``r`` at
     ``i * rounds + r``), every method warmed first; the row has each method's spread."""
-    from pto.tools.benchcmd import Timing, _interleaved, bench
+    from pto.tools.benchcmd import Timing, _interleaved, bench, format_table
 
     calls = []
     timers = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
@@ -135,5 +135,7 @@ def test_bench_rounds_time_every_method_in_turn():
     assert res["rounds"] == 3 and row["waves_spread"] >= 0 and row["eager_spread"] >= 0
     ratios = sorted(e / w for e, w in zip(row["eager_rounds"], row["waves_rounds"]))
     assert len(row["waves_rounds"]) == 3 and row["waves_vs_eager"] == round(ratios[1], 3)
+    last = format_table(res).splitlines()[-1]
+    assert last.startswith("spread between rounds") and f"waves {row['waves_spread']:.0%}-" in last
     with pytest.raises(UsageError, match="--rounds"):
         bench("softmax", [64], compare=(), timing=Timing(rounds=0), device="cpu")
