@@ -226,7 +226,7 @@ class Prepared:
         backend = get_backend(place.backend, place.device, shipped=place.schedules)
         if place.deterministic:  # the persistent kernel's launch settings everywhere
             backend.launch_overrides.update(backend.uniform_launch(self.graph))
-        name = choose(self.graph) if place.executor == "auto" else place.executor
+        name = choose(self.graph, self.tensors) if place.executor == "auto" else place.executor
         self.executor = get_executor(name, backend, self.tensors, record=place.record, progress=place.progress,
                                      **({"sentinel": True} if place.sentinel else {}))
         self.stats = None

@@ -47,17 +47,20 @@ def resolve(name: str, device: str, backend: str) -> str:
     return name
 
 
-def choose(graph) -> str:
+def choose(graph, tensors=None) -> str:
     """``auto`` for a built graph: ``persistent`` when the wave executor would run more than
     AUTO_MIN_BATCHES batches of fewer than AUTO_MAX_TASKS_PER_BATCH tasks each on average (the
     seed's fine-grained attention, residual tiles at odd lengths), else ``waves``; always ``waves``
-    for a graph with collectives (tensor parallelism)."""
+    for a graph with collectives (tensor parallelism). ``tensors`` (name -> the bound tensor):
+    views of one buffer count as one tensor, as the wave executor binds them."""
     from pto.exec.order import wave_batches
+    from pto.exec.waves import Views
     from pto.ir.analysis import has_collective
 
     if any(has_collective(fn) for fn in graph.variants):
         return "waves"  # the persistent kernel runs no collectives
-    batches = wave_batches(graph)
+    base = None if tensors is None else Views({tid: tensors[n] for n, tid in graph.tensor_ids.items()}).base
+    batches = wave_batches(graph, base)
     return "persistent" if batches > AUTO_MIN_BATCHES and graph.tasks < AUTO_MAX_TASKS_PER_BATCH * batches \
         else "waves"
 

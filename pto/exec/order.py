@@ -99,9 +99,11 @@ def item_order(level: np.ndarray, bottom: np.ndarray, branch: np.ndarray, extent
     return np.concatenate(out).astype(np.int32)
 
 
-def wave_batches(graph) -> int:
+def wave_batches(graph, base: np.ndarray | None = None) -> int:
     """How many batches the wave executor runs for ``graph``: per wave (a level of Kahn's
-    algorithm: every ready task at once), one per InCore variant and set of bound tensors."""
+    algorithm: every ready task at once), one per InCore variant and set of bound tensors;
+    ``base``: each tensor id's buffer (:class:`pto.exec.waves.Views`: views of one buffer bind
+    as one tensor, so their tasks share a batch)."""
     ex = graph.runtime.export()
     n = ex.n_tasks
     if n == 0:
@@ -110,10 +112,13 @@ def wave_batches(graph) -> int:
     lv = levels(n, ex.fanout_ptr.astype(np.int64), succ)
     counts = ex.arg_ptr[1:] - ex.arg_ptr[:-1]
     width = int(counts.max())
-    tens = np.full((n, width), -1, np.int64)
+    tens = np.full((n, width), np.iinfo(np.int64).min, np.int64)  # no argument (a span's id is negative)
     for k in range(width):
         has = counts > k
-        tens[has, k] = ex.arg_tensor[ex.arg_ptr[:-1][has] + k]
+        ids = ex.arg_tensor[ex.arg_ptr[:-1][has] + k].astype(np.int64)
+        if base is not None:
+            ids = np.where((ids >= 0) & (ids < len(base)), base[np.clip(ids, 0, len(base) - 1)], ids)
+        tens[has, k] = ids
     keys = np.concatenate([lv[:, None], ex.func[:, None].astype(np.int64), tens], axis=1)
     return len(np.unique(keys, axis=0))
 

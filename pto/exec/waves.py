@@ -74,7 +74,7 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-class _Views:
+class Views:
     """Tensors that are 2-D views of one buffer with one row stride (weights allocated as blocks of
     one buffer, as the LLaMA layer's q, k and v: :meth:`pto.program.Program.packed_inputs`) are
     bound to memrefs as one tensor, the buffer's span, each region moved by its view's offset: a
@@ -241,7 +241,7 @@ class WaveExecutor(Executor):
     def _drive(self, rt: Runtime, args: _Args, variants: dict[int, IncoreFunction],
                tensor_ids: dict[str, int], total, done_building) -> ExecStats:
         by_id = {tid: self.tensors[name] for name, tid in tensor_ids.items()}
-        self._views = _Views(by_id)
+        self._views = Views(by_id)
         t0 = time.perf_counter()
         pool = np.empty(0, np.int32)
         done = waves = 0

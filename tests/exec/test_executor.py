@@ -78,7 +78,10 @@ def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged
     want = run_program(module, inputs, scalars).tensors["y"]
     fn = module.entry_function
     shapes = tensor_shapes(fn, scalars)
-    launches = {}
+    from pto.exec.order import wave_batches
+    from pto.exec.waves import Views
+
+    launches, counted = {}, {}
     for packed in ((), prog.packed_inputs(opts)):
         bufs = placeholders(fn, shapes, "cpu", packed)
         for k, v in inputs.items():
@@ -88,6 +91,9 @@ def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged
         ex, batches = Executor(get_backend("torch", "cpu"), tensors), []
         ex.on_batch = batches.append
         launches[packed] = ex.run(g).launches
+        # the auto executor's count of batches sees the views as the executor binds them
+        by_id = {tid: tensors[n] for n, tid in g.tensor_ids.items()}
+        counted[packed] = (wave_batches(g), wave_batches(g, Views(by_id).base))
         g.close()
         if packed and merged:  # a merged batch runs one weight's tasks together (L2), the larger tasks first
             b = max((b for b in batches if b.fn.name == "matmul_tile"), key=lambda b: b.size)
@@ -101,6 +107,9 @@ def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged
         {t.name for t in fn.tensors if t.role in ("input", "inout")} - {"wq"}
     heights = 2  # 200 rows: full row tiles and the clipped last one
     assert launches[()] - launches[prog.packed_inputs(opts)] == merged * heights
+    (plain, seen), (plain_p, seen_p) = counted[()], counted[prog.packed_inputs(opts)]
+    assert plain == seen == plain_p and plain_p - seen_p == merged * heights, counted
+    assert (seen, seen_p) == (launches[()], launches[prog.packed_inputs(opts)])  # what the executor ran
 
 
 def test_views_of_one_buffer_become_one_span_with_moved_regions():
@@ -109,13 +118,13 @@ def test_views_of_one_buffer_become_one_span_with_moved_regions():
     id; a view that is not a column slice (it wraps a row) is left alone."""
     import numpy as np
 
-    from pto.exec.waves import _Views
+    from pto.exec.waves import Views
 
     buf = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
     other = torch.zeros(4, 4)
     by_id = {0: buf[0:2, 0:3], 1: buf[2:6, 3:8], 2: other, 3: buf.view(-1)[8:32].view(4, 6),
              4: torch.as_strided(buf, (2, 6), (8, 1), 5)}
-    views = _Views(by_id)
+    views = Views(by_id)
     span = by_id[-1]
     assert span.shape == (6, 8) and span.data_ptr() == buf.data_ptr() and -2 not in by_id
     tens = np.array([[0, 1, 2, 3, 4]], np.int32)
