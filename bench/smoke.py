@@ -4,7 +4,7 @@ schedules that apply on this device and with none (the renderer's heuristics), e
 runs it (``python -m pto.cli ...`` in its own process). Run it after any change to kernels,
 schedules, executors or programs; record its last green run in docs/PERF.md ("GPU smoke check").
 
-    python bench/smoke.py [--jobs N] [--only SUBSTRING] [--json FILE] [--list]
+    python bench/smoke.py [--jobs N] [--only SUBSTRING[,SUBSTRING...]] [--json FILE] [--list]
 
 Jobs run N at a time (default: the CPU count up to 8; the Triton compiles dominate, and they run
 on the CPU); a run passes when it exits 0 and, where it prints JSON with ``rel_err``, the error
@@ -229,7 +229,7 @@ def _rel_err(stdout: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
-    ap.add_argument("--only", default="", help="run the jobs whose name contains this")
+    ap.add_argument("--only", default="", help="run the jobs whose name contains one of these (comma-separated)")
     ap.add_argument("--json", default=None, help="write every job's result here")
     ap.add_argument("--list", action="store_true", help="list the jobs and exit")
     ap.add_argument("--timeout", type=int, default=420, help="seconds one job may take")
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if dev and dev != H100:
         schedules["h100"] = {"PTO_SCHEDULES": H100}
     tmp = Path(tempfile.mkdtemp(prefix="pto-smoke-"))
-    jobs = [j for j in readme_jobs(tmp) + matrix_jobs(schedules) if args.only in j.name]
+    jobs = [j for j in readme_jobs(tmp) + matrix_jobs(schedules) if any(o in j.name for o in args.only.split(","))]
     if args.list:
         print("\n".join(j.name for j in jobs))
         return 0
