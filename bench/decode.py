@@ -47,7 +47,7 @@ from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
-from pto import dist  # noqa: E402
+from pto import dist, timing  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 
 
@@ -88,30 +88,20 @@ def parse_tiling(text: str, base: DecodeTiling) -> DecodeTiling | None:
 
 
 def kernel_times(fn, steps: int) -> dict:
-    """What the GPU ran during ``steps`` calls of ``fn`` (torch.profiler, CUPTI): per kernel name
-    its launches per step and its microseconds per launch, the device's busy time per step
-    against the wall time per step (the rest is the gaps between kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) * 1e6 / steps
+    """What the GPU ran during ``steps`` calls of ``fn`` (:func:`pto.timing.kernel_times`): per
+    kernel name its launches per step and its microseconds per launch, the device's busy time per
+    step against the wall time per step (the rest is the gaps between kernels)."""
+    per, wall_ms = timing.kernel_times(fn, steps)
     acc: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            a = acc.setdefault(e.name[:60], [0, 0.0])
-            a[0] += 1
-            a[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    busy = sum(v[1] for v in acc.values()) / steps
+    for name, (n, ms) in per.items():
+        a = acc.setdefault(name[:60], [0.0, 0.0])
+        a[0] += n
+        a[1] += ms * 1e3
+    busy = sum(v[1] for v in acc.values())
     top = sorted(acc.items(), key=lambda kv: -kv[1][1])[:12]
-    return {"wall_us_per_step": round(wall_us, 1), "busy_us_per_step": round(busy, 1),
-            "per_kernel": {k: {"per_step": round(n / steps, 1), "us_each": round(t / max(n, 1), 2)}
-                           for k, (n, t) in top}}
+    return {"wall_us_per_step": round(wall_ms * 1e3, 1), "busy_us_per_step": round(busy, 1),
+            "per_kernel": {k: {"per_step": round(n, 1), "us_each": round(us / max(n, 1e-9), 2)}
+                           for k, (n, us) in top}}
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,

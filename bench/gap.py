@@ -21,10 +21,9 @@ import json
 import re
 
 import torch
-from torch.autograd import DeviceType
 
 from pto.engine import Runner, rel_err, resolve
-from pto.timing import median_ms
+from pto.timing import kernel_times, median_ms
 
 KINDS = (("gemm", re.compile(r"matmul|gemm|nvjet|xmma|cutlass", re.I)),
          ("attention", re.compile(r"flash|fmha|attention|cudnn", re.I)))
@@ -37,19 +36,10 @@ def kind(name: str) -> str:
 
 
 def kernels(fn, reps: int) -> dict[str, float]:
-    """Milliseconds per run of each kernel name (summed over its launches), ``reps`` runs."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA and e.time_range.elapsed_us() > 0 and not e.name.startswith("Memcpy") \
-                and not e.name.startswith("Memset"):
-            out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / reps
-    return out
+    """Milliseconds per run of each kernel name (summed over its launches; memory copies and sets
+    left out), ``reps`` runs (:func:`pto.timing.kernel_times`)."""
+    per, _ = kernel_times(fn, reps)
+    return {name: ms for name, (_, ms) in per.items() if not name.startswith(("Memcpy", "Memset"))}
 
 
 def summary(ks: dict[str, float]) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Two settings of one program against each other and torch.compile, timed in turn in one process
 (issue 23's choice of ``--fuse-norm-rope``): each variant's task graph built and replayed as a
 CUDA graph, the reference under ``torch.compile`` on the first variant's inputs, all of them timed
-``--iterations`` runs each, round after round (:func:`pto.tools.benchcmd._interleaved`), so that
+``--iterations`` runs each, round after round (:func:`pto.tools.benchcmd.interleaved`), so that
 a drift of the GPU's clocks falls on all alike. A variant is a JSON object of the program's
 options; every variant's result is checked against the reference (its own inputs: a variant that
 folds its weights gets them folded from the same seed).
@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from pto.engine import Runner, rel_err, resolve
-from pto.tools.benchcmd import Timing, _interleaved
+from pto.tools.benchcmd import Timing, interleaved, round_medians, round_ratio, spread
 
 
 def row(args, variants: list[dict], seq: int, timing: Timing) -> dict:
@@ -48,17 +48,17 @@ def row(args, variants: list[dict], seq: int, timing: Timing) -> dict:
                                                       dynamic=False)
                 ref0(inputs0)
                 timers["compile"] = lambda f=ref0, x=inputs0: f(x)
-        ms = _interleaved(timers, timing, cuda=args.device == "cuda")
+        ms = interleaved(timers, timing, cuda=args.device == "cuda")
     finally:
         for r in runners:
             r.close()
-    meds = {name: [statistics.median(v[r::timing.rounds]) for r in range(timing.rounds)] for name, v in ms.items()}
+    meds = {name: round_medians(v, timing.rounds) for name, v in ms.items()}
     for name, v in ms.items():
         out[f"{name}_ms"] = round(statistics.median(v), 4)
         out[f"{name}_rounds"] = [round(m, 4) for m in meds[name]]
-        out[f"{name}_spread"] = round(max(meds[name]) / min(meds[name]) - 1, 4)
-    for name in [n for n in ms if n != "v0"]:  # the median of the rounds' ratios
-        out[f"{name}_over_v0"] = round(statistics.median(a / b for a, b in zip(meds[name], meds["v0"])), 4)
+        out[f"{name}_spread"] = round(spread(meds[name]), 4)
+    for name in [n for n in ms if n != "v0"]:
+        out[f"{name}_over_v0"] = round(round_ratio(meds[name], meds["v0"]), 4)
     return out
 
 

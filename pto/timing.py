@@ -37,3 +37,25 @@ def samples_ms(fn: Callable[[], object], repeat: int, warmup: int = 0, cuda: boo
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def kernel_times(fn: Callable[[], object], runs: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """What the GPU ran during ``runs`` calls of ``fn``, after one untimed call (the PyTorch
+    profiler, CUPTI): per kernel name (memory copies and sets too) its launches and milliseconds
+    per call; and the wall milliseconds per call (beyond the kernels' sum: the gaps between them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3 / runs
+    acc: dict[str, tuple[int, float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            n, us = acc.get(e.name, (0, 0.0))
+            acc[e.name] = (n + 1, us + e.device_time_total)
+    return {name: (n / runs, us / 1e3 / runs) for name, (n, us) in acc.items()}, wall_ms

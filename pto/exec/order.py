@@ -115,10 +115,8 @@ def wave_batches(graph, base: np.ndarray | None = None) -> int:
     tens = np.full((n, width), np.iinfo(np.int64).min, np.int64)  # no argument (a span's id is negative)
     for k in range(width):
         has = counts > k
-        ids = ex.arg_tensor[ex.arg_ptr[:-1][has] + k].astype(np.int64)
-        if base is not None:
-            ids = np.where((ids >= 0) & (ids < len(base)), base[np.clip(ids, 0, len(base) - 1)], ids)
-        tens[has, k] = ids
+        ids = ex.arg_tensor[ex.arg_ptr[:-1][has] + k]
+        tens[has, k] = ids if base is None else base[ids]
     keys = np.concatenate([lv[:, None], ex.func[:, None].astype(np.int64), tens], axis=1)
     return len(np.unique(keys, axis=0))
 

@@ -111,12 +111,12 @@ def _shape_row(jobs, compare, shape: Shape, timing: Timing) -> dict:
             runners.append(Runner(job, shape))
             timers[job.executor] = _first_ours(row, job, runners[-1], inputs, ref)
         rounds = {}
-        for name, ms in _interleaved(timers, timing, cuda).items():
+        for name, ms in interleaved(timers, timing, cuda).items():
             row[f"{name}_ms"] = round(statistics.median(ms), 4)
-            rounds[name] = [statistics.median(ms[i::timing.rounds]) for i in range(timing.rounds)]
+            rounds[name] = round_medians(ms, timing.rounds)
             if timing.rounds > 1:
                 row[f"{name}_rounds"] = [round(m, 4) for m in rounds[name]]
-                row[f"{name}_spread"] = round(max(rounds[name]) / min(rounds[name]) - 1, 4)
+                row[f"{name}_spread"] = round(spread(rounds[name]), 4)
         for runner in runners:
             runner.executor.check()
     finally:
@@ -125,14 +125,13 @@ def _shape_row(jobs, compare, shape: Shape, timing: Timing) -> dict:
     for k in [k for k in row if k.endswith("_ms")]:
         if flops and row[k] > 0:
             row[k.replace("_ms", "_tflops")] = round(flops / (row[k] * 1e-3) / 1e12, 1)
-    for job in jobs:  # the median of the rounds' ratios: each round's methods ran minutes apart at most
+    for job in jobs:
         for name in compare:
-            row[f"{job.executor}_vs_{name}"] = round(statistics.median(
-                a / b for a, b in zip(rounds[name], rounds[job.executor])), 3)
+            row[f"{job.executor}_vs_{name}"] = round(round_ratio(rounds[name], rounds[job.executor]), 3)
     return row
 
 
-def _interleaved(timers: dict, timing: Timing, cuda: bool) -> dict[str, list[float]]:
+def interleaved(timers: dict, timing: Timing, cuda: bool) -> dict[str, list[float]]:
     """Milliseconds of every run of each timer: ``timing.warmup`` untimed runs each, then
     ``timing.rounds`` rounds of ``timing.iterations`` runs of each timer in turn (run ``i`` of
     round ``r`` at index ``i * rounds + r``, so that ``ms[r::rounds]`` is round ``r``)."""
@@ -144,6 +143,21 @@ def _interleaved(timers: dict, timing: Timing, cuda: bool) -> dict[str, list[flo
             for i, ms in enumerate(samples_ms(f, timing.iterations, 0, cuda=cuda)):
                 out[name][i * timing.rounds + r] = ms
     return out
+
+
+def round_medians(ms: list[float], rounds: int) -> list[float]:
+    """Each round's median of :func:`interleaved`'s runs of one timer."""
+    return [statistics.median(ms[r::rounds]) for r in range(rounds)]
+
+
+def spread(medians: list[float]) -> float:
+    """The slowest round's median over the fastest's, minus 1."""
+    return max(medians) / min(medians) - 1
+
+
+def round_ratio(num: list[float], den: list[float]) -> float:
+    """The median of the rounds' ratios of two timers (each round's runs minutes apart at most)."""
+    return statistics.median(a / b for a, b in zip(num, den))
 
 
 def _first_reference(row: dict, f, name: str, inputs, cuda: bool):
@@ -222,4 +236,4 @@ def plot(res: dict, path: str):
     return finish(fig, [ax], f"{res['program']} on {res['device_name']}", details, path)
 
 
-__all__ = ["bench", "format_table", "plot", "COMPARE"]
+__all__ = ["bench", "format_table", "plot", "interleaved", "round_medians", "round_ratio", "spread", "COMPARE"]

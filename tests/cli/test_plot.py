@@ -123,11 +123,11 @@ def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_nam
 def test_bench_rounds_time_every_method_in_turn():
     """``rounds``: each method's runs in turn, round after round (sample ``i`` of round ``r`` at
     ``i * rounds + r``), every method warmed first; the row has each method's spread."""
-    from pto.tools.benchcmd import Timing, _interleaved, bench, format_table
+    from pto.tools.benchcmd import Timing, bench, format_table, interleaved
 
     calls = []
     timers = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    ms = _interleaved(timers, Timing(iterations=2, warmup=1, rounds=3), cuda=False)
+    ms = interleaved(timers, Timing(iterations=2, warmup=1, rounds=3), cuda=False)
     assert "".join(calls) == "ab" + "aabb" * 3
     assert {k: len(v) for k, v in ms.items()} == {"a": 6, "b": 6} and min(ms["a"] + ms["b"]) >= 0
     res = bench("softmax", [64], compare=("eager",), timing=Timing(iterations=2, warmup=0, rounds=3), device="cpu")

@@ -198,3 +198,21 @@ def test_a_multiplied_tile_read_otherwise_is_right_at_every_pipeline_depth(stage
     want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) @ w.double()
     err = rel_err(y, want)
     assert err <= 1e-4, f"{stages} stages, {'descriptors' if tma else 'pointers'}: rel_err {err:.2e}"
+
+
+def test_kernel_times_counts_each_kernel_per_call():
+    """pto.timing.kernel_times (the benchmarks' per-kernel profile): a call of two products and
+    one add launches at least those three kernels, a whole number of each per call, each a
+    positive time, together within the call's wall time."""
+    from pto.timing import kernel_times
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn(1024, 1024, device="cuda", generator=g) for _ in range(2))
+
+    def call():
+        return a @ b + b @ a
+
+    per, wall_ms = kernel_times(call, 4)
+    assert all(float(n).is_integer() for n, _ in per.values()), per
+    assert sum(n for n, _ in per.values()) >= 3 and any("elementwise" in k for k in per), per
+    assert all(ms > 0 for _, ms in per.values()) and 0 < sum(ms for _, ms in per.values()) <= wall_ms
