@@ -11,6 +11,9 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import torch
 from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
@@ -35,6 +38,12 @@ CONFIGS = {
     "llama3-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
                                          theta=500000.0), vocab=128256, layers=32, tied=False, max_positions=8192,
                              eos_ids=(128001, 128009)),
+    # Llama-3.2-1B's shape (tied embedding, 32 query and 8 key/value heads of 64): the model the
+    # published megakernels report on, for a like-for-like comparison
+    "llama3.2-1b": ModelConfig(LlamaConfig(hidden=2048, heads=32, head_dim=64, ffn=8192, kv_heads=8, eps=1e-5,
+                                           theta=500000.0, rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)),
+                               vocab=128256, layers=16, tied=True, max_positions=131072,
+                               eos_ids=(128001, 128008, 128009)),
     # LLaMA 3.1's 128K context (its RoPE scaling): the 8B model's shape at long caches
     "llama3.1-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
                                            theta=500000.0, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)),
@@ -61,6 +70,34 @@ WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 def tiling_for(cfg: ModelConfig) -> DecodeTiling:
     """The step's tiles for ``cfg`` (at a given cache: ``tiling_for(cfg).for_cache(cache)``)."""
     return TINY_TILING if cfg.layer.hidden < 256 else WIDE_TILING if cfg.layer.hidden >= 2048 else TILING
+
+
+def _pow2_at_least(x: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
+
+
+def megakernel_tiling(cfg: ModelConfig, programs: int = 132, rounds: int = 1, tile: int = 8192) -> DecodeTiling:
+    """The step's tiles for the persistent megakernel at one sequence: each projection's output
+    block the smallest power of two that cuts it into at most ``rounds`` items per program (an
+    item's fixed cost, its dependency wait and dispatch, is paid once per program and task), its K
+    step as long as a weight tile of ``tile`` elements allows (the K loop streams the block)."""
+    base = tiling_for(cfg)
+    if cfg.layer.hidden < 256:
+        return base
+    c = cfg.layer
+
+    def tiles(n: int, k: int) -> tuple[int, int]:
+        bn = max(base.bn, _pow2_at_least(n / (programs * rounds)))
+        whole = _pow2_at_least(k)
+        # the whole K in one step where that is at most twice the tile (no loop, no masked step)
+        return bn, whole if bn * whole <= 2 * tile else max(16, min(whole, tile // bn))
+
+    qkv = tiles(c.q_dim + 2 * c.kv_dim, c.hidden)
+    o = tiles(c.hidden, c.q_dim)
+    ffn = tiles(c.ffn, c.hidden)
+    down = tiles(c.hidden, c.ffn)
+    return replace(base, bn=down[0], bk=down[1], qkv_bn=qkv[0], qkv_bk=qkv[1], o_bn=o[0], o_bk=o[1],
+                   ffn_bn=ffn[0], ffn_bk=ffn[1])
 
 
 class ModelProgram(Program):

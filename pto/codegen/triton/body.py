@@ -176,15 +176,60 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
     return frozenset(out)
 
 
+# the megakernel's wait and its L2 prefetch ------------------------------------------------------
+
+#: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
+#: predecessor counter and whether to wait on it, the error flag, the trace clock and switch, and
+#: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
+MK_PARAMS = ("W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, "
+             "NT: tl.constexpr, GPU: tl.constexpr")
+MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, POLL, NT, GPU)"
+#: bytes of a cache line: the L2 prefetch asks for one address per line
+LINE_BYTES = 128
+#: the most bytes an item prefetches into L2 before its wait: enough for the first trips of its
+#: K loop (a decode GEMV item's whole weight block), not a prefill GEMM's whole panel (which
+#: would evict what other programs use)
+PREFETCH_BYTES = 64 * 1024
+
+
+def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str]) -> list[tuple]:
+    """The loops of ``rest`` (statements at the wait) whose ``pre`` loads can be prefetched into
+    L2 before the wait, each with its trips to prefetch: ``[(loop, trips)]``. A loop qualifies when
+    its bounds and the offsets of the loads are known before the wait (``defined``: the names in
+    scope there, and the loop's variable); its trips are as many as :data:`PREFETCH_BYTES` hold
+    (at least one), the budget shared by the loops in order."""
+    budget, out = PREFETCH_BYTES, []
+    for s in rest:
+        if budget <= 0:
+            break
+        if not isinstance(s, ForRange):
+            continue
+        bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
+        loads = [i for i in s.body if isinstance(i, Instr) and i.op is Op.LOAD and i.srcs[0] in pre
+                 and set().union(*(e.free_vars() for e in i.srcs[1:])) <= defined | {s.var}]
+        if not loads or not bounds <= defined:
+            continue
+        per_trip = sum(blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize for i in loads)
+        trips = max(1, budget // per_trip)
+        out.append((s, trips))
+        budget -= trips * per_trip
+    return out
+
+
 # the renderer ---------------------------------------------------------------------------------
 
 
 class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
-    def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
+    def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None,
+                 megakernel: bool = False):
         # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
         fn, self.copies = separate_operand_loads(fn)
+        #: the megakernel's form (:data:`MK_PARAMS`): the function waits for its task's
+        #: predecessors itself, after the loads of ``opts.pre`` that may come first and the L2
+        #: prefetch of those in its loops, and returns whether the wait succeeded and when it ended
+        self.mk = megakernel
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
@@ -206,7 +251,7 @@ class BodyRenderer(TileOps):
         self.tmp = 0
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
-        self.pre = frozenset(opts.pre) if opts.pdl else frozenset()
+        self.pre = frozenset(opts.pre) if opts.pdl or megakernel else frozenset()
         #: the memrefs the body loads before it waits for the previous launch itself (none: the
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
@@ -285,6 +330,11 @@ class BodyRenderer(TileOps):
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
         params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in self.tma]
+        if self.mk:
+            params.append(MK_PARAMS)
+            # (a task whose parallel index is past its extent runs nothing and succeeds)
+            self.emit("_ok = tl.full((), 1, tl.int32)")
+            self.emit("_t0 = tl.zeros((), dtype=tl.int64)")
         for p in fn.memrefs:
             for fld in TableLayout.FIELDS:
                 self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
@@ -297,35 +347,95 @@ class BodyRenderer(TileOps):
             self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
-        if fn.parallel is not None and const_value(fn.parallel.extent) is None:
+        guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
+        if guarded:
             # a task's own extent may be below the grid's (a constant extent is the grid itself)
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
-        self.waiting = bool(self.early)
+        self.waiting = bool(self.early) or self.mk
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
-            self.wait()
-        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}")
+            self.wait(())
+        if self.mk:
+            self.depth = 1
+            if guarded:  # an item with nothing to do (a task of extent 0) still waits before it releases
+                self.emit("else:")
+                self.emit("    " + MK_WAIT)
+            self.emit("return _ok, _t0")
+        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "")
         sig = ",\n        ".join(params)
         return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):
             if self.waiting and _touches(s, self.pre):
-                self.wait()
+                self.wait(stmts[idx:])
             if isinstance(s, ForRange):
                 self.loop(s, [(stmts, idx), *frames])
             else:
                 self.instr(s)
 
-    def wait(self) -> None:
-        """The wait for the previous launch (and, "chain", the signal that the next may start)."""
-        self.emit(PDL_WAIT)
-        if self.opts.pdl == "chain":
-            self.emit(PDL_SIGNAL)
+    def wait(self, rest: tuple) -> None:
+        """The wait for the previous launch (and, "chain", the signal that the next may start);
+        in the megakernel's form the wait for the task's predecessors, after an L2 prefetch of
+        what the loops of ``rest`` (the statements from the wait on) load of ``pre`` memrefs."""
+        if self.mk:
+            self.prefetch(rest)
+            self.emit(MK_WAIT)
+        else:
+            self.emit(PDL_WAIT)
+            if self.opts.pdl == "chain":
+                self.emit(PDL_SIGNAL)
         self.waiting = False
+
+    def prefetch(self, rest: tuple) -> None:
+        """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
+        their first trips, up to :data:`PREFETCH_BYTES`), under ``GPU`` (the interpreter has no
+        prefetch)."""
+        plan = prefetch_plan(rest, self.pre, self.blocks, self.dtypes, set(self.names))
+        if not plan:
+            return
+        self.emit("if GPU:")
+        self.depth += 1
+        for loop, trips in plan:
+            self.prefetch_loop(loop, trips)
+        self.depth -= 1
+
+    def prefetch_loop(self, s: ForRange, trips: int) -> None:
+        """``s``'s first ``trips`` trips with only its ``pre`` loads, each an L2 prefetch of one
+        address per 128-byte line of its tile."""
+        var = f"i_{s.var}"
+        self.names[s.var] = var
+        lb, step = self.expr(s.lb), self.expr(s.step)
+        self.emit(f"for {var} in range({lb}, tl.minimum({self.expr(s.ub)}, {lb} + {trips} * {step}), {step}):")
+        self.depth += 1
+        for i in s.body:
+            if _pre_load(i, self.pre) and i.op is Op.LOAD:
+                self.prefetch_tile(i)
+        self.depth -= 1
+        del self.names[s.var]
+
+    def prefetch_tile(self, ins: Instr) -> None:
+        """An L2 prefetch of each 128-byte line of the region ``ins`` (a load) reads: one address
+        per line of each of its rows, masked lanes at the region's origin."""
+        mem, row, col = ins.srcs
+        (r, c), (lr, lc) = self.blocks[ins.dst], self.shapes[ins.dst]
+        per = max(1, LINE_BYTES // self.memrefs[mem].dtype.itemsize)
+        lines = max(1, c // per)
+        ri, ci, ptr = self.fresh("fr"), self.fresh("fc"), self.fresh("fp")
+        step = int(ins.attr("step"))
+        self.emit(f"{ri} = {self.offset(row, r, True, step)}")
+        self.emit(f"{ci} = {self.expr(col)} + tl.arange(0, {lines})[None, :] * {per}")
+        conds = [f"(tl.arange(0, {r})[:, None] < {lr})"] if lr < r else []
+        conds.append(f"(tl.arange(0, {lines})[None, :] * {per} < {lc})")
+        for idx, e, lim in ((ri, row, f"m_{mem}_rows"), (ci, col, f"m_{mem}_cols")):
+            if not self.nonnegative(e):
+                conds.append(f"({idx} >= 0)")
+            conds.append(f"({idx} < {lim})")
+        self.emit(f"{ptr} = tl.where({' & '.join(conds)}, P_{mem} + {ri}.to(tl.int64) * S_{mem} + {ci}, P_{mem})")
+        self.emit(f"_prefetch_l2({ptr})")
 
     def loop(self, s: ForRange, frames: list) -> None:
         # tiles the loop writes that are read in a later iteration or after the loop must

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
@@ -61,8 +61,19 @@ from pto.ir.ops import Op
 KERNEL = "pto_persistent"
 #: how a program finds its next item: ``queue``, the next index of a device queue (an atomic
 #: counter: any number of programs, resident or not); ``static``, every P-th item of the queue
-#: order from its program id (no atomic; every program must be resident at once)
-DISPATCH = ("queue", "static")
+#: order from its program id; ``stream``, its own list of items, made on the host by the list
+#: schedule's simulation (:func:`pto.exec.order.streams`). ``static`` and ``stream`` take no
+#: atomic, and every program must be resident at once; both read a program's items as a range of
+#: the uploaded item table (the same kernel source)
+DISPATCH = ("queue", "static", "stream")
+#: how a program polls its task's predecessor counter: ``atomic``, an acquire read-modify-write of
+#: it (one program thread asks, the others learn the value behind a barrier); ``acquire``, every
+#: thread spins on an acquire load (``ld.acquire.gpu``, no read-modify-write) in inline PTX, in
+#: rounds of :data:`SPIN` loads, the round's outcome made uniform with a reduction over the
+#: threads (the compiled GPU kernel only: the interpreter polls with the atomic)
+POLLS = ("atomic", "acquire")
+#: acquire loads per round of the ``acquire`` poll (between rounds: the error flag)
+SPIN = 256
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has predecessors
 ITEM_COLS = 5
 
@@ -79,6 +90,14 @@ class Branch:
     # arguments; loaded from a table, the megakernel must say it, or no load is vectorized and
     # no K loop pipelined.
     aligned: tuple[bool, ...] = ()
+    # per memref: no task of the graph writes any task's tensor (weights, tables): the item loads
+    # it, or prefetches it into L2, before it waits for its predecessors
+    pre: tuple[bool, ...] = ()
+
+    @property
+    def early(self) -> tuple[str, ...]:
+        """The memrefs the item may load before its wait (:attr:`pre`)."""
+        return tuple(m.name for m, ok in zip(self.fn.memrefs, self.pre) if ok)
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,68 @@ _CLOCK = [
     "    return t",
 ]
 
+#: the wait for a task's predecessors, called inside each branch's device function after the
+#: loads it may issue first (:class:`pto.codegen.triton.body.BodyRenderer`'s megakernel form):
+#: ``(1, time)`` once the counter reads 0 (acquire: every predecessor's stores are visible to the
+#: loads that follow), ``(0, time)`` when the wait gave up (MAX_POLLS polls) or another program
+#: did; a task without predecessors, or one this program already saw ready, does not ask (``on``)
+_WAIT = [
+    "@triton.jit",
+    "def _spin(cnt, NT: tl.constexpr):",
+    "    # every thread spins on an acquire load, up to SPIN loads; the largest count any thread",
+    "    # saw (a reduction over the threads: the outcome is the same for all of them)",
+    "    ptrs = cnt + tl.zeros((NT,), dtype=tl.int32)",
+    "    v = tl.inline_asm_elementwise(",
+    "        \"{ .reg .pred pw; .reg .b32 cw; mov.u32 cw, 0;\\n\"",
+    "        \"SPIN_LOOP: ld.global.acquire.gpu.b32 $0, [$1];\\n\"",
+    "        \"setp.le.s32 pw, $0, 0;\\n\"",
+    "        \"@pw bra SPIN_DONE;\\n\"",
+    "        \"add.u32 cw, cw, 1;\\n\"",
+    f"        \"setp.lt.u32 pw, cw, {SPIN};\\n\"",
+    "        \"@pw bra SPIN_LOOP;\\n\"",
+    "        \"SPIN_DONE: }\", \"=r,l\", [ptrs], dtype=tl.int32, is_pure=False, pack=1)",
+    "    return tl.max(v, axis=0)",
+    "",
+    "",
+    "@triton.jit",
+    "def _poll(cnt, POLL: tl.constexpr, NT: tl.constexpr, GPU: tl.constexpr):",
+    "    if POLL == 1 and GPU:",
+    "        pend = _spin(cnt, NT)",
+    "    else:",
+    "        pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "    return pend",
+    "",
+    "",
+    "@triton.jit",
+    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, NT: tl.constexpr,",
+    "              GPU: tl.constexpr):",
+    "    pend = tl.zeros((), dtype=tl.int32)",
+    "    if on != 0:",
+    "        pend = _poll(cnt, POLL, NT, GPU)",
+    "        polls = 0",
+    "        while (pend > 0) & (polls < MAX_POLLS):",
+    "            pend = _poll(cnt, POLL, NT, GPU)",
+    "            if POLL == 1 and GPU:",
+    f"                polls += {SPIN}",
+    "            else:",
+    "                polls += 1",
+    "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
+    "            if polls % 256 == 0:",
+    "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
+    "                    polls = MAX_POLLS",
+    "    t0 = tl.zeros((), dtype=tl.int64)",
+    "    if tracing != 0:",
+    "        t0 = _now(clock, GPU)",
+    "    return (pend <= 0).to(tl.int32), t0",
+    "",
+    "",
+    "@triton.jit",
+    "def _prefetch_l2(ptrs):",
+    "    # a hint: the line moves into L2 while the program waits (no register, no fault)",
+    "    tl.inline_asm_elementwise(\"prefetch.global.L2 [$1];\\nmov.u32 $0, 0;\", \"=r,l\", [ptrs], dtype=tl.int32,",
+    "                              is_pure=False, pack=1)",
+]
+
 
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
                       sentinel: bool = False, ignore: frozenset[int] = frozenset(),
@@ -111,14 +192,14 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     the infinities whose codes are not in ``ignore``, :mod:`pto.codegen.triton.scan`);
     ``dispatch``: how a program finds its next item (:data:`DISPATCH`)."""
     if dispatch not in DISPATCH:
-        raise ValueError(f"unknown dispatch {dispatch!r} (choose {' or '.join(DISPATCH)})")
+        raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
     devices, calls = _branch_calls(branches, options or RenderOptions(), stages or {})
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
-    body = _kernel_lines(calls, sentinel, dispatch == "static")
+    body = _kernel_lines(calls, sentinel, dispatch != "queue")
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
                       "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
-                      [*devices.values(), _CLOCK, *scans, body])
+                      [_CLOCK, _WAIT, *devices.values(), *scans, body])
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
@@ -128,7 +209,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
     devices: dict[str, list[str]] = {}
     calls = []
     for k, b in enumerate(branches):
-        r = BodyRenderer(b.fn, opts, stages.get(b.fn.variant_name))
+        r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True)
         name, lines = r.device_function()
         devices.setdefault(name, lines)
         args, loads = [], []
@@ -142,69 +223,63 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
             args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
+        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, POLL, NT, GPU_CLOCK")
         if b.fn.parallel is not None:
             args.insert(0, "p")
-        calls.append((k, loads, f"{name}(row, {', '.join(args)})"))
+        calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
     return devices, calls
 
 
-def _kernel_lines(calls: list, sentinel: bool, static: bool) -> list[str]:
-    """The kernel: take an item, wait for its task's predecessors, dispatch on its branch,
-    complete it (see the module docstring)."""
-    first, then = (("tl.program_id(0)", "i + tl.num_programs(0)") if static else
-                   ("tl.atomic_add(nxt, 1, sem=\"relaxed\")", "tl.atomic_add(nxt, 1, sem=\"relaxed\")"))
+def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
+    """The kernel: take an item, dispatch on its branch (whose device function waits for the
+    task's predecessors after its early loads), complete it (see the module docstring);
+    ``ranged``: a program runs a range of the item table (static and stream dispatch)."""
+    if ranged:
+        first = ["    i = tl.load(stream + tl.program_id(0))", "    end = tl.load(stream + tl.program_id(0) + 1)"]
+        then = "i + 1"
+    else:
+        first = ["    i = tl.atomic_add(nxt, 1, sem=\"relaxed\")", "    end = n_items"]
+        then = "tl.atomic_add(nxt, 1, sem=\"relaxed\")"
     body = [
         "@triton.jit",
-        f"def {KERNEL}(items, n_items, nxt, task_branch, task_row, tab, task_tensor, ptrs, strides,",
+        f"def {KERNEL}(items, n_items, nxt, stream, task_branch, task_row, tab, task_tensor, ptrs, strides,",
         "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
         + (" spend, sread, swrite, stab," if sentinel else ""),
-        "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr):",
+        "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr,",
+        "        POLL: tl.constexpr, NT: tl.constexpr):",
         "    # the queue head and the error flag order no data: relaxed (no fence around them); with",
-        "    # static dispatch a program runs every P-th item from its id, and counts them at its end",
-        f"    i = {first}",
+        "    # ranged dispatch a program runs its own range of the item table, and counts it at its end",
+        *first,
         "    taken = 0",
-        "    running = i < n_items",
+        "    running = i < end",
+        "    # the last task this program saw ready: its counter stays 0 for the rest of the launch, so",
+        "    # its next items do not poll",
+        "    ready = tl.full((), -1, tl.int32)",
         "    # the item's descriptor (a program past the last item reads the last one's, or the table's",
         "    # one row of zeros when there are none, and stops)",
         *_descriptor_lines("    ", "i", "d", ""),
         "    while running:",
-        "        # wait for the predecessors (acquire: their writes are visible after this); a task",
-        "        # without any does not ask",
-        "        pend = tl.zeros((), dtype=tl.int32)",
-        "        if waits != 0:",
-        "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
-        "        polls = 0",
-        "        while (pend > 0) & (polls < MAX_POLLS):",
-        "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
-        "            polls += 1",
-        "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
-        "            if polls % 256 == 0:",
-        "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
-        "                    polls = MAX_POLLS",
-        "        if pend == 0:",
-        "            # take the next item now (a queue atomic's result is broadcast behind a barrier:",
-        "            # this round trip is on the path; still deadlock-free: a program holding an",
-        "            # unstarted item is running an earlier one)",
-        f"            i_next = {then}",
-        "            # the next item's descriptor and this task's successors (with the sentinel its",
-        "            # item count too): loads in flight while the item runs (their values are used",
-        "            # after it: these round trips hide)",
-        *_descriptor_lines("            ", "i_next", "dn", "_n"),
-        *(["            want = tl.load(nitems + task)"] if sentinel else []),
-        "            s0 = tl.load(succ_ptr + task)",
-        "            s1 = tl.load(succ_ptr + task + 1)",
-        "            t0 = tl.zeros((), dtype=tl.int64)",
-        "            if tracing != 0:",
-        "                t0 = _now(clock, GPU_CLOCK)",
-        "            row = tab + roff",
-        "            tptr = task_ptr + task.to(tl.int64) * MAXM",
-        "            tstride = task_stride + task.to(tl.int64) * MAXM",
+        "        # take the next item now (a queue atomic's result is broadcast behind a barrier: its",
+        "        # round trip overlaps the wait; still deadlock-free, docs/ARCHITECTURE.md), and load its",
+        "        # descriptor and this task's successors (with the sentinel its item count too): loads in",
+        "        # flight while the item waits and runs",
+        f"        i_next = {then}",
+        *_descriptor_lines("        ", "i_next", "dn", "_n"),
+        *(["        want = tl.load(nitems + task)"] if sentinel else []),
+        "        s0 = tl.load(succ_ptr + task)",
+        "        s1 = tl.load(succ_ptr + task + 1)",
+        "        row = tab + roff",
+        "        tptr = task_ptr + task.to(tl.int64) * MAXM",
+        "        tstride = task_stride + task.to(tl.int64) * MAXM",
+        "        on = (waits != 0) & (task != ready)",
+        "        ok = tl.zeros((), dtype=tl.int32)",
+        "        t0 = tl.zeros((), dtype=tl.int64)",
     ]
     for k, loads, call in calls:
-        body.append(f"            {'if' if k == 0 else 'elif'} branch == {k}:")
-        body += [f"                {line}" for line in loads]
-        body.append(f"                {call}")
-    tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if static else []
+        body.append(f"        {'if' if k == 0 else 'elif'} branch == {k}:")
+        body += [f"            {line}" for line in loads]
+        body.append(f"            {call}")
+    tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if ranged else []
     return body + _completion_lines(sentinel) + tail
 
 
@@ -246,6 +321,8 @@ def _completion_lines(sentinel: bool) -> list[str]:
     sentinel the task's last item's), the next item; or, after a wait that gave up, the error and
     the stop."""
     return [
+        "        if ok != 0:",
+        "            ready = task",
         "            if tracing != 0:",
         "                t1 = _now(clock, GPU_CLOCK)",
         "                tl.store(trace + 3 * i, t0)",
@@ -256,7 +333,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
         *(_LAST_RELEASES if sentinel else _ITEM_RELEASES),
         "            i = i_next",
         "            taken += 1",
-        "            running = i < n_items",
+        "            running = i < end",
         "            task, p, branch, roff, waits = task_n, p_n, branch_n, roff_n, waits_n",
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
@@ -317,5 +394,5 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "ITEM_COLS", "fit_megakernel",
-           "stage_bytes"]
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "POLLS", "SPIN", "ITEM_COLS",
+           "fit_megakernel", "stage_bytes"]
