@@ -3,10 +3,12 @@ each choice against the wave executor in the same process (random weights of the
 bf16, batch 1, the cache filled to half; a GPU).
 
     python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--cache 1024]
-        [--variants 'static:atomic;stream:acquire'] [--tilings 'default;mk1;mk2'] [--steps 32] [--json FILE]
+        [--variants 'd=static;d=stream,p=relaxed'] [--tilings 'default;mk1;mk2'] [--steps 32] [--json FILE]
 
-A variant is ``dispatch:poll`` (``PTO_DISPATCH``, ``PTO_POLL``; optionally ``:programs``,
-``PTO_PROGRAMS``); a tiling ``default`` (the configuration's), ``mkR`` (the megakernel's tiling
+A variant is comma-separated settings of the megakernel's environment, ``d=`` dispatch
+(``PTO_DISPATCH``), ``p=`` poll (``PTO_POLL``), ``n=`` 0 or 1 (``PTO_NEXT_PREFETCH``), ``s=``
+programs per multiprocessor (``PTO_PER_SM``), ``g=`` programs (``PTO_PROGRAMS``), e.g.
+``d=static,p=atomic,n=0``; a tiling ``default`` (the configuration's), ``mkR`` (the megakernel's tiling
 rule with R items per program and projection, :func:`pto.orchestration.model.program.megakernel_tiling`)
 or fields as bench/decode.py takes them. Each persistent run reports its megakernel's items,
 median item gap and dependency wait, registers, spills, shared memory and programs per SM. Every
@@ -29,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import copy_bandwidth, floor_ms, ours, parse_tiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, megakernel_tiling, random_weights, tiling_for  # noqa: E402
 
+#: the short names of a variant's settings
+ENV = {"d": "PTO_DISPATCH", "p": "PTO_POLL", "n": "PTO_NEXT_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
+
 
 def tiling(text: str, cfg, programs: int):
     if text.startswith("mk"):
@@ -40,7 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="smollm2-135m,llama3.2-1b,llama3-8b")
     ap.add_argument("--cache", type=int, default=1024)
-    ap.add_argument("--variants", default="static:atomic;stream:acquire")
+    ap.add_argument("--variants", default="d=static;d=stream")
     ap.add_argument("--tilings", default="default;mk1")
     ap.add_argument("--waves", default="default", help="tilings the wave executor runs ('' none)")
     ap.add_argument("--steps", type=int, default=32)
@@ -57,8 +62,8 @@ def main(argv=None) -> int:
         runs = [("waves", t, "") for t in args.waves.split(";") if t]
         runs += [("persistent", t, v) for t in args.tilings.split(";") for v in args.variants.split(";")]
         for executor, tl, variant in runs:
-            parts = variant.split(":") if variant else []
-            env = dict(zip(("PTO_DISPATCH", "PTO_POLL", "PTO_PROGRAMS"), parts))
+            env = dict(kv.split("=") for kv in variant.split(",")) if variant else {}
+            env = {ENV[k]: v for k, v in env.items()}
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:

@@ -44,12 +44,21 @@ class MegakernelSettings:
     programs: int | None = None
     dispatch: str | None = None
     poll: str | None = None
+    #: programs per multiprocessor to make room for: the kernel's pipelines are lowered to fit
+    #: that share of the shared memory and its registers are capped to that share (None:
+    #: ``PTO_PER_SM``, else as many as the compiled kernel allows)
+    per_sm: int | None = None
+    #: each item prefetches its next item's operands that no task writes into L2 (None:
+    #: ``PTO_NEXT_PREFETCH`` 0 or 1, else :data:`DEFAULT_NEXT_PREFETCH`)
+    next_prefetch: bool | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
 #: the poll of a megakernel whose settings and environment name none
 DEFAULT_POLL = "atomic"
+#: the next item's prefetch where the settings and environment do not say
+DEFAULT_NEXT_PREFETCH = True
 
 
 def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -112,6 +121,12 @@ class Megakernel:
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
+        self.per_sm = settings.per_sm or _env_count("PTO_PER_SM")
+        nxt = os.environ.get("PTO_NEXT_PREFETCH")
+        if settings.next_prefetch is None and nxt not in (None, "", "0", "1"):
+            raise UsageError(f"PTO_NEXT_PREFETCH={nxt!r}: 0 or 1")
+        self.next_prefetch = settings.next_prefetch if settings.next_prefetch is not None else \
+            (nxt == "1" if nxt in ("0", "1") else DEFAULT_NEXT_PREFETCH)
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -151,6 +166,8 @@ class Megakernel:
         if not self.compiles:
             return
         limit = s.shared_limit or self.backend.shared_limit()
+        if self.per_sm:  # room for that many programs on a multiprocessor
+            limit = min(limit, self._sram() // self.per_sm - 1024)
 
         def shared(kernel: MegaKernel) -> int:
             self.rendered = kernel
@@ -217,9 +234,19 @@ class Megakernel:
 
     def consts(self) -> dict:
         cfg = self.config
-        return {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
-                "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda",
-                "POLL": POLLS.index(self.poll), "NT": 32 * cfg.num_warps, **cfg.kwargs()}
+        out = {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
+               "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda",
+               "POLL": POLLS.index(self.poll), "NEXT": int(self.next_prefetch),
+               **cfg.kwargs()}
+        if self.per_sm and self.compiles:  # the registers' share: 64K a multiprocessor, in steps of 8
+            out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)
+        return out
+
+    def _sram(self) -> int:
+        """Shared memory per multiprocessor (the target's)."""
+        from pto.target import detect
+
+        return detect("cuda", self.device.index or 0).sram_bytes
 
     def _resident_programs(self) -> int:
         """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
@@ -238,8 +265,8 @@ class Megakernel:
             return asked or (2 if self.dispatch == "queue" else 1)
         fit = self._resident_on_gpu()
         if asked and asked > fit:
-            raise UsageError(f"{self.dispatch} dispatch of {asked} programs: the GPU holds {fit} of this kernel at once, "
-                             "and every program must be resident (use at most that many, or the queue)")
+            raise UsageError(f"{self.dispatch} dispatch of {asked} programs: the GPU holds {fit} of this kernel at "
+                             "once, and every program must be resident (use at most that many, or the queue)")
         return asked or fit
 
     def _resident_on_gpu(self) -> int:

@@ -181,9 +181,8 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
 #: predecessor counter and whether to wait on it, the error flag, the trace clock and switch, and
 #: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
-MK_PARAMS = ("W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, "
-             "NT: tl.constexpr, GPU: tl.constexpr")
-MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, POLL, NT, GPU)"
+MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, GPU: tl.constexpr"
+MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, POLL, GPU)"
 #: bytes of a cache line: the L2 prefetch asks for one address per line
 LINE_BYTES = 128
 #: the most bytes an item prefetches into L2 before its wait: enough for the first trips of its
@@ -192,21 +191,35 @@ LINE_BYTES = 128
 PREFETCH_BYTES = 64 * 1024
 
 
-def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str]) -> list[tuple]:
-    """The loops of ``rest`` (statements at the wait) whose ``pre`` loads can be prefetched into
-    L2 before the wait, each with its trips to prefetch: ``[(loop, trips)]``. A loop qualifies when
-    its bounds and the offsets of the loads are known before the wait (``defined``: the names in
-    scope there, and the loop's variable); its trips are as many as :data:`PREFETCH_BYTES` hold
-    (at least one), the budget shared by the loops in order."""
-    budget, out = PREFETCH_BYTES, []
+#: the most bytes of its next item's loads an item prefetches into L2 while it runs
+#: (:meth:`BodyRenderer.prefetch_function`): a decode GEMV item's whole weight block
+NEXT_PREFETCH_BYTES = 128 * 1024
+
+
+def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
+    """The tile loads of ``pre`` memrefs among ``stmts`` whose offsets use only ``defined`` names."""
+    return [i for i in stmts if isinstance(i, Instr) and i.op is Op.LOAD and i.srcs[0] in pre
+            and set().union(*(e.free_vars() for e in i.srcs[1:])) <= defined]
+
+
+def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str],
+                  budget: int = PREFETCH_BYTES) -> list[tuple]:
+    """What of ``rest`` (statements) can be prefetched into L2 where only ``defined`` names are
+    known (before the wait, or for the next item): ``[(statement, trips)]``, the loads of ``pre``
+    memrefs at the top level (trips 1) and the loops whose bounds are known with the first trips
+    of their ``pre`` loads whose offsets are (the loop's variable defined too); as many as
+    ``budget`` bytes hold, in order (at least one trip of a loop that starts within it)."""
+    out = []
     for s in rest:
         if budget <= 0:
             break
-        if not isinstance(s, ForRange):
+        if isinstance(s, Instr):
+            for i in _pre_loads((s,), pre, defined):
+                out.append((i, 1))
+                budget -= blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize
             continue
         bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
-        loads = [i for i in s.body if isinstance(i, Instr) and i.op is Op.LOAD and i.srcs[0] in pre
-                 and set().union(*(e.free_vars() for e in i.srcs[1:])) <= defined | {s.var}]
+        loads = _pre_loads(s.body, pre, defined | {s.var})
         if not loads or not bounds <= defined:
             continue
         per_trip = sum(blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize for i in loads)
@@ -394,7 +407,8 @@ class BodyRenderer(TileOps):
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
         their first trips, up to :data:`PREFETCH_BYTES`), under ``GPU`` (the interpreter has no
         prefetch)."""
-        plan = prefetch_plan(rest, self.pre, self.blocks, self.dtypes, set(self.names))
+        plan = prefetch_plan(tuple(s for s in rest if isinstance(s, ForRange)), self.pre, self.blocks, self.dtypes,
+                             set(self.names))
         if not plan:
             return
         self.emit("if GPU:")
@@ -402,6 +416,45 @@ class BodyRenderer(TileOps):
         for loop, trips in plan:
             self.prefetch_loop(loop, trips)
         self.depth -= 1
+
+    def prefetch_function(self) -> tuple[str, list[str]] | None:
+        """``(name, source lines)`` of the megakernel's L2 prefetch of one item's loads of its
+        ``pre`` memrefs (:func:`prefetch_plan`, up to :data:`NEXT_PREFETCH_BYTES`): a program
+        calls it for its next item before it runs the current one, so that the next item's
+        weights stream from memory while this one waits and works. Its parameters are the device
+        function's row, parallel index and the pointers and strides of the ``pre`` memrefs. None
+        where the function loads no ``pre`` memref."""
+        fn = self.fn
+        mems = [p for p in fn.memrefs if p.name in self.pre]
+        if not mems:
+            return None
+        self.lines, self.depth = [], 1
+        params = ["row"]
+        if fn.parallel is not None:
+            self.names[fn.parallel.var] = f"i_{fn.parallel.var}"
+            params.append(f"i_{fn.parallel.var}")
+        params += [f"P_{p.name}, S_{p.name}" for p in mems]
+        for p in fn.memrefs:  # (the other memrefs' extents are not loaded here)
+            if p.name not in self.pre:
+                del self.names[f"{p.name}.rows"], self.names[f"{p.name}.cols"]
+        known = set(self.names)
+        for p in mems:
+            for fld in ("r0", "c0", "rows", "cols"):
+                self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
+            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
+        for sc in fn.scalars:
+            self.emit(f"s_{sc.name} = tl.load(row + {self.layout.column(sc.name)})")
+        plan = prefetch_plan(_flat(fn.body), self.pre, self.blocks, self.dtypes, known, NEXT_PREFETCH_BYTES)
+        if not plan:
+            return None
+        for stmt, trips in plan:
+            if isinstance(stmt, ForRange):
+                self.prefetch_loop(stmt, trips)
+            else:
+                self.prefetch_tile(stmt)
+        name = f"pf_{fn.variant_name}"
+        sig = ",\n        ".join(params)
+        return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def prefetch_loop(self, s: ForRange, trips: int) -> None:
         """``s``'s first ``trips`` trips with only its ``pre`` loads, each an L2 prefetch of one
@@ -411,9 +464,8 @@ class BodyRenderer(TileOps):
         lb, step = self.expr(s.lb), self.expr(s.step)
         self.emit(f"for {var} in range({lb}, tl.minimum({self.expr(s.ub)}, {lb} + {trips} * {step}), {step}):")
         self.depth += 1
-        for i in s.body:
-            if _pre_load(i, self.pre) and i.op is Op.LOAD:
-                self.prefetch_tile(i)
+        for i in _pre_loads(s.body, self.pre, set(self.names)):
+            self.prefetch_tile(i)
         self.depth -= 1
         del self.names[s.var]
 
