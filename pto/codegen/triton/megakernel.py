@@ -293,6 +293,10 @@ def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -
         *(["        want = tl.load(nitems + task)"] if sentinel else []),
         "        s0 = tl.load(succ_ptr + task)",
         "        s1 = tl.load(succ_ptr + task + 1)",
+        *([] if sentinel else [
+            "        # the first block of successors too: the release after the item waits for no load",
+            "        first = s0 + tl.arange(0, SUCC_BLOCK)",
+            "        ids0 = tl.load(succ + first, mask=first < s1, other=0)"]),
         "        row = tab + roff",
         "        tptr = task_ptr + task.to(tl.int64) * MAXM",
         "        tstride = task_stride + task.to(tl.int64) * MAXM",
@@ -340,7 +344,8 @@ def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[st
 #: successor waits for every item of its predecessors: its count is theirs), with no count of
 #: the task's items to wait for on the way
 _ITEM_RELEASES = [
-    "            for k in range(s0, s1, SUCC_BLOCK):",
+    "            tl.atomic_add(pending + ids0, -1, mask=first < s1, sem=\"release\")",
+    "            for k in range(s0 + SUCC_BLOCK, s1, SUCC_BLOCK):",
     "                offs = k + tl.arange(0, SUCC_BLOCK)",
     "                live = offs < s1",
     "                ids = tl.load(succ + offs, mask=live, other=0)",
