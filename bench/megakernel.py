@@ -6,9 +6,9 @@ bf16, batch 1, the cache filled to half; a GPU).
         [--variants 'd=static;d=stream,p=relaxed'] [--tilings 'default;mk1;mk2'] [--steps 32] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment, ``d=`` dispatch
-(``PTO_DISPATCH``), ``p=`` poll (``PTO_POLL``), ``n=`` 0 or 1 (``PTO_NEXT_PREFETCH``), ``s=``
+(``PTO_DISPATCH``), ``p=`` poll (``PTO_POLL``), ``f=`` 0, 1 or 2 (``PTO_MK_PREFETCH``), ``s=``
 programs per multiprocessor (``PTO_PER_SM``), ``g=`` programs (``PTO_PROGRAMS``), e.g.
-``d=static,p=atomic,n=0``; a tiling ``default`` (the configuration's), ``mkR`` (the megakernel's tiling
+``d=static,p=atomic,f=0``; a tiling ``default`` (the configuration's), ``mkR`` (the megakernel's tiling
 rule with R items per program and projection, :func:`pto.orchestration.model.program.megakernel_tiling`)
 or fields as bench/decode.py takes them. Each persistent run reports its megakernel's items,
 median item gap and dependency wait, registers, spills, shared memory and programs per SM. Every
@@ -32,7 +32,7 @@ from decode import copy_bandwidth, floor_ms, ours, parse_tiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, megakernel_tiling, random_weights, tiling_for  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "p": "PTO_POLL", "n": "PTO_NEXT_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
+ENV = {"d": "PTO_DISPATCH", "p": "PTO_POLL", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
 
 
 def tiling(text: str, cfg, programs: int):

@@ -74,9 +74,9 @@ def megakernel_job(kernel, options: dict, sentinel: bool = False, poll: int = 0)
     """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``
     (``poll``: the index of its poll in :data:`pto.codegen.triton.megakernel.POLLS`)."""
     sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
-           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "POLL", "NEXT"), "constexpr")}
+           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "POLL", "PREFETCH"), "constexpr")}
     return {"source": kernel.source, "name": kernel.name, "signature": sig,
             "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
-                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "POLL": poll, "NEXT": 1},
+                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "POLL": poll, "PREFETCH": 2},
             "options": options}
 

@@ -48,17 +48,18 @@ class MegakernelSettings:
     #: that share of the shared memory and its registers are capped to that share (None:
     #: ``PTO_PER_SM``, else as many as the compiled kernel allows)
     per_sm: int | None = None
-    #: each item prefetches its next item's operands that no task writes into L2 (None:
-    #: ``PTO_NEXT_PREFETCH`` 0 or 1, else :data:`DEFAULT_NEXT_PREFETCH`)
-    next_prefetch: bool | None = None
+    #: the L2 prefetches of the operands no task writes: 0 none, 1 those of an item's loops before
+    #: its wait, 2 also its next item's while it runs (None: ``PTO_MK_PREFETCH``, else
+    #: :data:`DEFAULT_PREFETCH`)
+    prefetch: int | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
 #: the poll of a megakernel whose settings and environment name none
 DEFAULT_POLL = "atomic"
-#: the next item's prefetch where the settings and environment do not say
-DEFAULT_NEXT_PREFETCH = True
+#: the prefetch level where the settings and environment do not say
+DEFAULT_PREFETCH = 1
 
 
 def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -122,11 +123,8 @@ class Megakernel:
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
         self.per_sm = settings.per_sm or _env_count("PTO_PER_SM")
-        nxt = os.environ.get("PTO_NEXT_PREFETCH")
-        if settings.next_prefetch is None and nxt not in (None, "", "0", "1"):
-            raise UsageError(f"PTO_NEXT_PREFETCH={nxt!r}: 0 or 1")
-        self.next_prefetch = settings.next_prefetch if settings.next_prefetch is not None else \
-            (nxt == "1" if nxt in ("0", "1") else DEFAULT_NEXT_PREFETCH)
+        self.prefetch = settings.prefetch if settings.prefetch is not None else \
+            int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1", "2"), "prefetch"))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -236,7 +234,7 @@ class Megakernel:
         cfg = self.config
         out = {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
                "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda",
-               "POLL": POLLS.index(self.poll), "NEXT": int(self.next_prefetch),
+               "POLL": POLLS.index(self.poll), "PREFETCH": self.prefetch,
                **cfg.kwargs()}
         if self.per_sm and self.compiles:  # the registers' share: 64K a multiprocessor, in steps of 8
             out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)

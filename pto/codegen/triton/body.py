@@ -181,7 +181,8 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
 #: predecessor counter and whether to wait on it, the error flag, the trace clock and switch, and
 #: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
-MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, GPU: tl.constexpr"
+MK_PARAMS = ("W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, GPU: tl.constexpr, "
+             "PREFETCH: tl.constexpr")
 MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, POLL, GPU)"
 #: bytes of a cache line: the L2 prefetch asks for one address per line
 LINE_BYTES = 128
@@ -411,7 +412,7 @@ class BodyRenderer(TileOps):
                              set(self.names))
         if not plan:
             return
-        self.emit("if GPU:")
+        self.emit("if GPU and PREFETCH >= 1:")
         self.depth += 1
         for loop, trips in plan:
             self.prefetch_loop(loop, trips)

@@ -248,7 +248,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
         loads, args = _pointer_loads(b, "t", list(b.fn.memrefs))
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
-        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, POLL, GPU_CLOCK")
+        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, POLL, GPU_CLOCK, PREFETCH")
         if b.fn.parallel is not None:
             args.insert(0, "p")
         calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
@@ -271,7 +271,7 @@ def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -
         "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
         + (" spend, sread, swrite, stab," if sentinel else ""),
         "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr,",
-        "        POLL: tl.constexpr, NEXT: tl.constexpr):",
+        "        POLL: tl.constexpr, PREFETCH: tl.constexpr):",
         "    # the queue head and the error flag order no data: relaxed (no fence around them); with",
         "    # ranged dispatch a program runs its own range of the item table, and counts it at its end",
         *first,
@@ -318,7 +318,7 @@ def _next_prefetch_lines(prefetches: list) -> list[str]:
     the interpreter has no prefetch), issued before the current item runs."""
     if not prefetches:
         return []
-    out = ["        if NEXT and GPU_CLOCK:",
+    out = ["        if PREFETCH >= 2 and GPU_CLOCK:",
            "            if i_next < end:",
            "                rown = tab + roff_n",
            "                tnptr = task_ptr + task_n.to(tl.int64) * MAXM",
