@@ -3,16 +3,16 @@ each choice against the wave executor in the same process (random weights of the
 bf16, batch 1, the cache filled to half; a GPU).
 
     python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--cache 1024]
-        [--variants 'd=static;d=stream,p=relaxed'] [--tilings 'default;mk1;mk2'] [--steps 32] [--json FILE]
+        [--variants 'd=static;d=stream,f=1'] [--tilings 'default;waves;bn=8'] [--steps 32] [--json FILE]
 
-A variant is comma-separated settings of the megakernel's environment, ``d=`` dispatch
-(``PTO_DISPATCH``), ``p=`` poll (``PTO_POLL``), ``f=`` 0, 1 or 2 (``PTO_MK_PREFETCH``), ``s=``
-programs per multiprocessor (``PTO_PER_SM``), ``g=`` programs (``PTO_PROGRAMS``), e.g.
-``d=static,p=atomic,f=0``; a tiling ``default`` (the configuration's), ``mkR`` (the megakernel's tiling
-rule with R items per program and projection, :func:`pto.orchestration.model.program.megakernel_tiling`)
-or fields as bench/decode.py takes them. Each persistent run reports its megakernel's items,
-median item gap and dependency wait, registers, spills, shared memory and programs per SM. Every
-row is printed as a JSON line as soon as it is measured.
+A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
+(``PTO_DISPATCH``), ``f=`` 0 or 1 (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
+(``PTO_PER_SM``), ``g=`` programs (``PTO_PROGRAMS``), e.g. ``d=static,f=1``. A tiling is
+``default`` (the executor's own, :func:`pto.orchestration.model.program.tiling_for_executor`),
+``waves`` (the wave executor's) or fields replaced in the wave executor's, as bench/decode.py
+takes them. Each persistent run reports its megakernel's items, median item gap and dependency
+wait, registers, spills, shared memory and programs per SM. Every row is printed as a JSON line as
+soon as it is measured.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode import copy_bandwidth, floor_ms, ours, parse_tiling  # noqa: E402
-from pto.orchestration.model.program import CONFIGS, megakernel_tiling, random_weights, tiling_for  # noqa: E402
+from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "p": "PTO_POLL", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
+ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
 
 
-def tiling(text: str, cfg, programs: int):
-    if text.startswith("mk"):
-        return megakernel_tiling(cfg, programs, rounds=int(text[2:] or 1))
-    return parse_tiling(text, tiling_for(cfg))
+def tiling(text: str, cfg, executor: str):
+    if text == "default":
+        return tiling_for_executor(cfg, executor)
+    return parse_tiling("default" if text == "waves" else text, tiling_for(cfg))
 
 
 def main(argv=None) -> int:
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="smollm2-135m,llama3.2-1b,llama3-8b")
     ap.add_argument("--cache", type=int, default=1024)
     ap.add_argument("--variants", default="d=static;d=stream")
-    ap.add_argument("--tilings", default="default;mk1")
+    ap.add_argument("--tilings", default="default")
     ap.add_argument("--waves", default="default", help="tilings the wave executor runs ('' none)")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", default=None)
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
-                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, sms))
+                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor))
             except Exception as e:  # report it, measure the rest
                 res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             finally:

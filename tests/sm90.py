@@ -70,13 +70,13 @@ _MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": 
 _SENTINEL_ARGS = {"spend": "*i32", "sread": "*i64", "swrite": "*i64", "stab": "*i32"}
 
 
-def megakernel_job(kernel, options: dict, sentinel: bool = False, poll: int = 0) -> dict:
+def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int = 0) -> dict:
     """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``
-    (``poll``: the index of its poll in :data:`pto.codegen.triton.megakernel.POLLS`)."""
+    (``prefetch``: its L2 prefetch, :class:`pto.backends.triton.MegakernelSettings`)."""
     sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
-           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "POLL", "PREFETCH"), "constexpr")}
+           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "PREFETCH"), "constexpr")}
     return {"source": kernel.source, "name": kernel.name, "signature": sig,
             "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
-                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "POLL": poll, "PREFETCH": 2},
+                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "PREFETCH": prefetch},
             "options": options}
 

@@ -28,7 +28,7 @@ from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
-from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
+from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for, tiling_for_executor
 from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
@@ -88,7 +88,8 @@ class Generator:
         self.device, self.dtype = device, dtype
         self.backend = resolve_backend(backend, device)
         self.executor = executor
-        self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
+        # the step's block sizes (the bench sweeps them): the executor's (the megakernel's are wider)
+        self.tiling = tiling or tiling_for_executor(self.config, executor)
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
         self.reduce = reduce_dtype(dtype, allreduce_dtype)

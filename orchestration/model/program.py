@@ -11,7 +11,6 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
@@ -72,32 +71,23 @@ def tiling_for(cfg: ModelConfig) -> DecodeTiling:
     return TINY_TILING if cfg.layer.hidden < 256 else WIDE_TILING if cfg.layer.hidden >= 2048 else TILING
 
 
-def _pow2_at_least(x: float) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
+#: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): blocks
+#: of 16 outputs of every projection in K steps of 1024, items 4x as large as the wave executor's
+#: (its fixed cost, a table's round trips and the loads' first latency, paid a quarter as often):
+#: on an H200 Llama-3-8B's step 6.45 against 8.47 ms, Llama-3.2-1B's 1.30 against 1.79
+#: (docs/PERF.md, "The megakernel on the peers' design"); the per-program rule of blocks as wide as
+#: one item per program and projection, in short K steps, was slower still (15.3 ms on the 8B model)
+MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
 
 
-def megakernel_tiling(cfg: ModelConfig, programs: int = 132, rounds: int = 1, tile: int = 8192) -> DecodeTiling:
-    """The step's tiles for the persistent megakernel at one sequence: each projection's output
-    block the smallest power of two that cuts it into at most ``rounds`` items per program (an
-    item's fixed cost, its dependency wait and dispatch, is paid once per program and task), its K
-    step as long as a weight tile of ``tile`` elements allows (the K loop streams the block)."""
+def tiling_for_executor(cfg: ModelConfig, executor: str) -> DecodeTiling:
+    """The step's tiles for ``cfg`` run by ``executor``: the megakernel's wider blocks for models
+    of hidden 2048 and more on the persistent executor (:data:`MEGAKERNEL_WIDE`), else
+    :func:`tiling_for`'s."""
     base = tiling_for(cfg)
-    if cfg.layer.hidden < 256:
-        return base
-    c = cfg.layer
-
-    def tiles(n: int, k: int) -> tuple[int, int]:
-        bn = max(base.bn, _pow2_at_least(n / (programs * rounds)))
-        whole = _pow2_at_least(k)
-        # the whole K in one step where that is at most twice the tile (no loop, no masked step)
-        return bn, whole if bn * whole <= 2 * tile else max(16, min(whole, tile // bn))
-
-    qkv = tiles(c.q_dim + 2 * c.kv_dim, c.hidden)
-    o = tiles(c.hidden, c.q_dim)
-    ffn = tiles(c.ffn, c.hidden)
-    down = tiles(c.hidden, c.ffn)
-    return replace(base, bn=down[0], bk=down[1], qkv_bn=qkv[0], qkv_bk=qkv[1], o_bn=o[0], o_bk=o[1],
-                   ffn_bn=ffn[0], ffn_bk=ffn[1])
+    if executor == "persistent" and cfg.layer.hidden >= 2048:
+        return replace(base, **MEGAKERNEL_WIDE)
+    return base
 
 
 class ModelProgram(Program):
@@ -336,4 +326,4 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE"]

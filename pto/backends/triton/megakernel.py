@@ -20,7 +20,7 @@ import torch
 
 from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
-from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, POLLS, MegaKernel, fit_megakernel, render_megakernel
+from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, MegaKernel, fit_megakernel, render_megakernel
 from pto.codegen.triton.scan import scan_table
 from pto.errors import UsageError
 
@@ -43,23 +43,21 @@ class MegakernelSettings:
     shared_limit: int | None = None
     programs: int | None = None
     dispatch: str | None = None
-    poll: str | None = None
     #: programs per multiprocessor to make room for: the kernel's pipelines are lowered to fit
     #: that share of the shared memory and its registers are capped to that share (None:
     #: ``PTO_PER_SM``, else as many as the compiled kernel allows)
     per_sm: int | None = None
-    #: the L2 prefetches of the operands no task writes: 0 none, 1 those of an item's loops before
-    #: its wait, 2 also its next item's while it runs (None: ``PTO_MK_PREFETCH``, else
-    #: :data:`DEFAULT_PREFETCH`)
+    #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
+    #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
+    #: 0: only its register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
     prefetch: int | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
-#: the poll of a megakernel whose settings and environment name none
-DEFAULT_POLL = "atomic"
-#: the prefetch level where the settings and environment do not say
-DEFAULT_PREFETCH = 1
+#: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
+#: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
+DEFAULT_PREFETCH = 0
 
 
 def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -76,10 +74,6 @@ def resolve_dispatch(choice: str | None) -> str:
     """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`."""
     return _choice(choice, "PTO_DISPATCH", DEFAULT_DISPATCH, DISPATCH, "dispatch")
 
-
-def resolve_poll(choice: str | None) -> str:
-    """``choice``, else ``PTO_POLL``, else :data:`DEFAULT_POLL`."""
-    return _choice(choice, "PTO_POLL", DEFAULT_POLL, POLLS, "poll")
 
 
 def _env_count(name: str) -> int | None:
@@ -121,10 +115,9 @@ class Megakernel:
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
-        self.poll = resolve_poll(settings.poll)
         self.per_sm = settings.per_sm or _env_count("PTO_PER_SM")
         self.prefetch = settings.prefetch if settings.prefetch is not None else \
-            int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1", "2"), "prefetch"))
+            int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -234,7 +227,7 @@ class Megakernel:
         cfg = self.config
         out = {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
                "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda",
-               "POLL": POLLS.index(self.poll), "PREFETCH": self.prefetch,
+               "PREFETCH": self.prefetch,
                **cfg.kwargs()}
         if self.per_sm and self.compiles:  # the registers' share: 64K a multiprocessor, in steps of 8
             out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)
@@ -343,5 +336,5 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_POLL", "resolve_dispatch",
-           "resolve_poll", "branch_configs", "item_descriptors"]
+__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
+           "branch_configs", "item_descriptors"]

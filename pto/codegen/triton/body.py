@@ -181,20 +181,14 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
 #: predecessor counter and whether to wait on it, the error flag, the trace clock and switch, and
 #: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
-MK_PARAMS = ("W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, GPU: tl.constexpr, "
-             "PREFETCH: tl.constexpr")
-MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, POLL, GPU)"
+MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr, PREFETCH: tl.constexpr"
+MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, GPU)"
 #: bytes of a cache line: the L2 prefetch asks for one address per line
 LINE_BYTES = 128
 #: the most bytes an item prefetches into L2 before its wait: enough for the first trips of its
 #: K loop (a decode GEMV item's whole weight block), not a prefill GEMM's whole panel (which
 #: would evict what other programs use)
 PREFETCH_BYTES = 64 * 1024
-
-
-#: the most bytes of its next item's loads an item prefetches into L2 while it runs
-#: (:meth:`BodyRenderer.prefetch_function`): a decode GEMV item's whole weight block
-NEXT_PREFETCH_BYTES = 128 * 1024
 
 
 def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
@@ -204,20 +198,17 @@ def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
 
 
 def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str],
-                  budget: int = PREFETCH_BYTES) -> list[tuple]:
-    """What of ``rest`` (statements) can be prefetched into L2 where only ``defined`` names are
-    known (before the wait, or for the next item): ``[(statement, trips)]``, the loads of ``pre``
-    memrefs at the top level (trips 1) and the loops whose bounds are known with the first trips
-    of their ``pre`` loads whose offsets are (the loop's variable defined too); as many as
-    ``budget`` bytes hold, in order (at least one trip of a loop that starts within it)."""
+                  budget: int = PREFETCH_BYTES) -> list[tuple[ForRange, int]]:
+    """The loops of ``rest`` (the statements from the wait on) whose ``pre`` loads can be
+    prefetched into L2 before the wait, each with its trips to prefetch: a loop whose bounds use
+    only ``defined`` names (those in scope at the wait), its loads whose offsets do (and the
+    loop's variable); as many trips as ``budget`` bytes hold, shared by the loops in order (at
+    least one trip of a loop that starts within it)."""
     out = []
     for s in rest:
         if budget <= 0:
             break
-        if isinstance(s, Instr):
-            for i in _pre_loads((s,), pre, defined):
-                out.append((i, 1))
-                budget -= blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize
+        if not isinstance(s, ForRange):
             continue
         bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
         loads = _pre_loads(s.body, pre, defined | {s.var})
@@ -408,8 +399,7 @@ class BodyRenderer(TileOps):
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
         their first trips, up to :data:`PREFETCH_BYTES`), under ``GPU`` (the interpreter has no
         prefetch)."""
-        plan = prefetch_plan(tuple(s for s in rest if isinstance(s, ForRange)), self.pre, self.blocks, self.dtypes,
-                             set(self.names))
+        plan = prefetch_plan(rest, self.pre, self.blocks, self.dtypes, set(self.names))
         if not plan:
             return
         self.emit("if GPU and PREFETCH >= 1:")
@@ -417,45 +407,6 @@ class BodyRenderer(TileOps):
         for loop, trips in plan:
             self.prefetch_loop(loop, trips)
         self.depth -= 1
-
-    def prefetch_function(self) -> tuple[str, list[str]] | None:
-        """``(name, source lines)`` of the megakernel's L2 prefetch of one item's loads of its
-        ``pre`` memrefs (:func:`prefetch_plan`, up to :data:`NEXT_PREFETCH_BYTES`): a program
-        calls it for its next item before it runs the current one, so that the next item's
-        weights stream from memory while this one waits and works. Its parameters are the device
-        function's row, parallel index and the pointers and strides of the ``pre`` memrefs. None
-        where the function loads no ``pre`` memref."""
-        fn = self.fn
-        mems = [p for p in fn.memrefs if p.name in self.pre]
-        if not mems:
-            return None
-        self.lines, self.depth = [], 1
-        params = ["row"]
-        if fn.parallel is not None:
-            self.names[fn.parallel.var] = f"i_{fn.parallel.var}"
-            params.append(f"i_{fn.parallel.var}")
-        params += [f"P_{p.name}, S_{p.name}" for p in mems]
-        for p in fn.memrefs:  # (the other memrefs' extents are not loaded here)
-            if p.name not in self.pre:
-                del self.names[f"{p.name}.rows"], self.names[f"{p.name}.cols"]
-        known = set(self.names)
-        for p in mems:
-            for fld in ("r0", "c0", "rows", "cols"):
-                self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
-            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
-        for sc in fn.scalars:
-            self.emit(f"s_{sc.name} = tl.load(row + {self.layout.column(sc.name)})")
-        plan = prefetch_plan(_flat(fn.body), self.pre, self.blocks, self.dtypes, known, NEXT_PREFETCH_BYTES)
-        if not plan:
-            return None
-        for stmt, trips in plan:
-            if isinstance(stmt, ForRange):
-                self.prefetch_loop(stmt, trips)
-            else:
-                self.prefetch_tile(stmt)
-        name = f"pf_{fn.variant_name}"
-        sig = ",\n        ".join(params)
-        return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def prefetch_loop(self, s: ForRange, trips: int) -> None:
         """``s``'s first ``trips`` trips with only its ``pre`` loads, each an L2 prefetch of one

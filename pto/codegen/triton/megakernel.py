@@ -66,16 +66,6 @@ KERNEL = "pto_persistent"
 #: atomic, and every program must be resident at once; both read a program's items as a range of
 #: the uploaded item table (the same kernel source)
 DISPATCH = ("queue", "static", "stream")
-#: how a program polls its task's predecessor counter: ``atomic``, an acquire read of it by one
-#: thread, the others learn the value behind a barrier (what Triton makes of an acquire atomic
-#: add of 0); ``relaxed``, every thread spins on relaxed loads (inline PTX ``ld.relaxed.gpu``:
-#: unlike an acquire load it does not invalidate the L1, which holds the operands the item loaded
-#: early) in rounds of :data:`SPIN` loads, the round's outcome made uniform with one barrier
-#: reduction (``bar.red.or``), then one ``fence.acq_rel.gpu`` (the acquire) once the count is 0.
-#: The compiled GPU kernel only: the interpreter polls with the atomic
-POLLS = ("atomic", "relaxed")
-#: loads per round of the ``relaxed`` poll (between rounds: the error flag)
-SPIN = 256
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has predecessors
 ITEM_COLS = 5
 
@@ -130,57 +120,22 @@ _CLOCK = [
 #: did; a task without predecessors, or one this program already saw ready, does not ask (``on``)
 _WAIT = [
     "@triton.jit",
-    "def _spin(cnt):",
-    "    # this thread's relaxed loads of the counter until it reads 0, at most SPIN of them; then",
-    "    # whether any thread of the program still reads more (one barrier reduction: uniform)",
-    "    return tl.inline_asm_elementwise(",
-    "        \"{ .reg .pred pw, pa; .reg .b32 cw, vw; mov.u32 cw, 0;\\n\"",
-    "        \"SPIN_LOOP: ld.relaxed.gpu.global.b32 vw, [$1];\\n\"",
-    "        \"setp.gt.s32 pw, vw, 0;\\n\"",
-    "        \"@!pw bra SPIN_DONE;\\n\"",
-    "        \"add.u32 cw, cw, 1;\\n\"",
-    f"        \"setp.lt.u32 pa, cw, {SPIN};\\n\"",
-    "        \"@pa bra SPIN_LOOP;\\n\"",
-    "        \"SPIN_DONE: bar.red.or.pred pa, 0, pw;\\n\"",
-    "        \"selp.s32 $0, 1, 0, pa; }\", \"=r,l\", [cnt], dtype=tl.int32, is_pure=False, pack=1)",
-    "",
-    "",
-    "@triton.jit",
-    "def _acquire_fence():",
-    "    # the acquire of the releases the relaxed loads saw (fence-based synchronization)",
-    "    tl.inline_asm_elementwise(\"fence.acq_rel.gpu;\\nmov.u32 $0, 0;\", \"=r,r\", [tl.program_id(0)],",
-    "                              dtype=tl.int32, is_pure=False, pack=1)",
-    "",
-    "",
-    "@triton.jit",
-    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, POLL: tl.constexpr, GPU: tl.constexpr):",
+    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
     "    pend = tl.zeros((), dtype=tl.int32)",
     "    if on != 0:",
-    "        if POLL == 1 and GPU:",
-    "            pend = _spin(cnt)",
-    f"            polls = {SPIN}",
-    "            while (pend > 0) & (polls < MAX_POLLS):",
-    "                pend = _spin(cnt)",
-    f"                polls += {SPIN}",
-    "                # another program gave up: stop waiting",
+    "        pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "        polls = 0",
+    "        while (pend > 0) & (polls < MAX_POLLS):",
+    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "            polls += 1",
+    "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
+    "            if polls % 256 == 0:",
     "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
     "                    polls = MAX_POLLS",
-    "            if pend == 0:",
-    "                _acquire_fence()",
-    "        else:",
-    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "            polls = 0",
-    "            while (pend > 0) & (polls < MAX_POLLS):",
-    "                pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "                polls += 1",
-    "                # another program gave up: stop waiting (asked every 256 polls, not on the path)",
-    "                if polls % 256 == 0:",
-    "                    if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
-    "                        polls = MAX_POLLS",
     "    t0 = tl.zeros((), dtype=tl.int64)",
     "    if tracing != 0:",
     "        t0 = _now(clock, GPU)",
-    "    return (pend <= 0).to(tl.int32), t0",
+    "    return (pend == 0).to(tl.int32), t0",
     "",
     "",
     "@triton.jit",
@@ -200,9 +155,9 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     ``dispatch``: how a program finds its next item (:data:`DISPATCH`)."""
     if dispatch not in DISPATCH:
         raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
-    devices, calls, prefetches = _branch_calls(branches, options or RenderOptions(), stages or {})
+    devices, calls = _branch_calls(branches, options or RenderOptions(), stages or {})
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
-    body = _kernel_lines(calls, prefetches, sentinel, dispatch != "queue")
+    body = _kernel_lines(calls, sentinel, dispatch != "queue")
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
                       "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
@@ -228,34 +183,33 @@ def _pointer_loads(b: Branch, table: str, mems) -> tuple[list[str], list[str]]:
 
 
 def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str, int]):
-    """The device functions (name -> lines); per branch, ``(id, the loads of its memrefs'
-    pointers and strides, the call of its device function)``; and per branch that prefetches
-    its next item (:meth:`BodyRenderer.prefetch_function`), the same for that call."""
+    """The device functions (name -> lines) and, per branch, ``(id, the loads of its memrefs'
+    pointers and strides, the call of its device function)``."""
     devices: dict[str, list[str]] = {}
-    calls, prefetches = [], []
+    calls = []
     for k, b in enumerate(branches):
-        ropts = replace(opts, pre=b.early)
-        r = BodyRenderer(b.fn, ropts, stages.get(b.fn.variant_name), megakernel=True)
+        r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True)
         name, lines = r.device_function()
         devices.setdefault(name, lines)
-        pf = BodyRenderer(b.fn, ropts, megakernel=True).prefetch_function()
-        if pf is not None:
-            devices.setdefault(pf[0], pf[1])
-            early = [m for m in b.fn.memrefs if m.name in b.early]
-            loads, args = _pointer_loads(b, "tn", early)
-            index = ["p_n"] if b.fn.parallel is not None else []
-            prefetches.append((k, loads, f"{pf[0]}(rown, {', '.join(index + args)})"))
-        loads, args = _pointer_loads(b, "t", list(b.fn.memrefs))
+        args, loads = [], []
+        for j, p in enumerate(b.fn.memrefs):
+            ptr = f"tl.load(tptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
+            stride = f"tl.load(tstride + {j})"
+            if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
+                ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
+            loads.append(f"P_{p.name} = {ptr}")
+            loads.append(f"S_{p.name} = {stride}")
+            args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
-        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, POLL, GPU_CLOCK, PREFETCH")
+        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, GPU_CLOCK, PREFETCH")
         if b.fn.parallel is not None:
             args.insert(0, "p")
         calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
-    return devices, calls, prefetches
+    return devices, calls
 
 
-def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -> list[str]:
+def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
     """The kernel: take an item, dispatch on its branch (whose device function waits for the
     task's predecessors after its early loads), complete it (see the module docstring);
     ``ranged``: a program runs a range of the item table (static and stream dispatch)."""
@@ -271,7 +225,7 @@ def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -
         "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
         + (" spend, sread, swrite, stab," if sentinel else ""),
         "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr,",
-        "        POLL: tl.constexpr, PREFETCH: tl.constexpr):",
+        "        PREFETCH: tl.constexpr):",
         "    # the queue head and the error flag order no data: relaxed (no fence around them); with",
         "    # ranged dispatch a program runs its own range of the item table, and counts it at its end",
         *first,
@@ -300,7 +254,6 @@ def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -
         "        row = tab + roff",
         "        tptr = task_ptr + task.to(tl.int64) * MAXM",
         "        tstride = task_stride + task.to(tl.int64) * MAXM",
-        *_next_prefetch_lines(prefetches),
         "        on = (waits != 0) & (task != ready)",
         "        ok = tl.zeros((), dtype=tl.int32)",
         "        t0 = tl.zeros((), dtype=tl.int64)",
@@ -311,23 +264,6 @@ def _kernel_lines(calls: list, prefetches: list, sentinel: bool, ranged: bool) -
         body.append(f"            {call}")
     tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if ranged else []
     return body + _completion_lines(sentinel) + tail
-
-
-def _next_prefetch_lines(prefetches: list) -> list[str]:
-    """The L2 prefetch of the next item's operands that no task writes (``NEXT``, on the GPU:
-    the interpreter has no prefetch), issued before the current item runs."""
-    if not prefetches:
-        return []
-    out = ["        if PREFETCH >= 2 and GPU_CLOCK:",
-           "            if i_next < end:",
-           "                rown = tab + roff_n",
-           "                tnptr = task_ptr + task_n.to(tl.int64) * MAXM",
-           "                tnstride = task_stride + task_n.to(tl.int64) * MAXM"]
-    for n, (k, loads, call) in enumerate(prefetches):
-        out.append(f"                {'if' if n == 0 else 'elif'} branch_n == {k}:")
-        out += [f"                    {line}" for line in loads]
-        out.append(f"                    {call}")
-    return out
 
 
 def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[str]:
@@ -442,5 +378,5 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "POLLS", "SPIN", "ITEM_COLS",
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "ITEM_COLS",
            "fit_megakernel", "stage_bytes"]
