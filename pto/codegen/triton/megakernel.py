@@ -1,27 +1,27 @@
 """The persistent megakernel: one Triton kernel that runs a whole task graph (the ``persistent``
 executor, :mod:`pto.exec.persistent`, compiled and launched by :mod:`pto.backends.triton.megakernel`).
 
-Every program of the launch loops: it takes the next work item (a task and an index of its
-parallel axis) from a device queue (one atomic counter over an array in topological order; with
-static dispatch, program k takes every P-th item from the k-th, no atomic), waits until the
-task's pending-predecessor counter is zero (acquire), runs the task's InCore variant (the same
-device functions the batched kernels call, :mod:`pto.codegen.triton.body`, dispatched on a
-branch id), and marks completion: every item decrements the pending counters of the task's
-successors (release; a counter starts at the work items of all its predecessors). With the
+Every program of the launch loops over work items (a task and an index of its parallel axis):
+its own range of the item table (ranged dispatch: static or stream), or the next index of a
+device queue (one atomic counter). It calls the task's branch (the device function of its InCore
+variant in the megakernel form, :class:`pto.codegen.triton.body.BodyRenderer`), which loads the
+tiles of tensors no task writes, then waits until the task's pending-predecessor counter is zero
+(acquire; not at all for a task without predecessors or one this program already saw ready),
+then runs the rest; and marks completion: every item decrements the pending counters of the
+task's successors (release; a counter starts at the work items of all its predecessors). With the
 sentinel, the last item of a task to finish releases them (the counters count predecessor
-tasks). A program takes its next item and loads that item's
-descriptor (and the current task's completion counts) before it runs the current one, so those
-loads' latency hides behind the work instead of adding to the time
-between items. The proof that this cannot deadlock and
-the memory ordering of each flag are in docs/ARCHITECTURE.md.
+tasks). A program loads its next item's descriptor and the current task's successors before it
+runs the current one, so those loads' latency hides behind the work. The proof that this cannot
+deadlock and the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
 Kernel contract (argument order):
 
-- ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order: an item's descriptor, (task, parallel
-  index, the task's branch, the offset of its row in ``tab``, 1 if the task has predecessors),
-  so that one round trip to memory gives what the dispatch needs; ``n_items``; ``nxt`` int32
-  ``[1]``, the queue head (0 before a run; with static dispatch each program adds the items it
-  ran at its end);
+- ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order (ranged dispatch: grouped by
+  program, each program's in queue order): an item's descriptor, (task, parallel index, the task's
+  branch, the offset of its row in ``tab``, 1 if the task has predecessors), so that one round
+  trip to memory gives what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue
+  head (0 before a run; with ranged dispatch each program adds the items it ran at its end);
+  ``stream`` int64 ``[programs + 1]``: program k's range of ``items`` (ranged dispatch);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
   ``task_row`` int64 ``[n]``: the offset of the task's row in ``tab`` (the variant's
   :class:`~pto.codegen.triton.body.TableLayout`); ``task_tensor`` int32 ``[n, MAXM]``: the tensor
@@ -35,8 +35,9 @@ Kernel contract (argument order):
   ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
-- ``trace`` int64 ``[n_items, 3]``: (start, end, program) of every item when ``tracing`` is not
-  0 (a run-time switch: one compiled kernel serves both); ``clock`` int32 ``[1]``: a logical
+- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, program) of every item (in
+  the order of ``items``) when ``tracing`` is not 0 (a run-time switch: one compiled kernel serves
+  both); ``clock`` int32 ``[1]``: a logical
   clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).
 - with ``sentinel=True`` only (another source; the kernel without it is unchanged): ``spend``
   int32 ``[n]``, a second copy of the predecessor counts, ``sread`` / ``swrite`` int64
