@@ -13,7 +13,8 @@ values: the speed of attention depends on the length, not the values). transform
 LlamaForCausalLM with a static cache, ``torch.compile(mode="reduce-overhead")`` of the one-token
 forward, the same positions, timed the same way. The HBM floor: the bytes every step must read
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
-here. For the persistent executor, a traced run's scheduling cost per work item (``item_gap_us``),
+here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
+run's scheduling cost per work item (``item_gap_us``),
 the median time from a task's last predecessor's end to its start (``dependency_wait_us``)
 and its busy time per InCore function (where the time goes). Correctness is not measured here:
 tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
@@ -220,6 +221,7 @@ def main(argv=None) -> int:
                     try:
                         row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
                                         args.kernels)
+                        row[key]["x_floor"] = round(row["floor_ms"] / row[key]["ms"], 3)
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     torch.cuda.empty_cache()

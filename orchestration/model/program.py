@@ -104,8 +104,9 @@ class ModelProgram(Program):
     outputs = ("logits", "tok", "pos")
     generates = True
     tensor_parallel = True
-    # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H100
-    # at every tiling measured (SmolLM2, batch 1: 1.40 against 1.96 ms; docs/PERF.md, "Decode")
+    # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
+    # every model measured (SmolLM2 0.43-0.55 against 0.58 ms, Llama-3-8B 4.52 against 6.45;
+    # docs/PERF.md, "The megakernel on the peers' design")
     auto_executor = "waves"
 
     def generate(self, request: dict, stream=None) -> dict:
