@@ -27,11 +27,13 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Attr, const_value, fold
-from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
+from pto.ir.expr import Attr, Expr, const_value, emax, fold, substitute
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
+from pto.passes.affine import Prover
 from pto.passes.chains import region_key
 from pto.passes.fuse_build import build, chain_loop
+from pto.passes.independence import check_merged_loop
 from pto.passes.inline import Refused, mentions
 
 
@@ -85,6 +87,14 @@ class FusionReport:
         return [f.describe() for f in self.fused] + [r.describe() for r in self.refused]
 
 
+def _inside(off: Expr, ext: Expr | None, full: Expr) -> bool:
+    """``[off, off + ext)`` provably lies in ``[0, full)`` and is not empty, whatever the scalars."""
+    if ext is None:
+        return False
+    p = Prover({})
+    return p.nonneg(off) and p.nonneg(fold(ext - 1)) and p.nonneg(fold(full - off - ext))
+
+
 def _name(base: str, taken) -> str:
     base = base[:48].rstrip("_")
     name, k = base, 1
@@ -102,6 +112,11 @@ class _Fuser:
         self.reserved: set[str] = set()  # names given to fused functions, registered or not
         self.functions = {f.name: f for f in module.functions}
         entry = module.entry_function
+        self.entry_name = entry.name
+        self.lets: dict[str, Expr] = {}  # the lets in scope, each inlined
+        self.enclosing: list[tuple[Loop, dict[str, Expr]]] = []  # the loops around, with the lets at each
+        self.scopes: list[list] = []  # the statement lists being walked, outermost first
+        self.extent = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.roles = {t.name: t.role for t in entry.tensors}
         self.origin: dict[int, frozenset[int]] = {}
@@ -133,6 +148,8 @@ class _Fuser:
     # -- the walk -----------------------------------------------------------------------------
     def body(self, stmts) -> list:
         out: list = []
+        lets = dict(self.lets)
+        self.scopes.append(stmts)
         for s in stmts:
             if isinstance(s, Loop):
                 outer = dict(self.multiples)
@@ -140,13 +157,19 @@ class _Fuser:
                 if s.adaptive:
                     self.multiples[s.var] = s.base_rows
                     self.heights[s.var] = max(h for _, h in s.tile_levels)
+                self.enclosing.append((s, dict(self.lets)))
                 s = replace(s, body=tuple(self.body(s.body)))
+                self.enclosing.pop()
                 self.multiples, self.heights = outer, outer_heights
                 out.extend(self.chain(s))
             elif isinstance(s, If):
                 out.append(replace(s, then=tuple(self.body(s.then)), orelse=tuple(self.body(s.orelse))))
             else:
+                if isinstance(s, Let):
+                    self.lets[s.name] = substitute(s.value, self.lets)
                 out.append(s)
+        self.scopes.pop()
+        self.lets = lets
         return self.producers(out)
 
     def producers(self, stmts: list) -> list:
@@ -183,17 +206,53 @@ class _Fuser:
         if not calls or not all(isinstance(c, Call) for c in calls) or not self._carries(calls, loop.var):
             return [loop]
         m = loop.merge_factor if loop.adaptive and loop.reassociate and self.merge else 1
-        if m > 1:
-            mid = fold(loop.lb + ((loop.ub - loop.lb) // m) * m)
-            parts = [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)]
-        else:
-            parts = [(loop, 1)]
-        made = self._parts(calls, loop, parts)
-        if made is None and m > 1:  # the members' tiles do not grow with the step: base tiles
+        made = None
+        if m > 1 and self._mergeable(calls, loop):
+            # whole merged steps, then the base tiles left; no trip in either where the loop has none
+            mid = fold(loop.lb + (emax(loop.ub - loop.lb, 0) // m) * m)
+            made = self._parts(calls, loop, [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)])
+        if made is None:  # base tiles: the written loop's arithmetic
             made = self._parts(calls, loop, [(loop, 1)])
         if made is None:
             return [loop]
-        return [self._register(calls, f, ch) for f, ch in made]
+        fused = [self._register(calls, f, ch) for f, ch in made]
+        if self._bound_anyway(calls, loop.var):
+            return fused
+        # a region of the loop's calls may lie outside its tensor exactly when the loop runs no
+        # iteration (the written loop binds nothing then): the fused call runs only with a trip
+        return [If(fold(loop.ub > loop.lb), tuple(self.producers(fused)))]
+
+    def _mergeable(self, calls: list[Call], loop: Loop) -> bool:
+        """Whether binary expansion could merge the loop's base iterations as a merged step does:
+        independent, each merged call covering its base calls' regions in order
+        (:func:`pto.passes.independence.check_merged_loop`); a refusal names the rule."""
+        try:
+            check_merged_loop(self.functions.get, self.entry_name, loop, self.lets, tuple(self.enclosing))
+        except BuildError as e:
+            self._refuse("chain", calls, loop.var, f"merged steps (the chain steps over base tiles): {e}")
+            return False
+        return True
+
+    def _bound_anyway(self, calls: list[Call], var: str) -> bool:
+        """Whether every region of ``calls`` that does not move with loop ``var`` lies in its
+        tensor whenever the loop's statement runs, trips or not: on each axis, provably, or
+        because a call that runs whenever the loop does (a call of the statement list holding
+        the loop or of one around it) binds the same offset and extent on a tensor of the same
+        extent. (A region that moves with the loop is bound as the union of its iterations,
+        which lies in its tensor for any trip count: :func:`pto.passes.union.union_axis`.)"""
+        seen = [(self.extent[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
+                for _, v in c.args if isinstance(v, RegionBinding)]
+        for c in calls:
+            for _, v in c.args:
+                if not isinstance(v, RegionBinding) or any(mentions(e, var) for e in (v.row, v.col, v.rows, v.cols)):
+                    continue
+                for axis, (off, ext) in enumerate(((v.row, v.rows), (v.col, v.cols))):
+                    full = self.extent[v.tensor][axis]
+                    if not (_inside(off, ext, full) or any(
+                            f[axis] == full and (w.row, w.rows, w.col, w.cols)[2 * axis:2 * axis + 2] == (off, ext)
+                            for f, w in seen if ext is not None)):
+                        return False
+        return True
 
     def _parts(self, calls: list[Call], loop: Loop, parts) -> list | None:
         made = []
