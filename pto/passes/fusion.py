@@ -35,6 +35,7 @@ from pto.passes.chains import region_key
 from pto.passes.fuse_build import build, chain_loop
 from pto.passes.independence import check_merged_loop
 from pto.passes.inline import Refused, mentions
+from pto.passes.merged_tiles import fix
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class _Fuser:
         self.lets: dict[str, Expr] = {}  # the lets in scope, each inlined
         self.enclosing: list[tuple[Loop, dict[str, Expr]]] = []  # the loops around, with the lets at each
         self.scopes: list[list] = []  # the statement lists being walked, outermost first
+        self.expandable: dict[int, str | None] = {}  # id(written loop) -> why expansion cannot merge it, or None
         self.extent = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.roles = {t.name: t.role for t in entry.tensors}
@@ -228,8 +230,10 @@ class _Fuser:
         (:func:`pto.passes.independence.check_merged_loop`); a refusal names the rule."""
         try:
             check_merged_loop(self.functions.get, self.entry_name, loop, self.lets, tuple(self.enclosing))
-        except BuildError as e:
-            self._refuse("chain", calls, loop.var, f"merged steps (the chain steps over base tiles): {e}")
+        except BuildError as e:  # expansion's words, less the loop (the refusal names it) and its way out
+            why = str(e).removeprefix(f"`{self.entry_name}`: adaptive loop `{loop.var}`: ")
+            self._refuse("chain", calls, loop.var, "merged steps (the chain steps over base tiles): "
+                         + why.removesuffix("; " + fix(loop.var)))
             return False
         return True
 
@@ -286,6 +290,7 @@ class _Fuser:
         fns = [self.functions[c.func] for c in calls]
         if not all(isinstance(f, IncoreFunction) for f in fns):
             raise Refused("a member is not an InCore function")
+        self._expandable_around()
         parts = "_".join(dict.fromkeys(t for c in calls for w in self.written[id(c)] for t in w.split("_")))
         name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions.keys() | self.reserved)
         self.reserved.add(name)
@@ -293,6 +298,22 @@ class _Fuser:
         if self.target is not None:
             self._fits(made)
         return made
+
+    def _expandable_around(self) -> None:
+        """Refuse a fusion inside an adaptive loop whose written iterations binary expansion cannot
+        merge: the fused call passes the members' extents as scalars, and a scalar argument that
+        moves with the loop is what expansion takes as the callee locating its region itself,
+        so the fused program could pass the proof the written one fails."""
+        for k, (loop, lets) in enumerate(self.enclosing):
+            if id(loop) not in self.expandable:
+                try:
+                    check_merged_loop(self.functions.get, self.entry_name, loop, lets, tuple(self.enclosing[:k]))
+                    self.expandable[id(loop)] = None
+                except BuildError as e:
+                    self.expandable[id(loop)] = str(e)
+            why = self.expandable[id(loop)]
+            if why is not None:
+                raise Refused(f"binary expansion cannot merge the iterations of the loop around, as written ({why})")
 
     def _fits(self, made) -> None:
         """Refuse a fused function whose live tiles exceed the target's on-chip memory at the

@@ -100,6 +100,7 @@ def check_fusion(module: Module, scalar_sets: list[dict], seed: int = 0, merges=
         fused = f"\n--- fused ---\n{format_module(fm)}" if fm is not None and fm is not module else ""
         raise Mismatch(f"{what}{msg}\n--- written ---\n{text}{fused}")
 
+    checked: list[Module] = [module]  # a variant equal to one already run needs no run (the written one: its own)
     for merge in merges:
         fm, rep = fuse(module, merge=merge)
         out.reports[merge], out.modules[merge] = rep, fm
@@ -120,6 +121,9 @@ def check_fusion(module: Module, scalar_sets: list[dict], seed: int = 0, merges=
                 except BuildError as e:
                     out.refused.append(str(e))
                     continue
+            if any(run == m for m in checked) or fm is module:  # (the written program, expanded: not fusion's)
+                continue
+            checked.append(run)
             for sc, x, want in cases:
                 where = f"merge={merge} expand={expand} scalars={sc}: "
                 try:
