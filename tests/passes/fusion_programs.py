@@ -80,6 +80,16 @@ def _kernels() -> dict[str, IncoreFunction]:
             k.store(acc, 0, 0, a)
         return body
 
+    def colsum_valid(k, R, C):  # acc (one row) += column sums of the first n rows of x (n a scalar)
+        x, acc, n = k.memref("x", f32), k.memref("acc", f32), k.scalar("n")
+        t, c, a = k.tile("t", R, C, f32), k.tile("c", 1, C, f32), k.tile("a", 1, C, f32)
+        k.load(t, x, 0, 0)
+        k.mask_rows(t, t, n)
+        k.colsum(c, t)
+        k.load(a, acc, 0, 0)
+        k.add(a, a, c)
+        k.store(acc, 0, 0, a)
+
     def finish(k, _, C):  # y = acc + 1 on one row (the state's reader after a chain)
         x, y, t = k.memref("x", f32), k.memref("y", f32), k.tile("t", 1, C, f32)
         k.load(t, x, 0, 0)
@@ -97,7 +107,8 @@ def _kernels() -> dict[str, IncoreFunction]:
 
     for name, body in (("plus1", plus1), ("twice1", twice1), ("add2", add2),
                        ("colsum_acc", reduce_into("colsum", "add", 0.0)),
-                       ("colmax_acc", reduce_into("colmax", "max", -math.inf)), ("finish", finish),
+                       ("colmax_acc", reduce_into("colmax", "max", -math.inf)), ("colsum_valid", colsum_valid),
+                       ("finish", finish),
                        ("kstep", kstep)):
         kernel(name, body)
     return out
@@ -202,6 +213,13 @@ class _Gen:
         grows = lp.adaptive and (self.rng.random() < 0.85 or ext == "const")
         return row, rows, (h if grows else b)
 
+    def valid_rows(self, lp: _Loop):
+        """The rows a ``colsum_valid`` call counts: a scalar that moves with the loop, or one that
+        counts every row. (Binary expansion takes the author's word that a callee given such a
+        scalar computes each row of a taller tile as in the base tile holding it, and that it has
+        a tile as tall as the loop's: a constant that counts fewer rows would break that word.)"""
+        return self.pick(emin(lp.height, lp.end - lp.var * lp.b), lp.end - lp.var * lp.b, 64)
+
     def state_row(self):
         return self.pick(0, 1, 2, self.T - 1, weights=(4, 2, 1, 1))
 
@@ -238,7 +256,7 @@ class _Gen:
         attrs = dict(tile_levels=levels, reassociate=reassociate) if adaptive else {}
         ai, arow = rng.randrange(2), self.state_row()
         acc = self.tensor(f"acc{ai}")
-        kernel = rng.choice(ACCUMULATE)
+        kernel = self.pick(*ACCUMULATE, "colsum_valid")
         with o.for_loop(self.loop_var("j"), lb, ub, **attrs) as j:
             lp = _Loop(j, self.b, adaptive, end)
             row, rows, R = self.moving_rows(lp)
@@ -248,15 +266,21 @@ class _Gen:
                 t = self.any_of("t")
                 o.call(KERNELS["plus1"], {"x": (src, row, col, rows, width), "y": (t, row, col, rows, width)}, dims)
                 src = t
-            o.call(KERNELS[kernel], {"x": (src, row, col, rows, width), "acc": (acc, arow, col, 1, width)}, dims)
+            args = {"x": (src, row, col, rows, width), "acc": (acc, arow, col, 1, width)}
+            if kernel == "colsum_valid":
+                args["n"] = self.valid_rows(lp)
+                dims = {"R": lp.height, "W": width}
+            o.call(KERNELS[kernel], args, dims)
             if body == "two_states":
                 o.call(KERNELS[rng.choice(ACCUMULATE)], {"x": (src, row, col, rows, width),
                                                          "acc": (self.tensor(f"acc{1 - ai}"), arow, col, 1, width)},
                        dims)
             elif body == "same_twice":
                 row2, rows2, R2 = self.moving_rows(lp)
-                o.call(KERNELS[kernel], {"x": (self.any_of("x"), row2, col, rows2, width),
-                                         "acc": (acc, arow, col, 1, width)}, {"R": R2, "W": width})
+                args = {"x": (self.any_of("x"), row2, col, rows2, width), "acc": (acc, arow, col, 1, width)}
+                if kernel == "colsum_valid":
+                    args["n"], R2 = self.valid_rows(lp), lp.height
+                o.call(KERNELS[kernel], args, {"R": R2, "W": width})
             elif body == "recurrence":
                 o.call(KERNELS["twice1"], {"y": (self.tensor(f"acc{1 - ai}"), 3, col, 1, width)},
                        {"R": 1, "W": width})
