@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Attr, Expr, const_value, emax, fold, substitute
+from pto.ir.expr import Attr, Expr, const_value, emax, fold, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
 from pto.passes.affine import Prover
@@ -61,7 +61,9 @@ class Fusion:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A fusion candidate left as written, and why."""
+    """A fusion candidate left as written, and why; kind "guard": a chain fused to run only
+    where its loop has a trip (the reason names the region that needs it), so that nothing after
+    it joins it."""
 
     kind: str
     calls: tuple[str, ...]
@@ -71,6 +73,8 @@ class Refusal:
 
     def describe(self) -> str:
         what = f"loop {self.loop}: " if self.loop else ""
+        if self.kind == "guard":  # fused, but alone: it runs only where the loop has a trip
+            return f"{what}{' + '.join(self.calls)} fused to run only under {self.reason}"
         return f"{what}{' + '.join(self.calls)} not fused: {self.reason}"
 
 
@@ -218,11 +222,16 @@ class _Fuser:
         if made is None:
             return [loop]
         fused = [self._register(calls, f, ch) for f, ch in made]
-        if self._bound_anyway(calls, loop.var):
+        loose = self._unbound(calls, loop.var)
+        if loose is None:
             return fused
         # a region of the loop's calls may lie outside its tensor exactly when the loop runs no
         # iteration (the written loop binds nothing then): the fused call runs only with a trip
-        return [If(fold(loop.ub > loop.lb), tuple(self.producers(fused)))]
+        cond = fold(loop.ub > loop.lb)
+        self._refuse("guard", calls, loop.var, f"`if {format_expr(cond, bare=True)}`, as {loose} is not shown to lie "
+                     "in its tensor when the loop has no trip (the written loop binds nothing then); no call after "
+                     "the loop joins it")
+        return [If(cond, tuple(self.producers(fused)))]
 
     def _mergeable(self, calls: list[Call], loop: Loop) -> bool:
         """Whether binary expansion could merge the loop's base iterations as a merged step does:
@@ -237,13 +246,14 @@ class _Fuser:
             return False
         return True
 
-    def _bound_anyway(self, calls: list[Call], var: str) -> bool:
-        """Whether every region of ``calls`` that does not move with loop ``var`` lies in its
-        tensor whenever the loop's statement runs, trips or not: on each axis, provably, or
-        because a call that runs whenever the loop does (a call of the statement list holding
-        the loop or of one around it) binds the same offset and extent on a tensor of the same
-        extent. (A region that moves with the loop is bound as the union of its iterations,
-        which lies in its tensor for any trip count: :func:`pto.passes.union.union_axis`.)"""
+    def _unbound(self, calls: list[Call], var: str) -> str | None:
+        """The first region of ``calls`` that does not move with loop ``var`` and is not shown to
+        lie in its tensor whenever the loop's statement runs, trips or not (its description), or
+        None. Shown, on each axis: provably, or because a call that runs whenever the loop does
+        (a call of the statement list holding the loop or of one around it) binds the same offset
+        and extent on a tensor of the same extent. (A region that moves with the loop is bound as
+        the union of its iterations, inside its tensor for any trip count:
+        :func:`pto.passes.union.union_axis`.)"""
         seen = [(self.extent[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
                 for _, v in c.args if isinstance(v, RegionBinding)]
         for c in calls:
@@ -255,8 +265,10 @@ class _Fuser:
                     if not (_inside(off, ext, full) or any(
                             f[axis] == full and (w.row, w.rows, w.col, w.cols)[2 * axis:2 * axis + 2] == (off, ext)
                             for f, w in seen if ext is not None)):
-                        return False
-        return True
+                        size = "whole" if ext is None else f"`{format_expr(ext, bare=True)}`"
+                        return (f"`{v.tensor}` at {('row', 'column')[axis]} offset `{format_expr(off, bare=True)}` "
+                                f"with {('rows', 'columns')[axis]} {size}")
+        return None
 
     def _parts(self, calls: list[Call], loop: Loop, parts) -> list | None:
         made = []

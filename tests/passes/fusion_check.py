@@ -30,11 +30,13 @@ REL = 1e-5  # f32 re-association of sums of at most a few hundred positive terms
 
 @dataclass
 class Outcome:
-    """What one module's check saw: fusions made and refused (by the pass or by expansion), and
-    the scalar sets the written program itself rejects (not compared)."""
+    """What one module's check saw: fusions made and refused (the pass's reasons; a fused module
+    binary expansion refuses, its message), and the scalar sets the written program itself rejects
+    (not compared)."""
 
     fused: int = 0
     refused: list[str] = field(default_factory=list)
+    expansion_refused: list[str] = field(default_factory=list)
     runs: int = 0
     invalid: int = 0
     reports: dict = field(default_factory=dict)  # merge -> FusionReport
@@ -119,7 +121,7 @@ def check_fusion(module: Module, scalar_sets: list[dict], seed: int = 0, merges=
                 try:
                     run = expand_binary(fm)
                 except BuildError as e:
-                    out.refused.append(str(e))
+                    out.expansion_refused.append(str(e))
                     continue
             if any(run == m for m in checked) or fm is module:  # (the written program, expanded: not fusion's)
                 continue

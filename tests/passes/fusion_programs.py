@@ -362,7 +362,7 @@ def main(argv: list[str]) -> int:
         print(p.text())
         out = check_fusion(p.module, list(p.scalars), seed=p.seed)
         print(f"# fused {out.fused}, refused {len(out.refused)}, runs {out.runs}, invalid scalar sets {out.invalid}")
-        for r in out.refused:
+        for r in out.refused + out.expansion_refused:
             print(f"#   refused: {r}")
     return 0
 

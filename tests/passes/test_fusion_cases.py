@@ -258,3 +258,5 @@ def test_an_empty_loop_binds_no_state_region_outside_its_tensor(n):
                    acc_row=lambda S, L, T: T - 1)
     out = check_fusion(m, [{"S": 8, "L": 0, "T": n}])
     assert out.fused and not out.invalid
+    (why,) = out.reports[False].refused
+    assert why.kind == "guard" and why.reason.startswith("`if T > 0`, as `acc` at row offset `T - 1`"), why
