@@ -4,7 +4,8 @@
 perhaps inside an outer loop over column blocks (plain or adaptive):
 
 - a **chain**: a loop whose calls carry a one-row state (``acc += colsum(x)``, ``acc =
-  max(acc, colmax(x))``, a K-split ``y += x @ w`` with ``matmul_acc``), directly or through a
+  max(acc, colmax(x))``, the column sums of the rows a scalar argument counts, a K-split
+  ``y += x @ w`` with ``matmul_acc``), directly or through a
   producer whose output only the accumulation reads, perhaps with a second state, a second
   update of the same state or an in-place recurrence that does not re-associate; then perhaps
   the call that reads the state (or a region next to it: a near miss);
@@ -16,11 +17,12 @@ perhaps inside an outer loop over column blocks (plain or adaptive):
 Loops are plain or adaptive (several levels over base heights of 1, 2 and 4 rows), with or
 without ``reassociate`` (only where every region all iterations update is an associative
 accumulation, the author's promise kept); bounds that may give no trip or a negative count
-(``cdiv(S - c, b)``, ``L .. T``); moving regions at affine offsets, at strides other than the
-base height, clamped or cut at a fixed row, at offsets before the tensor's start for
-iterations that do not run, with residual, growing, constant or cut extents, and tiles that do
-or do not grow with the loop's height. A seed always gives the same program;
-``python -m tests.passes.fusion_programs SEED`` prints its text form and checks it.
+(``cdiv(S - c, b)``, ``L .. T``, S = -2), some through a let, plain loops stepping over every
+other tile, a block repeated by an outer loop (its state carried by both); moving regions at
+affine offsets, at strides other than the base height, clamped or cut at a fixed row, at offsets
+before the tensor's start for iterations that do not run, with residual, growing, constant or
+cut extents, and tiles that do or do not grow with the loop's height. A seed always gives the
+same program; ``python -m tests.passes.fusion_programs SEED`` prints its text form and checks it.
 """
 
 from __future__ import annotations
@@ -177,21 +179,20 @@ class _Gen:
         return {p: m * self.b for p, m in self.pick(*LEVELS).items()}
 
     def bounds(self):
-        """(lb, ub, X): the loop counts base tiles of ``[.., X)`` (residual extents cut at X)."""
+        """(lb, ub, X): the loop counts base tiles of ``[.., X)`` (residual extents cut at X); the
+        upper bound perhaps a let just before the loop."""
         S, L, T, b = self.S, self.L, self.T, self.b
         kind = self.pick("cdiv", "minus", "LT", "Lcdiv", "one", "zeroT", weights=(4, 2, 2, 1, 1, 1))
-        if kind == "cdiv":
-            return 0, cdiv(S, b), S
-        if kind == "minus":
-            c = self.rng.randint(1, 4)
-            return 0, cdiv(S - c, b), S - c
-        if kind == "LT":
-            return L, T, T * b
-        if kind == "Lcdiv":
-            return L, cdiv(S, b), S
-        if kind == "one":
-            return 1, cdiv(S, b), S
-        return 0, T, T * b
+        c = self.rng.randint(1, 4)
+        lb, ub, end = {"cdiv": (0, cdiv(S, b), S), "minus": (0, cdiv(S - c, b), S - c), "LT": (L, T, T * b),
+                       "Lcdiv": (L, cdiv(S, b), S), "one": (1, cdiv(S, b), S), "zeroT": (0, T, T * b)}[kind]
+        if self.rng.random() < 0.2:
+            ub = self.o.let(f"n{self.loops + 1}", ub)
+        return lb, ub, end
+
+    def step(self, adaptive: bool) -> int:
+        """A plain loop may skip every other tile."""
+        return 1 if adaptive or self.rng.random() < 0.85 else 2
 
     def loop_var(self, name: str) -> str:
         self.loops += 1
@@ -227,13 +228,22 @@ class _Gen:
     def program(self) -> Program:
         for _ in range(self.rng.randint(1, 3)):
             block = self.pick(self.chain, self.pair, self.kstep_chain, weights=(5, 3, 1))
-            if block is not self.kstep_chain and self.rng.random() < 0.3:
+            around = self.rng.random()
+            if block is not self.kstep_chain and around < 0.3:
                 self.in_column_loop(block)
+            elif around > 0.88:
+                self.repeated(block)
             else:
                 block(0, W)
-        sets = tuple(dict(S=self.rng.choice((0, 1, 2, 3, 4, 5, 7, 9, 12)), L=self.rng.randint(0, 3),
+        sets = tuple(dict(S=self.rng.choice((-2, 0, 1, 2, 3, 4, 5, 7, 9, 12)), L=self.rng.randint(0, 3),
                           T=self.rng.randint(0, 5)) for _ in range(3))
         return Program(self.seed, self.o.module(), sets)
+
+    def repeated(self, block) -> None:
+        """``block`` a few times over: what it updates in place is carried by the outer loop too
+        (a chain of fused chains)."""
+        with self.o.for_loop(self.loop_var("r"), 0, self.pick(1, 2, self.T)):
+            block(0, W)
 
     def in_column_loop(self, block) -> None:
         """``block`` once per column block, the outer loop plain or adaptive over column blocks."""
@@ -253,7 +263,7 @@ class _Gen:
         levels = self.levels() if adaptive else None
         body = self.pick("direct", "handoff", "two_states", "same_twice", "recurrence", weights=(4, 3, 2, 1, 1))
         reassociate = adaptive and body != "recurrence" and rng.random() < 0.75
-        attrs = dict(tile_levels=levels, reassociate=reassociate) if adaptive else {}
+        attrs = dict(tile_levels=levels, reassociate=reassociate) if adaptive else dict(step=self.step(False))
         ai, arow = rng.randrange(2), self.state_row()
         acc = self.tensor(f"acc{ai}")
         kernel = self.pick(*ACCUMULATE, "colsum_valid")
@@ -303,7 +313,7 @@ class _Gen:
             return
         lb, ub, end = self.bounds()
         adaptive = rng.random() < 0.6
-        attrs = dict(tile_levels=self.levels()) if adaptive else {}
+        attrs = dict(tile_levels=self.levels()) if adaptive else dict(step=self.step(False))
         with o.for_loop(self.loop_var("j"), lb, ub, **attrs) as j:
             lp = _Loop(j, self.b, adaptive, end)
             row, rows, R = self.moving_rows(lp)
