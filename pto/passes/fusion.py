@@ -19,6 +19,18 @@ hand-fused layer. What makes a fusion legal is in :mod:`pto.passes.fuse_build`; 
 cannot prove is refused and reported (:class:`Refusal`), never a changed result. The new
 functions are ordinary InCore functions: every backend, the estimator and the code generator
 see them as written ones.
+
+Trip counts are run-time values that may be zero or negative, and binary expansion runs after
+fusion, so (issue 42):
+
+- merged steps split from the base tiles left at ``lb + max(ub - lb, 0) // m * m``, and only
+  where expansion's own proof (:func:`pto.passes.independence.check_merged_loop`: independence
+  and the merged-tile placement rule) holds for the written loop; else base tiles;
+- a loop that runs no iteration binds nothing as written: a moving region's union is clamped
+  into its tensor (:func:`pto.passes.union.union_axis`), and where a region that does not move
+  is not shown to lie in its tensor regardless, the fused call runs under ``if ub > lb``;
+- no fusion inside an adaptive loop that expansion cannot merge as written (the fused call's
+  scalars would make it pass the proof the written calls fail).
 """
 
 from __future__ import annotations
@@ -122,7 +134,6 @@ class _Fuser:
         self.enclosing: list[tuple[Loop, dict[str, Expr]]] = []  # the loops around, with the lets at each
         self.scopes: list[list] = []  # the statement lists being walked, outermost first
         self.expandable: dict[int, str | None] = {}  # id(written loop) -> why expansion cannot merge it, or None
-        self.extent = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.roles = {t.name: t.role for t in entry.tensors}
         self.origin: dict[int, frozenset[int]] = {}
@@ -254,14 +265,14 @@ class _Fuser:
         and extent on a tensor of the same extent. (A region that moves with the loop is bound as
         the union of its iterations, inside its tensor for any trip count:
         :func:`pto.passes.union.union_axis`.)"""
-        seen = [(self.extent[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
+        seen = [(self.full[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
                 for _, v in c.args if isinstance(v, RegionBinding)]
         for c in calls:
             for _, v in c.args:
                 if not isinstance(v, RegionBinding) or any(mentions(e, var) for e in (v.row, v.col, v.rows, v.cols)):
                     continue
                 for axis, (off, ext) in enumerate(((v.row, v.rows), (v.col, v.cols))):
-                    full = self.extent[v.tensor][axis]
+                    full = self.full[v.tensor][axis]
                     if not (_inside(off, ext, full) or any(
                             f[axis] == full and (w.row, w.rows, w.col, w.cols)[2 * axis:2 * axis + 2] == (off, ext)
                             for f, w in seen if ext is not None)):
