@@ -69,7 +69,7 @@ def test_fusion_keeps_the_result_of_5000_random_programs(first):
     _exercised(_sweep(range(first, first + 500)), 500)
 
 
-@pytest.mark.parametrize("seq,tasks", [(9, 1), (12, 2)])
+@pytest.mark.parametrize("seq,tasks", [(9, 1), pytest.param(12, 2, marks=pytest.mark.slow)])
 def test_pto_graph_json_names_the_reasons_of_the_new_rules(tmp_path, seq, tasks):
     """Through the command line, a program registered by an entry point (as a plugin is): the
     chain that may not step over merged tiles is one task over base tiles, the chain whose state
