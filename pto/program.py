@@ -25,15 +25,16 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import evaluate
 from pto.ir.nodes import Module
 from pto.target import Target
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULTS_RULE = ("defaults: --device auto is cuda when a GPU is visible, else cpu; --config auto is the "
                  "program's default for that device, --dtype auto bf16 on cuda and f32 on cpu, --target the "
@@ -348,6 +349,8 @@ class Program:
 def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):
     """Normal random values made on the CPU from a seeded generator (the same numbers on every
     device), then moved and cast."""
+    import torch
+
     x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
     return x.to(device=device, dtype=dtype.torch)
 

@@ -32,6 +32,16 @@ def value_list(text: str, flag: str = "--seq") -> list[int]:
     return out
 
 
+def value_list_of(flag: str):
+    """An argparse ``type`` that checks ``--seq N,N,...`` as it is parsed (:func:`value_list`)
+    and keeps the text."""
+    def check(text: str) -> str:
+        value_list(text, flag)
+        return text
+
+    return check
+
+
 def positive(text: str) -> int:
     try:
         v = int(text)
@@ -121,7 +131,9 @@ def unrecognized(extra: list[str], parser: argparse.ArgumentParser, cmd: str | N
     if flag is None or cmd is None:
         return msg
     who = f"{program.name}" if program is not None else f"pto {cmd}"
-    owners = _programs_with(flag)
+    # the programs' options only where a program was loaded: loading them all imports torch, seconds
+    # that a command without a program (info, generate, visualize) need not spend on a typo
+    owners = _programs_with(flag) if program is not None else []
     if owners:
         return f"{msg} ({who} takes no {flag}; it is an option of {', '.join(owners)})"
     commands = _commands_with(parser, flag)
@@ -152,5 +164,5 @@ def _commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
     return [c for c, p in sub.choices.items() if flag in p._option_string_actions]
 
 
-__all__ = ["INT32_MAX", "value_list", "positive", "seed", "page", "check_output_file", "check_distinct",
-           "check_output_dir", "check_cache", "unrecognized"]
+__all__ = ["INT32_MAX", "value_list", "value_list_of", "positive", "seed", "page", "check_output_file",
+           "check_distinct", "check_output_dir", "check_cache", "unrecognized"]

@@ -13,6 +13,8 @@ from pto.errors import PTOError, UsageError
 
 def _rank_prefix() -> str:
     """``rank R: `` in a torchrun launch of several processes (each failing rank says its line)."""
+    if "WORLD_SIZE" not in os.environ:  # no launch to read (and no torch to import for a typo)
+        return ""
     try:
         from pto.dist import environment
 
