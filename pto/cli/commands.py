@@ -65,9 +65,10 @@ def _cmd_run(args) -> int:
     if args.inputs is not None and not os.path.isfile(args.inputs):
         raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
-    with reporter(f"{job.program.name}: executing", args.json) as progress:
+    with reporter(job.program.name, args.json, unit=None) as progress:
         opts = RunOptions(check=args.check, dump=args.dump, trace=args.trace, seed=args.seed, repeat=args.repeat,
-                          profile=args.profile, progress=progress, sentinel=args.sentinel, inputs=args.inputs,
+                          profile=args.profile, progress=progress, phase=None if progress is None else progress.phase,
+                          sentinel=args.sentinel, inputs=args.inputs,
                           save=args.save, save_inputs=args.save_inputs, check_schedule=args.check_schedule,
                           deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
         res = run(job, _shape(args, job.program), opts)
