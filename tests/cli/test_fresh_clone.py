@@ -4,9 +4,13 @@ found before any work, and the messages, labels and units of what the commands p
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +47,90 @@ def test_a_usage_error_is_answered_before_torch_is_imported(args, needle):
     assert r.stdout.split() == ["2", "-"], (r.stdout, r.stderr)
     err = r.stderr.strip()
     assert err.startswith("pto: error: ") and "\n" not in err and needle in err, err
+
+
+# -- Ctrl-C at any moment (item 6) ----------------------------------------------------------------
+
+#: the real entry point (``python -m pto.cli``) with SIGINT sent from a thread of the process
+#: itself once ``sys.argv[1]`` is being imported: the moment is the module's import, whoever imports it
+_INTERRUPT_WHEN_IMPORTED = """
+import os, runpy, signal, sys, threading, time
+module = sys.argv.pop(1)
+
+def interrupt():
+    while module not in sys.modules:
+        time.sleep(0.0002)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt, daemon=True).start()
+runpy.run_module("pto.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _interrupted(r_code: int, err: str) -> None:
+    assert r_code == 130 and err == "pto: interrupted\n", (r_code, err)
+
+
+def _children(pid: int) -> list[str]:
+    """The command names of a process's children."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    names = []
+    for kid in kids:
+        with contextlib.suppress(OSError):  # a child that ended meanwhile
+            names.append(Path(f"/proc/{kid}/comm").read_text().strip())
+    return names
+
+
+def _interrupt_when(args: list[str], ready, env: dict, timeout: float = 180.0) -> tuple[int, str]:
+    """Start ``pto ARGS``, wait until ``ready(pid)``, send it SIGINT; its exit status and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PTO_PROGRESS_S": "0", **env})
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready(proc.pid):
+            assert proc.poll() is None, f"ended before the moment to interrupt it: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the moment to interrupt never came"
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
+
+
+LONG_RUN = ["run", "llama7b", "--config", "7b", "--seq", "1024", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("module", ["pto.builder", "torch"])
+def test_ctrl_c_while_importing_ends_with_one_line_and_130(tmp_path, module):
+    """Issue 43, item 6: an interrupt while the compiler (imported with the package before the
+    command line's main function ran: a traceback) or torch is being imported."""
+    env = {**os.environ, "PTO_PROGRESS_S": "0", "PTO_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", _INTERRUPT_WHEN_IMPORTED, module, *LONG_RUN], capture_output=True,
+                       text=True, timeout=300, env=env)
+    _interrupted(r.returncode, r.stderr)
+
+
+def test_ctrl_c_from_outside_while_torch_loads(tmp_path):
+    """SIGINT from another process, as Ctrl-C or ``timeout -s INT`` sends it, once torch's
+    library is being loaded."""
+    def loading_torch(pid: int) -> bool:
+        try:
+            return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
+
+    _interrupted(*_interrupt_when(LONG_RUN, loading_torch, {"PTO_CACHE_DIR": str(tmp_path)}))
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_compiling_the_runtime(tmp_path):
+    """On a fresh cache, while the C compiler builds the runtime and the generated C."""
+    _interrupted(*_interrupt_when(LONG_RUN, lambda pid: any(c in ("cc", "gcc") for c in _children(pid)),
+                                  {"PTO_CACHE_DIR": str(tmp_path)}))
+    assert not list(tmp_path.rglob(".build-*")), "the interrupted compile left its folder"
