@@ -367,9 +367,13 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     name = res.get("swept", "seq")
     seqs = [r[name] for r in res["rows"]]
     fig, (ax1, ax2) = figure(2)
-    # one color per setting in both panels
-    ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", color="C0", label="ours, adaptive tiles")
-    ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", color="C0", label="ours, no adaptive tiles")
+    # one color per setting in both panels; without adaptive tiles hollow and larger, so that where
+    # both graphs have the same tasks (tiles that cannot merge) both lines still show
+    tasks, plain = [r["tasks"] for r in res["rows"]], [r["tasks_no_adaptive"] for r in res["rows"]]
+    same = " (the same tasks)" if tasks == plain else ""
+    ax1.plot(seqs, tasks, "o-", color="C0", label="ours, adaptive tiles")
+    ax1.plot(seqs, plain, "D--", color="C0", markerfacecolor="none", markersize=9,
+             label=f"ours, no adaptive tiles{same}")
     ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", color="C0", label="ours")
     details = [f"ours: {_label(res)}"]
     for i, (b, bres) in enumerate(baselines, start=1):
@@ -377,9 +381,10 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
         ax2.plot(seqs, [r["runtime_bytes"] for r in bres["rows"]], "s-", color=f"C{i}", label=f"{b.label}, our runtime")
         details.append(f"{b.label}: {_label(bres)}")
         if b.other_bytes_per_task:
-            name, per = b.other_bytes_per_task
-            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:", color=f"C{i}", label=f"{b.label}, {name}")
-            details.append(f"{b.label}, {name}: {per:,.0f} B/task")
+            runtime, per = b.other_bytes_per_task
+            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:", color=f"C{i}",
+                     label=f"{b.label}, {runtime}")
+            details.append(f"{b.label}, {runtime}: {per:,.0f} B/task")
         if b.published:
             pts = sorted(b.published.items())
             ax1.plot([s for s, _ in pts], [v for _, v in pts], "kx", label=f"{b.label}, published")
@@ -387,5 +392,5 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     log_axes(ax1, "tasks", "tasks", xlabel)
     log_axes(ax2, "runtime memory", "bytes", xlabel)
     rank = f", one rank of tp={res['tp']}" if res.get("tp", 1) > 1 else ""
-    title = f"{res['program']} (config {res['config']}{rank}): the task graph against {name}"
+    title = f"{res['program']} (config {res['config']}{rank}): the task graph against {xlabel}"
     return finish(fig, [ax1, ax2], title, details, path)
