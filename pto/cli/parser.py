@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pto.cli.checks import page, positive, seed, unrecognized, value_list_of
+from pto.cli.checks import check_outputs, page, positive, seed, unrecognized, value_list_of
 from pto.errors import UsageError
 
 PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
@@ -242,8 +242,9 @@ def _add_visualize(sub, program, helps: bool, more: str) -> None:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``: first by the generic parser, which knows every command's flags but no
-    program's own options and imports neither torch nor a program, so that a typo in them is
-    answered at once; then, a program's command, with the program's options."""
+    program's own options and imports neither torch nor a program, so that a typo in them, or an
+    output that cannot be written (:func:`check_outputs`), is answered at once; then, a program's
+    command, with the program's options."""
     from pto import programs
 
     program, helping = None, "-h" in argv or "--help" in argv
@@ -253,12 +254,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         known = set(programs.names())
         name = next((a for a in argv[1:] if a in known), None)
         try:
-            found = build_parser(helps=False).parse_known_args(argv)[0].program
+            first = build_parser(helps=False).parse_known_args(argv)[0]
         except UsageError:
             if not helping:
                 raise
-            found = None
-        name = name or found
+            first = None
+        if first is not None and not helping:
+            check_outputs(first)
+        name = name or (first.program if first is not None else None)
         if name is not None:
             program = programs.get(name)
     parser = build_parser(program)

@@ -43,10 +43,33 @@ def pto(*args, env=None, timeout=300):
 def test_a_usage_error_is_answered_before_torch_is_imported(args, needle):
     """Issue 43, item 13: the command line is parsed and checked before torch, Triton or the
     runtime is imported (they took 2.5-3 s before a typo was answered)."""
+    assert needle in _usage_error_before_torch(args)
+
+
+def _usage_error_before_torch(args: list[str]) -> str:
+    """The one line ``pto ARGS`` fails with, asserting that torch was never imported."""
     r = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *args], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "-"], (r.stdout, r.stderr)
     err = r.stderr.strip()
-    assert err.startswith("pto: error: ") and "\n" not in err and needle in err, err
+    assert err.startswith("pto: error: ") and "\n" not in err and "Errno" not in err, err
+    return err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc and /sys")
+@pytest.mark.parametrize("args,needle", [
+    (["codegen", "llama7b", "--out", "/proc/ptogen"], "--out /proc/ptogen: cannot write in its folder /proc"),
+    (["codegen", "llama7b", "--out", "/sys/ptogen"], "--out /sys/ptogen: cannot write in its folder /sys"),
+    (["run", "softmax", "--trace", "/proc/pto-trace.json"], "--trace /proc/pto-trace.json: cannot write there"),
+    (["graph", "llama7b", "--dump", "/sys/pto-dump.txt"], "--dump /sys/pto-dump.txt: cannot write there"),
+    (["bench", "softmax", "--device", "cpu", "--seq", "64", "--json", "/proc/pto.json"],
+     "--json /proc/pto.json: cannot write there"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(args, needle):
+    """Issue 43, item 4: tried, not asked (os.access says yes to root, and /proc takes nothing):
+    one line naming what the user wrote (not a temporary name), before the program is loaded
+    (codegen had built for 28 s before '[Errno 2] ... /proc/.ptogen.pto-...')."""
+    err = _usage_error_before_torch(args)
+    assert needle in err and ".pto-" not in err, err
 
 
 # -- Ctrl-C at any moment (item 6) ----------------------------------------------------------------
