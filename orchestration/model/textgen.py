@@ -71,6 +71,7 @@ def run(req: Request, stream=None) -> dict:
     from pto.ir.dtypes import DType, dtype_of
 
     _check(req)
+    dist.check_launch(req.tp, "generate")  # started by torchrun as --tp says, before any file is read
     if req.tp > 1:  # the heads must divide among the ranks: one line before any launch or load
         from pto.orchestration.model.config import load_config
 

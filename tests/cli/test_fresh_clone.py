@@ -72,6 +72,17 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(args, needl
     assert needle in err and ".pto-" not in err, err
 
 
+@pytest.mark.parametrize("tp", [2, 3])
+def test_generate_with_tp_outside_torchrun_says_so_before_reading_the_model(tmp_path, tp):
+    """Issue 43, item 5: the launch is checked before any file is read (``--tp 2`` reported
+    SmolLM2's 9 heads after reading the model; here a file that is no model at all)."""
+    junk = tmp_path / "model.gguf"
+    junk.write_bytes(b"not a model")
+    r = pto("generate", "--gguf", str(junk), "--prompt", "hi", "--tp", str(tp), "--device", "cpu")
+    hint = f"start it with `torchrun --nproc-per-node {tp} -m pto.cli generate --tp {tp} ...`"
+    assert r.returncode == 2 and r.stderr == f"pto: error: --tp {tp} runs one process per rank: {hint}\n", r.stderr
+
+
 # -- Ctrl-C at any moment (item 6) ----------------------------------------------------------------
 
 #: the real entry point (``python -m pto.cli``) with SIGINT sent from a thread of the process

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 
-def _pto(*args):
+def _pto(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pto.cli", "generate", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PTO_PROGRESS_S": "0"})
+                          timeout=600, env={**os.environ, "PTO_PROGRESS_S": "0", **(env or {})})
 
 
 @pytest.mark.slow
@@ -58,6 +58,8 @@ def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
 
 
 def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
-    r = _pto("--gguf", str(smollm), "--prompt", "hi", "--tp", "2", "--device", "cpu")
-    assert r.returncode == 2 and r.stderr == "pto: error: --tp 2: the 9 query heads do not divide among 2 ranks\n", \
-        r.stderr
+    """Rank 0 of a torchrun launch of 2 (its variables; the launch is checked first, tests/cli)."""
+    r = _pto("--gguf", str(smollm), "--prompt", "hi", "--tp", "2", "--device", "cpu",
+             env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert r.returncode == 2 and r.stderr == "pto: error: rank 0: --tp 2: the 9 query heads do not divide among 2 " \
+        "ranks\n", r.stderr
