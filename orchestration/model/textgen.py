@@ -117,10 +117,16 @@ def run(req: Request, stream=None) -> dict:
             **result.to_json()}
 
 
+def _rate(x: float) -> str:
+    """Three significant digits below 100 (0.4 tokens/s on a CPU printed as 0), whole numbers above."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def format_speed(res: dict) -> str:
     """The line ``pto generate`` prints after the text."""
     ms = res["ms_per_token"]
-    per = f"{ms:.3f} ms per token ({res['tokens_per_s']:,.0f} tokens/s)" if ms else "no decode step"
+    # the rate from the milliseconds: the JSON's tokens_per_s is rounded to 0.1
+    per = f"{ms:.3f} ms per token ({_rate(len(res['tokens']) * 1e3 / ms)} tokens/s)" if ms else "no decode step"
     return (f"prompt {sum(res['prompt_tokens'])} tokens in {res['prefill_ms']:.0f} ms; decode {per}, "
             f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")

@@ -63,3 +63,20 @@ def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
              env={"WORLD_SIZE": "2", "RANK": "0"})
     assert r.returncode == 2 and r.stderr == "pto: error: rank 0: --tp 2: the 9 query heads do not divide among 2 " \
         "ranks\n", r.stderr
+
+
+@pytest.mark.parametrize("ms,sequences", [(2500.0, 1), (25000.0, 1), (8.0, 2), (0.9, 4)])
+def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
+    """Issue 43, item 8: a CPU's 0.4 tokens/s was printed "(0 tokens/s)"; the rate comes from the
+    step's milliseconds (the JSON's tokens_per_s is rounded to 0.1: 0.04 reads 0.0 there)."""
+    from pto.orchestration.model.generate import Generation
+    from pto.orchestration.model.textgen import format_speed
+
+    gen = Generation(tokens=[[5, 6, 7]] * sequences, prompt_tokens=[4] * sequences, prefill_ms=30.0,
+                     decode_ms=[ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
+    res = {**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"}
+    rate = sequences * 1e3 / ms
+    shown = re.search(r"\(([\d.,]+) tokens/s\)", format_speed(res)).group(1)
+    assert float(shown.replace(",", "")) == pytest.approx(rate, rel=5e-3), (shown, rate)
+    assert float(shown.replace(",", "")) > 0
+
