@@ -326,8 +326,9 @@ class Program:
 
     def generate(self, request: dict, stream=None) -> dict:
         """``pto generate``: text from a checkpoint and prompts (``request``: the command line's
-        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the first
-        sequence's text streamed to ``stream``; the JSON-able result."""
+        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the texts written
+        to ``stream`` (the first as it is generated, a batch's others after it, each labelled);
+        the JSON-able result."""
         raise UsageError(f"{self.name} does not generate text")
 
     def describe_generation(self, res: dict) -> str:

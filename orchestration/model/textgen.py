@@ -61,7 +61,8 @@ def _sampler(req: Request):
 
 def run(req: Request, stream=None) -> dict:
     """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
-    to it as it is generated. Returns the JSON-able result: the texts, token counts, timings."""
+    to it as it is generated, then the others' (a batch's texts each under :func:`sequence_label`).
+    Returns the JSON-able result: the texts, token counts, timings."""
     from pto.orchestration.model.checkpoint import load_weights
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.tokenizer import load_tokenizer
@@ -93,6 +94,8 @@ def run(req: Request, stream=None) -> dict:
     gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp, allreduce_dtype=req.allreduce_dtype)
     decoders = [tok.stream() for _ in prompts]
     texts = [""] * len(prompts)
+    if stream is not None and len(prompts) > 1:  # the others follow, each under its own label
+        stream.write(sequence_label(1))
 
     def on_step(new):
         for i, t in enumerate(new):
@@ -113,8 +116,17 @@ def run(req: Request, stream=None) -> dict:
         if i == 0 and stream is not None:
             stream.write(rest + "\n")
             stream.flush()
+    if stream is not None:  # the batch's other sequences, whole
+        for i, text in enumerate(texts[1:], start=2):
+            stream.write(f"{sequence_label(i)}{text}\n")
+        stream.flush()
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
             **result.to_json()}
+
+
+def sequence_label(i: int) -> str:
+    """The line above the text of sequence ``i`` (from 1) when a batch prints several."""
+    return f"--- sequence {i}:\n"
 
 
 def _rate(x: float) -> str:
@@ -132,4 +144,4 @@ def format_speed(res: dict) -> str:
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")
 
 
-__all__ = ["Request", "run", "format_speed"]
+__all__ = ["Request", "run", "format_speed", "sequence_label"]

@@ -231,9 +231,7 @@ def _cmd_generate(args) -> int:
         return 0
     if args.json:
         print(json.dumps(res))
-    else:
-        for i, text in enumerate(res["texts"][1:], start=2):
-            print(f"--- sequence {i}:\n{text}")
+    else:  # the texts went to stdout as they were generated
         print(makers[0].describe_generation(res), file=sys.stderr)
     return 0
 

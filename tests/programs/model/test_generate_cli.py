@@ -80,3 +80,15 @@ def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
     assert float(shown.replace(",", "")) == pytest.approx(rate, rel=5e-3), (shown, rate)
     assert float(shown.replace(",", "")) > 0
 
+
+@pytest.mark.slow
+def test_a_batch_labels_every_sequence(smollm):
+    """Issue 43, item 9: "--- sequence 1:" comes before the first (streamed) text as "--- sequence
+    2:" before the second; the texts are those of --json."""
+    args = ["--gguf", str(smollm), "--prompt", "The capital of France is", "--prompt", "def fib(n):", "--batch", "2",
+            "--max-new-tokens", "3", "--device", "cpu"]
+    text = _pto(*args)
+    assert text.returncode == 0, text.stderr
+    res = json.loads(_pto(*args, "--json").stdout)
+    expected = "".join(f"--- sequence {i}:\n{t}\n" for i, t in enumerate(res["texts"], start=1))
+    assert text.stdout == expected, (text.stdout, res["texts"])
