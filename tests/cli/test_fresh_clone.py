@@ -168,3 +168,22 @@ def test_ctrl_c_while_compiling_the_runtime(tmp_path):
     _interrupted(*_interrupt_when(LONG_RUN, lambda pid: any(c in ("cc", "gcc") for c in _children(pid)),
                                   {"PTO_CACHE_DIR": str(tmp_path)}))
     assert not list(tmp_path.rglob(".build-*")), "the interrupted compile left its folder"
+
+
+# -- what the commands print ----------------------------------------------------------------------
+
+
+def test_bench_on_a_cpu_shows_its_rate_in_a_unit_that_says_something(tmp_path):
+    """Issue 43, item 11: 'TF/s 0' on the CPU; the column is in GF/s there, three digits, and
+    agrees with the flops and the milliseconds of --json."""
+    import json
+
+    out = tmp_path / "bench.json"
+    r = pto("bench", "softmax", "--device", "cpu", "--seq", "1000", "--compare", "eager", "--iterations", "3",
+            "--warmup", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    head, row = [line.split(" | ") for line in r.stdout.splitlines()[1:3]]
+    res = json.loads(out.read_text())["rows"][0]
+    assert "waves GF/s" in head and not any("TF/s" in c for c in head), head
+    shown = float(row[head.index("waves GF/s")])
+    assert shown > 0 and shown == pytest.approx(res["gflop"] / (res["waves_ms"] * 1e-3), rel=6e-3), (shown, res)
