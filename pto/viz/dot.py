@@ -5,7 +5,6 @@ legend, rank groups, fill colors and label text.
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 import numpy as np
 
@@ -41,8 +40,8 @@ def stats_line(g: DumpGraph, levels: np.ndarray) -> str:
 
 
 def title_label(g: DumpGraph, texts: list[str]) -> str:
-    """An HTML-like graph label: the file name, ``texts`` one a row, the color legend (6 a row)."""
-    rows = [f'<tr><td colspan="6"><b>{html.escape(Path(g.path).name)}</b></td></tr>']
+    """An HTML-like graph label: the graph's title, ``texts`` one a row, the color legend (6 a row)."""
+    rows = [f'<tr><td colspan="6"><b>{html.escape(g.title)}</b></td></tr>']
     rows += [f'<tr><td colspan="6">{html.escape(t)}</td></tr>' for t in texts]
     cells = [f'<td bgcolor="{fill_color(k)}">{html.escape(b)}</td>' for k, b in enumerate(g.base_names)]
     for i in range(0, len(cells), 6):
@@ -52,7 +51,7 @@ def title_label(g: DumpGraph, texts: list[str]) -> str:
 
 def title_size_in(g: DumpGraph, texts: list[str]) -> tuple[float, float]:
     """Estimated size in inches of :func:`title_label`'s table."""
-    return title_in([Path(g.path).name, *texts], g.base_names)
+    return title_in([g.title, *texts], g.base_names)
 
 
 def dot_header(title: str, work: int, rows: bool = False) -> list[str]:

@@ -187,3 +187,16 @@ def test_bench_on_a_cpu_shows_its_rate_in_a_unit_that_says_something(tmp_path):
     assert "waves GF/s" in head and not any("TF/s" in c for c in head), head
     shown = float(row[head.index("waves GF/s")])
     assert shown > 0 and shown == pytest.approx(res["gflop"] / (res["waves_ms"] * 1e-3), rel=6e-3), (shown, res)
+
+
+@pytest.mark.parametrize("dump", [False, True])
+def test_a_graph_drawing_is_titled_with_the_program_and_its_shape(tmp_path, dump):
+    """Issue 43, item 10: without --dump the drawing was titled "graph.txt", the temporary dump's
+    name; with or without one, the title is the report's first line."""
+    out = tmp_path / "g.dot"  # the DOT text: no graphviz needed
+    extra = ["--dump", str(tmp_path / "d.txt")] if dump else []
+    r = pto("graph", "softmax", "--seq", "64", "--draw", str(out), *extra)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("softmax seq=64 config=tiny dtype=f32 target="), first
+    assert f"<b>{first}</b>" in out.read_text() and "graph.txt" not in out.read_text()
