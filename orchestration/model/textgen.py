@@ -41,7 +41,9 @@ def _check(req: Request) -> None:
 
     if not os.path.exists(req.path):
         raise UsageError(f"{req.path}: no such file or folder")
-    if not req.prompts or any(not p for p in req.prompts):
+    if not req.prompts:
+        raise UsageError("give --prompt TEXT: the text to continue (repeat it for a batch)")
+    if any(not p for p in req.prompts):
         raise UsageError("--prompt: every prompt needs some text")
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")

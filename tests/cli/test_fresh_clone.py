@@ -200,3 +200,13 @@ def test_a_graph_drawing_is_titled_with_the_program_and_its_shape(tmp_path, dump
     first = r.stdout.splitlines()[0]
     assert first.startswith("softmax seq=64 config=tiny dtype=f32 target="), first
     assert f"<b>{first}</b>" in out.read_text() and "graph.txt" not in out.read_text()
+
+
+@pytest.mark.parametrize("prompts,needle", [([], "pto: error: give --prompt TEXT: the text to continue"),
+                                            (["--prompt", ""], "pto: error: --prompt: every prompt needs some text")])
+def test_generate_without_a_prompt_says_to_give_one(tmp_path, prompts, needle):
+    """Issue 43, item 12: a missing --prompt got the empty prompt's message."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # never read: the prompts are checked first
+    r = pto("generate", "--gguf", str(model), *prompts, "--device", "cpu")
+    assert r.returncode == 2 and r.stderr.startswith(needle) and r.stderr.count("\n") == 1, r.stderr
