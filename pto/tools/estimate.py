@@ -225,11 +225,12 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
         row, built = _row(counter, at(v), adaptive, limits)
         rows.append(row)
         samples += [built] if built else []
-    if len(samples) < 3:
-        samples += _calibration_builds(counter, adaptive, samples, at)
+    calibration = _calibration_builds(counter, adaptive, samples, at) if len(samples) < 3 else []
+    samples += calibration
     if not samples:
         raise ExecutionError(f"{prog.name}: no graph is small enough to build for the memory model")
     model = _fill_memory(rows, samples, adaptive)
+    model["calibration"] = sorted(x["value"] for x in calibration)
     res = {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options], "swept": name,
            "shape": base.to_json()}
     res.update(adaptive=adaptive, closed_form=counter.has_closed_form, memory_model=model, rows=rows)
@@ -311,6 +312,10 @@ def _human_seq(s: int) -> str:
     return f"{s // 1024}K" if s % 1024 == 0 else str(s)
 
 
+def _human_seqs(values) -> str:
+    return ", ".join(_human_seq(v) for v in values)
+
+
 #: column labels of the programs' own byte counts (:meth:`Program.estimate_columns`)
 _EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
 
@@ -344,11 +349,22 @@ def format_table(res: dict) -> str:
             *(_human_bytes(r[k]) for k in extra)]))
     m = res["memory_model"]
     lines.append(f"memory model: {m['bytes_per_task']} B/task + {m['bytes_per_edge']} B/edge + "
-                 f"{m['bytes_fixed']} B (fitted on the builds at "
-                 f"{', '.join(_human_seq(x) for x in m['fitted_on'])})")
+                 f"{m['bytes_fixed']} B ({_fitted_on(m)})")
     if any(r.get("edges_estimated") for r in res["rows"]):
         lines.append("edges of the counted rows: scaled from the measured graphs")
     return "\n".join(lines)
+
+
+def _fitted_on(model: dict) -> str:
+    """Which builds the memory model was fitted on: the rows' own, and those it made for the fit
+    at other lengths (a user who asked for 1K and 16K would not know where an 8K came from)."""
+    extra = model.get("calibration", [])
+    own = _human_seqs(x for x in model["fitted_on"] if x not in extra)
+    if not extra:
+        return f"fitted on the builds of the rows at {own}"
+    if not own:
+        return f"fitted on builds of its own at {_human_seqs(extra)}, no row being small enough to build"
+    return f"fitted on the builds of the rows at {own} and builds of its own at {_human_seqs(extra)}"
 
 
 def _label(res: dict) -> str:

@@ -210,3 +210,16 @@ def test_generate_without_a_prompt_says_to_give_one(tmp_path, prompts, needle):
     model.write_bytes(b"GGUF")  # never read: the prompts are checked first
     r = pto("generate", "--gguf", str(model), *prompts, "--device", "cpu")
     assert r.returncode == 2 and r.stderr.startswith(needle) and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_estimate_says_which_builds_its_memory_model_made_itself():
+    """Issue 43, item 12: asked for 1024 and 16384, the estimate said "fitted on the builds at 1K,
+    8K, 16K": the 8K is a build of its own (the fit needs three), said as such."""
+    import re
+
+    r = pto("estimate", "llama7b", "--seq", "1024,16384", "--config", "7b")
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.splitlines()[-1]
+    m = re.fullmatch(r"memory model: .* \(fitted on the builds of the rows at 1K, 16K and builds of its own at "
+                     r"((\d+K)(, \d+K)*)\)", last)
+    assert m and not {"1K", "16K"} & set(m.group(1).split(", ")), last
