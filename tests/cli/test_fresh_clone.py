@@ -223,3 +223,19 @@ def test_the_estimate_says_which_builds_its_memory_model_made_itself():
     m = re.fullmatch(r"memory model: .* \(fitted on the builds of the rows at 1K, 16K and builds of its own at "
                      r"((\d+K)(, \d+K)*)\)", last)
     assert m and not {"1K", "16K"} & set(m.group(1).split(", ")), last
+
+
+def test_saved_tensors_have_the_mode_of_the_other_outputs(tmp_path):
+    """Issue 43, item 12: --save and --save-inputs files were 0600 (a private temporary file
+    renamed into place) where the dump beside them is what open() makes (0666 less the umask)."""
+    import stat
+
+    files = {flag: tmp_path / name for flag, name in (("--save", "y.safetensors"), ("--save-inputs", "x.safetensors"),
+                                                      ("--dump", "graph.txt"))}
+    r = pto("run", "softmax", "--seq", "64", *[str(x) for kv in files.items() for x in kv])
+    assert r.returncode == 0, r.stderr
+    modes = {flag: stat.S_IMODE(path.stat().st_mode) for flag, path in files.items()}
+    assert modes["--save"] == modes["--save-inputs"] == modes["--dump"], {k: oct(v) for k, v in modes.items()}
+    files["--save"].chmod(0o640)  # a file written over keeps its own mode, as open() leaves it
+    r = pto("run", "softmax", "--seq", "64", "--save", str(files["--save"]))
+    assert r.returncode == 0 and stat.S_IMODE(files["--save"].stat().st_mode) == 0o640, r.stderr
