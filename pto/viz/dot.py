@@ -9,7 +9,17 @@ import html
 import numpy as np
 
 from pto.viz.dumpgraph import DumpGraph
-from pto.viz.sizes import EDGE_PT, NODE_MARGIN_IN, NODE_PT, NODESEP, RANKSEP, TITLE_PT, TUNE_ABOVE, title_in
+from pto.viz.sizes import (
+    EDGE_PT,
+    LABEL_PAD_PT,
+    NODE_MARGIN_IN,
+    NODE_PT,
+    NODESEP,
+    RANKSEP,
+    TITLE_PT,
+    TUNE_ABOVE,
+    title_in,
+)
 
 # Fill colors (light, so black text stays readable), assigned to InCore functions in the order
 # their first variant was registered, which makes the colors stable for a given program.
@@ -84,5 +94,8 @@ def rank_groups(keys: np.ndarray, names: list[str], extra: dict[int, str] | None
 
 
 def join_label(lines: list[str]) -> str:
-    """Label lines as one DOT string (``\\n`` between lines)."""
-    return "\\n".join(lines)
+    """Label lines as one HTML-like DOT label (``label=<...>``): a borderless table, a row a line,
+    padded by :data:`LABEL_PAD_PT` (lines joined by ``\\n`` touch: the underscores of
+    ``softmax_tile__C256_R32`` ran into the buffer size below)."""
+    cells = "".join(f"<tr><td>{html.escape(line)}</td></tr>" for line in lines)
+    return f'<<table border="0" cellspacing="0" cellpadding="{LABEL_PAD_PT}">{cells}</table>>'

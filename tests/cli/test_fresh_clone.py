@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,3 +240,37 @@ def test_saved_tensors_have_the_mode_of_the_other_outputs(tmp_path):
     files["--save"].chmod(0o640)  # a file written over keeps its own mode, as open() leaves it
     r = pto("run", "softmax", "--seq", "64", "--save", str(files["--save"]))
     assert r.returncode == 0 and stat.S_IMODE(files["--save"].stat().st_mode) == 0o640, r.stderr
+
+
+def _longest_run(row) -> int:
+    best = cur = 0
+    for ink in row:
+        cur = cur + 1 if ink else 0
+        best = max(best, cur)
+    return best
+
+
+@pytest.mark.skipif(not shutil.which("dot"), reason="graphviz's dot is not installed")
+def test_a_box_label_keeps_its_lines_apart(tmp_path):
+    """Issue 43, item 12: the underscores of ``softmax_tile__C256_R32`` ran into "32.5 KiB" on the
+    line below. The boxes of `pto graph --draw` (DOT text) rendered by graphviz at 200 dpi: below
+    the row of the double underscore's long stroke, at least 1.5 pt of blank before the next line."""
+    np = pytest.importorskip("numpy")
+    image = pytest.importorskip("PIL.Image")
+    dot, png, dpi = tmp_path / "g.dot", tmp_path / "g.png", 200
+    r = pto("graph", "softmax", "--seq", "64", "--draw", str(dot))
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["dot", "-Tpng", f"-Gdpi={dpi}", str(dot), "-o", str(png)], check=True, timeout=120)
+    pixels = np.asarray(image.open(png).convert("RGB")).astype(int)
+    fill = np.abs(pixels - np.array([0xae, 0xc7, 0xe8])).sum(-1) < 12  # softmax_tile's color
+    rows = np.flatnonzero(fill.any(1))
+    boxes = [r for r in np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1) if len(r) > dpi / 2]  # not the legend
+    assert len(boxes) == 2, len(boxes)  # two tasks, one above the other
+    for box in boxes:
+        cols = np.flatnonzero(fill[box].any(0))
+        margin = (cols[-1] - cols[0]) // 10  # clear of the rounded border
+        ink = pixels[box[0]:box[-1] + 1, cols[0] + margin:cols[-1] - margin].min(-1) < 128
+        under = [i for i, row in enumerate(ink) if _longest_run(row) >= 0.1 * dpi]  # "__": a long stroke
+        assert under, "no underscore found"
+        below = next(i for i in range(under[-1] + 1, len(ink)) if ink[i].any())
+        assert (below - under[-1] - 1) * 72 / dpi >= 1.5, (below, under)
