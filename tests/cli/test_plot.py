@@ -162,7 +162,10 @@ def test_bench_rounds_time_every_method_in_turn():
     row = res["rows"][0]
     assert res["rounds"] == 3 and row["waves_spread"] >= 0 and row["eager_spread"] >= 0
     ratios = sorted(e / w for e, w in zip(row["eager_rounds"], row["waves_rounds"]))
-    assert len(row["waves_rounds"]) == 3 and row["waves_vs_eager"] == round(ratios[1], 3)
+    # the rounds' medians are rounded to 4 decimals and the ratio to 3 (the ratio is of the unrounded
+    # medians: 22.7 against 22.699 from the rounded ones failed a fresh clone's suite, issue 43)
+    tol = ratios[1] * 0.5e-4 * (1 / min(row["waves_rounds"]) + 1 / min(row["eager_rounds"])) + 0.5e-3
+    assert len(row["waves_rounds"]) == 3 and row["waves_vs_eager"] == pytest.approx(ratios[1], abs=tol)
     last = format_table(res).splitlines()[-1]
     assert last.startswith("spread between rounds") and f"waves {row['waves_spread']:.0%}-" in last
     with pytest.raises(UsageError, match="--rounds"):
