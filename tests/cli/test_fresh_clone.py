@@ -226,6 +226,7 @@ def test_the_estimate_says_which_builds_its_memory_model_made_itself():
     assert m and not {"1K", "16K"} & set(m.group(1).split(", ")), last
 
 
+@pytest.mark.slow
 def test_saved_tensors_have_the_mode_of_the_other_outputs(tmp_path):
     """Issue 43, item 12: --save and --save-inputs files were 0600 (a private temporary file
     renamed into place) where the dump beside them is what open() makes (0666 less the umask)."""

@@ -77,7 +77,7 @@ def test_estimate_plot_is_readable(tmp_path):
     assert "ours, adaptive tiles" in labels and "seed setting, published" in labels
 
 
-@pytest.mark.parametrize("settings,same", [(dict(config="7b", device="cpu"), False),
+@pytest.mark.parametrize("settings,same", [pytest.param(dict(config="7b", device="cpu"), False, marks=pytest.mark.slow),
                                            (dict(config="7b", dtype="bf16", target="cuda_h100"), True)])
 def test_estimate_plot_names_its_axes_and_shows_both_task_lines(tmp_path, settings, same):
     """Issue 43, item 1: the axes and the title name the sequence length (the baseline's runtime

@@ -75,6 +75,7 @@ def test_leak_checking_available(leak_check_works):
         pytest.xfail("LeakSanitizer cannot run in this environment; the C tests ran with detect_leaks=0")
 
 
+@pytest.mark.slow
 def test_the_leak_probe_writes_under_its_own_tmp_path(tmp_path):
     """Issue 43, item 2: the probe is built in the session's own temporary folder, never at a
     fixed path of $TMPDIR that another checkout's tests may be running at the same time."""
