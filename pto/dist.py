@@ -82,19 +82,28 @@ def rank() -> int:
     return torch.distributed.get_rank() if initialized() else 0
 
 
-def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
-    """Check that this launch has ``tp`` ranks and start the default process group (once);
-    returns this process's rank. ``tp`` 1 outside torchrun needs no group. Errors are one line
-    naming what the user wrote."""
+def check_launch(tp: int, command: str = "run PROGRAM") -> Env | None:
+    """This launch's place (None outside torchrun) after checking that it has ``tp`` ranks: one
+    line naming what the user wrote, before any file is read or process group started."""
     env = environment()
     if env is None:
         if tp > 1:
             raise UsageError(f"--tp {tp} runs one process per rank: start it with `torchrun --nproc-per-node {tp} "
                              f"-m pto.cli {command} --tp {tp} ...`")
-        return 0
+        return None
     if env.world != tp:
         raise UsageError(f"--tp {tp} but torchrun started {env.world} process{'es' if env.world != 1 else ''} "
                          f"(WORLD_SIZE={env.world}); give --nproc-per-node {tp} or --tp {env.world}")
+    return env
+
+
+def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
+    """Check that this launch has ``tp`` ranks (:func:`check_launch`) and start the default
+    process group (once); returns this process's rank. ``tp`` 1 outside torchrun needs no group.
+    Errors are one line naming what the user wrote."""
+    env = check_launch(tp, command)
+    if env is None:
+        return 0
     if initialized():
         if world_size() != tp:
             raise UsageError(f"--tp {tp} but the process group has {world_size()} ranks")
@@ -197,5 +206,5 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "at_shutdown", "all_reduce",
-           "all_reduce_", "backend", "counters", "gather", "barrier", "TIMEOUT_S"]
+__all__ = ["Env", "environment", "check_launch", "init", "initialized", "rank", "world_size", "shutdown", "at_shutdown",
+           "all_reduce", "all_reduce_", "backend", "counters", "gather", "barrier", "TIMEOUT_S"]

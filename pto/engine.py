@@ -163,27 +163,36 @@ class BuiltGraph:
     compile_ms: float
 
 
+#: ``phase(name, unit)``: the part of the work now starting, for a progress report
+#: (:meth:`pto.progress.ProgressLines.phase`); ``unit`` names what it counts (None: nothing)
+Phase = Callable[[str, "str | None"], None]
+
+
 def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool = True,
-                       target: Target | None = None) -> BuiltGraph:
+                       target: Target | None = None, phase: Phase | None = None) -> BuiltGraph:
     """The task graph of ``module`` for ``scalars``: lowered (binary expansion unless not
     ``adaptive``), checked against ``target``'s SRAM, its generated C compiled with the runtime
     (cached on disk) and run. Nothing is allocated for the tensors and nothing executes."""
     from pto.graph import CompiledProgram
 
+    if phase is not None:
+        phase("compiling the runtime and the generated C", None)
     t0 = time.perf_counter()
     compiled = CompiledProgram.get(module, adaptive=adaptive, target=target)
     compile_ms = (time.perf_counter() - t0) * 1e3
+    if phase is not None:
+        phase("building the graph", None)
     return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars), compile_ms)
 
 
-def build_graph(job: Job, shape: Shape, adaptive: bool = True) -> BuiltGraph:
+def build_graph(job: Job, shape: Shape, adaptive: bool = True, phase: Phase | None = None) -> BuiltGraph:
     """The task graph of ``job`` at ``shape``, built the way every run builds it (``pto graph``
     stops here). A size the program cannot run is refused here too (the commands refuse it
     earlier, before any work), so no caller builds a graph that computes something else."""
     prog, s = job.program, job.settings
     prog.check_size(s, shape)
     t0 = time.perf_counter()
-    built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target)
+    built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target, phase)
     built.compile_ms = (time.perf_counter() - t0) * 1e3 - built.graph.build_ms
     return built
 
@@ -280,14 +289,16 @@ class Runner(Prepared):
     """A job prepared at one shape (a :class:`Shape`, or an int: the program's first shape
     parameter) for repeated execution; a call takes the program's inputs and returns its
     outputs. :func:`get_runner` caches runners by shape, so a CUDA graph is rebuilt only when the
-    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`."""
+    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`;
+    ``phase``: told as compiling and building start (:data:`Phase`)."""
 
     def __init__(self, job: Job, shape: Shape | int, adaptive: bool = True, *, record: bool = False,
-                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None):
+                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None,
+                 phase: Phase | None = None):
         self.job, self.shape = job, job.program.shape(shape)
         place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress,
                           job.program.schedules)
-        super().__init__(build_graph(job, self.shape, adaptive), place,
+        super().__init__(build_graph(job, self.shape, adaptive, phase), place,
                          packed=job.program.packed_inputs(job.settings))
         self.compile_ms = self.built.compile_ms
 

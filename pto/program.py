@@ -25,15 +25,16 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import evaluate
 from pto.ir.nodes import Module
 from pto.target import Target
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULTS_RULE = ("defaults: --device auto is cuda when a GPU is visible, else cpu; --config auto is the "
                  "program's default for that device, --dtype auto bf16 on cuda and f32 on cpu, --target the "
@@ -325,8 +326,9 @@ class Program:
 
     def generate(self, request: dict, stream=None) -> dict:
         """``pto generate``: text from a checkpoint and prompts (``request``: the command line's
-        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the first
-        sequence's text streamed to ``stream``; the JSON-able result."""
+        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the texts written
+        to ``stream`` (the first as it is generated, a batch's others after it, each labelled);
+        the JSON-able result."""
         raise UsageError(f"{self.name} does not generate text")
 
     def describe_generation(self, res: dict) -> str:
@@ -348,6 +350,8 @@ class Program:
 def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):
     """Normal random values made on the CPU from a seeded generator (the same numbers on every
     device), then moved and cast."""
+    import torch
+
     x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
     return x.to(device=device, dtype=dtype.torch)
 

@@ -60,6 +60,51 @@ def from_checkpoint(path: str | os.PathLike, folder: Callable[[Path], T], gguf: 
     raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder (with config.json)")
 
 
+class _Truncated(Exception):
+    """The file ended inside its header: ``at`` the offset being read, ``after`` the last
+    metadata key read whole (None: none yet), ``in_tensors``: in the list of tensors."""
+
+    def __init__(self, at: int, after: str | None, in_tensors: bool):
+        super().__init__(at)
+        self.at, self.after, self.in_tensors = at, after, in_tensors
+
+    def message(self, size: int) -> str:
+        where = "its list of tensors" if self.in_tensors else \
+            f"its metadata, after key {self.after!r}" if self.after else "its first bytes"
+        return f"truncated: the file ends at byte {size:,}, in {where}"
+
+
+def _reader_class(gguf):
+    """``gguf.GGUFReader`` that tells where a short file ends, instead of an IndexError from
+    deep in numpy: inside the header, :class:`_Truncated`; inside the tensor data, the reader is
+    made whole with empty data and ``cut_off`` set (so every tensor's extent is known)."""
+
+    class Reader(gguf.GGUFReader):
+        cut_off = False
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            count = int(count)
+            end = offset + np.dtype(dtype).itemsize * count
+            if end > len(self.data):
+                if not hasattr(self, "data_offset"):  # still in the header
+                    keys = [k for k in self.fields if not k.startswith("GGUF.")]
+                    done = "GGUF.kv_count" in self.fields and \
+                        len(keys) == int(self.fields["GGUF.kv_count"].parts[0][0])
+                    raise _Truncated(offset, keys[-1] if keys else None, done)
+                self.cut_off = True
+                return np.zeros(count, dtype)  # never read: the file is refused
+            return super()._get(offset, dtype, count, override_order)
+
+    return Reader
+
+
+def _cut_off_message(reader) -> str:
+    size = len(reader.data)
+    needed = max(t.data_offset + int(t.n_bytes) for t in reader.tensors)
+    first = min((t for t in reader.tensors if t.data_offset + int(t.n_bytes) > size), key=lambda t: t.data_offset)
+    return f"truncated: {size:,} of its {needed:,} bytes (missing from the data of tensor {first.name} on)"
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     """The parsed file at ``path`` (the last few opened are reused while unchanged on disk)."""
     p = Path(path)
@@ -88,11 +133,15 @@ class GGUFFile:
         if not is_gguf(self.path):
             self.fail("not a GGUF file (it does not begin with the GGUF magic bytes)")
         try:
-            self.reader = gguf.GGUFReader(self.path)
-        except Exception as e:  # the reader raises ValueError, KeyError, IndexError on a bad header
-            # the reader maps every tensor's data at once: a short file fails here too
-            self.fail(f"not a readable GGUF file, truncated or corrupt ({e.__class__.__name__}: "
-                      f"{str(e).splitlines()[0][:120]})")
+            self.reader = _reader_class(gguf)(self.path)
+        except _Truncated as t:
+            self.fail(t.message(self.path.stat().st_size))
+        except (ValueError, KeyError) as e:  # the reader's own findings: a version, a type, a duplicate
+            self.fail(f"not a readable GGUF file: its header is corrupt ({str(e).splitlines()[0][:120]})")
+        except Exception:  # anything else from deep in the reader says nothing to a user
+            self.fail("not a readable GGUF file: its header is corrupt")
+        if self.reader.cut_off:
+            self.fail(_cut_off_message(self.reader))
         self.tensors = {t.name: t for t in self.reader.tensors}
 
     def fail(self, msg: str):

@@ -41,7 +41,9 @@ def _check(req: Request) -> None:
 
     if not os.path.exists(req.path):
         raise UsageError(f"{req.path}: no such file or folder")
-    if not req.prompts or any(not p for p in req.prompts):
+    if not req.prompts:
+        raise UsageError("give --prompt TEXT: the text to continue (repeat it for a batch)")
+    if any(not p for p in req.prompts):
         raise UsageError("--prompt: every prompt needs some text")
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
@@ -61,7 +63,8 @@ def _sampler(req: Request):
 
 def run(req: Request, stream=None) -> dict:
     """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
-    to it as it is generated. Returns the JSON-able result: the texts, token counts, timings."""
+    to it as it is generated, then the others' (a batch's texts each under :func:`sequence_label`).
+    Returns the JSON-able result: the texts, token counts, timings."""
     from pto.orchestration.model.checkpoint import load_weights
     from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.tokenizer import load_tokenizer
@@ -71,6 +74,7 @@ def run(req: Request, stream=None) -> dict:
     from pto.ir.dtypes import DType, dtype_of
 
     _check(req)
+    dist.check_launch(req.tp, "generate")  # started by torchrun as --tp says, before any file is read
     if req.tp > 1:  # the heads must divide among the ranks: one line before any launch or load
         from pto.orchestration.model.config import load_config
 
@@ -92,6 +96,8 @@ def run(req: Request, stream=None) -> dict:
     gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp, allreduce_dtype=req.allreduce_dtype)
     decoders = [tok.stream() for _ in prompts]
     texts = [""] * len(prompts)
+    if stream is not None and len(prompts) > 1:  # the others follow, each under its own label
+        stream.write(sequence_label(1))
 
     def on_step(new):
         for i, t in enumerate(new):
@@ -112,17 +118,32 @@ def run(req: Request, stream=None) -> dict:
         if i == 0 and stream is not None:
             stream.write(rest + "\n")
             stream.flush()
+    if stream is not None:  # the batch's other sequences, whole
+        for i, text in enumerate(texts[1:], start=2):
+            stream.write(f"{sequence_label(i)}{text}\n")
+        stream.flush()
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
             **result.to_json()}
+
+
+def sequence_label(i: int) -> str:
+    """The line above the text of sequence ``i`` (from 1) when a batch prints several."""
+    return f"--- sequence {i}:\n"
+
+
+def _rate(x: float) -> str:
+    """Three significant digits below 100 (0.4 tokens/s on a CPU printed as 0), whole numbers above."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def format_speed(res: dict) -> str:
     """The line ``pto generate`` prints after the text."""
     ms = res["ms_per_token"]
-    per = f"{ms:.3f} ms per token ({res['tokens_per_s']:,.0f} tokens/s)" if ms else "no decode step"
+    # the rate from the milliseconds: the JSON's tokens_per_s is rounded to 0.1
+    per = f"{ms:.3f} ms per token ({_rate(len(res['tokens']) * 1e3 / ms)} tokens/s)" if ms else "no decode step"
     return (f"prompt {sum(res['prompt_tokens'])} tokens in {res['prefill_ms']:.0f} ms; decode {per}, "
             f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")
 
 
-__all__ = ["Request", "run", "format_speed"]
+__all__ = ["Request", "run", "format_speed", "sequence_label"]

@@ -12,9 +12,12 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from pto.batch import TaskBatch
 from pto.errors import UsageError
+
+if TYPE_CHECKING:  # torch: the command line lists the backends before importing it
+    from pto.batch import TaskBatch
 
 Launch = Callable[[], None]  # with an int attribute ``count``: the device launches it makes
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from pto.cli.checks import check_distinct, check_output_dir, check_output_file, value_list
+from pto.cli.checks import check_distinct, check_output_file, value_list
 from pto.errors import UsageError
 
 
@@ -51,23 +50,16 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args) -> int:  # its outputs and --inputs were checked as it was parsed (checks.check_outputs)
     from pto.cli.report import format_summary
     from pto.progress import reporter
     from pto.tools.run import RunOptions, run
 
-    check_output_file(args.dump, "--dump")
-    check_output_file(args.trace, "--trace")
-    check_output_file(args.save, "--save")
-    check_output_file(args.save_inputs, "--save-inputs")
-    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--save-inputs": args.save_inputs,
-                    "--inputs": args.inputs})
-    if args.inputs is not None and not os.path.isfile(args.inputs):
-        raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
-    with reporter(f"{job.program.name}: executing", args.json) as progress:
+    with reporter(job.program.name, args.json, unit=None) as progress:
         opts = RunOptions(check=args.check, dump=args.dump, trace=args.trace, seed=args.seed, repeat=args.repeat,
-                          profile=args.profile, progress=progress, sentinel=args.sentinel, inputs=args.inputs,
+                          profile=args.profile, progress=progress, phase=None if progress is None else progress.phase,
+                          sentinel=args.sentinel, inputs=args.inputs,
                           save=args.save, save_inputs=args.save_inputs, check_schedule=args.check_schedule,
                           deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
         res = run(job, _shape(args, job.program), opts)
@@ -94,7 +86,6 @@ def _cmd_run(args) -> int:
 def _cmd_graph(args) -> int:
     from pto.tools.graphcmd import build_only, format_report
 
-    check_output_file(args.dump, "--dump")
     job = _job(args)
     res = build_only(job, _shape(args, job.program), dump=args.dump, draw=args.draw)
     if "drawing_note" in res:
@@ -103,11 +94,10 @@ def _cmd_graph(args) -> int:
     return 0
 
 
-def _cmd_codegen(args) -> int:
+def _cmd_codegen(args) -> int:  # --out was checked as it was parsed (checks.check_outputs)
     from pto.progress import wanted
     from pto.tools.emit import check, codegen
 
-    check_output_dir(args.out, "--out")
     check(args.out, args.force)
     job = _job(args)
     for path in codegen(job, args.out, _given(args, job.program), adaptive=not args.no_adaptive,
@@ -146,7 +136,6 @@ def _cmd_bench(args) -> int:
 
     prog = get(args.program)
     shapes = _sweep(args, prog)
-    check_output_file(args.json, "--json")
     if args.plot:
         check_plot_path(args.plot)
     check_distinct({"--json": args.json, "--plot": args.plot})
@@ -242,9 +231,7 @@ def _cmd_generate(args) -> int:
         return 0
     if args.json:
         print(json.dumps(res))
-    else:
-        for i, text in enumerate(res["texts"][1:], start=2):
-            print(f"--- sequence {i}:\n{text}")
+    else:  # the texts went to stdout as they were generated
         print(makers[0].describe_generation(res), file=sys.stderr)
     return 0
 

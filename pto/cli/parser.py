@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pto.cli.checks import page, positive, seed, unrecognized
+from pto.cli.checks import check_outputs, page, positive, seed, unrecognized, value_list_of
 from pto.errors import UsageError
 
 PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
@@ -29,7 +29,8 @@ def _shape_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     for k, p in enumerate(params):
         if cmd in SWEEPS and k == 0:
             need = cmd != "tune" and program is not None
-            s.add_argument(p.flag, dest=p.name, required=need, default=None, metavar="N,N,...",
+            s.add_argument(p.flag, dest=p.name, type=value_list_of(p.flag), required=need, default=None,
+                           metavar="N,N,...",
                            help=f"{p.help}: comma-separated values" + ("" if need else f" (default: {p.default})"))
         else:
             s.add_argument(p.flag, dest=p.name, type=positive, default=None, metavar="N",
@@ -240,21 +241,27 @@ def _add_visualize(sub, program, helps: bool, more: str) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse ``argv``: once without help to find the program, then with its options."""
+    """Parse ``argv``: first by the generic parser, which knows every command's flags but no
+    program's own options and imports neither torch nor a program, so that a typo in them, or an
+    output that cannot be written (:func:`check_outputs`), is answered at once; then, a program's
+    command, with the program's options."""
     from pto import programs
 
-    program = None
+    program, helping = None, "-h" in argv or "--help" in argv
     if argv and argv[0] in PROGRAM_COMMANDS:
         # the program: the first registered name after the command (it may follow options), else
         # whatever the generic parser takes for it (an unknown name is reported here)
         known = set(programs.names())
         name = next((a for a in argv[1:] if a in known), None)
-        if name is None:
-            try:
-                name = build_parser(helps=False).parse_known_args(argv)[0].program
-            except UsageError:
-                if "-h" not in argv and "--help" not in argv:
-                    raise
+        try:
+            first = build_parser(helps=False).parse_known_args(argv)[0]
+        except UsageError:
+            if not helping:
+                raise
+            first = None
+        if first is not None and not helping:
+            check_outputs(first)
+        name = name or (first.program if first is not None else None)
         if name is not None:
             program = programs.get(name)
     parser = build_parser(program)
@@ -262,5 +269,3 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if extra:
         raise UsageError(unrecognized(extra, parser, args.cmd, program))
     return args
-
-

@@ -26,7 +26,9 @@ class RunOptions:
     ``dump`` the graph, ``trace`` the execution, ``repeat`` replays (median), ``profile`` per
     InCore function; docs/SAFETY.md: ``sentinel``, ``inputs`` / ``save_inputs`` / ``save``
     (safetensors files), ``check_schedule``, ``deterministic``. ``progress(done, total)`` is
-    called as tasks complete; ``warn(line)`` once before a long execution."""
+    called as tasks complete; ``phase(name, unit)`` as each part of the run starts (compiling,
+    building, the inputs, executing, checking: :data:`pto.engine.Phase`); ``warn(line)`` once
+    before a long execution."""
 
     check: bool = False
     dump: str | None = None
@@ -42,6 +44,7 @@ class RunOptions:
     check_schedule: bool = False
     deterministic: bool = False
     progress: Callable | None = None
+    phase: Callable | None = None
     warn: Callable | None = None
 
     @property
@@ -90,7 +93,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     cached = opts.repeat > 1 and not opts.record and not opts.sentinel
     runner = get_runner(job, shape, opts.adaptive, opts.deterministic) if cached else Runner(
         job, shape, opts.adaptive, record=opts.record, sentinel=opts.sentinel, deterministic=opts.deterministic,
-        progress=opts.progress)
+        progress=opts.progress, phase=opts.phase)
     try:
         return _execute(job, shape, opts, runner, whole, rank)
     finally:
@@ -140,6 +143,7 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     note = long_run_warning(job, shape, graph.tasks) if opts.warn is not None and rank == 0 else None
     if note and runner.stats is None:  # a cached runner's graph has run before: no news
         opts.warn(note)
+    _phase(opts, "making the inputs")
     data = _inputs(job, shape, opts, whole)
     meta = run_metadata(job, shape, opts.seed, opts.inputs)
     if opts.save_inputs:  # before the run: a run that fails can be repeated from the file
@@ -152,6 +156,7 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
         before = nonfinite_summary(local, local)
     dist.counters(reset=True)
     first = runner.stats is None
+    _phase(opts, "executing", "task")
     t0 = time.perf_counter()
     outputs = runner(local)
     if not first and job.device == "cuda":
@@ -163,6 +168,7 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
 
         out["nonfinite"] = blame(graph, runner.executor.flags, runner.tensors, prog.outputs, before)
     if opts.check and rank == 0:
+        _phase(opts, "checking against the torch reference")
         ref = prog.reference(s, shape, data)
         out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
     _extras(out, opts, runner, outputs, meta)
@@ -171,6 +177,11 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
                 **({"replay_ms": out["replay_ms"]} if "replay_ms" in out else {})}
         out["ranks"] = dist.gather(mine)
     return out
+
+
+def _phase(opts: RunOptions, name: str, unit: str | None = None) -> None:
+    if opts.phase is not None:
+        opts.phase(name, unit)
 
 
 def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float) -> dict:

@@ -104,7 +104,11 @@ def test_gguf_refusals(tmp_path):
              "c.gguf", "output_norm.weight", "F64")
     data = write_gguf(tmp_path / "d.gguf", model).read_bytes()
     (tmp_path / "e.gguf").write_bytes(data[: len(data) - 1000])
-    _refused(tmp_path / "e.gguf", "e.gguf", "truncated or corrupt")
+    # issue 43: where the file ends and what it needed, not the reader's IndexError
+    _refused(tmp_path / "e.gguf", "e.gguf", f"truncated: {len(data) - 1000:,} of its {len(data):,} bytes",
+             "missing from the data of tensor")
+    (tmp_path / "f.gguf").write_bytes(data[:200])
+    _refused(tmp_path / "f.gguf", "f.gguf", "truncated: the file ends at byte 200, in its metadata, after key")
 
 
 def test_hf_refusals(tmp_path):

@@ -131,6 +131,8 @@ def test_gguf_refusals(tmp_path):
     _refused(tmp_path / "d.gguf", "d.gguf", "general.architecture is 'gpt2'")
     (tmp_path / "e.bin").write_bytes(b"not a checkpoint at all")
     _refused(tmp_path / "e.bin", "e.bin", "neither a GGUF file")
-    (tmp_path / "f.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 9)
-    _refused(tmp_path / "f.gguf", "f.gguf", "not a readable GGUF file")
+    (tmp_path / "f.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 9)  # the two counts need 16 bytes
+    _refused(tmp_path / "f.gguf", "f.gguf", "truncated: the file ends at byte 17, in its first bytes")
+    (tmp_path / "g.gguf").write_bytes(b"GGUF\x63\x00\x00\x00" + b"\x00" * 16)  # version 99
+    _refused(tmp_path / "g.gguf", "g.gguf", "not a readable GGUF file: its header is corrupt", "version 99")
     _refused(tmp_path / "nothing-here", "no such file")
