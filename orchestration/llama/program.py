@@ -17,9 +17,8 @@ from pto.orchestration.llama.counts import closed_form
 from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
-from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
+from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, allreduce_dtype, fit_functions
 from pto.orchestration.llama.weights import GATE_UP, check_weights, fold_gains, folded, load_layer, unfold_gains
-from pto.orchestration.model.decode import allreduce_dtype
 
 from pto import Var
 from pto.errors import UsageError

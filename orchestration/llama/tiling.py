@@ -148,6 +148,16 @@ class LayerForm:
     whole: bool = False
 
 
+def allreduce_dtype(dtype: DType, choice: str) -> DType:
+    """The dtype the ranks' partial sums are summed in (:attr:`LayerForm.reduce_dt`, the programs'
+    ``--allreduce-dtype``): the storage ``dtype`` (``choice`` "storage", as Megatron) or f32."""
+    from pto.errors import UsageError
+
+    if choice not in ("storage", "f32"):
+        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
+    return dtype if choice == "storage" else DType.F32
+
+
 def rope_heads(heads: int, head_dim: int, bn: int) -> int:
     """Heads per program of the q/k projection with RoPE in its epilogue: as many as one of the
     GEMMs' output column blocks holds (``bn`` columns), down to a divisor of ``heads``."""

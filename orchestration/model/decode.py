@@ -48,6 +48,7 @@ from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
+from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
 
@@ -55,16 +56,6 @@ from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
 from pto.target import Target
-
-
-def allreduce_dtype(dtype: DType, choice: str) -> DType:
-    """The dtype the ranks' partial sums are summed in: the storage ``dtype`` (``choice``
-    "storage", as Megatron) or f32."""
-    from pto.errors import UsageError
-
-    if choice not in ("storage", "f32"):
-        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
-    return dtype if choice == "storage" else DType.F32
 
 
 @dataclass(frozen=True)
