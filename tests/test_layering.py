@@ -27,7 +27,7 @@ AREAS = {
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
     "tools.plotting": "plotting", "cachedir": "cachedir", "tools.emit": "engine", "tools.run": "engine",
     "layout": "layout",
-    "dist": "dist",
+    "dist": "dist", "plugins": "plugins",
     "ir": "ir",
     "passes": "passes", "text": "text",
     "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
@@ -60,6 +60,8 @@ CORE: dict[str, set[str]] = {
     "cachedir": {"errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
+    # the entry points of a group (programs, backends, generators are plugins)
+    "plugins": {"errors"},
     # the compiler
     "ir": {"errors"},
     "passes": {"ir", "target", "errors"},
@@ -77,7 +79,7 @@ CORE: dict[str, set[str]] = {
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database, the megakernel (the device's limits come from target), and the cut of a
     # collective task (passes) around its sum over the ranks (dist)
-    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "target", "errors"},
+    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "plugins", "target", "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
@@ -85,7 +87,7 @@ CORE: dict[str, set[str]] = {
     "graph": {"runtime", "cbuild", "cachedir", "codegen", "passes", "text", "ir", "target", "errors"},
     "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
     # what a runnable program is, and the registry of them
-    "program": {"ir", "target", "errors"},
+    "program": {"ir", "plugins", "target", "errors"},
 }
 #: the tools, in order: each may import the core and the tools before it
 TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune", "graphcmd")
@@ -286,8 +288,9 @@ def test_the_documented_table_is_the_rules():
 def test_no_generic_module_tells_backends_apart_by_name():
     """Outside the backends (and the command line's text), what a backend can do is asked by
     capability (``pto.backends.capable``), never by comparing its name."""
-    from pto.backends import BACKENDS
+    from pto.backends import names
 
+    backends = set(names())
     found = []
     for module, path in MODULES.items():
         if area_of(module) in ("backends", "cli"):
@@ -295,6 +298,6 @@ def test_no_generic_module_tells_backends_apart_by_name():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 consts = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
-                if any(v in BACKENDS for v in consts):
+                if any(v in backends for v in consts):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "backend names compared (use pto.backends.capable): " + ", ".join(found)
