@@ -40,7 +40,7 @@ AREAS = {
     "tools": "graphcmd", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
     # a program's own drivers: pto generate runs the model program's graphs
-    "orchestration.model.generate": "driver", "orchestration.model.textgen": "driver",
+    "orchestration.llm.generate": "driver", "orchestration.llm.textgen": "driver",
 }
 
 #: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
@@ -101,7 +101,7 @@ RULES["incore"] = set(CORE)
 RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
 RULES["driver"] = RULES["orchestration"] | {"orchestration", "engine"}
 # the model program hands pto generate to its driver (lazily, in Program.generate)
-RULES["orchestration"] |= {"orchestration.model.textgen"}
+RULES["orchestration"] |= {"orchestration.llm.textgen"}
 
 
 def _module_files() -> dict[str, Path]:

@@ -38,8 +38,7 @@ Example::
 from pto.orchestration.model.checkpoint import ModelWeights, load_weights
 from pto.orchestration.model.config import ModelConfig, load_config
 from pto.orchestration.model.reference import KVCache, ReferenceModel, pad_prompts
-from pto.orchestration.model.sampling import Sampler
-from pto.orchestration.model.tokenizer import StreamDecoder, Tokenizer, load_tokenizer
+from pto.orchestration.llm.sampling import Sampler
+from pto.orchestration.llm.tokenizer import StreamDecoder, Tokenizer, load_tokenizer
 
-__all__ = ["ModelConfig", "load_config", "ModelWeights", "load_weights", "Tokenizer", "StreamDecoder",
-           "load_tokenizer", "KVCache", "ReferenceModel", "pad_prompts", "Sampler"]
+__all__ = ["ModelConfig", "load_config", "ModelWeights", "load_weights", "KVCache", "ReferenceModel", "pad_prompts"]

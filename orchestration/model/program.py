@@ -82,12 +82,12 @@ class ModelProgram(Program):
     auto_executor = "waves"
 
     def generate(self, request: dict, stream=None) -> dict:
-        from pto.orchestration.model.textgen import Request, run
+        from pto.orchestration.llm.textgen import Request, run
 
         return run(Request(**request), stream)
 
     def describe_generation(self, res: dict) -> str:
-        from pto.orchestration.model.textgen import format_speed
+        from pto.orchestration.llm.textgen import format_speed
 
         return format_speed(res)
 

@@ -29,7 +29,7 @@ from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
 from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
-from pto.orchestration.model.sampling import Sampler
+from pto.orchestration.llm.sampling import Sampler
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType

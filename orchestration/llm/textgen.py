@@ -49,7 +49,7 @@ def _check(req: Request) -> None:
 
 
 def _sampler(req: Request):
-    from pto.orchestration.model.sampling import Sampler
+    from pto.orchestration.llm.sampling import Sampler
 
     if req.temperature == 0 and (req.top_k is not None or req.top_p is not None):
         raise UsageError("--top-k and --top-p restrict sampling: give --temperature above 0 too (0 is greedy)")
@@ -63,8 +63,8 @@ def run(req: Request, stream=None) -> dict:
     """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
     to it as it is generated. Returns the JSON-able result: the texts, token counts, timings."""
     from pto.orchestration.model.checkpoint import load_weights
-    from pto.orchestration.model.generate import Generator
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     from pto import dist
     from pto.device import resolve_device

@@ -1,0 +1,1 @@
+"""The text-generation application (``pto generate``)."""
