@@ -23,6 +23,7 @@ from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
+from pto.ir.dtypes import DType
 from pto.program import Program, Settings, Shape
 from pto.target import Target
 from pto.target import resolve as resolve_target
@@ -66,17 +67,34 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    if capable(be, "cpu_f32_only") and dev == "cpu" and s.dtype.short != "f32":
+    return Job(prog, s, dev, be, _executor(prog, executor, dev, be, s.dtype, backend))
+
+
+def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str) -> str:
+    """The executor ``executor`` means for ``prog`` on ``device`` with ``backend`` (``auto``: the
+    program's own choice where it has one), and the checks of that combination before any work."""
+    if capable(backend, "cpu_f32_only") and device == "cpu" and dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
-    ex = resolve_executor(executor, dev, be)
+    ex = resolve_executor(executor, device, backend)
     if ex == "auto" and prog.auto_executor:
         ex = prog.auto_executor
-    if ex == "persistent" and not capable(be, "megakernel"):  # refused here, before the graph is built
-        if backend == "auto":
+    if ex == "persistent" and not capable(backend, "megakernel"):  # refused here, before the graph is built
+        if asked_backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
                              "with TRITON_INTERPRET=1); on the CPU use --executor waves")
-        raise UsageError(f"the persistent executor runs Triton kernels; --backend {be} needs --executor waves")
-    return Job(prog, s, dev, be, ex)
+        raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend} needs --executor waves")
+    return ex
+
+
+def placement(program: Program, device: str, dtype: DType, backend: str = "auto",
+              executor: str = "auto") -> Placement:
+    """Where and how graphs of ``program`` run, by the rules :func:`resolve` applies (the device
+    and backend ``auto`` resolved, the executor ``auto`` the program's own choice, the
+    combination checked), for a driver that builds the program's modules itself (the generation
+    application: the decode step and the layer it prefills with)."""
+    dev = resolve_device(device)
+    be = resolve_backend(backend, dev)
+    return Placement(dev, be, _executor(program, executor, dev, be, dtype, backend), schedules=program.schedules)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -348,5 +366,5 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
         run.close()
 
 
-__all__ = ["Job", "resolve", "execute", "Prepared", "Placement", "Runner", "get_runner", "clear_runners",
+__all__ = ["Job", "resolve", "placement", "execute", "Prepared", "Placement", "Runner", "get_runner", "clear_runners",
            "rel_err", "check_memory", "build_graph", "build_module_graph", "BuiltGraph", "SETTING_NAMES"]

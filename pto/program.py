@@ -174,8 +174,6 @@ class Program:
     #: ``<device>/<function>.json`` database, :mod:`pto.backends.triton.schedules`); the user's
     #: own database (``pto tune``) comes first
     schedules: tuple[Path, ...] = ()
-    #: the program generates text token by token (``pto generate`` runs :meth:`generate`)
-    generates = False
     #: the executor ``auto`` means for this program on a GPU where measurements settle it (None:
     #: decided per built graph, :func:`pto.exec.choose`)
     auto_executor: str | None = None
@@ -198,7 +196,7 @@ class Program:
         if config not in self.configs:
             raise UsageError(f"{self.name}: unknown config {config!r} (choose from {', '.join(self.configs)})")
         if dtype in (None, "auto"):
-            dtype = DType.BF16 if device == "cuda" else DType.F32
+            dtype = default_dtype(device)
         dt = dtype_of(dtype) if not isinstance(dtype, DType) else dtype
         if target is None:
             from pto.target import detect
@@ -323,16 +321,6 @@ class Program:
         a run needs beyond it (a graph the runtime can hold)."""
         self.check_shape(s, shape)
 
-    def generate(self, request: dict, stream=None) -> dict:
-        """``pto generate``: text from a checkpoint and prompts (``request``: the command line's
-        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the first
-        sequence's text streamed to ``stream``; the JSON-able result."""
-        raise UsageError(f"{self.name} does not generate text")
-
-    def describe_generation(self, res: dict) -> str:
-        """The line ``pto generate`` prints after the text (the speed)."""
-        return ""
-
     def estimate_columns(self, s: Settings, shape: Shape) -> dict[str, int]:
         """Bytes the program itself accounts for, shown as extra columns of ``pto estimate`` (a
         decode step: its KV cache and the bytes each step must read); none by default."""
@@ -345,6 +333,11 @@ class Program:
 
 
 
+def default_dtype(device: str) -> DType:
+    """The dtype ``auto`` means on ``device`` (the rule of defaults: bf16 on cuda, f32 on cpu)."""
+    return DType.BF16 if device == "cuda" else DType.F32
+
+
 def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):
     """Normal random values made on the CPU from a seeded generator (the same numbers on every
     device), then moved and cast."""
@@ -352,4 +345,4 @@ def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale:
     return x.to(device=device, dtype=dtype.torch)
 
 
-__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "seeded_randn", "DEFAULTS_RULE"]
+__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "seeded_randn", "default_dtype", "DEFAULTS_RULE"]

@@ -39,8 +39,8 @@ AREAS = {
     "engine": "engine", "tools.benchcmd": "bench", "tools.tune": "tune", "tools.graphcmd": "graphcmd",
     "tools": "graphcmd", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
-    # a program's own drivers: pto generate runs the model program's graphs
-    "orchestration.llm.generate": "driver", "orchestration.llm.textgen": "driver",
+    # the generation application: pto generate, above the programs and the engine
+    "generation": "program", "orchestration.llm": "app",
 }
 
 #: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
@@ -99,9 +99,9 @@ RULES["cli"] = set(CORE) | set(TOOLS)
 # but what runs them (engine, bench, cli); their InCore functions need no orchestration
 RULES["incore"] = set(CORE)
 RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
-RULES["driver"] = RULES["orchestration"] | {"orchestration", "engine"}
-# the model program hands pto generate to its driver (lazily, in Program.generate)
-RULES["orchestration"] |= {"orchestration.llm.textgen"}
+# the generation application drives the programs' builders through the engine; nothing imports it
+# (pto generate finds it through the pto.generators entry points)
+RULES["app"] = RULES["orchestration"] | {"orchestration", "engine"}
 
 
 def _module_files() -> dict[str, Path]:

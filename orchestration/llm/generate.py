@@ -1,20 +1,23 @@
-"""Text generation with task graphs (``pto generate``): the prompt through the layer program
-(prefill, which fills the KV cache), then the decode step's graph (:mod:`.decode`) replayed once
-per token.
+"""Text generation with task graphs: the prompt through the layer program's module (prefill,
+which fills the KV cache), then the decode step's graph (:mod:`pto.orchestration.model.decode`)
+replayed once per token.
 
-Prefill runs ``llama``'s layer program on each prompt but its last token, layer by layer, and
-copies each layer's keys (after RoPE) and values into the sequence's cache block; the decode
-step then starts from the last prompt token at its position, so its first step yields the first
-new token. The step's graph is built once for the batch and a cache capacity (a power of two of
-whole attention chunks, at least the longest prompt plus the new tokens; the window for a
-sliding-window model) and replayed: the token and the position are device data the step itself
-advances, so nothing is rebuilt and nothing synchronizes with the host inside a step. Reading the
-new tokens back (to print them) happens between steps.
+Prefill runs the layer (:func:`pto.orchestration.llama.program.layer_module`, of the form that
+outputs its keys and values: ``LayerForm(kv_out=True)``) on each prompt but its last token,
+layer by layer, and copies each layer's keys (after RoPE) and values, the module's declared
+outputs, into the sequence's cache block; the decode step then starts from the last prompt token
+at its position, so its first step yields the first new token. The step's graph is built once
+for the batch and a cache capacity (a power of two of whole attention chunks, at least the
+longest prompt plus the new tokens; the window for a sliding-window model) and replayed: the
+token and the position are device data the step itself advances, so nothing is rebuilt and
+nothing synchronizes with the host inside a step. Reading the new tokens back (to print them)
+happens between steps. Both modules come from the programs' builders, run where and how
+:func:`pto.engine.placement` says, by the engine's one recipe (:class:`pto.engine.Prepared`).
 
 Tensor parallelism (``tp`` > 1, one process per rank under torchrun): every rank's step is its
-share of the heads and FFN columns (:func:`~.program.shard_inputs`), its cache the key/value
-heads it holds; prefill runs the whole layer on every rank and keeps the rank's heads of the
-keys and values. Every rank picks the same tokens.
+share of the heads and FFN columns (:func:`~pto.orchestration.model.program.shard_inputs`), its
+cache the key/value heads it holds; prefill runs the whole layer on every rank and keeps the
+rank's heads of the keys and values. Every rank picks the same tokens.
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from pto.orchestration.llama.llama7b import KV_OUTPUTS
+from pto.orchestration.llama.program import FAMILY as LAYER
+from pto.orchestration.llama.program import layer_module, packed_weights
 from pto.orchestration.llama.reference import rope_tables
+from pto.orchestration.llama.tiling import LayerForm
+from pto.orchestration.llama.tiling import allreduce_dtype as reduce_dtype  # (the argument's name)
+from pto.orchestration.llm.sampling import Sampler
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
-from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
-from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
-from pto.orchestration.llm.sampling import Sampler
+from pto.orchestration.model.program import PROGRAM as STEP
+from pto.orchestration.model.program import shard_inputs, stack_weights, tiling_for
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
@@ -73,21 +81,25 @@ def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) 
 
 
 class Generator:
-    """A model's weights on a device, ready to generate for batches of prompts: the layer
-    program's runners for prefill (one per prompt length, cached) and the decode step's graph
-    (one per batch size and capacity, cached). ``tp``: this process is one of that many ranks,
-    whose partial sums are summed in the storage dtype or f32 (``allreduce_dtype``)."""
+    """A model's weights on a device, ready to generate for batches of prompts: the layer's
+    prepared graphs for prefill (one per prompt length, cached) and the decode step's (one per
+    batch size and capacity, cached). ``tp``: this process is one of that many ranks, whose
+    partial sums are summed in the storage dtype or f32 (``allreduce_dtype``)."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
                  executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
                  allreduce_dtype: str = "storage"):
         from pto import dist
-        from pto.backends import resolve as resolve_backend
+        from pto.engine import placement
+        from pto.target import resolve as resolve_target
 
         self.weights, self.config = weights, weights.config
-        self.device, self.dtype = device, dtype
-        self.backend = resolve_backend(backend, device)
-        self.executor = executor
+        self.dtype = dtype
+        # where the step and the layer run (the programs' own executor choices), checked now
+        self.step_place = placement(STEP, device, dtype, backend, executor)
+        self.layer_place = placement(LAYER, device, dtype, self.step_place.backend)
+        self.device, self.backend = self.step_place.device, self.step_place.backend
+        self.target = resolve_target(None, self.device)
         self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
@@ -99,9 +111,12 @@ class Generator:
             self.local = self.config.shard(tp)  # this rank's layers
         except ValueError as e:
             raise UsageError(f"--tp {tp}: {e}") from None
-        self._layer_jobs: dict = {}
+        # the layer whole on every rank, its keys and values outputs (a GPU's whole row tiles,
+        # as the layer program's --row-tiles auto)
+        self.layer_form = LayerForm(whole=self.target.is_gpu, kv_out=True)
+        self._layers: dict = {}
         self._steps: dict = {}
-        self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, device)
+        self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
 
     # -- the decode step ----------------------------------------------------------------------
     def step(self, batch: int, capacity: int):
@@ -112,17 +127,11 @@ class Generator:
             raise UsageError(f"a decode step of {capacity} cache slots: the attention chunk is {chunk} slots, and the "
                              "cache must be whole chunks")
         if key not in self._steps:
-            from pto.engine import Placement, Prepared, build_module_graph
-            from pto.exec import resolve as resolve_executor
-            from pto.target import resolve as resolve_target
+            from pto.engine import Prepared, build_module_graph
 
-            module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling,
-                                self.tp, self.reduce, cache=capacity)
-            built = build_module_graph(module, {"B": batch, "C": capacity})
-            executor = resolve_executor(self.executor, self.device, self.backend)
-            if executor == "auto":
-                executor = PROGRAM.auto_executor
-            place = Placement(self.device, self.backend, executor, schedules=PROGRAM.schedules)
+            module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
+                                cache=capacity)
+            built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
             inputs = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
             if self.tp > 1:
                 inputs = shard_inputs(self.config, inputs, self.tp, self.rank, self.tiling.wt)
@@ -133,19 +142,20 @@ class Generator:
                 inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
                                            device=self.device)
             inputs.update(tok=torch.zeros(batch, 1, device=self.device), pos=torch.zeros(batch, 1, device=self.device))
-            self._steps[key] = Prepared(built, place, inputs)
+            self._steps[key] = Prepared(built, self.step_place, inputs)
         return self._steps[key]
 
     # -- prefill ------------------------------------------------------------------------------
-    def _layer_runner(self, seq: int):
-        """The layer program's runner at ``seq`` tokens (cached by length)."""
-        from pto.engine import Runner, resolve
+    def _layer(self, seq: int):
+        """The layer's prepared graph at ``seq`` tokens (cached by length)."""
+        if seq not in self._layers:
+            from pto.engine import Prepared, build_module_graph
 
-        if seq not in self._layer_jobs:
-            job = resolve("llama", device=self.device, backend=self.backend, executor="auto",
-                          dtype=self.dtype.short, config=self.config.layer.spec())
-            self._layer_jobs[seq] = Runner(job, seq)
-        return self._layer_jobs[seq]
+            layer = self.config.layer
+            module = layer_module(layer, self.dtype, self.target, self.layer_form)
+            built = build_module_graph(module, {"S": seq}, target=self.target)
+            self._layers[seq] = Prepared(built, self.layer_place, packed=packed_weights(layer, self.layer_form))
+        return self._layers[seq]
 
     def prefill(self, step, prompts: list[list[int]], capacity: int) -> None:
         """Fill each sequence's cache block with its prompt but the last token, and set its token
@@ -154,35 +164,26 @@ class Generator:
         L, B = self.config.layers, len(prompts)
         kvd = self.local.layer.kv_dim
         heads = slice(self.rank * kvd, (self.rank + 1) * kvd)  # this rank's key/value heads
+        keys, values = KV_OUTPUTS
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
                 x = self.weights.embedding[torch.tensor(prompt[:n])].to(self.device)
-                runner = self._layer_runner(n)
+                layer = self._layer(n)
                 slots = torch.arange(n, device=self.device) % capacity
                 keep = slots if n <= capacity else slots[n - capacity:]
-                for layer in range(L):
-                    y = runner({"x": x, **self._layer_inputs(layer, n)})["y"]
-                    row = (layer * B + b) * capacity
-                    for src, dst in ((runner.tensors["kr"], "k_cache"), (self._values(runner), "v_cache")):
-                        t[dst][row + keep] = src[n - len(keep):, heads]
-                    x = y.clone()
+                for i in range(L):
+                    out = layer({"x": x, **self._layer_inputs(i, n)})
+                    row = (i * B + b) * capacity
+                    for src, dst in ((keys, "k_cache"), (values, "v_cache")):
+                        t[dst][row + keep] = out[src][n - len(keep):, heads]
+                    x = out["y"].clone()
             t["tok"][b, 0] = float(prompt[-1])
             t["pos"][b, 0] = float(n)
-
-    def _values(self, runner) -> torch.Tensor:
-        """The layer's values: the columns of ``qkv`` after q and k (the unfused layer writes the
-        three projections into one tensor), or ``v``."""
-        t = runner.tensors
-        if "v" in t:
-            return t["v"]
-        qd, kvd = self.config.layer.q_dim, self.config.layer.kv_dim
-        return t["qkv"][:, qd + kvd:qd + 2 * kvd]
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
         w = self.weights.layers[layer]
         return {**{k: v.to(self.device) for k, v in w.items()}, "cos": self.cos[:seq], "sin": self.sin[:seq]}
-
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None,
@@ -230,7 +231,7 @@ class Generator:
             torch.cuda.synchronize()
 
     def close(self) -> None:
-        for r in [*self._layer_jobs.values(), *self._steps.values()]:
+        for r in [*self._layers.values(), *self._steps.values()]:
             r.close()
 
 

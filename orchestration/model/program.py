@@ -75,21 +75,10 @@ class ModelProgram(Program):
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
-    generates = True
     tensor_parallel = True
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H100
     # at every tiling measured (SmolLM2, batch 1: 1.40 against 1.96 ms; docs/PERF.md, "Decode")
     auto_executor = "waves"
-
-    def generate(self, request: dict, stream=None) -> dict:
-        from pto.orchestration.llm.textgen import Request, run
-
-        return run(Request(**request), stream)
-
-    def describe_generation(self, res: dict) -> str:
-        from pto.orchestration.llm.textgen import format_speed
-
-        return format_speed(res)
 
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"

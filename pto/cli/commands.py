@@ -213,28 +213,14 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    """``pto generate``: the program that generates text (the one registered with ``generates``)."""
-    from pto import programs
-
-    makers = [p for p in (programs.get(n) for n in programs.names()) if p.generates]
-    if not makers:
-        raise UsageError("no installed program generates text")
-    path = args.gguf or args.hf
-    if path is None:
-        raise UsageError("pto generate needs --gguf FILE or --hf DIR (the model)")
-    prompts = list(args.prompt or [])
-    if args.batch > 1 and len(prompts) == 1:
-        prompts *= args.batch
-    elif args.batch > 1 and len(prompts) != args.batch:
-        raise UsageError(f"--batch {args.batch} with {len(prompts)} prompts: give one prompt (copied) or {args.batch}")
-    request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
-               "device": args.device, "dtype": args.dtype, "executor": args.executor,
-               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype}
+    """``pto generate``: the request (:class:`pto.generation.GenerateRequest`) to the installed
+    text generator (:func:`pto.generation.generator`)."""
     from pto import dist
+    from pto.generation import GenerateRequest, generator
 
+    answers = generator()
     try:
-        res = makers[0].generate(request, None if args.json else sys.stdout)
+        res = answers.generate(GenerateRequest.of(args), None if args.json else sys.stdout)
         rank = dist.rank()
     finally:
         dist.shutdown()
@@ -245,7 +231,7 @@ def _cmd_generate(args) -> int:
     else:
         for i, text in enumerate(res["texts"][1:], start=2):
             print(f"--- sequence {i}:\n{text}")
-        print(makers[0].describe_generation(res), file=sys.stderr)
+        print(answers.describe(res), file=sys.stderr)
     return 0
 
 

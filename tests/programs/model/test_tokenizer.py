@@ -96,8 +96,8 @@ def test_hf_folder_tokenizer(tmp_path, tokenizer, hf_tokenizer):
 def test_llama3_pre_tokenizer(tmp_path, smollm):
     """The LLaMA 3 split (``llama-bpe``) on the real vocabulary, against transformers' reading of
     the same metadata."""
-    from pto.orchestration.model.gguf_file import open_gguf
     from pto.orchestration.llm.tokenizer import load_tokenizer
+    from pto.orchestration.model.gguf_file import open_gguf
     from transformers import AutoTokenizer
 
     src = open_gguf(smollm)
