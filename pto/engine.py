@@ -52,13 +52,14 @@ class Job:
 SETTING_NAMES = ("device", "backend", "executor", "config", "dtype", "target", "tp")
 
 
-def resolve(program: str, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
+def resolve(program: str | Program, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
             target: str | Target | None = None, options: dict | None = None, **settings) -> Job:
     """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
-    command), every value checked. ``settings``: the program's common settings (``config``,
-    ``dtype``, ``tp``: the tensor-parallel ranks, one rank's module; :meth:`Program.settings`),
-    ``options`` its own."""
-    prog = programs.get(program)
+    command), every value checked. ``program``: a registered name or the program itself;
+    ``settings``: the program's common settings (``config``, ``dtype``, ``tp``: the
+    tensor-parallel ranks, one rank's module; :meth:`Program.settings`), ``options`` its own."""
+    prog = program if isinstance(program, Program) else programs.get(program)
+    program = prog.name
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
     tg = target if isinstance(target, Target) else resolve_target(target, dev)
@@ -194,14 +195,21 @@ def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool =
     return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars), compile_ms)
 
 
-def build_graph(job: Job, shape: Shape, adaptive: bool = True) -> BuiltGraph:
+def module_of(job: Job, shape: Shape) -> Module:
+    """The module ``job`` runs at ``shape``: the size checked first (:meth:`Program.check_size`:
+    a size the program cannot run is refused before any work, so no caller builds a graph that
+    computes something else), then built. A run calls it once and hands the module on
+    (:func:`build_graph`, :class:`Runner`, :func:`check_memory`)."""
+    job.program.check_size(job.settings, shape)
+    return job.program.build(job.settings, shape)
+
+
+def build_graph(job: Job, shape: Shape, adaptive: bool = True, module: Module | None = None) -> BuiltGraph:
     """The task graph of ``job`` at ``shape``, built the way every run builds it (``pto graph``
-    stops here). A size the program cannot run is refused here too (the commands refuse it
-    earlier, before any work), so no caller builds a graph that computes something else."""
+    stops here): of ``module``, the caller's :func:`module_of` (None: made here)."""
     prog, s = job.program, job.settings
-    prog.check_size(s, shape)
     t0 = time.perf_counter()
-    built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target)
+    built = build_module_graph(module or module_of(job, shape), prog.scalars(s, shape), adaptive, s.target)
     built.compile_ms = (time.perf_counter() - t0) * 1e3 - built.graph.build_ms
     return built
 
@@ -298,14 +306,16 @@ class Runner(Prepared):
     """A job prepared at one shape (a :class:`Shape`, or an int: the program's first shape
     parameter) for repeated execution; a call takes the program's inputs and returns its
     outputs. :func:`get_runner` caches runners by shape, so a CUDA graph is rebuilt only when the
-    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`."""
+    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`;
+    ``module``: the job's module at the shape where the caller has built it (:func:`module_of`)."""
 
     def __init__(self, job: Job, shape: Shape | int, adaptive: bool = True, *, record: bool = False,
-                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None):
+                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None,
+                 module: Module | None = None):
         self.job, self.shape = job, job.program.shape(shape)
         place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress,
                           job.program.schedules)
-        super().__init__(build_graph(job, self.shape, adaptive), place,
+        super().__init__(build_graph(job, self.shape, adaptive, module), place,
                          packed=job.program.packed_inputs(job.settings))
         self.compile_ms = self.built.compile_ms
 
@@ -317,12 +327,14 @@ class Runner(Prepared):
 _RUNNERS: dict[tuple, Runner] = {}
 
 
-def get_runner(job: Job, shape: Shape, adaptive: bool = True, deterministic: bool = False) -> Runner:
-    """The cached runner of this job at this shape (built on first use)."""
+def get_runner(job: Job, shape: Shape, adaptive: bool = True, deterministic: bool = False,
+               module: Module | None = None) -> Runner:
+    """The cached runner of this job at this shape (built on first use, of ``module`` where the
+    caller has built it)."""
     key = (job.program.name, job.settings.key, job.device, job.backend, job.executor, shape, adaptive, deterministic)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = Runner(job, shape, adaptive, deterministic=deterministic)
+        runner = _RUNNERS[key] = Runner(job, shape, adaptive, deterministic=deterministic, module=module)
     return runner
 
 
@@ -367,4 +379,4 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
 
 
 __all__ = ["Job", "resolve", "placement", "execute", "Prepared", "Placement", "Runner", "get_runner", "clear_runners",
-           "rel_err", "check_memory", "build_graph", "build_module_graph", "BuiltGraph", "SETTING_NAMES"]
+           "rel_err", "check_memory", "module_of", "build_graph", "build_module_graph", "BuiltGraph", "SETTING_NAMES"]

@@ -223,7 +223,11 @@ class Program:
     def shape(self, value: Shape | Mapping | int | None = None, **named: int | None) -> Shape:
         """A checked :class:`Shape`: ``value`` (a Shape, a mapping of names to values, or an int
         for the first parameter) and ``named`` values over the defaults; an unknown name or a
-        value that is not a positive integer is one UsageError naming the flag."""
+        value that is not a positive integer is one UsageError naming the flag. A Shape this
+        program made is itself (checked once)."""
+        if isinstance(value, Shape) and not any(v is not None for v in named.values()) \
+                and tuple(value) == tuple(p.name for p in self.shape_params):
+            return value
         given: dict = {}
         if isinstance(value, Mapping):
             given.update(value)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
@@ -173,6 +174,7 @@ def cdiv_int(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@lru_cache(maxsize=32)
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
                cache: int | None = None) -> Module:
@@ -180,7 +182,9 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
     step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
-    the capacity the step will run with, where known (a long cache combines in two levels)."""
+    the capacity the step will run with, where known (a long cache combines in two levels).
+    Built once per process and description (the program's runs and a generation's steps share
+    it; the module is immutable)."""
     t = (tiling or DecodeTiling()).for_cache(cache)
     cfg = cfg.shard(tp)
     S = spans(cache, t)

@@ -16,7 +16,7 @@ def _job(args):
 
     prog = get(args.program)
     options = {o.name: getattr(args, o.name) for o in prog.options}
-    return resolve(args.program, device=args.device, backend=getattr(args, "backend", "auto"),
+    return resolve(prog, device=args.device, backend=getattr(args, "backend", "auto"),
                    executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
                    target=args.target, options=options, tp=getattr(args, "tp", 1))
 
