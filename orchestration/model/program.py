@@ -11,6 +11,8 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
@@ -82,6 +84,16 @@ class ModelProgram(Program):
 
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"
+
+    def settings(self, *, device: str = "cpu", config: str | None = None, **kw) -> Settings:
+        """The base rule, and ``--weights`` in place of ``--config``: the settings' config is then
+        the file's shape (:meth:`ModelConfig.spec`), so that every report names what ran (the
+        file itself is the ``weights`` option)."""
+        if kw.get("weights") and config not in (None, "auto"):
+            raise UsageError(f"{self.name}: --weights and --config {config} both give the model's configuration; "
+                             "give one of them")
+        s = super().settings(device=device, config=config, **kw)
+        return replace(s, config=self.config(s).spec()) if s["weights"] else s
 
     def config(self, s: Settings) -> ModelConfig:
         if s["weights"]:
