@@ -24,7 +24,7 @@ from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
 from pto.ir.dtypes import DType
-from pto.program import Program, Settings, Shape
+from pto.program import CountsTasks, Program, Settings, Shape
 from pto.target import Target
 from pto.target import resolve as resolve_target
 
@@ -151,7 +151,7 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
         tensors += sum(sizes[n] for n in job.program.outputs if n in sizes)
     scratch = job.program.scratch_bytes(job.settings, shape) if execute else 0
     tensors += scratch
-    counts = job.program.counts(job.settings, shape)
+    counts = job.program.counts(job.settings, shape) if isinstance(job.program, CountsTasks) else None
     graph = counts["tasks"] * RUNTIME_BYTES_PER_TASK + counts["edges"] * RUNTIME_BYTES_PER_EDGE if counts else 0
     needs = [("cpu", graph + (tensors if job.device == "cpu" else 0))]
     if job.device != "cpu" and execute:

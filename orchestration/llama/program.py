@@ -26,7 +26,7 @@ from pto.errors import UsageError
 from pto.ir.dtypes import DType
 from pto.ir.nodes import Module
 from pto.passes.fusion import FusionReport, fuse
-from pto.program import Option, Program, Settings, Shape, ShapeParam, seeded_randn
+from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam, seeded_randn
 from pto.target import Target
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
@@ -203,13 +203,14 @@ class LlamaProgram(Program):
 
         return self.settings(config=config, dtype="f32", target=get("ascend910b"), attention="split", causal=False)
 
-    def estimate_baselines(self, s: Settings) -> list:
-        from pto.tools.estimate import Baseline
-
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
         if s.config not in CONFIGS or self.config(s).window:
             return []  # the seed's setting is bidirectional: a layer of a file or with a window has none
         return [Baseline("seed setting", self.seed_settings(s.config),
                          {k: v[0] for k, v in SEED_ROWS.items()}, ("seed runtime", SEED_BYTES_PER_TASK))]
+
+    def estimate_columns(self, s: Settings, shape: Shape) -> dict[str, int]:
+        return {}  # the layer's bytes are its tensors' (the table's own column)
 
     def scalar_exprs(self, s):
         return {"S": Var("seq")}

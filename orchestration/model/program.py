@@ -24,7 +24,7 @@ from pto.orchestration.model.reference import KVCache, ReferenceModel
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
-from pto.program import Option, Program, Settings, Shape, ShapeParam
+from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
 
 CONFIGS = {
     "tiny": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2), vocab=512, layers=2,
@@ -156,6 +156,9 @@ class ModelProgram(Program):
         weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
             c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
         return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
+        return []  # no published counts of a decode step to draw beside
 
     def scalar_exprs(self, s):
         return {"B": Var("batch"), "C": Var("cache")}

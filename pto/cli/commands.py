@@ -128,8 +128,10 @@ def _cmd_estimate(args) -> int:
     kw = dict(shape=shapes[0], adaptive=not args.no_adaptive)
     res = estimate(job.program, values, settings=job.settings, progress=wanted(args.json), **kw)
     if args.plot:
-        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw))
-                     for b in job.program.estimate_baselines(job.settings)]
+        from pto.program import Estimation
+
+        mine = job.program.estimate_baselines(job.settings) if isinstance(job.program, Estimation) else []
+        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw)) for b in mine]
         plot(res, args.plot, baselines)
         res["plot"] = args.plot
     print(json.dumps(res) if args.json else format_table(res))
