@@ -37,7 +37,7 @@ from pto.orchestration.llm.sampling import Sampler
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.program import PROGRAM as STEP
-from pto.orchestration.model.program import shard_inputs, stack_weights, tiling_for
+from pto.orchestration.model.program import shard_inputs, stack_weights, tiling_for, unstack_weights
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
@@ -54,12 +54,16 @@ class Generation:
     capacity: int = 0
     tasks_per_step: int = 0
     executor: str = ""
+    #: the decode step's preparation for this batch and capacity (its graph built, the weights
+    #: stacked onto the device; 0 when an earlier generation prepared it)
+    prepare_ms: float = 0.0
 
     def to_json(self) -> dict:
         steps = len(self.decode_ms)
         per = sorted(self.decode_ms)[steps // 2] if steps else None
         return {"new_tokens": [len(t) for t in self.tokens], "prompt_tokens": self.prompt_tokens,
-                "prefill_ms": round(self.prefill_ms, 3), "steps": steps,
+                "prepare_ms": round(self.prepare_ms, 3), "prefill_ms": round(self.prefill_ms, 3),
+                "first_step_ms": round(self.decode_ms[0], 3) if steps else None, "steps": steps,
                 "ms_per_token": None if per is None else round(per, 4),
                 "tokens_per_s": None if not per else round(len(self.tokens) * 1e3 / per, 1),
                 "cache": self.capacity, "tasks_per_step": self.tasks_per_step, "executor": self.executor}
@@ -116,6 +120,8 @@ class Generator:
         self.layer_form = LayerForm(whole=self.target.is_gpu, kv_out=True)
         self._layers: dict = {}
         self._steps: dict = {}
+        self._weights: dict[str, torch.Tensor] | None = None  # the step's, on the device (_stacked)
+        self._layer_views: list[dict[str, torch.Tensor]] | None = None  # each layer's, views of them
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
 
     # -- the decode step ----------------------------------------------------------------------
@@ -132,11 +138,7 @@ class Generator:
             module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
                                 cache=capacity)
             built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
-            inputs = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
-            if self.tp > 1:
-                inputs = shard_inputs(self.config, inputs, self.tp, self.rank, self.tiling.wt)
-            inputs = {k: v.to(self.device) for k, v in inputs.items()}
-            inputs.update(cos=self.cos, sin=self.sin)
+            inputs = {**self._stacked(), "cos": self.cos, "sin": self.sin}
             kvd = self.local.layer.kv_dim
             for name in ("k_cache", "v_cache"):  # slots never written are masked, and finite
                 inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
@@ -144,6 +146,23 @@ class Generator:
             inputs.update(tok=torch.zeros(batch, 1, device=self.device), pos=torch.zeros(batch, 1, device=self.device))
             self._steps[key] = Prepared(built, self.step_place, inputs)
         return self._steps[key]
+
+    def _stacked(self) -> dict[str, torch.Tensor]:
+        """The step's weight inputs (this rank's), made once and shared by every step's graph
+        (read-only): each tensor moved to the device first, then stacked there (on a GPU the
+        transposes and copies of :func:`stack_weights` take milliseconds where the host takes
+        seconds)."""
+        if self._weights is None:
+            w, dev = self.weights, self.device
+            emb = w.embedding.to(dev)
+            tied = w.lm_head.untyped_storage().data_ptr() == w.embedding.untyped_storage().data_ptr()
+            moved = ModelWeights(w.config, emb, w.norm.to(dev), emb.t() if tied else w.lm_head.to(dev),
+                                 [{k: v.to(dev) for k, v in layer.items()} for layer in w.layers])
+            stacked = stack_weights(moved, self.tiling.wt, self.tiling.lm_wt)
+            if self.tp > 1:
+                stacked = shard_inputs(self.config, stacked, self.tp, self.rank, self.tiling.wt)
+            self._weights = stacked
+        return self._weights
 
     # -- prefill ------------------------------------------------------------------------------
     def _layer(self, seq: int):
@@ -182,8 +201,18 @@ class Generator:
             t["pos"][b, 0] = float(n)
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
-        w = self.weights.layers[layer]
-        return {**{k: v.to(self.device) for k, v in w.items()}, "cos": self.cos[:seq], "sin": self.sin[:seq]}
+        """Layer ``layer``'s weights for the layer's graph: views of the step's stacked ones on
+        the device (one rank), or the whole layer's from the host (each rank holds its share
+        only)."""
+        if self.tp == 1:
+            if self._layer_views is None:
+                self._layer_views = unstack_weights(self.config, self._stacked(), self.tiling.wt,
+                                                    self.tiling.lm_wt).layers
+            w = self._layer_views[layer]
+        else:
+            w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
+        return {**w, "cos": self.cos[:seq], "sin": self.sin[:seq]}
+
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None,
@@ -198,12 +227,13 @@ class Generator:
         if max_new_tokens < 1:
             raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
         capacity = capacity_for(self.weights, max(map(len, prompts)) + max_new_tokens, self.tiling.chunk)
-        step = self.step(len(prompts), capacity)
         t0 = time.perf_counter()
+        step = self.step(len(prompts), capacity)
+        t1 = time.perf_counter()
         self.prefill(step, prompts, capacity)
         self._sync()
-        out = Generation([[] for _ in prompts], [len(p) for p in prompts], (time.perf_counter() - t0) * 1e3,
-                         capacity=capacity, tasks_per_step=step.graph.tasks)
+        out = Generation([[] for _ in prompts], [len(p) for p in prompts], (time.perf_counter() - t1) * 1e3,
+                         capacity=capacity, tasks_per_step=step.graph.tasks, prepare_ms=(t1 - t0) * 1e3)
         stop = set(self.config.eos_ids if stop_ids is None else stop_ids)
         done = [False] * len(prompts)
         for _ in range(max_new_tokens):

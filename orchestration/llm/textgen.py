@@ -1,7 +1,9 @@
 """``pto generate``'s answer (:data:`GENERATOR`, the ``llm`` entry point of the
 ``pto.generators`` group): a checkpoint and prompts in, text out, streamed as it is generated,
 then the speed of the prompt (prefill) and of decoding (milliseconds per token, tokens per
-second).
+second); ``--json`` adds where the time before the first token went (``load_ms``: the tokenizer
+and the weights; ``prepare_ms``: the decode step's graph and its inputs on the device;
+``prefill_ms``; ``first_step_ms``: the first step, kernels loaded).
 
 The request (:class:`pto.generation.GenerateRequest`) names the model (``--gguf FILE`` or
 ``--hf DIR``: its configuration, weights and tokenizer) and the prompts (repeatable, or
@@ -15,6 +17,7 @@ rank 0 streams and reports.
 
 from __future__ import annotations
 
+import time
 from typing import TextIO
 
 from pto.errors import UsageError
@@ -70,8 +73,11 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     if dist.init(device, req.tp, command="generate") != 0:
         stream = None  # every rank makes the same tokens: rank 0 shows them
     dtype = default_dtype(device) if req.dtype == "auto" else dtype_of(req.dtype)
+    t0 = time.perf_counter()
     tok = load_tokenizer(req.path)
+    t1 = time.perf_counter()
     weights = load_weights(req.path, dtype.torch)
+    load_ms = {"tokenizer": round((t1 - t0) * 1e3, 3), "weights": round((time.perf_counter() - t1) * 1e3, 3)}
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) if req.chat else tok.encode(p)
                for p in req.sequences]
     longest = max(map(len, prompts)) + req.max_new_tokens
@@ -102,7 +108,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
             stream.write(rest + "\n")
             stream.flush()
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
-            **result.to_json()}
+            "load_ms": load_ms, **result.to_json()}
 
 
 def format_speed(res: dict) -> str:
