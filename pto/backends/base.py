@@ -76,6 +76,12 @@ class Backend(ABC):
         """Whether ``auto`` may pick this backend on ``device``."""
         return cls.unusable(device) is None
 
+    @classmethod
+    def modes(cls, target) -> dict[str, str]:
+        """The modes the environment sets for this backend on a GPU of ``target`` (``pto info``
+        lists them); none by default."""
+        return {}
+
     # -- what executors call -----------------------------------------------------------------------
     @abstractmethod
     def prepare(self, batch: TaskBatch) -> Launch:

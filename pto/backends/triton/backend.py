@@ -169,6 +169,13 @@ class TritonBackend(Backend):
     def auto_candidate(cls, device: str) -> bool:
         return device == "cuda" and triton_available()
 
+    @classmethod
+    def modes(cls, target) -> dict[str, str]:
+        """Programmatic dependent launch and tensor-descriptor loads (:mod:`.modes`)."""
+        compiles = os.environ.get("TRITON_INTERPRET") != "1"
+        return {"pdl": pdl_mode(target.capability, compiles) or "off",
+                "tma": "on" if tma_mode(target.capability, compiles) else "off"}
+
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
         heuristics, then the schedule database's entry for the variant and the batch's shape
