@@ -301,3 +301,69 @@ def test_no_generic_module_tells_backends_apart_by_name():
                 if any(v in backends for v in consts):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "backend names compared (use pto.backends.capable): " + ", ".join(found)
+
+
+def _tree_entries() -> dict[str, str]:
+    """docs/ARCHITECTURE.md's tree (the first code block of "The tree"): each entry's text by its
+    path (``pto/`` + an entry indented under it, e.g. ``pto/ir/``, ``pto/engine.py``; a folder at
+    the left margin, e.g. ``orchestration/``), its continuation lines included."""
+    import re
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("## The tree", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        m = re.match(r"^( {0,2})([\w.]+/|[\w.]+\.py)(\s|$)", line)
+        if m:
+            current = ("pto/" if m.group(1) else "") + m.group(2)
+            entries[current] = line[m.end(2):]
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_architecture_tree_names_every_module():
+    """Every module of pto/, incore/, orchestration/, runtime_c/, tools/ and bench/ is named in
+    docs/ARCHITECTURE.md's tree, so the tree cannot drift from the code: a module of a folder of
+    pto/ (``pto/passes/fusion.py``) by its name in that folder's entry (``passes/``), one at the top
+    of pto/ by its file name in pto's entries (``engine.py``), the others by their name in their
+    top folder's entry (``orchestration/`` names ``textgen``). A new module fails here until the
+    tree names it."""
+    import re
+
+    entries = _tree_entries()
+    top_level = " ".join(f"{k.removeprefix('pto/')} {v}" for k, v in entries.items() if k.startswith("pto/"))
+    missing = []
+    folders = ("pto", "incore", "orchestration", "runtime_c", "tools", "bench")
+    files = [p for d in folders for p in (ROOT / d).rglob("*.py")]
+    for path in sorted(files):
+        rel = path.relative_to(ROOT)
+        if path.stem == "__init__" or "__pycache__" in rel.parts:
+            continue
+        if rel.parts[0] == "pto" and len(rel.parts) == 2:
+            where, text = "pto/", top_level
+            named = re.search(rf"(?<![\w/]){re.escape(path.name)}\b", text)
+        else:
+            where = "/".join(rel.parts[:2]) + "/" if rel.parts[0] == "pto" else rel.parts[0] + "/"
+            text = entries.get(where, "")
+            named = re.search(rf"(?<![\w.]){re.escape(path.stem)}(?![\w])", text)
+        if not named:
+            missing.append(f"{rel} (name it in the entry {where!r})")
+    assert not missing, "modules docs/ARCHITECTURE.md's tree does not name: " + ", ".join(missing)
+
+
+def test_the_application_sits_above_the_programs_and_nothing_imports_it():
+    """The generation application (orchestration/llm) may import what the programs may, the
+    programs and the engine; no area may import it (pto generate finds it through its entry
+    point); docs/ARCHITECTURE.md's table says so in its row."""
+    from pto import plugins
+    from pto.generation import GROUP
+
+    assert RULES["app"] == RULES["orchestration"] | {"orchestration", "engine"}
+    assert not [a for a, deps in RULES.items() if a != "app" and ("app" in deps or "orchestration.llm" in deps)]
+    (ep,) = plugins.group(GROUP).values()
+    assert area_of(ep.value.split(":")[0]) == "app"
+    section = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## Import directions", 1)[1]
+    (row,) = [r for r in section.splitlines() if r.startswith("| `app`")]
+    assert "`orchestration/llm/`" in row and "`orchestration`" in row and "`engine`" in row, row
