@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # rank 0's single-process step (a cold compile of every kernel) keeps the other ranks waiting
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
+from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
-from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
 from pto import dist, timing  # noqa: E402

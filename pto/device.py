@@ -6,7 +6,6 @@ backends and executors ``auto`` picks come from their registries.
 
 from __future__ import annotations
 
-import os
 import platform
 
 from pto.errors import UsageError
@@ -67,12 +66,11 @@ def info(device: str = "auto") -> dict:
     if dev == "cuda":
         out["bf16"] = t.capability >= (8, 0)
         out["fp8"] = t.capability >= (8, 9)
-    if dev == "cuda" and triton_version:
-        from pto.backends.triton import pdl_mode, tma_mode
-
-        compiles = os.environ.get("TRITON_INTERPRET") != "1"
-        out["pdl"] = pdl_mode(t.capability, compiles) or "off"
-        out["tma"] = "on" if tma_mode(t.capability, compiles) else "off"
+    if dev == "cuda":  # what each backend that runs here says of its modes on this GPU
+        for name in backends.names():
+            cls = backends.backend_class(name)
+            if cls.unusable(dev) is None:
+                out.update(cls.modes(t))
     return out
 
 

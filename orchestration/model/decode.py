@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
+from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
 
@@ -55,16 +57,6 @@ from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
 from pto.target import Target
-
-
-def allreduce_dtype(dtype: DType, choice: str) -> DType:
-    """The dtype the ranks' partial sums are summed in: the storage ``dtype`` (``choice``
-    "storage", as Megatron) or f32."""
-    from pto.errors import UsageError
-
-    if choice not in ("storage", "f32"):
-        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
-    return dtype if choice == "storage" else DType.F32
 
 
 @dataclass(frozen=True)
@@ -182,6 +174,7 @@ def cdiv_int(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@lru_cache(maxsize=32)
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
                cache: int | None = None) -> Module:
@@ -189,110 +182,153 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
     step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
-    the capacity the step will run with, where known (a long cache combines in two levels)."""
+    the capacity the step will run with, where known (a long cache combines in two levels).
+    Built once per process and description (the program's runs and a generation's steps share
+    it; the module is immutable)."""
     t = (tiling or DecodeTiling()).for_cache(cache)
     cfg = cfg.shard(tp)
-    S = spans(cache, t)
-    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None, S or (cache // t.chunk if cache else None))
-    c = cfg.layer
-    L, H, D, QD, KVD, F, NQ = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
-    NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
-    o = Orchestration("decode_step")
-    B, C = o.scalar("B"), o.scalar("C")
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
-    ws = weight_shapes(cfg, t.wt)
+    spans_ = spans(cache, t)
+    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
+                   spans_ or (cache // t.chunk if cache else None))
+    return _Step(cfg, dt, t, fn, cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch)), spans_).module()
 
-    def W(kind: str, l):
+
+class _Step:
+    """The step's orchestration under construction: the rank's configuration ``cfg``, the
+    tiling ``t``, the functions ``fn``, the LM head's vocabulary blocks ``nbv``, the combine's
+    spans ``S`` (0: one level); the scalars ``B``, ``C`` and the chunks a sequence's cache holds,
+    ``J``; the tensors ``T``."""
+
+    def __init__(self, cfg: ModelConfig, dt: DType, t: DecodeTiling, fn: DecodeFunctions, nbv: int, spans_: int):
+        self.cfg, self.c, self.dt, self.t, self.fn, self.nbv, self.S = cfg, cfg.layer, dt, t, fn, nbv, spans_
+        self.o = Orchestration("decode_step")
+        self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
+        self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
+        self.ws = weight_shapes(cfg, t.wt)
+
+    def W(self, kind: str, l):
         """Layer ``l``'s block of a stacked weight, as a call's region."""
-        rows, cols = ws[kind]
-        return (T[kind], l * rows, 0, rows, cols)
+        rows, cols = self.ws[kind]
+        return (self.T[kind], l * rows, 0, rows, cols)
 
-    def A(name: str, cols):
+    def A(self, name: str, cols):
         """The batch's rows of an activation (a projection's tiles may be taller: padded)."""
-        return (T[name], 0, 0, B, cols)
+        return (self.T[name], 0, 0, self.B, cols)
 
-    J = o.let("J", C // t.chunk)  # attention chunks per sequence
-    with o.for_loop("b0", 0, B) as b:
-        o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
-    with o.for_loop("l", 0, L) as l:
-        projection = {"x": A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l)}
-        if fn.qkv_rope is not None:  # one sequence: its RoPE and append in the projection's task
-            o.call(fn.qkv_rope, {**projection, "pos": (T["pos"], 0, 0, 1, 1), "cos": T["cos"], "sin": T["sin"],
-                                 "q": (T["q"], 0, 0, NQ, D), "kc": (T["k_cache"], l * C, 0, C, KVD),
-                                 "vc": (T["v_cache"], l * C, 0, C, KVD), "cap": C})
-        else:
-            o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
-        with o.for_loop("b", 0, B) as b:
-            _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
-        o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
-                            "y": A("hb", F)})
-        o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
-               dims={"K": F, "N": H})
-    _sample(o, fn, T, (B, H, cfg.vocab, NBV))
-    return o.module()
+    def module(self) -> Module:
+        o, fn, T, c, C = self.o, self.fn, self.T, self.c, self.C
+        H, D, QD, KVD, F, NQ = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
+        self.J = o.let("J", C // self.t.chunk)  # attention chunks per sequence
+        with o.for_loop("b0", 0, self.B) as b:
+            o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
+        with o.for_loop("l", 0, self.cfg.layers) as l:
+            projection = {"x": self.A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": self.W("w_qkv", l)}
+            if fn.qkv_rope is not None:  # one sequence: its RoPE and append in the projection's task
+                o.call(fn.qkv_rope, {**projection, "pos": (T["pos"], 0, 0, 1, 1), "cos": T["cos"], "sin": T["sin"],
+                                     "q": (T["q"], 0, 0, NQ, D), "kc": (T["k_cache"], l * C, 0, C, KVD),
+                                     "vc": (T["v_cache"], l * C, 0, C, KVD), "cap": C})
+            else:
+                o.call(fn.qkv, {**projection, "y": self.A("qkv", QD + 2 * KVD)})
+            with o.for_loop("b", 0, self.B) as b:
+                self._attention(l, b)
+            o.call(fn.proj_o or fn.proj, {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H),
+                                          "y": self.A("x2", H)})
+            o.call(fn.gate_up, {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l),
+                                "wu": self.W("wu", l), "y": self.A("hb", F)})
+            o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
+                   dims={"K": F, "N": H})
+        self._sample()
+        return o.module()
 
+    def _attention(self, l, b) -> None:
+        """Layer l's attention of sequence b: RoPE and the append (unless the projection did
+        them), the chunks' partial states per key/value head, then the combine."""
+        o, fn, T, c, t, C, J = self.o, self.fn, self.T, self.c, self.t, self.C, self.J
+        D, QD, KVD, NQ, NKV, G = c.head_dim, c.q_dim, c.kv_dim, c.heads, c.kv_heads, c.heads // c.kv_heads
+        row = (l * self.B + b) * C
+        if fn.qkv_rope is None:
+            tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
+            o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
+                             "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+        with o.for_loop("j", 0, J) as j:
+            for g in range(NKV):
+                part = (b * J + j) * NQ + g * G
+                o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
+                                 "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                 "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                 "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
+                                 "j0": j * t.chunk, "cap": C})
+        self._combine(b)
 
-def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, sizes: tuple) -> None:
-    """Layer l's attention of sequence b (``sizes``: l, b, B, C, J, S, the rank's config): RoPE
-    and the append (unless the projection did them), the chunks' partial states per key/value
-    head, then the combine."""
-    l, b, B, C, J, S, cfg = sizes
-    c = cfg.layer
-    D, QD, KVD, NQ, NKV, G = c.head_dim, c.q_dim, c.kv_dim, c.heads, c.kv_heads, c.heads // c.kv_heads
-    row = (l * B + b) * C
-    if fn.qkv_rope is None:
-        tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
-        o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
-                         "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
-    with o.for_loop("j", 0, J) as j:
-        for g in range(NKV):
-            part = (b * J + j) * NQ + g * G
-            o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
-                             "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                             "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                             "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
-                             "j0": j * t.chunk, "cap": C})
-    _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
+    def _combine(self, b) -> None:
+        """Sequence b's attention output of every query head from its chunks' partial states: one
+        combine over the J chunks, or (``S`` spans) a merge per span of ``t.span`` chunks, then a
+        combine over the spans; each combine reads its head's states at once where they are few
+        (``fn.combine_parts``), else in a loop."""
+        o, fn, T, S, SPAN, C, J = self.o, self.fn, self.T, self.S, self.t.span, self.C, self.J
+        NQ, D = self.c.heads, self.c.head_dim
+        pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
+        if S:
+            with o.for_loop("s", 0, S) as s:
+                for h in range(NQ):
+                    first, into = (b * J + s * SPAN) * NQ + h, (b * S + s) * NQ + h
+                    o.call(fn.merge, {"pos": pos, "o_in": (T["o_part"], first, 0, (SPAN - 1) * NQ + 1, D),
+                                      "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
+                                      "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
+                                      "stride": NQ, "j0": s * SPAN, "cap": C})
+            src, n = ("o_span", "ml_span"), S
+        for h in range(NQ):
+            first = b * n * NQ + h
+            region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),
+                      "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2), "y": (T["attn"], b, h * D, 1, D)}
+            if fn.combine_parts is not None:
+                o.call(fn.combine_parts, region)
+                continue
+            o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
 
+    def _sample(self) -> None:
+        """The step's end: the LM head with the first stage of the argmax, then per sequence the
+        token and the next position."""
+        o, fn, T, B, H, V, NBV = self.o, self.fn, self.T, self.B, self.c.hidden, self.cfg.vocab, self.nbv
+        # the norm's weight as its region (a K step that does not divide H reads past it: masked)
+        o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
+                       "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
+                       "index": (T["index"], 0, 0, B, NBV)})
+        with o.for_loop("b1", 0, B) as b:
+            o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
+                                "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
-def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
-    """Sequence b's attention output of every query head from its chunks' partial states: one
-    combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
-    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); each combine reads
-    its head's states at once where they are few (``fn.combine_parts``), else in a loop."""
-    b, J, S, SPAN, NQ, D, C = sizes
-    pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
-    if S:
-        with o.for_loop("s", 0, S) as s:
-            for h in range(NQ):
-                first, into = (b * J + s * SPAN) * NQ + h, (b * S + s) * NQ + h
-                o.call(fn.merge, {"pos": pos, "o_in": (T["o_part"], first, 0, (SPAN - 1) * NQ + 1, D),
-                                  "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
-                                  "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
-                                  "stride": NQ, "j0": s * SPAN, "cap": C})
-        src, n = ("o_span", "ml_span"), S
-    for h in range(NQ):
-        first = b * n * NQ + h
-        region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
-                  "y": (T["attn"], b, h * D, 1, D)}
-        if fn.combine_parts is not None:
-            o.call(fn.combine_parts, region)
-            continue
-        o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
+    def _tensors(self, unused: tuple[str, ...] = ()) -> dict:
+        """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
+        logits (output) and the activations between tasks (temps; those in ``unused`` not
+        declared)."""
+        o, cfg, dt, c, t, B, C, S = self.o, self.cfg, self.dt, self.c, self.t, self.B, self.C, self.S
+        J = C // t.chunk
+        L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
+        ws = weight_shapes(cfg, t.wt)
 
+        def stacked(kind: str):
+            rows, cols = ws[kind]
+            return o.input(kind, L * rows, cols, dt)
 
-def _sample(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
-    """The step's end: the LM head with the first stage of the argmax, then per sequence the
-    token and the next position (``sizes``: B, H, the vocabulary, its blocks)."""
-    B, H, V, NBV = sizes
-    # the norm's weight as its region (a K step that does not divide H reads past it: masked)
-    o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
-                   "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
-                   "index": (T["index"], 0, 0, B, NBV)})
-    with o.for_loop("b1", 0, B) as b:
-        o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
-                            "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
+        T = {"emb": o.input("emb", V, H, dt), "w_qkv": stacked("w_qkv"),
+             "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
+             "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
+             "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
+             "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), dt),
+             "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
+        T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
+                 tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
+        for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
+                                        ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
+                                        ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
+                                        ("best", B, self.nbv, f32), ("index", B, self.nbv, f32)):
+            if name not in unused:  # (qkv: not with the projection's own RoPE)
+                T[name] = o.temp(name, rows, cols, dtype)
+        if S:
+            T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32),
+                     ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
+        return T
 
 
 def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
@@ -302,39 +338,6 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
     H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
     kn = {"w_qkv": (H, QD + 2 * KVD), "wo": (QD, H), "wg": (H, F), "wu": (H, F), "wd": (F, H)}
     return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
-
-
-def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling,
-             unused: tuple[str, ...] = ()) -> dict:
-    """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
-    logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J
-    and the combine's spans S (0: none)."""
-    B, C, J, S = sizes
-    c = cfg.layer
-    L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
-    ws = weight_shapes(cfg, t.wt)
-
-    def stacked(kind: str):
-        rows, cols = ws[kind]
-        return o.input(kind, L * rows, cols, dt)
-
-    T = {"emb": o.input("emb", V, H, dt), "w_qkv": stacked("w_qkv"),
-         "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
-         "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
-         "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
-         "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), dt),
-         "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
-    T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
-             tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
-    for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
-                                    ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
-                                    ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
-                                    ("best", B, NBV, f32), ("index", B, NBV, f32)):
-        if name not in unused:  # (qkv: not with the projection's own RoPE)
-            T[name] = o.temp(name, rows, cols, dtype)
-    if S:
-        T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32), ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
-    return T
 
 
 # (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)

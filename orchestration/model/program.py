@@ -24,7 +24,7 @@ from pto.orchestration.model.reference import KVCache, ReferenceModel
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
-from pto.program import Option, Program, Settings, Shape, ShapeParam
+from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
 
 CONFIGS = {
     "tiny": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2), vocab=512, layers=2,
@@ -102,25 +102,24 @@ class ModelProgram(Program):
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
-    generates = True
     tensor_parallel = True
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
     # every model measured (SmolLM2 0.43-0.55 against 0.58 ms, Llama-3-8B 4.52 against 6.45;
     # docs/PERF.md, "The megakernel on the peers' design")
     auto_executor = "waves"
 
-    def generate(self, request: dict, stream=None) -> dict:
-        from pto.orchestration.model.textgen import Request, run
-
-        return run(Request(**request), stream)
-
-    def describe_generation(self, res: dict) -> str:
-        from pto.orchestration.model.textgen import format_speed
-
-        return format_speed(res)
-
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"
+
+    def settings(self, *, device: str = "cpu", config: str | None = None, **kw) -> Settings:
+        """The base rule, and ``--weights`` in place of ``--config``: the settings' config is then
+        the file's shape (:meth:`ModelConfig.spec`), so that every report names what ran (the
+        file itself is the ``weights`` option)."""
+        if kw.get("weights") and config not in (None, "auto"):
+            raise UsageError(f"{self.name}: --weights and --config {config} both give the model's configuration; "
+                             "give one of them")
+        s = super().settings(device=device, config=config, **kw)
+        return replace(s, config=self.config(s).spec()) if s["weights"] else s
 
     def config(self, s: Settings) -> ModelConfig:
         if s["weights"]:
@@ -183,6 +182,9 @@ class ModelProgram(Program):
         weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
             c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
         return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
+        return []  # no published counts of a decode step to draw beside
 
     def scalar_exprs(self, s):
         return {"B": Var("batch"), "C": Var("cache")}

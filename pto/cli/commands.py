@@ -15,7 +15,7 @@ def _job(args):
 
     prog = get(args.program)
     options = {o.name: getattr(args, o.name) for o in prog.options}
-    return resolve(args.program, device=args.device, backend=getattr(args, "backend", "auto"),
+    return resolve(prog, device=args.device, backend=getattr(args, "backend", "auto"),
                    executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
                    target=args.target, options=options, tp=getattr(args, "tp", 1))
 
@@ -118,8 +118,10 @@ def _cmd_estimate(args) -> int:
     kw = dict(shape=shapes[0], adaptive=not args.no_adaptive)
     res = estimate(job.program, values, settings=job.settings, progress=wanted(args.json), **kw)
     if args.plot:
-        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw))
-                     for b in job.program.estimate_baselines(job.settings)]
+        from pto.program import Estimation
+
+        mine = job.program.estimate_baselines(job.settings) if isinstance(job.program, Estimation) else []
+        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw)) for b in mine]
         plot(res, args.plot, baselines)
         res["plot"] = args.plot
     print(json.dumps(res) if args.json else format_table(res))
@@ -202,28 +204,14 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    """``pto generate``: the program that generates text (the one registered with ``generates``)."""
-    from pto import programs
-
-    makers = [p for p in (programs.get(n) for n in programs.names()) if p.generates]
-    if not makers:
-        raise UsageError("no installed program generates text")
-    path = args.gguf or args.hf
-    if path is None:
-        raise UsageError("pto generate needs --gguf FILE or --hf DIR (the model)")
-    prompts = list(args.prompt or [])
-    if args.batch > 1 and len(prompts) == 1:
-        prompts *= args.batch
-    elif args.batch > 1 and len(prompts) != args.batch:
-        raise UsageError(f"--batch {args.batch} with {len(prompts)} prompts: give one prompt (copied) or {args.batch}")
-    request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
-               "device": args.device, "dtype": args.dtype, "executor": args.executor,
-               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype}
+    """``pto generate``: the request (:class:`pto.generation.GenerateRequest`) to the installed
+    text generator (:func:`pto.generation.generator`)."""
     from pto import dist
+    from pto.generation import GenerateRequest, generator
 
+    answers = generator()
     try:
-        res = makers[0].generate(request, None if args.json else sys.stdout)
+        res = answers.generate(GenerateRequest.of(args), None if args.json else sys.stdout)
         rank = dist.rank()
     finally:
         dist.shutdown()
@@ -232,7 +220,7 @@ def _cmd_generate(args) -> int:
     if args.json:
         print(json.dumps(res))
     else:  # the texts went to stdout as they were generated
-        print(makers[0].describe_generation(res), file=sys.stderr)
+        print(answers.describe(res), file=sys.stderr)
     return 0
 
 

@@ -195,34 +195,27 @@ def _add_tune(sub, program, helps: bool, more: str) -> None:
 
 
 def _add_generate(sub, program, helps: bool, more: str) -> None:
-    """`pto generate`'s flags."""
+    """`pto generate`'s flags: those of :class:`pto.generation.GenerateRequest`, then ``--json``."""
     from pto.exec import names as executor_names
+    from pto.generation import flags
 
     s = sub.add_parser("generate", help="generate text token by token from a checkpoint (GGUF or Hugging Face), "
                        "each step one task graph", add_help=helps)
-    src = s.add_mutually_exclusive_group()
-    src.add_argument("--gguf", metavar="FILE", help="a GGUF checkpoint (its weights are dequantized at load)")
-    src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder: config.json, safetensors, tokenizer.json")
-    s.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a batch)")
-    s.add_argument("--chat", action="store_true", help="wrap each prompt in the checkpoint's chat template")
-    s.add_argument("--max-new-tokens", type=positive, default=64, metavar="N", help="tokens to generate (default: 64)")
-    s.add_argument("--batch", type=positive, default=1, metavar="B",
-                   help="sequences decoded together: B copies of one --prompt, or B prompts (default: 1)")
-    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where it runs (default: auto)")
-    s.add_argument("--dtype", default="auto", choices=("auto", "f32", "bf16", "f16"),
-                   help="the weights' and activations' dtype (default: auto, bf16 on cuda, f32 on cpu)")
-    s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
-                   help="how each step's graph runs (default: auto)")
-    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0: greedy (the default); above 0: sample from softmax(logits / T)")
-    s.add_argument("--top-k", type=positive, default=None, metavar="K", help="sample among the K most likely tokens")
-    s.add_argument("--top-p", type=float, default=None, metavar="P",
-                   help="sample among the fewest tokens whose probability reaches P (nucleus)")
-    s.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
-    s.add_argument("--tp", type=positive, default=1, metavar="N",
-                   help="tensor-parallel ranks, one process each: torchrun --nproc-per-node N (default: 1)")
-    s.add_argument("--allreduce-dtype", default="storage", choices=("storage", "f32"),
-                   help="with --tp N: the dtype the ranks' partial sums are summed in (default: storage)")
+    converters = {"positive": positive, "int": int, "float": float, "text": None}
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for name, f, default in flags():
+        if f.group is not None and f.group not in groups:
+            groups[f.group] = s.add_mutually_exclusive_group()
+        where = s if f.group is None else groups[f.group]
+        flag, kw = "--" + (f.name or name).replace("_", "-"), {"dest": name, "help": f.help}
+        if f.kind == "switch":
+            where.add_argument(flag, action="store_true", **kw)
+        elif f.kind == "repeat":
+            where.add_argument(flag, action="append", metavar=f.metavar, **kw)
+        else:
+            choices = ["auto", *executor_names()] if f.kind == "executor" else f.choices
+            where.add_argument(flag, type=converters.get(f.kind), default=default, choices=choices, metavar=f.metavar,
+                               **kw)
     s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
 
 

@@ -15,7 +15,6 @@ import numbers
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from pto import programs
 from pto.buffers import tensor_bytes
 from pto.errors import ExecutionError, UsageError
 from pto.graph import CompiledProgram
-from pto.program import Program, Settings, Shape
+from pto.program import Baseline, CountsTasks, Estimation, Program, Settings, Shape
 from pto.progress import iterate
 from pto.target import Target
 
@@ -41,18 +40,6 @@ CALIBRATION_EDGES = 2_000_000
 MAX_SEQ = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """A setting to draw beside the user's in ``--plot`` (a program's ``estimate_baselines``):
-    its label, its settings, published task counts by sequence length (markers), and the bytes
-    per task of another runtime for the same graph (a second memory line), if any."""
-
-    label: str
-    settings: Settings
-    published: dict[int, int] | None = None
-    other_bytes_per_task: tuple[str, float] | None = None
-
-
 class _Counter:
     """Counts of one program setting: closed form when the program has one, else count-only
     builds of the generated C."""
@@ -61,7 +48,7 @@ class _Counter:
         self.prog = prog
         self.s = s
         self._modules: dict[str, object] = {}
-        self.has_closed_form = prog.counts(s, prog.shape()) is not None
+        self.has_closed_form = isinstance(prog, CountsTasks) and prog.counts(s, prog.shape()) is not None
 
     def module(self, shape: Shape):
         """The program's module at ``shape``: the same one for every shape it builds alike (a
@@ -260,7 +247,7 @@ def _row(counter: _Counter, shape: Shape, adaptive: bool, limits: tuple[int, int
            "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
            # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
            "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, shape)).values()),
-           **prog.estimate_columns(s, shape)}
+           **(prog.estimate_columns(s, shape) if isinstance(prog, Estimation) else {})}
     if "row_tiles" in mine:
         row["row_tiles"] = mine["row_tiles"]
     if mine["tasks"] > limits[0] or mine.get("edges", 0) > limits[1]:
@@ -316,7 +303,7 @@ def _human_seqs(values) -> str:
     return ", ".join(_human_seq(v) for v in values)
 
 
-#: column labels of the programs' own byte counts (:meth:`Program.estimate_columns`)
+#: column labels of the programs' own byte counts (:meth:`pto.program.Estimation.estimate_columns`)
 _EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
 
 
@@ -374,7 +361,7 @@ def _label(res: dict) -> str:
 
 def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     """Tasks and runtime memory against sequence length (log-log): this setting ("ours"), and
-    each baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at
+    each baseline (the program's :meth:`~pto.program.Estimation.estimate_baselines`, estimated at
     the same lengths) with its published rows as markers; every setting spelled out in the
     title (:mod:`pto.tools.plotting`). Returns the figure."""
     from pto.tools.plotting import figure, finish, log_axes

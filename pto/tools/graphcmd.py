@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from pto.engine import Job, build_graph, check_memory
+from pto.engine import Job, build_graph, check_memory, module_of
 from pto.errors import UsageError
 from pto.passes.chains import Chain, find_chains
 from pto.passes.fusion import Fusion
@@ -43,9 +43,9 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
     prog, s = job.program, job.settings
     shape = prog.shape(shape)
     check_outputs(dump, draw)
-    prog.check_size(s, shape)
-    check_memory(job, shape, prog.build(s, shape), check=False, execute=False)
-    built = build_graph(job, shape)
+    module = module_of(job, shape)
+    check_memory(job, shape, module, check=False, execute=False)
+    built = build_graph(job, shape, module=module)
     graph = built.graph
     try:
         out = {k: v for k, v in job.to_json().items() if k != "executor"}

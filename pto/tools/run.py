@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pto import programs
-from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, rel_err, resolve
+from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, module_of, rel_err, resolve
 from pto.errors import UsageError
 from pto.program import Shape
 
@@ -89,11 +89,11 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     rank = dist.init(job.device, job.settings.tp, command=f"run {job.program.name}")
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
         opts = replace(opts, dump=None, trace=None, save=None, save_inputs=None)
-    whole = _prepare_checks(job, shape, opts)
+    module, whole = _prepare_checks(job, shape, opts)
     cached = opts.repeat > 1 and not opts.record and not opts.sentinel
-    runner = get_runner(job, shape, opts.adaptive, opts.deterministic) if cached else Runner(
+    runner = get_runner(job, shape, opts.adaptive, opts.deterministic, module) if cached else Runner(
         job, shape, opts.adaptive, record=opts.record, sentinel=opts.sentinel, deterministic=opts.deterministic,
-        progress=opts.progress, phase=opts.phase)
+        progress=opts.progress, module=module, phase=opts.phase)
     try:
         return _execute(job, shape, opts, runner, whole, rank)
     finally:
@@ -102,13 +102,12 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
 
 
 def _prepare_checks(job: Job, shape: Shape, opts: RunOptions):
-    """What is checked before any work: the size, the memory; the whole (single-process) module
-    whose inputs every rank makes."""
+    """What is checked before any work: the size, the memory; the module (built once, here) and
+    the whole (single-process) module whose inputs every rank makes."""
     prog, s = job.program, job.settings
-    prog.check_size(s, shape)
-    module = prog.build(s, shape)
+    module = module_of(job, shape)
     check_memory(job, shape, module, opts.check)
-    return module if s.tp == 1 else prog.build(replace(s, tp=1), shape)
+    return module, module if s.tp == 1 else prog.build(replace(s, tp=1), shape)
 
 
 def _inputs(job: Job, shape: Shape, opts: RunOptions, whole) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ case's outputs to OUT_DIR/NAME.safetensors and writes the results (``pto run --j
 per case) to OUT_DIR/results.json; a case may name its ``program`` (default llama7b), ``device``
 and ``backend`` (default: the CPU and the torch backend). A case with ``generate`` (prompts'
 lengths, new tokens) generates from the model program's seeded random weights of ``config``
-with :class:`~pto.orchestration.model.generate.Generator` instead: its result holds the tokens.
+with :class:`~pto.orchestration.llm.generate.Generator` instead: its result holds the tokens.
 Not a test module: the tests start it (:func:`launch`, :func:`run_cases`)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtyp
     of ``config`` (seeded), ``tp`` ranks, on the CPU in ``dtype``, the ranks' partial sums in
     ``allreduce_dtype``."""
     import torch
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.ir.dtypes import DType

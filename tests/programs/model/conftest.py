@@ -69,6 +69,6 @@ def weights(smollm, one_thread):
 @pytest.fixture(scope="session")
 def tokenizer(smollm):
     need("tokenizers")
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     return load_tokenizer(smollm)

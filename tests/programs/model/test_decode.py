@@ -112,7 +112,7 @@ def test_generation_replays_one_graph_and_matches_the_reference(config):
     """Prompts of different lengths in one batch (one of a single token: no prefill), prefill
     through the layer program, then the step replayed: the reference model's greedy tokens.
     tiny-swa generates past its 64-slot ring."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType
@@ -137,9 +137,9 @@ def test_sampled_generation_draws_what_the_reference_draws():
     token written back into its state; the same draws as the reference model's sampler on its
     logits (the two logits agree to about 1e-6, far inside any draw's margin), and another seed
     draws other tokens."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.sampling import Sampler
     from pto.orchestration.model.reference import ReferenceModel
-    from pto.orchestration.model.sampling import Sampler
 
     from pto.ir.dtypes import DType
 
@@ -156,17 +156,17 @@ def test_sampled_generation_draws_what_the_reference_draws():
 
 
 def test_sampling_options_are_checked_before_any_work(tmp_path):
-    from pto.orchestration.model.textgen import Request
-    from pto.orchestration.model.textgen import run as generate
+    from pto.orchestration.llm.textgen import run as generate
 
     from pto.errors import UsageError
+    from pto.generation import GenerateRequest
 
     f = tmp_path / "model.gguf"
     f.write_bytes(b"not read")
     for kw, msg in (({"temperature": -1.0}, "--temperature must be 0"), ({"top_p": 0.5}, "give --temperature"),
                     ({"temperature": 1.0, "top_p": 1.5}, r"--top-p must be in \(0, 1\]")):
         with pytest.raises(UsageError, match=msg):
-            generate(Request(str(f), ("hi",), **kw))
+            generate(GenerateRequest(gguf=str(f), prompts=("hi",), **kw))
 
 
 def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
@@ -255,9 +255,9 @@ def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
 def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_tokenizer):
     """The real checkpoint (Q4_1, dequantized to f32 at load), greedy, 32 new tokens on several
     prompts (chat-formatted and plain, one batch): the same tokens as transformers' generate."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
-    from pto.orchestration.model.generate import Generator
-    from pto.orchestration.model.tokenizer import load_tokenizer
 
     from pto.ir.dtypes import DType
 
@@ -343,8 +343,8 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
     silently off by 2e-2); a cache that is not whole chunks would drop its last slots: both are
     refused, naming the numbers; so are block sizes below 1 and a sum dtype Generator does not
     know."""
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.decode import DecodeTiling
-    from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.errors import UsageError
@@ -473,7 +473,7 @@ def test_the_two_combine_levels_on_triton(monkeypatch):
 def test_generation_past_sixteen_chunks_matches_the_reference():
     """A generation whose capacity is 32 chunks (prompt and new tokens past 512 positions): the
     step's combine reads a head's 32 partial states at once, every token the reference model's."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType
@@ -519,8 +519,8 @@ def test_one_sequence_ropes_in_its_projection_and_generates_the_reference_tokens
     reference model's (tiny-swa wraps its 64-slot ring)."""
     from dataclasses import replace
 
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model import program as mp
-    from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType

@@ -1,57 +1,47 @@
-"""``pto generate``: a checkpoint and prompts in, text out, streamed as it is generated, then the
-speed of the prompt (prefill) and of decoding (milliseconds per token, tokens per second).
+"""``pto generate``'s answer (:data:`GENERATOR`, the ``llm`` entry point of the
+``pto.generators`` group): a checkpoint and prompts in, text out, streamed as it is generated,
+then the speed of the prompt (prefill) and of decoding (milliseconds per token, tokens per
+second); ``--json`` adds where the time before the first token went (``load_ms``: the tokenizer
+and the weights; ``prepare_ms``: the decode step's graph and its inputs on the device;
+``prefill_ms``; ``first_step_ms``: the first step, kernels loaded).
 
-``--gguf FILE`` or ``--hf DIR`` names the model (its configuration, weights and tokenizer);
-``--prompt TEXT`` (repeatable, or ``--batch B`` copies of one prompt) the prompts, wrapped in the
-file's chat template with ``--chat``. Greedy decoding by default (the reference for the tokens is
-transformers' ``generate`` on the same file, tests/programs/model); ``--temperature`` above 0
-samples, restricted by ``--top-k`` and ``--top-p``, from a generator seeded with ``--seed``.
-``--tp N`` under ``torchrun --nproc-per-node N`` splits every layer over N ranks (tensor
-parallelism, :mod:`.generate`); rank 0 streams and reports.
+The request (:class:`pto.generation.GenerateRequest`) names the model (``--gguf FILE`` or
+``--hf DIR``: its configuration, weights and tokenizer) and the prompts (repeatable, or
+``--batch B`` copies of one), wrapped in the file's chat template with ``--chat``. Greedy
+decoding by default (the reference for the tokens is transformers' ``generate`` on the same
+file, tests/programs/model); ``--temperature`` above 0 samples, restricted by ``--top-k`` and
+``--top-p``, from a generator seeded with ``--seed``. ``--tp N`` under ``torchrun
+--nproc-per-node N`` splits every layer over N ranks (tensor parallelism, :mod:`.generate`);
+rank 0 streams and reports.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from typing import TextIO
 
 from pto.errors import UsageError
+from pto.generation import GenerateRequest
 
 
-@dataclass(frozen=True)
-class Request:
-    """What ``pto generate`` was asked: the model's file or folder, the prompts, and how."""
-
-    path: str
-    prompts: tuple[str, ...]
-    max_new_tokens: int = 64
-    chat: bool = False
-    device: str = "auto"
-    dtype: str | None = None
-    executor: str = "auto"
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    tp: int = 1
-    allreduce_dtype: str = "storage"
-
-
-def _check(req: Request) -> None:
+def _check(req: GenerateRequest) -> None:
+    """Everything the request alone can tell wrong, one line each, before any work."""
     import os
 
-    if not os.path.exists(req.path):
-        raise UsageError(f"{req.path}: no such file or folder")
-    if not req.prompts:
+    path, prompts = req.path, req.sequences
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or folder")
+    if not prompts:
         raise UsageError("give --prompt TEXT: the text to continue (repeat it for a batch)")
-    if any(not p for p in req.prompts):
+    if any(not p for p in prompts):
         raise UsageError("--prompt: every prompt needs some text")
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
     _sampler(req)  # its values checked before any work
 
 
-def _sampler(req: Request):
-    from pto.orchestration.model.sampling import Sampler
+def _sampler(req: GenerateRequest):
+    from pto.orchestration.llm.sampling import Sampler
 
     if req.temperature == 0 and (req.top_k is not None or req.top_p is not None):
         raise UsageError("--top-k and --top-p restrict sampling: give --temperature above 0 too (0 is greedy)")
@@ -61,17 +51,18 @@ def _sampler(req: Request):
         raise UsageError(f"--{e}") from None
 
 
-def run(req: Request, stream=None) -> dict:
+def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
     to it as it is generated, then the others' (a batch's texts each under :func:`sequence_label`).
     Returns the JSON-able result: the texts, token counts, timings."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
-    from pto.orchestration.model.generate import Generator
-    from pto.orchestration.model.tokenizer import load_tokenizer
 
     from pto import dist
     from pto.device import resolve_device
-    from pto.ir.dtypes import DType, dtype_of
+    from pto.ir.dtypes import dtype_of
+    from pto.program import default_dtype
 
     _check(req)
     dist.check_launch(req.tp, "generate")  # started by torchrun as --tp says, before any file is read
@@ -85,10 +76,14 @@ def run(req: Request, stream=None) -> dict:
     device = resolve_device(req.device)
     if dist.init(device, req.tp, command="generate") != 0:
         stream = None  # every rank makes the same tokens: rank 0 shows them
-    dtype = dtype_of(req.dtype) if req.dtype not in (None, "auto") else (DType.BF16 if device == "cuda" else DType.F32)
+    dtype = default_dtype(device) if req.dtype == "auto" else dtype_of(req.dtype)
+    t0 = time.perf_counter()
     tok = load_tokenizer(req.path)
+    t1 = time.perf_counter()
     weights = load_weights(req.path, dtype.torch)
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) if req.chat else tok.encode(p) for p in req.prompts]
+    load_ms = {"tokenizer": round((t1 - t0) * 1e3, 3), "weights": round((time.perf_counter() - t1) * 1e3, 3)}
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) if req.chat else tok.encode(p)
+               for p in req.sequences]
     longest = max(map(len, prompts)) + req.max_new_tokens
     if longest > weights.config.max_positions and not weights.config.layer.window:
         raise UsageError(f"the prompt ({max(map(len, prompts))} tokens) and --max-new-tokens {req.max_new_tokens} "
@@ -123,7 +118,7 @@ def run(req: Request, stream=None) -> dict:
             stream.write(f"{sequence_label(i)}{text}\n")
         stream.flush()
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
-            **result.to_json()}
+            "load_ms": load_ms, **result.to_json()}
 
 
 def sequence_label(i: int) -> str:
@@ -146,4 +141,16 @@ def format_speed(res: dict) -> str:
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")
 
 
-__all__ = ["Request", "run", "format_speed", "sequence_label"]
+class TextGeneration:
+    """The :class:`pto.generation.TextGenerator` of this package: :func:`run`, :func:`format_speed`."""
+
+    def generate(self, request: GenerateRequest, stream: TextIO | None = None) -> dict:
+        return run(request, stream)
+
+    def describe(self, result: dict) -> str:
+        return format_speed(result)
+
+
+GENERATOR = TextGeneration()
+
+__all__ = ["run", "format_speed", "sequence_label", "TextGeneration", "GENERATOR"]
