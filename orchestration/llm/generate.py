@@ -37,8 +37,13 @@ from pto.orchestration.llm.sampling import Sampler
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.program import PROGRAM as STEP
-from pto.orchestration.model.program import (shard_inputs, stack_weights, tiling_for, tiling_for_executor,
-                                             unstack_weights)
+from pto.orchestration.model.program import (
+    shard_inputs,
+    stack_weights,
+    tiling_for,
+    tiling_for_executor,
+    unstack_weights,
+)
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
