@@ -16,6 +16,11 @@ contiguous axis (no transposed copy).
 - :func:`gemv_norm_rope_append_tile`: one sequence's q, k, v projection with the norm folded in
   and RoPE and the KV-cache append in its epilogue (a decode step of one sequence: one task
   where the projection and the RoPE task were two).
+
+Each takes the weights' dtype (``wdtype``) apart from the activations': a quantized one
+(:mod:`pto.ir.quant`) keeps the weights as stored, and each weight tile's load dequantizes its
+blocks into the activations' dtype, so the K step (``bk``) is whole blocks (the products and the
+f32 sums are those of the dequantized weights).
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ class Gemv:
     bn: int
     bk: int
     dtype: object
+    #: the weights' dtype (None: ``dtype``); a quantized one is dequantized by the tiles' loads
+    wdtype: object = None
+
+    @property
+    def weights(self):
+        return self.wdtype or self.dtype
 
 
 def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
@@ -72,13 +83,15 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
     return list(accs.values())
 
 
-def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None) -> IncoreFunction:
+def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
+                   wdtype=None) -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w.T`` for R rows of K against an ``[N, K]`` weight, blocks of
-    ``bn`` outputs on the parallel axis."""
+    ``bn`` outputs on the parallel axis (weights of ``wdtype``, by default ``dtype``: the
+    module docstring)."""
     k = InCore("gemv_norm_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(N, K))
+    w = k.memref("w", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
     (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
@@ -88,14 +101,15 @@ def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: floa
     return k.build(target)
 
 
-def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,
+                       wdtype=None) -> IncoreFunction:
     """``y = r + x @ w.T`` for R rows of K against an ``[N, K]`` weight (the residual in the
     epilogue); K and N are dims (a call binds them)."""
     k = InCore("gemv_residual_tile")
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)  # one function for every projection a call binds
     x = k.memref("x", dtype, shape=(R, KD))
-    w = k.memref("w", dtype, shape=(ND, KD))
+    w = k.memref("w", wdtype or dtype, shape=(ND, KD))
     r = k.memref("r", dtype, shape=(R, ND))
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
@@ -109,15 +123,15 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
 
 
 def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                          target=None) -> IncoreFunction:
+                          target=None, wdtype=None) -> IncoreFunction:
     """``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x; g, eps)``, against ``[N, K]``
     gate and up weights: the FFN's norm, gate and up projections and SwiGLU in one program per
     block of ``bn`` outputs."""
     k = InCore("gemv_norm_swiglu_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
-    wg = k.memref("wg", dtype, shape=(N, K))
-    wu = k.memref("wu", dtype, shape=(N, K))
+    wg = k.memref("wg", wdtype or dtype, shape=(N, K))
+    wu = k.memref("wu", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
     g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
@@ -126,7 +140,7 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
 
 
 def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: int, bk: int, eps: float,
-                               positions: int, target=None) -> IncoreFunction:
+                               positions: int, target=None, wdtype=None) -> IncoreFunction:
     """One sequence's ``rmsnorm(x) @ w.T`` against the ``[N, K]`` q, k, v weight (``heads``: the
     query heads, the key/value heads, the head size D; N = (query + 2 key/value) heads x D),
     with RoPE at the sequence's position p (read from ``pos``) and the append in the epilogue:
@@ -143,7 +157,7 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     k = InCore("gemv_norm_rope_append_tile")
     cap = k.scalar("cap")
     x = k.memref("x", dtype, shape=(1, K))
-    w = k.memref("w", dtype, shape=((nq + 2 * nkv) * D, K))
+    w = k.memref("w", wdtype or dtype, shape=((nq + 2 * nkv) * D, K))
     pos = k.memref("pos", f32)
     cos, sin = (k.memref(n, dtype, shape=(positions, half)) for n in ("cos", "sin"))
     # q without a declared shape: its row is a one-trip loop's variable, whose bound the static

@@ -60,21 +60,26 @@ def pack_rows(fmt: QuantFormat, fields: dict[str, torch.Tensor], cols: int) -> t
 Fetch = Callable[[torch.Tensor], torch.Tensor]
 
 
-def plane_values(fmt: QuantFormat, fetch: Fetch, blocks: int, c0, c: int, device) -> dict[str, torch.Tensor]:
+def plane_values(fmt: QuantFormat, fetch: Fetch, blocks: int, c0, c: int, device,
+                 clamp: bool = False) -> dict[str, torch.Tensor]:
     """Every plane's f32 value at each of the ``c`` elements from column ``c0`` (an int, or an
     ``M x 1`` long tensor: one per instance; a multiple of the block) of rows of ``blocks``
-    blocks: ``{name: [..., c]}``, the leading dims ``fetch``'s."""
+    blocks: ``{name: [..., c]}``, the leading dims ``fetch``'s. ``clamp``: the elements may run
+    past the row's end (their values are then unspecified, finite where the planes' are)."""
     out = {}
     for p in fmt.planes:
         off = fmt.plane_offset(p.name, blocks)
         vbytes = max(p.bits // 8, 1)
         if p.header:
             raw = fetch(off + torch.arange(vbytes, device=device))
-        elif p.group == 1 and p.bits < 8:
-            raw = fetch(off + c0 * p.bits // 8 + torch.arange(c * p.bits // 8, device=device))
         else:
-            n = c // p.group
-            raw = fetch(off + (c0 // p.group) * vbytes + torch.arange(n * vbytes, device=device))
+            if p.group == 1 and p.bits < 8:
+                local = c0 * p.bits // 8 + torch.arange(c * p.bits // 8, device=device)
+            else:
+                local = (c0 // p.group) * vbytes + torch.arange(c // p.group * vbytes, device=device)
+            if clamp:  # a tile past the row's last block reads the plane's last bytes again (masked)
+                local = local.clamp(0, blocks * p.block_bytes(fmt.block) - 1)
+            raw = fetch(off + local)
         out[p.name] = _values(p, raw, c)
     return out
 
@@ -117,8 +122,8 @@ def dequantize_rows(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0
 def dequantize_tiles(fmt: QuantFormat, data: torch.Tensor, cols: int, rows: torch.Tensor,
                      c0: torch.Tensor, c: int) -> torch.Tensor:
     """The tile evaluator's load: for each of M instances the ``r x c`` f32 tile of rows ``rows``
-    (``M x r``, inside the tensor) from column ``c0`` (``M``, multiples of the block, the tile
-    inside the row) of ``data``."""
+    (``M x r``, inside the tensor) from column ``c0`` (``M``, multiples of the block inside the
+    row; the tile's columns past the row's end are unspecified) of ``data``."""
     blocks = cols // fmt.block
     starts = rows * data.shape[1]  # flat index of each row's first byte
     flat = data.reshape(-1)
@@ -128,7 +133,7 @@ def dequantize_tiles(fmt: QuantFormat, data: torch.Tensor, cols: int, rows: torc
             offs = offs.view(1, -1)
         return flat[starts.unsqueeze(-1) + offs.unsqueeze(1)]  # M x r x W
 
-    return fmt.dequantize(plane_values(fmt, fetch, blocks, c0.view(-1, 1), c, data.device))
+    return fmt.dequantize(plane_values(fmt, fetch, blocks, c0.view(-1, 1), c, data.device, clamp=True))
 
 
 __all__ = ["pack_rows", "plane_values", "dequantize_rows", "dequantize_tiles"]
