@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
-from pto.incore.gemv import Gemv, gemv_accumulate
+from pto.incore.gemv import Gemv, gemv_accumulate, weight_tiles
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
@@ -278,7 +278,7 @@ def lmhead_argmax_gemv_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
     embedding table as it is): blocks of ``bn`` vocabulary rows, the GEMV of
     :mod:`pto.incore.gemv` (its weights of ``wdtype``, quantized or not)."""
     k = InCore("lmhead_argmax_gemv_tile")
-    _lmhead(k, Gemv(rows, K, bn, bk, dtype, wdtype), N, eps, wt=True)
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), N, eps, wt=True)
     return k.build(target)
 
 

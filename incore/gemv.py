@@ -47,17 +47,29 @@ class Gemv:
     dtype: object
     #: the weights' dtype (None: ``dtype``); a quantized one is dequantized by the tiles' loads
     wdtype: object = None
+    #: the weight tiles' dtype (None: ``dtype``; :func:`weight_tiles`)
+    wtile: object = None
 
     @property
     def weights(self):
         return self.wdtype or self.dtype
 
 
+def weight_tiles(dtype, wdtype, rows: int):
+    """The dtype of a GEMV's weight tiles: quantized weights dequantize into f32 tiles where the
+    product is a multiply-sum (fewer than 16 rows: its products are f32 anyway, and the exact
+    values skip a rounding to ``dtype`` that would only cost instructions per weight), into
+    ``dtype`` where it is a tensor-core dot; other weights are ``dtype`` (as stored)."""
+    return f32 if wdtype is not None and wdtype.is_quantized and rows < 16 else dtype
+
+
 def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
     """The f32 accumulators ``x @ w[j * bn: (j + 1) * bn].T`` of each weight (scaled by the
     folded norm's row factors with ``norm``, declared just before)."""
+    wt = g.wtile or g.dtype
     a = k.tile("a", g.R, g.bk, g.dtype)
-    blocks = {n: k.tile(f"b{n}", g.bn, g.bk, g.dtype) for n in weights}
+    wide = k.tile("a32", g.R, g.bk, wt) if wt != g.dtype else a  # x as the weight tiles' dtype
+    blocks = {n: k.tile(f"b{n}", g.bn, g.bk, wt) for n in weights}
     accs = {n: k.tile(f"acc{n}", g.R, g.bn, f32) for n in weights}
     for acc in accs.values():
         k.full(acc, 0.0)
@@ -74,10 +86,12 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
             norm.step(x, kk, a)
         else:
             k.load(a, x, 0, kk)
+        if wide is not a:
+            k.cast(wide, a)
         for n, w in weights.items():
             if not early:
                 k.load(blocks[n], w, j * g.bn, kk)
-            k.matmul_acc(accs[n], a, blocks[n], tb=True)
+            k.matmul_acc(accs[n], wide, blocks[n], tb=True)
     if norm is not None:
         norm.scale(*accs.values())
     return list(accs.values())
@@ -94,7 +108,8 @@ def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: floa
     w = k.memref("w", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    g = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
+    (acc,) = gemv_accumulate(k, x, {"": w}, g, j, RowNorm(k, R, bk, dtype, eps, K))
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -113,7 +128,7 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
     r = k.memref("r", dtype, shape=(R, ND))
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
-    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
+    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), j)
     out = k.tile("out", R, bn, dtype)
     k.load(out, r, 0, j * bn)
     k.add(acc, acc, out)
@@ -134,7 +149,8 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
     wu = k.memref("wu", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    gv = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, gv, j, RowNorm(k, R, bk, dtype, eps, K))
     swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
 
@@ -169,7 +185,9 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     p = k.load_scalar("p", pos, 0, 0)
     norm = RowNorm(k, 1, bk, dtype, eps, K)
     a = k.tile("a", 1, bk, dtype)
-    b1, b2 = k.tile("b1", bh, bk, dtype), k.tile("b2", bh, bk, dtype)
+    wt = weight_tiles(dtype, wdtype, 1)
+    wide = k.tile("a32", 1, bk, wt) if wt != dtype else a
+    b1, b2 = k.tile("b1", bh, bk, wt), k.tile("b2", bh, bk, wt)
     y1, y2 = k.tile("y1", 1, bh, f32), k.tile("y2", 1, bh, f32)
     k.full(y1, 0.0)
     k.full(y2, 0.0)
@@ -180,11 +198,13 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
             for b, row in blocks:
                 k.load(b, w, row, kk)
         norm.step(x, kk, a)
+        if wide is not a:
+            k.cast(wide, a)
         if not early:
             for b, row in blocks:
                 k.load(b, w, row, kk)
-        k.matmul_acc(y1, a, b1, tb=True)
-        k.matmul_acc(y2, a, b2, tb=True)
+        k.matmul_acc(y1, wide, b1, tb=True)
+        k.matmul_acc(y2, wide, b2, tb=True)
     norm.scale(y1, y2)
     r1, r2, out = _rotate_pairs(k, (y1, y2), (cos, sin), (p, i0), bh, dtype)
     slot = p % cap
@@ -217,5 +237,5 @@ def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
     return r1, r2, out
 
 
-__all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
+__all__ = ["Gemv", "weight_tiles", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
            "gemv_norm_rope_append_tile"]

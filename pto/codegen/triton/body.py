@@ -33,6 +33,7 @@ from pto.codegen.triton.common import (
     float_literal,
 )
 from pto.codegen.triton.operands import separate_operand_loads
+from pto.codegen.triton.quant import render_helper
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
@@ -41,6 +42,7 @@ from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
+from pto.ir.quant import FORMATS
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
 _EXPR_FMT = {
@@ -211,6 +213,8 @@ class BodyRenderer(TileOps):
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
         self.waiting = False
+        #: the quantized formats the body loads (their helpers come with the device function)
+        self.quantized: set[str] = set()
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -293,8 +297,10 @@ class BodyRenderer(TileOps):
             self.emit(f"if ALIGN_{p.name}:")
             self.emit(f"    m_{p.name}_c0 = tl.multiple_of(m_{p.name}_c0, {ALIGN})")
             self.emit(f"    m_{p.name}_cols = tl.multiple_of(m_{p.name}_cols, {ALIGN})")
-            # the region's origin, in int64: row * stride overflows int32 on large tensors
-            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
+            # the region's origin, in int64: row * stride overflows int32 on large tensors (a
+            # quantized memref's rows of bytes: its first row; the columns are the load's)
+            col0 = "" if p.dtype.is_quantized else f" + m_{p.name}_c0"
+            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name}{col0}")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
         if fn.parallel is not None and const_value(fn.parallel.extent) is None:
@@ -309,7 +315,9 @@ class BodyRenderer(TileOps):
             self.wait()
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}")
         sig = ",\n        ".join(params)
-        return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
+        # the quantized loads' helpers come with the device function (a file may define one twice)
+        helpers = [line for f in sorted(self.quantized) for line in (*render_helper(FORMATS[f]), "", "")]
+        return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):

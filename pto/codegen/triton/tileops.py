@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
+from pto.codegen.triton.quant import helper_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType
@@ -261,6 +262,9 @@ class TileOps:
         self.assign(ins.dst, f"tl.where({keep}, {self.f32(src)}, {fill})")
 
     def _memory(self, ins: Instr) -> None:
+        if ins.op is Op.LOAD and self.memrefs[ins.srcs[0]].dtype.is_quantized:
+            self._load_quantized(ins)
+            return
         if ins.op is Op.LOAD:
             mem, row, col = ins.srcs
             tile = ins.dst
@@ -304,6 +308,35 @@ class TileOps:
             self.emit(f"    tl.store({ptr}, t_{tile}{even})")
             self.emit("else:")
             self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
+
+    def _load_quantized(self, ins: Instr) -> None:
+        """A tile of a quantized memref: the format's helper (:mod:`pto.codegen.triton.quant`)
+        reads the tile's blocks and dequantizes them in registers; masks (and the pad) only
+        where the tile overhangs its region or its block."""
+        mem, row, col = ins.srcs
+        tile = ins.dst
+        fmt = self.memrefs[mem].dtype.quant
+        self.quantized.add(fmt.name)
+        (r, c), (lr, lc) = self.blocks[tile], self.shapes[tile]
+        ri, c0, lim, rmask = self.fresh("r"), self.fresh("c"), self.fresh("lim"), self.fresh("rm")
+        self.emit(f"{ri} = {self.offset(row, r, True)}")
+        self.emit(f"{c0} = m_{mem}_c0 + {self.expr(col)}")
+        # the valid elements: the region's columns, the tile's own (a padded block's lanes)
+        self.emit(f"{lim} = tl.minimum(m_{mem}_c0 + m_{mem}_cols, {c0} + {lc})")
+        rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
+        rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
+        self.emit(f"{rmask} = {' & '.join(rows)}")
+        call = f"{helper_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
+        pad = float_literal(float(ins.attr("pad")))
+        masked = f"tl.where({rmask} & ({c0} + tl.arange(0, {c})[None, :] < {lim}), {call.format(True)}, {pad})"
+        self.emit(f"if EVEN_{mem}:")
+        self.depth += 1
+        self.assign(tile, call.format(False) if (lr, lc) == (r, c) else masked)
+        self.depth -= 1
+        self.emit("else:")
+        self.depth += 1
+        self.assign(tile, masked)
+        self.depth -= 1
 
     def offset(self, e: Expr, n: int, rows: bool, step: int = 1) -> str:
         idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]") + (f" * {step}" if step > 1 else "")
