@@ -29,6 +29,7 @@ from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
 from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
+from pto.orchestration.model.quantized import WeightTypes, embedding_rows, for_weights, is_quantized, layer_matrices
 from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
@@ -101,6 +102,12 @@ class Generator:
             raise UsageError(f"--tp {tp}: {e}") from None
         self._layer_jobs: dict = {}
         self._steps: dict = {}
+        #: what the step's weight inputs are stored as (quantized: :mod:`.quantized`), and the
+        #: backend that dequantizes a layer's for the prefill
+        self.wtypes = WeightTypes.of(weights)
+        self._dequantizer = None
+        if tp > 1 and self.wtypes.quantized:
+            raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, device)
 
     # -- the decode step ----------------------------------------------------------------------
@@ -117,13 +124,14 @@ class Generator:
             from pto.target import resolve as resolve_target
 
             module = build_step(self.config, self.dtype, resolve_target(None, self.device), batch, self.tiling,
-                                self.tp, self.reduce, cache=capacity)
+                                self.tp, self.reduce, cache=capacity, wtypes=self.wtypes)
             built = build_module_graph(module, {"B": batch, "C": capacity})
             executor = resolve_executor(self.executor, self.device, self.backend)
             if executor == "auto":
                 executor = PROGRAM.auto_executor
             place = Placement(self.device, self.backend, executor, schedules=PROGRAM.schedules)
-            inputs = stack_weights(self.weights, self.tiling.wt, self.tiling.lm_wt)
+            t = for_weights(self.tiling, self.wtypes)
+            inputs = stack_weights(self.weights, t.wt, t.lm_wt)
             if self.tp > 1:
                 inputs = shard_inputs(self.config, inputs, self.tp, self.rank, self.tiling.wt)
             inputs = {k: v.to(self.device) for k, v in inputs.items()}
@@ -157,12 +165,12 @@ class Generator:
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
-                x = self.weights.embedding[torch.tensor(prompt[:n])].to(self.device)
+                x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.device, self.dtype.torch)
                 runner = self._layer_runner(n)
                 slots = torch.arange(n, device=self.device) % capacity
                 keep = slots if n <= capacity else slots[n - capacity:]
                 for layer in range(L):
-                    y = runner({"x": x, **self._layer_inputs(layer, n)})["y"]
+                    y = runner({"x": x, **self._layer_inputs(layer, n, t)})["y"]
                     row = (layer * B + b) * capacity
                     for src, dst in ((runner.tensors["kr"], "k_cache"), (self._values(runner), "v_cache")):
                         t[dst][row + keep] = src[n - len(keep):, heads]
@@ -179,9 +187,17 @@ class Generator:
         qd, kvd = self.config.layer.q_dim, self.config.layer.kv_dim
         return t["qkv"][:, qd + kvd:qd + 2 * kvd]
 
-    def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
+    def _layer_inputs(self, layer: int, seq: int, step: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Layer ``layer``'s weights for the layer program (dense, ``[in, out]``): a quantized
+        kind dequantized from the step's own tensors on the device (``step``), a layer at a time."""
         w = self.weights.layers[layer]
-        return {**{k: v.to(self.device) for k, v in w.items()}, "cos": self.cos[:seq], "sin": self.sin[:seq]}
+        out = {k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
+        if self.wtypes.quantized and self._dequantizer is None:
+            from pto.backends import get_backend
+
+            self._dequantizer = get_backend(self.backend, self.device)
+        out.update(layer_matrices(self.wtypes, step, self.config, layer, self.dtype, self._dequantizer))
+        return {**out, "cos": self.cos[:seq], "sin": self.sin[:seq]}
 
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,

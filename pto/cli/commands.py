@@ -230,7 +230,8 @@ def _cmd_generate(args) -> int:
     request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
                "device": args.device, "dtype": args.dtype, "executor": args.executor,
                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype}
+               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype, "dequantize": args.dequantize,
+               "quantize": args.quantize}
     from pto import dist
 
     try:

@@ -202,7 +202,8 @@ def _add_generate(sub, program, helps: bool, more: str) -> None:
     s = sub.add_parser("generate", help="generate text token by token from a checkpoint (GGUF or Hugging Face), "
                        "each step one task graph", add_help=helps)
     src = s.add_mutually_exclusive_group()
-    src.add_argument("--gguf", metavar="FILE", help="a GGUF checkpoint (its weights are dequantized at load)")
+    src.add_argument("--gguf", metavar="FILE", help="a GGUF checkpoint (its quantized weights run as the file stores "
+                     "them; --dequantize for floats)")
     src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder: config.json, safetensors, tokenizer.json")
     s.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a batch)")
     s.add_argument("--chat", action="store_true", help="wrap each prompt in the checkpoint's chat template")
@@ -214,6 +215,11 @@ def _add_generate(sub, program, helps: bool, more: str) -> None:
                    help="the weights' and activations' dtype (default: auto, bf16 on cuda, f32 on cpu)")
     s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
                    help="how each step's graph runs (default: auto)")
+    s.add_argument("--dequantize", action="store_true",
+                   help="dequantize a GGUF file's quantized weights at load (to --dtype) instead of running them so")
+    s.add_argument("--quantize", default=None, choices=("fp8", "q8_0", "q4_0"),
+                   help="quantize the layers' matrices and the LM head at load (pto's quantizers; the embedding as it "
+                   "is); a GGUF file's weights are dequantized first")
     s.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0: greedy (the default); above 0: sample from softmax(logits / T)")
     s.add_argument("--top-k", type=positive, default=None, metavar="K", help="sample among the K most likely tokens")

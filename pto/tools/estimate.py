@@ -312,7 +312,7 @@ def _human_seq(s: int) -> str:
 
 
 #: column labels of the programs' own byte counts (:meth:`Program.estimate_columns`)
-_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
+_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "weight_bytes": "Weights", "step_read_bytes": "Read/step"}
 
 
 def format_table(res: dict) -> str:

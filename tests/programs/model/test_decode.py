@@ -16,6 +16,7 @@ import torch
 
 from pto.engine import rel_err
 from pto.tools.run import run
+from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -261,15 +262,8 @@ def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_toke
 
     from pto.ir.dtypes import DType
 
-    tok = load_tokenizer(smollm)
-    texts = ["The capital of France is", "def fibonacci(n):"]
-    prompts = [tok.encode(t) for t in texts] + [tok.encode_chat([{"role": "user", "content": "Name three colors."}])]
-    want = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
+    prompts = greedy_prompts(load_tokenizer(smollm))
+    want = transformers_greedy(hf_model, prompts, 32)
     gen = Generator(load_weights(smollm, torch.float32), "cpu", DType.F32)
     try:
         got = gen.generate(prompts, 32, stop_ids=())
