@@ -117,25 +117,28 @@ def test_quantized_weights_with_tensor_parallelism_is_one_line():
 @pytest.mark.slow
 def test_the_real_files_quantized_step_is_its_dequantized_step(smollm, one_thread):
     """SmolLM2 as the file stores it (Q4_1 layers, the Q8_0 embedding as the tied LM head): one
-    step's logits against the reference on the dequantized weights (teacher-forced: the same
-    cache and token), and against the dequantized step's, within f32 summation order."""
+    step's logits (teacher-forced: the same cache and token) against the dequantized step's.
+    The layers compute the same f32 products of the same values in the same order; the LM head
+    sums its 576 products in another order (a GEMV of output-major blocks, the dense head a
+    matmul of [hidden, vocab]): a few f32 roundings of the largest logit, measured 2.9e-7. Both
+    steps are as far from the reference model (which computes in another order: 2.7e-5 after
+    30 layers, the dense step's as before)."""
     from pto.engine import Runner, resolve
 
-    outs, ref = {}, None
+    outs, ref = {}, {}
     for q in ("auto", "none"):
         job = resolve("model", device="cpu", dtype="f32", options={"weights": str(smollm), "quantize": q})
         shape = job.program.shape({"cache": 64, "batch": 1})
         inputs = job.program.inputs(job.settings, shape, "cpu", seed=1)  # (the same cache, token, position)
-        if q == "auto":
-            assert inputs["wd"].dtype == torch.uint8 and inputs["emb"].dtype == torch.uint8
-            ref = job.program.reference(job.settings, shape, inputs)
+        assert (inputs["wd"].dtype == torch.uint8) == (inputs["emb"].dtype == torch.uint8) == (q == "auto")
+        ref[q] = job.program.reference(job.settings, shape, inputs)["logits"]
         runner = Runner(job, shape)
         try:
             outs[q] = {k: v.clone() for k, v in runner(inputs).items() if k in ("logits", "tok")}
         finally:
             runner.close()
-    assert rel_err(outs["auto"]["logits"], ref["logits"]) <= 1e-5
-    assert rel_err(outs["auto"]["logits"], outs["none"]["logits"]) <= 1e-5
+    assert rel_err(outs["auto"]["logits"], outs["none"]["logits"]) <= 2e-6
+    assert rel_err(outs["auto"]["logits"], ref["auto"]) <= rel_err(outs["none"]["logits"], ref["none"]) + 2e-6
     assert torch.equal(outs["auto"]["tok"], outs["none"]["tok"])
 
 
