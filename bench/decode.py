@@ -339,12 +339,15 @@ def main_quant(args, bw: float) -> int:
                 row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
                        "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
                        "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
-                for ex in executors.split(","):
-                    try:
-                        row[ex] = ours(w, batch, args.cache, ex, args.steps, kernels=args.kernels)
-                    except Exception as e:  # report it, measure the rest
-                        row[ex] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                    torch.cuda.empty_cache()
+                for tiling in args.tilings.split(";"):
+                    for ex in executors.split(","):
+                        key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                        try:
+                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                                            args.kernels)
+                        except Exception as e:  # report it, measure the rest
+                            row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        torch.cuda.empty_cache()
                 if args.prefill and batch == 1:
                     try:
                         row["prefill_ms"] = prefill_ms(w, args.prefill)
@@ -358,7 +361,8 @@ def main_quant(args, bw: float) -> int:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
                                                "rows": rows}, indent=1))
     for r in rows:
-        ms = "; ".join(f"{ex} {r[ex].get('ms', r[ex].get('error'))} ms" for ex in executors.split(","))
+        ms = "; ".join(f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items() if isinstance(v, dict)
+                       and k != "types")
         print(f"{r['config']} {r['quant']} B={r['batch']}: {ms} (floor {r['floor_ms']} ms); weights "
               f"{r['weights_resident_bytes'] / 1e9:.3f} GB resident, {r['weights_file_bytes'] / 1e9:.3f} GB in a file"
               + (f"; prefill {args.prefill} tokens {r['prefill_ms']} ms" if "prefill_ms" in r else ""))
