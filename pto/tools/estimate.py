@@ -315,6 +315,13 @@ def _human_seq(s: int) -> str:
 _EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "weight_bytes": "Weights", "step_read_bytes": "Read/step"}
 
 
+def describe_columns(row: dict) -> str | None:
+    """The program's own byte counts of ``row`` (:meth:`Program.estimate_columns`) as one line,
+    e.g. "Weights 98.3MB, KV cache 3.1MB, Read/step 101.4MB" (None: it has none)."""
+    parts = [f"{label} {_human_bytes(row[k])}" for k, label in _EXTRA_LABELS.items() if k in row]
+    return ", ".join(parts) or None
+
+
 def format_table(res: dict) -> str:
     """The text table of ``pto estimate``. Tasks (adaptive tiles) and No-Opt (none) are both
     always shown; a header line says which of the two graphs Tiles, Edges, Build, Memory and

@@ -179,7 +179,9 @@ def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float) -> dict:
             "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
             "build_ms": round(graph.build_ms, 3), "exec_ms": round(exec_ms, 3),
             "compile_ms": round(runner.compile_ms, 1),
-            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1)}
+            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
+            # the program's own byte counts (a decode step: its weights, its cache, a step's reads)
+            **job.program.estimate_columns(job.settings, shape)}
 
 
 def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: dict) -> None:

@@ -165,3 +165,38 @@ def test_smollm2_quantized_generates_what_transformers_generates(smollm, hf_mode
     finally:
         gen.close()
     assert got.tokens == want
+
+
+@pytest.mark.parametrize("qtype,tied", [("Q8_0", True), ("Q4_0", False), ("Q5_0", False)])
+def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
+    """A GGUF file written as llama.cpp's converter writes one: its Q8_0 or Q4_0 matrices stay
+    quantized (the layers', the embedding, the LM head), Q5_0 (no kernel in pto) is dequantized
+    with one note naming the tensors and why; the Generator's greedy tokens and last logits are
+    those of the file dequantized at load."""
+    pytest.importorskip("transformers")
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes
+
+    from pto.ir.dtypes import DType
+    from tests.programs.model.tiny import tiny_model, write_gguf
+
+    path = write_gguf(tmp_path / f"tiny-{qtype}.gguf", tiny_model(tied=tied, seed=5), qtype)
+    keep = KeepFileTypes()
+    w = load_weights(path, torch.float32, keep=keep)
+    types = WeightTypes.of(w).to_json()
+    if qtype == "Q5_0":
+        assert types == {} and len(keep.notes) == 6 and all("Q5_0 has no kernel in pto" in n for n in keep.notes)
+        assert "blk.0.attn_q.weight, blk.1.attn_q.weight, blk.0.attn_k.weight and 3 more (6 tensors)" in keep.notes[0]
+        return
+    assert keep.notes == [] and set(types.values()) == {qtype.lower()} and len(types) == 7
+    out = []
+    for weights in (w, load_weights(path, torch.float32)):
+        gen = Generator(weights, "cpu", DType.F32)
+        try:
+            got = gen.generate([[1, 7, 42, 99, 3]], 3, stop_ids=())
+            out.append((got.tokens, gen.step(1, got.capacity).tensors["logits"].clone()))
+        finally:
+            gen.close()
+    assert out[0][0] == out[1][0]
+    assert rel_err(out[0][1], out[1][1]) <= 1e-5
