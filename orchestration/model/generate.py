@@ -29,7 +29,13 @@ from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step
 from pto.orchestration.model.decode import allreduce_dtype as reduce_dtype  # (the argument's name)
 from pto.orchestration.model.program import PROGRAM, shard_inputs, stack_weights, tiling_for
-from pto.orchestration.model.quantized import WeightTypes, embedding_rows, for_weights, is_quantized, layer_matrices
+from pto.orchestration.model.quantized import (
+    LayerDequantizer,
+    WeightTypes,
+    embedding_rows,
+    for_weights,
+    is_quantized,
+)
 from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
@@ -105,7 +111,7 @@ class Generator:
         #: what the step's weight inputs are stored as (quantized: :mod:`.quantized`), and the
         #: backend that dequantizes a layer's for the prefill
         self.wtypes = WeightTypes.of(weights)
-        self._dequantizer = None
+        self._dequantizers: dict[int, LayerDequantizer] = {}
         if tp > 1 and self.wtypes.quantized:
             raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, device)
@@ -192,11 +198,14 @@ class Generator:
         kind dequantized from the step's own tensors on the device (``step``), a layer at a time."""
         w = self.weights.layers[layer]
         out = {k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
-        if self.wtypes.quantized and self._dequantizer is None:
-            from pto.backends import get_backend
+        if self.wtypes.quantized:
+            key = id(step["w_qkv"])  # (the step's weights: one set per prepared step)
+            if key not in self._dequantizers:
+                from pto.backends import get_backend
 
-            self._dequantizer = get_backend(self.backend, self.device)
-        out.update(layer_matrices(self.wtypes, step, self.config, layer, self.dtype, self._dequantizer))
+                backend = get_backend(self.backend, self.device)
+                self._dequantizers[key] = LayerDequantizer(backend, self.wtypes, step, self.config, self.dtype)
+            out.update(self._dequantizers[key](layer))
         return {**out, "cos": self.cos[:seq], "sin": self.sin[:seq]}
 
     # -- generating ---------------------------------------------------------------------------

@@ -184,52 +184,54 @@ def embedding_rows(emb, tokens: torch.Tensor) -> torch.Tensor:
     return emb[tokens]
 
 
-def dequantize_with(backend, q: QTensor, dtype: DType) -> torch.Tensor:
-    """``q``'s values as a dense ``rows x cols`` tensor of ``dtype`` on its device, computed by
-    ``backend`` (a :class:`pto.backends.Backend`: on a GPU the format's Triton helper, the
-    GEMVs' own dequantization; one launch)."""
-    from pto.incore.dequantize import dequantize_rows
+class LayerDequantizer:
+    """Each layer's quantized matrices made dense for the prefill's layer program (``[in, out]``
+    views of ``dtype``), from the decode step's stacked tensors ``step`` on their device (nothing
+    copied from the host), by ``backend`` (a :class:`pto.backends.Backend`: on a GPU the format's
+    Triton helper, the GEMVs' own dequantization). One prepared launch per kind and layer, kept
+    (a prefill replays them), into one buffer per kind: one layer's dense matrices at a time,
+    overwritten by the next layer's (the layer program copies its inputs in first)."""
 
-    from pto.batch import RegionBatch, TaskBatch
-    from pto.ir.analysis import specialize
+    def __init__(self, backend, wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, dtype: DType):
+        from pto.orchestration.model.decode import weight_shapes
 
-    bk = max(q.dtype.quant.block, min(1024, 1 << (q.cols - 1).bit_length()))
-    key = (q.dtype, dtype, q.rows, q.cols, bk)
-    fn = _DEQUANTIZE.get(key)
-    if fn is None:
-        fn = _DEQUANTIZE[key] = specialize(dequantize_rows(q.dtype, dtype, q.rows, q.cols, bk))
-    y = torch.empty(q.rows, q.cols, dtype=dtype.torch, device=q.device)
+        self.backend, self.step, self.cfg, self.dtype = backend, step, cfg, dtype
+        self.kinds = {k: d for k, d in wtypes.types if k in STACKED}
+        self.shapes = weight_shapes(cfg, True)
+        self.buffers = {k: torch.empty(*self.shapes[k], dtype=dtype.torch, device=step[k].device) for k in self.kinds}
+        self.launches: dict[tuple[str, int], object] = {}
 
-    def region(t: torch.Tensor) -> RegionBatch:
-        return RegionBatch(t, *(torch.tensor([v]) for v in (0, 0, q.rows, q.cols)))
+    def __call__(self, layer: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for kind in self.kinds:
+            launch = self.launches.get((kind, layer))
+            if launch is None:
+                launch = self.launches[(kind, layer)] = self._prepare(kind, layer)
+            launch()
+            block, at = self.buffers[kind].t(), 0
+            for m in STACKED[kind]:  # q, k and v: their outputs one after the other
+                n = {"wq": self.cfg.layer.q_dim, "wk": self.cfg.layer.kv_dim, "wv": self.cfg.layer.kv_dim}.get(
+                    m, block.shape[1])
+                out[m] = block[:, at:at + n]
+                at += n
+        return out
 
-    backend.prepare(TaskBatch(fn, {"w": region(q.data), "y": region(y)}, {}, 1))()
-    return y
+    def _prepare(self, kind: str, layer: int):
+        from pto.incore.dequantize import dequantize_rows
 
+        from pto.batch import RegionBatch, TaskBatch
+        from pto.ir.analysis import specialize
 
-_DEQUANTIZE: dict[tuple, object] = {}
+        rows, cols = self.shapes[kind]
+        d = self.kinds[kind]
+        bk = max(d.quant.block, min(1024, 1 << (cols - 1).bit_length()))
+        fn = specialize(dequantize_rows(d, self.dtype, rows, cols, bk))
 
+        def region(t: torch.Tensor, r0: int) -> RegionBatch:
+            return RegionBatch(t, *(torch.tensor([v]) for v in (r0, 0, rows, cols)))
 
-def layer_matrices(wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, layer: int, dtype: DType,
-                   backend) -> dict[str, torch.Tensor]:
-    """Layer ``layer``'s quantized matrices, dense (``[in, out]`` views, ``dtype``), from the
-    decode step's stacked tensors ``step`` (on their device: nothing is copied from the host),
-    dequantized by ``backend`` (:func:`dequantize_with`)."""
-    from pto.orchestration.model.decode import weight_shapes
-
-    shapes = weight_shapes(cfg, True)
-    out = {}
-    for kind, d in wtypes.types:
-        if kind not in STACKED:
-            continue
-        rows, cols = shapes[kind]
-        block = dequantize_with(backend, QTensor(d, step[kind][layer * rows:(layer + 1) * rows], cols), dtype).t()
-        at = 0
-        for m in STACKED[kind]:  # q, k and v: their outputs one after the other
-            n = {"wq": cfg.layer.q_dim, "wk": cfg.layer.kv_dim, "wv": cfg.layer.kv_dim}.get(m, rows)
-            out[m] = block[:, at:at + n]  # (a view: the layer program copies it into its input)
-            at += n
-    return out
+        mems = {"w": region(self.step[kind], layer * rows), "y": region(self.buffers[kind], 0)}
+        return self.backend.prepare(TaskBatch(fn, mems, {}, 1))
 
 
 def quantize_weights(w, qtype: str, embedding: bool = False):
@@ -351,5 +353,5 @@ def for_weights(t, wtypes: WeightTypes):
 
 __all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "file_qtypes", "file_weight_types", "STACKED",
            "MATRICES", "QUANTIZERS", "RANDOM_TYPES", "is_quantized", "dense", "dense_weights", "embedding_rows",
-           "dequantize_with", "layer_matrices", "quantize_weights", "random_quantized", "random_quantized_weights",
+           "LayerDequantizer", "quantize_weights", "random_quantized", "random_quantized_weights",
            "weight_bytes", "for_weights"]
