@@ -75,3 +75,24 @@ def test_a_gemv_against_quantized_weights_agrees_with_the_evaluator(dtype):
                           "wu": (wu.data, 0, 0, N, K), "y": (y, 0, 0, 1, N)}, "y")
     # f32 sums of 512 products in another order: a few ulps of the largest term's magnitude
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_the_prefills_dequantization_through_the_triton_backend():
+    """The prefill's dense copies of a layer's quantized matrices (``LayerDequantizer``) through
+    the Triton backend's launches, prepared once and replayed: the layer's values, as ``[in,
+    out]``, bit for bit."""
+    from pto.orchestration.model.program import CONFIGS, random_weights, stack_weights
+    from pto.orchestration.model.quantized import LayerDequantizer, WeightTypes, dense_weights, quantize_weights
+
+    from pto.backends.triton import TritonBackend
+
+    w = quantize_weights(random_weights(CONFIGS["tiny"], torch.float32, torch.Generator().manual_seed(2)), "q4_0")
+    step = stack_weights(w, True, False)
+    dq = LayerDequantizer(TritonBackend("cpu"), WeightTypes.of(w), step, w.config, f32, launches=True)
+    want = dense_weights(w)
+    for layer in (1, 1):
+        got = dq(layer)
+        assert set(got) == {"wq", "wk", "wv", "wo", "wg", "wu", "wd"}
+        for k, v in got.items():
+            assert torch.equal(v, want.layers[layer][k]), (layer, k)
+    assert len(dq.launches) == 5  # prepared once per kind and layer
