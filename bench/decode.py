@@ -27,7 +27,8 @@ resident bytes on the GPU (the step's input tensors) against a GGUF file's tenso
 same types, and the prefill of a ``--prefill``-token prompt (the layer program, each layer's
 quantized weights dequantized on the device first)::
 
-    python bench/decode.py --configs llama3-8b,smollm2-135m --quant bf16,q4_k/q6_k,q8_0,fp8,q4_1/q8_0
+    python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
+        --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
 
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
@@ -59,6 +60,7 @@ from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
 from pto import dist, timing  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
 from pto.ir.dtypes import DType, dtype_of  # noqa: E402
 from pto.quant import QTensor  # noqa: E402
 
@@ -211,7 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
     ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
     ap.add_argument("--quant", default=None, help="weight types to compare instead (module docstring), e.g. "
-                    "'bf16,q4_k/q6_k,q8_0,fp8'; --executors defaults to waves, --long to none")
+                    "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
+                    "defaults to waves, --long to none")
     ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
     args = ap.parse_args(argv)
     env = dist.environment()
@@ -330,7 +333,14 @@ def main_quant(args, bw: float) -> int:
         g = torch.Generator(device="cuda").manual_seed(0)
         base = random_weights(cfg, torch.bfloat16, g)
         for spec in args.quant.split(","):
-            w = quantized_spec(base, spec, g)
+            only, _, spec = spec.rpartition(":")  # (a spec "CONFIG:SPEC" is that configuration's alone)
+            if only and only != name:
+                continue
+            try:
+                w = quantized_spec(base, spec, g)
+            except UsageError as e:  # a type whose blocks the model's rows are not whole multiples of
+                print(json.dumps({"config": name, "quant": spec, "skipped": str(e)}), flush=True)
+                continue
             nbytes = weight_bytes(w)
             for batch in (int(b) for b in args.batches.split(",")):
                 c = cfg.layer
