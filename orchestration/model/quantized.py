@@ -205,6 +205,7 @@ class LayerDequantizer:
         self.shapes = weight_shapes(cfg, True)
         self.buffers = {k: torch.empty(*self.shapes[k], dtype=dtype.torch, device=step[k].device) for k in self.kinds}
         self.launches: dict[tuple[str, int], object] = {}
+        self.functions: dict[str, object] = {}
 
     def __call__(self, layer: int) -> dict[str, torch.Tensor]:
         out = {}
@@ -233,9 +234,11 @@ class LayerDequantizer:
         from pto.ir.analysis import specialize
 
         rows, cols = self.shapes[kind]
-        d = self.kinds[kind]
-        bk = max(d.quant.block, min(1024, 1 << (cols - 1).bit_length()))
-        fn = specialize(dequantize_rows(d, self.dtype, rows, cols, bk))
+        fn = self.functions.get(kind)
+        if fn is None:  # one function per kind (every layer's block has its shape)
+            d = self.kinds[kind]
+            bk = max(d.quant.block, min(1024, 1 << (cols - 1).bit_length()))
+            fn = self.functions[kind] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk))
 
         def region(t: torch.Tensor, r0: int) -> RegionBatch:
             return RegionBatch(t, *(torch.tensor([v]) for v in (r0, 0, rows, cols)))
