@@ -10,13 +10,19 @@ column of the tile's first element (a multiple of the block), ``rmask`` the rows
 row and element of the block is valid (no masks). It returns the ``[BR, BC]`` f32 values (those
 of masked elements unspecified: the caller puts the load's pad there).
 
-Each plane is read as one contiguous run per row: an element plane's packed values as ``[BR, BC
-* bits / 32]`` 32-bit words (split into values by shifts: ``[BR, W, 32 / bits]`` reshaped to
-``[BR, BC]``; made floats by or'ing them into the bits of 2^23 and subtracting it, so that no
-per-element int-to-float conversion, a quarter-rate instruction on the GPU, runs), a scale
-plane's ``[BR, BC / group]`` values; the routine's arithmetic runs at the coarsest
-granularity its operands allow (``d * sc`` once per sub-block, then expanded to elements), with
-the same operations in the same order as the evaluator's, so the values are the same bits (each
+The tile is read in *units*: runs of ``U`` elements whose packed values are one integer of each
+element plane (``U`` = 8 for 4-bit values: a 32-bit word of them, a byte of 1-bit ones, 16 bits
+of 2-bit ones; 4 for 8-bit ones; 1 for fp8, read as it is). Every plane is loaded as one ``[BR,
+BC / U]`` tensor: an element plane's integers (a contiguous run per row: wide loads), a scale
+plane's value for each unit (a block's or a sub-block's scale, the same for its units). The
+routine then runs once per lane ``k`` of a unit, on those tensors: the lane's value of each
+element plane is a shift and a mask of its integer, made a float by or'ing it into the bits of
+2^23 and subtracting 2^23 (exact; no int-to-float conversion instruction, which runs at a
+quarter of the rate on the GPU); a product of scales is the same statement for every lane, so
+it is computed once per unit. The ``U`` lanes' results are joined into ``[BR, BC]`` last
+(``tl.join``: a unit's elements stay in the thread that loaded it). So every plane and every
+intermediate has the layout of one ``[BR, BC / U]`` tensor and nothing moves between threads;
+the operations and their order are the evaluator's, so the values are the same bits (each
 product is exact: :mod:`pto.ir.quant`).
 """
 
@@ -37,15 +43,18 @@ def helper_name(fmt: QuantFormat) -> str:
 
 
 class _Emitter:
-    """The lines of a helper's body and fresh names."""
+    """The lines of a helper's body and fresh names; a statement emitted twice is computed once."""
 
     def __init__(self):
         self.lines: list[str] = []
         self.n = 0
+        self.seen: dict[str, str] = {}
 
     def let(self, code: str) -> str:
+        if code in self.seen:
+            return self.seen[code]
         self.n += 1
-        name = f"_v{self.n}"
+        name = self.seen[code] = f"_v{self.n}"
         self.lines.append(f"    {name} = {code}")
         return name
 
@@ -59,29 +68,15 @@ class _Emitter:
 
 
 class _Value:
-    """A symbolic f32 value: a ``[BR, 1]`` one per row (``group`` 0), a ``[BR, BC / group]`` one
-    per group of elements, or a ``[BR, BC]`` one per element (``group`` 1)."""
+    """A symbolic f32 ``[BR, BC / U]`` tensor (one value per unit, or per row: ``[BR, 1]``)."""
 
-    def __init__(self, em: _Emitter, code: str, group: int):
-        self.em, self.code, self.group = em, code, group
-
-    def at(self, group: int) -> str:
-        """This value at the finer ``group`` (each of its values repeated over its elements)."""
-        if self.group in (0, group):
-            return self.code
-        f = self.group // group
-        n, m = f"BC // {self.group}", f"BC // {group}"
-        return self.em.let(f"tl.reshape(tl.broadcast_to({self.code}[:, :, None], (BR, {n}, {f})), (BR, {m}))")
+    def __init__(self, em: _Emitter, code: str):
+        self.em, self.code = em, code
 
     def _op(self, other, sym: str, swap: bool = False) -> _Value:
-        if not isinstance(other, _Value):
-            other = _Value(self.em, repr(float(other)), 0)
-        groups = [g for g in (self.group, other.group) if g]
-        g = min(groups) if groups else 0
-        a, b = self.at(g), other.at(g)
-        if swap:
-            a, b = b, a
-        return _Value(self.em, self.em.let(f"{a} {sym} {b}"), g)
+        o = other.code if isinstance(other, _Value) else repr(float(other))
+        a, b = (o, self.code) if swap else (self.code, o)
+        return _Value(self.em, self.em.let(f"{a} {sym} {b}"))
 
     def __add__(self, o):
         return self._op(o, "+")
@@ -102,35 +97,63 @@ class _Value:
         return self._op(o, "*", swap=True)
 
 
-def _plane(em: _Emitter, fmt: QuantFormat, p: Plane, offsets: dict[str, str]) -> _Value:
-    """The load of plane ``p`` of the tile's rows, as f32 values."""
-    base = f"rowp + {offsets[p.name]}"
-    if p.header:
-        ptr = f"({base}).to(tl.pointer_type({_TL[(p.kind, p.bits)]}))"
-        return _Value(em, em.let(f"{em.load(ptr, 'rmask')}.to(tl.float32)"), 0)
-    if p.group == 1 and p.kind in ("u", "i"):
-        # 32-bit words of packed values, split by shifts; each value made a float by the magic
-        # number 2^23 (its bits below 2^23's, minus 2^23: exact, no conversion instruction)
-        per = 32 // p.bits
-        idx = em.let(f"tl.arange(0, BC // {per})[None, :]")
-        ptr = f"({base} + c0 * {p.bits} // 8).to(tl.pointer_type(tl.int32)) + {idx}"
-        raw = em.load(ptr, f"rmask & (c0 + {idx} * {per} < lim)")
-        shifts = f"(tl.arange(0, {per}) * {p.bits})[None, None, :]"
-        split = em.let(f"tl.reshape(({raw}[:, :, None] >> {shifts}) & {(1 << p.bits) - 1}, (BR, BC))")
-        if p.kind == "i":  # two's complement: offset by half the range, which the magic subtracts
-            half = 1 << (p.bits - 1)
-            return _Value(em, em.let(f"(({split} ^ {half}) | {_MAGIC}).to(tl.float32, bitcast=True) - "
-                                     f"{float(2 ** 23 + half)!r}"), 1)
-        return _Value(em, em.let(f"({split} | {_MAGIC}).to(tl.float32, bitcast=True) - 8388608.0"), 1)
-    n = f"BC // {p.group}"
-    vb = p.bits // 8
-    idx = em.let(f"tl.arange(0, {n})[None, :]")
-    ptr = f"({base} + (c0 // {p.group}) * {vb}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {idx}"
-    mask = f"rmask & (c0 + {idx} * {p.group} < lim)"
-    raw = em.load(ptr, mask)
-    if p.kind == "e4m3":
-        raw = em.let(f"{raw}.to(tl.float8e4nv, bitcast=True)")
-    return _Value(em, em.let(f"{raw}.to(tl.float32)"), p.group)
+def unit_of(fmt: QuantFormat) -> int:
+    """Elements per unit: 1 where an element plane is fp8 (read as it is), else as many as the
+    widest element plane packs into 32 bits."""
+    planes = [p for p in fmt.planes if p.group == 1]
+    if any(p.kind == "e4m3" for p in planes):
+        return 1
+    return 32 // max(p.bits for p in planes)
+
+
+_INT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.int32"}
+
+
+def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> dict[str, str]:
+    """Each plane of the tile's rows as one ``[BR, BC / U]`` tensor (a header plane ``[BR, 1]``):
+    an element plane's integer per unit (int32), a scale plane's f32 value per unit."""
+    unit = em.let(f"tl.arange(0, BC // {U})[None, :]")
+    out = {}
+    for p in fmt.planes:
+        base = f"rowp + {offsets[p.name]}"
+        if p.header:
+            ptr = f"({base}).to(tl.pointer_type({_TL[(p.kind, p.bits)]}))"
+            out[p.name] = em.let(f"{em.load(ptr, 'rmask')}.to(tl.float32)")
+            continue
+        mask = f"rmask & (c0 + {unit} * {U} < lim)"
+        if p.group == 1:  # U values of b bits: one integer of U * b bits per unit
+            bits = U * p.bits
+            kind = _INT[bits] if p.kind != "e4m3" else "tl.uint8"
+            ptr = f"({base} + c0 * {p.bits} // 8).to(tl.pointer_type({kind})) + {unit}"
+            raw = em.load(ptr, mask)
+            out[p.name] = em.let(f"{raw}.to(tl.int32)") if p.kind != "e4m3" and bits < 32 else raw
+            continue
+        # a scale per group of elements (whole units): the same for the group's units
+        assert p.group % U == 0, (fmt.name, p.name)
+        index = unit if p.group == U else f"{unit} // {p.group // U}"
+        ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
+        out[p.name] = em.let(f"{em.load(ptr, mask)}.to(tl.float32)")
+    return out
+
+
+def _lane(em: _Emitter, p: Plane, raw: str, k: int) -> _Value:
+    """Lane ``k``'s value of element plane ``p`` (its units' integers ``raw``), as an f32."""
+    if p.kind == "e4m3":  # a unit is one element
+        return _Value(em, em.let(f"{raw}.to(tl.float8e4nv, bitcast=True).to(tl.float32)"))
+    v = f"(({raw} >> {k * p.bits}) & {(1 << p.bits) - 1})" if k * p.bits else f"({raw} & {(1 << p.bits) - 1})"
+    if p.kind == "i":  # two's complement: offset by half the range, which the magic subtracts
+        half = 1 << (p.bits - 1)
+        return _Value(em, em.let(f"(({v} ^ {half}) | {_MAGIC}).to(tl.float32, bitcast=True) - "
+                                 f"{float(2 ** 23 + half)!r}"))
+    return _Value(em, em.let(f"({v} | {_MAGIC}).to(tl.float32, bitcast=True) - 8388608.0"))
+
+
+def _joined(em: _Emitter, parts: list[str]) -> str:
+    """``parts`` (2^d tensors of one shape) joined along d new minor dims so that the flat index
+    of those dims is the part's index (``tl.join`` keeps a new dim within each thread)."""
+    if len(parts) == 1:
+        return parts[0]
+    return em.let(f"tl.join({_joined(em, parts[0::2])}, {_joined(em, parts[1::2])})")
 
 
 def render_helper(fmt: QuantFormat) -> list[str]:
@@ -145,9 +168,14 @@ def render_helper(fmt: QuantFormat) -> list[str]:
             continue
         offsets[p.name] = " + ".join([str(fmt.header_bytes)] * bool(fmt.header_bytes) + at) or "0"
         at.append(f"nb * {p.block_bytes(fmt.block)}")
-    planes = {p.name: _plane(em, fmt, p, offsets) for p in fmt.planes}
-    out = fmt.dequantize(planes)
-    value = out.at(1) if out.group != 1 else out.code
+    U = unit_of(fmt)
+    raw = _loads(em, fmt, offsets, U)
+    lanes = []
+    for k in range(U):
+        values = {p.name: _lane(em, p, raw[p.name], k) if p.group == 1 else _Value(em, raw[p.name])
+                  for p in fmt.planes}
+        lanes.append(fmt.dequantize(values).code)
+    value = lanes[0] if U == 1 else em.let(f"tl.reshape({_joined(em, lanes)}, (BR, BC))")
     return [f"@triton.jit\ndef {helper_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
             "MASKED: tl.constexpr):",
             f"    # {fmt.name}: {fmt.doc}",
@@ -157,4 +185,4 @@ def render_helper(fmt: QuantFormat) -> list[str]:
             f"    return {value}"]
 
 
-__all__ = ["helper_name", "render_helper"]
+__all__ = ["helper_name", "render_helper", "unit_of"]

@@ -211,7 +211,13 @@ class TileOps:
             opb = self.operand(b, False, 1)
             if dt is not DType.F32:
                 opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
-            value = f"tl.sum({opa}[:, None, :] * {opb}[None, :, :], axis=2)"
+            if m == 1:
+                # one row: the products in b's own layout, the row broadcast over b's rows (a
+                # tile's worth of b never changes layout: on sm_90 the 3-D form below moved the
+                # weights of a GEMV through shared memory to multiply them)
+                value = f"tl.sum({opb} * {opa}, axis=1)[None, :]"
+            else:
+                value = f"tl.sum({opa}[:, None, :] * {opb}[None, :, :], axis=2)"
             return f"{self.f32(ins.dst)} + {value}" if fused else value
         if dt is not DType.F32:
             opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"

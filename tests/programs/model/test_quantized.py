@@ -200,3 +200,52 @@ def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
             gen.close()
     assert out[0][0] == out[1][0]
     assert rel_err(out[0][1], out[1][1]) <= 1e-5
+
+
+@pytest.mark.slow
+def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
+    """Every InCore function of a step with quantized weights (SmolLM2 in its file's Q4_1 and
+    Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
+    f32 weight tiles; sixteen: the tensor-core dots), the masked and the mask-free path, through
+    Triton's compiler for an H100 (no GPU needed): the helpers' joins, word loads and pointer
+    casts compile."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.codegen.triton import render
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType, dtype_of
+    from pto.target import get
+    from tests.sm90 import compile_sm90
+
+    jobs, seen = [], set()
+    for name, layers, head in (("smollm2-135m", "q4_1", "q8_0"), ("llama3-8b", "q4_k", "q6_k"),
+                               ("llama3-8b", "q8_0", None), ("llama3-8b", "fp8", "fp8")):
+        cfg = CONFIGS[name]
+        kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")}
+        if head:
+            kinds.update({"lm_head": dtype_of(head), **({"emb": dtype_of(head)} if cfg.tied else {})})
+        wt = WeightTypes(tuple(sorted(kinds.items())))
+        for batch in (1, 16):
+            fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt), batch, wtypes=wt)
+            for f in fields(fns):
+                fn = getattr(fns, f.name)
+                if fn is None or not any(p.dtype.is_quantized for p in fn.memrefs):
+                    continue
+                kern = render(specialize(fn))
+                if kern.digest in seen:
+                    continue
+                seen.add(kern.digest)
+                for even in (False, True):
+                    flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+                    jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(),
+                                 "aligned": True,
+                                 "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+                                 "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    results = compile_sm90(jobs, tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert len(results) >= 30, len(results)
