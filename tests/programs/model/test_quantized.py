@@ -215,13 +215,11 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
-    from pto.codegen.triton import render
-    from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType, dtype_of
     from pto.target import get
-    from tests.sm90 import compile_sm90
+    from tests.sm90 import compile_sm90, kernel_jobs
 
-    jobs, seen = [], set()
+    chosen = []
     for name, layers, head in (("smollm2-135m", "q4_1", "q8_0"), ("llama3-8b", "q4_k", "q6_k"),
                                ("llama3-8b", "q8_0", None), ("llama3-8b", "fp8", "fp8")):
         cfg = CONFIGS[name]
@@ -231,20 +229,9 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
         wt = WeightTypes(tuple(sorted(kinds.items())))
         for batch in (1, 16):
             fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt), batch, wtypes=wt)
-            for f in fields(fns):
-                fn = getattr(fns, f.name)
-                if fn is None or not any(p.dtype.is_quantized for p in fn.memrefs):
-                    continue
-                kern = render(specialize(fn))
-                if kern.digest in seen:
-                    continue
-                seen.add(kern.digest)
-                for even in (False, True):
-                    flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
-                    jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(),
-                                 "aligned": True,
-                                 "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
-                                 "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+            chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
+                       and any(p.dtype.is_quantized for p in fn.memrefs)]
+    jobs = kernel_jobs(chosen)
     results = compile_sm90(jobs, tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
