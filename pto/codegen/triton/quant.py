@@ -70,13 +70,19 @@ class _Emitter:
 class _Value:
     """A symbolic f32 ``[BR, BC / U]`` tensor (one value per unit, or per row: ``[BR, 1]``)."""
 
-    def __init__(self, em: _Emitter, code: str):
-        self.em, self.code = em, code
+    def __init__(self, em: _Emitter, code: str, row: bool = False):
+        #: ``row``: one value per row (``[BR, 1]``: a header plane's, or made of them only)
+        self.em, self.code, self.row = em, code, row
 
     def _op(self, other, sym: str, swap: bool = False) -> _Value:
+        if isinstance(other, _Affine):
+            return NotImplemented
+        if sym == "*" and not isinstance(other, _Value) and float(other) == 1.0:
+            return self
         o = other.code if isinstance(other, _Value) else repr(float(other))
         a, b = (o, self.code) if swap else (self.code, o)
-        return _Value(self.em, self.em.let(f"{a} {sym} {b}"))
+        row = self.row and (not isinstance(other, _Value) or other.row)
+        return _Value(self.em, self.em.let(f"{a} {sym} {b}"), row)
 
     def __add__(self, o):
         return self._op(o, "+")
@@ -148,6 +154,71 @@ def _lane(em: _Emitter, p: Plane, raw: str, k: int) -> _Value:
     return _Value(em, em.let(f"({v} | {_MAGIC}).to(tl.float32, bitcast=True) - 8388608.0"))
 
 
+def _fraction(em: _Emitter, p: Plane, raw: str, k: int) -> str:
+    """Lane ``k``'s field of element plane ``p`` as the f32 ``1 + u / 2^bits`` (``u`` the field
+    as unsigned, or offset by half its range where signed): the field moved to the top of the
+    mantissa of 1.0 (a shift and one and-or: no conversion, no subtraction); fp8's value as it is."""
+    if p.kind == "e4m3":
+        return em.let(f"{raw}.to(tl.float8e4nv, bitcast=True).to(tl.float32)")
+    at, top = k * p.bits, 23 - p.bits  # the field's bit in the unit, and in the mantissa
+    moved = raw if at == top else f"({raw} << {top - at})" if at < top else f"({raw} >> {at - top})"
+    field = f"({moved} & {((1 << p.bits) - 1) << top})"
+    if p.kind == "i":  # two's complement: flipping the top bit offsets it by half the range
+        field = f"({field} ^ {1 << (top + p.bits - 1)})"
+    return em.let(f"({field} | 0x3F800000).to(tl.float32, bitcast=True)")
+
+
+class _Affine:
+    """A symbolic value affine in the element planes: ``sum(coef[p] * E_p) + const``, the
+    coefficients and the constant per unit (:class:`_Value` or a number; None: none) -- the
+    form of every format's routine, which :func:`render_dot` needs."""
+
+    def __init__(self, coef: dict, const):
+        self.coef, self.const = coef, const
+
+    @staticmethod
+    def _lift(o) -> _Affine:
+        return o if isinstance(o, _Affine) else _Affine({}, o)
+
+    def __add__(self, o):
+        o = _Affine._lift(o)
+        return _Affine({p: _plus(self.coef.get(p), o.coef.get(p)) for p in {*self.coef, *o.coef}},
+                       _plus(self.const, o.const))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self + o * -1
+
+    def __rsub__(self, o):
+        return self * -1 + o
+
+    def __mul__(self, o):
+        if isinstance(o, _Affine):
+            if o.coef and self.coef:
+                raise ValueError("not affine in the element planes")
+            return o * self.const if not o.coef else self * o.const
+        return _Affine({p: _times(c, o) for p, c in self.coef.items()}, _times(self.const, o))
+
+    __rmul__ = __mul__
+
+
+def _plus(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _times(a, b):
+    if a is None or b is None:
+        return None
+    if not isinstance(a, _Value) and float(a) == 1.0:
+        return b
+    return a * b
+
+
 def _joined(em: _Emitter, parts: list[str]) -> str:
     """``parts`` (2^d tensors of one shape) joined along d new minor dims so that the flat index
     of those dims is the part's index (``tl.join`` keeps a new dim within each thread)."""
@@ -156,33 +227,111 @@ def _joined(em: _Emitter, parts: list[str]) -> str:
     return em.let(f"tl.join({_joined(em, parts[0::2])}, {_joined(em, parts[1::2])})")
 
 
-def render_helper(fmt: QuantFormat) -> list[str]:
-    """The source lines of ``fmt``'s helper (the module docstring's contract)."""
-    em = _Emitter()
+def _header(fmt: QuantFormat) -> list[str]:
     blocks = f"(S - {fmt.header_bytes}) // {fmt.block_bytes}" if fmt.header_bytes else f"S // {fmt.block_bytes}"
+    return [f"    nb = {blocks}", "    rowp = P + ri.to(tl.int64) * S"]
+
+
+def _offsets(fmt: QuantFormat) -> dict[str, str]:
+    """Where each plane starts in a row of ``nb`` blocks (source)."""
     offsets, at, head = {}, [], 0
-    for p in fmt.planes:  # where each plane starts in a row of nb blocks
+    for p in fmt.planes:
         if p.header:
             offsets[p.name] = str(head)
             head += p.bits // 8
             continue
         offsets[p.name] = " + ".join([str(fmt.header_bytes)] * bool(fmt.header_bytes) + at) or "0"
         at.append(f"nb * {p.block_bytes(fmt.block)}")
+    return offsets
+
+
+def render_load(fmt: QuantFormat) -> list[str]:
+    """``_pto_dq_load_<format>(P, S, ri, c0, rmask, lim, BR, BC, MASKED)``: every plane of the
+    tile's rows (:func:`_loads`), returned in the format's plane order."""
+    em = _Emitter()
+    raw = _loads(em, fmt, _offsets(fmt), unit_of(fmt))
+    return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
+            "MASKED: tl.constexpr):", f"    # {fmt.name}: {fmt.doc}", *_header(fmt), *em.lines,
+            f"    return {', '.join(raw[p.name] for p in fmt.planes)}"]
+
+
+def _planes_params(fmt: QuantFormat) -> str:
+    return ", ".join(f"R_{p.name}" for p in fmt.planes)
+
+
+def render_values(fmt: QuantFormat) -> list[str]:
+    """``_pto_dq_<format>(planes..., BR, BC)``: the ``[BR, BC]`` f32 values of the loaded planes:
+    the routine once per lane (unit-shaped tensors), the lanes joined last."""
+    em = _Emitter()
     U = unit_of(fmt)
-    raw = _loads(em, fmt, offsets, U)
     lanes = []
     for k in range(U):
-        values = {p.name: _lane(em, p, raw[p.name], k) if p.group == 1 else _Value(em, raw[p.name])
+        values = {p.name: _lane(em, p, f"R_{p.name}", k) if p.group == 1 else _Value(em, f"R_{p.name}", p.header)
                   for p in fmt.planes}
         lanes.append(fmt.dequantize(values).code)
     value = lanes[0] if U == 1 else em.let(f"tl.reshape({_joined(em, lanes)}, (BR, BC))")
-    return [f"@triton.jit\ndef {helper_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
-            "MASKED: tl.constexpr):",
-            f"    # {fmt.name}: {fmt.doc}",
-            f"    nb = {blocks}",
-            "    rowp = P + ri.to(tl.int64) * S",
-            *em.lines,
-            f"    return {value}"]
+    return [f"@triton.jit\ndef {helper_name(fmt)}({_planes_params(fmt)}, BR: tl.constexpr, BC: tl.constexpr):",
+            *em.lines, f"    return {value}"]
 
 
-__all__ = ["helper_name", "render_helper", "unit_of"]
+def render_dot(fmt: QuantFormat) -> list[str]:
+    """``_pto_dq_dot_<format>(planes..., x, BR, BC)``: ``[BR]`` sums of ``x [1, BC]`` (f32, zero
+    past its valid columns) times each row's values, without making the values: the routine is
+    affine in the element planes (``A * E + B`` per unit), so each unit's ``sum x E`` is summed
+    from the fields as ``1 + E / 2^bits`` (:func:`_fraction`: two integer instructions a weight,
+    joined into ``[BR, BC]`` within each thread), times x (one multiply-add a weight, summed
+    over the unit within the thread), and ``A`` and ``B`` multiply once per unit. The products
+    are the dequantized weights' reassociated: within f32 summation error of them."""
+    em = _Emitter()
+    U = unit_of(fmt)
+
+    def per_unit(t: str, rows: str) -> str:  # [rows, BC] -> each unit's sum [rows, BC // U]
+        return t if U == 1 else em.let(f"tl.sum(tl.reshape({t}, ({rows}, BC // {U}, {U})), axis=2)")
+
+    xsum = per_unit("x", "1")
+    form = fmt.dequantize({p.name: (_Affine({p.name: 1}, None) if p.group == 1 else
+                                    _Value(em, f"R_{p.name}", p.header)) for p in fmt.planes})
+    if not isinstance(form, _Affine):
+        raise ValueError(f"{fmt.name}: the routine does not use an element plane")
+    terms = []
+    for name, coef in sorted(form.coef.items()):
+        p = fmt.plane(name)
+        parts = [_fraction(em, p, f"R_{p.name}", k) for k in range(U)]
+        whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, (BR, BC))")
+        acc = per_unit(em.let(f"{whole} * x"), "BR")
+        if p.kind != "e4m3":  # sum x (1 + u / 2^b) = X + sum x u / 2^b, u = E (+ 2^(b-1) signed)
+            acc = em.let(f"({acc} - {xsum}) * {float(1 << p.bits)!r}")
+            if p.kind == "i":
+                acc = em.let(f"{acc} - {xsum} * {float(1 << (p.bits - 1))!r}")
+        terms.append((_Value(em, acc), coef))
+    if form.const is not None:
+        terms.append((_Value(em, xsum), form.const))
+    units, rows = None, None  # the terms of unit coefficients, summed per unit; of row ones, summed
+    for v, coef in terms:
+        if isinstance(coef, _Value) and coef.row:  # the same over a row: the units summed first
+            part = _Value(em, em.let(f"tl.sum({v.code}, axis=1)[:, None]")) * coef
+            rows = part if rows is None else rows + part
+        else:
+            part = v * coef
+            units = part if units is None else units + part
+    total = [] if units is None else [em.let(f"tl.sum({units.code}, axis=1)")]
+    total += [] if rows is None else [em.let(f"tl.sum({rows.code}, axis=1)")]
+    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, x, BR: tl.constexpr, BC: tl.constexpr):",
+            *em.lines, f"    return {' + '.join(total)}"]
+
+
+def load_name(fmt: QuantFormat) -> str:
+    return f"_pto_dq_load_{fmt.name}"
+
+
+def dot_name(fmt: QuantFormat) -> str:
+    return f"_pto_dq_dot_{fmt.name}"
+
+
+def render_helpers(fmt: QuantFormat) -> list[str]:
+    """Every helper of ``fmt`` (the load, the values, the dot), one after the other."""
+    return [line for f in (render_load, render_values, render_dot) for line in (*f(fmt), "", "")]
+
+
+__all__ = ["helper_name", "load_name", "dot_name", "render_helpers", "render_load", "render_values", "render_dot",
+           "unit_of"]

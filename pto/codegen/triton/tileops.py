@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
-from pto.codegen.triton.quant import helper_name
+from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType
 from pto.ir.expr import Expr, const_value
-from pto.ir.nodes import Instr
+from pto.ir.nodes import Instr, walk_instrs
 from pto.ir.ops import (
     ARITH,
     BINARY,
@@ -169,6 +169,12 @@ class TileOps:
         a, b = ins.srcs
         acc = str(ins.attr("acc"))
         accumulate = ins.op is Op.MATMUL_ACC
+        if b in self.planes:  # a GEMV of a quantized tile's planes: the sums per unit, no values
+            fmt = self.memrefs[next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)].dtype.quant
+            r, c = self.blocks[b]
+            dot = f"{dot_name(fmt)}({', '.join(self.planes[b])}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+            self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
+            return
         self.use(a)
         self.use(b)
         if accumulate:
@@ -332,12 +338,22 @@ class TileOps:
         rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
         rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
         self.emit(f"{rmask} = {' & '.join(rows)}")
-        call = f"{helper_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
+        planes = [f"t_{tile}__{p.name}" for p in fmt.planes]
+        load = f"{', '.join(planes)} = {load_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
+        self.emit(f"if EVEN_{mem}:")
+        self.emit("    " + load.format((lr, lc) != (r, c)))
+        self.emit("else:")
+        self.emit("    " + load.format(True))
+        if tile in self.fused:  # the product takes the planes (pto.codegen.triton.body.fused_quantized_loads)
+            self.planes[tile] = planes
+            self.defined.add(tile)
+            return
+        value = f"{helper_name(fmt)}({', '.join(planes)}, {r}, {c})"
         pad = float_literal(float(ins.attr("pad")))
-        masked = f"tl.where({rmask} & ({c0} + tl.arange(0, {c})[None, :] < {lim}), {call.format(True)}, {pad})"
+        masked = f"tl.where({rmask} & ({c0} + tl.arange(0, {c})[None, :] < {lim}), {value}, {pad})"
         self.emit(f"if EVEN_{mem}:")
         self.depth += 1
-        self.assign(tile, call.format(False) if (lr, lc) == (r, c) else masked)
+        self.assign(tile, value if (lr, lc) == (r, c) else masked)
         self.depth -= 1
         self.emit("else:")
         self.depth += 1
