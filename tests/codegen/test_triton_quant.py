@@ -1,7 +1,8 @@
 """Quantized loads in the Triton backend (the interpreter, TRITON_INTERPRET=1): a tile load of
 every format dequantizes to the reference evaluator's values bit for bit, on the mask-free path
 (a full region), over a region's edges and in a padded block; GEMVs against quantized weights
-agree with the evaluator's to f32 summation order."""
+(their product from the planes, never the values) agree with the evaluator's to f32 summation
+order."""
 
 from __future__ import annotations
 
@@ -73,7 +74,10 @@ def test_a_gemv_against_quantized_weights_agrees_with_the_evaluator(dtype):
     y = torch.full((1, N), float("nan"))
     got, want = both(fn, {"x": (x, 0, 0, 1, K), "g": (gain, 0, 0, 1, K), "wg": (wg.data, 0, 0, N, K),
                           "wu": (wu.data, 0, 0, N, K), "y": (y, 0, 0, 1, N)}, "y")
-    # f32 sums of 512 products in another order: a few ulps of the largest term's magnitude
+    # the product takes the planes (the fused dot: each unit's sum from its fields, the scales
+    # once per unit): f32 sums of 512 products in another order, a few ulps of the largest
+    # term's magnitude
+    assert f"_pto_dq_dot_{dtype.short}(" in render(fn).source.split("def d_")[1]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
