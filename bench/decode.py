@@ -19,6 +19,18 @@ the median time from a task's last predecessor's end to its start (``dependency_
 and its busy time per InCore function (where the time goes). Correctness is not measured here:
 tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
 
+Quantized weights (``--quant bf16,q4_k/q6_k,q8_0,fp8``: per spec ``LAYERS[/HEAD]``, the layers'
+matrices and the LM head, a tied model's embedding with its head; random blocks of the real
+shapes, pto's quantizers for fp8, q8_0 and q4_0): per configuration, batch and spec our step's
+ms per token (the waves executor, or ``--executors``), the floor at the bytes the spec reads a
+step (its weights, the cache to half its capacity, over the copy bandwidth), the weights'
+resident bytes on the GPU (the step's input tensors) against a GGUF file's tensor bytes of the
+same types, and the prefill of a ``--prefill``-token prompt (the layer program, each layer's
+quantized weights dequantized on the device first)::
+
+    python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
+        --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
+
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
 step alone (``tp1``, the others waiting) and reports the scaling efficiency ``t1 / (N tN)``; the
@@ -49,7 +61,9 @@ from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
 from pto import dist, timing  # noqa: E402
-from pto.ir.dtypes import DType  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
+from pto.ir.dtypes import DType, dtype_of  # noqa: E402
+from pto.quant import QTensor  # noqa: E402
 
 
 def copy_bandwidth() -> float:
@@ -199,12 +213,18 @@ def main(argv=None) -> int:
                     help="decode tilings to compare, ';'-separated, e.g. 'default;bn=32;bn=16,bk=128'")
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
     ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
+    ap.add_argument("--quant", default=None, help="weight types to compare instead (module docstring), e.g. "
+                    "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
+                    "defaults to waves, --long to none")
+    ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
     args = ap.parse_args(argv)
     env = dist.environment()
     if env is not None and env.world > 1:
         return main_tp(args, env.world)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
+    if args.quant:
+        return main_quant(args, bw)
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
@@ -245,6 +265,119 @@ def main(argv=None) -> int:
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))
+    return 0
+
+
+def quantized_spec(base, spec: str, g: torch.Generator):
+    """``base`` (random bf16 weights) stored as ``spec``: ``bf16``, or ``LAYERS[/HEAD]`` (the
+    layers' matrices, and the LM head, a tied model's embedding with it; the head as the layers'
+    where not given)."""
+    from pto.orchestration.model.quantized import QUANTIZERS, random_quantized, random_quantized_weights
+
+    if spec == "bf16":
+        return base
+    layers, _, head = spec.partition("/")
+    w = random_quantized_weights(base, layers, g)
+    head = head or layers
+    cfg = base.config
+    if head in QUANTIZERS:
+        made = QTensor.quantize(head, base.embedding if cfg.tied else base.lm_head.t().contiguous())
+    else:
+        made = random_quantized(dtype_of(head), cfg.vocab, cfg.hidden, 1.0 if cfg.tied else cfg.hidden ** -0.5, g)
+    return replace(w, embedding=made if cfg.tied else w.embedding, lm_head=made)
+
+
+def file_bytes(w) -> int:
+    """Bytes of ``w``'s tensors in a GGUF file of the same types (GGUF's blocks; floats as
+    stored), a tied head once: what the resident bytes are held against."""
+    from pto.orchestration.model.quantized import is_quantized
+
+    def nbytes(t) -> int:
+        if is_quantized(t):
+            f = t.dtype.quant
+            return f.file_bytes(t.rows, t.cols) if f.gguf else t.nbytes
+        return t.numel() * t.element_size()
+
+    heads = [] if w.config.tied else [w.lm_head]
+    return sum(nbytes(t) for t in [w.embedding, w.norm, *heads, *(v for x in w.layers for v in x.values())])
+
+
+def prefill_ms(w, tokens: int, repeat: int = 3) -> float:
+    """Milliseconds of the prefill of a ``tokens``-token prompt (the layer program, layer by
+    layer; quantized weights dequantized on the device a layer at a time), the median of
+    ``repeat`` after a first (compiling) one."""
+    gen = Generator(w, "cuda", DType.BF16)
+    try:
+        prompt = torch.randint(0, w.config.vocab, (tokens + 1,), generator=torch.Generator().manual_seed(1)).tolist()
+        cap = tokens + 64
+        step = gen.step(1, cap)
+        times = []
+        for _ in range(repeat + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            gen.prefill(step, [prompt], cap)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return round(sorted(times[1:])[repeat // 2], 3)
+    finally:
+        gen.close()
+
+
+def main_quant(args, bw: float) -> int:
+    """``--quant``: per configuration, batch and weight spec, our step's ms per token, the floor
+    at the spec's bytes, the resident weight bytes (on the GPU and in a file), the prefill."""
+    from pto.orchestration.model.quantized import WeightTypes, weight_bytes
+
+    executors = args.executors if args.executors != "persistent,waves" else "waves"
+    rows = []
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        base = random_weights(cfg, torch.bfloat16, g)
+        for spec in args.quant.split(","):
+            only, _, spec = spec.rpartition(":")  # (a spec "CONFIG:SPEC" is that configuration's alone)
+            if only and only != name:
+                continue
+            try:
+                w = quantized_spec(base, spec, g)
+            except UsageError as e:  # a type whose blocks the model's rows are not whole multiples of
+                print(json.dumps({"config": name, "quant": spec, "skipped": str(e)}), flush=True)
+                continue
+            nbytes = weight_bytes(w)
+            for batch in (int(b) for b in args.batches.split(",")):
+                c = cfg.layer
+                kv = cfg.layers * batch * (args.cache // 2) * 2 * c.kv_dim * 2
+                floor = round((nbytes["step_read"] + kv) / bw * 1e3, 4)
+                row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
+                       "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
+                       "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
+                for tiling in args.tilings.split(";"):
+                    for ex in executors.split(","):
+                        key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                        try:
+                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                                            args.kernels)
+                        except Exception as e:  # report it, measure the rest
+                            row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        torch.cuda.empty_cache()
+                if args.prefill and batch == 1:
+                    try:
+                        row["prefill_ms"] = prefill_ms(w, args.prefill)
+                    except Exception as e:
+                        row["prefill_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del w
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
+                                               "rows": rows}, indent=1))
+    for r in rows:
+        ms = "; ".join(f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items() if isinstance(v, dict)
+                       and k != "types")
+        print(f"{r['config']} {r['quant']} B={r['batch']}: {ms} (floor {r['floor_ms']} ms); weights "
+              f"{r['weights_resident_bytes'] / 1e9:.3f} GB resident, {r['weights_file_bytes'] / 1e9:.3f} GB in a file"
+              + (f"; prefill {args.prefill} tokens {r['prefill_ms']} ms" if "prefill_ms" in r else ""))
     return 0
 
 

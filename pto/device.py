@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 
 from pto.errors import UsageError
+from pto.ir.dtypes import DType
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -62,6 +63,8 @@ def info(device: str = "auto") -> dict:
         "backends": backends.names(),
         "executor": resolve_executor("auto", dev, be),
         "executors": executor_names(),
+        # weights in memory: every backend's loads dequantize them (pto.ir.quant)
+        "quantized": {d.short: d.quant.bits_per_weight for d in DType if d.is_quantized},
     }
     if dev == "cuda":
         out["bf16"] = t.capability >= (8, 0)
@@ -98,4 +101,7 @@ def format_info(d: dict) -> str:
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
+    if d.get("quantized"):
+        kinds = ", ".join(f"{k} ({v:g})" for k, v in d["quantized"].items())
+        lines.append(f"quantized: {kinds} bits per weight; weights only, dequantized in registers by every backend")
     return "\n".join(lines)

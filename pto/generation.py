@@ -47,8 +47,8 @@ class GenerateRequest:
     the prompts (``batch`` copies of one, or ``batch`` of them), how many tokens, where, how
     sampled, over how many tensor-parallel ranks."""
 
-    gguf: str | None = _flag(None, "a GGUF checkpoint (its weights are dequantized at load)", metavar="FILE",
-                             group="model")
+    gguf: str | None = _flag(None, "a GGUF checkpoint (its quantized weights run as the file stores them; "
+                             "--dequantize for floats)", metavar="FILE", group="model")
     hf: str | None = _flag(None, "a Hugging Face folder: config.json, safetensors, tokenizer.json", metavar="DIR",
                            group="model")
     prompts: tuple[str, ...] = _flag((), "a prompt (repeat for a batch)", kind="repeat", metavar="TEXT",
@@ -61,6 +61,11 @@ class GenerateRequest:
     dtype: str = _flag("auto", "the weights' and activations' dtype (default: %(default)s, bf16 on cuda, f32 on cpu)",
                        choices=("auto", "f32", "bf16", "f16"))
     executor: str = _flag("auto", "how each step's graph runs (default: %(default)s)", kind="executor")
+    dequantize: bool = _flag(False, "dequantize a GGUF file's quantized weights at load (to --dtype) instead of "
+                             "running them so", kind="switch")
+    quantize: str | None = _flag(None, "quantize the layers' matrices and the LM head at load (pto's quantizers; the "
+                                 "embedding as it is); a GGUF file's weights are dequantized first",
+                                 choices=("fp8", "q8_0", "q4_0"))
     temperature: float = _flag(0.0, "0: greedy (the default); above 0: sample from softmax(logits / T)",
                                kind="float", metavar="T")
     top_k: int | None = _flag(None, "sample among the K most likely tokens", kind="positive", metavar="K")

@@ -205,6 +205,11 @@ class Program:
         if dtype in (None, "auto"):
             dtype = default_dtype(device)
         dt = dtype_of(dtype) if not isinstance(dtype, DType) else dtype
+        if dt.is_quantized:
+            own = any(o.name == "quantize" for o in self.options)
+            extra = " (its option --quantize stores the weights so)" if own else ""
+            raise UsageError(f"{self.name}: --dtype {dt} is a quantized type of weights in memory; a run computes in "
+                             f"f32, f16 or bf16{extra}")
         if target is None:
             from pto.target import detect
 

@@ -80,3 +80,23 @@ def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int 
                            "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "PREFETCH": prefetch},
             "options": options}
 
+
+
+def kernel_jobs(functions) -> list[dict]:
+    """Compile jobs (:func:`compile_sm90`) of the batched kernels of InCore ``functions`` (each
+    rendered once), every one on the masked and the mask-free path."""
+    from pto.codegen.triton import render
+    from pto.ir.analysis import specialize
+
+    jobs, seen = [], set()
+    for fn in functions:
+        kern = render(specialize(fn))
+        if kern.digest in seen:
+            continue
+        seen.add(kern.digest)
+        for even in (False, True):
+            flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+            jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
+                         "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+                         "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    return jobs

@@ -30,7 +30,7 @@ AREAS = {
     "dist": "dist", "plugins": "plugins",
     "ir": "ir",
     "passes": "passes", "text": "text",
-    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
+    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers", "quant": "quant",
     "backends": "backends", "interp": "interp", "evaluator": "evaluator",
     "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
     "graph": "graph", "exec": "exec",
@@ -74,12 +74,15 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
+    # quantized weights on torch tensors: packing, GGUF's blocks, quantizers, dequantization
+    "quant": {"ir", "errors"},
     # the reference tile evaluator (the interpreter's and the torch backend's)
-    "evaluator": {"batch", "dist", "ir", "errors"},
+    "evaluator": {"batch", "dist", "ir", "quant", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database, the megakernel (the device's limits come from target), and the cut of a
     # collective task (passes) around its sum over the ranks (dist)
-    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "plugins", "target", "errors"},
+    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "plugins", "quant", "target",
+                 "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},

@@ -44,6 +44,13 @@ from pto.orchestration.model.program import (
     tiling_for_executor,
     unstack_weights,
 )
+from pto.orchestration.model.quantized import (
+    LayerDequantizer,
+    WeightTypes,
+    embedding_rows,
+    for_weights,
+    is_quantized,
+)
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
@@ -129,6 +136,12 @@ class Generator:
         self._steps: dict = {}
         self._weights: dict[str, torch.Tensor] | None = None  # the step's, on the device (_stacked)
         self._layer_views: list[dict[str, torch.Tensor]] | None = None  # each layer's, views of them
+        #: what the step's weight inputs are stored as (quantized: :mod:`pto.orchestration.model.quantized`),
+        #: and what dequantizes a layer's for the prefill (made once, from the step's own tensors)
+        self.wtypes = WeightTypes.of(weights)
+        self._dequantizer: LayerDequantizer | None = None
+        if tp > 1 and self.wtypes.quantized:
+            raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
 
     # -- the decode step ----------------------------------------------------------------------
@@ -143,7 +156,7 @@ class Generator:
             from pto.engine import Prepared, build_module_graph
 
             module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
-                                cache=capacity)
+                                cache=capacity, wtypes=self.wtypes)
             built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
             inputs = {**self._stacked(), "cos": self.cos, "sin": self.sin}
             kvd = self.local.layer.kv_dim
@@ -161,6 +174,10 @@ class Generator:
         seconds)."""
         if self._weights is None:
             w, dev = self.weights, self.device
+            if self.wtypes.quantized:  # (stacked as they are stored, then moved: one rank)
+                t = for_weights(self.tiling, self.wtypes)
+                self._weights = {k: v.to(dev) for k, v in stack_weights(w, t.wt, t.lm_wt).items()}
+                return self._weights
             emb = w.embedding.to(dev)
             tied = w.lm_head.untyped_storage().data_ptr() == w.embedding.untyped_storage().data_ptr()
             moved = ModelWeights(w.config, emb, w.norm.to(dev), emb.t() if tied else w.lm_head.to(dev),
@@ -194,7 +211,7 @@ class Generator:
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
-                x = self.weights.embedding[torch.tensor(prompt[:n])].to(self.device)
+                x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.device, self.dtype.torch)
                 layer = self._layer(n)
                 slots = torch.arange(n, device=self.device) % capacity
                 keep = slots if n <= capacity else slots[n - capacity:]
@@ -208,16 +225,29 @@ class Generator:
             t["pos"][b, 0] = float(n)
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
-        """Layer ``layer``'s weights for the layer's graph: views of the step's stacked ones on
-        the device (one rank), or the whole layer's from the host (each rank holds its share
-        only)."""
+        """Layer ``layer``'s weights for the layer's graph (dense, ``[in, out]``): quantized kinds
+        dequantized on the device from the step's own tensors, a layer at a time
+        (:class:`~pto.orchestration.model.quantized.LayerDequantizer`); the others views of the
+        step's stacked ones (one rank), or the whole layer's from the host (each rank holds its
+        share only)."""
         if self.tp == 1:
             if self._layer_views is None:
-                self._layer_views = unstack_weights(self.config, self._stacked(), self.tiling.wt,
-                                                    self.tiling.lm_wt).layers
-            w = self._layer_views[layer]
+                if self.wtypes.quantized:  # (the quantized kinds come from the dequantizer)
+                    self._layer_views = [{k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
+                                         for w in self.weights.layers]
+                else:
+                    self._layer_views = unstack_weights(self.config, self._stacked(), self.tiling.wt,
+                                                        self.tiling.lm_wt).layers
+            w = dict(self._layer_views[layer])
         else:
             w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
+        if self.wtypes.quantized:
+            if self._dequantizer is None:
+                from pto.backends import get_backend
+
+                backend = get_backend(self.backend, self.device)
+                self._dequantizer = LayerDequantizer(backend, self.wtypes, self._stacked(), self.config, self.dtype)
+            w.update(self._dequantizer(layer))
         return {**w, "cos": self.cos[:seq], "sin": self.sin[:seq]}
 
     # -- generating ---------------------------------------------------------------------------

@@ -12,7 +12,11 @@ decoding by default (the reference for the tokens is transformers' ``generate`` 
 file, tests/programs/model); ``--temperature`` above 0 samples, restricted by ``--top-k`` and
 ``--top-p``, from a generator seeded with ``--seed``. ``--tp N`` under ``torchrun
 --nproc-per-node N`` splits every layer over N ranks (tensor parallelism, :mod:`.generate`);
-rank 0 streams and reports.
+rank 0 streams and reports. A GGUF file's quantized weights run as the file stores them
+(``--dequantize``: floats, as before; a type that has no kernel, or a projection whose layers mix
+types, is dequantized with one line on stderr saying which and why); ``--quantize
+fp8|q8_0|q4_0`` quantizes float weights at load (:mod:`pto.orchestration.model.quantized`). The
+report gives the weights' resident bytes and the bytes a step reads of them.
 """
 
 from __future__ import annotations
@@ -55,9 +59,12 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     """Generate for ``req``; with ``stream`` (a text file) the first sequence's text is written
     to it as it is generated, then the others' (a batch's texts each under :func:`sequence_label`).
     Returns the JSON-able result: the texts, token counts, timings."""
+    import sys
+
     from pto.orchestration.llm.generate import Generator
     from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes, quantize_weights, weight_bytes
 
     from pto import dist
     from pto.device import resolve_device
@@ -80,7 +87,16 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     t0 = time.perf_counter()
     tok = load_tokenizer(req.path)
     t1 = time.perf_counter()
-    weights = load_weights(req.path, dtype.torch)
+    keep = None if req.dequantize or req.quantize else KeepFileTypes()
+    if keep is not None and req.tp > 1:  # (quantized weights run on one rank)
+        print(f"pto generate: --tp {req.tp}: the weights are dequantized at load (quantized weights run on one rank)",
+              file=sys.stderr)
+        keep = None
+    weights = load_weights(req.path, dtype.torch, keep=keep)
+    for note in keep.notes if keep is not None else ():
+        print(f"pto generate: {note}", file=sys.stderr)
+    if req.quantize:
+        weights = quantize_weights(weights, req.quantize)
     load_ms = {"tokenizer": round((t1 - t0) * 1e3, 3), "weights": round((time.perf_counter() - t1) * 1e3, 3)}
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) if req.chat else tok.encode(p)
                for p in req.sequences]
@@ -117,8 +133,11 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
         for i, text in enumerate(texts[1:], start=2):
             stream.write(f"{sequence_label(i)}{text}\n")
         stream.flush()
+    nbytes = weight_bytes(weights)
+    stored = {"types": WeightTypes.of(weights).to_json(), "resident_bytes": nbytes["resident"],
+              "step_read_bytes": nbytes["step_read"]}
     return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
-            "load_ms": load_ms, **result.to_json()}
+            "load_ms": load_ms, **result.to_json(), "weights": stored}
 
 
 def sequence_label(i: int) -> str:
@@ -136,9 +155,13 @@ def format_speed(res: dict) -> str:
     ms = res["ms_per_token"]
     # the rate from the milliseconds: the JSON's tokens_per_s is rounded to 0.1
     per = f"{ms:.3f} ms per token ({_rate(len(res['tokens']) * 1e3 / ms)} tokens/s)" if ms else "no decode step"
+    w = res.get("weights")
+    types = ", ".join(sorted(set(w["types"].values()))) if w and w["types"] else res["dtype"]
+    weights = "" if w is None else (f"; weights {w['resident_bytes'] / 1e6:,.1f} MB ({types}), "
+                                    f"{w['step_read_bytes'] / 1e6:,.1f} MB read a step")
     return (f"prompt {sum(res['prompt_tokens'])} tokens in {res['prefill_ms']:.0f} ms; decode {per}, "
             f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
-            f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']})")
+            f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']}){weights}")
 
 
 class TextGeneration:

@@ -51,6 +51,7 @@ from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, g
 from pto.incore.matmul import matmul_residual_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
+from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
 
 from pto import Orchestration, f32
@@ -78,11 +79,30 @@ class DecodeFunctions:
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-              reduce: DType | None = None, parts: int | None = None) -> DecodeFunctions:
+              reduce: DType | None = None, parts: int | None = None,
+              wtypes: WeightTypes = DENSE) -> DecodeFunctions:
     """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles);
     ``cfg`` is one rank's, and ``reduce`` the dtype of the row-parallel projections' sum over the
     ranks (None: one rank, no sum); ``parts``: the partial states a head's attention leaves
-    (chunks or spans; None: not known at build)."""
+    (chunks or spans; None: not known at build); ``wtypes``: the weights' types (quantized ones
+    load dequantized, their K steps whole blocks: :func:`~.quantized.for_weights`)."""
+    if wtypes.quantized and reduce is not None:
+        from pto.errors import UsageError
+
+        raise UsageError("quantized weights run on one rank (--tp 1); dequantize them for tensor parallelism")
+
+    def wkw(*kinds: str) -> dict:
+        """The builders' weight dtype for ``kinds`` (one type), where it is quantized."""
+        d = {wtypes.get(k, dt) for k in kinds}
+        if len(d) > 1:
+            from pto.errors import UsageError
+
+            raise UsageError(f"the weights {' and '.join(kinds)} feed one task and need one type, not "
+                             f"{' and '.join(sorted(map(str, d)))}")
+        (d,) = d
+        return {"wdtype": d} if d.is_quantized else {}
+
+    least = {k: max(16, wtypes.blocks((k,))) for k in ("w_qkv", "wo", "wg", "wd")}
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
@@ -94,31 +114,36 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
                     qkv_bk=None, o_bn=None, o_bk=None)
-    lm, bv = _lm_head(cfg, dt, target, t, batch)
+    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
     qkv_bn, qkv_bk = t.qkv_bn or t.bn, t.qkv_bk or t.bk
-    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target), qkv_bk)[0]
+    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target, **wkw("w_qkv")), qkv_bk,
+                  least["w_qkv"])[0]
 
-    def projection(bn: int, bk: int) -> IncoreFunction:
+    def projection(bn: int, bk: int, kind: str) -> IncoreFunction:
         if reduce is not None:  # the product, its sum over the ranks and the residual: one task
             summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
             return _widest(lambda b: summed(dt, batch, QD, H, bn, b, reduce, target), bk)[0]
-        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target), bk)[0]
+        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target, **wkw(kind)), bk, least[kind])[0]
 
-    proj = projection(t.bn, t.bk)
+    proj = projection(t.bn, t.bk, "wd")
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
-    # tiles of its own: a function of its own (a module's InCore functions have distinct names)
-    proj_o = proj if o_tiles == (t.bn, t.bk) else replace(projection(*o_tiles), name=f"{proj.name}_o")
-    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
+    # tiles (or weights) of its own: a function of its own (a module's InCore functions have
+    # distinct names)
+    same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
+    proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
+    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
+                      t.ffn_bk or t.bk, least["wg"])[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         combine_parts=combine_parts,
-        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk)) if batch == 1 and t.wt and t.rope_in_qkv else None,
+        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk), wkw("w_qkv"))
+        if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
@@ -129,45 +154,54 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         proj_o=proj_o,
         gate_up=gate_up,
         lm=lm,
-        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
+        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target, **wkw("emb")),
         advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
     )
 
 
-def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, tiles: tuple[int, int]):
+def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, tiles: tuple[int, int],
+              wkw: dict):
     """One sequence's q, k, v projection with RoPE and the append in its epilogue, ``tiles`` the
-    plain projection's (bn, bk): by default a program's pairs are its rows."""
+    plain projection's (bn, bk): by default a program's pairs are its rows (``wkw``: its weights'
+    dtype, where quantized)."""
     c, (bn, bk) = cfg.layer, tiles
     bh = math.gcd(t.rope_bh or max(1, bn // 2), c.head_dim // 2)
+    least = wkw["wdtype"].quant.block if wkw else 16
     return _widest(lambda b: gemv_norm_rope_append_tile(dt, c.hidden, (c.heads, c.kv_heads, c.head_dim), bh, b, c.eps,
-                                                         cfg.max_positions, target), bk)[0]
+                                                         cfg.max_positions, target, **wkw), bk, least)[0]
 
 
-def _widest(build, size: int):
-    """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to 16) whose
-    function's tiles fit the target's on-chip memory (SRAM-aware sizing)."""
+def _widest(build, size: int, least: int = 16):
+    """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to ``least``,
+    16 or a quantized weight's block) whose function's tiles fit the target's on-chip memory
+    (SRAM-aware sizing)."""
     from pto.errors import SramError
 
     while True:
         try:
             return build(size), size
         except SramError:
-            if size <= 16:
+            if size <= least:
                 raise
             size //= 2
 
 
-def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int):
+def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
+             wtypes: WeightTypes = DENSE):
     """The LM head with the widest vocabulary block up to ``t.bv`` whose tiles fit the target's
     on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
     c = cfg.layer
-    return _widest(lambda bv: build(dt, batch, c.hidden, cfg.vocab, bv, t.lm_bk, c.eps, target), min(t.bv, cfg.vocab))
+    w = wtypes.get("lm_head", dt)
+    kw = {"wdtype": w} if w.is_quantized else {}
+    return _widest(lambda bv: build(dt, batch, c.hidden, cfg.vocab, bv, t.lm_bk, c.eps, target, **kw),
+                   min(t.bv, cfg.vocab))
 
 
-def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> int:
+def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
+             wtypes: WeightTypes = DENSE) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks)."""
-    return _lm_head(cfg, dt, target, t, tile_rows(batch))[1]
+    return _lm_head(cfg, dt, target, t, tile_rows(batch), wtypes)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
@@ -177,30 +211,34 @@ def cdiv_int(a: int, b: int) -> int:
 @lru_cache(maxsize=32)
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
-               cache: int | None = None) -> Module:
+               cache: int | None = None, wtypes: WeightTypes = DENSE) -> Module:
     """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
     step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
     the capacity the step will run with, where known (a long cache combines in two levels).
-    Built once per process and description (the program's runs and a generation's steps share
-    it; the module is immutable)."""
-    t = (tiling or DecodeTiling()).for_cache(cache)
+    ``wtypes``: what the weight inputs are stored as (quantized ones: the tiling fitted to them,
+    :func:`~.quantized.for_weights`). Built once per process and description (the program's runs
+    and a generation's steps share it; the module is immutable)."""
+    t = for_weights(tiling or DecodeTiling(), wtypes).for_cache(cache)
     cfg = cfg.shard(tp)
     spans_ = spans(cache, t)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
-                   spans_ or (cache // t.chunk if cache else None))
-    return _Step(cfg, dt, t, fn, cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch)), spans_).module()
+                   spans_ or (cache // t.chunk if cache else None), wtypes)
+    nbv = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch, wtypes))
+    return _Step(cfg, dt, t, fn, nbv, spans_, wtypes).module()
 
 
 class _Step:
     """The step's orchestration under construction: the rank's configuration ``cfg``, the
     tiling ``t``, the functions ``fn``, the LM head's vocabulary blocks ``nbv``, the combine's
-    spans ``S`` (0: one level); the scalars ``B``, ``C`` and the chunks a sequence's cache holds,
-    ``J``; the tensors ``T``."""
+    spans ``S`` (0: one level), the weights' types ``wtypes``; the scalars ``B``, ``C`` and the
+    chunks a sequence's cache holds, ``J``; the tensors ``T``."""
 
-    def __init__(self, cfg: ModelConfig, dt: DType, t: DecodeTiling, fn: DecodeFunctions, nbv: int, spans_: int):
+    def __init__(self, cfg: ModelConfig, dt: DType, t: DecodeTiling, fn: DecodeFunctions, nbv: int, spans_: int,
+                 wtypes: WeightTypes = DENSE):
         self.cfg, self.c, self.dt, self.t, self.fn, self.nbv, self.S = cfg, cfg.layer, dt, t, fn, nbv, spans_
+        self.wtypes = wtypes
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
         self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
@@ -299,23 +337,24 @@ class _Step:
                                 "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
     def _tensors(self, unused: tuple[str, ...] = ()) -> dict:
-        """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
-        logits (output) and the activations between tasks (temps; those in ``unused`` not
-        declared)."""
+        """The step's tensors: weights (inputs, of ``wtypes``), the state (cache, token, position:
+        inout), the logits (output) and the activations between tasks (temps; those in ``unused``
+        not declared)."""
         o, cfg, dt, c, t, B, C, S = self.o, self.cfg, self.dt, self.c, self.t, self.B, self.C, self.S
+        wtypes = self.wtypes
         J = C // t.chunk
         L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
         ws = weight_shapes(cfg, t.wt)
 
         def stacked(kind: str):
             rows, cols = ws[kind]
-            return o.input(kind, L * rows, cols, dt)
+            return o.input(kind, L * rows, cols, wtypes.get(kind, dt))
 
-        T = {"emb": o.input("emb", V, H, dt), "w_qkv": stacked("w_qkv"),
+        T = {"emb": o.input("emb", V, H, wtypes.get("emb", dt)), "w_qkv": stacked("w_qkv"),
              "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
              "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
              "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
-             "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), dt),
+             "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), wtypes.get("lm_head", dt)),
              "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
         T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
                  tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from pto.errors import UsageError
+from pto.ir.dtypes import dtype_of
 
 _MISSING = object()
 _OPEN: dict[tuple, GGUFFile] = {}  # (path, mtime, size) -> parsed file, least recent first
@@ -230,6 +231,21 @@ class GGUFFile:
         if t is None:
             self.fail(f"no tensor {name!r}")
         return t
+
+    def quantized(self, name: str, shape: tuple[int, int], device="cpu"):
+        """Matrix ``name`` (of ``shape``, checked) as the file stores it, its blocks repacked (a
+        :class:`pto.quant.QTensor`; its type must run natively: :func:`pto.quant.format_of_gguf`)."""
+        from pto.quant import QTensor, format_of_gguf, from_gguf
+
+        t = self._info(name)
+        if self.shape(name) != tuple(shape):
+            self.fail(f"tensor {name} is {' x '.join(map(str, self.shape(name)))} but the metadata needs "
+                      f"{' x '.join(map(str, shape))}")
+        fmt = format_of_gguf(t.tensor_type.name)
+        if fmt is None:
+            self.fail(f"tensor {name} is stored as {t.tensor_type.name}, which pto does not run quantized")
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(shape[0], -1))  # (a copy: the map is read-only)
+        return QTensor(dtype_of(fmt.name), from_gguf(fmt, raw, shape[1]).to(device), shape[1])
 
     def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device="cpu") -> torch.Tensor:
         """Tensor ``name`` dequantized and cast to ``dtype`` on ``device``, after checking from its

@@ -19,12 +19,26 @@ from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, weight_shapes
+from pto.orchestration.model.gguf_file import is_gguf, open_gguf
+from pto.orchestration.model.quantized import (
+    DENSE,
+    QUANTIZERS,
+    RANDOM_TYPES,
+    KeepFileTypes,
+    WeightTypes,
+    file_weight_types,
+    for_weights,
+    is_quantized,
+    quantize_weights,
+    random_quantized_weights,
+)
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
 from pto import Var
 from pto.errors import UsageError
-from pto.ir.dtypes import DType
+from pto.ir.dtypes import DType, dtype_of
 from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
+from pto.quant import QTensor
 
 CONFIGS = {
     "tiny": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2), vocab=512, layers=2,
@@ -97,6 +111,10 @@ class ModelProgram(Program):
     configs = CONFIGS
     options = (Option("weights", "", "a GGUF file or a Hugging Face folder: the model's configuration and weights "
                       "(replaces --config)"),
+               Option("quantize", "auto", "how the weights are stored: auto (a GGUF file's own types, floats as "
+                      "they are), none (all dequantized), or a type: fp8, q8_0, q4_0 quantized by pto at load (random "
+                      "weights also q4_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
+                      choices=("auto", "none", *RANDOM_TYPES)),
                Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
                       "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
@@ -128,8 +146,33 @@ class ModelProgram(Program):
             return load_config(s["weights"])
         return CONFIGS[s.config]
 
+    def weight_types(self, s: Settings) -> WeightTypes:
+        """What the step's weight inputs are stored as under ``s`` (a GGUF file's from its
+        headers; no data read)."""
+        q = s["quantize"]
+        if q == "none":
+            return DENSE
+        if q == "auto":
+            if s["weights"] and is_gguf(s["weights"]):
+                return file_weight_types(open_gguf(s["weights"]))[0]
+            return DENSE
+        cfg = self.config(s)
+        kinds = ["w_qkv", "wo", "wg", "wu", "wd"] + ([] if cfg.tied else ["lm_head"])
+        return WeightTypes(tuple(sorted((k, dtype_of(q)) for k in kinds)))
+
     def check_settings(self, s: Settings) -> None:
+        q = s["quantize"]
+        if s["weights"] and q not in ("auto", "none", *QUANTIZERS):
+            raise UsageError(f"{self.name}: --quantize {q}: pto quantizes weights to {', '.join(QUANTIZERS)} (random "
+                             "weights also to GGUF's other types)")
         cfg = self.config(s)  # a file that is not a model: one line now
+        if q not in ("auto", "none"):
+            for n in (cfg.hidden, cfg.layer.q_dim, cfg.layer.ffn):
+                if n % dtype_of(q).quant.block:
+                    raise UsageError(f"{self.name}: --quantize {q}: the model's rows of {n} inputs are not whole "
+                                     f"blocks of {dtype_of(q).quant.block}")
+        if s.tp > 1 and self.weight_types(s).quantized:
+            raise UsageError(f"{self.name}: --tp {s.tp}: quantized weights run on one rank (--quantize none)")
         try:
             cfg.shard(s.tp)
         except ValueError as e:
@@ -142,7 +185,7 @@ class ModelProgram(Program):
         shape = self.shape(shape)
         cfg = self.config(s)
         return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s),
-                          shape["cache"])
+                          shape["cache"], self.weight_types(s))
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one
@@ -179,9 +222,18 @@ class ModelProgram(Program):
         cfg = self.config(s).shard(s.tp)
         c, esize = cfg.layer, s.dtype.itemsize
         kv = cfg.layers * shape["batch"] * shape["cache"] * 2 * c.kv_dim * esize
-        weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
-            c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
-        return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+        wtypes = self.weight_types(s)
+        shapes = weight_shapes(cfg, True)  # (N, K): rows of outputs, blocks along the inputs
+
+        def nbytes(kind: str, rows: int, cols: int) -> int:
+            return wtypes.get(kind, s.dtype).nbytes(rows, cols)
+
+        layers = cfg.layers * (sum(nbytes(k, *shapes[k]) for k in shapes) + 2 * c.hidden * esize)
+        head = nbytes("lm_head", cfg.vocab, c.hidden)
+        emb = nbytes("emb", cfg.vocab, c.hidden)
+        final = c.hidden * esize  # the final norm's gain
+        resident = layers + emb + final + (0 if cfg.tied else head)
+        return {"kv_cache_bytes": kv, "weight_bytes": resident, "step_read_bytes": layers + head + final + kv}
 
     def estimate_baselines(self, s: Settings) -> list[Baseline]:
         return []  # no published counts of a decode step to draw beside
@@ -203,7 +255,7 @@ class ModelProgram(Program):
         pos = torch.randint(0, 3 * C if cfg.layer.window else C, (B, 1), generator=g).float()
         pos[-1, 0] = C - 1  # a full cache
         tok = torch.randint(0, cfg.vocab, (B, 1), generator=g).float()
-        tiling = tiling_for(cfg)
+        tiling = for_weights(tiling_for(cfg), self.weight_types(s))
         out = {**stack_weights(weights, tiling.wt, tiling.lm_wt), "k_cache": cache[0], "v_cache": cache[1], "tok": tok,
                "pos": pos}
         cos, sin = rope_tables(cfg.max_positions, cfg.layer, s.dtype, "cpu")
@@ -216,8 +268,11 @@ class ModelProgram(Program):
         against a framework's own)."""
         cfg = self.config(s)
         B, C = shape["batch"], shape["cache"]
-        tiling = tiling_for(cfg)
-        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()}, tiling.wt, tiling.lm_wt)
+        wtypes = self.weight_types(s)
+        tiling = for_weights(tiling_for(cfg), wtypes)
+        quantized = dict(wtypes.types)
+        w = unstack_weights(cfg, {k: v if k in quantized else v.to(dtype) for k, v in inputs.items()}, tiling.wt,
+                            tiling.lm_wt, wtypes, dtype)
         L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
 
         def blocks(t):
@@ -232,12 +287,17 @@ class ModelProgram(Program):
 
 
 def load_or_random(s: Settings, cfg: ModelConfig, g: torch.Generator) -> ModelWeights:
-    """The weights of ``--weights``, else seeded random ones of ``cfg``'s shape."""
+    """The weights of ``--weights``, else seeded random ones of ``cfg``'s shape; stored as
+    ``--quantize`` says."""
+    q = s["quantize"]
     if s["weights"]:
         from pto.orchestration.model.checkpoint import load_weights
 
-        return load_weights(s["weights"], s.dtype.torch)
-    return random_weights(cfg, s.dtype.torch, g)
+        keep = KeepFileTypes() if q == "auto" else None
+        w = load_weights(s["weights"], s.dtype.torch, keep=keep)
+        return w if q in ("auto", "none") else quantize_weights(w, q)
+    w = random_weights(cfg, s.dtype.torch, g)
+    return w if q in ("auto", "none") else random_quantized_weights(w, q, g)
 
 
 def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> ModelWeights:
@@ -263,17 +323,30 @@ def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> 
 
 def stack_weights(w: ModelWeights, wt: bool = False, lm_wt: bool = False) -> dict[str, torch.Tensor]:
     """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`), each
-    block output-major with ``wt``, the LM head with ``lm_wt`` (:class:`DecodeTiling`)."""
+    block output-major with ``wt``, the LM head with ``lm_wt`` (:class:`DecodeTiling`); a
+    quantized kind's blocks (output-major, :mod:`.quantized`) as their rows of bytes."""
     ls = w.layers
 
     def stack(blocks):
+        if is_quantized(blocks[0]):
+            return QTensor.cat(blocks).data
         return torch.cat([b.t() if wt else b for b in blocks]).contiguous()
 
-    return {"emb": w.embedding.contiguous(), "w_qkv": stack([torch.cat([x["wq"], x["wk"], x["wv"]], 1) for x in ls]),
+    def qkv(x):
+        if is_quantized(x["wq"]):  # output-major: q, k and v one after the other as rows
+            return QTensor.cat([x["wq"], x["wk"], x["wv"]])
+        return torch.cat([x["wq"], x["wk"], x["wv"]], 1)
+
+    def whole(t, transposed: bool):
+        if is_quantized(t):
+            return t.data
+        return (t.t() if transposed else t).contiguous()
+
+    return {"emb": whole(w.embedding, False), "w_qkv": stack([qkv(x) for x in ls]),
             "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": stack([x["wo"] for x in ls]),
             "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": stack([x["wg"] for x in ls]),
             "wu": stack([x["wu"] for x in ls]), "wd": stack([x["wd"] for x in ls]),
-            "g_out": w.norm.contiguous(), "lm_head": (w.lm_head.t() if lm_wt else w.lm_head).contiguous()}
+            "g_out": w.norm.contiguous(), "lm_head": whole(w.lm_head, lm_wt)}
 
 
 def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, rank: int,
@@ -306,16 +379,26 @@ def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, ran
     return out
 
 
-def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False,
-                    lm_wt: bool = False) -> ModelWeights:
-    """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
+def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False, lm_wt: bool = False,
+                    wtypes: WeightTypes = DENSE, dtype: torch.dtype = torch.float32) -> ModelWeights:
+    """:func:`stack_weights` undone (the reference's view of the step's inputs); the quantized
+    inputs of ``wtypes`` dequantized (to ``dtype``)."""
     QD, KVD = cfg.layer.q_dim, cfg.layer.kv_dim
     shapes = weight_shapes(cfg, wt)
+    quantized = dict(wtypes.types)
 
     def block(kind: str, i: int) -> torch.Tensor:
         rows = shapes[kind][0]
         b = t[kind][i * rows:(i + 1) * rows]
+        if kind in quantized:
+            b = QTensor(quantized[kind], b, shapes[kind][1]).dequantize(dtype)
         return b.t() if wt else b
+
+    t, H = dict(t), cfg.layer.hidden
+    if "emb" in quantized:
+        t["emb"] = QTensor(quantized["emb"], t["emb"], H).dequantize(dtype)
+    if "lm_head" in quantized:
+        t["lm_head"] = QTensor(quantized["lm_head"], t["lm_head"], H).dequantize(dtype)
 
     layers = []
     for i in range(cfg.layers):

@@ -51,8 +51,10 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     s.add_argument("--config", default="auto", choices=["auto", *configs] if configs else None, metavar=None
                    if configs else "NAME", help="the program's configuration (default: auto, the program's "
                    "default for the device)")
-    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)],
-                   help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
+    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)], metavar="DTYPE",
+                   help="storage dtype: auto (bf16 on cuda, f32 on cpu), f32, f16 or bf16 (the quantized "
+                   f"{', '.join(d.short for d in DType if d.is_quantized)} store weights only: a program's own "
+                   "options say where)")
     s.add_argument("--target", default=None, choices=target.names(),
                    help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
     if cmd in ("run", "graph", "codegen", "estimate"):

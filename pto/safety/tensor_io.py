@@ -43,7 +43,8 @@ def program_inputs(module, scalars: dict[str, int]) -> dict[str, tuple[tuple[int
     """Name -> (shape, dtype) of every tensor a run of ``module``'s entry function takes."""
     fn = module.entry_function
     shapes = tensor_shapes(fn, scalars)
-    return {t.name: (shapes[t.name], t.dtype.torch) for t in fn.tensors if t.role in ("input", "inout")}
+    return {t.name: (t.dtype.storage_shape(*shapes[t.name]), t.dtype.torch) for t in fn.tensors
+            if t.role in ("input", "inout")}
 
 
 def load_inputs(path: str, module, scalars: dict[str, int], device, program: str = "the program",

@@ -304,7 +304,14 @@ def _human_seqs(values) -> str:
 
 
 #: column labels of the programs' own byte counts (:meth:`pto.program.Estimation.estimate_columns`)
-_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
+_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "weight_bytes": "Weights", "step_read_bytes": "Read/step"}
+
+
+def describe_columns(row: dict) -> str | None:
+    """The program's own byte counts of ``row`` (:meth:`pto.program.Estimation.estimate_columns`)
+    as one line, e.g. "Weights 98.3MB, KV cache 3.1MB, Read/step 101.4MB" (None: it has none)."""
+    parts = [f"{label} {_human_bytes(row[k])}" for k, label in _EXTRA_LABELS.items() if k in row]
+    return ", ".join(parts) or None
 
 
 def format_table(res: dict) -> str:

@@ -17,7 +17,7 @@ import torch
 from pto import programs
 from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, module_of, rel_err, resolve
 from pto.errors import UsageError
-from pto.program import Shape
+from pto.program import Estimation, Shape
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,9 @@ def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float) -> dict:
             "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
             "build_ms": round(graph.build_ms, 3), "exec_ms": round(exec_ms, 3),
             "compile_ms": round(runner.compile_ms, 1),
-            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1)}
+            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
+            # the program's own byte counts (a decode step: its weights, its cache, a step's reads)
+            **(job.program.estimate_columns(job.settings, shape) if isinstance(job.program, Estimation) else {})}
 
 
 def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: dict) -> None:

@@ -33,6 +33,7 @@ from pto.codegen.triton.common import (
     float_literal,
 )
 from pto.codegen.triton.operands import separate_operand_loads
+from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
@@ -41,6 +42,7 @@ from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
+from pto.ir.quant import FORMATS
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
 _EXPR_FMT = {
@@ -221,6 +223,41 @@ def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defin
     return out
 
 
+# quantized loads a GEMV's product takes as they are -----------------------------------------------
+
+
+def fused_quantized_loads(fn: IncoreFunction, blocks: dict[str, tuple[int, int]]) -> frozenset[str]:
+    """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
+    of one row by them (``tb``: a GEMV's multiply-sum, in the same loop body): the product takes
+    the tile's planes and sums per unit (:func:`pto.codegen.triton.quant.render_dot`, the values
+    never made; the sums reassociated, as a half-precision kernel's may be)."""
+    memrefs = {p.name: p for p in fn.memrefs}
+    dtypes = {t.name: t.dtype for t in fn.tiles}
+    where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                visit(s.body)
+                continue
+            for t in instr_reads(s) | ({s.dst} if s.dst is not None else set()):
+                where.setdefault(t, []).append((id(body), s))
+
+    visit(fn.body)
+    out = set()
+    for t, uses in where.items():
+        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
+            continue
+        (_, load), (_, mm) = uses
+        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
+                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
+                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
+                and str(mm.attr("acc")) == "f32" and blocks[mm.srcs[0]][0] == 1 and dtypes[mm.srcs[0]] is DType.F32):
+            continue
+        out.add(t)
+    return frozenset(out)
+
+
 # the renderer ---------------------------------------------------------------------------------
 
 
@@ -261,6 +298,12 @@ class BodyRenderer(TileOps):
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
         self.waiting = False
+        #: the quantized formats the body loads (their helpers come with the device function);
+        #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
+        #: :func:`fused_quantized_loads`), and the planes' names of each once loaded
+        self.quantized: set[str] = set()
+        self.fused = fused_quantized_loads(fn, self.blocks)
+        self.planes: dict[str, list[str]] = {}
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -348,8 +391,10 @@ class BodyRenderer(TileOps):
             self.emit(f"if ALIGN_{p.name}:")
             self.emit(f"    m_{p.name}_c0 = tl.multiple_of(m_{p.name}_c0, {ALIGN})")
             self.emit(f"    m_{p.name}_cols = tl.multiple_of(m_{p.name}_cols, {ALIGN})")
-            # the region's origin, in int64: row * stride overflows int32 on large tensors
-            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
+            # the region's origin, in int64: row * stride overflows int32 on large tensors (a
+            # quantized memref's rows of bytes: its first row; the columns are the load's)
+            col0 = "" if p.dtype.is_quantized else f" + m_{p.name}_c0"
+            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name}{col0}")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
@@ -371,7 +416,9 @@ class BodyRenderer(TileOps):
             self.emit("return _ok, _t0")
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "")
         sig = ",\n        ".join(params)
-        return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
+        # the quantized loads' helpers come with the device function (a file may define one twice)
+        helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
+        return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):

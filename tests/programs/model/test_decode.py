@@ -16,6 +16,7 @@ import torch
 
 from pto.engine import rel_err
 from pto.tools.run import run
+from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -261,15 +262,8 @@ def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_toke
 
     from pto.ir.dtypes import DType
 
-    tok = load_tokenizer(smollm)
-    texts = ["The capital of France is", "def fibonacci(n):"]
-    prompts = [tok.encode(t) for t in texts] + [tok.encode_chat([{"role": "user", "content": "Name three colors."}])]
-    want = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
+    prompts = greedy_prompts(load_tokenizer(smollm))
+    want = transformers_greedy(hf_model, prompts, 32)
     gen = Generator(load_weights(smollm, torch.float32), "cpu", DType.F32)
     try:
         got = gen.generate(prompts, 32, stop_ids=())
@@ -391,28 +385,13 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
     from pto.orchestration.model.decode import DecodeTiling, functions
     from pto.orchestration.model.program import CONFIGS
 
-    from pto.codegen.triton import render
-    from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType
     from pto.target import get
-    from tests.sm90 import compile_sm90
+    from tests.sm90 import compile_sm90, kernel_jobs
 
-    jobs, seen = [], set()
-    for batch in (1, 16):
-        fns = functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch)
-        for f in fields(fns):
-            if getattr(fns, f.name) is None:  # (the projection with RoPE: one sequence only)
-                continue
-            kern = render(specialize(getattr(fns, f.name)))
-            if kern.digest in seen:
-                continue
-            seen.add(kern.digest)
-            for even in (False, True):
-                flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
-                jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(),
-                             "aligned": True,
-                             "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
-                             "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    fns = [functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch) for batch in (1, 16)]
+    # (the projection with RoPE: one sequence only)
+    jobs = kernel_jobs(getattr(f, x.name) for f in fns for x in fields(f) if getattr(f, x.name) is not None)
     results = compile_sm90(jobs, tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)

@@ -28,7 +28,19 @@ def test_streamed_text_json_and_speed_line(smollm):
     assert 1 <= len(res["tokens"][0]) <= 8
     speed = text.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"prompt \d+ tokens in \d+ ms; decode [\d.]+ ms per token \([\d.]+ tokens/s\), \d+ steps of "
-                        r"\d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\)", speed), speed
+                        r"\d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\); weights 98\.3 MB \(q4_1, q8_0\), "
+                        r"98\.3 MB read a step", speed), speed
+    assert res["weights"]["types"]["wd"] == "q4_1" and res["weights"]["resident_bytes"] == 98272512
+
+
+@pytest.mark.slow
+def test_dequantize_gives_the_same_text_from_float_weights(smollm):
+    """``--dequantize``: the weights as f32 (538 MB), the tokens of the quantized run."""
+    args = ["--gguf", str(smollm), "--prompt", "def fibonacci(n):", "--max-new-tokens", "4", "--device", "cpu",
+            "--json"]
+    quantized, dense = (json.loads(_pto(*args, *extra).stdout) for extra in ((), ("--dequantize",)))
+    assert dense["tokens"] == quantized["tokens"]
+    assert dense["weights"] == {"types": {}, "resident_bytes": 538060032, "step_read_bytes": 538060032}
 
 
 @pytest.mark.slow
