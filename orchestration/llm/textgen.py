@@ -59,7 +59,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
 
-    from pto import dist
+    from pto import collectives, dist
     from pto.device import resolve_device
     from pto.ir.dtypes import dtype_of
     from pto.program import default_dtype
@@ -76,6 +76,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     device = resolve_device(req.device)
     if dist.init(device, req.tp, command="generate") != 0:
         stream = None  # every rank makes the same tokens: rank 0 shows them
+    collectives.check()  # PTO_COLLECTIVES and its limits, before any file is read
     dtype = default_dtype(device) if req.dtype == "auto" else dtype_of(req.dtype)
     t0 = time.perf_counter()
     tok = load_tokenizer(req.path)

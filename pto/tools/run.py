@@ -79,7 +79,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     rank, started by torchrun; every rank makes the whole seeded inputs and runs on its shard
     (:meth:`Program.shard`), rank 0 checks the outputs against the reference on the whole inputs
     and writes the files; ``ranks`` has every rank's time and collectives."""
-    from pto import dist
+    from pto import collectives, dist
 
     opts = replace(options or RunOptions(), **{k: kw.pop(k) for k in list(kw) if k in _OPTION_NAMES})
     if isinstance(job, Job):
@@ -87,6 +87,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     else:
         job, shape = job_of(job, shape, kw)
     rank = dist.init(job.device, job.settings.tp, command=f"run {job.program.name}")
+    collectives.check()  # PTO_COLLECTIVES and its limits, before any work
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
         opts = replace(opts, dump=None, trace=None, save=None, save_inputs=None)
     module, whole = _prepare_checks(job, shape, opts)
