@@ -162,6 +162,8 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     if not first and job.device == "cuda":
         torch.cuda.synchronize()
     exec_ms = runner.stats.exec_ms if first else (time.perf_counter() - t0) * 1e3
+    if s.tp > 1:  # the outputs some programs split over the ranks, whole (a collective)
+        outputs = prog.unshard(s, outputs)
     out = _report(job, shape, runner, exec_ms)
     if opts.sentinel:
         from pto.safety.blame import blame
