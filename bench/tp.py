@@ -12,9 +12,9 @@ shape), on the same seeded inputs:
 - ours: the engine's Runner of ``llama7b --tp N`` on every rank (each its shard,
   :meth:`LlamaProgram.shard`), timed as replays; rank 0 also runs the single-process layer
   (``--tp 1``) on the whole inputs: the tp = 1 output and time;
-- PyTorch: the same layer written here with Megatron's split by hand (q, k, v, gate, up by
-  columns, o and down by rows, ``torch.distributed.all_reduce`` after each), and the same code
-  with one rank on rank 0;
+- PyTorch: the same layer written by hand with Megatron's split (bench/torch_tp.py: q, k, v,
+  gate, up by columns, o and down by rows, ``torch.distributed.all_reduce`` after each), and the
+  same code with one rank on rank 0;
 - the reference: ``pto run --check``'s layer on the whole inputs in float32 (rank 0).
 
 Ours runs under each ``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, the sums by size,
@@ -53,46 +53,10 @@ from pathlib import Path
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from torch_tp import torch_tp_layer  # noqa: E402  (bench/torch_tp.py, beside this script)
 
 from pto import dist  # noqa: E402
 from pto.timing import comm_profile  # noqa: E402
-
-# -- PyTorch's own tensor-parallel layer ------------------------------------------------------------
-
-
-def torch_tp_layer(w: dict[str, torch.Tensor], cfg, tp: int) -> torch.Tensor:
-    """The layer on one rank's shards ``w`` (the whole layer with ``tp`` 1) in plain PyTorch:
-    Megatron's split, an all-reduce of the o and down projections' partial sums over the
-    default process group, causal SDPA over the rank's heads. Written apart from pto's tiled
-    program and from its reference (RoPE as both take it: rotate-half with seq x D/2 tables)."""
-    x = w["x"]
-    S = x.shape[0]
-    NH, NKV, D = cfg.heads // tp, cfg.kv_heads // tp, cfg.head_dim
-
-    def rmsnorm(t, g):
-        t32 = t.float()
-        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * g.float()).to(t.dtype)
-
-    cos, sin = torch.cat([w["cos"]] * 2, -1), torch.cat([w["sin"]] * 2, -1)
-
-    def rope(t):
-        return t * cos + torch.cat([-t[..., D // 2:], t[..., : D // 2]], -1) * sin
-
-    def reduce(t):
-        if tp > 1:
-            torch.distributed.all_reduce(t)
-        return t
-
-    xn = rmsnorm(x, w["g_attn"])
-    q = rope((xn @ w["wq"]).view(S, NH, D).transpose(0, 1))
-    k = rope((xn @ w["wk"]).view(S, NKV, D).transpose(0, 1)).repeat_interleave(NH // NKV, 0)
-    v = (xn @ w["wv"]).view(S, NKV, D).transpose(0, 1).repeat_interleave(NH // NKV, 0)
-    a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
-    h = x + reduce(a.transpose(0, 1).reshape(S, NH * D) @ w["wo"])
-    hn = rmsnorm(h, w["g_ffn"])
-    return h + reduce((F.silu(hn @ w["wg"]) * (hn @ w["wu"])) @ w["wd"])
-
 
 # -- the measurement ------------------------------------------------------------------------------
 
