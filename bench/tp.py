@@ -19,7 +19,9 @@ shape), on the same seeded inputs:
 
 Ours runs under each ``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, the sums by size,
 symmetric memory's one-shot or two-shot all-reduce where it runs and the message is small;
-``group``, NCCL for every sum), the first mode's numbers the table's columns, every mode's in a
+``group``, NCCL for every sum) and each ``--chunks`` count (``PTO_COLLECTIVE_CHUNKS``: the parts
+a batch's sum goes in, each overlapping the next part's products: more ranks, the same bytes to
+sum over less compute), the first variant's numbers the table's columns, every variant's in a
 second table (time, efficiency, the collectives' time per step, share and overlap, the first
 run's sums by algorithm).
 
@@ -73,13 +75,15 @@ def _time(fn, args, cuda: bool) -> float:
     return round(median_ms(fn, args.iterations, args.warmup, cuda=cuda), 4)
 
 
-def _ours(job, seq: int, local: dict, args, cuda: bool, mode: str, trace) -> tuple[dict, torch.Tensor]:
-    """pto's layer on this rank's shard with the collectives of ``mode`` (``PTO_COLLECTIVES``):
-    its replay time, communication profile, the sums of its first run by algorithm, how replays
-    run and how far a replay is from the first run; and the first run's output."""
+def _ours(job, seq: int, local: dict, args, cuda: bool, variant: tuple[str, str], trace) -> tuple[dict, torch.Tensor]:
+    """pto's layer on this rank's shard with the collectives of ``variant`` (``PTO_COLLECTIVES``,
+    ``PTO_COLLECTIVE_CHUNKS``): its replay time, communication profile, the sums of its first run
+    by algorithm, how replays run and how far a replay is from the first run; and the first run's
+    output."""
     from pto.engine import Runner
 
-    os.environ["PTO_COLLECTIVES"] = mode  # read when the collective launches are prepared (the first run)
+    # read when the collective launches are prepared (the first run)
+    os.environ["PTO_COLLECTIVES"], os.environ["PTO_COLLECTIVE_CHUNKS"] = variant
     runner = Runner(job, seq)
     dist.counters(reset=True)
     first = runner(local)["y"].clone()
@@ -110,11 +114,13 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
     if trace:
         trace.mkdir(parents=True, exist_ok=True)
 
-    modes = args.collectives.split(",")
+    variants = [(m, c) for m in args.collectives.split(",") for c in args.chunks.split(",")]
     mine: dict = {"modes": {}}
-    for i, mode in enumerate(modes):  # the first mode's numbers are the row's "ours_*"
-        got, out = _ours(job, seq, local, args, cuda, mode, trace and trace / f"ours_{mode}_seq{seq}_rank0.json")
-        mine["modes"][mode] = got
+    for i, (mode, chunks) in enumerate(variants):  # the first variant's numbers are the row's "ours_*"
+        key = f"{mode}, {chunks} chunks"
+        got, out = _ours(job, seq, local, args, cuda, (mode, chunks),
+                         trace and trace / f"ours_{mode}_{chunks}_seq{seq}_rank0.json")
+        mine["modes"][key] = got
         if i == 0:
             ours = out
             mine.update({k: v for k, v in got.items() if k not in ("tasks", "executor")})
@@ -182,7 +188,7 @@ def table(rows: list[dict]) -> str:
     """Markdown, for docs/PERF.md: the first mode's row per length, then every mode's."""
     cells = [[h for h, _, _ in COLUMNS], ["---"] * len(COLUMNS)]
     cells += [[f.format(r[k]) for _, k, f in COLUMNS] for r in rows]
-    modes = [["tp", "seq", "PTO_COLLECTIVES", "ms", "efficiency", "comm ms/step", "comm share", "overlap", "sums"],
+    modes = [["tp", "seq", "collectives", "ms", "efficiency", "comm ms/step", "comm share", "overlap", "sums"],
              ["---"] * 9]
     modes += [[str(r["tp"]), str(r["seq"]), m, f"{v['ms']:.3f}", f"{v['efficiency']:.2f}",
                f"{v['comm_ms_per_step']:.3f}", f"{v['comm_share']:.1%}", f"{v['overlap']:.1%}",
@@ -202,6 +208,9 @@ def main(argv=None) -> int:
     p.add_argument("--collectives", default="auto,group",
                    help="PTO_COLLECTIVES modes to measure ours under, comma-separated; the first is the table's "
                    "(default auto,group: by size, symmetric memory's for small sums; NCCL for all)")
+    p.add_argument("--chunks", default=os.environ.get("PTO_COLLECTIVE_CHUNKS", "4"),
+                   help="PTO_COLLECTIVE_CHUNKS values to measure each mode with, comma-separated (default 4: a "
+                   "batch's sums in 4 parts, each overlapping the next part's products)")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (communication share)")

@@ -11,8 +11,8 @@ The request (:class:`pto.generation.GenerateRequest`) names the model (``--gguf 
 decoding by default (the reference for the tokens is transformers' ``generate`` on the same
 file, tests/programs/model); ``--temperature`` above 0 samples, restricted by ``--top-k`` and
 ``--top-p``, from a generator seeded with ``--seed``. ``--tp N`` under ``torchrun
---nproc-per-node N`` splits every layer over N ranks (tensor parallelism, :mod:`.generate`);
-rank 0 streams and reports.
+--nproc-per-node N`` splits every layer and the LM head over N ranks (tensor parallelism,
+:mod:`.generate`); rank 0 streams and reports, with its sums over the ranks (``collectives``).
 """
 
 from __future__ import annotations
@@ -118,8 +118,11 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
         for i, text in enumerate(texts[1:], start=2):
             stream.write(f"{sequence_label(i)}{text}\n")
         stream.flush()
-    return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
-            "load_ms": load_ms, **result.to_json()}
+    out = {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
+           "load_ms": load_ms, **result.to_json()}
+    if req.tp > 1:  # this rank's sums over the ranks, by algorithm (pto.collectives)
+        out["collectives"] = dist.counters()
+    return out
 
 
 def sequence_label(i: int) -> str:

@@ -110,3 +110,51 @@ def test_a_decode_step_over_two_ranks_matches_the_reference(backend):
         assert out["rel_err"] <= 5e-2, out
         colls = [{k: x["collectives"][k] for k in ("calls", "bytes")} for x in out["ranks"]]
         assert colls[0] == colls[1], colls
+
+
+def _gpus(n: int):
+    return pytest.mark.skipif(torch.cuda.device_count() < n, reason=f"needs {n} GPUs (NCCL)")
+
+
+@pytest.mark.parametrize("tp", [pytest.param(2, marks=_gpus(2)), pytest.param(4, marks=_gpus(4))])
+def test_decode_sums_by_size_through_symmetric_memory_or_nccl(tp, tmp_path):
+    """The model program's step (tiny-mha24, f32, batches of 1 and 3, replayed as one CUDA graph)
+    over ``tp`` GPUs under each ``PTO_COLLECTIVES`` mode: ``auto`` sums the step's few kilobytes
+    by symmetric memory's one-shot all-reduce where this machine has it (else NCCL), ``group``
+    through NCCL, ``symm`` by one-shot (only where it runs); every mode within 1e-4 of the
+    reference and giving tp = 1's token and position (f32: the sums' orders differ by a few ulps,
+    the logits' margins are far wider), the ranks issuing the same sums."""
+    from pto import collectives
+
+    symm = collectives.machine().usable
+    for batch in ("1", "3"):
+        base = ["-m", "pto.cli", "run", "model", "--device", "cuda", "--config", "tiny-mha24", "--dtype", "f32",
+                "--batch", batch, "--cache", "256", "--check", "--repeat", "3", "--json"]
+        one = subprocess.run([sys.executable, *base, "--save", str(tmp_path / "tp1.safetensors")], capture_output=True,
+                             text=True, env=driver.clean_env(), timeout=driver.LAUNCH_TIMEOUT_S)
+        assert one.returncode == 0, one.stderr[-4000:]
+        want = load_file(str(tmp_path / "tp1.safetensors"))
+        for mode in ("auto", "group", *(("symm",) if symm else ())):
+            out = tmp_path / f"{mode}.safetensors"
+            r = driver.launch(tp, *base, "--tp", str(tp), "--save", str(out), env={"PTO_COLLECTIVES": mode})
+            assert r.returncode == 0, (mode, r.stderr[-4000:])
+            res = json.loads(r.stdout)
+            assert res["rel_err"] <= 1e-4, (mode, res["rel_err"])
+            got = load_file(str(out))
+            assert torch.equal(got["tok"], want["tok"]) and torch.equal(got["pos"], want["pos"]), mode
+            sums = [x["collectives"]["algorithms"] for x in res["ranks"]]
+            assert all(s == sums[0] for s in sums), (mode, sums)
+            small = "one_shot" if mode == "symm" or (mode == "auto" and symm) else "group"
+            assert set(sums[0]) == {small}, (mode, sums)
+
+
+@pytest.mark.parametrize("tp", [pytest.param(2, marks=_gpus(2)), pytest.param(4, marks=_gpus(4))])
+def test_generation_over_gpus_makes_one_gpus_tokens(tp, tmp_path):
+    """Generation over ``tp`` GPUs (NCCL, symmetric memory where it runs, the LM head split by
+    vocabulary) from random weights in f32: one GPU's greedy tokens."""
+    case = [{"name": "gen", "config": "tiny-mha24", "generate": [[5, 1, 9], 8], "seed": 12, "device": "cuda"}]
+    runs = {}
+    for n in (1, tp):
+        (tmp_path / str(n)).mkdir()
+        runs[n] = driver.run_cases(n, case, tmp_path / str(n))["gen"]
+    assert runs[tp]["tokens"] == runs[1]["tokens"] and all(len(t) == 8 for t in runs[1]["tokens"])
