@@ -208,7 +208,7 @@ class ModelProgram(Program):
         must read from memory at a full cache: every layer's weights and the LM head once (of
         the embedding only a row per sequence) and the whole cache; over the memory bandwidth,
         the step's floor. Under ``--tp`` one rank's: its share of the layers and of the cache,
-        and of the LM head (whole with ``--lm-head replicated``)."""
+        and of the LM head (whole with ``--lm-head replicated``; with its candidates' places)."""
         split = self._split(s)
         cfg = self.config(s).shard(s.tp)
         c, esize = cfg.layer, s.dtype.itemsize
@@ -216,7 +216,8 @@ class ModelProgram(Program):
         head = split.height if split else cfg.vocab
         weights = esize * (head * c.hidden + c.hidden + cfg.layers * (
             c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
-        return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+        place = 3 * split.width * 4 if split else 0  # where the rank's candidate goes (f32)
+        return {"kv_cache_bytes": kv, "step_read_bytes": weights + place + kv}
 
     def estimate_baselines(self, s: Settings) -> list[Baseline]:
         return []  # no published counts of a decode step to draw beside

@@ -36,7 +36,8 @@ def main(cases_file: str, out_dir: str) -> int:
         if "generate" in c:
             results.append({"name": name, "tp": tp, **generate(config, seed, tp, *c["generate"], dtype=dtype,
                                                                allreduce_dtype=c.get("allreduce_dtype", "storage"),
-                                                               device=c.get("device", "cpu"))})
+                                                               device=c.get("device", "cpu"),
+                                                               sample=c.get("sample"))})
             continue
         device, backend = c.pop("device", "cpu"), c.pop("backend", "torch")
         program, seq = c.pop("program", "llama7b"), c.pop("seq")
@@ -51,12 +52,14 @@ def main(cases_file: str, out_dir: str) -> int:
 
 
 def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtype: str = "f32",
-             allreduce_dtype: str = "storage", device: str = "cpu") -> dict:
+             allreduce_dtype: str = "storage", device: str = "cpu", sample: list | None = None) -> dict:
     """Greedy tokens of prompts of ``lengths`` (seeded) from the model program's random weights
     of ``config`` (seeded), ``tp`` ranks, on ``device`` in ``dtype``, the ranks' partial sums in
-    ``allreduce_dtype``."""
+    ``allreduce_dtype``; sampled with ``sample`` (temperature, top-k: the generator seeded with
+    ``seed``) instead of greedy."""
     import torch
     from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.sampling import Sampler
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.ir.dtypes import DType
@@ -68,7 +71,8 @@ def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtyp
     gen = Generator(w, device, dt, tp=tp, allreduce_dtype=allreduce_dtype)
     dist.counters(reset=True)
     try:
-        got = gen.generate(prompts, new, stop_ids=())
+        sampler = Sampler(sample[0], sample[1], seed=seed) if sample else None
+        got = gen.generate(prompts, new, stop_ids=(), sampler=sampler)
     finally:
         gen.close()
     return {"tokens": got.tokens, "collectives": dist.counters()}

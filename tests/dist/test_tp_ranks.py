@@ -33,7 +33,8 @@ def _cases() -> list[dict]:
     return [{"name": "b2", "program": "model", "config": CONFIG, "seq": {"cache": 64, "batch": 2}, "seed": 3},
             {"name": "b1-replicated", "program": "model", "config": CONFIG, "seq": {"cache": 64, "batch": 1},
              "seed": 4, "lm_head": "replicated"},
-            {"name": "generate", "config": CONFIG, "generate": [[5, 1, 9], 6], "seed": 11}]
+            {"name": "generate", "config": CONFIG, "generate": [[5, 1, 9], 6], "seed": 11},
+            {"name": "sample", "config": CONFIG, "generate": [[4, 7], 8], "seed": 13, "sample": [20.0, 50]}]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def runs(tmp_path_factory) -> dict:
 
 
 def _steps(res: dict) -> dict:
-    return {k: v for k, v in res.items() if k != "generate"}
+    return {k: v for k, v in res.items() if k not in ("generate", "sample")}
 
 
 @pytest.mark.slow
@@ -106,3 +107,25 @@ def test_generation_over_the_ranks_makes_the_reference_tokens(runs, tp):
     assert got["tokens"] == ReferenceModel(w).generate(prompts, new, stop_ids=())
     calls, per_step = got["collectives"]["calls"], 2 * cfg.layers + 1
     assert calls >= new * per_step and calls % per_step == 0, calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", LAUNCHES)
+def test_sampling_over_the_ranks_draws_one_process_tokens(runs, tp):
+    """Sampling (temperature 20 among the 50 likeliest ids, a seeded generator) joins the ranks'
+    shares of the logits on every rank first: every rank draws what one process draws (the
+    logits differ by a few f32 ulps, far from moving a draw across a boundary of probability), and
+    the draws are not the greedy ones (the tied embedding's logit of the token itself, about the
+    hidden size 64, dominates the others' few units at a low temperature; at 20 it does not)."""
+    from pto.orchestration.model.program import random_weights
+    from pto.orchestration.model.reference import ReferenceModel
+
+    case = next(c for c in _cases() if c["name"] == "sample")
+    got = runs[tp][1]["sample"]["tokens"]
+    assert got == runs[1][1]["sample"]["tokens"] and all(len(t) == 8 for t in got)
+    cfg = CONFIGS[CONFIG]
+    w = random_weights(cfg, torch.float32, torch.Generator().manual_seed(case["seed"]))
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    prompts = [torch.randint(0, cfg.vocab, (n,), generator=g).tolist() for n in case["generate"][0]]
+    assert got != ReferenceModel(w).generate(prompts, 8, stop_ids=())
+
