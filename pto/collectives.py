@@ -48,6 +48,8 @@ ALGORITHMS = (ONE_SHOT, TWO_SHOT, GROUP)
 #: symmetric-memory kernels load and store 16 bytes a thread: a buffer (and its offset in the
 #: allocation) that is not a multiple of that goes through the process group
 ALIGN = 16
+#: the dtypes symmetric memory's all-reduce kernels sum (others, f16, go through the process group)
+SYMMETRIC_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def mode() -> str:
@@ -169,12 +171,17 @@ def _local_availability(backend: str, world: int, local_world: int) -> Availabil
     if local_world != world:
         return Availability(False, f"the {world} ranks span several hosts, LOCAL_WORLD_SIZE={local_world}")
     if torch.cuda.device_count() < world:
-        return Availability(False, f"{world} ranks share {torch.cuda.device_count()} GPUs")
+        return Availability(False, f"a rank sees {torch.cuda.device_count()} GPUs of the {world} ranks'")
     why = _peers(list(range(world)))
     return Availability(not why, why)
 
 
 _DECIDED: dict = {}
+
+
+def _forget() -> None:
+    """Drop the decisions (the process group they were agreed in is leaving)."""
+    _DECIDED.clear()
 
 
 def symmetric_memory() -> Availability:
@@ -189,11 +196,12 @@ def symmetric_memory() -> Availability:
     if key not in _DECIDED:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.world_size()))
         mine = _local_availability(str(dist.backend()), dist.world_size(), local)
-        if mine.usable or dist.backend() == "nccl":  # (gloo never uses it: nothing to agree on)
+        if dist.backend() == "nccl":  # (gloo never uses it: nothing to agree on)
             everyone = dist.all_reduce_min(int(mine.usable))
             if mine.usable and not everyone:
                 mine = Availability(False, "another rank cannot use it")
         _DECIDED[key] = mine
+        dist.at_shutdown(_forget)
     return _DECIDED[key]
 
 
@@ -286,6 +294,6 @@ def all_reduce(send: torch.Tensor, recv: torch.Tensor, algorithm: str) -> torch.
     return recv
 
 
-__all__ = ["MODES", "ALGORITHMS", "ONE_SHOT", "TWO_SHOT", "GROUP", "ALIGN", "Limits", "DEFAULT_LIMITS", "mode",
-           "limits", "choose", "aligned", "Availability", "machine", "symmetric_memory", "check",
-           "info", "SumBuffers", "group_name", "all_reduce"]
+__all__ = ["MODES", "ALGORITHMS", "ONE_SHOT", "TWO_SHOT", "GROUP", "ALIGN", "SYMMETRIC_DTYPES", "Limits",
+           "DEFAULT_LIMITS", "mode", "limits", "choose", "aligned", "Availability", "machine", "symmetric_memory",
+           "check", "info", "SumBuffers", "group_name", "all_reduce"]

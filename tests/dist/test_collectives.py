@@ -81,9 +81,13 @@ def test_a_one_rank_group_sums_nothing_and_copies_a_separate_result(tmp_path):
             out = collectives.all_reduce(send, send if how != ONE_SHOT else recv, how)
             assert torch.equal(out, torch.arange(8.0)) and torch.equal(send, torch.arange(8.0))
         assert dist.counters()["calls"] == 0  # nothing was sent
+        dist.shutdown()  # forgets the decision with the group
+        assert collectives._DECIDED == {} and not dist.initialized()
     finally:
-        collectives._DECIDED.clear()
-        torch.distributed.destroy_process_group()
+        if dist.initialized():
+            torch.distributed.destroy_process_group()
+        if collectives._forget in dist._AT_SHUTDOWN:
+            dist._AT_SHUTDOWN.remove(collectives._forget)
 
 
 @pytest.mark.slow

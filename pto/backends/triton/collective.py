@@ -111,8 +111,8 @@ def _shape(batch: TaskBatch, split: CollectiveSplit, env: dict) -> tuple[int, in
 def algorithm(batch: TaskBatch, split: CollectiveSplit, env: dict) -> str:
     """The sum's algorithm for ``batch`` (:func:`pto.collectives.choose`): one for all its
     chunks, chosen by the largest chunk's bytes, symmetric memory only where every chunk's view
-    of the buffer is aligned for it. Every rank chooses the same (the same batches, the same
-    group)."""
+    of the buffer is aligned for it and its kernels sum the dtype. Every rank chooses the same
+    (the same batches, the same group)."""
     if dist.world_size() == 1 or batch.size == 0:
         return collectives.GROUP
     device = next(iter(batch.mems.values())).tensor.device
@@ -122,7 +122,8 @@ def algorithm(batch: TaskBatch, split: CollectiveSplit, env: dict) -> str:
     sizes = [(hi - lo) * row_bytes for lo, hi in zip(bounds, bounds[1:])]
     ok = all(collectives.aligned(n, lo * row_bytes) for n, lo in zip(sizes, bounds))
     how = mode()
-    symmetric = device.type == "cuda" and how in ("auto", "symm") and collectives.symmetric_memory().usable
+    symmetric = device.type == "cuda" and how in ("auto", "symm") and split.acc.torch in collectives.SYMMETRIC_DTYPES \
+        and collectives.symmetric_memory().usable
     return collectives.choose(max(sizes), symmetric, ok, how)
 
 
