@@ -20,6 +20,9 @@ from __future__ import annotations
 from pto import InCore, f32
 from pto.ir.nodes import IncoreFunction
 
+#: the largest finite f32
+FLT_MAX = 3.4028234663852886e38
+
 
 def candidate_width(ranks: int) -> int:
     """Columns of the candidates' row for ``ranks`` ranks: ``2 ranks`` rounded up to a power of
@@ -36,7 +39,7 @@ def argmax_candidates_tile(rows: int, blocks: int, ranks: int, target=None) -> I
     the share's first id), placed by ``place`` (``[3, W]``: row 0 one at the rank's logit column,
     row 1 one at its id column, row 2 the share's first id) into a row of W
     (:func:`candidate_width`) values, summed over the ranks in f32 into ``cand`` ``[rows, W]``.
-    The logits must be finite (a zero column times an infinite logit would be NaN)."""
+    The logits must not be NaN (a zero column times NaN is NaN: the sum would spread it)."""
     k = InCore("argmax_candidates_tile")
     width = candidate_width(ranks)
     R = k.dim("R", rows)
@@ -48,6 +51,9 @@ def argmax_candidates_tile(rows: int, blocks: int, ranks: int, target=None) -> I
     k.load(it, index, 0, 0)
     top, at = k.tile("top", R, 1, f32), k.tile("at", R, 1, f32)
     k.rowmax(top, bt)
+    # a row without logits (a tile's rows past the batch load -inf) would put -inf x 0 = NaN in
+    # its zero columns: its best is made the most negative finite f32 instead
+    k.maxs(top, top, -FLT_MAX)
     k.rowtakemax(at, bt, it)
     logit_col, id_col, first = (k.tile(n, 1, width, f32) for n in ("logit_col", "id_col", "first"))
     for i, t in enumerate((logit_col, id_col, first)):

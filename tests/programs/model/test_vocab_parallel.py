@@ -112,3 +112,32 @@ def test_a_short_share_is_padded_with_copies_of_its_first_row():
         assert place[0].tolist() == [float(i == r) for i in range(s.width)]
         assert place[1].tolist() == [float(i == 4 + r) for i in range(s.width)]
         assert set(place[2].tolist()) == {float(a)}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("ranks,rank", [(2, 1), (3, 2), (8, 5)])
+def test_the_candidates_task_on_triton_is_the_interpreters(ranks, rank):
+    """The candidates task through the Triton backend (its two kernels around the sum, under the
+    interpreter; one process: the sum is the identity) against the reference interpreter: the
+    same bits, the rank's logit and id in its columns, zeros elsewhere."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    from pto.backends.triton import run_incore_triton
+
+    B, blocks, split = 3, 5, VocabSplit(1000, ranks)
+    gen = torch.Generator().manual_seed(ranks)
+    best, index = torch.randn(B, blocks, generator=gen), torch.randint(0, 100, (B, blocks), generator=gen).float()
+    fn = specialize(argmax_candidates_tile(B, blocks, ranks), {"R": B})
+    outs = []
+    for run in (run_incore, run_incore_triton):
+        cand = torch.full((B, split.width), float("nan"))
+        run(fn, {"best": (best, 0, 0, B, blocks), "index": (index, 0, 0, B, blocks),
+                 "place": (split.place(rank), 0, 0, 3, split.width), "cand": (cand, 0, 0, B, split.width)})
+        outs.append(cand)
+    assert torch.equal(outs[0], outs[1])
+    top, at = best.max(-1)
+    want = torch.zeros(B, split.width)
+    want[:, rank], want[:, ranks + rank] = top, index.gather(1, at[:, None])[:, 0] + split.start(rank)
+    assert torch.equal(outs[0], want)
