@@ -166,12 +166,14 @@ class ModelProgram(Program):
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one
         task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype;
-        and the vocabulary-parallel head's candidates (f32)."""
+        and the vocabulary-parallel head's candidates (f32); each twice (symmetric memory's
+        one-shot sum, which a step's small sums take on GPUs that have it, writes a second
+        buffer: pto.collectives)."""
         if s.tp == 1:
             return 0
         split = self._split(s)
         candidates = shape["batch"] * split.width * 4 if split else 0
-        return tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize + candidates
+        return 2 * (tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize + candidates)
 
     def shard(self, s: Settings, inputs: dict, rank: int) -> dict:
         """Rank ``rank``'s inputs (:func:`shard_inputs`)."""
