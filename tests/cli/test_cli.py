@@ -155,6 +155,7 @@ def test_info():
         assert ("one-shot up to 256 KiB" in line) == coll["symmetric_memory"], line
 
 
+@pytest.mark.slow
 def test_info_refuses_a_mode_it_does_not_know():
     import os
 
