@@ -78,13 +78,15 @@ def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = 
     into a plain one (its peers read the buffer it sends while it sums)."""
     size = batch.size
     device = next(iter(batch.mems.values())).tensor.device
-    shape = _shape(batch, split, env) if allocate else (0, 0)
-    need, dtype = shape[0] * shape[1], split.acc.torch
-    symmetric = algorithm != collectives.GROUP
-    if pool is None:
-        pool = collectives.SumBuffers()
-    send = pool.get(need, dtype, device, symmetric).view(shape)
-    recv = pool.get(need, dtype, device).view(shape) if algorithm == collectives.ONE_SHOT else send
+    shape, dtype = _shape(batch, split, env), split.acc.torch
+    if not allocate:
+        shape = (0, 0)
+        send = recv = torch.zeros(shape, dtype=dtype, device=device)
+    else:
+        pool = pool if pool is not None else collectives.SumBuffers()
+        need = shape[0] * shape[1]
+        send = pool.get(need, dtype, device, algorithm != collectives.GROUP).view(shape)
+        recv = pool.get(need, dtype, device).view(shape) if algorithm == collectives.ONE_SHOT else send
     ones = torch.ones(size, dtype=torch.int64)
 
     def region(t):

@@ -74,8 +74,8 @@ def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
 def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
     """Issue 43, item 8: a CPU's 0.4 tokens/s was printed "(0 tokens/s)"; the rate comes from the
     step's milliseconds (the JSON's tokens_per_s is rounded to 0.1: 0.04 reads 0.0 there)."""
-    from pto.orchestration.model.generate import Generation
-    from pto.orchestration.model.textgen import format_speed
+    from pto.orchestration.llm.generate import Generation
+    from pto.orchestration.llm.textgen import format_speed
 
     gen = Generation(tokens=[[5, 6, 7]] * sequences, prompt_tokens=[4] * sequences, prefill_ms=30.0,
                      decode_ms=[ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
