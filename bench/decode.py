@@ -32,12 +32,19 @@ quantized weights dequantized on the device first)::
         --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
 
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
-(``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
-step alone (``tp1``, the others waiting) and reports the scaling efficiency ``t1 / (N tN)``; the
-waves executor and the default tiling only (the persistent executor runs no collectives), at
-``--cache`` (``--long``, ``--tilings`` and ``--hf-*`` are not read)::
+(``tp{N}[MODE,HEAD]``: the slowest rank's ms, the sums inside the replayed CUDA graph), once per
+``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, symmetric memory's one-shot all-reduce for
+the step's small sums where it runs; ``group``, NCCL for every sum) and ``--lm-heads`` (the LM
+head vocabulary-parallel or replicated); then PyTorch's hand-written tensor-parallel step
+(bench/torch_tp.py: the same split, NCCL, the head vocabulary-parallel, captured in a CUDA graph;
+``torch_tp{N}``); then rank 0 the whole step alone, ours and PyTorch's (``tp1``, ``torch_tp1``,
+the others waiting), and the scaling efficiency ``t1 / (N tN)`` of each. Per variant and rank the
+collectives' GPU time per step, their share of the step and how much of it overlaps compute (a
+profiler trace of a few replays) and the first run's sums by algorithm. The waves executor and
+the default tiling only (the persistent executor runs no collectives), at ``--cache``
+(``--long``, ``--tilings`` and ``--hf-*`` are not read)::
 
-    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8
+    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8 --json tp2.json
 """
 
 from __future__ import annotations
@@ -56,11 +63,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # rank 0's single-process step (a cold compile of every kernel) keeps the other ranks waiting
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
+from pto.orchestration.llama.reference import rope_tables  # noqa: E402
 from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
-from pto import dist, timing  # noqa: E402
+from pto import collectives, dist, timing  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.ir.dtypes import DType, dtype_of  # noqa: E402
 from pto.quant import QTensor  # noqa: E402
@@ -120,10 +128,12 @@ def kernel_times(fn, steps: int) -> dict:
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
-         kernels: bool = False, tp: int = 1) -> dict:
+         kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
-    goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step."""
-    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp)
+    goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step, its
+    LM head vocabulary-parallel or not, and (``comm``) its collectives' profile and the first
+    run's sums by algorithm."""
+    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
         t = step.tensors
@@ -132,8 +142,10 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
         t["pos"].fill_(cache // 2)
         # the same tokens on every rank (seeded)
         t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
+        dist.counters(reset=True)
         step()  # the first run: compiles, fits the megakernel, uploads the plan
         torch.cuda.synchronize()
+        sums = dist.counters(reset=True)
         start = t["pos"].clone()
 
         def one():
@@ -146,12 +158,46 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
                "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
         if kernels:
             out["kernels"] = kernel_times(one, 8)
+        if comm:
+            out.update(_comm(one), sums=sums["algorithms"])
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
         out["profile_ms"] = step.executor.profile()
         return out
     finally:
         gen.close()
+
+
+def _comm(step) -> dict:
+    """The collectives' profile of 8 calls of ``step`` (:func:`pto.timing.comm_profile`), its
+    longest kernels as ``comm_kernels``."""
+    prof = timing.comm_profile(step, 8, cuda=True)
+    return {**{k: v for k, v in prof.items() if k != "kernels"}, "comm_kernels": prof["kernels"]}
+
+
+def torch_tp_step(w, batch: int, cache: int, steps: int, tp: int, rank: int, comm: bool = False) -> dict:
+    """PyTorch's hand-written step (bench/torch_tp.py) on this rank, captured in a CUDA graph, at
+    half the cache's capacity as :func:`ours`: ms per step, and (``comm``) its collectives'
+    profile."""
+    from torch_tp import TorchTPDecode  # (bench/torch_tp.py, beside this script)
+
+    model = TorchTPDecode(w, tp, rank, batch, cache, rope_tables(w.config.max_positions, w.config.layer, DType.BF16,
+                                                                  "cuda"))
+    model.k.normal_()
+    model.v.normal_()
+    model.tok.copy_(torch.randint(0, w.config.vocab, (batch,), generator=torch.Generator().manual_seed(0)))
+    start = torch.full_like(model.pos, cache // 2)
+    model.pos.copy_(start)
+    model.capture()
+
+    def one():
+        model.pos.copy_(start)
+        model()
+
+    out = {"ms": round(events_ms(one, steps), 4)}
+    if comm:
+        out.update(_comm(one))
+    return out  # (the graph, NCCL calls captured in it, freed here: before the group is left)
 
 
 def transformers_step(cfg, batch: int, cache: int, steps: int) -> dict:
@@ -217,6 +263,10 @@ def main(argv=None) -> int:
                     "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
                     "defaults to waves, --long to none")
     ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
+    ap.add_argument("--collectives", default="auto,group",
+                    help="under torchrun: the PTO_COLLECTIVES modes ours runs with (default auto,group)")
+    ap.add_argument("--lm-heads", default="parallel",
+                    help="under torchrun: the LM heads ours runs with, parallel and/or replicated (default parallel)")
     args = ap.parse_args(argv)
     env = dist.environment()
     if env is not None and env.world > 1:
@@ -383,9 +433,11 @@ def main_quant(args, bw: float) -> int:
 
 def main_tp(args, tp: int) -> int:
     """The tensor-parallel run (module docstring): per configuration and batch, every rank's
-    share of the step, then rank 0's whole step; rank 0 prints and writes ``--json``."""
+    share of the step under each variant and PyTorch's, then rank 0's whole steps; rank 0
+    prints and writes ``--json``."""
     rank = dist.init("cuda", tp, command="bench/decode.py")
     bw = copy_bandwidth()
+    variants = [(m, h) for h in args.lm_heads.split(",") for m in args.collectives.split(",")]
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
@@ -393,13 +445,22 @@ def main_tp(args, tp: int) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             row = {"config": name, "batch": batch, "cache": args.cache, "tp": tp,
                    "floor_ms": floor_ms(cfg, batch, args.cache, bw)}
-            mine = ours(w, batch, args.cache, "waves", args.steps, kernels=args.kernels, tp=tp)
-            row[f"tp{tp}"] = {**mine, "ms": max(r["ms"] for r in dist.gather(mine))}  # the slowest rank's
+            for mode, head in variants:
+                os.environ["PTO_COLLECTIVES"] = mode  # read when the step's collective launches are prepared
+                mine = ours(w, batch, args.cache, "waves", args.steps, kernels=args.kernels, tp=tp,
+                            vocab_parallel=head == "parallel", comm=True)
+                row[f"tp{tp}[{mode},{head}]"] = _slowest(mine, dist.gather(mine))
+                torch.cuda.empty_cache()
+            mine = torch_tp_step(w, batch, args.cache, args.steps, tp, rank, comm=True)
+            row[f"torch_tp{tp}"] = _slowest(mine, dist.gather(mine))
             torch.cuda.empty_cache()
             dist.barrier()
             if rank == 0:
                 row["tp1"] = ours(w, batch, args.cache, "waves", args.steps)
-                row["efficiency"] = round(row["tp1"]["ms"] / (tp * row[f"tp{tp}"]["ms"]), 3)
+                row["torch_tp1"] = torch_tp_step(w, batch, args.cache, args.steps, 1, 0)
+                for key in [k for k in row if k.startswith(("tp", "torch_tp")) and k not in ("tp", "tp1", "torch_tp1")]:
+                    one = row["torch_tp1" if key.startswith("torch") else "tp1"]["ms"]
+                    row[key]["efficiency"] = round(one / (tp * row[key]["ms"]), 3)
                 print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
             dist.barrier()
@@ -409,12 +470,40 @@ def main_tp(args, tp: int) -> int:
     if rank == 0:
         if args.json:
             Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw, "tp": tp,
-                                                   "rows": rows}, indent=1))
-        for r in rows:
-            print(f"{r['config']} B={r['batch']} cache={r['cache']}: tp{tp} {r[f'tp{tp}']['ms']} ms, tp1 "
-                  f"{r['tp1']['ms']} ms, efficiency {r['efficiency']}; floor (one GPU) {r['floor_ms']} ms")
+                                                   "nccl_env": {k: os.environ.get(k) for k in (
+                                                       "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+                                                   "collectives": collectives.info(), "rows": rows}, indent=1))
+        print(tp_table(rows, tp))
     dist.shutdown()
     return 0
+
+
+def _slowest(mine: dict, ranks: list[dict]) -> dict:
+    """This rank's numbers with the slowest rank's ms, collectives' time and share, the least
+    overlap, and every rank's ms."""
+    out = {**mine, "ms": max(r["ms"] for r in ranks), "ranks_ms": [r["ms"] for r in ranks]}
+    for k, pick in (("comm_ms_per_step", max), ("comm_share", max), ("overlap", min)):
+        if k in mine:
+            out[k] = pick(r[k] for r in ranks)
+    return out
+
+
+def tp_table(rows: list[dict], tp: int) -> str:
+    """Markdown, for docs/PERF.md: per configuration, batch and variant the slowest rank's ms,
+    the efficiency against the same code's tp = 1, the collectives' time per step, share and
+    overlap, the first run's sums by algorithm."""
+    head = ["config", "batch", "variant", "ms", "tp=1 ms", "efficiency", "comm ms/step", "comm share", "overlap",
+            "sums"]
+    cells = [head, ["---"] * len(head)]
+    for r in rows:
+        for key, v in r.items():
+            if not key.startswith(("tp", "torch_tp")) or key in ("tp", "tp1", "torch_tp1"):
+                continue
+            one = r["torch_tp1" if key.startswith("torch") else "tp1"]["ms"]
+            sums = " ".join(f"{k} {n}" for k, n in sorted(v.get("sums", {}).items())) or "NCCL"
+            cells.append([r["config"], str(r["batch"]), key, f"{v['ms']:.3f}", f"{one:.3f}", f"{v['efficiency']:.2f}",
+                          f"{v['comm_ms_per_step']:.3f}", f"{v['comm_share']:.1%}", f"{v['overlap']:.1%}", sums])
+    return "\n".join("| " + " | ".join(c) + " |" for c in cells)
 
 
 if __name__ == "__main__":

@@ -313,6 +313,12 @@ class Program:
             return inputs
         raise NotImplementedError
 
+    def unshard(self, s: Settings, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The whole outputs from this rank's ``outputs`` under ``s.tp`` > 1, for the check and
+        the saved files: a collective where ranks hold shares of an output (every rank calls it,
+        in the same order); by default every rank holds its outputs whole."""
+        return outputs
+
     def flops(self, s: Settings, shape: Shape) -> float:
         """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
         return 0.0

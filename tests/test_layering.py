@@ -27,7 +27,7 @@ AREAS = {
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
     "tools.plotting": "plotting", "cachedir": "cachedir", "tools.emit": "engine", "tools.run": "engine",
     "layout": "layout",
-    "dist": "dist", "plugins": "plugins",
+    "dist": "dist", "collectives": "collectives", "plugins": "plugins",
     "ir": "ir",
     "passes": "passes", "text": "text",
     "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers", "quant": "quant",
@@ -60,6 +60,9 @@ CORE: dict[str, set[str]] = {
     "cachedir": {"errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
+    # how a buffer is summed over the ranks: symmetric memory's one-shot and two-shot, or the
+    # process group's, by the message's size and the machine
+    "collectives": {"dist", "errors"},
     # the entry points of a group (programs, backends, generators are plugins)
     "plugins": {"errors"},
     # the compiler
@@ -80,9 +83,9 @@ CORE: dict[str, set[str]] = {
     "evaluator": {"batch", "dist", "ir", "quant", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database, the megakernel (the device's limits come from target), and the cut of a
-    # collective task (passes) around its sum over the ranks (dist)
-    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "plugins", "quant", "target",
-                 "errors"},
+    # collective task (passes) around its sum over the ranks (dist, collectives)
+    "backends": {"batch", "cachedir", "codegen", "collectives", "dist", "evaluator", "ir", "passes", "plugins",
+                 "quant", "target", "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},

@@ -17,7 +17,10 @@ happens between steps. Both modules come from the programs' builders, run where 
 Tensor parallelism (``tp`` > 1, one process per rank under torchrun): every rank's step is its
 share of the heads and FFN columns (:func:`~pto.orchestration.model.program.shard_inputs`), its
 cache the key/value heads it holds; prefill runs the whole layer on every rank and keeps the
-rank's heads of the keys and values. Every rank picks the same tokens.
+rank's heads of the keys and values. The LM head is vocabulary-parallel (each rank its share's
+logits; the step's argmax combines the ranks' candidates, so every rank picks the same greedy
+token); sampling joins the ranks' logits first (every rank the whole logits, the same seeded
+generator: the same token).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pto.orchestration.llama.tiling import LayerForm
 from pto.orchestration.llama.tiling import allreduce_dtype as reduce_dtype  # (the argument's name)
 from pto.orchestration.llm.sampling import Sampler
 from pto.orchestration.model.checkpoint import ModelWeights
-from pto.orchestration.model.decode import DecodeTiling, build_step
+from pto.orchestration.model.decode import DecodeTiling, build_step, vocab_split
 from pto.orchestration.model.program import PROGRAM as STEP
 from pto.orchestration.model.program import (
     shard_inputs,
@@ -101,11 +104,12 @@ class Generator:
     """A model's weights on a device, ready to generate for batches of prompts: the layer's
     prepared graphs for prefill (one per prompt length, cached) and the decode step's (one per
     batch size and capacity, cached). ``tp``: this process is one of that many ranks, whose
-    partial sums are summed in the storage dtype or f32 (``allreduce_dtype``)."""
+    partial sums are summed in the storage dtype or f32 (``allreduce_dtype``), with the LM head
+    split by vocabulary (``vocab_parallel``, the default) or replicated."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
                  executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
-                 allreduce_dtype: str = "storage"):
+                 allreduce_dtype: str = "storage", vocab_parallel: bool = True):
         from pto import dist
         from pto.engine import placement
         from pto.target import resolve as resolve_target
@@ -127,6 +131,8 @@ class Generator:
                              f"group has {dist.world_size()}")
         try:
             self.local = self.config.shard(tp)  # this rank's layers
+            self.vocab_parallel = vocab_parallel
+            self.split = vocab_split(self.config, tp, vocab_parallel)  # (None: the whole head)
         except ValueError as e:
             raise UsageError(f"--tp {tp}: {e}") from None
         # the layer whole on every rank, its keys and values outputs (a GPU's whole row tiles,
@@ -156,7 +162,7 @@ class Generator:
             from pto.engine import Prepared, build_module_graph
 
             module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
-                                cache=capacity, wtypes=self.wtypes)
+                                cache=capacity, wtypes=self.wtypes, vocab_parallel=self.vocab_parallel)
             built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
             inputs = {**self._stacked(), "cos": self.cos, "sin": self.sin}
             kvd = self.local.layer.kv_dim
@@ -184,7 +190,8 @@ class Generator:
                                  [{k: v.to(dev) for k, v in layer.items()} for layer in w.layers])
             stacked = stack_weights(moved, self.tiling.wt, self.tiling.lm_wt)
             if self.tp > 1:
-                stacked = shard_inputs(self.config, stacked, self.tp, self.rank, self.tiling.wt)
+                stacked = shard_inputs(self.config, stacked, self.tp, self.rank, self.tiling.wt, self.split,
+                                       self.tiling.lm_wt)
             self._weights = stacked
         return self._weights
 
@@ -278,7 +285,7 @@ class Generator:
             step()
             if sampler is not None and not sampler.greedy:
                 t = step.tensors
-                t["tok"].copy_(sampler(t["logits"]).to(t["tok"].dtype)[:, None])
+                t["tok"].copy_(sampler(self.logits(step)).to(t["tok"].dtype)[:, None])
             self._sync()
             out.decode_ms.append((time.perf_counter() - t1) * 1e3)
             new = [None if d else int(v) for d, v in zip(done, step.tensors["tok"].view(-1).tolist())]
@@ -292,6 +299,16 @@ class Generator:
                 break
         out.executor = step.executor.name
         return out
+
+    def logits(self, step) -> torch.Tensor:
+        """The last step's whole ``[B, vocab]`` logits, on every rank: the step's own, or under
+        the vocabulary-parallel head every rank's share joined (a collective)."""
+        local = step.tensors["logits"]
+        if self.split is None:
+            return local
+        from pto.orchestration.model.vocab import whole_logits
+
+        return whole_logits(local, self.split)
 
     def _sync(self) -> None:
         if self.device == "cuda":

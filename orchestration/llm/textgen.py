@@ -11,12 +11,13 @@ The request (:class:`pto.generation.GenerateRequest`) names the model (``--gguf 
 decoding by default (the reference for the tokens is transformers' ``generate`` on the same
 file, tests/programs/model); ``--temperature`` above 0 samples, restricted by ``--top-k`` and
 ``--top-p``, from a generator seeded with ``--seed``. ``--tp N`` under ``torchrun
---nproc-per-node N`` splits every layer over N ranks (tensor parallelism, :mod:`.generate`);
-rank 0 streams and reports. A GGUF file's quantized weights run as the file stores them
-(``--dequantize``: floats, as before; a type that has no kernel, or a projection whose layers mix
-types, is dequantized with one line on stderr saying which and why); ``--quantize
-fp8|q8_0|q4_0`` quantizes float weights at load (:mod:`pto.orchestration.model.quantized`). The
-report gives the weights' resident bytes and the bytes a step reads of them.
+--nproc-per-node N`` splits every layer and the LM head over N ranks (tensor parallelism,
+:mod:`.generate`); rank 0 streams and reports, with its sums over the ranks (``collectives``). A
+GGUF file's quantized weights run as the file stores them (``--dequantize``: floats, as before; a
+type that has no kernel, or a projection whose layers mix types, is dequantized with one line on
+stderr saying which and why); ``--quantize fp8|q8_0|q4_0`` quantizes float weights at load
+(:mod:`pto.orchestration.model.quantized`). The report gives the weights' resident bytes and the
+bytes a step reads of them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     from pto.orchestration.model.checkpoint import load_weights
     from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes, quantize_weights, weight_bytes
 
-    from pto import dist
+    from pto import collectives, dist
     from pto.device import resolve_device
     from pto.ir.dtypes import dtype_of
     from pto.program import default_dtype
@@ -83,6 +84,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     device = resolve_device(req.device)
     if dist.init(device, req.tp, command="generate") != 0:
         stream = None  # every rank makes the same tokens: rank 0 shows them
+    collectives.check()  # PTO_COLLECTIVES and its limits, before any file is read
     dtype = default_dtype(device) if req.dtype == "auto" else dtype_of(req.dtype)
     t0 = time.perf_counter()
     tok = load_tokenizer(req.path)
@@ -136,8 +138,11 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     nbytes = weight_bytes(weights)
     stored = {"types": WeightTypes.of(weights).to_json(), "resident_bytes": nbytes["resident"],
               "step_read_bytes": nbytes["step_read"]}
-    return {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
-            "load_ms": load_ms, **result.to_json(), "weights": stored}
+    out = {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
+           "load_ms": load_ms, **result.to_json(), "weights": stored}
+    if req.tp > 1:  # this rank's sums over the ranks, by algorithm (pto.collectives)
+        out["collectives"] = dist.counters()
+    return out
 
 
 def sequence_label(i: int) -> str:

@@ -29,8 +29,14 @@ rank's, the same on every rank, with ``1/tp`` of every layer's query and key/val
 columns (the weights and the cache are the rank's shards, :func:`shard_inputs`). The o and down
 projections are then partial sums: each is one task of the product, its sum over the ranks and
 the residual (``gemv_allreduce_residual_tile``), so every rank holds the whole activation row
-after it. The embedding, the final norm, the LM head and the sampling run whole on every rank:
-every rank picks the same token (the all-reduce leaves the same bits on every rank).
+after it. The embedding and the final norm run whole on every rank. The LM head is
+vocabulary-parallel (``vocab_parallel``, the default; :mod:`.vocab`): each rank computes the
+logits of its share of the vocabulary and the first stage of their argmax, then
+``argmax_candidates_tile`` gathers every rank's best token onto every rank (a sum over the ranks
+of rows that hold one rank's candidate each: exact), and ``argmax_advance`` over the ranks'
+candidates picks the same token on every rank. Replicated (``vocab_parallel=False``), every
+rank computes the whole head and picks the same token (the all-reduce leaves the same bits on
+every rank).
 
 Then ``lmhead_argmax_tile`` (the final norm folded into the LM head, each vocabulary block's
 largest logit and its index) and per sequence ``argmax_advance``. The KV cache is a state of
@@ -49,10 +55,12 @@ from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
+from pto.incore.vocab import argmax_candidates_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
+from pto.orchestration.model.vocab import VocabSplit
 
 from pto import Orchestration, f32
 from pto.ir.dtypes import DType
@@ -76,16 +84,18 @@ class DecodeFunctions:
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
+    candidates: IncoreFunction | None = None  # vocabulary-parallel: every rank's best token gathered
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
               reduce: DType | None = None, parts: int | None = None,
-              wtypes: WeightTypes = DENSE) -> DecodeFunctions:
+              wtypes: WeightTypes = DENSE, split: VocabSplit | None = None) -> DecodeFunctions:
     """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles);
     ``cfg`` is one rank's, and ``reduce`` the dtype of the row-parallel projections' sum over the
     ranks (None: one rank, no sum); ``parts``: the partial states a head's attention leaves
     (chunks or spans; None: not known at build); ``wtypes``: the weights' types (quantized ones
-    load dequantized, their K steps whole blocks: :func:`~.quantized.for_weights`)."""
+    load dequantized, their K steps whole blocks: :func:`~.quantized.for_weights`); ``split``: the
+    vocabulary-parallel LM head's (None: the whole head)."""
     if wtypes.quantized and reduce is not None:
         from pto.errors import UsageError
 
@@ -103,6 +113,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         return {"wdtype": d} if d.is_quantized else {}
 
     least = {k: max(16, wtypes.blocks((k,))) for k in ("w_qkv", "wo", "wg", "wd")}
+    rows = batch
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
@@ -114,7 +125,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
                     qkv_bk=None, o_bn=None, o_bk=None)
-    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes)
+    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
@@ -155,7 +166,8 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         gate_up=gate_up,
         lm=lm,
         embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target, **wkw("emb")),
-        advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
+        advance=dk.argmax_advance(split.ranks if split else cdiv_int(cfg.vocab, bv), target),
+        candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
     )
 
 
@@ -187,46 +199,55 @@ def _widest(build, size: int, least: int = 16):
 
 
 def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-             wtypes: WeightTypes = DENSE):
-    """The LM head with the widest vocabulary block up to ``t.bv`` whose tiles fit the target's
-    on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
+             wtypes: WeightTypes = DENSE, vocab: int | None = None):
+    """The LM head over ``vocab`` ids (None: the whole vocabulary; a rank's share under the
+    vocabulary-parallel head) with the widest vocabulary block up to ``t.bv`` whose tiles fit the
+    target's on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
-    c = cfg.layer
+    c, V = cfg.layer, vocab or cfg.vocab
     w = wtypes.get("lm_head", dt)
     kw = {"wdtype": w} if w.is_quantized else {}
-    return _widest(lambda bv: build(dt, batch, c.hidden, cfg.vocab, bv, t.lm_bk, c.eps, target, **kw),
-                   min(t.bv, cfg.vocab))
+    return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, t.lm_bk, c.eps, target, **kw), min(t.bv, V))
 
 
 def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-             wtypes: WeightTypes = DENSE) -> int:
-    """The LM head's vocabulary block (what :func:`functions` picks)."""
-    return _lm_head(cfg, dt, target, t, tile_rows(batch), wtypes)[1]
+             wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
+    """The LM head's vocabulary block (what :func:`functions` picks; ``vocab`` as there)."""
+    return _lm_head(cfg, dt, target, t, tile_rows(batch), wtypes, vocab)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def vocab_split(cfg: ModelConfig, tp: int, vocab_parallel: bool = True) -> VocabSplit | None:
+    """The vocabulary-parallel LM head's split of ``cfg``'s vocabulary over ``tp`` ranks (None:
+    one rank, or the head replicated)."""
+    return VocabSplit(cfg.vocab, tp) if tp > 1 and vocab_parallel else None
+
+
 @lru_cache(maxsize=32)
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
-               cache: int | None = None, wtypes: WeightTypes = DENSE) -> Module:
+               cache: int | None = None, wtypes: WeightTypes = DENSE, vocab_parallel: bool = True) -> Module:
     """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
-    step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
-    the capacity the step will run with, where known (a long cache combines in two levels).
-    ``wtypes``: what the weight inputs are stored as (quantized ones: the tiling fitted to them,
+    step (the module docstring), the partial sums summed over the ranks in ``reduce``, the LM
+    head vocabulary-parallel unless ``vocab_parallel`` is off. ``cache``: the capacity the step
+    will run with, where known (a long cache combines in two levels). ``wtypes``: what the weight
+    inputs are stored as (quantized ones: the tiling fitted to them,
     :func:`~.quantized.for_weights`). Built once per process and description (the program's runs
     and a generation's steps share it; the module is immutable)."""
     t = for_weights(tiling or DecodeTiling(), wtypes).for_cache(cache)
+    split = vocab_split(cfg, tp, vocab_parallel)
     cfg = cfg.shard(tp)
     spans_ = spans(cache, t)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
-                   spans_ or (cache // t.chunk if cache else None), wtypes)
-    nbv = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch, wtypes))
-    return _Step(cfg, dt, t, fn, nbv, spans_, wtypes).module()
+                   spans_ or (cache // t.chunk if cache else None), wtypes, split)
+    vocab = split.height if split else cfg.vocab
+    nbv = cdiv_int(vocab, lm_block(cfg, dt, target, t, batch, wtypes, vocab))
+    return _Step(cfg, dt, t, fn, nbv, spans_, wtypes, split).module()
 
 
 class _Step:
@@ -236,9 +257,11 @@ class _Step:
     chunks a sequence's cache holds, ``J``; the tensors ``T``."""
 
     def __init__(self, cfg: ModelConfig, dt: DType, t: DecodeTiling, fn: DecodeFunctions, nbv: int, spans_: int,
-                 wtypes: WeightTypes = DENSE):
+                 wtypes: WeightTypes = DENSE, split: VocabSplit | None = None):
         self.cfg, self.c, self.dt, self.t, self.fn, self.nbv, self.S = cfg, cfg.layer, dt, t, fn, nbv, spans_
         self.wtypes = wtypes
+        self.split = split
+        self.V = split.height if split else cfg.vocab  # the LM head's ids on this rank
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
         self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
@@ -327,13 +350,27 @@ class _Step:
     def _sample(self) -> None:
         """The step's end: the LM head with the first stage of the argmax, then per sequence the
         token and the next position."""
-        o, fn, T, B, H, V, NBV = self.o, self.fn, self.T, self.B, self.c.hidden, self.cfg.vocab, self.nbv
+        o, fn, T, B, H, V, NBV = self.o, self.fn, self.T, self.B, self.c.hidden, self.V, self.nbv
         # the norm's weight as its region (a K step that does not divide H reads past it: masked)
         o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
                        "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
                        "index": (T["index"], 0, 0, B, NBV)})
+        if self.split is not None:
+            self._advance_over_ranks()
+            return
         with o.for_loop("b1", 0, B) as b:
             o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
+                                "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
+
+    def _advance_over_ranks(self) -> None:
+        """The vocabulary-parallel head's end: every rank's best token gathered onto every rank
+        (one task for the batch, its sum over the ranks), then per sequence the token over the
+        ranks' candidates and the next position."""
+        o, fn, T, B, NBV, N, W = self.o, self.fn, self.T, self.B, self.nbv, self.split.ranks, self.split.width
+        o.call(fn.candidates, {"best": (T["best"], 0, 0, B, NBV), "index": (T["index"], 0, 0, B, NBV),
+                               "place": T["vocab_place"], "cand": (T["cand"], 0, 0, B, W)})
+        with o.for_loop("b1", 0, B) as b:
+            o.call(fn.advance, {"best": (T["cand"], b, 0, 1, N), "index": (T["cand"], b, N, 1, N),
                                 "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
     def _tensors(self, unused: tuple[str, ...] = ()) -> dict:
@@ -343,14 +380,14 @@ class _Step:
         o, cfg, dt, c, t, B, C, S = self.o, self.cfg, self.dt, self.c, self.t, self.B, self.C, self.S
         wtypes = self.wtypes
         J = C // t.chunk
-        L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
+        L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, self.V
         ws = weight_shapes(cfg, t.wt)
 
         def stacked(kind: str):
             rows, cols = ws[kind]
             return o.input(kind, L * rows, cols, wtypes.get(kind, dt))
 
-        T = {"emb": o.input("emb", V, H, wtypes.get("emb", dt)), "w_qkv": stacked("w_qkv"),
+        T = {"emb": o.input("emb", cfg.vocab, H, wtypes.get("emb", dt)), "w_qkv": stacked("w_qkv"),
              "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
              "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
              "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
@@ -367,6 +404,9 @@ class _Step:
         if S:
             T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32),
                      ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
+        if self.split is not None:  # the rank's candidate columns (data), the ranks' candidates
+            T.update(vocab_place=o.input("vocab_place", 3, self.split.width, f32),
+                     cand=o.temp("cand", B, self.split.width, f32))
         return T
 
 
@@ -380,5 +420,5 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
 
 
 # (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes", "allreduce_dtype",
-           "COMBINE_ROWS", "spans", "tile_rows"]
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "vocab_split", "weight_shapes",
+           "allreduce_dtype", "COMBINE_ROWS", "spans", "tile_rows"]

@@ -18,7 +18,14 @@ from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, weight_shapes
+from pto.orchestration.model.decode import (
+    DecodeTiling,
+    allreduce_dtype,
+    build_step,
+    tile_rows,
+    vocab_split,
+    weight_shapes,
+)
 from pto.orchestration.model.gguf_file import is_gguf, open_gguf
 from pto.orchestration.model.quantized import (
     DENSE,
@@ -45,6 +52,10 @@ CONFIGS = {
                         tied=True, max_positions=1024, eos_ids=(2,)),
     "tiny-swa": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2, window=64), vocab=512,
                             layers=2, tied=False, max_positions=1024, eos_ids=(2,)),
+    # 24 query heads, each its own key/value head: splits over 2, 3, 4, 6 and 8 ranks (the CPU's
+    # tensor-parallel tests up to 8 ranks); a vocabulary that 3 and 8 do not divide
+    "tiny-mha24": ModelConfig(LlamaConfig(hidden=64, heads=24, head_dim=8, ffn=192, kv_heads=24), vocab=500,
+                              layers=2, tied=True, max_positions=1024, eos_ids=(2,)),
     "smollm2-135m": ModelConfig(LlamaConfig(hidden=576, heads=9, head_dim=64, ffn=1536, kv_heads=3, eps=1e-5,
                                             theta=100000.0), vocab=49152, layers=30, tied=True, max_positions=8192,
                                 eos_ids=(2,)),
@@ -116,7 +127,10 @@ class ModelProgram(Program):
                       "weights also q4_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
                       choices=("auto", "none", *RANDOM_TYPES)),
                Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
-                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")))
+                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")),
+               Option("lm_head", "parallel", "with --tp N: the LM head split by vocabulary (each rank its share's "
+                      "logits, the argmax combined over the ranks) or replicated on every rank",
+                      choices=("parallel", "replicated")))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
@@ -175,30 +189,51 @@ class ModelProgram(Program):
             raise UsageError(f"{self.name}: --tp {s.tp}: quantized weights run on one rank (--quantize none)")
         try:
             cfg.shard(s.tp)
+            self._split(s)
         except ValueError as e:
             raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
     def _reduce_dtype(self, s: Settings) -> DType:
         return allreduce_dtype(s.dtype, s["allreduce_dtype"])
 
+    def _split(self, s: Settings):
+        """The vocabulary-parallel LM head's split (None: one rank, or ``--lm-head replicated``)."""
+        return vocab_split(self.config(s), s.tp, s["lm_head"] == "parallel")
+
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
         return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s),
-                          shape["cache"], self.weight_types(s))
+                          shape["cache"], self.weight_types(s), s["lm_head"] == "parallel")
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one
-        task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype."""
+        task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype;
+        and the vocabulary-parallel head's candidates (f32); each twice (symmetric memory's
+        one-shot sum, which a step's small sums take on GPUs that have it, writes a second
+        buffer: pto.collectives)."""
         if s.tp == 1:
             return 0
-        return tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize
+        split = self._split(s)
+        candidates = shape["batch"] * split.width * 4 if split else 0
+        return 2 * (tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize + candidates)
 
     def shard(self, s: Settings, inputs: dict, rank: int) -> dict:
         """Rank ``rank``'s inputs (:func:`shard_inputs`)."""
         if s.tp == 1:
             return inputs
-        return shard_inputs(self.config(s), inputs, s.tp, rank, tiling_for(self.config(s)).wt)
+        tiling = tiling_for(self.config(s))
+        return shard_inputs(self.config(s), inputs, s.tp, rank, tiling.wt, self._split(s), tiling.lm_wt)
+
+    def unshard(self, s: Settings, outputs: dict) -> dict:
+        """The whole outputs on every rank: the vocabulary-parallel head's logits joined from the
+        ranks' shares (a collective); the rest every rank holds whole."""
+        split = self._split(s)
+        if split is None:
+            return outputs
+        from pto.orchestration.model.vocab import whole_logits
+
+        return {**outputs, "logits": whole_logits(outputs["logits"], split)}
 
     def check_shape(self, s: Settings, shape: Shape) -> None:
         cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
@@ -218,7 +253,8 @@ class ModelProgram(Program):
         must read from memory at a full cache: every layer's weights and the LM head once (of
         the embedding only a row per sequence) and the whole cache; over the memory bandwidth,
         the step's floor. Under ``--tp`` one rank's: its share of the layers and of the cache,
-        the LM head whole."""
+        and of the LM head (whole with ``--lm-head replicated``; with its candidates' places)."""
+        split = self._split(s)
         cfg = self.config(s).shard(s.tp)
         c, esize = cfg.layer, s.dtype.itemsize
         kv = cfg.layers * shape["batch"] * shape["cache"] * 2 * c.kv_dim * esize
@@ -229,11 +265,12 @@ class ModelProgram(Program):
             return wtypes.get(kind, s.dtype).nbytes(rows, cols)
 
         layers = cfg.layers * (sum(nbytes(k, *shapes[k]) for k in shapes) + 2 * c.hidden * esize)
-        head = nbytes("lm_head", cfg.vocab, c.hidden)
+        head = nbytes("lm_head", split.height if split else cfg.vocab, c.hidden)
         emb = nbytes("emb", cfg.vocab, c.hidden)
         final = c.hidden * esize  # the final norm's gain
-        resident = layers + emb + final + (0 if cfg.tied else head)
-        return {"kv_cache_bytes": kv, "weight_bytes": resident, "step_read_bytes": layers + head + final + kv}
+        place = 3 * split.width * 4 if split else 0  # where the rank's candidate goes (f32)
+        resident = layers + emb + final + place + (0 if cfg.tied and split is None else head)
+        return {"kv_cache_bytes": kv, "weight_bytes": resident, "step_read_bytes": layers + head + final + place + kv}
 
     def estimate_baselines(self, s: Settings) -> list[Baseline]:
         return []  # no published counts of a decode step to draw beside
@@ -350,11 +387,13 @@ def stack_weights(w: ModelWeights, wt: bool = False, lm_wt: bool = False) -> dic
 
 
 def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, rank: int,
-                 wt: bool = True) -> dict[str, torch.Tensor]:
+                 wt: bool = True, split=None, lm_wt: bool = False) -> dict[str, torch.Tensor]:
     """Rank ``rank`` of ``tp``'s step inputs from the whole ones (:func:`stack_weights`'
     layout, output-major blocks with ``wt``): of every layer, the outputs of wq, wk, wv, wg and
     wu and the contraction columns of wo and wd that belong to its query heads, key/value heads
-    and FFN columns, and the same key/value heads' columns of both caches; the rest whole."""
+    and FFN columns, and the same key/value heads' columns of both caches; with ``split`` (a
+    :class:`~.vocab.VocabSplit`) the rank's share of the LM head (output-major with ``lm_wt``)
+    and where its candidate goes (``vocab_place``); the rest whole."""
     c, L = cfg.layer, cfg.layers
     q, kv, f = c.q_dim // tp, c.kv_dim // tp, c.ffn // tp
     shapes = weight_shapes(cfg, wt)
@@ -376,6 +415,9 @@ def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, ran
     for name in ("k_cache", "v_cache"):
         if name in inputs:
             out[name] = inputs[name][:, rank * kv:(rank + 1) * kv].contiguous()
+    if split is not None:
+        out["lm_head"] = split.shard_head(inputs["lm_head"], rank, lm_wt)
+        out["vocab_place"] = split.place(rank, inputs["lm_head"].device)
     return out
 
 

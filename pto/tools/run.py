@@ -79,7 +79,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     rank, started by torchrun; every rank makes the whole seeded inputs and runs on its shard
     (:meth:`Program.shard`), rank 0 checks the outputs against the reference on the whole inputs
     and writes the files; ``ranks`` has every rank's time and collectives."""
-    from pto import dist
+    from pto import collectives, dist
 
     opts = replace(options or RunOptions(), **{k: kw.pop(k) for k in list(kw) if k in _OPTION_NAMES})
     if isinstance(job, Job):
@@ -87,6 +87,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     else:
         job, shape = job_of(job, shape, kw)
     rank = dist.init(job.device, job.settings.tp, command=f"run {job.program.name}")
+    collectives.check()  # PTO_COLLECTIVES and its limits, before any work
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
         opts = replace(opts, dump=None, trace=None, save=None, save_inputs=None)
     module, whole = _prepare_checks(job, shape, opts)
@@ -161,6 +162,8 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     if not first and job.device == "cuda":
         torch.cuda.synchronize()
     exec_ms = runner.stats.exec_ms if first else (time.perf_counter() - t0) * 1e3
+    if s.tp > 1:  # the outputs some programs split over the ranks, whole (a collective)
+        outputs = prog.unshard(s, outputs)
     out = _report(job, shape, runner, exec_ms)
     if opts.sentinel:
         from pto.safety.blame import blame

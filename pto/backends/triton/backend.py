@@ -49,6 +49,7 @@ from pto.backends.triton.tables import build_table, check_batch, descriptor_mask
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
 from pto.codegen.triton.tma import tma_memrefs
+from pto.collectives import SumBuffers
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
@@ -95,7 +96,8 @@ class TritonBackend(Backend):
                  split: str | None = None, schedules=None, pdl: str | None = None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
-        self._sum_buffers: dict = {}  # the collective batches' one sum buffer (pto/backends/triton/collective.py)
+        # the collective batches' sum buffers, shared (pto/backends/triton/collective.py)
+        self._sum_buffers = SumBuffers()
         self.options = options or RenderOptions()
         #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
         #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load TaskBatch.readonly early
@@ -354,8 +356,9 @@ class TritonBackend(Backend):
     def launches_per_batch(self, batch: TaskBatch) -> int:
         split = native_split(batch.fn)
         if split is not None and batch.size:
-            _, first, second = parts(batch, split, task_env(batch), allocate=False)
-            return sum(self.launches_per_batch(a) + self.launches_per_batch(b) for a, b, _, _ in chunked(first, second))
+            cut = parts(batch, split, task_env(batch), allocate=False)
+            return sum(self.launches_per_batch(a) + self.launches_per_batch(b)
+                       for a, b, _, _ in chunked(cut.first, cut.second))
         if has_collective(batch.fn):
             return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0

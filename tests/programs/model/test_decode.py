@@ -186,13 +186,15 @@ def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
         assert row["kv_cache_bytes"] == nbytes["k_cache"] + nbytes["v_cache"]
         state = ("emb", "cos", "sin", "tok", "pos")
         assert row["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in state)
-        # one rank of two: its shard of the layers' weights and of the cache, the LM head whole
+        # one rank of two: its shard of the layers' weights, of the cache and of the LM head (the
+        # vocabulary-parallel head's share, and where its candidate goes)
         s2 = job.program.settings(device="cpu", config=config, dtype="bf16", tp=2)
         mine = job.program.shard(s2, t, 1)
         two = estimate("model", [64], config=config, dtype="bf16", shape={"batch": 3}, tp=2)["rows"][0]
         nbytes = {k: v.numel() * v.element_size() for k, v in mine.items()}
         assert two["kv_cache_bytes"] == nbytes["k_cache"] + nbytes["v_cache"] == row["kv_cache_bytes"] // 2
         assert two["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in state)
+        assert nbytes["lm_head"] * 2 == {k: v.numel() * v.element_size() for k, v in t.items()}["lm_head"]
 
 
 def test_estimate_calibrates_only_on_caches_the_step_can_hold():

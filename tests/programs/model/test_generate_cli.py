@@ -55,8 +55,9 @@ def test_a_prompt_that_outgrows_the_context_is_one_line(smollm):
 @pytest.mark.slow
 def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
     """``torchrun --nproc-per-node 3 -m pto.cli generate --gguf SmolLM2 --tp 3`` (its 9 query and
-    3 key/value heads over 3 ranks, gloo, f32): the greedy tokens and text of the single process
-    (itself transformers' tokens on the same file: test_decode.py), one JSON object (rank 0's)."""
+    3 key/value heads and its LM head's 49152 ids over 3 ranks, gloo, f32): the greedy tokens and
+    text of the single process (itself transformers' tokens on the same file: test_decode.py),
+    one JSON object (rank 0's)."""
     from tests.dist import driver
 
     args = ["-m", "pto.cli", "generate", "--gguf", str(smollm), "--prompt", "The capital of France is",
@@ -67,6 +68,10 @@ def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
     one, three = json.loads(r1.stdout), json.loads(r3.stdout)
     assert three["tokens"] == one["tokens"] and len(one["tokens"][0]) == 6
     assert three["texts"] == one["texts"]
+    # every step: the o and down projections of 30 layers and the vocabulary-parallel head's
+    # candidates, through gloo (no symmetric memory on the CPU)
+    calls = three["collectives"]["calls"]
+    assert calls % 61 == 0 and calls >= 6 * 61 and three["collectives"]["algorithms"] == {"group": calls}, three
 
 
 def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
