@@ -91,3 +91,20 @@ def test_compile_threads_from_the_environment(monkeypatch):
         monkeypatch.setenv("PTO_COMPILE_THREADS", bad)
         with pytest.raises(UsageError, match="PTO_COMPILE_THREADS"):
             ahead.workers()
+
+
+def test_a_kernel_fitted_once_is_refitted_from_its_depths():
+    """A second batch of the same key takes the depths the first was fitted to (no compile
+    query); another key, or another number of launches, is not answered."""
+    a, b = torch.zeros(64), torch.zeros(64)
+    asked = [((1,), (a, 64), {"num_warps": 4, "num_stages": 4}), ((2,), (a, 64), {"num_warps": 4})]
+    k = ahead.key("refit-d1", asked)
+    assert ahead.refit(k, asked) is None  # never fitted
+    ahead.note(k, [(g, args, {**kw, "num_stages": 2} if "num_stages" in kw else kw) for g, args, kw in asked])
+    later = [((3,), (b, 64), {"num_warps": 4, "num_stages": 4}), ((5,), (b, 64), {"num_warps": 4})]
+    assert ahead.key("refit-d1", later) == k
+    (g0, a0, kw0), (g1, a1, kw1) = ahead.refit(k, later)
+    assert (g0, kw0["num_stages"], g1, "num_stages" in kw1) == ((3,), 2, (5,), False)
+    assert a0[0] is b and later[0][2]["num_stages"] == 4  # the batch's own arguments, its launches untouched
+    assert ahead.refit(k, later[:1]) is None
+    assert ahead.refit(ahead.key("refit-d2", later), later) is None

@@ -29,6 +29,7 @@ _POOL: ThreadPoolExecutor | None = None
 _GUARD = threading.Lock()
 _LOCKS: dict[int, threading.Lock] = {}
 _FITTED: set = set()
+_DEPTHS: dict[tuple, tuple] = {}  # key -> each launch's fitted pipelining depth (None: the launch has none)
 
 
 def workers() -> int:
@@ -102,9 +103,23 @@ def submit(k: tuple, jit, fit, device: torch.device) -> Future:
     return _pool().submit(work)
 
 
-def note(k: tuple) -> None:
-    """Record key ``k`` as compiled (a batch fitted in the caller's thread)."""
+def note(k: tuple, launches: list[tuple] | None = None) -> None:
+    """Record key ``k`` as compiled (a batch fitted in the caller's thread), and, given, the
+    pipelining depths its ``launches`` were fitted to (:func:`refit`)."""
     _FITTED.add(k)
+    if launches is not None:
+        _DEPTHS[k] = tuple(kw.get("num_stages") for _grid, _args, kw in launches)
 
 
-__all__ = ["workers", "key", "fitted", "submit", "note"]
+def refit(k: tuple, launches: list[tuple]) -> list[tuple] | None:
+    """``launches`` at the depths another batch of the same key was fitted to in this process
+    (the same compiled kernels need the same shared memory), or None where none was: a batch of
+    a kernel already fitted asks Triton nothing (each of its ``warmup`` calls costs milliseconds;
+    a prefill prepares the same dequantization for every layer)."""
+    depths = _DEPTHS.get(k)
+    if depths is None or len(depths) != len(launches):
+        return None
+    return [(grid, args, kw if d is None else {**kw, "num_stages": d}) for (grid, args, kw), d in zip(launches, depths)]
+
+
+__all__ = ["workers", "key", "fitted", "submit", "note", "refit"]

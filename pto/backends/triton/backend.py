@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pto.backends.base import Backend, Launch, triton_available
-from pto.backends.triton.ahead import fitted, note, submit
+from pto.backends.triton.ahead import fitted, note, refit, submit
 from pto.backends.triton.ahead import key as ahead_key
 from pto.backends.triton.collective import capturable, chunked, collective_launch, native_split, parts
 from pto.backends.triton.launch import (
@@ -250,13 +250,19 @@ class TritonBackend(Backend):
         if not self.compiles:
             return launcher(jit, launches, groups, what)
         k = ahead_key(kernel.digest, launches)
+        known = refit(k, launches)
+        if known is not None:
+            return launcher(jit, known, groups, what)
+        limit = self.shared_limit()
+
+        def fit() -> list[tuple]:
+            out = fit_calls(jit, launches, limit, what)
+            note(k, out)
+            return out
+
         if ahead and not fitted(k):
-            limit = self.shared_limit()
-            return launcher(jit, None, groups, what,
-                            submit(k, jit, lambda: fit_calls(jit, launches, limit, what), device))
-        launches = fit_calls(jit, launches, self.shared_limit(), what)
-        note(k)
-        return launcher(jit, launches, groups, what)
+            return launcher(jit, None, groups, what, submit(k, jit, fit, device))
+        return launcher(jit, fit(), groups, what)
 
     def batch_options(self, cfg: LaunchConfig, batch: TaskBatch) -> RenderOptions:
         """The code-generation options of ``batch``'s kernel: this backend's, those a schedule
