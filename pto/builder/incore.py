@@ -131,7 +131,7 @@ class InCore:
                                  "dim (tile shapes are static; declare it with dim())")
         t = Tile(name, r, c, dtype_of(dtype))
         dims = dict(self._dims)
-        from pto.ir.analysis import tile_shape
+        from pto.ir.facts import tile_shape
 
         rr, cc = tile_shape(t, dims)
         if rr <= 0 or cc <= 0:

@@ -42,9 +42,9 @@ from pto.evaluator.support import (
     intra_op_threads,
     loop_vars,
 )
-from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import evaluate
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction, Instr
 from pto.ir.ops import (
     ARITH,

@@ -93,7 +93,7 @@ def test_stage_bytes_counts_the_tiles_a_loop_loads():
     # a 128 x 64 activation tile and a 64 x N-block weight tile per K step, bf16
     a = next(t for t in gemm.tiles if t.name == "a")
     bt = next(t for t in gemm.tiles if t.name == "bt")
-    from pto.ir.analysis import tile_shape
+    from pto.ir.facts import tile_shape
 
     expect = sum(np.prod(tile_shape(t, dict(gemm.variant))) * 2 for t in (a, bt))
     assert stage_bytes(gemm) == expect
