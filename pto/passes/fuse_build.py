@@ -16,19 +16,9 @@ from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, 
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
 from pto.passes.chains import region_key
-from pto.passes.inline import (
-    ChainLoop,
-    Fusing,
-    Member,
-    Names,
-    Refused,
-    Scope,
-    Slot,
-    memref_params,
-    mentions,
-    slot_for,
-)
+from pto.passes.inline import ChainLoop, Fusing, Member, Names, Refused, Scope, Slot, memref_params, mentions
 from pto.passes.promote import Promoter, prune_masks, used_names
+from pto.passes.union import slot_for
 
 
 class Fused:
