@@ -56,7 +56,7 @@ def test_nan_constants_survive_relaunch():
     import math
 
     from pto import InCore, f32
-    from pto.backends.triton import run_incore_triton
+    from tests.opkit import run_incore_triton
 
     k = InCore("nan_paths")
     x, y = k.memref("x", f32), k.memref("y", f32)
