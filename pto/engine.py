@@ -188,10 +188,12 @@ Phase = Callable[[str, "str | None"], None]
 
 
 def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool = True,
-                       target: Target | None = None, phase: Phase | None = None) -> BuiltGraph:
+                       target: Target | None = None, phase: Phase | None = None,
+                       count_only: bool = False) -> BuiltGraph:
     """The task graph of ``module`` for ``scalars``: lowered (binary expansion unless not
     ``adaptive``), checked against ``target``'s SRAM, its generated C compiled with the runtime
-    (cached on disk) and run. Nothing is allocated for the tensors and nothing executes."""
+    (cached on disk) and run. Nothing is allocated for the tensors and nothing executes; with
+    ``count_only`` the runtime counts the tasks and keeps none (``pto estimate``'s large graphs)."""
     from pto.graph import CompiledProgram
 
     if phase is not None:
@@ -201,7 +203,7 @@ def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool =
     compile_ms = (time.perf_counter() - t0) * 1e3
     if phase is not None:
         phase("building the graph", None)
-    return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars), compile_ms)
+    return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars, count_only=count_only), compile_ms)
 
 
 def module_of(job: Job, shape: Shape) -> Module:
@@ -237,6 +239,8 @@ class Placement:
     deterministic: bool = False
     progress: Callable | None = None
     schedules: tuple = ()  # the program's shipped schedule folders (Program.schedules)
+    #: the executor's own keyword options as (name, value) pairs (the persistent queue's ``order``)
+    options: tuple[tuple[str, object], ...] = ()
 
 
 class Prepared:
@@ -264,7 +268,7 @@ class Prepared:
             backend.launch_overrides.update(backend.uniform_launch(self.graph))
         name = choose(self.graph, self.tensors) if place.executor == "auto" else place.executor
         self.executor = get_executor(name, backend, self.tensors, record=place.record, progress=place.progress,
-                                     **({"sentinel": True} if place.sentinel else {}))
+                                     **({"sentinel": True} if place.sentinel else {}), **dict(place.options))
         self.stats = None
         self.cuda_graph = None
 
