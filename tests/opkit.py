@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from pto import InCore
-from pto.batch import TaskBatch
+from pto.data.batch import TaskBatch
 from pto.interp.incore import run_incore
 from pto.ir.dtypes import DType
 

@@ -65,7 +65,7 @@ from pto.orchestration.model.vocab import VocabSplit
 from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
-from pto.target import Target
+from pto.machine.target import Target
 
 
 @dataclass(frozen=True)

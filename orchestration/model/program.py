@@ -204,7 +204,7 @@ class ModelProgram(Program):
         task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype;
         and the vocabulary-parallel head's candidates (f32); each twice (symmetric memory's
         one-shot sum, which a step's small sums take on GPUs that have it, writes a second
-        buffer: pto.collectives)."""
+        buffer: pto.machine.collectives)."""
         if s.tp == 1:
             return 0
         split = self._split(s)

@@ -209,7 +209,7 @@ class LayerDequantizer:
     def _prepare(self, kind: str, layer: int):
         from pto.incore.dequantize import dequantize_rows
 
-        from pto.batch import RegionBatch, TaskBatch
+        from pto.data.batch import RegionBatch, TaskBatch
         from pto.ir.analysis import specialize
 
         rows, cols = self.shapes[kind]

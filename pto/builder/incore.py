@@ -291,7 +291,7 @@ class InCore:
     def build(self, target=None) -> IncoreFunction:
         """Validate the whole function and return it (the builder is closed afterwards).
 
-        With ``target`` (a :class:`pto.target.Target`) the tiles live at the
+        With ``target`` (a :class:`pto.machine.target.Target`) the tiles live at the
         same time must also fit the target's on-chip memory (SramError otherwise)."""
         self._check_open()
         if len(self._stack) != 1:

@@ -3,7 +3,7 @@
 The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
 user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
 a hang (set PTO_DEBUG=1 to see the traceback of an internal error). Long work shows a progress
-bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod:`pto.progress`).
+bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod:`pto.cli.progress`).
 
 - :mod:`.parser`: the parser. The commands that take a PROGRAM add that program's shape
   parameters (``--seq``; a decode step's ``--batch``, ...) and its own options

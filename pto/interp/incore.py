@@ -5,7 +5,7 @@ numerics contract every backend follows) with a batch of one.
 
 from __future__ import annotations
 
-from pto.batch import TaskBatch
+from pto.data.batch import TaskBatch
 from pto.evaluator.machine import run_incore_batch
 from pto.ir.nodes import IncoreFunction
 

@@ -7,7 +7,7 @@ into :class:`pto.errors.RuntimeStatusError` whose message is the runtime's last-
 Both only use ``module.ffi`` and ``module.lib`` of a compiled cffi module that contains the
 runtime, so a module that also holds other C (generated orchestration code compiled with
 :func:`runtime_sources`) works too: ``Runtime(lib=that_module)``, and pass ``rt.ptr`` to its
-functions. The text dump that :meth:`Runtime.dump` writes is parsed by :mod:`pto.dump`.
+functions. The text dump that :meth:`Runtime.dump` writes is parsed by :mod:`pto.runtime.dump`.
 Arguments are checked before they reach C (a bad one raises ``RuntimeStatusError`` with status
 ``ERR_INVALID``, never a cffi exception); the status codes ``OK``, ``ERR_*`` and task states
 ``TASK_*`` are attributes of this package, read from the compiled library on first use.

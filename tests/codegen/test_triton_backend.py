@@ -23,8 +23,8 @@ triton = pytest.importorskip("triton")
 from pto import InCore, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton import TritonBackend, cache_dir  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402

@@ -35,9 +35,9 @@ triton = pytest.importorskip("triton")
 from pto import InCore, f16, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import render  # noqa: E402
 from pto.codegen.triton.common import block_shape  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402

@@ -14,8 +14,8 @@ from pto.backends.triton.schedules import ScheduleDB
 from pto.codegen.triton.megakernel import fit_megakernel, render_megakernel, stage_bytes
 from pto.errors import ResourceError
 from pto.exec.plan import make_plan
-from pto.graph import CompiledProgram
-from pto.target import get as target
+from pto.machine.target import get as target
+from pto.runtime.graph import CompiledProgram
 from tests.sm90 import compile_sm90, megakernel_job
 
 H100_SHARED = 232448  # bytes of shared memory a block may opt in to on an H100 (227 KiB)

@@ -46,14 +46,14 @@ from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
 from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
-from pto.batch import TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
 from pto.codegen.triton.tma import tma_memrefs
-from pto.collectives import SumBuffers
+from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
+from pto.machine.collectives import SumBuffers
 
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pto.tools.run import run
+from pto.cli.commands.run import run
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 

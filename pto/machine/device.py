@@ -1,6 +1,6 @@
 """The machine pto runs on: which device ``auto`` means, and what ``pto info`` prints.
 
-The device's description is its :class:`pto.target.Target` (detected from the driver); the
+The device's description is its :class:`pto.machine.target.Target` (detected from the driver); the
 backends and executors ``auto`` picks come from their registries.
 """
 
@@ -35,11 +35,12 @@ def resolve_device(device: str) -> str:
 
 def info(device: str = "auto") -> dict:
     """What ``pto info --json`` prints: the device, its target, backends and executors, and the
-    collectives of tensor parallelism (:func:`pto.collectives.info`)."""
-    from pto import backends, collectives
+    collectives of tensor parallelism (:func:`pto.machine.collectives.info`)."""
+    from pto import backends
     from pto.exec import names as executor_names
     from pto.exec import resolve as resolve_executor
-    from pto.target import detect
+    from pto.machine import collectives
+    from pto.machine.target import detect
 
     dev = resolve_device(device)
     t = detect(dev)

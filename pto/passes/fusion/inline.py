@@ -1,4 +1,4 @@
-"""Calls inlined into one InCore function: the pieces :mod:`pto.passes.fusion` builds a fused
+"""Calls inlined into one InCore function: the pieces :mod:`pto.passes.fusion.fuse` builds a fused
 function from.
 
 A fusion's members are calls of one orchestration body (a run of producers and consumers, or
@@ -15,7 +15,7 @@ the calls of a loop's body). Each member's callee is copied into the fused funct
   orchestration (two members that bind the same region share a slot).
 
 In a chain (a loop fused with the loop inside, :class:`ChainLoop`), a region that moves with
-the loop variable becomes the union of its iterations' regions (:func:`pto.passes.union.slot_for`,
+the loop variable becomes the union of its iterations' regions (:func:`pto.passes.fusion.union.slot_for`,
 which builds on this module), each iteration's loads shifted to its part and masked to its
 extent, so that every load reads what it read before.
 """
@@ -28,7 +28,7 @@ from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, fold, substitute
 from pto.ir.names import fresh_name
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, MemRefParam, RegionBinding, Tile
 from pto.ir.ops import COLLECTIVE, SCALAR_LOAD, Op
-from pto.passes.affine import Prover
+from pto.passes.expansion.affine import Prover
 
 
 class Refused(Exception):

@@ -25,17 +25,17 @@ import torch
 from pto.backends.torch_backend import TorchBackend
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
-from pto.batch import RegionBatch, TaskBatch
+from pto.cli.progress import iterate
 from pto.codegen.triton.common import PERSISTENT_MODES
 from pto.codegen.triton.tma import tma_memrefs
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.engine import Job, Placement, Prepared, build_graph, rel_err, resolve
 from pto.errors import UsageError
+from pto.exec.timing import median_ms
 from pto.ir.analysis import param_access
 from pto.ir.nodes import ForRange
 from pto.ir.ops import Op
 from pto.program import Shape
-from pto.progress import iterate
-from pto.timing import median_ms
 
 #: relative L2 error a candidate may have against the torch backend, per storage dtype
 TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 2e-2}
@@ -278,7 +278,7 @@ def refuse_without_gpu(device: str, program: str = "PROGRAM") -> None:
     whose timings mean nothing but which checks the search. ``--show`` needs neither."""
     show = f"`pto tune {program} --show` works anywhere: what applies to each kernel now, and why"
     if device in ("auto", "cuda"):
-        from pto.device import cuda_available
+        from pto.machine.device import cuda_available
 
         if not cuda_available():
             raise UsageError(f"pto tune measures kernels on a GPU and none is visible; {show}")

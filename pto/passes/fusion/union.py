@@ -1,6 +1,6 @@
 """The region a fused call binds for one of its members' regions (:func:`slot_for`, the fused
-function's parameter :class:`~pto.passes.inline.Slot`): the region as bound, or, for a region
-that moves with a chain's loop (:class:`~pto.passes.inline.ChainLoop`), the union of its
+function's parameter :class:`~pto.passes.fusion.inline.Slot`): the region as bound, or, for a region
+that moves with a chain's loop (:class:`~pto.passes.fusion.inline.ChainLoop`), the union of its
 iterations' regions, with as simple an extent as binary expansion can still reason about, and
 whether each iteration's loads need a mask of their own to read what they read before."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pto.ir.expr import Attr, Bin, Const, Expr, Var, const_value, emax, emin, fold, substitute
 from pto.ir.nodes import RegionBinding
-from pto.passes.affine import Prover, linear
-from pto.passes.inline import ChainLoop, Names, Refused, Scope, Slot, mentions
+from pto.passes.expansion.affine import Prover, linear
+from pto.passes.fusion.inline import ChainLoop, Names, Refused, Scope, Slot, mentions
 
 
 def _upper(e: Expr) -> int | None:
