@@ -22,10 +22,10 @@ import numpy as np
 from pto import programs
 from pto.cli.progress import iterate
 from pto.data.buffers import tensor_bytes
+from pto.engine import build_module_graph
 from pto.errors import ExecutionError, UsageError
 from pto.machine.target import Target
 from pto.program import Baseline, CountsTasks, Estimation, Program, Settings, Shape
-from pto.runtime.graph import CompiledProgram
 
 #: graphs up to this many tasks are built for real
 MAX_BUILD_TASKS = 2_000_000
@@ -63,8 +63,8 @@ class _Counter:
         """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
             return self.prog.counts(self.s, shape, adaptive)
-        g = CompiledProgram.get(self.module(shape), adaptive).build_graph(self.prog.scalars(self.s, shape),
-                                                                  count_only=True)
+        g = build_module_graph(self.module(shape), self.prog.scalars(self.s, shape), adaptive, self.s.target,
+                               count_only=True).graph
         try:
             return {"tasks": g.tasks}
         finally:
@@ -73,11 +73,9 @@ class _Counter:
 
 def _build(module, prog: Program, s: Settings, shape: Shape, adaptive: bool) -> dict:
     """Build the whole graph (window 0) and read its counts, peak bytes and build time."""
-    cp = CompiledProgram.get(module, adaptive)
-    scalars = prog.scalars(s, shape)
     t0 = time.perf_counter()
-    g = cp.build_graph(scalars)
-    wall = (time.perf_counter() - t0) * 1e3
+    built = build_module_graph(module, prog.scalars(s, shape), adaptive, s.target)
+    g, wall = built.graph, (time.perf_counter() - t0) * 1e3 - built.compile_ms
     try:
         st = g.stats
         return {"value": shape[prog.swept.name], "tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
