@@ -1,9 +1,9 @@
 """One function per ``pto`` command (:mod:`pto.cli`): the parsed arguments in, an exit status out.
 
-What a command does, above the engine, is its module here: ``pto run`` (:mod:`.run`), ``pto
-codegen`` (:mod:`.codegen`), ``pto estimate`` (:mod:`.estimate`), ``pto graph`` (:mod:`.graph`),
-``pto bench`` (:mod:`.bench`), ``pto tune`` (:mod:`.tune`). Each is imported when its command
-runs, so that the first parse imports no torch.
+What a command does, above the engine, is its module here: ``pto info`` (:mod:`.info`), ``pto
+run`` (:mod:`.run`), ``pto codegen`` (:mod:`.codegen`), ``pto estimate`` (:mod:`.estimate`),
+``pto graph`` (:mod:`.graph`), ``pto bench`` (:mod:`.bench`), ``pto tune`` (:mod:`.tune`). Each
+is imported when its command runs, so that the first parse imports no torch.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _sweep(args, prog, required: bool = True) -> list:
 
 
 def _cmd_info(args) -> int:
-    from pto.machine.device import format_info, info
+    from pto.cli.commands.info import format_info, info
 
     d = info("auto")
     print(json.dumps(d) if args.json else format_info(d))
