@@ -17,7 +17,12 @@ The modules, each one job:
 - :mod:`pto.runtime.loader`: finding and compiling the C sources; the status and state constants;
 - :mod:`pto.runtime.checks`: the argument checks and their rules;
 - :mod:`pto.runtime.lib`: the thin layer, :class:`RuntimeLib`;
-- :mod:`pto.runtime.api`: the Pythonic layer, :class:`Runtime`, and :class:`GraphExport`.
+- :mod:`pto.runtime.api`: the Pythonic layer, :class:`Runtime`, and :class:`GraphExport`;
+- :mod:`pto.runtime.dump`: the text dump, parsed (:func:`~pto.runtime.dump.read_dump`);
+- :mod:`pto.runtime.graph`: a module's generated orchestration C compiled with the runtime
+  (:class:`~pto.runtime.graph.CompiledProgram`) and run into a task graph (:class:`~pto.runtime.graph.Graph`).
+
+The package's front (these names) imports neither the dump nor the graph module.
 """
 
 from __future__ import annotations
