@@ -1,5 +1,5 @@
 """The sum over the ranks by algorithm and message size: where symmetric memory's one-shot and
-two-shot all-reduce beat NCCL's, on this machine and rank count (pto.collectives' limits).
+two-shot all-reduce beat NCCL's, on this machine and rank count (pto.machine.collectives' limits).
 
     torchrun --nproc-per-node 2 bench/allreduce.py [--sizes 4K,16K,...,64M] [--json FILE]
 
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pto import collectives, dist  # noqa: E402
+from pto.machine import collectives, dist  # noqa: E402
 
 SIZES = "4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,64M"
 

@@ -33,8 +33,8 @@ if str(ROOT) not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from pto import programs  # noqa: E402
-from pto.timing import median_ms  # noqa: E402
-from pto.tools.run import run  # noqa: E402
+from pto.cli.commands.run import run  # noqa: E402
+from pto.exec.timing import median_ms  # noqa: E402
 
 #: (label, program, seq, program options)
 CASES = [

@@ -68,9 +68,10 @@ from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
-from pto import collectives, dist, timing  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
+from pto.exec import timing  # noqa: E402
 from pto.ir.dtypes import DType, dtype_of  # noqa: E402
+from pto.machine import collectives, dist  # noqa: E402
 from pto.quant import QTensor  # noqa: E402
 
 
@@ -111,7 +112,7 @@ def parse_tiling(text: str, base: DecodeTiling) -> DecodeTiling | None:
 
 
 def kernel_times(fn, steps: int) -> dict:
-    """What the GPU ran during ``steps`` calls of ``fn`` (:func:`pto.timing.kernel_times`): per
+    """What the GPU ran during ``steps`` calls of ``fn`` (:func:`pto.exec.timing.kernel_times`): per
     kernel name its launches per step and its microseconds per launch, the device's busy time per
     step against the wall time per step (the rest is the gaps between kernels)."""
     per, wall_ms = timing.kernel_times(fn, steps)
@@ -169,7 +170,7 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
 
 
 def _comm(step) -> dict:
-    """The collectives' profile of 8 calls of ``step`` (:func:`pto.timing.comm_profile`), its
+    """The collectives' profile of 8 calls of ``step`` (:func:`pto.exec.timing.comm_profile`), its
     longest kernels as ``comm_kernels``."""
     prof = timing.comm_profile(step, 8, cuda=True)
     return {**{k: v for k, v in prof.items() if k != "kernels"}, "comm_kernels": prof["kernels"]}

@@ -25,11 +25,11 @@ from pto.incore.attention import flash_fused
 
 import pto.backends.triton.backend as backend
 from pto.backends.triton import TritonBackend
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.engine import rel_err
+from pto.exec.timing import median_ms
 from pto.ir.analysis import specialize
 from pto.ir.dtypes import DType
-from pto.timing import median_ms
 
 NH, D, TQ = 32, 128, 128
 SCALE = "0.127517431974411"  # 1/sqrt(128) * log2(e), as the renderer writes it

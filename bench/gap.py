@@ -23,7 +23,7 @@ import re
 import torch
 
 from pto.engine import Runner, rel_err, resolve
-from pto.timing import kernel_times, median_ms
+from pto.exec.timing import kernel_times, median_ms
 
 KINDS = (("gemm", re.compile(r"matmul|gemm|nvjet|xmma|cutlass", re.I)),
          ("attention", re.compile(r"flash|fmha|attention|cudnn", re.I)))
@@ -37,7 +37,7 @@ def kind(name: str) -> str:
 
 def kernels(fn, reps: int) -> dict[str, float]:
     """Milliseconds per run of each kernel name (summed over its launches; memory copies and sets
-    left out), ``reps`` runs (:func:`pto.timing.kernel_times`)."""
+    left out), ``reps`` runs (:func:`pto.exec.timing.kernel_times`)."""
     per, _ = kernel_times(fn, reps)
     return {name: ms for name, (_, ms) in per.items() if not name.startswith(("Memcpy", "Memset"))}
 

@@ -9,7 +9,7 @@ kernel through the Triton backend: one task per 128-row tile, the schedules the 
     python3 bench/gemm_probe.py [--m 16384] [--shapes 4096x4096,4096x11008,11008x4096]
 
 Prints TFLOP/s per variant and shape (the median of 20 launches, each timed by CUDA events:
-:func:`pto.timing.median_ms`).
+:func:`pto.exec.timing.median_ms`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pto.timing import median_ms
+from pto.exec.timing import median_ms
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def pto_gemm(a, b, c, launch: dict | None = None):
 
     from pto import bf16
     from pto.backends.base import get_backend
-    from pto.batch import RegionBatch, TaskBatch
+    from pto.data.batch import RegionBatch, TaskBatch
     from pto.ir.analysis import specialize
     from pto.programs import get
 

@@ -1,7 +1,7 @@
 """Two settings of one program against each other and torch.compile, timed in turn in one process
 (issue 23's choice of ``--fuse-norm-rope``): each variant's task graph built and replayed as a
 CUDA graph, the reference under ``torch.compile`` on the first variant's inputs, all of them timed
-``--iterations`` runs each, round after round (:func:`pto.tools.benchcmd.interleaved`), so that
+``--iterations`` runs each, round after round (:func:`pto.cli.commands.bench.interleaved`), so that
 a drift of the GPU's clocks falls on all alike. A variant is a JSON object of the program's
 options; every variant's result is checked against the reference (its own inputs: a variant that
 folds its weights gets them folded from the same seed).
@@ -22,8 +22,8 @@ import statistics
 
 import torch
 
+from pto.cli.commands.bench import Timing, interleaved, round_medians, round_ratio, spread
 from pto.engine import Runner, rel_err, resolve
-from pto.tools.benchcmd import Timing, interleaved, round_medians, round_ratio, spread
 
 
 def row(args, variants: list[dict], seq: int, timing: Timing) -> dict:

@@ -173,7 +173,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure(name: str, cfg: dict, seq: int, files: tuple[Path, Path], args, device: str) -> dict:
     from pto.engine import Runner, resolve
-    from pto.timing import median_ms
+    from pto.exec.timing import median_ms
 
     cuda = device == "cuda"
     job = resolve("llama", device=device, executor=args.executor, dtype="bf16",

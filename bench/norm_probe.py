@@ -24,11 +24,11 @@ from pto.incore.norm import rms_scale_tile, rmsnorm_tile  # noqa: E402
 from pto.incore.rope import rope_tile  # noqa: E402
 
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.engine import rel_err  # noqa: E402
+from pto.exec.timing import median_ms  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-from pto.timing import median_ms  # noqa: E402
 
 H, HEADS, D, TQ, EPS, REPS = 4096, 32, 128, 128, 1e-6, 20
 LAUNCH = [{"num_warps": w, "num_stages": s, "GROUP": 0} for w, s in itertools.product((4, 8), (2, 3))]

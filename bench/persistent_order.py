@@ -16,40 +16,35 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from pto.backends import get_backend  # noqa: E402
-from pto.buffers import allocate, tensor_shapes  # noqa: E402
-from pto.engine import rel_err, resolve  # noqa: E402
-from pto.exec.persistent import PersistentExecutor  # noqa: E402
-from pto.exec.waves import WaveExecutor  # noqa: E402
-from pto.graph import CompiledProgram  # noqa: E402
-from pto.timing import median_ms  # noqa: E402
+from pto.engine import Placement, Prepared, build_graph, module_of, rel_err, resolve  # noqa: E402
+
+#: the executors compared: (column, executor, its options)
+EXECUTORS = (("waves", "waves", ()), ("list", "persistent", (("order", "list"),)),
+             ("levels", "persistent", (("order", "levels"),)))
 
 
 def measure(mode: str, seq: int, repeat: int) -> dict:
     job = resolve("llama7b", device="cuda", config="7b", dtype="bf16", options={"attention": mode})
     prog, s = job.program, job.settings
-    module = prog.build(s)
-    scalars = prog.scalars(s, prog.shape(seq))
-    graph = CompiledProgram.get(module, target=s.target).build_graph(scalars)
-    inputs = prog.inputs(s, prog.shape(seq), "cuda", seed=seq)
-    ref = prog.reference(s, prog.shape(seq), inputs)["y"]
-    fn = module.entry_function
-    row = {"mode": mode, "seq": seq, "tasks": graph.tasks}
-    for name in ("waves", "list", "levels"):
-        tensors = allocate(fn, tensor_shapes(fn, scalars), inputs, "cuda")
-        backend = get_backend("triton", "cuda", shipped=prog.schedules)  # as pto run: the shipped schedules
-        ex = WaveExecutor(backend, tensors) if name == "waves" else PersistentExecutor(backend, tensors, order=name)
-        ex.run(graph)
-        torch.cuda.synchronize()
-        row[f"{name}_rel_err"] = rel_err(tensors["y"], ref)
-        g = ex.capture()
-        row[f"{name}_ms"] = round(median_ms(g.replay, repeat, warmup=3), 4)
-        ex.check()
-        if name != "waves":
-            row[f"{name}_gap_us"] = ex.report().get("item_gap_us")
-        del g, ex, tensors
+    shape = prog.shape(seq)
+    module = module_of(job, shape)
+    inputs = prog.inputs(s, shape, "cuda", seed=seq)
+    ref = prog.reference(s, shape, inputs)["y"]
+    row = {"mode": mode, "seq": seq}
+    for column, executor, options in EXECUTORS:
+        # the graph as every run builds it; the shipped schedules, as pto run
+        place = Placement("cuda", "triton", executor, schedules=prog.schedules, options=options)
+        run = Prepared(build_graph(job, shape, module=module), place, inputs, packed=prog.packed_inputs(s))
+        try:
+            row["tasks"] = run.graph.tasks
+            row[f"{column}_rel_err"] = rel_err(run()["y"], ref)
+            row[f"{column}_ms"] = run.time(repeat)["replay_ms"]
+            run.executor.check()
+            if executor == "persistent":
+                row[f"{column}_gap_us"] = run.executor.report().get("item_gap_us")
+        finally:
+            run.close()
         torch.cuda.empty_cache()
-    graph.close()
     return row
 
 

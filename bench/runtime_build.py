@@ -34,14 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from pto.cbuild import load_cffi_module  # noqa: E402
+from pto.cache.cbuild import load_cffi_module  # noqa: E402
 from pto.runtime import Runtime, runtime_cdef, runtime_include_dir, runtime_sources  # noqa: E402
 
 BENCH_CDEF = "int bench_llama_build(pto_runtime *rt, int32_t n_tiles, int32_t drain);\n"
 
 
 def load_bench_module():
-    """The runtime plus the synthetic driver, compiled through pto.cbuild."""
+    """The runtime plus the synthetic driver, compiled through pto.cache.cbuild."""
     return load_cffi_module("bench_llama", runtime_cdef() + BENCH_CDEF, '#include "pto_runtime.h"\n',
                             sources=[*runtime_sources(), Path(__file__).with_name("synthetic_llama.c")],
                             include_dirs=[runtime_include_dir()])

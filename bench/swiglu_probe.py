@@ -19,10 +19,10 @@ from pto.incore.matmul import matmul_swiglu_tile, matmul_tile
 
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import for_device
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
+from pto.exec.timing import median_ms
 from pto.ir.analysis import specialize
 from pto.ir.dtypes import DType
-from pto.timing import median_ms
 
 H, FD, TQ = 4096, 11008, 128
 SHIPPED = (Path(__file__).resolve().parents[1] / "orchestration" / "llama" / "schedules",)

@@ -1,6 +1,6 @@
 /* synthetic_llama.c - builds a LLaMA-layer-shaped task graph in C for the runtime benchmark.
  *
- * bench/runtime_build.py compiles this file together with the runtime (pto.cbuild) and calls
+ * bench/runtime_build.py compiles this file together with the runtime (pto.cache.cbuild) and calls
  * bench_llama_build once per graph, because per-task calls from Python would measure
  * Python, not the runtime. The access pattern follows one LLaMA layer with split flash
  * attention over n row tiles of 32 rows (non-causal):

@@ -51,14 +51,14 @@ import sys
 from pathlib import Path
 
 # the single-process run on rank 0 (a cold Triton compile of the 7B layer) keeps the other ranks
-# waiting in a barrier: longer than pto.dist's default timeout allows
+# waiting in a barrier: longer than pto.machine.dist's default timeout allows
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
 import torch  # noqa: E402
 from torch_tp import torch_tp_layer  # noqa: E402  (bench/torch_tp.py, beside this script)
 
-from pto import dist  # noqa: E402
-from pto.timing import comm_profile  # noqa: E402
+from pto.exec.timing import comm_profile  # noqa: E402
+from pto.machine import dist  # noqa: E402
 
 # -- the measurement ------------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _time(fn, args, cuda: bool) -> float:
-    from pto.timing import median_ms
+    from pto.exec.timing import median_ms
 
     dist.barrier()
     return round(median_ms(fn, args.iterations, args.warmup, cuda=cuda), 4)
@@ -134,7 +134,7 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
     ranks = dist.gather(mine)
 
     if rank == 0:  # the single-process runs and the reference, while the other ranks wait
-        from pto.timing import median_ms
+        from pto.exec.timing import median_ms
 
         job1 = resolve("llama7b", device=device, config=args.config, dtype=args.dtype, options=options, tp=1)
         r1 = Runner(job1, seq)

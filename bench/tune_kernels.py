@@ -24,10 +24,10 @@ from pto.incore.attention import flash_fused  # noqa: E402
 from pto.incore.matmul import matmul_swiglu_tile, matmul_tile  # noqa: E402
 
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.exec.timing import median_ms  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-from pto.timing import median_ms  # noqa: E402
 
 BF16 = DType.BF16
 # (bn, bk, num_warps, num_stages, GROUP): around the usual Hopper GEMM shapes and program orders

@@ -6,10 +6,10 @@ import torch
 from pto.incore.softmax import softmax_tile
 
 from pto import Orchestration, Var, cdiv, emin
-from pto.passes.binary_expansion import tile_levels
+from pto.machine.target import Target
+from pto.passes.expansion.binary_expansion import tile_levels
 from pto.passes.tiling import compute_tile_shape
 from pto.program import Program, Settings, ShapeParam, seeded_randn
-from pto.target import Target
 
 CONFIGS = {"tiny": 256, "7b": 4096}  # columns
 CHUNK = 256  # columns a task holds on chip at a time

@@ -17,20 +17,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pto import dist, programs
+from pto import programs
 from pto.backends import capable
 from pto.backends import resolve as resolve_backend
-from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
 from pto.ir.dtypes import DType
+from pto.machine import dist
+from pto.machine.device import resolve_device
+from pto.machine.target import Target
+from pto.machine.target import resolve as resolve_target
 from pto.program import CountsTasks, Program, Settings, Shape
-from pto.target import Target
-from pto.target import resolve as resolve_target
 
 if TYPE_CHECKING:
-    from pto.graph import Graph
     from pto.ir.nodes import Module
+    from pto.runtime.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
     the reference) and the program's scratch (:meth:`Program.scratch_bytes`) on the device, the
     graph (and the tensors of a CPU run) in host memory.
     Without ``execute`` (a graph built only), the graph alone."""
-    from pto.buffers import tensor_bytes
+    from pto.data.buffers import tensor_bytes
 
     fn = module.entry_function
     sizes = tensor_bytes(fn, job.program.scalars(job.settings, shape)) if execute else {}
@@ -183,16 +184,18 @@ class BuiltGraph:
 
 
 #: ``phase(name, unit)``: the part of the work now starting, for a progress report
-#: (:meth:`pto.progress.ProgressLines.phase`); ``unit`` names what it counts (None: nothing)
+#: (:meth:`pto.cli.progress.ProgressLines.phase`); ``unit`` names what it counts (None: nothing)
 Phase = Callable[[str, "str | None"], None]
 
 
 def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool = True,
-                       target: Target | None = None, phase: Phase | None = None) -> BuiltGraph:
+                       target: Target | None = None, phase: Phase | None = None,
+                       count_only: bool = False) -> BuiltGraph:
     """The task graph of ``module`` for ``scalars``: lowered (binary expansion unless not
     ``adaptive``), checked against ``target``'s SRAM, its generated C compiled with the runtime
-    (cached on disk) and run. Nothing is allocated for the tensors and nothing executes."""
-    from pto.graph import CompiledProgram
+    (cached on disk) and run. Nothing is allocated for the tensors and nothing executes; with
+    ``count_only`` the runtime counts the tasks and keeps none (``pto estimate``'s large graphs)."""
+    from pto.runtime.graph import CompiledProgram
 
     if phase is not None:
         phase("compiling the runtime and the generated C", None)
@@ -201,7 +204,7 @@ def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool =
     compile_ms = (time.perf_counter() - t0) * 1e3
     if phase is not None:
         phase("building the graph", None)
-    return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars), compile_ms)
+    return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars, count_only=count_only), compile_ms)
 
 
 def module_of(job: Job, shape: Shape) -> Module:
@@ -237,6 +240,8 @@ class Placement:
     deterministic: bool = False
     progress: Callable | None = None
     schedules: tuple = ()  # the program's shipped schedule folders (Program.schedules)
+    #: the executor's own keyword options as (name, value) pairs (the persistent queue's ``order``)
+    options: tuple[tuple[str, object], ...] = ()
 
 
 class Prepared:
@@ -248,7 +253,7 @@ class Prepared:
     def __init__(self, built: BuiltGraph, place: Placement, inputs: Mapping[str, torch.Tensor] | None = None,
                  packed: tuple[tuple[str, ...], ...] = ()):
         from pto.backends import get_backend
-        from pto.buffers import allocate, placeholders, tensor_shapes
+        from pto.data.buffers import allocate, placeholders, tensor_shapes
         from pto.exec import choose, get_executor
 
         self.built, self.place, self.device = built, place, place.device
@@ -264,7 +269,7 @@ class Prepared:
             backend.launch_overrides.update(backend.uniform_launch(self.graph))
         name = choose(self.graph, self.tensors) if place.executor == "auto" else place.executor
         self.executor = get_executor(name, backend, self.tensors, record=place.record, progress=place.progress,
-                                     **({"sentinel": True} if place.sentinel else {}))
+                                     **({"sentinel": True} if place.sentinel else {}), **dict(place.options))
         self.stats = None
         self.cuda_graph = None
 
@@ -293,7 +298,7 @@ class Prepared:
 
     def time(self, repeat: int) -> dict:
         """Median milliseconds of ``repeat`` replays (CUDA events on the GPU)."""
-        from pto.timing import median_ms
+        from pto.exec.timing import median_ms
 
         mode = self.replay()  # also captures the CUDA graph once
         ms = median_ms(self.replay, repeat, warmup=0, cuda=self.device == "cuda")
@@ -305,7 +310,7 @@ class Prepared:
 
     def close(self) -> None:
         """Free the task graph and the CUDA graph of the replays (a captured NCCL call keeps the
-        process group from being destroyed until the graph is gone: :func:`pto.dist.at_shutdown`)."""
+        process group from being destroyed until the graph is gone: :func:`pto.machine.dist.at_shutdown`)."""
         if self.cuda_graph is not None:
             self.cuda_graph.reset()
             self.cuda_graph = None

@@ -37,7 +37,7 @@ from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import evaluate
 from pto.ir.nodes import Module
-from pto.target import Target
+from pto.machine.target import Target
 
 if TYPE_CHECKING:
     import torch
@@ -211,7 +211,7 @@ class Program:
             raise UsageError(f"{self.name}: --dtype {dt} is a quantized type of weights in memory; a run computes in "
                              f"f32, f16 or bf16{extra}")
         if target is None:
-            from pto.target import detect
+            from pto.machine.target import detect
 
             target = detect(device)
         known = {o.name: o for o in self.options}
@@ -272,8 +272,8 @@ class Program:
         return self.build(s, shape)
 
     def fusion(self, s: Settings, shape: Shape | None = None):
-        """What :func:`pto.passes.fusion.fuse` did to :meth:`written` for :meth:`build` (a
-        :class:`pto.passes.fusion.FusionReport`), or None where the program does not fuse."""
+        """What :func:`pto.passes.fusion.fuse.fuse` did to :meth:`written` for :meth:`build` (a
+        :class:`pto.passes.fusion.fuse.FusionReport`), or None where the program does not fuse."""
         return None
 
     def input_conversions(self, s: Settings) -> list:
@@ -284,7 +284,7 @@ class Program:
 
     def packed_inputs(self, s: Settings) -> tuple[tuple[str, ...], ...]:
         """Groups of inputs that a run allocates in one buffer, those of one shape and dtype
-        stacked by rows (:func:`pto.buffers.placeholders`): the wave executor launches one function's
+        stacked by rows (:func:`pto.data.buffers.placeholders`): the wave executor launches one function's
         tasks over views of one buffer as one batch (:class:`pto.exec.waves.WaveExecutor`); none
         by default."""
         return ()

@@ -2,7 +2,7 @@
 
 :func:`runtime_sources` lists the C files of the runtime, :func:`runtime_cdef` is the cdef
 text (``pto_runtime_api.h`` verbatim) and :func:`runtime_include_dir` the ``-I`` directory;
-pto compiles them with :func:`pto.cbuild.load_cffi_module`, alone or together with generated
+pto compiles them with :func:`pto.cache.cbuild.load_cffi_module`, alone or together with generated
 orchestration C::
 
     load_cffi_module("orch", runtime_cdef() + ORCH_CDEF, '#include "pto_runtime.h"\\n' + ORCH_C,

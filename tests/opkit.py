@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from pto import InCore
+from pto.data.batch import TaskBatch
 from pto.interp.incore import run_incore
 from pto.ir.dtypes import DType
 
@@ -80,11 +81,26 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype: DType, what: str = ""
 AGREE = {DType.F32: (1e-5, 2e-6), DType.F16: (1e-3, 1e-3)}
 
 
+#: the Triton backend of each device that run_incore_triton launches on (one is enough)
+_TRITON: dict[str, object] = {}
+
+
+def run_incore_triton(fn, regions: dict[str, tuple], scalars: dict[str, int] | None = None) -> None:
+    """Run one task through the Triton backend, in place, called as the reference interpreter's
+    :func:`~pto.interp.incore.run_incore` (a specialized function: no dims left)."""
+    from pto.backends.triton import TritonBackend
+
+    assert not fn.dims, f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first"
+    batch = TaskBatch.one(fn, regions, scalars)
+    dev = str(next(iter(batch.mems.values())).tensor.device)
+    if dev not in _TRITON:
+        _TRITON[dev] = TritonBackend(dev)
+    _TRITON[dev].prepare(batch)()
+
+
 def triton_vs_interp(op: str, dst_shape, srcs, dtype: DType, **kw) -> np.ndarray:
     """``op`` through the Triton backend, checked against the reference interpreter; returns
     the Triton result as float64."""
-    from pto.backends.triton import run_incore_triton
-
     got = one_op(op, dst_shape, srcs, dtype, runner=run_incore_triton, **kw)
     want = one_op(op, dst_shape, srcs, dtype, **kw)
     rtol, atol = AGREE[dtype]

@@ -1,13 +1,13 @@
 """The shape of the house: every module of pto imports only in the allowed directions (the table
 below, drawn in docs/ARCHITECTURE.md, "Import directions"), lazy imports inside functions and
-modules named by string for ``importlib`` included; and the IR, builder and text modules stay
-small.
+modules named by string for ``importlib`` included; no module imports itself back through others
+(the import census: no circle); and the IR, builder and text modules stay small.
 
 A module belongs to an area (a folder of pto/, a top-level module, or the programs in incore/
 and orchestration/, which install as ``pto.incore`` and ``pto.orchestration``). An area may
 import itself and the areas its rule names; an entry with a dot names one module of an area
 (``passes.tiling``), not all of it. A new module of pto/ that no area claims fails too, so the
-table stays complete.
+table stays complete. Every folder of pto/ is one area, so no folder spans several rows.
 """
 
 from __future__ import annotations
@@ -24,87 +24,72 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 #: module prefix (without "pto.") -> area; "" is the package front, pto/__init__.py
 AREAS = {
     "": "front",
-    "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
-    "tools.plotting": "plotting", "cachedir": "cachedir", "tools.emit": "engine", "tools.run": "engine",
-    "layout": "layout",
-    "dist": "dist", "collectives": "collectives", "plugins": "plugins",
-    "ir": "ir",
-    "passes": "passes", "text": "text",
-    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers", "quant": "quant",
-    "backends": "backends", "interp": "interp", "evaluator": "evaluator",
-    "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
-    "graph": "graph", "exec": "exec",
-    "program": "program", "programs": "program",
-    "device": "device", "tools.trace": "trace", "viz": "viz", "tools.estimate": "estimate", "safety": "safety",
-    "engine": "engine", "tools.benchcmd": "bench", "tools.tune": "tune", "tools.graphcmd": "graphcmd",
-    "tools": "graphcmd", "cli": "cli",
+    "errors": "errors", "version": "version", "layout": "layout", "plugins": "plugins",
+    "machine": "machine", "cache": "cache",
+    "ir": "ir", "passes": "passes", "text": "text", "builder": "builder", "codegen": "codegen",
+    "data": "data", "quant": "quant", "evaluator": "evaluator", "backends": "backends", "interp": "interp",
+    "runtime": "runtime", "exec": "exec",
+    "program": "program", "programs": "program", "generation": "program",
+    "safety": "safety", "viz": "viz", "engine": "engine", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
     # the generation application: pto generate, above the programs and the engine
-    "generation": "program", "orchestration.llm": "app",
+    "orchestration.llm": "app",
 }
 
-#: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
-#: passes, text, builder, codegen), execution (batches, backends, the interpreter, the runtime,
-#: the graph, the executors), the program interface; above them the tools, the command line and
-#: the programs.
+#: area -> what it may import besides itself. Bottom to top: the foundation, the machine and the
+#: caches, the compiler (IR, passes, text, builder, codegen), execution (the data of a run,
+#: backends, the interpreter, the runtime and its graphs, the executors), the program interface,
+#: what reads a run (safety, viz); above them the engine, the command line and the programs.
 CORE: dict[str, set[str]] = {
     # the foundation: leaves that anything may import
     "errors": set(),
     "version": set(),
-    "timing": set(),
-    "progress": set(),
-    "target": {"errors"},
-    # the figures of --plot (matplotlib)
-    "plotting": {"errors"},
-    # where the caches live ($PTO_CACHE_DIR, checked)
-    "cachedir": {"errors"},
-    # the ranks of a device mesh (torch.distributed's process group) and its collectives
-    "dist": {"errors"},
-    # how a buffer is summed over the ranks: symmetric memory's one-shot and two-shot, or the
-    # process group's, by the message's size and the machine
-    "collectives": {"dist", "errors"},
+    # how incore/, orchestration/ and runtime_c/ import as pto.* in a checkout
+    "layout": set(),
     # the entry points of a group (programs, backends, generators are plugins)
     "plugins": {"errors"},
+    # the machine: targets, the device, the ranks of a mesh and their sums
+    "machine": {"errors"},
+    # where the caches live and the cached cffi compiler
+    "cache": {"errors"},
     # the compiler
     "ir": {"errors"},
-    "passes": {"ir", "target", "errors"},
+    "passes": {"ir", "machine.target", "errors"},
     "text": {"ir", "errors"},
     "builder": {"ir", "text", "passes.tiling", "errors"},
     "front": {"builder", "text", "ir", "errors", "version", "layout"},
-    # how incore/, orchestration/ and runtime_c/ import as pto.* in a checkout
-    "layout": set(),
     "codegen": {"ir", "passes", "errors", "version"},
-    # execution
-    "batch": {"ir", "errors"},
-    "buffers": {"ir", "errors"},
-    # quantized weights on torch tensors: packing, GGUF's blocks, quantizers, dequantization
+    # execution: a run's tensors and batches, quantized weights on torch tensors
+    "data": {"ir", "errors"},
     "quant": {"ir", "errors"},
-    # the reference tile evaluator (the interpreter's and the torch backend's)
-    "evaluator": {"batch", "dist", "ir", "quant", "errors"},
+    # the reference tile evaluator (the interpreter's and the torch backend's); its all-reduce
+    # over the ranks (machine)
+    "evaluator": {"data", "machine", "ir", "quant", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
-    # schedule database, the megakernel (the device's limits come from target), and the cut of a
-    # collective task (passes) around its sum over the ranks (dist, collectives)
-    "backends": {"batch", "cachedir", "codegen", "collectives", "dist", "evaluator", "ir", "passes", "plugins",
-                 "quant", "target", "errors"},
-    "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
-    "cbuild": {"cachedir", "errors"},
-    "runtime": {"cbuild", "errors"},
-    "dump": {"errors"},
-    "graph": {"runtime", "cbuild", "cachedir", "codegen", "passes", "text", "ir", "target", "errors"},
-    "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
-    # what a runnable program is, and the registry of them
-    "program": {"ir", "plugins", "target", "errors"},
+    # schedule database (in the cache), the megakernel (the device's limits come from the
+    # machine), and the cut of a collective task (passes) around its sum over the ranks (machine)
+    "backends": {"data", "cache", "codegen", "machine", "evaluator", "ir", "passes", "plugins", "quant", "errors"},
+    "interp": {"evaluator", "data", "ir", "errors"},
+    # the runtime binding, its dump, and graphs built by running generated C against it
+    "runtime": {"cache", "codegen", "passes", "text", "ir", "machine", "errors"},
+    # the executors, their traces and timings
+    "exec": {"runtime", "backends", "data", "codegen", "ir", "machine", "errors"},
+    # what a runnable program is, the registry of them, what pto generate asks
+    "program": {"ir", "plugins", "machine", "errors"},
+    # what reads a run: who made the first NaN, the trace against the graph, tensors in and out
+    "safety": {"exec", "interp", "backends", "data", "ir", "errors"},
+    # drawings of the runtime's dumps and the figures of --plot
+    "viz": {"runtime.dump", "ir", "errors"},
 }
-#: the tools, in order: each may import the core and the tools before it
-TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune", "graphcmd")
 RULES: dict[str, set[str]] = dict(CORE)
-for _i, _tool in enumerate(TOOLS):
-    RULES[_tool] = set(CORE) | set(TOOLS[:_i])
-RULES["cli"] = set(CORE) | set(TOOLS)
+# the one recipe every command runs by
+RULES["engine"] = set(CORE)
+# the command line: the parser, the checks, each command's implementation, progress
+RULES["cli"] = set(CORE) | {"engine"}
 # the programs are plugins (found through entry points, imported by nothing generic): anything
-# but what runs them (engine, bench, cli); their InCore functions need no orchestration
+# but what runs them (engine, cli); their InCore functions need no orchestration
 RULES["incore"] = set(CORE)
-RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
+RULES["orchestration"] = set(CORE) | {"incore"}
 # the generation application drives the programs' builders through the engine; nothing imports it
 # (pto generate finds it through the pto.generators entry points)
 RULES["app"] = RULES["orchestration"] | {"orchestration", "engine"}
@@ -146,10 +131,11 @@ def _resolve(module: str, base: str, level: int, name: str | None) -> str:
     return base
 
 
-def imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
+def imports(module: str, source: str | None = None, strings: bool = True) -> list[tuple[int, str]]:
     """(line, module of the package) for every import in ``module``'s source, at any depth: lazy
-    imports inside functions count, and so does a string constant that is exactly the name of a
-    module of the package (the tables that ``importlib.import_module`` reads)."""
+    imports inside functions count, and so (with ``strings``) does a string constant that is
+    exactly the name of a module of the package (the tables that ``importlib.import_module``
+    reads)."""
     if source is None:
         source = MODULES[module].read_text()
     out = []
@@ -158,7 +144,7 @@ def imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             out += [(node.lineno, _resolve(module, node.module or "", node.level, a.name)) for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULES \
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULES \
                 and node.value != "pto":
             out.append((node.lineno, node.value))
     return [(line, m) for line, m in out if m == "pto" or m.startswith("pto.")]
@@ -195,6 +181,77 @@ def violations(module: str, source: str | None = None) -> list[str]:
     return out
 
 
+def import_graph() -> dict[str, set[str]]:
+    """The import census: module -> the modules of the package it imports, every import at any
+    depth (inside functions too) and every module named by string for ``importlib``. A string
+    naming the module's own package (an entry-point group named like it: ``"pto.backends"`` in
+    pto/backends/base.py) is no import: a package runs before its modules anyway."""
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        found = {m for _, m in imports(module, strings=False)}
+        found |= {m for _, m in imports(module) if not module.startswith(m + ".")}
+        graph[module] = {m for m in found if m in MODULES and m != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_circles():
+    """No module imports itself back through others, not even from inside a function: a circle
+    broken with a lazy import is still a circle (the facts both sides need go in a module both
+    import, as pto/ir/facts.py does for the verifiers and the analysis)."""
+    found = circles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_census_finds_a_circle_made_by_a_lazy_import():
+    graph = import_graph()
+    graph["pto.ir.facts"] = graph["pto.ir.facts"] | {"pto.ir.analysis"}  # as a lazy import would add
+    assert any({"pto.ir.analysis", "pto.ir.facts", "pto.ir.verify_incore"} <= set(c) for c in circles(graph))
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
 def test_every_module_has_an_area():
     homeless = [f"{p.relative_to(ROOT)} ({m})" for m, p in MODULES.items() if area_of(m) is None]
     assert not homeless, ("modules that no area of tests/test_layering.py claims (add them to AREAS and "
@@ -227,17 +284,19 @@ def test_imports_point_down(module):
 
 
 @pytest.mark.parametrize(("module", "source", "needle"), [
-    ("pto.ir.nodes", "def f():\n    from pto.graph import CompiledProgram\n",
-     "pto/ir/nodes.py:2 imports pto.graph (graph), but ir may import only errors"),
+    ("pto.ir.nodes", "def f():\n    from pto.runtime.graph import CompiledProgram\n",
+     "pto/ir/nodes.py:2 imports pto.runtime.graph (runtime), but ir may import only errors"),
     ("pto.codegen.c_orch", "from pto import InCore\n",
      "pto/codegen/c_orch.py:1 imports pto (front), but codegen may import only errors, ir, passes, version"),
     ("pto.exec.waves", "import pto.interp.incore\n", "pto/exec/waves.py:1 imports pto.interp.incore (interp)"),
-    ("pto.builder.incore", "from pto.passes import binary_expansion\n",
-     "imports pto.passes.binary_expansion (passes), but builder may import only errors, ir, passes.tiling, text"),
+    ("pto.builder.incore", "from pto.passes.expansion import binary_expansion\n",
+     "imports pto.passes.expansion.binary_expansion (passes), but builder may import only errors, ir, passes.tiling"),
     ("pto.backends.base", 'EXECUTORS = {"w": ("pto.exec.waves", "Cls")}\n',
      "pto/backends/base.py:1 imports pto.exec.waves (exec)"),
-    ("pto.tools.estimate", "from pto.orchestration.softmax import PROGRAM\n",
-     "imports pto.orchestration.softmax (orchestration), but estimate may import only"),
+    ("pto.machine.device", "def info():\n    from pto.exec import names\n",
+     "pto/machine/device.py:2 imports pto.exec (exec), but machine may import only errors"),
+    ("pto.viz.dumpgraph", "from pto.runtime import Runtime\n",
+     "pto/viz/dumpgraph.py:1 imports pto.runtime (runtime), but viz may import only errors, ir, runtime.dump"),
     ("pto.orchestration.bgemm", "from pto.engine import run\n",
      "orchestration/bgemm.py:1 imports pto.engine (engine), but orchestration may import only"),
 ])
@@ -332,7 +391,7 @@ def _tree_entries() -> dict[str, str]:
 def test_the_architecture_tree_names_every_module():
     """Every module of pto/, incore/, orchestration/, runtime_c/, tools/ and bench/ is named in
     docs/ARCHITECTURE.md's tree, so the tree cannot drift from the code: a module of a folder of
-    pto/ (``pto/passes/fusion.py``) by its name in that folder's entry (``passes/``), one at the top
+    pto/ (``pto/passes/fusion/fuse.py``) by its name in that folder's entry (``passes/``), one at the top
     of pto/ by its file name in pto's entries (``engine.py``), the others by their name in their
     top folder's entry (``orchestration/`` names ``textgen``). A new module fails here until the
     tree names it."""
@@ -357,6 +416,25 @@ def test_the_architecture_tree_names_every_module():
         if not named:
             missing.append(f"{rel} (name it in the entry {where!r})")
     assert not missing, "modules docs/ARCHITECTURE.md's tree does not name: " + ", ".join(missing)
+
+
+def test_the_architecture_tree_names_nothing_that_is_gone():
+    """Every entry of docs/ARCHITECTURE.md's tree is a folder or module of the checkout (a moved
+    or deleted one fails here until the tree follows), and every folder of pto/ has its entry."""
+    entries = _tree_entries()
+    gone = [e for e in entries if not (ROOT / e).exists()]
+    assert not gone, "docs/ARCHITECTURE.md's tree names what does not exist: " + ", ".join(gone)
+    folders = sorted(f"pto/{d.name}/" for d in (ROOT / "pto").iterdir() if (d / "__init__.py").is_file())
+    missing = [f for f in folders if f not in entries]
+    assert not missing, "folders of pto/ without an entry in docs/ARCHITECTURE.md's tree: " + ", ".join(missing)
+
+
+def test_every_folder_of_pto_is_one_area():
+    """No folder of pto/ spans several rows of the import directions: each is one area (no entry
+    of AREAS claims part of a folder for another area), the application's folder aside."""
+    split = [k for k in AREAS if "." in k and AREAS[k] != AREAS.get(k.split(".")[0]) and k.split(".")[0] in AREAS
+             and k != "orchestration.llm"]
+    assert not split, "folders split between areas: " + ", ".join(split)
 
 
 def test_the_application_sits_above_the_programs_and_nothing_imports_it():

@@ -9,7 +9,7 @@ from pto.orchestration.llama.config import LlamaConfig
 from pto.orchestration.llama.tiling import LlamaTiling
 
 from pto.ir.expr import bx_blocks
-from pto.passes.binary_expansion import closed_form_iterations, height_of_block, tile_levels
+from pto.passes.expansion.binary_expansion import closed_form_iterations, height_of_block, tile_levels
 
 
 def row_tiles(n: int, base: int, top: int) -> list[tuple[int, int]]:

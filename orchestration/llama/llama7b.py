@@ -47,7 +47,7 @@ from pto.orchestration.llama.weights import FOLDED, GATE_UP, folded
 
 from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
-from pto.target import Target
+from pto.machine.target import Target
 
 #: the keys (after RoPE) and the values of every position, ``[S, kv_heads * head_dim]``: outputs
 #: of a module of ``LayerForm(kv_out=True)`` (a prefill fills its decode cache from them)

@@ -25,9 +25,9 @@ from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
 from pto.ir.nodes import Module
-from pto.passes.fusion import FusionReport, fuse
+from pto.machine.target import Target
+from pto.passes.fusion.fuse import FusionReport, fuse
 from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam, seeded_randn
-from pto.target import Target
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
 #: f32, bidirectional, split attention), and the bytes per task of its runtime
@@ -199,7 +199,7 @@ class LlamaProgram(Program):
 
     def seed_settings(self, config: str) -> Settings:
         """The setting of seed 004's table."""
-        from pto.target import get
+        from pto.machine.target import get
 
         return self.settings(config=config, dtype="f32", target=get("ascend910b"), attention="split", causal=False)
 
@@ -300,7 +300,7 @@ class LlamaProgram(Program):
 
 @lru_cache(maxsize=64)
 def fused_layer(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm) -> tuple[Module, FusionReport]:
-    """The layer of ``form`` fused (:func:`pto.passes.fusion.fuse`) and the fusion's report,
+    """The layer of ``form`` fused (:func:`pto.passes.fusion.fuse.fuse`) and the fusion's report,
     once per process and layer description (the module does not depend on the sequence length)."""
     return fuse(build_module(cfg, dt, target, form), target=target)
 

@@ -47,8 +47,8 @@ from pto.orchestration.llama.config import LlamaConfig
 
 from pto.errors import SramError
 from pto.ir.dtypes import DType
-from pto.passes.binary_expansion import tile_levels
-from pto.target import KiB, Target
+from pto.machine.target import KiB, Target
+from pto.passes.expansion.binary_expansion import tile_levels
 
 MAX_RANGE = 4096  # base tiles in one full block of binary expansion (128K tokens of 32 rows)
 

@@ -110,9 +110,9 @@ class Generator:
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
                  executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
                  allreduce_dtype: str = "storage", vocab_parallel: bool = True):
-        from pto import dist
         from pto.engine import placement
-        from pto.target import resolve as resolve_target
+        from pto.machine import dist
+        from pto.machine.target import resolve as resolve_target
 
         self.weights, self.config = weights, weights.config
         self.dtype = dtype

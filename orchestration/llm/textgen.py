@@ -67,9 +67,9 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     from pto.orchestration.model.checkpoint import load_weights
     from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes, quantize_weights, weight_bytes
 
-    from pto import collectives, dist
-    from pto.device import resolve_device
     from pto.ir.dtypes import dtype_of
+    from pto.machine import collectives, dist
+    from pto.machine.device import resolve_device
     from pto.program import default_dtype
 
     _check(req)
@@ -140,7 +140,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
               "step_read_bytes": nbytes["step_read"]}
     out = {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
            "load_ms": load_ms, **result.to_json(), "weights": stored}
-    if req.tp > 1:  # this rank's sums over the ranks, by algorithm (pto.collectives)
+    if req.tp > 1:  # this rank's sums over the ranks, by algorithm (pto.machine.collectives)
         out["collectives"] = dist.counters()
     return out
 

@@ -19,7 +19,9 @@ from the headers before any data is read.
 
 Quantized weights: with a ``keep`` hook (:class:`~.quantized.KeepFileTypes`) the GGUF tensors it
 chooses stay as the file stores them, repacked (:class:`pto.quant.QTensor`, output-major: ``[out,
-in]``); :mod:`.quantized` has the rest (pto's own quantization, dense copies, bytes).
+in]``); what a file's tensors would be stored as, from its headers only, is
+:func:`file_weight_types`; :mod:`.quantized` has the rest (pto's own quantization, dense copies,
+bytes).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import torch
 from pto.orchestration.llama.weights import FLOATS, HF_NAMES, Checkpoint, hf_shapes, layer_names
 from pto.orchestration.model.config import ModelConfig, gguf_config, hf_config
 from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
-from pto.orchestration.model.quantized import KeepFileTypes, file_qtypes
+from pto.orchestration.model.quantized import STACKED, KeepFileTypes, WeightTypes
 
-from pto.quant import QTensor
+from pto.ir.dtypes import dtype_of
+from pto.quant import QTensor, format_of_gguf
 
 #: the layer program's input -> the tensor's name under ``blk.N.`` in a GGUF file
 GGUF_NAMES = {
@@ -182,5 +185,33 @@ def _whole_model_tensor(ck: Checkpoint, name: str, shape: tuple[int, ...]) -> st
                                       if name.startswith("lm_head") else ""))
 
 
+def file_qtypes(f, cfg) -> dict[str, list[tuple[str, str]]]:
+    """Per layer input (``wq``, ..., ``emb``, ``lm_head``) of a GGUF file
+    (:class:`~.gguf_file.GGUFFile`) of configuration ``cfg``: its tensors' (name, GGUF type), in
+    layer order (what :meth:`KeepFileTypes.choose` reads)."""
+    names = {k: [f"blk.{i}.{n}" for i in range(cfg.layers)] for k, n in GGUF_NAMES.items()}
+    names.update(emb=["token_embd.weight"], lm_head=[] if cfg.tied else ["output.weight"])
+    return {k: [(n, f.qtype(n)) for n in ns] for k, ns in names.items()}
+
+
+def file_weight_types(f) -> tuple[WeightTypes, list[str]]:
+    """What the step's weight inputs of a GGUF file are stored as when its types are kept (from
+    the headers only), and the loader's notes."""
+    cfg = gguf_config(f)
+    qtypes = file_qtypes(f, cfg)
+    keep = KeepFileTypes()
+    kept = keep.choose(qtypes)
+    out = {}
+    for kind, ms in STACKED.items():
+        name, qtype = qtypes[ms[0]][0]
+        if name in kept:
+            out[kind] = dtype_of(format_of_gguf(qtype).name)
+    for kind in ("emb", "lm_head"):
+        (name, qtype), = qtypes["emb" if cfg.tied else kind]
+        if name in kept:
+            out[kind] = dtype_of(format_of_gguf(qtype).name)
+    return WeightTypes(tuple(sorted(out.items()))), keep.notes
+
+
 __all__ = ["ModelWeights", "load_weights", "gguf_weights", "hf_weights", "program_layout", "unpermute_rope_rows",
-           "GGUF_NAMES", "HF_NAMES"]
+           "GGUF_NAMES", "HF_NAMES", "file_qtypes", "file_weight_types"]

@@ -58,14 +58,14 @@ from pto.incore.matmul import matmul_residual_tile
 from pto.incore.vocab import argmax_candidates_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights
+from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights, weight_shapes
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
 from pto.orchestration.model.vocab import VocabSplit
 
 from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
-from pto.target import Target
+from pto.machine.target import Target
 
 
 @dataclass(frozen=True)
@@ -410,15 +410,6 @@ class _Step:
         return T
 
 
-def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
-    """One layer's ``(K, N)`` of each stacked weight kind: the layers' blocks are ``K`` rows of
-    ``N`` (``N`` rows of ``K`` when output-major, ``wt``)."""
-    c = cfg.layer
-    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
-    kn = {"w_qkv": (H, QD + 2 * KVD), "wo": (QD, H), "wg": (H, F), "wu": (H, F), "wd": (F, H)}
-    return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
-
-
 # (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "vocab_split", "weight_shapes",
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "vocab_split",
            "allreduce_dtype", "COMBINE_ROWS", "spans", "tile_rows"]

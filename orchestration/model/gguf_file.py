@@ -6,7 +6,7 @@ opened, so that reading the configuration, the tokenizer and the weights of one 
 once. The gguf package's reader takes seconds over the token list of a 50K vocabulary (4.8 s for
 SmolLM2's on a shared 2-core machine: most of ``pto generate``'s start on a warm cache), so what
 it parsed (the metadata's values and where each tensor's data lies) is kept in the cache folder
-(:func:`pto.cachedir.cache_root`, ``gguf/``), keyed by the file's path, size and modification
+(:func:`pto.cache.cachedir.cache_root`, ``gguf/``), keyed by the file's path, size and modification
 time and by the gguf package's version: a later process reads it back in milliseconds and maps
 the tensors' data where the reader would. Tensor data stays memory-mapped until
 :meth:`GGUFFile.tensor` dequantizes it.
@@ -274,7 +274,7 @@ def _header_file(path: Path) -> Path | None:
     """Where the header of the file at ``path`` is kept (None: no usable cache folder)."""
     from importlib.metadata import version
 
-    from pto.cachedir import cache_root
+    from pto.cache.cachedir import cache_root
 
     try:
         st = path.stat()

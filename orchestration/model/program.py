@@ -16,16 +16,9 @@ from dataclasses import replace
 import torch
 from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
-from pto.orchestration.model.checkpoint import ModelWeights
+from pto.orchestration.model.checkpoint import ModelWeights, file_weight_types
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import (
-    DecodeTiling,
-    allreduce_dtype,
-    build_step,
-    tile_rows,
-    vocab_split,
-    weight_shapes,
-)
+from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, vocab_split
 from pto.orchestration.model.gguf_file import is_gguf, open_gguf
 from pto.orchestration.model.quantized import (
     DENSE,
@@ -33,11 +26,11 @@ from pto.orchestration.model.quantized import (
     RANDOM_TYPES,
     KeepFileTypes,
     WeightTypes,
-    file_weight_types,
     for_weights,
     is_quantized,
     quantize_weights,
     random_quantized_weights,
+    weight_shapes,
 )
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
@@ -211,7 +204,7 @@ class ModelProgram(Program):
         task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype;
         and the vocabulary-parallel head's candidates (f32); each twice (symmetric memory's
         one-shot sum, which a step's small sums take on GPUs that have it, writes a second
-        buffer: pto.collectives)."""
+        buffer: pto.machine.collectives)."""
         if s.tp == 1:
             return 0
         split = self._split(s)

@@ -8,11 +8,16 @@ step reads.
 A quantized matrix of :class:`~.checkpoint.ModelWeights` is a :class:`pto.quant.QTensor`,
 output-major (``[out, in]``, as GGUF and ``nn.Linear`` store it: its blocks run along the
 contraction), where a dense one is ``[in, out]``. The decode step stacks each kind of layer
-matrix into one tensor (``w_qkv``: q, k and v; ``wo``, ``wg``, ``wu``, ``wd``), so a kind stays
+matrix into one tensor (``w_qkv``: q, k and v; ``wo``, ``wg``, ``wu``, ``wd``: :data:`STACKED`,
+their shapes :func:`weight_shapes`), so a kind stays
 quantized only where all its matrices have one type that runs natively (Q4_0, Q4_1, Q8_0, Q4_K,
 Q5_K, Q6_K); the others are dequantized at load, and the loader says which and why in one line.
 The embedding and the LM head are two more inputs, each of its own type (a tied model's are one
 tensor).
+
+The checkpoint loader (:mod:`.checkpoint`) and the step's builder (:mod:`.decode`) import this
+module, never the other way: what it makes of a :class:`~.checkpoint.ModelWeights` is a copy
+(:func:`dataclasses.replace`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
+from pto.orchestration.model.config import ModelConfig
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
@@ -121,36 +127,13 @@ class WeightTypes:
 DENSE = WeightTypes()
 
 
-def file_qtypes(f, cfg) -> dict[str, list[tuple[str, str]]]:
-    """Per layer input (``wq``, ..., ``emb``, ``lm_head``) of a GGUF file
-    (:class:`~.gguf_file.GGUFFile`) of configuration ``cfg``: its tensors' (name, GGUF type), in
-    layer order (what :meth:`KeepFileTypes.choose` reads)."""
-    from pto.orchestration.model.checkpoint import GGUF_NAMES
-
-    names = {k: [f"blk.{i}.{n}" for i in range(cfg.layers)] for k, n in GGUF_NAMES.items()}
-    names.update(emb=["token_embd.weight"], lm_head=[] if cfg.tied else ["output.weight"])
-    return {k: [(n, f.qtype(n)) for n in ns] for k, ns in names.items()}
-
-
-def file_weight_types(f) -> tuple[WeightTypes, list[str]]:
-    """What the step's weight inputs of a GGUF file are stored as when its types are kept (from
-    the headers only), and the loader's notes."""
-    from pto.orchestration.model.config import gguf_config
-
-    cfg = gguf_config(f)
-    qtypes = file_qtypes(f, cfg)
-    keep = KeepFileTypes()
-    kept = keep.choose(qtypes)
-    out = {}
-    for kind, ms in STACKED.items():
-        name, qtype = qtypes[ms[0]][0]
-        if name in kept:
-            out[kind] = dtype_of(format_of_gguf(qtype).name)
-    for kind in ("emb", "lm_head"):
-        (name, qtype), = qtypes["emb" if cfg.tied else kind]
-        if name in kept:
-            out[kind] = dtype_of(format_of_gguf(qtype).name)
-    return WeightTypes(tuple(sorted(out.items()))), keep.notes
+def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
+    """One layer's ``(K, N)`` of each stacked weight kind: the layers' blocks are ``K`` rows of
+    ``N`` (``N`` rows of ``K`` when output-major, ``wt``)."""
+    c = cfg.layer
+    H, QD, KVD, F = c.hidden, c.q_dim, c.kv_dim, c.ffn
+    kn = {"w_qkv": (H, QD + 2 * KVD), "wo": (QD, H), "wg": (H, F), "wu": (H, F), "wd": (F, H)}
+    return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
 
 
 def dense(t, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -165,8 +148,6 @@ def dense(t, dtype: torch.dtype | None = None) -> torch.Tensor:
 def dense_weights(w, dtype: torch.dtype | None = None):
     """``w`` with every quantized tensor dequantized (the dense layout; in ``dtype``, by default
     ``w``'s): what the reference model computes with."""
-    from pto.orchestration.model.checkpoint import ModelWeights
-
     dt = dtype or w.dtype
     emb = w.embedding.dequantize(dt) if is_quantized(w.embedding) else w.embedding.to(dt)
     if w.config.tied:
@@ -174,7 +155,7 @@ def dense_weights(w, dtype: torch.dtype | None = None):
     else:
         head = dense(w.lm_head, dt)
     layers = [{k: dense(v, dt) for k, v in layer.items()} for layer in w.layers]
-    return ModelWeights(w.config, emb, w.norm.to(dt), head, layers)
+    return replace(w, embedding=emb, norm=w.norm.to(dt), lm_head=head, layers=layers)
 
 
 def embedding_rows(emb, tokens: torch.Tensor) -> torch.Tensor:
@@ -196,8 +177,6 @@ class LayerDequantizer:
 
     def __init__(self, backend, wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, dtype: DType,
                  launches: bool | None = None):
-        from pto.orchestration.model.decode import weight_shapes
-
         self.backend, self.step, self.cfg, self.dtype = backend, step, cfg, dtype
         #: through the backend's launches (None: where the weights are on a GPU)
         self.use_launches = launches if launches is not None else step["w_qkv"].device.type == "cuda"
@@ -230,7 +209,7 @@ class LayerDequantizer:
     def _prepare(self, kind: str, layer: int):
         from pto.incore.dequantize import dequantize_rows
 
-        from pto.batch import RegionBatch, TaskBatch
+        from pto.data.batch import RegionBatch, TaskBatch
         from pto.ir.analysis import specialize
 
         rows, cols = self.shapes[kind]
@@ -250,8 +229,6 @@ class LayerDequantizer:
 def quantize_weights(w, qtype: str, embedding: bool = False):
     """``w`` with every layer matrix and the LM head (and, with ``embedding``, the embedding;
     a tied head goes with it) quantized by pto to ``qtype`` (fp8, q8_0, q4_0)."""
-    from pto.orchestration.model.checkpoint import ModelWeights
-
     dt = dtype_of(qtype)
     if qtype not in QUANTIZERS:
         raise UsageError(f"--quantize {qtype}: pto quantizes to {', '.join(QUANTIZERS)} (a GGUF file keeps its own "
@@ -267,7 +244,7 @@ def quantize_weights(w, qtype: str, embedding: bool = False):
         head = emb if embedding else w.lm_head
     else:
         head = q(w.lm_head)
-    return ModelWeights(w.config, emb, w.norm, head, layers)
+    return replace(w, embedding=emb, lm_head=head, layers=layers)
 
 
 def _check_blocks(dt: DType, cols: int, what: str) -> None:
@@ -318,8 +295,6 @@ def random_quantized_weights(w, qtype: str, g: torch.Generator, embedding: bool 
     """``w``'s layer matrices and LM head replaced by random blocks of ``qtype`` of the same
     shapes and scale (:func:`random_quantized`; pto's own quantizers where they apply, which are
     faster to make and closer to real weights)."""
-    from pto.orchestration.model.checkpoint import ModelWeights
-
     dt = dtype_of(qtype)
     if qtype in QUANTIZERS:
         return quantize_weights(w, qtype, embedding)
@@ -330,7 +305,7 @@ def random_quantized_weights(w, qtype: str, g: torch.Generator, embedding: bool 
     layers = [{k: q(v) if k in MATRICES else v for k, v in layer.items()} for layer in w.layers]
     emb = random_quantized(dt, *w.embedding.shape, 1.0, g) if embedding else w.embedding
     head = (emb if embedding else w.lm_head) if w.config.tied else q(w.lm_head)
-    return ModelWeights(w.config, emb, w.norm, head, layers)
+    return replace(w, embedding=emb, lm_head=head, layers=layers)
 
 
 def weight_bytes(w) -> dict[str, int]:
@@ -364,7 +339,7 @@ def for_weights(t, wtypes: WeightTypes):
     return out
 
 
-__all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "file_qtypes", "file_weight_types", "STACKED",
+__all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "STACKED", "weight_shapes",
            "MATRICES", "QUANTIZERS", "RANDOM_TYPES", "is_quantized", "dense", "dense_weights", "embedding_rows",
            "LayerDequantizer", "quantize_weights", "random_quantized", "random_quantized_weights",
            "weight_bytes", "for_weights"]

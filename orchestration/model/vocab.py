@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from pto.incore.vocab import candidate_width
 
-from pto import dist
+from pto.machine import dist
 
 
 @dataclass(frozen=True)

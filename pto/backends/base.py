@@ -1,6 +1,6 @@
 """The backend interface and the registry of backends.
 
-A backend turns a :class:`pto.batch.TaskBatch` into a launch: ``launch = backend.prepare(batch)``
+A backend turns a :class:`pto.data.batch.TaskBatch` into a launch: ``launch = backend.prepare(batch)``
 does everything that can be done once (compile, upload the offset table) and ``launch()`` runs
 it. :class:`Backend` declares everything an executor or the engine may call; an executor asks
 what a backend can do (its :attr:`~Backend.capabilities`, :func:`capable`) and never imports a
@@ -24,7 +24,7 @@ from pto import plugins
 from pto.errors import UsageError
 
 if TYPE_CHECKING:  # torch: the command line lists the backends before importing it
-    from pto.batch import TaskBatch
+    from pto.data.batch import TaskBatch
 
 Launch = Callable[[], None]  # with an int attribute ``count``: the device launches it makes
 

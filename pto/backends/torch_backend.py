@@ -7,7 +7,7 @@ host (loop trip counts, parallel extents), so its launches are not captured in C
 from __future__ import annotations
 
 from pto.backends.base import Backend, Launch
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.evaluator.machine import run_incore_batch
 
 

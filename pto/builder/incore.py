@@ -131,7 +131,7 @@ class InCore:
                                  "dim (tile shapes are static; declare it with dim())")
         t = Tile(name, r, c, dtype_of(dtype))
         dims = dict(self._dims)
-        from pto.ir.analysis import tile_shape
+        from pto.ir.facts import tile_shape
 
         rr, cc = tile_shape(t, dims)
         if rr <= 0 or cc <= 0:
@@ -291,7 +291,7 @@ class InCore:
     def build(self, target=None) -> IncoreFunction:
         """Validate the whole function and return it (the builder is closed afterwards).
 
-        With ``target`` (a :class:`pto.target.Target`) the tiles live at the
+        With ``target`` (a :class:`pto.machine.target.Target`) the tiles live at the
         same time must also fit the target's on-chip memory (SramError otherwise)."""
         self._check_open()
         if len(self._stack) != 1:

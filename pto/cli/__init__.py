@@ -1,9 +1,9 @@
-"""The ``pto`` command line: info, run, graph, codegen, estimate, bench, tune, visualize.
+"""The ``pto`` command line: info, run, graph, codegen, estimate, bench, tune, generate, visualize.
 
 The contract: ``--json`` prints one JSON object on stdout and nothing else there; every error a
 user can cause ends with a one-line message on stderr and a non-zero exit, never a traceback or
 a hang (set PTO_DEBUG=1 to see the traceback of an internal error). Long work shows a progress
-bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod:`pto.progress`).
+bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod:`pto.cli.progress`).
 
 - :mod:`.parser`: the parser. The commands that take a PROGRAM add that program's shape
   parameters (``--seq``; a decode step's ``--batch``, ...) and its own options
@@ -13,7 +13,9 @@ bar on a terminal (never with ``--json``) and a line every 10 s into a log (:mod
   name or a generic flag is answered at once; a program's own options are checked once it is
   loaded (which imports torch).
 - :mod:`.checks`: the checks of what the user typed, one line each, before any work.
-- :mod:`.commands`: one function per command; :mod:`.report`: the text they print.
+- :mod:`.commands`: one function per command, and in its modules what each command does above
+  the engine (:mod:`.commands.run`, :mod:`.commands.codegen`, ...); :mod:`.report`: the text
+  they print; :mod:`.progress`: the bars and log lines of long work.
 - :mod:`.main`: :func:`main`, which turns every error into its one line and exit status.
 """
 

@@ -129,7 +129,7 @@ def check_distinct(outputs: dict[str, str | None]) -> None:
 
 def check_output_dir(path: str, what: str) -> None:
     """Fail before any work when an output folder cannot be written: its parent must take a new
-    folder (the output is made beside it, then moved in: :mod:`pto.tools.emit`), and an existing
+    folder (the output is made beside it, then moved in: :mod:`pto.cli.commands.codegen`), and an existing
     folder new files."""
     if not path:
         raise UsageError(f"{what}: the folder name is empty")
@@ -167,7 +167,7 @@ def check_cache(cmd: str | None) -> None:
     """A command that builds graphs needs a usable cache folder: a bad ``PTO_CACHE_DIR`` is one
     line naming it, before any work."""
     if cmd in CACHE_COMMANDS:
-        from pto.cachedir import cache_root
+        from pto.cache.cachedir import cache_root
 
         cache_root()
 

@@ -19,7 +19,7 @@ def _rank_prefix() -> str:
     if "WORLD_SIZE" not in os.environ:  # no launch to read (and no torch to import for a typo)
         return ""
     try:
-        from pto.dist import environment
+        from pto.machine.dist import environment
 
         env = environment()
     except PTOError:

@@ -38,9 +38,10 @@ def _shape_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
 
 
 def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
-    from pto import programs, target
-    from pto.device import DEVICES
+    from pto import programs
     from pto.ir.dtypes import DType
+    from pto.machine import target
+    from pto.machine.device import DEVICES
 
     s.add_argument("program", metavar="PROGRAM", help=f"one of: {', '.join(programs.names())}")
     _shape_args(s, cmd, program)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pto.tools.estimate import describe_columns
+from pto.cli.commands.estimate import describe_columns
 
 
 def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:

@@ -16,7 +16,7 @@ the program can call; ``build`` submits one task per call. On an error ``build``
 runtime's status and stores the index of the failing call in ``failed_call``; ``call_site``
 names it ("call to `rope_tile` (llama7b.py:212)").
 
-Adaptive loops must be lowered first (pto.passes.binary_expansion). A call's callee variant is
+Adaptive loops must be lowered first (pto.passes.expansion.binary_expansion). A call's callee variant is
 chosen at run time among the finitely many its dims can take (a value-set analysis over the
 lets, e.g. the tile heights of the enclosing expanded loops).
 """

@@ -17,15 +17,14 @@ Numerics (the contract the Triton renderer follows too): elementwise, unary, red
 broadcast and mask ops compute in f32 and round to the destination's dtype; matmul multiplies
 the operands in their own dtype and accumulates in ``acc`` (f32 by default); loads return
 ``pad`` outside the region's valid extent; stores skip elements outside it; ``allreduce`` sums
-over the ranks of torch.distributed's default process group in its ``acc`` dtype (:mod:`pto.dist`).
+over the ranks of torch.distributed's default process group in its ``acc`` dtype (:mod:`pto.machine.dist`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from pto.batch import RegionBatch
-from pto.dist import all_reduce
+from pto.data.batch import RegionBatch
 from pto.errors import ExecutionError
 from pto.evaluator.regions import Offset, Regions
 from pto.evaluator.support import (
@@ -42,9 +41,9 @@ from pto.evaluator.support import (
     intra_op_threads,
     loop_vars,
 )
-from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import evaluate
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction, Instr
 from pto.ir.ops import (
     ARITH,
@@ -63,6 +62,7 @@ from pto.ir.ops import (
     UNARY,
     Op,
 )
+from pto.machine.dist import all_reduce
 from pto.quant.planes import dequantize_tiles
 
 #: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of

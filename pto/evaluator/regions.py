@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from pto.batch import RegionBatch
+from pto.data.batch import RegionBatch
 from pto.evaluator.support import arange
 
 

@@ -5,7 +5,8 @@ variant and bindings, launches one batched kernel per group, completes the wave;
 CUDA graph. ``persistent`` (:mod:`pto.exec.persistent`): one persistent Triton kernel takes work
 items from a device queue and waits only on each task's own predecessors. The registry maps
 names to implementations of :class:`pto.exec.base.Executor`; ``auto`` picks one per device and
-backend.
+backend. Beside them: what a run records, written as a Perfetto trace (:mod:`pto.exec.trace`),
+and the timings the engine and the benchmarks share (:mod:`pto.exec.timing`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The executor interface: run a built task graph on a backend, then replay it.
 
-An executor consumes a :class:`pto.graph.Graph` (through the runtime's bulk export,
+An executor consumes a :class:`pto.runtime.graph.Graph` (through the runtime's bulk export,
 :class:`pto.runtime.GraphExport`) and executes its tasks on the tensors of a run with a
 :class:`pto.backends.Backend`. ``run`` executes the graph once (compiling what it needs) and
 keeps what a replay needs; ``replay`` runs it again on the same tensors (the runner copies new

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pto.ir.analysis import staged_bytes, tile_shape
+from pto.ir.analysis import staged_bytes
 from pto.ir.expr import evaluate
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction
 from pto.ir.ops import MATMUL, Op
 

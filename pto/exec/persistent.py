@@ -63,7 +63,7 @@ class PersistentExecutor(Executor):
         return self.kernel.programs
 
     def run(self, graph) -> ExecStats:
-        from pto.target import detect
+        from pto.machine.target import detect
 
         t0 = time.perf_counter()
         talking = sorted({fn.name for fn in graph.variants if has_collective(fn)})

@@ -24,16 +24,16 @@ import numpy as np
 import torch
 
 from pto.backends.base import Backend
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.errors import ExecutionError
 from pto.exec.base import ExecStats, Executor, LaunchRecord, Progress
 from pto.exec.sentinel import TaskFlags, declared_infinities
-from pto.graph import CompiledProgram, Graph
+from pto.exec.timing import median_ms
 from pto.ir.analysis import has_collective, param_access, specialize
 from pto.ir.expr import const_value
 from pto.ir.nodes import IncoreFunction, MemRefParam
 from pto.runtime import Runtime
-from pto.timing import median_ms
+from pto.runtime.graph import CompiledProgram, Graph
 
 
 class _Args:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pto.buffers import allocate, tensor_shapes
+from pto.data.buffers import allocate, tensor_shapes
 from pto.errors import BuildError, ExecutionError, RegionError
 from pto.interp.incore import run_incore
 from pto.ir.analysis import param_access, specialize

@@ -1,5 +1,8 @@
 """Facts derived from an InCore function: which region each memref parameter touches and in
-which direction, tile shapes under given dims, and specialization of dims to values.
+which direction, tile bytes and liveness under given dims, and specialization of dims to values
+(verified: :func:`specialize` runs :func:`pto.ir.verify_incore.verify_incore` on the variant).
+What the body says directly (loop ranges, loads and stores, tile shapes) is :mod:`pto.ir.facts`,
+which the verifiers read too.
 
 These are what make a call's regions correct by construction: the direction (in/out/inout)
 and the extent of every parameter come from the callee's own loads and stores, never from
@@ -12,9 +15,11 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
-from pto.ir.expr import Const, Expr, const_value, emax, evaluate, fold, substitute
-from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, Tile
-from pto.ir.ops import COLLECTIVE, Op
+from pto.ir.expr import Const, Expr, const_value, emax, fold, substitute
+from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
+from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel
+from pto.ir.ops import COLLECTIVE, SIGNATURE, Op
+from pto.ir.verify_incore import verify_incore
 
 
 @dataclass(frozen=True)
@@ -25,59 +30,6 @@ class Access:
     direction: str
     rows: Expr
     cols: Expr
-
-
-def loop_ranges(fn: IncoreFunction) -> dict[str, tuple[Expr, Expr]]:
-    """Inclusive value range of every loop variable and of the parallel axis."""
-    ranges: dict[str, tuple[Expr, Expr]] = {}
-    if fn.parallel is not None:
-        ranges[fn.parallel.var] = (Const(0), fold(fn.parallel.extent - 1))
-
-    def visit(body):
-        for s in body:
-            if isinstance(s, ForRange):
-                lo, _ = bounds(s.lb, ranges)
-                # last value taken: lb + ((ub - lb - 1) // step) * step
-                last = s.lb + ((s.ub - s.lb - 1) // s.step) * s.step
-                _, hi = bounds(last, ranges)
-                ranges[s.var] = (lo, hi)
-                visit(s.body)
-
-    visit(fn.body)
-    return ranges
-
-
-def spanned(tile: Tile, step: int) -> Tile:
-    """The rows of its region a tile loaded with row ``step`` spans: ``(rows - 1) * step + 1``
-    (the tile itself for step 1)."""
-    if step == 1:
-        return tile
-    return replace(tile, rows=fold(tile.rows * Const(step) - Const(step - 1)))
-
-
-def memref_accesses(fn: IncoreFunction):
-    """Yield (memref name, instr, row expr, col expr, tile) for every load and store; a
-    load_scalar reads a 1 x 1 tile of its memref's dtype; a strided load the rows it spans
-    (:func:`spanned`)."""
-
-    tiles = {t.name: t for t in fn.tiles}
-    dtypes = {p.name: p.dtype for p in fn.memrefs}
-
-    def visit(body):
-        for s in body:
-            if isinstance(s, ForRange):
-                yield from visit(s.body)
-            elif s.op is Op.LOAD:
-                mem, row, col = s.srcs
-                yield mem, s, row, col, spanned(tiles[s.dst], int(s.attr("step")))
-            elif s.op is Op.STORE:
-                tile, mem, row, col = s.srcs
-                yield mem, s, row, col, tiles[tile]
-            elif s.op is Op.LOAD_SCALAR:
-                mem, row, col = s.srcs
-                yield mem, s, row, col, Tile(s.dst, Const(1), Const(1), dtypes[mem])
-
-    yield from visit(fn.body)
 
 
 def has_collective(fn: IncoreFunction) -> bool:
@@ -140,16 +92,6 @@ def _max_all(xs: list[Expr]) -> Expr:
     return out
 
 
-def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
-    """Concrete (rows, cols) of a tile under the given dim values."""
-    try:
-        r, c = evaluate(tile.rows, dims), evaluate(tile.cols, dims)
-    except BuildError as e:
-        raise BuildError(f"tile `{tile.name}`: its shape needs {e}") from None
-    return int(r), int(c)
-
-
-
 def substitute_stmt(s, mapping: dict[str, Expr]):
     """Statement ``s`` with the names of ``mapping`` replaced in its scalar operands and loop bounds."""
 
@@ -200,8 +142,6 @@ def specialize(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Incore
         variant=tuple(sorted(values.items())),
         loc=fn.loc,
     )
-    from pto.ir.verify_incore import verify_incore  # it builds on this module's derived facts
-
     verify_incore(spec)
     return spec
 
@@ -297,8 +237,6 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
 
 def instr_reads(ins: Instr) -> set[str]:
     """Tiles an instruction reads (matmul_acc also reads its destination)."""
-    from pto.ir.ops import SIGNATURE
-
     out = {x for k, x in zip(SIGNATURE[ins.op][0], ins.srcs) if k == "T"}
     if ins.op is Op.MATMUL_ACC:
         out.add(ins.dst)

@@ -188,7 +188,7 @@ class Loop:
     with the taller tiles ``tile_levels[p]``; ``var.rows`` is the current tile height.
 
     Merging iterations is only the same program when they are independent; binary expansion
-    proves that (:mod:`pto.passes.independence`). ``reassociate`` is the author's promise that
+    proves that (:mod:`pto.passes.expansion.independence`). ``reassociate`` is the author's promise that
     regions every iteration touches alike (accumulators, scratch) may be merged too: one call
     over the merged tiles equals the calls it replaces up to floating-point re-association."""
 

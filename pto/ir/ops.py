@@ -3,7 +3,7 @@
 The verifier (pto.ir.verify_instr, whose rules the builders apply as statements are added), the
 printer and parser (pto.text), the reference tile evaluator (pto.evaluator, which the interpreter
 and the torch backend run), the Triton renderer (pto.codegen.triton), the fusion passes
-(pto.passes) and the persistent executor's cost model (pto.exec.cost) all branch on these groups
+(pto.passes.fusion) and the persistent executor's cost model (pto.exec.cost) all branch on these groups
 rather than on individual ops, so adding an op means adding it here and to the few tables that
 give it meaning.
 """

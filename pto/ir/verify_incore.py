@@ -9,9 +9,9 @@ runs the same on parsed or hand-made modules.
 from __future__ import annotations
 
 from pto.errors import BuildError
-from pto.ir.analysis import loop_ranges, memref_accesses, tile_shape
 from pto.ir.bounds import bounds
 from pto.ir.expr import Bin, Expr, Var, const_value, evaluate
+from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
 from pto.ir.names import check_name
 from pto.ir.nodes import ForRange, IncoreFunction
 from pto.ir.ops import SCALAR_LOAD

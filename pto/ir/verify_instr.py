@@ -8,9 +8,9 @@ involved, e.g. "`softmax_tile`, add %s, %a, %b (softmax.py:12): tile `a` is 32x1
 from __future__ import annotations
 
 from pto.errors import BuildError
-from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import Expr, is_int_expr
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import IncoreFunction, Instr, MemRefParam, ScalarParam, Tile
 from pto.ir.ops import (
     ATTRS,

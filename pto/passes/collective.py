@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from pto.ir.analysis import instr_reads, tile_shape
+from pto.ir.analysis import instr_reads
 from pto.ir.dtypes import dtype_of
 from pto.ir.expr import Const, Expr, Var
+from pto.ir.facts import tile_shape
 from pto.ir.names import fresh_name
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Tile, walk_instrs
 from pto.ir.ops import COLLECTIVE, Op

@@ -1,6 +1,6 @@
 """SRAM-aware tiling (seed 004, "Dynamic Tiling" and "SRAM Constraint Analysis").
 
-A :class:`pto.target.Target` says how much on-chip memory one InCore task may use and what its
+A :class:`pto.machine.target.Target` says how much on-chip memory one InCore task may use and what its
 vector unit looks like. From it:
 
 - :func:`compute_tile_shape` picks the elementwise tile of a dtype (the seed's "Tile Sizes by
@@ -18,7 +18,7 @@ from pto.errors import SramError
 from pto.ir.analysis import live_tiles_peak, staged_bytes, tile_bytes
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, walk_instrs
-from pto.target import KiB, Target
+from pto.machine.target import KiB, Target
 
 
 def compute_tile_shape(dtype: DType, target: Target) -> tuple[int, int]:

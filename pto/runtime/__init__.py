@@ -7,7 +7,7 @@ into :class:`pto.errors.RuntimeStatusError` whose message is the runtime's last-
 Both only use ``module.ffi`` and ``module.lib`` of a compiled cffi module that contains the
 runtime, so a module that also holds other C (generated orchestration code compiled with
 :func:`runtime_sources`) works too: ``Runtime(lib=that_module)``, and pass ``rt.ptr`` to its
-functions. The text dump that :meth:`Runtime.dump` writes is parsed by :mod:`pto.dump`.
+functions. The text dump that :meth:`Runtime.dump` writes is parsed by :mod:`pto.runtime.dump`.
 Arguments are checked before they reach C (a bad one raises ``RuntimeStatusError`` with status
 ``ERR_INVALID``, never a cffi exception); the status codes ``OK``, ``ERR_*`` and task states
 ``TASK_*`` are attributes of this package, read from the compiled library on first use.
@@ -17,7 +17,12 @@ The modules, each one job:
 - :mod:`pto.runtime.loader`: finding and compiling the C sources; the status and state constants;
 - :mod:`pto.runtime.checks`: the argument checks and their rules;
 - :mod:`pto.runtime.lib`: the thin layer, :class:`RuntimeLib`;
-- :mod:`pto.runtime.api`: the Pythonic layer, :class:`Runtime`, and :class:`GraphExport`.
+- :mod:`pto.runtime.api`: the Pythonic layer, :class:`Runtime`, and :class:`GraphExport`;
+- :mod:`pto.runtime.dump`: the text dump, parsed (:func:`~pto.runtime.dump.read_dump`);
+- :mod:`pto.runtime.graph`: a module's generated orchestration C compiled with the runtime
+  (:class:`~pto.runtime.graph.CompiledProgram`) and run into a task graph (:class:`~pto.runtime.graph.Graph`).
+
+The package's front (these names) imports neither the dump nor the graph module.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The runtime's sources, headers and cdef come from ``runtime_c/build_runtime.py``, found beside
 the installed package (``pto/runtime_c``) or at the top of a source checkout (``runtime_c/``);
-:func:`load_runtime_module` compiles them through :mod:`pto.cbuild` (cached by content hash).
+:func:`load_runtime_module` compiles them through :mod:`pto.cache.cbuild` (cached by content hash).
 
 The status codes (``OK``, ``ERR_INVALID`` ... ``ERR_LIMIT``) and task states (``TASK_OPEN`` ...
 ``TASK_RETIRED``) are the enum constants ``pto_status`` and ``pto_task_state`` of
@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from pto.cbuild import load_cffi_module
+from pto.cache.cbuild import load_cffi_module
 from pto.errors import RuntimeStatusError
 
 _ENUMS = ("pto_status", "pto_task_state")
@@ -46,7 +46,7 @@ def runtime_include_dir() -> Path:
 
 
 def runtime_sources() -> list[Path]:
-    """The runtime's C files, to compile together with other C through :mod:`pto.cbuild`."""
+    """The runtime's C files, to compile together with other C through :mod:`pto.cache.cbuild`."""
     return _build_script().runtime_sources()
 
 

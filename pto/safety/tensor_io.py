@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pto.buffers import tensor_shapes
+from pto.data.buffers import tensor_shapes
 from pto.errors import UsageError
 
 _FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}

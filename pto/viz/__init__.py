@@ -39,6 +39,9 @@ The modules, in pipeline order, each one job:
 - :mod:`pto.viz.choose`: which drawing, by estimate (:func:`summarize`, :func:`to_dot`);
 - :mod:`pto.viz.output`: formats, output checks, running ``dot`` (:func:`render`);
 - :mod:`pto.viz.drawing`: the whole job, measured by graphviz (:func:`draw`, :func:`visualize`).
+
+Beside the drawings, :mod:`pto.viz.plotting` makes the figures of ``--plot`` (``pto estimate``,
+``pto bench``) with matplotlib.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A task-graph dump as the arrays a drawing needs, and every task's dependency level.
 
-:func:`load_dump` reads a dump (:func:`pto.dump.read_dump`, the format of docs/RUNTIME.md) into a
+:func:`load_dump` reads a dump (:func:`pto.runtime.dump.read_dump`, the format of docs/RUNTIME.md) into a
 :class:`DumpGraph`; :func:`compute_levels` gives each task the length of the longest dependency
 chain that ends at it, the column it is drawn in.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pto.dump import read_dump
 from pto.errors import ParseError, UsageError
 from pto.ir.names import base_name
+from pto.runtime.dump import read_dump
 
 
 @dataclass
@@ -48,7 +48,7 @@ class DumpGraph:
 
 
 def load_dump(path: str | Path) -> DumpGraph:
-    """Read a dump (:func:`pto.dump.read_dump`) into arrays.
+    """Read a dump (:func:`pto.runtime.dump.read_dump`) into arrays.
 
     Raises:
         UsageError: the file cannot be read.

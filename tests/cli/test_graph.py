@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pto.cli import main
-from pto.dump import read_dump
+from pto.runtime.dump import read_dump
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
 
@@ -47,14 +47,14 @@ def test_the_dump_is_the_one_run_writes(tmp_path, args):
 @pytest.fixture
 def tripwire(monkeypatch):
     """Executors and the run's tensors refuse to be made."""
-    import pto.buffers
+    import pto.data.buffers
     import pto.exec.base
 
     def refuse(*args, **kwargs):
         raise AssertionError("tripwire: an executor or the run's tensors were made")
 
     monkeypatch.setattr(pto.exec.base.Executor, "__init__", refuse)
-    monkeypatch.setattr(pto.buffers, "allocate", refuse)
+    monkeypatch.setattr(pto.data.buffers, "allocate", refuse)
 
 
 def test_a_graph_whose_run_takes_half_an_hour_is_dumped_without_executing(tripwire, tmp_path, capsys):

@@ -42,7 +42,7 @@ def test_the_cache_dir_is_checked_by_every_user_of_it(tmp_path, monkeypatch):
     """The compiled modules, the Triton sources and the schedules all live under one checked folder."""
     from pto.backends.triton import cache_dir
     from pto.backends.triton.schedules import user_root
-    from pto.cachedir import cache_root
+    from pto.cache.cachedir import cache_root
     from pto.errors import UsageError
 
     monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path / "new" / "cache"))

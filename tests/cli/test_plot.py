@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from pto.errors import UsageError
-from pto.tools.plotting import MAX_LABEL
+from pto.viz.plotting import MAX_LABEL
 
 pytest.importorskip("matplotlib")
 
@@ -57,8 +57,8 @@ def check_readable(fig, panels: int) -> None:
 
 
 def test_estimate_plot_is_readable(tmp_path):
+    from pto.cli.commands.estimate import estimate, plot
     from pto.engine import resolve
-    from pto.tools.estimate import estimate, plot
 
     job = resolve("llama7b", device="cpu", config="7b", dtype="bf16", target="cuda_h100")
     seqs = [1024, 4096, 16384]
@@ -83,8 +83,8 @@ def test_estimate_plot_names_its_axes_and_shows_both_task_lines(tmp_path, settin
     """Issue 43, item 1: the axes and the title name the sequence length (the baseline's runtime
     name, "seed runtime", had taken its place), and the tasks without adaptive tiles stay visible
     where they equal those with them (tiles too tall to merge on an H100 in bf16), said in the legend."""
+    from pto.cli.commands.estimate import estimate, plot
     from pto.engine import resolve
-    from pto.tools.estimate import estimate, plot
 
     job = resolve("llama7b", **settings)
     res = estimate(job.program, [1024, 4096], settings=job.settings)
@@ -106,7 +106,7 @@ def test_estimate_plot_names_its_axes_and_shows_both_task_lines(tmp_path, settin
 
 
 def test_bench_plot_is_readable(tmp_path):
-    from pto.tools.benchcmd import Timing, bench, plot
+    from pto.cli.commands.bench import Timing, bench, plot
 
     res = bench("softmax", [64, 128], compare=("eager",), timing=Timing(iterations=2, warmup=0), device="cpu")
     fig = plot(res, str(tmp_path / "b.png"))
@@ -141,7 +141,7 @@ def test_bench_says_where_the_plot_is(tmp_path):
 def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_name():
     """``--executor auto,waves`` where auto means waves (the CPU; the model program on a GPU):
     one column, not a second run writing over the first."""
-    from pto.tools.benchcmd import Timing, bench
+    from pto.cli.commands.bench import Timing, bench
 
     res = bench("softmax", [64], executors=("auto", "waves"), compare=(), timing=Timing(iterations=1, warmup=0),
                 device="cpu")
@@ -151,7 +151,7 @@ def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_nam
 def test_bench_rounds_time_every_method_in_turn():
     """``rounds``: each method's runs in turn, round after round (sample ``i`` of round ``r`` at
     ``i * rounds + r``), every method warmed first; the row has each method's spread."""
-    from pto.tools.benchcmd import Timing, bench, format_table, interleaved
+    from pto.cli.commands.bench import Timing, bench, format_table, interleaved
 
     calls = []
     timers = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pto.progress import ProgressLines, human_duration
+from pto.cli.progress import ProgressLines, human_duration
 
 #: a line of each phase of a run (issue 43: the phase is named, never "executing" before it runs)
 PHASES = ("compiling the runtime and the generated C", "building the graph", "making the inputs",

@@ -15,12 +15,12 @@ import torch
 
 from pto import InCore, Orchestration, f32
 from pto.errors import RegionError
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
-from pto.passes.binary_expansion import expand_binary
+from pto.machine.target import get as target
+from pto.passes.expansion.binary_expansion import expand_binary
 from pto.programs import get
-from pto.target import get as target
+from pto.runtime.graph import CompiledProgram
 
 GOLDEN = Path(__file__).parent / "golden"
 HAVE_CC = shutil.which("gcc") is not None
@@ -137,7 +137,7 @@ def test_warm_start_runs_no_compiler(tmp_path):
     """A second process finds the compiled module by content hash: with no compiler on the
     PATH it still builds the graph."""
     code = ("from pto.programs import get\n"
-            "from pto.graph import CompiledProgram\n"
+            "from pto.runtime.graph import CompiledProgram\n"
             "p = get('softmax'); o = p.settings()\n"
             "g = CompiledProgram.get(p.build(o)).build_graph(p.scalars(o, p.shape(50)))\n"
             "print(g.tasks)\n")
@@ -152,7 +152,7 @@ def test_warm_start_runs_no_compiler(tmp_path):
 
 def test_executor_any_ready_order_matches_interpreter():
     from pto.backends import get_backend
-    from pto.buffers import allocate, tensor_shapes
+    from pto.data.buffers import allocate, tensor_shapes
     from pto.exec.waves import WaveExecutor
     from pto.interp.orchestration import run_program
 
@@ -172,7 +172,7 @@ def test_executor_any_ready_order_matches_interpreter():
 
 
 def test_bx_functions_agree_between_c_and_python():
-    from pto.cbuild import load_cffi_module
+    from pto.cache.cbuild import load_cffi_module
     from pto.ir.expr import bx_blocks, bx_count, bx_size, bx_start
     from pto.runtime import runtime_include_dir
 

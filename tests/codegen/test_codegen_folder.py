@@ -1,4 +1,4 @@
-"""``pto codegen --out DIR`` owns its folder (pto/tools/emit.py): a folder holding files pto did not
+"""``pto codegen --out DIR`` owns its folder (pto/cli/commands/codegen.py): a folder holding files pto did not
 write is refused (one line naming it and --force), pto's own earlier output is replaced whole (no
 stale kernel of another configuration, no stale ``graph`` binary), ``--force`` writes over the
 rest and keeps it, and a codegen that fails leaves the folder as it was."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pto.tools.emit import MANIFEST, write
+from pto.cli.commands.codegen import MANIFEST, write
 
 
 def codegen(out, *args):

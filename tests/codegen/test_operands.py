@@ -90,7 +90,7 @@ def test_functions_without_the_pattern_are_the_same_object():
 @pytest.mark.interpret
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 def test_the_rewritten_kernel_computes_the_function():
-    from pto.backends.triton import run_incore_triton
+    from tests.opkit import run_incore_triton
 
     fn = squares_in_the_k_loop()
     g = torch.Generator().manual_seed(4)

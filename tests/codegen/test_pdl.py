@@ -109,7 +109,7 @@ def test_interpreter_backend_refuses_pdl(monkeypatch):
 def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     """"auto" by default from compute capability 9.0 on, where kernels are compiled; PTO_PDL
     chooses; a misspelt value is one error; ``pto info`` says which mode a GPU gets."""
-    from pto.device import format_info, info
+    from pto.cli.commands.info import format_info, info
 
     monkeypatch.delenv("PTO_PDL", raising=False)
     assert [pdl_mode(c) for c in ((9, 0), (10, 0), (8, 9), None)] == ["auto", "auto", "", ""]
@@ -124,11 +124,11 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     d = info("cpu")
     assert "pdl" not in d and "dependent launch" not in format_info(d)
     # the GPU branch of `pto info`, with an H100's description in place of a driver's
-    import pto.device
-    import pto.target
+    import pto.cli.commands.info
+    import pto.machine.target
 
-    monkeypatch.setattr(pto.target, "detect", lambda dev: pto.target.get("cuda_h100"))
-    monkeypatch.setattr(pto.device, "resolve_device", lambda dev: "cuda")
+    monkeypatch.setattr(pto.cli.commands.info, "detect", lambda dev: pto.machine.target.get("cuda_h100"))
+    monkeypatch.setattr(pto.cli.commands.info, "resolve_device", lambda dev: "cuda")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     gpu = info("auto")
     assert gpu["pdl"] == "auto"

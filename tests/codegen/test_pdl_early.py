@@ -16,9 +16,9 @@ from pto.incore.gemv import gemv_residual_tile  # noqa: E402
 from pto import InCore  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.codegen.triton.body import early_loads  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.ir.analysis import param_access, specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
@@ -218,10 +218,10 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
 
     from pto.orchestration.model import program as mp
 
-    from pto.buffers import allocate, tensor_shapes
+    from pto.data.buffers import allocate, tensor_shapes
     from pto.engine import resolve
     from pto.exec.waves import WaveExecutor
-    from pto.graph import CompiledProgram
+    from pto.runtime.graph import CompiledProgram
 
     monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=512))
     job = resolve("model", device="cpu", dtype="f32", target="cuda_h100", config="tiny")

@@ -19,9 +19,9 @@ from pto.incore.norm import rmsnorm_tile  # noqa: E402
 from pto.backends.triton import TritonBackend, tma_mode  # noqa: E402
 from pto.backends.triton.launch import LaunchConfig, LaunchGroup, calls, with_descriptors  # noqa: E402
 from pto.backends.triton.tables import descriptor_masks, task_env  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.codegen.triton.tma import tma_memrefs  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402

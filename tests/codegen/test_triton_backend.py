@@ -22,9 +22,9 @@ triton = pytest.importorskip("triton")
 
 from pto import InCore, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
-from pto.backends.triton import TritonBackend, cache_dir, run_incore_triton  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.backends.triton import TritonBackend, cache_dir  # noqa: E402
 from pto.codegen.triton import RenderOptions, render, render_sources  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
@@ -43,7 +43,7 @@ from tests.codegen.tritonkit import (  # noqa: E402,F401 (temp_cache_dir applies
     subnormal_fn,
     temp_cache_dir,
 )
-from tests.opkit import f64, rand, triton_vs_interp  # noqa: E402
+from tests.opkit import f64, rand, run_incore_triton, triton_vs_interp  # noqa: E402
 
 pytestmark = INTERPRETER_ONLY
 R, C = 8, 16

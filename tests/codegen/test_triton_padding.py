@@ -34,15 +34,15 @@ triton = pytest.importorskip("triton")
 
 from pto import InCore, f16, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
-from pto.backends.triton import TritonBackend, run_incore_triton  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton import render  # noqa: E402
 from pto.codegen.triton.common import block_shape  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from tests.codegen.tritonkit import clone_mems, run_batch, temp_cache_dir  # noqa: E402,F401 (applies itself)
-from tests.opkit import rand  # noqa: E402
+from tests.opkit import rand, run_incore_triton  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

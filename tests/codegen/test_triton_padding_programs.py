@@ -26,10 +26,11 @@ from pto.orchestration.llama.config import LlamaConfig  # noqa: E402
 from pto.codegen.triton.common import block_shape  # noqa: E402
 from pto.engine import Runner, execute, rel_err, resolve  # noqa: E402
 from pto.interp.orchestration import iter_tasks  # noqa: E402
-from pto.ir.analysis import specialize, tile_shape  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
+from pto.ir.facts import tile_shape  # noqa: E402
+from pto.machine.target import get as target  # noqa: E402
 from pto.programs import get  # noqa: E402
-from pto.target import get as target  # noqa: E402
 from tests.codegen.tritonkit import compile_both_paths_sm90  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,

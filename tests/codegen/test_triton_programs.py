@@ -16,14 +16,14 @@ triton = pytest.importorskip("triton")
 from pto import InCore, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
 from pto.interp.orchestration import iter_tasks, run_program  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
+from pto.machine.target import get as target  # noqa: E402
 from pto.programs import get  # noqa: E402
-from pto.target import get as target  # noqa: E402
 from tests.codegen.tritonkit import (  # noqa: E402,F401 (temp_cache_dir applies itself)
     INTERPRETER_ONLY,
     carry_fn,

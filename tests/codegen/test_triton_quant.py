@@ -14,12 +14,12 @@ triton = pytest.importorskip("triton")
 from pto.incore.gemv import gemv_norm_swiglu_tile  # noqa: E402
 
 from pto import InCore  # noqa: E402
-from pto.backends.triton import run_incore_triton  # noqa: E402
 from pto.codegen.triton import render  # noqa: E402
 from pto.interp.incore import run_incore  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import QUANTIZED, DType, f32  # noqa: E402
 from tests.codegen.tritonkit import INTERPRETER_ONLY, temp_cache_dir  # noqa: E402,F401
+from tests.opkit import run_incore_triton  # noqa: E402
 from tests.quant.test_load import random_qtensor  # noqa: E402
 
 pytestmark = INTERPRETER_ONLY

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from pto import InCore, emax, emin, eq, f32, land, lor, ne
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.ir.expr import select
 
 #: the marks of a module that hands CPU tensors to the kernels: the Triton interpreter's mode.

@@ -1,6 +1,6 @@
 """Run many tensor-parallel cases in one launch: ``python -m torch.distributed.run
 --nproc-per-node N tests/dist/driver.py CASES.json OUT_DIR`` (or plain ``python`` for tp = 1
-without a process group). Each case is a dict of :func:`pto.tools.run.run`'s program options plus
+without a process group). Each case is a dict of :func:`pto.cli.commands.run.run`'s program options plus
 ``seq`` (the shape: an int for the program's first shape parameter, or a dict), ``seed`` and
 ``name``; every rank runs every case in the same order (the collectives match), rank 0 saves each
 case's outputs to OUT_DIR/NAME.safetensors and writes the results (``pto run --json``'s object
@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pto import dist
-from pto.tools.run import run
+from pto.cli.commands.run import run
+from pto.machine import dist
 
 
 def main(cases_file: str, out_dir: str) -> int:

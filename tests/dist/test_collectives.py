@@ -1,4 +1,4 @@
-"""The choice of a sum's algorithm (pto.collectives): by size where symmetric memory runs, the
+"""The choice of a sum's algorithm (pto.machine.collectives): by size where symmetric memory runs, the
 process group's where it does not (the CPU, gloo), forced by PTO_COLLECTIVES, and the one-line
 errors of what cannot be. The sums themselves over gloo: tests/dist/test_tp_ranks.py; over NCCL
 and symmetric memory on two GPUs: tests/gpu/test_tp_gpu.py."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pto import collectives, dist
-from pto.collectives import GROUP, ONE_SHOT, TWO_SHOT, Limits, choose
 from pto.errors import UsageError
+from pto.machine import collectives, dist
+from pto.machine.collectives import GROUP, ONE_SHOT, TWO_SHOT, Limits, choose
 
 LIMITS = Limits(one_shot=1024, two_shot=8192)
 

@@ -160,7 +160,7 @@ def test_shutdown_releases_what_holds_captured_graphs_before_leaving_the_group(t
     """``dist.shutdown`` calls the releases registered with ``at_shutdown`` (once each, however
     often registered) while the process group still exists, then leaves it (a one-rank gloo
     group in this process)."""
-    from pto import dist
+    from pto.machine import dist
 
     seen = []
 

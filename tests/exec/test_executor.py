@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from pto.backends import get_backend
-from pto.buffers import allocate, tensor_shapes
+from pto.data.buffers import allocate, tensor_shapes
 from pto.exec.waves import WaveExecutor as Executor
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import run_program
+from pto.machine.target import get as target
 from pto.programs import get
-from pto.target import get as target
+from pto.runtime.graph import CompiledProgram
 
 
 def _setup(attention: str, seq: int):
@@ -68,7 +68,7 @@ def test_projections_over_views_of_one_buffer_launch_as_one_batch(config, merged
     """With the q, k and v weights in one buffer (LlamaProgram.packed_inputs: with as many
     key/value heads as query heads) the three projections are one launch per row-tile height;
     the result equals the reference interpreter's, as with separate buffers."""
-    from pto.buffers import placeholders
+    from pto.data.buffers import placeholders
 
     prog = get("llama7b")
     opts = prog.settings(config=config, target=target("x86_64"))
@@ -142,7 +142,7 @@ def test_runner_is_cached_by_shape_and_replays_new_inputs():
     """With --repeat the prepared graph (a CUDA graph on the GPU) is reused while the shapes stay
     the same; replays read the new inputs from the runner's static buffers."""
     from pto import engine
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     engine.clear_runners()
     try:

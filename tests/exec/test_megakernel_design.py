@@ -16,8 +16,8 @@ from pto import programs
 from pto.codegen.triton.megakernel import render_megakernel
 from pto.exec.order import Dag, levels, list_schedule, streams
 from pto.exec.plan import make_plan, written_tensors
-from pto.graph import CompiledProgram
-from pto.target import get as target
+from pto.machine.target import get as target
+from pto.runtime.graph import CompiledProgram
 
 
 def _random_dag(rng, n: int, p: float) -> Dag:

@@ -14,8 +14,8 @@ from pto.backends.triton.schedules import ScheduleDB
 from pto.codegen.triton.megakernel import fit_megakernel, render_megakernel, stage_bytes
 from pto.errors import ResourceError
 from pto.exec.plan import make_plan
-from pto.graph import CompiledProgram
-from pto.target import get as target
+from pto.machine.target import get as target
+from pto.runtime.graph import CompiledProgram
 from tests.sm90 import compile_sm90, megakernel_job
 
 H100_SHARED = 232448  # bytes of shared memory a block may opt in to on an H100 (227 KiB)
@@ -93,7 +93,7 @@ def test_stage_bytes_counts_the_tiles_a_loop_loads():
     # a 128 x 64 activation tile and a 64 x N-block weight tile per K step, bf16
     a = next(t for t in gemm.tiles if t.name == "a")
     bt = next(t for t in gemm.tiles if t.name == "bt")
-    from pto.ir.analysis import tile_shape
+    from pto.ir.facts import tile_shape
 
     expect = sum(np.prod(tile_shape(t, dict(gemm.variant))) * 2 for t in (a, bt))
     assert stage_bytes(gemm) == expect

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pto import InCore, cdiv, f32
-from pto.batch import RegionBatch
+from pto.data.batch import RegionBatch
 from pto.evaluator.machine import run_incore_batch
 from pto.ir.expr import Var, as_expr
 

@@ -1,4 +1,4 @@
-"""pto.tools.trace on real executions: the Chrome/Perfetto trace-event JSON is well formed, has one
+"""pto.exec.trace on real executions: the Chrome/Perfetto trace-event JSON is well formed, has one
 complete event per task on named lanes, and its flow arrows are exactly the graph's
 dependencies (or the first ``max_flows`` of them, which ``write_trace`` reports so that the
 command line can say so)."""
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pto.tools.trace
+import pto.exec.trace
 from pto import viz
-from pto.dump import read_dump
 from pto.errors import UsageError
 from pto.exec import LaunchRecord
+from pto.runtime.dump import read_dump
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "taskgraphs"
 
@@ -142,7 +142,7 @@ def split_dump(tmp_path_factory) -> Path:
 def test_flow_cap_is_reported(split_dump, tmp_path):
     recs, edges = _records_by_level(split_dump)
     assert len(edges) == 5728
-    info = pto.tools.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=10)
+    info = pto.exec.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=10)
     assert (info.flows, info.dependencies, info.capped, info.tasks, info.batches) == (10, 5728, True, 2096, len(recs))
     assert info.note == "trace: first 10 of 5,728 dependency arrows drawn"
     trace = json.loads(Path(info.path).read_text(encoding="utf-8"))
@@ -158,19 +158,19 @@ def test_flow_cap_is_reported(split_dump, tmp_path):
              for _, p in sorted(v["flows"].items())]
     assert drawn == edges[:10]
     # the default cap, then no cap
-    info = pto.tools.trace.write_trace(tmp_path / "t.json", recs, edges=edges)
+    info = pto.exec.trace.write_trace(tmp_path / "t.json", recs, edges=edges)
     assert info.note == "trace: first 5,000 of 5,728 dependency arrows drawn" and info.max_flows == 5000
-    info = pto.tools.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=6000)
+    info = pto.exec.trace.write_trace(tmp_path / "t.json", recs, edges=edges, max_flows=6000)
     assert (info.flows, info.capped, info.note) == (5728, False, None)
     assert len(validate(json.loads((tmp_path / "t.json").read_text()))["flows"]) == 5728
 
 
 def test_flow_note_and_max_flows():
-    assert pto.tools.trace.flow_note(5000, 21696) == "trace: first 5,000 of 21,696 dependency arrows drawn"
-    assert pto.tools.trace.flow_note(12, 12) is None and pto.tools.trace.flow_note(0, 0) is None
+    assert pto.exec.trace.flow_note(5000, 21696) == "trace: first 5,000 of 21,696 dependency arrows drawn"
+    assert pto.exec.trace.flow_note(12, 12) is None and pto.exec.trace.flow_note(0, 0) is None
     for bad in (-1, 2.5, True, None):
         with pytest.raises(UsageError, match="max_flows"):
-            pto.tools.trace.trace_events([], max_flows=bad)
+            pto.exec.trace.trace_events([], max_flows=bad)
 
 
 def test_softmax_trace_without_edges(tmp_path):
@@ -184,11 +184,11 @@ def test_softmax_trace_without_edges(tmp_path):
 def test_trace_without_graph_and_empty():
     recs = [LaunchRecord(0, "f__R32", np.array([3, 4]), 1000, 5000),
             LaunchRecord(1, "g", np.array([5]), 6000, 7000)]
-    t = pto.tools.trace.trace_events(recs)
+    t = pto.exec.trace.trace_events(recs)
     v = validate(t)
     assert [e["name"] for e in v["lanes"][1]] == ["f", "g"]
     assert v["lanes"][1][1]["ts"] == 5.0 and v["lanes"][1][1]["dur"] == 1.0
-    empty = pto.tools.trace.trace_events([])
+    empty = pto.exec.trace.trace_events([])
     validate(empty)
     assert empty["otherData"]["tasks"] == 0
 

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("attention", ["fused", "pair", "split"])
 def test_tiny_layer_triton_matches_reference(attention):
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     res = run("llama7b", seq=333, config="tiny", device="cuda", backend="triton", dtype="bf16",
               attention=attention, check=True)
@@ -26,7 +26,7 @@ def test_family_layers_on_triton(config, attention, executor):
     """Grouped-query attention and the sliding window on the GPU's compiled kernels (the
     interpreter neither runs bf16 nor fuses multiply-adds): at 333 tokens the 64-key window
     leaves whole rows of the first kv tiles masked, where a huge window bias once gave inf."""
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     res = run("llama", seq=333, config=config, device="cuda", backend="triton", executor=executor, dtype="bf16",
               attention=attention, check=True)
@@ -34,7 +34,7 @@ def test_family_layers_on_triton(config, attention, executor):
 
 
 def test_f32_programs_on_triton():
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     for prog in ("softmax", "bgemm"):
         res = run(prog, seq=333, config="tiny", device="cuda", backend="triton", dtype="f32", check=True)
@@ -42,7 +42,7 @@ def test_f32_programs_on_triton():
 
 
 def test_7b_layer_bf16_and_graph_replay():
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", dtype="bf16",
               attention="fused", check=True, repeat=3)
@@ -56,7 +56,7 @@ def test_nan_constants_survive_relaunch():
     import math
 
     from pto import InCore, f32
-    from pto.backends.triton import run_incore_triton
+    from tests.opkit import run_incore_triton
 
     k = InCore("nan_paths")
     x, y = k.memref("x", f32), k.memref("y", f32)
@@ -94,7 +94,7 @@ def test_persistent_executor_matches_waves(attention):
 
 
 def test_persistent_7b_layer_replays_as_a_cuda_graph():
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", executor="persistent",
               dtype="bf16", attention="fused", check=True, repeat=3)
@@ -126,7 +126,7 @@ def test_persistent_wait_is_bounded_on_the_gpu():
 def test_tune_rejects_a_wrong_candidate_on_the_gpu(tmp_path):
     """tf32 for an f32 GEMM is fast and wrong beyond f32's tolerance: pto tune never keeps it."""
     from pto.backends.triton.schedules import ScheduleDB
-    from pto.tools.tune import Search, tune
+    from pto.cli.commands.tune import Search, tune
 
     db = ScheduleDB(torch.cuda.get_device_name(0), user_dir=tmp_path)
     space = {"gemm_tile": [{"input_precision": "tf32"}, {"num_warps": 4, "num_stages": 2}]}
@@ -171,8 +171,8 @@ def test_a_multiplied_tile_read_otherwise_is_right_at_every_pipeline_depth(stage
     (pto/codegen/triton/operands.py); the f32 result is as close to float64 as its f32 sums
     allow (K = 4096 terms: a few 1e-6)."""
     from pto.backends.triton import TritonBackend
-    from pto.batch import RegionBatch, TaskBatch
     from pto.codegen.triton import RenderOptions
+    from pto.data.batch import RegionBatch, TaskBatch
     from pto.engine import rel_err
     from pto.ir.dtypes import DType
     from tests.codegen.test_operands import squares_in_the_k_loop
@@ -201,10 +201,10 @@ def test_a_multiplied_tile_read_otherwise_is_right_at_every_pipeline_depth(stage
 
 
 def test_kernel_times_counts_each_kernel_per_call():
-    """pto.timing.kernel_times (the benchmarks' per-kernel profile): a call of two products and
+    """pto.exec.timing.kernel_times (the benchmarks' per-kernel profile): a call of two products and
     one add launches at least those three kernels, a whole number of each per call, each a
     positive time, together within the call's wall time."""
-    from pto.timing import kernel_times
+    from pto.exec.timing import kernel_times
 
     g = torch.Generator(device="cuda").manual_seed(0)
     a, b = (torch.randn(1024, 1024, device="cuda", generator=g) for _ in range(2))

@@ -86,8 +86,8 @@ def test_a_kernel_too_big_for_shared_memory_is_one_error_naming_it():
     """Operands of one dot that no pipelining depth fits: one ResourceError naming the kernel,
     the resource, the settings and where they came from, before any launch."""
     from pto import InCore, f32
-    from pto.backends.triton import run_incore_triton
     from pto.errors import ResourceError
+    from tests.opkit import run_incore_triton
 
     k = InCore("big_dot")
     a, b, c = k.memref("a", f32), k.memref("b", f32), k.memref("c", f32)

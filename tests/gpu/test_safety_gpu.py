@@ -36,8 +36,8 @@ def test_out_of_memory_is_refused_before_allocating_with_the_numbers():
     """The 7B layer at a million tokens needs several times the GPU's memory: refused by the
     estimate (tensors on the device), nothing allocated, the need and what is free in the
     message (what torch.cuda.mem_get_info reports)."""
+    from pto.cli.commands.run import run
     from pto.errors import UsageError
-    from pto.tools.run import run
 
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -94,9 +94,9 @@ def test_ctrl_c_during_a_gpu_run_exits_cleanly(tmp_path, executor):
 
 def _sentinel_run(module, scalars, inputs, executor):
     from pto.backends import get_backend
-    from pto.buffers import allocate, tensor_shapes
+    from pto.data.buffers import allocate, tensor_shapes
     from pto.exec import get_executor
-    from pto.graph import CompiledProgram
+    from pto.runtime.graph import CompiledProgram
     from pto.safety.blame import blame, nonfinite_summary
 
     graph = CompiledProgram.get(module).build_graph(scalars)

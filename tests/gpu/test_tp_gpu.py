@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pto.timing import is_comm_kernel
+from pto.exec.timing import is_comm_kernel
 from tests.dist import driver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900),
@@ -128,7 +128,7 @@ def test_decode_sums_by_size_through_symmetric_memory_or_nccl(tp, tmp_path):
     through NCCL, ``symm`` by one-shot (only where it runs); every mode within 1e-4 of the
     reference and giving tp = 1's token and position (f32: the sums' orders differ by a few ulps,
     the logits' margins are far wider), the ranks issuing the same sums."""
-    from pto import collectives
+    from pto.machine import collectives
 
     symm = collectives.machine().usable
     for batch in ("1", "3"):

@@ -46,7 +46,7 @@ CASES = [  # rows, step, start, region rows: inside, overhanging, a tile of 3 ro
 def _runners():
     out = [("interp", run_incore)]
     if os.environ.get("TRITON_INTERPRET") == "1":
-        from pto.backends.triton import run_incore_triton
+        from tests.opkit import run_incore_triton
         out.append(("triton", run_incore_triton))
     return out
 

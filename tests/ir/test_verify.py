@@ -28,7 +28,7 @@ from pto.ir.names import base_name, variant_name
 from pto.ir.nodes import Instr, Module, RegionBinding
 from pto.ir.ops import Op
 from pto.ir.verify_orch import verify_orch
-from pto.passes.binary_expansion import expand_binary, strip_adaptive
+from pto.passes.expansion.binary_expansion import expand_binary, strip_adaptive
 from pto.programs import get, names
 
 BASE = """\

@@ -22,8 +22,8 @@ from pto.interp.orchestration import run_program
 from pto.ir.expr import evaluate
 from pto.ir.nodes import If, Loop, Module
 from pto.ir.verify import verify_module
-from pto.passes.binary_expansion import expand_binary
-from pto.passes.fusion import FusionReport, fuse
+from pto.passes.expansion.binary_expansion import expand_binary
+from pto.passes.fusion.fuse import FusionReport, fuse
 
 REL = 1e-5  # f32 re-association of sums of at most a few hundred positive terms
 

@@ -9,7 +9,7 @@ over ``S - 9`` trips), fused to run only then.
 from __future__ import annotations
 
 from pto import Orchestration, Var, cdiv, f32
-from pto.passes.fusion import fuse
+from pto.passes.fusion.fuse import fuse
 from pto.program import Program, Settings, ShapeParam
 from tests.passes.fusion_programs import KERNELS
 

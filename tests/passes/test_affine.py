@@ -1,4 +1,4 @@
-"""The prover of ``e >= 0`` (pto.passes.affine): sound on random forms with floor divisions,
+"""The prover of ``e >= 0`` (pto.passes.expansion.affine): sound on random forms with floor divisions,
 min and max over a ranged variable and an unranged one (a run-time scalar), checked by
 evaluating them at every value of the range and at scalars from -15 to 15."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from pto.ir.expr import Const, Var, emax, emin, evaluate
-from pto.passes.affine import Prover
+from pto.passes.expansion.affine import Prover
 
 
 def _form(rng: random.Random, depth: int = 0):

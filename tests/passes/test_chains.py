@@ -1,4 +1,4 @@
-"""Fusion candidates (pto.passes.chains): loops whose calls carry a region from iteration to
+"""Fusion candidates (pto.passes.fusion.chains): loops whose calls carry a region from iteration to
 iteration, found on the LLaMA layer's split and pair attention and on small programs written for
 each rule, and none where no region is carried."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pto import InCore, Orchestration, f32, programs
-from pto.passes.chains import find_chains
-from pto.target import get
+from pto.machine.target import get
+from pto.passes.fusion.chains import find_chains
 
 
 def _fn(name: str, params: tuple[str, ...], writes: tuple[str, ...]):
@@ -107,8 +107,8 @@ def test_the_llama_layers_kv_loop_carries_the_online_softmax_state(attention, ca
 def test_pto_graph_reports_the_chains():
     """``pto graph`` (build only) lists them: in its JSON report and one line each in its text; with
     the fusion on (the default) it lists what was fused instead, and no chain is left."""
+    from pto.cli.commands.graph import build_only, format_report
     from pto.engine import resolve
-    from pto.tools.graphcmd import build_only, format_report
 
     res = build_only(resolve("llama7b", device="cpu", options={"attention": "pair", "fuse": False}), 100)
     (c,) = res["fusable"]

@@ -16,12 +16,12 @@ from pto.incore.collective import allreduce_residual_tile, allreduce_tile, matmu
 
 from pto import InCore
 from pto.backends.triton.collective import capturable, native_split, parts
-from pto.batch import RegionBatch, TaskBatch
-from pto.collectives import SumBuffers
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.evaluator.machine import run_incore_batch
 from pto.ir.analysis import specialize
 from pto.ir.dtypes import DType, bf16, f32
 from pto.ir.verify_incore import verify_incore
+from pto.machine.collectives import SumBuffers
 from pto.passes.collective import split_collective
 
 

@@ -17,16 +17,16 @@ from hypothesis import strategies as st
 from pto import InCore, Orchestration, emax, emin, f32, format_module, parse_module
 from pto.codegen.c_orch import generate_c
 from pto.errors import BuildError, ParseError
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks, run_program
 from pto.ir.expr import bx_blocks
-from pto.passes.binary_expansion import (
+from pto.passes.expansion.binary_expansion import (
     closed_form_iterations,
     expand_binary,
     has_adaptive,
     height_of_block,
     strip_adaptive,
 )
+from pto.runtime.graph import CompiledProgram
 
 BASE = 4
 LEVELS = {0: BASE, 2: 8, 4: 16, 8: 16}

@@ -22,11 +22,11 @@ from pto import InCore, Orchestration, cdiv, emax, emin, f32, format_module
 from pto.backends import get_backend
 from pto.errors import BuildError
 from pto.exec import get_executor
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import Specializer, resolve_call, run_program
 from pto.ir.expr import evaluate, select
 from pto.ir.nodes import If, Let, Loop, Module
-from pto.passes.binary_expansion import expand_binary
+from pto.passes.expansion.binary_expansion import expand_binary
+from pto.runtime.graph import CompiledProgram
 
 C0 = 2  # column block width
 CM = 2 * C0  # column margin (a column shift of up to -2 blocks stays inside)

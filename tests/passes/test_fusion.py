@@ -1,4 +1,4 @@
-"""Automatic task fusion (pto.passes.fusion): fused programs compute bit-exactly what the written
+"""Automatic task fusion (pto.passes.fusion.fuse): fused programs compute bit-exactly what the written
 ones compute, on random orchestration programs with chains and on the LLaMA layer's split and
 pair attention; what cannot be proved is refused with its reason."""
 
@@ -13,7 +13,7 @@ from pto import InCore, Orchestration, f32, programs
 from pto.engine import execute
 from pto.ir.nodes import walk_calls
 from pto.ir.verify import verify_module
-from pto.passes.fusion import fuse
+from pto.passes.fusion.fuse import fuse
 from tests.passes.test_expansion_semantics import build, random_plan, run
 
 
@@ -177,8 +177,8 @@ def test_a_fused_function_that_does_not_fit_the_target_is_refused():
     """The sliding-window split layer fused over merged kv steps needs more live tiles than the
     CPU target's 48 KiB: that fusion is refused with the numbers, and the chain steps over base
     tiles instead (each fused function the program runs fits)."""
-    from pto.graph import CompiledProgram
-    from pto.target import get as target
+    from pto.machine.target import get as target
+    from pto.runtime.graph import CompiledProgram
 
     prog, s = _llama("tiny-swa", "split")
     fm, rep = fuse(prog.written(s), target=target("x86_64"))

@@ -10,8 +10,8 @@ from pto import InCore, Orchestration, cdiv, emin, f32
 from pto.errors import BuildError
 from pto.interp.orchestration import run_program
 from pto.ir.expr import evaluate
-from pto.passes.binary_expansion import expand_binary
-from pto.passes.fusion import fuse
+from pto.passes.expansion.binary_expansion import expand_binary
+from pto.passes.fusion.fuse import fuse
 
 
 def _same(m, scalars: dict, merge: bool = False):

@@ -24,11 +24,11 @@ from pto.backends import get_backend
 from pto.engine import execute
 from pto.errors import BuildError
 from pto.exec import get_executor
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import run_program
 from pto.ir.expr import format_expr
 from pto.ir.nodes import RegionBinding
-from pto.passes.binary_expansion import expand_binary, strip_adaptive
+from pto.passes.expansion.binary_expansion import expand_binary, strip_adaptive
+from pto.runtime.graph import CompiledProgram
 from tests.passes.test_expansion_semantics import (
     REFUSAL,
     SAFE,

@@ -8,8 +8,8 @@ from pto.orchestration.llama.tiling import flash_sram_bytes, flash_tile_rows
 
 from pto import InCore, bf16, f16, f32
 from pto.errors import SramError
+from pto.machine.target import KiB, get
 from pto.passes.tiling import check_sram, compute_tile_shape
-from pto.target import KiB, get
 
 
 @pytest.mark.parametrize("target,dtype,shape", [

@@ -15,9 +15,9 @@ from pto.errors import BuildError, ExecutionError, SramError
 from pto.interp.incore import run_incore
 from pto.ir.analysis import live_tiles_peak, specialize
 from pto.ir.dtypes import QUANTIZED, DType, bf16, f32
+from pto.machine.target import get as get_target
 from pto.passes.tiling import check_sram
 from pto.quant import QTensor
-from pto.target import get as get_target
 from tests.quant.test_formats import BY_GGUF, from_gguf, random_blocks
 
 

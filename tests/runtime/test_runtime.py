@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pto.dump import read_dump
 from pto.errors import ParseError, RuntimeStatusError
 from pto.runtime import (
     ERR_INVALID,
@@ -35,6 +34,7 @@ from pto.runtime import (
     Runtime,
     load_runtime_module,
 )
+from pto.runtime.dump import read_dump
 
 Access = tuple[str, int, int, int, int, int]
 Program = list[list[Access]]
@@ -1032,11 +1032,11 @@ def test_dump_to_unwritable_path(mod, tmp_path: Path):
 
 
 # ------------------------------------------------------------------------------------------
-# pto.cbuild: the cached cffi compiler the runtime is loaded through
+# pto.cache.cbuild: the cached cffi compiler the runtime is loaded through
 # ------------------------------------------------------------------------------------------
 
 def test_cbuild_caches_and_reports_compiler_errors(tmp_path, monkeypatch):
-    from pto import cbuild
+    from pto.cache import cbuild
     from pto.errors import BuildError
 
     monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path))

@@ -20,10 +20,10 @@ import torch
 
 from pto import programs
 from pto.backends import get_backend
-from pto.buffers import allocate, tensor_shapes
+from pto.data.buffers import allocate, tensor_shapes
 from pto.engine import Runner, resolve
 from pto.exec.waves import WaveExecutor
-from pto.graph import CompiledProgram
+from pto.runtime.graph import CompiledProgram
 from pto.safety.determinism import RUN_OPTIONS, breaking, guarantee
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -157,7 +157,7 @@ def test_deterministic_launch_settings_are_the_megakernels():
     from pto.backends.triton import TritonBackend, merged
     from pto.backends.triton.megakernel import branch_configs
     from pto.exec.plan import make_plan
-    from pto.target import get as target
+    from pto.machine.target import get as target
 
     prog = programs.get("llama7b")
     s = prog.settings(device="cuda", config="tiny", dtype="bf16", target=target("cuda_h100"), attention="split")

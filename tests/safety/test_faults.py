@@ -151,7 +151,7 @@ _RACE = textwrap.dedent("""
     go = Path(sys.argv[1])
     while not go.exists():
         time.sleep(0.001)
-    from pto.cbuild import load_cffi_module
+    from pto.cache.cbuild import load_cffi_module
     src = "int pto_race_add(int a, int b) { return a + b + %d; }\\n"
     mod = load_cffi_module("race", "int pto_race_add(int a, int b);", src % int(sys.argv[2]))
     print(mod.lib.pto_race_add(2, 3))

@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from pto.backends import get_backend
-from pto.buffers import allocate, tensor_shapes
+from pto.data.buffers import allocate, tensor_shapes
 from pto.engine import Runner, execute, resolve
 from pto.exec import get_executor
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
+from pto.runtime.graph import CompiledProgram
 from pto.safety import NonFiniteError
 from pto.safety.blame import blame, nonfinite_summary
 from tests.safety import programs

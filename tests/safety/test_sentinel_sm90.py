@@ -12,8 +12,8 @@ from pto.backends.triton import TritonBackend
 from pto.codegen.triton.megakernel import render_megakernel
 from pto.exec.plan import make_plan
 from pto.exec.sentinel import declared_infinities
-from pto.graph import CompiledProgram
-from pto.target import get as target
+from pto.machine.target import get as target
+from pto.runtime.graph import CompiledProgram
 from tests.sm90 import compile_sm90, megakernel_job
 
 

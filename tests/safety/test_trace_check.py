@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from pto.backends import get_backend
-from pto.buffers import allocate, tensor_shapes
+from pto.data.buffers import allocate, tensor_shapes
 from pto.engine import Runner, resolve
 from pto.errors import ExecutionError
 from pto.exec.base import LaunchRecord
 from pto.exec.waves import WaveExecutor
-from pto.graph import CompiledProgram
+from pto.runtime.graph import CompiledProgram
 from pto.safety.trace_check import check_schedule, task_intervals, verify_schedule
 
 PROGRAMS = [("softmax", {}), ("bgemm", {}), ("llama7b", {"attention": "fused"}), ("llama7b", {"attention": "pair"}),

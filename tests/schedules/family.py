@@ -14,9 +14,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFunction]:
     """``(variant name, kernel digest) -> function`` of every variant the family runs."""
-    from pto.graph import CompiledProgram
+    from pto.machine.target import get as target
     from pto.programs import get
-    from pto.target import get as target
+    from pto.runtime.graph import CompiledProgram
 
     prog = get("llama7b")
     out: dict[tuple[str, str], IncoreFunction] = {}

@@ -72,9 +72,9 @@ def test_stale_entries_are_ignored_and_explained(tmp_path):
 def test_one_variant_name_keeps_an_entry_per_kernel_source(tmp_path):
     """LLaMA-3-8B's flash attention has LLaMA-2-7B's variant name but reads each key/value head
     for 4 query heads: another kernel. Tuning one must not evict the other's entry."""
-    from pto.graph import CompiledProgram
+    from pto.machine.target import get as target
     from pto.programs import get
-    from pto.target import get as target
+    from pto.runtime.graph import CompiledProgram
 
     prog = get("llama7b")
     kernels = {}
@@ -156,7 +156,7 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
     is noise; what must hold: every candidate was checked and timed, what is stored is the
     fastest candidate and faster than what ran before (else nothing is stored), and the
     database answers with it."""
-    from pto.tools.tune import Search, tune
+    from pto.cli.commands.tune import Search, tune
 
     db = _db(tmp_path, "cpu")
     space = {"gemm_tile": [{"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 3}]}
@@ -196,8 +196,8 @@ def test_tune_stores_the_fastest_correct_candidate_and_keeps_it_when_interrupted
 
 
 def _gemm_of(result):
-    from pto.graph import CompiledProgram
     from pto.programs import get
+    from pto.runtime.graph import CompiledProgram
 
     prog = get("bgemm")
     s = prog.settings()
@@ -209,7 +209,7 @@ def test_a_wrong_candidate_is_never_kept():
     """The acceptance check on real outputs: a result off by more than the dtype's tolerance is
     rejected, one within it accepted (on a GPU, tf32 for an f32 GEMM is such a candidate:
     tests/gpu)."""
-    from pto.tools.tune import accept
+    from pto.cli.commands.tune import accept
 
     g = torch.Generator().manual_seed(0)
     ref = {"c": torch.randn(64, 64, generator=g)}
@@ -251,9 +251,9 @@ def test_launch_settings_are_typed_and_name_where_a_bad_one_came_from():
 
 
 def test_the_old_keywords_of_tune_and_bench_say_where_they_went():
+    from pto.cli.commands.bench import bench
+    from pto.cli.commands.tune import tune
     from pto.errors import UsageError
-    from pto.tools.benchcmd import bench
-    from pto.tools.tune import tune
 
     with pytest.raises(UsageError, match=r"tune: budget_s go in search=Search\(...\)"):
         tune("bgemm", [40], budget_s=1, device="cpu")
@@ -270,8 +270,8 @@ def test_the_tuner_tries_persistent_tile_loops_only_on_kernels_that_multiply_lar
     from pto.incore.norm import rmsnorm_tile
 
     from pto import bf16
+    from pto.cli.commands.tune import space
     from pto.ir.analysis import specialize
-    from pto.tools.tune import space
 
     gemm = specialize(matmul_tile(bf16, 128, 4096, 4096, 256, 64), {"R": 128, "K": 4096, "N": 4096})
     plain = space(gemm)
@@ -317,7 +317,7 @@ def test_a_warp_specialized_loop_loads_nothing_before_its_wait(mode, early):
 
     from pto import bf16
     from pto.backends.triton import TritonBackend
-    from pto.batch import RegionBatch, TaskBatch
+    from pto.data.batch import RegionBatch, TaskBatch
     from pto.ir.analysis import specialize
 
     gemm = specialize(matmul_tile(bf16, 128, 4096, 4096, 256, 64), {"R": 128, "K": 4096, "N": 4096})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pto.errors import UsageError
-from pto.target import NAMED, KiB, detect, get, resolve
+from pto.machine.target import NAMED, KiB, detect, get, resolve
 
 
 def test_named_targets():

@@ -11,8 +11,8 @@ from pto import parse_expr, parse_module
 from pto.errors import BuildError, ParseError, UsageError
 from pto.ir.analysis import specialize
 from pto.ir.expr import Const, Var, binop, emax, emin, evaluate, select
+from pto.machine.target import get as target
 from pto.programs import get, names
-from pto.target import get as target
 from pto.text import format_expr, format_module
 
 PROGRAMS = names()

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from pto import viz
-from pto.dump import read_dump
 from pto.errors import ParseError, PTOError, UsageError
+from pto.runtime.dump import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "taskgraphs"

@@ -12,11 +12,11 @@
 The kernels' source comes from :mod:`pto.codegen.triton`.
 """
 
-from pto.backends.triton.backend import TritonBackend, pdl_mode, run_incore_triton, tma_mode
+from pto.backends.triton.backend import TritonBackend, pdl_mode, tma_mode
 from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import cache_dir, load_kernel
 from pto.backends.triton.megakernel import MAX_POLLS, Megakernel, MegakernelSettings
 from pto.backends.triton.tables import build_table, even_masks
 
-__all__ = ["TritonBackend", "pdl_mode", "tma_mode", "run_incore_triton", "LaunchConfig", "merged", "triton_error",
+__all__ = ["TritonBackend", "pdl_mode", "tma_mode", "LaunchConfig", "merged", "triton_error",
            "cache_dir", "load_kernel", "Megakernel", "MegakernelSettings", "MAX_POLLS", "build_table", "even_masks"]

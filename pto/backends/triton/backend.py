@@ -46,14 +46,14 @@ from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
 from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
-from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
 from pto.codegen.triton.tma import tma_memrefs
-from pto.collectives import SumBuffers
+from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
+from pto.machine.collectives import SumBuffers
 
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
@@ -414,23 +414,4 @@ def aligned(col0, cols) -> torch.Tensor:
     return (c0 % ALIGN == 0) & (w % ALIGN == 0)
 
 
-_DEFAULT: dict[str, TritonBackend] = {}
-
-
-def run_incore_triton(fn: IncoreFunction, regions: dict[str, tuple],
-                      scalars: dict[str, int] | None = None) -> None:
-    """Run one task through the Triton backend, in place: ``regions[p] = (tensor, row0, col0,
-    rows, cols)``; scalars are ints (as the reference interpreter's ``run_incore``)."""
-    if fn.dims:
-        raise ExecutionError(f"`{fn.name}` still has dims {dict(fn.dims)}; specialize it first")
-    mems = {}
-    for name, (t, r0, c0, nr, nc) in regions.items():
-        mems[name] = RegionBatch(t, *(torch.tensor([int(v)], device=t.device) for v in (r0, c0, nr, nc)))
-    dev = next(iter(regions.values()))[0].device
-    sc = {k: torch.tensor([int(v)], device=dev) for k, v in (scalars or {}).items()}
-    be = _DEFAULT.get(str(dev))
-    if be is None:
-        be = _DEFAULT[str(dev)] = TritonBackend(dev)
-    be.prepare(TaskBatch(fn, mems, sc, 1))()
-
-__all__ = ["TritonBackend", "pdl_mode", "run_incore_triton"]
+__all__ = ["TritonBackend", "pdl_mode"]

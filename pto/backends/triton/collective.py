@@ -3,13 +3,13 @@
 :func:`pto.passes.collective.split_collective` cuts a collective InCore function at its
 all-reduce. The batch's launch is the first part's kernel (every task writes its tile, in the
 sum's dtype, to its own rows of one buffer), one sum of the whole buffer over the ranks
-(:func:`pto.collectives.all_reduce`: by the message's size symmetric memory's one-shot or
+(:func:`pto.machine.collectives.all_reduce`: by the message's size symmetric memory's one-shot or
 two-shot all-reduce, or the process group's NCCL), and the second part's kernel (every task
 reads its summed tile back and goes on). Nothing waits for the host, so a CUDA graph captures
 the batch with the rest of the step when the process group's backend can be captured (NCCL).
 A function the pass does not split runs through the torch evaluator as before.
 
-``PTO_COLLECTIVES`` (:func:`pto.collectives.mode`) forces an algorithm, or ``evaluator`` keeps
+``PTO_COLLECTIVES`` (:func:`pto.machine.collectives.mode`) forces an algorithm, or ``evaluator`` keeps
 every collective on the evaluator (to compare); ``PTO_COLLECTIVE_CHUNKS`` sets how many parts a
 batch's sum goes in (:func:`chunks`).
 """
@@ -21,18 +21,18 @@ from dataclasses import dataclass
 
 import torch
 
-from pto import collectives, dist
-from pto.batch import RegionBatch, TaskBatch
+from pto.data.batch import RegionBatch, TaskBatch
 from pto.errors import UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
+from pto.machine import collectives, dist
 from pto.passes.collective import CollectiveSplit, split_collective
 
 MODES = collectives.MODES
 
 
 def mode() -> str:
-    """``PTO_COLLECTIVES`` (:func:`pto.collectives.mode`)."""
+    """``PTO_COLLECTIVES`` (:func:`pto.machine.collectives.mode`)."""
     return collectives.mode()
 
 
@@ -56,7 +56,7 @@ def capturable(variants) -> bool:
 class CollectiveParts:
     """A collective batch cut in two: the first part's batch writes ``send`` (task t rows ``[t R,
     (t + 1) R)``), the sum leaves the result in ``recv`` (``send`` itself but for one-shot), the
-    second part's batch reads it; the sum by ``algorithm`` (:data:`pto.collectives.ALGORITHMS`)."""
+    second part's batch reads it; the sum by ``algorithm`` (:data:`pto.machine.collectives.ALGORITHMS`)."""
 
     send: torch.Tensor
     recv: torch.Tensor
@@ -71,7 +71,7 @@ def parts(batch: TaskBatch, split: CollectiveSplit, env: dict, allocate: bool = 
     around a sum by ``algorithm`` (:class:`CollectiveParts`). ``allocate=False``: empty buffers
     (to count launches).
 
-    ``pool``: the buffers are the front of the pool's (:class:`pto.collectives.SumBuffers`),
+    ``pool``: the buffers are the front of the pool's (:class:`pto.machine.collectives.SumBuffers`),
     grown when too small, so that the batches of one backend share them: a batch's second part
     has read them (on the executor's stream, after every chunk's sum) before the next batch's
     first part writes them. Symmetric memory's algorithms send from its buffer; one-shot sums
@@ -111,7 +111,7 @@ def _shape(batch: TaskBatch, split: CollectiveSplit, env: dict) -> tuple[int, in
 
 
 def algorithm(batch: TaskBatch, split: CollectiveSplit, env: dict) -> str:
-    """The sum's algorithm for ``batch`` (:func:`pto.collectives.choose`): one for all its
+    """The sum's algorithm for ``batch`` (:func:`pto.machine.collectives.choose`): one for all its
     chunks, chosen by the largest chunk's bytes, symmetric memory only where every chunk's view
     of the buffer is aligned for it and its kernels sum the dtype. Every rank chooses the same
     (the same batches, the same group)."""

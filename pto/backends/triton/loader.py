@@ -15,12 +15,12 @@ import tempfile
 import types
 from pathlib import Path
 
-from pto.cachedir import cache_root
+from pto.cache.cachedir import cache_root
 from pto.codegen.triton import RenderedKernel
 from pto.errors import ExecutionError
 
 _MODULES: dict[str, object] = {}  # digest -> imported kernel module (shared by all backends)
-log = logging.getLogger("pto.cache")  # repairs of cache entries (as pto.cbuild's)
+log = logging.getLogger("pto.cache")  # repairs of cache entries (as pto.cache.cbuild's)
 
 
 def cache_dir() -> Path:

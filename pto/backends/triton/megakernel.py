@@ -235,7 +235,7 @@ class Megakernel:
 
     def _sram(self) -> int:
         """Shared memory per multiprocessor (the target's)."""
-        from pto.target import detect
+        from pto.machine.target import detect
 
         return detect("cuda", self.device.index or 0).sram_bytes
 
@@ -262,7 +262,7 @@ class Megakernel:
 
     def _resident_on_gpu(self) -> int:
         """The compiled kernel's programs the GPU holds at once (its compile info recorded)."""
-        from pto.target import detect
+        from pto.machine.target import detect
 
         tg = detect("cuda", self.device.index or 0)
         consts = self.consts()

@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pto.cachedir import cache_root
+from pto.cache.cachedir import cache_root
 from pto.errors import UsageError
 
 FORMAT = 1

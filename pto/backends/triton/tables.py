@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from pto.batch import TaskBatch
 from pto.codegen.triton import RenderedKernel, access_bounds
+from pto.data.batch import TaskBatch
 from pto.errors import BuildError, ExecutionError
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction

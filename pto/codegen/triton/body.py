@@ -37,9 +37,10 @@ from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
-from pto.ir.analysis import instr_reads, loop_ranges, substitute_stmt
+from pto.ir.analysis import instr_reads, substitute_stmt
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
+from pto.ir.facts import loop_ranges
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
 from pto.ir.quant import FORMATS

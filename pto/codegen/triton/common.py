@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from pto.errors import BuildError
-from pto.ir.analysis import tile_shape
 from pto.ir.dtypes import DType
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction
 
 # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)

@@ -43,9 +43,10 @@ from pto.codegen.triton.common import (
     kernel_name,
 )
 from pto.errors import BuildError
-from pto.ir.analysis import loop_ranges, memref_accesses, specialize, tile_shape
+from pto.ir.analysis import specialize
 from pto.ir.bounds import bounds
 from pto.ir.expr import Expr
+from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
 from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 

@@ -55,7 +55,7 @@ from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
 from pto.errors import ResourceError
-from pto.ir.analysis import tile_shape
+from pto.ir.facts import tile_shape
 from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import Op
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from pto.codegen.triton.common import _loops, block_shape
 from pto.errors import BuildError
-from pto.ir.analysis import loop_ranges, tile_shape
 from pto.ir.bounds import bounds
 from pto.ir.expr import Bin, const_value
+from pto.ir.facts import loop_ranges, tile_shape
 from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 

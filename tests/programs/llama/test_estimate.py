@@ -11,11 +11,11 @@ import time
 import pytest
 from pto.orchestration.llama.program import SEED_ROWS
 
+from pto.cli.commands.estimate import MAX_BUILD_EDGES, MAX_BUILD_TASKS, estimate, format_table
 from pto.errors import UsageError
-from pto.graph import CompiledProgram
+from pto.machine.target import get as target
 from pto.programs import get
-from pto.target import get as target
-from pto.tools.estimate import MAX_BUILD_EDGES, MAX_BUILD_TASKS, estimate, format_table
+from pto.runtime.graph import CompiledProgram
 
 
 def test_seed_setting_reproduces_the_seed_rows():
@@ -199,7 +199,7 @@ def test_options_only_for_programs_that_have_them():
 
 
 def test_bad_plot_path_and_too_long_sequence_fail_before_any_work(monkeypatch, tmp_path):
-    import pto.tools.estimate as est
+    import pto.cli.commands.estimate as est
 
     def no_work(*a, **k):
         raise AssertionError("computed before rejecting the arguments")

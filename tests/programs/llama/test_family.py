@@ -21,14 +21,14 @@ from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import reference_layer
 from pto.orchestration.llama.tiling import LayerForm
 
+from pto.cli.commands.run import run
 from pto.engine import execute, rel_err
 from pto.errors import UsageError
-from pto.graph import CompiledProgram
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
+from pto.machine.target import get as target
 from pto.programs import get
-from pto.target import get as target
-from pto.tools.run import run
+from pto.runtime.graph import CompiledProgram
 
 SWA = CONFIGS["tiny-swa"]  # 8 query heads, 2 kv heads of 32, window 64
 

@@ -16,10 +16,10 @@ import torch
 from pto.orchestration.llama.hf import load_hf_config, parse_hf_config
 from pto.orchestration.llama.reference import rope_tables
 
+from pto.cli.commands.run import run
 from pto.engine import execute, rel_err
 from pto.ir.dtypes import DType
 from pto.programs import get
-from pto.tools.run import run
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,11 +8,11 @@ import pytest
 from pto.orchestration.llama.config import CONFIGS
 from pto.orchestration.llama.counts import closed_form
 
-from pto.graph import CompiledProgram
+from pto.cli.commands.run import run
 from pto.interp.orchestration import iter_tasks
 from pto.ir.dtypes import DType
 from pto.programs import get
-from pto.tools.run import run
+from pto.runtime.graph import CompiledProgram
 
 SEQS = [1, 31, 100, 333, 1000]
 
@@ -108,7 +108,7 @@ def test_whole_row_tiles_run_one_tile_height():
     """Whole row tiles: every task of a function has the q tile's height (one kernel a phase on
     a GPU), where adaptive tiles add residual tiles of the base height; auto picks whole for a
     GPU target only."""
-    from pto.target import get as target
+    from pto.machine.target import get as target
 
     prog = get("llama7b")
     variants = {}
@@ -135,7 +135,7 @@ def test_norm_chunks_on_a_hopper_sized_gpu():
     width in the fewest (masked) steps; two rows a program. Elsewhere the old tiling."""
     from pto.orchestration.llama.tiling import _divisor, choose_tiling
 
-    from pto.target import get as target
+    from pto.machine.target import get as target
 
     assert [_divisor(n, 4096) for n in (4096, 8192, 5120, 6144, 1536, 3200, 576)] == \
         [4096, 4096, 1024, 2048, 512, 4096, 1024]

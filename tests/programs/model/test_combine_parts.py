@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pto.tools.run import run
+from pto.cli.commands.run import run
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -42,7 +42,7 @@ def test_the_combine_task_reading_every_part_at_once_matches_float64(parts, used
     if runner == "triton" and not INTERP:
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
     if runner == "triton":
-        from pto.backends.triton import run_incore_triton as run_fn
+        from tests.opkit import run_incore_triton as run_fn
     else:
         run_fn = run_incore
     heads, D, h = 3, 16, 2

@@ -209,7 +209,7 @@ def test_run_reports_the_checkpoint_it_ran(tmp_path):
     the reference model on the file's weights; --config beside --weights is one line."""
     from pto.orchestration.model.config import load_config
 
-    from pto.tools.run import run
+    from pto.cli.commands.run import run
 
     tiny_model(tied=True).save_pretrained(tmp_path)
     res = run("model", device="cpu", weights=str(tmp_path), cache=64, check=True)

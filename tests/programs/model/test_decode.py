@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
+from pto.cli.commands.run import run
 from pto.engine import rel_err
-from pto.tools.run import run
 from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -174,8 +174,8 @@ def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
     """``pto estimate model``'s KV cache and Read/step columns against the tensors a run makes:
     the cache is k_cache and v_cache; a step reads every weight but the embedding (a row per
     sequence) and the cache. Untied (tiny-swa: its own LM head) and bf16."""
+    from pto.cli.commands.estimate import estimate
     from pto.engine import resolve
-    from pto.tools.estimate import estimate
 
     for config in ("tiny", "tiny-swa"):
         res = estimate("model", [64], config=config, dtype="bf16", shape={"batch": 3})
@@ -203,8 +203,8 @@ def test_estimate_calibrates_only_on_caches_the_step_can_hold():
     refused before any build."""
     from pto.orchestration.model.program import CONFIGS, tiling_for
 
+    from pto.cli.commands.estimate import estimate
     from pto.errors import UsageError
-    from pto.tools.estimate import estimate
 
     chunk = tiling_for(CONFIGS["smollm2-135m"]).chunk
     res = estimate("model", [1024], config="smollm2-135m", dtype="bf16", target="cuda_h100")
@@ -217,8 +217,8 @@ def test_estimate_calibrates_only_on_caches_the_step_can_hold():
 def test_estimate_and_graph_of_a_decode_step():
     """pto estimate sweeps the cache (the program's first shape parameter); pto graph builds the
     step without running it; the counts agree."""
+    from pto.cli.commands.estimate import estimate
     from pto.engine import build_graph, resolve
-    from pto.tools.estimate import estimate
 
     res = estimate("model", [64, 128], config="tiny", shape=None)
     assert [r["cache"] for r in res["rows"]] == [64, 128] and res["swept"] == "cache"
@@ -238,8 +238,8 @@ def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
     import numpy as np
 
     from pto import viz
+    from pto.cli.commands.graph import build_only
     from pto.engine import resolve
-    from pto.tools.graphcmd import build_only
 
     job = resolve("model", device="cpu", config="smollm2-135m", dtype="bf16", target="cuda_h100")
     build_only(job, job.program.shape({"cache": 1024}), dump=str(tmp_path / "step.txt"))
@@ -318,8 +318,8 @@ def test_the_steps_tiles_fit_the_target_at_large_batches():
     from pto.orchestration.model.program import CONFIGS
 
     from pto.ir.dtypes import DType
+    from pto.machine.target import get
     from pto.passes.tiling import check_sram
-    from pto.target import get
 
     h100 = get("cuda_h100")
     for name in ("smollm2-135m", "llama3-8b"):
@@ -364,11 +364,11 @@ def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
     """On a GPU ``--executor auto`` is decided per graph, unless the program says which executor
     its measurements settle on: the model program's step runs the waves executor (resolved
     without a GPU by making torch report one; nothing is built or run)."""
-    import pto.device
+    import pto.machine.device
     from pto.engine import resolve
     from pto.errors import UsageError
 
-    monkeypatch.setattr(pto.device, "cuda_available", lambda: True)
+    monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
     assert resolve("model", device="cuda", target="cuda_h100").executor == "waves"
     assert resolve("llama7b", device="cuda", target="cuda_h100").executor == "auto"
     assert resolve("model", device="cuda", target="cuda_h100", executor="persistent").executor == "persistent"
@@ -388,7 +388,7 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
     from pto.orchestration.model.program import CONFIGS
 
     from pto.ir.dtypes import DType
-    from pto.target import get
+    from pto.machine.target import get
     from tests.sm90 import compile_sm90, kernel_jobs
 
     fns = [functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch) for batch in (1, 16)]
@@ -536,7 +536,7 @@ def test_estimate_counts_each_cache_with_the_graph_a_run_builds():
     """A decode step's structure depends on its cache (two combine levels past 16 chunks, wider
     chunks past 128): ``pto estimate`` counts each swept cache with the module built for it, so
     its tasks are a run's at every cache, whichever shape the sweep starts from."""
-    from pto.tools.estimate import estimate
+    from pto.cli.commands.estimate import estimate
 
     res = estimate("model", [256, 1024], config="tiny", shape={"cache": 1024, "batch": 1})
     runs = [run("model", config="tiny", cache=c, batch=1, device="cpu")["tasks"] for c in (256, 1024)]

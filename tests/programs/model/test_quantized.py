@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from pto.cli.commands.run import run
 from pto.engine import rel_err
-from pto.tools.run import run
 from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 
@@ -89,8 +89,8 @@ def test_the_loader_keeps_what_runs_and_says_what_it_does_not():
 def test_estimate_counts_the_quantized_bytes():
     """``pto estimate model --quantize``: Weights (resident) and Read/step against the inputs a
     run makes: the step reads every weight but the embedding, and the cache."""
+    from pto.cli.commands.estimate import estimate
     from pto.engine import resolve
-    from pto.tools.estimate import estimate
 
     for config, q in (("tiny", "q8_0"), ("tiny-swa", "q4_0")):
         row = estimate("model", [64], config=config, dtype="f32", shape={"batch": 2}, quantize=q)["rows"][0]
@@ -216,7 +216,7 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
     from pto.ir.dtypes import DType, dtype_of
-    from pto.target import get
+    from pto.machine.target import get
     from tests.sm90 import compile_sm90, kernel_jobs
 
     chosen = []

@@ -124,7 +124,7 @@ def test_the_candidates_task_on_triton_is_the_interpreters(ranks, rank):
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
-    from pto.backends.triton import run_incore_triton
+    from tests.opkit import run_incore_triton
 
     B, blocks, split = 3, 5, VocabSplit(1000, ranks)
     gen = torch.Generator().manual_seed(ranks)

@@ -4,8 +4,9 @@ A loop whose calls read and rewrite the same region on every iteration carries s
 memory: the split attention's kv loop updates each q tile's running max, sum and output (``m``,
 ``l``, ``acc``) once per kv tile, and a K-split GEMM its accumulator once per K block. Fused into
 one InCore function with the loop inside, that state would stay on chip. This module finds such
-loops and says what a fusion would keep on chip; it changes nothing (the transformation is the
-next step of the issue).
+loops and says what a fusion would keep on chip; it changes nothing: the pass
+(:mod:`pto.passes.fusion.fuse`) fuses them (and links regions to their loops by
+:func:`region_key`), and ``pto graph`` lists the chains a program still has.
 
 For the direct calls of a loop's body, per region (tensor and offset and extent expressions,
 compared structurally):

@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto.cachedir import cache_root
-from pto.cbuild import load_cffi_module, log
+from pto.cache.cachedir import cache_root
+from pto.cache.cbuild import load_cffi_module, log
 from pto.codegen.c_orch import COrchestration, generate_c
 from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module
-from pto.passes.binary_expansion import expand_binary, strip_adaptive
+from pto.machine.target import Target
+from pto.passes.expansion.binary_expansion import expand_binary, strip_adaptive
 from pto.runtime import ERR_REGION, Runtime, runtime_cdef, runtime_include_dir, runtime_sources
-from pto.target import Target
 from pto.text.printer import format_module
 
 _COMPILED: dict[tuple[str, bool, str | None], CompiledProgram] = {}

@@ -43,7 +43,7 @@ from types import ModuleType
 
 import cffi
 
-from pto.cachedir import cache_root
+from pto.cache.cachedir import cache_root
 from pto.errors import BuildError
 
 #: Flags every translation unit gets; callers add theirs through ``extra_compile_args``.

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from pto.cli.progress import iterate
 from pto.engine import Job, Runner, rel_err, resolve
 from pto.errors import UsageError
+from pto.exec.timing import samples_ms
 from pto.program import Shape
-from pto.progress import iterate
-from pto.timing import samples_ms
 
 COMPARE = ("eager", "compile")
 
@@ -240,9 +240,9 @@ def _runs(res: dict) -> str:
 
 def plot(res: dict, path: str):
     """Milliseconds against sequence length for every method (log-log); the settings in the
-    title (:mod:`pto.tools.plotting`). Returns the figure."""
-    from pto.tools.estimate import check_plot_path
-    from pto.tools.plotting import figure, finish, log_axes
+    title (:mod:`pto.viz.plotting`). Returns the figure."""
+    from pto.cli.commands.estimate import check_plot_path
+    from pto.viz.plotting import figure, finish, log_axes
 
     check_plot_path(path)
     swept = res.get("swept", "seq")

@@ -1,6 +1,6 @@
 """The other half of the merge proof: one call over a taller tile covers its base tiles in order.
 
-Independence (:mod:`pto.passes.independence`) shows that the k base iterations a merged
+Independence (:mod:`pto.passes.expansion.independence`) shows that the k base iterations a merged
 iteration replaces do not conflict; it does not show that the merged call, which runs once
 with iteration i's offsets and the taller ``i.rows``, touches what those k calls touch. A read
 at a clamped offset such as ``max(min(i * 4 - 3, S - 1), 0)`` conflicts with nothing, yet the
@@ -14,7 +14,7 @@ every call in the loop body and every region it binds, :func:`check_placements` 
   ``e`` with ``e(i + d) + d * s == e(i)`` (a residual tile cut off where the tensor ends, as
   ``min(i.rows, S - i * 32)``); and the offset satisfies ``off(i + d) == off(i) + d * s`` for
   ``1 <= d < k`` over the loop's range, with the stride ``s = m * base``
-  (:class:`pto.passes.affine.Prover` decides it, so a clamp that never takes effect in the
+  (:class:`pto.passes.expansion.affine.Prover` decides it, so a clamp that never takes effect in the
   loop's range passes). The other axis must not move with ``i``, and a region cannot be a tile
   along both axes (the merged square would hold every pair of base tiles, not its diagonal).
 - A region the callee does not tile by the loop but that moves with ``i`` (the kv rows of
@@ -37,7 +37,7 @@ from typing import NoReturn
 
 from pto.ir.expr import Bin, Expr, Var, format_expr, substitute
 from pto.ir.nodes import Call, RegionBinding
-from pto.passes.affine import Prover, linear
+from pto.passes.expansion.affine import Prover, linear
 
 AXES = ("row", "col")
 

@@ -1,4 +1,4 @@
-"""Keeping on chip what a fusion's members passed through memory (:mod:`pto.passes.fuse_build`
+"""Keeping on chip what a fusion's members passed through memory (:mod:`pto.passes.fusion.fuse_build`
 builds the fused body, this module rewrites it).
 
 A region that the members write and read again (a producer's output its consumer reads, or a
@@ -23,7 +23,7 @@ from pto.ir.analysis import instr_reads
 from pto.ir.expr import Const, Expr, substitute
 from pto.ir.nodes import ForRange, Instr, Tile, walk_instrs
 from pto.ir.ops import COL_BROADCAST, COL_REDUCE, MATMUL, Op
-from pto.passes.inline import Names, Refused, Scope, Slot, covered, pad_masks
+from pto.passes.fusion.inline import Names, Refused, Scope, Slot, covered, pad_masks
 
 
 def _offsets(ins: Instr):

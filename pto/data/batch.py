@@ -47,5 +47,14 @@ class TaskBatch:
     #: wait, so that those loads overlap its work (the "auto" PDL policy)
     chain: bool = False
 
+    @classmethod
+    def one(cls, fn: IncoreFunction, regions: dict[str, tuple], scalars: dict[str, int] | None = None) -> TaskBatch:
+        """A batch of one task in the reference interpreter's terms: ``regions[p] = (tensor,
+        row0, col0, rows, cols)``, ``scalars`` ints (the index vectors on the tensors' device)."""
+        mems = {name: RegionBatch(t, *(torch.tensor([int(v)], device=t.device) for v in (r0, c0, nr, nc)))
+                for name, (t, r0, c0, nr, nc) in regions.items()}
+        dev = next(iter(regions.values()))[0].device
+        return cls(fn, mems, {k: torch.tensor([int(v)], device=dev) for k, v in (scalars or {}).items()}, 1)
+
 
 __all__ = ["RegionBatch", "TaskBatch"]

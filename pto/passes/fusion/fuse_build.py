@@ -1,9 +1,9 @@
-"""One fused InCore function from member calls (:mod:`pto.passes.fusion` decides which).
+"""One fused InCore function from member calls (:mod:`pto.passes.fusion.fuse` decides which).
 
-:func:`build` copies the members into one function (:mod:`pto.passes.inline`), keeps on chip
-what they passed through memory (:mod:`pto.passes.promote`), wraps a chain's body in its loop,
+:func:`build` copies the members into one function (:mod:`pto.passes.fusion.inline`), keeps on chip
+what they passed through memory (:mod:`pto.passes.fusion.promote`), wraps a chain's body in its loop,
 and verifies the result like a written function; anything it cannot prove is refused
-(:class:`pto.passes.inline.Refused`). In a chain, a read-only region the loop does not move is
+(:class:`pto.passes.fusion.inline.Refused`). In a chain, a read-only region the loop does not move is
 loaded once before the loop.
 """
 
@@ -15,20 +15,10 @@ from pto.ir.expr import Attr, Const, as_expr, fold, substitute
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, Tile
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
-from pto.passes.chains import region_key
-from pto.passes.inline import (
-    ChainLoop,
-    Fusing,
-    Member,
-    Names,
-    Refused,
-    Scope,
-    Slot,
-    memref_params,
-    mentions,
-    slot_for,
-)
-from pto.passes.promote import Promoter, prune_masks, used_names
+from pto.passes.fusion.chains import region_key
+from pto.passes.fusion.inline import ChainLoop, Fusing, Member, Names, Refused, Scope, Slot, memref_params, mentions
+from pto.passes.fusion.promote import Promoter, prune_masks, used_names
+from pto.passes.fusion.union import slot_for
 
 
 class Fused:

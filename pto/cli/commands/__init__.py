@@ -1,4 +1,10 @@
-"""One function per ``pto`` command (:mod:`pto.cli`): the parsed arguments in, an exit status out."""
+"""One function per ``pto`` command (:mod:`pto.cli`): the parsed arguments in, an exit status out.
+
+What a command does, above the engine, is its module here: ``pto info`` (:mod:`.info`), ``pto
+run`` (:mod:`.run`), ``pto codegen`` (:mod:`.codegen`), ``pto estimate`` (:mod:`.estimate`),
+``pto graph`` (:mod:`.graph`), ``pto bench`` (:mod:`.bench`), ``pto tune`` (:mod:`.tune`). Each
+is imported when its command runs, so that the first parse imports no torch.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ def _shape(args, prog):
 def _sweep(args, prog, required: bool = True) -> list:
     """The shapes of a sweeping command: each value of the swept parameter's list (``--seq
     1024,4096``), the others as given or their defaults."""
-    from pto.tools.estimate import check_values
+    from pto.cli.commands.estimate import check_values
 
     p = prog.swept
     text = getattr(args, p.name, None)
@@ -43,7 +49,7 @@ def _sweep(args, prog, required: bool = True) -> list:
 
 
 def _cmd_info(args) -> int:
-    from pto.device import format_info, info
+    from pto.cli.commands.info import format_info, info
 
     d = info("auto")
     print(json.dumps(d) if args.json else format_info(d))
@@ -51,9 +57,9 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_run(args) -> int:  # its outputs and --inputs were checked as it was parsed (checks.check_outputs)
+    from pto.cli.commands.run import RunOptions, run
+    from pto.cli.progress import reporter
     from pto.cli.report import format_summary
-    from pto.progress import reporter
-    from pto.tools.run import RunOptions, run
 
     job = _job(args)
     with reporter(job.program.name, args.json, unit=None) as progress:
@@ -63,14 +69,14 @@ def _cmd_run(args) -> int:  # its outputs and --inputs were checked as it was pa
                           save=args.save, save_inputs=args.save_inputs, check_schedule=args.check_schedule,
                           deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
         res = run(job, _shape(args, job.program), opts)
-    from pto import dist
+    from pto.machine import dist
 
     code = 1 if res.get("nonfinite") else 0
     if dist.rank() != 0:  # tensor parallelism: rank 0 reports for all
         dist.shutdown()
         return code
     if "trace" in res:
-        from pto.tools.trace import flow_note
+        from pto.exec.trace import flow_note
 
         note = flow_note(res["trace"]["flows"], res["trace"]["dependencies"])
         if note:
@@ -84,7 +90,7 @@ def _cmd_run(args) -> int:  # its outputs and --inputs were checked as it was pa
 
 
 def _cmd_graph(args) -> int:
-    from pto.tools.graphcmd import build_only, format_report
+    from pto.cli.commands.graph import build_only, format_report
 
     job = _job(args)
     res = build_only(job, _shape(args, job.program), dump=args.dump, draw=args.draw)
@@ -95,8 +101,8 @@ def _cmd_graph(args) -> int:
 
 
 def _cmd_codegen(args) -> int:  # --out was checked as it was parsed (checks.check_outputs)
-    from pto.progress import wanted
-    from pto.tools.emit import check, codegen
+    from pto.cli.commands.codegen import check, codegen
+    from pto.cli.progress import wanted
 
     check(args.out, args.force)
     job = _job(args)
@@ -107,8 +113,8 @@ def _cmd_codegen(args) -> int:  # --out was checked as it was parsed (checks.che
 
 
 def _cmd_estimate(args) -> int:
-    from pto.progress import wanted
-    from pto.tools.estimate import check_plot_path, estimate, format_table, plot
+    from pto.cli.commands.estimate import check_plot_path, estimate, format_table, plot
+    from pto.cli.progress import wanted
 
     job = _job(args)
     shapes = _sweep(args, job.program)
@@ -131,10 +137,10 @@ def _cmd_estimate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    from pto.cli.commands.bench import Timing, bench, format_table, plot
+    from pto.cli.commands.estimate import check_plot_path
+    from pto.cli.progress import wanted
     from pto.programs import get
-    from pto.progress import wanted
-    from pto.tools.benchcmd import Timing, bench, format_table, plot
-    from pto.tools.estimate import check_plot_path
 
     prog = get(args.program)
     shapes = _sweep(args, prog)
@@ -142,7 +148,7 @@ def _cmd_bench(args) -> int:
         check_plot_path(args.plot)
     check_distinct({"--json": args.json, "--plot": args.plot})
     if args.device == "auto":
-        from pto.device import cuda_available
+        from pto.machine.device import cuda_available
 
         if not cuda_available():
             raise UsageError("pto bench times a GPU and none is visible; --device cpu times the torch backend on "
@@ -166,9 +172,9 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_tune(args) -> int:
+    from pto.cli.commands.tune import Search, refuse_without_gpu, show, tune
+    from pto.cli.progress import wanted
     from pto.programs import get
-    from pto.progress import wanted
-    from pto.tools.tune import Search, refuse_without_gpu, show, tune
 
     prog = get(args.program)
     seqs = _sweep(args, prog)
@@ -206,8 +212,8 @@ def _cmd_tune(args) -> int:
 def _cmd_generate(args) -> int:
     """``pto generate``: the request (:class:`pto.generation.GenerateRequest`) to the installed
     text generator (:func:`pto.generation.generator`)."""
-    from pto import dist
     from pto.generation import GenerateRequest, generator
+    from pto.machine import dist
 
     answers = generator()
     try:

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from pto import programs
-from pto.buffers import tensor_bytes
+from pto.cli.progress import iterate
+from pto.data.buffers import tensor_bytes
+from pto.engine import build_module_graph
 from pto.errors import ExecutionError, UsageError
-from pto.graph import CompiledProgram
+from pto.machine.target import Target
 from pto.program import Baseline, CountsTasks, Estimation, Program, Settings, Shape
-from pto.progress import iterate
-from pto.target import Target
 
 #: graphs up to this many tasks are built for real
 MAX_BUILD_TASKS = 2_000_000
@@ -63,8 +63,8 @@ class _Counter:
         """``tasks`` (and ``edges``, ``row_tiles`` where the closed form gives them)."""
         if self.has_closed_form:
             return self.prog.counts(self.s, shape, adaptive)
-        g = CompiledProgram.get(self.module(shape), adaptive).build_graph(self.prog.scalars(self.s, shape),
-                                                                  count_only=True)
+        g = build_module_graph(self.module(shape), self.prog.scalars(self.s, shape), adaptive, self.s.target,
+                               count_only=True).graph
         try:
             return {"tasks": g.tasks}
         finally:
@@ -73,11 +73,9 @@ class _Counter:
 
 def _build(module, prog: Program, s: Settings, shape: Shape, adaptive: bool) -> dict:
     """Build the whole graph (window 0) and read its counts, peak bytes and build time."""
-    cp = CompiledProgram.get(module, adaptive)
-    scalars = prog.scalars(s, shape)
     t0 = time.perf_counter()
-    g = cp.build_graph(scalars)
-    wall = (time.perf_counter() - t0) * 1e3
+    built = build_module_graph(module, prog.scalars(s, shape), adaptive, s.target)
+    g, wall = built.graph, (time.perf_counter() - t0) * 1e3 - built.compile_ms
     try:
         st = g.stats
         return {"value": shape[prog.swept.name], "tasks": g.tasks, "edges": g.edges, "bytes": int(st["bytes_peak"]),
@@ -228,9 +226,9 @@ def _settings(prog: Program, settings: Settings | None = None, device: str = "au
               dtype: str | None = None, target: str | Target | None = None, **options) -> Settings:
     if settings is not None:
         return settings
-    from pto.device import resolve_device
-    from pto.target import get as get_target
-    from pto.target import resolve as resolve_target
+    from pto.machine.device import resolve_device
+    from pto.machine.target import get as get_target
+    from pto.machine.target import resolve as resolve_target
 
     dev = resolve_device(device)
     tg = get_target(target) if isinstance(target, str) else target or resolve_target(None, dev)
@@ -370,8 +368,8 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     """Tasks and runtime memory against sequence length (log-log): this setting ("ours"), and
     each baseline (the program's :meth:`~pto.program.Estimation.estimate_baselines`, estimated at
     the same lengths) with its published rows as markers; every setting spelled out in the
-    title (:mod:`pto.tools.plotting`). Returns the figure."""
-    from pto.tools.plotting import figure, finish, log_axes
+    title (:mod:`pto.viz.plotting`). Returns the figure."""
+    from pto.viz.plotting import figure, finish, log_axes
 
     check_plot_path(path)  # callers that did not pass plot_path to estimate()
     name = res.get("swept", "seq")

@@ -1,4 +1,4 @@
-"""Calls inlined into one InCore function: the pieces :mod:`pto.passes.fusion` builds a fused
+"""Calls inlined into one InCore function: the pieces :mod:`pto.passes.fusion.fuse` builds a fused
 function from.
 
 A fusion's members are calls of one orchestration body (a run of producers and consumers, or
@@ -15,8 +15,9 @@ the calls of a loop's body). Each member's callee is copied into the fused funct
   orchestration (two members that bind the same region share a slot).
 
 In a chain (a loop fused with the loop inside, :class:`ChainLoop`), a region that moves with
-the loop variable becomes the union of its iterations' regions, each iteration's loads shifted
-to its part and masked to its extent, so that every load reads what it read before.
+the loop variable becomes the union of its iterations' regions (:func:`pto.passes.fusion.union.slot_for`,
+which builds on this module), each iteration's loads shifted to its part and masked to its
+extent, so that every load reads what it read before.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, fold, substitute
 from pto.ir.names import fresh_name
 from pto.ir.nodes import Call, ForRange, IncoreFunction, Instr, MemRefParam, RegionBinding, Tile
 from pto.ir.ops import COLLECTIVE, SCALAR_LOAD, Op
-from pto.passes.affine import Prover
+from pto.passes.expansion.affine import Prover
 
 
 class Refused(Exception):
@@ -133,7 +134,7 @@ class Slot:
     dcol: Expr = Const(0)
     rows: Expr | None = None
     cols: Expr | None = None
-    axes: tuple[str, str] = ("still", "still")  # how each axis moves with a chain's loop (union_axis)
+    axes: tuple[str, str] = ("still", "still")  # how each axis moves with a chain's loop (union.union_axis)
     shape: tuple[Expr, Expr] | None = None  # the region the fused function may touch (MemRefParam.shape)
     accesses: list = field(default_factory=list)  # (instr, top level) of the fused body
 
@@ -288,27 +289,9 @@ def pad_masks(tile: str, slot: Slot, r: Expr, c: Expr, pad: float, loc) -> list[
     return out
 
 
-def slot_for(b: RegionBinding, dtype, scope: Scope, names: Names, full: tuple[Expr, Expr]) -> Slot:
-    """The fused function's parameter for the members' region ``b`` (a union of iterations
-    where ``b`` moves with a chain's loop)."""
-    from pto.passes.union import union_axis  # (union builds on this module's ChainLoop)
-
-    ch = scope.chain
-    moves = ch is not None and any(mentions(e, ch.var) for e in (b.row, b.col, b.rows, b.cols))
-    rows = scope.tr(b.rows) if b.rows is not None else None
-    cols = scope.tr(b.cols) if b.cols is not None else None
-    if not moves:
-        return Slot(names.fresh(b.tensor), dtype, b, rows=rows, cols=cols)
-    row, nrows, ar = union_axis(b.row, b.rows, full[0], ch)
-    col, ncols, ac = union_axis(b.col, b.cols, full[1], ch)
-    union = RegionBinding(b.tensor, row, col, nrows, ncols)
-    return Slot(names.fresh(b.tensor), dtype, union, True, fold(scope.tr(b.row) - scope.tr(row)),
-                fold(scope.tr(b.col) - scope.tr(col)), rows, cols, (ar, ac))
-
-
 def memref_params(slots: list[Slot]) -> list[MemRefParam]:
     return [MemRefParam(s.name, s.dtype, s.shape) for s in slots]
 
 
-__all__ = ["ChainLoop", "Fusing", "Member", "Names", "Refused", "Scope", "Slot", "covered", "mentions",
-           "pad_masks", "slot_for"]
+__all__ = ["ChainLoop", "Fusing", "Member", "Names", "Refused", "Scope", "Slot", "covered", "memref_params",
+           "mentions", "pad_masks"]

@@ -26,7 +26,7 @@ code stays linear in the number of loops::
 
 Merging base iterations into one taller tile is only the same program when they are
 independent and each merged call covers the base calls' regions in order; :func:`expand_binary`
-first proves both (:mod:`pto.passes.independence`, :mod:`pto.passes.merged_tiles`) and refuses
+first proves both (:mod:`pto.passes.expansion.independence`, :mod:`pto.passes.expansion.merged_tiles`) and refuses
 a loop it cannot prove, unless the loop opts in with ``reassociate`` for regions every
 iteration updates alike.
 
@@ -41,14 +41,14 @@ from dataclasses import replace
 from pto.ir.expr import Const, Expr, Var, emax, fn, select, substitute
 from pto.ir.names import fresh_name
 from pto.ir.nodes import Call, If, Let, Loop, Module, OrchFunction, RegionBinding
-from pto.passes.independence import check_adaptive_loops
+from pto.passes.expansion.independence import check_adaptive_loops
 
 
 def expand_binary(module: Module, check: bool = True) -> Module:
     """Lower every adaptive loop of every orchestration function by binary expansion.
 
     Merged iterations must be independent and each merged call must cover its base calls'
-    regions in order (:func:`pto.passes.independence.check_adaptive_loops` proves it or raises
+    regions in order (:func:`pto.passes.expansion.independence.check_adaptive_loops` proves it or raises
     BuildError naming the loop, the calls and the iterations, offset or extent); ``check=False``
     skips the proof, only to show what an unproven merge computes."""
     if check:

@@ -16,7 +16,7 @@ symbolically (the trip count is a run-time scalar), before the loop is lowered; 
   inlined; ``i.rows`` is the base height (the meaning being proven is the base-tile loop);
   loops nested inside take every value of their range, independently in the two iterations;
   enclosing loops are the same in both, their adaptive heights anything up to their tallest
-  level (they may be merged already). :class:`pto.passes.affine.Prover` decides the offset
+  level (they may be merged already). :class:`pto.passes.expansion.affine.Prover` decides the offset
   inequalities.
 - A conflict is refused with a BuildError naming the loop, the calls (callee and source line),
   the tensor and the two iterations, in three kinds: a region that moves with ``i`` and meets
@@ -27,7 +27,7 @@ symbolically (the trip count is a run-time scalar), before the loop is lowered; 
   offset that is not affine in ``i`` (the prover cannot decide). An ``if`` whose condition
   depends on ``i`` is refused too: a merged iteration evaluates it once for the whole tile.
 
-Then the placements (:mod:`pto.passes.merged_tiles`): a region the callee tiles by the loop
+Then the placements (:mod:`pto.passes.expansion.merged_tiles`): a region the callee tiles by the loop
 (its extent uses a dim bound to ``i.rows``) must advance by exactly the base stride,
 ``off(i + d) == off(i) + d * m * base`` over the loop's range for an extent ``m * i.rows + c``
 (possibly cut off at an end that stays put: the residual tile), its other axis still; a
@@ -53,8 +53,8 @@ from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, RegionBinding
-from pto.passes.affine import Prover, nonaffine_part
-from pto.passes.merged_tiles import LoopFacts, Placement, check_placements, fix, verb, who
+from pto.passes.expansion.affine import Prover, nonaffine_part
+from pto.passes.expansion.merged_tiles import LoopFacts, Placement, check_placements, fix, verb, who
 
 _D = "@d"  # the iteration distance; '@' keeps these names apart from the program's
 

@@ -25,17 +25,17 @@ import torch
 from pto.backends.torch_backend import TorchBackend
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
-from pto.batch import RegionBatch, TaskBatch
+from pto.cli.progress import iterate
 from pto.codegen.triton.common import PERSISTENT_MODES
 from pto.codegen.triton.tma import tma_memrefs
-from pto.engine import Job, rel_err, resolve
+from pto.data.batch import RegionBatch, TaskBatch
+from pto.engine import Job, Placement, Prepared, build_graph, rel_err, resolve
 from pto.errors import UsageError
+from pto.exec.timing import median_ms
 from pto.ir.analysis import param_access
 from pto.ir.nodes import ForRange
 from pto.ir.ops import Op
 from pto.program import Shape
-from pto.progress import iterate
-from pto.timing import median_ms
 
 #: relative L2 error a candidate may have against the torch backend, per storage dtype
 TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 2e-2}
@@ -97,8 +97,6 @@ def _loads(body) -> bool:
 
 def _collect_batches(job: Job, shape: Shape, seed: int):
     """Run the program once with the wave executor; every (variant, batch) it launched."""
-    from pto.engine import Placement, Prepared, build_graph
-
     prog, s = job.program, job.settings
     run = Prepared(build_graph(job, shape), Placement(job.device, "triton", "waves", schedules=prog.schedules),
                    packed=prog.packed_inputs(s))
@@ -251,8 +249,6 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
          options: dict | None = None) -> str:
     """What applies to each variant the program runs at ``shapes``: the parameters, where they
     come from (user, shipped, heuristic) and why other entries do not apply."""
-    from pto.graph import CompiledProgram
-
     job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options)
     db = for_device(job.device, job.program.schedules)
     be = TritonBackend(job.device if job.device == "cuda" else "cpu", schedules=db)
@@ -264,8 +260,7 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
         lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {shipped}; Triton "
                  f"{db.triton or 'not installed'})"]
     for shape in [job.program.shape(x) for x in shapes]:
-        graph = CompiledProgram.get(job.program.build(job.settings, shape), target=job.settings.target).build_graph(
-            job.program.scalars(job.settings, shape))
+        graph = build_graph(job, shape).graph
         try:
             for fn, n in sorted(graph.tasks_per_variant().items(), key=lambda kv: kv[0].variant_name):
                 digest = be.kernel(fn).schedule_digest
@@ -283,7 +278,7 @@ def refuse_without_gpu(device: str, program: str = "PROGRAM") -> None:
     whose timings mean nothing but which checks the search. ``--show`` needs neither."""
     show = f"`pto tune {program} --show` works anywhere: what applies to each kernel now, and why"
     if device in ("auto", "cuda"):
-        from pto.device import cuda_available
+        from pto.machine.device import cuda_available
 
         if not cuda_available():
             raise UsageError(f"pto tune measures kernels on a GPU and none is visible; {show}")

@@ -1,13 +1,15 @@
-"""The region a chain's fused call binds for a region that moves with the loop
-(:mod:`pto.passes.inline`): the union of its iterations' regions, with as simple an extent as
-binary expansion can still reason about, and whether each iteration's loads need a mask of
-their own to read what they read before."""
+"""The region a fused call binds for one of its members' regions (:func:`slot_for`, the fused
+function's parameter :class:`~pto.passes.fusion.inline.Slot`): the region as bound, or, for a region
+that moves with a chain's loop (:class:`~pto.passes.fusion.inline.ChainLoop`), the union of its
+iterations' regions, with as simple an extent as binary expansion can still reason about, and
+whether each iteration's loads need a mask of their own to read what they read before."""
 
 from __future__ import annotations
 
 from pto.ir.expr import Attr, Bin, Const, Expr, Var, const_value, emax, emin, fold, substitute
-from pto.passes.affine import Prover, linear
-from pto.passes.inline import ChainLoop, Refused, mentions
+from pto.ir.nodes import RegionBinding
+from pto.passes.expansion.affine import Prover, linear
+from pto.passes.fusion.inline import ChainLoop, Names, Refused, Scope, Slot, mentions
 
 
 def _upper(e: Expr) -> int | None:
@@ -120,4 +122,20 @@ def _tiled_stop(end: Expr, off: Expr, ch: ChainLoop, stride: int) -> Expr | None
     return min_of(end, *kept)
 
 
-__all__ = ["min_of", "union_axis"]
+def slot_for(b: RegionBinding, dtype, scope: Scope, names: Names, full: tuple[Expr, Expr]) -> Slot:
+    """The fused function's parameter for the members' region ``b`` (a union of iterations
+    where ``b`` moves with a chain's loop)."""
+    ch = scope.chain
+    moves = ch is not None and any(mentions(e, ch.var) for e in (b.row, b.col, b.rows, b.cols))
+    rows = scope.tr(b.rows) if b.rows is not None else None
+    cols = scope.tr(b.cols) if b.cols is not None else None
+    if not moves:
+        return Slot(names.fresh(b.tensor), dtype, b, rows=rows, cols=cols)
+    row, nrows, ar = union_axis(b.row, b.rows, full[0], ch)
+    col, ncols, ac = union_axis(b.col, b.cols, full[1], ch)
+    union = RegionBinding(b.tensor, row, col, nrows, ncols)
+    return Slot(names.fresh(b.tensor), dtype, union, True, fold(scope.tr(b.row) - scope.tr(row)),
+                fold(scope.tr(b.col) - scope.tr(col)), rows, cols, (ar, ac))
+
+
+__all__ = ["min_of", "slot_for", "union_axis"]

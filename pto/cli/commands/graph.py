@@ -5,7 +5,7 @@ expansion, the generated orchestration C compiled with the runtime, run for the 
 scalars), so the dump it writes is the dump ``pto run --dump`` writes for the same program and
 options; but no tensor is allocated and no executor is made, so a graph whose execution takes an
 hour on a CPU is dumped or drawn in seconds. It reports the task and edge counts, the build time
-and how long an execution would take by the rough cost model of :mod:`pto.progress`.
+and how long an execution would take by the rough cost model of :mod:`pto.cli.progress`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+from pto.cli.progress import estimate_run_s
 from pto.engine import Job, build_graph, check_memory, module_of
 from pto.errors import UsageError
-from pto.passes.chains import Chain, find_chains
-from pto.passes.fusion import Fusion
+from pto.passes.fusion.chains import Chain, find_chains
+from pto.passes.fusion.fuse import Fusion
 from pto.program import Shape
-from pto.progress import estimate_run_s
 
 
 def check_outputs(dump: str | None, draw: str | None) -> None:
@@ -69,7 +69,7 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
 def fusion_json(prog, s, shape, module) -> dict:
     """What ``--json`` says of fusion: the chains of the module that ran (``fusable``: those
     left to fuse, :func:`find_chains`), and where the program fuses (``--fuse``), what it fused
-    and what it refused (:func:`pto.passes.fusion.fuse`)."""
+    and what it refused (:func:`pto.passes.fusion.fuse.fuse`)."""
     out: dict = {"fusable": [c.to_json() for c in find_chains(module)]}
     report = prog.fusion(s, shape)
     if report is not None:
@@ -99,7 +99,7 @@ def setting_line(res: dict, options: tuple[str, ...] = ()) -> str:
 
 def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
     """The text ``pto graph`` prints."""
-    from pto.progress import human_duration
+    from pto.cli.progress import human_duration
 
     lines = [setting_line(res, options),
              f"tasks {res['tasks']:,}  edges {res['edges']:,}  build {res['build_ms']:.2f} ms "

@@ -79,7 +79,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     rank, started by torchrun; every rank makes the whole seeded inputs and runs on its shard
     (:meth:`Program.shard`), rank 0 checks the outputs against the reference on the whole inputs
     and writes the files; ``ranks`` has every rank's time and collectives."""
-    from pto import collectives, dist
+    from pto.machine import collectives, dist
 
     opts = replace(options or RunOptions(), **{k: kw.pop(k) for k in list(kw) if k in _OPTION_NAMES})
     if isinstance(job, Job):
@@ -133,8 +133,8 @@ def _inputs(job: Job, shape: Shape, opts: RunOptions, whole) -> dict[str, torch.
 
 
 def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, rank: int) -> dict:
-    from pto import dist
-    from pto.progress import long_run_warning
+    from pto.cli.progress import long_run_warning
+    from pto.machine import dist
     from pto.safety.tensor_io import run_metadata, save_inputs_file
 
     prog, s, graph = job.program, job.settings, runner.graph
@@ -220,7 +220,7 @@ def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: di
     if opts.save_inputs:
         out["saved_inputs"] = str(opts.save_inputs)
     if opts.trace:
-        from pto.tools.trace import write_trace
+        from pto.exec.trace import write_trace
 
         info = write_trace(opts.trace, stats.records, graph)
         out["trace"] = {"path": str(opts.trace), "dependencies": info.dependencies, "flows": info.flows}

@@ -19,7 +19,7 @@ CUDA graph captures each:
 Symmetric memory is used where it can be (:func:`symmetric_memory`): the process group is NCCL
 on CUDA GPUs of one host that reach each other's memory, and this torch has the ops. NVLink
 multicast (NVLS, the ``multimem`` ops) is never used: it stays off on the lent machines
-(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, :mod:`pto.dist`).
+(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, :mod:`pto.machine.dist`).
 
 ``PTO_COLLECTIVES`` (:func:`mode`) forces a choice: ``auto`` (the default; ``native``, its
 former name, means the same): by size, :func:`choose`; ``group``: always the process group's;
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pto import dist
 from pto.errors import UsageError
+from pto.machine import dist
 
 MODES = ("auto", "group", "symm", "evaluator")
 #: the former spelling of ``auto`` (when every cut collective went through the process group)
@@ -273,7 +273,7 @@ def all_reduce(send: torch.Tensor, recv: torch.Tensor, algorithm: str) -> torch.
     """Sum ``send`` over the ranks into ``recv`` by ``algorithm`` (:data:`ALGORITHMS`), on the
     current stream, without waiting for the host. ``recv`` is ``send`` itself for ``group`` and
     ``two_shot`` (in place); one-shot writes another tensor (its peers read ``send`` while it
-    sums). Counted in :func:`pto.dist.counters`."""
+    sums). Counted in :func:`pto.machine.dist.counters`."""
     in_place = recv.data_ptr() == send.data_ptr()
     if dist.world_size() == 1:
         if not in_place:

@@ -1,6 +1,6 @@
 """Linear forms of integer scalar expressions and a small prover of ``e >= 0``.
 
-The independence check of binary expansion (:mod:`pto.passes.independence`) has to show that
+The independence check of binary expansion (:mod:`pto.passes.expansion.independence`) has to show that
 two tile regions cannot overlap for any value of the run-time scalars, i.e. that differences
 such as ``(i + d) * 32 - (i * 32 + min(i.rows, S - i * 32))`` are never negative. Offsets are
 affine in the loop variables in practice, with ``min``/``max`` clipping the residual tile, so:

@@ -134,11 +134,11 @@ def trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS, edge
 
     Args:
         records: ``pto.exec.LaunchRecord`` s (wave, func, tasks, start_ns, end_ns).
-        graph: the executed ``pto.graph.Graph`` (function names and dependency edges); None
+        graph: the executed ``pto.runtime.graph.Graph`` (function names and dependency edges); None
             gives a trace named by variant, with arrows only for ``edges``.
         max_flows: at most this many dependency arrows (0 or more).
         edges: (predecessor, successor) task-id pairs in predecessor order, in place of the
-            graph's (e.g. ``pto.dump.read_dump(path).edges()``).
+            graph's (e.g. ``pto.runtime.dump.read_dump(path).edges()``).
     """
     names, recs, t0 = _prepare(records, graph, max_flows)
     events: list[dict[str, Any]] = []

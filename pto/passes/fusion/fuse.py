@@ -8,14 +8,14 @@ fused into one InCore function whose intermediate state stays on chip.
   the same body (the intermediate has no reader the fusion could hide it from). The split
   attention's score, softmax update and output update become one function per (q, kv) pair;
 - **chains**: a loop whose body is calls only and carries a region from iteration to
-  iteration (:mod:`pto.passes.chains`: read first, then rewritten, at a place the loop does
+  iteration (:mod:`pto.passes.fusion.chains`: read first, then rewritten, at a place the loop does
   not move) becomes one call of a function with the loop inside. The online softmax's
   ``m``, ``l`` and ``acc`` then live in tiles for the whole kv loop. An adaptive loop that
   allows re-association (``reassociate``) steps over its widest merged tile.
 
 Then the same rule joins the fused chain and the call after it (the normalization that reads
 the chain's state), so the split and pair modes come out as one task per q tile, as the
-hand-fused layer. What makes a fusion legal is in :mod:`pto.passes.fuse_build`; anything it
+hand-fused layer. What makes a fusion legal is in :mod:`pto.passes.fusion.fuse_build`; anything it
 cannot prove is refused and reported (:class:`Refusal`), never a changed result. The new
 functions are ordinary InCore functions: every backend, the estimator and the code generator
 see them as written ones.
@@ -24,10 +24,10 @@ Trip counts are run-time values that may be zero or negative, and binary expansi
 fusion, so (issue 42):
 
 - merged steps split from the base tiles left at ``lb + max(ub - lb, 0) // m * m``, and only
-  where expansion's own proof (:func:`pto.passes.independence.check_merged_loop`: independence
+  where expansion's own proof (:func:`pto.passes.expansion.independence.check_merged_loop`: independence
   and the merged-tile placement rule) holds for the written loop; else base tiles;
 - a loop that runs no iteration binds nothing as written: a moving region's union is clamped
-  into its tensor (:func:`pto.passes.union.union_axis`), and where a region that does not move
+  into its tensor (:func:`pto.passes.fusion.union.union_axis`), and where a region that does not move
   is not shown to lie in its tensor regardless, the fused call runs under ``if ub > lb``;
 - no fusion inside an adaptive loop that expansion cannot merge as written (the fused call's
   scalars would make it pass the proof the written calls fail).
@@ -42,12 +42,12 @@ from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Expr, const_value, emax, fold, format_expr, substitute
 from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
-from pto.passes.affine import Prover
-from pto.passes.chains import region_key
-from pto.passes.fuse_build import build, chain_loop
-from pto.passes.independence import check_merged_loop
-from pto.passes.inline import Refused, mentions
-from pto.passes.merged_tiles import fix
+from pto.passes.expansion.affine import Prover
+from pto.passes.expansion.independence import check_merged_loop
+from pto.passes.expansion.merged_tiles import fix
+from pto.passes.fusion.chains import region_key
+from pto.passes.fusion.fuse_build import build, chain_loop
+from pto.passes.fusion.inline import Refused, mentions
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class _Fuser:
     def _mergeable(self, calls: list[Call], loop: Loop) -> bool:
         """Whether binary expansion could merge the loop's base iterations as a merged step does:
         independent, each merged call covering its base calls' regions in order
-        (:func:`pto.passes.independence.check_merged_loop`); a refusal names the rule."""
+        (:func:`pto.passes.expansion.independence.check_merged_loop`); a refusal names the rule."""
         try:
             check_merged_loop(self.functions.get, self.entry_name, loop, self.lets, tuple(self.enclosing))
         except BuildError as e:  # expansion's words, less the loop (the refusal names it) and its way out
@@ -264,7 +264,7 @@ class _Fuser:
         (a call of the statement list holding the loop or of one around it) binds the same offset
         and extent on a tensor of the same extent. (A region that moves with the loop is bound as
         the union of its iterations, inside its tensor for any trip count:
-        :func:`pto.passes.union.union_axis`.)"""
+        :func:`pto.passes.fusion.union.union_axis`.)"""
         seen = [(self.full[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
                 for _, v in c.args if isinstance(v, RegionBinding)]
         for c in calls:
@@ -375,7 +375,7 @@ def fuse(module: Module, merge: bool = True, target=None) -> tuple[Module, Fusio
     the report of what was fused and what was refused. A module with nothing to fuse comes back
     unchanged. ``merge``: a chain over an adaptive loop that allows re-association steps over the
     loop's widest tile (False: over its base tiles, the same arithmetic as the written loop).
-    ``target`` (a :class:`pto.target.Target`): a fused function whose tiles do not fit its on-chip
+    ``target`` (a :class:`pto.machine.target.Target`): a fused function whose tiles do not fit its on-chip
     memory is refused."""
     f = _Fuser(module, merge, target)
     entry = module.entry_function

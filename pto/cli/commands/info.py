@@ -1,46 +1,23 @@
-"""The machine pto runs on: which device ``auto`` means, and what ``pto info`` prints.
-
-The device's description is its :class:`pto.target.Target` (detected from the driver); the
-backends and executors ``auto`` picks come from their registries.
-"""
+"""``pto info``: the device, its target, the backends and executors ``auto`` picks there (from
+their registries), the quantized types every backend loads, and the collectives of tensor
+parallelism (:func:`pto.machine.collectives.info`)."""
 
 from __future__ import annotations
 
 import platform
 
-from pto.errors import UsageError
+from pto import backends
+from pto.exec import names as executor_names
+from pto.exec import resolve as resolve_executor
 from pto.ir.dtypes import DType
-
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # pragma: no cover - a broken driver must not stop the CPU path
-        return False
-
-
-def resolve_device(device: str) -> str:
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r} (choose {', '.join(DEVICES)})")
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if device == "cuda" and not cuda_available():
-        raise UsageError("--device cuda: no CUDA GPU is visible to torch on this machine")
-    return device
+from pto.machine import collectives
+from pto.machine.device import resolve_device
+from pto.machine.target import detect
 
 
 def info(device: str = "auto") -> dict:
     """What ``pto info --json`` prints: the device, its target, backends and executors, and the
-    collectives of tensor parallelism (:func:`pto.collectives.info`)."""
-    from pto import backends, collectives
-    from pto.exec import names as executor_names
-    from pto.exec import resolve as resolve_executor
-    from pto.target import detect
-
+    collectives of tensor parallelism (:func:`pto.machine.collectives.info`)."""
     dev = resolve_device(device)
     t = detect(dev)
     triton_version = None
@@ -121,3 +98,6 @@ def format_collectives(c: dict) -> str:
         symm = f"symmetric memory no ({c['symmetric_memory_why']}): the process group's at every size"
     return (f"{c['mode']} (PTO_COLLECTIVES); process groups: {groups}; {symm}; NVLink multicast "
             f"{'on' if c['multicast'] else 'off'}")
+
+
+__all__ = ["info", "format_info", "format_collectives"]

@@ -16,7 +16,7 @@ knows a program:
 - :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
   :func:`counters`; :func:`all_reduce_` the same in place, in the tensor's dtype, by the process
   group's algorithm (the Triton backend's collective tasks take it or one of symmetric memory's
-  by size, :mod:`pto.collectives`: no host synchronization, captured in CUDA graphs with NCCL);
+  by size, :mod:`pto.machine.collectives`: no host synchronization, captured in CUDA graphs with NCCL);
   :func:`all_gather` every rank's tensor, :func:`all_reduce_min` a decision the ranks share;
   :func:`backend`: the process group's;
 - :func:`gather`: one picklable value from every rank (reports), :func:`barrier`,
@@ -170,7 +170,7 @@ def all_reduce_(t: torch.Tensor) -> torch.Tensor:
     """Sum ``t`` over the ranks in place, in its own dtype, by the process group's own algorithm
     (NCCL's, gloo's), without waiting for the host (on the current CUDA stream with NCCL; a CUDA
     graph captures it); ``t`` itself. With one rank (or no group) nothing happens. Every rank
-    must call it with the same shape, in the same order. (:mod:`pto.collectives` chooses among
+    must call it with the same shape, in the same order. (:mod:`pto.machine.collectives` chooses among
     this and symmetric memory's sums by size.)"""
     if world_size() > 1:
         t0 = time.perf_counter()
@@ -181,7 +181,7 @@ def all_reduce_(t: torch.Tensor) -> torch.Tensor:
 
 def count(nbytes: int, seconds: float, algorithm: str) -> None:
     """Count one sum of ``nbytes`` (each rank's buffer) that took ``seconds`` of host time, by
-    ``algorithm`` (:data:`pto.collectives.ALGORITHMS`)."""
+    ``algorithm`` (:data:`pto.machine.collectives.ALGORITHMS`)."""
     _COUNTERS["host_ms"] += seconds * 1e3
     _COUNTERS["calls"] += 1
     _COUNTERS["bytes"] += nbytes

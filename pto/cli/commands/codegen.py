@@ -27,14 +27,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pto.cli.progress import iterate
 from pto.codegen.c_main import generate_main
 from pto.codegen.c_orch import generate_c
 from pto.codegen.triton import render
 from pto.engine import Job
 from pto.errors import UsageError
 from pto.ir.analysis import has_collective
-from pto.passes.binary_expansion import expand_binary, strip_adaptive
-from pto.progress import iterate
+from pto.passes.expansion.binary_expansion import expand_binary, strip_adaptive
 from pto.runtime import runtime_portable_files
 from pto.text import format_module
 
