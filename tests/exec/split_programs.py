@@ -1,7 +1,8 @@
-"""A random task graph for the persistent executor's split tests: a seeded program of calls to
-four small f32 InCore functions (one, two or three memrefs; some with a parallel axis of two
-items) on random row blocks of a few tensors, so the runtime's dependencies (read after write,
-write after read, write after write) make a DAG of many levels and branches."""
+"""Graphs for the persistent executor's split tests: a random task graph (a seeded program of
+calls to four small f32 InCore functions, one, two or three memrefs, some with a parallel axis
+of two items, on random row blocks of a few tensors, so the runtime's dependencies, read after
+write, write after read, write after write, make a DAG of many levels and branches), and the
+plan of a real decode step."""
 
 from __future__ import annotations
 
@@ -101,3 +102,27 @@ def random_module(seed: int, calls: int = 40):
 def inputs(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"a": torch.rand(ROWS * BLOCKS, COLS, generator=g) - 0.5}
+
+
+def decode_plan(config: str):
+    """The persistent executor's plan of ``config``'s decode step (bf16, batch 1, a 1,024-slot
+    cache, the executor's tiles, for an H200) with the Triton backend's specializations, and
+    that backend (on the CPU: it estimates, it compiles nothing)."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.backends.triton import TritonBackend
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.target import get as target
+
+    cfg = CONFIGS[config]
+    tiles = tiling_for_executor(cfg, "persistent")
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiles, cache=1024),
+                               {"B": 1, "C": 1024})
+    try:
+        backend = TritonBackend("cpu")
+        return make_plan(built.graph, list(built.graph.tensor_ids), {}, flags=backend.task_flags), backend
+    finally:
+        built.graph.close()

@@ -185,27 +185,6 @@ def test_segment_plans_keep_their_edges_items_and_branches(seed):
         assert (s.nitems[seg != k] == 0).all() and np.array_equal(s.nitems[seg == k], plan.nitems[seg == k])
 
 
-def _decode_plan(config: str):
-    from pto.orchestration.model.decode import build_step
-    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
-
-    from pto.backends.triton import TritonBackend
-    from pto.engine import build_module_graph
-    from pto.exec.plan import make_plan
-    from pto.ir.dtypes import DType
-    from pto.target import get as target
-
-    cfg = CONFIGS[config]
-    tiles = tiling_for_executor(cfg, "persistent")
-    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiles, cache=1024),
-                               {"B": 1, "C": 1024})
-    try:
-        backend = TritonBackend("cpu")
-        return make_plan(built.graph, list(built.graph.tensor_ids), {}, flags=backend.task_flags), backend
-    finally:
-        built.graph.close()
-
-
 @pytest.mark.parametrize("config", ["smollm2-135m", pytest.param("llama3.2-1b", marks=pytest.mark.slow),
                                     pytest.param("llama3-8b", marks=pytest.mark.slow)])
 def test_decode_steps_cut_off_the_lm_head(config):
@@ -215,7 +194,7 @@ def test_decode_steps_cut_off_the_lm_head(config):
     not cut off."""
     from pto.exec.segments import split_plan
 
-    plan, backend = _decode_plan(config)
+    plan, backend = split_programs.decode_plan(config)
     split, segments = split_plan(plan, backend, "auto")
     lv = plan.levels()
     head = next(b for b, br in enumerate(plan.branches) if br.fn.name == "lmhead_argmax_tile")

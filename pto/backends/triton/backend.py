@@ -329,6 +329,22 @@ class TritonBackend(Backend):
         ``tensors`` (:mod:`.megakernel`), launched after ``after`` where a split plan's segment."""
         return Megakernel(self, plan, tensors, settings, after)
 
+    def compiled_kernels(self) -> list[dict]:
+        """What each batched kernel this backend compiled needs, per compiled specialization: its
+        InCore variant, registers, spills, shared memory, warps and stages (the compiled
+        kernels' metadata, read from Triton's caches: for reports, e.g. the wave executor's row
+        of bench/decode.py); none under the interpreter (nothing is compiled)."""
+        out = []
+        for k in list(self._kernels.values()):
+            jit = load_kernel(k)
+            for cache in getattr(jit, "device_caches", {}).values():
+                for compiled in list(cache[0].values()):
+                    compiled._init_handles()  # (loads the module: registers and spills are known from here)
+                    meta = compiled.metadata
+                    out.append({"kernel": k.fn.variant_name, "regs": compiled.n_regs, "spills": compiled.n_spills,
+                                "shared": meta.shared, "warps": meta.num_warps, "stages": meta.num_stages})
+        return out
+
     def megakernel_occupancy(self, plan) -> tuple[tuple[str, ...], np.ndarray]:
         """By threads and by shared memory (:func:`.megakernel.occupancy`)."""
         return occupancy(self, plan)
