@@ -4,7 +4,7 @@ bf16, batch 1, the cache filled to half; a GPU).
 
     python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--cache 1024]
         [--variants 'd=static;d=stream,f=1;x=auto,s=2/0'] [--tilings 'default;waves;bn=8'] [--steps 32]
-        [--branches] [--json FILE]
+        [--branches] [--budget SECONDS] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
 (``PTO_DISPATCH``), ``f=`` 0 or 1 (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
@@ -24,7 +24,7 @@ row is printed as a JSON line as soon as it is measured, and a table at the end.
 The split's measurement (issue 45; one call on an H200, under 8 minutes)::
 
     python bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b \
-        --variants 'x=off;x=auto;x=auto,s=2/0;x=auto,s=3/0' --branches --json mk_split.json
+        --variants 'x=off;x=auto;x=auto,s=2/0;x=auto,s=3/0' --branches --budget 330 --json mk_split.json
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -70,8 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--branches", action="store_true",
                     help="compile each branch alone once per configuration and tiling (registers, spills, shared "
                          "memory)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds after which no further run starts (each is skipped, said in its line): the rows "
+                         "measured so far and the table still print within a call's time limit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     bw = copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
@@ -84,6 +89,10 @@ def main(argv=None) -> int:
         runs += [("persistent", t, v) for t in args.tilings.split(";") for v in args.variants.split(";")]
         alone = set()  # the tilings whose branches were compiled alone
         for executor, tl, variant in runs:
+            if args.budget and time.perf_counter() - start > args.budget:
+                print(json.dumps({**base, "executor": executor, "tiling": tl, "variant": variant,
+                                  "skipped": f"past --budget {args.budget} s"}), flush=True)
+                continue
             env = variant_env(variant)
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)

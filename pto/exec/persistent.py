@@ -116,7 +116,7 @@ class PersistentExecutor(Executor):
             self.progress(self.plan.n_tasks, self.plan.n_tasks)
         ms = (time.perf_counter() - t0) * 1e3
         self.records = self.trace_records() if self.record else []
-        return ExecStats(self.plan.n_tasks, 0, 1, ms, self.records)
+        return ExecStats(self.plan.n_tasks, 0, len(self.kernels), ms, self.records)
 
     def _launch(self, trace: bool = False) -> None:
         """Launch every segment in turn (``trace``: each records its items' spans)."""
