@@ -167,18 +167,17 @@ def split_plan(plan, backend, choice: str | None) -> tuple[Split, list]:
     (``[plan]`` itself when uncut). ``auto`` reads ``backend``'s estimate
     (:meth:`Backend.megakernel_occupancy <pto.backends.base.Backend.megakernel_occupancy>`)."""
     mode = resolve_split(choice)
-    where = "PTO_MK_SPLIT" if not choice else "split"
-    level = plan.levels()
-    top = int(level.max(initial=0))
     if mode == "off":
-        split = Split((), "off")
-    elif mode == "auto":
+        return Split((), "off"), [plan]
+    level = plan.levels()
+    if mode == "auto":
         names, occ = backend.megakernel_occupancy(plan)
         split = auto_cuts(level, plan.task_branch, occ, names, plan.cost if plan.cost is not None
                           else np.ones(plan.n_tasks), plan.nitems.astype(np.float64), plan.succ_ptr.astype(np.int64),
                           plan.succ.astype(np.int64), [b.fn.variant_name for b in plan.branches])
     else:
-        split = Split(parse_cuts(mode, top, where), f"levels {mode}")
+        split = Split(parse_cuts(mode, int(level.max(initial=0)), "PTO_MK_SPLIT" if not choice else "split"),
+                      f"levels {mode}")
     if not split.cuts:
         return split, [plan]
     seg = split.segment_of(level)
