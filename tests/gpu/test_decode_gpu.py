@@ -102,6 +102,12 @@ def test_the_step_split_by_resource_class_on_the_gpu(batch, cache, monkeypatch):
         assert runner.cuda_graph is not None
         for k, v in out.items():
             assert torch.equal(again[k], v), k
+        if batch == 1:  # each branch compiled alone (compiled, never launched: the outputs stay)
+            alone = ex.branch_resources()
+            assert [b["branch"] for b in alone] == [b.fn.variant_name for b in ex.plan.branches]
+            optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+            assert all(b["regs"] > 0 and 0 <= b["shared"] <= optin for b in alone)
+            assert all(torch.equal(runner.tensors[k], v) for k, v in out.items())
 
     _check_step("persistent", batch, cache, inspect)
 
