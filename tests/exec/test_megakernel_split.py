@@ -206,6 +206,33 @@ def test_decode_steps_cut_off_the_lm_head(config):
     assert names == ("threads", "shared memory") and occ.shape == (len(plan.branches), 2)
 
 
+def test_the_prefill_layer_cuts_off_its_attention():
+    """The 7B prefill layer (fused attention, 1,537 rows, for an H100): its attention's
+    pipelines need the most shared memory and hold one level, so ``auto`` makes that level a
+    launch between the projections before and after it."""
+    from pto import programs
+    from pto.backends.triton import TritonBackend
+    from pto.exec.plan import make_plan
+    from pto.exec.segments import split_plan
+    from pto.graph import CompiledProgram
+    from pto.target import get as target
+
+    prog = programs.get("llama7b")
+    s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), attention="fused")
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(1537)))
+    try:
+        backend = TritonBackend("cpu")
+        plan = make_plan(graph, list(graph.tensor_ids), {}, flags=backend.task_flags)
+    finally:
+        graph.close()
+    split, segments = split_plan(plan, backend, "auto")
+    lv = plan.levels()
+    attn = {b for b, br in enumerate(plan.branches) if br.fn.name == "flash_fused"}
+    (level,) = set(lv[np.isin(plan.task_branch, list(attn))].tolist())
+    assert split.cuts == (level, level + 1) and "flash_fused" in split.reason
+    assert {b.fn.name for b in segments[1].branches} == {"flash_fused"}
+
+
 # -- under the Triton interpreter ------------------------------------------------------------------
 
 def _run_module(module, x: dict, executor: str, split: str | None = None, **kw):
