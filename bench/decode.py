@@ -171,7 +171,10 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
             if branches:
-                out["branches"] = step.executor.branch_resources()
+                try:
+                    out["branches"] = step.executor.branch_resources()
+                except Exception as e:  # a branch that compiles alone in no configuration: say so
+                    out["branches_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         elif hasattr(step.executor.backend, "compiled_kernels"):
             try:
                 out["compiled"] = step.executor.backend.compiled_kernels()
