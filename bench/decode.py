@@ -4,7 +4,7 @@ configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
                            [--long 32768] [--steps 64] [--json FILE] [--hf-configs NAMES] [--hf-batches 1]
-                           [--tilings 'default;bn=32;bn=16,bk=128']
+                           [--tilings 'default;bn=32;bn=16,bk=128'] [--branches]
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
@@ -16,7 +16,11 @@ forward, the same positions, timed the same way. The HBM floor: the bytes every 
 here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
 run's scheduling cost per work item (``item_gap_us``),
 the median time from a task's last predecessor's end to its start (``dependency_wait_us``)
-and its busy time per InCore function (where the time goes). Correctness is not measured here:
+and its busy time per InCore function (where the time goes); its megakernel's registers, spills,
+shared memory and programs a multiprocessor (per segment where the plan is split,
+``PTO_MK_SPLIT``), and with ``--branches`` each branch's compiled alone in a one-branch
+megakernel (a compile per branch). For the wave executor, each compiled kernel's registers,
+spills, shared memory, warps and stages (``compiled``). Correctness is not measured here:
 tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
 
 Quantized weights (``--quant bf16,q4_k/q6_k,q8_0,fp8``: per spec ``LAYERS[/HEAD]``, the layers'
@@ -129,11 +133,15 @@ def kernel_times(fn, steps: int) -> dict:
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
-         kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False) -> dict:
+         kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False,
+         branches: bool = False) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
     goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step, its
     LM head vocabulary-parallel or not, and (``comm``) its collectives' profile and the first
-    run's sums by algorithm."""
+    run's sums by algorithm. What the kernels need: the persistent executor's megakernels per
+    segment (``report``: registers, spills, shared memory, programs a multiprocessor) and, with
+    ``branches``, each branch compiled alone (``branches``: a compile per branch); the wave
+    executor's compiled kernels (``compiled``)."""
     gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
@@ -163,6 +171,16 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
             out.update(_comm(one), sums=sums["algorithms"])
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
+            if branches:
+                try:
+                    out["branches"] = step.executor.branch_resources()
+                except Exception as e:  # a branch that compiles alone in no configuration: say so
+                    out["branches_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        elif hasattr(step.executor.backend, "compiled_kernels"):
+            try:
+                out["compiled"] = step.executor.backend.compiled_kernels()
+            except Exception as e:  # Triton's caches are its own: report it, keep the timing
+                out["compiled_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         out["profile_ms"] = step.executor.profile()
         return out
     finally:
@@ -256,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--kernels", action="store_true",
                     help="profile each step's kernels (torch.profiler): launches, time each, busy against wall")
+    ap.add_argument("--branches", action="store_true",
+                    help="the persistent executor: compile each branch alone (a one-branch megakernel) and report its "
+                         "registers, spills and shared memory")
     ap.add_argument("--tilings", default="default",
                     help="decode tilings to compare, ';'-separated, e.g. 'default;bn=32;bn=16,bk=128'")
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
@@ -291,7 +312,7 @@ def main(argv=None) -> int:
                     key += f" #{sum(k.split(' #')[0] == key for k in row) + 1}" if key in row else ""
                     try:
                         row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
-                                        args.kernels)
+                                        args.kernels, branches=args.branches)
                         row[key]["x_floor"] = round(row["floor_ms"] / row[key]["ms"], 3)
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -3,16 +3,28 @@ each choice against the wave executor in the same process (random weights of the
 bf16, batch 1, the cache filled to half; a GPU).
 
     python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--cache 1024]
-        [--variants 'd=static;d=stream,f=1'] [--tilings 'default;waves;bn=8'] [--steps 32] [--json FILE]
+        [--variants 'd=static;d=stream,f=1;x=auto,s=2/0'] [--tilings 'default;waves;bn=8'] [--steps 32]
+        [--branches] [--budget SECONDS] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
 (``PTO_DISPATCH``), ``f=`` 0 or 1 (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
-(``PTO_PER_SM``), ``g=`` programs (``PTO_PROGRAMS``), e.g. ``d=static,f=1``. A tiling is
-``default`` (the executor's own, :func:`pto.orchestration.model.program.tiling_for_executor`),
-``waves`` (the wave executor's) or fields replaced in the wave executor's, as bench/decode.py
-takes them. Each persistent run reports its megakernel's items, median item gap and dependency
-wait, registers, spills, shared memory and programs per SM. Every row is printed as a JSON line as
-soon as it is measured.
+(``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
+as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
+launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), e.g.
+``d=static,f=1``. A tiling is ``default`` (the executor's own,
+:func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
+fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
+reports its megakernel's items, median item gap and dependency wait, and per segment (one
+unless split) its levels, items, branches, registers, spills, shared memory, warps and programs
+per SM; ``--branches``: the first persistent run of each configuration and tiling also compiles
+each branch alone in a one-branch megakernel (its registers, spills and shared memory against
+the estimate the cut rule reads). The wave executor's rows list each compiled kernel's. Every
+row is printed as a JSON line as soon as it is measured, and a table at the end.
+
+The split's measurement (issue 45; one call on an H200, under 8 minutes)::
+
+    python bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b \
+        --variants 'x=off;x=auto;x=auto,s=2/0;x=auto,s=3/0' --branches --budget 330 --json mk_split.json
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,7 +45,13 @@ from decode import copy_bandwidth, floor_ms, ours, parse_tiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS"}
+ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT"}
+
+
+def variant_env(variant: str) -> dict[str, str]:
+    """The environment of a variant (``x=auto,s=2/0`` -> PTO_MK_SPLIT=auto, PTO_PER_SM=2,0)."""
+    pairs = dict(kv.split("=") for kv in variant.split(",")) if variant else {}
+    return {ENV[k]: v.replace("/", ",") for k, v in pairs.items()}
 
 
 def tiling(text: str, cfg, executor: str):
@@ -49,8 +68,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tilings", default="default")
     ap.add_argument("--waves", default="default", help="tilings the wave executor runs ('' none)")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--branches", action="store_true",
+                    help="compile each branch alone once per configuration and tiling (registers, spills, shared "
+                         "memory)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds after which no further run starts (each is skipped, said in its line): the rows "
+                         "measured so far and the table still print within a call's time limit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     bw = copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
@@ -61,13 +87,20 @@ def main(argv=None) -> int:
         base = {"config": name, "cache": args.cache, "floor_ms": floor_ms(cfg, 1, args.cache, bw)}
         runs = [("waves", t, "") for t in args.waves.split(";") if t]
         runs += [("persistent", t, v) for t in args.tilings.split(";") for v in args.variants.split(";")]
+        alone = set()  # the tilings whose branches were compiled alone
         for executor, tl, variant in runs:
-            env = dict(kv.split("=") for kv in variant.split(",")) if variant else {}
-            env = {ENV[k]: v for k, v in env.items()}
+            if args.budget and time.perf_counter() - start > args.budget:
+                print(json.dumps({**base, "executor": executor, "tiling": tl, "variant": variant,
+                                  "skipped": f"past --budget {args.budget} s"}), flush=True)
+                continue
+            env = variant_env(variant)
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
+            branches = args.branches and executor == "persistent" and tl not in alone
+            if branches:
+                alone.add(tl)
             try:
-                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor))
+                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches)
             except Exception as e:  # report it, measure the rest
                 res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             finally:
@@ -88,13 +121,34 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
                                                "rows": rows}, indent=1))
     for r in rows:
-        what = r["executor"] + (f" [{r['variant']}]" if r["variant"] else "") + f" tiling {r['tiling']}"
-        rep = r.get("report", {})
-        print(f"{r['config']:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
-              f"items {rep.get('items', '')} gap {rep.get('item_gap_us', '')} wait {rep.get('dependency_wait_us', '')} "
-              f"regs {rep.get('regs', '')} spills {rep.get('spills', '')} smem {rep.get('shared', '')} "
-              f"per_sm {rep.get('programs_per_sm', '')}")
+        print(table_lines(r))
     return 0
+
+
+def table_lines(r: dict) -> str:
+    """A row as text: its time and the megakernel's items, gap and wait; a line per segment
+    (registers, spills, shared memory, warps, programs a multiprocessor, branches) and per branch
+    compiled alone; the wave executor's kernels with the most registers."""
+    what = r["executor"] + (f" [{r['variant']}]" if r["variant"] else "") + f" tiling {r['tiling']}"
+    rep = r.get("report", {})
+    lines = [f"{r['config']:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
+             f"items {rep.get('items', '')} gap {rep.get('item_gap_us', '')} wait {rep.get('dependency_wait_us', '')}"]
+    segments = rep.get("segments", [rep] if "regs" in rep else [])
+    if "split" in rep:
+        lines.append(f"    split: {rep['split']}")
+    for k, seg in enumerate(segments):
+        where = f"levels {seg['levels'][0]}-{seg['levels'][1]}, {seg['items']} items, " if "levels" in seg else ""
+        lines.append(f"    segment {k}: {where}regs {seg.get('regs')} spills {seg.get('spills')} smem "
+                     f"{seg.get('shared')} warps {seg.get('warps')} per_sm {seg.get('programs_per_sm')}"
+                     + (f"  [{', '.join(seg['branches'])}]" if "branches" in seg else ""))
+    for b in r.get("branches", []):
+        lines.append(f"    alone {b['branch'][:48]:48s} regs {b.get('regs')} spills {b.get('spills')} smem "
+                     f"{b.get('shared')} warps {b.get('warps')} per_sm {b.get('programs_per_sm')} "
+                     f"estimate {b['estimate_per_sm']}")
+    top = sorted(r.get("compiled", []), key=lambda c: -c["regs"])[:6]
+    lines += [f"    kernel {c['kernel'][:48]:48s} regs {c['regs']} spills {c['spills']} smem {c['shared']} "
+              f"warps {c['warps']} stages {c['stages']}" for c in top]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

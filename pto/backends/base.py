@@ -124,16 +124,25 @@ class Backend(ABC):
     # -- the persistent executor's (a backend with the ``megakernel`` capability) ------------------
     def megakernel_settings(self, settings=None, **changes):
         """How this backend builds a megakernel: ``settings`` (the executor's, None: the
-        defaults) with ``changes`` (``sentinel``, ``ignore``); the result's ``programs`` is the
+        defaults) with ``changes`` (``sentinel``, ``ignore``, ``segment``: which segment of a split
+        plan the kernel runs); the result's ``programs`` is the
         programs of a launch where fixed (None: as many as fit on the GPU)."""
         raise UsageError(f"the persistent executor needs a backend that compiles a megakernel; --backend {self.name} "
                          "needs --executor waves")
 
-    def megakernel(self, plan, tensors, settings):
+    def megakernel(self, plan, tensors, settings, after=None):
         """A whole graph's plan (:class:`pto.exec.plan.Plan`) compiled into one persistent kernel,
-        for a backend with the ``megakernel`` capability (:func:`capable`)."""
+        for a backend with the ``megakernel`` capability (:func:`capable`); a segment of a split
+        plan is launched after the kernel ``after`` (the segment before it, on the same stream)."""
         raise UsageError(f"the persistent executor needs a backend that compiles a megakernel; --backend {self.name} "
                          "needs --executor waves")
+
+    def megakernel_occupancy(self, plan) -> tuple[tuple[str, ...], np.ndarray]:
+        """Per branch of ``plan`` and resource (the names), how many programs a multiprocessor
+        the branch alone allows, estimated before compiling (``[branches, resources]`` int): what
+        the persistent executor's cut rule reads (:mod:`pto.exec.segments`). No resource by
+        default (the rule never cuts)."""
+        return (), np.zeros((len(plan.branches), 0), np.int64)
 
     def task_flags(self, fn, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per task and memref of a megakernel's plan (``regions``: ``[tasks, memrefs, 4]``,

@@ -37,8 +37,8 @@ class LaunchRecord:
 @dataclass
 class ItemRecord:
     """One work item of the persistent executor: a task and its parallel index, the program
-    (lane) that ran it, and when (the GPU's global timer in ns; ticks of a logical clock under
-    the interpreter)."""
+    (lane) of its segment's launch that ran it, and when (the GPU's global timer in ns; ticks
+    of a logical clock under the interpreter)."""
 
     task: int
     p: int
@@ -46,6 +46,7 @@ class ItemRecord:
     start_ns: int
     end_ns: int
     func: str  # variant name
+    segment: int = 0  # the launch (segment of a split plan, pto.exec.segments) that ran it
 
 
 @dataclass

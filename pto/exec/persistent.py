@@ -8,6 +8,11 @@ Triton backend's, :mod:`pto.backends.triton.megakernel`), launched with as many 
 on the GPU at once; the only waits are the true dependencies. A replay resets the counters on the
 device and launches again, so it is captured in a CUDA graph like the wave executor's launches.
 
+The settings' ``split`` (``PTO_MK_SPLIT``) cuts the plan into segments by resource class
+(:mod:`pto.exec.segments`): one megakernel per segment, each compiled for its own branches and
+launched with as many programs as it allows, one after another on the stream (a replay and its
+CUDA graph hold every segment's launch).
+
 On the CPU the kernel runs under the Triton interpreter, which runs the programs one after
 another: the first takes every item in queue order, so every wait is already satisfied (the
 tests compare it bit for bit with the wave executor).
@@ -30,6 +35,7 @@ from pto.backends.base import Backend, capable
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.plan import Plan, make_plan
+from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.ir.analysis import has_collective
 
@@ -50,8 +56,10 @@ class PersistentExecutor(Executor):
         self.order = order
         self.sentinel = sentinel
         self.settings = settings
-        self.plan: Plan | None = None
-        self.kernel = None  # the backend's compiled megakernel
+        self.plan: Plan | None = None  # the whole graph's
+        self.split: Split | None = None  # where it is cut
+        self.segments: list[Plan] = []  # its launches in order ([plan] uncut)
+        self.kernels: list = []  # the backend's compiled megakernel of each segment
         self.flags: TaskFlags | None = None  # the sentinel's records of the last launch
 
     @property
@@ -59,8 +67,17 @@ class PersistentExecutor(Executor):
         return next(iter(self.tensors.values())).device
 
     @property
+    def kernel(self):
+        """The compiled megakernel of an uncut plan (None before a run; a split plan has one per
+        segment, :attr:`kernels`)."""
+        if len(self.kernels) > 1:
+            raise ValueError(f"the plan is split into {len(self.kernels)} megakernels: see .kernels")
+        return self.kernels[0] if self.kernels else None
+
+    @property
     def programs(self) -> int:
-        return self.kernel.programs
+        """The programs of the widest launch."""
+        return max(k.programs for k in self.kernels)
 
     def run(self, graph) -> ExecStats:
         from pto.machine.target import detect
@@ -84,7 +101,12 @@ class PersistentExecutor(Executor):
                                     if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
                               flags=self.backend.task_flags)
-        self.kernel = self.backend.megakernel(self.plan, self.tensors, settings)
+        self.split, self.segments = split_plan(self.plan, self.backend, settings.split)
+        self.kernels = []
+        for k, segment in enumerate(self.segments):
+            self.kernels.append(self.backend.megakernel(segment, self.tensors,
+                                                        self.backend.megakernel_settings(settings, segment=k),
+                                                        self.kernels[-1] if self.kernels else None))
         if self.sentinel:
             self.flags = TaskFlags(graph.runtime.export(), {graph.tensor_ids[n]: self.tensors[n] for n in names},
                                    declared_infinities(graph.variants))
@@ -94,46 +116,58 @@ class PersistentExecutor(Executor):
             self.progress(self.plan.n_tasks, self.plan.n_tasks)
         ms = (time.perf_counter() - t0) * 1e3
         self.records = self.trace_records() if self.record else []
-        return ExecStats(self.plan.n_tasks, 0, 1, ms, self.records)
+        return ExecStats(self.plan.n_tasks, 0, len(self.kernels), ms, self.records)
 
     def _launch(self, trace: bool = False) -> None:
+        """Launch every segment in turn (``trace``: each records its items' spans)."""
         if self.sentinel:
-            # the device checks a task's inputs when its last predecessor releases it; the inputs
-            # of the tasks without predecessors are checked here
             self.flags.clear()
-            roots = np.nonzero(self.plan.pending == 0)[0]
-            self.flags.scan(roots + self.plan.first_task, writes=False)
-        self.kernel.launch(trace)
-        if self.sentinel:
-            read, wrote = self.kernel.sentinel_records()
-            inner = self.plan.pending > 0
-            self.flags.read[inner] = read[inner]
-            self.flags.wrote[:] = wrote
+        for segment, kernel in zip(self.segments, self.kernels):
+            if self.sentinel:
+                # the device checks a task's inputs when its last predecessor in the segment
+                # releases it; the inputs of the segment's tasks without one are checked here,
+                # after the segments before it ran (the scan waits for the stream)
+                roots = np.nonzero(segment.tasks & (segment.pending == 0))[0]
+                self.flags.scan(roots + self.plan.first_task, writes=False)
+            kernel.launch(trace)
+            if self.sentinel:
+                read, wrote = kernel.sentinel_records()
+                inner = segment.pending > 0
+                self.flags.read[inner] = read[inner]
+                self.flags.wrote[segment.tasks] = wrote[segment.tasks]
 
     def replay(self) -> None:
         self._launch()
 
     def check(self) -> None:
-        """Raise ExecutionError if a program gave up waiting (names the task it waited on)."""
-        t = self.kernel.gave_up()
-        if t is not None:
-            fn = self.plan.variants[t]
-            raise ExecutionError(f"persistent executor: a program waited more than {self.kernel.max_polls:,} polls "
-                                 f"for the predecessors of task {t + self.plan.first_task} (`{fn.variant_name}`); "
-                                 "a dependency was never released")
-        taken = self.kernel.items_taken()
-        if taken < self.plan.n_items:
-            raise ExecutionError("persistent executor: the kernel ended before taking every work item")
-        if self.kernel.dispatch == "static" and taken != self.plan.n_items:  # (each program counts its own)
-            raise ExecutionError(f"persistent executor: the programs ran {taken:,} items of {self.plan.n_items:,}")
+        """Raise ExecutionError if a program of any segment gave up waiting (names the task it
+        waited on, the first segment's that did), or a segment ended before running its items."""
+        for kernel in self.kernels:
+            t = kernel.gave_up()
+            if t is not None:
+                fn = self.plan.variants[t]
+                raise ExecutionError(f"persistent executor: a program waited more than {kernel.max_polls:,} polls "
+                                     f"for the predecessors of task {t + self.plan.first_task} (`{fn.variant_name}`); "
+                                     "a dependency was never released")
+        for k, (segment, kernel) in enumerate(zip(self.segments, self.kernels)):
+            what = f" (segment {k} of {len(self.kernels)})" if len(self.kernels) > 1 else ""
+            taken = kernel.items_taken()
+            if taken < segment.n_items:
+                raise ExecutionError(f"persistent executor: the kernel{what} ended before taking every work item")
+            if kernel.dispatch == "static" and taken != segment.n_items:  # (each program counts its own)
+                raise ExecutionError(f"persistent executor: the programs{what} ran {taken:,} items of "
+                                     f"{segment.n_items:,}")
 
     def trace_records(self) -> list[ItemRecord]:
-        """One record per work item of the last traced run."""
+        """One record per work item of the last traced run, segment by segment."""
         self.sync()
-        tr = self.kernel.trace()
-        return [ItemRecord(int(t) + self.plan.first_task, int(p), int(tr[i, 2]), int(tr[i, 0]), int(tr[i, 1]),
-                           self.plan.variants[t].variant_name)
-                for i, (t, p) in enumerate(self.plan.items)]
+        out = []
+        for k, (segment, kernel) in enumerate(zip(self.segments, self.kernels)):
+            tr = kernel.trace()
+            out += [ItemRecord(int(t) + self.plan.first_task, int(p), int(tr[i, 2]), int(tr[i, 0]), int(tr[i, 1]),
+                               self.plan.variants[t].variant_name, k)
+                    for i, (t, p) in enumerate(segment.items)]
+        return out
 
     def report(self) -> dict:
         """Items, programs, branches and the scheduling cost per work item: the median gap
@@ -143,9 +177,9 @@ class PersistentExecutor(Executor):
         self._launch(trace=True)
         self.check()
         records = self.trace_records()
-        by_prog: dict[int, list] = {}
+        by_prog: dict[tuple[int, int], list] = {}
         for r in records:
-            by_prog.setdefault(r.program, []).append((r.start_ns, r.end_ns))
+            by_prog.setdefault((r.segment, r.program), []).append((r.start_ns, r.end_ns))
         gaps = []
         for spans in by_prog.values():
             spans.sort()
@@ -156,7 +190,42 @@ class PersistentExecutor(Executor):
         out = {"items": self.plan.n_items, "programs": self.programs, "branches": len(self.plan.branches),
                f"item_gap_{suffix}": round(gap, 3),
                f"dependency_wait_{suffix}": round(float(np.median(wait)) / unit, 3) if len(wait) else 0.0}
-        out.update(self.kernel.compiled_info)
+        if len(self.kernels) == 1:
+            out.update(self.kernels[0].compiled_info)
+        else:
+            out["split"] = self.split.reason
+            out["segments"] = self.segment_report()
+        return out
+
+    def segment_report(self) -> list[dict]:
+        """Per segment (one, uncut): its levels, tasks, items, programs and branches (variant
+        names), and its compiled kernel's registers, spills, shared memory, programs a
+        multiprocessor and warps (on the GPU)."""
+        level = self.plan.levels()
+        out = []
+        for segment, kernel in zip(self.segments, self.kernels):
+            lv = level[segment.tasks]
+            out.append({"levels": [int(lv.min()), int(lv.max())], "tasks": int(segment.tasks.sum()),
+                        "items": segment.n_items, "programs": kernel.programs,
+                        "branches": [b.fn.variant_name for b in segment.branches], **kernel.compiled_info})
+        return out
+
+    def branch_resources(self) -> list[dict]:
+        """Per branch of the plan, its own resources: the backend's estimate (programs a
+        multiprocessor by each resource, what the cut rule reads) and, on a GPU, what its device
+        function compiled alone into a one-branch megakernel needs (registers, spills, shared
+        memory, programs a multiprocessor: the compiled kernel's metadata; compiled, never
+        launched). Under the interpreter nothing is compiled, so only the estimate. For reports
+        (bench/decode.py and bench/megakernel.py ``--branches``): a compile per branch."""
+        names, occ = self.backend.megakernel_occupancy(self.plan)
+        settings = self.backend.megakernel_settings(self.settings, sentinel=False, per_sm=0, programs=None,
+                                                    split="off")
+        out = []
+        for b, branch in enumerate(self.plan.branches):
+            member = self.plan.task_branch == b
+            alone = self.backend.megakernel(self.plan.segment(member), self.tensors, settings)
+            out.append({"branch": branch.fn.variant_name, "tasks": int(member.sum()),
+                        "estimate_per_sm": dict(zip(names, (int(x) for x in occ[b]))), **alone.compiled_info})
         return out
 
     def _release_waits(self, records: list[ItemRecord]) -> np.ndarray:
@@ -176,15 +245,16 @@ class PersistentExecutor(Executor):
         return (first[waited] - ready[waited]).astype(np.float64)
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
-        """Per InCore function: the summed duration of its work items divided by the number of
-        programs (the share of one replay it occupies), from a traced run (ms)."""
+        """Per InCore function: the summed duration of its work items, each divided by the
+        programs of its launch (the share of one replay it occupies), from a traced run (ms)."""
         self._launch(trace=True)
         self.check()
         acc: dict[str, float] = {}
         for r in self.trace_records():
             name = self.plan.variants[r.task - self.plan.first_task].name
-            acc[name] = acc.get(name, 0.0) + (r.end_ns - r.start_ns) / 1e6
-        return {k: round(v / self.programs, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
+            share = (r.end_ns - r.start_ns) / 1e6 / self.kernels[r.segment].programs
+            acc[name] = acc.get(name, 0.0) + share
+        return {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
 
 
 __all__ = ["PersistentExecutor"]

@@ -10,7 +10,7 @@ priority order (:mod:`pto.exec.order`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -56,10 +56,46 @@ class Plan:
     cost: np.ndarray | None = None  # [n] estimated ns per item (pto.exec.cost)
     programs: int = 1  # the programs the order was scheduled for
     worker: np.ndarray | None = None  # [k] int32: the program of each item in the list schedule
+    #: [n] bool: the tasks this plan runs (a segment of a split plan, :meth:`segment`); None: all
+    member: np.ndarray | None = None
 
     @property
     def n_tasks(self) -> int:
+        """Tasks of the whole graph (a segment keeps the graph's task indices)."""
         return len(self.task_branch)
+
+    @property
+    def tasks(self) -> np.ndarray:
+        """[n] bool: the tasks this plan runs."""
+        return np.ones(self.n_tasks, bool) if self.member is None else self.member
+
+    def levels(self) -> np.ndarray:
+        """Per task, the longest dependency chain ending at it (:func:`pto.exec.order.levels`)."""
+        return levels(self.n_tasks, self.succ_ptr.astype(np.int64), self.succ.astype(np.int64))
+
+    def segment(self, member: np.ndarray) -> Plan:
+        """The plan of the tasks ``member`` (``[n]`` bool) alone, one launch of a split plan
+        (:mod:`pto.exec.segments`): their items in this plan's queue order, the branches they use
+        (renumbered, so the segment's kernel dispatches only those), and the edges among them; an
+        edge from a task outside is satisfied by the order of the launches on the stream, so it
+        counts in no pending counter and releases nothing. Task indices stay the graph's; a task
+        outside has no items and no edges."""
+        member = np.asarray(member, bool)
+        src = self.edge_sources
+        keep = member[src] & member[self.succ]
+        succ = self.succ[keep]
+        succ_ptr = np.zeros(self.n_tasks + 1, np.int64)
+        np.cumsum(np.bincount(src[keep], minlength=self.n_tasks), out=succ_ptr[1:])
+        used = np.unique(self.task_branch[member])
+        renumber = np.zeros(len(self.branches), np.int32)
+        renumber[used] = np.arange(len(used), dtype=np.int32)
+        return replace(self, branches=[self.branches[b] for b in used],
+                       items=self.items[member[self.items[:, 0]]] if len(self.items) else self.items,
+                       task_branch=np.where(member, renumber[self.task_branch], 0).astype(np.int32),
+                       pending=np.bincount(succ, minlength=self.n_tasks).astype(np.int32),
+                       nitems=np.where(member, self.nitems, 0).astype(np.int32),
+                       succ_ptr=succ_ptr.astype(np.int32), succ=succ.astype(np.int32), worker=None,
+                       member=member)
 
     @property
     def edge_sources(self) -> np.ndarray:
@@ -83,8 +119,7 @@ class Plan:
 
     @property
     def dag(self) -> Dag:
-        return Dag(self.succ_ptr.astype(np.int64), self.succ.astype(np.int64), self.pending,
-                   levels(self.n_tasks, self.succ_ptr.astype(np.int64), self.succ.astype(np.int64)))
+        return Dag(self.succ_ptr.astype(np.int64), self.succ.astype(np.int64), self.pending, self.levels())
 
     def workers(self, programs: int, dispatch: str) -> np.ndarray:
         """The program of each queued item for ``programs`` programs: round robin (``static``)

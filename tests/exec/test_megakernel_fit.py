@@ -16,6 +16,7 @@ from pto.errors import ResourceError
 from pto.exec.plan import make_plan
 from pto.machine.target import get as target
 from pto.runtime.graph import CompiledProgram
+from tests.exec.split_programs import decode_plan
 from tests.sm90 import compile_sm90, megakernel_job
 
 H100_SHARED = 232448  # bytes of shared memory a block may opt in to on an H100 (227 KiB)
@@ -97,3 +98,45 @@ def test_stage_bytes_counts_the_tiles_a_loop_loads():
 
     expect = sum(np.prod(tile_shape(t, dict(gemm.variant))) * 2 for t in (a, bt))
     assert stage_bytes(gemm) == expect
+
+
+def test_the_shared_estimate_counts_only_loops_that_pipeline():
+    """SmolLM2's decode step: a GEMV whose K loop is one step of 1024 over 576 columns loads
+    into registers (nothing estimated); the LM head's K loop over 576 in steps of 64 buffers
+    stages - 1 weight tiles of 64 x 256 bf16 and its 1 x 64 activation and gain tiles."""
+    from pto.codegen.triton.megakernel import shared_estimate
+
+    plan, _ = decode_plan("smollm2-135m")
+    by_name = {b.fn.name: b for b in plan.branches}
+    gemv = by_name["gemv_norm_swiglu_tile"].fn
+    assert stage_bytes(gemv) > 0 and stage_bytes(gemv, pipelined=True) == 0 and shared_estimate(gemv, 3) == 0
+    head = by_name["lmhead_argmax_tile"].fn
+    per_stage = 64 * 256 * 2 + 2 * (64 * 2)
+    assert stage_bytes(head, pipelined=True) == per_stage
+    assert [shared_estimate(head, s) for s in (1, 2, 3)] == [0, per_stage, 2 * per_stage]
+
+
+@pytest.mark.slow
+def test_the_shared_estimate_is_what_triton_compiles(tmp_path):
+    """Each branch of SmolLM2's decode step compiled alone in a one-branch megakernel for sm_90
+    at its schedule's depth (no GPU needed): the GEMVs' and the LM head's shared memory within
+    1 KiB of the estimate the cut rule reads; attention's at least the estimate (its tl.dot
+    operands add a layout-conversion buffer)."""
+    from pto.backends.triton.megakernel import branch_configs
+    from pto.codegen.triton.megakernel import shared_estimate
+
+    plan, backend = decode_plan("smollm2-135m")
+    jobs, want = [], []
+    for b, cfg in zip(plan.branches, branch_configs(backend, plan)):
+        name = b.fn.name
+        kernel = render_megakernel([b], stages={b.fn.variant_name: cfg.num_stages}, dispatch="static")
+        jobs.append(megakernel_job(kernel, {"num_warps": cfg.num_warps, "num_stages": 1, "enable_fp_fusion": True}))
+        want.append((name, shared_estimate(b.fn, cfg.num_stages)))
+    results = compile_sm90(jobs, tmp_path)
+    for (name, estimate), r in zip(want, results):
+        assert r["ok"], (name, r.get("error"))
+        if name.startswith("decode_attn"):
+            assert r["shared"] >= estimate, (name, r["shared"], estimate)
+        else:
+            assert abs(r["shared"] - estimate) <= 1024, (name, r["shared"], estimate)
+    assert max(e for _, e in want) == dict(want)["lmhead_argmax_tile"] > 0

@@ -83,7 +83,38 @@ def test_weights_loaded_before_the_wait_change_no_bit(batch, monkeypatch):
             assert torch.equal(late[name], auto[name]), name
 
 
-def _check_step(executor: str, batch: int, cache: int) -> None:
+@pytest.mark.parametrize("batch,cache", [(1, 768), (3, 1280)])
+def test_the_step_split_by_resource_class_on_the_gpu(batch, cache, monkeypatch):
+    """``PTO_MK_SPLIT=auto``: the LM head and the argmax a launch of their own, each segment's
+    megakernel compiled for its own branches (its registers and programs a multiprocessor in the
+    report); as close to float64 as torch's bf16, and the CUDA graph of both launches replays
+    the first run's bits."""
+    monkeypatch.setenv("PTO_MK_SPLIT", "auto")
+
+    def inspect(runner, inputs, out):
+        ex = runner.executor
+        assert len(ex.kernels) == 2 and [b.fn.name for b in ex.segments[1].branches] == \
+            ["lmhead_argmax_tile", "argmax_advance"]
+        rep = ex.report()
+        assert [s["items"] for s in rep["segments"]] == [s.n_items for s in ex.segments]
+        assert all(s["regs"] > 0 and s["programs_per_sm"] >= 1 for s in rep["segments"])
+        again = runner(inputs)  # a replay: the captured CUDA graph of both launches
+        assert runner.cuda_graph is not None
+        for k, v in out.items():
+            assert torch.equal(again[k], v), k
+        if batch == 1:  # each branch compiled alone (compiled, never launched: the outputs stay)
+            alone = ex.branch_resources()
+            assert [b["branch"] for b in alone] == [b.fn.variant_name for b in ex.plan.branches]
+            optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+            assert all(b["regs"] > 0 and 0 <= b["shared"] <= optin for b in alone)
+            assert all(torch.equal(runner.tensors[k], v) for k, v in out.items())
+
+    _check_step("persistent", batch, cache, inspect)
+
+
+def _check_step(executor: str, batch: int, cache: int, inspect=None) -> None:
+    """The step's first run against float64 (``inspect(runner, inputs, outputs)``: more checks
+    before the runner closes)."""
     from pto.engine import Runner, rel_err, resolve
 
     job = resolve("model", device="cuda", backend="triton", executor=executor, config="smollm2-135m", dtype="bf16")
@@ -93,6 +124,8 @@ def _check_step(executor: str, batch: int, cache: int) -> None:
         inputs = job.program.inputs(job.settings, shape, "cuda", seed=batch)
         out = {k: v.clone() for k, v in runner(inputs).items()}
         assert runner.executor.name == executor
+        if inspect is not None:
+            inspect(runner, inputs, out)
     finally:
         runner.close()
     f64 = job.program.reference(job.settings, shape, inputs, torch.float64)

@@ -42,7 +42,7 @@ from pto.backends.triton.launch import (
     with_descriptors,
 )
 from pto.backends.triton.loader import load_kernel
-from pto.backends.triton.megakernel import Megakernel, MegakernelSettings
+from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occupancy
 from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
@@ -329,10 +329,31 @@ class TritonBackend(Backend):
     def megakernel_settings(self, settings: MegakernelSettings | None = None, **changes) -> MegakernelSettings:
         return replace(settings or MegakernelSettings(), **changes)
 
-    def megakernel(self, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings) -> Megakernel:
+    def megakernel(self, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings,
+                   after: Megakernel | None = None) -> Megakernel:
         """``plan`` (:class:`pto.exec.plan.Plan`) compiled into the persistent kernel over
-        ``tensors`` (:mod:`.megakernel`)."""
-        return Megakernel(self, plan, tensors, settings)
+        ``tensors`` (:mod:`.megakernel`), launched after ``after`` where a split plan's segment."""
+        return Megakernel(self, plan, tensors, settings, after)
+
+    def compiled_kernels(self) -> list[dict]:
+        """What each batched kernel this backend compiled needs, per compiled specialization: its
+        InCore variant, registers, spills, shared memory, warps and stages (the compiled
+        kernels' metadata, read from Triton's caches: for reports, e.g. the wave executor's row
+        of bench/decode.py); none under the interpreter (nothing is compiled)."""
+        out = []
+        for k in list(self._kernels.values()):
+            jit = load_kernel(k)
+            for cache in getattr(jit, "device_caches", {}).values():
+                for compiled in list(cache[0].values()):
+                    compiled._init_handles()  # (loads the module: registers and spills are known from here)
+                    meta = compiled.metadata
+                    out.append({"kernel": k.fn.variant_name, "regs": compiled.n_regs, "spills": compiled.n_spills,
+                                "shared": meta.shared, "warps": meta.num_warps, "stages": meta.num_stages})
+        return out
+
+    def megakernel_occupancy(self, plan) -> tuple[tuple[str, ...], np.ndarray]:
+        """By threads and by shared memory (:func:`.megakernel.occupancy`)."""
+        return occupancy(self, plan)
 
     @property
     def compiles(self) -> bool:

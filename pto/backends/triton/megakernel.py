@@ -20,7 +20,14 @@ import torch
 
 from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
-from pto.codegen.triton.megakernel import DISPATCH, ITEM_COLS, MegaKernel, fit_megakernel, render_megakernel
+from pto.codegen.triton.megakernel import (
+    DISPATCH,
+    ITEM_COLS,
+    MegaKernel,
+    fit_megakernel,
+    render_megakernel,
+    shared_estimate,
+)
 from pto.codegen.triton.scan import scan_table
 from pto.errors import UsageError
 
@@ -45,12 +52,19 @@ class MegakernelSettings:
     dispatch: str | None = None
     #: programs per multiprocessor to make room for: the kernel's pipelines are lowered to fit
     #: that share of the shared memory and its registers are capped to that share (None:
-    #: ``PTO_PER_SM``, else as many as the compiled kernel allows)
-    per_sm: int | None = None
+    #: ``PTO_PER_SM``, else as many as the compiled kernel allows); a tuple gives each segment of
+    #: a split plan its own (the last repeats; 0: as many as fit), e.g. ``(2, 0)``
+    per_sm: int | tuple[int, ...] | None = None
     #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
     #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
     #: 0: only its register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
     prefetch: int | None = None
+    #: where the plan is cut into launches by resource class (:mod:`pto.exec.segments`): ``off``,
+    #: ``auto`` or levels that start a segment (None: ``PTO_MK_SPLIT``, else
+    #: :data:`pto.exec.segments.DEFAULT_SPLIT`); the persistent executor reads it
+    split: str | None = None
+    #: which segment of a split plan this kernel runs (its entry of ``per_sm``)
+    segment: int = 0
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -76,6 +90,25 @@ def resolve_dispatch(choice: str | None) -> str:
 
 
 
+def per_sm_of(asked: int | tuple[int, ...] | None, segment: int) -> int | None:
+    """The programs a multiprocessor that ``asked`` (the settings', else ``PTO_PER_SM``: ``2``, or
+    one per segment, ``2,0``) makes room for in segment ``segment`` (the last entry repeats);
+    None (or 0) for as many as the compiled kernel allows; UsageError naming a bad
+    ``PTO_PER_SM``."""
+    if asked is None:
+        text = os.environ.get("PTO_PER_SM", "").strip()
+        if not text:
+            return None
+        parts = text.split(",")
+        if not all(p.strip().isdigit() for p in parts) or not any(int(p) for p in parts):
+            raise UsageError(f"PTO_PER_SM={text!r}: programs per multiprocessor, one number or one per segment of a "
+                             "split plan (e.g. 2 or 2,0; 0: as many as fit)")
+        asked = tuple(int(p) for p in parts)
+    if isinstance(asked, int):
+        return asked or None
+    return asked[min(segment, len(asked) - 1)] or None
+
+
 def _env_count(name: str) -> int | None:
     """A positive count from the environment variable ``name`` (None when unset); UsageError
     naming anything else."""
@@ -91,6 +124,31 @@ def branch_configs(backend, plan) -> list[LaunchConfig]:
     """Each branch's launch configuration: its schedule for the number of tasks it runs."""
     tasks = np.bincount(plan.task_branch, minlength=len(plan.branches))
     return [backend.launch_config(b.fn, int(n)) for b, n in zip(plan.branches, tasks)]
+
+
+#: the GPU whose multiprocessor the interpreter's resource estimate assumes (no GPU to ask)
+ESTIMATE_TARGET = "cuda_h100"
+
+
+def sram_per_sm(device: torch.device) -> int:
+    """Shared memory a multiprocessor of ``device`` holds (the interpreter's: an H100's)."""
+    from pto.machine.target import detect, get
+
+    return (detect("cuda", device.index or 0) if device.type == "cuda" else get(ESTIMATE_TARGET)).sram_bytes
+
+
+def occupancy(backend, plan) -> tuple[tuple[str, ...], np.ndarray]:
+    """Per branch of ``plan``, the programs a multiprocessor its launch configuration allows
+    alone, by threads (its warps) and by shared memory (:func:`~pto.codegen.triton.megakernel.shared_estimate`
+    at its schedule's pipelining depth), before compiling: registers are known only after
+    (the compiled kernel's, :attr:`Megakernel.compiled_info`)."""
+    configs = branch_configs(backend, plan)
+    sram = sram_per_sm(backend.device)
+    threads = [min(32, 2048 // (32 * c.num_warps)) for c in configs]
+    # (at least one: the fit lowers the pipelines of a branch that asks for more than there is)
+    shared = [max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, c.num_stages) + 1024)))
+              for b, c in zip(plan.branches, configs)]
+    return ("threads", "shared memory"), np.array([threads, shared], np.int64).T.reshape(len(configs), 2)
 
 
 def item_descriptors(plan, order: np.ndarray | None = None) -> np.ndarray:
@@ -111,11 +169,15 @@ class Megakernel:
     """``plan`` (a :class:`pto.exec.plan.Plan`) as one compiled persistent kernel over
     ``tensors``, ready to launch."""
 
-    def __init__(self, backend, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings):
+    def __init__(self, backend, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings,
+                 after: Megakernel | None = None):
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
-        self.per_sm = settings.per_sm or _env_count("PTO_PER_SM")
+        self.per_sm = per_sm_of(settings.per_sm, settings.segment)
+        #: the kernel launched before this one (a split plan's previous segment): its logical
+        #: clock is this one's, so the interpreter's trace ticks order the segments' items
+        self.after = after
         self.prefetch = settings.prefetch if settings.prefetch is not None else \
             int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
@@ -173,12 +235,16 @@ class Megakernel:
 
     def _upload(self) -> None:
         p, dev = self.plan, self.device
+        # a task's memref columns, as wide as this kernel's widest branch (a segment of a split
+        # plan may dispatch narrower ones than the graph's widest; the columns past a task's
+        # memrefs are never read)
+        task_tensor = np.ascontiguousarray(p.task_tensor[:, :self.rendered.max_memrefs])
         # the successors' counts: their predecessor tasks with the sentinel (a task's last item
         # releases), else their predecessors' items (each item releases)
         pending = p.pending if self.settings.sentinel else p.pending_items
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
             ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
-            ("task_tensor", p.task_tensor), ("pending0", pending), ("nitems", p.nitems),
+            ("task_tensor", task_tensor), ("pending0", pending), ("nitems", p.nitems),
             ("succ_ptr", p.succ_ptr), ("succ", p.succ if len(p.succ) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
@@ -194,7 +260,8 @@ class Megakernel:
         t["done"] = torch.zeros(p.n_tasks, dtype=torch.int32, device=dev)
         t["nxt"] = torch.zeros(1, dtype=torch.int32, device=dev)
         t["err"] = torch.zeros(2, dtype=torch.int32, device=dev)
-        t["clock"] = torch.zeros(1, dtype=torch.int32, device=dev)
+        t["clock"] = self.after.buf["clock"] if self.after is not None else torch.zeros(1, dtype=torch.int32,
+                                                                                            device=dev)
         t["trace"] = torch.zeros((max(p.n_items, 1), 3), dtype=torch.int64, device=dev)
         if self.settings.sentinel:
             t["spend"] = t["pending0"].clone()
@@ -235,9 +302,7 @@ class Megakernel:
 
     def _sram(self) -> int:
         """Shared memory per multiprocessor (the target's)."""
-        from pto.machine.target import detect
-
-        return detect("cuda", self.device.index or 0).sram_bytes
+        return sram_per_sm(self.device)
 
     def _resident_programs(self) -> int:
         """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
@@ -275,7 +340,7 @@ class Megakernel:
         by_threads = 2048 // (32 * warps)
         per_sm = max(1, min(by_regs, by_smem, by_threads, 32))
         self.compiled_info = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": smem,
-                              "programs_per_sm": per_sm}
+                              "programs_per_sm": per_sm, "warps": warps}
         return per_sm * (tg.sm_count or 1)
 
     def _translated(self, e: Exception) -> Exception:
@@ -337,4 +402,4 @@ class Megakernel:
 
 
 __all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
-           "branch_configs", "item_descriptors"]
+           "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
