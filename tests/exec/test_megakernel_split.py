@@ -124,10 +124,10 @@ def test_forced_cuts_and_their_errors(monkeypatch):
         parse_cuts("tail", 12)
     with pytest.raises(UsageError, match=r"split='1': this graph has one dependency level"):
         parse_cuts("1", 0)
-    monkeypatch.setenv("PTO_MK_SPLIT", "auto")
-    assert resolve_split(None) == "auto" and resolve_split("off") == "off"
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
+    assert resolve_split(None) == "off" and resolve_split("auto") == "auto"
     monkeypatch.delenv("PTO_MK_SPLIT")
-    assert resolve_split(None) == "off"
+    assert resolve_split(None) == "auto"
 
 
 def test_per_sm_is_per_segment(monkeypatch):

@@ -35,8 +35,10 @@ def _outputs(program, seq, options, executor, settings=None):
 @pytest.mark.parametrize("program,seq,options", [("llama7b", 40, {"attention": "fused"}), ("bgemm", 45, {})])
 def test_static_dispatch_is_bit_identical_to_waves(program, seq, options, monkeypatch):
     """One program under the interpreter (a second would wait for an item of one not started):
-    the queue order itself, every wait already satisfied."""
+    the queue order itself, every wait already satisfied (one kernel: test_megakernel_split runs
+    split plans under static dispatch)."""
     monkeypatch.setenv("PTO_DISPATCH", "static")
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
     rw, want = _outputs(program, seq, options, "waves")
     rw.close()
     rp, got = _outputs(program, seq, options, "persistent")

@@ -98,7 +98,10 @@ def test_persistent_7b_layer_replays_as_a_cuda_graph():
 
     res = run("llama7b", seq=1024, config="7b", device="cuda", backend="triton", executor="persistent",
               dtype="bf16", attention="fused", check=True, repeat=3)
-    assert res["rel_err"] <= 2e-2 and res["launches"] == 1
+    from pto.exec.segments import MAX_SEGMENTS
+
+    # one launch a segment (the default split cuts the layer's attention into a launch of its own)
+    assert res["rel_err"] <= 2e-2 and 1 <= res["launches"] <= MAX_SEGMENTS
     assert res["replay_mode"] == "cuda_graph" and res["replay_ms"] > 0
 
 
@@ -108,8 +111,11 @@ def test_persistent_wait_is_bounded_on_the_gpu():
     from pto.engine import Runner, resolve
     from pto.errors import ExecutionError
 
+    from pto.backends.triton import MegakernelSettings
+
     job = resolve("llama7b", device="cuda", backend="triton", executor="persistent", config="tiny", dtype="bf16")
     runner = Runner(job, 200)
+    runner.executor.settings = MegakernelSettings(split="off")  # one kernel to plant the wait in
     try:
         runner(job.program.inputs(job.settings, job.program.shape(200), "cuda"))
         ex = runner.executor
