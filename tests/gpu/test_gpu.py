@@ -108,10 +108,9 @@ def test_persistent_7b_layer_replays_as_a_cuda_graph():
 def test_persistent_wait_is_bounded_on_the_gpu():
     """A dependency never released: the waiting program gives up and the host names the task;
     the GPU does not hang."""
+    from pto.backends.triton import MegakernelSettings
     from pto.engine import Runner, resolve
     from pto.errors import ExecutionError
-
-    from pto.backends.triton import MegakernelSettings
 
     job = resolve("llama7b", device="cuda", backend="triton", executor="persistent", config="tiny", dtype="bf16")
     runner = Runner(job, 200)
