@@ -140,7 +140,7 @@ def table_lines(r: dict) -> str:
         where = f"levels {seg['levels'][0]}-{seg['levels'][1]}, {seg['items']} items, " if "levels" in seg else ""
         lines.append(f"    segment {k}: {where}regs {seg.get('regs')} spills {seg.get('spills')} smem "
                      f"{seg.get('shared')} warps {seg.get('warps')} per_sm {seg.get('programs_per_sm')}"
-                     + (f"  [{', '.join(seg['branches'])}]" if "branches" in seg else ""))
+                     + (f"  [{', '.join(seg['branches'])}]" if isinstance(seg.get("branches"), list) else ""))
     for b in r.get("branches", []):
         lines.append(f"    alone {b['branch'][:48]:48s} regs {b.get('regs')} spills {b.get('spills')} smem "
                      f"{b.get('shared')} warps {b.get('warps')} per_sm {b.get('programs_per_sm')} "
