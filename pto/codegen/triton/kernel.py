@@ -169,8 +169,11 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     if pdl:
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early,
-                          persistent)
+    launch = launch_params(fn)
+    if r.grouped:  # a warp a row's 32 groups at least: no warp repeats another's work
+        pairs = max(1, min(r.grouped.values()) // 32)
+        launch["num_warps"] = min(launch["num_warps"], 1 << (pairs.bit_length() - 1))
+    return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
 
 
 def _program_lines(fn: IncoreFunction, call: str, persistent: str) -> tuple[list[str], list[str]]:
