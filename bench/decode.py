@@ -31,6 +31,12 @@ quantized weights dequantized on the device first)::
     python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
         --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
 
+``--qgemv units,groups`` runs each quantized spec's step once per way the GEMVs read the weights
+(``PTO_QGEMV``; the key ``EXECUTOR[TILING]/MODE``), so one call compares them::
+
+    python bench/decode.py --configs llama3-8b --batches 1 --quant 'llama3-8b:q4_k/q6_k,q8_0,fp8' \
+        --qgemv units,groups --tilings 'default;bk=4096,ffn_bn=4,ffn_bk=4096,lm_bk=4096,bv=8' --prefill 0
+
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}[MODE,HEAD]``: the slowest rank's ms, the sums inside the replayed CUDA graph), once per
 ``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, symmetric memory's one-shot all-reduce for
@@ -263,6 +269,8 @@ def main(argv=None) -> int:
                     "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
                     "defaults to waves, --long to none")
     ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
+    ap.add_argument("--qgemv", default=None, help="with --quant: each quantized spec's step once per way the GEMVs "
+                    "read the weights (PTO_QGEMV), e.g. units,groups (default: the environment's)")
     ap.add_argument("--collectives", default="auto,group",
                     help="under torchrun: the PTO_COLLECTIVES modes ours runs with (default auto,group)")
     ap.add_argument("--lm-heads", default="parallel",
@@ -401,15 +409,19 @@ def main_quant(args, bw: float) -> int:
                 row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
                        "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
                        "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
+                modes = args.qgemv.split(",") if args.qgemv and spec != "bf16" else [""]
                 for tiling in args.tilings.split(";"):
                     for ex in executors.split(","):
-                        key = ex if tiling == "default" else f"{ex}[{tiling}]"
-                        try:
-                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
-                                            args.kernels)
-                        except Exception as e:  # report it, measure the rest
-                            row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                        torch.cuda.empty_cache()
+                        for mode in modes:
+                            key = (ex if tiling == "default" else f"{ex}[{tiling}]") + (f"/{mode}" if mode else "")
+                            if mode:  # the step's backend reads it when the Generator makes it
+                                os.environ["PTO_QGEMV"] = mode
+                            try:
+                                row[key] = ours(w, batch, args.cache, ex, args.steps,
+                                                parse_tiling(tiling, tiling_for(cfg)), args.kernels)
+                            except Exception as e:  # report it, measure the rest
+                                row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                            torch.cuda.empty_cache()
                 if args.prefill and batch == 1:
                     try:
                         row["prefill_ms"] = prefill_ms(w, args.prefill)
