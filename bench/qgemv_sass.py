@@ -8,7 +8,9 @@ sm_90 by Triton's compiler, disassembled by its bundled ``cuobjdump``.
 
 Per kernel (``qkv`` the norm and q, k, v projection, ``proj`` the residual projection, o and
 down, ``gate_up`` the norm, gate, up and SwiGLU, ``lm`` the LM head), on the mask-free path
-(EVEN, ALIGN): registers and bytes of local memory (spills) a thread, shared memory, warps, the
+(EVEN, ALIGN), launched as the step launches them (``--pdl``: a programmatic dependent launch,
+the weights and norm gains loaded before its wait): registers and bytes of local memory
+(spills) a thread, shared memory, warps, the
 SASS instructions of the K loop's body (the whole kernel where the loop is unrolled: one step)
 divided by the weights a thread takes a step (``ins/w``), the global loads by width, barriers
 and shuffles in that body. ``--python``: the interpreter whose Triton compiles (a GPU machine's
@@ -58,9 +60,11 @@ print(json.dumps(out))
 KERNELS = ("qkv", "proj", "gate_up", "lm")
 
 
-def jobs(spec: str, mode: str, tiling: str, folder: Path) -> list[dict]:
+def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
-    ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``)."""
+    ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
+    the step launches them, a programmatic dependent launch whose weights and norm gains (the
+    memory the launch before does not write) load before its wait."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
@@ -89,7 +93,8 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path) -> list[dict]:
         fn = getattr(fns, f.name)
         if f.name not in KERNELS or fn is None:
             continue
-        kern = render(specialize(fn), RenderOptions(qgemv=mode))
+        pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
+        kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre))
         tag = f"{spec}|{mode}|{tiling}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
@@ -162,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="units,groups")
     ap.add_argument("--tilings", default="default")
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose Triton compiles")
+    ap.add_argument("--pdl", default="late", help="the kernels' programmatic dependent launch, as the step's (late; "
+                    "'' none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,7 +177,7 @@ def main(argv=None) -> int:
         for spec in args.specs.split(","):
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
-                    todo += jobs(spec, mode, tiling, folder)
+                    todo += jobs(spec, mode, tiling, folder, args.pdl)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

@@ -305,8 +305,8 @@ class BodyRenderer(TileOps):
         self.quantized: set[str] = set()
         self.fused = fused_quantized_loads(fn, self.blocks)
         self.planes: dict[str, list[str]] = {}
-        #: the fused tiles read by groups (RenderOptions.qgemv), with their (row, group) pairs
-        self.grouped: dict[str, int] = {}
+        #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
+        self.grouped: dict[str, tuple[int, int]] = {}
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:

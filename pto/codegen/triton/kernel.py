@@ -170,9 +170,9 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
-    if r.grouped:  # a warp a row's 32 groups at least: no warp repeats another's work
-        pairs = max(1, min(r.grouped.values()) // 32)
-        launch["num_warps"] = min(launch["num_warps"], 1 << (pairs.bit_length() - 1))
+    if r.grouped:  # a warp per 1024 columns (a thread's 32 weights a row), and per 8 rows past the first 8
+        warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in r.grouped.values())
+        launch["num_warps"] = min(8, 1 << (warps.bit_length() - 1))
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
 
 

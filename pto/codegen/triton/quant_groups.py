@@ -87,17 +87,10 @@ def dot_name(fmt: QuantFormat) -> str:
     return f"_pto_dqg_dot_{fmt.name}"
 
 
-def plane_names(fmt: QuantFormat) -> list[str]:
-    """The load's results in order: every plane's, then the f32 1.0's bits (a runtime value)."""
-    return [p.name for p in fmt.planes] + ["one"]
-
-
 def render_load(fmt: QuantFormat) -> list[str]:
     """``_pto_dqg_load_<format>(P, S, ri, c0, rmask, lim, BR, BC, MASKED)`` (the arguments of
     :func:`pto.codegen.triton.quant.render_load`): every plane of the tile's rows as its
-    ``[G, BR, ...]`` tensor (the module docstring; scales as f32), then the bits of the f32 1.0
-    as a value the compiler cannot fold (``S`` is never negative: ``S >> 31`` is 0; an addition,
-    not an or, which ptxas would split into an or with the constant at every use).
+    ``[G, BR, ...]`` tensor (the module docstring; scales as f32).
 
     The groups are the first dim: Triton orders a load's dims by how contiguous its addresses
     are, the first among equals first, so the groups (not the rows) spread over the threads and
@@ -110,7 +103,7 @@ def render_load(fmt: QuantFormat) -> list[str]:
     g = em.let(f"tl.arange(0, BC // {T})[:, None, None]")
     rows = [em.let("rowp[None, :, :]"), em.let("rmask[None, :, :]")]
     valid = em.let(f"{rows[1]} & (c0 + {g} * {T} < lim)")
-    one = em.let("1 + (S >> 31)")  # 1, opaque
+    one = em.let("1 + (S >> 31)")  # 1, opaque (S is never negative)
     out = {}
     for p in fmt.planes:
         base = f"{rows[0]} + {offsets[p.name]}"
@@ -132,10 +125,9 @@ def render_load(fmt: QuantFormat) -> list[str]:
                 index = f"{g} * {one} * {T // p.group} + " + (f"{sub}" if per == 1 else f"{sub} // {per}")
             ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
             out[p.name] = em.let(f"{em.load(ptr, valid)}.to(tl.float32)")
-    bits = em.let(f"{_ONE} + (S >> 31)")
     return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
             "MASKED: tl.constexpr):", f"    # {fmt.name} by groups of {T}: {fmt.doc}", *_header(fmt), *em.lines,
-            f"    return {', '.join(out[p.name] for p in fmt.planes)}, {bits}"]
+            f"    return {', '.join(out[p.name] for p in fmt.planes)}"]
 
 
 def _fraction(em: _Emitter, p: Plane, raw: str, k: int, one: str) -> str:
@@ -160,30 +152,42 @@ def _joined(em: _Emitter, parts: list[str]) -> str:
 
 
 def render_dot(fmt: QuantFormat) -> list[str]:
-    """``_pto_dqg_dot_<format>(planes..., one, x, BR, BC)``: the ``[BR]`` sums of ``x [1, BC]``
+    """``_pto_dqg_dot_<format>(planes..., P, S, x, BR, BC)``: the ``[BR]`` sums of ``x [1, BC]``
     (f32, zero past its valid columns) times each row's values, from the planes of
-    :func:`render_load` (the module docstring)."""
+    :func:`render_load` (``P``, ``S``: the load's; the module docstring).
+
+    The fractions' 1.0 is a ``[G, 1, 1]`` tensor: the f32 1.0's bits plus a load that never
+    happens (its mask is ``S < 0``, which no compiler can prove false, as it could ``g < 0`` for
+    an index ``g``), so that it is a register the compiler cannot fold (ptxas
+    splits an or with a constant from the mask's and: two instructions a weight) and a load
+    after the x tile's: Triton 3.6 gives an operation the layout of the last loaded of its
+    operands' loads, and through this one the product takes the groups' (x moves between
+    threads once, not the weights' lanes), whatever order the loads were put in (a programmatic
+    dependent launch's weights load before its wait, x after)."""
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
     G = f"BC // {T}"
-    xs = em.let(f"tl.sum(tl.reshape(x, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
+    g = em.let(f"tl.arange(0, {G})[:, None, None]")
+    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    one = em.let(f"{_ONE} + {never}.to(tl.int32)")
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")  # x by groups: one move between threads, every plane's view
+    xs = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
     form = affine_form(em, fmt)
     sums = {}
     for name in form.coef:
         p = fmt.plane(name)
         _, V, U = words_of(fmt, p)
         raw = f"R_{p.name}"
-        parts = [_fraction(em, p, raw, k, "one") for k in range(U)]
+        parts = [_fraction(em, p, raw, k, one) for k in range(U)]
         whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, ({G}, BR, {V}, {U}))")
-        xw = em.let(f"tl.reshape(x, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape(x, ({G}, 1, {V}))")
-        # each word's lanes, then the subgroup's words: the sums within the thread
-        acc = em.let(f"tl.sum({whole} * {xw}, axis=3)") if U > 1 else em.let(f"{whole} * {xw}")
-        sums[name] = em.let(f"tl.sum(tl.reshape({acc}, ({G}, BR, {S}, {V // S})), axis=3)")
+        xw = em.let(f"tl.reshape({xg}, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape({xg}, ({G}, 1, {V}))")
+        # each subgroup's products summed within the thread, one multiply-add chain
+        sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({G}, BR, {S}, {V * U // S})), axis=3)")
     units, rows = affine_parts(em, fmt, form, sums, xs, lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
     total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
     total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, one, x, BR: tl.constexpr, BC: tl.constexpr):",
+    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):",
             *em.lines, f"    return {' + '.join(total)}"]
 
 
@@ -192,5 +196,5 @@ def render_helpers(fmt: QuantFormat) -> list[str]:
     return [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
 
 
-__all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "plane_names", "render_load",
-           "render_dot", "render_helpers"]
+__all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
+           "render_helpers"]

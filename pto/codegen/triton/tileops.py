@@ -171,10 +171,14 @@ class TileOps:
         acc = str(ins.attr("acc"))
         accumulate = ins.op is Op.MATMUL_ACC
         if b in self.planes:  # a GEMV of a quantized tile's planes: the sums per unit or group, no values
-            fmt = self.memrefs[next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)].dtype.quant
+            mem = next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)
+            fmt = self.memrefs[mem].dtype.quant
             r, c = self.blocks[b]
+            planes = ", ".join(self.planes[b])
+            if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
+                planes = f"{planes}, P_{mem}, S_{mem}"
             name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
-            dot = f"{name}({', '.join(self.planes[b])}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+            dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
         self.use(a)
@@ -342,12 +346,11 @@ class TileOps:
         self.emit(f"{rmask} = {' & '.join(rows)}")
         grouped = tile in self.fused and self.opts.qgemv == "groups" and quant_groups.applies(fmt, lc, c)
         if grouped:  # read by groups (pto.codegen.triton.quant_groups): its own helpers
-            self.grouped[tile] = r * (c // quant_groups.group_of(fmt))
-            planes = [f"t_{tile}__{n}" for n in quant_groups.plane_names(fmt)]
+            self.grouped[tile] = (r, c)
             helper = quant_groups.load_name(fmt)
         else:
-            planes = [f"t_{tile}__{p.name}" for p in fmt.planes]
             helper = load_name(fmt)
+        planes = [f"t_{tile}__{p.name}" for p in fmt.planes]
         load = f"{', '.join(planes)} = {helper}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
         self.emit(f"if EVEN_{mem}:")
         self.emit("    " + load.format((lr, lc) != (r, c)))
