@@ -57,7 +57,7 @@ for job in json.load(open(sys.argv[1])):
 print(json.dumps(out))
 """
 
-KERNELS = ("qkv", "proj", "gate_up", "lm")
+KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
 def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list[dict]:

@@ -133,3 +133,43 @@ def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype):
     # the largest partial sum's magnitude
     scale = float((x.abs() @ w.dequantize().abs().T).max())
     torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
+
+
+def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
+    """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
+    options win); a value not a mode is one line naming it."""
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    monkeypatch.delenv("PTO_QGEMV", raising=False)
+    assert TritonBackend("cpu").options.qgemv == "units"
+    monkeypatch.setenv("PTO_QGEMV", "groups")
+    assert TritonBackend("cpu").options.qgemv == "groups"
+    assert TritonBackend("cpu", options=RenderOptions(qgemv="units")).options.qgemv == "units"
+    monkeypatch.setenv("PTO_QGEMV", "lanes")
+    with pytest.raises(UsageError, match="PTO_QGEMV='lanes': one of units, groups"):
+        TritonBackend("cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
+def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(quantize, monkeypatch):
+    """The decode step through the Triton interpreter with ``PTO_QGEMV=groups``: every GEMV's
+    product by groups (q4_k: a one-layer model of hidden 256, whole 256-element blocks), the
+    logits the reference's on the dequantized weights but for the order of the sums."""
+    from dataclasses import replace
+
+    from pto.orchestration.llama.config import LlamaConfig
+    from pto.orchestration.model import program as mp
+
+    from pto.tools.run import run
+
+    monkeypatch.setenv("PTO_QGEMV", "groups")
+    config = "tiny"
+    if quantize == "q4_k":
+        config = "tiny-256"
+        monkeypatch.setitem(mp.CONFIGS, config, replace(mp.CONFIGS["tiny"], layers=1, layer=LlamaConfig(
+            hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)))
+    res = run("model", config=config, cache=64, batch=1, device="cpu", backend="triton", check=True, quantize=quantize)
+    assert res["rel_err"] <= 1e-5, res
