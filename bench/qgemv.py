@@ -3,17 +3,19 @@ it reads its weights at, each weight type by units (the unit helpers) and by gro
 (``PTO_QGEMV=groups``, :mod:`pto.codegen.triton.quant_groups`) over a few tiles, against the bf16
 GEMV of the same shape and a large copy's bandwidth (a GPU).
 
-    python bench/qgemv.py [--types q4_k,q6_k,q8_0,fp8] [--shapes o,down,gate_up,head]
-                          [--tiles 'units:default;groups:4x4096;groups:8x4096;groups:8x2048']
+    python bench/qgemv.py [--specs q4_k/q6_k,q8_0,fp8] [--shapes o,down,gate_up,head]
+                          [--tiles 'units:default;groups:default;groups:bn=8,bk=2048,...']
                           [--runs 20] [--json FILE]
 
 The shapes are Llama-3-8B's at batch 1 (bf16 activations): ``o`` the residual GEMV 4096 x
 4096 (``gemv_residual_tile``), ``down`` 14336 -> 4096, ``gate_up`` the norm, gate and up and
 SwiGLU 4096 -> 2 x 14336 (``gemv_norm_swiglu_tile``), ``head`` the LM head 4096 -> 128256 with
 the norm and the argmax epilogue (``lmhead_argmax_gemv_tile``); ``qkv`` (4096 -> 6144, the
-norm folded) on request. A tile ``MODE:BNxBK`` is the output block and the K step (``default``:
-the 8B decode tiling fitted to the type, :func:`~pto.orchestration.model.quantized.for_weights`;
-the head's block is ``bv``). Each kernel runs on random blocks of the real shapes, rotating over
+norm folded) on request. A tile ``MODE:TILING`` reads the weights by ``MODE`` (units, groups) in
+the 8B decode tiling with ``TILING``'s fields (``default``, or bench/decode.py's ``k=v,...``),
+fitted to the type (:func:`~pto.orchestration.model.quantized.for_weights`): each shape its
+output block and K step of it (o: ``o_bn``, ``o_bk``; down: ``bn``, ``bk``; gate_up: ``ffn_*``;
+head: ``bv``, ``lm_bk``; qkv: ``qkv_*``). Each kernel runs on random blocks of the real shapes, rotating over
 enough copies of its weights that they never stay in L2; the time is the kernels' own (CUPTI,
 :func:`pto.timing.kernel_times`), so launch gaps are left out. ``GB/s``: the weights' bytes per
 kernel time; ``x copy``: that over the copy bandwidth (read + write of a 1 GiB buffer). One GPU
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,6 +50,10 @@ from pto.ir.dtypes import DType, dtype_of  # noqa: E402
 
 #: the L2 the weights' copies must not fit (bytes; an H200's is 60 MiB)
 L2_BYTES = 256 << 20
+#: the tiling the groups read best with on paper (docs/PERF.md, "Quantized GEMVs by groups"):
+#: 8 rows a program in 4096-wide steps (the down projection's 14336 in steps of 2048, whole
+#: steps), gate and up 4 rows each, the head 16 rows in steps of 2048
+GROUPS_TILING = "bn=8,bk=2048,o_bn=8,o_bk=4096,qkv_bn=8,qkv_bk=4096,ffn_bn=4,ffn_bk=4096,lm_bk=2048,bv=16"
 
 CFG = CONFIGS["llama3-8b"]
 H, F, V = CFG.layer.hidden, CFG.layer.ffn, CFG.vocab
@@ -56,16 +63,21 @@ SHAPES = {"o": (H, H, ("w",), "residual"), "down": (F, H, ("w",), "residual"),
           "qkv": (H, CFG.layer.q_dim + 2 * CFG.layer.kv_dim, ("w",), "norm")}
 
 
-def default_tile(shape: str, wdtype: DType | None) -> tuple[int, int]:
-    """The 8B decode tiling's (output block, K step) of ``shape`` for weights of ``wdtype``."""
+def tile_of(shape: str, wdtype: DType | None, tiling: str = "default") -> tuple[int, int]:
+    """The (output block, K step) of ``shape`` in the 8B decode tiling with ``tiling``'s fields
+    (``default`` or ``k=v,...``, as bench/decode.py's ``--tilings``) fitted to ``wdtype``."""
     kinds = {"lm_head": wdtype} if shape == "head" else {k: wdtype for k in ("w_qkv", "wo", "wg", "wu", "wd")}
     wt = WeightTypes(tuple(sorted(kinds.items()))) if wdtype is not None else WeightTypes()
-    t = for_weights(tiling_for(CFG), wt)
+    t = tiling_for(CFG)
+    if tiling != "default":
+        t = replace(t, **{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
+    t = for_weights(t, wt)
     if shape == "head":
         return t.bv, t.lm_bk
-    if shape == "gate_up":
-        return t.ffn_bn or t.bn, t.ffn_bk or t.bk
-    return t.bn, t.bk
+    field = {"gate_up": "ffn", "o": "o", "qkv": "qkv"}.get(shape)
+    if field is None:  # the down projection: the plain block and step
+        return t.bn, t.bk
+    return getattr(t, f"{field}_bn") or t.bn, getattr(t, f"{field}_bk") or t.bk
 
 
 def build(shape: str, bn: int, bk: int, wdtype: DType | None):
@@ -74,11 +86,11 @@ def build(shape: str, bn: int, bk: int, wdtype: DType | None):
     if kind == "residual":
         fn = gemv_residual_tile(DType.BF16, 1, K, N, bn, bk, **kw)
     elif kind == "swiglu":
-        fn = gemv_norm_swiglu_tile(DType.BF16, 1, K, N, bn, bk, CFG.eps, **kw)
+        fn = gemv_norm_swiglu_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     elif kind == "norm":
-        fn = gemv_norm_tile(DType.BF16, 1, K, N, bn, bk, CFG.eps, **kw)
+        fn = gemv_norm_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     else:
-        fn = lmhead_argmax_gemv_tile(DType.BF16, 1, K, N, bn, bk, CFG.eps, **kw)
+        fn = lmhead_argmax_gemv_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     return specialize(fn)
 
 
@@ -86,7 +98,7 @@ def weights(shape: str, wdtype: DType | None, g: torch.Generator) -> dict[str, t
     """One copy of the shape's weights (``[N, K]``; quantized: rows of planes)."""
     K, N, names, _ = SHAPES[shape]
     if wdtype is None:
-        return {n: torch.randn(N, K, generator=g, device="cuda").mul_(K ** -0.5).to(torch.bfloat16) for n in names}
+        return {n: torch.randn(N, K, generator=g, device=g.device).mul_(K ** -0.5).to(torch.bfloat16) for n in names}
     return {n: random_quantized(wdtype, N, K, K ** -0.5, g).data for n in names}
 
 
@@ -103,7 +115,7 @@ def regions(fn, ws: dict[str, torch.Tensor], shape: str, bn: int, g: torch.Gener
         else:
             rows, cols = sizes[p.name]
             dt = torch.float32 if p.dtype is DType.F32 else torch.bfloat16
-            t = torch.randn(rows, cols, generator=g, device="cuda").to(dt)
+            t = torch.randn(rows, cols, generator=g, device=g.device).to(dt)
         out[p.name] = RegionBatch(t, *(torch.tensor([v]) for v in (0, 0, rows, cols)))
     return out
 
@@ -132,19 +144,21 @@ def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs:
 
 
 def parse_tiles(text: str) -> list[tuple[str, str]]:
-    """``units:default;groups:8x4096`` -> [(mode, tile)]."""
+    """``units:default;groups:bn=8,bk=2048`` -> [(mode, tiling)]."""
     out = []
     for item in text.split(";"):
-        mode, _, tile = item.partition(":")
-        out.append((mode, tile or "default"))
+        mode, _, tiling = item.partition(":")
+        out.append((mode, tiling or "default"))
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="q4_k,q6_k,q8_0,fp8")
+    ap.add_argument("--specs", default="q4_k/q6_k,q8_0,fp8", help="weight types, LAYERS[/HEAD] (the head's type "
+                    "for the head, the layers' for the others)")
     ap.add_argument("--shapes", default="o,down,gate_up,head")
-    ap.add_argument("--tiles", default="units:default;groups:4x4096;groups:8x4096;groups:8x2048;groups:16x2048")
+    ap.add_argument("--tiles", default="units:default;groups:default;groups:" + GROUPS_TILING,
+                    help="MODE:TILING;... (TILING: default or bench/decode.py's k=v,...)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -156,7 +170,7 @@ def main(argv=None) -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for shape in args.shapes.split(","):
-        bf = default_tile(shape, None)
+        bf = tile_of(shape, None)
         base = {"shape": shape, "type": "bf16", "mode": "-", "tile": f"{bf[0]}x{bf[1]}"}
         try:
             base.update(measure(shape, None, "units", *bf, args.runs, g))
@@ -164,11 +178,12 @@ def main(argv=None) -> int:
             base["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(base)
         print(json.dumps(base), flush=True)
-        for tname in args.types.split(","):
-            wdtype = dtype_of(tname)
-            for mode, tile in parse_tiles(args.tiles):
-                bn, bk = default_tile(shape, wdtype) if tile == "default" else map(int, tile.split("x"))
-                row = {"shape": shape, "type": tname, "mode": mode, "tile": f"{bn}x{bk}"}
+        for spec in args.specs.split(","):
+            layers, _, head = spec.partition("/")
+            wdtype = dtype_of(head or layers) if shape == "head" else dtype_of(layers)
+            for mode, tiling in parse_tiles(args.tiles):
+                bn, bk = tile_of(shape, wdtype, tiling)
+                row = {"shape": shape, "type": wdtype.short, "mode": mode, "tiling": tiling, "tile": f"{bn}x{bk}"}
                 try:
                     row.update(measure(shape, wdtype, mode, bn, bk, args.runs, g))
                     row["x_copy"] = round(row["GBps"] * 1e9 / bw, 3)

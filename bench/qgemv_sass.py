@@ -13,7 +13,10 @@ the weights and norm gains loaded before its wait): registers and bytes of local
 (spills) a thread, shared memory, warps, the
 SASS instructions of the K loop's body (the whole kernel where the loop is unrolled: one step)
 divided by the weights a thread takes a step (``ins/w``), the global loads by width, barriers
-and shuffles in that body. ``--python``: the interpreter whose Triton compiles (a GPU machine's
+and shuffles in that body; the programs a multiprocessor holds at once (by registers, warps,
+shared memory) and the weight bytes of one K step of each of them (``KiB/SM``: what the
+multiprocessor has in flight while every program waits on a step's loads; an H200 needs about
+4.8 TB/s x 1 us / 132 = 36 KiB for its bandwidth). ``--python``: the interpreter whose Triton compiles (a GPU machine's
 version, say 3.6, may lay tensors out otherwise than this one's; a scratch venv with only
 ``triton`` installed will do). Numbers go in docs/PERF.md ("Quantized weights")."""
 
@@ -106,8 +109,15 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
                     "options": {k: v for k, v in kern.launch.items() if not k.isupper()},
                     "kernel": f.name, "spec": spec, "mode": mode, "tiling": tiling,
                     "weights_per_step": weights * blocks[0] * blocks[1], "K": blocks[2], "bk": blocks[1],
+                    "bits_per_weight": _bits(fn),
                     "grouped": "_pto_dqg_dot_" in kern.source.split("def d_")[-1]})
     return out
+
+
+def _bits(fn) -> float:
+    """Bits a weight of ``fn``'s weight memrefs (their format's, with its scales; 16 dense)."""
+    p = next(p for p in fn.memrefs if p.name.startswith("w"))
+    return p.dtype.quant.bits_per_weight if p.dtype.is_quantized else 8 * p.dtype.itemsize
 
 
 def _blocks(fn) -> tuple[int, int, int]:
@@ -152,7 +162,14 @@ def facts(job: dict, got: dict) -> dict:
         if o.startswith("LDG"):
             width = o.removeprefix("LDG.E").lstrip(".") or "32"
             loads[width] = loads.get(width, 0) + 1
+    # resident programs a multiprocessor (sm_90: 64K registers, 64 warps, 32 blocks, 228 KiB of
+    # shared memory) and the weight bytes they have in flight at one K step each
+    warps = job["options"]["num_warps"]
+    regs = -(-int(res.group(1)) // 8) * 8 if res else 255
+    programs = min(32, 64 // warps, 65536 // (regs * 32 * warps), (228 << 10) // max(got["shared"], 1))
+    in_flight = programs * job["weights_per_step"] * job["bits_per_weight"] / 8 / 1024
     return {"kernel": job["kernel"], "spec": job["spec"], "mode": job["mode"], "tiling": job["tiling"],
+            "programs_per_sm": programs, "kib_in_flight_per_sm": round(in_flight, 1),
             "grouped": job["grouped"], "regs": int(res.group(1)) if res else None,
             "local_bytes": int(res.group(4)) + int(res.group(2)) if res else None, "shared": got["shared"],
             "warps": job["options"]["num_warps"], "body_ins": len(body), "loop": loop,
@@ -192,13 +209,14 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"triton {rows[0]['triton'] if rows else '?'}, sm_90")
-    print(f"{'spec':10} {'mode':6} {'tiling':42} {'kernel':8} {'regs':>4} {'spill':>5} {'warps':>5} {'ins/w':>6} "
-          f"{'bar':>4} {'shfl':>4} {'smem':>4}  loads (LDG width: count)")
+    print(f"{'spec':10} {'mode':6} {'tiling':42} {'kernel':8} {'regs':>4} {'spill':>5} {'warps':>5} {'prg/SM':>6} "
+          f"{'KiB/SM':>6} {'ins/w':>6} {'bar':>4} {'shfl':>4} {'smem':>4}  loads (LDG width: count)")
     for r in rows:
         loads = " ".join(f"{k}:{v}" for k, v in sorted(r["loads"].items()))
         note = "" if r["grouped"] or r["mode"] == "units" else "  (not by groups)"
         print(f"{r['spec']:10} {r['mode']:6} {r['tiling'][:42]:42} {r['kernel']:8} {r['regs']:>4} "
-              f"{r['local_bytes']:>5} {r['warps']:>5} {r['ins_per_weight']:>6} {r['barriers']:>4} {r['shuffles']:>4} "
+              f"{r['local_bytes']:>5} {r['warps']:>5} {r['programs_per_sm']:>6} {r['kib_in_flight_per_sm']:>6} "
+              f"{r['ins_per_weight']:>6} {r['barriers']:>4} {r['shuffles']:>4} "
               f"{r['lds_sts']:>4}  {loads}{note}")
     return 0
 
