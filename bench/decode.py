@@ -32,10 +32,11 @@ quantized weights dequantized on the device first)::
         --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
 
 ``--qgemv units,groups`` runs each quantized spec's step once per way the GEMVs read the weights
-(``PTO_QGEMV``; the key ``EXECUTOR[TILING]/MODE``), so one call compares them::
+(``PTO_QGEMV``; the key ``EXECUTOR[TILING]/MODE``), and a ``--tilings`` entry ``MODE:TILING``
+runs in that mode only (a dense spec skips ``groups:`` entries), so one call compares them::
 
-    python bench/decode.py --configs llama3-8b --batches 1 --quant 'llama3-8b:q4_k/q6_k,q8_0,fp8' \
-        --qgemv units,groups --tilings 'default;bk=4096,ffn_bn=4,ffn_bk=4096,lm_bk=4096,bv=8' --prefill 0
+    python bench/decode.py --configs llama3-8b --batches 1 --quant 'bf16,llama3-8b:q4_k/q6_k,q8_0,fp8' \
+        --tilings 'units:default;groups:default;groups:ffn_bn=4,ffn_bk=1024' --prefill 0
 
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}[MODE,HEAD]``: the slowest rank's ms, the sums inside the replayed CUDA graph), once per
@@ -75,6 +76,7 @@ from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
 from pto import collectives, dist, timing  # noqa: E402
+from pto.codegen.triton.common import QGEMV_MODES  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.ir.dtypes import DType, dtype_of  # noqa: E402
 from pto.quant import QTensor  # noqa: E402
@@ -381,6 +383,22 @@ def prefill_ms(w, tokens: int, repeat: int = 3) -> float:
         gen.close()
 
 
+def quant_runs(tilings: str, qgemv: str | None, quantized: bool) -> list[tuple[str, str]]:
+    """(PTO_QGEMV mode, tiling) of each run of a weight spec: ``--tilings`` entries, each
+    ``TILING`` (once per ``--qgemv`` mode) or ``MODE:TILING`` (that mode only); a dense spec runs
+    each tiling once (no mode; a ``groups:`` entry not at all)."""
+    out = []
+    for entry in tilings.split(";"):
+        mode, _, tiling = entry.rpartition(":") if entry.split(":")[0] in QGEMV_MODES else ("", "", entry)
+        if not quantized:
+            if mode in ("", "units") and ("", tiling) not in out:
+                out.append(("", tiling))
+            continue
+        for m in [mode] if mode else (qgemv.split(",") if qgemv else [""]):
+            out.append((m, tiling))
+    return out
+
+
 def main_quant(args, bw: float) -> int:
     """``--quant``: per configuration, batch and weight spec, our step's ms per token, the floor
     at the spec's bytes, the resident weight bytes (on the GPU and in a file), the prefill."""
@@ -409,19 +427,17 @@ def main_quant(args, bw: float) -> int:
                 row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
                        "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
                        "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
-                modes = args.qgemv.split(",") if args.qgemv and spec != "bf16" else [""]
-                for tiling in args.tilings.split(";"):
+                for mode, tiling in quant_runs(args.tilings, args.qgemv, spec != "bf16"):
                     for ex in executors.split(","):
-                        for mode in modes:
-                            key = (ex if tiling == "default" else f"{ex}[{tiling}]") + (f"/{mode}" if mode else "")
-                            if mode:  # the step's backend reads it when the Generator makes it
-                                os.environ["PTO_QGEMV"] = mode
-                            try:
-                                row[key] = ours(w, batch, args.cache, ex, args.steps,
-                                                parse_tiling(tiling, tiling_for(cfg)), args.kernels)
-                            except Exception as e:  # report it, measure the rest
-                                row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                            torch.cuda.empty_cache()
+                        key = (ex if tiling == "default" else f"{ex}[{tiling}]") + (f"/{mode}" if mode else "")
+                        if mode:  # the step's backend reads it when the Generator makes it
+                            os.environ["PTO_QGEMV"] = mode
+                        try:
+                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                                            args.kernels)
+                        except Exception as e:  # report it, measure the rest
+                            row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        torch.cuda.empty_cache()
                 if args.prefill and batch == 1:
                     try:
                         row["prefill_ms"] = prefill_ms(w, args.prefill)
