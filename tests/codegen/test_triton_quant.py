@@ -103,23 +103,27 @@ def test_the_prefills_dequantization_through_the_triton_backend():
 
 
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
-def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype):
+@pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
+def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K, bk):
     """``RenderOptions(qgemv="groups")`` (pto.codegen.triton.quant_groups): every format, a K
-    loop whose last step overhangs the rows (K = 3 x 256, steps of 512) and a last block of
-    rows past the region's end (36 rows in blocks of 8), the weights' region not at the
-    tensor's first row; the residual epilogue's sums against the evaluator's to f32 summation
-    order."""
+    loop whose last step overhangs the rows (K = 3 x 256, steps of 512) or one step of a padded
+    block (576 columns in a block of 1,024: SmolLM2's rows; whole blocks of 32 only), and a
+    last block of rows past the region's end (36 rows in blocks of 8), the weights' region not
+    at the tensor's first row; the residual epilogue's sums against the evaluator's to f32
+    summation order."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.backends.triton import TritonBackend
     from pto.batch import RegionBatch, TaskBatch
     from pto.codegen.triton.common import RenderOptions
 
-    K, N, skip = 768, 36, 3
+    if K % dtype.quant.block:
+        pytest.skip(f"{dtype}: {K} columns are not whole blocks")
+    N, skip = 36, 3
     g = torch.Generator().manual_seed(5)
     w = random_qtensor(dtype, N + skip, K, seed=6)
     x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
-    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, 512, wdtype=dtype))
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
     regions = {"x": (x, 0, 0, 1, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, 1, N),
                "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
     want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
@@ -129,7 +133,7 @@ def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype):
     backend.prepare(TaskBatch(fn, mems, {}, 1))()
     assert "_pto_dqg_dot_" + dtype.short in backend.kernel(fn).source
     got = regions["y"][0]
-    # f32 sums of 768 products in another order (and through 1 + field / 2^bits): a few ulps of
+    # f32 sums of K products in another order (and through 1 + field / 2^bits): a few ulps of
     # the largest partial sum's magnitude
     scale = float((x.abs() @ w.dequantize().abs().T).max())
     torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
