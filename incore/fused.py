@@ -54,27 +54,16 @@ class RowNorm:
 
     def step(self, x, kk, a) -> None:
         """Load the x tile at column ``kk``, add its squares to the row sums, ``a = x * g``."""
-        self.values(x, kk, a)
-        self.accumulate()
-
-    def values(self, x, kk, a) -> None:
-        """:meth:`step`'s loads and lane-wise work: the x tile at column ``kk``, its squares,
-        ``a = x * g``; :meth:`accumulate` then adds the squares to the row sums (a reduction
-        across the program: a GEMV may put its weights' loads between the two, before the
-        reduction's barrier)."""
         k = self.k
         k.load(self.xt, x, 0, kk)
         k.load(self.gt, self.g, 0, kk)
         k.cast(self.xf, self.xt)
         k.mul(self.sq, self.xf, self.xf)
+        k.rowsum(self.part, self.sq)
+        k.add(self.ss, self.ss, self.part)
         k.cast(self.gf, self.gt)
         k.colexpandmul(self.xf, self.xf, self.gf)
         k.cast(a, self.xf)
-
-    def accumulate(self) -> None:
-        """The step's squares added to the row sums (after :meth:`values`)."""
-        self.k.rowsum(self.part, self.sq)
-        self.k.add(self.ss, self.ss, self.part)
 
     def scale(self, *accs) -> None:
         """``acc *= rsqrt(mean(x^2) + eps)`` per row."""

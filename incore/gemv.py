@@ -32,7 +32,6 @@ from pto.incore.matmul import swiglu_epilogue
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emax, emin, f32
-from pto.ir.dtypes import dtype_of
 from pto.ir.nodes import IncoreFunction
 
 
@@ -77,32 +76,20 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
     # a K loop of one step with the norm: the weights' loads first, so that their round trips
     # overlap the x tile's and the norm's reduction (whose barrier no later load is moved above;
     # SmolLM2's gate/up 4.13 against 4.31 us on an H200); a longer loop is pipelined as it is
-    # (the 8B model's gate/up, two steps, took 3% longer with its weights first). Quantized
-    # weights load after the x tile and before the norm's reduction instead: as early for the
-    # round trips, and the last loads before the product, whose layout Triton 3.6 then gives
-    # the product (the x tile, not the weights' dequantized lanes, is moved between threads;
-    # docs/PERF.md, "Quantized weights", 2026-11-29)
-    quantized = g.weights.is_quantized
-    early = norm is not None and g.bk >= norm.K and not quantized
+    # (the 8B model's gate/up, two steps, took 3% longer with its weights first)
+    early = norm is not None and g.bk >= norm.K
     with k.for_range("kk", 0, g.K, g.bk) as kk:
         if early:
             for n, w in weights.items():
                 k.load(blocks[n], w, j * g.bn, kk)
-        if norm is None:
-            k.load(a, x, 0, kk)
-        elif quantized:
-            norm.values(x, kk, a)
-        else:
+        if norm is not None:
             norm.step(x, kk, a)
+        else:
+            k.load(a, x, 0, kk)
         if wide is not a:
             k.cast(wide, a)
-        if quantized:
-            for n, w in weights.items():
-                k.load(blocks[n], w, j * g.bn, kk)
-        if norm is not None and quantized:
-            norm.accumulate()
         for n, w in weights.items():
-            if not early and not quantized:
+            if not early:
                 k.load(blocks[n], w, j * g.bn, kk)
             k.matmul_acc(accs[n], wide, blocks[n], tb=True)
     if norm is not None:
@@ -204,26 +191,18 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     y1, y2 = k.tile("y1", 1, bh, f32), k.tile("y2", 1, bh, f32)
     k.full(y1, 0.0)
     k.full(y2, 0.0)
-    # one K step: the weights' loads before the norm's reduction; quantized ones after the x
-    # tile (gemv_accumulate's order)
-    quantized = dtype_of(wdtype or dtype).is_quantized
-    early = bk >= K and not quantized
+    early = bk >= K  # one K step: the weights' loads before the norm's reduction (gemv_accumulate's)
     with k.for_range("kk", 0, K, bk) as kk:
         blocks = ((b1, t * D + i0), (b2, t * D + half + i0))
         if early:
             for b, row in blocks:
                 k.load(b, w, row, kk)
-        if quantized:
-            norm.values(x, kk, a)
-        else:
-            norm.step(x, kk, a)
+        norm.step(x, kk, a)
         if wide is not a:
             k.cast(wide, a)
         if not early:
             for b, row in blocks:
                 k.load(b, w, row, kk)
-        if quantized:
-            norm.accumulate()
         k.matmul_acc(y1, wide, b1, tb=True)
         k.matmul_acc(y2, wide, b2, tb=True)
     norm.scale(y1, y2)
