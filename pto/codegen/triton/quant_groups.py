@@ -1,6 +1,7 @@
 """The quantized GEMV's product by *groups* (``RenderOptions.qgemv == "groups"``): the helpers
 ``_pto_dqg_load_<format>`` and ``_pto_dqg_dot_<format>`` that replace the unit helpers of
-:mod:`pto.codegen.triton.quant` for a GEMV's fused tiles (:func:`pto.codegen.triton.body.fused_quantized_loads`).
+:mod:`pto.codegen.triton.quant` for a GEMV's fused tiles
+(:func:`pto.codegen.triton.body.fused_quantized_loads`).
 
 Why: the unit helpers read a tile as ``[BR, BC / U]`` integers (U elements a unit) with every
 scale loaded once per unit (a k-quant's sub-block scale four times, one byte load each), the
@@ -11,7 +12,7 @@ weights", 2026-11-29).
 
 Here a row of a tile is ``G = BC / T`` *groups* of ``T`` consecutive elements, ``T`` the
 elements whose widest element plane is 16 bytes (32 of 4-bit values, 16 of 8-bit ones), and
-every plane is one ``[BR, G, ...]`` tensor whose last dim is a group's own: an element plane's
+every plane is one ``[G, BR, ...]`` tensor whose last dim is a group's own: an element plane's
 ``V`` words of the group (int32 where a group's values are 64 bits or more, uint16 for 1-bit
 values; e4m3 bytes as they are), read as one contiguous 4- to 16-byte run per row and group (a
 thread's vector load; Triton's layout keeps a group in one thread and puts consecutive groups
@@ -23,10 +24,10 @@ The dot (:func:`render_dot`) is :func:`pto.codegen.triton.quant.render_dot`'s al
 shapes: the format's routine is affine in its element planes, so each subgroup's ``sum x E``
 comes from the fields as ``1 + E / 2^bits`` (a shift and one and-or a weight, the f32 ``1.0``
 in a register so that the and and the or are one instruction), times x (one multiply-add a
-weight, the group's lanes summed within the thread), and the scales multiply once per subgroup;
-the program's sum over its groups is one reduction per K step. x is made the groups' shape
-once per K step (``[1, G, V, U]``, shared by the rows), so a program's wider K step (a 4096-wide
-row of 4-bit values is 2 KiB) costs no more reductions.
+weight, a subgroup's products one chain within the thread), and the scales multiply once per
+subgroup; the program's sum over its groups is one reduction per K step. x is made the groups'
+shape once per K step (``[G, 1, T]``, shared by the rows), so a program's wider K step (a
+4096-wide row of 4-bit values is 2 KiB) costs no more reductions.
 """
 
 from __future__ import annotations
