@@ -35,6 +35,13 @@ quantized weights dequantized on the device first)::
     python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
         --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
 
+``--qgemv units,groups`` runs each quantized spec's step once per way the GEMVs read the weights
+(``PTO_QGEMV``; the key ``EXECUTOR[TILING]/MODE``), and a ``--tilings`` entry ``MODE:TILING``
+runs in that mode only (a dense spec skips ``groups:`` entries), so one call compares them::
+
+    python bench/decode.py --configs llama3-8b --batches 1 --quant 'bf16,llama3-8b:q4_k/q6_k,q8_0,fp8' \
+        --tilings 'units:default;groups:default;groups:ffn_bn=4,ffn_bk=1024' --prefill 0
+
 Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
 (``tp{N}[MODE,HEAD]``: the slowest rank's ms, the sums inside the replayed CUDA graph), once per
 ``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, symmetric memory's one-shot all-reduce for
@@ -72,6 +79,7 @@ from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
+from pto.codegen.triton.common import QGEMV_MODES  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
 from pto.exec import timing  # noqa: E402
 from pto.ir.dtypes import DType, dtype_of  # noqa: E402
@@ -285,6 +293,8 @@ def main(argv=None) -> int:
                     "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
                     "defaults to waves, --long to none")
     ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
+    ap.add_argument("--qgemv", default=None, help="with --quant: each quantized spec's step once per way the GEMVs "
+                    "read the weights (PTO_QGEMV), e.g. units,groups (default: the environment's)")
     ap.add_argument("--collectives", default="auto,group",
                     help="under torchrun: the PTO_COLLECTIVES modes ours runs with (default auto,group)")
     ap.add_argument("--lm-heads", default="parallel",
@@ -395,6 +405,22 @@ def prefill_ms(w, tokens: int, repeat: int = 3) -> float:
         gen.close()
 
 
+def quant_runs(tilings: str, qgemv: str | None, quantized: bool) -> list[tuple[str, str]]:
+    """(PTO_QGEMV mode, tiling) of each run of a weight spec: ``--tilings`` entries, each
+    ``TILING`` (once per ``--qgemv`` mode) or ``MODE:TILING`` (that mode only); a dense spec runs
+    each tiling once (no mode; a ``groups:`` entry not at all)."""
+    out = []
+    for entry in tilings.split(";"):
+        mode, _, tiling = entry.rpartition(":") if entry.split(":")[0] in QGEMV_MODES else ("", "", entry)
+        if not quantized:
+            if mode in ("", "units") and ("", tiling) not in out:
+                out.append(("", tiling))
+            continue
+        for m in [mode] if mode else (qgemv.split(",") if qgemv else [""]):
+            out.append((m, tiling))
+    return out
+
+
 def main_quant(args, bw: float) -> int:
     """``--quant``: per configuration, batch and weight spec, our step's ms per token, the floor
     at the spec's bytes, the resident weight bytes (on the GPU and in a file), the prefill."""
@@ -423,9 +449,11 @@ def main_quant(args, bw: float) -> int:
                 row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
                        "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
                        "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
-                for tiling in args.tilings.split(";"):
+                for mode, tiling in quant_runs(args.tilings, args.qgemv, spec != "bf16"):
                     for ex in executors.split(","):
-                        key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                        key = (ex if tiling == "default" else f"{ex}[{tiling}]") + (f"/{mode}" if mode else "")
+                        if mode:  # the step's backend reads it when the Generator makes it
+                            os.environ["PTO_QGEMV"] = mode
                         try:
                             row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
                                             args.kernels)

@@ -82,15 +82,15 @@ def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int 
 
 
 
-def kernel_jobs(functions) -> list[dict]:
+def kernel_jobs(functions, options=None) -> list[dict]:
     """Compile jobs (:func:`compile_sm90`) of the batched kernels of InCore ``functions`` (each
-    rendered once), every one on the masked and the mask-free path."""
+    rendered once, with ``options``), every one on the masked and the mask-free path."""
     from pto.codegen.triton import render
     from pto.ir.analysis import specialize
 
     jobs, seen = [], set()
     for fn in functions:
-        kern = render(specialize(fn))
+        kern = render(specialize(fn), options)
         if kern.digest in seen:
             continue
         seen.add(kern.digest)

@@ -100,3 +100,80 @@ def test_the_prefills_dequantization_through_the_triton_backend():
         for k, v in got.items():
             assert torch.equal(v, want.layers[layer][k]), (layer, k)
     assert len(dq.launches) == 5  # prepared once per kind and layer
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
+@pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
+def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K, bk):
+    """``RenderOptions(qgemv="groups")`` (pto.codegen.triton.quant_groups): every format, a K
+    loop whose last step overhangs the rows (K = 3 x 256, steps of 512) or one step of a padded
+    block (576 columns in a block of 1,024: SmolLM2's rows; whole blocks of 32 only), and a
+    last block of rows past the region's end (36 rows in blocks of 8), the weights' region not
+    at the tensor's first row; the residual epilogue's sums against the evaluator's to f32
+    summation order."""
+    from pto.incore.gemv import gemv_residual_tile
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.common import RenderOptions
+    from pto.data.batch import RegionBatch, TaskBatch
+
+    if K % dtype.quant.block:
+        pytest.skip(f"{dtype}: {K} columns are not whole blocks")
+    N, skip = 36, 3
+    g = torch.Generator().manual_seed(5)
+    w = random_qtensor(dtype, N + skip, K, seed=6)
+    x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
+    regions = {"x": (x, 0, 0, 1, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, 1, N),
+               "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
+    want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
+    run_incore(fn, want, {})
+    backend = TritonBackend("cpu", options=RenderOptions(qgemv="groups"))
+    mems = {n: RegionBatch(t, *(torch.tensor([v]) for v in rest)) for n, (t, *rest) in regions.items()}
+    backend.prepare(TaskBatch(fn, mems, {}, 1))()
+    assert "_pto_dqg_dot_" + dtype.short in backend.kernel(fn).source
+    got = regions["y"][0]
+    # f32 sums of K products in another order (and through 1 + field / 2^bits): a few ulps of
+    # the largest partial sum's magnitude
+    scale = float((x.abs() @ w.dequantize().abs().T).max())
+    torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
+
+
+def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
+    """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
+    options win); a value not a mode is one line naming it."""
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    monkeypatch.delenv("PTO_QGEMV", raising=False)
+    assert TritonBackend("cpu").options.qgemv == "units"
+    monkeypatch.setenv("PTO_QGEMV", "groups")
+    assert TritonBackend("cpu").options.qgemv == "groups"
+    assert TritonBackend("cpu", options=RenderOptions(qgemv="units")).options.qgemv == "units"
+    monkeypatch.setenv("PTO_QGEMV", "lanes")
+    with pytest.raises(UsageError, match="PTO_QGEMV='lanes': one of units, groups"):
+        TritonBackend("cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
+def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(quantize, monkeypatch):
+    """The decode step through the Triton interpreter with ``PTO_QGEMV=groups``: every GEMV's
+    product by groups (q4_k: a one-layer model of hidden 256, whole 256-element blocks), the
+    logits the reference's on the dequantized weights but for the order of the sums."""
+    from dataclasses import replace
+
+    from pto.orchestration.llama.config import LlamaConfig
+    from pto.orchestration.model import program as mp
+
+    from pto.cli.commands.run import run
+
+    monkeypatch.setenv("PTO_QGEMV", "groups")
+    config = "tiny"
+    if quantize == "q4_k":
+        config = "tiny-256"
+        monkeypatch.setitem(mp.CONFIGS, config, replace(mp.CONFIGS["tiny"], layers=1, layer=LlamaConfig(
+            hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)))
+    res = run("model", config=config, cache=64, batch=1, device="cpu", backend="triton", check=True, quantize=quantize)
+    assert res["rel_err"] <= 1e-5, res

@@ -43,7 +43,7 @@ from pto.backends.triton.launch import (
 )
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occupancy
-from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, split_mode, tma_mode
+from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, qgemv_mode, split_mode, tma_mode
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
@@ -104,7 +104,7 @@ class TritonBackend(Backend):
         self.pdl = self._pdl(pdl)
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
-        self.options = replace(self.options, tma=self._tma())
+        self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode())
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
@@ -173,10 +173,11 @@ class TritonBackend(Backend):
 
     @classmethod
     def modes(cls, target) -> dict[str, str]:
-        """Programmatic dependent launch and tensor-descriptor loads (:mod:`.modes`)."""
+        """Programmatic dependent launch, tensor-descriptor loads and the quantized GEMVs' reads
+        (:mod:`.modes`)."""
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
-                "tma": "on" if tma_mode(target.capability, compiles) else "off"}
+                "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode()}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's

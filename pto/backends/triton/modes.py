@@ -1,13 +1,13 @@
 """The Triton backend's modes that the environment may set: how a batch splits into launches
 (``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``), programmatic dependent launch
-(``PTO_PDL``) and persistent tile loops (``PTO_PERSISTENT``), each with its default for the GPU
-the kernels are compiled for."""
+(``PTO_PDL``), persistent tile loops (``PTO_PERSISTENT``) and how the GEMVs read quantized
+weights (``PTO_QGEMV``), each with its default for the GPU the kernels are compiled for."""
 
 from __future__ import annotations
 
 import os
 
-from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES
+from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES, QGEMV_MODES
 from pto.errors import UsageError
 
 #: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
@@ -47,6 +47,15 @@ def persistent_mode() -> str:
     return "" if mode == "off" else mode
 
 
+def qgemv_mode() -> str:
+    """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
+    ``PTO_QGEMV`` (units, groups; default units)."""
+    mode = os.environ.get("PTO_QGEMV", "units")
+    if mode not in QGEMV_MODES:
+        raise UsageError(f"PTO_QGEMV={mode!r}: one of {', '.join(QGEMV_MODES)}")
+    return mode
+
+
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -62,4 +71,4 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "persistent_mode", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_mode", "split_mode", "tma_mode"]

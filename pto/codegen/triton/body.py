@@ -19,6 +19,7 @@ and the persistent megakernel of :mod:`pto.codegen.triton.megakernel`.
 
 from __future__ import annotations
 
+from pto.codegen.triton import quant_groups
 from pto.codegen.triton.common import (
     ALIGN,
     NAN_SOURCE,
@@ -305,6 +306,8 @@ class BodyRenderer(TileOps):
         self.quantized: set[str] = set()
         self.fused = fused_quantized_loads(fn, self.blocks)
         self.planes: dict[str, list[str]] = {}
+        #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
+        self.grouped: dict[str, tuple[int, int]] = {}
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -419,6 +422,9 @@ class BodyRenderer(TileOps):
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
+        grouped = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
+                   if i.op is Op.LOAD and i.dst in self.grouped}
+        helpers += [line for f in sorted(grouped) for line in quant_groups.render_helpers(FORMATS[f])]
         return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:

@@ -40,6 +40,11 @@ PDL_MODES = ("early", "late", "chain")
 #: are the tuner's to try. With "ws" no load moves above the PDL wait (the wait stays before
 #: the loop).
 PERSISTENT_MODES = ("loop", "ws")
+#: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's
+#: ``[BR, BC / U]`` integers, the scales loaded per unit, the sums reduced every K step:
+#: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,
+#: every scale loaded once per group: :mod:`pto.codegen.triton.quant_groups`)
+QGEMV_MODES = ("units", "groups")
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
@@ -73,6 +78,9 @@ class RenderOptions:
     descriptors (TMA, sm_90 and later; :mod:`pto.codegen.triton.tma`).
     ``persistent``: the batched kernel's persistent tile loop (:data:`PERSISTENT_MODES`; "" off);
     a launch setting a schedule may switch (the arithmetic is the same).
+    ``qgemv``: how a GEMV's product reads quantized weights (:data:`QGEMV_MODES`; "": the
+    backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
+    directly); a tile that is not whole groups of its format takes "units".
     """
 
     input_precision: str = "ieee"
@@ -82,6 +90,7 @@ class RenderOptions:
     tma: bool = False
     pre: tuple[str, ...] = ()
     persistent: str = ""
+    qgemv: str = ""
 
 
 @dataclass(frozen=True)

@@ -170,8 +170,11 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     if pdl:
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
-    return RenderedKernel(fn, kname, src, r.layout, launch_params(fn), digest, pdl, plain, dict(r.tma), r.early,
-                          persistent)
+    launch = launch_params(fn)
+    if r.grouped:  # a warp per 1024 columns (a thread's 32 weights a row), and per 8 rows past the first 8
+        warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in r.grouped.values())
+        launch["num_warps"] = min(8, 1 << (warps.bit_length() - 1))
+    return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
 
 
 def _program_lines(fn: IncoreFunction, call: str, persistent: str) -> tuple[list[str], list[str]]:

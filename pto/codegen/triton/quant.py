@@ -123,8 +123,7 @@ def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> d
     for p in fmt.planes:
         base = f"rowp + {offsets[p.name]}"
         if p.header:
-            ptr = f"({base}).to(tl.pointer_type({_TL[(p.kind, p.bits)]}))"
-            out[p.name] = em.let(f"{em.load(ptr, 'rmask')}.to(tl.float32)")
+            out[p.name] = header_load(em, p, base, "rmask")
             continue
         mask = f"rmask & (c0 + {unit} * {U} < lim)"
         if p.group == 1:  # U values of b bits: one integer of U * b bits per unit
@@ -140,6 +139,11 @@ def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> d
         ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
         out[p.name] = em.let(f"{em.load(ptr, mask)}.to(tl.float32)")
     return out
+
+
+def header_load(em: _Emitter, p: Plane, base: str, mask: str) -> str:
+    """A header plane's value of each row (f32), from ``base`` (the rows' first bytes)."""
+    return em.let(f"{em.load(f'({base}).to(tl.pointer_type({_TL[(p.kind, p.bits)]}))', mask)}.to(tl.float32)")
 
 
 def _lane(em: _Emitter, p: Plane, raw: str, k: int) -> _Value:
@@ -289,16 +293,39 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         return t if U == 1 else em.let(f"tl.sum(tl.reshape({t}, ({rows}, BC // {U}, {U})), axis=2)")
 
     xsum = per_unit("x", "1")
+    form = affine_form(em, fmt)
+    sums = {}
+    for name in form.coef:
+        p = fmt.plane(name)
+        parts = [_fraction(em, p, f"R_{p.name}", k) for k in range(U)]
+        whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, (BR, BC))")
+        sums[name] = per_unit(em.let(f"{whole} * x"), "BR")
+    units, rows = affine_parts(em, fmt, form, sums, xsum, lambda v: f"tl.sum({v}, axis=1)[:, None]")
+    total = [] if units is None else [em.let(f"tl.sum({units.code}, axis=1)")]
+    total += [] if rows is None else [em.let(f"tl.sum({rows.code}, axis=1)")]
+    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, x, BR: tl.constexpr, BC: tl.constexpr):",
+            *em.lines, f"    return {' + '.join(total)}"]
+
+
+def affine_form(em: _Emitter, fmt: QuantFormat) -> _Affine:
+    """The format's routine on the loaded planes: affine in its element planes (each an
+    :class:`_Affine` unknown), the scale planes' values ``R_<name>`` as coefficients."""
     form = fmt.dequantize({p.name: (_Affine({p.name: 1}, None) if p.group == 1 else
                                     _Value(em, f"R_{p.name}", p.header)) for p in fmt.planes})
     if not isinstance(form, _Affine):
         raise ValueError(f"{fmt.name}: the routine does not use an element plane")
+    return form
+
+
+def affine_parts(em: _Emitter, fmt: QuantFormat, form: _Affine, sums: dict[str, str], xsum: str, row_sum):
+    """A dot's terms from ``sums`` (each element plane's sum of x times its fields as
+    :func:`_fraction` makes them, ``1 + u / 2^bits``, per unit of the scales) and ``xsum`` (x's
+    sum per unit): the part whose coefficients vary per unit (summed per unit) and the part of
+    row coefficients (each term summed over the row first, ``row_sum``); either None."""
     terms = []
     for name, coef in sorted(form.coef.items()):
         p = fmt.plane(name)
-        parts = [_fraction(em, p, f"R_{p.name}", k) for k in range(U)]
-        whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, (BR, BC))")
-        acc = per_unit(em.let(f"{whole} * x"), "BR")
+        acc = sums[name]
         if p.kind != "e4m3":  # sum x (1 + u / 2^b) = X + sum x u / 2^b, u = E (+ 2^(b-1) signed)
             acc = em.let(f"({acc} - {xsum}) * {float(1 << p.bits)!r}")
             if p.kind == "i":
@@ -306,18 +333,15 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         terms.append((_Value(em, acc), coef))
     if form.const is not None:
         terms.append((_Value(em, xsum), form.const))
-    units, rows = None, None  # the terms of unit coefficients, summed per unit; of row ones, summed
+    units, rows = None, None
     for v, coef in terms:
         if isinstance(coef, _Value) and coef.row:  # the same over a row: the units summed first
-            part = _Value(em, em.let(f"tl.sum({v.code}, axis=1)[:, None]")) * coef
+            part = _Value(em, em.let(row_sum(v.code))) * coef
             rows = part if rows is None else rows + part
         else:
             part = v * coef
             units = part if units is None else units + part
-    total = [] if units is None else [em.let(f"tl.sum({units.code}, axis=1)")]
-    total += [] if rows is None else [em.let(f"tl.sum({rows.code}, axis=1)")]
-    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, x, BR: tl.constexpr, BC: tl.constexpr):",
-            *em.lines, f"    return {' + '.join(total)}"]
+    return units, rows
 
 
 def load_name(fmt: QuantFormat) -> str:
@@ -334,4 +358,4 @@ def render_helpers(fmt: QuantFormat) -> list[str]:
 
 
 __all__ = ["helper_name", "load_name", "dot_name", "render_helpers", "render_load", "render_values", "render_dot",
-           "unit_of"]
+           "unit_of", "affine_form", "affine_parts", "header_load"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from pto.codegen.triton import quant_groups
 from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
 from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
@@ -169,10 +170,15 @@ class TileOps:
         a, b = ins.srcs
         acc = str(ins.attr("acc"))
         accumulate = ins.op is Op.MATMUL_ACC
-        if b in self.planes:  # a GEMV of a quantized tile's planes: the sums per unit, no values
-            fmt = self.memrefs[next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)].dtype.quant
+        if b in self.planes:  # a GEMV of a quantized tile's planes: the sums per unit or group, no values
+            mem = next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)
+            fmt = self.memrefs[mem].dtype.quant
             r, c = self.blocks[b]
-            dot = f"{dot_name(fmt)}({', '.join(self.planes[b])}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+            planes = ", ".join(self.planes[b])
+            if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
+                planes = f"{planes}, P_{mem}, S_{mem}"
+            name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
+            dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
         self.use(a)
@@ -338,8 +344,14 @@ class TileOps:
         rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
         rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
         self.emit(f"{rmask} = {' & '.join(rows)}")
+        grouped = tile in self.fused and self.opts.qgemv == "groups" and quant_groups.applies(fmt, lc, c)
+        if grouped:  # read by groups (pto.codegen.triton.quant_groups): its own helpers
+            self.grouped[tile] = (r, c)
+            helper = quant_groups.load_name(fmt)
+        else:
+            helper = load_name(fmt)
         planes = [f"t_{tile}__{p.name}" for p in fmt.planes]
-        load = f"{', '.join(planes)} = {load_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
+        load = f"{', '.join(planes)} = {helper}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
         self.emit(f"if EVEN_{mem}:")
         self.emit("    " + load.format((lr, lc) != (r, c)))
         self.emit("else:")

@@ -208,7 +208,7 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
     f32 weight tiles; sixteen: the tensor-core dots), the masked and the mask-free path, through
     Triton's compiler for an H100 (no GPU needed): the helpers' joins, word loads and pointer
-    casts compile."""
+    casts compile; the GEMVs read by units and by groups (``RenderOptions.qgemv``)."""
     from dataclasses import fields
 
     from pto.orchestration.model.decode import functions
@@ -231,8 +231,21 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
             fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt), batch, wtypes=wt)
             chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
                        and any(p.dtype.is_quantized for p in fn.memrefs)]
-    jobs = kernel_jobs(chosen)
+    from pto.codegen.triton.common import RenderOptions
+
+    # the GEMVs' products by units and by groups (PTO_QGEMV), the latter with the 8B model's
+    # group-wide steps too
+    for t in (dict(bk=4096, ffn_bn=4, ffn_bk=4096, lm_bk=2048),):
+        cfg = CONFIGS["llama3-8b"]
+        wt = WeightTypes(tuple(sorted({**{k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")},
+                                       "lm_head": DType.Q6_K}.items())))
+        fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(replace(tiling_for(cfg), **t), wt), 1,
+                        wtypes=wt)
+        chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
+                   and any(p.dtype.is_quantized for p in fn.memrefs)]
+    jobs = kernel_jobs(chosen) + kernel_jobs(chosen, RenderOptions(qgemv="groups"))
     results = compile_sm90(jobs, tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(results) >= 30, len(results)
+    assert len(results) >= 60, len(results)
+    assert sum("_pto_dqg_dot_" in j["source"] for j in jobs) >= 20

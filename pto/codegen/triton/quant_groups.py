@@ -1,0 +1,201 @@
+"""The quantized GEMV's product by *groups* (``RenderOptions.qgemv == "groups"``): the helpers
+``_pto_dqg_load_<format>`` and ``_pto_dqg_dot_<format>`` that replace the unit helpers of
+:mod:`pto.codegen.triton.quant` for a GEMV's fused tiles
+(:func:`pto.codegen.triton.body.fused_quantized_loads`).
+
+Why: the unit helpers read a tile as ``[BR, BC / U]`` integers (U elements a unit) with every
+scale loaded once per unit (a k-quant's sub-block scale four times, one byte load each), the
+x tile moved between threads to meet the units' layout and each K step's sums reduced across
+the program (shuffles and barriers in the loop): on an H200 the 8B model's Q4_K GEMVs read
+about 1.1 TB/s of the 4.8, a program having a few KiB in flight (docs/PERF.md, "Quantized
+weights", 2026-11-29).
+
+Here a row of a tile is ``G = BC / T`` *groups* of ``T`` consecutive elements, ``T`` the
+elements whose widest element plane is 16 bytes (32 of 4-bit values, 16 of 8-bit ones), and
+every plane is one ``[G, BR, ...]`` tensor whose last dim is a group's own: an element plane's
+``V`` words of the group (int32 where a group's values are 64 bits or more, uint16 for 1-bit
+values; e4m3 bytes as they are), read as one contiguous 4- to 16-byte run per row and group (a
+thread's vector load; Triton's layout keeps a group in one thread and puts consecutive groups
+on consecutive threads: coalesced), a scale plane's value per *subgroup* (``S = T / Gs``
+values, ``Gs`` the smallest scale group of the format, at most ``T``), a header plane's per row.
+So a scale is loaded once per group that uses it, not once per element or unit.
+
+The dot (:func:`render_dot`) is :func:`pto.codegen.triton.quant.render_dot`'s algebra on these
+shapes: the format's routine is affine in its element planes, so each subgroup's ``sum x E``
+comes from the fields as ``1 + E / 2^bits`` (a shift and one and-or a weight, the f32 ``1.0``
+in a register so that the and and the or are one instruction), times x (one multiply-add a
+weight, a subgroup's products one chain within the thread), and the scales multiply once per
+subgroup; the program's sum over its groups is one reduction per K step. x is made the groups'
+shape once per K step (``[G, 1, T]``, shared by the rows), so a program's wider K step (a
+4096-wide row of 4-bit values is 2 KiB) costs no more reductions.
+"""
+
+from __future__ import annotations
+
+from pto.codegen.triton.quant import (
+    _TL,
+    _Emitter,
+    _header,
+    _offsets,
+    _planes_params,
+    affine_form,
+    affine_parts,
+    header_load,
+)
+from pto.ir.quant import Plane, QuantFormat
+
+#: the f32 1.0: a field moved to the top of its mantissa and or'ed into it is 1 + field / 2^bits
+_ONE = 0x3F800000
+
+
+def group_of(fmt: QuantFormat) -> int:
+    """``T``: the elements a thread takes of a row per K step, as many as 16 bytes of the
+    format's widest element plane hold (32 4-bit values, 16 8-bit ones)."""
+    return 128 // max(p.bits for p in fmt.planes if p.group == 1)
+
+
+def subgroup_of(fmt: QuantFormat) -> int:
+    """``Gs``: the elements that share every scale value, the smallest scale group (at most a
+    group)."""
+    return min([p.group for p in fmt.planes if p.group > 1] + [group_of(fmt)])
+
+
+def words_of(fmt: QuantFormat, p: Plane) -> tuple[str, int, int]:
+    """How element plane ``p`` is read per group: (the word's Triton type, ``V`` words a group,
+    ``U`` values a word). int32 words where a group's values fill two or more; uint16 ones for
+    1-bit values (two a group, so that the words are the contiguous dim of the load); e4m3 bytes
+    one value each."""
+    if p.kind == "e4m3":
+        return "tl.uint8", group_of(fmt), 1
+    bits = group_of(fmt) * p.bits
+    word = 32 if bits >= 64 else 16
+    return ("tl.int32" if word == 32 else "tl.uint16"), bits // word, word // p.bits
+
+
+def applies(fmt: QuantFormat, cols: int, block_cols: int) -> bool:
+    """Can a tile of ``block_cols`` columns (``cols`` of them valid) be read by groups: whole
+    groups, one at least."""
+    T = group_of(fmt)
+    return block_cols % T == 0 and cols % T == 0 and all(p.group % subgroup_of(fmt) == 0
+                                                            for p in fmt.planes if p.group > 1)
+
+
+def load_name(fmt: QuantFormat) -> str:
+    return f"_pto_dqg_load_{fmt.name}"
+
+
+def dot_name(fmt: QuantFormat) -> str:
+    return f"_pto_dqg_dot_{fmt.name}"
+
+
+def render_load(fmt: QuantFormat) -> list[str]:
+    """``_pto_dqg_load_<format>(P, S, ri, c0, rmask, lim, BR, BC, MASKED)`` (the arguments of
+    :func:`pto.codegen.triton.quant.render_load`): every plane of the tile's rows as its
+    ``[G, BR, ...]`` tensor (the module docstring; scales as f32).
+
+    The groups are the first dim: Triton orders a load's dims by how contiguous its addresses
+    are, the first among equals first, so the groups (not the rows) spread over the threads and
+    each thread holds its groups of every row. A scale's index is multiplied by an opaque 1, so
+    that no scale load is made a vector of consecutive groups' scales (a layout of its own)."""
+    em = _Emitter()
+    T, Gs = group_of(fmt), subgroup_of(fmt)
+    S = T // Gs
+    offsets = _offsets(fmt)
+    g = em.let(f"tl.arange(0, BC // {T})[:, None, None]")
+    rows = [em.let("rowp[None, :, :]"), em.let("rmask[None, :, :]")]
+    valid = em.let(f"{rows[1]} & (c0 + {g} * {T} < lim)")
+    one = em.let("1 + (S >> 31)")  # 1, opaque (S is never negative)
+    out = {}
+    for p in fmt.planes:
+        base = f"{rows[0]} + {offsets[p.name]}"
+        if p.header:
+            out[p.name] = header_load(em, p, base, rows[1])
+        elif p.group == 1:
+            word, V, _ = words_of(fmt, p)
+            lane = em.let(f"tl.arange(0, {V})[None, None, :]")
+            # (c0 // T) * bytes: 16-byte aligned, as Triton sees it (c0 is a multiple of the block)
+            ptr = f"({base} + (c0 // {T}) * {T * p.bits // 8}).to(tl.pointer_type({word})) + {g} * {V} + {lane}"
+            raw = em.load(ptr, valid)
+            out[p.name] = em.let(f"{raw}.to(tl.int32)") if word == "tl.uint16" else raw
+        else:  # a value per subgroup (S of a group), or one a group for larger groups
+            if p.group >= T:
+                index = f"{g} * {one}" if p.group == T else f"{g} // {p.group // T}"
+            else:
+                sub = em.let(f"tl.arange(0, {S})[None, None, :]")
+                per = p.group // Gs  # subgroups a value
+                index = f"{g} * {one} * {T // p.group} + " + (f"{sub}" if per == 1 else f"{sub} // {per}")
+            ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
+            out[p.name] = em.let(f"{em.load(ptr, valid)}.to(tl.float32)")
+    return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
+            "MASKED: tl.constexpr):", f"    # {fmt.name} by groups of {T}: {fmt.doc}", *_header(fmt), *em.lines,
+            f"    return {', '.join(out[p.name] for p in fmt.planes)}"]
+
+
+def _fraction(em: _Emitter, p: Plane, raw: str, k: int, one: str) -> str:
+    """Lane ``k``'s field of element plane ``p`` (its words ``raw``) as the f32 ``1 + u /
+    2^bits`` (:func:`pto.codegen.triton.quant._fraction`, the 1.0 or'ed from ``one``, a
+    register: the mask and the or are one instruction); an e4m3 byte's value as it is."""
+    if p.kind == "e4m3":
+        return em.let(f"{raw}.to(tl.float8e4nv, bitcast=True).to(tl.float32)")
+    at, top = k * p.bits, 23 - p.bits
+    moved = raw if at == top else f"({raw} << {top - at})" if at < top else f"({raw} >> {at - top})"
+    field = f"({moved} & {((1 << p.bits) - 1) << top})"
+    if p.kind == "i":
+        field = f"({field} ^ {1 << (top + p.bits - 1)})"
+    return em.let(f"({field} | {one}).to(tl.float32, bitcast=True)")
+
+
+def _joined(em: _Emitter, parts: list[str]) -> str:
+    """``parts`` joined along new minor dims whose flat index is the part's (in-thread)."""
+    if len(parts) == 1:
+        return parts[0]
+    return em.let(f"tl.join({_joined(em, parts[0::2])}, {_joined(em, parts[1::2])})")
+
+
+def render_dot(fmt: QuantFormat) -> list[str]:
+    """``_pto_dqg_dot_<format>(planes..., P, S, x, BR, BC)``: the ``[BR]`` sums of ``x [1, BC]``
+    (f32, zero past its valid columns) times each row's values, from the planes of
+    :func:`render_load` (``P``, ``S``: the load's; the module docstring).
+
+    The fractions' 1.0 is a ``[G, 1, 1]`` tensor: the f32 1.0's bits plus a load that never
+    happens (its mask is ``S < 0``, which no compiler can prove false, as it could ``g < 0`` for
+    an index ``g``), so that it is a register the compiler cannot fold (ptxas
+    splits an or with a constant from the mask's and: two instructions a weight) and a load
+    after the x tile's: Triton 3.6 gives an operation the layout of the last loaded of its
+    operands' loads, and through this one the product takes the groups' (x moves between
+    threads once, not the weights' lanes), whatever order the loads were put in (a programmatic
+    dependent launch's weights load before its wait, x after)."""
+    em = _Emitter()
+    T, Gs = group_of(fmt), subgroup_of(fmt)
+    S = T // Gs
+    G = f"BC // {T}"
+    g = em.let(f"tl.arange(0, {G})[:, None, None]")
+    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    one = em.let(f"{_ONE} + {never}.to(tl.int32)")
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")  # x by groups: one move between threads, every plane's view
+    xs = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
+    form = affine_form(em, fmt)
+    sums = {}
+    for name in form.coef:
+        p = fmt.plane(name)
+        _, V, U = words_of(fmt, p)
+        raw = f"R_{p.name}"
+        parts = [_fraction(em, p, raw, k, one) for k in range(U)]
+        whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, ({G}, BR, {V}, {U}))")
+        xw = em.let(f"tl.reshape({xg}, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape({xg}, ({G}, 1, {V}))")
+        # each subgroup's products summed within the thread, one multiply-add chain
+        sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({G}, BR, {S}, {V * U // S})), axis=3)")
+    units, rows = affine_parts(em, fmt, form, sums, xs, lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
+    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
+    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):",
+            *em.lines, f"    return {' + '.join(total)}"]
+
+
+def render_helpers(fmt: QuantFormat) -> list[str]:
+    """The group helpers of ``fmt`` (the load and the dot)."""
+    return [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
+
+
+__all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
+           "render_helpers"]
