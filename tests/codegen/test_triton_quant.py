@@ -143,16 +143,20 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
     """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
     options win); a value not a mode is one line naming it."""
     from pto.backends.triton import TritonBackend
-    from pto.codegen.triton.common import RenderOptions
+    from pto.backends.triton.modes import qgemv_mode
+    from pto.codegen.triton.common import RenderOptions, reads_by_groups
     from pto.errors import UsageError
 
     monkeypatch.delenv("PTO_QGEMV", raising=False)
-    assert TritonBackend("cpu").options.qgemv == "units"
+    assert TritonBackend("cpu").options.qgemv == "units"  # the interpreter's default
+    assert qgemv_mode(compiles=True) == "auto"  # a GPU's: groups for the block formats, units for fp8
+    assert [reads_by_groups("auto", f) for f in ("q4_k", "q8_0", "q4_1", "fp8")] == [True, True, True, False]
+    assert reads_by_groups("groups", "fp8") and not reads_by_groups("units", "q4_k")
     monkeypatch.setenv("PTO_QGEMV", "groups")
     assert TritonBackend("cpu").options.qgemv == "groups"
     assert TritonBackend("cpu", options=RenderOptions(qgemv="units")).options.qgemv == "units"
     monkeypatch.setenv("PTO_QGEMV", "lanes")
-    with pytest.raises(UsageError, match="PTO_QGEMV='lanes': one of units, groups"):
+    with pytest.raises(UsageError, match="PTO_QGEMV='lanes': one of auto, units, groups"):
         TritonBackend("cpu")
 
 

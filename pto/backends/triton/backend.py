@@ -104,7 +104,7 @@ class TritonBackend(Backend):
         self.pdl = self._pdl(pdl)
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
-        self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode())
+        self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles))
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
@@ -177,7 +177,7 @@ class TritonBackend(Backend):
         (:mod:`.modes`)."""
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
-                "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode()}
+                "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles)}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's

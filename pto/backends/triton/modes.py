@@ -47,13 +47,15 @@ def persistent_mode() -> str:
     return "" if mode == "off" else mode
 
 
-def qgemv_mode() -> str:
+def qgemv_mode(compiles: bool = True) -> str:
     """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
-    ``PTO_QGEMV`` (units, groups; default units)."""
-    mode = os.environ.get("PTO_QGEMV", "units")
+    ``PTO_QGEMV`` (auto, units, groups; default auto: groups for the block formats, units for
+    fp8), "auto" where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless
+    asked (its f32 arithmetic is the CPU tests' reference; the groups path has tests of its own)."""
+    mode = os.environ.get("PTO_QGEMV", "auto")
     if mode not in QGEMV_MODES:
         raise UsageError(f"PTO_QGEMV={mode!r}: one of {', '.join(QGEMV_MODES)}")
-    return mode
+    return "units" if mode == "auto" and not compiles else mode
 
 
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:

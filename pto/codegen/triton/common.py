@@ -43,8 +43,18 @@ PERSISTENT_MODES = ("loop", "ws")
 #: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's
 #: ``[BR, BC / U]`` integers, the scales loaded per unit, the sums reduced every K step:
 #: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,
-#: every scale loaded once per group: :mod:`pto.codegen.triton.quant_groups`)
-QGEMV_MODES = ("units", "groups")
+#: every scale loaded once per group: :mod:`pto.codegen.triton.quant_groups`), or "auto": by
+#: groups for GGUF's block formats, by units for fp8 (measured on an H200, the Llama-3-8B step:
+#: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71 -> 4.01, fp8 3.16 -> 3.65; docs/PERF.md)
+QGEMV_MODES = ("auto", "units", "groups")
+#: the formats "auto" reads by units
+QGEMV_UNITS_AUTO = frozenset({"fp8"})
+
+
+def reads_by_groups(mode: str, fmt_name: str) -> bool:
+    """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
+    ``RenderOptions.qgemv`` ``mode``."""
+    return mode == "groups" or (mode == "auto" and fmt_name not in QGEMV_UNITS_AUTO)
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton import quant_groups
-from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
+from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal, reads_by_groups
 from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
@@ -344,7 +344,7 @@ class TileOps:
         rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
         rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
         self.emit(f"{rmask} = {' & '.join(rows)}")
-        grouped = tile in self.fused and self.opts.qgemv == "groups" and quant_groups.applies(fmt, lc, c)
+        grouped = tile in self.fused and reads_by_groups(self.opts.qgemv, fmt.name) and quant_groups.applies(fmt, lc, c)
         if grouped:  # read by groups (pto.codegen.triton.quant_groups): its own helpers
             self.grouped[tile] = (r, c)
             helper = quant_groups.load_name(fmt)
