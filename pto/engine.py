@@ -71,6 +71,9 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
     ex = resolve_executor(executor, dev, be)
     if ex == "auto" and prog.auto_executor:
         ex = prog.auto_executor
+    if ex == "native" and not capable(be, "native"):
+        raise UsageError(f"the native executor runs the c backend's compiled programs; --backend {be} needs "
+                         "--executor waves")
     if ex == "persistent" and not capable(be, "megakernel"):  # refused here, before the graph is built
         if backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "

@@ -76,8 +76,10 @@ CORE: dict[str, set[str]] = {
     "evaluator": {"batch", "dist", "ir", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database, the megakernel (the device's limits come from target), and the cut of a
-    # collective task (passes) around its sum over the ranks (dist)
-    "backends": {"batch", "cachedir", "codegen", "dist", "evaluator", "ir", "passes", "target", "errors"},
+    # collective task (passes) around its sum over the ranks (dist); the c backend compiles its
+    # kernels and whole programs with the runtime's sources (cbuild, runtime)
+    "backends": {"batch", "cachedir", "cbuild", "codegen", "dist", "evaluator", "ir", "passes", "runtime", "target",
+                 "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},

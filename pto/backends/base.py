@@ -75,8 +75,9 @@ class Backend:
 
 #: what a backend can do, asked by name (executors and checks never compare backend names):
 #: ``megakernel``: it compiles a whole graph into one persistent kernel (the persistent
-#: executor runs on it); ``cpu_f32_only``: on the CPU it computes in f32 only (an interpreter)
-CAPABILITIES = ("megakernel", "cpu_f32_only")
+#: executor runs on it); ``cpu_f32_only``: on the CPU it computes in f32 only (an interpreter);
+#: ``native``: it compiles a whole program to run by the C runtime's workers (the native executor)
+CAPABILITIES = ("megakernel", "cpu_f32_only", "native")
 
 #: name -> (module, class, what it needs, its capabilities)
 BACKENDS = {
@@ -84,6 +85,8 @@ BACKENDS = {
                "interpreter with TRITON_INTERPRET=1: f32, small shapes)", frozenset({"megakernel", "cpu_f32_only"})),
     "torch": ("pto.backends.torch_backend", "TorchBackend", "the batched tile evaluator in torch (any device)",
               frozenset()),
+    "c": ("pto.backends.c", "CBackend", "InCore functions compiled to C, run by the C runtime's worker threads "
+          "(the CPU, with a C compiler)", frozenset({"native"})),
 }
 
 
@@ -104,12 +107,22 @@ def triton_available() -> bool:
 
 
 def resolve(name: str, device: str) -> str:
-    """``auto`` is triton on a GPU with Triton installed, torch otherwise. Triton on the CPU
-    needs the interpreter (TRITON_INTERPRET=1, f32, small shapes)."""
+    """``auto`` is triton on a GPU with Triton installed, c on the CPU where a C compiler is
+    installed, torch otherwise (the reference, and the fallback). Triton on the CPU needs the
+    interpreter (TRITON_INTERPRET=1, f32, small shapes)."""
+    from pto.cbuild import compiler_available
+
     if name != "auto" and name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r} (choose auto, {', '.join(BACKENDS)})")
     if name == "auto":
-        return "triton" if device == "cuda" and triton_available() else "torch"
+        if device == "cuda":
+            return "triton" if triton_available() else "torch"
+        return "c" if compiler_available() else "torch"
+    if name == "c":
+        if device != "cpu":
+            raise UsageError(f"--backend c runs on the CPU; --device {device} needs --backend triton or torch")
+        if not compiler_available():
+            raise UsageError("--backend c needs a C compiler (cc, or $CC); none is installed")
     if name == "triton":
         if not triton_available():
             raise UsageError("--backend triton: the triton package is not installed (pip install -e \".[triton]\")")

@@ -1,0 +1,484 @@
+/* pto_native.c - the native pool: worker threads that run a task graph's InCore functions
+ * compiled to C (pto/codegen/c_incore.py), taking tasks from the runtime's ready queue while
+ * the orchestration (pto_NAME_build) is still submitting them.
+ *
+ * The pool's mutex is the runtime's lock: pto_native_create installs the sync hooks, so every
+ * public runtime call of the orchestration thread takes it, and the workers take it to pop a
+ * task, read its arguments and complete it (one critical section from one task to the next).
+ * A kernel runs with the lock released. Three conditions:
+ *
+ *  - a task became ready: the unlock hook wakes an idle worker when the queue is not empty
+ *    (a submit's), a completion that readies several wakes them all;
+ *  - the window has room: completions notify (the runtime's notify_all hook); while the window
+ *    is full the orchestration thread runs ready tasks itself instead of sleeping (the wait
+ *    hook), so a pool of one thread, or workers all busy, never stalls it;
+ *  - everything is done: pto_native_work (the orchestration thread, when its build returned)
+ *    clears `building`; when the last submitted task completes every worker leaves.
+ *
+ * A kernel's failure (a non-zero status) or pto_native_cancel switches the pool to draining:
+ * the tasks not yet started complete without running, so the build (blocked on the window or
+ * not) runs to its end and every thread leaves; pto_native_work reports the first failure.
+ */
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pto_runtime_internal.h"
+
+typedef struct {
+    char *data;
+    int64_t ld, rows, cols;
+    int32_t elem_size;
+} nt_tensor;
+
+struct pto_native {
+    pthread_mutex_t mutex;
+    pthread_cond_t room; /* the window has room (the orchestration thread waits here) */
+    pthread_cond_t work; /* a task is ready, or the pool is done (idle workers wait here) */
+    pto_runtime *rt;
+    int32_t threads, spawned, idle;
+    pthread_t *tids;
+    nt_tensor *tensors;
+    int32_t n_tensors;
+    const pto_kernel_info **kernels;
+    int32_t n_kernels;
+    int64_t scratch_floats; /* the largest kernel's */
+    int32_t max_args;
+    float *own_scratch; /* the orchestration thread's, for the tasks it runs */
+    void *own_block;
+    int started, building, draining, done;
+    int64_t completed;
+    int32_t fail_task, fail_func, fail_status;
+};
+
+/* a worker's buffers: its scratch, one task's arguments as the runtime stores them and as the
+ * kernel takes them */
+typedef struct {
+    void *block;
+    float *scratch;
+    pto_arg *args;
+    pto_region *mems;
+    int64_t *scalars;
+} nt_room;
+
+static int32_t ready_now(const pto_runtime *rt)
+{
+    return (int32_t)(rt->rq_tail - rt->rq_head);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * the runtime's sync hooks
+ * ------------------------------------------------------------------------------------- */
+
+static void hook_lock(void *ctx)
+{
+    pthread_mutex_lock(&((pto_native *)ctx)->mutex);
+}
+
+/* A call of the orchestration thread ends: a task it submitted may be ready. */
+static void hook_unlock(void *ctx)
+{
+    pto_native *nt = ctx;
+    if (nt->idle > 0 && nt->rt != NULL && ready_now(nt->rt) > 0) {
+        pthread_cond_signal(&nt->work);
+    }
+    pthread_mutex_unlock(&nt->mutex);
+}
+
+static int run_one(pto_native *nt, nt_room *room);
+
+/* pto_task_alloc finds the window full (the lock is held): run a ready task here, or sleep
+ * until a completion makes room. The runtime re-checks the window after the return. */
+static void hook_wait(void *ctx)
+{
+    pto_native *nt = ctx;
+    nt_room room;
+    if (nt->started && ready_now(nt->rt) > 0) {
+        room.scratch = nt->own_scratch;
+        room.args = (pto_arg *)(void *)(nt->own_scratch + nt->scratch_floats);
+        room.mems = (pto_region *)(void *)(room.args + nt->max_args);
+        room.scalars = (int64_t *)(void *)(room.mems + nt->max_args);
+        run_one(nt, &room);
+        return;
+    }
+    pthread_cond_wait(&nt->room, &nt->mutex);
+}
+
+static void hook_notify_all(void *ctx)
+{
+    pthread_cond_broadcast(&((pto_native *)ctx)->room);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * running tasks (the lock held on entry and exit)
+ * ------------------------------------------------------------------------------------- */
+
+static void fail(pto_native *nt, int32_t task, int32_t func, int status)
+{
+    if (nt->fail_status == PTO_OK) {
+        nt->fail_task = task;
+        nt->fail_func = func;
+        nt->fail_status = status;
+    }
+    nt->draining = 1;
+}
+
+/* The kernel's arguments from the runtime's records; PTO_ERR_INVALID for a tensor without a
+ * binding or arguments the kernel does not take. */
+static int unpack(pto_native *nt, const pto_kernel_info *k, nt_room *room, int32_t n)
+{
+    int32_t a, nm = 0, ns = 0;
+    for (a = 0; a < n; a++) {
+        const pto_arg *g = &room->args[a];
+        if (g->kind == PTO_ARG_SCALAR) {
+            if (ns == k->n_scalars) {
+                return PTO_ERR_INVALID;
+            }
+            room->scalars[ns++] = g->scalar;
+        } else {
+            const nt_tensor *t;
+            pto_region *r;
+            if (nm == k->n_mems || g->tensor < 0 || g->tensor >= nt->n_tensors || nt->tensors[g->tensor].data == NULL) {
+                return PTO_ERR_INVALID;
+            }
+            t = &nt->tensors[g->tensor];
+            r = &room->mems[nm++];
+            r->origin = t->data + (g->row0 * t->ld + g->col0) * t->elem_size;
+            r->ld = t->ld;
+            r->rows = g->rows;
+            r->cols = g->cols;
+            r->row0 = g->row0;
+            r->col0 = g->col0;
+            r->trows = t->rows;
+            r->tcols = t->cols;
+        }
+    }
+    return nm == k->n_mems && ns == k->n_scalars ? PTO_OK : PTO_ERR_INVALID;
+}
+
+/* Pop a ready task, run it (unlocked) unless the pool drains, complete it. */
+static int run_one(pto_native *nt, nt_room *room)
+{
+    pto_runtime *rt = nt->rt;
+    const pto_kernel_info *k = NULL;
+    int32_t id, got = 0, n = 0, func;
+    int st;
+    if (rt->broken || ptoi_ready_pop(rt, &id, 1, &got) != PTO_OK || got != 1) {
+        fail(nt, -1, -1, rt->broken ? rt->fail_st : PTO_ERR_STATE);
+        return PTO_ERR_STATE;
+    }
+    func = slot_at(rt, id)->func;
+    if (!nt->draining) {
+        k = func >= 0 && func < nt->n_kernels ? nt->kernels[func] : NULL;
+        st = k == NULL ? PTO_ERR_UNKNOWN_FUNC : ptoi_task_args(rt, id, room->args, nt->max_args, &n);
+        if (st == PTO_OK && n > nt->max_args) {
+            st = PTO_ERR_LIMIT;
+        }
+        if (st == PTO_OK) {
+            st = unpack(nt, k, room, n);
+        }
+        if (st == PTO_OK) {
+            pthread_mutex_unlock(&nt->mutex);
+            st = k->fn(room->mems, room->scalars, room->scratch);
+            pthread_mutex_lock(&nt->mutex);
+        }
+        if (st != PTO_OK) {
+            fail(nt, id, func, st);
+        }
+    }
+    st = ptoi_complete_many(rt, &id, 1);
+    if (st != PTO_OK) {
+        fail(nt, id, func, st);
+        return st;
+    }
+    nt->completed++;
+    if (nt->idle > 0 && ready_now(rt) > 1) {
+        pthread_cond_broadcast(&nt->work);
+    }
+    return PTO_OK;
+}
+
+/* Run tasks until the pool is done (the lock held on entry and exit). */
+static void work_loop(pto_native *nt, nt_room *room)
+{
+    pto_runtime *rt = nt->rt;
+    for (;;) {
+        if (nt->done) {
+            return;
+        }
+        if (ready_now(rt) > 0) {
+            if (run_one(nt, room) != PTO_OK) { /* the runtime itself failed: nothing more completes */
+                nt->done = 1;
+                pthread_cond_broadcast(&nt->work);
+                pthread_cond_broadcast(&nt->room);
+                return;
+            }
+            continue;
+        }
+        if (!nt->building && rt->completed == rt->submitted) {
+            nt->done = 1;
+            pthread_cond_broadcast(&nt->work);
+            return;
+        }
+        nt->idle++;
+        pthread_cond_wait(&nt->work, &nt->mutex);
+        nt->idle--;
+    }
+}
+
+static int room_init(pto_native *nt, nt_room *room, void **block)
+{
+    /* scratch (64-byte aligned), then the argument records, regions and scalars */
+    size_t bytes = sizeof(float) * (size_t)nt->scratch_floats + 64
+                   + (size_t)nt->max_args * (sizeof(pto_arg) + sizeof(pto_region) + sizeof(int64_t));
+    char *p = malloc(bytes);
+    if (p == NULL) {
+        return PTO_ERR_NO_MEMORY;
+    }
+    *block = p;
+    room->scratch = (float *)(void *)(p + ((64 - (uintptr_t)p % 64) % 64));
+    room->args = (pto_arg *)(void *)(room->scratch + nt->scratch_floats);
+    room->mems = (pto_region *)(void *)(room->args + nt->max_args);
+    room->scalars = (int64_t *)(void *)(room->mems + nt->max_args);
+    return PTO_OK;
+}
+
+static void *worker(void *arg)
+{
+    pto_native *nt = arg;
+    nt_room room;
+    void *block = NULL;
+    pthread_mutex_lock(&nt->mutex);
+    if (room_init(nt, &room, &block) != PTO_OK) { /* one worker fewer: the others carry on */
+        pthread_mutex_unlock(&nt->mutex);
+        return NULL;
+    }
+    work_loop(nt, &room);
+    pthread_mutex_unlock(&nt->mutex);
+    free(block);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * the API
+ * ------------------------------------------------------------------------------------- */
+
+int pto_native_create(pto_config *cfg, int32_t threads, pto_native **out)
+{
+    pto_native *nt;
+    if (cfg == NULL || out == NULL || threads < 1 || cfg->sync_ctx != NULL || cfg->lock != NULL) {
+        return PTO_ERR_INVALID;
+    }
+    nt = calloc(1, sizeof *nt);
+    if (nt == NULL) {
+        return PTO_ERR_NO_MEMORY;
+    }
+    if (pthread_mutex_init(&nt->mutex, NULL) != 0) {
+        free(nt);
+        return PTO_ERR_NO_MEMORY;
+    }
+    if (pthread_cond_init(&nt->room, NULL) != 0) {
+        pthread_mutex_destroy(&nt->mutex);
+        free(nt);
+        return PTO_ERR_NO_MEMORY;
+    }
+    if (pthread_cond_init(&nt->work, NULL) != 0) {
+        pthread_cond_destroy(&nt->room);
+        pthread_mutex_destroy(&nt->mutex);
+        free(nt);
+        return PTO_ERR_NO_MEMORY;
+    }
+    nt->threads = threads;
+    nt->building = 1;
+    nt->fail_task = -1;
+    nt->fail_func = -1;
+    cfg->sync_ctx = nt;
+    cfg->lock = hook_lock;
+    cfg->unlock = hook_unlock;
+    cfg->wait = hook_wait;
+    cfg->notify_all = hook_notify_all;
+    *out = nt;
+    return PTO_OK;
+}
+
+int pto_native_attach(pto_native *nt, pto_runtime *rt)
+{
+    if (nt == NULL || rt == NULL || nt->rt != NULL || rt->cfg.sync_ctx != nt) {
+        return PTO_ERR_INVALID;
+    }
+    nt->rt = rt;
+    return PTO_OK;
+}
+
+int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t ld)
+{
+    const pto_tensor *t;
+    int32_t cap;
+    if (nt == NULL || nt->rt == NULL || nt->started || data == NULL || tensor < 0 || tensor >= nt->rt->n_tensors) {
+        return PTO_ERR_INVALID;
+    }
+    t = &nt->rt->tensors[tensor];
+    if (ld < t->cols) {
+        return PTO_ERR_INVALID;
+    }
+    if (tensor >= nt->n_tensors) {
+        nt_tensor *grown;
+        cap = nt->rt->n_tensors;
+        grown = realloc(nt->tensors, sizeof *grown * (size_t)cap);
+        if (grown == NULL) {
+            return PTO_ERR_NO_MEMORY;
+        }
+        memset(grown + nt->n_tensors, 0, sizeof *grown * (size_t)(cap - nt->n_tensors));
+        nt->tensors = grown;
+        nt->n_tensors = cap;
+    }
+    nt->tensors[tensor].data = data;
+    nt->tensors[tensor].ld = ld;
+    nt->tensors[tensor].rows = t->rows;
+    nt->tensors[tensor].cols = t->cols;
+    nt->tensors[tensor].elem_size = t->elem_size;
+    return PTO_OK;
+}
+
+int pto_native_bind_kernel(pto_native *nt, int32_t func, const pto_kernel_info *info)
+{
+    if (nt == NULL || nt->rt == NULL || nt->started || info == NULL || info->fn == NULL || func < 0
+        || func >= nt->rt->n_funcs || info->n_mems < 0 || info->n_scalars < 0 || info->scratch_floats < 0) {
+        return PTO_ERR_INVALID;
+    }
+    if (func >= nt->n_kernels) {
+        const pto_kernel_info **grown = realloc(nt->kernels, sizeof *grown * (size_t)nt->rt->n_funcs);
+        if (grown == NULL) {
+            return PTO_ERR_NO_MEMORY;
+        }
+        memset(grown + nt->n_kernels, 0, sizeof *grown * (size_t)(nt->rt->n_funcs - nt->n_kernels));
+        nt->kernels = grown;
+        nt->n_kernels = nt->rt->n_funcs;
+    }
+    nt->kernels[func] = info;
+    if (info->scratch_floats > nt->scratch_floats) {
+        nt->scratch_floats = info->scratch_floats;
+    }
+    if (info->n_mems + info->n_scalars > nt->max_args) {
+        nt->max_args = info->n_mems + info->n_scalars;
+    }
+    return PTO_OK;
+}
+
+int pto_native_start(pto_native *nt)
+{
+    nt_room room;
+    int32_t k;
+    if (nt == NULL || nt->rt == NULL || nt->started) {
+        return PTO_ERR_INVALID;
+    }
+    if (room_init(nt, &room, &nt->own_block) != PTO_OK) {
+        return PTO_ERR_NO_MEMORY;
+    }
+    nt->own_scratch = room.scratch;
+    nt->tids = calloc((size_t)nt->threads, sizeof *nt->tids);
+    if (nt->tids == NULL) {
+        return PTO_ERR_NO_MEMORY;
+    }
+    pthread_mutex_lock(&nt->mutex);
+    nt->started = 1;
+    for (k = 0; k < nt->threads - 1; k++) {
+        if (pthread_create(&nt->tids[nt->spawned], NULL, worker, nt) != 0) {
+            break; /* fewer workers: the orchestration thread runs tasks when the window fills */
+        }
+        nt->spawned++;
+    }
+    pthread_mutex_unlock(&nt->mutex);
+    return PTO_OK;
+}
+
+static void join_all(pto_native *nt)
+{
+    int32_t k, n;
+    pthread_mutex_lock(&nt->mutex);
+    n = nt->spawned;
+    nt->spawned = 0;
+    pthread_mutex_unlock(&nt->mutex);
+    for (k = 0; k < n; k++) {
+        pthread_join(nt->tids[k], NULL);
+    }
+}
+
+int pto_native_work(pto_native *nt)
+{
+    nt_room room;
+    int st;
+    if (nt == NULL || !nt->started || !nt->building) {
+        return PTO_ERR_INVALID;
+    }
+    room.scratch = nt->own_scratch;
+    room.args = (pto_arg *)(void *)(nt->own_scratch + nt->scratch_floats);
+    room.mems = (pto_region *)(void *)(room.args + nt->max_args);
+    room.scalars = (int64_t *)(void *)(room.mems + nt->max_args);
+    pthread_mutex_lock(&nt->mutex);
+    nt->building = 0;
+    pthread_cond_broadcast(&nt->work);
+    work_loop(nt, &room);
+    st = nt->fail_status != PTO_OK ? nt->fail_status : nt->draining ? PTO_ERR_STATE : PTO_OK;
+    pthread_mutex_unlock(&nt->mutex);
+    join_all(nt);
+    return st;
+}
+
+int pto_native_cancel(pto_native *nt)
+{
+    if (nt == NULL) {
+        return PTO_ERR_INVALID;
+    }
+    pthread_mutex_lock(&nt->mutex);
+    nt->draining = 1;
+    pthread_cond_broadcast(&nt->work);
+    pthread_cond_broadcast(&nt->room);
+    pthread_mutex_unlock(&nt->mutex);
+    return PTO_OK;
+}
+
+int pto_native_progress(pto_native *nt, int64_t *completed, int32_t *task, int32_t *func, int32_t *status)
+{
+    if (nt == NULL || completed == NULL || task == NULL || func == NULL || status == NULL) {
+        return PTO_ERR_INVALID;
+    }
+    pthread_mutex_lock(&nt->mutex);
+    *completed = nt->completed;
+    *task = nt->fail_task;
+    *func = nt->fail_func;
+    *status = nt->fail_status;
+    pthread_mutex_unlock(&nt->mutex);
+    return PTO_OK;
+}
+
+/* The order: pto_native_work (every worker has left), pto_runtime_destroy (it may call the
+ * hooks until then), pto_native_destroy. A pool whose pto_native_work was never called stops
+ * its workers here, so call this before the runtime's destroy then. */
+int pto_native_destroy(pto_native *nt)
+{
+    if (nt == NULL) {
+        return PTO_ERR_INVALID;
+    }
+    if (nt->started && nt->building) {
+        pthread_mutex_lock(&nt->mutex);
+        nt->draining = 1;
+        nt->done = 1;
+        pthread_cond_broadcast(&nt->work);
+        pthread_mutex_unlock(&nt->mutex);
+    }
+    join_all(nt);
+    pthread_cond_destroy(&nt->work);
+    pthread_cond_destroy(&nt->room);
+    pthread_mutex_destroy(&nt->mutex);
+    free(nt->tids);
+    free(nt->tensors);
+    free(nt->kernels);
+    free(nt->own_block);
+    free(nt);
+    return PTO_OK;
+}
