@@ -241,6 +241,9 @@ class KernelRenderer(CTileOps):
         head = self._declarations(offsets)
         text = "\n".join(body_lines)
         used = [d for name, d in head if re.search(rf"\b{re.escape(name)}\b", text)]
+        # a view's row stride that only the loads set (a one-row tile): read once, for -Wextra
+        used += [f"    (void)ld_{t};" for t in sorted(self.views)
+                 if re.search(rf"\bld_{t}\b", text) and not re.search(rf"\bld_{t}\b(?! =)", text)]
         unused_params = [f"    (void){p};" for p in ("m", "s", "scratch")
                          if not re.search(rf"\b{p}\b", text + "\n".join(used))]
         where = f" ({fn.loc})" if fn.loc else ""
