@@ -118,6 +118,31 @@ class _Pool:
             self.ptr = self.ffi.NULL
 
 
+class _Helper(threading.Thread):
+    """The thread that builds, then works; ``done`` is set when it ends. Waiting is on the
+    event, not ``join``: CPython 3.11's ``join`` interrupted by Ctrl-C may mark a running thread
+    as stopped (bpo-45274's fix releases the lock the thread holds), and the pool must not be
+    freed under a thread that still uses it."""
+
+    def __init__(self, body):
+        super().__init__(name="pto-native-build", daemon=True)
+        self.body, self.done = body, threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.body()
+        finally:
+            self.done.set()
+
+    def wait_out(self) -> None:
+        """Wait until it has ended, whatever interrupts arrive meanwhile."""
+        while not self.done.is_set():
+            try:
+                self.done.wait()
+            except KeyboardInterrupt:
+                continue
+
+
 class NativeExecutor(Executor):
     """Runs whole graphs with the ``c`` backend's compiled program (see the module docstring)."""
 
@@ -135,6 +160,8 @@ class NativeExecutor(Executor):
         self.graph: Graph | None = None
         self.program = None
         self.last_ms = 0.0
+        self.runtime_stats: dict = {}  # the runtime's counters after the last run (memory, tasks)
+        self._helper: _Helper | None = None
 
     def run(self, graph: Graph) -> ExecStats:
         if not hasattr(self.backend, "program"):
@@ -175,10 +202,17 @@ class NativeExecutor(Executor):
             pool._check(pool.lib.pto_native_start(pool.ptr), "start")
             with torch_threads(1):
                 self._drive(pool, build, func_ids)
-        finally:
-            if rt is not None:
-                rt.close()
-            pool.destroy()
+            self.runtime_stats = rt.stats()
+        finally:  # the run is over (a helper interrupted before it ended is cancelled and waited for)
+            helper, self._helper = self._helper, None
+            if helper is not None and not helper.done.is_set():
+                pool.lib.pto_native_cancel(pool.ptr)
+                helper.wait_out()
+            try:
+                if rt is not None:
+                    rt.close()
+            finally:
+                pool.destroy()
 
     def _bind(self, pool: _Pool, tensor_ids: dict[str, int], func_ids: list[int]) -> None:
         decls = {t.name: t for t in self.graph.program.module.entry_function.tensors}
@@ -203,18 +237,17 @@ class NativeExecutor(Executor):
                 pool.lib.pto_native_cancel(pool.ptr)
             status[0] = pool.lib.pto_native_work(pool.ptr)
 
-        th = threading.Thread(target=helper, name="pto-native-build", daemon=True)
+        th = self._helper = _Helper(helper)
         t0 = time.perf_counter()
-        th.start()
         total = self.graph.tasks
         try:
-            while th.is_alive():
-                th.join(0.05)
+            th.start()
+            while not th.done.wait(0.05):
                 if self.progress is not None:
                     self.progress(min(pool.progress()[0], total), total)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C (or a failing progress callback): cancel, and wait for the run
             pool.lib.pto_native_cancel(pool.ptr)
-            th.join()
+            th.wait_out()
             raise
         self.last_ms = (time.perf_counter() - t0) * 1e3
         if errors:
