@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from pto.engine import Runner, resolve, rel_err
+from pto.engine import Runner, rel_err, resolve
 from pto.errors import RegionError
 from pto.exec.native import NativeExecutor, physical_cores
 
@@ -89,9 +89,10 @@ def test_a_graph_larger_than_the_window_runs_in_its_memory():
 def test_region_outside_its_tensor_is_the_builds_error(monkeypatch):
     """The orchestration's run-time region check, reported as the graph build reports it (the
     call site named), after the tasks already submitted have drained."""
+    from pto.incore.softmax import softmax_tile
+
     from pto import Orchestration, f32
     from pto.engine import execute
-    from pto.incore.softmax import softmax_tile
 
     f = softmax_tile(16, f32, rows=8)
     o = Orchestration("overrun")
