@@ -40,6 +40,13 @@ def runtime_sources() -> list[Path]:
     return [*(_HERE / n for n in (*CORE_SOURCES, *THREAD_SOURCES))]
 
 
+def native_files() -> list[Path]:
+    """What a folder of generated code adds to :func:`portable_files` to run its graph natively
+    (the InCore functions as C, main.c's ``--run``): the tile arithmetic, the worker pool and the
+    standalone driver with its safetensors reader; ``cc DIR/*.c -lm -pthread`` builds them all."""
+    return [_HERE / n for n in ("pto_tile.h", "pto_native.c", "pto_standalone.h", "pto_safetensors.h")]
+
+
 def portable_files() -> list[Path]:
     """Headers and C files of the runtime that generated code builds with on its own (no
     threads: the pthread sync adapter stays out); ``cc DIR/*.c`` compiles them all."""

@@ -33,6 +33,7 @@ from pto.runtime.loader import (
     runtime_cdef,
     runtime_constants,
     runtime_include_dir,
+    runtime_native_files,
     runtime_portable_files,
     runtime_sources,
 )
@@ -49,4 +50,4 @@ def __getattr__(name: str) -> int:
 
 
 __all__ = ["GraphExport", "Runtime", "RuntimeLib", "kernel_cdef", "load_runtime_module", "runtime_cdef",
-           "runtime_include_dir", "runtime_portable_files", "runtime_sources"]
+           "runtime_include_dir", "runtime_native_files", "runtime_portable_files", "runtime_sources"]
