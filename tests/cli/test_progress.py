@@ -47,10 +47,11 @@ def test_short_runs_and_turned_off_lines_print_nothing():
 
 
 def test_a_long_run_is_announced_before_it_executes():
-    """LLaMA-7B's layer at 1,024 tokens on the CPU executes for minutes: the warning comes once the
-    graph is built, before the inputs are made (the run is stopped there)."""
+    """LLaMA-7B's layer at 1,024 tokens on the CPU with the torch backend executes for minutes: the
+    warning comes once the graph is built, before the inputs are made (the run is stopped there)."""
     proc = subprocess.Popen([sys.executable, "-m", "pto.cli", "run", "llama7b", "--config", "7b", "--seq", "1024",
-                             "--device", "cpu", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--device", "cpu", "--backend", "torch", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PTO_PROGRESS_S": "0"})
     try:
         # a first line within 4 minutes (the build takes seconds; the execution many minutes)
