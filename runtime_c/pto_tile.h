@@ -213,22 +213,61 @@ static inline double pto_exp_d(double x)
     return pto_exp_core(x);
 }
 
-/* e^x of an f32, rounded: beyond [-708, 709] the result is 0 or infinity, chosen after the
- * rounding (a select on the f32 input before the conversion to double keeps GCC from
- * vectorizing the loop) */
-static inline float pto_expf(float x)
+#ifdef FP_FAST_FMAF
+#define PTO_FMAF(a, b, c) fmaf(a, b, c)
+#else
+#define PTO_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* 2^k for an integer k in [-252, 254] as two normal factors (the second multiplication rounds
+ * a subnormal result once) applied to p */
+static inline float pto_scale2f(float p, int32_t k)
 {
-    const float r = (float)pto_exp_core((double)x);
-    return x < -708.0f ? 0.0f : x > 709.0f ? INFINITY : r;
+    const int32_t k1 = k / 2, k2 = k - k1;
+    return (p * pto_bits_f32((uint32_t)(k1 + 127) << 23)) * pto_bits_f32((uint32_t)(k2 + 127) << 23);
 }
 
-/* 2^x = 2^k e^((x - k) ln2) with k = round(x) (x - k is exact); beyond [-1022, 1023], 0 or
- * infinity */
+/* e^r for |r| <= ln2 / 2 in f32 as 1 + (r + r^2 q(r)), q the Taylor series to r^5 / 720 (the
+ * term after, r^8 / 8!, is below 0.1 ulp): the only rounding that matters is the last addition,
+ * so the result is within about 0.6 ulp */
+static inline float pto_expm_r(float r)
+{
+    float q = 1.0f / 5040.0f;
+    q = PTO_FMAF(q, r, 1.0f / 720.0f);
+    q = PTO_FMAF(q, r, 1.0f / 120.0f);
+    q = PTO_FMAF(q, r, 1.0f / 24.0f);
+    q = PTO_FMAF(q, r, 1.0f / 6.0f);
+    q = PTO_FMAF(q, r, 0.5f);
+    return 1.0f + PTO_FMAF(r * r, q, r);
+}
+
+/* adding 1.5 * 2^23 rounds an f32 of magnitude below 2^22 to an integer */
+#define PTO_ROUND_SHIFTF 12582912.0f
+
+/* e^x of an f32 in f32, within about 0.6 ulp of the correctly rounded value (the evaluator
+ * rounds a double-precision exp): x = k ln2 + r, ln2 in two parts (k times the first is exact);
+ * x clamped to [-104, 89], where e^x is already 0 or infinity in f32. Branch-free (loops over
+ * it vectorize), NaN stays NaN. */
+static inline float pto_expf(float x)
+{
+    float kf, r;
+    x = x < -104.0f ? -104.0f : x;
+    x = x > 89.0f ? 89.0f : x;
+    kf = (x * 1.44269504088896341f + PTO_ROUND_SHIFTF) - PTO_ROUND_SHIFTF;
+    r = PTO_FMAF(kf, -0.693145751953125f, x);
+    r = PTO_FMAF(kf, -1.42860682030941723e-06f, r);
+    return pto_scale2f(pto_expm_r(r), (int32_t)kf);
+}
+
+/* 2^x = 2^k e^((x - k) ln2) with k = round(x) (x - k is exact; its product with ln2 rounds
+ * by 0.2 ulp of the result at most) */
 static inline float pto_exp2f(float x)
 {
-    const double d = (double)x, kd = d + PTO_ROUND_SHIFT;
-    const float r = (float)pto_exp_scaled((d - (kd - PTO_ROUND_SHIFT)) * 0.6931471805599453, kd);
-    return x < -1022.0f ? 0.0f : x > 1023.0f ? INFINITY : r;
+    float kf;
+    x = x < -151.0f ? -151.0f : x;
+    x = x > 129.0f ? 129.0f : x;
+    kf = (x + PTO_ROUND_SHIFTF) - PTO_ROUND_SHIFTF;
+    return pto_scale2f(pto_expm_r((x - kf) * 0.693147180559945309f), (int32_t)kf);
 }
 
 static inline float pto_logf(float x)
@@ -585,14 +624,29 @@ static inline void pto_mm_dot(int64_t M, int64_t N, int64_t K, const float *a, i
     }
 }
 
-/* c += a @ b for any strides; `pack` holds M * K floats for a transposed a that meets a
- * transposed b (its rows are gathered there first). */
+/* below this many rows a product against a transposed b takes dot products (a GEMV: packing b
+ * would cost as much as the product); from it on, b is packed row-major and the blocks run */
+enum { PTO_PACK_ROWS = 4 };
+
+/* c += a @ b for any strides (`pack`: room for K * N floats where b is transposed, M * K where a
+ * is too and M < PTO_PACK_ROWS: pto/codegen/c_tileops.py reserves it). b's rows contiguous: register
+ * blocks; b transposed (its columns contiguous): packed row-major first, or for a few rows dot
+ * products (a's rows gathered contiguous first where a is transposed too). */
 static inline void pto_matmul(int64_t M, int64_t N, int64_t K, const float *a, int64_t sai, int64_t sak,
                               const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, float *pack)
 {
-    int64_t i, k;
+    int64_t i, j, k;
     if (sbn == 1) {
         pto_mm_nn(M, N, K, a, sai, sak, b, sbk, c, ldc);
+        return;
+    }
+    if (sbk == 1 && M >= PTO_PACK_ROWS) {
+        for (j = 0; j < N; j++) {
+            for (k = 0; k < K; k++) {
+                pack[k * N + j] = b[j * sbn + k];
+            }
+        }
+        pto_mm_nn(M, N, K, a, sai, sak, pack, N, c, ldc);
         return;
     }
     if (sbk == 1) {
@@ -609,7 +663,6 @@ static inline void pto_matmul(int64_t M, int64_t N, int64_t K, const float *a, i
         return;
     }
     for (i = 0; i < M; i++) { /* no operand contiguous (no tile of pto's is so): plain loops */
-        int64_t j;
         for (j = 0; j < N; j++) {
             float s = 0.0f;
             for (k = 0; k < K; k++) {

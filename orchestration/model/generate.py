@@ -88,7 +88,10 @@ class Generator:
         self.device, self.dtype = device, dtype
         self.backend = resolve_backend(backend, device)
         self.executor = executor
-        self.tiling = tiling or tiling_for(self.config)  # the step's block sizes (the bench sweeps them)
+        from pto.target import resolve as resolve_target
+
+        # the step's block sizes (the bench sweeps them)
+        self.tiling = tiling or tiling_for(self.config, resolve_target(None, device))
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
         self.reduce = reduce_dtype(dtype, allreduce_dtype)

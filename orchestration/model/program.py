@@ -11,6 +11,8 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
@@ -23,6 +25,7 @@ from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
 from pto.program import Option, Program, Settings, Shape, ShapeParam
+from pto.target import Target
 
 CONFIGS = {
     "tiny": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2), vocab=512, layers=2,
@@ -58,9 +61,22 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 
 
-def tiling_for(cfg: ModelConfig) -> DecodeTiling:
-    """The step's tiles for ``cfg`` (at a given cache: ``tiling_for(cfg).for_cache(cache)``)."""
-    return TINY_TILING if cfg.layer.hidden < 256 else WIDE_TILING if cfg.layer.hidden >= 2048 else TILING
+#: on a CPU, the rest's projections in blocks of 32 outputs, K steps of 192 (both of SmolLM2's
+#: contractions, 576 and 1536, whole steps): a block is a loop iteration of one task there, and
+#: each recomputes the folded norm's statistics, so wider blocks read the same weights with less of
+#: it (SmolLM2 on one core of the development VM: 55 against 87 ms a step, docs/PERF.md "Native
+#: CPU execution")
+CPU_TILING = replace(TILING, bn=32, bk=192, qkv_bk=None, o_bk=None, ffn_bk=None)
+
+
+def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
+    """The step's tiles for ``cfg`` on ``target`` (a GPU's where None; at a given cache:
+    ``tiling_for(cfg).for_cache(cache)``)."""
+    if cfg.layer.hidden < 256:
+        return TINY_TILING
+    if cfg.layer.hidden >= 2048:
+        return WIDE_TILING
+    return CPU_TILING if target is not None and target.kind == "cpu" else TILING
 
 
 class ModelProgram(Program):
@@ -114,8 +130,8 @@ class ModelProgram(Program):
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
-        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s),
-                          shape["cache"])
+        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg, s.target), s.tp,
+                          self._reduce_dtype(s), shape["cache"])
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one

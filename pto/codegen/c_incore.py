@@ -146,9 +146,12 @@ class KernelRenderer(CTileOps):
         self.depth = 1
         self.temp_floats = 0
         self.pack_floats = 0
+        self.group: dict | None = None  # lane-wise instructions waiting for one shared loop (lanewise)
 
     # output ------------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
+        if self.group is not None:  # a line of anything else ends a group of lane-wise instructions
+            self.flush()
         self.lines.append("    " * self.depth + line)
 
     def open_loop(self, var: str, n: int, start: int = 0) -> None:
@@ -209,29 +212,49 @@ class KernelRenderer(CTileOps):
     def lanewise(self, dst: str, value: str, srcs: dict[str, tuple[str, str]], flat: bool = True) -> None:
         """``dst[i, j] = value`` rounded to dst's dtype, over dst's shape; ``value`` names the
         elements of ``srcs`` (placeholder -> (tile, "full" | "row": an R x 1 vector | "col": a
-        1 x C vector)). One flat loop where every source is a whole tile stored like dst."""
+        1 x C vector)) and may use ``i`` and ``j`` (then ``flat`` is False).
+
+        Consecutive lane-wise instructions over one shape share one loop (:meth:`flush` emits
+        it at the next other line): each element's values stay in registers from one to the next
+        and every tile is still written. It computes what the instructions one after another do,
+        because each reads its sources at the element it writes (a vector operand has another
+        shape, so nothing of the group writes it)."""
         r, c = self.shapes[dst]
         flat = flat and all(how == "full" and t not in self.views and self.shapes[t] == (r, c)
                             for t, how in srcs.values())
-        reads = {}
-        for key, (tile, how) in srcs.items():
-            ptr, ld = self.src(tile)
-            reads[key] = "(" + (f"{ptr}[e]" if flat else {"full": f"{ptr}[i * {ld} + j]", "row": f"{ptr}[i * {ld}]",
-                                                            "col": f"{ptr}[j]"}[how]) + ")"
-        text = value
-        for key, read in reads.items():
-            text = text.replace("{" + key + "}", read)
-        rounded_text = ROUND[self.dtypes[dst]].format(x=text)
+        group = self.group
+        if group is not None and group["shape"] != (r, c):
+            self.flush()
+            group = None
+        if group is None:
+            group = self.group = {"shape": (r, c), "flat": True, "depth": self.depth, "members": []}
+        group["flat"] = group["flat"] and flat
+        group["members"].append((dst, value, srcs))
+
+    def flush(self) -> None:
+        """Emit the pending group of lane-wise instructions (:meth:`lanewise`) as one loop."""
+        group, self.group = self.group, None
+        if group is None:
+            return
+        (r, c), flat = group["shape"], group["flat"]
+        depth, self.depth = self.depth, group["depth"]
         if flat:
             self.open_loop("e", r * c)
-            self.emit(f"t_{dst}[e] = {rounded_text};")
+        else:
+            self.open_loop("i", r)
+            self.open_loop("j", c)
+        for dst, value, srcs in group["members"]:
+            text = value
+            for key, (tile, how) in srcs.items():
+                ptr, ld = self.src(tile)
+                read = f"{ptr}[e]" if flat else {"full": f"{ptr}[i * {ld} + j]", "row": f"{ptr}[i * {ld}]",
+                                                 "col": f"{ptr}[j]"}[how]
+                text = text.replace("{" + key + "}", f"({read})")
+            self.emit(f"t_{dst}[{'e' if flat else f'i * {c} + j'}] = {ROUND[self.dtypes[dst]].format(x=text)};")
+        self.close()
+        if not flat:
             self.close()
-            return
-        self.open_loop("i", r)
-        self.open_loop("j", c)
-        self.emit(f"t_{dst}[i * {c} + j] = {rounded_text};")
-        self.close()
-        self.close()
+        self.depth = depth
 
     # structure ---------------------------------------------------------------------------------
     def render(self) -> tuple[CKernel, list[str]]:
@@ -270,6 +293,7 @@ class KernelRenderer(CTileOps):
                 self.emit(f"t_{t}[e] = NAN;")
                 self.close()
         self.body(fn.body)
+        self.flush()
         if fn.parallel is not None:
             self.close()
         return self.lines

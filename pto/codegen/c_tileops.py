@@ -34,6 +34,8 @@ C_TYPE = {DType.F32: "float", DType.BF16: "uint16_t", DType.F16: "uint16_t"}
 LOAD = {DType.F32: "{x}", DType.BF16: "pto_bf16_f32({x})", DType.F16: "pto_f16_f32({x})"}
 #: an f32 value as an element of memory (rounded to nearest even)
 STORE = {DType.F32: "{x}", DType.BF16: "pto_bf16_of({x})", DType.F16: "pto_f16_of({x})"}
+#: pto_tile.h's PTO_PACK_ROWS: from this many rows a product against a transposed operand packs it
+PACK_ROWS = 4
 #: an f32 value rounded to a tile's dtype
 ROUND = {DType.F32: "{x}", DType.BF16: "pto_r_bf16({x})", DType.F16: "pto_r_f16({x})"}
 
@@ -191,7 +193,8 @@ class CTileOps:
             self.open_loop("e", m * n)
             self.emit(f"{out}[e] = 0.0f;")
             self.close()
-        pack = self.pack(m * k) if tb and ta else "NULL"
+        room = (k * n if m >= PACK_ROWS else m * k if ta else 0) if tb else 0  # pto_matmul_pack's
+        pack = self.pack(room) if room else "NULL"
         self.emit(f"pto_matmul({m}, {n}, {k}, {pa}, {sa[0]}, {sa[1]}, {pb}, {sb[0]}, {sb[1]}, {out}, {n}, {pack});")
         if direct:
             return
@@ -236,19 +239,25 @@ class CTileOps:
             self.depth -= 1
             self.emit("} else {")
             self.depth += 1
-        pad = c_float(rounded(float(ins.attr("pad")), mdt, via_f32=False))
+        # the pad outside the region's valid extent: its columns [jl_, jh_) of the tile, once
+        pad = self.assign_round(tile, c_float(rounded(float(ins.attr("pad")), mdt, via_f32=False)))
+        self.columns_inside(mem, co, c)
         self.open_loop("i", r)
         self.emit(f"const int64_t row_ = i * {step} + {ro};")
-        self.emit(f"const int in_ = row_ >= 0 && row_ < m_{mem}_rows;")
-        self.open_loop("j", c)
-        self.emit(f"const int64_t col_ = j + {co};")
-        got = LOAD[mdt].format(x=f"P_{mem}[row_ * S_{mem} + col_]")
-        value = f"(in_ && col_ >= 0 && col_ < m_{mem}_cols) ? {got} : {pad}"
-        self.emit(f"t_{tile}[i * {c} + j] = {self.assign_round(tile, value)};")
-        self.close()
+        self.emit(f"const int64_t jl = row_ >= 0 && row_ < m_{mem}_rows ? jl_ : {c}, jh = jl < {c} ? jh_ : {c};")
+        self.emit(f"for (int64_t j = 0; j < jl; j++) t_{tile}[i * {c} + j] = {pad};")
+        got = self.assign_round(tile, LOAD[mdt].format(x=f"P_{mem}[row_ * S_{mem} + j + {co}]"))
+        self.emit(f"for (int64_t j = jl; j < jh; j++) t_{tile}[i * {c} + j] = {got};")
+        self.emit(f"for (int64_t j = jh; j < {c}; j++) t_{tile}[i * {c} + j] = {pad};")
         self.close()
         self.depth -= 1
         self.emit("}")
+
+    def columns_inside(self, mem: str, co: str, c: int) -> None:
+        """``jl_``, ``jh_``: the columns of a tile ``c`` wide at column offset ``co`` that lie in
+        ``mem``'s region (an empty range where none do)."""
+        self.emit(f"const int64_t jl_ = pto_min(pto_max(-({co}), 0), {c}), "
+                  f"jh_ = pto_max(pto_min(m_{mem}_cols - ({co}), {c}), jl_);")
 
     def store(self, ins: Instr) -> None:
         tile, mem, row, col = ins.srcs
@@ -267,13 +276,11 @@ class CTileOps:
         self.depth -= 1
         self.emit("} else {")
         self.depth += 1
+        self.columns_inside(mem, co, c)
         self.open_loop("i", r)
         self.emit(f"const int64_t row_ = i + {ro};")
         self.emit(f"if (row_ < 0 || row_ >= m_{mem}_rows) continue;")
-        self.open_loop("j", c)
-        self.emit(f"const int64_t col_ = j + {co};")
-        self.emit(f"if (col_ >= 0 && col_ < m_{mem}_cols) P_{mem}[row_ * S_{mem} + col_] = {value};")
-        self.close()
+        self.emit(f"for (int64_t j = jl_; j < jh_; j++) P_{mem}[row_ * S_{mem} + j + {co}] = {value};")
         self.close()
         self.depth -= 1
         self.emit("}")
