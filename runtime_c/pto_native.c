@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pto_runtime_internal.h"
 
@@ -35,6 +36,12 @@ typedef struct {
     int32_t elem_size;
 } nt_tensor;
 
+/* a worker's start: the pool and the worker's number */
+typedef struct {
+    pto_native *nt;
+    int64_t thread;
+} nt_start;
+
 struct pto_native {
     pthread_mutex_t mutex;
     pthread_cond_t room; /* the window has room (the orchestration thread waits here) */
@@ -42,6 +49,7 @@ struct pto_native {
     pto_runtime *rt;
     int32_t threads, spawned, idle;
     pthread_t *tids;
+    nt_start *starts;
     nt_tensor *tensors;
     int32_t n_tensors;
     const pto_kernel_info **kernels;
@@ -53,6 +61,8 @@ struct pto_native {
     int started, building, draining, done;
     int64_t completed;
     int32_t fail_task, fail_func, fail_status;
+    int64_t *records; /* pto_native_record: 5 per task run (task, func, thread, start, end) */
+    int64_t n_records, cap_records;
 };
 
 /* a worker's buffers: its scratch, one task's arguments as the runtime stores them and as the
@@ -63,7 +73,16 @@ typedef struct {
     pto_arg *args;
     pto_region *mems;
     int64_t *scalars;
+    int64_t thread; /* 0: the orchestration thread, 1..threads-1: the workers */
 } nt_room;
+
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int32_t ready_now(const pto_runtime *rt)
 {
@@ -102,6 +121,7 @@ static void hook_wait(void *ctx)
         room.args = (pto_arg *)(void *)(nt->own_scratch + nt->scratch_floats);
         room.mems = (pto_region *)(void *)(room.args + nt->max_args);
         room.scalars = (int64_t *)(void *)(room.mems + nt->max_args);
+        room.thread = 0;
         run_one(nt, &room);
         return;
     }
@@ -182,9 +202,18 @@ static int run_one(pto_native *nt, nt_room *room)
             st = unpack(nt, k, room, n);
         }
         if (st == PTO_OK) {
+            const int64_t t0 = nt->records != NULL ? now_ns() : 0;
             pthread_mutex_unlock(&nt->mutex);
             st = k->fn(room->mems, room->scalars, room->scratch);
             pthread_mutex_lock(&nt->mutex);
+            if (nt->records != NULL && nt->n_records < nt->cap_records) {
+                int64_t *r = nt->records + 5 * nt->n_records++;
+                r[0] = id;
+                r[1] = func;
+                r[2] = room->thread;
+                r[3] = t0;
+                r[4] = now_ns();
+            }
         }
         if (st != PTO_OK) {
             fail(nt, id, func, st);
@@ -249,7 +278,7 @@ static int room_init(pto_native *nt, nt_room *room, void **block)
 
 static void *worker(void *arg)
 {
-    pto_native *nt = arg;
+    pto_native *nt = ((nt_start *)arg)->nt;
     nt_room room;
     void *block = NULL;
     pthread_mutex_lock(&nt->mutex);
@@ -257,6 +286,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&nt->mutex);
         return NULL;
     }
+    room.thread = ((nt_start *)arg)->thread;
     work_loop(nt, &room);
     pthread_mutex_unlock(&nt->mutex);
     free(block);
@@ -381,13 +411,16 @@ int pto_native_start(pto_native *nt)
     }
     nt->own_scratch = room.scratch;
     nt->tids = calloc((size_t)nt->threads, sizeof *nt->tids);
-    if (nt->tids == NULL) {
+    nt->starts = calloc((size_t)nt->threads, sizeof *nt->starts);
+    if (nt->tids == NULL || nt->starts == NULL) {
         return PTO_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&nt->mutex);
     nt->started = 1;
     for (k = 0; k < nt->threads - 1; k++) {
-        if (pthread_create(&nt->tids[nt->spawned], NULL, worker, nt) != 0) {
+        nt->starts[k].nt = nt;
+        nt->starts[k].thread = k + 1;
+        if (pthread_create(&nt->tids[nt->spawned], NULL, worker, &nt->starts[k]) != 0) {
             break; /* fewer workers: the orchestration thread runs tasks when the window fills */
         }
         nt->spawned++;
@@ -419,6 +452,7 @@ int pto_native_work(pto_native *nt)
     room.args = (pto_arg *)(void *)(nt->own_scratch + nt->scratch_floats);
     room.mems = (pto_region *)(void *)(room.args + nt->max_args);
     room.scalars = (int64_t *)(void *)(room.mems + nt->max_args);
+    room.thread = 0;
     pthread_mutex_lock(&nt->mutex);
     nt->building = 0;
     pthread_cond_broadcast(&nt->work);
@@ -427,6 +461,38 @@ int pto_native_work(pto_native *nt)
     pthread_mutex_unlock(&nt->mutex);
     join_all(nt);
     return st;
+}
+
+int pto_native_record(pto_native *nt, int64_t capacity)
+{
+    if (nt == NULL || nt->started || capacity < 0 || capacity > INT64_MAX / 40) {
+        return PTO_ERR_INVALID;
+    }
+    free(nt->records);
+    nt->records = NULL;
+    nt->n_records = nt->cap_records = 0;
+    if (capacity > 0) {
+        nt->records = malloc(sizeof *nt->records * 5 * (size_t)capacity);
+        if (nt->records == NULL) {
+            return PTO_ERR_NO_MEMORY;
+        }
+        nt->cap_records = capacity;
+    }
+    return PTO_OK;
+}
+
+int pto_native_records(pto_native *nt, int64_t *out, int64_t max, int64_t *n)
+{
+    if (nt == NULL || n == NULL || max < 0 || (out == NULL && max > 0)) {
+        return PTO_ERR_INVALID;
+    }
+    pthread_mutex_lock(&nt->mutex);
+    *n = nt->n_records;
+    if (max > 0) {
+        memcpy(out, nt->records, sizeof *out * 5 * (size_t)(max < nt->n_records ? max : nt->n_records));
+    }
+    pthread_mutex_unlock(&nt->mutex);
+    return PTO_OK;
 }
 
 int pto_native_cancel(pto_native *nt)
@@ -476,6 +542,8 @@ int pto_native_destroy(pto_native *nt)
     pthread_cond_destroy(&nt->room);
     pthread_mutex_destroy(&nt->mutex);
     free(nt->tids);
+    free(nt->starts);
+    free(nt->records);
     free(nt->tensors);
     free(nt->kernels);
     free(nt->own_block);

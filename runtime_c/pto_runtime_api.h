@@ -191,6 +191,12 @@ int pto_native_start(pto_native *nt);
 /* Building is done: the caller works too until every submitted task has completed, then the
  * workers stop. The status of the first failure (a kernel's, the runtime's), or PTO_OK. */
 int pto_native_work(pto_native *nt);
+/* Record every task that runs (before pto_native_start): `capacity` records of five int64 (task,
+ * function, thread: 0 the caller of pto_native_work, 1.. the workers, start and end in ns of a
+ * monotonic clock); 0 turns recording off. The tasks past `capacity` are not recorded. */
+int pto_native_record(pto_native *nt, int64_t capacity);
+/* The records so far, in the order the tasks ended: up to `max` into `out`; *n all of them. */
+int pto_native_records(pto_native *nt, int64_t *out, int64_t max, int64_t *n);
 /* From any thread: tasks not yet started complete without running (a build still under way
  * goes on to its end through the window), and pto_native_work returns PTO_ERR_STATE. */
 int pto_native_cancel(pto_native *nt);

@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-from pto.backends.c.backend import row_stride
 from pto.errors import ExecutionError, ResourceError, RuntimeStatusError, UsageError
-from pto.exec.base import ExecStats, Executor, Progress
+from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.graph import Graph
 from pto.ir.analysis import has_collective
 from pto.runtime import Runtime
@@ -166,16 +165,15 @@ class NativeExecutor(Executor):
     def run(self, graph: Graph) -> ExecStats:
         if not hasattr(self.backend, "program"):
             raise ResourceError(f"the native executor runs compiled programs; the {self.backend.name} backend has none")
-        if self.sentinel or self.record:
-            what = "the non-finite sentinel scans" if self.sentinel else "launch records are taken"
-            raise ResourceError(f"{what} between waves, which the native executor does not have")
+        if self.sentinel:
+            raise ResourceError("the non-finite sentinel scans between waves, which the native executor does not have")
         if any(has_collective(v) for v in graph.variants):
             raise ResourceError("the native executor runs no collectives (every rank must issue them in one order)")
         self.graph = graph
         self.program = self.backend.program(graph.program.corch)
         t0 = time.perf_counter()
-        self._execute()
-        return ExecStats(graph.tasks, 1, 1, (time.perf_counter() - t0) * 1e3)
+        records = self._execute(record=self.record)
+        return ExecStats(graph.tasks, 1, 1, (time.perf_counter() - t0) * 1e3, records or [])
 
     def replay(self) -> None:
         if self.graph is None:
@@ -183,14 +181,32 @@ class NativeExecutor(Executor):
         self._execute()
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
-        raise ExecutionError("the native executor runs every task in C: time the whole graph (--repeat), not per "
-                             "function")
+        """Milliseconds per InCore function: its tasks' kernel times summed over a run (on every
+        thread: with several, the sum exceeds the run's wall clock), the median of ``repeat``."""
+        runs: list[dict[str, float]] = []
+        for _ in range(max(repeat, 1)):
+            acc: dict[str, float] = {}
+            for r in self._execute(record=True):
+                acc[r.func] = acc.get(r.func, 0.0) + (r.end_ns - r.start_ns) * 1e-6
+            runs.append(acc)
+        names = {v.name: v for v in self.graph.variants}
+        per_fn: dict[str, list[float]] = {}
+        for acc in runs:
+            by_fn: dict[str, float] = {}
+            for variant, ms in acc.items():
+                fn = next((n for n in names if variant == n or variant.startswith(n + "__")), variant)
+                by_fn[fn] = by_fn.get(fn, 0.0) + ms
+            for fn, ms in by_fn.items():
+                per_fn.setdefault(fn, []).append(ms)
+        out = {fn: round(sorted(v)[len(v) // 2], 4) for fn, v in per_fn.items()}
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def report(self) -> dict:
         return {"threads": self.threads, "window": self.window}
 
     # -- one run -------------------------------------------------------------------------------
-    def _execute(self) -> None:
+    def _execute(self, record: bool = False) -> list[ItemRecord] | None:
+        """One run; with ``record``, every task's record (its thread as the lane)."""
         graph, pm = self.graph, self.program
         pool = _Pool(pm.module, self.threads)
         rt = None
@@ -199,10 +215,13 @@ class NativeExecutor(Executor):
             pool.attach(rt)
             tensor_ids, func_ids, build = graph.program.start(graph.scalars, rt, lib=pm.module)
             self._bind(pool, tensor_ids, func_ids)
+            if record:
+                pool._check(pool.lib.pto_native_record(pool.ptr, graph.tasks), "record")
             pool._check(pool.lib.pto_native_start(pool.ptr), "start")
             with torch_threads(1):
                 self._drive(pool, build, func_ids)
             self.runtime_stats = rt.stats()
+            return self._records(pool, func_ids) if record else None
         finally:  # the run is over (a helper interrupted before it ended is cancelled and waited for)
             helper, self._helper = self._helper, None
             if helper is not None and not helper.done.is_set():
@@ -214,11 +233,21 @@ class NativeExecutor(Executor):
             finally:
                 pool.destroy()
 
+    def _records(self, pool: _Pool, func_ids: list[int]) -> list[ItemRecord]:
+        import numpy as np
+
+        n = pool.ffi.new("int64_t *")
+        pool.lib.pto_native_records(pool.ptr, pool.ffi.NULL, 0, n)
+        buf = np.zeros((n[0], 5), np.int64)
+        pool.lib.pto_native_records(pool.ptr, pool.ffi.cast("int64_t *", buf.ctypes.data), n[0], n)
+        names = dict(zip(func_ids, (v.variant_name for v in self.graph.variants)))
+        return [ItemRecord(int(t), 0, int(th), int(a), int(b), names[int(f)]) for t, f, th, a, b in buf.tolist()]
+
     def _bind(self, pool: _Pool, tensor_ids: dict[str, int], func_ids: list[int]) -> None:
         decls = {t.name: t for t in self.graph.program.module.entry_function.tensors}
         for name, tid in tensor_ids.items():
             t = self.tensors[name]
-            pool.bind_tensor(tid, t, row_stride(t, f"tensor `{name}`", decls[name].dtype))
+            pool.bind_tensor(tid, t, self.backend.row_stride(t, f"tensor `{name}`", decls[name].dtype))
         kernel = self.program.fn("kernel")
         for k, fid in enumerate(func_ids):
             pool.bind_kernel(fid, kernel(k))

@@ -141,3 +141,32 @@ def test_default_threads(monkeypatch):
 
     with pytest.raises(UsageError, match="PTO_THREADS"):
         NativeExecutor(None, {})
+
+
+def test_records_trace_the_run_and_follow_the_graph(tmp_path):
+    """With records (--trace, --check-schedule, --profile) every task's run is recorded with its
+    thread: each task once, after its predecessors ended, never beside a task it conflicts with
+    (the schedule check against the graph); the trace has a lane per thread."""
+    import json
+
+    from pto.safety.trace_check import verify_schedule
+    from pto.tools.trace import write_trace
+
+    job = resolve("llama7b", device="cpu", backend="c", options={"attention": "split", "fuse": False})
+    runner = Runner(job, 300, record=True)
+    try:
+        runner.executor.threads = 3
+        runner(job.program.inputs(job.settings, runner.shape, "cpu", seed=4))
+        records = runner.stats.records
+        assert sorted(r.task for r in records) == list(range(runner.graph.tasks))
+        assert {r.program for r in records} <= {0, 1, 2}
+        assert verify_schedule(runner.graph.runtime.export(), records).ok
+        info = write_trace(tmp_path / "t.json", records, runner.graph)
+        assert info.tasks == runner.graph.tasks
+        lanes = {e["args"]["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+                 if e.get("name") == "thread_name"}
+        assert lanes <= {"program 0", "program 1", "program 2"}
+        profile = runner.profile(1)
+        assert set(profile) >= {"matmul_tile", "flash_score"} and all(ms > 0 for ms in profile.values())
+    finally:
+        runner.close()

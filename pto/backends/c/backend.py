@@ -91,5 +91,10 @@ class CBackend(Backend):
         """The whole program compiled for the native executor (:mod:`pto.exec.native`)."""
         return program_module(corch)
 
+    @staticmethod
+    def row_stride(t: torch.Tensor, what: str, dtype: DType) -> int:
+        """:func:`row_stride`, for the native executor's tensors."""
+        return row_stride(t, what, dtype)
+
 
 __all__ = ["CBackend", "REGION", "region_table", "row_stride"]
