@@ -335,6 +335,12 @@ static inline void pto_vstore(float *p, pto_vf v)
     memcpy(p, &v, sizeof v);
 }
 
+static inline pto_vf pto_vsplat(float x)
+{
+    pto_vf v = {0};
+    return v + x;
+}
+
 /* lane-wise pto_maxf / pto_minf: a compare mask selects the bits */
 static inline pto_vf pto_vmax(pto_vf a, pto_vf b)
 {
@@ -348,15 +354,63 @@ static inline pto_vf pto_vmin(pto_vf a, pto_vf b)
     return (pto_vf)((m & (pto_vi)a) | (~m & (pto_vi)b));
 }
 
+/* Across a vector's lanes: folded in halves, lane l with lane l ^ w for w = VW/2 .. 1, with
+ * the compilers' lane shuffle where they have it (clang, GCC 12), through memory elsewhere. */
+#if defined(__clang__) || __GNUC__ >= 12
+#if PTO_VW == 16
+#define PTO_XOR8(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)
+#define PTO_XOR4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)
+#define PTO_XOR2(v) __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)
+#define PTO_XOR1(v) __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)
+#define PTO_FOLD(v, op) (v = op(v, PTO_XOR8(v)), v = op(v, PTO_XOR4(v)), v = op(v, PTO_XOR2(v)), op(v, PTO_XOR1(v))[0])
+#elif PTO_VW == 8
+#define PTO_XOR4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3)
+#define PTO_XOR2(v) __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5)
+#define PTO_XOR1(v) __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6)
+#define PTO_FOLD(v, op) (v = op(v, PTO_XOR4(v)), v = op(v, PTO_XOR2(v)), op(v, PTO_XOR1(v))[0])
+#else
+#define PTO_XOR2(v) __builtin_shufflevector(v, v, 2, 3, 0, 1)
+#define PTO_XOR1(v) __builtin_shufflevector(v, v, 1, 0, 3, 2)
+#define PTO_FOLD(v, op) (v = op(v, PTO_XOR2(v)), op(v, PTO_XOR1(v))[0])
+#endif
+#endif
+
+static inline pto_vf pto_vadd(pto_vf a, pto_vf b)
+{
+    return a + b;
+}
+
 static inline float pto_vsum(pto_vf v)
 {
-    float lanes[PTO_VW], s = 0.0f;
+#ifdef PTO_FOLD
+    return PTO_FOLD(v, pto_vadd);
+#else
+    float lanes[PTO_VW];
+    int l, w;
+    memcpy(lanes, &v, sizeof lanes);
+    for (w = PTO_VW / 2; w >= 1; w /= 2) {
+        for (l = 0; l < w; l++) {
+            lanes[l] += lanes[l + w];
+        }
+    }
+    return lanes[0];
+#endif
+}
+
+/* the largest (smallest) lane, NaN if one is */
+static inline float pto_vfold_extreme(pto_vf v, int largest)
+{
+#ifdef PTO_FOLD
+    return largest ? PTO_FOLD(v, pto_vmax) : PTO_FOLD(v, pto_vmin);
+#else
+    float lanes[PTO_VW], m;
     int l;
     memcpy(lanes, &v, sizeof lanes);
-    for (l = 0; l < PTO_VW; l++) {
-        s += lanes[l];
+    for (m = lanes[0], l = 1; l < PTO_VW; l++) {
+        m = largest ? pto_maxf(lanes[l], m) : pto_minf(lanes[l], m);
     }
-    return s;
+    return m;
+#endif
 }
 #else
 #define PTO_VW 1
@@ -367,27 +421,23 @@ static inline float pto_vsum(pto_vf v)
  * reductions along a row (n contiguous values); columns reduce lane-wise in generated loops
  * ------------------------------------------------------------------------------------- */
 
-enum { PTO_LANES = 16 };
-
-/* lane partial sums, folded in halves (a vector sum the compiler keeps in registers) */
+/* lane partial sums (vectors where the compiler has them), folded in halves */
 static inline float pto_row_sum(const float *x, int64_t n)
 {
-    const int64_t nb = n - n % PTO_LANES;
-    float acc[PTO_LANES] = {0.0f};
+    const int64_t nb = n - n % PTO_VW;
     float s;
     int64_t j;
-    int l, q;
-    for (j = 0; j < nb; j += PTO_LANES) {
-        for (l = 0; l < PTO_LANES; l++) {
-            acc[l] += x[j + l];
-        }
+#ifdef PTO_VECTORS
+    pto_vf acc = pto_vsplat(0.0f);
+    for (j = 0; j < nb; j += PTO_VW) {
+        acc += pto_vload(x + j);
     }
-    for (l = PTO_LANES / 2; l >= 1; l /= 2) {
-        for (q = 0; q < l; q++) {
-            acc[q] += acc[q + l];
-        }
+    s = pto_vsum(acc);
+#else
+    for (s = 0.0f, j = 0; j < nb; j++) {
+        s += x[j];
     }
-    s = acc[0];
+#endif
     for (j = nb; j < n; j++) {
         s += x[j];
     }
@@ -402,20 +452,11 @@ static inline float pto_row_extreme(const float *x, int64_t n, int largest)
     float m = largest ? -INFINITY : INFINITY;
     int64_t j;
 #ifdef PTO_VECTORS
-    float lanes[PTO_VW];
-    pto_vf acc;
-    int l;
-    for (l = 0; l < PTO_VW; l++) {
-        lanes[l] = m;
-    }
-    memcpy(&acc, lanes, sizeof acc);
+    pto_vf acc = pto_vsplat(m);
     for (j = 0; j < nb; j += PTO_VW) {
         acc = largest ? pto_vmax(pto_vload(x + j), acc) : pto_vmin(pto_vload(x + j), acc);
     }
-    memcpy(lanes, &acc, sizeof lanes);
-    for (l = 0; l < PTO_VW; l++) {
-        m = largest ? pto_maxf(lanes[l], m) : pto_minf(lanes[l], m);
-    }
+    m = pto_vfold_extreme(acc, largest);
 #else
     for (j = 0; j < nb; j++) {
         m = largest ? pto_maxf(x[j], m) : pto_minf(x[j], m);

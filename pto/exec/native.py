@@ -35,6 +35,8 @@ from pto.runtime import Runtime
 
 #: task slots of the native runtime's window (about 120 bytes each: 2 MB)
 DEFAULT_WINDOW = 16384
+#: a run shorter than this (the last one's milliseconds) runs on the calling thread
+DIRECT_MS = 50.0
 
 
 def physical_cores() -> int:
@@ -253,8 +255,11 @@ class NativeExecutor(Executor):
             pool.bind_kernel(fid, kernel(k))
 
     def _drive(self, pool: _Pool, build, func_ids: list[int]) -> None:
-        """Build then work on a helper thread (its C calls release the GIL); wait here, so that
-        Ctrl-C reaches Python: it cancels the run, and is raised once the helper has finished."""
+        """Build then work (C calls that release the GIL). A run that took more than
+        :data:`DIRECT_MS` last time (or has not run yet) does so on a helper thread and waits
+        here, so that Ctrl-C reaches Python at once: it cancels the run, and is raised once the
+        helper has finished; a shorter one runs on this thread (no thread to start: a replay of a
+        small graph costs less; Ctrl-C waits for its end, milliseconds)."""
         errors: list[BaseException] = []
         status = [0]
 
@@ -266,18 +271,21 @@ class NativeExecutor(Executor):
                 pool.lib.pto_native_cancel(pool.ptr)
             status[0] = pool.lib.pto_native_work(pool.ptr)
 
-        th = self._helper = _Helper(helper)
         t0 = time.perf_counter()
         total = self.graph.tasks
-        try:
-            th.start()
-            while not th.done.wait(0.05):
-                if self.progress is not None:
-                    self.progress(min(pool.progress()[0], total), total)
-        except BaseException:  # Ctrl-C (or a failing progress callback): cancel, and wait for the run
-            pool.lib.pto_native_cancel(pool.ptr)
-            th.wait_out()
-            raise
+        if 0 < self.last_ms < DIRECT_MS and self.progress is None:
+            helper()
+        else:
+            th = self._helper = _Helper(helper)
+            try:
+                th.start()
+                while not th.done.wait(0.05):
+                    if self.progress is not None:
+                        self.progress(min(pool.progress()[0], total), total)
+            except BaseException:  # Ctrl-C (or a failing progress callback): cancel, wait for the run
+                pool.lib.pto_native_cancel(pool.ptr)
+                th.wait_out()
+                raise
         self.last_ms = (time.perf_counter() - t0) * 1e3
         if errors:
             raise errors[0]
