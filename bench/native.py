@@ -162,12 +162,73 @@ def generate_rows(tokens: int) -> dict:
     return out
 
 
+#: llama-cpp-cffi 0.4.42's CPU library was built against a newer libstdc++ than many systems
+#: have: this one missing symbol (C++ exception handling's last resort) is supplied by a tiny
+#: library loaded first, globally
+CXA_SHIM = "#include <stdlib.h>\nvoid __cxa_call_terminate(void *e) { (void)e; abort(); }\n"
+
+
+def llamacpp_generate(path: Path, ids: list[int], tokens: int, threads: int) -> dict:
+    """llama.cpp's own CPU library on the file as it is (Q4_1 blocks): the prompt, then greedy
+    decoding one token a call; the mean ms of a decode call."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    shim = Path(tempfile.gettempdir()) / "pto_bench_cxa_shim.so"
+    if not shim.exists():
+        src = shim.with_suffix(".c")
+        src.write_text(CXA_SHIM)
+        subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(shim)], check=True)
+    ctypes.CDLL(str(shim), mode=ctypes.RTLD_GLOBAL)
+    from llama.llama_cpp import ffi, lib
+
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = lib.llama_model_load_from_file(str(path).encode(), mp)
+    cp = lib.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = 512
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = lib.llama_init_from_model(model, cp)
+    vocab = lib.llama_model_get_vocab(model)
+    nv = lib.llama_vocab_n_tokens(vocab)
+    prompt = ffi.new("llama_token[]", ids)
+    assert lib.llama_decode(ctx, lib.llama_batch_get_one(prompt, len(ids))) == 0
+    out, ms = [], []
+    for _ in range(tokens):
+        logits = np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, -1), nv * 4), dtype=np.float32)
+        tok = int(logits.argmax())
+        out.append(tok)
+        if lib.llama_vocab_is_eog(vocab, tok) or len(out) == tokens:
+            break
+        one = ffi.new("llama_token[]", [tok])
+        t0 = time.perf_counter()
+        lib.llama_decode(ctx, lib.llama_batch_get_one(one, 1))
+        ms.append((time.perf_counter() - t0) * 1e3)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
+    return {"tokens": out, "ms_per_token": round(statistics.mean(ms), 2)}
+
+
 def llamacpp_row(tokens: int) -> dict:
+    """llama.cpp (llama-cpp-cffi 0.4.42's prebuilt CPU library) beside pto on the same prompt."""
+    from pto.orchestration.model.tokenizer import load_tokenizer
+
+    from pto.exec.native import default_threads
+
+    path = smollm2()
     try:
-        import llama  # llama-cpp-cffi
+        ids = load_tokenizer(str(path)).encode(PROMPT)
+        theirs = llamacpp_generate(path, ids, tokens, default_threads())
     except Exception as e:  # not installed, or its library does not load here
         return {"ran": False, "why": f"{type(e).__name__}: {e}"}
-    return {"ran": False, "why": f"llama-cpp-cffi imported ({getattr(llama, '__file__', '')}) but not driven here"}
+    ours = pto_generate(path, tokens, default_threads())
+    return {"ran": True, "llamacpp_ms_per_token": theirs["ms_per_token"], "pto_ms_per_token": ours["ms_per_token"],
+            "pto_over_llamacpp": round(ours["ms_per_token"] / theirs["ms_per_token"], 2),
+            "same_tokens": ours["tokens"] == theirs["tokens"], "threads": default_threads()}
 
 
 def main(argv=None) -> int:
