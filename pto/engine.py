@@ -276,6 +276,7 @@ class Prepared:
         if self.cuda_graph is not None:
             self.cuda_graph.reset()
             self.cuda_graph = None
+        getattr(self.executor, "close", lambda: None)()  # the native executor's parked threads
         self.graph.close()
 
 

@@ -13,7 +13,9 @@
  *    is full the orchestration thread runs ready tasks itself instead of sleeping (the wait
  *    hook), so a pool of one thread, or workers all busy, never stalls it;
  *  - everything is done: pto_native_work (the orchestration thread, when its build returned)
- *    clears `building`; when the last submitted task completes every worker leaves.
+ *    clears `building`; when the last submitted task completes every worker leaves the run and
+ *    parks, until pto_native_reuse and pto_native_start begin another (its threads and scratch
+ *    kept: a replay starts no thread) or pto_native_destroy joins them.
  *
  * A kernel's failure (a non-zero status) or pto_native_cancel switches the pool to draining:
  * the tasks not yet started complete without running, so the build (blocked on the window or
@@ -58,7 +60,10 @@ struct pto_native {
     int32_t max_args;
     float *own_scratch; /* the orchestration thread's, for the tasks it runs */
     void *own_block;
-    int started, building, draining, done;
+    int64_t own_floats, own_args; /* what own_block was made for */
+    int started, building, draining, exiting;
+    int64_t generation; /* runs started: a parked worker wakes for the next (pto_native_reuse) */
+    int64_t done_gen;   /* the last run whose every task completed (a run is done when it is this one) */
     int64_t completed;
     int32_t fail_task, fail_func, fail_status;
     int64_t *records; /* pto_native_record: 5 per task run (task, func, thread, start, end) */
@@ -235,13 +240,14 @@ static int run_one(pto_native *nt, nt_room *room)
 static void work_loop(pto_native *nt, nt_room *room)
 {
     pto_runtime *rt = nt->rt;
+    const int64_t generation = nt->generation;
     for (;;) {
-        if (nt->done) {
+        if (nt->done_gen == generation || nt->generation != generation) {
             return;
         }
         if (ready_now(rt) > 0) {
             if (run_one(nt, room) != PTO_OK) { /* the runtime itself failed: nothing more completes */
-                nt->done = 1;
+                nt->done_gen = generation;
                 pthread_cond_broadcast(&nt->work);
                 pthread_cond_broadcast(&nt->room);
                 return;
@@ -249,7 +255,7 @@ static void work_loop(pto_native *nt, nt_room *room)
             continue;
         }
         if (!nt->building && rt->completed == rt->submitted) {
-            nt->done = 1;
+            nt->done_gen = generation;
             pthread_cond_broadcast(&nt->work);
             return;
         }
@@ -276,18 +282,34 @@ static int room_init(pto_native *nt, nt_room *room, void **block)
     return PTO_OK;
 }
 
+/* A worker: each run's work loop, parked between runs until pto_native_destroy. */
 static void *worker(void *arg)
 {
     pto_native *nt = ((nt_start *)arg)->nt;
     nt_room room;
     void *block = NULL;
+    int64_t seen = 0, floats = -1, args = -1;
     pthread_mutex_lock(&nt->mutex);
-    if (room_init(nt, &room, &block) != PTO_OK) { /* one worker fewer: the others carry on */
-        pthread_mutex_unlock(&nt->mutex);
-        return NULL;
+    for (;;) {
+        while (!nt->exiting && nt->generation == seen) {
+            pthread_cond_wait(&nt->work, &nt->mutex);
+        }
+        if (nt->exiting) {
+            break;
+        }
+        seen = nt->generation;
+        if (nt->scratch_floats > floats || nt->max_args > args) { /* another program's kernels */
+            free(block);
+            block = NULL;
+            if (room_init(nt, &room, &block) != PTO_OK) { /* one worker fewer: the others carry on */
+                break;
+            }
+            floats = nt->scratch_floats;
+            args = nt->max_args;
+        }
+        room.thread = ((nt_start *)arg)->thread;
+        work_loop(nt, &room);
     }
-    room.thread = ((nt_start *)arg)->thread;
-    work_loop(nt, &room);
     pthread_mutex_unlock(&nt->mutex);
     free(block);
     return NULL;
@@ -296,6 +318,15 @@ static void *worker(void *arg)
 /* ---------------------------------------------------------------------------------------
  * the API
  * ------------------------------------------------------------------------------------- */
+
+static void install_hooks(pto_native *nt, pto_config *cfg)
+{
+    cfg->sync_ctx = nt;
+    cfg->lock = hook_lock;
+    cfg->unlock = hook_unlock;
+    cfg->wait = hook_wait;
+    cfg->notify_all = hook_notify_all;
+}
 
 int pto_native_create(pto_config *cfg, int32_t threads, pto_native **out)
 {
@@ -326,12 +357,31 @@ int pto_native_create(pto_config *cfg, int32_t threads, pto_native **out)
     nt->building = 1;
     nt->fail_task = -1;
     nt->fail_func = -1;
-    cfg->sync_ctx = nt;
-    cfg->lock = hook_lock;
-    cfg->unlock = hook_unlock;
-    cfg->wait = hook_wait;
-    cfg->notify_all = hook_notify_all;
+    nt->own_floats = nt->own_args = -1;
+    install_hooks(nt, cfg);
     *out = nt;
+    return PTO_OK;
+}
+
+int pto_native_reuse(pto_native *nt, pto_config *cfg)
+{
+    if (nt == NULL || cfg == NULL || cfg->sync_ctx != NULL || cfg->lock != NULL) {
+        return PTO_ERR_INVALID;
+    }
+    pthread_mutex_lock(&nt->mutex);
+    if (nt->started && nt->done_gen != nt->generation) { /* a run under way */
+        pthread_mutex_unlock(&nt->mutex);
+        return PTO_ERR_STATE;
+    }
+    nt->rt = NULL;
+    nt->started = nt->draining = 0;
+    nt->building = 1;
+    nt->completed = 0;
+    nt->fail_task = nt->fail_func = -1;
+    nt->fail_status = PTO_OK;
+    nt->n_records = 0;
+    pthread_mutex_unlock(&nt->mutex);
+    install_hooks(nt, cfg);
     return PTO_OK;
 }
 
@@ -406,17 +456,31 @@ int pto_native_start(pto_native *nt)
     if (nt == NULL || nt->rt == NULL || nt->started) {
         return PTO_ERR_INVALID;
     }
-    if (room_init(nt, &room, &nt->own_block) != PTO_OK) {
-        return PTO_ERR_NO_MEMORY;
+    if (nt->scratch_floats > nt->own_floats || nt->max_args > nt->own_args) {
+        free(nt->own_block);
+        nt->own_block = NULL;
+        if (room_init(nt, &room, &nt->own_block) != PTO_OK) {
+            return PTO_ERR_NO_MEMORY;
+        }
+        nt->own_scratch = room.scratch;
+        nt->own_floats = nt->scratch_floats;
+        nt->own_args = nt->max_args;
     }
-    nt->own_scratch = room.scratch;
-    nt->tids = calloc((size_t)nt->threads, sizeof *nt->tids);
-    nt->starts = calloc((size_t)nt->threads, sizeof *nt->starts);
-    if (nt->tids == NULL || nt->starts == NULL) {
-        return PTO_ERR_NO_MEMORY;
+    if (nt->tids == NULL) {
+        nt->tids = calloc((size_t)nt->threads, sizeof *nt->tids);
+        nt->starts = calloc((size_t)nt->threads, sizeof *nt->starts);
+        if (nt->tids == NULL || nt->starts == NULL) {
+            return PTO_ERR_NO_MEMORY;
+        }
     }
     pthread_mutex_lock(&nt->mutex);
     nt->started = 1;
+    nt->generation++;
+    if (nt->spawned > 0 || nt->threads == 1) { /* the workers of an earlier run: wake them */
+        pthread_cond_broadcast(&nt->work);
+        pthread_mutex_unlock(&nt->mutex);
+        return PTO_OK;
+    }
     for (k = 0; k < nt->threads - 1; k++) {
         nt->starts[k].nt = nt;
         nt->starts[k].thread = k + 1;
@@ -435,6 +499,8 @@ static void join_all(pto_native *nt)
     pthread_mutex_lock(&nt->mutex);
     n = nt->spawned;
     nt->spawned = 0;
+    nt->exiting = 1;
+    pthread_cond_broadcast(&nt->work);
     pthread_mutex_unlock(&nt->mutex);
     for (k = 0; k < n; k++) {
         pthread_join(nt->tids[k], NULL);
@@ -459,8 +525,7 @@ int pto_native_work(pto_native *nt)
     work_loop(nt, &room);
     st = nt->fail_status != PTO_OK ? nt->fail_status : nt->draining ? PTO_ERR_STATE : PTO_OK;
     pthread_mutex_unlock(&nt->mutex);
-    join_all(nt);
-    return st;
+    return st; /* the workers park until the next run (pto_native_reuse) or pto_native_destroy */
 }
 
 int pto_native_record(pto_native *nt, int64_t capacity)
@@ -522,9 +587,10 @@ int pto_native_progress(pto_native *nt, int64_t *completed, int32_t *task, int32
     return PTO_OK;
 }
 
-/* The order: pto_native_work (every worker has left), pto_runtime_destroy (it may call the
- * hooks until then), pto_native_destroy. A pool whose pto_native_work was never called stops
- * its workers here, so call this before the runtime's destroy then. */
+/* The order: pto_native_work (every task has completed), pto_runtime_destroy (it may call the
+ * hooks until then), then pto_native_reuse for another run or pto_native_destroy, which stops
+ * the workers. A pool whose pto_native_work was never called drains here, so call this before
+ * the runtime's destroy then. */
 int pto_native_destroy(pto_native *nt)
 {
     if (nt == NULL) {
@@ -533,7 +599,7 @@ int pto_native_destroy(pto_native *nt)
     if (nt->started && nt->building) {
         pthread_mutex_lock(&nt->mutex);
         nt->draining = 1;
-        nt->done = 1;
+        nt->done_gen = nt->generation;
         pthread_cond_broadcast(&nt->work);
         pthread_mutex_unlock(&nt->mutex);
     }

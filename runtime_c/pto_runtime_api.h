@@ -189,8 +189,12 @@ int pto_native_bind_kernel(pto_native *nt, int32_t func, const pto_kernel_info *
 /* Start the workers: they run ready tasks while the caller submits (pto_*_build). */
 int pto_native_start(pto_native *nt);
 /* Building is done: the caller works too until every submitted task has completed, then the
- * workers stop. The status of the first failure (a kernel's, the runtime's), or PTO_OK. */
+ * workers park. The status of the first failure (a kernel's, the runtime's), or PTO_OK. */
 int pto_native_work(pto_native *nt);
+/* After a run (pto_native_work returned, its runtime destroyed): install the pool's hooks into a
+ * fresh `cfg` for the next runtime, whose tensors and kernels are bound again; the workers and
+ * their scratch are kept. PTO_ERR_STATE while a run is under way. */
+int pto_native_reuse(pto_native *nt, pto_config *cfg);
 /* Record every task that runs (before pto_native_start): `capacity` records of five int64 (task,
  * function, thread: 0 the caller of pto_native_work, 1.. the workers, start and end in ns of a
  * monotonic clock); 0 turns recording off. The tasks past `capacity` are not recorded. */
@@ -202,7 +206,8 @@ int pto_native_records(pto_native *nt, int64_t *out, int64_t max, int64_t *n);
 int pto_native_cancel(pto_native *nt);
 /* Tasks completed so far, and the first failure: its task, function and status (-1, -1, 0). */
 int pto_native_progress(pto_native *nt, int64_t *completed, int32_t *task, int32_t *func, int32_t *status);
-/* After pto_native_work and pto_runtime_destroy (the runtime calls the pool's hooks). */
+/* After pto_native_work and pto_runtime_destroy (the runtime calls the pool's hooks): the
+ * workers stop. */
 int pto_native_destroy(pto_native *nt);
 
 /* --- optional platform adapter (pto_sync_posix.c): pthread mutex + condition variable --- */

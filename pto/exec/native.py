@@ -88,6 +88,11 @@ class _Pool:
         self.ptr = self.ffi.NULL
 
     def install(self, cfg) -> None:
+        """The pool's hooks into a new runtime's ``cfg``: a new pool, or the one of the last run
+        (its workers parked: a run starts no thread)."""
+        if self.ptr != self.ffi.NULL:
+            self._check(self.lib.pto_native_reuse(self.ptr, cfg), "reuse")
+            return
         out = self.ffi.new("pto_native **")
         self._check(self.lib.pto_native_create(cfg, self.threads, out), "create")
         self.ptr = out[0]
@@ -117,6 +122,9 @@ class _Pool:
         if self.ptr != self.ffi.NULL:
             self.lib.pto_native_destroy(self.ptr)
             self.ptr = self.ffi.NULL
+
+    def __del__(self) -> None:
+        self.destroy()
 
 
 class _Helper(threading.Thread):
@@ -163,6 +171,7 @@ class NativeExecutor(Executor):
         self.last_ms = 0.0
         self.runtime_stats: dict = {}  # the runtime's counters after the last run (memory, tasks)
         self._helper: _Helper | None = None
+        self._pool: _Pool | None = None  # the last run's pool: its workers wait for the next run
 
     def run(self, graph: Graph) -> ExecStats:
         if not hasattr(self.backend, "program"):
@@ -208,10 +217,15 @@ class NativeExecutor(Executor):
 
     # -- one run -------------------------------------------------------------------------------
     def _execute(self, record: bool = False) -> list[ItemRecord] | None:
-        """One run; with ``record``, every task's record (its thread as the lane)."""
+        """One run; with ``record``, every task's record (its thread as the lane). The pool of
+        the last run is reused (its threads parked), unless the thread count changed."""
         graph, pm = self.graph, self.program
-        pool = _Pool(pm.module, self.threads)
-        rt = None
+        pool = self._pool
+        if pool is None or pool.threads != self.threads or pool.lib is not pm.module.lib:
+            if pool is not None:
+                pool.destroy()
+            pool = self._pool = _Pool(pm.module, self.threads)
+        rt, ok = None, False
         try:
             rt = Runtime(window=self.window, lib=pm.module, hooks=pool.install)
             pool.attach(rt)
@@ -223,7 +237,9 @@ class NativeExecutor(Executor):
             with torch_threads(1):
                 self._drive(pool, build, func_ids)
             self.runtime_stats = rt.stats()
-            return self._records(pool, func_ids) if record else None
+            records = self._records(pool, func_ids) if record else None
+            ok = True
+            return records
         finally:  # the run is over (a helper interrupted before it ended is cancelled and waited for)
             helper, self._helper = self._helper, None
             if helper is not None and not helper.done.is_set():
@@ -233,7 +249,15 @@ class NativeExecutor(Executor):
                 if rt is not None:
                     rt.close()
             finally:
-                pool.destroy()
+                if not ok:  # whatever failed, the next run starts from a new pool
+                    pool.destroy()
+                    self._pool = None
+
+    def close(self) -> None:
+        """Stop the pool's parked workers (also when the executor is collected)."""
+        if self._pool is not None:
+            self._pool.destroy()
+            self._pool = None
 
     def _records(self, pool: _Pool, func_ids: list[int]) -> list[ItemRecord]:
         import numpy as np

@@ -284,21 +284,23 @@ static void *cancel_later(void *arg)
     return NULL;
 }
 
-/* the program through a pool of `threads` and a runtime of `window` slots (0: the whole
- * graph); the status pto_native_work returned, the tasks completed in *completed */
-static int run_native(const program *p, memory *mem, int threads, int window, int cancel_ms, int64_t *completed)
+/* the program through a pool of `threads` (*pool: reused for another run, or NULL: made here and
+ * destroyed after) and a runtime of `window` slots (0: the whole graph); the status
+ * pto_native_work returned, the tasks completed in *completed */
+static int run_on(pto_native **pool, const program *p, memory *mem, int threads, int window, int cancel_ms,
+                  int64_t *completed)
 {
     pto_config cfg;
     pto_runtime *rt = NULL;
-    pto_native *nt = NULL;
+    pto_native *nt = pool != NULL ? *pool : NULL;
     int32_t tid[MAXT], fid[MAXA], task, ftask, ffunc, fst;
     int t, a, st = -100;
     pthread_t cancel_thread;
     canceller c;
     pto_config_init(&cfg);
     cfg.window = window;
-    if (pto_native_create(&cfg, threads, &nt) != PTO_OK || pto_runtime_create(&cfg, &rt) != PTO_OK
-        || pto_native_attach(nt, rt) != PTO_OK) {
+    if ((nt != NULL ? pto_native_reuse(nt, &cfg) : pto_native_create(&cfg, threads, &nt)) != PTO_OK
+        || pto_runtime_create(&cfg, &rt) != PTO_OK || pto_native_attach(nt, rt) != PTO_OK) {
         fprintf(stderr, "cannot create a pool and runtime\n");
         goto out;
     }
@@ -348,10 +350,17 @@ out:
     if (rt != NULL) {
         pto_runtime_destroy(rt);
     }
-    if (nt != NULL) {
+    if (pool != NULL) {
+        *pool = nt;
+    } else if (nt != NULL) {
         pto_native_destroy(nt);
     }
     return st;
+}
+
+static int run_native(const program *p, memory *mem, int threads, int window, int cancel_ms, int64_t *completed)
+{
+    return run_on(NULL, p, mem, threads, window, cancel_ms, completed);
 }
 
 static int same_memory(const program *p, const memory *x, const memory *y)
@@ -456,6 +465,32 @@ done:
     g_spin = 0;
 }
 
+/* One pool for many runs (pto_native_reuse): each random program's memory is the in-order one,
+ * with the workers started once; a reuse during a run is refused. */
+static void test_reuse(void)
+{
+    pto_native *pool = NULL;
+    memory want, got;
+    int k;
+    for (k = 0; k < 12; k++) {
+        int64_t completed = -1;
+        int st, same;
+        random_program(&g_prog);
+        memory_init(&g_prog, &want, 100 + (uint64_t)k);
+        run_sequential(&g_prog, &want);
+        memory_init(&g_prog, &got, 100 + (uint64_t)k);
+        st = run_on(&pool, &g_prog, &got, 3, k % 3 == 0 ? 0 : 1 + k % 5, 0, &completed);
+        same = same_memory(&g_prog, &got, &want);
+        memory_free(&g_prog, &got);
+        memory_free(&g_prog, &want);
+        CHECK(st == PTO_OK && completed == g_prog.ntasks && same);
+    }
+done:
+    if (pool != NULL) {
+        pto_native_destroy(pool);
+    }
+}
+
 /* bad arguments are refused, never a crash */
 static void test_refusals(void)
 {
@@ -483,6 +518,7 @@ int main(int argc, char **argv)
     test_random_programs(n);
     test_kernel_failure();
     test_cancel();
+    test_reuse();
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures != 0;
 }
