@@ -13,18 +13,38 @@ values: the speed of attention depends on the length, not the values). transform
 LlamaForCausalLM with a static cache, ``torch.compile(mode="reduce-overhead")`` of the one-token
 forward, the same positions, timed the same way. The HBM floor: the bytes every step must read
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
-here. For the persistent executor, a traced run's scheduling cost per work item (``item_gap_us``),
+here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
+run's scheduling cost per work item (``item_gap_us``),
 the median time from a task's last predecessor's end to its start (``dependency_wait_us``)
 and its busy time per InCore function (where the time goes). Correctness is not measured here:
 tests/gpu/test_decode_gpu.py checks the same step's bf16 logits against float64.
 
-Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
-(``tp{N}``: the slowest rank's ms, NCCL inside the replayed CUDA graph), rank 0 then the whole
-step alone (``tp1``, the others waiting) and reports the scaling efficiency ``t1 / (N tN)``; the
-waves executor and the default tiling only (the persistent executor runs no collectives), at
-``--cache`` (``--long``, ``--tilings`` and ``--hf-*`` are not read)::
+Quantized weights (``--quant bf16,q4_k/q6_k,q8_0,fp8``: per spec ``LAYERS[/HEAD]``, the layers'
+matrices and the LM head, a tied model's embedding with its head; random blocks of the real
+shapes, pto's quantizers for fp8, q8_0 and q4_0): per configuration, batch and spec our step's
+ms per token (the waves executor, or ``--executors``), the floor at the bytes the spec reads a
+step (its weights, the cache to half its capacity, over the copy bandwidth), the weights'
+resident bytes on the GPU (the step's input tensors) against a GGUF file's tensor bytes of the
+same types, and the prefill of a ``--prefill``-token prompt (the layer program, each layer's
+quantized weights dequantized on the device first)::
 
-    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8
+    python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
+        --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
+
+Tensor parallelism: under ``torchrun --nproc-per-node N`` every rank runs its share of the step
+(``tp{N}[MODE,HEAD]``: the slowest rank's ms, the sums inside the replayed CUDA graph), once per
+``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, symmetric memory's one-shot all-reduce for
+the step's small sums where it runs; ``group``, NCCL for every sum) and ``--lm-heads`` (the LM
+head vocabulary-parallel or replicated); then PyTorch's hand-written tensor-parallel step
+(bench/torch_tp.py: the same split, NCCL, the head vocabulary-parallel, captured in a CUDA graph;
+``torch_tp{N}``); then rank 0 the whole step alone, ours and PyTorch's (``tp1``, ``torch_tp1``,
+the others waiting), and the scaling efficiency ``t1 / (N tN)`` of each. Per variant and rank the
+collectives' GPU time per step, their share of the step and how much of it overlaps compute (a
+profiler trace of a few replays) and the first run's sums by algorithm. The waves executor and
+the default tiling only (the persistent executor runs no collectives), at ``--cache``
+(``--long``, ``--tilings`` and ``--hf-*`` are not read)::
+
+    torchrun --nproc-per-node 2 bench/decode.py --configs llama3-8b --batches 1,8 --json tp2.json
 """
 
 from __future__ import annotations
@@ -43,12 +63,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # rank 0's single-process step (a cold compile of every kernel) keeps the other ranks waiting
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
+from pto.orchestration.llama.reference import rope_tables  # noqa: E402
+from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
-from pto.orchestration.model.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
 
-from pto import dist, timing  # noqa: E402
-from pto.ir.dtypes import DType  # noqa: E402
+from pto import collectives, dist, timing  # noqa: E402
+from pto.errors import UsageError  # noqa: E402
+from pto.ir.dtypes import DType, dtype_of  # noqa: E402
+from pto.quant import QTensor  # noqa: E402
 
 
 def copy_bandwidth() -> float:
@@ -105,10 +128,12 @@ def kernel_times(fn, steps: int) -> dict:
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
-         kernels: bool = False, tp: int = 1) -> dict:
+         kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
-    goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step."""
-    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp)
+    goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step, its
+    LM head vocabulary-parallel or not, and (``comm``) its collectives' profile and the first
+    run's sums by algorithm."""
+    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
         t = step.tensors
@@ -117,8 +142,10 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
         t["pos"].fill_(cache // 2)
         # the same tokens on every rank (seeded)
         t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
+        dist.counters(reset=True)
         step()  # the first run: compiles, fits the megakernel, uploads the plan
         torch.cuda.synchronize()
+        sums = dist.counters(reset=True)
         start = t["pos"].clone()
 
         def one():
@@ -131,12 +158,46 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
                "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
         if kernels:
             out["kernels"] = kernel_times(one, 8)
+        if comm:
+            out.update(_comm(one), sums=sums["algorithms"])
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
         out["profile_ms"] = step.executor.profile()
         return out
     finally:
         gen.close()
+
+
+def _comm(step) -> dict:
+    """The collectives' profile of 8 calls of ``step`` (:func:`pto.timing.comm_profile`), its
+    longest kernels as ``comm_kernels``."""
+    prof = timing.comm_profile(step, 8, cuda=True)
+    return {**{k: v for k, v in prof.items() if k != "kernels"}, "comm_kernels": prof["kernels"]}
+
+
+def torch_tp_step(w, batch: int, cache: int, steps: int, tp: int, rank: int, comm: bool = False) -> dict:
+    """PyTorch's hand-written step (bench/torch_tp.py) on this rank, captured in a CUDA graph, at
+    half the cache's capacity as :func:`ours`: ms per step, and (``comm``) its collectives'
+    profile."""
+    from torch_tp import TorchTPDecode  # (bench/torch_tp.py, beside this script)
+
+    model = TorchTPDecode(w, tp, rank, batch, cache, rope_tables(w.config.max_positions, w.config.layer, DType.BF16,
+                                                                  "cuda"))
+    model.k.normal_()
+    model.v.normal_()
+    model.tok.copy_(torch.randint(0, w.config.vocab, (batch,), generator=torch.Generator().manual_seed(0)))
+    start = torch.full_like(model.pos, cache // 2)
+    model.pos.copy_(start)
+    model.capture()
+
+    def one():
+        model.pos.copy_(start)
+        model()
+
+    out = {"ms": round(events_ms(one, steps), 4)}
+    if comm:
+        out.update(_comm(one))
+    return out  # (the graph, NCCL calls captured in it, freed here: before the group is left)
 
 
 def transformers_step(cfg, batch: int, cache: int, steps: int) -> dict:
@@ -198,12 +259,22 @@ def main(argv=None) -> int:
                     help="decode tilings to compare, ';'-separated, e.g. 'default;bn=32;bn=16,bk=128'")
     ap.add_argument("--hf-configs", default=None, help="the configurations transformers runs (default: all)")
     ap.add_argument("--hf-batches", default=None, help="the batches transformers runs (default: all)")
+    ap.add_argument("--quant", default=None, help="weight types to compare instead (module docstring), e.g. "
+                    "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
+                    "defaults to waves, --long to none")
+    ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
+    ap.add_argument("--collectives", default="auto,group",
+                    help="under torchrun: the PTO_COLLECTIVES modes ours runs with (default auto,group)")
+    ap.add_argument("--lm-heads", default="parallel",
+                    help="under torchrun: the LM heads ours runs with, parallel and/or replicated (default parallel)")
     args = ap.parse_args(argv)
     env = dist.environment()
     if env is not None and env.world > 1:
         return main_tp(args, env.world)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
+    if args.quant:
+        return main_quant(args, bw)
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
@@ -220,6 +291,7 @@ def main(argv=None) -> int:
                     try:
                         row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
                                         args.kernels)
+                        row[key]["x_floor"] = round(row["floor_ms"] / row[key]["ms"], 3)
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     torch.cuda.empty_cache()
@@ -246,11 +318,126 @@ def main(argv=None) -> int:
     return 0
 
 
+def quantized_spec(base, spec: str, g: torch.Generator):
+    """``base`` (random bf16 weights) stored as ``spec``: ``bf16``, or ``LAYERS[/HEAD]`` (the
+    layers' matrices, and the LM head, a tied model's embedding with it; the head as the layers'
+    where not given)."""
+    from pto.orchestration.model.quantized import QUANTIZERS, random_quantized, random_quantized_weights
+
+    if spec == "bf16":
+        return base
+    layers, _, head = spec.partition("/")
+    w = random_quantized_weights(base, layers, g)
+    head = head or layers
+    cfg = base.config
+    if head in QUANTIZERS:
+        made = QTensor.quantize(head, base.embedding if cfg.tied else base.lm_head.t().contiguous())
+    else:
+        made = random_quantized(dtype_of(head), cfg.vocab, cfg.hidden, 1.0 if cfg.tied else cfg.hidden ** -0.5, g)
+    return replace(w, embedding=made if cfg.tied else w.embedding, lm_head=made)
+
+
+def file_bytes(w) -> int:
+    """Bytes of ``w``'s tensors in a GGUF file of the same types (GGUF's blocks; floats as
+    stored), a tied head once: what the resident bytes are held against."""
+    from pto.orchestration.model.quantized import is_quantized
+
+    def nbytes(t) -> int:
+        if is_quantized(t):
+            f = t.dtype.quant
+            return f.file_bytes(t.rows, t.cols) if f.gguf else t.nbytes
+        return t.numel() * t.element_size()
+
+    heads = [] if w.config.tied else [w.lm_head]
+    return sum(nbytes(t) for t in [w.embedding, w.norm, *heads, *(v for x in w.layers for v in x.values())])
+
+
+def prefill_ms(w, tokens: int, repeat: int = 3) -> float:
+    """Milliseconds of the prefill of a ``tokens``-token prompt (the layer program, layer by
+    layer; quantized weights dequantized on the device a layer at a time), the median of
+    ``repeat`` after a first (compiling) one."""
+    gen = Generator(w, "cuda", DType.BF16)
+    try:
+        prompt = torch.randint(0, w.config.vocab, (tokens + 1,), generator=torch.Generator().manual_seed(1)).tolist()
+        cap = tokens + 64
+        step = gen.step(1, cap)
+        times = []
+        for _ in range(repeat + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            gen.prefill(step, [prompt], cap)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return round(sorted(times[1:])[repeat // 2], 3)
+    finally:
+        gen.close()
+
+
+def main_quant(args, bw: float) -> int:
+    """``--quant``: per configuration, batch and weight spec, our step's ms per token, the floor
+    at the spec's bytes, the resident weight bytes (on the GPU and in a file), the prefill."""
+    from pto.orchestration.model.quantized import WeightTypes, weight_bytes
+
+    executors = args.executors if args.executors != "persistent,waves" else "waves"
+    rows = []
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        base = random_weights(cfg, torch.bfloat16, g)
+        for spec in args.quant.split(","):
+            only, _, spec = spec.rpartition(":")  # (a spec "CONFIG:SPEC" is that configuration's alone)
+            if only and only != name:
+                continue
+            try:
+                w = quantized_spec(base, spec, g)
+            except UsageError as e:  # a type whose blocks the model's rows are not whole multiples of
+                print(json.dumps({"config": name, "quant": spec, "skipped": str(e)}), flush=True)
+                continue
+            nbytes = weight_bytes(w)
+            for batch in (int(b) for b in args.batches.split(",")):
+                c = cfg.layer
+                kv = cfg.layers * batch * (args.cache // 2) * 2 * c.kv_dim * 2
+                floor = round((nbytes["step_read"] + kv) / bw * 1e3, 4)
+                row = {"config": name, "quant": spec, "batch": batch, "cache": args.cache,
+                       "types": WeightTypes.of(w).to_json(), "floor_ms": floor,
+                       "weights_resident_bytes": nbytes["resident"], "weights_file_bytes": file_bytes(w)}
+                for tiling in args.tilings.split(";"):
+                    for ex in executors.split(","):
+                        key = ex if tiling == "default" else f"{ex}[{tiling}]"
+                        try:
+                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                                            args.kernels)
+                        except Exception as e:  # report it, measure the rest
+                            row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        torch.cuda.empty_cache()
+                if args.prefill and batch == 1:
+                    try:
+                        row["prefill_ms"] = prefill_ms(w, args.prefill)
+                    except Exception as e:
+                        row["prefill_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del w
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
+                                               "rows": rows}, indent=1))
+    for r in rows:
+        ms = "; ".join(f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items() if isinstance(v, dict)
+                       and k != "types")
+        print(f"{r['config']} {r['quant']} B={r['batch']}: {ms} (floor {r['floor_ms']} ms); weights "
+              f"{r['weights_resident_bytes'] / 1e9:.3f} GB resident, {r['weights_file_bytes'] / 1e9:.3f} GB in a file"
+              + (f"; prefill {args.prefill} tokens {r['prefill_ms']} ms" if "prefill_ms" in r else ""))
+    return 0
+
+
 def main_tp(args, tp: int) -> int:
     """The tensor-parallel run (module docstring): per configuration and batch, every rank's
-    share of the step, then rank 0's whole step; rank 0 prints and writes ``--json``."""
+    share of the step under each variant and PyTorch's, then rank 0's whole steps; rank 0
+    prints and writes ``--json``."""
     rank = dist.init("cuda", tp, command="bench/decode.py")
     bw = copy_bandwidth()
+    variants = [(m, h) for h in args.lm_heads.split(",") for m in args.collectives.split(",")]
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
@@ -258,13 +445,22 @@ def main_tp(args, tp: int) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             row = {"config": name, "batch": batch, "cache": args.cache, "tp": tp,
                    "floor_ms": floor_ms(cfg, batch, args.cache, bw)}
-            mine = ours(w, batch, args.cache, "waves", args.steps, kernels=args.kernels, tp=tp)
-            row[f"tp{tp}"] = {**mine, "ms": max(r["ms"] for r in dist.gather(mine))}  # the slowest rank's
+            for mode, head in variants:
+                os.environ["PTO_COLLECTIVES"] = mode  # read when the step's collective launches are prepared
+                mine = ours(w, batch, args.cache, "waves", args.steps, kernels=args.kernels, tp=tp,
+                            vocab_parallel=head == "parallel", comm=True)
+                row[f"tp{tp}[{mode},{head}]"] = _slowest(mine, dist.gather(mine))
+                torch.cuda.empty_cache()
+            mine = torch_tp_step(w, batch, args.cache, args.steps, tp, rank, comm=True)
+            row[f"torch_tp{tp}"] = _slowest(mine, dist.gather(mine))
             torch.cuda.empty_cache()
             dist.barrier()
             if rank == 0:
                 row["tp1"] = ours(w, batch, args.cache, "waves", args.steps)
-                row["efficiency"] = round(row["tp1"]["ms"] / (tp * row[f"tp{tp}"]["ms"]), 3)
+                row["torch_tp1"] = torch_tp_step(w, batch, args.cache, args.steps, 1, 0)
+                for key in [k for k in row if k.startswith(("tp", "torch_tp")) and k not in ("tp", "tp1", "torch_tp1")]:
+                    one = row["torch_tp1" if key.startswith("torch") else "tp1"]["ms"]
+                    row[key]["efficiency"] = round(one / (tp * row[key]["ms"]), 3)
                 print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
             dist.barrier()
@@ -274,12 +470,40 @@ def main_tp(args, tp: int) -> int:
     if rank == 0:
         if args.json:
             Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw, "tp": tp,
-                                                   "rows": rows}, indent=1))
-        for r in rows:
-            print(f"{r['config']} B={r['batch']} cache={r['cache']}: tp{tp} {r[f'tp{tp}']['ms']} ms, tp1 "
-                  f"{r['tp1']['ms']} ms, efficiency {r['efficiency']}; floor (one GPU) {r['floor_ms']} ms")
+                                                   "nccl_env": {k: os.environ.get(k) for k in (
+                                                       "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+                                                   "collectives": collectives.info(), "rows": rows}, indent=1))
+        print(tp_table(rows, tp))
     dist.shutdown()
     return 0
+
+
+def _slowest(mine: dict, ranks: list[dict]) -> dict:
+    """This rank's numbers with the slowest rank's ms, collectives' time and share, the least
+    overlap, and every rank's ms."""
+    out = {**mine, "ms": max(r["ms"] for r in ranks), "ranks_ms": [r["ms"] for r in ranks]}
+    for k, pick in (("comm_ms_per_step", max), ("comm_share", max), ("overlap", min)):
+        if k in mine:
+            out[k] = pick(r[k] for r in ranks)
+    return out
+
+
+def tp_table(rows: list[dict], tp: int) -> str:
+    """Markdown, for docs/PERF.md: per configuration, batch and variant the slowest rank's ms,
+    the efficiency against the same code's tp = 1, the collectives' time per step, share and
+    overlap, the first run's sums by algorithm."""
+    head = ["config", "batch", "variant", "ms", "tp=1 ms", "efficiency", "comm ms/step", "comm share", "overlap",
+            "sums"]
+    cells = [head, ["---"] * len(head)]
+    for r in rows:
+        for key, v in r.items():
+            if not key.startswith(("tp", "torch_tp")) or key in ("tp", "tp1", "torch_tp1"):
+                continue
+            one = r["torch_tp1" if key.startswith("torch") else "tp1"]["ms"]
+            sums = " ".join(f"{k} {n}" for k, n in sorted(v.get("sums", {}).items())) or "NCCL"
+            cells.append([r["config"], str(r["batch"]), key, f"{v['ms']:.3f}", f"{one:.3f}", f"{v['efficiency']:.2f}",
+                          f"{v['comm_ms_per_step']:.3f}", f"{v['comm_share']:.1%}", f"{v['overlap']:.1%}", sums])
+    return "\n".join("| " + " | ".join(c) + " |" for c in cells)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,13 @@
 #               then the GPU layer tests with PTO_TMA=on
 #   layers      the defaults against eager and torch.compile: the 7B layer at $LAYER_SEQS, the next
 #               multiples of 128 of its odd lengths ($LAYER_NEXT), the Llama-3-8B layer at $LAYER8B_SEQS
-#   tp          issue 25, on a two-GPU machine: bench/tp.py at $TP_SEQS (default 4096,16384) for each
-#               setting in $TP_RUNS (";"-separated environment and flags, e.g. "PTO_COLLECTIVE_CHUNKS=1;
-#               PTO_COLLECTIVES=evaluator --seq 4096"), each run under $TP_LIMIT seconds (default 240)
-#   tpdecode    issue 25, on a two-GPU machine: the 8B decode step at batches 1 and 8, tp = $TP_N (default 2)
-#               against one GPU (torchrun bench/decode.py)
+#   tp          issues 25, 47, on $TP_N GPUs (default 2): bench/tp.py at $TP_SEQS (default 4096,16384) for each
+#               setting in $TP_RUNS (";"-separated environment and flags; default "--collectives auto,group",
+#               e.g. "--chunks 4,8;PTO_COLLECTIVES=evaluator --seq 4096"), each under $TP_LIMIT s (default 240)
+#   tpdecode    issues 25, 47, on a machine of $TP_N GPUs (default 2): the 8B decode step at batches $TP_BATCHES
+#               (default 1,8) under the collectives modes $TP_COLLECTIVES (default auto,group) and LM heads
+#               $TP_HEADS (default parallel), PyTorch's hand-written TP step, one GPU (torchrun bench/decode.py)
+#   allreduce   issue 47: the sums by algorithm and size on $TP_N GPUs (torchrun bench/allreduce.py)
 #   long        the Llama-3.1-8B step at caches 1024 and 32768 (two combine levels, wider chunks), per-kernel
 #   dispatch    the persistent megakernel's cost per work item: 1,024 independent softmax tasks (no
 #               waits: the dispatch alone, item_gap_us) and SmolLM2's decode step on both executors
@@ -166,18 +168,22 @@ for stage in "$@"; do
             TIMEFORMAT="warm caches, a new shape (seq 3334): %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton16 python3 -m pto.cli run llama7b --config 7b --seq 3334 > /dev/null
           ) 2>&1 | tee "$OUT/cold.log" ;;
-    tp) IFS=';' read -ra runs <<< "${TP_RUNS:-PTO_COLLECTIVES=native}"; n=0
+    tp) IFS=';' read -ra runs <<< "${TP_RUNS:---collectives auto,group}"; n=0
         for r in "${runs[@]}"; do
           n=$((n + 1)); read -ra words <<< "$r"; envs=(); flags=()
           for w in "${words[@]}"; do [[ $w == *=* && $w != --* ]] && envs+=("$w") || flags+=("$w"); done
           echo "tp run $n: $r"
           timeout "${TP_LIMIT:-240}" env "${envs[@]}" torchrun --nproc-per-node "${TP_N:-2}" bench/tp.py \
             --seq "${TP_SEQS:-4096,16384}" --json "$OUT/tp_$n.json" "${flags[@]}" > "$OUT/tp_$n.log" 2>&1
-          echo "rc=$?"; grep -v "^{" "$OUT/tp_$n.log" | tail -6
+          echo "rc=$?"; grep "^|" "$OUT/tp_$n.log"
         done ;;
-    tpdecode) timeout "${TP_LIMIT:-240}" torchrun --nproc-per-node "${TP_N:-2}" bench/decode.py --configs llama3-8b \
-                --batches 1,8 --long 0 --steps 32 --json "$OUT/tpdecode.json" > "$OUT/tpdecode.log" 2>&1
-              echo "rc=$?"; grep "efficiency" "$OUT/tpdecode.log" | grep -v "^{" ;;
+    tpdecode) timeout "${TP_LIMIT:-480}" torchrun --nproc-per-node "${TP_N:-2}" bench/decode.py --configs llama3-8b \
+                --batches "${TP_BATCHES:-1,8}" --long 0 --steps 32 --collectives "${TP_COLLECTIVES:-auto,group}" \
+                --lm-heads "${TP_HEADS:-parallel}" --json "$OUT/tpdecode.json" > "$OUT/tpdecode.log" 2>&1
+              echo "rc=$?"; grep "^|" "$OUT/tpdecode.log" ;;
+    allreduce) timeout "${TP_LIMIT:-240}" torchrun --nproc-per-node "${TP_N:-2}" bench/allreduce.py \
+                 --json "$OUT/allreduce.json" > "$OUT/allreduce.log" 2>&1
+               echo "rc=$?"; grep "^|\|^tp" "$OUT/allreduce.log" ;;
     long) python3 bench/decode.py --configs llama3.1-8b --batches 1 --cache 1024 --long 32768 --steps 16 \
             --executors waves --hf-configs none --kernels --json "$OUT/long.json" > "$OUT/long.log" 2>&1
           grep "B=" "$OUT/long.log" ;;

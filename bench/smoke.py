@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         make_model(args.make_model)
         return 0
     if args.save_tokenizer:
-        from pto.orchestration.model.tokenizer import load_tokenizer
+        from pto.orchestration.llm.tokenizer import load_tokenizer
 
         TOKENIZER.parent.mkdir(parents=True, exist_ok=True)
         load_tokenizer(args.save_tokenizer).backend.save(str(TOKENIZER))

@@ -12,10 +12,18 @@ shape), on the same seeded inputs:
 - ours: the engine's Runner of ``llama7b --tp N`` on every rank (each its shard,
   :meth:`LlamaProgram.shard`), timed as replays; rank 0 also runs the single-process layer
   (``--tp 1``) on the whole inputs: the tp = 1 output and time;
-- PyTorch: the same layer written here with Megatron's split by hand (q, k, v, gate, up by
-  columns, o and down by rows, ``torch.distributed.all_reduce`` after each), and the same code
-  with one rank on rank 0;
+- PyTorch: the same layer written by hand with Megatron's split (bench/torch_tp.py: q, k, v,
+  gate, up by columns, o and down by rows, ``torch.distributed.all_reduce`` after each), and the
+  same code with one rank on rank 0;
 - the reference: ``pto run --check``'s layer on the whole inputs in float32 (rank 0).
+
+Ours runs under each ``--collectives`` mode (``PTO_COLLECTIVES``: ``auto``, the sums by size,
+symmetric memory's one-shot or two-shot all-reduce where it runs and the message is small;
+``group``, NCCL for every sum) and each ``--chunks`` count (``PTO_COLLECTIVE_CHUNKS``: the parts
+a batch's sum goes in, each overlapping the next part's products: more ranks, the same bytes to
+sum over less compute), the first variant's numbers the table's columns, every variant's in a
+second table (time, efficiency, the collectives' time per step, share and overlap, the first
+run's sums by algorithm).
 
 Reported per length: milliseconds (the slowest rank's median), scaling efficiency ``t1 / (N tN)``
 for ours and for PyTorch, the share of a step spent in communication and how much of the
@@ -40,7 +48,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 # the single-process run on rank 0 (a cold Triton compile of the 7B layer) keeps the other ranks
@@ -48,110 +55,10 @@ from pathlib import Path
 os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from torch_tp import torch_tp_layer  # noqa: E402  (bench/torch_tp.py, beside this script)
 
 from pto import dist  # noqa: E402
-
-# -- PyTorch's own tensor-parallel layer ------------------------------------------------------------
-
-
-def torch_tp_layer(w: dict[str, torch.Tensor], cfg, tp: int) -> torch.Tensor:
-    """The layer on one rank's shards ``w`` (the whole layer with ``tp`` 1) in plain PyTorch:
-    Megatron's split, an all-reduce of the o and down projections' partial sums over the
-    default process group, causal SDPA over the rank's heads. Written apart from pto's tiled
-    program and from its reference (RoPE as both take it: rotate-half with seq x D/2 tables)."""
-    x = w["x"]
-    S = x.shape[0]
-    NH, NKV, D = cfg.heads // tp, cfg.kv_heads // tp, cfg.head_dim
-
-    def rmsnorm(t, g):
-        t32 = t.float()
-        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + cfg.eps) * g.float()).to(t.dtype)
-
-    cos, sin = torch.cat([w["cos"]] * 2, -1), torch.cat([w["sin"]] * 2, -1)
-
-    def rope(t):
-        return t * cos + torch.cat([-t[..., D // 2:], t[..., : D // 2]], -1) * sin
-
-    def reduce(t):
-        if tp > 1:
-            torch.distributed.all_reduce(t)
-        return t
-
-    xn = rmsnorm(x, w["g_attn"])
-    q = rope((xn @ w["wq"]).view(S, NH, D).transpose(0, 1))
-    k = rope((xn @ w["wk"]).view(S, NKV, D).transpose(0, 1)).repeat_interleave(NH // NKV, 0)
-    v = (xn @ w["wv"]).view(S, NKV, D).transpose(0, 1).repeat_interleave(NH // NKV, 0)
-    a = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
-    h = x + reduce(a.transpose(0, 1).reshape(S, NH * D) @ w["wo"])
-    hn = rmsnorm(h, w["g_ffn"])
-    return h + reduce((F.silu(hn @ w["wg"]) * (hn @ w["wu"])) @ w["wd"])
-
-
-# -- communication in a profiler trace ----------------------------------------------------------------
-
-
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def _length(spans) -> float:
-    return sum(b - a for a, b in spans)
-
-
-def _intersection(xs, ys) -> float:
-    total, j = 0.0, 0
-    for a, b in xs:
-        while j < len(ys) and ys[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(ys) and ys[k][0] < b:
-            total += max(0.0, min(b, ys[k][1]) - max(a, ys[k][0]))
-            k += 1
-    return total
-
-
-def comm_profile(step, steps: int, cuda: bool, trace: Path | None = None) -> dict:
-    """Run ``step`` ``steps`` times under the profiler: ``comm_share`` (time with communication
-    running over the steps' wall time) and ``overlap`` (the part of the communication time during
-    which compute runs too): NCCL kernels against the other kernels on a GPU, the all-reduce
-    calls (nothing overlaps them: gloo blocks the host) on the CPU."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) * 1e6
-    comm, compute, kernels = [], [], {}
-    for e in prof.events():
-        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
-        span = (e.time_range.start, e.time_range.end)
-        name = e.name.lower()
-        if cuda and on_gpu:
-            (comm if "nccl" in name else compute).append(span)
-            kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + span[1] - span[0]
-        elif not cuda and ("allreduce" in name or "all_reduce" in name):
-            comm.append(span)
-    comm, compute = _union(comm), _union(compute)
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
-    c = _length(comm)
-    return {"comm_share": round(c / wall_us, 4) if wall_us else 0.0,
-            "overlap": round(_intersection(comm, compute) / c, 4) if c else 0.0,
-            "comm_ms_per_step": round(c / steps / 1e3, 4),
-            # GPU time per step of the 12 longest kernels (the NCCL ones run beside the others)
-            "kernels": {k: round(v / steps / 1e3, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
-
+from pto.timing import comm_profile  # noqa: E402
 
 # -- the measurement ------------------------------------------------------------------------------
 
@@ -166,6 +73,30 @@ def _time(fn, args, cuda: bool) -> float:
 
     dist.barrier()
     return round(median_ms(fn, args.iterations, args.warmup, cuda=cuda), 4)
+
+
+def _ours(job, seq: int, local: dict, args, cuda: bool, variant: tuple[str, str], trace) -> tuple[dict, torch.Tensor]:
+    """pto's layer on this rank's shard with the collectives of ``variant`` (``PTO_COLLECTIVES``,
+    ``PTO_COLLECTIVE_CHUNKS``): its replay time, communication profile, the sums of its first run
+    by algorithm, how replays run and how far a replay is from the first run; and the first run's
+    output."""
+    from pto.engine import Runner
+
+    # read when the collective launches are prepared (the first run)
+    os.environ["PTO_COLLECTIVES"], os.environ["PTO_COLLECTIVE_CHUNKS"] = variant
+    runner = Runner(job, seq)
+    dist.counters(reset=True)
+    first = runner(local)["y"].clone()
+    got = {"tasks": runner.graph.tasks, "executor": runner.executor.name, "collectives": dist.counters(reset=True),
+           "ours_ms": _time(runner.replay, args, cuda)}
+    prof = comm_profile(runner.replay, args.profile_steps, cuda, trace)
+    got.update({f"ours_{k}": v for k, v in prof.items()})
+    # how replays run (a CUDA graph with the collectives inside, where they can be captured), and
+    # that a replay computes the first run's bits
+    got["replay_mode"] = runner.replay()
+    got["replay_vs_first"] = rel_err(runner.tensors["y"], first)
+    runner.close()
+    return got, first
 
 
 def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
@@ -183,19 +114,17 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
     if trace:
         trace.mkdir(parents=True, exist_ok=True)
 
-    runner = Runner(job, seq)
-    ours = runner(local)["y"].clone()
-    row["tasks_per_rank"], row["executor"] = runner.graph.tasks, runner.executor.name
-    mine = {"ours_ms": _time(runner.replay, args, cuda)}
-    dist.counters(reset=True)
-    prof = comm_profile(runner.replay, args.profile_steps, cuda, trace and trace / f"ours_seq{seq}_rank0.json")
-    mine.update({f"ours_{k}": v for k, v in prof.items()}, collectives=dist.counters(reset=True))
-    # how replays run (a CUDA graph with the collectives inside, where they can be captured), and
-    # that a replay computes the first run's bits
-    mine["replay_mode"] = runner.replay()
-    mine["replay_vs_first"] = rel_err(runner.tensors["y"], ours)
-    runner.close()
-    del runner
+    variants = [(m, c) for m in args.collectives.split(",") for c in args.chunks.split(",")]
+    mine: dict = {"modes": {}}
+    for i, (mode, chunks) in enumerate(variants):  # the first variant's numbers are the row's "ours_*"
+        key = f"{mode}, {chunks} chunks"
+        got, out = _ours(job, seq, local, args, cuda, (mode, chunks),
+                         trace and trace / f"ours_{mode}_{chunks}_seq{seq}_rank0.json")
+        mine["modes"][key] = got
+        if i == 0:
+            ours = out
+            mine.update({k: v for k, v in got.items() if k not in ("tasks", "executor")})
+            row["tasks_per_rank"], row["executor"] = got["tasks"], got["executor"]
 
     theirs = torch_tp_layer(local, cfg, tp)
     mine["torch_ms"] = _time(lambda: torch_tp_layer(local, cfg, tp), args, cuda)
@@ -231,6 +160,14 @@ def measure(seq: int, args, device: str, tp: int, rank: int) -> dict:
                    ours_vs_tp1=rel_err(ours, one), ours_vs_torch_tp_out=rel_err(ours, theirs))
         row["replay_mode"] = ranks[0]["replay_mode"]
         row["replay_vs_first"] = max(r["replay_vs_first"] for r in ranks)
+        # every mode: the slowest rank's time and communication, its efficiency, its sums' algorithms
+        row["modes"] = {}
+        for m in ranks[0]["modes"]:
+            slowest = max(r["modes"][m]["ours_ms"] for r in ranks)
+            row["modes"][m] = {"ms": slowest, "efficiency": round(row["ours_tp1_ms"] / (tp * slowest), 4),
+                               **{k: max(r["modes"][m][f"ours_{k}"] for r in ranks)
+                                  for k in ("comm_share", "overlap", "comm_ms_per_step")},
+                               "algorithms": ranks[0]["modes"][m]["collectives"]["algorithms"]}
         row["ranks"] = ranks
     dist.barrier()
     if cuda:
@@ -248,10 +185,16 @@ COLUMNS = (("tp", "tp", "{}"), ("seq", "seq", "{}"), ("ours ms", "ours_ms", "{:.
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown, for docs/PERF.md."""
+    """Markdown, for docs/PERF.md: the first mode's row per length, then every mode's."""
     cells = [[h for h, _, _ in COLUMNS], ["---"] * len(COLUMNS)]
     cells += [[f.format(r[k]) for _, k, f in COLUMNS] for r in rows]
-    return "\n".join("| " + " | ".join(c) + " |" for c in cells)
+    modes = [["tp", "seq", "collectives", "ms", "efficiency", "comm ms/step", "comm share", "overlap", "sums"],
+             ["---"] * 9]
+    modes += [[str(r["tp"]), str(r["seq"]), m, f"{v['ms']:.3f}", f"{v['efficiency']:.2f}",
+               f"{v['comm_ms_per_step']:.3f}", f"{v['comm_share']:.1%}", f"{v['overlap']:.1%}",
+               " ".join(f"{k} {n}" for k, n in sorted(v["algorithms"].items()))]
+              for r in rows for m, v in r["modes"].items()]
+    return "\n\n".join("\n".join("| " + " | ".join(c) + " |" for c in t) for t in (cells, modes))
 
 
 def main(argv=None) -> int:
@@ -262,6 +205,12 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default=None, help="default bf16 (--tiny: f32)")
     p.add_argument("--attention", default="fused", choices=["fused", "pair", "split"])
     p.add_argument("--allreduce-dtype", default="storage", choices=["storage", "f32"])
+    p.add_argument("--collectives", default="auto,group",
+                   help="PTO_COLLECTIVES modes to measure ours under, comma-separated; the first is the table's "
+                   "(default auto,group: by size, symmetric memory's for small sums; NCCL for all)")
+    p.add_argument("--chunks", default=os.environ.get("PTO_COLLECTIVE_CHUNKS", "4"),
+                   help="PTO_COLLECTIVE_CHUNKS values to measure each mode with, comma-separated (default 4: a "
+                   "batch's sums in 4 parts, each overlapping the next part's products)")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler (communication share)")

@@ -23,18 +23,19 @@ from dataclasses import replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
-from pto.incore.gemv import Gemv, gemv_accumulate
+from pto.incore.gemv import Gemv, gemv_accumulate, weight_tiles
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
 
 
-def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None) -> IncoreFunction:
-    """``x[0, :] = emb[tok, :]`` with ``tok`` read from memory (the whole table is the region)."""
+def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None, wdtype=None) -> IncoreFunction:
+    """``x[0, :] = emb[tok, :]`` with ``tok`` read from memory (the whole table is the region;
+    a quantized table, ``wdtype``, dequantized by the load)."""
     k = InCore("embed_row")
     tok = k.memref("tok", f32)
-    emb = k.memref("emb", dtype, shape=(vocab, hidden))
+    emb = k.memref("emb", wdtype or dtype, shape=(vocab, hidden))
     x = k.memref("x", dtype)
     t = k.load_scalar("t", tok, 0, 0)
     row = k.tile("row", 1, chunk, dtype)
@@ -272,12 +273,12 @@ def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: 
 
 
 def lmhead_argmax_gemv_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                            target=None) -> IncoreFunction:
+                            target=None, wdtype=None) -> IncoreFunction:
     """:func:`lmhead_argmax_tile` against an output-major ``[N, K]`` LM head (a tied model's
     embedding table as it is): blocks of ``bn`` vocabulary rows, the GEMV of
-    :mod:`pto.incore.gemv`."""
+    :mod:`pto.incore.gemv` (its weights of ``wdtype``, quantized or not)."""
     k = InCore("lmhead_argmax_gemv_tile")
-    _lmhead(k, Gemv(rows, K, bn, bk, dtype), N, eps, wt=True)
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), N, eps, wt=True)
     return k.build(target)
 
 
@@ -286,7 +287,7 @@ def _lmhead(k: InCore, g: Gemv, N: int, eps: float, wt: bool) -> None:
     ``[N, K]`` with ``wt``."""
     R = k.dim("R", g.R)
     x = k.memref("x", g.dtype, shape=(R, g.K))
-    w = k.memref("w", g.dtype, shape=(N, g.K) if wt else (g.K, N))
+    w = k.memref("w", g.weights, shape=(N, g.K) if wt else (g.K, N))
     y = k.memref("y", f32, shape=(R, N))
     best, index = k.memref("best", f32), k.memref("index", f32)
     j = k.parallel("j", cdiv(N, g.bn))

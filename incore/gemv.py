@@ -16,6 +16,11 @@ contiguous axis (no transposed copy).
 - :func:`gemv_norm_rope_append_tile`: one sequence's q, k, v projection with the norm folded in
   and RoPE and the KV-cache append in its epilogue (a decode step of one sequence: one task
   where the projection and the RoPE task were two).
+
+Each takes the weights' dtype (``wdtype``) apart from the activations': a quantized one
+(:mod:`pto.ir.quant`) keeps the weights as stored, and each weight tile's load dequantizes its
+blocks into the activations' dtype, so the K step (``bk``) is whole blocks (the products and the
+f32 sums are those of the dequantized weights).
 """
 
 from __future__ import annotations
@@ -40,13 +45,31 @@ class Gemv:
     bn: int
     bk: int
     dtype: object
+    #: the weights' dtype (None: ``dtype``); a quantized one is dequantized by the tiles' loads
+    wdtype: object = None
+    #: the weight tiles' dtype (None: ``dtype``; :func:`weight_tiles`)
+    wtile: object = None
+
+    @property
+    def weights(self):
+        return self.wdtype or self.dtype
+
+
+def weight_tiles(dtype, wdtype, rows: int):
+    """The dtype of a GEMV's weight tiles: quantized weights dequantize into f32 tiles where the
+    product is a multiply-sum (fewer than 16 rows: its products are f32 anyway, and the exact
+    values skip a rounding to ``dtype`` that would only cost instructions per weight), into
+    ``dtype`` where it is a tensor-core dot; other weights are ``dtype`` (as stored)."""
+    return f32 if wdtype is not None and wdtype.is_quantized and rows < 16 else dtype
 
 
 def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
     """The f32 accumulators ``x @ w[j * bn: (j + 1) * bn].T`` of each weight (scaled by the
     folded norm's row factors with ``norm``, declared just before)."""
+    wt = g.wtile or g.dtype
     a = k.tile("a", g.R, g.bk, g.dtype)
-    blocks = {n: k.tile(f"b{n}", g.bn, g.bk, g.dtype) for n in weights}
+    wide = k.tile("a32", g.R, g.bk, wt) if wt != g.dtype else a  # x as the weight tiles' dtype
+    blocks = {n: k.tile(f"b{n}", g.bn, g.bk, wt) for n in weights}
     accs = {n: k.tile(f"acc{n}", g.R, g.bn, f32) for n in weights}
     for acc in accs.values():
         k.full(acc, 0.0)
@@ -63,43 +86,49 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
             norm.step(x, kk, a)
         else:
             k.load(a, x, 0, kk)
+        if wide is not a:
+            k.cast(wide, a)
         for n, w in weights.items():
             if not early:
                 k.load(blocks[n], w, j * g.bn, kk)
-            k.matmul_acc(accs[n], a, blocks[n], tb=True)
+            k.matmul_acc(accs[n], wide, blocks[n], tb=True)
     if norm is not None:
         norm.scale(*accs.values())
     return list(accs.values())
 
 
-def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None) -> IncoreFunction:
+def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
+                   wdtype=None) -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w.T`` for R rows of K against an ``[N, K]`` weight, blocks of
-    ``bn`` outputs on the parallel axis."""
+    ``bn`` outputs on the parallel axis (weights of ``wdtype``, by default ``dtype``: the
+    module docstring)."""
     k = InCore("gemv_norm_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
-    w = k.memref("w", dtype, shape=(N, K))
+    w = k.memref("w", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    g = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
+    (acc,) = gemv_accumulate(k, x, {"": w}, g, j, RowNorm(k, R, bk, dtype, eps, K))
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
     return k.build(target)
 
 
-def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,
+                       wdtype=None) -> IncoreFunction:
     """``y = r + x @ w.T`` for R rows of K against an ``[N, K]`` weight (the residual in the
     epilogue); K and N are dims (a call binds them)."""
     k = InCore("gemv_residual_tile")
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)  # one function for every projection a call binds
     x = k.memref("x", dtype, shape=(R, KD))
-    w = k.memref("w", dtype, shape=(ND, KD))
+    w = k.memref("w", wdtype or dtype, shape=(ND, KD))
     r = k.memref("r", dtype, shape=(R, ND))
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
-    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype), j)
+    (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), j)
     out = k.tile("out", R, bn, dtype)
     k.load(out, r, 0, j * bn)
     k.add(acc, acc, out)
@@ -109,24 +138,25 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
 
 
 def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                          target=None) -> IncoreFunction:
+                          target=None, wdtype=None) -> IncoreFunction:
     """``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x; g, eps)``, against ``[N, K]``
     gate and up weights: the FFN's norm, gate and up projections and SwiGLU in one program per
     block of ``bn`` outputs."""
     k = InCore("gemv_norm_swiglu_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
-    wg = k.memref("wg", dtype, shape=(N, K))
-    wu = k.memref("wu", dtype, shape=(N, K))
+    wg = k.memref("wg", wdtype or dtype, shape=(N, K))
+    wu = k.memref("wu", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
-    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    gv = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, gv, j, RowNorm(k, R, bk, dtype, eps, K))
     swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
 
 
 def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: int, bk: int, eps: float,
-                               positions: int, target=None) -> IncoreFunction:
+                               positions: int, target=None, wdtype=None) -> IncoreFunction:
     """One sequence's ``rmsnorm(x) @ w.T`` against the ``[N, K]`` q, k, v weight (``heads``: the
     query heads, the key/value heads, the head size D; N = (query + 2 key/value) heads x D),
     with RoPE at the sequence's position p (read from ``pos``) and the append in the epilogue:
@@ -143,7 +173,7 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     k = InCore("gemv_norm_rope_append_tile")
     cap = k.scalar("cap")
     x = k.memref("x", dtype, shape=(1, K))
-    w = k.memref("w", dtype, shape=((nq + 2 * nkv) * D, K))
+    w = k.memref("w", wdtype or dtype, shape=((nq + 2 * nkv) * D, K))
     pos = k.memref("pos", f32)
     cos, sin = (k.memref(n, dtype, shape=(positions, half)) for n in ("cos", "sin"))
     # q without a declared shape: its row is a one-trip loop's variable, whose bound the static
@@ -155,7 +185,9 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     p = k.load_scalar("p", pos, 0, 0)
     norm = RowNorm(k, 1, bk, dtype, eps, K)
     a = k.tile("a", 1, bk, dtype)
-    b1, b2 = k.tile("b1", bh, bk, dtype), k.tile("b2", bh, bk, dtype)
+    wt = weight_tiles(dtype, wdtype, 1)
+    wide = k.tile("a32", 1, bk, wt) if wt != dtype else a
+    b1, b2 = k.tile("b1", bh, bk, wt), k.tile("b2", bh, bk, wt)
     y1, y2 = k.tile("y1", 1, bh, f32), k.tile("y2", 1, bh, f32)
     k.full(y1, 0.0)
     k.full(y2, 0.0)
@@ -166,11 +198,13 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
             for b, row in blocks:
                 k.load(b, w, row, kk)
         norm.step(x, kk, a)
+        if wide is not a:
+            k.cast(wide, a)
         if not early:
             for b, row in blocks:
                 k.load(b, w, row, kk)
-        k.matmul_acc(y1, a, b1, tb=True)
-        k.matmul_acc(y2, a, b2, tb=True)
+        k.matmul_acc(y1, wide, b1, tb=True)
+        k.matmul_acc(y2, wide, b2, tb=True)
     norm.scale(y1, y2)
     r1, r2, out = _rotate_pairs(k, (y1, y2), (cos, sin), (p, i0), bh, dtype)
     slot = p % cap
@@ -203,5 +237,5 @@ def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
     return r1, r2, out
 
 
-__all__ = ["Gemv", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
+__all__ = ["Gemv", "weight_tiles", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
            "gemv_norm_rope_append_tile"]

@@ -17,15 +17,34 @@ from pto import layout as _layout
 # plain checkout too (pto/layout.py says how, installed or not)
 _layout.install(_Path(__file__).resolve().parent)
 
-from pto.builder import InCore, Orchestration  # noqa: E402
-from pto.errors import BuildError, ParseError, PTOError  # noqa: E402
-from pto.ir.dtypes import DType, bf16, f16, f32  # noqa: E402
-from pto.ir.expr import Expr, Var, cdiv, emax, emin, eq, land, lor, ne  # noqa: E402
-from pto.ir.nodes import IncoreFunction, Module, OrchFunction  # noqa: E402
-from pto.ir.ops import Op  # noqa: E402
-from pto.ir.verify import verify_module  # noqa: E402
-from pto.text import format_module, parse_expr, parse_module  # noqa: E402
-from pto.version import __version__  # noqa: E402
+# The names below are imported on first use (PEP 562): ``import pto.cli`` then costs no compiler
+# import, so the command line answers a typo at once and catches Ctrl-C from its first line on
+_EXPORTS = {
+    "InCore": "pto.builder", "Orchestration": "pto.builder",
+    "BuildError": "pto.errors", "ParseError": "pto.errors", "PTOError": "pto.errors",
+    "DType": "pto.ir.dtypes", "bf16": "pto.ir.dtypes", "f16": "pto.ir.dtypes", "f32": "pto.ir.dtypes",
+    **dict.fromkeys(("Expr", "Var", "cdiv", "emax", "emin", "eq", "land", "lor", "ne"), "pto.ir.expr"),
+    "IncoreFunction": "pto.ir.nodes", "Module": "pto.ir.nodes", "OrchFunction": "pto.ir.nodes",
+    "Op": "pto.ir.ops", "verify_module": "pto.ir.verify",
+    "format_module": "pto.text", "parse_expr": "pto.text", "parse_module": "pto.text",
+    "__version__": "pto.version",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pto' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "InCore", "Orchestration", "Module", "IncoreFunction", "OrchFunction", "Op",

@@ -43,25 +43,29 @@ def placeholders(fn: OrchFunction, shapes: dict[str, tuple[int, int]], device,
             if name in decl:
                 kinds.setdefault((shapes[name], decl[name].dtype), []).append(name)
         for ((rows, cols), dt), names in kinds.items():
+            cols = dt.storage_shape(rows, cols)[1]
             buf = torch.empty(len(names) * rows, cols, dtype=dt.torch, device=device)
             out.update({n: buf[k * rows:(k + 1) * rows] for k, n in enumerate(names)})
     for name, t in decl.items():
         if name not in out:
-            out[name] = torch.empty(shapes[name], dtype=t.dtype.torch, device=device)
+            out[name] = torch.empty(t.dtype.storage_shape(*shapes[name]), dtype=t.dtype.torch, device=device)
     return out
 
 
 def allocate(fn: OrchFunction, shapes: dict[str, tuple[int, int]], given: dict[str, torch.Tensor],
              device) -> dict[str, torch.Tensor]:
     """Check the given tensors against the declarations; allocate the rest (poisoned with NaN so
-    that an element no task writes shows up)."""
+    that an element no task writes shows up). A quantized tensor is given as its buffer
+    (:meth:`pto.ir.dtypes.DType.storage_shape`: rows of bytes)."""
     out = {}
     for t in fn.tensors:
         shape = shapes[t.name]
         if t.name in given:
             x = given[t.name]
-            if tuple(x.shape) != shape:
-                raise ExecutionError(f"tensor `{t.name}` must be {shape[0]}x{shape[1]}, got "
+            if tuple(x.shape) != t.dtype.storage_shape(*shape):
+                what = f" ({t.dtype}: {'x'.join(map(str, t.dtype.storage_shape(*shape)))} bytes)" \
+                    if t.dtype.is_quantized else ""
+                raise ExecutionError(f"tensor `{t.name}` must be {shape[0]}x{shape[1]}{what}, got "
                                      f"{'x'.join(map(str, x.shape))}")
             if x.dtype != t.dtype.torch:
                 raise ExecutionError(f"tensor `{t.name}` must be {t.dtype}, got {x.dtype}")
@@ -79,7 +83,7 @@ def allocate(fn: OrchFunction, shapes: dict[str, tuple[int, int]], given: dict[s
 def tensor_bytes(fn: OrchFunction, scalars: dict[str, int]) -> dict[str, int]:
     """Bytes of every tensor of ``fn`` (what a run allocates), by name."""
     shapes = tensor_shapes(fn, scalars)
-    return {t.name: shapes[t.name][0] * shapes[t.name][1] * t.dtype.itemsize for t in fn.tensors}
+    return {t.name: t.dtype.nbytes(*shapes[t.name]) for t in fn.tensors}
 
 
 __all__ = ["tensor_shapes", "placeholders", "allocate", "tensor_bytes"]

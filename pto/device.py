@@ -6,10 +6,10 @@ backends and executors ``auto`` picks come from their registries.
 
 from __future__ import annotations
 
-import os
 import platform
 
 from pto.errors import UsageError
+from pto.ir.dtypes import DType
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -34,8 +34,9 @@ def resolve_device(device: str) -> str:
 
 
 def info(device: str = "auto") -> dict:
-    """What ``pto info --json`` prints: the device, its target, backends and executors."""
-    from pto import backends
+    """What ``pto info --json`` prints: the device, its target, backends and executors, and the
+    collectives of tensor parallelism (:func:`pto.collectives.info`)."""
+    from pto import backends, collectives
     from pto.exec import names as executor_names
     from pto.exec import resolve as resolve_executor
     from pto.target import detect
@@ -63,16 +64,18 @@ def info(device: str = "auto") -> dict:
         "backends": backends.names(),
         "executor": resolve_executor("auto", dev, be),
         "executors": executor_names(),
+        # weights in memory: every backend's loads dequantize them (pto.ir.quant)
+        "quantized": {d.short: d.quant.bits_per_weight for d in DType if d.is_quantized},
+        "collectives": collectives.info(),
     }
     if dev == "cuda":
         out["bf16"] = t.capability >= (8, 0)
         out["fp8"] = t.capability >= (8, 9)
-    if dev == "cuda" and triton_version:
-        from pto.backends.triton import pdl_mode, tma_mode
-
-        compiles = os.environ.get("TRITON_INTERPRET") != "1"
-        out["pdl"] = pdl_mode(t.capability, compiles) or "off"
-        out["tma"] = "on" if tma_mode(t.capability, compiles) else "off"
+    if dev == "cuda":  # what each backend that runs here says of its modes on this GPU
+        for name in backends.names():
+            cls = backends.backend_class(name)
+            if cls.unusable(dev) is None:
+                out.update(cls.modes(t))
     return out
 
 
@@ -100,4 +103,21 @@ def format_info(d: dict) -> str:
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
+    if d.get("quantized"):
+        kinds = ", ".join(f"{k} ({v:g})" for k, v in d["quantized"].items())
+        lines.append(f"quantized: {kinds} bits per weight; weights only, dequantized in registers by every backend")
+    lines.append(f"collectives: {format_collectives(d['collectives'])}")
     return "\n".join(lines)
+
+
+def format_collectives(c: dict) -> str:
+    """One line: the mode, the process groups this torch has, symmetric memory's all-reduce
+    (where it can run: its size limits; else why not), NVLink multicast."""
+    groups = ", ".join(n for n in ("nccl", "gloo") if c[n]) or "none"
+    if c["symmetric_memory"]:
+        symm = (f"symmetric memory one-shot up to {c['one_shot_max_bytes'] // 1024} KiB, two-shot up to "
+                f"{c['two_shot_max_bytes'] // 1024} KiB, the process group above")
+    else:
+        symm = f"symmetric memory no ({c['symmetric_memory_why']}): the process group's at every size"
+    return (f"{c['mode']} (PTO_COLLECTIVES); process groups: {groups}; {symm}; NVLink multicast "
+            f"{'on' if c['multicast'] else 'off'}")

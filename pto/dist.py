@@ -14,8 +14,10 @@ knows a program:
   mesh has ``tp`` ranks;
 - :func:`rank`, :func:`world_size`: of the group (0 and 1 without one);
 - :func:`all_reduce`: the sum over the ranks (the identity with one rank), counted in
-  :func:`counters`; :func:`all_reduce_` the same in place, in the tensor's dtype (the Triton
-  backend's collective tasks: no host synchronization, captured in CUDA graphs with NCCL);
+  :func:`counters`; :func:`all_reduce_` the same in place, in the tensor's dtype, by the process
+  group's algorithm (the Triton backend's collective tasks take it or one of symmetric memory's
+  by size, :mod:`pto.collectives`: no host synchronization, captured in CUDA graphs with NCCL);
+  :func:`all_gather` every rank's tensor, :func:`all_reduce_min` a decision the ranks share;
   :func:`backend`: the process group's;
 - :func:`gather`: one picklable value from every rank (reports), :func:`barrier`,
   :func:`shutdown` (after the releases registered with :func:`at_shutdown`: a CUDA graph that
@@ -33,8 +35,8 @@ import torch
 
 from pto.errors import UsageError
 
-#: NVLink multicast (NVLS, symmetric-memory multicast) stays off on the GPU machines: the
-#: collectives take NCCL's ring and tree algorithms
+#: NVLink multicast (NVLS, symmetric memory's multimem) stays off on the GPU machines: the
+#: collectives take NCCL's ring and tree algorithms and symmetric memory's peer loads and stores
 _ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 #: a rank that waits longer than this in a collective fails instead of hanging (seconds)
 TIMEOUT_S = float(os.environ.get("PTO_DIST_TIMEOUT_S", "300"))
@@ -82,19 +84,28 @@ def rank() -> int:
     return torch.distributed.get_rank() if initialized() else 0
 
 
-def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
-    """Check that this launch has ``tp`` ranks and start the default process group (once);
-    returns this process's rank. ``tp`` 1 outside torchrun needs no group. Errors are one line
-    naming what the user wrote."""
+def check_launch(tp: int, command: str = "run PROGRAM") -> Env | None:
+    """This launch's place (None outside torchrun) after checking that it has ``tp`` ranks: one
+    line naming what the user wrote, before any file is read or process group started."""
     env = environment()
     if env is None:
         if tp > 1:
             raise UsageError(f"--tp {tp} runs one process per rank: start it with `torchrun --nproc-per-node {tp} "
                              f"-m pto.cli {command} --tp {tp} ...`")
-        return 0
+        return None
     if env.world != tp:
         raise UsageError(f"--tp {tp} but torchrun started {env.world} process{'es' if env.world != 1 else ''} "
                          f"(WORLD_SIZE={env.world}); give --nproc-per-node {tp} or --tp {env.world}")
+    return env
+
+
+def init(device: str, tp: int, command: str = "run PROGRAM") -> int:
+    """Check that this launch has ``tp`` ranks (:func:`check_launch`) and start the default
+    process group (once); returns this process's rank. ``tp`` 1 outside torchrun needs no group.
+    Errors are one line naming what the user wrote."""
+    env = check_launch(tp, command)
+    if env is None:
+        return 0
     if initialized():
         if world_size() != tp:
             raise UsageError(f"--tp {tp} but the process group has {world_size()} ranks")
@@ -145,7 +156,7 @@ def shutdown() -> None:
 
 # -- collectives ----------------------------------------------------------------------------------
 
-_COUNTERS = {"calls": 0, "bytes": 0, "host_ms": 0.0}
+_COUNTERS: dict = {"calls": 0, "bytes": 0, "host_ms": 0.0, "algorithms": {}}
 
 
 def all_reduce(t: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -156,16 +167,45 @@ def all_reduce(t: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
 
 
 def all_reduce_(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` over the ranks in place, in its own dtype, without waiting for the host (on the
-    current CUDA stream with NCCL; a CUDA graph captures it); ``t`` itself. With one rank (or no
-    group) nothing happens. Every rank must call it with the same shape, in the same order."""
+    """Sum ``t`` over the ranks in place, in its own dtype, by the process group's own algorithm
+    (NCCL's, gloo's), without waiting for the host (on the current CUDA stream with NCCL; a CUDA
+    graph captures it); ``t`` itself. With one rank (or no group) nothing happens. Every rank
+    must call it with the same shape, in the same order. (:mod:`pto.collectives` chooses among
+    this and symmetric memory's sums by size.)"""
     if world_size() > 1:
         t0 = time.perf_counter()
         torch.distributed.all_reduce(t)
-        _COUNTERS["host_ms"] += (time.perf_counter() - t0) * 1e3
-        _COUNTERS["calls"] += 1
-        _COUNTERS["bytes"] += t.numel() * t.element_size()
+        count(t.numel() * t.element_size(), time.perf_counter() - t0, "group")
     return t
+
+
+def count(nbytes: int, seconds: float, algorithm: str) -> None:
+    """Count one sum of ``nbytes`` (each rank's buffer) that took ``seconds`` of host time, by
+    ``algorithm`` (:data:`pto.collectives.ALGORITHMS`)."""
+    _COUNTERS["host_ms"] += seconds * 1e3
+    _COUNTERS["calls"] += 1
+    _COUNTERS["bytes"] += nbytes
+    _COUNTERS["algorithms"][algorithm] = _COUNTERS["algorithms"].get(algorithm, 0) + 1
+
+
+def all_reduce_min(value: int) -> int:
+    """The smallest of every rank's ``value`` (a host synchronization: for decisions the ranks
+    must share, before any graph is captured); ``value`` itself without a group."""
+    if world_size() == 1:
+        return value
+    device = f"cuda:{torch.cuda.current_device()}" if backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return int(t.item())
+
+
+def all_gather(t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``t`` (the same shape on every rank), in rank order; ``[t]`` without a group."""
+    if world_size() == 1:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(world_size())]
+    torch.distributed.all_gather(out, t.contiguous())
+    return out
 
 
 def backend() -> str | None:
@@ -174,11 +214,12 @@ def backend() -> str | None:
 
 
 def counters(reset: bool = False) -> dict:
-    """Collectives issued by this process: ``calls``, ``bytes`` (each rank's buffer) and
-    ``host_ms`` (host time inside them: the whole cost with gloo, the launch with NCCL)."""
-    out = {**_COUNTERS, "host_ms": round(_COUNTERS["host_ms"], 3)}
+    """Collectives issued by this process: ``calls``, ``bytes`` (each rank's buffer),
+    ``host_ms`` (host time inside them: the whole cost with gloo, the launch with NCCL) and
+    ``algorithms`` (calls by algorithm: ``group``, ``one_shot``, ``two_shot``)."""
+    out = {**_COUNTERS, "host_ms": round(_COUNTERS["host_ms"], 3), "algorithms": dict(_COUNTERS["algorithms"])}
     if reset:
-        _COUNTERS.update(calls=0, bytes=0, host_ms=0.0)
+        _COUNTERS.update(calls=0, bytes=0, host_ms=0.0, algorithms={})
     return out
 
 
@@ -197,5 +238,6 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-__all__ = ["Env", "environment", "init", "initialized", "rank", "world_size", "shutdown", "at_shutdown", "all_reduce",
-           "all_reduce_", "backend", "counters", "gather", "barrier", "TIMEOUT_S"]
+__all__ = ["Env", "environment", "check_launch", "init", "initialized", "rank", "world_size", "shutdown", "at_shutdown",
+           "all_reduce", "all_reduce_", "count", "all_reduce_min", "all_gather", "backend", "counters", "gather",
+           "barrier", "TIMEOUT_S"]

@@ -23,7 +23,8 @@ from pto.backends import resolve as resolve_backend
 from pto.device import resolve_device
 from pto.errors import UsageError
 from pto.exec import resolve as resolve_executor
-from pto.program import Program, Settings, Shape
+from pto.ir.dtypes import DType
+from pto.program import CountsTasks, Program, Settings, Shape
 from pto.target import Target
 from pto.target import resolve as resolve_target
 
@@ -51,13 +52,14 @@ class Job:
 SETTING_NAMES = ("device", "backend", "executor", "config", "dtype", "target", "tp")
 
 
-def resolve(program: str, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
+def resolve(program: str | Program, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
             target: str | Target | None = None, options: dict | None = None, **settings) -> Job:
     """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
-    command), every value checked. ``settings``: the program's common settings (``config``,
-    ``dtype``, ``tp``: the tensor-parallel ranks, one rank's module; :meth:`Program.settings`),
-    ``options`` its own."""
-    prog = programs.get(program)
+    command), every value checked. ``program``: a registered name or the program itself;
+    ``settings``: the program's common settings (``config``, ``dtype``, ``tp``: the
+    tensor-parallel ranks, one rank's module; :meth:`Program.settings`), ``options`` its own."""
+    prog = program if isinstance(program, Program) else programs.get(program)
+    program = prog.name
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
     tg = target if isinstance(target, Target) else resolve_target(target, dev)
@@ -66,20 +68,37 @@ def resolve(program: str, *, device: str = "auto", backend: str = "auto", execut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    if capable(be, "cpu_f32_only") and dev == "cpu" and s.dtype.short != "f32":
+    return Job(prog, s, dev, be, _executor(prog, executor, dev, be, s.dtype, backend))
+
+
+def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str) -> str:
+    """The executor ``executor`` means for ``prog`` on ``device`` with ``backend`` (``auto``: the
+    program's own choice where it has one), and the checks of that combination before any work."""
+    if capable(backend, "cpu_f32_only") and device == "cpu" and dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
-    ex = resolve_executor(executor, dev, be)
+    ex = resolve_executor(executor, device, backend)
     if ex == "auto" and prog.auto_executor:
         ex = prog.auto_executor
-    if ex == "native" and not capable(be, "native"):
-        raise UsageError(f"the native executor runs the c backend's compiled programs; --backend {be} needs "
+    if ex == "native" and not capable(backend, "native"):
+        raise UsageError(f"the native executor runs the c backend's compiled programs; --backend {backend} needs "
                          "--executor waves")
-    if ex == "persistent" and not capable(be, "megakernel"):  # refused here, before the graph is built
-        if backend == "auto":
+    if ex == "persistent" and not capable(backend, "megakernel"):  # refused here, before the graph is built
+        if asked_backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
                              "with TRITON_INTERPRET=1); on the CPU use --executor waves")
-        raise UsageError(f"the persistent executor runs Triton kernels; --backend {be} needs --executor waves")
-    return Job(prog, s, dev, be, ex)
+        raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend} needs --executor waves")
+    return ex
+
+
+def placement(program: Program, device: str, dtype: DType, backend: str = "auto",
+              executor: str = "auto") -> Placement:
+    """Where and how graphs of ``program`` run, by the rules :func:`resolve` applies (the device
+    and backend ``auto`` resolved, the executor ``auto`` the program's own choice, the
+    combination checked), for a driver that builds the program's modules itself (the generation
+    application: the decode step and the layer it prefills with)."""
+    dev = resolve_device(device)
+    be = resolve_backend(backend, dev)
+    return Placement(dev, be, _executor(program, executor, dev, be, dtype, backend), schedules=program.schedules)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -135,7 +154,7 @@ def check_memory(job: Job, shape: Shape, module, check: bool, execute: bool = Tr
         tensors += sum(sizes[n] for n in job.program.outputs if n in sizes)
     scratch = job.program.scratch_bytes(job.settings, shape) if execute else 0
     tensors += scratch
-    counts = job.program.counts(job.settings, shape)
+    counts = job.program.counts(job.settings, shape) if isinstance(job.program, CountsTasks) else None
     graph = counts["tasks"] * RUNTIME_BYTES_PER_TASK + counts["edges"] * RUNTIME_BYTES_PER_EDGE if counts else 0
     needs = [("cpu", graph + (tensors if job.device == "cpu" else 0))]
     if job.device != "cpu" and execute:
@@ -166,27 +185,44 @@ class BuiltGraph:
     compile_ms: float
 
 
+#: ``phase(name, unit)``: the part of the work now starting, for a progress report
+#: (:meth:`pto.progress.ProgressLines.phase`); ``unit`` names what it counts (None: nothing)
+Phase = Callable[[str, "str | None"], None]
+
+
 def build_module_graph(module: Module, scalars: dict[str, int], adaptive: bool = True,
-                       target: Target | None = None) -> BuiltGraph:
+                       target: Target | None = None, phase: Phase | None = None) -> BuiltGraph:
     """The task graph of ``module`` for ``scalars``: lowered (binary expansion unless not
     ``adaptive``), checked against ``target``'s SRAM, its generated C compiled with the runtime
     (cached on disk) and run. Nothing is allocated for the tensors and nothing executes."""
     from pto.graph import CompiledProgram
 
+    if phase is not None:
+        phase("compiling the runtime and the generated C", None)
     t0 = time.perf_counter()
     compiled = CompiledProgram.get(module, adaptive=adaptive, target=target)
     compile_ms = (time.perf_counter() - t0) * 1e3
+    if phase is not None:
+        phase("building the graph", None)
     return BuiltGraph(module, dict(scalars), compiled.build_graph(scalars), compile_ms)
 
 
-def build_graph(job: Job, shape: Shape, adaptive: bool = True) -> BuiltGraph:
+def module_of(job: Job, shape: Shape) -> Module:
+    """The module ``job`` runs at ``shape``: the size checked first (:meth:`Program.check_size`:
+    a size the program cannot run is refused before any work, so no caller builds a graph that
+    computes something else), then built. A run calls it once and hands the module on
+    (:func:`build_graph`, :class:`Runner`, :func:`check_memory`)."""
+    job.program.check_size(job.settings, shape)
+    return job.program.build(job.settings, shape)
+
+
+def build_graph(job: Job, shape: Shape, adaptive: bool = True, module: Module | None = None,
+                phase: Phase | None = None) -> BuiltGraph:
     """The task graph of ``job`` at ``shape``, built the way every run builds it (``pto graph``
-    stops here). A size the program cannot run is refused here too (the commands refuse it
-    earlier, before any work), so no caller builds a graph that computes something else."""
+    stops here): of ``module``, the caller's :func:`module_of` (None: made here)."""
     prog, s = job.program, job.settings
-    prog.check_size(s, shape)
     t0 = time.perf_counter()
-    built = build_module_graph(prog.build(s, shape), prog.scalars(s, shape), adaptive, s.target)
+    built = build_module_graph(module or module_of(job, shape), prog.scalars(s, shape), adaptive, s.target, phase)
     built.compile_ms = (time.perf_counter() - t0) * 1e3 - built.graph.build_ms
     return built
 
@@ -284,14 +320,17 @@ class Runner(Prepared):
     """A job prepared at one shape (a :class:`Shape`, or an int: the program's first shape
     parameter) for repeated execution; a call takes the program's inputs and returns its
     outputs. :func:`get_runner` caches runners by shape, so a CUDA graph is rebuilt only when the
-    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`."""
+    shape changes. ``record``, ``sentinel``, ``deterministic``, ``progress``: :class:`Placement`;
+    ``module``: the job's module at the shape where the caller has built it (:func:`module_of`);
+    ``phase``: told as compiling and building start (:data:`Phase`)."""
 
     def __init__(self, job: Job, shape: Shape | int, adaptive: bool = True, *, record: bool = False,
-                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None):
+                 sentinel: bool = False, deterministic: bool = False, progress: Callable | None = None,
+                 module: Module | None = None, phase: Phase | None = None):
         self.job, self.shape = job, job.program.shape(shape)
         place = Placement(job.device, job.backend, job.executor, record, sentinel, deterministic, progress,
                           job.program.schedules)
-        super().__init__(build_graph(job, self.shape, adaptive), place,
+        super().__init__(build_graph(job, self.shape, adaptive, module, phase), place,
                          packed=job.program.packed_inputs(job.settings))
         self.compile_ms = self.built.compile_ms
 
@@ -303,12 +342,14 @@ class Runner(Prepared):
 _RUNNERS: dict[tuple, Runner] = {}
 
 
-def get_runner(job: Job, shape: Shape, adaptive: bool = True, deterministic: bool = False) -> Runner:
-    """The cached runner of this job at this shape (built on first use)."""
+def get_runner(job: Job, shape: Shape, adaptive: bool = True, deterministic: bool = False,
+               module: Module | None = None) -> Runner:
+    """The cached runner of this job at this shape (built on first use, of ``module`` where the
+    caller has built it)."""
     key = (job.program.name, job.settings.key, job.device, job.backend, job.executor, shape, adaptive, deterministic)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = Runner(job, shape, adaptive, deterministic=deterministic)
+        runner = _RUNNERS[key] = Runner(job, shape, adaptive, deterministic=deterministic, module=module)
     return runner
 
 
@@ -352,5 +393,5 @@ def execute(module, scalars: dict[str, int], inputs: dict[str, torch.Tensor], *,
         run.close()
 
 
-__all__ = ["Job", "resolve", "execute", "Prepared", "Placement", "Runner", "get_runner", "clear_runners",
-           "rel_err", "check_memory", "build_graph", "build_module_graph", "BuiltGraph", "SETTING_NAMES"]
+__all__ = ["Job", "resolve", "placement", "execute", "Prepared", "Placement", "Runner", "get_runner", "clear_runners",
+           "rel_err", "check_memory", "module_of", "build_graph", "build_module_graph", "BuiltGraph", "SETTING_NAMES"]

@@ -5,8 +5,14 @@ configurations, its own options (each an :class:`Option`, which becomes a comman
 the commands that take the program), its shape parameters (each a :class:`ShapeParam`: the
 sequence length of a layer, the batch and cache length of a decode step; a :class:`Shape` holds
 their values), the module it builds for a :class:`Settings`, its scalar parameters as
-expressions of the shape, seeded inputs, an independent torch reference, flops and exact task
-counts where it has them. Launch parameters are data (:mod:`pto.backends.triton.schedules`), not code.
+expressions of the shape, seeded inputs, an independent torch reference and flops. Launch
+parameters are data (:mod:`pto.backends.triton.schedules`), not code.
+
+What only some programs offer is a protocol the commands ask for (``isinstance``), not a method
+every program carries: exact task counts without a build (:class:`CountsTasks`), the columns and
+baselines of ``pto estimate`` (:class:`Estimation`). Text generation is no program's: ``pto
+generate`` asks the generation application (:mod:`pto.generation`), which uses the programs'
+builders.
 
 Programs are found through the ``pto.programs`` entry-point group (:mod:`pto.programs`), so a
 package outside this repository adds one by declaring, in its ``pyproject.toml``::
@@ -25,15 +31,16 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import evaluate
 from pto.ir.nodes import Module
 from pto.target import Target
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULTS_RULE = ("defaults: --device auto is cuda when a GPU is visible, else cpu; --config auto is the "
                  "program's default for that device, --dtype auto bf16 on cuda and f32 on cpu, --target the "
@@ -174,8 +181,6 @@ class Program:
     #: ``<device>/<function>.json`` database, :mod:`pto.backends.triton.schedules`); the user's
     #: own database (``pto tune``) comes first
     schedules: tuple[Path, ...] = ()
-    #: the program generates text token by token (``pto generate`` runs :meth:`generate`)
-    generates = False
     #: the executor ``auto`` means for this program on a GPU where measurements settle it (None:
     #: decided per built graph, :func:`pto.exec.choose`)
     auto_executor: str | None = None
@@ -198,8 +203,13 @@ class Program:
         if config not in self.configs:
             raise UsageError(f"{self.name}: unknown config {config!r} (choose from {', '.join(self.configs)})")
         if dtype in (None, "auto"):
-            dtype = DType.BF16 if device == "cuda" else DType.F32
+            dtype = default_dtype(device)
         dt = dtype_of(dtype) if not isinstance(dtype, DType) else dtype
+        if dt.is_quantized:
+            own = any(o.name == "quantize" for o in self.options)
+            extra = " (its option --quantize stores the weights so)" if own else ""
+            raise UsageError(f"{self.name}: --dtype {dt} is a quantized type of weights in memory; a run computes in "
+                             f"f32, f16 or bf16{extra}")
         if target is None:
             from pto.target import detect
 
@@ -225,7 +235,11 @@ class Program:
     def shape(self, value: Shape | Mapping | int | None = None, **named: int | None) -> Shape:
         """A checked :class:`Shape`: ``value`` (a Shape, a mapping of names to values, or an int
         for the first parameter) and ``named`` values over the defaults; an unknown name or a
-        value that is not a positive integer is one UsageError naming the flag."""
+        value that is not a positive integer is one UsageError naming the flag. A Shape this
+        program made is itself (checked once)."""
+        if isinstance(value, Shape) and not any(v is not None for v in named.values()) \
+                and tuple(value) == tuple(p.name for p in self.shape_params):
+            return value
         given: dict = {}
         if isinstance(value, Mapping):
             given.update(value)
@@ -299,6 +313,12 @@ class Program:
             return inputs
         raise NotImplementedError
 
+    def unshard(self, s: Settings, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The whole outputs from this rank's ``outputs`` under ``s.tp`` > 1, for the check and
+        the saved files: a collective where ranks hold shares of an output (every rank calls it,
+        in the same order); by default every rank holds its outputs whole."""
+        return outputs
+
     def flops(self, s: Settings, shape: Shape) -> float:
         """Floating-point operations of one run (for TFLOP/s); 0 if not meaningful."""
         return 0.0
@@ -307,11 +327,6 @@ class Program:
         """Bytes a run allocates beside the graph's tensors, at most (the Triton backend's sum
         buffer for collective tasks): the memory check counts them with the tensors."""
         return 0
-
-    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int] | None:
-        """Exact ``tasks`` and ``edges`` of the graph without building it, or None (then
-        ``pto estimate`` counts by running the generated C)."""
-        return None
 
     def check_shape(self, s: Settings, shape: Shape) -> None:
         """Refuse a shape the program cannot be built for (a decode cache that is not whole
@@ -323,33 +338,58 @@ class Program:
         a run needs beyond it (a graph the runtime can hold)."""
         self.check_shape(s, shape)
 
-    def generate(self, request: dict, stream=None) -> dict:
-        """``pto generate``: text from a checkpoint and prompts (``request``: the command line's
-        values: path, prompts, max_new_tokens, chat, device, dtype, executor), the first
-        sequence's text streamed to ``stream``; the JSON-able result."""
-        raise UsageError(f"{self.name} does not generate text")
 
-    def describe_generation(self, res: dict) -> str:
-        """The line ``pto generate`` prints after the text (the speed)."""
-        return ""
+# -- what some programs offer besides (the commands ask: isinstance(program, CountsTasks)) -------
+
+
+@runtime_checkable
+class CountsTasks(Protocol):
+    """A program that knows its graph's exact counts without building it (``pto estimate``'s
+    closed form, the memory check before a run)."""
+
+    def counts(self, s: Settings, shape: Shape, adaptive: bool = True) -> dict[str, int] | None:
+        """Exact ``tasks`` and ``edges`` of the graph (and ``row_tiles`` where it has them), or
+        None for settings it cannot count (then ``pto estimate`` counts by running the
+        generated C)."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A setting to draw beside the user's in ``pto estimate --plot`` (:meth:`Estimation.estimate_baselines`):
+    its label, its settings, published task counts by sequence length (markers), and the bytes
+    per task of another runtime for the same graph (a second memory line), if any."""
+
+    label: str
+    settings: Settings
+    published: dict[int, int] | None = None
+    other_bytes_per_task: tuple[str, float] | None = None
+
+
+@runtime_checkable
+class Estimation(Protocol):
+    """What ``pto estimate`` shows of a program besides the counts."""
 
     def estimate_columns(self, s: Settings, shape: Shape) -> dict[str, int]:
-        """Bytes the program itself accounts for, shown as extra columns of ``pto estimate`` (a
-        decode step: its KV cache and the bytes each step must read); none by default."""
-        return {}
+        """Bytes the program itself accounts for, extra columns of the table (a decode step: its
+        KV cache and the bytes each step must read)."""
 
-    def estimate_baselines(self, s: Settings) -> list:
-        """Other settings ``pto estimate --plot`` draws beside ``s`` (a list of
-        :class:`pto.tools.estimate.Baseline`; none by default)."""
-        return []
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
+        """Other settings ``--plot`` draws beside ``s``."""
 
+
+def default_dtype(device: str) -> DType:
+    """The dtype ``auto`` means on ``device`` (the rule of defaults: bf16 on cuda, f32 on cpu)."""
+    return DType.BF16 if device == "cuda" else DType.F32
 
 
 def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale: float = 1.0):
     """Normal random values made on the CPU from a seeded generator (the same numbers on every
     device), then moved and cast."""
+    import torch
+
     x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
     return x.to(device=device, dtype=dtype.torch)
 
 
-__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "seeded_randn", "DEFAULTS_RULE"]
+__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "CountsTasks", "Estimation", "Baseline",
+           "seeded_randn", "default_dtype", "DEFAULTS_RULE"]

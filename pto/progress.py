@@ -4,8 +4,11 @@ On a terminal a tqdm bar appears only when the caller asks for one (the command 
 ``--json``), and only once the work has run for a second, so short runs stay quiet. When stderr
 is not a terminal (a log file, a pipe) there is no bar to redraw: :func:`reporter` prints a line
 every ``PTO_PROGRESS_S`` seconds instead (default 10; 0 turns the lines off), the first once the
-work has run that long, ``--json`` or not (stdout still holds only the JSON object)::
+work has run that long, ``--json`` or not (stdout still holds only the JSON object). Each names the
+phase that is running (:meth:`ProgressLines.phase`: compiling, building the graph, making the
+inputs, executing, checking), with the counts of the phases that have them::
 
+    pto: llama7b: compiling the runtime and the generated C: 10 s elapsed
     pto: llama7b: executing: 1,234/5,678 tasks (22%), 40 s elapsed, ~2 min left
 
 Library calls take an optional callback instead and print nothing themselves.
@@ -101,35 +104,53 @@ def line_interval() -> float:
         return LINE_INTERVAL_S
 
 
+class _Bar:
+    """``update(done, total)`` and :meth:`phase` of a tqdm bar."""
+
+    def __init__(self, desc: str, unit: str):
+        from tqdm import tqdm
+
+        self.desc = desc
+        self.pbar = tqdm(desc=desc, unit=unit or "it", file=sys.stderr, delay=1.0, leave=False, dynamic_ncols=True)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.pbar.total != total:
+            self.pbar.total = total
+        self.pbar.n = done
+        self.pbar.refresh()
+
+    def phase(self, name: str, unit: str | None = None) -> None:
+        """The phase now running (the bar's description), its counts starting again."""
+        self.pbar.set_description(f"{self.desc}: {name}", refresh=False)
+        self.pbar.total, self.pbar.n = None, 0
+        if unit is not None:
+            self.pbar.unit = unit
+
+
 @contextmanager
 def bar(desc: str, enabled: bool, unit: str = "task"):
-    """A context giving ``update(done, total)`` (None when disabled)."""
+    """A context giving ``update(done, total)`` with a ``phase(name)`` method (None when disabled)."""
     if not enabled:
         yield None
         return
-    from tqdm import tqdm
-
-    pbar = tqdm(desc=desc, unit=unit, file=sys.stderr, delay=1.0, leave=False, dynamic_ncols=True)
+    update = _Bar(desc, unit)
     try:
-        def update(done: int, total: int) -> None:
-            if pbar.total != total:
-                pbar.total = total
-            pbar.n = done
-            pbar.refresh()
-
         yield update
     finally:
-        pbar.close()
+        update.pbar.close()
 
 
 class ProgressLines:
     """``update(done, total)`` for a log: a thread prints where the work stands every
-    ``interval`` seconds (whether or not a task finished since), until :meth:`stop`."""
+    ``interval`` seconds (whether or not a task finished since), until :meth:`stop`. ``desc``
+    heads every line; :meth:`phase` names the part of the work now running (counted in ``unit``,
+    or not counted when None)."""
 
-    def __init__(self, desc: str, interval: float, unit: str = "task", stream=None):
+    def __init__(self, desc: str, interval: float, unit: str | None = "task", stream=None):
         self.desc, self.interval, self.unit = desc, interval, unit
         self.stream = stream if stream is not None else sys.stderr
         self.state: tuple[int, int] | None = None
+        self.phase_name: str | None = None
         self.start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pto-progress", daemon=True)
@@ -138,9 +159,15 @@ class ProgressLines:
     def __call__(self, done: int, total: int) -> None:
         self.state = (done, total)
 
+    def phase(self, name: str, unit: str | None = None) -> None:
+        """The phase now running: the lines name it, and its counts (in ``unit``) start again."""
+        self.phase_name, self.unit, self.state = name, unit, None
+
     def line(self, now: float | None = None) -> str:
         elapsed = (time.monotonic() if now is None else now) - self.start
-        head = f"pto: {self.desc}: "
+        head = f"pto: {self.desc}: " + (f"{self.phase_name}: " if self.phase_name else "")
+        if self.unit is None:
+            return f"{head}{human_duration(elapsed)} elapsed"
         if self.state is None or not self.state[1]:
             return f"{head}{human_duration(elapsed)} elapsed, no {self.unit} finished yet"
         done, total = self.state
@@ -159,9 +186,10 @@ class ProgressLines:
 
 
 @contextmanager
-def reporter(desc: str, json_output: bool, unit: str = "task"):
+def reporter(desc: str, json_output: bool, unit: str | None = "task"):
     """The command line's progress of long work: a bar on a terminal (none with ``--json``),
-    timed lines when stderr is not a terminal (:class:`ProgressLines`), or None."""
+    timed lines when stderr is not a terminal (:class:`ProgressLines`), or None. Both take
+    ``update(done, total)`` and ``update.phase(name, unit)``."""
     if sys.stderr.isatty():
         with bar(desc, not json_output, unit) as update:
             yield update

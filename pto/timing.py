@@ -1,5 +1,7 @@
 """Timing that the engine and the benchmarks share: the median of repeated runs, with CUDA events
-on the GPU (device work is asynchronous) and the host clock elsewhere."""
+on the GPU (device work is asynchronous) and the host clock elsewhere; the kernels a call runs;
+and the share of a call's time that communication takes and how much of it overlaps compute
+(:func:`comm_profile`, the tensor-parallel benchmarks')."""
 
 from __future__ import annotations
 
@@ -59,3 +61,77 @@ def kernel_times(fn: Callable[[], object], runs: int) -> tuple[dict[str, tuple[f
             n, us = acc.get(e.name, (0, 0.0))
             acc[e.name] = (n + 1, us + e.device_time_total)
     return {name: (n / runs, us / 1e3 / runs) for name, (n, us) in acc.items()}, wall_ms
+
+
+# -- communication in a profiler trace -----------------------------------------------------------------
+
+
+def is_comm_kernel(name: str) -> bool:
+    """Is a GPU kernel of this name a collective's: NCCL's, or symmetric memory's all-reduce
+    (``one_shot_all_reduce_kernel``, ``two_shot_all_reduce_kernel``...)?"""
+    low = name.lower()
+    return "nccl" in low or "all_reduce" in low or "allreduce" in low
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersection(xs, ys) -> float:
+    total, j = 0.0, 0
+    for a, b in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            total += max(0.0, min(b, ys[k][1]) - max(a, ys[k][0]))
+            k += 1
+    return total
+
+
+def comm_profile(step: Callable[[], object], steps: int, cuda: bool, trace=None) -> dict:
+    """Run ``step`` ``steps`` times under the profiler: ``comm_share`` (time with communication
+    running over the steps' wall time), ``overlap`` (the part of the communication time during
+    which compute runs too), ``comm_ms_per_step``, ``comm_calls_per_step`` and ``kernels`` (GPU
+    time per step of the 12 longest kernels): the collectives' kernels (:func:`is_comm_kernel`)
+    against the other kernels on a GPU, the all-reduce calls on the CPU (nothing overlaps them:
+    gloo blocks the host). ``trace``: a path for the Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    comm, compute, kernels = [], [], {}
+    for e in prof.events():
+        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        span = (e.time_range.start, e.time_range.end)
+        name = e.name.lower()
+        if cuda and on_gpu:
+            (comm if is_comm_kernel(name) else compute).append(span)
+            kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + span[1] - span[0]
+        elif not cuda and ("allreduce" in name or "all_reduce" in name):
+            comm.append(span)
+    calls = len(comm)
+    comm, compute = _union(comm), _union(compute)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    c = _length(comm)
+    return {"comm_share": round(c / wall_us, 4) if wall_us else 0.0,
+            "overlap": round(_intersection(comm, compute) / c, 4) if c else 0.0,
+            "comm_ms_per_step": round(c / steps / 1e3, 4), "comm_calls_per_step": round(calls / steps, 2),
+            "kernels": {k: round(v / steps / 1e3, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}

@@ -30,8 +30,9 @@ for i, job in enumerate(json.load(open(sys.argv[1]))):
     try:
         src = ASTSource(getattr(mod, job["name"]), sig, constexprs=job["constexprs"], attrs=attrs)
         cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-        out.append({"name": job["name"], "ok": True, "shared": cc.metadata.shared,
-                    "ptx": cc.asm["ptx"][-200000:]})
+        ptx = cc.asm["ptx"]
+        out.append({"name": job["name"], "ok": True, "shared": cc.metadata.shared, "ptx": ptx[-200000:],
+                    "counts": {text: ptx.count(text) for text in job.get("count", [])}})
     except Exception as e:
         out.append({"name": job["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
 print(json.dumps(out))
@@ -41,7 +42,8 @@ print(json.dumps(out))
 def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[dict]:
     """Compile each job (``source``, ``name`` of its @triton.jit function, ``signature``,
     ``constexprs``, compiler ``options``, ``aligned``: every non-constexpr argument 16-divisible)
-    for sm_90; one result per job: ``name``, ``ok`` and ``shared`` (bytes) and the PTX's tail, or
+    for sm_90 (``count``, optional: strings to count in the whole PTX); one result per job:
+    ``name``, ``ok``, ``shared`` (bytes), the PTX's tail and ``counts`` (of each string), or
     ``error``."""
     spec = []
     for i, job in enumerate(jobs):
@@ -59,7 +61,8 @@ def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "task_branch": "*i32", "task_row": "*i64",
+_MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": "*i64", "task_branch": "*i32",
+                    "task_row": "*i64",
                     "tab": "*i32", "task_tensor": "*i32", "ptrs": "*i64", "strides": "*i64", "task_ptr": "*i64",
                     "task_stride": "*i64", "pending": "*i32",
                     "done": "*i32", "nitems": "*i32", "succ_ptr": "*i32", "succ": "*i32", "err": "*i32",
@@ -67,12 +70,33 @@ _MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "task_bran
 _SENTINEL_ARGS = {"spend": "*i32", "sread": "*i64", "swrite": "*i64", "stab": "*i32"}
 
 
-def megakernel_job(kernel, options: dict, sentinel: bool = False) -> dict:
-    """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``."""
+def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int = 0) -> dict:
+    """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``
+    (``prefetch``: its L2 prefetch, :class:`pto.backends.triton.MegakernelSettings`)."""
     sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
-           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK"), "constexpr")}
+           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "PREFETCH"), "constexpr")}
     return {"source": kernel.source, "name": kernel.name, "signature": sig,
             "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
-                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True},
+                           "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "PREFETCH": prefetch},
             "options": options}
 
+
+
+def kernel_jobs(functions) -> list[dict]:
+    """Compile jobs (:func:`compile_sm90`) of the batched kernels of InCore ``functions`` (each
+    rendered once), every one on the masked and the mask-free path."""
+    from pto.codegen.triton import render
+    from pto.ir.analysis import specialize
+
+    jobs, seen = [], set()
+    for fn in functions:
+        kern = render(specialize(fn))
+        if kern.digest in seen:
+            continue
+        seen.add(kern.digest)
+        for even in (False, True):
+            flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
+            jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
+                         "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
+                         "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    return jobs

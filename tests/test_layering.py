@@ -27,10 +27,10 @@ AREAS = {
     "errors": "errors", "version": "version", "target": "target", "timing": "timing", "progress": "progress",
     "tools.plotting": "plotting", "cachedir": "cachedir", "tools.emit": "engine", "tools.run": "engine",
     "layout": "layout",
-    "dist": "dist",
+    "dist": "dist", "collectives": "collectives", "plugins": "plugins",
     "ir": "ir",
     "passes": "passes", "text": "text",
-    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers",
+    "builder": "builder", "codegen": "codegen", "batch": "batch", "buffers": "buffers", "quant": "quant",
     "backends": "backends", "interp": "interp", "evaluator": "evaluator",
     "cbuild": "cbuild", "runtime": "runtime", "dump": "dump",
     "graph": "graph", "exec": "exec",
@@ -39,8 +39,8 @@ AREAS = {
     "engine": "engine", "tools.benchcmd": "bench", "tools.tune": "tune", "tools.graphcmd": "graphcmd",
     "tools": "graphcmd", "cli": "cli",
     "incore": "incore", "orchestration": "orchestration",
-    # a program's own drivers: pto generate runs the model program's graphs
-    "orchestration.model.generate": "driver", "orchestration.model.textgen": "driver",
+    # the generation application: pto generate, above the programs and the engine
+    "generation": "program", "orchestration.llm": "app",
 }
 
 #: area -> what it may import besides itself. Bottom to top: the foundation, the compiler (IR,
@@ -60,6 +60,11 @@ CORE: dict[str, set[str]] = {
     "cachedir": {"errors"},
     # the ranks of a device mesh (torch.distributed's process group) and its collectives
     "dist": {"errors"},
+    # how a buffer is summed over the ranks: symmetric memory's one-shot and two-shot, or the
+    # process group's, by the message's size and the machine
+    "collectives": {"dist", "errors"},
+    # the entry points of a group (programs, backends, generators are plugins)
+    "plugins": {"errors"},
     # the compiler
     "ir": {"errors"},
     "passes": {"ir", "target", "errors"},
@@ -72,14 +77,16 @@ CORE: dict[str, set[str]] = {
     # execution
     "batch": {"ir", "errors"},
     "buffers": {"ir", "errors"},
+    # quantized weights on torch tensors: packing, GGUF's blocks, quantizers, dequantization
+    "quant": {"ir", "errors"},
     # the reference tile evaluator (the interpreter's and the torch backend's)
-    "evaluator": {"batch", "dist", "ir", "errors"},
+    "evaluator": {"batch", "dist", "ir", "quant", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database, the megakernel (the device's limits come from target), and the cut of a
-    # collective task (passes) around its sum over the ranks (dist); the c backend compiles its
-    # kernels and whole programs with the runtime's sources (cbuild, runtime)
-    "backends": {"batch", "cachedir", "cbuild", "codegen", "dist", "evaluator", "ir", "passes", "runtime", "target",
-                 "errors"},
+    # collective task (passes) around its sum over the ranks (dist, collectives); the c backend
+    # compiles its kernels and whole programs with the runtime's sources (cbuild, runtime)
+    "backends": {"batch", "cachedir", "cbuild", "codegen", "collectives", "dist", "evaluator", "ir", "passes",
+                 "plugins", "quant", "runtime", "target", "errors"},
     "interp": {"evaluator", "batch", "buffers", "ir", "errors"},
     "cbuild": {"cachedir", "errors"},
     "runtime": {"cbuild", "errors"},
@@ -87,7 +94,7 @@ CORE: dict[str, set[str]] = {
     "graph": {"runtime", "cbuild", "cachedir", "codegen", "passes", "text", "ir", "target", "errors"},
     "exec": {"graph", "backends", "batch", "codegen", "runtime", "ir", "target", "timing", "errors"},
     # what a runnable program is, and the registry of them
-    "program": {"ir", "target", "errors"},
+    "program": {"ir", "plugins", "target", "errors"},
 }
 #: the tools, in order: each may import the core and the tools before it
 TOOLS = ("device", "trace", "viz", "estimate", "safety", "engine", "bench", "tune", "graphcmd")
@@ -99,9 +106,9 @@ RULES["cli"] = set(CORE) | set(TOOLS)
 # but what runs them (engine, bench, cli); their InCore functions need no orchestration
 RULES["incore"] = set(CORE)
 RULES["orchestration"] = set(CORE) | set(TOOLS[:TOOLS.index("engine")]) | {"incore"}
-RULES["driver"] = RULES["orchestration"] | {"orchestration", "engine"}
-# the model program hands pto generate to its driver (lazily, in Program.generate)
-RULES["orchestration"] |= {"orchestration.model.textgen"}
+# the generation application drives the programs' builders through the engine; nothing imports it
+# (pto generate finds it through the pto.generators entry points)
+RULES["app"] = RULES["orchestration"] | {"orchestration", "engine"}
 
 
 def _module_files() -> dict[str, Path]:
@@ -288,8 +295,9 @@ def test_the_documented_table_is_the_rules():
 def test_no_generic_module_tells_backends_apart_by_name():
     """Outside the backends (and the command line's text), what a backend can do is asked by
     capability (``pto.backends.capable``), never by comparing its name."""
-    from pto.backends import BACKENDS
+    from pto.backends import names
 
+    backends = set(names())
     found = []
     for module, path in MODULES.items():
         if area_of(module) in ("backends", "cli"):
@@ -297,6 +305,72 @@ def test_no_generic_module_tells_backends_apart_by_name():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 consts = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
-                if any(v in BACKENDS for v in consts):
+                if any(v in backends for v in consts):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "backend names compared (use pto.backends.capable): " + ", ".join(found)
+
+
+def _tree_entries() -> dict[str, str]:
+    """docs/ARCHITECTURE.md's tree (the first code block of "The tree"): each entry's text by its
+    path (``pto/`` + an entry indented under it, e.g. ``pto/ir/``, ``pto/engine.py``; a folder at
+    the left margin, e.g. ``orchestration/``), its continuation lines included."""
+    import re
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("## The tree", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        m = re.match(r"^( {0,2})([\w.]+/|[\w.]+\.py)(\s|$)", line)
+        if m:
+            current = ("pto/" if m.group(1) else "") + m.group(2)
+            entries[current] = line[m.end(2):]
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_architecture_tree_names_every_module():
+    """Every module of pto/, incore/, orchestration/, runtime_c/, tools/ and bench/ is named in
+    docs/ARCHITECTURE.md's tree, so the tree cannot drift from the code: a module of a folder of
+    pto/ (``pto/passes/fusion.py``) by its name in that folder's entry (``passes/``), one at the top
+    of pto/ by its file name in pto's entries (``engine.py``), the others by their name in their
+    top folder's entry (``orchestration/`` names ``textgen``). A new module fails here until the
+    tree names it."""
+    import re
+
+    entries = _tree_entries()
+    top_level = " ".join(f"{k.removeprefix('pto/')} {v}" for k, v in entries.items() if k.startswith("pto/"))
+    missing = []
+    folders = ("pto", "incore", "orchestration", "runtime_c", "tools", "bench")
+    files = [p for d in folders for p in (ROOT / d).rglob("*.py")]
+    for path in sorted(files):
+        rel = path.relative_to(ROOT)
+        if path.stem == "__init__" or "__pycache__" in rel.parts:
+            continue
+        if rel.parts[0] == "pto" and len(rel.parts) == 2:
+            where, text = "pto/", top_level
+            named = re.search(rf"(?<![\w/]){re.escape(path.name)}\b", text)
+        else:
+            where = "/".join(rel.parts[:2]) + "/" if rel.parts[0] == "pto" else rel.parts[0] + "/"
+            text = entries.get(where, "")
+            named = re.search(rf"(?<![\w.]){re.escape(path.stem)}(?![\w])", text)
+        if not named:
+            missing.append(f"{rel} (name it in the entry {where!r})")
+    assert not missing, "modules docs/ARCHITECTURE.md's tree does not name: " + ", ".join(missing)
+
+
+def test_the_application_sits_above_the_programs_and_nothing_imports_it():
+    """The generation application (orchestration/llm) may import what the programs may, the
+    programs and the engine; no area may import it (pto generate finds it through its entry
+    point); docs/ARCHITECTURE.md's table says so in its row."""
+    from pto import plugins
+    from pto.generation import GROUP
+
+    assert RULES["app"] == RULES["orchestration"] | {"orchestration", "engine"}
+    assert not [a for a, deps in RULES.items() if a != "app" and ("app" in deps or "orchestration.llm" in deps)]
+    (ep,) = plugins.group(GROUP).values()
+    assert area_of(ep.value.split(":")[0]) == "app"
+    section = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## Import directions", 1)[1]
+    (row,) = [r for r in section.splitlines() if r.startswith("| `app`")]
+    assert "`orchestration/llm/`" in row and "`orchestration`" in row and "`engine`" in row, row

@@ -2,15 +2,23 @@
 (``pto run llama --hf-config PATH``).
 
 Read: ``model_type`` (``llama`` or ``mistral``), ``hidden_size``, ``num_attention_heads``,
-``num_key_value_heads`` (default: as many as query heads), ``head_dim`` (default: hidden size /
-heads), ``intermediate_size``, ``rms_norm_eps``, RoPE's base and scaling in either spelling
-(``rope_theta`` and ``rope_scaling``, or transformers 5's ``rope_parameters``; scaling
-``linear`` and ``llama3``), ``sliding_window`` (Mistral; transformers' default 4096 when the key
-is absent, none when null), and the fields that must have the value this layer computes
-(``hidden_act`` silu, no attention or MLP biases, full rotary dimension). Fields about the whole
-model or generation (vocabulary, layer count, token ids, dtype, ...) are ignored. Anything else
-is refused with one line naming the field: a field this program does not know might change the
-layer's arithmetic, and a wrong layer that runs is worse than an error.
+``num_key_value_heads`` (default, or null: as many as query heads), ``head_dim`` (default, or
+null: hidden size / heads), ``intermediate_size``, ``rms_norm_eps``, RoPE's base and scaling in
+either spelling (``rope_theta`` and ``rope_scaling``, or transformers 5's ``rope_parameters``;
+scaling ``linear`` and ``llama3``), ``sliding_window`` (Mistral; transformers' default 4096 when
+the key is absent, none when null), and the fields that must have the value this layer computes
+(``hidden_act`` silu, no attention or MLP biases, full rotary dimension).
+
+Accepted and not read, as a config.json that transformers itself wrote holds them: what
+describes the file, the tokenizer or generation rather than the arithmetic of a layer
+(:func:`is_metadata`): the whole model's fields (vocabulary, layer count, tied embeddings,
+context: :mod:`pto.orchestration.model.config` reads those), transformers' own bookkeeping
+(``architectures``, ``transformers_version``, ``torch_dtype``/``dtype``, ``_name_or_path`` and
+every other key that begins with an underscore, any ``*_version``), every token id or special
+token (``bos_token_id``, ``unk_token_id``, ``pad_token_id``, ...: any ``*_token_id``,
+``*_token_ids``, ``*_token``), dropout rates (training only) and generation defaults. Anything
+else is refused with one line naming the field: a field this reader does not know might change
+the layer's arithmetic, and a wrong layer that runs is worse than an error.
 """
 
 from __future__ import annotations
@@ -23,21 +31,30 @@ from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.errors import UsageError
 
 MODEL_TYPES = ("llama", "mistral")
-#: fields of the whole model, of generation, or of transformers' bookkeeping: no effect on one layer
+#: fields of the whole model, of generation, or of transformers' bookkeeping (its PretrainedConfig's
+#: own, in transformers 4 and 5): no effect on one layer's arithmetic
 _IGNORED = """
-    _name_or_path architectures auto_map transformers_version model_type dtype torch_dtype use_bfloat16
+    architectures auto_map transformers_version model_type dtype torch_dtype use_bfloat16
     vocab_size num_hidden_layers max_position_embeddings initializer_range use_cache tie_word_embeddings
-    bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id pretraining_tp attention_dropout
-    id2label label2id problem_type finetuning_task tokenizer_class prefix task_specific_params
-    return_dict output_attentions output_hidden_states output_scores return_dict_in_generate torchscript
-    chunk_size_feed_forward is_encoder_decoder is_decoder add_cross_attention cross_attention_hidden_size
-    tie_encoder_decoder pruned_heads tf_legacy_loss max_length min_length do_sample early_stopping num_beams
-    num_beam_groups diversity_penalty temperature top_k top_p typical_p repetition_penalty length_penalty
-    no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids num_return_sequences
-    remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
-    forced_bos_token_id forced_eos_token_id
+    pretraining_tp id2label label2id problem_type finetuning_task tokenizer_class prefix task_specific_params
+    return_dict use_return_dict output_attentions output_hidden_states output_scores output_logits
+    return_dict_in_generate torchscript chunk_size_feed_forward is_encoder_decoder is_decoder add_cross_attention
+    cross_attention_hidden_size tie_encoder_decoder pruned_heads tf_legacy_loss gradient_checkpointing max_length
+    min_length do_sample early_stopping num_beams num_beam_groups diversity_penalty temperature top_k top_p
+    typical_p repetition_penalty length_penalty no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids
+    num_return_sequences remove_invalid_values exponential_decay_length_penalty suppress_tokens
+    begin_suppress_tokens keys_to_ignore_at_inference name_or_path
 """
 IGNORED = frozenset(_IGNORED.split())
+#: name endings of fields that describe the tokenizer (token ids, special tokens), a version of
+#: the tool that wrote the file, or a training-only rate
+_METADATA_ENDINGS = ("_token_id", "_token_ids", "_token", "_version", "dropout")
+
+
+def is_metadata(key: str) -> bool:
+    """Whether config.json's field ``key`` describes the file, the tokenizer, generation or
+    training rather than the arithmetic of the model (the module docstring)."""
+    return key in IGNORED or key.startswith("_") or key.endswith(_METADATA_ENDINGS)
 _READ = """hidden_size num_attention_heads num_key_value_heads head_dim intermediate_size rms_norm_eps
     rope_theta rope_scaling rope_parameters partial_rotary_factor sliding_window hidden_act attention_bias
     mlp_bias"""
@@ -88,12 +105,12 @@ def parse_hf_config(data: dict, where: str = "config") -> LlamaConfig:
         fail(f"model_type {model_type!r} is not supported (supported: {', '.join(MODEL_TYPES)})")
     allowed = READ if model_type == "mistral" else READ - {"sliding_window"}
     for key in data:
-        if key not in IGNORED and key not in allowed and not (key == "sliding_window" and data[key] is None):
+        if not is_metadata(key) and key not in allowed and not (key == "sliding_window" and data[key] is None):
             fail(f"unsupported field {key!r} (= {json.dumps(data[key])}) for model_type {model_type}: "
                  "this layer does not compute it")
 
     def integer(key: str, default=None) -> int:
-        v = data.get(key, default)
+        v = data.get(key) if data.get(key) is not None else default  # null: transformers' default
         if v is None:
             fail(f"missing field {key!r}")
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -109,7 +126,7 @@ def parse_hf_config(data: dict, where: str = "config") -> LlamaConfig:
     kv_heads = integer("num_key_value_heads", heads)
     if heads % kv_heads:
         fail(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
-    if "head_dim" not in data and hidden % heads:
+    if data.get("head_dim") is None and hidden % heads:
         fail(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} (and no head_dim)")
     head_dim = integer("head_dim", hidden // heads)
     if head_dim not in HEAD_DIMS:
@@ -179,4 +196,5 @@ def hf_dict(cfg: LlamaConfig, model_type: str | None = None, **extra) -> dict:
     return {**d, **extra}
 
 
-__all__ = ["load_hf_config", "read_config_json", "parse_hf_config", "hf_dict", "MODEL_TYPES", "HEAD_DIMS"]
+__all__ = ["load_hf_config", "read_config_json", "parse_hf_config", "is_metadata", "hf_dict", "MODEL_TYPES",
+           "HEAD_DIMS"]

@@ -49,6 +49,10 @@ from pto import Orchestration, cdiv, emax, emin, f32
 from pto.ir.dtypes import DType
 from pto.target import Target
 
+#: the keys (after RoPE) and the values of every position, ``[S, kv_heads * head_dim]``: outputs
+#: of a module of ``LayerForm(kv_out=True)`` (a prefill fills its decode cache from them)
+KV_OUTPUTS = ("k", "v")
+
 
 def build_module(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm | None = None):
     """The layer for ``cfg`` in storage dtype ``dt``, tiled for ``target``, of the given ``form``
@@ -93,10 +97,16 @@ class _Layer:
         # blocks of one buffer too (LlamaProgram.packed_inputs), the wave executor launches the
         # projections of one function variant as one batch (pto.exec.waves)
         names = ("v", "qr", "kr", "attn", "h") if f.fuse else ("xn", "qkv", "qr", "kr", "attn", "h", "hn")
+        if f.kv_out:  # the keys and values are outputs of their own: q and k alone share a tensor
+            width["qkv"] = QD + KVD
+            T["kr"], T["v"] = (o.output(KV_OUTPUTS[0], S, KVD, dt), o.output(KV_OUTPUTS[1], S, KVD, dt))
+            names = tuple(n for n in names if n not in ("v", "kr"))
         for name in names:
             T[name] = o.temp(name, S, width.get(name, H), dt)
         #: where q, k and v are: (tensor, first column)
         self.at = {"v": ("v", 0)} if f.fuse else {"q": ("qkv", 0), "k": ("qkv", QD), "v": ("qkv", QD + KVD)}
+        if f.kv_out:
+            self.at["v"] = ("v", 0)
         if f.fuse:  # each row's rsqrt(mean(x^2) + eps) before attention and before the FFN
             T["rs_attn"], T["rs_ffn"] = o.temp("rs_attn", S, 1, f32), o.temp("rs_ffn", S, 1, f32)
         T["act"] = o.temp("act", S, Fd, dt)

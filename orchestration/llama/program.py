@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -17,15 +18,16 @@ from pto.orchestration.llama.counts import closed_form
 from pto.orchestration.llama.hf import load_hf_config
 from pto.orchestration.llama.llama7b import build_module
 from pto.orchestration.llama.reference import layer_flops, reference_layer, rope_tables
-from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, fit_functions
+from pto.orchestration.llama.tiling import LayerForm, LlamaTiling, allreduce_dtype, fit_functions
 from pto.orchestration.llama.weights import GATE_UP, check_weights, fold_gains, folded, load_layer, unfold_gains
-from pto.orchestration.model.decode import allreduce_dtype
 
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType
-from pto.passes.fusion import fuse
-from pto.program import Option, Program, Settings, Shape, ShapeParam, seeded_randn
+from pto.ir.nodes import Module
+from pto.passes.fusion import FusionReport, fuse
+from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam, seeded_randn
+from pto.target import Target
 
 #: seed 004's published task counts (with, without adaptive tiles) of its setting (Ascend 910B,
 #: f32, bidirectional, split attention), and the bytes per task of its runtime
@@ -157,19 +159,11 @@ class LlamaProgram(Program):
         return build_module(self.config(s), s.dtype, s.target, self.form(s))
 
     def build(self, s: Settings, shape=None):
-        """:meth:`written`, fused unless ``--no-fuse`` (:func:`pto.passes.fusion.fuse`)."""
-        return self._fused(s)[0] if s["fuse"] else self.written(s, shape)
+        """:meth:`written`, fused unless ``--no-fuse`` (:func:`layer_module`)."""
+        return layer_module(self.config(s), s.dtype, s.target, self.form(s), s["fuse"])
 
     def fusion(self, s: Settings, shape=None):
-        return self._fused(s)[1] if s["fuse"] else None
-
-    def _fused(self, s: Settings):
-        """The fused module and its report, once per settings (the layer does not depend on the
-        sequence length)."""
-        cache = self.__dict__.setdefault("_fusions", {})
-        if s.key not in cache:
-            cache[s.key] = fuse(self.written(s), target=s.target)
-        return cache[s.key]
+        return fused_layer(self.config(s), s.dtype, s.target, self.form(s))[1] if s["fuse"] else None
 
     def tiling(self, s: Settings) -> LlamaTiling:
         return fit_functions(self.config(s).shard(s.tp), s.dtype, s.target, self.form(s))[0]
@@ -209,13 +203,14 @@ class LlamaProgram(Program):
 
         return self.settings(config=config, dtype="f32", target=get("ascend910b"), attention="split", causal=False)
 
-    def estimate_baselines(self, s: Settings) -> list:
-        from pto.tools.estimate import Baseline
-
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
         if s.config not in CONFIGS or self.config(s).window:
             return []  # the seed's setting is bidirectional: a layer of a file or with a window has none
         return [Baseline("seed setting", self.seed_settings(s.config),
                          {k: v[0] for k, v in SEED_ROWS.items()}, ("seed runtime", SEED_BYTES_PER_TASK))]
+
+    def estimate_columns(self, s: Settings, shape: Shape) -> dict[str, int]:
+        return {}  # the layer's bytes are its tensors' (the table's own column)
 
     def scalar_exprs(self, s):
         return {"S": Var("seq")}
@@ -260,14 +255,8 @@ class LlamaProgram(Program):
         }
 
     def packed_inputs(self, s):
-        """Unfused, with as many key/value heads as query heads, the q, k and v weights in one
-        buffer: the three projections (one function variant) then run as one launch. At 1,664
-        tokens on an H100 three 4096 x 4096 products took 0.43 ms, one 4096 x 12288 0.28; the
-        7B layer was 0.7-4% faster at 1K-16K. With fewer key/value heads only k and v would
-        share a launch: the Llama-3-8B layer at 4096 tokens was 1.6-4.6% slower so, and they
-        stay apart (docs/PERF.md, "Twelfth session")."""
-        cfg = self.config(s)
-        return () if s["fuse_norm_rope"] or cfg.kv_heads != cfg.heads else (("wq", "wk", "wv"),)
+        """:func:`packed_weights` of the settings' layer."""
+        return packed_weights(self.config(s), self.form(s))
 
     def input_conversions(self, s):
         """With ``--fuse-norm-rope``: the unfused layer's inputs (the gains and wq, ..., wu), folded
@@ -307,6 +296,31 @@ class LlamaProgram(Program):
 
     def flops(self, s, shape):
         return layer_flops(self.config(s), shape["seq"], s["causal"])
+
+
+@lru_cache(maxsize=64)
+def fused_layer(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm) -> tuple[Module, FusionReport]:
+    """The layer of ``form`` fused (:func:`pto.passes.fusion.fuse`) and the fusion's report,
+    once per process and layer description (the module does not depend on the sequence length)."""
+    return fuse(build_module(cfg, dt, target, form), target=target)
+
+
+def layer_module(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm, fused: bool = True) -> Module:
+    """The layer's module as the llama programs build it: the orchestration of ``form`` for
+    ``cfg`` in ``dt`` tiled for ``target`` (:func:`~.llama7b.build_module`), fused unless not
+    ``fused`` (the programs' ``--no-fuse``). What a driver that runs the layer itself calls (the
+    generation application's prefill: ``LayerForm(kv_out=True)`` outputs the keys and values)."""
+    return fused_layer(cfg, dt, target, form)[0] if fused else build_module(cfg, dt, target, form)
+
+
+def packed_weights(cfg: LlamaConfig, form: LayerForm) -> tuple[tuple[str, ...], ...]:
+    """Unfused, with as many key/value heads as query heads, the q, k and v weights in one
+    buffer: the three projections (one function variant) then run as one launch. At 1,664
+    tokens on an H100 three 4096 x 4096 products took 0.43 ms, one 4096 x 12288 0.28; the
+    7B layer was 0.7-4% faster at 1K-16K. With fewer key/value heads only k and v would
+    share a launch: the Llama-3-8B layer at 4096 tokens was 1.6-4.6% slower so, and they
+    stay apart (docs/PERF.md, "Twelfth session")."""
+    return () if form.fuse or cfg.kv_heads != cfg.heads else (("wq", "wk", "wv"),)
 
 
 class LlamaFamily(LlamaProgram):

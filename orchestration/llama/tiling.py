@@ -133,7 +133,9 @@ class LayerForm:
     into the projections, RoPE into q and k's; ``tp`` > 1: one rank's share of the layer split
     over ``tp`` ranks, its all-reduces summing in ``reduce_dt``; ``whole`` (fused attention
     only): every row tile the q tile's height, the last one clipped, instead of binary
-    expansion's residual tiles of the base height (:func:`choose_tiling`).
+    expansion's residual tiles of the base height (:func:`choose_tiling`); ``kv_out``: the keys
+    after RoPE and the values are outputs of the module (:data:`~.llama7b.KV_OUTPUTS`: what a
+    prefill fills a decode cache from), not temporaries.
 
     On a GPU a residual tile is a kernel of its own in every phase: it reads every weight again
     for a few rows, with a few programs (the 7B layer at 1,537 tokens took 1.90 ms against 0.80
@@ -146,6 +148,17 @@ class LayerForm:
     tp: int = 1
     reduce_dt: DType = DType.F32
     whole: bool = False
+    kv_out: bool = False
+
+
+def allreduce_dtype(dtype: DType, choice: str) -> DType:
+    """The dtype the ranks' partial sums are summed in (:attr:`LayerForm.reduce_dt`, the programs'
+    ``--allreduce-dtype``): the storage ``dtype`` (``choice`` "storage", as Megatron) or f32."""
+    from pto.errors import UsageError
+
+    if choice not in ("storage", "f32"):
+        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
+    return dtype if choice == "storage" else DType.F32
 
 
 def rope_heads(heads: int, head_dim: int, bn: int) -> int:

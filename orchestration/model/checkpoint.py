@@ -16,6 +16,10 @@ layer program and transformers all rotate halves).
 Every problem (a missing tensor, a wrong shape, a type that cannot be dequantized, a file that
 is not a checkpoint) is one UsageError line naming the file and the tensor; shapes are checked
 from the headers before any data is read.
+
+Quantized weights: with a ``keep`` hook (:class:`~.quantized.KeepFileTypes`) the GGUF tensors it
+chooses stay as the file stores them, repacked (:class:`pto.quant.QTensor`, output-major: ``[out,
+in]``); :mod:`.quantized` has the rest (pto's own quantization, dense copies, bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import torch
 from pto.orchestration.llama.weights import FLOATS, HF_NAMES, Checkpoint, hf_shapes, layer_names
 from pto.orchestration.model.config import ModelConfig, gguf_config, hf_config
 from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
+from pto.orchestration.model.quantized import KeepFileTypes, file_qtypes
+
+from pto.quant import QTensor
 
 #: the layer program's input -> the tensor's name under ``blk.N.`` in a GGUF file
 GGUF_NAMES = {
@@ -54,11 +61,12 @@ class ModelWeights:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embedding.dtype
+        """The dtype the model computes in (its dense tensors'; the norms are never quantized)."""
+        return self.norm.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embedding.device
+        return self.norm.device
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor by a flat name (``embedding``, ``norm``, ``lm_head``, ``layers.N.wq``, ...)."""
@@ -68,14 +76,20 @@ class ModelWeights:
         return out
 
 
-def load_weights(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
-    """The weights of a GGUF file or a Hugging Face model folder, in ``dtype`` on ``device``."""
-    return from_checkpoint(path, lambda p: hf_weights(p, dtype, device), lambda f: gguf_weights(f, dtype, device))
+def load_weights(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu",
+                 keep: KeepFileTypes | None = None) -> ModelWeights:
+    """The weights of a GGUF file or a Hugging Face model folder, in ``dtype`` on ``device``
+    (a GGUF file's tensors that ``keep`` chooses as the file stores them)."""
+    return from_checkpoint(path, lambda p: hf_weights(p, dtype, device),
+                           lambda f: gguf_weights(f, dtype, device, keep))
 
 
-def program_layout(t: torch.Tensor) -> torch.Tensor:
+def program_layout(t: torch.Tensor | QTensor) -> torch.Tensor | QTensor:
     """A checkpoint tensor in the programs' layout: a ``[out, in]`` matrix (``torch.nn.Linear``'s
-    and GGUF's order) as a contiguous ``[in, out]``; a norm weight as ``1 x n``."""
+    and GGUF's order) as a contiguous ``[in, out]``; a norm weight as ``1 x n``; a quantized
+    matrix as it is (output-major)."""
+    if isinstance(t, QTensor):
+        return t
     return t.view(1, -1) if t.dim() == 1 else t.t().contiguous()
 
 
@@ -85,11 +99,15 @@ def unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     halves here)."""
     rows, cols = w.shape
     d = rows // heads
+    if isinstance(w, QTensor):  # the same rows, each a row of blocks
+        return w.take_rows(torch.arange(rows).reshape(heads, d // 2, 2).transpose(1, 2).reshape(-1))
     return w.reshape(heads, d // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
-def gguf_weights(f: GGUFFile, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
-    """The weights of a GGUF file (its configuration from :func:`~.config.gguf_config`)."""
+def gguf_weights(f: GGUFFile, dtype: torch.dtype = torch.float32, device="cpu",
+                 keep: KeepFileTypes | None = None) -> ModelWeights:
+    """The weights of a GGUF file (its configuration from :func:`~.config.gguf_config`); the
+    tensors ``keep`` chooses stay quantized."""
     cfg = gguf_config(f)
     H, V = cfg.hidden, cfg.vocab
     shapes = {"token_embd.weight": (V, H), "output_norm.weight": (H,)}
@@ -105,7 +123,11 @@ def gguf_weights(f: GGUFFile, dtype: torch.dtype = torch.float32, device="cpu") 
             f.fail(f"tensor {name} is {' x '.join(map(str, f.shape(name)))} but the metadata needs "
                    f"{' x '.join(map(str, shape))}")
 
-    def load(name: str) -> torch.Tensor:
+    kept = set() if keep is None else keep.choose(file_qtypes(f, cfg))
+
+    def load(name: str) -> torch.Tensor | QTensor:
+        if name in kept:
+            return f.quantized(name, shapes[name], device)
         return f.tensor(name, shapes[name], dtype, device)
 
     layers = []
@@ -115,7 +137,8 @@ def gguf_weights(f: GGUFFile, dtype: torch.dtype = torch.float32, device="cpu") 
         t["wk"] = unpermute_rope_rows(t["wk"], cfg.layer.kv_heads)
         layers.append({k: program_layout(v) for k, v in t.items()})
     emb = load("token_embd.weight")
-    head = emb.t() if cfg.tied else program_layout(load("output.weight"))
+    tied = emb if isinstance(emb, QTensor) else emb.t()  # (a quantized head is output-major: the table itself)
+    head = tied if cfg.tied else program_layout(load("output.weight"))
     return ModelWeights(cfg, emb, program_layout(load("output_norm.weight")), head, layers)
 
 

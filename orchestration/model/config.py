@@ -58,6 +58,14 @@ class ModelConfig:
     def hidden(self) -> int:
         return self.layer.hidden
 
+    def spec(self) -> str:
+        """The shape as one line (the architecture, the layer's :meth:`LlamaConfig.spec`, the
+        vocabulary, layers, tied embeddings, context): the name a configuration read from a
+        file has in the model program's settings (in every report and cache key)."""
+        tied = ",tied" if self.tied else ""
+        return (f"{self.arch}:{self.layer.spec().removeprefix('hf:')},vocab={self.vocab},layers={self.layers}"
+                f"{tied},positions={self.max_positions}")
+
     def shard(self, tp: int) -> ModelConfig:
         """One rank's model under ``tp``-way tensor parallelism: every layer split as
         :meth:`LlamaConfig.shard` splits it (ValueError naming what does not divide); the

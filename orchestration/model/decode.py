@@ -29,8 +29,14 @@ rank's, the same on every rank, with ``1/tp`` of every layer's query and key/val
 columns (the weights and the cache are the rank's shards, :func:`shard_inputs`). The o and down
 projections are then partial sums: each is one task of the product, its sum over the ranks and
 the residual (``gemv_allreduce_residual_tile``), so every rank holds the whole activation row
-after it. The embedding, the final norm, the LM head and the sampling run whole on every rank:
-every rank picks the same token (the all-reduce leaves the same bits on every rank).
+after it. The embedding and the final norm run whole on every rank. The LM head is
+vocabulary-parallel (``vocab_parallel``, the default; :mod:`.vocab`): each rank computes the
+logits of its share of the vocabulary and the first stage of their argmax, then
+``argmax_candidates_tile`` gathers every rank's best token onto every rank (a sum over the ranks
+of rows that hold one rank's candidate each: exact), and ``argmax_advance`` over the ranks'
+candidates picks the same token on every rank. Replicated (``vocab_parallel=False``), every
+rank computes the whole head and picks the same token (the all-reduce leaves the same bits on
+every rank).
 
 Then ``lmhead_argmax_tile`` (the final norm folded into the LM head, each vocabulary block's
 largest logit and its index) and per sequence ``argmax_advance``. The KV cache is a state of
@@ -42,29 +48,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
 from pto.incore.matmul import matmul_residual_tile
+from pto.incore.vocab import argmax_candidates_tile
+from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
+from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights
 from pto.orchestration.model.tiling import COMBINE_ROWS, DecodeTiling, spans, tile_rows
+from pto.orchestration.model.vocab import VocabSplit
 
 from pto import Orchestration, f32
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, Module
 from pto.target import Target
-
-
-def allreduce_dtype(dtype: DType, choice: str) -> DType:
-    """The dtype the ranks' partial sums are summed in: the storage ``dtype`` (``choice``
-    "storage", as Megatron) or f32."""
-    from pto.errors import UsageError
-
-    if choice not in ("storage", "f32"):
-        raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
-    return dtype if choice == "storage" else DType.F32
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,36 @@ class DecodeFunctions:
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
+    candidates: IncoreFunction | None = None  # vocabulary-parallel: every rank's best token gathered
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-              reduce: DType | None = None, parts: int | None = None) -> DecodeFunctions:
+              reduce: DType | None = None, parts: int | None = None,
+              wtypes: WeightTypes = DENSE, split: VocabSplit | None = None) -> DecodeFunctions:
     """The step's InCore functions for ``batch`` sequences (the rows of the projections' tiles);
     ``cfg`` is one rank's, and ``reduce`` the dtype of the row-parallel projections' sum over the
     ranks (None: one rank, no sum); ``parts``: the partial states a head's attention leaves
-    (chunks or spans; None: not known at build)."""
+    (chunks or spans; None: not known at build); ``wtypes``: the weights' types (quantized ones
+    load dequantized, their K steps whole blocks: :func:`~.quantized.for_weights`); ``split``: the
+    vocabulary-parallel LM head's (None: the whole head)."""
+    if wtypes.quantized and reduce is not None:
+        from pto.errors import UsageError
+
+        raise UsageError("quantized weights run on one rank (--tp 1); dequantize them for tensor parallelism")
+
+    def wkw(*kinds: str) -> dict:
+        """The builders' weight dtype for ``kinds`` (one type), where it is quantized."""
+        d = {wtypes.get(k, dt) for k in kinds}
+        if len(d) > 1:
+            from pto.errors import UsageError
+
+            raise UsageError(f"the weights {' and '.join(kinds)} feed one task and need one type, not "
+                             f"{' and '.join(sorted(map(str, d)))}")
+        (d,) = d
+        return {"wdtype": d} if d.is_quantized else {}
+
+    least = {k: max(16, wtypes.blocks((k,))) for k in ("w_qkv", "wo", "wg", "wd")}
+    rows = batch
     c = cfg.layer
     H, D, QD, KVD, F = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn
     G = c.heads // c.kv_heads
@@ -102,31 +125,36 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
                     qkv_bk=None, o_bn=None, o_bk=None)
-    lm, bv = _lm_head(cfg, dt, target, t, batch)
+    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
     qkv_bn, qkv_bk = t.qkv_bn or t.bn, t.qkv_bk or t.bk
-    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target), qkv_bk)[0]
+    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target, **wkw("w_qkv")), qkv_bk,
+                  least["w_qkv"])[0]
 
-    def projection(bn: int, bk: int) -> IncoreFunction:
+    def projection(bn: int, bk: int, kind: str) -> IncoreFunction:
         if reduce is not None:  # the product, its sum over the ranks and the residual: one task
             summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
             return _widest(lambda b: summed(dt, batch, QD, H, bn, b, reduce, target), bk)[0]
-        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target), bk)[0]
+        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target, **wkw(kind)), bk, least[kind])[0]
 
-    proj = projection(t.bn, t.bk)
+    proj = projection(t.bn, t.bk, "wd")
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
-    # tiles of its own: a function of its own (a module's InCore functions have distinct names)
-    proj_o = proj if o_tiles == (t.bn, t.bk) else replace(projection(*o_tiles), name=f"{proj.name}_o")
-    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target), t.ffn_bk or t.bk)[0]
+    # tiles (or weights) of its own: a function of its own (a module's InCore functions have
+    # distinct names)
+    same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
+    proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
+    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
+                      t.ffn_bk or t.bk, least["wg"])[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         combine_parts=combine_parts,
-        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk)) if batch == 1 and t.wt and t.rope_in_qkv else None,
+        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk), wkw("w_qkv"))
+        if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
         part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
@@ -137,162 +165,249 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         proj_o=proj_o,
         gate_up=gate_up,
         lm=lm,
-        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target),
-        advance=dk.argmax_advance(cdiv_int(cfg.vocab, bv), target),
+        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target, **wkw("emb")),
+        advance=dk.argmax_advance(split.ranks if split else cdiv_int(cfg.vocab, bv), target),
+        candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
     )
 
 
-def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, tiles: tuple[int, int]):
+def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, tiles: tuple[int, int],
+              wkw: dict):
     """One sequence's q, k, v projection with RoPE and the append in its epilogue, ``tiles`` the
-    plain projection's (bn, bk): by default a program's pairs are its rows."""
+    plain projection's (bn, bk): by default a program's pairs are its rows (``wkw``: its weights'
+    dtype, where quantized)."""
     c, (bn, bk) = cfg.layer, tiles
     bh = math.gcd(t.rope_bh or max(1, bn // 2), c.head_dim // 2)
+    least = wkw["wdtype"].quant.block if wkw else 16
     return _widest(lambda b: gemv_norm_rope_append_tile(dt, c.hidden, (c.heads, c.kv_heads, c.head_dim), bh, b, c.eps,
-                                                         cfg.max_positions, target), bk)[0]
+                                                         cfg.max_positions, target, **wkw), bk, least)[0]
 
 
-def _widest(build, size: int):
-    """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to 16) whose
-    function's tiles fit the target's on-chip memory (SRAM-aware sizing)."""
+def _widest(build, size: int, least: int = 16):
+    """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to ``least``,
+    16 or a quantized weight's block) whose function's tiles fit the target's on-chip memory
+    (SRAM-aware sizing)."""
     from pto.errors import SramError
 
     while True:
         try:
             return build(size), size
         except SramError:
-            if size <= 16:
+            if size <= least:
                 raise
             size //= 2
 
 
-def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int):
-    """The LM head with the widest vocabulary block up to ``t.bv`` whose tiles fit the target's
-    on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
+def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
+             wtypes: WeightTypes = DENSE, vocab: int | None = None):
+    """The LM head over ``vocab`` ids (None: the whole vocabulary; a rank's share under the
+    vocabulary-parallel head) with the widest vocabulary block up to ``t.bv`` whose tiles fit the
+    target's on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
-    c = cfg.layer
-    return _widest(lambda bv: build(dt, batch, c.hidden, cfg.vocab, bv, t.lm_bk, c.eps, target), min(t.bv, cfg.vocab))
+    c, V = cfg.layer, vocab or cfg.vocab
+    w = wtypes.get("lm_head", dt)
+    kw = {"wdtype": w} if w.is_quantized else {}
+    return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, t.lm_bk, c.eps, target, **kw), min(t.bv, V))
 
 
-def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int) -> int:
-    """The LM head's vocabulary block (what :func:`functions` picks)."""
-    return _lm_head(cfg, dt, target, t, tile_rows(batch))[1]
+def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
+             wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
+    """The LM head's vocabulary block (what :func:`functions` picks; ``vocab`` as there)."""
+    return _lm_head(cfg, dt, target, t, tile_rows(batch), wtypes, vocab)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def vocab_split(cfg: ModelConfig, tp: int, vocab_parallel: bool = True) -> VocabSplit | None:
+    """The vocabulary-parallel LM head's split of ``cfg``'s vocabulary over ``tp`` ranks (None:
+    one rank, or the head replicated)."""
+    return VocabSplit(cfg.vocab, tp) if tp > 1 and vocab_parallel else None
+
+
+@lru_cache(maxsize=32)
 def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
                tiling: DecodeTiling | None = None, tp: int = 1, reduce: DType = f32,
-               cache: int | None = None) -> Module:
+               cache: int | None = None, wtypes: WeightTypes = DENSE, vocab_parallel: bool = True) -> Module:
     """The decode step of ``cfg`` for ``batch`` sequences; the cache capacity is the scalar
     ``C`` (slots per sequence; a multiple of the tiling's chunk), the batch the scalar ``B``
     (equal to ``batch``: the projections' tiles have that many rows). With ``tp`` > 1 one rank's
-    step (the module docstring), the partial sums summed over the ranks in ``reduce``. ``cache``:
-    the capacity the step will run with, where known (a long cache combines in two levels)."""
-    t = (tiling or DecodeTiling()).for_cache(cache)
+    step (the module docstring), the partial sums summed over the ranks in ``reduce``, the LM
+    head vocabulary-parallel unless ``vocab_parallel`` is off. ``cache``: the capacity the step
+    will run with, where known (a long cache combines in two levels). ``wtypes``: what the weight
+    inputs are stored as (quantized ones: the tiling fitted to them,
+    :func:`~.quantized.for_weights`). Built once per process and description (the program's runs
+    and a generation's steps share it; the module is immutable)."""
+    t = for_weights(tiling or DecodeTiling(), wtypes).for_cache(cache)
+    split = vocab_split(cfg, tp, vocab_parallel)
     cfg = cfg.shard(tp)
-    S = spans(cache, t)
-    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None, S or (cache // t.chunk if cache else None))
-    c = cfg.layer
-    L, H, D, QD, KVD, F, NQ = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
-    NBV = cdiv_int(cfg.vocab, lm_block(cfg, dt, target, t, batch))
-    o = Orchestration("decode_step")
-    B, C = o.scalar("B"), o.scalar("C")
-    T = _tensors(o, cfg, dt, (B, C, C // t.chunk, S), NBV, t, ("qkv",) if fn.qkv_rope is not None else ())
-    ws = weight_shapes(cfg, t.wt)
+    spans_ = spans(cache, t)
+    fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
+                   spans_ or (cache // t.chunk if cache else None), wtypes, split)
+    vocab = split.height if split else cfg.vocab
+    nbv = cdiv_int(vocab, lm_block(cfg, dt, target, t, batch, wtypes, vocab))
+    return _Step(cfg, dt, t, fn, nbv, spans_, wtypes, split).module()
 
-    def W(kind: str, l):
+
+class _Step:
+    """The step's orchestration under construction: the rank's configuration ``cfg``, the
+    tiling ``t``, the functions ``fn``, the LM head's vocabulary blocks ``nbv``, the combine's
+    spans ``S`` (0: one level), the weights' types ``wtypes``; the scalars ``B``, ``C`` and the
+    chunks a sequence's cache holds, ``J``; the tensors ``T``."""
+
+    def __init__(self, cfg: ModelConfig, dt: DType, t: DecodeTiling, fn: DecodeFunctions, nbv: int, spans_: int,
+                 wtypes: WeightTypes = DENSE, split: VocabSplit | None = None):
+        self.cfg, self.c, self.dt, self.t, self.fn, self.nbv, self.S = cfg, cfg.layer, dt, t, fn, nbv, spans_
+        self.wtypes = wtypes
+        self.split = split
+        self.V = split.height if split else cfg.vocab  # the LM head's ids on this rank
+        self.o = Orchestration("decode_step")
+        self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
+        self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
+        self.ws = weight_shapes(cfg, t.wt)
+
+    def W(self, kind: str, l):
         """Layer ``l``'s block of a stacked weight, as a call's region."""
-        rows, cols = ws[kind]
-        return (T[kind], l * rows, 0, rows, cols)
+        rows, cols = self.ws[kind]
+        return (self.T[kind], l * rows, 0, rows, cols)
 
-    def A(name: str, cols):
+    def A(self, name: str, cols):
         """The batch's rows of an activation (a projection's tiles may be taller: padded)."""
-        return (T[name], 0, 0, B, cols)
+        return (self.T[name], 0, 0, self.B, cols)
 
-    J = o.let("J", C // t.chunk)  # attention chunks per sequence
-    with o.for_loop("b0", 0, B) as b:
-        o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
-    with o.for_loop("l", 0, L) as l:
-        projection = {"x": A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": W("w_qkv", l)}
-        if fn.qkv_rope is not None:  # one sequence: its RoPE and append in the projection's task
-            o.call(fn.qkv_rope, {**projection, "pos": (T["pos"], 0, 0, 1, 1), "cos": T["cos"], "sin": T["sin"],
-                                 "q": (T["q"], 0, 0, NQ, D), "kc": (T["k_cache"], l * C, 0, C, KVD),
-                                 "vc": (T["v_cache"], l * C, 0, C, KVD), "cap": C})
-        else:
-            o.call(fn.qkv, {**projection, "y": A("qkv", QD + 2 * KVD)})
-        with o.for_loop("b", 0, B) as b:
-            _attention(o, fn, T, t, (l, b, B, C, J, S, cfg))
-        o.call(fn.proj_o or fn.proj, {"x": A("attn", QD), "w": W("wo", l), "r": A("x", H), "y": A("x2", H)})
-        o.call(fn.gate_up, {"x": A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": W("wg", l), "wu": W("wu", l),
-                            "y": A("hb", F)})
-        o.call(fn.proj, {"x": A("hb", F), "w": W("wd", l), "r": A("x2", H), "y": A("x", H)},
-               dims={"K": F, "N": H})
-    _sample(o, fn, T, (B, H, cfg.vocab, NBV))
-    return o.module()
+    def module(self) -> Module:
+        o, fn, T, c, C = self.o, self.fn, self.T, self.c, self.C
+        H, D, QD, KVD, F, NQ = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
+        self.J = o.let("J", C // self.t.chunk)  # attention chunks per sequence
+        with o.for_loop("b0", 0, self.B) as b:
+            o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
+        with o.for_loop("l", 0, self.cfg.layers) as l:
+            projection = {"x": self.A("x", H), "g": (T["g_attn"], l, 0, 1, H), "w": self.W("w_qkv", l)}
+            if fn.qkv_rope is not None:  # one sequence: its RoPE and append in the projection's task
+                o.call(fn.qkv_rope, {**projection, "pos": (T["pos"], 0, 0, 1, 1), "cos": T["cos"], "sin": T["sin"],
+                                     "q": (T["q"], 0, 0, NQ, D), "kc": (T["k_cache"], l * C, 0, C, KVD),
+                                     "vc": (T["v_cache"], l * C, 0, C, KVD), "cap": C})
+            else:
+                o.call(fn.qkv, {**projection, "y": self.A("qkv", QD + 2 * KVD)})
+            with o.for_loop("b", 0, self.B) as b:
+                self._attention(l, b)
+            o.call(fn.proj_o or fn.proj, {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H),
+                                          "y": self.A("x2", H)})
+            o.call(fn.gate_up, {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l),
+                                "wu": self.W("wu", l), "y": self.A("hb", F)})
+            o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
+                   dims={"K": F, "N": H})
+        self._sample()
+        return o.module()
 
+    def _attention(self, l, b) -> None:
+        """Layer l's attention of sequence b: RoPE and the append (unless the projection did
+        them), the chunks' partial states per key/value head, then the combine."""
+        o, fn, T, c, t, C, J = self.o, self.fn, self.T, self.c, self.t, self.C, self.J
+        D, QD, KVD, NQ, NKV, G = c.head_dim, c.q_dim, c.kv_dim, c.heads, c.kv_heads, c.heads // c.kv_heads
+        row = (l * self.B + b) * C
+        if fn.qkv_rope is None:
+            tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
+            o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
+                             "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
+        with o.for_loop("j", 0, J) as j:
+            for g in range(NKV):
+                part = (b * J + j) * NQ + g * G
+                o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
+                                 "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                 "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
+                                 "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
+                                 "j0": j * t.chunk, "cap": C})
+        self._combine(b)
 
-def _attention(o: Orchestration, fn: DecodeFunctions, T: dict, t: DecodeTiling, sizes: tuple) -> None:
-    """Layer l's attention of sequence b (``sizes``: l, b, B, C, J, S, the rank's config): RoPE
-    and the append (unless the projection did them), the chunks' partial states per key/value
-    head, then the combine."""
-    l, b, B, C, J, S, cfg = sizes
-    c = cfg.layer
-    D, QD, KVD, NQ, NKV, G = c.head_dim, c.q_dim, c.kv_dim, c.heads, c.kv_heads, c.heads // c.kv_heads
-    row = (l * B + b) * C
-    if fn.qkv_rope is None:
-        tables = {"pos": (T["pos"], b, 0, 1, 1), "cos": T["cos"], "sin": T["sin"]}
-        o.call(fn.rope, {**tables, "x": (T["qkv"], b, 0, 1, QD + 2 * KVD), "q": (T["q"], b * NQ, 0, NQ, D),
-                         "kc": (T["k_cache"], row, 0, C, KVD), "vc": (T["v_cache"], row, 0, C, KVD), "cap": C})
-    with o.for_loop("j", 0, J) as j:
-        for g in range(NKV):
-            part = (b * J + j) * NQ + g * G
-            o.call(fn.part, {"pos": (T["pos"], b, 0, 1, 1), "q": (T["q"], b * NQ + g * G, 0, G, D),
-                             "kc": (T["k_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                             "vc": (T["v_cache"], row + j * t.chunk, g * D, t.chunk, D),
-                             "o": (T["o_part"], part, 0, G, D), "ml": (T["ml_part"], part, 0, G, 2),
-                             "j0": j * t.chunk, "cap": C})
-    _combine(o, fn, T, (b, J, S, t.span, NQ, D, C))
+    def _combine(self, b) -> None:
+        """Sequence b's attention output of every query head from its chunks' partial states: one
+        combine over the J chunks, or (``S`` spans) a merge per span of ``t.span`` chunks, then a
+        combine over the spans; each combine reads its head's states at once where they are few
+        (``fn.combine_parts``), else in a loop."""
+        o, fn, T, S, SPAN, C, J = self.o, self.fn, self.T, self.S, self.t.span, self.C, self.J
+        NQ, D = self.c.heads, self.c.head_dim
+        pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
+        if S:
+            with o.for_loop("s", 0, S) as s:
+                for h in range(NQ):
+                    first, into = (b * J + s * SPAN) * NQ + h, (b * S + s) * NQ + h
+                    o.call(fn.merge, {"pos": pos, "o_in": (T["o_part"], first, 0, (SPAN - 1) * NQ + 1, D),
+                                      "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
+                                      "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
+                                      "stride": NQ, "j0": s * SPAN, "cap": C})
+            src, n = ("o_span", "ml_span"), S
+        for h in range(NQ):
+            first = b * n * NQ + h
+            region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),
+                      "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2), "y": (T["attn"], b, h * D, 1, D)}
+            if fn.combine_parts is not None:
+                o.call(fn.combine_parts, region)
+                continue
+            o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
 
+    def _sample(self) -> None:
+        """The step's end: the LM head with the first stage of the argmax, then per sequence the
+        token and the next position."""
+        o, fn, T, B, H, V, NBV = self.o, self.fn, self.T, self.B, self.c.hidden, self.V, self.nbv
+        # the norm's weight as its region (a K step that does not divide H reads past it: masked)
+        o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
+                       "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
+                       "index": (T["index"], 0, 0, B, NBV)})
+        if self.split is not None:
+            self._advance_over_ranks()
+            return
+        with o.for_loop("b1", 0, B) as b:
+            o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
+                                "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
-def _combine(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
-    """Sequence b's attention output of every query head from its chunks' partial states: one
-    combine over the J chunks, or (``S`` spans) a merge per span of ``SPAN`` chunks, then a
-    combine over the spans (``sizes``: b, J, S, SPAN, the query heads, D, C); each combine reads
-    its head's states at once where they are few (``fn.combine_parts``), else in a loop."""
-    b, J, S, SPAN, NQ, D, C = sizes
-    pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
-    if S:
-        with o.for_loop("s", 0, S) as s:
-            for h in range(NQ):
-                first, into = (b * J + s * SPAN) * NQ + h, (b * S + s) * NQ + h
-                o.call(fn.merge, {"pos": pos, "o_in": (T["o_part"], first, 0, (SPAN - 1) * NQ + 1, D),
-                                  "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
-                                  "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
-                                  "stride": NQ, "j0": s * SPAN, "cap": C})
-        src, n = ("o_span", "ml_span"), S
-    for h in range(NQ):
-        first = b * n * NQ + h
-        region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D), "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2),
-                  "y": (T["attn"], b, h * D, 1, D)}
-        if fn.combine_parts is not None:
-            o.call(fn.combine_parts, region)
-            continue
-        o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
+    def _advance_over_ranks(self) -> None:
+        """The vocabulary-parallel head's end: every rank's best token gathered onto every rank
+        (one task for the batch, its sum over the ranks), then per sequence the token over the
+        ranks' candidates and the next position."""
+        o, fn, T, B, NBV, N, W = self.o, self.fn, self.T, self.B, self.nbv, self.split.ranks, self.split.width
+        o.call(fn.candidates, {"best": (T["best"], 0, 0, B, NBV), "index": (T["index"], 0, 0, B, NBV),
+                               "place": T["vocab_place"], "cand": (T["cand"], 0, 0, B, W)})
+        with o.for_loop("b1", 0, B) as b:
+            o.call(fn.advance, {"best": (T["cand"], b, 0, 1, N), "index": (T["cand"], b, N, 1, N),
+                                "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
+    def _tensors(self, unused: tuple[str, ...] = ()) -> dict:
+        """The step's tensors: weights (inputs, of ``wtypes``), the state (cache, token, position:
+        inout), the logits (output) and the activations between tasks (temps; those in ``unused``
+        not declared)."""
+        o, cfg, dt, c, t, B, C, S = self.o, self.cfg, self.dt, self.c, self.t, self.B, self.C, self.S
+        wtypes = self.wtypes
+        J = C // t.chunk
+        L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, self.V
+        ws = weight_shapes(cfg, t.wt)
 
-def _sample(o: Orchestration, fn: DecodeFunctions, T: dict, sizes: tuple) -> None:
-    """The step's end: the LM head with the first stage of the argmax, then per sequence the
-    token and the next position (``sizes``: B, H, the vocabulary, its blocks)."""
-    B, H, V, NBV = sizes
-    # the norm's weight as its region (a K step that does not divide H reads past it: masked)
-    o.call(fn.lm, {"x": (T["x"], 0, 0, B, H), "g": (T["g_out"], 0, 0, 1, H), "w": T["lm_head"],
-                   "y": (T["logits"], 0, 0, B, V), "best": (T["best"], 0, 0, B, NBV),
-                   "index": (T["index"], 0, 0, B, NBV)})
-    with o.for_loop("b1", 0, B) as b:
-        o.call(fn.advance, {"best": (T["best"], b, 0, 1, NBV), "index": (T["index"], b, 0, 1, NBV),
-                            "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
+        def stacked(kind: str):
+            rows, cols = ws[kind]
+            return o.input(kind, L * rows, cols, wtypes.get(kind, dt))
+
+        T = {"emb": o.input("emb", cfg.vocab, H, wtypes.get("emb", dt)), "w_qkv": stacked("w_qkv"),
+             "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
+             "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
+             "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
+             "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), wtypes.get("lm_head", dt)),
+             "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
+        T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
+                 tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
+        for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
+                                        ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
+                                        ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
+                                        ("best", B, self.nbv, f32), ("index", B, self.nbv, f32)):
+            if name not in unused:  # (qkv: not with the projection's own RoPE)
+                T[name] = o.temp(name, rows, cols, dtype)
+        if S:
+            T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32),
+                     ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
+        if self.split is not None:  # the rank's candidate columns (data), the ranks' candidates
+            T.update(vocab_place=o.input("vocab_place", 3, self.split.width, f32),
+                     cand=o.temp("cand", B, self.split.width, f32))
+        return T
 
 
 def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
@@ -304,39 +419,6 @@ def weight_shapes(cfg: ModelConfig, wt: bool) -> dict[str, tuple[int, int]]:
     return {k: (n, kk) if wt else (kk, n) for k, (kk, n) in kn.items()}
 
 
-def _tensors(o: Orchestration, cfg: ModelConfig, dt: DType, sizes: tuple, NBV: int, t: DecodeTiling,
-             unused: tuple[str, ...] = ()) -> dict:
-    """The step's tensors: weights (inputs), the state (cache, token, position: inout), the
-    logits (output) and the activations between tasks (temps); ``sizes``: the scalars B, C, J
-    and the combine's spans S (0: none)."""
-    B, C, J, S = sizes
-    c = cfg.layer
-    L, H, D, QD, KVD, F, V = cfg.layers, c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, cfg.vocab
-    ws = weight_shapes(cfg, t.wt)
-
-    def stacked(kind: str):
-        rows, cols = ws[kind]
-        return o.input(kind, L * rows, cols, dt)
-
-    T = {"emb": o.input("emb", V, H, dt), "w_qkv": stacked("w_qkv"),
-         "g_attn": o.input("g_attn", L, H, dt), "wo": stacked("wo"),
-         "g_ffn": o.input("g_ffn", L, H, dt), "wg": stacked("wg"), "wu": stacked("wu"),
-         "wd": stacked("wd"), "g_out": o.input("g_out", 1, H, dt),
-         "lm_head": o.input("lm_head", *((V, H) if t.lm_wt else (H, V)), dt),
-         "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
-    T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
-             tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
-    for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
-                                    ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
-                                    ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
-                                    ("best", B, NBV, f32), ("index", B, NBV, f32)):
-        if name not in unused:  # (qkv: not with the projection's own RoPE)
-            T[name] = o.temp(name, rows, cols, dtype)
-    if S:
-        T.update(o_span=o.temp("o_span", B * S * c.heads, D, f32), ml_span=o.temp("ml_span", B * S * c.heads, 2, f32))
-    return T
-
-
 # (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "weight_shapes", "allreduce_dtype",
-           "COMBINE_ROWS", "spans", "tile_rows"]
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "vocab_split", "weight_shapes",
+           "allreduce_dtype", "COMBINE_ROWS", "spans", "tile_rows"]

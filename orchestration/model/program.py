@@ -18,13 +18,34 @@ from pto.orchestration.llama.config import LlamaConfig, RopeScaling
 from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, weight_shapes
+from pto.orchestration.model.decode import (
+    DecodeTiling,
+    allreduce_dtype,
+    build_step,
+    tile_rows,
+    vocab_split,
+    weight_shapes,
+)
+from pto.orchestration.model.gguf_file import is_gguf, open_gguf
+from pto.orchestration.model.quantized import (
+    DENSE,
+    QUANTIZERS,
+    RANDOM_TYPES,
+    KeepFileTypes,
+    WeightTypes,
+    file_weight_types,
+    for_weights,
+    is_quantized,
+    quantize_weights,
+    random_quantized_weights,
+)
 from pto.orchestration.model.reference import KVCache, ReferenceModel
 
 from pto import Var
 from pto.errors import UsageError
-from pto.ir.dtypes import DType
-from pto.program import Option, Program, Settings, Shape, ShapeParam
+from pto.ir.dtypes import DType, dtype_of
+from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
+from pto.quant import QTensor
 from pto.target import Target
 
 CONFIGS = {
@@ -32,12 +53,22 @@ CONFIGS = {
                         tied=True, max_positions=1024, eos_ids=(2,)),
     "tiny-swa": ModelConfig(LlamaConfig(hidden=64, heads=4, head_dim=16, ffn=160, kv_heads=2, window=64), vocab=512,
                             layers=2, tied=False, max_positions=1024, eos_ids=(2,)),
+    # 24 query heads, each its own key/value head: splits over 2, 3, 4, 6 and 8 ranks (the CPU's
+    # tensor-parallel tests up to 8 ranks); a vocabulary that 3 and 8 do not divide
+    "tiny-mha24": ModelConfig(LlamaConfig(hidden=64, heads=24, head_dim=8, ffn=192, kv_heads=24), vocab=500,
+                              layers=2, tied=True, max_positions=1024, eos_ids=(2,)),
     "smollm2-135m": ModelConfig(LlamaConfig(hidden=576, heads=9, head_dim=64, ffn=1536, kv_heads=3, eps=1e-5,
                                             theta=100000.0), vocab=49152, layers=30, tied=True, max_positions=8192,
                                 eos_ids=(2,)),
     "llama3-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
                                          theta=500000.0), vocab=128256, layers=32, tied=False, max_positions=8192,
                              eos_ids=(128001, 128009)),
+    # Llama-3.2-1B's shape (tied embedding, 32 query and 8 key/value heads of 64): the model the
+    # published megakernels report on, for a like-for-like comparison
+    "llama3.2-1b": ModelConfig(LlamaConfig(hidden=2048, heads=32, head_dim=64, ffn=8192, kv_heads=8, eps=1e-5,
+                                           theta=500000.0, rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)),
+                               vocab=128256, layers=16, tied=True, max_positions=131072,
+                               eos_ids=(128001, 128008, 128009)),
     # LLaMA 3.1's 128K context (its RoPE scaling): the 8B model's shape at long caches
     "llama3.1-8b": ModelConfig(LlamaConfig(hidden=4096, heads=32, head_dim=128, ffn=14336, kv_heads=8, eps=1e-5,
                                            theta=500000.0, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)),
@@ -79,6 +110,25 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
     return CPU_TILING if target is not None and target.kind == "cpu" else TILING
 
 
+#: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): blocks
+#: of 16 outputs of every projection in K steps of 1024, items 4x as large as the wave executor's
+#: (its fixed cost, a table's round trips and the loads' first latency, paid a quarter as often):
+#: on an H200 Llama-3-8B's step 6.45 against 8.47 ms, Llama-3.2-1B's 1.30 against 1.79
+#: (docs/PERF.md, "The megakernel on the peers' design"); the per-program rule of blocks as wide as
+#: one item per program and projection, in short K steps, was slower still (15.3 ms on the 8B model)
+MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
+
+
+def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None = None) -> DecodeTiling:
+    """The step's tiles for ``cfg`` run by ``executor`` on ``target``: the megakernel's wider
+    blocks for models of hidden 2048 and more on the persistent executor
+    (:data:`MEGAKERNEL_WIDE`), else :func:`tiling_for`'s."""
+    base = tiling_for(cfg, target)
+    if executor == "persistent" and cfg.layer.hidden >= 2048:
+        return replace(base, **MEGAKERNEL_WIDE)
+    return base
+
+
 class ModelProgram(Program):
     name = "model"
     description = ("one decode step of a whole LLaMA-family model (embedding, every layer with a KV cache, the LM "
@@ -86,29 +136,36 @@ class ModelProgram(Program):
     configs = CONFIGS
     options = (Option("weights", "", "a GGUF file or a Hugging Face folder: the model's configuration and weights "
                       "(replaces --config)"),
+               Option("quantize", "auto", "how the weights are stored: auto (a GGUF file's own types, floats as "
+                      "they are), none (all dequantized), or a type: fp8, q8_0, q4_0 quantized by pto at load (random "
+                      "weights also q4_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
+                      choices=("auto", "none", *RANDOM_TYPES)),
                Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
-                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")))
+                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")),
+               Option("lm_head", "parallel", "with --tp N: the LM head split by vocabulary (each rank its share's "
+                      "logits, the argmax combined over the ranks) or replicated on every rank",
+                      choices=("parallel", "replicated")))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
-    generates = True
     tensor_parallel = True
-    # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H100
-    # at every tiling measured (SmolLM2, batch 1: 1.40 against 1.96 ms; docs/PERF.md, "Decode")
+    # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
+    # every model measured (SmolLM2 0.43-0.55 against 0.58 ms, Llama-3-8B 4.52 against 6.45;
+    # docs/PERF.md, "The megakernel on the peers' design")
     auto_executor = "waves"
-
-    def generate(self, request: dict, stream=None) -> dict:
-        from pto.orchestration.model.textgen import Request, run
-
-        return run(Request(**request), stream)
-
-    def describe_generation(self, res: dict) -> str:
-        from pto.orchestration.model.textgen import format_speed
-
-        return format_speed(res)
 
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"
+
+    def settings(self, *, device: str = "cpu", config: str | None = None, **kw) -> Settings:
+        """The base rule, and ``--weights`` in place of ``--config``: the settings' config is then
+        the file's shape (:meth:`ModelConfig.spec`), so that every report names what ran (the
+        file itself is the ``weights`` option)."""
+        if kw.get("weights") and config not in (None, "auto"):
+            raise UsageError(f"{self.name}: --weights and --config {config} both give the model's configuration; "
+                             "give one of them")
+        s = super().settings(device=device, config=config, **kw)
+        return replace(s, config=self.config(s).spec()) if s["weights"] else s
 
     def config(self, s: Settings) -> ModelConfig:
         if s["weights"]:
@@ -117,34 +174,80 @@ class ModelProgram(Program):
             return load_config(s["weights"])
         return CONFIGS[s.config]
 
+    def weight_types(self, s: Settings) -> WeightTypes:
+        """What the step's weight inputs are stored as under ``s`` (a GGUF file's from its
+        headers; no data read)."""
+        q = s["quantize"]
+        if q == "none":
+            return DENSE
+        if q == "auto":
+            if s["weights"] and is_gguf(s["weights"]):
+                return file_weight_types(open_gguf(s["weights"]))[0]
+            return DENSE
+        cfg = self.config(s)
+        kinds = ["w_qkv", "wo", "wg", "wu", "wd"] + ([] if cfg.tied else ["lm_head"])
+        return WeightTypes(tuple(sorted((k, dtype_of(q)) for k in kinds)))
+
     def check_settings(self, s: Settings) -> None:
+        q = s["quantize"]
+        if s["weights"] and q not in ("auto", "none", *QUANTIZERS):
+            raise UsageError(f"{self.name}: --quantize {q}: pto quantizes weights to {', '.join(QUANTIZERS)} (random "
+                             "weights also to GGUF's other types)")
         cfg = self.config(s)  # a file that is not a model: one line now
+        if q not in ("auto", "none"):
+            for n in (cfg.hidden, cfg.layer.q_dim, cfg.layer.ffn):
+                if n % dtype_of(q).quant.block:
+                    raise UsageError(f"{self.name}: --quantize {q}: the model's rows of {n} inputs are not whole "
+                                     f"blocks of {dtype_of(q).quant.block}")
+        if s.tp > 1 and self.weight_types(s).quantized:
+            raise UsageError(f"{self.name}: --tp {s.tp}: quantized weights run on one rank (--quantize none)")
         try:
             cfg.shard(s.tp)
+            self._split(s)
         except ValueError as e:
             raise UsageError(f"{self.name}: --tp {s.tp}: {e}") from None
 
     def _reduce_dtype(self, s: Settings) -> DType:
         return allreduce_dtype(s.dtype, s["allreduce_dtype"])
 
+    def _split(self, s: Settings):
+        """The vocabulary-parallel LM head's split (None: one rank, or ``--lm-head replicated``)."""
+        return vocab_split(self.config(s), s.tp, s["lm_head"] == "parallel")
+
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
         return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg, s.target), s.tp,
-                          self._reduce_dtype(s), shape["cache"])
+                          self._reduce_dtype(s), shape["cache"], self.weight_types(s), s["lm_head"] == "parallel")
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one
-        task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype."""
+        task's rows (the batch, padded as the tiles are) of ``hidden`` values in the sum's dtype;
+        and the vocabulary-parallel head's candidates (f32); each twice (symmetric memory's
+        one-shot sum, which a step's small sums take on GPUs that have it, writes a second
+        buffer: pto.collectives)."""
         if s.tp == 1:
             return 0
-        return tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize
+        split = self._split(s)
+        candidates = shape["batch"] * split.width * 4 if split else 0
+        return 2 * (tile_rows(shape["batch"]) * self.config(s).hidden * self._reduce_dtype(s).itemsize + candidates)
 
     def shard(self, s: Settings, inputs: dict, rank: int) -> dict:
         """Rank ``rank``'s inputs (:func:`shard_inputs`)."""
         if s.tp == 1:
             return inputs
-        return shard_inputs(self.config(s), inputs, s.tp, rank, tiling_for(self.config(s)).wt)
+        tiling = tiling_for(self.config(s))
+        return shard_inputs(self.config(s), inputs, s.tp, rank, tiling.wt, self._split(s), tiling.lm_wt)
+
+    def unshard(self, s: Settings, outputs: dict) -> dict:
+        """The whole outputs on every rank: the vocabulary-parallel head's logits joined from the
+        ranks' shares (a collective); the rest every rank holds whole."""
+        split = self._split(s)
+        if split is None:
+            return outputs
+        from pto.orchestration.model.vocab import whole_logits
+
+        return {**outputs, "logits": whole_logits(outputs["logits"], split)}
 
     def check_shape(self, s: Settings, shape: Shape) -> None:
         cfg, chunk = self.config(s), tiling_for(self.config(s)).chunk
@@ -164,13 +267,27 @@ class ModelProgram(Program):
         must read from memory at a full cache: every layer's weights and the LM head once (of
         the embedding only a row per sequence) and the whole cache; over the memory bandwidth,
         the step's floor. Under ``--tp`` one rank's: its share of the layers and of the cache,
-        the LM head whole."""
+        and of the LM head (whole with ``--lm-head replicated``; with its candidates' places)."""
+        split = self._split(s)
         cfg = self.config(s).shard(s.tp)
         c, esize = cfg.layer, s.dtype.itemsize
         kv = cfg.layers * shape["batch"] * shape["cache"] * 2 * c.kv_dim * esize
-        weights = esize * (cfg.vocab * c.hidden + c.hidden + cfg.layers * (
-            c.hidden * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden))
-        return {"kv_cache_bytes": kv, "step_read_bytes": weights + kv}
+        wtypes = self.weight_types(s)
+        shapes = weight_shapes(cfg, True)  # (N, K): rows of outputs, blocks along the inputs
+
+        def nbytes(kind: str, rows: int, cols: int) -> int:
+            return wtypes.get(kind, s.dtype).nbytes(rows, cols)
+
+        layers = cfg.layers * (sum(nbytes(k, *shapes[k]) for k in shapes) + 2 * c.hidden * esize)
+        head = nbytes("lm_head", split.height if split else cfg.vocab, c.hidden)
+        emb = nbytes("emb", cfg.vocab, c.hidden)
+        final = c.hidden * esize  # the final norm's gain
+        place = 3 * split.width * 4 if split else 0  # where the rank's candidate goes (f32)
+        resident = layers + emb + final + place + (0 if cfg.tied and split is None else head)
+        return {"kv_cache_bytes": kv, "weight_bytes": resident, "step_read_bytes": layers + head + final + place + kv}
+
+    def estimate_baselines(self, s: Settings) -> list[Baseline]:
+        return []  # no published counts of a decode step to draw beside
 
     def scalar_exprs(self, s):
         return {"B": Var("batch"), "C": Var("cache")}
@@ -189,7 +306,7 @@ class ModelProgram(Program):
         pos = torch.randint(0, 3 * C if cfg.layer.window else C, (B, 1), generator=g).float()
         pos[-1, 0] = C - 1  # a full cache
         tok = torch.randint(0, cfg.vocab, (B, 1), generator=g).float()
-        tiling = tiling_for(cfg)
+        tiling = for_weights(tiling_for(cfg), self.weight_types(s))
         out = {**stack_weights(weights, tiling.wt, tiling.lm_wt), "k_cache": cache[0], "v_cache": cache[1], "tok": tok,
                "pos": pos}
         cos, sin = rope_tables(cfg.max_positions, cfg.layer, s.dtype, "cpu")
@@ -202,8 +319,11 @@ class ModelProgram(Program):
         against a framework's own)."""
         cfg = self.config(s)
         B, C = shape["batch"], shape["cache"]
-        tiling = tiling_for(cfg)
-        w = unstack_weights(cfg, {k: v.to(dtype) for k, v in inputs.items()}, tiling.wt, tiling.lm_wt)
+        wtypes = self.weight_types(s)
+        tiling = for_weights(tiling_for(cfg), wtypes)
+        quantized = dict(wtypes.types)
+        w = unstack_weights(cfg, {k: v if k in quantized else v.to(dtype) for k, v in inputs.items()}, tiling.wt,
+                            tiling.lm_wt, wtypes, dtype)
         L, NKV, D = cfg.layers, cfg.layer.kv_heads, cfg.layer.head_dim
 
         def blocks(t):
@@ -218,12 +338,17 @@ class ModelProgram(Program):
 
 
 def load_or_random(s: Settings, cfg: ModelConfig, g: torch.Generator) -> ModelWeights:
-    """The weights of ``--weights``, else seeded random ones of ``cfg``'s shape."""
+    """The weights of ``--weights``, else seeded random ones of ``cfg``'s shape; stored as
+    ``--quantize`` says."""
+    q = s["quantize"]
     if s["weights"]:
         from pto.orchestration.model.checkpoint import load_weights
 
-        return load_weights(s["weights"], s.dtype.torch)
-    return random_weights(cfg, s.dtype.torch, g)
+        keep = KeepFileTypes() if q == "auto" else None
+        w = load_weights(s["weights"], s.dtype.torch, keep=keep)
+        return w if q in ("auto", "none") else quantize_weights(w, q)
+    w = random_weights(cfg, s.dtype.torch, g)
+    return w if q in ("auto", "none") else random_quantized_weights(w, q, g)
 
 
 def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> ModelWeights:
@@ -249,25 +374,40 @@ def random_weights(cfg: ModelConfig, dtype: torch.dtype, g: torch.Generator) -> 
 
 def stack_weights(w: ModelWeights, wt: bool = False, lm_wt: bool = False) -> dict[str, torch.Tensor]:
     """The step's weight tensors: every layer's block of a kind stacked (:mod:`.decode`), each
-    block output-major with ``wt``, the LM head with ``lm_wt`` (:class:`DecodeTiling`)."""
+    block output-major with ``wt``, the LM head with ``lm_wt`` (:class:`DecodeTiling`); a
+    quantized kind's blocks (output-major, :mod:`.quantized`) as their rows of bytes."""
     ls = w.layers
 
     def stack(blocks):
+        if is_quantized(blocks[0]):
+            return QTensor.cat(blocks).data
         return torch.cat([b.t() if wt else b for b in blocks]).contiguous()
 
-    return {"emb": w.embedding.contiguous(), "w_qkv": stack([torch.cat([x["wq"], x["wk"], x["wv"]], 1) for x in ls]),
+    def qkv(x):
+        if is_quantized(x["wq"]):  # output-major: q, k and v one after the other as rows
+            return QTensor.cat([x["wq"], x["wk"], x["wv"]])
+        return torch.cat([x["wq"], x["wk"], x["wv"]], 1)
+
+    def whole(t, transposed: bool):
+        if is_quantized(t):
+            return t.data
+        return (t.t() if transposed else t).contiguous()
+
+    return {"emb": whole(w.embedding, False), "w_qkv": stack([qkv(x) for x in ls]),
             "g_attn": torch.cat([x["g_attn"] for x in ls]), "wo": stack([x["wo"] for x in ls]),
             "g_ffn": torch.cat([x["g_ffn"] for x in ls]), "wg": stack([x["wg"] for x in ls]),
             "wu": stack([x["wu"] for x in ls]), "wd": stack([x["wd"] for x in ls]),
-            "g_out": w.norm.contiguous(), "lm_head": (w.lm_head.t() if lm_wt else w.lm_head).contiguous()}
+            "g_out": w.norm.contiguous(), "lm_head": whole(w.lm_head, lm_wt)}
 
 
 def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, rank: int,
-                 wt: bool = True) -> dict[str, torch.Tensor]:
+                 wt: bool = True, split=None, lm_wt: bool = False) -> dict[str, torch.Tensor]:
     """Rank ``rank`` of ``tp``'s step inputs from the whole ones (:func:`stack_weights`'
     layout, output-major blocks with ``wt``): of every layer, the outputs of wq, wk, wv, wg and
     wu and the contraction columns of wo and wd that belong to its query heads, key/value heads
-    and FFN columns, and the same key/value heads' columns of both caches; the rest whole."""
+    and FFN columns, and the same key/value heads' columns of both caches; with ``split`` (a
+    :class:`~.vocab.VocabSplit`) the rank's share of the LM head (output-major with ``lm_wt``)
+    and where its candidate goes (``vocab_place``); the rest whole."""
     c, L = cfg.layer, cfg.layers
     q, kv, f = c.q_dim // tp, c.kv_dim // tp, c.ffn // tp
     shapes = weight_shapes(cfg, wt)
@@ -289,19 +429,32 @@ def shard_inputs(cfg: ModelConfig, inputs: dict[str, torch.Tensor], tp: int, ran
     for name in ("k_cache", "v_cache"):
         if name in inputs:
             out[name] = inputs[name][:, rank * kv:(rank + 1) * kv].contiguous()
+    if split is not None:
+        out["lm_head"] = split.shard_head(inputs["lm_head"], rank, lm_wt)
+        out["vocab_place"] = split.place(rank, inputs["lm_head"].device)
     return out
 
 
-def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False,
-                    lm_wt: bool = False) -> ModelWeights:
-    """:func:`stack_weights` undone (the reference's view of the step's inputs)."""
+def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = False, lm_wt: bool = False,
+                    wtypes: WeightTypes = DENSE, dtype: torch.dtype = torch.float32) -> ModelWeights:
+    """:func:`stack_weights` undone (the reference's view of the step's inputs); the quantized
+    inputs of ``wtypes`` dequantized (to ``dtype``)."""
     QD, KVD = cfg.layer.q_dim, cfg.layer.kv_dim
     shapes = weight_shapes(cfg, wt)
+    quantized = dict(wtypes.types)
 
     def block(kind: str, i: int) -> torch.Tensor:
         rows = shapes[kind][0]
         b = t[kind][i * rows:(i + 1) * rows]
+        if kind in quantized:
+            b = QTensor(quantized[kind], b, shapes[kind][1]).dequantize(dtype)
         return b.t() if wt else b
+
+    t, H = dict(t), cfg.layer.hidden
+    if "emb" in quantized:
+        t["emb"] = QTensor(quantized["emb"], t["emb"], H).dequantize(dtype)
+    if "lm_head" in quantized:
+        t["lm_head"] = QTensor(quantized["lm_head"], t["lm_head"], H).dequantize(dtype)
 
     layers = []
     for i in range(cfg.layers):
@@ -315,4 +468,4 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE"]

@@ -22,14 +22,13 @@ window``, overwriting the position ``window`` before it, which no later query ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from pto.orchestration.llama.reference import inv_frequencies
 from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.sampling import Sampler
 
 from pto.errors import UsageError
 
@@ -218,13 +217,15 @@ class ReferenceModel:
         tokens = torch.as_tensor(next_tokens, device=cache.lengths.device).long().view(cache.batch, 1)
         return self.logits(self.forward(cache, tokens)[:, 0])
 
-    def generate_steps(self, prompts: list[list[int]], max_new_tokens: int, sampler: Sampler | None = None,
+    def generate_steps(self, prompts: list[list[int]], max_new_tokens: int, sampler: Picker | None = None,
                        stop_ids=None) -> Iterator[list[int | None]]:
         """Generate for a batch of prompts: yields, each step, every sequence's new token (None
         once it has stopped: it produced a token of ``stop_ids``, default the model's end of
         sequence tokens); stops after ``max_new_tokens`` steps or when all have stopped.
-        ``sampler``: greedy by default."""
-        sampler = sampler or Sampler()
+        ``sampler``: the next tokens ``[B]`` of logits ``[B, vocab]`` (the generation
+        application's ``Sampler``); greedy by default (the most likely token, ties to the lowest
+        id)."""
+        sampler = sampler or greedy
         stop = set(self.config.eos_ids if stop_ids is None else stop_ids)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UsageError("every prompt needs at least one token")
@@ -241,7 +242,7 @@ class ReferenceModel:
                 return
             logits = self.decode_step(cache, nxt)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampler: Sampler | None = None,
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampler: Picker | None = None,
                  stop_ids=None) -> list[list[int]]:
         """The new tokens of each prompt (ending with its stop token when it produced one)."""
         out: list[list[int]] = [[] for _ in prompts]
@@ -250,6 +251,15 @@ class ReferenceModel:
                 if t is not None:
                     seq.append(t)
         return out
+
+
+#: a rule that picks each sequence's next token: logits ``[B, vocab]`` -> tokens ``[B]`` (int64)
+Picker = Callable[[torch.Tensor], torch.Tensor]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely token of each row (ties to the lowest id, as ``torch.argmax`` breaks them)."""
+    return logits.argmax(dim=-1)
 
 
 def pad_prompts(prompts: list[list[int]], pad: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from pto.evaluator.machine import run_incore_batch
 
 class TorchBackend(Backend):
     name = "torch"
+    description = "the batched tile evaluator in torch (any device)"
 
     @classmethod
     def create(cls, device, launch: dict[str, dict], shipped: tuple = ()) -> TorchBackend:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 from pto.errors import PTOError, UsageError
 
@@ -30,6 +31,16 @@ def value_list(text: str, flag: str = "--seq") -> list[int]:
     if any(v <= 0 for v in out):
         raise UsageError(f"{flag} {text!r}: the values must be positive")
     return out
+
+
+def value_list_of(flag: str):
+    """An argparse ``type`` that checks ``--seq N,N,...`` as it is parsed (:func:`value_list`)
+    and keeps the text."""
+    def check(text: str) -> str:
+        value_list(text, flag)
+        return text
+
+    return check
 
 
 def positive(text: str) -> int:
@@ -63,9 +74,34 @@ def page(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _writable(folder: str, make=tempfile.mkstemp) -> bool:
+    """Whether a file (``make=tempfile.mkdtemp``: a folder) can be made in ``folder``: tried, not
+    asked, since ``os.access`` says yes to root everywhere and /proc or /sys take nothing whatever
+    their bits say. The probe is removed."""
+    try:
+        made = make(dir=folder, prefix=".pto-probe-")
+    except OSError:
+        return False
+    if isinstance(made, tuple):  # mkstemp: (descriptor, path)
+        os.close(made[0])
+        os.unlink(made[1])
+    else:
+        os.rmdir(made)
+    return True
+
+
+def _opens_for_writing(path: str) -> bool:
+    """Whether an existing file opens for writing (it is neither truncated nor changed)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+    except OSError:
+        return False
+    return True
+
+
 def check_output_file(path: str | None, what: str) -> None:
     """Fail before any work when an output file cannot be created: an empty path, a folder, a
-    missing or read-only parent folder."""
+    missing parent folder, or one (or a file) that takes no writes."""
     if path is None:
         return
     if not path:
@@ -75,7 +111,7 @@ def check_output_file(path: str | None, what: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    if not (_opens_for_writing(path) if os.path.exists(path) else _writable(parent)):
         raise UsageError(f"{what} {path}: cannot write there")
 
 
@@ -92,6 +128,9 @@ def check_distinct(outputs: dict[str, str | None]) -> None:
 
 
 def check_output_dir(path: str, what: str) -> None:
+    """Fail before any work when an output folder cannot be written: its parent must take a new
+    folder (the output is made beside it, then moved in: :mod:`pto.tools.emit`), and an existing
+    folder new files."""
     if not path:
         raise UsageError(f"{what}: the folder name is empty")
     if os.path.exists(path) and not os.path.isdir(path):
@@ -99,9 +138,29 @@ def check_output_dir(path: str, what: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    target = path if os.path.isdir(path) else parent
-    if not os.access(target, os.W_OK):
+    if not _writable(parent, tempfile.mkdtemp):
+        raise UsageError(f"{what} {path}: cannot write in its folder {parent}")
+    if os.path.isdir(path) and not _writable(path):
         raise UsageError(f"{what} {path}: cannot write there")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The files and folders a program's command writes (or reads: ``--inputs``), checked as soon as
+    the generic flags are parsed, before the program and torch are loaded (seconds) and before
+    any work (``pto codegen`` built for half a minute before finding that /proc takes no folder)."""
+    if args.cmd == "run":
+        for flag in ("dump", "trace", "save", "save_inputs"):
+            check_output_file(getattr(args, flag), "--" + flag.replace("_", "-"))
+        check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save,
+                        "--save-inputs": args.save_inputs, "--inputs": args.inputs})
+        if args.inputs is not None and not os.path.isfile(args.inputs):
+            raise UsageError(f"--inputs {args.inputs}: no such file")
+    elif args.cmd == "graph":
+        check_output_file(args.dump, "--dump")
+    elif args.cmd == "codegen":
+        check_output_dir(args.out, "--out")
+    elif args.cmd == "bench":
+        check_output_file(args.json, "--json")
 
 
 def check_cache(cmd: str | None) -> None:
@@ -121,7 +180,9 @@ def unrecognized(extra: list[str], parser: argparse.ArgumentParser, cmd: str | N
     if flag is None or cmd is None:
         return msg
     who = f"{program.name}" if program is not None else f"pto {cmd}"
-    owners = _programs_with(flag)
+    # the programs' options only where a program was loaded: loading them all imports torch, seconds
+    # that a command without a program (info, generate, visualize) need not spend on a typo
+    owners = _programs_with(flag) if program is not None else []
     if owners:
         return f"{msg} ({who} takes no {flag}; it is an option of {', '.join(owners)})"
     commands = _commands_with(parser, flag)
@@ -152,5 +213,5 @@ def _commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
     return [c for c, p in sub.choices.items() if flag in p._option_string_actions]
 
 
-__all__ = ["INT32_MAX", "value_list", "positive", "seed", "page", "check_output_file", "check_distinct",
-           "check_output_dir", "check_cache", "unrecognized"]
+__all__ = ["INT32_MAX", "value_list", "value_list_of", "positive", "seed", "page", "check_output_file",
+           "check_distinct", "check_output_dir", "check_outputs", "check_cache", "unrecognized"]

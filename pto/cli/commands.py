@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from pto.cli.checks import check_distinct, check_output_dir, check_output_file, value_list
+from pto.cli.checks import check_distinct, check_output_file, value_list
 from pto.errors import UsageError
 
 
@@ -16,7 +15,7 @@ def _job(args):
 
     prog = get(args.program)
     options = {o.name: getattr(args, o.name) for o in prog.options}
-    return resolve(args.program, device=args.device, backend=getattr(args, "backend", "auto"),
+    return resolve(prog, device=args.device, backend=getattr(args, "backend", "auto"),
                    executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
                    target=args.target, options=options, tp=getattr(args, "tp", 1))
 
@@ -51,23 +50,16 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args) -> int:  # its outputs and --inputs were checked as it was parsed (checks.check_outputs)
     from pto.cli.report import format_summary
     from pto.progress import reporter
     from pto.tools.run import RunOptions, run
 
-    check_output_file(args.dump, "--dump")
-    check_output_file(args.trace, "--trace")
-    check_output_file(args.save, "--save")
-    check_output_file(args.save_inputs, "--save-inputs")
-    check_distinct({"--dump": args.dump, "--trace": args.trace, "--save": args.save, "--save-inputs": args.save_inputs,
-                    "--inputs": args.inputs})
-    if args.inputs is not None and not os.path.isfile(args.inputs):
-        raise UsageError(f"--inputs {args.inputs}: no such file")
     job = _job(args)
-    with reporter(f"{job.program.name}: executing", args.json) as progress:
+    with reporter(job.program.name, args.json, unit=None) as progress:
         opts = RunOptions(check=args.check, dump=args.dump, trace=args.trace, seed=args.seed, repeat=args.repeat,
-                          profile=args.profile, progress=progress, sentinel=args.sentinel, inputs=args.inputs,
+                          profile=args.profile, progress=progress, phase=None if progress is None else progress.phase,
+                          sentinel=args.sentinel, inputs=args.inputs,
                           save=args.save, save_inputs=args.save_inputs, check_schedule=args.check_schedule,
                           deterministic=args.deterministic, warn=lambda line: print(f"pto: {line}", file=sys.stderr))
         res = run(job, _shape(args, job.program), opts)
@@ -94,7 +86,6 @@ def _cmd_run(args) -> int:
 def _cmd_graph(args) -> int:
     from pto.tools.graphcmd import build_only, format_report
 
-    check_output_file(args.dump, "--dump")
     job = _job(args)
     res = build_only(job, _shape(args, job.program), dump=args.dump, draw=args.draw)
     if "drawing_note" in res:
@@ -103,11 +94,10 @@ def _cmd_graph(args) -> int:
     return 0
 
 
-def _cmd_codegen(args) -> int:
+def _cmd_codegen(args) -> int:  # --out was checked as it was parsed (checks.check_outputs)
     from pto.progress import wanted
     from pto.tools.emit import check, codegen
 
-    check_output_dir(args.out, "--out")
     check(args.out, args.force)
     job = _job(args)
     for path in codegen(job, args.out, _given(args, job.program), adaptive=not args.no_adaptive,
@@ -128,8 +118,10 @@ def _cmd_estimate(args) -> int:
     kw = dict(shape=shapes[0], adaptive=not args.no_adaptive)
     res = estimate(job.program, values, settings=job.settings, progress=wanted(args.json), **kw)
     if args.plot:
-        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw))
-                     for b in job.program.estimate_baselines(job.settings)]
+        from pto.program import Estimation
+
+        mine = job.program.estimate_baselines(job.settings) if isinstance(job.program, Estimation) else []
+        baselines = [(b, estimate(job.program, values, settings=b.settings, **kw)) for b in mine]
         plot(res, args.plot, baselines)
         res["plot"] = args.plot
     print(json.dumps(res) if args.json else format_table(res))
@@ -146,7 +138,6 @@ def _cmd_bench(args) -> int:
 
     prog = get(args.program)
     shapes = _sweep(args, prog)
-    check_output_file(args.json, "--json")
     if args.plot:
         check_plot_path(args.plot)
     check_distinct({"--json": args.json, "--plot": args.plot})
@@ -213,28 +204,14 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    """``pto generate``: the program that generates text (the one registered with ``generates``)."""
-    from pto import programs
-
-    makers = [p for p in (programs.get(n) for n in programs.names()) if p.generates]
-    if not makers:
-        raise UsageError("no installed program generates text")
-    path = args.gguf or args.hf
-    if path is None:
-        raise UsageError("pto generate needs --gguf FILE or --hf DIR (the model)")
-    prompts = list(args.prompt or [])
-    if args.batch > 1 and len(prompts) == 1:
-        prompts *= args.batch
-    elif args.batch > 1 and len(prompts) != args.batch:
-        raise UsageError(f"--batch {args.batch} with {len(prompts)} prompts: give one prompt (copied) or {args.batch}")
-    request = {"path": path, "prompts": tuple(prompts), "max_new_tokens": args.max_new_tokens, "chat": args.chat,
-               "device": args.device, "dtype": args.dtype, "executor": args.executor,
-               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-               "tp": args.tp, "allreduce_dtype": args.allreduce_dtype}
+    """``pto generate``: the request (:class:`pto.generation.GenerateRequest`) to the installed
+    text generator (:func:`pto.generation.generator`)."""
     from pto import dist
+    from pto.generation import GenerateRequest, generator
 
+    answers = generator()
     try:
-        res = makers[0].generate(request, None if args.json else sys.stdout)
+        res = answers.generate(GenerateRequest.of(args), None if args.json else sys.stdout)
         rank = dist.rank()
     finally:
         dist.shutdown()
@@ -242,10 +219,8 @@ def _cmd_generate(args) -> int:
         return 0
     if args.json:
         print(json.dumps(res))
-    else:
-        for i, text in enumerate(res["texts"][1:], start=2):
-            print(f"--- sequence {i}:\n{text}")
-        print(makers[0].describe_generation(res), file=sys.stderr)
+    else:  # the texts went to stdout as they were generated
+        print(answers.describe(res), file=sys.stderr)
     return 0
 
 

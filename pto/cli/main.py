@@ -1,9 +1,12 @@
-"""``pto``'s entry point: every error a user can cause is one line on stderr and an exit status."""
+"""``pto``'s entry point: every error a user can cause is one line on stderr and an exit status;
+Ctrl-C, at any moment, ends the command with ``pto: interrupted`` and 130."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 from pto.cli.checks import check_cache
 from pto.cli.commands import COMMANDS
@@ -13,6 +16,8 @@ from pto.errors import PTOError, UsageError
 
 def _rank_prefix() -> str:
     """``rank R: `` in a torchrun launch of several processes (each failing rank says its line)."""
+    if "WORLD_SIZE" not in os.environ:  # no launch to read (and no torch to import for a typo)
+        return ""
     try:
         from pto.dist import environment
 
@@ -22,7 +27,44 @@ def _rank_prefix() -> str:
     return f"rank {env.rank}: " if env is not None and env.world > 1 else ""
 
 
+class _Interrupts:
+    """SIGINT raises KeyboardInterrupt (as Python's own handler does) and is remembered, so that
+    an interrupt swallowed on its way up (raised inside a finalizer, whose exceptions Python only
+    prints) still ends the command with 130. Installed first thing in :func:`main`, so that every
+    import, compile and build after it is covered; the handler found is restored at the end. An
+    interrupt ignored on entry (a background job of a shell without job control) stays ignored,
+    as in any program; handlers belong to the main thread."""
+
+    def __init__(self):
+        self.seen = False
+        self.before = None
+        if threading.current_thread() is threading.main_thread():
+            before = signal.getsignal(signal.SIGINT)
+            if before is not signal.SIG_IGN:
+                self.before = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
+
+
 def main(argv: list[str] | None = None) -> int:
+    interrupts = _Interrupts()
+    try:
+        code = _main(argv)
+    finally:
+        interrupts.restore()
+    if interrupts.seen and code != 130:  # interrupted, though something swallowed it
+        print("pto: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parse(argv)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pto.cli.checks import page, positive, seed, unrecognized
+from pto.cli.checks import check_outputs, page, positive, seed, unrecognized, value_list_of
 from pto.errors import UsageError
 
 PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
@@ -29,7 +29,8 @@ def _shape_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     for k, p in enumerate(params):
         if cmd in SWEEPS and k == 0:
             need = cmd != "tune" and program is not None
-            s.add_argument(p.flag, dest=p.name, required=need, default=None, metavar="N,N,...",
+            s.add_argument(p.flag, dest=p.name, type=value_list_of(p.flag), required=need, default=None,
+                           metavar="N,N,...",
                            help=f"{p.help}: comma-separated values" + ("" if need else f" (default: {p.default})"))
         else:
             s.add_argument(p.flag, dest=p.name, type=positive, default=None, metavar="N",
@@ -50,8 +51,10 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     s.add_argument("--config", default="auto", choices=["auto", *configs] if configs else None, metavar=None
                    if configs else "NAME", help="the program's configuration (default: auto, the program's "
                    "default for the device)")
-    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)],
-                   help="storage dtype (default: auto, bf16 on cuda, f32 on cpu)")
+    s.add_argument("--dtype", default="auto", choices=["auto", *(d.short for d in DType)], metavar="DTYPE",
+                   help="storage dtype: auto (bf16 on cuda, f32 on cpu), f32, f16 or bf16 (the quantized "
+                   f"{', '.join(d.short for d in DType if d.is_quantized)} store weights only: a program's own "
+                   "options say where)")
     s.add_argument("--target", default=None, choices=target.names(),
                    help="the machine whose on-chip memory sizes the tiles (default: the device's own)")
     if cmd in ("run", "graph", "codegen", "estimate"):
@@ -194,34 +197,27 @@ def _add_tune(sub, program, helps: bool, more: str) -> None:
 
 
 def _add_generate(sub, program, helps: bool, more: str) -> None:
-    """`pto generate`'s flags."""
+    """`pto generate`'s flags: those of :class:`pto.generation.GenerateRequest`, then ``--json``."""
     from pto.exec import names as executor_names
+    from pto.generation import flags
 
     s = sub.add_parser("generate", help="generate text token by token from a checkpoint (GGUF or Hugging Face), "
                        "each step one task graph", add_help=helps)
-    src = s.add_mutually_exclusive_group()
-    src.add_argument("--gguf", metavar="FILE", help="a GGUF checkpoint (its weights are dequantized at load)")
-    src.add_argument("--hf", metavar="DIR", help="a Hugging Face folder: config.json, safetensors, tokenizer.json")
-    s.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for a batch)")
-    s.add_argument("--chat", action="store_true", help="wrap each prompt in the checkpoint's chat template")
-    s.add_argument("--max-new-tokens", type=positive, default=64, metavar="N", help="tokens to generate (default: 64)")
-    s.add_argument("--batch", type=positive, default=1, metavar="B",
-                   help="sequences decoded together: B copies of one --prompt, or B prompts (default: 1)")
-    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where it runs (default: auto)")
-    s.add_argument("--dtype", default="auto", choices=("auto", "f32", "bf16", "f16"),
-                   help="the weights' and activations' dtype (default: auto, bf16 on cuda, f32 on cpu)")
-    s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
-                   help="how each step's graph runs (default: auto)")
-    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0: greedy (the default); above 0: sample from softmax(logits / T)")
-    s.add_argument("--top-k", type=positive, default=None, metavar="K", help="sample among the K most likely tokens")
-    s.add_argument("--top-p", type=float, default=None, metavar="P",
-                   help="sample among the fewest tokens whose probability reaches P (nucleus)")
-    s.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
-    s.add_argument("--tp", type=positive, default=1, metavar="N",
-                   help="tensor-parallel ranks, one process each: torchrun --nproc-per-node N (default: 1)")
-    s.add_argument("--allreduce-dtype", default="storage", choices=("storage", "f32"),
-                   help="with --tp N: the dtype the ranks' partial sums are summed in (default: storage)")
+    converters = {"positive": positive, "int": int, "float": float, "text": None}
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for name, f, default in flags():
+        if f.group is not None and f.group not in groups:
+            groups[f.group] = s.add_mutually_exclusive_group()
+        where = s if f.group is None else groups[f.group]
+        flag, kw = "--" + (f.name or name).replace("_", "-"), {"dest": name, "help": f.help}
+        if f.kind == "switch":
+            where.add_argument(flag, action="store_true", **kw)
+        elif f.kind == "repeat":
+            where.add_argument(flag, action="append", metavar=f.metavar, **kw)
+        else:
+            choices = ["auto", *executor_names()] if f.kind == "executor" else f.choices
+            where.add_argument(flag, type=converters.get(f.kind), default=default, choices=choices, metavar=f.metavar,
+                               **kw)
     s.add_argument("--json", action="store_true", help="one JSON object on stdout (no streaming)")
 
 
@@ -240,21 +236,27 @@ def _add_visualize(sub, program, helps: bool, more: str) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse ``argv``: once without help to find the program, then with its options."""
+    """Parse ``argv``: first by the generic parser, which knows every command's flags but no
+    program's own options and imports neither torch nor a program, so that a typo in them, or an
+    output that cannot be written (:func:`check_outputs`), is answered at once; then, a program's
+    command, with the program's options."""
     from pto import programs
 
-    program = None
+    program, helping = None, "-h" in argv or "--help" in argv
     if argv and argv[0] in PROGRAM_COMMANDS:
         # the program: the first registered name after the command (it may follow options), else
         # whatever the generic parser takes for it (an unknown name is reported here)
         known = set(programs.names())
         name = next((a for a in argv[1:] if a in known), None)
-        if name is None:
-            try:
-                name = build_parser(helps=False).parse_known_args(argv)[0].program
-            except UsageError:
-                if "-h" not in argv and "--help" not in argv:
-                    raise
+        try:
+            first = build_parser(helps=False).parse_known_args(argv)[0]
+        except UsageError:
+            if not helping:
+                raise
+            first = None
+        if first is not None and not helping:
+            check_outputs(first)
+        name = name or (first.program if first is not None else None)
         if name is not None:
             program = programs.get(name)
     parser = build_parser(program)
@@ -262,5 +264,3 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if extra:
         raise UsageError(unrecognized(extra, parser, args.cmd, program))
     return args
-
-

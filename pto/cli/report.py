@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pto.tools.estimate import describe_columns
+
 
 def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
     opts = "".join(f" {k}={res[k]}" for k in options if res.get(k, "") != "")
@@ -13,6 +15,9 @@ def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
         f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
         f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",
     ]
+    counted = describe_columns(res)
+    if counted:
+        lines.append(counted)
     if "replay_ms" in res:
         lines.append(f"replay {res['replay_ms']:.3f} ms (median of {res['replays']}, {res['replay_mode']})")
     if "rel_err" in res:

@@ -63,6 +63,7 @@ from pto.ir.ops import (
     UNARY,
     Op,
 )
+from pto.quant.planes import dequantize_tiles
 
 #: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
 #: set lookups: an Op's hash is computed in Python)
@@ -110,6 +111,7 @@ class _Machine:
                 self.active = pidx < (ext if self.task is None else ext[self.task])
                 self.all_active = bool(self.active.all())
         self.tiles = Tiles(n, self.shapes, self.dtypes, device)
+        self.quant = {p.name: p.dtype.quant for p in fn.memrefs}
         self._loop_vars = loop_vars(fn.body, set())
         # offsets of the expressions (by id) that no loop variable changes, and the others
         self._fixed: dict[int, Offset] = {}
@@ -204,6 +206,9 @@ class _Machine:
 
     def _load(self, ins: Instr) -> None:
         mem, row, col = ins.srcs
+        if self.quant.get(mem) is not None:
+            self._load_quantized(ins)
+            return
         r, c = self.shapes[ins.dst]
         step = int(ins.attr("step"))
         if step > 1:  # a strided load: every step-th row of the rows it spans, read as one tile
@@ -234,6 +239,25 @@ class _Machine:
         if bad.shape[0]:
             vals.index_copy_(0, bad, regions.masked_read(mem, regions.subset(place, bad), row, col, r, c, pad, bad))
         write(ins.dst, vals)
+
+    def _load_quantized(self, ins: Instr) -> None:
+        """A tile of a quantized memref: every instance's rows and blocks dequantized
+        (:func:`pto.quant.planes.dequantize_tiles`, the format's one routine), ``pad`` outside
+        its region."""
+        mem, row, col = ins.srcs
+        r, c = self.shapes[ins.dst]
+        fmt, b = self.quant[mem], self.regions.bound(mem)
+        row, col = self._offset(row), self._offset(col)
+        first = b.per_instance("col0") + self._as_vec(col.value)
+        if bool(((first % fmt.block != 0) & self.active).any()):
+            raise ExecutionError(f"`{self.fn.name}`: a load of {fmt.name} memref `{mem}` starts at column "
+                                 f"{int(first[(first % fmt.block != 0) & self.active][0])}, not a multiple of its "
+                                 f"block of {fmt.block}")
+        nrows, cols = b.tensor.shape[0], fmt.blocks_of_row(b.tensor.shape[1]) * fmt.block
+        rows = b.per_instance("row0").view(-1, 1) + self._as_vec(row.value).view(-1, 1) + arange(r, self.device)
+        vals = dequantize_tiles(fmt, b.tensor, cols, rows.clamp(0, nrows - 1), first.clamp(0, cols - fmt.block), c)
+        pad = f32_const(float(ins.attr("pad")), self.device)
+        self._write(ins.dst, torch.where(self.regions.valid(mem, row, col, r, c, None), vals, pad))
 
     def _store(self, ins: Instr) -> None:
         tile, mem, row, col = ins.srcs

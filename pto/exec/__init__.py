@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
 from pto.backends.base import capable
 from pto.errors import ResourceError, UsageError
-from pto.exec.base import ExecStats, Executor, LaunchRecord
+
+if TYPE_CHECKING:
+    from pto.exec.base import ExecStats, Executor
 
 log = logging.getLogger("pto.exec")  # one line on stderr: the executor a run fell back to
 
@@ -91,6 +94,16 @@ def run_first(ex: Executor, graph) -> tuple[Executor, ExecStats]:
         waves = get_executor("waves", ex.backend, ex.tensors, record=ex.record, progress=ex.progress,
                              sentinel=getattr(ex, "sentinel", False))
         return waves, waves.run(graph)
+
+
+def __getattr__(name: str):
+    """The executor's base types, imported when first asked for: the names and the rule above need
+    no torch, so the command line checks ``--executor`` before importing it."""
+    if name in ("ExecStats", "Executor", "LaunchRecord"):
+        from pto.exec import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["EXECUTORS", "Executor", "ExecStats", "LaunchRecord", "names", "resolve", "choose", "get_executor",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pto.ir.analysis import tile_shape
+from pto.ir.analysis import staged_bytes, tile_shape
 from pto.ir.expr import evaluate
 from pto.ir.nodes import ForRange, IncoreFunction
 from pto.ir.ops import MATMUL, Op
@@ -55,9 +55,9 @@ def item_costs(fn: IncoreFunction, env: dict[str, torch.Tensor], n: int) -> np.n
                 m, k = shapes[a][::-1] if s.attr("ta") else shapes[a]
                 nn = shapes[b][0] if s.attr("tb") else shapes[b][1]
                 flops = flops + mult * 2.0 * m * k * nn
-            elif s.op is Op.LOAD:
+            elif s.op is Op.LOAD:  # a quantized memref's tile: its packed blocks
                 r, c = shapes[s.dst]
-                nbytes = nbytes + mult * r * c * itemsize[s.dst]
+                nbytes = nbytes + mult * (staged_bytes(fn, s, dims) or r * c * itemsize[s.dst])
             elif s.op is Op.STORE:
                 r, c = shapes[s.srcs[0]]
                 nbytes = nbytes + mult * r * c * itemsize[s.srcs[0]]

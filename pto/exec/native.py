@@ -174,7 +174,7 @@ class NativeExecutor(Executor):
         self._pool: _Pool | None = None  # the last run's pool: its workers wait for the next run
 
     def run(self, graph: Graph) -> ExecStats:
-        if not hasattr(self.backend, "program"):
+        if "native" not in self.backend.capabilities:
             raise ResourceError(f"the native executor runs compiled programs; the {self.backend.name} backend has none")
         if self.sentinel:
             raise ResourceError("the non-finite sentinel scans between waves, which the native executor does not have")

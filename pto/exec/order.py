@@ -137,11 +137,13 @@ class Dag(NamedTuple):
     level: np.ndarray
 
 
-def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, dag: Dag, programs: int,
-               bucket: float = 0.05) -> np.ndarray:
+def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, dag: Dag, programs: int,
+                  bucket: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """The queue as a list schedule: simulate ``programs`` workers taking, whenever one is free,
     the ready item whose task has the longest estimated critical path to the end (``cost``:
-    nanoseconds per item), and queue the items in the order the simulation starts them.
+    nanoseconds per item), and queue the items in the order the simulation starts them. Returns
+    ``(items, worker)``: the items in that order and the worker that started each (the lowest
+    free one), the per-program streams of :func:`streams`.
 
     A schedule only starts items whose predecessors have finished, so the order is topological.
     Priorities within ``bucket`` (relative) of each other count as equal and keep the order of
@@ -154,7 +156,7 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, d
 
     n = len(cost)
     if n == 0:
-        return static_items
+        return static_items, np.zeros(len(static_items), np.int32)
     succ_ptr, succ, pending, level = dag
     b = weighted_bottom(cost, succ_ptr, succ, level)
     prio = -np.floor(np.log(np.maximum(b, 1.0)) / np.log1p(bucket)).astype(np.int64)
@@ -173,18 +175,19 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, d
     for t in np.nonzero(pend == 0)[0]:
         release(int(t))
     running: list = []
-    free, now = programs, 0.0
+    free, now = list(range(programs)), 0.0
     out = np.empty((len(static_items), 2), np.int32)
+    worker = np.empty(len(static_items), np.int32)
     k = 0
     while ready or running:
-        while ready and free > 0:
+        while ready and free:
             _, _, t, p = heapq.heappop(ready)
             out[k] = (t, p)
+            worker[k] = heapq.heappop(free)
+            heapq.heappush(running, (now + float(cost[t]), t, int(worker[k])))
             k += 1
-            free -= 1
-            heapq.heappush(running, (now + float(cost[t]), t))
-        now, t = heapq.heappop(running)
-        free += 1
+        now, t, w = heapq.heappop(running)
+        heapq.heappush(free, w)
         left[t] -= 1
         if left[t] == 0:
             for s in succ[succ_ptr[t]:succ_ptr[t + 1]]:
@@ -193,7 +196,24 @@ def list_order(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, d
                     release(int(s))
     if k != len(out):
         raise ValueError(f"list schedule placed {k} of {len(out)} items (a cycle?)")
-    return out
+    return out, worker
 
 
-__all__ = ["Dag", "levels", "bottom_levels", "item_order", "weighted_bottom", "list_order", "wave_batches"]
+def streams(worker: np.ndarray, programs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-program streams of a queue whose item ``i`` runs on program ``worker[i]``: ``(perm,
+    start)``, the queue indices grouped by program (each program's in queue order) and the
+    offset of program k's range in it (``start[k]:start[k + 1]``). Static dispatch is
+    ``worker = i mod programs``.
+
+    Deadlock-free for any ``worker`` when the queue is topological and every program is resident:
+    the unfinished item of the smallest queue index heads its program's stream (the program's
+    earlier items have smaller indices, so they are finished) and its predecessors have smaller
+    indices too, so it runs (docs/ARCHITECTURE.md). The worker only balances the programs' work."""
+    perm = np.argsort(worker, kind="stable")
+    start = np.zeros(programs + 1, np.int64)
+    np.cumsum(np.bincount(worker, minlength=programs)[:programs], out=start[1:])
+    return perm, start
+
+
+__all__ = ["Dag", "levels", "bottom_levels", "item_order", "weighted_bottom", "list_schedule", "streams",
+           "wave_batches"]

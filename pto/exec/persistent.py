@@ -22,7 +22,6 @@ Without it the kernel and its arguments are exactly those of a plain run.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -37,8 +36,8 @@ from pto.ir.analysis import has_collective
 
 class PersistentExecutor(Executor):
     """Runs a graph as one persistent kernel (see the module docstring). ``settings``: how the
-    backend builds it (a :class:`pto.backends.triton.MegakernelSettings`; its ``sentinel`` is
-    this executor's)."""
+    backend builds it (:meth:`Backend.megakernel_settings <pto.backends.base.Backend.megakernel_settings>`: the
+    Triton backend's ``MegakernelSettings``; its ``sentinel`` is this executor's)."""
 
     name = "persistent"
 
@@ -64,7 +63,6 @@ class PersistentExecutor(Executor):
         return self.kernel.programs
 
     def run(self, graph) -> ExecStats:
-        from pto.backends.triton import MegakernelSettings
         from pto.target import detect
 
         t0 = time.perf_counter()
@@ -78,8 +76,9 @@ class PersistentExecutor(Executor):
                   for fn in graph.variants}
         aligned = np.array([self.tensors[n].stride(0) % 16 == 0 and self.tensors[n].data_ptr() % 16 == 0
                             for n in names], bool)
-        settings = replace(self.settings or MegakernelSettings(), sentinel=self.sentinel,
-                           ignore=declared_infinities(graph.variants) if self.sentinel else frozenset())
+        settings = self.backend.megakernel_settings(
+            self.settings, sentinel=self.sentinel,
+            ignore=declared_infinities(graph.variants) if self.sentinel else frozenset())
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)

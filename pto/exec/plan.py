@@ -18,7 +18,8 @@ import torch
 from pto.codegen.triton.megakernel import Branch
 from pto.errors import ExecutionError, UsageError
 from pto.exec.cost import item_costs
-from pto.exec.order import Dag, bottom_levels, item_order, levels, list_order
+from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
+from pto.ir.analysis import param_access
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 
@@ -52,6 +53,9 @@ class Plan:
     first_task: int  # runtime id of task 0
     variants: list[IncoreFunction]  # per task index: its variant (for reports)
     group_of: dict[str, int]  # InCore function -> GROUP used in the order
+    cost: np.ndarray | None = None  # [n] estimated ns per item (pto.exec.cost)
+    programs: int = 1  # the programs the order was scheduled for
+    worker: np.ndarray | None = None  # [k] int32: the program of each item in the list schedule
 
     @property
     def n_tasks(self) -> int:
@@ -76,6 +80,26 @@ class Plan:
     @property
     def n_items(self) -> int:
         return len(self.items)
+
+    @property
+    def dag(self) -> Dag:
+        return Dag(self.succ_ptr.astype(np.int64), self.succ.astype(np.int64), self.pending,
+                   levels(self.n_tasks, self.succ_ptr.astype(np.int64), self.succ.astype(np.int64)))
+
+    def workers(self, programs: int, dispatch: str) -> np.ndarray:
+        """The program of each queued item for ``programs`` programs: round robin (``static``)
+        or the list schedule's (``stream``: :func:`pto.exec.order.list_schedule`, simulated again
+        when the launch has another number of programs than the plan was made for)."""
+        if dispatch == "stream" and self.cost is not None:
+            if programs == self.programs and self.worker is not None:
+                return self.worker
+            return list_schedule(self.items, self.cost, self.nitems.astype(np.int64), self.dag, programs)[1]
+        return (np.arange(self.n_items) % max(programs, 1)).astype(np.int32)
+
+    def streams(self, programs: int, dispatch: str) -> tuple[np.ndarray, np.ndarray]:
+        """The programs' streams of ranged dispatch (:func:`pto.exec.order.streams` of
+        :meth:`workers`): the queue indices grouped by program, and each program's offset."""
+        return streams(self.workers(programs, dispatch), programs)
 
 
 def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.ndarray, flags: FlagRule):
@@ -121,7 +145,10 @@ class _Tables:
         self.chunks: list[np.ndarray] = []
         self.offset = 0
 
-    def add_variant(self, fid: int, fn, idx, args, tensor_index, aligned_tensors, flags, group: int) -> None:
+    def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int) -> None:
+        """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
+        ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
+        adds to the task's own specializations, ``flags``)."""
         tens, reg, sca = args
         rows, ext, even, align, self.cost[idx] = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
@@ -135,13 +162,14 @@ class _Tables:
         for j, k in enumerate(mem_k):
             self.task_tensor[idx, j] = np.vectorize(tensor_index.__getitem__, otypes=[np.int32])(tens[:, k])
         m = len(fn.memrefs)
-        keys = np.concatenate([even, align, aligned_tensors[self.task_tensor[idx, :m]]], axis=1)
+        own = self.task_tensor[idx, :m]
+        keys = np.concatenate([even, align, tensor_flags[own, 0], tensor_flags[own, 1]], axis=1)
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
             key = (fid, tuple(bool(x) for x in row))
             if key not in self.branch_ids:
                 self.branch_ids[key] = len(self.branches)
-                parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(3)]
+                parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(4)]
                 self.branches.append(Branch(fn, *parts))
             self.task_branch[idx[inv.reshape(-1) == u]] = self.branch_ids[key]
         for t in idx:
@@ -154,12 +182,30 @@ class _Tables:
         return tab.astype(np.int32) if np.abs(tab).max() <= _INT32_MAX else tab
 
 
+def written_tensors(ex, variants: dict[int, IncoreFunction], tensor_index: dict[int, int], count: int) -> np.ndarray:
+    """Per tensor (``tensor_index``: runtime id -> index), does any task of the export ``ex``
+    write it (a memref its variant stores to)? A tensor no task writes (weights, tables) holds the
+    same values for the whole launch: an item may read it before its predecessors are done."""
+    out = np.zeros(count, bool)
+    for fid in np.unique(ex.func):
+        fn = variants[int(fid)]
+        access = param_access(fn)
+        slots = [k for k, p in enumerate(fn.params)
+                 if p.name in access and access[p.name].direction != "in"]
+        if not slots:
+            continue
+        idx = np.nonzero(ex.func == fid)[0]
+        ids = np.unique(ex.arg_tensor[ex.arg_ptr[idx][:, None] + np.array(slots)[None, :]])
+        out[[tensor_index[int(i)] for i in ids if int(i) in tensor_index]] = True
+    return out
+
+
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
               programs: int = 132, order: str = "list", flags: FlagRule = no_flags) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
-    programs, :func:`pto.exec.order.list_order`) or ``levels`` (:func:`pto.exec.order.item_order`
+    programs, :func:`pto.exec.order.list_schedule`) or ``levels`` (:func:`pto.exec.order.item_order`
     alone); ``flags``: the specializations each task allows, the backend's rule)."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
@@ -170,12 +216,14 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     variants = graph.variant_of_func_id()
     tensor_index = {graph.tensor_ids[name]: i for i, name in enumerate(tensor_names)}
     t = _Tables(n, max((len(f.memrefs) for f in variants.values()), default=1) or 1)
+    written = written_tensors(ex, variants, tensor_index, len(tensor_names))
+    tensor_flags = np.stack([tensor_aligned, ~written], axis=1)
     for fid in np.unique(ex.func):
         fn = variants[int(fid)]
         idx = np.nonzero(ex.func == fid)[0]
         base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
-        t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_aligned, flags, launch_group.get(fn.name, 0))
+        t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0))
     succ_ptr = ex.fanout_ptr.astype(np.int64)
     succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
     pending = np.bincount(succ, minlength=n).astype(np.int32)
@@ -183,14 +231,15 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     bottom = bottom_levels(n, succ_ptr, succ, lv)
     _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
     items = item_order(lv, bottom, t.task_branch, t.extent, t.group, binding.reshape(-1), t.work)
+    worker = None
     if order == "list":
-        items = list_order(items, t.cost, t.extent, Dag(succ_ptr, succ, pending, lv), programs)
+        items, worker = list_schedule(items, t.cost, t.extent, Dag(succ_ptr, succ, pending, lv), programs)
     if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
         raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
                              "persistent kernel's int32 indices hold; use --executor waves")
     return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
                 t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
-                t.variant, dict(launch_group))
+                t.variant, dict(launch_group), t.cost, programs, worker)
 
 
-__all__ = ["Plan", "make_plan", "no_flags", "FlagRule"]
+__all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors"]

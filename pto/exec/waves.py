@@ -92,8 +92,10 @@ class Views:
         self.merged = False
         for (_, _, _, stride), tids in groups.items():
             offs = {tid: divmod(by_id[tid].storage_offset(), stride) for tid in tids}
-            # a view that wraps a row is not a column slice: it keeps its own id
-            offs = {tid: (r, c) for tid, (r, c) in offs.items() if c + by_id[tid].shape[1] <= stride}
+            # a view that wraps a row is not a column slice: it keeps its own id; nor is a column
+            # offset into a quantized tensor's bytes (uint8: its rows are packed blocks) a column
+            offs = {tid: (r, c) for tid, (r, c) in offs.items() if c + by_id[tid].shape[1] <= stride
+                    and (c == 0 or by_id[tid].dtype != torch.uint8)}
             if len(offs) < 2:
                 continue
             row0 = min(r for r, _ in offs.values())

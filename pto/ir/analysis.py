@@ -216,15 +216,30 @@ def tile_bytes(fn: IncoreFunction, dims: dict[str, int] | None = None) -> dict[s
     return out
 
 
+def staged_bytes(fn: IncoreFunction, ins: Instr, dims: dict[str, int] | None = None) -> int:
+    """Bytes a load of a quantized memref holds besides its tile while it dequantizes: the
+    tile's rows of packed blocks (0 for any other instruction)."""
+    if ins.op is not Op.LOAD:
+        return 0
+    q = next(p.dtype.quant for p in fn.memrefs if p.name == ins.srcs[0])
+    if q is None:
+        return 0
+    r, c = tile_shape(next(t for t in fn.tiles if t.name == ins.dst), {**dict(fn.dims), **(dims or {})})
+    return r * (q.header_bytes + c // q.block * q.block_bytes)
+
+
 def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> tuple[int, list[str]]:
     """Peak bytes of tiles live at the same time, and the names live at the peak.
 
     A tile's value is live from the write that produces it to its last read; a write that does
     not read the tile (a load, a fill, a cast into it) ends the previous value's life. Inside a
     loop, a tile whose first access in the body is a read carries its value from one iteration
-    to the next (an accumulator, a running max) and is live across the whole loop.
+    to the next (an accumulator, a running max) and is live across the whole loop. A load of a
+    quantized memref also holds the tile's packed blocks (:func:`staged_bytes`), named
+    ``"<tile> (packed)"``, while it runs.
     """
     sizes = tile_bytes(fn, dims)
+    staged: dict[int, tuple[str, int]] = {}  # position -> the packed blocks a load there holds
     events: dict[str, list[tuple[int, bool, bool]]] = {n: [] for n in sizes}
     loops: list[tuple[int, int, dict[str, bool]]] = []  # (start, end, tile -> first access reads)
     pos = 0
@@ -238,6 +253,9 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
                 visit(s.body, open_loops + [info])
                 loops.append((start, pos - 1, info))
                 continue
+            packed = staged_bytes(fn, s, dims)
+            if packed:
+                staged[pos] = (f"{s.dst} (packed)", packed)
             reads = instr_reads(s)
             writes = {s.dst} if s.dst is not None else set()
             for name in (reads | writes) & sizes.keys():
@@ -269,6 +287,9 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
     for p in range(pos):
         live = [n for n, ivs in intervals.items() if any(a <= p <= b for a, b in ivs)]
         b = sum(sizes[n] for n in live)
+        if p in staged:
+            live.append(staged[p][0])
+            b += staged[p][1]
         if b > peak:
             peak, peak_names = b, live
     return peak, peak_names

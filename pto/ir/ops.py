@@ -1,9 +1,11 @@
 """The tile instruction set: one Op enum, named op groups, and a signature per op.
 
-The verifier (pto.builder.incore), the printer and parser (pto.text), the interpreter
-(pto.interp), the Triton renderer (pto.codegen.triton) and the estimator all branch on these
-groups rather than on individual ops, so adding an op means adding it here and to the few
-tables that give it meaning.
+The verifier (pto.ir.verify_instr, whose rules the builders apply as statements are added), the
+printer and parser (pto.text), the reference tile evaluator (pto.evaluator, which the interpreter
+and the torch backend run), the Triton renderer (pto.codegen.triton), the fusion passes
+(pto.passes) and the persistent executor's cost model (pto.exec.cost) all branch on these groups
+rather than on individual ops, so adding an op means adding it here and to the few tables that
+give it meaning.
 """
 
 from __future__ import annotations

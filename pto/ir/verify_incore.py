@@ -11,7 +11,7 @@ from __future__ import annotations
 from pto.errors import BuildError
 from pto.ir.analysis import loop_ranges, memref_accesses, tile_shape
 from pto.ir.bounds import bounds
-from pto.ir.expr import Expr, const_value, evaluate
+from pto.ir.expr import Bin, Expr, Var, const_value, evaluate
 from pto.ir.names import check_name
 from pto.ir.nodes import ForRange, IncoreFunction
 from pto.ir.ops import SCALAR_LOAD
@@ -26,6 +26,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
     used = _check_body(ctx, fn, names, base_scope)
     _check_uses(ctx, fn, names, used)
     _check_region_bounds(ctx)
+    _check_block_offsets(ctx)
 
 
 def _check_declarations(ctx: IncoreCtx, fn: IncoreFunction, d: dict[str, int]) -> tuple[dict[str, str], set[str]]:
@@ -43,6 +44,9 @@ def _check_declarations(ctx: IncoreCtx, fn: IncoreFunction, d: dict[str, int]) -
         r, c = tile_shape(t, d)
         if r <= 0 or c <= 0:
             ctx.fail(None, f"tile `{t.name}` has non-positive shape {r}x{c}")
+        if t.dtype.is_quantized:
+            ctx.fail(None, f"tile `{t.name}` is {t.dtype}, a quantized type of weights in memory; a tile is f32, f16 "
+                           "or bf16 (a load from a quantized memref dequantizes into one)")
     base_scope = set(ctx.scalars) | set(d)
     if fn.parallel is not None:
         check_name(fn.parallel.var, "parallel axis", fn.name)
@@ -136,6 +140,44 @@ def _check_region_bounds(ctx: IncoreCtx) -> None:
                 if hi_v is not None and lim_v is not None and hi_v >= lim_v:
                     ctx.fail(ins, f"{what} offset `{e}` reaches {hi_v}, outside `{mem}`'s declared "
                                   f"region of {what}s [0, {lim_v})")
+
+
+def _check_block_offsets(ctx: IncoreCtx) -> None:
+    """A load from a quantized memref starts at a multiple of its block: the column offset must
+    be one for every value its loops and axis take (shown from the expression: constants and
+    dims that are multiples, loops that start and step on multiples, sums and products of
+    them), since a block is dequantized whole."""
+    fn = ctx.fn
+    loops: dict[str, ForRange] = {}
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                loops[s.var] = s
+                visit(s.body)
+
+    visit(fn.body)
+    for mem, ins, _row, col, _tile in memref_accesses(fn):
+        q = ctx.memrefs[mem].dtype.quant
+        if q is not None and not _multiple_of(col, q.block, loops, ctx.dims):
+            ctx.fail(ins, f"column offset `{col}` of {ctx.memrefs[mem].dtype} memref `{mem}` is not shown to be a "
+                          f"multiple of its block of {q.block} columns (a load dequantizes whole blocks)")
+
+
+def _multiple_of(e: Expr, m: int, loops: dict, dims: dict) -> bool:
+    """Whether ``e`` is a multiple of ``m`` for every value of its variables (False where that
+    cannot be shown)."""
+    v = _try_eval(e, dims)
+    if v is not None:
+        return v % m == 0
+    if isinstance(e, Var):
+        s = loops.get(e.name)
+        return s is not None and _multiple_of(s.lb, m, loops, dims) and _multiple_of(s.step, m, loops, dims)
+    if isinstance(e, Bin) and e.op in ("+", "-"):
+        return _multiple_of(e.a, m, loops, dims) and _multiple_of(e.b, m, loops, dims)
+    if isinstance(e, Bin) and e.op == "*":
+        return _multiple_of(e.a, m, loops, dims) or _multiple_of(e.b, m, loops, dims)
+    return False
 
 
 def _try_eval(e: Expr, env: dict):

@@ -279,13 +279,34 @@ def _check_access(ctx, ins, tile: Tile, mem: MemRefParam, row: Expr, col: Expr):
     if dynamic and mem.shape is None:
         ctx.fail(ins, f"the offset uses `{dynamic[0]}`, a scalar loaded from memory: memref `{mem.name}` must "
                       "declare its shape (memref(..., shape=...)), the region a task may touch")
-    if tile.dtype != mem.dtype:
+    if mem.dtype.is_quantized:
+        _check_quantized_access(ctx, ins, tile, mem)
+    elif tile.dtype != mem.dtype:
         verb = "load" if ins.op is Op.LOAD else "store"
         ctx.fail(ins, f"{verb} between {mem.dtype} memref `{mem.name}` and {tile.dtype} tile "
                       f"`{tile.name}`; dtypes must match (use cast)")
     for what, e in (("row", row), ("col", col)):
         if not is_int_expr(e):
             ctx.fail(ins, f"{what} offset `{e}` must be an integer expression")
+
+
+def _check_quantized_access(ctx, ins, tile: Tile, mem: MemRefParam):
+    """A quantized memref holds weights: loads dequantize whole blocks of a row into a tile of a
+    compute type; nothing stores into it. (That the column offset is a multiple of the block is
+    the whole function's check: :func:`pto.ir.verify_incore.verify_incore`.)"""
+    q = mem.dtype.quant
+    if ins.op is not Op.LOAD:
+        ctx.fail(ins, f"memref `{mem.name}` is {mem.dtype}, quantized weights: tasks load it, never store into it")
+    if tile.dtype.is_quantized:
+        ctx.fail(ins, f"tile `{tile.name}` is {tile.dtype}; a load from {mem.dtype} memref `{mem.name}` "
+                      "dequantizes into a tile of f32, f16 or bf16")
+    if ins.attr("step") != 1:
+        ctx.fail(ins, f"a strided load of {mem.dtype} memref `{mem.name}`: its rows are read whole blocks at a time, "
+                      "one row after another (step 1)")
+    cols = ctx.shape(tile.name)[1]
+    if cols % q.block:
+        ctx.fail(ins, f"tile `{tile.name}` is {cols} columns wide: a load from {mem.dtype} memref `{mem.name}` reads "
+                      f"whole blocks of {q.block} columns")
 
 
 RULES = {

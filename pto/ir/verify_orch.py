@@ -129,6 +129,8 @@ def check_tensor(ctx: OrchCtx, t: TensorDecl) -> None:
     declare(ctx, t.name, "tensor")
     if not isinstance(t.dtype, DType):
         ctx.fail(f"tensor `{t.name}`: {t.dtype!r} is not a dtype")
+    if t.dtype.is_quantized and t.role != "input":
+        ctx.fail(f"tensor `{t.name}` is {t.dtype}, quantized weights: an input (no task writes one), not {t.role}")
     for e in (t.rows, t.cols):
         for v in e.free_vars():
             if v not in ctx.scalars:

@@ -12,7 +12,8 @@ affine in the loop variables in practice, with ``min``/``max`` clipping the resi
   ``min`` needs both) and then replaces each variable with a range by the end of its range
   that minimizes the form, innermost variable first (so that ``i - j`` with ``j <= i`` is
   still seen to be non-negative). Other atoms with ranged variables take the bounds of
-  :func:`pto.ir.expr.bounds`.
+  :func:`pto.ir.expr.bounds`; a floor division by a positive constant of a value shown
+  non-negative is at least 0 (a count of whole merged steps).
 
 The prover is sound and incomplete: True means proven for every value in the ranges, False
 means not proven (unknown symbols left over, a step budget exhausted, an atom it cannot bound).
@@ -118,6 +119,10 @@ class Prover:
             if v in terms:
                 lo, hi = self.ranges[name]
                 return self._nonneg(_replace(form, v, lo if terms[v] > 0 else hi))
+        for atom, k in terms.items():  # a floor division of a non-negative value is at least 0
+            if k > 0 and isinstance(atom, Bin) and atom.op == "//" and isinstance(atom.b, Const) \
+                    and isinstance(atom.b.value, int) and atom.b.value > 0 and self._nonneg(linear(atom.a)):
+                return self._nonneg(_replace(form, atom, Const(0)))
         return False
 
 

@@ -19,6 +19,18 @@ hand-fused layer. What makes a fusion legal is in :mod:`pto.passes.fuse_build`; 
 cannot prove is refused and reported (:class:`Refusal`), never a changed result. The new
 functions are ordinary InCore functions: every backend, the estimator and the code generator
 see them as written ones.
+
+Trip counts are run-time values that may be zero or negative, and binary expansion runs after
+fusion, so (issue 42):
+
+- merged steps split from the base tiles left at ``lb + max(ub - lb, 0) // m * m``, and only
+  where expansion's own proof (:func:`pto.passes.independence.check_merged_loop`: independence
+  and the merged-tile placement rule) holds for the written loop; else base tiles;
+- a loop that runs no iteration binds nothing as written: a moving region's union is clamped
+  into its tensor (:func:`pto.passes.union.union_axis`), and where a region that does not move
+  is not shown to lie in its tensor regardless, the fused call runs under ``if ub > lb``;
+- no fusion inside an adaptive loop that expansion cannot merge as written (the fused call's
+  scalars would make it pass the proof the written calls fail).
 """
 
 from __future__ import annotations
@@ -27,12 +39,15 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
-from pto.ir.expr import Attr, const_value, fold
-from pto.ir.nodes import Call, If, IncoreFunction, Loop, Module, OrchFunction, RegionBinding, walk_calls
+from pto.ir.expr import Attr, Expr, const_value, emax, fold, format_expr, substitute
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding, walk_calls
 from pto.ir.verify import verify_module
+from pto.passes.affine import Prover
 from pto.passes.chains import region_key
 from pto.passes.fuse_build import build, chain_loop
+from pto.passes.independence import check_merged_loop
 from pto.passes.inline import Refused, mentions
+from pto.passes.merged_tiles import fix
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,9 @@ class Fusion:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A fusion candidate left as written, and why."""
+    """A fusion candidate left as written, and why; kind "guard": a chain fused to run only
+    where its loop has a trip (the reason names the region that needs it), so that nothing after
+    it joins it."""
 
     kind: str
     calls: tuple[str, ...]
@@ -68,6 +85,8 @@ class Refusal:
 
     def describe(self) -> str:
         what = f"loop {self.loop}: " if self.loop else ""
+        if self.kind == "guard":  # fused, but alone: it runs only where the loop has a trip
+            return f"{what}{' + '.join(self.calls)} fused to run only under {self.reason}"
         return f"{what}{' + '.join(self.calls)} not fused: {self.reason}"
 
 
@@ -83,6 +102,14 @@ class FusionReport:
 
     def describe(self) -> list[str]:
         return [f.describe() for f in self.fused] + [r.describe() for r in self.refused]
+
+
+def _inside(off: Expr, ext: Expr | None, full: Expr) -> bool:
+    """``[off, off + ext)`` provably lies in ``[0, full)`` and is not empty, whatever the scalars."""
+    if ext is None:
+        return False
+    p = Prover({})
+    return p.nonneg(off) and p.nonneg(fold(ext - 1)) and p.nonneg(fold(full - off - ext))
 
 
 def _name(base: str, taken) -> str:
@@ -102,6 +129,11 @@ class _Fuser:
         self.reserved: set[str] = set()  # names given to fused functions, registered or not
         self.functions = {f.name: f for f in module.functions}
         entry = module.entry_function
+        self.entry_name = entry.name
+        self.lets: dict[str, Expr] = {}  # the lets in scope, each inlined
+        self.enclosing: list[tuple[Loop, dict[str, Expr]]] = []  # the loops around, with the lets at each
+        self.scopes: list[list] = []  # the statement lists being walked, outermost first
+        self.expandable: dict[int, str | None] = {}  # id(written loop) -> why expansion cannot merge it, or None
         self.full = {t.name: (t.rows, t.cols) for t in entry.tensors}
         self.roles = {t.name: t.role for t in entry.tensors}
         self.origin: dict[int, frozenset[int]] = {}
@@ -133,6 +165,8 @@ class _Fuser:
     # -- the walk -----------------------------------------------------------------------------
     def body(self, stmts) -> list:
         out: list = []
+        lets = dict(self.lets)
+        self.scopes.append(stmts)
         for s in stmts:
             if isinstance(s, Loop):
                 outer = dict(self.multiples)
@@ -140,13 +174,19 @@ class _Fuser:
                 if s.adaptive:
                     self.multiples[s.var] = s.base_rows
                     self.heights[s.var] = max(h for _, h in s.tile_levels)
+                self.enclosing.append((s, dict(self.lets)))
                 s = replace(s, body=tuple(self.body(s.body)))
+                self.enclosing.pop()
                 self.multiples, self.heights = outer, outer_heights
                 out.extend(self.chain(s))
             elif isinstance(s, If):
                 out.append(replace(s, then=tuple(self.body(s.then)), orelse=tuple(self.body(s.orelse))))
             else:
+                if isinstance(s, Let):
+                    self.lets[s.name] = substitute(s.value, self.lets)
                 out.append(s)
+        self.scopes.pop()
+        self.lets = lets
         return self.producers(out)
 
     def producers(self, stmts: list) -> list:
@@ -183,17 +223,63 @@ class _Fuser:
         if not calls or not all(isinstance(c, Call) for c in calls) or not self._carries(calls, loop.var):
             return [loop]
         m = loop.merge_factor if loop.adaptive and loop.reassociate and self.merge else 1
-        if m > 1:
-            mid = fold(loop.lb + ((loop.ub - loop.lb) // m) * m)
-            parts = [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)]
-        else:
-            parts = [(loop, 1)]
-        made = self._parts(calls, loop, parts)
-        if made is None and m > 1:  # the members' tiles do not grow with the step: base tiles
+        made = None
+        if m > 1 and self._mergeable(calls, loop):
+            # whole merged steps, then the base tiles left; no trip in either where the loop has none
+            mid = fold(loop.lb + (emax(loop.ub - loop.lb, 0) // m) * m)
+            made = self._parts(calls, loop, [(replace(loop, ub=mid), m), (replace(loop, lb=mid), 1)])
+        if made is None:  # base tiles: the written loop's arithmetic
             made = self._parts(calls, loop, [(loop, 1)])
         if made is None:
             return [loop]
-        return [self._register(calls, f, ch) for f, ch in made]
+        fused = [self._register(calls, f, ch) for f, ch in made]
+        loose = self._unbound(calls, loop.var)
+        if loose is None:
+            return fused
+        # a region of the loop's calls may lie outside its tensor exactly when the loop runs no
+        # iteration (the written loop binds nothing then): the fused call runs only with a trip
+        cond = fold(loop.ub > loop.lb)
+        self._refuse("guard", calls, loop.var, f"`if {format_expr(cond, bare=True)}`, as {loose} is not shown to lie "
+                     "in its tensor when the loop has no trip (the written loop binds nothing then); no call after "
+                     "the loop joins it")
+        return [If(cond, tuple(self.producers(fused)))]
+
+    def _mergeable(self, calls: list[Call], loop: Loop) -> bool:
+        """Whether binary expansion could merge the loop's base iterations as a merged step does:
+        independent, each merged call covering its base calls' regions in order
+        (:func:`pto.passes.independence.check_merged_loop`); a refusal names the rule."""
+        try:
+            check_merged_loop(self.functions.get, self.entry_name, loop, self.lets, tuple(self.enclosing))
+        except BuildError as e:  # expansion's words, less the loop (the refusal names it) and its way out
+            why = str(e).removeprefix(f"`{self.entry_name}`: adaptive loop `{loop.var}`: ")
+            self._refuse("chain", calls, loop.var, "merged steps (the chain steps over base tiles): "
+                         + why.removesuffix("; " + fix(loop.var)))
+            return False
+        return True
+
+    def _unbound(self, calls: list[Call], var: str) -> str | None:
+        """The first region of ``calls`` that does not move with loop ``var`` and is not shown to
+        lie in its tensor whenever the loop's statement runs, trips or not (its description), or
+        None. Shown, on each axis: provably, or because a call that runs whenever the loop does
+        (a call of the statement list holding the loop or of one around it) binds the same offset
+        and extent on a tensor of the same extent. (A region that moves with the loop is bound as
+        the union of its iterations, inside its tensor for any trip count:
+        :func:`pto.passes.union.union_axis`.)"""
+        seen = [(self.full[v.tensor], v) for stmts in self.scopes for c in stmts if isinstance(c, Call)
+                for _, v in c.args if isinstance(v, RegionBinding)]
+        for c in calls:
+            for _, v in c.args:
+                if not isinstance(v, RegionBinding) or any(mentions(e, var) for e in (v.row, v.col, v.rows, v.cols)):
+                    continue
+                for axis, (off, ext) in enumerate(((v.row, v.rows), (v.col, v.cols))):
+                    full = self.full[v.tensor][axis]
+                    if not (_inside(off, ext, full) or any(
+                            f[axis] == full and (w.row, w.rows, w.col, w.cols)[2 * axis:2 * axis + 2] == (off, ext)
+                            for f, w in seen if ext is not None)):
+                        size = "whole" if ext is None else f"`{format_expr(ext, bare=True)}`"
+                        return (f"`{v.tensor}` at {('row', 'column')[axis]} offset `{format_expr(off, bare=True)}` "
+                                f"with {('rows', 'columns')[axis]} {size}")
+        return None
 
     def _parts(self, calls: list[Call], loop: Loop, parts) -> list | None:
         made = []
@@ -227,6 +313,7 @@ class _Fuser:
         fns = [self.functions[c.func] for c in calls]
         if not all(isinstance(f, IncoreFunction) for f in fns):
             raise Refused("a member is not an InCore function")
+        self._expandable_around()
         parts = "_".join(dict.fromkeys(t for c in calls for w in self.written[id(c)] for t in w.split("_")))
         name = _name(("chain_" if chain is not None else "fused_") + parts, self.functions.keys() | self.reserved)
         self.reserved.add(name)
@@ -234,6 +321,22 @@ class _Fuser:
         if self.target is not None:
             self._fits(made)
         return made
+
+    def _expandable_around(self) -> None:
+        """Refuse a fusion inside an adaptive loop whose written iterations binary expansion cannot
+        merge: the fused call passes the members' extents as scalars, and a scalar argument that
+        moves with the loop is what expansion takes as the callee locating its region itself,
+        so the fused program could pass the proof the written one fails."""
+        for k, (loop, lets) in enumerate(self.enclosing):
+            if id(loop) not in self.expandable:
+                try:
+                    check_merged_loop(self.functions.get, self.entry_name, loop, lets, tuple(self.enclosing[:k]))
+                    self.expandable[id(loop)] = None
+                except BuildError as e:
+                    self.expandable[id(loop)] = str(e)
+            why = self.expandable[id(loop)]
+            if why is not None:
+                raise Refused(f"binary expansion cannot merge the iterations of the loop around, as written ({why})")
 
     def _fits(self, made) -> None:
         """Refuse a fused function whose live tiles exceed the target's on-chip memory at the

@@ -45,13 +45,14 @@ nested loop is found through them (attention's kv rows, positions and masks), an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, format_expr, substitute
-from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, OrchFunction, RegionBinding
+from pto.ir.nodes import Call, If, IncoreFunction, Let, Loop, Module, RegionBinding
 from pto.passes.affine import Prover, nonaffine_part
 from pto.passes.merged_tiles import LoopFacts, Placement, check_placements, fix, verb, who
 
@@ -104,13 +105,26 @@ def check_adaptive_loops(module: Module) -> None:
     without changing what the program computes (see the module docstring)."""
     access: dict[str, dict] = {}
     for f in module.orchestration_functions:
-        _Walker(module, f, access).visit(f.body, {}, ())
+        _Walker(module.get, f.name, access).visit(f.body, {}, ())
+
+
+def check_merged_loop(lookup: Callable[[str], object], fname: str, loop: Loop, lets: dict[str, Expr],
+                      enclosing: tuple[tuple[Loop, dict[str, Expr]], ...]) -> None:
+    """Raise BuildError unless ``loop``'s base iterations can be merged as binary expansion
+    merges them (the module docstring), in its place in orchestration function ``fname``:
+    ``lets`` the lets in scope there (each already inlined), ``enclosing`` the loops around it,
+    outermost first, each with the lets in scope at it; ``lookup`` finds a callee by name. The
+    fusion pass asks this before it steps a chain over merged tiles."""
+    if not (loop.adaptive and loop.merge_factor > 1):
+        return
+    outer = tuple(_Outer(o.var, substitute(o.lb, env), substitute(o.ub, env), o) for o, env in enclosing)
+    _LoopCheck(_Walker(lookup, fname, {}), loop, dict(lets), outer).run()
 
 
 class _Walker:
-    def __init__(self, module: Module, f: OrchFunction, access: dict):
-        self.module = module
-        self.f = f
+    def __init__(self, lookup: Callable[[str], object], fname: str, access: dict):
+        self.lookup = lookup
+        self.fname = fname
         self.access = access
 
     def visit(self, body, env: dict[str, Expr], outer: tuple[_Outer, ...]) -> None:
@@ -128,9 +142,9 @@ class _Walker:
                 self.visit(s.body, env, outer + (o,))
 
     def callee_access(self, c: Call) -> tuple[IncoreFunction, dict]:
-        f = self.module.get(c.func)
+        f = self.lookup(c.func)
         if not isinstance(f, IncoreFunction):
-            raise BuildError(f"`{self.f.name}`: call to unknown InCore function `{c.func}`")
+            raise BuildError(f"`{self.fname}`: call to unknown InCore function `{c.func}`")
         if c.func not in self.access:
             self.access[c.func] = param_access(f)
         return f, self.access[c.func]
@@ -283,7 +297,7 @@ class _LoopCheck:
 
     # refusing -----------------------------------------------------------------------------------
     def refuse(self, msg: str) -> NoReturn:
-        raise BuildError(f"`{self.w.f.name}`: adaptive loop `{self.v}`: {msg}")
+        raise BuildError(f"`{self.w.fname}`: adaptive loop `{self.v}`: {msg}")
 
     def conflict(self, a: _Region, b: _Region, d: int) -> None:
         v, t = self.v, a.tensor
@@ -325,4 +339,4 @@ def _attrs_as_vars(e: Expr) -> Expr:
     return e
 
 
-__all__ = ["check_adaptive_loops"]
+__all__ = ["check_adaptive_loops", "check_merged_loop"]

@@ -255,6 +255,8 @@ def used_names(fn_body, tiles, parallel) -> set[str]:
             else:
                 exprs.extend(x for x in s.srcs if isinstance(x, Expr))
                 used.update(x for x in s.srcs if isinstance(x, str))
+                if s.dst is not None:  # a tile only written (matmul_acc's accumulator reads it too)
+                    used.add(s.dst)
 
     visit(fn_body)
     for e in exprs:

@@ -15,15 +15,17 @@ the program).
 from __future__ import annotations
 
 from pto.errors import SramError
-from pto.ir.analysis import live_tiles_peak, tile_bytes
+from pto.ir.analysis import live_tiles_peak, staged_bytes, tile_bytes
 from pto.ir.dtypes import DType
-from pto.ir.nodes import IncoreFunction
+from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.target import KiB, Target
 
 
 def compute_tile_shape(dtype: DType, target: Target) -> tuple[int, int]:
     """The elementwise tile (rows, cols) of ``dtype`` on ``target``: ``tile_bytes`` of data in
     ``tile_rows`` rows (ARM64/CUDA 1 x 4096 f32; Ascend 910B 32 x 128 f32)."""
+    if dtype.is_quantized:
+        raise SramError(f"{dtype} is a quantized type of weights in memory, not a tile's (f32, f16, bf16)")
     return target.tile_rows, target.tile_bytes // (target.tile_rows * dtype.itemsize)
 
 
@@ -37,6 +39,8 @@ def check_sram(fn: IncoreFunction, target: Target, dims: dict[str, int] | None =
     peak, names = live_tiles_peak(fn, dims)
     if peak > target.sram_bytes:
         sizes = tile_bytes(fn, dims)
+        sizes.update({f"{i.dst} (packed)": staged_bytes(fn, i, dims) for i in walk_instrs(fn.body)
+                      if staged_bytes(fn, i, dims)})
         parts = ", ".join(f"{n} {_fmt(sizes[n])}" for n in sorted(names, key=lambda n: -sizes[n]))
         raise SramError(f"`{fn.variant_name}` needs {_fmt(peak)} of live tiles ({parts}) but target "
                         f"{target.name} has {_fmt(target.sram_bytes)} of on-chip memory")

@@ -6,7 +6,7 @@ their own to read what they read before."""
 from __future__ import annotations
 
 from pto.ir.expr import Attr, Bin, Const, Expr, Var, const_value, emax, emin, fold, substitute
-from pto.passes.affine import linear
+from pto.passes.affine import Prover, linear
 from pto.passes.inline import ChainLoop, Refused, mentions
 
 
@@ -41,8 +41,12 @@ def union_axis(off: Expr, ext: Expr | None, full: Expr, ch: ChainLoop) -> tuple[
     terms, stride = linear(fold(substitute(off, {v: Var(v) + 1}) - off))
     if terms or stride <= 0:
         raise Refused(f"a region offset `{off}` that is not increasing by a constant step of `{v}`")
-    # (inside the tensor even where no iteration runs: one that runs starts there)
-    lo = min_of(substitute(off, {v: ch.lb}), full - 1)
+    # inside the tensor even where no iteration runs (an empty loop binds nothing as written);
+    # where one runs, it starts there
+    start = fold(substitute(off, {v: ch.lb}))
+    lo = min_of(start, full - 1)
+    if not Prover({}).nonneg(start):
+        lo = emax(lo, 0)
     # the iterations tile [off(v), end) with one clip at the end (ext = min(v.rows, end - off(v))
     # with base tiles of the stride): the union ends there and its own mask is the members'
     if ch.base == stride and isinstance(ext, Bin) and ext.op == "min":

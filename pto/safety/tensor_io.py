@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def program_inputs(module, scalars: dict[str, int]) -> dict[str, tuple[tuple[int
     """Name -> (shape, dtype) of every tensor a run of ``module``'s entry function takes."""
     fn = module.entry_function
     shapes = tensor_shapes(fn, scalars)
-    return {t.name: (shapes[t.name], t.dtype.torch) for t in fn.tensors if t.role in ("input", "inout")}
+    return {t.name: (t.dtype.storage_shape(*shapes[t.name]), t.dtype.torch) for t in fn.tensors
+            if t.role in ("input", "inout")}
 
 
 def load_inputs(path: str, module, scalars: dict[str, int], device, program: str = "the program",
@@ -97,12 +99,25 @@ def save_tensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict | N
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pto-save-", suffix=".safetensors")
     try:
+        # mkstemp's file is private (0600): give it the mode open() gives a file it writes, the
+        # replaced file's own or the umask's, like the run's other outputs
+        os.fchmod(fd, _mode_of_new_file(path))
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode_of_new_file(path: str) -> int:
+    """The permissions ``open(path, "w")`` would leave: an existing file's, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def save_outputs(path: str, tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> None:

@@ -1,4 +1,5 @@
-"""The text form of modules: printer and parser."""
+"""The text form of modules: the lexer, the parser of expressions and attributes, the parser of
+functions and modules (which verifies what it parses), and the printer."""
 
 from pto.text.expr_parser import parse_expr
 from pto.text.parser import parse_module

@@ -190,17 +190,39 @@ def _first_ours(row: dict, job: Job, runner: Runner, inputs, ref: dict):
     return runner.replay
 
 
+def _rate_unit(res: dict) -> tuple[str, float] | None:
+    """The unit of the table's FLOP/s column (TF/s, or GF/s where every rate is under a TFLOP/s,
+    as on a CPU, where TF/s rounds to 0) and FLOP/s per unit; None for a program without a flop
+    count (no column)."""
+    rates = [_flops_per_s(r, e) for r in res["rows"] for e in res["executors"]]
+    if not rates or not all(rates):
+        return None
+    return ("TF/s", 1e12) if max(rates) >= 1e12 else ("GF/s", 1e9)
+
+
+def _flops_per_s(row: dict, executor: str) -> float:
+    ms = row[f"{executor}_ms"]
+    return row["gflop"] * 1e9 / (ms * 1e-3) if ms > 0 else 0.0
+
+
+def _three_digits(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def format_table(res: dict) -> str:
     ex, cmp = res["executors"], res["compare"]
     head = [f"{res['program']} on {res['device_name']} ({res['device']}), config={res['config']} "
             f"dtype={res['dtype']} target={res['target']}, median of {_runs(res)}"]
     name = res.get("swept", "seq")
-    cols = [name] + [f"{e} ms" for e in ex] + [f"{c} ms" for c in cmp] + [f"{e} TF/s" for e in ex] \
-        + [f"{e} x {c}" for e in ex for c in cmp] + [f"{e} rel_err" for e in ex]
+    unit = _rate_unit(res)
+    cols = [name] + [f"{e} ms" for e in ex] + [f"{c} ms" for c in cmp] + \
+        ([f"{e} {unit[0]}" for e in ex] if unit else []) + [f"{e} x {c}" for e in ex for c in cmp] + \
+        [f"{e} rel_err" for e in ex]
     lines = head + [" | ".join(cols)]
     for r in res["rows"]:
         vals = [str(r[name])] + [f"{r[f'{e}_ms']:.3f}" for e in ex] + [f"{r[f'{c}_ms']:.3f}" for c in cmp]
-        vals += [f"{r.get(f'{e}_tflops', 0):.0f}" for e in ex]
+        if unit:
+            vals += [_three_digits(_flops_per_s(r, e) / unit[1]) for e in ex]
         vals += [f"{r[f'{e}_vs_{c}']:.3f}" for e in ex for c in cmp]
         vals += [f"{r[f'{e}_rel_err']:.1e}" for e in ex]
         lines.append(" | ".join(vals))

@@ -15,7 +15,6 @@ import numbers
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from pto import programs
 from pto.buffers import tensor_bytes
 from pto.errors import ExecutionError, UsageError
 from pto.graph import CompiledProgram
-from pto.program import Program, Settings, Shape
+from pto.program import Baseline, CountsTasks, Estimation, Program, Settings, Shape
 from pto.progress import iterate
 from pto.target import Target
 
@@ -41,18 +40,6 @@ CALIBRATION_EDGES = 2_000_000
 MAX_SEQ = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """A setting to draw beside the user's in ``--plot`` (a program's ``estimate_baselines``):
-    its label, its settings, published task counts by sequence length (markers), and the bytes
-    per task of another runtime for the same graph (a second memory line), if any."""
-
-    label: str
-    settings: Settings
-    published: dict[int, int] | None = None
-    other_bytes_per_task: tuple[str, float] | None = None
-
-
 class _Counter:
     """Counts of one program setting: closed form when the program has one, else count-only
     builds of the generated C."""
@@ -61,7 +48,7 @@ class _Counter:
         self.prog = prog
         self.s = s
         self._modules: dict[str, object] = {}
-        self.has_closed_form = prog.counts(s, prog.shape()) is not None
+        self.has_closed_form = isinstance(prog, CountsTasks) and prog.counts(s, prog.shape()) is not None
 
     def module(self, shape: Shape):
         """The program's module at ``shape``: the same one for every shape it builds alike (a
@@ -225,11 +212,12 @@ def estimate(program: Program | str, values: list[int], *, shape: Shape | None =
         row, built = _row(counter, at(v), adaptive, limits)
         rows.append(row)
         samples += [built] if built else []
-    if len(samples) < 3:
-        samples += _calibration_builds(counter, adaptive, samples, at)
+    calibration = _calibration_builds(counter, adaptive, samples, at) if len(samples) < 3 else []
+    samples += calibration
     if not samples:
         raise ExecutionError(f"{prog.name}: no graph is small enough to build for the memory model")
     model = _fill_memory(rows, samples, adaptive)
+    model["calibration"] = sorted(x["value"] for x in calibration)
     res = {"program": prog.name, **s.to_json(), "options": [k for k, _ in s.options], "swept": name,
            "shape": base.to_json()}
     res.update(adaptive=adaptive, closed_form=counter.has_closed_form, memory_model=model, rows=rows)
@@ -259,7 +247,7 @@ def _row(counter: _Counter, shape: Shape, adaptive: bool, limits: tuple[int, int
            "saved": round(1.0 - ca["tasks"] / cn["tasks"], 4) if cn["tasks"] else 0.0,
            # the tensors a run allocates (one rank's with --tp: its weight shards and activations)
            "tensor_bytes": sum(tensor_bytes(module.entry_function, prog.scalars(s, shape)).values()),
-           **prog.estimate_columns(s, shape)}
+           **(prog.estimate_columns(s, shape) if isinstance(prog, Estimation) else {})}
     if "row_tiles" in mine:
         row["row_tiles"] = mine["row_tiles"]
     if mine["tasks"] > limits[0] or mine.get("edges", 0) > limits[1]:
@@ -311,8 +299,19 @@ def _human_seq(s: int) -> str:
     return f"{s // 1024}K" if s % 1024 == 0 else str(s)
 
 
-#: column labels of the programs' own byte counts (:meth:`Program.estimate_columns`)
-_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "step_read_bytes": "Read/step"}
+def _human_seqs(values) -> str:
+    return ", ".join(_human_seq(v) for v in values)
+
+
+#: column labels of the programs' own byte counts (:meth:`pto.program.Estimation.estimate_columns`)
+_EXTRA_LABELS = {"kv_cache_bytes": "KV cache", "weight_bytes": "Weights", "step_read_bytes": "Read/step"}
+
+
+def describe_columns(row: dict) -> str | None:
+    """The program's own byte counts of ``row`` (:meth:`pto.program.Estimation.estimate_columns`)
+    as one line, e.g. "Weights 98.3MB, KV cache 3.1MB, Read/step 101.4MB" (None: it has none)."""
+    parts = [f"{label} {_human_bytes(row[k])}" for k, label in _EXTRA_LABELS.items() if k in row]
+    return ", ".join(parts) or None
 
 
 def format_table(res: dict) -> str:
@@ -344,11 +343,22 @@ def format_table(res: dict) -> str:
             *(_human_bytes(r[k]) for k in extra)]))
     m = res["memory_model"]
     lines.append(f"memory model: {m['bytes_per_task']} B/task + {m['bytes_per_edge']} B/edge + "
-                 f"{m['bytes_fixed']} B (fitted on the builds at "
-                 f"{', '.join(_human_seq(x) for x in m['fitted_on'])})")
+                 f"{m['bytes_fixed']} B ({_fitted_on(m)})")
     if any(r.get("edges_estimated") for r in res["rows"]):
         lines.append("edges of the counted rows: scaled from the measured graphs")
     return "\n".join(lines)
+
+
+def _fitted_on(model: dict) -> str:
+    """Which builds the memory model was fitted on: the rows' own, and those it made for the fit
+    at other lengths (a user who asked for 1K and 16K would not know where an 8K came from)."""
+    extra = model.get("calibration", [])
+    own = _human_seqs(x for x in model["fitted_on"] if x not in extra)
+    if not extra:
+        return f"fitted on the builds of the rows at {own}"
+    if not own:
+        return f"fitted on builds of its own at {_human_seqs(extra)}, no row being small enough to build"
+    return f"fitted on the builds of the rows at {own} and builds of its own at {_human_seqs(extra)}"
 
 
 def _label(res: dict) -> str:
@@ -358,7 +368,7 @@ def _label(res: dict) -> str:
 
 def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     """Tasks and runtime memory against sequence length (log-log): this setting ("ours"), and
-    each baseline (the program's :meth:`~pto.program.Program.estimate_baselines`, estimated at
+    each baseline (the program's :meth:`~pto.program.Estimation.estimate_baselines`, estimated at
     the same lengths) with its published rows as markers; every setting spelled out in the
     title (:mod:`pto.tools.plotting`). Returns the figure."""
     from pto.tools.plotting import figure, finish, log_axes
@@ -367,9 +377,13 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     name = res.get("swept", "seq")
     seqs = [r[name] for r in res["rows"]]
     fig, (ax1, ax2) = figure(2)
-    # one color per setting in both panels
-    ax1.plot(seqs, [r["tasks"] for r in res["rows"]], "o-", color="C0", label="ours, adaptive tiles")
-    ax1.plot(seqs, [r["tasks_no_adaptive"] for r in res["rows"]], "o--", color="C0", label="ours, no adaptive tiles")
+    # one color per setting in both panels; without adaptive tiles hollow and larger, so that where
+    # both graphs have the same tasks (tiles that cannot merge) both lines still show
+    tasks, plain = [r["tasks"] for r in res["rows"]], [r["tasks_no_adaptive"] for r in res["rows"]]
+    same = " (the same tasks)" if tasks == plain else ""
+    ax1.plot(seqs, tasks, "o-", color="C0", label="ours, adaptive tiles")
+    ax1.plot(seqs, plain, "D--", color="C0", markerfacecolor="none", markersize=9,
+             label=f"ours, no adaptive tiles{same}")
     ax2.plot(seqs, [r["runtime_bytes"] for r in res["rows"]], "o-", color="C0", label="ours")
     details = [f"ours: {_label(res)}"]
     for i, (b, bres) in enumerate(baselines, start=1):
@@ -377,9 +391,10 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
         ax2.plot(seqs, [r["runtime_bytes"] for r in bres["rows"]], "s-", color=f"C{i}", label=f"{b.label}, our runtime")
         details.append(f"{b.label}: {_label(bres)}")
         if b.other_bytes_per_task:
-            name, per = b.other_bytes_per_task
-            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:", color=f"C{i}", label=f"{b.label}, {name}")
-            details.append(f"{b.label}, {name}: {per:,.0f} B/task")
+            runtime, per = b.other_bytes_per_task
+            ax2.plot(seqs, [r["tasks"] * per for r in bres["rows"]], "s:", color=f"C{i}",
+                     label=f"{b.label}, {runtime}")
+            details.append(f"{b.label}, {runtime}: {per:,.0f} B/task")
         if b.published:
             pts = sorted(b.published.items())
             ax1.plot([s for s, _ in pts], [v for _, v in pts], "kx", label=f"{b.label}, published")
@@ -387,5 +402,5 @@ def plot(res: dict, path: str, baselines: list[tuple[Baseline, dict]] = ()):
     log_axes(ax1, "tasks", "tasks", xlabel)
     log_axes(ax2, "runtime memory", "bytes", xlabel)
     rank = f", one rank of tp={res['tp']}" if res.get("tp", 1) > 1 else ""
-    title = f"{res['program']} (config {res['config']}{rank}): the task graph against {name}"
+    title = f"{res['program']} (config {res['config']}{rank}): the task graph against {xlabel}"
     return finish(fig, [ax1, ax2], title, details, path)

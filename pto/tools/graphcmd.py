@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from pto.engine import Job, build_graph, check_memory
+from pto.engine import Job, build_graph, check_memory, module_of
 from pto.errors import UsageError
 from pto.passes.chains import Chain, find_chains
 from pto.passes.fusion import Fusion
@@ -43,9 +43,9 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
     prog, s = job.program, job.settings
     shape = prog.shape(shape)
     check_outputs(dump, draw)
-    prog.check_size(s, shape)
-    check_memory(job, shape, prog.build(s, shape), check=False, execute=False)
-    built = build_graph(job, shape)
+    module = module_of(job, shape)
+    check_memory(job, shape, module, check=False, execute=False)
+    built = build_graph(job, shape, module=module)
     graph = built.graph
     try:
         out = {k: v for k, v in job.to_json().items() if k != "executor"}
@@ -60,7 +60,7 @@ def build_only(job: Job, shape: Shape | None = None, *, dump: str | None = None,
             graph.dump(dump)
             out["dump"] = str(dump)
         if draw:
-            out.update(_draw(graph, dump, draw, max_nodes))
+            out.update(_draw(graph, dump, draw, max_nodes, setting_line(out, tuple(o.name for o in prog.options))))
         return out
     finally:
         graph.close()
@@ -77,26 +77,31 @@ def fusion_json(prog, s, shape, module) -> dict:
     return out
 
 
-def _draw(graph, dump: str | None, path: str, max_nodes: int | None) -> dict:
-    """Draw the graph through its dump (a temporary one without ``--dump``)."""
+def _draw(graph, dump: str | None, path: str, max_nodes: int | None, title: str) -> dict:
+    """Draw the graph through its dump (a temporary one without ``--dump``), titled with the
+    program, its shape and settings (never the temporary file's name)."""
     from pto.viz import draw
 
     with tempfile.TemporaryDirectory(prefix="pto-graph-") as tmp:
         source = dump or os.path.join(tmp, "graph.txt")
         if not dump:
             graph.dump(source)
-        d = draw(source, path, max_nodes=max_nodes)
+        d = draw(source, path, max_nodes=max_nodes, title=title)
     return {"drawing": d.path, **({"drawing_note": d.note} if d.note else {})}
+
+
+def setting_line(res: dict, options: tuple[str, ...] = ()) -> str:
+    """The program, its shape and settings in a line: the report's first and the drawing's title."""
+    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
+    shape = " ".join(f"{k}={v}" for k, v in res["shape"].items())
+    return f"{res['program']} {shape} config={res['config']} dtype={res['dtype']} target={res['target']}{opts}"
 
 
 def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
     """The text ``pto graph`` prints."""
     from pto.progress import human_duration
 
-    opts = "".join(f" {k}={res[k]}" for k in options if k in res)
-    shape = " ".join(f"{k}={v}" for k, v in res["shape"].items())
-    lines = [f"{res['program']} {shape} config={res['config']} dtype={res['dtype']} "
-             f"target={res['target']}{opts}",
+    lines = [setting_line(res, options),
              f"tasks {res['tasks']:,}  edges {res['edges']:,}  build {res['build_ms']:.2f} ms "
              f"(module and C {res['compile_ms']:.0f} ms); not executed"]
     if res["exec_estimate_s"] is not None:
@@ -115,4 +120,4 @@ def format_report(res: dict, options: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["build_only", "check_outputs", "format_report"]
+__all__ = ["build_only", "check_outputs", "format_report", "setting_line"]

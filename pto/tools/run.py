@@ -15,9 +15,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from pto import programs
-from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, rel_err, resolve
+from pto.engine import SETTING_NAMES, Job, Runner, check_memory, get_runner, module_of, rel_err, resolve
 from pto.errors import UsageError
-from pto.program import Shape
+from pto.program import Estimation, Shape
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,9 @@ class RunOptions:
     ``dump`` the graph, ``trace`` the execution, ``repeat`` replays (median), ``profile`` per
     InCore function; docs/SAFETY.md: ``sentinel``, ``inputs`` / ``save_inputs`` / ``save``
     (safetensors files), ``check_schedule``, ``deterministic``. ``progress(done, total)`` is
-    called as tasks complete; ``warn(line)`` once before a long execution."""
+    called as tasks complete; ``phase(name, unit)`` as each part of the run starts (compiling,
+    building, the inputs, executing, checking: :data:`pto.engine.Phase`); ``warn(line)`` once
+    before a long execution."""
 
     check: bool = False
     dump: str | None = None
@@ -42,6 +44,7 @@ class RunOptions:
     check_schedule: bool = False
     deterministic: bool = False
     progress: Callable | None = None
+    phase: Callable | None = None
     warn: Callable | None = None
 
     @property
@@ -76,7 +79,7 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     rank, started by torchrun; every rank makes the whole seeded inputs and runs on its shard
     (:meth:`Program.shard`), rank 0 checks the outputs against the reference on the whole inputs
     and writes the files; ``ranks`` has every rank's time and collectives."""
-    from pto import dist
+    from pto import collectives, dist
 
     opts = replace(options or RunOptions(), **{k: kw.pop(k) for k in list(kw) if k in _OPTION_NAMES})
     if isinstance(job, Job):
@@ -84,13 +87,14 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
     else:
         job, shape = job_of(job, shape, kw)
     rank = dist.init(job.device, job.settings.tp, command=f"run {job.program.name}")
+    collectives.check()  # PTO_COLLECTIVES and its limits, before any work
     if rank != 0:  # every rank holds the same outputs: rank 0 writes the files
         opts = replace(opts, dump=None, trace=None, save=None, save_inputs=None)
-    whole = _prepare_checks(job, shape, opts)
+    module, whole = _prepare_checks(job, shape, opts)
     cached = opts.repeat > 1 and not opts.record and not opts.sentinel
-    runner = get_runner(job, shape, opts.adaptive, opts.deterministic) if cached else Runner(
+    runner = get_runner(job, shape, opts.adaptive, opts.deterministic, module) if cached else Runner(
         job, shape, opts.adaptive, record=opts.record, sentinel=opts.sentinel, deterministic=opts.deterministic,
-        progress=opts.progress)
+        progress=opts.progress, module=module, phase=opts.phase)
     try:
         return _execute(job, shape, opts, runner, whole, rank)
     finally:
@@ -99,13 +103,12 @@ def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOpt
 
 
 def _prepare_checks(job: Job, shape: Shape, opts: RunOptions):
-    """What is checked before any work: the size, the memory; the whole (single-process) module
-    whose inputs every rank makes."""
+    """What is checked before any work: the size, the memory; the module (built once, here) and
+    the whole (single-process) module whose inputs every rank makes."""
     prog, s = job.program, job.settings
-    prog.check_size(s, shape)
-    module = prog.build(s, shape)
+    module = module_of(job, shape)
     check_memory(job, shape, module, opts.check)
-    return module if s.tp == 1 else prog.build(replace(s, tp=1), shape)
+    return module, module if s.tp == 1 else prog.build(replace(s, tp=1), shape)
 
 
 def _inputs(job: Job, shape: Shape, opts: RunOptions, whole) -> dict[str, torch.Tensor]:
@@ -140,6 +143,7 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     note = long_run_warning(job, shape, graph.tasks) if opts.warn is not None and rank == 0 else None
     if note and runner.stats is None:  # a cached runner's graph has run before: no news
         opts.warn(note)
+    _phase(opts, "making the inputs")
     data = _inputs(job, shape, opts, whole)
     meta = run_metadata(job, shape, opts.seed, opts.inputs)
     if opts.save_inputs:  # before the run: a run that fails can be repeated from the file
@@ -152,17 +156,21 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
         before = nonfinite_summary(local, local)
     dist.counters(reset=True)
     first = runner.stats is None
+    _phase(opts, "executing", "task")
     t0 = time.perf_counter()
     outputs = runner(local)
     if not first and job.device == "cuda":
         torch.cuda.synchronize()
     exec_ms = runner.stats.exec_ms if first else (time.perf_counter() - t0) * 1e3
+    if s.tp > 1:  # the outputs some programs split over the ranks, whole (a collective)
+        outputs = prog.unshard(s, outputs)
     out = _report(job, shape, runner, exec_ms)
     if opts.sentinel:
         from pto.safety.blame import blame
 
         out["nonfinite"] = blame(graph, runner.executor.flags, runner.tensors, prog.outputs, before)
     if opts.check and rank == 0:
+        _phase(opts, "checking against the torch reference")
         ref = prog.reference(s, shape, data)
         out["rel_err"] = max(rel_err(outputs[k], v) for k, v in ref.items())
     _extras(out, opts, runner, outputs, meta)
@@ -173,13 +181,20 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     return out
 
 
+def _phase(opts: RunOptions, name: str, unit: str | None = None) -> None:
+    if opts.phase is not None:
+        opts.phase(name, unit)
+
+
 def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float) -> dict:
     graph, stats = runner.graph, runner.stats
     return {**job.to_json(), "executor": runner.executor.name, **shape.to_json(), "shape": shape.to_json(),
             "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
             "build_ms": round(graph.build_ms, 3), "exec_ms": round(exec_ms, 3),
             "compile_ms": round(runner.compile_ms, 1),
-            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1)}
+            "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
+            # the program's own byte counts (a decode step: its weights, its cache, a step's reads)
+            **(job.program.estimate_columns(job.settings, shape) if isinstance(job.program, Estimation) else {})}
 
 
 def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: dict) -> None:

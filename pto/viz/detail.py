@@ -15,7 +15,7 @@ from pto.viz.dot import (
     title_size_in,
 )
 from pto.viz.dumpgraph import DumpGraph
-from pto.viz.sizes import CHAR_EM, NODE_MARGIN_IN, NODE_PT, box_in, layered_in, layout_work, page_in
+from pto.viz.sizes import CHAR_EM, LABEL_PAD_PT, NODE_MARGIN_IN, NODE_PT, box_in, layered_in, layout_work, page_in
 
 
 def task_spans(g: DumpGraph, levels: np.ndarray) -> np.ndarray:
@@ -33,7 +33,7 @@ def detail_size_in(g: DumpGraph, levels: np.ndarray) -> tuple[float, float]:
         return page_in((0.0, 0.0), title_size_in(g, [stats_line(g, levels)]))
     name_len = np.array([len(n) for n in g.func_names])[g.func]
     chars = np.maximum(name_len, len(f"task {int(g.ids.max())}"))
-    w = np.maximum(0.75, chars * NODE_PT * CHAR_EM / 72 + 2 * NODE_MARGIN_IN[0])
+    w = np.maximum(0.75, (chars * NODE_PT * CHAR_EM + 2 * LABEL_PAD_PT) / 72 + 2 * NODE_MARGIN_IN[0])
     h = np.full(g.n_tasks, box_in(["", "", ""])[1])
     src = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
     graph = layered_in(np.zeros(g.n_tasks, np.int64), levels, w, h, src, g.succ)
@@ -47,7 +47,7 @@ def detail_dot(g: DumpGraph, levels: np.ndarray) -> str:
     names = [f"t{int(i)}" for i in g.ids]
     for k in range(g.n_tasks):
         label, color = join_label(_task_label(g, k)), fill_color(int(g.base[k]))
-        lines.append(f'  {names[k]} [label="{label}", fillcolor="{color}"];')
+        lines.append(f'  {names[k]} [label={label}, fillcolor="{color}"];')
     lines += rank_groups(levels, names)
     src = np.repeat(np.arange(g.n_tasks), np.diff(g.ptr))
     lines += [f"  {names[a]} -> {names[b]};" for a, b in zip(src.tolist(), g.succ.tolist())]

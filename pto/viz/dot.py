@@ -5,12 +5,21 @@ legend, rank groups, fill colors and label text.
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 import numpy as np
 
 from pto.viz.dumpgraph import DumpGraph
-from pto.viz.sizes import EDGE_PT, NODE_MARGIN_IN, NODE_PT, NODESEP, RANKSEP, TITLE_PT, TUNE_ABOVE, title_in
+from pto.viz.sizes import (
+    EDGE_PT,
+    LABEL_PAD_PT,
+    NODE_MARGIN_IN,
+    NODE_PT,
+    NODESEP,
+    RANKSEP,
+    TITLE_PT,
+    TUNE_ABOVE,
+    title_in,
+)
 
 # Fill colors (light, so black text stays readable), assigned to InCore functions in the order
 # their first variant was registered, which makes the colors stable for a given program.
@@ -41,8 +50,8 @@ def stats_line(g: DumpGraph, levels: np.ndarray) -> str:
 
 
 def title_label(g: DumpGraph, texts: list[str]) -> str:
-    """An HTML-like graph label: the file name, ``texts`` one a row, the color legend (6 a row)."""
-    rows = [f'<tr><td colspan="6"><b>{html.escape(Path(g.path).name)}</b></td></tr>']
+    """An HTML-like graph label: the graph's title, ``texts`` one a row, the color legend (6 a row)."""
+    rows = [f'<tr><td colspan="6"><b>{html.escape(g.title)}</b></td></tr>']
     rows += [f'<tr><td colspan="6">{html.escape(t)}</td></tr>' for t in texts]
     cells = [f'<td bgcolor="{fill_color(k)}">{html.escape(b)}</td>' for k, b in enumerate(g.base_names)]
     for i in range(0, len(cells), 6):
@@ -52,7 +61,7 @@ def title_label(g: DumpGraph, texts: list[str]) -> str:
 
 def title_size_in(g: DumpGraph, texts: list[str]) -> tuple[float, float]:
     """Estimated size in inches of :func:`title_label`'s table."""
-    return title_in([Path(g.path).name, *texts], g.base_names)
+    return title_in([g.title, *texts], g.base_names)
 
 
 def dot_header(title: str, work: int, rows: bool = False) -> list[str]:
@@ -85,5 +94,8 @@ def rank_groups(keys: np.ndarray, names: list[str], extra: dict[int, str] | None
 
 
 def join_label(lines: list[str]) -> str:
-    """Label lines as one DOT string (``\\n`` between lines)."""
-    return "\\n".join(lines)
+    """Label lines as one HTML-like DOT label (``label=<...>``): a borderless table, a row a line,
+    padded by :data:`LABEL_PAD_PT` (lines joined by ``\\n`` touch: the underscores of
+    ``softmax_tile__C256_R32`` ran into the buffer size below)."""
+    cells = "".join(f"<tr><td>{html.escape(line)}</td></tr>" for line in lines)
+    return f'<<table border="0" cellspacing="0" cellpadding="{LABEL_PAD_PT}">{cells}</table>>'

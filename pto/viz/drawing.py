@@ -34,8 +34,9 @@ class Drawing:
 
 
 def draw(dump: str | Path, out: str | Path, fmt: str | None = None, max_nodes: int | None = None,
-         page: tuple[float, float] = PAGE_IN) -> Drawing:
-    """Draw the dump at ``dump`` into ``out`` (pdf, svg, png or dot), readable at 100% zoom.
+         page: tuple[float, float] = PAGE_IN, title: str | None = None) -> Drawing:
+    """Draw the dump at ``dump`` into ``out`` (pdf, svg, png or dot), readable at 100% zoom,
+    headed by ``title`` (default: the dump's file name).
 
     One box per task when that drawing fits ``page`` (inches; default :data:`PAGE_IN`) and the
     graph has at most ``max_nodes`` tasks (None: no limit); otherwise a summary by (band of
@@ -55,6 +56,8 @@ def draw(dump: str | Path, out: str | Path, fmt: str | None = None, max_nodes: i
     fmt = resolve_format(out, fmt)
     exe = shutil.which("dot") if fmt == "dot" else dot_binary()
     g = load_dump(dump)
+    if title:
+        g.title = title
     levels = compute_levels(g.ptr, g.succ, g.path)
     refusal, _ = detail_refusal(g, levels, max_nodes, page)
     with tempfile.TemporaryDirectory(prefix="pto-viz-") as tmp:

@@ -23,7 +23,8 @@ class DumpGraph:
 
     ``succ[ptr[i]:ptr[i+1]]`` are the positions of the successors of task ``i``; ``func[i]``
     indexes ``func_names`` (variant names, e.g. ``matmul_tile__K256_N256_R32``) and
-    ``base[i]`` indexes ``base_names`` (the InCore function, e.g. ``matmul_tile``).
+    ``base[i]`` indexes ``base_names`` (the InCore function, e.g. ``matmul_tile``). ``title``
+    heads a drawing (the dump's file name unless the caller names what it shows).
     """
 
     path: str
@@ -35,6 +36,7 @@ class DumpGraph:
     buffer_bytes: np.ndarray
     ptr: np.ndarray
     succ: np.ndarray
+    title: str = ""
 
     @property
     def n_tasks(self) -> int:
@@ -93,7 +95,7 @@ def load_dump(path: str | Path) -> DumpGraph:
         owner = int(ids[np.searchsorted(ptr, k, side="right") - 1])
         raise ParseError(f"{path}: task {owner} has successor {int(succ_ids[k])}, which is not in the dump")
     return DumpGraph(str(path), ids, func, func_names, base, base_names, buffer_bytes, ptr,
-                     pos.astype(np.int64))
+                     pos.astype(np.int64), Path(path).name)
 
 
 def compute_levels(ptr: np.ndarray, succ: np.ndarray, path: str = "graph") -> np.ndarray:

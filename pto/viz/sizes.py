@@ -30,6 +30,8 @@ TUNE_ABOVE = 1_000
 # lines are about 1.1 em apart; both rounded up, so that estimates err on the large side.
 CHAR_EM, LINE_EM = 0.6, 1.2
 NODE_MARGIN_IN = (0.08, 0.04)
+# points of padding around every line of a box's label (pto.viz.dot.join_label)
+LABEL_PAD_PT = 1
 # room an edge passing through a rank takes in it (dot puts a virtual node there), and around a
 # row's cluster (margin and label)
 VIRTUAL_IN = 0.2
@@ -45,8 +47,8 @@ MAX_ASPECT = 3.0
 def box_in(lines: list[str], pt: float = NODE_PT) -> tuple[float, float]:
     """Estimated size in inches of a box with these label lines (graphviz's minimum is 0.75 x 0.5)."""
     chars = max(len(s) for s in lines)
-    return (max(0.75, chars * pt * CHAR_EM / 72 + 2 * NODE_MARGIN_IN[0]),
-            max(0.5, len(lines) * pt * LINE_EM / 72 + 2 * NODE_MARGIN_IN[1]))
+    return (max(0.75, (chars * pt * CHAR_EM + 2 * LABEL_PAD_PT) / 72 + 2 * NODE_MARGIN_IN[0]),
+            max(0.5, len(lines) * (pt * LINE_EM + 2 * LABEL_PAD_PT) / 72 + 2 * NODE_MARGIN_IN[1]))
 
 
 def capacity(page: tuple[float, float]) -> int:

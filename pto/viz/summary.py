@@ -228,9 +228,9 @@ def summary_dot(g: DumpGraph, levels: np.ndarray, s: Summary, why: str | None = 
     p = _place(s)
     ghosts = [f"x{int(r)}_{names[k]}" for r, k in zip(p.row[s.n_groups:], p.ghost_of)]
     for k, label in enumerate(_group_labels(g, s)):
-        lines.append(f'  {names[k]} [label="{join_label(label)}", fillcolor="{fill_color(int(s.base_of[k]))}"];')
+        lines.append(f'  {names[k]} [label={join_label(label)}, fillcolor="{fill_color(int(s.base_of[k]))}"];')
     for name, k in zip(ghosts, p.ghost_of.tolist()):
-        lines.append(f'  {name} [label="{join_label(_ghost_label(g, s, k))}", style="filled,rounded,dashed", '
+        lines.append(f'  {name} [label={join_label(_ghost_label(g, s, k))}, style="filled,rounded,dashed", '
                      f'fillcolor="{fill_color(int(s.base_of[k]))}"];')
     nodes = names + ghosts
     if s.rows == 1:

@@ -144,6 +144,25 @@ def test_info():
     assert info["target"] and info["sram_bytes"] > 0
     text = pto("info").stdout
     assert "target:" in text and "SRAM:" in text and "KiB" in text
+    # the collectives of tensor parallelism: the mode, and symmetric memory's all-reduce or why not
+    coll = info["collectives"]
+    assert coll["mode"] == "auto" and coll["gloo"] and coll["multicast"] is False
+    line = next(x for x in text.splitlines() if x.startswith("collectives:"))
+    if info["device"] == "cpu":
+        assert not coll["symmetric_memory"] and coll["symmetric_memory_why"] == "no CUDA GPU"
+        assert "symmetric memory no (no CUDA GPU): the process group's at every size" in line, line
+    else:
+        assert ("one-shot up to 256 KiB" in line) == coll["symmetric_memory"], line
+
+
+@pytest.mark.slow
+def test_info_refuses_a_mode_it_does_not_know():
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "info"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PTO_COLLECTIVES": "nccl"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "pto: error: PTO_COLLECTIVES='nccl': expected one of auto, group, symm, evaluator\n", r.stderr
 
 
 def _run_on_a_terminal(args, timeout=300):

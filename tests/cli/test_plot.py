@@ -77,6 +77,34 @@ def test_estimate_plot_is_readable(tmp_path):
     assert "ours, adaptive tiles" in labels and "seed setting, published" in labels
 
 
+@pytest.mark.parametrize("settings,same", [pytest.param(dict(config="7b", device="cpu"), False, marks=pytest.mark.slow),
+                                           (dict(config="7b", dtype="bf16", target="cuda_h100"), True)])
+def test_estimate_plot_names_its_axes_and_shows_both_task_lines(tmp_path, settings, same):
+    """Issue 43, item 1: the axes and the title name the sequence length (the baseline's runtime
+    name, "seed runtime", had taken its place), and the tasks without adaptive tiles stay visible
+    where they equal those with them (tiles too tall to merge on an H100 in bf16), said in the legend."""
+    from pto.engine import resolve
+    from pto.tools.estimate import estimate, plot
+
+    job = resolve("llama7b", **settings)
+    res = estimate(job.program, [1024, 4096], settings=job.settings)
+    baselines = [(b, estimate(job.program, [1024, 4096], settings=b.settings))
+                 for b in job.program.estimate_baselines(job.settings)]
+    fig = plot(res, str(tmp_path / "est.png"), baselines)
+    assert [ax.get_xlabel() for ax in fig.axes] == ["sequence length"] * 2
+    assert fig.get_suptitle().splitlines()[0] == "llama7b (config 7b): the task graph against sequence length"
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    tasks = [r["tasks"] for r in res["rows"]]
+    plain = [r["tasks_no_adaptive"] for r in res["rows"]]
+    assert (tasks == plain) == same
+    mine = lines["ours, adaptive tiles"]
+    other = lines["ours, no adaptive tiles" + (" (the same tasks)" if same else "")]
+    assert list(mine.get_ydata()) == tasks and list(other.get_ydata()) == plain
+    # a hollow, larger marker of another shape: visible on top of the other line's
+    assert other.get_marker() != mine.get_marker() and other.get_markerfacecolor() == "none"
+    assert other.get_markersize() > mine.get_markersize()
+
+
 def test_bench_plot_is_readable(tmp_path):
     from pto.tools.benchcmd import Timing, bench, plot
 
@@ -135,7 +163,10 @@ def test_bench_rounds_time_every_method_in_turn():
     row = res["rows"][0]
     assert res["rounds"] == 3 and row["waves_spread"] >= 0 and row["eager_spread"] >= 0
     ratios = sorted(e / w for e, w in zip(row["eager_rounds"], row["waves_rounds"]))
-    assert len(row["waves_rounds"]) == 3 and row["waves_vs_eager"] == round(ratios[1], 3)
+    # the rounds' medians are rounded to 4 decimals and the ratio to 3 (the ratio is of the unrounded
+    # medians: 22.7 against 22.699 from the rounded ones failed a fresh clone's suite, issue 43)
+    tol = ratios[1] * 0.5e-4 * (1 / min(row["waves_rounds"]) + 1 / min(row["eager_rounds"])) + 0.5e-3
+    assert len(row["waves_rounds"]) == 3 and row["waves_vs_eager"] == pytest.approx(ratios[1], abs=tol)
     last = format_table(res).splitlines()[-1]
     assert last.startswith("spread between rounds") and f"waves {row['waves_spread']:.0%}-" in last
     with pytest.raises(UsageError, match="--rounds"):

@@ -16,8 +16,12 @@ import pytest
 
 from pto.progress import ProgressLines, human_duration
 
-LINE = re.compile(r"pto: llama7b: executing: (([\d,]+)/([\d,]+) tasks \(\d+%\), [\w ]+ elapsed(, ~[\w ]+ left)?"
-                  r"|[\w ]+ elapsed, no task finished yet)")
+#: a line of each phase of a run (issue 43: the phase is named, never "executing" before it runs)
+PHASES = ("compiling the runtime and the generated C", "building the graph", "making the inputs",
+          "checking against the torch reference")
+LINE = re.compile(r"pto: llama7b: (executing: ((?P<done>[\d,]+)/([\d,]+) tasks \(\d+%\), [\w ]+ elapsed"
+                  r"(, ~[\w ]+ left)?|[\w ]+ elapsed, no task finished yet)"
+                  r"|(" + "|".join(PHASES) + r"): [\w ]+ elapsed|[\w ]+ elapsed)")
 
 
 def _pto(args, env=None, timeout=600):
@@ -35,7 +39,7 @@ def test_a_run_into_a_log_prints_progress_lines():
     assert lines, "no progress line"
     assert all(LINE.fullmatch(line) for line in lines), lines
     counted = [LINE.fullmatch(line) for line in lines if f"/{tasks:,} tasks" in line]
-    assert counted and all(int(m.group(2).replace(",", "")) <= tasks for m in counted)
+    assert counted and all(int(m.group("done").replace(",", "")) <= tasks for m in counted)
 
 
 @pytest.mark.slow
@@ -81,3 +85,37 @@ def test_the_line_and_its_estimate():
     assert [human_duration(s) for s in (0.2, 59, 60, 125, 1900, 7200)] == ["1 s", "59 s", "1 min", "2 min 5 s",
                                                                           "32 min", "2.0 h"]
     assert human_duration(125, rough=True) == "2 min"
+
+
+def test_the_line_names_the_phase_that_runs():
+    """Issue 43, item 7: the compile and the build are named as such (a fresh cache's compile was
+    reported as "executing: 10 s elapsed, no task finished yet"); only a phase that counts says
+    what it counted."""
+    lines = ProgressLines("llama7b", interval=3600, unit=None)
+    try:
+        assert lines.line(now=lines.start + 1) == "pto: llama7b: 1 s elapsed"
+        lines.phase("compiling the runtime and the generated C")
+        assert lines.line(now=lines.start + 12) == \
+            "pto: llama7b: compiling the runtime and the generated C: 12 s elapsed"
+        lines.phase("executing", "task")
+        assert lines.line(now=lines.start + 13) == "pto: llama7b: executing: 13 s elapsed, no task finished yet"
+        lines(10, 20)
+        assert lines.line(now=lines.start + 14) == \
+            "pto: llama7b: executing: 10/20 tasks (50%), 14 s elapsed, ~14 s left"
+        lines.phase("checking against the torch reference")
+        assert lines.line(now=lines.start + 15) == "pto: llama7b: checking against the torch reference: 15 s elapsed"
+    finally:
+        lines.stop()
+
+
+@pytest.mark.slow
+def test_a_first_run_on_a_fresh_cache_says_it_compiles(tmp_path):
+    """A fresh cache compiles the runtime for seconds: the lines say so, and none says
+    "executing" before the compile is over."""
+    r = _pto(["run", "llama7b", "--seq", "64", "--json"], env={"PTO_PROGRESS_S": "0.2", "PTO_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert all(LINE.fullmatch(line) for line in lines), lines
+    compiling = [k for k, line in enumerate(lines) if line.startswith(f"pto: llama7b: {PHASES[0]}: ")]
+    assert compiling, lines
+    assert not any(": executing: " in line for line in lines[:compiling[-1]]), lines

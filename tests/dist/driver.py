@@ -7,7 +7,8 @@ case's outputs to OUT_DIR/NAME.safetensors and writes the results (``pto run --j
 per case) to OUT_DIR/results.json; a case may name its ``program`` (default llama7b), ``device``
 and ``backend`` (default: the CPU and the torch backend). A case with ``generate`` (prompts'
 lengths, new tokens) generates from the model program's seeded random weights of ``config``
-with :class:`~pto.orchestration.model.generate.Generator` instead: its result holds the tokens.
+with :class:`~pto.orchestration.llm.generate.Generator` instead (on the CPU, or its ``device``):
+its result holds the tokens and this rank's sums (``collectives``).
 Not a test module: the tests start it (:func:`launch`, :func:`run_cases`)."""
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def main(cases_file: str, out_dir: str) -> int:
         config, dtype = c.pop("config", "tiny"), c.pop("dtype", "f32")
         if "generate" in c:
             results.append({"name": name, "tp": tp, **generate(config, seed, tp, *c["generate"], dtype=dtype,
-                                                               allreduce_dtype=c.get("allreduce_dtype", "storage"))})
+                                                               allreduce_dtype=c.get("allreduce_dtype", "storage"),
+                                                               device=c.get("device", "cpu"),
+                                                               sample=c.get("sample"))})
             continue
         device, backend = c.pop("device", "cpu"), c.pop("backend", "torch")
         program, seq = c.pop("program", "llama7b"), c.pop("seq")
@@ -49,12 +52,14 @@ def main(cases_file: str, out_dir: str) -> int:
 
 
 def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtype: str = "f32",
-             allreduce_dtype: str = "storage") -> dict:
+             allreduce_dtype: str = "storage", device: str = "cpu", sample: list | None = None) -> dict:
     """Greedy tokens of prompts of ``lengths`` (seeded) from the model program's random weights
-    of ``config`` (seeded), ``tp`` ranks, on the CPU in ``dtype``, the ranks' partial sums in
-    ``allreduce_dtype``."""
+    of ``config`` (seeded), ``tp`` ranks, on ``device`` in ``dtype``, the ranks' partial sums in
+    ``allreduce_dtype``; sampled with ``sample`` (temperature, top-k: the generator seeded with
+    ``seed``) instead of greedy."""
     import torch
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.sampling import Sampler
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.ir.dtypes import DType
@@ -63,10 +68,11 @@ def generate(config: str, seed: int, tp: int, lengths: list[int], new: int, dtyp
     w = random_weights(CONFIGS[config], dt.torch, torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed + 1)
     prompts = [torch.randint(0, w.config.vocab, (n,), generator=g).tolist() for n in lengths]
-    gen = Generator(w, "cpu", dt, tp=tp, allreduce_dtype=allreduce_dtype)
+    gen = Generator(w, device, dt, tp=tp, allreduce_dtype=allreduce_dtype)
     dist.counters(reset=True)
     try:
-        got = gen.generate(prompts, new, stop_ids=())
+        sampler = Sampler(sample[0], sample[1], seed=seed) if sample else None
+        got = gen.generate(prompts, new, stop_ids=(), sampler=sampler)
     finally:
         gen.close()
     return {"tokens": got.tokens, "collectives": dist.counters()}

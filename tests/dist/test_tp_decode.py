@@ -88,16 +88,25 @@ def test_the_ranks_step_is_near_tp1_and_picks_the_same_tokens(runs):
         assert 0 < diff <= bound or torch.equal(a["logits"], b["logits"]), (name, diff)
 
 
+#: the bytes of a step's candidates' sum a sequence (the vocabulary-parallel head at 2 ranks:
+#: rows of 4 f32 values, the 2 ranks' logits and ids)
+CANDIDATES = 4 * 4
+
+
 @pytest.mark.slow
 def test_each_rank_sums_two_projections_a_layer(runs):
     """Every rank issues the same all-reduces: the o and down projections of each layer, one
-    call each for the whole batch, of the batch's rows (padded as the tiles are) x hidden."""
+    call each for the whole batch, of the batch's rows (padded as the tiles are) x hidden; and
+    the vocabulary-parallel head's candidates, one call of the batch's rows; all through the
+    process group (gloo: no symmetric memory on the CPU)."""
     _, res = runs[2]
     for name, r in _steps(res).items():
         cfg = CONFIGS[r["config"]]
-        colls = [{k: x["collectives"][k] for k in ("calls", "bytes")} for x in r["ranks"]]
+        colls = [{k: x["collectives"][k] for k in ("calls", "bytes", "algorithms")} for x in r["ranks"]]
         size = 2 if r["allreduce_dtype"] == "storage" and r["dtype"] == "bf16" else 4
-        want = {"calls": 2 * cfg.layers, "bytes": 2 * cfg.layers * tile_rows(r["batch"]) * cfg.hidden * size}
+        calls = 2 * cfg.layers + 1
+        want = {"calls": calls, "bytes": 2 * cfg.layers * tile_rows(r["batch"]) * cfg.hidden * size
+                + r["batch"] * CANDIDATES, "algorithms": {"group": calls}}
         assert colls == [want, want], (name, colls)
 
 
@@ -119,8 +128,9 @@ def test_generation_over_two_ranks_makes_the_reference_tokens(runs):
         lengths, new = case["generate"]
         prompts = [torch.randint(0, cfg.vocab, (n,), generator=g).tolist() for n in lengths]
         assert got["tokens"] == ReferenceModel(w).generate(prompts, new, stop_ids=()), name
-        calls = got["collectives"]["calls"]  # two a layer in every step (and the first run's, if any)
-        assert calls >= new * 2 * cfg.layers and calls % (2 * cfg.layers) == 0, (name, calls)
+        # two a layer and the candidates' in every step (and the first run's, if any)
+        calls, per_step = got["collectives"]["calls"], 2 * cfg.layers + 1
+        assert calls >= new * per_step and calls % per_step == 0, (name, calls)
 
 
 def test_a_model_whose_heads_do_not_divide_is_one_line():
@@ -137,10 +147,13 @@ def test_a_model_whose_heads_do_not_divide_is_one_line():
 @pytest.mark.slow
 def test_generation_sums_in_the_storage_dtype_unless_asked_for_f32(runs):
     """The Generator (``pto generate``) sums the ranks' partials as the programs do: in bf16 by
-    default, half the bytes of ``allreduce_dtype="f32"`` for the same steps."""
+    default, half the bytes of ``allreduce_dtype="f32"`` for the same steps (the candidates'
+    sums in f32 in both: a step's one sequence's)."""
     res = runs[2][1]
     bf16, f32 = (res[f"generate-bf16-{r}"]["collectives"] for r in ("storage", "f32"))
-    assert bf16["calls"] == f32["calls"] > 0 and bf16["bytes"] * 2 == f32["bytes"], (bf16, f32)
+    steps = bf16["calls"] // (2 * CONFIGS["tiny"].layers + 1)
+    assert bf16["calls"] == f32["calls"] > 0
+    assert (bf16["bytes"] - steps * CANDIDATES) * 2 == f32["bytes"] - steps * CANDIDATES, (bf16, f32)
 
 
 def test_shutdown_releases_what_holds_captured_graphs_before_leaving_the_group(tmp_path):

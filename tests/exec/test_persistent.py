@@ -92,7 +92,7 @@ def test_replays_reset_the_counters_and_read_new_inputs():
         runner.close()
 
 
-@pytest.mark.parametrize("dispatch", ["queue", "static"])
+@pytest.mark.parametrize("dispatch", ["queue", "static", "stream"])
 def test_a_wait_that_never_ends_is_reported_with_its_task(dispatch):
     """A dependency that is never released (a predecessor counter one too high) makes the
     waiting program give up after max_polls: an error naming the task, not a hung kernel."""

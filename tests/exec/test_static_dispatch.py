@@ -106,7 +106,8 @@ def test_an_unknown_dispatch_is_one_line(monkeypatch):
     from pto.backends.triton.megakernel import resolve_dispatch
 
     monkeypatch.setenv("PTO_DISPATCH", "fastest")
-    with pytest.raises(UsageError, match=r"^PTO_DISPATCH='fastest': the megakernel's dispatch is queue or static$"):
+    with pytest.raises(UsageError, match=r"^PTO_DISPATCH='fastest': the megakernel's dispatch is queue or static or "
+                                         r"stream$"):
         resolve_dispatch(None)
     assert resolve_dispatch("static") == "static"
     with pytest.raises(UsageError, match=r"^dispatch='x'"):

@@ -17,6 +17,7 @@ from pto.incore.collective import allreduce_residual_tile, allreduce_tile, matmu
 from pto import InCore
 from pto.backends.triton.collective import capturable, native_split, parts
 from pto.batch import RegionBatch, TaskBatch
+from pto.collectives import SumBuffers
 from pto.evaluator.machine import run_incore_batch
 from pto.ir.analysis import specialize
 from pto.ir.dtypes import DType, bf16, f32
@@ -102,10 +103,10 @@ def test_the_parts_give_the_evaluators_bits_with_one_rank(case):
     run_incore_batch(fn, whole.mems, whole.scalars, whole.size)
     from pto.backends.triton.tables import task_env
 
-    buffer, first, second = parts(cut, split, task_env(cut))
-    run_incore_batch(first.fn, first.mems, first.scalars, first.size)
-    assert buffer.abs().sum() > 0  # the first part wrote the tiles to be summed
-    run_incore_batch(second.fn, second.mems, second.scalars, second.size)
+    p = parts(cut, split, task_env(cut))
+    run_incore_batch(p.first.fn, p.first.mems, p.first.scalars, p.first.size)
+    assert p.send.abs().sum() > 0 and p.recv is p.send  # the first part wrote the tiles to be summed
+    run_incore_batch(p.second.fn, p.second.mems, p.second.scalars, p.second.size)
     for name in names:
         assert torch.equal(whole.mems[name].tensor, cut.mems[name].tensor), name
 
@@ -147,7 +148,7 @@ def test_the_evaluator_mode_keeps_every_collective_off_the_kernels(monkeypatch):
     monkeypatch.setenv("PTO_COLLECTIVES", "evaluator")
     assert native_split(fn) is None and not capturable([fn])
     monkeypatch.setenv("PTO_COLLECTIVES", "nope")
-    with pytest.raises(Exception, match="PTO_COLLECTIVES='nope'"):
+    with pytest.raises(Exception, match="PTO_COLLECTIVES='nope': expected one of auto, group, symm, evaluator"):
         native_split(fn)
 
 
@@ -237,13 +238,13 @@ def test_the_batches_of_one_backend_share_one_sum_buffer():
     from pto.backends.triton.tables import task_env
 
     _, fn, names, rows, cols, scalars = next(c for c in CASES if c[0] == "residual-bf16-f32")
-    split, pool = split_collective(fn), {}
+    split, pool = split_collective(fn), SumBuffers()
     small = _batch(fn, names, rows, cols, 2, torch.Generator().manual_seed(1), torch.bfloat16)
     big = _batch(fn, names, rows, cols, 5, torch.Generator().manual_seed(2), torch.bfloat16)
-    a, _, _ = parts(big, split, task_env(big), pool=pool)
-    b, _, _ = parts(small, split, task_env(small), pool=pool)
+    a = parts(big, split, task_env(big), pool=pool).send
+    b = parts(small, split, task_env(small), pool=pool).send
     assert a.shape == (5 * rows, cols) and b.shape == (2 * rows, cols)
-    assert b.data_ptr() == a.data_ptr() and len(pool) == 1
+    assert b.data_ptr() == a.data_ptr() and len(pool._flat) == 1
     more = _batch(fn, names, rows, cols, 7, torch.Generator().manual_seed(3), torch.bfloat16)
-    c, _, _ = parts(more, split, task_env(more), pool=pool)
-    assert c.shape[0] == 7 * rows and next(iter(pool.values())).numel() == c.numel()
+    c = parts(more, split, task_env(more), pool=pool).send
+    assert c.shape[0] == 7 * rows and next(iter(pool._flat.values())).numel() == c.numel()

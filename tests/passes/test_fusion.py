@@ -84,11 +84,13 @@ def test_no_fuse_keeps_the_written_graph_and_the_fused_mode_has_nothing_to_fuse(
     assert prog.counts(s, prog.shape(64)) is None  # counted on the fused graph, not the closed form
 
 
-def _ksplit_gemm():
-    """y = x @ w as a K-split chain: one call per K block adds x[:, kb] @ w[kb, :] to y."""
+def _ksplit_gemm(adaptive: bool = False):
+    """y = x @ w as a K-split chain: one call per K block adds x[:, kb] @ w[kb, :] to y (with
+    ``adaptive``, K blocks of 16 or 32 rows of w over a loop that allows re-association)."""
     k = InCore("gemm_kstep")
+    K = k.dim("K", 16)
     x, w, y = k.memref("x", f32), k.memref("w", f32), k.memref("y", f32)
-    a, b, acc = k.tile("a", 8, 16, f32), k.tile("b", 16, 8, f32), k.tile("acc", 8, 8, f32)
+    a, b, acc = k.tile("a", 8, K, f32), k.tile("b", K, 8, f32), k.tile("acc", 8, 8, f32)
     k.load(a, x, 0, 0)
     k.load(b, w, 0, 0)
     k.load(acc, y, 0, 0)
@@ -98,8 +100,11 @@ def _ksplit_gemm():
     o = Orchestration("ksplit")
     nk = o.scalar("nk")
     X, W, Y = o.input("x", 8, 16 * nk, f32), o.input("w", 16 * nk, 8, f32), o.inout("y", 8, 8, f32)
-    with o.for_loop("kb", 0, nk) as kb:
-        o.call(step, {"x": (X, 0, kb * 16, 8, 16), "w": (W, kb * 16, 0, 16, 8), "y": (Y, 0, 0, 8, 8)})
+    attrs = dict(tile_levels={0: 16, 2: 32}, reassociate=True) if adaptive else {}
+    with o.for_loop("kb", 0, nk, **attrs) as kb:
+        kr = kb.rows if adaptive else 16
+        o.call(step, {"x": (X, 0, kb * 16, 8, kr), "w": (W, kb * 16, 0, kr, 8), "y": (Y, 0, 0, 8, 8)},
+               dims={"K": kr} if adaptive else {})
     return o.module()
 
 
@@ -144,6 +149,18 @@ def test_a_k_split_gemm_is_one_task_with_its_accumulator_on_chip():
     got = execute(fm, sc, {k: v.clone() for k, v in x.items()}, device="cpu", backend="torch")["y"]
     assert torch.equal(got, want)
     torch.testing.assert_close(got, x["y"] + x["x"].double().mm(x["w"].double()).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_adaptive_k_split_with_matmul_acc_state_is_one_task():
+    """Over an adaptive K loop, the merged steps and the base-tile remainder (each a chain whose
+    state y only matmul_acc updates, inside its loop) join into one task, y on chip; the fused
+    program computes what the written one computes for K blocks of every parity (issue 42)."""
+    from tests.passes.fusion_check import check_fusion
+
+    out = check_fusion(_ksplit_gemm(adaptive=True), [{"nk": n} for n in (1, 2, 5)])
+    rep = out.reports[True]
+    assert not rep.refused and len(walk_calls(out.modules[True].entry_function.body)) == 1, rep.describe()
+    assert rep.fused[-1].on_chip == ("y",), rep.describe()
 
 
 def test_a_scan_with_an_output_per_step_is_refused_and_left_as_written():

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pto import InCore, Orchestration, emin, f32
+from pto import InCore, Orchestration, cdiv, emin, f32
+from pto.errors import BuildError
 from pto.interp.orchestration import run_program
 from pto.ir.expr import evaluate
+from pto.passes.binary_expansion import expand_binary
 from pto.passes.fusion import fuse
 
 
@@ -172,3 +174,89 @@ def test_a_tiled_union_keeps_each_loads_own_padding(tile_rows, row_off, pad, mer
         o.call(step, {"x": (X, i * 4, 0, emin(i.rows, N - i * 4), 4), "acc": (A, 0, 0, tile_rows, 4)})
     for n in (10, 12):
         assert _same(o.module(), {"N": n}, merge=merge).fused
+
+
+# -- issue 42: trip counts, merged-step placements, empty loops, matmul_acc state -------------------
+
+def _colsum_acc():
+    """acc (one row) += the column sums of an R x 4 tile of x: a carried region every
+    iteration reads and rewrites (re-associable)."""
+    def body(k, r):
+        R = k.dim("R", 2)
+        t, c, a = k.tile("t", R, 4, f32), k.tile("c", 1, 4, f32), k.tile("a", 1, 4, f32)
+        k.load(t, r["x"], 0, 0)
+        k.colsum(c, t)
+        k.load(a, r["acc"], 0, 0)
+        k.add(a, a, c)
+        k.store(r["acc"], 0, 0, a)
+    return _tile_fn("colsum_acc", (("x", None), ("acc", None)), body)
+
+
+def _reduction(lb, ub, row, rows, levels=None, reassociate=True, x_rows=None, acc_row=None):
+    """``for j in lb .. ub: acc += colsum(x[row(j), rows(j)])`` over scalars S, L, T."""
+    o = Orchestration("prog")
+    S, L, T = o.scalar("S"), o.scalar("L"), o.scalar("T")
+    X, A = o.input("x", x_rows(S) if x_rows else S + 16, 4, f32), o.inout("acc", 4, 4, f32)
+    attrs = dict(tile_levels=levels, reassociate=reassociate) if levels else {}
+    with o.for_loop("j", lb(S, L, T), ub(S, L, T), **attrs) as j:
+        dims = {"R": j.rows} if levels else {}
+        o.call(_colsum_acc(), {"x": (X, row(j), 0, rows(j, S), 4),
+                               "acc": (A, acc_row(S, L, T) if acc_row else 0, 0, 1, 4)}, dims=dims)
+    return o.module()
+
+
+def test_a_merged_chain_with_a_negative_trip_count_runs_no_iteration():
+    """``cdiv(S - 4, 2)`` trips is negative for S < 3: both the merged steps and the base-tile
+    remainder run none (the split point is not below the lower bound), and acc is unchanged."""
+    from tests.passes.fusion_check import check_fusion
+
+    m = _reduction(lambda S, L, T: 0, lambda S, L, T: cdiv(S - 4, 2), lambda j: 4 + j * 2,
+                   lambda j, S: emin(j.rows, S - 4 - j * 2), levels={0: 2, 2: 4, 4: 8})
+    out = check_fusion(m, [{"S": s, "L": 0, "T": 0} for s in (0, 1, 2, 3, 4, 5, 9, 21)])
+    assert out.fused and not out.invalid
+
+
+@pytest.mark.parametrize("row,rows,levels,why", [
+    (lambda j: j * 2, lambda j, S: emin(j.rows, 4), {0: 2, 2: 4, 4: 8}, "min(j.rows, 4)"),  # cut at a moving end
+    (lambda j: j * 4, lambda j, S: j.rows, {0: 2, 2: 4}, "j * 4"),  # a stride other than the base height
+    (lambda j: j * 2, lambda j, S: 2, {0: 2, 2: 4}, "with rows `2`"),  # a constant extent under a growing tile
+])
+def test_merged_steps_need_the_merged_tile_placement_rule(row, rows, levels, why):
+    """What binary expansion refuses to merge, fusion does not merge either: the chain steps over
+    base tiles (bit-exact) and the report says why the merged steps were refused."""
+    from tests.passes.fusion_check import check_fusion
+
+    m = _reduction(lambda S, L, T: 0, lambda S, L, T: cdiv(S, 2), row, rows, levels=levels,
+                   x_rows=lambda S: 2 * S + 16)
+    out = check_fusion(m, [{"S": s, "L": 0, "T": 0} for s in (1, 5, 8, 13)], merges=(True,))
+    rep = out.reports[True]
+    assert [f.kind for f in rep.fused] == ["chain"], rep.describe()
+    assert any(r.kind == "chain" and "merged steps" in r.reason and why in r.reason for r in rep.refused), \
+        rep.describe()
+    with pytest.raises(BuildError, match="adaptive loop `j`"):
+        expand_binary(m)
+
+
+@pytest.mark.parametrize("lt", [(0, 0), (1, 0), (3, 1), (1, 3), (2, 5)])
+def test_an_empty_loop_binds_no_region_before_its_tensor(lt):
+    """``x[j * 2 - 2]`` over ``L .. T``: no iteration runs for L >= T, and the union of no
+    iteration's rows must not be bound at row -2 (the written program binds nothing)."""
+    from tests.passes.fusion_check import check_fusion
+
+    m = _reduction(lambda S, L, T: L, lambda S, L, T: T, lambda j: j * 2 - 2, lambda j, S: 2)
+    out = check_fusion(m, [{"S": 4, "L": lt[0], "T": lt[1]}])
+    assert out.fused and not out.invalid
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_an_empty_loop_binds_no_state_region_outside_its_tensor(n):
+    """The state at row ``T - 1``: outside ``acc`` when T = 0, when the loop runs no iteration.
+    The fused call runs only when the loop has a trip."""
+    from tests.passes.fusion_check import check_fusion
+
+    m = _reduction(lambda S, L, T: 0, lambda S, L, T: T, lambda j: j * 2, lambda j, S: 2,
+                   acc_row=lambda S, L, T: T - 1)
+    out = check_fusion(m, [{"S": 8, "L": 0, "T": n}])
+    assert out.fused and not out.invalid
+    (why,) = out.reports[False].refused
+    assert why.kind == "guard" and why.reason.startswith("`if T > 0`, as `acc` at row offset `T - 1`"), why

@@ -47,17 +47,15 @@ def test_task_count_is_number_of_calls():
 def test_a_source_checkout_registers_the_same_programs(monkeypatch):
     """Not installed (scripts run from the tree, the GPU machine): pto's entry points come from
     its pyproject.toml, the same declarations an install registers."""
-    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import entry_points
 
     import pto.programs as registry
+    from pto import plugins
 
-    installed = {n: registry._entry_points()[n].value for n in registry.names()}
-
-    def not_installed(name):
-        raise PackageNotFoundError(name)
-
-    monkeypatch.setattr(registry, "distribution", not_installed)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [])
-    from_tree = {ep.name: ep.value for ep in registry._checkout_entry_points()}
-    assert from_tree == {k: v for k, v in installed.items() if v.startswith("pto.")}  # the project's own
-    assert registry.get("softmax").name == "softmax"
+    installed = {ep.name: ep.value for ep in entry_points(group=registry.GROUP)
+                 if ep.dist is not None and ep.dist.name == plugins.DISTRIBUTION}
+    from_tree = {ep.name: ep.value for ep in plugins.checkout_entry_points(registry.GROUP)}
+    assert from_tree == installed  # the project's own
+    monkeypatch.setattr(plugins, "_installed", lambda group: [])  # nothing installed
+    monkeypatch.setattr(registry, "_LOADED", {})
+    assert registry.names() == sorted(from_tree) and registry.get("softmax").name == "softmax"

@@ -11,11 +11,11 @@ a separate test reports the missing leak check as an expected failure.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,10 +40,12 @@ def _env(leaks: bool) -> dict[str, str]:
     return env
 
 
-@functools.lru_cache(maxsize=1)
-def leak_check_works() -> bool:
-    """Whether LeakSanitizer runs here: a program that leaks on purpose must be caught."""
-    work = Path(os.environ.get("TMPDIR", "/tmp"))
+@pytest.fixture(scope="session")
+def leak_check_works(tmp_path_factory) -> bool:
+    """Whether LeakSanitizer runs here: a program that leaks on purpose must be caught. Built in a
+    folder of its own (a fixed path in $TMPDIR was 'Text file busy' while another checkout's
+    tests ran the probe there)."""
+    work = tmp_path_factory.mktemp("lsan_probe")
     src, exe = work / "pto_lsan_probe.c", work / "pto_lsan_probe"
     src.write_text("#include <stdlib.h>\nint main(void) { void *p = malloc(33); p = 0; return p != 0; }\n")
     subprocess.run([GCC, *SANITIZE, str(src), "-o", str(exe)], check=True, capture_output=True)
@@ -61,8 +63,8 @@ def run_c_tests(tmp_path: Path, leaks: bool) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_c_unit_tests_under_sanitizers(tmp_path):
-    proc = run_c_tests(tmp_path, leaks=leak_check_works())
+def test_c_unit_tests_under_sanitizers(tmp_path, leak_check_works):
+    proc = run_c_tests(tmp_path, leaks=leak_check_works)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert not any(r in output for r in REPORTS), output
@@ -81,11 +83,11 @@ def run_native_tests(tmp_path: Path, sanitize: list[str], env: dict, programs: i
     return subprocess.run([str(exe), str(programs)], capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_native_pool_under_sanitizers(tmp_path):
+def test_native_pool_under_sanitizers(tmp_path, leak_check_works):
     """The worker pool (tests/runtime/c/test_native.c): random programs, a chain, a fan-out and
     fan-in at 1-4 threads and windows of 1-16 slots against the tasks run in order, a failing
     kernel, a cancel from another thread; under ASan + UBSan, a deadlock a timeout."""
-    proc = run_native_tests(tmp_path, SANITIZE, _env(leak_check_works()), 25)
+    proc = run_native_tests(tmp_path, SANITIZE, _env(leak_check_works), 25)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert not any(r in output for r in REPORTS), output
@@ -107,9 +109,23 @@ def test_native_pool_under_thread_sanitizer(tmp_path):
     assert ", 0 failures" in proc.stdout
 
 
-def test_leak_checking_available():
-    if not leak_check_works():
+def test_leak_checking_available(leak_check_works):
+    if not leak_check_works:
         pytest.xfail("LeakSanitizer cannot run in this environment; the C tests ran with detect_leaks=0")
+
+
+@pytest.mark.slow
+def test_the_leak_probe_writes_under_its_own_tmp_path(tmp_path):
+    """Issue 43, item 2: the probe is built in the session's own temporary folder, never at a
+    fixed path of $TMPDIR that another checkout's tests may be running at the same time."""
+    shared = tmp_path / "shared-tmpdir"
+    shared.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--basetemp={tmp_path / 'own'}", f"{Path(__file__).name}::test_leak_checking_available"],
+                       cwd=Path(__file__).parent,
+                       capture_output=True, text=True, env={**os.environ, "TMPDIR": str(shared)}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list(shared.iterdir()), sorted(p.name for p in shared.iterdir())
 
 
 def test_runtime_sources_are_every_c_file():

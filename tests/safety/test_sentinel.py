@@ -226,7 +226,7 @@ def test_off_means_no_checks():
         runner = Runner(job, 50)
         runner(job.program.inputs(job.settings, job.program.shape(50), "cpu"))
         assert runner.executor.flags is None and "_scan" not in runner.executor.kernel.rendered.source
-        assert len(runner.executor.kernel.args()) == 20  # the sentinel adds 4 (spend, sread, swrite, stab)
+        assert len(runner.executor.kernel.args()) == 21  # the sentinel adds 4 (spend, sread, swrite, stab)
         runner.close()
 
 

@@ -177,8 +177,8 @@ def test_detail_dot_has_every_task_ranks_and_title(dumps):
     assert f"{tasks} tasks · {edges} edges · {n_levels} levels · initial parallelism {initial}" in text
     assert "rankdir=LR" in text
     for t in read_dump(path).tasks:
-        node = re.search(rf'^  t{t.id} \[label="task {t.id}\\n{t.func}\\n([^"]+)", '
-                         r'fillcolor="#[0-9a-f]{6}"\];$', text, re.M)
+        node = re.search(rf'^  t{t.id} \[label=<<table [^>]*><tr><td>task {t.id}</td></tr><tr><td>{t.func}</td></tr>'
+                         r'<tr><td>([^<]+)</td></tr></table>>, fillcolor="#[0-9a-f]{6}"\];$', text, re.M)
         assert node, f"task {t.id} missing"
         assert node.group(1) == viz.human_bytes(t.buffer_bytes)
         for s in t.fanout:
@@ -200,8 +200,8 @@ def test_colors_are_per_function_and_stable(dumps):
     by_name = {name: color for color, name in legend.items()}
     assert list(by_name) == g.base_names  # registration order
     assert list(by_name.values()) == list(viz.PALETTE[:len(g.base_names)])
-    for name, color in re.findall(r'label="([a-z_]+) ×[\d,]+\\n[^"]*", (?:style="[^"]*", )?fillcolor="(#[0-9a-f]{6})"',
-                                  text):
+    for name, color in re.findall(r'label=<<table [^>]*><tr><td>([a-z_]+) ×[\d,]+</td>.*?</table>>, '
+                                  r'(?:style="[^"]*", )?fillcolor="(#[0-9a-f]{6})"', text):
         assert by_name[name] == color
 
 
@@ -213,7 +213,7 @@ def test_human_bytes():
 
 def _group_counts(text: str) -> dict[str, int]:
     """Group node -> task count, from a summary's DOT text (dashed copies excluded)."""
-    found = re.findall(r'^  (g\d+_\d+) \[label="[a-z_0-9]+ ×([\d,]+)', text, re.M)
+    found = re.findall(r'^  (g\d+_\d+) \[label=<<table [^>]*><tr><td>[a-z_0-9]+ ×([\d,]+)', text, re.M)
     return {n: int(c.replace(",", "")) for n, c in found}
 
 

@@ -16,6 +16,7 @@ from pto.backends.base import Backend, Launch
 from pto.backends.c.build import ProgramModule, kernel_module, program_module
 from pto.backends.torch_backend import TorchBackend
 from pto.batch import TaskBatch
+from pto.cbuild import compiler_available
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.dtypes import DType
@@ -57,12 +58,26 @@ def region_table(batch: TaskBatch) -> np.ndarray:
 
 class CBackend(Backend):
     name = "c"
+    description = "InCore functions compiled to C, run by the C runtime's worker threads (the CPU, with a C compiler)"
+    capabilities = frozenset({"native"})
+    #: auto's choice on a CPU with a compiler: above the evaluator (torch: the reference, and the
+    #: fallback), below a GPU's Triton (which never offers itself for the CPU)
+    auto_rank = 5
 
     @classmethod
     def create(cls, device, launch: dict[str, dict], shipped: tuple = ()) -> CBackend:
-        if device != "cpu":
-            raise UsageError(f"--backend c runs on the CPU; --device {device} needs --backend triton or torch")
+        why = cls.unusable(str(device))
+        if why is not None:
+            raise UsageError(why)
         return cls()  # no launch parameters or schedules
+
+    @classmethod
+    def unusable(cls, device: str) -> str | None:
+        if device != "cpu":
+            return f"--backend c runs on the CPU; --device {device} needs --backend triton or torch"
+        if not compiler_available():
+            return "--backend c needs a C compiler (cc, or $CC); none is installed"
+        return None
 
     def prepare(self, batch: TaskBatch) -> Launch:
         fn = batch.fn
@@ -91,9 +106,7 @@ class CBackend(Backend):
         """The whole program compiled for the native executor (:mod:`pto.exec.native`)."""
         return program_module(corch)
 
-    @staticmethod
-    def row_stride(t: torch.Tensor, what: str, dtype: DType) -> int:
-        """:func:`row_stride`, for the native executor's tensors."""
+    def row_stride(self, t: torch.Tensor, what: str, dtype: DType) -> int:
         return row_stride(t, what, dtype)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pto.backends.base import Backend, Launch
+from pto.backends.base import Backend, Launch, triton_available
 from pto.backends.triton.ahead import fitted, note, submit
 from pto.backends.triton.ahead import key as ahead_key
 from pto.backends.triton.collective import capturable, chunked, collective_launch, native_split, parts
@@ -49,6 +49,7 @@ from pto.backends.triton.tables import build_table, check_batch, descriptor_mask
 from pto.batch import RegionBatch, TaskBatch
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
 from pto.codegen.triton.tma import tma_memrefs
+from pto.collectives import SumBuffers
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
@@ -85,13 +86,18 @@ class TritonBackend(Backend):
     """
 
     name = "triton"
+    description = ("generated Triton kernels (a GPU, or the CPU interpreter with TRITON_INTERPRET=1: f32, small "
+                   "shapes)")
+    capabilities = frozenset({"megakernel", "cpu_f32_only"})
+    auto_rank = 10  # the fastest where it runs: auto's choice on a GPU
 
     def __init__(self, device="cuda", options: RenderOptions | None = None,
                  launch: dict[str, dict] | None = None, even: bool = True, align: bool = True,
                  split: str | None = None, schedules=None, pdl: str | None = None):
         self.device = torch.device(device)
         self.graph_capturable = self.device.type == "cuda"
-        self._sum_buffers: dict = {}  # the collective batches' one sum buffer (pto/backends/triton/collective.py)
+        # the collective batches' sum buffers, shared (pto/backends/triton/collective.py)
+        self._sum_buffers = SumBuffers()
         self.options = options or RenderOptions()
         #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
         #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load TaskBatch.readonly early
@@ -151,6 +157,26 @@ class TritonBackend(Backend):
     @classmethod
     def create(cls, device, launch: dict[str, dict], shipped: tuple[Path, ...] = ()) -> TritonBackend:
         return cls(device, launch=launch, schedules=for_device(str(device), shipped))
+
+    @classmethod
+    def unusable(cls, device: str) -> str | None:
+        if not triton_available():
+            return "--backend triton: the triton package is not installed (pip install -e \".[triton]\")"
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return ("--backend triton on the CPU needs TRITON_INTERPRET=1 (the Triton interpreter; f32 and small "
+                    "shapes only)")
+        return None
+
+    @classmethod
+    def auto_candidate(cls, device: str) -> bool:
+        return device == "cuda" and triton_available()
+
+    @classmethod
+    def modes(cls, target) -> dict[str, str]:
+        """Programmatic dependent launch and tensor-descriptor loads (:mod:`.modes`)."""
+        compiles = os.environ.get("TRITON_INTERPRET") != "1"
+        return {"pdl": pdl_mode(target.capability, compiles) or "off",
+                "tma": "on" if tma_mode(target.capability, compiles) else "off"}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
@@ -294,6 +320,9 @@ class TritonBackend(Backend):
         return (np.stack([even[m.name].numpy() for m in fn.memrefs], axis=1),
                 (regions[:, :, 1] % ALIGN == 0) & (regions[:, :, 3] % ALIGN == 0))
 
+    def megakernel_settings(self, settings: MegakernelSettings | None = None, **changes) -> MegakernelSettings:
+        return replace(settings or MegakernelSettings(), **changes)
+
     def megakernel(self, plan, tensors: dict[str, torch.Tensor], settings: MegakernelSettings) -> Megakernel:
         """``plan`` (:class:`pto.exec.plan.Plan`) compiled into the persistent kernel over
         ``tensors`` (:mod:`.megakernel`)."""
@@ -327,8 +356,9 @@ class TritonBackend(Backend):
     def launches_per_batch(self, batch: TaskBatch) -> int:
         split = native_split(batch.fn)
         if split is not None and batch.size:
-            _, first, second = parts(batch, split, task_env(batch), allocate=False)
-            return sum(self.launches_per_batch(a) + self.launches_per_batch(b) for a, b, _, _ in chunked(first, second))
+            cut = parts(batch, split, task_env(batch), allocate=False)
+            return sum(self.launches_per_batch(a) + self.launches_per_batch(b)
+                       for a, b, _, _ in chunked(cut.first, cut.second))
         if has_collective(batch.fn):
             return 1 if batch.size else 0
         return len(self.groups(batch)) if batch.size else 0

@@ -43,20 +43,48 @@ class MegakernelSettings:
     shared_limit: int | None = None
     programs: int | None = None
     dispatch: str | None = None
+    #: programs per multiprocessor to make room for: the kernel's pipelines are lowered to fit
+    #: that share of the shared memory and its registers are capped to that share (None:
+    #: ``PTO_PER_SM``, else as many as the compiled kernel allows)
+    per_sm: int | None = None
+    #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
+    #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
+    #: 0: only its register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
+    prefetch: int | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
+#: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
+#: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
+DEFAULT_PREFETCH = 0
+
+
+def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
+    """``choice``, else the environment variable ``env``, else ``default``; UsageError naming an
+    unknown one."""
+    d = choice or os.environ.get(env) or default
+    if d not in allowed:
+        src = env if not choice else what
+        raise UsageError(f"{src}={d!r}: the megakernel's {what} is {' or '.join(allowed)}")
+    return d
 
 
 def resolve_dispatch(choice: str | None) -> str:
-    """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`; UsageError naming an
-    unknown one."""
-    d = choice or os.environ.get("PTO_DISPATCH") or DEFAULT_DISPATCH
-    if d not in DISPATCH:
-        src = "PTO_DISPATCH" if not choice else "dispatch"
-        raise UsageError(f"{src}={d!r}: the megakernel's dispatch is {' or '.join(DISPATCH)}")
-    return d
+    """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`."""
+    return _choice(choice, "PTO_DISPATCH", DEFAULT_DISPATCH, DISPATCH, "dispatch")
+
+
+
+def _env_count(name: str) -> int | None:
+    """A positive count from the environment variable ``name`` (None when unset); UsageError
+    naming anything else."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{name}={text!r}: a positive number of programs")
+    return int(text)
 
 
 def branch_configs(backend, plan) -> list[LaunchConfig]:
@@ -65,14 +93,15 @@ def branch_configs(backend, plan) -> list[LaunchConfig]:
     return [backend.launch_config(b.fn, int(n)) for b, n in zip(plan.branches, tasks)]
 
 
-def item_descriptors(plan) -> np.ndarray:
-    """The kernel's ``items``: per work item, in queue order, (task, parallel index, the task's
-    branch, its row's offset in the table, 1 if the task has predecessors), int64 ``[n_items,
-    ITEM_COLS]`` (at least one row)."""
+def item_descriptors(plan, order: np.ndarray | None = None) -> np.ndarray:
+    """The kernel's ``items``: per work item, in queue order (or the queue indices ``order``:
+    the programs' streams), (task, parallel index, the task's branch, its row's offset in the
+    table, 1 if the task has predecessors), int64 ``[n_items, ITEM_COLS]`` (at least one row)."""
     out = np.zeros((max(plan.n_items, 1), ITEM_COLS), np.int64)
     if plan.n_items:
-        task = plan.items[:, 0].astype(np.int64)
-        out[:, 0], out[:, 1] = task, plan.items[:, 1]
+        items = plan.items if order is None else plan.items[order]
+        task = items[:, 0].astype(np.int64)
+        out[:, 0], out[:, 1] = task, items[:, 1]
         out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
         out[:, 4] = plan.pending[task] > 0
     return out
@@ -86,6 +115,12 @@ class Megakernel:
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
+        self.per_sm = settings.per_sm or _env_count("PTO_PER_SM")
+        self.prefetch = settings.prefetch if settings.prefetch is not None else \
+            int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
+        #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
+        #: or the queue (None)
+        self.order: np.ndarray | None = None
         self.device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         self.compiled_info: dict = {}
         self.tracing = 0
@@ -97,6 +132,7 @@ class Megakernel:
             self._build(configs)
             self.jit = load_kernel(self.rendered)
             self.programs = self._resident_programs()
+            self._upload_streams()
         except Exception as e:
             one_line = self._translated(e)
             if one_line is e:
@@ -121,6 +157,8 @@ class Megakernel:
         if not self.compiles:
             return
         limit = s.shared_limit or self.backend.shared_limit()
+        if self.per_sm:  # room for that many programs on a multiprocessor
+            limit = min(limit, self._sram() // self.per_sm - 1024)
 
         def shared(kernel: MegaKernel) -> int:
             self.rendered = kernel
@@ -146,6 +184,7 @@ class Megakernel:
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
         t["items"] = torch.from_numpy(item_descriptors(p)).to(dev)
+        t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
         idx = t["task_tensor"].long()
@@ -165,10 +204,20 @@ class Megakernel:
                                      dtype=torch.int32, device=dev)
         self.buf = t
 
+    def _upload_streams(self) -> None:
+        """With ranged dispatch, the item table as the programs' streams (each program's items
+        in queue order, :meth:`pto.exec.plan.Plan.streams`) and each program's range of it."""
+        if self.dispatch == "queue":
+            return
+        p, dev = self.plan, self.device
+        self.order, start = p.streams(self.programs, self.dispatch)
+        self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order)).to(dev)
+        self.buf["stream"] = torch.from_numpy(start).to(dev)
+
     def args(self) -> tuple:
         b = self.buf
         b["tracing"] = self.tracing
-        return (b["items"], self.plan.n_items, b["nxt"], b["task_branch"], b["task_row"], b["tab"],
+        return (b["items"], self.plan.n_items, b["nxt"], b["stream"], b["task_branch"], b["task_row"], b["tab"],
                 b["task_tensor"], b["ptrs"], b["strides"], b["task_ptr"], b["task_stride"], b["pending"],
                 b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
@@ -176,27 +225,39 @@ class Megakernel:
 
     def consts(self) -> dict:
         cfg = self.config
-        return {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
-                "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda", **cfg.kwargs()}
+        out = {"MAXM": self.rendered.max_memrefs, "MAX_POLLS": self.max_polls,
+               "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": self.device.type == "cuda",
+               "PREFETCH": self.prefetch,
+               **cfg.kwargs()}
+        if self.per_sm and self.compiles:  # the registers' share: 64K a multiprocessor, in steps of 8
+            out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)
+        return out
+
+    def _sram(self) -> int:
+        """Shared memory per multiprocessor (the target's)."""
+        from pto.target import detect
+
+        return detect("cuda", self.device.index or 0).sram_bytes
 
     def _resident_programs(self) -> int:
         """As many programs as the GPU holds at once (registers, shared memory, threads); 2 under
-        the interpreter (it runs programs one after another), 1 with static dispatch there (a
-        program would wait for an item of one that has not started). A count the settings ask
-        for is taken as it is, but static dispatch refuses more than are resident at once."""
-        asked = self.settings.programs
+        the interpreter (it runs programs one after another), 1 with ranged dispatch there (a
+        program would wait for an item of one that has not started). A count the settings (or
+        ``PTO_PROGRAMS``) ask for is taken as it is, but ranged dispatch refuses more than are
+        resident at once."""
+        asked = self.settings.programs or _env_count("PTO_PROGRAMS")
         if asked and self.dispatch == "queue":
             return asked
         if not self.compiles:
             if asked and asked > 1 and (self.plan.pending > 0).any():
-                raise UsageError(f"static dispatch of {asked} programs under the Triton interpreter: it runs them one "
-                                 "after another, so a program would wait for an item of one not started (a graph "
-                                 "with dependencies takes one program)")
-            return asked or (1 if self.dispatch == "static" else 2)
+                raise UsageError(f"{self.dispatch} dispatch of {asked} programs under the Triton interpreter: it runs "
+                                 "them one after another, so a program would wait for an item of one not started (a "
+                                 "graph with dependencies takes one program)")
+            return asked or (2 if self.dispatch == "queue" else 1)
         fit = self._resident_on_gpu()
         if asked and asked > fit:
-            raise UsageError(f"static dispatch of {asked} programs: the GPU holds {fit} of this kernel at once, and "
-                             "every program must be resident (use at most that many, or the queue)")
+            raise UsageError(f"{self.dispatch} dispatch of {asked} programs: the GPU holds {fit} of this kernel at "
+                             "once, and every program must be resident (use at most that many, or the queue)")
         return asked or fit
 
     def _resident_on_gpu(self) -> int:
@@ -260,8 +321,14 @@ class Megakernel:
         return int(self.buf["nxt"].cpu()[0])
 
     def trace(self) -> np.ndarray:
-        """``[n_items, 3]``: (start, end, program) of each item of the last traced launch."""
-        return self.buf["trace"].cpu().numpy()[: self.plan.n_items]
+        """``[n_items, 3]``: (start, end, program) of each item of the last traced launch, in
+        queue order."""
+        tr = self.buf["trace"].cpu().numpy()[: self.plan.n_items]
+        if self.order is None:
+            return tr
+        out = np.empty_like(tr)
+        out[self.order] = tr
+        return out
 
     def sentinel_records(self) -> tuple[np.ndarray, np.ndarray]:
         """Per task, the first non-finite element each read and wrote (the sentinel's records)."""
@@ -269,5 +336,5 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "resolve_dispatch", "branch_configs",
-           "item_descriptors"]
+__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
+           "branch_configs", "item_descriptors"]

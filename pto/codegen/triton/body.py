@@ -33,6 +33,7 @@ from pto.codegen.triton.common import (
     float_literal,
 )
 from pto.codegen.triton.operands import separate_operand_loads
+from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
@@ -41,6 +42,7 @@ from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
+from pto.ir.quant import FORMATS
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
 _EXPR_FMT = {
@@ -176,15 +178,100 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
     return frozenset(out)
 
 
+# the megakernel's wait and its L2 prefetch ------------------------------------------------------
+
+#: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
+#: predecessor counter and whether to wait on it, the error flag, the trace clock and switch, and
+#: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
+MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr, PREFETCH: tl.constexpr"
+MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, GPU)"
+#: bytes of a cache line: the L2 prefetch asks for one address per line
+LINE_BYTES = 128
+#: the most bytes an item prefetches into L2 before its wait: enough for the first trips of its
+#: K loop (a decode GEMV item's whole weight block), not a prefill GEMM's whole panel (which
+#: would evict what other programs use)
+PREFETCH_BYTES = 64 * 1024
+
+
+def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
+    """The tile loads of ``pre`` memrefs among ``stmts`` whose offsets use only ``defined`` names."""
+    return [i for i in stmts if isinstance(i, Instr) and i.op is Op.LOAD and i.srcs[0] in pre
+            and set().union(*(e.free_vars() for e in i.srcs[1:])) <= defined]
+
+
+def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str],
+                  budget: int = PREFETCH_BYTES) -> list[tuple[ForRange, int]]:
+    """The loops of ``rest`` (the statements from the wait on) whose ``pre`` loads can be
+    prefetched into L2 before the wait, each with its trips to prefetch: a loop whose bounds use
+    only ``defined`` names (those in scope at the wait), its loads whose offsets do (and the
+    loop's variable); as many trips as ``budget`` bytes hold, shared by the loops in order (at
+    least one trip of a loop that starts within it)."""
+    out = []
+    for s in rest:
+        if budget <= 0:
+            break
+        if not isinstance(s, ForRange):
+            continue
+        bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
+        loads = _pre_loads(s.body, pre, defined | {s.var})
+        if not loads or not bounds <= defined:
+            continue
+        per_trip = sum(blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize for i in loads)
+        trips = max(1, budget // per_trip)
+        out.append((s, trips))
+        budget -= trips * per_trip
+    return out
+
+
+# quantized loads a GEMV's product takes as they are -----------------------------------------------
+
+
+def fused_quantized_loads(fn: IncoreFunction, blocks: dict[str, tuple[int, int]]) -> frozenset[str]:
+    """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
+    of one row by them (``tb``: a GEMV's multiply-sum, in the same loop body): the product takes
+    the tile's planes and sums per unit (:func:`pto.codegen.triton.quant.render_dot`, the values
+    never made; the sums reassociated, as a half-precision kernel's may be)."""
+    memrefs = {p.name: p for p in fn.memrefs}
+    dtypes = {t.name: t.dtype for t in fn.tiles}
+    where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                visit(s.body)
+                continue
+            for t in instr_reads(s) | ({s.dst} if s.dst is not None else set()):
+                where.setdefault(t, []).append((id(body), s))
+
+    visit(fn.body)
+    out = set()
+    for t, uses in where.items():
+        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
+            continue
+        (_, load), (_, mm) = uses
+        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
+                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
+                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
+                and str(mm.attr("acc")) == "f32" and blocks[mm.srcs[0]][0] == 1 and dtypes[mm.srcs[0]] is DType.F32):
+            continue
+        out.add(t)
+    return frozenset(out)
+
+
 # the renderer ---------------------------------------------------------------------------------
 
 
 class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
-    def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None):
+    def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None,
+                 megakernel: bool = False):
         # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
         fn, self.copies = separate_operand_loads(fn)
+        #: the megakernel's form (:data:`MK_PARAMS`): the function waits for its task's
+        #: predecessors itself, after the loads of ``opts.pre`` that may come first and the L2
+        #: prefetch of those in its loops, and returns whether the wait succeeded and when it ended
+        self.mk = megakernel
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
@@ -206,11 +293,17 @@ class BodyRenderer(TileOps):
         self.tmp = 0
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
-        self.pre = frozenset(opts.pre) if opts.pdl else frozenset()
+        self.pre = frozenset(opts.pre) if opts.pdl or megakernel else frozenset()
         #: the memrefs the body loads before it waits for the previous launch itself (none: the
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
         self.waiting = False
+        #: the quantized formats the body loads (their helpers come with the device function);
+        #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
+        #: :func:`fused_quantized_loads`), and the planes' names of each once loaded
+        self.quantized: set[str] = set()
+        self.fused = fused_quantized_loads(fn, self.blocks)
+        self.planes: dict[str, list[str]] = {}
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -285,6 +378,11 @@ class BodyRenderer(TileOps):
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
         params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in self.tma]
+        if self.mk:
+            params.append(MK_PARAMS)
+            # (a task whose parallel index is past its extent runs nothing and succeeds)
+            self.emit("_ok = tl.full((), 1, tl.int32)")
+            self.emit("_t0 = tl.zeros((), dtype=tl.int64)")
         for p in fn.memrefs:
             for fld in TableLayout.FIELDS:
                 self.emit(f"m_{p.name}_{fld} = tl.load(row + {self.layout.column(p.name, fld)})")
@@ -293,39 +391,102 @@ class BodyRenderer(TileOps):
             self.emit(f"if ALIGN_{p.name}:")
             self.emit(f"    m_{p.name}_c0 = tl.multiple_of(m_{p.name}_c0, {ALIGN})")
             self.emit(f"    m_{p.name}_cols = tl.multiple_of(m_{p.name}_cols, {ALIGN})")
-            # the region's origin, in int64: row * stride overflows int32 on large tensors
-            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name} + m_{p.name}_c0")
+            # the region's origin, in int64: row * stride overflows int32 on large tensors (a
+            # quantized memref's rows of bytes: its first row; the columns are the load's)
+            col0 = "" if p.dtype.is_quantized else f" + m_{p.name}_c0"
+            self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name}{col0}")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
-        if fn.parallel is not None and const_value(fn.parallel.extent) is None:
+        guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
+        if guarded:
             # a task's own extent may be below the grid's (a constant extent is the grid itself)
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
-        self.waiting = bool(self.early)
+        self.waiting = bool(self.early) or self.mk
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
-            self.wait()
-        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}")
+            self.wait(())
+        if self.mk:
+            self.depth = 1
+            if guarded:  # an item with nothing to do (a task of extent 0) still waits before it releases
+                self.emit("else:")
+                self.emit("    " + MK_WAIT)
+            self.emit("return _ok, _t0")
+        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "")
         sig = ",\n        ".join(params)
-        return name, [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
+        # the quantized loads' helpers come with the device function (a file may define one twice)
+        helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
+        return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):
             if self.waiting and _touches(s, self.pre):
-                self.wait()
+                self.wait(stmts[idx:])
             if isinstance(s, ForRange):
                 self.loop(s, [(stmts, idx), *frames])
             else:
                 self.instr(s)
 
-    def wait(self) -> None:
-        """The wait for the previous launch (and, "chain", the signal that the next may start)."""
-        self.emit(PDL_WAIT)
-        if self.opts.pdl == "chain":
-            self.emit(PDL_SIGNAL)
+    def wait(self, rest: tuple) -> None:
+        """The wait for the previous launch (and, "chain", the signal that the next may start);
+        in the megakernel's form the wait for the task's predecessors, after an L2 prefetch of
+        what the loops of ``rest`` (the statements from the wait on) load of ``pre`` memrefs."""
+        if self.mk:
+            self.prefetch(rest)
+            self.emit(MK_WAIT)
+        else:
+            self.emit(PDL_WAIT)
+            if self.opts.pdl == "chain":
+                self.emit(PDL_SIGNAL)
         self.waiting = False
+
+    def prefetch(self, rest: tuple) -> None:
+        """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
+        their first trips, up to :data:`PREFETCH_BYTES`), under ``GPU`` (the interpreter has no
+        prefetch)."""
+        plan = prefetch_plan(rest, self.pre, self.blocks, self.dtypes, set(self.names))
+        if not plan:
+            return
+        self.emit("if GPU and PREFETCH >= 1:")
+        self.depth += 1
+        for loop, trips in plan:
+            self.prefetch_loop(loop, trips)
+        self.depth -= 1
+
+    def prefetch_loop(self, s: ForRange, trips: int) -> None:
+        """``s``'s first ``trips`` trips with only its ``pre`` loads, each an L2 prefetch of one
+        address per 128-byte line of its tile."""
+        var = f"i_{s.var}"
+        self.names[s.var] = var
+        lb, step = self.expr(s.lb), self.expr(s.step)
+        self.emit(f"for {var} in range({lb}, tl.minimum({self.expr(s.ub)}, {lb} + {trips} * {step}), {step}):")
+        self.depth += 1
+        for i in _pre_loads(s.body, self.pre, set(self.names)):
+            self.prefetch_tile(i)
+        self.depth -= 1
+        del self.names[s.var]
+
+    def prefetch_tile(self, ins: Instr) -> None:
+        """An L2 prefetch of each 128-byte line of the region ``ins`` (a load) reads: one address
+        per line of each of its rows, masked lanes at the region's origin."""
+        mem, row, col = ins.srcs
+        (r, c), (lr, lc) = self.blocks[ins.dst], self.shapes[ins.dst]
+        per = max(1, LINE_BYTES // self.memrefs[mem].dtype.itemsize)
+        lines = max(1, c // per)
+        ri, ci, ptr = self.fresh("fr"), self.fresh("fc"), self.fresh("fp")
+        step = int(ins.attr("step"))
+        self.emit(f"{ri} = {self.offset(row, r, True, step)}")
+        self.emit(f"{ci} = {self.expr(col)} + tl.arange(0, {lines})[None, :] * {per}")
+        conds = [f"(tl.arange(0, {r})[:, None] < {lr})"] if lr < r else []
+        conds.append(f"(tl.arange(0, {lines})[None, :] * {per} < {lc})")
+        for idx, e, lim in ((ri, row, f"m_{mem}_rows"), (ci, col, f"m_{mem}_cols")):
+            if not self.nonnegative(e):
+                conds.append(f"({idx} >= 0)")
+            conds.append(f"({idx} < {lim})")
+        self.emit(f"{ptr} = tl.where({' & '.join(conds)}, P_{mem} + {ri}.to(tl.int64) * S_{mem} + {ci}, P_{mem})")
+        self.emit(f"_prefetch_l2({ptr})")
 
     def loop(self, s: ForRange, frames: list) -> None:
         # tiles the loop writes that are read in a later iteration or after the loop must

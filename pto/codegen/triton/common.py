@@ -46,6 +46,9 @@ PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _
 
 TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16"}
 TL_PTR = {DType.F32: "*fp32", DType.F16: "*fp16", DType.BF16: "*bf16"}
+for _q in DType:  # a quantized tensor's buffer: rows of bytes (pto.codegen.triton.quant reads them)
+    if _q.is_quantized:
+        TL_DTYPE[_q], TL_PTR[_q] = "tl.uint8", "*u8"
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,27 @@
 """The persistent megakernel: one Triton kernel that runs a whole task graph (the ``persistent``
 executor, :mod:`pto.exec.persistent`, compiled and launched by :mod:`pto.backends.triton.megakernel`).
 
-Every program of the launch loops: it takes the next work item (a task and an index of its
-parallel axis) from a device queue (one atomic counter over an array in topological order; with
-static dispatch, program k takes every P-th item from the k-th, no atomic), waits until the
-task's pending-predecessor counter is zero (acquire), runs the task's InCore variant (the same
-device functions the batched kernels call, :mod:`pto.codegen.triton.body`, dispatched on a
-branch id), and marks completion: every item decrements the pending counters of the task's
-successors (release; a counter starts at the work items of all its predecessors). With the
+Every program of the launch loops over work items (a task and an index of its parallel axis):
+its own range of the item table (ranged dispatch: static or stream), or the next index of a
+device queue (one atomic counter). It calls the task's branch (the device function of its InCore
+variant in the megakernel form, :class:`pto.codegen.triton.body.BodyRenderer`), which loads the
+tiles of tensors no task writes, then waits until the task's pending-predecessor counter is zero
+(acquire; not at all for a task without predecessors or one this program already saw ready),
+then runs the rest; and marks completion: every item decrements the pending counters of the
+task's successors (release; a counter starts at the work items of all its predecessors). With the
 sentinel, the last item of a task to finish releases them (the counters count predecessor
-tasks). A program takes its next item and loads that item's
-descriptor (and the current task's completion counts) before it runs the current one, so those
-loads' latency hides behind the work instead of adding to the time
-between items. The proof that this cannot deadlock and
-the memory ordering of each flag are in docs/ARCHITECTURE.md.
+tasks). A program loads its next item's descriptor and the current task's successors before it
+runs the current one, so those loads' latency hides behind the work. The proof that this cannot
+deadlock and the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
 Kernel contract (argument order):
 
-- ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order: an item's descriptor, (task, parallel
-  index, the task's branch, the offset of its row in ``tab``, 1 if the task has predecessors),
-  so that one round trip to memory gives what the dispatch needs; ``n_items``; ``nxt`` int32
-  ``[1]``, the queue head (0 before a run; with static dispatch each program adds the items it
-  ran at its end);
+- ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order (ranged dispatch: grouped by
+  program, each program's in queue order): an item's descriptor, (task, parallel index, the task's
+  branch, the offset of its row in ``tab``, 1 if the task has predecessors), so that one round
+  trip to memory gives what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue
+  head (0 before a run; with ranged dispatch each program adds the items it ran at its end);
+  ``stream`` int64 ``[programs + 1]``: program k's range of ``items`` (ranged dispatch);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
   ``task_row`` int64 ``[n]``: the offset of the task's row in ``tab`` (the variant's
   :class:`~pto.codegen.triton.body.TableLayout`); ``task_tensor`` int32 ``[n, MAXM]``: the tensor
@@ -35,8 +35,9 @@ Kernel contract (argument order):
   ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
-- ``trace`` int64 ``[n_items, 3]``: (start, end, program) of every item when ``tracing`` is not
-  0 (a run-time switch: one compiled kernel serves both); ``clock`` int32 ``[1]``: a logical
+- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, program) of every item (in
+  the order of ``items``) when ``tracing`` is not 0 (a run-time switch: one compiled kernel serves
+  both); ``clock`` int32 ``[1]``: a logical
   clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).
 - with ``sentinel=True`` only (another source; the kernel without it is unchanged): ``spend``
   int32 ``[n]``, a second copy of the predecessor counts, ``sread`` / ``swrite`` int64
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
@@ -61,8 +62,11 @@ from pto.ir.ops import Op
 KERNEL = "pto_persistent"
 #: how a program finds its next item: ``queue``, the next index of a device queue (an atomic
 #: counter: any number of programs, resident or not); ``static``, every P-th item of the queue
-#: order from its program id (no atomic; every program must be resident at once)
-DISPATCH = ("queue", "static")
+#: order from its program id; ``stream``, its own list of items, made on the host by the list
+#: schedule's simulation (:func:`pto.exec.order.streams`). ``static`` and ``stream`` take no
+#: atomic, and every program must be resident at once; both read a program's items as a range of
+#: the uploaded item table (the same kernel source)
+DISPATCH = ("queue", "static", "stream")
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has predecessors
 ITEM_COLS = 5
 
@@ -79,6 +83,14 @@ class Branch:
     # arguments; loaded from a table, the megakernel must say it, or no load is vectorized and
     # no K loop pipelined.
     aligned: tuple[bool, ...] = ()
+    # per memref: no task of the graph writes any task's tensor (weights, tables): the item loads
+    # it, or prefetches it into L2, before it waits for its predecessors
+    pre: tuple[bool, ...] = ()
+
+    @property
+    def early(self) -> tuple[str, ...]:
+        """The memrefs the item may load before its wait (:attr:`pre`)."""
+        return tuple(m.name for m, ok in zip(self.fn.memrefs, self.pre) if ok)
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,38 @@ _CLOCK = [
     "    return t",
 ]
 
+#: the wait for a task's predecessors, called inside each branch's device function after the
+#: loads it may issue first (:class:`pto.codegen.triton.body.BodyRenderer`'s megakernel form):
+#: ``(1, time)`` once the counter reads 0 (acquire: every predecessor's stores are visible to the
+#: loads that follow), ``(0, time)`` when the wait gave up (MAX_POLLS polls) or another program
+#: did; a task without predecessors, or one this program already saw ready, does not ask (``on``)
+_WAIT = [
+    "@triton.jit",
+    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
+    "    pend = tl.zeros((), dtype=tl.int32)",
+    "    if on != 0:",
+    "        pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "        polls = 0",
+    "        while (pend > 0) & (polls < MAX_POLLS):",
+    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "            polls += 1",
+    "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
+    "            if polls % 256 == 0:",
+    "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
+    "                    polls = MAX_POLLS",
+    "    t0 = tl.zeros((), dtype=tl.int64)",
+    "    if tracing != 0:",
+    "        t0 = _now(clock, GPU)",
+    "    return (pend == 0).to(tl.int32), t0",
+    "",
+    "",
+    "@triton.jit",
+    "def _prefetch_l2(ptrs):",
+    "    # a hint: the line moves into L2 while the program waits (no register, no fault)",
+    "    tl.inline_asm_elementwise(\"prefetch.global.L2 [$1];\\nmov.u32 $0, 0;\", \"=r,l\", [ptrs], dtype=tl.int32,",
+    "                              is_pure=False, pack=1)",
+]
+
 
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
                       sentinel: bool = False, ignore: frozenset[int] = frozenset(),
@@ -111,15 +155,32 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     the infinities whose codes are not in ``ignore``, :mod:`pto.codegen.triton.scan`);
     ``dispatch``: how a program finds its next item (:data:`DISPATCH`)."""
     if dispatch not in DISPATCH:
-        raise ValueError(f"unknown dispatch {dispatch!r} (choose {' or '.join(DISPATCH)})")
+        raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
     devices, calls = _branch_calls(branches, options or RenderOptions(), stages or {})
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
-    body = _kernel_lines(calls, sentinel, dispatch == "static")
+    body = _kernel_lines(calls, sentinel, dispatch != "queue")
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
                       "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
-                      [*devices.values(), _CLOCK, *scans, body])
+                      [_CLOCK, _WAIT, *devices.values(), *scans, body])
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
+
+
+def _pointer_loads(b: Branch, table: str, mems) -> tuple[list[str], list[str]]:
+    """The loads of the pointers and strides of ``mems`` (memrefs of ``b``) from the task's rows
+    ``{table}ptr`` and ``{table}stride``, and the arguments they become."""
+    loads, args = [], []
+    for j, p in enumerate(b.fn.memrefs):
+        if p not in mems:
+            continue
+        ptr = f"tl.load({table}ptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
+        stride = f"tl.load({table}stride + {j})"
+        if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
+            ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
+        loads.append(f"P_{p.name} = {ptr}")
+        loads.append(f"S_{p.name} = {stride}")
+        args.append(f"P_{p.name}, S_{p.name}")
+    return loads, args
 
 
 def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str, int]):
@@ -128,7 +189,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
     devices: dict[str, list[str]] = {}
     calls = []
     for k, b in enumerate(branches):
-        r = BodyRenderer(b.fn, opts, stages.get(b.fn.variant_name))
+        r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True)
         name, lines = r.device_function()
         devices.setdefault(name, lines)
         args, loads = [], []
@@ -142,69 +203,67 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
             args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
+        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, GPU_CLOCK, PREFETCH")
         if b.fn.parallel is not None:
             args.insert(0, "p")
-        calls.append((k, loads, f"{name}(row, {', '.join(args)})"))
+        calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
     return devices, calls
 
 
-def _kernel_lines(calls: list, sentinel: bool, static: bool) -> list[str]:
-    """The kernel: take an item, wait for its task's predecessors, dispatch on its branch,
-    complete it (see the module docstring)."""
-    first, then = (("tl.program_id(0)", "i + tl.num_programs(0)") if static else
-                   ("tl.atomic_add(nxt, 1, sem=\"relaxed\")", "tl.atomic_add(nxt, 1, sem=\"relaxed\")"))
+def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
+    """The kernel: take an item, dispatch on its branch (whose device function waits for the
+    task's predecessors after its early loads), complete it (see the module docstring);
+    ``ranged``: a program runs a range of the item table (static and stream dispatch)."""
+    if ranged:
+        first = ["    i = tl.load(stream + tl.program_id(0))", "    end = tl.load(stream + tl.program_id(0) + 1)"]
+        then = "i + 1"
+    else:
+        first = ["    i = tl.atomic_add(nxt, 1, sem=\"relaxed\")", "    end = n_items"]
+        then = "tl.atomic_add(nxt, 1, sem=\"relaxed\")"
     body = [
         "@triton.jit",
-        f"def {KERNEL}(items, n_items, nxt, task_branch, task_row, tab, task_tensor, ptrs, strides,",
+        f"def {KERNEL}(items, n_items, nxt, stream, task_branch, task_row, tab, task_tensor, ptrs, strides,",
         "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
         + (" spend, sread, swrite, stab," if sentinel else ""),
-        "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr):",
+        "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr,",
+        "        PREFETCH: tl.constexpr):",
         "    # the queue head and the error flag order no data: relaxed (no fence around them); with",
-        "    # static dispatch a program runs every P-th item from its id, and counts them at its end",
-        f"    i = {first}",
+        "    # ranged dispatch a program runs its own range of the item table, and counts it at its end",
+        *first,
         "    taken = 0",
-        "    running = i < n_items",
+        "    running = i < end",
+        "    # the last task this program saw ready: its counter stays 0 for the rest of the launch, so",
+        "    # its next items do not poll",
+        "    ready = tl.full((), -1, tl.int32)",
         "    # the item's descriptor (a program past the last item reads the last one's, or the table's",
         "    # one row of zeros when there are none, and stops)",
         *_descriptor_lines("    ", "i", "d", ""),
         "    while running:",
-        "        # wait for the predecessors (acquire: their writes are visible after this); a task",
-        "        # without any does not ask",
-        "        pend = tl.zeros((), dtype=tl.int32)",
-        "        if waits != 0:",
-        "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
-        "        polls = 0",
-        "        while (pend > 0) & (polls < MAX_POLLS):",
-        "            pend = tl.atomic_add(pending + task, 0, sem=\"acquire\")",
-        "            polls += 1",
-        "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
-        "            if polls % 256 == 0:",
-        "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
-        "                    polls = MAX_POLLS",
-        "        if pend == 0:",
-        "            # take the next item now (a queue atomic's result is broadcast behind a barrier:",
-        "            # this round trip is on the path; still deadlock-free: a program holding an",
-        "            # unstarted item is running an earlier one)",
-        f"            i_next = {then}",
-        "            # the next item's descriptor and this task's successors (with the sentinel its",
-        "            # item count too): loads in flight while the item runs (their values are used",
-        "            # after it: these round trips hide)",
-        *_descriptor_lines("            ", "i_next", "dn", "_n"),
-        *(["            want = tl.load(nitems + task)"] if sentinel else []),
-        "            s0 = tl.load(succ_ptr + task)",
-        "            s1 = tl.load(succ_ptr + task + 1)",
-        "            t0 = tl.zeros((), dtype=tl.int64)",
-        "            if tracing != 0:",
-        "                t0 = _now(clock, GPU_CLOCK)",
-        "            row = tab + roff",
-        "            tptr = task_ptr + task.to(tl.int64) * MAXM",
-        "            tstride = task_stride + task.to(tl.int64) * MAXM",
+        "        # take the next item now (a queue atomic's result is broadcast behind a barrier: its",
+        "        # round trip overlaps the wait; still deadlock-free, docs/ARCHITECTURE.md), and load its",
+        "        # descriptor and this task's successors (with the sentinel its item count too): loads in",
+        "        # flight while the item waits and runs",
+        f"        i_next = {then}",
+        *_descriptor_lines("        ", "i_next", "dn", "_n"),
+        *(["        want = tl.load(nitems + task)"] if sentinel else []),
+        "        s0 = tl.load(succ_ptr + task)",
+        "        s1 = tl.load(succ_ptr + task + 1)",
+        *([] if sentinel else [
+            "        # the first block of successors too: the release after the item waits for no load",
+            "        first = s0 + tl.arange(0, SUCC_BLOCK)",
+            "        ids0 = tl.load(succ + first, mask=first < s1, other=0)"]),
+        "        row = tab + roff",
+        "        tptr = task_ptr + task.to(tl.int64) * MAXM",
+        "        tstride = task_stride + task.to(tl.int64) * MAXM",
+        "        on = (waits != 0) & (task != ready)",
+        "        ok = tl.zeros((), dtype=tl.int32)",
+        "        t0 = tl.zeros((), dtype=tl.int64)",
     ]
     for k, loads, call in calls:
-        body.append(f"            {'if' if k == 0 else 'elif'} branch == {k}:")
-        body += [f"                {line}" for line in loads]
-        body.append(f"                {call}")
-    tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if static else []
+        body.append(f"        {'if' if k == 0 else 'elif'} branch == {k}:")
+        body += [f"            {line}" for line in loads]
+        body.append(f"            {call}")
+    tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if ranged else []
     return body + _completion_lines(sentinel) + tail
 
 
@@ -222,7 +281,8 @@ def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[st
 #: successor waits for every item of its predecessors: its count is theirs), with no count of
 #: the task's items to wait for on the way
 _ITEM_RELEASES = [
-    "            for k in range(s0, s1, SUCC_BLOCK):",
+    "            tl.atomic_add(pending + ids0, -1, mask=first < s1, sem=\"release\")",
+    "            for k in range(s0 + SUCC_BLOCK, s1, SUCC_BLOCK):",
     "                offs = k + tl.arange(0, SUCC_BLOCK)",
     "                live = offs < s1",
     "                ids = tl.load(succ + offs, mask=live, other=0)",
@@ -246,6 +306,8 @@ def _completion_lines(sentinel: bool) -> list[str]:
     sentinel the task's last item's), the next item; or, after a wait that gave up, the error and
     the stop."""
     return [
+        "        if ok != 0:",
+        "            ready = task",
         "            if tracing != 0:",
         "                t1 = _now(clock, GPU_CLOCK)",
         "                tl.store(trace + 3 * i, t0)",
@@ -256,7 +318,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
         *(_LAST_RELEASES if sentinel else _ITEM_RELEASES),
         "            i = i_next",
         "            taken += 1",
-        "            running = i < n_items",
+        "            running = i < end",
         "            task, p, branch, roff, waits = task_n, p_n, branch_n, roff_n, waits_n",
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
@@ -317,5 +379,5 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "ITEM_COLS", "fit_megakernel",
-           "stage_bytes"]
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "ITEM_COLS",
+           "fit_megakernel", "stage_bytes"]

@@ -68,6 +68,9 @@ def scan_table(functions: list[IncoreFunction], maxm: int) -> list[int]:
                 p = fn.memrefs[j]
                 d = access[p.name].direction
                 bits = (READ if d in ("in", "inout") else 0) | (WRITE if d in ("out", "inout") else 0)
+                if p.dtype.is_quantized:  # weights' bytes, not values: not scanned
+                    out += [0, 0, names.index(p.name)]
+                    continue
                 out += [bits, DTYPES.index(p.dtype), names.index(p.name)]
             else:
                 out += [0, 0, 0]

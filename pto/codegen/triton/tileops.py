@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal
+from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType
 from pto.ir.expr import Expr, const_value
-from pto.ir.nodes import Instr
+from pto.ir.nodes import Instr, walk_instrs
 from pto.ir.ops import (
     ARITH,
     BINARY,
@@ -168,6 +169,12 @@ class TileOps:
         a, b = ins.srcs
         acc = str(ins.attr("acc"))
         accumulate = ins.op is Op.MATMUL_ACC
+        if b in self.planes:  # a GEMV of a quantized tile's planes: the sums per unit, no values
+            fmt = self.memrefs[next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.dst == b)].dtype.quant
+            r, c = self.blocks[b]
+            dot = f"{dot_name(fmt)}({', '.join(self.planes[b])}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+            self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
+            return
         self.use(a)
         self.use(b)
         if accumulate:
@@ -210,7 +217,13 @@ class TileOps:
             opb = self.operand(b, False, 1)
             if dt is not DType.F32:
                 opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
-            value = f"tl.sum({opa}[:, None, :] * {opb}[None, :, :], axis=2)"
+            if m == 1:
+                # one row: the products in b's own layout, the row broadcast over b's rows (a
+                # tile's worth of b never changes layout: on sm_90 the 3-D form below moved the
+                # weights of a GEMV through shared memory to multiply them)
+                value = f"tl.sum({opb} * {opa}, axis=1)[None, :]"
+            else:
+                value = f"tl.sum({opa}[:, None, :] * {opb}[None, :, :], axis=2)"
             return f"{self.f32(ins.dst)} + {value}" if fused else value
         if dt is not DType.F32:
             opa, opb = f"{opa}.to(tl.float32)", f"{opb}.to(tl.float32)"
@@ -261,6 +274,9 @@ class TileOps:
         self.assign(ins.dst, f"tl.where({keep}, {self.f32(src)}, {fill})")
 
     def _memory(self, ins: Instr) -> None:
+        if ins.op is Op.LOAD and self.memrefs[ins.srcs[0]].dtype.is_quantized:
+            self._load_quantized(ins)
+            return
         if ins.op is Op.LOAD:
             mem, row, col = ins.srcs
             tile = ins.dst
@@ -304,6 +320,45 @@ class TileOps:
             self.emit(f"    tl.store({ptr}, t_{tile}{even})")
             self.emit("else:")
             self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
+
+    def _load_quantized(self, ins: Instr) -> None:
+        """A tile of a quantized memref: the format's helper (:mod:`pto.codegen.triton.quant`)
+        reads the tile's blocks and dequantizes them in registers; masks (and the pad) only
+        where the tile overhangs its region or its block."""
+        mem, row, col = ins.srcs
+        tile = ins.dst
+        fmt = self.memrefs[mem].dtype.quant
+        self.quantized.add(fmt.name)
+        (r, c), (lr, lc) = self.blocks[tile], self.shapes[tile]
+        ri, c0, lim, rmask = self.fresh("r"), self.fresh("c"), self.fresh("lim"), self.fresh("rm")
+        self.emit(f"{ri} = {self.offset(row, r, True)}")
+        self.emit(f"{c0} = m_{mem}_c0 + {self.expr(col)}")
+        # the valid elements: the region's columns, the tile's own (a padded block's lanes)
+        self.emit(f"{lim} = tl.minimum(m_{mem}_c0 + m_{mem}_cols, {c0} + {lc})")
+        rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
+        rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
+        self.emit(f"{rmask} = {' & '.join(rows)}")
+        planes = [f"t_{tile}__{p.name}" for p in fmt.planes]
+        load = f"{', '.join(planes)} = {load_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {lim}, {r}, {c}, {{}})"
+        self.emit(f"if EVEN_{mem}:")
+        self.emit("    " + load.format((lr, lc) != (r, c)))
+        self.emit("else:")
+        self.emit("    " + load.format(True))
+        if tile in self.fused:  # the product takes the planes (pto.codegen.triton.body.fused_quantized_loads)
+            self.planes[tile] = planes
+            self.defined.add(tile)
+            return
+        value = f"{helper_name(fmt)}({', '.join(planes)}, {r}, {c})"
+        pad = float_literal(float(ins.attr("pad")))
+        masked = f"tl.where({rmask} & ({c0} + tl.arange(0, {c})[None, :] < {lim}), {value}, {pad})"
+        self.emit(f"if EVEN_{mem}:")
+        self.depth += 1
+        self.assign(tile, value if (lr, lc) == (r, c) else masked)
+        self.depth -= 1
+        self.emit("else:")
+        self.depth += 1
+        self.assign(tile, masked)
+        self.depth -= 1
 
     def offset(self, e: Expr, n: int, rows: bool, step: int = 1) -> str:
         idx = f"tl.arange(0, {n})" + ("[:, None]" if rows else "[None, :]") + (f" * {step}" if step > 1 else "")

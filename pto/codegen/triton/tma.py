@@ -57,7 +57,7 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
     out = {}
     tiles = {t.name: t for t in fn.tiles}
     for p in fn.memrefs:
-        if p.name in stored or p.name not in fed:
+        if p.name in stored or p.name not in fed or p.dtype.is_quantized:  # (quantized: rows of bytes)
             continue
         logical = {tuple(tile_shape(tiles[t], dims)) for t in shapes[p.name]}
         if len(logical) != 1:  # tiles of several shapes: a descriptor has one block shape

@@ -69,6 +69,23 @@ def weights(smollm, one_thread):
 @pytest.fixture(scope="session")
 def tokenizer(smollm):
     need("tokenizers")
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     return load_tokenizer(smollm)
+
+
+def greedy_prompts(tok) -> list[list[int]]:
+    """The prompts of the greedy-generation tests: plain and chat-formatted, one batch."""
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    return [tok.encode(t) for t in texts] + [tok.encode_chat([{"role": "user", "content": "Name three colors."}])]
+
+
+def transformers_greedy(hf_model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` of ``n`` new tokens for each prompt (no end token)."""
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        gen = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
+        out.append(gen[0, len(p):].tolist())
+    return out

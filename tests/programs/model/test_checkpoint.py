@@ -104,7 +104,11 @@ def test_gguf_refusals(tmp_path):
              "c.gguf", "output_norm.weight", "F64")
     data = write_gguf(tmp_path / "d.gguf", model).read_bytes()
     (tmp_path / "e.gguf").write_bytes(data[: len(data) - 1000])
-    _refused(tmp_path / "e.gguf", "e.gguf", "truncated or corrupt")
+    # issue 43: where the file ends and what it needed, not the reader's IndexError
+    _refused(tmp_path / "e.gguf", "e.gguf", f"truncated: {len(data) - 1000:,} of its {len(data):,} bytes",
+             "missing from the data of tensor")
+    (tmp_path / "f.gguf").write_bytes(data[:200])
+    _refused(tmp_path / "f.gguf", "f.gguf", "truncated: the file ends at byte 200, in its metadata, after key")
 
 
 def test_hf_refusals(tmp_path):
@@ -122,3 +126,47 @@ def test_hf_refusals(tmp_path):
     state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.up_proj.weight"][:, :5].contiguous()
     save_file(state, tmp_path / "model.safetensors")
     _refused(tmp_path, "model.layers.1.mlp.up_proj.weight")
+
+
+def _assert_kept_header_is_the_readers(path) -> None:
+    """The header a process keeps reads back as the gguf package's reader reads ``path``."""
+    import gguf
+    import numpy as np
+    from pto.orchestration.model import gguf_file
+
+    first = gguf_file.GGUFFile(path)  # parsed by the reader, and kept
+    assert gguf_file._cached_header(path) is not None
+    kept = gguf_file.GGUFFile(path)
+    reader = gguf.GGUFReader(path)
+    assert kept.values == {k: f.contents() for k, f in reader.fields.items()} == first.values
+    assert list(kept.tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        mine = kept.tensors[t.name]
+        assert (mine.tensor_type, mine.shape, mine.data.dtype, mine.data.shape) == (
+            t.tensor_type, tuple(int(n) for n in t.shape), t.data.dtype, t.data.shape), t.name
+        assert np.array_equal(mine.data.view(np.uint8), t.data.view(np.uint8)), t.name
+
+
+def test_a_gguf_header_kept_between_processes_is_the_readers(tmp_path, monkeypatch):
+    """The header a process keeps in the cache (the metadata's values, where each tensor's data
+    lies) reads back as the gguf package's reader reads the file: every value equal, every
+    tensor's type, dimensions and data bit-equal (F16 matrices, F32 norms); a file changed on
+    disk, or a kept header that does not fit the file, is parsed again."""
+    from pto.orchestration.model import gguf_file
+
+    monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path / "cache"))
+    tiny = write_gguf(tmp_path / "tiny.gguf", tiny_model(seed=5), "F16")
+    _assert_kept_header_is_the_readers(tiny)
+    header = gguf_file._header_file(tiny)
+    header.write_text('{"values": {}, "tensors": [["x", 0, [4], "<f4", [4], 999999999]]}')
+    assert gguf_file._cached_header(tiny) is None  # past the end of the file: parsed again
+    write_gguf(tiny, tiny_model(seed=6), "F32")
+    assert gguf_file._header_file(tiny) != header and gguf_file._cached_header(tiny) is None
+    assert gguf_file.GGUFFile(tiny).qtype("blk.0.attn_q.weight") == "F32"
+
+
+@pytest.mark.slow
+def test_the_real_checkpoints_kept_header_is_the_readers(tmp_path, monkeypatch, smollm):
+    """The same on SmolLM2's file (Q4_1, Q8_0 and F32 tensors, a 49,152-token vocabulary)."""
+    monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path / "cache"))
+    _assert_kept_header_is_the_readers(smollm)

@@ -110,7 +110,7 @@ def test_the_step_matches_the_reference_with_either_combine(cache, batch, chunk,
 def test_generation_with_the_combine_reading_every_part_is_the_reference_models(config, new):
     """Token by token (tiny-swa wraps its 64-slot ring: chunks of the ring past the position
     hold old keys, and the parts' weights follow the position, not the slot order)."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
     from pto.orchestration.model.reference import ReferenceModel
 

@@ -131,6 +131,91 @@ def test_gguf_refusals(tmp_path):
     _refused(tmp_path / "d.gguf", "d.gguf", "general.architecture is 'gpt2'")
     (tmp_path / "e.bin").write_bytes(b"not a checkpoint at all")
     _refused(tmp_path / "e.bin", "e.bin", "neither a GGUF file")
-    (tmp_path / "f.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 9)
-    _refused(tmp_path / "f.gguf", "f.gguf", "not a readable GGUF file")
+    (tmp_path / "f.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 9)  # the two counts need 16 bytes
+    _refused(tmp_path / "f.gguf", "f.gguf", "truncated: the file ends at byte 17, in its first bytes")
+    (tmp_path / "g.gguf").write_bytes(b"GGUF\x63\x00\x00\x00" + b"\x00" * 16)  # version 99
+    _refused(tmp_path / "g.gguf", "g.gguf", "not a readable GGUF file: its header is corrupt", "version 99")
     _refused(tmp_path / "nothing-here", "no such file")
+
+
+#: a Llama-3.2-1B-shaped config.json as its publisher's transformers 4.45 wrote it, with the
+#: fields a saved copy carries besides (the name it was loaded from, the tokenizer's ids)
+LLAMA32_1B = {
+    "_name_or_path": "meta-llama/Llama-3.2-1B-Instruct", "_model_name_or_path": "meta-llama/Llama-3.2-1B-Instruct",
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "pad_token_id": 128004, "unk_token_id": None,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "unsloth_version": "2024.9", "use_cache": True, "vocab_size": 128256,
+}
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_a_config_json_transformers_wrote_is_read_whole(tmp_path, window):
+    """Every field transformers' configuration holds (to_dict: its bookkeeping, the task heads'
+    labels, generation defaults, the tokenizer's ids, the name it was loaded from), written by
+    transformers' save_pretrained: accepted, and read as transformers reads it."""
+    import transformers
+    from pto.orchestration.model.config import load_config
+
+    cls = transformers.MistralConfig if window else transformers.LlamaConfig
+    extra = {"sliding_window": window} if window else {}
+    c = cls(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=160, num_hidden_layers=3,
+            vocab_size=512, tie_word_embeddings=True, unk_token_id=0, pad_token_id=3, **extra)
+    c._name_or_path = "someone/tiny-model"
+    c.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["unk_token_id"] == 0 and "transformers_version" in saved  # the fields a user meets
+    (tmp_path / "config.json").write_text(json.dumps(c.to_dict()))  # every field, "_name_or_path" too
+    for written in ("save_pretrained", "to_dict"):
+        cfg = load_config(tmp_path)
+        assert (cfg.layer.hidden, cfg.layer.heads, cfg.layer.kv_heads, cfg.layer.head_dim, cfg.layer.ffn) == (
+            c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size), written
+        assert (cfg.vocab, cfg.layers, cfg.tied, cfg.max_positions, cfg.layer.window, cfg.arch) == (
+            c.vocab_size, c.num_hidden_layers, True, c.max_position_embeddings, window, c.model_type), written
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+
+
+def test_a_published_config_json_is_read_and_arithmetic_fields_are_refused(tmp_path):
+    """A config.json written by hand in the published checkpoints' spelling, with metadata of
+    every kind (names, versions, token ids, dtype) beside the arithmetic: read; a field that
+    changes the arithmetic this model does not compute (a bias, another activation, a scale
+    this reader does not know) is one line naming it."""
+    from pto.orchestration.model.config import load_config
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B))
+    cfg = load_config(tmp_path)
+    lc = cfg.layer
+    assert (lc.hidden, lc.heads, lc.kv_heads, lc.head_dim, lc.ffn, lc.eps, lc.theta) == (
+        2048, 32, 8, 64, 8192, 1e-05, 500000.0)
+    assert (lc.rope_scaling.kind, lc.rope_scaling.factor, lc.rope_scaling.original_max_position_embeddings) == (
+        "llama3", 32.0, 8192)
+    assert (cfg.vocab, cfg.layers, cfg.tied, cfg.max_positions, cfg.bos_id, cfg.eos_ids, cfg.dtype) == (
+        128256, 16, True, 131072, 128000, (128001, 128008, 128009), "bfloat16")
+    for change, words in (({"attention_bias": True}, "'attention_bias'"), ({"hidden_act": "gelu"}, "'hidden_act'"),
+                          ({"logit_scale": 0.5}, "unsupported field 'logit_scale'"),
+                          ({"head_dim": None, "hidden_size": 2047}, "hidden_size 2047")):
+        (tmp_path / "config.json").write_text(json.dumps({**LLAMA32_1B, **change}))
+        _refused(tmp_path, "config.json", *words.split(","))
+
+
+def test_run_reports_the_checkpoint_it_ran(tmp_path):
+    """``pto run model --weights DIR --json`` names what ran: the folder (``weights``) and its
+    shape (``config``: the file's, not a built-in configuration's), and checks the step against
+    the reference model on the file's weights; --config beside --weights is one line."""
+    from pto.orchestration.model.config import load_config
+
+    from pto.tools.run import run
+
+    tiny_model(tied=True).save_pretrained(tmp_path)
+    res = run("model", device="cpu", weights=str(tmp_path), cache=64, check=True)
+    assert res["weights"] == str(tmp_path) and res["config"] == load_config(tmp_path).spec()
+    assert "hidden=128," in res["config"] and "layers=2," in res["config"] and "vocab=300," in res["config"]
+    assert res["rel_err"] < 1e-5
+    with pytest.raises(UsageError, match="--weights and --config tiny both give") as e:
+        run("model", device="cpu", weights=str(tmp_path), config="tiny")
+    assert "\n" not in str(e.value)

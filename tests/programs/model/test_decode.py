@@ -16,6 +16,7 @@ import torch
 
 from pto.engine import rel_err
 from pto.tools.run import run
+from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -112,7 +113,7 @@ def test_generation_replays_one_graph_and_matches_the_reference(config):
     """Prompts of different lengths in one batch (one of a single token: no prefill), prefill
     through the layer program, then the step replayed: the reference model's greedy tokens.
     tiny-swa generates past its 64-slot ring."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType
@@ -137,9 +138,9 @@ def test_sampled_generation_draws_what_the_reference_draws():
     token written back into its state; the same draws as the reference model's sampler on its
     logits (the two logits agree to about 1e-6, far inside any draw's margin), and another seed
     draws other tokens."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.sampling import Sampler
     from pto.orchestration.model.reference import ReferenceModel
-    from pto.orchestration.model.sampling import Sampler
 
     from pto.ir.dtypes import DType
 
@@ -156,17 +157,17 @@ def test_sampled_generation_draws_what_the_reference_draws():
 
 
 def test_sampling_options_are_checked_before_any_work(tmp_path):
-    from pto.orchestration.model.textgen import Request
-    from pto.orchestration.model.textgen import run as generate
+    from pto.orchestration.llm.textgen import run as generate
 
     from pto.errors import UsageError
+    from pto.generation import GenerateRequest
 
     f = tmp_path / "model.gguf"
     f.write_bytes(b"not read")
     for kw, msg in (({"temperature": -1.0}, "--temperature must be 0"), ({"top_p": 0.5}, "give --temperature"),
                     ({"temperature": 1.0, "top_p": 1.5}, r"--top-p must be in \(0, 1\]")):
         with pytest.raises(UsageError, match=msg):
-            generate(Request(str(f), ("hi",), **kw))
+            generate(GenerateRequest(gguf=str(f), prompts=("hi",), **kw))
 
 
 def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
@@ -185,13 +186,15 @@ def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
         assert row["kv_cache_bytes"] == nbytes["k_cache"] + nbytes["v_cache"]
         state = ("emb", "cos", "sin", "tok", "pos")
         assert row["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in state)
-        # one rank of two: its shard of the layers' weights and of the cache, the LM head whole
+        # one rank of two: its shard of the layers' weights, of the cache and of the LM head (the
+        # vocabulary-parallel head's share, and where its candidate goes)
         s2 = job.program.settings(device="cpu", config=config, dtype="bf16", tp=2)
         mine = job.program.shard(s2, t, 1)
         two = estimate("model", [64], config=config, dtype="bf16", shape={"batch": 3}, tp=2)["rows"][0]
         nbytes = {k: v.numel() * v.element_size() for k, v in mine.items()}
         assert two["kv_cache_bytes"] == nbytes["k_cache"] + nbytes["v_cache"] == row["kv_cache_bytes"] // 2
         assert two["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in state)
+        assert nbytes["lm_head"] * 2 == {k: v.numel() * v.element_size() for k, v in t.items()}["lm_head"]
 
 
 def test_estimate_calibrates_only_on_caches_the_step_can_hold():
@@ -255,21 +258,14 @@ def test_a_drawing_of_a_30_layer_step_bands_whole_layers(tmp_path):
 def test_smollm2_generates_what_transformers_generates(smollm, hf_model, hf_tokenizer):
     """The real checkpoint (Q4_1, dequantized to f32 at load), greedy, 32 new tokens on several
     prompts (chat-formatted and plain, one batch): the same tokens as transformers' generate."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
-    from pto.orchestration.model.generate import Generator
-    from pto.orchestration.model.tokenizer import load_tokenizer
 
     from pto.ir.dtypes import DType
 
-    tok = load_tokenizer(smollm)
-    texts = ["The capital of France is", "def fibonacci(n):"]
-    prompts = [tok.encode(t) for t in texts] + [tok.encode_chat([{"role": "user", "content": "Name three colors."}])]
-    want = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
+    prompts = greedy_prompts(load_tokenizer(smollm))
+    want = transformers_greedy(hf_model, prompts, 32)
     gen = Generator(load_weights(smollm, torch.float32), "cpu", DType.F32)
     try:
         got = gen.generate(prompts, 32, stop_ids=())
@@ -343,8 +339,8 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
     silently off by 2e-2); a cache that is not whole chunks would drop its last slots: both are
     refused, naming the numbers; so are block sizes below 1 and a sum dtype Generator does not
     know."""
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.decode import DecodeTiling
-    from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.errors import UsageError
@@ -391,28 +387,13 @@ def test_the_steps_kernels_compile_for_sm90(tmp_path):
     from pto.orchestration.model.decode import DecodeTiling, functions
     from pto.orchestration.model.program import CONFIGS
 
-    from pto.codegen.triton import render
-    from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType
     from pto.target import get
-    from tests.sm90 import compile_sm90
+    from tests.sm90 import compile_sm90, kernel_jobs
 
-    jobs, seen = [], set()
-    for batch in (1, 16):
-        fns = functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch)
-        for f in fields(fns):
-            if getattr(fns, f.name) is None:  # (the projection with RoPE: one sequence only)
-                continue
-            kern = render(specialize(getattr(fns, f.name)))
-            if kern.digest in seen:
-                continue
-            seen.add(kern.digest)
-            for even in (False, True):
-                flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
-                jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(),
-                             "aligned": True,
-                             "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
-                             "options": {k: v for k, v in kern.launch.items() if not k.isupper()}})
+    fns = [functions(CONFIGS["smollm2-135m"], DType.BF16, get("cuda_h100"), DecodeTiling(), batch) for batch in (1, 16)]
+    # (the projection with RoPE: one sequence only)
+    jobs = kernel_jobs(getattr(f, x.name) for f in fns for x in fields(f) if getattr(f, x.name) is not None)
     results = compile_sm90(jobs, tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
@@ -473,7 +454,7 @@ def test_the_two_combine_levels_on_triton(monkeypatch):
 def test_generation_past_sixteen_chunks_matches_the_reference():
     """A generation whose capacity is 32 chunks (prompt and new tokens past 512 positions): the
     step's combine reads a head's 32 partial states at once, every token the reference model's."""
-    from pto.orchestration.model.generate import Generator
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType
@@ -519,8 +500,8 @@ def test_one_sequence_ropes_in_its_projection_and_generates_the_reference_tokens
     reference model's (tiny-swa wraps its 64-slot ring)."""
     from dataclasses import replace
 
+    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model import program as mp
-    from pto.orchestration.model.generate import Generator
     from pto.orchestration.model.reference import ReferenceModel
 
     from pto.ir.dtypes import DType

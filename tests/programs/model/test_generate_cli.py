@@ -13,9 +13,9 @@ import sys
 import pytest
 
 
-def _pto(*args):
+def _pto(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pto.cli", "generate", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PTO_PROGRESS_S": "0"})
+                          timeout=600, env={**os.environ, "PTO_PROGRESS_S": "0", **(env or {})})
 
 
 @pytest.mark.slow
@@ -28,7 +28,19 @@ def test_streamed_text_json_and_speed_line(smollm):
     assert 1 <= len(res["tokens"][0]) <= 8
     speed = text.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"prompt \d+ tokens in \d+ ms; decode [\d.]+ ms per token \([\d.]+ tokens/s\), \d+ steps of "
-                        r"\d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\)", speed), speed
+                        r"\d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\); weights 98\.3 MB \(q4_1, q8_0\), "
+                        r"98\.3 MB read a step", speed), speed
+    assert res["weights"]["types"]["wd"] == "q4_1" and res["weights"]["resident_bytes"] == 98272512
+
+
+@pytest.mark.slow
+def test_dequantize_gives_the_same_text_from_float_weights(smollm):
+    """``--dequantize``: the weights as f32 (538 MB), the tokens of the quantized run."""
+    args = ["--gguf", str(smollm), "--prompt", "def fibonacci(n):", "--max-new-tokens", "4", "--device", "cpu",
+            "--json"]
+    quantized, dense = (json.loads(_pto(*args, *extra).stdout) for extra in ((), ("--dequantize",)))
+    assert dense["tokens"] == quantized["tokens"]
+    assert dense["weights"] == {"types": {}, "resident_bytes": 538060032, "step_read_bytes": 538060032}
 
 
 @pytest.mark.slow
@@ -43,8 +55,9 @@ def test_a_prompt_that_outgrows_the_context_is_one_line(smollm):
 @pytest.mark.slow
 def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
     """``torchrun --nproc-per-node 3 -m pto.cli generate --gguf SmolLM2 --tp 3`` (its 9 query and
-    3 key/value heads over 3 ranks, gloo, f32): the greedy tokens and text of the single process
-    (itself transformers' tokens on the same file: test_decode.py), one JSON object (rank 0's)."""
+    3 key/value heads and its LM head's 49152 ids over 3 ranks, gloo, f32): the greedy tokens and
+    text of the single process (itself transformers' tokens on the same file: test_decode.py),
+    one JSON object (rank 0's)."""
     from tests.dist import driver
 
     args = ["-m", "pto.cli", "generate", "--gguf", str(smollm), "--prompt", "The capital of France is",
@@ -55,9 +68,44 @@ def test_generation_over_three_ranks_writes_the_single_process_text(smollm):
     one, three = json.loads(r1.stdout), json.loads(r3.stdout)
     assert three["tokens"] == one["tokens"] and len(one["tokens"][0]) == 6
     assert three["texts"] == one["texts"]
+    # every step: the o and down projections of 30 layers and the vocabulary-parallel head's
+    # candidates, through gloo (no symmetric memory on the CPU)
+    calls = three["collectives"]["calls"]
+    assert calls % 61 == 0 and calls >= 6 * 61 and three["collectives"]["algorithms"] == {"group": calls}, three
 
 
 def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
-    r = _pto("--gguf", str(smollm), "--prompt", "hi", "--tp", "2", "--device", "cpu")
-    assert r.returncode == 2 and r.stderr == "pto: error: --tp 2: the 9 query heads do not divide among 2 ranks\n", \
-        r.stderr
+    """Rank 0 of a torchrun launch of 2 (its variables; the launch is checked first, tests/cli)."""
+    r = _pto("--gguf", str(smollm), "--prompt", "hi", "--tp", "2", "--device", "cpu",
+             env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert r.returncode == 2 and r.stderr == "pto: error: rank 0: --tp 2: the 9 query heads do not divide among 2 " \
+        "ranks\n", r.stderr
+
+
+@pytest.mark.parametrize("ms,sequences", [(2500.0, 1), (25000.0, 1), (8.0, 2), (0.9, 4)])
+def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
+    """Issue 43, item 8: a CPU's 0.4 tokens/s was printed "(0 tokens/s)"; the rate comes from the
+    step's milliseconds (the JSON's tokens_per_s is rounded to 0.1: 0.04 reads 0.0 there)."""
+    from pto.orchestration.llm.generate import Generation
+    from pto.orchestration.llm.textgen import format_speed
+
+    gen = Generation(tokens=[[5, 6, 7]] * sequences, prompt_tokens=[4] * sequences, prefill_ms=30.0,
+                     decode_ms=[ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
+    res = {**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"}
+    rate = sequences * 1e3 / ms
+    shown = re.search(r"\(([\d.,]+) tokens/s\)", format_speed(res)).group(1)
+    assert float(shown.replace(",", "")) == pytest.approx(rate, rel=5e-3), (shown, rate)
+    assert float(shown.replace(",", "")) > 0
+
+
+@pytest.mark.slow
+def test_a_batch_labels_every_sequence(smollm):
+    """Issue 43, item 9: "--- sequence 1:" comes before the first (streamed) text as "--- sequence
+    2:" before the second; the texts are those of --json."""
+    args = ["--gguf", str(smollm), "--prompt", "The capital of France is", "--prompt", "def fib(n):", "--batch", "2",
+            "--max-new-tokens", "3", "--device", "cpu"]
+    text = _pto(*args)
+    assert text.returncode == 0, text.stderr
+    res = json.loads(_pto(*args, "--json").stdout)
+    expected = "".join(f"--- sequence {i}:\n{t}\n" for i, t in enumerate(res["texts"], start=1))
+    assert text.stdout == expected, (text.stdout, res["texts"])

@@ -184,7 +184,7 @@ def test_window_ring_equals_full_cache(windowed):
 
 
 def test_sampler():
-    from pto.orchestration.model.sampling import Sampler
+    from pto.orchestration.llm.sampling import Sampler
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
     assert torch.equal(Sampler()(logits), logits.argmax(-1))

@@ -82,7 +82,7 @@ def test_stream_never_splits_a_character(tokenizer):
 
 
 def test_hf_folder_tokenizer(tmp_path, tokenizer, hf_tokenizer):
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     hf_tokenizer.save_pretrained(tmp_path)
     ours = load_tokenizer(tmp_path)
@@ -96,8 +96,8 @@ def test_hf_folder_tokenizer(tmp_path, tokenizer, hf_tokenizer):
 def test_llama3_pre_tokenizer(tmp_path, smollm):
     """The LLaMA 3 split (``llama-bpe``) on the real vocabulary, against transformers' reading of
     the same metadata."""
+    from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.gguf_file import open_gguf
-    from pto.orchestration.model.tokenizer import load_tokenizer
     from transformers import AutoTokenizer
 
     src = open_gguf(smollm)
@@ -118,7 +118,7 @@ def test_llama3_pre_tokenizer(tmp_path, smollm):
 
 
 def test_refusals(tmp_path, tokenizer):
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     path = write_gguf(tmp_path / "bare.gguf", tiny_model())
     with pytest.raises(UsageError, match=r"bare.gguf has no tokenizer"):

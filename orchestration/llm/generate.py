@@ -1,0 +1,322 @@
+"""Text generation with task graphs: the prompt through the layer program's module (prefill,
+which fills the KV cache), then the decode step's graph (:mod:`pto.orchestration.model.decode`)
+replayed once per token.
+
+Prefill runs the layer (:func:`pto.orchestration.llama.program.layer_module`, of the form that
+outputs its keys and values: ``LayerForm(kv_out=True)``) on each prompt but its last token,
+layer by layer, and copies each layer's keys (after RoPE) and values, the module's declared
+outputs, into the sequence's cache block; the decode step then starts from the last prompt token
+at its position, so its first step yields the first new token. The step's graph is built once
+for the batch and a cache capacity (a power of two of whole attention chunks, at least the
+longest prompt plus the new tokens; the window for a sliding-window model) and replayed: the
+token and the position are device data the step itself advances, so nothing is rebuilt and
+nothing synchronizes with the host inside a step. Reading the new tokens back (to print them)
+happens between steps. Both modules come from the programs' builders, run where and how
+:func:`pto.engine.placement` says, by the engine's one recipe (:class:`pto.engine.Prepared`).
+
+Tensor parallelism (``tp`` > 1, one process per rank under torchrun): every rank's step is its
+share of the heads and FFN columns (:func:`~pto.orchestration.model.program.shard_inputs`), its
+cache the key/value heads it holds; prefill runs the whole layer on every rank and keeps the
+rank's heads of the keys and values. The LM head is vocabulary-parallel (each rank its share's
+logits; the step's argmax combines the ranks' candidates, so every rank picks the same greedy
+token); sampling joins the ranks' logits first (every rank the whole logits, the same seeded
+generator: the same token).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from pto.orchestration.llama.llama7b import KV_OUTPUTS
+from pto.orchestration.llama.program import FAMILY as LAYER
+from pto.orchestration.llama.program import layer_module, packed_weights
+from pto.orchestration.llama.reference import rope_tables
+from pto.orchestration.llama.tiling import LayerForm
+from pto.orchestration.llama.tiling import allreduce_dtype as reduce_dtype  # (the argument's name)
+from pto.orchestration.llm.sampling import Sampler
+from pto.orchestration.model.checkpoint import ModelWeights
+from pto.orchestration.model.decode import DecodeTiling, build_step, vocab_split
+from pto.orchestration.model.program import PROGRAM as STEP
+from pto.orchestration.model.program import (
+    shard_inputs,
+    stack_weights,
+    tiling_for,
+    tiling_for_executor,
+    unstack_weights,
+)
+from pto.orchestration.model.quantized import (
+    LayerDequantizer,
+    WeightTypes,
+    embedding_rows,
+    for_weights,
+    is_quantized,
+)
+
+from pto.errors import UsageError
+from pto.ir.dtypes import DType
+
+
+@dataclass
+class Generation:
+    """What a generation made: every sequence's new tokens and the timings."""
+
+    tokens: list[list[int]]
+    prompt_tokens: list[int]
+    prefill_ms: float
+    decode_ms: list[float] = field(default_factory=list)  # per step (graph replay, device-synchronized)
+    capacity: int = 0
+    tasks_per_step: int = 0
+    executor: str = ""
+    #: the decode step's preparation for this batch and capacity (its graph built, the weights
+    #: stacked onto the device; 0 when an earlier generation prepared it)
+    prepare_ms: float = 0.0
+
+    def to_json(self) -> dict:
+        steps = len(self.decode_ms)
+        per = sorted(self.decode_ms)[steps // 2] if steps else None
+        return {"new_tokens": [len(t) for t in self.tokens], "prompt_tokens": self.prompt_tokens,
+                "prepare_ms": round(self.prepare_ms, 3), "prefill_ms": round(self.prefill_ms, 3),
+                "first_step_ms": round(self.decode_ms[0], 3) if steps else None, "steps": steps,
+                "ms_per_token": None if per is None else round(per, 4),
+                "tokens_per_s": None if not per else round(len(self.tokens) * 1e3 / per, 1),
+                "cache": self.capacity, "tasks_per_step": self.tasks_per_step, "executor": self.executor}
+
+
+def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
+    """The cache slots a generation needs: the window of a sliding-window model, else the
+    smallest power of two of whole attention chunks holding ``longest`` positions."""
+    cfg = weights.config
+    if cfg.layer.window:
+        return cfg.layer.window
+    if longest > cfg.max_positions:
+        raise UsageError(f"the prompt and the new tokens need {longest} positions; the model's context holds "
+                         f"{cfg.max_positions}")
+    cap = chunk or tiling_for(cfg).chunk
+    while cap < longest:
+        cap *= 2
+    return cap
+
+
+class Generator:
+    """A model's weights on a device, ready to generate for batches of prompts: the layer's
+    prepared graphs for prefill (one per prompt length, cached) and the decode step's (one per
+    batch size and capacity, cached). ``tp``: this process is one of that many ranks, whose
+    partial sums are summed in the storage dtype or f32 (``allreduce_dtype``), with the LM head
+    split by vocabulary (``vocab_parallel``, the default) or replicated."""
+
+    def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
+                 executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
+                 allreduce_dtype: str = "storage", vocab_parallel: bool = True):
+        from pto import dist
+        from pto.engine import placement
+        from pto.target import resolve as resolve_target
+
+        self.weights, self.config = weights, weights.config
+        self.dtype = dtype
+        # where the step and the layer run (the programs' own executor choices), checked now
+        self.step_place = placement(STEP, device, dtype, backend, executor)
+        self.layer_place = placement(LAYER, device, dtype, self.step_place.backend)
+        self.device, self.backend = self.step_place.device, self.step_place.backend
+        self.target = resolve_target(None, self.device)
+        # the step's block sizes (the bench sweeps them): the executor's (the megakernel's are wider)
+        self.tiling = tiling or tiling_for_executor(self.config, self.step_place.executor, self.target)
+        self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
+        # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
+        self.reduce = reduce_dtype(dtype, allreduce_dtype)
+        if tp > 1 and dist.world_size() != tp:
+            raise UsageError(f"--tp {tp} runs one process per rank (torchrun --nproc-per-node {tp}); this process "
+                             f"group has {dist.world_size()}")
+        try:
+            self.local = self.config.shard(tp)  # this rank's layers
+            self.vocab_parallel = vocab_parallel
+            self.split = vocab_split(self.config, tp, vocab_parallel)  # (None: the whole head)
+        except ValueError as e:
+            raise UsageError(f"--tp {tp}: {e}") from None
+        # the layer whole on every rank, its keys and values outputs (a GPU's whole row tiles,
+        # as the layer program's --row-tiles auto)
+        self.layer_form = LayerForm(whole=self.target.is_gpu, kv_out=True)
+        self._layers: dict = {}
+        self._steps: dict = {}
+        self._weights: dict[str, torch.Tensor] | None = None  # the step's, on the device (_stacked)
+        self._layer_views: list[dict[str, torch.Tensor]] | None = None  # each layer's, views of them
+        #: what the step's weight inputs are stored as (quantized: :mod:`pto.orchestration.model.quantized`),
+        #: and what dequantizes a layer's for the prefill (made once, from the step's own tensors)
+        self.wtypes = WeightTypes.of(weights)
+        self._dequantizer: LayerDequantizer | None = None
+        if tp > 1 and self.wtypes.quantized:
+            raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
+        self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
+
+    # -- the decode step ----------------------------------------------------------------------
+    def step(self, batch: int, capacity: int):
+        """The decode step's prepared graph for ``batch`` sequences of ``capacity`` slots."""
+        key = (batch, capacity)
+        chunk = self.tiling.chunk
+        if capacity < chunk or capacity % chunk:
+            raise UsageError(f"a decode step of {capacity} cache slots: the attention chunk is {chunk} slots, and the "
+                             "cache must be whole chunks")
+        if key not in self._steps:
+            from pto.engine import Prepared, build_module_graph
+
+            module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
+                                cache=capacity, wtypes=self.wtypes, vocab_parallel=self.vocab_parallel)
+            built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
+            inputs = {**self._stacked(), "cos": self.cos, "sin": self.sin}
+            kvd = self.local.layer.kv_dim
+            for name in ("k_cache", "v_cache"):  # slots never written are masked, and finite
+                inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
+                                           device=self.device)
+            inputs.update(tok=torch.zeros(batch, 1, device=self.device), pos=torch.zeros(batch, 1, device=self.device))
+            self._steps[key] = Prepared(built, self.step_place, inputs)
+        return self._steps[key]
+
+    def _stacked(self) -> dict[str, torch.Tensor]:
+        """The step's weight inputs (this rank's), made once and shared by every step's graph
+        (read-only): each tensor moved to the device first, then stacked there (on a GPU the
+        transposes and copies of :func:`stack_weights` take milliseconds where the host takes
+        seconds)."""
+        if self._weights is None:
+            w, dev = self.weights, self.device
+            if self.wtypes.quantized:  # (stacked as they are stored, then moved: one rank)
+                t = for_weights(self.tiling, self.wtypes)
+                self._weights = {k: v.to(dev) for k, v in stack_weights(w, t.wt, t.lm_wt).items()}
+                return self._weights
+            emb = w.embedding.to(dev)
+            tied = w.lm_head.untyped_storage().data_ptr() == w.embedding.untyped_storage().data_ptr()
+            moved = ModelWeights(w.config, emb, w.norm.to(dev), emb.t() if tied else w.lm_head.to(dev),
+                                 [{k: v.to(dev) for k, v in layer.items()} for layer in w.layers])
+            stacked = stack_weights(moved, self.tiling.wt, self.tiling.lm_wt)
+            if self.tp > 1:
+                stacked = shard_inputs(self.config, stacked, self.tp, self.rank, self.tiling.wt, self.split,
+                                       self.tiling.lm_wt)
+            self._weights = stacked
+        return self._weights
+
+    # -- prefill ------------------------------------------------------------------------------
+    def _layer(self, seq: int):
+        """The layer's prepared graph at ``seq`` tokens (cached by length)."""
+        if seq not in self._layers:
+            from pto.engine import Prepared, build_module_graph
+
+            layer = self.config.layer
+            module = layer_module(layer, self.dtype, self.target, self.layer_form)
+            built = build_module_graph(module, {"S": seq}, target=self.target)
+            self._layers[seq] = Prepared(built, self.layer_place, packed=packed_weights(layer, self.layer_form))
+        return self._layers[seq]
+
+    def prefill(self, step, prompts: list[list[int]], capacity: int) -> None:
+        """Fill each sequence's cache block with its prompt but the last token, and set its token
+        and position for the first step."""
+        t = step.tensors
+        L, B = self.config.layers, len(prompts)
+        kvd = self.local.layer.kv_dim
+        heads = slice(self.rank * kvd, (self.rank + 1) * kvd)  # this rank's key/value heads
+        keys, values = KV_OUTPUTS
+        for b, prompt in enumerate(prompts):
+            n = len(prompt) - 1
+            if n > 0:
+                x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.device, self.dtype.torch)
+                layer = self._layer(n)
+                slots = torch.arange(n, device=self.device) % capacity
+                keep = slots if n <= capacity else slots[n - capacity:]
+                for i in range(L):
+                    out = layer({"x": x, **self._layer_inputs(i, n)})
+                    row = (i * B + b) * capacity
+                    for src, dst in ((keys, "k_cache"), (values, "v_cache")):
+                        t[dst][row + keep] = out[src][n - len(keep):, heads]
+                    x = out["y"].clone()
+            t["tok"][b, 0] = float(prompt[-1])
+            t["pos"][b, 0] = float(n)
+
+    def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
+        """Layer ``layer``'s weights for the layer's graph (dense, ``[in, out]``): quantized kinds
+        dequantized on the device from the step's own tensors, a layer at a time
+        (:class:`~pto.orchestration.model.quantized.LayerDequantizer`); the others views of the
+        step's stacked ones (one rank), or the whole layer's from the host (each rank holds its
+        share only)."""
+        if self.tp == 1:
+            if self._layer_views is None:
+                if self.wtypes.quantized:  # (the quantized kinds come from the dequantizer)
+                    self._layer_views = [{k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
+                                         for w in self.weights.layers]
+                else:
+                    self._layer_views = unstack_weights(self.config, self._stacked(), self.tiling.wt,
+                                                        self.tiling.lm_wt).layers
+            w = dict(self._layer_views[layer])
+        else:
+            w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
+        if self.wtypes.quantized:
+            if self._dequantizer is None:
+                from pto.backends import get_backend
+
+                backend = get_backend(self.backend, self.device)
+                self._dequantizer = LayerDequantizer(backend, self.wtypes, self._stacked(), self.config, self.dtype)
+            w.update(self._dequantizer(layer))
+        return {**w, "cos": self.cos[:seq], "sin": self.sin[:seq]}
+
+    # -- generating ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int,
+                 on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None,
+                 sampler: Sampler | None = None) -> Generation:
+        """Generation for a batch of prompts, greedy (the step's own argmax) or with ``sampler``
+        (temperature, top-k, top-p, seeded: the step's logits sampled on the device and the token
+        written back into the step's state before the next replay); ``on_step(tokens)`` after each
+        step (None for a sequence that has stopped: it produced a token of ``stop_ids``, by
+        default the model's end tokens)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UsageError("every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+        capacity = capacity_for(self.weights, max(map(len, prompts)) + max_new_tokens, self.tiling.chunk)
+        t0 = time.perf_counter()
+        step = self.step(len(prompts), capacity)
+        t1 = time.perf_counter()
+        self.prefill(step, prompts, capacity)
+        self._sync()
+        out = Generation([[] for _ in prompts], [len(p) for p in prompts], (time.perf_counter() - t1) * 1e3,
+                         capacity=capacity, tasks_per_step=step.graph.tasks, prepare_ms=(t1 - t0) * 1e3)
+        stop = set(self.config.eos_ids if stop_ids is None else stop_ids)
+        done = [False] * len(prompts)
+        for _ in range(max_new_tokens):
+            t1 = time.perf_counter()
+            step()
+            if sampler is not None and not sampler.greedy:
+                t = step.tensors
+                t["tok"].copy_(sampler(self.logits(step)).to(t["tok"].dtype)[:, None])
+            self._sync()
+            out.decode_ms.append((time.perf_counter() - t1) * 1e3)
+            new = [None if d else int(v) for d, v in zip(done, step.tensors["tok"].view(-1).tolist())]
+            for seq, tok in zip(out.tokens, new):
+                if tok is not None:
+                    seq.append(tok)
+            if on_step is not None:
+                on_step(new)
+            done = [d or tok in stop for d, tok in zip(done, new)]
+            if all(done):
+                break
+        out.executor = step.executor.name
+        return out
+
+    def logits(self, step) -> torch.Tensor:
+        """The last step's whole ``[B, vocab]`` logits, on every rank: the step's own, or under
+        the vocabulary-parallel head every rank's share joined (a collective)."""
+        local = step.tensors["logits"]
+        if self.split is None:
+            return local
+        from pto.orchestration.model.vocab import whole_logits
+
+        return whole_logits(local, self.split)
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def close(self) -> None:
+        for r in [*self._layers.values(), *self._steps.values()]:
+            r.close()
+
+
+__all__ = ["Generator", "Generation", "capacity_for"]

@@ -1,0 +1,370 @@
+"""A whole model's quantized weights: which of a GGUF file's tensors stay as the file stores them
+(:class:`KeepFileTypes`, the checkpoint loader's hook), pto's own quantization of float weights
+at load (:func:`quantize_weights`), random quantized weights of a real shape (the benchmarks'),
+what the decode step's weight inputs are stored as (:class:`WeightTypes`), dense copies (the
+reference model's, and the prefill's, a layer at a time), and the bytes the weights hold and a
+step reads.
+
+A quantized matrix of :class:`~.checkpoint.ModelWeights` is a :class:`pto.quant.QTensor`,
+output-major (``[out, in]``, as GGUF and ``nn.Linear`` store it: its blocks run along the
+contraction), where a dense one is ``[in, out]``. The decode step stacks each kind of layer
+matrix into one tensor (``w_qkv``: q, k and v; ``wo``, ``wg``, ``wu``, ``wd``), so a kind stays
+quantized only where all its matrices have one type that runs natively (Q4_0, Q4_1, Q8_0, Q4_K,
+Q5_K, Q6_K); the others are dequantized at load, and the loader says which and why in one line.
+The embedding and the LM head are two more inputs, each of its own type (a tied model's are one
+tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from pto.errors import UsageError
+from pto.ir.dtypes import DType, dtype_of
+from pto.quant import QTensor, format_of_gguf
+from pto.quant.planes import pack_rows
+
+#: the decode step's stacked weight inputs, from the layers' matrices
+STACKED = {"w_qkv": ("wq", "wk", "wv"), "wo": ("wo",), "wg": ("wg",), "wu": ("wu",), "wd": ("wd",)}
+#: the matrices that must share a type: one stacked input, or two inputs of one task (gate, up)
+SAME_TYPE = {"w_qkv": ("wq", "wk", "wv"), "wo": ("wo",), "wg and wu": ("wg", "wu"), "wd": ("wd",)}
+MATRICES = tuple(m for ms in STACKED.values() for m in ms)
+#: what ``--quantize`` takes: pto's quantizers (float weights in), and for random weights also
+#: GGUF's other types (random blocks)
+QUANTIZERS = ("fp8", "q8_0", "q4_0")
+RANDOM_TYPES = ("fp8", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+
+
+def is_quantized(t) -> bool:
+    return isinstance(t, QTensor)
+
+
+@dataclass
+class KeepFileTypes:
+    """The loader's hook for a GGUF file: which tensors to keep as the file stores them
+    (:meth:`choose`); the others are dequantized, and :attr:`notes` says which and why (one
+    entry per reason)."""
+
+    notes: list[str] = field(default_factory=list)
+
+    def choose(self, qtypes: dict[str, list[tuple[str, str]]]) -> set[str]:
+        """The file's tensor names to keep quantized, from ``qtypes``: per layer input (``wq``,
+        ..., ``emb``, ``lm_head``), its tensors' (name, GGUF type) in layer order."""
+        keep: set[str] = set()
+        groups = {kind: [nt for m in ms for nt in qtypes[m]] for kind, ms in SAME_TYPE.items()}
+        groups.update({k: qtypes[k] for k in ("emb", "lm_head") if qtypes.get(k)})
+        for kind, tensors in groups.items():
+            types = {t for _, t in tensors}
+            quantized = [(n, t) for n, t in tensors if t not in ("F32", "F16", "BF16")]
+            if not quantized:
+                continue
+            foreign = sorted({t for _, t in quantized if format_of_gguf(t) is None})
+            if foreign:
+                self._note(quantized, f"{', '.join(foreign)} has no kernel in pto")
+            elif len(types) > 1:
+                self._note(quantized, f"the decode step needs {kind}'s {len(tensors)} matrices in one type (one "
+                                      f"tensor, one task), and they are {' and '.join(sorted(types))}")
+            else:
+                keep.update(n for n, _ in tensors)
+        return keep
+
+    def _note(self, tensors: list[tuple[str, str]], why: str) -> None:
+        names = [n for n, _ in tensors]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        self.notes.append(f"{shown} ({len(names)} tensors): dequantized at load: {why}")
+
+
+@dataclass(frozen=True)
+class WeightTypes:
+    """What each weight input of the decode step is stored as: the stacked kinds
+    (:data:`STACKED`), ``emb`` and ``lm_head``; a kind not named is dense (the step's dtype)."""
+
+    types: tuple[tuple[str, DType], ...] = ()
+
+    def get(self, kind: str, dense: DType) -> DType:
+        return dict(self.types).get(kind, dense)
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.types)
+
+    def blocks(self, kinds: Iterable[str]) -> int:
+        """The largest block of the quantized types of ``kinds`` (1: none quantized): a K step
+        of their GEMVs is whole blocks."""
+        return max((d.quant.block for k, d in self.types if k in kinds), default=1)
+
+    def to_json(self) -> dict[str, str]:
+        return {k: d.short for k, d in self.types}
+
+    @staticmethod
+    def of(w) -> WeightTypes:
+        """The types of ``w``'s (:class:`~.checkpoint.ModelWeights`) step inputs (each kind's
+        matrices share a type: :class:`KeepFileTypes`, :func:`quantize_weights`)."""
+        out = {}
+        for kind, ms in STACKED.items():
+            mats = [layer[m] for layer in w.layers for m in ms]
+            if all(is_quantized(t) for t in mats) and len({t.dtype for t in mats}) == 1:
+                out[kind] = mats[0].dtype
+            elif any(is_quantized(t) for t in mats):
+                raise UsageError(f"the layers' {kind} matrices mix quantized and dense ones, or types; the decode step "
+                                 "stacks them in one tensor of one type")
+        for kind, t in (("emb", w.embedding), ("lm_head", w.lm_head)):
+            if is_quantized(t):
+                out[kind] = t.dtype
+        return WeightTypes(tuple(sorted(out.items())))
+
+
+#: every weight dense
+DENSE = WeightTypes()
+
+
+def file_qtypes(f, cfg) -> dict[str, list[tuple[str, str]]]:
+    """Per layer input (``wq``, ..., ``emb``, ``lm_head``) of a GGUF file
+    (:class:`~.gguf_file.GGUFFile`) of configuration ``cfg``: its tensors' (name, GGUF type), in
+    layer order (what :meth:`KeepFileTypes.choose` reads)."""
+    from pto.orchestration.model.checkpoint import GGUF_NAMES
+
+    names = {k: [f"blk.{i}.{n}" for i in range(cfg.layers)] for k, n in GGUF_NAMES.items()}
+    names.update(emb=["token_embd.weight"], lm_head=[] if cfg.tied else ["output.weight"])
+    return {k: [(n, f.qtype(n)) for n in ns] for k, ns in names.items()}
+
+
+def file_weight_types(f) -> tuple[WeightTypes, list[str]]:
+    """What the step's weight inputs of a GGUF file are stored as when its types are kept (from
+    the headers only), and the loader's notes."""
+    from pto.orchestration.model.config import gguf_config
+
+    cfg = gguf_config(f)
+    qtypes = file_qtypes(f, cfg)
+    keep = KeepFileTypes()
+    kept = keep.choose(qtypes)
+    out = {}
+    for kind, ms in STACKED.items():
+        name, qtype = qtypes[ms[0]][0]
+        if name in kept:
+            out[kind] = dtype_of(format_of_gguf(qtype).name)
+    for kind in ("emb", "lm_head"):
+        (name, qtype), = qtypes["emb" if cfg.tied else kind]
+        if name in kept:
+            out[kind] = dtype_of(format_of_gguf(qtype).name)
+    return WeightTypes(tuple(sorted(out.items()))), keep.notes
+
+
+def dense(t, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A weight as the dense layout of :class:`~.checkpoint.ModelWeights` (a quantized matrix
+    dequantized and transposed to ``[in, out]``; the embedding and a tied head are
+    :func:`dense_weights`' business)."""
+    if not is_quantized(t):
+        return t if dtype is None else t.to(dtype)
+    return t.dequantize(dtype or torch.float32).t()
+
+
+def dense_weights(w, dtype: torch.dtype | None = None):
+    """``w`` with every quantized tensor dequantized (the dense layout; in ``dtype``, by default
+    ``w``'s): what the reference model computes with."""
+    from pto.orchestration.model.checkpoint import ModelWeights
+
+    dt = dtype or w.dtype
+    emb = w.embedding.dequantize(dt) if is_quantized(w.embedding) else w.embedding.to(dt)
+    if w.config.tied:
+        head = emb.t()
+    else:
+        head = dense(w.lm_head, dt)
+    layers = [{k: dense(v, dt) for k, v in layer.items()} for layer in w.layers]
+    return ModelWeights(w.config, emb, w.norm.to(dt), head, layers)
+
+
+def embedding_rows(emb, tokens: torch.Tensor) -> torch.Tensor:
+    """The embedding's rows of ``tokens`` (dequantized where it is quantized)."""
+    if is_quantized(emb):
+        return emb.take_rows(tokens.to(emb.device)).dequantize()
+    return emb[tokens]
+
+
+class LayerDequantizer:
+    """Each layer's quantized matrices made dense for the prefill's layer program (``[in, out]``
+    views of ``dtype``), from the decode step's stacked tensors ``step`` on their device (nothing
+    copied from the host), by ``backend`` (a :class:`pto.backends.Backend`: on a GPU the format's
+    Triton helper, the GEMVs' own dequantization; on the CPU the routine on whole rows,
+    :meth:`pto.quant.QTensor.dequantize`, ten times faster than the evaluator's tiles). One
+    prepared launch per kind and layer, kept (a prefill replays them), into one buffer per kind:
+    one layer's dense matrices at a time, overwritten by the next layer's (the layer program
+    copies its inputs in first)."""
+
+    def __init__(self, backend, wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, dtype: DType,
+                 launches: bool | None = None):
+        from pto.orchestration.model.decode import weight_shapes
+
+        self.backend, self.step, self.cfg, self.dtype = backend, step, cfg, dtype
+        #: through the backend's launches (None: where the weights are on a GPU)
+        self.use_launches = launches if launches is not None else step["w_qkv"].device.type == "cuda"
+        self.kinds = {k: d for k, d in wtypes.types if k in STACKED}
+        self.shapes = weight_shapes(cfg, True)
+        self.buffers = {k: torch.empty(*self.shapes[k], dtype=dtype.torch, device=step[k].device) for k in self.kinds}
+        self.launches: dict[tuple[str, int], object] = {}
+        self.functions: dict[str, object] = {}
+
+    def __call__(self, layer: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for kind, d in self.kinds.items():
+            if not self.use_launches:  # the routine on whole rows: one op per plane
+                rows, cols = self.shapes[kind]
+                block = QTensor(d, self.step[kind][layer * rows:(layer + 1) * rows], cols)
+                self.buffers[kind].copy_(block.dequantize())
+            else:
+                launch = self.launches.get((kind, layer))
+                if launch is None:
+                    launch = self.launches[(kind, layer)] = self._prepare(kind, layer)
+                launch()
+            block, at = self.buffers[kind].t(), 0
+            for m in STACKED[kind]:  # q, k and v: their outputs one after the other
+                n = {"wq": self.cfg.layer.q_dim, "wk": self.cfg.layer.kv_dim, "wv": self.cfg.layer.kv_dim}.get(
+                    m, block.shape[1])
+                out[m] = block[:, at:at + n]
+                at += n
+        return out
+
+    def _prepare(self, kind: str, layer: int):
+        from pto.incore.dequantize import dequantize_rows
+
+        from pto.batch import RegionBatch, TaskBatch
+        from pto.ir.analysis import specialize
+
+        rows, cols = self.shapes[kind]
+        fn = self.functions.get(kind)
+        if fn is None:  # one function per kind (every layer's block has its shape)
+            d = self.kinds[kind]
+            bk = max(d.quant.block, min(1024, 1 << (cols - 1).bit_length()))
+            fn = self.functions[kind] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk))
+
+        def region(t: torch.Tensor, r0: int) -> RegionBatch:
+            return RegionBatch(t, *(torch.tensor([v]) for v in (r0, 0, rows, cols)))
+
+        mems = {"w": region(self.step[kind], layer * rows), "y": region(self.buffers[kind], 0)}
+        return self.backend.prepare(TaskBatch(fn, mems, {}, 1))
+
+
+def quantize_weights(w, qtype: str, embedding: bool = False):
+    """``w`` with every layer matrix and the LM head (and, with ``embedding``, the embedding;
+    a tied head goes with it) quantized by pto to ``qtype`` (fp8, q8_0, q4_0)."""
+    from pto.orchestration.model.checkpoint import ModelWeights
+
+    dt = dtype_of(qtype)
+    if qtype not in QUANTIZERS:
+        raise UsageError(f"--quantize {qtype}: pto quantizes to {', '.join(QUANTIZERS)} (a GGUF file keeps its own "
+                         "types)")
+
+    def q(t: torch.Tensor) -> QTensor:  # [in, out] -> output-major rows of blocks along `in`
+        _check_blocks(dt, t.shape[0], qtype)
+        return QTensor.quantize(dt, t.t().contiguous())
+
+    layers = [{k: q(v) if k in MATRICES else v for k, v in layer.items()} for layer in w.layers]
+    emb = QTensor.quantize(dt, w.embedding) if embedding else w.embedding
+    if w.config.tied:
+        head = emb if embedding else w.lm_head
+    else:
+        head = q(w.lm_head)
+    return ModelWeights(w.config, emb, w.norm, head, layers)
+
+
+def _check_blocks(dt: DType, cols: int, what: str) -> None:
+    if cols % dt.quant.block:
+        raise UsageError(f"--quantize {what}: a row of {cols} inputs is not whole blocks of {dt.quant.block}")
+
+
+def random_quantized(dtype: DType, rows: int, cols: int, scale: float, g: torch.Generator) -> QTensor:
+    """A ``rows x cols`` matrix of random blocks of ``dtype`` whose values have about the
+    standard deviation ``scale`` (every field random: quantized values uniform, scales around
+    what a quantizer would pick), made on the generator's device: the benchmarks' weights of a
+    real shape in a type pto does not quantize to itself (q4_k, q5_k, q6_k, q4_1)."""
+    fmt = dtype.quant
+    _check_blocks(dtype, cols, dtype.short)
+    dev = g.device
+
+    def ints(bits: int, n: int, signed: bool = False) -> torch.Tensor:
+        v = torch.randint(0, 1 << bits, (rows, n), generator=g, device=dev)
+        return (v - (1 << (bits - 1))).to(torch.int8) if signed else v.to(torch.uint8)
+
+    fields = {}
+    for p in fmt.planes:
+        n = 1 if p.header else cols // p.group
+        if p.kind in ("u", "i"):  # (a k-quant's sub-block scales and minimums: 6 bits, unpacked)
+            six = fmt.name in ("q4_k", "q5_k") and p.name in ("sc", "m")
+            fields[p.name] = ints(6 if six else p.bits, n, p.kind == "i")
+        elif p.kind == "e4m3":
+            x = torch.randn(rows, n, generator=g, device=dev) * 150
+            fields[p.name] = x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        else:
+            fields[p.name] = torch.full((rows, n), 1.0, device=dev)
+    # scales chosen so the weights' standard deviation is about `scale`: the quantized values'
+    # spread times each format's scale factors
+    spread = {"q4_0": 4.6, "q4_1": 4.6, "q8_0": 74.0, "q4_k": 4.6 * 32, "q5_k": 9.2 * 32, "q6_k": 18.5 * 74,
+              "fp8": 150.0}[fmt.name]
+    for name in ("d", "s"):
+        if name in fields:
+            fields[name] = fields[name] * (scale / spread)
+    # the minimums: the quantized values' mean, so that the weights centre near 0
+    if "dmin" in fields:
+        fields["dmin"] = fields["d"] * (7.5 if fmt.name == "q4_k" else 15.5)
+    if fmt.name == "q4_1":
+        fields["m"] = fields["d"] * -7.5
+    return QTensor(dtype, pack_rows(fmt, fields, cols), cols)
+
+
+def random_quantized_weights(w, qtype: str, g: torch.Generator, embedding: bool = False):
+    """``w``'s layer matrices and LM head replaced by random blocks of ``qtype`` of the same
+    shapes and scale (:func:`random_quantized`; pto's own quantizers where they apply, which are
+    faster to make and closer to real weights)."""
+    from pto.orchestration.model.checkpoint import ModelWeights
+
+    dt = dtype_of(qtype)
+    if qtype in QUANTIZERS:
+        return quantize_weights(w, qtype, embedding)
+
+    def q(t: torch.Tensor) -> QTensor:
+        return random_quantized(dt, t.shape[1], t.shape[0], t.shape[0] ** -0.5, g)
+
+    layers = [{k: q(v) if k in MATRICES else v for k, v in layer.items()} for layer in w.layers]
+    emb = random_quantized(dt, *w.embedding.shape, 1.0, g) if embedding else w.embedding
+    head = (emb if embedding else w.lm_head) if w.config.tied else q(w.lm_head)
+    return ModelWeights(w.config, emb, w.norm, head, layers)
+
+
+def weight_bytes(w) -> dict[str, int]:
+    """Bytes of ``w``'s tensors: ``resident`` (what they hold, a tied head once) and
+    ``step_read`` (what one decode step reads of them: every layer and the LM head, of the
+    embedding a row per sequence, left out)."""
+    def nbytes(t) -> int:
+        return t.nbytes if is_quantized(t) else t.numel() * t.element_size()
+
+    layers = sum(nbytes(t) for layer in w.layers for t in layer.values())
+    emb, norm, head = nbytes(w.embedding), nbytes(w.norm), nbytes(w.lm_head)
+    return {"resident": layers + emb + norm + (0 if w.config.tied else head), "step_read": layers + norm + head}
+
+
+def for_weights(t, wtypes: WeightTypes):
+    """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights:
+    output-major matrices (the GEMVs) and LM head, and contraction steps of whole blocks."""
+    if not wtypes.quantized:
+        return t
+    layers = wtypes.blocks(STACKED)
+    head = wtypes.blocks(("lm_head",))
+
+    def steps(v):
+        return None if v is None else max(v, layers) // layers * layers
+
+    out = replace(t, wt=True, bk=steps(t.bk), dot_bk=steps(t.dot_bk), qkv_bk=steps(t.qkv_bk), o_bk=steps(t.o_bk),
+                  ffn_bk=steps(t.ffn_bk))
+    if head > 1:  # the head's GEMV: whole blocks a step, a tile of about as many weights as before
+        lm_bk = max(t.lm_bk, head) // head * head
+        out = replace(out, lm_wt=True, lm_bk=lm_bk, bv=max(16, t.bv * t.lm_bk // lm_bk))
+    return out
+
+
+__all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "file_qtypes", "file_weight_types", "STACKED",
+           "MATRICES", "QUANTIZERS", "RANDOM_TYPES", "is_quantized", "dense", "dense_weights", "embedding_rows",
+           "LayerDequantizer", "quantize_weights", "random_quantized", "random_quantized_weights",
+           "weight_bytes", "for_weights"]

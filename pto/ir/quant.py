@@ -1,0 +1,204 @@
+"""Block-quantized weight formats: how a row of a quantized matrix is laid out in memory, and the
+one dequantization routine of each format, which every backend runs.
+
+A quantized matrix is ``rows x cols`` logical elements stored row by row, each row ``cols //
+block`` blocks of ``block`` consecutive elements (the blocks run along the columns: a weight is
+stored output-major, ``[N, K]``, so a block is a run of the contraction). The formats are GGUF's
+(llama.cpp's ``ggml-quants``: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and fp8 (E4M3 with a scale per
+row, the output channel). GGUF interleaves each block's scales and quantized values ("array of
+structs"); here a row holds *planes* instead ("struct of arrays"), repacked once at load:
+
+- a plane holds one field of every block of the row: the packed values (``bits`` per element,
+  element ``k`` in byte ``k * bits // 8`` at bit ``k * bits % 8``, lowest bits first), or a scale
+  per ``group`` elements (a sub-block's 6-bit scale unpacked to a byte, a block's f16 scale);
+- a row is its header planes (values per row: fp8's scale), padded to 16 bytes, then the block
+  planes one after the other, each ``cols // block * bytes per block`` long, then padding to a
+  multiple of 16 bytes; so every row starts 16-byte aligned and a tile's packed values are one
+  contiguous run per row (wide, coalesced loads), its scales another.
+
+The row holds the same information as GGUF's blocks, in as many bytes (Q4_K and Q5_K unpack
+their 12 bytes of 6-bit sub-block scales and minimums to 16: 2.8% and 2.3% more) plus the
+padding of the row to 16 bytes.
+
+Dequantization (:attr:`QuantFormat.dequantize`) is written once per format, over the planes'
+values: ``p["name"]`` is a plane's value at each element (an integer plane's integer, a float
+plane's float, as f32; a group's scale repeated over its elements), and the routine combines
+them with ``+``, ``-`` and ``*`` only. Every product of the formats is exact in f32 (an f16
+scale of 11 significant bits times integers of at most 13 bits), so the one rounding is the
+last addition or subtraction, and the result is the ``gguf`` package's f32 dequantization bit
+for bit whatever the order of evaluation or FMA contraction. The torch evaluator
+(:mod:`pto.quant.planes`) runs the routine on torch tensors; the Triton renderer
+(:mod:`pto.codegen.triton.quant`) runs the same routine on symbolic values and emits the
+Triton code it traces.
+
+This module is data and arithmetic only: the IR's dtypes (:mod:`pto.ir.dtypes`) name these
+formats, and everything that touches memory lives above the IR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pto.errors import BuildError
+
+#: every row starts, and every header ends, on a multiple of this many bytes
+ROW_ALIGN = 16
+KINDS = ("u", "i", "f16", "f32", "e4m3")
+
+
+def round_up(n: int, m: int = ROW_ALIGN) -> int:
+    return -(-n // m) * m
+
+
+@dataclass(frozen=True)
+class Plane:
+    """One field of every block of a row: ``bits`` per value, a value per ``group`` elements (1:
+    per element; 0: one per row, a header plane), of ``kind`` "u" (unsigned integer), "i"
+    (two's complement), "f16", "f32" or "e4m3" (fp8)."""
+
+    name: str
+    bits: int
+    group: int
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS or self.bits not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"plane {self.name}: kind {self.kind!r}, {self.bits} bits")
+
+    @property
+    def header(self) -> bool:
+        return self.group == 0
+
+    def block_bytes(self, block: int) -> int:
+        """Bytes of this plane per block of ``block`` elements (a header plane: none)."""
+        return 0 if self.header else block // self.group * self.bits // 8
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """A block-quantized format: ``block`` elements per block, its planes (the row layout in the
+    module docstring), its dequantization routine, and the GGUF type it comes from (``gguf``,
+    with GGUF's bytes per block) where it does."""
+
+    name: str
+    block: int
+    planes: tuple[Plane, ...]
+    dequantize: Callable
+    gguf: str | None = None
+    gguf_block_bytes: int = 0
+    doc: str = ""
+
+    @property
+    def header_bytes(self) -> int:
+        n = sum(p.bits // 8 for p in self.planes if p.header)
+        return round_up(n) if n else 0
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes per block of elements, every block plane together."""
+        return sum(p.block_bytes(self.block) for p in self.planes)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block
+
+    def check_cols(self, cols: int, what: str = "a row") -> None:
+        if cols <= 0 or cols % self.block:
+            raise BuildError(f"{self.name}: {what} of {cols} elements is not whole blocks of {self.block}")
+
+    def row_bytes(self, cols: int) -> int:
+        """Bytes of a row of ``cols`` elements (a multiple of :data:`ROW_ALIGN`)."""
+        self.check_cols(cols)
+        return self.header_bytes + round_up(cols // self.block * self.block_bytes)
+
+    def nbytes(self, rows: int, cols: int) -> int:
+        """Bytes of a ``rows x cols`` matrix in this format."""
+        return rows * self.row_bytes(cols)
+
+    def blocks_of_row(self, row_bytes: int) -> int:
+        """The blocks of a row from its bytes (the padding is under 16 bytes, a block's planes at
+        least 16: :meth:`row_bytes` inverted; what a kernel computes from the row stride)."""
+        return (row_bytes - self.header_bytes) // self.block_bytes
+
+    def plane_offset(self, name: str, blocks: int) -> int:
+        """Where plane ``name`` starts in a row of ``blocks`` blocks (bytes)."""
+        off = 0
+        for p in self.planes:
+            if p.header:
+                if p.name == name:
+                    return off
+                off += p.bits // 8
+        off = self.header_bytes
+        for p in self.planes:
+            if p.header:
+                continue
+            if p.name == name:
+                return off
+            off += blocks * p.block_bytes(self.block)
+        raise KeyError(name)
+
+    def plane(self, name: str) -> Plane:
+        return next(p for p in self.planes if p.name == name)
+
+    def file_bytes(self, rows: int, cols: int) -> int:
+        """Bytes of the matrix in a GGUF file (GGUF's blocks; no row padding)."""
+        return rows * cols // self.block * self.gguf_block_bytes
+
+
+# the dequantization routines: f32 values of the planes at each element in, f32 weights out
+# (every product exact, one rounding at most: the module docstring)
+
+
+def _q4_0(p):
+    return p["d"] * (p["q"] - 8)
+
+
+def _q4_1(p):
+    return p["d"] * p["q"] + p["m"]
+
+
+def _q8_0(p):
+    return p["d"] * p["q"]
+
+
+def _q4_k(p):
+    return p["d"] * p["sc"] * p["q"] - p["dmin"] * p["m"]
+
+
+def _q5_k(p):
+    return p["d"] * p["sc"] * (p["ql"] + p["qh"] * 16) - p["dmin"] * p["m"]
+
+
+def _q6_k(p):
+    return p["d"] * p["sc"] * (p["ql"] + p["qh"] * 16 - 32)
+
+
+def _fp8(p):
+    return p["q"] * p["s"]
+
+
+FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
+    QuantFormat("q4_0", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16")), _q4_0, "Q4_0", 18,
+                "4-bit: d * (q - 8) per block of 32"),
+    QuantFormat("q4_1", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 16, 32, "f16")), _q4_1,
+                "Q4_1", 20, "4-bit with a minimum: d * q + m per block of 32"),
+    QuantFormat("q8_0", 32, (Plane("q", 8, 1, "i"), Plane("d", 16, 32, "f16")), _q8_0, "Q8_0", 34,
+                "8-bit: d * q per block of 32"),
+    QuantFormat("q4_k", 256, (Plane("q", 4, 1, "u"), Plane("sc", 8, 32, "u"), Plane("m", 8, 32, "u"),
+                              Plane("d", 16, 256, "f16"), Plane("dmin", 16, 256, "f16")), _q4_k, "Q4_K", 144,
+                "4-bit k-quant: d * sc * q - dmin * m, 6-bit sc and m per 32, d and dmin per 256"),
+    QuantFormat("q5_k", 256, (Plane("ql", 4, 1, "u"), Plane("qh", 1, 1, "u"), Plane("sc", 8, 32, "u"),
+                              Plane("m", 8, 32, "u"), Plane("d", 16, 256, "f16"), Plane("dmin", 16, 256, "f16")),
+                _q5_k, "Q5_K", 176, "5-bit k-quant: d * sc * q - dmin * m, as q4_k with a fifth bit"),
+    QuantFormat("q6_k", 256, (Plane("ql", 4, 1, "u"), Plane("qh", 2, 1, "u"), Plane("sc", 8, 16, "i"),
+                              Plane("d", 16, 256, "f16")), _q6_k, "Q6_K", 210,
+                "6-bit k-quant: d * sc * (q - 32), 8-bit sc per 16, d per 256"),
+    QuantFormat("fp8", 16, (Plane("s", 32, 0, "f32"), Plane("q", 8, 1, "e4m3")), _fp8, None, 0,
+                "fp8 E4M3 times an f32 scale per row (output channel)"),
+)}
+#: GGUF's type names (``GGMLQuantizationType``'s) of the formats that come from GGUF files
+BY_GGUF = {f.gguf: f for f in FORMATS.values() if f.gguf}
+
+
+__all__ = ["Plane", "QuantFormat", "FORMATS", "BY_GGUF", "ROW_ALIGN", "round_up"]

@@ -1,0 +1,217 @@
+"""The persistent megakernel's design (docs/ARCHITECTURE.md, "The persistent executor"): per-program
+item streams from the list schedule, deadlock-free for any assignment of a topological queue to
+resident programs; the operands no task writes loaded (or prefetched into L2) before an item
+waits for its predecessors; the tensors the graph never writes found from the tasks' stores."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from pto import programs
+from pto.codegen.triton.megakernel import render_megakernel
+from pto.exec.order import Dag, levels, list_schedule, streams
+from pto.exec.plan import make_plan, written_tensors
+from pto.graph import CompiledProgram
+from pto.target import get as target
+
+
+def _random_dag(rng, n: int, p: float) -> Dag:
+    """A random DAG over tasks 0..n-1 whose edges go from lower to higher ids."""
+    succ = [[j for j in range(i + 1, n) if rng.random() < p] for i in range(n)]
+    ptr = np.cumsum([0] + [len(s) for s in succ]).astype(np.int64)
+    flat = np.array([j for s in succ for j in s], np.int64)
+    pending = np.bincount(flat, minlength=n).astype(np.int32)
+    return Dag(ptr, flat, pending, levels(n, ptr, flat))
+
+
+def _simulate(items: np.ndarray, worker: np.ndarray, extent: np.ndarray, dag: Dag, programs: int) -> bool:
+    """The ranged-dispatch kernel's semantics, one step at a time: each program runs its stream
+    in order, an item starts once every item of its task's predecessors has finished. True when
+    every item finishes (False: the programs wait on each other forever)."""
+    perm, start = streams(worker, programs)
+    left = extent.astype(np.int64).copy()  # items of each task not finished
+    pend = np.zeros(len(extent), np.int64)  # predecessor items not finished, per task
+    for t in range(len(extent)):
+        for s in dag.succ[dag.succ_ptr[t]:dag.succ_ptr[t + 1]]:
+            pend[s] += extent[t]
+    head = start[:-1].copy()
+    while True:
+        moved = False
+        for k in range(programs):
+            if head[k] < start[k + 1]:
+                t = int(items[perm[head[k]], 0])
+                if pend[t] == 0:
+                    head[k] += 1
+                    left[t] -= 1
+                    pend[dag.succ[dag.succ_ptr[t]:dag.succ_ptr[t + 1]]] -= 1
+                    moved = True
+        if not moved:
+            return bool((head == start[1:]).all())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_assignment_of_a_topological_queue_to_resident_programs_completes(seed):
+    """The deadlock-freedom argument, checked on random graphs: the list schedule's streams,
+    round robin and random assignments all run to the end; a queue that is not topological can
+    deadlock, so the check can fail."""
+    rng = np.random.default_rng(seed)
+    n, programs = 40, int(rng.integers(2, 6))
+    dag = _random_dag(rng, n, 0.15)
+    extent = rng.integers(1, 4, n)
+    cost = rng.uniform(1, 10, n)
+    static = np.array([(t, p) for t in np.argsort(dag.level, kind="stable") for p in range(extent[t])], np.int32)
+    items, worker = list_schedule(static, cost, extent, dag, programs)
+    assert sorted(map(tuple, items.tolist())) == sorted(map(tuple, static.tolist()))
+    for w in (worker, np.arange(len(items)) % programs, rng.integers(0, programs, len(items))):
+        assert _simulate(items, w.astype(np.int32), extent, dag, programs)
+    # the same items in reverse (successors first) on one program: never starts
+    assert dag.pending.any()
+    assert not _simulate(items[::-1].copy(), np.zeros(len(items), np.int32), extent, dag, 1)
+
+
+def test_the_list_schedule_gives_a_free_program_the_next_item():
+    """Two programs, four independent tasks of costs 10, 1, 1, 1: program 0 runs the long one,
+    program 1 the three short ones in turn (the lowest free program takes the next ready item,
+    longest critical path first)."""
+    dag = Dag(np.zeros(5, np.int64), np.zeros(0, np.int64), np.zeros(4, np.int32), np.zeros(4, np.int64))
+    static = np.array([(t, 0) for t in range(4)], np.int32)
+    items, worker = list_schedule(static, np.array([10.0, 1, 1, 1]), np.ones(4, np.int64), dag, 2)
+    assert items[:, 0].tolist() == [0, 1, 2, 3]
+    assert worker.tolist() == [0, 1, 1, 1]
+    perm, start = streams(worker, 2)
+    assert perm.tolist() == [0, 1, 2, 3] and start.tolist() == [0, 1, 4]
+
+
+def test_the_tensors_no_task_writes_are_the_programs_inputs():
+    """The LLaMA layer: the tensors its tasks never write are exactly the ones the program declares
+    inputs (x, the weights and gains, the RoPE tables); every output and temporary is written."""
+    prog = programs.get("llama7b")
+    s = prog.settings(device="cuda", dtype="bf16", target=target("cuda_h100"), config="tiny", attention="split")
+    module = prog.build(s)
+    graph = CompiledProgram.get(module, target=s.target).build_graph(prog.scalars(s, prog.shape(40)))
+    try:
+        names = list(graph.tensor_ids)
+        ex = graph.runtime.export()
+        written = written_tensors(ex, graph.variant_of_func_id(), {graph.tensor_ids[n]: i for i, n in enumerate(names)},
+                                  len(names))
+    finally:
+        graph.close()
+    roles = {t.name: t.role for t in module.entry_function.tensors}
+    assert {n for n, w in zip(names, written) if not w} == {n for n in names if roles[n] == "input"}
+    assert {n for n, w in zip(names, written) if w} == {n for n in names if roles[n] != "input"}
+
+
+def _device_function(source: str, name: str) -> str:
+    """The source of the device function ``name`` (up to the next top-level definition)."""
+    m = re.search(rf"^def {re.escape(name)}\(.*?(?=^@triton\.jit|\Z)", source, re.S | re.M)
+    assert m, name
+    return m.group(0)
+
+
+def test_operands_no_task_writes_load_before_the_wait():
+    """In the decode step's megakernel (SmolLM2's shape, bf16), each projection loads its weights
+    and gain before it waits for its predecessors (a one-step K loop: into registers) and its
+    activations after; the LM head, whose K loop has several steps, prefetches its first steps'
+    weights into L2 before the wait; attention, whose operands are all written by the step,
+    loads nothing before it."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+
+    from pto.engine import build_module_graph
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["smollm2-135m"]
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=1024),
+                               {"B": 1, "C": 1024})
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
+    finally:
+        built.graph.close()
+    by_name = {b.fn.name: b for b in plan.branches}
+    assert by_name["gemv_norm_swiglu_tile"].early == ("wg", "wu", "g")
+    assert by_name["decode_attn_part"].early == ()
+    src = render_megakernel(plan.branches, dispatch="stream").source
+    wait = "_ok, _t0 = _pto_wait("
+    swiglu = _device_function(src, f"d_{by_name['gemv_norm_swiglu_tile'].fn.variant_name}__mk")
+    assert swiglu.count(wait) == 1
+    before, after = swiglu.split(wait)
+    def loads(text: str, mem: str) -> bool:  # a tile load's addresses from memref ``mem``
+        return re.search(rf"_p\d+ = P_{mem} \+ _r\d+", text) is not None
+
+    assert loads(before, "wg") and loads(before, "wu") and loads(before, "g")
+    assert not loads(before, "x") and loads(after, "x")
+    head = _device_function(src, f"d_{by_name['lmhead_argmax_tile'].fn.variant_name}__mk")
+    before, after = head.split(wait)
+    assert "if GPU and PREFETCH >= 1:" in before and "_prefetch_l2(" in before and "_prefetch_l2(" not in after
+    part = _device_function(src, f"d_{by_name['decode_attn_part'].fn.variant_name}__mk")
+    before, _ = part.split(wait)
+    assert "tl.load(_p" not in before and "_prefetch_l2(" not in before
+
+
+@pytest.mark.slow
+def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
+    """The decode step's megakernel with its L2 prefetch compiles for an H100/H200 (no GPU
+    needed), and its PTX prefetches."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+
+    from pto.engine import build_module_graph
+    from pto.ir.dtypes import DType
+    from tests.sm90 import compile_sm90, megakernel_job
+
+    cfg = CONFIGS["tiny"]
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=64),
+                               {"B": 1, "C": 64})
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
+    finally:
+        built.graph.close()
+    kernel = render_megakernel(plan.branches, dispatch="stream")
+    opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
+    jobs = [{**megakernel_job(kernel, opts, prefetch=f), "count": ["prefetch.global.L2"]} for f in (0, 1)]
+    off, on = compile_sm90(jobs, tmp_path)
+    assert off["ok"] and on["ok"], (off.get("error"), on.get("error"))
+    assert off["counts"]["prefetch.global.L2"] == 0 < on["counts"]["prefetch.global.L2"]
+
+
+pytestmark_interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                          reason="needs the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+@pytest.mark.interpret
+@pytestmark_interpret
+def test_stream_dispatch_runs_every_item_on_the_program_its_stream_names():
+    """Softmax's independent row tiles on 3 programs, one after another under the interpreter:
+    every item once, on the program the list schedule gave it, the rows the wave executor's."""
+    from pto.backends.triton import MegakernelSettings
+    from pto.engine import Runner, resolve
+
+    outs = {}
+    for executor in ("waves", "persistent"):
+        job = resolve("softmax", device="cpu", backend="triton", executor=executor)
+        runner = Runner(job, 300)
+        if executor == "persistent":
+            runner.executor.settings = MegakernelSettings(programs=3, dispatch="stream")
+        outs[executor] = {k: v.clone() for k, v in
+                          runner(job.program.inputs(job.settings, job.program.shape(300), "cpu", seed=2)).items()}
+        if executor == "waves":
+            runner.close()
+    try:
+        for k in outs["waves"]:
+            assert torch.equal(outs["persistent"][k], outs["waves"][k]), k
+        ex = runner.executor
+        assert ex.kernel.dispatch == "stream" and ex.programs == 3
+        ex._launch(trace=True)
+        ex.check()
+        want = ex.plan.workers(3, "stream")
+        index = {(int(t), int(p)): i for i, (t, p) in enumerate(ex.plan.items)}
+        records = ex.trace_records()
+        assert len(records) == ex.plan.n_items
+        assert all(r.program == want[index[(r.task - ex.plan.first_task, r.p)]] for r in records)
+    finally:
+        runner.close()

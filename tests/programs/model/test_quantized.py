@@ -1,0 +1,238 @@
+"""Quantized weights in the decode step and in generation: a step whose weights are stored
+quantized (random ones, every format; the real checkpoint's Q4_1 layers and Q8_0 embedding)
+against the reference model on the same weights dequantized, generation with quantized weights
+against generation with their dense values and against transformers, the loader's choice of what
+stays quantized, and the bytes the estimate and the report count. The formats themselves are
+checked against the ``gguf`` package in tests/quant."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pto.engine import rel_err
+from pto.tools.run import run
+from tests.programs.model.conftest import greedy_prompts, transformers_greedy
+
+
+@pytest.mark.parametrize("quantize,batch", [("q8_0", 1), ("q4_0", 2), ("q4_1", 1), ("fp8", 3)])
+def test_a_quantized_step_is_the_reference_on_its_values(quantize, batch):
+    """f32: the step's GEMVs dequantize the blocks they load into f32 tiles, so the logits are
+    the reference's on the dequantized weights but for the order of the sums (about 1e-6)."""
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", check=True, seed=batch, quantize=quantize)
+    assert res["rel_err"] <= 1e-5, res
+
+
+@pytest.mark.parametrize("quantize", ["q4_k", pytest.param("q5_k", marks=pytest.mark.slow),
+                                      pytest.param("q6_k", marks=pytest.mark.slow)])
+def test_k_quants_in_a_step_of_256_wide_rows(quantize):
+    """q4_k, q5_k and q6_k need rows of whole 256-element blocks: a one-layer model of hidden
+    256 (random blocks), the embedding and LM head tied and dense."""
+    from pto.orchestration.llama.config import LlamaConfig
+    from pto.orchestration.model import program as mp
+
+    mp.CONFIGS["tiny-256"] = replace(mp.CONFIGS["tiny"], layer=LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=512,
+                                                                          kv_heads=2), layers=1)
+    try:
+        res = run("model", config="tiny-256", cache=64, batch=1, device="cpu", check=True, quantize=quantize)
+        assert res["rel_err"] <= 1e-5, res
+    finally:
+        del mp.CONFIGS["tiny-256"]
+
+
+def test_generation_with_quantized_weights_is_generation_with_their_values():
+    """The Generator with q4_0 weights (its prefill dequantizes a layer at a time from the
+    step's own tensors) makes the tokens, and the logits, of the Generator with the same values
+    dense."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import dense_weights, quantize_weights
+
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["tiny"]
+    w = quantize_weights(random_weights(cfg, torch.float32, torch.Generator().manual_seed(3)), "q4_0")
+    prompts = [[5, 17, 200, 3]]
+    out = []
+    for weights in (w, dense_weights(w)):
+        gen = Generator(weights, "cpu", DType.F32)
+        try:
+            got = gen.generate(prompts, 3, stop_ids=())
+            out.append((got.tokens, gen.step(1, got.capacity).tensors["logits"].clone()))
+        finally:
+            gen.close()
+    assert out[0][0] == out[1][0]
+    assert rel_err(out[0][1], out[1][1]) <= 1e-5
+
+
+def test_the_loader_keeps_what_runs_and_says_what_it_does_not():
+    from pto.orchestration.model.quantized import KeepFileTypes
+
+    def names(m, types):
+        return [(f"blk.{i}.{m}.weight", t) for i, t in enumerate(types)]
+
+    qtypes = {"wq": names("attn_q", ["Q4_K"] * 3), "wk": names("attn_k", ["Q4_K"] * 3),
+              "wv": names("attn_v", ["Q6_K", "Q4_K", "Q4_K"]), "wo": names("attn_output", ["Q4_K"] * 3),
+              "wg": names("ffn_gate", ["IQ4_XS"] * 3), "wu": names("ffn_up", ["IQ4_XS"] * 3),
+              "wd": names("ffn_down", ["F16"] * 3), "emb": [("token_embd.weight", "Q8_0")],
+              "lm_head": [("output.weight", "Q6_K")]}
+    keep = KeepFileTypes()
+    kept = keep.choose(qtypes)
+    assert kept == {n for n, _ in qtypes["wo"]} | {"token_embd.weight", "output.weight"}
+    assert len(keep.notes) == 2
+    assert "blk.0.attn_q.weight" in keep.notes[0] and "(9 tensors)" in keep.notes[0]
+    assert "Q4_K and Q6_K" in keep.notes[0] + keep.notes[1] and "IQ4_XS has no kernel in pto" in "".join(keep.notes)
+
+
+def test_estimate_counts_the_quantized_bytes():
+    """``pto estimate model --quantize``: Weights (resident) and Read/step against the inputs a
+    run makes: the step reads every weight but the embedding, and the cache."""
+    from pto.engine import resolve
+    from pto.tools.estimate import estimate
+
+    for config, q in (("tiny", "q8_0"), ("tiny-swa", "q4_0")):
+        row = estimate("model", [64], config=config, dtype="f32", shape={"batch": 2}, quantize=q)["rows"][0]
+        job = resolve("model", device="cpu", config=config, dtype="f32", options={"quantize": q})
+        t = job.program.inputs(job.settings, job.program.shape({"cache": 64, "batch": 2}), "cpu")
+        nbytes = {k: v.numel() * v.element_size() for k, v in t.items()}
+        assert t["wd"].dtype == torch.uint8 and (t["lm_head"].dtype == torch.uint8) == (config == "tiny-swa")
+        weights = ("emb", "w_qkv", "g_attn", "wo", "g_ffn", "wg", "wu", "wd", "g_out", "lm_head")
+        tied = config == "tiny"  # the embedding is the head: counted once
+        assert row["weight_bytes"] == sum(nbytes[k] for k in weights) - (nbytes["lm_head"] if tied else 0)
+        assert row["step_read_bytes"] == sum(n for k, n in nbytes.items() if k not in ("emb", "cos", "sin", "tok",
+                                                                                     "pos"))
+
+
+def test_quantized_weights_with_tensor_parallelism_is_one_line():
+    from pto.errors import UsageError
+
+    with pytest.raises(UsageError, match="quantized weights run on one rank"):
+        run("model", config="tiny", device="cpu", quantize="q8_0", tp=2)
+    with pytest.raises(UsageError, match="--quantize q4_k: the model's rows of 64 inputs are not whole blocks of 256"):
+        run("model", config="tiny", device="cpu", quantize="q4_k")
+
+
+@pytest.mark.slow
+def test_the_real_files_quantized_step_is_its_dequantized_step(smollm, one_thread):
+    """SmolLM2 as the file stores it (Q4_1 layers, the Q8_0 embedding as the tied LM head): one
+    step's logits (teacher-forced: the same cache and token) against the dequantized step's.
+    The layers compute the same f32 products of the same values in the same order; the LM head
+    sums its 576 products in another order (a GEMV of output-major blocks, the dense head a
+    matmul of [hidden, vocab]): a few f32 roundings of the largest logit, measured 2.9e-7. Both
+    steps are as far from the reference model (which computes in another order: 2.7e-5 after
+    30 layers, the dense step's as before)."""
+    from pto.engine import Runner, resolve
+
+    outs, ref = {}, {}
+    for q in ("auto", "none"):
+        job = resolve("model", device="cpu", dtype="f32", options={"weights": str(smollm), "quantize": q})
+        shape = job.program.shape({"cache": 64, "batch": 1})
+        inputs = job.program.inputs(job.settings, shape, "cpu", seed=1)  # (the same cache, token, position)
+        assert (inputs["wd"].dtype == torch.uint8) == (inputs["emb"].dtype == torch.uint8) == (q == "auto")
+        ref[q] = job.program.reference(job.settings, shape, inputs)["logits"]
+        runner = Runner(job, shape)
+        try:
+            outs[q] = {k: v.clone() for k, v in runner(inputs).items() if k in ("logits", "tok")}
+        finally:
+            runner.close()
+    assert rel_err(outs["auto"]["logits"], outs["none"]["logits"]) <= 2e-6
+    assert rel_err(outs["auto"]["logits"], ref["auto"]) <= rel_err(outs["none"]["logits"], ref["none"]) + 2e-6
+    assert torch.equal(outs["auto"]["tok"], outs["none"]["tok"])
+
+
+@pytest.mark.slow
+def test_smollm2_quantized_generates_what_transformers_generates(smollm, hf_model, hf_tokenizer):
+    """The file's own types, greedy, 32 new tokens on the prompts of the dequantized test
+    (test_decode.py): the same tokens as transformers' generate (which dequantizes the file to
+    f32), and so as the dequantized path."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes
+
+    from pto.ir.dtypes import DType
+
+    prompts = greedy_prompts(load_tokenizer(smollm))
+    want = transformers_greedy(hf_model, prompts, 32)
+    weights = load_weights(smollm, torch.float32, keep=KeepFileTypes())
+    assert WeightTypes.of(weights).to_json() == {"emb": "q8_0", "lm_head": "q8_0", "w_qkv": "q4_1", "wd": "q4_1",
+                                                 "wg": "q4_1", "wo": "q4_1", "wu": "q4_1"}
+    gen = Generator(weights, "cpu", DType.F32)
+    try:
+        got = gen.generate(prompts, 32, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
+
+
+@pytest.mark.parametrize("qtype,tied", [("Q8_0", True), ("Q4_0", False), ("Q5_0", False)])
+def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
+    """A GGUF file written as llama.cpp's converter writes one: its Q8_0 or Q4_0 matrices stay
+    quantized (the layers', the embedding, the LM head), Q5_0 (no kernel in pto) is dequantized
+    with one note naming the tensors and why; the Generator's greedy tokens and last logits are
+    those of the file dequantized at load."""
+    pytest.importorskip("transformers")
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes
+
+    from pto.ir.dtypes import DType
+    from tests.programs.model.tiny import tiny_model, write_gguf
+
+    path = write_gguf(tmp_path / f"tiny-{qtype}.gguf", tiny_model(tied=tied, seed=5), qtype)
+    keep = KeepFileTypes()
+    w = load_weights(path, torch.float32, keep=keep)
+    types = WeightTypes.of(w).to_json()
+    if qtype == "Q5_0":
+        assert types == {} and len(keep.notes) == 6 and all("Q5_0 has no kernel in pto" in n for n in keep.notes)
+        assert "blk.0.attn_q.weight, blk.1.attn_q.weight, blk.0.attn_k.weight and 3 more (6 tensors)" in keep.notes[0]
+        return
+    assert keep.notes == [] and set(types.values()) == {qtype.lower()} and len(types) == 7
+    out = []
+    for weights in (w, load_weights(path, torch.float32)):
+        gen = Generator(weights, "cpu", DType.F32)
+        try:
+            got = gen.generate([[1, 7, 42, 99, 3]], 3, stop_ids=())
+            out.append((got.tokens, gen.step(1, got.capacity).tensors["logits"].clone()))
+        finally:
+            gen.close()
+    assert out[0][0] == out[1][0]
+    assert rel_err(out[0][1], out[1][1]) <= 1e-5
+
+
+@pytest.mark.slow
+def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
+    """Every InCore function of a step with quantized weights (SmolLM2 in its file's Q4_1 and
+    Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
+    f32 weight tiles; sixteen: the tensor-core dots), the masked and the mask-free path, through
+    Triton's compiler for an H100 (no GPU needed): the helpers' joins, word loads and pointer
+    casts compile."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.ir.dtypes import DType, dtype_of
+    from pto.target import get
+    from tests.sm90 import compile_sm90, kernel_jobs
+
+    chosen = []
+    for name, layers, head in (("smollm2-135m", "q4_1", "q8_0"), ("llama3-8b", "q4_k", "q6_k"),
+                               ("llama3-8b", "q8_0", None), ("llama3-8b", "fp8", "fp8")):
+        cfg = CONFIGS[name]
+        kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")}
+        if head:
+            kinds.update({"lm_head": dtype_of(head), **({"emb": dtype_of(head)} if cfg.tied else {})})
+        wt = WeightTypes(tuple(sorted(kinds.items())))
+        for batch in (1, 16):
+            fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt), batch, wtypes=wt)
+            chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
+                       and any(p.dtype.is_quantized for p in fn.memrefs)]
+    jobs = kernel_jobs(chosen)
+    results = compile_sm90(jobs, tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert len(results) >= 30, len(results)

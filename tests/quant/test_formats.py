@@ -1,0 +1,127 @@
+"""The quantized formats against the ``gguf`` package: GGUF's blocks repacked into rows of planes
+dequantize to ``gguf.quants.dequantize``'s values bit for bit (random blocks with finite scales,
+every type), pto's q8_0 and q4_0 quantizers give the reference quantizer's blocks byte for byte,
+fp8 round-trips within E4M3's rounding, and the row layout's sizes are what the docs say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pto.errors import BuildError, UsageError
+from pto.ir.dtypes import QUANTIZED, DType, dtype_of
+from pto.ir.quant import BY_GGUF, FORMATS
+from pto.quant import QTensor, dequantize_rows, dequantize_tiles, from_gguf, quantize
+
+gguf = pytest.importorskip("gguf", reason="needs `gguf` (pip install 'pto[model]')")
+
+#: where each GGUF block keeps its f16 scales (made finite: random bytes may be inf or NaN)
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(qtype: str, rows: int, blocks: int, seed: int) -> np.ndarray:
+    """Random GGUF blocks (every byte random, but the f16 scales: normal, finite)."""
+    fmt = BY_GGUF[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, blocks, fmt.gguf_block_bytes), dtype=np.uint8)
+    for at in F16_AT[qtype]:
+        raw[..., at:at + 2] = (rng.standard_normal((rows, blocks, 1)) * 2.0 ** rng.integers(-12, 6)) \
+            .astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def gguf_values(qtype: str, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(raw.shape[0], -1))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int32), b.to(torch.float32).contiguous().view(torch.int32))
+
+
+@pytest.mark.parametrize("qtype", sorted(BY_GGUF))
+def test_repacked_rows_dequantize_to_ggufs_values_bit_for_bit(qtype):
+    fmt = BY_GGUF[qtype]
+    raw = random_blocks(qtype, 7, 5, seed=len(qtype) + fmt.block)
+    cols = 5 * fmt.block
+    rows = from_gguf(fmt, torch.from_numpy(raw), cols)
+    assert rows.shape == (7, fmt.row_bytes(cols)) and rows.dtype == torch.uint8
+    assert same_bits(dequantize_rows(fmt, rows, cols), gguf_values(qtype, raw))
+
+
+@pytest.mark.parametrize("qtype", sorted(BY_GGUF))
+def test_tiles_at_block_offsets_are_the_rows_values(qtype):
+    """The evaluator's tile reads (rows and a block-aligned column start per instance) give the
+    whole rows' values at those places."""
+    fmt = BY_GGUF[qtype]
+    cols = 6 * fmt.block
+    raw = random_blocks(qtype, 9, 6, seed=3)
+    data = from_gguf(fmt, torch.from_numpy(raw), cols)
+    full = gguf_values(qtype, raw)
+    rows = torch.tensor([[0, 4], [8, 1], [3, 3]])
+    c0 = torch.tensor([0, 2 * fmt.block, 4 * fmt.block])
+    got = dequantize_tiles(fmt, data, cols, rows, c0, 2 * fmt.block)
+    for i in range(3):
+        want = full[rows[i]][:, int(c0[i]):int(c0[i]) + 2 * fmt.block]
+        assert same_bits(got[i], want)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_ptos_quantizer_is_the_reference_quantizers(qtype):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(48, 320, generator=g) * torch.rand(48, 1, generator=g) * 3
+    w[0, :32] = 0  # a zero block: scale 0
+    w[1, 5], w[1, 9] = 4.0, -4.0  # ties of the largest magnitude: the first wins
+    fmt = BY_GGUF[qtype]
+    ref = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[qtype])
+    assert torch.equal(quantize(fmt, w), from_gguf(fmt, torch.from_numpy(ref), 320))
+
+
+def test_fp8_rows_round_to_e4m3_with_a_scale_per_row():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 64, generator=g) * torch.logspace(-3, 2, 16).view(16, 1)
+    w[3] = 0.0
+    q = QTensor.quantize("fp8", w)
+    assert q.data.shape == (16, 16 + 64)
+    back = q.dequantize()
+    scale = w.abs().amax(1, keepdim=True) / 448
+    # E4M3 keeps 3 bits: a relative rounding error of at most 2^-4 above its normal range's
+    # bottom (2^-6 of the scale), an absolute 2^-10 of the scale below it
+    err = (back - w).abs()
+    assert (err <= torch.maximum(w.abs() * 2.0 ** -4, scale * 2.0 ** -10) * (1 + 1e-6)).all()
+    assert torch.equal(back[3], torch.zeros(64))
+    # a row's largest magnitude takes E4M3's largest code, 448
+    assert torch.equal(back.abs().amax(1), torch.where(w.abs().amax(1) == 0, 0.0, 448 * scale.view(-1)))
+
+
+def test_qtensor_checks_its_buffer_and_keeps_rows_as_rows():
+    w = torch.randn(8, 64)
+    q = QTensor.quantize("q8_0", w)
+    assert q.shape == (8, 64) and q.nbytes == 8 * FORMATS["q8_0"].row_bytes(64)
+    assert torch.equal(q.take_rows(slice(2, 5)).dequantize(), q.dequantize()[2:5])
+    perm = torch.tensor([3, 0, 7])
+    assert torch.equal(q.take_rows(perm).dequantize(), q.dequantize()[perm])
+    both = QTensor.cat([q, q.take_rows(perm)]).dequantize()
+    assert torch.equal(both, torch.cat([q.dequantize(), q.dequantize()[perm]]))
+    with pytest.raises(ValueError, match="uint8"):
+        QTensor(DType.Q8_0, q.data[:, :-16], 64)
+    with pytest.raises(BuildError, match="not whole blocks of 32"):
+        QTensor.quantize("q4_0", torch.randn(2, 48))
+    with pytest.raises(UsageError, match="not q4_k"):
+        QTensor.quantize("q4_k", w)
+
+
+def test_row_layout_sizes():
+    """A row is whole blocks of every plane, 16-byte aligned; the same bytes as GGUF's blocks but
+    for the padding and the k-quants' unpacked 6-bit scales."""
+    for d in QUANTIZED:
+        f = d.quant
+        assert d.storage_shape(3, 4 * f.block) == (3, f.row_bytes(4 * f.block))
+        assert f.row_bytes(f.block) % 16 == 0 and f.blocks_of_row(f.row_bytes(7 * f.block)) == 7
+        if f.gguf:
+            extra = {"Q4_K": 4, "Q5_K": 4}.get(f.gguf, 0)
+            assert f.block_bytes == f.gguf_block_bytes + extra
+    assert FORMATS["q4_k"].bits_per_weight == 4.625 and FORMATS["q6_k"].row_bytes(4096) == 16 * 210
+    assert dtype_of("q4_k") is DType.Q4_K and DType.Q4_K.torch is torch.uint8
+    with pytest.raises(BuildError, match="unknown dtype"):  # a buffer's uint8 is no compute type
+        dtype_of(torch.uint8)
