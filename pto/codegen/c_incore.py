@@ -21,9 +21,10 @@ import re
 from dataclasses import dataclass
 
 from pto.codegen.c_expr import c_expr, strip_parens
-from pto.codegen.c_tileops import C_TYPE, ROUND, CTileOps, c_float, rounded
+from pto.codegen.c_quant import render_helpers
+from pto.codegen.c_tileops import C_TYPE, PACK_ROWS, ROUND, CTileOps, c_float, rounded
 from pto.errors import BuildError
-from pto.ir.analysis import instr_reads, param_access, tile_shape
+from pto.ir.analysis import gemv_quantized_loads, instr_reads, param_access, tile_shape
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Const, Expr, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
@@ -147,6 +148,12 @@ class KernelRenderer(CTileOps):
         self.temp_floats = 0
         self.pack_floats = 0
         self.group: dict | None = None  # lane-wise instructions waiting for one shared loop (lanewise)
+        #: quantized tiles a GEMV takes as stored (CTileOps.gemv_quantized): never made
+        self.fused = frozenset(t for t in gemv_quantized_loads(fn, lambda a: self.shapes[a][0] < PACK_ROWS)
+                               if all(self.dtypes[i.dst] is DType.F32 for i in walk_instrs(fn.body)
+                                      if i.op is Op.MATMUL_ACC and i.srcs[1] == t))
+        #: where a fused tile's load reads (its memref, row and column offsets)
+        self.fused_at: dict[str, tuple[str, str, str]] = {}
 
     # output ------------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -331,6 +338,8 @@ class KernelRenderer(CTileOps):
         """Offsets (in floats) of the tiles, the temporary row and the pack area in scratch."""
         offsets, at = {}, 0
         for t in sorted(self.shapes):
+            if t in self.fused:  # never made
+                continue
             offsets[t] = at
             r, c = self.shapes[t]
             at += -(-r * c // ALIGN_FLOATS) * ALIGN_FLOATS
@@ -344,14 +353,19 @@ class KernelRenderer(CTileOps):
         fn, out = self.fn, []
         for k, p in enumerate(fn.memrefs):
             const = "const " if self.access.get(p.name) is None or self.access[p.name].direction == "in" else ""
-            ctype = C_TYPE[p.dtype]
+            ctype = "uint8_t" if p.dtype.is_quantized else C_TYPE[p.dtype]
             out.append((f"P_{p.name}", f"    {const}{ctype} *const P_{p.name} = ({const}{ctype} *)m[{k}].origin;"))
             out.append((f"S_{p.name}", f"    const int64_t S_{p.name} = m[{k}].ld;"))
             out.append((f"m_{p.name}_rows", f"    const int64_t m_{p.name}_rows = m[{k}].rows;"))
             out.append((f"m_{p.name}_cols", f"    const int64_t m_{p.name}_cols = m[{k}].cols;"))
+            if p.dtype.is_quantized:  # (rows of blocks: the origin is a row's first byte, the column is the load's)
+                out.append((f"m_{p.name}_c0", f"    const int64_t m_{p.name}_c0 = m[{k}].col0;"))
+                out.append((f"nb_{p.name}", f"    const int64_t nb_{p.name} = m[{k}].tcols / {p.dtype.quant.block};"))
         for k, p in enumerate(fn.scalars):
             out.append((f"s_{p.name}", f"    const int64_t s_{p.name} = s[{k}];"))
         for t in sorted(self.shapes):
+            if t in self.fused:
+                continue
             r, c = self.shapes[t]
             out.append((f"t_{t}", f"    float *const t_{t} = scratch + {offsets[t]}; /* {r} x {c} {self.dtypes[t]} */"))
             if t in self.views:
@@ -369,10 +383,13 @@ def render_incore(variants: list[IncoreFunction], name: str) -> CIncore:
     """One C file with a kernel per variant (specialized InCore functions, in order) and the
     entry points ``pto_<name>_kernel`` and ``pto_<name>_run``."""
     kernels, bodies = [], []
+    formats = {}
     for fn in variants:
         kernel, lines = KernelRenderer(fn).render()
         kernels.append(kernel)
         bodies += lines
+        formats.update((p.dtype.short, p.dtype.quant) for p in fn.memrefs if p.dtype.is_quantized)
+    helpers = [line for f in sorted(formats) for line in render_helpers(formats[f])]
     decl = entry_declarations(name)
     n = len(kernels)
     table = [f'    {{{k.symbol}, {k.n_mems}, {k.n_scalars}, {k.scratch_floats}, "{k.variant}"}},' for k in kernels]
@@ -387,6 +404,7 @@ def render_incore(variants: list[IncoreFunction], name: str) -> CIncore:
         '#include "pto_runtime.h"',
         '#include "pto_tile.h"',
         "",
+        *helpers,
         *bodies,
         "static const pto_kernel_info kernels_[] = {",
         *(table or ["    {NULL, 0, 0, 0, \"\"},"]),

@@ -14,14 +14,19 @@ any store may instead point at the memory it was loaded from (a *view*, ``p_<nam
 operands where they are, with no copy.
 
 Memory is read and written through one conversion per storage dtype (:data:`LOAD`,
-:data:`STORE`): a block-quantized dtype (GGUF's Q4_0, Q8_0, ... when the IR has them) adds its
-dequantizing read there.
+:data:`STORE`). A block-quantized memref (GGUF's Q4_0, Q8_0, ..., fp8: :mod:`pto.ir.quant`) is
+rows of blocks: a load dequantizes whole blocks of each row through its format's helper
+(:mod:`pto.codegen.c_quant`, the evaluator's routine: the same bits), and a GEMV's product of a
+tile only it reads (:func:`pto.ir.analysis.gemv_quantized_loads`) takes each weight row as stored,
+dequantized into the dot products (``pto_dqdot_<format>``), so the tile is never made.
 """
 
 from __future__ import annotations
 
 import math
 
+from pto.codegen.c_expr import strip_parens
+from pto.codegen.c_quant import dot_name, group_of, helper_name, unit_of
 from pto.errors import BuildError
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import const_value
@@ -178,6 +183,9 @@ class CTileOps:
     # matrix products -------------------------------------------------------------------------
     def _matmul(self, ins: Instr) -> None:
         a, b = ins.srcs
+        if b in self.fused:
+            self.gemv_quantized(ins)
+            return
         dst, acc = ins.dst, dtype_of(ins.attr("acc"))
         ta, tb = bool(ins.attr("ta")), bool(ins.attr("tb"))
         m, k = self.shapes[a][::-1] if ta else self.shapes[a]
@@ -216,6 +224,9 @@ class CTileOps:
     def load(self, ins: Instr) -> None:
         mem, row, col = ins.srcs
         tile = ins.dst
+        if self.memrefs[mem].dtype.is_quantized:
+            self.load_quantized(ins)
+            return
         r, c = self.shapes[tile]
         step = int(ins.attr("step"))
         mdt = self.memrefs[mem].dtype
@@ -249,6 +260,101 @@ class CTileOps:
         got = self.assign_round(tile, LOAD[mdt].format(x=f"P_{mem}[row_ * S_{mem} + j + {co}]"))
         self.emit(f"for (int64_t j = jl; j < jh; j++) t_{tile}[i * {c} + j] = {got};")
         self.emit(f"for (int64_t j = jh; j < {c}; j++) t_{tile}[i * {c} + j] = {pad};")
+        self.close()
+        self.depth -= 1
+        self.emit("}")
+
+    def block_start(self, mem: str, co: str, name: str) -> None:
+        """``name``: the tensor column where a load of quantized ``mem`` at column offset ``co``
+        starts; a start inside a block fails the task (PTO_ERR_REGION: the verifier shows the
+        offsets multiples of the block, a region's own column is the orchestration's)."""
+        block = self.memrefs[mem].dtype.quant.block
+        self.emit(f"const int64_t {name} = m_{mem}_c0 + ({co});")
+        self.emit(f"if ({name} % {block} != 0) return PTO_ERR_REGION;")
+
+    def dequantize_row(self, mem: str, row: str, c0: str, out: str) -> None:
+        """The blocks of row ``row`` of quantized ``mem`` covering columns ``[jl, jh)`` of a tile
+        starting at tensor column ``c0`` (a block's first), dequantized to ``out`` (the tile's row)."""
+        fmt = self.memrefs[mem].dtype.quant
+        b = fmt.block
+        self.emit(f"const int64_t jb = jl - jl % {b};")
+        self.emit(f"if (jl < jh) {helper_name(fmt)}(P_{mem} + ({row}) * S_{mem}, nb_{mem}, ({c0} + jb) / {b}, "
+                  f"(jh - jb + {b - 1}) / {b}, {out} + jb);")
+
+    def load_quantized(self, ins: Instr) -> None:
+        """A tile of quantized weights (the module docstring): each row's blocks under the
+        region's valid columns dequantized, then the pad around them; a GEMV's operand
+        (``fused``) only notes where it lies."""
+        mem, row, col = ins.srcs
+        tile = ins.dst
+        r, c = self.shapes[tile]
+        ro, co = self.expr(row), self.expr(col)
+        if tile in self.fused:
+            self.emit(f"const int64_t qr_{tile} = {strip_parens(ro)}, qo_{tile} = {strip_parens(co)};")
+            self.fused_at[tile] = (mem, f"qr_{tile}", f"qo_{tile}")
+            return
+        self.emit("{")
+        self.depth += 1
+        self.block_start(mem, co, "c0_")
+        pad = self.assign_round(tile, c_float(rounded(float(ins.attr("pad")), DType.F32)))
+        self.columns_inside(mem, co, c)
+        self.open_loop("i", r)
+        self.emit(f"const int64_t row_ = i + {ro};")
+        self.emit(f"const int64_t jl = row_ >= 0 && row_ < m_{mem}_rows ? jl_ : {c}, jh = jl < {c} ? jh_ : {c};")
+        self.dequantize_row(mem, "row_", "c0_", f"t_{tile} + i * {c}")
+        if self.dtypes[tile] is not DType.F32:
+            self.emit(f"for (int64_t j = jl; j < jh; j++) t_{tile}[i * {c} + j] = "
+                      f"{self.assign_round(tile, f't_{tile}[i * {c} + j]')};")
+        self.emit(f"for (int64_t j = 0; j < jl; j++) t_{tile}[i * {c} + j] = {pad};")
+        self.emit(f"for (int64_t j = jh; j < {c}; j++) t_{tile}[i * {c} + j] = {pad};")
+        self.close()
+        self.depth -= 1
+        self.emit("}")
+
+    def gemv_quantized(self, ins: Instr) -> None:
+        """``dst += a @ w^T`` for a quantized tile ``w`` as stored (few rows of ``a``: each weight
+        row dequantized into one dot product per row of ``a``). A weight row outside its region
+        is the pad, 0: it adds nothing; one partly outside is dequantized into the temporary
+        row, the pad put around it."""
+        a, w = ins.srcs
+        dst = ins.dst
+        mem, ro, co = self.fused_at[w]
+        fmt = self.memrefs[mem].dtype.quant
+        m, k = self.shapes[a]
+        n = self.shapes[w][0]
+        pa, la = self.src(a)
+        tmp = self.temp(k)
+        G = group_of(fmt)
+        per = k + k // G  # a row of a prepared: its elements in the dot's order, its groups' sums
+        xp = self.pack(m * per)
+        self.emit("{")
+        self.depth += 1
+        self.block_start(mem, co, "c0_")
+        self.columns_inside(mem, co, k)
+        self.open_loop("i", m)
+        self.emit(f"pto_dq_prep({pa} + i * {la}, {k}, {G}, {unit_of(fmt)}, {xp} + i * {per}, {xp} + i * {per} + {k});")
+        self.close()
+        self.open_loop("j", n)
+        self.emit(f"const int64_t row_ = j + {ro};")
+        self.emit(f"if (row_ < 0 || row_ >= m_{mem}_rows) continue;")
+        self.emit(f"if (jl_ == 0 && jh_ == {k}) {{")
+        self.depth += 1
+        self.open_loop("i", m)
+        self.emit(f"t_{dst}[i * {n} + j] += {dot_name(fmt)}(P_{mem} + row_ * S_{mem}, nb_{mem}, c0_ / {fmt.block}, "
+                  f"{k // fmt.block}, {xp} + i * {per}, {xp} + i * {per} + {k});")
+        self.close()
+        self.depth -= 1
+        self.emit("} else {")
+        self.depth += 1
+        self.emit("const int64_t jl = jl_, jh = jh_;")
+        self.dequantize_row(mem, "row_", "c0_", tmp)
+        self.emit(f"for (int64_t jj = 0; jj < jl; jj++) {tmp}[jj] = 0.0f;")
+        self.emit(f"for (int64_t jj = jh; jj < {k}; jj++) {tmp}[jj] = 0.0f;")
+        self.open_loop("i", m)
+        self.emit(f"t_{dst}[i * {n} + j] += pto_dot({k}, {pa} + i * {la}, {tmp});")
+        self.close()
+        self.depth -= 1
+        self.emit("}")
         self.close()
         self.depth -= 1
         self.emit("}")

@@ -105,9 +105,11 @@ class _Pool:
     def attach(self, rt: Runtime) -> None:
         self._check(self.lib.pto_native_attach(self.ptr, rt.ptr), "attach")
 
-    def bind_tensor(self, tid: int, t: torch.Tensor, ld: int) -> None:
-        self._check(self.lib.pto_native_bind_tensor(self.ptr, tid, self.ffi.cast("void *", t.data_ptr()), ld),
-                    f"tensor {tid}")
+    def bind_tensor(self, tid: int, t: torch.Tensor, ld: int, packed: bool = False) -> None:
+        """``t`` as tensor ``tid``, rows ``ld`` elements apart (``packed``: rows of quantized
+        blocks, ``ld`` bytes apart)."""
+        bind = self.lib.pto_native_bind_rows if packed else self.lib.pto_native_bind_tensor
+        self._check(bind(self.ptr, tid, self.ffi.cast("void *", t.data_ptr()), ld), f"tensor {tid}")
 
     def bind_kernel(self, fid: int, info) -> None:
         self._check(self.lib.pto_native_bind_kernel(self.ptr, fid, info), f"function {fid}")
@@ -273,7 +275,8 @@ class NativeExecutor(Executor):
         decls = {t.name: t for t in self.graph.program.module.entry_function.tensors}
         for name, tid in tensor_ids.items():
             t = self.tensors[name]
-            pool.bind_tensor(tid, t, self.backend.row_stride(t, f"tensor `{name}`", decls[name].dtype))
+            dtype = decls[name].dtype
+            pool.bind_tensor(tid, t, self.backend.row_stride(t, f"tensor `{name}`", dtype), dtype.is_quantized)
         kernel = self.program.fn("kernel")
         for k, fid in enumerate(func_ids):
             pool.bind_kernel(fid, kernel(k))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
+from pto.ir.dtypes import DType
 from pto.ir.expr import Const, Expr, const_value, emax, evaluate, fold, substitute
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, Tile
 from pto.ir.ops import COLLECTIVE, Op
@@ -303,3 +304,36 @@ def instr_reads(ins: Instr) -> set[str]:
     if ins.op is Op.MATMUL_ACC:
         out.add(ins.dst)
     return out
+
+
+def gemv_quantized_loads(fn: IncoreFunction, few_rows) -> frozenset[str]:
+    """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
+    of an f32 left operand of few rows (``few_rows(tile)``) by them (``tb``: a GEMV's
+    multiply-sum, in the same loop body): a backend's product may take the tile's blocks as
+    they are stored instead of a tile of values (the Triton renderer sums per unit, the C one
+    dequantizes into the dot product; the sums reassociated, as a half-precision kernel's may be)."""
+    memrefs = {p.name: p for p in fn.memrefs}
+    dtypes = {t.name: t.dtype for t in fn.tiles}
+    where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                visit(s.body)
+                continue
+            for t in instr_reads(s) | ({s.dst} if s.dst is not None else set()):
+                where.setdefault(t, []).append((id(body), s))
+
+    visit(fn.body)
+    out = set()
+    for t, uses in where.items():
+        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
+            continue
+        (_, load), (_, mm) = uses
+        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
+                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
+                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
+                and str(mm.attr("acc")) == "f32" and few_rows(mm.srcs[0]) and dtypes[mm.srcs[0]] is DType.F32):
+            continue
+        out.add(t)
+    return frozenset(out)

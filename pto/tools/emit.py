@@ -60,8 +60,10 @@ def codegen(job: Job, out_dir: str, shape: dict[str, int] | None = None, adaptiv
     module = prog.build(s, prog.shape(shape))
     lowered = expand_binary(module) if adaptive else strip_adaptive(module)
     corch = generate_c(lowered)
-    # the InCore functions as C, unless one is a collective (no C kernel communicates)
-    native = not any(has_collective(v.func) for v in corch.variants)
+    # the InCore functions as C, unless one is a collective (no C kernel communicates) or a
+    # tensor is quantized (the standalone program reads f32, f16 and bf16 tensors only)
+    native = not (any(has_collective(v.func) for v in corch.variants)
+                  or any(t.dtype.is_quantized for t in lowered.entry_function.tensors))
     files = {corch.filename: corch.source.encode(),
              "main.c": generate_main(corch, prog.scalar_exprs(s), prog.name,
                                      [(p.name, (shape or {}).get(p.name)) for p in prog.shape_params],

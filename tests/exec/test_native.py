@@ -2,7 +2,8 @@
 worker threads while the orchestration submits.
 
 Against the evaluator (the torch backend, the reference) every program: softmax, bgemm, the
-LLaMA layer in every attention mode (fused and as written), the model's decode step. Each
+LLaMA layer in every attention mode (fused and as written), the model's decode step (with float
+and quantized weights). Each
 task's kernel is the evaluator's arithmetic up to the order of f32 sums and products (rounding-
 bounded per op: tests/codegen/test_c_incore.py), so whole programs agree to a relative error a
 few times f32's unit roundoff times the depth of the sums (1e-5 for these sizes). The same run
@@ -33,6 +34,8 @@ PROGRAMS = [
     ("llama7b", {"attention": "pair"}, 100),
     ("llama7b", {"attention": "split", "fuse": False}, 100),
     ("model", {}, None),
+    ("model", {"quantize": "q4_1"}, None),  # quantized weights: the GEMVs take them as stored
+    ("model", {"quantize": "q8_0"}, None),
 ]
 
 

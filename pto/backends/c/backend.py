@@ -27,8 +27,9 @@ REGION = np.dtype([("origin", np.uintp), ("ld", np.int64), ("rows", np.int64), (
 
 
 def row_stride(t: torch.Tensor, what: str, dtype: DType) -> int:
-    """The elements between ``t``'s rows; ExecutionError for a tensor a kernel cannot address
-    (not on the CPU, not 2-D with contiguous rows, another dtype than the memref's)."""
+    """The elements between ``t``'s rows (a quantized tensor's: bytes between its rows of
+    blocks); ExecutionError for a tensor a kernel cannot address (not on the CPU, not 2-D with
+    contiguous rows, another dtype than the memref's)."""
     if t.device.type != "cpu":
         raise ExecutionError(f"{what}: the c backend runs on the CPU; the tensor is on {t.device}")
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
@@ -49,10 +50,15 @@ def region_table(batch: TaskBatch) -> np.ndarray:
         ld = row_stride(t, f"`{fn.variant_name}` memref `{p.name}`", p.dtype)
         row0, col0 = rb.row0.numpy(), rb.col0.numpy()
         col = out[:, k]
-        col["origin"] = t.data_ptr() + (row0 * ld + col0) * t.element_size()
+        q = p.dtype.quant
+        # a quantized tensor's region starts at its first row's first byte (the kernel finds the
+        # columns in the blocks); its columns are the matrix's, not the buffer's bytes
+        start = row0 * ld if q is not None else (row0 * ld + col0) * t.element_size()
+        col["origin"] = t.data_ptr() + start
         col["ld"], col["rows"], col["cols"] = ld, rb.rows.numpy(), rb.cols.numpy()
         col["row0"], col["col0"] = row0, col0
-        col["trows"], col["tcols"] = t.shape
+        col["trows"] = t.shape[0]
+        col["tcols"] = t.shape[1] if q is None else q.blocks_of_row(t.shape[1]) * q.block
     return out
 
 

@@ -93,12 +93,15 @@ class ProgramModule:
         return getattr(self.module.lib, f"pto_{self.corch.name}_{entry}")
 
 
-_PROGRAMS: dict[str, ProgramModule] = {}
+_PROGRAMS: dict[tuple, ProgramModule] = {}
 
 
 def program_module(corch: COrchestration) -> ProgramModule:
-    """Runtime + orchestration + kernels + pool in one module (cached by the sources)."""
-    hit = _PROGRAMS.get(corch.source)
+    """Runtime + orchestration + kernels + pool in one module (cached in memory by the
+    orchestration and its variants: one orchestration may call functions of other dtypes, e.g.
+    another format of quantized weights; on disk by the sources)."""
+    key = (corch.source, tuple(v.func for v in corch.variants))
+    hit = _PROGRAMS.get(key)
     if hit is None:
         inc = render_incore([v.func for v in corch.variants], corch.name)
         orch_path = write_source(corch.name, corch.source)
@@ -107,7 +110,7 @@ def program_module(corch: COrchestration) -> ProgramModule:
         module = load_cffi_module(f"native_{corch.name}", runtime_cdef() + cdef, '#include "pto_runtime.h"\n' + cdef,
                                   sources=[*runtime_sources(), orch_path, inc_path],
                                   include_dirs=[runtime_include_dir()], extra_compile_args=cflags())
-        hit = _PROGRAMS[corch.source] = ProgramModule(corch, inc, module)
+        hit = _PROGRAMS[key] = ProgramModule(corch, inc, module)
     return hit
 
 
