@@ -122,6 +122,12 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
+    if t.quant_whole_k and batch == 1:  # (DecodeTiling.quant_whole_k: each projection's K where quantized)
+        def whole(kind: str, k: int, step: int | None) -> int | None:
+            return k if wtypes.get(kind, dt).is_quantized else step
+
+        t = replace(t, qkv_bk=whole("w_qkv", H, t.qkv_bk), o_bk=whole("wo", QD, t.o_bk), bk=whole("wd", F, t.bk),
+                    ffn_bk=whole("wg", H, t.ffn_bk), lm_bk=whole("lm_head", H, t.lm_bk))
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
                     qkv_bk=None, o_bn=None, o_bk=None)

@@ -97,7 +97,7 @@ WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 #: each recomputes the folded norm's statistics, so wider blocks read the same weights with less of
 #: it (SmolLM2 on one core of the development VM: 55 against 87 ms a step, docs/PERF.md "Native
 #: CPU execution")
-CPU_TILING = replace(TILING, bn=32, bk=192, qkv_bk=None, o_bk=None, ffn_bk=None)
+CPU_TILING = replace(TILING, bn=32, bk=192, qkv_bk=None, o_bk=None, ffn_bk=None, quant_whole_k=True)
 
 
 def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:

@@ -149,9 +149,7 @@ class KernelRenderer(CTileOps):
         self.pack_floats = 0
         self.group: dict | None = None  # lane-wise instructions waiting for one shared loop (lanewise)
         #: quantized tiles a GEMV takes as stored (CTileOps.gemv_quantized): never made
-        self.fused = frozenset(t for t in gemv_quantized_loads(fn, lambda a: self.shapes[a][0] < PACK_ROWS)
-                               if all(self.dtypes[i.dst] is DType.F32 for i in walk_instrs(fn.body)
-                                      if i.op is Op.MATMUL_ACC and i.srcs[1] == t))
+        self.fused = gemv_quantized_loads(fn, lambda a: self.shapes[a][0] < PACK_ROWS)
         #: where a fused tile's load reads (its memref, row and column offsets)
         self.fused_at: dict[str, tuple[str, str, str]] = {}
 

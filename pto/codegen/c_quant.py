@@ -71,7 +71,7 @@ def group_of(fmt: QuantFormat) -> int:
 def _scalar(p: Plane, at: str) -> str:
     """The f32 value of plane ``p``'s field at byte pointer ``at`` (a scale or header: whole bytes)."""
     if p.kind == "f16":
-        return f"pto_f16_f32(pto_ld_u16({at}))"
+        return f"pto_ld_f16({at})"
     if p.kind == "f32":
         return f"pto_ld_f32({at})"
     if p.kind == "i":
@@ -170,13 +170,11 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         lines.append(f"        total += {_code(form.const)} * sx[0];")
     if vectorized(fmt):
         p = fmt.plane(names[0])
-        vtype = "pto_vsb" if p.kind == "i" else "pto_vb"
+        widen = "pto_vwiden_i8" if p.kind == "i" else "pto_vwiden_u8"
         lines += [f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0", "        {",
                   "            pto_vf s = pto_vsplat(0.0f);",
                   f"            for (u = 0; u < {V}; u += PTO_VW) {{",
-                  f"                {vtype} raw;",
-                  f"                memcpy(&raw, pl_{p.name} + k0 / {U} + u, sizeof raw);",
-                  "                const pto_vi v = __builtin_convertvector(raw, pto_vi);"]
+                  f"                const pto_vi v = {widen}(pl_{p.name} + k0 / {U} + u);"]
         for lane in range(U):
             field = f"(v >> {lane * p.bits}) & {(1 << p.bits) - 1}" if p.bits < 8 else "v"
             lines.append(f"                s += pto_vload(xp + {lane * V} + u) * "
