@@ -504,6 +504,7 @@ static void test_refusals(void)
     CHECK(pto_native_start(nt) == PTO_ERR_INVALID);            /* no runtime attached */
     CHECK(pto_native_work(nt) == PTO_ERR_INVALID);             /* not started */
     CHECK(pto_native_bind_tensor(nt, 0, &cfg, 1) == PTO_ERR_INVALID);
+    CHECK(pto_native_bind_rows(nt, 0, &cfg, 16) == PTO_ERR_INVALID);
 done:
     if (nt != NULL) {
         pto_native_destroy(nt);
