@@ -173,3 +173,20 @@ def test_records_trace_the_run_and_follow_the_graph(tmp_path):
         assert set(profile) >= {"matmul_tile", "flash_score"} and all(ms > 0 for ms in profile.values())
     finally:
         runner.close()
+
+
+def test_progress_counts_the_tasks_as_they_complete():
+    """A progress callback (the command line's lines and bar) hears the completed tasks while the
+    run goes on, never more than the graph's, and the whole graph at its end."""
+    job = resolve("llama7b", device="cpu", backend="c", options={"attention": "split", "fuse": False})
+    runner = Runner(job, 1000)
+    heard = []
+    try:
+        runner.executor.progress = lambda done, total: heard.append((done, total))
+        runner(job.program.inputs(job.settings, runner.shape, "cpu", seed=2))
+        tasks = runner.executor.graph.tasks
+    finally:
+        runner.close()
+    assert heard and heard[-1] == (tasks, tasks)
+    assert all(total == tasks and 0 <= done <= tasks for done, total in heard)
+    assert [d for d, _ in heard] == sorted(d for d, _ in heard)
