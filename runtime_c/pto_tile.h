@@ -740,9 +740,8 @@ static inline void pto_mm_dot(int64_t M, int64_t N, int64_t K, const float *a, i
 
 /* x[0 .. k) of a GEMV against quantized weights prepared for their dot products
  * (pto_dqdot_<format>, pto/codegen/c_quant.py): within each group of g elements, read in units
- * of u, lane-major (xp[l g/u + v] = x[v u + l]: a lane's elements contiguous), and each group's
- * sum (sx) */
-static inline void pto_dq_prep(const float *x, int64_t k, int64_t g, int64_t u, float *xp, float *sx)
+ * of u, lane-major (xp[l g/u + v] = x[v u + l]: a lane's elements contiguous) */
+static inline void pto_dq_prep(const float *x, int64_t k, int64_t g, int64_t u, float *xp)
 {
     const int64_t units = g / u;
     int64_t g0, l, v;
@@ -752,7 +751,6 @@ static inline void pto_dq_prep(const float *x, int64_t k, int64_t g, int64_t u, 
                 xp[g0 + l * units + v] = x[g0 + v * u + l];
             }
         }
-        sx[g0 / g] = pto_row_sum(x + g0, g);
     }
 }
 

@@ -15,21 +15,20 @@ vectorizes the loop over the units. Every product of a routine is exact in f32 (
 :mod:`pto.ir.quant` docstring), so the values are the evaluator's, bit for bit, with or without
 contracted multiply-adds.
 
-``pto_dqdot_<format>(row, nb, b0, n, xp, sx)`` is a GEMV's dot product of those blocks with an
-f32 vector, without making the values: each routine is affine in its element planes (``w =
-sum_p A_p E_p + B`` per group, :meth:`pto.ir.quant.QuantFormat.affine_form`), so a group's sum
-is ``sum_p A_p (x . E_p) + B sum x``. The vector comes prepared once per GEMV
-(``pto_dq_prep`` of ``pto_tile.h``: ``xp`` each group's elements lane-major, so a lane's
-elements are contiguous, and ``sx`` each group's sum), so a format of one element plane of whole
-bytes per unit (Q4_0, Q4_1, Q8_0, Q4_K) runs on the machine's vectors: a vector of units' bytes
-widened once, each lane's field a constant shift and mask, converted and multiplied into the
-group's sum, the group's ``A`` once per vector, ``B sum x`` once per group. The products are the
-dequantized weights' reassociated (within f32 summation error of the evaluator's).
+``pto_dqdot_<format>(row, nb, b0, n, xp)`` is a GEMV's dot product of those blocks with an f32
+vector, without a tile of the values: each weight is the routine's value (the same bits as the
+tile's), multiplied into an accumulator per lane, the accumulators summed at the end (the f32
+products of a dot product of the tile, summed in another order). The vector comes prepared once
+per GEMV (``pto_dq_prep`` of ``pto_tile.h``: each group's elements lane-major, so that a lane's
+elements are contiguous), so a format of one element plane of whole bytes per unit (Q4_0, Q4_1,
+Q8_0, Q4_K) runs on the machine's vectors: a vector of units' bytes widened once, each lane's
+fields a constant shift and mask, converted, the routine run on the vector (its scales
+broadcast), times x's lane.
 """
 
 from __future__ import annotations
 
-from pto.ir.quant import Affine, Plane, QuantFormat, Symbolic
+from pto.ir.quant import Plane, QuantFormat, Symbolic
 
 
 def helper_name(fmt: QuantFormat) -> str:
@@ -51,8 +50,6 @@ class _C(Symbolic):
         self.code = code
 
     def _op(self, other, sym: str, swap: bool = False) -> _C:
-        if isinstance(other, Affine):
-            return NotImplemented
         o = other.code if isinstance(other, _C) else _f(other)
         a, b = (o, self.code) if swap else (self.code, o)
         return _C(f"({a} {sym} {b})")
@@ -148,54 +145,41 @@ def vectorized(fmt: QuantFormat) -> bool:
     return len(planes) == 1 and planes[0].kind in ("u", "i") and planes[0].bits * unit_of(fmt) == 8
 
 
-def _code(v) -> str:
-    return v.code if isinstance(v, _C) else _f(v)
-
-
 def render_dot(fmt: QuantFormat) -> list[str]:
     """``pto_dqdot_<format>``: blocks of a row dotted with a prepared vector (the module docstring)."""
     U, G = unit_of(fmt), group_of(fmt)
     V = G // U  # units of a group
-    _, values = _scales(fmt)
-    form = fmt.affine_form({n: v for n, v in values.items()})
-    names = sorted(form.coef)
+    scale_lines, values = _scales(fmt)
+    vec = vectorized(fmt)
+    guard = f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0"
+    scalar_acc = f"    float acc[{G}] = {{0.0f}};"
     lines = _prologue(fmt, f"float {dot_name(fmt)}(const uint8_t *row, int64_t nb, int64_t b0, int64_t n, "
-                           "const float *xp, const float *sx)")
-    if vectorized(fmt):
-        lines += [f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0", "    pto_vf acc = pto_vsplat(0.0f);", "#endif"]
-    lines += ["    float total = 0.0f;", "    int64_t k0, u;",
-              f"    for (k0 = b0 * {fmt.block}; k0 < (b0 + n) * {fmt.block}; k0 += {G}, xp += {G}, sx++) {{"]
-    lines += _scales(fmt)[0]
-    if form.const is not None:
-        lines.append(f"        total += {_code(form.const)} * sx[0];")
-    if vectorized(fmt):
-        p = fmt.plane(names[0])
+                           "const float *xp)")
+    lines += [guard, "    pto_vf acc = pto_vsplat(0.0f);", "#else", scalar_acc, "#endif"] if vec else [scalar_acc]
+    lines += ["    int64_t k0, u;",
+              f"    for (k0 = b0 * {fmt.block}; k0 < (b0 + n) * {fmt.block}; k0 += {G}, xp += {G}) {{", *scale_lines]
+    if vec:  # each lane's weights a vector (the routine on it, the scales broadcast), times x's
+        p = next(q for q in fmt.planes if q.group == 1)
         widen = "pto_vwiden_i8" if p.kind == "i" else "pto_vwiden_u8"
-        lines += [f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0", "        {",
-                  "            pto_vf s = pto_vsplat(0.0f);",
-                  f"            for (u = 0; u < {V}; u += PTO_VW) {{",
-                  f"                const pto_vi v = {widen}(pl_{p.name} + k0 / {U} + u);"]
+        lines += [guard, f"        for (u = 0; u < {V}; u += PTO_VW) {{",
+                  f"            const pto_vi v = {widen}(pl_{p.name} + k0 / {U} + u);"]
         for lane in range(U):
             field = f"(v >> {lane * p.bits}) & {(1 << p.bits) - 1}" if p.bits < 8 else "v"
-            lines.append(f"                s += pto_vload(xp + {lane * V} + u) * "
-                         f"__builtin_convertvector({field}, pto_vf);")
-        lines += ["            }", f"            acc += s * {_code(form.coef[p.name])};", "        }", "#else"]
-    lines.append("        {")
-    for name in names:
-        lines.append(f"            float s_{name} = 0.0f;")
-    lines += [f"            for (u = 0; u < {V}; u++) {{", f"                const int64_t ku = k0 + u * {U};"]
+            w = fmt.dequantize({**values, p.name: _C(f"__builtin_convertvector({field}, pto_vf)")}).code
+            lines.append(f"            acc += pto_vload(xp + {lane * V} + u) * {w};")
+        lines += ["        }", "#else"]
+    lines += [f"        for (u = 0; u < {V}; u++) {{", f"            const int64_t ku = k0 + u * {U};"]
     for lane in range(U):
-        for name in names:
-            lines.append(f"                s_{name} += xp[{lane * V} + u] * {_lane(fmt.plane(name), 'ku', lane)};")
-    lines.append("            }")
-    lines.append("            total += " + " + ".join(f"{_code(form.coef[n])} * s_{n}" for n in names) + ";")
+        lane_values = dict(values)
+        for p in fmt.planes:
+            if p.group == 1:
+                lane_values[p.name] = _C(_lane(p, "ku", lane))
+        lines.append(f"            acc[{lane * V} + u] += xp[{lane * V} + u] * {fmt.dequantize(lane_values).code};")
     lines.append("        }")
-    if vectorized(fmt):
-        lines.append("#endif")
-    lines.append("    }")
-    if vectorized(fmt):
-        lines += [f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0", "    total += pto_vsum(acc);", "#endif"]
-    return lines + ["    (void)nb;", "    return total;", "}", ""]
+    lines += ["#endif", "    }", "    (void)nb;"] if vec else ["    }", "    (void)nb;"]
+    scalar_sum = f"    return pto_row_sum(acc, {G});"
+    lines += [guard, "    return pto_vsum(acc);", "#else", scalar_sum, "#endif"] if vec else [scalar_sum]
+    return lines + ["}", ""]
 
 
 def render_helpers(fmt: QuantFormat) -> list[str]:

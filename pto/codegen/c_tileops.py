@@ -324,15 +324,13 @@ class CTileOps:
         n = self.shapes[w][0]
         pa, la = self.src(a)
         tmp = self.temp(k)
-        G = group_of(fmt)
-        per = k + k // G  # a row of a prepared: its elements in the dot's order, its groups' sums
-        xp = self.pack(m * per)
+        xp = self.pack(m * k)  # the rows of a in the dot's order
         self.emit("{")
         self.depth += 1
         self.block_start(mem, co, "c0_")
         self.columns_inside(mem, co, k)
         self.open_loop("i", m)
-        self.emit(f"pto_dq_prep({pa} + i * {la}, {k}, {G}, {unit_of(fmt)}, {xp} + i * {per}, {xp} + i * {per} + {k});")
+        self.emit(f"pto_dq_prep({pa} + i * {la}, {k}, {group_of(fmt)}, {unit_of(fmt)}, {xp} + i * {k});")
         self.close()
         self.open_loop("j", n)
         self.emit(f"const int64_t row_ = j + {ro};")
@@ -341,7 +339,7 @@ class CTileOps:
         self.depth += 1
         self.open_loop("i", m)
         self.emit(f"t_{dst}[i * {n} + j] += {dot_name(fmt)}(P_{mem} + row_ * S_{mem}, nb_{mem}, c0_ / {fmt.block}, "
-                  f"{k // fmt.block}, {xp} + i * {per}, {xp} + i * {per} + {k});")
+                  f"{k // fmt.block}, {xp} + i * {k});")
         self.close()
         self.depth -= 1
         self.emit("} else {")
