@@ -80,6 +80,9 @@ def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DT
     ex = resolve_executor(executor, device, backend)
     if ex == "auto" and prog.auto_executor:
         ex = prog.auto_executor
+    if ex == "native" and not capable(backend, "native"):
+        raise UsageError(f"the native executor runs the c backend's compiled programs; --backend {backend} needs "
+                         "--executor waves")
     if ex == "persistent" and not capable(backend, "megakernel"):  # refused here, before the graph is built
         if asked_backend == "auto":
             raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
@@ -314,6 +317,7 @@ class Prepared:
         if self.cuda_graph is not None:
             self.cuda_graph.reset()
             self.cuda_graph = None
+        getattr(self.executor, "close", lambda: None)()  # the native executor's parked threads
         self.graph.close()
 
 

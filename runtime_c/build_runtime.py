@@ -28,12 +28,23 @@ def runtime_include_dir() -> Path:
 #: pto_runtime_internal.h describes them.
 CORE_SOURCES = ("pto_mem.c", "pto_map.c", "pto_task.c", "pto_registry.c", "pto_inspect.c", "pto_runtime.c")
 #: Headers the core needs: the public ones and the private one the parts share.
-CORE_HEADERS = ("pto_runtime.h", "pto_runtime_api.h", "pto_runtime_internal.h")
+CORE_HEADERS = ("pto_runtime.h", "pto_kernel_abi.h", "pto_runtime_api.h", "pto_runtime_internal.h")
+
+
+#: The runtime's parts on pthreads: the sync hooks and the native pool of worker threads.
+THREAD_SOURCES = ("pto_sync_posix.c", "pto_native.c")
 
 
 def runtime_sources() -> list[Path]:
-    """C files that make up the runtime (the core plus the pthread sync adapter)."""
-    return [*(_HERE / n for n in CORE_SOURCES), _HERE / "pto_sync_posix.c"]
+    """C files that make up the runtime (the core plus its pthread parts)."""
+    return [*(_HERE / n for n in (*CORE_SOURCES, *THREAD_SOURCES))]
+
+
+def native_files() -> list[Path]:
+    """What a folder of generated code adds to :func:`portable_files` to run its graph natively
+    (the InCore functions as C, main.c's ``--run``): the tile arithmetic, the worker pool and the
+    standalone driver with its safetensors reader; ``cc DIR/*.c -lm -pthread`` builds them all."""
+    return [_HERE / n for n in ("pto_tile.h", "pto_native.c", "pto_standalone.h", "pto_safetensors.h")]
 
 
 def portable_files() -> list[Path]:
@@ -42,6 +53,11 @@ def portable_files() -> list[Path]:
     return [_HERE / n for n in (*CORE_HEADERS, "pto_orch.h", *CORE_SOURCES)]
 
 
+def kernel_cdef() -> str:
+    """The cdef text of the compiled InCore functions' types: ``pto_kernel_abi.h`` verbatim."""
+    return (_HERE / "pto_kernel_abi.h").read_text()
+
+
 def runtime_cdef() -> str:
-    """The cdef text: ``pto_runtime_api.h`` verbatim."""
-    return (_HERE / "pto_runtime_api.h").read_text()
+    """The cdef text: ``pto_kernel_abi.h`` and ``pto_runtime_api.h`` verbatim."""
+    return kernel_cdef() + (_HERE / "pto_runtime_api.h").read_text()

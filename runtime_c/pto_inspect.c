@@ -97,7 +97,7 @@ static int task_query(pto_runtime *rt, int32_t task, pto_task_view *out)
     return PTO_OK;
 }
 
-static int task_args(pto_runtime *rt, int32_t task, pto_arg *args, int32_t max, int32_t *n_out)
+int ptoi_task_args(pto_runtime *rt, int32_t task, pto_arg *args, int32_t max, int32_t *n_out)
 {
     uint32_t b, n, k;
     int st;
@@ -303,7 +303,7 @@ int pto_task_query(pto_runtime *rt, int32_t task, pto_task_view *out)
 
 int pto_task_args(pto_runtime *rt, int32_t task, pto_arg *args, int32_t max, int32_t *n)
 {
-    LOCKED(rt, task_args(rt, task, args, max, n));
+    LOCKED(rt, ptoi_task_args(rt, task, args, max, n));
 }
 
 int pto_export_info_get(pto_runtime *rt, pto_export_info *out)

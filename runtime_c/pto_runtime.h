@@ -1,8 +1,8 @@
 /* pto_runtime.h - public C header of the PTO task-graph runtime.
  *
  * Generated orchestration code and C drivers include this file. The declarations live in
- * pto_runtime_api.h (kept macro-free so cffi can read it verbatim); this wrapper adds the
- * standard headers they need and C-only conveniences.
+ * pto_kernel_abi.h and pto_runtime_api.h (kept macro-free so cffi can read them verbatim);
+ * this wrapper adds the standard headers they need and C-only conveniences.
  */
 #ifndef PTO_RUNTIME_H
 #define PTO_RUNTIME_H
@@ -14,6 +14,7 @@
 extern "C" {
 #endif
 
+#include "pto_kernel_abi.h"
 #include "pto_runtime_api.h"
 
 /* Evaluate a runtime call and return its status from the enclosing function (which must

@@ -5,6 +5,9 @@
  * which includes <stdint.h>/<stddef.h> first and then this file. docs/RUNTIME.md describes
  * the semantics behind every declaration here.
  *
+ * The types of compiled InCore functions (pto_region, pto_kernel, pto_kernel_info) are in
+ * pto_kernel_abi.h, which comes first (pto_runtime.h includes both; the cdef reads both).
+ *
  * Conventions: every function returns an int status (PTO_OK = 0, errors negative) and
  * passes results through pointers; pto_last_error() explains the latest failure with the
  * offending names, ids and limits. Nothing aborts, exits or prints.
@@ -169,6 +172,46 @@ int pto_task_args(pto_runtime *rt, int32_t task, pto_arg *args, int32_t max, int
 int pto_export_info_get(pto_runtime *rt, pto_export_info *out);
 int pto_export_fill(pto_runtime *rt, const pto_export_arrays *arrays);
 int pto_dump(pto_runtime *rt, const char *path);
+
+/* --- native execution (pto_native.c): InCore functions compiled to C, run by worker threads --- */
+
+typedef struct pto_native pto_native;
+
+/* Create a pool of `threads` workers (the thread that calls pto_native_work is one of them)
+ * and install its sync hooks into `cfg` (before pto_runtime_create; the pool owns them). */
+int pto_native_create(pto_config *cfg, int32_t threads, pto_native **out);
+/* The runtime the workers execute (created from that cfg). */
+int pto_native_attach(pto_native *nt, pto_runtime *rt);
+/* Tensor `tensor` of the runtime lives at `data`, rows `ld` elements apart. */
+int pto_native_bind_tensor(pto_native *nt, int32_t tensor, void *data, int64_t ld);
+/* Tensor `tensor` is rows of packed blocks (a block-quantized one) at `data`, `row_bytes` bytes
+ * apart: a task's region's origin is its first row's first byte (the kernel finds its columns). */
+int pto_native_bind_rows(pto_native *nt, int32_t tensor, void *data, int64_t row_bytes);
+/* Tasks of function `func` run `info`'s kernel. */
+int pto_native_bind_kernel(pto_native *nt, int32_t func, const pto_kernel_info *info);
+/* Start the workers: they run ready tasks while the caller submits (pto_*_build). */
+int pto_native_start(pto_native *nt);
+/* Building is done: the caller works too until every submitted task has completed, then the
+ * workers park. The status of the first failure (a kernel's, the runtime's), or PTO_OK. */
+int pto_native_work(pto_native *nt);
+/* After a run (pto_native_work returned, its runtime destroyed): install the pool's hooks into a
+ * fresh `cfg` for the next runtime, whose tensors and kernels are bound again; the workers and
+ * their scratch are kept. PTO_ERR_STATE while a run is under way. */
+int pto_native_reuse(pto_native *nt, pto_config *cfg);
+/* Record every task that runs (before pto_native_start): `capacity` records of five int64 (task,
+ * function, thread: 0 the caller of pto_native_work, 1.. the workers, start and end in ns of a
+ * monotonic clock); 0 turns recording off. The tasks past `capacity` are not recorded. */
+int pto_native_record(pto_native *nt, int64_t capacity);
+/* The records so far, in the order the tasks ended: up to `max` into `out`; *n all of them. */
+int pto_native_records(pto_native *nt, int64_t *out, int64_t max, int64_t *n);
+/* From any thread: tasks not yet started complete without running (a build still under way
+ * goes on to its end through the window), and pto_native_work returns PTO_ERR_STATE. */
+int pto_native_cancel(pto_native *nt);
+/* Tasks completed so far, and the first failure: its task, function and status (-1, -1, 0). */
+int pto_native_progress(pto_native *nt, int64_t *completed, int32_t *task, int32_t *func, int32_t *status);
+/* After pto_native_work and pto_runtime_destroy (the runtime calls the pool's hooks): the
+ * workers stop. */
+int pto_native_destroy(pto_native *nt);
 
 /* --- optional platform adapter (pto_sync_posix.c): pthread mutex + condition variable --- */
 int pto_sync_posix_init(pto_config *cfg);

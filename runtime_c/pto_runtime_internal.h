@@ -27,6 +27,8 @@
  *   pto_registry.c  tensor and function names
  *   pto_inspect.c   stats, task queries, bulk export, dump
  *   pto_runtime.c   create, destroy, reset, status names
+ *   pto_native.c    the native pool: worker threads that run the tasks' compiled kernels
+ *                   (pthreads, as pto_sync_posix.c; its hooks are the runtime's sync hooks)
  *
  * This header holds the data structures, the small helpers every part inlines (slot and
  * record lookup, edge linking: the hot path of pto_task.c must see them to stay free of
@@ -270,9 +272,15 @@ PTO_INTERNAL void ptoi_chunks_pop(pto_runtime *rt, pto_chunks *c);
 PTO_INTERNAL void ptoi_chunks_reset(pto_runtime *rt, pto_chunks *c);
 PTO_INTERNAL void ptoi_chunks_free(pto_runtime *rt, pto_chunks *c);
 
-/* pto_task.c: the task life cycle */
+/* pto_task.c: the task life cycle (pop and complete unlocked: the native pool calls them with
+ * its lock, the sync hooks' mutex, held) */
 PTO_INTERNAL PTO_COLD int ptoi_add_error(pto_runtime *rt, int32_t task, int32_t tensor, int kind, int64_t r0,
                                          int64_t c0, int64_t nr, int64_t nc);
+PTO_INTERNAL int ptoi_ready_pop(pto_runtime *rt, int32_t *ids, int32_t max, int32_t *n);
+PTO_INTERNAL int ptoi_complete_many(pto_runtime *rt, const int32_t *ids, int32_t n);
+
+/* pto_inspect.c: a task's arguments (unlocked) */
+PTO_INTERNAL int ptoi_task_args(pto_runtime *rt, int32_t task, pto_arg *args, int32_t max, int32_t *n_out);
 
 /* pto_map.c: the tensor map */
 PTO_INTERNAL PTO_COLD int ptoi_index_prepare(pto_runtime *rt, pto_tensor *t, int32_t nr, int32_t nc);

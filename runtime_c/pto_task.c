@@ -445,7 +445,7 @@ static int task_complete(pto_runtime *rt, int32_t task)
     return PTO_OK;
 }
 
-static int ready_pop(pto_runtime *rt, int32_t *ids, int32_t max, int32_t *n)
+int ptoi_ready_pop(pto_runtime *rt, int32_t *ids, int32_t max, int32_t *n)
 {
     int32_t k = 0;
     if (n == NULL || (ids == NULL && max > 0) || max < 0) {
@@ -470,7 +470,7 @@ static int ready_count(pto_runtime *rt, int32_t *n)
     return PTO_OK;
 }
 
-static int complete_many(pto_runtime *rt, const int32_t *ids, int32_t n)
+int ptoi_complete_many(pto_runtime *rt, const int32_t *ids, int32_t n)
 {
     int32_t k;
     int st = PTO_OK;
@@ -631,15 +631,15 @@ int pto_ready_count(pto_runtime *rt, int32_t *n)
 
 int pto_ready_pop(pto_runtime *rt, int32_t *ids, int32_t max, int32_t *n)
 {
-    LOCKED(rt, ready_pop(rt, ids, max, n));
+    LOCKED(rt, ptoi_ready_pop(rt, ids, max, n));
 }
 
 int pto_task_complete(pto_runtime *rt, int32_t task)
 {
-    LOCKED(rt, complete_many(rt, &task, 1));
+    LOCKED(rt, ptoi_complete_many(rt, &task, 1));
 }
 
 int pto_task_complete_many(pto_runtime *rt, const int32_t *ids, int32_t n)
 {
-    LOCKED(rt, complete_many(rt, ids, n));
+    LOCKED(rt, ptoi_complete_many(rt, ids, n));
 }

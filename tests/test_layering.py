@@ -67,8 +67,10 @@ CORE: dict[str, set[str]] = {
     "evaluator": {"data", "machine", "ir", "quant", "errors"},
     # the backends; the Triton backend owns what launches its kernels: launch settings, the
     # schedule database (in the cache), the megakernel (the device's limits come from the
-    # machine), and the cut of a collective task (passes) around its sum over the ranks (machine)
-    "backends": {"data", "cache", "codegen", "machine", "evaluator", "ir", "passes", "plugins", "quant", "errors"},
+    # machine), and the cut of a collective task (passes) around its sum over the ranks (machine);
+    # the c backend compiles its kernels and whole programs with the runtime's sources (runtime)
+    "backends": {"data", "cache", "codegen", "machine", "evaluator", "ir", "passes", "plugins", "quant", "runtime",
+                 "errors"},
     "interp": {"evaluator", "data", "ir", "errors"},
     # the runtime binding, its dump, and graphs built by running generated C against it
     "runtime": {"cache", "codegen", "passes", "text", "ir", "machine", "errors"},

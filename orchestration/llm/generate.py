@@ -122,7 +122,7 @@ class Generator:
         self.device, self.backend = self.step_place.device, self.step_place.backend
         self.target = resolve_target(None, self.device)
         # the step's block sizes (the bench sweeps them): the executor's (the megakernel's are wider)
-        self.tiling = tiling or tiling_for_executor(self.config, self.step_place.executor)
+        self.tiling = tiling or tiling_for_executor(self.config, self.step_place.executor, self.target)
         self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
         self.reduce = reduce_dtype(dtype, allreduce_dtype)

@@ -122,6 +122,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch)
+    t = whole_steps(cfg, dt, t, batch, wtypes)
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
                     qkv_bk=None, o_bn=None, o_bk=None)
@@ -210,10 +211,28 @@ def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, t.lm_bk, c.eps, target, **kw), min(t.bv, V))
 
 
+def whole_steps(cfg: ModelConfig, dt: DType, t: DecodeTiling, batch: int, wtypes: WeightTypes) -> DecodeTiling:
+    """``t`` with each quantized projection's and the LM head's K step its whole contraction
+    where it asks (:attr:`~.tiling.DecodeTiling.quant_whole_k`, one sequence: ``batch`` the
+    tiles' rows)."""
+    if not (t.quant_whole_k and batch == 1):
+        return t
+    c = cfg.layer
+
+    def whole(kind: str, k: int, step: int | None) -> int | None:
+        return k if wtypes.get(kind, dt).is_quantized else step
+
+    return replace(t, qkv_bk=whole("w_qkv", c.hidden, t.qkv_bk), o_bk=whole("wo", c.q_dim, t.o_bk),
+                   bk=whole("wd", c.ffn, t.bk), ffn_bk=whole("wg", c.hidden, t.ffn_bk),
+                   lm_bk=whole("lm_head", c.hidden, t.lm_bk))
+
+
 def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
              wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
-    """The LM head's vocabulary block (what :func:`functions` picks; ``vocab`` as there)."""
-    return _lm_head(cfg, dt, target, t, tile_rows(batch), wtypes, vocab)[1]
+    """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
+    ``vocab`` as there)."""
+    rows = tile_rows(batch)
+    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, rows, wtypes), rows, wtypes, vocab)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:

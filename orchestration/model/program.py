@@ -37,6 +37,7 @@ from pto.orchestration.model.reference import KVCache, ReferenceModel
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
+from pto.machine.target import Target
 from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
 from pto.quant import QTensor
 
@@ -84,9 +85,22 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
 
 
-def tiling_for(cfg: ModelConfig) -> DecodeTiling:
-    """The step's tiles for ``cfg`` (at a given cache: ``tiling_for(cfg).for_cache(cache)``)."""
-    return TINY_TILING if cfg.layer.hidden < 256 else WIDE_TILING if cfg.layer.hidden >= 2048 else TILING
+#: on a CPU, the rest's projections in blocks of 32 outputs, K steps of 192 (both of SmolLM2's
+#: contractions, 576 and 1536, whole steps): a block is a loop iteration of one task there, and
+#: each recomputes the folded norm's statistics, so wider blocks read the same weights with less of
+#: it (SmolLM2 on one core of the development VM: 55 against 87 ms a step, docs/PERF.md "Native
+#: CPU execution")
+CPU_TILING = replace(TILING, bn=32, bk=192, qkv_bk=None, o_bk=None, ffn_bk=None, quant_whole_k=True)
+
+
+def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
+    """The step's tiles for ``cfg`` on ``target`` (a GPU's where None; at a given cache:
+    ``tiling_for(cfg).for_cache(cache)``)."""
+    if cfg.layer.hidden < 256:
+        return TINY_TILING
+    if cfg.layer.hidden >= 2048:
+        return WIDE_TILING
+    return CPU_TILING if target is not None and target.kind == "cpu" else TILING
 
 
 #: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): blocks
@@ -98,11 +112,11 @@ def tiling_for(cfg: ModelConfig) -> DecodeTiling:
 MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
 
 
-def tiling_for_executor(cfg: ModelConfig, executor: str) -> DecodeTiling:
-    """The step's tiles for ``cfg`` run by ``executor``: the megakernel's wider blocks for models
-    of hidden 2048 and more on the persistent executor (:data:`MEGAKERNEL_WIDE`), else
-    :func:`tiling_for`'s."""
-    base = tiling_for(cfg)
+def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None = None) -> DecodeTiling:
+    """The step's tiles for ``cfg`` run by ``executor`` on ``target``: the megakernel's wider
+    blocks for models of hidden 2048 and more on the persistent executor
+    (:data:`MEGAKERNEL_WIDE`), else :func:`tiling_for`'s."""
+    base = tiling_for(cfg, target)
     if executor == "persistent" and cfg.layer.hidden >= 2048:
         return replace(base, **MEGAKERNEL_WIDE)
     return base
@@ -196,8 +210,8 @@ class ModelProgram(Program):
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
-        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg), s.tp, self._reduce_dtype(s),
-                          shape["cache"], self.weight_types(s), s["lm_head"] == "parallel")
+        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg, s.target), s.tp,
+                          self._reduce_dtype(s), shape["cache"], self.weight_types(s), s["lm_head"] == "parallel")
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
         """Under ``tp`` > 1 the sum buffer of the o and down projections' collective tasks: one

@@ -322,7 +322,8 @@ def weight_bytes(w) -> dict[str, int]:
 
 def for_weights(t, wtypes: WeightTypes):
     """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights:
-    output-major matrices (the GEMVs) and LM head, and contraction steps of whole blocks."""
+    output-major matrices (the GEMVs) and LM head, and contraction steps of whole blocks (fewer
+    outputs a tile where a step grows)."""
     if not wtypes.quantized:
         return t
     layers = wtypes.blocks(STACKED)
@@ -331,7 +332,11 @@ def for_weights(t, wtypes: WeightTypes):
     def steps(v):
         return None if v is None else max(v, layers) // layers * layers
 
-    out = replace(t, wt=True, bk=steps(t.bk), dot_bk=steps(t.dot_bk), qkv_bk=steps(t.qkv_bk), o_bk=steps(t.o_bk),
+    bk = steps(t.bk)
+    # a step grown to whole blocks (a CPU's K steps of 192 for 256-element blocks): fewer outputs
+    # a tile (a power of two), so that its weights and their packed blocks fit where the tile did
+    bn = t.bn if bk <= t.bk else 1 << max(t.bn * t.bk // bk, 1).bit_length() - 1
+    out = replace(t, wt=True, bn=bn, bk=bk, dot_bk=steps(t.dot_bk), qkv_bk=steps(t.qkv_bk), o_bk=steps(t.o_bk),
                   ffn_bk=steps(t.ffn_bk))
     if head > 1:  # the head's GEMV: whole blocks a step, a tile of about as many weights as before
         lm_bk = max(t.lm_bk, head) // head * head

@@ -75,6 +75,11 @@ class DecodeTiling:
     #: 1.99 against 3.47 us a task, SmolLM2's step 0.573 against 0.671 ms on an H200
     #: (docs/PERF.md, "Ninth session")
     combine_parts: bool = True
+    #: one sequence: every GEMV against quantized weights takes its whole contraction in one
+    #: step (a CPU's: the C kernel never makes the weight tile, it reads each weight row once,
+    #: in order, from memory; a step's rows in pieces cost SmolLM2's Q4_1 step 30 against 24 ms
+    #: of CPU on one core of the development VM, docs/PERF.md "Native CPU execution")
+    quant_whole_k: bool = False
 
     def for_cache(self, cache: int | None) -> DecodeTiling:
         """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""

@@ -32,8 +32,9 @@ GROUP = "pto.backends"
 
 #: what a backend can do, asked by name (executors and checks never compare backend names):
 #: ``megakernel``: it compiles a whole graph into one persistent kernel (the persistent
-#: executor runs on it); ``cpu_f32_only``: on the CPU it computes in f32 only (an interpreter)
-CAPABILITIES = ("megakernel", "cpu_f32_only")
+#: executor runs on it); ``cpu_f32_only``: on the CPU it computes in f32 only (an interpreter);
+#: ``native``: it compiles a whole program for the C runtime's workers (the native executor)
+CAPABILITIES = ("megakernel", "cpu_f32_only", "native")
 
 
 class Backend(ABC):
@@ -150,6 +151,18 @@ class Backend(ABC):
         either by default: every task on the masked path."""
         shape = (len(regions), len(fn.memrefs))
         return np.zeros(shape, bool), np.zeros(shape, bool)
+
+    # -- the native executor's (a backend with the ``native`` capability) ------------------------
+    def program(self, corch):
+        """The whole program of the orchestration ``corch`` (:class:`pto.codegen.c_orch.COrchestration`)
+        compiled with its runtime, its InCore functions and the worker pool, for a backend with the
+        ``native`` capability: an object with ``module`` (cffi) and ``fn(entry)``."""
+        raise UsageError(f"the native executor runs compiled programs; --backend {self.name} needs --executor waves")
+
+    def row_stride(self, t, what: str, dtype) -> int:
+        """The elements between the rows of tensor ``t`` as a compiled kernel addresses it (an
+        ExecutionError naming ``what`` for a tensor it cannot address), for the native executor."""
+        raise UsageError(f"the native executor runs compiled programs; --backend {self.name} needs --executor waves")
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -183,6 +183,27 @@ def _import(modname: str, path: Path) -> ModuleType:
     return module
 
 
+def write_source(stem: str, text: str) -> Path:
+    """Generated C as a file under the cache (``src/<stem>_<hash>.c``) for :func:`load_cffi_module`
+    to compile: written once per content, atomically; a damaged copy is rewritten and reported."""
+    data = text.encode()
+    src_dir = cache_root() / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    path = src_dir / f"{stem}_{hashlib.sha256(data).hexdigest()[:16]}.c"
+    if not path.exists() or path.read_bytes() != data:
+        if path.exists():  # a truncated or corrupted copy: compiling it would fail or differ
+            log.warning("pto: cache: the generated source %s was corrupt; rewritten", path)
+        tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+def compiler_available() -> bool:
+    """Whether the C compiler pto would run (``$CC``, Python's, or ``cc``) is installed."""
+    return shutil.which(_compiler()[0]) is not None
+
+
 def load_cffi_module(name: str, cdef: str, source: str, sources: Sequence[Path | str] = (),
                      include_dirs: Sequence[Path | str] = (),
                      extra_compile_args: Sequence[str] = ()) -> ModuleType:

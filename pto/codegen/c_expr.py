@@ -14,8 +14,14 @@ _C_FN = {"//": "pto_fdiv", "%": "pto_fmod", "min": "pto_min", "max": "pto_max"}
 _C_INTRINSIC = {"bx_count": "pto_bx_count", "bx_start": "pto_bx_start", "bx_size": "pto_bx_size"}
 
 
-def c_expr(e: Expr, name=lambda n: "v_" + n) -> str:
-    """C text of an integer expression; ``name`` maps variable names to C identifiers."""
+def c_expr(e: Expr, name=lambda n: "v_" + n, leaf=None) -> str:
+    """C text of an integer expression; ``name`` maps variable names to C identifiers; ``leaf``,
+    where given, renders the nodes it returns text for (an InCore function's ``x.rows``, its
+    float constants) before the rules below."""
+    if leaf is not None:
+        text = leaf(e)
+        if text is not None:
+            return text
     if isinstance(e, Const):
         if not isinstance(e.value, int):
             raise BuildError(f"orchestration expressions are integers; got the constant {e.value!r}")
@@ -26,12 +32,12 @@ def c_expr(e: Expr, name=lambda n: "v_" + n) -> str:
     if isinstance(e, Attr):
         raise BuildError(f"`{e.base}.{e.field}` reached C code generation; lower adaptive loops first")
     if isinstance(e, Fn):
-        args = [c_expr(a, name) for a in e.args]
+        args = [c_expr(a, name, leaf) for a in e.args]
         if e.name == "select":
             return f"({args[0]} ? {args[1]} : {args[2]})"
         return f"{_C_INTRINSIC[e.name]}({', '.join(args)})"
     if isinstance(e, Bin):
-        a, b = c_expr(e.a, name), c_expr(e.b, name)
+        a, b = c_expr(e.a, name, leaf), c_expr(e.b, name, leaf)
         if e.op in _C_FN:
             return f"{_C_FN[e.op]}({a}, {b})"
         return f"({a} {_C_BIN[e.op]} {b})"

@@ -28,6 +28,8 @@ EXECUTORS = {
     "waves": ("pto.exec.waves", "WaveExecutor", "host-driven waves of batched launches, replayed as a CUDA graph"),
     "persistent": ("pto.exec.persistent", "PersistentExecutor", "one GPU-resident Triton kernel runs the whole "
                    "graph, tasks waiting only on their own predecessors (triton backend)"),
+    "native": ("pto.exec.native", "NativeExecutor", "the C runtime's worker threads run the compiled tasks while the "
+               "orchestration submits them (c backend, CPU)"),
 }
 
 
@@ -42,10 +44,13 @@ AUTO_MIN_BATCHES, AUTO_MAX_TASKS_PER_BATCH = 16, 32
 
 
 def resolve(name: str, device: str, backend: str) -> str:
-    """Check ``name``; ``auto`` stays ``auto`` (decided per graph by :func:`choose`) where the
-    persistent executor can run (the triton backend on a GPU), else it is ``waves``."""
+    """Check ``name``; ``auto`` is ``native`` for a backend that compiles whole programs (c), stays
+    ``auto`` (decided per graph by :func:`choose`) where the persistent executor can run (the
+    triton backend on a GPU), else it is ``waves``."""
     if name != "auto" and name not in EXECUTORS:
         raise UsageError(f"unknown executor {name!r} (choose auto, {', '.join(EXECUTORS)})")
+    if name == "auto" and capable(backend, "native"):
+        return "native"
     if name == "auto" and not (device == "cuda" and capable(backend, "megakernel")):
         return "waves"
     return name
@@ -78,13 +83,13 @@ def get_executor(name: str, backend, tensors, **kw) -> Executor:
 
 def run_first(ex: Executor, graph) -> tuple[Executor, ExecStats]:
     """The first run of ``graph`` on ``ex``: ``(the executor that ran it, its stats)``. A
-    persistent kernel that no configuration fits on the device (:class:`ResourceError`, raised
-    before any launch) falls back to the wave executor, said in one line on the ``pto.exec``
-    logger."""
+    persistent kernel that no configuration fits on the device, or a graph the native executor
+    does not run (collectives, the sentinel: :class:`ResourceError`, raised before any launch)
+    falls back to the wave executor, said in one line on the ``pto.exec`` logger."""
     try:
         return ex, ex.run(graph)
     except ResourceError as e:
-        if ex.name != "persistent":
+        if ex.name not in ("persistent", "native"):
             raise
         log.warning("pto: %s; running with --executor waves instead", e)
         waves = get_executor("waves", ex.backend, ex.tensors, record=ex.record, progress=ex.progress,

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
+from pto.ir.dtypes import DType
 from pto.ir.expr import Const, Expr, const_value, emax, fold, substitute
 from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
-from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel
+from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, walk_instrs
 from pto.ir.ops import COLLECTIVE, SIGNATURE, Op
 from pto.ir.verify_incore import verify_incore
 
@@ -168,7 +169,8 @@ def staged_bytes(fn: IncoreFunction, ins: Instr, dims: dict[str, int] | None = N
     return r * (q.header_bytes + c // q.block * q.block_bytes)
 
 
-def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> tuple[int, list[str]]:
+def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None,
+                    as_stored: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
     """Peak bytes of tiles live at the same time, and the names live at the peak.
 
     A tile's value is live from the write that produces it to its last read; a write that does
@@ -176,9 +178,12 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
     loop, a tile whose first access in the body is a read carries its value from one iteration
     to the next (an accumulator, a running max) and is live across the whole loop. A load of a
     quantized memref also holds the tile's packed blocks (:func:`staged_bytes`), named
-    ``"<tile> (packed)"``, while it runs.
+    ``"<tile> (packed)"``, while it runs. A tile of ``as_stored`` (quantized weights a product
+    takes as stored, never made: :func:`gemv_quantized_loads`) is its packed blocks only.
     """
     sizes = tile_bytes(fn, dims)
+    loads = {i.dst: i for i in walk_instrs(fn.body) if i.op is Op.LOAD}
+    sizes.update({t: staged_bytes(fn, loads[t], dims) for t in as_stored})
     staged: dict[int, tuple[str, int]] = {}  # position -> the packed blocks a load there holds
     events: dict[str, list[tuple[int, bool, bool]]] = {n: [] for n in sizes}
     loops: list[tuple[int, int, dict[str, bool]]] = []  # (start, end, tile -> first access reads)
@@ -193,7 +198,7 @@ def live_tiles_peak(fn: IncoreFunction, dims: dict[str, int] | None = None) -> t
                 visit(s.body, open_loops + [info])
                 loops.append((start, pos - 1, info))
                 continue
-            packed = staged_bytes(fn, s, dims)
+            packed = 0 if s.dst in as_stored else staged_bytes(fn, s, dims)
             if packed:
                 staged[pos] = (f"{s.dst} (packed)", packed)
             reads = instr_reads(s)
@@ -241,3 +246,37 @@ def instr_reads(ins: Instr) -> set[str]:
     if ins.op is Op.MATMUL_ACC:
         out.add(ins.dst)
     return out
+
+
+def gemv_quantized_loads(fn: IncoreFunction, few_rows) -> frozenset[str]:
+    """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
+    into an f32 tile of an f32 left operand of few rows (``few_rows(tile)``) by them (``tb``: a GEMV's
+    multiply-sum, in the same loop body): a backend's product may take the tile's blocks as
+    they are stored instead of a tile of values (the Triton renderer sums per unit, the C one
+    dequantizes into the dot product; the sums reassociated, as a half-precision kernel's may be)."""
+    memrefs = {p.name: p for p in fn.memrefs}
+    dtypes = {t.name: t.dtype for t in fn.tiles}
+    where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                visit(s.body)
+                continue
+            for t in instr_reads(s) | ({s.dst} if s.dst is not None else set()):
+                where.setdefault(t, []).append((id(body), s))
+
+    visit(fn.body)
+    out = set()
+    for t, uses in where.items():
+        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
+            continue
+        (_, load), (_, mm) = uses
+        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
+                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
+                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
+                and str(mm.attr("acc")) == "f32" and few_rows(mm.srcs[0]) and dtypes[mm.srcs[0]] is DType.F32
+                and dtypes[mm.dst] is DType.F32):
+            continue
+        out.add(t)
+    return frozenset(out)

@@ -138,12 +138,113 @@ class QuantFormat:
             off += blocks * p.block_bytes(self.block)
         raise KeyError(name)
 
+    def offset_code(self) -> dict[str, str]:
+        """Where each plane starts in a row of ``nb`` blocks, as the text of an integer expression
+        of ``nb`` (the same in C and Python: the renderers')."""
+        offsets, at, head = {}, [], 0
+        for p in self.planes:
+            if p.header:
+                offsets[p.name] = str(head)
+                head += p.bits // 8
+                continue
+            offsets[p.name] = " + ".join([str(self.header_bytes)] * bool(self.header_bytes) + at) or "0"
+            at.append(f"nb * {p.block_bytes(self.block)}")
+        return offsets
+
     def plane(self, name: str) -> Plane:
         return next(p for p in self.planes if p.name == name)
+
+    def affine_form(self, scales: dict) -> Affine:
+        """The routine as ``sum_p A_p * E_p + B`` over the element planes ``E_p`` (every format's
+        is affine in them), ``A_p`` and ``B`` built from ``scales`` (a value per scale and header
+        plane: anything with ``+``, ``-`` and ``*``), so a product with the weights can take the
+        planes' sums and the scales once per group (the renderers' dot products)."""
+        form = self.dequantize({p.name: Affine({p.name: 1}, None) if p.group == 1 else scales[p.name]
+                                for p in self.planes})
+        if not isinstance(form, Affine):
+            raise ValueError(f"{self.name}: the routine does not use an element plane")
+        return form
 
     def file_bytes(self, rows: int, cols: int) -> int:
         """Bytes of the matrix in a GGUF file (GGUF's blocks; no row padding)."""
         return rows * cols // self.block * self.gguf_block_bytes
+
+
+class Symbolic:
+    """A value a renderer runs a routine on, standing for the code that computes it: ``+``, ``-``
+    and ``*`` (either side) are :meth:`_op`, which a subclass writes (the operation's code)."""
+
+    def _op(self, other, sym: str, swap: bool = False):
+        raise NotImplementedError
+
+    def __add__(self, o):
+        return self._op(o, "+")
+
+    def __radd__(self, o):
+        return self._op(o, "+", swap=True)
+
+    def __sub__(self, o):
+        return self._op(o, "-")
+
+    def __rsub__(self, o):
+        return self._op(o, "-", swap=True)
+
+    def __mul__(self, o):
+        return self._op(o, "*")
+
+    def __rmul__(self, o):
+        return self._op(o, "*", swap=True)
+
+
+class Affine:
+    """A symbolic value affine in the element planes: ``sum(coef[p] * E_p) + const``, the
+    coefficients and the constant of the scales' values (None: none): what
+    :meth:`QuantFormat.affine_form` runs a routine on."""
+
+    def __init__(self, coef: dict, const):
+        self.coef, self.const = coef, const
+
+    @staticmethod
+    def _lift(o) -> Affine:
+        return o if isinstance(o, Affine) else Affine({}, o)
+
+    def __add__(self, o):
+        o = Affine._lift(o)
+        return Affine({p: _plus(self.coef.get(p), o.coef.get(p)) for p in {*self.coef, *o.coef}},
+                      _plus(self.const, o.const))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self + o * -1
+
+    def __rsub__(self, o):
+        return self * -1 + o
+
+    def __mul__(self, o):
+        if isinstance(o, Affine):
+            if o.coef and self.coef:
+                raise ValueError("not affine in the element planes")
+            return o * self.const if not o.coef else self * o.const
+        return Affine({p: _times(c, o) for p, c in self.coef.items()}, _times(self.const, o))
+
+    __rmul__ = __mul__
+
+
+def _plus(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _times(a, b):
+    if a is None or b is None:
+        return None
+    if isinstance(a, (int, float)) and float(a) == 1.0:
+        return b
+    return a * b
 
 
 # the dequantization routines: f32 values of the planes at each element in, f32 weights out
@@ -201,4 +302,4 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
 BY_GGUF = {f.gguf: f for f in FORMATS.values() if f.gguf}
 
 
-__all__ = ["Plane", "QuantFormat", "FORMATS", "BY_GGUF", "ROW_ALIGN", "round_up"]
+__all__ = ["Affine", "Plane", "QuantFormat", "Symbolic", "FORMATS", "BY_GGUF", "ROW_ALIGN", "round_up"]

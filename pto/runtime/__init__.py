@@ -33,10 +33,12 @@ import re
 from pto.runtime.api import GraphExport, Runtime
 from pto.runtime.lib import RuntimeLib
 from pto.runtime.loader import (
+    kernel_cdef,
     load_runtime_module,
     runtime_cdef,
     runtime_constants,
     runtime_include_dir,
+    runtime_native_files,
     runtime_portable_files,
     runtime_sources,
 )
@@ -52,5 +54,5 @@ def __getattr__(name: str) -> int:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["GraphExport", "Runtime", "RuntimeLib", "load_runtime_module", "runtime_cdef", "runtime_include_dir",
-           "runtime_portable_files", "runtime_sources"]
+__all__ = ["GraphExport", "Runtime", "RuntimeLib", "kernel_cdef", "load_runtime_module", "runtime_cdef",
+           "runtime_include_dir", "runtime_native_files", "runtime_portable_files", "runtime_sources"]

@@ -76,6 +76,9 @@ class Runtime:
             pops and completes tasks.
         count_only: only count tasks and regions (no graph; O(1) memory).
         lib: a compiled cffi module that contains the runtime (default: the bare runtime).
+        hooks: called with the ``pto_config *`` before the runtime is created, to install sync
+            hooks of its own (the native pool's: :mod:`pto.exec.native`); instead of
+            ``concurrent``. Whoever installed them frees them after :meth:`close`.
 
     Arguments are checked as :class:`RuntimeLib` does (:mod:`pto.runtime.checks`): a non-integer or
     out-of-range integer, a name with a NUL, float task ids... raise
@@ -83,7 +86,7 @@ class Runtime:
     """
 
     def __init__(self, window: int = 0, concurrent: bool = False, count_only: bool = False,
-                 lib: ModuleType | None = None):
+                 lib: ModuleType | None = None, hooks=None):
         self.ptr: Any = None  # so close() from __del__ is harmless if the checks below fail
         self._sync = False
         window = check_i32("Runtime", "window", window)
@@ -101,6 +104,8 @@ class Runtime:
                 raise RuntimeStatusError(
                     f"cannot set up the pthread sync hooks: {self.api.status_name(status)}", status)
             self._sync = True
+        elif hooks is not None:
+            hooks(self._cfg)
         try:
             self.ptr = self.api.runtime_create(self._cfg)
         except RuntimeStatusError:

@@ -9,14 +9,11 @@ scalars and submits every task from C; the result is a :class:`Graph` around the
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto.cache.cachedir import cache_root
-from pto.cache.cbuild import load_cffi_module, log
+from pto.cache.cbuild import load_cffi_module, write_source
 from pto.codegen.c_orch import COrchestration, generate_c
 from pto.errors import RegionError, RuntimeStatusError
 from pto.ir.nodes import IncoreFunction, Module
@@ -86,16 +83,7 @@ class CompiledProgram:
             for v in self.corch.variants:
                 check_sram(v.func, target)
         name = self.corch.name
-        digest = hashlib.sha256(self.corch.source.encode()).hexdigest()[:16]
-        src_dir = cache_root() / "src"
-        src_dir.mkdir(parents=True, exist_ok=True)
-        path = src_dir / f"{name}_{digest}.c"
-        if not path.exists() or path.read_bytes() != self.corch.source.encode():
-            if path.exists():  # a truncated or corrupted copy: compiling it would fail or differ
-                log.warning("pto: cache: the generated source %s was corrupt; rewritten", path)
-            tmp = path.with_suffix(f".tmp{os.getpid()}-{id(self)}")
-            tmp.write_bytes(self.corch.source.encode())
-            tmp.replace(path)
+        path = write_source(name, self.corch.source)
         self.lib = load_cffi_module(
             f"orch_{name}", runtime_cdef() + self.corch.cdef,
             # the wrapper must see the prototypes (an implicit declaration returns int)
@@ -133,14 +121,17 @@ class CompiledProgram:
             raise
         return graph
 
-    def start(self, scalars: dict[str, int], rt: Runtime):
+    def start(self, scalars: dict[str, int], rt: Runtime, lib=None):
         """Register tensors and variants on ``rt``; returns (tensor_ids, func_ids, build) where
-        ``build()`` submits every task and may run on another thread (concurrent runtimes)."""
-        ffi = self.lib.ffi
+        ``build()`` submits every task and may run on another thread (concurrent runtimes).
+        ``lib``: another compiled module holding this orchestration and ``rt``'s runtime (the
+        native executor's)."""
+        ffi = (lib or self.lib).ffi
+        fns = self._fns if lib is None else {k: getattr(lib.lib, f"pto_{self.corch.name}_{k}") for k in self._fns}
         sc = ffi.new("int64_t[]", [int(scalars[s]) for s in self.corch.scalars] or [0])
         tids = ffi.new("int32_t[]", max(len(self.corch.tensors), 1))
         fids = ffi.new("int32_t[]", max(len(self.corch.variants), 1))
-        st = self._fns["setup"](rt.ptr, sc, tids, fids)
+        st = fns["setup"](rt.ptr, sc, tids, fids)
         if st != 0:
             raise RuntimeStatusError(f"`{self.corch.name}` setup: {_last_error(rt)}", st)
         tensor_ids = {t: tids[i] for i, t in enumerate(self.corch.tensors)}
@@ -148,9 +139,9 @@ class CompiledProgram:
 
         def build():
             failed = ffi.new("int32_t *", -1)
-            status = self._fns["build"](rt.ptr, sc, tids, fids, failed)
+            status = fns["build"](rt.ptr, sc, tids, fids, failed)
             if status != 0:
-                site = ffi.string(self._fns["call_site"](failed[0])).decode() if failed[0] >= 0 else ""
+                site = ffi.string(fns["call_site"](failed[0])).decode() if failed[0] >= 0 else ""
                 msg = _last_error(rt)
                 text = f"{site}: {msg}" if site else msg
                 if status == ERR_REGION:  # a region outside its tensor: the program's mistake

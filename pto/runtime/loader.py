@@ -56,6 +56,17 @@ def runtime_portable_files() -> list[Path]:
     return _build_script().portable_files()
 
 
+def kernel_cdef() -> str:
+    """The cdef text of compiled InCore functions' types (``pto_kernel_abi.h``), for a module of
+    kernels without the runtime."""
+    return _build_script().kernel_cdef()
+
+
+def runtime_native_files() -> list[Path]:
+    """The files a generated folder adds to run its graph natively (``pto codegen``)."""
+    return _build_script().native_files()
+
+
 def runtime_cdef() -> str:
     """The runtime's cdef text (``pto_runtime_api.h``), to prepend to another module's cdef."""
     return _build_script().runtime_cdef()

@@ -57,16 +57,18 @@ def tripwire(monkeypatch):
     monkeypatch.setattr(pto.data.buffers, "allocate", refuse)
 
 
-def test_a_graph_whose_run_takes_half_an_hour_is_dumped_without_executing(tripwire, tmp_path, capsys):
-    """LLaMA-7B's layer at 4,096 tokens on the CPU: about half an hour of execution (issue 20),
-    here a graph built and dumped with neither an executor nor a tensor."""
+def test_a_graph_whose_run_takes_long_is_dumped_without_executing(tripwire, tmp_path, capsys):
+    """LLaMA-7B's layer at 4,096 tokens on the CPU: half a minute of native execution (about half
+    an hour with the torch backend, issue 20), here a graph built and dumped with neither an
+    executor nor a tensor."""
     dump = tmp_path / "7b.txt"
-    rc = main(["graph", "llama7b", "--config", "7b", "--seq", "4096", "--device", "cpu", "--dump", str(dump), "--json"])
+    rc = main(["graph", "llama7b", "--config", "7b", "--seq", "4096", "--device", "cpu", "--dump", str(dump),
+               "--json"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     res = json.loads(out.out)
     assert res["tasks"] == 2816 and res["edges"] == 68608
-    assert res["exec_estimate_s"] > 600  # the cost model's minutes, reported instead of spent
+    assert res["exec_estimate_s"] > 10  # the cost model's seconds, reported instead of spent
     assert len(read_dump(dump).tasks) == 2816
     # the tripwire catches what a run makes
     assert main(["run", "softmax", "--seq", "64"]) == 3
@@ -79,7 +81,7 @@ def test_the_text_report(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("llama7b seq=4096 config=7b dtype=f32")
     assert lines[1].startswith("tasks 2,816  edges 68,608  build ") and lines[1].endswith("not executed")
-    assert lines[2].startswith("executing it would take about ") and "min on cpu with the torch backend" in lines[2]
+    assert lines[2].startswith("executing it would take about ") and " on cpu with the c backend" in lines[2]
     assert lines[3] == f"wrote the dump {tmp_path / 'd.txt'}"
 
 

@@ -139,12 +139,12 @@ def test_bench_says_where_the_plot_is(tmp_path):
 
 
 def test_bench_times_an_executor_once_when_auto_resolves_to_one_asked_for_by_name():
-    """``--executor auto,waves`` where auto means waves (the CPU; the model program on a GPU):
-    one column, not a second run writing over the first."""
+    """``--executor auto,waves`` where auto means waves (the torch backend on the CPU; the model
+    program on a GPU): one column, not a second run writing over the first."""
     from pto.cli.commands.bench import Timing, bench
 
     res = bench("softmax", [64], executors=("auto", "waves"), compare=(), timing=Timing(iterations=1, warmup=0),
-                device="cpu")
+                device="cpu", backend="torch")
     assert res["executors"] == ["waves"] and "waves_ms" in res["rows"][0]
 
 
@@ -158,7 +158,8 @@ def test_bench_rounds_time_every_method_in_turn():
     ms = interleaved(timers, Timing(iterations=2, warmup=1, rounds=3), cuda=False)
     assert "".join(calls) == "ab" + "aabb" * 3
     assert {k: len(v) for k, v in ms.items()} == {"a": 6, "b": 6} and min(ms["a"] + ms["b"]) >= 0
-    res = bench("softmax", [64], compare=("eager",), timing=Timing(iterations=2, warmup=0, rounds=3), device="cpu")
+    res = bench("softmax", [64], compare=("eager",), timing=Timing(iterations=2, warmup=0, rounds=3), device="cpu",
+                backend="torch")
     row = res["rows"][0]
     assert res["rounds"] == 3 and row["waves_spread"] >= 0 and row["eager_spread"] >= 0
     ratios = sorted(e / w for e, w in zip(row["eager_rounds"], row["waves_rounds"]))

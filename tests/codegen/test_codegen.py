@@ -61,7 +61,7 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
     assert r.returncode == 0, r.stderr
     exe = tmp_path / "graph"
     cc = subprocess.run(["gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic",
-                         *map(str, sorted(tmp_path.glob("*.c"))), "-o", str(exe)],
+                         *map(str, sorted(tmp_path.glob("*.c"))), "-o", str(exe), "-lm", "-pthread"],
                         capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
     assert cc.stderr == ""
@@ -74,6 +74,42 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
         assert int(out[1]) == g.tasks and int(out[3]) == g.edges
         g.close()
         assert (tmp_path / "d.txt").read_text().startswith("PTO-TASKGRAPH 1")
+
+
+@pytest.mark.slow
+@needs_cc
+@pytest.mark.parametrize("name,options,seq", [("softmax", [], 333), ("llama7b", ["--attention", "split"], 150),
+                                              ("model", [], None)])
+def test_codegen_dir_runs_the_graph_on_data_from_a_file(name, options, seq, tmp_path):
+    """`cc DIR/*.c -lm -pthread` builds a program that runs the graph on inputs from a
+    safetensors file (`pto run --save-inputs` wrote it) with no Python; its outputs are the
+    evaluator's (`pto run --backend torch --save`) up to the order of f32 sums (rel 1e-5)."""
+    from safetensors.torch import load_file
+
+    gen = tmp_path / "gen"
+    size = [] if seq is None else ["--seq", str(seq)]
+    shape = [str(seq)] if seq is not None else [str(v) for _, v in get(name).shape().values]
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", name, "--out", str(gen), *options, *size],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    exe = gen / "graph"
+    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, sorted(gen.glob("*.c"))), "-o",
+                         str(exe), "-lm", "-pthread"], capture_output=True, text=True)
+    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    ins, ref, out = tmp_path / "in.safetensors", tmp_path / "ref.safetensors", tmp_path / "out.safetensors"
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "run", name, *options, *size, "--backend", "torch",
+                        "--save-inputs", str(ins), "--save", str(ref)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    run = subprocess.run([str(exe), *shape, "--run", str(ins), "--out", str(out),
+                          "--threads", "2", "--window", "16"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert run.stdout.startswith("tasks ")
+    got, want = load_file(out), load_file(ref)
+    assert set(want) <= set(got)
+    for k in want:
+        assert float((got[k].double() - want[k].double()).norm() / want[k].double().norm()) < 1e-5, k
+    bad = subprocess.run([str(exe), *shape, "--run", str(ref)], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("graph: no tensor `")  # the inputs are not in it
 
 
 @pytest.mark.parametrize("name,seq", [("softmax", 1), ("softmax", 333), ("bgemm", 45)])

@@ -1,7 +1,8 @@
-"""Builds and runs the C unit tests of the runtime (tests/runtime/c/test_runtime.c) under
-AddressSanitizer + UndefinedBehaviorSanitizer with leak checking, and checks that every runtime
-file compiles warning-free as strict C99, that the portable files build on their own, and that
-the runtime exports exactly its API.
+"""Builds and runs the C unit tests of the runtime (tests/runtime/c/test_runtime.c) and of its
+native pool (tests/runtime/c/test_native.c) under AddressSanitizer + UndefinedBehaviorSanitizer
+with leak checking (the pool under ThreadSanitizer too), and checks that every runtime file
+compiles warning-free as strict C99, that the portable files build on their own, and that the
+runtime exports exactly its API.
 
 Skipped only when gcc is missing. If LeakSanitizer cannot run here (it needs ptrace-like
 access that some sandboxes deny), the tests still run with ASan/UBSan and detect_leaks=0, and
@@ -67,6 +68,44 @@ def test_c_unit_tests_under_sanitizers(tmp_path, leak_check_works):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert not any(r in output for r in REPORTS), output
+    assert ", 0 failures" in proc.stdout
+
+
+NATIVE_TESTS = Path(__file__).resolve().parent / "c" / "test_native.c"
+
+
+def run_native_tests(tmp_path: Path, sanitize: list[str], env: dict, programs: int) -> subprocess.CompletedProcess:
+    exe = tmp_path / "test_native"
+    cmd = [GCC, "-std=c99", "-Wall", "-Wextra", "-Werror", *sanitize, f"-I{RUNTIME}", str(NATIVE_TESTS),
+           *map(str, runtime_sources()), "-o", str(exe), "-pthread"]
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    assert build.returncode == 0 and not build.stderr, build.stderr
+    return subprocess.run([str(exe), str(programs)], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_native_pool_under_sanitizers(tmp_path, leak_check_works):
+    """The worker pool (tests/runtime/c/test_native.c): random programs, a chain, a fan-out and
+    fan-in at 1-4 threads and windows of 1-16 slots against the tasks run in order, a failing
+    kernel, a cancel from another thread; under ASan + UBSan, a deadlock a timeout."""
+    proc = run_native_tests(tmp_path, SANITIZE, _env(leak_check_works), 25)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert not any(r in output for r in REPORTS), output
+    assert ", 0 failures" in proc.stdout
+
+
+@pytest.mark.slow
+def test_native_pool_under_thread_sanitizer(tmp_path):
+    """The same under ThreadSanitizer: no data race between the workers, the orchestration
+    thread and the kernels (skipped where TSan cannot run, e.g. without its memory layout)."""
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    built = subprocess.run([GCC, "-fsanitize=thread", str(probe), "-o", str(tmp_path / "probe")], capture_output=True)
+    if built.returncode != 0 or subprocess.run([str(tmp_path / "probe")], capture_output=True).returncode != 0:
+        pytest.skip("ThreadSanitizer does not run here")
+    proc = run_native_tests(tmp_path, ["-fsanitize=thread", "-g", "-O1"], dict(os.environ), 20)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "WARNING: ThreadSanitizer" not in output, output
     assert ", 0 failures" in proc.stdout
 
 
@@ -162,11 +201,12 @@ def test_shared_library_exports_exactly_the_api(tmp_path):
     exported = {ln.split()[-1] for ln in nm.stdout.splitlines() if ln.split()[1] in "TtDdBbRr"}
     declared = set(re.findall(r"^(?:int|const char \*)\s*(pto_\w+)\(", (RUNTIME / "pto_runtime_api.h").read_text(),
                               re.M))
-    assert len(declared) == 28
+    assert len(declared) == 41  # 28 of the runtime, 13 of the native pool
     assert exported == declared
 
 
-def test_header_is_cffi_clean():
-    """The cdef header holds declarations only: no preprocessor lines at all."""
-    text = (RUNTIME / "pto_runtime_api.h").read_text()
+@pytest.mark.parametrize("header", ["pto_runtime_api.h", "pto_kernel_abi.h"])
+def test_header_is_cffi_clean(header):
+    """The cdef headers hold declarations only: no preprocessor lines at all."""
+    text = (RUNTIME / header).read_text()
     assert not [ln for ln in text.splitlines() if ln.lstrip().startswith("#")]

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from pto.cli.progress import iterate
+from pto.codegen.c_incore import render_incore
 from pto.codegen.c_main import generate_main
 from pto.codegen.c_orch import generate_c
 from pto.codegen.triton import render
@@ -35,7 +36,7 @@ from pto.engine import Job
 from pto.errors import UsageError
 from pto.ir.analysis import has_collective
 from pto.passes.expansion.binary_expansion import expand_binary, strip_adaptive
-from pto.runtime import runtime_portable_files
+from pto.runtime import runtime_native_files, runtime_portable_files
 from pto.text import format_module
 
 MANIFEST = "pto-manifest.json"
@@ -45,22 +46,33 @@ BUILT = ("graph",)
 
 def codegen(job: Job, out_dir: str, shape: dict[str, int] | None = None, adaptive: bool = True,
             progress: bool = False, force: bool = False) -> list[str]:
-    """Write a self-contained directory: the orchestration .c, the runtime sources and headers,
-    a main.c (``cc -O2 -Wall -Wextra -Werror DIR/*.c -o DIR/graph`` builds a program that builds
-    the graph for the shape on its command line, ``graph SEQ``; the values of ``shape`` given
-    here become its defaults), the module's text form, the Triton
-    kernel sources of every InCore variant the program calls, and the manifest of what pto
-    wrote. Everything is generated before the folder is touched; an earlier output of pto is
-    replaced whole, a folder holding other files is refused unless ``force`` (the module docstring)."""
+    """Write a self-contained directory: the orchestration .c, the InCore functions as C
+    (``NAME_incore.c``), the runtime sources and headers, a main.c (``cc -O2 -Wall -Wextra -Werror
+    DIR/*.c -o DIR/graph -lm -pthread`` builds a program that builds the graph for the shape on
+    its command line, ``graph SEQ``, and runs it on data from a file, ``graph SEQ --run
+    IN.safetensors --out OUT.safetensors``; the values of ``shape`` given here become its
+    defaults), the module's text form, the Triton kernel sources of every InCore variant the
+    program calls, and the manifest of what pto wrote. Everything is generated before the folder
+    is touched; an earlier output of pto is replaced whole, a folder holding other files is
+    refused unless ``force`` (the module docstring)."""
     check(out_dir, force)
     prog, s = job.program, job.settings
     module = prog.build(s, prog.shape(shape))
     lowered = expand_binary(module) if adaptive else strip_adaptive(module)
     corch = generate_c(lowered)
+    # the InCore functions as C, unless one is a collective (no C kernel communicates) or a
+    # tensor is quantized (the standalone program reads f32, f16 and bf16 tensors only)
+    native = not (any(has_collective(v.func) for v in corch.variants)
+                  or any(t.dtype.is_quantized for t in lowered.entry_function.tensors))
     files = {corch.filename: corch.source.encode(),
              "main.c": generate_main(corch, prog.scalar_exprs(s), prog.name,
-                                     [(p.name, (shape or {}).get(p.name)) for p in prog.shape_params]).encode()}
+                                     [(p.name, (shape or {}).get(p.name)) for p in prog.shape_params],
+                                     lowered.entry_function.tensors if native else None).encode()}
     files.update({src.name: src.read_bytes() for src in runtime_portable_files()})
+    if native:
+        incore = render_incore([v.func for v in corch.variants], corch.name)
+        files[incore.filename] = incore.source.encode()
+        files.update({src.name: src.read_bytes() for src in runtime_native_files()})
     files[f"{corch.name}.pto"] = format_module(module).encode()
     for v in iterate(corch.variants, "rendering kernels", progress, unit="kernel"):
         if has_collective(v.func):  # runs through the torch evaluator: no kernel

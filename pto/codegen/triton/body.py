@@ -38,7 +38,7 @@ from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
-from pto.ir.analysis import instr_reads, substitute_stmt
+from pto.ir.analysis import gemv_quantized_loads, instr_reads, substitute_stmt
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.facts import loop_ranges
@@ -225,41 +225,6 @@ def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defin
     return out
 
 
-# quantized loads a GEMV's product takes as they are -----------------------------------------------
-
-
-def fused_quantized_loads(fn: IncoreFunction, blocks: dict[str, tuple[int, int]]) -> frozenset[str]:
-    """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
-    of one row by them (``tb``: a GEMV's multiply-sum, in the same loop body): the product takes
-    the tile's planes and sums per unit (:func:`pto.codegen.triton.quant.render_dot`, the values
-    never made; the sums reassociated, as a half-precision kernel's may be)."""
-    memrefs = {p.name: p for p in fn.memrefs}
-    dtypes = {t.name: t.dtype for t in fn.tiles}
-    where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
-
-    def visit(body):
-        for s in body:
-            if isinstance(s, ForRange):
-                visit(s.body)
-                continue
-            for t in instr_reads(s) | ({s.dst} if s.dst is not None else set()):
-                where.setdefault(t, []).append((id(body), s))
-
-    visit(fn.body)
-    out = set()
-    for t, uses in where.items():
-        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
-            continue
-        (_, load), (_, mm) = uses
-        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
-                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
-                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
-                and str(mm.attr("acc")) == "f32" and blocks[mm.srcs[0]][0] == 1 and dtypes[mm.srcs[0]] is DType.F32):
-            continue
-        out.add(t)
-    return frozenset(out)
-
-
 # the renderer ---------------------------------------------------------------------------------
 
 
@@ -302,9 +267,9 @@ class BodyRenderer(TileOps):
         self.waiting = False
         #: the quantized formats the body loads (their helpers come with the device function);
         #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
-        #: :func:`fused_quantized_loads`), and the planes' names of each once loaded
+        #: :func:`pto.ir.analysis.gemv_quantized_loads`), and the planes' names of each once loaded
         self.quantized: set[str] = set()
-        self.fused = fused_quantized_loads(fn, self.blocks)
+        self.fused = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1)
         self.planes: dict[str, list[str]] = {}
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}

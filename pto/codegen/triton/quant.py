@@ -28,7 +28,7 @@ product is exact: :mod:`pto.ir.quant`).
 
 from __future__ import annotations
 
-from pto.ir.quant import Plane, QuantFormat
+from pto.ir.quant import Affine, Plane, QuantFormat, Symbolic
 
 _TL = {("u", 8): "tl.uint8", ("i", 8): "tl.int8", ("f16", 16): "tl.float16", ("f32", 32): "tl.float32",
        ("e4m3", 8): "tl.uint8"}
@@ -67,7 +67,7 @@ class _Emitter:
         return name
 
 
-class _Value:
+class _Value(Symbolic):
     """A symbolic f32 ``[BR, BC / U]`` tensor (one value per unit, or per row: ``[BR, 1]``)."""
 
     def __init__(self, em: _Emitter, code: str, row: bool = False):
@@ -75,7 +75,7 @@ class _Value:
         self.em, self.code, self.row = em, code, row
 
     def _op(self, other, sym: str, swap: bool = False) -> _Value:
-        if isinstance(other, _Affine):
+        if isinstance(other, Affine):
             return NotImplemented
         if sym == "*" and not isinstance(other, _Value) and float(other) == 1.0:
             return self
@@ -83,24 +83,6 @@ class _Value:
         a, b = (o, self.code) if swap else (self.code, o)
         row = self.row and (not isinstance(other, _Value) or other.row)
         return _Value(self.em, self.em.let(f"{a} {sym} {b}"), row)
-
-    def __add__(self, o):
-        return self._op(o, "+")
-
-    def __radd__(self, o):
-        return self._op(o, "+", swap=True)
-
-    def __sub__(self, o):
-        return self._op(o, "-")
-
-    def __rsub__(self, o):
-        return self._op(o, "-", swap=True)
-
-    def __mul__(self, o):
-        return self._op(o, "*")
-
-    def __rmul__(self, o):
-        return self._op(o, "*", swap=True)
 
 
 def unit_of(fmt: QuantFormat) -> int:
@@ -172,57 +154,6 @@ def _fraction(em: _Emitter, p: Plane, raw: str, k: int) -> str:
     return em.let(f"({field} | 0x3F800000).to(tl.float32, bitcast=True)")
 
 
-class _Affine:
-    """A symbolic value affine in the element planes: ``sum(coef[p] * E_p) + const``, the
-    coefficients and the constant per unit (:class:`_Value` or a number; None: none) -- the
-    form of every format's routine, which :func:`render_dot` needs."""
-
-    def __init__(self, coef: dict, const):
-        self.coef, self.const = coef, const
-
-    @staticmethod
-    def _lift(o) -> _Affine:
-        return o if isinstance(o, _Affine) else _Affine({}, o)
-
-    def __add__(self, o):
-        o = _Affine._lift(o)
-        return _Affine({p: _plus(self.coef.get(p), o.coef.get(p)) for p in {*self.coef, *o.coef}},
-                       _plus(self.const, o.const))
-
-    __radd__ = __add__
-
-    def __sub__(self, o):
-        return self + o * -1
-
-    def __rsub__(self, o):
-        return self * -1 + o
-
-    def __mul__(self, o):
-        if isinstance(o, _Affine):
-            if o.coef and self.coef:
-                raise ValueError("not affine in the element planes")
-            return o * self.const if not o.coef else self * o.const
-        return _Affine({p: _times(c, o) for p, c in self.coef.items()}, _times(self.const, o))
-
-    __rmul__ = __mul__
-
-
-def _plus(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
-
-
-def _times(a, b):
-    if a is None or b is None:
-        return None
-    if not isinstance(a, _Value) and float(a) == 1.0:
-        return b
-    return a * b
-
-
 def _joined(em: _Emitter, parts: list[str]) -> str:
     """``parts`` (2^d tensors of one shape) joined along d new minor dims so that the flat index
     of those dims is the part's index (``tl.join`` keeps a new dim within each thread)."""
@@ -236,24 +167,11 @@ def _header(fmt: QuantFormat) -> list[str]:
     return [f"    nb = {blocks}", "    rowp = P + ri.to(tl.int64) * S"]
 
 
-def _offsets(fmt: QuantFormat) -> dict[str, str]:
-    """Where each plane starts in a row of ``nb`` blocks (source)."""
-    offsets, at, head = {}, [], 0
-    for p in fmt.planes:
-        if p.header:
-            offsets[p.name] = str(head)
-            head += p.bits // 8
-            continue
-        offsets[p.name] = " + ".join([str(fmt.header_bytes)] * bool(fmt.header_bytes) + at) or "0"
-        at.append(f"nb * {p.block_bytes(fmt.block)}")
-    return offsets
-
-
 def render_load(fmt: QuantFormat) -> list[str]:
     """``_pto_dq_load_<format>(P, S, ri, c0, rmask, lim, BR, BC, MASKED)``: every plane of the
     tile's rows (:func:`_loads`), returned in the format's plane order."""
     em = _Emitter()
-    raw = _loads(em, fmt, _offsets(fmt), unit_of(fmt))
+    raw = _loads(em, fmt, fmt.offset_code(), unit_of(fmt))
     return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
             "MASKED: tl.constexpr):", f"    # {fmt.name}: {fmt.doc}", *_header(fmt), *em.lines,
             f"    return {', '.join(raw[p.name] for p in fmt.planes)}"]
@@ -307,17 +225,13 @@ def render_dot(fmt: QuantFormat) -> list[str]:
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def affine_form(em: _Emitter, fmt: QuantFormat) -> _Affine:
-    """The format's routine on the loaded planes: affine in its element planes (each an
-    :class:`_Affine` unknown), the scale planes' values ``R_<name>`` as coefficients."""
-    form = fmt.dequantize({p.name: (_Affine({p.name: 1}, None) if p.group == 1 else
-                                    _Value(em, f"R_{p.name}", p.header)) for p in fmt.planes})
-    if not isinstance(form, _Affine):
-        raise ValueError(f"{fmt.name}: the routine does not use an element plane")
-    return form
+def affine_form(em: _Emitter, fmt: QuantFormat) -> Affine:
+    """The format's routine on the loaded planes (:meth:`QuantFormat.affine_form`): affine in
+    its element planes, the scale planes' values ``R_<name>`` as coefficients."""
+    return fmt.affine_form({p.name: _Value(em, f"R_{p.name}", p.header) for p in fmt.planes if p.group != 1})
 
 
-def affine_parts(em: _Emitter, fmt: QuantFormat, form: _Affine, sums: dict[str, str], xsum: str, row_sum):
+def affine_parts(em: _Emitter, fmt: QuantFormat, form: Affine, sums: dict[str, str], xsum: str, row_sum):
     """A dot's terms from ``sums`` (each element plane's sum of x times its fields as
     :func:`_fraction` makes them, ``1 + u / 2^bits``, per unit of the scales) and ``xsum`` (x's
     sum per unit): the part whose coefficients vary per unit (summed per unit) and the part of

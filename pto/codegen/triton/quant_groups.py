@@ -36,7 +36,6 @@ from pto.codegen.triton.quant import (
     _TL,
     _Emitter,
     _header,
-    _offsets,
     _planes_params,
     affine_form,
     affine_parts,
@@ -100,7 +99,7 @@ def render_load(fmt: QuantFormat) -> list[str]:
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
-    offsets = _offsets(fmt)
+    offsets = fmt.offset_code()
     g = em.let(f"tl.arange(0, BC // {T})[:, None, None]")
     rows = [em.let("rowp[None, :, :]"), em.let("rmask[None, :, :]")]
     valid = em.let(f"{rows[1]} & (c0 + {g} * {T} < lim)")

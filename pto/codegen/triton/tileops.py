@@ -356,7 +356,7 @@ class TileOps:
         self.emit("    " + load.format((lr, lc) != (r, c)))
         self.emit("else:")
         self.emit("    " + load.format(True))
-        if tile in self.fused:  # the product takes the planes (pto.codegen.triton.body.fused_quantized_loads)
+        if tile in self.fused:  # the product takes the planes (pto.ir.analysis.gemv_quantized_loads)
             self.planes[tile] = planes
             self.defined.add(tile)
             return

@@ -118,11 +118,11 @@ def test_quantized_weights_with_tensor_parallelism_is_one_line():
 def test_the_real_files_quantized_step_is_its_dequantized_step(smollm, one_thread):
     """SmolLM2 as the file stores it (Q4_1 layers, the Q8_0 embedding as the tied LM head): one
     step's logits (teacher-forced: the same cache and token) against the dequantized step's.
-    The layers compute the same f32 products of the same values in the same order; the LM head
-    sums its 576 products in another order (a GEMV of output-major blocks, the dense head a
-    matmul of [hidden, vocab]): a few f32 roundings of the largest logit, measured 2.9e-7. Both
-    steps are as far from the reference model (which computes in another order: 2.7e-5 after
-    30 layers, the dense step's as before)."""
+    Both multiply the same f32 values, summed in other orders (on the CPU's tiling the quantized
+    GEMVs take each whole contraction a step, the dense ones steps of 192; the dense head is a
+    matmul of [hidden, vocab]): after 30 layers they are no farther apart than either is from
+    the reference model, which sums in a third order (measured 1.7e-5 apart, each 3.1-3.2e-5
+    from it), the quantized step as close to it as the dense one, and the same token."""
     from pto.engine import Runner, resolve
 
     outs, ref = {}, {}
@@ -137,8 +137,10 @@ def test_the_real_files_quantized_step_is_its_dequantized_step(smollm, one_threa
             outs[q] = {k: v.clone() for k, v in runner(inputs).items() if k in ("logits", "tok")}
         finally:
             runner.close()
-    assert rel_err(outs["auto"]["logits"], outs["none"]["logits"]) <= 2e-6
-    assert rel_err(outs["auto"]["logits"], ref["auto"]) <= rel_err(outs["none"]["logits"], ref["none"]) + 2e-6
+    apart = rel_err(outs["auto"]["logits"], outs["none"]["logits"])
+    from_ref = rel_err(outs["auto"]["logits"], ref["auto"]), rel_err(outs["none"]["logits"], ref["none"])
+    assert apart <= max(from_ref), (apart, from_ref)
+    assert from_ref[0] <= from_ref[1] + 2e-6, from_ref
     assert torch.equal(outs["auto"]["tok"], outs["none"]["tok"])
 
 
@@ -249,3 +251,31 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     assert not failed, "\n".join(failed)
     assert len(results) >= 60, len(results)
     assert sum("_pto_dqg_dot_" in j["source"] for j in jobs) >= 20
+
+
+def test_the_cpus_whole_k_steps_keep_the_heads_blocks_and_the_argmax():
+    """SmolLM2's dimensions on the CPU's tiling (each quantized GEMV's whole contraction a step,
+    which narrows a quantized LM head's vocabulary blocks), random q8_0 weights with the tied
+    head, a vocabulary of 4,096 ids: the step's first stage of greedy sampling has a column for
+    every block of the head, so each new token is the argmax of its step's logits over the whole
+    vocabulary (the orchestration once counted the blocks of the tiling before the whole steps:
+    a quarter of the vocabulary)."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import quantize_weights
+
+    from pto.ir.dtypes import DType
+
+    cfg = replace(CONFIGS["smollm2-135m"], layers=1, vocab=4096)
+    w = quantize_weights(random_weights(cfg, torch.float32, torch.Generator().manual_seed(5)), "q8_0", embedding=True)
+    gen = Generator(w, "cpu", DType.F32)
+    picked = []
+    try:
+        def argmax(new):
+            picked.append((new[0], int(gen.logits(gen.step(1, 64))[0].argmax())))
+
+        gen.generate([[7, 300, 41, 3001]], 6, on_step=argmax, stop_ids=())  # (a tied model echoes its input)
+    finally:
+        gen.close()
+    assert len(picked) == 6 and all(tok == best for tok, best in picked), picked
+    assert any(best >= 1024 for _, best in picked)  # (beyond the first quarter somewhere)
