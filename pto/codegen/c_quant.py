@@ -99,8 +99,8 @@ def _prologue(fmt: QuantFormat, signature: str) -> list[str]:
 
 
 def _scales(fmt: QuantFormat) -> tuple[list[str], dict[str, _C]]:
-    """The lines reading a group's scales (at element ``k0``) and each plane's symbolic value
-    (element planes: ``e_<name>``)."""
+    """The lines reading a group's scales (at element ``k0``) and the symbolic value of each
+    scale and header plane."""
     lines, values = [], {}
     for p in fmt.planes:
         if p.header:
@@ -110,6 +110,13 @@ def _scales(fmt: QuantFormat) -> tuple[list[str], dict[str, _C]]:
                          f"{_scalar(p, f'pl_{p.name} + k0 / {p.group} * {p.bits // 8}')};")
             values[p.name] = _C(f"g_{p.name}")
     return lines, values
+
+
+def _weight(fmt: QuantFormat, scales: dict[str, _C], lane: int) -> str:
+    """The routine's value at lane ``lane`` of the unit at element ``ku`` (C)."""
+    values = dict(scales)
+    values.update({p.name: _C(_lane(p, "ku", lane)) for p in fmt.planes if p.group == 1})
+    return fmt.dequantize(values).code
 
 
 def _walk(fmt: QuantFormat, each: str) -> list[str]:
@@ -122,11 +129,7 @@ def _walk(fmt: QuantFormat, each: str) -> list[str]:
     lines += scale_lines
     lines += [f"        for (u = 0; u < {G}; u += {U}) {{", "            const int64_t ku = k0 + u;"]
     for lane in range(U):
-        lane_values = dict(values)
-        for p in fmt.planes:
-            if p.group == 1:
-                lane_values[p.name] = _C(_lane(p, "ku", lane))
-        lines.append("            " + each.format(at=f"u + {lane}", w=fmt.dequantize(lane_values).code))
+        lines.append("            " + each.format(at=f"u + {lane}", w=_weight(fmt, values, lane)))
     return lines + ["        }"]
 
 
@@ -170,11 +173,7 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         lines += ["        }", "#else"]
     lines += [f"        for (u = 0; u < {V}; u++) {{", f"            const int64_t ku = k0 + u * {U};"]
     for lane in range(U):
-        lane_values = dict(values)
-        for p in fmt.planes:
-            if p.group == 1:
-                lane_values[p.name] = _C(_lane(p, "ku", lane))
-        lines.append(f"            acc[{lane * V} + u] += xp[{lane * V} + u] * {fmt.dequantize(lane_values).code};")
+        lines.append(f"            acc[{lane * V} + u] += xp[{lane * V} + u] * {_weight(fmt, values, lane)};")
     lines.append("        }")
     lines += ["#endif", "    }", "    (void)nb;"] if vec else ["    }", "    (void)nb;"]
     scalar_sum = f"    return pto_row_sum(acc, {G});"
