@@ -45,7 +45,7 @@ def test_bit_identical_to_waves_and_close_to_the_reference(program, seq, options
     rw.close()
     job, rp, _, got = _run(program, seq, options, "persistent")
     try:
-        assert rp.stats.launches == 1
+        assert rp.stats.launches == len(rp.executor.segments)  # one launch a segment (the default split)
         for k in want:
             assert torch.equal(got[k], want[k]), k
         ref = job.program.reference(job.settings, job.program.shape(seq), inputs)

@@ -33,8 +33,11 @@ def _pto(cache: Path, *args, env=None, timeout=300):
 
 
 def _run_ok(cache: Path, out: Path, *extra, env=None):
-    """pto run bgemm saving its output; returns (stderr, output)."""
-    r = _pto(cache, "run", "bgemm", "--device", "cpu", "--seq", "40", "--save", str(out), *extra, env=env)
+    """pto run bgemm saving its output, on the torch backend (the bare runtime's module and the
+    program's: the c backend's kernel modules have their own cache, pto.cache.cbuild's as well);
+    returns (stderr, output)."""
+    r = _pto(cache, "run", "bgemm", "--device", "cpu", "--backend", "torch", "--seq", "40", "--save", str(out),
+             *extra, env=env)
     assert r.returncode == 0, r.stderr
     return r.stderr, load_file(str(out))["C"]
 

@@ -325,8 +325,8 @@ def test_codegen_of_a_windowed_gqa_layer_builds_and_counts(tmp_path):
     assert r.returncode == 0, r.stderr
     exe = tmp_path / "graph"
     sources = map(str, sorted(tmp_path.glob("*.c")))
-    cc = subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", *sources, "-o", str(exe)],
-                        capture_output=True, text=True)
+    cc = subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", *sources, "-o", str(exe), "-lm",
+                         "-pthread"], capture_output=True, text=True)
     assert cc.returncode == 0 and cc.stderr == "", cc.stderr
     prog = get("llama")
     s = prog.settings(config="tiny-swa", attention="pair", target=target("x86_64"), fuse=False)
