@@ -87,6 +87,12 @@ from pto.machine import collectives, dist  # noqa: E402
 from pto.quant import QTensor  # noqa: E402
 
 
+def write_rows(path: str, bw: float, rows: list[dict]) -> None:
+    """``--json``: the device, its copy bandwidth and every row."""
+    Path(path).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw, "rows": rows},
+                                     indent=1))
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a large device-to-device copy (read + write)."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -338,8 +344,7 @@ def main(argv=None) -> int:
         del w
         torch.cuda.empty_cache()
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
-                                               "rows": rows}, indent=1))
+        write_rows(args.json, bw, rows)
     for r in rows:
         cols = [f"{r['config']} B={r['batch']} cache={r['cache']}: floor {r['floor_ms']} ms"]
         cols += [f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items()
@@ -470,8 +475,7 @@ def main_quant(args, bw: float) -> int:
             del w
             torch.cuda.empty_cache()
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
-                                               "rows": rows}, indent=1))
+        write_rows(args.json, bw, rows)
     for r in rows:
         ms = "; ".join(f"{k} {v.get('ms', v.get('error'))} ms" for k, v in r.items() if isinstance(v, dict)
                        and k != "types")

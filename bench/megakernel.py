@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import copy_bandwidth, floor_ms, ours, parse_tiling  # noqa: E402
+from decode import copy_bandwidth, floor_ms, ours, parse_tiling, write_rows  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
@@ -118,8 +118,7 @@ def main(argv=None) -> int:
         del w
         torch.cuda.empty_cache()
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "bandwidth": bw,
-                                               "rows": rows}, indent=1))
+        write_rows(args.json, bw, rows)
     for r in rows:
         print(table_lines(r))
     return 0
