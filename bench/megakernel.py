@@ -14,7 +14,8 @@ launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/18
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
-reports its megakernel's items, median item gap and dependency wait, and per segment (one
+reports its megakernel's items, median item gap and dependency wait, the critical path's time in
+waits, items and spread (per InCore function on it: where a step's latency goes), and per segment (one
 unless split) its levels, items, branches, registers, spills, shared memory, warps and programs
 per SM; ``--branches``: the first persistent run of each configuration and tiling also compiles
 each branch alone in a one-branch megakernel (its registers, spills and shared memory against
@@ -132,6 +133,12 @@ def table_lines(r: dict) -> str:
     rep = r.get("report", {})
     lines = [f"{r['config']:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
              f"items {rep.get('items', '')} gap {rep.get('item_gap_us', '')} wait {rep.get('dependency_wait_us', '')}"]
+    cp = rep.get("critical_path_us")
+    if cp:
+        lines.append(f"    critical path: {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
+                     f"{cp['item']} + spread {cp['spread']}")
+        for f, v in list(cp["by_function"].items())[:8]:
+            lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}")
     segments = rep.get("segments", [rep] if "regs" in rep else [])
     if "split" in rep:
         lines.append(f"    split: {rep['split']}")

@@ -37,6 +37,7 @@ from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.plan import Plan, make_plan
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
+from pto.exec.trace import critical_path
 from pto.ir.analysis import has_collective
 
 
@@ -172,8 +173,9 @@ class PersistentExecutor(Executor):
     def report(self) -> dict:
         """Items, programs, branches and the scheduling cost per work item: the median gap
         between one item's end and the next item's start on the same program (queue atomic,
-        table loads, dependency check, dispatch, completion), from a traced run; microseconds
-        on the GPU (ticks of the logical clock under the interpreter)."""
+        table loads, dependency check, dispatch, completion), and the critical path's time in
+        waits, items and spread (:func:`pto.exec.trace.critical_path`), from a traced run;
+        microseconds on the GPU (ticks of the logical clock under the interpreter)."""
         self._launch(trace=True)
         self.check()
         records = self.trace_records()
@@ -190,6 +192,9 @@ class PersistentExecutor(Executor):
         out = {"items": self.plan.n_items, "programs": self.programs, "branches": len(self.plan.branches),
                f"item_gap_{suffix}": round(gap, 3),
                f"dependency_wait_{suffix}": round(float(np.median(wait)) / unit, 3) if len(wait) else 0.0}
+        plan = self.plan
+        edges = np.stack([plan.edge_sources, plan.succ.astype(np.int64)], 1) + plan.first_task
+        out[f"critical_path_{suffix}"] = critical_path(records, edges, unit)
         if len(self.kernels) == 1:
             out.update(self.kernels[0].compiled_info)
         else:

@@ -192,3 +192,23 @@ def test_trace_without_graph_and_empty():
     validate(empty)
     assert empty["otherData"]["tasks"] == 0
 
+
+
+def test_critical_path_follows_the_predecessor_that_ended_last():
+    """A diamond a -> (b, c) -> d, where c ends after b: the path is a, c, d; its waits are
+    c's start after a's end and d's after c's, its items the median item of each, its spread
+    the rest of each task's span (d's second item ran after its first)."""
+    from pto.exec.base import ItemRecord
+
+    rng = np.random.default_rng(3)
+    t0 = int(rng.integers(0, 1000))
+    a = [ItemRecord(0, 0, 0, t0, t0 + 10, "fa")]
+    b = [ItemRecord(1, 0, 0, t0 + 12, t0 + 20, "fb")]
+    c = [ItemRecord(2, 0, 1, t0 + 13, t0 + 30, "fc")]
+    d = [ItemRecord(3, 0, 0, t0 + 34, t0 + 40, "fd"), ItemRecord(3, 1, 0, t0 + 41, t0 + 49, "fd")]
+    edges = np.array([[0, 1], [0, 2], [1, 3], [2, 3]])
+    cp = pto.exec.trace.critical_path(a + b + c + d, edges, unit=1.0)
+    assert cp["tasks"] == 3 and set(cp["by_function"]) == {"fa", "fc", "fd"}
+    assert cp["total"] == 49 and cp["wait"] == (13 - 10) + (34 - 30)
+    assert cp["item"] == 10 + 17 + 7 and cp["spread"] == 49 - 34 - 7
+    assert cp["total"] == cp["wait"] + cp["item"] + cp["spread"]
