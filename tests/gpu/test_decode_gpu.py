@@ -136,3 +136,31 @@ def _check_step(executor: str, batch: int, cache: int, inspect=None) -> None:
     top2 = f64["logits"].topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp(min=1)  # beyond bf16's rounding
     assert torch.equal(out["tok"][clear].view(-1).long(), f64["tok"][clear].view(-1).long())
+
+
+def test_auto_makes_room_for_two_programs_of_the_layers_where_one_fits(monkeypatch):
+    """``PTO_PER_SM=auto`` (the default) on the Llama-3.2-1B shape's step: the layers' megakernel
+    holds one program a multiprocessor as it asks, so auto rebuilds it with room for two (its
+    pipelines lowered, registers capped) and keeps it (no spills); the LM head's 8-warp launch
+    keeps its one. Lowering pipelines changes no arithmetic: the same bits as ``PTO_PER_SM=0``'s
+    kernels, which hold one."""
+    from pto.engine import Runner, resolve
+
+    outs, reports = [], []
+    for per_sm in ("0", "auto"):
+        monkeypatch.setenv("PTO_PER_SM", per_sm)
+        job = resolve("model", device="cuda", backend="triton", executor="persistent", config="llama3.2-1b",
+                      dtype="bf16")
+        shape = job.program.shape({"cache": 512, "batch": 1})
+        runner = Runner(job, shape)
+        try:
+            outs.append({k: v.clone() for k, v in runner(job.program.inputs(job.settings, shape, "cuda",
+                                                                             seed=7)).items()})
+            reports.append([k.compiled_info for k in runner.executor.kernels])
+        finally:
+            runner.close()
+    one, auto = reports
+    assert one[0]["programs_per_sm"] == 1 and auto[0]["programs_per_sm"] == 2 and auto[0]["spills"] == 0
+    assert auto[-1]["warps"] > 4 and auto[-1]["programs_per_sm"] == one[-1]["programs_per_sm"]
+    for k in outs[0]:
+        assert torch.equal(outs[0][k], outs[1][k]), k

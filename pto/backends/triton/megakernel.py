@@ -29,7 +29,7 @@ from pto.codegen.triton.megakernel import (
     shared_estimate,
 )
 from pto.codegen.triton.scan import scan_table
-from pto.errors import UsageError
+from pto.errors import ResourceError, UsageError
 
 #: polls of a predecessor counter before a program gives up (seconds on an H100: a poll is an atomic round trip)
 MAX_POLLS = 1 << 24
@@ -52,9 +52,9 @@ class MegakernelSettings:
     dispatch: str | None = None
     #: programs per multiprocessor to make room for: the kernel's pipelines are lowered to fit
     #: that share of the shared memory and its registers are capped to that share (None:
-    #: ``PTO_PER_SM``, else as many as the compiled kernel allows); a tuple gives each segment of
-    #: a split plan its own (the last repeats; 0: as many as fit), e.g. ``(2, 0)``
-    per_sm: int | tuple[int, ...] | None = None
+    #: ``PTO_PER_SM``, else :data:`AUTO`; 0: as many as the compiled kernel allows); a tuple gives
+    #: each segment of a split plan its own (the last repeats), e.g. ``(2, 0)``
+    per_sm: int | str | tuple | None = None
     #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
     #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
     #: 0: only its register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
@@ -90,21 +90,30 @@ def resolve_dispatch(choice: str | None) -> str:
 
 
 
-def per_sm_of(asked: int | tuple[int, ...] | None, segment: int) -> int | None:
-    """The programs a multiprocessor that ``asked`` (the settings', else ``PTO_PER_SM``: ``2``, or
-    one per segment, ``2,0``) makes room for in segment ``segment`` (the last entry repeats);
-    None (or 0) for as many as the compiled kernel allows; UsageError naming a bad
-    ``PTO_PER_SM``."""
+#: ``PTO_PER_SM=auto`` (the default): as many programs as the compiled kernel allows, and where
+#: that is one and the kernel runs at most :data:`ROOM_WARPS` warps a program, room for a second
+#: (its pipelines lowered to half the shared memory, its registers capped to half the file), kept
+#: when that kernel compiles without spills. Two programs of the decode steps' GEMVs a
+#: multiprocessor hide one's waits behind the other's loads: on an H200 the Llama-3-8B step 4.71
+#: against 5.51 ms, Llama-3.2-1B 1.09 against 1.23 (docs/PERF.md, "The megakernel split by
+#: resource class"); wider programs (the prefill GEMMs' 8 warps) keep their pipelines
+AUTO = "auto"
+ROOM_WARPS = 4
+
+
+def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None:
+    """The programs a multiprocessor that ``asked`` (the settings', else ``PTO_PER_SM``: ``auto``,
+    ``2``, or one per segment, ``2,0``) makes room for in segment ``segment`` (the last entry
+    repeats): a count, None (0) for as many as the compiled kernel allows, :data:`AUTO`
+    (unset); UsageError naming a bad ``PTO_PER_SM``."""
     if asked is None:
-        text = os.environ.get("PTO_PER_SM", "").strip()
-        if not text:
-            return None
-        parts = text.split(",")
-        if not all(p.strip().isdigit() for p in parts) or not any(int(p) for p in parts):
+        text = os.environ.get("PTO_PER_SM", "").strip() or AUTO
+        parts = [p.strip() for p in text.split(",")]
+        if not all(p.isdigit() or p == AUTO for p in parts) or not any(p == AUTO or int(p) for p in parts):
             raise UsageError(f"PTO_PER_SM={text!r}: programs per multiprocessor, one number or one per segment of a "
-                             "split plan (e.g. 2 or 2,0; 0: as many as fit)")
-        asked = tuple(int(p) for p in parts)
-    if isinstance(asked, int):
+                             "split plan (e.g. 2 or 2,0; 0: as many as fit; auto: room for a second where one fits)")
+        asked = tuple(p if p == AUTO else int(p) for p in parts)
+    if not isinstance(asked, tuple):
         return asked or None
     return asked[min(segment, len(asked) - 1)] or None
 
@@ -174,7 +183,9 @@ class Megakernel:
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
-        self.per_sm = per_sm_of(settings.per_sm, settings.segment)
+        asked = per_sm_of(settings.per_sm, settings.segment)
+        #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
+        self.per_sm: int | None = None if asked == AUTO else asked
         #: the kernel launched before this one (a split plan's previous segment): its logical
         #: clock is this one's, so the interpreter's trace ticks order the segments' items
         self.after = after
@@ -194,6 +205,8 @@ class Megakernel:
             self._build(configs)
             self.jit = load_kernel(self.rendered)
             self.programs = self._resident_programs()
+            if asked == AUTO:
+                self._room_for_two(configs)
             self._upload_streams()
         except Exception as e:
             one_line = self._translated(e)
@@ -227,6 +240,29 @@ class Megakernel:
             return int(load_kernel(kernel).warmup(*self.args(), grid=(1,), **self.consts()).metadata.shared)
 
         self.rendered, self.stages, _ = fit_megakernel(self.plan.branches, want, shared, limit, render)
+
+    def _room_for_two(self, configs: list[LaunchConfig]) -> None:
+        """:data:`AUTO`: where the GPU holds one program of this kernel a multiprocessor and it
+        runs at most :data:`ROOM_WARPS` warps, rebuild it with room for two; keep that unless it
+        spills, cannot fit or holds fewer (then the kernel as it was)."""
+        if not (self.compiles and self.compiled_info.get("programs_per_sm") == 1
+                and self.config.num_warps <= ROOM_WARPS and not self.settings.programs
+                and not _env_count("PTO_PROGRAMS")):
+            return
+        kept = (self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf)
+        self.per_sm = 2
+        try:
+            self._build(configs)
+            self.jit = load_kernel(self.rendered)
+            self.programs = self._resident_programs()
+            if self.compiled_info["spills"] == 0 and self.compiled_info["programs_per_sm"] >= 2:
+                return
+        except Exception as e:  # one stage everywhere is still more than half the shared memory, or
+            # Triton found no way to compile it in half the registers
+            if not isinstance(e, ResourceError) and self._translated(e) is e:
+                raise
+        self.per_sm = None
+        self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf = kept
 
     @property
     def compiles(self) -> bool:
@@ -401,5 +437,6 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["Megakernel", "MegakernelSettings", "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
+__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings",
+           "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
