@@ -136,7 +136,7 @@ def table_lines(r: dict) -> str:
     cp = rep.get("critical_path_us")
     if cp:
         lines.append(f"    critical path: {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
-                     f"{cp['item']} + spread {cp['spread']}")
+                     f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
         for f, v in list(cp["by_function"].items())[:8]:
             lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}")
     segments = rep.get("segments", [rep] if "regs" in rep else [])

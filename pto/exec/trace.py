@@ -233,15 +233,19 @@ def critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3) -> di
     predecessor's end: the release, the poll that sees it, the dispatch), its item (the median
     duration of its items: the body after the wait) and its spread (the rest of its span, first
     start to last end: items that ran after others, behind other work on their programs).
-    ``edges``: (predecessor, successor) task ids; ``unit``: record ticks per reported unit
-    (1e3: ns to us). The sums, and per InCore variant on the path its count and sums."""
+    Where the predecessor ran in an earlier launch (a segment of a split plan) the gap is
+    ``launch``, not a wait. ``edges``: (predecessor, successor) task ids; ``unit``: record ticks
+    per reported unit (1e3: ns to us). The sums, and per InCore variant on the path its count
+    and sums."""
     by_task: dict[int, list[tuple[int, int]]] = {}
     func: dict[int, str] = {}
+    segment: dict[int, int] = {}
     for r in records:
         by_task.setdefault(r.task, []).append((r.start_ns, r.end_ns))
         func[r.task] = r.func
+        segment[r.task] = getattr(r, "segment", 0)
     if not by_task:
-        return {"tasks": 0, "total": 0.0, "wait": 0.0, "item": 0.0, "spread": 0.0, "by_function": {}}
+        return {"tasks": 0, "total": 0.0, "wait": 0.0, "item": 0.0, "spread": 0.0, "launch": 0.0, "by_function": {}}
     first = {t: min(s for s, _ in v) for t, v in by_task.items()}
     last = {t: max(e for _, e in v) for t, v in by_task.items()}
     preds: dict[int, list[int]] = {}
@@ -250,13 +254,16 @@ def critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3) -> di
             preds.setdefault(b, []).append(a)
     t = max(last, key=lambda k: (last[k], k))
     end = last[t]
-    sums = {"wait": 0.0, "item": 0.0, "spread": 0.0}
+    sums = {"wait": 0.0, "item": 0.0, "spread": 0.0, "launch": 0.0}
     by_function: dict[str, dict[str, float]] = {}
     n = 0
     while True:
         n += 1
         p = max(preds.get(t, ()), key=lambda k: (last[k], k), default=None)
         wait = max(first[t] - last[p], 0) if p is not None else 0
+        if p is not None and segment[p] != segment[t]:  # the launch order, not a counter: the
+            sums["launch"] += wait / unit  # next segment's launch after the last (host time when
+            wait = 0  # launched one by one, not in a CUDA graph)
         item = float(np.median([e - s for s, e in by_task[t]]))
         spread = last[t] - first[t] - item
         f = by_function.setdefault(func[t], {"tasks": 0, "wait": 0.0, "item": 0.0, "spread": 0.0})

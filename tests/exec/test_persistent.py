@@ -152,7 +152,7 @@ def test_trace_schedule_respects_every_dependency():
         # task that ended last, whose waits, items and spreads add up to its length
         cp = rep["critical_path_ticks"]
         assert 0 < cp["total"] <= max(r.end_ns for r in recs) - min(r.start_ns for r in recs)
-        assert cp["total"] == pytest.approx(cp["wait"] + cp["item"] + cp["spread"], abs=1e-2)
+        assert cp["total"] == pytest.approx(cp["wait"] + cp["item"] + cp["spread"] + cp["launch"], abs=1e-2)
         assert 1 < cp["tasks"] <= int(plan.levels().max()) + 1 and cp["wait"] > 0
         assert sum(f["tasks"] for f in cp["by_function"].values()) == cp["tasks"]
     finally:

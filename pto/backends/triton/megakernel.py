@@ -109,7 +109,7 @@ def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None
     if asked is None:
         text = os.environ.get("PTO_PER_SM", "").strip() or AUTO
         parts = [p.strip() for p in text.split(",")]
-        if not all(p.isdigit() or p == AUTO for p in parts) or not any(p == AUTO or int(p) for p in parts):
+        if not all(p.isdigit() or p == AUTO for p in parts):
             raise UsageError(f"PTO_PER_SM={text!r}: programs per multiprocessor, one number or one per segment of a "
                              "split plan (e.g. 2 or 2,0; 0: as many as fit; auto: room for a second where one fits)")
         asked = tuple(p if p == AUTO else int(p) for p in parts)
