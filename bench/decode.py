@@ -121,12 +121,13 @@ def events_ms(fn, steps: int) -> float:
 
 
 def parse_tiling(text: str, base: DecodeTiling) -> DecodeTiling | None:
-    """``bn=32,bk=128`` -> the configuration's tiling ``base`` with those fields (``dot_bk=none``:
-    ``bk`` on the dot path too); ``default`` -> None (``base`` itself)."""
+    """``bn=32,bk=128`` -> the configuration's tiling ``base`` with those fields, quantized
+    weights too (``dot_bk=none``: ``bk`` on the dot path too); ``default`` -> None (``base``
+    itself)."""
     if text == "default":
         return None
     fields = dict(kv.split("=") for kv in text.split(","))
-    return replace(base, **{k: None if v == "none" else int(v) for k, v in fields.items()})
+    return base.with_fields(**{k: None if v == "none" else int(v) for k, v in fields.items()})
 
 
 def kernel_times(fn, steps: int) -> dict:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -70,7 +69,7 @@ def tile_of(shape: str, wdtype: DType | None, tiling: str = "default") -> tuple[
     wt = WeightTypes(tuple(sorted(kinds.items()))) if wdtype is not None else WeightTypes()
     t = tiling_for(CFG)
     if tiling != "default":
-        t = replace(t, **{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
+        t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
     t = for_weights(t, wt)
     if shape == "head":
         return t.bv, t.lm_bk

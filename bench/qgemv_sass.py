@@ -29,7 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -88,7 +88,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
         wt = WeightTypes(tuple(sorted(kinds.items())))
     t = tiling_for(cfg)
     if tiling != "default":
-        t = replace(t, **{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
+        t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
     t = for_weights(t, wt)
     fns = functions(cfg, DType.BF16, get("cuda_h100"), t, 1, wtypes=wt)
     out = []

@@ -82,7 +82,17 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 #: two: 5.756 against 5.689 ms a step, where SmolLM2 gains 5.8%: docs/PERF.md); from 2
 #: sequences on, blocks of 32 outputs on the dot path (the 8B step at batch 8: 7.22 against 8.34
 #: ms with 16; SmolLM2's 1.14 against 1.09, so it keeps 16)
-WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32)
+#: With quantized weights (read by groups, :mod:`pto.codegen.triton.quant_groups`) longer K
+#: steps: the q, k, v and o projections 8 outputs a block over the whole of an 8B model's 4096,
+#: the down projection 8 in steps of 2048, gate/up 4 over 4096, the LM head 16 vocabulary rows in
+#: steps of 2048. The 8B model's GEMVs alone on an H200 (bench/qgemv.py, weights past L2): Q4_K
+#: gate/up 36.97 against 51.24 us, down 20.19 / 22.47, o 7.50 / 8.29, its Q6_K head 245 / 352;
+#: Q8_0 gate/up 44.81 / 55.60, down 23.73 / 29.40, head 207 / 250; fp8 (by groups here, by units
+#: in the default tiles) gate/up 35.72 / 40.11, down 19.64 / 21.45, o 7.39 / 8.11, head 140 / 204
+#: (docs/PERF.md, "Quantized weights", 2026-11-29 later)
+QUANT_WIDE = (("bn", 8), ("bk", 2048), ("o_bn", 8), ("o_bk", 4096), ("qkv_bn", 8), ("qkv_bk", 4096),
+              ("ffn_bn", 4), ("ffn_bk", 4096), ("lm_bk", 2048), ("bv", 16))
+WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32, quant_tiles=QUANT_WIDE)
 
 
 #: on a CPU, the rest's projections in blocks of 32 outputs, K steps of 192 (both of SmolLM2's

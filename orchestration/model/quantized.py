@@ -322,10 +322,12 @@ def weight_bytes(w) -> dict[str, int]:
 
 def for_weights(t, wtypes: WeightTypes):
     """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights:
-    output-major matrices (the GEMVs) and LM head, and contraction steps of whole blocks (fewer
-    outputs a tile where a step grows)."""
+    its :attr:`~.tiling.DecodeTiling.quant_tiles`, output-major matrices (the GEMVs) and LM
+    head, and contraction steps of whole blocks (fewer outputs a tile where a step grows)."""
     if not wtypes.quantized:
         return t
+    if t.quant_tiles:  # (applied once: a tiling fitted again keeps what was set since)
+        t = replace(t, **dict(t.quant_tiles), quant_tiles=())
     layers = wtypes.blocks(STACKED)
     head = wtypes.blocks(("lm_head",))
 

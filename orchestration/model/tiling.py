@@ -80,6 +80,16 @@ class DecodeTiling:
     #: in order, from memory; a step's rows in pieces cost SmolLM2's Q4_1 step 30 against 24 ms
     #: of CPU on one core of the development VM, docs/PERF.md "Native CPU execution")
     quant_whole_k: bool = False
+    #: fields that take other values where the weights are quantized (:func:`for_weights
+    #: <pto.orchestration.model.quantized.for_weights>` applies them, then rounds the K steps to
+    #: whole blocks): (name, value) pairs; a field set by :meth:`with_fields` is taken as set
+    quant_tiles: tuple[tuple[str, int], ...] = ()
+
+    def with_fields(self, **fields) -> DecodeTiling:
+        """This tiling with ``fields`` replaced, each also where the weights are quantized (its
+        entry of :attr:`quant_tiles` dropped)."""
+        keep = tuple((k, v) for k, v in self.quant_tiles if k not in fields)
+        return replace(self, **fields, quant_tiles=keep)
 
     def for_cache(self, cache: int | None) -> DecodeTiling:
         """This tiling for a cache of ``cache`` slots (:attr:`long_chunks`)."""
@@ -97,6 +107,9 @@ class DecodeTiling:
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
+        unknown = [k for k, _ in self.quant_tiles if k not in self.__dataclass_fields__ or k == "quant_tiles"]
+        if unknown:
+            raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
         if self.span < 0 or self.span == 1:
             raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
         if self.chunk % self.tk:

@@ -241,7 +241,7 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
         cfg = CONFIGS["llama3-8b"]
         wt = WeightTypes(tuple(sorted({**{k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")},
                                        "lm_head": DType.Q6_K}.items())))
-        fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(replace(tiling_for(cfg), **t), wt), 1,
+        fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg).with_fields(**t), wt), 1,
                         wtypes=wt)
         chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
                    and any(p.dtype.is_quantized for p in fn.memrefs)]
@@ -279,3 +279,27 @@ def test_the_cpus_whole_k_steps_keep_the_heads_blocks_and_the_argmax():
         gen.close()
     assert len(picked) == 6 and all(tok == best for tok, best in picked), picked
     assert any(best >= 1024 for _, best in picked)  # (beyond the first quarter somewhere)
+
+
+def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
+    """The 8B model's GPU tiling: dense weights keep its tiles; quantized ones take its
+    ``quant_tiles`` (K steps of whole blocks); a field set with ``with_fields`` holds for both;
+    a quant tile naming no field is one line."""
+    from pto.orchestration.model.program import CONFIGS, QUANT_WIDE, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+    from pto.orchestration.model.tiling import DecodeTiling
+
+    from pto.errors import UsageError
+    from pto.ir.dtypes import DType
+
+    t = tiling_for(CONFIGS["llama3-8b"])
+    q4k = WeightTypes(tuple(sorted({**{k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")},
+                                    "lm_head": DType.Q6_K}.items())))
+    assert for_weights(t, WeightTypes(())) is t
+    q = for_weights(t, q4k)
+    assert all(getattr(q, k) == v for k, v in QUANT_WIDE) and q.wt and q.lm_wt
+    assert (t.ffn_bn, t.ffn_bk) != (q.ffn_bn, q.ffn_bk)
+    mine = for_weights(t.with_fields(ffn_bn=16, ffn_bk=1024), q4k)
+    assert (mine.ffn_bn, mine.ffn_bk, mine.o_bk) == (16, 1024, dict(QUANT_WIDE)["o_bk"])
+    with pytest.raises(UsageError, match="quant_tiles names nope: not a field"):
+        DecodeTiling(quant_tiles=(("nope", 3),))
