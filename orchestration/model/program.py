@@ -88,8 +88,9 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 #: steps of 2048. The 8B model's GEMVs alone on an H200 (bench/qgemv.py, weights past L2): Q4_K
 #: gate/up 36.97 against 51.24 us, down 20.19 / 22.47, o 7.50 / 8.29, its Q6_K head 245 / 352;
 #: Q8_0 gate/up 44.81 / 55.60, down 23.73 / 29.40, head 207 / 250; fp8 (by groups here, by units
-#: in the default tiles) gate/up 35.72 / 40.11, down 19.64 / 21.45, o 7.39 / 8.11, head 140 / 204
-#: (docs/PERF.md, "Quantized weights", 2026-11-29 later)
+#: in the default tiles) gate/up 35.72 / 40.11, down 19.64 / 21.45, o 7.39 / 8.11, head 140 / 204.
+#: The whole step (waves): Q4_K with a Q6_K head 2.71 ms against 3.39-3.48, Q8_0 3.27 against
+#: 3.77-4.01, fp8 (by units) 2.61 against 3.16 (docs/PERF.md, "Quantized weights", 2026-11-29)
 QUANT_WIDE = (("bn", 8), ("bk", 2048), ("o_bn", 8), ("o_bk", 4096), ("qkv_bn", 8), ("qkv_bk", 4096),
               ("ffn_bn", 4), ("ffn_bk", 4096), ("lm_bk", 2048), ("bv", 16))
 WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32, quant_tiles=QUANT_WIDE)

@@ -150,8 +150,7 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
     monkeypatch.delenv("PTO_QGEMV", raising=False)
     assert TritonBackend("cpu").options.qgemv == "units"  # the interpreter's default
     assert qgemv_mode(compiles=True) == "auto"  # a GPU's: groups for the block formats, units for fp8
-    assert [reads_by_groups("auto", f, 1024) for f in ("q4_k", "q8_0", "q4_1", "fp8")] == [True, True, True, False]
-    assert reads_by_groups("auto", "fp8", 2048) and reads_by_groups("auto", "fp8", 4096)  # the quantized tiles' steps
+    assert [reads_by_groups("auto", f) for f in ("q4_k", "q8_0", "q4_1", "fp8")] == [True, True, True, False]
     assert reads_by_groups("groups", "fp8") and not reads_by_groups("units", "q4_k")
     monkeypatch.setenv("PTO_QGEMV", "groups")
     assert TritonBackend("cpu").options.qgemv == "groups"

@@ -44,22 +44,19 @@ PERSISTENT_MODES = ("loop", "ws")
 #: ``[BR, BC / U]`` integers, the scales loaded per unit, the sums reduced every K step:
 #: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,
 #: every scale loaded once per group: :mod:`pto.codegen.triton.quant_groups`), or "auto": by
-#: groups for GGUF's block formats, and for fp8 in K steps of :data:`QGEMV_FP8_GROUPS_COLS`
-#: and more (measured on an H200, the Llama-3-8B step: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71
-#: -> 4.01; fp8 3.16 -> 3.65 in steps of 1024, its GEMVs alone 7-35% faster by groups in steps of
-#: 2048 and 4096, the quantized tiles of :data:`pto.orchestration.model.program.QUANT_WIDE`;
-#: docs/PERF.md)
+#: groups for GGUF's block formats, by units for fp8 (measured on an H200, the Llama-3-8B step:
+#: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71 -> 4.01, fp8 3.16 -> 3.65; in the quantized tiles of
+#: :data:`pto.orchestration.model.program.QUANT_WIDE` fp8 2.61 by units against 2.77 by groups,
+#: though its GEMVs alone were 7-35% faster by groups there; docs/PERF.md)
 QGEMV_MODES = ("auto", "units", "groups")
-#: the formats "auto" reads by units in K steps shorter than :data:`QGEMV_FP8_GROUPS_COLS`
+#: the formats "auto" reads by units
 QGEMV_UNITS_AUTO = frozenset({"fp8"})
-QGEMV_FP8_GROUPS_COLS = 2048
 
 
-def reads_by_groups(mode: str, fmt_name: str, cols: int = 0) -> bool:
-    """Does a GEMV's product read a quantized tile of format ``fmt_name``, ``cols`` columns (its
-    K step), by groups under ``RenderOptions.qgemv`` ``mode``."""
-    return mode == "groups" or (mode == "auto" and (fmt_name not in QGEMV_UNITS_AUTO
-                                                    or cols >= QGEMV_FP8_GROUPS_COLS))
+def reads_by_groups(mode: str, fmt_name: str) -> bool:
+    """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
+    ``RenderOptions.qgemv`` ``mode``."""
+    return mode == "groups" or (mode == "auto" and fmt_name not in QGEMV_UNITS_AUTO)
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"

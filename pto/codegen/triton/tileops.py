@@ -344,8 +344,7 @@ class TileOps:
         rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
         rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
         self.emit(f"{rmask} = {' & '.join(rows)}")
-        grouped = (tile in self.fused and reads_by_groups(self.opts.qgemv, fmt.name, c)
-                   and quant_groups.applies(fmt, lc, c))
+        grouped = tile in self.fused and reads_by_groups(self.opts.qgemv, fmt.name) and quant_groups.applies(fmt, lc, c)
         if grouped:  # read by groups (pto.codegen.triton.quant_groups): its own helpers
             self.grouped[tile] = (r, c)
             helper = quant_groups.load_name(fmt)
