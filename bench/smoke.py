@@ -74,8 +74,8 @@ def readme_jobs(tmp: Path) -> list[Job]:
         Job("readme softmax dump", pto("run", "softmax", "--check", "--dump", f"{t}/graph.txt", "--trace",
                                        f"{t}/trace.json", "--json")),
         Job("readme codegen + cc", [f"{sys.executable} -m pto.cli codegen llama7b --out {gen} --config 7b --target "
-                                    f"cuda_h100 --dtype bf16 && cc -O2 -Wall -Wextra -Werror {gen}/*.c -o {gen}/graph -lm -pthread "
-                                    f"&& {gen}/graph 16384"], needs="cc", tol=None, shell=True),
+                                    f"cuda_h100 --dtype bf16 && cc -O2 -Wall -Wextra -Werror {gen}/*.c -o {gen}/graph "
+                                    f"-lm -pthread && {gen}/graph 16384"], needs="cc", tol=None, shell=True),
         Job("readme estimate plot", pto("estimate", "llama7b", "--seq", "1024,4096,16384,131072", "--config", "7b",
                                         "--target", "cuda_h100", "--dtype", "bf16", "--plot", f"{t}/tasks.png"),
             tol=None),

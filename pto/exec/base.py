@@ -93,14 +93,15 @@ class Executor:
         return any(t.is_cuda for t in self.tensors.values())
 
     def capture(self) -> torch.cuda.CUDAGraph:
-        """Record a replay into a CUDA graph (the backend must be graph-capturable)."""
+        """Record a replay into a CUDA graph (the backend must be graph-capturable), after the
+        graph's first run. Nothing runs here: no warm-up replay off the capture (what torch
+        suggests for libraries that set up on first use), because the first run was that warm-up
+        (every kernel compiled and loaded, every communicator made) and a replay would execute
+        the graph once more: a decode step would append to its cache and advance its position,
+        and the first replay after the capture would then be the second step from the state its
+        caller set (``pto generate`` on a GPU lost its second token)."""
         if not self.backend.graph_capturable:
             raise ExecutionError(f"the {self.backend.name} backend cannot be captured in a CUDA graph")
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the capture, as torch recommends
-            self.replay()
-        torch.cuda.current_stream().wait_stream(stream)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             self.replay()

@@ -182,3 +182,43 @@ def test_auto_makes_room_for_two_programs_of_the_layers_where_one_fits(monkeypat
     for key in (("persistent", "0"), ("persistent", "auto")):
         assert rel_err(logits[key], waves) <= 2e-2, key
         assert torch.equal(logits[key].argmax(-1)[clear], waves.argmax(-1)[clear]), key
+
+
+@pytest.mark.parametrize("executor", ["waves", "persistent"])
+def test_each_call_of_a_captured_step_is_one_step(executor):
+    """The decode step as ``pto generate`` calls it (no inputs: the state carries over): the
+    first call runs it, the second captures the CUDA graph and replays it, later calls replay.
+    Each call is one step: every position advances by one a call, and the tokens are those of
+    the same step's launches without a CUDA graph (the executor's replay), bit for bit."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["smollm2-135m"]
+    w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(3))
+    runs = {}
+    for graphed in (True, False):
+        gen = Generator(w, "cuda", DType.BF16, executor=executor)
+        try:
+            step = gen.step(2, 256)
+            t = step.tensors
+            g = torch.Generator(device="cuda").manual_seed(4)
+            t["k_cache"].normal_(generator=g)
+            t["v_cache"].normal_(generator=g)
+            t["pos"].copy_(torch.tensor([[40.0], [77.0]], device="cuda"))
+            t["tok"].copy_(torch.tensor([[5.0], [9.0]], device="cuda"))
+            seen = []
+            for k in range(4):
+                if graphed or k == 0:
+                    step()
+                else:
+                    step.executor.replay()
+                seen.append((t["tok"].clone(), t["pos"].clone()))
+            assert (step.cuda_graph is not None) == graphed
+            runs[graphed] = seen
+        finally:
+            gen.close()
+    for k, ((tok, pos), (tok0, pos0)) in enumerate(zip(runs[True], runs[False])):
+        assert torch.equal(pos.view(-1).cpu(), torch.tensor([41.0 + k, 78.0 + k])), (k, pos)
+        assert torch.equal(tok, tok0) and torch.equal(pos, pos0), k
