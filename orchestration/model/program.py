@@ -121,15 +121,23 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
 #: (docs/PERF.md, "The megakernel on the peers' design"); the per-program rule of blocks as wide as
 #: one item per program and projection, in short K steps, was slower still (15.3 ms on the 8B model)
 MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
+#: the rest (hidden 256 to 2047) on the persistent executor of a GPU: blocks of 8 outputs, half
+#: the items of the wave executor's 4 (SmolLM2's step on an H200 0.4625 against 0.506 ms in
+#: blocks of 4, the wave executor's 0.478 in the same call; docs/PERF.md, "Two programs a
+#: multiprocessor by default, the critical path")
+MEGAKERNEL_NARROW = dict(bn=8)
 
 
 def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None = None) -> DecodeTiling:
     """The step's tiles for ``cfg`` run by ``executor`` on ``target``: the megakernel's wider
-    blocks for models of hidden 2048 and more on the persistent executor
-    (:data:`MEGAKERNEL_WIDE`), else :func:`tiling_for`'s."""
+    blocks on the persistent executor for models of hidden 2048 and more
+    (:data:`MEGAKERNEL_WIDE`) and, on a GPU, of hidden 256 and more (:data:`MEGAKERNEL_NARROW`),
+    else :func:`tiling_for`'s."""
     base = tiling_for(cfg, target)
     if executor == "persistent" and cfg.layer.hidden >= 2048:
         return replace(base, **MEGAKERNEL_WIDE)
+    if executor == "persistent" and cfg.layer.hidden >= 256 and (target is None or target.kind != "cpu"):
+        return replace(base, **MEGAKERNEL_NARROW)
     return base
 
 
@@ -154,8 +162,9 @@ class ModelProgram(Program):
     outputs = ("logits", "tok", "pos")
     tensor_parallel = True
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
-    # every model measured (SmolLM2 0.43-0.55 against 0.58 ms, Llama-3-8B 4.52 against 6.45;
-    # docs/PERF.md, "The megakernel on the peers' design")
+    # all but one measurement (Llama-3-8B 4.32 against 4.70 ms with two programs a multiprocessor,
+    # the 1B shape 1.01 against 1.09, SmolLM2 0.44 against 0.51; SmolLM2 in blocks of 8 0.46
+    # against the waves' 0.48 in one call; docs/PERF.md, "Two programs a multiprocessor by default")
     auto_executor = "waves"
 
     def default_config(self, device: str) -> str:
@@ -472,4 +481,4 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW"]

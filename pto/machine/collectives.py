@@ -70,11 +70,13 @@ class Limits:
     two_shot: int
 
 
-#: the defaults: one-shot up to 256 KiB (every decode sum of an 8B model up to 32 sequences:
-#: 32 rows of 4096 bf16 values), two-shot up to 2 MiB; above, NCCL, whose rings use fewer SMs
-#: beside the prefill's GEMMs. Not yet measured on H200s (bench/allreduce.py measures the
-#: crossovers per rank count; docs/PERF.md, "Collectives by message size")
-DEFAULT_LIMITS = Limits(256 << 10, 2 << 20)
+#: the defaults: one-shot up to 64 KiB (a decode sum of an 8B model up to 8 sequences), two-shot
+#: up to 2 MiB; above, NCCL, whose rings use fewer SMs beside the prefill's GEMMs. Two H200s
+#: (bench/allreduce.py, docs/PERF.md "Two GPUs measured"): one-shot fastest to 64 KiB (6.9 us),
+#: two-shot from 128 KiB (7.8 against 8.3; 256 KiB 8.0 against 9.0) to 64 MiB, NCCL at no size;
+#: the two-shot limit stays where the prefill's chunked sums overlap its GEMMs (unmeasured with
+#: two-shot there), and four GPUs are unmeasured
+DEFAULT_LIMITS = Limits(64 << 10, 2 << 20)
 
 
 def _bytes_env(name: str, default: int) -> int:

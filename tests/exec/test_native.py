@@ -112,7 +112,9 @@ def test_ctrl_c_cancels_the_run():
     finishes through the window, KeyboardInterrupt reaches the caller promptly, and the next
     run is complete and correct."""
     job = resolve("llama7b", device="cpu", backend="c", options={"attention": "split", "fuse": False})
-    runner = Runner(job, 2000)
+    # 4,000 rows: a run of about 0.15 s here, so that the signal's delivery and the cancel (a few
+    # ms) are well inside it on a busy 2-core machine (2,000 rows ran 0.05 s and flaked)
+    runner = Runner(job, 4000)
     try:
         inputs = job.program.inputs(job.settings, runner.shape, "cpu", seed=2)
         runner(inputs)  # compiled and run once
