@@ -258,7 +258,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     inputs are stored as (quantized ones: the tiling fitted to them,
     :func:`~.quantized.for_weights`). Built once per process and description (the program's runs
     and a generation's steps share it; the module is immutable)."""
-    t = for_weights(tiling or DecodeTiling(), wtypes).for_cache(cache)
+    t = for_weights(tiling or DecodeTiling(), wtypes, batch).for_cache(cache)
     split = vocab_split(cfg, tp, vocab_parallel)
     cfg = cfg.shard(tp)
     spans_ = spans(cache, t)

@@ -320,13 +320,15 @@ def weight_bytes(w) -> dict[str, int]:
     return {"resident": layers + emb + norm + (0 if w.config.tied else head), "step_read": layers + norm + head}
 
 
-def for_weights(t, wtypes: WeightTypes):
-    """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights:
-    its :attr:`~.tiling.DecodeTiling.quant_tiles`, output-major matrices (the GEMVs) and LM
-    head, and contraction steps of whole blocks (fewer outputs a tile where a step grows)."""
+def for_weights(t, wtypes: WeightTypes, rows: int = 1):
+    """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights for
+    a step of ``rows`` sequences: for one, its :attr:`~.tiling.DecodeTiling.quant_tiles` (the
+    GEMVs they were measured for; more sequences take the dot path's tiles, where the LM head's
+    long K step would hold 16 padded rows of it); output-major matrices (the GEMVs) and LM head,
+    and contraction steps of whole blocks (fewer outputs a tile where a step grows)."""
     if not wtypes.quantized:
         return t
-    if t.quant_tiles:  # (applied once: a tiling fitted again keeps what was set since)
+    if t.quant_tiles and rows == 1:  # (applied once: a tiling fitted again keeps what was set since)
         t = replace(t, **dict(t.quant_tiles), quant_tiles=())
     layers = wtypes.blocks(STACKED)
     head = wtypes.blocks(("lm_head",))

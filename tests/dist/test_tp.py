@@ -174,11 +174,14 @@ def test_errors_without_a_launch_are_one_line(args, needles):
 ], ids=["world-size", "persistent", "backend"])
 def test_errors_in_a_launch_are_one_line_per_rank(args, env, needles):
     """Every rank fails with its line (``rank R: ...``) and a non-zero exit; torchrun adds its
-    own report after them."""
+    own report after them. torchrun stops the other ranks when the first fails, so on a busy
+    machine a rank still starting may be stopped before its line: at least one line, no rank
+    twice."""
     r = driver.launch(2, "-m", "pto.cli", "run", "llama7b", "--device", "cpu", *args, env=env)
     assert r.returncode != 0 and r.stdout == ""
     lines = sorted(x for x in r.stderr.splitlines() if x.startswith("pto: error:"))
-    assert [x.split(":")[2] for x in lines] == [" rank 0", " rank 1"], r.stderr
+    ranks = [x.split(":")[2] for x in lines]
+    assert ranks and len(set(ranks)) == len(ranks) and set(ranks) <= {" rank 0", " rank 1"}, r.stderr
     _one_line(r.stderr, *needles)
 
 

@@ -230,7 +230,8 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
             kinds.update({"lm_head": dtype_of(head), **({"emb": dtype_of(head)} if cfg.tied else {})})
         wt = WeightTypes(tuple(sorted(kinds.items())))
         for batch in (1, 16):
-            fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt), batch, wtypes=wt)
+            fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch,
+                            wtypes=wt)
             chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
                        and any(p.dtype.is_quantized for p in fn.memrefs)]
     from pto.codegen.triton.common import RenderOptions
@@ -301,5 +302,6 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
     assert (t.ffn_bn, t.ffn_bk) != (q.ffn_bn, q.ffn_bk)
     mine = for_weights(t.with_fields(ffn_bn=16, ffn_bk=1024), q4k)
     assert (mine.ffn_bn, mine.ffn_bk, mine.o_bk) == (16, 1024, dict(QUANT_WIDE)["o_bk"])
+    assert for_weights(t, q4k, rows=8).ffn_bk == t.ffn_bk  # several sequences: the dot path's tiles
     with pytest.raises(UsageError, match="quant_tiles names nope: not a field"):
         DecodeTiling(quant_tiles=(("nope", 3),))
