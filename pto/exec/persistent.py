@@ -143,8 +143,11 @@ class PersistentExecutor(Executor):
     def check(self) -> None:
         """Raise ExecutionError if a program of any segment gave up waiting (names the task it
         waited on, the first segment's that did), or a segment ended before running its items."""
-        for kernel in self.kernels:
-            t = kernel.gave_up()
+        gave_up = [kernel.gave_up() for kernel in self.kernels]
+        for kernel, t in zip(self.kernels, gave_up):
+            if t is not None:
+                kernel.clear_give_up()  # reported: the next launch starts clean
+        for kernel, t in zip(self.kernels, gave_up):
             if t is not None:
                 fn = self.plan.variants[t]
                 raise ExecutionError(f"persistent executor: a program waited more than {kernel.max_polls:,} polls "

@@ -414,9 +414,15 @@ class Megakernel:
             self.tracing = 0
 
     def gave_up(self) -> int | None:
-        """The task (index in the plan) a program gave up waiting for, if one did."""
-        err = self.buf["err"].cpu()
-        return int(err[1]) if int(err[0]) else None
+        """The task (index in the plan) a program gave up waiting for, if one did since the flag
+        was last cleared (:meth:`clear_give_up`)."""
+        flag, task = (int(v) for v in self.buf["err"].tolist())
+        return task if flag else None
+
+    def clear_give_up(self) -> None:
+        """Clear the give-up flag once it is reported (on the host: a replay never resets it, so
+        a give-up reported once would otherwise stop every later launch)."""
+        self.buf["err"].zero_()
 
     def items_taken(self) -> int:
         return int(self.buf["nxt"].cpu()[0])
