@@ -15,8 +15,9 @@ forward, the same positions, timed the same way. The HBM floor: the bytes every 
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
 here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
 run's scheduling cost per work item (``item_gap_us``),
-the median time from a task's last predecessor's end to its start (``dependency_wait_us``)
-and its busy time per InCore function (where the time goes); its megakernel's registers, spills,
+the median time from a task's last predecessor's end to its start (``dependency_wait_us``),
+its critical path's waits, items and spread (``critical_path_us``, per InCore function: where a
+step's latency goes) and its busy time per InCore function; its megakernel's registers, spills,
 shared memory and programs a multiprocessor (per segment where the plan is split,
 ``PTO_MK_SPLIT``), and with ``--branches`` each branch's compiled alone in a one-branch
 megakernel (a compile per branch). For the wave executor, each compiled kernel's registers,
@@ -353,6 +354,11 @@ def main(argv=None) -> int:
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))
+        for k, v in r.items():  # where a persistent step's latency goes (pto.exec.trace.critical_path)
+            cp = v.get("report", {}).get("critical_path_us") if isinstance(v, dict) else None
+            if cp:
+                print(f"    {k}: critical path {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
+                      f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
     return 0
 
 
