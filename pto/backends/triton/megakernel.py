@@ -94,9 +94,9 @@ def resolve_dispatch(choice: str | None) -> str:
 #: that is one and the kernel runs at most :data:`ROOM_WARPS` warps a program, room for a second
 #: (its pipelines lowered to half the shared memory, its registers capped to half the file), kept
 #: when that kernel compiles without spills. Two programs of the decode steps' GEMVs a
-#: multiprocessor hide one's waits behind the other's loads: on an H200 the Llama-3-8B step 4.71
-#: against 5.51 ms, Llama-3.2-1B 1.09 against 1.23 (docs/PERF.md, "The megakernel split by
-#: resource class"); wider programs (the prefill GEMMs' 8 warps) keep their pipelines
+#: multiprocessor hide one's waits behind the other's loads: on an H200 the Llama-3-8B step 4.70
+#: against 5.50 ms, Llama-3.2-1B 1.09 against 1.24 (docs/PERF.md, "Two programs a multiprocessor
+#: by default"); wider programs (the prefill GEMMs' 8 warps) keep their pipelines
 AUTO = "auto"
 ROOM_WARPS = 4
 
