@@ -146,28 +146,19 @@ def test_auto_makes_room_for_two_programs_of_the_layers_where_one_fits(monkeypat
     launch keeps its count. Its logits are the wave executor's step's, within the rounding of
     bf16 sums in another order (relative 2e-2, the bound the executors are compared at), and so
     is its token where the top two logits differ by more."""
-    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.engine import rel_err
-    from pto.ir.dtypes import DType
 
     cfg = CONFIGS["llama3.2-1b"]
     w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
     logits, infos = {}, {}
     for executor, per_sm in (("waves", "0"), ("persistent", "0"), ("persistent", "auto")):
         monkeypatch.setenv("PTO_PER_SM", per_sm)
-        gen = Generator(w, "cuda", DType.BF16, executor=executor)
+        gen, step = _generator_step(w, executor, [300], [17], cache=512, seed=1)
         try:
-            step = gen.step(1, 512)
-            t = step.tensors
-            g = torch.Generator(device="cuda").manual_seed(1)
-            t["k_cache"].normal_(generator=g)
-            t["v_cache"].normal_(generator=g)
-            t["pos"].fill_(300)
-            t["tok"].fill_(17)
             step()
-            logits[executor, per_sm] = t["logits"].float().clone()
+            logits[executor, per_sm] = step.tensors["logits"].float().clone()
             if executor == "persistent":
                 infos[per_sm] = [k.compiled_info for k in step.executor.kernels]
         finally:
@@ -190,24 +181,15 @@ def test_each_call_of_a_captured_step_is_one_step(executor):
     first call runs it, the second captures the CUDA graph and replays it, later calls replay.
     Each call is one step: every position advances by one a call, and the tokens are those of
     the same step's launches without a CUDA graph (the executor's replay), bit for bit."""
-    from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
-
-    from pto.ir.dtypes import DType
 
     cfg = CONFIGS["smollm2-135m"]
     w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(3))
     runs = {}
     for graphed in (True, False):
-        gen = Generator(w, "cuda", DType.BF16, executor=executor)
+        gen, step = _generator_step(w, executor, [40, 77], [5, 9], cache=256, seed=4)
+        t = step.tensors
         try:
-            step = gen.step(2, 256)
-            t = step.tensors
-            g = torch.Generator(device="cuda").manual_seed(4)
-            t["k_cache"].normal_(generator=g)
-            t["v_cache"].normal_(generator=g)
-            t["pos"].copy_(torch.tensor([[40.0], [77.0]], device="cuda"))
-            t["tok"].copy_(torch.tensor([[5.0], [9.0]], device="cuda"))
             seen = []
             for k in range(4):
                 if graphed or k == 0:
@@ -222,3 +204,22 @@ def test_each_call_of_a_captured_step_is_one_step(executor):
     for k, ((tok, pos), (tok0, pos0)) in enumerate(zip(runs[True], runs[False])):
         assert torch.equal(pos.view(-1).cpu(), torch.tensor([41.0 + k, 78.0 + k])), (k, pos)
         assert torch.equal(tok, tok0) and torch.equal(pos, pos0), k
+
+
+def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int, seed: int):
+    """A generator on ``w`` and its decode step for ``len(pos)`` sequences of ``cache`` slots
+    (``pto generate``'s step: the executor's own tiles), its caches random (seeded), each
+    sequence at its position with its token; (generator, step)."""
+    from pto.orchestration.llm.generate import Generator
+
+    from pto.ir.dtypes import DType
+
+    gen = Generator(w, "cuda", DType.BF16, executor=executor)
+    step = gen.step(len(pos), cache)
+    t = step.tensors
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t["k_cache"].normal_(generator=g)
+    t["v_cache"].normal_(generator=g)
+    t["pos"].copy_(torch.tensor(pos, dtype=t["pos"].dtype, device="cuda")[:, None])
+    t["tok"].copy_(torch.tensor(tok, dtype=t["tok"].dtype, device="cuda")[:, None])
+    return gen, step
