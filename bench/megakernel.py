@@ -10,7 +10,8 @@ A variant is comma-separated settings of the megakernel's environment: ``d=`` di
 (``PTO_DISPATCH``), ``f=`` 0 or 1 (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
 (``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
-launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), e.g.
+launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
+early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
@@ -46,7 +47,8 @@ from decode import copy_bandwidth, floor_ms, ours, parse_tiling, write_rows  # n
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT"}
+ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT",
+       "e": "PTO_MK_EARLY"}
 
 
 def variant_env(variant: str) -> dict[str, str]:

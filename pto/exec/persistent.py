@@ -34,7 +34,7 @@ import torch
 from pto.backends.base import Backend, capable
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
-from pto.exec.plan import Plan, make_plan
+from pto.exec.plan import Plan, make_plan, resolve_early
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.exec.trace import critical_path
@@ -101,6 +101,7 @@ class PersistentExecutor(Executor):
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
+                              early=resolve_early(getattr(settings, "early", None)),
                               flags=self.backend.task_flags)
         self.split, self.segments = split_plan(self.plan, self.backend, settings.split)
         self.kernels = []

@@ -9,6 +9,7 @@ priority order (:mod:`pto.exec.order`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -180,10 +181,12 @@ class _Tables:
         self.chunks: list[np.ndarray] = []
         self.offset = 0
 
-    def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int) -> None:
+    def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int,
+                    early: np.ndarray | None = None) -> None:
         """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
         ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
-        adds to the task's own specializations, ``flags``)."""
+        adds to the task's own specializations, ``flags``; ``early``: per task and tensor, no
+        predecessor writes it, in place of read-only for the early loads)."""
         tens, reg, sca = args
         rows, ext, even, align, self.cost[idx] = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
@@ -198,7 +201,13 @@ class _Tables:
             self.task_tensor[idx, j] = np.vectorize(tensor_index.__getitem__, otypes=[np.int32])(tens[:, k])
         m = len(fn.memrefs)
         own = self.task_tensor[idx, :m]
-        keys = np.concatenate([even, align, tensor_flags[own, 0], tensor_flags[own, 1]], axis=1)
+        pre = tensor_flags[own, 1]
+        if early is not None:  # (a memref the function itself writes is never loaded early: its own
+            access = param_access(fn)  # stores may come before its loads)
+            reads = np.array([access[p.name].direction == "in" if p.name in access else False
+                              for p in fn.memrefs], bool)
+            pre = np.take_along_axis(early, own.astype(np.int64), axis=1) & reads[None, :]
+        keys = np.concatenate([even, align, tensor_flags[own, 0], pre], axis=1)
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
             key = (fid, tuple(bool(x) for x in row))
@@ -221,29 +230,72 @@ def written_tensors(ex, variants: dict[int, IncoreFunction], tensor_index: dict[
     """Per tensor (``tensor_index``: runtime id -> index), does any task of the export ``ex``
     write it (a memref its variant stores to)? A tensor no task writes (weights, tables) holds the
     same values for the whole launch: an item may read it before its predecessors are done."""
-    out = np.zeros(count, bool)
+    return writes_by_task(ex, variants, tensor_index, count).any(axis=0)
+
+
+def writes_by_task(ex, variants: dict[int, IncoreFunction], tensor_index: dict[int, int], count: int) -> np.ndarray:
+    """``[n_tasks, count]`` bool: does task t write tensor k (a memref its variant stores to)?"""
+    out = np.zeros((ex.n_tasks, count), bool)
     for fid in np.unique(ex.func):
         fn = variants[int(fid)]
         access = param_access(fn)
-        slots = [k for k, p in enumerate(fn.params)
-                 if p.name in access and access[p.name].direction != "in"]
+        slots = [k for k, p in enumerate(fn.params) if p.name in access and access[p.name].direction != "in"]
         if not slots:
             continue
         idx = np.nonzero(ex.func == fid)[0]
-        ids = np.unique(ex.arg_tensor[ex.arg_ptr[idx][:, None] + np.array(slots)[None, :]])
-        out[[tensor_index[int(i)] for i in ids if int(i) in tensor_index]] = True
+        ids = ex.arg_tensor[ex.arg_ptr[idx][:, None] + np.array(slots)[None, :]]
+        known = np.vectorize(lambda i: tensor_index.get(int(i), -1), otypes=[np.int64])(ids)
+        rows = np.repeat(idx, known.shape[1])
+        keep = known.reshape(-1) >= 0
+        out[rows[keep], known.reshape(-1)[keep]] = True
     return out
 
 
+def predecessor_writes(ex, variants: dict[int, IncoreFunction], tensor_index: dict[int, int],
+                       count: int) -> np.ndarray:
+    """``[n_tasks, count]`` bool: does a direct predecessor of task t write tensor k? Where none
+    does, no task before t writes what t reads there: the runtime orders every writer of an
+    overlapping region before its reader (a direct edge from the last such writer) or after it
+    (a writer submitted later waits for the reader), so t may read it before its wait."""
+    writes = writes_by_task(ex, variants, tensor_index, count)
+    src = np.repeat(np.arange(ex.n_tasks), np.diff(ex.fanout_ptr.astype(np.int64)))
+    dst = ex.fanout_ids.astype(np.int64) - ex.first_task
+    out = np.zeros_like(writes)
+    np.logical_or.at(out, dst, writes[src])
+    return out
+
+
+#: which memrefs a megakernel item may load before its wait (``PTO_MK_EARLY``): ``graph``, those
+#: of tensors no task of the graph writes (weights, tables); ``preds``, per task, those of tensors
+#: none of its predecessors writes (also, e.g., a decode step's positions, written after it by
+#: the step's last task: :func:`predecessor_writes`)
+EARLY_RULES = ("graph", "preds")
+#: the rule where the settings and the environment name none
+DEFAULT_EARLY = "graph"
+
+
+def resolve_early(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_EARLY``, else :data:`DEFAULT_EARLY`; UsageError naming an
+    unknown one."""
+    rule = choice or os.environ.get("PTO_MK_EARLY") or DEFAULT_EARLY
+    if rule not in EARLY_RULES:
+        src = "PTO_MK_EARLY" if not choice else "early"
+        raise UsageError(f"{src}={rule!r}: the megakernel's early loads follow {' or '.join(EARLY_RULES)}")
+    return rule
+
+
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
-              programs: int = 132, order: str = "list", flags: FlagRule = no_flags) -> Plan:
+              programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = "graph") -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
     programs, :func:`pto.exec.order.list_schedule`) or ``levels`` (:func:`pto.exec.order.item_order`
-    alone); ``flags``: the specializations each task allows, the backend's rule)."""
+    alone); ``flags``: the specializations each task allows, the backend's rule; ``early``: which
+    memrefs an item loads before its wait, :data:`EARLY_RULES`)."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
+    if early not in EARLY_RULES:
+        raise UsageError(f"unknown early-load rule {early!r} (choose {' or '.join(EARLY_RULES)})")
     if tensor_aligned is None:
         tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
@@ -253,12 +305,14 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     t = _Tables(n, max((len(f.memrefs) for f in variants.values()), default=1) or 1)
     written = written_tensors(ex, variants, tensor_index, len(tensor_names))
     tensor_flags = np.stack([tensor_aligned, ~written], axis=1)
+    before = predecessor_writes(ex, variants, tensor_index, len(tensor_names)) if early == "preds" else None
     for fid in np.unique(ex.func):
         fn = variants[int(fid)]
         idx = np.nonzero(ex.func == fid)[0]
         base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
-        t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0))
+        t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0),
+                      None if before is None else ~before[idx])
     succ_ptr = ex.fanout_ptr.astype(np.int64)
     succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
     pending = np.bincount(succ, minlength=n).astype(np.int32)
@@ -277,4 +331,5 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
                 t.variant, dict(launch_group), t.cost, programs, worker)
 
 
-__all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors"]
+__all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
+           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early"]

@@ -167,3 +167,70 @@ def test_persistent_needs_the_triton_backend():
     """Refused when the job is resolved, before any graph is built."""
     with pytest.raises(UsageError, match="persistent executor runs Triton kernels; --backend torch needs"):
         resolve("softmax", device="cpu", backend="torch", executor="persistent")
+
+
+@pytest.mark.parametrize("program,seq,options", [("model", None, {}), ("llama7b", 40, {"attention": "split"})],
+                         ids=["decode-step", "llama7b-split"])
+def test_early_loads_after_predecessors_read_nothing_a_task_before_writes(program, seq, options, monkeypatch):
+    """``PTO_MK_EARLY=preds``: an item may load before its wait the memrefs of tensors none of its
+    task's predecessors writes. Checked against the graph itself: no task the task depends on, at
+    any distance, writes a region that overlaps the memref's region; more memrefs than the graph
+    rule (``graph``: tensors no task writes) on the decode step (its positions, written by its
+    last task); and the run's outputs are the wave executor's, bit for bit."""
+    from pto.exec.plan import make_plan
+    from pto.ir.analysis import param_access
+
+    monkeypatch.setenv("PTO_MK_EARLY", "preds")
+    job, rw, inputs, want = _run(program, seq, options, "waves")
+    rw.close()
+    job, rp, _, got = _run(program, seq, options, "persistent")
+    try:
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+        graph, plan = rp.graph, rp.executor.plan
+        ex = graph.runtime.export()
+        variants = graph.variant_of_func_id()
+        n = ex.n_tasks
+        # every task's ancestors (all its predecessors at any distance), in topological order
+        preds = [[] for _ in range(n)]
+        for a in range(n):
+            for b in ex.fanout_ids[ex.fanout_ptr[a]:ex.fanout_ptr[a + 1]]:
+                preds[int(b) - ex.first_task].append(a)
+        order = np.argsort(plan.levels(), kind="stable")
+        ancestors: list[set] = [set() for _ in range(n)]
+        for t in order:
+            for p in preds[t]:
+                ancestors[t] |= ancestors[p] | {p}
+
+        def regions(t, kind):  # (tensor id, row0, col0, rows, cols) of task t's memrefs: "in" or written
+            fn = variants[int(ex.func[t])]
+            access = param_access(fn)
+            out = []
+            for k, p in enumerate(fn.params):
+                if p.name in access and (access[p.name].direction == "in") == (kind == "in"):
+                    i = ex.arg_ptr[t] + k
+                    out.append((p.name, int(ex.arg_tensor[i]), *(int(x) for x in ex.arg_region[i])))
+            return out
+
+        def overlap(a, b):
+            return a[1] == b[1] and a[2] < b[2] + b[4] and b[2] < a[2] + a[4] and a[3] < b[3] + b[5] \
+                and b[3] < a[3] + a[5]
+
+        early_pairs = 0
+        for t in range(n):
+            branch = plan.branches[plan.task_branch[t]]
+            early = set(branch.early)
+            assert not early & {r[0] for r in regions(t, "out")}, t  # nothing it writes itself
+            written_before = [w for a in ancestors[t] for w in regions(a, "out")]
+            for r in regions(t, "in"):
+                if r[0] in early:
+                    early_pairs += 1
+                    assert not any(overlap(r, w) for w in written_before), (t, r)
+        graph_rule = make_plan(graph, list(graph.tensor_ids), {}, early="graph")
+        base = sum(len(graph_rule.branches[graph_rule.task_branch[t]].early) for t in range(n))
+        more = sum(len(plan.branches[plan.task_branch[t]].early) for t in range(n))
+        assert early_pairs > 0 and more >= base
+        if program == "model":
+            assert more > base  # the positions the step's last task writes
+    finally:
+        rp.close()

@@ -65,6 +65,9 @@ class MegakernelSettings:
     split: str | None = None
     #: which segment of a split plan this kernel runs (its entry of ``per_sm``)
     segment: int = 0
+    #: which memrefs an item loads before its wait (:data:`pto.exec.plan.EARLY_RULES`; None:
+    #: ``PTO_MK_EARLY``, else :data:`pto.exec.plan.DEFAULT_EARLY`); the persistent executor reads it
+    early: str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
