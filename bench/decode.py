@@ -354,7 +354,7 @@ def main(argv=None) -> int:
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))
-        for k, v in r.items():  # where a persistent step's latency goes (pto.exec.trace.critical_path)
+        for k, v in r.items():  # where a persistent step's latency goes (pto.exec.trace.traced_critical_path)
             cp = v.get("report", {}).get("critical_path_us") if isinstance(v, dict) else None
             if cp:
                 print(f"    {k}: critical path {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "

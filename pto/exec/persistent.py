@@ -37,7 +37,7 @@ from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.plan import Plan, make_plan, resolve_early
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
-from pto.exec.trace import critical_path
+from pto.exec.trace import traced_critical_path
 from pto.ir.analysis import has_collective
 
 
@@ -101,7 +101,7 @@ class PersistentExecutor(Executor):
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
-                              early=resolve_early(getattr(settings, "early", None)),
+                              early=resolve_early(settings.early),
                               flags=self.backend.task_flags)
         self.split, self.segments = split_plan(self.plan, self.backend, settings.split)
         self.kernels = []
@@ -144,16 +144,15 @@ class PersistentExecutor(Executor):
     def check(self) -> None:
         """Raise ExecutionError if a program of any segment gave up waiting (names the task it
         waited on, the first segment's that did), or a segment ended before running its items."""
-        gave_up = [kernel.gave_up() for kernel in self.kernels]
-        for kernel, t in zip(self.kernels, gave_up):
-            if t is not None:
-                kernel.clear_give_up()  # reported: the next launch starts clean
-        for kernel, t in zip(self.kernels, gave_up):
-            if t is not None:
-                fn = self.plan.variants[t]
-                raise ExecutionError(f"persistent executor: a program waited more than {kernel.max_polls:,} polls "
-                                     f"for the predecessors of task {t + self.plan.first_task} (`{fn.variant_name}`); "
-                                     "a dependency was never released")
+        gave_up = [(kernel, t) for kernel in self.kernels if (t := kernel.gave_up()) is not None]
+        for kernel, _ in gave_up:
+            kernel.clear_give_up()  # reported: the next launch starts clean
+        if gave_up:
+            kernel, t = gave_up[0]
+            fn = self.plan.variants[t]
+            raise ExecutionError(f"persistent executor: a program waited more than {kernel.max_polls:,} polls "
+                                 f"for the predecessors of task {t + self.plan.first_task} (`{fn.variant_name}`); "
+                                 "a dependency was never released")
         for k, (segment, kernel) in enumerate(zip(self.segments, self.kernels)):
             what = f" (segment {k} of {len(self.kernels)})" if len(self.kernels) > 1 else ""
             taken = kernel.items_taken()
@@ -178,7 +177,7 @@ class PersistentExecutor(Executor):
         """Items, programs, branches and the scheduling cost per work item: the median gap
         between one item's end and the next item's start on the same program (queue atomic,
         table loads, dependency check, dispatch, completion), and the critical path's time in
-        waits, items and spread (:func:`pto.exec.trace.critical_path`), from a traced run;
+        waits, items and spread (:func:`pto.exec.trace.traced_critical_path`), from a traced run;
         microseconds on the GPU (ticks of the logical clock under the interpreter)."""
         self._launch(trace=True)
         self.check()
@@ -198,7 +197,7 @@ class PersistentExecutor(Executor):
                f"dependency_wait_{suffix}": round(float(np.median(wait)) / unit, 3) if len(wait) else 0.0}
         plan = self.plan
         edges = np.stack([plan.edge_sources, plan.succ.astype(np.int64)], 1) + plan.first_task
-        out[f"critical_path_{suffix}"] = critical_path(records, edges, unit)
+        out[f"critical_path_{suffix}"] = traced_critical_path(records, edges, unit)
         if len(self.kernels) == 1:
             out.update(self.kernels[0].compiled_info)
         else:

@@ -9,7 +9,6 @@ priority order (:mod:`pto.exec.order`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -277,11 +276,9 @@ DEFAULT_EARLY = "graph"
 def resolve_early(choice: str | None) -> str:
     """``choice``, else ``PTO_MK_EARLY``, else :data:`DEFAULT_EARLY`; UsageError naming an
     unknown one."""
-    rule = choice or os.environ.get("PTO_MK_EARLY") or DEFAULT_EARLY
-    if rule not in EARLY_RULES:
-        src = "PTO_MK_EARLY" if not choice else "early"
-        raise UsageError(f"{src}={rule!r}: the megakernel's early loads follow {' or '.join(EARLY_RULES)}")
-    return rule
+    from pto.backends.triton.megakernel import env_choice
+
+    return env_choice(choice, "PTO_MK_EARLY", DEFAULT_EARLY, EARLY_RULES, "early-load rule")
 
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,

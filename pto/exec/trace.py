@@ -226,7 +226,7 @@ def item_trace_events(records: Sequence, graph=None, max_flows: int = MAX_FLOWS,
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3) -> dict[str, Any]:
+def traced_critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3) -> dict[str, Any]:
     """Where the persistent executor's traced run spent its time along the critical path: from
     the task that ended last back through, at each step, the predecessor that ended last (the
     one it waited for). Per task on the path: the wait (its first item's start after that
@@ -298,4 +298,4 @@ def write_trace(path: str | Path, records: Sequence, graph=None, max_flows: int 
     return TraceInfo(str(path), o["tasks"], o["batches"], o["dependencies"], o["flows"], o["max_flows"])
 
 
-__all__ = ["MAX_FLOWS", "TraceInfo", "critical_path", "flow_note", "trace_events", "write_trace"]
+__all__ = ["MAX_FLOWS", "TraceInfo", "flow_note", "traced_critical_path", "trace_events", "write_trace"]

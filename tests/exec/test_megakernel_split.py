@@ -425,3 +425,17 @@ def test_a_bad_split_is_one_line_before_any_launch(monkeypatch):
                                          r"are 0\.\.\d+"):
         _run_module(split_programs.random_module(0), split_programs.inputs(0), "persistent")
 
+
+
+def test_the_early_load_rule_is_chosen_and_checked(monkeypatch):
+    """``PTO_MK_EARLY`` picks the rule (``graph`` by default; the settings' choice wins); a name
+    not a rule is one line naming it, before any plan is made."""
+    from pto.exec.plan import DEFAULT_EARLY, resolve_early
+
+    monkeypatch.delenv("PTO_MK_EARLY", raising=False)
+    assert resolve_early(None) == DEFAULT_EARLY == "graph"
+    monkeypatch.setenv("PTO_MK_EARLY", "preds")
+    assert resolve_early(None) == "preds" and resolve_early("graph") == "graph"
+    monkeypatch.setenv("PTO_MK_EARLY", "early")
+    with pytest.raises(UsageError, match="PTO_MK_EARLY='early': the megakernel's early-load rule is graph or preds"):
+        resolve_early(None)

@@ -207,13 +207,13 @@ def test_critical_path_follows_the_predecessor_that_ended_last():
     c = [ItemRecord(2, 0, 1, t0 + 13, t0 + 30, "fc")]
     d = [ItemRecord(3, 0, 0, t0 + 34, t0 + 40, "fd"), ItemRecord(3, 1, 0, t0 + 41, t0 + 49, "fd")]
     edges = np.array([[0, 1], [0, 2], [1, 3], [2, 3]])
-    cp = pto.exec.trace.critical_path(a + b + c + d, edges, unit=1.0)
+    cp = pto.exec.trace.traced_critical_path(a + b + c + d, edges, unit=1.0)
     assert cp["tasks"] == 3 and set(cp["by_function"]) == {"fa", "fc", "fd"}
     assert cp["total"] == 49 and cp["wait"] == (13 - 10) + (34 - 30)
     assert cp["item"] == 10 + 17 + 7 and cp["spread"] == 49 - 34 - 7
     assert cp["total"] == cp["wait"] + cp["item"] + cp["spread"] and cp["launch"] == 0
     # d in a launch after the others' (a split plan's next segment): its gap is the launch's
     d = [ItemRecord(r.task, r.p, r.program, r.start_ns, r.end_ns, r.func, segment=1) for r in d]
-    cp = pto.exec.trace.critical_path(a + b + c + d, edges, unit=1.0)
+    cp = pto.exec.trace.traced_critical_path(a + b + c + d, edges, unit=1.0)
     assert cp["wait"] == 13 - 10 and cp["launch"] == 34 - 30
     assert cp["total"] == cp["wait"] + cp["item"] + cp["spread"] + cp["launch"]

@@ -77,7 +77,7 @@ DEFAULT_DISPATCH = "static"
 DEFAULT_PREFETCH = 0
 
 
-def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
+def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
     """``choice``, else the environment variable ``env``, else ``default``; UsageError naming an
     unknown one."""
     d = choice or os.environ.get(env) or default
@@ -89,7 +89,7 @@ def _choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...]
 
 def resolve_dispatch(choice: str | None) -> str:
     """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`."""
-    return _choice(choice, "PTO_DISPATCH", DEFAULT_DISPATCH, DISPATCH, "dispatch")
+    return env_choice(choice, "PTO_DISPATCH", DEFAULT_DISPATCH, DISPATCH, "dispatch")
 
 
 
@@ -193,7 +193,7 @@ class Megakernel:
         #: clock is this one's, so the interpreter's trace ticks order the segments' items
         self.after = after
         self.prefetch = settings.prefetch if settings.prefetch is not None else \
-            int(_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
+            int(env_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -446,6 +446,6 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings",
+__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice",
            "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

@@ -541,3 +541,30 @@ def test_estimate_counts_each_cache_with_the_graph_a_run_builds():
     res = estimate("model", [256, 1024], config="tiny", shape={"cache": 1024, "batch": 1})
     runs = [run("model", config="tiny", cache=c, batch=1, device="cpu")["tasks"] for c in (256, 1024)]
     assert [r["tasks"] for r in res["rows"]] == runs
+
+
+def test_the_persistent_executors_tiles_by_model_size_and_device():
+    """The megakernel's own tiles (``tiling_for_executor``): models of hidden 2048 and more take
+    its wide blocks on any device, models of 256-2047 blocks of 8 on a GPU only (the CPU's
+    interpreter keeps the CPU tiling), the tiny ones and the wave executor the configuration's."""
+    from pto.orchestration.model.program import (
+        CONFIGS,
+        MEGAKERNEL_NARROW,
+        MEGAKERNEL_WIDE,
+        tiling_for,
+        tiling_for_executor,
+    )
+
+    from pto.machine.target import get
+
+    cpu = get("x86_64")
+    for name, cfg in CONFIGS.items():
+        for target in (None, cpu):
+            base, mk = tiling_for(cfg, target), tiling_for_executor(cfg, "persistent", target)
+            assert tiling_for_executor(cfg, "waves", target) == base
+            if cfg.layer.hidden >= 2048:
+                assert all(getattr(mk, k) == v for k, v in MEGAKERNEL_WIDE.items()), name
+            elif cfg.layer.hidden >= 256 and target is None:
+                assert all(getattr(mk, k) == v for k, v in MEGAKERNEL_NARROW.items()) and mk != base, name
+            else:
+                assert mk == base, (name, target)
