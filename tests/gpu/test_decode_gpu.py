@@ -1,7 +1,7 @@
 """The decode step of a whole model on the GPU in bf16 (skipped without CUDA): SmolLM2-135M's
 configuration with random weights, a cache that is not a power of two, each executor. Its logits
 must be no further from a float64 run of the same step than the same step computed by torch in
-bf16 (the reference model's ops, as transformers computes them) is; the chosen token and the next
+bf16 (the reference model's ops, as transformers computes them) is, within 5%; the chosen token and the next
 position are the float64 run's where the float64 top two logits are not within bf16's rounding."""
 
 from __future__ import annotations
@@ -131,7 +131,11 @@ def _check_step(executor: str, batch: int, cache: int, inspect=None, config: str
     f64 = job.program.reference(job.settings, shape, inputs, torch.float64)
     bf16 = job.program.reference(job.settings, shape, inputs, torch.bfloat16)
     ours, theirs = rel_err(out["logits"], f64["logits"]), rel_err(bf16["logits"], f64["logits"])
-    assert ours <= max(theirs, 1e-3), (ours, theirs)
+    # both round to bf16 at every layer, at different points (pto's fused kernels keep f32 across
+    # a norm and its product, torch's ops round between them): their errors are of one size, and
+    # either may be the closer by a few percent (an H200: 0.02432 against 0.02397 at an 8192-slot
+    # cache); a wrong combine or a stale cache row is many times torch's
+    assert ours <= 1.05 * max(theirs, 1e-3), (ours, theirs)
     assert torch.equal(out["pos"], f64["pos"].to(out["pos"].dtype))
     top2 = f64["logits"].topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp(min=1)  # beyond bf16's rounding
@@ -204,6 +208,32 @@ def test_each_call_of_a_captured_step_is_one_step(executor):
     for k, ((tok, pos), (tok0, pos0)) in enumerate(zip(runs[True], runs[False])):
         assert torch.equal(pos.view(-1).cpu(), torch.tensor([41.0 + k, 78.0 + k])), (k, pos)
         assert torch.equal(tok, tok0) and torch.equal(pos, pos0), k
+
+
+@pytest.mark.parametrize("config", ["smollm2-135m", "llama3.2-1b"])
+def test_the_lookahead_changes_no_bit_on_the_gpu(config, monkeypatch):
+    """The persistent step with each program prefetching its next item's weights into L2
+    (``PTO_MK_LOOKAHEAD``: a hint, the arithmetic untouched) gives the step's bits without it,
+    and the table names a region for a third of the items at least (the GEMVs)."""
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    cfg = CONFIGS[config]
+    w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
+    out = {}
+    for look in ("0", "256"):
+        monkeypatch.setenv("PTO_MK_LOOKAHEAD", look)
+        gen, step = _generator_step(w, "persistent", [40, 77], [5, 9], cache=256, seed=6)
+        try:
+            step()
+            kernel = step.executor.kernels[0]
+            assert kernel.lookahead == int(look) * 1024
+            if kernel.lookahead:
+                assert (kernel.buf["look"][:, 2] > 0).float().mean() > 0.3
+            out[look] = {k: step.tensors[k].clone() for k in ("logits", "tok", "pos")}
+        finally:
+            gen.close()
+    for k, v in out["0"].items():
+        assert torch.equal(out["256"][k], v), k
 
 
 def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int, seed: int):
