@@ -11,8 +11,7 @@ A variant is comma-separated settings of the megakernel's environment: ``d=`` di
 (``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
-early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), ``l=`` KiB of the next item's weights a
-program prefetches into L2 while it runs an item (``PTO_MK_LOOKAHEAD``; 0 none), e.g.
+early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
@@ -48,8 +47,7 @@ from decode import copy_bandwidth, floor_ms, ours, parse_tiling, write_rows  # n
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "l": "PTO_MK_LOOKAHEAD",
-       "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT",
+ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT",
        "e": "PTO_MK_EARLY"}
 
 

@@ -61,8 +61,8 @@ def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": "*i64", "look": "*i64",
-                    "task_branch": "*i32", "task_row": "*i64",
+_MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": "*i64", "task_branch": "*i32",
+                    "task_row": "*i64",
                     "tab": "*i32", "task_tensor": "*i32", "ptrs": "*i64", "strides": "*i64", "task_ptr": "*i64",
                     "task_stride": "*i64", "pending": "*i32",
                     "done": "*i32", "nitems": "*i32", "succ_ptr": "*i32", "succ": "*i32", "err": "*i32",

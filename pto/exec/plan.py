@@ -269,8 +269,10 @@ def predecessor_writes(ex, variants: dict[int, IncoreFunction], tensor_index: di
 #: none of its predecessors writes (also, e.g., a decode step's positions, written after it by
 #: the step's last task: :func:`predecessor_writes`)
 EARLY_RULES = ("graph", "preds")
-#: the rule where the settings and the environment name none
-DEFAULT_EARLY = "graph"
+#: the rule where the settings and the environment name none: ``preds``, 0.9-1.5% faster than
+#: ``graph`` on SmolLM2's and the 1B model's steps on an H200 in each of four pairs in one call
+#: (docs/PERF.md, "The lookahead, the early loads by predecessors")
+DEFAULT_EARLY = "preds"
 
 
 def resolve_early(choice: str | None) -> str:
@@ -282,7 +284,7 @@ def resolve_early(choice: str | None) -> str:
 
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
-              programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = "graph") -> Plan:
+              programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``

@@ -128,8 +128,8 @@ def test_operands_no_task_writes_load_before_the_wait():
     cfg = CONFIGS["smollm2-135m"]
     built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=1024),
                                {"B": 1, "C": 1024})
-    try:
-        plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
+    try:  # (the graph's rule: ``preds``, the default, also loads attention's positions early)
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, early="graph")
     finally:
         built.graph.close()
     by_name = {b.fn.name: b for b in plan.branches}

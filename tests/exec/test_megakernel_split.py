@@ -428,14 +428,14 @@ def test_a_bad_split_is_one_line_before_any_launch(monkeypatch):
 
 
 def test_the_early_load_rule_is_chosen_and_checked(monkeypatch):
-    """``PTO_MK_EARLY`` picks the rule (``graph`` by default; the settings' choice wins); a name
+    """``PTO_MK_EARLY`` picks the rule (``preds`` by default; the settings' choice wins); a name
     not a rule is one line naming it, before any plan is made."""
     from pto.exec.plan import DEFAULT_EARLY, resolve_early
 
     monkeypatch.delenv("PTO_MK_EARLY", raising=False)
-    assert resolve_early(None) == DEFAULT_EARLY == "graph"
-    monkeypatch.setenv("PTO_MK_EARLY", "preds")
-    assert resolve_early(None) == "preds" and resolve_early("graph") == "graph"
+    assert resolve_early(None) == DEFAULT_EARLY == "preds"
+    monkeypatch.setenv("PTO_MK_EARLY", "graph")
+    assert resolve_early(None) == "graph" and resolve_early("preds") == "preds"
     monkeypatch.setenv("PTO_MK_EARLY", "early")
     with pytest.raises(UsageError, match="PTO_MK_EARLY='early': the megakernel's early-load rule is graph or preds"):
         resolve_early(None)

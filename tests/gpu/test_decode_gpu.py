@@ -210,32 +210,6 @@ def test_each_call_of_a_captured_step_is_one_step(executor):
         assert torch.equal(tok, tok0) and torch.equal(pos, pos0), k
 
 
-@pytest.mark.parametrize("config", ["smollm2-135m", "llama3.2-1b"])
-def test_the_lookahead_changes_no_bit_on_the_gpu(config, monkeypatch):
-    """The persistent step with each program prefetching its next item's weights into L2
-    (``PTO_MK_LOOKAHEAD``: a hint, the arithmetic untouched) gives the step's bits without it,
-    and the table names a region for a third of the items at least (the GEMVs)."""
-    from pto.orchestration.model.program import CONFIGS, random_weights
-
-    cfg = CONFIGS[config]
-    w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(5))
-    out = {}
-    for look in ("0", "256"):
-        monkeypatch.setenv("PTO_MK_LOOKAHEAD", look)
-        gen, step = _generator_step(w, "persistent", [40, 77], [5, 9], cache=256, seed=6)
-        try:
-            step()
-            kernel = step.executor.kernels[0]
-            assert kernel.lookahead == int(look) * 1024
-            if kernel.lookahead:
-                assert (kernel.buf["look"][:, 2] > 0).float().mean() > 0.3
-            out[look] = {k: step.tensors[k].clone() for k in ("logits", "tok", "pos")}
-        finally:
-            gen.close()
-    for k, v in out["0"].items():
-        assert torch.equal(out["256"][k], v), k
-
-
 def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int, seed: int):
     """A generator on ``w`` and its decode step for ``len(pos)`` sequences of ``cache`` slots
     (``pto generate``'s step: the executor's own tiles), its caches random (seeded), each

@@ -23,7 +23,6 @@ from pto.backends.triton.loader import load_kernel
 from pto.codegen.triton.megakernel import (
     DISPATCH,
     ITEM_COLS,
-    LOOK_COLS,
     MegaKernel,
     fit_megakernel,
     render_megakernel,
@@ -31,7 +30,6 @@ from pto.codegen.triton.megakernel import (
 )
 from pto.codegen.triton.scan import scan_table
 from pto.errors import ResourceError, UsageError
-from pto.exec.lookahead import BOXES, item_boxes, look_table
 
 #: polls of a predecessor counter before a program gives up (seconds on an H100: a poll is an atomic round trip)
 MAX_POLLS = 1 << 24
@@ -70,10 +68,6 @@ class MegakernelSettings:
     #: which memrefs an item loads before its wait (:data:`pto.exec.plan.EARLY_RULES`; None:
     #: ``PTO_MK_EARLY``, else :data:`pto.exec.plan.DEFAULT_EARLY`); the persistent executor reads it
     early: str | None = None
-    #: KiB of the next item's regions a program prefetches into L2 while it runs an item
-    #: (:mod:`pto.exec.lookahead`; ranged dispatch only, a queue's next item is not known; 0:
-    #: none; None: ``PTO_MK_LOOKAHEAD``, else :data:`DEFAULT_LOOKAHEAD`)
-    lookahead: int | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -81,8 +75,6 @@ DEFAULT_DISPATCH = "static"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
 DEFAULT_PREFETCH = 0
-#: the lookahead where the settings and environment do not say: off until measured
-DEFAULT_LOOKAHEAD = 0
 
 
 def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -127,20 +119,6 @@ def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None
     if not isinstance(asked, tuple):
         return asked or None
     return asked[min(segment, len(asked) - 1)] or None
-
-
-def resolve_lookahead(choice: int | None, dispatch: str) -> int:
-    """The bytes of the lookahead (``choice`` KiB, else ``PTO_MK_LOOKAHEAD``'s, else
-    :data:`DEFAULT_LOOKAHEAD`'s); 0 with queue dispatch; UsageError naming a bad value."""
-    if choice is None:
-        text = os.environ.get("PTO_MK_LOOKAHEAD", "").strip()
-        if text and not text.isdigit():
-            raise UsageError(f"PTO_MK_LOOKAHEAD={text!r}: KiB of the next item's weights a program prefetches into "
-                             "L2 (0: none)")
-        choice = int(text) if text else DEFAULT_LOOKAHEAD
-    if choice < 0:
-        raise UsageError(f"lookahead of {choice} KiB: a count of KiB, 0 for none")
-    return 0 if dispatch == "queue" else choice * 1024
 
 
 def _env_count(name: str) -> int | None:
@@ -208,8 +186,6 @@ class Megakernel:
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
-        #: bytes of its next item's regions a program prefetches (:mod:`pto.exec.lookahead`)
-        self.lookahead = resolve_lookahead(settings.lookahead, self.dispatch)
         asked = per_sm_of(settings.per_sm, settings.segment)
         #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
         self.per_sm: int | None = None if asked == AUTO else asked
@@ -251,8 +227,7 @@ class Megakernel:
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.backend.options, sentinel=s.sentinel,
-                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch,
-                                     lookahead=BOXES if self.lookahead else 0)
+                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch)
 
         self.stages = want
         self.rendered = render(want)
@@ -315,7 +290,6 @@ class Megakernel:
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
         t["items"] = torch.from_numpy(item_descriptors(p)).to(dev)
         t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
-        t["look"] = torch.zeros((1, BOXES * LOOK_COLS), dtype=torch.int64, device=dev)  # (the same)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
         idx = t["task_tensor"].long()
@@ -345,19 +319,12 @@ class Megakernel:
         self.order, start = p.streams(self.programs, self.dispatch)
         self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order)).to(dev)
         self.buf["stream"] = torch.from_numpy(start).to(dev)
-        if self.lookahead:
-            tensors = [self.tensors[name] for name in p.tensor_names]
-            base, stride, size = (np.array(v, np.int64) for v in zip(
-                *((x.data_ptr(), x.stride(0), x.element_size()) for x in tensors))) if tensors else \
-                (np.zeros(1, np.int64),) * 3
-            look = look_table(item_boxes(p, self.order), base, stride, size, self.lookahead)
-            self.buf["look"] = torch.from_numpy(look).to(dev)
 
     def args(self) -> tuple:
         b = self.buf
         b["tracing"] = self.tracing
-        return (b["items"], self.plan.n_items, b["nxt"], b["stream"], b["look"], b["task_branch"], b["task_row"],
-                b["tab"], b["task_tensor"], b["ptrs"], b["strides"], b["task_ptr"], b["task_stride"], b["pending"],
+        return (b["items"], self.plan.n_items, b["nxt"], b["stream"], b["task_branch"], b["task_row"], b["tab"],
+                b["task_tensor"], b["ptrs"], b["strides"], b["task_ptr"], b["task_stride"], b["pending"],
                 b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
                 *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()))
@@ -480,6 +447,5 @@ class Megakernel:
 
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice",
-           "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "DEFAULT_LOOKAHEAD", "resolve_dispatch",
-           "resolve_lookahead",
+           "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
