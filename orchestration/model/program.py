@@ -37,7 +37,7 @@ from pto.orchestration.model.reference import KVCache, ReferenceModel
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
-from pto.machine.target import Target
+from pto.machine.target import Target, get
 from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
 from pto.quant import QTensor
 
@@ -114,13 +114,17 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
     return CPU_TILING if target is not None and target.kind == "cpu" else TILING
 
 
-#: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): blocks
-#: of 16 outputs of every projection in K steps of 1024, items 4x as large as the wave executor's
-#: (its fixed cost, a table's round trips and the loads' first latency, paid a quarter as often):
-#: on an H200 Llama-3-8B's step 6.45 against 8.47 ms, Llama-3.2-1B's 1.30 against 1.79
-#: (docs/PERF.md, "The megakernel on the peers' design"); the per-program rule of blocks as wide as
-#: one item per program and projection, in short K steps, was slower still (15.3 ms on the 8B model)
-MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
+#: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): q, k
+#: and v in blocks of 8 outputs (the wave executor's gate/up blocks of 8 in K steps of 2048 stay),
+#: the o and down projections in blocks of :func:`megakernel_block` outputs: one round of items
+#: over the launch's programs, where wider blocks of every projection (16, K steps of 1024) left a
+#: last round partly idle. On an H200 in one call: Llama-3-8B's step 4.558 against 4.689 ms in
+#: blocks of 16, Llama-3.2-1B's 1.040 against 1.081 (docs/PERF.md, "The megakernel's blocks by its
+#: programs")
+MEGAKERNEL_WIDE = dict(qkv_bn=8, ffn_bn=8, ffn_bk=2048)
+#: the programs a multiprocessor the decode step's megakernel holds (its 4-warp GEMVs two a
+#: multiprocessor: pto.backends.triton.megakernel.AUTO)
+MEGAKERNEL_PER_SM = 2
 #: the rest (hidden 256 to 2047) on the persistent executor of a GPU: blocks of 8 outputs, half
 #: the items of the wave executor's 4 (SmolLM2's step on an H200 0.4625 against 0.506 ms in
 #: blocks of 4, the wave executor's 0.478 in the same call; docs/PERF.md, "Two programs a
@@ -128,14 +132,25 @@ MEGAKERNEL_WIDE = dict(bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
 MEGAKERNEL_NARROW = dict(bn=8)
 
 
+def megakernel_block(outputs: int, target: Target | None = None) -> int:
+    """The block of a projection of ``outputs`` outputs whose items make one round over the
+    megakernel's programs on ``target`` (a GPU's; an H200's where None): the narrowest power of
+    two from 4 to 16 that gives at most :data:`MEGAKERNEL_PER_SM` items a multiprocessor (the
+    8B model's 4096 outputs: 16, 256 items on 264 programs; the 1B model's 2048: 8)."""
+    sms = (target if target is not None and target.sm_count else get("cuda_h200")).sm_count
+    need = -(-outputs // (MEGAKERNEL_PER_SM * sms))
+    return min(16, max(4, 1 << (need - 1).bit_length()))
+
+
 def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None = None) -> DecodeTiling:
-    """The step's tiles for ``cfg`` run by ``executor`` on ``target``: the megakernel's wider
-    blocks on the persistent executor for models of hidden 2048 and more
-    (:data:`MEGAKERNEL_WIDE`) and, on a GPU, of hidden 256 and more (:data:`MEGAKERNEL_NARROW`),
-    else :func:`tiling_for`'s."""
+    """The step's tiles for ``cfg`` run by ``executor`` on ``target``: the megakernel's blocks on
+    the persistent executor for models of hidden 2048 and more (:data:`MEGAKERNEL_WIDE`, the o and
+    down projections in blocks of :func:`megakernel_block`) and, on a GPU, of hidden 256 and more
+    (:data:`MEGAKERNEL_NARROW`), else :func:`tiling_for`'s."""
     base = tiling_for(cfg, target)
     if executor == "persistent" and cfg.layer.hidden >= 2048:
-        return replace(base, **MEGAKERNEL_WIDE)
+        block = megakernel_block(cfg.layer.hidden, target)
+        return replace(base, **MEGAKERNEL_WIDE, bn=block, o_bn=block)
     if executor == "persistent" and cfg.layer.hidden >= 256 and (target is None or target.kind != "cpu"):
         return replace(base, **MEGAKERNEL_NARROW)
     return base
@@ -481,4 +496,4 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block"]

@@ -41,7 +41,8 @@ def test_shipped_h100_schedules_on_the_persistent_executor(seq, tmp_path):
         ref = job.program.reference(job.settings, job.program.shape(seq), inputs)["y"]
         assert rel_err(out, ref) <= 2e-2
         props = torch.cuda.get_device_properties(0)
-        assert runner.executor.report()["shared"] <= props.shared_memory_per_block_optin
+        rep = runner.executor.report()  # (one kernel, or a kernel a segment of a split plan)
+        assert max(s["shared"] for s in rep.get("segments", [rep])) <= props.shared_memory_per_block_optin
     finally:
         runner.close()
 

@@ -13,7 +13,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFunction]:
-    """``(variant name, kernel digest) -> function`` of every variant the family runs."""
+    """``(variant name, schedule digest) -> function`` of every variant the family runs (the
+    digest the schedule database keys entries by: the source without the PDL prologue and the
+    tensor-descriptor loads, which a GPU's backend adds)."""
     from pto.machine.target import get as target
     from pto.programs import get
     from pto.runtime.graph import CompiledProgram
@@ -28,16 +30,16 @@ def family_kernels(backend: TritonBackend) -> dict[tuple[str, str], IncoreFuncti
                     s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"),
                                       attention=mode, causal=causal, row_tiles=rows)
                     for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
-                        out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
+                        out[(v.func.variant_name, backend.kernel(v.func).schedule_digest)] = v.func
     for config in ("7b", "llama3-8b"):  # the norms folded into the projections (--fuse-norm-rope)
         s = prog.settings(device="cuda", config=config, dtype="bf16", target=target("cuda_h100"), fuse_norm_rope=True)
         for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
-            out[(v.func.variant_name, backend.kernel(v.func).digest)] = v.func
+            out[(v.func.variant_name, backend.kernel(v.func).schedule_digest)] = v.func
     for reduce in ("storage", "f32"):  # the sum in bf16 (the default) or f32: two first parts
         s = prog.settings(device="cuda", config="7b", dtype="bf16", target=target("cuda_h100"), tp=2,
                           allreduce_dtype=reduce)
         for v in CompiledProgram.get(prog.build(s), target=s.target).variants:
             split = split_collective(v.func)
             for f in (split.pre, split.post) if split is not None else (v.func,):
-                out[(f.variant_name, backend.kernel(f).digest)] = f
+                out[(f.variant_name, backend.kernel(f).schedule_digest)] = f
     return out

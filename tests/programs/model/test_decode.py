@@ -545,12 +545,14 @@ def test_estimate_counts_each_cache_with_the_graph_a_run_builds():
 
 def test_the_persistent_executors_tiles_by_model_size_and_device():
     """The megakernel's own tiles (``tiling_for_executor``): models of hidden 2048 and more take
-    its wide blocks on any device, models of 256-2047 blocks of 8 on a GPU only (the CPU's
-    interpreter keeps the CPU tiling), the tiny ones and the wave executor the configuration's."""
+    its wide blocks on any device (the o and down projections one round of items over its
+    programs), models of 256-2047 blocks of 8 on a GPU only (the CPU's interpreter keeps the CPU
+    tiling), the tiny ones and the wave executor the configuration's."""
     from pto.orchestration.model.program import (
         CONFIGS,
         MEGAKERNEL_NARROW,
         MEGAKERNEL_WIDE,
+        megakernel_block,
         tiling_for,
         tiling_for_executor,
     )
@@ -564,7 +566,27 @@ def test_the_persistent_executors_tiles_by_model_size_and_device():
             assert tiling_for_executor(cfg, "waves", target) == base
             if cfg.layer.hidden >= 2048:
                 assert all(getattr(mk, k) == v for k, v in MEGAKERNEL_WIDE.items()), name
+                assert mk.bn == mk.o_bn == megakernel_block(cfg.layer.hidden, target), name
             elif cfg.layer.hidden >= 256 and target is None:
                 assert all(getattr(mk, k) == v for k, v in MEGAKERNEL_NARROW.items()) and mk != base, name
             else:
                 assert mk == base, (name, target)
+
+
+def test_the_megakernels_block_makes_one_round_of_items_over_its_programs():
+    """``megakernel_block``: the narrowest power of two from 4 to 16 whose items (a projection's
+    outputs over the block) are at most two a multiprocessor, else 16; the 8B model's 4096
+    outputs on an H200 take 16 (256 items on 264 programs), the 1B model's 2048 take 8."""
+    from pto.orchestration.model.program import megakernel_block
+
+    from pto.machine.target import get
+
+    h200, a100 = get("cuda_h200"), get("cuda_a100")
+    assert megakernel_block(4096) == megakernel_block(4096, h200) == 16
+    assert megakernel_block(2048, h200) == 8 and megakernel_block(576, h200) == 4
+    for target in (h200, a100):
+        programs = 2 * target.sm_count
+        for outputs in range(64, 20000, 61):
+            block = megakernel_block(outputs, target)
+            fits = [b for b in (4, 8, 16) if -(-outputs // b) <= programs]
+            assert block == (fits[0] if fits else 16), (outputs, target.name)
