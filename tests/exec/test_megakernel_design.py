@@ -153,6 +153,37 @@ def test_operands_no_task_writes_load_before_the_wait():
     assert "tl.load(_p" not in before and "_prefetch_l2(" not in before
 
 
+def test_prefetch_two_fetches_attentions_keys_before_its_wait():
+    """``PREFETCH >= 2``: an item also prefetches into L2, before its wait, the first tiles of the
+    memrefs its function only reads though a predecessor writes them. In SmolLM2's step with the
+    default early rule (``preds``: the position loads before the wait, so the key loop's bounds
+    are known there), attention's part prefetches its keys and values at level 2 and nothing at
+    level 1; with the graph's rule the position comes after the wait, and there is nothing to
+    prefetch before it."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+
+    from pto.engine import build_module_graph
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["smollm2-135m"]
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=1024),
+                               {"B": 1, "C": 1024})
+    wait = "_ok, _t0 = _pto_wait("
+    try:
+        for rule, level2 in (("preds", True), ("graph", False)):
+            plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, early=rule)
+            part = next(b for b in plan.branches if b.fn.name == "decode_attn_part")
+            src = render_megakernel(plan.branches, dispatch="static").source
+            before, _ = _device_function(src, f"d_{part.fn.variant_name}__mk").split(wait)
+            assert ("if GPU and PREFETCH >= 2:" in before) == level2, rule
+            assert "PREFETCH >= 1" not in before
+            assert (re.search(r"_fp\d+ = tl.where\(.*P_kc \+", before) is not None) == level2
+            assert (re.search(r"_fp\d+ = tl.where\(.*P_vc \+", before) is not None) == level2
+    finally:
+        built.graph.close()
+
+
 @pytest.mark.slow
 def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
     """The decode step's megakernel with its L2 prefetch compiles for an H100/H200 (no GPU
@@ -173,10 +204,11 @@ def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
         built.graph.close()
     kernel = render_megakernel(plan.branches, dispatch="stream")
     opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
-    jobs = [{**megakernel_job(kernel, opts, prefetch=f), "count": ["prefetch.global.L2"]} for f in (0, 1)]
-    off, on = compile_sm90(jobs, tmp_path)
-    assert off["ok"] and on["ok"], (off.get("error"), on.get("error"))
-    assert off["counts"]["prefetch.global.L2"] == 0 < on["counts"]["prefetch.global.L2"]
+    jobs = [{**megakernel_job(kernel, opts, prefetch=f), "count": ["prefetch.global.L2"]} for f in (0, 1, 2)]
+    off, on, more = compile_sm90(jobs, tmp_path)
+    assert off["ok"] and on["ok"] and more["ok"], (off.get("error"), on.get("error"), more.get("error"))
+    count = [r["counts"]["prefetch.global.L2"] for r in (off, on, more)]
+    assert count[0] == 0 < count[1] < count[2], count  # (2: attention's keys and values too)
 
 
 pytestmark_interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -143,23 +143,28 @@ def _check_step(executor: str, batch: int, cache: int, inspect=None, config: str
 
 
 def test_auto_makes_room_for_two_programs_of_the_layers_where_one_fits(monkeypatch):
-    """``PTO_PER_SM=auto`` (the default) on the Llama-3.2-1B shape's step in the megakernel's own
-    tiles (``tiling_for_executor``, what ``pto generate`` runs): its layers' kernel holds one
-    program a multiprocessor as it asks (``PTO_PER_SM=0``), so auto rebuilds it with room for two
+    """``PTO_PER_SM=auto`` (the default) on the Llama-3.2-1B shape's step in blocks of 16 outputs
+    in K steps of 1024 (the megakernel's tiles before its blocks by programs, which already fit
+    two a multiprocessor): its layers' kernel holds one program a multiprocessor as it asks
+    (``PTO_PER_SM=0``), so auto rebuilds it with room for two
     (its pipelines lowered, registers capped) and keeps it (no spills); the LM head's 8-warp
     launch keeps its count. Its logits are the wave executor's step's, within the rounding of
     bf16 sums in another order (relative 2e-2, the bound the executors are compared at), and so
     is its token where the top two logits differ by more."""
-    from pto.orchestration.model.program import CONFIGS, random_weights
+    from dataclasses import replace
+
+    from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for
 
     from pto.engine import rel_err
 
     cfg = CONFIGS["llama3.2-1b"]
+    wide = replace(tiling_for(cfg), bn=16, qkv_bn=16, o_bn=16, ffn_bn=16, ffn_bk=1024)
     w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
     logits, infos = {}, {}
     for executor, per_sm in (("waves", "0"), ("persistent", "0"), ("persistent", "auto")):
         monkeypatch.setenv("PTO_PER_SM", per_sm)
-        gen, step = _generator_step(w, executor, [300], [17], cache=512, seed=1)
+        gen, step = _generator_step(w, executor, [300], [17], cache=512, seed=1,
+                                    tiling=wide if executor == "persistent" else None)
         try:
             step()
             logits[executor, per_sm] = step.tensors["logits"].float().clone()
@@ -210,15 +215,15 @@ def test_each_call_of_a_captured_step_is_one_step(executor):
         assert torch.equal(tok, tok0) and torch.equal(pos, pos0), k
 
 
-def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int, seed: int):
+def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int, seed: int, tiling=None):
     """A generator on ``w`` and its decode step for ``len(pos)`` sequences of ``cache`` slots
-    (``pto generate``'s step: the executor's own tiles), its caches random (seeded), each
-    sequence at its position with its token; (generator, step)."""
+    (``pto generate``'s step: the executor's own tiles, or ``tiling``), its caches random
+    (seeded), each sequence at its position with its token; (generator, step)."""
     from pto.orchestration.llm.generate import Generator
 
     from pto.ir.dtypes import DType
 
-    gen = Generator(w, "cuda", DType.BF16, executor=executor)
+    gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling)
     step = gen.step(len(pos), cache)
     t = step.tensors
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -57,7 +57,9 @@ class MegakernelSettings:
     per_sm: int | str | tuple | None = None
     #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
     #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
-    #: 0: only its register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
+    #: 2: also of the operands it only reads though a predecessor writes them (a decode step's
+    #: keys and values: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch`); 0: only its
+    #: register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
     prefetch: int | None = None
     #: where the plan is cut into launches by resource class (:mod:`pto.exec.segments`): ``off``,
     #: ``auto`` or levels that start a segment (None: ``PTO_MK_SPLIT``, else
@@ -193,7 +195,7 @@ class Megakernel:
         #: clock is this one's, so the interpreter's trace ticks order the segments' items
         self.after = after
         self.prefetch = settings.prefetch if settings.prefetch is not None else \
-            int(env_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1"), "prefetch"))
+            int(env_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1", "2"), "prefetch"))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None

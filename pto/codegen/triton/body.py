@@ -38,7 +38,7 @@ from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
-from pto.ir.analysis import gemv_quantized_loads, instr_reads, substitute_stmt
+from pto.ir.analysis import gemv_quantized_loads, instr_reads, param_access, substitute_stmt
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.facts import loop_ranges
@@ -261,6 +261,10 @@ class BodyRenderer(TileOps):
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
         self.pre = frozenset(opts.pre) if opts.pdl or megakernel else frozenset()
+        #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
+        #: loops' first trips into L2 before the wait even where a predecessor writes them)
+        access = param_access(fn)
+        self.read_only = frozenset(m.name for m in fn.memrefs if m.name in access and access[m.name].direction == "in")
         #: the memrefs the body loads before it waits for the previous launch itself (none: the
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
@@ -416,26 +420,32 @@ class BodyRenderer(TileOps):
 
     def prefetch(self, rest: tuple) -> None:
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
-        their first trips, up to :data:`PREFETCH_BYTES`), under ``GPU`` (the interpreter has no
-        prefetch)."""
-        plan = prefetch_plan(rest, self.pre, self.blocks, self.dtypes, set(self.names))
-        if not plan:
-            return
-        self.emit("if GPU and PREFETCH >= 1:")
-        self.depth += 1
-        for loop, trips in plan:
-            self.prefetch_loop(loop, trips)
-        self.depth -= 1
+        their first trips, up to :data:`PREFETCH_BYTES`), with ``PREFETCH >= 1``; with ``PREFETCH
+        >= 2`` also of the loads of the memrefs the function only reads though a predecessor
+        writes them (a decode step's keys and values, of which the step's append writes one row):
+        L2 is the GPU's point of coherence, so a line fetched before the predecessor's store is
+        updated by it, and the loads after the wait's acquire read the store. Under ``GPU`` only
+        (the interpreter has no prefetch)."""
+        names = set(self.names)
+        for level, mems in ((1, self.pre), (2, self.read_only - self.pre)):
+            plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, names)
+            if not plan:
+                continue
+            self.emit(f"if GPU and PREFETCH >= {level}:")
+            self.depth += 1
+            for loop, trips in plan:
+                self.prefetch_loop(loop, trips, mems)
+            self.depth -= 1
 
-    def prefetch_loop(self, s: ForRange, trips: int) -> None:
-        """``s``'s first ``trips`` trips with only its ``pre`` loads, each an L2 prefetch of one
-        address per 128-byte line of its tile."""
+    def prefetch_loop(self, s: ForRange, trips: int, mems: frozenset) -> None:
+        """``s``'s first ``trips`` trips with only its loads of ``mems``, each an L2 prefetch of
+        one address per 128-byte line of its tile."""
         var = f"i_{s.var}"
         self.names[s.var] = var
         lb, step = self.expr(s.lb), self.expr(s.step)
         self.emit(f"for {var} in range({lb}, tl.minimum({self.expr(s.ub)}, {lb} + {trips} * {step}), {step}):")
         self.depth += 1
-        for i in _pre_loads(s.body, self.pre, set(self.names)):
+        for i in _pre_loads(s.body, mems, set(self.names)):
             self.prefetch_tile(i)
         self.depth -= 1
         del self.names[s.var]
