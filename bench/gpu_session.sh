@@ -4,7 +4,7 @@
 #   env         the GPU, torch/Triton versions, pto info
 #   tests       tests/gpu/test_gpu.py (the compiled kernels, both executors)
 #   gpu1, gpu2  all of tests/gpu and tests/target in two halves (one call's 590 s holds neither
-#               whole suite): decode, megakernel, schedules; then test_gpu, safety, tp, target
+#               whole suite): decode, megakernel, schedules; then test_gpu, safety, tp, quant, target
 #   decode      bench/decode.py: SmolLM2 and the 8B model at batches 1, 8, 32, per-kernel profile
 #   fused       pto bench llama7b, fused layer, both executors, eager and torch.compile ($SEQS)
 #   modes       pto bench llama7b --attention split and pair, both executors, eager ($MODE_SEQS)
@@ -79,7 +79,8 @@ for stage in "$@"; do
     gpu1) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py tests/gpu/test_megakernel_gpu.py \
             tests/gpu/test_schedules_gpu.py > "$OUT/gpu1.log" 2>&1; tail -15 "$OUT/gpu1.log" ;;
     gpu2) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py tests/gpu/test_safety_gpu.py \
-            tests/gpu/test_tp_gpu.py tests/target > "$OUT/gpu2.log" 2>&1; tail -15 "$OUT/gpu2.log" ;;
+            tests/gpu/test_tp_gpu.py tests/gpu/test_quant_gpu.py tests/target > "$OUT/gpu2.log" 2>&1
+          tail -15 "$OUT/gpu2.log" ;;
     decode) python3 bench/decode.py --configs smollm2-135m,llama3-8b --batches 1,8,32 --long 0 --steps 16 \
               --executors waves --hf-configs none --kernels --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
             grep "B=" "$OUT/decode.log" ;;

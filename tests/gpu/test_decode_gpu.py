@@ -112,12 +112,14 @@ def test_the_step_split_by_resource_class_on_the_gpu(batch, cache, monkeypatch):
     _check_step("persistent", batch, cache, inspect)
 
 
-def _check_step(executor: str, batch: int, cache: int, inspect=None, config: str = "smollm2-135m") -> None:
+def _check_step(executor: str, batch: int, cache: int, inspect=None, config: str = "smollm2-135m",
+                options: dict | None = None) -> None:
     """The step's first run against float64 (``inspect(runner, inputs, outputs)``: more checks
-    before the runner closes)."""
+    before the runner closes; ``options``: the model program's, e.g. ``quantize``)."""
     from pto.engine import Runner, rel_err, resolve
 
-    job = resolve("model", device="cuda", backend="triton", executor=executor, config=config, dtype="bf16")
+    job = resolve("model", device="cuda", backend="triton", executor=executor, config=config, dtype="bf16",
+                  options=options or {})
     shape = job.program.shape({"cache": cache, "batch": batch})
     runner = Runner(job, shape)
     try:

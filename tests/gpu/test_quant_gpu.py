@@ -1,0 +1,34 @@
+"""Quantized weights on the GPU (skipped without CUDA): the decode step with its layers' weights
+stored in a block format (random blocks, or pto's quantizers where they apply) or fp8, read as
+they are stored by the GEMVs (by groups for the block formats, by units for fp8: ``PTO_QGEMV=auto``;
+the whole-K quantized tiles of models of hidden 2048 and more at one sequence), on each
+executor. Its logits must be no further from a float64 run of the reference model on the same
+weights dequantized than torch's bf16 run of it is (within 5%, tests/gpu/test_decode_gpu.py's
+bound: two bf16 pipelines round at different points; torch's also rounds the dequantized weights
+to bf16, the kernels keep them in f32), and its token is the float64 run's where the top two
+logits are apart beyond bf16's rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.test_decode_gpu import _check_step
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("executor,quantize", [("waves", "q8_0"), ("persistent", "q8_0"), ("waves", "q4_1"),
+                                               ("persistent", "q4_1"), ("waves", "fp8")])
+def test_smollm2_step_with_quantized_weights(executor, quantize):
+    """SmolLM2's shape (hidden 576: blocks of 32), batch 1."""
+    _check_step(executor, 1, 768, options={"quantize": quantize})
+
+
+@pytest.mark.parametrize("executor,quantize,batch", [("waves", "q4_k", 1), ("persistent", "q4_k", 1),
+                                                     ("waves", "q6_k", 1), ("waves", "q4_k", 2)])
+def test_k_quants_in_the_1b_shape(executor, quantize, batch):
+    """The Llama-3.2-1B shape (hidden 2048: whole 256-element blocks; its one-sequence step takes
+    the quantized tiles, two sequences the GEMVs' own), its tied head dense."""
+    _check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
