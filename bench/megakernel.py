@@ -140,7 +140,8 @@ def table_lines(r: dict) -> str:
         lines.append(f"    critical path: {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
                      f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
         for f, v in list(cp["by_function"].items())[:8]:
-            lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}")
+            lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}"
+                         f"  items {v.get('items', '')} rounds {v.get('rounds', '')}")
     segments = rep.get("segments", [rep] if "regs" in rep else [])
     if "split" in rep:
         lines.append(f"    split: {rep['split']}")

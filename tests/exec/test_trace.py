@@ -197,7 +197,8 @@ def test_trace_without_graph_and_empty():
 def test_critical_path_follows_the_predecessor_that_ended_last():
     """A diamond a -> (b, c) -> d, where c ends after b: the path is a, c, d; its waits are
     c's start after a's end and d's after c's, its items the median item of each, its spread
-    the rest of each task's span (d's second item ran after its first)."""
+    the rest of each task's span (d's second item ran after its first, on the same program: two
+    rounds; on two programs, one)."""
     from pto.exec.base import ItemRecord
 
     rng = np.random.default_rng(3)
@@ -212,6 +213,11 @@ def test_critical_path_follows_the_predecessor_that_ended_last():
     assert cp["total"] == 49 and cp["wait"] == (13 - 10) + (34 - 30)
     assert cp["item"] == 10 + 17 + 7 and cp["spread"] == 49 - 34 - 7
     assert cp["total"] == cp["wait"] + cp["item"] + cp["spread"] and cp["launch"] == 0
+    fd = cp["by_function"]["fd"]
+    assert (fd["items"], fd["rounds"]) == (2, 2) and cp["by_function"]["fa"]["rounds"] == 1
+    apart = [d[0], ItemRecord(3, 1, 1, t0 + 35, t0 + 43, "fd")]
+    traced = pto.exec.trace.traced_critical_path(a + b + c + apart, edges, unit=1.0)
+    assert (traced["by_function"]["fd"]["items"], traced["by_function"]["fd"]["rounds"]) == (2, 1)
     # d in a launch after the others' (a split plan's next segment): its gap is the launch's
     d = [ItemRecord(r.task, r.p, r.program, r.start_ns, r.end_ns, r.func, segment=1) for r in d]
     cp = pto.exec.trace.traced_critical_path(a + b + c + d, edges, unit=1.0)
