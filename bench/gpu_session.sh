@@ -46,6 +46,10 @@
 #               the last with eager and torch.compile)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
+#   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
+#               tree's pto, then with the tree in _ab/ (ignored by git: `bench/ab_tree.sh REF` puts a
+#               commit's files there; carry "_ab" with the call), each with AB_TAG=base or ab in its
+#               environment for the names of its outputs (e.g. --json "$OUT/q_$AB_TAG.json")
 # e.g.  SEQS=1024,4096 bench/gpu_session.sh env tests fused
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -71,6 +75,12 @@ ab() {
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
+    ab) [ -d _ab/pto ] || { echo "ab: no _ab/ tree (bench/ab_tree.sh REF, then carry _ab)"; continue; }
+        for tag in base ab; do
+          root=$PWD; [ $tag = ab ] && root=$PWD/_ab
+          (cd "$root" && AB_TAG=$tag PYTHONPATH=/tmp/site:$root PTO_CACHE_DIR=/tmp/ptocache_$tag \
+             bash -c "$AB_CMD" > "$OUT/ab_$tag.log" 2>&1); echo "--- $tag"; tail -${AB_TAIL:-8} "$OUT/ab_$tag.log"
+        done ;;
     env) { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
            python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
            python3 -m pto.cli info; } 2>&1 | tee "$OUT/env.log" ;;
