@@ -5,10 +5,9 @@
 #   e.g.  bench/ab_tree.sh wt-q && AB_CMD='python3 bench/decode.py ... --json "$OUT/q_$AB_TAG.json"'
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-rm -rf _ab
-[ "${1:-}" = "--clean" ] && exit 0
+[ "${1:-}" = "--clean" ] && { rm -rf _ab; exit 0; }
 [ -n "${1:-}" ] || { echo "usage: bench/ab_tree.sh REF | --clean" >&2; exit 2; }
 git rev-parse --verify --quiet "$1^{commit}" > /dev/null || { echo "ab_tree: $1 is not a commit here" >&2; exit 2; }
-mkdir _ab
+rm -rf _ab && mkdir _ab
 git archive "$1" pto orchestration incore runtime_c bench | tar -x -C _ab
 echo "_ab/: $(git rev-parse --short "$1") ($(du -sh _ab | cut -f1)); carry \"_ab\" with the device call"

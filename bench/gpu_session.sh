@@ -76,9 +76,11 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     ab) [ -d _ab/pto ] || { echo "ab: no _ab/ tree (bench/ab_tree.sh REF, then carry _ab)"; continue; }
+        [ -n "${AB_CMD:-}" ] || { echo "ab: set AB_CMD, the command to measure"; continue; }
         for tag in base ab; do
-          root=$PWD; [ $tag = ab ] && root=$PWD/_ab
-          (cd "$root" && AB_TAG=$tag PYTHONPATH=/tmp/site:$root PTO_CACHE_DIR=/tmp/ptocache_$tag \
+          root=$PWD cache=$PTO_CACHE_DIR  # (the base's warm cache; the other tree's kernels apart)
+          [ $tag = ab ] && root=$PWD/_ab cache=${PTO_CACHE_DIR}_ab
+          (cd "$root" && AB_TAG=$tag PYTHONPATH=/tmp/site:$root PTO_CACHE_DIR=$cache \
              bash -c "$AB_CMD" > "$OUT/ab_$tag.log" 2>&1); echo "--- $tag"; tail -${AB_TAIL:-8} "$OUT/ab_$tag.log"
         done ;;
     env) { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv

@@ -37,7 +37,8 @@ from pto.orchestration.model.reference import KVCache, ReferenceModel
 from pto import Var
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
-from pto.machine.target import Target, get
+from pto.machine.target import Target
+from pto.machine.target import get as named_target
 from pto.program import Baseline, Option, Program, Settings, Shape, ShapeParam
 from pto.quant import QTensor
 
@@ -115,7 +116,8 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
 
 
 #: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): q, k
-#: and v in blocks of 8 outputs (the wave executor's gate/up blocks of 8 in K steps of 2048 stay),
+#: and v in blocks of 8 outputs, gate/up in blocks of 8 in K steps of 2048 (the wave executor's
+#: today, pinned here: they are the measured megakernel's whatever the waves' become),
 #: the o and down projections in blocks of :func:`megakernel_block` outputs: one round of items
 #: over the launch's programs, where wider blocks of every projection (16, K steps of 1024) left a
 #: last round partly idle. On an H200 in one call: Llama-3-8B's step 4.558 against 4.689 ms in
@@ -134,10 +136,12 @@ MEGAKERNEL_NARROW = dict(bn=8)
 
 def megakernel_block(outputs: int, target: Target | None = None) -> int:
     """The block of a projection of ``outputs`` outputs whose items make one round over the
-    megakernel's programs on ``target`` (a GPU's; an H200's where None): the narrowest power of
-    two from 4 to 16 that gives at most :data:`MEGAKERNEL_PER_SM` items a multiprocessor (the
-    8B model's 4096 outputs: 16, 256 items on 264 programs; the 1B model's 2048: 8)."""
-    sms = (target if target is not None and target.sm_count else get("cuda_h200")).sm_count
+    megakernel's programs on ``target`` (an H200's multiprocessors where it is None or has no
+    count, a CPU): the narrowest power of two from 4 to 16 that gives at most
+    :data:`MEGAKERNEL_PER_SM` items a multiprocessor, else 16 (more than one round: outputs past
+    32 a multiprocessor). The 8B model's 4096 outputs on an H200: 16, 256 items on 264 programs;
+    the 1B model's 2048: 8."""
+    sms = (target if target is not None and target.sm_count else named_target("cuda_h200")).sm_count
     need = -(-outputs // (MEGAKERNEL_PER_SM * sms))
     return min(16, max(4, 1 << (need - 1).bit_length()))
 
@@ -177,9 +181,9 @@ class ModelProgram(Program):
     outputs = ("logits", "tok", "pos")
     tensor_parallel = True
     # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
-    # all but one measurement (Llama-3-8B 4.32 against 4.70 ms with two programs a multiprocessor,
-    # the 1B shape 1.01 against 1.09, SmolLM2 0.44 against 0.51; SmolLM2 in blocks of 8 0.46
-    # against the waves' 0.48 in one call; docs/PERF.md, "Two programs a multiprocessor by default")
+    # every measurement (Llama-3-8B 4.23 against 4.56 ms in the megakernel's blocks by programs,
+    # the 1B shape 0.98 against 1.03, SmolLM2 0.40 against 0.45; docs/PERF.md, "The megakernel's
+    # blocks by its programs")
     auto_executor = "waves"
 
     def default_config(self, device: str) -> str:

@@ -25,6 +25,7 @@ microseconds relative to the first launch.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,13 +243,12 @@ def traced_critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3
     by_task: dict[int, list[tuple[int, int]]] = {}
     func: dict[int, str] = {}
     segment: dict[int, int] = {}
-    ran: dict[int, dict[int, int]] = {}  # task -> program -> its items there
+    ran: dict[int, Counter] = {}  # task -> the items each program ran of it
     for r in records:
         by_task.setdefault(r.task, []).append((r.start_ns, r.end_ns))
         func[r.task] = r.func
-        segment[r.task] = getattr(r, "segment", 0)
-        on = ran.setdefault(r.task, {})
-        on[getattr(r, "program", 0)] = on.get(getattr(r, "program", 0), 0) + 1
+        segment[r.task] = r.segment
+        ran.setdefault(r.task, Counter())[r.program] += 1
     if not by_task:
         return {"tasks": 0, "total": 0.0, "wait": 0.0, "item": 0.0, "spread": 0.0, "launch": 0.0, "by_function": {}}
     first = {t: min(s for s, _ in v) for t, v in by_task.items()}

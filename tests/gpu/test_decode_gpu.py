@@ -1,8 +1,9 @@
 """The decode step of a whole model on the GPU in bf16 (skipped without CUDA): SmolLM2-135M's
 configuration with random weights, a cache that is not a power of two, each executor. Its logits
 must be no further from a float64 run of the same step than the same step computed by torch in
-bf16 (the reference model's ops, as transformers computes them) is, within 5%; the chosen token and the next
-position are the float64 run's where the float64 top two logits are not within bf16's rounding."""
+bf16 (the reference model's ops, as transformers computes them) is, within 5%; the chosen token
+and the next position are the float64 run's where the float64 top two logits are not within
+bf16's rounding."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("executor", ["persistent", "waves"])
 @pytest.mark.parametrize("batch,cache", [(1, 768), (3, 1280)])
 def test_smollm2_step_in_bf16_is_as_close_to_float64_as_torch_bf16(executor, batch, cache):
-    _check_step(executor, batch, cache)
+    check_step(executor, batch, cache)
 
 
 @pytest.mark.parametrize("executor", ["persistent", "waves"])
@@ -34,7 +35,7 @@ def test_a_long_cache_in_wide_chunks_and_two_combine_levels_on_the_gpu(executor,
     t = replace(mp.TILING, long_chunks=64, span=8)
     assert t.for_cache(8192).chunk == 128 and spans(8192, t.for_cache(8192)) == 8
     monkeypatch.setattr(mp, "TILING", t)
-    _check_step(executor, batch, 8192)
+    check_step(executor, batch, 8192)
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -46,7 +47,7 @@ def test_thirty_two_chunks_combine_at_once_on_the_gpu(batch):
 
     t = mp.TILING.for_cache(2048)
     assert 2048 // t.chunk == 32 and spans(2048, t) == 0
-    _check_step("waves", batch, 2048)
+    check_step("waves", batch, 2048)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -109,10 +110,10 @@ def test_the_step_split_by_resource_class_on_the_gpu(batch, cache, monkeypatch):
             assert all(b["regs"] > 0 and 0 <= b["shared"] <= optin for b in alone)
             assert all(torch.equal(runner.tensors[k], v) for k, v in out.items())
 
-    _check_step("persistent", batch, cache, inspect)
+    check_step("persistent", batch, cache, inspect)
 
 
-def _check_step(executor: str, batch: int, cache: int, inspect=None, config: str = "smollm2-135m",
+def check_step(executor: str, batch: int, cache: int, inspect=None, config: str = "smollm2-135m",
                 options: dict | None = None) -> None:
     """The step's first run against float64 (``inspect(runner, inputs, outputs)``: more checks
     before the runner closes; ``options``: the model program's, e.g. ``quantize``)."""

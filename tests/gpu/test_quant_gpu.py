@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_decode_gpu import _check_step
+from tests.gpu.test_decode_gpu import check_step
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu,
                                                ("persistent", "q4_1"), ("waves", "fp8")])
 def test_smollm2_step_with_quantized_weights(executor, quantize):
     """SmolLM2's shape (hidden 576: blocks of 32), batch 1."""
-    _check_step(executor, 1, 768, options={"quantize": quantize})
+    check_step(executor, 1, 768, options={"quantize": quantize})
 
 
 @pytest.mark.parametrize("executor,quantize,batch", [("waves", "q4_k", 1), ("persistent", "q4_k", 1),
@@ -31,4 +31,4 @@ def test_smollm2_step_with_quantized_weights(executor, quantize):
 def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     """The Llama-3.2-1B shape (hidden 2048: whole 256-element blocks; its one-sequence step takes
     the quantized tiles, two sequences the GEMVs' own), its tied head dense."""
-    _check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
+    check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})

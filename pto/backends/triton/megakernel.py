@@ -55,8 +55,8 @@ class MegakernelSettings:
     #: ``PTO_PER_SM``, else :data:`AUTO`; 0: as many as the compiled kernel allows); a tuple gives
     #: each segment of a split plan its own (the last repeats), e.g. ``(2, 0)``
     per_sm: int | str | tuple | None = None
-    #: 1: an item prefetches into L2 what the loops after its wait load of the operands no task
-    #: writes (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
+    #: 1: an item prefetches into L2 what the loops after its wait load of the operands it loads
+    #: early (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
     #: 2: also of the operands it only reads though a predecessor writes them (a decode step's
     #: keys and values: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch`); 0: only its
     #: register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)

@@ -263,8 +263,8 @@ class BodyRenderer(TileOps):
         self.pre = frozenset(opts.pre) if opts.pdl or megakernel else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
-        access = param_access(fn)
-        self.read_only = frozenset(m.name for m in fn.memrefs if m.name in access and access[m.name].direction == "in")
+        self.read_only = frozenset(n for n, a in param_access(fn).items() if a.direction == "in") if megakernel \
+            else frozenset()
         #: the memrefs the body loads before it waits for the previous launch itself (none: the
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
@@ -421,7 +421,7 @@ class BodyRenderer(TileOps):
     def prefetch(self, rest: tuple) -> None:
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
         their first trips, up to :data:`PREFETCH_BYTES`), with ``PREFETCH >= 1``; with ``PREFETCH
-        >= 2`` also of the loads of the memrefs the function only reads though a predecessor
+        >= 2`` also (up to as many bytes again) of the loads of the memrefs the function only reads though a predecessor
         writes them (a decode step's keys and values, of which the step's append writes one row):
         L2 is the GPU's point of coherence, so a line fetched before the predecessor's store is
         updated by it, and the loads after the wait's acquire read the store. Under ``GPU`` only

@@ -5,10 +5,11 @@ Every program of the launch loops over work items (a task and an index of its pa
 its own range of the item table (ranged dispatch: static or stream), or the next index of a
 device queue (one atomic counter). It calls the task's branch (the device function of its InCore
 variant in the megakernel form, :class:`pto.codegen.triton.body.BodyRenderer`), which loads the
-tiles of tensors no task writes, then waits until the task's pending-predecessor counter is zero
-(acquire; not at all for a task without predecessors or one this program already saw ready),
-then runs the rest; and marks completion: every item decrements the pending counters of the
-task's successors (release; a counter starts at the work items of all its predecessors). With the
+tiles of tensors none of the task's predecessors writes (the plan's early rule), then waits
+until the task's pending-predecessor counter is zero (acquire; not at all for a task without
+predecessors or one this program already saw ready), then runs the rest; and marks completion:
+every item decrements the pending counters of the task's successors (release; a counter starts
+at the work items of all its predecessors). With the
 sentinel, the last item of a task to finish releases them (the counters count predecessor
 tasks). A program loads its next item's descriptor and the current task's successors before it
 runs the current one, so those loads' latency hides behind the work. The proof that this cannot
