@@ -150,14 +150,15 @@ def kernel_times(fn, steps: int) -> dict:
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
          kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False,
-         branches: bool = False) -> dict:
+         branches: bool = False, records: str | None = None) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
     goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step, its
     LM head vocabulary-parallel or not, and (``comm``) its collectives' profile and the first
     run's sums by algorithm. What the kernels need: the persistent executor's megakernels per
     segment (``report``: registers, spills, shared memory, programs a multiprocessor) and, with
     ``branches``, each branch compiled alone (``branches``: a compile per branch); the wave
-    executor's compiled kernels (``compiled``)."""
+    executor's compiled kernels (``compiled``). ``records``: where to save the persistent
+    executor's traced items (``save`` of bench/records.py, which studies them off the GPU)."""
     gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
@@ -187,6 +188,10 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
             out.update(_comm(one), sums=sums["algorithms"])
         if step.executor.name == "persistent":
             out["report"] = step.executor.report()
+            if records:
+                from records import save as save_records  # (bench/records.py, beside this script)
+
+                save_records(records, step.executor.trace_records(), step.executor.programs)
             if branches:
                 try:
                     out["branches"] = step.executor.branch_resources()

@@ -16,7 +16,8 @@ early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), e.g.
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
 reports its megakernel's items, median item gap and dependency wait, the critical path's time in
-waits, items and spread (per InCore function on it: where a step's latency goes), and per segment (one
+waits, items and spread (per InCore function on it, with its items and rounds: where a step's
+latency goes; ``--records DIR`` also saves every item for ``python bench/records.py``), and per segment (one
 unless split) its levels, items, branches, registers, spills, shared memory, warps and programs
 per SM; ``--branches``: the first persistent run of each configuration and tiling also compiles
 each branch alone in a one-branch megakernel (its registers, spills and shared memory against
@@ -57,6 +58,15 @@ def variant_env(variant: str) -> dict[str, str]:
     return {ENV[k]: v.replace("/", ",") for k, v in pairs.items()}
 
 
+def records_path(folder: str | None, config: str, tiling_text: str, variant: str) -> str | None:
+    """Where a run's traced items go (``--records``): CONFIG_TILING_VARIANT.npz in ``folder``."""
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    safe = "".join(ch if ch.isalnum() or ch in "=.-" else "_" for ch in f"{config}_{tiling_text}_{variant or 'plain'}")
+    return os.path.join(folder, f"{safe}.npz")
+
+
 def tiling(text: str, cfg, executor: str):
     if text == "default":
         return tiling_for_executor(cfg, executor)
@@ -78,6 +88,9 @@ def main(argv=None) -> int:
                     help="seconds after which no further run starts (each is skipped, said in its line): the rows "
                          "measured so far and the table still print within a call's time limit")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--records", default=None,
+                    help="a folder for each persistent run's traced items (CONFIG_TILING_VARIANT.npz), to study off "
+                         "the GPU with bench/records.py")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     bw = copy_bandwidth()
@@ -103,7 +116,8 @@ def main(argv=None) -> int:
             if branches:
                 alone.add(tl)
             try:
-                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches)
+                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches,
+                           records=records_path(args.records, name, tl, variant) if executor == "persistent" else None)
             except Exception as e:  # report it, measure the rest
                 res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             finally:

@@ -1,0 +1,103 @@
+"""The persistent executor's traced work items, saved on the GPU and studied off it.
+
+``bench/megakernel.py --records DIR`` (or ``ours(..., records=PATH)`` in bench/decode.py) saves
+each persistent run's items (:func:`save`: task, parallel index, program, start and end in ns,
+segment, InCore variant); this script reads them back on any machine::
+
+    python bench/records.py DIR/*.npz [--top 12]
+
+and prints, per InCore variant (over its tasks): the tasks, their mean items and the programs
+that ran them, the **rounds** (the most items of a task one program ran; a task's items stream
+at the bandwidth when every program is busy, so its span is about its rounds times an item),
+the item's median and 90th percentile, and over its tasks the summed span and **tail** (a task's
+last end after the earliest of its programs' last ends: how long programs that had finished
+their share of the task waited while others ran its last round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+
+def save(path: str, records, programs: int) -> None:
+    """``records`` (:class:`pto.exec.base.ItemRecord`, one per item) to ``path`` (.npz), times
+    from the first item's start; ``programs``: the launch's (the first segment's)."""
+    funcs = sorted({r.func for r in records})
+    index = {f: i for i, f in enumerate(funcs)}
+    t0 = min((r.start_ns for r in records), default=0)
+    cols = np.array([(r.task, r.p, r.program, r.start_ns - t0, r.end_ns - t0, r.segment, index[r.func])
+                     for r in records], np.int64).reshape(-1, 7)
+    np.savez_compressed(path, items=cols, funcs=np.array(funcs), programs=np.int64(programs))
+
+
+def load(path: str) -> tuple[np.ndarray, list[str], int]:
+    """``(items [n, 7]: task, p, program, start, end, segment, variant index; variant names;
+    programs)`` of a file :func:`save` wrote."""
+    with np.load(path) as f:
+        return f["items"], [str(x) for x in f["funcs"]], int(f["programs"])
+
+
+def task_stats(items: np.ndarray) -> dict[int, dict]:
+    """Per task: its variant index, items, programs, rounds, median item, span (first start to
+    last end) and tail (its last end after the earliest end among the programs' last items of
+    it: the time programs that had finished their share of the task waited for the rest)."""
+    out = {}
+    order = np.argsort(items[:, 0], kind="stable")
+    tasks, starts = np.unique(items[order, 0], return_index=True)
+    for t, rows in zip(tasks, np.split(order, starts[1:])):
+        it = items[rows]
+        progs, counts = np.unique(it[:, 2], return_counts=True)
+        last = np.array([it[it[:, 2] == p, 4].max() for p in progs])
+        dur = it[:, 4] - it[:, 3]
+        out[int(t)] = {"func": int(it[0, 6]), "items": len(it), "programs": len(progs), "rounds": int(counts.max()),
+                       "item_ns": float(np.median(dur)), "item90_ns": float(np.percentile(dur, 90)),
+                       "span_ns": float(it[:, 4].max() - it[:, 3].min()), "tail_ns": float(last.max() - last.min())}
+    return out
+
+
+def by_variant(stats: dict[int, dict], funcs: list[str]) -> list[dict]:
+    """The tasks' statistics summed (spans, tails) or averaged (the rest) per variant, the
+    largest total span first."""
+    groups = defaultdict(list)
+    for s in stats.values():
+        groups[s["func"]].append(s)
+    rows = []
+    for f, ss in groups.items():
+        rows.append({"variant": funcs[f], "tasks": len(ss),
+                     **{k: float(np.mean([s[k] for s in ss])) for k in ("items", "programs", "rounds", "item_ns",
+                                                                        "item90_ns")},
+                     "span_us": sum(s["span_ns"] for s in ss) / 1e3, "tail_us": sum(s["tail_ns"] for s in ss) / 1e3})
+    return sorted(rows, key=lambda r: -r["span_us"])
+
+
+def report(path: str, top: int) -> list[str]:
+    items, funcs, programs = load(path)
+    stats = task_stats(items)
+    rows = by_variant(stats, funcs)
+    span = (items[:, 4].max() - items[:, 3].min()) / 1e3 if len(items) else 0.0
+    lines = [f"{path}: {len(items):,} items, {len(stats):,} tasks, {programs} programs, span {span:.1f} us",
+             f"  {'variant':44s} {'tasks':>5s} {'items':>7s} {'progs':>6s} {'rounds':>6s} {'item us':>8s} "
+             f"{'p90 us':>7s} {'span us':>9s} {'tail us':>8s}"]
+    for r in rows[:top]:
+        lines.append(f"  {r['variant'][:44]:44s} {r['tasks']:5d} {r['items']:7.1f} {r['programs']:6.1f} "
+                     f"{r['rounds']:6.2f} {r['item_ns'] / 1e3:8.2f} {r['item90_ns'] / 1e3:7.2f} {r['span_us']:9.1f} "
+                     f"{r['tail_us']:8.1f}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--top", type=int, default=12, help="variants shown per file (the longest total span first)")
+    args = ap.parse_args(argv)
+    for path in args.files:
+        print("\n".join(report(path, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
