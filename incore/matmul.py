@@ -5,9 +5,9 @@
   column blocks on the parallel axis (a transformer's projections);
 - :func:`matmul_residual_tile` and :func:`matmul_swiglu_tile`: the same with the residual add or
   SwiGLU in the epilogue, so the result never makes a round trip through memory;
-- :func:`matmul_nk_tile` and :func:`matmul_nk_residual_tile`: the row tile against a weight stored
-  output-major (``[N, K]``, as GGUF and ``nn.Linear`` keep it), of any dtype the weight is stored
-  in: a quantized one (:mod:`pto.ir.quant`) is read as stored, each weight tile's load
+- :func:`matmul_nk_tile`, :func:`matmul_nk_residual_tile` and :func:`matmul_nk_swiglu_tile`: the
+  row tile against a weight stored output-major (``[N, K]``, as GGUF and ``nn.Linear`` keep it),
+  of any dtype the weight is stored in: a quantized one (:mod:`pto.ir.quant`) is read as stored, each weight tile's load
   dequantizing its blocks into the activations' dtype (a prefill's projections on quantized
   weights, with no dense copy of them).
 """
@@ -125,27 +125,44 @@ def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
     k.store(y, 0, col, gb)
 
 
-def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
-    """``y = silu(x @ wg) * (x @ wu)``: the gate and up projections of one column block in one
-    program (two accumulators share each loaded x tile) and SwiGLU in the epilogue."""
-    k = InCore("matmul_swiglu_tile")
+def _row_tile_swiglu(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,
+                     nk_dtype=None) -> IncoreFunction:
+    """``y = silu(x @ wg) * (x @ wu)`` of one column block per program (the gate and up weights
+    ``[K, N]``, or output-major ``[N, K]`` of ``nk_dtype`` with it: :func:`_row_tile_matmul`)."""
+    k = InCore("matmul_nk_swiglu_tile" if nk_dtype is not None else "matmul_swiglu_tile")
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)
     x = k.memref("x", dtype, shape=(R, KD))
-    wg = k.memref("wg", dtype, shape=(KD, ND))
-    wu = k.memref("wu", dtype, shape=(KD, ND))
+    wshape = (ND, KD) if nk_dtype is not None else (KD, ND)
+    wg = k.memref("wg", nk_dtype or dtype, shape=wshape)
+    wu = k.memref("wu", nk_dtype or dtype, shape=wshape)
     y = k.memref("y", dtype, shape=(R, ND))
     j = k.parallel("j", cdiv(ND, bn))
     a = k.tile("a", R, bk, dtype)
-    bg, bu = k.tile("bg", bk, bn, dtype), k.tile("bu", bk, bn, dtype)
+    tshape = (bn, bk) if nk_dtype is not None else (bk, bn)
+    bg, bu = k.tile("bg", *tshape, dtype), k.tile("bu", *tshape, dtype)
     g, u = k.tile("g", R, bn, f32), k.tile("u", R, bn, f32)
     k.full(g, 0.0)
     k.full(u, 0.0)
     with k.for_range("kk", 0, KD, bk) as kk:
         k.load(a, x, 0, kk)
-        k.load(bg, wg, kk, j * bn)
-        k.load(bu, wu, kk, j * bn)
-        k.matmul_acc(g, a, bg)
-        k.matmul_acc(u, a, bu)
+        at = (j * bn, kk) if nk_dtype is not None else (kk, j * bn)
+        k.load(bg, wg, *at)
+        k.load(bu, wu, *at)
+        k.matmul_acc(g, a, bg, tb=nk_dtype is not None)
+        k.matmul_acc(u, a, bu, tb=nk_dtype is not None)
     swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
+
+
+def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None) -> IncoreFunction:
+    """``y = silu(x @ wg) * (x @ wu)``: the gate and up projections of one column block in one
+    program (two accumulators share each loaded x tile) and SwiGLU in the epilogue."""
+    return _row_tile_swiglu(dtype, rows, K, N, bn, bk, target)
+
+
+def matmul_nk_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, wdtype=None,
+                          target=None) -> IncoreFunction:
+    """``y = silu(x @ wg.T) * (x @ wu.T)``: :func:`matmul_swiglu_tile` against output-major ``[N,
+    K]`` gate and up weights of ``wdtype`` (:func:`matmul_nk_tile`)."""
+    return _row_tile_swiglu(dtype, rows, K, N, bn, bk, target, wdtype or dtype)

@@ -1,6 +1,7 @@
-"""The prefill's GEMM against quantized weights (``matmul_nk_tile``, ``matmul_nk_residual_tile``
-of incore/matmul.py): ``y = [r +] x @ dequant(w).T`` for an output-major ``[N, K]`` weight of
-every quantized type, through the reference evaluator, the Triton backend (the interpreter) and
+"""The prefill's GEMMs against quantized weights (``matmul_nk_tile``, ``matmul_nk_residual_tile``
+and ``matmul_nk_swiglu_tile`` of incore/matmul.py): ``y = [r +] x @ dequant(w).T`` and ``y =
+silu(x @ dequant(wg).T) * (x @ dequant(wu).T)`` for output-major ``[N, K]`` weights of every
+quantized type, through the reference evaluator, the Triton backend (the interpreter) and
 the C backend, against float64 products of the weights as the ``gguf`` package dequantizes
 them (fp8, which GGUF does not have: pto's dequantization, tested in test_formats.py). The
 shapes leave a short last row tile (M = 21 rows in tiles of 16), a short last block of outputs
@@ -9,13 +10,14 @@ shapes leave a short last row tile (M = 21 rows in tiles of 16), a short last bl
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from pto.incore.matmul import matmul_nk_residual_tile, matmul_nk_tile
+from pto.incore.matmul import matmul_nk_residual_tile, matmul_nk_swiglu_tile, matmul_nk_tile
 
 from pto.interp.incore import run_incore
 from pto.ir.analysis import specialize
@@ -41,63 +43,88 @@ def weights(dtype: DType, seed: int) -> tuple[QTensor, torch.Tensor]:
     return QTensor(dtype, from_gguf(BY_GGUF[q.gguf], torch.from_numpy(raw), K), K), gguf_values(q.gguf, raw)
 
 
-def function(dtype: DType, residual: bool, tdtype=f32):
+KINDS = ("plain", "residual", "swiglu")
+BUILD = {"plain": matmul_nk_tile, "residual": matmul_nk_residual_tile, "swiglu": matmul_nk_swiglu_tile}
+
+
+def function(dtype: DType, kind: str, tdtype=f32, wdtype: DType | None = None):
+    """The ``kind`` of GEMM on a weight of ``wdtype`` (by default ``dtype``) with blocks of
+    ``dtype``'s: K = 5 blocks in steps of 2."""
     b = dtype.quant.block
-    build = matmul_nk_residual_tile if residual else matmul_nk_tile
-    fn = build(tdtype, R, 5 * b, N, BN, 2 * b, wdtype=dtype)
+    fn = BUILD[kind](tdtype, R, 5 * b, N, BN, 2 * b, wdtype=wdtype or dtype)
     return specialize(replace(fn, name=f"{fn.name.removesuffix('_tile')}_{dtype.short}"))
 
 
-def run_tiles(run, fn, w: torch.Tensor, x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+def run_tiles(run, fn, w: dict, x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
     """``fn`` over the row tiles of x (the last one short), each a task run by ``run`` (the
-    evaluator's ``run_incore`` signature): the output, NaN where nothing was stored."""
+    evaluator's ``run_incore`` signature), with the weights ``w`` (memref -> ``[N, K]``
+    tensor): the output, NaN where nothing was stored."""
     K = x.shape[1]
     y = torch.full((M, N), float("nan"), dtype=x.dtype)
     for row in range(0, M, R):
         rows = min(R, M - row)
-        regions = {"x": (x, row, 0, rows, K), "w": (w, 0, 0, N, K), "y": (y, row, 0, rows, N)}
+        regions = {"x": (x, row, 0, rows, K), "y": (y, row, 0, rows, N)}
+        regions.update({n: (t, 0, 0, N, K) for n, t in w.items()})
         if r is not None:
             regions["r"] = (r, row, 0, rows, N)
         run(fn, regions, {})
     return y
 
 
-def check(got: torch.Tensor, x: torch.Tensor, values: torch.Tensor, r: torch.Tensor | None) -> None:
-    """Against the float64 product: x and the weights' values are exact in f32, so each output is
-    a sum of K f32 products, off the exact one by at most (K + 1) u times the sum of the terms'
-    magnitudes in any order of summation (each term takes at most K roundings, its product one),
-    plus one rounding of the residual's addition."""
+def product(x: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x @ values.T`` in float64 and the bound on an f32 computation's error. x and the weights'
+    values are exact in f32, so each output is a sum of K f32 products, which takes K roundings
+    in any order of summation; the worst case, (K + 1) u times the sum of the terms' magnitudes,
+    is a thousand times the errors seen and would let a wrong block through, so the bound is the
+    probabilistic one (rounding errors independent and of mean zero: at most lambda sqrt(K + 1) u
+    times the terms' magnitudes but with probability under 2 exp(-lambda^2 / 2), 4e-6 for lambda
+    = 5: Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019), the inputs seeded."""
     K = x.shape[1]
-    want = x.double() @ values.double().T
-    size = x.double().abs() @ values.double().abs().T
-    if r is not None:
-        want, size = want + r.double(), size + r.double().abs()
+    return x.double() @ values.double().T, 5 * math.sqrt(K + 1) * U * (x.double().abs() @ values.double().abs().T)
+
+
+def check(got: torch.Tensor, x: torch.Tensor, values: dict, r: torch.Tensor | None) -> None:
+    """Against the float64 result, within the f32 error bound of :func:`product`; for SwiGLU that
+    bound carried through ``silu(g) * u`` (|silu'| < 1.1) plus a few roundings of silu and the
+    product."""
+    if "w" in values:
+        want, bound = product(x, values["w"])
+        if r is not None:
+            want, bound = want + r.double(), bound + U * (want + r.double()).abs()  # the addition's rounding
+    else:
+        (g, eg), (u, eu) = product(x, values["wg"]), product(x, values["wu"])
+        sg = torch.nn.functional.silu(g)
+        want = sg * u
+        bound = 1.1 * eg * (u.abs() + eu) + sg.abs() * eu + 8 * U * want.abs()
     assert not torch.isnan(got).any()
     err = (got.double() - want).abs()
-    bound = (K + 2) * U * size
     assert (err <= bound).all(), f"worst error {float((err / bound).max()):.2f} of the bound"
 
 
-def inputs(dtype: DType, residual: bool):
-    w, values = weights(dtype, seed=len(str(dtype)) + dtype.quant.block)
+def inputs(dtype: DType, kind: str):
+    """(quantized weights by memref, their values, x, r or None) of a ``kind`` of GEMM."""
+    seed = len(str(dtype)) + dtype.quant.block
+    names = ("wg", "wu") if kind == "swiglu" else ("w",)
+    pairs = {n: weights(dtype, seed + i) for i, n in enumerate(names)}
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(M, w.shape[1], generator=g)
-    r = torch.randn(M, N, generator=g) * 100 if residual else None
-    return w, values, x, r
+    x = torch.randn(M, 5 * dtype.quant.block, generator=g)
+    r = torch.randn(M, N, generator=g) * 100 if kind == "residual" else None
+    if kind == "swiglu":  # the gate's values of a few units (silu's curve, not its asymptotes),
+        # by a power of two (exact)
+        rms = float((x @ pairs["wg"][1].T).square().mean().sqrt())
+        x = x * 2.0 ** round(math.log2(4 / rms))
+    return {n: q.data for n, (q, _) in pairs.items()}, {n: v for n, (_, v) in pairs.items()}, x, r
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
-def test_the_evaluators_gemm_is_the_product_with_ggufs_values(dtype, residual):
-    w, values, x, r = inputs(dtype, residual)
-    fn = function(dtype, residual)
-    got = run_tiles(run_incore, fn, w.data, x, r)
+def test_the_evaluators_gemm_is_the_product_with_ggufs_values(dtype, kind):
+    w, values, x, r = inputs(dtype, kind)
+    got = run_tiles(run_incore, function(dtype, kind), w, x, r)
     check(got, x, values, r)
     # the same as the function on the dense values, bit for bit (each tile load's values are
     # the gguf package's: the products are the same)
-    dense = specialize(matmul_nk_residual_tile(f32, R, x.shape[1], N, BN, 2 * dtype.quant.block) if residual
-                       else matmul_nk_tile(f32, R, x.shape[1], N, BN, 2 * dtype.quant.block))
-    assert torch.equal(got, run_tiles(run_incore, dense, values, x, r))
+    assert torch.equal(got, run_tiles(run_incore, function(dtype, kind, wdtype=f32), values, x, r))
 
 
 @pytest.mark.parametrize("dtype", [DType.Q4_K, DType.FP8], ids=str)
@@ -105,12 +132,11 @@ def test_a_half_precision_gemm_rounds_the_weights_as_a_dense_copy_would(dtype):
     """bf16 activations: the weight tiles are bf16 (the tensor-core dot's operands), each load
     rounding the exact dequantized values, so the product is the dense function's on the
     weights' values rounded to bf16 (what the prefill's dequantized copy holds), bit for bit."""
-    w, values, x, r = inputs(dtype, True)
+    w, values, x, r = inputs(dtype, "residual")
     x, r = x.to(torch.bfloat16), r.to(torch.bfloat16)
-    K = x.shape[1]
-    got = run_tiles(run_incore, function(dtype, True, bf16), w.data, x, r)
-    dense = specialize(matmul_nk_residual_tile(bf16, R, K, N, BN, 2 * dtype.quant.block))
-    assert torch.equal(got, run_tiles(run_incore, dense, values.to(torch.bfloat16), x, r))
+    got = run_tiles(run_incore, function(dtype, "residual", bf16), w, x, r)
+    dense = {n: v.to(torch.bfloat16) for n, v in values.items()}
+    assert torch.equal(got, run_tiles(run_incore, function(dtype, "residual", bf16, wdtype=bf16), dense, x, r))
 
 
 def test_a_k_step_of_part_of_a_block_is_refused():
@@ -122,17 +148,17 @@ def test_a_k_step_of_part_of_a_block_is_refused():
 
 @pytest.mark.interpret
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("kind", ["plain", "swiglu"])  # the residual's epilogue: the evaluator's and C's tests
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
-def test_the_triton_gemm_is_the_product_with_ggufs_values(dtype, residual, tmp_path, monkeypatch):
+def test_the_triton_gemm_is_the_product_with_ggufs_values(dtype, kind, tmp_path, monkeypatch):
     pytest.importorskip("triton")
     from pto.codegen.triton import render
     from tests.opkit import run_incore_triton
 
     monkeypatch.setenv("PTO_CACHE_DIR", str(tmp_path))
-    w, values, x, r = inputs(dtype, residual)
-    fn = function(dtype, residual)
-    check(run_tiles(run_incore_triton, fn, w.data, x, r), x, values, r)
+    w, values, x, r = inputs(dtype, kind)
+    fn = function(dtype, kind)
+    check(run_tiles(run_incore_triton, fn, w, x, r), x, values, r)
     assert f"_pto_dq_{dtype.short}(" in render(fn).source  # the tiles' values, then the dot
 
 
@@ -141,7 +167,7 @@ def c_module():
     """Every case's kernel in one compiled module: (module, index by function)."""
     from pto.backends.c.build import kernel_module
 
-    fns = [function(d, res) for d in QUANTIZED for res in (False, True)]
+    fns = [function(d, kind) for d in QUANTIZED for kind in KINDS]
     return kernel_module(fns, "quant_matmul_tests"), {f: i for i, f in enumerate(fns)}
 
 
@@ -157,11 +183,11 @@ def run_c(c_module, fn, regions: dict, scalars: dict) -> None:
     assert km.run(index[fn], ffi.from_buffer("pto_region[]", table), ffi.from_buffer("int64_t[]", sc), 1) == 0
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
-def test_the_c_gemm_is_the_product_with_ggufs_values(c_module, dtype, residual):
-    w, values, x, r = inputs(dtype, residual)
-    fn = function(dtype, residual)
-    check(run_tiles(lambda *a: run_c(c_module, *a), fn, w.data, x, r), x, values, r)
+def test_the_c_gemm_is_the_product_with_ggufs_values(c_module, dtype, kind):
+    w, values, x, r = inputs(dtype, kind)
+    fn = function(dtype, kind)
+    check(run_tiles(lambda *a: run_c(c_module, *a), fn, w, x, r), x, values, r)
     body = c_module[0].incore.source.split(f"static int k_{fn.variant_name}(")[1].split("\n}\n")[0]
     assert f"pto_dq_{dtype.short}(" in body  # a tile of the values, then the product
