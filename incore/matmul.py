@@ -46,7 +46,7 @@ def gemm_tile(dtype=f32, tm: int = 32, tn: int = 64, tk: int = 32, target=None) 
 
 
 def _row_tile_matmul(dtype, rows: int, K: int, N: int, bn: int, bk: int, residual: bool,
-                     target=None, nk_dtype=None) -> IncoreFunction:
+                     target=None, nk_dtype=None, name: str | None = None) -> IncoreFunction:
     """An R x K row tile against a whole K x N weight: the K reduction inside (f32 accumulation),
     a parallel axis over output column blocks of ``bn``; with ``residual``, ``+ r`` in the
     epilogue (the sum never makes a round trip through memory). With ``nk_dtype`` the weight is
@@ -54,9 +54,10 @@ def _row_tile_matmul(dtype, rows: int, K: int, N: int, bn: int, bk: int, residua
     weight tile is ``bn`` rows of ``bk`` contiguous inputs, so a quantized weight's tile is whole
     blocks of each row (``bk`` a multiple of the block: the verifier says so), which its load
     dequantizes into ``dtype`` (what a tensor-core dot takes; the dense copy a prefill would
-    otherwise make rounds to ``dtype`` too)."""
+    otherwise make rounds to ``dtype`` too). ``name``: the function's, where a module holds
+    several (one per weight dtype)."""
     base = "matmul_nk" if nk_dtype is not None else "matmul"
-    k = InCore(f"{base}_residual_tile" if residual else f"{base}_tile")
+    k = InCore(name or (f"{base}_residual_tile" if residual else f"{base}_tile"))
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)
     x = k.memref("x", dtype, shape=(R, KD))
@@ -96,17 +97,18 @@ def matmul_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, tar
     return _row_tile_matmul(dtype, rows, K, N, bn, bk, True, target)
 
 
-def matmul_nk_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, wdtype=None, target=None) -> IncoreFunction:
+def matmul_nk_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, wdtype=None, target=None,
+                   name: str | None = None) -> IncoreFunction:
     """``y = x @ w.T`` for an R x K row tile against a whole output-major ``[N, K]`` weight of
     ``wdtype`` (by default ``dtype``; a quantized one is dequantized by the tiles' loads, so
     ``bk`` is whole blocks)."""
-    return _row_tile_matmul(dtype, rows, K, N, bn, bk, False, target, wdtype or dtype)
+    return _row_tile_matmul(dtype, rows, K, N, bn, bk, False, target, wdtype or dtype, name)
 
 
 def matmul_nk_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, wdtype=None,
-                            target=None) -> IncoreFunction:
+                            target=None, name: str | None = None) -> IncoreFunction:
     """``y = r + x @ w.T``: :func:`matmul_nk_tile` with the residual connection in the epilogue."""
-    return _row_tile_matmul(dtype, rows, K, N, bn, bk, True, target, wdtype or dtype)
+    return _row_tile_matmul(dtype, rows, K, N, bn, bk, True, target, wdtype or dtype, name)
 
 
 def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
@@ -126,10 +128,10 @@ def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
 
 
 def _row_tile_swiglu(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,
-                     nk_dtype=None) -> IncoreFunction:
+                     nk_dtype=None, name: str | None = None) -> IncoreFunction:
     """``y = silu(x @ wg) * (x @ wu)`` of one column block per program (the gate and up weights
     ``[K, N]``, or output-major ``[N, K]`` of ``nk_dtype`` with it: :func:`_row_tile_matmul`)."""
-    k = InCore("matmul_nk_swiglu_tile" if nk_dtype is not None else "matmul_swiglu_tile")
+    k = InCore(name or ("matmul_nk_swiglu_tile" if nk_dtype is not None else "matmul_swiglu_tile"))
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)
     x = k.memref("x", dtype, shape=(R, KD))
@@ -162,7 +164,7 @@ def matmul_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
 
 
 def matmul_nk_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, wdtype=None,
-                          target=None) -> IncoreFunction:
+                          target=None, name: str | None = None) -> IncoreFunction:
     """``y = silu(x @ wg.T) * (x @ wu.T)``: :func:`matmul_swiglu_tile` against output-major ``[N,
     K]`` gate and up weights of ``wdtype`` (:func:`matmul_nk_tile`)."""
-    return _row_tile_swiglu(dtype, rows, K, N, bn, bk, target, wdtype or dtype)
+    return _row_tile_swiglu(dtype, rows, K, N, bn, bk, target, wdtype or dtype, name)

@@ -84,13 +84,15 @@ class _Layer:
         # with the norms folded in, the weights after them hold their gains (wq_g = diag(g_attn) wq, ...),
         # the gate and up weights' columns interleaved in one
         w = {n: folded(n) if f.fuse and n in FOLDED else n for n in ("wq", "wk", "wv", "wo", "wg", "wu", "wd")}
-        T["wq"], T["wk"], T["wv"], T["wo"] = o.input(w["wq"], H, QD, dt), o.input(w["wk"], H, KVD, dt), \
-            o.input(w["wv"], H, KVD, dt), o.input("wo", QD, H, dt)
-        if f.fuse:
-            T["wgu"] = o.input(GATE_UP, H, 2 * Fd, dt)
-        else:
-            T["wg"], T["wu"] = o.input("wg", H, Fd, dt), o.input("wu", H, Fd, dt)
-        T["wd"] = o.input("wd", Fd, H, dt)
+        kn = {"wq": (H, QD), "wk": (H, KVD), "wv": (H, KVD), "wo": (QD, H), "wg": (H, Fd), "wu": (H, Fd),
+              "wd": (Fd, H)}
+        for name in ("wq", "wk", "wv", "wo", *(("wgu",) if f.fuse else ("wg", "wu")), "wd"):
+            if name == "wgu":
+                T[name] = o.input(GATE_UP, H, 2 * Fd, dt)
+            else:
+                K, N = kn[name]
+                q = f.wtype(name)  # a quantized matrix as stored: output-major, [N, K]
+                T[name] = o.input(w[name], N, K, q) if q is not None else o.input(w[name], K, N, dt)
         T["cos"], T["sin"] = o.input("cos", S, D // 2, dt), o.input("sin", S, D // 2, dt)
         width = {"qkv": QD + 2 * KVD, "v": KVD, "qr": QD, "kr": KVD, "attn": QD}
         # unfused, the q, k and v projections write one tensor's columns: where the weights are
@@ -164,7 +166,8 @@ class _Layer:
                 o.call(fn.rmsnorm, {"x": tile("x", i, H), "g": self.gain("g_attn"), "y": tile("xn", i, H)}, dims=R)
                 row0, rows = i * self.t.base, self.rows(i)
                 for w, out, cols in (("wq", "q", QD), ("wk", "k", KVD), ("wv", "v", KVD)):
-                    o.call(fn.matmul, {"x": tile("xn", i, H), "w": T[w], "y": self.part(out, row0, rows, cols)},
+                    o.call(fn.projection("matmul", w),
+                           {"x": tile("xn", i, H), "w": T[w], "y": self.part(out, row0, rows, cols)},
                            dims={**R, "K": H, "N": cols})
                 for f, src, dst, cols in ((fn.rope, "q", "qr", QD), (fn.rope_k, "k", "kr", KVD)):
                     o.call(f, {"x": self.part(src, row0, rows, cols), "cos": tile("cos", i, D // 2),
@@ -248,10 +251,11 @@ class _Layer:
             o.call(fn.matmul_allreduce_residual, {"x": x, "w": self.T[w], "r": tile(residual, r, H), "y": y},
                    dims={**R, "K": K, "N": H})
         elif self.form.attention == "fused":
-            o.call(fn.matmul_residual, {"x": x, "w": self.T[w], "r": tile(residual, r, H), "y": y},
+            o.call(fn.projection("residual", w), {"x": x, "w": self.T[w], "r": tile(residual, r, H), "y": y},
                    dims={**R, "K": K, "N": H})
         else:
-            o.call(fn.matmul, {"x": x, "w": self.T[w], "y": tile(partial, r, H)}, dims={**R, "K": K, "N": H})
+            o.call(fn.projection("matmul", w), {"x": x, "w": self.T[w], "y": tile(partial, r, H)},
+                   dims={**R, "K": K, "N": H})
             o.call(fn.residual, {"a": tile(residual, r, H), "b": tile(partial, r, H), "y": y}, dims=R)
 
     def post_attention(self) -> None:
@@ -268,12 +272,13 @@ class _Layer:
                        dims=R)
             elif f.attention == "fused":
                 o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
-                o.call(fn.matmul_swiglu, {"x": tile("hn", r, H), "wg": T["wg"], "wu": T["wu"], "y": tile("act", r, Fd)},
+                o.call(fn.projection("swiglu", "wg"),
+                       {"x": tile("hn", r, H), "wg": T["wg"], "wu": T["wu"], "y": tile("act", r, Fd)},
                        dims={**R, "K": H, "N": Fd})
             else:
                 o.call(fn.rmsnorm, {"x": tile("h", r, H), "g": self.gain("g_ffn"), "y": tile("hn", r, H)}, dims=R)
                 for w, out in (("wg", "gate"), ("wu", "up")):
-                    o.call(fn.matmul, {"x": tile("hn", r, H), "w": T[w], "y": tile(out, r, Fd)},
+                    o.call(fn.projection("matmul", w), {"x": tile("hn", r, H), "w": T[w], "y": tile(out, r, Fd)},
                            dims={**R, "K": H, "N": Fd})
                 o.call(fn.swiglu, {"a": tile("gate", r, Fd), "b": tile("up", r, Fd), "y": tile("act", r, Fd)}, dims=R)
             self._projection(r, "act", "wd", Fd, "h", "y", "dn" if split else None)

@@ -40,12 +40,19 @@ from pto.incore.fused import (
     matmul_norm_swiglu_tile,
     matmul_norm_tile,
 )
-from pto.incore.matmul import matmul_residual_tile, matmul_swiglu_tile, matmul_tile
+from pto.incore.matmul import (
+    matmul_nk_residual_tile,
+    matmul_nk_swiglu_tile,
+    matmul_nk_tile,
+    matmul_residual_tile,
+    matmul_swiglu_tile,
+    matmul_tile,
+)
 from pto.incore.norm import rms_scale_tile, rmsnorm_tile
 from pto.incore.rope import rope_tile
 from pto.orchestration.llama.config import LlamaConfig
 
-from pto.errors import SramError
+from pto.errors import SramError, UsageError
 from pto.ir.dtypes import DType
 from pto.machine.target import KiB, Target
 from pto.passes.expansion.binary_expansion import tile_levels
@@ -135,7 +142,11 @@ class LayerForm:
     only): every row tile the q tile's height, the last one clipped, instead of binary
     expansion's residual tiles of the base height (:func:`choose_tiling`); ``kv_out``: the keys
     after RoPE and the values are outputs of the module (:data:`~.llama7b.KV_OUTPUTS`: what a
-    prefill fills a decode cache from), not temporaries.
+    prefill fills a decode cache from), not temporaries; ``wtypes``: the weight matrices (``wq``,
+    ``wk``, ``wv``, ``wo``, ``wg``, ``wu``, ``wd``) stored block-quantized, each with its type:
+    the module takes them output-major (``[out, in]``, as stored) and their projections are the
+    ``matmul_nk_*`` functions, whose loads dequantize the tiles (no dense copy); unfused, one
+    rank only (:meth:`Functions.projection`).
 
     On a GPU a residual tile is a kernel of its own in every phase: it reads every weight again
     for a few rows, with a few programs (the 7B layer at 1,537 tokens took 1.90 ms against 0.80
@@ -149,6 +160,11 @@ class LayerForm:
     reduce_dt: DType = DType.F32
     whole: bool = False
     kv_out: bool = False
+    wtypes: tuple[tuple[str, DType], ...] = ()
+
+    def wtype(self, matrix: str) -> DType | None:
+        """The quantized type ``matrix`` is stored in (None: dense, ``[in, out]``)."""
+        return dict(self.wtypes).get(matrix)
 
 
 def allreduce_dtype(dtype: DType, choice: str) -> DType:
@@ -159,6 +175,14 @@ def allreduce_dtype(dtype: DType, choice: str) -> DType:
     if choice not in ("storage", "f32"):
         raise UsageError(f"--allreduce-dtype {choice!r}: expected storage or f32")
     return dtype if choice == "storage" else DType.F32
+
+
+def whole_blocks(bn: int, bk: int, block: int) -> tuple[int, int]:
+    """A GEMM's output block and K step fitted to a quantized weight of ``block``-element blocks:
+    the step whole blocks (rounded down, at least one), and where it grew, fewer outputs (a power
+    of two) so that a tile holds about as many weights as before."""
+    k = max(bk, block) // block * block
+    return (bn if k <= bk else 1 << max(bn * bk // k, 1).bit_length() - 1), k
 
 
 def rope_heads(heads: int, head_dim: int, bn: int) -> int:
@@ -185,6 +209,9 @@ class Functions:
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
         # k's RoPE over the key/value heads (the same function when there are as many)
         self.rope_k = rope_tile(dt, t.tq, NKV, D, target=tg, name="rope_k_tile") if NKV != NH else self.rope
+        self._nk: dict[tuple[str, str], object] = {}
+        if form.wtypes:
+            self._quantized(cfg, dt, t, tg, form)
         if tp > 1:  # the row-parallel projections: their partial products summed over the ranks, plus the
             # residual, one task a row tile
             self.matmul_allreduce_residual = matmul_allreduce_residual_tile(dt, t.tq, H, H, t.bn, t.bk,
@@ -218,6 +245,60 @@ class Functions:
             self.score = flash_score(dt, NH, D, t.tq, t.tk, Mask(causal, W), tg, **gqa)
             self.softmax = flash_softmax(NH, t.tq, t.tk, tg)
             self.output = flash_output(dt, NH, D, t.tq, t.tk, tg, **gqa)
+
+
+    def _quantized(self, cfg: LlamaConfig, dt: DType, t: LlamaTiling, tg: Target, form: LayerForm) -> None:
+        """The projections against quantized weights (:attr:`LayerForm.wtypes`): one ``matmul_nk_*``
+        function per role and type, its K step whole blocks (:func:`whole_blocks`)."""
+        asked = ", ".join(f"{m} {d.short}" for m, d in form.wtypes)
+        if form.fuse:
+            raise UsageError(f"quantized layer weights ({asked}) run in the unfused layer only, not with the norms "
+                             "folded into the projections (--fuse-norm-rope)")
+        if form.tp > 1:
+            raise UsageError(f"quantized layer weights ({asked}) run on one rank, not with --tp {form.tp}")
+        fused = form.attention == "fused"
+        H, QD, Fd = cfg.hidden, cfg.q_dim, cfg.ffn
+        # each matrix's contraction and the role its projection has in this form
+        roles = {"wq": (H, "matmul"), "wk": (H, "matmul"), "wv": (H, "matmul"),
+                 "wo": (QD, "residual" if fused else "matmul"), "wg": (H, "swiglu" if fused else "matmul"),
+                 "wu": (H, "swiglu" if fused else "matmul"), "wd": (Fd, "residual" if fused else "matmul")}
+        if fused and form.wtype("wg") != form.wtype("wu"):
+            raise UsageError(f"quantized layer weights ({asked}): the gate and up projections are one task and "
+                             "need wg and wu in one type")
+        for m, d in form.wtypes:
+            if m not in roles:
+                raise UsageError(f"quantized layer weights ({asked}): {m} is no weight matrix of the layer "
+                                 f"(expected {', '.join(roles)})")
+            K, role = roles[m]
+            block = d.quant.block
+            if K % block:
+                raise UsageError(f"quantized layer weights ({asked}): {m}'s rows of {K} inputs are not whole "
+                                 f"blocks of {d.short} ({block})")
+            fn = self._nk.get((role, d.short))
+            if fn is None:
+                fn = self._nk[(role, d.short)] = self._nk_function(role, d, cfg, dt, t, tg)
+            self._nk[(role, m)] = fn
+
+    @staticmethod
+    def _nk_function(role: str, d: DType, cfg: LlamaConfig, dt: DType, t: LlamaTiling, tg: Target):
+        H, Fd = cfg.hidden, cfg.ffn
+        if role == "swiglu":
+            bn, bk = whole_blocks(t.bn // 2, t.bk, d.quant.block)
+            return matmul_nk_swiglu_tile(dt, t.tq, H, Fd, bn, bk, d, tg, name=f"matmul_nk_swiglu_{d.short}_tile")
+        bn, bk = whole_blocks(t.bn, t.bk, d.quant.block)
+        if role == "residual":
+            return matmul_nk_residual_tile(dt, t.tq, H, H, bn, bk, d, tg, name=f"matmul_nk_residual_{d.short}_tile")
+        return matmul_nk_tile(dt, t.tq, H, H, bn, bk, d, tg, name=f"matmul_nk_{d.short}_tile")
+
+    def projection(self, role: str, matrix: str):
+        """The function of ``role`` (``matmul``, ``residual``: with the residual in the epilogue,
+        ``swiglu``: the gate's and up's) against weight ``matrix``: its ``matmul_nk_*`` function
+        where it is quantized, else the dense one."""
+        fn = self._nk.get((role, matrix))
+        if fn is not None:
+            return fn
+        return {"matmul": self.matmul, "residual": getattr(self, "matmul_residual", None),
+                "swiglu": getattr(self, "matmul_swiglu", None)}[role]
 
 
 def fit_functions(cfg: LlamaConfig, dt: DType, target: Target, form: LayerForm):

@@ -25,9 +25,10 @@ generator: the same token).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from pto.orchestration.llama.llama7b import KV_OUTPUTS
@@ -53,6 +54,8 @@ from pto.orchestration.model.quantized import (
     embedding_rows,
     for_weights,
     is_quantized,
+    layer_wtypes,
+    stored_layer,
 )
 
 from pto.errors import UsageError
@@ -85,6 +88,19 @@ class Generation:
                 "cache": self.capacity, "tasks_per_step": self.tasks_per_step, "executor": self.executor}
 
 
+#: how the prefill takes quantized layer weights (:class:`Generator`'s ``quant_prefill``)
+QUANT_PREFILL = ("dequantize", "native")
+
+
+def quant_prefill_mode(asked: str | None) -> str:
+    """``asked``, else ``$PTO_QUANT_PREFILL``, else ``dequantize``; one of :data:`QUANT_PREFILL`."""
+    mode = asked if asked is not None else os.environ.get("PTO_QUANT_PREFILL", "").strip() or "dequantize"
+    if mode not in QUANT_PREFILL:
+        src = "quant_prefill" if asked is not None else "PTO_QUANT_PREFILL"
+        raise UsageError(f"{src}={mode!r}: expected {' or '.join(QUANT_PREFILL)}")
+    return mode
+
+
 def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
     """The cache slots a generation needs: the window of a sliding-window model, else the
     smallest power of two of whole attention chunks holding ``longest`` positions."""
@@ -105,11 +121,15 @@ class Generator:
     prepared graphs for prefill (one per prompt length, cached) and the decode step's (one per
     batch size and capacity, cached). ``tp``: this process is one of that many ranks, whose
     partial sums are summed in the storage dtype or f32 (``allreduce_dtype``), with the LM head
-    split by vocabulary (``vocab_parallel``, the default) or replicated."""
+    split by vocabulary (``vocab_parallel``, the default) or replicated. ``quant_prefill`` (None:
+    ``$PTO_QUANT_PREFILL``, by default ``dequantize``): how the prefill takes quantized layer
+    weights: ``dequantize`` each layer's to dense matrices on the device first
+    (:class:`~pto.orchestration.model.quantized.LayerDequantizer`), ``native`` as stored, the
+    layer's projections dequantizing their tiles as they load them (``LayerForm.wtypes``)."""
 
     def __init__(self, weights: ModelWeights, device: str, dtype: DType, backend: str = "auto",
                  executor: str = "auto", tiling: DecodeTiling | None = None, tp: int = 1,
-                 allreduce_dtype: str = "storage", vocab_parallel: bool = True):
+                 allreduce_dtype: str = "storage", vocab_parallel: bool = True, quant_prefill: str | None = None):
         from pto.engine import placement
         from pto.machine import dist
         from pto.machine.target import resolve as resolve_target
@@ -138,6 +158,7 @@ class Generator:
         # the layer whole on every rank, its keys and values outputs (a GPU's whole row tiles,
         # as the layer program's --row-tiles auto)
         self.layer_form = LayerForm(whole=self.target.is_gpu, kv_out=True)
+        self.quant_prefill = quant_prefill_mode(quant_prefill)
         self._layers: dict = {}
         self._steps: dict = {}
         self._weights: dict[str, torch.Tensor] | None = None  # the step's, on the device (_stacked)
@@ -148,6 +169,10 @@ class Generator:
         self._dequantizer: LayerDequantizer | None = None
         if tp > 1 and self.wtypes.quantized:
             raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
+        #: the layer's matrices the prefill takes as stored (PTO_QUANT_PREFILL=native)
+        self.native = layer_wtypes(self.wtypes) if self.quant_prefill == "native" else ()
+        if self.native:
+            self.layer_form = replace(self.layer_form, wtypes=self.native)
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
 
     # -- the decode step ----------------------------------------------------------------------
@@ -232,14 +257,15 @@ class Generator:
             t["pos"][b, 0] = float(n)
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
-        """Layer ``layer``'s weights for the layer's graph (dense, ``[in, out]``): quantized kinds
-        dequantized on the device from the step's own tensors, a layer at a time
+        """Layer ``layer``'s weights for the layer's graph: quantized kinds as stored (``native``:
+        views of the step's own output-major rows of blocks) or dequantized (dense, ``[in, out]``)
+        on the device from the step's own tensors, a layer at a time
         (:class:`~pto.orchestration.model.quantized.LayerDequantizer`); the others views of the
         step's stacked ones (one rank), or the whole layer's from the host (each rank holds its
         share only)."""
         if self.tp == 1:
             if self._layer_views is None:
-                if self.wtypes.quantized:  # (the quantized kinds come from the dequantizer)
+                if self.wtypes.quantized:  # (the quantized kinds come as stored or from the dequantizer)
                     self._layer_views = [{k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
                                          for w in self.weights.layers]
                 else:
@@ -248,7 +274,9 @@ class Generator:
             w = dict(self._layer_views[layer])
         else:
             w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
-        if self.wtypes.quantized:
+        if self.native:  # the step's own quantized rows, as the layer's nk projections take them
+            w.update(stored_layer(self._stacked(), self.wtypes, self.config, layer))
+        elif self.wtypes.quantized:
             if self._dequantizer is None:
                 from pto.backends import get_backend
 

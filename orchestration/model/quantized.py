@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
+from pto.orchestration.llama.tiling import whole_blocks
 from pto.orchestration.model.config import ModelConfig
 
 from pto.errors import UsageError
@@ -165,6 +166,37 @@ def embedding_rows(emb, tokens: torch.Tensor) -> torch.Tensor:
     return emb[tokens]
 
 
+def matrix_rows(cfg: ModelConfig, kind: str) -> list[tuple[str, int, int]]:
+    """Where each matrix of stacked ``kind`` is in one layer's output-major block: (matrix,
+    first row, rows); q, k and v one after the other."""
+    c = cfg.layer
+    widths = {"wq": c.q_dim, "wk": c.kv_dim, "wv": c.kv_dim}
+    out, at = [], 0
+    for m in STACKED[kind]:
+        n = widths.get(m, weight_shapes(cfg, True)[kind][0])
+        out.append((m, at, n))
+        at += n
+    return out
+
+
+def layer_wtypes(wtypes: WeightTypes) -> tuple[tuple[str, DType], ...]:
+    """The layer program's quantized matrices (``LayerForm.wtypes``) of the step's ``wtypes``."""
+    return tuple((m, d) for kind, d in wtypes.types if kind in STACKED for m in STACKED[kind])
+
+
+def stored_layer(step: dict[str, torch.Tensor], wtypes: WeightTypes, cfg: ModelConfig, layer: int
+                 ) -> dict[str, torch.Tensor]:
+    """Layer ``layer``'s quantized matrices as stored, for the layer program of quantized weights
+    (``LayerForm.wtypes``): views of the decode step's stacked tensors ``step`` (output-major rows
+    of blocks; each kind ``rows`` rows a layer), nothing copied or dequantized."""
+    shapes, out = weight_shapes(cfg, True), {}
+    for kind, _ in wtypes.types:
+        if kind in STACKED:
+            r0 = layer * shapes[kind][0]
+            out.update({m: step[kind][r0 + at:r0 + at + n] for m, at, n in matrix_rows(cfg, kind)})
+    return out
+
+
 class LayerDequantizer:
     """Each layer's quantized matrices made dense for the prefill's layer program (``[in, out]``
     views of ``dtype``), from the decode step's stacked tensors ``step`` on their device (nothing
@@ -198,12 +230,9 @@ class LayerDequantizer:
                 if launch is None:
                     launch = self.launches[(kind, layer)] = self._prepare(kind, layer)
                 launch()
-            block, at = self.buffers[kind].t(), 0
-            for m in STACKED[kind]:  # q, k and v: their outputs one after the other
-                n = {"wq": self.cfg.layer.q_dim, "wk": self.cfg.layer.kv_dim, "wv": self.cfg.layer.kv_dim}.get(
-                    m, block.shape[1])
+            block = self.buffers[kind].t()
+            for m, at, n in matrix_rows(self.cfg, kind):
                 out[m] = block[:, at:at + n]
-                at += n
         return out
 
     def _prepare(self, kind: str, layer: int):
@@ -336,10 +365,9 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     def steps(v):
         return None if v is None else max(v, layers) // layers * layers
 
-    bk = steps(t.bk)
     # a step grown to whole blocks (a CPU's K steps of 192 for 256-element blocks): fewer outputs
     # a tile (a power of two), so that its weights and their packed blocks fit where the tile did
-    bn = t.bn if bk <= t.bk else 1 << max(t.bn * t.bk // bk, 1).bit_length() - 1
+    bn, bk = whole_blocks(t.bn, t.bk, layers)
     out = replace(t, wt=True, bn=bn, bk=bk, dot_bk=steps(t.dot_bk), qkv_bk=steps(t.qkv_bk), o_bk=steps(t.o_bk),
                   ffn_bk=steps(t.ffn_bk))
     if head > 1:  # the head's GEMV: whole blocks a step, a tile of about as many weights as before
@@ -350,5 +378,5 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
 
 __all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "STACKED", "weight_shapes",
            "MATRICES", "QUANTIZERS", "RANDOM_TYPES", "is_quantized", "dense", "dense_weights", "embedding_rows",
-           "LayerDequantizer", "quantize_weights", "random_quantized", "random_quantized_weights",
-           "weight_bytes", "for_weights"]
+           "LayerDequantizer", "matrix_rows", "layer_wtypes", "stored_layer", "quantize_weights", "random_quantized",
+           "random_quantized_weights", "weight_bytes", "for_weights"]

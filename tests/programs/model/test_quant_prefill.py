@@ -1,0 +1,115 @@
+"""The prefill on quantized weights as stored (``Generator(quant_prefill="native")``,
+``PTO_QUANT_PREFILL=native``: the layer program's projections are the ``matmul_nk_*`` functions,
+``LayerForm.wtypes``) against the default prefill, which dequantizes each layer's matrices first:
+the same cache contents and the same first step's logits on the same quantized weights. And the
+refusals: the option's values, the folded and tensor-parallel layer forms, a row that is not
+whole blocks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.program import layer_module
+from pto.orchestration.llama.tiling import LayerForm
+
+from pto.engine import rel_err
+from pto.errors import UsageError
+from pto.ir.dtypes import DType, dtype_of
+from pto.ir.nodes import IncoreFunction
+from pto.machine.target import resolve
+
+#: a one-layer model of hidden 256, whose rows are whole blocks of a k-quant's 256 elements
+TINY_256 = LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)
+
+
+def prefill(weights, mode: str, prompt: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The caches after the prefill of ``prompt`` with ``quant_prefill=mode``, and the first
+    step's logits."""
+    from pto.orchestration.llm.generate import Generator
+
+    gen = Generator(weights, "cpu", DType.F32, quant_prefill=mode)
+    try:
+        cap = 64
+        step = gen.step(1, cap)
+        gen.prefill(step, [prompt], cap)
+        caches = {k: step.tensors[k].clone() for k in ("k_cache", "v_cache")}
+        step()
+        return caches, step.tensors["logits"].clone()
+    finally:
+        gen.close()
+
+
+@pytest.mark.parametrize("qtype,config", [("q8_0", "tiny"), pytest.param("q4_0", "tiny", marks=pytest.mark.slow),
+                                           pytest.param("q4_k", "tiny-256", marks=pytest.mark.slow)])
+def test_the_native_prefill_is_the_dequantizing_one(qtype, config):
+    """Both prefills multiply the same values (the nk GEMMs' loads dequantize the blocks into f32
+    tiles, the dequantizer the whole matrices into f32), so they differ only in the order of the
+    f32 sums (a product of ``[N, K]`` tiles against one of ``[K, N]`` tiles, and a K step of whole
+    blocks): about K * 2^-24 relative per product, 1e-6 over two layers; the bound is 1e-5, as the
+    step's against the reference on the dequantized values (test_quantized.py)."""
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import random_quantized_weights
+
+    cfg = CONFIGS["tiny"]
+    if config == "tiny-256":
+        cfg = replace(cfg, layer=TINY_256, layers=1)
+    g = torch.Generator().manual_seed(7)
+    w = random_quantized_weights(random_weights(cfg, torch.float32, g), qtype, g)
+    prompt = torch.randint(0, cfg.vocab, (21,), generator=g).tolist()  # 20 positions: a short last row tile
+    dq_caches, dq_logits = prefill(w, "dequantize", prompt)
+    nat_caches, nat_logits = prefill(w, "native", prompt)
+    for name, ref in dq_caches.items():
+        written = ref.abs().sum(dim=1) > 0
+        assert int(written.sum()) == cfg.layers * 20, name  # the prompt's positions, every layer
+        assert rel_err(nat_caches[name], ref) <= 1e-5, name
+    assert rel_err(nat_logits, dq_logits) <= 1e-5
+
+
+def test_the_native_layer_calls_the_nk_functions():
+    """The layer of quantized weights declares them output-major in their type and projects
+    with one ``matmul_nk_*`` function per role and type; a dense matrix keeps ``[in, out]``."""
+    q8, q4 = dtype_of("q8_0"), dtype_of("q4_0")
+    form = LayerForm(kv_out=True, wtypes=(("wq", q8), ("wk", q8), ("wv", q8), ("wd", q4)))
+    m = layer_module(TINY_256, DType.F32, resolve(None, "cpu"), form, fused=False)
+    names = {f.name for f in m.functions if isinstance(f, IncoreFunction)}
+    assert {"matmul_nk_q8_0_tile", "matmul_nk_residual_q4_0_tile", "matmul_residual_tile",
+            "matmul_swiglu_tile"} <= names
+    tensors = {t.name: t for t in m.entry_function.tensors}
+    assert tensors["wq"].dtype == q8 and tensors["wd"].dtype == q4 and tensors["wo"].dtype == DType.F32
+
+
+@pytest.mark.parametrize("form,words", [
+    (LayerForm(fuse=True), "not with the norms folded into the projections (--fuse-norm-rope)"),
+    (LayerForm(tp=2), "run on one rank, not with --tp 2"),
+    (LayerForm(wtypes=(("wg", dtype_of("q8_0")),)), "need wg and wu in one type"),
+])
+def test_quantized_weights_in_a_form_without_them_is_one_line(form, words):
+    form = replace(form, wtypes=form.wtypes or (("wq", dtype_of("q8_0")),))
+    with pytest.raises(UsageError, match=r"quantized layer weights \(w[qg] q8_0\)") as e:
+        layer_module(TINY_256, DType.F32, resolve(None, "cpu"), form, fused=False)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_row_not_whole_blocks_is_one_line():
+    """q4_k's blocks are 256 elements; the down projection's rows are ffn = 160 inputs."""
+    cfg = LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=160, kv_heads=2)
+    with pytest.raises(UsageError, match=r"wd's rows of 160 inputs are not whole blocks of q4_k \(256\)"):
+        layer_module(cfg, DType.F32, resolve(None, "cpu"), LayerForm(wtypes=(("wd", dtype_of("q4_k")),)))
+
+
+def test_the_option_takes_its_two_values(monkeypatch):
+    from pto.orchestration.llm.generate import quant_prefill_mode
+
+    monkeypatch.delenv("PTO_QUANT_PREFILL", raising=False)
+    assert quant_prefill_mode(None) == "dequantize"
+    monkeypatch.setenv("PTO_QUANT_PREFILL", "native")
+    assert quant_prefill_mode(None) == "native"
+    assert quant_prefill_mode("dequantize") == "dequantize"
+    monkeypatch.setenv("PTO_QUANT_PREFILL", "nativ")
+    with pytest.raises(UsageError, match=r"PTO_QUANT_PREFILL='nativ': expected dequantize or native"):
+        quant_prefill_mode(None)
+    with pytest.raises(UsageError, match=r"quant_prefill='fast': expected dequantize or native"):
+        quant_prefill_mode("fast")
