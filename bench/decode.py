@@ -31,7 +31,8 @@ ms per token (the waves executor, or ``--executors``), the floor at the bytes th
 step (its weights, the cache to half its capacity, over the copy bandwidth), the weights'
 resident bytes on the GPU (the step's input tensors) against a GGUF file's tensor bytes of the
 same types, and the prefill of a ``--prefill``-token prompt (the layer program, each layer's
-quantized weights dequantized on the device first)::
+quantized weights dequantized on the device first, or with ``--quant-prefill dequantize,native``
+once so and once as stored, ``PTO_QUANT_PREFILL``)::
 
     python bench/decode.py --configs llama3-8b,smollm2-135m --batches 1,8 \
         --quant bf16,q8_0,fp8,llama3-8b:q4_k/q6_k,smollm2-135m:q4_1/q8_0
@@ -306,6 +307,9 @@ def main(argv=None) -> int:
                     "'bf16,q8_0,llama3-8b:q4_k/q6_k' (CONFIG:SPEC: that configuration's alone); --executors "
                     "defaults to waves, --long to none")
     ap.add_argument("--prefill", type=int, default=512, help="with --quant: the timed prompt's tokens (0: none)")
+    ap.add_argument("--quant-prefill", default=None, help="with --quant: the prefill once per way it takes quantized "
+                    "weights (PTO_QUANT_PREFILL; keys prefill_ms/MODE), e.g. dequantize,native (default: the "
+                    "environment's)")
     ap.add_argument("--qgemv", default=None, help="with --quant: each quantized spec's step once per way the GEMVs "
                     "read the weights (PTO_QGEMV), e.g. units,groups (default: the environment's)")
     ap.add_argument("--collectives", default="auto,group",
@@ -401,11 +405,12 @@ def file_bytes(w) -> int:
     return sum(nbytes(t) for t in [w.embedding, w.norm, *heads, *(v for x in w.layers for v in x.values())])
 
 
-def prefill_ms(w, tokens: int, repeat: int = 3) -> float:
+def prefill_ms(w, tokens: int, how: str | None = None, repeat: int = 3) -> float:
     """Milliseconds of the prefill of a ``tokens``-token prompt (the layer program, layer by
-    layer; quantized weights dequantized on the device a layer at a time), the median of
-    ``repeat`` after a first (compiling) one."""
-    gen = Generator(w, "cuda", DType.BF16)
+    layer; quantized weights dequantized on the device a layer at a time, or with ``how``
+    "native" taken as stored: the Generator's ``quant_prefill``, None: ``$PTO_QUANT_PREFILL``),
+    the median of ``repeat`` after a first (compiling) one."""
+    gen = Generator(w, "cuda", DType.BF16, quant_prefill=how)
     try:
         prompt = torch.randint(0, w.config.vocab, (tokens + 1,), generator=torch.Generator().manual_seed(1)).tolist()
         cap = tokens + 64
@@ -478,10 +483,12 @@ def main_quant(args, bw: float) -> int:
                             row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                         torch.cuda.empty_cache()
                 if args.prefill and batch == 1:
-                    try:
-                        row["prefill_ms"] = prefill_ms(w, args.prefill)
-                    except Exception as e:
-                        row["prefill_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    for how in args.quant_prefill.split(",") if args.quant_prefill else [None]:
+                        suffix = f"/{how}" if how else ""
+                        try:
+                            row["prefill_ms" + suffix] = prefill_ms(w, args.prefill, how)
+                        except Exception as e:
+                            row["prefill_error" + suffix] = f"{type(e).__name__}: {str(e)[:300]}"
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del w
