@@ -25,16 +25,18 @@ from pto.machine.target import resolve
 TINY_256 = LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)
 
 
-def prefill(weights, mode: str, prompt: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The caches after the prefill of ``prompt`` with ``quant_prefill=mode``, and the first
-    step's logits."""
+def prefill(weights, mode: str, prompt: list[int], backend: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The caches after the prefill of ``prompt`` with ``quant_prefill=mode`` on ``backend``,
+    and the first step's logits."""
     from pto.orchestration.llm.generate import Generator
 
-    gen = Generator(weights, "cpu", DType.F32, quant_prefill=mode)
+    gen = Generator(weights, "cpu", DType.F32, backend=backend, quant_prefill=mode)
     try:
         cap = 64
         step = gen.step(1, cap)
         gen.prefill(step, [prompt], cap)
+        nk = [f.name for f in gen._layer(len(prompt) - 1).module.functions if f.name.startswith("matmul_nk_")]
+        assert bool(nk) == (mode == "native"), nk  # (the layer that ran is the one asked for)
         caches = {k: step.tensors[k].clone() for k in ("k_cache", "v_cache")}
         step()
         return caches, step.tensors["logits"].clone()
@@ -42,9 +44,13 @@ def prefill(weights, mode: str, prompt: list[int]) -> tuple[dict[str, torch.Tens
         gen.close()
 
 
-@pytest.mark.parametrize("qtype,config", [("q8_0", "tiny"), pytest.param("q4_0", "tiny", marks=pytest.mark.slow),
-                                           pytest.param("q4_k", "tiny-256", marks=pytest.mark.slow)])
-def test_the_native_prefill_is_the_dequantizing_one(qtype, config):
+@pytest.mark.parametrize("qtype,config,backend", [
+    ("q8_0", "tiny", "torch"),  # (the evaluator: no kernels to compile in the fast suite)
+    pytest.param("q8_0", "tiny", "c", marks=pytest.mark.slow),
+    pytest.param("q4_0", "tiny", "c", marks=pytest.mark.slow),
+    pytest.param("q4_k", "tiny-256", "c", marks=pytest.mark.slow),
+])
+def test_the_native_prefill_is_the_dequantizing_one(qtype, config, backend):
     """Both prefills multiply the same values (the nk GEMMs' loads dequantize the blocks into f32
     tiles, the dequantizer the whole matrices into f32), so they differ only in the order of the
     f32 sums (a product of ``[N, K]`` tiles against one of ``[K, N]`` tiles, and a K step of whole
@@ -59,8 +65,8 @@ def test_the_native_prefill_is_the_dequantizing_one(qtype, config):
     g = torch.Generator().manual_seed(7)
     w = random_quantized_weights(random_weights(cfg, torch.float32, g), qtype, g)
     prompt = torch.randint(0, cfg.vocab, (21,), generator=g).tolist()  # 20 positions: a short last row tile
-    dq_caches, dq_logits = prefill(w, "dequantize", prompt)
-    nat_caches, nat_logits = prefill(w, "native", prompt)
+    dq_caches, dq_logits = prefill(w, "dequantize", prompt, backend)
+    nat_caches, nat_logits = prefill(w, "native", prompt, backend)
     for name, ref in dq_caches.items():
         written = ref.abs().sum(dim=1) > 0
         assert int(written.sum()) == cfg.layers * 20, name  # the prompt's positions, every layer
