@@ -1,8 +1,8 @@
 """Native CPU execution (the c backend, the native executor) against PyTorch on this machine,
 side by side in one run: the rows of docs/PERF.md, "Native CPU execution".
 
-    python bench/native.py [--rows layer,softmax,7b,threads,generate,llamacpp] [--rounds 3]
-                           [--iterations 5] [--tokens 64] [--json FILE]
+    python bench/native.py [--rows layer,softmax,7b,threads,generate,llamacpp,prefill] [--rounds 3]
+                           [--iterations 5] [--tokens 64] [--prompt-tokens 256] [--json FILE]
 
 - ``layer``: the tiny LLaMA layer, split attention, seq 1000 (the fused graph pto runs by
   default, and the graph as written, one task per q x kv tile triple): our replay against torch
@@ -19,7 +19,11 @@ side by side in one run: the rows of docs/PERF.md, "Native CPU execution".
   transformers with torch's, then both on one thread;
 - ``llamacpp``: the same prompt with the file's own types (``pto generate``'s default: Q4_1
   and Q8_0 blocks) against llama.cpp's prebuilt CPU library (``llama-cpp-cffi`` 0.4.42, Q4_1 run
-  natively), where it imports, with default threads and on one thread each.
+  natively), where it imports, with default threads and on one thread each;
+- ``prefill``: the same file's prefill of a ``--prompt-tokens`` prompt (its own types) with the
+  layers dequantized first (``PTO_QUANT_PREFILL=dequantize``, the default) and read as stored
+  (``native``), the two interleaved in rounds: the median ms of each, and whether the next 8
+  greedy tokens are the same.
 
 Times are wall clock; on a shared machine compare rows of one run.
 """
@@ -136,6 +140,35 @@ def pto_generate(path: Path, tokens: int, threads: int, quantized: bool = False)
             "prefill_ms": round(out.prefill_ms, 1)}
 
 
+def prefill_rows(prompt_tokens: int, rounds: int) -> dict:
+    """The quantized file's prefill, dequantizing its layers first against reading them as
+    stored (:class:`~pto.orchestration.llm.generate.Generator`'s ``quant_prefill``), one
+    generator each, interleaved: median ms over ``rounds`` and the first 8 tokens' agreement."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.llm.tokenizer import load_tokenizer
+    from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.quantized import KeepFileTypes
+
+    from pto.ir.dtypes import f32
+
+    path = smollm2()
+    tok, weights = load_tokenizer(str(path)), load_weights(str(path), torch.float32, keep=KeepFileTypes())
+    ids = (tok.encode(PROMPT) * prompt_tokens)[:prompt_tokens]
+    gens = {mode: Generator(weights, "cpu", f32, backend="c", quant_prefill=mode) for mode in ("dequantize", "native")}
+    try:
+        tokens = {mode: g.generate([ids], 8).tokens[0] for mode, g in gens.items()}  # (compiles both)
+        ms: dict[str, list[float]] = {mode: [] for mode in gens}
+        for _ in range(rounds):
+            for mode, g in gens.items():
+                ms[mode].append(g.generate([ids], 1).prefill_ms)
+    finally:
+        for g in gens.values():
+            g.close()
+    out = {f"prefill of {prompt_tokens} tokens, ms ({mode})": round(statistics.median(v), 1) for mode, v in ms.items()}
+    out["the next 8 tokens the same"] = tokens["dequantize"] == tokens["native"]
+    return out
+
+
 def transformers_generate(path: Path, tokens: int, threads: int) -> dict:
     """transformers on the same file (dequantized to f32), greedy: the new tokens and the mean
     ms of a decoded token (one token's generate, the prefill, taken off)."""
@@ -250,6 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=256, help="the prefill row's prompt")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     rows = a.rows.split(",")
@@ -270,6 +304,8 @@ def main(argv=None) -> int:
     if "llamacpp" in rows:
         res.update({f"llama.cpp (llama-cpp-cffi 0.4.42) against pto, SmolLM2 Q4_1 as stored, {k}": v
                     for k, v in llamacpp_rows(a.tokens).items()})
+    if "prefill" in rows:
+        res.update({f"SmolLM2 Q4_1 as stored, {k}": v for k, v in prefill_rows(a.prompt_tokens, a.rounds).items()})
     print(json.dumps(res, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

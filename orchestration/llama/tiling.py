@@ -209,6 +209,7 @@ class Functions:
         self.rope = rope_tile(dt, t.tq, NH, D, target=tg)
         # k's RoPE over the key/value heads (the same function when there are as many)
         self.rope_k = rope_tile(dt, t.tq, NKV, D, target=tg, name="rope_k_tile") if NKV != NH else self.rope
+        #: (role, matrix) -> the matmul_nk_* function of a quantized matrix (:meth:`projection`)
         self._nk: dict[tuple[str, str], object] = {}
         if form.wtypes:
             self._quantized(cfg, dt, t, tg, form)
@@ -265,6 +266,7 @@ class Functions:
         if fused and form.wtype("wg") != form.wtype("wu"):
             raise UsageError(f"quantized layer weights ({asked}): the gate and up projections are one task and "
                              "need wg and wu in one type")
+        made: dict[tuple[str, str], object] = {}  # one function per role and type
         for m, d in form.wtypes:
             if m not in roles:
                 raise UsageError(f"quantized layer weights ({asked}): {m} is no weight matrix of the layer "
@@ -274,10 +276,9 @@ class Functions:
             if K % block:
                 raise UsageError(f"quantized layer weights ({asked}): {m}'s rows of {K} inputs are not whole "
                                  f"blocks of {d.short} ({block})")
-            fn = self._nk.get((role, d.short))
-            if fn is None:
-                fn = self._nk[(role, d.short)] = self._nk_function(role, d, cfg, dt, t, tg)
-            self._nk[(role, m)] = fn
+            if (role, d.short) not in made:
+                made[(role, d.short)] = self._nk_function(role, d, cfg, dt, t, tg)
+            self._nk[(role, m)] = made[(role, d.short)]
 
     @staticmethod
     def _nk_function(role: str, d: DType, cfg: LlamaConfig, dt: DType, t: LlamaTiling, tg: Target):

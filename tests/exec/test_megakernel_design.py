@@ -247,3 +247,37 @@ def test_stream_dispatch_runs_every_item_on_the_program_its_stream_names():
         assert all(r.program == want[index[(r.task - ex.plan.first_task, r.p)]] for r in records)
     finally:
         runner.close()
+
+
+@pytest.mark.slow
+def test_tracing_is_a_run_time_switch_not_a_specialization(tmp_path):
+    """The megakernel's ``tracing`` argument is not specialized (``do_not_specialize``): Triton
+    would compile another kernel for ``tracing == 1`` (it specializes integers equal to 1), so
+    the traced launch would time a kernel other than the replayed one and compile between a
+    split plan's segments (the 1.19 s "between launches" of a critical path on an H200). Read
+    from the JIT function Triton launches (compiled, not interpreted: a process without
+    ``TRITON_INTERPRET``); ``n_items`` beside it is specialized as any integer is."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "params.py"
+    script.write_text(
+        "from pto.orchestration.model.decode import build_step\n"
+        "from pto.orchestration.model.program import CONFIGS, tiling_for\n"
+        "from pto.engine import build_module_graph\n"
+        "from pto.ir.dtypes import DType\n"
+        "from pto.machine.target import get\n"
+        "from pto.exec.plan import make_plan\n"
+        "from pto.codegen.triton.megakernel import render_megakernel\n"
+        "from pto.backends.triton.loader import load_kernel\n"
+        "cfg = CONFIGS['tiny']\n"
+        "b = build_module_graph(build_step(cfg, DType.F32, get('cuda_h200'), 1, tiling_for(cfg), cache=64), "
+        "{'B': 1, 'C': 64})\n"
+        "plan = make_plan(b.graph, list(b.graph.tensor_ids), {})\n"
+        "jit = load_kernel(render_megakernel(plan.branches, dispatch='static'))\n"
+        "print({p.name: p.do_not_specialize for p in jit.params if p.name in ('tracing', 'n_items')})\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PTO_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "{'n_items': False, 'tracing': True}"
