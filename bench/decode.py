@@ -4,7 +4,7 @@ configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
                            [--long 32768] [--steps 64] [--json FILE] [--hf-configs NAMES] [--hf-batches 1]
-                           [--tilings 'default;bn=32;bn=16,bk=128'] [--branches]
+                           [--tilings 'default;bn=32;bn=16,bk=128;+combine_in_o=1'] [--branches]
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
@@ -79,7 +79,7 @@ os.environ.setdefault("PTO_DIST_TIMEOUT_S", "3600")
 from pto.orchestration.llama.reference import rope_tables  # noqa: E402
 from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.decode import DecodeTiling  # noqa: E402
-from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for  # noqa: E402
+from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 from pto.codegen.triton.common import QGEMV_MODES  # noqa: E402
 from pto.errors import UsageError  # noqa: E402
@@ -122,12 +122,15 @@ def events_ms(fn, steps: int) -> float:
     return a.elapsed_time(b) / steps
 
 
-def parse_tiling(text: str, base: DecodeTiling) -> DecodeTiling | None:
+def parse_tiling(text: str, base: DecodeTiling, own: DecodeTiling | None = None) -> DecodeTiling | None:
     """``bn=32,bk=128`` -> the configuration's tiling ``base`` with those fields, quantized
-    weights too (``dot_bk=none``: ``bk`` on the dot path too); ``default`` -> None (``base``
-    itself)."""
+    weights too (``dot_bk=none``: ``bk`` on the dot path too); ``+combine_in_o=1`` -> the
+    executor's own tiling ``own`` (the megakernel's on the persistent executor) with those
+    fields; ``default`` -> None (``base`` itself)."""
     if text == "default":
         return None
+    if text.startswith("+"):
+        text, base = text[1:], own or base
     fields = dict(kv.split("=") for kv in text.split(","))
     return base.with_fields(**{k: None if v == "none" else int(v) for k, v in fields.items()})
 
@@ -338,7 +341,8 @@ def main(argv=None) -> int:
                     key = ex if tiling == "default" else f"{ex}[{tiling}]"
                     key += f" #{sum(k.split(' #')[0] == key for k in row) + 1}" if key in row else ""
                     try:
-                        row[key] = ours(w, batch, cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                        row[key] = ours(w, batch, cache, ex, args.steps,
+                                        parse_tiling(tiling, tiling_for(cfg), tiling_for_executor(cfg, ex)),
                                         args.kernels, branches=args.branches)
                         row[key]["x_floor"] = round(row["floor_ms"] / row[key]["ms"], 3)
                     except Exception as e:  # report it, measure the rest

@@ -14,7 +14,8 @@ launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/18
 early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
-fields replaced in the wave executor's, as bench/decode.py takes them. Each persistent run
+fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS``: in the
+executor's own). Each persistent run
 reports its megakernel's items, median item gap and dependency wait, the critical path's time in
 waits, items and spread (per InCore function on it, with its items and rounds: where a step's
 latency goes; ``--records DIR`` also saves every item for ``python bench/records.py``), and per segment (one
@@ -70,7 +71,7 @@ def records_path(folder: str | None, config: str, tiling_text: str, variant: str
 def tiling(text: str, cfg, executor: str):
     if text == "default":
         return tiling_for_executor(cfg, executor)
-    return parse_tiling("default" if text == "waves" else text, tiling_for(cfg))
+    return parse_tiling("default" if text == "waves" else text, tiling_for(cfg), tiling_for_executor(cfg, executor))
 
 
 def main(argv=None) -> int:

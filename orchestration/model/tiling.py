@@ -75,6 +75,11 @@ class DecodeTiling:
     #: 1.99 against 3.47 us a task, SmolLM2's step 0.573 against 0.671 ms on an H200
     #: (docs/PERF.md, "Ninth session")
     combine_parts: bool = True
+    #: one sequence (output-major weights, one rank): the last combine folded into the o
+    #: projection (``gemv_combine_residual_tile``: every program combines every head in its K
+    #: loop, a K step a head), a dependent level of tasks a layer fewer; where the combine reads
+    #: a head's states at once and a quantized o weight's blocks divide a head
+    combine_in_o: bool = False
     #: one sequence: every GEMV against quantized weights takes its whole contraction in one
     #: step (a CPU's: the C kernel never makes the weight tile, it reads each weight row once,
     #: in order, from memory; a step's rows in pieces cost SmolLM2's Q4_1 step 30 against 24 ms

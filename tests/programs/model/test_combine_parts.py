@@ -134,3 +134,132 @@ def test_the_combine_reading_every_part_on_triton(executor, cache):
     res = run("model", config="tiny", cache=cache, batch=1, device="cpu", backend="triton", executor=executor,
               check=True, seed=24)
     assert res["rel_err"] <= 1e-5, res
+
+
+@pytest.mark.parametrize("parts,used,wtype", [(8, 8, "f32"), (8, 3, "f32"), (4, 1, "q8_0")])
+@pytest.mark.parametrize("runner", ["interp", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_the_o_projection_combining_every_head_matches_float64(parts, used, wtype, runner):
+    """``gemv_combine_residual_tile``: ``y = r + attn @ w.T`` with attn combined from every
+    head's partial states in the K loop (a head a step), against float64 numpy: the combine of
+    each head as above, then the product and the residual; a q8_0 weight (blocks of 32 in a head
+    of 32) against gguf's values of it."""
+    from pto.incore.decode import gemv_combine_residual_tile
+
+    from pto.interp.incore import run_incore
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType
+
+    if runner == "triton" and not INTERP:
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1)")
+    if runner == "triton":
+        from tests.opkit import run_incore_triton as run_fn
+    else:
+        run_fn = run_incore
+    heads, D, N, bn = 3, 32, 40, 16  # a last block past N (masked)
+    g = torch.Generator().manual_seed(parts * 11 + used)
+    o, ml = _partials(parts, heads, D, used, g)
+    w = torch.randn(N, heads * D, generator=g) / 8
+    r = torch.randn(1, N, generator=g)
+    wdtype = None
+    if wtype != "f32":  # random blocks (gguf's values, bit for bit: tests/quant)
+        from tests.quant.test_load import random_qtensor
+
+        wdtype = DType.Q8_0
+        q = random_qtensor(wdtype, N, heads * D, seed=parts)
+        w, w64 = q.data, q.dequantize().double().numpy()
+    else:
+        w64 = w.double().numpy()
+    y = torch.full((1, N), float("nan"))
+    fn = specialize(gemv_combine_residual_tile(DType.F32, heads, D, parts, N, bn, wdtype=wdtype))
+    rows = parts * heads
+    run_fn(fn, {"o": (o, 0, 0, rows, D), "ml": (ml, 0, 0, rows, 2), "w": (w, 0, 0, N, heads * D),
+                "r": (r, 0, 0, 1, N), "y": (y, 0, 0, 1, N)})
+    o64, ml64 = o.double().numpy(), ml.double().numpy()
+    attn = []
+    for h in range(heads):
+        wt = np.exp2(ml64[h::heads, 0] - ml64[h::heads, 0].max())
+        attn.append((wt[:, None] * o64[h::heads]).sum(0) / (wt * ml64[h::heads, 1]).sum())
+    want = r.double().numpy()[0] + w64 @ np.concatenate(attn)
+    np.testing.assert_allclose(y.double().numpy()[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache,chunk", [(64, 32), (64, 16), (1024, 16)])
+def test_the_step_with_the_combine_in_the_o_projection_matches_the_reference(cache, chunk, monkeypatch):
+    """``combine_in_o`` (one sequence): the step without its combine tasks (a short cache, and a
+    long one whose spans are merged first and the spans' states combined by the projection)
+    gives the reference's logits, a task per head and layer fewer; several sequences keep the
+    combine."""
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, chunk=chunk))
+    plain = run("model", config="tiny", cache=cache, batch=1, device="cpu", check=True, seed=31)
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, chunk=chunk, combine_in_o=True))
+    res = run("model", config="tiny", cache=cache, batch=1, device="cpu", check=True, seed=31)
+    assert res["rel_err"] <= 1e-5, res
+    cfg = mp.CONFIGS["tiny"]
+    assert plain["tasks"] - res["tasks"] == cfg.layers * cfg.layer.heads
+    assert "gemv_combine_residual_tile" in _functions(cache, 1, chunk=chunk, combine_in_o=True)
+    two = _functions(cache, 2, chunk=chunk, combine_in_o=True)
+    assert "gemv_combine_residual_tile" not in two and "decode_attn_combine_parts" in two
+
+
+def test_the_combine_stays_a_task_where_the_projection_cannot_take_it():
+    """More states than one tile holds (the combine's loop), a quantized o weight whose blocks
+    are wider than a head (q4_k's 256 against 16; q8_0's 32 is two heads: also not), or the
+    option off: no combining projection."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.quantized import WeightTypes
+
+    from pto.ir.dtypes import DType
+
+    fused = "gemv_combine_residual_tile"
+    assert fused not in _functions(1024, 1, chunk=16, span=0, combine_in_o=True)
+    assert fused not in _functions(256, 1)
+    t = replace(mp.TINY_TILING, combine_in_o=True)
+    for wtype, built in ((DType.Q4_K, False), (DType.Q8_0, False), (None, True)):
+        wt = WeightTypes((("wo", wtype),)) if wtype else WeightTypes()
+        names = {f.name for f in build_step(mp.CONFIGS["tiny"], DType.F32, None, 1, t, cache=256, wtypes=wt).functions}
+        assert (fused in names) == built, wtype
+
+
+@pytest.mark.parametrize("config,new", [("tiny", 20), ("tiny-swa", 70)])
+def test_generation_with_the_combine_in_the_o_projection_is_the_reference_models(config, new):
+    """Token by token with ``combine_in_o`` (tiny-swa wraps its ring)."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = random_weights(CONFIGS[config], torch.float32, torch.Generator().manual_seed(32))
+    prompt = torch.randint(0, w.config.vocab, (7,), generator=torch.Generator().manual_seed(33)).tolist()
+    want = ReferenceModel(w).generate([prompt], new, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), combine_in_o=True))
+    try:
+        got = gen.generate([prompt], new, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("executor", ["waves", "persistent"])
+def test_the_combine_in_the_o_projection_on_triton(executor, monkeypatch):
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, combine_in_o=True))
+    res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor=executor,
+              check=True, seed=34)
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_the_combine_in_the_o_projection_in_c(monkeypatch):
+    """The C backend's kernels of the step (the CPU's native executor)."""
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, combine_in_o=True))
+    res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="c", check=True, seed=35)
+    assert res["rel_err"] <= 1e-5, res
