@@ -9,5 +9,5 @@ cd "$(git rev-parse --show-toplevel)"
 [ -n "${1:-}" ] || { echo "usage: bench/ab_tree.sh REF | --clean" >&2; exit 2; }
 git rev-parse --verify --quiet "$1^{commit}" > /dev/null || { echo "ab_tree: $1 is not a commit here" >&2; exit 2; }
 rm -rf _ab && mkdir _ab
-git archive "$1" pto orchestration incore runtime_c bench | tar -x -C _ab
+git archive "$1" pyproject.toml pto orchestration incore runtime_c bench | tar -x -C _ab
 echo "_ab/: $(git rev-parse --short "$1") ($(du -sh _ab | cut -f1)); carry \"_ab\" with the device call"

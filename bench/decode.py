@@ -4,7 +4,7 @@ configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
                            [--long 32768] [--steps 64] [--json FILE] [--hf-configs NAMES] [--hf-batches 1]
-                           [--tilings 'default;bn=32;bn=16,bk=128;+combine_in_o=1'] [--branches]
+                           [--tilings 'default;bn=32;bn=16,bk=128;+ffn_bk=1024'] [--branches]
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
@@ -124,7 +124,7 @@ def events_ms(fn, steps: int) -> float:
 
 def parse_tiling(text: str, base: DecodeTiling, own: DecodeTiling | None = None) -> DecodeTiling | None:
     """``bn=32,bk=128`` -> the configuration's tiling ``base`` with those fields, quantized
-    weights too (``dot_bk=none``: ``bk`` on the dot path too); ``+combine_in_o=1`` -> the
+    weights too (``dot_bk=none``: ``bk`` on the dot path too); ``+ffn_bk=1024`` -> the
     executor's own tiling ``own`` (the megakernel's on the persistent executor) with those
     fields; ``default`` -> None (``base`` itself)."""
     if text == "default":

@@ -8,8 +8,7 @@ from device memory (``load_scalar``), so one task graph serves every step.
   chunks so one token keeps many programs busy: a chunk's partial softmax state (m, l, and the
   unnormalized output), then one combine per query head;
 - :func:`decode_attn_combine_parts`: the combine with a head's partial states read at once
-  (strided loads) where they are few; :func:`gemv_combine_residual_tile`: the same combine of
-  every head folded into the o projection's K loop (one sequence: a level of the step fewer);
+  (strided loads) where they are few;
 - :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
   epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
   the step's end: the chosen token and the next position written back for the next step.
@@ -20,7 +19,7 @@ Positions and token ids are f32 numbers in ``[B, 1]`` tensors (exact below 2**24
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
@@ -191,83 +190,22 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     o = k.memref("o", f32, shape=((parts - 1) * heads + 1, D))
     ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
     y = k.memref("y", dtype, shape=(1, D))
+    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
+    k.load(m, ml, 0, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
+    k.load(lw, ml, 0, 1, step=heads)
+    k.load(oh, o, 0, 0, step=heads)
+    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
+    k.colmax(top, m)
+    k.colexpandsub(m, m, top)
+    k.exp2(m, m)
+    k.mul(lw, lw, m)
+    k.colsum(lsum, lw)
+    k.rowexpandmul(oh, oh, m)
+    k.colsum(av, oh)
+    k.rowexpanddiv(av, av, lsum)
     out = k.tile("out", 1, D, dtype)
-    _combine_head(k, _CombineTiles.declare(k, parts, D), (o, ml), 0, heads, out)
+    k.cast(out, av)
     k.store(y, 0, 0, out)
-    return k.build(target)
-
-
-@dataclass(frozen=True)
-class _CombineTiles:
-    """The tiles of one head's combine over ``parts`` states read at once."""
-
-    m: object
-    lw: object
-    oh: object
-    top: object
-    lsum: object
-    av: object
-
-    @staticmethod
-    def declare(k: InCore, parts: int, D: int) -> _CombineTiles:
-        return _CombineTiles(k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32),
-                             k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32))
-
-
-def _combine_head(k: InCore, t: _CombineTiles, src, row, heads: int, out) -> None:
-    """``out`` (``[1, D]``, the output's dtype) = the combine of the partial states ``src`` (o,
-    ml) at rows ``row + i * heads`` (:func:`decode_attn_combine_parts`)."""
-    o, ml = src
-    k.load(t.m, ml, row, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
-    k.load(t.lw, ml, row, 1, step=heads)
-    k.load(t.oh, o, row, 0, step=heads)
-    k.colmax(t.top, t.m)
-    k.colexpandsub(t.m, t.m, t.top)
-    k.exp2(t.m, t.m)
-    k.mul(t.lw, t.lw, t.m)
-    k.colsum(t.lsum, t.lw)
-    k.rowexpandmul(t.oh, t.oh, t.m)
-    k.colsum(t.av, t.oh)
-    k.rowexpanddiv(t.av, t.av, t.lsum)
-    k.cast(out, t.av)
-
-
-def gemv_combine_residual_tile(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int, target=None,
-                               wdtype=None) -> IncoreFunction:
-    """One sequence's ``y = r + attn @ w.T`` (the o projection, ``w`` ``[N, heads * D]``) with
-    ``attn`` combined in its K loop from the heads' partial states (``o``, ``ml``: the ``parts``
-    states of every query head, head h's at rows ``h + i * heads``, as
-    :func:`decode_attn_combine_parts` reads them), a K step a head: the combine's level of the
-    step folded into the projection. Every program combines every head (a few KiB of states
-    from L2 a head, against a dependent level of tasks a layer); each head's output is rounded
-    to ``dtype`` before its product, as the combine's store would."""
-    k = InCore("gemv_combine_residual_tile")
-    D = head_dim
-    ND = k.dim("N", N)
-    o = k.memref("o", f32, shape=(parts * heads, D))
-    ml = k.memref("ml", f32, shape=(parts * heads, 2))
-    w = k.memref("w", wdtype or dtype, shape=(ND, heads * D))
-    r = k.memref("r", dtype, shape=(1, ND))
-    y = k.memref("y", dtype, shape=(1, ND))
-    j = k.parallel("j", cdiv(ND, bn))
-    wt = weight_tiles(dtype, wdtype, 1)
-    tiles = _CombineTiles.declare(k, parts, D)
-    a = k.tile("a", 1, D, dtype)
-    wide = k.tile("a32", 1, D, wt) if wt != dtype else a  # the head's output as the weight tiles' dtype
-    block = k.tile("b", bn, D, wt)
-    acc = k.tile("acc", 1, bn, f32)
-    k.full(acc, 0.0)
-    with k.for_range("h", 0, heads) as h:
-        k.load(block, w, j * bn, h * D)  # first: its round trip overlaps the states' and the combine
-        _combine_head(k, tiles, (o, ml), h, heads, a)
-        if wide is not a:
-            k.cast(wide, a)
-        k.matmul_acc(acc, wide, block, tb=True)
-    out = k.tile("out", 1, bn, dtype)
-    k.load(out, r, 0, j * bn)
-    k.add(acc, acc, out)
-    k.cast(out, acc)
-    k.store(y, 0, j * bn, out)
     return k.build(target)
 
 

@@ -84,8 +84,6 @@ class DecodeFunctions:
     qkv_rope: IncoreFunction | None = None  # one sequence: the projection, RoPE and the append
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
-    #: one sequence: the combine of every head folded into the o projection (``combine_in_o``)
-    proj_o_combine: IncoreFunction | None = None
     candidates: IncoreFunction | None = None  # vocabulary-parallel: every rank's best token gathered
 
 
@@ -123,7 +121,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # 16 (rows past the batch load as zeros, are never stored) and blocks of 16 outputs, so the
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
-    batch = tile_rows(batch, t)
+    batch = tile_rows(batch)
     t = whole_steps(cfg, dt, t, batch, wtypes)
     if batch >= 16:
         t = replace(t, bn=t.dot_bn or max(t.bn, 16), bk=t.dot_bk or t.bk, ffn_bn=None, ffn_bk=None, qkv_bn=None,
@@ -151,16 +149,11 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
                       t.ffn_bk or t.bk, least["wg"])[0]
-    combine_parts = proj_o_combine = None
+    combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
-        # a K step a head: whole blocks of a quantized o weight only where they divide a head
-        if t.combine_in_o and batch == 1 and t.wt and reduce is None and D % wtypes.blocks(("wo",)) == 0:
-            proj_o_combine = dk.gemv_combine_residual_tile(dt, c.heads, D, parts, H, o_tiles[0], target,
-                                                           **wkw("wo"))
     return DecodeFunctions(
         combine_parts=combine_parts,
-        proj_o_combine=proj_o_combine,
         qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk), wkw("w_qkv"))
         if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
@@ -238,7 +231,7 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
              wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there)."""
-    rows = tile_rows(batch, t)
+    rows = tile_rows(batch)
     return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, rows, wtypes), rows, wtypes, vocab)[1]
 
 
@@ -290,8 +283,7 @@ class _Step:
         self.V = split.height if split else cfg.vocab  # the LM head's ids on this rank
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
-        self.T = self._tensors((("qkv",) if fn.qkv_rope is not None else ())
-                               + (("attn",) if fn.proj_o_combine is not None else ()))
+        self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
         self.ws = weight_shapes(cfg, t.wt)
 
     def W(self, kind: str, l):
@@ -319,12 +311,8 @@ class _Step:
                 o.call(fn.qkv, {**projection, "y": self.A("qkv", QD + 2 * KVD)})
             with o.for_loop("b", 0, self.B) as b:
                 self._attention(l, b)
-            if fn.proj_o_combine is not None:  # (one sequence) the combine in the o projection
-                o.call(fn.proj_o_combine, {**self._states(0), "w": self.W("wo", l), "r": self.A("x", H),
-                                           "y": self.A("x2", H)})
-            else:
-                o.call(fn.proj_o or fn.proj, {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H),
-                                              "y": self.A("x2", H)})
+            o.call(fn.proj_o or fn.proj, {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H),
+                                          "y": self.A("x2", H)})
             o.call(fn.gate_up, {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l),
                                 "wu": self.W("wu", l), "y": self.A("hb", F)})
             o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
@@ -356,11 +344,10 @@ class _Step:
         """Sequence b's attention output of every query head from its chunks' partial states: one
         combine over the J chunks, or (``S`` spans) a merge per span of ``t.span`` chunks, then a
         combine over the spans; each combine reads its head's states at once where they are few
-        (``fn.combine_parts``), else in a loop. With ``fn.proj_o_combine`` the last combine is
-        the o projection's (:meth:`_states`)."""
+        (``fn.combine_parts``), else in a loop."""
         o, fn, T, S, SPAN, C, J = self.o, self.fn, self.T, self.S, self.t.span, self.C, self.J
         NQ, D = self.c.heads, self.c.head_dim
-        pos = (T["pos"], b, 0, 1, 1)
+        pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
         if S:
             with o.for_loop("s", 0, S) as s:
                 for h in range(NQ):
@@ -369,30 +356,15 @@ class _Step:
                                       "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
                                       "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
                                       "stride": NQ, "j0": s * SPAN, "cap": C})
-        if fn.proj_o_combine is not None:
-            return
-        (src_o, src_ml), n = self._sources
+            src, n = ("o_span", "ml_span"), S
         for h in range(NQ):
             first = b * n * NQ + h
-            region = {"o": (T[src_o], first, 0, (n - 1) * NQ + 1, D),
-                      "ml": (T[src_ml], first, 0, (n - 1) * NQ + 1, 2), "y": (T["attn"], b, h * D, 1, D)}
+            region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),
+                      "ml": (T[src[1]], first, 0, (n - 1) * NQ + 1, 2), "y": (T["attn"], b, h * D, 1, D)}
             if fn.combine_parts is not None:
                 o.call(fn.combine_parts, region)
                 continue
             o.call(fn.combine_spans if S else fn.combine, {**region, "pos": pos, "stride": NQ, "chunks": n, "cap": C})
-
-    @property
-    def _sources(self) -> tuple[tuple[str, str], object]:
-        """The tensors of the partial states the last combine reads (o, ml) and their number a
-        head: the chunks' (J), or the spans' (S) after a merge."""
-        return (("o_span", "ml_span"), self.S) if self.S else (("o_part", "ml_part"), self.J)
-
-    def _states(self, b) -> dict:
-        """Sequence b's partial states of every head, as the regions ``o`` and ``ml`` of the o
-        projection that combines them (``fn.proj_o_combine``: head h's at rows ``h + i * heads``)."""
-        (src_o, src_ml), n = self._sources
-        NQ, D, T = self.c.heads, self.c.head_dim, self.T
-        return {"o": (T[src_o], b * n * NQ, 0, n * NQ, D), "ml": (T[src_ml], b * n * NQ, 0, n * NQ, 2)}
 
     def _sample(self) -> None:
         """The step's end: the LM head with the first stage of the argmax, then per sequence the

@@ -75,16 +75,6 @@ class DecodeTiling:
     #: 1.99 against 3.47 us a task, SmolLM2's step 0.573 against 0.671 ms on an H200
     #: (docs/PERF.md, "Ninth session")
     combine_parts: bool = True
-    #: one sequence (output-major weights, one rank): the last combine folded into the o
-    #: projection (``gemv_combine_residual_tile``: every program combines every head in its K
-    #: loop, a K step a head), a dependent level of tasks a layer fewer; where the combine reads
-    #: a head's states at once and a quantized o weight's blocks divide a head
-    combine_in_o: bool = False
-    #: one sequence in the dot path's tiles too (16 rows, 15 of them padding): the projections'
-    #: weights then stream through the tensor-core product's software pipeline (shared memory,
-    #: ``num_stages`` deep) instead of the registers of a multiply-sum; with the separate RoPE
-    #: task and the combine as a task (the one-sequence fusions are the GEMV's)
-    dot_one: bool = False
     #: one sequence: every GEMV against quantized weights takes its whole contraction in one
     #: step (a CPU's: the C kernel never makes the weight tile, it reads each weight row once,
     #: in order, from memory; a step's rows in pieces cost SmolLM2's Q4_1 step 30 against 24 ms
@@ -145,11 +135,10 @@ def spans(cache: int | None, t: DecodeTiling) -> int:
     return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 
-def tile_rows(batch: int, t: DecodeTiling | None = None) -> int:
+def tile_rows(batch: int) -> int:
     """The rows of the projections' tiles for ``batch`` sequences: 1, or at least 16 (what a
-    tensor-core dot takes; the rows past the batch are padding); 16 for one sequence too where
-    ``t`` asks (:attr:`DecodeTiling.dot_one`)."""
-    return batch if batch == 1 and not (t is not None and t.dot_one) else max(batch, 16)
+    tensor-core dot takes; the rows past the batch are padding)."""
+    return batch if batch == 1 else max(batch, 16)
 
 
 __all__ = ["DecodeTiling", "COMBINE_ROWS", "spans", "tile_rows"]

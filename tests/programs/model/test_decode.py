@@ -71,28 +71,6 @@ def test_projections_with_tiles_of_their_own_match_the_reference(monkeypatch, ba
     assert res["rel_err"] <= 1e-5, res
 
 
-def test_one_sequence_in_the_dot_paths_tiles_matches_the_reference(monkeypatch):
-    """``dot_one``: one sequence's projections in tiles of 16 rows (15 of padding, never stored),
-    RoPE and the combine as tasks of their own: the reference's logits, and the functions of a
-    batch of two (the dot path's) with as many tasks as the plain step has plus a RoPE task a
-    layer."""
-    from dataclasses import replace
-
-    from pto.orchestration.model import program as mp
-    from pto.orchestration.model.decode import build_step
-
-    from pto.ir.dtypes import DType
-
-    plain = run("model", config="tiny", cache=64, batch=1, device="cpu", check=True, seed=12)
-    t = replace(mp.TINY_TILING, dot_one=True)
-    monkeypatch.setattr(mp, "TINY_TILING", t)
-    res = run("model", config="tiny", cache=64, batch=1, device="cpu", check=True, seed=12)
-    assert res["rel_err"] <= 1e-5, res
-    assert res["tasks"] - plain["tasks"] == mp.CONFIGS["tiny"].layers
-    one, two = (sorted(f.name for f in build_step(mp.CONFIGS["tiny"], DType.F32, None, b, t).functions) for b in (1, 2))
-    assert one == two and "rope_qkv_append" in one
-
-
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
 @pytest.mark.parametrize("executor,wt", [("waves", False), ("persistent", False), ("waves", True)])
