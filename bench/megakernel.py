@@ -60,11 +60,12 @@ def variant_env(variant: str) -> dict[str, str]:
 
 
 def records_path(folder: str | None, config: str, tiling_text: str, variant: str) -> str | None:
-    """Where a run's traced items go (``--records``): CONFIG_TILING_VARIANT.npz in ``folder``."""
+    """Where a run's traced items go (``--records``): CONFIG_TILING_VARIANT.npz in ``folder``, in
+    letters, digits, dots and dashes (the device tool brings no other file names back)."""
     if not folder:
         return None
     os.makedirs(folder, exist_ok=True)
-    safe = "".join(ch if ch.isalnum() or ch in "=.-" else "_" for ch in f"{config}_{tiling_text}_{variant or 'plain'}")
+    safe = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in f"{config}_{tiling_text}_{variant or 'plain'}")
     return os.path.join(folder, f"{safe}.npz")
 
 
