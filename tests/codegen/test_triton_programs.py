@@ -17,6 +17,7 @@ from pto import InCore, f32  # noqa: E402
 from pto.backends.torch_backend import TorchBackend  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.codegen.triton.common import FLAT_STAGES  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError  # noqa: E402
 from pto.interp.orchestration import iter_tasks, run_program  # noqa: E402
@@ -190,8 +191,11 @@ def test_a_persistent_kernel_runs_every_task_once_and_keeps_its_schedule_key():
     plain, looped = render(fn), render(fn, RenderOptions(persistent="loop"))
     assert "tl.range(tl.program_id(0), NB, tl.num_programs(0))" in looped.source
     assert looped.schedule_digest == plain.schedule_digest and looped.digest != plain.digest
-    with pytest.raises(BuildError, match=r"RenderOptions.persistent='flat': one of loop, ws or '' \(off\)"):
-        render(fn, RenderOptions(persistent="flat"))
+    flat = render(fn, RenderOptions(persistent="flat"))  # flattened and pipelined, FLAT_STAGES deep
+    assert f"tl.range(tl.program_id(0), NB, tl.num_programs(0), num_stages={FLAT_STAGES}, flatten=True)" in flat.source
+    assert flat.schedule_digest == plain.schedule_digest
+    with pytest.raises(BuildError, match=r"RenderOptions.persistent='spin': one of loop, ws, flat or '' \(off\)"):
+        render(fn, RenderOptions(persistent="spin"))
 
 
 def test_launch_parameters_defaults_and_overrides():
@@ -280,7 +284,7 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
 
 
-@pytest.mark.parametrize("persistent", ["", "loop", "ws"])
+@pytest.mark.parametrize("persistent", ["", "loop", "ws", "flat"])
 @pytest.mark.parametrize("group", [0, 1, 2, 3, 8])
 def test_grouped_program_order(group, persistent):
     """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);

@@ -287,6 +287,8 @@ def test_the_tuner_tries_persistent_tile_loops_only_on_kernels_that_multiply_lar
 
 
 def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_schedule_says(monkeypatch):
+    from pto.incore.decode import decode_attn_combine_parts
+    from pto.incore.gemv import gemv_residual_tile
     from pto.incore.matmul import matmul_tile
     from pto.incore.norm import rmsnorm_tile
 
@@ -303,8 +305,15 @@ def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_sch
     assert be.render_options(norm, be.launch_config(norm)).persistent == ""
     off = TritonBackend("cpu", launch={"matmul_tile": {"persistent": ""}})
     assert off.render_options(gemm, off.launch_config(gemm)).persistent == ""
-    monkeypatch.setenv("PTO_PERSISTENT", "flat")
-    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='flat': one of loop, ws or off"):
+    monkeypatch.setenv("PTO_PERSISTENT", "flat")  # also the kernels with a parallel axis (the GEMVs)
+    flat = TritonBackend("cpu")
+    gemv = specialize(gemv_residual_tile(bf16, 1, 4096, 4096, 8, 2048))
+    combine = decode_attn_combine_parts(bf16, 32, 128, 8)  # (no parallel axis)
+    assert [flat.render_options(f, flat.launch_config(f)).persistent for f in (gemm, gemv, norm, combine)] == \
+        ["flat", "flat", "flat", ""]
+    assert be.render_options(gemv, be.launch_config(gemv)).persistent == ""
+    monkeypatch.setenv("PTO_PERSISTENT", "spin")
+    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of loop, ws, flat or off"):
         TritonBackend("cpu")
 
 

@@ -26,7 +26,6 @@ from pto.backends.torch_backend import TorchBackend
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, for_device, triton_version
 from pto.cli.progress import iterate
-from pto.codegen.triton.common import PERSISTENT_MODES
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import RegionBatch, TaskBatch
 from pto.engine import Job, Placement, Prepared, build_graph, rel_err, resolve
@@ -75,7 +74,8 @@ def space(fn, capability: tuple[int, int] | None = None) -> list[dict]:
     grouped order (when the function has a parallel axis); for a kernel whose loops multiply
     large tiles (:func:`~pto.codegen.triton.tma.tma_memrefs`) compiled for a GPU of compute
     ``capability``, also the persistent tile loops at 8 warps and 3 stages, in every grouped
-    order: "loop", and "ws" (warp-specialized) from 9.0 (:data:`~pto.codegen.triton.common.PERSISTENT_MODES`)."""
+    order: "loop", and "ws" (warp-specialized) from 9.0 (:data:`~pto.codegen.triton.common.PERSISTENT_MODES`;
+    "flat" is not tuned yet: it is the decode GEMVs' experiment)."""
     loads_in_loop = any(isinstance(s, ForRange) and _loads(s.body) for s in fn.body)
     stages = (2, 3, 4) if loads_in_loop else (1,)
     groups = (0, 4, 8, 16) if fn.parallel is not None else (None,)
@@ -86,7 +86,7 @@ def space(fn, capability: tuple[int, int] | None = None) -> list[dict]:
             c["GROUP"] = g
         out.append(c)
     if capability is not None and loads_in_loop and tma_memrefs(fn):
-        modes = PERSISTENT_MODES if tuple(capability) >= (9, 0) else ("loop",)
+        modes = ("loop", "ws") if tuple(capability) >= (9, 0) else ("loop",)
         out += [{**c, "persistent": m} for m in modes for c in out if c["num_warps"] == 8 and c["num_stages"] == 3]
     return out
 

@@ -38,8 +38,15 @@ PDL_MODES = ("early", "late", "chain")
 #: GEMMs by more than 1% (flattening made the residual projection 60 times slower), and both a
 #: plain loop and a flattened one slowed its attention (docs/PERF.md, "Twelfth session"); they
 #: are the tuner's to try. With "ws" no load moves above the PDL wait (the wait stays before
-#: the loop).
-PERSISTENT_MODES = ("loop", "ws")
+#: the loop). "flat": flattened with the function's loop and software-pipelined
+#: :data:`FLAT_STAGES` deep (``tl.range(..., num_stages=FLAT_STAGES, flatten=True)``), and taken
+#: by every kernel with a parallel axis, the GEMVs included: Triton 3.6 then streams the next
+#: tiles' loads through shared memory (``cp.async``) while this one computes, where a
+#: multiply-sum's loads are otherwise issued from registers tile by tile (checked by compiling
+#: for sm_90: a decode GEMV's loop gets its ``cp.async`` only flattened and with explicit stages).
+PERSISTENT_MODES = ("loop", "ws", "flat")
+#: the pipelining depth of a "flat" persistent loop (Triton's default depth)
+FLAT_STAGES = 3
 #: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's
 #: ``[BR, BC / U]`` integers, the scales loaded per unit, the sums reduced every K step:
 #: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import (
+    FLAT_STAGES,
     PDL_IMPORTS,
     PDL_MODES,
     PDL_SIGNAL,
@@ -204,7 +205,8 @@ def _program_lines(fn: IncoreFunction, call: str, persistent: str) -> tuple[list
         body = ["if GROUP > 0:", *grouped, "else:", *ungrouped, call]
     if persistent:
         # at most one program per multiprocessor, each over the pairs the grid would give its index
-        extra = {"loop": "", "ws": ", flatten=True, warp_specialize=True"}[persistent]
+        extra = {"loop": "", "ws": ", flatten=True, warp_specialize=True",
+                 "flat": f", num_stages={FLAT_STAGES}, flatten=True"}[persistent]
         body = [f"for _pid in tl.range(tl.program_id(0), {total}, tl.num_programs(0){extra}):"] + \
             ["    " + line for line in body]
     return params, body
