@@ -49,6 +49,7 @@ from pto.orchestration.model.program import (
     unstack_weights,
 )
 from pto.orchestration.model.quantized import (
+    STACKED,
     LayerDequantizer,
     WeightTypes,
     embedding_rows,
@@ -88,17 +89,35 @@ class Generation:
                 "cache": self.capacity, "tasks_per_step": self.tasks_per_step, "executor": self.executor}
 
 
-#: how the prefill takes quantized layer weights (:class:`Generator`'s ``quant_prefill``)
-QUANT_PREFILL = ("dequantize", "native")
+#: how the prefill takes quantized layer weights (:class:`Generator`'s ``quant_prefill``):
+#: every kind as stored, every kind dequantized first, or "auto" (:data:`NATIVE_PREFILL`)
+QUANT_PREFILL = ("auto", "dequantize", "native")
+#: "auto": the weight types the prefill takes as stored, by device type, where that measured
+#: faster than dequantizing first (docs/PERF.md, "The prefill on quantized weights"): on an H200
+#: q8_0 (the 8B model's 512-token prefill 67.1 against 73.1 ms; q4_k 74.4 against 72.5, so not
+#: it), on the development VM's CPU q4_1 (SmolLM2's file, 1,017 against 1,071 ms) and q8_0
+NATIVE_PREFILL = {"cuda": frozenset({"q8_0"}), "cpu": frozenset({"q8_0", "q4_1"})}
 
 
 def quant_prefill_mode(asked: str | None) -> str:
-    """``asked``, else ``$PTO_QUANT_PREFILL``, else ``dequantize``; one of :data:`QUANT_PREFILL`."""
-    mode = asked if asked is not None else os.environ.get("PTO_QUANT_PREFILL", "").strip() or "dequantize"
+    """``asked``, else ``$PTO_QUANT_PREFILL``, else ``auto``; one of :data:`QUANT_PREFILL`."""
+    mode = asked if asked is not None else os.environ.get("PTO_QUANT_PREFILL", "").strip() or "auto"
     if mode not in QUANT_PREFILL:
         src = "quant_prefill" if asked is not None else "PTO_QUANT_PREFILL"
-        raise UsageError(f"{src}={mode!r}: expected {' or '.join(QUANT_PREFILL)}")
+        raise UsageError(f"{src}={mode!r}: expected {', '.join(QUANT_PREFILL)}")
     return mode
+
+
+def stored_kinds(wtypes: WeightTypes, mode: str, device: str) -> WeightTypes:
+    """The quantized layer kinds of ``wtypes`` the prefill takes as stored under ``mode`` (a
+    :data:`QUANT_PREFILL`) on a ``device`` of that type; the others it dequantizes first."""
+    if mode == "dequantize":
+        return WeightTypes()
+    keep = {k: d for k, d in wtypes.types if k in STACKED and d.is_quantized}
+    if mode == "auto":
+        ok = NATIVE_PREFILL.get(device, frozenset())
+        keep = {k: d for k, d in keep.items() if d.short in ok}
+    return WeightTypes(tuple(keep.items()))
 
 
 def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
@@ -169,8 +188,12 @@ class Generator:
         self._dequantizer: LayerDequantizer | None = None
         if tp > 1 and self.wtypes.quantized:
             raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
-        #: the layer's matrices the prefill takes as stored (PTO_QUANT_PREFILL=native)
-        self.native = layer_wtypes(self.wtypes) if self.quant_prefill == "native" else ()
+        #: the quantized kinds the prefill takes as stored (PTO_QUANT_PREFILL) and those it
+        #: dequantizes first, and the layer's matrices of the first
+        self.stored = stored_kinds(self.wtypes, self.quant_prefill, torch.device(self.device).type)
+        self.dequantized = WeightTypes(tuple((k, d) for k, d in self.wtypes.types
+                                             if k in STACKED and k not in dict(self.stored.types)))
+        self.native = layer_wtypes(self.stored)
         if self.native:
             self.layer_form = replace(self.layer_form, wtypes=self.native)
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
@@ -275,13 +298,14 @@ class Generator:
         else:
             w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
         if self.native:  # the step's own quantized rows, as the layer's nk projections take them
-            w.update(stored_layer(self._stacked(), self.wtypes, self.config, layer))
-        elif self.wtypes.quantized:
+            w.update(stored_layer(self._stacked(), self.stored, self.config, layer))
+        if self.dequantized.quantized:
             if self._dequantizer is None:
                 from pto.backends import get_backend
 
                 backend = get_backend(self.backend, self.device)
-                self._dequantizer = LayerDequantizer(backend, self.wtypes, self._stacked(), self.config, self.dtype)
+                self._dequantizer = LayerDequantizer(backend, self.dequantized, self._stacked(), self.config,
+                                                     self.dtype)
             w.update(self._dequantizer(layer))
         return {**w, "cos": self.cos[:seq], "sin": self.sin[:seq]}
 

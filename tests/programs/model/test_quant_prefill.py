@@ -25,9 +25,11 @@ from pto.machine.target import resolve
 TINY_256 = LlamaConfig(hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)
 
 
-def prefill(weights, mode: str, prompt: list[int], backend: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def prefill(weights, mode: str, prompt: list[int], backend: str, native: tuple[str, ...] | None = None
+            ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The caches after the prefill of ``prompt`` with ``quant_prefill=mode`` on ``backend``,
-    and the first step's logits."""
+    and the first step's logits; ``native``: the matrices the layer must take as stored (None:
+    every one with "native", none otherwise)."""
     from pto.orchestration.llm.generate import Generator
 
     gen = Generator(weights, "cpu", DType.F32, backend=backend, quant_prefill=mode)
@@ -36,7 +38,9 @@ def prefill(weights, mode: str, prompt: list[int], backend: str) -> tuple[dict[s
         step = gen.step(1, cap)
         gen.prefill(step, [prompt], cap)
         nk = [f.name for f in gen._layer(len(prompt) - 1).module.functions if f.name.startswith("matmul_nk_")]
-        assert bool(nk) == (mode == "native"), nk  # (the layer that ran is the one asked for)
+        assert bool(nk) == (mode == "native" or bool(native)), nk  # (the layer that ran is the one asked for)
+        if native is not None:
+            assert sorted(m for m, _ in gen.native) == sorted(native)
         caches = {k: step.tensors[k].clone() for k in ("k_cache", "v_cache")}
         step()
         return caches, step.tensors["logits"].clone()
@@ -107,16 +111,55 @@ def test_a_row_not_whole_blocks_is_one_line():
         layer_module(cfg, DType.F32, resolve(None, "cpu"), LayerForm(wtypes=(("wd", dtype_of("q4_k")),)))
 
 
-def test_the_option_takes_its_two_values(monkeypatch):
+def test_the_option_takes_its_three_values(monkeypatch):
     from pto.orchestration.llm.generate import quant_prefill_mode
 
     monkeypatch.delenv("PTO_QUANT_PREFILL", raising=False)
-    assert quant_prefill_mode(None) == "dequantize"
+    assert quant_prefill_mode(None) == "auto"
     monkeypatch.setenv("PTO_QUANT_PREFILL", "native")
     assert quant_prefill_mode(None) == "native"
     assert quant_prefill_mode("dequantize") == "dequantize"
     monkeypatch.setenv("PTO_QUANT_PREFILL", "nativ")
-    with pytest.raises(UsageError, match=r"PTO_QUANT_PREFILL='nativ': expected dequantize or native"):
+    with pytest.raises(UsageError, match=r"PTO_QUANT_PREFILL='nativ': expected auto, dequantize, native"):
         quant_prefill_mode(None)
-    with pytest.raises(UsageError, match=r"quant_prefill='fast': expected dequantize or native"):
+    with pytest.raises(UsageError, match=r"quant_prefill='fast': expected auto, dequantize, native"):
         quant_prefill_mode("fast")
+
+
+def test_auto_takes_as_stored_the_types_measured_faster_so():
+    """``auto``: q8_0 as stored on a GPU and a CPU, q4_1 on a CPU, the rest (q4_k, q4_0 here)
+    dequantized first; ``native`` every quantized layer kind, ``dequantize`` none; the embedding
+    and the LM head are never the prefill's."""
+    from pto.orchestration.llm.generate import stored_kinds
+    from pto.orchestration.model.quantized import WeightTypes
+
+    q = dtype_of
+    w = WeightTypes((("w_qkv", q("q8_0")), ("wo", q("q4_1")), ("wg", q("q4_k")), ("wu", q("q4_k")),
+                     ("wd", q("q4_0")), ("lm_head", q("q8_0"))))
+    kinds = {(mode, dev): sorted(dict(stored_kinds(w, mode, dev).types)) for mode in ("auto", "native", "dequantize")
+             for dev in ("cuda", "cpu")}
+    assert kinds[("auto", "cuda")] == ["w_qkv"] and kinds[("auto", "cpu")] == ["w_qkv", "wo"]
+    assert kinds[("native", "cuda")] == kinds[("native", "cpu")] == ["w_qkv", "wd", "wg", "wo", "wu"]
+    assert kinds[("dequantize", "cpu")] == []
+
+
+@pytest.mark.slow
+def test_a_prefill_of_kinds_as_stored_and_kinds_dequantized_is_the_dequantizing_one():
+    """``auto`` on the CPU with q, k, v in q8_0 (taken as stored) and the other matrices in q4_0
+    (dequantized first): the caches and first logits of the all-dequantizing prefill (the bound
+    of the test above)."""
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import random_quantized_weights
+
+    cfg = CONFIGS["tiny"]
+    g = torch.Generator().manual_seed(9)
+    dense = random_weights(cfg, torch.float32, g)
+    q8, q4 = (random_quantized_weights(dense, t, g) for t in ("q8_0", "q4_0"))
+    qkv = ("wq", "wk", "wv")
+    mixed = replace(q4, layers=[{k: (a[k] if k in qkv else b[k]) for k in b} for a, b in zip(q8.layers, q4.layers)])
+    prompt = torch.randint(0, cfg.vocab, (21,), generator=g).tolist()
+    dq_caches, dq_logits = prefill(mixed, "dequantize", prompt, "c")
+    auto_caches, auto_logits = prefill(mixed, "auto", prompt, "c", native=("wq", "wk", "wv"))
+    for name, ref in dq_caches.items():
+        assert rel_err(auto_caches[name], ref) <= 1e-5, name
+    assert rel_err(auto_logits, dq_logits) <= 1e-5
