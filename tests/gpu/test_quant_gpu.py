@@ -32,3 +32,38 @@ def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     """The Llama-3.2-1B shape (hidden 2048: whole 256-element blocks; its one-sequence step takes
     the quantized tiles, two sequences the GEMVs' own), its tied head dense."""
     check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
+def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
+    """The prefill of a prompt with the layers' q8_0 (SmolLM2's shape) or q4_k (the 1B shape's
+    whole blocks) matrices read as stored (``native``, what ``auto`` takes for q8_0 on a GPU) and
+    dequantized first: the same bf16 values multiplied (both round the dequantized weights to
+    bf16), in other orders of f32 sums and other GEMM tiles, so the caches agree to a few bf16
+    roundings (rel 1e-2; a wrong block or row would be of the caches' own size)."""
+    from dataclasses import replace
+
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import random_quantized_weights
+
+    from pto.engine import rel_err
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["smollm2-135m" if qtype == "q8_0" else "llama3.2-1b"]
+    cfg = replace(cfg, layers=2)
+    g = torch.Generator().manual_seed(41)
+    w = random_quantized_weights(random_weights(cfg, torch.bfloat16, g), qtype, g)
+    prompt = torch.randint(0, cfg.vocab, (77,), generator=g).tolist()
+    caches = {}
+    for mode in ("dequantize", "native"):
+        gen = Generator(w, "cuda", DType.BF16, quant_prefill=mode)
+        try:
+            step = gen.step(1, 128)
+            gen.prefill(step, [prompt], 128)
+            caches[mode] = {k: step.tensors[k].float().clone() for k in ("k_cache", "v_cache")}
+        finally:
+            gen.close()
+    for k, ref in caches["dequantize"].items():
+        assert float(ref.abs().sum()) > 0, k
+        assert rel_err(caches["native"][k], ref) <= 1e-2, k
