@@ -22,8 +22,8 @@ side by side in one run: the rows of docs/PERF.md, "Native CPU execution".
   natively), where it imports, with default threads and on one thread each;
 - ``prefill``: the same file's prefill of a ``--prompt-tokens`` prompt (its own types) with the
   layers dequantized first (``PTO_QUANT_PREFILL=dequantize``) and read as stored (``native``,
-  what ``auto`` takes for the file's q4_1 and q8_0 on a CPU), the two interleaved in rounds: the median ms of each, and whether the next 8
-  greedy tokens are the same.
+  what ``auto`` takes for the file's q4_1 and q8_0 on a CPU), the two interleaved in rounds: the
+  median ms of each, and whether the next 8 greedy tokens are the same.
 
 Times are wall clock; on a shared machine compare rows of one run.
 """
