@@ -86,9 +86,15 @@ def test_generate_with_tp_outside_torchrun_says_so_before_reading_the_model(tmp_
 
 # -- Ctrl-C at any moment (item 6) ----------------------------------------------------------------
 
-#: the real entry point (``python -m pto.cli``) with SIGINT sent from a thread of the process
-#: itself once ``sys.argv[1]`` is being imported: the moment is the module's import, whoever imports it
-_INTERRUPT_WHEN_IMPORTED = """
+#: the child's Ctrl-C as under a terminal: a suite started as a background job of a shell
+#: without job control runs with SIGINT ignored, which every child inherits (and pto keeps
+#: ignored, as any program does), so these tests would interrupt nothing
+_SIGINT_AS_A_TERMINALS = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+#: the real entry point (``python -m pto.cli``), run as ``python -m`` runs it
+_PTO_CLI = _SIGINT_AS_A_TERMINALS + "import runpy; runpy.run_module('pto.cli', run_name='__main__', alter_sys=True)"
+#: the real entry point with SIGINT sent from a thread of the process itself once ``sys.argv[1]``
+#: is being imported: the moment is the module's import, whoever imports it
+_INTERRUPT_WHEN_IMPORTED = _SIGINT_AS_A_TERMINALS + """
 import os, runpy, signal, sys, threading, time
 module = sys.argv.pop(1)
 
@@ -121,7 +127,7 @@ def _children(pid: int) -> list[str]:
 
 def _interrupt_when(args: list[str], ready, env: dict, timeout: float = 180.0) -> tuple[int, str]:
     """Start ``pto ARGS``, wait until ``ready(pid)``, send it SIGINT; its exit status and stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "pto.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", _PTO_CLI, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PTO_PROGRESS_S": "0", **env})
     try:
         deadline = time.monotonic() + timeout
