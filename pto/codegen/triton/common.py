@@ -44,6 +44,9 @@ PDL_MODES = ("early", "late", "chain")
 #: tiles' loads through shared memory (``cp.async``) while this one computes, where a
 #: multiply-sum's loads are otherwise issued from registers tile by tile (checked by compiling
 #: for sm_90: a decode GEMV's loop gets its ``cp.async`` only flattened and with explicit stages).
+#: Measured slower on an H200's decode steps (one such program a multiprocessor reads less than
+#: the plain grid's eight: the 8B step 5.95 against 4.28 ms; docs/PERF.md, "GEMVs pipelined
+#: through shared memory"); the mechanism of the megakernel's runs.
 PERSISTENT_MODES = ("loop", "ws", "flat")
 #: the pipelining depth of a "flat" persistent loop (Triton's default depth)
 FLAT_STAGES = 3
