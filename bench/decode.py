@@ -411,8 +411,8 @@ def file_bytes(w) -> int:
 
 def prefill_ms(w, tokens: int, how: str | None = None, repeat: int = 3) -> float:
     """Milliseconds of the prefill of a ``tokens``-token prompt (the layer program, layer by
-    layer; quantized weights dequantized on the device a layer at a time, or with ``how``
-    "native" taken as stored: the Generator's ``quant_prefill``, None: ``$PTO_QUANT_PREFILL``),
+    layer; quantized weights dequantized on the device a layer at a time or taken as stored, as
+    ``how`` says: the Generator's ``quant_prefill``, None: ``$PTO_QUANT_PREFILL``, by default auto),
     the median of ``repeat`` after a first (compiling) one."""
     gen = Generator(w, "cuda", DType.BF16, quant_prefill=how)
     try:

@@ -108,16 +108,13 @@ def quant_prefill_mode(asked: str | None) -> str:
     return mode
 
 
-def stored_kinds(wtypes: WeightTypes, mode: str, device: str) -> WeightTypes:
+def prefill_kinds(wtypes: WeightTypes, mode: str, device: str) -> tuple[WeightTypes, WeightTypes]:
     """The quantized layer kinds of ``wtypes`` the prefill takes as stored under ``mode`` (a
-    :data:`QUANT_PREFILL`) on a ``device`` of that type; the others it dequantizes first."""
-    if mode == "dequantize":
-        return WeightTypes()
-    keep = {k: d for k, d in wtypes.types if k in STACKED and d.is_quantized}
-    if mode == "auto":
-        ok = NATIVE_PREFILL.get(device, frozenset())
-        keep = {k: d for k, d in keep.items() if d.short in ok}
-    return WeightTypes(tuple(keep.items()))
+    :data:`QUANT_PREFILL`) on a ``device`` of that type, and those it dequantizes first."""
+    ok = {"native": None, "dequantize": frozenset(), "auto": NATIVE_PREFILL.get(device, frozenset())}[mode]
+    layers = [(k, d) for k, d in wtypes.types if k in STACKED]
+    stored = tuple((k, d) for k, d in layers if ok is None or d.short in ok)
+    return WeightTypes(stored), WeightTypes(tuple(kd for kd in layers if kd not in stored))
 
 
 def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
@@ -190,9 +187,7 @@ class Generator:
             raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")
         #: the quantized kinds the prefill takes as stored (PTO_QUANT_PREFILL) and those it
         #: dequantizes first, and the layer's matrices of the first
-        self.stored = stored_kinds(self.wtypes, self.quant_prefill, torch.device(self.device).type)
-        self.dequantized = WeightTypes(tuple((k, d) for k, d in self.wtypes.types
-                                             if k in STACKED and k not in dict(self.stored.types)))
+        self.stored, self.dequantized = prefill_kinds(self.wtypes, self.quant_prefill, torch.device(self.device).type)
         self.native = layer_wtypes(self.stored)
         if self.native:
             self.layer_form = replace(self.layer_form, wtypes=self.native)

@@ -282,9 +282,10 @@ class TritonBackend(Backend):
         persistent tile loop (``self.persistent``) for a kernel whose loops multiply large tiles
         where ``cfg`` does not say."""
         opts = cfg.options(self.options)
+        if not self.persistent or "persistent" in dict(cfg.codegen):
+            return opts
         # ("flat": also the kernels with a parallel axis, the GEMVs, whose loops it pipelines)
-        takes = tma_memrefs(fn) or (self.persistent == "flat" and fn.parallel is not None)
-        if self.persistent and "persistent" not in dict(cfg.codegen) and takes:
+        if (self.persistent == "flat" and fn.parallel is not None) or tma_memrefs(fn):
             opts = replace(opts, persistent=self.persistent)
         return opts
 

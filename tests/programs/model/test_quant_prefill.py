@@ -130,17 +130,17 @@ def test_auto_takes_as_stored_the_types_measured_faster_so():
     """``auto``: q8_0 as stored on a GPU and a CPU, q4_1 on a CPU, the rest (q4_k, q4_0 here)
     dequantized first; ``native`` every quantized layer kind, ``dequantize`` none; the embedding
     and the LM head are never the prefill's."""
-    from pto.orchestration.llm.generate import stored_kinds
+    from pto.orchestration.llm.generate import prefill_kinds
     from pto.orchestration.model.quantized import WeightTypes
 
     q = dtype_of
     w = WeightTypes((("w_qkv", q("q8_0")), ("wo", q("q4_1")), ("wg", q("q4_k")), ("wu", q("q4_k")),
                      ("wd", q("q4_0")), ("lm_head", q("q8_0"))))
-    kinds = {(mode, dev): sorted(dict(stored_kinds(w, mode, dev).types)) for mode in ("auto", "native", "dequantize")
-             for dev in ("cuda", "cpu")}
-    assert kinds[("auto", "cuda")] == ["w_qkv"] and kinds[("auto", "cpu")] == ["w_qkv", "wo"]
-    assert kinds[("native", "cuda")] == kinds[("native", "cpu")] == ["w_qkv", "wd", "wg", "wo", "wu"]
-    assert kinds[("dequantize", "cpu")] == []
+    layers = ["w_qkv", "wd", "wg", "wo", "wu"]
+    for mode, dev, stored in (("auto", "cuda", ["w_qkv"]), ("auto", "cpu", ["w_qkv", "wo"]), ("auto", "mps", []),
+                              ("native", "cuda", layers), ("native", "cpu", layers), ("dequantize", "cpu", [])):
+        kept, rest = (sorted(dict(x.types)) for x in prefill_kinds(w, mode, dev))
+        assert kept == stored and rest == sorted(set(layers) - set(stored)), (mode, dev)
 
 
 @pytest.mark.slow
