@@ -11,7 +11,8 @@ A variant is comma-separated settings of the megakernel's environment: ``d=`` di
 (``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
-early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), e.g.
+early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), ``r=`` runs (``PTO_MK_RUNS``: ``auto``, a
+count, 0), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS``: in the
@@ -50,7 +51,7 @@ from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for,
 
 #: the short names of a variant's settings
 ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT",
-       "e": "PTO_MK_EARLY"}
+       "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS"}
 
 
 def variant_env(variant: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ priority order (:mod:`pto.exec.order`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -58,6 +59,11 @@ class Plan:
     worker: np.ndarray | None = None  # [k] int32: the program of each item in the list schedule
     #: [n] bool: the tasks this plan runs (a segment of a split plan, :meth:`segment`); None: all
     member: np.ndarray | None = None
+    #: [n] int64: the consecutive parallel indices a work item of each task runs (a run branch's
+    #: run, :func:`make_plan`'s ``runs``; 1 for every other), and each task's parallel extent
+    #: (at least 1); None: 1 everywhere, the extents the items
+    run: np.ndarray | None = None
+    parallel: np.ndarray | None = None
 
     @property
     def n_tasks(self) -> int:
@@ -174,6 +180,8 @@ class _Tables:
         self.task_tensor = np.zeros((n, maxm), np.int32)
         self.variant: list[IncoreFunction | None] = [None] * n
         self.work = np.zeros(n, np.int64)  # elements of a task's regions: the wave executor's "largest first"
+        self.run = np.ones(n, np.int64)  # parallel indices an item runs
+        self.parallel = np.ones(n, np.int64)  # a task's parallel extent
         self.cost = np.zeros(n)  # estimated ns per item
         self.branches: list[Branch] = []
         self.branch_ids: dict[tuple, int] = {}
@@ -181,16 +189,22 @@ class _Tables:
         self.offset = 0
 
     def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int,
-                    early: np.ndarray | None = None) -> None:
+                    early: np.ndarray | None = None, runs: int = 0) -> None:
         """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
         ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
         adds to the task's own specializations, ``flags``; ``early``: per task and tensor, no
-        predecessor writes it, in place of read-only for the early loads)."""
+        predecessor writes it, in place of read-only for the early loads; ``runs``: with a
+        parallel axis, each task's indices in at most that many runs of consecutive ones, a run
+        an item of a run branch; 0: an item an index)."""
         tens, reg, sca = args
-        rows, ext, even, align, self.cost[idx] = _task_tables(fn, tens, reg, sca, flags)
+        rows, ext, even, align, cost = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
         self.work[idx] = (reg[:, mem_k, 2] * reg[:, mem_k, 3]).sum(axis=1)
-        self.extent[idx] = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
+        ext = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
+        run = -(-ext // runs) if runs and fn.parallel is not None else np.ones_like(ext)
+        self.run[idx], self.parallel[idx] = run, ext
+        self.extent[idx] = -(-ext // run)  # its items
+        self.cost[idx] = cost * run
         self.group[idx] = group
         width = rows.shape[1]
         self.task_row[idx] = self.offset + np.arange(len(idx)) * width
@@ -206,14 +220,14 @@ class _Tables:
             reads = np.array([access[p.name].direction == "in" if p.name in access else False
                               for p in fn.memrefs], bool)
             pre = np.take_along_axis(early, own.astype(np.int64), axis=1) & reads[None, :]
-        keys = np.concatenate([even, align, tensor_flags[own, 0], pre], axis=1)
+        keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None]], axis=1)
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
             key = (fid, tuple(bool(x) for x in row))
             if key not in self.branch_ids:
                 self.branch_ids[key] = len(self.branches)
                 parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(4)]
-                self.branches.append(Branch(fn, *parts))
+                self.branches.append(Branch(fn, *parts, runs=bool(row[4 * m])))
             self.task_branch[idx[inv.reshape(-1) == u]] = self.branch_ids[key]
         for t in idx:
             self.variant[t] = fn
@@ -283,14 +297,31 @@ def resolve_early(choice: str | None) -> str:
     return env_choice(choice, "PTO_MK_EARLY", DEFAULT_EARLY, EARLY_RULES, "early-load rule")
 
 
+def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
+    """The most work items a task's parallel indices become (0: an item an index) that ``asked``
+    (the settings', else ``PTO_MK_RUNS``: a count, ``auto``, 0 or unset: off) means on a device of
+    ``multiprocessors``; UsageError naming anything else."""
+    text = str(asked if asked is not None else os.environ.get("PTO_MK_RUNS", "")).strip() or "0"
+    if text == "auto":
+        return 2 * multiprocessors
+    if not text.isdigit():
+        src = "runs" if asked is not None else "PTO_MK_RUNS"
+        raise UsageError(f"{src}={text!r}: the most work items of a task's runs, a count, auto or 0 (off)")
+    return int(text)
+
+
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
-              programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY) -> Plan:
+              programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY,
+              runs: int = 0) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
     programs, :func:`pto.exec.order.list_schedule`) or ``levels`` (:func:`pto.exec.order.item_order`
     alone); ``flags``: the specializations each task allows, the backend's rule; ``early``: which
-    memrefs an item loads before its wait, :data:`EARLY_RULES`)."""
+    memrefs an item loads before its wait, :data:`EARLY_RULES`; ``runs``: a task with a parallel
+    axis in at most that many work items of consecutive indices, each a run its branch loops
+    over, pipelined, after one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`; 0: an
+    item an index))."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if early not in EARLY_RULES:
@@ -311,7 +342,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
         base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
         t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0),
-                      None if before is None else ~before[idx])
+                      None if before is None else ~before[idx], runs)
     succ_ptr = ex.fanout_ptr.astype(np.int64)
     succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
     pending = np.bincount(succ, minlength=n).astype(np.int32)
@@ -327,8 +358,9 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
                              "persistent kernel's int32 indices hold; use --executor waves")
     return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
                 t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
-                t.variant, dict(launch_group), t.cost, programs, worker)
+                t.variant, dict(launch_group), t.cost, programs, worker, None,
+                t.run if (t.run > 1).any() else None, t.parallel)
 
 
 __all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
-           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early"]
+           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs"]

@@ -97,8 +97,9 @@ def test_the_descriptors_say_which_tasks_wait():
     try:
         plan = runner.executor.plan
         d = item_descriptors(plan)
-        assert d.shape == (plan.n_items, 5)
+        assert d.shape == (plan.n_items, 6)
         assert np.array_equal(d[:, 4], (plan.pending[plan.items[:, 0]] > 0).astype(np.int64))
+        assert (d[:, 5] == 1).all()  # (an item an index: no runs)
         assert 0 < d[:, 4].sum() < plan.n_items
     finally:
         runner.close()

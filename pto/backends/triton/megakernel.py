@@ -70,6 +70,13 @@ class MegakernelSettings:
     #: which memrefs an item loads before its wait (:data:`pto.exec.plan.EARLY_RULES`; None:
     #: ``PTO_MK_EARLY``, else :data:`pto.exec.plan.DEFAULT_EARLY`); the persistent executor reads it
     early: str | None = None
+    #: a task with a parallel axis in at most this many work items, each a run of consecutive
+    #: indices its branch loops over, pipelined through shared memory, after one wait
+    #: (:attr:`pto.codegen.triton.megakernel.Branch.runs`): a number, ``auto`` (two a
+    #: multiprocessor: one round of the two programs a multiprocessor the decode steps' kernels
+    #: hold) or 0, off (None: ``PTO_MK_RUNS``, else 0); the persistent executor reads it
+    #: (:func:`pto.exec.plan.resolve_runs`)
+    runs: int | str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -168,14 +175,20 @@ def occupancy(backend, plan) -> tuple[tuple[str, ...], np.ndarray]:
 def item_descriptors(plan, order: np.ndarray | None = None) -> np.ndarray:
     """The kernel's ``items``: per work item, in queue order (or the queue indices ``order``:
     the programs' streams), (task, parallel index, the task's branch, its row's offset in the
-    table, 1 if the task has predecessors), int64 ``[n_items, ITEM_COLS]`` (at least one row)."""
+    table, 1 if the task has predecessors, the parallel indices it runs: a run's, else 1), int64
+    ``[n_items, ITEM_COLS]`` (at least one row)."""
     out = np.zeros((max(plan.n_items, 1), ITEM_COLS), np.int64)
+    out[:, 5] = 1
     if plan.n_items:
         items = plan.items if order is None else plan.items[order]
         task = items[:, 0].astype(np.int64)
         out[:, 0], out[:, 1] = task, items[:, 1]
         out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
         out[:, 4] = plan.pending[task] > 0
+        if plan.run is not None:  # an item of a run: its first index, and how many from it
+            run = plan.run[task]
+            out[:, 1] = items[:, 1] * run
+            out[:, 5] = np.minimum(run, plan.parallel[task] - out[:, 1])
     return out
 
 

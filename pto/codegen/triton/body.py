@@ -22,6 +22,7 @@ from __future__ import annotations
 from pto.codegen.triton import quant_groups
 from pto.codegen.triton.common import (
     ALIGN,
+    FLAT_STAGES,
     NAN_SOURCE,
     PDL_SIGNAL,
     PDL_WAIT,
@@ -232,13 +233,19 @@ class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None,
-                 megakernel: bool = False):
+                 megakernel: bool = False, runs: bool = False):
         # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
         fn, self.copies = separate_operand_loads(fn)
         #: the megakernel's form (:data:`MK_PARAMS`): the function waits for its task's
         #: predecessors itself, after the loads of ``opts.pre`` that may come first and the L2
         #: prefetch of those in its loops, and returns whether the wait succeeded and when it ended
         self.mk = megakernel
+        #: (the megakernel's form, a function with a parallel axis) the function runs a run of
+        #: ``n_run`` consecutive parallel indices from its first, one wait for all: a loop over
+        #: them flattened with the function's own and pipelined ``stages`` deep (else
+        #: :data:`FLAT_STAGES`), so the next indices' tiles stream into shared memory while this
+        #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early
+        self.runs = runs and megakernel and fn.parallel is not None
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
@@ -260,7 +267,7 @@ class BodyRenderer(TileOps):
         self.tmp = 0
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
-        self.pre = frozenset(opts.pre) if opts.pdl or megakernel else frozenset()
+        self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
         self.read_only = frozenset(n for n, a in param_access(fn).items() if a.direction == "in") if megakernel \
@@ -347,7 +354,7 @@ class BodyRenderer(TileOps):
         if fn.parallel is not None:
             pvar = f"i_{fn.parallel.var}"
             self.names[fn.parallel.var] = pvar
-            params.append(pvar)
+            params.append(f"{pvar}0, n_run" if self.runs else pvar)
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
         params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in self.tma]
@@ -371,23 +378,31 @@ class BodyRenderer(TileOps):
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
+        if self.runs:  # one wait, then the run's loop (the body's statements each index)
+            self.emit(MK_WAIT)
+            pvar = self.names[fn.parallel.var]
+            # (the index from the run's first, a tensor: under the interpreter a loop's variable is an int)
+            self.emit(f"for _r in tl.range(0, n_run, num_stages={self.stages or FLAT_STAGES}, flatten=True):")
+            self.depth += 1
+            self.emit(f"{pvar} = {pvar}0 + _r")
         if guarded:
             # a task's own extent may be below the grid's (a constant extent is the grid itself)
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
-        self.waiting = bool(self.early) or self.mk
+        self.waiting = bool(self.early) or (self.mk and not self.runs)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
             self.wait(())
         if self.mk:
             self.depth = 1
-            if guarded:  # an item with nothing to do (a task of extent 0) still waits before it releases
+            if guarded and not self.runs:  # an item with nothing to do (a task of extent 0) still waits
                 self.emit("else:")
                 self.emit("    " + MK_WAIT)
             self.emit("return _ok, _t0")
-        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "")
+        name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
+            + ("__run" if self.runs else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
@@ -481,7 +496,9 @@ class BodyRenderer(TileOps):
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
-        if self.stages is None:
+        if self.runs:  # (flattened into the run's loop, which carries the pipelining depth)
+            self.emit(f"for {var} in tl.range({bounds}):")
+        elif self.stages is None:
             self.emit(f"for {var} in range({bounds}):")
         else:
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")

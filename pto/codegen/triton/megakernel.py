@@ -19,8 +19,9 @@ Kernel contract (argument order):
 
 - ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order (ranged dispatch: grouped by
   program, each program's in queue order): an item's descriptor, (task, parallel index, the task's
-  branch, the offset of its row in ``tab``, 1 if the task has predecessors), so that one round
-  trip to memory gives what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue
+  branch, the offset of its row in ``tab``, 1 if the task has predecessors, the parallel indices
+  the item runs from its own: 1, or a run branch's run), so that one round trip to memory gives
+  what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue
   head (0 before a run; with ranged dispatch each program adds the items it ran at its end);
   ``stream`` int64 ``[programs + 1]``: program k's range of ``items`` (ranged dispatch);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
@@ -70,8 +71,9 @@ KERNEL = "pto_persistent"
 #: atomic, and every program must be resident at once; both read a program's items as a range of
 #: the uploaded item table (the same kernel source)
 DISPATCH = ("queue", "static", "stream")
-#: int64 columns of an item's descriptor: task, parallel index, branch, table row, has predecessors
-ITEM_COLS = 5
+#: int64 columns of an item's descriptor: task, parallel index, branch, table row, has
+#: predecessors, and the parallel indices it runs from its own (1; a run branch's run, :attr:`Branch.runs`)
+ITEM_COLS = 6
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,10 @@ class Branch:
     # per memref: no task of the graph writes any task's tensor (weights, tables): the item loads
     # it, or prefetches it into L2, before it waits for its predecessors
     pre: tuple[bool, ...] = ()
+    #: an item runs a run of consecutive parallel indices of its task (its descriptor's count),
+    #: in one pipelined loop after one wait (:class:`pto.codegen.triton.body.BodyRenderer`'s
+    #: ``runs``; the plan's ``runs``); nothing loads before the wait
+    runs: bool = False
 
     @property
     def early(self) -> tuple[str, ...]:
@@ -192,7 +198,8 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
     devices: dict[str, list[str]] = {}
     calls = []
     for k, b in enumerate(branches):
-        r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True)
+        r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True,
+                         runs=b.runs)
         name, lines = r.device_function()
         devices.setdefault(name, lines)
         args, loads = [], []
@@ -208,7 +215,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
         args.append("pending + task, on, err, clock, tracing, MAX_POLLS, GPU_CLOCK, PREFETCH")
         if b.fn.parallel is not None:
-            args.insert(0, "p")
+            args.insert(0, "p, n" if r.runs else "p")
         calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
     return devices, calls
 
@@ -273,10 +280,11 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
 
 def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[str]:
     """The loads of item ``index``'s descriptor (clamped into the table) into ``task``, ``p``,
-    ``branch``, ``roff`` and ``waits`` (each name with ``suffix``)."""
+    ``branch``, ``roff``, ``waits`` and ``n`` (each name with ``suffix``)."""
     out = [f"{ptr} = items + {ITEM_COLS} * tl.maximum(tl.minimum({index}, n_items - 1), 0).to(tl.int64)"]
     for col, (name, cast) in enumerate((("task", ".to(tl.int32)"), ("p", ".to(tl.int32)"),
-                                        ("branch", ".to(tl.int32)"), ("roff", ""), ("waits", ""))):
+                                        ("branch", ".to(tl.int32)"), ("roff", ""), ("waits", ""),
+                                        ("n", ".to(tl.int32)"))):
         out.append(f"{name}{suffix} = tl.load({ptr}{f' + {col}' if col else ''}){cast}")
     return [indent + line for line in out]
 
@@ -323,7 +331,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
         "            i = i_next",
         "            taken += 1",
         "            running = i < end",
-        "            task, p, branch, roff, waits = task_n, p_n, branch_n, roff_n, waits_n",
+        "            task, p, branch, roff, waits, n = task_n, p_n, branch_n, roff_n, waits_n, n_n",
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
         "            # reports the task it waited on; every program stops",

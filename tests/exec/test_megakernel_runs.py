@@ -1,0 +1,145 @@
+"""Runs (``PTO_MK_RUNS``, :attr:`pto.codegen.triton.megakernel.Branch.runs`): a task with a
+parallel axis as at most N work items of consecutive indices, each run by its branch in one loop
+after one wait, the loop flattened with the function's own and software-pipelined, so that the
+next indices' weights stream through shared memory (Triton 3.6 pipelines a multiply-sum's loads
+only so). The plan's items cover every index of every task once; the rendered branch waits once,
+before its loop, and loads nothing early; under the Triton interpreter the persistent executor's
+outputs are the wave executor's, bit for bit; the megakernel of a real decode step compiles for
+sm_90 with more asynchronous copies than without runs."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pto.errors import UsageError  # noqa: E402
+from pto.exec.plan import resolve_runs  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _decode_plan(config: str, runs: int, target: str | None = None):
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.backends.triton import TritonBackend
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg = CONFIGS[config]
+    tg = get(target) if target else None
+    t = tiling_for_executor(cfg, "persistent", tg)
+    m = build_step(cfg, DType.BF16 if target else DType.F32, tg, 1, t, cache=1024 if target else 64)
+    g = build_module_graph(m, {"B": 1, "C": 1024 if target else 64}).graph
+    return make_plan(g, list(g.tensor_ids), {}, flags=TritonBackend("cpu").task_flags, runs=runs)
+
+
+@pytest.mark.parametrize("runs", [0, 1, 2, 3, 7])
+def test_the_items_cover_every_index_of_every_task_once(runs):
+    """Each task's descriptors (first index, count) tile its parallel extent exactly; a task is
+    at most ``runs`` items; only variants with a parallel axis and a run longer than one index
+    take a run branch, and their tasks take it."""
+    from pto.backends.triton.megakernel import item_descriptors
+
+    plan = _decode_plan("tiny", runs)
+    d = item_descriptors(plan)
+    parallel = plan.parallel
+    for t in range(plan.n_tasks):
+        mine = d[d[:, 0] == t]
+        covered = np.concatenate([np.arange(p, p + n) for p, n in mine[:, [1, 5]]])
+        assert sorted(covered.tolist()) == list(range(parallel[t])), t
+        if runs:
+            assert len(mine) <= max(runs, 1)
+        branch = plan.branches[plan.task_branch[t]]
+        assert branch.runs == (len(mine) < parallel[t]), t
+        assert (mine[:, 5] > 1).any() == branch.runs
+    assert (plan.run is None) == (runs in (0,) or all(not b.runs for b in plan.branches))
+    if runs == 0:
+        assert (d[:, 5] == 1).all() and plan.n_items == int(parallel.sum())
+
+
+def test_a_run_branch_waits_once_before_its_pipelined_loop():
+    from pto.codegen.triton.megakernel import render_megakernel
+
+    plan = _decode_plan("tiny", 2)
+    run = [b for b in plan.branches if b.runs]
+    plain = [b for b in plan.branches if not b.runs and b.fn.parallel is not None]
+    assert run and plain
+    src = render_megakernel(plan.branches, dispatch="static").source
+    for b in run:
+        name = f"d_{b.fn.variant_name}__mk__run("
+        body = src[src.index(name):]
+        body = body[:body.index("\n\n\n")]
+        wait, loop = body.index("_pto_wait("), body.index("for _r in tl.range(0, n_run, num_stages=")
+        assert wait < loop and body.count("_pto_wait(") == 1 and "flatten=True" in body
+        assert "_prefetch_l2" not in body[:wait]  # nothing early: the loop's loads all come after
+        assert f"{name[:-1]}(row, p, n," in src
+    for b in plain:
+        assert f"d_{b.fn.variant_name}__mk(row, p," in src
+
+
+def test_the_setting_takes_counts_auto_and_off(monkeypatch):
+    monkeypatch.delenv("PTO_MK_RUNS", raising=False)
+    assert resolve_runs(None, 132) == 0
+    assert resolve_runs("auto", 132) == 264 and resolve_runs(5, 132) == 5
+    monkeypatch.setenv("PTO_MK_RUNS", "auto")
+    assert resolve_runs(None, 4) == 8
+    monkeypatch.setenv("PTO_MK_RUNS", "many")
+    with pytest.raises(UsageError, match=r"PTO_MK_RUNS='many': the most work items of a task's runs"):
+        resolve_runs(None, 132)
+    with pytest.raises(UsageError, match=r"runs='-1': "):
+        resolve_runs("-1", 132)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("program,seq,options,runs", [("model", None, {}, "2"), ("model", None, {}, "3"),
+                                                      ("llama7b", 40, {"attention": "split"}, "2")],
+                         ids=["decode-2", "decode-3", "llama7b-split-2"])
+def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs, monkeypatch):
+    from pto.engine import Runner, resolve
+
+    def run(executor):
+        job = resolve(program, device="cpu", backend="triton", executor=executor, options=options)
+        runner = Runner(job, seq)
+        try:
+            inputs = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=3)
+            out = {k: v.clone() for k, v in runner(inputs).items()}
+            return out, getattr(runner.executor, "plan", None)
+        finally:
+            runner.close()
+
+    want, _ = run("waves")
+    monkeypatch.setenv("PTO_MK_RUNS", runs)
+    got, plan = run("persistent")
+    assert plan.run is not None and any(b.runs for b in plan.branches)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.slow
+def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
+    """The 1B shape's step in the megakernel's tiles: its q, k, v and gate/up tasks in runs (two
+    a multiprocessor's worth of items), compiled by Triton for an H100/H200 (sm_90): more
+    ``cp.async`` copies than the same kernel without runs (the runs' loops pipelined)."""
+    from pto.codegen.triton.megakernel import render_megakernel
+    from tests.sm90 import compile_sm90, megakernel_job
+
+    counts = []
+    for runs in (0, 264):
+        plan = _decode_plan("llama3.2-1b", runs, "cuda_h200")
+        assert any(b.runs for b in plan.branches) == bool(runs)
+        k = render_megakernel(plan.branches, dispatch="static", stages={b.fn.variant_name: 2 for b in plan.branches})
+        (tmp_path / str(runs)).mkdir()
+        (res,) = compile_sm90([megakernel_job(k, {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True})],
+                              tmp_path / str(runs))
+        assert res["ok"], res.get("error")
+        counts.append(res["ptx"].count("cp.async.cg") + res["ptx"].count("cp.async.ca"))
+    assert counts[1] > counts[0], counts
