@@ -17,17 +17,35 @@ import numpy as np
 import torch
 
 from pto.codegen.triton.megakernel import Branch
-from pto.errors import ExecutionError, UsageError
+from pto.errors import BuildError, ExecutionError, UsageError
 from pto.exec.cost import item_costs
 from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
 from pto.ir.analysis import param_access
 from pto.ir.expr import evaluate
-from pto.ir.nodes import IncoreFunction
+from pto.ir.facts import tile_shape
+from pto.ir.nodes import IncoreFunction, walk_instrs
+from pto.ir.ops import MATMUL
 
 _INT32_MAX = 2**31 - 1
 #: (function, per-task environment of int64 vectors, regions [size, memrefs, 4]) -> per-task
 #: (every access inside the region, the region column-aligned) [size, memrefs] bool each
 FlagRule = Callable[[IncoreFunction, dict, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def takes_runs(fn: IncoreFunction) -> bool:
+    """May ``fn``'s work items be runs (:func:`make_plan`'s ``runs``)? It has a parallel axis and
+    its products are multiply-sums (each product's left tile under 16 rows: a GEMV's), whose
+    loads Triton pipelines only in a flattened loop; a tensor-core product's loop is pipelined
+    already, and flattening a GEMM's made the 7B layer's residual projection 60 times slower
+    (docs/PERF.md, "Twelfth session")."""
+    if fn.parallel is None:
+        return False
+    tiles, dims = {t.name: t for t in fn.tiles}, dict(fn.variant)
+    products = [i for i in walk_instrs(fn.body) if i.op in MATMUL]
+    try:
+        return bool(products) and all(tile_shape(tiles[i.srcs[0]], dims)[0] < 16 for i in products)
+    except BuildError:  # a tile of unbound rows: not a GEMV's
+        return False
 
 
 def no_flags(fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,15 +211,15 @@ class _Tables:
         """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
         ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
         adds to the task's own specializations, ``flags``; ``early``: per task and tensor, no
-        predecessor writes it, in place of read-only for the early loads; ``runs``: with a
-        parallel axis, each task's indices in at most that many runs of consecutive ones, a run
+        predecessor writes it, in place of read-only for the early loads; ``runs``: a GEMV's
+        (:func:`takes_runs`) tasks' indices in at most that many runs of consecutive ones, a run
         an item of a run branch; 0: an item an index)."""
         tens, reg, sca = args
         rows, ext, even, align, cost = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
         self.work[idx] = (reg[:, mem_k, 2] * reg[:, mem_k, 3]).sum(axis=1)
         ext = np.maximum(ext, 1)  # a task with nothing to do still completes (one no-op item)
-        run = -(-ext // runs) if runs and fn.parallel is not None else np.ones_like(ext)
+        run = -(-ext // runs) if runs and takes_runs(fn) else np.ones_like(ext)
         self.run[idx], self.parallel[idx] = run, ext
         self.extent[idx] = -(-ext // run)  # its items
         self.cost[idx] = cost * run
@@ -318,8 +336,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
     programs, :func:`pto.exec.order.list_schedule`) or ``levels`` (:func:`pto.exec.order.item_order`
     alone); ``flags``: the specializations each task allows, the backend's rule; ``early``: which
-    memrefs an item loads before its wait, :data:`EARLY_RULES`; ``runs``: a task with a parallel
-    axis in at most that many work items of consecutive indices, each a run its branch loops
+    memrefs an item loads before its wait, :data:`EARLY_RULES`; ``runs``: a task of a GEMV
+    (:func:`takes_runs`) in at most that many work items of consecutive indices, each a run its branch loops
     over, pipelined, after one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`; 0: an
     item an index))."""
     if order not in ("list", "levels"):
@@ -363,4 +381,4 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
 
 
 __all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
-           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs"]
+           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "takes_runs"]

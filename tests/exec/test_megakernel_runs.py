@@ -2,7 +2,7 @@
 parallel axis as at most N work items of consecutive indices, each run by its branch in one loop
 after one wait, the loop flattened with the function's own and software-pipelined, so that the
 next indices' weights stream through shared memory (Triton 3.6 pipelines a multiply-sum's loads
-only so). The plan's items cover every index of every task once; the rendered branch waits once,
+only so; a GEMV's tasks only). The plan's items cover every index of every task once; the rendered branch waits once,
 before its loop, and loads nothing early; under the Triton interpreter the persistent executor's
 outputs are the wave executor's, bit for bit; the megakernel of a real decode step compiles for
 sm_90 with more asynchronous copies than without runs."""
@@ -98,11 +98,29 @@ def test_the_setting_takes_counts_auto_and_off(monkeypatch):
         resolve_runs("-1", 132)
 
 
+def test_only_the_gemvs_take_runs():
+    """A decode step's projections and LM head (products of one row: multiply-sums) take runs;
+    a prefill layer's GEMMs (tensor-core tiles of 16 rows and more, pipelined already) and
+    functions without a parallel axis do not."""
+    from pto.engine import Runner, resolve
+    from pto.exec.plan import takes_runs
+
+    plan = _decode_plan("tiny", 2)
+    by_name = {b.fn.name: takes_runs(b.fn) for b in plan.branches}
+    assert by_name["gemv_norm_swiglu_tile"] and by_name["lmhead_argmax_tile"]
+    assert not by_name["decode_attn_part"] and not by_name["embed_row"]
+    runner = Runner(resolve("llama7b", device="cpu", backend="triton", executor="waves"), 40)
+    try:
+        gemms = [fn for fn in runner.graph.variants if fn.name.startswith("matmul")]
+        assert gemms and not any(takes_runs(fn) for fn in gemms)
+    finally:
+        runner.close()
+
+
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter (TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("program,seq,options,runs", [("model", None, {}, "2"), ("model", None, {}, "3"),
-                                                      ("llama7b", 40, {"attention": "split"}, "2")],
-                         ids=["decode-2", "decode-3", "llama7b-split-2"])
+@pytest.mark.parametrize("program,seq,options,runs", [("model", None, {}, "2"), ("model", None, {}, "3")],
+                         ids=["decode-2", "decode-3"])
 def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs, monkeypatch):
     from pto.engine import Runner, resolve
 

@@ -70,9 +70,9 @@ class MegakernelSettings:
     #: which memrefs an item loads before its wait (:data:`pto.exec.plan.EARLY_RULES`; None:
     #: ``PTO_MK_EARLY``, else :data:`pto.exec.plan.DEFAULT_EARLY`); the persistent executor reads it
     early: str | None = None
-    #: a task with a parallel axis in at most this many work items, each a run of consecutive
-    #: indices its branch loops over, pipelined through shared memory, after one wait
-    #: (:attr:`pto.codegen.triton.megakernel.Branch.runs`): a number, ``auto`` (two a
+    #: a GEMV's task (:func:`pto.exec.plan.takes_runs`) in at most this many work items, each a
+    #: run of consecutive indices its branch loops over, pipelined through shared memory, after
+    #: one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`): a number, ``auto`` (two a
     #: multiprocessor: one round of the two programs a multiprocessor the decode steps' kernels
     #: hold) or 0, off (None: ``PTO_MK_RUNS``, else 0); the persistent executor reads it
     #: (:func:`pto.exec.plan.resolve_runs`)
