@@ -87,8 +87,10 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
 
 def test_the_setting_takes_counts_auto_and_off(monkeypatch):
     monkeypatch.delenv("PTO_MK_RUNS", raising=False)
+    assert resolve_runs(None, 132) == 264  # the default, auto: two a multiprocessor
+    assert resolve_runs("auto", 132) == 264 and resolve_runs(5, 132) == 5 and resolve_runs(0, 132) == 0
+    monkeypatch.setenv("PTO_MK_RUNS", "0")
     assert resolve_runs(None, 132) == 0
-    assert resolve_runs("auto", 132) == 264 and resolve_runs(5, 132) == 5
     monkeypatch.setenv("PTO_MK_RUNS", "auto")
     assert resolve_runs(None, 4) == 8
     monkeypatch.setenv("PTO_MK_RUNS", "many")

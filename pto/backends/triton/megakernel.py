@@ -74,8 +74,8 @@ class MegakernelSettings:
     #: run of consecutive indices its branch loops over, pipelined through shared memory, after
     #: one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`): a number, ``auto`` (two a
     #: multiprocessor: one round of the two programs a multiprocessor the decode steps' kernels
-    #: hold) or 0, off (None: ``PTO_MK_RUNS``, else 0); the persistent executor reads it
-    #: (:func:`pto.exec.plan.resolve_runs`)
+    #: hold) or 0, off (None: ``PTO_MK_RUNS``, else :data:`pto.exec.plan.DEFAULT_RUNS`); the
+    #: persistent executor reads it (:func:`pto.exec.plan.resolve_runs`)
     runs: int | str | None = None
 
 
