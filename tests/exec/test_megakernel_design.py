@@ -18,6 +18,7 @@ from pto.exec.order import Dag, levels, list_schedule, streams
 from pto.exec.plan import make_plan, written_tensors
 from pto.machine.target import get as target
 from pto.runtime.graph import CompiledProgram
+from tests.exec.megakernel_source import called, device_function
 
 
 def _random_dag(rng, n: int, p: float) -> Dag:
@@ -106,13 +107,6 @@ def test_the_tensors_no_task_writes_are_the_programs_inputs():
     assert {n for n, w in zip(names, written) if w} == {n for n in names if roles[n] != "input"}
 
 
-def _device_function(source: str, name: str) -> str:
-    """The source of the device function ``name`` (up to the next top-level definition)."""
-    m = re.search(rf"^def {re.escape(name)}\(.*?(?=^@triton\.jit|\Z)", source, re.S | re.M)
-    assert m, name
-    return m.group(0)
-
-
 def test_operands_no_task_writes_load_before_the_wait():
     """In the decode step's megakernel (SmolLM2's shape, bf16), each projection loads its weights
     and gain before it waits for its predecessors (a one-step K loop: into registers) and its
@@ -137,7 +131,10 @@ def test_operands_no_task_writes_load_before_the_wait():
     assert by_name["decode_attn_part"].early == ()
     src = render_megakernel(plan.branches, dispatch="stream").source
     wait = "_ok, _t0 = _pto_wait("
-    swiglu = _device_function(src, f"d_{by_name['gemv_norm_swiglu_tile'].fn.variant_name}__mk")
+    def function(name: str) -> str:  # the device function the branch of that InCore function calls
+        return device_function(src, called(src, plan.branches.index(by_name[name])))
+
+    swiglu = function("gemv_norm_swiglu_tile")
     assert swiglu.count(wait) == 1
     before, after = swiglu.split(wait)
     def loads(text: str, mem: str) -> bool:  # a tile load's addresses from memref ``mem``
@@ -145,12 +142,43 @@ def test_operands_no_task_writes_load_before_the_wait():
 
     assert loads(before, "wg") and loads(before, "wu") and loads(before, "g")
     assert not loads(before, "x") and loads(after, "x")
-    head = _device_function(src, f"d_{by_name['lmhead_argmax_tile'].fn.variant_name}__mk")
+    head = function("lmhead_argmax_tile")
     before, after = head.split(wait)
     assert "if GPU and PREFETCH >= 1:" in before and "_prefetch_l2(" in before and "_prefetch_l2(" not in after
-    part = _device_function(src, f"d_{by_name['decode_attn_part'].fn.variant_name}__mk")
+    part = function("decode_attn_part")
     before, _ = part.split(wait)
     assert "tl.load(_p" not in before and "_prefetch_l2(" not in before
+
+
+@pytest.mark.parametrize("attention", ["fused", "split"])
+def test_each_branch_runs_the_body_rendered_for_it(attention):
+    """Branches of one InCore variant that load different memrefs before their wait (the 7B
+    layer's first norm reads the layer's input, which no task writes, its second the residual
+    sum, which a predecessor writes) call device functions of their own: each branch's call is
+    to the function rendered for that branch alone, text for text. (One name for both had let a
+    branch run another's body, loading before its wait what a predecessor writes.)"""
+    from dataclasses import replace
+
+    from pto.codegen.triton.body import BodyRenderer
+    from pto.codegen.triton.common import RenderOptions
+
+    prog = programs.get("llama7b")
+    s = prog.settings(device="cuda", dtype="bf16", target=target("cuda_h200"), config="tiny", attention=attention)
+    graph = CompiledProgram.get(prog.build(s), target=s.target).build_graph(prog.scalars(s, prog.shape(40)))
+    try:
+        plan = make_plan(graph, list(graph.tensor_ids), {})
+    finally:
+        graph.close()
+    variants = {}
+    for b in plan.branches:
+        variants.setdefault(b.fn.variant_name, set()).add(b.early)
+    assert any(len(e) > 1 for e in variants.values())  # the case this guards: one variant, two early sets
+    src = render_megakernel(plan.branches).source
+    for k, b in enumerate(plan.branches):
+        name, lines = BodyRenderer(b.fn, replace(RenderOptions(), pre=b.early), None, megakernel=True,
+                                   runs=b.runs).device_function()
+        assert called(src, k) == name, (k, b.fn.variant_name, b.early)
+        assert "\n".join(lines) in src, name
 
 
 def test_prefetch_two_fetches_attentions_keys_before_its_wait():
@@ -175,7 +203,7 @@ def test_prefetch_two_fetches_attentions_keys_before_its_wait():
             plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, early=rule)
             part = next(b for b in plan.branches if b.fn.name == "decode_attn_part")
             src = render_megakernel(plan.branches, dispatch="static").source
-            before, _ = _device_function(src, f"d_{part.fn.variant_name}__mk").split(wait)
+            before, _ = device_function(src, called(src, plan.branches.index(part))).split(wait)
             assert ("if GPU and PREFETCH >= 2:" in before) == level2, rule
             assert "PREFETCH >= 1" not in before
             assert (re.search(r"_fp\d+ = tl.where\(.*P_kc \+", before) is not None) == level2

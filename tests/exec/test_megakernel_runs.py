@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from pto.errors import UsageError  # noqa: E402
 from pto.exec.plan import resolve_runs  # noqa: E402
+from tests.exec.megakernel_source import called, device_function  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -74,15 +75,16 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
     assert run and plain
     src = render_megakernel(plan.branches, dispatch="static").source
     for b in run:
-        name = f"d_{b.fn.variant_name}__mk__run("
-        body = src[src.index(name):]
-        body = body[:body.index("\n\n\n")]
+        name = called(src, plan.branches.index(b))
+        assert name.endswith("__run")
+        body = device_function(src, name)
         wait, loop = body.index("_pto_wait("), body.index("for _r in tl.range(0, n_run, num_stages=")
         assert wait < loop and body.count("_pto_wait(") == 1 and "flatten=True" in body
         assert "_prefetch_l2" not in body[:wait]  # nothing early: the loop's loads all come after
-        assert f"{name[:-1]}(row, p, n," in src
+        assert f"{name}(row, p, n," in src
     for b in plain:
-        assert f"d_{b.fn.variant_name}__mk(row, p," in src
+        name = called(src, plan.branches.index(b))
+        assert not name.endswith("__run") and f"{name}(row, p," in src
 
 
 def test_the_setting_takes_counts_auto_and_off(monkeypatch):

@@ -401,8 +401,11 @@ class BodyRenderer(TileOps):
                 self.emit("else:")
                 self.emit("    " + MK_WAIT)
             self.emit("return _ok, _t0")
+        # (the memrefs loaded before the wait are in the name: two branches of one variant that
+        # differ in them are two device functions, each loading early only what it may)
+        early = sum(1 << k for k, p in enumerate(fn.memrefs) if p.name in self.pre) if self.mk else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
-            + ("__run" if self.runs else "")
+            + (f"_e{early}" if early else "") + ("__run" if self.runs else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
