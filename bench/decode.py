@@ -1,5 +1,5 @@
 """Decode speed: milliseconds per token of one step of a whole model (every sequence of the batch
-one new token), ours against transformers in the same process, random weights of the real
+one new token), ours against transformers in the same run, random weights of the real
 configurations (bf16, a GPU).
 
     python bench/decode.py [--configs smollm2-135m,llama3-8b] [--batches 1,8,32] [--cache 1024]
@@ -9,9 +9,10 @@ configurations (bf16, a GPU).
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
 as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
 between steps), each executor. The cache is filled to half its capacity first (random keys and
-values: the speed of attention depends on the length, not the values). transformers: its
-LlamaForCausalLM with a static cache, ``torch.compile(mode="reduce-overhead")`` of the one-token
-forward, the same positions, timed the same way. The HBM floor: the bytes every step must read
+values: the speed of attention depends on the length, not the values). transformers, in a child
+process (a crash of its compiled step is its row's error): its LlamaForCausalLM with a static
+cache, ``torch.compile(mode="reduce-overhead")`` of the one-token forward, the same positions,
+timed the same way. The HBM floor: the bytes every step must read
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
 here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
 run's scheduling cost per work item (``item_gap_us``),
@@ -275,6 +276,29 @@ def transformers_step(cfg, batch: int, cache: int, steps: int) -> dict:
     return {"ms": round(ms, 4), "compile_s": round(compile_s, 1)}
 
 
+def transformers_in_child(config: str, batch: int, cache: int, steps: int) -> dict:
+    """:func:`transformers_step` in a child process of this script (``--transformers-step``): a
+    crash of transformers' compiled step (inductor's launcher has died of a segmentation fault
+    on the H200's torch 2.11 with transformers 5.17) is its row's error, ours are kept."""
+    return child_json([sys.executable, __file__, "--transformers-step", f"{config},{batch},{cache},{steps}"])
+
+
+def child_json(cmd: list[str]) -> dict:
+    """The JSON object the last line of ``cmd``'s output is; RuntimeError saying how the process
+    ended (the signal that killed it, or its exit status and last line of errors) where it printed none."""
+    import signal
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines and lines[-1].startswith("{"):
+        return json.loads(lines[-1])
+    how = f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 \
+        else f"exited with status {proc.returncode}"
+    last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    raise RuntimeError(f"the child process {how}" + (f": {last}" if last else ""))
+
+
 def floor_ms(cfg, batch: int, cache: int, bw: float) -> float:
     c = cfg.layer
     params = cfg.vocab * c.hidden + cfg.layers * (  # the LM head, not the embedding (a row per token)
@@ -319,7 +343,12 @@ def main(argv=None) -> int:
                     help="under torchrun: the PTO_COLLECTIVES modes ours runs with (default auto,group)")
     ap.add_argument("--lm-heads", default="parallel",
                     help="under torchrun: the LM heads ours runs with, parallel and/or replicated (default parallel)")
+    ap.add_argument("--transformers-step", default=None, help=argparse.SUPPRESS)  # CONFIG,BATCH,CACHE,STEPS
     args = ap.parse_args(argv)
+    if args.transformers_step:  # (transformers_in_child's child: one JSON line)
+        config, batch, cache, steps = args.transformers_step.split(",")
+        print(json.dumps(transformers_step(CONFIGS[config], int(batch), int(cache), int(steps))), flush=True)
+        return 0
     env = dist.environment()
     if env is not None and env.world > 1:
         return main_tp(args, env.world)
@@ -350,7 +379,7 @@ def main(argv=None) -> int:
                     torch.cuda.empty_cache()
             if hf_wanted(args, name, batch):
                 try:
-                    row["transformers"] = transformers_step(cfg, batch, cache, args.steps)
+                    row["transformers"] = transformers_in_child(name, batch, cache, args.steps)
                 except Exception as e:  # another transformers: say so, keep ours
                     row["transformers_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 torch.cuda.empty_cache()
