@@ -207,13 +207,14 @@ class _Tables:
         self.offset = 0
 
     def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int,
-                    early: np.ndarray | None = None, runs: int = 0) -> None:
+                    early: np.ndarray | None = None, runs: int = 0, l2: np.ndarray | None = None) -> None:
         """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
         ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
         adds to the task's own specializations, ``flags``; ``early``: per task and tensor, no
         predecessor writes it, in place of read-only for the early loads; ``runs``: a GEMV's
         (:func:`takes_runs`) tasks' indices in at most that many runs of consecutive ones, a run
-        an item of a run branch; 0: an item an index)."""
+        an item of a run branch; 0: an item an index; ``l2``: per task, whether it may prefetch
+        into L2 before its wait, :attr:`Branch.prefetch`, all by default)."""
         tens, reg, sca = args
         rows, ext, even, align, cost = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
@@ -238,14 +239,16 @@ class _Tables:
             reads = np.array([access[p.name].direction == "in" if p.name in access else False
                               for p in fn.memrefs], bool)
             pre = np.take_along_axis(early, own.astype(np.int64), axis=1) & reads[None, :]
-        keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None]], axis=1)
+        # (a task with nothing to prefetch keeps the key of those that may: no branch of its own)
+        l2 = np.ones(len(idx), bool) if l2 is None else l2 | ~pre.any(axis=1)
+        keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None], l2[:, None]], axis=1)
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
             key = (fid, tuple(bool(x) for x in row))
             if key not in self.branch_ids:
                 self.branch_ids[key] = len(self.branches)
                 parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(4)]
-                self.branches.append(Branch(fn, *parts, runs=bool(row[4 * m])))
+                self.branches.append(Branch(fn, *parts, runs=bool(row[4 * m]), prefetch=bool(row[4 * m + 1])))
             self.task_branch[idx[inv.reshape(-1) == u]] = self.branch_ids[key]
         for t in idx:
             self.variant[t] = fn
@@ -321,6 +324,38 @@ def resolve_early(choice: str | None) -> str:
 DEFAULT_RUNS = "auto"
 
 
+#: which tasks prefetch into L2 before their wait where the megakernel's ``PREFETCH`` asks
+#: (``PTO_MK_PREFETCH``: 1 or 2 for ``all``; ``light``, level 1 for the ``light`` ones): ``all``,
+#: or ``light``, the tasks none of whose predecessors is a GEMV (:func:`takes_runs`'s functions,
+#: which keep the memory busy): a decode step's o projection after attention's combine, whose
+#: weights stream into L2 while the memory would be idle
+PREFETCH_RULES = ("all", "light")
+
+
+def resolve_prefetch_rule(choice: int | str | None) -> str:
+    """The :data:`PREFETCH_RULES` entry the megakernel's prefetch setting (the settings', else
+    ``PTO_MK_PREFETCH``) means: ``light`` for ``light``, else ``all``; UsageError naming an
+    unknown one."""
+    from pto.backends.triton.megakernel import resolve_prefetch
+
+    return "light" if resolve_prefetch(choice) == "light" else "all"
+
+
+def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> np.ndarray:
+    """Per task of the exported graph ``ex``: whether a predecessor on the level just before its
+    own (``level``: each task's, :func:`pto.exec.order.levels`; the predecessors it waits for
+    last) is a GEMV's task (:func:`takes_runs`). (A decode step's o projection also reads the
+    residual stream the previous layer's down projection wrote, long done when it waits.)"""
+    n = ex.n_tasks
+    gemv = np.array([takes_runs(variants[int(f)]) for f in ex.func], bool) if n else np.zeros(0, bool)
+    ptr = ex.fanout_ptr.astype(np.int64)
+    source = np.repeat(np.arange(n), np.diff(ptr))
+    succ = ex.fanout_ids.astype(np.int64) - ex.first_task
+    out = np.zeros(n, bool)
+    out[succ[gemv[source] & (level[source] == level[succ] - 1)]] = True
+    return out
+
+
 def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
     """The most work items a task's parallel indices become (0: an item an index) that ``asked``
     (the settings', else ``PTO_MK_RUNS``: a count, ``auto`` or 0, off; else :data:`DEFAULT_RUNS`)
@@ -336,7 +371,7 @@ def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
               programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY,
-              runs: int = 0) -> Plan:
+              runs: int = 0, prefetch: str = "all") -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
@@ -345,11 +380,14 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     memrefs an item loads before its wait, :data:`EARLY_RULES`; ``runs``: a task of a GEMV
     (:func:`takes_runs`) in at most that many work items of consecutive indices, each a run its branch loops
     over, pipelined, after one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`; 0: an
-    item an index))."""
+    item an index); ``prefetch``: which tasks' branches may prefetch into L2 before their wait,
+    :data:`PREFETCH_RULES`)."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if early not in EARLY_RULES:
         raise UsageError(f"unknown early-load rule {early!r} (choose {' or '.join(EARLY_RULES)})")
+    if prefetch not in PREFETCH_RULES:
+        raise UsageError(f"unknown prefetch rule {prefetch!r} (choose {' or '.join(PREFETCH_RULES)})")
     if tensor_aligned is None:
         tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
@@ -360,17 +398,18 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     written = written_tensors(ex, variants, tensor_index, len(tensor_names))
     tensor_flags = np.stack([tensor_aligned, ~written], axis=1)
     before = predecessor_writes(ex, variants, tensor_index, len(tensor_names)) if early == "preds" else None
+    succ_ptr = ex.fanout_ptr.astype(np.int64)
+    succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
+    lv = levels(n, succ_ptr, succ)
+    light = ~after_gemvs(ex, variants, lv) if prefetch == "light" else None
     for fid in np.unique(ex.func):
         fn = variants[int(fid)]
         idx = np.nonzero(ex.func == fid)[0]
         base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
         t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0),
-                      None if before is None else ~before[idx], runs)
-    succ_ptr = ex.fanout_ptr.astype(np.int64)
-    succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
+                      None if before is None else ~before[idx], runs, None if light is None else light[idx])
     pending = np.bincount(succ, minlength=n).astype(np.int32)
-    lv = levels(n, succ_ptr, succ)
     bottom = bottom_levels(n, succ_ptr, succ, lv)
     _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
     items = item_order(lv, bottom, t.task_branch, t.extent, t.group, binding.reshape(-1), t.work)
@@ -387,4 +426,5 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
 
 
 __all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
-           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "takes_runs"]
+           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "takes_runs", "PREFETCH_RULES",
+           "resolve_prefetch_rule", "after_gemvs"]

@@ -14,6 +14,7 @@ import torch
 
 from pto import programs
 from pto.codegen.triton.megakernel import render_megakernel
+from pto.errors import UsageError
 from pto.exec.order import Dag, levels, list_schedule, streams
 from pto.exec.plan import make_plan, written_tensors
 from pto.machine.target import get as target
@@ -210,6 +211,63 @@ def test_prefetch_two_fetches_attentions_keys_before_its_wait():
             assert (re.search(r"_fp\d+ = tl.where\(.*P_vc \+", before) is not None) == level2
     finally:
         built.graph.close()
+
+
+def test_the_light_rule_prefetches_only_after_tasks_that_are_not_gemvs(monkeypatch):
+    """``PTO_MK_PREFETCH=light``: in the 1B shape's decode step (q/k/v and gate/up in runs, which
+    load nothing before their wait), the tasks that wait last for a GEMV (the down projection
+    after gate/up, the LM head after the last down projection) render no L2 prefetch before their
+    wait, and the o projection, after attention's combine, does; under ``all`` both prefetch.
+    The tasks after GEMVs are found from the runtime's edges and levels, checked here one
+    predecessor list at a time."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.engine import build_module_graph
+    from pto.exec.plan import after_gemvs, resolve_prefetch_rule, takes_runs
+    from pto.ir.dtypes import DType
+
+    cfg = CONFIGS["llama3.2-1b"]
+    tiling = tiling_for_executor(cfg, "persistent", target("cuda_h200"))
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling, cache=1024),
+                               {"B": 1, "C": 1024})
+    try:
+        graph = built.graph
+        ex = graph.runtime.export()
+        variants = graph.variant_of_func_id()
+        gemv = [takes_runs(variants[int(f)]) for f in ex.func]
+        preds = [[] for _ in range(ex.n_tasks)]
+        for t in range(ex.n_tasks):
+            for s in ex.fanout_ids[ex.fanout_ptr[t]:ex.fanout_ptr[t + 1]]:
+                preds[int(s) - ex.first_task].append(t)
+        level = [0] * ex.n_tasks  # (the runtime numbers tasks in a topological order)
+        for t in range(ex.n_tasks):
+            level[t] = max((level[p] + 1 for p in preds[t]), default=0)
+        want = [any(gemv[p] and level[p] == level[t] - 1 for p in preds[t]) for t in range(ex.n_tasks)]
+        assert after_gemvs(ex, variants, np.array(level)).tolist() == want and any(want) and not all(want)
+        plans = {rule: make_plan(graph, list(graph.tensor_ids), {}, runs=264, prefetch=rule)
+                 for rule in ("all", "light")}
+    finally:
+        built.graph.close()
+    wait = "_ok, _t0 = _pto_wait("
+
+    def prefetches(plan, name: str) -> set[bool]:  # per branch of the InCore variant ``name``
+        src = render_megakernel(plan.branches, dispatch="static").source
+        return {"if GPU and PREFETCH >= 1:" in device_function(src, called(src, k)).split(wait)[0]
+                for k, b in enumerate(plan.branches) if b.fn.variant_name == name}
+
+    light = plans["light"]
+    o, down = "gemv_residual_tile__K2048_N2048_R1", "gemv_residual_tile__K8192_N2048_R1"
+    assert prefetches(light, o) == {True}
+    for name in (down, "lmhead_argmax_tile__R1", "gemv_norm_swiglu_tile__R1", "gemv_norm_tile__R1"):
+        assert prefetches(light, name) == {False}, name  # (the last two in runs: nothing early either way)
+    for name in (o, down, "lmhead_argmax_tile__R1"):
+        assert prefetches(plans["all"], name) == {True}, name
+    monkeypatch.setenv("PTO_MK_PREFETCH", "light")
+    assert resolve_prefetch_rule(None) == "light" and resolve_prefetch_rule(2) == "all"
+    monkeypatch.setenv("PTO_MK_PREFETCH", "some")
+    with pytest.raises(UsageError, match=r"PTO_MK_PREFETCH='some': the megakernel's prefetch is 0 or 1 or 2 or light"):
+        resolve_prefetch_rule(None)
 
 
 @pytest.mark.slow

@@ -59,8 +59,9 @@ class MegakernelSettings:
     #: early (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
     #: 2: also of the operands it only reads though a predecessor writes them (a decode step's
     #: keys and values: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch`); 0: only its
-    #: register loads come first (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
-    prefetch: int | None = None
+    #: register loads come first; ``light``: 1, in the tasks none of whose predecessors is a GEMV
+    #: (:data:`pto.exec.plan.PREFETCH_RULES`) (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
+    prefetch: int | str | None = None
     #: where the plan is cut into launches by resource class (:mod:`pto.exec.segments`): ``off``,
     #: ``auto`` or levels that start a segment (None: ``PTO_MK_SPLIT``, else
     #: :data:`pto.exec.segments.DEFAULT_SPLIT`); the persistent executor reads it
@@ -84,6 +85,8 @@ DEFAULT_DISPATCH = "static"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
 DEFAULT_PREFETCH = 0
+#: the settings of ``PTO_MK_PREFETCH`` (:attr:`MegakernelSettings.prefetch`)
+PREFETCH_CHOICES = ("0", "1", "2", "light")
 
 
 def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -94,6 +97,14 @@ def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, .
         src = env if not choice else what
         raise UsageError(f"{src}={d!r}: the megakernel's {what} is {' or '.join(allowed)}")
     return d
+
+
+def resolve_prefetch(choice: int | str | None) -> str:
+    """``choice``, else ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`, as text: ``0``, ``1``,
+    ``2`` or ``light`` (level 1 in the tasks :func:`pto.exec.plan.after_gemvs` leaves: the plan's
+    ``prefetch`` rule); UsageError naming anything else."""
+    return env_choice(None if choice is None else str(choice), "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH),
+                      PREFETCH_CHOICES, "prefetch")
 
 
 def resolve_dispatch(choice: str | None) -> str:
@@ -207,8 +218,9 @@ class Megakernel:
         #: the kernel launched before this one (a split plan's previous segment): its logical
         #: clock is this one's, so the interpreter's trace ticks order the segments' items
         self.after = after
-        self.prefetch = settings.prefetch if settings.prefetch is not None else \
-            int(env_choice(None, "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH), ("0", "1", "2"), "prefetch"))
+        prefetch = resolve_prefetch(settings.prefetch)
+        #: the kernel's ``PREFETCH`` level (``light``: 1, in the branches the plan lets prefetch)
+        self.prefetch = 1 if prefetch == "light" else int(prefetch)
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -461,6 +473,6 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice",
-           "MAX_POLLS", "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "resolve_dispatch",
+__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
+           "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "PREFETCH_CHOICES", "resolve_prefetch", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

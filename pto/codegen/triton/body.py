@@ -233,7 +233,7 @@ class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None,
-                 megakernel: bool = False, runs: bool = False):
+                 megakernel: bool = False, runs: bool = False, prefetch: bool = True):
         # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
         fn, self.copies = separate_operand_loads(fn)
         #: the megakernel's form (:data:`MK_PARAMS`): the function waits for its task's
@@ -246,6 +246,10 @@ class BodyRenderer(TileOps):
         #: :data:`FLAT_STAGES`), so the next indices' tiles stream into shared memory while this
         #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early
         self.runs = runs and megakernel and fn.parallel is not None
+        #: (the megakernel's form) the L2 prefetch before the wait is rendered (``PREFETCH`` picks
+        #: its level at compile time); False: this branch's tasks do not prefetch
+        self.l2 = prefetch
+        self.withheld = False  # a prefetch the body would have had is left out (not ``l2``)
         self.fn = fn
         self.opts = opts
         self.stages = stages  # software-pipelining depth of every loop (None: the launch's)
@@ -405,7 +409,7 @@ class BodyRenderer(TileOps):
         # differ in them are two device functions, each loading early only what it may)
         early = sum(1 << k for k, p in enumerate(fn.memrefs) if p.name in self.pre) if self.mk else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
-            + (f"_e{early}" if early else "") + ("__run" if self.runs else "")
+            + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
@@ -448,6 +452,9 @@ class BodyRenderer(TileOps):
         for level, mems in ((1, self.pre), (2, self.read_only - self.pre)):
             plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, names)
             if not plan:
+                continue
+            if not self.l2:  # (a body other than the prefetching one's: a name of its own)
+                self.withheld = True
                 continue
             self.emit(f"if GPU and PREFETCH >= {level}:")
             self.depth += 1

@@ -95,6 +95,9 @@ class Branch:
     #: in one pipelined loop after one wait (:class:`pto.codegen.triton.body.BodyRenderer`'s
     #: ``runs``; the plan's ``runs``); nothing loads before the wait
     runs: bool = False
+    #: the item may prefetch into L2 before its wait where the kernel's ``PREFETCH`` asks (the
+    #: plan's prefetch rule, :data:`pto.exec.plan.PREFETCH_RULES`, clears it)
+    prefetch: bool = True
 
     @property
     def early(self) -> tuple[str, ...]:
@@ -199,7 +202,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
     calls = []
     for k, b in enumerate(branches):
         r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True,
-                         runs=b.runs)
+                         runs=b.runs, prefetch=b.prefetch)
         name, lines = r.device_function()
         devices.setdefault(name, lines)
         args, loads = [], []
