@@ -7,7 +7,7 @@ bf16, batch 1, the cache filled to half; a GPU).
         [--branches] [--budget SECONDS] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
-(``PTO_DISPATCH``), ``f=`` 0, 1 or 2 (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
+(``PTO_DISPATCH``), ``f=`` 0, 1, 2 or light (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
 (``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
