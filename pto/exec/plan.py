@@ -320,15 +320,15 @@ def resolve_early(choice: str | None) -> str:
 
 #: runs where the settings and the environment name none: ``auto``, 4% faster on the 1B shape's
 #: step and 7% on the 8B's on an H200, SmolLM2's unchanged (its tasks have fewer items than a round)
-#: (docs/PERF.md, "Runs")
+#: (docs/PERF.md, "Runs measured, and on by default")
 DEFAULT_RUNS = "auto"
 
 
 #: which tasks prefetch into L2 before their wait where the megakernel's ``PREFETCH`` asks
 #: (``PTO_MK_PREFETCH``: 1 or 2 for ``all``; ``light``, level 1 for the ``light`` ones): ``all``,
-#: or ``light``, the tasks none of whose predecessors is a GEMV (:func:`takes_runs`'s functions,
-#: which keep the memory busy): a decode step's o projection after attention's combine, whose
-#: weights stream into L2 while the memory would be idle
+#: or ``light``, the tasks that wait last for no GEMV (:func:`after_gemvs`; a GEMV keeps the
+#: memory busy while its successors wait): a decode step's o projection after attention's
+#: combine, whose weights stream into L2 while the memory would be idle
 PREFETCH_RULES = ("all", "light")
 
 
@@ -347,7 +347,8 @@ def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> n
     last) is a GEMV's task (:func:`takes_runs`). (A decode step's o projection also reads the
     residual stream the previous layer's down projection wrote, long done when it waits.)"""
     n = ex.n_tasks
-    gemv = np.array([takes_runs(variants[int(f)]) for f in ex.func], bool) if n else np.zeros(0, bool)
+    gemv_fn = {int(f): takes_runs(variants[int(f)]) for f in np.unique(ex.func)}
+    gemv = np.array([gemv_fn[int(f)] for f in ex.func], bool) if n else np.zeros(0, bool)
     ptr = ex.fanout_ptr.astype(np.int64)
     source = np.repeat(np.arange(n), np.diff(ptr))
     succ = ex.fanout_ids.astype(np.int64) - ex.first_task

@@ -59,7 +59,7 @@ class MegakernelSettings:
     #: early (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait;
     #: 2: also of the operands it only reads though a predecessor writes them (a decode step's
     #: keys and values: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch`); 0: only its
-    #: register loads come first; ``light``: 1, in the tasks none of whose predecessors is a GEMV
+    #: register loads come first; ``light``: 1, in the tasks that wait last for no GEMV
     #: (:data:`pto.exec.plan.PREFETCH_RULES`) (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
     prefetch: int | str | None = None
     #: where the plan is cut into launches by resource class (:mod:`pto.exec.segments`): ``off``,
