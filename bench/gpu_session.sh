@@ -44,6 +44,9 @@
 #               each mode, bench/flash_probe.py (base source), and the fused layer at $PERSIST_SEQS
 #               (default 1024,4096,16384) under PTO_PERSISTENT in $PERSIST_MODES (default "off loop ws";
 #               the last with eager and torch.compile)
+#   sched       issue 49: the H100's shipped schedules (PTO_SCHEDULES=nvidia_h100_80gb_hbm3) against none, the
+#               heuristics an H200 runs today: the 7B layer at $SCHED_SEQS (default 1537,4096,16384; none with
+#               eager and torch.compile), the Llama-3-8B layer at $SCHED8B_SEQS (4096), 3 rounds each
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -163,6 +166,16 @@ for stage in "$@"; do
                PTO_PERSISTENT=$v $BENCH --seq "${PERSIST_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \
                  --json "$OUT/persist_$v.json" > "$OUT/persist_$v.log" 2>&1; echo "PTO_PERSISTENT=$v"; tail -5 "$OUT/persist_$v.log"
              done ;;
+    sched) # issue 49: the H100's shipped schedules on this GPU against the renderer's heuristics (what
+           # an H200 runs today: no schedules of its own), the 7B layer and the Llama-3-8B layer, waves
+           for v in none nvidia_h100_80gb_hbm3; do
+             cmp=none; [ $v = none ] && cmp=eager,compile
+             PTO_SCHEDULES=$v $BENCH --seq "${SCHED_SEQS:-1537,4096,16384}" --executor waves --rounds 3 --compare $cmp \
+               --json "$OUT/sched_7b_$v.json" > "$OUT/sched_7b_$v.log" 2>&1; echo "PTO_SCHEDULES=$v"; tail -5 "$OUT/sched_7b_$v.log"
+             PTO_SCHEDULES=$v python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
+               --seq "${SCHED8B_SEQS:-4096}" --executor waves --rounds 3 --compare none \
+               --json "$OUT/sched_8b_$v.json" > "$OUT/sched_8b_$v.log" 2>&1; tail -3 "$OUT/sched_8b_$v.log"
+           done ;;
     layers) $BENCH --seq "${LAYER_SEQS:-1024,1537,4096,5555,16384,20001,32768}" --executor waves \
               --json "$OUT/layers_7b.json" > "$OUT/layers_7b.log" 2>&1; tail -8 "$OUT/layers_7b.log"
             $BENCH --seq "${LAYER_NEXT:-1664,5632,20096}" --executor waves --compare none \
