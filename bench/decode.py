@@ -283,18 +283,22 @@ def transformers_in_child(config: str, batch: int, cache: int, steps: int) -> di
     return child_json([sys.executable, __file__, "--transformers-step", f"{config},{batch},{cache},{steps}"])
 
 
-def child_json(cmd: list[str]) -> dict:
+def child_json(cmd: list[str], timeout: float = 900) -> dict:
     """The JSON object the last line of ``cmd``'s output is; RuntimeError saying how the process
-    ended (the signal that killed it, or its exit status and last line of errors) where it printed none."""
+    ended (the signal that killed it, its exit status and last line of errors, no result, or
+    ``timeout`` seconds passed) where it printed none."""
     import signal
     import subprocess
 
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the child process ran past {timeout:g} s and was stopped") from None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines and lines[-1].startswith("{"):
         return json.loads(lines[-1])
     how = f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 \
-        else f"exited with status {proc.returncode}"
+        else "printed no result" if proc.returncode == 0 else f"exited with status {proc.returncode}"
     last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
     raise RuntimeError(f"the child process {how}" + (f": {last}" if last else ""))
 

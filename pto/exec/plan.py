@@ -239,6 +239,7 @@ class _Tables:
             reads = np.array([access[p.name].direction == "in" if p.name in access else False
                               for p in fn.memrefs], bool)
             pre = np.take_along_axis(early, own.astype(np.int64), axis=1) & reads[None, :]
+        pre = pre & (run <= 1)[:, None]  # (a run loads nothing before its wait)
         # (a task with nothing to prefetch keeps the key of those that may: no branch of its own)
         l2 = np.ones(len(idx), bool) if l2 is None else l2 | ~pre.any(axis=1)
         keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None], l2[:, None]], axis=1)
@@ -360,7 +361,8 @@ def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> n
 def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
     """The most work items a task's parallel indices become (0: an item an index) that ``asked``
     (the settings', else ``PTO_MK_RUNS``: a count, ``auto`` or 0, off; else :data:`DEFAULT_RUNS`)
-    means on a device of ``multiprocessors``; UsageError naming anything else."""
+    means for a schedule of ``multiprocessors`` programs (a multiprocessor each unless
+    ``PTO_PROGRAMS`` says; ``auto``: two each); UsageError naming anything else."""
     text = str(asked if asked is not None else os.environ.get("PTO_MK_RUNS", "")).strip() or DEFAULT_RUNS
     if text == "auto":
         return 2 * multiprocessors
@@ -422,8 +424,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
                              "persistent kernel's int32 indices hold; use --executor waves")
     return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
                 t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
-                t.variant, dict(launch_group), t.cost, programs, worker, None,
-                t.run if (t.run > 1).any() else None, t.parallel)
+                t.variant, dict(launch_group), t.cost, programs, worker, member=None,
+                run=t.run if (t.run > 1).any() else None, parallel=t.parallel)
 
 
 __all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",

@@ -104,10 +104,11 @@ def inputs(seed: int) -> dict[str, torch.Tensor]:
     return {"a": torch.rand(ROWS * BLOCKS, COLS, generator=g) - 0.5}
 
 
-def decode_plan(config: str):
+def decode_plan(config: str, runs: int = 0):
     """The persistent executor's plan of ``config``'s decode step (bf16, batch 1, a 1,024-slot
-    cache, the executor's tiles, for an H200) with the Triton backend's specializations, and
-    that backend (on the CPU: it estimates, it compiles nothing)."""
+    cache, the executor's tiles, for an H200; ``runs``: :func:`pto.exec.plan.make_plan`'s) with
+    the Triton backend's specializations, and that backend (on the CPU: it estimates, it compiles
+    nothing)."""
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, tiling_for_executor
 
@@ -123,6 +124,6 @@ def decode_plan(config: str):
                                {"B": 1, "C": 1024})
     try:
         backend = TritonBackend("cpu")
-        return make_plan(built.graph, list(built.graph.tensor_ids), {}, flags=backend.task_flags), backend
+        return make_plan(built.graph, list(built.graph.tensor_ids), {}, flags=backend.task_flags, runs=runs), backend
     finally:
         built.graph.close()

@@ -27,5 +27,7 @@ def test_a_child_killed_by_a_signal_or_failing_is_an_error_that_says_how():
         decode.child_json([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"])
     with pytest.raises(RuntimeError, match=r"exited with status 1: ValueError: invalid literal"):
         decode.child_json([sys.executable, "-c", "int('x')"])
-    with pytest.raises(RuntimeError, match=r"exited with status 0"):  # no JSON printed
+    with pytest.raises(RuntimeError, match=r"printed no result"):  # no JSON printed
         decode.child_json([sys.executable, "-c", "print('done')"])
+    with pytest.raises(RuntimeError, match=r"ran past 1 s and was stopped"):
+        decode.child_json([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)

@@ -177,7 +177,7 @@ def test_each_branch_runs_the_body_rendered_for_it(attention):
     src = render_megakernel(plan.branches).source
     for k, b in enumerate(plan.branches):
         name, lines = BodyRenderer(b.fn, replace(RenderOptions(), pre=b.early), None, megakernel=True,
-                                   runs=b.runs).device_function()
+                                   runs=b.runs, prefetch=b.prefetch).device_function()
         assert called(src, k) == name, (k, b.fn.variant_name, b.early)
         assert "\n".join(lines) in src, name
 

@@ -116,6 +116,42 @@ def test_the_shared_estimate_counts_only_loops_that_pipeline():
     assert [shared_estimate(head, s) for s in (1, 2, 3)] == [0, per_stage, 2 * per_stage]
 
 
+def test_a_run_branch_is_estimated_with_its_one_step_k_loops():
+    """The 1B shape's step with runs (264 items a task at most): gate/up's run branch pipelines
+    its one-step K loop through the run's loop, so its estimate buffers every tile that loop
+    loads; as an item an index it loads into registers (nothing estimated). The occupancy the
+    split rule reads counts it."""
+    from pto.backends.triton.megakernel import branch_configs, occupancy, sram_per_sm
+    from pto.codegen.triton.megakernel import shared_estimate
+
+    plan, backend = decode_plan("llama3.2-1b", runs=264)
+    (b,) = [b for b in plan.branches if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
+    assert stage_bytes(b.fn, pipelined=True) == 0 and shared_estimate(b.fn, 2) == 0
+    assert shared_estimate(b.fn, 2, runs=True) == stage_bytes(b.fn) > 0
+    k = plan.branches.index(b)
+    stages = branch_configs(backend, plan)[k].num_stages
+    _, occ = occupancy(backend, plan)
+    sram = sram_per_sm(backend.device)
+    assert occ[k, 1] == max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, stages, runs=True) + 1024))) < 32
+
+
+@pytest.mark.slow
+def test_a_run_branchs_shared_memory_is_what_triton_compiles(tmp_path):
+    """The 1B shape's run branches (q/k/v and gate/up in runs), each compiled alone in a
+    one-branch megakernel for sm_90 at two stages (no GPU needed): shared memory within 1 KiB of
+    the estimate with ``runs``."""
+    from pto.codegen.triton.megakernel import shared_estimate
+
+    plan, _ = decode_plan("llama3.2-1b", runs=264)
+    run = [b for b in plan.branches if b.runs]
+    assert run
+    jobs = [megakernel_job(render_megakernel([b], stages={b.fn.variant_name: 2}, dispatch="static"),
+                           {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}) for b in run]
+    for b, r in zip(run, compile_sm90(jobs, tmp_path)):
+        assert r["ok"], (b.fn.variant_name, r.get("error"))
+        assert abs(r["shared"] - shared_estimate(b.fn, 2, runs=True)) <= 1024, (b.fn.variant_name, r["shared"])
+
+
 @pytest.mark.slow
 def test_the_shared_estimate_is_what_triton_compiles(tmp_path):
     """Each branch of SmolLM2's decode step compiled alone in a one-branch megakernel for sm_90

@@ -134,16 +134,27 @@ def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs
         try:
             inputs = job.program.inputs(job.settings, job.program.shape(seq), "cpu", seed=3)
             out = {k: v.clone() for k, v in runner(inputs).items()}
-            return out, getattr(runner.executor, "plan", None)
+            if executor != "persistent":
+                return out, None, []
+            ex = runner.executor
+            ex._launch(trace=True)
+            ex.check()
+            return out, ex.plan, ex.trace_records()
         finally:
             runner.close()
 
-    want, _ = run("waves")
+    want, _, _ = run("waves")
     monkeypatch.setenv("PTO_MK_RUNS", runs)
-    got, plan = run("persistent")
+    got, plan, records = run("persistent")
     assert plan.run is not None and any(b.runs for b in plan.branches)
     for k in want:
         assert torch.equal(got[k], want[k]), k
+    # a traced item of a run names the run's first parallel index
+    firsts = {}
+    for r in records:
+        firsts.setdefault(r.task - plan.first_task, []).append(r.p)
+    for t, ps in firsts.items():
+        assert sorted(ps) == list(range(0, int(plan.parallel[t]), int(plan.run[t]))), t
 
 
 @pytest.mark.slow

@@ -178,7 +178,7 @@ def occupancy(backend, plan) -> tuple[tuple[str, ...], np.ndarray]:
     sram = sram_per_sm(backend.device)
     threads = [min(32, 2048 // (32 * c.num_warps)) for c in configs]
     # (at least one: the fit lowers the pipelines of a branch that asks for more than there is)
-    shared = [max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, c.num_stages) + 1024)))
+    shared = [max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, c.num_stages, b.runs) + 1024)))
               for b, c in zip(plan.branches, configs)]
     return ("threads", "shared memory"), np.array([threads, shared], np.int64).T.reshape(len(configs), 2)
 

@@ -204,7 +204,8 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
         r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True,
                          runs=b.runs, prefetch=b.prefetch)
         name, lines = r.device_function()
-        devices.setdefault(name, lines)
+        if devices.setdefault(name, lines) != lines:  # (the name must say all that shapes the body)
+            raise BuildError(f"megakernel: two branches render different bodies as {name}")
         args, loads = [], []
         for j, p in enumerate(b.fn.memrefs):
             ptr = f"tl.load(tptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
@@ -372,13 +373,15 @@ def _trips(loop) -> float:
     return max(0, -(-(ub - lb) // max(step, 1)))
 
 
-def shared_estimate(fn: IncoreFunction, stages: int) -> int:
+def shared_estimate(fn: IncoreFunction, stages: int, runs: bool = False) -> int:
     """The shared memory ``fn``'s device function needs with ``stages`` pipeline stages,
     estimated before compiling: ``stages - 1`` buffers of every tile its pipelined loops load
-    (:func:`stage_bytes` with ``pipelined``). Within a few hundred bytes of what Triton 3.9 compiles
-    for sm_90 for the decode steps' GEMV and LM-head branches alone; attention's ``tl.dot``
-    operands add a layout-conversion buffer it does not count (a third more for the 8B step's)."""
-    return max(stages - 1, 0) * stage_bytes(fn, pipelined=True)
+    (:func:`stage_bytes` with ``pipelined``; ``runs``: a run branch's, :attr:`Branch.runs`, whose
+    run loop pipelines every loop that loads, a K loop of one step too). Within a few hundred
+    bytes of what Triton 3.9 compiles for sm_90 for the decode steps' GEMV and LM-head branches
+    alone; attention's ``tl.dot`` operands add a layout-conversion buffer it does not count (a
+    third more for the 8B step's)."""
+    return max(stages - 1, 0) * stage_bytes(fn, pipelined=not runs)
 
 
 def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Callable[[MegaKernel], int],
