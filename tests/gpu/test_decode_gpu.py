@@ -50,6 +50,24 @@ def test_thirty_two_chunks_combine_at_once_on_the_gpu(batch):
     check_step("waves", batch, 2048)
 
 
+@pytest.mark.parametrize("env,value", [("PTO_MK_RUNS", "8"), ("PTO_MK_PREFETCH", "light")])
+def test_the_megakernels_runs_and_light_prefetch_on_the_gpu(env, value, monkeypatch):
+    """SmolLM2's step on the persistent executor with its GEMVs in runs (8 items a task at most:
+    its tasks have fewer items than ``auto``'s round) or with the L2 prefetch only after the
+    tasks that are not GEMVs: as close to float64 as torch's bf16, the plan as asked."""
+    monkeypatch.setenv(env, value)
+
+    def inspect(runner, inputs, out):
+        plan = runner.executor.plan
+        if env == "PTO_MK_RUNS":
+            assert plan.run is not None and any(b.runs for b in plan.branches)
+        else:
+            assert runner.executor.kernels[0].prefetch == 1
+            assert {b.prefetch for b in plan.branches if b.early} == {True, False}
+
+    check_step("persistent", 1, 768, inspect)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_weights_loaded_before_the_wait_change_no_bit(batch, monkeypatch):
     """The "auto" PDL policy (each GEMV's weights, residual and position loaded before it waits for
