@@ -69,7 +69,8 @@ def resolve(program: str | Program, *, device: str = "auto", backend: str = "aut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    return Job(prog, s, dev, be, _executor(prog, executor, dev, be, s.dtype, backend))
+    ex = _executor(prog, executor, dev, be, s.dtype, backend)
+    return Job(prog, prog.for_executor(s, ex), dev, be, ex)
 
 
 def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str) -> str:

@@ -227,6 +227,12 @@ class Program:
     def check_settings(self, s: Settings) -> None:
         """Refuse a combination of settings the program cannot build (nothing by default)."""
 
+    def for_executor(self, s: Settings, executor: str) -> Settings:
+        """The settings ``s`` as built for ``executor`` (the one :func:`pto.engine.resolve`
+        chose): a program whose module differs by executor (the model's tiles) says so in its
+        settings, so that each executor's module is built and cached apart; ``s`` by default."""
+        return s
+
     @property
     def swept(self) -> ShapeParam:
         """The shape parameter ``pto estimate`` and ``pto bench`` sweep (the first)."""

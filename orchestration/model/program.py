@@ -132,6 +132,9 @@ MEGAKERNEL_PER_SM = 2
 #: blocks of 4, the wave executor's 0.478 in the same call; docs/PERF.md, "Two programs a
 #: multiprocessor by default, the critical path")
 MEGAKERNEL_NARROW = dict(bn=8)
+#: the tiles a step is built in (the model's ``--tiles``): the wave executor's launches', which
+#: the native and the reference executors run too, or the persistent executor's megakernel's
+TILES = ("waves", "persistent")
 
 
 def megakernel_block(outputs: int, target: Target | None = None) -> int:
@@ -175,7 +178,10 @@ class ModelProgram(Program):
                       "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")),
                Option("lm_head", "parallel", "with --tp N: the LM head split by vocabulary (each rank its share's "
                       "logits, the argmax combined over the ranks) or replicated on every rank",
-                      choices=("parallel", "replicated")))
+                      choices=("parallel", "replicated")),
+               Option("tiles", "auto", "the projections' tiles: the executor's own (auto), the launches' (waves) or "
+                      "the megakernel's (persistent: wider blocks, items of one round over the GPU's programs)",
+                      choices=("auto", *TILES)))
     shape_params = (ShapeParam("cache", 256, "KV-cache slots per sequence (a multiple of the attention chunk)"),
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
@@ -246,10 +252,24 @@ class ModelProgram(Program):
         """The vocabulary-parallel LM head's split (None: one rank, or ``--lm-head replicated``)."""
         return vocab_split(self.config(s), s.tp, s["lm_head"] == "parallel")
 
+    def for_executor(self, s: Settings, executor: str) -> Settings:
+        """``--tiles auto``: the tiles of ``executor`` (the persistent executor's or the launches',
+        which the other executors run too), as ``pto generate`` and bench/decode.py take them."""
+        if s["tiles"] != "auto":
+            return s
+        tiles = executor if executor in TILES else "waves"
+        return replace(s, options=tuple(sorted({**dict(s.options), "tiles": tiles}.items())))
+
+    def tiling(self, s: Settings) -> DecodeTiling:
+        """The step's tiles under ``s`` (``--tiles``; ``auto``, settings no executor resolved: the
+        launches')."""
+        tiles = s["tiles"]
+        return tiling_for_executor(self.config(s), "waves" if tiles == "auto" else tiles, s.target)
+
     def build(self, s: Settings, shape: Shape | None = None):
         shape = self.shape(shape)
         cfg = self.config(s)
-        return build_step(cfg, s.dtype, s.target, shape["batch"], tiling_for(cfg, s.target), s.tp,
+        return build_step(cfg, s.dtype, s.target, shape["batch"], self.tiling(s), s.tp,
                           self._reduce_dtype(s), shape["cache"], self.weight_types(s), s["lm_head"] == "parallel")
 
     def scratch_bytes(self, s: Settings, shape: Shape) -> int:
@@ -500,4 +520,4 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block", "TILES"]

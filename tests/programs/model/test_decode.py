@@ -573,6 +573,44 @@ def test_the_persistent_executors_tiles_by_model_size_and_device():
                 assert mk == base, (name, target)
 
 
+def test_a_run_of_the_model_builds_the_tiles_of_its_executor(monkeypatch):
+    """``--tiles auto`` (the default): a job of the model program on the persistent executor
+    builds its step in the megakernel's tiles, on the waves (or native) executor in the
+    launches', as ``pto generate`` does; ``--tiles`` names either. SmolLM2's step for an H200:
+    the megakernel's blocks of 8 outputs make its projections' tasks half the items of the
+    launches' blocks of 4 (resolved without a GPU by making torch report one; built, not run)."""
+    from pto.orchestration.model.program import MEGAKERNEL_NARROW
+
+    import pto.machine.device
+    from pto.engine import build_module_graph, resolve
+    from pto.errors import UsageError
+    from pto.exec.plan import make_plan, takes_runs
+
+    monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
+
+    def job(executor, **options):
+        return resolve("model", device="cuda", target="cuda_h200", executor=executor, config="smollm2-135m",
+                       dtype="bf16", options=options)
+
+    assert job("persistent").settings["tiles"] == "persistent" and job("auto").settings["tiles"] == "waves"
+    assert job("persistent", tiles="waves").settings["tiles"] == "waves"
+    assert resolve("model", device="cpu").settings["tiles"] == "waves"  # (the native executor: the launches')
+
+    def gemv_items(j):
+        prog, s = j.program, j.settings
+        built = build_module_graph(prog.build(s, prog.shape({"cache": 1024, "batch": 1})), {"B": 1, "C": 1024})
+        try:
+            plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
+        finally:
+            built.graph.close()
+        return sum(int(plan.nitems[t]) for t in range(plan.n_tasks) if takes_runs(plan.variants[t]))
+
+    mk, launches = gemv_items(job("persistent")), gemv_items(job("waves"))
+    assert MEGAKERNEL_NARROW == {"bn": 8} and 0.45 * launches <= mk <= 0.55 * launches, (mk, launches)
+    with pytest.raises(UsageError, match=r"model: unknown tiles 'wide' \(choose from auto, waves, persistent\)"):
+        job("waves", tiles="wide")
+
+
 def test_the_megakernels_block_makes_one_round_of_items_over_its_programs():
     """``megakernel_block``: the narrowest power of two from 4 to 16 whose items (a projection's
     outputs over the block) are at most two a multiprocessor, else 16; the 8B model's 4096
