@@ -260,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     schedules = {"device": {}, "none": {"PTO_SCHEDULES": "none"}}
     if dev and dev != H100:
         schedules["h100"] = {"PTO_SCHEDULES": H100}
+    k, n = shard(args.shard) if args.shard else (1, 1)
     tmp = Path(tempfile.mkdtemp(prefix="pto-smoke-"))
     jobs = [j for j in readme_jobs(tmp) + matrix_jobs(schedules) if any(o in j.name for o in args.only.split(","))]
-    if args.shard:
-        k, n = shard(args.shard)
-        jobs = jobs[k - 1::n]
+    jobs = jobs[k - 1::n]
     if args.list:
+        shutil.rmtree(tmp, ignore_errors=True)
         print("\n".join(j.name for j in jobs))
         return 0
     # a fresh cache: the user's schedule database is empty, every kernel is compiled here

@@ -169,10 +169,10 @@ class PersistentExecutor(Executor):
         out = []
         for k, (segment, kernel) in enumerate(zip(self.segments, self.kernels)):
             tr = kernel.trace()
-            run = self.plan.run  # (an item of a run: its first parallel index)
-            out += [ItemRecord(int(t) + self.plan.first_task, int(p) * (1 if run is None else int(run[t])),
-                               int(tr[i, 2]), int(tr[i, 0]), int(tr[i, 1]), self.plan.variants[t].variant_name, k)
-                    for i, (t, p) in enumerate(segment.items)]
+            first, _ = self.plan.item_indices(segment.items)  # (an item of a run: its first index)
+            out += [ItemRecord(int(t) + self.plan.first_task, int(first[i]), int(tr[i, 2]), int(tr[i, 0]),
+                               int(tr[i, 1]), self.plan.variants[t].variant_name, k)
+                    for i, (t, _) in enumerate(segment.items)]
         return out
 
     def report(self) -> dict:

@@ -141,6 +141,15 @@ class Plan:
     def n_items(self) -> int:
         return len(self.items)
 
+    def item_indices(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per item of ``items`` (rows of :attr:`items`: task, item index), the first parallel
+        index it runs and how many from it (a run's; 1 for every other item), int64."""
+        task, k = items[:, 0].astype(np.int64), items[:, 1].astype(np.int64)
+        if self.run is None:
+            return k, np.ones_like(k)
+        run = self.run[task]
+        return k * run, np.minimum(run, self.parallel[task] - k * run)
+
     @property
     def dag(self) -> Dag:
         return Dag(self.succ_ptr.astype(np.int64), self.succ.astype(np.int64), self.pending, self.levels())
@@ -348,8 +357,8 @@ def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> n
     last) is a GEMV's task (:func:`takes_runs`). (A decode step's o projection also reads the
     residual stream the previous layer's down projection wrote, long done when it waits.)"""
     n = ex.n_tasks
-    gemv_fn = {int(f): takes_runs(variants[int(f)]) for f in np.unique(ex.func)}
-    gemv = np.array([gemv_fn[int(f)] for f in ex.func], bool) if n else np.zeros(0, bool)
+    funcs, of_task = np.unique(ex.func, return_inverse=True)
+    gemv = np.array([takes_runs(variants[int(f)]) for f in funcs], bool)[of_task.reshape(-1)]
     ptr = ex.fanout_ptr.astype(np.int64)
     source = np.repeat(np.arange(n), np.diff(ptr))
     succ = ex.fanout_ids.astype(np.int64) - ex.first_task

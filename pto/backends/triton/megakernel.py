@@ -193,13 +193,10 @@ def item_descriptors(plan, order: np.ndarray | None = None) -> np.ndarray:
     if plan.n_items:
         items = plan.items if order is None else plan.items[order]
         task = items[:, 0].astype(np.int64)
-        out[:, 0], out[:, 1] = task, items[:, 1]
+        out[:, 0] = task
         out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
         out[:, 4] = plan.pending[task] > 0
-        if plan.run is not None:  # an item of a run: its first index, and how many from it
-            run = plan.run[task]
-            out[:, 1] = items[:, 1] * run
-            out[:, 5] = np.minimum(run, plan.parallel[task] - out[:, 1])
+        out[:, 1], out[:, 5] = plan.item_indices(items)  # (an item of a run: its first index, how many)
     return out
 
 
