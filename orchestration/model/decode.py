@@ -258,9 +258,10 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     inputs are stored as (quantized ones: the tiling fitted to them,
     :func:`~.quantized.for_weights`). Built once per process and description (the program's runs
     and a generation's steps share it; the module is immutable)."""
-    t = for_weights(tiling or DecodeTiling(), wtypes, batch).for_cache(cache)
     split = vocab_split(cfg, tp, vocab_parallel)
     cfg = cfg.shard(tp)
+    t = for_weights(tiling or DecodeTiling(), wtypes, batch).for_cache(cache)
+    t = t.for_round(cache, batch * cfg.layer.kv_heads)  # (the rank's heads)
     spans_ = spans(cache, t)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
                    spans_ or (cache // t.chunk if cache else None), wtypes, split)

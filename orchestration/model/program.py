@@ -137,6 +137,13 @@ MEGAKERNEL_NARROW = dict(bn=8)
 TILES = ("waves", "persistent")
 
 
+def megakernel_programs(target: Target | None = None) -> int:
+    """The decode step's megakernel's programs on ``target`` (an H200's where it is None or has no
+    multiprocessor count, a CPU): :data:`MEGAKERNEL_PER_SM` a multiprocessor."""
+    sms = (target if target is not None and target.sm_count else named_target("cuda_h200")).sm_count
+    return MEGAKERNEL_PER_SM * sms
+
+
 def megakernel_block(outputs: int, target: Target | None = None) -> int:
     """The block of a projection of ``outputs`` outputs whose items make one round over the
     megakernel's programs on ``target`` (an H200's multiprocessors where it is None or has no
@@ -144,8 +151,7 @@ def megakernel_block(outputs: int, target: Target | None = None) -> int:
     :data:`MEGAKERNEL_PER_SM` items a multiprocessor, else 16 (more than one round: outputs past
     32 a multiprocessor). The 8B model's 4096 outputs on an H200: 16, 256 items on 264 programs;
     the 1B model's 2048: 8."""
-    sms = (target if target is not None and target.sm_count else named_target("cuda_h200")).sm_count
-    need = -(-outputs // (MEGAKERNEL_PER_SM * sms))
+    need = -(-outputs // megakernel_programs(target))
     return min(16, max(4, 1 << (need - 1).bit_length()))
 
 
@@ -157,9 +163,9 @@ def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None =
     base = tiling_for(cfg, target)
     if executor == "persistent" and cfg.layer.hidden >= 2048:
         block = megakernel_block(cfg.layer.hidden, target)
-        return replace(base, **MEGAKERNEL_WIDE, bn=block, o_bn=block)
+        return replace(base, **MEGAKERNEL_WIDE, bn=block, o_bn=block, round_programs=megakernel_programs(target))
     if executor == "persistent" and cfg.layer.hidden >= 256 and (target is None or target.kind != "cpu"):
-        return replace(base, **MEGAKERNEL_NARROW)
+        return replace(base, **MEGAKERNEL_NARROW, round_programs=megakernel_programs(target))
     return base
 
 
@@ -520,4 +526,5 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block", "TILES"]
+           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block",
+           "megakernel_programs", "TILES"]

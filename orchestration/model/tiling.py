@@ -50,6 +50,13 @@ class DecodeTiling:
     #: a 32K cache of Llama-3.1-8B in chunks of 256 took 7.00 ms a step on an H100, 7.09 in 128,
     #: 7.51 in 64 (docs/PERF.md, "Long caches")
     long_chunks: int | None = 128
+    #: the persistent executor: its programs, and the attention chunk widened (doubled while the
+    #: doubled chunk divides the cache) until a layer's parts, sequences x key/value heads x
+    #: chunks, make one round over them (None: ``chunk`` as it is). At batch 8 the 8B model's 1,024
+    #: parts of 64 slots a layer took four rounds of 264 programs; in 256 chunks they make one:
+    #: 6.406 against 6.743 ms a step on an H200, the 1B shape's 1.508 against 1.642 (the wave
+    #: executor's 1.581 in the same call; docs/PERF.md, "Batch 8: one round of attention parts")
+    round_programs: int | None = None
     #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
     #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of
     #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
@@ -98,12 +105,20 @@ class DecodeTiling:
             c *= 2
         return self if c == self.chunk else replace(self, chunk=c)
 
+    def for_round(self, cache: int | None, heads: int) -> DecodeTiling:
+        """This tiling for a cache of ``cache`` slots whose layer runs ``heads`` attention heads'
+        parts per chunk (sequences x key/value heads; :attr:`round_programs`)."""
+        c = self.chunk
+        while self.round_programs and cache and heads * (cache // c) > self.round_programs and cache % (2 * c) == 0:
+            c *= 2
+        return self if c == self.chunk else replace(self, chunk=c)
+
     def __post_init__(self):
         from pto.errors import UsageError
 
         bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
                                                   "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
-                                                  "dot_bn")
+                                                  "dot_bn", "round_programs")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")

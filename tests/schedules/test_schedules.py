@@ -56,6 +56,52 @@ def test_lookup_order_user_then_shipped_then_heuristics(tmp_path):
     assert forced.launch_config(fn, 100)["num_warps"] == 1
 
 
+def test_an_h200_runs_the_h100s_shipped_schedules_where_it_ships_none_of_its_own(tmp_path):
+    fn = _gemm()
+    digest = TritonBackend("cpu").kernel(fn).digest
+    h200 = ScheduleDB("NVIDIA H200", user_dir=tmp_path / "user", shipped=(tmp_path / "shipped",))
+    other = ScheduleDB("AMD Instinct MI300X", user_dir=tmp_path / "user", shipped=(tmp_path / "shipped",))
+
+    def ship(device, params):  # writes where the shipped files live
+        ScheduleDB(device, user_dir=tmp_path / "shipped").store(
+            fn.name, Entry(fn.variant_name, "large", params, triton_version(), digest))
+
+    ship("NVIDIA H100 80GB HBM3", {"num_warps": 2})
+    assert h200.lookup(fn.name, fn.variant_name, 100, digest) == ({"num_warps": 2},
+                                                                   "shipped for nvidia_h100_80gb_hbm3")
+    origin = TritonBackend("cpu", schedules=h200).launch_origin(fn, 100)
+    assert "schedules pto ships for nvidia_h100_80gb_hbm3" in origin
+    assert other.lookup(fn.name, fn.variant_name, 100, digest) == ({}, "heuristic")  # not of the H100's kin
+    ship("NVIDIA H200", {"num_warps": 4})  # the device's own shipped entry comes first
+    assert h200.lookup(fn.name, fn.variant_name, 100, digest) == ({"num_warps": 4}, "shipped")
+    h200.store(fn.name, Entry(fn.variant_name, "large", {"num_warps": 8}, triton_version(), digest))
+    assert h200.lookup(fn.name, fn.variant_name, 100, digest) == ({"num_warps": 8}, "user")
+    assert [x.split(":")[0] for x in h200.explain(fn.name, fn.variant_name, 100, digest)] == [
+        "user", "shipped", "shipped for nvidia_h100_80gb_hbm3"]
+
+
+def test_the_shipped_llama_schedules_apply_on_an_h200(tmp_path):
+    """An H200 (the GPU lent today) finds the LLaMA layer's shipped H100 entries: every one of them
+    is the H200's too unless a folder of its own is shipped."""
+    from pto import programs
+
+    folders = programs.get("llama7b").schedules
+    h100 = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=tmp_path, shipped=folders)
+    h200 = ScheduleDB("NVIDIA H200", user_dir=tmp_path, shipped=folders)
+    files = sorted(h100.shipped_dirs[0].glob("*.json"))
+    assert files
+    for f in files:
+        for e in h100.entries(f.stem, h100.shipped_dirs[0]):
+            tasks = {"small": 1, "medium": 17, "large": 65}[e.bucket]
+            # (on a Triton other than the entries' each is stale for both, and both say so)
+            params, where = h100.lookup(f.stem, e.variant, tasks, e.source)
+            kin = "shipped for nvidia_h100_80gb_hbm3" if where == "shipped" else where
+            assert h200.lookup(f.stem, e.variant, tasks, e.source) == (params, kin), (f.stem, e.variant)
+            assert [x.replace("shipped for nvidia_h100_80gb_hbm3", "shipped")
+                    for x in h200.explain(f.stem, e.variant, tasks, e.source)] == \
+                h100.explain(f.stem, e.variant, tasks, e.source)
+
+
 def test_stale_entries_are_ignored_and_explained(tmp_path):
     fn = _gemm()
     db = _db(tmp_path)

@@ -201,6 +201,9 @@ class TritonBackend(Backend):
             return "launch settings given to the backend"
         where = self.schedules.lookup(fn.name, fn.variant_name, tasks, self.kernel(fn).schedule_digest)[1] \
             if self.schedules is not None else "heuristic"
+        if where.startswith("shipped for "):
+            return f"the schedules pto ships for {where[len('shipped for '):]}, which stand in for this GPU's; " \
+                   "pto tune --show lists them"
         return {"user": "the user's schedule database; pto tune --show lists it",
                 "shipped": "the schedules shipped with pto; pto tune --show lists them"}.get(where, "the heuristics")
 

@@ -8,7 +8,8 @@ and LLaMA-3 each keep their own entry). Lookup order: the user's database
 (``$PTO_CACHE_DIR/schedules/<device>/``, default ``~/.cache/pto/schedules/<device>/``, what
 ``pto tune`` writes), then the defaults the program ships beside its code (a program's
 ``schedules`` folders, e.g. ``orchestration/llama/schedules/<device>/``, :attr:`pto.program.Program.schedules`),
-then the renderer's heuristics. An entry records the
+then the defaults shipped for a device of the same architecture that stand in for it (:data:`KIN`: an
+H200 runs the H100's, measured faster than the heuristics there), then the renderer's heuristics. An entry records the
 Triton version and the kernel source hash it was measured with; an entry whose version or hash
 differs from the running one does not apply (``pto tune --show`` says so).
 
@@ -36,6 +37,13 @@ from pto.cache.cachedir import cache_root
 from pto.errors import UsageError
 
 FORMAT = 1
+#: devices whose shipped defaults stand in for another's where it ships none of its own, by device
+#: key: the same architecture, multiprocessors and shared memory, so the same kernels fit the same
+#: way. An H200 is an H100's SM90 die with more and faster HBM: the H100's shipped schedules against
+#: the heuristics on an H200 in one call, the 7B layer 15.48 against 17.70 ms at 16,384 tokens, 1.158
+#: against 1.220 at 1,537, 3.055 against 3.053 at 4,096; the Llama-3-8B layer at 4,096 2.94 against
+#: 2.93 ms in its fastest round (docs/PERF.md, "Schedules on the H200")
+KIN = {"nvidia_h200": ("nvidia_h100_80gb_hbm3",), "nvidia_h200_nvl": ("nvidia_h100_80gb_hbm3",)}
 BUCKETS = (("small", 16), ("medium", 64), ("large", None))
 
 
@@ -129,14 +137,18 @@ class ScheduleDB:
         key = device_key(device_name)
         self.user_dir = (user_dir or user_root()) / key
         self.shipped_dirs = tuple(Path(d) / key for d in shipped)
+        #: the shipped folders of :data:`KIN` devices, used where the device's own has no entry
+        self.kin_dirs = tuple(Path(d) / kin for kin in KIN.get(key, ()) for d in shipped)
         self.triton = triton_version()
         #: path -> (the file's stamp when read, its entries): a lookup reads a file again only
         #: when it changed (another process's `pto tune`, or :meth:`store`, replaces it whole)
         self._cache: dict[Path, tuple[tuple | None, list[Entry]]] = {}
 
     def _sources(self) -> list[tuple[str, Path]]:
-        """``(origin, folder)``: the user's database, then each shipped folder."""
-        return [("user", self.user_dir)] + [("shipped", d) for d in self.shipped_dirs]
+        """``(origin, folder)``: the user's database, then each shipped folder, then each shipped
+        folder of a kin device (origin ``shipped for <kin>``)."""
+        return ([("user", self.user_dir)] + [("shipped", d) for d in self.shipped_dirs]
+                + [(f"shipped for {d.name}", d) for d in self.kin_dirs])
 
     def entries(self, function: str, folder: Path | None = None) -> list[Entry]:
         """The entries of ``function``'s file in ``folder`` (the user's database by default;
@@ -157,7 +169,8 @@ class ScheduleDB:
     def lookup(self, function: str, variant: str, tasks: int, source: str) -> tuple[dict, str]:
         """``(params, origin)``: the current entry (Triton version and kernel source those running
         now) for the variant and the batch's bucket, from
-        the user's database, else the shipped defaults; ``({}, "heuristic")`` if neither has one."""
+        the user's database, else the shipped defaults, else a kin device's (``shipped for <kin>``);
+        ``({}, "heuristic")`` if none has one."""
         b = bucket(tasks)
         for where, folder in self._sources():
             for e in self.entries(function, folder):
@@ -208,4 +221,4 @@ def for_device(device: str, shipped: tuple[Path, ...] = ()) -> ScheduleDB | None
     return ScheduleDB("cpu", shipped=shipped)
 
 
-__all__ = ["ScheduleDB", "Entry", "bucket", "device_key", "for_device", "user_root", "FORMAT", "BUCKETS"]
+__all__ = ["ScheduleDB", "Entry", "KIN", "bucket", "device_key", "for_device", "user_root", "FORMAT", "BUCKETS"]

@@ -256,7 +256,7 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
         lines = ["schedules: none (PTO_SCHEDULES=none): the renderer's heuristics for every kernel"]
         db = ScheduleDB("none", user_dir=Path(os.devnull))
     else:
-        shipped = ", ".join(str(d) for d in db.shipped_dirs) or f"none for {job.program.name}"
+        shipped = ", ".join(str(d) for d in (*db.shipped_dirs, *db.kin_dirs)) or f"none for {job.program.name}"
         lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {shipped}; Triton "
                  f"{db.triton or 'not installed'})"]
     for shape in [job.program.shape(x) for x in shapes]:

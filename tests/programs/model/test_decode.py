@@ -493,6 +493,50 @@ def test_a_long_cache_takes_wider_chunks(monkeypatch):
     assert base["tasks"] - res["tasks"] == cfg.layers * 2 * 24 * cfg.layer.kv_heads
 
 
+def test_the_persistent_tiles_widen_the_chunks_to_one_round_of_parts(monkeypatch):
+    """``round_programs``: the megakernel's step widens the attention chunk until a layer's parts
+    (sequences x key/value heads x chunks) make one round over its programs, as far as the cache
+    divides the wider chunk; the step is still the reference's. On an H200 (264 programs) the
+    8B model's batch 8 goes from 1,024 parts of 64 slots a layer to 256 of 256; batch 1 and the
+    launches' tiles keep 64."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import DecodeTiling, build_step
+
+    from pto.engine import build_module_graph
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get as named_target
+
+    t = DecodeTiling(round_programs=264)
+    assert [t.for_round(c, h).chunk for c, h in ((1024, 64), (1024, 8), (1024, 24), (1088, 64), (None, 64))] == \
+        [256, 64, 128, 64, 64]
+    assert DecodeTiling().for_round(1024, 64).chunk == 64
+    h200 = named_target("cuda_h200")
+    cfg = mp.CONFIGS["llama3-8b"]
+    assert mp.tiling_for_executor(cfg, "persistent", h200).round_programs == 264
+    assert mp.tiling_for_executor(cfg, "waves", h200).round_programs is None
+
+    def parts_a_layer(executor, batch):
+        step = build_step(cfg, DType.BF16, h200, batch, mp.tiling_for_executor(cfg, executor, h200), cache=1024)
+        built = build_module_graph(step, {"B": batch, "C": 1024})
+        try:
+            n = sum(k for f, k in built.graph.tasks_per_variant().items() if f.name == "decode_attn_part")
+        finally:
+            built.graph.close()
+        return n // cfg.layers
+
+    assert [parts_a_layer(e, b) for e, b in (("persistent", 8), ("waves", 8), ("persistent", 1))] == [256, 1024, 128]
+    base = run("model", config="tiny", cache=256, batch=3, device="cpu", check=True, seed=21)
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, round_programs=12))
+    res = run("model", config="tiny", cache=256, batch=3, device="cpu", check=True, seed=21)
+    assert res["rel_err"] <= 1e-5, res
+    tiny = mp.CONFIGS["tiny"]
+    # 8 chunks of 32 a sequence before, 2 of 128 now: 3 sequences x 2 heads x 2 = 12 parts a layer
+    assert tiny.layer.kv_heads == 2
+    assert base["tasks"] - res["tasks"] == tiny.layers * 3 * tiny.layer.kv_heads * (8 - 2)
+
+
 @pytest.mark.parametrize("config,new", [("tiny", 20), ("tiny-swa", 70)])
 def test_one_sequence_ropes_in_its_projection_and_generates_the_reference_tokens(config, new):
     """Batch 1: RoPE and the cache append in the q, k, v projection's epilogue (one task a layer
