@@ -33,6 +33,7 @@ from pto.orchestration.model.quantized import (
     weight_shapes,
 )
 from pto.orchestration.model.reference import KVCache, ReferenceModel
+from pto.orchestration.model.tiling import round_block
 
 from pto import Var
 from pto.errors import UsageError
@@ -151,8 +152,7 @@ def megakernel_block(outputs: int, target: Target | None = None) -> int:
     :data:`MEGAKERNEL_PER_SM` items a multiprocessor, else 16 (more than one round: outputs past
     32 a multiprocessor). The 8B model's 4096 outputs on an H200: 16, 256 items on 264 programs;
     the 1B model's 2048: 8."""
-    need = -(-outputs // megakernel_programs(target))
-    return min(16, max(4, 1 << (need - 1).bit_length()))
+    return round_block(outputs, megakernel_programs(target), 4, 16)
 
 
 def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None = None) -> DecodeTiling:

@@ -57,6 +57,15 @@ class DecodeTiling:
     #: 6.406 against 6.743 ms a step on an H200, the 1B shape's 1.508 against 1.642 (the wave
     #: executor's 1.581 in the same call; docs/PERF.md, "Batch 8: one round of attention parts")
     round_programs: int | None = None
+    #: from 2 sequences on (tensor-core dots of 16 rows and more), with ``round_programs``: each
+    #: projection's output block the narrowest power of two from 16 to :data:`DOT_ROUND_MAX`
+    #: whose items make one round over the programs (:func:`round_block`), its K step keeping the
+    #: weight bytes of ``dot_bn`` x ``dot_bk`` a step; off: every projection in ``dot_bn``.
+    #: ``dot_bn`` 32 gives the 8B model at batch 8 128 items for its o and down projections (half
+    #: of an H200's 264 programs idle) and 448 for its gate/up (two rounds, 77 us a layer on the
+    #: critical path against 59 at batch 1): not measured yet, so off (docs/PERF.md, "Batch 8:
+    #: one round of attention parts")
+    dot_round: bool = False
     #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
     #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of
     #: 2048 against 84.7 in 4 and 1024 on an H100 (its other projections no faster)
@@ -133,6 +142,17 @@ class DecodeTiling:
                              "task's key tiles must cover its chunk exactly)")
 
 
+#: the widest output block :attr:`DecodeTiling.dot_round` gives a projection
+DOT_ROUND_MAX = 64
+
+
+def round_block(outputs: int, programs: int, least: int, most: int) -> int:
+    """The narrowest power of two from ``least`` to ``most`` that cuts ``outputs`` outputs into at
+    most ``programs`` blocks (one round over that many programs), else ``most``."""
+    need = -(-outputs // programs)
+    return min(most, max(least, 1 << (need - 1).bit_length()))
+
+
 #: the most partial states of a head the combine reads at once (its strided tile of them is
 #: this many rows of the head size, f32)
 COMBINE_ROWS = 32
@@ -156,4 +176,4 @@ def tile_rows(batch: int) -> int:
     return batch if batch == 1 else max(batch, 16)
 
 
-__all__ = ["DecodeTiling", "COMBINE_ROWS", "spans", "tile_rows"]
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "round_block", "spans", "tile_rows"]

@@ -537,6 +537,40 @@ def test_the_persistent_tiles_widen_the_chunks_to_one_round_of_parts(monkeypatch
     assert base["tasks"] - res["tasks"] == tiny.layers * 3 * tiny.layer.kv_heads * (8 - 2)
 
 
+def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_step(monkeypatch):
+    """``dot_round`` (from 2 sequences on, with ``round_programs``): each projection's output
+    block is the narrowest power of two from 16 whose items fit one round, its K step keeping a
+    step's weight bytes. The 8B model at batch 8 on an H200's 264 programs: o and down in 16
+    (256 items, 128 in ``dot_bn``'s 32), q/k/v in 32 (192), gate/up in 64 (224, two rounds of 448
+    in 32). On tiny (round_programs 4: the attention chunk widens too) the step is the
+    reference's."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import dot_tiles
+
+    from pto.machine.target import get as named_target
+
+    cfg, h200 = mp.CONFIGS["llama3-8b"], named_target("cuda_h200")
+    c = cfg.layer
+    own = mp.tiling_for_executor(cfg, "persistent", h200)
+    plain = dot_tiles(own, c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
+    assert (plain.bn, plain.bk, plain.qkv_bn, plain.ffn_bn) == (32, 128, None, None)
+    t = dot_tiles(replace(own, dot_round=True), c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
+    assert (t.bn, t.bk, t.qkv_bn, t.qkv_bk, t.ffn_bn, t.ffn_bk) == (16, 256, 32, 128, 64, 64)
+    assert [-(-n // b) for n, b in ((c.hidden, t.bn), (c.q_dim + 2 * c.kv_dim, t.qkv_bn), (c.ffn, t.ffn_bn))] == \
+        [256, 192, 224]
+    tiny = replace(mp.TINY_TILING, round_programs=4, dot_round=True)
+    d = mp.CONFIGS["tiny"].layer
+    tt = dot_tiles(tiny, d.hidden, d.q_dim + 2 * d.kv_dim, d.ffn)
+    assert (tt.bn, tt.bk, tt.qkv_bn, tt.qkv_bk, tt.ffn_bn, tt.ffn_bk) == (16, 64, 32, 32, 64, 16)  # (plain: 32, 32)
+    base = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=23)
+    monkeypatch.setattr(mp, "TINY_TILING", tiny)
+    res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=23)
+    assert res["rel_err"] <= 1e-5, res
+    assert res["tasks"] != base["tasks"]
+
+
 @pytest.mark.parametrize("config,new", [("tiny", 20), ("tiny-swa", 70)])
 def test_one_sequence_ropes_in_its_projection_and_generates_the_reference_tokens(config, new):
     """Batch 1: RoPE and the cache append in the q, k, v projection's epilogue (one task a layer
