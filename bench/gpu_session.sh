@@ -47,6 +47,10 @@
 #   sched       issue 49: the H100's shipped schedules (PTO_SCHEDULES=nvidia_h100_80gb_hbm3) against none, the
 #               heuristics an H200 runs today: the 7B layer at $SCHED_SEQS (default 1537,4096,16384; none with
 #               eager and torch.compile), the Llama-3-8B layer at $SCHED8B_SEQS (4096), 3 rounds each
+#   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
+#               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
+#               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection; then the
+#               default step of each traced (--records: every item's start and end, for bench/records.py)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -183,6 +187,15 @@ for stage in "$@"; do
             python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
               --seq "${LAYER8B_SEQS:-1024,4096,16384}" --executor waves --json "$OUT/layers_8b.json" \
               > "$OUT/layers_8b.log" 2>&1; tail -4 "$OUT/layers_8b.log" ;;
+    tiles) python3 bench/decode.py --configs "${TILES_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 8 \
+             --long 0 --steps 32 --executors persistent --hf-configs none --tilings 'default;+dot_round=1' \
+             --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log"
+           python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --tilings 'default;+rope_in_qkv=1' \
+             --budget 200 --json "$OUT/tiles_rope.json" > "$OUT/tiles_rope.log" 2>&1; grep "ms  floor" "$OUT/tiles_rope.log"
+           mkdir -p "$OUT/records"
+           python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 120 \
+             --records "$OUT/records" --json "$OUT/tiles_records.json" > "$OUT/tiles_records.log" 2>&1
+           ls "$OUT/records" ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null
