@@ -49,7 +49,8 @@
 #               eager and torch.compile), the Llama-3-8B layer at $SCHED8B_SEQS (4096), 3 rounds each
 #   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
 #               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
-#               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection; then the
+#               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection, SmolLM2's
+#               attention in chunks of 256 and 1024 (a head's whole cache: fewer parts to combine); then the
 #               default step of each traced (--records: every item's start and end, for bench/records.py)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
@@ -192,6 +193,8 @@ for stage in "$@"; do
              --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log"
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --tilings 'default;+rope_in_qkv=1' \
              --budget 200 --json "$OUT/tiles_rope.json" > "$OUT/tiles_rope.log" 2>&1; grep "ms  floor" "$OUT/tiles_rope.log"
+           python3 bench/megakernel.py --configs smollm2-135m --waves default --tilings 'default;+chunk=256;+chunk=1024' \
+             --budget 120 --json "$OUT/tiles_chunk.json" > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
            mkdir -p "$OUT/records"
            python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 120 \
              --records "$OUT/records" --json "$OUT/tiles_records.json" > "$OUT/tiles_records.log" 2>&1
