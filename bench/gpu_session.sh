@@ -52,6 +52,10 @@
 #               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection, SmolLM2's
 #               attention in chunks of 256 and 1024 (a head's whole cache: fewer parts to combine); then the
 #               default step of each traced (--records: every item's start and end, for bench/records.py)
+#   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:1537,4096,16384"; entries
+#               PROGRAM:SEQS, space-separated; --config 7b for llama7b, --config llama3-8b for llama) within
+#               $TUNE_BUDGET s each (default 240), into a database of its own copied to $OUT/schedules_<device>/
+#               (what to ship: orchestration/llama/schedules/<device>/)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -199,6 +203,14 @@ for stage in "$@"; do
            python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 120 \
              --records "$OUT/records" --json "$OUT/tiles_records.json" > "$OUT/tiles_records.log" 2>&1
            ls "$OUT/records" ;;
+    tune) for entry in ${TUNE_PROGRAMS:-llama7b:1537,4096,16384}; do
+            prog=${entry%%:*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b
+            PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "$prog" --config $cfg --seq "${entry#*:}" \
+              --budget-s "${TUNE_BUDGET:-240}" --json "$OUT/tune_$prog.json" > "$OUT/tune_$prog.log" 2>&1
+            echo "rc=$? $entry"; tail -4 "$OUT/tune_$prog.log"
+          done
+          for d in /tmp/tune_pto/schedules/*/; do cp -r "$d" "$OUT/schedules_$(basename "$d")"; done
+          ls "$OUT"/schedules_* ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null

@@ -8,7 +8,9 @@ stages, the grouped program order where the function has a parallel axis) is run
 its outputs are compared with the torch backend's on the same inputs (a candidate outside the
 dtype's tolerance is never kept), the survivors are timed (CUDA events, median), and the fastest
 is stored for the variant and the batch's shape bucket, with the Triton version and the kernel's
-source hash. Variants go in order of their estimated cost, biggest first, within a time budget;
+source hash. The candidates' kernels compile at once on the compile threads
+(:mod:`pto.backends.triton.ahead`, ``PTO_COMPILE_THREADS``), and no timing starts before they
+have all ended. Variants go in order of their estimated cost, biggest first, within a time budget;
 the database is written after each variant, so an interrupted run keeps what it measured.
 """
 
@@ -149,34 +151,50 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, dea
         space(fn, torch.cuda.get_device_capability(device) if compiled else None)
     cuda = device.type == "cuda"
     result = Result(fn.variant_name, fn.name, batch.size, len(cands), 0, None, None, None)
-    # None first: what runs today (the database's entry, else the renderer's heuristics), the
-    # baseline a candidate must beat to be stored
+
+    def reject(cand, why: str) -> None:
+        result.rejected += 1
+        if on_measure:
+            on_measure(label, cand, None, why)
+
+    # every candidate's kernel compiled at once on the compile threads (pto.backends.triton.ahead:
+    # a compile is seconds, most of it outside Python's lock), each run once as its compile ends
+    # and checked; the timings only after every compile has ended, so that none competes with them
+    # for the CPU that launches. None first: what runs today (the database's entry, else the
+    # renderer's heuristics), the baseline a candidate must beat to be stored
+    prepared = []
     for cand in [None, *cands]:
-        if time.monotonic() > deadline:
-            break
         be = TritonBackend(device, schedules=db) if cand is None else _backend(device, cand, fn.variant_name)
         work = _clone(snapshot, written)
         try:
-            launch = be.prepare(work)
+            prepared.append((cand, be, work, be.prepare_ahead(work) if compiled else be.prepare(work)))
+        except Exception as e:  # a candidate that cannot even be rendered for this batch
+            reject(cand, type(e).__name__)
+    ran = []
+    for i, (cand, be, work, launch) in enumerate(prepared):
+        if time.monotonic() > deadline:  # the compiles not started yet are not needed
+            for *_, rest in prepared[i:]:
+                if getattr(rest, "future", None) is not None:
+                    rest.future.cancel()
+            break
+        try:
             launch()
             if cuda:
                 torch.cuda.synchronize()
         except Exception as e:  # a candidate Triton cannot compile (too much shared memory, ...)
-            result.rejected += 1
-            if on_measure:
-                on_measure(label, cand, None, type(e).__name__)
+            reject(cand, type(e).__name__)
             continue
         if accept({n: work.mems[n].tensor for n in written}, ref_out, dtype) is None:
-            result.rejected += 1  # never kept, whatever its speed
-            if on_measure:
-                on_measure(label, cand, None, "wrong result")
+            reject(cand, "wrong result")  # never kept, whatever its speed
             continue
         unfit = be.unfit_specializations(fn, batch.size) if cand is not None and be.compiles else []
         if unfit:  # a residual tile's launch would need what the device does not have
-            result.rejected += 1
-            if on_measure:
-                on_measure(label, cand, None, unfit[0])
+            reject(cand, unfit[0])
             continue
+        ran.append((cand, launch))
+    for cand, launch in ran:
+        if time.monotonic() > deadline:
+            break
         ms = round(median_ms(launch, search.iterations, search.warmup, cuda=cuda), 4)
         if cand is None:
             result.default_ms = ms
