@@ -50,8 +50,9 @@
 #   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
 #               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
 #               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection, SmolLM2's
-#               attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts to combine); then the
-#               default step of each traced (--records: every item's start and end, for bench/records.py)
+#               attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts to combine)
+#   records     issue 45: the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
+#               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:1537,4096,16384"; entries
 #               PROGRAM:SEQS, space-separated; --config 7b for llama7b, --config llama3-8b for llama) within
 #               $TUNE_BUDGET s each (default 240), into a database of its own copied to $OUT/schedules_<device>/
@@ -199,10 +200,11 @@ for stage in "$@"; do
              --budget 200 --json "$OUT/tiles_rope.json" > "$OUT/tiles_rope.log" 2>&1; grep "ms  floor" "$OUT/tiles_rope.log"
            python3 bench/megakernel.py --configs smollm2-135m --waves default --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' \
              --budget 120 --json "$OUT/tiles_chunk.json" > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
-           mkdir -p "$OUT/records"
-           python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 120 \
-             --records "$OUT/records" --json "$OUT/tiles_records.json" > "$OUT/tiles_records.log" 2>&1
-           ls "$OUT/records" ;;
+           ;;
+    records) mkdir -p "$OUT/records"
+             python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 240 \
+               --records "$OUT/records" --json "$OUT/records.json" > "$OUT/records.log" 2>&1
+             ls "$OUT/records" ;;
     tune) for entry in ${TUNE_PROGRAMS:-llama7b:1537,4096,16384}; do
             prog=${entry%%:*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b
             PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "$prog" --config $cfg --seq "${entry#*:}" \
