@@ -49,9 +49,11 @@
 #               eager and torch.compile), the Llama-3-8B layer at $SCHED8B_SEQS (4096), 3 rounds each
 #   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
 #               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
-#               round of items), batch 1 of the 1B and 8B with RoPE in the q, k, v projection, SmolLM2's
-#               attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts to combine)
-#   records     issue 45: the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
+#               round of items); batch 1 of the 1B and 8B with RoPE in the q, k, v projection, and with the q,
+#               k, v and o projections in K steps of 2048 (the 1B's whole contraction: all its weights load
+#               before the wait)
+#   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
+#               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:1537,4096,16384"; entries
 #               PROGRAM:SEQS, space-separated; --config 7b for llama7b, --config llama3-8b for llama) within
@@ -196,12 +198,13 @@ for stage in "$@"; do
     tiles) python3 bench/decode.py --configs "${TILES_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 8 \
              --long 0 --steps 32 --executors persistent --hf-configs none --tilings 'default;+dot_round=1' \
              --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log"
-           python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --tilings 'default;+rope_in_qkv=1' \
-             --budget 200 --json "$OUT/tiles_rope.json" > "$OUT/tiles_rope.log" 2>&1; grep "ms  floor" "$OUT/tiles_rope.log"
-           python3 bench/megakernel.py --configs smollm2-135m --waves default --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' \
-             --budget 120 --json "$OUT/tiles_chunk.json" > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
-           ;;
-    records) mkdir -p "$OUT/records"
+           python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" \
+             --tilings 'default;+rope_in_qkv=1;+qkv_bk=2048,o_bk=2048' --budget 240 --json "$OUT/tiles_b1.json" \
+             > "$OUT/tiles_b1.log" 2>&1; grep "ms  floor" "$OUT/tiles_b1.log" ;;
+    records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
+               --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \
+               > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
+             mkdir -p "$OUT/records"
              python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 240 \
                --records "$OUT/records" --json "$OUT/records.json" > "$OUT/records.log" 2>&1
              ls "$OUT/records" ;;
