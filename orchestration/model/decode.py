@@ -448,5 +448,5 @@ class _Step:
 
 
 # (DecodeTiling, spans and tile_rows: pto.orchestration.model.tiling, kept importable from here)
-__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "build_step", "vocab_split",
+__all__ = ["DecodeTiling", "DecodeFunctions", "functions", "dot_tiles", "build_step", "vocab_split",
            "allreduce_dtype", "COMBINE_ROWS", "spans", "tile_rows"]
