@@ -251,6 +251,24 @@ def _gemm_of(result):
     return next(v.func for v in cp.variants if v.func.variant_name == result["variant"])
 
 
+def test_the_tuners_candidates_compile_kernels_of_their_own():
+    """Compiles of one kernel are one at a time per @triton.jit object (pto.backends.triton.ahead's
+    lock), so each candidate's backend loads a private copy of the kernel: one object per
+    candidate, the same for the same candidate, none shared with the process's own."""
+    from pto.backends.triton.loader import load_kernel
+    from pto.cli.commands.tune import _backend
+
+    fn = _gemm()
+    shared = TritonBackend("cpu")
+    a, b = (_backend("cpu", {"num_warps": w}, fn.variant_name) for w in (4, 8))
+    again = _backend("cpu", {"num_warps": 8}, fn.variant_name)
+    kernel = shared.kernel(fn)
+    jits = [load_kernel(kernel, be.kernel_copy) for be in (shared, a, b, again)]
+    assert shared.kernel_copy is None and load_kernel(kernel) is jits[0]
+    assert len({id(j) for j in jits[:3]}) == 3 and jits[3] is jits[2]
+    assert all(j.fn.__code__.co_code == jits[0].fn.__code__.co_code for j in jits)
+
+
 def test_a_wrong_candidate_is_never_kept():
     """The acceptance check on real outputs: a result off by more than the dtype's tolerance is
     rejected, one within it accepted (on a GPU, tf32 for an f32 GEMM is such a candidate:

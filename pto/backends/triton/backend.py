@@ -119,6 +119,12 @@ class TritonBackend(Backend):
         self.split = split_mode(split)
         self._kernels: dict[tuple, RenderedKernel] = {}
         self._shared: int | None = None
+        #: the name of this backend's private copy of every kernel's ``@triton.jit`` function
+        #: (:func:`~.loader.load_kernel`; None: the process's shared one). Compiles of one kernel
+        #: are one at a time per function object (:mod:`.ahead`), so backends that launch one
+        #: kernel under different launch settings (pto tune's candidates) each take a copy to
+        #: compile at once
+        self.kernel_copy: str | None = None
 
     def _tma(self) -> bool:
         """Tensor-descriptor loads: asked for by the options (``RenderOptions(tma=True)``; refused
@@ -236,7 +242,7 @@ class TritonBackend(Backend):
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
         kernel = self.kernel(fn, self.batch_options(cfg, batch))
-        jit = load_kernel(kernel)
+        jit = load_kernel(kernel, self.kernel_copy)
         args = []
         for p in fn.memrefs:
             t = batch.mems[p.name].tensor

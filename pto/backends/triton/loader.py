@@ -19,7 +19,8 @@ from pto.cache.cachedir import cache_root
 from pto.codegen.triton import RenderedKernel
 from pto.errors import ExecutionError
 
-_MODULES: dict[str, object] = {}  # digest -> imported kernel module (shared by all backends)
+#: (digest, copy) -> imported kernel module (copy None: the one all backends share)
+_MODULES: dict[tuple[str, str | None], object] = {}
 log = logging.getLogger("pto.cache")  # repairs of cache entries (as pto.cache.cbuild's)
 
 
@@ -50,22 +51,24 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def load_kernel(kernel: RenderedKernel):
-    """The ``@triton.jit`` function of a rendered kernel, imported from its cache file."""
-    mod = _MODULES.get(kernel.digest)
+def load_kernel(kernel: RenderedKernel, copy: str | None = None):
+    """The ``@triton.jit`` function of a rendered kernel, imported from its cache file; ``copy``
+    names a private copy of it (a function object of its own, compiled and locked apart from the
+    shared one: :attr:`TritonBackend.kernel_copy <pto.backends.triton.backend.TritonBackend.kernel_copy>`)."""
+    mod = _MODULES.get((kernel.digest, copy))
     if mod is None:
         if importlib.util.find_spec("triton") is None:
             raise ExecutionError("the triton backend needs the `triton` package (pip install triton)")
         path = cache_dir() / f"{kernel.digest}.py"
         _write_atomic(path, kernel.source)
-        name = f"_pto_triton_{kernel.digest}"
+        name = f"_pto_triton_{kernel.digest}" + (f"_{len(_MODULES)}" if copy is not None else "")
         # compiled from the source in hand, not through an import: no bytecode cache to go stale
         # or corrupt; Triton reads the function's source back from the file, which holds it
         mod = types.ModuleType(name)
         mod.__file__ = str(path)
         sys.modules[name] = mod
         exec(compile(kernel.source, str(path), "exec"), mod.__dict__)
-        _MODULES[kernel.digest] = mod
+        _MODULES[(kernel.digest, copy)] = mod
     return getattr(mod, kernel.name)
 
 

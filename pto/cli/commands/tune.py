@@ -128,8 +128,11 @@ def accept(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], dtype: st
 
 def _backend(device, cand: dict | None, variant: str) -> TritonBackend:
     """A backend running ``cand`` for ``variant``: launch parameters, and RenderOptions fields
-    (e.g. ``input_precision``) that switch the generated code."""
-    return TritonBackend(device, launch={variant: dict(cand)} if cand else None)
+    (e.g. ``input_precision``) that switch the generated code; its kernels are copies of their
+    own (:attr:`TritonBackend.kernel_copy`), so that the candidates of one kernel compile at once."""
+    be = TritonBackend(device, launch={variant: dict(cand)} if cand else None)
+    be.kernel_copy = f"tune {sorted(cand.items()) if cand else None}"
+    return be
 
 
 def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, deadline: float, label: str) -> Result:
