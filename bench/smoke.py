@@ -10,7 +10,8 @@ Jobs run N at a time (default: the CPU count up to 8; the Triton compiles domina
 on the CPU); a run passes when it exits 0 and, where it prints JSON with ``rel_err``, the error
 is within the dtype's tolerance (bf16 2e-2, f32 1e-4). A job that needs what the machine lacks
 (``dot`` for drawings, a C compiler, two GPUs) is skipped and says why. On a device other than
-the H100 the H100's shipped schedules run too (``PTO_SCHEDULES``). Exit status 1 if any job
+the H100 the H100's shipped schedules run too (``PTO_SCHEDULES``), unless the device runs them
+already (an H200 without schedules of its own). Exit status 1 if any job
 failed. Timings are not measurements: the jobs share the GPU.
 """
 
@@ -165,6 +166,23 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
 
 
+def schedule_sets(dev: str) -> dict[str, dict]:
+    """The schedules the matrix runs under, by name: the device's own (what a user gets), none
+    (the heuristics) and, on another GPU than the H100, the H100's shipped ones, unless the device
+    runs those already (it ships no folder of its own and the H100 stands in for it:
+    pto.backends.triton.schedules.KIN)."""
+    from pto import programs
+    from pto.backends.triton.schedules import ScheduleDB, device_key
+
+    sets = {"device": {}, "none": {"PTO_SCHEDULES": "none"}}
+    if not dev or dev == H100:
+        return sets
+    db = ScheduleDB(dev, shipped=programs.get("llama7b").schedules)
+    if any(d.is_dir() for d in db.shipped_dirs) or device_key(H100) not in {d.name for d in db.kin_dirs}:
+        sets["h100"] = {"PTO_SCHEDULES": H100}
+    return sets
+
+
 def missing(needs: str) -> str | None:
     if needs == "dot" and shutil.which("dot") is None:
         return "graphviz's dot is not installed"
@@ -257,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         load_tokenizer(args.save_tokenizer).backend.save(str(TOKENIZER))
         return 0
     dev = device_name()
-    schedules = {"device": {}, "none": {"PTO_SCHEDULES": "none"}}
-    if dev and dev != H100:
-        schedules["h100"] = {"PTO_SCHEDULES": H100}
+    schedules = schedule_sets(dev)
     k, n = shard(args.shard) if args.shard else (1, 1)
     tmp = Path(tempfile.mkdtemp(prefix="pto-smoke-"))
     jobs = [j for j in readme_jobs(tmp) + matrix_jobs(schedules) if any(o in j.name for o in args.only.split(","))]

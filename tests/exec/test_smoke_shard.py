@@ -1,6 +1,6 @@
 """bench/smoke.py --shard K/N: the GPU smoke check split over N device calls. The N shards'
 jobs are the whole check's, each once, in its order; a shard that is not K/N with 1 <= K <= N is
-one line naming what was written."""
+one line naming what was written. The schedules the matrix runs under, by device."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ def test_the_shards_are_the_whole_check_each_job_once(capsys):
 def test_a_shard_that_is_not_k_of_n_is_one_line(bad):
     with pytest.raises(SystemExit, match=rf"^smoke: --shard {bad}: K/N, the K-th of N parts \(1 <= K <= N\)$"):
         smoke.main(["--list", "--shard", bad])
+
+
+def test_the_h100s_schedules_run_apart_only_where_the_device_does_not_run_them_already():
+    h100 = {"PTO_SCHEDULES": smoke.H100}
+    assert "h100" not in smoke.schedule_sets(smoke.H100) and "h100" not in smoke.schedule_sets("")
+    # an H200 ships no folder of its own: it runs the H100's (KIN), which the "device" jobs check
+    assert smoke.schedule_sets("NVIDIA H200") == {"device": {}, "none": {"PTO_SCHEDULES": "none"}}
+    assert smoke.schedule_sets("NVIDIA A100-SXM4-80GB")["h100"] == h100
