@@ -51,7 +51,8 @@
 #               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
 #               round of items); batch 1 of the 1B and 8B with RoPE in the q, k, v projection, and with the q,
 #               k, v and o projections in K steps of 2048 (the 1B's whole contraction: all its weights load
-#               before the wait)
+#               before the wait); SmolLM2 at batch 8, both executors, its dots in K steps of 512 and 1024
+#               (its contractions, 576 and 1536, in one or two steps: 128 makes five and twelve)
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
 #               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
@@ -200,7 +201,10 @@ for stage in "$@"; do
              --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log"
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" \
              --tilings 'default;+rope_in_qkv=1;+qkv_bk=2048,o_bk=2048' --budget 240 --json "$OUT/tiles_b1.json" \
-             > "$OUT/tiles_b1.log" 2>&1; grep "ms  floor" "$OUT/tiles_b1.log" ;;
+             > "$OUT/tiles_b1.log" 2>&1; grep "ms  floor" "$OUT/tiles_b1.log"
+           python3 bench/decode.py --configs smollm2-135m --batches 8 --long 0 --steps 32 --executors persistent,waves \
+             --hf-configs none --tilings 'default;+dot_bk=512;+dot_bk=1024' --json "$OUT/tiles_smol_b8.json" \
+             > "$OUT/tiles_smol_b8.log" 2>&1; grep "B=" "$OUT/tiles_smol_b8.log" ;;
     records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
                --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \
                > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
