@@ -11,7 +11,12 @@ that ran them, the **rounds** (the most items of a task one program ran; a task'
 at the bandwidth when every program is busy, so its span is about its rounds times an item),
 the item's median and 90th percentile, and over its tasks the summed span and **tail** (a task's
 last end after the earliest of its programs' last ends: how long programs that had finished
-their share of the task waited while others ran its last round).
+their share of the task waited while others ran its last round). A task's span past its median
+item is the spread; two columns split it: the **skew** (its last item's start after its first's)
+and the **slow** (its longest item past the median). Where the trace knows each item's
+multiprocessor (the GPU's), the **shared** column is the median item of a task's items that ran
+beside another of its items on one multiprocessor over those that ran alone there (1.00: no
+difference; empty where a task has no items of both kinds).
 """
 
 from __future__ import annotations
@@ -29,16 +34,20 @@ def save(path: str, records, programs: int) -> None:
     funcs = sorted({r.func for r in records})
     index = {f: i for i, f in enumerate(funcs)}
     t0 = min((r.start_ns for r in records), default=0)
-    cols = np.array([(r.task, r.p, r.program, r.start_ns - t0, r.end_ns - t0, r.segment, index[r.func])
-                     for r in records], np.int64).reshape(-1, 7)
+    cols = np.array([(r.task, r.p, r.program, r.start_ns - t0, r.end_ns - t0, r.segment, index[r.func], r.sm)
+                     for r in records], np.int64).reshape(-1, 8)
     np.savez_compressed(path, items=cols, funcs=np.array(funcs), programs=np.int64(programs))
 
 
 def load(path: str) -> tuple[np.ndarray, list[str], int]:
-    """``(items [n, 7]: task, p, program, start, end, segment, variant index; variant names;
-    programs)`` of a file :func:`save` wrote."""
+    """``(items [n, 8]: task, p, program, start, end, segment, variant index, multiprocessor (-1:
+    not known; a file saved before it was traced has none); variant names; programs)`` of a file
+    :func:`save` wrote."""
     with np.load(path) as f:
-        return f["items"], [str(x) for x in f["funcs"]], int(f["programs"])
+        items = f["items"]
+        if items.shape[1] == 7:
+            items = np.concatenate([items, np.full((len(items), 1), -1, np.int64)], 1)
+        return items, [str(x) for x in f["funcs"]], int(f["programs"])
 
 
 def task_stats(items: np.ndarray) -> dict[int, dict]:
@@ -55,8 +64,25 @@ def task_stats(items: np.ndarray) -> dict[int, dict]:
         dur = it[:, 4] - it[:, 3]
         out[int(t)] = {"func": int(it[0, 6]), "items": len(it), "programs": len(progs), "rounds": int(counts.max()),
                        "item_ns": float(np.median(dur)), "item90_ns": float(np.percentile(dur, 90)),
-                       "span_ns": float(it[:, 4].max() - it[:, 3].min()), "tail_ns": float(last.max() - last.min())}
+                       "span_ns": float(it[:, 4].max() - it[:, 3].min()), "tail_ns": float(last.max() - last.min()),
+                       "skew_ns": float(it[:, 3].max() - it[:, 3].min()),
+                       "slow_ns": float(dur.max() - np.median(dur)), "shared": shared_ratio(it, dur)}
     return out
+
+
+def shared_ratio(it: np.ndarray, dur: np.ndarray) -> float | None:
+    """The median duration of a task's items whose multiprocessor ran another of its items at the
+    same time over that of those that ran alone on theirs (None: multiprocessors not known, or
+    items of one kind only)."""
+    sm = it[:, 7]
+    if (sm < 0).any():
+        return None
+    start, end = it[:, 3], it[:, 4]
+    same = (sm[:, None] == sm[None, :]) & (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
+    beside = same.sum(1) > 1  # (each item overlaps itself)
+    if beside.all() or not beside.any():
+        return None
+    return float(np.median(dur[beside]) / np.median(dur[~beside]))
 
 
 def by_variant(stats: dict[int, dict], funcs: list[str]) -> list[dict]:
@@ -67,10 +93,12 @@ def by_variant(stats: dict[int, dict], funcs: list[str]) -> list[dict]:
         groups[s["func"]].append(s)
     rows = []
     for f, ss in groups.items():
+        shared = [s["shared"] for s in ss if s["shared"] is not None]
         rows.append({"variant": funcs[f], "tasks": len(ss),
                      **{k: float(np.mean([s[k] for s in ss])) for k in ("items", "programs", "rounds", "item_ns",
                                                                         "item90_ns")},
-                     "span_us": sum(s["span_ns"] for s in ss) / 1e3, "tail_us": sum(s["tail_ns"] for s in ss) / 1e3})
+                     **{f"{k}_us": sum(s[f"{k}_ns"] for s in ss) / 1e3 for k in ("span", "tail", "skew", "slow")},
+                     "shared": float(np.median(shared)) if shared else None})
     return sorted(rows, key=lambda r: -r["span_us"])
 
 
@@ -81,11 +109,12 @@ def report(path: str, top: int) -> list[str]:
     span = (items[:, 4].max() - items[:, 3].min()) / 1e3 if len(items) else 0.0
     lines = [f"{path}: {len(items):,} items, {len(stats):,} tasks, {programs} programs, span {span:.1f} us",
              f"  {'variant':44s} {'tasks':>5s} {'items':>7s} {'progs':>6s} {'rounds':>6s} {'item us':>8s} "
-             f"{'p90 us':>7s} {'span us':>9s} {'tail us':>8s}"]
+             f"{'p90 us':>7s} {'span us':>9s} {'tail us':>8s} {'skew us':>8s} {'slow us':>8s} {'shared':>6s}"]
     for r in rows[:top]:
+        shared = "" if r["shared"] is None else f"{r['shared']:.2f}"
         lines.append(f"  {r['variant'][:44]:44s} {r['tasks']:5d} {r['items']:7.1f} {r['programs']:6.1f} "
                      f"{r['rounds']:6.2f} {r['item_ns'] / 1e3:8.2f} {r['item90_ns'] / 1e3:7.2f} {r['span_us']:9.1f} "
-                     f"{r['tail_us']:8.1f}")
+                     f"{r['tail_us']:8.1f} {r['skew_us']:8.1f} {r['slow_us']:8.1f} {shared:>6s}")
     return lines
 
 

@@ -47,6 +47,7 @@ class ItemRecord:
     end_ns: int
     func: str  # variant name
     segment: int = 0  # the launch (segment of a split plan, pto.exec.segments) that ran it
+    sm: int = -1  # the multiprocessor its program ran on (-1: not known)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """bench/records.py, the persistent executor's traced items saved on the GPU and studied off it:
 a round trip through its file, and per task its items, programs, rounds, median item, span and
-tail, against records whose schedule is known."""
+tail, its skew and slowest item, and (where the trace knows each item's multiprocessor) the
+items that shared one against those that ran alone, against records whose schedule is known."""
 
 from __future__ import annotations
 
@@ -28,15 +29,35 @@ def test_rounds_and_tails_of_a_known_schedule(tmp_path):
     path = str(tmp_path / "run.npz")
     records.save(path, recs, programs=2)
     items, funcs, programs = records.load(path)
-    assert programs == 2 and funcs == ["f", "g"] and items.shape == (5, 7)
+    assert programs == 2 and funcs == ["f", "g"] and items.shape == (5, 8) and (items[:, 7] == -1).all()
     assert items[:, 3].min() == 0 and items[:, 5].tolist() == [0, 0, 0, 1, 1]
     stats = records.task_stats(items)
     f, g = stats[7], stats[9]
     assert (f["items"], f["programs"], f["rounds"]) == (3, 2, 2)
     assert f["item_ns"] == 10 and f["span_ns"] == 22 and f["tail_ns"] == 22 - 11
     assert (g["items"], g["rounds"], g["span_ns"], g["tail_ns"]) == (2, 1, 8, 3)
+    assert (f["skew_ns"], f["slow_ns"], g["skew_ns"], g["slow_ns"]) == (10, 2, 0, 1.5)
+    assert f["shared"] is None  # (no multiprocessors in these records)
     rows = records.by_variant(stats, funcs)
     assert [r["variant"] for r in rows] == ["f", "g"]  # the longest total span first
     assert rows[0]["span_us"] == 22 / 1e3 and rows[0]["tail_us"] == 11 / 1e3
     lines = records.report(path, top=5)
     assert "5 items, 2 tasks, 2 programs" in lines[0] and lines[2].split()[0] == "f"
+
+
+def test_items_beside_another_on_one_multiprocessor_against_those_alone(tmp_path):
+    """Task 3's items 0 and 1 run at once on multiprocessor 5 (10 and 14 units), item 2 alone on
+    6 (8): the shared ones' median over the lone one's, 12 / 8. Item 3 runs on 5 after the others
+    ended there: alone. A file saved without multiprocessors (seven columns) still loads."""
+    recs = [ItemRecord(3, 0, 0, 0, 10, "f", sm=5), ItemRecord(3, 1, 1, 2, 16, "f", sm=5),
+            ItemRecord(3, 2, 2, 1, 9, "f", sm=6), ItemRecord(3, 3, 0, 20, 28, "f", sm=5)]
+    path = str(tmp_path / "sm.npz")
+    records.save(path, recs, programs=3)
+    items, _, _ = records.load(path)
+    assert items[:, 7].tolist() == [5, 5, 6, 5]
+    (st,) = records.task_stats(items).values()
+    assert st["shared"] == 12 / 8 and st["skew_ns"] == 20 and st["slow_ns"] == 14 - 9
+    assert records.report(path, top=1)[2].split()[-1] == "1.50"
+    old = str(tmp_path / "old.npz")
+    np.savez_compressed(old, items=items[:, :7], funcs=np.array(["f"]), programs=np.int64(3))
+    assert (records.load(old)[0][:, 7] == -1).all()

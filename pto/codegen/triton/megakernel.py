@@ -37,7 +37,8 @@ Kernel contract (argument order):
   ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
-- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, program) of every item (in
+- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, program + (multiprocessor
+  + 1) << 32; 0 above the program where not known: the interpreter) of every item (in
   the order of ``items``) when ``tracing`` is not 0 (a run-time switch: one compiled kernel serves
   both); ``clock`` int32 ``[1]``: a logical
   clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).
@@ -124,6 +125,17 @@ _CLOCK = [
     "    else:",
     "        t = tl.atomic_add(clock, 1).to(tl.int64)",
     "    return t",
+    "",
+    "",
+    "@triton.jit",
+    "def _sm(GPU_CLOCK: tl.constexpr):",
+    "    # the multiprocessor the program runs on, plus 1 (0: not known, the interpreter)",
+    "    if GPU_CLOCK:",
+    "        s = tl.inline_asm_elementwise(\"mov.u32 $0, %smid;\", \"=r,r\", [tl.program_id(0)],",
+    "                                      dtype=tl.int32, is_pure=False, pack=1) + 1",
+    "    else:",
+    "        s = tl.program_id(0) * 0",
+    "    return s",
 ]
 
 #: the wait for a task's predecessors, called inside each branch's device function after the
@@ -328,7 +340,8 @@ def _completion_lines(sentinel: bool) -> list[str]:
         "                t1 = _now(clock, GPU_CLOCK)",
         "                tl.store(trace + 3 * i, t0)",
         "                tl.store(trace + 3 * i + 1, t1)",
-        "                tl.store(trace + 3 * i + 2, tl.program_id(0).to(tl.int64))",
+        "                sm = _sm(GPU_CLOCK).to(tl.int64)",
+        "                tl.store(trace + 3 * i + 2, tl.program_id(0).to(tl.int64) + (sm << 32))",
         "            # every thread's stores before the release",
         "            tl.debug_barrier()",
         *(_LAST_RELEASES if sentinel else _ITEM_RELEASES),
