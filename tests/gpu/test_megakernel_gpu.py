@@ -103,3 +103,24 @@ def test_a_kernel_too_big_for_shared_memory_is_one_error_naming_it():
     with pytest.raises(ResourceError, match=r"^`big_dot` \(the heuristics\): needs [\d,]+ bytes of shared memory "
                                             r"with num_warps=\d+, num_stages=1 \(the device allows [\d,]+\)$"):
         run_incore_triton(fn, {"a": (x, 0, 0, 256, 128), "b": (y, 0, 0, 128, 256), "c": (out, 0, 0, 256, 256)})
+
+
+def test_traced_items_name_their_program_and_multiprocessor():
+    """A traced run's records unpack the kernel's packing: every program within the launch's,
+    every multiprocessor within the GPU's, each program on one multiprocessor for the launch (a
+    resident program does not move), and the programs spread over several."""
+    from pto.engine import Runner, resolve
+
+    job = resolve("softmax", device="cuda", backend="triton", executor="persistent", dtype="bf16")
+    runner = Runner(job, 65536, record=True)
+    try:
+        runner(job.program.inputs(job.settings, job.program.shape(65536), "cuda"))
+        recs = runner.stats.records
+    finally:
+        runner.close()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert recs and all(0 <= r.sm < sms and 0 <= r.program < 2**20 for r in recs)
+    where = {}
+    for r in recs:
+        assert where.setdefault((r.segment, r.program), r.sm) == r.sm
+    assert len(set(where.values())) > 1
