@@ -56,10 +56,11 @@
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
 #               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
-#   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:1537,4096,16384"; entries
+#   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:16384,4096,1537"; entries
 #               PROGRAM:SEQS, space-separated; --config 7b for llama7b, --config llama3-8b for llama) within
-#               $TUNE_BUDGET s each (default 240), into a database of its own copied to $OUT/schedules_<device>/
-#               (what to ship: orchestration/llama/schedules/<device>/)
+#               $TUNE_BUDGET s each (default 480; the first run of each length's layer, which compiles it,
+#               counts), into a fresh database copied to $OUT/schedules_<device>/ (what to ship:
+#               orchestration/llama/schedules/<device>/)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -212,14 +213,18 @@ for stage in "$@"; do
              python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 240 \
                --records "$OUT/records" --json "$OUT/records.json" > "$OUT/records.log" 2>&1
              ls "$OUT/records" ;;
-    tune) for entry in ${TUNE_PROGRAMS:-llama7b:1537,4096,16384}; do
-            prog=${entry%%:*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b
+    tune) rm -rf /tmp/tune_pto
+          for entry in ${TUNE_PROGRAMS:-llama7b:16384,4096,1537}; do
+            case $entry in *:*) ;; *) echo "tune: $entry is not PROGRAM:SEQS"; continue ;; esac
+            prog=${entry%%:*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b; tag=${entry//[:,]/_}
             PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "$prog" --config $cfg --seq "${entry#*:}" \
-              --budget-s "${TUNE_BUDGET:-240}" --json "$OUT/tune_$prog.json" > "$OUT/tune_$prog.log" 2>&1
-            echo "rc=$? $entry"; tail -4 "$OUT/tune_$prog.log"
+              --budget-s "${TUNE_BUDGET:-480}" --json "$OUT/tune_$tag.json" > "$OUT/tune_$tag.log" 2>&1
+            echo "rc=$? $entry"; tail -4 "$OUT/tune_$tag.log"
           done
-          for d in /tmp/tune_pto/schedules/*/; do cp -r "$d" "$OUT/schedules_$(basename "$d")"; done
-          ls "$OUT"/schedules_* ;;
+          for d in /tmp/tune_pto/schedules/*/; do
+            [ -d "$d" ] || continue
+            cp -r "$d" "$OUT/schedules_$(basename "$d")"; ls "$OUT/schedules_$(basename "$d")"
+          done ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"
             time TRITON_CACHE_DIR=/tmp/cold_triton0 python3 -m pto.cli run llama7b --config 7b --seq 3333 > /dev/null

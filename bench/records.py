@@ -77,9 +77,19 @@ def shared_ratio(it: np.ndarray, dur: np.ndarray) -> float | None:
     sm = it[:, 7]
     if (sm < 0).any():
         return None
-    start, end = it[:, 3], it[:, 4]
-    same = (sm[:, None] == sm[None, :]) & (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
-    beside = same.sum(1) > 1  # (each item overlaps itself)
+    # per multiprocessor, its items by start: one overlaps an earlier one where it starts before
+    # the latest end among them, a later one where the next one starts before it ends (sorting,
+    # not all pairs: a prefill task has thousands of items)
+    order = np.lexsort((it[:, 3], sm))
+    s, start, end = sm[order], it[order, 3], it[order, 4]
+    first = np.r_[True, s[1:] != s[:-1]]
+    group = np.cumsum(first) - 1
+    big = int(end.max() - end.min()) + 1  # (offsets that keep the running maximum within a group)
+    latest = np.maximum.accumulate(end - end.min() + group * big) - group * big + end.min()
+    earlier = np.r_[False, ~first[1:] & (start[1:] < latest[:-1])]
+    later = np.r_[~first[1:] & (start[1:] < end[:-1]), False]
+    beside = np.empty(len(it), bool)
+    beside[order] = earlier | later
     if beside.all() or not beside.any():
         return None
     return float(np.median(dur[beside]) / np.median(dur[~beside]))

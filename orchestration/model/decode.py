@@ -58,7 +58,7 @@ from pto.incore.matmul import matmul_residual_tile
 from pto.incore.vocab import argmax_candidates_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights, weight_shapes
+from pto.orchestration.model.quantized import DENSE, STACKED, WeightTypes, for_weights, weight_shapes
 from pto.orchestration.model.tiling import COMBINE_ROWS, DOT_ROUND_MAX, DecodeTiling, round_block, spans, tile_rows
 from pto.orchestration.model.vocab import VocabSplit
 
@@ -124,7 +124,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     batch = tile_rows(batch)
     t = whole_steps(cfg, dt, t, batch, wtypes)
     if batch >= 16:
-        t = dot_tiles(t, H, QD + 2 * KVD, F)
+        t = dot_tiles(t, H, QD + 2 * KVD, F, wtypes.blocks(STACKED))
     lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
@@ -171,11 +171,12 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     )
 
 
-def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int) -> DecodeTiling:
+def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int, blocks: int = 1) -> DecodeTiling:
     """``t`` on the dot path (16 rows and more): every projection in ``dot_bn`` outputs and K
     steps of ``dot_bk``; with :attr:`~.tiling.DecodeTiling.dot_round` (and ``round_programs``)
     each in the block of :func:`~.tiling.round_block` for its outputs (``qkv``, ``hidden`` for the
-    o and down projections, ``ffn`` for gate/up), its K step keeping the bytes of a step."""
+    o and down projections, ``ffn`` for gate/up), its K step keeping the bytes of a step, in
+    whole ``blocks`` (the layers' quantized weights' largest block; 1: none quantized)."""
     bn, bk = t.dot_bn or max(t.bn, 16), t.dot_bk or t.bk
     plain = dict(ffn_bn=None, ffn_bk=None, qkv_bn=None, qkv_bk=None, o_bn=None, o_bk=None)
     if not (t.dot_round and t.round_programs):
@@ -183,7 +184,8 @@ def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int) -> DecodeTiling:
 
     def fit(outputs: int) -> tuple[int, int]:
         b = round_block(outputs, t.round_programs, 16, max(DOT_ROUND_MAX, bn))
-        return b, max(16, bk * bn // b)
+        k = max(16, bk * bn // b)
+        return b, max(k, blocks) // blocks * blocks
 
     (ob, ok), (qb, qk), (fb, fk) = fit(hidden), fit(qkv), fit(ffn)
     return replace(t, bn=ob, bk=ok, **{**plain, "qkv_bn": qb, "qkv_bk": qk, "ffn_bn": fb, "ffn_bk": fk})

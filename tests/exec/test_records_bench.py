@@ -61,3 +61,22 @@ def test_items_beside_another_on_one_multiprocessor_against_those_alone(tmp_path
     old = str(tmp_path / "old.npz")
     np.savez_compressed(old, items=items[:, :7], funcs=np.array(["f"]), programs=np.int64(3))
     assert (records.load(old)[0][:, 7] == -1).all()
+
+
+def test_the_shared_ratio_is_the_all_pairs_one_on_random_items():
+    """The sorted sweep against every pair compared (seeded random items on a few
+    multiprocessors, some touching end to start: not overlapping)."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n = int(rng.integers(2, 60))
+        start = rng.integers(0, 200, n)
+        end = start + rng.integers(1, 40, n)
+        sm = rng.integers(0, 5, n)
+        it = np.zeros((n, 8), np.int64)
+        it[:, 3], it[:, 4], it[:, 7] = start, end, sm
+        dur = end - start
+        pairs = (sm[:, None] == sm[None, :]) & (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
+        beside = pairs.sum(1) > 1
+        want = None if beside.all() or not beside.any() else \
+            float(np.median(dur[beside]) / np.median(dur[~beside]))
+        assert records.shared_ratio(it, dur) == want

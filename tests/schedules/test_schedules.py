@@ -81,11 +81,16 @@ def test_an_h200_runs_the_h100s_shipped_schedules_where_it_ships_none_of_its_own
 
 
 def test_the_shipped_llama_schedules_apply_on_an_h200(tmp_path):
-    """An H200 (the GPU lent today) finds the LLaMA layer's shipped H100 entries: every one of them
-    is the H200's too unless a folder of its own is shipped."""
+    """An H200 (the GPU lent today) without a folder of its own finds the LLaMA layer's shipped
+    H100 entries, every one of them (the H100's folder alone, in a tree of its own)."""
+    import shutil
+
     from pto import programs
 
-    folders = programs.get("llama7b").schedules
+    (folder,) = programs.get("llama7b").schedules
+    key = "nvidia_h100_80gb_hbm3"
+    shutil.copytree(folder / key, tmp_path / "shipped" / key)
+    folders = (tmp_path / "shipped",)
     h100 = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=tmp_path, shipped=folders)
     h200 = ScheduleDB("NVIDIA H200", user_dir=tmp_path, shipped=folders)
     files = sorted(h100.shipped_dirs[0].glob("*.json"))

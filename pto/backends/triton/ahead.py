@@ -3,8 +3,9 @@
 A first run compiles every kernel it launches, one after another where the launches come
 (seconds each for a GEMM or attention kernel). Triton's compiler spends most of that time
 outside Python's lock (the MLIR passes, ``ptxas``), so threads compile several kernels at once
-(docs/PERF.md "First run"). The waves executor asks for its batches
-"ahead" (:meth:`TritonBackend.prepare_ahead <pto.backends.triton.backend.TritonBackend.prepare_ahead>`):
+(docs/PERF.md "First run"). ``pto tune`` compiles a variant's candidates here at once, each
+from a copy of the kernel of its own (``TritonBackend.kernel_copy``). The waves executor asks
+for its batches "ahead" (:meth:`TritonBackend.prepare_ahead <pto.backends.triton.backend.TritonBackend.prepare_ahead>`):
 a batch whose kernel this process has not compiled for these arguments gets its compile (and
 the shared-memory fit of :func:`~.launch.fit_calls`) submitted here, and its launch waits for
 it; the executor holds that launch, and every later one, until the graph's waves are planned,
@@ -91,16 +92,27 @@ def fitted(k: tuple) -> bool:
 def submit(k: tuple, jit, fit, device: torch.device) -> Future:
     """Run ``fit()`` (the compiles and fits of one batch, returning its launches) on a worker,
     one at a time per kernel ``jit``, with ``device`` current; record ``k`` as compiled."""
-    with _GUARD:
-        lock = _LOCKS.setdefault(id(jit), threading.Lock())
 
     def work():
-        with lock, (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()):
-            out = fit()
+        out = fit()
         _FITTED.add(k)
         return out
 
-    return _pool().submit(work)
+    return call(jit, work, device)
+
+
+def call(jit, work, device: torch.device) -> Future:
+    """Run ``work()`` (compiles of kernel ``jit``: ``pto tune``'s check of a candidate's other
+    specializations) on a worker, one at a time per ``jit`` as :func:`submit`'s, with ``device``
+    current."""
+    with _GUARD:
+        lock = _LOCKS.setdefault(id(jit), threading.Lock())
+
+    def locked():
+        with lock, (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()):
+            return work()
+
+    return _pool().submit(locked)
 
 
 def note(k: tuple, launches: list[tuple] | None = None) -> None:
@@ -122,4 +134,4 @@ def refit(k: tuple, launches: list[tuple]) -> list[tuple] | None:
     return [(grid, args, kw if d is None else {**kw, "num_stages": d}) for (grid, args, kw), d in zip(launches, depths)]
 
 
-__all__ = ["workers", "key", "fitted", "submit", "note", "refit"]
+__all__ = ["workers", "key", "fitted", "submit", "call", "note", "refit"]

@@ -20,6 +20,7 @@ small shapes; its bf16 conversions truncate, so bf16 is checked by compiling for
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from pto.backends.base import Backend, Launch, triton_available
+from pto.backends.triton.ahead import call as ahead_call
 from pto.backends.triton.ahead import fitted, note, refit, submit
 from pto.backends.triton.ahead import key as ahead_key
 from pto.backends.triton.collective import capturable, chunked, collective_launch, native_split, parts
@@ -325,7 +327,15 @@ class TritonBackend(Backend):
         device has with the launch settings for ``tasks`` tasks (:func:`.launch.unfit_specializations`)."""
         cfg = self.launch_config(fn, tasks)
         kernel = self.kernel(fn, self.render_options(fn, cfg))
-        return unfit_specializations(kernel, cfg, self.device, self.programs(kernel), self.shared_limit())
+        return unfit_specializations(kernel, cfg, self.device, self.programs(kernel), self.shared_limit(),
+                                     self.kernel_copy)
+
+    def unfit_specializations_ahead(self, fn: IncoreFunction, tasks: int = 1) -> Future:
+        """:meth:`unfit_specializations` on a compile thread (:func:`.ahead.call`: one at a time
+        with the other compiles of the kernel's function object)."""
+        cfg = self.launch_config(fn, tasks)
+        jit = load_kernel(self.kernel(fn, self.render_options(fn, cfg)), self.kernel_copy)
+        return ahead_call(jit, lambda: self.unfit_specializations(fn, tasks), self.device)
 
     def task_flags(self, fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per task and memref (``regions``: ``[tasks, memrefs, 4]``, ``env``: per-task int64
@@ -355,7 +365,7 @@ class TritonBackend(Backend):
         of bench/decode.py); none under the interpreter (nothing is compiled)."""
         out = []
         for k in list(self._kernels.values()):
-            jit = load_kernel(k)
+            jit = load_kernel(k, self.kernel_copy)
             for cache in getattr(jit, "device_caches", {}).values():
                 for compiled in list(cache[0].values()):
                     compiled._init_handles()  # (loads the module: registers and spills are known from here)

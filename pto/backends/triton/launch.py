@@ -184,15 +184,17 @@ def fit_calls(jit, launches: list[tuple], limit: int, what: str) -> list[tuple]:
     return out
 
 
-def unfit_specializations(kernel, cfg: LaunchConfig, device: torch.device, programs: int, limit: int) -> list[str]:
+def unfit_specializations(kernel, cfg: LaunchConfig, device: torch.device, programs: int, limit: int,
+                          copy: str | None = None) -> list[str]:
     """The specializations of ``kernel`` (every region full or not, aligned or not) that need more
     than ``limit`` bytes of shared memory with launch settings ``cfg`` (compiled, not launched;
-    ``programs``: :func:`calls`'): a schedule is kept only if none (``pto tune``), since a
-    residual tile's masked path may need more than the full tiles it was measured on."""
+    ``programs``: :func:`calls`'; ``copy``: the kernel's copy to compile, :func:`~.loader.load_kernel`):
+    a schedule is kept only if none (``pto tune``), since a residual tile's masked path may need
+    more than the full tiles it was measured on."""
     from pto.backends.triton.loader import load_kernel
 
     fn = kernel.fn
-    jit = load_kernel(kernel)
+    jit = load_kernel(kernel, copy)
     # what the compiled code depends on: dtypes, 16-divisible pointers and strides, the table's type
     args = [x for p in fn.memrefs for x in (torch.empty(16, 16, dtype=p.dtype.torch, device=device), 16)]
     table = torch.zeros(1, max(kernel.layout.width, 1), dtype=torch.int32, device=device)

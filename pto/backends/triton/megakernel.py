@@ -455,8 +455,8 @@ class Megakernel:
         return int(self.buf["nxt"].cpu()[0])
 
     def trace(self) -> np.ndarray:
-        """``[n_items, 3]``: (start, end, program + (multiprocessor + 1) << 32) of each item of
-        the last traced launch, in queue order."""
+        """``[n_items, 3]``: (start, end, ``program | ((multiprocessor + 1) << 32)``) of each item
+        of the last traced launch, in queue order."""
         tr = self.buf["trace"].cpu().numpy()[: self.plan.n_items]
         if self.order is None:
             return tr

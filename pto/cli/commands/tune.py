@@ -160,41 +160,50 @@ def tune_batch(batch: TaskBatch, db: ScheduleDB, dtype: str, search: Search, dea
         if on_measure:
             on_measure(label, cand, None, why)
 
-    # every candidate's kernel compiled at once on the compile threads (pto.backends.triton.ahead:
-    # a compile is seconds, most of it outside Python's lock), each run once as its compile ends
-    # and checked; the timings only after every compile has ended, so that none competes with them
-    # for the CPU that launches. None first: what runs today (the database's entry, else the
-    # renderer's heuristics), the baseline a candidate must beat to be stored
-    prepared = []
-    for cand in [None, *cands]:
-        be = TritonBackend(device, schedules=db) if cand is None else _backend(device, cand, fn.variant_name)
-        work = _clone(snapshot, written)
-        try:
-            prepared.append((cand, be, work, be.prepare_ahead(work) if compiled else be.prepare(work)))
-        except Exception as e:  # a candidate that cannot even be rendered for this batch
-            reject(cand, type(e).__name__)
-    ran = []
-    for i, (cand, be, work, launch) in enumerate(prepared):
-        if time.monotonic() > deadline:  # the compiles not started yet are not needed
-            for *_, rest in prepared[i:]:
-                if getattr(rest, "future", None) is not None:
-                    rest.future.cancel()
-            break
-        try:
-            launch()
-            if cuda:
-                torch.cuda.synchronize()
-        except Exception as e:  # a candidate Triton cannot compile (too much shared memory, ...)
-            reject(cand, type(e).__name__)
-            continue
-        if accept({n: work.mems[n].tensor for n in written}, ref_out, dtype) is None:
-            reject(cand, "wrong result")  # never kept, whatever its speed
-            continue
-        unfit = be.unfit_specializations(fn, batch.size) if cand is not None and be.compiles else []
-        if unfit:  # a residual tile's launch would need what the device does not have
-            reject(cand, unfit[0])
-            continue
-        ran.append((cand, launch))
+    # every candidate's kernel (and its other specializations' fit) compiled at once on the compile
+    # threads (pto.backends.triton.ahead: a compile is seconds, most of it outside Python's lock),
+    # each run once as its compile ends and checked; the timings only after every compile has
+    # ended, so that none competes with them for the CPU that launches. One buffer of the batch's
+    # outputs for all (set back to the batch's before each check run). None first: what runs
+    # today (the database's entry, else the renderer's heuristics), the baseline a candidate must
+    # beat to be stored
+    work = _clone(snapshot, written)
+    prepared, ran = [], []
+    try:
+        for cand in [None, *cands]:
+            be = TritonBackend(device, schedules=db) if cand is None else _backend(device, cand, fn.variant_name)
+            try:
+                launch = be.prepare_ahead(work) if compiled else be.prepare(work)
+                fits = be.unfit_specializations_ahead(fn, batch.size) if cand is not None and be.compiles else None
+            except Exception as e:  # a candidate that cannot even be rendered for this batch
+                reject(cand, type(e).__name__)
+                continue
+            prepared.append((cand, launch, fits))
+        for cand, launch, fits in prepared:
+            if time.monotonic() > deadline:
+                break
+            for n in written:
+                work.mems[n].tensor.copy_(snapshot.mems[n].tensor)
+            try:
+                launch()
+                if cuda:
+                    torch.cuda.synchronize()
+                unfit = fits.result() if fits is not None else []
+            except Exception as e:  # a candidate Triton cannot compile (too much shared memory, ...)
+                reject(cand, type(e).__name__)
+                continue
+            if accept({n: work.mems[n].tensor for n in written}, ref_out, dtype) is None:
+                reject(cand, "wrong result")  # never kept, whatever its speed
+                continue
+            if unfit:  # a residual tile's launch would need what the device does not have
+                reject(cand, unfit[0])
+                continue
+            ran.append((cand, launch))
+    finally:  # (the deadline, an error, Ctrl-C: the compiles not started are not needed)
+        for _, launch, fits in prepared:
+            for f in (getattr(launch, "future", None), fits):
+                if f is not None:
+                    f.cancel()
     for cand, launch in ran:
         if time.monotonic() > deadline:
             break

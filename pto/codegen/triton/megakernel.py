@@ -37,8 +37,8 @@ Kernel contract (argument order):
   ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
-- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, program + (multiprocessor
-  + 1) << 32; 0 above the program where not known: the interpreter) of every item (in
+- ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, ``program | ((multiprocessor
+  + 1) << 32)``, 0 above the program where not known: the interpreter) of every item (in
   the order of ``items``) when ``tracing`` is not 0 (a run-time switch: one compiled kernel serves
   both); ``clock`` int32 ``[1]``: a logical
   clock where the GPU's global timer is not available (``GPU_CLOCK`` false: the interpreter).

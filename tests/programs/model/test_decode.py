@@ -547,8 +547,10 @@ def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_st
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
-    from pto.orchestration.model.decode import dot_tiles
+    from pto.orchestration.model.decode import build_step, dot_tiles
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
 
+    from pto.ir.dtypes import DType
     from pto.machine.target import get as named_target
 
     cfg, h200 = mp.CONFIGS["llama3-8b"], named_target("cuda_h200")
@@ -564,6 +566,14 @@ def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_st
     d = mp.CONFIGS["tiny"].layer
     tt = dot_tiles(tiny, d.hidden, d.q_dim + 2 * d.kv_dim, d.ffn)
     assert (tt.bn, tt.bk, tt.qkv_bn, tt.qkv_bk, tt.ffn_bn, tt.ffn_bk) == (16, 64, 32, 32, 64, 16)  # (plain: 32, 32)
+    # quantized layers (dot_bk 256 there: whole blocks): K steps of whole blocks, where gate/up's
+    # 256 x 32 / 64 = 128 would cut a Q4_K block of 256 (the build refuses such a tile)
+    q4k = WeightTypes(tuple(sorted({k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")}.items())))
+    rounded = for_weights(replace(own, dot_round=True), q4k, 8)
+    step = build_step(cfg, DType.BF16, h200, 8, rounded, cache=1024, wtypes=q4k)
+    assert {f.name for f in step.functions} >= {"gemv_norm_swiglu_tile", "gemv_residual_tile"}
+    qt = dot_tiles(rounded, c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn, 256)
+    assert (qt.bk, qt.qkv_bk, qt.ffn_bk) == (512, 256, 256) and (qt.bn, qt.ffn_bn) == (16, 64)
     base = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=23)
     monkeypatch.setattr(mp, "TINY_TILING", tiny)
     res = run("model", config="tiny", cache=64, batch=2, device="cpu", check=True, seed=23)
