@@ -170,9 +170,8 @@ class PersistentExecutor(Executor):
         for k, (segment, kernel) in enumerate(zip(self.segments, self.kernels)):
             tr = kernel.trace()
             first, _ = self.plan.item_indices(segment.items)  # (an item of a run: its first index)
-            program, sm = tr[:, 2] & 0xFFFFFFFF, (tr[:, 2] >> 32) - 1  # (the kernel's packing, codegen's trace)
-            out += [ItemRecord(int(t) + self.plan.first_task, int(first[i]), int(program[i]), int(tr[i, 0]),
-                               int(tr[i, 1]), self.plan.variants[t].variant_name, k, int(sm[i]))
+            out += [ItemRecord(int(t) + self.plan.first_task, int(first[i]), int(tr[i, 2]), int(tr[i, 0]),
+                               int(tr[i, 1]), self.plan.variants[t].variant_name, k, int(tr[i, 3]))
                     for i, (t, _) in enumerate(segment.items)]
         return out
 

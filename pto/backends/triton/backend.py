@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -325,17 +326,20 @@ class TritonBackend(Backend):
     def unfit_specializations(self, fn: IncoreFunction, tasks: int = 1) -> list[str]:
         """The specializations of ``fn``'s batched kernel that need more shared memory than the
         device has with the launch settings for ``tasks`` tasks (:func:`.launch.unfit_specializations`)."""
-        cfg = self.launch_config(fn, tasks)
-        kernel = self.kernel(fn, self.render_options(fn, cfg))
-        return unfit_specializations(kernel, cfg, self.device, self.programs(kernel), self.shared_limit(),
-                                     self.kernel_copy)
+        return self._unfit(fn, tasks)()
 
     def unfit_specializations_ahead(self, fn: IncoreFunction, tasks: int = 1) -> Future:
         """:meth:`unfit_specializations` on a compile thread (:func:`.ahead.call`: one at a time
         with the other compiles of the kernel's function object)."""
+        check = self._unfit(fn, tasks)
+        return ahead_call(load_kernel(check.args[0], self.kernel_copy), check, self.device)
+
+    def _unfit(self, fn: IncoreFunction, tasks: int) -> partial:
+        """The check of :meth:`unfit_specializations`, to call (its first argument the kernel)."""
         cfg = self.launch_config(fn, tasks)
-        jit = load_kernel(self.kernel(fn, self.render_options(fn, cfg)), self.kernel_copy)
-        return ahead_call(jit, lambda: self.unfit_specializations(fn, tasks), self.device)
+        kernel = self.kernel(fn, self.render_options(fn, cfg))
+        return partial(unfit_specializations, kernel, cfg, self.device, self.programs(kernel), self.shared_limit(),
+                       self.kernel_copy)
 
     def task_flags(self, fn: IncoreFunction, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per task and memref (``regions``: ``[tasks, memrefs, 4]``, ``env``: per-task int64

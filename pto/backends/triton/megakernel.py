@@ -455,14 +455,15 @@ class Megakernel:
         return int(self.buf["nxt"].cpu()[0])
 
     def trace(self) -> np.ndarray:
-        """``[n_items, 3]``: (start, end, ``program | ((multiprocessor + 1) << 32)``) of each item
-        of the last traced launch, in queue order."""
+        """``[n_items, 4]``: (start, end, program, multiprocessor: -1 where not known) of each item
+        of the last traced launch, in queue order (the kernel stores the last two in one word,
+        ``program | ((multiprocessor + 1) << 32)``)."""
         tr = self.buf["trace"].cpu().numpy()[: self.plan.n_items]
-        if self.order is None:
-            return tr
-        out = np.empty_like(tr)
-        out[self.order] = tr
-        return out
+        if self.order is not None:
+            out = np.empty_like(tr)
+            out[self.order] = tr
+            tr = out
+        return np.concatenate([tr[:, :2], tr[:, 2:] & 0xFFFFFFFF, (tr[:, 2:] >> 32) - 1], axis=1)
 
     def sentinel_records(self) -> tuple[np.ndarray, np.ndarray]:
         """Per task, the first non-finite element each read and wrote (the sentinel's records)."""
