@@ -44,9 +44,10 @@
 #               each mode, bench/flash_probe.py (base source), and the fused layer at $PERSIST_SEQS
 #               (default 1024,4096,16384) under PTO_PERSISTENT in $PERSIST_MODES (default "off loop ws";
 #               the last with eager and torch.compile)
-#   sched       issue 49: the H100's shipped schedules (PTO_SCHEDULES=nvidia_h100_80gb_hbm3) against none, the
-#               heuristics an H200 runs today: the 7B layer at $SCHED_SEQS (default 1537,4096,16384; none with
-#               eager and torch.compile), the Llama-3-8B layer at $SCHED8B_SEQS (4096), 3 rounds each
+#   sched       issue 49: the schedule sets $SCHED_SETS (PTO_SCHEDULES values; default "none
+#               nvidia_h100_80gb_hbm3": the heuristics, the H100's shipped ones): the 7B layer at $SCHED_SEQS
+#               (default 1537,4096,16384; the first set with eager and torch.compile), the Llama-3-8B layer at
+#               $SCHED8B_SEQS (4096; empty: skipped), 3 rounds each
 #   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
 #               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
 #               round of items); batch 1 of the 1B and 8B with RoPE in the q, k, v projection, and with the q,
@@ -182,10 +183,12 @@ for stage in "$@"; do
              done ;;
     sched) # issue 49: the H100's shipped schedules on this GPU against the renderer's heuristics (what
            # an H200 runs today: no schedules of its own), the 7B layer and the Llama-3-8B layer, waves
-           for v in none nvidia_h100_80gb_hbm3; do
-             cmp=none; [ $v = none ] && cmp=eager,compile
+           cmp=eager,compile
+           for v in ${SCHED_SETS:-none nvidia_h100_80gb_hbm3}; do
              PTO_SCHEDULES=$v $BENCH --seq "${SCHED_SEQS:-1537,4096,16384}" --executor waves --rounds 3 --compare $cmp \
                --json "$OUT/sched_7b_$v.json" > "$OUT/sched_7b_$v.log" 2>&1; echo "PTO_SCHEDULES=$v"; tail -5 "$OUT/sched_7b_$v.log"
+             cmp=none
+             [ "${SCHED8B_SEQS-4096}" ] || continue
              PTO_SCHEDULES=$v python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
                --seq "${SCHED8B_SEQS:-4096}" --executor waves --rounds 3 --compare none \
                --json "$OUT/sched_8b_$v.json" > "$OUT/sched_8b_$v.log" 2>&1; tail -3 "$OUT/sched_8b_$v.log"

@@ -11,7 +11,7 @@ on the CPU); a run passes when it exits 0 and, where it prints JSON with ``rel_e
 is within the dtype's tolerance (bf16 2e-2, f32 1e-4). A job that needs what the machine lacks
 (``dot`` for drawings, a C compiler, two GPUs) is skipped and says why. On a device other than
 the H100 the H100's shipped schedules run too (``PTO_SCHEDULES``), unless the device runs them
-already (an H200 without schedules of its own). Exit status 1 if any job
+already where its own have no entry (an H200: the H100's are its kin). Exit status 1 if any job
 failed. Timings are not measurements: the jobs share the GPU.
 """
 
@@ -136,12 +136,12 @@ def runs() -> list[tuple[str, list[str]]]:
                                                                   "--seq", "333", "--executor", "persistent"]))
     out.append(("llama7b 7b fused 20001 auto", ["llama7b", "--config", "7b", "--seq", "20001"]))
     # 1280 slots: 20 chunks, one combine reads them at once; 4096: 64 chunks, two levels (a merge
-    # per span of 16); the 8B
-    # model at 2 sequences: its dot path's tiles (blocks of 32 outputs)
+    # per span of 16); the 8B model at 2 sequences: its dot path's tiles (blocks of 32 outputs; the
+    # persistent tiles' one round of items a projection, DecodeTiling.dot_round)
     for config, cache, batches, executors in (("smollm2-135m", "1280", ("1", "3"), ("waves", "persistent")),
                                               ("smollm2-135m", "4096", ("1",), ("waves", "persistent")),
                                               ("llama3-8b", "512", ("1",), ("waves", "persistent")),
-                                              ("llama3-8b", "512", ("2",), ("waves",))):
+                                              ("llama3-8b", "512", ("2",), ("waves", "persistent"))):
         for ex in executors:
             for batch in batches:
                 out.append((f"model {config} cache {cache} batch {batch} {ex}",
@@ -169,8 +169,9 @@ def device_name() -> str:
 def schedule_sets(dev: str) -> dict[str, dict]:
     """The schedules the matrix runs under, by name: the device's own (what a user gets), none
     (the heuristics) and, on another GPU than the H100, the H100's shipped ones, unless the device
-    runs those already (it ships no folder of its own and the H100 stands in for it:
-    pto.backends.triton.schedules.KIN)."""
+    runs those already where its own have no entry (the H100 stands in for it:
+    pto.backends.triton.schedules.KIN; tests/gpu/test_schedules_gpu.py fits every shipped entry
+    on the GPU)."""
     from pto import programs
     from pto.backends.triton.schedules import ScheduleDB, device_key
 
@@ -178,7 +179,7 @@ def schedule_sets(dev: str) -> dict[str, dict]:
     if not dev or dev == H100:
         return sets
     db = ScheduleDB(dev, shipped=programs.get("llama7b").schedules)
-    if any(d.is_dir() for d in db.shipped_dirs) or device_key(H100) not in {d.name for d in db.kin_dirs}:
+    if device_key(H100) not in {d.name for d in db.kin_dirs}:
         sets["h100"] = {"PTO_SCHEDULES": H100}
     return sets
 

@@ -173,13 +173,14 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
 
 def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int, blocks: int = 1) -> DecodeTiling:
     """``t`` on the dot path (16 rows and more): every projection in ``dot_bn`` outputs and K
-    steps of ``dot_bk``; with :attr:`~.tiling.DecodeTiling.dot_round` (and ``round_programs``)
-    each in the block of :func:`~.tiling.round_block` for its outputs (``qkv``, ``hidden`` for the
-    o and down projections, ``ffn`` for gate/up), its K step keeping the bytes of a step, in
-    whole ``blocks`` (the layers' quantized weights' largest block; 1: none quantized)."""
+    steps of ``dot_bk``; with :attr:`~.tiling.DecodeTiling.dot_round` (and ``round_programs``),
+    where some projection's items in ``dot_bn`` take more than one round, each in the block of
+    :func:`~.tiling.round_block` for its outputs (``qkv``, ``hidden`` for the o and down
+    projections, ``ffn`` for gate/up), its K step keeping the bytes of a step, in whole
+    ``blocks`` (the layers' quantized weights' largest block; 1: none quantized)."""
     bn, bk = t.dot_bn or max(t.bn, 16), t.dot_bk or t.bk
     plain = dict(ffn_bn=None, ffn_bk=None, qkv_bn=None, qkv_bk=None, o_bn=None, o_bk=None)
-    if not (t.dot_round and t.round_programs):
+    if not (t.dot_round and t.round_programs) or all(cdiv_int(n, bn) <= t.round_programs for n in (hidden, qkv, ffn)):
         return replace(t, bn=bn, bk=bk, **plain)
 
     def fit(outputs: int) -> tuple[int, int]:

@@ -123,8 +123,10 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
 #: over the launch's programs, where wider blocks of every projection (16, K steps of 1024) left a
 #: last round partly idle. On an H200 in one call: Llama-3-8B's step 4.558 against 4.689 ms in
 #: blocks of 16, Llama-3.2-1B's 1.040 against 1.081 (docs/PERF.md, "The megakernel's blocks by its
-#: programs")
-MEGAKERNEL_WIDE = dict(qkv_bn=8, ffn_bn=8, ffn_bk=2048)
+#: programs"); from 2 sequences on, each projection's block gives one round of items where
+#: ``dot_bn``'s would take more (:attr:`~pto.orchestration.model.tiling.DecodeTiling.dot_round`:
+#: the 8B model at batch 8 5.979 against 6.440 ms a step on an H200)
+MEGAKERNEL_WIDE = dict(qkv_bn=8, ffn_bn=8, ffn_bk=2048, dot_round=True)
 #: the programs a multiprocessor the decode step's megakernel holds (its 4-warp GEMVs two a
 #: multiprocessor: pto.backends.triton.megakernel.AUTO)
 MEGAKERNEL_PER_SM = 2

@@ -57,14 +57,16 @@ class DecodeTiling:
     #: 6.406 against 6.743 ms a step on an H200, the 1B shape's 1.508 against 1.642 (the wave
     #: executor's 1.581 in the same call; docs/PERF.md, "Batch 8: one round of attention parts")
     round_programs: int | None = None
-    #: from 2 sequences on (tensor-core dots of 16 rows and more), with ``round_programs``: each
+    #: from 2 sequences on (tensor-core dots of 16 rows and more), with ``round_programs``, where
+    #: some projection's items in ``dot_bn`` take more than one round over the programs: each
     #: projection's output block the narrowest power of two from 16 to :data:`DOT_ROUND_MAX`
-    #: whose items make one round over the programs (:func:`round_block`), its K step keeping the
-    #: weight bytes of ``dot_bn`` x ``dot_bk`` a step; off: every projection in ``dot_bn``.
-    #: ``dot_bn`` 32 gives the 8B model at batch 8 128 items for its o and down projections (half
-    #: of an H200's 264 programs idle) and 448 for its gate/up (two rounds, 77 us a layer on the
-    #: critical path against 59 at batch 1): not measured yet, so off (docs/PERF.md, "Batch 8:
-    #: one round of attention parts")
+    #: whose items make one round (:func:`round_block`), its K step keeping the weight bytes of
+    #: ``dot_bn`` x ``dot_bk`` a step; off, or every projection one round already: ``dot_bn``.
+    #: The 8B model at batch 8 (gate/up 448 items in 32, two rounds of an H200's 264 programs; o
+    #: and down 128): 5.979 against 6.440 ms a step on an H200 in one call; the 1B's gate/up make
+    #: one round (256 items), where re-blocking took 1.540 against 1.522 (docs/PERF.md, "Batch 8:
+    #: each projection one round"). The persistent tiles of hidden 2048 and more turn it on
+    #: (:data:`~pto.orchestration.model.program.MEGAKERNEL_WIDE`)
     dot_round: bool = False
     #: the gate/up projection's output block and K step where they differ from ``bn`` and ``bk``
     #: (None: the same): an 8B model's gate/up took 79.9 us a layer in blocks of 8 and steps of

@@ -17,7 +17,7 @@ from pto import f32
 from pto.backends.triton import TritonBackend
 from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, triton_version
 from pto.ir.analysis import specialize
-from tests.schedules.family import family_kernels
+from tests.schedules.family import SHIPPED, family_kernels
 
 
 def _gemm():
@@ -179,18 +179,19 @@ def test_a_corrupt_file_is_set_aside_and_reported(tmp_path):
     assert db.lookup(fn.name, fn.variant_name, 4, "x")[1] == "user"
 
 
-def test_shipped_h100_entries_match_todays_kernels():
-    """Every shipped entry names a variant the LLaMA layer (7B, or one of the family's built-in
-    configurations) runs on an H100 and carries the current source hash of one of its kernels: a
-    renderer change that would make them stale fails here (re-measure with pto tune and ship the
-    new entries)."""
+@pytest.mark.parametrize("device", sorted(SHIPPED))
+def test_shipped_entries_match_todays_kernels(device):
+    """Every entry shipped for ``device`` names a variant the LLaMA layer (7B, or one of the
+    family's built-in configurations) runs on that device and carries the current source hash of
+    one of its kernels: a renderer change that would make them stale fails here (re-measure with
+    pto tune and ship the new entries)."""
     digests: dict[str, set] = {}
-    for variant, digest in family_kernels(TritonBackend("cpu")):
+    for variant, digest in family_kernels(TritonBackend("cpu"), SHIPPED[device]):
         digests.setdefault(variant, set()).add(digest)
     from pto import programs
 
     (folder,) = programs.get("llama7b").schedules
-    db = ScheduleDB("NVIDIA H100 80GB HBM3", user_dir=folder / "none", shipped=(folder,))
+    db = ScheduleDB(device, user_dir=folder / "none", shipped=(folder,))
     files = sorted(db.shipped_dirs[0].glob("*.json"))
     assert files
     for f in files:

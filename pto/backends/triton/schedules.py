@@ -8,8 +8,9 @@ and LLaMA-3 each keep their own entry). Lookup order: the user's database
 (``$PTO_CACHE_DIR/schedules/<device>/``, default ``~/.cache/pto/schedules/<device>/``, what
 ``pto tune`` writes), then the defaults the program ships beside its code (a program's
 ``schedules`` folders, e.g. ``orchestration/llama/schedules/<device>/``, :attr:`pto.program.Program.schedules`),
-then the defaults shipped for a device of the same architecture that stand in for it (:data:`KIN`: an
-H200 runs the H100's, measured faster than the heuristics there), then the renderer's heuristics. An entry records the
+then the defaults shipped for a device of the same architecture that stand in for it where the
+device's own have no entry (:data:`KIN`: an H200 runs the H100's, measured faster than the heuristics
+there), then the renderer's heuristics. An entry records the
 Triton version and the kernel source hash it was measured with; an entry whose version or hash
 differs from the running one does not apply (``pto tune --show`` says so).
 
@@ -42,7 +43,8 @@ FORMAT = 1
 #: way. An H200 is an H100's SM90 die with more and faster HBM: the H100's shipped schedules against
 #: the heuristics on an H200 in one call, the 7B layer 15.48 against 17.70 ms at 16,384 tokens, 1.158
 #: against 1.220 at 1,537, 3.055 against 3.053 at 4,096; the Llama-3-8B layer at 4,096 2.94 against
-#: 2.93 ms in its fastest round (docs/PERF.md, "Schedules on the H200")
+#: 2.93 ms in its fastest round (docs/PERF.md, "Schedules on the H200"). The H200 ships its own since
+#: (pto tune on an H200); the H100's fill the variants and buckets where tuning found nothing faster
 KIN = {"nvidia_h200": ("nvidia_h100_80gb_hbm3",), "nvidia_h200_nvl": ("nvidia_h100_80gb_hbm3",)}
 BUCKETS = (("small", 16), ("medium", 64), ("large", None))
 

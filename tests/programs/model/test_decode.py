@@ -538,11 +538,13 @@ def test_the_persistent_tiles_widen_the_chunks_to_one_round_of_parts(monkeypatch
 
 
 def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_step(monkeypatch):
-    """``dot_round`` (from 2 sequences on, with ``round_programs``): each projection's output
-    block is the narrowest power of two from 16 whose items fit one round, its K step keeping a
-    step's weight bytes. The 8B model at batch 8 on an H200's 264 programs: o and down in 16
-    (256 items, 128 in ``dot_bn``'s 32), q/k/v in 32 (192), gate/up in 64 (224, two rounds of 448
-    in 32). On tiny (round_programs 4: the attention chunk widens too) the step is the
+    """``dot_round`` (from 2 sequences on, with ``round_programs``, where a projection's items in
+    ``dot_bn`` take more than one round; the persistent tiles of the wide models have it on):
+    each projection's output block is the narrowest power of two from 16 whose items fit one
+    round, its K step keeping a step's weight bytes. The 8B model at batch 8 on an H200's 264
+    programs: o and down in 16 (256 items, 128 in ``dot_bn``'s 32), q/k/v in 32 (192), gate/up in
+    64 (224, two rounds of 448 in 32). The 1B's projections make one round in 32 (gate/up 256
+    items): unchanged. On tiny (round_programs 4: the attention chunk widens too) the step is the
     reference's."""
     from dataclasses import replace
 
@@ -556,12 +558,19 @@ def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_st
     cfg, h200 = mp.CONFIGS["llama3-8b"], named_target("cuda_h200")
     c = cfg.layer
     own = mp.tiling_for_executor(cfg, "persistent", h200)
-    plain = dot_tiles(own, c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
+    assert own.dot_round and not mp.tiling_for_executor(cfg, "waves", h200).dot_round
+    plain = dot_tiles(replace(own, dot_round=False), c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
     assert (plain.bn, plain.bk, plain.qkv_bn, plain.ffn_bn) == (32, 128, None, None)
-    t = dot_tiles(replace(own, dot_round=True), c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
+    t = dot_tiles(own, c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn)
     assert (t.bn, t.bk, t.qkv_bn, t.qkv_bk, t.ffn_bn, t.ffn_bk) == (16, 256, 32, 128, 64, 64)
     assert [-(-n // b) for n, b in ((c.hidden, t.bn), (c.q_dim + 2 * c.kv_dim, t.qkv_bn), (c.ffn, t.ffn_bn))] == \
         [256, 192, 224]
+    one = mp.CONFIGS["llama3.2-1b"]
+    b = one.layer
+    t1 = mp.tiling_for_executor(one, "persistent", h200)
+    assert t1.dot_round and -(-b.ffn // 32) == 256
+    assert replace(dot_tiles(t1, b.hidden, b.q_dim + 2 * b.kv_dim, b.ffn), dot_round=False) == \
+        dot_tiles(replace(t1, dot_round=False), b.hidden, b.q_dim + 2 * b.kv_dim, b.ffn)
     tiny = replace(mp.TINY_TILING, round_programs=4, dot_round=True)
     d = mp.CONFIGS["tiny"].layer
     tt = dot_tiles(tiny, d.hidden, d.q_dim + 2 * d.kv_dim, d.ffn)
@@ -569,7 +578,7 @@ def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_st
     # quantized layers (dot_bk 256 there: whole blocks): K steps of whole blocks, where gate/up's
     # 256 x 32 / 64 = 128 would cut a Q4_K block of 256 (the build refuses such a tile)
     q4k = WeightTypes(tuple(sorted({k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")}.items())))
-    rounded = for_weights(replace(own, dot_round=True), q4k, 8)
+    rounded = for_weights(own, q4k, 8)
     step = build_step(cfg, DType.BF16, h200, 8, rounded, cache=1024, wtypes=q4k)
     assert {f.name for f in step.functions} >= {"gemv_norm_swiglu_tile", "gemv_residual_tile"}
     qt = dot_tiles(rounded, c.hidden, c.q_dim + 2 * c.kv_dim, c.ffn, 256)
