@@ -54,6 +54,8 @@
 #               k, v and o projections in K steps of 2048 (the 1B's whole contraction: all its weights load
 #               before the wait); SmolLM2 at batch 8, both executors, its dots in K steps of 512 and 1024
 #               (its contractions, 576 and 1536, in one or two steps: 128 makes five and twelve)
+#   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
+#               bench/megakernel.py --variants ';f=1;f=light' for $RUNPF_CONFIGS (default the 1B, the 8B, SmolLM2)
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
 #               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
@@ -209,6 +211,9 @@ for stage in "$@"; do
            python3 bench/decode.py --configs smollm2-135m --batches 8 --long 0 --steps 32 --executors persistent,waves \
              --hf-configs none --tilings 'default;+dot_bk=512;+dot_bk=1024' --json "$OUT/tiles_smol_b8.json" \
              > "$OUT/tiles_smol_b8.log" 2>&1; grep "B=" "$OUT/tiles_smol_b8.log" ;;
+    runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b,smollm2-135m}" --waves "" \
+             --variants ';f=1;f=light' --budget 420 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
+           grep "ms  floor" "$OUT/runpf.log" ;;
     records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
                --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \
                > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"

@@ -248,7 +248,8 @@ class _Tables:
             reads = np.array([access[p.name].direction == "in" if p.name in access else False
                               for p in fn.memrefs], bool)
             pre = np.take_along_axis(early, own.astype(np.int64), axis=1) & reads[None, :]
-        pre = pre & (run <= 1)[:, None]  # (a run loads nothing before its wait)
+        # (a run loads none of them into registers before its wait, but prefetches them into L2
+        # there: pto.codegen.triton.body.BodyRenderer.run_prefetch)
         # (a task with nothing to prefetch keeps the key of those that may: no branch of its own)
         l2 = np.ones(len(idx), bool) if l2 is None else l2 | ~pre.any(axis=1)
         keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None], l2[:, None]], axis=1)

@@ -215,9 +215,11 @@ def test_prefetch_two_fetches_attentions_keys_before_its_wait():
 
 def test_the_light_rule_prefetches_only_after_tasks_that_are_not_gemvs(monkeypatch):
     """``PTO_MK_PREFETCH=light``: in the 1B shape's decode step (q/k/v and gate/up in runs, which
-    load nothing before their wait), the tasks that wait last for a GEMV (the down projection
-    after gate/up, the LM head after the last down projection) render no L2 prefetch before their
-    wait, and the o projection, after attention's combine, does; under ``all`` both prefetch.
+    load nothing into registers before their wait), the tasks that wait last for a GEMV (the down
+    projection after gate/up, gate/up after o, the LM head after the last down projection, q/k/v
+    after the previous layer's down) render no L2 prefetch before their wait, and the o
+    projection, after attention's combine, does, as does the first layer's q/k/v, after the
+    embedding; under ``all`` all of them prefetch.
     The tasks after GEMVs are found from the runtime's edges and levels, checked here one
     predecessor list at a time."""
     from pto.orchestration.model.decode import build_step
@@ -259,9 +261,10 @@ def test_the_light_rule_prefetches_only_after_tasks_that_are_not_gemvs(monkeypat
     light = plans["light"]
     o, down = "gemv_residual_tile__K2048_N2048_R1", "gemv_residual_tile__K8192_N2048_R1"
     assert prefetches(light, o) == {True}
-    for name in (down, "lmhead_argmax_tile__R1", "gemv_norm_swiglu_tile__R1", "gemv_norm_tile__R1"):
-        assert prefetches(light, name) == {False}, name  # (the last two in runs: nothing early either way)
-    for name in (o, down, "lmhead_argmax_tile__R1"):
+    for name in (down, "lmhead_argmax_tile__R1", "gemv_norm_swiglu_tile__R1"):
+        assert prefetches(light, name) == {False}, name
+    assert prefetches(light, "gemv_norm_tile__R1") == {False, True}  # (the first layer's waits for the embedding)
+    for name in (o, down, "lmhead_argmax_tile__R1", "gemv_norm_swiglu_tile__R1", "gemv_norm_tile__R1"):
         assert prefetches(plans["all"], name) == {True}, name
     monkeypatch.setenv("PTO_MK_PREFETCH", "light")
     assert resolve_prefetch_rule(None) == "light" and resolve_prefetch_rule(2) == "all"

@@ -10,6 +10,7 @@ sm_90 with more asynchronous copies than without runs."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -80,7 +81,10 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
         body = device_function(src, name)
         wait, loop = body.index("_pto_wait("), body.index("for _r in tl.range(0, n_run, num_stages=")
         assert wait < loop and body.count("_pto_wait(") == 1 and "flatten=True" in body
-        assert "_prefetch_l2" not in body[:wait]  # nothing early: the loop's loads all come after
+        # nothing loads into registers before the wait (the loop's loads all come after); its
+        # weights' first bytes prefetch into L2 there, with PREFETCH
+        before = body[:wait]
+        assert "tl.load(P_" not in before and "if GPU and PREFETCH >= 1:" in before and "_prefetch_l2(" in before
         assert f"{name}(row, p, n," in src
     for b in plain:
         name = called(src, plan.branches.index(b))
@@ -161,7 +165,8 @@ def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs
 def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
     """The 1B shape's step in the megakernel's tiles: its q, k, v and gate/up tasks in runs (two
     a multiprocessor's worth of items), compiled by Triton for an H100/H200 (sm_90): more
-    ``cp.async`` copies than the same kernel without runs (the runs' loops pipelined)."""
+    ``cp.async`` copies than the same kernel without runs (the runs' loops pipelined); with the
+    L2 prefetch (``PREFETCH`` 1), more prefetches than the same kernel whose runs take none."""
     from pto.codegen.triton.megakernel import render_megakernel
     from tests.sm90 import compile_sm90, megakernel_job
 
@@ -171,8 +176,18 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
         assert any(b.runs for b in plan.branches) == bool(runs)
         k = render_megakernel(plan.branches, dispatch="static", stages={b.fn.variant_name: 2 for b in plan.branches})
         (tmp_path / str(runs)).mkdir()
-        (res,) = compile_sm90([megakernel_job(k, {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True})],
-                              tmp_path / str(runs))
-        assert res["ok"], res.get("error")
+        opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
+        jobs = [megakernel_job(k, opts), megakernel_job(k, opts, prefetch=1)]
+        if runs:  # the same kernel whose runs take no prefetch
+            quiet = [replace(b, prefetch=False) if b.runs else b for b in plan.branches]
+            stages = {b.fn.variant_name: 2 for b in quiet}
+            jobs.append(megakernel_job(render_megakernel(quiet, dispatch="static", stages=stages), opts, prefetch=1))
+        res, fetch, *without = compile_sm90(jobs, tmp_path / str(runs))
+        assert all(r["ok"] for r in (res, fetch, *without)), [r.get("error") for r in (res, fetch, *without)]
         counts.append(res["ptx"].count("cp.async.cg") + res["ptx"].count("cp.async.ca"))
+        assert "prefetch.global.L2" not in res["ptx"]
+        if runs:
+            assert {b.fn.variant_name for b in plan.branches if b.runs} == {"gemv_norm_tile__R1",
+                                                                            "gemv_norm_swiglu_tile__R1"}
+            assert fetch["ptx"].count("prefetch.global.L2") > without[0]["ptx"].count("prefetch.global.L2") > 0
     assert counts[1] > counts[0], counts

@@ -202,6 +202,16 @@ def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
             and set().union(*(e.free_vars() for e in i.srcs[1:])) <= defined]
 
 
+def _trip_bytes(s: ForRange, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str]) -> int:
+    """The bytes a trip of loop ``s`` loads of ``pre`` memrefs at offsets of ``defined`` names (and
+    the loop's variable); 0 where its bounds use other names or it loads none."""
+    bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
+    loads = _pre_loads(s.body, pre, defined | {s.var})
+    if not loads or not bounds <= defined:
+        return 0
+    return sum(blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize for i in loads)
+
+
 def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str],
                   budget: int = PREFETCH_BYTES) -> list[tuple[ForRange, int]]:
     """The loops of ``rest`` (the statements from the wait on) whose ``pre`` loads can be
@@ -213,16 +223,24 @@ def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defin
     for s in rest:
         if budget <= 0:
             break
-        if not isinstance(s, ForRange):
+        per_trip = _trip_bytes(s, pre, blocks, dtypes, defined) if isinstance(s, ForRange) else 0
+        if not per_trip:
             continue
-        bounds = set().union(*(e.free_vars() for e in (s.lb, s.ub, s.step)))
-        loads = _pre_loads(s.body, pre, defined | {s.var})
-        if not loads or not bounds <= defined:
-            continue
-        per_trip = sum(blocks[i.dst][0] * blocks[i.dst][1] * dtypes[i.dst].itemsize for i in loads)
         trips = max(1, budget // per_trip)
         out.append((s, trips))
         budget -= trips * per_trip
+    return out
+
+
+def whole_trips(plan: list[tuple[ForRange, int]]) -> list[tuple[ForRange, int]] | None:
+    """``plan``'s loops each with all its trips, where every one's bounds are constants (None
+    where one's are not)."""
+    out = []
+    for s, _ in plan:
+        lb, ub, step = (const_value(e) for e in (s.lb, s.ub, s.step))
+        if None in (lb, ub, step) or step <= 0:
+            return None
+        out.append((s, max(0, -(-(ub - lb) // step))))
     return out
 
 
@@ -280,6 +298,8 @@ class BodyRenderer(TileOps):
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
         self.waiting = False
+        #: (a run) the memrefs it prefetches into L2 before its wait (:meth:`run_prefetch`)
+        self.prefetched: frozenset[str] = frozenset()
         #: the quantized formats the body loads (their helpers come with the device function);
         #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
         #: :func:`pto.ir.analysis.gemv_quantized_loads`), and the planes' names of each once loaded
@@ -383,6 +403,7 @@ class BodyRenderer(TileOps):
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
         if self.runs:  # one wait, then the run's loop (the body's statements each index)
+            self.run_prefetch()
             self.emit(MK_WAIT)
             pvar = self.names[fn.parallel.var]
             # (the index from the run's first, a tensor: under the interpreter a loop's variable is an int)
@@ -407,7 +428,8 @@ class BodyRenderer(TileOps):
             self.emit("return _ok, _t0")
         # (the memrefs loaded before the wait are in the name: two branches of one variant that
         # differ in them are two device functions, each loading early only what it may)
-        early = sum(1 << k for k, p in enumerate(fn.memrefs) if p.name in self.pre) if self.mk else 0
+        early = sum(1 << k for k, p in enumerate(fn.memrefs) if p.name in self.pre | self.prefetched) if self.mk \
+            else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
             + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "")
         sig = ",\n        ".join(params)
@@ -461,6 +483,41 @@ class BodyRenderer(TileOps):
             for loop, trips in plan:
                 self.prefetch_loop(loop, trips, mems)
             self.depth -= 1
+
+    def run_prefetch(self) -> None:
+        """(a run, before its wait) L2 prefetches, with ``PREFETCH >= 1``, of the loads of the
+        memrefs no task writes (``opts.pre``: a run loads none of them into registers before its
+        wait, its loop pipelines them) in the loops of the run's first indices, up to
+        :data:`PREFETCH_BYTES` in all: as many whole indices as fit where the loops' bounds are
+        constants, else the first index's first trips (:func:`prefetch_plan`)."""
+        mems, par = frozenset(self.opts.pre), self.fn.parallel.var
+        first = self.names[par]
+        self.names[par] = "_pq"  # (the index prefetched: the run's first, then the next ones)
+        try:
+            blocks, dtypes, names = self.blocks, self.dtypes, set(self.names)
+            plan = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget=1 << 62)
+            whole = whole_trips(plan)
+            per_index = sum(n * _trip_bytes(s, mems, blocks, dtypes, names) for s, n in whole or ())
+            if whole and 0 < per_index <= PREFETCH_BYTES:
+                plan, indices = whole, PREFETCH_BYTES // per_index
+            else:
+                plan, indices = prefetch_plan(self.fn.body, mems, blocks, dtypes, names), 1
+            if not plan:
+                return
+            if not self.l2:
+                self.withheld = True
+                return
+            self.prefetched = mems
+            self.emit("if GPU and PREFETCH >= 1:")
+            self.depth += 1
+            self.emit(f"for _q in range(0, tl.minimum(n_run, {indices})):")
+            self.emit(f"    _pq = {first}0 + _q")
+            self.depth += 1
+            for loop, trips in plan:
+                self.prefetch_loop(loop, trips, mems)
+            self.depth -= 2
+        finally:
+            self.names[par] = first
 
     def prefetch_loop(self, s: ForRange, trips: int, mems: frozenset) -> None:
         """``s``'s first ``trips`` trips with only its loads of ``mems``, each an L2 prefetch of
