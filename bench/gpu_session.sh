@@ -60,10 +60,12 @@
 #               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:16384,4096,1537"; entries
-#               PROGRAM:SEQS, space-separated; --config 7b for llama7b, --config llama3-8b for llama) within
-#               $TUNE_BUDGET s each (default 480; the first run of each length's layer, which compiles it,
-#               counts), into a fresh database copied to $OUT/schedules_<device>/ (what to ship:
-#               orchestration/llama/schedules/<device>/)
+#               PROGRAM[/CONFIG]:SEQS, space-separated, e.g. "llama/mistral-7b:5555"; --config 7b for llama7b,
+#               llama3-8b for llama where none is named) within $TUNE_BUDGET s each (default 480; the first
+#               run of each length's layer, which compiles it, counts), into a fresh database copied to
+#               $OUT/schedules_<device>/: the winners over what the device ran (its shipped entries), to
+#               merge into orchestration/llama/schedules/<device>/ (ScheduleDB(device,
+#               user_dir=<that folder's parent>).store(function, entry) for each new entry)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -223,8 +225,10 @@ for stage in "$@"; do
              ls "$OUT/records" ;;
     tune) rm -rf /tmp/tune_pto
           for entry in ${TUNE_PROGRAMS:-llama7b:16384,4096,1537}; do
-            case $entry in *:*) ;; *) echo "tune: $entry is not PROGRAM:SEQS"; continue ;; esac
-            prog=${entry%%:*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b; tag=${entry//[:,]/_}
+            case $entry in *:*) ;; *) echo "tune: $entry is not PROGRAM[/CONFIG]:SEQS"; continue ;; esac
+            prog=${entry%%:*}; cfg=7b; [ "${prog%%/*}" = llama ] && cfg=llama3-8b
+            case $prog in */*) cfg=${prog#*/}; prog=${prog%%/*} ;; esac
+            tag=${entry//[:,\/]/_}
             PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "$prog" --config $cfg --seq "${entry#*:}" \
               --budget-s "${TUNE_BUDGET:-480}" --json "$OUT/tune_$tag.json" > "$OUT/tune_$tag.log" 2>&1
             echo "rc=$? $entry"; tail -4 "$OUT/tune_$tag.log"
