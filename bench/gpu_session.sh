@@ -55,7 +55,9 @@
 #               before the wait); SmolLM2 at batch 8, both executors, its dots in K steps of 512 and 1024
 #               (its contractions, 576 and 1536, in one or two steps: 128 makes five and twelve)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
-#               bench/megakernel.py --variants ';f=1;f=light' for $RUNPF_CONFIGS (default the 1B, the 8B, SmolLM2)
+#               bench/megakernel.py --variants ';f=1;f=light' for $RUNPF_CONFIGS (default the 1B, the 8B, SmolLM2);
+#               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
+#               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
 #               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
 #               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
@@ -214,8 +216,11 @@ for stage in "$@"; do
              --hf-configs none --tilings 'default;+dot_bk=512;+dot_bk=1024' --json "$OUT/tiles_smol_b8.json" \
              > "$OUT/tiles_smol_b8.log" 2>&1; grep "B=" "$OUT/tiles_smol_b8.log" ;;
     runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b,smollm2-135m}" --waves "" \
-             --variants ';f=1;f=light' --budget 420 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
-           grep "ms  floor" "$OUT/runpf.log" ;;
+             --variants ';f=1;f=light' --budget 300 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
+           grep "ms  floor" "$OUT/runpf.log"
+           python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --variants ';f=1' \
+             --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 240 --json "$OUT/runpf_bk.json" \
+             > "$OUT/runpf_bk.log" 2>&1; grep "ms  floor" "$OUT/runpf_bk.log" ;;
     records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
                --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \
                > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
