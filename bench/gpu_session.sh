@@ -54,6 +54,8 @@
 #               k, v and o projections in K steps of 2048 (the 1B's whole contraction: all its weights load
 #               before the wait); SmolLM2 at batch 8, both executors, its dots in K steps of 512 and 1024
 #               (its contractions, 576 and 1536, in one or two steps: 128 makes five and twelve)
+#   executors   issue 45 (--executor auto for decode steps): both executors in their own tiles, batches 1 and 8, one
+#               call, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
 #               bench/megakernel.py --variants ';f=1;f=light' for $RUNPF_CONFIGS (default the 1B, the 8B, SmolLM2);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
@@ -215,6 +217,9 @@ for stage in "$@"; do
            python3 bench/decode.py --configs smollm2-135m --batches 8 --long 0 --steps 32 --executors persistent,waves \
              --hf-configs none --tilings 'default;+dot_bk=512;+dot_bk=1024' --json "$OUT/tiles_smol_b8.json" \
              > "$OUT/tiles_smol_b8.log" 2>&1; grep "B=" "$OUT/tiles_smol_b8.log" ;;
+    executors) python3 bench/decode.py --configs "${EXEC_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 1,8 \
+                 --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
+                 --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log" ;;
     runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b,smollm2-135m}" --waves "" \
              --variants ';f=1;f=light' --budget 300 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
            grep "ms  floor" "$OUT/runpf.log"
