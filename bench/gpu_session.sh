@@ -48,12 +48,11 @@
 #               nvidia_h100_80gb_hbm3": the heuristics, the H100's shipped ones): the 7B layer at $SCHED_SEQS
 #               (default 1537,4096,16384; the first set with eager and torch.compile), the Llama-3-8B layer at
 #               $SCHED8B_SEQS (4096; empty: skipped), 3 rounds each
-#   tiles       issue 45: the megakernel's candidate tiles, each against the default in one run: batch 8 of
-#               $TILES_CONFIGS (default llama3-8b,llama3.2-1b,smollm2-135m) with dot_round (each projection one
-#               round of items); batch 1 of the 1B and 8B with RoPE in the q, k, v projection, and with the q,
-#               k, v and o projections in K steps of 2048 (the 1B's whole contraction: all its weights load
-#               before the wait); SmolLM2 at batch 8, both executors, its dots in K steps of 512 and 1024
-#               (its contractions, 576 and 1536, in one or two steps: 128 makes five and twelve)
+#   tiles       issue 45: the megakernel's batch-8 tiles, each against the default in one run, for
+#               $TILES_CONFIGS (default llama3-8b,llama3.2-1b): $TILES_B8 (default "default;+dot_bk=256;+dot_bk=512":
+#               the dots' K steps twice and four times as wide; with dot_round each projection's step keeps
+#               dot_bn x dot_bk weights, 8 KiB in the default, and a batch-8 item streams about 10 GB/s,
+#               what 2-3 such steps in flight give at the memory's latency)
 #   executors   issue 45 (--executor auto for decode steps): both executors in their own tiles, batches 1 and 8, one
 #               call, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
@@ -208,15 +207,9 @@ for stage in "$@"; do
             python3 -m pto.cli bench llama --config llama3-8b --dtype bf16 --iterations ${ITER:-20} \
               --seq "${LAYER8B_SEQS:-1024,4096,16384}" --executor waves --json "$OUT/layers_8b.json" \
               > "$OUT/layers_8b.log" 2>&1; tail -4 "$OUT/layers_8b.log" ;;
-    tiles) python3 bench/decode.py --configs "${TILES_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 8 \
-             --long 0 --steps 32 --executors persistent --hf-configs none --tilings 'default;+dot_round=1' \
-             --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log"
-           python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" \
-             --tilings 'default;+rope_in_qkv=1;+qkv_bk=2048,o_bk=2048' --budget 240 --json "$OUT/tiles_b1.json" \
-             > "$OUT/tiles_b1.log" 2>&1; grep "ms  floor" "$OUT/tiles_b1.log"
-           python3 bench/decode.py --configs smollm2-135m --batches 8 --long 0 --steps 32 --executors persistent,waves \
-             --hf-configs none --tilings 'default;+dot_bk=512;+dot_bk=1024' --json "$OUT/tiles_smol_b8.json" \
-             > "$OUT/tiles_smol_b8.log" 2>&1; grep "B=" "$OUT/tiles_smol_b8.log" ;;
+    tiles) python3 bench/decode.py --configs "${TILES_CONFIGS:-llama3-8b,llama3.2-1b}" --batches 8 --long 0 --steps 32 \
+             --executors persistent --hf-configs none --tilings "${TILES_B8:-default;+dot_bk=256;+dot_bk=512}" \
+             --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log" ;;
     executors) python3 bench/decode.py --configs "${EXEC_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 1,8 \
                  --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log" ;;
