@@ -56,7 +56,8 @@
 #   executors   issue 45 (--executor auto for decode steps): both executors in their own tiles, batches 1 and 8, one
 #               call, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
-#               bench/megakernel.py --variants ';f=1;f=light' for $RUNPF_CONFIGS (default the 1B, the 8B, SmolLM2);
+#               bench/megakernel.py --variants ';f=1;f=1,k=128;f=1,k=256;f=light' (k: PTO_MK_PREFETCH_KB, the
+#               budget an item, 64 by default) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
 #               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
@@ -213,8 +214,8 @@ for stage in "$@"; do
     executors) python3 bench/decode.py --configs "${EXEC_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 1,8 \
                  --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log" ;;
-    runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b,smollm2-135m}" --waves "" \
-             --variants ';f=1;f=light' --budget 300 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
+    runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b}" --waves "" \
+             --variants ';f=1;f=1,k=128;f=1,k=256;f=light' --budget 300 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
            grep "ms  floor" "$OUT/runpf.log"
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --variants ';f=1' \
              --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 240 --json "$OUT/runpf_bk.json" \

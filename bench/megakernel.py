@@ -7,7 +7,8 @@ bf16, batch 1, the cache filled to half; a GPU).
         [--branches] [--budget SECONDS] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
-(``PTO_DISPATCH``), ``f=`` 0, 1, 2 or light (``PTO_MK_PREFETCH``), ``s=`` programs per multiprocessor
+(``PTO_DISPATCH``), ``f=`` 0, 1, 2 or light (``PTO_MK_PREFETCH``), ``k=`` the KiB an item prefetches
+at most (``PTO_MK_PREFETCH_KB``), ``s=`` programs per multiprocessor
 (``PTO_PER_SM``; one per segment of a split plan with ``/``: ``s=2/0``, 2 for the first segment,
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
@@ -50,8 +51,8 @@ from decode import copy_bandwidth, floor_ms, ours, parse_tiling, write_rows  # n
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
-ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS", "x": "PTO_MK_SPLIT",
-       "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS"}
+ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "k": "PTO_MK_PREFETCH_KB", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS",
+       "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS"}
 
 
 def variant_env(variant: str) -> dict[str, str]:

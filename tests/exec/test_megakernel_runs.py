@@ -91,6 +91,41 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
         assert not name.endswith("__run") and f"{name}(row, p," in src
 
 
+def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
+    """The 1B shape's gate/up run (bf16, ``ffn_bn`` 8 outputs of both matrices in one K step of
+    2,048, and the norm's gain, 2,048 wide: 69,632 bytes an index) prefetches, before its wait,
+    the first trip of its first index where that is more than the budget (64 KiB, the default),
+    and as many whole indices as the budget holds where it is not (256 KiB: three);
+    ``PTO_MK_PREFETCH_KB`` sets the budget, and anything but a positive number of KiB is one
+    line naming it."""
+    from pto.orchestration.model.program import CONFIGS
+
+    from pto.backends.triton.megakernel import resolve_prefetch_kb
+    from pto.codegen.triton.common import RenderOptions
+    from pto.codegen.triton.megakernel import render_megakernel
+
+    cfg = CONFIGS["llama3.2-1b"].layer
+    per_index = 2 * 8 * 2048 * 2 + cfg.hidden * 2
+    assert per_index == 69632
+    plan = _decode_plan("llama3.2-1b", 264, "cuda_h200")
+    (k,) = [i for i, b in enumerate(plan.branches) if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
+    for kib, indices in ((64, 1), (256, 256 * 1024 // per_index)):
+        src = render_megakernel(plan.branches, RenderOptions(prefetch_bytes=kib * 1024), dispatch="static").source
+        before = device_function(src, called(src, k)).split("_pto_wait(")[0]
+        assert f"for _q in range(0, tl.minimum(n_run, {indices})):" in before, kib
+        assert before.count("_prefetch_l2(") == 3  # wg, wu and the gain, a trip of each
+    assert indices == 3
+    monkeypatch.delenv("PTO_MK_PREFETCH_KB", raising=False)
+    assert resolve_prefetch_kb(None) == 64 and resolve_prefetch_kb(128) == 128
+    monkeypatch.setenv("PTO_MK_PREFETCH_KB", "256")
+    assert resolve_prefetch_kb(None) == 256 and resolve_prefetch_kb("32") == 32
+    for bad in ("0", "-4", "lots", "1.5"):
+        monkeypatch.setenv("PTO_MK_PREFETCH_KB", bad)
+        with pytest.raises(UsageError, match=rf"^PTO_MK_PREFETCH_KB='{bad}': the megakernel's L2 prefetch budget is "
+                                             "a positive number of KiB$"):
+            resolve_prefetch_kb(None)
+
+
 def test_the_setting_takes_counts_auto_and_off(monkeypatch):
     monkeypatch.delenv("PTO_MK_RUNS", raising=False)
     assert resolve_runs(None, 132) == 264  # the default, auto: two a multiprocessor

@@ -13,7 +13,7 @@ device (two memsets and a copy) and launches again, so it can be captured in a C
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -64,6 +64,9 @@ class MegakernelSettings:
     #: register loads come first; ``light``: 1, in the tasks that wait last for no GEMV
     #: (:data:`pto.exec.plan.PREFETCH_RULES`) (None: ``PTO_MK_PREFETCH``, else :data:`DEFAULT_PREFETCH`)
     prefetch: int | str | None = None
+    #: the most KiB an item prefetches into L2 before its wait (None: ``PTO_MK_PREFETCH_KB``, else
+    #: :data:`DEFAULT_PREFETCH_KB`; :attr:`pto.codegen.triton.common.RenderOptions.prefetch_bytes`)
+    prefetch_kb: int | str | None = None
     #: where the plan is cut into launches by resource class (:mod:`pto.exec.segments`): ``off``,
     #: ``auto`` or levels that start a segment (None: ``PTO_MK_SPLIT``, else
     #: :data:`pto.exec.segments.DEFAULT_SPLIT`); the persistent executor reads it
@@ -89,6 +92,8 @@ DEFAULT_DISPATCH = "static"
 DEFAULT_PREFETCH = 0
 #: the settings of ``PTO_MK_PREFETCH`` (:attr:`MegakernelSettings.prefetch`)
 PREFETCH_CHOICES = ("0", "1", "2", "light")
+#: the KiB an item prefetches into L2 at most where the settings and environment do not say
+DEFAULT_PREFETCH_KB = 64
 
 
 def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:
@@ -107,6 +112,22 @@ def resolve_prefetch(choice: int | str | None) -> str:
     ``prefetch`` rule); UsageError naming anything else."""
     return env_choice(None if choice is None else str(choice), "PTO_MK_PREFETCH", str(DEFAULT_PREFETCH),
                       PREFETCH_CHOICES, "prefetch")
+
+
+def resolve_prefetch_kb(choice: int | str | None) -> int:
+    """``choice``, else ``PTO_MK_PREFETCH_KB``, else :data:`DEFAULT_PREFETCH_KB`: the KiB an item
+    prefetches into L2 at most; UsageError naming anything that is not a positive whole number."""
+    src, text = ("prefetch_kb", choice) if choice is not None else ("PTO_MK_PREFETCH_KB",
+                                                                      os.environ.get("PTO_MK_PREFETCH_KB", "").strip())
+    if text in (None, ""):
+        return DEFAULT_PREFETCH_KB
+    try:
+        kb = int(str(text))
+    except ValueError:
+        kb = 0
+    if kb < 1:
+        raise UsageError(f"{src}={text!r}: the megakernel's L2 prefetch budget is a positive number of KiB")
+    return kb
 
 
 def resolve_dispatch(choice: str | None) -> str:
@@ -220,6 +241,8 @@ class Megakernel:
         prefetch = resolve_prefetch(settings.prefetch)
         #: the kernel's ``PREFETCH`` level (``light``: 1, in the branches the plan lets prefetch)
         self.prefetch = 1 if prefetch == "light" else int(prefetch)
+        #: the render's options: the backend's, with the L2 prefetch's budget
+        self.options = replace(backend.options, prefetch_bytes=resolve_prefetch_kb(settings.prefetch_kb) * 1024)
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -252,7 +275,7 @@ class Megakernel:
         s = self.settings
 
         def render(stages: dict[str, int]) -> MegaKernel:
-            return render_megakernel(self.plan.branches, self.backend.options, sentinel=s.sentinel,
+            return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
                                      ignore=s.ignore, stages=stages, dispatch=self.dispatch)
 
         self.stages = want
@@ -474,5 +497,6 @@ class Megakernel:
 
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
-           "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "PREFETCH_CHOICES", "resolve_prefetch", "resolve_dispatch",
+           "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB", "PREFETCH_CHOICES", "resolve_prefetch",
+           "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

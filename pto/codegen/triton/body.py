@@ -190,10 +190,11 @@ MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, GP
 MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, GPU)"
 #: bytes of a cache line: the L2 prefetch asks for one address per line
 LINE_BYTES = 128
-#: the most bytes an item prefetches into L2 before its wait: enough for the first trips of its
-#: K loop (a decode GEMV item's whole weight block), not a prefill GEMM's whole panel (which
-#: would evict what other programs use)
-PREFETCH_BYTES = 64 * 1024
+#: the most bytes an item prefetches into L2 before its wait by default
+#: (``RenderOptions.prefetch_bytes``): enough for the first trips of its K loop (a decode GEMV
+#: item's whole weight block), not a prefill GEMM's whole panel (which would evict what other
+#: programs use)
+PREFETCH_BYTES = RenderOptions.prefetch_bytes
 
 
 def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
@@ -464,7 +465,7 @@ class BodyRenderer(TileOps):
 
     def prefetch(self, rest: tuple) -> None:
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
-        their first trips, up to :data:`PREFETCH_BYTES`), with ``PREFETCH >= 1``; with ``PREFETCH
+        their first trips, up to ``opts.prefetch_bytes``), with ``PREFETCH >= 1``; with ``PREFETCH
         >= 2`` also (up to as many bytes again) of the loads of the memrefs the function only reads though a predecessor
         writes them (a decode step's keys and values, of which the step's append writes one row):
         L2 is the GPU's point of coherence, so a line fetched before the predecessor's store is
@@ -472,7 +473,7 @@ class BodyRenderer(TileOps):
         (the interpreter has no prefetch)."""
         names = set(self.names)
         for level, mems in ((1, self.pre), (2, self.read_only - self.pre)):
-            plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, names)
+            plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, names, self.opts.prefetch_bytes)
             if not plan:
                 continue
             if not self.l2:  # (a body other than the prefetching one's: a name of its own)
@@ -488,7 +489,7 @@ class BodyRenderer(TileOps):
         """(a run, before its wait) L2 prefetches, with ``PREFETCH >= 1``, of the loads of the
         memrefs no task writes (``opts.pre``: a run loads none of them into registers before its
         wait, its loop pipelines them) in the loops of the run's first indices, up to
-        :data:`PREFETCH_BYTES` in all: as many whole indices as fit where the loops' bounds are
+        ``opts.prefetch_bytes`` in all: as many whole indices as fit where the loops' bounds are
         constants, else the first index's first trips (:func:`prefetch_plan`)."""
         mems, par = frozenset(self.opts.pre), self.fn.parallel.var
         first = self.names[par]
@@ -498,10 +499,11 @@ class BodyRenderer(TileOps):
             plan = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget=1 << 62)
             whole = whole_trips(plan)
             per_index = sum(n * _trip_bytes(s, mems, blocks, dtypes, names) for s, n in whole or ())
-            if whole and 0 < per_index <= PREFETCH_BYTES:
-                plan, indices = whole, PREFETCH_BYTES // per_index
+            budget = self.opts.prefetch_bytes
+            if whole and 0 < per_index <= budget:
+                plan, indices = whole, budget // per_index
             else:
-                plan, indices = prefetch_plan(self.fn.body, mems, blocks, dtypes, names), 1
+                plan, indices = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget), 1
             if not plan:
                 return
             if not self.l2:

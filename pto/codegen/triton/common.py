@@ -103,6 +103,8 @@ class RenderOptions:
     ``qgemv``: how a GEMV's product reads quantized weights (:data:`QGEMV_MODES`; "": the
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
     directly); a tile that is not whole groups of its format takes "units".
+    ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
+    (:meth:`pto.codegen.triton.body.BodyRenderer.prefetch`, ``run_prefetch``).
     """
 
     input_precision: str = "ieee"
@@ -113,6 +115,7 @@ class RenderOptions:
     pre: tuple[str, ...] = ()
     persistent: str = ""
     qgemv: str = ""
+    prefetch_bytes: int = 64 * 1024
 
 
 @dataclass(frozen=True)
