@@ -57,7 +57,8 @@
 #               call, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
 #               bench/megakernel.py --variants ';f=1;f=1,k=128;f=1,k=256;f=light' (k: PTO_MK_PREFETCH_KB, the
-#               budget an item, 64 by default) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
+#               budget an item, 64 by default: 128 widens the q/k/v runs' prefetch, 256 also gate/up's, to three
+#               indices) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
 #               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
 #   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
@@ -189,8 +190,8 @@ for stage in "$@"; do
                PTO_PERSISTENT=$v $BENCH --seq "${PERSIST_SEQS:-1024,4096,16384}" --executor waves --compare $cmp \
                  --json "$OUT/persist_$v.json" > "$OUT/persist_$v.log" 2>&1; echo "PTO_PERSISTENT=$v"; tail -5 "$OUT/persist_$v.log"
              done ;;
-    sched) # issue 49: the H100's shipped schedules on this GPU against the renderer's heuristics (what
-           # an H200 runs today: no schedules of its own), the 7B layer and the Llama-3-8B layer, waves
+    sched) # issue 49: schedule sets on this GPU (PTO_SCHEDULES: none, the renderer's heuristics; a device's
+           # name, its shipped ones and its kin's), the 7B layer and the Llama-3-8B layer, waves
            cmp=eager,compile
            for v in ${SCHED_SETS:-none nvidia_h100_80gb_hbm3}; do
              PTO_SCHEDULES=$v $BENCH --seq "${SCHED_SEQS:-1537,4096,16384}" --executor waves --rounds 3 --compare $cmp \
@@ -215,10 +216,10 @@ for stage in "$@"; do
                  --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log" ;;
     runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b}" --waves "" \
-             --variants ';f=1;f=1,k=128;f=1,k=256;f=light' --budget 300 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
+             --variants ';f=1;f=1,k=128;f=1,k=256;f=light' --budget 260 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
            grep "ms  floor" "$OUT/runpf.log"
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --variants ';f=1' \
-             --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 240 --json "$OUT/runpf_bk.json" \
+             --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 200 --json "$OUT/runpf_bk.json" \
              > "$OUT/runpf_bk.log" 2>&1; grep "ms  floor" "$OUT/runpf_bk.log" ;;
     records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
                --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \

@@ -92,29 +92,39 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
 
 
 def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
-    """The 1B shape's gate/up run (bf16, ``ffn_bn`` 8 outputs of both matrices in one K step of
-    2,048, and the norm's gain, 2,048 wide: 69,632 bytes an index) prefetches, before its wait,
-    the first trip of its first index where that is more than the budget (64 KiB, the default),
-    and as many whole indices as the budget holds where it is not (256 KiB: three);
-    ``PTO_MK_PREFETCH_KB`` sets the budget, and anything but a positive number of KiB is one
-    line naming it."""
+    """The 1B shape's gate/up run (bf16, ``ffn_bn`` 8 rows of both matrices in one K step of
+    2,048: 65,536 bytes an index, and the norm's gain, 4,096 bytes that every index shares)
+    prefetches, before its wait, the first trip of its first index where that and the gain are
+    more than the budget (64 KiB, the default), else the gain once and as many whole indices,
+    from the run's first, as the rest of the budget holds (256 KiB: three); every index's rows
+    are its own (``_pq``, the run's first plus ``_q``). ``PTO_MK_PREFETCH_KB`` sets the budget;
+    anything but a positive number of KiB is one line naming it."""
+    import re
+
     from pto.orchestration.model.program import CONFIGS
 
     from pto.backends.triton.megakernel import resolve_prefetch_kb
     from pto.codegen.triton.common import RenderOptions
     from pto.codegen.triton.megakernel import render_megakernel
 
-    cfg = CONFIGS["llama3.2-1b"].layer
-    per_index = 2 * 8 * 2048 * 2 + cfg.hidden * 2
-    assert per_index == 69632
+    per_index, gain = 2 * 8 * 2048 * 2, CONFIGS["llama3.2-1b"].layer.hidden * 2
     plan = _decode_plan("llama3.2-1b", 264, "cuda_h200")
     (k,) = [i for i, b in enumerate(plan.branches) if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
-    for kib, indices in ((64, 1), (256, 256 * 1024 // per_index)):
+    rows = re.compile(r"_fr\d+ = \(_pq \* 8\) \+ tl\.arange\(0, 8\)\[:, None\]")
+    for kib in (64, 256):
         src = render_megakernel(plan.branches, RenderOptions(prefetch_bytes=kib * 1024), dispatch="static").source
-        before = device_function(src, called(src, k)).split("_pto_wait(")[0]
-        assert f"for _q in range(0, tl.minimum(n_run, {indices})):" in before, kib
-        assert before.count("_prefetch_l2(") == 3  # wg, wu and the gain, a trip of each
-    assert indices == 3
+        name = called(src, k)
+        before = device_function(src, name).split("_pto_wait(")[0]
+        assert before.count("_prefetch_l2(") == 3 and len(rows.findall(before)) == 2  # wg's and wu's rows, the gain
+        assert name.endswith("__run") and "_e" in name  # (the prefetched memrefs in the name)
+        if per_index + gain > kib * 1024:
+            assert "_pq = i_j0\n" in before and "for _q in" not in before
+        else:
+            indices = (kib * 1024 - gain) // per_index
+            assert indices == 3
+            loop = before.index(f"for _q in range(0, tl.minimum(n_run, {indices})):")
+            assert "_pq = i_j0 + _q" in before[loop:] and len(rows.findall(before[loop:])) == 2
+            assert before[:loop].count("_prefetch_l2(") == 1  # the gain, once
     monkeypatch.delenv("PTO_MK_PREFETCH_KB", raising=False)
     assert resolve_prefetch_kb(None) == 64 and resolve_prefetch_kb(128) == 128
     monkeypatch.setenv("PTO_MK_PREFETCH_KB", "256")
@@ -124,6 +134,56 @@ def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
         with pytest.raises(UsageError, match=rf"^PTO_MK_PREFETCH_KB='{bad}': the megakernel's L2 prefetch budget is "
                                              "a positive number of KiB$"):
             resolve_prefetch_kb(None)
+
+
+def test_runs_that_prefetch_other_memrefs_are_device_functions_of_their_own():
+    """Two branches of the gate/up run that differ only in the memrefs they may prefetch (the
+    norm's gain or not) render two device functions, each with its own prefetch, in one kernel."""
+    from pto.codegen.triton.common import RenderOptions
+    from pto.codegen.triton.megakernel import render_megakernel
+
+    plan = _decode_plan("llama3.2-1b", 264, "cuda_h200")
+    (b,) = [b for b in plan.branches if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
+    names = [m.name for m in b.fn.memrefs]
+    other = replace(b, pre=tuple(ok and n != "g" for ok, n in zip(b.pre, names)))
+    src = render_megakernel([b, other], RenderOptions(), dispatch="static").source
+    mine, its = called(src, 0), called(src, 1)
+    assert mine != its
+    count = [device_function(src, n).split("_pto_wait(")[0].count("_prefetch_l2(") for n in (mine, its)]
+    assert count == [3, 2]
+
+
+def test_quantized_weights_are_not_prefetched():
+    """The prefetch walks a tile's region in elements, which a quantized memref's packed rows are
+    not: in the 1B shape's step on Q4_K weights, no branch (runs or not) prefetches from one."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.megakernel import render_megakernel
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, tg = CONFIGS["llama3.2-1b"], get("cuda_h200")
+    q4k = WeightTypes(tuple(sorted({k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")}.items())))
+    t = for_weights(tiling_for_executor(cfg, "persistent", tg), q4k, 1)
+    g = build_module_graph(build_step(cfg, DType.BF16, tg, 1, t, cache=1024, wtypes=q4k), {"B": 1, "C": 1024}).graph
+    try:
+        plan = make_plan(g, list(g.tensor_ids), {}, flags=TritonBackend("cpu").task_flags, runs=264)
+    finally:
+        g.close()
+    src = render_megakernel(plan.branches, dispatch="static").source
+    quantized = 0
+    for k, b in enumerate(plan.branches):
+        before = device_function(src, called(src, k)).split("_pto_wait(")[0]
+        for m in b.fn.memrefs:
+            if m.dtype.is_quantized:
+                quantized += 1
+                assert f"P_{m.name} + _fr" not in before, (b.fn.variant_name, m.name)
+    assert quantized >= 5 and any(b.runs for b in plan.branches)
 
 
 def test_the_setting_takes_counts_auto_and_off(monkeypatch):
@@ -217,12 +277,14 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
             quiet = [replace(b, prefetch=False) if b.runs else b for b in plan.branches]
             stages = {b.fn.variant_name: 2 for b in quiet}
             jobs.append(megakernel_job(render_megakernel(quiet, dispatch="static", stages=stages), opts, prefetch=1))
-        res, fetch, *without = compile_sm90(jobs, tmp_path / str(runs))
+        words = ["cp.async.cg", "cp.async.ca", "prefetch.global.L2"]  # (counted in the whole PTX)
+        res, fetch, *without = compile_sm90([{**j, "count": words} for j in jobs], tmp_path / str(runs))
         assert all(r["ok"] for r in (res, fetch, *without)), [r.get("error") for r in (res, fetch, *without)]
-        counts.append(res["ptx"].count("cp.async.cg") + res["ptx"].count("cp.async.ca"))
-        assert "prefetch.global.L2" not in res["ptx"]
+        counts.append(res["counts"]["cp.async.cg"] + res["counts"]["cp.async.ca"])
+        assert res["counts"]["prefetch.global.L2"] == 0
         if runs:
             assert {b.fn.variant_name for b in plan.branches if b.runs} == {"gemv_norm_tile__R1",
                                                                             "gemv_norm_swiglu_tile__R1"}
-            assert fetch["ptx"].count("prefetch.global.L2") > without[0]["ptx"].count("prefetch.global.L2") > 0
+            prefetches = [r["counts"]["prefetch.global.L2"] for r in (fetch, *without)]
+            assert prefetches[0] > prefetches[1] > 0, prefetches
     assert counts[1] > counts[0], counts

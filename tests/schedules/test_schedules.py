@@ -15,7 +15,7 @@ import torch
 
 from pto import f32
 from pto.backends.triton import TritonBackend
-from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, triton_version
+from pto.backends.triton.schedules import Entry, ScheduleDB, bucket, device_key, triton_version
 from pto.ir.analysis import specialize
 from tests.schedules.family import SHIPPED, family_kernels
 
@@ -191,6 +191,8 @@ def test_shipped_entries_match_todays_kernels(device):
     from pto import programs
 
     (folder,) = programs.get("llama7b").schedules
+    # (every shipped folder is checked: SHIPPED names the device of each)
+    assert {device_key(d) for d in SHIPPED} == {p.name for p in folder.iterdir() if p.is_dir()}
     db = ScheduleDB(device, user_dir=folder / "none", shipped=(folder,))
     files = sorted(db.shipped_dirs[0].glob("*.json"))
     assert files

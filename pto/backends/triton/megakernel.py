@@ -56,9 +56,9 @@ class MegakernelSettings:
     #: each segment of a split plan its own (the last repeats), e.g. ``(2, 0)``
     per_sm: int | str | tuple | None = None
     #: 1: an item prefetches into L2 what the loops after its wait load of the operands it loads
-    #: early (the first trips, :data:`pto.codegen.triton.body.PREFETCH_BYTES`), before the wait
-    #: (a run, which loads none into registers before it, its first indices' weights:
-    #: :meth:`pto.codegen.triton.body.BodyRenderer.run_prefetch`);
+    #: early (the first trips, up to :attr:`prefetch_kb`), before the wait (a run, which loads
+    #: none into registers before it, its first indices' weights:
+    #: :meth:`pto.codegen.triton.body.BodyRenderer.run_prefetch`; quantized weights never);
     #: 2: also of the operands it only reads though a predecessor writes them (a decode step's
     #: keys and values: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch`); 0: only its
     #: register loads come first; ``light``: 1, in the tasks that wait last for no GEMV

@@ -466,13 +466,15 @@ class BodyRenderer(TileOps):
     def prefetch(self, rest: tuple) -> None:
         """L2 prefetches of the ``pre`` loads in the loops of ``rest`` (:func:`prefetch_plan`:
         their first trips, up to ``opts.prefetch_bytes``), with ``PREFETCH >= 1``; with ``PREFETCH
-        >= 2`` also (up to as many bytes again) of the loads of the memrefs the function only reads though a predecessor
-        writes them (a decode step's keys and values, of which the step's append writes one row):
-        L2 is the GPU's point of coherence, so a line fetched before the predecessor's store is
-        updated by it, and the loads after the wait's acquire read the store. Under ``GPU`` only
-        (the interpreter has no prefetch)."""
+        >= 2`` also (up to as many bytes again) of the loads of the memrefs the function only
+        reads though a predecessor writes them (a decode step's keys and values, of which the
+        step's append writes one row): L2 is the GPU's point of coherence, so a line fetched
+        before the predecessor's store is updated by it, and the loads after the wait's acquire
+        read the store. Under ``GPU`` only (the interpreter has no prefetch); quantized memrefs
+        are left out (:meth:`_prefetchable`)."""
         names = set(self.names)
         for level, mems in ((1, self.pre), (2, self.read_only - self.pre)):
+            mems = self._prefetchable(mems)
             plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, names, self.opts.prefetch_bytes)
             if not plan:
                 continue
@@ -485,23 +487,36 @@ class BodyRenderer(TileOps):
                 self.prefetch_loop(loop, trips, mems)
             self.depth -= 1
 
+    def _prefetchable(self, mems) -> frozenset[str]:
+        """``mems`` less the quantized memrefs: a quantized tile is rows of packed blocks and
+        planes of scales, not the region of elements :meth:`prefetch_tile` walks."""
+        return frozenset(m for m in mems if not self.memrefs[m].dtype.is_quantized)
+
     def run_prefetch(self) -> None:
         """(a run, before its wait) L2 prefetches, with ``PREFETCH >= 1``, of the loads of the
-        memrefs no task writes (``opts.pre``: a run loads none of them into registers before its
-        wait, its loop pipelines them) in the loops of the run's first indices, up to
-        ``opts.prefetch_bytes`` in all: as many whole indices as fit where the loops' bounds are
-        constants, else the first index's first trips (:func:`prefetch_plan`)."""
-        mems, par = frozenset(self.opts.pre), self.fn.parallel.var
+        memrefs none of its task's predecessors writes (``opts.pre``; a run loads none of them
+        into registers before its wait, its loop pipelines them) in its loops, up to
+        ``opts.prefetch_bytes`` in all: where the loops' bounds are constants, those whose offsets
+        do not use the parallel index (a norm's gain) once and the others (the weights' rows) for
+        as many whole indices from the run's first as the rest of the budget holds; else the first
+        index's first trips (:func:`prefetch_plan`). Quantized memrefs are left out."""
+        mems, par = self._prefetchable(self.opts.pre), self.fn.parallel.var
+        per = frozenset(i.srcs[0] for i in walk_instrs(self.fn.body) if i.op is Op.LOAD and i.srcs[0] in mems
+                        and any(par in e.free_vars() for e in i.srcs[1:]))
+        once = mems - per
         first = self.names[par]
         self.names[par] = "_pq"  # (the index prefetched: the run's first, then the next ones)
         try:
             blocks, dtypes, names = self.blocks, self.dtypes, set(self.names)
             plan = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget=1 << 62)
             whole = whole_trips(plan)
-            per_index = sum(n * _trip_bytes(s, mems, blocks, dtypes, names) for s, n in whole or ())
-            budget = self.opts.prefetch_bytes
-            if whole and 0 < per_index <= budget:
-                plan, indices = whole, budget // per_index
+
+            def nbytes(ms):
+                return sum(n * _trip_bytes(s, ms, blocks, dtypes, names) for s, n in whole or ())
+
+            budget, per_index = self.opts.prefetch_bytes, nbytes(per)
+            if whole and 0 < per_index <= budget - nbytes(once):
+                plan, indices = whole, (budget - nbytes(once)) // per_index
             else:
                 plan, indices = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget), 1
             if not plan:
@@ -509,15 +524,21 @@ class BodyRenderer(TileOps):
             if not self.l2:
                 self.withheld = True
                 return
-            self.prefetched = mems
+            self.prefetched = frozenset(i.srcs[0] for s, _ in plan for i in _pre_loads(s.body, mems, names | {s.var}))
             self.emit("if GPU and PREFETCH >= 1:")
             self.depth += 1
-            self.emit(f"for _q in range(0, tl.minimum(n_run, {indices})):")
-            self.emit(f"    _pq = {first}0 + _q")
-            self.depth += 1
-            for loop, trips in plan:
-                self.prefetch_loop(loop, trips, mems)
-            self.depth -= 2
+            self.emit(f"_pq = {first}0")
+            for ms in ((mems,) if indices == 1 else (once, per)):
+                if ms is per:
+                    self.emit(f"for _q in range(0, tl.minimum(n_run, {indices})):")
+                    self.emit(f"    _pq = {first}0 + _q")
+                    self.depth += 1
+                for loop, trips in plan:
+                    if _pre_loads(loop.body, ms, names | {loop.var}):
+                        self.prefetch_loop(loop, trips, ms)
+                if ms is per:
+                    self.depth -= 1
+            self.depth -= 1
         finally:
             self.names[par] = first
 

@@ -94,7 +94,8 @@ class Branch:
     pre: tuple[bool, ...] = ()
     #: an item runs a run of consecutive parallel indices of its task (its descriptor's count),
     #: in one pipelined loop after one wait (:class:`pto.codegen.triton.body.BodyRenderer`'s
-    #: ``runs``; the plan's ``runs``); nothing loads before the wait
+    #: ``runs``; the plan's ``runs``); nothing loads into registers before the wait (its
+    #: weights' first bytes may prefetch into L2 there: ``BodyRenderer.run_prefetch``)
     runs: bool = False
     #: the item may prefetch into L2 before its wait where the kernel's ``PREFETCH`` asks (the
     #: plan's prefetch rule, :data:`pto.exec.plan.PREFETCH_RULES`, clears it)

@@ -571,6 +571,11 @@ def test_dot_round_gives_each_projection_one_round_of_items_and_the_reference_st
     assert t1.dot_round and -(-b.ffn // 32) == 256
     assert replace(dot_tiles(t1, b.hidden, b.q_dim + 2 * b.kv_dim, b.ffn), dot_round=False) == \
         dot_tiles(replace(t1, dot_round=False), b.hidden, b.q_dim + 2 * b.kv_dim, b.ffn)
+    # at tp = 2 a rank's q/k/v and gate/up are halves (o and down still make all of hidden):
+    # every projection one round in dot_bn's 32, the plain tiles
+    half = dot_tiles(own, c.hidden, (c.q_dim + 2 * c.kv_dim) // 2, c.ffn // 2)
+    assert replace(half, dot_round=False) == dot_tiles(replace(own, dot_round=False), c.hidden,
+                                                       (c.q_dim + 2 * c.kv_dim) // 2, c.ffn // 2)
     tiny = replace(mp.TINY_TILING, round_programs=4, dot_round=True)
     d = mp.CONFIGS["tiny"].layer
     tt = dot_tiles(tiny, d.hidden, d.q_dim + 2 * d.kv_dim, d.ffn)
