@@ -53,8 +53,9 @@
 #               the dots' K steps twice and four times as wide; with dot_round each projection's step keeps
 #               dot_bn x dot_bk weights, 8 KiB in the default, and a batch-8 item streams about 10 GB/s,
 #               what 2-3 such steps in flight give at the memory's latency)
-#   executors   issue 45 (--executor auto for decode steps): both executors in their own tiles, batches 1 and 8, one
-#               call, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2)
+#   executors   issues 45, 49 (--executor auto on the H200): the decode step on both executors in their own tiles,
+#               batches 1 and 8, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2); the 7B layer on both at
+#               $EXEC_SEQS (default 1537,4096), 3 rounds
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
 #               bench/megakernel.py --variants ';f=1;f=1,k=128;f=1,k=256;f=light' (k: PTO_MK_PREFETCH_KB, the
 #               budget an item, 64 by default: 128 widens the q/k/v runs' prefetch, 256 also gate/up's, to three
@@ -214,7 +215,9 @@ for stage in "$@"; do
              --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log" ;;
     executors) python3 bench/decode.py --configs "${EXEC_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 1,8 \
                  --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
-                 --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log" ;;
+                 --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
+               $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
+                 --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
     runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b}" --waves "" \
              --variants ';f=1;f=1,k=128;f=1,k=256;f=light' --budget 260 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
            grep "ms  floor" "$OUT/runpf.log"
