@@ -261,7 +261,9 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
     """The 1B shape's step in the megakernel's tiles: its q, k, v and gate/up tasks in runs (two
     a multiprocessor's worth of items), compiled by Triton for an H100/H200 (sm_90): more
     ``cp.async`` copies than the same kernel without runs (the runs' loops pipelined); with the
-    L2 prefetch (``PREFETCH`` 1), more prefetches than the same kernel whose runs take none."""
+    L2 prefetch (``PREFETCH`` 1), more prefetches than the same kernel whose runs take none, and
+    more again where a budget of 256 KiB makes the runs loop over whole indices."""
+    from pto.codegen.triton.common import RenderOptions
     from pto.codegen.triton.megakernel import render_megakernel
     from tests.sm90 import compile_sm90, megakernel_job
 
@@ -273,10 +275,14 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
         (tmp_path / str(runs)).mkdir()
         opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
         jobs = [megakernel_job(k, opts), megakernel_job(k, opts, prefetch=1)]
-        if runs:  # the same kernel whose runs take no prefetch
+        if runs:  # the same kernel whose runs take no prefetch, and one whose runs prefetch whole indices
             quiet = [replace(b, prefetch=False) if b.runs else b for b in plan.branches]
             stages = {b.fn.variant_name: 2 for b in quiet}
             jobs.append(megakernel_job(render_megakernel(quiet, dispatch="static", stages=stages), opts, prefetch=1))
+            wide = render_megakernel(plan.branches, RenderOptions(prefetch_bytes=256 * 1024), dispatch="static",
+                                     stages=stages)
+            assert wide.source.count("for _q in range(0, tl.minimum(n_run, ") == 2  # (q/k/v's and gate/up's)
+            jobs.append(megakernel_job(wide, opts, prefetch=1))
         words = ["cp.async.cg", "cp.async.ca", "prefetch.global.L2"]  # (counted in the whole PTX)
         res, fetch, *without = compile_sm90([{**j, "count": words} for j in jobs], tmp_path / str(runs))
         assert all(r["ok"] for r in (res, fetch, *without)), [r.get("error") for r in (res, fetch, *without)]
@@ -286,5 +292,5 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
             assert {b.fn.variant_name for b in plan.branches if b.runs} == {"gemv_norm_tile__R1",
                                                                             "gemv_norm_swiglu_tile__R1"}
             prefetches = [r["counts"]["prefetch.global.L2"] for r in (fetch, *without)]
-            assert prefetches[0] > prefetches[1] > 0, prefetches
+            assert prefetches[2] > prefetches[0] > prefetches[1] > 0, prefetches
     assert counts[1] > counts[0], counts
