@@ -62,9 +62,9 @@
 #               indices) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
 #               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
-#   records     issue 45: SmolLM2's attention in chunks of 32, 256 and 1024 (a head's whole cache: fewer parts
-#               to combine); the default megakernel steps of SmolLM2, the 1B and the 8B traced (--records: every
-#               item's start and end, to $OUT/records/, for bench/records.py off the GPU)
+#   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
+#               under $RECORDS_VARIANTS (default d=static; --records: every item's start, end and multiprocessor, to
+#               $OUT/records/, for bench/records.py off the GPU)
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:16384,4096,1537"; entries
 #               PROGRAM[/CONFIG]:SEQS, space-separated, e.g. "llama/mistral-7b:5555"; --config 7b for llama7b,
 #               llama3-8b for llama where none is named) within $TUNE_BUDGET s each (default 480; the first
@@ -224,12 +224,10 @@ for stage in "$@"; do
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --variants ';f=1' \
              --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 200 --json "$OUT/runpf_bk.json" \
              > "$OUT/runpf_bk.log" 2>&1; grep "ms  floor" "$OUT/runpf_bk.log" ;;
-    records) python3 bench/megakernel.py --configs smollm2-135m --waves default \
-               --tilings 'default;+chunk=32,tk=32;+chunk=256;+chunk=1024' --budget 150 --json "$OUT/tiles_chunk.json" \
-               > "$OUT/tiles_chunk.log" 2>&1; grep "ms  floor" "$OUT/tiles_chunk.log"
-             mkdir -p "$OUT/records"
-             python3 bench/megakernel.py --configs smollm2-135m,llama3.2-1b,llama3-8b --waves "" --budget 240 \
-               --records "$OUT/records" --json "$OUT/records.json" > "$OUT/records.log" 2>&1
+    records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
+             python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
+               --variants "${RECORDS_VARIANTS:-d=static}" --budget 240 --records "$OUT/records" \
+               --json "$OUT/records.json" > "$OUT/records.log" 2>&1
              ls "$OUT/records" ;;
     tune) rm -rf /tmp/tune_pto
           for entry in ${TUNE_PROGRAMS:-llama7b:16384,4096,1537}; do
