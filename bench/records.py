@@ -4,7 +4,7 @@
 each persistent run's items (:func:`save`: task, parallel index, program, start and end in ns,
 segment, InCore variant); this script reads them back on any machine::
 
-    python bench/records.py DIR/*.npz [--top 12]
+    python bench/records.py DIR/*.npz [--top 12] [--layers N]
 
 and prints, per InCore variant (over its tasks): the tasks, their mean items and the programs
 that ran them, the **rounds** (the most items of a task one program ran; a task's items stream
@@ -17,6 +17,14 @@ and the **slow** (its longest item past the median). Where the trace knows each 
 multiprocessor (the GPU's), the **shared** column is the median item of a task's items that ran
 beside another of its items on one multiprocessor over those that ran alone there (1.00: no
 difference; empty where a task has no items of both kinds).
+
+``--layers N`` (a decode step of N layers) adds a layer's timeline: a variant's tasks, in task
+order, cut into N equal groups (variants whose tasks are not a multiple of N, the embedding and
+the LM head, are left out), a layer's groups in the order they start; per group its **gap** (its
+first start after the previous group's last end; the first group's after the previous layer's),
+its start **skew**, its **span** and its **ends** (first end to last end); medians over the
+layers but the first and the last (of the groups' items), and the layer's span (its first
+start to its last end).
 """
 
 from __future__ import annotations
@@ -128,13 +136,62 @@ def report(path: str, top: int) -> list[str]:
     return lines
 
 
+def layer_timeline(items: np.ndarray, funcs: list[str], layers: int) -> tuple[list[dict], float]:
+    """``(rows, layer span us)``: per variant of a layer (in the order its groups start), the
+    medians over the middle layers (all of them below 3) of its group's gap, skew, span and ends,
+    in us (the module docstring's ``--layers``)."""
+    by_func = defaultdict(list)
+    for t in np.unique(items[:, 0]):
+        by_func[int(items[items[:, 0] == t, 6][0])].append(int(t))
+    groups = []  # per layer: (func, first start, last start, first end, last end) of each group's items
+    for layer in range(layers):
+        row = []
+        for f, ts in by_func.items():
+            if len(ts) % layers:
+                continue
+            per = len(ts) // layers
+            it = items[np.isin(items[:, 0], ts[layer * per:(layer + 1) * per])]
+            row.append((f, float(it[:, 3].min()), float(it[:, 3].max()), float(it[:, 4].min()), float(it[:, 4].max())))
+        groups.append(sorted(row, key=lambda g: g[1]))
+    middle = range(1, layers - 1) if layers >= 3 else range(layers)
+    acc = defaultdict(list)
+    spans = []
+    for layer in middle:
+        prev = max(g[4] for g in groups[layer - 1]) if layer else None
+        for f, s0, s1, e0, e1 in groups[layer]:
+            acc[f].append((s0 - prev if prev is not None else np.nan, s1 - s0, e1 - s0, e1 - e0))
+            prev = e1
+        spans.append(max(g[4] for g in groups[layer]) - min(g[1] for g in groups[layer]))
+    order = [g[0] for g in groups[middle[0]]] if len(middle) else []
+    rows = [{"variant": funcs[f], **dict(zip(("gap_us", "skew_us", "span_us", "ends_us"),
+                                             (float(np.nanmedian(col)) / 1e3 if not np.isnan(col).all() else None
+                                              for col in np.array(acc[f], float).T)))} for f in order]
+    return rows, float(np.median(spans)) / 1e3 if spans else 0.0
+
+
+def timeline_report(path: str, layers: int) -> list[str]:
+    items, funcs, _ = load(path)
+    rows, span = layer_timeline(items, funcs, layers)
+    lines = [f"{path}: a layer of {layers} (medians of the middle layers), span {span:.2f} us",
+             f"  {'variant':44s} {'gap us':>7s} {'skew us':>8s} {'span us':>8s} {'ends us':>8s}"]
+    for r in rows:
+        gap = "" if r["gap_us"] is None else f"{r['gap_us']:.2f}"
+        lines.append(f"  {r['variant'][:44]:44s} {gap:>7s} {r['skew_us']:8.2f} {r['span_us']:8.2f} {r['ends_us']:8.2f}")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--top", type=int, default=12, help="variants shown per file (the longest total span first)")
+    ap.add_argument("--layers", type=int, default=0, help="a decode step's layers: also a layer's timeline")
     args = ap.parse_args(argv)
+    if args.layers < 0:
+        ap.error(f"--layers {args.layers}: a number of layers (0: no timeline)")
     for path in args.files:
         print("\n".join(report(path, args.top)))
+        if args.layers:
+            print("\n".join(timeline_report(path, args.layers)))
     return 0
 
 

@@ -80,3 +80,29 @@ def test_the_shared_ratio_is_the_all_pairs_one_on_random_items():
         want = None if beside.all() or not beside.any() else \
             float(np.median(dur[beside]) / np.median(dur[~beside]))
         assert records.shared_ratio(it, dur) == want
+
+
+def test_a_layers_timeline_of_a_known_schedule(tmp_path):
+    """Three layers of two variants (``a`` then ``b``) and a task of its own (``lm``, left out:
+    not one a layer). The middle layer: ``a`` starts 75 after the first layer's last end, its
+    items start 2 apart, end 4 apart, span 14; ``b`` starts 1 after ``a``'s last end, its
+    items start 1 and end 5 apart, span 10; the layer spans 25. With ``--layers`` the report
+    prints it."""
+    recs = []
+    for layer in range(3):
+        b0 = 100 * layer
+        recs += [ItemRecord(10 + layer, 0, 0, b0, b0 + 10, "a"), ItemRecord(10 + layer, 1, 1, b0 + 2, b0 + 14, "a"),
+                 ItemRecord(20 + layer, 0, 0, b0 + 15, b0 + 20, "b"),
+                 ItemRecord(20 + layer, 1, 1, b0 + 16, b0 + 25, "b")]
+    recs.append(ItemRecord(30, 0, 0, 300, 340, "lm"))
+    path = str(tmp_path / "layers.npz")
+    records.save(path, recs, programs=2)
+    items, funcs, _ = records.load(path)
+    rows, span = records.layer_timeline(items, funcs, 3)
+    assert span == 25 / 1e3
+    assert [r["variant"] for r in rows] == ["a", "b"]
+    a, b = ({k: round(v * 1e3, 6) for k, v in r.items() if k != "variant"} for r in rows)
+    assert a == {"gap_us": 75, "skew_us": 2, "span_us": 14, "ends_us": 4}
+    assert b == {"gap_us": 1, "skew_us": 1, "span_us": 10, "ends_us": 5}
+    lines = records.timeline_report(path, 3)
+    assert "a layer of 3" in lines[0] and [line.split()[0] for line in lines[2:]] == ["a", "b"]
