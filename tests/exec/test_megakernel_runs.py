@@ -101,16 +101,20 @@ def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
     anything but a positive number of KiB is one line naming it."""
     import re
 
-    from pto.orchestration.model.program import CONFIGS
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
 
     from pto.backends.triton.megakernel import resolve_prefetch_kb
     from pto.codegen.triton.common import RenderOptions
     from pto.codegen.triton.megakernel import render_megakernel
+    from pto.machine.target import get
 
-    per_index, gain = 2 * 8 * 2048 * 2, CONFIGS["llama3.2-1b"].layer.hidden * 2
+    cfg = CONFIGS["llama3.2-1b"]
+    t = tiling_for_executor(cfg, "persistent", get("cuda_h200"))
+    assert (t.ffn_bn, t.ffn_bk) == (8, cfg.layer.hidden)  # (the shapes this test's numbers follow from)
+    per_index, gain = 2 * t.ffn_bn * t.ffn_bk * 2, cfg.layer.hidden * 2
     plan = _decode_plan("llama3.2-1b", 264, "cuda_h200")
     (k,) = [i for i, b in enumerate(plan.branches) if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
-    rows = re.compile(r"_fr\d+ = \(_pq \* 8\) \+ tl\.arange\(0, 8\)\[:, None\]")
+    rows = re.compile(rf"_fr\d+ = \(_pq \* {t.ffn_bn}\) \+ tl\.arange\(0, {t.ffn_bn}\)\[:, None\]")
     for kib in (64, 256):
         src = render_megakernel(plan.branches, RenderOptions(prefetch_bytes=kib * 1024), dispatch="static").source
         name = called(src, k)
