@@ -70,8 +70,7 @@
 #               llama3-8b for llama where none is named) within $TUNE_BUDGET s each (default 480; the first
 #               run of each length's layer, which compiles it, counts), into a fresh database copied to
 #               $OUT/schedules_<device>/: the winners over what the device ran (its shipped entries), to
-#               merge into orchestration/llama/schedules/<device>/ (ScheduleDB(device,
-#               user_dir=<that folder's parent>).store(function, entry) for each new entry)
+#               merge into orchestration/llama/schedules/<device>/ with bench/ship_schedules.py
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
