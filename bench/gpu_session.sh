@@ -62,6 +62,9 @@
 #               indices) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
 #               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
+#   persm       issue 45: the 1B's GEMV items run below the memory's floor (gate/up 21.4 us a layer against 16.1):
+#               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
+#               without the prefetch, for $PERSM_CONFIGS (default the 1B)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static; --records: every item's start, end and multiprocessor, to
 #               $OUT/records/, for bench/records.py off the GPU)
@@ -217,6 +220,9 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    persm) python3 bench/megakernel.py --configs "${PERSM_CONFIGS:-llama3.2-1b}" --waves "" \
+             --variants ';s=3,r=396;s=3,r=396,f=1' --budget 240 --json "$OUT/persm.json" > "$OUT/persm.log" 2>&1
+           grep "ms  floor" "$OUT/persm.log" ;;
     runpf) python3 bench/megakernel.py --configs "${RUNPF_CONFIGS:-llama3.2-1b,llama3-8b}" --waves "" \
              --variants ';f=1;f=1,k=128;f=1,k=256;f=light' --budget 260 --json "$OUT/runpf.json" > "$OUT/runpf.log" 2>&1
            grep "ms  floor" "$OUT/runpf.log"
