@@ -20,6 +20,7 @@ import torch
 
 from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
+from pto.codegen.triton.common import RenderOptions
 from pto.codegen.triton.megakernel import (
     DISPATCH,
     ITEM_COLS,
@@ -93,7 +94,7 @@ DEFAULT_PREFETCH = 0
 #: the settings of ``PTO_MK_PREFETCH`` (:attr:`MegakernelSettings.prefetch`)
 PREFETCH_CHOICES = ("0", "1", "2", "light")
 #: the KiB an item prefetches into L2 at most where the settings and environment do not say
-DEFAULT_PREFETCH_KB = 64
+DEFAULT_PREFETCH_KB = RenderOptions.prefetch_bytes // 1024
 
 
 def env_choice(choice: str | None, env: str, default: str, allowed: tuple[str, ...], what: str) -> str:

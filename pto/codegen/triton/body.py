@@ -190,11 +190,6 @@ MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, GP
 MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, GPU)"
 #: bytes of a cache line: the L2 prefetch asks for one address per line
 LINE_BYTES = 128
-#: the most bytes an item prefetches into L2 before its wait by default
-#: (``RenderOptions.prefetch_bytes``): enough for the first trips of its K loop (a decode GEMV
-#: item's whole weight block), not a prefill GEMM's whole panel (which would evict what other
-#: programs use)
-PREFETCH_BYTES = RenderOptions.prefetch_bytes
 
 
 def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
@@ -214,7 +209,7 @@ def _trip_bytes(s: ForRange, pre: frozenset, blocks: dict, dtypes: dict, defined
 
 
 def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defined: set[str],
-                  budget: int = PREFETCH_BYTES) -> list[tuple[ForRange, int]]:
+                  budget: int) -> list[tuple[ForRange, int]]:
     """The loops of ``rest`` (the statements from the wait on) whose ``pre`` loads can be
     prefetched into L2 before the wait, each with its trips to prefetch: a loop whose bounds use
     only ``defined`` names (those in scope at the wait), its loads whose offsets do (and the
@@ -515,8 +510,9 @@ class BodyRenderer(TileOps):
                 return sum(n * _trip_bytes(s, ms, blocks, dtypes, names) for s, n in whole or ())
 
             budget, per_index = self.opts.prefetch_bytes, nbytes(per)
-            if whole and 0 < per_index <= budget - nbytes(once):
-                plan, indices = whole, (budget - nbytes(once)) // per_index
+            left = budget - nbytes(once)  # (the shared loads' bytes taken once)
+            if whole and 0 < per_index <= left:
+                plan, indices = whole, left // per_index
             else:
                 plan, indices = prefetch_plan(self.fn.body, mems, blocks, dtypes, names, budget), 1
             if not plan:

@@ -104,7 +104,9 @@ class RenderOptions:
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
     directly); a tile that is not whole groups of its format takes "units".
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
-    (:meth:`pto.codegen.triton.body.BodyRenderer.prefetch`, ``run_prefetch``).
+    (:meth:`pto.codegen.triton.body.BodyRenderer.prefetch`, ``run_prefetch``): by default enough
+    for the first trips of a K loop (a decode GEMV item's whole weight block), not a prefill
+    GEMM's whole panel (which would evict what other programs use).
     """
 
     input_precision: str = "ieee"
