@@ -70,6 +70,7 @@ def test_static_dispatch_over_several_programs_runs_every_item_where_its_index_s
         order = {(int(t), int(p)): i for i, (t, p) in enumerate(ex.plan.items)}
         assert sorted(order.values()) == list(range(ex.plan.n_items))
         assert all(r.program == order[(r.task - ex.plan.first_task, r.p)] % 3 for r in records)
+        assert all(r.sm == -1 for r in records)  # (the interpreter knows no multiprocessor)
     finally:
         rp.close()
 
