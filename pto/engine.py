@@ -69,18 +69,20 @@ def resolve(program: str | Program, *, device: str = "auto", backend: str = "aut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    ex = _executor(prog, executor, dev, be, s.dtype, backend)
+    ex = _executor(prog, executor, dev, be, s.dtype, backend, prog.auto_executor(s))
     return Job(prog, prog.for_executor(s, ex), dev, be, ex)
 
 
-def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str) -> str:
+def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str,
+              auto: str | None) -> str:
     """The executor ``executor`` means for ``prog`` on ``device`` with ``backend`` (``auto``: the
-    program's own choice where it has one), and the checks of that combination before any work."""
+    program's own choice ``auto`` where it has one, on a GPU), and the checks of that combination
+    before any work."""
     if capable(backend, "cpu_f32_only") and device == "cpu" and dtype.short != "f32":
         raise UsageError("the Triton interpreter on the CPU runs f32 only; use --dtype f32")
     ex = resolve_executor(executor, device, backend)
-    if ex == "auto" and prog.auto_executor:
-        ex = prog.auto_executor
+    if ex == "auto" and auto:
+        ex = auto
     if ex == "native" and not capable(backend, "native"):
         raise UsageError(f"the native executor runs the c backend's compiled programs; --backend {backend} needs "
                          "--executor waves")
@@ -92,15 +94,17 @@ def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DT
     return ex
 
 
-def placement(program: Program, device: str, dtype: DType, backend: str = "auto",
-              executor: str = "auto") -> Placement:
+def placement(program: Program, device: str, dtype: DType, backend: str = "auto", executor: str = "auto",
+              auto: str | None = None) -> Placement:
     """Where and how graphs of ``program`` run, by the rules :func:`resolve` applies (the device
     and backend ``auto`` resolved, the executor ``auto`` the program's own choice, the
     combination checked), for a driver that builds the program's modules itself (the generation
-    application: the decode step and the layer it prefills with)."""
+    application: the decode step and the layer it prefills with). ``auto``: what the executor
+    ``auto`` means on a GPU where the driver knows (the program's rule on its own settings,
+    :meth:`Program.auto_executor`); None: decided per built graph."""
     dev = resolve_device(device)
     be = resolve_backend(backend, dev)
-    return Placement(dev, be, _executor(program, executor, dev, be, dtype, backend), schedules=program.schedules)
+    return Placement(dev, be, _executor(program, executor, dev, be, dtype, backend, auto), schedules=program.schedules)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -181,11 +181,14 @@ class Program:
     #: ``<device>/<function>.json`` database, :mod:`pto.backends.triton.schedules`); the user's
     #: own database (``pto tune``) comes first
     schedules: tuple[Path, ...] = ()
-    #: the executor ``auto`` means for this program on a GPU where measurements settle it (None:
-    #: decided per built graph, :func:`pto.exec.choose`)
-    auto_executor: str | None = None
 
     # -- settings ---------------------------------------------------------------------------------
+    def auto_executor(self, s: Settings) -> str | None:
+        """The executor ``--executor auto`` means for graphs of this program under ``s`` on a GPU,
+        where measurements settle it; None (the default): decided per built graph
+        (:func:`pto.exec.choose`)."""
+        return None
+
     def default_config(self, device: str) -> str:
         """The configuration ``--config auto`` picks on ``device`` (the first one by default)."""
         return next(iter(self.configs))

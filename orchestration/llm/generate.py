@@ -42,6 +42,7 @@ from pto.orchestration.model.checkpoint import ModelWeights
 from pto.orchestration.model.decode import DecodeTiling, build_step, vocab_split
 from pto.orchestration.model.program import PROGRAM as STEP
 from pto.orchestration.model.program import (
+    auto_step_executor,
     shard_inputs,
     stack_weights,
     tiling_for,
@@ -152,8 +153,11 @@ class Generator:
 
         self.weights, self.config = weights, weights.config
         self.dtype = dtype
+        #: what the step's weight inputs are stored as (quantized: :mod:`pto.orchestration.model.quantized`)
+        self.wtypes = WeightTypes.of(weights)
         # where the step and the layer run (the programs' own executor choices), checked now
-        self.step_place = placement(STEP, device, dtype, backend, executor)
+        auto = auto_step_executor(tp, self.wtypes.quantized)
+        self.step_place = placement(STEP, device, dtype, backend, executor, auto)
         self.layer_place = placement(LAYER, device, dtype, self.step_place.backend)
         self.device, self.backend = self.step_place.device, self.step_place.backend
         self.target = resolve_target(None, self.device)
@@ -179,9 +183,7 @@ class Generator:
         self._steps: dict = {}
         self._weights: dict[str, torch.Tensor] | None = None  # the step's, on the device (_stacked)
         self._layer_views: list[dict[str, torch.Tensor]] | None = None  # each layer's, views of them
-        #: what the step's weight inputs are stored as (quantized: :mod:`pto.orchestration.model.quantized`),
-        #: and what dequantizes a layer's for the prefill (made once, from the step's own tensors)
-        self.wtypes = WeightTypes.of(weights)
+        #: what dequantizes a layer's weights for the prefill (made once, from the step's own tensors)
         self._dequantizer: LayerDequantizer | None = None
         if tp > 1 and self.wtypes.quantized:
             raise UsageError(f"--tp {tp}: quantized weights run on one rank (pto generate --dequantize)")

@@ -117,8 +117,10 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
 
 
 #: the persistent megakernel's tiles where they differ (hidden 2048 and more, one sequence): q, k
-#: and v in blocks of 8 outputs, gate/up in blocks of 8 in K steps of 2048 (the wave executor's
-#: today, pinned here: they are the measured megakernel's whatever the waves' become),
+#: and v in blocks of 8 outputs, gate/up in blocks of 8 in K steps of 1024 (half the wave
+#: executor's 2048: a gate/up run takes twice the trips for its pipeline and a smaller first load;
+#: on an H200 in one call Llama-3.2-1B's step 0.959 against 0.991 ms, Llama-3-8B's 4.192 against
+#: 4.227, batch 8 unchanged; docs/PERF.md, "The runs' L2 prefetch and K steps measured"),
 #: the o and down projections in blocks of :func:`megakernel_block` outputs: one round of items
 #: over the launch's programs, where wider blocks of every projection (16, K steps of 1024) left a
 #: last round partly idle. On an H200 in one call: Llama-3-8B's step 4.558 against 4.689 ms in
@@ -126,7 +128,7 @@ def tiling_for(cfg: ModelConfig, target: Target | None = None) -> DecodeTiling:
 #: programs"); from 2 sequences on, each projection's block gives one round of items where
 #: ``dot_bn``'s would take more (:attr:`~pto.orchestration.model.tiling.DecodeTiling.dot_round`:
 #: the 8B model at batch 8 5.979 against 6.440 ms a step on an H200)
-MEGAKERNEL_WIDE = dict(qkv_bn=8, ffn_bn=8, ffn_bk=2048, dot_round=True)
+MEGAKERNEL_WIDE = dict(qkv_bn=8, ffn_bn=8, ffn_bk=1024, dot_round=True)
 #: the programs a multiprocessor the decode step's megakernel holds (its 4-warp GEMVs two a
 #: multiprocessor: pto.backends.triton.megakernel.AUTO)
 MEGAKERNEL_PER_SM = 2
@@ -171,6 +173,18 @@ def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None =
     return base
 
 
+def auto_step_executor(tp: int, quantized: bool) -> str:
+    """What ``--executor auto`` runs a decode step with on a GPU: the persistent executor in its
+    own tiles, which on an H200 in one call beat the launches at batch 8 on every model (Llama-3-8B
+    5.983 against 6.060 ms, the 1B shape 1.520 against 1.612, SmolLM2 0.953 against 1.053) and at
+    batch 1 on the wide ones (the 8B 4.19 against 4.24, the 1B 0.957 against 1.002), SmolLM2's
+    batch 1 within its noise (0.454 against 0.444 there, 0.463 against 0.478 in an earlier call;
+    docs/PERF.md, "The runs' L2 prefetch and K steps measured"); the waves for steps
+    with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights (their
+    GEMVs measured on the launches only)."""
+    return "waves" if tp > 1 or quantized else "persistent"
+
+
 class ModelProgram(Program):
     name = "model"
     description = ("one decode step of a whole LLaMA-family model (embedding, every layer with a KV cache, the LM "
@@ -194,11 +208,10 @@ class ModelProgram(Program):
                     ShapeParam("batch", 1, "sequences decoded together"))
     outputs = ("logits", "tok", "pos")
     tensor_parallel = True
-    # the step's batched kernels replayed as a CUDA graph beat the persistent kernel on an H200 on
-    # every measurement (Llama-3-8B 4.23 against 4.56 ms in the megakernel's blocks by programs,
-    # the 1B shape 0.98 against 1.03, SmolLM2 0.40 against 0.45; docs/PERF.md, "The megakernel's
-    # blocks by its programs")
-    auto_executor = "waves"
+
+    def auto_executor(self, s: Settings) -> str | None:
+        """:func:`auto_step_executor` of ``s``'s ranks and weights."""
+        return auto_step_executor(s.tp, self.weight_types(s).quantized)
 
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"
@@ -528,5 +541,5 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block",
-           "megakernel_programs", "TILES"]
+           "tiling_for", "tiling_for_executor", "auto_step_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW",
+           "megakernel_block", "megakernel_programs", "TILES"]

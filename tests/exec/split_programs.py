@@ -104,11 +104,13 @@ def inputs(seed: int) -> dict[str, torch.Tensor]:
     return {"a": torch.rand(ROWS * BLOCKS, COLS, generator=g) - 0.5}
 
 
-def decode_plan(config: str, runs: int = 0):
+def decode_plan(config: str, runs: int = 0, **tiles):
     """The persistent executor's plan of ``config``'s decode step (bf16, batch 1, a 1,024-slot
-    cache, the executor's tiles, for an H200; ``runs``: :func:`pto.exec.plan.make_plan`'s) with
-    the Triton backend's specializations, and that backend (on the CPU: it estimates, it compiles
-    nothing)."""
+    cache, the executor's tiles, for an H200, ``tiles`` replaced in them; ``runs``:
+    :func:`pto.exec.plan.make_plan`'s) with the Triton backend's specializations, and that
+    backend (on the CPU: it estimates, it compiles nothing)."""
+    from dataclasses import replace
+
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, tiling_for_executor
 
@@ -119,8 +121,8 @@ def decode_plan(config: str, runs: int = 0):
     from pto.machine.target import get as target
 
     cfg = CONFIGS[config]
-    tiles = tiling_for_executor(cfg, "persistent")
-    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiles, cache=1024),
+    tiling = replace(tiling_for_executor(cfg, "persistent"), **tiles)
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling, cache=1024),
                                {"B": 1, "C": 1024})
     try:
         backend = TritonBackend("cpu")

@@ -117,14 +117,14 @@ def test_the_shared_estimate_counts_only_loops_that_pipeline():
 
 
 def test_a_run_branch_is_estimated_with_its_one_step_k_loops():
-    """The 1B shape's step with runs (264 items a task at most): gate/up's run branch pipelines
-    its one-step K loop through the run's loop, so its estimate buffers every tile that loop
-    loads; as an item an index it loads into registers (nothing estimated). The occupancy the
-    split rule reads counts it."""
+    """The 1B shape's step with runs (264 items a task at most), gate/up in one K step of 2,048:
+    its run branch pipelines that one-step K loop through the run's loop, so its estimate buffers
+    every tile that loop loads; as an item an index it loads into registers (nothing estimated).
+    The occupancy the split rule reads counts it."""
     from pto.backends.triton.megakernel import branch_configs, occupancy, sram_per_sm
     from pto.codegen.triton.megakernel import shared_estimate
 
-    plan, backend = decode_plan("llama3.2-1b", runs=264)
+    plan, backend = decode_plan("llama3.2-1b", runs=264, ffn_bk=2048)
     (b,) = [b for b in plan.branches if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
     assert stage_bytes(b.fn, pipelined=True) == 0 and shared_estimate(b.fn, 2) == 0
     assert shared_estimate(b.fn, 2, runs=True) == stage_bytes(b.fn) > 0

@@ -25,7 +25,9 @@ from tests.exec.megakernel_source import called, device_function  # noqa: E402
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _decode_plan(config: str, runs: int, target: str | None = None):
+def _decode_plan(config: str, runs: int, target: str | None = None, **tiles):
+    """The plan of ``config``'s decode step in the persistent executor's tiles (``tiles``: some of
+    them replaced)."""
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, tiling_for_executor
 
@@ -37,7 +39,7 @@ def _decode_plan(config: str, runs: int, target: str | None = None):
 
     cfg = CONFIGS[config]
     tg = get(target) if target else None
-    t = tiling_for_executor(cfg, "persistent", tg)
+    t = replace(tiling_for_executor(cfg, "persistent", tg), **tiles)
     m = build_step(cfg, DType.BF16 if target else DType.F32, tg, 1, t, cache=1024 if target else 64)
     g = build_module_graph(m, {"B": 1, "C": 1024 if target else 64}).graph
     return make_plan(g, list(g.tensor_ids), {}, flags=TritonBackend("cpu").task_flags, runs=runs)
@@ -92,7 +94,7 @@ def test_a_run_branch_waits_once_before_its_pipelined_loop():
 
 
 def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
-    """The 1B shape's gate/up run (bf16, ``ffn_bn`` 8 rows of both matrices in one K step of
+    """The 1B shape's gate/up run in K steps of 2,048 (bf16, ``ffn_bn`` 8 rows of both matrices in one K step of
     2,048: 65,536 bytes an index, and the norm's gain, 4,096 bytes that every index shares)
     prefetches, before its wait, the first trip of its first index where that and the gain are
     more than the budget (64 KiB, the default), else the gain once and as many whole indices,
@@ -109,10 +111,10 @@ def test_a_runs_prefetch_takes_whole_indices_within_its_budget(monkeypatch):
     from pto.machine.target import get
 
     cfg = CONFIGS["llama3.2-1b"]
-    t = tiling_for_executor(cfg, "persistent", get("cuda_h200"))
-    assert (t.ffn_bn, t.ffn_bk) == (8, cfg.layer.hidden)  # (the shapes this test's numbers follow from)
+    t = replace(tiling_for_executor(cfg, "persistent", get("cuda_h200")), ffn_bk=cfg.layer.hidden)
+    assert (t.ffn_bn, t.ffn_bk) == (8, 2048)  # (the shapes this test's numbers follow from)
     per_index, gain = 2 * t.ffn_bn * t.ffn_bk * 2, cfg.layer.hidden * 2
-    plan = _decode_plan("llama3.2-1b", 264, "cuda_h200")
+    plan = _decode_plan("llama3.2-1b", 264, "cuda_h200", ffn_bk=t.ffn_bk)
     (k,) = [i for i, b in enumerate(plan.branches) if b.runs and b.fn.name == "gemv_norm_swiglu_tile"]
     rows = re.compile(rf"_fr\d+ = \(_pq \* {t.ffn_bn}\) \+ tl\.arange\(0, {t.ffn_bn}\)\[:, None\]")
     for kib in (64, 256):

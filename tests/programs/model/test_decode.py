@@ -362,16 +362,31 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
 
 def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
     """On a GPU ``--executor auto`` is decided per graph, unless the program says which executor
-    its measurements settle on: the model program's step runs the waves executor (resolved
-    without a GPU by making torch report one; nothing is built or run)."""
+    its measurements settle on: the model program's step runs the persistent executor in its own
+    tiles, except with collectives (``--tp 2``) or quantized weights, which take the waves; on the
+    CPU auto is the CPU's (resolved without a GPU by making torch report one; nothing is built or
+    run). ``pto generate``'s step takes the same rule (its placement, given the rule's choice)."""
+    from pto.orchestration.model.program import PROGRAM, auto_step_executor
+
     import pto.machine.device
-    from pto.engine import resolve
+    from pto.engine import placement, resolve
     from pto.errors import UsageError
+    from pto.ir.dtypes import DType
 
     monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
-    assert resolve("model", device="cuda", target="cuda_h100").executor == "waves"
+    job = resolve("model", device="cuda", target="cuda_h200", config="smollm2-135m", dtype="bf16")
+    assert job.executor == "persistent" and job.settings["tiles"] == "persistent"
+    eight_b = dict(device="cuda", target="cuda_h200", config="llama3-8b")
+    assert resolve("model", **eight_b, tp=2).executor == "waves"
+    for q in ("q4_k", "fp8"):
+        assert resolve("model", **eight_b, options={"quantize": q}).executor == "waves"
     assert resolve("llama7b", device="cuda", target="cuda_h100").executor == "auto"
-    assert resolve("model", device="cuda", target="cuda_h100", executor="persistent").executor == "persistent"
+    assert resolve("model", device="cuda", target="cuda_h100", executor="waves").executor == "waves"
+    assert resolve("model", device="cpu").executor != "persistent"
+    for tp, quantized, expected in ((1, False, "persistent"), (2, False, "waves"), (1, True, "waves")):
+        auto = auto_step_executor(tp, quantized)
+        assert placement(PROGRAM, "cuda", DType.BF16, auto=auto).executor == expected
+        assert placement(PROGRAM, "cuda", DType.BF16, executor="waves", auto=auto).executor == "waves"
     with pytest.raises(UsageError, match="model: unknown setting 'iterations'"):
         resolve("model", device="cpu", iterations=3)
 
@@ -694,8 +709,8 @@ def test_a_run_of_the_model_builds_the_tiles_of_its_executor(monkeypatch):
         return resolve("model", device="cuda", target="cuda_h200", executor=executor, config="smollm2-135m",
                        dtype="bf16", options=options)
 
-    assert job("persistent").settings["tiles"] == "persistent" and job("auto").settings["tiles"] == "waves"
-    assert job("persistent", tiles="waves").settings["tiles"] == "waves"
+    assert job("persistent").settings["tiles"] == "persistent" == job("auto").settings["tiles"]
+    assert job("waves").settings["tiles"] == "waves" and job("persistent", tiles="waves").settings["tiles"] == "waves"
     assert resolve("model", device="cpu").settings["tiles"] == "waves"  # (the native executor: the launches')
 
     def gemv_items(j):
