@@ -62,6 +62,15 @@
 #               indices) for $RUNPF_CONFIGS (default the 1B and the 8B: SmolLM2 takes no runs);
 #               then the 1B's and 8B's runs in shorter K steps (gate/up 1024 where MEGAKERNEL_WIDE pins 2048, q/k/v
 #               512: more trips for the run's pipeline, a smaller first load before it), with and without f=1
+#   deps        issue 45: dependencies at the granularity of data (PTO_MK_DEPS=data: a RoPE item of one head waits
+#               for that head's projection items, an attention part for its head's): the GPU test
+#               (tests/gpu/test_decode_gpu.py -k data_dependencies), then bench/megakernel.py --variants ';w=data'
+#               for $DEPS_CONFIGS (default SmolLM2, the 1B, the 8B), then batch 8 on the persistent executor
+#               with and without it (bench/decode.py)
+#   quantmk     issues 45, 46: the quantized decode steps on both executors (--executor auto keeps the waves for
+#               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
+#               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
+#               that names both; bench/decode.py's --quant takes the wave executor's tiles)
 #   persm       issue 45: the 1B's GEMV items run below the memory's floor (gate/up 21.4 us a layer against 16.1):
 #               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
@@ -229,6 +238,19 @@ for stage in "$@"; do
            python3 bench/megakernel.py --configs llama3.2-1b,llama3-8b --waves "" --variants ';f=1' \
              --tilings 'default;+ffn_bk=1024;+ffn_bk=1024,qkv_bk=512' --budget 200 --json "$OUT/runpf_bk.json" \
              > "$OUT/runpf_bk.log" 2>&1; grep "ms  floor" "$OUT/runpf_bk.log" ;;
+    deps) python3 -m pytest -q tests/gpu/test_decode_gpu.py -k data_dependencies > "$OUT/deps_tests.log" 2>&1
+          tail -2 "$OUT/deps_tests.log"
+          python3 bench/megakernel.py --configs "${DEPS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
+            --variants ';w=data' --budget 300 --json "$OUT/deps.json" > "$OUT/deps.log" 2>&1
+          grep "ms  floor" "$OUT/deps.log"
+          for w in task data; do
+            PTO_MK_DEPS=$w python3 bench/decode.py --configs "${DEPS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" \
+              --batches 8 --long 0 --steps 32 --executors persistent --hf-configs none --tilings default \
+              --json "$OUT/deps_b8_$w.json" > "$OUT/deps_b8_$w.log" 2>&1; echo "deps=$w"; grep "B=" "$OUT/deps_b8_$w.log"
+          done ;;
+    quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
+               --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
+               --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --budget 240 --records "$OUT/records" \

@@ -34,6 +34,7 @@ import torch
 from pto.backends.base import Backend, capable
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
+from pto.exec.item_deps import resolve_deps
 from pto.exec.plan import Plan, make_plan, resolve_early, resolve_prefetch_rule, resolve_runs
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
@@ -103,7 +104,7 @@ class PersistentExecutor(Executor):
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
                               early=resolve_early(settings.early),
                               flags=self.backend.task_flags, runs=resolve_runs(settings.runs, sms),
-                              prefetch=resolve_prefetch_rule(settings.prefetch))
+                              prefetch=resolve_prefetch_rule(settings.prefetch), deps=resolve_deps(settings.deps))
         self.split, self.segments = split_plan(self.plan, self.backend, settings.split)
         self.kernels = []
         for k, segment in enumerate(self.segments):

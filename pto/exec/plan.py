@@ -19,6 +19,7 @@ import torch
 from pto.codegen.triton.megakernel import Branch
 from pto.errors import BuildError, ExecutionError, UsageError
 from pto.exec.cost import item_costs
+from pto.exec.item_deps import DEFAULT_DEPS, DEPS, Counters, ItemBoxes, data_counters, item_boxes, task_counters
 from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
 from pto.ir.analysis import param_access
 from pto.ir.expr import evaluate
@@ -82,6 +83,10 @@ class Plan:
     #: (at least 1); None: 1 everywhere, the extents the items
     run: np.ndarray | None = None
     parallel: np.ndarray | None = None
+    #: each work item's accesses (:class:`pto.exec.item_deps.ItemBoxes`), with dependencies at
+    #: the granularity of data (``make_plan(deps="data")``); None: a task's items wait for every
+    #: item of its predecessors
+    boxes: ItemBoxes | None = None
 
     @property
     def n_tasks(self) -> int:
@@ -140,6 +145,24 @@ class Plan:
     @property
     def n_items(self) -> int:
         return len(self.items)
+
+    def reordered(self, order: np.ndarray) -> Plan:
+        """This plan with its items in the queue order ``order`` (queue indices; a tool for
+        checking an order that only the data dependencies allow: a ranged dispatch's programs
+        run their items in it, so it must be topological under :meth:`counters`)."""
+        return replace(self, items=self.items[np.asarray(order)], worker=None)
+
+    def counters(self, sentinel: bool = False) -> Counters:
+        """What each item waits on and releases (:class:`pto.exec.item_deps.Counters`): with
+        :attr:`boxes`, the predecessor items whose data its own conflicts with
+        (:func:`pto.exec.item_deps.data_counters`); else, or with the sentinel (whose task's
+        last item releases its successors), a counter a task: its predecessor tasks' items
+        (:attr:`pending_items`), or with the sentinel the tasks (:attr:`pending`)."""
+        if sentinel:
+            return task_counters(self, self.pending)
+        if self.boxes is None:
+            return task_counters(self, self.pending_items)
+        return data_counters(self, self.boxes)
 
     def item_indices(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per item of ``items`` (rows of :attr:`items`: task, item index), the first parallel
@@ -384,7 +407,7 @@ def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
               programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY,
-              runs: int = 0, prefetch: str = "all") -> Plan:
+              runs: int = 0, prefetch: str = "all", deps: str = DEFAULT_DEPS) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
@@ -394,13 +417,17 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     (:func:`takes_runs`) in at most that many work items of consecutive indices, each a run its branch loops
     over, pipelined, after one wait (:attr:`pto.codegen.triton.megakernel.Branch.runs`; 0: an
     item an index); ``prefetch``: which tasks' branches may prefetch into L2 before their wait,
-    :data:`PREFETCH_RULES`)."""
+    :data:`PREFETCH_RULES`; ``deps``: what an item waits for, every item of its task's
+    predecessors (``task``) or those whose data its own conflicts with (``data``,
+    :mod:`pto.exec.item_deps`))."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if early not in EARLY_RULES:
         raise UsageError(f"unknown early-load rule {early!r} (choose {' or '.join(EARLY_RULES)})")
     if prefetch not in PREFETCH_RULES:
         raise UsageError(f"unknown prefetch rule {prefetch!r} (choose {' or '.join(PREFETCH_RULES)})")
+    if deps not in DEPS:
+        raise UsageError(f"unknown dependencies {deps!r} (choose {' or '.join(DEPS)})")
     if tensor_aligned is None:
         tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
@@ -415,6 +442,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     succ = (ex.fanout_ids.astype(np.int64) - ex.first_task).astype(np.int64)
     lv = levels(n, succ_ptr, succ)
     light = ~after_gemvs(ex, variants, lv) if prefetch == "light" else None
+    exported = []  # (fn, tasks, regions, scalars) per variant, for the items' boxes
     for fid in np.unique(ex.func):
         fn = variants[int(fid)]
         idx = np.nonzero(ex.func == fid)[0]
@@ -422,6 +450,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
         t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0),
                       None if before is None else ~before[idx], runs, None if light is None else light[idx])
+        exported.append((fn, idx, args[1], args[2]))
+    boxes = item_boxes(exported, t.extent, t.run, t.parallel, t.task_tensor.shape[1]) if deps == "data" else None
     pending = np.bincount(succ, minlength=n).astype(np.int32)
     bottom = bottom_levels(n, succ_ptr, succ, lv)
     _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
@@ -435,7 +465,7 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
                 t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
                 t.variant, dict(launch_group), t.cost, programs, worker, member=None,
-                run=t.run if (t.run > 1).any() else None, parallel=t.parallel)
+                run=t.run if (t.run > 1).any() else None, parallel=t.parallel, boxes=boxes)
 
 
 __all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",

@@ -264,8 +264,9 @@ def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs
 
 @pytest.mark.slow
 def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
-    """The 1B shape's step in the megakernel's tiles: its q, k, v and gate/up tasks in runs (two
-    a multiprocessor's worth of items), compiled by Triton for an H100/H200 (sm_90): more
+    """The 1B shape's step in the megakernel's tiles, gate/up in one K step of 2,048 (a loop of
+    one trip, which only a run pipelines): its q, k, v and gate/up tasks in runs (two a
+    multiprocessor's worth of items), compiled by Triton for an H100/H200 (sm_90): more
     ``cp.async`` copies than the same kernel without runs (the runs' loops pipelined); with the
     L2 prefetch (``PREFETCH`` 1), more prefetches than the same kernel whose runs take none, and
     more again where a budget of 256 KiB makes the runs loop over whole indices."""
@@ -275,7 +276,7 @@ def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
 
     counts = []
     for runs in (0, 264):
-        plan = _decode_plan("llama3.2-1b", runs, "cuda_h200")
+        plan = _decode_plan("llama3.2-1b", runs, "cuda_h200", ffn_bk=2048)
         assert any(b.runs for b in plan.branches) == bool(runs)
         k = render_megakernel(plan.branches, dispatch="static", stages={b.fn.variant_name: 2 for b in plan.branches})
         (tmp_path / str(runs)).mkdir()

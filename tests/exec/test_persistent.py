@@ -93,27 +93,32 @@ def test_replays_reset_the_counters_and_read_new_inputs():
 
 
 @pytest.mark.parametrize("dispatch", ["queue", "static", "stream"])
-def test_a_wait_that_never_ends_is_reported_with_its_task(dispatch):
-    """A dependency that is never released (a predecessor counter one too high) makes the
-    waiting program give up after max_polls: an error naming the task, not a hung kernel; once
-    reported, the next launch starts clean."""
+@pytest.mark.parametrize("deps", ["task", "data"])
+def test_a_wait_that_never_ends_is_reported_with_its_task(dispatch, deps):
+    """A dependency that is never released (a counter one too high: a task's, or with data
+    dependencies one of its items') makes the waiting program give up after max_polls: an error
+    naming the task, not a hung kernel; once reported, the next launch starts clean."""
     from pto.backends.triton import MegakernelSettings
 
     job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
     runner = Runner(job, 40)
     # one kernel (test_megakernel_split plants one in each segment of a split plan)
-    runner.executor.settings = MegakernelSettings(dispatch=dispatch, split="off")
+    runner.executor.settings = MegakernelSettings(dispatch=dispatch, split="off", deps=deps)
     try:
         runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
         ex = runner.executor
+        assert (ex.plan.boxes is not None) == (deps == "data")
         ex.kernel.max_polls = 50
         victim = int(np.nonzero(ex.plan.pending)[0][-1])  # a task with predecessors
-        ex.kernel.buf["pending0"][victim] += 1
+        counters = ex.kernel.counters
+        counter = int(counters.counter[np.flatnonzero(ex.plan.items[:, 0] == victim)[0]])  # (its first item's)
+        assert counters.init[counter] > 0 and (deps == "data" or counter == victim)
+        ex.kernel.buf["pending0"][counter] += 1
         ex.replay()
         with pytest.raises(ExecutionError, match=rf"predecessors of task {victim + ex.plan.first_task} "
                                                  rf"\(`{ex.plan.variants[victim].variant_name}`\)"):
             ex.check()
-        ex.kernel.buf["pending0"][victim] -= 1  # the dependency right again: the next launch runs
+        ex.kernel.buf["pending0"][counter] -= 1  # the dependency right again: the next launch runs
         ex.replay()  # whole, the reported give-up not carried into it
         ex.check()
     finally:

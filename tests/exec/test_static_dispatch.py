@@ -91,17 +91,19 @@ def test_several_programs_of_a_graph_with_dependencies_are_refused_under_the_int
 
 def test_the_descriptors_say_which_tasks_wait():
     """Column 4 of an item's descriptor: its task has predecessors (a task without any does not
-    poll its counter)."""
+    poll its counter); columns 6 and 7, by default: the counter it waits on and the row of
+    counters it releases are its task's (its task's successors)."""
     from pto.backends.triton.megakernel import item_descriptors
 
     runner, _ = _outputs("llama7b", 40, {"attention": "fused"}, "persistent")
     try:
         plan = runner.executor.plan
         d = item_descriptors(plan)
-        assert d.shape == (plan.n_items, 6)
+        assert d.shape == (plan.n_items, 8)
         assert np.array_equal(d[:, 4], (plan.pending[plan.items[:, 0]] > 0).astype(np.int64))
         assert (d[:, 5] == 1).all()  # (an item an index: no runs)
         assert 0 < d[:, 4].sum() < plan.n_items
+        assert np.array_equal(d[:, 6], plan.items[:, 0]) and np.array_equal(d[:, 7], plan.items[:, 0])
     finally:
         runner.close()
 

@@ -50,6 +50,24 @@ def test_thirty_two_chunks_combine_at_once_on_the_gpu(batch):
     check_step("waves", batch, 2048)
 
 
+@pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])
+def test_data_dependencies_on_the_gpu(config, batch, monkeypatch):
+    """The persistent executor with ``PTO_MK_DEPS=data`` (an item waits only for the predecessor
+    items whose data its own meets: a RoPE item of one head for that head's projection items)
+    on the GPU, where programs run at once and an item may start ahead of its task's other
+    predecessors: the step as close to float64 as torch's bf16, and the kernel's counters the
+    data's."""
+    monkeypatch.setenv("PTO_MK_DEPS", "data")
+
+    def inspect(runner, inputs, out):
+        assert runner.executor.plan.boxes is not None
+        data = sum(int(k.counters.init[k.counters.counter].sum()) for k in runner.executor.kernels)
+        task = sum(int(k.plan.pending_items[k.plan.items[:, 0]].sum()) for k in runner.executor.kernels)
+        assert data < task
+
+    check_step("persistent", batch, 1024, inspect, config=config)
+
+
 @pytest.mark.parametrize("env,value", [("PTO_MK_RUNS", "8"), ("PTO_MK_PREFETCH", "light")])
 def test_the_megakernels_runs_and_light_prefetch_on_the_gpu(env, value, monkeypatch):
     """SmolLM2's step on the persistent executor with its GEMVs in runs (8 items a task at most:

@@ -84,6 +84,10 @@ class MegakernelSettings:
     #: hold) or 0, off (None: ``PTO_MK_RUNS``, else :data:`pto.exec.plan.DEFAULT_RUNS`); the
     #: persistent executor reads it (:func:`pto.exec.plan.resolve_runs`)
     runs: int | str | None = None
+    #: what an item waits for: every item of its task's predecessors (``task``) or those whose
+    #: data its own conflicts with (``data``: :mod:`pto.exec.item_deps`; None: ``PTO_MK_DEPS``,
+    #: else ``task``); the persistent executor reads it
+    deps: str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -207,20 +211,25 @@ def occupancy(backend, plan) -> tuple[tuple[str, ...], np.ndarray]:
     return ("threads", "shared memory"), np.array([threads, shared], np.int64).T.reshape(len(configs), 2)
 
 
-def item_descriptors(plan, order: np.ndarray | None = None) -> np.ndarray:
+def item_descriptors(plan, order: np.ndarray | None = None, counters=None) -> np.ndarray:
     """The kernel's ``items``: per work item, in queue order (or the queue indices ``order``:
     the programs' streams), (task, parallel index, the task's branch, its row's offset in the
-    table, 1 if the task has predecessors, the parallel indices it runs: a run's, else 1), int64
+    table, 1 if it waits for anything, the parallel indices it runs: a run's, else 1, the counter
+    it waits on, its release row: ``counters``', a :class:`pto.exec.item_deps.Counters`, by default
+    :meth:`pto.exec.plan.Plan.counters`), int64
     ``[n_items, ITEM_COLS]`` (at least one row)."""
     out = np.zeros((max(plan.n_items, 1), ITEM_COLS), np.int64)
     out[:, 5] = 1
     if plan.n_items:
-        items = plan.items if order is None else plan.items[order]
+        c = plan.counters() if counters is None else counters
+        pick = np.arange(plan.n_items) if order is None else order
+        items = plan.items[pick]
         task = items[:, 0].astype(np.int64)
         out[:, 0] = task
         out[:, 2], out[:, 3] = plan.task_branch[task], plan.task_row[task]
-        out[:, 4] = plan.pending[task] > 0
+        out[:, 4] = c.waits[pick]
         out[:, 1], out[:, 5] = plan.item_indices(items)  # (an item of a run: its first index, how many)
+        out[:, 6], out[:, 7] = c.counter[pick], c.row[pick]
     return out
 
 
@@ -328,17 +337,18 @@ class Megakernel:
         # plan may dispatch narrower ones than the graph's widest; the columns past a task's
         # memrefs are never read)
         task_tensor = np.ascontiguousarray(p.task_tensor[:, :self.rendered.max_memrefs])
-        # the successors' counts: their predecessor tasks with the sentinel (a task's last item
-        # releases), else their predecessors' items (each item releases)
-        pending = p.pending if self.settings.sentinel else p.pending_items
+        # what each item waits on and releases: the successors' counts are their predecessor tasks
+        # with the sentinel (a task's last item releases), else their predecessors' items (each
+        # item releases), with data dependencies those items that write what it reads
+        self.counters = c = p.counters(self.settings.sentinel)
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
             ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
-            ("task_tensor", task_tensor), ("pending0", pending), ("nitems", p.nitems),
-            ("succ_ptr", p.succ_ptr), ("succ", p.succ if len(p.succ) else np.zeros(1, np.int32)))}
+            ("task_tensor", task_tensor), ("pending0", c.init if len(c.init) else np.zeros(1, np.int32)),
+            ("nitems", p.nitems), ("succ_ptr", c.rel_ptr), ("succ", c.rel if len(c.rel) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
-        t["items"] = torch.from_numpy(item_descriptors(p)).to(dev)
+        t["items"] = torch.from_numpy(item_descriptors(p, counters=c)).to(dev)
         t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
@@ -367,7 +377,7 @@ class Megakernel:
             return
         p, dev = self.plan, self.device
         self.order, start = p.streams(self.programs, self.dispatch)
-        self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order)).to(dev)
+        self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order, self.counters)).to(dev)
         self.buf["stream"] = torch.from_numpy(start).to(dev)
 
     def args(self) -> tuple:

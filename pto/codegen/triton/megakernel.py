@@ -6,23 +6,27 @@ its own range of the item table (ranged dispatch: static or stream), or the next
 device queue (one atomic counter). It calls the task's branch (the device function of its InCore
 variant in the megakernel form, :class:`pto.codegen.triton.body.BodyRenderer`), which loads the
 tiles of tensors none of the task's predecessors writes (the plan's early rule), then waits
-until the task's pending-predecessor counter is zero (acquire; not at all for a task without
-predecessors or one this program already saw ready), then runs the rest; and marks completion:
-every item decrements the pending counters of the task's successors (release; a counter starts
-at the work items of all its predecessors). With the
-sentinel, the last item of a task to finish releases them (the counters count predecessor
-tasks). A program loads its next item's descriptor and the current task's successors before it
-runs the current one, so those loads' latency hides behind the work. The proof that this cannot
+until the item's pending counter is zero (acquire; not at all for an item with nothing to wait
+for or one whose counter this program already saw ready), then runs the rest; and marks
+completion: every item decrements the counters of its release row (release). By default a
+counter is a task's, starting at the work items of all its predecessors, and an item's release
+row its task's successors; with dependencies at the granularity of data
+(:mod:`pto.exec.item_deps`) the items of a task that wait for the same predecessor items share a
+counter and an item releases the counters that wait for it. With the sentinel, the last item of
+a task to finish releases its successors (the counters count predecessor tasks). A program
+loads its next item's descriptor and the current item's release row before it runs the current
+one, so those loads' latency hides behind the work. The proof that this cannot
 deadlock and the memory ordering of each flag are in docs/ARCHITECTURE.md.
 
 Kernel contract (argument order):
 
 - ``items`` int64 ``[max(n_items, 1), ITEM_COLS]``, in queue order (ranged dispatch: grouped by
   program, each program's in queue order): an item's descriptor, (task, parallel index, the task's
-  branch, the offset of its row in ``tab``, 1 if the task has predecessors, the parallel indices
-  the item runs from its own: 1, or a run branch's run), so that one round trip to memory gives
-  what the dispatch needs; ``n_items``; ``nxt`` int32 ``[1]``, the queue
-  head (0 before a run; with ranged dispatch each program adds the items it ran at its end);
+  branch, the offset of its row in ``tab``, 1 if the item waits for anything, the parallel
+  indices the item runs from its own: 1, or a run branch's run, the counter it waits on, its
+  release row), so that one round trip to memory gives what the dispatch needs; ``n_items``;
+  ``nxt`` int32 ``[1]``, the queue head (0 before a run; with ranged dispatch each program adds
+  the items it ran at its end);
   ``stream`` int64 ``[programs + 1]``: program k's range of ``items`` (ranged dispatch);
 - ``task_branch`` int32 ``[n]``: the branch (variant and EVEN/ALIGN flags) of each task;
   ``task_row`` int64 ``[n]``: the offset of the task's row in ``tab`` (the variant's
@@ -31,10 +35,12 @@ Kernel contract (argument order):
   row strides (the sentinel's scan reads these); ``task_ptr`` / ``task_stride`` int64 ``[n,
   MAXM]``: the same resolved per task (the base address and row stride of each memref's tensor),
   one load where those tables take two dependent ones;
-- ``pending`` int32 ``[n]`` (before a run: the work items of all of a task's predecessors; with
-  the sentinel the number of its predecessors), ``done`` int32 ``[n]`` (0 before a run; the
-  sentinel's count of a task's finished items), ``nitems`` int32 ``[n]``, successors in CSR
-  ``succ_ptr`` int32 ``[n + 1]`` / ``succ`` int32;
+- ``pending`` int32 ``[counters]`` (before a run: :class:`pto.exec.item_deps.Counters`'s
+  ``init``; a task's counter by default, the work items of all its predecessors; with the
+  sentinel the number of its predecessors), ``done`` int32 ``[n]`` (0 before a run; the
+  sentinel's count of a task's finished items), ``nitems`` int32 ``[n]``, the release rows in
+  CSR ``succ_ptr`` int32 ``[rows + 1]`` / ``succ`` int32 (counters; by default, and with the
+  sentinel, a row a task: its successors);
 - ``err`` int32 ``[2]``: set to (1, task) by a program whose wait exceeded ``MAX_POLLS``; every
   program then stops;
 - ``trace`` int64 ``[n_items, 3]``: (start: the end of the wait, end, ``program | ((multiprocessor
@@ -74,7 +80,7 @@ KERNEL = "pto_persistent"
 DISPATCH = ("queue", "static", "stream")
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has
 #: predecessors, and the parallel indices it runs from its own (1; a run branch's run, :attr:`Branch.runs`)
-ITEM_COLS = 6
+ITEM_COLS = 8
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,7 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
             args.append(f"P_{p.name}, S_{p.name}")
         args += [str(v) for v in b.even] + [str(v) for v in b.align]
         args += ["None, False"] * len(r.tma)  # no tensor descriptors: pointer loads
-        args.append("pending + task, on, err, clock, tracing, MAX_POLLS, GPU_CLOCK, PREFETCH")
+        args.append("pending + cnt, on, err, clock, tracing, MAX_POLLS, GPU_CLOCK, PREFETCH")
         if b.fn.parallel is not None:
             args.insert(0, "p, n" if r.runs else "p")
         calls.append((k, loads, f"ok, t0 = {name}(row, {', '.join(args)})"))
@@ -260,8 +266,8 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
         *first,
         "    taken = 0",
         "    running = i < end",
-        "    # the last task this program saw ready: its counter stays 0 for the rest of the launch, so",
-        "    # its next items do not poll",
+        "    # the last counter this program saw ready: it stays 0 for the rest of the launch, so the",
+        "    # next items that wait on it do not poll",
         "    ready = tl.full((), -1, tl.int32)",
         "    # the item's descriptor (a program past the last item reads the last one's, or the table's",
         "    # one row of zeros when there are none, and stops)",
@@ -274,8 +280,8 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
         f"        i_next = {then}",
         *_descriptor_lines("        ", "i_next", "dn", "_n"),
         *(["        want = tl.load(nitems + task)"] if sentinel else []),
-        "        s0 = tl.load(succ_ptr + task)",
-        "        s1 = tl.load(succ_ptr + task + 1)",
+        "        s0 = tl.load(succ_ptr + rrow)",
+        "        s1 = tl.load(succ_ptr + rrow + 1)",
         *([] if sentinel else [
             "        # the first block of successors too: the release after the item waits for no load",
             "        first = s0 + tl.arange(0, SUCC_BLOCK)",
@@ -283,7 +289,7 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
         "        row = tab + roff",
         "        tptr = task_ptr + task.to(tl.int64) * MAXM",
         "        tstride = task_stride + task.to(tl.int64) * MAXM",
-        "        on = (waits != 0) & (task != ready)",
+        "        on = (waits != 0) & (cnt != ready)",
         "        ok = tl.zeros((), dtype=tl.int32)",
         "        t0 = tl.zeros((), dtype=tl.int64)",
     ]
@@ -297,11 +303,12 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool) -> list[str]:
 
 def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[str]:
     """The loads of item ``index``'s descriptor (clamped into the table) into ``task``, ``p``,
-    ``branch``, ``roff``, ``waits`` and ``n`` (each name with ``suffix``)."""
+    ``branch``, ``roff``, ``waits``, ``n``, ``cnt`` and ``rrow`` (each name with ``suffix``)."""
     out = [f"{ptr} = items + {ITEM_COLS} * tl.maximum(tl.minimum({index}, n_items - 1), 0).to(tl.int64)"]
     for col, (name, cast) in enumerate((("task", ".to(tl.int32)"), ("p", ".to(tl.int32)"),
                                         ("branch", ".to(tl.int32)"), ("roff", ""), ("waits", ""),
-                                        ("n", ".to(tl.int32)"))):
+                                        ("n", ".to(tl.int32)"), ("cnt", ".to(tl.int32)"),
+                                        ("rrow", ".to(tl.int32)"))):
         out.append(f"{name}{suffix} = tl.load({ptr}{f' + {col}' if col else ''}){cast}")
     return [indent + line for line in out]
 
@@ -336,7 +343,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
     the stop."""
     return [
         "        if ok != 0:",
-        "            ready = task",
+        "            ready = cnt",
         "            if tracing != 0:",
         "                t1 = _now(clock, GPU_CLOCK)",
         "                tl.store(trace + 3 * i, t0)",
@@ -350,6 +357,7 @@ def _completion_lines(sentinel: bool) -> list[str]:
         "            taken += 1",
         "            running = i < end",
         "            task, p, branch, roff, waits, n = task_n, p_n, branch_n, roff_n, waits_n, n_n",
+        "            cnt, rrow = cnt_n, rrow_n",
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
         "            # reports the task it waited on; every program stops",

@@ -1,0 +1,302 @@
+"""Dependencies at the granularity of data (``PTO_MK_DEPS=data``): which work items of its
+predecessor tasks each work item of the persistent megakernel waits for.
+
+The runtime's graph links tasks whose bound regions overlap; every item of a successor then
+waits for every item of its predecessors (``task``, the default). An item touches less than its
+task's region: a decode step's RoPE item of one head reads that head's q/k/v columns, which a
+few of the projection's items wrote. Here each item's accesses are bounded on the host from its
+function's load and store offsets (:func:`pto.ir.bounds.bounds` over its loops, the parallel
+index over the item's own indices), and an item waits only for the predecessor items whose
+accesses conflict with its own (they overlap in one tensor and one of them writes).
+
+Items of a task with the same predecessor items share one counter; each predecessor item
+decrements the counters it feeds. Where an item's accesses cannot be bounded (offsets read from
+device data, a loop bound that is not an expression of the task's scalars) its whole bound
+region counts; an edge that no shared tensor explains, or whose successor's counters a
+predecessor item would have to decrement more than :data:`MAX_FANOUT` times on average, keeps
+the task's dependency whole. Either way an item waits for a subset of what it waited for before,
+so the queue's order proves the kernel deadlock-free as before (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pto.errors import BuildError, UsageError
+from pto.ir.bounds import bounds
+from pto.ir.expr import Var, evaluate, fold
+from pto.ir.facts import memref_accesses
+from pto.ir.nodes import ForRange, IncoreFunction
+from pto.ir.ops import Op
+
+#: the dependency granularities (``PTO_MK_DEPS``, ``MegakernelSettings.deps``)
+DEPS = ("task", "data")
+DEFAULT_DEPS = "task"
+#: a successor task keeps one counter when its counters would take more than this many
+#: decrements a predecessor item on average (a causal attention's key tiles feed every later
+#: query tile: n^2 / 2 atomics where one counter takes n)
+MAX_FANOUT = 4
+
+_LO, _HI = "__item_lo", "__item_hi"
+
+
+def resolve_deps(asked: str | None) -> str:
+    """``asked`` (None: ``$PTO_MK_DEPS``, else :data:`DEFAULT_DEPS`), checked."""
+    import os
+
+    src = "deps" if asked is not None else "PTO_MK_DEPS"
+    text = (asked if asked is not None else os.environ.get("PTO_MK_DEPS", DEFAULT_DEPS)).strip().lower()
+    if text not in DEPS:
+        raise UsageError(f"{src}={text!r}: the megakernel's dependencies are task or data")
+    return text
+
+
+@dataclass
+class ItemBoxes:
+    """Per work item of a plan, the parts of each memref's region it may read and write: for the
+    items of task ``t`` (its item ``k`` at row ``ptr[t] + k``), ``box[row, j, a]`` is the box of
+    memref ``j``'s access ``a`` (a load or store of its function: first row, end row, first
+    column, end column in its tensor's coordinates; empty, all 0, past the function's accesses),
+    and ``read[t, j]`` / ``write[t, j]`` whether the task's function loads or stores that
+    memref (``accesses[t, j]``: how many of its boxes are not empty). One box an access, not
+    their union: a RoPE item of one head reads its q columns and its key/value head's, far
+    apart in one row."""
+
+    ptr: np.ndarray  # [n + 1] int64
+    box: np.ndarray  # [items, maxm, accesses, 4] int64
+    read: np.ndarray  # [n, maxm] bool
+    write: np.ndarray  # [n, maxm] bool
+    accesses: np.ndarray  # [n, maxm] int64: the boxes each memref of a task's items has
+
+
+def _ranges(fn: IncoreFunction) -> dict:
+    """Every loop variable's inclusive range with the parallel index over an item's indices
+    (``[_LO, _HI]``)."""
+    ranges = {fn.parallel.var: (Var(_LO), Var(_HI))} if fn.parallel is not None else {}
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, ForRange):
+                lo, _ = bounds(s.lb, ranges)
+                _, hi = bounds(s.lb + ((s.ub - s.lb - 1) // s.step) * s.step, ranges)
+                ranges[s.var] = (lo, hi)
+                visit(s.body)
+
+    visit(fn.body)
+    return ranges
+
+
+def _value(e, env, like: torch.Tensor) -> torch.Tensor:
+    v = evaluate(fold(e), env)
+    return torch.as_tensor(v, dtype=torch.int64).expand_as(like) if not torch.is_tensor(v) else v.to(torch.int64)
+
+
+def _span(offset, extent, ranges: dict, env: dict, size: np.ndarray) -> np.ndarray:
+    """``[items, 2]``: the first and end index an access at ``offset`` of ``extent`` along one
+    dimension of a region of ``size`` may touch, per item (a tile overhanging the region is
+    masked: clipped to it); the whole dimension where ``offset`` cannot be bounded (a name with
+    no value here, a scalar loaded from device data: a cache row at the sequence's position)."""
+    try:
+        lo, hi = bounds(offset, ranges)
+        out = torch.stack([_value(lo, env, env[_LO]), _value(hi + extent, env, env[_LO])], dim=1).numpy()
+    except (BuildError, KeyError, TypeError, ValueError, RuntimeError):
+        return np.stack([np.zeros_like(size), size], axis=1)
+    return np.clip(out, 0, size[:, None])
+
+
+def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, first: np.ndarray,
+                  count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The boxes of items of ``fn``'s tasks: ``region`` ``[items, params, 4]`` (row0, col0, rows,
+    cols of each memref parameter's binding, the item's task's) and ``values`` ``[items,
+    params]`` (each scalar parameter's value), the runtime's export per parameter; ``first`` /
+    ``count`` the parallel indices each item runs. Returns ``(box [items, memrefs, accesses,
+    4], read [memrefs], write [memrefs], accesses [memrefs])``; a memref one of whose accesses cannot be bounded
+    (an offset read from device data, a loop bound that is not an expression of the scalars)
+    is its whole region."""
+    mems = {p.name for p in fn.memrefs}
+    mem_k = [k for k, p in enumerate(fn.params) if p.name in mems]
+    reg = region[:, mem_k, :].astype(np.int64)
+    r0, c0, rows, cols = (reg[:, :, k] for k in range(4))
+    m, size = len(mem_k), len(first)
+    read, write = np.zeros(m, bool), np.zeros(m, bool)
+    slot = {p.name: j for j, p in enumerate(fn.memrefs)}
+    env: dict = {p.name: torch.from_numpy(values[:, k].astype(np.int64))
+                 for k, p in enumerate(fn.params) if p.name not in mems}
+    for j, p in enumerate(fn.memrefs):
+        env[f"{p.name}.rows"] = torch.from_numpy(rows[:, j].copy())
+        env[f"{p.name}.cols"] = torch.from_numpy(cols[:, j].copy())
+    env[_LO] = torch.from_numpy(first.astype(np.int64))
+    env[_HI] = torch.from_numpy((first + np.maximum(count, 1) - 1).astype(np.int64))
+    try:
+        ranges = _ranges(fn)
+    except BuildError:
+        ranges = None
+    found: list[list[np.ndarray]] = [[] for _ in range(m)]
+    whole = set()
+    for mem, ins, row, col, tile in memref_accesses(fn):
+        j = slot[mem]
+        if ins.op is Op.STORE:
+            write[j] = True
+        else:
+            read[j] = True
+        if ranges is None or j in whole:
+            whole.add(j)
+            continue
+        b = np.stack([_span(row, tile.rows, ranges, env, rows[:, j]),
+                      _span(col, tile.cols, ranges, env, cols[:, j])], axis=1).reshape(size, 4)
+        # (in the tensor's coordinates)
+        found[j].append(b + np.stack([r0[:, j], r0[:, j], c0[:, j], c0[:, j]], axis=1))
+    accesses = np.array([1 if j in whole else len(found[j]) for j in range(m)], np.int64)
+    box = np.zeros((size, m, max([1, *accesses]), 4), np.int64)
+    for j in range(m):
+        if j in whole:
+            box[:, j, 0] = np.stack([r0[:, j], r0[:, j] + rows[:, j], c0[:, j], c0[:, j] + cols[:, j]], axis=1)
+        elif found[j]:
+            box[:, j, :len(found[j])] = np.stack(found[j], axis=1)
+    return box, read, write, accesses
+
+
+def item_boxes(variants: list, extent: np.ndarray, run: np.ndarray, parallel: np.ndarray,
+               maxm: int) -> ItemBoxes:
+    """:class:`ItemBoxes` of a plan's tasks: ``variants`` lists ``(fn, tasks, regions, values)``
+    (the runtime's export of those tasks' parameters, as :func:`variant_boxes` takes them per
+    item); a task's items as the plan makes them (``extent`` of them, each ``run`` consecutive
+    indices of its ``parallel`` extent)."""
+    n = len(extent)
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(extent, out=ptr[1:])
+    read, write = np.zeros((n, maxm), bool), np.zeros((n, maxm), bool)
+    accesses = np.zeros((n, maxm), np.int64)
+    parts = []
+    for fn, idx, region, values in variants:
+        per = extent[idx].astype(np.int64)
+        task = np.repeat(np.arange(len(idx)), per)
+        k = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+        first = k * run[idx][task]
+        count = np.minimum(run[idx][task], parallel[idx][task] - first)
+        b, r, w, a = variant_boxes(fn, region[task], values[task], first, count)
+        rows = np.concatenate([np.arange(ptr[t], ptr[t + 1]) for t in idx]) if len(idx) else np.zeros(0, np.int64)
+        parts.append((rows, b))
+        m = len(fn.memrefs)
+        read[idx, :m], write[idx, :m], accesses[idx, :m] = r, w, a
+    box = np.zeros((int(ptr[-1]), maxm, max([1] + [b.shape[2] for _, b in parts]), 4), np.int64)
+    for rows, b in parts:
+        box[rows, :b.shape[1], :b.shape[2]] = b
+    return ItemBoxes(ptr, box, read, write, accesses)
+
+
+@dataclass
+class Counters:
+    """What the megakernel's items wait on and release: item ``i`` (queue order) waits until
+    ``counter[i]``'s count (``init`` before a launch) is 0, then decrements, with release, the
+    counters ``rel[rel_ptr[row[i]]:rel_ptr[row[i] + 1]]``."""
+
+    counter: np.ndarray  # [k] int64
+    init: np.ndarray  # [C] int32
+    row: np.ndarray  # [k] int64
+    rel_ptr: np.ndarray  # [R + 1] int32
+    rel: np.ndarray  # int32
+
+    @property
+    def waits(self) -> np.ndarray:
+        """[k] bool: the item has something to wait for."""
+        return self.init[self.counter] > 0
+
+
+def task_counters(plan, pending: np.ndarray) -> Counters:
+    """A counter a task (``pending`` its count), each item releasing its task's successors."""
+    task = plan.items[:, 0].astype(np.int64) if plan.n_items else np.zeros(0, np.int64)
+    return Counters(task, pending.astype(np.int32), task, plan.succ_ptr.astype(np.int32),
+                    plan.succ.astype(np.int32))
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[len(a), len(b)] bool: some box (row0, row1, col0, col1) of ``a`` ``[na, accesses, 4]``
+    intersects some box of ``b`` ``[nb, accesses, 4]`` (an empty box intersects none)."""
+    a, b = a[:, :, None, None, :], b[None, None, :, :, :]
+    hit = (a[..., 0] < b[..., 1]) & (b[..., 0] < a[..., 1]) & (a[..., 2] < b[..., 3]) & (b[..., 2] < a[..., 3])
+    return hit.any(axis=(1, 3))
+
+
+def _conflicts(plan, boxes: ItemBoxes, s: int, p: int) -> np.ndarray | None:
+    """``[items of s, items of p]`` bool: the pairs whose accesses conflict (one tensor, one of
+    them writes, the boxes intersect); None where no tensor both use, one of them writing,
+    explains the edge."""
+    if plan.nitems[s] == 1 and plan.nitems[p] == 1:
+        return None  # (one item each: the edge is theirs)
+    tt = plan.task_tensor
+    ms, mp = len(plan.variants[s].memrefs), len(plan.variants[p].memrefs)
+    bs = boxes.box[boxes.ptr[s]:boxes.ptr[s + 1]]
+    bp = boxes.box[boxes.ptr[p]:boxes.ptr[p + 1]]
+    out = None
+    for i in range(ms):
+        if not (boxes.read[s, i] or boxes.write[s, i]):
+            continue
+        for j in range(mp):
+            if tt[s, i] != tt[p, j] or not (boxes.write[s, i] or boxes.write[p, j]):
+                continue
+            if not (boxes.read[p, j] or boxes.write[p, j]):
+                continue
+            hit = _overlap(bs[:, i, :boxes.accesses[s, i]], bp[:, j, :boxes.accesses[p, j]])
+            out = hit if out is None else out | hit
+    return out
+
+
+def data_counters(plan, boxes: ItemBoxes) -> Counters:
+    """The counters of :class:`Counters` at the granularity of data (module docstring), over the
+    edges of ``plan`` (a segment's: the edges among its tasks)."""
+    nit = plan.nitems.astype(np.int64)
+    ibase = boxes.ptr  # task t's item k is global item ibase[t] + k
+    src, dst = plan.edge_sources, plan.succ.astype(np.int64)
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    cut = np.flatnonzero(np.diff(dst)) + 1
+    counter_of = np.full(int(ibase[-1]), -1, np.int64)  # per global item of a waiting task
+    init: list[int] = []
+    pairs_g: list[np.ndarray] = []  # (predecessor item, counter) pairs
+    pairs_c: list[np.ndarray] = []
+    for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(dst)]):
+        if lo == hi:
+            continue
+        s = int(dst[lo])
+        preds = src[lo:hi]
+        mats = []
+        for p in preds.tolist():
+            c = _conflicts(plan, boxes, s, p)
+            mats.append(np.ones((nit[s], nit[p]), bool) if c is None else c)
+        dep = np.concatenate(mats, axis=1)  # [items of s, items of all preds]
+        cols = np.concatenate([ibase[p] + np.arange(nit[p]) for p in preds.tolist()])
+        _, first_row, inv = np.unique(np.packbits(dep, axis=1), axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        cls = dep[first_row]  # [classes, pred items]
+        if len(cls) > 1 and cls.sum() > MAX_FANOUT * dep.shape[1]:
+            cls, inv = np.ones((1, dep.shape[1]), bool), np.zeros(len(inv), np.int64)  # (one counter)
+        base = len(init)
+        init += cls.sum(axis=1).tolist()
+        counter_of[ibase[s] + np.arange(nit[s])] = base + inv
+        c, g = np.nonzero(cls)
+        pairs_g.append(cols[g])
+        pairs_c.append(base + c)
+    # the tasks that wait for nothing: one counter of 0 each
+    idle = np.flatnonzero(counter_of < 0)
+    counter_of[idle] = len(init) + np.arange(len(idle))
+    init += [0] * len(idle)
+    g = np.concatenate(pairs_g) if pairs_g else np.zeros(0, np.int64)
+    c = np.concatenate(pairs_c) if pairs_c else np.zeros(0, np.int64)
+    by = np.argsort(g, kind="stable")
+    rel_ptr = np.zeros(int(ibase[-1]) + 1, np.int64)
+    np.cumsum(np.bincount(g, minlength=int(ibase[-1])), out=rel_ptr[1:])
+    task, k = (plan.items[:, 0].astype(np.int64), plan.items[:, 1].astype(np.int64)) if plan.n_items else \
+        (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    row = ibase[task] + k
+    if len(init) and max(init) > np.iinfo(np.int32).max or len(c) > np.iinfo(np.int32).max:
+        raise UsageError("PTO_MK_DEPS=data: more dependencies than the megakernel's int32 tables hold; use task")
+    return Counters(counter_of[row], np.asarray(init, np.int32), row, rel_ptr.astype(np.int32),
+                    c[by].astype(np.int32))
+
+
+__all__ = ["DEPS", "DEFAULT_DEPS", "MAX_FANOUT", "resolve_deps", "ItemBoxes", "variant_boxes", "item_boxes", "Counters",
+           "task_counters", "data_counters"]

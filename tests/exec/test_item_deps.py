@@ -1,0 +1,210 @@
+"""Dependencies at the granularity of data (``PTO_MK_DEPS=data``, :mod:`pto.exec.item_deps`): an
+item waits only for the predecessor items whose data its own conflicts with. Checked against the
+decode step's layout (a RoPE item of one head waits for the projection items of that head's q, k
+and v columns), as a subset of the task-level waits with counts that add up, and end to end under
+the Triton interpreter: the megakernel run in an order that only the data dependencies allow
+(consumers as early as they may be, ahead of items of their tasks' predecessors) gives the wave
+executor's results bit for bit, on graphs whose items overlap in different ways."""
+
+from __future__ import annotations
+
+import heapq
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from pto.errors import UsageError
+from pto.exec.item_deps import MAX_FANOUT, resolve_deps
+
+
+def _decode_plan(config: str, deps: str):
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.backends.triton import TritonBackend
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg = CONFIGS[config]
+    tiles = tiling_for_executor(cfg, "persistent", get("cuda_h200"))
+    built = build_module_graph(build_step(cfg, DType.BF16, get("cuda_h200"), 1, tiles, cache=1024),
+                               {"B": 1, "C": 1024})
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, flags=TritonBackend("cpu").task_flags,
+                         runs=264, deps=deps)
+    finally:
+        built.graph.close()
+    return cfg, tiles, plan
+
+
+def item_predecessors(plan, counters) -> list[set[int]]:
+    """Per queue index, the queue indices of the items it waits for (the items whose release row
+    holds its counter)."""
+    pos = {}
+    for i, (t, k) in enumerate(plan.items.tolist()):
+        pos[(t, k)] = i
+    waiting: dict[int, list[int]] = {}
+    for i, c in enumerate(counters.counter.tolist()):
+        waiting.setdefault(c, []).append(i)
+    preds = [set() for _ in range(plan.n_items)]
+    for j in range(plan.n_items):
+        r = counters.row[j]
+        for c in counters.rel[counters.rel_ptr[r]:counters.rel_ptr[r + 1]].tolist():
+            for i in waiting.get(c, []):
+                preds[i].add(j)
+    return preds
+
+
+def test_a_rope_item_waits_for_the_projection_items_of_its_heads_columns():
+    """The 1B shape's step: each RoPE item (query head h, which also appends key/value head h
+    where there is one) waits, of its layer's q/k/v projection, for exactly the items whose
+    outputs meet head h's q columns and, for h below the key/value heads, its k and v columns
+    (the projection's items of ``qkv_bn`` outputs, ``run`` indices each); every item's waits
+    are a subset of its task's predecessors' items; each counter's count is the number of items
+    that release it."""
+    cfg, tiles, plan = _decode_plan("llama3.2-1b", "data")
+    c = plan.counters()
+    preds = item_predecessors(plan, c)
+    assert all(len(p) == c.init[c.counter[i]] for i, p in enumerate(preds))
+    task = plan.items[:, 0]
+    pred_tasks = [set(plan.edge_sources[plan.succ == t].tolist()) for t in range(plan.n_tasks)]
+    assert all(set(task[list(p)].tolist()) <= pred_tasks[task[i]] for i, p in enumerate(preds))
+    d = cfg.layer.head_dim
+    q_dim, kv_dim = cfg.layer.heads * d, cfg.layer.kv_heads * d
+    rope = [t for t in range(plan.n_tasks) if plan.variants[t].name == "rope_qkv_append"]
+    assert len(rope) == cfg.layers
+    checked = 0
+    for t in rope:
+        (qkv,) = [p for p in pred_tasks[t] if plan.variants[p].name == "gemv_norm_tile"]
+        first, count = plan.item_indices(plan.items)
+        for i in np.flatnonzero(task == t):
+            h = int(first[i])
+            cols = [(h * d, (h + 1) * d)]
+            if h < cfg.layer.kv_heads:  # (item h appends key/value head h: each once)
+                cols += [(q_dim + h * d, q_dim + (h + 1) * d), (q_dim + kv_dim + h * d, q_dim + kv_dim + (h + 1) * d)]
+            want = {j for j in np.flatnonzero(task == qkv)
+                    if any(first[j] * tiles.qkv_bn < b and a < (first[j] + count[j]) * tiles.qkv_bn for a, b in cols)}
+            got = {j for j in preds[i] if task[j] == qkv}
+            assert got == want and 0 < len(want) < plan.nitems[qkv], (t, h)
+            checked += 1
+    assert checked == cfg.layers * cfg.layer.heads
+
+
+def test_task_dependencies_are_the_default_and_the_setting_is_checked(monkeypatch):
+    """``task`` (the default): a counter a task, its predecessors' items; a wrong value of
+    ``PTO_MK_DEPS`` is one line."""
+    _, _, plan = _decode_plan("smollm2-135m", "task")
+    c = plan.counters()
+    assert plan.boxes is None and np.array_equal(c.counter, plan.items[:, 0])
+    assert np.array_equal(c.init, plan.pending_items)
+    monkeypatch.delenv("PTO_MK_DEPS", raising=False)
+    assert resolve_deps(None) == "task" and resolve_deps("data") == "data"
+    monkeypatch.setenv("PTO_MK_DEPS", "fine")
+    with pytest.raises(UsageError, match=r"^PTO_MK_DEPS='fine': the megakernel's dependencies are task or data$"):
+        resolve_deps(None)
+
+
+def test_fewer_waits_and_releases_with_data_dependencies():
+    """SmolLM2's step: its attention parts wait for the projection items of their own heads
+    (fewer than half the items they wait for at the task's granularity), the whole step's
+    releases fall, and no predecessor item releases more than MAX_FANOUT counters of one task
+    on average."""
+    _, _, task = _decode_plan("smollm2-135m", "task")
+    _, _, data = _decode_plan("smollm2-135m", "data")
+    ct, cd = task.counters(), data.counters()
+    assert np.array_equal(task.items, data.items)
+    parts = np.array([data.variants[t].name == "decode_attn_part" for t in data.items[:, 0]])
+    assert cd.init[cd.counter[parts]].mean() < 0.5 * ct.init[ct.counter[parts]].mean()
+    released = [int(np.diff(c.rel_ptr)[c.row].sum()) for c in (ct, cd)]  # (the atomics a launch executes)
+    assert released[1] < released[0]
+    assert (cd.init[cd.counter] <= ct.init[ct.counter]).all()
+    assert MAX_FANOUT >= 1
+
+
+def _adversarial_order(plan, counters) -> np.ndarray:
+    """A topological order of the items under their data dependencies that takes, of the items
+    ready, the one latest in the queue (consumers as soon as they may run)."""
+    preds = item_predecessors(plan, counters)
+    succs = [[] for _ in range(plan.n_items)]
+    for i, p in enumerate(preds):
+        for j in p:
+            succs[j].append(i)
+    left = np.array([len(p) for p in preds])
+    ready = [-i for i in range(plan.n_items) if left[i] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        j = -heapq.heappop(ready)
+        out.append(j)
+        for i in succs[j]:
+            left[i] -= 1
+            if left[i] == 0:
+                heapq.heappush(ready, -i)
+    assert len(out) == plan.n_items
+    return np.array(out)
+
+
+CASES = [("model", None, {"config": "tiny"}, {"batch": 2, "cache": 128}),
+         ("llama7b", 40, {"attention": "fused"}, None),
+         ("llama7b", 40, {"attention": "split"}, None),
+         ("llama7b", 33, {"attention": "pair", "causal": False}, None)]
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+@pytest.mark.parametrize("program,seq,options,shape", CASES, ids=["decode", "fused", "split", "pair"])
+def test_an_order_only_data_dependencies_allow_gives_the_waves_results(program, seq, options, shape, monkeypatch):
+    """The persistent executor with ``PTO_MK_DEPS=data`` (one kernel, static dispatch, one
+    program under the interpreter): in the queue's order, then in an order that runs items
+    ahead of items of their tasks' predecessors where no data conflicts, the wave executor's
+    outputs bit for bit (an item that ran before a producer of what it reads would read stale
+    values), and no wait gives up."""
+    from pto.engine import Runner, resolve
+
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
+    monkeypatch.setenv("PTO_DISPATCH", "static")
+    config = options.pop("config", None) if options else None
+    common = dict(device="cpu", backend="triton", options=options, **({"config": config} if config else {}),
+                  **({"dtype": "f32"} if program == "model" else {}))
+
+    def run(executor):
+        job = resolve(program, executor=executor, **common)
+        size = job.program.shape(shape if shape is not None else seq)
+        runner = Runner(job, shape if shape is not None else seq)
+        inputs = job.program.inputs(job.settings, size, "cpu", seed=3)
+        return runner, inputs, {k: v.clone() for k, v in runner(inputs).items()}
+
+    rw, inputs, want = run("waves")
+    rw.close()
+    monkeypatch.setenv("PTO_MK_DEPS", "data")
+    rp, _, got = run("persistent")
+    try:
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+        ex = rp.executor
+        (kernel,) = ex.kernels
+        plan = kernel.plan
+        assert plan.boxes is not None
+        order = _adversarial_order(plan, kernel.counters)
+        # (the order breaks the tasks' dependencies somewhere: an item before one of a predecessor's)
+        task, first = plan.items[:, 0], np.full(plan.n_tasks, plan.n_items)
+        position = np.empty(plan.n_items, np.int64)
+        position[order] = np.arange(plan.n_items)
+        np.minimum.at(first, task, position)
+        last = np.zeros(plan.n_tasks, np.int64)
+        np.maximum.at(last, task, position)
+        early = [(p, s) for p, s in zip(plan.edge_sources.tolist(), plan.succ.tolist()) if first[s] < last[p]]
+        assert early, "the order keeps every task dependency: it checks nothing"
+        reordered = ex.backend.megakernel(plan.reordered(order), ex.tensors, kernel.settings)
+        for name, value in inputs.items():
+            ex.tensors[name].copy_(value)
+        reordered.launch()
+        assert reordered.gave_up() is None
+        for k in want:
+            assert torch.equal(ex.tensors[k], want[k]), k
+    finally:
+        rp.close()
