@@ -243,8 +243,13 @@ class PersistentExecutor(Executor):
         """Per task with predecessors, from its last predecessor's last item's end to its own first
         item's start: what a dependency costs through memory (the release, the poll that sees it,
         the dispatch), and also any time no program was free to take the task (so the median is
-        the cost where programs wait on their dependencies, as in a decode step)."""
+        the cost where programs wait on their dependencies, as in a decode step). With
+        dependencies at the granularity of data, the same per counter that is waited on: from
+        the last end of the items that release it to the first start of the items that wait on
+        it (``records`` in :meth:`trace_records`' order)."""
         plan = self.plan
+        if plan.boxes is not None and not self.sentinel:
+            return self._counter_waits(records)
         task = np.array([r.task for r in records], np.int64) - plan.first_task
         first = np.full(plan.n_tasks, np.iinfo(np.int64).max)
         last = np.full(plan.n_tasks, np.iinfo(np.int64).min)
@@ -254,6 +259,26 @@ class PersistentExecutor(Executor):
         np.maximum.at(ready, plan.succ, last[plan.edge_sources])
         waited = plan.pending > 0
         return (first[waited] - ready[waited]).astype(np.float64)
+
+    def _counter_waits(self, records: list[ItemRecord]) -> np.ndarray:
+        """:meth:`_release_waits` per waited counter of each segment's kernel."""
+        out, at = [], 0
+        for kernel in self.kernels:
+            c, n = kernel.counters, kernel.plan.n_items
+            start = np.array([r.start_ns for r in records[at:at + n]], np.int64)
+            end = np.array([r.end_ns for r in records[at:at + n]], np.int64)
+            at += n
+            # each item's release row expanded: the counters it released, at its end
+            per_row = np.diff(c.rel_ptr.astype(np.int64))[c.row]
+            offset = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+            released = c.rel.astype(np.int64)[np.repeat(c.rel_ptr[c.row].astype(np.int64), per_row) + offset]
+            ready = np.full(len(c.init), np.iinfo(np.int64).min)
+            np.maximum.at(ready, released, np.repeat(end, per_row))
+            first = np.full(len(c.init), np.iinfo(np.int64).max)
+            np.minimum.at(first, c.counter, start)
+            waited = (c.init > 0) & (first < np.iinfo(np.int64).max)
+            out.append((first[waited] - ready[waited]).astype(np.float64))
+        return np.concatenate(out) if out else np.zeros(0)
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
         """Per InCore function: the summed duration of its work items, each divided by the

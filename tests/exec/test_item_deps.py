@@ -208,3 +208,28 @@ def test_an_order_only_data_dependencies_allow_gives_the_waves_results(program, 
             assert torch.equal(ex.tensors[k], want[k]), k
     finally:
         rp.close()
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+def test_a_traced_run_waits_per_counter(monkeypatch):
+    """With data dependencies the report's dependency wait is measured per waited counter: from
+    the last end of the items that release it to the first start of the items that wait on it,
+    each positive (every item starts after the items it waits for end), one per counter that has
+    a count."""
+    from pto.engine import Runner, resolve
+
+    monkeypatch.setenv("PTO_MK_DEPS", "data")
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
+    job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
+    runner = Runner(job, 40, record=True)
+    try:
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
+        ex = runner.executor
+        waits = ex._release_waits(ex.trace_records())
+        (kernel,) = ex.kernels
+        assert len(waits) == int((kernel.counters.init > 0).sum()) > int((ex.plan.pending > 0).sum())
+        assert waits.min() > 0
+        assert ex.report()["dependency_wait_ticks"] == round(float(np.median(waits)), 3)
+    finally:
+        runner.close()
