@@ -16,6 +16,13 @@ region counts; an edge that no shared tensor explains, or whose successor's coun
 predecessor item would have to decrement more than :data:`MAX_FANOUT` times on average, keeps
 the task's dependency whole. Either way an item waits for a subset of what it waited for before,
 so the queue's order proves the kernel deadlock-free as before (docs/ARCHITECTURE.md).
+
+Correctness also needs the edges the runtime left out: its tensor map takes a task as writing
+its memref's whole bound region and hides the entries inside it, so an edge that the writer
+orders (A before the writer before C) is not in the graph. Every element of the writer's region
+must then be written by one of its items, or C's items could pass A's through the rest: where a
+task's stores leave part of a region unwritten, every item of that task takes the whole region
+as one store (:func:`item_boxes`), and the chain A, the writer's item, C orders each element.
 """
 
 from __future__ import annotations
@@ -108,14 +115,15 @@ def _span(offset, extent, ranges: dict, env: dict, size: np.ndarray) -> np.ndarr
 
 
 def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, first: np.ndarray,
-                  count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The boxes of items of ``fn``'s tasks: ``region`` ``[items, params, 4]`` (row0, col0, rows,
     cols of each memref parameter's binding, the item's task's) and ``values`` ``[items,
     params]`` (each scalar parameter's value), the runtime's export per parameter; ``first`` /
-    ``count`` the parallel indices each item runs. Returns ``(box [items, memrefs, accesses,
-    4], read [memrefs], write [memrefs], accesses [memrefs])``; a memref one of whose accesses cannot be bounded
-    (an offset read from device data, a loop bound that is not an expression of the scalars)
-    is its whole region."""
+    ``count`` the parallel indices each item runs. Returns ``box [items, memrefs, accesses, 4]``,
+    ``read`` and ``write`` ``[memrefs]``, ``accesses`` ``[memrefs]`` (the boxes each has) and
+    ``stores`` ``[memrefs, accesses]`` (the box is a store's); a memref one of whose accesses
+    cannot be bounded (an offset read from device data, a loop bound that is not an expression
+    of the scalars) is its whole region, one box that is a store's if the function stores it."""
     mems = {p.name for p in fn.memrefs}
     mem_k = [k for k, p in enumerate(fn.params) if p.name in mems]
     reg = region[:, mem_k, :].astype(np.int64)
@@ -132,9 +140,10 @@ def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, fi
     env[_HI] = torch.from_numpy((first + np.maximum(count, 1) - 1).astype(np.int64))
     try:
         ranges = _ranges(fn)
-    except BuildError:
+    except (BuildError, TypeError, ValueError, KeyError):
         ranges = None
     found: list[list[np.ndarray]] = [[] for _ in range(m)]
+    stored: list[list[bool]] = [[] for _ in range(m)]
     whole = set()
     for mem, ins, row, col, tile in memref_accesses(fn):
         j = slot[mem]
@@ -149,14 +158,43 @@ def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, fi
                       _span(col, tile.cols, ranges, env, cols[:, j])], axis=1).reshape(size, 4)
         # (in the tensor's coordinates)
         found[j].append(b + np.stack([r0[:, j], r0[:, j], c0[:, j], c0[:, j]], axis=1))
+        stored[j].append(ins.op is Op.STORE)
     accesses = np.array([1 if j in whole else len(found[j]) for j in range(m)], np.int64)
     box = np.zeros((size, m, max([1, *accesses]), 4), np.int64)
+    stores = np.zeros((m, box.shape[2]), bool)
     for j in range(m):
         if j in whole:
             box[:, j, 0] = np.stack([r0[:, j], r0[:, j] + rows[:, j], c0[:, j], c0[:, j] + cols[:, j]], axis=1)
+            stores[j, 0] = write[j]
         elif found[j]:
             box[:, j, :len(found[j])] = np.stack(found[j], axis=1)
-    return box, read, write, accesses
+            stores[j, :len(found[j])] = stored[j]
+    return box, read, write, accesses, stores
+
+
+#: the most cells of the grid :func:`_covers` marks (more: the region counts as not covered)
+_MAX_CELLS = 1 << 22
+
+
+def _covers(boxes: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> bool:
+    """Do the boxes ``[k, 4]`` (row0, row1, col0, col1) cover the region ``[r0, r1) x [c0,
+    c1)`` whole? On the grid of their edges: each box marks its cells (a difference array)."""
+    if r1 <= r0 or c1 <= c0:
+        return True
+    b = boxes[(boxes[:, 0] < boxes[:, 1]) & (boxes[:, 2] < boxes[:, 3])]
+    if not len(b):
+        return False
+    b = np.stack([np.clip(b[:, 0], r0, r1), np.clip(b[:, 1], r0, r1), np.clip(b[:, 2], c0, c1),
+                  np.clip(b[:, 3], c0, c1)], axis=1)
+    rs, cs = np.unique(np.r_[r0, r1, b[:, 0], b[:, 1]]), np.unique(np.r_[c0, c1, b[:, 2], b[:, 3]])
+    if len(rs) * len(cs) > _MAX_CELLS:
+        return False
+    i0, i1 = np.searchsorted(rs, b[:, 0]), np.searchsorted(rs, b[:, 1])
+    j0, j1 = np.searchsorted(cs, b[:, 2]), np.searchsorted(cs, b[:, 3])
+    d = np.zeros((len(rs), len(cs)), np.int64)
+    for rr, cc, v in ((i0, j0, 1), (i1, j0, -1), (i0, j1, -1), (i1, j1, 1)):
+        np.add.at(d, (rr, cc), v)
+    return bool((d.cumsum(axis=0).cumsum(axis=1)[:-1, :-1] > 0).all())
 
 
 def item_boxes(variants: list, extent: np.ndarray, run: np.ndarray, parallel: np.ndarray,
@@ -164,7 +202,15 @@ def item_boxes(variants: list, extent: np.ndarray, run: np.ndarray, parallel: np
     """:class:`ItemBoxes` of a plan's tasks: ``variants`` lists ``(fn, tasks, regions, values)``
     (the runtime's export of those tasks' parameters, as :func:`variant_boxes` takes them per
     item); a task's items as the plan makes them (``extent`` of them, each ``run`` consecutive
-    indices of its ``parallel`` extent)."""
+    indices of its ``parallel`` extent).
+
+    The runtime's tensor map records a task as writing its memref's whole bound region, and a
+    later writer's region hides the writers and readers inside it: their edges to the tasks
+    after it are left out, ordered through it. So a task whose items' stores leave part of a
+    memref's region unwritten (a region that runs from the binding's origin to the furthest
+    access, holes between accesses) would let an item after it run before an item before it
+    that the left-out edge ordered: there every item of the task takes the memref's whole
+    region, one box, as a store."""
     n = len(extent)
     ptr = np.zeros(n + 1, np.int64)
     np.cumsum(extent, out=ptr[1:])
@@ -177,10 +223,21 @@ def item_boxes(variants: list, extent: np.ndarray, run: np.ndarray, parallel: np
         k = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
         first = k * run[idx][task]
         count = np.minimum(run[idx][task], parallel[idx][task] - first)
-        b, r, w, a = variant_boxes(fn, region[task], values[task], first, count)
+        b, r, w, a, st = variant_boxes(fn, region[task], values[task], first, count)
+        m = len(fn.memrefs)
+        mem_k = [i for i, p in enumerate(fn.params) if p.name in {q.name for q in fn.memrefs}]
+        a = np.broadcast_to(a, (len(idx), m)).copy()
+        starts = np.r_[0, np.cumsum(per)]
+        for j in np.flatnonzero(w):
+            for i in range(len(idx)):
+                mine = b[starts[i]:starts[i + 1], j][:, st[j]].reshape(-1, 4)
+                row0, col0, nrows, ncols = (int(v) for v in region[i, mem_k[j]])
+                if not _covers(mine, row0, row0 + nrows, col0, col0 + ncols):
+                    b[starts[i]:starts[i + 1], j] = 0
+                    b[starts[i]:starts[i + 1], j, 0] = (row0, row0 + nrows, col0, col0 + ncols)
+                    a[i, j] = 1
         rows = np.concatenate([np.arange(ptr[t], ptr[t + 1]) for t in idx]) if len(idx) else np.zeros(0, np.int64)
         parts.append((rows, b))
-        m = len(fn.memrefs)
         read[idx, :m], write[idx, :m], accesses[idx, :m] = r, w, a
     box = np.zeros((int(ptr[-1]), maxm, max([1] + [b.shape[2] for _, b in parts]), 4), np.int64)
     for rows, b in parts:
@@ -213,12 +270,22 @@ def task_counters(plan, pending: np.ndarray) -> Counters:
                     plan.succ.astype(np.int32))
 
 
+#: the most elements of one comparison :func:`_overlap` makes at once (items of one side in chunks)
+_MAX_PAIRS = 1 << 24
+
+
 def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[len(a), len(b)] bool: some box (row0, row1, col0, col1) of ``a`` ``[na, accesses, 4]``
-    intersects some box of ``b`` ``[nb, accesses, 4]`` (an empty box intersects none)."""
-    a, b = a[:, :, None, None, :], b[None, None, :, :, :]
-    hit = (a[..., 0] < b[..., 1]) & (b[..., 0] < a[..., 1]) & (a[..., 2] < b[..., 3]) & (b[..., 2] < a[..., 3])
-    return hit.any(axis=(1, 3))
+    intersects some box of ``b`` ``[nb, accesses, 4]`` (an empty box intersects none); in chunks
+    of ``a``'s items so that no comparison holds more than :data:`_MAX_PAIRS` elements."""
+    step = max(1, _MAX_PAIRS // max(1, a.shape[1] * b.shape[0] * b.shape[1]))
+    q = b[None, None, :, :, :]
+    out = []
+    for k in range(0, len(a), step):
+        p = a[k:k + step, :, None, None, :]
+        hit = (p[..., 0] < q[..., 1]) & (q[..., 0] < p[..., 1]) & (p[..., 2] < q[..., 3]) & (q[..., 2] < p[..., 3])
+        out.append(hit.any(axis=(1, 3)))
+    return np.concatenate(out) if out else np.zeros((0, len(b)), bool)
 
 
 def _conflicts(plan, boxes: ItemBoxes, s: int, p: int) -> np.ndarray | None:

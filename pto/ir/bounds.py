@@ -49,6 +49,8 @@ def bounds(e: Expr, ranges: dict[str, tuple[Expr, Expr]]) -> tuple[Expr, Expr]:
         cb = const_value(blo) if blo == bhi else None
         if cb is not None and cb > 0:
             return fold(Bin("//", alo, blo)), fold(Bin("//", ahi, bhi))
+        if cb is not None and cb < 0:  # (decreasing in the dividend)
+            return fold(Bin("//", ahi, blo)), fold(Bin("//", alo, blo))
         if blo == bhi:  # symbolic positive divisor, assumed
             return fold(Bin("//", alo, blo)), fold(Bin("//", ahi, blo))
     if op == "%":
