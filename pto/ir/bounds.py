@@ -51,8 +51,9 @@ def bounds(e: Expr, ranges: dict[str, tuple[Expr, Expr]]) -> tuple[Expr, Expr]:
             return fold(Bin("//", alo, blo)), fold(Bin("//", ahi, bhi))
         if cb is not None and cb < 0:  # (decreasing in the dividend)
             return fold(Bin("//", ahi, blo)), fold(Bin("//", alo, blo))
-        if blo == bhi:  # symbolic positive divisor, assumed
-            return fold(Bin("//", alo, blo)), fold(Bin("//", ahi, blo))
+        if blo == bhi:  # a symbolic divisor of either sign: the quotients of both ends
+            lo, hi = fold(Bin("//", alo, blo)), fold(Bin("//", ahi, blo))
+            return (lo, hi) if lo == hi else (emin(lo, hi), emax(lo, hi))
     if op == "%":
         cb = const_value(blo) if blo == bhi else None
         if cb is not None and cb > 0:

@@ -49,3 +49,13 @@ def test_floor_division_by_a_negative_constant():
     e = Bin("//", Bin("-", Var("j"), Const(7)), Const(-1))
     lo, hi = bounds(e, {"j": (Const(0), Const(1))})
     assert (evaluate(lo, {}), evaluate(hi, {})) == (6, 7)
+
+
+def test_floor_division_by_a_scalar_of_either_sign():
+    """``(j - 7) // s`` for j in [0, 1]: a scalar divisor may be negative at run time; the
+    bounds evaluated at either sign contain the values (s = -1: 6 and 7; s = 2: -4 and -3)."""
+    e = Bin("//", Bin("-", Var("j"), Const(7)), Var("s"))
+    lo, hi = bounds(e, {"j": (Const(0), Const(1))})
+    for s in (-1, 2):
+        values = [evaluate(e, {"j": j, "s": s}) for j in (0, 1)]
+        assert evaluate(lo, {"s": s}) <= min(values) and max(values) <= evaluate(hi, {"s": s})
