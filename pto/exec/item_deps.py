@@ -27,6 +27,7 @@ as one store (:func:`item_boxes`), and the chain A, the writer's item, C orders 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,8 +36,8 @@ import torch
 from pto.errors import BuildError, UsageError
 from pto.ir.bounds import bounds
 from pto.ir.expr import Var, evaluate, fold
-from pto.ir.facts import memref_accesses
-from pto.ir.nodes import ForRange, IncoreFunction
+from pto.ir.facts import loop_ranges, memref_accesses
+from pto.ir.nodes import IncoreFunction
 from pto.ir.ops import Op
 
 #: the dependency granularities (``PTO_MK_DEPS``, ``MegakernelSettings.deps``)
@@ -52,8 +53,6 @@ _LO, _HI = "__item_lo", "__item_hi"
 
 def resolve_deps(asked: str | None) -> str:
     """``asked`` (None: ``$PTO_MK_DEPS``, else :data:`DEFAULT_DEPS`), checked."""
-    import os
-
     src = "deps" if asked is not None else "PTO_MK_DEPS"
     text = (asked if asked is not None else os.environ.get("PTO_MK_DEPS", DEFAULT_DEPS)).strip().lower()
     if text not in DEPS:
@@ -77,23 +76,6 @@ class ItemBoxes:
     read: np.ndarray  # [n, maxm] bool
     write: np.ndarray  # [n, maxm] bool
     accesses: np.ndarray  # [n, maxm] int64: the boxes each memref of a task's items has
-
-
-def _ranges(fn: IncoreFunction) -> dict:
-    """Every loop variable's inclusive range with the parallel index over an item's indices
-    (``[_LO, _HI]``)."""
-    ranges = {fn.parallel.var: (Var(_LO), Var(_HI))} if fn.parallel is not None else {}
-
-    def visit(body):
-        for s in body:
-            if isinstance(s, ForRange):
-                lo, _ = bounds(s.lb, ranges)
-                _, hi = bounds(s.lb + ((s.ub - s.lb - 1) // s.step) * s.step, ranges)
-                ranges[s.var] = (lo, hi)
-                visit(s.body)
-
-    visit(fn.body)
-    return ranges
 
 
 def _value(e, env, like: torch.Tensor) -> torch.Tensor:
@@ -139,7 +121,7 @@ def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, fi
     env[_LO] = torch.from_numpy(first.astype(np.int64))
     env[_HI] = torch.from_numpy((first + np.maximum(count, 1) - 1).astype(np.int64))
     try:
-        ranges = _ranges(fn)
+        ranges = loop_ranges(fn, (Var(_LO), Var(_HI)))
     except (BuildError, TypeError, ValueError, KeyError):
         ranges = None
     found: list[list[np.ndarray]] = [[] for _ in range(m)]
@@ -347,10 +329,9 @@ def data_counters(plan, boxes: ItemBoxes) -> Counters:
         c, g = np.nonzero(cls)
         pairs_g.append(cols[g])
         pairs_c.append(base + c)
-    # the tasks that wait for nothing: one counter of 0 each
-    idle = np.flatnonzero(counter_of < 0)
-    counter_of[idle] = len(init) + np.arange(len(idle))
-    init += [0] * len(idle)
+    # the items that wait for nothing (and those of tasks outside a segment): one counter of 0
+    counter_of[counter_of < 0] = len(init)
+    init.append(0)
     g = np.concatenate(pairs_g) if pairs_g else np.zeros(0, np.int64)
     c = np.concatenate(pairs_c) if pairs_c else np.zeros(0, np.int64)
     by = np.argsort(g, kind="stable")

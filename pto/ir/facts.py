@@ -17,11 +17,12 @@ from pto.ir.nodes import ForRange, IncoreFunction, Tile
 from pto.ir.ops import Op
 
 
-def loop_ranges(fn: IncoreFunction) -> dict[str, tuple[Expr, Expr]]:
-    """Inclusive value range of every loop variable and of the parallel axis."""
+def loop_ranges(fn: IncoreFunction, parallel: tuple[Expr, Expr] | None = None) -> dict[str, tuple[Expr, Expr]]:
+    """Inclusive value range of every loop variable and of the parallel axis (``parallel``: the
+    parallel index's range in its place, e.g. one work item's indices; by default its extent)."""
     ranges: dict[str, tuple[Expr, Expr]] = {}
     if fn.parallel is not None:
-        ranges[fn.parallel.var] = (Const(0), fold(fn.parallel.extent - 1))
+        ranges[fn.parallel.var] = parallel or (Const(0), fold(fn.parallel.extent - 1))
 
     def visit(body):
         for s in body:
