@@ -42,7 +42,7 @@ from pto.ir.ops import Op
 
 #: the dependency granularities (``PTO_MK_DEPS``, ``MegakernelSettings.deps``)
 DEPS = ("task", "data")
-DEFAULT_DEPS = "task"
+DEFAULT_DEPS = "data"
 #: a successor task keeps one counter when its counters would take more than this many
 #: decrements a predecessor item on average (a causal attention's key tiles feed every later
 #: query tile: n^2 / 2 atomics where one counter takes n)
@@ -270,28 +270,36 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, len(b)), bool)
 
 
-def _conflicts(plan, boxes: ItemBoxes, s: int, p: int) -> np.ndarray | None:
-    """``[items of s, items of p]`` bool: the pairs whose accesses conflict (one tensor, one of
-    them writes, the boxes intersect); None where no tensor both use, one of them writing,
-    explains the edge."""
-    if plan.nitems[s] == 1 and plan.nitems[p] == 1:
-        return None  # (one item each: the edge is theirs)
-    tt = plan.task_tensor
-    ms, mp = len(plan.variants[s].memrefs), len(plan.variants[p].memrefs)
+def _waits_on(plan, boxes: ItemBoxes, s: int, preds: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``[items of s, items of preds]`` bool (``cols``: each predecessor's first column): the
+    pairs whose accesses conflict (one tensor, one of them writes, the boxes intersect); all of a
+    predecessor's columns where no tensor both use, one of them writing, explains the edge, or
+    where both tasks are one item. One comparison per memref of ``s`` against every predecessor
+    access of its tensor at once."""
+    nit = plan.nitems.astype(np.int64)
+    npi = nit[preds]
+    dep = np.zeros((int(nit[s]), int(npi.sum())), bool)
+    explained = np.zeros(len(preds), bool)
+    used = boxes.read[preds] | boxes.write[preds]  # [preds, maxm]
     bs = boxes.box[boxes.ptr[s]:boxes.ptr[s + 1]]
-    bp = boxes.box[boxes.ptr[p]:boxes.ptr[p + 1]]
-    out = None
-    for i in range(ms):
-        if not (boxes.read[s, i] or boxes.write[s, i]):
+    for i in np.flatnonzero(boxes.read[s] | boxes.write[s]).tolist():
+        hit_pj = used & (plan.task_tensor[preds] == plan.task_tensor[s, i])
+        if not boxes.write[s, i]:
+            hit_pj &= boxes.write[preds]
+        pi, j = np.nonzero(hit_pj)
+        if not len(pi):
             continue
-        for j in range(mp):
-            if tt[s, i] != tt[p, j] or not (boxes.write[s, i] or boxes.write[p, j]):
-                continue
-            if not (boxes.read[p, j] or boxes.write[p, j]):
-                continue
-            hit = _overlap(bs[:, i, :boxes.accesses[s, i]], bp[:, j, :boxes.accesses[p, j]])
-            out = hit if out is None else out | hit
-    return out
+        explained[pi] = True
+        per = npi[pi]
+        k = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+        rows = np.repeat(boxes.ptr[preds[pi]], per) + k
+        a = int(boxes.accesses[preds[pi], j].max())  # (the boxes past a memref's accesses are empty)
+        hit = _overlap(bs[:, i, :boxes.accesses[s, i]], boxes.box[rows, np.repeat(j, per), :a])
+        np.logical_or.at(dep.T, np.repeat(cols[pi], per) + k, hit.T)
+    whole = ~explained | ((nit[s] == 1) & (npi == 1))
+    for q in np.flatnonzero(whole).tolist():
+        dep[:, cols[q]:cols[q] + npi[q]] = True
+    return dep
 
 
 def data_counters(plan, boxes: ItemBoxes) -> Counters:
@@ -312,12 +320,9 @@ def data_counters(plan, boxes: ItemBoxes) -> Counters:
             continue
         s = int(dst[lo])
         preds = src[lo:hi]
-        mats = []
-        for p in preds.tolist():
-            c = _conflicts(plan, boxes, s, p)
-            mats.append(np.ones((nit[s], nit[p]), bool) if c is None else c)
-        dep = np.concatenate(mats, axis=1)  # [items of s, items of all preds]
-        cols = np.concatenate([ibase[p] + np.arange(nit[p]) for p in preds.tolist()])
+        first = np.r_[0, np.cumsum(nit[preds])[:-1]]
+        dep = _waits_on(plan, boxes, s, preds, first)  # [items of s, items of all preds]
+        cols = np.repeat(ibase[preds] - first, nit[preds]) + np.arange(dep.shape[1])
         _, first_row, inv = np.unique(np.packbits(dep, axis=1), axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         cls = dep[first_row]  # [classes, pred items]

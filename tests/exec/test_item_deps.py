@@ -94,15 +94,15 @@ def test_a_rope_item_waits_for_the_projection_items_of_its_heads_columns():
     assert checked == cfg.layers * cfg.layer.heads
 
 
-def test_task_dependencies_are_the_default_and_the_setting_is_checked(monkeypatch):
-    """``task`` (the default): a counter a task, its predecessors' items; a wrong value of
-    ``PTO_MK_DEPS`` is one line."""
+def test_data_dependencies_are_the_default_and_the_setting_is_checked(monkeypatch):
+    """``data`` is the default; ``task``: a counter a task, its predecessors' items; a wrong
+    value of ``PTO_MK_DEPS`` is one line."""
     _, _, plan = _decode_plan("smollm2-135m", "task")
     c = plan.counters()
     assert plan.boxes is None and np.array_equal(c.counter, plan.items[:, 0])
     assert np.array_equal(c.init, plan.pending_items)
     monkeypatch.delenv("PTO_MK_DEPS", raising=False)
-    assert resolve_deps(None) == "task" and resolve_deps("data") == "data"
+    assert resolve_deps(None) == "data" and resolve_deps("task") == "task"
     monkeypatch.setenv("PTO_MK_DEPS", "fine")
     with pytest.raises(UsageError, match=r"^PTO_MK_DEPS='fine': the megakernel's dependencies are task or data$"):
         resolve_deps(None)

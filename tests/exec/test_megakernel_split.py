@@ -330,15 +330,18 @@ def test_decode_steps_and_layers_split_are_bit_identical_to_waves(program, shape
 @needs_interp
 @pytest.mark.parametrize("segment", [0, 1, 2])
 def test_a_dependency_never_released_in_any_segment_is_reported(segment):
-    """A predecessor counter one too high in segment k's kernel: its program gives up after
-    max_polls and check() names the task; the other segments ran to the end."""
+    """A predecessor counter one too high in segment k's kernel (the counter its first item
+    waits on): its program gives up after max_polls and check() names the task; the other
+    segments ran to the end."""
     ex, _, graph = _run_module(split_programs.random_module(0), split_programs.inputs(0), "persistent", "3,7")
     try:
         kernel, plan = ex.kernels[segment], ex.segments[segment]
         victim = int(np.nonzero(plan.pending)[0][-1])  # a task with a predecessor in its segment
         for k in ex.kernels:
             k.max_polls = 50
-        kernel.buf["pending0"][victim] += 1
+        counter = int(kernel.counters.counter[np.flatnonzero(plan.items[:, 0] == victim)[0]])
+        assert kernel.counters.init[counter] > 0
+        kernel.buf["pending0"][counter] += 1
         ex.replay()
         assert [k.gave_up() is not None for k in ex.kernels] == [k == segment for k in range(3)]
         with pytest.raises(ExecutionError, match=rf"predecessors of task {victim + plan.first_task} "

@@ -89,21 +89,31 @@ def test_several_programs_of_a_graph_with_dependencies_are_refused_under_the_int
         runner.close()
 
 
-def test_the_descriptors_say_which_tasks_wait():
-    """Column 4 of an item's descriptor: its task has predecessors (a task without any does not
-    poll its counter); columns 6 and 7, by default: the counter it waits on and the row of
-    counters it releases are its task's (its task's successors)."""
+@pytest.mark.parametrize("deps", ["task", "data"])
+def test_the_descriptors_say_which_tasks_wait(monkeypatch, deps):
+    """Column 4 of an item's descriptor: it waits for anything (an item that waits for nothing
+    does not poll its counter); columns 6 and 7: the counter it waits on and the row of counters
+    it releases, the plan's; with task dependencies its task's (its task's successors), with
+    data dependencies a subset of the items its task waits for."""
     from pto.backends.triton.megakernel import item_descriptors
 
+    monkeypatch.setenv("PTO_MK_DEPS", deps)
     runner, _ = _outputs("llama7b", 40, {"attention": "fused"}, "persistent")
     try:
         plan = runner.executor.plan
-        d = item_descriptors(plan)
+        d, c = item_descriptors(plan), plan.counters()
         assert d.shape == (plan.n_items, 8)
-        assert np.array_equal(d[:, 4], (plan.pending[plan.items[:, 0]] > 0).astype(np.int64))
         assert (d[:, 5] == 1).all()  # (an item an index: no runs)
+        assert np.array_equal(d[:, 4], c.waits) and np.array_equal(d[:, 6], c.counter)
+        assert np.array_equal(d[:, 7], c.row)
         assert 0 < d[:, 4].sum() < plan.n_items
-        assert np.array_equal(d[:, 6], plan.items[:, 0]) and np.array_equal(d[:, 7], plan.items[:, 0])
+        task_waits = (plan.pending[plan.items[:, 0]] > 0).astype(np.int64)
+        if deps == "task":
+            assert np.array_equal(d[:, 4], task_waits)
+            assert np.array_equal(d[:, 6], plan.items[:, 0]) and np.array_equal(d[:, 7], plan.items[:, 0])
+        else:
+            assert (d[:, 4] <= task_waits).all()
+            assert (c.init[d[:, 6]] <= plan.pending_items[plan.items[:, 0]]).all()
     finally:
         runner.close()
 
