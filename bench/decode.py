@@ -514,7 +514,8 @@ def main_quant(args, bw: float) -> int:
                         if mode:  # the step's backend reads it when the Generator makes it
                             os.environ["PTO_QGEMV"] = mode
                         try:
-                            row[key] = ours(w, batch, args.cache, ex, args.steps, parse_tiling(tiling, tiling_for(cfg)),
+                            row[key] = ours(w, batch, args.cache, ex, args.steps,
+                                            parse_tiling(tiling, tiling_for(cfg), tiling_for_executor(cfg, ex)),
                                             args.kernels)
                         except Exception as e:  # report it, measure the rest
                             row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
