@@ -18,7 +18,8 @@ here; each run's ``x_floor`` is the floor over its time. For the persistent exec
 run's scheduling cost per work item (``item_gap_us``),
 the median time from a task's last predecessor's end to its start (``dependency_wait_us``),
 its critical path's waits, items and spread (``critical_path_us``, per InCore function: where a
-step's latency goes) and its busy time per InCore function; its megakernel's registers, spills,
+step's latency goes; ``item_path_us`` item by item, each gap a dependency's wait or its program's
+dispatch) and its busy time per InCore function; its megakernel's registers, spills,
 shared memory and programs a multiprocessor (per segment where the plan is split,
 ``PTO_MK_SPLIT``), and with ``--branches`` each branch's compiled alone in a one-branch
 megakernel (a compile per branch). For the wave executor, each compiled kernel's registers,
@@ -405,6 +406,10 @@ def main(argv=None) -> int:
             if cp:
                 print(f"    {k}: critical path {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
                       f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
+            ip = v.get("report", {}).get("item_path_us") if isinstance(v, dict) else None
+            if ip:
+                print(f"    {k}: item path {ip['items']} items, {ip['total']} us = wait {ip['wait']} + dispatch "
+                      f"{ip['dispatch']} + item {ip['item']} + between launches {ip['launch']}")
     return 0
 
 

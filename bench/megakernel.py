@@ -20,7 +20,8 @@ fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS
 executor's own). Each persistent run
 reports its megakernel's items, median item gap and dependency wait, the critical path's time in
 waits, items and spread (per InCore function on it, with its items and rounds: where a step's
-latency goes; ``--records DIR`` also saves every item for ``python bench/records.py``), and per segment (one
+latency goes), the item path's waits, dispatch gaps and items (the same, item by item;
+``--records DIR`` also saves every item for ``python bench/records.py``), and per segment (one
 unless split) its levels, items, branches, registers, spills, shared memory, warps and programs
 per SM; ``--branches``: the first persistent run of each configuration and tiling also compiles
 each branch alone in a one-branch megakernel (its registers, spills and shared memory against
@@ -160,6 +161,13 @@ def table_lines(r: dict) -> str:
         for f, v in list(cp["by_function"].items())[:8]:
             lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}"
                          f"  items {v.get('items', '')} rounds {v.get('rounds', '')}")
+    ip = rep.get("item_path_us")
+    if ip:
+        lines.append(f"    item path: {ip['items']} items, {ip['total']} us = wait {ip['wait']} + dispatch "
+                     f"{ip['dispatch']} + item {ip['item']} + between launches {ip['launch']}")
+        for f, v in list(ip["by_function"].items())[:8]:
+            lines.append(f"      {f[:48]:48s} x{v['items']:<4d} wait {v['wait']} dispatch {v['dispatch']} "
+                         f"item {v['item']}")
     segments = rep.get("segments", [rep] if "regs" in rep else [])
     if "split" in rep:
         lines.append(f"    split: {rep['split']}")

@@ -180,8 +180,10 @@ def auto_step_executor(tp: int, quantized: bool) -> str:
     batch 1 on the wide ones (the 8B 4.19 against 4.24, the 1B 0.957 against 1.002), SmolLM2's
     batch 1 within its noise (0.454 against 0.444 there, 0.463 against 0.478 in an earlier call;
     docs/PERF.md, "The runs' L2 prefetch and K steps measured"); the waves for steps
-    with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights (their
-    GEMVs measured on the launches only)."""
+    with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights (the
+    8B step on an H200: Q4_K 2.72 against 6.47-6.95 ms, Q8_0 3.27 against 6.79-7.65, fp8 2.65
+    against 3.39-4.64 in the megakernel's tiles or the GEMVs'; docs/PERF.md, "Data dependencies
+    measured and on by default")."""
     return "waves" if tp > 1 or quantized else "persistent"
 
 

@@ -38,7 +38,7 @@ from pto.exec.item_deps import resolve_deps
 from pto.exec.plan import Plan, make_plan, resolve_early, resolve_prefetch_rule, resolve_runs
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
-from pto.exec.trace import traced_critical_path
+from pto.exec.trace import traced_critical_path, traced_item_path
 from pto.ir.analysis import has_collective
 
 
@@ -201,6 +201,7 @@ class PersistentExecutor(Executor):
         plan = self.plan
         edges = np.stack([plan.edge_sources, plan.succ.astype(np.int64)], 1) + plan.first_task
         out[f"critical_path_{suffix}"] = traced_critical_path(records, edges, unit)
+        out[f"item_path_{suffix}"] = traced_item_path(records, self._waited_items(records), unit)
         if len(self.kernels) == 1:
             out.update(self.kernels[0].compiled_info)
         else:
@@ -268,17 +269,32 @@ class PersistentExecutor(Executor):
             start = np.array([r.start_ns for r in records[at:at + n]], np.int64)
             end = np.array([r.end_ns for r in records[at:at + n]], np.int64)
             at += n
-            # each item's release row expanded: the counters it released, at its end
-            per_row = np.diff(c.rel_ptr.astype(np.int64))[c.row]
-            offset = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-            released = c.rel.astype(np.int64)[np.repeat(c.rel_ptr[c.row].astype(np.int64), per_row) + offset]
+            item, released = _releases(c)
             ready = np.full(len(c.init), np.iinfo(np.int64).min)
-            np.maximum.at(ready, released, np.repeat(end, per_row))
+            np.maximum.at(ready, released, end[item])
             first = np.full(len(c.init), np.iinfo(np.int64).max)
             np.minimum.at(first, c.counter, start)
             waited = (c.init > 0) & (first < np.iinfo(np.int64).max)
             out.append((first[waited] - ready[waited]).astype(np.float64))
         return np.concatenate(out) if out else np.zeros(0)
+
+    def _waited_items(self, records: list[ItemRecord]) -> np.ndarray:
+        """Per record (:meth:`trace_records`' order), the record index of the item whose release
+        its counter took last (the one it waited for), -1 where it waited for nothing."""
+        out, at = [], 0
+        for kernel in self.kernels:
+            c, n = kernel.counters, kernel.plan.n_items
+            end = np.array([r.end_ns for r in records[at:at + n]], np.int64)
+            item, released = _releases(c)
+            last = np.full(len(c.init), -1, np.int64)
+            if len(item):
+                by = np.lexsort((item, end[item], released))  # per counter, its last release last
+                tail = np.r_[released[by][1:] != released[by][:-1], True]
+                last[released[by][tail]] = item[by][tail]
+            pred = last[c.counter]
+            out.append(np.where((c.init[c.counter] > 0) & (pred >= 0), pred + at, -1))
+            at += n
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def profile(self, repeat: int = 3) -> dict[str, float]:
         """Per InCore function: the summed duration of its work items, each divided by the
@@ -292,5 +308,14 @@ class PersistentExecutor(Executor):
             acc[name] = acc.get(name, 0.0) + share
         return {k: round(v, 4) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])}
 
+
+
+def _releases(c) -> tuple[np.ndarray, np.ndarray]:
+    """The releases a launch of counters ``c`` (:class:`pto.exec.item_deps.Counters`) makes:
+    per release, the item (queue index) and the counter it decrements."""
+    per_row = np.diff(c.rel_ptr.astype(np.int64))[c.row]
+    offset = np.arange(int(per_row.sum())) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    released = c.rel.astype(np.int64)[np.repeat(c.rel_ptr[c.row].astype(np.int64), per_row) + offset]
+    return np.repeat(np.arange(len(c.row)), per_row), released
 
 __all__ = ["PersistentExecutor"]

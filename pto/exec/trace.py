@@ -293,6 +293,74 @@ def traced_critical_path(records: Sequence, edges: np.ndarray, unit: float = 1e3
     return out
 
 
+def traced_item_path(records: Sequence, dep_pred: np.ndarray, unit: float = 1e3) -> dict[str, Any]:
+    """The critical path of a traced persistent run item by item: from the item that ended last
+    back through, at each step, whatever held its start last: the item it waited for that ended
+    last (``dep_pred[i]``: the record index of the item whose release was the last its counter
+    took, -1 where it waited for nothing), the item before it on its own program, or, for a
+    program's first item of a later launch, the previous launch's last item. Each gap is then a
+    ``wait`` (a dependency: the release, the poll that sees it), a ``dispatch`` (its program
+    was busy until then: the next descriptor, the branch's table loads) or ``launch``; with the
+    items' own durations they add up to the path's length. Unlike
+    :func:`traced_critical_path`, whose steps are tasks, this follows the dependencies the
+    kernel waits on, so an item that starts before its predecessor task's last item ends (data
+    dependencies, ``PTO_MK_DEPS=data``) is a wait on the item it did wait for. ``unit``: record
+    ticks per reported unit. Per InCore variant on the path: its items and their sums."""
+    n = len(records)
+    out: dict[str, Any] = {"items": 0, "total": 0.0, "wait": 0.0, "dispatch": 0.0, "item": 0.0, "launch": 0.0,
+                           "by_function": {}}
+    if not n:
+        return out
+    start = np.array([r.start_ns for r in records], np.int64)
+    end = np.array([r.end_ns for r in records], np.int64)
+    seg = np.array([r.segment for r in records], np.int64)
+    prog = np.array([r.program for r in records], np.int64)
+    dep_pred = np.asarray(dep_pred, np.int64)
+    if dep_pred.shape != (n,):
+        raise ValueError(f"dep_pred: {dep_pred.shape}, expected ({n},): one entry a record")
+    order = np.lexsort((start, prog, seg))
+    prev = np.full(n, -1, np.int64)  # the item before it on its program in its launch
+    same = (seg[order][1:] == seg[order][:-1]) & (prog[order][1:] == prog[order][:-1])
+    prev[order[1:][same]] = order[:-1][same]
+    seg_last = {}  # launch -> its item that ended last
+    for k in np.unique(seg).tolist():
+        idx = np.flatnonzero(seg == k)
+        seg_last[k] = int(idx[np.argmax(end[idx])])
+    t = int(np.lexsort((np.arange(n), end))[-1])
+    last_end = int(end[t])
+    by_function: dict[str, dict[str, float]] = {}
+    count = 0
+    while True:
+        count += 1
+        f = by_function.setdefault(records[t].func, {"items": 0, "wait": 0.0, "dispatch": 0.0, "item": 0.0})
+        f["items"] += 1
+        f["item"] += int(end[t] - start[t]) / unit
+        out["item"] += int(end[t] - start[t]) / unit
+        held = []  # (its end, preference on a tie, what, the record)
+        if dep_pred[t] >= 0:
+            held.append((int(end[dep_pred[t]]), 2, "wait", int(dep_pred[t])))
+        if prev[t] >= 0:
+            held.append((int(end[prev[t]]), 1, "dispatch", int(prev[t])))
+        elif seg[t] > 0 and (seg[t] - 1) in seg_last:
+            held.append((int(end[seg_last[seg[t] - 1]]), 0, "launch", seg_last[seg[t] - 1]))
+        if not held:
+            break
+        when, _, what, p = max(held)
+        gap = max(int(start[t]) - when, 0) / unit
+        out[what] += gap
+        if what != "launch":
+            f[what] += gap
+        t = p
+    out["items"] = count
+    out["total"] = (last_end - int(start[t])) / unit
+    for k in ("total", "wait", "dispatch", "item", "launch"):
+        out[k] = round(float(out[k]), 3)
+    out["by_function"] = {k: {m: (round(x, 3) if m != "items" else int(x)) for m, x in v.items()}
+                          for k, v in sorted(by_function.items(), key=lambda kv: -(kv[1]["wait"] + kv[1]["item"]
+                                                                                     + kv[1]["dispatch"]))}
+    return out
+
+
 def write_trace(path: str | Path, records: Sequence, graph=None, max_flows: int = MAX_FLOWS,
                 edges=None) -> TraceInfo:
     """Write the trace of ``records`` (and ``graph``'s or ``edges``' dependencies) to ``path``.
@@ -309,4 +377,5 @@ def write_trace(path: str | Path, records: Sequence, graph=None, max_flows: int 
     return TraceInfo(str(path), o["tasks"], o["batches"], o["dependencies"], o["flows"], o["max_flows"])
 
 
-__all__ = ["MAX_FLOWS", "TraceInfo", "flow_note", "traced_critical_path", "trace_events", "write_trace"]
+__all__ = ["MAX_FLOWS", "TraceInfo", "flow_note", "traced_critical_path", "traced_item_path", "trace_events",
+           "write_trace"]

@@ -125,6 +125,53 @@ def test_a_wait_that_never_ends_is_reported_with_its_task(dispatch, deps):
         runner.close()
 
 
+@pytest.mark.parametrize("deps", ["task", "data"])
+def test_the_item_path_follows_the_item_each_waited_for(deps):
+    """The report's item-level critical path. Each item's waited-for item (the release its
+    counter took last) is an item of a predecessor task that ended before it started; with task
+    dependencies, the item of its task's predecessors that ended last (from the graph's edges,
+    apart from the counters); an item of a task without predecessors waits for none. The path's
+    waits, dispatch gaps and items add up to its length, within the run's span."""
+    from pto.backends.triton import MegakernelSettings
+
+    job = resolve("llama7b", device="cpu", backend="triton", executor="persistent", options={"attention": "fused"})
+    runner = Runner(job, 40)
+    runner.executor.settings = MegakernelSettings(split="off", deps=deps)
+    try:
+        runner(job.program.inputs(job.settings, job.program.shape(40), "cpu"))
+        ex = runner.executor
+        rep = ex.report()
+        recs = ex.trace_records()
+        pred = ex._waited_items(recs)
+        plan = ex.plan
+        task = np.array([r.task for r in recs]) - plan.first_task
+        start = np.array([r.start_ns for r in recs])
+        end = np.array([r.end_ns for r in recs])
+        preds_of = [set(plan.edge_sources[plan.succ == t].tolist()) for t in range(plan.n_tasks)]
+        for i in range(len(recs)):
+            mine = preds_of[task[i]]
+            if not mine:
+                assert pred[i] == -1
+                continue
+            assert pred[i] >= 0 and task[pred[i]] in mine and end[pred[i]] < start[i]
+            if deps == "task":
+                of_preds = np.flatnonzero(np.isin(task, list(mine)))
+                assert end[pred[i]] == end[of_preds].max()
+        # one program under the interpreter: every item is held by the one before it, which is
+        # a wait where it is the item it waited for, else the program's dispatch
+        assert ex.programs == 1
+        path = rep["item_path_ticks"]
+        seq = np.argsort(start)
+        assert path["items"] == len(recs) and path["total"] == end.max() - start.min()
+        assert path["item"] == (end - start).sum() and path["launch"] == 0
+        held_by_wait = [int(start[i] - end[j]) for j, i in zip(seq, seq[1:]) if pred[i] == j]
+        assert path["wait"] == sum(held_by_wait)
+        assert path["total"] == path["wait"] + path["dispatch"] + path["item"]
+        assert sum(f["items"] for f in path["by_function"].values()) == path["items"]
+    finally:
+        runner.close()
+
+
 @pytest.mark.slow
 def test_trace_schedule_respects_every_dependency():
     """Traced run: every item has a start before its end on one program, items of a program do

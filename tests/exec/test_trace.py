@@ -223,3 +223,40 @@ def test_critical_path_follows_the_predecessor_that_ended_last():
     cp = pto.exec.trace.traced_critical_path(a + b + c + d, edges, unit=1.0)
     assert cp["wait"] == 13 - 10 and cp["launch"] == 34 - 30
     assert cp["total"] == cp["wait"] + cp["item"] + cp["spread"] + cp["launch"]
+
+
+def test_the_item_path_takes_whatever_held_each_item_last():
+    """Items on two programs (hand-made times): an item's start is held by the item it waited
+    for or the one before it on its program, whichever ended later; the path from the item that
+    ended last adds up its gaps as waits or dispatch, and a later launch's first item on a
+    program is held by the previous launch's last item."""
+    from pto.exec.base import ItemRecord
+
+    rng = np.random.default_rng(5)
+    t0 = int(rng.integers(0, 1000))
+
+    def recs(spec):
+        return [ItemRecord(k, 0, prog, t0 + a, t0 + b, f, segment=seg) for k, (prog, a, b, f, seg) in enumerate(spec)]
+
+    spec = [(0, 0, 10, "fa", 0), (1, 0, 12, "fa", 0), (0, 14, 20, "fb", 0), (1, 13, 30, "fc", 0),
+            (0, 33, 40, "fd", 0), (1, 31, 45, "fe", 0)]
+    waited = np.array([-1, -1, 1, -1, 3, 2])
+    # the last is e (45), held by c before it on program 1 (30) more than by b (20), c by a1 (12)
+    p = pto.exec.trace.traced_item_path(recs(spec), waited, unit=1.0)
+    assert (p["items"], p["total"], p["item"], p["wait"], p["dispatch"], p["launch"]) == (3, 45, 14 + 17 + 12, 0,
+                                                                                           1 + 1, 0)
+    assert p["by_function"]["fe"] == {"items": 1, "wait": 0, "dispatch": 1, "item": 14}
+    # e ends early: d (40) is last, held by c (30, a wait of 3) more than by b before it (20)
+    spec[5] = (1, 31, 39, "fe", 0)
+    p = pto.exec.trace.traced_item_path(recs(spec), waited, unit=1.0)
+    assert (p["items"], p["total"], p["item"], p["wait"], p["dispatch"]) == (3, 40, 7 + 17 + 12, 3, 1)
+    assert set(p["by_function"]) == {"fd", "fc", "fa"} and p["by_function"]["fd"]["wait"] == 3
+    # d the first item of a second launch on its program: held by the first launch's last (e, 39)
+    spec[4] = (0, 41, 48, "fd", 1)
+    waited[4] = -1
+    p = pto.exec.trace.traced_item_path(recs(spec), waited, unit=1.0)
+    assert (p["items"], p["total"], p["item"], p["wait"], p["dispatch"], p["launch"]) == (4, 48, 7 + 8 + 17 + 12,
+                                                                                           0, 2, 2)
+    assert p["total"] == p["item"] + p["wait"] + p["dispatch"] + p["launch"]
+    with pytest.raises(ValueError, match="one entry a record"):
+        pto.exec.trace.traced_item_path(recs(spec), waited[:3], unit=1.0)
