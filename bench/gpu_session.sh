@@ -71,6 +71,13 @@
 #               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
 #               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
+#   smolattn    issue 45: SmolLM2's attention in fewer, longer parts ($SMOLATTN_TILINGS, default the default
+#               and chunks of 256, 512 and 1024 cache slots: a head's cache in one part at 1024, its combine
+#               then over one state), bench/megakernel.py with the item path (its waits are 45% of the step)
+#   quantsplit  issue 46 on the megakernel: the 8B's quantized steps ($QUANTSPLIT_TYPES, default Q4_K with a
+#               Q6_K head and fp8) on the persistent executor in its own tiles (+V1 of docs/PERF.md's ninth
+#               session) with the GEMVs in launches of their own by resource class (PTO_MK_SPLIT=auto) and
+#               without (off); the waves: 2.72 and 2.65 ms in the ninth session
 #   persm       issue 45: the 1B's GEMV items run below the memory's floor (gate/up 21.4 us a layer against 16.1):
 #               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
@@ -229,6 +236,16 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    smolattn) python3 bench/megakernel.py --configs smollm2-135m --waves "" --variants '' \
+                --tilings "${SMOLATTN_TILINGS:-default;+chunk=256;+chunk=512;+chunk=1024}" --budget 240 \
+                --json "$OUT/smolattn.json" > "$OUT/smolattn.log" 2>&1; grep -A1 "ms  floor" "$OUT/smolattn.log" ;;
+    quantsplit) V1="+bn=16,bk=1024,o_bn=16,o_bk=none,qkv_bn=8,qkv_bk=none,ffn_bn=8,ffn_bk=1024,lm_bk=64,bv=512"
+                for split in off auto; do
+                  PTO_MK_SPLIT=$split python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
+                    --executors persistent --hf-configs none --quant "${QUANTSPLIT_TYPES:-llama3-8b:q4_k/q6_k,fp8}" \
+                    --prefill 0 --tilings "$V1" --json "$OUT/quantsplit_$split.json" > "$OUT/quantsplit_$split.log" 2>&1
+                  echo "split=$split"; grep "B=1" "$OUT/quantsplit_$split.log" | cut -c1-300
+                done ;;
     persm) python3 bench/megakernel.py --configs "${PERSM_CONFIGS:-llama3.2-1b}" --waves "" \
              --variants ';s=3,r=396;s=3,r=396,f=1' --budget 240 --json "$OUT/persm.json" > "$OUT/persm.log" 2>&1
            grep "ms  floor" "$OUT/persm.log" ;;
