@@ -88,8 +88,9 @@ def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DT
                          "--executor waves")
     if ex == "persistent" and not capable(backend, "megakernel"):  # refused here, before the graph is built
         if asked_backend == "auto":
-            raise UsageError("the persistent executor needs a GPU (or the Triton interpreter: --backend triton "
-                             "with TRITON_INTERPRET=1); on the CPU use --executor waves")
+            raise UsageError("the persistent executor needs a GPU; on the CPU use --executor waves (pto run and "
+                             "pto bench also run it under the Triton interpreter: --backend triton with "
+                             "TRITON_INTERPRET=1)")
         raise UsageError(f"the persistent executor runs Triton kernels; --backend {backend} needs --executor waves")
     return ex
 

@@ -12,8 +12,11 @@
 #ifndef PTO_STANDALONE_H
 #define PTO_STANDALONE_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "pto_runtime.h"
@@ -112,6 +115,35 @@ static int pto_run_save(const pto_program *p, const pto_run_state *s, const char
 
 /* Build and run the graph for `scalars` on `threads` threads through a window of `window`
  * slots; 0 when it ran (and `out`, if given, was written), else 1 with a line on stderr. */
+/* Before any work: --out may not be the --run file (the outputs would overwrite the inputs), and
+ * its folder must take the file (a file that was not there is removed again). 0, or 2 with the
+ * line printed. */
+static int pto_check_out(const char *in_path, const char *out_path)
+{
+    struct stat si, so;
+    FILE *f;
+    int existed;
+    if (out_path == NULL) return 0;
+    existed = stat(out_path, &so) == 0;
+    if (existed && stat(in_path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fprintf(stderr, "graph: --out %s is the --run file %s: the outputs would overwrite the inputs\n", out_path,
+                in_path);
+        return 2;
+    }
+    if (existed && S_ISDIR(so.st_mode)) {
+        fprintf(stderr, "graph: --out %s is a folder, not a file\n", out_path);
+        return 2;
+    }
+    f = fopen(out_path, "ab");
+    if (f == NULL) {
+        fprintf(stderr, "graph: cannot write --out %s (%s)\n", out_path, strerror(errno));
+        return 2;
+    }
+    fclose(f);
+    if (!existed) remove(out_path);
+    return 0;
+}
+
 static int pto_run_graph(const pto_program *p, const int64_t *scalars, const char *in_path, const char *out_path,
                          int threads, int window)
 {
@@ -125,6 +157,7 @@ static int pto_run_graph(const pto_program *p, const int64_t *scalars, const cha
     struct timespec t0, t1;
     int st, work;
     memset(&s, 0, sizeof s);
+    if (pto_check_out(in_path, out_path) != 0) return 2;
     p->info(&n_scalars, &s.n_tensors, &n_funcs);
     if (pto_st_open(&in, in_path, err, sizeof err) != 0) {
         fprintf(stderr, "graph: %s\n", err);

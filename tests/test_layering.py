@@ -24,7 +24,7 @@ SOURCES = {"pto": ROOT / "pto", "pto.incore": ROOT / "incore", "pto.orchestratio
 #: module prefix (without "pto.") -> area; "" is the package front, pto/__init__.py
 AREAS = {
     "": "front",
-    "errors": "errors", "version": "version", "layout": "layout", "plugins": "plugins",
+    "errors": "errors", "version": "version", "layout": "layout", "paths": "paths", "plugins": "plugins",
     "machine": "machine", "cache": "cache",
     "ir": "ir", "passes": "passes", "text": "text", "builder": "builder", "codegen": "codegen",
     "data": "data", "quant": "quant", "evaluator": "evaluator", "backends": "backends", "interp": "interp",
@@ -44,6 +44,8 @@ CORE: dict[str, set[str]] = {
     # the foundation: leaves that anything may import
     "errors": set(),
     "version": set(),
+    # whether a path takes a write (the output checks of the command line, the drawings, the cache)
+    "paths": set(),
     # how incore/, orchestration/ and runtime_c/ import as pto.* in a checkout
     "layout": set(),
     # the entry points of a group (programs, backends, generators are plugins)
@@ -51,7 +53,7 @@ CORE: dict[str, set[str]] = {
     # the machine: targets, the device, the ranks of a mesh and their sums
     "machine": {"errors"},
     # where the caches live and the cached cffi compiler
-    "cache": {"errors"},
+    "cache": {"paths", "errors"},
     # the compiler
     "ir": {"errors"},
     "passes": {"ir", "machine.target", "errors"},
@@ -81,7 +83,7 @@ CORE: dict[str, set[str]] = {
     # what reads a run: who made the first NaN, the trace against the graph, tensors in and out
     "safety": {"exec", "interp", "backends", "data", "ir", "errors"},
     # drawings of the runtime's dumps and the figures of --plot
-    "viz": {"runtime.dump", "ir", "errors"},
+    "viz": {"runtime.dump", "ir", "paths", "errors"},
 }
 RULES: dict[str, set[str]] = dict(CORE)
 # the one recipe every command runs by
@@ -298,7 +300,7 @@ def test_imports_point_down(module):
     ("pto.machine.device", "def info():\n    from pto.exec import names\n",
      "pto/machine/device.py:2 imports pto.exec (exec), but machine may import only errors"),
     ("pto.viz.dumpgraph", "from pto.runtime import Runtime\n",
-     "pto/viz/dumpgraph.py:1 imports pto.runtime (runtime), but viz may import only errors, ir, runtime.dump"),
+     "pto/viz/dumpgraph.py:1 imports pto.runtime (runtime), but viz may import only errors, ir, paths, runtime.dump"),
     ("pto.orchestration.bgemm", "from pto.engine import run\n",
      "orchestration/bgemm.py:1 imports pto.engine (engine), but orchestration may import only"),
 ])

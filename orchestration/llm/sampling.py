@@ -5,6 +5,8 @@ and/or the smallest set whose probability reaches ``top_p`` (nucleus), with a se
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pto.errors import UsageError
@@ -17,8 +19,8 @@ class Sampler:
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  seed: int = 0):
-        if not temperature >= 0:
-            raise UsageError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+        if not 0 <= temperature < math.inf:
+            raise UsageError(f"temperature must be 0 (greedy) or a positive number, got {temperature}")
         if top_k is not None and top_k < 1:
             raise UsageError(f"top-k must be at least 1, got {top_k}")
         if top_p is not None and not 0 < top_p <= 1:

@@ -48,12 +48,13 @@ def _check(req: GenerateRequest) -> None:
 def _sampler(req: GenerateRequest):
     from pto.orchestration.llm.sampling import Sampler
 
-    if req.temperature == 0 and (req.top_k is not None or req.top_p is not None):
-        raise UsageError("--top-k and --top-p restrict sampling: give --temperature above 0 too (0 is greedy)")
     try:
-        return Sampler(req.temperature, req.top_k, req.top_p, req.seed)
+        sampler = Sampler(req.temperature, req.top_k, req.top_p, req.seed)
     except UsageError as e:
         raise UsageError(f"--{e}") from None
+    if req.temperature == 0 and (req.top_k is not None or req.top_p is not None):
+        raise UsageError("--top-k and --top-p restrict sampling: give --temperature above 0 too (0 is greedy)")
+    return sampler
 
 
 def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from pto.errors import UsageError
+from pto.paths import can_create_in
 
 ENV = "PTO_CACHE_DIR"
 
@@ -41,7 +42,7 @@ def _check(root: Path, what: str, fix: str) -> None:
         where = "" if existing == root else f" ({existing} is a file)"
         raise UsageError(f"{what}: not a directory{where}; the cache of compiled modules and kernels goes "
                          f"there: {fix}")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not can_create_in(existing, folder_too=True):
         raise UsageError(f"{what}: cannot write {existing}; the cache of compiled modules and kernels goes "
                          f"there: {fix}")
 

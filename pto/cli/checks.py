@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 from pto.errors import PTOError, UsageError
+from pto.paths import can_create_in, can_write
 
 INT32_MAX = 2**31 - 1  # the runtime's limit on tensor dimensions and ids
 #: the commands whose work builds or runs graphs, and so uses the cache folder
@@ -74,31 +74,6 @@ def page(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _writable(folder: str, make=tempfile.mkstemp) -> bool:
-    """Whether a file (``make=tempfile.mkdtemp``: a folder) can be made in ``folder``: tried, not
-    asked, since ``os.access`` says yes to root everywhere and /proc or /sys take nothing whatever
-    their bits say. The probe is removed."""
-    try:
-        made = make(dir=folder, prefix=".pto-probe-")
-    except OSError:
-        return False
-    if isinstance(made, tuple):  # mkstemp: (descriptor, path)
-        os.close(made[0])
-        os.unlink(made[1])
-    else:
-        os.rmdir(made)
-    return True
-
-
-def _opens_for_writing(path: str) -> bool:
-    """Whether an existing file opens for writing (it is neither truncated nor changed)."""
-    try:
-        os.close(os.open(path, os.O_WRONLY))
-    except OSError:
-        return False
-    return True
-
-
 def check_output_file(path: str | None, what: str) -> None:
     """Fail before any work when an output file cannot be created: an empty path, a folder, a
     missing parent folder, or one (or a file) that takes no writes."""
@@ -111,7 +86,7 @@ def check_output_file(path: str | None, what: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    if not (_opens_for_writing(path) if os.path.exists(path) else _writable(parent)):
+    if not can_write(path):
         raise UsageError(f"{what} {path}: cannot write there")
 
 
@@ -138,9 +113,9 @@ def check_output_dir(path: str, what: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{what} {path}: the folder {parent} does not exist")
-    if not _writable(parent, tempfile.mkdtemp):
+    if not can_create_in(parent, folder_too=True):
         raise UsageError(f"{what} {path}: cannot write in its folder {parent}")
-    if os.path.isdir(path) and not _writable(path):
+    if os.path.isdir(path) and not can_create_in(path):
         raise UsageError(f"{what} {path}: cannot write there")
 
 

@@ -71,7 +71,7 @@ def _main(argv: list[str] | None) -> int:
         check_cache(args.cmd)
         if not args.cmd:
             build_parser().print_help(sys.stderr)
-            raise UsageError(f"pto: a command is required ({', '.join(COMMANDS)})")
+            raise UsageError(f"a command is required ({', '.join(COMMANDS)})")
         return COMMANDS[args.cmd](args)
     except PTOError as e:
         msg = " ".join(str(e).split("\n"))

@@ -110,7 +110,7 @@ def _add_run(sub, program, helps: bool, more: str) -> None:
 
     s = _program_command(sub, "run", "build and execute a program's task graph", program, helps, more)
     s.add_argument("--backend", default="auto", choices=["auto", *backend_names()],
-                   help="how InCore tasks run (default: auto, triton on a GPU, torch on the CPU)")
+                   help="how InCore tasks run (default: auto, triton on a GPU, c on the CPU)")
     s.add_argument("--executor", default="auto", choices=["auto", *executor_names()],
                    help="how the graph runs (default: auto)")
     s.add_argument("--check", action="store_true", help="compare with an independent torch reference (rel_err)")
@@ -158,7 +158,9 @@ def _add_estimate(sub, program, helps: bool, more: str) -> None:
     """`pto estimate`'s flags."""
     s = _program_command(sub, "estimate", "task counts and runtime memory against sequence length",
                          program, helps, more)
-    s.add_argument("--no-adaptive", action="store_true", help="report the non-adaptive graph only")
+    s.add_argument("--no-adaptive", action="store_true",
+                   help="measure the graph without adaptive tiles (Tiles, Edges, Build, Memory, B/task; Tasks and "
+                   "No-Opt still show both counts)")
     s.add_argument("--json", action="store_true", help="one JSON object on stdout")
     s.add_argument("--plot", metavar="FILE.png", help="draw tasks and memory against length (needs matplotlib)")
 
@@ -175,7 +177,7 @@ def _add_bench(sub, program, helps: bool, more: str) -> None:
     s.add_argument("--executor", default="auto", metavar="NAME[,NAME]",
                    help=f"executors to time, comma-separated (default: auto; from {', '.join(executor_names())})")
     s.add_argument("--compare", default="eager,compile", metavar="LIST",
-                   help="references to time: eager, compile, both or none (default: eager,compile)")
+                   help="references to time, comma-separated: eager, compile, or none (default: eager,compile)")
     s.add_argument("--iterations", type=positive, default=20, metavar="N", help="timed runs (default: 20)")
     s.add_argument("--rounds", type=positive, default=1, metavar="R",
                    help="time every method R times in turn, --iterations runs each time, and report the median of "

@@ -205,6 +205,68 @@ def reporter(desc: str, json_output: bool, unit: str | None = "task"):
         lines.stop()
 
 
+class _UntilOutput:
+    """A text stream that stops the status of the work before it at its first write."""
+
+    def __init__(self, stream, stop):
+        self._stream, self._stop = stream, stop
+
+    def write(self, text: str) -> int:
+        if text:
+            self._stop()
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+#: how often a terminal's status line before the first output is redrawn (seconds)
+STATUS_S = 1.0
+
+
+@contextmanager
+def until_output(desc: str, stream, what: str):
+    """``stream`` (a text file, or None: nothing shown), wrapped so that until its first write
+    the work before it shows on stderr: on a terminal a status line (``pto: DESC: WHAT, 12 s``)
+    redrawn every :data:`STATUS_S` seconds and erased at the first write; else such a line every
+    ``PTO_PROGRESS_S`` seconds. Only on rank 0 of a torchrun launch (the others print nothing)."""
+    tty = sys.stderr.isatty()
+    interval = STATUS_S if tty else line_interval()
+    if stream is None or os.environ.get("RANK", "0") != "0" or interval <= 0:
+        yield stream
+        return
+    done, lock, start = threading.Event(), threading.Lock(), time.monotonic()
+    shown = []
+
+    def loop() -> None:
+        while not done.wait(interval):
+            with lock:
+                if done.is_set():
+                    return
+                msg = f"pto: {desc}: {what}, {human_duration(time.monotonic() - start)}"
+                sys.stderr.write(f"\r{msg}\x1b[K" if tty else f"{msg}\n")
+                sys.stderr.flush()
+                shown.append(True)
+
+    def stop() -> None:
+        if done.is_set():
+            return
+        with lock:
+            done.set()
+            if tty and shown:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+
+    threading.Thread(target=loop, name="pto-status", daemon=True).start()
+    try:
+        yield _UntilOutput(stream, stop)
+    finally:
+        stop()
+
+
 def iterate(items, desc: str, enabled: bool, unit: str = "item"):
     """``items``, with a bar when enabled."""
     if not enabled:
@@ -214,5 +276,5 @@ def iterate(items, desc: str, enabled: bool, unit: str = "item"):
     return tqdm(items, desc=desc, unit=unit, file=sys.stderr, delay=1.0, leave=False, dynamic_ncols=True)
 
 
-__all__ = ["wanted", "bar", "reporter", "ProgressLines", "iterate", "exec_estimate_s", "estimate_run_s",
+__all__ = ["wanted", "bar", "reporter", "ProgressLines", "iterate", "until_output", "exec_estimate_s", "estimate_run_s",
            "long_run_warning", "human_duration", "line_interval", "EXEC_COST", "LONG_RUN_S", "LINE_INTERVAL_S"]

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from pto.errors import PTOError, UsageError
+from pto.paths import can_write
 from pto.viz.sizes import PAD_IN
 
 FORMATS = ("pdf", "svg", "png", "dot")
@@ -50,8 +51,8 @@ def check_output(dump: str | Path, out: str | Path) -> Path:
     parent = out.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise UsageError(f"cannot write {out}: permission denied")
+    if not can_write(out):
+        raise UsageError(f"cannot write {out}: the folder {parent} takes no files there")
     return out
 
 

@@ -73,6 +73,28 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(args, needl
     assert needle in err and ".pto-" not in err, err
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_cache_folder_a_drawing_and_a_plot_that_cannot_be_written_are_one_line(tmp_path):
+    """``PTO_CACHE_DIR`` under /proc, a drawing (``pto graph --draw``, ``pto visualize``) or a
+    plot (``pto estimate --plot``) into /proc: one line each, exit 2, no errno, before the graph
+    is built (they asked os.access, which says yes to root, until an audit found them: errno
+    after the work)."""
+    for args, line in ((["graph", "llama7b", "--draw", "/proc/pto.pdf"],
+                        "cannot write /proc/pto.pdf: the folder /proc takes no files there"),
+                       (["estimate", "llama7b", "--seq", "128", "--plot", "/proc/pto.png"],
+                        "--plot /proc/pto.png: cannot write in folder '/proc'")):
+        r = pto(*args, env={"PTO_PROGRESS_S": "0"})
+        assert r.returncode == 2 and r.stderr == f"pto: error: {line}\n", r.stderr
+    r = pto("run", "softmax", env={"PTO_CACHE_DIR": "/proc/pto-cache"})
+    assert r.returncode == 2 and r.stderr.startswith("pto: error: PTO_CACHE_DIR=/proc/pto-cache: cannot write /proc")
+    assert r.stderr.count("\n") == 1 and "Errno" not in r.stderr, r.stderr
+    dump = tmp_path / "g.txt"
+    assert pto("graph", "softmax", "--dump", str(dump)).returncode == 0
+    r = pto("visualize", str(dump), "/proc/pto.pdf")
+    assert r.returncode == 2
+    assert r.stderr == "pto: error: cannot write /proc/pto.pdf: the folder /proc takes no files there\n", r.stderr
+
+
 @pytest.mark.parametrize("tp", [2, 3])
 def test_generate_with_tp_outside_torchrun_says_so_before_reading_the_model(tmp_path, tp):
     """Issue 43, item 5: the launch is checked before any file is read (``--tp 2`` reported

@@ -5,12 +5,14 @@ tests/cli/test_cli.py.)"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,3 +123,43 @@ def test_a_first_run_on_a_fresh_cache_says_it_compiles(tmp_path):
     compiling = [k for k, line in enumerate(lines) if line.startswith(f"pto: llama7b: {PHASES[0]}: ")]
     assert compiling, lines
     assert not any(": executing: " in line for line in lines[:compiling[-1]]), lines
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_the_status_before_the_first_output_stops_at_it(monkeypatch, tty):
+    """``until_output``: until the wrapped stream's first write, a status on stderr (a line
+    every PTO_PROGRESS_S seconds, or on a terminal one line redrawn, erased at the first write);
+    nothing after it; nothing at all with no stream or on a rank other than 0."""
+    from pto.cli.progress import until_output
+
+    err, out = (_Tty() if tty else io.StringIO()), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setenv("PTO_PROGRESS_S", "0.05")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("pto.cli.progress.STATUS_S", 0.05)
+    ticks = 0.05
+    with until_output("generate", out, "loading") as s:
+        time.sleep(4 * ticks + 0.1)
+        before = err.getvalue()
+        s.write("Paris")
+        time.sleep(3 * ticks)
+        after = err.getvalue()
+    assert out.getvalue() == "Paris"
+    assert before.count("pto: generate: loading, ") >= 3
+    if tty:
+        assert "\n" not in after and before.startswith("\r") and after == before + "\r\x1b[K"
+    else:
+        assert after == before and all(line.startswith("pto: generate: loading, ") for line in after.splitlines())
+    for stream, rank in ((None, "0"), (out, "1")):
+        monkeypatch.setenv("RANK", rank)
+        err.truncate(0)
+        err.seek(0)
+        with until_output("generate", stream, "loading") as s:
+            time.sleep(2 * ticks)
+            assert s is stream
+        assert err.getvalue() == ""

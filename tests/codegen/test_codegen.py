@@ -258,3 +258,37 @@ def test_loop_bounds_are_evaluated_once_and_ifs_work():
     # same-tile chains: each extra call on a tile depends on the previous one
     assert g.edges == sum(0 if i % 2 else 1 for i in range(5))
     g.close()
+
+
+@needs_cc
+def test_the_generated_run_refuses_an_out_it_cannot_or_must_not_write(tmp_path):
+    """``graph --run IN --out OUT`` checks OUT before any work: the input file itself (also
+    through a link) is refused and left as it was, as are a folder and a path it cannot create;
+    one line each, exit 2, nothing run (no ``tasks`` line). A good OUT still runs."""
+    gen = tmp_path / "gen"
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", "softmax", "--out", str(gen), "--seq", "64"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    exe = gen / "graph"
+    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, sorted(gen.glob("*.c"))), "-o",
+                         str(exe), "-lm", "-pthread"], capture_output=True, text=True)
+    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    ins = tmp_path / "in.safetensors"
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "run", "softmax", "--seq", "64", "--save-inputs", str(ins)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    before = ins.read_bytes()
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(ins)
+    missing = tmp_path / "no" / "out.safetensors"
+    for out, says in ((ins, f"--out {ins} is the --run file"), (link, f"--out {link} is the --run file"),
+                      (tmp_path, f"--out {tmp_path} is a folder"), (missing, f"cannot write --out {missing}")):
+        run = subprocess.run([str(exe), "64", "--run", str(ins), "--out", str(out)], capture_output=True, text=True)
+        assert run.returncode == 2 and run.stdout == "", (out, run.stdout)
+        assert run.stderr.startswith(f"graph: {says}") and run.stderr.count("\n") == 1, run.stderr
+        assert ins.read_bytes() == before
+    assert not missing.parent.exists()
+    good = tmp_path / "out.safetensors"
+    run = subprocess.run([str(exe), "64", "--run", str(ins), "--out", str(good)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("tasks ") and good.stat().st_size > 0, run.stderr
+    assert ins.read_bytes() == before

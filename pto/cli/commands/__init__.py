@@ -212,12 +212,15 @@ def _cmd_tune(args) -> int:
 def _cmd_generate(args) -> int:
     """``pto generate``: the request (:class:`pto.generation.GenerateRequest`) to the installed
     text generator (:func:`pto.generation.generator`)."""
+    from pto.cli.progress import until_output
     from pto.generation import GenerateRequest, generator
     from pto.machine import dist
 
     answers = generator()
     try:
-        res = answers.generate(GenerateRequest.of(args), None if args.json else sys.stdout)
+        with until_output("generate", None if args.json else sys.stdout,
+                          "loading the model, compiling its steps (a first run) and reading the prompt") as out:
+            res = answers.generate(GenerateRequest.of(args), out)
         rank = dist.rank()
     finally:
         dist.shutdown()

@@ -12,7 +12,6 @@ docs/ESTIMATE.md gives the formulas and the seed comparison.
 from __future__ import annotations
 
 import numbers
-import os
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pto.data.buffers import tensor_bytes
 from pto.engine import build_module_graph
 from pto.errors import ExecutionError, UsageError
 from pto.machine.target import Target
+from pto.paths import can_write
 from pto.program import Baseline, CountsTasks, Estimation, Program, Settings, Shape
 
 #: graphs up to this many tasks are built for real
@@ -160,8 +160,8 @@ def check_plot_path(path: str) -> None:
     folder = Path(path).parent
     if not folder.is_dir():
         raise UsageError(f"--plot {path}: no folder {str(folder)!r}")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"--plot {path}: folder {str(folder)!r} is not writable")
+    if not can_write(path):
+        raise UsageError(f"--plot {path}: cannot write in folder {str(folder)!r}")
 
 
 def check_values(values: list[int], name: str = "seq") -> list[int]:

@@ -165,7 +165,10 @@ def test_sampling_options_are_checked_before_any_work(tmp_path):
     f = tmp_path / "model.gguf"
     f.write_bytes(b"not read")
     for kw, msg in (({"temperature": -1.0}, "--temperature must be 0"), ({"top_p": 0.5}, "give --temperature"),
-                    ({"temperature": 1.0, "top_p": 1.5}, r"--top-p must be in \(0, 1\]")):
+                    ({"temperature": float("inf")}, "--temperature must be 0 .* got inf"),
+                    ({"temperature": float("nan")}, "--temperature must be 0 .* got nan"),
+                    ({"temperature": 1.0, "top_p": 1.5}, r"--top-p must be in \(0, 1\]"),
+                    ({"top_p": 1.5}, r"--top-p must be in \(0, 1\]")):  # (the range first, then the pairing)
         with pytest.raises(UsageError, match=msg):
             generate(GenerateRequest(gguf=str(f), prompts=("hi",), **kw))
 
