@@ -34,8 +34,13 @@ def _check(req: GenerateRequest) -> None:
     import os
 
     path, prompts = req.path, req.sequences
+    flag = "--gguf" if req.gguf else "--hf"
     if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file or folder")
+        raise UsageError(f"{flag} {path}: no such file or folder")
+    if req.gguf and os.path.isdir(path):
+        raise UsageError(f"--gguf {path}: a folder, not a GGUF file (a Hugging Face folder goes to --hf)")
+    if req.hf and not os.path.isdir(path):
+        raise UsageError(f"--hf {path}: a file, not a Hugging Face folder (a GGUF file goes to --gguf)")
     if not prompts:
         raise UsageError("give --prompt TEXT: the text to continue (repeat it for a batch)")
     if any(not p for p in prompts):

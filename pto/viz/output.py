@@ -32,7 +32,7 @@ def resolve_format(out: str | Path, fmt: str | None) -> str:
         return "dot"
     if suffix not in FORMATS:
         raise UsageError(f"cannot tell the format from {str(out)!r}; use a .pdf/.svg/.png/.dot name "
-                         "or --format")
+                         "(pto visualize also takes --format)")
     return suffix
 
 

@@ -151,8 +151,8 @@ def _cmd_bench(args) -> int:
         from pto.machine.device import cuda_available
 
         if not cuda_available():
-            raise UsageError("pto bench times a GPU and none is visible; --device cpu times the torch backend on "
-                             "the CPU (small configs)")
+            raise UsageError("pto bench times a GPU and none is visible; --device cpu times it on the CPU "
+                             "(small configs)")
     compare = tuple(c for c in args.compare.split(",") if c and c != "none")
     executors = tuple(e for e in args.executor.split(",") if e)
     res = bench(args.program, shapes, executors=executors or ("auto",), compare=compare,

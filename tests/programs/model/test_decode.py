@@ -173,6 +173,23 @@ def test_sampling_options_are_checked_before_any_work(tmp_path):
             generate(GenerateRequest(gguf=str(f), prompts=("hi",), **kw))
 
 
+def test_the_model_path_is_checked_against_its_flag_before_any_work(tmp_path):
+    """``--gguf`` takes a file and ``--hf`` a folder: the other kind, or nothing there, is one
+    line naming the flag and the path (a folder given to --gguf was answered "no tokenizer")."""
+    from pto.orchestration.llm.textgen import run as generate
+
+    from pto.errors import UsageError
+    from pto.generation import GenerateRequest
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"not read")
+    for kw, msg in (({"gguf": str(tmp_path)}, rf"^--gguf {tmp_path}: a folder, not a GGUF file"),
+                    ({"hf": str(f)}, rf"^--hf {f}: a file, not a Hugging Face folder"),
+                    ({"gguf": str(tmp_path / "no.gguf")}, rf"^--gguf {tmp_path / 'no.gguf'}: no such file or folder$")):
+        with pytest.raises(UsageError, match=msg):
+            generate(GenerateRequest(prompts=("hi",), **kw))
+
+
 def test_estimate_counts_the_cache_and_the_bytes_a_step_reads():
     """``pto estimate model``'s KV cache and Read/step columns against the tensors a run makes:
     the cache is k_cache and v_cache; a step reads every weight but the embedding (a row per
