@@ -49,13 +49,13 @@ def test_a_tiling_that_divides_nothing_matches_the_reference(monkeypatch, wt, lm
 
 @pytest.mark.parametrize("batch,fields", [(1, dict(qkv_bn=8, qkv_bk=32, o_bn=2, o_bk=16, rope_bh=4)),
                                           (1, dict(qkv_bn=2, o_bn=16, rope_in_qkv=False)),
-                                          (2, dict(qkv_bn=8, qkv_bk=16, o_bn=2, o_bk=32, dot_bn=8))])
+                                          (16, dict(qkv_bn=8, qkv_bk=16, o_bn=2, o_bk=32, dot_bn=8))])
 def test_projections_with_tiles_of_their_own_match_the_reference(monkeypatch, batch, fields):
     """One sequence: the q, k, v projection (fused with RoPE or not) and the o projection in
     blocks and K steps of their own (the o projection then a function of its own beside the down
-    projection's), on the torch backend, give the reference's logits and tokens; from 2
-    sequences on (tensor-core tiles of 16 rows) the projections share the dot path's tiles
-    (``dot_bn``, ``dot_bk``)."""
+    projection's), on the torch backend, give the reference's logits and tokens; at 16
+    sequences (tensor-core tiles of 16 rows, which a GPU pads 2 to 15 sequences to) the
+    projections share the dot path's tiles (``dot_bn``, ``dot_bk``)."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -73,16 +73,19 @@ def test_projections_with_tiles_of_their_own_match_the_reference(monkeypatch, ba
 
 @pytest.mark.interpret
 @pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
-@pytest.mark.parametrize("executor,wt", [("waves", False), ("persistent", False), ("waves", True)])
-def test_one_step_on_triton(executor, wt, monkeypatch):
+@pytest.mark.parametrize("executor,wt,batch", [("waves", False, 2), ("persistent", False, 2), ("waves", True, 2),
+                                               ("waves", False, 16)])
+def test_one_step_on_triton(executor, wt, batch, monkeypatch):
     """The step's kernels under the Triton interpreter (load_scalar, rowargmax, rowtakemax, the
-    ring's p mod C, a dynamic loop bound), both executors; the output-major GEMVs (``wt``)."""
+    ring's p mod C, a dynamic loop bound), both executors; the output-major GEMVs (``wt``); 16
+    sequences, the dot path's tiles (a CPU target pads no fewer rows to them: 2 sequences run
+    the GEMVs of 2 rows)."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
 
     monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, wt=wt, lm_wt=wt))
-    res = run("model", config="tiny", cache=64, batch=2, device="cpu", backend="triton", executor=executor,
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", backend="triton", executor=executor,
               check=True, seed=3)
     assert res["rel_err"] <= 1e-5, res
 
