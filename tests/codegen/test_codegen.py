@@ -76,6 +76,19 @@ def test_codegen_dir_builds_warning_free_and_counts_match(name, tmp_path):
         assert (tmp_path / "d.txt").read_text().startswith("PTO-TASKGRAPH 1")
 
 
+def _compiled(name: str, gen, options=(), size=()):
+    """``pto codegen NAME --out GEN`` built with ``cc -Wall -Wextra -Werror`` (no warning):
+    the program's path."""
+    r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", name, "--out", str(gen), *options, *size],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    exe = gen / "graph"
+    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, sorted(gen.glob("*.c"))), "-o",
+                         str(exe), "-lm", "-pthread"], capture_output=True, text=True)
+    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    return exe
+
+
 @pytest.mark.slow
 @needs_cc
 @pytest.mark.parametrize("name,options,seq", [("softmax", [], 333), ("llama7b", ["--attention", "split"], 150),
@@ -89,13 +102,7 @@ def test_codegen_dir_runs_the_graph_on_data_from_a_file(name, options, seq, tmp_
     gen = tmp_path / "gen"
     size = [] if seq is None else ["--seq", str(seq)]
     shape = [str(seq)] if seq is not None else [str(v) for _, v in get(name).shape().values]
-    r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", name, "--out", str(gen), *options, *size],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    exe = gen / "graph"
-    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, sorted(gen.glob("*.c"))), "-o",
-                         str(exe), "-lm", "-pthread"], capture_output=True, text=True)
-    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    exe = _compiled(name, gen, options, size)
     ins, ref, out = tmp_path / "in.safetensors", tmp_path / "ref.safetensors", tmp_path / "out.safetensors"
     r = subprocess.run([sys.executable, "-m", "pto.cli", "run", name, *options, *size, "--backend", "torch",
                         "--save-inputs", str(ins), "--save", str(ref)], capture_output=True, text=True)
@@ -265,14 +272,7 @@ def test_the_generated_run_refuses_an_out_it_cannot_or_must_not_write(tmp_path):
     """``graph --run IN --out OUT`` checks OUT before any work: the input file itself (also
     through a link) is refused and left as it was, as are a folder and a path it cannot create;
     one line each, exit 2, nothing run (no ``tasks`` line). A good OUT still runs."""
-    gen = tmp_path / "gen"
-    r = subprocess.run([sys.executable, "-m", "pto.cli", "codegen", "softmax", "--out", str(gen), "--seq", "64"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    exe = gen / "graph"
-    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, sorted(gen.glob("*.c"))), "-o",
-                         str(exe), "-lm", "-pthread"], capture_output=True, text=True)
-    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    exe = _compiled("softmax", tmp_path / "gen", size=("--seq", "64"))
     ins = tmp_path / "in.safetensors"
     r = subprocess.run([sys.executable, "-m", "pto.cli", "run", "softmax", "--seq", "64", "--save-inputs", str(ins)],
                        capture_output=True, text=True)

@@ -168,9 +168,10 @@ def test_a_prefix_read_keeps_one_counter_past_the_fanout_bound(n):
         assert (waits == n).all() and len(set(c.counter[reader].tolist())) == 1
 
 
-def _adversarial_order(plan, counters) -> np.ndarray:
+def _adversarial_order(plan, counters, rng: np.random.Generator | None = None) -> np.ndarray:
     """A topological order of the items under their data dependencies that takes, of the items
-    ready, the one latest in the queue (consumers as soon as they may run)."""
+    ready, the one latest in the queue (consumers as soon as they may run), or with ``rng`` a
+    random one."""
     preds = item_predecessors(plan, counters)
     succs = [[] for _ in range(plan.n_items)]
     for i, p in enumerate(preds):
@@ -181,14 +182,29 @@ def _adversarial_order(plan, counters) -> np.ndarray:
     heapq.heapify(ready)
     out = []
     while ready:
-        j = -heapq.heappop(ready)
+        j = -(heapq.heappop(ready) if rng is None else ready.pop(int(rng.integers(len(ready)))))
         out.append(j)
         for i in succs[j]:
             left[i] -= 1
             if left[i] == 0:
-                heapq.heappush(ready, -i)
+                if rng is None:
+                    heapq.heappush(ready, -i)
+                else:
+                    ready.append(-i)
     assert len(out) == plan.n_items
     return np.array(out)
+
+
+def _run_in_order(ex, kernel, order: np.ndarray, inputs: dict, want: dict) -> None:
+    """The persistent executor's kernel's plan run in ``order`` on ``inputs``: no wait gives up
+    and the outputs are ``want``, bit for bit."""
+    reordered = ex.backend.megakernel(kernel.plan.reordered(order), ex.tensors, kernel.settings)
+    for name, value in inputs.items():
+        ex.tensors[name].copy_(value)
+    reordered.launch()
+    assert reordered.gave_up() is None
+    for k in want:
+        assert torch.equal(ex.tensors[k], want[k]), k
 
 
 CASES = [("model", None, {"config": "tiny"}, {"batch": 2, "cache": 128}),
@@ -242,13 +258,7 @@ def test_an_order_only_data_dependencies_allow_gives_the_waves_results(program, 
         np.maximum.at(last, task, position)
         early = [(p, s) for p, s in zip(plan.edge_sources.tolist(), plan.succ.tolist()) if first[s] < last[p]]
         assert early, "the order keeps every task dependency: it checks nothing"
-        reordered = ex.backend.megakernel(plan.reordered(order), ex.tensors, kernel.settings)
-        for name, value in inputs.items():
-            ex.tensors[name].copy_(value)
-        reordered.launch()
-        assert reordered.gave_up() is None
-        for k in want:
-            assert torch.equal(ex.tensors[k], want[k]), k
+        _run_in_order(ex, kernel, order, inputs, want)
     finally:
         rp.close()
 
@@ -472,27 +482,7 @@ def test_random_programs_in_orders_only_data_dependencies_allow_give_the_waves_r
     assert torch.equal(tensors["y"], want["y"])
     (kernel,) = ex.kernels
     plan = kernel.plan
-    rng = np.random.default_rng(seed)
-    preds = item_predecessors(plan, kernel.counters)
-    shuffled = []  # a random topological order: of the ready items, a random one
-    left, ready = [len(p) for p in preds], [i for i, p in enumerate(preds) if not p]
-    succs = [[] for _ in preds]
-    for i, p in enumerate(preds):
-        for j in p:
-            succs[j].append(i)
-    while ready:
-        j = ready.pop(int(rng.integers(len(ready))))
-        shuffled.append(j)
-        for i in succs[j]:
-            left[i] -= 1
-            if left[i] == 0:
-                ready.append(i)
-    for order in (_adversarial_order(plan, kernel.counters), np.array(shuffled)):
+    shuffled = _adversarial_order(plan, kernel.counters, np.random.default_rng(seed))
+    for order in (_adversarial_order(plan, kernel.counters), shuffled):
         assert sorted(order.tolist()) == list(range(plan.n_items))
-        reordered = ex.backend.megakernel(plan.reordered(order), ex.tensors, kernel.settings)
-        for name, value in x.items():
-            ex.tensors[name].copy_(value)
-        reordered.launch()
-        assert reordered.gave_up() is None
-        for k in want:
-            assert torch.equal(ex.tensors[k], want[k]), k
+        _run_in_order(ex, kernel, order, x, want)
