@@ -401,16 +401,30 @@ def main(argv=None) -> int:
         if "transformers" in r:
             cols.append(f"transformers {r['transformers']['ms']} ms")
         print("; ".join(cols))
-        for k, v in r.items():  # where a persistent step's latency goes (pto.exec.trace.traced_critical_path)
-            cp = v.get("report", {}).get("critical_path_us") if isinstance(v, dict) else None
-            if cp:
-                print(f"    {k}: critical path {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
-                      f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
-            ip = v.get("report", {}).get("item_path_us") if isinstance(v, dict) else None
-            if ip:
-                print(f"    {k}: item path {ip['items']} items, {ip['total']} us = wait {ip['wait']} + dispatch "
-                      f"{ip['dispatch']} + item {ip['item']} + between launches {ip['launch']}")
+        for k, v in r.items():  # where a persistent step's latency goes
+            if isinstance(v, dict):
+                print("\n".join(path_lines(v.get("report", {}), f"    {k}: ")))
     return 0
+
+
+def path_lines(report: dict, prefix: str = "    ", functions: int = 0) -> list[str]:
+    """A persistent run's critical path and item path (``report``'s ``critical_path_us``, task
+    by task, and ``item_path_us``, item by item: :mod:`pto.exec.trace`) as lines of text, each
+    followed by its first ``functions`` InCore functions' shares."""
+    lines = []
+    cp, ip = report.get("critical_path_us"), report.get("item_path_us")
+    if cp:
+        lines.append(f"{prefix}critical path: {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
+                     f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
+        lines += [f"{prefix}  {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}"
+                  f"  items {v.get('items', '')} rounds {v.get('rounds', '')}"
+                  for f, v in list(cp["by_function"].items())[:functions]]
+    if ip:
+        lines.append(f"{prefix}item path: {ip['items']} items, {ip['total']} us = wait {ip['wait']} + dispatch "
+                     f"{ip['dispatch']} + item {ip['item']} + between launches {ip['launch']}")
+        lines += [f"{prefix}  {f[:48]:48s} x{v['items']:<4d} wait {v['wait']} dispatch {v['dispatch']} "
+                  f"item {v['item']}" for f, v in list(ip["by_function"].items())[:functions]]
+    return lines
 
 
 def quantized_spec(base, spec: str, g: torch.Generator):

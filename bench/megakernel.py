@@ -48,7 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import copy_bandwidth, floor_ms, ours, parse_tiling, write_rows  # noqa: E402
+from decode import copy_bandwidth, floor_ms, ours, parse_tiling, path_lines, write_rows  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
@@ -154,20 +154,7 @@ def table_lines(r: dict) -> str:
     rep = r.get("report", {})
     lines = [f"{r['config']:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
              f"items {rep.get('items', '')} gap {rep.get('item_gap_us', '')} wait {rep.get('dependency_wait_us', '')}"]
-    cp = rep.get("critical_path_us")
-    if cp:
-        lines.append(f"    critical path: {cp['tasks']} tasks, {cp['total']} us = wait {cp['wait']} + item "
-                     f"{cp['item']} + spread {cp['spread']} + between launches {cp['launch']}")
-        for f, v in list(cp["by_function"].items())[:8]:
-            lines.append(f"      {f[:48]:48s} x{v['tasks']:<4d} wait {v['wait']} item {v['item']} spread {v['spread']}"
-                         f"  items {v.get('items', '')} rounds {v.get('rounds', '')}")
-    ip = rep.get("item_path_us")
-    if ip:
-        lines.append(f"    item path: {ip['items']} items, {ip['total']} us = wait {ip['wait']} + dispatch "
-                     f"{ip['dispatch']} + item {ip['item']} + between launches {ip['launch']}")
-        for f, v in list(ip["by_function"].items())[:8]:
-            lines.append(f"      {f[:48]:48s} x{v['items']:<4d} wait {v['wait']} dispatch {v['dispatch']} "
-                         f"item {v['item']}")
+    lines += path_lines(rep, functions=8)
     segments = rep.get("segments", [rep] if "regs" in rep else [])
     if "split" in rep:
         lines.append(f"    split: {rep['split']}")
