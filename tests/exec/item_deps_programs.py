@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pto import InCore, Orchestration, f32
+from tests.exec.split_programs import axpy
 
 N, COLS, HALF = 16, 8, 4  # rows and columns of every tensor, half the columns
 TENSORS = ("a", "b", "c", "d", "y")  # a the input; the others written first (copied from a)
@@ -131,19 +132,6 @@ def _gemv(p: int):
     return k.build()
 
 
-def _axpy():
-    """``y += x / 2`` over two rows, one item (y read and written)."""
-    k = InCore("axpy_rows")
-    x, y = k.memref("x", f32), k.memref("y", f32)
-    t, u = k.tile("t", 2, COLS, f32), k.tile("u", 2, COLS, f32)
-    k.load(t, x, 0, 0)
-    k.load(u, y, 0, 0)
-    k.muls(t, t, 0.5)
-    k.add(u, u, t)
-    k.store(y, 0, 0, u)
-    return k.build()
-
-
 @dataclass(frozen=True)
 class Kind:
     """A function and what its items touch: ``shape`` the rows and columns of each memref's
@@ -184,7 +172,7 @@ def _kinds() -> list[Kind]:
                         lambda h: {"x": ([(range(1), all_cols)], []),
                                    "w": ([(range(COLS), range(2 * h, 2 * h + 2))], []),
                                    "y": ([], [(range(1), range(2 * h, 2 * h + 2))])}))
-    out.append(Kind(_axpy(), 1, {"x": (2, COLS), "y": (2, COLS)},
+    out.append(Kind(axpy(2, COLS, "axpy_rows"), 1, {"x": (2, COLS), "y": (2, COLS)},
                     lambda h: {"x": ([(range(2), all_cols)], []),
                                "y": ([(range(2), all_cols)], [(range(2), all_cols)])}))
     return out

@@ -27,11 +27,11 @@ def _copy():
     return k.build()
 
 
-def _axpy():
-    """``y += x / 2`` (y read and written), one item."""
-    k = InCore("axpy_block")
+def axpy(rows: int = ROWS, cols: int = COLS, name: str = "axpy_block"):
+    """``y += x / 2`` over ``rows`` x ``cols`` (y read and written), one item."""
+    k = InCore(name)
     x, y = k.memref("x", f32), k.memref("y", f32)
-    t, u = k.tile("t", ROWS, COLS, f32), k.tile("u", ROWS, COLS, f32)
+    t, u = k.tile("t", rows, cols, f32), k.tile("u", rows, cols, f32)
     k.load(t, x, 0, 0)
     k.load(u, y, 0, 0)
     k.muls(t, t, 0.5)
@@ -67,7 +67,7 @@ def _negate():
     return k.build()
 
 
-COPY, AXPY, MIX, NEGATE = _copy(), _axpy(), _mix(), _negate()
+COPY, AXPY, MIX, NEGATE = _copy(), axpy(), _mix(), _negate()
 
 
 def random_module(seed: int, calls: int = 40):
