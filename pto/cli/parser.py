@@ -71,8 +71,12 @@ def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
 
 def build_parser(program=None, helps: bool = True) -> argparse.ArgumentParser:
     """The parser; with ``program`` the program commands also take its options."""
+    from pto.version import installed_version
+
     p = _Parser(prog="pto", description="PTO task-graph runtime and orchestration code generator",
                 add_help=helps)
+    p.add_argument("--version", action="version", version=f"pto {installed_version()}",
+                   help="print pto's version and exit")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     more = "; `pto COMMAND PROGRAM --help` lists the program's own options"
     _add_info(sub, program, helps, more)

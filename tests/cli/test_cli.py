@@ -135,6 +135,26 @@ def test_help_lists_programs_targets_and_every_option():
                 assert action.help, f"pto {cmd}: {action.option_strings or action.dest} has no help"
 
 
+def test_version():
+    """``pto --version``: the installed distribution's version, else the package's own (a checkout
+    run without installing it); pyproject.toml and pto/version.py say the same."""
+    import re
+    from pathlib import Path
+
+    from pto.version import __version__, installed_version
+
+    r = pto("--version")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == f"pto {installed_version()}\n"
+    root = Path(__file__).resolve().parents[2]
+    bare = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(root)!r}); "
+                           "from pto.version import installed_version; print(installed_version())"],
+                          capture_output=True, text=True, timeout=60)  # no site-packages: nothing installed
+    assert bare.stdout == f"{__version__}\n", bare.stderr
+    pyproject = (root / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"$', pyproject, re.M).group(1) == __version__
+
+
 @pytest.mark.slow
 def test_info():
     r = pto("info", "--json")
