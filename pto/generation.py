@@ -68,7 +68,8 @@ class GenerateRequest:
                                  choices=("fp8", "q8_0", "q4_0"))
     temperature: float = _flag(0.0, "0: greedy (the default); above 0: sample from softmax(logits / T)",
                                kind="float", metavar="T")
-    top_k: int | None = _flag(None, "sample among the K most likely tokens", kind="positive", metavar="K")
+    top_k: int | None = _flag(None, "sample among the K most likely tokens (K at or above the vocabulary's size: "
+                              "among all, as without it)", kind="positive", metavar="K")
     top_p: float | None = _flag(None, "sample among the fewest tokens whose probability reaches P (nucleus)",
                                 kind="float", metavar="P")
     seed: int = _flag(0, "the sampling generator's seed (default: %(default)s)", kind="int")

@@ -14,8 +14,9 @@ from pto.errors import UsageError
 
 class Sampler:
     """``temperature`` 0 (the default): greedy; above 0: sample from ``softmax(logits /
-    temperature)`` restricted by ``top_k`` (None: no limit) and ``top_p`` (None or 1: no limit),
-    drawing from a generator seeded with ``seed``."""
+    temperature)`` restricted by ``top_k`` (None, or the vocabulary's size or more: no limit, as
+    transformers clamps it) and ``top_p`` (None or 1: no limit), drawing from a generator seeded
+    with ``seed``."""
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  seed: int = 0):

@@ -44,6 +44,18 @@ def test_dequantize_gives_the_same_text_from_float_weights(smollm):
 
 
 @pytest.mark.slow
+def test_top_k_above_the_vocabulary_samples_among_all(smollm):
+    """``--top-k`` above SmolLM2's 49,152 ids: accepted (as transformers clamps it), the draws of
+    no --top-k, with the same seed."""
+    args = ["--gguf", str(smollm), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--device", "cpu",
+            "--temperature", "1.5", "--seed", "7", "--json"]
+    runs = [_pto(*args, *extra) for extra in ((), ("--top-k", "1000000"))]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    plain, clamped = (json.loads(r.stdout) for r in runs)
+    assert clamped["tokens"] == plain["tokens"] and len(plain["tokens"][0]) == 4
+
+
+@pytest.mark.slow
 def test_a_prompt_that_outgrows_the_context_is_one_line(smollm):
     r = _pto("--gguf", str(smollm), "--prompt", "hello", "--max-new-tokens", "9000", "--device", "cpu")
     lines = r.stderr.strip().splitlines()

@@ -196,6 +196,9 @@ def test_sampler():
     picks = torch.stack([s(logits) for _ in range(200)])
     assert all(bool((top5[b] == picks[:, b, None]).any(-1).all()) for b in range(3))
     assert len(set(picks[:, 0].tolist())) > 1
+    for k in (50, 10**9):  # the vocabulary's size or more: every token, the draws of no top-k (no error)
+        assert torch.equal(Sampler(1.0, top_k=k).probabilities(logits), Sampler(1.0).probabilities(logits))
+        assert torch.equal(Sampler(1.0, top_k=k, seed=4)(logits), Sampler(1.0, seed=4)(logits))
     p = Sampler(temperature=1.0, top_p=0.5).probabilities(logits)
     order = logits.softmax(-1).sort(-1, descending=True)
     for b in range(3):  # the nucleus: the most likely tokens until their mass reaches 0.5
