@@ -75,8 +75,8 @@ class GenerateRequest:
     seed: int = _flag(0, "the sampling generator's seed (default: %(default)s)", kind="int")
     tp: int = _flag(1, "tensor-parallel ranks, one process each: torchrun --nproc-per-node N (default: %(default)s)",
                     kind="positive", metavar="N")
-    allreduce_dtype: str = _flag("storage", "with --tp N: the dtype the ranks' partial sums are summed in (default: "
-                                 "%(default)s)", choices=("storage", "f32"))
+    allreduce_dtype: str | None = _flag(None, "with --tp N: the dtype the ranks' partial sums are summed in "
+                                        "(default: storage)", choices=("storage", "f32"))
 
     @classmethod
     def of(cls, values: Any) -> GenerateRequest:

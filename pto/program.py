@@ -53,13 +53,16 @@ class Option:
 
     A ``bool`` default makes a pair of flags, ``--name`` and ``--no-name`` (giving both is an
     error); otherwise ``--name VALUE``, checked against ``choices`` when given. Underscores in
-    ``name`` become dashes in the flag.
+    ``name`` become dashes in the flag. ``tp_only``: it acts across tensor-parallel ranks alone
+    (the dtype of their sums), so the command line refuses it without ``--tp N`` above 1, where
+    it would be ignored.
     """
 
     name: str
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    tp_only: bool = False
 
     @property
     def flag(self) -> str:

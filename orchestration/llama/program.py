@@ -98,7 +98,7 @@ class LlamaProgram(Program):
         Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced in: "
                "the storage dtype (half the bytes of f32 in bf16, as Megatron: faster on two H100s, the same error) "
                "or f32",
-               choices=("storage", "f32")),
+               choices=("storage", "f32"), tp_only=True),
     )
     shape_params = (ShapeParam("seq", 128, "tokens (rows of x)"),)
     outputs = ("y",)

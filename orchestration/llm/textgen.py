@@ -47,6 +47,9 @@ def _check(req: GenerateRequest) -> None:
         raise UsageError("--prompt: every prompt needs some text")
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
+    if req.allreduce_dtype is not None and req.tp == 1:
+        raise UsageError(f"--allreduce-dtype {req.allreduce_dtype} applies to tensor parallelism, with --tp N above "
+                         "1; one rank would ignore it")
     _sampler(req)  # its values checked before any work
 
 
@@ -112,7 +115,8 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     if longest > weights.config.max_positions and not weights.config.layer.window:
         raise UsageError(f"the prompt ({max(map(len, prompts))} tokens) and --max-new-tokens {req.max_new_tokens} "
                          f"exceed the model's context of {weights.config.max_positions} tokens")
-    gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp, allreduce_dtype=req.allreduce_dtype)
+    gen = Generator(weights, device, dtype, executor=req.executor, tp=req.tp,
+                    allreduce_dtype=req.allreduce_dtype or "storage")
     decoders = [tok.stream() for _ in prompts]
     texts = [""] * len(prompts)
     if stream is not None and len(prompts) > 1:  # the others follow, each under its own label

@@ -199,10 +199,10 @@ class ModelProgram(Program):
                       "weights also q4_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
                       choices=("auto", "none", *RANDOM_TYPES)),
                Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
-                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32")),
+                      "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32"), tp_only=True),
                Option("lm_head", "parallel", "with --tp N: the LM head split by vocabulary (each rank its share's "
                       "logits, the argmax combined over the ranks) or replicated on every rank",
-                      choices=("parallel", "replicated")),
+                      choices=("parallel", "replicated"), tp_only=True),
                Option("tiles", "auto", "the projections' tiles: the executor's own (auto), the launches' (waves) or "
                       "the megakernel's (persistent: wider blocks, items of one round over the GPU's programs)",
                       choices=("auto", *TILES)))

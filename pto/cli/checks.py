@@ -138,6 +138,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_file(args.json, "--json")
 
 
+def check_tp_options(args: argparse.Namespace, program) -> None:
+    """A program's option that acts across tensor-parallel ranks alone (``Option.tp_only``: the
+    dtype of their sums, the LM head's split) given without ``--tp N`` above 1 would be ignored:
+    one line naming both flags."""
+    tp = getattr(args, "tp", None)
+    for o in program.options if program is not None and (tp or 1) == 1 else ():
+        value = getattr(args, o.name, None)
+        if o.tp_only and value is not None:
+            why = "" if tp is not None else f", which pto {args.cmd} does not take"
+            raise UsageError(f"{o.flag} {value} applies to tensor parallelism, with --tp N above 1{why}; "
+                             f"one rank would ignore it")
+
+
 def check_cache(cmd: str | None) -> None:
     """A command that builds graphs needs a usable cache folder: a bad ``PTO_CACHE_DIR`` is one
     line naming it, before any work."""
@@ -189,4 +202,4 @@ def _commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
 
 
 __all__ = ["INT32_MAX", "value_list", "value_list_of", "positive", "seed", "page", "check_output_file",
-           "check_distinct", "check_output_dir", "check_outputs", "check_cache", "unrecognized"]
+           "check_distinct", "check_output_dir", "check_outputs", "check_tp_options", "check_cache", "unrecognized"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pto.cli.checks import check_outputs, page, positive, seed, unrecognized, value_list_of
+from pto.cli.checks import check_outputs, check_tp_options, page, positive, seed, unrecognized, value_list_of
 from pto.errors import UsageError
 
 PROGRAM_COMMANDS = ("run", "graph", "codegen", "estimate", "bench", "tune")
@@ -270,4 +270,5 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args, extra = parser.parse_known_args(argv)
     if extra:
         raise UsageError(unrecognized(extra, parser, args.cmd, program))
+    check_tp_options(args, program)
     return args

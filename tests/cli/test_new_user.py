@@ -125,3 +125,26 @@ def test_persistent_on_the_cpu_says_it_needs_a_gpu():
     assert "--backend torch" not in err
     err = one_line_error(pto("run", "softmax", "--executor", "persistent", "--backend", "torch"))
     assert "--backend torch needs --executor waves" in err
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["run", "llama7b", "--allreduce-dtype", "f32"], "--allreduce-dtype f32"),
+    (["graph", "llama", "--tp", "1", "--allreduce-dtype", "storage"], "--allreduce-dtype storage"),
+    (["estimate", "model", "--cache", "64", "--lm-head", "replicated"], "--lm-head replicated"),
+    (["codegen", "model", "--out", "{tmp}/gen", "--allreduce-dtype", "f32"], "--allreduce-dtype f32"),
+    (["bench", "llama7b", "--seq", "64", "--allreduce-dtype", "f32"], "--allreduce-dtype f32"),
+    (["tune", "llama7b", "--show", "--allreduce-dtype", "f32"], "--allreduce-dtype f32"),
+    (["generate", "--gguf", "{tmp}/model.gguf", "--prompt", "hi", "--allreduce-dtype", "f32"], "--allreduce-dtype f32"),
+])
+def test_an_option_of_the_ranks_sums_without_tp_is_refused(tmp_path, capsys, args, flag):
+    """Options that act across tensor-parallel ranks alone, given without --tp N above 1, were
+    ignored: one line naming both flags, before any work (the model file is not even read)."""
+    from pto.cli.main import main
+
+    (tmp_path / "model.gguf").write_bytes(b"not read")
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pto: error: {flag} applies to tensor parallelism, with --tp N above 1") and \
+        err.count("\n") == 1, err
+    assert ("which pto " in err) == (args[0] in ("bench", "tune")), err
+    assert not (tmp_path / "gen").exists()
