@@ -160,21 +160,31 @@ def sequence_label(i: int) -> str:
     return f"--- sequence {i}:\n"
 
 
-def _rate(x: float) -> str:
-    """Three significant digits below 100 (0.4 tokens/s on a CPU printed as 0), whole numbers above."""
+def _figure(x: float) -> str:
+    """Three significant digits below 100 (0.4 tokens/s on a CPU printed as 0, a 40 us prefill as
+    0 ms), whole numbers above."""
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _prompt(res: dict) -> str:
+    """The prompt's part of the speed line: its tokens and the prefill's time, or, where every
+    prompt is one token (the first step reads it: nothing is prefilled), no time at all."""
+    n = sum(res["prompt_tokens"])
+    if n == len(res["prompt_tokens"]):
+        return f"prompt {n} token{'s' if n > 1 else ''}, read by the first step (no prefill)"
+    return f"prompt {n} tokens in {_figure(res['prefill_ms'])} ms"
 
 
 def format_speed(res: dict) -> str:
     """The line ``pto generate`` prints after the text."""
     ms = res["ms_per_token"]
     # the rate from the milliseconds: the JSON's tokens_per_s is rounded to 0.1
-    per = f"{ms:.3f} ms per token ({_rate(len(res['tokens']) * 1e3 / ms)} tokens/s)" if ms else "no decode step"
+    per = f"{ms:.3f} ms per token ({_figure(len(res['tokens']) * 1e3 / ms)} tokens/s)" if ms else "no decode step"
     w = res.get("weights")
     types = ", ".join(sorted(set(w["types"].values()))) if w and w["types"] else res["dtype"]
     weights = "" if w is None else (f"; weights {w['resident_bytes'] / 1e6:,.1f} MB ({types}), "
                                     f"{w['step_read_bytes'] / 1e6:,.1f} MB read a step")
-    return (f"prompt {sum(res['prompt_tokens'])} tokens in {res['prefill_ms']:.0f} ms; decode {per}, "
+    return (f"{_prompt(res)}; decode {per}, "
             f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']}){weights}")
 

@@ -27,10 +27,17 @@ def test_streamed_text_json_and_speed_line(smollm):
     assert text.stdout.strip() == res["texts"][0].strip() and res["texts"][0].strip()
     assert 1 <= len(res["tokens"][0]) <= 8
     speed = text.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"prompt \d+ tokens in \d+ ms; decode [\d.]+ ms per token \([\d.]+ tokens/s\), \d+ steps of "
-                        r"\d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\); weights 98\.3 MB \(q4_1, q8_0\), "
-                        r"98\.3 MB read a step", speed), speed
+    assert re.fullmatch(r"prompt \d+ tokens in [\d.,]+ ms; decode [\d.]+ ms per token \([\d.]+ tokens/s\), "
+                        r"\d+ steps of \d+ tasks \(\w+ executor, cpu, f32, batch 1, cache \d+\); weights 98\.3 MB "
+                        r"\(q4_1, q8_0\), 98\.3 MB read a step", speed), speed
     assert res["weights"]["types"]["wd"] == "q4_1" and res["weights"]["resident_bytes"] == 98272512
+
+
+@pytest.mark.slow
+def test_a_one_token_prompt_reports_no_prefill_time(smollm):
+    r = _pto("--gguf", str(smollm), "--prompt", "Hi", "--max-new-tokens", "2", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("prompt 1 token, read by the first step (no prefill); decode ")
 
 
 @pytest.mark.slow
@@ -94,20 +101,37 @@ def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
         "ranks\n", r.stderr
 
 
+def _speed_line(prompts: list[int], prefill_ms: float = 30.0, step_ms: float = 8.0) -> str:
+    """``pto generate``'s speed line for prompts of these lengths (a sequence each)."""
+    from pto.orchestration.llm.generate import Generation
+    from pto.orchestration.llm.textgen import format_speed
+
+    gen = Generation(tokens=[[5, 6, 7]] * len(prompts), prompt_tokens=prompts, prefill_ms=prefill_ms,
+                     decode_ms=[step_ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
+    return format_speed({**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"})
+
+
 @pytest.mark.parametrize("ms,sequences", [(2500.0, 1), (25000.0, 1), (8.0, 2), (0.9, 4)])
 def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
     """Issue 43, item 8: a CPU's 0.4 tokens/s was printed "(0 tokens/s)"; the rate comes from the
     step's milliseconds (the JSON's tokens_per_s is rounded to 0.1: 0.04 reads 0.0 there)."""
-    from pto.orchestration.llm.generate import Generation
-    from pto.orchestration.llm.textgen import format_speed
-
-    gen = Generation(tokens=[[5, 6, 7]] * sequences, prompt_tokens=[4] * sequences, prefill_ms=30.0,
-                     decode_ms=[ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
-    res = {**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"}
     rate = sequences * 1e3 / ms
-    shown = re.search(r"\(([\d.,]+) tokens/s\)", format_speed(res)).group(1)
+    shown = re.search(r"\(([\d.,]+) tokens/s\)", _speed_line([4] * sequences, step_ms=ms)).group(1)
     assert float(shown.replace(",", "")) == pytest.approx(rate, rel=5e-3), (shown, rate)
     assert float(shown.replace(",", "")) > 0
+
+
+@pytest.mark.parametrize("prompts,prefill_ms,shown", [
+    ([1], 0.13, "prompt 1 token, read by the first step (no prefill); "),
+    ([1, 1], 0.2, "prompt 2 tokens, read by the first step (no prefill); "),
+    ([2], 0.412, "prompt 2 tokens in 0.412 ms; "),
+    ([5, 1], 45.67, "prompt 6 tokens in 45.7 ms; "),
+    ([300], 1234.5, "prompt 300 tokens in 1,234 ms; "),
+])
+def test_the_speed_line_gives_the_prompts_time_where_there_is_one(prompts, prefill_ms, shown):
+    """A one-token prompt has nothing to prefill (the first step reads its token): it was "in 0
+    ms"; a short prefill keeps three digits."""
+    assert _speed_line(prompts, prefill_ms).startswith(shown)
 
 
 @pytest.mark.slow
