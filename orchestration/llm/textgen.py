@@ -23,6 +23,7 @@ bytes a step reads of them.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TextIO
 
 from pto.errors import UsageError
@@ -74,6 +75,7 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     from pto.orchestration.llm.generate import Generator
     from pto.orchestration.llm.tokenizer import load_tokenizer
     from pto.orchestration.model.checkpoint import load_weights
+    from pto.orchestration.model.gguf_file import given_as, is_gguf
     from pto.orchestration.model.quantized import KeepFileTypes, WeightTypes, quantize_weights, weight_bytes
 
     from pto.ir.dtypes import dtype_of
@@ -82,12 +84,17 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     from pto.program import default_dtype
 
     _check(req)
+    model = partial(given_as, "--gguf" if req.gguf else "--hf", req.path)  # its errors name the flag
     dist.check_launch(req.tp, "generate")  # started by torchrun as --tp says, before any file is read
+    if req.gguf and not is_gguf(req.gguf):  # (the readers take a folder too: "neither ... nor")
+        raise UsageError(f"--gguf {req.gguf}: not a GGUF file (it does not begin with GGUF's magic bytes)")
     if req.tp > 1:  # the heads must divide among the ranks: one line before any launch or load
         from pto.orchestration.model.config import load_config
 
         try:
-            load_config(req.path).shard(req.tp)
+            with model():
+                cfg = load_config(req.path)
+            cfg.shard(req.tp)
         except ValueError as e:
             raise UsageError(f"--tp {req.tp}: {e}") from None
     device = resolve_device(req.device)
@@ -96,14 +103,16 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     collectives.check()  # PTO_COLLECTIVES and its limits, before any file is read
     dtype = default_dtype(device) if req.dtype == "auto" else dtype_of(req.dtype)
     t0 = time.perf_counter()
-    tok = load_tokenizer(req.path)
+    with model():
+        tok = load_tokenizer(req.path)
     t1 = time.perf_counter()
     keep = None if req.dequantize or req.quantize else KeepFileTypes()
     if keep is not None and req.tp > 1:  # (quantized weights run on one rank)
         print(f"pto generate: --tp {req.tp}: the weights are dequantized at load (quantized weights run on one rank)",
               file=sys.stderr)
         keep = None
-    weights = load_weights(req.path, dtype.torch, keep=keep)
+    with model():
+        weights = load_weights(req.path, dtype.torch, keep=keep)
     for note in keep.notes if keep is not None else ():
         print(f"pto generate: {note}", file=sys.stderr)
     if req.quantize:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,7 +62,8 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 def from_checkpoint(path: str | os.PathLike, folder: Callable[[Path], T], gguf: Callable[[GGUFFile], T]) -> T:
     """``folder(path)`` for a Hugging Face model folder, ``gguf(the open file)`` for a GGUF file;
-    one UsageError naming ``path`` for anything else (what every reader of a checkpoint accepts)."""
+    one UsageError naming ``path`` for anything else (what every reader of a checkpoint accepts;
+    :func:`given_as` adds the flag that gave it)."""
     p = Path(path)
     if p.is_dir():
         return folder(p)
@@ -70,6 +72,24 @@ def from_checkpoint(path: str | os.PathLike, folder: Callable[[Path], T], gguf: 
     if not p.exists():
         raise UsageError(f"{path}: no such file or folder")
     raise UsageError(f"{path}: neither a GGUF file nor a Hugging Face model folder (with config.json)")
+
+
+@contextmanager
+def given_as(flag: str, path: str | os.PathLike) -> Iterator[None]:
+    """An error about the checkpoint ``path`` (its message begins with the path, or with a file
+    in its folder) begins with ``flag`` and the path as the user wrote it: ``--gguf m.gguf:
+    truncated: ...`` (the readers name the file alone: they do not know which flag gave it)."""
+    try:
+        yield
+    except UsageError as e:
+        msg, given = str(e), os.fspath(path)
+        for form in dict.fromkeys((given, str(Path(given)))):
+            rest = msg[len(form):] if msg.startswith(form) else ""
+            if rest[:1] in (":", " "):
+                raise UsageError(f"{flag} {given}{rest}") from None
+            if rest[:1] == os.sep:  # a file in the folder
+                raise UsageError(f"{flag} {given}: {msg}") from None
+        raise
 
 
 class _Truncated(Exception):
@@ -330,4 +350,4 @@ def _cached_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorHeader]]
         return None
 
 
-__all__ = ["GGUFFile", "TensorHeader", "open_gguf", "is_gguf", "HEADER_FORMAT"]
+__all__ = ["GGUFFile", "TensorHeader", "open_gguf", "is_gguf", "from_checkpoint", "given_as", "HEADER_FORMAT"]

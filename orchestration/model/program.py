@@ -19,7 +19,7 @@ from pto.orchestration.llama.reference import rope_tables
 from pto.orchestration.model.checkpoint import ModelWeights, file_weight_types
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.decode import DecodeTiling, allreduce_dtype, build_step, tile_rows, vocab_split
-from pto.orchestration.model.gguf_file import is_gguf, open_gguf
+from pto.orchestration.model.gguf_file import given_as, is_gguf, open_gguf
 from pto.orchestration.model.quantized import (
     DENSE,
     QUANTIZERS,
@@ -232,7 +232,8 @@ class ModelProgram(Program):
         if s["weights"]:
             from pto.orchestration.model.config import load_config
 
-            return load_config(s["weights"])
+            with given_as("--weights", s["weights"]):
+                return load_config(s["weights"])
         return CONFIGS[s.config]
 
     def weight_types(self, s: Settings) -> WeightTypes:
@@ -243,7 +244,8 @@ class ModelProgram(Program):
             return DENSE
         if q == "auto":
             if s["weights"] and is_gguf(s["weights"]):
-                return file_weight_types(open_gguf(s["weights"]))[0]
+                with given_as("--weights", s["weights"]):
+                    return file_weight_types(open_gguf(s["weights"]))[0]
             return DENSE
         cfg = self.config(s)
         kinds = ["w_qkv", "wo", "wg", "wu", "wd"] + ([] if cfg.tied else ["lm_head"])
@@ -421,7 +423,8 @@ def load_or_random(s: Settings, cfg: ModelConfig, g: torch.Generator) -> ModelWe
         from pto.orchestration.model.checkpoint import load_weights
 
         keep = KeepFileTypes() if q == "auto" else None
-        w = load_weights(s["weights"], s.dtype.torch, keep=keep)
+        with given_as("--weights", s["weights"]):
+            w = load_weights(s["weights"], s.dtype.torch, keep=keep)
         return w if q in ("auto", "none") else quantize_weights(w, q)
     w = random_weights(cfg, s.dtype.torch, g)
     return w if q in ("auto", "none") else random_quantized_weights(w, q, g)

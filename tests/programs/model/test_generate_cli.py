@@ -111,6 +111,41 @@ def _speed_line(prompts: list[int], prefill_ms: float = 30.0, step_ms: float = 8
     return format_speed({**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"})
 
 
+@pytest.mark.parametrize("data,says", [
+    (b"GGUF\x03\x00\x00\x00" + b"\xff" * 9, "truncated: the file ends at byte 17, in its first bytes"),
+    (b"GGUF\x63\x00\x00\x00" + b"\x00" * 16, "not a readable GGUF file: its header is corrupt"),
+    (b"GGUX not a checkpoint", None),
+], ids=["truncated", "version-99", "magic"])
+def test_a_broken_gguf_file_is_named_by_its_flag(tmp_path, monkeypatch, capsys, data, says):
+    """What the GGUF reader finds wrong begins with the flag that gave the file, the path as the
+    user wrote it: ``--gguf`` of pto generate, ``--weights`` of the model program."""
+    from pto.cli.main import main
+
+    pytest.importorskip("gguf", reason="needs `gguf` (pip install 'pto[model]')")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(data)
+    for args, flag in ((["generate", "--prompt", "hi", "--gguf", "./m.gguf"], "--gguf"),
+                       (["run", "model", "--weights", "./m.gguf"], "--weights"),
+                       (["estimate", "model", "--cache", "64", "--weights", "./m.gguf"], "--weights")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        wrong = says or ("not a GGUF file (it does not begin with GGUF's magic bytes)" if flag == "--gguf" else
+                         "neither a GGUF file nor a Hugging Face model folder")
+        assert err.startswith(f"pto: error: {flag} ./m.gguf: {wrong}") and err.count("\n") == 1, err
+
+
+def test_a_broken_model_folder_is_named_by_its_flag(tmp_path, monkeypatch, capsys):
+    from pto.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{bad")
+    assert main(["generate", "--prompt", "hi", "--hf", "hf"]) == 2
+    assert capsys.readouterr().err == "pto: error: --hf hf has no tokenizer (no tokenizer.json)\n"
+    assert main(["run", "model", "--weights", "hf"]) == 2
+    assert capsys.readouterr().err.startswith("pto: error: --weights hf: hf/config.json: not JSON")
+
+
 @pytest.mark.parametrize("ms,sequences", [(2500.0, 1), (25000.0, 1), (8.0, 2), (0.9, 4)])
 def test_the_speed_line_gives_the_rate_to_three_digits(ms, sequences):
     """Issue 43, item 8: a CPU's 0.4 tokens/s was printed "(0 tokens/s)"; the rate comes from the
