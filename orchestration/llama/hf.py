@@ -72,6 +72,21 @@ def load_hf_config(path: str) -> LlamaConfig:
     return parse_hf_config(read_config_json(path, where), where)
 
 
+def gguf_elsewhere(path) -> str:
+    """What a GGUF file given to the layer program's --weights or --hf-config is told."""
+    return ("a GGUF file; the layer reads a Hugging Face checkpoint (safetensors, config.json): the GGUF model "
+            f"runs with `pto run model --weights {path}` or `pto generate --gguf {path}`")
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is a file that begins with GGUF's magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def read_config_json(path: str, where: str) -> dict:
     """The JSON object in ``path`` (a config.json, or a folder holding one); a missing,
     unreadable or malformed file is one UsageError line beginning with ``where``."""
@@ -81,6 +96,8 @@ def read_config_json(path: str, where: str) -> dict:
         if not p.exists():
             raise UsageError(f"{where}: the folder has no config.json (give a checkpoint's folder or its "
                              "config.json)")
+    if is_gguf_file(p):
+        raise UsageError(f"{where}: {gguf_elsewhere(path)}")
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
@@ -196,5 +213,5 @@ def hf_dict(cfg: LlamaConfig, model_type: str | None = None, **extra) -> dict:
     return {**d, **extra}
 
 
-__all__ = ["load_hf_config", "read_config_json", "parse_hf_config", "is_metadata", "hf_dict", "MODEL_TYPES",
-           "HEAD_DIMS"]
+__all__ = ["load_hf_config", "read_config_json", "gguf_elsewhere", "is_gguf_file", "parse_hf_config", "is_metadata",
+           "hf_dict", "MODEL_TYPES", "HEAD_DIMS"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from pto.orchestration.llama.config import LlamaConfig
+from pto.orchestration.llama.hf import gguf_elsewhere, is_gguf_file
 
 from pto.errors import UsageError
 
@@ -107,6 +108,8 @@ class Checkpoint:
                 self.fail("a folder without model.safetensors or model.safetensors.index.json")
         if not p.is_file():
             self.fail("no such file")
+        if is_gguf_file(p):
+            self.fail(gguf_elsewhere(path))
         self.files: dict[str, Path] = {}
         if p.name.endswith(".json"):
             try:

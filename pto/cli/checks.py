@@ -162,7 +162,8 @@ def check_cache(cmd: str | None) -> None:
 
 def unrecognized(extra: list[str], parser: argparse.ArgumentParser, cmd: str | None, program) -> str:
     """The message for arguments nothing took, with where the first unknown option belongs: the
-    programs that have it, else the commands that take it, else where the options are listed."""
+    programs that have it, else the commands that take it, else where the options are listed;
+    and where a GGUF file among them goes (:func:`_gguf_hint`)."""
     msg = f"unrecognized arguments: {' '.join(extra)}"
     flag = next((x.split("=", 1)[0] for x in extra if x.startswith("-")), None)
     if flag is None or cmd is None:
@@ -171,13 +172,31 @@ def unrecognized(extra: list[str], parser: argparse.ArgumentParser, cmd: str | N
     # the programs' options only where a program was loaded: loading them all imports torch, seconds
     # that a command without a program (info, generate, visualize) need not spend on a typo
     owners = _programs_with(flag) if program is not None else []
+    commands = [] if owners else _commands_with(parser, flag)
     if owners:
-        return f"{msg} ({who} takes no {flag}; it is an option of {', '.join(owners)})"
-    commands = _commands_with(parser, flag)
-    if commands:
-        return f"{msg} (pto {cmd} takes no {flag}; it is an option of {', '.join(f'pto {c}' for c in commands)})"
-    helped = f"pto {cmd} {program.name}" if program is not None else f"pto {cmd}"
-    return f"{msg} (`{helped} --help` lists the options)"
+        where = f"{who} takes no {flag}; it is an option of {', '.join(owners)}"
+    elif commands:
+        where = f"pto {cmd} takes no {flag}; it is an option of {', '.join(f'pto {c}' for c in commands)}"
+    else:
+        where = f"`{f'pto {cmd} {program.name}' if program is not None else f'pto {cmd}'} --help` lists the options"
+    hint = _gguf_hint(extra, cmd) if "generate" not in commands else None
+    return f"{msg} ({where}{f'; {hint}' if hint else ''})"
+
+
+def _gguf_hint(extra: list[str], cmd: str) -> str | None:
+    """Where a GGUF file among the arguments nothing took goes (``pto run llama7b --gguf`` is
+    told by the flag's owner already)."""
+    for x in extra:
+        path = x.split("=", 1)[1] if x.startswith("-") and "=" in x else x
+        try:
+            with open(path, "rb") as f:
+                if f.read(4) != b"GGUF":
+                    continue
+        except OSError:
+            continue
+        return "a GGUF file goes to --gguf" if cmd == "generate" else \
+            f"a GGUF model runs with `pto generate --gguf {path}`"
+    return None
 
 
 def _programs_with(flag: str) -> list[str]:

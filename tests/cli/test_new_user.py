@@ -148,3 +148,26 @@ def test_an_option_of_the_ranks_sums_without_tp_is_refused(tmp_path, capsys, arg
         err.count("\n") == 1, err
     assert ("which pto " in err) == (args[0] in ("bench", "tune")), err
     assert not (tmp_path / "gen").exists()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["run", "llama", "--weights", "m.gguf"], "--weights m.gguf: a GGUF file; the layer reads a Hugging Face "
+     "checkpoint (safetensors, config.json): the GGUF model runs with `pto run model --weights m.gguf` or "
+     "`pto generate --gguf m.gguf`"),
+    (["run", "llama7b", "--hf-config", "m.gguf"], "--hf-config m.gguf: a GGUF file; the layer reads"),
+    (["run", "softmax", "--weights", "m.gguf"], "(softmax takes no --weights; it is an option of llama, llama7b, "
+     "model; a GGUF model runs with `pto generate --gguf m.gguf`)"),
+    (["generate", "--prompt", "hi", "--weights=m.gguf"], "(`pto generate --help` lists the options; a GGUF file "
+     "goes to --gguf)"),
+    (["run", "llama7b", "--gguf", "m.gguf"], "(pto run takes no --gguf; it is an option of pto generate)"),
+])
+def test_a_gguf_file_where_none_goes_says_where_it_does(tmp_path, monkeypatch, capsys, args, says):
+    """A GGUF checkpoint given to the layer program's safetensors flags, or to a flag the command
+    or program lacks, is pointed at `pto generate --gguf` (or the model program's --weights)."""
+    from pto.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 the rest is not read")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pto: error: ") and says in err and err.count("\n") == 1, err
