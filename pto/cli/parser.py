@@ -22,19 +22,24 @@ class _Parser(argparse.ArgumentParser):
 
 def _shape_args(s: argparse.ArgumentParser, cmd: str, program) -> None:
     """A flag per shape parameter of the program (``--seq N``); the sweeping commands take a
-    list for the first (``--seq 1024,4096``), which estimate and bench require."""
+    list for the first (``--seq 1024,4096``), which estimate and bench require. Without a
+    program (``pto run --help``) the generic ``--seq``, whose default is each program's own."""
     from pto.program import Program
 
     params = program.shape_params if program is not None else Program.shape_params
+    # each program's own sizes and defaults (softmax's --seq 100, the model's --cache and --batch)
+    own = f"`pto {cmd} PROGRAM --help` gives the program's sizes and defaults"
     for k, p in enumerate(params):
+        default = f"default: {p.default}" if program is not None else f"default: the program's own; {own}"
         if cmd in SWEEPS and k == 0:
-            need = cmd != "tune" and program is not None
-            s.add_argument(p.flag, dest=p.name, type=value_list_of(p.flag), required=need, default=None,
-                           metavar="N,N,...",
-                           help=f"{p.help}: comma-separated values" + ("" if need else f" (default: {p.default})"))
+            need = cmd != "tune"
+            required = "required" if program is not None else f"required, or the program's first size; {own}"
+            s.add_argument(p.flag, dest=p.name, type=value_list_of(p.flag), required=need and program is not None,
+                           default=None, metavar="N,N,...",
+                           help=f"{p.help}: comma-separated values ({required if need else default})")
         else:
             s.add_argument(p.flag, dest=p.name, type=positive, default=None, metavar="N",
-                           help=f"{p.help} (default: {p.default})")
+                           help=f"{p.help} ({default})")
 
 
 def _program_args(s: argparse.ArgumentParser, cmd: str, program) -> None:

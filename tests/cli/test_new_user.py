@@ -117,6 +117,26 @@ def test_no_help_shows_an_empty_default():
                 assert m.group(1).strip() not in ("", "None"), f"pto {cmd} {prog and prog.name}: {m.group(0)}"
 
 
+def test_the_size_flags_help_gives_the_defaults_that_apply():
+    """The generic --seq (`pto run --help`, no program) said "(default: 128)", llama's, where
+    softmax and bgemm take 100 and the model has --cache and --batch instead: it names no number
+    now, and each program's help gives its own."""
+    from pto import programs
+    from pto.cli.parser import build_parser
+
+    for prog in [None, *map(programs.get, programs.names())]:
+        sub = next(a for a in build_parser(prog)._actions if isinstance(a, argparse._SubParsersAction))
+        for cmd in ("run", "graph", "codegen", "estimate", "bench", "tune"):
+            flags = sub.choices[cmd]._option_string_actions
+            for k, p in enumerate(prog.shape_params if prog is not None else ()):
+                said = "(required)" if k == 0 and cmd in ("estimate", "bench") else f"(default: {p.default})"
+                assert flags[p.flag].help.endswith(said), (prog.name, cmd, flags[p.flag].help)
+            if prog is None:
+                assert re.search(r"\((default: the program's own|required, or the program's first size); `pto "
+                                 rf"{cmd} PROGRAM --help` gives the program's sizes and defaults\)$",
+                                 flags["--seq"].help), (cmd, flags["--seq"].help)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
 def test_persistent_on_the_cpu_says_it_needs_a_gpu():
