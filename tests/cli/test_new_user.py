@@ -105,6 +105,28 @@ def test_tune_without_a_gpu_points_at_show(tmp_path):
     assert "TRITON_INTERPRET=1" in err and "--backend" not in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the listing of a machine without a GPU")
+def test_tune_show_on_a_cpu_says_what_it_lists_and_how_to_see_a_gpus(capsys, monkeypatch):
+    """`pto tune --show` on a CPU named a shipped folder that does not exist (schedules/cpu) and
+    listed Triton's heuristics for a run that takes the c backend: it says so, and how to see
+    what a GPU the program ships schedules for applies, which works as written."""
+    from pto.cli.main import main
+
+    monkeypatch.delenv("PTO_SCHEDULES", raising=False)
+    assert main(["tune", "llama7b", "--show"]) == 0
+    head, note = capsys.readouterr().out.splitlines()[:2]
+    assert "shipped: none for llama7b on cpu;" in head and "schedules/cpu" not in head.split("shipped:")[1]
+    assert note.startswith("note: on the CPU a run takes the ") and "(TRITON_INTERPRET=1)" in note, note
+    how = re.search(r"`PTO_SCHEDULES=(\S+) pto (tune llama7b [^`]*)` shows what one applies$", note)
+    monkeypatch.setenv("PTO_SCHEDULES", how.group(1))
+    assert main(how.group(2).split()) == 0
+    shown = capsys.readouterr().out
+    assert "note:" not in shown and "\n    shipped: {" in shown  # the GPU's shipped entries, by kernel
+    monkeypatch.delenv("PTO_SCHEDULES")
+    assert main(["tune", "softmax", "--show"]) == 0
+    assert "softmax ships no schedules; pto tune measures them on a GPU" in capsys.readouterr().out
+
+
 def test_no_help_shows_an_empty_default():
     from pto import programs
     from pto.cli.parser import build_parser

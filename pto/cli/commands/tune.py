@@ -286,9 +286,12 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
         lines = ["schedules: none (PTO_SCHEDULES=none): the renderer's heuristics for every kernel"]
         db = ScheduleDB("none", user_dir=Path(os.devnull))
     else:
-        shipped = ", ".join(str(d) for d in (*db.shipped_dirs, *db.kin_dirs)) or f"none for {job.program.name}"
+        shipped = ", ".join(str(d) for d in (*db.shipped_dirs, *db.kin_dirs) if d.is_dir()) or \
+            f"none for {job.program.name} on {db.device}"
         lines = [f"schedules for {db.device} (user: {db.user_dir}; shipped: {shipped}; Triton "
                  f"{db.triton or 'not installed'})"]
+        if job.device == "cpu" and not os.environ.get("PTO_SCHEDULES", "").strip():
+            lines.append(_cpu_note(job))
     for shape in [job.program.shape(x) for x in shapes]:
         graph = build_graph(job, shape).graph
         try:
@@ -301,6 +304,25 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
         finally:
             graph.close()
     return "\n".join(lines)
+
+
+def _cpu_note(job: Job) -> str:
+    """What ``--show`` on a CPU lists, and how to see what a GPU the program ships schedules for
+    applies: its database (``PTO_SCHEDULES``) with its target, the program's GPU configuration
+    and bf16."""
+    from pto.machine.target import NAMED
+
+    name = job.program.name
+    note = (f"note: on the CPU a run takes the {job.backend} backend, whose kernels have no launch parameters; "
+            "below are the Triton kernels' as its interpreter would launch them (TRITON_INTERPRET=1)")
+    gpus = sorted({d.name for root in job.program.schedules if root.is_dir() for d in root.iterdir() if d.is_dir()})
+    if not gpus:
+        return f"{note}. {name} ships no schedules; pto tune measures them on a GPU"
+    key = gpus[-1]
+    target = next((t for t in NAMED if t.startswith("cuda_") and t[5:] in key.split("_")), None)
+    how = f"PTO_SCHEDULES={key} pto tune {name} --show --config {job.program.default_config('cuda')} --dtype bf16" + \
+        (f" --target {target}" if target else " --target (that GPU's)")
+    return f"{note}. {name} ships schedules for {', '.join(gpus)}: `{how}` shows what one applies"
 
 
 def refuse_without_gpu(device: str, program: str = "PROGRAM") -> None:
