@@ -120,9 +120,11 @@ class _Bar:
         self.pbar.refresh()
 
     def phase(self, name: str, unit: str | None = None) -> None:
-        """The phase now running (the bar's description), its counts starting again."""
+        """The phase now running (the bar's description), its counts and their pace (the rate,
+        the time left: tqdm's, from its start time) starting again."""
         self.pbar.set_description(f"{self.desc}: {name}", refresh=False)
         self.pbar.total, self.pbar.n = None, 0
+        self.pbar.start_t = self.pbar.last_print_t = time.time()  # (tqdm's clock)
         if unit is not None:
             self.pbar.unit = unit
 
@@ -144,14 +146,17 @@ class ProgressLines:
     """``update(done, total)`` for a log: a thread prints where the work stands every
     ``interval`` seconds (whether or not a task finished since), until :meth:`stop`. ``desc``
     heads every line; :meth:`phase` names the part of the work now running (counted in ``unit``,
-    or not counted when None)."""
+    or not counted when None). A line gives the time since the work began; the time left, at the
+    pace of the phase's counts since the phase began (``clock``: seconds, monotonic)."""
 
-    def __init__(self, desc: str, interval: float, unit: str | None = "task", stream=None):
+    def __init__(self, desc: str, interval: float, unit: str | None = "task", stream=None,
+                 clock=time.monotonic):
         self.desc, self.interval, self.unit = desc, interval, unit
         self.stream = stream if stream is not None else sys.stderr
         self.state: tuple[int, int] | None = None
         self.phase_name: str | None = None
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = self.since = clock()  # the work's start; the phase's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pto-progress", daemon=True)
         self._thread.start()
@@ -160,11 +165,13 @@ class ProgressLines:
         self.state = (done, total)
 
     def phase(self, name: str, unit: str | None = None) -> None:
-        """The phase now running: the lines name it, and its counts (in ``unit``) start again."""
-        self.phase_name, self.unit, self.state = name, unit, None
+        """The phase now running: the lines name it, and its counts (in ``unit``) and their pace
+        start again."""
+        self.phase_name, self.unit, self.state, self.since = name, unit, None, self.clock()
 
     def line(self, now: float | None = None) -> str:
-        elapsed = (time.monotonic() if now is None else now) - self.start
+        now = self.clock() if now is None else now
+        elapsed = now - self.start
         head = f"pto: {self.desc}: " + (f"{self.phase_name}: " if self.phase_name else "")
         if self.unit is None:
             return f"{head}{human_duration(elapsed)} elapsed"
@@ -172,8 +179,8 @@ class ProgressLines:
             return f"{head}{human_duration(elapsed)} elapsed, no {self.unit} finished yet"
         done, total = self.state
         text = f"{head}{done:,}/{total:,} {self.unit}s ({100 * done // total}%), {human_duration(elapsed)} elapsed"
-        if 0 < done < total:  # the pace so far
-            text += f", ~{human_duration(elapsed * (total - done) / done, rough=True)} left"
+        if 0 < done < total:  # the phase's pace so far (not the compile's and the build's before it)
+            text += f", ~{human_duration((now - self.since) * (total - done) / done, rough=True)} left"
         return text
 
     def _loop(self) -> None:

@@ -91,25 +91,79 @@ def test_the_line_and_its_estimate():
     assert human_duration(125, rough=True) == "2 min"
 
 
+class _Clock:
+    """A clock the test sets (seconds)."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_the_line_names_the_phase_that_runs():
     """Issue 43, item 7: the compile and the build are named as such (a fresh cache's compile was
     reported as "executing: 10 s elapsed, no task finished yet"); only a phase that counts says
-    what it counted."""
-    lines = ProgressLines("llama7b", interval=3600, unit=None)
+    what it counted, and the time left is at the pace since the phase began."""
+    clock = _Clock()
+    lines = ProgressLines("llama7b", interval=3600, unit=None, clock=clock)
     try:
-        assert lines.line(now=lines.start + 1) == "pto: llama7b: 1 s elapsed"
+        clock.t += 1
+        assert lines.line() == "pto: llama7b: 1 s elapsed"
         lines.phase("compiling the runtime and the generated C")
-        assert lines.line(now=lines.start + 12) == \
-            "pto: llama7b: compiling the runtime and the generated C: 12 s elapsed"
+        clock.t += 11
+        assert lines.line() == "pto: llama7b: compiling the runtime and the generated C: 12 s elapsed"
+        clock.t += 1
         lines.phase("executing", "task")
-        assert lines.line(now=lines.start + 13) == "pto: llama7b: executing: 13 s elapsed, no task finished yet"
-        lines(10, 20)
-        assert lines.line(now=lines.start + 14) == \
-            "pto: llama7b: executing: 10/20 tasks (50%), 14 s elapsed, ~14 s left"
+        assert lines.line() == "pto: llama7b: executing: 13 s elapsed, no task finished yet"
+        clock.t += 1
+        lines(10, 20)  # 10 tasks in the phase's first second: one more second (not the 14 of the whole)
+        assert lines.line() == "pto: llama7b: executing: 10/20 tasks (50%), 14 s elapsed, ~1 s left"
         lines.phase("checking against the torch reference")
-        assert lines.line(now=lines.start + 15) == "pto: llama7b: checking against the torch reference: 15 s elapsed"
+        clock.t += 1
+        assert lines.line() == "pto: llama7b: checking against the torch reference: 15 s elapsed"
     finally:
         lines.stop()
+
+
+def test_the_time_left_of_a_long_run_is_the_executions():
+    """A long run: 10 min of compiling and 1 min of building, then 10,000 tasks at 2 a second.
+    The time left at every tenth is the time the simulated run still takes; extrapolating the
+    whole elapsed time (compile included) said 2.9 h where 75 min were left, at a tenth."""
+    clock = _Clock()
+    lines = ProgressLines("llama7b", interval=3600, unit=None, clock=clock)
+    try:
+        lines.phase("compiling the runtime and the generated C")
+        clock.t += 600
+        lines.phase("building the graph")
+        clock.t += 60
+        lines.phase("executing", "task")
+        began, total = clock.t, 10_000
+        for done in range(1000, total, 1000):
+            clock.t = began + done / 2
+            lines(done, total)
+            left = human_duration((total - done) / 2, rough=True)
+            assert lines.line().endswith(f" elapsed, ~{left} left"), (done, lines.line())
+        clock.t, done = began + 500, 1000
+        lines(done, total)
+        assert lines.line() == "pto: llama7b: executing: 1,000/10,000 tasks (10%), 19 min 20 s elapsed, ~75 min left"
+    finally:
+        lines.stop()
+
+
+def test_the_bars_rate_is_the_phases(monkeypatch):
+    """On a terminal the bar's rate and time left are tqdm's, from its start time: a phase starts
+    them again, so ten minutes of compiling before do not slow the execution's rate."""
+    from pto.cli.progress import bar
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with bar("llama7b", True) as update:
+        update.phase("compiling the runtime and the generated C")
+        update.pbar.start_t -= 600  # the compile took ten minutes
+        update.phase("executing", "task")
+        update(1000, 10_000)
+        meter = update.pbar.format_dict
+        assert meter["elapsed"] < 60 and meter["n"] == 1000 and meter["total"] == 10_000
 
 
 @pytest.mark.slow
