@@ -70,7 +70,7 @@ class Generation:
 
     tokens: list[list[int]]
     prompt_tokens: list[int]
-    prefill_ms: float
+    prefill_ms: float  # the prompts through the layers (without prefill_prepare_ms)
     decode_ms: list[float] = field(default_factory=list)  # per step (graph replay, device-synchronized)
     capacity: int = 0
     tasks_per_step: int = 0
@@ -78,12 +78,16 @@ class Generation:
     #: the decode step's preparation for this batch and capacity (its graph built, the weights
     #: stacked onto the device; 0 when an earlier generation prepared it)
     prepare_ms: float = 0.0
+    #: the prefill's preparation: the layer's graph built for a new prompt length, its kernels
+    #: compiled or loaded on its first run (:meth:`Generator.prefill`; 0 when done before)
+    prefill_prepare_ms: float = 0.0
 
     def to_json(self) -> dict:
         steps = len(self.decode_ms)
         per = sorted(self.decode_ms)[steps // 2] if steps else None
         return {"new_tokens": [len(t) for t in self.tokens], "prompt_tokens": self.prompt_tokens,
                 "prepare_ms": round(self.prepare_ms, 3), "prefill_ms": round(self.prefill_ms, 3),
+                "prefill_prepare_ms": round(self.prefill_prepare_ms, 3),
                 "first_step_ms": round(self.decode_ms[0], 3) if steps else None, "steps": steps,
                 "ms_per_token": None if per is None else round(per, 4),
                 "tokens_per_s": None if not per else round(len(self.tokens) * 1e3 / per, 1),
@@ -252,29 +256,37 @@ class Generator:
             self._layers[seq] = Prepared(built, self.layer_place, packed=packed_weights(layer, self.layer_form))
         return self._layers[seq]
 
-    def prefill(self, step, prompts: list[list[int]], capacity: int) -> None:
+    def prefill(self, step, prompts: list[list[int]], capacity: int) -> float:
         """Fill each sequence's cache block with its prompt but the last token, and set its token
-        and position for the first step."""
+        and position for the first step. Returns the milliseconds of it that prepared rather than
+        computed: the layer's graph built for a new prompt length (a first run compiles its C)
+        and its first run's kernels compiled or loaded (``ExecStats.kernel_compile_ms``)."""
         t = step.tensors
         L, B = self.config.layers, len(prompts)
         kvd = self.local.layer.kv_dim
         heads = slice(self.rank * kvd, (self.rank + 1) * kvd)  # this rank's key/value heads
         keys, values = KV_OUTPUTS
+        prepare_ms = 0.0
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
                 x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.device, self.dtype.torch)
+                fresh, t0 = n not in self._layers, time.perf_counter()
                 layer = self._layer(n)
+                prepare_ms += (time.perf_counter() - t0) * 1e3 if fresh else 0.0
                 slots = torch.arange(n, device=self.device) % capacity
                 keep = slots if n <= capacity else slots[n - capacity:]
                 for i in range(L):
+                    first = layer.stats is None
                     out = layer({"x": x, **self._layer_inputs(i, n)})
+                    prepare_ms += layer.stats.kernel_compile_ms if first else 0.0
                     row = (i * B + b) * capacity
                     for src, dst in ((keys, "k_cache"), (values, "v_cache")):
                         t[dst][row + keep] = out[src][n - len(keep):, heads]
                     x = out["y"].clone()
             t["tok"][b, 0] = float(prompt[-1])
             t["pos"][b, 0] = float(n)
+        return prepare_ms
 
     def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
         """Layer ``layer``'s weights for the layer's graph: quantized kinds as stored (``native``:
@@ -323,10 +335,12 @@ class Generator:
         t0 = time.perf_counter()
         step = self.step(len(prompts), capacity)
         t1 = time.perf_counter()
-        self.prefill(step, prompts, capacity)
+        prefill_prepare_ms = self.prefill(step, prompts, capacity)
         self._sync()
-        out = Generation([[] for _ in prompts], [len(p) for p in prompts], (time.perf_counter() - t1) * 1e3,
-                         capacity=capacity, tasks_per_step=step.graph.tasks, prepare_ms=(t1 - t0) * 1e3)
+        out = Generation([[] for _ in prompts], [len(p) for p in prompts],
+                         (time.perf_counter() - t1) * 1e3 - prefill_prepare_ms, capacity=capacity,
+                         tasks_per_step=step.graph.tasks, prepare_ms=(t1 - t0) * 1e3,
+                         prefill_prepare_ms=prefill_prepare_ms)
         stop = set(self.config.eos_ids if stop_ids is None else stop_ids)
         done = [False] * len(prompts)
         for _ in range(max_new_tokens):

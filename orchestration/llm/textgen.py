@@ -3,7 +3,8 @@
 then the speed of the prompt (prefill) and of decoding (milliseconds per token, tokens per
 second); ``--json`` adds where the time before the first token went (``load_ms``: the tokenizer
 and the weights; ``prepare_ms``: the decode step's graph and its inputs on the device;
-``prefill_ms``; ``first_step_ms``: the first step, kernels loaded).
+``prefill_prepare_ms``: the prefill layer's graph and kernels, compiled on a first run;
+``prefill_ms``: the prompt through the layers; ``first_step_ms``: the first step, kernels loaded).
 
 The request (:class:`pto.generation.GenerateRequest`) names the model (``--gguf FILE`` or
 ``--hf DIR``: its configuration, weights and tokenizer) and the prompts (repeatable, or

@@ -54,6 +54,10 @@ class Backend(ABC):
     #: programmatic-dependent-launch policy ("auto": the executor tells each batch whether the
     #: next loads early, TaskBatch.chain; "" for a backend without PDL)
     pdl = ""
+    #: milliseconds :meth:`prepare` spent compiling kernels (or loading them from the disk cache)
+    #: on the calling thread, in all (an instance's count): executors report a first run's apart
+    #: from its execution (``ExecStats.kernel_compile_ms``)
+    compile_ms = 0.0
 
     def __init__(self) -> None:
         #: per InCore function launch settings that override the backend's own (``--deterministic``

@@ -9,11 +9,14 @@ def format_summary(res: dict, options: tuple[str, ...] = ()) -> str:
     opts = "".join(f" {k}={res[k]}" for k in options if res.get(k, "") != "")
     # the program's named shape (seq=..., or cache=... batch=...)
     shape = " ".join(f"{k}={v}" for k, v in res.get("shape", {"seq": res.get("seq")}).items())
+    # the kernels' compile (or load) of a first run, apart from its execution
+    k = res.get("kernel_compile_ms")
+    kernels = f"  kernels {k:.1f} ms (compiled or loaded)" if k else ""
     lines = [
         f"{res['program']} {shape} config={res['config']} dtype={res['dtype']} target={res['target']}{opts}",
         f"device={res['device']} backend={res['backend']} executor={res['executor']}",
         f"tasks {res['tasks']}  edges {res['edges']}  launches {res['launches']}",
-        f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms",
+        f"build {res['build_ms']:.2f} ms  exec {res['exec_ms']:.2f} ms{kernels}",
     ]
     counted = describe_columns(res)
     if counted:

@@ -55,8 +55,13 @@ class ExecStats:
     tasks: int
     waves: int
     launches: int  # device launches of one replay
-    exec_ms: float
+    exec_ms: float  # without kernel_compile_ms
     records: list[LaunchRecord] = field(default_factory=list)
+    #: what the run spent getting its kernels compiled (or loaded from the disk cache: a first
+    #: run's) where it is told apart: the c backend's kernels (``Backend.compile_ms``), the
+    #: native executor's program. Not Triton's: its kernels compile on workers while the wave
+    #: executor holds their launches, or inside their first launch (docs/ARCHITECTURE.md)
+    kernel_compile_ms: float = 0.0
 
 
 class Executor:

@@ -5,6 +5,7 @@ every command; help that lists what can be chosen."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -84,6 +85,24 @@ def test_user_errors_are_one_line(args, needle):
     assert r.stdout.strip() == "" or not args
 
 
+@pytest.mark.slow
+def test_a_first_runs_kernel_compile_is_not_its_execution(tmp_path):
+    """On a fresh cache the wave executor's first run compiled the c backend's kernels inside
+    `exec_ms` (softmax's 4 tasks: 512 ms against 12 warm), and the native executor's program
+    compile was in no figure: both are `kernel_compile_ms` now, apart."""
+    import os
+
+    env = {**os.environ, "PTO_CACHE_DIR": str(tmp_path)}
+    for executor in ("waves", "native"):
+        runs = [subprocess.run([sys.executable, "-m", "pto.cli", "run", "softmax", "--executor", executor, *extra],
+                               capture_output=True, text=True, timeout=300, env=env) for extra in (["--json"], [])]
+        assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+        fresh = json.loads(runs[0].stdout)
+        assert fresh["executor"] == executor and fresh["kernel_compile_ms"] > 100 > fresh["exec_ms"], fresh
+        warm = next(line for line in runs[1].stdout.splitlines() if line.startswith("build "))
+        assert re.fullmatch(r"build [\d.]+ ms  exec [\d.]+ ms  kernels [\d.]+ ms \(compiled or loaded\)", warm), warm
+
+
 def test_output_file_that_is_a_file_for_codegen(tmp_path):
     f = tmp_path / "f"
     f.write_text("keep")
@@ -138,7 +157,6 @@ def test_help_lists_programs_targets_and_every_option():
 def test_version():
     """``pto --version``: the installed distribution's version, else the package's own (a checkout
     run without installing it); pyproject.toml and pto/version.py say the same."""
-    import re
     from pathlib import Path
 
     from pto.version import __version__, installed_version

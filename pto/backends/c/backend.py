@@ -9,6 +9,8 @@ a collective runs on the torch evaluator, as the triton backend's do.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -89,7 +91,9 @@ class CBackend(Backend):
         fn = batch.fn
         if has_collective(fn):  # a sum over the ranks: torch.distributed's, through the evaluator
             return TorchBackend().prepare(batch)
-        kernels = kernel_module([fn])
+        t0 = time.perf_counter()
+        kernels = kernel_module([fn])  # compiled or loaded once, then kept in memory
+        self.compile_ms += (time.perf_counter() - t0) * 1e3
         regions = region_table(batch)
         scalars = np.zeros((batch.size, max(len(fn.scalars), 1)), np.int64)
         for k, p in enumerate(fn.scalars):

@@ -162,9 +162,10 @@ def _execute(job: Job, shape: Shape, opts: RunOptions, runner: Runner, whole, ra
     if not first and job.device == "cuda":
         torch.cuda.synchronize()
     exec_ms = runner.stats.exec_ms if first else (time.perf_counter() - t0) * 1e3
+    kernels_ms = runner.stats.kernel_compile_ms if first else 0.0
     if s.tp > 1:  # the outputs some programs split over the ranks, whole (a collective)
         outputs = prog.unshard(s, outputs)
-    out = _report(job, shape, runner, exec_ms)
+    out = _report(job, shape, runner, exec_ms, kernels_ms)
     if opts.sentinel:
         from pto.safety.blame import blame
 
@@ -186,12 +187,12 @@ def _phase(opts: RunOptions, name: str, unit: str | None = None) -> None:
         opts.phase(name, unit)
 
 
-def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float) -> dict:
+def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float, kernels_ms: float) -> dict:
     graph, stats = runner.graph, runner.stats
     return {**job.to_json(), "executor": runner.executor.name, **shape.to_json(), "shape": shape.to_json(),
             "tasks": graph.tasks, "edges": graph.edges, "launches": stats.launches, "waves": stats.waves,
             "build_ms": round(graph.build_ms, 3), "exec_ms": round(exec_ms, 3),
-            "compile_ms": round(runner.compile_ms, 1),
+            "compile_ms": round(runner.compile_ms, 1), "kernel_compile_ms": round(kernels_ms, 1),
             "bytes_per_task": round(float(graph.stats["bytes_per_task"]), 1),
             # the program's own byte counts (a decode step: its weights, its cache, a step's reads)
             **(job.program.estimate_columns(job.settings, shape) if isinstance(job.program, Estimation) else {})}

@@ -151,9 +151,13 @@ def test_sampled_generation_draws_what_the_reference_draws():
     prompts = [[5, 9, 11, 300], [42]]
     gen = Generator(w, "cpu", DType.F32)
     try:
-        got = [gen.generate(prompts, 16, stop_ids=(), sampler=Sampler(3.0, 40, 0.95, seed)).tokens for seed in (3, 4)]
+        runs = [gen.generate(prompts, 16, stop_ids=(), sampler=Sampler(3.0, 40, 0.95, seed)) for seed in (3, 4)]
     finally:
         gen.close()
+    got = [r.tokens for r in runs]
+    # the prefill's graph (3 tokens) built and its kernels loaded by the first generation, timed
+    # apart from the prompts' prefill_ms; the second reuses them
+    assert runs[0].prefill_prepare_ms > 0 and runs[1].prefill_prepare_ms == 0 and runs[1].prefill_ms > 0
     want = ReferenceModel(w).generate(prompts, 16, Sampler(3.0, 40, 0.95, 3), stop_ids=())
     greedy = ReferenceModel(w).generate(prompts, 16, stop_ids=())
     assert got[0] == want and got[0] != got[1] and got[0] != greedy
