@@ -146,7 +146,7 @@ def test_the_time_left_of_a_long_run_is_the_executions():
             assert lines.line().endswith(f" elapsed, ~{left} left"), (done, lines.line())
         clock.t, done = began + 500, 1000
         lines(done, total)
-        assert lines.line() == "pto: llama7b: executing: 1,000/10,000 tasks (10%), 19 min 20 s elapsed, ~75 min left"
+        assert lines.line() == "pto: llama7b: executing: 1,000/10,000 tasks (10%), 19 min elapsed, ~75 min left"
     finally:
         lines.stop()
 
