@@ -722,7 +722,9 @@ static inline void pto_mm_nn(int64_t M, int64_t N, int64_t K, const float *a, in
     }
 }
 
-/* a's rows and b's columns contiguous (sak == 1, sbk == 1): c(i, j) += a_i . b_j */
+/* a's rows and b's columns contiguous (sak == 1, sbk == 1): c(i, j) += a_i . b_j, a row at a
+ * time over every b_j (the row's vectors stay in registers, b comes from cache after the first
+ * row: faster than blocks of rows by columns up to 4 rows, within 10% at 16) */
 static inline void pto_mm_dot(int64_t M, int64_t N, int64_t K, const float *a, int64_t sai, const float *b,
                               int64_t sbn, float *c, int64_t ldc)
 {
@@ -754,14 +756,16 @@ static inline void pto_dq_prep(const float *x, int64_t k, int64_t g, int64_t u, 
     }
 }
 
-/* below this many rows a product against a transposed b takes dot products (a GEMV: packing b
- * would cost as much as the product); from it on, b is packed row-major and the blocks run */
-enum { PTO_PACK_ROWS = 4 };
+/* up to this many rows a product against a transposed b takes dot products (a GEMV's: each row of
+ * b read once for all of them; packing b costs more than their products); from more, b is packed
+ * row-major and the blocks run (pto/ir/analysis.py's DOT_ROWS) */
+enum { PTO_DOT_ROWS = 16 };
 
-/* c += a @ b for any strides (`pack`: room for K * N floats where b is transposed, M * K where a
- * is too and M < PTO_PACK_ROWS: pto/codegen/c_tileops.py reserves it). b's rows contiguous: register
- * blocks; b transposed (its columns contiguous): packed row-major first, or for a few rows dot
- * products (a's rows gathered contiguous first where a is transposed too). */
+/* c += a @ b for any strides (`pack`: room for K * N floats where b is transposed and M >
+ * PTO_DOT_ROWS, M * K where a is too and M <= PTO_DOT_ROWS: pto/codegen/c_tileops.py reserves it).
+ * b's rows contiguous: register blocks; b transposed (its columns contiguous): packed row-major
+ * first, or for a few rows dot products (a's rows gathered contiguous first where a is transposed
+ * too). */
 static inline void pto_matmul(int64_t M, int64_t N, int64_t K, const float *a, int64_t sai, int64_t sak,
                               const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc, float *pack)
 {
@@ -770,7 +774,7 @@ static inline void pto_matmul(int64_t M, int64_t N, int64_t K, const float *a, i
         pto_mm_nn(M, N, K, a, sai, sak, b, sbk, c, ldc);
         return;
     }
-    if (sbk == 1 && M >= PTO_PACK_ROWS) {
+    if (sbk == 1 && M > PTO_DOT_ROWS) {
         for (j = 0; j < N; j++) {
             for (k = 0; k < K; k++) {
                 pack[k * N + j] = b[j * sbn + k];

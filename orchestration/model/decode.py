@@ -122,9 +122,15 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
     batch = tile_rows(batch, target)
-    t = whole_steps(cfg, dt, t, batch, wtypes)
     if batch >= 16:
         t = dot_tiles(t, H, QD + 2 * KVD, F, wtypes.blocks(STACKED))
+    t = whole_steps(cfg, dt, t, wtypes)
+
+    def whole(*kinds: str) -> bool:
+        """Whether the K step of ``kinds`` is a whole contraction (quant_whole_k), narrowed to
+        its divisors where it does not fit."""
+        return t.quant_whole_k and all(wtypes.get(k, dt).is_quantized for k in kinds)
+
     lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
@@ -132,13 +138,14 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
     qkv_bn, qkv_bk = t.qkv_bn or t.bn, t.qkv_bk or t.bk
     qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target, **wkw("w_qkv")), qkv_bk,
-                  least["w_qkv"])[0]
+                  least["w_qkv"], whole("w_qkv"))[0]
 
     def projection(bn: int, bk: int, kind: str) -> IncoreFunction:
         if reduce is not None:  # the product, its sum over the ranks and the residual: one task
             summed = gemv_allreduce_residual_tile if t.wt else matmul_allreduce_residual_tile
             return _widest(lambda b: summed(dt, batch, QD, H, bn, b, reduce, target), bk)[0]
-        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target, **wkw(kind)), bk, least[kind])[0]
+        return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target, **wkw(kind)), bk, least[kind],
+                       whole(kind))[0]
 
     proj = projection(t.bn, t.bk, "wd")
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
@@ -147,7 +154,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
     proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
-                      t.ffn_bk or t.bk, least["wg"])[0]
+                      t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
@@ -204,12 +211,20 @@ def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
                                                          cfg.max_positions, target, **wkw), bk, least)[0]
 
 
-def _widest(build, size: int, least: int = 16):
+def _widest(build, size: int, least: int = 16, whole: bool = False):
     """``(build(s), s)`` for the largest ``s`` of ``size``, ``size / 2``, ... (down to ``least``,
     16 or a quantized weight's block) whose function's tiles fit the target's on-chip memory
-    (SRAM-aware sizing)."""
+    (SRAM-aware sizing); ``whole``: of ``size`` (a whole contraction) and its divisors in whole
+    ``least`` instead (576 in blocks of 32: 576, 288, 192, 96, 64, 32; every step whole)."""
     from pto.errors import SramError
 
+    sizes = [s for s in range(size, least - 1, -least) if size % s == 0] if whole else []
+    for s in sizes[:-1]:
+        try:
+            return build(s), s
+        except SramError:
+            continue
+    size = sizes[-1] if sizes else size
     while True:
         try:
             return build(size), size
@@ -228,14 +243,35 @@ def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     c, V = cfg.layer, vocab or cfg.vocab
     w = wtypes.get("lm_head", dt)
     kw = {"wdtype": w} if w.is_quantized else {}
-    return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, t.lm_bk, c.eps, target, **kw), min(t.bv, V))
+
+    def widest(bk: int):
+        return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, bk, c.eps, target, **kw), min(t.bv, V))
+
+    if not (t.quant_whole_k and w.is_quantized):
+        return widest(t.lm_bk)
+    # the whole contraction (whole_steps) or a step of whole blocks dividing it: of those that fit,
+    # the one whose tiles hold the most weights (each tile recomputes the folded norm's statistics
+    # of its rows: SmolLM2's Q8_0 head at 4 sequences took 17.0 ms a step in blocks of 32 over its
+    # whole 576, 6.1 in blocks of 128 over 288; docs/PERF.md "A CPU batch's rows unpadded"), the
+    # wider step of equal ones
+    from pto.errors import SramError
+
+    fits = []
+    for bk in (s for s in range(t.lm_bk, w.quant.block - 1, -w.quant.block) if t.lm_bk % s == 0):
+        try:
+            fits.append((widest(bk), bk))
+        except SramError:
+            continue
+    if not fits:
+        return widest(w.quant.block)  # (raises what the narrowest step does)
+    return max(fits, key=lambda f: (f[0][1] * f[1], f[1]))[0]
 
 
-def whole_steps(cfg: ModelConfig, dt: DType, t: DecodeTiling, batch: int, wtypes: WeightTypes) -> DecodeTiling:
+def whole_steps(cfg: ModelConfig, dt: DType, t: DecodeTiling, wtypes: WeightTypes) -> DecodeTiling:
     """``t`` with each quantized projection's and the LM head's K step its whole contraction
-    where it asks (:attr:`~.tiling.DecodeTiling.quant_whole_k`, one sequence: ``batch`` the
-    tiles' rows)."""
-    if not (t.quant_whole_k and batch == 1):
+    where it asks (:attr:`~.tiling.DecodeTiling.quant_whole_k`; the builders narrow a step that
+    does not fit to a divisor of it, :func:`_widest`, :func:`_lm_head`)."""
+    if not t.quant_whole_k:
         return t
     c = cfg.layer
 
@@ -252,7 +288,7 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there)."""
     rows = tile_rows(batch, target)
-    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, rows, wtypes), rows, wtypes, vocab)[1]
+    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:

@@ -95,10 +95,12 @@ class DecodeTiling:
     #: 1.99 against 3.47 us a task, SmolLM2's step 0.573 against 0.671 ms on an H200
     #: (docs/PERF.md, "Ninth session")
     combine_parts: bool = True
-    #: one sequence: every GEMV against quantized weights takes its whole contraction in one
-    #: step (a CPU's: the C kernel never makes the weight tile, it reads each weight row once,
-    #: in order, from memory; a step's rows in pieces cost SmolLM2's Q4_1 step 30 against 24 ms
-    #: of CPU on one core of the development VM, docs/PERF.md "Native CPU execution")
+    #: every GEMV against quantized weights takes its whole contraction in one step, at any batch
+    #: (a CPU's: the C kernel never makes the weight tile, it reads each weight row once, in
+    #: order, from memory, for all the batch's rows; a step's rows in pieces cost SmolLM2's Q4_1
+    #: step 30 against 24 ms of CPU on one core of the development VM, docs/PERF.md "Native CPU
+    #: execution", and at batch 2 its 2-row GEMVs in K steps of 192 and 64 took 56 against 21 ms
+    #: a step with 2 cores, "A CPU batch's rows unpadded")
     quant_whole_k: bool = False
     #: fields that take other values where the weights are quantized (:func:`for_weights
     #: <pto.orchestration.model.quantized.for_weights>` applies them, then rounds the K steps to

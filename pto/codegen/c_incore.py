@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from pto.codegen.c_expr import c_expr, strip_parens
 from pto.codegen.c_quant import render_helpers
-from pto.codegen.c_tileops import C_TYPE, PACK_ROWS, ROUND, CTileOps, c_float, rounded
+from pto.codegen.c_tileops import C_TYPE, ROUND, CTileOps, c_float, rounded
 from pto.errors import BuildError
-from pto.ir.analysis import gemv_quantized_loads, instr_reads, param_access, tile_shape
+from pto.ir.analysis import DOT_ROWS, gemv_quantized_loads, instr_reads, param_access, tile_shape
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Const, Expr, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
@@ -149,7 +149,7 @@ class KernelRenderer(CTileOps):
         self.pack_floats = 0
         self.group: dict | None = None  # lane-wise instructions waiting for one shared loop (lanewise)
         #: quantized tiles a GEMV takes as stored (CTileOps.gemv_quantized): never made
-        self.fused = gemv_quantized_loads(fn, lambda a: self.shapes[a][0] < PACK_ROWS)
+        self.fused = gemv_quantized_loads(fn, lambda a: self.shapes[a][0] <= DOT_ROWS)
         #: where a fused tile's load reads (its memref, row and column offsets)
         self.fused_at: dict[str, tuple[str, str, str]] = {}
 

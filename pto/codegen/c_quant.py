@@ -24,6 +24,13 @@ elements are contiguous), so a format of one element plane of whole bytes per un
 Q8_0, Q4_K) runs on the machine's vectors: a vector of units' bytes widened once, each lane's
 fields a constant shift and mask, converted, the routine run on the vector (its scales
 broadcast), times x's lane.
+
+``pto_dqdots_<format>(row, nb, b0, n, xp, ldx, R, c, ldc)`` is the dot product of those blocks
+with ``R`` prepared vectors (a GEMV of several rows: a decode step's batch): each weight value
+computed once for a block of :data:`DOT_BLOCK` vectors and multiplied into each one's
+accumulators (the rest of the vectors in one smaller block), so the dequantization is paid once
+per block of rows rather than per row; each vector's products and their order are
+``pto_dqdot_<format>``'s, so a row's sum is what the one-row GEMV gives it, bit for bit.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ def helper_name(fmt: QuantFormat) -> str:
 
 def dot_name(fmt: QuantFormat) -> str:
     return f"pto_dqdot_{fmt.name}"
+
+
+def dots_name(fmt: QuantFormat) -> str:
+    return f"pto_dqdots_{fmt.name}"
 
 
 def _f(v: float) -> str:
@@ -148,43 +159,95 @@ def vectorized(fmt: QuantFormat) -> bool:
     return len(planes) == 1 and planes[0].kind in ("u", "i") and planes[0].bits * unit_of(fmt) == 8
 
 
-def render_dot(fmt: QuantFormat) -> list[str]:
-    """``pto_dqdot_<format>``: blocks of a row dotted with a prepared vector (the module docstring)."""
+def _dot_loops(fmt: QuantFormat, rows: int, x: str) -> list[str]:
+    """The loops of a dot product of blocks ``b0 ..`` of a row with ``rows`` prepared vectors
+    (``x``, ``x + ldx``, ...; ``x`` advanced a group at a time): each weight the routine's value
+    once, multiplied into each vector's accumulators (``acc<r>``: one vector in the vector form,
+    a group's lanes otherwise)."""
     U, G = unit_of(fmt), group_of(fmt)
     V = G // U  # units of a group
     scale_lines, values = _scales(fmt)
     vec = vectorized(fmt)
-    guard = f"#if defined(PTO_DQ_VECTORS) && {V} % PTO_VW == 0"
-    scalar_acc = f"    float acc[{G}] = {{0.0f}};"
-    lines = _prologue(fmt, f"float {dot_name(fmt)}(const uint8_t *row, int64_t nb, int64_t b0, int64_t n, "
-                           "const float *xp)")
-    lines += [guard, "    pto_vf acc = pto_vsplat(0.0f);", "#else", scalar_acc, "#endif"] if vec else [scalar_acc]
-    lines += ["    int64_t k0, u;",
-              f"    for (k0 = b0 * {fmt.block}; k0 < (b0 + n) * {fmt.block}; k0 += {G}, xp += {G}) {{", *scale_lines]
+    at = [""] + [f" + {'' if r == 1 else f'{r} * '}ldx" for r in range(1, rows)]  # each vector's offset
+    lines = ["    int64_t k0, u;",
+             f"    for (k0 = b0 * {fmt.block}; k0 < (b0 + n) * {fmt.block}; k0 += {G}, {x} += {G}) {{", *scale_lines]
     if vec:  # each lane's weights a vector (the routine on it, the scales broadcast), times x's
         p = next(q for q in fmt.planes if q.group == 1)
         widen = "pto_vwiden_i8" if p.kind == "i" else "pto_vwiden_u8"
-        lines += [guard, f"        for (u = 0; u < {V}; u += PTO_VW) {{",
+        lines += [_guard(fmt), f"        for (u = 0; u < {V}; u += PTO_VW) {{",
                   f"            const pto_vi v = {widen}(pl_{p.name} + k0 / {U} + u);"]
         for lane in range(U):
             field = f"(v >> {lane * p.bits}) & {(1 << p.bits) - 1}" if p.bits < 8 else "v"
             w = fmt.dequantize({**values, p.name: _C(f"__builtin_convertvector({field}, pto_vf)")}).code
-            lines.append(f"            acc += pto_vload(xp + {lane * V} + u) * {w};")
+            lines.append(f"            w = {w};")
+            lines += [f"            acc{r} += pto_vload({x}{at[r]} + {lane * V} + u) * w;" for r in range(rows)]
         lines += ["        }", "#else"]
     lines += [f"        for (u = 0; u < {V}; u++) {{", f"            const int64_t ku = k0 + u * {U};"]
     for lane in range(U):
-        lines.append(f"            acc[{lane * V} + u] += xp[{lane * V} + u] * {_weight(fmt, values, lane)};")
+        lines.append(f"            w_ = {_weight(fmt, values, lane)};")
+        lines += [f"            acc{r}[{lane * V} + u] += {x}[{lane * V} + u{at[r]}] * w_;" for r in range(rows)]
     lines.append("        }")
-    lines += ["#endif", "    }", "    (void)nb;"] if vec else ["    }", "    (void)nb;"]
-    scalar_sum = f"    return pto_row_sum(acc, {G});"
-    lines += [guard, "    return pto_vsum(acc);", "#else", scalar_sum, "#endif"] if vec else [scalar_sum]
-    return lines + ["}", ""]
+    return lines + (["#endif", "    }"] if vec else ["    }"])
+
+
+def _guard(fmt: QuantFormat) -> str:
+    """The condition of the vector form (the module docstring)."""
+    return f"#if defined(PTO_DQ_VECTORS) && {group_of(fmt) // unit_of(fmt)} % PTO_VW == 0"
+
+
+def _accumulators(fmt: QuantFormat, rows: int) -> list[str]:
+    """The declarations of ``rows`` vectors' accumulators (zero) and of a weight (``w``, ``w_``)."""
+    scalar = f"    float {', '.join(f'acc{r}[{group_of(fmt)}] = {{0.0f}}' for r in range(rows))}, w_;"
+    if not vectorized(fmt):
+        return [scalar]
+    vector = ", ".join(f"acc{r} = pto_vsplat(0.0f)" for r in range(rows))
+    return [_guard(fmt), f"    pto_vf {vector}, w;", "#else", scalar, "#endif"]
+
+
+def _sums(fmt: QuantFormat, into: list[str]) -> list[str]:
+    """Each accumulator's sum (``into[r]``: a format with a ``{}`` for it)."""
+    scalar = [f"    {t.format(f'pto_row_sum(acc{r}, {group_of(fmt)})')}" for r, t in enumerate(into)]
+    if not vectorized(fmt):
+        return scalar
+    return [_guard(fmt), *(f"    {t.format(f'pto_vsum(acc{r})')}" for r, t in enumerate(into)), "#else", *scalar,
+            "#endif"]
+
+
+def render_dot(fmt: QuantFormat) -> list[str]:
+    """``pto_dqdot_<format>``: blocks of a row dotted with a prepared vector (the module docstring)."""
+    lines = _prologue(fmt, f"float {dot_name(fmt)}(const uint8_t *row, int64_t nb, int64_t b0, int64_t n, "
+                           "const float *xp)")
+    lines += _accumulators(fmt, 1) + _dot_loops(fmt, 1, "xp") + ["    (void)nb;"]
+    return lines + _sums(fmt, ["return {};"]) + ["}", ""]
+
+
+#: the vectors a multi-row dot product multiplies each weight into at once (their accumulators in
+#: registers); the rest (fewer) in one block. 8 was no faster with AVX-512's 32 registers
+DOT_BLOCK = 4
+
+
+def render_dots(fmt: QuantFormat) -> list[str]:
+    """``pto_dqdots_<format>(row, nb, b0, n, xp, ldx, R, c, ldc)``: blocks of a row dotted with
+    ``R`` prepared vectors (``ldx`` apart), each sum added to ``c[i * ldc]``: the weights
+    computed once per :data:`DOT_BLOCK` vectors, each vector's sum ``pto_dqdot_<format>``'s (the
+    same products in the same order)."""
+    lines = _prologue(fmt, f"void {dots_name(fmt)}(const uint8_t *row, int64_t nb, int64_t b0, int64_t n, "
+                           "const float *xp, int64_t ldx, int64_t R, float *c, int64_t ldc)")
+    lines.append("    int64_t i = 0;")
+    for rows in range(DOT_BLOCK, 1, -1):  # blocks of DOT_BLOCK vectors, then one of the rest
+        head = f"for (; i + {rows} <= R; i += {rows})" if rows == DOT_BLOCK else f"if (R - i == {rows})"
+        body = ["    const float *x = xp + i * ldx;", *_accumulators(fmt, rows), *_dot_loops(fmt, rows, "x"),
+                *_sums(fmt, [f"c[(i + {r}) * ldc] += {{}};" for r in range(rows)])]
+        lines += [f"    {head} {{", *(t if t.startswith("#") else "    " + t for t in body),
+                  "    }" if rows == DOT_BLOCK else "        return;", *([] if rows == DOT_BLOCK else ["    }"])]
+    lines += [f"    for (; i < R; i++) c[i * ldc] += {dot_name(fmt)}(row, nb, b0, n, xp + i * ldx);", "}", ""]
+    return lines
 
 
 def render_helpers(fmt: QuantFormat) -> list[str]:
     """Every helper of ``fmt``."""
-    return [*render_helper(fmt), *render_dot(fmt)]
+    return [*render_helper(fmt), *render_dot(fmt), *render_dots(fmt)]
 
 
-__all__ = ["dot_name", "group_of", "helper_name", "render_dot", "render_helper", "render_helpers", "unit_of",
-           "vectorized"]
+__all__ = ["DOT_BLOCK", "dot_name", "dots_name", "group_of", "helper_name", "render_dot", "render_dots",
+           "render_helper", "render_helpers", "unit_of", "vectorized"]

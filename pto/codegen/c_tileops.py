@@ -17,8 +17,10 @@ Memory is read and written through one conversion per storage dtype (:data:`LOAD
 :data:`STORE`). A block-quantized memref (GGUF's Q4_0, Q8_0, ..., fp8: :mod:`pto.ir.quant`) is
 rows of blocks: a load dequantizes whole blocks of each row through its format's helper
 (:mod:`pto.codegen.c_quant`, the evaluator's routine: the same bits), and a GEMV's product of a
-tile only it reads (:func:`pto.ir.analysis.gemv_quantized_loads`) takes each weight row as stored,
-dequantized into the dot products (``pto_dqdot_<format>``), so the tile is never made.
+tile only it reads (:func:`pto.ir.analysis.gemv_quantized_loads`, up to
+:data:`~pto.ir.analysis.DOT_ROWS` rows) takes each weight row as stored, dequantized into the dot
+products of every row (``pto_dqdot_<format>``, ``pto_dqdots_<format>``), so the tile is never
+made.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from __future__ import annotations
 import math
 
 from pto.codegen.c_expr import strip_parens
-from pto.codegen.c_quant import dot_name, group_of, helper_name, unit_of
+from pto.codegen.c_quant import dot_name, dots_name, group_of, helper_name, unit_of
 from pto.errors import BuildError
+from pto.ir.analysis import DOT_ROWS
 from pto.ir.dtypes import DType, dtype_of
 from pto.ir.expr import const_value
 from pto.ir.nodes import Instr
@@ -39,8 +42,6 @@ C_TYPE = {DType.F32: "float", DType.BF16: "uint16_t", DType.F16: "uint16_t"}
 LOAD = {DType.F32: "{x}", DType.BF16: "pto_bf16_f32({x})", DType.F16: "pto_f16_f32({x})"}
 #: an f32 value as an element of memory (rounded to nearest even)
 STORE = {DType.F32: "{x}", DType.BF16: "pto_bf16_of({x})", DType.F16: "pto_f16_of({x})"}
-#: pto_tile.h's PTO_PACK_ROWS: from this many rows a product against a transposed operand packs it
-PACK_ROWS = 4
 #: an f32 value rounded to a tile's dtype
 ROUND = {DType.F32: "{x}", DType.BF16: "pto_r_bf16({x})", DType.F16: "pto_r_f16({x})"}
 
@@ -201,7 +202,7 @@ class CTileOps:
             self.open_loop("e", m * n)
             self.emit(f"{out}[e] = 0.0f;")
             self.close()
-        room = (k * n if m >= PACK_ROWS else m * k if ta else 0) if tb else 0  # pto_matmul_pack's
+        room = (k * n if m > DOT_ROWS else m * k if ta else 0) if tb else 0  # pto_matmul's pack
         pack = self.pack(room) if room else "NULL"
         self.emit(f"pto_matmul({m}, {n}, {k}, {pa}, {sa[0]}, {sa[1]}, {pb}, {sb[0]}, {sb[1]}, {out}, {n}, {pack});")
         if direct:
@@ -313,9 +314,9 @@ class CTileOps:
 
     def gemv_quantized(self, ins: Instr) -> None:
         """``dst += a @ w^T`` for a quantized tile ``w`` as stored (few rows of ``a``: each weight
-        row dequantized into one dot product per row of ``a``). A weight row outside its region
-        is the pad, 0: it adds nothing; one partly outside is dequantized into the temporary
-        row, the pad put around it."""
+        row dequantized into one dot product per row of ``a``, its values computed once for a
+        block of rows). A weight row outside its region is the pad, 0: it adds nothing; one
+        partly outside is dequantized into the temporary row, the pad put around it."""
         a, w = ins.srcs
         dst = ins.dst
         mem, ro, co = self.fused_at[w]
@@ -337,10 +338,11 @@ class CTileOps:
         self.emit(f"if (row_ < 0 || row_ >= m_{mem}_rows) continue;")
         self.emit(f"if (jl_ == 0 && jh_ == {k}) {{")
         self.depth += 1
-        self.open_loop("i", m)
-        self.emit(f"t_{dst}[i * {n} + j] += {dot_name(fmt)}(P_{mem} + row_ * S_{mem}, nb_{mem}, c0_ / {fmt.block}, "
-                  f"{k // fmt.block}, {xp} + i * {k});")
-        self.close()
+        blocks = f"P_{mem} + row_ * S_{mem}, nb_{mem}, c0_ / {fmt.block}, {k // fmt.block}"
+        if m == 1:
+            self.emit(f"t_{dst}[j] += {dot_name(fmt)}({blocks}, {xp});")
+        else:  # the weight row's values computed once for every row of a (a few at a time)
+            self.emit(f"{dots_name(fmt)}({blocks}, {xp}, {k}, {m}, t_{dst} + j, {n});")
         self.depth -= 1
         self.emit("} else {")
         self.depth += 1

@@ -248,6 +248,15 @@ def instr_reads(ins: Instr) -> set[str]:
     return out
 
 
+#: the most rows of a CPU's product against an output-major (transposed) operand that takes dot
+#: products (the c backend's GEMV: ``pto_mm_dot``, and ``pto_dqdots_<format>`` with quantized
+#: weights read as stored; runtime_c/pto_tile.h's PTO_DOT_ROWS); more rows pack the operand
+#: row-major for register blocks. SmolLM2's f32 step on the development VM: gate/up 32.4 against
+#: 62.4 ms packed at 8 sequences, 50.6 against 77.8 at 16 (docs/PERF.md, "A CPU batch's rows
+#: unpadded")
+DOT_ROWS = 16
+
+
 def gemv_quantized_loads(fn: IncoreFunction, few_rows) -> frozenset[str]:
     """The f32 tiles loaded (pad 0) from a quantized memref whose one reader is a ``matmul_acc``
     into an f32 tile of an f32 left operand of few rows (``few_rows(tile)``) by them (``tb``: a GEMV's

@@ -15,7 +15,7 @@ the program).
 from __future__ import annotations
 
 from pto.errors import SramError
-from pto.ir.analysis import gemv_quantized_loads, live_tiles_peak, staged_bytes, tile_bytes, tile_shape
+from pto.ir.analysis import DOT_ROWS, gemv_quantized_loads, live_tiles_peak, staged_bytes, tile_bytes, tile_shape
 from pto.ir.dtypes import DType
 from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.machine.target import KiB, Target
@@ -35,14 +35,15 @@ def _fmt(n: int) -> str:
 
 def check_sram(fn: IncoreFunction, target: Target, dims: dict[str, int] | None = None) -> int:
     """Raise SramError when the tiles live at the same time in ``fn`` exceed the target's
-    on-chip memory; return the peak live bytes otherwise. On a CPU a one-row GEMV's quantized
-    weight tile is never made (the c backend's product reads the weight rows as stored,
-    :func:`pto.ir.analysis.gemv_quantized_loads`): its packed blocks count, not its values."""
+    on-chip memory; return the peak live bytes otherwise. On a CPU a GEMV's quantized weight tile
+    (at most :data:`~pto.ir.analysis.DOT_ROWS` rows) is never made (the c backend's product reads
+    the weight rows as stored, :func:`pto.ir.analysis.gemv_quantized_loads`): its packed blocks
+    count, not its values."""
     as_stored = frozenset()
     if target.kind == "cpu":
         every = {**dict(fn.dims), **(dims or {})}
         tiles = {t.name: t for t in fn.tiles}
-        as_stored = gemv_quantized_loads(fn, lambda a: tile_shape(tiles[a], every)[0] == 1)
+        as_stored = gemv_quantized_loads(fn, lambda a: tile_shape(tiles[a], every)[0] <= DOT_ROWS)
     peak, names = live_tiles_peak(fn, dims, as_stored)
     if peak > target.sram_bytes:
         sizes = tile_bytes(fn, dims)

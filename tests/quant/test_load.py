@@ -154,19 +154,24 @@ def test_text_form_and_sram_rule_know_quantized_memrefs():
         o2.temp("w", 4, 64, DType.Q8_0)
 
 
-def test_on_a_cpu_a_one_row_gemvs_quantized_tile_counts_its_packed_blocks():
-    """The c backend's GEMV never makes a one-row product's quantized weight tile (it reads the
-    rows as stored): on a CPU target the SRAM rule counts its packed blocks only, so a 32 x 1536
-    f32 tile (192 KiB, far past the x86_64 target's 48 KiB) of Q4_1 weights fits as its 30 KiB of
-    blocks; a GPU target still counts the values (the Triton kernels hold them), and so does a
-    CPU for a product of 16 rows (that C kernel dequantizes a tile)."""
+def test_on_a_cpu_a_gemvs_quantized_tile_counts_its_packed_blocks():
+    """The c backend's GEMV never makes the quantized weight tile of a product of up to
+    DOT_ROWS rows (it reads the rows as stored): on a CPU target the SRAM rule counts its packed
+    blocks only, so a 32 x 1536 f32 tile (192 KiB, far past the x86_64 target's 48 KiB) of Q4_1
+    weights fits as its 30 KiB of blocks, for 1 row and for 2 (their x tile beside it); a GPU
+    target still counts the values (the Triton kernels hold them), and so does a CPU for a product
+    of more rows (that C kernel dequantizes a tile)."""
     from pto.incore.gemv import gemv_residual_tile
+
+    from pto.ir.analysis import DOT_ROWS
 
     cpu, h100 = get_target("x86_64"), get_target("cuda_h100")
     one = specialize(gemv_residual_tile(f32, 1, 1536, 576, 32, 1536, wdtype=DType.Q4_1))
     peak = check_sram(one, cpu)
     assert 32 * 1536 // 32 * 20 <= peak < 48 * 1024
+    two = specialize(gemv_residual_tile(f32, 2, 1536, 576, 32, 1536, wdtype=DType.Q4_1))
+    assert check_sram(two, cpu) == peak + 1536 * 4 + 32 * 4  # x's row more, and acc's
     with pytest.raises(SramError, match=r"b 192\.0 KiB"):
         check_sram(one, h100)
     with pytest.raises(SramError, match=r"b 192\.0 KiB"):
-        check_sram(specialize(gemv_residual_tile(f32, 16, 1536, 576, 32, 1536, wdtype=DType.Q4_1)), cpu)
+        check_sram(specialize(gemv_residual_tile(f32, DOT_ROWS + 1, 1536, 576, 32, 1536, wdtype=DType.Q4_1)), cpu)
