@@ -203,11 +203,11 @@ def _add_template(tk, backend, which: list[str], special: dict[str, str], ids: d
 def hf_tokenizer(folder: str | os.PathLike) -> Tokenizer:
     """The tokenizer of a Hugging Face folder: tokenizer.json, with tokenizer_config.json's special
     tokens and the chat template (chat_template.jinja or tokenizer_config.json's)."""
-    tk = _tokenizers()
     folder = Path(folder)
     file = folder / "tokenizer.json"
-    if not file.is_file():
+    if not file.is_file():  # (said before the package is asked for: the folder is the user's to fix)
         raise UsageError(f"{folder} has no tokenizer (no tokenizer.json)")
+    tk = _tokenizers()
     try:
         backend = tk.Tokenizer.from_file(str(file))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
