@@ -82,7 +82,8 @@
 #               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
-#               under $RECORDS_VARIANTS (default d=static; --records: every item's start, end and multiprocessor, to
+#               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
+#               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
 #               $OUT/records/, for bench/records.py off the GPU)
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:16384,4096,1537"; entries
 #               PROGRAM[/CONFIG]:SEQS, space-separated, e.g. "llama/mistral-7b:5555"; --config 7b for llama7b,
@@ -270,7 +271,8 @@ for stage in "$@"; do
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
-               --variants "${RECORDS_VARIANTS:-d=static}" --budget 240 --records "$OUT/records" \
+               --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \
+               --records "$OUT/records" \
                --json "$OUT/records.json" > "$OUT/records.log" 2>&1
              ls "$OUT/records" ;;
     tune) rm -rf /tmp/tune_pto

@@ -1,10 +1,10 @@
 """The persistent megakernel's design choices, measured on decode steps: milliseconds per token of
 each choice against the wave executor in the same process (random weights of the real shapes,
-bf16, batch 1, the cache filled to half; a GPU).
+bf16, one sequence unless ``--batches`` says more, the cache filled to half; a GPU).
 
-    python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--cache 1024]
-        [--variants 'd=static;d=stream,f=1;x=auto,s=2/0'] [--tilings 'default;waves;bn=8'] [--steps 32]
-        [--branches] [--budget SECONDS] [--json FILE]
+    python bench/megakernel.py [--configs smollm2-135m,llama3.2-1b,llama3-8b] [--batches 1,8]
+        [--cache 1024] [--variants 'd=static;d=stream,f=1;x=auto,s=2/0'] [--tilings 'default;waves;bn=8']
+        [--steps 32] [--branches] [--budget SECONDS] [--json FILE]
 
 A variant is comma-separated settings of the megakernel's environment: ``d=`` dispatch
 (``PTO_DISPATCH``), ``f=`` 0, 1, 2 or light (``PTO_MK_PREFETCH``), ``k=`` the KiB an item prefetches
@@ -62,12 +62,14 @@ def variant_env(variant: str) -> dict[str, str]:
     return {ENV[k]: v.replace("/", ",") for k, v in pairs.items()}
 
 
-def records_path(folder: str | None, config: str, tiling_text: str, variant: str) -> str | None:
-    """Where a run's traced items go (``--records``): CONFIG_TILING_VARIANT.npz in ``folder``, in
-    letters, digits, dots and dashes (the device tool brings no other file names back)."""
+def records_path(folder: str | None, config: str, tiling_text: str, variant: str, batch: int = 1) -> str | None:
+    """Where a run's traced items go (``--records``): CONFIG_TILING_VARIANT.npz in ``folder``
+    (CONFIG-bBATCH from 2 sequences on), in letters, digits, dots and dashes (the device tool
+    brings no other file names back)."""
     if not folder:
         return None
     os.makedirs(folder, exist_ok=True)
+    config = config if batch == 1 else f"{config}-b{batch}"
     safe = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in f"{config}_{tiling_text}_{variant or 'plain'}")
     return os.path.join(folder, f"{safe}.npz")
 
@@ -81,6 +83,7 @@ def tiling(text: str, cfg, executor: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="smollm2-135m,llama3.2-1b,llama3-8b")
+    ap.add_argument("--batches", default="1", help="sequences a step (comma-separated: each configuration at each)")
     ap.add_argument("--cache", type=int, default=1024)
     ap.add_argument("--variants", default="d=static;d=stream")
     ap.add_argument("--tilings", default="default")
@@ -102,14 +105,17 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
     rows = []
+    batches = [int(b) for b in args.batches.split(",")]
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
         w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
-        base = {"config": name, "cache": args.cache, "floor_ms": floor_ms(cfg, 1, args.cache, bw)}
-        runs = [("waves", t, "") for t in args.waves.split(";") if t]
-        runs += [("persistent", t, v) for t in args.tilings.split(";") for v in args.variants.split(";")]
-        alone = set()  # the tilings whose branches were compiled alone
-        for executor, tl, variant in runs:
+        runs = [(b, "waves", t, "") for b in batches for t in args.waves.split(";") if t]
+        runs += [(b, "persistent", t, v) for b in batches for t in args.tilings.split(";")
+                 for v in args.variants.split(";")]
+        alone = set()  # the (batch, tiling) pairs whose branches were compiled alone
+        for batch, executor, tl, variant in runs:
+            base = {"config": name, "batch": batch, "cache": args.cache,
+                    "floor_ms": floor_ms(cfg, batch, args.cache, bw)}
             if args.budget and time.perf_counter() - start > args.budget:
                 print(json.dumps({**base, "executor": executor, "tiling": tl, "variant": variant,
                                   "skipped": f"past --budget {args.budget} s"}), flush=True)
@@ -117,12 +123,13 @@ def main(argv=None) -> int:
             env = variant_env(variant)
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
-            branches = args.branches and executor == "persistent" and tl not in alone
+            branches = args.branches and executor == "persistent" and (batch, tl) not in alone
             if branches:
-                alone.add(tl)
+                alone.add((batch, tl))
             try:
-                res = ours(w, 1, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches,
-                           records=records_path(args.records, name, tl, variant) if executor == "persistent" else None)
+                res = ours(w, batch, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches,
+                           records=records_path(args.records, name, tl, variant, batch)
+                           if executor == "persistent" else None)
             except Exception as e:  # report it, measure the rest
                 res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             finally:
@@ -152,7 +159,8 @@ def table_lines(r: dict) -> str:
     compiled alone; the wave executor's kernels with the most registers."""
     what = r["executor"] + (f" [{r['variant']}]" if r["variant"] else "") + f" tiling {r['tiling']}"
     rep = r.get("report", {})
-    lines = [f"{r['config']:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
+    config = r["config"] if r.get("batch", 1) == 1 else f"{r['config']} B={r['batch']}"
+    lines = [f"{config:14s} {what:44s} {r.get('ms', r.get('error'))} ms  floor {r['floor_ms']}  "
              f"items {rep.get('items', '')} gap {rep.get('item_gap_us', '')} wait {rep.get('dependency_wait_us', '')}"]
     lines += path_lines(rep, functions=8)
     segments = rep.get("segments", [rep] if "regs" in rep else [])

@@ -31,3 +31,23 @@ def test_a_child_killed_by_a_signal_or_failing_is_an_error_that_says_how():
         decode.child_json([sys.executable, "-c", "print('done')"])
     with pytest.raises(RuntimeError, match=r"ran past 1 s and was stopped"):
         decode.child_json([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+
+
+def test_a_persistent_runs_paths_print_with_their_functions_and_each_batch_records_apart(tmp_path):
+    """decode.path_lines (bench/decode.py's lines and bench/megakernel.py's table): the critical path
+    and the item path, each with its first functions; megakernel.records_path: a file per batch."""
+    cp = {"tasks": 3, "total": 9.5, "wait": 1.5, "item": 7.0, "spread": 0.5, "launch": 0.5,
+          "by_function": {"f": {"tasks": 2, "wait": 1.0, "item": 5.0, "spread": 0.5, "items": 4.0, "rounds": 1.0},
+                          "g": {"tasks": 1, "wait": 0.5, "item": 2.0, "spread": 0.0, "items": 1.0, "rounds": 1.0}}}
+    ip = {"items": 3, "total": 9.5, "wait": 2.0, "dispatch": 0.0, "item": 7.0, "launch": 0.5,
+          "by_function": {"f": {"items": 2, "wait": 1.5, "dispatch": 0.0, "item": 5.0}}}
+    lines = decode.path_lines({"critical_path_us": cp, "item_path_us": ip}, "  ", functions=1)
+    assert lines[0] == "  critical path: 3 tasks, 9.5 us = wait 1.5 + item 7.0 + spread 0.5 + between launches 0.5"
+    assert lines[1].split()[:6] == ["f", "x2", "wait", "1.0", "item", "5.0"] and len(lines) == 4  # g left out
+    assert lines[2].startswith("  item path: 3 items, 9.5 us = wait 2.0 + dispatch 0.0 + item 7.0")
+    assert decode.path_lines({}) == []
+    spec = importlib.util.spec_from_file_location("megakernel_bench", _BENCH / "megakernel.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    one, eight = (mk.records_path(str(tmp_path), "llama3-8b", "+chunk=256", "d=static", b) for b in (1, 8))
+    assert Path(one).name == "llama3-8b__chunk_256_d_static.npz" and Path(eight).name.startswith("llama3-8b-b8_")
