@@ -305,3 +305,49 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
     assert for_weights(t, q4k, rows=8).ffn_bk == t.ffn_bk  # several sequences: the dot path's tiles
     with pytest.raises(UsageError, match="quant_tiles names nope: not a field"):
         DecodeTiling(quant_tiles=(("nope", 3),))
+
+
+@pytest.mark.parametrize("batch", [2, 16])
+def test_a_cpus_batch_takes_whole_k_steps_of_whole_blocks(batch):
+    """On a CPU the quantized GEMVs take their whole contraction a step at any batch
+    (``quant_whole_k``), narrowed to a divisor of it in whole blocks where a batch's rows do not
+    fit the target's on-chip memory (the LM head: the step and vocabulary block that hold the most
+    weights): every step of SmolLM2's shape is whole blocks dividing its K, 2 sequences take every
+    projection's whole K, and the step of those tiles is the reference's on the dequantized
+    weights (a misplaced step would fail its task)."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.ir.analysis import specialize, tile_shape
+    from pto.ir.dtypes import DType
+    from pto.ir.nodes import walk_instrs
+    from pto.ir.ops import Op
+    from pto.machine.target import get
+    from pto.passes.tiling import check_sram
+
+    cfg = replace(mp.CONFIGS["smollm2-135m"], layers=1, vocab=4096)
+    cpu = get("x86_64")
+    wt = WeightTypes(tuple((k, DType.Q4_1) for k in ("lm_head", "w_qkv", "wd", "wg", "wo", "wu")))
+    fns = functions(cfg, DType.F32, cpu, for_weights(mp.tiling_for(cfg, cpu), wt, batch), batch, wtypes=wt)
+    c, steps = cfg.layer, {}
+    for name, fn, dims in (("qkv", fns.qkv_rope or fns.qkv, {}), ("o", fns.proj_o or fns.proj, {}),
+                           ("down", fns.proj, {"K": c.ffn, "N": c.hidden}), ("gate_up", fns.gate_up, {}),
+                           ("lm", fns.lm, {})):
+        fn = specialize(fn, dims)
+        check_sram(fn, cpu)  # (what the builder asked of each step)
+        mems, tiles = {p.name: p for p in fn.memrefs}, {t.name: t for t in fn.tiles}
+        load = next(i for i in walk_instrs(fn.body) if i.op is Op.LOAD and mems.get(i.srcs[0]) is not None
+                    and mems[i.srcs[0]].dtype.is_quantized)
+        K, step = int(str(mems[load.srcs[0]].shape[1])), tile_shape(tiles[load.dst], dict(fn.variant))[1]
+        assert step % 32 == 0 and K % step == 0, (name, K, step)
+        steps[name] = (K, step)
+    if batch == 2:
+        assert all(step == K for name, (K, step) in steps.items() if name != "lm"), steps
+    mp.CONFIGS["smollm2-1l"] = cfg
+    try:
+        res = run("model", config="smollm2-1l", cache=64, batch=batch, device="cpu", check=True, seed=2,
+                  quantize="q4_1")
+    finally:
+        del mp.CONFIGS["smollm2-1l"]
+    assert res["rel_err"] <= 1e-5, res
