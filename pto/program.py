@@ -47,6 +47,14 @@ DEFAULTS_RULE = ("defaults: --device auto is cuda when a GPU is visible, else cp
                  "device's own")
 
 
+def without_tp(flag: str, value: Any, why: str = "") -> UsageError:
+    """The error of an option that acts across tensor-parallel ranks alone (``Option.tp_only``,
+    ``pto generate --allreduce-dtype``) given without ``--tp N`` above 1, where it would be
+    ignored (``why``: more, after the rule)."""
+    return UsageError(f"{flag} {value} applies to tensor parallelism, with --tp N above 1{why}; "
+                      "one rank would ignore it")
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of a program: a key of its :class:`Settings` and a command-line flag.
@@ -403,5 +411,5 @@ def seeded_randn(shape, dtype: DType, device, generator: torch.Generator, scale:
     return x.to(device=device, dtype=dtype.torch)
 
 
-__all__ = ["Program", "Option", "Settings", "Shape", "ShapeParam", "CountsTasks", "Estimation", "Baseline",
-           "seeded_randn", "default_dtype", "DEFAULTS_RULE"]
+__all__ = ["Program", "Option", "without_tp", "Settings", "Shape", "ShapeParam", "CountsTasks", "Estimation",
+           "Baseline", "seeded_randn", "default_dtype", "DEFAULTS_RULE"]

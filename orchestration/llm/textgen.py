@@ -29,6 +29,7 @@ from typing import TextIO
 
 from pto.errors import UsageError
 from pto.generation import GenerateRequest
+from pto.program import without_tp
 
 
 def _check(req: GenerateRequest) -> None:
@@ -50,8 +51,7 @@ def _check(req: GenerateRequest) -> None:
     if req.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {req.max_new_tokens}")
     if req.allreduce_dtype is not None and req.tp == 1:
-        raise UsageError(f"--allreduce-dtype {req.allreduce_dtype} applies to tensor parallelism, with --tp N above "
-                         "1; one rank would ignore it")
+        raise without_tp("--allreduce-dtype", req.allreduce_dtype)
     _sampler(req)  # its values checked before any work
 
 

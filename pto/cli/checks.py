@@ -142,13 +142,14 @@ def check_tp_options(args: argparse.Namespace, program) -> None:
     """A program's option that acts across tensor-parallel ranks alone (``Option.tp_only``: the
     dtype of their sums, the LM head's split) given without ``--tp N`` above 1 would be ignored:
     one line naming both flags."""
+    from pto.program import without_tp
+
     tp = getattr(args, "tp", None)
     for o in program.options if program is not None and (tp or 1) == 1 else ():
         value = getattr(args, o.name, None)
         if o.tp_only and value is not None:
             why = "" if tp is not None else f", which pto {args.cmd} does not take"
-            raise UsageError(f"{o.flag} {value} applies to tensor parallelism, with --tp N above 1{why}; "
-                             f"one rank would ignore it")
+            raise without_tp(o.flag, value, why)
 
 
 def check_cache(cmd: str | None) -> None:
