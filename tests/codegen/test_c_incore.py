@@ -532,3 +532,17 @@ def test_generated_c_is_strict_c99(tmp_path, flags):
 @pytest.mark.slow
 def test_every_generated_kernel_is_strict_c99(tmp_path):
     _strict_compile(tmp_path, render_incore([CASES[n].fn for n in sorted(CASES)], "strict").source)
+
+
+def test_the_header_and_the_codegen_agree_on_the_rows_that_take_dot_products():
+    """pto_tile.h's pto_matmul packs a transposed b from PTO_DOT_ROWS + 1 rows on, and the code
+    generator reserves the pack's room by pto.ir.analysis.DOT_ROWS: one number in two languages
+    (a mismatch would write past the room or leave it unused)."""
+    import re
+    from pathlib import Path
+
+    from pto.ir.analysis import DOT_ROWS
+
+    header = (Path(__file__).resolve().parents[2] / "runtime_c" / "pto_tile.h").read_text()
+    (rows,) = re.findall(r"enum \{ PTO_DOT_ROWS = (\d+) \};", header)
+    assert int(rows) == DOT_ROWS
