@@ -97,7 +97,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
         if f.name not in KERNELS or fn is None:
             continue
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
-        kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre))
+        kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True))
         tag = f"{spec}|{mode}|{tiling}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
@@ -110,7 +110,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
                     "kernel": f.name, "spec": spec, "mode": mode, "tiling": tiling,
                     "weights_per_step": weights * blocks[0] * blocks[1], "K": blocks[2], "bk": blocks[1],
                     "bits_per_weight": _bits(fn),
-                    "grouped": "_pto_dqg_dot_" in kern.source.split("def d_")[-1]})
+                    "grouped": any(f"_pto_dq{k}_dot_" in kern.source.split("def d_")[-1] for k in "gi")})
     return out
 
 
@@ -187,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", default="late", help="the kernels' programmatic dependent launch, as the step's (late; "
                     "'' none)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -205,6 +206,12 @@ def main(argv=None) -> int:
             print(proc.stderr[-3000:], file=sys.stderr)
             return 1
         got = {g["tag"]: g for g in json.loads(proc.stdout.strip().splitlines()[-1])}
+        if args.sass:
+            Path(args.sass).mkdir(parents=True, exist_ok=True)
+            for j in todo:
+                name = re.sub(r"[^\w.-]", "_", j["tag"])
+                (Path(args.sass) / f"{name}.sass").write_text(got[j["tag"]]["sass"])
+                (Path(args.sass) / f"{name}.py").write_text(Path(j["path"]).read_text())
     rows = [facts(j, got[j["tag"]]) for j in todo]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

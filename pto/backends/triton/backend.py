@@ -107,7 +107,8 @@ class TritonBackend(Backend):
         self.pdl = self._pdl(pdl)
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
-        self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles))
+        self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
+                               asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

@@ -49,8 +49,8 @@ def persistent_mode() -> str:
 
 def qgemv_mode(compiles: bool = True) -> str:
     """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
-    ``PTO_QGEMV`` (auto, units, groups; default auto: groups for the block formats, units for
-    fp8), "auto" where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless
+    ``PTO_QGEMV`` (auto, units, groups, int8; default auto: groups for the block formats, units
+    for fp8), "auto" where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless
     asked (its f32 arithmetic is the CPU tests' reference; the groups path has tests of its own)."""
     mode = os.environ.get("PTO_QGEMV", "auto")
     if mode not in QGEMV_MODES:

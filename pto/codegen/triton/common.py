@@ -58,7 +58,10 @@ FLAT_STAGES = 3
 #: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71 -> 4.01, fp8 3.16 -> 3.65; in the quantized tiles of
 #: :data:`pto.orchestration.model.program.QUANT_WIDE` fp8 2.61 by units against 2.77 by groups,
 #: though its GEMVs alone were 7-35% faster by groups there; docs/PERF.md)
-QGEMV_MODES = ("auto", "units", "groups")
+#: "int8": by groups, with x rounded to 8-bit integers per group and the products integer dots
+#: where the format's values are one plane of 4- or 8-bit integers (Q4_0, Q4_1, Q8_0, Q4_K:
+#: :func:`pto.codegen.triton.quant_groups.render_dot_int8`), the others as "auto" reads them.
+QGEMV_MODES = ("auto", "units", "groups", "int8")
 #: the formats "auto" reads by units
 QGEMV_UNITS_AUTO = frozenset({"fp8"})
 
@@ -66,7 +69,7 @@ QGEMV_UNITS_AUTO = frozenset({"fp8"})
 def reads_by_groups(mode: str, fmt_name: str) -> bool:
     """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
     ``RenderOptions.qgemv`` ``mode``."""
-    return mode == "groups" or (mode == "auto" and fmt_name not in QGEMV_UNITS_AUTO)
+    return mode == "groups" or (mode in ("auto", "int8") and fmt_name not in QGEMV_UNITS_AUTO)
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
@@ -103,6 +106,8 @@ class RenderOptions:
     ``qgemv``: how a GEMV's product reads quantized weights (:data:`QGEMV_MODES`; "": the
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
     directly); a tile that is not whole groups of its format takes "units".
+    ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
+    the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_dp4a`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
     (:meth:`pto.codegen.triton.body.BodyRenderer.prefetch`, ``run_prefetch``): by default enough
     for the first trips of a K loop (a decode GEMV item's whole weight block), not a prefill
@@ -117,6 +122,7 @@ class RenderOptions:
     pre: tuple[str, ...] = ()
     persistent: str = ""
     qgemv: str = ""
+    asm: bool = False
     prefetch_bytes: int = 64 * 1024
 
 

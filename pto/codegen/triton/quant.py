@@ -218,7 +218,8 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         parts = [_fraction(em, p, f"R_{p.name}", k) for k in range(U)]
         whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, (BR, BC))")
         sums[name] = per_unit(em.let(f"{whole} * x"), "BR")
-    units, rows = affine_parts(em, fmt, form, sums, xsum, lambda v: f"tl.sum({v}, axis=1)[:, None]")
+    esums = fraction_sums(em, fmt, form, sums, xsum)
+    units, rows = affine_parts(em, fmt, form, esums, xsum, lambda v: f"tl.sum({v}, axis=1)[:, None]")
     total = [] if units is None else [em.let(f"tl.sum({units.code}, axis=1)")]
     total += [] if rows is None else [em.let(f"tl.sum({rows.code}, axis=1)")]
     return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, x, BR: tl.constexpr, BC: tl.constexpr):",
@@ -231,20 +232,28 @@ def affine_form(em: _Emitter, fmt: QuantFormat) -> Affine:
     return fmt.affine_form({p.name: _Value(em, f"R_{p.name}", p.header) for p in fmt.planes if p.group != 1})
 
 
-def affine_parts(em: _Emitter, fmt: QuantFormat, form: Affine, sums: dict[str, str], xsum: str, row_sum):
-    """A dot's terms from ``sums`` (each element plane's sum of x times its fields as
-    :func:`_fraction` makes them, ``1 + u / 2^bits``, per unit of the scales) and ``xsum`` (x's
-    sum per unit): the part whose coefficients vary per unit (summed per unit) and the part of
-    row coefficients (each term summed over the row first, ``row_sum``); either None."""
-    terms = []
-    for name, coef in sorted(form.coef.items()):
+def fraction_sums(em: _Emitter, fmt: QuantFormat, form: Affine, sums: dict[str, str], xsum: str) -> dict[str, str]:
+    """Each element plane's sum of x times its values ``E`` from ``sums`` (its sum of x times the
+    fields as :func:`_fraction` makes them, ``1 + u / 2^bits``) and ``xsum`` (x's sum over the
+    same elements): ``sum x (1 + u / 2^b) = X + sum x u / 2^b``, ``u = E`` (``+ 2^(b-1)`` signed)."""
+    out = {}
+    for name in sorted(form.coef):
         p = fmt.plane(name)
         acc = sums[name]
-        if p.kind != "e4m3":  # sum x (1 + u / 2^b) = X + sum x u / 2^b, u = E (+ 2^(b-1) signed)
+        if p.kind != "e4m3":
             acc = em.let(f"({acc} - {xsum}) * {float(1 << p.bits)!r}")
             if p.kind == "i":
                 acc = em.let(f"{acc} - {xsum} * {float(1 << (p.bits - 1))!r}")
-        terms.append((_Value(em, acc), coef))
+        out[name] = acc
+    return out
+
+
+def affine_parts(em: _Emitter, fmt: QuantFormat, form: Affine, esums: dict[str, str], xsum: str, row_sum):
+    """A dot's terms from ``esums`` (each element plane's sum of x times its values ``E`` per unit
+    of the scales) and ``xsum`` (x's sum per unit): the part whose coefficients vary per unit
+    (summed per unit) and the part of row coefficients (each term summed over the row first,
+    ``row_sum``); either None."""
+    terms = [(_Value(em, esums[name]), coef) for name, coef in sorted(form.coef.items())]
     if form.const is not None:
         terms.append((_Value(em, xsum), form.const))
     units, rows = None, None
@@ -272,4 +281,4 @@ def render_helpers(fmt: QuantFormat) -> list[str]:
 
 
 __all__ = ["helper_name", "load_name", "dot_name", "render_helpers", "render_load", "render_values", "render_dot",
-           "unit_of", "affine_form", "affine_parts", "header_load"]
+           "unit_of", "affine_form", "affine_parts", "fraction_sums", "header_load"]

@@ -39,6 +39,7 @@ from pto.codegen.triton.quant import (
     _planes_params,
     affine_form,
     affine_parts,
+    fraction_sums,
     header_load,
 )
 from pto.ir.quant import Plane, QuantFormat
@@ -184,17 +185,116 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         xw = em.let(f"tl.reshape({xg}, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape({xg}, ({G}, 1, {V}))")
         # each subgroup's products summed within the thread, one multiply-add chain
         sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({G}, BR, {S}, {V * U // S})), axis=3)")
-    units, rows = affine_parts(em, fmt, form, sums, xs, lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+    units, rows = affine_parts(em, fmt, form, fraction_sums(em, fmt, form, sums, xs), xs,
+                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
     total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
     total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
     return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):",
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def render_helpers(fmt: QuantFormat) -> list[str]:
-    """The group helpers of ``fmt`` (the load and the dot)."""
-    return [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
+def int8_applies(fmt: QuantFormat) -> bool:
+    """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int8`): one element
+    plane of 4- or 8-bit integers, every scale the same over a group (Q4_0, Q4_1, Q8_0, Q4_K; not
+    Q5_K's and Q6_K's two planes, nor fp8)."""
+    planes = [p for p in fmt.planes if p.group == 1]
+    return len(planes) == 1 and planes[0].kind in ("u", "i") and planes[0].bits in (4, 8) \
+        and subgroup_of(fmt) == group_of(fmt)
+
+
+def int8_dot_name(fmt: QuantFormat) -> str:
+    return f"_pto_dqi_dot_{fmt.name}"
+
+
+#: the f32 1.5 * 2^23: an f32 of magnitude below 2^22 added to it is rounded to an integer (to
+#: nearest, ties to even) held in the sum's low bits, two's complement
+_ROUND = "12582912.0"
+
+
+def render_dp4a(asm: bool) -> list[str]:
+    """``_pto_dp4a(a, b, c)``: ``c`` plus the sum of the products of the four signed bytes of
+    ``a`` and ``b`` (int32 tensors): PTX's ``dp4a.s32.s32`` (one instruction) where ``asm``, else
+    the same arithmetic in Triton's operations (the interpreter's: no inline assembly there)."""
+    head = "@triton.jit\ndef _pto_dp4a(a, b, c):"
+    if asm:
+        return [head, '    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], '
+                "dtype=tl.int32, is_pure=True, pack=1)"]
+    terms = " + ".join(f"((a << {24 - 8 * k}) >> 24) * ((b << {24 - 8 * k}) >> 24)" for k in range(4))
+    return [head, f"    return c + {terms}"]
+
+
+def _split(em: _Emitter, code: str) -> tuple[str, str]:
+    """``tl.split(code)``'s two halves, as two names."""
+    if code in em.seen:
+        return tuple(em.seen[code].split(", "))
+    em.n += 2
+    a, b = f"_v{em.n - 1}", f"_v{em.n}"
+    em.seen[code] = f"{a}, {b}"
+    em.lines.append(f"    {a}, {b} = tl.split({code})")
+    return a, b
+
+
+def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
+    """The ``V`` words of ``t`` (``[lead, V]``) as ``[lead, 1]`` tensors, in an order that depends
+    on ``V`` only (two tensors split alike pair up word by word)."""
+    if V == 1:
+        return [t]
+    halves = _split(em, f"tl.reshape({t}, ({lead}, {V // 2}, 2))")
+    return [w for h in halves for w in _words(em, h, lead, V // 2)]
+
+
+def render_dot_int8(fmt: QuantFormat) -> list[str]:
+    """``_pto_dqi_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums with x
+    rounded to 8-bit integers per group (a scale a group: its largest magnitude over 127, as
+    llama.cpp's Q8_1 activations) and each group's ``sum xq E`` an integer dot of four bytes an
+    instruction (:func:`render_dp4a`): the packed fields masked into bytes (4-bit ones two masks
+    a word), x's bytes packed in the matching order once per K step and shared by the rows. The
+    arithmetic differs from the float dot's by x's rounding: at most half a step of its group's
+    scale an element; the integer sums are exact."""
+    em = _Emitter()
+    T = group_of(fmt)
+    G = f"BC // {T}"
+    (p,) = [q for q in fmt.planes if q.group == 1]
+    _, V, _ = words_of(fmt, p)
+    per = 8 // p.bits  # fields a byte: a word's lanes at shift k * bits land in bytes j as lane j * per + k
+    g = em.let(f"tl.arange(0, {G})[:, None, None]")
+    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
+    amax = em.let(f"tl.max(tl.abs({xg}), axis=2, keep_dims=True)")
+    inv = em.let(f"127.0 / tl.maximum({amax}, 1e-30)")  # (a group of zeros: its bytes zero)
+    xs = em.let(f"{amax} / 127.0")  # a step of the group's integers
+    xb = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True) & 255")  # [G, 1, T] bytes
+    xsum = em.let(f"tl.sum({xg}, axis=2, keep_dims=True)")
+    shifts = em.let("(tl.arange(0, 4) * 8)[None, None, None, :]")
+    if per == 1:
+        lanes = [em.let(f"tl.reshape({xb}, ({G}, 1, {V}, 4))")]
+    else:  # a word's even lanes in its low nibbles, its odd ones in its high nibbles
+        lanes = list(_split(em, f"tl.reshape({xb}, ({G}, 1, {V}, 4, {per}))"))
+    xw = [_words(em, em.let(f"tl.sum({lane} << {shifts}, axis=3) + {zero}"), f"{G}, 1", V) for lane in lanes]
+    rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
+    mask = 0x01010101 * ((1 << p.bits) - 1)
+    acc = zero
+    for v, word in enumerate(rw):
+        for k in range(per):
+            field = word if p.bits == 8 else em.let(f"({word} >> {k * p.bits}) & {mask}" if k else f"{word} & {mask}")
+            acc = em.let(f"_pto_dp4a({field}, {xw[k][v]}, {acc})")
+    esum = em.let(f"{acc}.to(tl.float32) * {xs}")  # [G, BR, 1]: each group's sum of x E
+    form = affine_form(em, fmt)
+    units, rows = affine_parts(em, fmt, form, {p.name: esum}, xsum,
+                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
+    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
+    return [f"@triton.jit\ndef {int8_dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
+            "BC: tl.constexpr):", f"    # {fmt.name}: x as 8-bit integers a group of {T}, integer dots",
+            *em.lines, f"    return {' + '.join(total)}"]
+
+
+def render_helpers(fmt: QuantFormat, int8: bool = False) -> list[str]:
+    """The group helpers of ``fmt`` (the load and the dot; ``int8``: the integer dot too)."""
+    parts = (render_load, render_dot) + ((render_dot_int8,) if int8 else ())
+    return [line for f in parts for line in (*f(fmt), "", "")]
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
-           "render_helpers"]
+           "render_helpers", "int8_applies", "int8_dot_name", "render_dot_int8", "render_dp4a"]

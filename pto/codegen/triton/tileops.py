@@ -92,6 +92,11 @@ class TileOps:
                 return
         raise BuildError(f"`{self.fn.variant_name}`: no Triton rule for `{op.value}`")  # pragma: no cover
 
+    def int8_dots(self, fmt) -> bool:
+        """Do the GEMVs read by groups take ``fmt``'s products as integer dots (``qgemv`` "int8"
+        and a format that allows them: :func:`pto.codegen.triton.quant_groups.int8_applies`)."""
+        return self.opts.qgemv == "int8" and quant_groups.int8_applies(fmt)
+
     # padding -----------------------------------------------------------------------------------
     def lanes(self, tile: str, axis: int) -> str | None:
         """The mask of ``tile``'s logical lanes along ``axis`` (0 rows, 1 columns), broadcastable
@@ -178,6 +183,8 @@ class TileOps:
             if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
                 planes = f"{planes}, P_{mem}, S_{mem}"
             name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
+            if b in self.grouped and self.int8_dots(fmt):
+                name = quant_groups.int8_dot_name(fmt)
             dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return

@@ -1,0 +1,141 @@
+"""The quantized GEMV's integer dots (``PTO_QGEMV=int8``, pto.codegen.triton.quant_groups's
+``render_dot_int8``) through the Triton interpreter: x rounded to 8-bit integers per group of
+the format's group (its largest magnitude over 127 a step), each group's products an exact
+integer dot of the weights' fields and those integers, the scales applied per group. Checked
+against float64 of the same arithmetic (torch's rounding of x, the dequantized weights of the
+reference routine) and against the unrounded product within the rounding's bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.codegen.triton.common import RenderOptions  # noqa: E402
+from pto.codegen.triton.quant_groups import group_of, int8_applies, render_dp4a  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.dtypes import QUANTIZED, DType, dtype_of, f32  # noqa: E402
+from pto.quant.planes import plane_values  # noqa: E402
+from tests.codegen.tritonkit import INTERPRETER_ONLY, temp_cache_dir  # noqa: E402,F401
+from tests.quant.test_load import random_qtensor  # noqa: E402
+
+INT8 = [d for d in QUANTIZED if int8_applies(d.quant)]
+
+
+def int8_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 of what the integer dots compute for rows ``skip:skip + N`` of ``w`` and ``x [1,
+    K]``: each group's x rounded to integers of its step (largest magnitude / 127), times the
+    weights' values ``A * E``, plus their constant part ``B`` times x unrounded (the dot sums x
+    itself for it); and the bound of that from the unrounded product: half a step of each x times
+    the magnitude of its weights' ``A * E``."""
+    fmt, K = dtype.quant, x.shape[1]
+    T = group_of(fmt)
+    xg = x.view(-1, T).float()
+    amax = xg.abs().amax(1, keepdim=True)
+    step = amax / 127.0
+    xq = (torch.round(xg * (127.0 / amax.clamp_min(1e-30))) * step).double().view(1, K)
+    data = w.data
+
+    def fetch(offs):
+        lo = int(offs.reshape(-1)[0])
+        return data[skip:skip + N, lo:lo + offs.shape[-1]]
+
+    vals = plane_values(fmt, fetch, K // fmt.block, 0, K, data.device)
+    whole = fmt.dequantize(vals).double()
+    (p,) = [q for q in fmt.planes if q.group == 1]
+    vals[p.name] = torch.zeros_like(vals[p.name])
+    const = fmt.dequantize(vals).double()  # B: the values with every field zero
+    ref = xq @ (whole - const).T + x.double() @ const.T
+    bound = (step.double().repeat_interleave(T).view(1, K) / 2) @ (whole - const).abs().T
+    return ref, bound
+
+
+def int8_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str = "int8"):
+    """``y = x @ w.T + r`` of 36 rows of a random ``dtype`` matrix (its region from row 3, the last
+    block of 8 rows past the region's end) by the residual GEMV in K steps of ``bk``, through a
+    Triton backend on ``device`` reading by ``qgemv``: (y, the backend's kernel source, x, w, r)."""
+    from pto.incore.gemv import gemv_residual_tile
+
+    N, skip = 36, 3
+    g = torch.Generator().manual_seed(5)
+    w = random_qtensor(dtype, N + skip, K, seed=6)
+    x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
+    x[0, :dtype.quant.block] *= 40.0  # a group of large values: steps that differ by group
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
+    regions = {"x": (x, 0, 0, 1, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, 1, N),
+               "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
+    backend = TritonBackend(device, options=RenderOptions(qgemv=qgemv))
+    mems = {n: RegionBatch(t.to(device), *(torch.tensor([v], device=device) for v in rest))
+            for n, (t, *rest) in regions.items()}
+    backend.prepare(TaskBatch(fn, mems, {}, 1))()
+    return mems["y"].tensor.cpu(), backend.kernel(fn).source, x, w, r
+
+
+def interpreted(test):
+    """``test`` with the marks of a module that runs the interpreter (tritonkit's)."""
+    for mark in INTERPRETER_ONLY:
+        test = mark(test)
+    return test
+
+
+@pytest.mark.parametrize("dtype", INT8, ids=str)
+@pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
+@interpreted
+def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk):
+    """Every format that takes integer dots, a K loop whose last step overhangs the rows (768
+    columns in steps of 512) or one step of a padded block (576 in a block of 1,024: SmolLM2's
+    rows; whole blocks of 32 only): the sums are float64's of x rounded per group to f32 summation
+    order (the integer sums are exact; f32 rounds each group's scaled sum and the sum of groups),
+    and within the rounding's bound of the unrounded product."""
+    if K % dtype.quant.block:
+        pytest.skip(f"{dtype}: {K} columns are not whole blocks")
+    y, source, x, w, r = int8_gemv(dtype, K, bk, "cpu")
+    assert "_pto_dqi_dot_" + dtype.short in source and "inline_asm" not in source
+    ref, bound = int8_reference(dtype, w, x, 3, 36)
+    scale = float((x.abs() @ w.dequantize()[3:39].abs().T).max())
+    torch.testing.assert_close(y.double(), ref + r.double(), rtol=1e-5, atol=2e-6 * scale)
+    exact = x.double() @ w.dequantize()[3:39].double().T + r.double()
+    assert bool(((y.double() - exact).abs() <= bound * 1.001 + 2e-6 * scale).all())
+    assert float((y.double() - exact).abs().max()) > 0  # the rounding is there: x is not integers
+
+
+def test_which_formats_take_integer_dots_and_the_others_fall_back():
+    """One plane of 4- or 8-bit integers and scales per group: Q4_0, Q4_1, Q8_0, Q4_K; Q5_K and
+    Q6_K (two element planes) read by groups' float dots, fp8 by units (auto's choice)."""
+    from pto.incore.gemv import gemv_residual_tile
+
+    from pto.codegen.triton import render
+
+    assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k"}
+    for name, dot in (("q6_k", "_pto_dqg_dot_q6_k("), ("fp8", "_pto_dq_dot_fp8("), ("q4_k", "_pto_dqi_dot_q4_k(")):
+        fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
+        src = render(fn, RenderOptions(qgemv="int8", asm=True)).source
+        assert dot in src, name
+        assert ("dp4a.s32.s32" in src) == (name == "q4_k"), name
+
+
+def test_the_interpreters_dp4a_is_ptxs():
+    """The interpreter's ``_pto_dp4a`` (Triton operations) on random words against PTX's
+    definition of ``dp4a.s32.s32`` (four signed bytes' products summed onto c)."""
+    import numpy as np
+
+    ns: dict = {}
+    src = "\n".join(render_dp4a(False)).replace("@triton.jit\n", "")
+    exec(src, ns)  # plain Python on numpy int32 arrays: the interpreter runs the same operators
+    g = np.random.default_rng(3)
+    a, b, c = (g.integers(-2**31, 2**31, 1000, dtype=np.int64).astype(np.int32) for _ in range(3))
+    with np.errstate(over="ignore"):
+        got = ns["_pto_dp4a"](a, b, c)
+    sa, sb = (v.view(np.int8).reshape(-1, 4).astype(np.int64) for v in (a, b))
+    want = (c.astype(np.int64) + (sa * sb).sum(1) + 2**31) % 2**32 - 2**31
+    assert np.array_equal(got.astype(np.int64), want)
+    assert "dp4a.s32.s32" in "\n".join(render_dp4a(True))
+
+
+def test_pto_qgemv_takes_int8(monkeypatch):
+    monkeypatch.setenv("PTO_QGEMV", "int8")
+    assert TritonBackend("cpu").options.qgemv == "int8"
+    assert not TritonBackend("cpu").options.asm  # the interpreter: no inline assembly
