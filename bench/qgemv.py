@@ -11,7 +11,7 @@ The shapes are Llama-3-8B's at batch 1 (bf16 activations): ``o`` the residual GE
 4096 (``gemv_residual_tile``), ``down`` 14336 -> 4096, ``gate_up`` the norm, gate and up and
 SwiGLU 4096 -> 2 x 14336 (``gemv_norm_swiglu_tile``), ``head`` the LM head 4096 -> 128256 with
 the norm and the argmax epilogue (``lmhead_argmax_gemv_tile``); ``qkv`` (4096 -> 6144, the
-norm folded) on request. A tile ``MODE:TILING`` reads the weights by ``MODE`` (units, groups) in
+norm folded) on request. A tile ``MODE:TILING`` reads the weights by ``MODE`` (units, groups, int8, int16) in
 the 8B decode tiling with ``TILING``'s fields (``default``, or bench/decode.py's ``k=v,...``),
 fitted to the type (:func:`~pto.orchestration.model.quantized.for_weights`): each shape its
 output block and K step of it (o: ``o_bn``, ``o_bk``; down: ``bn``, ``bk``; gate_up: ``ffn_*``;
@@ -128,7 +128,7 @@ def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs:
     copies = [one] + [weights(shape, wdtype, g) for _ in range(max(0, -(-L2_BYTES // nbytes) - 1))]
     launches = [backend.prepare(TaskBatch(fn, regions(fn, ws, shape, bn, g), {}, 1)) for ws in copies]
     kernel = backend.kernel(fn)
-    grouped = "_pto_dqg_dot_" in kernel.source.split("def d_")[-1]
+    grouped = any(f"_pto_dq{k}_dot_" in kernel.source.split("def d_")[-1] for k in ("g", "x8", "x16"))
 
     def rotate():
         for launch in launches:

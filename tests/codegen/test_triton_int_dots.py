@@ -1,7 +1,8 @@
-"""The quantized GEMV's integer dots (``PTO_QGEMV=int8``, pto.codegen.triton.quant_groups's
-``render_dot_int8``) through the Triton interpreter: x rounded to 8-bit integers per group of
-the format's group (its largest magnitude over 127 a step), each group's products an exact
-integer dot of the weights' fields and those integers, the scales applied per group. Checked
+"""The quantized GEMV's integer dots (``PTO_QGEMV=int8`` and ``int16``,
+pto.codegen.triton.quant_groups's ``render_dot_int``) through the Triton interpreter: x rounded
+to 8- or 16-bit integers per group of the format's group (its largest magnitude over 127 or
+32767 a step), each group's products an exact integer dot of the weights' fields and those
+integers, the scales applied per group. Checked
 against float64 of the same arithmetic (torch's rounding of x, the dequantized weights of the
 reference routine) and against the unrounded product within the rounding's bound."""
 
@@ -14,7 +15,7 @@ triton = pytest.importorskip("triton")
 
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton.common import RenderOptions  # noqa: E402
-from pto.codegen.triton.quant_groups import group_of, int8_applies, render_dp4a  # noqa: E402
+from pto.codegen.triton.quant_groups import group_of, int8_applies, render_int_dots  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import QUANTIZED, DType, dtype_of, f32  # noqa: E402
@@ -25,9 +26,9 @@ from tests.quant.test_load import random_qtensor  # noqa: E402
 INT8 = [d for d in QUANTIZED if int8_applies(d.quant)]
 
 
-def int8_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+def int_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int, xbits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 of what the integer dots compute for rows ``skip:skip + N`` of ``w`` and ``x [1,
-    K]``: each group's x rounded to integers of its step (largest magnitude / 127), times the
+    K]``: each group's x rounded to integers of its step (largest magnitude / (2^(xbits-1) - 1)), times the
     weights' values ``A * E``, plus their constant part ``B`` times x unrounded (the dot sums x
     itself for it); and the bound of that from the unrounded product: half a step of each x times
     the magnitude of its weights' ``A * E``."""
@@ -35,8 +36,9 @@ def int8_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int) -> tuple
     T = group_of(fmt)
     xg = x.view(-1, T).float()
     amax = xg.abs().amax(1, keepdim=True)
-    step = amax / 127.0
-    xq = (torch.round(xg * (127.0 / amax.clamp_min(1e-30))) * step).double().view(1, K)
+    top = float((1 << (xbits - 1)) - 1)
+    step = amax / top
+    xq = (torch.round(xg * (top / amax.clamp_min(1e-30))) * step).double().view(1, K)
     data = w.data
 
     def fetch(offs):
@@ -53,7 +55,7 @@ def int8_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int) -> tuple
     return ref, bound
 
 
-def int8_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str = "int8"):
+def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str):
     """``y = x @ w.T + r`` of 36 rows of a random ``dtype`` matrix (its region from row 3, the last
     block of 8 rows past the region's end) by the residual GEMV in K steps of ``bk``, through a
     Triton backend on ``device`` reading by ``qgemv``: (y, the backend's kernel source, x, w, r)."""
@@ -83,8 +85,9 @@ def interpreted(test):
 
 @pytest.mark.parametrize("dtype", INT8, ids=str)
 @pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
+@pytest.mark.parametrize("xbits", [8, 16])
 @interpreted
-def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk):
+def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
     """Every format that takes integer dots, a K loop whose last step overhangs the rows (768
     columns in steps of 512) or one step of a padded block (576 in a block of 1,024: SmolLM2's
     rows; whole blocks of 32 only): the sums are float64's of x rounded per group to f32 summation
@@ -92,9 +95,9 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk):
     and within the rounding's bound of the unrounded product."""
     if K % dtype.quant.block:
         pytest.skip(f"{dtype}: {K} columns are not whole blocks")
-    y, source, x, w, r = int8_gemv(dtype, K, bk, "cpu")
-    assert "_pto_dqi_dot_" + dtype.short in source and "inline_asm" not in source
-    ref, bound = int8_reference(dtype, w, x, 3, 36)
+    y, source, x, w, r = int_gemv(dtype, K, bk, "cpu", f"int{xbits}")
+    assert f"_pto_dqx{xbits}_dot_{dtype.short}" in source and "inline_asm" not in source
+    ref, bound = int_reference(dtype, w, x, 3, 36, xbits)
     scale = float((x.abs() @ w.dequantize()[3:39].abs().T).max())
     torch.testing.assert_close(y.double(), ref + r.double(), rtol=1e-5, atol=2e-6 * scale)
     exact = x.double() @ w.dequantize()[3:39].double().T + r.double()
@@ -110,32 +113,39 @@ def test_which_formats_take_integer_dots_and_the_others_fall_back():
     from pto.codegen.triton import render
 
     assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k"}
-    for name, dot in (("q6_k", "_pto_dqg_dot_q6_k("), ("fp8", "_pto_dq_dot_fp8("), ("q4_k", "_pto_dqi_dot_q4_k(")):
+    for name, dot in (("q6_k", "_pto_dqg_dot_q6_k("), ("fp8", "_pto_dq_dot_fp8("), ("q4_k", "_pto_dqx16_dot_q4_k(")):
         fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
-        src = render(fn, RenderOptions(qgemv="int8", asm=True)).source
+        src = render(fn, RenderOptions(qgemv="int16", asm=True)).source
         assert dot in src, name
-        assert ("dp4a.s32.s32" in src) == (name == "q4_k"), name
+        assert ("dp2a.lo.s32.s32" in src) == (name == "q4_k"), name
 
 
-def test_the_interpreters_dp4a_is_ptxs():
-    """The interpreter's ``_pto_dp4a`` (Triton operations) on random words against PTX's
-    definition of ``dp4a.s32.s32`` (four signed bytes' products summed onto c)."""
+def test_the_interpreters_integer_dots_are_ptxs():
+    """The interpreter's ``_pto_dp4a``, ``_pto_dp2a_lo`` and ``_hi`` (Triton's operators) on
+    random words against PTX's definitions of ``dp4a.s32.s32`` (four signed bytes' products
+    summed onto c) and ``dp2a.lo``/``.hi.s32.s32`` (a's two signed halves times b's bytes 0 and 1,
+    or 2 and 3), modulo 2^32."""
     import numpy as np
 
     ns: dict = {}
-    src = "\n".join(render_dp4a(False)).replace("@triton.jit\n", "")
-    exec(src, ns)  # plain Python on numpy int32 arrays: the interpreter runs the same operators
+    exec("\n".join(render_int_dots(False)).replace("@triton.jit\n", ""), ns)  # numpy runs the same operators
     g = np.random.default_rng(3)
     a, b, c = (g.integers(-2**31, 2**31, 1000, dtype=np.int64).astype(np.int32) for _ in range(3))
-    with np.errstate(over="ignore"):
-        got = ns["_pto_dp4a"](a, b, c)
     sa, sb = (v.view(np.int8).reshape(-1, 4).astype(np.int64) for v in (a, b))
-    want = (c.astype(np.int64) + (sa * sb).sum(1) + 2**31) % 2**32 - 2**31
-    assert np.array_equal(got.astype(np.int64), want)
-    assert "dp4a.s32.s32" in "\n".join(render_dp4a(True))
+    ha = a.view(np.int16).reshape(-1, 2).astype(np.int64)
+    wrap = lambda v: (c.astype(np.int64) + v + 2**31) % 2**32 - 2**31  # noqa: E731
+    want = {"_pto_dp4a": wrap((sa * sb).sum(1)), "_pto_dp2a_lo": wrap((ha * sb[:, :2]).sum(1)),
+            "_pto_dp2a_hi": wrap((ha * sb[:, 2:]).sum(1))}
+    for name, value in want.items():
+        with np.errstate(over="ignore"):
+            got = ns[name](a, b, c)
+        assert np.array_equal(got.astype(np.int64), value), name
+    src = "\n".join(render_int_dots(True))
+    assert all(f"{op}.s32.s32 $0, $1, $2, $3;" in src for op in ("dp4a", "dp2a.lo", "dp2a.hi"))
 
 
-def test_pto_qgemv_takes_int8(monkeypatch):
-    monkeypatch.setenv("PTO_QGEMV", "int8")
-    assert TritonBackend("cpu").options.qgemv == "int8"
+@pytest.mark.parametrize("mode", ["int8", "int16"])
+def test_pto_qgemv_takes_the_integer_modes(monkeypatch, mode):
+    monkeypatch.setenv("PTO_QGEMV", mode)
+    assert TritonBackend("cpu").options.qgemv == mode
     assert not TritonBackend("cpu").options.asm  # the interpreter: no inline assembly
