@@ -2,7 +2,7 @@
 q8_0 and q4_0 weights against the float weights, on the CPU, through the reference model (the
 decode step computes what the reference computes on the same values: tests/programs/model).
 
-    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0,int8x] [--json FILE]
+    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0,int8x,int16x] [--json FILE]
 
 The float weights are a GGUF file's dequantized to f32 (by default SmolLM2-135M-Instruct's
 Q4_1 file: the only checkpoint at hand offline, so its "float" values are already 4-bit ones and
@@ -13,9 +13,10 @@ float model's at each position, and the relative logit error (the largest differ
 position over the largest float logit there: max and mean over positions); free-running greedy
 generation with the quantized weights gives the first position where the tokens part.
 
-``int8x`` is not a weight type: the file's own types with every product of a quantized matrix
-computed as ``PTO_QGEMV=int8``'s GEMVs compute it (x rounded to 8-bit integers per group of the
-format's, its largest magnitude over 127 a step, times the values' ``A * E``; their constant
+``int8x`` and ``int16x`` are not weight types: the file's own types with every product of a
+quantized matrix computed as ``PTO_QGEMV=int8``'s (``int16``'s) GEMVs compute it (x rounded to
+8-bit (16-bit) integers per group of the format's, its largest magnitude over 127 (32767) a
+step, times the values' ``A * E``; their constant
 part ``B`` times x unrounded: pto.codegen.triton.quant_groups's ``render_dot_int8``); formats
 without integer dots keep x. On every product (the prompt's too, which pto's prefill computes
 unrounded), so it bounds what the decode step's rounding changes from above.
@@ -60,9 +61,9 @@ class XRounded(torch.Tensor):
     x as the integer dots do (:data:`__doc__`'s ``int8x``) and add x times ``const`` (``B``)."""
 
     @staticmethod
-    def __new__(cls, values: torch.Tensor, const: torch.Tensor, group: int):
+    def __new__(cls, values: torch.Tensor, const: torch.Tensor, group: int, top: float):
         m = values.as_subclass(cls)
-        m.const, m.group = const, group
+        m.const, m.group, m.top = const, group, top
         return m
 
     @classmethod
@@ -71,15 +72,15 @@ class XRounded(torch.Tensor):
             x, m = args[0], args[1]
             xg = x.reshape(*x.shape[:-1], -1, m.group)
             amax = xg.abs().amax(-1, keepdim=True)
-            xr = (torch.round(xg * (127.0 / amax.clamp_min(1e-30))) * (amax / 127.0)).reshape(x.shape)
+            xr = (torch.round(xg * (m.top / amax.clamp_min(1e-30))) * (amax / m.top)).reshape(x.shape)
             return torch.matmul(xr, m.as_subclass(torch.Tensor)) + torch.matmul(x, m.const)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
 
-def rounding_x(w):
+def rounding_x(w, xbits: int):
     """``w`` (quantized as a file stores it) for the reference model, each matrix whose format
-    takes integer dots an :class:`XRounded`, the others dequantized."""
+    takes integer dots an :class:`XRounded` (x of ``xbits`` bits), the others dequantized."""
     from dataclasses import replace
 
     from pto.codegen.triton.quant_groups import group_of, int8_applies
@@ -99,7 +100,8 @@ def rounding_x(w):
         (p,) = [q for q in fmt.planes if q.group == 1]
         vals[p.name] = torch.zeros_like(vals[p.name])
         const = fmt.dequantize(vals)
-        return XRounded((whole - const).t().contiguous(), const.t().contiguous(), group_of(fmt))
+        return XRounded((whole - const).t().contiguous(), const.t().contiguous(), group_of(fmt),
+                        float((1 << (xbits - 1)) - 1))
 
     base = dense_weights(w, torch.float32)
     head = matrix(w.embedding if w.config.tied else w.lm_head)
@@ -131,9 +133,9 @@ def main(argv=None) -> int:
     want = [teacher_forced(ref, s) for s in seqs]
     rows = []
     for qtype in args.types.split(","):
-        if qtype == "int8x":
+        if qtype in ("int8x", "int16x"):
             wq = load_weights(path, torch.float32, keep=KeepFileTypes())
-            model = ReferenceModel(rounding_x(wq))
+            model = ReferenceModel(rounding_x(wq, int(qtype[3:-1])))
         else:
             wq = quantize_weights(w, qtype)
             model = ReferenceModel(dense_weights(wq, torch.float32))

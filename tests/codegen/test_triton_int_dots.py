@@ -105,19 +105,23 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
     assert float((y.double() - exact).abs().max()) > 0  # the rounding is there: x is not integers
 
 
-def test_which_formats_take_integer_dots_and_the_others_fall_back():
+@pytest.mark.parametrize("mode,bits", [("int8", 8), ("int16", 16), ("auto", 16)])
+def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
     """One plane of 4- or 8-bit integers and scales per group: Q4_0, Q4_1, Q8_0, Q4_K; Q5_K and
-    Q6_K (two element planes) read by groups' float dots, fp8 by units (auto's choice)."""
+    Q6_K (two element planes) read by groups' float dots, fp8 by units (auto's choice); "auto"
+    (a GPU's default) takes 16-bit x."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.codegen.triton import render
 
     assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k"}
-    for name, dot in (("q6_k", "_pto_dqg_dot_q6_k("), ("fp8", "_pto_dq_dot_fp8("), ("q4_k", "_pto_dqx16_dot_q4_k(")):
+    ptx = "dp4a.s32.s32" if bits == 8 else "dp2a.lo.s32.s32"
+    for name, dot in (("q6_k", "_pto_dqg_dot_q6_k("), ("fp8", "_pto_dq_dot_fp8("), ("q5_k", "_pto_dqg_dot_q5_k("),
+                      ("q4_k", f"_pto_dqx{bits}_dot_q4_k("), ("q8_0", f"_pto_dqx{bits}_dot_q8_0(")):
         fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
-        src = render(fn, RenderOptions(qgemv="int16", asm=True)).source
+        src = render(fn, RenderOptions(qgemv=mode, asm=True)).source
         assert dot in src, name
-        assert ("dp2a.lo.s32.s32" in src) == (name == "q4_k"), name
+        assert (ptx in src) == (name in ("q4_k", "q8_0")), name
 
 
 def test_the_interpreters_integer_dots_are_ptxs():

@@ -53,18 +53,19 @@ FLAT_STAGES = 3
 #: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's
 #: ``[BR, BC / U]`` integers, the scales loaded per unit, the sums reduced every K step:
 #: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,
-#: every scale loaded once per group: :mod:`pto.codegen.triton.quant_groups`), or "auto": by
-#: groups for GGUF's block formats, by units for fp8 (measured on an H200, the Llama-3-8B step:
-#: Q4_K 4.89 -> 3.48 ms by groups, Q8_0 5.71 -> 4.01, fp8 3.16 -> 3.65; in the quantized tiles of
-#: :data:`pto.orchestration.model.program.QUANT_WIDE` fp8 2.61 by units against 2.77 by groups,
-#: though its GEMVs alone were 7-35% faster by groups there; docs/PERF.md)
+#: every scale loaded once per group, float products: :mod:`pto.codegen.triton.quant_groups`);
 #: "int8", "int16": by groups, with x rounded to integers of that many bits per group and the
 #: products integer dots where the format's values are one plane of 4- or 8-bit integers (Q4_0,
-#: Q4_1, Q8_0, Q4_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`), the others as
-#: "auto" reads them.
+#: Q4_1, Q8_0, Q4_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`), the other formats
+#: as "auto" reads them; or "auto": int16 for those four formats (16-bit x is finer than bf16's
+#: rounding of it), groups for the other block formats, units for fp8. Measured on an H200, the
+#: Llama-3-8B step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16
+#: dots, 2.29 by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62 (int16), 2.58 (int8); fp8 3.16 by units
+#: against 3.65 by groups (2.61 against 2.77 in the quantized tiles of
+#: :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
 QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
-#: the bits of x of the modes whose GEMVs take integer dots
-INT_DOT_BITS = {"int8": 8, "int16": 16}
+#: the bits of x of the modes whose GEMVs take integer dots ("auto": where the format allows)
+INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
 #: the formats "auto" reads by units
 QGEMV_UNITS_AUTO = frozenset({"fp8"})
 

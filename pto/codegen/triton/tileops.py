@@ -94,7 +94,7 @@ class TileOps:
 
     def int_dots(self, fmt) -> int:
         """The bits of x where the GEMVs read by groups take ``fmt``'s products as integer dots
-        (``qgemv`` "int8" or "int16", and a format that allows them:
+        (``qgemv`` "int8", "int16" or "auto", and a format that allows them:
         :func:`pto.codegen.triton.quant_groups.int8_applies`), else 0."""
         bits = INT_DOT_BITS.get(self.opts.qgemv, 0)
         return bits if bits and quant_groups.int8_applies(fmt) else 0
