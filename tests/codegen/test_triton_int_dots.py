@@ -128,7 +128,7 @@ def test_the_interpreters_integer_dots_are_ptxs():
     """The interpreter's ``_pto_dp4a``, ``_pto_dp2a_lo`` and ``_hi`` (Triton's operators) on
     random words against PTX's definitions of ``dp4a.s32.s32`` (four signed bytes' products
     summed onto c) and ``dp2a.lo``/``.hi.s32.s32`` (a's two signed halves times b's bytes 0 and 1,
-    or 2 and 3), modulo 2^32."""
+    or 2 and 3), modulo 2^32; the packs (``prmt``) against the words they make."""
     import numpy as np
 
     ns: dict = {}
@@ -144,8 +144,18 @@ def test_the_interpreters_integer_dots_are_ptxs():
         with np.errstate(over="ignore"):
             got = ns[name](a, b, c)
         assert np.array_equal(got.astype(np.int64), value), name
+    # the packs: the low 16 bits of a then b; the low bytes of a, b, c, d (PTX's prmt selectors)
+    d = g.integers(-2**31, 2**31, 1000, dtype=np.int64).astype(np.int32)
+    lo16 = lambda v: v.view(np.uint16).reshape(-1, 2)[:, 0].astype(np.int64)  # noqa: E731
+    lo8 = lambda v: v.view(np.uint8).reshape(-1, 4)[:, 0].astype(np.int64)  # noqa: E731
+    signed = lambda v: (v + 2**31) % 2**32 - 2**31  # noqa: E731
+    with np.errstate(over="ignore"):
+        assert np.array_equal(ns["_pto_pack2"](a, b).astype(np.int64), signed(lo16(a) | lo16(b) << 16))
+        assert np.array_equal(ns["_pto_pack4"](a, b, c, d).astype(np.int64),
+                              signed(lo8(a) | lo8(b) << 8 | lo8(c) << 16 | lo8(d) << 24))
     src = "\n".join(render_int_dots(True))
     assert all(f"{op}.s32.s32 $0, $1, $2, $3;" in src for op in ("dp4a", "dp2a.lo", "dp2a.hi"))
+    assert "prmt.b32 $0, $1, $2, 0x5410;" in src
 
 
 @pytest.mark.parametrize("mode", ["int8", "int16"])

@@ -219,12 +219,23 @@ _DOTS = {
 }
 
 
+#: packing x's integers (each the low bits of an int32) into words: PTX's ``prmt`` (byte
+#: permutes; selector nibbles index a's bytes 0-3 and b's 4-7) and the same in Triton's operations
+_PACKS = {
+    "_pto_pack2": ("a, b", "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", "(a & 65535) | (b << 16)"),
+    "_pto_pack4": ("a, b, c, d", "{ .reg .b32 lo, hi; prmt.b32 lo, $1, $2, 0x0040; prmt.b32 hi, $3, $4, 0x0040; "
+                   "prmt.b32 $0, lo, hi, 0x5410; }", "=r,r,r,r,r",
+                   "(a & 255) | ((b & 255) << 8) | ((c & 255) << 16) | (d << 24)"),
+}
+
+
 def render_int_dots(asm: bool) -> list[str]:
     """``_pto_dp4a(a, b, c)``: ``c`` plus the products of the four signed bytes of ``a`` and
     ``b``; ``_pto_dp2a_lo``/``_hi(a, b, c)``: ``c`` plus the products of ``a``'s two signed 16-bit
     halves and ``b``'s bytes 0 and 1 (2 and 3) (int32 tensors): PTX's ``dp4a``/``dp2a`` (one
     instruction each) where ``asm``, else the same arithmetic in Triton's operations (the
-    interpreter's: no inline assembly there)."""
+    interpreter's: no inline assembly there); ``_pto_pack2(a, b)``, ``_pto_pack4(a, b, c, d)``:
+    the low 16 bits (8 bits) of each in one word, the first lowest (one ``prmt``, three)."""
     out = []
     for name, (ptx, terms) in _DOTS.items():
         out.append(f"@triton.jit\ndef {name}(a, b, c):")
@@ -235,6 +246,14 @@ def render_int_dots(asm: bool) -> list[str]:
             parts = " + ".join(f"((a << {32 - ab - aa}) >> {32 - ab}) * ((b << {32 - bb - ba}) >> {32 - bb})"
                                for ab, aa, bb, ba in terms)
             out.append(f"    return c + {parts}")
+        out += ["", ""]
+    for name, (args, ptx, constraints, ops) in _PACKS.items():
+        out.append(f"@triton.jit\ndef {name}({args}):")
+        if asm:
+            out.append(f'    return tl.inline_asm_elementwise("{ptx}", "{constraints}", [{args}], dtype=tl.int32, '
+                       "is_pure=True, pack=1)")
+        else:
+            out.append(f"    return {ops}")
         out += ["", ""]
     return out
 
@@ -284,20 +303,20 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
     amax = em.let(f"tl.max(tl.abs({xg}), axis=2, keep_dims=True)")
     inv = em.let(f"{top!r} / tl.maximum({amax}, 1e-30)")  # (a group of zeros: its integers zero)
     xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
-    xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True) & {(1 << xbits) - 1}")  # [G, 1, T]
+    xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
     xsum = em.let(f"tl.sum({xg}, axis=2, keep_dims=True)")
     if per == 1:
         lanes = [em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4))")]
     else:  # a word's even lanes in its low nibbles, its odd ones in its high nibbles
         lanes = list(_split(em, f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"))
     xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
-    for lane in lanes:
+    for lane in lanes:  # [G, 1, V, 4]: byte j of the field words' x; j = 2 h + i below
+        even, odd = _split(em, f"tl.reshape({lane}, ({G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
         if xbits == 8:
-            shifts = em.let("(tl.arange(0, 4) * 8)[None, None, None, :]")
-            xw.append([_words(em, em.let(f"tl.sum({lane} << {shifts}, axis=3) + {zero}"), f"{G}, 1", V)])
+            (j0, j2), (j1, j3) = _split(em, even), _split(em, odd)
+            xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{G}, 1", V)])
         else:
-            shifts = em.let("(tl.arange(0, 2) * 16)[None, None, None, None, :]")
-            pairs = em.let(f"tl.sum(tl.reshape({lane}, ({G}, 1, {V}, 2, 2)) << {shifts}, axis=4)")
+            pairs = em.let(f"_pto_pack2({even}, {odd})")
             xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in _split(em, pairs)])
     rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
     mask = 0x01010101 * ((1 << p.bits) - 1)
