@@ -42,6 +42,7 @@ from pto.orchestration.model.quantized import WeightTypes, for_weights, random_q
 
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton.common import RenderOptions  # noqa: E402
+from pto.codegen.triton.quant_groups import reads_by_groups_in  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.exec import timing  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
@@ -128,7 +129,7 @@ def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs:
     copies = [one] + [weights(shape, wdtype, g) for _ in range(max(0, -(-L2_BYTES // nbytes) - 1))]
     launches = [backend.prepare(TaskBatch(fn, regions(fn, ws, shape, bn, g), {}, 1)) for ws in copies]
     kernel = backend.kernel(fn)
-    grouped = any(f"_pto_dq{k}_dot_" in kernel.source.split("def d_")[-1] for k in ("g", "x8", "x16"))
+    grouped = reads_by_groups_in(kernel.source)
 
     def rotate():
         for launch in launches:

@@ -74,6 +74,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
 
     from pto.codegen.triton import render
     from pto.codegen.triton.common import RenderOptions
+    from pto.codegen.triton.quant_groups import reads_by_groups_in
     from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType, dtype_of
     from pto.machine.target import get
@@ -110,7 +111,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
                     "kernel": f.name, "spec": spec, "mode": mode, "tiling": tiling,
                     "weights_per_step": weights * blocks[0] * blocks[1], "K": blocks[2], "bk": blocks[1],
                     "bits_per_weight": _bits(fn),
-                    "grouped": any(f"_pto_dq{k}_dot_" in kern.source.split("def d_")[-1] for k in ("g", "x8", "x16"))})
+                    "grouped": reads_by_groups_in(kern.source)})
     return out
 
 

@@ -17,7 +17,7 @@ generation with the quantized weights gives the first position where the tokens 
 quantized matrix computed as ``PTO_QGEMV=int8``'s (``int16``'s) GEMVs compute it (x rounded to
 8-bit (16-bit) integers per group of the format's, its largest magnitude over 127 (32767) a
 step, times the values' ``A * E``; their constant
-part ``B`` times x unrounded: pto.codegen.triton.quant_groups's ``render_dot_int8``); formats
+part ``B`` times x unrounded: pto.codegen.triton.quant_groups's ``render_dot_int``); formats
 without integer dots keep x. On every product (the prompt's too, which pto's prefill computes
 unrounded), so it bounds what the decode step's rounding changes from above.
 """
@@ -71,8 +71,8 @@ class XRounded(torch.Tensor):
         if func in (torch.Tensor.__matmul__, torch.Tensor.matmul, torch.matmul) and isinstance(args[1], XRounded):
             x, m = args[0], args[1]
             xg = x.reshape(*x.shape[:-1], -1, m.group)
-            amax = xg.abs().amax(-1, keepdim=True)
-            xr = (torch.round(xg * (m.top / amax.clamp_min(1e-30))) * (amax / m.top)).reshape(x.shape)
+            amax = xg.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+            xr = (torch.round(xg * (m.top / amax)) * (amax / m.top)).reshape(x.shape)
             return torch.matmul(xr, m.as_subclass(torch.Tensor)) + torch.matmul(x, m.const)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
@@ -83,11 +83,11 @@ def rounding_x(w, xbits: int):
     takes integer dots an :class:`XRounded` (x of ``xbits`` bits), the others dequantized."""
     from dataclasses import replace
 
-    from pto.codegen.triton.quant_groups import group_of, int8_applies
+    from pto.codegen.triton.quant_groups import group_of, int_dots_apply
     from pto.quant.planes import plane_values
 
     def matrix(t):
-        if not is_quantized(t) or not int8_applies(t.dtype.quant):
+        if not is_quantized(t) or not int_dots_apply(t.dtype.quant):
             return dense(t, torch.float32)
         fmt, data = t.dtype.quant, t.data
 
@@ -97,8 +97,9 @@ def rounding_x(w, xbits: int):
 
         vals = plane_values(fmt, fetch, t.cols // fmt.block, 0, t.cols, data.device)
         whole = fmt.dequantize(vals)
-        (p,) = [q for q in fmt.planes if q.group == 1]
-        vals[p.name] = torch.zeros_like(vals[p.name])
+        for p in fmt.planes:
+            if p.group == 1:
+                vals[p.name] = torch.zeros_like(vals[p.name])
         const = fmt.dequantize(vals)
         return XRounded((whole - const).t().contiguous(), const.t().contiguous(), group_of(fmt),
                         float((1 << (xbits - 1)) - 1))

@@ -149,7 +149,7 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
 
     monkeypatch.delenv("PTO_QGEMV", raising=False)
     assert TritonBackend("cpu").options.qgemv == "units"  # the interpreter's default
-    assert qgemv_mode(compiles=True) == "auto"  # a GPU's: by groups for the block formats, units for fp8
+    assert qgemv_mode(compiles=True) == "auto"  # a GPU's: by groups (some as integer dots) or units (fp8)
     assert [reads_by_groups("auto", f) for f in ("q4_k", "q8_0", "q4_1", "fp8")] == [True, True, True, False]
     assert reads_by_groups("groups", "fp8") and not reads_by_groups("units", "q4_k")
     monkeypatch.setenv("PTO_QGEMV", "groups")

@@ -55,17 +55,21 @@ FLAT_STAGES = 3
 #: :mod:`pto.codegen.triton.quant`) or "groups" (each thread a row's whole groups of 16 bytes,
 #: every scale loaded once per group, float products: :mod:`pto.codegen.triton.quant_groups`);
 #: "int8", "int16": by groups, with x rounded to integers of that many bits per group and the
-#: products integer dots where the format's values are one plane of 4- or 8-bit integers (Q4_0,
-#: Q4_1, Q8_0, Q4_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`), the other formats
-#: as "auto" reads them; or "auto": int16 for those four formats (16-bit x is finer than bf16's
-#: rounding of it), groups for the other block formats, units for fp8. Measured on an H200, the
-#: Llama-3-8B step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16
-#: dots, 2.29 by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62 (int16), 2.58 (int8); fp8 3.16 by units
-#: against 3.65 by groups (2.61 against 2.77 in the quantized tiles of
-#: :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
+#: products integer dots where the format's values are planes of 2-, 4- or 8-bit integers in
+#: words (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`),
+#: the other formats as "auto" reads them; or "auto": int16 for :data:`QGEMV_INT_AUTO` (16-bit x
+#: rounds a group's larger values finer than bf16), groups for the other block formats, units
+#: for fp8. Measured on an H200, the Llama-3-8B step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in
+#: the quantized tiles), 2.36 by int16 dots, 2.29 by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62
+#: (int16), 2.58 (int8); fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the
+#: quantized tiles of :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
 QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
-#: the bits of x of the modes whose GEMVs take integer dots ("auto": where the format allows)
+#: the bits of x of the modes whose GEMVs take integer dots ("auto": for :data:`QGEMV_INT_AUTO`)
 INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
+#: the formats "auto" takes as integer dots: those measured faster so on an H200 (Q6_K's, two
+#: planes with scales per 16, have their tests and SASS, 8.4 -> 4.4 instructions a weight in the
+#: 8B head, and are "int16"'s until measured)
+QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q8_0", "q4_k"})
 #: the formats "auto" reads by units
 QGEMV_UNITS_AUTO = frozenset({"fp8"})
 
@@ -73,7 +77,7 @@ QGEMV_UNITS_AUTO = frozenset({"fp8"})
 def reads_by_groups(mode: str, fmt_name: str) -> bool:
     """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
     ``RenderOptions.qgemv`` ``mode``."""
-    return mode == "groups" or ((mode == "auto" or mode in INT_DOT_BITS) and fmt_name not in QGEMV_UNITS_AUTO)
+    return mode == "groups" or (mode in INT_DOT_BITS and fmt_name not in QGEMV_UNITS_AUTO)
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"
@@ -111,7 +115,7 @@ class RenderOptions:
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
     directly); a tile that is not whole groups of its format takes "units".
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
-    the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_dp4a`).
+    the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
     (:meth:`pto.codegen.triton.body.BodyRenderer.prefetch`, ``run_prefetch``): by default enough
     for the first trips of a K loop (a decode GEMV item's whole weight block), not a prefill

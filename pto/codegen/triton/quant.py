@@ -58,6 +58,16 @@ class _Emitter:
         self.lines.append(f"    {name} = {code}")
         return name
 
+    def split(self, code: str) -> tuple[str, str]:
+        """``tl.split(code)``'s two halves, as two names (computed once, as :meth:`let`)."""
+        key = f"tl.split({code})"
+        if key not in self.seen:
+            self.n += 2
+            self.seen[key] = f"_v{self.n - 1}, _v{self.n}"
+            self.lines.append(f"    {self.seen[key]} = {key}")
+        a, b = self.seen[key].split(", ")
+        return a, b
+
     def load(self, ptr: str, mask: str) -> str:
         """A load, masked unless the caller promised every lane valid (``MASKED`` false)."""
         self.n += 1

@@ -193,13 +193,22 @@ def render_dot(fmt: QuantFormat) -> list[str]:
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def int8_applies(fmt: QuantFormat) -> bool:
-    """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int`): one element
-    plane of 4- or 8-bit integers, every scale the same over a group (Q4_0, Q4_1, Q8_0, Q4_K; not
-    Q5_K's and Q6_K's two planes, nor fp8)."""
+def int_dots_apply(fmt: QuantFormat) -> bool:
+    """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int`): element
+    planes of unsigned 2-, 4- or 8-bit or signed 8-bit integers read as int32 words, each
+    subgroup (the values that share every scale) whole words of every plane (Q4_0, Q4_1, Q8_0,
+    Q4_K, Q6_K; not Q5_K's 1-bit plane, nor fp8)."""
     planes = [p for p in fmt.planes if p.group == 1]
-    return len(planes) == 1 and planes[0].kind in ("u", "i") and planes[0].bits in (4, 8) \
-        and subgroup_of(fmt) == group_of(fmt)
+    S = group_of(fmt) // subgroup_of(fmt)
+    return all((p.kind == "u" and p.bits in (2, 4, 8) or p.kind == "i" and p.bits == 8)
+               and words_of(fmt, p)[0] == "tl.int32" and words_of(fmt, p)[1] % S == 0 for p in planes)
+
+
+def reads_by_groups_in(source: str) -> bool:
+    """Does a rendered kernel's device function (its source's last ``def d_``) take a GEMV's
+    product by groups (the float dot or the integer dots)."""
+    body = source.split("def d_")[-1]
+    return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16"))
 
 
 def int_dot_name(fmt: QuantFormat, xbits: int) -> str:
@@ -258,80 +267,86 @@ def render_int_dots(asm: bool) -> list[str]:
     return out
 
 
-def _split(em: _Emitter, code: str) -> tuple[str, str]:
-    """``tl.split(code)``'s two halves, as two names."""
-    if code in em.seen:
-        return tuple(em.seen[code].split(", "))
-    em.n += 2
-    a, b = f"_v{em.n - 1}", f"_v{em.n}"
-    em.seen[code] = f"{a}, {b}"
-    em.lines.append(f"    {a}, {b} = tl.split({code})")
-    return a, b
-
-
 def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
-    """The ``V`` words of ``t`` (``[lead, V]``) as ``[lead, 1]`` tensors, in an order that depends
-    on ``V`` only (two tensors split alike pair up word by word)."""
+    """The ``V`` words of ``t`` (``[lead, V]``, ``V`` a power of two) as ``[lead, 1]`` tensors, in
+    index order (splits within the thread)."""
     if V == 1:
         return [t]
-    halves = _split(em, f"tl.reshape({t}, ({lead}, {V // 2}, 2))")
-    return [w for h in halves for w in _words(em, h, lead, V // 2)]
+    even, odd = em.split(f"tl.reshape({t}, ({lead}, {V // 2}, 2))")
+    return [w for pair in zip(_words(em, even, lead, V // 2), _words(em, odd, lead, V // 2)) for w in pair]
+
+
+def _parts(em: _Emitter, t: str, lead: str, n: int) -> list[str]:
+    """The ``n`` slices of ``t``'s last dim (``[lead, n]``, ``n`` a power of two) as ``[lead]``
+    tensors, in index order (splits within the thread)."""
+    if n == 1:
+        return [em.let(f"tl.reshape({t}, ({lead}))")]
+    even, odd = em.split(f"tl.reshape({t}, ({lead}, {n // 2}, 2))")
+    evens, odds = _parts(em, even, lead, n // 2), _parts(em, odd, lead, n // 2)
+    return [v for pair in zip(evens, odds) for v in pair]
 
 
 def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
     """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums
     with x rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude
-    over ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each group's ``sum xq
-    E`` integer dots (:func:`render_int_dots`: four bytes an instruction with 8-bit x, two with
-    16-bit x): the packed fields masked into bytes (4-bit ones two masks a word), x's integers
-    packed in the matching order once per K step and shared by the rows. The arithmetic differs
-    from the float dot's by x's rounding (at most half a step of its group's scale an element:
-    1/254 of the group's largest magnitude with 8 bits, 1/65534 with 16, finer than bf16's
-    rounding of each value); the integer sums are exact; the values' constant part (a minimum,
-    an offset) multiplies x's own sum."""
+    over ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each subgroup's ``sum
+    xq E`` of each element plane integer dots (:func:`render_int_dots`: four bytes an instruction
+    with 8-bit x, two with 16-bit x): the packed fields masked into bytes (a word of ``b``-bit
+    fields ``8 / b`` masks), x's integers packed in the matching order once per K step and shared
+    by the rows. The arithmetic differs from the float dot's by x's rounding (at most half a step
+    of its group's scale an element: 1/254 of the group's largest magnitude with 8 bits, 1/65534
+    with 16, finer than bf16's rounding of the group's larger values); the integer sums are exact; the values'
+    constant part (a minimum, an offset) multiplies x's own sum."""
     em = _Emitter()
-    T = group_of(fmt)
+    T, Gs = group_of(fmt), subgroup_of(fmt)
+    S = T // Gs
     G = f"BC // {T}"
-    (p,) = [q for q in fmt.planes if q.group == 1]
-    _, V, _ = words_of(fmt, p)
-    per = 8 // p.bits  # fields a byte: a word's lanes at shift k * bits land in bytes j as lane j * per + k
     top = float((1 << (xbits - 1)) - 1)
     g = em.let(f"tl.arange(0, {G})[:, None, None]")
     never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
     zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
     xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
-    amax = em.let(f"tl.max(tl.abs({xg}), axis=2, keep_dims=True)")
-    inv = em.let(f"{top!r} / tl.maximum({amax}, 1e-30)")  # (a group of zeros: its integers zero)
+    # the group's largest magnitude (at least 1e-30: a group of zeros has integers zero)
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1e-30)")
+    inv = em.let(f"{top!r} / {amax}")
     xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
     xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
-    xsum = em.let(f"tl.sum({xg}, axis=2, keep_dims=True)")
-    if per == 1:
-        lanes = [em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4))")]
-    else:  # a word's even lanes in its low nibbles, its odd ones in its high nibbles
-        lanes = list(_split(em, f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"))
-    xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
-    for lane in lanes:  # [G, 1, V, 4]: byte j of the field words' x; j = 2 h + i below
-        even, odd = _split(em, f"tl.reshape({lane}, ({G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
-        if xbits == 8:
-            (j0, j2), (j1, j3) = _split(em, even), _split(em, odd)
-            xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{G}, 1", V)])
-        else:
-            pairs = em.let(f"_pto_pack2({even}, {odd})")
-            xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in _split(em, pairs)])
-    rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
-    mask = 0x01010101 * ((1 << p.bits) - 1)
-    acc = zero
-    for v, word in enumerate(rw):
-        for k in range(per):
-            field = word if p.bits == 8 else em.let(f"({word} >> {k * p.bits}) & {mask}" if k else f"{word} & {mask}")
+    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
+    esums = {}
+    for p in [q for q in fmt.planes if q.group == 1]:
+        _, V, _ = words_of(fmt, p)
+        per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
+        # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
+        lanes = _parts(em, em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"), f"{G}, 1, {V}, 4", per)
+        xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
+        for lane in lanes:  # j = 2 h + i below
+            even, odd = em.split(f"tl.reshape({lane}, ({G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
             if xbits == 8:
-                acc = em.let(f"_pto_dp4a({field}, {xw[k][0][v]}, {acc})")
+                (j0, j2), (j1, j3) = em.split(even), em.split(odd)
+                xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{G}, 1", V)])
             else:
-                acc = em.let(f"_pto_dp2a_lo({xw[k][0][v]}, {field}, {acc})")
-                acc = em.let(f"_pto_dp2a_hi({xw[k][1][v]}, {field}, {acc})")
-    esum = em.let(f"{acc}.to(tl.float32) * {xs}")  # [G, BR, 1]: each group's sum of x E
+                pairs = em.let(f"_pto_pack2({even}, {odd})")
+                xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in em.split(pairs)])
+        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
+        mask = 0x01010101 * ((1 << p.bits) - 1)
+        accs = []
+        for sub in range(S):  # each subgroup's words, one chain
+            acc = zero
+            for v in range(sub * V // S, (sub + 1) * V // S):
+                word = rw[v]
+                for k in range(per):
+                    field = word if p.bits == 8 else \
+                        em.let(f"({word} >> {k * p.bits}) & {mask}" if k else f"{word} & {mask}")
+                    if xbits == 8:
+                        acc = em.let(f"_pto_dp4a({field}, {xw[k][0][v]}, {acc})")
+                    else:
+                        acc = em.let(f"_pto_dp2a_lo({xw[k][0][v]}, {field}, {acc})")
+                        acc = em.let(f"_pto_dp2a_hi({xw[k][1][v]}, {field}, {acc})")
+            accs.append(acc)
+        whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({G}, BR, {S}))")
+        esums[p.name] = em.let(f"{whole}.to(tl.float32) * {xs}")  # [G, BR, S]: each subgroup's sum of x E
     form = affine_form(em, fmt)
-    units, rows = affine_parts(em, fmt, form, {p.name: esum}, xsum,
+    units, rows = affine_parts(em, fmt, form, esums, xsum,
                                lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
     total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
     total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
@@ -348,4 +363,5 @@ def render_helpers(fmt: QuantFormat, xbits: int = 0) -> list[str]:
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
-           "render_helpers", "int8_applies", "int_dot_name", "render_dot_int", "render_int_dots"]
+           "render_helpers", "int_dots_apply", "reads_by_groups_in", "int_dot_name", "render_dot_int",
+           "render_int_dots"]

@@ -18,7 +18,14 @@ from __future__ import annotations
 import torch
 
 from pto.codegen.triton import quant_groups
-from pto.codegen.triton.common import INT_DOT_BITS, MAX_NUMEL, TL_DTYPE, float_literal, reads_by_groups
+from pto.codegen.triton.common import (
+    INT_DOT_BITS,
+    MAX_NUMEL,
+    QGEMV_INT_AUTO,
+    TL_DTYPE,
+    float_literal,
+    reads_by_groups,
+)
 from pto.codegen.triton.quant import dot_name, helper_name, load_name
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
@@ -94,10 +101,12 @@ class TileOps:
 
     def int_dots(self, fmt) -> int:
         """The bits of x where the GEMVs read by groups take ``fmt``'s products as integer dots
-        (``qgemv`` "int8", "int16" or "auto", and a format that allows them:
-        :func:`pto.codegen.triton.quant_groups.int8_applies`), else 0."""
+        (``qgemv`` "int8", "int16", or "auto" for the formats measured so, and a format that allows them:
+        :func:`pto.codegen.triton.quant_groups.int_dots_apply`), else 0."""
         bits = INT_DOT_BITS.get(self.opts.qgemv, 0)
-        return bits if bits and quant_groups.int8_applies(fmt) else 0
+        if self.opts.qgemv == "auto" and fmt.name not in QGEMV_INT_AUTO:
+            return 0
+        return bits if bits and quant_groups.int_dots_apply(fmt) else 0
 
     # padding -----------------------------------------------------------------------------------
     def lanes(self, tile: str, axis: int) -> str | None:
@@ -185,8 +194,9 @@ class TileOps:
             if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
                 planes = f"{planes}, P_{mem}, S_{mem}"
             name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
-            if b in self.grouped and self.int_dots(fmt):
-                name = quant_groups.int_dot_name(fmt, self.int_dots(fmt))
+            xbits = self.int_dots(fmt) if b in self.grouped else 0
+            if xbits:
+                name = quant_groups.int_dot_name(fmt, xbits)
             dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
