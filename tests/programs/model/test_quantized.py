@@ -210,7 +210,8 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
     f32 weight tiles; sixteen: the tensor-core dots), the masked and the mask-free path, through
     Triton's compiler for an H100 (no GPU needed): the helpers' joins, word loads and pointer
-    casts compile; the GEMVs read by units and by groups (``RenderOptions.qgemv``)."""
+    casts compile; the GEMVs read by units, by groups and as integer dots (``RenderOptions.qgemv``;
+    the dots' inline PTX assembled by ptxas)."""
     from dataclasses import fields
 
     from pto.orchestration.model.decode import functions
@@ -247,11 +248,16 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
         chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
                    and any(p.dtype.is_quantized for p in fn.memrefs)]
     jobs = kernel_jobs(chosen) + kernel_jobs(chosen, RenderOptions(qgemv="groups"))
+    # the integer dots' inline PTX (dp2a, dp4a, prmt) through ptxas: every format that takes them
+    jobs += kernel_jobs(chosen, RenderOptions(qgemv="int16", asm=True))
+    jobs += kernel_jobs(chosen, RenderOptions(qgemv="int8", asm=True))
     results = compile_sm90(jobs, tmp_path)
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(results) >= 60, len(results)
+    assert len(results) >= 120, len(results)
     assert sum("_pto_dqg_dot_" in j["source"] for j in jobs) >= 20
+    assert all(sum(f"_pto_dqx{b}_dot_{f}(" in j["source"] for j in jobs) >= 2
+               for b in (8, 16) for f in ("q4_1", "q8_0", "q4_k", "q6_k"))
 
 
 def test_the_cpus_whole_k_steps_keep_the_heads_blocks_and_the_argmax():
