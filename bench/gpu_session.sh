@@ -81,6 +81,10 @@
 #   persm       issue 45: the 1B's GEMV items run below the memory's floor (gate/up 21.4 us a layer against 16.1):
 #               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
+#   intdots     issue 46: the integer dots where they are not yet measured: tests/gpu/test_quant_gpu.py (every
+#               format's dots at 8 and 16 bits, one row and four, the quantized steps), the 8B step with a Q6_K
+#               head and all in Q6_K by groups' float dots (auto) and int16, and at batches 2 and 8 the dot
+#               path against GEMVs of the batch's rows (DecodeTiling.gemv_rows; $INTDOT_TILINGS)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -266,6 +270,15 @@ for stage in "$@"; do
               --batches 8 --long 0 --steps 32 --executors persistent --hf-configs none --tilings default \
               --json "$OUT/deps_b8_$w.json" > "$OUT/deps_b8_$w.log" 2>&1; echo "deps=$w"; grep "B=" "$OUT/deps_b8_$w.log"
           done ;;
+    intdots) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py > "$OUT/intdots_tests.log" 2>&1
+             tail -n 3 "$OUT/intdots_tests.log"
+             python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q6_k' --prefill 0 --tilings 'auto:default;int16:default' \
+               --json "$OUT/intdots_q6k.json" > "$OUT/intdots_q6k.log" 2>&1; grep "B=1" "$OUT/intdots_q6k.log" | cut -c1-300
+             python3 bench/decode.py --configs llama3-8b --batches 2,8 --long 0 --steps 16 --executors waves \
+               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q8_0' --prefill 0 \
+               --tilings "${INTDOT_TILINGS:-auto:default;auto:gemv_rows=8;auto:gemv_rows=8,bk=512,ffn_bk=512}" \
+               --json "$OUT/intdots_rows.json" > "$OUT/intdots_rows.log" 2>&1; grep "B=" "$OUT/intdots_rows.log" | cut -c1-400 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;
