@@ -123,10 +123,10 @@ class _Bar:
         """The phase now running (the bar's description), its counts and their pace (the rate,
         the time left: tqdm's, from its start time) starting again."""
         self.pbar.set_description(f"{self.desc}: {name}", refresh=False)
-        self.pbar.total, self.pbar.n = None, 0
-        self.pbar.start_t = self.pbar.last_print_t = time.time()  # (tqdm's clock)
         if unit is not None:
             self.pbar.unit = unit
+        self.pbar.total = None
+        self.pbar.reset()  # the count, the start time and the smoothed rate
 
 
 @contextmanager
