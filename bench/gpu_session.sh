@@ -83,8 +83,9 @@
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
 #   intdots     issue 46: the integer dots where they are not yet measured: tests/gpu/test_quant_gpu.py (every
 #               format's dots at 8 and 16 bits, one row and four, the quantized steps), the 8B step with a Q6_K
-#               head and all in Q6_K by groups' float dots (auto) and int16, and at batches 2 and 8 the dot
-#               path against GEMVs of the batch's rows (DecodeTiling.gemv_rows; $INTDOT_TILINGS)
+#               head and all in Q6_K by groups' float dots (auto) and int16, Q8_0's o projection in other tiles
+#               ($INTDOT_O_TILINGS), and at batches 2 and 8 the dot path against GEMVs of the batch's rows
+#               (DecodeTiling.gemv_rows; $INTDOT_TILINGS)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -275,6 +276,10 @@ for stage in "$@"; do
              python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
                --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q6_k' --prefill 0 --tilings 'auto:default;int16:default' \
                --json "$OUT/intdots_q6k.json" > "$OUT/intdots_q6k.log" 2>&1; grep "B=1" "$OUT/intdots_q6k.log" | cut -c1-300
+             python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+               --hf-configs none --quant 'q8_0' --prefill 0 \
+               --tilings "${INTDOT_O_TILINGS:-auto:default;auto:o_bn=4;auto:o_bn=16,o_bk=2048;auto:o_bk=2048}" \
+               --json "$OUT/intdots_o.json" > "$OUT/intdots_o.log" 2>&1; grep "B=1" "$OUT/intdots_o.log" | cut -c1-400
              python3 bench/decode.py --configs llama3-8b --batches 2,8 --long 0 --steps 16 --executors waves \
                --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q8_0' --prefill 0 \
                --tilings "${INTDOT_TILINGS:-auto:default;auto:gemv_rows=8;auto:gemv_rows=8,bk=512,ffn_bk=512}" \
