@@ -224,8 +224,8 @@ def int_dot_name(fmt: QuantFormat, xbits: int, rows: bool = False) -> str:
 #: nearest, ties to even) held in the sum's low bits, two's complement
 _ROUND = "12582912.0"
 
-#: the integer dots' PTX (``{0}`` the result, then ``a``, ``b``, ``c``) and the same arithmetic in
-#: Triton's operations (``sext(v, bits, at)``: the signed field of ``v`` at bit ``at``)
+#: the integer dots: each helper's PTX instruction (operands: the result, ``a``, ``b``, ``c``) and
+#: its products for Triton's operations, ``(bits, at)`` of ``a``'s signed field then ``b``'s
 _DOTS = {
     "_pto_dp4a": ("dp4a.s32.s32", [(8, 8 * k, 8, 8 * k) for k in range(4)]),
     "_pto_dp2a_lo": ("dp2a.lo.s32.s32", [(16, 0, 8, 0), (16, 16, 8, 8)]),
