@@ -82,10 +82,8 @@
 #               three programs a multiprocessor and a run per program (PTO_PER_SM=3, PTO_MK_RUNS=396), with and
 #               without the prefetch, for $PERSM_CONFIGS (default the 1B)
 #   intdots     issue 46: the integer dots where they are not yet measured: tests/gpu/test_quant_gpu.py (every
-#               format's dots at 8 and 16 bits, one row and four, the quantized steps), the 8B step with a Q6_K
-#               head and all in Q6_K by groups' float dots (auto) and int16, Q8_0's o projection in other tiles
-#               ($INTDOT_O_TILINGS), and at batches 2 and 8 the dot path against GEMVs of the batch's rows
-#               (DecodeTiling.gemv_rows; $INTDOT_TILINGS), and the GEMVs alone of 4 rows of x (bench/qgemv.py)
+#               format's dots at 8 and 16 bits, the quantized steps), the 8B step with a Q6_K head and all in
+#               Q6_K by groups' float dots (auto) and int16, Q8_0's o projection in other tiles ($INTDOT_O_TILINGS)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -279,14 +277,7 @@ for stage in "$@"; do
              python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
                --hf-configs none --quant 'q8_0' --prefill 0 \
                --tilings "${INTDOT_O_TILINGS:-auto:default;auto:o_bn=4;auto:o_bn=16,o_bk=2048;auto:o_bk=2048}" \
-               --json "$OUT/intdots_o.json" > "$OUT/intdots_o.log" 2>&1; grep "B=1" "$OUT/intdots_o.log" | cut -c1-400
-             python3 bench/decode.py --configs llama3-8b --batches 2,8 --long 0 --steps 16 --executors waves \
-               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q8_0' --prefill 0 \
-               --tilings "${INTDOT_TILINGS:-auto:default;auto:gemv_rows=8;auto:gemv_rows=8,bk=512,ffn_bk=512}" \
-               --json "$OUT/intdots_rows.json" > "$OUT/intdots_rows.log" 2>&1; grep "B=" "$OUT/intdots_rows.log" | cut -c1-400
-             python3 bench/qgemv.py --specs q4_k/q6_k,q8_0 --shapes o,gate_up --rows 4 \
-               --tiles 'groups:default;int16:default;int16:bk=512,ffn_bk=512' --json "$OUT/intdots_qgemv4.json" \
-               > "$OUT/intdots_qgemv4.log" 2>&1; tail -n 12 "$OUT/intdots_qgemv4.log" ;;
+               --json "$OUT/intdots_o.json" > "$OUT/intdots_o.log" 2>&1; grep "B=1" "$OUT/intdots_o.log" | cut -c1-400 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

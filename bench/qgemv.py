@@ -5,22 +5,21 @@ GEMV of the same shape and a large copy's bandwidth (a GPU).
 
     python bench/qgemv.py [--specs q4_k/q6_k,q8_0,fp8] [--shapes o,down,gate_up,head]
                           [--tiles 'units:default;groups:default;groups:bn=8,bk=2048,...']
-                          [--runs 20] [--rows 1] [--json FILE]
+                          [--runs 20] [--json FILE]
 
-The shapes are Llama-3-8B's at batch 1 (``--rows``: that many rows of x; bf16 activations): ``o``
-the residual GEMV 4096 x 4096 (``gemv_residual_tile``), ``down`` 14336 -> 4096, ``gate_up`` the
-norm, gate and up and SwiGLU 4096 -> 2 x 14336 (``gemv_norm_swiglu_tile``), ``head`` the LM head
-4096 -> 128256 with the norm and the argmax epilogue (``lmhead_argmax_gemv_tile``); ``qkv`` (4096 ->
-6144, the norm folded) on request. A tile ``MODE:TILING`` reads the weights by ``MODE`` (units,
-groups, int8, int16) in the 8B decode tiling with ``TILING``'s fields (``default``, or
-bench/decode.py's ``k=v,...``), fitted to the type
-(:func:`~pto.orchestration.model.quantized.for_weights`): each shape its output block and K step of
-it (o: ``o_bn``, ``o_bk``; down: ``bn``, ``bk``; gate_up: ``ffn_*``; head: ``bv``, ``lm_bk``; qkv:
-``qkv_*``). Each kernel runs on random blocks of the real shapes, rotating over enough copies of its
-weights that they never stay in L2; the time is the kernels' own (CUPTI,
+The shapes are Llama-3-8B's at batch 1 (bf16 activations): ``o`` the residual GEMV 4096 x
+4096 (``gemv_residual_tile``), ``down`` 14336 -> 4096, ``gate_up`` the norm, gate and up and
+SwiGLU 4096 -> 2 x 14336 (``gemv_norm_swiglu_tile``), ``head`` the LM head 4096 -> 128256 with
+the norm and the argmax epilogue (``lmhead_argmax_gemv_tile``); ``qkv`` (4096 -> 6144, the
+norm folded) on request. A tile ``MODE:TILING`` reads the weights by ``MODE`` (units, groups, int8, int16) in
+the 8B decode tiling with ``TILING``'s fields (``default``, or bench/decode.py's ``k=v,...``),
+fitted to the type (:func:`~pto.orchestration.model.quantized.for_weights`): each shape its
+output block and K step of it (o: ``o_bn``, ``o_bk``; down: ``bn``, ``bk``; gate_up: ``ffn_*``;
+head: ``bv``, ``lm_bk``; qkv: ``qkv_*``). Each kernel runs on random blocks of the real shapes, rotating over
+enough copies of its weights that they never stay in L2; the time is the kernels' own (CUPTI,
 :func:`pto.exec.timing.kernel_times`), so launch gaps are left out. ``GB/s``: the weights' bytes per
-kernel time; ``x copy``: that over the copy bandwidth (read + write of a 1 GiB buffer). One GPU call
-of a few minutes on an H200 (most of it compiling)."""
+kernel time; ``x copy``: that over the copy bandwidth (read + write of a 1 GiB buffer). One GPU
+call of a few minutes on an H200 (most of it compiling)."""
 
 from __future__ import annotations
 
@@ -64,7 +63,7 @@ SHAPES = {"o": (H, H, ("w",), "residual"), "down": (F, H, ("w",), "residual"),
           "qkv": (H, CFG.layer.q_dim + 2 * CFG.layer.kv_dim, ("w",), "norm")}
 
 
-def tile_of(shape: str, wdtype: DType | None, tiling: str = "default", rows: int = 1) -> tuple[int, int]:
+def tile_of(shape: str, wdtype: DType | None, tiling: str = "default") -> tuple[int, int]:
     """The (output block, K step) of ``shape`` in the 8B decode tiling with ``tiling``'s fields
     (``default`` or ``k=v,...``, as bench/decode.py's ``--tilings``) fitted to ``wdtype``."""
     kinds = {"lm_head": wdtype} if shape == "head" else {k: wdtype for k in ("w_qkv", "wo", "wg", "wu", "wd")}
@@ -72,7 +71,7 @@ def tile_of(shape: str, wdtype: DType | None, tiling: str = "default", rows: int
     t = tiling_for(CFG)
     if tiling != "default":
         t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
-    t = for_weights(t, wt, rows)
+    t = for_weights(t, wt)
     if shape == "head":
         return t.bv, t.lm_bk
     field = {"gate_up": "ffn", "o": "o", "qkv": "qkv"}.get(shape)
@@ -81,17 +80,17 @@ def tile_of(shape: str, wdtype: DType | None, tiling: str = "default", rows: int
     return getattr(t, f"{field}_bn") or t.bn, getattr(t, f"{field}_bk") or t.bk
 
 
-def build(shape: str, bn: int, bk: int, wdtype: DType | None, rows: int = 1):
+def build(shape: str, bn: int, bk: int, wdtype: DType | None):
     K, N, _, kind = SHAPES[shape]
     kw = {"wdtype": wdtype} if wdtype is not None else {}
     if kind == "residual":
-        fn = gemv_residual_tile(DType.BF16, rows, K, N, bn, bk, **kw)
+        fn = gemv_residual_tile(DType.BF16, 1, K, N, bn, bk, **kw)
     elif kind == "swiglu":
-        fn = gemv_norm_swiglu_tile(DType.BF16, rows, K, N, bn, bk, CFG.layer.eps, **kw)
+        fn = gemv_norm_swiglu_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     elif kind == "norm":
-        fn = gemv_norm_tile(DType.BF16, rows, K, N, bn, bk, CFG.layer.eps, **kw)
+        fn = gemv_norm_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     else:
-        fn = lmhead_argmax_gemv_tile(DType.BF16, rows, K, N, bn, bk, CFG.layer.eps, **kw)
+        fn = lmhead_argmax_gemv_tile(DType.BF16, 1, K, N, bn, bk, CFG.layer.eps, **kw)
     return specialize(fn)
 
 
@@ -103,13 +102,11 @@ def weights(shape: str, wdtype: DType | None, g: torch.Generator) -> dict[str, t
     return {n: random_quantized(wdtype, N, K, K ** -0.5, g).data for n in names}
 
 
-def regions(fn, ws: dict[str, torch.Tensor], shape: str, bn: int, g: torch.Generator,
-            rows: int = 1) -> dict[str, RegionBatch]:
+def regions(fn, ws: dict[str, torch.Tensor], shape: str, bn: int, g: torch.Generator) -> dict[str, RegionBatch]:
     """The task's regions: the weights ``ws`` and every other memref a fresh tensor of its shape
-    (``rows`` rows of x; the LM head's block maxima and their columns: one per block of ``bn``)."""
+    (the LM head's block maxima and their columns: one per block of ``bn``)."""
     K, N, _, _ = SHAPES[shape]
-    sizes = {"x": (rows, K), "g": (1, K), "r": (rows, N), "y": (rows, N), "best": (rows, -(-N // bn)),
-             "index": (rows, -(-N // bn))}
+    sizes = {"x": (1, K), "g": (1, K), "r": (1, N), "y": (1, N), "best": (1, -(-N // bn)), "index": (1, -(-N // bn))}
     out = {}
     for p in fn.memrefs:
         if p.name in ws:
@@ -123,15 +120,14 @@ def regions(fn, ws: dict[str, torch.Tensor], shape: str, bn: int, g: torch.Gener
     return out
 
 
-def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs: int, g: torch.Generator,
-            rows: int = 1) -> dict:
+def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs: int, g: torch.Generator) -> dict:
     """One kernel's microseconds and its weights' bandwidth (module docstring)."""
-    fn = build(shape, bn, bk, wdtype, rows)
+    fn = build(shape, bn, bk, wdtype)
     backend = TritonBackend("cuda", options=RenderOptions(qgemv=mode))
     one = weights(shape, wdtype, g)
     nbytes = sum(t.numel() * t.element_size() for t in one.values())
     copies = [one] + [weights(shape, wdtype, g) for _ in range(max(0, -(-L2_BYTES // nbytes) - 1))]
-    launches = [backend.prepare(TaskBatch(fn, regions(fn, ws, shape, bn, g, rows), {}, 1)) for ws in copies]
+    launches = [backend.prepare(TaskBatch(fn, regions(fn, ws, shape, bn, g), {}, 1)) for ws in copies]
     kernel = backend.kernel(fn)
     grouped = reads_by_groups_in(kernel.source)
 
@@ -164,8 +160,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="units:default;groups:default;groups:" + GROUPS_TILING,
                     help="MODE:TILING;... (TILING: default or bench/decode.py's k=v,...)")
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--rows", type=int, default=1, help="rows of x (2-8: the GEMVs DecodeTiling.gemv_rows makes, "
-                    "the integer dots of several rows; the bf16 row the same GEMV, a broadcast sum)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
@@ -176,10 +170,10 @@ def main(argv=None) -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for shape in args.shapes.split(","):
-        bf = tile_of(shape, None, rows=args.rows)
-        base = {"shape": shape, "type": "bf16", "mode": "-", "tile": f"{bf[0]}x{bf[1]}", "rows": args.rows}
+        bf = tile_of(shape, None)
+        base = {"shape": shape, "type": "bf16", "mode": "-", "tile": f"{bf[0]}x{bf[1]}"}
         try:
-            base.update(measure(shape, None, "units", *bf, args.runs, g, args.rows))
+            base.update(measure(shape, None, "units", *bf, args.runs, g))
         except Exception as e:  # report it, measure the rest
             base["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(base)
@@ -188,11 +182,10 @@ def main(argv=None) -> int:
             layers, _, head = spec.partition("/")
             wdtype = dtype_of(head or layers) if shape == "head" else dtype_of(layers)
             for mode, tiling in parse_tiles(args.tiles):
-                bn, bk = tile_of(shape, wdtype, tiling, args.rows)
-                row = {"shape": shape, "type": wdtype.short, "mode": mode, "tiling": tiling, "tile": f"{bn}x{bk}",
-                       "rows": args.rows}
+                bn, bk = tile_of(shape, wdtype, tiling)
+                row = {"shape": shape, "type": wdtype.short, "mode": mode, "tiling": tiling, "tile": f"{bn}x{bk}"}
                 try:
-                    row.update(measure(shape, wdtype, mode, bn, bk, args.runs, g, args.rows))
+                    row.update(measure(shape, wdtype, mode, bn, bk, args.runs, g))
                     row["x_copy"] = round(row["GBps"] * 1e9 / bw, 3)
                     if "us" in base:
                         row["x_bf16_time"] = round(row["us"] / base["us"], 3)

@@ -63,7 +63,7 @@ print(json.dumps(out))
 KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
-def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1) -> list[dict]:
+def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
@@ -90,10 +90,8 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     t = tiling_for(cfg)
     if tiling != "default":
         t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
-    t = for_weights(t, wt, batch)
-    if batch > 1:  # the projections as GEMVs of the batch's rows (DecodeTiling.gemv_rows)
-        t = t.with_fields(gemv_rows=max(t.gemv_rows, batch))
-    fns = functions(cfg, DType.BF16, get("cuda_h100"), t, batch, wtypes=wt)
+    t = for_weights(t, wt)
+    fns = functions(cfg, DType.BF16, get("cuda_h100"), t, 1, wtypes=wt)
     out = []
     for f in fields(fns):
         fn = getattr(fns, f.name)
@@ -189,8 +187,6 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose Triton compiles")
     ap.add_argument("--pdl", default="late", help="the kernels' programmatic dependent launch, as the step's (late; "
                     "'' none)")
-    ap.add_argument("--batch", type=int, default=1, help="sequences (2-8: the projections as GEMVs of that many "
-                    "rows, DecodeTiling.gemv_rows; a weight's instructions counted once for all rows)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -200,7 +196,7 @@ def main(argv=None) -> int:
         for spec in args.specs.split(","):
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
-                    todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch)
+                    todo += jobs(spec, mode, tiling, folder, args.pdl)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

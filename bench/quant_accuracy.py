@@ -16,10 +16,10 @@ generation with the quantized weights gives the first position where the tokens 
 ``int8x`` and ``int16x`` are not weight types: the file's own types with every product of a
 quantized matrix computed as ``PTO_QGEMV=int8``'s (``int16``'s) GEMVs compute it (x rounded to
 8-bit (16-bit) integers per group of the format's, its largest magnitude over 127 (32767) a
-step, times the values' ``A * E``; their constant
-part ``B`` times x unrounded: pto.codegen.triton.quant_groups's ``render_dot_int``); formats
-without integer dots keep x. On every product (the prompt's too, which pto's prefill computes
-unrounded), so it bounds what the decode step's rounding changes from above.
+step, times the values' ``A * E``; their constant part ``B`` times x unrounded:
+pto.codegen.triton.quant_groups's ``render_dot_int``); formats without integer dots keep x. On
+every product (the prompt's too, which pto's prefill computes unrounded), so it bounds what the
+decode step's rounding changes from above.
 """
 
 from __future__ import annotations
@@ -84,24 +84,13 @@ def rounding_x(w, xbits: int):
     from dataclasses import replace
 
     from pto.codegen.triton.quant_groups import group_of, int_dots_apply
-    from pto.quant.planes import plane_values
+    from pto.quant.planes import dequantize_parts
 
     def matrix(t):
         if not is_quantized(t) or not int_dots_apply(t.dtype.quant):
             return dense(t, torch.float32)
-        fmt, data = t.dtype.quant, t.data
-
-        def fetch(offs):
-            lo = int(offs.reshape(-1)[0])
-            return data[:, lo:lo + offs.shape[-1]]
-
-        vals = plane_values(fmt, fetch, t.cols // fmt.block, 0, t.cols, data.device)
-        whole = fmt.dequantize(vals)
-        for p in fmt.planes:
-            if p.group == 1:
-                vals[p.name] = torch.zeros_like(vals[p.name])
-        const = fmt.dequantize(vals)
-        return XRounded((whole - const).t().contiguous(), const.t().contiguous(), group_of(fmt),
+        fields, const = dequantize_parts(t.dtype.quant, t.data, t.cols)
+        return XRounded(fields.t().contiguous(), const.t().contiguous(), group_of(t.dtype.quant),
                         float((1 << (xbits - 1)) - 1))
 
     base = dense_weights(w, torch.float32)

@@ -121,7 +121,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # 16 (rows past the batch load as zeros, are never stored) and blocks of 16 outputs, so the
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
     # sequences of the 8B model: 15.7 ms a step as broadcast sums)
-    batch = tile_rows(batch, target, t.gemv_rows)
+    batch = tile_rows(batch, target)
     if batch >= 16:
         t = dot_tiles(t, H, QD + 2 * KVD, F, wtypes.blocks(STACKED))
     t = whole_steps(cfg, dt, t, wtypes)
@@ -287,7 +287,7 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
              wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there)."""
-    rows = tile_rows(batch, target, t.gemv_rows)
+    rows = tile_rows(batch, target)
     return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab)[1]
 
 

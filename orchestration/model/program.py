@@ -307,7 +307,7 @@ class ModelProgram(Program):
             return 0
         split = self._split(s)
         candidates = shape["batch"] * split.width * 4 if split else 0
-        rows = tile_rows(shape["batch"], s.target, self.tiling(s).gemv_rows)
+        rows = tile_rows(shape["batch"], s.target)
         return 2 * (rows * self.config(s).hidden * self._reduce_dtype(s).itemsize + candidates)
 
     def shard(self, s: Settings, inputs: dict, rank: int) -> dict:

@@ -59,13 +59,6 @@ class DecodeTiling:
     #: 6.406 against 6.743 ms a step on an H200, the 1B shape's 1.508 against 1.642 (the wave
     #: executor's 1.581 in the same call; docs/PERF.md, "Batch 8: one round of attention parts")
     round_programs: int | None = None
-    #: on a GPU, from 2 sequences up to this many (at most 8; 0 off), the projections stay GEMVs
-    #: of the batch's rows instead of tensor-core dots of 16 padded rows: where the weights'
-    #: products are integer dots (``PTO_QGEMV`` int16/int8, or auto for its formats:
-    #: pto.codegen.triton.quant_groups) each weight is read and masked once for every row. Off
-    #: until measured: the dot path's dequantized tiles took the 8B step at batch 8 15.8 ms in
-    #: Q4_K against 6.1 in bf16 (docs/PERF.md, "Integer dots")
-    gemv_rows: int = 0
     #: from 2 sequences on (tensor-core dots of 16 rows and more), with ``round_programs``, where
     #: some projection's items in ``dot_bn`` take more than one round over the programs: each
     #: projection's output block the narrowest power of two from 16 to :data:`DOT_ROUND_MAX`
@@ -147,8 +140,6 @@ class DecodeTiling:
         unknown = [k for k, _ in self.quant_tiles if k not in self.__dataclass_fields__ or k == "quant_tiles"]
         if unknown:
             raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
-        if not 0 <= self.gemv_rows <= 8:
-            raise UsageError(f"decode tiling: gemv_rows={self.gemv_rows}: 0 (off) to 8 (the integer dots' rows)")
         if self.span < 0 or self.span == 1:
             raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
         if self.chunk % self.tk:
@@ -185,13 +176,12 @@ def spans(cache: int | None, t: DecodeTiling) -> int:
     return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 
-def tile_rows(batch: int, target: Target | None = None, gemv_rows: int = 0) -> int:
+def tile_rows(batch: int, target: Target | None = None) -> int:
     """The rows of the projections' tiles for ``batch`` sequences on ``target``: on a GPU (or
-    None) 1, the batch up to ``gemv_rows`` (:attr:`DecodeTiling.gemv_rows`), or at least 16 (what
-    a tensor-core dot takes; the rows past the batch are padding); on a CPU the batch itself (no
-    tensor cores: padding is work, SmolLM2's step at batch 2 on the development VM took 180 ms
-    against 17 at batch 1 when its 2 rows were 16)."""
-    if batch == 1 or batch <= gemv_rows or (target is not None and target.kind == "cpu"):
+    None) 1, or at least 16 (what a tensor-core dot takes; the rows past the batch are padding);
+    on a CPU the batch itself (no tensor cores: padding is work, SmolLM2's step at batch 2 on
+    the development VM took 180 ms against 17 at batch 1 when its 2 rows were 16)."""
+    if batch == 1 or (target is not None and target.kind == "cpu"):
         return batch
     return max(batch, 16)
 

@@ -119,6 +119,22 @@ def dequantize_rows(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0
     return fmt.dequantize(plane_values(fmt, fetch, blocks, c0, c, data.device))
 
 
+def dequantize_parts(fmt: QuantFormat, data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's f32 values (:func:`dequantize_rows`) in the two parts of the format's affine
+    form: ``A * E`` (the part proportional to the element planes' fields) and ``B`` (the values
+    with every field zero: a minimum, an offset); their sum is the values."""
+    blocks = cols // fmt.block
+
+    def fetch(offs: torch.Tensor) -> torch.Tensor:
+        lo = int(offs.reshape(-1)[0])
+        return data[:, lo:lo + offs.shape[-1]]
+
+    vals = plane_values(fmt, fetch, blocks, 0, cols, data.device)
+    whole = fmt.dequantize(vals)
+    const = fmt.dequantize({n: torch.zeros_like(v) if fmt.plane(n).group == 1 else v for n, v in vals.items()})
+    return whole - const, const
+
+
 def dequantize_tiles(fmt: QuantFormat, data: torch.Tensor, cols: int, rows: torch.Tensor,
                      c0: torch.Tensor, c: int) -> torch.Tensor:
     """The tile evaluator's load: for each of M instances the ``r x c`` f32 tile of rows ``rows``
@@ -136,4 +152,4 @@ def dequantize_tiles(fmt: QuantFormat, data: torch.Tensor, cols: int, rows: torc
     return fmt.dequantize(plane_values(fmt, fetch, blocks, c0.view(-1, 1), c, data.device, clamp=True))
 
 
-__all__ = ["pack_rows", "plane_values", "dequantize_rows", "dequantize_tiles"]
+__all__ = ["pack_rows", "plane_values", "dequantize_rows", "dequantize_parts", "dequantize_tiles"]

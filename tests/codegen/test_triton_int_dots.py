@@ -19,7 +19,7 @@ from pto.codegen.triton.quant_groups import group_of, int_dots_apply, render_int
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import QUANTIZED, DType, dtype_of, f32  # noqa: E402
-from pto.quant.planes import plane_values  # noqa: E402
+from pto.quant.planes import dequantize_parts  # noqa: E402
 from tests.codegen.tritonkit import INTERPRETER_ONLY, temp_cache_dir  # noqa: E402,F401
 from tests.quant.test_load import random_qtensor  # noqa: E402
 
@@ -27,63 +27,50 @@ INT8 = [d for d in QUANTIZED if int_dots_apply(d.quant)]
 
 
 def int_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int, xbits: int):
-    """float64 of what the integer dots compute for rows ``skip:skip + N`` of ``w`` and ``x [M,
+    """float64 of what the integer dots compute for rows ``skip:skip + N`` of ``w`` and ``x [1,
     K]``: each group's x rounded (to nearest, ties to even) to integers of its step (its largest
     magnitude, at least 1e-30, over 2^(xbits-1) - 1), times the weights' values ``A * E``, plus
     their constant part ``B`` times x unrounded (the dot sums x itself for it); the bound of that
     from the unrounded product (half a step of each x times the magnitude of its weights' ``A *
     E``); and what a GPU may round otherwise (its division and fused multiply-add land within a
     few f32 ulps of the scaled x: where that is that close to a tie, a step times the weight's
-    magnitude): (reference, bound, ties), each ``[M, N]``."""
+    magnitude): (reference, bound, ties), each ``[1, N]``."""
     fmt, K = dtype.quant, x.shape[1]
     T = group_of(fmt)
-    M = x.shape[0]
-    xg = x.reshape(-1, T).float()
+    xg = x.view(-1, T).float()
     amax = xg.abs().amax(1, keepdim=True).clamp_min(1e-30)
     top = float((1 << (xbits - 1)) - 1)
     step = amax / top
     scaled = xg * (top / amax)
-    xq = (torch.round(scaled) * step).double().view(M, K)
+    xq = (torch.round(scaled) * step).double().view(1, K)
     near = ((scaled - scaled.floor() - 0.5).abs() <= 4 * torch.finfo(torch.float32).eps * scaled.abs().clamp_min(1))
-    data = w.data
-
-    def fetch(offs):
-        lo = int(offs.reshape(-1)[0])
-        return data[skip:skip + N, lo:lo + offs.shape[-1]]
-
-    vals = plane_values(fmt, fetch, K // fmt.block, 0, K, data.device)
-    whole = fmt.dequantize(vals).double()
-    for p in fmt.planes:
-        if p.group == 1:
-            vals[p.name] = torch.zeros_like(vals[p.name])
-    const = fmt.dequantize(vals).double()  # B: the values with every field zero
-    ref = xq @ (whole - const).T + x.double() @ const.T
-    steps = step.double().repeat_interleave(T).view(M, K)
-    bound = (steps / 2) @ (whole - const).abs().T
-    ties = (steps * near.view(M, K)) @ (whole - const).abs().T
+    fields, const = (v.double() for v in dequantize_parts(fmt, w.data[skip:skip + N], K))  # A * E, B
+    ref = xq @ fields.T + x.double() @ const.T
+    steps = step.double().repeat_interleave(T).view(1, K)
+    bound = (steps / 2) @ fields.abs().T
+    ties = (steps * near.view(1, K)) @ fields.abs().T
     return ref, bound, ties
 
 
-def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str, rows: int = 1):
+def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str):
     """``y = x @ w.T + r`` of 36 rows of a random ``dtype`` matrix (its region from row 3, the last
-    block of 8 rows past the region's end) by the residual GEMV in K steps of ``bk`` for ``rows``
-    rows of x, through a Triton backend on ``device`` reading by ``qgemv``: (y, the backend's
-    kernel source, x, w, r)."""
+    block of 8 rows past the region's end) by the residual GEMV in K steps of ``bk``, through a
+    Triton backend on ``device`` reading by ``qgemv``: (y, the backend's kernel source, x, w, r)."""
     from pto.incore.gemv import gemv_residual_tile
 
     N, skip = 36, 3
     g = torch.Generator().manual_seed(5)
     w = random_qtensor(dtype, N + skip, K, seed=6)
-    x, r = torch.randn(rows, K, generator=g), torch.randn(rows, N, generator=g)
+    x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
     x[0, :dtype.quant.block] *= 40.0  # a group of large values: steps that differ by group
     T, xbits = group_of(dtype.quant), INT_DOT_BITS.get(qgemv, 16)
     x[0, T:2 * T] = 0.0  # a group of zeros
     top = (1 << (xbits - 1)) - 1  # a group of ties (times a power of two: x * top / largest is exact)
     ties = torch.tensor([top] + [k + 0.5 for k in range(T // 2 - 1)] + [-k - 0.5 for k in range(T // 2)])
     x[0, 2 * T:3 * T] = ties * 2.0 ** -10
-    fn = specialize(gemv_residual_tile(f32, rows, K, N, 8, bk, wdtype=dtype))
-    regions = {"x": (x, 0, 0, rows, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, rows, N),
-               "y": (torch.full((rows, N), float("nan")), 0, 0, rows, N)}
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
+    regions = {"x": (x, 0, 0, 1, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, 1, N),
+               "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
     backend = TritonBackend(device, options=RenderOptions(qgemv=qgemv))
     mems = {n: RegionBatch(t.to(device), *(torch.tensor([v], device=device) for v in rest))
             for n, (t, *rest) in regions.items()}
@@ -118,27 +105,6 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
     exact = x.double() @ w.dequantize()[3:39].double().T + r.double()
     assert bool(((y.double() - exact).abs() <= bound * 1.001 + 2e-6 * scale).all())
     assert float((y.double() - exact).abs().max()) > 0  # the rounding is there: x is not integers
-
-
-@pytest.mark.parametrize("dtype", [d for d in INT8 if d.short in ("q4_0", "q8_0", "q6_k")], ids=str)
-@pytest.mark.parametrize("rows", [2, 3, 8])
-@pytest.mark.parametrize("xbits", [8, 16])
-@interpreted
-def test_integer_dots_of_several_rows_of_x(dtype, rows, xbits):
-    """A GEMV of 2, 3 (a block of 4, its last row padding) and 8 rows of x takes the integer
-    dots of several rows (each weight read and masked once for all of them): every row's sums
-    are float64's of its own x rounded per group (1,024 columns in K steps of 512), as one row's
-    are; the other ways (groups' float dot) take such a GEMV's dequantized values instead."""
-    K = 1024
-    y, source, x, w, r = int_gemv(dtype, K, 512, "cpu", f"int{xbits}", rows)
-    assert f"_pto_dqx{xbits}_dotm_{dtype.short}(" in source
-    ref, _, _ = int_reference(dtype, w, x, 3, 36, xbits)
-    scale = float((x.abs() @ w.dequantize()[3:39].abs().T).max())
-    torch.testing.assert_close(y.double(), ref + r.double(), rtol=1e-5, atol=2e-6 * scale)
-    y2, source2, x2, _, r2 = int_gemv(dtype, K, 512, "cpu", "groups", rows)
-    assert "_dotm_" not in source2 and "_pto_dqg_dot_" not in source2.split("def d_")[-1]
-    exact = x2.double() @ w.dequantize()[3:39].double().T + r2.double()
-    torch.testing.assert_close(y2.double(), exact, rtol=1e-5, atol=2e-6 * scale)
 
 
 @pytest.mark.parametrize("mode,bits", [("int8", 8), ("int16", 16), ("auto", 16)])
@@ -204,9 +170,9 @@ def test_pto_qgemv_takes_the_integer_modes(monkeypatch, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize,batch", [("q4_0", 1), ("q4_k", 1), ("q6_k", 1), ("q4_k", 3)])
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_k", "q6_k"])
 @interpreted
-def test_a_steps_error_from_xs_rounding_follows_its_step(quantize, batch, monkeypatch):
+def test_a_steps_error_from_xs_rounding_follows_its_step(quantize, monkeypatch):
     """The decode step through the interpreter with every GEMV's product as integer dots: the
     logits' error from the reference on the dequantized weights is x's rounding's, so it scales
     with the step of x's integers: 8-bit x's (1/127 of a group's largest magnitude) about 258
@@ -229,26 +195,8 @@ def test_a_steps_error_from_xs_rounding_follows_its_step(quantize, batch, monkey
     err = {}
     for mode in ("int8", "int16"):
         monkeypatch.setenv("PTO_QGEMV", mode)
-        res = run("model", config=config, cache=64, batch=batch, device="cpu", backend="triton", check=True,
+        res = run("model", config=config, cache=64, batch=1, device="cpu", backend="triton", check=True,
                   quantize=quantize)
         err[mode] = res["rel_err"]
     assert err["int16"] <= 1e-3, err
     assert 258 / 4 <= err["int8"] / err["int16"] <= 258 * 4, err
-
-
-def test_gemv_rows_keeps_a_gpu_batchs_projections_gemvs():
-    """``DecodeTiling.gemv_rows``: on a GPU a batch up to it keeps its rows (the projections
-    GEMVs, whose integer dots take several rows of x), past it 16 padded rows (tensor-core
-    dots); off by default; a CPU's rows are the batch's either way; beyond 8 refused."""
-    from pto.orchestration.model.tiling import DecodeTiling, tile_rows
-
-    from pto.errors import UsageError
-    from pto.machine.target import get
-
-    h200, cpu = get("cuda_h100"), get("x86_64")
-    assert DecodeTiling().gemv_rows == 0
-    assert [tile_rows(b, h200) for b in (1, 2, 8, 9)] == [1, 16, 16, 16]
-    assert [tile_rows(b, h200, 8) for b in (1, 2, 8, 9)] == [1, 2, 8, 16]
-    assert [tile_rows(b, cpu, 8) for b in (1, 3, 9)] == [1, 3, 9]
-    with pytest.raises(UsageError, match="gemv_rows=9"):
-        DecodeTiling(gemv_rows=9)

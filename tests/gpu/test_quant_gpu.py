@@ -71,19 +71,17 @@ def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
 
 @pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"])
 @pytest.mark.parametrize("xbits", [8, 16])
-@pytest.mark.parametrize("rows", [1, 4])
-def test_integer_dots_on_the_gpu(qtype, xbits, rows):
+def test_integer_dots_on_the_gpu(qtype, xbits):
     """``PTO_QGEMV=int8``/``int16`` compiled (PTX's ``dp4a``/``dp2a``, ``prmt``): the residual GEMV
     of tests/codegen/test_triton_int_dots.py (a group of zeros, one of exact ties) within the
     bound of x's rounding of the unrounded product, and float64's of the rounded arithmetic but
     where the GPU's division and fused multiply-add land a few ulps from the reference's next
-    to a tie (a step of that x times its weight's magnitude); one row of x, and four (the dots of
-    several rows: ``DecodeTiling.gemv_rows``)."""
+    to a tie (a step of that x times its weight's magnitude)."""
     from pto.ir.dtypes import dtype_of
     from tests.codegen.test_triton_int_dots import int_gemv, int_reference
 
     dtype = dtype_of(qtype)
-    y, source, x, w, r = int_gemv(dtype, 1024, 512, "cuda", f"int{xbits}", rows)
+    y, source, x, w, r = int_gemv(dtype, 1024, 512, "cuda", f"int{xbits}")
     assert ("dp4a.s32.s32" if xbits == 8 else "dp2a.lo.s32.s32") in source and "prmt.b32" in source
     ref, bound, ties = int_reference(dtype, w, x, 3, 36, xbits)
     dense = w.dequantize()[3:39].double()

@@ -175,3 +175,28 @@ def test_on_a_cpu_a_gemvs_quantized_tile_counts_its_packed_blocks():
         check_sram(one, h100)
     with pytest.raises(SramError, match=r"b 192\.0 KiB"):
         check_sram(specialize(gemv_residual_tile(f32, DOT_ROWS + 1, 1536, 576, 32, 1536, wdtype=DType.Q4_1)), cpu)
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
+def test_the_values_part_in_their_fields_and_their_constant(dtype):
+    """``dequantize_parts``: ``A * E`` and ``B`` of every format's affine form add up to the values
+    (to f32 rounding of the sum), ``B`` is the values the blocks' scales give a field of zero
+    (Q4_0's ``-8 d``, Q4_1's minimum, none for Q8_0 and fp8) and ``A * E`` is zero where the
+    fields are."""
+    from pto.quant.planes import dequantize_parts, dequantize_rows, plane_values
+
+    fmt = dtype.quant
+    q = random_qtensor(dtype, 6, 2 * fmt.block, seed=3)
+    fields, const = dequantize_parts(fmt, q.data, q.cols)
+    whole = dequantize_rows(fmt, q.data, q.cols)
+    torch.testing.assert_close(fields + const, whole, rtol=2 ** -23, atol=0)
+    vals = plane_values(fmt, lambda offs: q.data[:, int(offs.reshape(-1)[0]):][:, :offs.shape[-1]],
+                        q.cols // fmt.block, 0, q.cols, q.data.device)
+    if dtype.short == "q4_0":
+        assert torch.equal(const, -8 * vals["d"])
+    elif dtype.short == "q4_1":
+        assert torch.equal(const, vals["m"])
+    elif dtype.short in ("q8_0", "fp8"):
+        assert not bool(const.any())
+    zero = torch.stack([vals[p.name] == 0 for p in fmt.planes if p.group == 1]).all(0)
+    assert bool((fields[zero] == 0).all()) and (bool(zero.any()) or dtype.short == "fp8")  # (fp8: no zero drawn)

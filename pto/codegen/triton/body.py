@@ -300,16 +300,10 @@ class BodyRenderer(TileOps):
         #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
         #: :func:`pto.ir.analysis.gemv_quantized_loads`), and the planes' names of each once loaded
         self.quantized: set[str] = set()
-        #: (a GEMV of one row of x; of up to quant_groups.INT_DOT_ROWS where the product is
-        #: integer dots, which read each weight once for every row: :meth:`int_dot_rows`)
-        one = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1)
-        many = gemv_quantized_loads(fn, lambda a: 1 < self.blocks[a][0] <= quant_groups.INT_DOT_ROWS)
-        self.fused = one | frozenset(t for t in many if self.int_dot_rows(t))
+        self.fused = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1)
         self.planes: dict[str, list[str]] = {}
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}
-        #: the formats whose integer dots take several rows of x
-        self.rows_dotted: set[str] = set()
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -439,8 +433,8 @@ class BodyRenderer(TileOps):
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
         grouped = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
                    if i.op is Op.LOAD and i.dst in self.grouped}
-        helpers += [line for f in sorted(grouped) for line in
-                    quant_groups.render_helpers(FORMATS[f], self.int_dots(FORMATS[f]), f in self.rows_dotted)]
+        helpers += [line for f in sorted(grouped)
+                    for line in quant_groups.render_helpers(FORMATS[f], self.int_dots(FORMATS[f]))]
         if any(self.int_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_int_dots(self.opts.asm)
         return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines

@@ -236,10 +236,10 @@ def render_dot(fmt: QuantFormat) -> list[str]:
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def affine_form(em: _Emitter, fmt: QuantFormat, value=lambda name: f"R_{name}") -> Affine:
+def affine_form(em: _Emitter, fmt: QuantFormat) -> Affine:
     """The format's routine on the loaded planes (:meth:`QuantFormat.affine_form`): affine in
-    its element planes, the scale planes' values (``value(name)``: ``R_<name>``) as coefficients."""
-    return fmt.affine_form({p.name: _Value(em, value(p.name), p.header) for p in fmt.planes if p.group != 1})
+    its element planes, the scale planes' values ``R_<name>`` as coefficients."""
+    return fmt.affine_form({p.name: _Value(em, f"R_{p.name}", p.header) for p in fmt.planes if p.group != 1})
 
 
 def fraction_sums(em: _Emitter, fmt: QuantFormat, form: Affine, sums: dict[str, str], xsum: str) -> dict[str, str]:

@@ -208,16 +208,11 @@ def reads_by_groups_in(source: str) -> bool:
     """Does a rendered kernel's device function (its source's last ``def d_``) take a GEMV's
     product by groups (the float dot or the integer dots)."""
     body = source.split("def d_")[-1]
-    return any(f"{stem}_dot{m}_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16") for m in ("", "m"))
+    return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16"))
 
 
-#: the most rows of x (a power of two) a GEMV's integer dots take at once (each row's x words
-#: are registers of every thread: 16 a row and group of 4-bit values at 16 bits)
-INT_DOT_ROWS = 8
-
-
-def int_dot_name(fmt: QuantFormat, xbits: int, rows: bool = False) -> str:
-    return f"_pto_dqx{xbits}_dot{'m' if rows else ''}_{fmt.name}"
+def int_dot_name(fmt: QuantFormat, xbits: int) -> str:
+    return f"_pto_dqx{xbits}_dot_{fmt.name}"
 
 
 #: the f32 1.5 * 2^23: an f32 of magnitude below 2^22 added to it is rounded to an integer (to
@@ -273,76 +268,61 @@ def render_int_dots(asm: bool) -> list[str]:
 
 
 def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
-    """The ``V`` words of ``t`` (``[lead, V]``, ``V`` a power of two) as ``[lead, 1]`` tensors, in
-    index order (splits within the thread)."""
+    """The ``V`` slices of ``t``'s last dim (``[lead, V]``, ``V`` a power of two: a group's words,
+    x's lanes) as ``[lead, 1]`` tensors, in index order (splits within the thread)."""
     if V == 1:
         return [t]
     even, odd = em.split(f"tl.reshape({t}, ({lead}, {V // 2}, 2))")
     return [w for pair in zip(_words(em, even, lead, V // 2), _words(em, odd, lead, V // 2)) for w in pair]
 
 
-def _parts(em: _Emitter, t: str, lead: str, n: int) -> list[str]:
-    """The ``n`` slices of ``t``'s last dim (``[lead, n]``, ``n`` a power of two) as ``[lead]``
-    tensors, in index order (splits within the thread)."""
-    if n == 1:
-        return [em.let(f"tl.reshape({t}, ({lead}))")]
-    even, odd = em.split(f"tl.reshape({t}, ({lead}, {n // 2}, 2))")
-    evens, odds = _parts(em, even, lead, n // 2), _parts(em, odd, lead, n // 2)
-    return [v for pair in zip(evens, odds) for v in pair]
-
-
-def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str]:
-    """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums
-    with x rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude
-    over ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each subgroup's ``sum
-    xq E`` of each element plane integer dots (:func:`render_int_dots`: four bytes an instruction
+def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
+    """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums with x
+    rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude over
+    ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each subgroup's ``sum xq
+    E`` of each element plane integer dots (:func:`render_int_dots`: four bytes an instruction
     with 8-bit x, two with 16-bit x): the packed fields masked into bytes (a word of ``b``-bit
-    fields ``8 / b`` masks), x's integers packed in the matching order once per K step and shared
-    by the rows. The arithmetic differs from the float dot's by x's rounding (at most half a step
-    of its group's scale an element: 1/254 of the group's largest magnitude with 8 bits, 1/65534
-    with 16, finer than bf16's rounding of the group's larger values); the integer sums are exact; the values'
-    constant part (a minimum, an offset) multiplies x's own sum. ``rows``: x is ``[BM, BC]``, BM
-    rows each rounded per group and dotted with every field word (the weights read and masked
-    once for all of them), the sums ``[BM, BR]`` (``_pto_dqx<xbits>_dotm_<format>(planes..., P, S,
-    x, BM, BR, BC)``)."""
+    fields ``8 / b`` masks), x's integers packed in the matching order once per K step and
+    shared by the rows. The arithmetic differs from the float dot's by x's rounding (at most
+    half a step of its group's scale an element: 1/254 of the group's largest magnitude with 8
+    bits, 1/65534 with 16, finer than bf16's rounding of the group's larger values); the integer
+    sums are exact; the values' constant part (a minimum, an offset) multiplies x's own sum."""
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
     G = f"BC // {T}"
-    M, o = ("BM, ", 1) if rows else ("", 0)  # x's rows: a leading dim of every x tensor
     top = float((1 << (xbits - 1)) - 1)
     g = em.let(f"tl.arange(0, {G})[:, None, None]")
     never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
     zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
-    xg = em.let(f"tl.reshape(x, ({M}{G}, 1, {T}))")
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
     # the group's largest magnitude (at least 1e-30: a group of zeros has integers zero)
-    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis={2 + o}, keep_dims=True), 1e-30)")
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1e-30)")
     inv = em.let(f"{top!r} / {amax}")
     xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
     xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
-    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({M}{G}, 1, {S}, {Gs})), axis={3 + o})")  # x summed per subgroup
+    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
     esums = {}
     for p in [q for q in fmt.planes if q.group == 1]:
         _, V, _ = words_of(fmt, p)
         per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
         # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
-        lanes = _parts(em, em.let(f"tl.reshape({xi}, ({M}{G}, 1, {V}, 4, {per}))"), f"{M}{G}, 1, {V}, 4", per)
+        lanes = [em.let(f"tl.reshape({w}, ({G}, 1, {V}, 4))")
+                 for w in _words(em, em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"), f"{G}, 1, {V}, 4", per)]
         xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
         for lane in lanes:  # j = 2 h + i below
-            even, odd = em.split(f"tl.reshape({lane}, ({M}{G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
+            even, odd = em.split(f"tl.reshape({lane}, ({G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
             if xbits == 8:
                 (j0, j2), (j1, j3) = em.split(even), em.split(odd)
-                xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{M}{G}, 1", V)])
+                xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{G}, 1", V)])
             else:
                 pairs = em.let(f"_pto_pack2({even}, {odd})")
-                xw.append([_words(em, em.let(f"{h} + {zero}"), f"{M}{G}, 1", V) for h in em.split(pairs)])
-        # the weights' words, with a leading dim of one row where x has rows (broadcast over them)
-        words = em.let(f"R_{p.name}[None, :, :, :]") if rows else f"R_{p.name}"
-        rw = _words(em, words, f"{'1, ' if rows else ''}{G}, BR", V)
+                xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in em.split(pairs)])
+        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
         mask = 0x01010101 * ((1 << p.bits) - 1)
         accs = []
         for sub in range(S):  # each subgroup's words, one chain
-            acc = em.let(f"{zero}[None, :, :, :]") if rows else zero
+            acc = zero
             for v in range(sub * V // S, (sub + 1) * V // S):
                 word = rw[v]
                 for k in range(per):
@@ -354,32 +334,25 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
                         acc = em.let(f"_pto_dp2a_lo({xw[k][0][v]}, {field}, {acc})")
                         acc = em.let(f"_pto_dp2a_hi({xw[k][1][v]}, {field}, {acc})")
             accs.append(acc)
-        whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({M}{G}, BR, {S}))")
+        whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({G}, BR, {S}))")
         esums[p.name] = em.let(f"{whole}.to(tl.float32) * {xs}")  # [G, BR, S]: each subgroup's sum of x E
-    # the scales' coefficients ([G, BR, S]; with a leading dim of one row where x has rows)
-    form = affine_form(em, fmt, (lambda name: f"R_{name}[None, :, :, :]") if rows else (lambda name: f"R_{name}"))
-    keep = "[:, None, :, None]" if rows else "[None, :, None]"
-    units, per_row = affine_parts(em, fmt, form, esums, xsum,
-                                  lambda v: f"tl.sum(tl.sum({v}, axis={2 + o}), axis={o}){keep}")
-    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis={2 + o}), axis={o})")]
-    total += [] if per_row is None else [em.let(f"tl.reshape({per_row.code}, ({M}BR,))")]
-    head = f"{_planes_params(fmt)}, P, S, x, " + ("BM: tl.constexpr, " if rows else "")
-    return [f"@triton.jit\ndef {int_dot_name(fmt, xbits, rows)}({head}BR: tl.constexpr, BC: tl.constexpr):",
-            f"    # {fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots", *em.lines,
-            f"    return {' + '.join(total)}"]
+    form = affine_form(em, fmt)
+    units, rows = affine_parts(em, fmt, form, esums, xsum,
+                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
+    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
+    return [f"@triton.jit\ndef {int_dot_name(fmt, xbits)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
+            "BC: tl.constexpr):", f"    # {fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots",
+            *em.lines, f"    return {' + '.join(total)}"]
 
 
-def render_helpers(fmt: QuantFormat, xbits: int = 0, rows: bool = False) -> list[str]:
+def render_helpers(fmt: QuantFormat, xbits: int = 0) -> list[str]:
     """The group helpers of ``fmt`` (the load and the dot; ``xbits``: the integer dot with x of
-    that many bits too, for one row of x and, with ``rows``, for several)."""
+    that many bits too)."""
     lines = [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
-    if xbits:
-        lines += [*render_dot_int(fmt, xbits), "", ""]
-    if xbits and rows:
-        lines += [*render_dot_int(fmt, xbits, True), "", ""]
-    return lines
+    return lines + ([*render_dot_int(fmt, xbits), "", ""] if xbits else [])
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
-           "render_helpers", "int_dots_apply", "reads_by_groups_in", "INT_DOT_ROWS", "int_dot_name", "render_dot_int",
+           "render_helpers", "int_dots_apply", "reads_by_groups_in", "int_dot_name", "render_dot_int",
            "render_int_dots"]

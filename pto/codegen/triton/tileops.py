@@ -108,13 +108,6 @@ class TileOps:
             return 0
         return bits if bits and quant_groups.int_dots_apply(fmt) else 0
 
-    def int_dot_rows(self, tile: str) -> bool:
-        """May a GEMV's product take quantized ``tile`` as integer dots of several rows of x: its
-        format's dots (:meth:`int_dots`) and whole groups (``quant_groups.applies``)."""
-        mem = next(i.srcs[0] for i in walk_instrs(self.fn.body) if i.op is Op.LOAD and i.dst == tile)
-        fmt = self.memrefs[mem].dtype.quant
-        return bool(self.int_dots(fmt)) and quant_groups.applies(fmt, self.shapes[tile][1], self.blocks[tile][1])
-
     # padding -----------------------------------------------------------------------------------
     def lanes(self, tile: str, axis: int) -> str | None:
         """The mask of ``tile``'s logical lanes along ``axis`` (0 rows, 1 columns), broadcastable
@@ -202,14 +195,9 @@ class TileOps:
                 planes = f"{planes}, P_{mem}, S_{mem}"
             name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
             xbits = self.int_dots(fmt) if b in self.grouped else 0
-            m = self.blocks[a][0]
             if xbits:
-                name = quant_groups.int_dot_name(fmt, xbits, m > 1)
-            if m > 1:  # several rows of x (integer dots only: BodyRenderer.fused)
-                self.rows_dotted.add(fmt.name)
-                dot = f"{name}({planes}, {self.operand(a, False, 1)}, {m}, {r}, {c})"
-            else:
-                dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+                name = quant_groups.int_dot_name(fmt, xbits)
+            dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
         self.use(a)
