@@ -84,6 +84,9 @@
 #   intdots     issue 46: the integer dots where they are not yet measured: tests/gpu/test_quant_gpu.py (every
 #               format's dots at 8 and 16 bits, the quantized steps), the 8B step with a Q6_K head and all in
 #               Q6_K by groups' float dots (auto) and int16, Q8_0's o projection in other tiles ($INTDOT_O_TILINGS)
+#   halfdots    issue 46: fp8's half dots (x as f16, f16x2 multiply-adds of the e4m3 bytes) and Q6_K's
+#               integer dots, auto's since 2026-11-30: their GPU tests, fp8's kernels and the 8B step by
+#               units against auto, SmolLM2 in Q4_1 against bf16, Q8_0's o projection in 16 x 2,048 tiles
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -278,6 +281,19 @@ for stage in "$@"; do
                --hf-configs none --quant 'q8_0' --prefill 0 \
                --tilings "${INTDOT_O_TILINGS:-auto:default;auto:o_bn=4;auto:o_bn=16,o_bk=2048;auto:o_bk=2048}" \
                --json "$OUT/intdots_o.json" > "$OUT/intdots_o.log" 2>&1; grep "B=1" "$OUT/intdots_o.log" | cut -c1-400 ;;
+    halfdots) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "half or fp8 or q6_k" \
+                > "$OUT/halfdots_tests.log" 2>&1; tail -n 3 "$OUT/halfdots_tests.log"
+              python3 bench/qgemv.py --specs fp8 --shapes o,down,gate_up,head --tiles 'units:default;auto:default' \
+                --json "$OUT/halfdots_qgemv.json" > "$OUT/halfdots_qgemv.log" 2>&1; tail -n 12 "$OUT/halfdots_qgemv.log"
+              python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+                --hf-configs none --quant 'fp8,q8_0' --prefill 0 --qgemv units,auto \
+                --json "$OUT/halfdots_8b.json" > "$OUT/halfdots_8b.log" 2>&1; grep "B=1" "$OUT/halfdots_8b.log" | cut -c1-300
+              python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+                --hf-configs none --quant 'q8_0' --prefill 0 --tilings 'auto:default;auto:o_bn=16,o_bk=2048' \
+                --json "$OUT/halfdots_o.json" > "$OUT/halfdots_o.log" 2>&1; grep "B=1" "$OUT/halfdots_o.log" | cut -c1-300
+              python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
+                --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
+                --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

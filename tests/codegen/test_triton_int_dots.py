@@ -111,21 +111,21 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
 def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
     """Planes of 2-, 4- or 8-bit integers in 32-bit words, each scale's elements whole words:
     Q4_0, Q4_1, Q8_0, Q4_K, Q6_K (two planes, scales per 16); Q5_K (a 1-bit plane) read by
-    groups' float dots, fp8 by units (auto's choice); "auto" (a GPU's default) takes 16-bit x
-    for the formats measured so (not yet Q6_K)."""
+    groups' float dots, fp8 by half dots (tests/codegen/test_triton_half_dots.py); "auto" (a
+    GPU's default) takes 16-bit x for every format that allows it."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.codegen.triton import render
 
     assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"}
     ptx = "dp4a.s32.s32" if bits == 8 else "dp2a.lo.s32.s32"
-    q6 = "_pto_dqg_dot_q6_k(" if mode == "auto" else f"_pto_dqx{bits}_dot_q6_k("  # auto: until measured
-    for name, dot in (("q6_k", q6), ("fp8", "_pto_dq_dot_fp8("), ("q5_k", "_pto_dqg_dot_q5_k("),
-                      ("q4_k", f"_pto_dqx{bits}_dot_q4_k("), ("q8_0", f"_pto_dqx{bits}_dot_q8_0(")):
+    for name, dot in (("q6_k", f"_pto_dqx{bits}_dot_q6_k("), ("fp8", "_pto_dqh_dot_fp8("),
+                      ("q5_k", "_pto_dqg_dot_q5_k("), ("q4_k", f"_pto_dqx{bits}_dot_q4_k("),
+                      ("q8_0", f"_pto_dqx{bits}_dot_q8_0(")):
         fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
         src = render(fn, RenderOptions(qgemv=mode, asm=True)).source
         assert dot in src, name
-        assert (ptx in src) == (name in ("q4_k", "q8_0") or name == "q6_k" and mode != "auto"), name
+        assert (ptx in src) == (name in ("q4_k", "q8_0", "q6_k")), name
 
 
 def test_the_interpreters_integer_dots_are_ptxs():

@@ -149,9 +149,8 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
 
     monkeypatch.delenv("PTO_QGEMV", raising=False)
     assert TritonBackend("cpu").options.qgemv == "units"  # the interpreter's default
-    assert qgemv_mode(compiles=True) == "auto"  # a GPU's: by groups (some as integer dots) or units (fp8)
-    assert [reads_by_groups("auto", f) for f in ("q4_k", "q8_0", "q4_1", "fp8")] == [True, True, True, False]
-    assert reads_by_groups("groups", "fp8") and not reads_by_groups("units", "q4_k")
+    assert qgemv_mode(compiles=True) == "auto"  # a GPU's: by groups (integer, half or float dots)
+    assert [reads_by_groups(m) for m in ("auto", "groups", "int8", "int16", "units", "")] == [True] * 4 + [False] * 2
     monkeypatch.setenv("PTO_QGEMV", "groups")
     assert TritonBackend("cpu").options.qgemv == "groups"
     assert TritonBackend("cpu", options=RenderOptions(qgemv="units")).options.qgemv == "units"

@@ -1,7 +1,7 @@
 """Quantized weights on the GPU (skipped without CUDA): the decode step with its layers' weights
 stored in a block format (random blocks, or pto's quantizers where they apply) or fp8, read as
-they are stored by the GEMVs (by groups for the block formats, by units for fp8: ``PTO_QGEMV=auto``;
-the whole-K quantized tiles of models of hidden 2048 and more at one sequence), on each
+they are stored by the GEMVs (integer dots for the block formats but Q5_K, half dots for fp8:
+``PTO_QGEMV=auto``; the whole-K quantized tiles of models of hidden 2048 and more at one sequence), on each
 executor. Its logits must be no further from a float64 run of the reference model on the same
 weights dequantized than torch's bf16 run of it is (within 5%, tests/gpu/test_decode_gpu.py's
 bound: two bf16 pipelines round at different points; torch's also rounds the dequantized weights
@@ -90,3 +90,22 @@ def test_integer_dots_on_the_gpu(qtype, xbits):
     assert bool(((got - want).abs() <= 1e-5 * want.abs() + 2e-6 * scale + ties).all()), float((got - want).abs().max())
     exact = x.double() @ dense.T + r.double()
     assert bool(((got - exact).abs() <= bound * 1.001 + 2e-6 * scale).all())
+
+
+@pytest.mark.parametrize("mode", ["auto", "int8"])
+def test_half_dots_on_the_gpu(mode):
+    """fp8's half dots compiled (PTX's ``cvt.rn.f16x2.e4m3x2``, ``fma.rn.f16x2``): the residual
+    GEMV of tests/codegen/test_triton_half_dots.py is float64's rounding of the same f16 chains
+    (x's power-of-two scaling is exact and each instruction rounds once, so only the f32 sums'
+    order differs) and within the roundings' bound of the unrounded product."""
+    from tests.codegen.test_triton_half_dots import FP8, half_reference
+    from tests.codegen.test_triton_int_dots import int_gemv
+
+    y, source, x, w, r = int_gemv(FP8, 1024, 512, "cuda", mode)
+    assert "cvt.rn.f16x2.e4m3x2" in source and "fma.rn.f16x2" in source
+    ref, bound = half_reference(w, x, 3, 36)
+    dense = w.dequantize()[3:39].double()
+    scale = float((x.abs().double() @ dense.abs().T).max())
+    torch.testing.assert_close(y.double(), ref + r.double(), rtol=1e-5, atol=2e-6 * scale)
+    exact = x.double() @ dense.T + r.double()
+    assert bool(((y.double() - exact).abs() <= bound + 2e-6 * scale).all())

@@ -434,9 +434,12 @@ class BodyRenderer(TileOps):
         grouped = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
                    if i.op is Op.LOAD and i.dst in self.grouped}
         helpers += [line for f in sorted(grouped)
-                    for line in quant_groups.render_helpers(FORMATS[f], self.int_dots(FORMATS[f]))]
+                    for line in quant_groups.render_helpers(FORMATS[f], self.int_dots(FORMATS[f]),
+                                                            self.half_dots(FORMATS[f]))]
         if any(self.int_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_int_dots(self.opts.asm)
+        if any(self.half_dots(FORMATS[f]) for f in grouped):
+            helpers += quant_groups.render_half_dots(self.opts.asm)
         return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:

@@ -57,27 +57,26 @@ FLAT_STAGES = 3
 #: "int8", "int16": by groups, with x rounded to integers of that many bits per group and the
 #: products integer dots where the format's values are planes of 2-, 4- or 8-bit integers in
 #: words (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`),
-#: the other formats as "auto" reads them; or "auto": int16 for :data:`QGEMV_INT_AUTO` (16-bit x
-#: rounds a group's larger values finer than bf16), groups for the other block formats, units
-#: for fp8. Measured on an H200, the Llama-3-8B step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in
-#: the quantized tiles), 2.36 by int16 dots, 2.29 by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62
-#: (int16), 2.58 (int8); fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the
-#: quantized tiles of :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
+#: fp8's products as half dots (x as f16 per group, f16x2 fused multiply-adds of the e4m3 bytes:
+#: :func:`pto.codegen.triton.quant_groups.render_dot_half`), the other formats (Q5_K) by
+#: groups; or "auto": int16 for :data:`QGEMV_INT_AUTO` (16-bit x rounds a group's larger values
+#: finer than bf16), half dots for fp8, groups for Q5_K. Measured on an H200, the Llama-3-8B
+#: step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16 dots, 2.29
+#: by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62 (int16), 2.58 (int8); Q6_K 4.02 -> 3.00 (int16);
+#: fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the quantized tiles of
+#: :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
 QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
 #: the bits of x of the modes whose GEMVs take integer dots ("auto": for :data:`QGEMV_INT_AUTO`)
 INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
-#: the formats "auto" takes as integer dots: those measured faster so on an H200 (Q6_K's, two
-#: planes with scales per 16, have their tests and SASS, 8.4 -> 4.4 instructions a weight in the
-#: 8B head, and are "int16"'s until measured)
-QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q8_0", "q4_k"})
-#: the formats "auto" reads by units
-QGEMV_UNITS_AUTO = frozenset({"fp8"})
+#: the formats "auto" takes as integer dots: those measured faster so on an H200 (every format
+#: that allows them: Q6_K's since 2026-11-30, the 8B step with Q6_K weights 4.02 -> 3.00 ms)
+QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
 
 
-def reads_by_groups(mode: str, fmt_name: str) -> bool:
-    """Does a GEMV's product read a quantized tile of format ``fmt_name`` by groups under
-    ``RenderOptions.qgemv`` ``mode``."""
-    return mode == "groups" or (mode in INT_DOT_BITS and fmt_name not in QGEMV_UNITS_AUTO)
+def reads_by_groups(mode: str) -> bool:
+    """Does a GEMV's product read quantized tiles by groups under ``RenderOptions.qgemv``
+    ``mode`` (every mode but "units" and "", the renderer's default)."""
+    return mode == "groups" or mode in INT_DOT_BITS
 PDL_WAIT, PDL_SIGNAL = "_gdc_wait()", "_gdc_launch_dependents()"
 PDL_IMPORTS = "from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents\n" \
               "from triton.language.extra.cuda import gdc_wait as _gdc_wait\n"

@@ -14,7 +14,7 @@ Here a row of a tile is ``G = BC / T`` *groups* of ``T`` consecutive elements, `
 elements whose widest element plane is 16 bytes (32 of 4-bit values, 16 of 8-bit ones), and
 every plane is one ``[G, BR, ...]`` tensor whose last dim is a group's own: an element plane's
 ``V`` words of the group (int32 where a group's values are 64 bits or more, uint16 for 1-bit
-values; e4m3 bytes as they are), read as one contiguous 4- to 16-byte run per row and group (a
+values; fp8's e4m3 bytes four a word), read as one contiguous 4- to 16-byte run per row and group (a
 thread's vector load; Triton's layout keeps a group in one thread and puts consecutive groups
 on consecutive threads: coalesced), a scale plane's value per *subgroup* (``S = T / Gs``
 values, ``Gs`` the smallest scale group of the format, at most ``T``), a header plane's per row.
@@ -64,9 +64,7 @@ def words_of(fmt: QuantFormat, p: Plane) -> tuple[str, int, int]:
     """How element plane ``p`` is read per group: (the word's Triton type, ``V`` words a group,
     ``U`` values a word). int32 words where a group's values fill two or more; uint16 ones for
     1-bit values (two a group, so that the words are the contiguous dim of the load); e4m3 bytes
-    one value each."""
-    if p.kind == "e4m3":
-        return "tl.uint8", group_of(fmt), 1
+    four a word as the others' 8-bit values."""
     bits = group_of(fmt) * p.bits
     word = 32 if bits >= 64 else 16
     return ("tl.int32" if word == 32 else "tl.uint16"), bits // word, word // p.bits
@@ -134,9 +132,11 @@ def render_load(fmt: QuantFormat) -> list[str]:
 def _fraction(em: _Emitter, p: Plane, raw: str, k: int, one: str) -> str:
     """Lane ``k``'s field of element plane ``p`` (its words ``raw``) as the f32 ``1 + u /
     2^bits`` (:func:`pto.codegen.triton.quant._fraction`, the 1.0 or'ed from ``one``, a
-    register: the mask and the or are one instruction); an e4m3 byte's value as it is."""
+    register: the mask and the or are one instruction); an e4m3 byte's (byte ``k`` of its word)
+    value as it is."""
     if p.kind == "e4m3":
-        return em.let(f"{raw}.to(tl.float8e4nv, bitcast=True).to(tl.float32)")
+        byte = f"({raw} >> {8 * k}) & 255" if k else f"{raw} & 255"
+        return em.let(f"({byte}).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)")
     at, top = k * p.bits, 23 - p.bits
     moved = raw if at == top else f"({raw} << {top - at})" if at < top else f"({raw} >> {at - top})"
     field = f"({moved} & {((1 << p.bits) - 1) << top})"
@@ -208,7 +208,7 @@ def reads_by_groups_in(source: str) -> bool:
     """Does a rendered kernel's device function (its source's last ``def d_``) take a GEMV's
     product by groups (the float dot or the integer dots)."""
     body = source.split("def d_")[-1]
-    return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16"))
+    return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16", "_pto_dqh"))
 
 
 def int_dot_name(fmt: QuantFormat, xbits: int) -> str:
@@ -346,13 +346,127 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
             *em.lines, f"    return {' + '.join(total)}"]
 
 
-def render_helpers(fmt: QuantFormat, xbits: int = 0) -> list[str]:
+def half_dots_apply(fmt: QuantFormat) -> bool:
+    """Can a GEMV take ``fmt``'s products as half dots (:func:`render_dot_half`): element planes
+    of e4m3 only (fp8)."""
+    return all(p.kind == "e4m3" for p in fmt.planes if p.group == 1)
+
+
+def half_dot_name(fmt: QuantFormat) -> str:
+    return f"_pto_dqh_dot_{fmt.name}"
+
+
+#: the half dots' helpers: (arguments, PTX, constraints, the result's type, the same in Triton's
+#: operations). ``_pto_h2pack(lo, hi)``: two f32 as the halves of an f16x2 word (lo the low
+#: half), rounded to nearest; ``_pto_hfma4(w, xa, xb, c)``: the f16x2 ``c`` plus the products
+#: of word ``w``'s four e4m3 bytes (as f16, exactly) and the f16 pairs ``xa`` (bytes 0, 1) and
+#: ``xb`` (2, 3): even bytes onto the low half, odd onto the high, each a fused multiply-add
+#: rounded once to f16; ``_pto_h2sum(a)``: the f32 sum of an f16x2 word's halves
+_HALVES = {
+    "_pto_h2pack": ("lo, hi", "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", "tl.int32",
+                    "(_pto_h16(lo) & 65535) | (_pto_h16(hi) << 16)"),
+    "_pto_hfma4": ("w, xa, xb, c", "{ .reg .b16 l, h; .reg .b32 a, b, t; mov.b32 {l, h}, $1; "
+                   "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; fma.rn.f16x2 t, a, $2, $4; "
+                   "fma.rn.f16x2 $0, b, $3, t; }", "=r,r,r,r,r", "tl.int32",
+                   "_pto_hfma2(w >> 16, xb, _pto_hfma2(w, xa, c))"),
+    "_pto_h2sum": ("a", "{ .reg .b16 l, h; .reg .f32 p, q; mov.b32 {l, h}, $1; cvt.f32.f16 p, l; "
+                   "cvt.f32.f16 q, h; add.rn.f32 $0, p, q; }", "=f,r", "tl.float32",
+                   "_pto_f16(a).to(tl.float32) + _pto_f16(a >> 16).to(tl.float32)"),
+}
+
+#: the interpreter's pieces of the half dots: an f32's f16 bits (low 16 of an int32), the f16 of
+#: an int32's low 16 bits, and one f16x2 fused multiply-add of two e4m3 bytes (``w``'s low 16
+#: bits) by an f16x2 word onto another (float64 holds each product and sum exactly, so that the
+#: one rounding to f16 is the instruction's)
+_HALF_EMULATION = [
+    "@triton.jit\ndef _pto_h16(v):",
+    "    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)",
+    "",
+    "",
+    "@triton.jit\ndef _pto_f16(w):",
+    "    return ((w << 16) >> 16).to(tl.int16).to(tl.float16, bitcast=True)",
+    "",
+    "",
+    "@triton.jit\ndef _pto_e4m3(w):",
+    "    return (w & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float64)",
+    "",
+    "",
+    "@triton.jit\ndef _pto_hfma2(w, x, c):",
+    "    lo = _pto_e4m3(w) * _pto_f16(x).to(tl.float64) + _pto_f16(c).to(tl.float64)",
+    "    hi = _pto_e4m3(w >> 8) * _pto_f16(x >> 16).to(tl.float64) + _pto_f16(c >> 16).to(tl.float64)",
+    "    return (_pto_h16(lo) & 65535) | (_pto_h16(hi) << 16)",
+    "",
+    "",
+]
+
+
+def render_half_dots(asm: bool) -> list[str]:
+    """The half dots' helpers (:data:`_HALVES`): inline PTX where ``asm`` (sm_89 and later: the
+    e4m3 conversion), else the same arithmetic in Triton's operations (the interpreter's)."""
+    out = [] if asm else list(_HALF_EMULATION)
+    for name, (args, ptx, constraints, dtype, ops) in _HALVES.items():
+        out.append(f"@triton.jit\ndef {name}({args}):")
+        if asm:
+            out.append(f'    return tl.inline_asm_elementwise("{ptx}", "{constraints}", [{args}], '
+                       f"dtype={dtype}, is_pure=True, pack=1)")
+        else:
+            out.append(f"    return {ops}")
+        out += ["", ""]
+    return out
+
+
+def render_dot_half(fmt: QuantFormat) -> list[str]:
+    """``_pto_dqh_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums of an fp8
+    matrix with x scaled per group by a power of two (``2^(127 - e)``, ``e`` the biased exponent
+    of the group's largest magnitude, at least 1e-30, at most 2^126: the scaled values are below
+    2 in magnitude, exactly x's) and rounded to f16 (one ``cvt`` a pair, once per K step, shared
+    by the rows), each group's products f16x2 fused multiply-adds of the e4m3 bytes converted to
+    f16 (PTX ``cvt.rn.f16x2.e4m3x2``, exact) and x's halves: two chains a group (its even and
+    odd elements, eight products each: at most 8 * 448 * 2 in magnitude, no overflow), their sum
+    in f32 times the group's power of two, the row's scale applied per row. The arithmetic
+    differs from the float dot's by x's rounding to f16 (2^-11 of each value, relatively: finer
+    than bf16's) and the chains' rounding to f16 (2^-11 of each partial sum)."""
+    em = _Emitter()
+    T, Gs = group_of(fmt), subgroup_of(fmt)
+    S = T // Gs
+    G = f"BC // {T}"
+    (p,) = [q for q in fmt.planes if q.group == 1]
+    _, V, _ = words_of(fmt, p)
+    g = em.let(f"tl.arange(0, {G})[:, None, None]")
+    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1e-30)")
+    e = em.let(f"tl.minimum({amax}.to(tl.int32, bitcast=True) >> 23, 253)")
+    inv = em.let(f"((254 - {e}) << 23).to(tl.float32, bitcast=True)")  # 2^(127 - e)
+    unit = em.let(f"({e} << 23).to(tl.float32, bitcast=True)")  # 2^(e - 127)
+    even, odd = em.split(f"tl.reshape({xg} * {inv}, ({G}, 1, {V}, 2, 2))")  # [G, 1, V, 2]: bytes 2h, 2h + 1
+    xa, xb = em.split(em.let(f"_pto_h2pack({even}, {odd})"))  # [G, 1, V]: the pairs of bytes 0, 1 and 2, 3
+    xas = _words(em, em.let(f"{xa} + {zero}"), f"{G}, 1", V)
+    xbs = _words(em, em.let(f"{xb} + {zero}"), f"{G}, 1", V)
+    acc = zero
+    for v, word in enumerate(_words(em, f"R_{p.name}", f"{G}, BR", V)):
+        acc = em.let(f"_pto_hfma4({word}, {xas[v]}, {xbs[v]}, {acc})")
+    esums = {p.name: em.let(f"_pto_h2sum({acc}) * {unit}")}  # [G, BR, 1]: the group's sum of x E
+    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")
+    form = affine_form(em, fmt)
+    units, rows = affine_parts(em, fmt, form, esums, xsum,
+                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
+    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
+    return [f"@triton.jit\ndef {half_dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
+            "BC: tl.constexpr):", f"    # {fmt.name}: x as f16 a group of {T} scaled by a power of two, f16x2 dots",
+            *em.lines, f"    return {' + '.join(total)}"]
+
+
+def render_helpers(fmt: QuantFormat, xbits: int = 0, half: bool = False) -> list[str]:
     """The group helpers of ``fmt`` (the load and the dot; ``xbits``: the integer dot with x of
-    that many bits too)."""
+    that many bits too; ``half``: the half dot too)."""
     lines = [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
-    return lines + ([*render_dot_int(fmt, xbits), "", ""] if xbits else [])
+    lines += [*render_dot_int(fmt, xbits), "", ""] if xbits else []
+    return lines + ([*render_dot_half(fmt), "", ""] if half else [])
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
            "render_helpers", "int_dots_apply", "reads_by_groups_in", "int_dot_name", "render_dot_int",
-           "render_int_dots"]
+           "render_int_dots", "half_dots_apply", "half_dot_name", "render_dot_half", "render_half_dots"]

@@ -108,6 +108,11 @@ class TileOps:
             return 0
         return bits if bits and quant_groups.int_dots_apply(fmt) else 0
 
+    def half_dots(self, fmt) -> bool:
+        """Do the GEMVs that read by groups take ``fmt``'s products as half dots (fp8 under
+        ``qgemv`` "auto", "int8" or "int16": :func:`pto.codegen.triton.quant_groups.render_dot_half`)."""
+        return self.opts.qgemv in INT_DOT_BITS and quant_groups.half_dots_apply(fmt)
+
     # padding -----------------------------------------------------------------------------------
     def lanes(self, tile: str, axis: int) -> str | None:
         """The mask of ``tile``'s logical lanes along ``axis`` (0 rows, 1 columns), broadcastable
@@ -197,6 +202,8 @@ class TileOps:
             xbits = self.int_dots(fmt) if b in self.grouped else 0
             if xbits:
                 name = quant_groups.int_dot_name(fmt, xbits)
+            elif b in self.grouped and self.half_dots(fmt):
+                name = quant_groups.half_dot_name(fmt)
             dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
@@ -363,7 +370,7 @@ class TileOps:
         rows = [f"({ri} < m_{mem}_rows)"] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
         rows += [] if lr == r else [f"(tl.arange(0, {r})[:, None] < {lr})"]
         self.emit(f"{rmask} = {' & '.join(rows)}")
-        grouped = tile in self.fused and reads_by_groups(self.opts.qgemv, fmt.name) and quant_groups.applies(fmt, lc, c)
+        grouped = tile in self.fused and reads_by_groups(self.opts.qgemv) and quant_groups.applies(fmt, lc, c)
         if grouped:  # read by groups (pto.codegen.triton.quant_groups): its own helpers
             self.grouped[tile] = (r, c)
             helper = quant_groups.load_name(fmt)

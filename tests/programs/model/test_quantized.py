@@ -210,8 +210,8 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
     f32 weight tiles; sixteen: the tensor-core dots), the masked and the mask-free path, through
     Triton's compiler for an H100 (no GPU needed): the helpers' joins, word loads and pointer
-    casts compile; the GEMVs read by units, by groups and as integer dots (``RenderOptions.qgemv``;
-    the dots' inline PTX assembled by ptxas)."""
+    casts compile; the GEMVs read by units, by groups and as integer or half dots
+    (``RenderOptions.qgemv``; the dots' inline PTX assembled by ptxas)."""
     from dataclasses import fields
 
     from pto.orchestration.model.decode import functions
@@ -248,7 +248,8 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
         chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
                    and any(p.dtype.is_quantized for p in fn.memrefs)]
     jobs = kernel_jobs(chosen) + kernel_jobs(chosen, RenderOptions(qgemv="groups"))
-    # the integer dots' inline PTX (dp2a, dp4a, prmt) through ptxas: every format that takes them
+    # the integer dots' inline PTX (dp2a, dp4a, prmt) and fp8's half dots' (cvt, fma.rn.f16x2) through
+    # ptxas: every format that takes them
     jobs += kernel_jobs(chosen, RenderOptions(qgemv="int16", asm=True))
     jobs += kernel_jobs(chosen, RenderOptions(qgemv="int8", asm=True))
     results = compile_sm90(jobs, tmp_path)
@@ -258,6 +259,7 @@ def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     assert sum("_pto_dqg_dot_" in j["source"] for j in jobs) >= 20
     assert all(sum(f"_pto_dqx{b}_dot_{f}(" in j["source"] for j in jobs) >= 2
                for b in (8, 16) for f in ("q4_1", "q8_0", "q4_k", "q6_k"))
+    assert sum("cvt.rn.f16x2.e4m3x2" in j["source"] for j in jobs) >= 4  # fp8's half dots, int8 and int16
 
 
 def test_the_cpus_whole_k_steps_keep_the_heads_blocks_and_the_argmax():
