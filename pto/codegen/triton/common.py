@@ -64,7 +64,8 @@ FLAT_STAGES = 3
 #: step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16 dots, 2.29
 #: by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62 (int16), 2.58 (int8); Q6_K 4.02 -> 3.00 (int16);
 #: fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the quantized tiles of
-#: :data:`pto.orchestration.model.program.QUANT_WIDE`); docs/PERF.md.
+#: :data:`pto.orchestration.model.program.QUANT_WIDE`), 2.48 by half dots against 2.61 by units
+#: in one call; docs/PERF.md.
 QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
 #: the bits of x of the modes whose GEMVs take integer dots ("auto": for :data:`QGEMV_INT_AUTO`)
 INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
