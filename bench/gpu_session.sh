@@ -87,6 +87,9 @@
 #   halfdots    issue 46: fp8's half dots (x as f16, f16x2 multiply-adds of the e4m3 bytes) and Q6_K's
 #               integer dots, auto's since 2026-11-30: their GPU tests, fp8's kernels and the 8B step by
 #               units against auto, SmolLM2 in Q4_1 against bf16, Q8_0's o projection in 16 x 2,048 tiles
+#   chain       issue 45: bench/gluon_chain.py: a chain of dependent GEMV layers in one persistent launch,
+#               the megakernel's wait-then-load in Triton against a Gluon loader whose ring of cp.async
+#               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -294,6 +297,8 @@ for stage in "$@"; do
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
+    chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
+           tail -n 20 "$OUT/chain.log" ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

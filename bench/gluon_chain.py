@@ -1,0 +1,208 @@
+"""What a loader buys the megakernel's GEMVs (issue 45), measured apart from pto: a chain of L
+dependent GEMV layers ``x[l + 1] = W[l] @ x[l]`` (bf16 weights, f32 activations, square D x D)
+run by one persistent launch of D / R programs (at most one a multiprocessor, all resident),
+each program R rows of every layer. A program waits until every program has written ``x[l]``
+(a counter per layer, the megakernel's acquire poll), computes its rows, stores them and
+releases the next layer's counter (the megakernel's release). Two ways:
+
+- ``triton``: as the megakernel's runs do today: the wait, then a K loop pipelined by Triton
+  (``tl.range(..., num_stages=S)``), whose first loads are issued after the wait;
+- ``gluon``: a loader in the style of Hazy Research's megakernels, written in Gluon (Triton's
+  layout-explicit dialect: shared memory and ``cp.async`` by hand): a ring of ``NBUF`` shared
+  memory buffers of ``R x BK`` weights that streams the program's chunks of every layer in
+  order, so that the next layer's first ``NBUF`` chunks are in flight while the program waits
+  for that layer's activations. Each thread reads from shared memory only the bytes its own
+  ``cp.async`` wrote (one layout for both), so a ``wait_group`` orders them without a barrier.
+
+Per variant: microseconds a layer, the weights' bandwidth as a fraction of a copy's, and the last
+layer's error against torch. The floor is the weights at the copy's bandwidth; a layer's cost
+above it is what the wait and the pipeline's fill add (the megakernel's 8B layer: six GEMV
+levels, each paying it; docs/PERF.md, "A layer's budget").
+
+    python3 bench/gluon_chain.py [--d 2048,4096] [--rows 16,32] [--layers 32] [--nbuf 4,8]
+                                 [--bk 256] [--json FILE]
+
+Needs a CUDA GPU of sm_80 or later (``cp.async``) and Triton's Gluon (3.5 and later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+except ImportError:  # pragma: no cover - an older Triton: the Triton chain alone
+    gluon = None
+
+
+@triton.jit
+def chain_triton(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
+                 STAGES: tl.constexpr):
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    cols = tl.arange(0, BK)
+    for layer in range(L):
+        while tl.atomic_add(C + layer, 0, sem="acquire") < P:
+            pass
+        acc = tl.zeros([R], dtype=tl.float32)
+        base = W + layer * D * D
+        for k in tl.range(0, D, BK, num_stages=STAGES):
+            w = tl.load(base + rows[:, None] * D + (k + cols)[None, :])
+            x = tl.load(X + layer * D + k + cols)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        tl.store(X + (layer + 1) * D + rows, acc)
+        tl.debug_barrier()
+        tl.atomic_add(C + layer + 1, 1, sem="release")
+
+
+if gluon is not None:
+    @gluon.jit
+    def _issue(W, smem, i, rows, cols, D: gl.constexpr, NK: gl.constexpr, BK: gl.constexpr,
+               NBUF: gl.constexpr, TOTAL: gl.constexpr):
+        """Chunk ``i`` of the program's stream (layer ``i // NK``, K step ``i % NK``) into its ring
+        buffer; every call commits a group (an empty one past the stream's end), so that
+        ``wait_group(NBUF - 1)`` always means "chunk i has landed"."""
+        if i < TOTAL:
+            layer = i // NK
+            k = (i % NK) * BK
+            ptrs = W + layer * D * D + rows[:, None] * D + (k + cols)[None, :]
+            async_copy.async_copy_global_to_shared(smem.index(i % NBUF), ptrs)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def chain_gluon(W, X, C, L: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+                    P: gl.constexpr, NBUF: gl.constexpr):
+        # each thread 8 consecutive bf16 (16 bytes: one cp.async) of a row, a warp 256 columns
+        tile: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+        shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        NK: gl.constexpr = D // BK
+        TOTAL: gl.constexpr = L * NK
+        smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, R, BK], shared)
+        rows = gl.program_id(0) * R + gl.arange(0, R, layout=gl.SliceLayout(1, tile))
+        cols = gl.arange(0, BK, layout=gl.SliceLayout(0, tile))
+        for i in gl.static_range(NBUF):  # the first chunks: in flight before the first wait
+            _issue(W, smem, i, rows, cols, D, NK, BK, NBUF, TOTAL)
+        acc = gl.zeros([R], gl.float32, layout=gl.SliceLayout(1, tile))
+        for i in range(TOTAL):
+            layer = i // NK
+            kk = i % NK
+            if kk == 0:
+                while gl.atomic_add(C + layer, 0, sem="acquire") < P:
+                    pass
+                acc = gl.zeros([R], gl.float32, layout=gl.SliceLayout(1, tile))
+            async_copy.wait_group(NBUF - 1)
+            w = smem.index(i % NBUF).load(tile)
+            x = gl.load(X + layer * D + kk * BK + cols)
+            acc += gl.sum(w.to(gl.float32) * x[None, :], axis=1)
+            # the buffer just read (this thread's own bytes, now in registers) takes chunk i + NBUF:
+            # the next layer's first chunks stream while this program waits for that layer
+            _issue(W, smem, i + NBUF, rows, cols, D, NK, BK, NBUF, TOTAL)
+            if kk == NK - 1:
+                gl.store(X + (layer + 1) * D + rows, acc)
+                gl.thread_barrier()
+                gl.atomic_add(C + layer + 1, 1, sem="release")
+        async_copy.wait_group(0)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """A device-to-device copy's bytes a second (read plus write), the median of 10."""
+    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return nbytes / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def run(variant: str, D: int, R: int, L: int, BK: int, param: int, reps: int = 20) -> dict:
+    """One chain ``reps`` times (counters reset before each, outside the timing): the median
+    microseconds a layer and the last layer's error against torch (f32 sums of the same bf16
+    weights in another order: a few 1e-6 a layer)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    W = (torch.randn(L, D, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
+    X = torch.zeros(L + 1, D, device="cuda")
+    X[0] = torch.randn(D, device="cuda", generator=g)
+    C = torch.zeros(L + 1, dtype=torch.int32, device="cuda")
+    P = D // R
+    if torch.cuda.get_device_properties(0).multi_processor_count < P:
+        raise SystemExit(f"--d {D} --rows {R}: {P} programs, more than the GPU's multiprocessors")
+    ref = X[0].clone()
+    for layer in range(L):
+        ref = W[layer].float() @ ref
+
+    def reset():
+        C.zero_()
+        C[0] = P
+
+    def kernel():
+        if variant == "triton":
+            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, num_warps=4)
+        else:
+            chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, num_warps=4)
+
+    reset()
+    kernel()
+    torch.cuda.synchronize()
+    err = float((X[L] - ref).norm() / ref.norm())
+    times = []
+    for _ in range(reps):
+        reset()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        kernel()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / L)
+    return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param,
+            "us_per_layer": sorted(times)[len(times) // 2], "rel_err": err}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", default="2048,4096", help="the layers' sizes (D x D weights)")
+    ap.add_argument("--rows", default="16,32", help="rows a program, one per --d (D / rows programs)")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--bk", type=int, default=256, help="columns a chunk (a K step)")
+    ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")
+    ap.add_argument("--nbuf", default="4,8", help="the Gluon chain's ring buffers")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/gluon_chain.py needs a CUDA GPU")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; triton {triton.__version__}")
+    out = []
+    for D, R in zip((int(v) for v in a.d.split(",")), (int(v) for v in a.rows.split(","))):
+        floor_us = D * D * 2 / bw * 1e6
+        ways = [("triton", int(s)) for s in a.stages.split(",")]
+        ways += [] if gluon is None else [("gluon", int(n)) for n in a.nbuf.split(",")]
+        for variant, param in ways:
+            if variant == "gluon" and param * R * a.bk * 2 > 200 * 1024:
+                print(f"D={D} gluon nbuf={param}: {param * R * a.bk * 2 // 1024} KiB of shared memory, skipped")
+                continue
+            r = run(variant, D, R, a.layers, a.bk, param)
+            r["floor_us"] = floor_us
+            r["x_floor"] = r["us_per_layer"] / floor_us
+            out.append(r)
+            print(f"D={D} R={R} {variant:6s} {'stages' if variant == 'triton' else 'nbuf'}={param}: "
+                  f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), "
+                  f"rel_err {r['rel_err']:.1e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
