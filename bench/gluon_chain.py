@@ -12,7 +12,8 @@ releases the next layer's counter (the megakernel's release). Two ways:
   memory buffers of ``R x BK`` weights that streams the program's chunks of every layer in
   order, so that the next layer's first ``NBUF`` chunks are in flight while the program waits
   for that layer's activations. Each thread reads from shared memory only the bytes its own
-  ``cp.async`` wrote (one layout for both), so a ``wait_group`` orders them without a barrier.
+  ``cp.async`` wrote (one layout for both), so a ``wait_group`` orders them without a barrier;
+  a layer's x is loaded once after the wait and staged in shared memory for its chunks.
 
 Per variant: microseconds a layer, the weights' bandwidth as a fraction of a copy's, and the last
 layer's error against torch. The floor is the weights at the copy's bandwidth; a layer's cost
@@ -84,9 +85,14 @@ if gluon is not None:
         shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         NK: gl.constexpr = D // BK
         TOTAL: gl.constexpr = L * NK
+        # x of a layer, staged once after the wait (one round trip a layer, not one a chunk)
+        whole: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, R, BK], shared)
+        xs = gl.allocate_shared_memory(gl.float32, [NK, 1, BK], shared)
         rows = gl.program_id(0) * R + gl.arange(0, R, layout=gl.SliceLayout(1, tile))
         cols = gl.arange(0, BK, layout=gl.SliceLayout(0, tile))
+        xoffs = gl.arange(0, 1, layout=gl.SliceLayout(1, whole))[:, None] * BK + \
+            gl.arange(0, BK, layout=gl.SliceLayout(0, whole))[None, :]
         for i in gl.static_range(NBUF):  # the first chunks: in flight before the first wait
             _issue(W, smem, i, rows, cols, D, NK, BK, NBUF, TOTAL)
         acc = gl.zeros([R], gl.float32, layout=gl.SliceLayout(1, tile))
@@ -96,11 +102,14 @@ if gluon is not None:
             if kk == 0:
                 while gl.atomic_add(C + layer, 0, sem="acquire") < P:
                     pass
+                for c in gl.static_range(NK):  # (independent loads: issued back to back)
+                    xs.index(c).store(gl.load(X + layer * D + c * BK + xoffs))
+                gl.thread_barrier()
                 acc = gl.zeros([R], gl.float32, layout=gl.SliceLayout(1, tile))
             async_copy.wait_group(NBUF - 1)
             w = smem.index(i % NBUF).load(tile)
-            x = gl.load(X + layer * D + kk * BK + cols)
-            acc += gl.sum(w.to(gl.float32) * x[None, :], axis=1)
+            x = xs.index(kk).load(tile)  # [1, BK]
+            acc += gl.sum(w.to(gl.float32) * x, axis=1)
             # the buffer just read (this thread's own bytes, now in registers) takes chunk i + NBUF:
             # the next layer's first chunks stream while this program waits for that layer
             _issue(W, smem, i + NBUF, rows, cols, D, NK, BK, NBUF, TOTAL)
