@@ -15,13 +15,13 @@ releases the next layer's counter (the megakernel's release). Two ways:
   ``cp.async`` wrote (one layout for both), so a ``wait_group`` orders them without a barrier;
   a layer's x is loaded once after the wait and staged in shared memory for its chunks.
 
-Per variant: microseconds a layer, the weights' bandwidth as a fraction of a copy's, and the last
-layer's error against torch. The floor is the weights at the copy's bandwidth; a layer's cost
-above it is what the wait and the pipeline's fill add (the megakernel's 8B layer: six GEMV
-levels, each paying it; docs/PERF.md, "A layer's budget").
+Per variant, with the waits and without them (the layers' streaming alone): microseconds a layer,
+its multiple of the floor, and the last layer's error against torch. The floor is the weights at
+the copy's bandwidth; a layer's cost above it is what the wait and the pipeline's fill add (the
+megakernel's 8B layer: six GEMV levels, each paying it; docs/PERF.md, "A layer's budget").
 
     python3 bench/gluon_chain.py [--d 2048,4096] [--rows 16,32] [--layers 32] [--nbuf 4,8]
-                                 [--bk 256] [--json FILE]
+                                 [--bk 256] [--waits on,off] [--json FILE]
 
 Needs a CUDA GPU of sm_80 or later (``cp.async``) and Triton's Gluon (3.5 and later).
 """
@@ -46,12 +46,13 @@ except ImportError:  # pragma: no cover - an older Triton: the Triton chain alon
 
 @triton.jit
 def chain_triton(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, WAIT: tl.constexpr):
     rows = tl.program_id(0) * R + tl.arange(0, R)
     cols = tl.arange(0, BK)
     for layer in range(L):
-        while tl.atomic_add(C + layer, 0, sem="acquire") < P:
-            pass
+        if WAIT:
+            while tl.atomic_add(C + layer, 0, sem="acquire") < P:
+                pass
         acc = tl.zeros([R], dtype=tl.float32)
         base = W + layer * D * D
         for k in tl.range(0, D, BK, num_stages=STAGES):
@@ -79,7 +80,7 @@ if gluon is not None:
 
     @gluon.jit
     def chain_gluon(W, X, C, L: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
-                    P: gl.constexpr, NBUF: gl.constexpr):
+                    P: gl.constexpr, NBUF: gl.constexpr, WAIT: gl.constexpr):
         # each thread 8 consecutive bf16 (16 bytes: one cp.async) of a row, a warp 256 columns
         tile: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
         shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
@@ -100,8 +101,9 @@ if gluon is not None:
             layer = i // NK
             kk = i % NK
             if kk == 0:
-                while gl.atomic_add(C + layer, 0, sem="acquire") < P:
-                    pass
+                if WAIT:
+                    while gl.atomic_add(C + layer, 0, sem="acquire") < P:
+                        pass
                 for c in gl.static_range(NK):  # (independent loads: issued back to back)
                     xs.index(c).store(gl.load(X + layer * D + c * BK + xoffs))
                 gl.thread_barrier()
@@ -135,10 +137,11 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def run(variant: str, D: int, R: int, L: int, BK: int, param: int, reps: int = 20) -> dict:
+def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, reps: int = 20) -> dict:
     """One chain ``reps`` times (counters reset before each, outside the timing): the median
     microseconds a layer and the last layer's error against torch (f32 sums of the same bf16
-    weights in another order: a few 1e-6 a layer)."""
+    weights in another order: a few 1e-6 a layer). Without ``wait`` the programs do not wait
+    for each other (the layers' streaming alone; their results are then whatever they read)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     W = (torch.randn(L, D, D, device="cuda", generator=g) / D ** 0.5).to(torch.bfloat16)
     X = torch.zeros(L + 1, D, device="cuda")
@@ -157,9 +160,9 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, reps: int = 2
 
     def kernel():
         if variant == "triton":
-            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, num_warps=4)
+            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4)
         else:
-            chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, num_warps=4)
+            chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, WAIT=wait, num_warps=4)
 
     reset()
     kernel()
@@ -174,8 +177,8 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, reps: int = 2
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e) * 1e3 / L)
-    return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param,
-            "us_per_layer": sorted(times)[len(times) // 2], "rel_err": err}
+    return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param, "wait": wait,
+            "us_per_layer": sorted(times)[len(times) // 2], "rel_err": err if wait else None}
 
 
 def main() -> None:
@@ -186,6 +189,7 @@ def main() -> None:
     ap.add_argument("--bk", type=int, default=256, help="columns a chunk (a K step)")
     ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the Gluon chain's ring buffers")
+    ap.add_argument("--waits", default="on,off", help="on: the layers' waits; off: the streaming alone")
     ap.add_argument("--json")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -198,16 +202,18 @@ def main() -> None:
         ways = [("triton", int(s)) for s in a.stages.split(",")]
         ways += [] if gluon is None else [("gluon", int(n)) for n in a.nbuf.split(",")]
         for variant, param in ways:
-            if variant == "gluon" and param * R * a.bk * 2 > 200 * 1024:
-                print(f"D={D} gluon nbuf={param}: {param * R * a.bk * 2 // 1024} KiB of shared memory, skipped")
+            smem = param * R * a.bk * 2 + D * 4  # the ring, and x staged
+            if variant == "gluon" and smem > 200 * 1024:
+                print(f"D={D} gluon nbuf={param}: {smem // 1024} KiB of shared memory, skipped")
                 continue
-            r = run(variant, D, R, a.layers, a.bk, param)
-            r["floor_us"] = floor_us
-            r["x_floor"] = r["us_per_layer"] / floor_us
-            out.append(r)
-            print(f"D={D} R={R} {variant:6s} {'stages' if variant == 'triton' else 'nbuf'}={param}: "
-                  f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), "
-                  f"rel_err {r['rel_err']:.1e}")
+            for wait in (w == "on" for w in a.waits.split(",")):
+                r = run(variant, D, R, a.layers, a.bk, param, wait)
+                r["floor_us"] = floor_us
+                r["x_floor"] = r["us_per_layer"] / floor_us
+                out.append(r)
+                err = f"rel_err {r['rel_err']:.1e}" if wait else "no waits"
+                print(f"D={D} R={R} {variant:6s} {'stages' if variant == 'triton' else 'nbuf'}={param}: "
+                      f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), {err}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
