@@ -63,11 +63,12 @@ print(json.dumps(out))
 KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
-def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list[dict]:
+def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1) -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
-    memory the launch before does not write) load before its wait."""
+    memory the launch before does not write) load before its wait; ``batch``: the step of that
+    many sequences (from 2 the projections are the dot path's tensor-core products)."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
@@ -90,8 +91,8 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
     t = tiling_for(cfg)
     if tiling != "default":
         t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})
-    t = for_weights(t, wt)
-    fns = functions(cfg, DType.BF16, get("cuda_h100"), t, 1, wtypes=wt)
+    t = for_weights(t, wt, batch)
+    fns = functions(cfg, DType.BF16, get("cuda_h100"), t, batch, wtypes=wt)
     out = []
     for f in fields(fns):
         fn = getattr(fns, f.name)
@@ -99,7 +100,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "") -> list
             continue
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
         kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True))
-        tag = f"{spec}|{mode}|{tiling}|{f.name}".replace("/", "_")
+        tag = f"{spec}|{mode}|{tiling}|{batch}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
         flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
@@ -187,6 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose Triton compiles")
     ap.add_argument("--pdl", default="late", help="the kernels' programmatic dependent launch, as the step's (late; "
                     "'' none)")
+    ap.add_argument("--batch", type=int, default=1, help="the step's sequences (from 2: the dot path's products)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
         for spec in args.specs.split(","):
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
-                    todo += jobs(spec, mode, tiling, folder, args.pdl)
+                    todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

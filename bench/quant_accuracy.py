@@ -2,7 +2,8 @@
 q8_0 and q4_0 weights against the float weights, on the CPU, through the reference model (the
 decode step computes what the reference computes on the same values: tests/programs/model).
 
-    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0,int8x,int16x] [--json FILE]
+    python bench/quant_accuracy.py [--gguf FILE] [--tokens 256] [--types fp8,q8_0,q4_0,int8x,int16x,fp8h]
+                                   [--json FILE]
 
 The float weights are a GGUF file's dequantized to f32 (by default SmolLM2-135M-Instruct's
 Q4_1 file: the only checkpoint at hand offline, so its "float" values are already 4-bit ones and
@@ -17,9 +18,14 @@ generation with the quantized weights gives the first position where the tokens 
 quantized matrix computed as ``PTO_QGEMV=int8``'s (``int16``'s) GEMVs compute it (x rounded to
 8-bit (16-bit) integers per group of the format's, its largest magnitude over 127 (32767) a
 step, times the values' ``A * E``; their constant part ``B`` times x unrounded:
-pto.codegen.triton.quant_groups's ``render_dot_int``); formats without integer dots keep x. On
-every product (the prompt's too, which pto's prefill computes unrounded), so it bounds what the
-decode step's rounding changes from above.
+pto.codegen.triton.quant_groups's ``render_dot_int``); formats without integer dots (Q5_K) keep
+x. ``fp8h``: fp8 weights (pto's quantizer) with every product computed as the GPU's half dots
+(``PTO_QGEMV=auto``'s for fp8: x scaled per group of 16 by a power of two and rounded to f16, each
+group's even and odd products two chains of f16 sums, ``render_dot_half``; each step here is
+f32's sum rounded to f16, which may differ from the fused multiply-add's one rounding in the last
+bit, rarely); compare it with ``fp8``, the same weights multiplied exactly. On every product (the
+prompt's too, which pto's prefill computes unrounded), so it bounds what the decode step's
+rounding changes from above.
 """
 
 from __future__ import annotations
@@ -78,6 +84,68 @@ class XRounded(torch.Tensor):
             return func(*args, **(kwargs or {}))
 
 
+class HalfDots(torch.Tensor):
+    """An fp8 matrix's dense ``[in, out]`` values whose products ``x @ m`` are the half dots'
+    (:data:`__doc__`'s ``fp8h``): ``q`` its e4m3 values ``[out, in]``, ``s`` its scales ``[out]``."""
+
+    @staticmethod
+    def __new__(cls, values: torch.Tensor, q: torch.Tensor, s: torch.Tensor):
+        m = values.as_subclass(cls)
+        m.q, m.s = q, s
+        return m
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__matmul__, torch.Tensor.matmul, torch.matmul) and isinstance(args[1], HalfDots):
+            x, m = args[0], args[1]
+            rows = x.reshape(-1, x.shape[-1])
+            xg = rows.reshape(rows.shape[0], -1, 16)
+            amax = xg.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+            e = (amax.view(torch.int32) >> 23).clamp_max(253)
+            inv, unit = ((254 - e) << 23).view(torch.float32), (e << 23).view(torch.float32)
+            xh = (xg * inv).half().float()  # [T, G, 16]: f32 to f16, rounded once
+            qg = m.q.reshape(m.q.shape[0], -1, 16)  # [out, G, 16]
+            step = max(1, (1 << 24) // max(1, rows.shape[0] * m.q.shape[1]))
+            out = []
+            for o in range(0, qg.shape[0], step):
+                p = xh[:, None] * qg[None, o:o + step]  # [T, o, G, 16]: e4m3 x f16 is exact in f32
+                lo = torch.zeros(p.shape[:-1], dtype=torch.float16)
+                hi = torch.zeros_like(lo)
+                for j in range(8):
+                    lo = (p[..., 2 * j] + lo.float()).half()
+                    hi = (p[..., 2 * j + 1] + hi.float()).half()
+                out.append(((lo.float() + hi.float()) * unit[:, None, :, 0]).sum(-1) * m.s[o:o + step])
+            return torch.cat(out, -1).reshape(*x.shape[:-1], -1)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def half_dots(w):
+    """``w`` quantized to fp8 by pto's quantizer, each matrix a :class:`HalfDots` for the
+    reference model (the embedding, left as it is by the quantizer, dense)."""
+    from dataclasses import replace
+
+    from pto.quant.planes import plane_values
+
+    def matrix(t):
+        if not is_quantized(t):
+            return dense(t, torch.float32)
+        fmt, data = t.dtype.quant, t.data
+
+        def fetch(offs):
+            lo = int(offs.reshape(-1)[0])
+            return data[:, lo:lo + offs.shape[-1]]
+
+        vals = plane_values(fmt, fetch, t.cols // fmt.block, 0, t.cols, data.device)
+        q, s = vals["q"], vals["s"][:, 0]
+        return HalfDots((q * s[:, None]).t().contiguous(), q, s)
+
+    wq = quantize_weights(w, "fp8")
+    base = dense_weights(wq, torch.float32)
+    head = matrix(wq.embedding if wq.config.tied else wq.lm_head)
+    return wq, replace(base, lm_head=head, layers=[{k: matrix(v) for k, v in layer.items()} for layer in wq.layers])
+
+
 def rounding_x(w, xbits: int):
     """``w`` (quantized as a file stores it) for the reference model, each matrix whose format
     takes integer dots an :class:`XRounded` (x of ``xbits`` bits), the others dequantized."""
@@ -126,6 +194,9 @@ def main(argv=None) -> int:
         if qtype in ("int8x", "int16x"):
             wq = load_weights(path, torch.float32, keep=KeepFileTypes())
             model = ReferenceModel(rounding_x(wq, int(qtype[3:-1])))
+        elif qtype == "fp8h":
+            wq, hw = half_dots(w)
+            model = ReferenceModel(hw)
         else:
             wq = quantize_weights(w, qtype)
             model = ReferenceModel(dense_weights(wq, torch.float32))

@@ -36,10 +36,12 @@ def half_reference(w, x: torch.Tensor, skip: int, N: int):
                         K // fmt.block, 0, K, data.device)
     q, s = vals["q"].double().numpy(), vals["s"][:, 0].double().numpy()
     xg = x.view(-1, 16).float()
-    amax = xg.abs().amax(1, keepdim=True).clamp_min(1e-30)
+    amax = xg.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
     e = (amax.view(torch.int32) >> 23).clamp_max(253)
     inv, unit = ((254 - e) << 23).view(torch.float32), (e << 23).view(torch.float32)
-    xh = (xg * inv).numpy().astype(np.float16).astype(np.float64)  # [groups, 16]: f32 * 2^k is exact
+    # [groups, 16]: f32 * 2^k is exact; numpy rounds f32 (and float64 below) to f16 once, where
+    # torch's .half() of a float64 rounds through f32 first (twice)
+    xh = (xg * inv).numpy().astype(np.float16).astype(np.float64)
     qg = q.reshape(N, -1, 16)
     lo = np.zeros(qg.shape[:2], np.float16)
     hi = np.zeros(qg.shape[:2], np.float16)
@@ -53,22 +55,26 @@ def half_reference(w, x: torch.Tensor, skip: int, N: int):
 
 
 @interpreted
-@pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
+@pytest.mark.parametrize("K,bk,xscale", [(768, 512, 1.0), (576, 576, 1.0), (768, 512, 1e-36)],
+                         ids=["overhang", "padded", "tiny"])
 @pytest.mark.parametrize("mode", ["int16", "int8"])
-def test_half_dots_are_the_rounded_arithmetic(K, bk, mode):
+def test_half_dots_are_the_rounded_arithmetic(K, bk, xscale, mode):
     """The residual GEMV of tests/codegen/test_triton_int_dots.py on fp8 weights (a group of large
     values, one of zeros, one of exact halves), a K loop whose last step overhangs the rows or one
-    step of a padded block: float64's rounding of the same chains to f32 summation order, and
-    within the roundings' bound of the unrounded product (fp8 takes half dots under either
-    integer mode: its values are floats)."""
-    y, source, x, w, r = int_gemv(FP8, K, bk, "cpu", mode)
+    step of a padded block, or x of magnitudes about 1e-36 (its groups' powers of two past 2^100:
+    the scaled values must stay f16-normal): float64's rounding of the same chains to f32
+    summation order, and within the roundings' bound of the unrounded product (fp8 takes half
+    dots under either integer mode: its values are floats)."""
+    y, source, x, w, r = int_gemv(FP8, K, bk, "cpu", mode, xscale)
     assert "_pto_dqh_dot_fp8(" in source and "inline_asm" not in source
     ref, bound = half_reference(w, x, 3, 36)
-    scale = float((x.abs() @ w.dequantize()[3:39].abs().T).max())
-    torch.testing.assert_close(y.double(), ref + r.double(), rtol=1e-5, atol=2e-6 * scale)
-    exact = x.double() @ w.dequantize()[3:39].double().T + r.double()
-    assert bool(((y.double() - exact).abs() <= bound + 2e-6 * scale).all())
-    assert float((y.double() - exact).abs().max()) > 1e-4 * scale  # x's f16 rounding is there
+    dense = w.dequantize()[3:39].double()
+    scale = float((x.abs().double() @ dense.abs().T).max())
+    got = y.double() - r.double()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-6 * scale)
+    exact = x.double() @ dense.T
+    assert bool(((got - exact).abs() <= bound + 2e-6 * scale).all())
+    assert float((got - exact).abs().max()) > 1e-4 * scale  # x's f16 rounding is there
 
 
 _HELPERS_KERNEL = """

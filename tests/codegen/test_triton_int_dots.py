@@ -52,10 +52,11 @@ def int_reference(dtype: DType, w, x: torch.Tensor, skip: int, N: int, xbits: in
     return ref, bound, ties
 
 
-def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str):
+def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str, xscale: float = 1.0):
     """``y = x @ w.T + r`` of 36 rows of a random ``dtype`` matrix (its region from row 3, the last
     block of 8 rows past the region's end) by the residual GEMV in K steps of ``bk``, through a
-    Triton backend on ``device`` reading by ``qgemv``: (y, the backend's kernel source, x, w, r)."""
+    Triton backend on ``device`` reading by ``qgemv`` (x and r times ``xscale``): (y, the backend's
+    kernel source, x, w, r)."""
     from pto.incore.gemv import gemv_residual_tile
 
     N, skip = 36, 3
@@ -68,6 +69,8 @@ def int_gemv(dtype: DType, K: int, bk: int, device: str, qgemv: str):
     top = (1 << (xbits - 1)) - 1  # a group of ties (times a power of two: x * top / largest is exact)
     ties = torch.tensor([top] + [k + 0.5 for k in range(T // 2 - 1)] + [-k - 0.5 for k in range(T // 2)])
     x[0, 2 * T:3 * T] = ties * 2.0 ** -10
+    x *= xscale
+    r *= xscale
     fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
     regions = {"x": (x, 0, 0, 1, K), "w": (w.data, skip, 0, N, K), "r": (r, 0, 0, 1, N),
                "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}

@@ -206,7 +206,7 @@ def int_dots_apply(fmt: QuantFormat) -> bool:
 
 def reads_by_groups_in(source: str) -> bool:
     """Does a rendered kernel's device function (its source's last ``def d_``) take a GEMV's
-    product by groups (the float dot or the integer dots)."""
+    product by groups (the float dot, the integer dots or the half dots)."""
     body = source.split("def d_")[-1]
     return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16", "_pto_dqh"))
 
@@ -418,14 +418,17 @@ def render_half_dots(asm: bool) -> list[str]:
 def render_dot_half(fmt: QuantFormat) -> list[str]:
     """``_pto_dqh_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums of an fp8
     matrix with x scaled per group by a power of two (``2^(127 - e)``, ``e`` the biased exponent
-    of the group's largest magnitude, at least 1e-30, at most 2^126: the scaled values are below
-    2 in magnitude, exactly x's) and rounded to f16 (one ``cvt`` a pair, once per K step, shared
-    by the rows), each group's products f16x2 fused multiply-adds of the e4m3 bytes converted to
-    f16 (PTX ``cvt.rn.f16x2.e4m3x2``, exact) and x's halves: two chains a group (its even and
-    odd elements, eight products each: at most 8 * 448 * 2 in magnitude, no overflow), their sum
-    in f32 times the group's power of two, the row's scale applied per row. The arithmetic
-    differs from the float dot's by x's rounding to f16 (2^-11 of each value, relatively: finer
-    than bf16's) and the chains' rounding to f16 (2^-11 of each partial sum)."""
+    of the group's largest magnitude, taken at least f32's smallest normal (so that ``e >= 1``)
+    and ``e`` at most 253: the scaled values are below 2 in magnitude (below 4 for a group past
+    2^126), exactly x's) and rounded to f16 (one ``cvt`` a pair, once per K step, shared by the
+    rows), each group's products f16x2 fused multiply-adds of the e4m3 bytes converted to f16
+    (PTX ``cvt.rn.f16x2.e4m3x2``, exact) and x's halves: two chains a group (its even and odd
+    elements, eight products each: at most 8 * 448 * 4 in magnitude, no overflow), their sum in
+    f32 times the group's power of two, the row's scale applied per row. The arithmetic differs
+    from the float dot's by x's rounding to f16 (2^-11 of each value within 2^14 of its group's
+    largest, f16's subnormal step of 2^-24 times the group's power of two below: as 16-bit
+    integers' step, finer than bf16's) and the chains' rounding to f16 (2^-11 of each partial
+    sum)."""
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
@@ -436,7 +439,7 @@ def render_dot_half(fmt: QuantFormat) -> list[str]:
     never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
     zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
     xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
-    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1e-30)")
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1.1754943508222875e-38)")
     e = em.let(f"tl.minimum({amax}.to(tl.int32, bitcast=True) >> 23, 253)")
     inv = em.let(f"((254 - {e}) << 23).to(tl.float32, bitcast=True)")  # 2^(127 - e)
     unit = em.let(f"({e} << 23).to(tl.float32, bitcast=True)")  # 2^(e - 127)
