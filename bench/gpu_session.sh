@@ -90,6 +90,8 @@
 #   chain       issue 45: bench/gluon_chain.py: a chain of dependent GEMV layers in one persistent launch,
 #               the megakernel's wait-then-load in Triton against a Gluon loader whose ring of cp.async
 #               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS)
+#   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
+#               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -299,6 +301,9 @@ for stage in "$@"; do
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
     chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
            tail -n 20 "$OUT/chain.log" ;;
+    quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
+              --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
+              --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;
