@@ -23,7 +23,8 @@ megakernel's 8B layer: six GEMV levels, each paying it; docs/PERF.md, "A layer's
     python3 bench/gluon_chain.py [--d 2048,4096] [--rows 16,32] [--layers 32] [--nbuf 4,8]
                                  [--bk 256] [--waits on,off] [--json FILE]
 
-Needs a CUDA GPU of sm_80 or later (``cp.async``) and Triton's Gluon (3.5 and later).
+Needs a CUDA GPU of sm_80 or later (``cp.async``); the Gluon chain needs Gluon's API of Triton
+3.5-3.6 (the GPU machine's 3.6; later versions renamed its copy), else the Triton chain runs alone.
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-try:
+gluon = None
+if triton.__version__.startswith(("3.5", "3.6")):  # Gluon's copy as these name it (3.9 renamed it)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-except ImportError:  # pragma: no cover - an older Triton: the Triton chain alone
-    gluon = None
 
 
 @triton.jit
@@ -195,7 +195,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/gluon_chain.py needs a CUDA GPU")
     bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; triton {triton.__version__}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; triton {triton.__version__}"
+          + ("" if gluon is not None else " (no Gluon chain: this Triton's Gluon is not 3.5-3.6's)"))
     out = []
     for D, R in zip((int(v) for v in a.d.split(",")), (int(v) for v in a.rows.split(","))):
         floor_us = D * D * 2 / bw * 1e6
