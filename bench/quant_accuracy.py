@@ -142,7 +142,8 @@ def half_dots(w):
 
     wq = quantize_weights(w, "fp8")
     base = dense_weights(wq, torch.float32)
-    head = matrix(wq.embedding if wq.config.tied else wq.lm_head)
+    head = wq.embedding if wq.config.tied else wq.lm_head
+    head = matrix(head) if is_quantized(head) else base.lm_head  # (a tied embedding stays as it is)
     return wq, replace(base, lm_head=head, layers=[{k: matrix(v) for k, v in layer.items()} for layer in wq.layers])
 
 
