@@ -92,6 +92,9 @@
 #               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS)
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
+#   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
+#               and 4): SmolLM2 in its file's types against bf16 (its GEMVs get one warp by the rule), the
+#               8B step in Q4_K, Q8_0 and fp8 (its down projection gets two)
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -304,6 +307,15 @@ for stage in "$@"; do
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
+    qwarps) for w in ${QWARPS:-1 2 4}; do
+              PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
+                --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0,q8_0' --prefill 0 \
+                --json "$OUT/qwarps_smol_$w.json" > "$OUT/qwarps_smol_$w.log" 2>&1
+              PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
+                --executors waves --hf-configs none --quant 'llama3-8b:q4_k/q6_k,q8_0,fp8' --prefill 0 \
+                --json "$OUT/qwarps_8b_$w.json" > "$OUT/qwarps_8b_$w.log" 2>&1
+              echo "PTO_QGEMV_WARPS=$w"; grep -h "B=1" "$OUT/qwarps_smol_$w.log" "$OUT/qwarps_8b_$w.log" | cut -c1-160
+            done ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

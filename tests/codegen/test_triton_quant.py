@@ -159,6 +159,37 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
         TritonBackend("cpu")
 
 
+def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
+    """``PTO_QGEMV_WARPS`` (``RenderOptions.qgemv_warps``): a GEMV that reads by groups takes at
+    least that many warps a program, the rule's count where it gives more (a warp per 1,024
+    columns, per 8 rows past 8); by default the rule's alone; a value not 1, 2, 4 or 8 is one
+    line naming it."""
+    from pto.incore.gemv import gemv_residual_tile
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton import render
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    small = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))  # SmolLM2's o
+    wide = specialize(gemv_residual_tile(f32, 1, 4096, 64, 8, 4096, wdtype=DType.Q4_1))  # the 8B model's
+    for fn, rule in ((small, 1), (wide, 4)):
+        for warps in (0, 1, 2, 4, 8):
+            kern = render(fn, RenderOptions(qgemv="int16", qgemv_warps=warps))
+            assert kern.launch["num_warps"] == max(rule, warps), (fn.name, warps)
+        # the units' GEMVs keep their own warps
+        units = render(fn, RenderOptions(qgemv="units")).launch
+        assert render(fn, RenderOptions(qgemv="units", qgemv_warps=8)).launch == units
+    monkeypatch.delenv("PTO_QGEMV_WARPS", raising=False)
+    assert TritonBackend("cpu").options.qgemv_warps == 1
+    monkeypatch.setenv("PTO_QGEMV_WARPS", "4")
+    assert TritonBackend("cpu").options.qgemv_warps == 4
+    assert TritonBackend("cpu", options=RenderOptions(qgemv_warps=2)).options.qgemv_warps == 2
+    monkeypatch.setenv("PTO_QGEMV_WARPS", "3")
+    with pytest.raises(UsageError, match="PTO_QGEMV_WARPS='3': one of 1, 2, 4, 8"):
+        TritonBackend("cpu")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
 def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(quantize, monkeypatch):

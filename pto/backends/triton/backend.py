@@ -46,7 +46,15 @@ from pto.backends.triton.launch import (
 )
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occupancy
-from pto.backends.triton.modes import PDL_POLICIES, pdl_mode, persistent_mode, qgemv_mode, split_mode, tma_mode
+from pto.backends.triton.modes import (
+    PDL_POLICIES,
+    pdl_mode,
+    persistent_mode,
+    qgemv_mode,
+    qgemv_warps,
+    split_mode,
+    tma_mode,
+)
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
@@ -108,7 +116,7 @@ class TritonBackend(Backend):
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
-                               asm=self.compiles)
+                               qgemv_warps=self.options.qgemv_warps or qgemv_warps(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

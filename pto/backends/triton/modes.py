@@ -59,6 +59,20 @@ def qgemv_mode(compiles: bool = True) -> str:
     return "units" if mode == "auto" and not compiles else mode
 
 
+#: the settings of ``PTO_QGEMV_WARPS`` (:func:`qgemv_warps`)
+QGEMV_WARPS = (1, 2, 4, 8)
+
+
+def qgemv_warps() -> int:
+    """The fewest warps a program of a GEMV that reads by groups takes
+    (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
+    count, a warp per 1,024 columns and per 8 rows past the first 8)."""
+    text = os.environ.get("PTO_QGEMV_WARPS", "1").strip() or "1"
+    if not text.isdigit() or int(text) not in QGEMV_WARPS:
+        raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {', '.join(map(str, QGEMV_WARPS))}")
+    return int(text)
+
+
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -74,4 +88,5 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_mode", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_mode", "qgemv_warps",
+           "split_mode", "tma_mode"]

@@ -114,6 +114,11 @@ class RenderOptions:
     ``qgemv``: how a GEMV's product reads quantized weights (:data:`QGEMV_MODES`; "": the
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
     directly); a tile that is not whole groups of its format takes "units".
+    ``qgemv_warps``: the fewest warps a program of a GEMV that reads by groups takes (a power
+    of two up to 8; 0: the backend's, :func:`pto.backends.triton.modes.qgemv_warps`); the rule
+    gives a warp per 1,024 columns and per 8 rows past the first 8 (measured on the 8B model's
+    shapes), which leaves a small model's GEMVs (SmolLM2's 576 columns, 4 rows) one warp a
+    program where its bf16 ones run four.
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -130,6 +135,7 @@ class RenderOptions:
     pre: tuple[str, ...] = ()
     persistent: str = ""
     qgemv: str = ""
+    qgemv_warps: int = 0
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

@@ -174,6 +174,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     launch = launch_params(fn)
     if r.grouped:  # a warp per 1024 columns (a thread's 32 weights a row), and per 8 rows past the first 8
         warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in r.grouped.values())
+        warps = max(warps, r.opts.qgemv_warps)  # (at least RenderOptions.qgemv_warps)
         launch["num_warps"] = min(8, 1 << (warps.bit_length() - 1))
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
 
