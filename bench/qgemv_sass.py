@@ -1,9 +1,10 @@
 """What the decode step's GEMV kernels execute per weight, from their SASS (no GPU needed):
-Llama-3-8B's quantized GEMVs (and the bf16 ones) rendered by the Triton backend, compiled for
-sm_90 by Triton's compiler, disassembled by its bundled ``cuobjdump``.
+Llama-3-8B's (``--config``: another model's) quantized GEMVs (and the bf16 ones) rendered by the
+Triton backend, compiled for sm_90 by Triton's compiler, disassembled by its bundled ``cuobjdump``.
 
     python bench/qgemv_sass.py [--specs bf16,q4_k/q6_k,q8_0,fp8] [--modes units,groups]
                                [--tilings 'default;bk=4096,ffn_bn=4,ffn_bk=4096,lm_bk=4096,bv=8']
+                               [--config llama3-8b] [--batch 1] [--warps 0]
                                [--python /tmp/t36/bin/python] [--json FILE]
 
 Per kernel (``qkv`` the norm and q, k, v projection, ``proj`` the residual projection, o and
@@ -63,12 +64,14 @@ print(json.dumps(out))
 KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
-def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1) -> list[dict]:
+def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1, config: str = "llama3-8b",
+         warps: int = 0) -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
     memory the launch before does not write) load before its wait; ``batch``: the step of that
-    many sequences (from 2 the projections are the dot path's tensor-core products)."""
+    many sequences (from 2 the projections are the dot path's tensor-core products); ``config``:
+    the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
@@ -80,7 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.ir.dtypes import DType, dtype_of
     from pto.machine.target import get
 
-    cfg = CONFIGS["llama3-8b"]
+    cfg = CONFIGS[config]
     if spec == "bf16":
         wt = WeightTypes()
     else:
@@ -99,7 +102,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         if f.name not in KERNELS or fn is None:
             continue
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
-        kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True))
+        kern = render(specialize(fn), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps))
         tag = f"{spec}|{mode}|{tiling}|{batch}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", default="late", help="the kernels' programmatic dependent launch, as the step's (late; "
                     "'' none)")
     ap.add_argument("--batch", type=int, default=1, help="the step's sequences (from 2: the dot path's products)")
+    ap.add_argument("--config", default="llama3-8b", help="the model's configuration (pto's CONFIGS)")
+    ap.add_argument("--warps", type=int, default=0, help="the grouped GEMVs' fewest warps (PTO_QGEMV_WARPS)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
         for spec in args.specs.split(","):
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
-                    todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch)
+                    todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch, args.config, args.warps)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
