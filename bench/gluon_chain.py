@@ -11,9 +11,10 @@ releases the next layer's counter (the megakernel's release). Two ways:
   layout-explicit dialect: shared memory and ``cp.async`` by hand): a ring of ``NBUF`` shared
   memory buffers of ``R x BK`` weights that streams the program's chunks of every layer in
   order, so that the next layer's first ``NBUF`` chunks are in flight while the program waits
-  for that layer's activations. Each thread reads from shared memory only the bytes its own
-  ``cp.async`` wrote (one layout for both), so a ``wait_group`` orders them without a barrier;
-  a layer's x is loaded once after the wait and staged in shared memory for its chunks.
+  for that layer's activations (every iteration commits one group, an empty one past the
+  stream's end, so ``wait_group(NBUF - 1)`` means the iteration's chunk has landed; the
+  compiler adds a barrier after each wait and before each refill of a buffer); a layer's x is
+  loaded once after the wait (one round trip) and staged in shared memory for its chunks.
 
 Per variant, with the waits and without them (the layers' streaming alone): microseconds a layer,
 its multiple of the floor, and the last layer's error against torch. The floor is the weights at
@@ -86,13 +87,14 @@ if gluon is not None:
         shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         NK: gl.constexpr = D // BK
         TOTAL: gl.constexpr = L * NK
-        # x of a layer, staged once after the wait (one round trip a layer, not one a chunk)
+        # x of a layer, staged once after the wait (one load, one store: one round trip a layer)
         whole: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
         smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, R, BK], shared)
-        xs = gl.allocate_shared_memory(gl.float32, [NK, 1, BK], shared)
+        xs = gl.allocate_shared_memory(gl.float32, [NK, 1, BK], shared)  # a chunk: xs.index(kk), [1, BK]
+        xflat = xs._reinterpret(gl.float32, [NK, BK], shared)  # the same bytes as [NK, BK], for the one store
         rows = gl.program_id(0) * R + gl.arange(0, R, layout=gl.SliceLayout(1, tile))
         cols = gl.arange(0, BK, layout=gl.SliceLayout(0, tile))
-        xoffs = gl.arange(0, 1, layout=gl.SliceLayout(1, whole))[:, None] * BK + \
+        xoffs = gl.arange(0, NK, layout=gl.SliceLayout(1, whole))[:, None] * BK + \
             gl.arange(0, BK, layout=gl.SliceLayout(0, whole))[None, :]
         for i in gl.static_range(NBUF):  # the first chunks: in flight before the first wait
             _issue(W, smem, i, rows, cols, D, NK, BK, NBUF, TOTAL)
@@ -104,8 +106,7 @@ if gluon is not None:
                 if WAIT:
                     while gl.atomic_add(C + layer, 0, sem="acquire") < P:
                         pass
-                for c in gl.static_range(NK):  # (independent loads: issued back to back)
-                    xs.index(c).store(gl.load(X + layer * D + c * BK + xoffs))
+                xflat.store(gl.load(X + layer * D + xoffs))
                 gl.thread_barrier()
                 acc = gl.zeros([R], gl.float32, layout=gl.SliceLayout(1, tile))
             async_copy.wait_group(NBUF - 1)
@@ -123,7 +124,8 @@ if gluon is not None:
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """A device-to-device copy's bytes a second (read plus write), the median of 10."""
+    """A device-to-device copy's bytes a second (read plus write), the median of 10: pto's
+    floors' bandwidth (a read-only stream may go a few percent faster)."""
     a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     times = []
@@ -148,7 +150,7 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     X[0] = torch.randn(D, device="cuda", generator=g)
     C = torch.zeros(L + 1, dtype=torch.int32, device="cuda")
     P = D // R
-    if torch.cuda.get_device_properties(0).multi_processor_count < P:
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count < P:
         raise SystemExit(f"--d {D} --rows {R}: {P} programs, more than the GPU's multiprocessors")
     ref = X[0].clone()
     for layer in range(L):
@@ -158,11 +160,13 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
         C.zero_()
         C[0] = P
 
-    def kernel():
+    def kernel():  # (cooperative: a grid that cannot be resident at once fails, not hangs)
         if variant == "triton":
-            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4)
+            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4,
+                               launch_cooperative_grid=True)
         else:
-            chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, WAIT=wait, num_warps=4)
+            chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, WAIT=wait, num_warps=4,
+                              launch_cooperative_grid=True)
 
     reset()
     kernel()
@@ -170,6 +174,7 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     err = float((X[L] - ref).norm() / ref.norm())
     times = []
     for _ in range(reps):
+        torch.cuda._sleep(2_000_000)  # the GPU busy while the launch is queued: the events time the GPU alone
         reset()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
