@@ -185,12 +185,21 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         xw = em.let(f"tl.reshape({xg}, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape({xg}, ({G}, 1, {V}))")
         # each subgroup's products summed within the thread, one multiply-add chain
         sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({G}, BR, {S}, {V * U // S})), axis=3)")
-    units, rows = affine_parts(em, fmt, form, fraction_sums(em, fmt, form, sums, xs), xs,
+    return _dot_function(em, fmt, fraction_sums(em, fmt, form, sums, xs), xs, dot_name(fmt), form=form)
+
+
+def _dot_function(em: _Emitter, fmt: QuantFormat, esums: dict[str, str], xsum: str, name: str, comment: str = "",
+                  form=None) -> list[str]:
+    """A dot helper's lines: ``em``'s, then the sum of the format's affine parts (``form``, else
+    the format's, :func:`affine_form`) from ``esums`` (each element plane's ``sum x E`` per
+    subgroup, ``[G, BR, S]``) and ``xsum`` (x's per subgroup), as the ``[BR]`` row sums."""
+    form = affine_form(em, fmt) if form is None else form
+    units, rows = affine_parts(em, fmt, form, esums, xsum,
                                lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
     total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
     total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    return [f"@triton.jit\ndef {dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):",
-            *em.lines, f"    return {' + '.join(total)}"]
+    head = f"@triton.jit\ndef {name}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):"
+    return [head, *([f"    # {comment}"] if comment else []), *em.lines, f"    return {' + '.join(total)}"]
 
 
 def int_dots_apply(fmt: QuantFormat) -> bool:
@@ -336,14 +345,8 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
             accs.append(acc)
         whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({G}, BR, {S}))")
         esums[p.name] = em.let(f"{whole}.to(tl.float32) * {xs}")  # [G, BR, S]: each subgroup's sum of x E
-    form = affine_form(em, fmt)
-    units, rows = affine_parts(em, fmt, form, esums, xsum,
-                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
-    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
-    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    return [f"@triton.jit\ndef {int_dot_name(fmt, xbits)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
-            "BC: tl.constexpr):", f"    # {fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots",
-            *em.lines, f"    return {' + '.join(total)}"]
+    return _dot_function(em, fmt, esums, xsum, int_dot_name(fmt, xbits),
+                         f"{fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots")
 
 
 def half_dots_apply(fmt: QuantFormat) -> bool:
@@ -452,14 +455,8 @@ def render_dot_half(fmt: QuantFormat) -> list[str]:
         acc = em.let(f"_pto_hfma4({word}, {xas[v]}, {xbs[v]}, {acc})")
     esums = {p.name: em.let(f"_pto_h2sum({acc}) * {unit}")}  # [G, BR, 1]: the group's sum of x E
     xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")
-    form = affine_form(em, fmt)
-    units, rows = affine_parts(em, fmt, form, esums, xsum,
-                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
-    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
-    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    return [f"@triton.jit\ndef {half_dot_name(fmt)}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, "
-            "BC: tl.constexpr):", f"    # {fmt.name}: x as f16 a group of {T} scaled by a power of two, f16x2 dots",
-            *em.lines, f"    return {' + '.join(total)}"]
+    return _dot_function(em, fmt, esums, xsum, half_dot_name(fmt),
+                         f"{fmt.name}: x as f16 a group of {T} scaled by a power of two, f16x2 dots")
 
 
 def render_helpers(fmt: QuantFormat, xbits: int = 0, half: bool = False) -> list[str]:
