@@ -210,7 +210,9 @@ class Affine:
 
     def __add__(self, o):
         o = Affine._lift(o)
-        return Affine({p: _plus(self.coef.get(p), o.coef.get(p)) for p in {*self.coef, *o.coef}},
+        # (the planes in the order they come, not a set's: the code rendered from the form must
+        # not depend on the process's string hashing, or each process compiles its own kernel)
+        return Affine({p: _plus(self.coef.get(p), o.coef.get(p)) for p in dict.fromkeys([*self.coef, *o.coef])},
                       _plus(self.const, o.const))
 
     __radd__ = __add__

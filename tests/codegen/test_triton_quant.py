@@ -211,3 +211,27 @@ def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(qua
             hidden=256, heads=4, head_dim=64, ffn=512, kv_heads=2)))
     res = run("model", config=config, cache=64, batch=1, device="cpu", backend="triton", check=True, quantize=quantize)
     assert res["rel_err"] <= 1e-5, res
+
+
+def test_the_quantized_helpers_are_the_same_code_in_every_process():
+    """The dots' and loads' source for every format (Triton's units and groups, integer and half
+    dots; the C renderer's) does not depend on the process's string hashing (``PYTHONHASHSEED``):
+    the format's affine form once iterated a set of plane names, so Q5_K's and Q6_K's kernels
+    differed from process to process (each compiling its own, the caches missing)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pto.codegen.triton import quant, quant_groups as g\n"
+            "from pto.codegen import c_quant\n"
+            "from pto.ir.quant import FORMATS\n"
+            "for f in FORMATS.values():\n"
+            "    print(*quant.render_helpers(f), *g.render_helpers(f, 16 if g.int_dots_apply(f) else 0,\n"
+            "          g.half_dots_apply(f)), *c_quant.render_helpers(f), sep='\\n')\n")
+    outs = set()
+    for seed in range(4):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        env.pop("TRITON_INTERPRET", None)
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        outs.add(run.stdout)
+    assert len(outs) == 1 and len(next(iter(outs))) > 10000

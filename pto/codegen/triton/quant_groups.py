@@ -285,6 +285,18 @@ def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
     return [w for pair in zip(_words(em, even, lead, V // 2), _words(em, odd, lead, V // 2)) for w in pair]
 
 
+def _x_by_groups(em: _Emitter, G: str, T: int, floor: str) -> tuple[str, str, str]:
+    """What the integer and half dots take of x first: an opaque int32 0 of the groups' layout
+    (:func:`render_dot`'s anchor), x as ``[G, 1, T]`` and each group's largest magnitude, at least
+    ``floor`` (``[G, 1, 1]``)."""
+    g = em.let(f"tl.arange(0, {G})[:, None, None]")
+    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    zero = em.let(f"{never}.to(tl.int32)")
+    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), {floor})")
+    return zero, xg, amax
+
+
 def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
     """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums with x
     rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude over
@@ -301,12 +313,8 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
     S = T // Gs
     G = f"BC // {T}"
     top = float((1 << (xbits - 1)) - 1)
-    g = em.let(f"tl.arange(0, {G})[:, None, None]")
-    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
-    zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
-    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
     # the group's largest magnitude (at least 1e-30: a group of zeros has integers zero)
-    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1e-30)")
+    zero, xg, amax = _x_by_groups(em, G, T, "1e-30")
     inv = em.let(f"{top!r} / {amax}")
     xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
     xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
@@ -438,11 +446,7 @@ def render_dot_half(fmt: QuantFormat) -> list[str]:
     G = f"BC // {T}"
     (p,) = [q for q in fmt.planes if q.group == 1]
     _, V, _ = words_of(fmt, p)
-    g = em.let(f"tl.arange(0, {G})[:, None, None]")
-    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
-    zero = em.let(f"{never}.to(tl.int32)")  # an opaque 0 of the groups' layout (render_dot's anchor)
-    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
-    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), 1.1754943508222875e-38)")
+    zero, xg, amax = _x_by_groups(em, G, T, "1.1754943508222875e-38")  # (f32's smallest normal)
     e = em.let(f"tl.minimum({amax}.to(tl.int32, bitcast=True) >> 23, 253)")
     inv = em.let(f"((254 - {e}) << 23).to(tl.float32, bitcast=True)")  # 2^(127 - e)
     unit = em.let(f"({e} << 23).to(tl.float32, bitcast=True)")  # 2^(e - 127)
