@@ -1,9 +1,9 @@
 """What a loader buys the megakernel's GEMVs (issue 45), measured apart from pto: a chain of L
 dependent GEMV layers ``x[l + 1] = W[l] @ x[l]`` (bf16 weights, f32 activations, square D x D)
-run by one persistent launch of D / R programs (at most one a multiprocessor, all resident),
-each program R rows of every layer. A program waits until every program has written ``x[l]``
-(a counter per layer, the megakernel's acquire poll), computes its rows, stores them and
-releases the next layer's counter (the megakernel's release). Two ways:
+run by one persistent launch of D / R programs (at most two a multiprocessor, all resident: a
+cooperative launch), each program R rows of every layer. A program waits until every program
+has written ``x[l]`` (a counter per layer, the megakernel's acquire poll), computes its rows,
+stores them and releases the next layer's counter (the megakernel's release). Two ways:
 
 - ``triton``: as the megakernel's runs do today: the wait, then a K loop pipelined by Triton
   (``tl.range(..., num_stages=S)``), whose first loads are issued after the wait;
@@ -150,8 +150,9 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     X[0] = torch.randn(D, device="cuda", generator=g)
     C = torch.zeros(L + 1, dtype=torch.int32, device="cuda")
     P = D // R
-    if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count < P:
-        raise SystemExit(f"--d {D} --rows {R}: {P} programs, more than the GPU's multiprocessors")
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if 2 * sms < P:  # (two a multiprocessor at most: the megakernel's default)
+        raise SystemExit(f"--d {D} --rows {R}: {P} programs, more than two a multiprocessor ({sms})")
     ref = X[0].clone()
     for layer in range(L):
         ref = W[layer].float() @ ref
@@ -169,8 +170,12 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
                               launch_cooperative_grid=True)
 
     reset()
-    kernel()
-    torch.cuda.synchronize()
+    try:
+        kernel()
+        torch.cuda.synchronize()
+    except RuntimeError as e:  # a cooperative grid larger than what can be resident at once
+        raise SystemExit(f"--d {D} --rows {R} {variant} {param}: {P} programs cannot all be resident at once "
+                         f"({str(e).splitlines()[0][:120]})") from None
     err = float((X[L] - ref).norm() / ref.norm())
     times = []
     for _ in range(reps):
@@ -189,7 +194,8 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", default="2048,4096", help="the layers' sizes (D x D weights)")
-    ap.add_argument("--rows", default="16,32", help="rows a program, one per --d (D / rows programs)")
+    ap.add_argument("--rows", default="16,32", help="rows a program, one per --d (D / rows programs; e.g. --d "
+                    "2048,2048 --rows 16,8: one and two programs a multiprocessor)")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--bk", type=int, default=256, help="columns a chunk (a K step)")
     ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")

@@ -89,7 +89,8 @@
 #               units against auto, SmolLM2 in Q4_1 against bf16, Q8_0's o projection in 16 x 2,048 tiles
 #   chain       issue 45: bench/gluon_chain.py: a chain of dependent GEMV layers in one persistent launch,
 #               the megakernel's wait-then-load in Triton against a Gluon loader whose ring of cp.async
-#               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS)
+#               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS; default
+#               one and two programs a multiprocessor at D 2,048 and 4,096)
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -302,7 +303,7 @@ for stage in "$@"; do
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
-    chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
+    chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:---d 2048,2048,4096,4096 --rows 16,8,32,16} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
            tail -n 20 "$OUT/chain.log" ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
