@@ -304,7 +304,7 @@ for stage in "$@"; do
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
     chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:---d 2048,2048,4096,4096 --rows 16,8,32,16} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
-           tail -n 20 "$OUT/chain.log" ;;
+           tail -n 40 "$OUT/chain.log" ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
