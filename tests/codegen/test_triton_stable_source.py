@@ -11,6 +11,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("triton")
+
 _RENDER = """
 import hashlib
 from dataclasses import fields
