@@ -3,10 +3,12 @@ dependent GEMV layers ``x[l + 1] = W[l] @ x[l]`` (bf16 weights, f32 activations,
 run by one persistent launch of D / R programs (at most two a multiprocessor, all resident: a
 cooperative launch), each program R rows of every layer. A program waits until every program
 has written ``x[l]`` (a counter per layer, the megakernel's acquire poll), computes its rows,
-stores them and releases the next layer's counter (the megakernel's release). Two ways:
+stores them and releases the next layer's counter (the megakernel's release). Three ways:
 
 - ``triton``: as the megakernel's runs do today: the wait, then a K loop pipelined by Triton
   (``tl.range(..., num_stages=S)``), whose first loads are issued after the wait;
+- ``early``: the same with each layer's first chunk of weights loaded into registers before its
+  wait (issued at the end of the layer before), plain Triton;
 - ``gluon``: a loader in the style of Hazy Research's megakernels, written in Gluon (Triton's
   layout-explicit dialect: shared memory and ``cp.async`` by hand): a ring of ``NBUF`` shared
   memory buffers of ``R x BK`` weights that streams the program's chunks of every layer in
@@ -60,6 +62,30 @@ def chain_triton(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
             w = tl.load(base + rows[:, None] * D + (k + cols)[None, :])
             x = tl.load(X + layer * D + k + cols)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        tl.store(X + (layer + 1) * D + rows, acc)
+        tl.debug_barrier()
+        tl.atomic_add(C + layer + 1, 1, sem="release")
+
+
+@triton.jit
+def chain_early(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
+                STAGES: tl.constexpr, WAIT: tl.constexpr):
+    """``chain_triton`` with each layer's first chunk of weights loaded into registers before its
+    wait (at the end of the layer before: plain Triton, what a megakernel item could do today)."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    cols = tl.arange(0, BK)
+    w0 = tl.load(W + rows[:, None] * D + cols[None, :])
+    for layer in range(L):
+        if WAIT:
+            while tl.atomic_add(C + layer, 0, sem="acquire") < P:
+                pass
+        acc = tl.sum(w0.to(tl.float32) * tl.load(X + layer * D + cols)[None, :], axis=1)
+        base = W + layer * D * D
+        for k in tl.range(BK, D, BK, num_stages=STAGES):
+            w = tl.load(base + rows[:, None] * D + (k + cols)[None, :])
+            x = tl.load(X + layer * D + k + cols)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        w0 = tl.load(W + tl.minimum(layer + 1, L - 1) * D * D + rows[:, None] * D + cols[None, :])
         tl.store(X + (layer + 1) * D + rows, acc)
         tl.debug_barrier()
         tl.atomic_add(C + layer + 1, 1, sem="release")
@@ -162,9 +188,9 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
         C[0] = P
 
     def kernel():  # (cooperative: a grid that cannot be resident at once fails, not hangs)
-        if variant == "triton":
-            chain_triton[(P,)](W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4,
-                               launch_cooperative_grid=True)
+        if variant in ("triton", "early"):
+            (chain_triton if variant == "triton" else chain_early)[(P,)](
+                W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4, launch_cooperative_grid=True)
         else:
             chain_gluon[(P,)](W, X, C, L=L, D=D, R=R, BK=BK, P=P, NBUF=param, WAIT=wait, num_warps=4,
                               launch_cooperative_grid=True)
@@ -211,7 +237,7 @@ def main() -> None:
     out = []
     for D, R in zip((int(v) for v in a.d.split(",")), (int(v) for v in a.rows.split(","))):
         floor_us = D * D * 2 / bw * 1e6
-        ways = [("triton", int(s)) for s in a.stages.split(",")]
+        ways = [(v, int(s)) for v in ("triton", "early") for s in a.stages.split(",")]
         ways += [] if gluon is None else [("gluon", int(n)) for n in a.nbuf.split(",")]
         for variant, param in ways:
             smem = param * R * a.bk * 2 + D * 4  # the ring, and x staged
@@ -224,7 +250,7 @@ def main() -> None:
                 r["x_floor"] = r["us_per_layer"] / floor_us
                 out.append(r)
                 err = f"rel_err {r['rel_err']:.1e}" if wait else "no waits"
-                print(f"D={D} R={R} {variant:6s} {'stages' if variant == 'triton' else 'nbuf'}={param}: "
+                print(f"D={D} R={R} {variant:6s} {'nbuf' if variant == 'gluon' else 'stages'}={param}: "
                       f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), {err}")
     if a.json:
         with open(a.json, "w") as f:
