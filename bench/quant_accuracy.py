@@ -125,18 +125,12 @@ def half_dots(w):
     reference model (the embedding, left as it is by the quantizer, dense)."""
     from dataclasses import replace
 
-    from pto.quant.planes import plane_values
+    from pto.quant.planes import row_values
 
     def matrix(t):
         if not is_quantized(t):
             return dense(t, torch.float32)
-        fmt, data = t.dtype.quant, t.data
-
-        def fetch(offs):
-            lo = int(offs.reshape(-1)[0])
-            return data[:, lo:lo + offs.shape[-1]]
-
-        vals = plane_values(fmt, fetch, t.cols // fmt.block, 0, t.cols, data.device)
+        vals = row_values(t.dtype.quant, t.data, t.cols)
         q, s = vals["q"], vals["s"][:, 0]
         return HalfDots((q * s[:, None]).t().contiguous(), q, s)
 

@@ -106,30 +106,31 @@ def _values(p: Plane, raw: torch.Tensor, c: int) -> torch.Tensor:
     return v
 
 
-def dequantize_rows(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0, c: int | None = None) -> torch.Tensor:
-    """The f32 values of columns ``[c0, c0 + c)`` (all by default) of every row of ``data``
-    (``rows x row_bytes`` uint8, a matrix of ``cols`` columns in ``fmt``)."""
+def row_values(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0,
+               c: int | None = None) -> dict[str, torch.Tensor]:
+    """Every plane's f32 value at columns ``[c0, c0 + c)`` (all by default) of every row of
+    ``data`` (``rows x row_bytes`` uint8, a matrix of ``cols`` columns in ``fmt``): ``{name:
+    [rows, c]}`` (:func:`plane_values` of whole rows)."""
     c = cols - c0 if c is None else c
-    blocks = cols // fmt.block
 
     def fetch(offs: torch.Tensor) -> torch.Tensor:
         lo = int(offs.reshape(-1)[0])  # offsets of one run: a slice, no gather
         return data[:, lo:lo + offs.shape[-1]]
 
-    return fmt.dequantize(plane_values(fmt, fetch, blocks, c0, c, data.device))
+    return plane_values(fmt, fetch, cols // fmt.block, c0, c, data.device)
+
+
+def dequantize_rows(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0, c: int | None = None) -> torch.Tensor:
+    """The f32 values of columns ``[c0, c0 + c)`` (all by default) of every row of ``data``
+    (``rows x row_bytes`` uint8, a matrix of ``cols`` columns in ``fmt``)."""
+    return fmt.dequantize(row_values(fmt, data, cols, c0, c))
 
 
 def dequantize_parts(fmt: QuantFormat, data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row's f32 values (:func:`dequantize_rows`) in the two parts of the format's affine
     form: ``A * E`` (the part proportional to the element planes' fields) and ``B`` (the values
     with every field zero: a minimum, an offset); their sum is the values."""
-    blocks = cols // fmt.block
-
-    def fetch(offs: torch.Tensor) -> torch.Tensor:
-        lo = int(offs.reshape(-1)[0])
-        return data[:, lo:lo + offs.shape[-1]]
-
-    vals = plane_values(fmt, fetch, blocks, 0, cols, data.device)
+    vals = row_values(fmt, data, cols)
     whole = fmt.dequantize(vals)
     const = fmt.dequantize({n: torch.zeros_like(v) if fmt.plane(n).group == 1 else v for n, v in vals.items()})
     return whole - const, const
@@ -152,4 +153,4 @@ def dequantize_tiles(fmt: QuantFormat, data: torch.Tensor, cols: int, rows: torc
     return fmt.dequantize(plane_values(fmt, fetch, blocks, c0.view(-1, 1), c, data.device, clamp=True))
 
 
-__all__ = ["pack_rows", "plane_values", "dequantize_rows", "dequantize_parts", "dequantize_tiles"]
+__all__ = ["pack_rows", "plane_values", "row_values", "dequantize_rows", "dequantize_parts", "dequantize_tiles"]

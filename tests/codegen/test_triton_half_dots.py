@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 from pto.codegen.triton.common import RenderOptions  # noqa: E402
 from pto.codegen.triton.quant_groups import half_dots_apply, render_half_dots  # noqa: E402
 from pto.ir.dtypes import QUANTIZED, dtype_of, f32  # noqa: E402
-from pto.quant.planes import plane_values  # noqa: E402
+from pto.quant.planes import row_values  # noqa: E402
 from tests.codegen.test_triton_int_dots import int_gemv, interpreted  # noqa: E402
 
 FP8 = dtype_of("fp8")
@@ -31,9 +31,7 @@ def half_reference(w, x: torch.Tensor, skip: int, N: int):
     each of a chain's eight roundings, at most 2^-11 of what they round, each partial sum at most
     the sum of its terms' magnitudes): (reference, bound), each ``[1, N]``."""
     fmt, K = FP8.quant, x.shape[1]
-    data = w.data[skip:skip + N]
-    vals = plane_values(fmt, lambda offs: data[:, int(offs.reshape(-1)[0]):int(offs.reshape(-1)[0]) + offs.shape[-1]],
-                        K // fmt.block, 0, K, data.device)
+    vals = row_values(fmt, w.data[skip:skip + N], K)
     q, s = vals["q"].double().numpy(), vals["s"][:, 0].double().numpy()
     xg = x.view(-1, 16).float()
     amax = xg.abs().amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)

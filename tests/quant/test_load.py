@@ -183,15 +183,14 @@ def test_the_values_part_in_their_fields_and_their_constant(dtype):
     (to f32 rounding of the sum), ``B`` is the values the blocks' scales give a field of zero
     (Q4_0's ``-8 d``, Q4_1's minimum, none for Q8_0 and fp8) and ``A * E`` is zero where the
     fields are."""
-    from pto.quant.planes import dequantize_parts, dequantize_rows, plane_values
+    from pto.quant.planes import dequantize_parts, dequantize_rows, row_values
 
     fmt = dtype.quant
     q = random_qtensor(dtype, 6, 2 * fmt.block, seed=3)
     fields, const = dequantize_parts(fmt, q.data, q.cols)
     whole = dequantize_rows(fmt, q.data, q.cols)
     torch.testing.assert_close(fields + const, whole, rtol=2 ** -23, atol=0)
-    vals = plane_values(fmt, lambda offs: q.data[:, int(offs.reshape(-1)[0]):][:, :offs.shape[-1]],
-                        q.cols // fmt.block, 0, q.cols, q.data.device)
+    vals = row_values(fmt, q.data, q.cols)
     if dtype.short == "q4_0":
         assert torch.equal(const, -8 * vals["d"])
     elif dtype.short == "q4_1":
