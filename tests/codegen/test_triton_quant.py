@@ -188,6 +188,12 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
     monkeypatch.setenv("PTO_QGEMV_WARPS", "3")
     with pytest.raises(UsageError, match="PTO_QGEMV_WARPS='3': one of 1, 2, 4, 8"):
         TritonBackend("cpu")
+    # a launch's own num_warps is its warps: a schedule or override naming the floor is refused,
+    # not taken and lost (the launch's warps come from the kernel rendered without it)
+    from pto.backends.triton.launch import LaunchConfig
+
+    with pytest.raises(UsageError, match="unknown launch setting 'qgemv_warps'"):
+        LaunchConfig.of({"num_warps": 4, "qgemv_warps": 4})
 
 
 @pytest.mark.slow
