@@ -46,9 +46,9 @@ from pto.codegen.triton.common import (
 from pto.errors import BuildError
 from pto.ir.analysis import specialize
 from pto.ir.bounds import bounds
-from pto.ir.expr import Expr
+from pto.ir.expr import Const, Expr
 from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
-from pto.ir.nodes import IncoreFunction, walk_instrs
+from pto.ir.nodes import ForRange, IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 
 
@@ -172,11 +172,43 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
-    if r.grouped:  # a warp per 1024 columns (a thread's 32 weights a row), and per 8 rows past the first 8
-        warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in r.grouped.values())
-        warps = max(warps, r.opts.qgemv_warps)  # (at least RenderOptions.qgemv_warps)
-        launch["num_warps"] = min(8, 1 << (warps.bit_length() - 1))
+    if r.grouped:
+        launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
+
+
+#: a grouped GEMV whose program streams its weights over at least this many K steps runs at
+#: least STREAM_WARPS warps (docs/PERF.md, "The grouped GEMVs' warps measured")
+STREAM_TRIPS, STREAM_WARPS = 4, 4
+
+
+def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int) -> int:
+    """The warps of a program of ``fn``, a GEMV whose ``grouped`` tiles (name: rows, columns of a
+    K step) read quantized weights by groups: a warp per 1,024 columns of the step (a thread's 32
+    weights a row) and per 8 rows past the first 8; at least ``STREAM_WARPS`` where a tile is
+    loaded in a loop of ``STREAM_TRIPS`` or more trips (a long K, the down projection's: its few
+    programs each stream a row block's weights, and two warps a program leave a multiprocessor
+    too few to hide the dequantization's latency); at least ``floor``
+    (``RenderOptions.qgemv_warps``); a power of two, at most 8."""
+    warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in grouped.values())
+    if _load_trips(fn.body, frozenset(grouped)) >= STREAM_TRIPS:
+        warps = max(warps, STREAM_WARPS)
+    warps = max(warps, floor)
+    return min(8, 1 << (warps.bit_length() - 1))
+
+
+def _load_trips(body, tiles: frozenset[str], trips: int = 1) -> int:
+    """The most trips of the loops around a load into one of ``tiles`` in ``body`` (nested
+    loops' trips multiplied; a loop of bounds not known here counts one)."""
+    most = 0
+    for s in body:
+        if isinstance(s, ForRange):
+            n = [e.value if isinstance(e, Const) else None for e in (s.lb, s.ub, s.step)]
+            inner = trips * (len(range(*n)) if all(isinstance(v, int) for v in n) and n[2] > 0 else 1)
+            most = max(most, _load_trips(s.body, tiles, inner))
+        elif s.op is Op.LOAD and s.dst in tiles:
+            most = max(most, trips)
+    return most
 
 
 def _program_lines(fn: IncoreFunction, call: str, persistent: str) -> tuple[list[str], list[str]]:
