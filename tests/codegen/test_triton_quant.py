@@ -162,8 +162,8 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
 def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
     """``PTO_QGEMV_WARPS`` (``RenderOptions.qgemv_warps``): a GEMV that reads by groups takes at
     least that many warps a program, the rule's count where it gives more (a warp per 1,024
-    columns, per 8 rows past 8); by default the rule's alone; a value not 1, 2, 4 or 8 is one
-    line naming it."""
+    columns, per 8 rows past 8, four where its weights stream over four K steps or more); by
+    default the rule's alone; a value not 1, 2, 4 or 8 is one line naming it."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.backends.triton import TritonBackend
@@ -180,6 +180,12 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
         # the units' GEMVs keep their own warps
         units = render(fn, RenderOptions(qgemv="units")).launch
         assert render(fn, RenderOptions(qgemv="units", qgemv_warps=8)).launch == units
+    # a program that streams its weights over four K steps or more (the 8B model's down
+    # projection: 14,336 columns in steps of 2,048) takes at least four warps; two steps, the rule's
+    for k, rule in ((14336, 4), (8192, 4), (4096, 2), (2048, 2)):
+        down = specialize(gemv_residual_tile(f32, 1, k, 64, 8, 2048, wdtype=DType.Q4_K))
+        for warps in (0, 2, 8):
+            assert render(down, RenderOptions(qgemv="auto", qgemv_warps=warps)).launch["num_warps"] == max(rule, warps)
     monkeypatch.delenv("PTO_QGEMV_WARPS", raising=False)
     assert TritonBackend("cpu").options.qgemv_warps == 1
     monkeypatch.setenv("PTO_QGEMV_WARPS", "4")

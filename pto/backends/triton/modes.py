@@ -66,7 +66,8 @@ QGEMV_WARPS = (1, 2, 4, 8)
 def qgemv_warps() -> int:
     """The fewest warps a program of a GEMV that reads by groups takes
     (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
-    count, a warp per 1,024 columns and per 8 rows past the first 8)."""
+    count, a warp per 1,024 columns and per 8 rows past the first 8, four where a program streams
+    its weights over four K steps or more: :func:`pto.codegen.triton.kernel.grouped_warps`)."""
     text = os.environ.get("PTO_QGEMV_WARPS", "1").strip() or "1"
     if not text.isdigit() or int(text) not in QGEMV_WARPS:
         raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {', '.join(map(str, QGEMV_WARPS))}")
