@@ -59,7 +59,15 @@ from pto.incore.vocab import argmax_candidates_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
 from pto.orchestration.model.config import ModelConfig
 from pto.orchestration.model.quantized import DENSE, STACKED, WeightTypes, for_weights, weight_shapes
-from pto.orchestration.model.tiling import COMBINE_ROWS, DOT_ROUND_MAX, DecodeTiling, round_block, spans, tile_rows
+from pto.orchestration.model.tiling import (
+    COMBINE_ROWS,
+    DOT_ROUND_MAX,
+    DecodeTiling,
+    grouped_rows,
+    round_block,
+    spans,
+    tile_rows,
+)
 from pto.orchestration.model.vocab import VocabSplit
 
 from pto import Orchestration, f32
@@ -120,8 +128,9 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     # one sequence: a multiply-sum along the weight rows (the GEMV); several: their rows padded to
     # 16 (rows past the batch load as zeros, are never stored) and blocks of 16 outputs, so the
     # products are tensor-core dots instead of broadcast sums of rows x bn x bk elements (8
-    # sequences of the 8B model: 15.7 ms a step as broadcast sums)
-    batch = tile_rows(batch, target)
+    # sequences of the 8B model: 15.7 ms a step as broadcast sums); a few with quantized weights
+    # and DecodeTiling.quant_rows: unpadded, the GEMVs reading the weights by groups for every row
+    batch = tile_rows(batch, target, grouped_rows(t, wtypes.quantized))
     if batch >= 16:
         t = dot_tiles(t, H, QD + 2 * KVD, F, wtypes.blocks(STACKED))
     t = whole_steps(cfg, dt, t, wtypes)
@@ -287,7 +296,7 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
              wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there)."""
-    rows = tile_rows(batch, target)
+    rows = tile_rows(batch, target, grouped_rows(t, wtypes.quantized))
     return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab)[1]
 
 

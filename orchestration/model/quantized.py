@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from pto.orchestration.llama.tiling import whole_blocks
 from pto.orchestration.model.config import ModelConfig
+from pto.orchestration.model.tiling import QUANT_ROWS_MAX
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
@@ -351,13 +352,15 @@ def weight_bytes(w) -> dict[str, int]:
 
 def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights for
-    a step of ``rows`` sequences: for one, its :attr:`~.tiling.DecodeTiling.quant_tiles` (the
+    a step of ``rows`` sequences: for one (or up to :attr:`~.tiling.DecodeTiling.quant_rows`,
+    whose rows read by groups as one's do), its :attr:`~.tiling.DecodeTiling.quant_tiles` (the
     GEMVs they were measured for; more sequences take the dot path's tiles, where the LM head's
     long K step would hold 16 padded rows of it); output-major matrices (the GEMVs) and LM head,
     and contraction steps of whole blocks (fewer outputs a tile where a step grows)."""
     if not wtypes.quantized:
         return t
-    if t.quant_tiles and rows == 1:  # (applied once: a tiling fitted again keeps what was set since)
+    if t.quant_tiles and (rows == 1 or rows <= min(t.quant_rows, QUANT_ROWS_MAX)):
+        # (applied once: a tiling fitted again keeps what was set since)
         t = replace(t, **dict(t.quant_tiles), quant_tiles=())
     layers = wtypes.blocks(STACKED)
     head = wtypes.blocks(("lm_head",))

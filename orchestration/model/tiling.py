@@ -106,6 +106,14 @@ class DecodeTiling:
     #: <pto.orchestration.model.quantized.for_weights>` applies them, then rounds the K steps to
     #: whole blocks): (name, value) pairs; a field set by :meth:`with_fields` is taken as set
     quant_tiles: tuple[tuple[str, int], ...] = ()
+    #: on a GPU, a step of 2 to this many sequences (at most 8) with quantized weights keeps its
+    #: rows unpadded and the one-sequence quantized tiles (:attr:`quant_tiles`): its GEMVs read
+    #: the weights by groups, each thread's weights unpacked once for every row (an integer or
+    #: half dot a row; ``PTO_QGEMV``'s modes but "units"), where padded to 16 rows they are
+    #: dequantized into a tensor-core dot (the 8B step at 8 sequences in Q4_K: 15.8 ms, 2.6x its
+    #: bf16 step; docs/PERF.md, "The grouped GEMVs' warps measured, batch 8 profiled"). 0: off
+    #: (not yet measured on the GPU)
+    quant_rows: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:
         """This tiling with ``fields`` replaced, each also where the weights are quantized (its
@@ -176,14 +184,28 @@ def spans(cache: int | None, t: DecodeTiling) -> int:
     return J // t.span if t.span and t.span < J and J % t.span == 0 else 0
 
 
-def tile_rows(batch: int, target: Target | None = None) -> int:
+def tile_rows(batch: int, target: Target | None = None, grouped: int = 0) -> int:
     """The rows of the projections' tiles for ``batch`` sequences on ``target``: on a GPU (or
-    None) 1, or at least 16 (what a tensor-core dot takes; the rows past the batch are padding);
-    on a CPU the batch itself (no tensor cores: padding is work, SmolLM2's step at batch 2 on
-    the development VM took 180 ms against 17 at batch 1 when its 2 rows were 16)."""
-    if batch == 1 or (target is not None and target.kind == "cpu"):
+    None) 1, or at least 16 (what a tensor-core dot takes; the rows past the batch are padding),
+    or the batch itself up to ``grouped`` sequences (quantized weights read by groups:
+    :attr:`DecodeTiling.quant_rows`, :func:`grouped_rows`); on a CPU the batch itself (no tensor
+    cores: padding is work, SmolLM2's step at batch 2 on the development VM took 180 ms against
+    17 at batch 1 when its 2 rows were 16)."""
+    if batch == 1 or batch <= grouped or (target is not None and target.kind == "cpu"):
         return batch
     return max(batch, 16)
 
 
-__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "round_block", "spans", "tile_rows"]
+#: the most sequences whose quantized GEMVs may read by groups unpadded (the Triton renderer's
+#: ``GROUPED_ROWS``: more rows of x take the values and a tensor-core dot)
+QUANT_ROWS_MAX = 8
+
+
+def grouped_rows(t: DecodeTiling, quantized: bool) -> int:
+    """The most sequences a step of tiling ``t`` keeps unpadded on a GPU: ``t.quant_rows`` (at
+    most :data:`QUANT_ROWS_MAX`) where the weights are ``quantized``, else 0."""
+    return min(t.quant_rows, QUANT_ROWS_MAX) if quantized else 0
+
+
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "QUANT_ROWS_MAX", "grouped_rows", "round_block", "spans",
+           "tile_rows"]

@@ -23,6 +23,7 @@ from pto.codegen.triton import quant_groups
 from pto.codegen.triton.common import (
     ALIGN,
     FLAT_STAGES,
+    GROUPED_ROWS,
     NAN_SOURCE,
     PDL_SIGNAL,
     PDL_WAIT,
@@ -33,6 +34,7 @@ from pto.codegen.triton.common import (
     check_tiles,
     device_name,
     float_literal,
+    reads_by_groups,
 )
 from pto.codegen.triton.operands import separate_operand_loads
 from pto.codegen.triton.quant import render_helpers
@@ -300,10 +302,27 @@ class BodyRenderer(TileOps):
         #: the quantized tiles only a GEMV's product reads (it takes their planes, no values:
         #: :func:`pto.ir.analysis.gemv_quantized_loads`), and the planes' names of each once loaded
         self.quantized: set[str] = set()
-        self.fused = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1)
+        #: ``x_rows``: each fused tile's x's block rows (past one: read by groups, a few rows of x)
+        self.fused, self.x_rows = self._fused_loads(fn)
         self.planes: dict[str, list[str]] = {}
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}
+
+    def _fused_loads(self, fn: IncoreFunction) -> tuple[frozenset[str], dict[str, int]]:
+        """The quantized tiles only a GEMV's product reads (:func:`gemv_quantized_loads`), of x
+        of one row, or of up to :data:`GROUPED_ROWS` rows where the product reads by groups
+        (``RenderOptions.qgemv``) and the tile's format and columns allow it
+        (:func:`quant_groups.applies`: the other tiles of a few rows keep their values and the
+        plain product); with each one's x's block rows."""
+        grouped = reads_by_groups(self.opts.qgemv)
+        fused = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1 or
+                                     (grouped and self.blocks[a][0] <= GROUPED_ROWS))
+        x_of = {i.srcs[1]: i.srcs[0] for i in walk_instrs(fn.body) if i.op is Op.MATMUL_ACC}
+        mem_of = {i.dst: i.srcs[0] for i in walk_instrs(fn.body) if i.op is Op.LOAD}
+        rows = {t: self.blocks[x_of[t]][0] for t in fused}
+        keep = {t for t in fused if rows[t] == 1 or
+                quant_groups.applies(self.memrefs[mem_of[t]].dtype.quant, self.shapes[t][1], self.blocks[t][1])}
+        return frozenset(keep), {t: rows[t] for t in keep}
 
     # output ---------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -433,9 +452,11 @@ class BodyRenderer(TileOps):
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]
         grouped = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
                    if i.op is Op.LOAD and i.dst in self.grouped}
+        rows = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
+                if i.op is Op.LOAD and i.dst in self.grouped and self.x_rows[i.dst] > 1}
         helpers += [line for f in sorted(grouped)
                     for line in quant_groups.render_helpers(FORMATS[f], self.int_dots(FORMATS[f]),
-                                                            self.half_dots(FORMATS[f]))]
+                                                            self.half_dots(FORMATS[f]), f in rows)]
         if any(self.int_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_int_dots(self.opts.asm)
         if any(self.half_dots(FORMATS[f]) for f in grouped):

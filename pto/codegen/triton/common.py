@@ -74,6 +74,12 @@ INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
 QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
 
 
+#: the most rows of x a GEMV's product reads quantized weights by groups for (a few sequences'
+#: decode step: each thread's weights unpacked once for every row, an integer or half dot a row;
+#: more rows take the values and a tensor-core dot)
+GROUPED_ROWS = 8
+
+
 def reads_by_groups(mode: str) -> bool:
     """Does a GEMV's product read quantized tiles by groups under ``RenderOptions.qgemv``
     ``mode`` (every mode but "units" and "", the renderer's default)."""

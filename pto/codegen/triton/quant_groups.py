@@ -82,8 +82,8 @@ def load_name(fmt: QuantFormat) -> str:
     return f"_pto_dqg_load_{fmt.name}"
 
 
-def dot_name(fmt: QuantFormat) -> str:
-    return f"_pto_dqg_dot_{fmt.name}"
+def dot_name(fmt: QuantFormat, rows: bool = False) -> str:
+    return f"_pto_dqg_{'rows' if rows else 'dot'}_{fmt.name}"
 
 
 def render_load(fmt: QuantFormat) -> list[str]:
@@ -152,10 +152,11 @@ def _joined(em: _Emitter, parts: list[str]) -> str:
     return em.let(f"tl.join({_joined(em, parts[0::2])}, {_joined(em, parts[1::2])})")
 
 
-def render_dot(fmt: QuantFormat) -> list[str]:
+def render_dot(fmt: QuantFormat, rows: bool = False) -> list[str]:
     """``_pto_dqg_dot_<format>(planes..., P, S, x, BR, BC)``: the ``[BR]`` sums of ``x [1, BC]``
     (f32, zero past its valid columns) times each row's values, from the planes of
-    :func:`render_load` (``P``, ``S``: the load's; the module docstring).
+    :func:`render_load` (``P``, ``S``: the load's; the module docstring). ``rows``: the helper
+    of a few rows of x (:func:`rows_lead`), ``_pto_dqg_rows_<format>(..., BR, BC, BM)``.
 
     The fractions' 1.0 is a ``[G, 1, 1]`` tensor: the f32 1.0's bits plus a load that never
     happens (its mask is ``S < 0``, which no compiler can prove false, as it could ``g < 0`` for
@@ -169,11 +170,12 @@ def render_dot(fmt: QuantFormat) -> list[str]:
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
     G = f"BC // {T}"
-    g = em.let(f"tl.arange(0, {G})[:, None, None]")
-    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    L, a = rows_lead(rows)
+    never = _never(em, G, False)
     one = em.let(f"{_ONE} + {never}.to(tl.int32)")
-    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")  # x by groups: one move between threads, every plane's view
-    xs = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
+    # x by groups: one move between threads, every plane's view
+    xg = em.let(f"tl.reshape(x, ({L}{G}, 1, {T}))" + (f" + {_never(em, G, True)}.to(tl.float32)" if rows else ""))
+    xs = em.let(f"tl.sum(tl.reshape({xg}, ({L}{G}, 1, {S}, {Gs})), axis={3 + a})")  # x summed per subgroup
     form = affine_form(em, fmt)
     sums = {}
     for name in form.coef:
@@ -182,23 +184,52 @@ def render_dot(fmt: QuantFormat) -> list[str]:
         raw = f"R_{p.name}"
         parts = [_fraction(em, p, raw, k, one) for k in range(U)]
         whole = parts[0] if U == 1 else em.let(f"tl.reshape({_joined(em, parts)}, ({G}, BR, {V}, {U}))")
-        xw = em.let(f"tl.reshape({xg}, ({G}, 1, {V}, {U}))") if U > 1 else em.let(f"tl.reshape({xg}, ({G}, 1, {V}))")
+        xw = em.let(f"tl.reshape({xg}, ({L}{G}, 1, {V}, {U}))") if U > 1 else \
+            em.let(f"tl.reshape({xg}, ({L}{G}, 1, {V}))")
         # each subgroup's products summed within the thread, one multiply-add chain
-        sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({G}, BR, {S}, {V * U // S})), axis=3)")
-    return _dot_function(em, fmt, fraction_sums(em, fmt, form, sums, xs), xs, dot_name(fmt), form=form)
+        sums[name] = em.let(f"tl.sum(tl.reshape({whole} * {xw}, ({L}{G}, BR, {S}, {V * U // S})), axis={3 + a})")
+    return _dot_function(em, fmt, fraction_sums(em, fmt, form, sums, xs), xs, dot_name(fmt, rows), form=form,
+                         rows=rows)
+
+
+def _never(em: _Emitter, G: str, rows: bool) -> str:
+    """A load that never happens (its mask, ``S < 0``, no compiler can prove false), 0 in the
+    groups' layout: ``[G, 1, 1]``, or ``[1, G, 1, 1]`` with ``rows`` (:func:`rows_lead`: added to
+    x's groups, it gives them and every product of x and the weights its layout, the groups on
+    the threads and x's rows in each thread's registers, where a broadcast of a ``[G, 1, 1]``
+    one would take x's layout instead, and its threads along a dim of one)."""
+    g = em.let(f"tl.arange(0, {G})[None, :, None, None]" if rows else f"tl.arange(0, {G})[:, None, None]")
+    return em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+
+
+def rows_lead(rows: bool) -> tuple[str, int]:
+    """How a dot helper of ``rows`` (x of ``BM`` rows, ``[BM, BC]``; the sums ``[BM, BR]``) writes
+    x's tensors: a leading ``BM`` dim before the groups' (``[BM, G, 1, ...]``), every x-derived
+    tensor's axes one further (the weights' ``[G, BR, ...]`` broadcast over it: each thread's
+    weights unpacked once for every row of x); without, the one row's shapes: ("" or "BM, ",
+    the axes' offset)."""
+    return ("BM, ", 1) if rows else ("", 0)
 
 
 def _dot_function(em: _Emitter, fmt: QuantFormat, esums: dict[str, str], xsum: str, name: str, comment: str = "",
-                  form=None) -> list[str]:
+                  form=None, rows: bool = False) -> list[str]:
     """A dot helper's lines: ``em``'s, then the sum of the format's affine parts (``form``, else
     the format's, :func:`affine_form`) from ``esums`` (each element plane's ``sum x E`` per
-    subgroup, ``[G, BR, S]``) and ``xsum`` (x's per subgroup), as the ``[BR]`` row sums."""
+    subgroup, ``[G, BR, S]``) and ``xsum`` (x's per subgroup), as the ``[BR]`` row sums; with
+    ``rows`` (:func:`rows_lead`) ``esums`` are ``[BM, G, BR, S]`` and the sums ``[BM, BR]``."""
     form = affine_form(em, fmt) if form is None else form
-    units, rows = affine_parts(em, fmt, form, esums, xsum,
-                               lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
-    total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
-    total += [] if rows is None else [em.let(f"tl.reshape({rows.code}, (BR,))")]
-    head = f"@triton.jit\ndef {name}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr):"
+    if rows:
+        row_sum = "tl.sum(tl.sum({}, axis=3), axis=1)"
+        units, per_row = affine_parts(em, fmt, form, esums, xsum, lambda v: row_sum.format(v) + "[:, None, :, None]")
+        total = [] if units is None else [em.let(row_sum.format(units.code))]
+        total += [] if per_row is None else [em.let(f"tl.reshape({per_row.code}, (BM, BR))")]
+    else:
+        units, per_row = affine_parts(em, fmt, form, esums, xsum,
+                                      lambda v: f"tl.sum(tl.sum({v}, axis=2), axis=0)[None, :, None]")
+        total = [] if units is None else [em.let(f"tl.sum(tl.sum({units.code}, axis=2), axis=0)")]
+        total += [] if per_row is None else [em.let(f"tl.reshape({per_row.code}, (BR,))")]
+    bm = ", BM: tl.constexpr" if rows else ""
+    head = f"@triton.jit\ndef {name}({_planes_params(fmt)}, P, S, x, BR: tl.constexpr, BC: tl.constexpr{bm}):"
     return [head, *([f"    # {comment}"] if comment else []), *em.lines, f"    return {' + '.join(total)}"]
 
 
@@ -217,11 +248,12 @@ def reads_by_groups_in(source: str) -> bool:
     """Does a rendered kernel's device function (its source's last ``def d_``) take a GEMV's
     product by groups (the float dot, the integer dots or the half dots)."""
     body = source.split("def d_")[-1]
-    return any(f"{stem}_dot_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16", "_pto_dqh"))
+    return any(f"{stem}_{kind}_" in body for stem in ("_pto_dqg", "_pto_dqx8", "_pto_dqx16", "_pto_dqh")
+               for kind in ("dot", "rows"))
 
 
-def int_dot_name(fmt: QuantFormat, xbits: int) -> str:
-    return f"_pto_dqx{xbits}_dot_{fmt.name}"
+def int_dot_name(fmt: QuantFormat, xbits: int, rows: bool = False) -> str:
+    return f"_pto_dqx{xbits}_{'rows' if rows else 'dot'}_{fmt.name}"
 
 
 #: the f32 1.5 * 2^23: an f32 of magnitude below 2^22 added to it is rounded to an integer (to
@@ -285,19 +317,19 @@ def _words(em: _Emitter, t: str, lead: str, V: int) -> list[str]:
     return [w for pair in zip(_words(em, even, lead, V // 2), _words(em, odd, lead, V // 2)) for w in pair]
 
 
-def _x_by_groups(em: _Emitter, G: str, T: int, floor: str) -> tuple[str, str, str]:
+def _x_by_groups(em: _Emitter, G: str, T: int, floor: str, rows: bool = False) -> tuple[str, str, str]:
     """What the integer and half dots take of x first: an opaque int32 0 of the groups' layout
     (:func:`render_dot`'s anchor), x as ``[G, 1, T]`` and each group's largest magnitude, at least
-    ``floor`` (``[G, 1, 1]``)."""
-    g = em.let(f"tl.arange(0, {G})[:, None, None]")
-    never = em.let(f"tl.load(P + {g} * (1 + (S >> 31)), mask={g} * 0 + S < 0, other=0)")
+    ``floor`` (``[G, 1, 1]``); with ``rows`` (:func:`rows_lead`) x's ``[BM, G, 1, ...]``."""
+    L, a = rows_lead(rows)
+    never = _never(em, G, rows)
     zero = em.let(f"{never}.to(tl.int32)")
-    xg = em.let(f"tl.reshape(x, ({G}, 1, {T}))")
-    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis=2, keep_dims=True), {floor})")
+    xg = em.let(f"tl.reshape(x, ({L}{G}, 1, {T}))" + (f" + {never}.to(tl.float32)" if rows else ""))
+    amax = em.let(f"tl.maximum(tl.max(tl.abs({xg}), axis={2 + a}, keep_dims=True), {floor})")
     return zero, xg, amax
 
 
-def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
+def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str]:
     """``_pto_dqx<xbits>_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums with x
     rounded to ``xbits``-bit integers per group (a scale a group: its largest magnitude over
     ``2^(xbits-1) - 1``; 8 bits as llama.cpp's Q8_1 activations) and each subgroup's ``sum xq
@@ -307,34 +339,38 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
     shared by the rows. The arithmetic differs from the float dot's by x's rounding (at most
     half a step of its group's scale an element: 1/254 of the group's largest magnitude with 8
     bits, 1/65534 with 16, finer than bf16's rounding of the group's larger values); the integer
-    sums are exact; the values' constant part (a minimum, an offset) multiplies x's own sum."""
+    sums are exact; the values' constant part (a minimum, an offset) multiplies x's own sum.
+    ``rows``: the helper of a few rows of x (:func:`rows_lead`; the fields unpacked once, an
+    integer dot a row)."""
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
     G = f"BC // {T}"
+    L, a = rows_lead(rows)
     top = float((1 << (xbits - 1)) - 1)
     # the group's largest magnitude (at least 1e-30: a group of zeros has integers zero)
-    zero, xg, amax = _x_by_groups(em, G, T, "1e-30")
+    zero, xg, amax = _x_by_groups(em, G, T, "1e-30", rows)
     inv = em.let(f"{top!r} / {amax}")
     xs = em.let(f"{amax} / {top!r}")  # a step of the group's integers
     xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
-    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")  # x summed per subgroup
+    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({L}{G}, 1, {S}, {Gs})), axis={3 + a})")  # x summed per subgroup
     esums = {}
     for p in [q for q in fmt.planes if q.group == 1]:
         _, V, _ = words_of(fmt, p)
         per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
         # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
-        lanes = [em.let(f"tl.reshape({w}, ({G}, 1, {V}, 4))")
-                 for w in _words(em, em.let(f"tl.reshape({xi}, ({G}, 1, {V}, 4, {per}))"), f"{G}, 1, {V}, 4", per)]
+        lanes = [em.let(f"tl.reshape({w}, ({L}{G}, 1, {V}, 4))")
+                 for w in _words(em, em.let(f"tl.reshape({xi}, ({L}{G}, 1, {V}, 4, {per}))"), f"{L}{G}, 1, {V}, 4",
+                                 per)]
         xw = []  # per lane k: the x words of each field word v (one for dp4a; dp2a's lo and hi pairs)
         for lane in lanes:  # j = 2 h + i below
-            even, odd = em.split(f"tl.reshape({lane}, ({G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
+            even, odd = em.split(f"tl.reshape({lane}, ({L}{G}, 1, {V}, 2, 2))")  # i = 0, 1: [G, 1, V, 2] over h
             if xbits == 8:
                 (j0, j2), (j1, j3) = em.split(even), em.split(odd)
-                xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{G}, 1", V)])
+                xw.append([_words(em, em.let(f"_pto_pack4({j0}, {j1}, {j2}, {j3}) + {zero}"), f"{L}{G}, 1", V)])
             else:
                 pairs = em.let(f"_pto_pack2({even}, {odd})")
-                xw.append([_words(em, em.let(f"{h} + {zero}"), f"{G}, 1", V) for h in em.split(pairs)])
+                xw.append([_words(em, em.let(f"{h} + {zero}"), f"{L}{G}, 1", V) for h in em.split(pairs)])
         rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
         mask = 0x01010101 * ((1 << p.bits) - 1)
         accs = []
@@ -351,10 +387,10 @@ def render_dot_int(fmt: QuantFormat, xbits: int) -> list[str]:
                         acc = em.let(f"_pto_dp2a_lo({xw[k][0][v]}, {field}, {acc})")
                         acc = em.let(f"_pto_dp2a_hi({xw[k][1][v]}, {field}, {acc})")
             accs.append(acc)
-        whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({G}, BR, {S}))")
+        whole = accs[0] if S == 1 else em.let(f"tl.reshape({_joined(em, accs)}, ({L}{G}, BR, {S}))")
         esums[p.name] = em.let(f"{whole}.to(tl.float32) * {xs}")  # [G, BR, S]: each subgroup's sum of x E
-    return _dot_function(em, fmt, esums, xsum, int_dot_name(fmt, xbits),
-                         f"{fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots")
+    return _dot_function(em, fmt, esums, xsum, int_dot_name(fmt, xbits, rows),
+                         f"{fmt.name}: x as {xbits}-bit integers a group of {T}, integer dots", rows=rows)
 
 
 def half_dots_apply(fmt: QuantFormat) -> bool:
@@ -363,8 +399,8 @@ def half_dots_apply(fmt: QuantFormat) -> bool:
     return all(p.kind == "e4m3" for p in fmt.planes if p.group == 1)
 
 
-def half_dot_name(fmt: QuantFormat) -> str:
-    return f"_pto_dqh_dot_{fmt.name}"
+def half_dot_name(fmt: QuantFormat, rows: bool = False) -> str:
+    return f"_pto_dqh_{'rows' if rows else 'dot'}_{fmt.name}"
 
 
 #: the half dots' helpers: (arguments, PTX, constraints, the result's type, the same in Triton's
@@ -426,7 +462,7 @@ def render_half_dots(asm: bool) -> list[str]:
     return out
 
 
-def render_dot_half(fmt: QuantFormat) -> list[str]:
+def render_dot_half(fmt: QuantFormat, rows: bool = False) -> list[str]:
     """``_pto_dqh_dot_<format>(planes..., P, S, x, BR, BC)``: :func:`render_dot`'s sums of an fp8
     matrix with x scaled per group by a power of two (``2^(127 - e)``, ``e`` the biased exponent
     of the group's largest magnitude, taken at least f32's smallest normal (so that ``e >= 1``)
@@ -439,38 +475,44 @@ def render_dot_half(fmt: QuantFormat) -> list[str]:
     from the float dot's by x's rounding to f16 (2^-11 of each value within 2^14 of its group's
     largest, f16's subnormal step of 2^-24 times the group's power of two below: as 16-bit
     integers' step, finer than bf16's) and the chains' rounding to f16 (2^-11 of each partial
-    sum)."""
+    sum). ``rows``: the helper of a few rows of x (:func:`rows_lead`)."""
     em = _Emitter()
     T, Gs = group_of(fmt), subgroup_of(fmt)
     S = T // Gs
     G = f"BC // {T}"
+    L, a = rows_lead(rows)
     (p,) = [q for q in fmt.planes if q.group == 1]
     _, V, _ = words_of(fmt, p)
-    zero, xg, amax = _x_by_groups(em, G, T, "1.1754943508222875e-38")  # (f32's smallest normal)
+    zero, xg, amax = _x_by_groups(em, G, T, "1.1754943508222875e-38", rows)  # (f32's smallest normal)
     e = em.let(f"tl.minimum({amax}.to(tl.int32, bitcast=True) >> 23, 253)")
     inv = em.let(f"((254 - {e}) << 23).to(tl.float32, bitcast=True)")  # 2^(127 - e)
     unit = em.let(f"({e} << 23).to(tl.float32, bitcast=True)")  # 2^(e - 127)
-    even, odd = em.split(f"tl.reshape({xg} * {inv}, ({G}, 1, {V}, 2, 2))")  # [G, 1, V, 2]: bytes 2h, 2h + 1
+    even, odd = em.split(f"tl.reshape({xg} * {inv}, ({L}{G}, 1, {V}, 2, 2))")  # [G, 1, V, 2]: bytes 2h, 2h + 1
     xa, xb = em.split(em.let(f"_pto_h2pack({even}, {odd})"))  # [G, 1, V]: the pairs of bytes 0, 1 and 2, 3
-    xas = _words(em, em.let(f"{xa} + {zero}"), f"{G}, 1", V)
-    xbs = _words(em, em.let(f"{xb} + {zero}"), f"{G}, 1", V)
+    xas = _words(em, em.let(f"{xa} + {zero}"), f"{L}{G}, 1", V)
+    xbs = _words(em, em.let(f"{xb} + {zero}"), f"{L}{G}, 1", V)
     acc = zero
     for v, word in enumerate(_words(em, f"R_{p.name}", f"{G}, BR", V)):
         acc = em.let(f"_pto_hfma4({word}, {xas[v]}, {xbs[v]}, {acc})")
     esums = {p.name: em.let(f"_pto_h2sum({acc}) * {unit}")}  # [G, BR, 1]: the group's sum of x E
-    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({G}, 1, {S}, {Gs})), axis=3)")
-    return _dot_function(em, fmt, esums, xsum, half_dot_name(fmt),
-                         f"{fmt.name}: x as f16 a group of {T} scaled by a power of two, f16x2 dots")
+    xsum = em.let(f"tl.sum(tl.reshape({xg}, ({L}{G}, 1, {S}, {Gs})), axis={3 + a})")
+    return _dot_function(em, fmt, esums, xsum, half_dot_name(fmt, rows),
+                         f"{fmt.name}: x as f16 a group of {T} scaled by a power of two, f16x2 dots", rows=rows)
 
 
-def render_helpers(fmt: QuantFormat, xbits: int = 0, half: bool = False) -> list[str]:
+def render_helpers(fmt: QuantFormat, xbits: int = 0, half: bool = False, rows: bool = False) -> list[str]:
     """The group helpers of ``fmt`` (the load and the dot; ``xbits``: the integer dot with x of
-    that many bits too; ``half``: the half dot too)."""
+    that many bits too; ``half``: the half dot too; ``rows``: the dots of a few rows of x too)."""
     lines = [line for f in (render_load, render_dot) for line in (*f(fmt), "", "")]
     lines += [*render_dot_int(fmt, xbits), "", ""] if xbits else []
-    return lines + ([*render_dot_half(fmt), "", ""] if half else [])
+    lines += [*render_dot_half(fmt), "", ""] if half else []
+    if rows:
+        lines += [*render_dot(fmt, True), "", ""]
+        lines += [*render_dot_int(fmt, xbits, True), "", ""] if xbits else []
+        lines += [*render_dot_half(fmt, True), "", ""] if half else []
+    return lines
 
 
 __all__ = ["group_of", "subgroup_of", "words_of", "applies", "load_name", "dot_name", "render_load", "render_dot",
-           "render_helpers", "int_dots_apply", "reads_by_groups_in", "int_dot_name", "render_dot_int",
+           "render_helpers", "rows_lead", "int_dots_apply", "reads_by_groups_in", "int_dot_name", "render_dot_int",
            "render_int_dots", "half_dots_apply", "half_dot_name", "render_dot_half", "render_half_dots"]

@@ -198,13 +198,15 @@ class TileOps:
             planes = ", ".join(self.planes[b])
             if b in self.grouped:  # (the memref's pointer and stride: pto.codegen.triton.quant_groups.render_dot)
                 planes = f"{planes}, P_{mem}, S_{mem}"
-            name = quant_groups.dot_name(fmt) if b in self.grouped else dot_name(fmt)
+            m = self.x_rows[b]  # (past one: a few rows of x, read by groups)
+            name = quant_groups.dot_name(fmt, m > 1) if b in self.grouped else dot_name(fmt)
             xbits = self.int_dots(fmt) if b in self.grouped else 0
             if xbits:
-                name = quant_groups.int_dot_name(fmt, xbits)
+                name = quant_groups.int_dot_name(fmt, xbits, m > 1)
             elif b in self.grouped and self.half_dots(fmt):
-                name = quant_groups.half_dot_name(fmt)
-            dot = f"{name}({planes}, {self.operand(a, False, 1)}, {r}, {c})[None, :]"
+                name = quant_groups.half_dot_name(fmt, m > 1)
+            x = self.operand(a, False, 1)
+            dot = f"{name}({planes}, {x}, {r}, {c}, {m})" if m > 1 else f"{name}({planes}, {x}, {r}, {c})[None, :]"
             self.assign(ins.dst, f"{self.f32(ins.dst)} + {dot}")
             return
         self.use(a)

@@ -314,6 +314,9 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
     mine = for_weights(t.with_fields(ffn_bn=16, ffn_bk=1024), q4k)
     assert (mine.ffn_bn, mine.ffn_bk, mine.o_bk) == (16, 1024, dict(QUANT_WIDE)["o_bk"])
     assert for_weights(t, q4k, rows=8).ffn_bk == t.ffn_bk  # several sequences: the dot path's tiles
+    # up to quant_rows sequences (at most 8): the one sequence's tiles, their rows read by groups
+    few = t.with_fields(quant_rows=8)
+    assert for_weights(few, q4k, rows=8).ffn_bk == q.ffn_bk and for_weights(few, q4k, rows=9).ffn_bk == t.ffn_bk
     with pytest.raises(UsageError, match="quant_tiles names nope: not a field"):
         DecodeTiling(quant_tiles=(("nope", 3),))
 
@@ -362,3 +365,71 @@ def test_a_cpus_batch_takes_whole_k_steps_of_whole_blocks(batch):
     finally:
         del mp.CONFIGS["smollm2-1l"]
     assert res["rel_err"] <= 1e-5, res
+
+
+@pytest.mark.slow
+def test_the_steps_gemvs_of_a_few_rows_compile_for_sm90(tmp_path):
+    """The 8B model's quantized GEMVs at eight sequences unpadded (``DecodeTiling.quant_rows``):
+    the dots of a few rows of x (integer dots of Q4_K, Q6_K and Q8_0, fp8's half dots, Q5_K's
+    float dot) through Triton's compiler for an H100, their inline PTX assembled by ptxas."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.codegen.triton.common import RenderOptions
+    from pto.ir.dtypes import DType, dtype_of
+    from pto.machine.target import get
+    from tests.sm90 import compile_sm90, kernel_jobs
+
+    rows = []
+    for layers, head in (("q4_k", "q6_k"), ("q8_0", None), ("fp8", "fp8"), ("q5_k", "q6_k")):
+        cfg = CONFIGS["llama3-8b"]
+        kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")} | \
+            ({"lm_head": dtype_of(head)} if head else {})
+        wt = WeightTypes(tuple(sorted(kinds.items())))
+        t = tiling_for(cfg).with_fields(quant_rows=8)
+        fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(t, wt, 8), 8, wtypes=wt)
+        rows += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
+                 and any(p.dtype.is_quantized for p in fn.memrefs)]
+    jobs = kernel_jobs(rows, RenderOptions(qgemv="auto", asm=True))
+    results = compile_sm90(jobs, tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert all(any(f"{name}(" in j["source"].split("def d_")[-1] for j in jobs)
+               for name in ("_pto_dqx16_rows_q4_k", "_pto_dqx16_rows_q6_k", "_pto_dqx16_rows_q8_0",
+                            "_pto_dqh_rows_fp8", "_pto_dqg_rows_q5_k"))
+
+
+@pytest.mark.parametrize("quant_rows,batch,rows", [(8, 5, 5), (8, 8, 8), (8, 9, 16), (0, 5, 16), (16, 12, 16)])
+def test_a_few_sequences_keep_their_rows_where_the_tiling_says(quant_rows, batch, rows):
+    """On a GPU a step of ``batch`` sequences with quantized weights: up to the tiling's
+    ``quant_rows`` (at most 8) its projections' tiles have the batch's rows (their GEMVs read the
+    weights by groups for every row, in f32 tiles of the one sequence's quantized blocks of
+    outputs; the K steps as the target's on-chip memory holds them), more sequences or
+    ``quant_rows`` 0 pad them to 16 for the tensor cores' dots; dense weights always pad."""
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg = CONFIGS["llama3-8b"]
+    q4k = WeightTypes(tuple(sorted({**{k: DType.Q4_K for k in ("w_qkv", "wo", "wg", "wu", "wd")},
+                                    "lm_head": DType.Q6_K}.items())))
+    t = tiling_for(cfg).with_fields(quant_rows=quant_rows)
+    for wt, want in ((q4k, rows), (WeightTypes(()), 16)):
+        fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(t, wt, batch), batch, wtypes=wt)
+        for fn in (fns.qkv, fns.proj, fns.gate_up, fns.lm):
+            x = next(p for p in specialize(fn).memrefs if p.name == "x")
+            assert x.shape[0].value == want, (fn.name, wt.quantized)
+    one = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(t, q4k, 1), 1, wtypes=q4k)
+    few = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(t, q4k, batch), batch, wtypes=q4k)
+    def outputs(fn):  # the weight tiles' rows (a block's outputs; their K steps narrow with more rows of x)
+        return [(t.name, str(t.rows), t.dtype) for t in specialize(fn).tiles if t.name.startswith("b")]
+
+    same = [outputs(getattr(few, k)) == outputs(getattr(one, k)) for k in ("qkv", "gate_up")]
+    assert all(same) == (rows == batch), same
