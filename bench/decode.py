@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--executors", default="persistent,waves")
     ap.add_argument("--json", default=None)
     ap.add_argument("--kernels", action="store_true",
-                    help="profile each step's kernels (torch.profiler): launches, time each, busy against wall")
+                    help="profile each step's kernels (torch.profiler): launches, time each, busy against wall "
+                    "(with PTO_PDL=off: programmatic dependent launch counts a kernel's wait in its time)")
     ap.add_argument("--branches", action="store_true",
                     help="the persistent executor: compile each branch alone (a one-branch megakernel) and report its "
                          "registers, spills and shared memory")
@@ -359,6 +360,9 @@ def main(argv=None) -> int:
         return main_tp(args, env.world)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
+    if args.kernels and os.environ.get("PTO_PDL", "auto") not in ("off", ""):
+        print(f"--kernels with PTO_PDL={os.environ.get('PTO_PDL', 'auto')}: a kernel launched early counts its wait "
+              "for the one before in its time (PTO_PDL=off for each kernel's own)", flush=True)
     if args.quant:
         return main_quant(args, bw)
     rows = []
