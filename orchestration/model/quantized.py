@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from pto.orchestration.llama.tiling import whole_blocks
 from pto.orchestration.model.config import ModelConfig
-from pto.orchestration.model.tiling import QUANT_ROWS_MAX
+from pto.orchestration.model.tiling import grouped_rows
 
 from pto.errors import UsageError
 from pto.ir.dtypes import DType, dtype_of
@@ -359,7 +359,7 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     and contraction steps of whole blocks (fewer outputs a tile where a step grows)."""
     if not wtypes.quantized:
         return t
-    if t.quant_tiles and (rows == 1 or rows <= min(t.quant_rows, QUANT_ROWS_MAX)):
+    if t.quant_tiles and (rows == 1 or rows <= grouped_rows(t, True)):
         # (applied once: a tiling fitted again keeps what was set since)
         t = replace(t, **dict(t.quant_tiles), quant_tiles=())
     layers = wtypes.blocks(STACKED)

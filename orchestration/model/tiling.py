@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pto.codegen.triton.common import GROUPED_ROWS
 from pto.machine.target import Target
 
 
@@ -196,16 +197,11 @@ def tile_rows(batch: int, target: Target | None = None, grouped: int = 0) -> int
     return max(batch, 16)
 
 
-#: the most sequences whose quantized GEMVs may read by groups unpadded (the Triton renderer's
-#: ``GROUPED_ROWS``: more rows of x take the values and a tensor-core dot)
-QUANT_ROWS_MAX = 8
-
-
 def grouped_rows(t: DecodeTiling, quantized: bool) -> int:
     """The most sequences a step of tiling ``t`` keeps unpadded on a GPU: ``t.quant_rows`` (at
-    most :data:`QUANT_ROWS_MAX`) where the weights are ``quantized``, else 0."""
-    return min(t.quant_rows, QUANT_ROWS_MAX) if quantized else 0
+    most the Triton renderer's ``GROUPED_ROWS``: more rows of x take the values and a
+    tensor-core dot) where the weights are ``quantized``, else 0."""
+    return min(t.quant_rows, GROUPED_ROWS) if quantized else 0
 
 
-__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "QUANT_ROWS_MAX", "grouped_rows", "round_block", "spans",
-           "tile_rows"]
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "grouped_rows", "round_block", "spans", "tile_rows"]

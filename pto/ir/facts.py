@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from pto.errors import BuildError
 from pto.ir.bounds import bounds
-from pto.ir.expr import Const, Expr, evaluate, fold
+from pto.ir.expr import Const, Expr, const_value, evaluate, fold
 from pto.ir.nodes import ForRange, IncoreFunction, Tile
 from pto.ir.ops import Op
 
@@ -36,6 +36,15 @@ def loop_ranges(fn: IncoreFunction, parallel: tuple[Expr, Expr] | None = None) -
 
     visit(fn.body)
     return ranges
+
+
+def constant_trips(loop: ForRange) -> int | None:
+    """The trips of ``loop`` where its bounds are constants (None where a dim or a scalar sets
+    one, or its step is not positive)."""
+    lb, ub, step = (const_value(e) for e in (loop.lb, loop.ub, loop.step))
+    if None in (lb, ub, step) or step <= 0:
+        return None
+    return max(0, -(-(ub - lb) // step))
 
 
 def spanned(tile: Tile, step: int) -> Tile:
@@ -80,4 +89,4 @@ def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
     return int(r), int(c)
 
 
-__all__ = ["loop_ranges", "memref_accesses", "spanned", "tile_shape"]
+__all__ = ["constant_trips", "loop_ranges", "memref_accesses", "spanned", "tile_shape"]

@@ -44,7 +44,7 @@ from pto.errors import BuildError
 from pto.ir.analysis import gemv_quantized_loads, instr_reads, param_access, substitute_stmt
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
-from pto.ir.facts import loop_ranges
+from pto.ir.facts import constant_trips, loop_ranges
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
 from pto.ir.ops import SIGNATURE, Op
 from pto.ir.quant import FORMATS
@@ -123,10 +123,7 @@ def _touches(s, pre: frozenset) -> bool:
 
 def _one_trip(s) -> bool:
     """A loop that runs exactly once."""
-    if not isinstance(s, ForRange):
-        return False
-    lb, ub, step = (const_value(e) for e in (s.lb, s.ub, s.step))
-    return None not in (lb, ub, step) and step > 0 and lb < ub <= lb + step
+    return isinstance(s, ForRange) and constant_trips(s) == 1
 
 
 def _flat(stmts: tuple) -> tuple:
@@ -233,13 +230,8 @@ def prefetch_plan(rest: tuple, pre: frozenset, blocks: dict, dtypes: dict, defin
 def whole_trips(plan: list[tuple[ForRange, int]]) -> list[tuple[ForRange, int]] | None:
     """``plan``'s loops each with all its trips, where every one's bounds are constants (None
     where one's are not)."""
-    out = []
-    for s, _ in plan:
-        lb, ub, step = (const_value(e) for e in (s.lb, s.ub, s.step))
-        if None in (lb, ub, step) or step <= 0:
-            return None
-        out.append((s, max(0, -(-(ub - lb) // step))))
-    return out
+    out = [(s, constant_trips(s)) for s, _ in plan]
+    return None if any(n is None for _, n in out) else out
 
 
 # the renderer ---------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from pto.codegen.triton.common import (
 from pto.errors import BuildError
 from pto.ir.analysis import specialize
 from pto.ir.bounds import bounds
-from pto.ir.expr import Const, Expr
-from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
+from pto.ir.expr import Expr
+from pto.ir.facts import constant_trips, loop_ranges, memref_accesses, tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
 
@@ -203,9 +203,7 @@ def _load_trips(body, tiles: frozenset[str], trips: int = 1) -> int:
     most = 0
     for s in body:
         if isinstance(s, ForRange):
-            n = [e.value if isinstance(e, Const) else None for e in (s.lb, s.ub, s.step)]
-            inner = trips * (len(range(*n)) if all(isinstance(v, int) for v in n) and n[2] > 0 else 1)
-            most = max(most, _load_trips(s.body, tiles, inner))
+            most = max(most, _load_trips(s.body, tiles, trips * (constant_trips(s) or 1)))
         elif s.op is Op.LOAD and s.dst in tiles:
             most = max(most, trips)
     return most

@@ -65,8 +65,7 @@ from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
 from pto.errors import BuildError, ResourceError
-from pto.ir.expr import evaluate
-from pto.ir.facts import tile_shape
+from pto.ir.facts import constant_trips, tile_shape
 from pto.ir.nodes import IncoreFunction, walk_instrs
 from pto.ir.ops import Op
 
@@ -388,11 +387,8 @@ def stage_bytes(fn: IncoreFunction, pipelined: bool = False) -> int:
 def _trips(loop) -> float:
     """The trip count of ``loop`` where its bounds are constants (inf where a task's scalars set
     them)."""
-    try:
-        lb, ub, step = (evaluate(e, {}) for e in (loop.lb, loop.ub, loop.step))
-    except BuildError:
-        return math.inf
-    return max(0, -(-(ub - lb) // max(step, 1)))
+    n = constant_trips(loop)
+    return math.inf if n is None else n
 
 
 def shared_estimate(fn: IncoreFunction, stages: int, runs: bool = False) -> int:
