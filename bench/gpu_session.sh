@@ -96,6 +96,10 @@
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
 #               and 4): SmolLM2 in its file's types against bf16 (its GEMVs get one warp by the rule), the
 #               8B step in Q4_K, Q8_0 and fp8 (its down projection gets two)
+#   qcols       issue 46: the grouped GEMVs' columns a warp (PTO_QGEMV_COLS=1024, the rule's thread a group,
+#               then 2048, two groups a thread: a fifth fewer instructions a weight in Q4_K's SASS), twice
+#               each: the 8B and 1B steps in Q4_K, Q8_0 and fp8; then the 8B's kernels without PDL
+#               (--kernels) at $QCOLS_PROFILE (default 2048) in bf16 and Q4_K, and the quantized GPU tests at it
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -317,6 +321,18 @@ for stage in "$@"; do
                 --json "$OUT/qwarps_8b_$w.json" > "$OUT/qwarps_8b_$w.log" 2>&1
               echo "PTO_QGEMV_WARPS=$w"; grep -h "B=1" "$OUT/qwarps_smol_$w.log" "$OUT/qwarps_8b_$w.log" | cut -c1-160
             done ;;
+    qcols) for c in ${QCOLS:-1024 2048 1024 2048}; do
+             PTO_QGEMV_COLS=$c python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches 1 --long 0 --steps 32 \
+               --executors waves --hf-configs none --quant 'q4_k/q6_k,q8_0,fp8' --prefill 0 \
+               --json "$OUT/qcols_$c.json" >> "$OUT/qcols_$c.log" 2>&1
+             echo "PTO_QGEMV_COLS=$c"; grep -h "B=1" "$OUT/qcols_$c.log" | tail -n 6 | cut -c1-160
+           done
+           PTO_PDL=off PTO_QGEMV_COLS=${QCOLS_PROFILE:-2048} python3 bench/decode.py --configs llama3-8b --batches 1 \
+             --long 0 --steps 32 --executors waves --hf-configs none --quant 'bf16,q4_k/q6_k' --prefill 0 --kernels \
+             --json "$OUT/qcols_kernels.json" > "$OUT/qcols_kernels.log" 2>&1
+           tail -n 60 "$OUT/qcols_kernels.log" | cut -c1-200
+           PTO_QGEMV_COLS=${QCOLS_PROFILE:-2048} timeout 200 python3 -m pytest -q -p no:cacheprovider \
+             tests/gpu/test_quant_gpu.py > "$OUT/qcols_tests.log" 2>&1; tail -n 3 "$OUT/qcols_tests.log" ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

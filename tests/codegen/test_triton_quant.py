@@ -202,6 +202,43 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
         LaunchConfig.of({"num_warps": 4, "qgemv_warps": 4})
 
 
+def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups(monkeypatch):
+    """``PTO_QGEMV_COLS`` (``RenderOptions.qgemv_cols``): the rule's warp per 1,024 columns of a K
+    step becomes a warp per 2,048 or 4,096 (each thread two or four groups of a row), the streaming
+    floor and ``qgemv_warps`` still applying; the kernel's text does not change (the launch's warps
+    alone: Triton lays a tensor over the warps it has); a value not 1,024, 2,048 or 4,096 is one
+    line naming it."""
+    from pto.incore.gemv import gemv_residual_tile
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton import render
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    wide = specialize(gemv_residual_tile(f32, 1, 4096, 64, 8, 4096, wdtype=DType.Q4_K))  # the 8B model's o
+    tall = specialize(gemv_residual_tile(f32, 1, 4096, 64, 16, 4096, wdtype=DType.Q4_K))  # 16 rows: a warp per 8
+    down = specialize(gemv_residual_tile(f32, 1, 14336, 64, 8, 2048, wdtype=DType.Q4_K))  # streams 7 K steps
+    for fn, counts in ((wide, (4, 2, 1)), (tall, (8, 4, 2)), (down, (4, 4, 4))):
+        for cols, warps in zip((1024, 2048, 4096), counts):
+            kern = render(fn, RenderOptions(qgemv="int16", qgemv_cols=cols))
+            assert kern.launch["num_warps"] == warps, (fn.name, cols)
+            assert kern.source == render(fn, RenderOptions(qgemv="int16")).source
+        assert render(fn, RenderOptions(qgemv="int16", qgemv_cols=4096, qgemv_warps=8)).launch["num_warps"] == 8
+    assert render(wide, RenderOptions(qgemv="int16")).launch["num_warps"] == 4  # rendered directly: 1,024
+    monkeypatch.delenv("PTO_QGEMV_COLS", raising=False)
+    assert TritonBackend("cpu").options.qgemv_cols == 1024
+    monkeypatch.setenv("PTO_QGEMV_COLS", "2048")
+    assert TritonBackend("cpu").options.qgemv_cols == 2048
+    assert TritonBackend("cpu", options=RenderOptions(qgemv_cols=4096)).options.qgemv_cols == 4096
+    monkeypatch.setenv("PTO_QGEMV_COLS", "512")
+    with pytest.raises(UsageError, match="PTO_QGEMV_COLS='512': one of 1024, 2048, 4096"):
+        TritonBackend("cpu")
+    from pto.backends.triton.launch import LaunchConfig
+
+    with pytest.raises(UsageError, match="unknown launch setting 'qgemv_cols'"):
+        LaunchConfig.of({"num_warps": 4, "qgemv_cols": 2048})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
 def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(quantize, monkeypatch):

@@ -51,6 +51,7 @@ from pto.backends.triton.modes import (
     pdl_mode,
     persistent_mode,
     qgemv_mode,
+    qgemv_cols,
     qgemv_warps,
     split_mode,
     tma_mode,
@@ -116,7 +117,8 @@ class TritonBackend(Backend):
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
-                               qgemv_warps=self.options.qgemv_warps or qgemv_warps(), asm=self.compiles)
+                               qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
+                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

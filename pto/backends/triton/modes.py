@@ -74,6 +74,22 @@ def qgemv_warps() -> int:
     return int(text)
 
 
+#: the settings of ``PTO_QGEMV_COLS`` (:func:`qgemv_cols`)
+QGEMV_COLS = (1024, 2048, 4096)
+
+
+def qgemv_cols() -> int:
+    """The columns of a K step each warp of a GEMV that reads by groups takes
+    (``RenderOptions.qgemv_cols``): ``PTO_QGEMV_COLS`` (1024, 2048 or 4096; default 1024: a
+    thread a group of each row, 32 4-bit values; 2048: two groups, so x's rounding, the scales'
+    products and the reduction over the program's threads are shared by twice the weights, with
+    half the warps a program)."""
+    text = os.environ.get("PTO_QGEMV_COLS", "1024").strip() or "1024"
+    if not text.isdigit() or int(text) not in QGEMV_COLS:
+        raise UsageError(f"PTO_QGEMV_COLS={text!r}: one of {', '.join(map(str, QGEMV_COLS))}")
+    return int(text)
+
+
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -89,5 +105,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_mode", "qgemv_warps",
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_cols",
+           "qgemv_mode", "qgemv_warps",
            "split_mode", "tma_mode"]

@@ -173,7 +173,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
     if r.grouped:
-        launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps)
+        launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps, r.opts.qgemv_cols or 1024)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
 
 
@@ -182,15 +182,15 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
 STREAM_TRIPS, STREAM_WARPS = 4, 4
 
 
-def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int) -> int:
+def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int, span: int = 1024) -> int:
     """The warps of a program of ``fn``, a GEMV whose ``grouped`` tiles (name: rows, columns of a
-    K step) read quantized weights by groups: a warp per 1,024 columns of the step (a thread's 32
-    weights a row) and per 8 rows past the first 8; at least ``STREAM_WARPS`` where a tile is
+    K step) read quantized weights by groups: a warp per ``span`` columns of the step (1,024: a
+    thread's 32 weights a row; ``RenderOptions.qgemv_cols``) and per 8 rows past the first 8; at least ``STREAM_WARPS`` where a tile is
     loaded in a loop of ``STREAM_TRIPS`` or more trips (a long K, the down projection's: its few
     programs each stream a row block's weights, and two warps a program leave a multiprocessor
     too few to hide the dequantization's latency); at least ``floor``
     (``RenderOptions.qgemv_warps``); a power of two, at most 8."""
-    warps = min(max(1, cols // 1024) * max(1, rows // 8) for rows, cols in grouped.values())
+    warps = min(max(1, cols // span) * max(1, rows // 8) for rows, cols in grouped.values())
     if _load_trips(fn.body, frozenset(grouped)) >= STREAM_TRIPS:
         warps = max(warps, STREAM_WARPS)
     warps = max(warps, floor)
