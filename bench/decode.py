@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -154,9 +155,36 @@ def kernel_times(fn, steps: int) -> dict:
                            for k, (n, us) in top}}
 
 
+def timeline(fn, runs: int = 3) -> dict:
+    """Where a step's time goes with its kernels overlapping (programmatic dependent launch): per
+    kernel name (:func:`pto.exec.timing.frontier` over ``runs`` profiled calls of ``fn``) its
+    launches per step and the medians of how far each launch moved the step's latest end (its
+    share of the step: the advances sum to the step's span), of its own duration and of its start
+    less its predecessor's end (negative: started before it ended); the step's span."""
+    calls = timing.kernel_timeline(fn, runs)
+    per: dict[str, list] = {}
+    for call in calls:
+        for name, advance, busy, lead in timing.frontier(call):
+            per.setdefault(name[:60], []).append((advance, busy, lead))
+    spans = [max(e for _, _, e in call) for call in calls if call]
+    out = {name: {"per_step": round(len(v) / max(len(calls), 1), 1),
+                  "advance_us": round(statistics.median(a for a, _, _ in v), 2),
+                  "busy_us": round(statistics.median(b for _, b, _ in v), 2),
+                  "lead_us": round(statistics.median(ld for _, _, ld in v), 2)}
+           for name, v in per.items()}
+    return {"span_us": round(statistics.median(spans), 1) if spans else None,
+            "kernels": dict(sorted(out.items(), key=lambda kv: -kv[1]["advance_us"] * kv[1]["per_step"]))}
+
+
+def print_timeline(title: str, tl: dict) -> None:
+    print(f"{title}: span {tl['span_us']} us a step; per kernel launches, advance / busy / lead us (medians)")
+    for name, k in tl["kernels"].items():
+        print(f"    {name:48} {k['per_step']:6.1f}  {k['advance_us']:8.2f} {k['busy_us']:8.2f} {k['lead_us']:8.2f}")
+
+
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
          kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False,
-         branches: bool = False, records: str | None = None) -> dict:
+         branches: bool = False, records: str | None = None, overlap: bool = False) -> dict:
     """Our step at half the cache's capacity: ms per step, its graph's size and where the time
     goes (each InCore function's kernel time); ``tp`` > 1: this rank's share of the step, its
     LM head vocabulary-parallel or not, and (``comm``) its collectives' profile and the first
@@ -164,7 +192,8 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
     segment (``report``: registers, spills, shared memory, programs a multiprocessor) and, with
     ``branches``, each branch compiled alone (``branches``: a compile per branch); the wave
     executor's compiled kernels (``compiled``). ``records``: where to save the persistent
-    executor's traced items (``save`` of bench/records.py, which studies them off the GPU)."""
+    executor's traced items (``save`` of bench/records.py, which studies them off the GPU);
+    ``overlap``: the wave executor's kernels as they overlap (:func:`timeline`)."""
     gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
@@ -190,6 +219,8 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
                "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
         if kernels:
             out["kernels"] = kernel_times(one, 8)
+        if overlap and step.executor.name == "waves":
+            out["timeline"] = timeline(one)
         if comm:
             out.update(_comm(one), sums=sums["algorithms"])
         if step.executor.name == "persistent":
@@ -329,6 +360,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="profile each step's kernels (torch.profiler): launches, time each, busy against wall "
                     "(with PTO_PDL=off: programmatic dependent launch counts a kernel's wait in its time)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="the wave executor: how far each kernel moves the step's end with the kernels overlapping "
+                         "as they run (programmatic dependent launch), its duration and its start against the "
+                         "previous kernel's end (torch.profiler; medians per kernel name)")
     ap.add_argument("--branches", action="store_true",
                     help="the persistent executor: compile each branch alone (a one-branch megakernel) and report its "
                          "registers, spills and shared memory")
@@ -381,8 +416,10 @@ def main(argv=None) -> int:
                     try:
                         row[key] = ours(w, batch, cache, ex, args.steps,
                                         parse_tiling(tiling, tiling_for(cfg), tiling_for_executor(cfg, ex)),
-                                        args.kernels, branches=args.branches)
+                                        args.kernels, branches=args.branches, overlap=args.timeline)
                         row[key]["x_floor"] = round(row["floor_ms"] / row[key]["ms"], 3)
+                        if "timeline" in row[key]:
+                            print_timeline(f"{name} B={batch} {key}", row[key]["timeline"])
                     except Exception as e:  # report it, measure the rest
                         row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     torch.cuda.empty_cache()
@@ -539,7 +576,9 @@ def main_quant(args, bw: float) -> int:
                         try:
                             row[key] = ours(w, batch, args.cache, ex, args.steps,
                                             parse_tiling(tiling, tiling_for(cfg), tiling_for_executor(cfg, ex)),
-                                            args.kernels)
+                                            args.kernels, overlap=args.timeline)
+                            if "timeline" in row[key]:
+                                print_timeline(f"{name} {spec} B={batch} {key}", row[key]["timeline"])
                         except Exception as e:  # report it, measure the rest
                             row[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                         torch.cuda.empty_cache()

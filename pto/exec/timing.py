@@ -63,6 +63,53 @@ def kernel_times(fn: Callable[[], object], runs: int) -> tuple[dict[str, tuple[f
     return {name: (n / runs, us / 1e3 / runs) for name, (n, us) in acc.items()}, wall_ms
 
 
+#: the pause between the profiled calls of :func:`kernel_timeline` (no call idles the GPU this long)
+_APART_S = 0.002
+
+
+def kernel_timeline(fn: Callable[[], object], runs: int = 3) -> list[list[tuple[str, float, float]]]:
+    """The kernels of each of ``runs`` calls of ``fn`` (after one untimed call), in the order they
+    started: ``(name, start, end)`` in microseconds from the call's first kernel (the PyTorch
+    profiler, CUPTI; memory copies and sets left out). Kernels launched under programmatic
+    dependent launch overlap their predecessors: :func:`frontier` says what each adds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    spans = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+            torch.cuda.synchronize()
+            time.sleep(_APART_S)  # (the GPU idles between calls: where they part)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
+            spans.append((e.name, float(e.time_range.start), float(e.time_range.end)))
+    spans.sort(key=lambda s: s[1])
+    if not spans:
+        return []
+    calls = [[spans[0]]]
+    for s in spans[1:]:
+        if s[1] - max(e for _, _, e in calls[-1]) > _APART_S * 1e6 / 2:
+            calls.append([])
+        calls[-1].append(s)
+    return [[(n, a - call[0][1], b - call[0][1]) for n, a, b in call] for call in calls[-runs:]]
+
+
+def frontier(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
+    """Per kernel of one call (:func:`kernel_timeline`), ``(name, advance, busy, lead)``: how far
+    it moved the latest end of the kernels before it (its share of the call's time: the advances
+    sum to the call's span), its own duration, and its start less the previous kernel's end
+    (negative: it started before its predecessor ended)."""
+    out, latest, prev_end = [], 0.0, None
+    for name, start, end in kernels:
+        lead = start - prev_end if prev_end is not None else 0.0
+        advance = max(end, latest) - (latest if prev_end is not None else start)
+        latest, prev_end = max(end, latest), end
+        out.append((name, advance, end - start, lead))
+    return out
+
+
 # -- communication in a profiler trace -----------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ RuntimeError that says how, not the end of the benchmark."""
 from __future__ import annotations
 
 import importlib.util
+import random
 import sys
 from pathlib import Path
 
@@ -51,3 +52,30 @@ def test_a_persistent_runs_paths_print_with_their_functions_and_each_batch_recor
     spec.loader.exec_module(mk)
     one, eight = (mk.records_path(str(tmp_path), "llama3-8b", "+chunk=256", "d=static", b) for b in (1, 8))
     assert Path(one).name == "llama3-8b__chunk_256_d_static.npz" and Path(eight).name.startswith("llama3-8b-b8_")
+
+
+def test_a_steps_kernels_advance_its_end_by_what_they_add_past_the_kernels_before():
+    """pto.exec.timing.frontier (bench/decode.py --timeline): each kernel's advance is how far it
+    moved the latest end of those before it, so the advances sum to the span whatever overlaps;
+    its lead is its start less its predecessor's end (negative under a dependent launch)."""
+    from pto.exec.timing import frontier
+
+    rng = random.Random(7)
+    for _ in range(200):
+        t, kernels = 0.0, []
+        for i in range(rng.randint(1, 12)):
+            start = max(0.0, t + rng.uniform(-3.0, 2.0))  # before or after the previous end
+            end = start + rng.uniform(0.1, 5.0)
+            kernels.append((f"k{i % 3}", start, end))
+            t = end
+        kernels.sort(key=lambda k: k[1])
+        out = frontier(kernels)
+        span = max(e for _, _, e in kernels) - kernels[0][1]
+        assert abs(sum(a for _, a, _, _ in out) - span) < 1e-9
+        assert all(a >= 0 for _, a, _, _ in out)
+        for (name, _, busy, lead), (n, s, e), prev in zip(out, kernels, [None] + kernels[:-1]):
+            assert name == n and abs(busy - (e - s)) < 1e-12
+            assert lead == (s - prev[2] if prev else 0.0)
+    # by hand: B starts 1 us before A ends and ends 2 past it; C lies inside B
+    got = frontier([("A", 0.0, 4.0), ("B", 3.0, 6.0), ("C", 4.0, 5.0)])
+    assert got == [("A", 4.0, 4.0, 0.0), ("B", 2.0, 3.0, -1.0), ("C", 0.0, 1.0, -2.0)]

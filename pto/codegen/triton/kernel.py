@@ -185,10 +185,11 @@ STREAM_TRIPS, STREAM_WARPS = 4, 4
 def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int, span: int = 1024) -> int:
     """The warps of a program of ``fn``, a GEMV whose ``grouped`` tiles (name: rows, columns of a
     K step) read quantized weights by groups: a warp per ``span`` columns of the step (1,024: a
-    thread's 32 weights a row; ``RenderOptions.qgemv_cols``) and per 8 rows past the first 8; at least ``STREAM_WARPS`` where a tile is
-    loaded in a loop of ``STREAM_TRIPS`` or more trips (a long K, the down projection's: its few
-    programs each stream a row block's weights, and two warps a program leave a multiprocessor
-    too few to hide the dequantization's latency); at least ``floor``
+    thread's 32 weights a row; ``RenderOptions.qgemv_cols``) and per 8 rows past the first 8; at
+    least ``STREAM_WARPS`` where a tile is loaded in a loop of ``STREAM_TRIPS`` or more trips (a
+    long K, the down projection's: its few programs each stream a row block's weights, and two
+    warps a program leave a multiprocessor too few to hide the dequantization's latency); at
+    least ``floor``
     (``RenderOptions.qgemv_warps``); a power of two, at most 8."""
     warps = min(max(1, cols // span) * max(1, rows // 8) for rows, cols in grouped.values())
     if _load_trips(fn.body, frozenset(grouped)) >= STREAM_TRIPS:
