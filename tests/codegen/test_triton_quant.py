@@ -289,6 +289,7 @@ def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups(monkeypatc
     with pytest.raises(UsageError, match="unknown launch setting 'qgemv_cols'"):
         LaunchConfig.of({"num_warps": 4, "qgemv_cols": 2048})
     # PTO_QGEMV_AHEAD (RenderOptions.qgemv_ahead): off by default, 1 on, else one line naming it
+    monkeypatch.delenv("PTO_QGEMV_COLS")
     monkeypatch.delenv("PTO_QGEMV_AHEAD", raising=False)
     assert TritonBackend("cpu").options.qgemv_ahead is False
     monkeypatch.setenv("PTO_QGEMV_AHEAD", "1")
