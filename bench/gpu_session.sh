@@ -100,8 +100,6 @@
 #               then 2048, two groups a thread: a fifth fewer instructions a weight in Q4_K's SASS), twice
 #               each: the 8B and 1B steps in Q4_K, Q8_0 and fp8; then the 8B's kernels without PDL
 #               (--kernels) at $QCOLS_PROFILE (default 2048) in bf16 and Q4_K, and the quantized GPU tests at it
-#   qahead      issue 46: the grouped GEMVs' next K step loaded ahead (PTO_QGEMV_AHEAD=0, 1, 0, 1): the 8B and
-#               1B steps in Q4_K, Q8_0 and fp8; then the 8B step's timeline (--timeline) with it
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -335,16 +333,6 @@ for stage in "$@"; do
            tail -n 60 "$OUT/qcols_kernels.log" | cut -c1-200
            PTO_QGEMV_COLS=${QCOLS_PROFILE:-2048} timeout 200 python3 -m pytest -q -p no:cacheprovider \
              tests/gpu/test_quant_gpu.py > "$OUT/qcols_tests.log" 2>&1; tail -n 3 "$OUT/qcols_tests.log" ;;
-    qahead) for a in ${QAHEAD:-0 1 0 1}; do
-              PTO_QGEMV_AHEAD=$a python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches 1 --long 0 \
-                --steps 32 --executors waves --hf-configs none --quant 'q4_k/q6_k,q8_0,fp8' --prefill 0 \
-                --json "$OUT/qahead_$a.json" >> "$OUT/qahead_$a.log" 2>&1
-              echo "PTO_QGEMV_AHEAD=$a"; grep -h "B=1" "$OUT/qahead_$a.log" | tail -n 6 | cut -c1-160
-            done
-            PTO_QGEMV_AHEAD=1 python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
-              --executors waves --hf-configs none --quant 'q4_k/q6_k,q8_0,fp8' --prefill 0 --timeline \
-              --json "$OUT/qahead_timeline.json" > "$OUT/qahead_timeline.log" 2>&1
-            grep -v "^{" "$OUT/qahead_timeline.log" | cut -c1-150 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

@@ -139,57 +139,6 @@ def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K
     torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
 
 
-@pytest.mark.parametrize("mode", ["groups", "int16"])
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q8_0, DType.Q6_K, DType.FP8, DType.Q5_K], ids=str)
-@pytest.mark.parametrize("K,bk", [(1024, 256), (768, 512)], ids=["four-steps", "overhang"])
-def test_a_gemv_loading_its_next_k_step_ahead_is_the_same_gemv(dtype, mode, K, bk):
-    """``RenderOptions.qgemv_ahead``: a grouped GEMV's K loop loads the first step's weights
-    before the loop and each next step's before this step's product (the last step reloading
-    its own): the same planes reach the same product, so the output is the one without it bit
-    for bit (four steps; two whose last overhangs the rows), and the loads stand where they
-    should in the kernel's text. A loop of one step, or weights not read by groups, is left as
-    it was."""
-    from pto.incore.gemv import gemv_residual_tile
-
-    from pto.backends.triton import TritonBackend
-    from pto.codegen.triton.common import RenderOptions
-    from pto.data.batch import RegionBatch, TaskBatch
-
-    if K % dtype.quant.block or bk % dtype.quant.block:
-        pytest.skip(f"{dtype}: {K} and {bk} columns are not whole blocks")
-    N = 24
-    g = torch.Generator().manual_seed(11)
-    w = random_qtensor(dtype, N, K, seed=12)
-    x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
-    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=dtype))
-    outs, sources = [], []
-    for ahead in (False, True):
-        regions = {"x": (x, 0, 0, 1, K), "w": (w.data, 0, 0, N, K), "r": (r, 0, 0, 1, N),
-                   "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
-        backend = TritonBackend("cpu", options=RenderOptions(qgemv=mode, qgemv_ahead=ahead))
-        mems = {n: RegionBatch(t, *(torch.tensor([v]) for v in rest)) for n, (t, *rest) in regions.items()}
-        backend.prepare(TaskBatch(fn, mems, {}, 1))()
-        outs.append(regions["y"][0])
-        sources.append(backend.kernel(fn).source.split("def d_")[-1])
-    assert torch.equal(outs[0], outs[1]), (dtype, mode)
-    assert not torch.isnan(outs[1]).any()
-    plain, ahead = sources
-    load = "_pto_dqg_load_" + dtype.short
-    trips = -(-K // bk)
-    loop = ahead.index("for i_kk in range(")
-    # the first step's weights before the loop, the next's inside it before the product
-    assert plain.count(load) == 2 and ahead.count(load) == 4  # (the EVEN and masked forms)
-    assert load in ahead[:loop] and f"tl.minimum(i_kk + {bk}, 0 + {trips - 1} * {bk})" in ahead[loop:]
-    body = ahead[loop:]
-    assert body.index(load) < body.index("_dot_" + dtype.short)
-    # one step: nothing to load ahead
-    one = specialize(gemv_residual_tile(f32, 1, K, N, 8, K, wdtype=dtype))
-    assert render(one, RenderOptions(qgemv=mode, qgemv_ahead=True)).source == \
-        render(one, RenderOptions(qgemv=mode)).source
-    assert render(fn, RenderOptions(qgemv="units", qgemv_ahead=True)).source == \
-        render(fn, RenderOptions(qgemv="units")).source
-
-
 def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
     """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
     options win); a value not a mode is one line naming it."""
@@ -288,15 +237,6 @@ def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups(monkeypatc
 
     with pytest.raises(UsageError, match="unknown launch setting 'qgemv_cols'"):
         LaunchConfig.of({"num_warps": 4, "qgemv_cols": 2048})
-    # PTO_QGEMV_AHEAD (RenderOptions.qgemv_ahead): off by default, 1 on, else one line naming it
-    monkeypatch.delenv("PTO_QGEMV_COLS")
-    monkeypatch.delenv("PTO_QGEMV_AHEAD", raising=False)
-    assert TritonBackend("cpu").options.qgemv_ahead is False
-    monkeypatch.setenv("PTO_QGEMV_AHEAD", "1")
-    assert TritonBackend("cpu").options.qgemv_ahead is True
-    monkeypatch.setenv("PTO_QGEMV_AHEAD", "yes")
-    with pytest.raises(UsageError, match="PTO_QGEMV_AHEAD='yes': 1 or 0"):
-        TritonBackend("cpu")
 
 
 @pytest.mark.slow

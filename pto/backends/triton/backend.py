@@ -50,7 +50,6 @@ from pto.backends.triton.modes import (
     PDL_POLICIES,
     pdl_mode,
     persistent_mode,
-    qgemv_ahead,
     qgemv_cols,
     qgemv_mode,
     qgemv_warps,
@@ -119,8 +118,7 @@ class TritonBackend(Backend):
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
-                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
-                               qgemv_ahead=self.options.qgemv_ahead or qgemv_ahead(), asm=self.compiles)
+                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

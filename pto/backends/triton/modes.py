@@ -90,15 +90,6 @@ def qgemv_cols() -> int:
     return int(text)
 
 
-def qgemv_ahead() -> bool:
-    """Whether a grouped GEMV's loop loads its next K step's weights before this step's product
-    (``RenderOptions.qgemv_ahead``): ``PTO_QGEMV_AHEAD`` (1 or 0; default 0)."""
-    text = os.environ.get("PTO_QGEMV_AHEAD", "0").strip() or "0"
-    if text not in ("0", "1"):
-        raise UsageError(f"PTO_QGEMV_AHEAD={text!r}: 1 or 0")
-    return text == "1"
-
-
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
     late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -114,6 +105,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_ahead",
-           "qgemv_cols", "qgemv_mode", "qgemv_warps",
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_cols",
+           "qgemv_mode", "qgemv_warps",
            "split_mode", "tma_mode"]

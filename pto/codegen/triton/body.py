@@ -598,11 +598,6 @@ class BodyRenderer(TileOps):
             if carried and tile not in self.defined:
                 self.init_nan(tile)
         var = f"i_{s.var}"
-        ahead = self.ahead_loads(s)
-        if ahead:  # the first trip's weights before the loop (the loop carries the next trip's)
-            self.names[s.var] = self.expr(s.lb)
-            for ins in ahead:
-                self.instr(ins)
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
@@ -613,57 +608,7 @@ class BodyRenderer(TileOps):
         else:
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
-        if ahead:
-            current = self.load_ahead(s, ahead)
-            self.body(tuple(b for b in s.body if b not in ahead), frames)
-            for ins in ahead:  # (the names the loop carries: the next trip's planes)
-                self.planes[ins.dst] = current[ins.dst]
-        else:
-            self.body(s.body, frames)
+        self.body(s.body, frames)
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
-
-    def ahead_loads(self, s: ForRange) -> tuple[Instr, ...]:
-        """(``RenderOptions.qgemv_ahead``) the loads of ``s``'s body (a loop of a constant two
-        trips or more, not a run's, not the megakernel's form) of quantized tiles that a GEMV's
-        product reads by groups, at offsets of the loop's variable and of names set before it:
-        rendered a trip ahead (:meth:`load_ahead`), so that the next K step's weights are in
-        flight while this one's product runs (a loop's loads are otherwise issued where its trip
-        starts: a program's K steps each wait for their weights). None where nothing qualifies."""
-        if not self.opts.qgemv_ahead or self.runs or self.mk or (constant_trips(s) or 0) < 2 \
-                or not reads_by_groups(self.opts.qgemv):
-            return ()
-        written = _written(s.body)
-        out = []
-        for ins in s.body:
-            if not (isinstance(ins, Instr) and ins.op is Op.LOAD and ins.dst in self.fused):
-                continue
-            fmt, c, lc = self.memrefs[ins.srcs[0]].dtype.quant, self.blocks[ins.dst][1], self.shapes[ins.dst][1]
-            names = set().union(*(e.free_vars() for e in ins.srcs[1:]))
-            if quant_groups.applies(fmt, lc, c) and names <= set(self.names) | {s.var} and not names & written:
-                out.append(ins)
-        return tuple(out)
-
-    def load_ahead(self, s: ForRange, ahead: tuple[Instr, ...]) -> dict[str, list[str]]:
-        """At the top of ``s``'s body: this trip's planes of each ``ahead`` load (loaded the trip
-        before, or before the loop) copied aside for the product, then the next trip's loaded
-        into the names the loop carries (the last trip loads its own again: from L2, no mask);
-        the copies' names per tile (the product's, :attr:`planes`)."""
-        current = {}
-        for ins in ahead:
-            current[ins.dst] = list(self.planes[ins.dst])
-            copies = [self.fresh(f"{p}_k") for p in current[ins.dst]]
-            self.emit(f"{', '.join(copies)} = {', '.join(current[ins.dst])}")
-            self.planes[ins.dst] = copies
-        last = constant_trips(s) - 1
-        nxt = self.fresh("nx")
-        step = self.expr(s.step)
-        self.emit(f"{nxt} = tl.minimum({self.names[s.var]} + {step}, {self.expr(s.lb)} + {last} * {step})")
-        var, self.names[s.var] = self.names[s.var], nxt
-        for ins in ahead:
-            products = self.planes[ins.dst]
-            self.instr(ins)  # (writes the carried names, sets planes to them)
-            self.planes[ins.dst] = products
-        self.names[s.var] = var
-        return current

@@ -129,9 +129,6 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
-    ``qgemv_ahead``: a GEMV that reads quantized weights by groups in a loop of two K steps or
-    more loads the next step's weights before this step's product (the loop carries them:
-    :meth:`pto.codegen.triton.body.BodyRenderer.ahead_loads`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -150,7 +147,6 @@ class RenderOptions:
     qgemv: str = ""
     qgemv_warps: int = 0
     qgemv_cols: int = 0
-    qgemv_ahead: bool = False
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 
