@@ -154,7 +154,9 @@ class WaveExecutor(Executor):
         self.flags: TaskFlags | None = None  # the sentinel's records of the last run
         # PDL "auto": a batch is issued once the next is known (whether it loads early decides
         # where the first signals); not with per-launch records, syncs or the sentinel's scans
-        self._defer = getattr(backend, "pdl", "") == "auto" and not (record or sync_each_launch or sentinel)
+        self._defer = getattr(backend, "pdl", "") in ("auto", "ahead") and not (record or sync_each_launch or sentinel)
+        # PDL "ahead": a batch may signal before its wait (TaskBatch.first)
+        self._ahead = getattr(backend, "pdl", "") == "ahead"
         self._reset()
 
     def _reset(self) -> None:
@@ -165,6 +167,8 @@ class WaveExecutor(Executor):
         self._held: list | None = None  # launches held back while their kernels compile (run)
         self._next: tuple | None = None  # the batch whose issue waits for the next one (_defer)
         self._written: set[int] | None = None  # storages the previous batch writes (None: none yet)
+        self._earlier: set[int] | None = None  # storages the batch before that writes (None: none yet)
+        self._issued_first = False  # the last batch issued signals before its wait (TaskBatch.first)
         self._inputs: set[int] = set()  # storages of the graph's input tensors (weights)
 
     # -- one graph, fully built ------------------------------------------------------------
@@ -325,11 +329,22 @@ class WaveExecutor(Executor):
                 mems[p.name] = RegionBatch(by_id[int(tens[0, k])], *r.unbind(0))
             else:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
-        batch = TaskBatch(fn, mems, scalars, len(ids), self._settled(fn, mems))
+        readonly, strict = self._readonly(fn, mems)
+        batch = TaskBatch(fn, mems, scalars, len(ids), readonly)
         if self._defer:
             prev, self._next = self._next, (wave, ids, batch)
             if prev is not None:
-                prev[2].chain = self._weights_early(batch)
+                before = prev[2]
+                # "ahead": the batch before signals first where this one, loading nothing the two
+                # batches before it write, still loads weights early (never two in a row: the
+                # batch before that one's predecessor would then run too)
+                if self._ahead and strict is not None and not self._issued_first:
+                    batch.readonly = strict
+                    before.first = before.chain = self._weights_early(batch)
+                    batch.readonly = strict if before.first else readonly
+                if not before.first:
+                    before.chain = self._weights_early(batch)
+                self._issued_first = before.first
                 self._issue(*prev)
         else:
             self._issue(wave, ids, batch)
@@ -355,14 +370,26 @@ class WaveExecutor(Executor):
         apart by storage (views of one buffer are one). A task's own stores are the renderer's
         to respect (no load moves above one: :func:`~pto.codegen.triton.body.early_loads`); the
         other tasks of its batch write no region it reads (they would depend on each other)."""
+        return self._readonly(fn, mems)[0]
+
+    def _readonly(self, fn: IncoreFunction,
+                  mems: dict[str, RegionBatch]) -> tuple[frozenset[str], frozenset[str] | None]:
+        """:meth:`_settled`'s memrefs, and those of them the launch before the previous one does
+        not write either (what may load early if the previous one signals before its own wait,
+        while that one may still run: the "ahead" policy; None where there is no such launch)."""
         io, launches = directions(fn)
         writes = {_storage(mems[p].tensor) for p, d in io.items() if d != "in"}
-        prev = self._written
+        prev, earlier = self._written, self._earlier
         # a batch that may launch nothing leaves the launch before it the next one's predecessor
-        self._written = writes if launches else None if prev is None else writes | prev
+        if launches:
+            self._earlier, self._written = prev, writes
+        else:
+            self._written = None if prev is None else writes | prev
         if prev is None:
-            return frozenset()
-        return frozenset(p for p, d in io.items() if d == "in" and _storage(mems[p].tensor) not in prev)
+            return frozenset(), None
+        ins = {p: _storage(mems[p].tensor) for p, d in io.items() if d == "in"}
+        readonly = frozenset(p for p, s in ins.items() if s not in prev)
+        return readonly, None if earlier is None else frozenset(p for p in readonly if ins[p] not in earlier)
 
     def _issue(self, wave, ids, batch: TaskBatch) -> None:
         fn = batch.fn

@@ -40,13 +40,15 @@ def _at(lines: list[str], text: str) -> int:
     return next(i for i, line in enumerate(lines) if text in line)
 
 
-@pytest.mark.parametrize("mode", ["late", "chain"])
+@pytest.mark.parametrize("mode", ["late", "chain", "first"])
 def test_inputs_load_before_the_wait_and_everything_else_after(mode):
     """A one-step GEMV: its weight block loads first, then the wait, then x, the residual and the
     store; the kernel itself no longer waits. The signal: after the device function ("late"),
-    right after the wait ("chain"); never before the wait ("early" is refused: the next launch
-    would start, and load early, before this one's predecessor is done). The schedule digest is
-    the plain kernel's."""
+    right after the wait ("chain"), before the device function ("first", the executor's choice
+    where it has left out of the next launch's early loads what this one's predecessor
+    writes); "early" with early loads is refused (the next launch would start, and load early,
+    before this one's predecessor is done, and nothing said that was safe). The schedule digest
+    is the plain kernel's."""
     plain = render(_gemv(576, 1024))
     kern = render(_gemv(576, 1024), RenderOptions(pdl=mode, pre=("w",)))
     assert kern.waits and kern.pdl == mode
@@ -61,10 +63,10 @@ def test_inputs_load_before_the_wait_and_everything_else_after(mode):
     else:
         assert "_gdc_launch_dependents" not in "\n".join(dev)
         sig, call = outer.index("_gdc_launch_dependents()"), outer.index("(tab + task *")
-        assert (sig < call) if mode == "early" else (sig > call)
+        assert (sig < call) if mode == "first" else (sig > call)
     assert "for i_kk" not in "\n".join(dev)  # the loop that runs once is straight-line code
     assert kern.schedule_digest == plain.schedule_digest == plain.digest != kern.digest
-    with pytest.raises(BuildError, match="pre needs pdl 'late' or 'chain'"):
+    with pytest.raises(BuildError, match="pre needs pdl 'late', 'chain' or 'first'"):
         render(_gemv(576, 1024), RenderOptions(pdl="early", pre=("w",)))
 
 
@@ -198,7 +200,8 @@ class _EarlyLoadsEvaluator(TorchBackend):
     def prepare(self, batch):
         fn = specialize(batch.fn) if batch.fn.dims else batch.fn
         body = early_loads(fn.body, batch.readonly) if batch.readonly else None
-        self.seen.append({"readonly": batch.readonly, "chain": batch.chain, "early": self.triton.loads_early(batch),
+        self.seen.append({"readonly": batch.readonly, "chain": batch.chain, "first": batch.first,
+                          "early": self.triton.loads_early(batch),
                           "io": {p: a.direction for p, a in param_access(fn).items()},
                           "at": {p: m.tensor.untyped_storage().data_ptr() for p, m in batch.mems.items()}})
         assert (body is not None) == bool(self.seen[-1]["early"])
@@ -207,13 +210,16 @@ class _EarlyLoadsEvaluator(TorchBackend):
         return super().prepare(TaskBatch(fn, batch.mems, batch.scalars, batch.size))
 
 
-def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("policy", ["auto", "ahead"])
+def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, policy):
     """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU) through
     the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
     the run); each other batch may load early what its function only reads and the batch before
     it does not write (the weights, the residual, the position); a batch is flagged ``chain``
-    exactly when the next one loads an input (a weight) early; the results are the plain run's,
-    bit for bit."""
+    exactly when the next one loads an input (a weight) early; under "ahead" some of those
+    signal before their wait instead (``first``), never two in a row, and the batch after one
+    loads early nothing the two batches before it write (the earlier may still run); the results
+    are the plain run's, bit for bit."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -231,7 +237,8 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     inputs = prog.inputs(s, shape, "cpu", seed=3)
     cp = CompiledProgram.get(module, target=s.target)
     outs = []
-    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))):
+    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, policy))):
+        backend.pdl = policy
         fn = module.entry_function
         tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
         g = cp.build_graph(scalars)
@@ -241,10 +248,16 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     seen = backend.seen
     weights = {tensors[t.name].untyped_storage().data_ptr() for t in module.entry_function.tensors if t.role == "input"}
     assert seen[0]["readonly"] == frozenset() and not seen[-1]["chain"]
-    for a, b in zip(seen, seen[1:]):
-        written = {a["at"][p] for p, d in a["io"].items() if d != "in"}
+
+    def writes(x):
+        return {x["at"][p] for p, d in x["io"].items() if d != "in"}
+
+    for z, a, b in zip([None] + seen, seen, seen[1:]):
+        written = writes(a) | (writes(z) if a["first"] else set())
         assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in written}
         assert a["chain"] == any(b["at"][p] in weights for p in b["early"])
+        assert not (a["first"] and b["first"]) and (a["chain"] or not a["first"])
+    assert any(b["first"] for b in seen) == (policy == "ahead")
     assert any(b["early"] and not b["early"] & {p for p in b["at"] if b["at"][p] in weights} for b in seen)
     assert any(b["chain"] for b in seen) and not all(b["early"] for b in seen)
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):

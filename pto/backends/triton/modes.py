@@ -10,10 +10,12 @@ import os
 from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES, QGEMV_MODES
 from pto.errors import UsageError
 
-#: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
-#: launch "late", but "chain" where the next launch loads memory before its wait; the executor
-#: says where: ``TaskBatch.chain``)
-PDL_POLICIES = PDL_MODES + ("auto",)
+#: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes but "first" (the
+#: executor's to choose), "auto" (each launch "late", but "chain" where the next launch loads
+#: memory before its wait; the executor says where: ``TaskBatch.chain``) and "ahead" ("auto", with
+#: "first" instead of "chain" where the next launch still loads its weights early when what the
+#: two launches before it write is left out of its early loads: ``TaskBatch.first``)
+PDL_POLICIES = tuple(m for m in PDL_MODES if m != "first") + ("auto", "ahead")
 
 SPLIT_MODES = ("align", "masks", "none")
 
