@@ -297,6 +297,8 @@ class BodyRenderer(TileOps):
         #: ``x_rows``: each fused tile's x's block rows (past one: read by groups, a few rows of x)
         self.fused, self.x_rows = self._fused_loads(fn)
         self.planes: dict[str, list[str]] = {}
+        #: the formats whose grouped tiles the body asks L2 for ahead (RenderOptions.qgemv_prefetch)
+        self.prefetching: set[str] = set()
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}
 
@@ -453,6 +455,9 @@ class BodyRenderer(TileOps):
             helpers += quant_groups.render_int_dots(self.opts.asm)
         if any(self.half_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_half_dots(self.opts.asm)
+        if self.prefetching:
+            helpers += quant_groups.PREFETCH_HELPERS
+            helpers += [line for f in sorted(self.prefetching) for line in quant_groups.render_prefetch(FORMATS[f])]
         return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
@@ -598,6 +603,10 @@ class BodyRenderer(TileOps):
             if carried and tile not in self.defined:
                 self.init_nan(tile)
         var = f"i_{s.var}"
+        ahead = self.prefetched_steps(s)
+        for k in range(1, self.opts.qgemv_prefetch if ahead else 0):  # the first steps' (the loop's own: 0)
+            self.names[s.var] = f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
+            self.prefetch_steps(s, ahead)
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
@@ -608,7 +617,37 @@ class BodyRenderer(TileOps):
         else:
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
+        if ahead:
+            self.names[s.var] = f"{var} + {self.opts.qgemv_prefetch} * {self.expr(s.step)}"
+            self.prefetch_steps(s, ahead)
+            self.names[s.var] = var
         self.body(s.body, frames)
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
+
+    def prefetched_steps(self, s: ForRange) -> tuple[Instr, ...]:
+        """(``RenderOptions.qgemv_prefetch``) the loads of ``s``'s body (a loop of a constant two
+        trips or more, in a kernel compiled for a GPU, not the megakernel's form) of quantized
+        tiles a GEMV's product reads by groups, at offsets of the loop's variable and of names set
+        before it: their weights are asked of L2 steps ahead (:meth:`prefetch_steps`)."""
+        if not self.opts.qgemv_prefetch or not self.opts.asm or self.mk or (constant_trips(s) or 0) < 2 \
+                or not reads_by_groups(self.opts.qgemv):
+            return ()
+        written = _written(s.body)
+        out = []
+        for ins in s.body:
+            if not (isinstance(ins, Instr) and ins.op is Op.LOAD and ins.dst in self.fused):
+                continue
+            fmt, c, lc = self.memrefs[ins.srcs[0]].dtype.quant, self.blocks[ins.dst][1], self.shapes[ins.dst][1]
+            names = set().union(*(e.free_vars() for e in ins.srcs[1:]))
+            if quant_groups.applies(fmt, lc, c) and names <= set(self.names) | {s.var} and not names & written:
+                out.append(ins)
+        return tuple(out)
+
+    def prefetch_steps(self, s: ForRange, loads: tuple[Instr, ...]) -> None:
+        """An L2 prefetch of what each of ``loads`` reads at the loop variable's current name (a
+        step ahead), no further than the loop's last step."""
+        var = self.expr(Var(s.var))
+        for ins in loads:
+            self.prefetch_quantized(ins, f"({var} < {self.expr(s.ub)})")

@@ -132,6 +132,11 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
+    ``qgemv_prefetch``: a GEMV that reads quantized weights by groups in a loop of two K steps or
+    more asks L2 for the weights of the step this many ahead (0: off; the lines of every plane of
+    its rows, PTX ``prefetch.global.L2``: no registers, where a step loaded ahead into registers
+    cost programs a multiprocessor; kernels compiled for a GPU only, ``asm``, outside the
+    megakernel: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch_steps`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -150,6 +155,7 @@ class RenderOptions:
     qgemv: str = ""
     qgemv_warps: int = 0
     qgemv_cols: int = 0
+    qgemv_prefetch: int = 0
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 
