@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -134,6 +135,44 @@ def directions(fn: IncoreFunction) -> tuple[dict[str, str], bool]:
 
 _DIRECTIONS: dict = {}
 
+#: ("ahead") the most batches in a row that signal before their waits (held back until the batch
+#: after them shows whether it loads a weight early)
+AHEAD_WINDOW = 4
+
+
+@dataclass(eq=False)
+class _Seen:
+    """A batch as the PDL policies see it: the storages of the memrefs it only reads (``ins``)
+    and of those it writes, whether it surely launches, whether it signals before its own wait
+    (``first``), and ``running``: what the launches that may still run when it starts write
+    (None: not known, the run's first batch). A batch starts once its predecessor has signalled:
+    after the predecessor's wait (so every launch before the predecessor is done), or before it
+    ("first": then whatever may run when the predecessor starts may run still), or never, a
+    predecessor that may launch nothing (likewise)."""
+
+    ins: dict[str, int]
+    writes: set[int]
+    launches: bool
+    first: bool = False
+    running: set[int] | None = None
+    before: _Seen | None = None
+
+    def follow(self, before: _Seen | None) -> None:
+        self.before = before
+        if before is None:
+            self.running = None
+        elif before.first or not before.launches:
+            self.running = None if before.running is None else before.writes | before.running
+        else:
+            self.running = set(before.writes)
+
+    def readonly(self) -> frozenset[str]:
+        """What the batch may load before its wait: what it only reads and no launch that may
+        still run writes."""
+        if self.running is None:
+            return frozenset()
+        return frozenset(p for p, s in self.ins.items() if s not in self.running)
+
 
 class WaveExecutor(Executor):
     """Runs one graph's tasks on ``tensors`` (name -> torch tensor) with ``backend``."""
@@ -165,10 +204,9 @@ class WaveExecutor(Executor):
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
         self._held: list | None = None  # launches held back while their kernels compile (run)
-        self._next: tuple | None = None  # the batch whose issue waits for the next one (_defer)
-        self._written: set[int] | None = None  # storages the previous batch writes (None: none yet)
-        self._earlier: set[int] | None = None  # storages the batch before that writes (None: none yet)
-        self._issued_first = False  # the last batch issued signals before its wait (TaskBatch.first)
+        #: batches whose issue waits for the next ones (_defer): [wave, ids, batch, _Seen]
+        self._pending: list[list] = []
+        self._last: _Seen | None = None  # what the last batch seen writes and may leave running
         self._inputs: set[int] = set()  # storages of the graph's input tensors (weights)
 
     # -- one graph, fully built ------------------------------------------------------------
@@ -284,9 +322,7 @@ class WaveExecutor(Executor):
             waves += 1
             if self.progress is not None:
                 self.progress(done, total())
-        if self._next is not None:
-            self._issue(*self._next)
-            self._next = None
+        self._issue_pending(len(self._pending))
         if self.sync_each_launch or self.record:
             self.sync()
         compiled = self.backend.compile_ms - compiled  # (the backend's kernels compiled as prepared)
@@ -329,24 +365,58 @@ class WaveExecutor(Executor):
                 mems[p.name] = RegionBatch(by_id[int(tens[0, k])], *r.unbind(0))
             else:
                 scalars[p.name] = torch.from_numpy(np.ascontiguousarray(sca[:, k]))
-        readonly, strict = self._readonly(fn, mems)
-        batch = TaskBatch(fn, mems, scalars, len(ids), readonly)
-        if self._defer:
-            prev, self._next = self._next, (wave, ids, batch)
-            if prev is not None:
-                before = prev[2]
-                # "ahead": the batch before signals first where this one, loading nothing the two
-                # batches before it write, still loads weights early (never two in a row: the
-                # batch before that one's predecessor would then run too)
-                if self._ahead and strict is not None and not self._issued_first:
-                    batch.readonly = strict
-                    before.first = before.chain = self._weights_early(batch)
-                    batch.readonly = strict if before.first else readonly
-                if not before.first:
-                    before.chain = self._weights_early(batch)
-                self._issued_first = before.first
-                self._issue(*prev)
-        else:
+        seen = self._see(fn, mems)
+        batch = TaskBatch(fn, mems, scalars, len(ids), seen.readonly())
+        if not self._defer:
+            self._issue(wave, ids, batch)
+            return
+        self._pending.append([wave, ids, batch, seen])
+        if self._ahead and self._first_ahead():
+            self._issue_pending(len(self._pending) - 1)  # (all decided but this one)
+        elif len(self._pending) > AHEAD_WINDOW:
+            self._issue_pending(1)
+
+    def _first_ahead(self) -> bool:
+        """("ahead") Where the batch just seen loads a weight early even when the last batches
+        before it (up to ``AHEAD_WINDOW``, none of them loading a weight early itself) all
+        signal before their waits: mark them so (``TaskBatch.first``, ``chain``), the most that
+        keeps it loading early, and their successors' early loads leaving out what every launch
+        that may still run writes (:class:`_Seen`). Whether it did."""
+        *before, last = self._pending
+        light = []
+        for entry in reversed(before):
+            if entry[2].first or self._weights_early(entry[2]):
+                break
+            light.insert(0, entry)
+        for k in range(len(light), 0, -1):
+            for entry in light[-k:]:
+                entry[3].first = True
+            self._refresh(len(self._pending) - 1 - k)
+            if self._weights_early(last[2]):
+                for entry in light[-k:]:
+                    entry[2].first = entry[2].chain = True
+                return True
+            for entry in light[-k:]:
+                entry[3].first = False
+            self._refresh(len(self._pending) - 1 - k)
+        return False
+
+    def _refresh(self, start: int) -> None:
+        """The running sets and early loads of the pending batches from ``start`` on, after their
+        predecessors' signals changed."""
+        for k in range(max(start, 0), len(self._pending)):
+            entry = self._pending[k]
+            before = self._pending[k - 1][3] if k > 0 else entry[3].before
+            entry[3].follow(before)
+            entry[2].readonly = entry[3].readonly()
+
+    def _issue_pending(self, n: int) -> None:
+        """Issue the first ``n`` pending batches, each signalling right after its wait where the
+        batch after it loads a weight early ("chain"), or before it where so marked ("first")."""
+        for _ in range(n):
+            wave, ids, batch, _seen = self._pending.pop(0)
+            if not batch.first and self._pending:
+                batch.chain = self._weights_early(self._pending[0][2])
             self._issue(wave, ids, batch)
 
     def _input_storages(self, module) -> set[int]:
@@ -369,27 +439,19 @@ class WaveExecutor(Executor):
         None for the run's first batch (its predecessor is whatever ran before). Tensors are told
         apart by storage (views of one buffer are one). A task's own stores are the renderer's
         to respect (no load moves above one: :func:`~pto.codegen.triton.body.early_loads`); the
-        other tasks of its batch write no region it reads (they would depend on each other)."""
-        return self._readonly(fn, mems)[0]
+        other tasks of its batch write no region it reads (they would depend on each other).
+        (Under "ahead" a predecessor that signals before its wait adds what may still run before
+        it: :class:`_Seen`.)"""
+        return self._see(fn, mems).readonly()
 
-    def _readonly(self, fn: IncoreFunction,
-                  mems: dict[str, RegionBatch]) -> tuple[frozenset[str], frozenset[str] | None]:
-        """:meth:`_settled`'s memrefs, and those of them the launch before the previous one does
-        not write either (what may load early if the previous one signals before its own wait,
-        while that one may still run: the "ahead" policy; None where there is no such launch)."""
+    def _see(self, fn: IncoreFunction, mems: dict[str, RegionBatch]) -> _Seen:
+        """The next batch's :class:`_Seen`, after the last one seen."""
         io, launches = directions(fn)
-        writes = {_storage(mems[p].tensor) for p, d in io.items() if d != "in"}
-        prev, earlier = self._written, self._earlier
-        # a batch that may launch nothing leaves the launch before it the next one's predecessor
-        if launches:
-            self._earlier, self._written = prev, writes
-        else:
-            self._written = None if prev is None else writes | prev
-        if prev is None:
-            return frozenset(), None
-        ins = {p: _storage(mems[p].tensor) for p, d in io.items() if d == "in"}
-        readonly = frozenset(p for p, s in ins.items() if s not in prev)
-        return readonly, None if earlier is None else frozenset(p for p in readonly if ins[p] not in earlier)
+        seen = _Seen({p: _storage(mems[p].tensor) for p, d in io.items() if d == "in"},
+                     {_storage(mems[p].tensor) for p, d in io.items() if d != "in"}, launches)
+        seen.follow(self._last)
+        self._last = seen
+        return seen
 
     def _issue(self, wave, ids, batch: TaskBatch) -> None:
         fn = batch.fn

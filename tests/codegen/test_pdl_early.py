@@ -216,10 +216,11 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
     the run); each other batch may load early what its function only reads and the batch before
     it does not write (the weights, the residual, the position); a batch is flagged ``chain``
-    exactly when the next one loads an input (a weight) early; under "ahead" some of those
-    signal before their wait instead (``first``), never two in a row, and the batch after one
-    loads early nothing the two batches before it write (the earlier may still run); the results
-    are the plain run's, bit for bit."""
+    exactly when the next one loads an input (a weight) early; under "ahead" a few batches in a
+    row before one that loads a weight early signal before their waits (``first``), and each
+    batch loads early nothing that a launch which may still run when it starts writes (its
+    predecessor, and before a batch that signals first whatever may run when that one starts);
+    the results are the plain run's, bit for bit."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -252,12 +253,19 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     def writes(x):
         return {x["at"][p] for p, d in x["io"].items() if d != "in"}
 
-    for z, a, b in zip([None] + seen, seen, seen[1:]):
-        written = writes(a) | (writes(z) if a["first"] else set())
-        assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in written}
-        assert a["chain"] == any(b["at"][p] in weights for p in b["early"])
-        assert not (a["first"] and b["first"]) and (a["chain"] or not a["first"])
-    assert any(b["first"] for b in seen) == (policy == "ahead")
+    running = writes(seen[0])  # what may still run when the next batch starts
+    for a, b in zip(seen, seen[1:]):
+        assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in running}
+        assert a["chain"] == (a["first"] or any(b["at"][p] in weights for p in b["early"]))
+        running = writes(b) | (running if b["first"] else set())
+    firsts = [b["first"] for b in seen]
+    assert any(firsts) == (policy == "ahead")
+    if policy == "ahead":  # a chain of them: the attention's launches before the o projection
+        assert any(x and y for x, y in zip(firsts, firsts[1:]))
+        for k, b in enumerate(seen[:-1]):  # each one's successors up to a weight loaded early
+            if b["first"]:
+                j = next(j for j in range(k + 1, len(seen)) if not seen[j]["first"])
+                assert any(seen[j]["at"][p] in weights for p in seen[j]["early"])
     assert any(b["early"] and not b["early"] & {p for p in b["at"] if b["at"][p] in weights} for b in seen)
     assert any(b["chain"] for b in seen) and not all(b["early"] for b in seen)
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
