@@ -144,9 +144,11 @@ def test_a_grouped_gemv_asks_l2_for_its_weights_steps_ahead(dtype, tmp_path):
     """``RenderOptions.qgemv_prefetch`` (``PTO_QGEMV_PREFETCH``): in a kernel compiled for a GPU, a
     grouped GEMV's loop of several K steps asks L2 (``prefetch.global.L2``) for the weights
     ``d`` steps ahead: the steps 1 .. d-1 before the loop, step ``i + d`` at the top of step
-    ``i`` while it is one of the loop's; every plane's lines. Off (0), in the interpreter's
-    kernels (no inline PTX) and in a loop of one step the kernel's text is what it was. Both
-    paths compile for sm_90, the PTX holding the prefetches."""
+    ``i`` while it is one of the loop's; every plane's lines; under PDL, where the previous
+    launch does not write the weights, steps 0 .. d-1 before the wait (the kernel's early loads,
+    so the launch before it chains). Off (0), in the interpreter's kernels (no inline PTX) and
+    in a loop of one step the kernel's text is what it was. Both paths compile for sm_90, the
+    PTX holding the prefetches."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.codegen.triton.common import RenderOptions
@@ -177,6 +179,18 @@ def test_a_grouped_gemv_asks_l2_for_its_weights_steps_ahead(dtype, tmp_path):
                     pytest.skip(res["error"][:200])
                 assert res["ok"], res.get("error")
                 assert res["counts"]["prefetch.global.L2"] > 0
+    # under PDL, weights the previous launch does not write: the first steps' asked before the
+    # wait (the loop asks only for step i + d), and they are the kernel's early loads
+    kern = render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=2, pdl="late", pre=("w",)))
+    dev = kern.source.split("def d_")[-1]
+    wait, loop = dev.index("_gdc_wait()"), dev.index("for i_kk in range(")
+    assert dev[:wait].count(call) == 2 and dev[wait:loop].count(call) == 0 and dev[loop:].count(call) == 1
+    assert f"m_w_c0 + 0 + 0 * {bk}" in dev[:wait] and f"m_w_c0 + 0 + 1 * {bk}" in dev[:wait]
+    assert kern.early == frozenset({"w"}) and kern.waits
+    res = compile_sm90([{**j, "count": ["prefetch.global.L2"]} for j in jobs_sm90([(kern, path_flags(fn, True))])],
+                       tmp_path)[0]
+    assert res["ok"] or "sm_90" in res.get("error", ""), res.get("error")
+    assert not render(fn, RenderOptions(qgemv="auto", asm=True, pdl="late", pre=("w",))).early  # without it
     assert render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=0)).source == plain
     assert render(fn, RenderOptions(qgemv="auto", qgemv_prefetch=2)).source == \
         render(fn, RenderOptions(qgemv="auto")).source  # the interpreter's: no PTX

@@ -299,6 +299,9 @@ class BodyRenderer(TileOps):
         self.planes: dict[str, list[str]] = {}
         #: the formats whose grouped tiles the body asks L2 for ahead (RenderOptions.qgemv_prefetch)
         self.prefetching: set[str] = set()
+        #: (RenderOptions.qgemv_prefetch under PDL) the loops whose first steps' weights the body
+        #: asks L2 for before it waits, with those loads (:meth:`prefetch_first_steps`)
+        self.before_wait: list[tuple[ForRange, tuple[Instr, ...]]] = []
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}
 
@@ -425,6 +428,7 @@ class BodyRenderer(TileOps):
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
+        self.early |= self.prefetch_first_steps(fn.body if early is None else early)
         self.waiting = bool(self.early) or (self.mk and not self.runs)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
@@ -477,6 +481,11 @@ class BodyRenderer(TileOps):
             self.prefetch(rest)
             self.emit(MK_WAIT)
         else:
+            for s, loads in self.before_wait:  # the loops' first steps' weights, into L2
+                for k in range(self.opts.qgemv_prefetch):
+                    self.names[s.var] = f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
+                    self.prefetch_steps(s, loads)
+                del self.names[s.var]
             self.emit(PDL_WAIT)
             if self.opts.pdl == "chain":
                 self.emit(PDL_SIGNAL)
@@ -604,7 +613,8 @@ class BodyRenderer(TileOps):
                 self.init_nan(tile)
         var = f"i_{s.var}"
         ahead = self.prefetched_steps(s)
-        for k in range(1, self.opts.qgemv_prefetch if ahead else 0):  # the first steps' (the loop's own: 0)
+        first = 1 if not any(s is t for t, _ in self.before_wait) else self.opts.qgemv_prefetch
+        for k in range(first, self.opts.qgemv_prefetch if ahead else 0):  # the first steps' (the loop's own: 0)
             self.names[s.var] = f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
             self.prefetch_steps(s, ahead)
         self.names[s.var] = var
@@ -625,6 +635,18 @@ class BodyRenderer(TileOps):
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
+
+    def prefetch_first_steps(self, stmts: tuple) -> frozenset[str]:
+        """(``RenderOptions.qgemv_prefetch``, a kernel that waits for the previous launch) the
+        loops among ``stmts`` whose weights :meth:`prefetched_steps` asks L2 for, where the
+        weights are ``pre`` memrefs (the previous launch does not write them): their first
+        steps' are asked before the wait (:meth:`wait`), so they stream while the previous launch
+        finishes; those memrefs (the kernel's early ones: the launch before it chains)."""
+        if not self.opts.pdl or self.mk or not self.opts.qgemv_prefetch:
+            return frozenset()
+        self.before_wait = [(s, loads) for s in stmts if isinstance(s, ForRange)
+                            for loads in [tuple(i for i in self.prefetched_steps(s) if i.srcs[0] in self.pre)] if loads]
+        return frozenset(i.srcs[0] for _, loads in self.before_wait for i in loads)
 
     def prefetched_steps(self, s: ForRange) -> tuple[Instr, ...]:
         """(``RenderOptions.qgemv_prefetch``) the loads of ``s``'s body (a loop of a constant two
