@@ -373,7 +373,7 @@ class WaveExecutor(Executor):
         self._pending.append([wave, ids, batch, seen])
         if self._ahead and self._first_ahead():
             self._issue_pending(len(self._pending) - 1)  # (all decided but this one)
-        elif len(self._pending) > AHEAD_WINDOW:
+        elif len(self._pending) > (AHEAD_WINDOW if self._ahead else 1):  # ("auto": the one before this)
             self._issue_pending(1)
 
     def _first_ahead(self) -> bool:

@@ -243,7 +243,21 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
         fn = module.entry_function
         tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
         g = cp.build_graph(scalars)
-        WaveExecutor(backend, tensors).run(g)
+        ex = WaveExecutor(backend, tensors)
+        if isinstance(backend, _EarlyLoadsEvaluator):  # how many batches seen and not yet issued
+            held, arrived = [], []
+            see, prepare = ex._see, backend.prepare
+
+            def seen_one(*args, see=see, arrived=arrived):
+                arrived.append(1)
+                return see(*args)
+
+            def prepared(batch, prepare=prepare, held=held, arrived=arrived):
+                held.append(len(arrived) - len(held) - 1)
+                return prepare(batch)
+
+            ex._see, backend.prepare = seen_one, prepared
+        ex.run(g)
         g.close()
         outs.append(tensors)
     seen = backend.seen
@@ -258,6 +272,10 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
         assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in running}
         assert a["chain"] == (a["first"] or any(b["at"][p] in weights for p in b["early"]))
         running = writes(b) | (running if b["first"] else set())
+    # "auto" issues a batch once the next is seen; "ahead" holds up to AHEAD_WINDOW back
+    from pto.exec.waves import AHEAD_WINDOW
+
+    assert max(held) == (1 if policy == "auto" else AHEAD_WINDOW) and held[-1] == 0
     firsts = [b["first"] for b in seen]
     assert any(firsts) == (policy == "ahead")
     if policy == "ahead":  # a chain of them: the attention's launches before the o projection
