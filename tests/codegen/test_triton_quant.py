@@ -219,14 +219,13 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
         TritonBackend("cpu")
 
 
-def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
+def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
     """``PTO_QGEMV_WARPS`` (``RenderOptions.qgemv_warps``): a GEMV that reads by groups takes at
     least that many warps a program, the rule's count where it gives more (a warp per 1,024
     columns, per 8 rows past 8, four where its weights stream over four K steps or more); by
-    default the rule's alone; a value not 1, 2, 4 or 8 is one line naming it."""
+    default the rule's alone."""
     from pto.incore.gemv import gemv_residual_tile
 
-    from pto.backends.triton import TritonBackend
     from pto.codegen.triton import render
     from pto.codegen.triton.common import RenderOptions
     from pto.errors import UsageError
@@ -246,14 +245,6 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
         down = specialize(gemv_residual_tile(f32, 1, k, 64, 8, 2048, wdtype=DType.Q4_K))
         for warps in (0, 2, 8):
             assert render(down, RenderOptions(qgemv="auto", qgemv_warps=warps)).launch["num_warps"] == max(rule, warps)
-    monkeypatch.delenv("PTO_QGEMV_WARPS", raising=False)
-    assert TritonBackend("cpu").options.qgemv_warps == 1
-    monkeypatch.setenv("PTO_QGEMV_WARPS", "4")
-    assert TritonBackend("cpu").options.qgemv_warps == 4
-    assert TritonBackend("cpu", options=RenderOptions(qgemv_warps=2)).options.qgemv_warps == 2
-    monkeypatch.setenv("PTO_QGEMV_WARPS", "3")
-    with pytest.raises(UsageError, match="PTO_QGEMV_WARPS='3': one of 1, 2, 4, 8"):
-        TritonBackend("cpu")
     # a launch's own num_warps is its warps: a schedule or override naming the floor is refused,
     # not taken and lost (the launch's warps come from the kernel rendered without it)
     from pto.backends.triton.launch import LaunchConfig
@@ -262,15 +253,13 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv(monkeypatch):
         LaunchConfig.of({"num_warps": 4, "qgemv_warps": 4})
 
 
-def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups(monkeypatch):
+def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups():
     """``PTO_QGEMV_COLS`` (``RenderOptions.qgemv_cols``): the rule's warp per 1,024 columns of a K
     step becomes a warp per 2,048 or 4,096 (each thread two or four groups of a row), the streaming
     floor and ``qgemv_warps`` still applying; the kernel's text does not change (the launch's warps
-    alone: Triton lays a tensor over the warps it has); a value not 1,024, 2,048 or 4,096 is one
-    line naming it."""
+    alone: Triton lays a tensor over the warps it has)."""
     from pto.incore.gemv import gemv_residual_tile
 
-    from pto.backends.triton import TritonBackend
     from pto.codegen.triton import render
     from pto.codegen.triton.common import RenderOptions
     from pto.errors import UsageError
@@ -285,27 +274,34 @@ def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups(monkeypatc
             assert kern.source == render(fn, RenderOptions(qgemv="int16")).source
         assert render(fn, RenderOptions(qgemv="int16", qgemv_cols=4096, qgemv_warps=8)).launch["num_warps"] == 8
     assert render(wide, RenderOptions(qgemv="int16")).launch["num_warps"] == 4  # rendered directly: 1,024
-    monkeypatch.delenv("PTO_QGEMV_COLS", raising=False)
-    assert TritonBackend("cpu").options.qgemv_cols == 1024
-    monkeypatch.setenv("PTO_QGEMV_COLS", "2048")
-    assert TritonBackend("cpu").options.qgemv_cols == 2048
-    assert TritonBackend("cpu", options=RenderOptions(qgemv_cols=4096)).options.qgemv_cols == 4096
-    monkeypatch.setenv("PTO_QGEMV_COLS", "512")
-    with pytest.raises(UsageError, match="PTO_QGEMV_COLS='512': one of 1024, 2048, 4096"):
-        TritonBackend("cpu")
-    monkeypatch.delenv("PTO_QGEMV_COLS")
-    # PTO_QGEMV_PREFETCH (RenderOptions.qgemv_prefetch): 0 by default, else the steps ahead
-    monkeypatch.delenv("PTO_QGEMV_PREFETCH", raising=False)
-    assert TritonBackend("cpu").options.qgemv_prefetch == 0
-    monkeypatch.setenv("PTO_QGEMV_PREFETCH", "2")
-    assert TritonBackend("cpu").options.qgemv_prefetch == 2
-    monkeypatch.setenv("PTO_QGEMV_PREFETCH", "4")
-    with pytest.raises(UsageError, match="PTO_QGEMV_PREFETCH='4': one of 0, 1, 2, 3"):
-        TritonBackend("cpu")
     from pto.backends.triton.launch import LaunchConfig
 
     with pytest.raises(UsageError, match="unknown launch setting 'qgemv_cols'"):
         LaunchConfig.of({"num_warps": 4, "qgemv_cols": 2048})
+
+
+@pytest.mark.parametrize("env,field,default,value,given,bad,allowed", [
+    ("PTO_QGEMV_WARPS", "qgemv_warps", 1, 4, 2, "3", "1, 2, 4, 8"),
+    ("PTO_QGEMV_COLS", "qgemv_cols", 1024, 2048, 4096, "512", "1024, 2048, 4096"),
+    ("PTO_QGEMV_PREFETCH", "qgemv_prefetch", 0, 2, 3, "4", "0, 1, 2, 3"),
+])
+def test_the_grouped_gemvs_settings_come_from_the_environment(monkeypatch, env, field, default, value, given, bad,
+                                                              allowed):
+    """The backend's grouped-GEMV settings: the default where the environment says nothing, the
+    environment's value, the backend's options over it; a value not allowed is one line naming
+    the variable, the value and what it may be."""
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    monkeypatch.delenv(env, raising=False)
+    assert getattr(TritonBackend("cpu").options, field) == default
+    monkeypatch.setenv(env, str(value))
+    assert getattr(TritonBackend("cpu").options, field) == value
+    assert getattr(TritonBackend("cpu", options=RenderOptions(**{field: given})).options, field) == given
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(UsageError, match=f"{env}='{bad}': one of {allowed}"):
+        TritonBackend("cpu")
 
 
 @pytest.mark.slow
