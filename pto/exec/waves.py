@@ -192,7 +192,8 @@ class WaveExecutor(Executor):
         self.sentinel = sentinel
         self.flags: TaskFlags | None = None  # the sentinel's records of the last run
         # PDL "auto": a batch is issued once the next is known (whether it loads early decides
-        # where the first signals); not with per-launch records, syncs or the sentinel's scans
+        # where the first signals); "ahead": up to AHEAD_WINDOW held back; not with per-launch
+        # records, syncs or the sentinel's scans
         self._defer = getattr(backend, "pdl", "") in ("auto", "ahead") and not (record or sync_each_launch or sentinel)
         # PDL "ahead": a batch may signal before its wait (TaskBatch.first)
         self._ahead = getattr(backend, "pdl", "") == "ahead"
