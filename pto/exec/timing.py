@@ -85,15 +85,22 @@ def kernel_timeline(fn: Callable[[], object], runs: int = 3) -> list[list[tuple[
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
             spans.append((e.name, float(e.time_range.start), float(e.time_range.end)))
-    spans.sort(key=lambda s: s[1])
-    if not spans:
-        return []
-    calls = [[spans[0]]]
-    for s in spans[1:]:
-        if s[1] - max(e for _, _, e in calls[-1]) > _APART_S * 1e6 / 2:
+    return calls_apart(spans, _APART_S * 1e6 / 2)[-runs:]
+
+
+def calls_apart(spans: list[tuple[str, float, float]], gap: float) -> list[list[tuple[str, float, float]]]:
+    """Kernel spans ``(name, start, end)`` (any order) cut into calls where the GPU idled longer
+    than ``gap`` after every kernel before, each call's spans in start order and from its first
+    kernel's start."""
+    calls: list[list[tuple[str, float, float]]] = []
+    end = None
+    for s in sorted(spans, key=lambda s: s[1]):
+        if end is None or s[1] - end > gap:
             calls.append([])
+            end = s[2]
         calls[-1].append(s)
-    return [[(n, a - call[0][1], b - call[0][1]) for n, a, b in call] for call in calls[-runs:]]
+        end = max(end, s[2])
+    return [[(n, a - call[0][1], b - call[0][1]) for n, a, b in call] for call in calls]
 
 
 def frontier(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:

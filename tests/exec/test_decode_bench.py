@@ -79,3 +79,16 @@ def test_a_steps_kernels_advance_its_end_by_what_they_add_past_the_kernels_befor
     # by hand: B starts 1 us before A ends and ends 2 past it; C lies inside B
     got = frontier([("A", 0.0, 4.0), ("B", 3.0, 6.0), ("C", 4.0, 5.0)])
     assert got == [("A", 4.0, 4.0, 0.0), ("B", 2.0, 3.0, -1.0), ("C", 0.0, 1.0, -2.0)]
+
+
+def test_a_profiles_kernels_part_into_calls_where_the_gpu_idled():
+    """pto.exec.timing.calls_apart (kernel_timeline's calls): a new call where the GPU idled
+    longer than the gap after every kernel before (an overlapping kernel that ends late keeps the
+    call going), each call from its first kernel's start, in start order."""
+    from pto.exec.timing import calls_apart
+
+    spans = [("c", 1000.0, 1001.0), ("a", 0.0, 5.0), ("b", 3.0, 20.0), ("d", 1002.5, 1004.0), ("e", 19.0, 21.0)]
+    assert calls_apart(spans, 100.0) == [[("a", 0.0, 5.0), ("b", 3.0, 20.0), ("e", 19.0, 21.0)],
+                                         [("c", 0.0, 1.0), ("d", 2.5, 4.0)]]
+    assert len(calls_apart(spans, 1.0)) == 3 and calls_apart([], 1.0) == []
+    assert len(calls_apart([("a", 0.0, 50.0), ("b", 60.0, 61.0)], 20.0)) == 1  # 10 us after a's end

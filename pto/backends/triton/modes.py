@@ -61,6 +61,15 @@ def qgemv_mode(compiles: bool = True) -> str:
     return "units" if mode == "auto" and not compiles else mode
 
 
+def _one_of(env: str, allowed: tuple[int, ...]) -> int:
+    """The number the environment variable ``env`` names, one of ``allowed`` (the first where it
+    names none); UsageError naming it otherwise."""
+    text = os.environ.get(env, "").strip() or str(allowed[0])
+    if not text.isdigit() or int(text) not in allowed:
+        raise UsageError(f"{env}={text!r}: one of {', '.join(map(str, allowed))}")
+    return int(text)
+
+
 #: the settings of ``PTO_QGEMV_WARPS`` (:func:`qgemv_warps`)
 QGEMV_WARPS = (1, 2, 4, 8)
 
@@ -70,10 +79,7 @@ def qgemv_warps() -> int:
     (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
     count, a warp per 1,024 columns and per 8 rows past the first 8, four where a program streams
     its weights over four K steps or more: :func:`pto.codegen.triton.kernel.grouped_warps`)."""
-    text = os.environ.get("PTO_QGEMV_WARPS", "1").strip() or "1"
-    if not text.isdigit() or int(text) not in QGEMV_WARPS:
-        raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {', '.join(map(str, QGEMV_WARPS))}")
-    return int(text)
+    return _one_of("PTO_QGEMV_WARPS", QGEMV_WARPS)
 
 
 #: the settings of ``PTO_QGEMV_COLS`` (:func:`qgemv_cols`)
@@ -86,10 +92,7 @@ def qgemv_cols() -> int:
     thread a group of each row, 32 4-bit values; 2048: two groups, so x's rounding, the scales'
     products and the reduction over the program's threads are shared by twice the weights, with
     half the warps a program)."""
-    text = os.environ.get("PTO_QGEMV_COLS", "1024").strip() or "1024"
-    if not text.isdigit() or int(text) not in QGEMV_COLS:
-        raise UsageError(f"PTO_QGEMV_COLS={text!r}: one of {', '.join(map(str, QGEMV_COLS))}")
-    return int(text)
+    return _one_of("PTO_QGEMV_COLS", QGEMV_COLS)
 
 
 #: the settings of ``PTO_QGEMV_PREFETCH`` (:func:`qgemv_prefetch`)
@@ -99,15 +102,12 @@ QGEMV_PREFETCH = (0, 1, 2, 3)
 def qgemv_prefetch() -> int:
     """How many K steps ahead a grouped GEMV's loop asks L2 for its weights
     (``RenderOptions.qgemv_prefetch``): ``PTO_QGEMV_PREFETCH`` (0, off, the default; 1, 2 or 3)."""
-    text = os.environ.get("PTO_QGEMV_PREFETCH", "0").strip() or "0"
-    if not text.isdigit() or int(text) not in QGEMV_PREFETCH:
-        raise UsageError(f"PTO_QGEMV_PREFETCH={text!r}: one of {', '.join(map(str, QGEMV_PREFETCH))}")
-    return int(text)
+    return _one_of("PTO_QGEMV_PREFETCH", QGEMV_PREFETCH)
 
 
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
-    """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
-    late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
+    """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, ahead,
+    early, late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
     ``capability`` 9.0 and later (the first with PDL), else "" (off). On an H100 "auto" took a
     SmolLM2 step 0.447 ms against 0.553 with "late" (the 8B step 1.2% faster, the prefill layer
     unchanged; "chain" everywhere: SmolLM2 0.522, the 8B step 9% slower; docs/PERF.md, "Tenth

@@ -24,6 +24,7 @@ from pto.codegen.triton.common import (
     ALIGN,
     FLAT_STAGES,
     GROUPED_ROWS,
+    LINE_BYTES,
     NAN_SOURCE,
     PDL_SIGNAL,
     PDL_WAIT,
@@ -187,8 +188,6 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
 #: the wait's constants (:func:`pto.codegen.triton.megakernel.render_megakernel` defines ``_pto_wait``)
 MK_PARAMS = "W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr, PREFETCH: tl.constexpr"
 MK_WAIT = "_ok, _t0 = _pto_wait(W_cnt, W_on, W_err, W_clock, W_tracing, MAX_POLLS, GPU)"
-#: bytes of a cache line: the L2 prefetch asks for one address per line
-LINE_BYTES = 128
 
 
 def _pre_loads(stmts, pre: frozenset, defined: set[str]) -> list[Instr]:
@@ -483,9 +482,7 @@ class BodyRenderer(TileOps):
         else:
             for s, loads in self.before_wait:  # the loops' first steps' weights, into L2
                 for k in range(self.opts.qgemv_prefetch):
-                    self.names[s.var] = f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
-                    self.prefetch_steps(s, loads)
-                del self.names[s.var]
+                    self.prefetch_steps(s, loads, self.step_of(s, k))
             self.emit(PDL_WAIT)
             if self.opts.pdl == "chain":
                 self.emit(PDL_SIGNAL)
@@ -613,10 +610,9 @@ class BodyRenderer(TileOps):
                 self.init_nan(tile)
         var = f"i_{s.var}"
         ahead = self.prefetched_steps(s)
-        first = 1 if not any(s is t for t, _ in self.before_wait) else self.opts.qgemv_prefetch
-        for k in range(first, self.opts.qgemv_prefetch if ahead else 0):  # the first steps' (the loop's own: 0)
-            self.names[s.var] = f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
-            self.prefetch_steps(s, ahead)
+        if ahead and not any(s is t for t, _ in self.before_wait):  # steps 1 .. D-1 (the loop's own: 0)
+            for k in range(1, self.opts.qgemv_prefetch):
+                self.prefetch_steps(s, ahead, self.step_of(s, k))
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
@@ -628,9 +624,7 @@ class BodyRenderer(TileOps):
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
         if ahead:
-            self.names[s.var] = f"{var} + {self.opts.qgemv_prefetch} * {self.expr(s.step)}"
-            self.prefetch_steps(s, ahead)
-            self.names[s.var] = var
+            self.prefetch_steps(s, ahead, f"{var} + {self.opts.qgemv_prefetch} * {self.expr(s.step)}")
         self.body(s.body, frames)
         self.depth -= 1
         self.defined = outer
@@ -642,10 +636,13 @@ class BodyRenderer(TileOps):
         weights are ``pre`` memrefs (the previous launch does not write them): their first
         steps' are asked before the wait (:meth:`wait`), so they stream while the previous launch
         finishes; those memrefs (the kernel's early ones: the launch before it chains)."""
-        if not self.opts.pdl or self.mk or not self.opts.qgemv_prefetch:
+        if not self.opts.pdl:
             return frozenset()
-        self.before_wait = [(s, loads) for s in stmts if isinstance(s, ForRange)
-                            for loads in [tuple(i for i in self.prefetched_steps(s) if i.srcs[0] in self.pre)] if loads]
+        for s in stmts:
+            loads = tuple(i for i in self.prefetched_steps(s) if i.srcs[0] in self.pre) \
+                if isinstance(s, ForRange) else ()
+            if loads:
+                self.before_wait.append((s, loads))
         return frozenset(i.srcs[0] for _, loads in self.before_wait for i in loads)
 
     def prefetched_steps(self, s: ForRange) -> tuple[Instr, ...]:
@@ -667,9 +664,18 @@ class BodyRenderer(TileOps):
                 out.append(ins)
         return tuple(out)
 
-    def prefetch_steps(self, s: ForRange, loads: tuple[Instr, ...]) -> None:
-        """An L2 prefetch of what each of ``loads`` reads at the loop variable's current name (a
-        step ahead), no further than the loop's last step."""
-        var = self.expr(Var(s.var))
+    def step_of(self, s: ForRange, k: int) -> str:
+        """The loop variable's value at ``s``'s ``k``-th step."""
+        return f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
+
+    def prefetch_steps(self, s: ForRange, loads: tuple[Instr, ...], at: str) -> None:
+        """An L2 prefetch of what each of ``loads`` reads with ``s``'s variable at ``at`` (a step
+        ahead), no step past the loop's last."""
+        saved = self.names.get(s.var)
+        self.names[s.var] = at
         for ins in loads:
-            self.prefetch_quantized(ins, f"({var} < {self.expr(s.ub)})")
+            self.prefetch_quantized(ins, f"({at} < {self.expr(s.ub)})")
+        if saved is None:
+            del self.names[s.var]
+        else:
+            self.names[s.var] = saved

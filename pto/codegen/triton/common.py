@@ -17,6 +17,18 @@ from pto.ir.nodes import ForRange, IncoreFunction
 
 # Triton's largest block (TRITON_MAX_TENSOR_NUMEL)
 MAX_NUMEL = 1 << 20
+#: bytes of a cache line: an L2 prefetch asks for one address per line
+LINE_BYTES = 128
+#: ``_prefetch_l2(ptrs)``: PTX's ``prefetch.global.L2`` of each address of a tensor (the megakernel's
+#: prefetch before an item's wait, the grouped GEMVs' steps ahead)
+PREFETCH_L2 = [
+    "@triton.jit",
+    "def _prefetch_l2(ptrs):",
+    "    # a hint: the line moves into L2 (no register, no fault)",
+    "    tl.inline_asm_elementwise(\"prefetch.global.L2 [$1];\\nmov.u32 $0, 0;\", \"=r,l\", [ptrs], dtype=tl.int32,",
+    "                              is_pure=False, pack=1)",
+]
+
 ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are multiples of this
 
 #: Programmatic dependent launch (``RenderOptions.pdl``; sm_90 and later): the kernel is launched

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pto.codegen.triton.body import BodyRenderer
-from pto.codegen.triton.common import TL_DTYPE, RenderOptions, _loops, block_shape, file_source
+from pto.codegen.triton.common import PREFETCH_L2, TL_DTYPE, RenderOptions, _loops, block_shape, file_source
 from pto.codegen.triton.scan import RELEASE, scan_functions
 from pto.errors import BuildError, ResourceError
 from pto.ir.facts import constant_trips, tile_shape
@@ -169,11 +169,7 @@ _WAIT = [
     "    return (pend == 0).to(tl.int32), t0",
     "",
     "",
-    "@triton.jit",
-    "def _prefetch_l2(ptrs):",
-    "    # a hint: the line moves into L2 while the program waits (no register, no fault)",
-    "    tl.inline_asm_elementwise(\"prefetch.global.L2 [$1];\\nmov.u32 $0, 0;\", \"=r,l\", [ptrs], dtype=tl.int32,",
-    "                              is_pure=False, pack=1)",
+    *PREFETCH_L2,
 ]
 
 
