@@ -340,7 +340,7 @@ for stage in "$@"; do
            PTO_QGEMV_COLS=${QCOLS_PROFILE:-2048} timeout 200 python3 -m pytest -q -p no:cacheprovider \
              tests/gpu/test_quant_gpu.py > "$OUT/qcols_tests.log" 2>&1; tail -n 3 "$OUT/qcols_tests.log" ;;
     pdlahead) for p in ${PDLAHEAD:-auto ahead auto ahead}; do
-                PTO_PDL=$p python3 bench/decode.py --configs llama3-8b,smollm2-135m --batches 1 --long 0 --steps 32 \
+                PTO_PDL=$p python3 bench/decode.py --configs ${PDLAHEAD_CONFIGS:-llama3-8b,smollm2-135m} --batches 1 --long 0 --steps 32 \
                   --executors waves --hf-configs none --prefill 0 \
                   --quant 'bf16,llama3-8b:q4_k/q6_k,q8_0,fp8,smollm2-135m:q4_1/q8_0' \
                   --json "$OUT/pdlahead_$p.json" >> "$OUT/pdlahead_$p.log" 2>&1

@@ -379,14 +379,14 @@ class WaveExecutor(Executor):
 
     def _first_ahead(self) -> bool:
         """("ahead") Where the batch just seen loads a weight early even when the last batches
-        before it (up to ``AHEAD_WINDOW``, none of them loading a weight early itself) all
+        before it (up to ``AHEAD_WINDOW``, none of them reading a weight, :meth:`_reads_weights`) all
         signal before their waits: mark them so (``TaskBatch.first``, ``chain``), the most that
         keeps it loading early, and their successors' early loads leaving out what every launch
         that may still run writes (:class:`_Seen`). Whether it did."""
         *before, last = self._pending
         light = []
         for entry in reversed(before):
-            if entry[2].first or self._weights_early(entry[2]):
+            if entry[2].first or self._reads_weights(entry[3]):
                 break
             light.insert(0, entry)
         for k in range(len(light), 0, -1):
@@ -423,6 +423,14 @@ class WaveExecutor(Executor):
     def _input_storages(self, module) -> set[int]:
         return {_storage(self.tensors[t.name]) for t in module.entry_function.tensors
                 if t.role == "input" and t.name in self.tensors}
+
+    def _reads_weights(self, seen: _Seen) -> bool:
+        """("ahead") Does a batch read an input (a weight) at all, early or in its loop? Such a
+        batch does not signal before its wait: the successor's early loads and programs would
+        then share the bandwidth and multiprocessors it streams its weights with (on an H200 the
+        8B step 7-13% slower, its down projection 30.4 -> 37.2 us, docs/PERF.md, "fifteenth
+        session")."""
+        return any(s in self._inputs for s in seen.ins.values())
 
     def _weights_early(self, batch: TaskBatch) -> bool:
         """Does ``batch`` load inputs (weights) before its wait? Then the batch before it signals

@@ -212,7 +212,8 @@ class _EarlyLoadsEvaluator(TorchBackend):
 
 @pytest.mark.parametrize("policy", ["auto", "ahead"])
 def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, policy):
-    """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU) through
+    """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU, but the
+    down projection, which streams its weights over K steps as the 8B model's does) through
     the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
     the run); each other batch may load early what its function only reads and the batch before
     it does not write (the weights, the residual, the position); a batch is flagged ``chain``
@@ -230,7 +231,7 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     from pto.exec.waves import WaveExecutor
     from pto.runtime.graph import CompiledProgram
 
-    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=512))
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=32, qkv_bk=512, o_bk=512, ffn_bk=512))
     job = resolve("model", device="cpu", dtype="f32", target="cuda_h100", config="tiny")
     prog, s = job.program, job.settings
     shape = prog.shape(cache=128, batch=1)
@@ -280,6 +281,8 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     assert any(firsts) == (policy == "ahead")
     if policy == "ahead":  # a chain of them: the attention's launches before the o projection
         assert any(x and y for x, y in zip(firsts, firsts[1:]))
+        # none of them reads a weight (a GEMV signalling first shares its bandwidth)
+        assert not any(b["at"][p] in weights for b in seen if b["first"] for p, d in b["io"].items() if d == "in")
         for k, b in enumerate(seen[:-1]):  # each one's successors up to a weight loaded early
             if b["first"]:
                 j = next(j for j in range(k + 1, len(seen)) if not seen[j]["first"])
