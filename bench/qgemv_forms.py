@@ -11,7 +11,9 @@ layer), measured before either is built into the renderer:
 - ``loop P/S``: ``P`` persistent programs, each normalizing x once and then taking blocks
   ``j, j + P, ...`` in a ``tl.range`` loop of ``num_stages=S`` (Triton's pipeliner: from 2 the
   next block's weights copied into shared memory, ``cp.async``, while this one computes; the
-  helpers are the rendered ones, x's rounding hoisted out of the loop by the compiler).
+  helpers are the rendered ones, x's rounding hoisted out of the loop by the compiler);
+  ``ahead``: the next block's weights loaded into registers before this block's products;
+  ``maxnreg R``: compiled to at most R registers a thread (Triton's ``maxnreg``).
 
     python bench/qgemv_forms.py [--sass /tmp/t36/bin/python] [--iters 100] [--json FILE]
 
@@ -118,13 +120,7 @@ def d_gemv_norm_swiglu_tile__R1(
     t_xf = t_xf * (t_gt).to(tl.float32)
     t_a32 = (t_xf).to(tl.bfloat16).to(tl.float32)
     t_ss = tl.math.rsqrt(t_ss * 0.000244140625 + 9.999999747378752e-06)
-    for it in tl.range(0, NIT, num_stages=STAGES):
-        jj = i_j + it * NPROG
-        _r1 = (jj * 4) + tl.arange(0, 4)[:, None]
-        _rm4 = (_r1 < m_wg_rows)
-        t_bg__q, t_bg__sc, t_bg__m, t_bg__d, t_bg__dmin = _pto_dqg_load_q4_k(P_wg, S_wg, _r1, 0, _rm4, 4096, 4, 4096, False)
-        t_bu__q, t_bu__sc, t_bu__m, t_bu__d, t_bu__dmin = _pto_dqg_load_q4_k(P_wu, S_wu, _r1, 0, _rm4, 4096, 4, 4096, False)
-        t_accg = _pto_dqx16_dot_q4_k(t_bg__q, t_bg__sc, t_bg__m, t_bg__d, t_bg__dmin, P_wg, S_wg, t_a32, 4, 4096)[None, :]
+{loads}        t_accg = _pto_dqx16_dot_q4_k(t_bg__q, t_bg__sc, t_bg__m, t_bg__d, t_bg__dmin, P_wg, S_wg, t_a32, 4, 4096)[None, :]
         t_accu = _pto_dqx16_dot_q4_k(t_bu__q, t_bu__sc, t_bu__m, t_bu__d, t_bu__dmin, P_wu, S_wu, t_a32, 4, 4096)[None, :]
         t_accg = (t_accg * t_ss).to(tl.bfloat16).to(tl.float32)
         t_accu = (t_accu * t_ss).to(tl.bfloat16).to(tl.float32)
@@ -148,8 +144,25 @@ def gemv_norm_swiglu_tile__R1(
     d_gemv_norm_swiglu_tile__R1(tab, tl.program_id(1), P_x, S_x, P_wg, S_wg, P_wu, S_wu, P_y, S_y, P_g, S_g, EVEN_x, EVEN_wg, EVEN_wu, EVEN_y, EVEN_g, ALIGN_x, ALIGN_wg, ALIGN_wu, ALIGN_y, ALIGN_g, NPROG, NIT, STAGES)
 """
 
-#: the loop forms measured: (programs, the loop's stages)
-LOOPS = ((512, 1), (512, 2), (512, 3), (448, 2), (896, 2), (1792, 2))
+#: the loop's loads of its block's weights: as they are used, or (``ahead``) the next block's
+#: into registers before this one's products (the last program's block loaded twice at the end)
+_BLOCK = """        _r1 = ({j} * 4) + tl.arange(0, 4)[:, None]
+        _rm4 = (_r1 < m_wg_rows)
+        {g}q, {g}sc, {g}m, {g}d, {g}dmin = _pto_dqg_load_q4_k(P_wg, S_wg, _r1, 0, _rm4, 4096, 4, 4096, False)
+        {u}q, {u}sc, {u}m, {u}d, {u}dmin = _pto_dqg_load_q4_k(P_wu, S_wu, _r1, 0, _rm4, 4096, 4, 4096, False)
+"""
+_LOADS = {False: "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj = i_j + it * NPROG\n"
+                 + _BLOCK.format(j="jj", g="t_bg__", u="t_bu__"),
+          True: _BLOCK.format(j="i_j", g="n_bg__", u="n_bu__").replace("        ", "    ")
+                + "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj = i_j + it * NPROG\n"
+                + "".join(f"        t_b{m}__{p} = n_b{m}__{p}\n" for m in "gu" for p in ("q", "sc", "m", "d", "dmin"))
+                + "        jn = tl.minimum(jj + NPROG, NIT * NPROG - 1)\n"
+                + _BLOCK.format(j="jn", g="n_bg__", u="n_bu__")}
+
+#: the loop forms measured: (programs, the loop's stages, the next block ahead, the most registers
+#: a thread or 0); the programs divide the 3,584 blocks
+LOOPS = ((512, 1, False, 0), (448, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (256, 1, True, 0),
+         (512, 1, True, 0), (448, 1, True, 0), (896, 1, True, 0), (512, 1, True, 128), (896, 1, True, 128))
 
 
 def _jobs(folder: Path, loops=LOOPS) -> list[dict]:
@@ -160,12 +173,15 @@ def _jobs(folder: Path, loops=LOOPS) -> list[dict]:
     pre = dict(job, tag="x prequantized", path=str(folder / "pre_gate_up.py"))
     Path(pre["path"]).write_text(prequantized(src))
     out = [job, pre]
-    loop = folder / "loop_gate_up.py"
-    loop.write_text(src[:src.index("@triton.jit\ndef d_")] + _LOOP)
     sig = dict(job["signature"], NPROG="i32", NIT="i32", STAGES="constexpr")
-    for programs, stages in loops:
-        out.append(dict(job, tag=f"loop {programs}/{stages}", path=str(loop), signature=sig, programs=programs,
-                        constexprs=dict(job["constexprs"], STAGES=stages)))
+    for ahead in (False, True):
+        loop = folder / f"loop_gate_up_{int(ahead)}.py"
+        loop.write_text(src[:src.index("@triton.jit\ndef d_")] + _LOOP.replace("{loads}", _LOADS[ahead]))
+        for programs, stages, _, regs in (x for x in loops if x[2] == ahead):
+            tag = f"loop {programs}/{stages}" + (" ahead" if ahead else "") + (f" maxnreg {regs}" if regs else "")
+            options = dict(job["options"], **({"maxnreg": regs} if regs else {}))
+            out.append(dict(job, tag=tag, path=str(loop), signature=sig, programs=programs, options=options,
+                            constexprs=dict(job["constexprs"], STAGES=stages)))
     return out
 
 
