@@ -161,8 +161,9 @@ _LOADS = {False: "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj
 
 #: the loop forms measured: (programs, the loop's stages, the next block ahead, the most registers
 #: a thread or 0); the programs divide the 3,584 blocks
-LOOPS = ((512, 1, False, 0), (448, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (256, 1, True, 0),
-         (512, 1, True, 0), (448, 1, True, 0), (896, 1, True, 0), (512, 1, True, 128), (896, 1, True, 128))
+LOOPS = ((512, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (896, 1, False, 64), (1792, 1, False, 64),
+         (512, 1, True, 0), (896, 1, True, 0), (256, 1, True, 128), (448, 1, True, 128), (512, 1, True, 128),
+         (896, 1, True, 128), (512, 1, True, 96), (896, 1, True, 96))
 
 
 def _jobs(folder: Path, loops=LOOPS) -> list[dict]:
