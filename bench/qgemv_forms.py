@@ -1,5 +1,5 @@
-"""Forms of the 8B step's Q4_K gate/up GEMV (the norm, gate, up and SwiGLU; 45% of the Q4_K
-layer), measured before either is built into the renderer:
+"""Forms of the 8B step's quantized gate/up GEMV (the norm, gate, up and SwiGLU; 40-45% of a
+quantized layer), measured before either is built into the renderer:
 
 - ``rendered``: the kernel as pto renders it (a program a block of 4 outputs of each matrix, one
   K step of 4,096: it loads its weights, waits, then computes; about 1,370 SASS instructions a
@@ -7,7 +7,7 @@ layer), measured before either is built into the renderer:
 - ``x prequantized``: the same with the x work taken out (its ``_pto_dqx16_dot_q4_k`` helpers'
   rounding and packing of x, and the norm's sum of squares, replaced by loads of x's packed
   16-bit integers, their group scales and sums and the row factor from one buffer, as a kernel
-  before the GEMV would write them; its arithmetic is not the GEMV's, only its work);
+  before the GEMV would write them; its arithmetic is not the GEMV's, only its work; Q4_K only);
 - ``loop P/S``: ``P`` persistent programs, each normalizing x once and then taking blocks
   ``j, j + P, ...`` in a ``tl.range`` loop of ``num_stages=S`` (Triton's pipeliner: from 2 the
   next block's weights copied into shared memory, ``cp.async``, while this one computes; the
@@ -15,10 +15,11 @@ layer), measured before either is built into the renderer:
   ``ahead``: the next block's weights loaded into registers before this block's products;
   ``maxnreg R``: compiled to at most R registers a thread (Triton's ``maxnreg``).
 
-    python bench/qgemv_forms.py [--sass /tmp/t36/bin/python] [--iters 100] [--json FILE]
+    python bench/qgemv_forms.py [--specs q4_k/q6_k,q8_0,fp8] [--sass /tmp/t36/bin/python] [--iters 100]
+                                [--json FILE]
 
 On a GPU: each form launched alone (one sequence, weights past L2: four copies in turn, the
-blocks' scale planes finite), microseconds a call and the largest difference of its outputs
+bytes below 64: every scale and e4m3 value finite), microseconds a call and the largest difference of its outputs
 from the rendered kernel's. ``--sass PYTHON``: instead compile them for sm_90 with that
 interpreter's Triton (no GPU) and print bench/qgemv_sass.py's facts (registers, SASS
 instructions a weight of the loop's body or the kernel, barriers, shuffles, ``cp.async``
@@ -120,9 +121,7 @@ def d_gemv_norm_swiglu_tile__R1(
     t_xf = t_xf * (t_gt).to(tl.float32)
     t_a32 = (t_xf).to(tl.bfloat16).to(tl.float32)
     t_ss = tl.math.rsqrt(t_ss * 0.000244140625 + 9.999999747378752e-06)
-{loads}        t_accg = _pto_dqx16_dot_q4_k(t_bg__q, t_bg__sc, t_bg__m, t_bg__d, t_bg__dmin, P_wg, S_wg, t_a32, 4, 4096)[None, :]
-        t_accu = _pto_dqx16_dot_q4_k(t_bu__q, t_bu__sc, t_bu__m, t_bu__d, t_bu__dmin, P_wu, S_wu, t_a32, 4, 4096)[None, :]
-        t_accg = (t_accg * t_ss).to(tl.bfloat16).to(tl.float32)
+{loads}{dots}        t_accg = (t_accg * t_ss).to(tl.bfloat16).to(tl.float32)
         t_accu = (t_accu * t_ss).to(tl.bfloat16).to(tl.float32)
         t_accg = tl.math.div_rn(t_accg, 1.0 + tl.exp(-t_accg))
         t_gb = (t_accg * t_accu).to(tl.bfloat16)
@@ -148,48 +147,72 @@ def gemv_norm_swiglu_tile__R1(
 #: into registers before this one's products (the last program's block loaded twice at the end)
 _BLOCK = """        _r1 = ({j} * 4) + tl.arange(0, 4)[:, None]
         _rm4 = (_r1 < m_wg_rows)
-        {g}q, {g}sc, {g}m, {g}d, {g}dmin = _pto_dqg_load_q4_k(P_wg, S_wg, _r1, 0, _rm4, 4096, 4, 4096, False)
-        {u}q, {u}sc, {u}m, {u}d, {u}dmin = _pto_dqg_load_q4_k(P_wu, S_wu, _r1, 0, _rm4, 4096, 4, 4096, False)
+        {g} = {load}(P_wg, S_wg, _r1, 0, _rm4, 4096, 4, 4096, False)
+        {u} = {load}(P_wu, S_wu, _r1, 0, _rm4, 4096, 4, 4096, False)
 """
-_LOADS = {False: "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj = i_j + it * NPROG\n"
-                 + _BLOCK.format(j="jj", g="t_bg__", u="t_bu__"),
-          True: _BLOCK.format(j="i_j", g="n_bg__", u="n_bu__").replace("        ", "    ")
-                + "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj = i_j + it * NPROG\n"
-                + "".join(f"        t_b{m}__{p} = n_b{m}__{p}\n" for m in "gu" for p in ("q", "sc", "m", "d", "dmin"))
-                + "        jn = tl.minimum(jj + NPROG, NIT * NPROG - 1)\n"
-                + _BLOCK.format(j="jn", g="n_bg__", u="n_bu__")}
+
+
+def _loop_source(src: str, ahead: bool) -> str:
+    """The loop form's kernel (module docstring) with the rendered kernel's helpers, its weights'
+    load helper and planes and its dot helper taken from the rendered text."""
+    load = re.search(r"\n +(t_bg__\w+(?:, t_bg__\w+)*) = (_pto_dqg_load_\w+)\(P_wg,", src)
+    dots = re.findall(r"\n    t_acc([gu]) = t_acc[gu] \+ (_pto_\w+_dot_\w+)\((.*), t_a32, (\d+), (\d+)\)\[None, :\]", src)
+    if load is None or len(dots) != 2:
+        raise SystemExit("qgemv_forms: the rendered gate/up kernel's loads or dots are not where expected")
+    planes, helper = load.group(1).split(", "), load.group(2)
+    names = {m: ", ".join(p.replace("t_bg__", f"t_b{m}__") for p in planes) for m in "gu"}
+    ahead_names = {m: names[m].replace("t_b", "n_b") for m in "gu"}
+
+    def block(j, named):
+        return _BLOCK.format(j=j, g=named["g"], u=named["u"], load=helper)
+
+    head = "    for it in tl.range(0, NIT, num_stages=STAGES):\n        jj = i_j + it * NPROG\n"
+    if ahead:
+        loads = (block("i_j", ahead_names).replace("        ", "    ") + head
+                 + "".join(f"        {names[m]} = {ahead_names[m]}\n" for m in "gu")
+                 + "        jn = tl.minimum(jj + NPROG, NIT * NPROG - 1)\n" + block("jn", ahead_names))
+    else:
+        loads = head + block("jj", names)
+    dot = "".join(f"        t_acc{m} = {h}({args}, t_a32, {br}, {bc})[None, :]\n" for m, h, args, br, bc in dots)
+    return src[:src.index("@triton.jit\ndef d_")] + _LOOP.replace("{loads}", loads).replace("{dots}", dot)
 
 #: the loop forms measured: (programs, the loop's stages, the next block ahead, the most registers
 #: a thread or 0); the programs divide the 3,584 blocks
-LOOPS = ((512, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (896, 1, False, 64), (1792, 1, False, 64),
-         (512, 1, True, 0), (896, 1, True, 0), (256, 1, True, 128), (448, 1, True, 128), (512, 1, True, 128),
-         (896, 1, True, 128), (512, 1, True, 96), (896, 1, True, 96))
+LOOPS = ((512, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (896, 1, False, 64), (896, 1, False, 80),
+         (512, 1, True, 0), (448, 1, True, 128), (512, 1, True, 128), (896, 1, True, 128))
 
 
-def _jobs(folder: Path, loops=LOOPS) -> list[dict]:
-    jobs = qgemv_sass.jobs("q4_k/q6_k", "auto", "default", folder, pdl="late")
+def _jobs(folder: Path, spec: str, loops=LOOPS) -> list[dict]:
+    """The forms' compile jobs for weights ``spec`` (bench/qgemv_sass.py's), each tagged with
+    the spec and its form; the prequantized form for Q4_K only."""
+    jobs = qgemv_sass.jobs(spec, "auto", "default", folder, pdl="late")
     (job,) = [j for j in jobs if j["kernel"] == "gate_up"]
-    job = dict(job, tag="rendered")
+    job = dict(job, tag=f"{spec} rendered", spec=spec)
     src = Path(job["path"]).read_text()
-    pre = dict(job, tag="x prequantized", path=str(folder / "pre_gate_up.py"))
-    Path(pre["path"]).write_text(prequantized(src))
-    out = [job, pre]
+    out = [job]
+    if spec.startswith("q4_k"):
+        pre = dict(job, tag=f"{spec} x prequantized", path=str(folder / "pre_gate_up.py"))
+        Path(pre["path"]).write_text(prequantized(src))
+        out.append(pre)
     sig = dict(job["signature"], NPROG="i32", NIT="i32", STAGES="constexpr")
     for ahead in (False, True):
         loop = folder / f"loop_gate_up_{int(ahead)}.py"
-        loop.write_text(src[:src.index("@triton.jit\ndef d_")] + _LOOP.replace("{loads}", _LOADS[ahead]))
+        loop.write_text(_loop_source(src, ahead))
         for programs, stages, _, regs in (x for x in loops if x[2] == ahead):
-            tag = f"loop {programs}/{stages}" + (" ahead" if ahead else "") + (f" maxnreg {regs}" if regs else "")
+            tag = f"{spec} loop {programs}/{stages}" + (" ahead" if ahead else "") + (f" maxnreg {regs}" if regs else "")
             options = dict(job["options"], **({"maxnreg": regs} if regs else {}))
             out.append(dict(job, tag=tag, path=str(loop), signature=sig, programs=programs, options=options,
                             constexprs=dict(job["constexprs"], STAGES=stages)))
     return out
 
 
-def sass(python: str) -> list[dict]:
+def sass(python: str, specs: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        jobs = _jobs(folder)
+        jobs = []
+        for spec in specs:
+            (folder / spec.replace("/", "_")).mkdir()
+            jobs += _jobs(folder / spec.replace("/", "_"), spec)
         (folder / "jobs.json").write_text(json.dumps(jobs))
         (folder / "driver.py").write_text(qgemv_sass._DRIVER)
         run = subprocess.run([python, str(folder / "driver.py"), str(folder / "jobs.json")], capture_output=True,
@@ -201,34 +224,28 @@ def sass(python: str) -> list[dict]:
                 for j in jobs]
 
 
-def timed(iters: int) -> list[dict]:
+def timed(iters: int, specs: list[str]) -> list[dict]:
     import torch
     from pto.orchestration.model.program import CONFIGS
 
+    from pto.ir.dtypes import dtype_of
+
     layer = CONFIGS["llama3-8b"].layer
     K, N, bn = layer.hidden, layer.ffn, 4
-    nb = K // 256
-    row = 148 * nb  # a Q4_K row's bytes (repacked planes: 128 + 8 + 8 + 2 + 2 a block of 256)
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
-
-    def weights():
-        w = torch.randint(0, 256, (N, row), dtype=torch.uint8, device=dev, generator=gen)
-        scales = (torch.rand(N, 2 * nb, device=dev, generator=gen) * 0.01).to(torch.float16)
-        w[:, 144 * nb:] = scales.view(torch.uint8)  # d and dmin finite
-        return w
-
-    copies = [[weights() for _ in range(2)] for _ in range(4)]
     x = torch.randn(16 * K, device=dev, generator=gen).to(torch.bfloat16)  # (the prequantized form's buffer too)
     g = (1 + 0.1 * torch.randn(K, device=dev, generator=gen)).to(torch.bfloat16)
     tab = torch.tensor([0, 0, 1, K, 0, 0, N, K, 0, 0, N, K, 0, 0, 1, N, 0, 0, 1, K], dtype=torch.int32, device=dev)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out, first = [], None
-    with tempfile.TemporaryDirectory() as tmp:
-        for job in _jobs(Path(tmp)):
-            spec = importlib.util.spec_from_file_location(f"k{len(out)}", job["path"])
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
+
+    def measure(jobs, copies, row) -> list[dict]:
+        """Each form of ``jobs`` timed on ``copies`` of the weights (rows of ``row`` bytes)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out, first = [], None
+        for job in jobs:
+            found = importlib.util.spec_from_file_location(f"k{len(out)}", job["path"])
+            mod = importlib.util.module_from_spec(found)
+            found.loader.exec_module(mod)
             kern = getattr(mod, job["name"])
             y = torch.zeros(N, device=dev, dtype=torch.bfloat16)
             programs = job.get("programs")
@@ -243,9 +260,9 @@ def timed(iters: int) -> list[dict]:
                 call(wg, wu)
             torch.cuda.synchronize()
             diff = None
-            if job["tag"] == "rendered":
+            if job["tag"].endswith(" rendered"):
                 first = y.float().clone()
-            elif job["tag"] != "x prequantized":
+            elif not job["tag"].endswith(" x prequantized"):
                 diff = float((y.float() - first).abs().max() / first.abs().max())
             start.record()
             for k in range(iters):
@@ -255,16 +272,28 @@ def timed(iters: int) -> list[dict]:
             us = start.elapsed_time(end) * 1e3 / iters
             out.append({"tag": job["tag"], "us": round(us, 2), "TB/s": round(2 * N * row / us * 1e-6, 3),
                         "rel_diff": diff})
+        return out
+
+    out = []
+    for spec in specs:
+        # every byte below 64: the f16 scales and e4m3 values finite, whatever plane they are in
+        row = dtype_of(spec.partition("/")[0]).quant.row_bytes(K)
+        copies = [[torch.randint(0, 64, (N, row), dtype=torch.uint8, device=dev, generator=gen) for _ in range(2)]
+                  for _ in range(4)]
+        with tempfile.TemporaryDirectory() as tmp:
+            out += measure(_jobs(Path(tmp), spec), copies, row)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sass", default=None, metavar="PYTHON", help="compile for sm_90 with this interpreter instead")
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--specs", default="q4_k/q6_k,q8_0,fp8", help="the weights' types (bench/qgemv_sass.py's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    rows = sass(args.sass) if args.sass else timed(args.iters)
+    specs = args.specs.split(",")
+    rows = sass(args.sass, specs) if args.sass else timed(args.iters, specs)
     for r in rows:
         print(r["tag"], {k: v for k, v in r.items() if k != "tag" and k in (
             "us", "TB/s", "rel_diff", "regs", "local_bytes", "programs_per_sm", "ins_per_weight", "barriers", "shuffles", "cp_async")})
