@@ -104,8 +104,6 @@
 #               weights early signals before its own wait), alternated ($PDLAHEAD, default "auto ahead auto
 #               ahead"): the 8B step in bf16, Q4_K, Q8_0 and fp8 and SmolLM2's in bf16 and its file's types;
 #               then the 8B step's timeline (--timeline) under "ahead"
-#   qprefetch   issue 46: the grouped GEMVs' K steps asked of L2 ahead (PTO_QGEMV_PREFETCH=$QPF, default "0 1 2
-#               0 1 2"): the 8B and 1B steps in Q4_K, Q8_0 and fp8; then the 8B step's timeline at 2
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -350,16 +348,6 @@ for stage in "$@"; do
                 --executors waves --hf-configs none --quant 'bf16,q4_k/q6_k,q8_0,fp8' --prefill 0 --timeline \
                 --json "$OUT/pdlahead_timeline.json" > "$OUT/pdlahead_timeline.log" 2>&1
               grep -v "^{" "$OUT/pdlahead_timeline.log" | grep -v "^ *gemv_\|lmhead\|embed\|argmax" | cut -c1-120 ;;
-    qprefetch) for d in ${QPF:-0 1 2 0 1 2}; do
-                 PTO_QGEMV_PREFETCH=$d python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches 1 --long 0 \
-                   --steps 32 --executors waves --hf-configs none --quant 'q4_k/q6_k,q8_0,fp8' --prefill 0 \
-                   --json "$OUT/qpf_$d.json" >> "$OUT/qpf_$d.log" 2>&1
-                 echo "PTO_QGEMV_PREFETCH=$d"; grep -h "B=1" "$OUT/qpf_$d.log" | tail -n 6 | cut -c1-120
-               done
-               PTO_QGEMV_PREFETCH=2 python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
-                 --executors waves --hf-configs none --quant 'q4_k/q6_k,q8_0,fp8' --prefill 0 --timeline \
-                 --json "$OUT/qpf_timeline.json" > "$OUT/qpf_timeline.log" 2>&1
-               grep -v "^{" "$OUT/qpf_timeline.log" | cut -c1-120 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

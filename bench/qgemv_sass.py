@@ -65,14 +65,14 @@ KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
 def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1, config: str = "llama3-8b",
-         warps: int = 0, cols: int = 0, prefetch: int = 0) -> list[dict]:
+         warps: int = 0, cols: int = 0) -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
     memory the launch before does not write) load before its wait; ``batch``: the step of that
     many sequences (from 2 the projections are the dot path's tensor-core products); ``config``:
     the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``; ``cols``:
-    ``RenderOptions.qgemv_cols``; ``prefetch``: ``RenderOptions.qgemv_prefetch``. The down projection
+    ``RenderOptions.qgemv_cols``. The down projection
     (``proj``) is specialized to the step's call (K the FFN's width)."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
@@ -106,7 +106,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
         kern = render(specialize(fn, dims), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps,
-                                                          qgemv_cols=cols, qgemv_prefetch=prefetch))
+                                                          qgemv_cols=cols))
         tag = f"{spec}|{mode}|{tiling}|{batch}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
@@ -199,8 +199,6 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="llama3-8b", help="the model's configuration (pto's CONFIGS)")
     ap.add_argument("--warps", type=int, default=0, help="the grouped GEMVs' fewest warps (PTO_QGEMV_WARPS)")
     ap.add_argument("--cols", type=int, default=0, help="the grouped GEMVs' columns a warp (PTO_QGEMV_COLS)")
-    ap.add_argument("--prefetch", type=int, default=0,
-                    help="the grouped GEMVs' K steps asked of L2 ahead (PTO_QGEMV_PREFETCH)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -211,7 +209,7 @@ def main(argv=None) -> int:
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
                     todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch, args.config, args.warps,
-                                 args.cols, args.prefetch)
+                                 args.cols)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

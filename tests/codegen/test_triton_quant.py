@@ -139,66 +139,6 @@ def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K
     torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q8_0, DType.FP8, DType.Q6_K], ids=str)
-def test_a_grouped_gemv_asks_l2_for_its_weights_steps_ahead(dtype, tmp_path):
-    """``RenderOptions.qgemv_prefetch`` (``PTO_QGEMV_PREFETCH``): in a kernel compiled for a GPU, a
-    grouped GEMV's loop of several K steps asks L2 (``prefetch.global.L2``) for the weights
-    ``d`` steps ahead: the steps 1 .. d-1 before the loop, step ``i + d`` at the top of step
-    ``i`` while it is one of the loop's; every plane's lines; under PDL, where the previous
-    launch does not write the weights, steps 0 .. d-1 before the wait (the kernel's early loads,
-    so the launch before it chains). Off (0), in the interpreter's kernels (no inline PTX) and
-    in a loop of one step the kernel's text is what it was. Both paths compile for sm_90, the
-    PTX holding the prefetches."""
-    from pto.incore.gemv import gemv_residual_tile
-
-    from pto.codegen.triton.common import RenderOptions
-    from pto.codegen.triton.quant_groups import prefetch_name
-    from tests.codegen.tritonkit import jobs_sm90, path_flags
-    from tests.sm90 import compile_sm90
-
-    K, bk = 7 * 512, 512
-    fn = specialize(gemv_residual_tile(DType.BF16, 1, K, 64, 8, bk, wdtype=dtype))
-    call = prefetch_name(dtype.quant) + "("
-    plain = render(fn, RenderOptions(qgemv="auto", asm=True)).source
-    for d in (1, 2, 3):
-        src = render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=d)).source
-        dev = src.split("def d_")[-1]
-        loop = dev.index("for i_kk in range(")
-        before, inside = dev[:loop], dev[loop:]
-        assert before.count(call) == d - 1 and inside.count(call) == 1
-        for k in range(1, d):
-            assert f"m_w_c0 + 0 + {k} * {bk}" in before
-        assert f"(i_kk + {d} * {bk} < {K})" in inside and f"m_w_c0 + i_kk + {d} * {bk}" in inside
-        assert inside.index(call) < inside.index("_pto_dqg_load_")  # ahead of this step's own loads
-        assert f"def {call[:-1]}(" in src and "prefetch.global.L2" in src
-        if d == 2:
-            jobs = [(render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=2)), path_flags(fn, e))
-                    for e in (False, True)]
-            for res in compile_sm90([{**j, "count": ["prefetch.global.L2"]} for j in jobs_sm90(jobs)], tmp_path):
-                if not res["ok"] and "sm_90" in res.get("error", ""):
-                    pytest.skip(res["error"][:200])
-                assert res["ok"], res.get("error")
-                assert res["counts"]["prefetch.global.L2"] > 0
-    # under PDL, weights the previous launch does not write: the first steps' asked before the
-    # wait (the loop asks only for step i + d), and they are the kernel's early loads
-    kern = render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=2, pdl="late", pre=("w",)))
-    dev = kern.source.split("def d_")[-1]
-    wait, loop = dev.index("_gdc_wait()"), dev.index("for i_kk in range(")
-    assert dev[:wait].count(call) == 2 and dev[wait:loop].count(call) == 0 and dev[loop:].count(call) == 1
-    assert f"m_w_c0 + 0 + 0 * {bk}" in dev[:wait] and f"m_w_c0 + 0 + 1 * {bk}" in dev[:wait]
-    assert kern.early == frozenset({"w"}) and kern.waits
-    res = compile_sm90([{**j, "count": ["prefetch.global.L2"]} for j in jobs_sm90([(kern, path_flags(fn, True))])],
-                       tmp_path)[0]
-    assert res["ok"] or "sm_90" in res.get("error", ""), res.get("error")
-    assert not render(fn, RenderOptions(qgemv="auto", asm=True, pdl="late", pre=("w",))).early  # without it
-    assert render(fn, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=0)).source == plain
-    assert render(fn, RenderOptions(qgemv="auto", qgemv_prefetch=2)).source == \
-        render(fn, RenderOptions(qgemv="auto")).source  # the interpreter's: no PTX
-    one = specialize(gemv_residual_tile(DType.BF16, 1, K, 64, 8, K, wdtype=dtype))
-    assert render(one, RenderOptions(qgemv="auto", asm=True, qgemv_prefetch=2)).source == \
-        render(one, RenderOptions(qgemv="auto", asm=True)).source
-
-
 def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
     """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
     options win); a value not a mode is one line naming it."""
@@ -283,7 +223,6 @@ def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups():
 @pytest.mark.parametrize("env,field,default,value,given,bad,allowed", [
     ("PTO_QGEMV_WARPS", "qgemv_warps", 1, 4, 2, "3", "1, 2, 4, 8"),
     ("PTO_QGEMV_COLS", "qgemv_cols", 1024, 2048, 4096, "512", "1024, 2048, 4096"),
-    ("PTO_QGEMV_PREFETCH", "qgemv_prefetch", 0, 2, 3, "4", "0, 1, 2, 3"),
 ])
 def test_the_grouped_gemvs_settings_come_from_the_environment(monkeypatch, env, field, default, value, given, bad,
                                                               allowed):

@@ -52,7 +52,6 @@ from pto.backends.triton.modes import (
     persistent_mode,
     qgemv_cols,
     qgemv_mode,
-    qgemv_prefetch,
     qgemv_warps,
     split_mode,
     tma_mode,
@@ -122,8 +121,7 @@ class TritonBackend(Backend):
         self.options = replace(self.options, pdl="late" if self.pdl in ("auto", "ahead") else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
-                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
-                               qgemv_prefetch=self.options.qgemv_prefetch or qgemv_prefetch(), asm=self.compiles)
+                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

@@ -95,16 +95,6 @@ def qgemv_cols() -> int:
     return _one_of("PTO_QGEMV_COLS", QGEMV_COLS)
 
 
-#: the settings of ``PTO_QGEMV_PREFETCH`` (:func:`qgemv_prefetch`)
-QGEMV_PREFETCH = (0, 1, 2, 3)
-
-
-def qgemv_prefetch() -> int:
-    """How many K steps ahead a grouped GEMV's loop asks L2 for its weights
-    (``RenderOptions.qgemv_prefetch``): ``PTO_QGEMV_PREFETCH`` (0, off, the default; 1, 2 or 3)."""
-    return _one_of("PTO_QGEMV_PREFETCH", QGEMV_PREFETCH)
-
-
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, ahead,
     early, late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
@@ -120,5 +110,5 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_PREFETCH", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode",
-           "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_prefetch", "qgemv_warps", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_cols",
+           "qgemv_mode", "qgemv_warps", "split_mode", "tma_mode"]

@@ -80,7 +80,7 @@ def format_info(d: dict) -> str:
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
         tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the block "
                 "formats but Q5_K, by groups, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a program, "
-                "PTO_QGEMV_COLS: a warp's columns, PTO_QGEMV_PREFETCH: K steps asked of L2 ahead)")
+                "PTO_QGEMV_COLS: a warp's columns)")
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     if d.get("quantized"):

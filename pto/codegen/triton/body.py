@@ -296,11 +296,6 @@ class BodyRenderer(TileOps):
         #: ``x_rows``: each fused tile's x's block rows (past one: read by groups, a few rows of x)
         self.fused, self.x_rows = self._fused_loads(fn)
         self.planes: dict[str, list[str]] = {}
-        #: the formats whose grouped tiles the body asks L2 for ahead (RenderOptions.qgemv_prefetch)
-        self.prefetching: set[str] = set()
-        #: (RenderOptions.qgemv_prefetch under PDL) the loops whose first steps' weights the body
-        #: asks L2 for before it waits, with those loads (:meth:`prefetch_first_steps`)
-        self.before_wait: list[tuple[ForRange, tuple[Instr, ...]]] = []
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}
 
@@ -427,7 +422,6 @@ class BodyRenderer(TileOps):
             self.depth += 1
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
-        self.early |= self.prefetch_first_steps(fn.body if early is None else early)
         self.waiting = bool(self.early) or (self.mk and not self.runs)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
@@ -458,9 +452,6 @@ class BodyRenderer(TileOps):
             helpers += quant_groups.render_int_dots(self.opts.asm)
         if any(self.half_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_half_dots(self.opts.asm)
-        if self.prefetching:
-            helpers += quant_groups.PREFETCH_HELPERS
-            helpers += [line for f in sorted(self.prefetching) for line in quant_groups.render_prefetch(FORMATS[f])]
         return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
@@ -480,9 +471,6 @@ class BodyRenderer(TileOps):
             self.prefetch(rest)
             self.emit(MK_WAIT)
         else:
-            for s, loads in self.before_wait:  # the loops' first steps' weights, into L2
-                for k in range(self.opts.qgemv_prefetch):
-                    self.prefetch_steps(s, loads, self.step_of(s, k))
             self.emit(PDL_WAIT)
             if self.opts.pdl == "chain":
                 self.emit(PDL_SIGNAL)
@@ -609,10 +597,6 @@ class BodyRenderer(TileOps):
             if carried and tile not in self.defined:
                 self.init_nan(tile)
         var = f"i_{s.var}"
-        ahead = self.prefetched_steps(s)
-        if ahead and not any(s is t for t, _ in self.before_wait):  # steps 1 .. D-1 (the loop's own: 0)
-            for k in range(1, self.opts.qgemv_prefetch):
-                self.prefetch_steps(s, ahead, self.step_of(s, k))
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
@@ -623,59 +607,7 @@ class BodyRenderer(TileOps):
         else:
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
-        if ahead:
-            self.prefetch_steps(s, ahead, f"{var} + {self.opts.qgemv_prefetch} * {self.expr(s.step)}")
         self.body(s.body, frames)
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
-
-    def prefetch_first_steps(self, stmts: tuple) -> frozenset[str]:
-        """(``RenderOptions.qgemv_prefetch``, a kernel that waits for the previous launch) the
-        loops among ``stmts`` whose weights :meth:`prefetched_steps` asks L2 for, where the
-        weights are ``pre`` memrefs (the previous launch does not write them): their first
-        steps' are asked before the wait (:meth:`wait`), so they stream while the previous launch
-        finishes; those memrefs (the kernel's early ones: the launch before it chains)."""
-        if not self.opts.pdl:
-            return frozenset()
-        for s in stmts:
-            loads = tuple(i for i in self.prefetched_steps(s) if i.srcs[0] in self.pre) \
-                if isinstance(s, ForRange) else ()
-            if loads:
-                self.before_wait.append((s, loads))
-        return frozenset(i.srcs[0] for _, loads in self.before_wait for i in loads)
-
-    def prefetched_steps(self, s: ForRange) -> tuple[Instr, ...]:
-        """(``RenderOptions.qgemv_prefetch``) the loads of ``s``'s body (a loop of a constant two
-        trips or more, in a kernel compiled for a GPU, not the megakernel's form) of quantized
-        tiles a GEMV's product reads by groups, at offsets of the loop's variable and of names set
-        before it: their weights are asked of L2 steps ahead (:meth:`prefetch_steps`)."""
-        if not self.opts.qgemv_prefetch or not self.opts.asm or self.mk or (constant_trips(s) or 0) < 2 \
-                or not reads_by_groups(self.opts.qgemv):
-            return ()
-        written = _written(s.body)
-        out = []
-        for ins in s.body:
-            if not (isinstance(ins, Instr) and ins.op is Op.LOAD and ins.dst in self.fused):
-                continue
-            fmt, c, lc = self.memrefs[ins.srcs[0]].dtype.quant, self.blocks[ins.dst][1], self.shapes[ins.dst][1]
-            names = set().union(*(e.free_vars() for e in ins.srcs[1:]))
-            if quant_groups.applies(fmt, lc, c) and names <= set(self.names) | {s.var} and not names & written:
-                out.append(ins)
-        return tuple(out)
-
-    def step_of(self, s: ForRange, k: int) -> str:
-        """The loop variable's value at ``s``'s ``k``-th step."""
-        return f"{self.expr(s.lb)} + {k} * {self.expr(s.step)}"
-
-    def prefetch_steps(self, s: ForRange, loads: tuple[Instr, ...], at: str) -> None:
-        """An L2 prefetch of what each of ``loads`` reads with ``s``'s variable at ``at`` (a step
-        ahead), no step past the loop's last."""
-        saved = self.names.get(s.var)
-        self.names[s.var] = at
-        for ins in loads:
-            self.prefetch_quantized(ins, f"({at} < {self.expr(s.ub)})")
-        if saved is None:
-            del self.names[s.var]
-        else:
-            self.names[s.var] = saved

@@ -20,7 +20,7 @@ MAX_NUMEL = 1 << 20
 #: bytes of a cache line: an L2 prefetch asks for one address per line
 LINE_BYTES = 128
 #: ``_prefetch_l2(ptrs)``: PTX's ``prefetch.global.L2`` of each address of a tensor (the megakernel's
-#: prefetch before an item's wait, the grouped GEMVs' steps ahead)
+#: prefetch before an item's wait)
 PREFETCH_L2 = [
     "@triton.jit",
     "def _prefetch_l2(ptrs):",
@@ -144,11 +144,6 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
-    ``qgemv_prefetch``: a GEMV that reads quantized weights by groups in a loop of two K steps or
-    more asks L2 for the weights of the step this many ahead (0: off; the lines of every plane of
-    its rows, PTX ``prefetch.global.L2``: no registers, where a step loaded ahead into registers
-    cost programs a multiprocessor; kernels compiled for a GPU only, ``asm``, outside the
-    megakernel: :meth:`pto.codegen.triton.body.BodyRenderer.prefetch_steps`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -167,7 +162,6 @@ class RenderOptions:
     qgemv: str = ""
     qgemv_warps: int = 0
     qgemv_cols: int = 0
-    qgemv_prefetch: int = 0
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

@@ -32,7 +32,6 @@ shape once per K step (``[G, 1, T]``, shared by the rows), so a program's wider 
 
 from __future__ import annotations
 
-from pto.codegen.triton.common import LINE_BYTES, PREFETCH_L2
 from pto.codegen.triton.quant import (
     _TL,
     _Emitter,
@@ -81,40 +80,6 @@ def applies(fmt: QuantFormat, cols: int, block_cols: int) -> bool:
 
 def load_name(fmt: QuantFormat) -> str:
     return f"_pto_dqg_load_{fmt.name}"
-
-
-def prefetch_name(fmt: QuantFormat) -> str:
-    return f"_pto_dqg_prefetch_{fmt.name}"
-
-
-def render_prefetch(fmt: QuantFormat) -> list[str]:
-    """``_pto_dqg_prefetch_<format>(P, S, ri, c0, rmask, BR, BC)``: an L2 prefetch
-    (``_prefetch_l2``, PTX ``prefetch.global.L2``: no register, no fault) of every line of
-    the bytes :func:`render_load` reads of each plane of the tile's rows ``ri`` (``[BR, 1]``,
-    ``rmask`` their valid ones) from column ``c0``: each plane's run of a row (its elements' or
-    scales' bytes for the ``BC`` columns) in lines of 128 bytes, one more for a run that does
-    not start on a line; a header plane's line of each row. Masked lanes point at ``P``."""
-    em = _Emitter()
-    offsets = fmt.offset_code()
-    for p in fmt.planes:
-        base = f"rowp + {offsets[p.name]}"
-        if p.header:
-            start, nbytes = base, p.bits // 8
-        else:
-            start = f"{base} + (c0 // {p.group}) * {p.bits // 8}" if p.group > 1 else f"{base} + c0 * {p.bits} // 8"
-            nbytes = f"BC // {p.group} * {p.bits} // 8" if p.group > 1 else f"BC * {p.bits} // 8"
-        lines = em.let(f"tl.arange(0, _pow2(({nbytes}) // {LINE_BYTES} + 1))[None, :]")
-        ptr = em.let(f"({start}).to(tl.pointer_type(tl.uint8)) + {lines} * {LINE_BYTES}")
-        inside = f"{lines} * {LINE_BYTES} < ({nbytes}) + {LINE_BYTES}"
-        em.lines.append(f"    _prefetch_l2(tl.where(rmask & ({inside}), {ptr}, P.to(tl.pointer_type(tl.uint8))))")
-    return [f"@triton.jit\ndef {prefetch_name(fmt)}(P, S, ri, c0, rmask, BR: tl.constexpr, BC: tl.constexpr):",
-            f"    # {fmt.name}: the lines of a tile's planes into L2", *_header(fmt), *em.lines]
-
-
-#: the prefetch helpers' own: the L2 prefetch of a tensor of addresses, and the power of two a
-#: count of lines rounds up to (a constexpr)
-PREFETCH_HELPERS = [*PREFETCH_L2, "", "", "@triton.constexpr_function", "def _pow2(n):",
-                    "    return 1 << (int(n) - 1).bit_length() if int(n) > 1 else 1", "", ""]
 
 
 def dot_name(fmt: QuantFormat, rows: bool = False) -> str:

@@ -355,20 +355,6 @@ class TileOps:
             self.emit("else:")
             self.emit(f"    tl.store({ptr}, t_{tile}, mask={mask})")
 
-    def prefetch_quantized(self, ins: Instr, cond: str) -> None:
-        """An L2 prefetch of the lines the grouped load ``ins`` reads (its format's
-        ``_pto_dqg_prefetch_`` helper) at the names' current values, its rows where ``cond``."""
-        mem, row, col = ins.srcs
-        fmt = self.memrefs[mem].dtype.quant
-        self.prefetching.add(fmt.name)
-        r, c = self.blocks[ins.dst]
-        ri, c0, rmask = self.fresh("r"), self.fresh("c"), self.fresh("rm")
-        self.emit(f"{ri} = {self.offset(row, r, True)}")
-        self.emit(f"{c0} = m_{mem}_c0 + {self.expr(col)}")
-        rows = [f"({ri} < m_{mem}_rows)", cond] + ([] if self.nonnegative(row) else [f"({ri} >= 0)"])
-        self.emit(f"{rmask} = {' & '.join(rows)}")
-        self.emit(f"{quant_groups.prefetch_name(fmt)}(P_{mem}, S_{mem}, {ri}, {c0}, {rmask}, {r}, {c})")
-
     def _load_quantized(self, ins: Instr) -> None:
         """A tile of a quantized memref: the format's helper (:mod:`pto.codegen.triton.quant`)
         reads the tile's blocks and dequantizes them in registers; masks (and the pad) only
