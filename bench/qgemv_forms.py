@@ -4,6 +4,8 @@ quantized layer), measured before either is built into the renderer:
 - ``rendered``: the kernel as pto renders it (a program a block of 4 outputs of each matrix, one
   K step of 4,096: it loads its weights, waits, then computes; about 1,370 SASS instructions a
   thread);
+- ``rendered maxnreg R``: the same compiled to at most R registers a thread (more programs a
+  multiprocessor);
 - ``x prequantized``: the same with the x work taken out (its ``_pto_dqx16_dot_q4_k`` helpers'
   rounding and packing of x, and the norm's sum of squares, replaced by loads of x's packed
   16-bit integers, their group scales and sums and the row factor from one buffer, as a kernel
@@ -176,6 +178,9 @@ def _loop_source(src: str, ahead: bool) -> str:
     dot = "".join(f"        t_acc{m} = {h}({args}, t_a32, {br}, {bc})[None, :]\n" for m, h, args, br, bc in dots)
     return src[:src.index("@triton.jit\ndef d_")] + _LOOP.replace("{loads}", loads).replace("{dots}", dot)
 
+#: the rendered kernel compiled to at most these registers a thread as well
+RENDERED_REGS = (96, 80, 64)
+
 #: the loop forms measured: (programs, the loop's stages, the next block ahead, the most registers
 #: a thread or 0); the programs divide the 3,584 blocks
 LOOPS = ((512, 1, False, 0), (896, 1, False, 0), (512, 2, False, 0), (896, 1, False, 64), (896, 1, False, 80),
@@ -189,7 +194,8 @@ def _jobs(folder: Path, spec: str, loops=LOOPS) -> list[dict]:
     (job,) = [j for j in jobs if j["kernel"] == "gate_up"]
     job = dict(job, tag=f"{spec} rendered", spec=spec)
     src = Path(job["path"]).read_text()
-    out = [job]
+    out = [job] + [dict(job, tag=f"{spec} rendered maxnreg {r}", options=dict(job["options"], maxnreg=r))
+                   for r in RENDERED_REGS]
     if spec.startswith("q4_k"):
         pre = dict(job, tag=f"{spec} x prequantized", path=str(folder / "pre_gate_up.py"))
         Path(pre["path"]).write_text(prequantized(src))
@@ -260,7 +266,7 @@ def timed(iters: int, specs: list[str]) -> list[dict]:
                 call(wg, wu)
             torch.cuda.synchronize()
             diff = None
-            if job["tag"].endswith(" rendered"):
+            if job["tag"].endswith(" rendered"):  # (the forms after it compare with it)
                 first = y.float().clone()
             elif not job["tag"].endswith(" x prequantized"):
                 diff = float((y.float() - first).abs().max() / first.abs().max())
