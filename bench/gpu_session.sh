@@ -103,7 +103,9 @@
 #   pdlahead    issues 45 and 46: the PDL policies "auto" and "ahead" (a launch whose successor loads its
 #               weights early signals before its own wait), alternated ($PDLAHEAD, default "auto ahead auto
 #               ahead"): the 8B step in bf16, Q4_K, Q8_0 and fp8 and SmolLM2's in bf16 and its file's types;
-#               then the 8B step's timeline (--timeline) under "ahead"
+#               then the 8B step's timeline (--timeline) under "ahead"; $PDLAHEAD_CONFIGS the models
+#   forms       issue 46: the 8B's gate/up GEMV alone in bench/qgemv_forms.py's forms ($FORMS_SPECS, default
+#               Q4_K, Q8_0 and fp8), twice
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
 #               under $RECORDS_VARIANTS (default d=static) at $RECORDS_BATCHES sequences (default 1; e.g. 1,8 for
 #               batch 8's per-layer profile; --records: every item's start, end and multiprocessor, to
@@ -311,6 +313,10 @@ for stage in "$@"; do
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
+    forms) for i in 1 2; do
+             python3 bench/qgemv_forms.py --specs "${FORMS_SPECS:-q4_k/q6_k,q8_0,fp8}" --iters 200 \
+               --json "$OUT/forms_$i.json" > "$OUT/forms_$i.log" 2>&1; cut -c1-100 "$OUT/forms_$i.log"
+           done ;;
     chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:---d 2048,2048,4096,4096 --rows 16,8,32,16} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
            tail -n 40 "$OUT/chain.log" ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \

@@ -1,0 +1,62 @@
+"""bench/qgemv_forms.py's kernel texts: the Q4_K gate/up with x prequantized and the loop forms
+of every grouped type, made from the renderer's own text (the probe fails loudly where the
+rendered names move; these tests say so on the CPU, before a GPU call is spent on it)."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import qgemv_forms  # noqa: E402  (bench/ is not a package)
+import qgemv_sass  # noqa: E402
+
+
+def _rendered(tmp_path, spec: str) -> str:
+    (job,) = [j for j in qgemv_sass.jobs(spec, "auto", "default", tmp_path, pdl="late") if j["kernel"] == "gate_up"]
+    return Path(job["path"]).read_text()
+
+
+def _function(src: str, name: str) -> str:
+    tree = ast.parse(src)
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return ast.get_source_segment(src, fn)
+
+
+def test_the_prequantized_form_loads_x_and_leaves_its_rounding_and_the_norm_out(tmp_path):
+    src = qgemv_forms.prequantized(_rendered(tmp_path, "q4_k/q6_k"))
+    helper = _function(src, "_pre_dot_q4_k")
+    # x's 16 words a group, its scales and sums loaded; its rounding and packing gone
+    assert "tl.load(X + _v1 * 16 + lane)" in helper and helper.count("tl.load(X.to(") == 2
+    assert "_pto_pack2" not in helper and "12582912.0" not in helper
+    assert all(f"    {w} = " in helper for w in qgemv_forms._WORDS)
+    body = _function(src, "d_gemv_norm_swiglu_tile__R1")
+    assert body.count("_pre_dot_q4_k(") == 2 and "_pto_dqx16_dot_q4_k" not in body
+    assert "rsqrt" not in body and "t_xt" not in body  # (the row factor is loaded)
+
+
+@pytest.mark.parametrize("spec", ["q4_k/q6_k", "q8_0", "fp8"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_the_loop_form_takes_the_rendered_loads_and_dots_and_strides_over_the_blocks(tmp_path, spec, ahead):
+    rendered = _rendered(tmp_path, spec)
+    src = qgemv_forms._loop_source(rendered, ahead)
+    body = _function(src, "d_gemv_norm_swiglu_tile__R1")
+    load = next(n for n in ("q4_k", "q8_0", "fp8") if spec.startswith(n))
+    # x normalized once, before the loop; each block's two matrices loaded and dotted in it
+    before, loop = body.split("    for it in tl.range(0, NIT, num_stages=STAGES):")
+    assert "tl.math.rsqrt" in before and "t_a32 =" in before
+    assert loop.count(f"_pto_dqg_load_{load}(") == 2 and loop.count("t_a32, 4, 4096)") == 2
+    assert before.count(f"_pto_dqg_load_{load}(") == (2 if ahead else 0)
+    assert ("jn = tl.minimum(jj + NPROG, NIT * NPROG - 1)" in loop) == ahead
+    assert "jj = i_j + it * NPROG" in loop and "tl.store(P_y + _c16, t_gb)" in loop
+    # the rendered helpers kept as they are
+    assert _function(src, f"_pto_dqg_load_{load}") == _function(rendered, f"_pto_dqg_load_{load}")
+
+
+def test_a_rendered_kernel_without_the_expected_dot_is_refused():
+    with pytest.raises(SystemExit, match="loads or dots"):
+        qgemv_forms._loop_source("@triton.jit\ndef d_x():\n    pass\n", False)
+    with pytest.raises(SystemExit, match="_pto_dqx16_dot_q4_k"):
+        qgemv_forms.prequantized("@triton.jit\ndef d_x():\n    pass\n")
