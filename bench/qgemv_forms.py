@@ -100,18 +100,21 @@ def prequantized(src: str) -> str:
     return src[:start] + new + src[end:]
 
 
-#: the loop form's device function and kernel (module docstring), after the rendered helpers
-_LOOP = """@triton.jit
-def d_gemv_norm_swiglu_tile__R1(
-        row,
-        i_j,
-        P_x, S_x,
+#: the rendered gate/up kernel's memref parameters (its device function's and kernel's)
+_PARAMS = """        P_x, S_x,
         P_wg, S_wg,
         P_wu, S_wu,
         P_y, S_y,
         P_g, S_g,
         EVEN_x: tl.constexpr, EVEN_wg: tl.constexpr, EVEN_wu: tl.constexpr, EVEN_y: tl.constexpr, EVEN_g: tl.constexpr,
-        ALIGN_x: tl.constexpr, ALIGN_wg: tl.constexpr, ALIGN_wu: tl.constexpr, ALIGN_y: tl.constexpr, ALIGN_g: tl.constexpr,
+        ALIGN_x: tl.constexpr, ALIGN_wg: tl.constexpr, ALIGN_wu: tl.constexpr, ALIGN_y: tl.constexpr, ALIGN_g: tl.constexpr,"""
+
+#: the loop form's device function and kernel (module docstring), after the rendered helpers
+_LOOP = """@triton.jit
+def d_gemv_norm_swiglu_tile__R1(
+        row,
+        i_j,
+{params}
         NPROG, NIT, STAGES: tl.constexpr):
     m_wg_rows = tl.load(row + 6)
     P_x = P_x
@@ -134,13 +137,7 @@ def d_gemv_norm_swiglu_tile__R1(
 @triton.jit
 def gemv_norm_swiglu_tile__R1(
         tab,
-        P_x, S_x,
-        P_wg, S_wg,
-        P_wu, S_wu,
-        P_y, S_y,
-        P_g, S_g,
-        EVEN_x: tl.constexpr, EVEN_wg: tl.constexpr, EVEN_wu: tl.constexpr, EVEN_y: tl.constexpr, EVEN_g: tl.constexpr,
-        ALIGN_x: tl.constexpr, ALIGN_wg: tl.constexpr, ALIGN_wu: tl.constexpr, ALIGN_y: tl.constexpr, ALIGN_g: tl.constexpr,
+{params}
         NB, NP, GROUP: tl.constexpr, NPROG, NIT, STAGES: tl.constexpr):
     d_gemv_norm_swiglu_tile__R1(tab, tl.program_id(1), P_x, S_x, P_wg, S_wg, P_wu, S_wu, P_y, S_y, P_g, S_g, EVEN_x, EVEN_wg, EVEN_wu, EVEN_y, EVEN_g, ALIGN_x, ALIGN_wg, ALIGN_wu, ALIGN_y, ALIGN_g, NPROG, NIT, STAGES)
 """
@@ -176,7 +173,8 @@ def _loop_source(src: str, ahead: bool) -> str:
     else:
         loads = head + block("jj", names)
     dot = "".join(f"        t_acc{m} = {h}({args}, t_a32, {br}, {bc})[None, :]\n" for m, h, args, br, bc in dots)
-    return src[:src.index("@triton.jit\ndef d_")] + _LOOP.replace("{loads}", loads).replace("{dots}", dot)
+    loop = _LOOP.replace("{params}", _PARAMS).replace("{loads}", loads).replace("{dots}", dot)
+    return src[:src.index("@triton.jit\ndef d_")] + loop
 
 #: the rendered kernel compiled to at most these registers a thread as well
 RENDERED_REGS = (96, 80, 64)
