@@ -161,7 +161,13 @@ def timeline(fn, runs: int = 3) -> dict:
     launches per step and the medians of how far each launch moved the step's latest end (its
     share of the step: the advances sum to the step's span), of its own duration and of its start
     less its predecessor's end (negative: started before it ended); the step's span."""
-    calls = timing.kernel_timeline(fn, runs)
+    return timeline_of(timing.kernel_timeline(fn, runs))
+
+
+def timeline_of(calls: list[list[tuple[str, float, float]]]) -> dict:
+    """:func:`timeline`'s summary of profiled ``calls`` (:func:`pto.exec.timing.kernel_timeline`'s):
+    per kernel name (its first 60 characters) its launches per call and the medians of its
+    launches' advance, duration and lead, the kernels by their advance per call, most first."""
     per: dict[str, list] = {}
     for call in calls:
         for name, advance, busy, lead in timing.frontier(call):

@@ -112,7 +112,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         path.write_text(kern.source)
         flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
         weights = sum(1 for p in kern.fn.memrefs if p.name.startswith("w"))
-        blocks = _blocks(fn)
+        blocks = _blocks(specialize(fn, dims))  # (the down projection at the step's K)
         out.append({"tag": tag, "path": str(path), "name": kern.name, "signature": kern.signature(),
                     "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
                     "options": {k: v for k, v in kern.launch.items() if not k.isupper()},

@@ -60,3 +60,15 @@ def test_a_rendered_kernel_without_the_expected_dot_is_refused():
         qgemv_forms._loop_source("@triton.jit\ndef d_x():\n    pass\n", False)
     with pytest.raises(SystemExit, match="_pto_dqx16_dot_q4_k"):
         qgemv_forms.prequantized("@triton.jit\ndef d_x():\n    pass\n")
+
+
+def test_the_sass_jobs_compile_the_down_projection_at_the_steps_contraction(tmp_path):
+    """bench/qgemv_sass.py compiles the down projection (``proj``) specialized to the step's call,
+    K the FFN's width, so that its warps and K loop are the step's; the others contract over the
+    hidden size."""
+    from pto.orchestration.model.program import CONFIGS
+
+    layer = CONFIGS["llama3-8b"].layer
+    jobs = {j["kernel"]: j for j in qgemv_sass.jobs("q4_k/q6_k", "auto", "default", tmp_path)}
+    assert jobs["proj"]["K"] == layer.ffn and jobs["proj"]["K"] // jobs["proj"]["bk"] == 7
+    assert all(jobs[k]["K"] == layer.hidden for k in ("qkv", "gate_up", "proj_o"))

@@ -92,3 +92,22 @@ def test_a_profiles_kernels_part_into_calls_where_the_gpu_idled():
                                          [("c", 0.0, 1.0), ("d", 2.5, 4.0)]]
     assert len(calls_apart(spans, 1.0)) == 3 and calls_apart([], 1.0) == []
     assert len(calls_apart([("a", 0.0, 50.0), ("b", 60.0, 61.0)], 20.0)) == 1  # 10 us after a's end
+
+
+def test_a_steps_timeline_sums_each_kernels_launches_by_their_medians_and_prints_a_line_each(capsys):
+    """bench/decode.py --timeline: per kernel name, launches per call and the medians of their
+    advance, duration and lead over the calls; the kernels by what they add a call, most first;
+    the span the calls' median."""
+    # two calls of three launches: "g" twice a call (advances 4, 2, then 6, 2; durations 4, 2, then
+    # 6, 2.5; leads 0, 0, then 0, -0.5), "a" once (advances 1, 2; durations 2, 1; leads -1, 1)
+    calls = [[("g", 0.0, 4.0), ("a", 3.0, 5.0), ("g", 5.0, 7.0)],
+             [("g", 0.0, 6.0), ("a", 7.0, 8.0), ("g", 7.5, 10.0)]]
+    tl = decode.timeline_of(calls)
+    assert tl["span_us"] == 8.5  # (7 and 10)
+    assert list(tl["kernels"]) == ["g", "a"]  # 3.0 x 2 a call before 1.5 x 1
+    assert tl["kernels"]["g"] == {"per_step": 2.0, "advance_us": 3.0, "busy_us": 3.25, "lead_us": 0.0}
+    assert tl["kernels"]["a"] == {"per_step": 1.0, "advance_us": 1.5, "busy_us": 1.5, "lead_us": 0.0}
+    decode.print_timeline("step", tl)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step: span 8.5 us a step") and out[1].split() == ["g", "2.0", "3.00", "3.25", "0.00"]
+    assert decode.timeline_of([]) == {"span_us": None, "kernels": {}}
