@@ -100,10 +100,6 @@
 #               then 2048, two groups a thread: a fifth fewer instructions a weight in Q4_K's SASS), twice
 #               each: the 8B and 1B steps in Q4_K, Q8_0 and fp8; then the 8B's kernels without PDL
 #               (--kernels) at $QCOLS_PROFILE (default 2048) in bf16 and Q4_K, and the quantized GPU tests at it
-#   pdlahead    issues 45 and 46: the PDL policies "auto" and "ahead" (a launch whose successor loads its
-#               weights early signals before its own wait), alternated ($PDLAHEAD, default "auto ahead auto
-#               ahead"): the 8B step in bf16, Q4_K, Q8_0 and fp8 and SmolLM2's in bf16 and its file's types;
-#               then the 8B step's timeline (--timeline) under "ahead"; $PDLAHEAD_CONFIGS the models
 #   forms       issue 46: the 8B's gate/up GEMV alone in bench/qgemv_forms.py's forms ($FORMS_SPECS, default
 #               Q4_K, Q8_0 and fp8), twice
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
@@ -343,17 +339,6 @@ for stage in "$@"; do
            tail -n 60 "$OUT/qcols_kernels.log" | cut -c1-200
            PTO_QGEMV_COLS=${QCOLS_PROFILE:-2048} timeout 200 python3 -m pytest -q -p no:cacheprovider \
              tests/gpu/test_quant_gpu.py > "$OUT/qcols_tests.log" 2>&1; tail -n 3 "$OUT/qcols_tests.log" ;;
-    pdlahead) for p in ${PDLAHEAD:-auto ahead auto ahead}; do
-                PTO_PDL=$p python3 bench/decode.py --configs ${PDLAHEAD_CONFIGS:-llama3-8b,smollm2-135m} --batches 1 --long 0 --steps 32 \
-                  --executors waves --hf-configs none --prefill 0 \
-                  --quant 'bf16,llama3-8b:q4_k/q6_k,q8_0,fp8,smollm2-135m:q4_1/q8_0' \
-                  --json "$OUT/pdlahead_$p.json" >> "$OUT/pdlahead_$p.log" 2>&1
-                echo "PTO_PDL=$p"; grep -h "B=1" "$OUT/pdlahead_$p.log" | tail -n 6 | cut -c1-120
-              done
-              PTO_PDL=ahead python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
-                --executors waves --hf-configs none --quant 'bf16,q4_k/q6_k,q8_0,fp8' --prefill 0 --timeline \
-                --json "$OUT/pdlahead_timeline.json" > "$OUT/pdlahead_timeline.log" 2>&1
-              grep -v "^{" "$OUT/pdlahead_timeline.log" | grep -v "^ *gemv_\|lmhead\|embed\|argmax" | cut -c1-120 ;;
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;

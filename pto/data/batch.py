@@ -46,10 +46,6 @@ class TaskBatch:
     #: the launch after this one loads memory before its wait: this one signals right after its own
     #: wait, so that those loads overlap its work (the "auto" PDL policy)
     chain: bool = False
-    #: (with ``chain``) this one signals before its own wait, so that the next one's early loads also
-    #: overlap this one's wait (the "ahead" policy: the next one's ``readonly`` leaves out what the
-    #: batch before this one writes, which may still run when it starts)
-    first: bool = False
 
     @classmethod
     def one(cls, fn: IncoreFunction, regions: dict[str, tuple], scalars: dict[str, int] | None = None) -> TaskBatch:

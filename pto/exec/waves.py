@@ -135,33 +135,25 @@ def directions(fn: IncoreFunction) -> tuple[dict[str, str], bool]:
 
 _DIRECTIONS: dict = {}
 
-#: ("ahead") the most batches in a row that signal before their waits (held back until the batch
-#: after them shows whether it loads a weight early)
-AHEAD_WINDOW = 4
-
 
 @dataclass(eq=False)
 class _Seen:
     """A batch as the PDL policies see it: the storages of the memrefs it only reads (``ins``)
-    and of those it writes, whether it surely launches, whether it signals before its own wait
-    (``first``), and ``running``: what the launches that may still run when it starts write
-    (None: not known, the run's first batch). A batch starts once its predecessor has signalled:
-    after the predecessor's wait (so every launch before the predecessor is done), or before it
-    ("first": then whatever may run when the predecessor starts may run still), or never, a
-    predecessor that may launch nothing (likewise)."""
+    and of those it writes, whether it surely launches, and ``running``: what the launches that
+    may still run when it starts write (None: not known, the run's first batch). A batch starts
+    once its predecessor has signalled: after the predecessor's wait (so every launch before the
+    predecessor is done), or never, a predecessor that may launch nothing (then whatever may run
+    when that one starts may run still)."""
 
     ins: dict[str, int]
     writes: set[int]
     launches: bool
-    first: bool = False
     running: set[int] | None = None
-    before: _Seen | None = None
 
     def follow(self, before: _Seen | None) -> None:
-        self.before = before
         if before is None:
             self.running = None
-        elif before.first or not before.launches:
+        elif not before.launches:
             self.running = None if before.running is None else before.writes | before.running
         else:
             self.running = set(before.writes)
@@ -192,11 +184,8 @@ class WaveExecutor(Executor):
         self.sentinel = sentinel
         self.flags: TaskFlags | None = None  # the sentinel's records of the last run
         # PDL "auto": a batch is issued once the next is known (whether it loads early decides
-        # where the first signals); "ahead": up to AHEAD_WINDOW held back; not with per-launch
-        # records, syncs or the sentinel's scans
-        self._defer = getattr(backend, "pdl", "") in ("auto", "ahead") and not (record or sync_each_launch or sentinel)
-        # PDL "ahead": a batch may signal before its wait (TaskBatch.first)
-        self._ahead = getattr(backend, "pdl", "") == "ahead"
+        # where the first signals); not with per-launch records, syncs or the sentinel's scans
+        self._defer = getattr(backend, "pdl", "") == "auto" and not (record or sync_each_launch or sentinel)
         self._reset()
 
     def _reset(self) -> None:
@@ -205,7 +194,7 @@ class WaveExecutor(Executor):
         self.device_launches = 0
         self.records: list[LaunchRecord] = []
         self._held: list | None = None  # launches held back while their kernels compile (run)
-        #: batches whose issue waits for the next ones (_defer): [wave, ids, batch, _Seen]
+        #: the batch whose issue waits for the next one (_defer; at most one): [wave, ids, batch]
         self._pending: list[list] = []
         self._last: _Seen | None = None  # what the last batch seen writes and may leave running
         self._inputs: set[int] = set()  # storages of the graph's input tensors (weights)
@@ -371,66 +360,22 @@ class WaveExecutor(Executor):
         if not self._defer:
             self._issue(wave, ids, batch)
             return
-        self._pending.append([wave, ids, batch, seen])
-        if self._ahead and self._first_ahead():
-            self._issue_pending(len(self._pending) - 1)  # (all decided but this one)
-        elif len(self._pending) > (AHEAD_WINDOW if self._ahead else 1):  # ("auto": the one before this)
+        self._pending.append([wave, ids, batch])
+        if len(self._pending) > 1:  # the one before this
             self._issue_pending(1)
-
-    def _first_ahead(self) -> bool:
-        """("ahead") Where the batch just seen loads a weight early even when the last batches
-        before it (up to ``AHEAD_WINDOW``, none of them reading a weight, :meth:`_reads_weights`) all
-        signal before their waits: mark them so (``TaskBatch.first``, ``chain``), the most that
-        keeps it loading early, and their successors' early loads leaving out what every launch
-        that may still run writes (:class:`_Seen`). Whether it did."""
-        *before, last = self._pending
-        light = []
-        for entry in reversed(before):
-            if entry[2].first or self._reads_weights(entry[3]):
-                break
-            light.insert(0, entry)
-        for k in range(len(light), 0, -1):
-            for entry in light[-k:]:
-                entry[3].first = True
-            self._refresh(len(self._pending) - 1 - k)
-            if self._weights_early(last[2]):
-                for entry in light[-k:]:
-                    entry[2].first = entry[2].chain = True
-                return True
-            for entry in light[-k:]:
-                entry[3].first = False
-            self._refresh(len(self._pending) - 1 - k)
-        return False
-
-    def _refresh(self, start: int) -> None:
-        """The running sets and early loads of the pending batches from ``start`` on, after their
-        predecessors' signals changed."""
-        for k in range(max(start, 0), len(self._pending)):
-            entry = self._pending[k]
-            before = self._pending[k - 1][3] if k > 0 else entry[3].before
-            entry[3].follow(before)
-            entry[2].readonly = entry[3].readonly()
 
     def _issue_pending(self, n: int) -> None:
         """Issue the first ``n`` pending batches, each signalling right after its wait where the
-        batch after it loads a weight early ("chain"), or before it where so marked ("first")."""
+        batch after it loads a weight early ("chain")."""
         for _ in range(n):
-            wave, ids, batch, _seen = self._pending.pop(0)
-            if not batch.first and self._pending:
+            wave, ids, batch = self._pending.pop(0)
+            if self._pending:
                 batch.chain = self._weights_early(self._pending[0][2])
             self._issue(wave, ids, batch)
 
     def _input_storages(self, module) -> set[int]:
         return {_storage(self.tensors[t.name]) for t in module.entry_function.tensors
                 if t.role == "input" and t.name in self.tensors}
-
-    def _reads_weights(self, seen: _Seen) -> bool:
-        """("ahead") Does a batch read an input (a weight) at all, early or in its loop? Such a
-        batch does not signal before its wait: the successor's early loads and programs would
-        then share the bandwidth and multiprocessors it streams its weights with (on an H200 the
-        8B step 7-13% slower, its down projection 30.4 -> 37.2 us, docs/PERF.md, "fifteenth
-        session")."""
-        return any(s in self._inputs for s in seen.ins.values())
 
     def _weights_early(self, batch: TaskBatch) -> bool:
         """Does ``batch`` load inputs (weights) before its wait? Then the batch before it signals
@@ -448,9 +393,7 @@ class WaveExecutor(Executor):
         None for the run's first batch (its predecessor is whatever ran before). Tensors are told
         apart by storage (views of one buffer are one). A task's own stores are the renderer's
         to respect (no load moves above one: :func:`~pto.codegen.triton.body.early_loads`); the
-        other tasks of its batch write no region it reads (they would depend on each other).
-        (Under "ahead" a predecessor that signals before its wait adds what may still run before
-        it: :class:`_Seen`.)"""
+        other tasks of its batch write no region it reads (they would depend on each other)."""
         return self._see(fn, mems).readonly()
 
     def _see(self, fn: IncoreFunction, mems: dict[str, RegionBatch]) -> _Seen:

@@ -40,15 +40,13 @@ def _at(lines: list[str], text: str) -> int:
     return next(i for i, line in enumerate(lines) if text in line)
 
 
-@pytest.mark.parametrize("mode", ["late", "chain", "first"])
+@pytest.mark.parametrize("mode", ["late", "chain"])
 def test_inputs_load_before_the_wait_and_everything_else_after(mode):
     """A one-step GEMV: its weight block loads first, then the wait, then x, the residual and the
     store; the kernel itself no longer waits. The signal: after the device function ("late"),
-    right after the wait ("chain"), before the device function ("first", the executor's choice
-    where it has left out of the next launch's early loads what this one's predecessor
-    writes); "early" with early loads is refused (the next launch would start, and load early,
-    before this one's predecessor is done, and nothing said that was safe). The schedule digest
-    is the plain kernel's."""
+    right after the wait ("chain"); never before the wait ("early" is refused: the next launch
+    would start, and load early, before this one's predecessor is done). The schedule digest is
+    the plain kernel's."""
     plain = render(_gemv(576, 1024))
     kern = render(_gemv(576, 1024), RenderOptions(pdl=mode, pre=("w",)))
     assert kern.waits and kern.pdl == mode
@@ -63,10 +61,10 @@ def test_inputs_load_before_the_wait_and_everything_else_after(mode):
     else:
         assert "_gdc_launch_dependents" not in "\n".join(dev)
         sig, call = outer.index("_gdc_launch_dependents()"), outer.index("(tab + task *")
-        assert (sig < call) if mode == "first" else (sig > call)
+        assert sig > call
     assert "for i_kk" not in "\n".join(dev)  # the loop that runs once is straight-line code
     assert kern.schedule_digest == plain.schedule_digest == plain.digest != kern.digest
-    with pytest.raises(BuildError, match="pre needs pdl 'late', 'chain' or 'first'"):
+    with pytest.raises(BuildError, match="pre needs pdl 'late' or 'chain'"):
         render(_gemv(576, 1024), RenderOptions(pdl="early", pre=("w",)))
 
 
@@ -200,8 +198,7 @@ class _EarlyLoadsEvaluator(TorchBackend):
     def prepare(self, batch):
         fn = specialize(batch.fn) if batch.fn.dims else batch.fn
         body = early_loads(fn.body, batch.readonly) if batch.readonly else None
-        self.seen.append({"readonly": batch.readonly, "chain": batch.chain, "first": batch.first,
-                          "early": self.triton.loads_early(batch),
+        self.seen.append({"readonly": batch.readonly, "chain": batch.chain, "early": self.triton.loads_early(batch),
                           "io": {p: a.direction for p, a in param_access(fn).items()},
                           "at": {p: m.tensor.untyped_storage().data_ptr() for p, m in batch.mems.items()}})
         assert (body is not None) == bool(self.seen[-1]["early"])
@@ -210,18 +207,14 @@ class _EarlyLoadsEvaluator(TorchBackend):
         return super().prepare(TaskBatch(fn, batch.mems, batch.scalars, batch.size))
 
 
-@pytest.mark.parametrize("policy", ["auto", "ahead"])
-def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, policy):
+def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
     """The tiny model's decode step (its projections in one K step, as SmolLM2's on a GPU, but the
     down projection, which streams its weights over K steps as the 8B model's does) through
     the wave executor: the first batch loads nothing early (its predecessor is whatever ran before
     the run); each other batch may load early what its function only reads and the batch before
     it does not write (the weights, the residual, the position); a batch is flagged ``chain``
-    exactly when the next one loads an input (a weight) early; under "ahead" a few batches in a
-    row before one that loads a weight early signal before their waits (``first``), and each
-    batch loads early nothing that a launch which may still run when it starts writes (its
-    predecessor, and before a batch that signals first whatever may run when that one starts);
-    the results are the plain run's, bit for bit."""
+    exactly when the next one loads an input (a weight) early, and issued once the next one is
+    seen; the results are the plain run's, bit for bit."""
     from dataclasses import replace
 
     from pto.orchestration.model import program as mp
@@ -239,8 +232,7 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     inputs = prog.inputs(s, shape, "cpu", seed=3)
     cp = CompiledProgram.get(module, target=s.target)
     outs = []
-    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, policy))):
-        backend.pdl = policy
+    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))):
         fn = module.entry_function
         tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
         g = cp.build_graph(scalars)
@@ -268,25 +260,11 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch, poli
     def writes(x):
         return {x["at"][p] for p, d in x["io"].items() if d != "in"}
 
-    running = writes(seen[0])  # what may still run when the next batch starts
-    for a, b in zip(seen, seen[1:]):
-        assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in running}
-        assert a["chain"] == (a["first"] or any(b["at"][p] in weights for p in b["early"]))
-        running = writes(b) | (running if b["first"] else set())
-    # "auto" issues a batch once the next is seen; "ahead" holds up to AHEAD_WINDOW back
-    from pto.exec.waves import AHEAD_WINDOW
-
-    assert max(held) == (1 if policy == "auto" else AHEAD_WINDOW) and held[-1] == 0
-    firsts = [b["first"] for b in seen]
-    assert any(firsts) == (policy == "ahead")
-    if policy == "ahead":  # a chain of them: the attention's launches before the o projection
-        assert any(x and y for x, y in zip(firsts, firsts[1:]))
-        # none of them reads a weight (a GEMV signalling first shares its bandwidth)
-        assert not any(b["at"][p] in weights for b in seen if b["first"] for p, d in b["io"].items() if d == "in")
-        for k, b in enumerate(seen[:-1]):  # each one's successors up to a weight loaded early
-            if b["first"]:
-                j = next(j for j in range(k + 1, len(seen)) if not seen[j]["first"])
-                assert any(seen[j]["at"][p] in weights for p in seen[j]["early"])
+    for a, b in zip(seen, seen[1:]):  # what may still run when b starts: a
+        assert b["readonly"] == {p for p, d in b["io"].items() if d == "in" and b["at"][p] not in writes(a)}
+        assert a["chain"] == any(b["at"][p] in weights for p in b["early"])
+    # a batch is issued once the next is seen
+    assert max(held) == 1 and held[-1] == 0
     assert any(b["early"] and not b["early"] & {p for p in b["at"] if b["at"][p] in weights} for b in seen)
     assert any(b["chain"] for b in seen) and not all(b["early"] for b in seen)
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):

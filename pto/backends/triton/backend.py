@@ -87,11 +87,9 @@ class TritonBackend(Backend):
     a render mode for every launch (``RenderOptions.pdl``: "early", "late", "chain"), or "auto":
     each launch may load what the one before does not write before its wait (``TaskBatch.readonly``), and signals
     "late", or "chain" (right after its wait) where the executor says the next launch loads weights
-    early (``TaskBatch.chain``, :meth:`loads_early`), or "ahead": "auto", but signalling before
-    its wait ("first") where the executor says the next launch loads weights early even with
-    what the two launches before it write left out (``TaskBatch.first``); None: "auto" where the
-    kernels are compiled for a GPU of compute capability 9.0 or later, unless the environment sets
-    ``PTO_PDL``. Measured on an H100: the SmolLM2 decode step 15% faster with "late" than without PDL, and 19% faster
+    early (``TaskBatch.chain``, :meth:`loads_early`); None: "auto" where the kernels are compiled for a
+    GPU of compute capability 9.0 or later, unless the environment sets ``PTO_PDL``. Measured on
+    an H100: the SmolLM2 decode step 15% faster with "late" than without PDL, and 19% faster
     again with "auto"; "early" 30% slower; the prefill layer unchanged by any (docs/PERF.md
     "Programmatic dependent launch", "Tenth session"). Tensor-descriptor loads of the large tiles
     that feed matrix products (``RenderOptions.tma``, :mod:`pto.codegen.triton.tma`): on where
@@ -114,11 +112,10 @@ class TritonBackend(Backend):
         self._sum_buffers = SumBuffers()
         self.options = options or RenderOptions()
         #: the PDL policy (PDL_POLICIES; "" off): "auto" renders "late", and "chain" for a launch
-        #: whose successor loads early (TaskBatch.chain), "ahead" also "first" (TaskBatch.first);
-        #: "auto", "ahead" and "chain" load TaskBatch.readonly early
+        #: whose successor loads early (TaskBatch.chain); "auto" and "chain" load TaskBatch.readonly early
         self.pdl = self._pdl(pdl)
         # what a kernel may load before its wait is the executor's to say, per batch (batch_options)
-        self.options = replace(self.options, pdl="late" if self.pdl in ("auto", "ahead") else self.pdl, pre=())
+        self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
                                qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
@@ -293,15 +290,14 @@ class TritonBackend(Backend):
 
     def batch_options(self, cfg: LaunchConfig, batch: TaskBatch) -> RenderOptions:
         """The code-generation options of ``batch``'s kernel: this backend's, those a schedule
-        switches (``cfg``), and under the "auto", "ahead" and "chain" PDL policies the memrefs it may
-        load before its wait (``TaskBatch.readonly``) and, "auto" and "ahead", where it signals
-        (``TaskBatch.chain``, ``TaskBatch.first``)."""
+        switches (``cfg``), and under the "auto" and "chain" PDL policies the memrefs it may load
+        before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = self.render_options(batch.fn, cfg)
         # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
-        early = self.pdl in ("auto", "chain", "ahead") and opts.persistent != "ws"
+        early = self.pdl in ("auto", "chain") and opts.persistent != "ws"
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
-        if self.pdl in ("auto", "ahead") and batch.chain:
-            opts = replace(opts, pdl="first" if batch.first else "chain")
+        if self.pdl == "auto" and batch.chain:
+            opts = replace(opts, pdl="chain")
         return opts
 
     def render_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
@@ -319,8 +315,7 @@ class TritonBackend(Backend):
     def loads_early(self, batch: TaskBatch) -> frozenset[str]:
         """The memrefs ``batch``'s kernel loads before its PDL wait (the executor's question for
         ``TaskBatch.chain``)."""
-        if self.pdl not in ("auto", "chain", "ahead") or not batch.readonly or batch.size == 0 \
-                or has_collective(batch.fn):
+        if self.pdl not in ("auto", "chain") or not batch.readonly or batch.size == 0 or has_collective(batch.fn):
             return frozenset()
         return self.kernel(batch.fn, self.batch_options(self.launch_config(batch.fn, batch.size), batch)).early
 

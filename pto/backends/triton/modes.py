@@ -10,12 +10,10 @@ import os
 from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES, QGEMV_MODES
 from pto.errors import UsageError
 
-#: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes but "first" (the
-#: executor's to choose), "auto" (each launch "late", but "chain" where the next launch loads
-#: memory before its wait; the executor says where: ``TaskBatch.chain``) and "ahead" ("auto", with
-#: "first" instead of "chain" where the next launch still loads its weights early when what the
-#: two launches before it write is left out of its early loads: ``TaskBatch.first``)
-PDL_POLICIES = tuple(m for m in PDL_MODES if m != "first") + ("auto", "ahead")
+#: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
+#: launch "late", but "chain" where the next launch loads memory before its wait; the executor
+#: says where: ``TaskBatch.chain``)
+PDL_POLICIES = PDL_MODES + ("auto",)
 
 SPLIT_MODES = ("align", "masks", "none")
 
@@ -96,8 +94,8 @@ def qgemv_cols() -> int:
 
 
 def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
-    """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, ahead,
-    early, late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
+    """The programmatic-dependent-launch policy of the batched kernels: ``PTO_PDL`` (auto, early,
+    late, chain, off; default auto) where they are compiled (``compiles``) for a GPU of
     ``capability`` 9.0 and later (the first with PDL), else "" (off). On an H100 "auto" took a
     SmolLM2 step 0.447 ms against 0.553 with "late" (the 8B step 1.2% faster, the prefill layer
     unchanged; "chain" everywhere: SmolLM2 0.522, the 8B step 9% slower; docs/PERF.md, "Tenth

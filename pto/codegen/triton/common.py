@@ -38,12 +38,9 @@ ALIGN = 16  # columns; ALIGN_<p> promises every region's col0 and width are mult
 #: come first), and signals that the next launch may start the same way (a hint; it takes effect once
 #: every program of this launch has given it): before its work ("early"), after it ("late"), or
 #: right after its wait ("chain": the next launch's programs become resident, and issue their own
-#: early loads, while this one works; at most two launches are resident at once), or before its
-#: work with the loads of ``pre`` still allowed ("first": only where the executor has left out of
-#: the next launch's ``pre`` what the launch before this one writes, since the next may start while
-#: that one runs: the "ahead" policy, :class:`pto.exec.waves.WaveExecutor`). Every kernel of a chain
-#: waits, so a launch also follows everything before its predecessor's predecessor.
-PDL_MODES = ("early", "late", "chain", "first")
+#: early loads, while this one works; at most two launches are resident at once). Every kernel of
+#: a chain waits, so a launch also follows everything before its predecessor.
+PDL_MODES = ("early", "late", "chain")
 #: Persistent tile loops (``RenderOptions.persistent``): the batched kernel launches at most one
 #: program per multiprocessor, and each loops over the launch's (task, parallel index) pairs in
 #: the order the non-persistent grid would run them. "loop": a plain loop; "ws": Triton flattens

@@ -252,11 +252,10 @@ def _with_pdl(body: list[str], pdl: str, waits: bool) -> list[str]:
         raise BuildError(f"RenderOptions.pdl={pdl!r}: one of {', '.join(PDL_MODES)} or '' (off)")
     if pdl == "early" and waits:
         # the next launch would start before this one waits, and its own early loads could read
-        # what this one's predecessor is still writing (the executor's "first" knows they do not)
-        raise BuildError("RenderOptions.pre needs pdl 'late', 'chain' or 'first' (an 'early' signal comes before "
-                         "the wait)")
+        # what this one's predecessor is still writing
+        raise BuildError("RenderOptions.pre needs pdl 'late' or 'chain' (an 'early' signal comes before the wait)")
     wait = [] if waits else [PDL_WAIT]
-    if pdl in ("early", "first"):
+    if pdl == "early":
         return [PDL_SIGNAL] + wait + body
     if pdl == "late":
         return wait + body + [PDL_SIGNAL]
