@@ -7,11 +7,12 @@ configurations (bf16, a GPU).
                            [--tilings 'default;bn=32;bn=16,bk=128;+ffn_bk=1024'] [--branches]
 
 Ours: the decode step's graph (:mod:`pto.orchestration.model.decode`) prepared once and replayed
-as a CUDA graph, ``--steps`` steps timed with CUDA events around the whole run (no host read
-between steps), each executor. The cache is filled to half its capacity first (random keys and
-values: the speed of attention depends on the length, not the values). transformers, in a child
-process (a crash of its compiled step is its row's error): its LlamaForCausalLM with a static
-cache, ``torch.compile(mode="reduce-overhead")`` of the one-token forward, the same positions,
+as a CUDA graph, ``--steps`` steps timed with CUDA events in three rounds (no host read between
+steps within a round), each executor: the median round's ms a step (``ms_rounds``: each
+round's). The cache is filled to half its capacity first (random keys and values: the speed of
+attention depends on the length, not the values). transformers, in a child process (a crash of its
+compiled step is its row's error): its LlamaForCausalLM with a static cache,
+``torch.compile(mode="reduce-overhead")`` of the one-token forward, the same positions,
 timed the same way. The HBM floor: the bytes every step must read
 (the weights once, the cache up to the position) over the bandwidth of a large copy measured
 here; each run's ``x_floor`` is the floor over its time. For the persistent executor, a traced
@@ -98,6 +99,10 @@ def write_rows(path: str, bw: float, rows: list[dict]) -> None:
                                      indent=1))
 
 
+#: the rounds a step's time is the median of (:func:`events_ms`)
+ROUNDS = 3
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a large device-to-device copy (read + write)."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -112,17 +117,30 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * 10 / (time.perf_counter() - t0)
 
 
-def events_ms(fn, steps: int) -> float:
-    """Milliseconds per call of ``fn`` over ``steps`` calls, CUDA events around the loop."""
+def events_rounds(fn, steps: int, rounds: int = ROUNDS) -> list[float]:
+    """Milliseconds per call of ``fn`` in each of ``rounds`` rounds of ``steps / rounds`` calls
+    (at least one), CUDA events around each round's loop, after one untimed call."""
     fn()
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(steps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / steps
+    per = max(1, steps // rounds)
+    out = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(per):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / per)
+    return out
+
+
+def events_ms(fn, steps: int) -> float:
+    """Milliseconds per call of ``fn`` over ``steps`` calls: the median of :data:`ROUNDS` rounds
+    (:func:`events_rounds`), so that one stall of the host or the GPU in a round (two
+    measurements of sixteen about 3x slow on an H200, docs/PERF.md, "fifteenth session") does
+    not become the result."""
+    return statistics.median(events_rounds(fn, steps))
 
 
 def parse_tiling(text: str, base: DecodeTiling, own: DecodeTiling | None = None) -> DecodeTiling | None:
@@ -219,8 +237,10 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
             t["pos"].copy_(start)  # the same position every step: the cost at that length
             step.replay()
 
-        ms = events_ms(one, steps)
-        out = {"ms": round(ms, 4), "tasks": step.graph.tasks, "executor": step.executor.name,
+        rounds = events_rounds(one, steps)
+        ms = statistics.median(rounds)
+        out = {"ms": round(ms, 4), "ms_rounds": [round(r, 4) for r in rounds], "tasks": step.graph.tasks,
+               "executor": step.executor.name,
                # the megakernel is one plain launch
                "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
         if kernels:
