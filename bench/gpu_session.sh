@@ -100,6 +100,9 @@
 #               then 2048, two groups a thread: a fifth fewer instructions a weight in Q4_K's SASS), twice
 #               each: the 8B and 1B steps in Q4_K, Q8_0 and fp8; then the 8B's kernels without PDL
 #               (--kernels) at $QCOLS_PROFILE (default 2048) in bf16 and Q4_K, and the quantized GPU tests at it
+#   blocks      issues 45, 46: the persistent "blocks" loops (PTO_PERSISTENT=blocks: each GEMV program over its
+#               task's blocks, x and the norm once a program) against the plain grid, alternated ($BLOCKS,
+#               default "off blocks off blocks"): the 8B and 1B steps in bf16, Q4_K, Q8_0 and fp8
 #   forms       issue 46: the 8B's gate/up GEMV alone in bench/qgemv_forms.py's forms ($FORMS_SPECS, default
 #               Q4_K, Q8_0 and fp8), twice
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
@@ -309,6 +312,12 @@ for stage in "$@"; do
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
+    blocks) for p in ${BLOCKS:-off blocks off blocks}; do
+              PTO_PERSISTENT=$p python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches 1 --long 0 --steps 32 \
+                --executors waves --hf-configs none --prefill 0 --quant 'bf16,q4_k/q6_k,q8_0,fp8' \
+                --json "$OUT/blocks_$p.json" >> "$OUT/blocks_$p.log" 2>&1
+              echo "PTO_PERSISTENT=$p"; grep -h "B=1" "$OUT/blocks_$p.log" | tail -n 8 | cut -c1-110
+            done ;;
     forms) for i in 1 2; do
              python3 bench/qgemv_forms.py --specs "${FORMS_SPECS:-q4_k/q6_k,q8_0,fp8}" --iters 200 \
                --json "$OUT/forms_$i.json" > "$OUT/forms_$i.log" 2>&1; cut -c1-100 "$OUT/forms_$i.log"

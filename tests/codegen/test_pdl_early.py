@@ -22,7 +22,7 @@ from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.ir.analysis import param_access, specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-from tests.codegen.tritonkit import jobs_sm90, path_flags  # noqa: E402
+from tests.codegen.tritonkit import jobs_sm90, path_flags, tiny_decode_runner  # noqa: E402
 from tests.sm90 import compile_sm90  # noqa: E402
 
 
@@ -219,40 +219,27 @@ def test_a_decode_step_with_early_loads_computes_the_same_bits(monkeypatch):
 
     from pto.orchestration.model import program as mp
 
-    from pto.data.buffers import allocate, tensor_shapes
-    from pto.engine import resolve
-    from pto.exec.waves import WaveExecutor
-    from pto.runtime.graph import CompiledProgram
-
     monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=32, qkv_bk=512, o_bk=512, ffn_bk=512))
-    job = resolve("model", device="cpu", dtype="f32", target="cuda_h100", config="tiny")
-    prog, s = job.program, job.settings
-    shape = prog.shape(cache=128, batch=1)
-    module, scalars = prog.build(s, shape), prog.scalars(s, shape)
-    inputs = prog.inputs(s, shape, "cpu", seed=3)
-    cp = CompiledProgram.get(module, target=s.target)
-    outs = []
-    for backend in (TorchBackend(), _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))):
-        fn = module.entry_function
-        tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
-        g = cp.build_graph(scalars)
-        ex = WaveExecutor(backend, tensors)
-        if isinstance(backend, _EarlyLoadsEvaluator):  # how many batches seen and not yet issued
-            held, arrived = [], []
-            see, prepare = ex._see, backend.prepare
+    run = tiny_decode_runner(seed=3)
+    module = run.module
+    held, arrived = [], []  # how many batches seen and not yet issued
 
-            def seen_one(*args, see=see, arrived=arrived):
-                arrived.append(1)
-                return see(*args)
+    def count(ex, backend):
+        see, prepare = ex._see, backend.prepare
 
-            def prepared(batch, prepare=prepare, held=held, arrived=arrived):
-                held.append(len(arrived) - len(held) - 1)
-                return prepare(batch)
+        def seen_one(*args):
+            arrived.append(1)
+            return see(*args)
 
-            ex._see, backend.prepare = seen_one, prepared
-        ex.run(g)
-        g.close()
-        outs.append(tensors)
+        def prepared(batch):
+            held.append(len(arrived) - len(held) - 1)
+            return prepare(batch)
+
+        ex._see, backend.prepare = seen_one, prepared
+
+    backend = _EarlyLoadsEvaluator(_hopper(monkeypatch, "auto"))
+    outs = [run(TorchBackend()), run(backend, count)]
+    tensors = outs[-1]
     seen = backend.seen
     weights = {tensors[t.name].untyped_storage().data_ptr() for t in module.entry_function.tensors if t.role == "input"}
     assert seen[0]["readonly"] == frozenset() and not seen[-1]["chain"]

@@ -194,7 +194,8 @@ def test_a_persistent_kernel_runs_every_task_once_and_keeps_its_schedule_key():
     flat = render(fn, RenderOptions(persistent="flat"))  # flattened and pipelined, FLAT_STAGES deep
     assert f"tl.range(tl.program_id(0), NB, tl.num_programs(0), num_stages={FLAT_STAGES}, flatten=True)" in flat.source
     assert flat.schedule_digest == plain.schedule_digest
-    with pytest.raises(BuildError, match=r"RenderOptions.persistent='spin': one of loop, ws, flat or '' \(off\)"):
+    with pytest.raises(BuildError, match=r"RenderOptions.persistent='spin': one of loop, ws, flat, blocks "
+                                         r"or '' \(off\)"):
         render(fn, RenderOptions(persistent="spin"))
 
 
@@ -284,12 +285,13 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert gemm and all("wgmma" in r["ptx"] or "mma.sync" in r["ptx"] for r in gemm)
 
 
-@pytest.mark.parametrize("persistent", ["", "loop", "ws", "flat"])
+@pytest.mark.parametrize("persistent", ["", "loop", "ws", "flat", "blocks"])
 @pytest.mark.parametrize("group", [0, 1, 2, 3, 8])
 def test_grouped_program_order(group, persistent):
     """GROUP > 0 renumbers the programs (groups of tasks x every parallel index, for L2 reuse);
-    a persistent kernel's programs (3 under the interpreter) loop over the same pairs; every
-    (task, parallel index) must still run exactly once."""
+    a persistent kernel's programs (3 under the interpreter) loop over the same pairs ("blocks":
+    2 programs a task, each over its task's indices; GROUP is then moot); every (task, parallel
+    index) must still run exactly once."""
     from pto.incore.matmul import matmul_tile
 
     fn = specialize(matmul_tile(DType.F32, 16, 64, 96, 32, 32))  # 3 column blocks a task

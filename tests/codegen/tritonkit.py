@@ -166,3 +166,35 @@ def compile_both_paths_sm90(functions, tmp_path) -> list[dict]:
     failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
     assert not failed, "\n".join(failed)
     return results
+
+
+def tiny_decode_runner(seed: int):
+    """The tiny model's decode step (batch 1, a 128-slot cache; the tiles ``TINY_TILING`` has
+    when called) run by the wave executor on the CPU: ``run(backend, setup=None)`` returns the
+    step's tensors after one run from a fresh copy of the seeded inputs (``setup(executor,
+    backend)`` before it)."""
+    from pto.data.buffers import allocate, tensor_shapes
+    from pto.engine import resolve
+    from pto.exec.waves import WaveExecutor
+    from pto.runtime.graph import CompiledProgram
+
+    job = resolve("model", device="cpu", dtype="f32", target="cuda_h100", config="tiny")
+    prog, s = job.program, job.settings
+    shape = prog.shape(cache=128, batch=1)
+    module, scalars = prog.build(s, shape), prog.scalars(s, shape)
+    inputs = prog.inputs(s, shape, "cpu", seed=seed)
+    cp = CompiledProgram.get(module, target=s.target)
+
+    def run(backend, setup=None) -> dict:
+        fn = module.entry_function
+        tensors = allocate(fn, tensor_shapes(fn, scalars), {k: v.clone() for k, v in inputs.items()}, "cpu")
+        g = cp.build_graph(scalars)
+        ex = WaveExecutor(backend, tensors)
+        if setup is not None:
+            setup(ex, backend)
+        ex.run(g)
+        g.close()
+        return tensors
+
+    run.module = module
+    return run

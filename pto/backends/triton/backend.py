@@ -59,6 +59,7 @@ from pto.backends.triton.modes import (
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
+from pto.codegen.triton.common import BLOCK_PROGRAMS
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
@@ -269,7 +270,7 @@ class TritonBackend(Backend):
             g.table = table if len(g.tasks) == batch.size else table[g.tasks.to(device)].contiguous()
         what = f"`{kernel.name}` ({origin})"
         safe = descriptor_masks(fn, env, batch, kernel.tma) if kernel.tma else {}
-        launches = calls(groups, tuple(args), cfg, kernel.pdl, self.programs(kernel))
+        launches = calls(groups, tuple(args), cfg, kernel.pdl, self.programs(kernel), kernel.persistent == "blocks")
         launches = with_descriptors(kernel, batch, groups, launches, safe)
         if not self.compiles:
             return launcher(jit, launches, groups, what)
@@ -294,7 +295,8 @@ class TritonBackend(Backend):
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = self.render_options(batch.fn, cfg)
         # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
-        early = self.pdl in ("auto", "chain") and opts.persistent != "ws"
+        # (nor in a loop over a task's indices: its hoisted statements come after the wait)
+        early = self.pdl in ("auto", "chain") and opts.persistent not in ("ws", "blocks")
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")
@@ -307,6 +309,8 @@ class TritonBackend(Backend):
         opts = cfg.options(self.options)
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
+        if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
+            return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
         # ("flat": also the kernels with a parallel axis, the GEMVs, whose loops it pipelines)
         if (self.persistent == "flat" and fn.parallel is not None) or tma_memrefs(fn):
             opts = replace(opts, persistent=self.persistent)
@@ -401,12 +405,15 @@ class TritonBackend(Backend):
     def programs(self, kernel: RenderedKernel) -> int:
         """How many programs a persistent kernel launches (0: not persistent): one per
         multiprocessor on a GPU; 3 under the interpreter (which runs them one by one), so that a
-        program takes several pairs."""
+        program takes several pairs. "blocks": a task's, BLOCK_PROGRAMS a multiprocessor (2
+        under the interpreter)."""
         if not kernel.persistent:
             return 0
+        blocks = kernel.persistent == "blocks"
         if self.device.type != "cuda":
-            return 3
-        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
+            return 2 if blocks else 3
+        sms = torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
+        return sms * BLOCK_PROGRAMS if blocks else sms
 
     def shared_limit(self) -> int:
         """Bytes of shared memory one program may use on this device."""

@@ -139,17 +139,21 @@ def triton_error(e: Exception, what: str, cfg: Mapping) -> ExecutionError:
     return ExecutionError(f"{what}: Triton failed with {settings}: {first}")
 
 
-def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str = "", programs: int = 0) -> list[tuple]:
+def calls(groups: list[LaunchGroup], args: tuple, cfg: LaunchConfig, pdl: str = "", programs: int = 0,
+          blocks: bool = False) -> list[tuple]:
     """``(grid, arguments, keyword arguments)`` of each group's launch; ``pdl``: the kernel was
     rendered with the PDL prologue (``RenderedKernel.pdl``), so it launches with ``launch_pdl``
     (never otherwise: a dependent launch must wait before its first access); ``programs``: the
     kernel loops over its pairs (``RenderedKernel.persistent``), launched on at most this many
-    programs (the device's multiprocessors)."""
+    programs (the device's multiprocessors); ``blocks``: over each task's parallel indices
+    (persistent "blocks"), a grid of the tasks by at most ``programs`` programs each."""
     out = []
     kw = cfg.kwargs() | ({"launch_pdl": True} if pdl else {})
     for g in groups:
         nb, np_ = g.grid
-        if cfg.group is not None:  # a parallel axis: the kernel also takes the grid's extents
+        if blocks:
+            out.append(((nb, max(1, min(np_, programs))), (g.table, *args), {**g.flags, **kw, "NB": nb, "NP": np_}))
+        elif cfg.group is not None:  # a parallel axis: the kernel also takes the grid's extents
             grid = (nb * np_,) if cfg.group > 0 else g.grid
             grid = (min(nb * np_, programs),) if programs else grid
             out.append((grid, (g.table, *args), {**g.flags, **kw, "NB": nb, "NP": np_}))
@@ -206,7 +210,7 @@ def unfit_specializations(kernel, cfg: LaunchConfig, device: torch.device, progr
         flags = {f"EVEN_{p.name}": even for p in fn.memrefs} | {f"ALIGN_{p.name}": align for p in fn.memrefs}
         flags |= {f"TMA_{m}": False for m in kernel.tma} | {f"D_{m}": None for m in kernel.tma}
         grid, a, kw = calls([LaunchGroup(torch.zeros(1), (1, 1), flags, table)], tuple(args), cfg, kernel.pdl,
-                            programs)[0]
+                            programs, kernel.persistent == "blocks")[0]
         need = int(jit.warmup(*a, grid=grid, **kw).metadata.shared)
         if need > limit:
             bad.append(f"{'full' if even else 'masked'}, {'aligned' if align else 'unaligned'} regions need "

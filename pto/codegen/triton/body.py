@@ -181,6 +181,45 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
     return frozenset(out)
 
 
+# the loop over a task's parallel indices (RenderOptions.persistent "blocks") ----------------------
+
+#: the operations with effects past their destination tile: they run for every block
+_EFFECTS = frozenset({Op.STORE, Op.ALLREDUCE})
+
+
+def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
+    """``stmts`` (a body with its one-trip loops flattened, :func:`_flat`) parted into the
+    statements that do not depend on the parallel index ``var`` and those that do, each part in
+    its order: the first run once a program, before its loop over its task's indices; the others
+    in that loop. A statement depends on the index where an operand or a loop bound names it or
+    a scalar a dependent statement loads, where it reads a tile a dependent statement writes,
+    where it writes a tile a dependent statement also writes (an accumulator each index starts
+    afresh), or where it stores (or is a collective); a loop depends as a whole if anything in
+    it does. Sound by the parallel axis's contract: no index writes what another reads, so a load
+    that names no index reads the same values for every one."""
+    def parts(s) -> list:
+        return list(walk_instrs((s,))) if isinstance(s, ForRange) else [s]
+
+    def names(s) -> set[str]:
+        exprs = [x for i in parts(s) for x in i.srcs if isinstance(x, Expr)]
+        for loop in ([s] if isinstance(s, ForRange) else []):
+            exprs += [loop.lb, loop.ub, loop.step]
+        return set().union(*(e.free_vars() for e in exprs)) if exprs else set()
+
+    dep = [False] * len(stmts)
+    while True:
+        scalars = {var} | {i.dst for s, d in zip(stmts, dep) if d for i in parts(s) if i.op is Op.LOAD_SCALAR}
+        tiles = {i.dst for s, d in zip(stmts, dep) if d for i in parts(s)
+                 if i.dst is not None and i.op is not Op.LOAD_SCALAR}
+        now = [d or bool(names(s) & scalars) or any(i.op in _EFFECTS for i in parts(s))
+               or any((instr_reads(i) | ({i.dst} if i.op is not Op.LOAD_SCALAR else set())) & tiles
+                      for i in parts(s))
+               for s, d in zip(stmts, dep)]
+        if now == dep:
+            return (tuple(s for s, d in zip(stmts, dep) if not d), tuple(s for s, d in zip(stmts, dep) if d))
+        dep = now
+
+
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
 
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
@@ -278,7 +317,11 @@ class BodyRenderer(TileOps):
         self.tmp = 0
         self.div = "tl.math.div_rn" if opts.ieee_math else "tl.math.fdiv"
         self.sqrt = "tl.math.sqrt_rn" if opts.ieee_math else "tl.sqrt"
-        self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
+        #: (RenderOptions.persistent "blocks", a function with a parallel axis outside the
+        #: megakernel) the program loops over its task's parallel indices (:func:`block_invariant`)
+        self.block_loop = opts.persistent == "blocks" and fn.parallel is not None and not megakernel
+        self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs and not self.block_loop \
+            else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
         self.read_only = frozenset(n for n, a in param_access(fn).items() if a.direction == "in") if megakernel \
@@ -384,7 +427,8 @@ class BodyRenderer(TileOps):
         if fn.parallel is not None:
             pvar = f"i_{fn.parallel.var}"
             self.names[fn.parallel.var] = pvar
-            params.append(f"{pvar}0, n_run" if self.runs else pvar)
+            # (blocks: the program's first index and the programs the task's indices are dealt to)
+            params.append(f"{pvar}0, n_run" if self.runs else f"{pvar}0, NPJ" if self.block_loop else pvar)
         params += [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
         params += [", ".join(f"{w}_{p.name}: tl.constexpr" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
         params += [f"D_{m}, TMA_{m}: tl.constexpr" for m in self.tma]
@@ -407,6 +451,23 @@ class BodyRenderer(TileOps):
             self.emit(f"P_{p.name} = P_{p.name} + m_{p.name}_r0.to(tl.int64) * S_{p.name}{col0}")
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
+        if self.block_loop:  # the statements of no index once, then the program's indices
+            hoisted, each = block_invariant(_flat(fn.body), fn.parallel.var)
+            for idx, s in enumerate(hoisted):  # (a loop's tiles read in the indices' loop are carried out of it)
+                if isinstance(s, ForRange):
+                    self.loop(s, [(hoisted + each, idx)])
+                else:
+                    self.instr(s)
+            pvar = self.names[fn.parallel.var]
+            # (the index from the program's first, a tensor: under the interpreter a loop's variable is an int)
+            self.emit(f"for _b in tl.range(0, tl.cdiv({self.expr(fn.parallel.extent)} - {pvar}0, NPJ)):")
+            self.depth += 1
+            self.emit(f"{pvar} = {pvar}0 + _b * NPJ")
+            outer = set(self.defined)
+            self.body(each, [])
+            self.defined = outer
+            self.depth -= 1
+            return self._finish(fn, params)
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
         if self.runs:  # one wait, then the run's loop (the body's statements each index)
             self.run_prefetch()
@@ -432,12 +493,17 @@ class BodyRenderer(TileOps):
                 self.emit("else:")
                 self.emit("    " + MK_WAIT)
             self.emit("return _ok, _t0")
+        return self._finish(fn, params)
+
+    def _finish(self, fn: IncoreFunction, params: list[str]) -> tuple[str, list[str]]:
+        """The device function's name and lines (:meth:`device_function`), its helpers first."""
         # (the memrefs loaded before the wait are in the name: two branches of one variant that
         # differ in them are two device functions, each loading early only what it may)
         early = sum(1 << k for k, p in enumerate(fn.memrefs) if p.name in self.pre | self.prefetched) if self.mk \
             else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
-            + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "")
+            + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "") \
+            + ("__blocks" if self.block_loop else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized) for line in render_helpers(FORMATS[f])]

@@ -58,8 +58,19 @@ PDL_MODES = ("early", "late", "chain")
 #: for sm_90: a decode GEMV's loop gets its ``cp.async`` only flattened and with explicit stages).
 #: Measured slower on an H200's decode steps (one such program a multiprocessor reads less than
 #: the plain grid's eight: the 8B step 5.95 against 4.28 ms; docs/PERF.md, "GEMVs pipelined
-#: through shared memory"); the mechanism of the megakernel's runs.
-PERSISTENT_MODES = ("loop", "ws", "flat")
+#: through shared memory"); the mechanism of the megakernel's runs. "blocks": a kernel with a
+#: parallel axis launches a 2-D grid of its tasks by at most :data:`BLOCK_PROGRAMS` programs a
+#: multiprocessor, and each program loops over its task's parallel indices itself, the
+#: statements that do not depend on the index (a GEMV's x, its norm and, in the compiled code,
+#: x's rounding for the integer dots) run once before that loop
+#: (:func:`pto.codegen.triton.body.block_invariant`); nothing loads before the PDL wait. Measured
+#: alone on the H200 as the 8B step's Q4_K gate/up projection (bench/qgemv_forms.py, "loop"):
+#: 29.6-30.7 us against the plain grid's 33.2-34.0 (docs/PERF.md, "fifteenth session"); not yet
+#: in a step.
+PERSISTENT_MODES = ("loop", "ws", "flat", "blocks")
+#: ("blocks") the programs a multiprocessor a kernel launches (the loop form's best, 512 programs
+#: on 132 multiprocessors, bench/qgemv_forms.py)
+BLOCK_PROGRAMS = 4
 #: the pipelining depth of a "flat" persistent loop (Triton's default depth)
 FLAT_STAGES = 3
 #: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's

@@ -74,7 +74,9 @@ class RenderedKernel:
     #: empty: the kernel waits before the body)
     early: frozenset = frozenset()
     #: the kernel loops over its pairs (RenderOptions.persistent): launched on at most one
-    #: program per multiprocessor (:func:`pto.backends.triton.launch.calls`)
+    #: program per multiprocessor (:func:`pto.backends.triton.launch.calls`); "blocks": over its
+    #: task's parallel indices, on a grid of tasks by at most BLOCK_PROGRAMS programs a
+    #: multiprocessor
     persistent: str = ""
 
     @property
@@ -151,9 +153,9 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     args = [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
     args += [", ".join(f"{w}_{p.name}" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
     args += [f"D_{m}, TMA_{m}" for m in r.tma]
-    persistent = r.opts.persistent
-    if fn.parallel is not None:
-        args.insert(0, f"i_{fn.parallel.var}")
+    persistent = r.opts.persistent if fn.parallel is not None or r.opts.persistent != "blocks" else ""
+    if fn.parallel is not None:  # ("blocks": the program's first index, then the programs of a task)
+        args.insert(0, "tl.program_id(1), tl.num_programs(1)" if persistent == "blocks" else f"i_{fn.parallel.var}")
     extra, body = _program_lines(fn, f"{dname}(tab + task * {r.layout.width}, {', '.join(args)})", persistent)
     params += extra
     sig = ",\n        ".join(params)
@@ -218,6 +220,8 @@ def _program_lines(fn: IncoreFunction, call: str, persistent: str) -> tuple[list
     grid (NB, NP), tasks fastest."""
     if persistent and persistent not in PERSISTENT_MODES:
         raise BuildError(f"RenderOptions.persistent={persistent!r}: one of {', '.join(PERSISTENT_MODES)} or '' (off)")
+    if persistent == "blocks":  # a grid of (task, program); the device function loops over the indices
+        return ["NB, NP, GROUP: tl.constexpr"], ["task = tl.program_id(0)", call]
     if fn.parallel is None:
         params, total = (["NB"] if persistent else []), "NB"
         body = ["task = _pid" if persistent else "task = tl.program_id(0)", call]

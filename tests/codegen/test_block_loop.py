@@ -1,0 +1,130 @@
+"""Persistent loops over a task's parallel indices (``RenderOptions.persistent == "blocks"``,
+``PTO_PERSISTENT=blocks``): which statements run once a program (:func:`block_invariant`), the
+rendered loop, and the same bits as the plain grid's under the interpreter, a GEMV alone (several
+tasks, fewer programs than blocks) and a whole decode step through the wave executor."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_residual_tile  # noqa: E402
+
+from pto import InCore, f32  # noqa: E402
+from pto.backends.triton import TritonBackend  # noqa: E402
+from pto.codegen.triton import RenderOptions, render  # noqa: E402
+from pto.codegen.triton.body import _flat, block_invariant  # noqa: E402
+from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
+from pto.ir.analysis import specialize  # noqa: E402
+from pto.ir.dtypes import DType  # noqa: E402
+from pto.ir.nodes import ForRange, walk_instrs  # noqa: E402
+from pto.ir.ops import Op  # noqa: E402
+from tests.codegen.tritonkit import temp_cache_dir, tiny_decode_runner  # noqa: E402,F401 (applies itself)
+
+
+def _ops(stmts) -> list[tuple[Op, str]]:
+    return [(i.op, i.srcs[0] if i.op in (Op.LOAD, Op.LOAD_SCALAR) else i.dst) for i in walk_instrs(stmts)]
+
+
+def test_a_gemvs_x_and_norm_run_once_and_its_weights_products_and_stores_each_block():
+    fn = specialize(gemv_norm_swiglu_tile(DType.F32, 1, 64, 96, 16, 64, 1e-6))
+    once, each = block_invariant(_flat(fn.body), fn.parallel.var)
+    assert (Op.LOAD, "x") in _ops(once) and (Op.LOAD, "g") in _ops(once)  # x, the norm's gain
+    assert Op.RSQRT in {op for op, _ in _ops(once)}  # the norm's row factor
+    assert {(Op.LOAD, "wg"), (Op.LOAD, "wu")} <= set(_ops(each)) and (Op.STORE, None) in _ops(each)
+    # the accumulators start afresh each block: their fills run there, and nothing once names j
+    accs = {i.dst for i in walk_instrs(each) if i.op is Op.MATMUL_ACC}
+    assert accs and all(any(i.op is Op.FULL and i.dst == a for i in walk_instrs(each)) for a in accs)
+    assert not any(fn.parallel.var in e.free_vars() for i in walk_instrs(once) for e in i.srcs
+                   if hasattr(e, "free_vars"))
+    assert len(once) + len(each) == len(_flat(fn.body))
+
+
+def test_a_scalar_an_index_loads_and_a_tile_an_index_rewrites_make_their_readers_each_blocks():
+    """A scalar loaded at the index taints what its value addresses; a tile the index's statements
+    write is written afresh each block, its earlier writer too; a loop with anything of the index
+    in it runs each block whole."""
+    k = InCore("taint")
+    x, y, idx = k.memref("x", f32, shape=(1, 64)), k.memref("y", f32), k.memref("idx", f32)
+    j = k.parallel("j", 4)
+    a, b, c = k.tile("a", 1, 16, f32), k.tile("b", 1, 16, f32), k.tile("c", 1, 16, f32)
+    k.load(a, x, 0, 0)  # once
+    k.full(b, 1.0)  # b is rewritten each block below: each
+    p = k.load_scalar("p", idx, 0, j)  # the index's scalar
+    k.load(c, x, 0, p)  # addressed by it: each
+    k.add(b, b, c)
+    k.add(a, a, a)  # only a: once
+    with k.for_range("kk", 0, 2):  # a loop that stores: each
+        k.store(y, j, 0, a)
+    k.store(y, j, 16, b)
+    fn = k.build()
+    once, each = block_invariant(_flat(fn.body), "j")
+    assert _ops(once) == [(Op.LOAD, "x"), (Op.ADD, "a")]
+    assert [op for op, _ in _ops(each)] == [Op.FULL, Op.LOAD_SCALAR, Op.LOAD, Op.ADD, Op.STORE, Op.STORE]
+    assert any(isinstance(s, ForRange) for s in each)
+
+
+def _gemv_batch(fn, n: int, K: int, N: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"x": (n, K), "wg": (N, K), "wu": (N, K), "y": (n, N), "g": (1, K)}
+    tensors = {m: torch.randn(*s, generator=g) for m, s in shapes.items()}
+    tensors["y"].fill_(float("nan"))
+    rows = {"x": torch.arange(n), "y": torch.arange(n)}
+
+    def rb(m):
+        t = tensors[m]
+        r0 = rows.get(m, torch.zeros(n, dtype=torch.int64))
+        return RegionBatch(t, r0, torch.zeros(n, dtype=torch.int64), torch.full((n,), 1 if m in rows else t.shape[0]),
+                           torch.full((n,), t.shape[1]))
+
+    return {m: rb(m) for m in shapes}
+
+
+def test_a_gemv_looping_over_its_blocks_computes_the_plain_grids_bits():
+    """Three tasks of 6 blocks each, 2 programs a task under the interpreter (3 blocks a program):
+    the outputs are the plain kernel's, bit for bit; the kernel takes a (task, program) grid."""
+    fn = specialize(gemv_norm_swiglu_tile(DType.F32, 1, 64, 96, 16, 64, 1e-6))
+    outs = []
+    for mode in ("", "blocks"):
+        mems = _gemv_batch(fn, 3, 64, 96, seed=5)
+        TritonBackend("cpu", launch={fn.name: {"persistent": mode}}).prepare(TaskBatch(fn, mems, {}, 3))()
+        outs.append(mems["y"].tensor)
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+    src = render(fn, RenderOptions(persistent="blocks")).source
+    assert "for _b in tl.range(0, tl.cdiv(6 - i_j0, NPJ)):" in src and "i_j = i_j0 + _b * NPJ" in src
+    assert "tl.program_id(1), tl.num_programs(1)" in src
+
+
+def test_a_residual_gemv_with_k_steps_loops_over_its_blocks_too():
+    """The down projection's form (K in steps, each block's loop whole in the indices' loop), in
+    place (the output the residual's tensor): the plain grid's bits."""
+    fn = specialize(gemv_residual_tile(DType.F32, 1, 128, 64, 8, 32))
+    outs = []
+    for mode in ("", "blocks"):
+        g = torch.Generator().manual_seed(2)
+        x, w, r = torch.randn(1, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(1, 64, generator=g)
+        def rb(t, rows, cols):
+            z = torch.zeros(1, dtype=torch.int64)
+            return RegionBatch(t, z, z, z + rows, z + cols)
+
+        mems = {"x": rb(x, 1, 128), "w": rb(w, 64, 128), "r": rb(r, 1, 64), "y": rb(r, 1, 64)}
+        TritonBackend("cpu", launch={fn.name: {"persistent": mode}}).prepare(TaskBatch(fn, mems, {}, 1))()
+        outs.append(r)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_a_decode_step_with_every_gemv_looping_over_its_blocks_computes_the_same_bits(monkeypatch):
+    """The tiny model's decode step through the wave executor on the Triton interpreter, the
+    backend's kernels with a parallel axis in "blocks" form (PTO_PERSISTENT=blocks's), against
+    the plain grid: the same logits and caches."""
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bk=512))
+    run = tiny_decode_runner(seed=4)
+    outs = [run(TritonBackend("cpu", options=RenderOptions(persistent=mode))) for mode in ("", "blocks")]
+    for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
+        assert torch.equal(outs[0][name], outs[1][name]), name
