@@ -128,3 +128,48 @@ def test_a_decode_step_with_every_gemv_looping_over_its_blocks_computes_the_same
     outs = [run(TritonBackend("cpu", options=RenderOptions(persistent=mode))) for mode in ("", "blocks")]
     for name in ("logits", "tok", "pos", "k_cache", "v_cache"):
         assert torch.equal(outs[0][name], outs[1][name]), name
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # (SwiGLU's exp of large random sums)
+@pytest.mark.parametrize("qgemv", ["units", "groups"])
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q8_0, DType.FP8], ids=str)
+def test_a_quantized_gemv_looping_over_its_blocks_takes_the_next_blocks_planes_ahead(dtype, qgemv):
+    """The weights' planes of the next block loaded before this block's product (``__n`` tiles,
+    the first block's before the loop) and taken as the block's own: the plain grid's bits,
+    whether the product reads by units or by groups; two tasks of 5 blocks, 2 programs each."""
+    from tests.quant.test_load import random_qtensor
+
+    K, N, n = 256, 40, 2
+    fn = specialize(gemv_norm_swiglu_tile(f32, 1, K, N, 8, K, 1e-5, wdtype=dtype))
+    g = torch.Generator().manual_seed(3)
+    wg, wu = random_qtensor(dtype, N, K, seed=1), random_qtensor(dtype, N, K, seed=2)
+    x, gain = torch.randn(n, K, generator=g), 1 + 0.1 * torch.randn(1, K, generator=g)
+    outs = []
+    for mode in ("", "blocks"):
+        y = torch.full((n, N), float("nan"))
+        rows = torch.arange(n)
+        z, one = torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64)
+        mems = {"x": RegionBatch(x, rows, z, one, one * K), "g": RegionBatch(gain, z, z, one, one * K),
+                "wg": RegionBatch(wg.data, z, z, one * N, one * K), "wu": RegionBatch(wu.data, z, z, one * N, one * K),
+                "y": RegionBatch(y, rows, z, one, one * N)}
+        backend = TritonBackend("cpu", options=RenderOptions(qgemv=qgemv), launch={fn.name: {"persistent": mode}})
+        backend.prepare(TaskBatch(fn, mems, {}, n))()
+        outs.append(y)
+        src = backend.kernel(fn, backend.render_options(fn, backend.launch_config(fn, n))).source
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+    loop = src[src.index("for _b in tl.range"):]
+    assert "t_bg__n__" in src[:src.index("for _b in tl.range")] and "i_jn = tl.minimum(i_j + NPJ, 5 - 1)" in loop
+
+
+def test_the_first_blocks_weights_load_before_the_pdl_wait_and_the_rest_after():
+    """With PDL and the weights and gain as ``pre`` memrefs: the first block's weights before
+    the wait (the kernel's ``early``), x, the gain and the norm after it, once; each block's
+    next weights in the loop."""
+    fn = specialize(gemv_norm_swiglu_tile(DType.F32, 1, 64, 96, 16, 64, 1e-6))
+    k = render(fn, RenderOptions(persistent="blocks", pdl="late", pre=("wg", "wu", "g")))
+    dev = k.source[k.source.index("def d_"):k.source.index(f"def {k.name}(")]
+    wait, loop = dev.index("_gdc_wait()"), dev.index("for _b in tl.range")
+    assert k.early == frozenset({"wg", "wu"}) and k.waits
+    assert dev.index("t_bg__n = tl.load") < wait < dev.index("t_xt = tl.load") < dev.index("rsqrt") < loop
+    assert dev.count("t_bg__n = tl.load") == 4 and dev.index("t_bg = t_bg__n") > loop  # (each with its masked twin)
+    assert "_gdc_wait()" not in k.source[k.source.index(f"def {k.name}("):]

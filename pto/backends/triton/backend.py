@@ -59,7 +59,7 @@ from pto.backends.triton.modes import (
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
-from pto.codegen.triton.common import BLOCK_PROGRAMS
+from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
@@ -257,6 +257,10 @@ class TritonBackend(Backend):
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
         kernel = self.kernel(fn, self.batch_options(cfg, batch))
+        if kernel.persistent == "blocks" and self.compiles and "maxnreg" not in dict(cfg.extra):
+            # (a loop over the blocks carries the next block's weights: at most BLOCK_MAXNREG
+            # registers keep BLOCK_PROGRAMS programs a multiprocessor)
+            cfg = cfg.updated({"maxnreg": BLOCK_MAXNREG})
         jit = load_kernel(kernel, self.kernel_copy)
         args = []
         for p in fn.memrefs:
@@ -295,8 +299,7 @@ class TritonBackend(Backend):
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = self.render_options(batch.fn, cfg)
         # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
-        # (nor in a loop over a task's indices: its hoisted statements come after the wait)
-        early = self.pdl in ("auto", "chain") and opts.persistent not in ("ws", "blocks")
+        early = self.pdl in ("auto", "chain") and opts.persistent != "ws"
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")

@@ -19,6 +19,8 @@ and the persistent megakernel of :mod:`pto.codegen.triton.megakernel`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pto.codegen.triton import quant_groups
 from pto.codegen.triton.common import (
     ALIGN,
@@ -220,6 +222,25 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
         dep = now
 
 
+def block_weights(each: tuple, var: str, readonly: frozenset[str]) -> tuple:
+    """The loads of ``each`` (a block's statements, :func:`block_invariant`'s) that a program may
+    issue a block ahead (the next block's while this one computes; the first block's before the
+    PDL wait): loads of memrefs the function only reads, outside any loop, addressed by the index
+    alone, into tiles no other statement of the block writes nor reads before them."""
+    out = []
+    for k, s in enumerate(each):
+        if not (isinstance(s, Instr) and s.op is Op.LOAD and s.srcs[0] in readonly):
+            continue
+        if not set().union(*(e.free_vars() for e in s.srcs[1:] if isinstance(e, Expr))) <= {var}:
+            continue
+        others = [i for j, t in enumerate(each) if j != k for i in walk_instrs((t,))]
+        before = [i for t in each[:k] for i in walk_instrs((t,))]
+        if any(i.dst == s.dst for i in others) or any(s.dst in instr_reads(i) for i in before):
+            continue
+        out.append(s)
+    return tuple(out)
+
+
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
 
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
@@ -320,8 +341,7 @@ class BodyRenderer(TileOps):
         #: (RenderOptions.persistent "blocks", a function with a parallel axis outside the
         #: megakernel) the program loops over its task's parallel indices (:func:`block_invariant`)
         self.block_loop = opts.persistent == "blocks" and fn.parallel is not None and not megakernel
-        self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs and not self.block_loop \
-            else frozenset()
+        self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
         self.read_only = frozenset(n for n, a in param_access(fn).items() if a.direction == "in") if megakernel \
@@ -452,21 +472,7 @@ class BodyRenderer(TileOps):
         for s in fn.scalars:
             self.emit(f"s_{s.name} = tl.load(row + {self.layout.column(s.name)})")
         if self.block_loop:  # the statements of no index once, then the program's indices
-            hoisted, each = block_invariant(_flat(fn.body), fn.parallel.var)
-            for idx, s in enumerate(hoisted):  # (a loop's tiles read in the indices' loop are carried out of it)
-                if isinstance(s, ForRange):
-                    self.loop(s, [(hoisted + each, idx)])
-                else:
-                    self.instr(s)
-            pvar = self.names[fn.parallel.var]
-            # (the index from the program's first, a tensor: under the interpreter a loop's variable is an int)
-            self.emit(f"for _b in tl.range(0, tl.cdiv({self.expr(fn.parallel.extent)} - {pvar}0, NPJ)):")
-            self.depth += 1
-            self.emit(f"{pvar} = {pvar}0 + _b * NPJ")
-            outer = set(self.defined)
-            self.body(each, [])
-            self.defined = outer
-            self.depth -= 1
+            self._block_loop(fn)
             return self._finish(fn, params)
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
         if self.runs:  # one wait, then the run's loop (the body's statements each index)
@@ -494,6 +500,73 @@ class BodyRenderer(TileOps):
                 self.emit("    " + MK_WAIT)
             self.emit("return _ok, _t0")
         return self._finish(fn, params)
+
+    def _block_loop(self, fn: IncoreFunction) -> None:
+        """(persistent "blocks") The program's blocks: the block's weights of its first block
+        (:func:`block_weights`; a constant extent, so that every program has one) loaded into
+        ``<tile>__n`` (before the PDL wait where they are all ``pre`` memrefs), the statements of
+        no index (:func:`block_invariant`), then a loop over the program's indices, each taking
+        the weights loaded ahead as its own and loading the next index's (the last index's again
+        at the end) before its other statements."""
+        var = fn.parallel.var
+        pvar, ext = self.names[var], self.expr(fn.parallel.extent)
+        hoisted, each = block_invariant(_flat(fn.body), var)
+        readonly = frozenset(p for p, a in param_access(fn).items() if a.direction == "in")
+        # (a constant extent: every program has a first index, so the loads ahead stay in the region)
+        ahead = block_weights(each, var, readonly) if const_value(fn.parallel.extent) is not None else ()
+        rest = tuple(s for s in each if not any(s is w for w in ahead))
+        nxt = {w.dst: f"{w.dst}__n" for w in ahead}
+        for tile, name in nxt.items():
+            self._alias(tile, name)
+
+        def load_ahead(index: str) -> None:
+            self.names["__block"] = index
+            for w in ahead:
+                self.instr(substitute_stmt(replace(w, dst=nxt[w.dst]), {var: Var("__block")}))
+            del self.names["__block"]
+
+        load_ahead(f"{pvar}0")
+        if ahead and self.pre and all(w.srcs[0] in self.pre for w in ahead):
+            self.early = frozenset(w.srcs[0] for w in ahead)
+            self.wait(())
+        for idx, s in enumerate(hoisted):  # (a loop's tiles read in the indices' loop are carried out of it)
+            if isinstance(s, ForRange):
+                self.loop(s, [(hoisted + each, idx)])
+            else:
+                self.instr(s)
+        # (the index from the program's first, a tensor: under the interpreter a loop's variable is an int)
+        self.emit(f"for _b in tl.range(0, tl.cdiv({ext} - {pvar}0, NPJ)):")
+        self.depth += 1
+        self.emit(f"{pvar} = {pvar}0 + _b * NPJ")
+        outer = set(self.defined)
+        for tile, name in nxt.items():
+            self._take(tile, name)
+        if ahead:
+            self.emit(f"{pvar}n = tl.minimum({pvar} + NPJ, {ext} - 1)")
+            load_ahead(f"{pvar}n")
+        self.body(rest, [])
+        self.defined = outer
+        self.depth -= 1
+
+    def _alias(self, tile: str, name: str) -> None:
+        """Tile ``name`` of ``tile``'s shape, type and product (a block's weights loaded ahead)."""
+        self.shapes[name], self.blocks[name], self.dtypes[name] = self.shapes[tile], self.blocks[tile], \
+            self.dtypes[tile]
+        if tile in self.fused:
+            self.fused = self.fused | {name}
+            self.x_rows[name] = self.x_rows[tile]
+
+    def _take(self, tile: str, name: str) -> None:
+        """``tile`` (its planes, for a quantized GEMV's) as loaded ahead into ``name``."""
+        if name in self.planes:
+            self.planes[tile] = [p.replace(f"t_{name}__", f"t_{tile}__", 1) for p in self.planes[name]]
+            for mine, loaded in zip(self.planes[tile], self.planes[name]):
+                self.emit(f"{mine} = {loaded}")
+            if name in self.grouped:
+                self.grouped[tile] = self.grouped[name]
+        else:
+            self.emit(f"t_{tile} = t_{name}")
+        self.defined.add(tile)
 
     def _finish(self, fn: IncoreFunction, params: list[str]) -> tuple[str, list[str]]:
         """The device function's name and lines (:meth:`device_function`), its helpers first."""

@@ -63,14 +63,19 @@ PDL_MODES = ("early", "late", "chain")
 #: multiprocessor, and each program loops over its task's parallel indices itself, the
 #: statements that do not depend on the index (a GEMV's x, its norm and, in the compiled code,
 #: x's rounding for the integer dots) run once before that loop
-#: (:func:`pto.codegen.triton.body.block_invariant`); nothing loads before the PDL wait. Measured
-#: alone on the H200 as the 8B step's Q4_K gate/up projection (bench/qgemv_forms.py, "loop"):
-#: 29.6-30.7 us against the plain grid's 33.2-34.0 (docs/PERF.md, "fifteenth session"); not yet
-#: in a step.
+#: (:func:`pto.codegen.triton.body.block_invariant`), and each block loads the next block's
+#: weights before its own product (:func:`pto.codegen.triton.body.block_weights`; the first
+#: block's before the PDL wait). Measured alone on the H200 as hand-written forms of the 8B
+#: step's Q4_K gate/up projection (bench/qgemv_forms.py): the loop 29.6-30.7 us against the
+#: plain grid's 33.2-34.0, with the next block ahead at :data:`BLOCK_MAXNREG` registers
+#: 26.1-26.7 (docs/PERF.md, "fifteenth session"); not yet in a step.
 PERSISTENT_MODES = ("loop", "ws", "flat", "blocks")
-#: ("blocks") the programs a multiprocessor a kernel launches (the loop form's best, 512 programs
-#: on 132 multiprocessors, bench/qgemv_forms.py)
+#: ("blocks") the programs a multiprocessor a kernel launches and the registers a thread it is
+#: compiled to at most on a GPU (unless its launch settings say): the loop form's best, 512
+#: programs on 132 multiprocessors at 128 registers with the next block's weights in registers
+#: (bench/qgemv_forms.py, "loop 512/1 ahead maxnreg 128": 26.1-26.7 us against 33.2-34.0)
 BLOCK_PROGRAMS = 4
+BLOCK_MAXNREG = 128
 #: the pipelining depth of a "flat" persistent loop (Triton's default depth)
 FLAT_STAGES = 3
 #: How a GEMV's product reads quantized weights (``RenderOptions.qgemv``): "units" (a tile's
