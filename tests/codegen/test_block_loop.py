@@ -173,3 +173,26 @@ def test_the_first_blocks_weights_load_before_the_pdl_wait_and_the_rest_after():
     assert dev.index("t_bg__n = tl.load") < wait < dev.index("t_xt = tl.load") < dev.index("rsqrt") < loop
     assert dev.count("t_bg__n = tl.load") == 4 and dev.index("t_bg = t_bg__n") > loop  # (each with its masked twin)
     assert "_gdc_wait()" not in k.source[k.source.index(f"def {k.name}("):]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q8_0, DType.FP8], ids=str)
+def test_the_block_loops_of_the_quantized_gemvs_compile_for_sm90(dtype, tmp_path):
+    """The 8B-shaped gate/up and residual GEMVs in "blocks" form as a GPU step renders them (the
+    integer or half dots in PTX, PDL with the weights early), both paths, at BLOCK_MAXNREG
+    registers: Triton compiles them for sm_90 (the next block's planes carried by the loop)."""
+    from pto.codegen.triton.common import BLOCK_MAXNREG
+    from tests.codegen.tritonkit import jobs_sm90, path_flags
+    from tests.sm90 import compile_sm90
+
+    fns = [specialize(gemv_norm_swiglu_tile(DType.BF16, 1, 4096, 512, 4, 4096, 1e-5, wdtype=dtype)),
+           specialize(gemv_residual_tile(DType.BF16, 1, 4096, 512, 8, 4096, wdtype=dtype))]
+    pairs = []
+    for fn in fns:
+        pre = tuple(p.name for p in fn.memrefs if p.name.startswith("w"))
+        kern = render(fn, RenderOptions(persistent="blocks", qgemv="auto", asm=True, pdl="late", pre=pre))
+        assert kern.early == frozenset(pre) and "__n__" in kern.source
+        pairs += [(kern, path_flags(fn, even)) for even in (False, True)]
+    jobs = [dict(j, options={**j["options"], "maxnreg": BLOCK_MAXNREG}) for j in jobs_sm90(pairs)]
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in compile_sm90(jobs, tmp_path) if not r["ok"]]
+    assert not failed, "\n".join(failed)
