@@ -384,8 +384,12 @@ def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_sch
     assert [flat.render_options(f, flat.launch_config(f)).persistent for f in (gemm, gemv, norm, combine)] == \
         ["flat", "flat", "flat", ""]
     assert be.render_options(gemv, be.launch_config(gemv)).persistent == ""
+    monkeypatch.setenv("PTO_PERSISTENT", "blocks")  # the kernels with a parallel axis, a loop of their blocks
+    blocks = TritonBackend("cpu")
+    assert [blocks.render_options(f, blocks.launch_config(f)).persistent for f in (gemm, gemv, norm, combine)] == \
+        ["blocks", "blocks", "blocks", ""]
     monkeypatch.setenv("PTO_PERSISTENT", "spin")
-    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of loop, ws, flat or off"):
+    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of loop, ws, flat, blocks or off"):
         TritonBackend("cpu")
 
 
