@@ -117,7 +117,6 @@ def d_gemv_norm_swiglu_tile__R1(
 {params}
         NPROG, NIT, STAGES: tl.constexpr):
     m_wg_rows = tl.load(row + 6)
-    P_x = P_x
     _c13 = tl.arange(0, 4096)[None, :]
     t_xt = tl.load(P_x + _c13)
     t_gt = tl.load(P_g + _c13)
@@ -143,7 +142,7 @@ def gemv_norm_swiglu_tile__R1(
 """
 
 #: the loop's loads of its block's weights: as they are used, or (``ahead``) the next block's
-#: into registers before this one's products (the last program's block loaded twice at the end)
+#: into registers before this one's products (past a program's last block, the task's last one)
 _BLOCK = """        _r1 = ({j} * 4) + tl.arange(0, 4)[:, None]
         _rm4 = (_r1 < m_wg_rows)
         {g} = {load}(P_wg, S_wg, _r1, 0, _rm4, 4096, 4, 4096, False)

@@ -257,9 +257,9 @@ class TritonBackend(Backend):
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
         kernel = self.kernel(fn, self.batch_options(cfg, batch))
-        if kernel.persistent == "blocks" and self.compiles and "maxnreg" not in dict(cfg.extra):
+        if kernel.block_ahead and self.compiles and cfg.num_warps <= 4 and "maxnreg" not in dict(cfg.extra):
             # (a loop over the blocks carries the next block's weights: at most BLOCK_MAXNREG
-            # registers keep BLOCK_PROGRAMS programs a multiprocessor)
+            # registers keep BLOCK_PROGRAMS programs of 4 warps a multiprocessor)
             cfg = cfg.updated({"maxnreg": BLOCK_MAXNREG})
         jit = load_kernel(kernel, self.kernel_copy)
         args = []

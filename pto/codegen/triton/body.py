@@ -1,5 +1,6 @@
 """The body of a Triton InCore kernel: a specialized InCore function rendered as a
-``@triton.jit`` device function that runs one task (and one index of its parallel axis).
+``@triton.jit`` device function that runs one task (and one index of its parallel axis, or in
+the persistent "blocks" form a program's share of them: :meth:`BodyRenderer._block_loop`).
 
 Numerics follow :mod:`pto.evaluator.machine`: elementwise, unary, reduction, broadcast and
 mask ops compute in f32 and round to the destination's dtype; matmul feeds the operands in their
@@ -196,9 +197,11 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
     in that loop. A statement depends on the index where an operand or a loop bound names it or
     a scalar a dependent statement loads, where it reads a tile a dependent statement writes,
     where it writes a tile a dependent statement also writes (an accumulator each index starts
-    afresh), or where it stores (or is a collective); a loop depends as a whole if anything in
-    it does. Sound by the parallel axis's contract: no index writes what another reads, so a load
-    that names no index reads the same values for every one."""
+    afresh) or reads before it (the read must see the earlier value), where it stores (or is a
+    collective), or where it loads after a store (two memrefs may bind one tensor, as an
+    in-place residual's do); a loop depends as a whole if anything in it does. Sound by the
+    parallel axis's contract: no index writes what another reads, so a load that names no index
+    and comes before every store reads the same values for every one."""
     def parts(s) -> list:
         return list(walk_instrs((s,))) if isinstance(s, ForRange) else [s]
 
@@ -208,7 +211,8 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
             exprs += [loop.lb, loop.ub, loop.step]
         return set().union(*(e.free_vars() for e in exprs)) if exprs else set()
 
-    dep = [False] * len(stmts)
+    effect = next((k for k, s in enumerate(stmts) if any(i.op in _EFFECTS for i in parts(s))), len(stmts))
+    dep = [k > effect and any(i.op in (Op.LOAD, Op.LOAD_SCALAR) for i in parts(s)) for k, s in enumerate(stmts)]
     while True:
         scalars = {var} | {i.dst for s, d in zip(stmts, dep) if d for i in parts(s) if i.op is Op.LOAD_SCALAR}
         tiles = {i.dst for s, d in zip(stmts, dep) if d for i in parts(s)
@@ -216,7 +220,9 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
         now = [d or bool(names(s) & scalars) or any(i.op in _EFFECTS for i in parts(s))
                or any((instr_reads(i) | ({i.dst} if i.op is not Op.LOAD_SCALAR else set())) & tiles
                       for i in parts(s))
-               for s, d in zip(stmts, dep)]
+               or any(i.dst in {r for t, e in zip(stmts[:k], dep[:k]) if e for j in parts(t) for r in instr_reads(j)}
+                      for i in parts(s) if i.dst is not None)
+               for k, (s, d) in enumerate(zip(stmts, dep))]
         if now == dep:
             return (tuple(s for s, d in zip(stmts, dep) if not d), tuple(s for s, d in zip(stmts, dep) if d))
         dep = now
@@ -341,6 +347,7 @@ class BodyRenderer(TileOps):
         #: (RenderOptions.persistent "blocks", a function with a parallel axis outside the
         #: megakernel) the program loops over its task's parallel indices (:func:`block_invariant`)
         self.block_loop = opts.persistent == "blocks" and fn.parallel is not None and not megakernel
+        self.block_ahead = False  # (set by _block_loop: its blocks load the next one's weights ahead)
         self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
@@ -505,25 +512,28 @@ class BodyRenderer(TileOps):
         """(persistent "blocks") The program's blocks: the block's weights of its first block
         (:func:`block_weights`; a constant extent, so that every program has one) loaded into
         ``<tile>__n`` (before the PDL wait where they are all ``pre`` memrefs), the statements of
-        no index (:func:`block_invariant`), then a loop over the program's indices, each taking
-        the weights loaded ahead as its own and loading the next index's (the last index's again
-        at the end) before its other statements."""
+        no index (:func:`block_invariant`; none for an extent not constant), then a loop over the
+        program's indices, each taking the weights loaded ahead as its own and loading the next
+        index's (past its last, its own again) before its other statements."""
         var = fn.parallel.var
         pvar, ext = self.names[var], self.expr(fn.parallel.extent)
-        hoisted, each = block_invariant(_flat(fn.body), var)
+        # (a constant extent: every program has a first index; otherwise a task of none, or a
+        # program past its task's extent, must run nothing, hoisted scalar loads included)
+        constant = const_value(fn.parallel.extent) is not None
+        hoisted, each = block_invariant(_flat(fn.body), var) if constant else ((), _flat(fn.body))
         readonly = frozenset(p for p, a in param_access(fn).items() if a.direction == "in")
-        # (a constant extent: every program has a first index, so the loads ahead stay in the region)
-        ahead = block_weights(each, var, readonly) if const_value(fn.parallel.extent) is not None else ()
+        ahead = block_weights(each, var, readonly) if constant else ()
+        self.block_ahead = bool(ahead)
         rest = tuple(s for s in each if not any(s is w for w in ahead))
         nxt = {w.dst: f"{w.dst}__n" for w in ahead}
         for tile, name in nxt.items():
             self._alias(tile, name)
 
         def load_ahead(index: str) -> None:
-            self.names["__block"] = index
+            self.names["__block"], self.ranges["__block"] = index, self.ranges[var]
             for w in ahead:
                 self.instr(substitute_stmt(replace(w, dst=nxt[w.dst]), {var: Var("__block")}))
-            del self.names["__block"]
+            del self.names["__block"], self.ranges["__block"]
 
         load_ahead(f"{pvar}0")
         if ahead and self.pre and all(w.srcs[0] in self.pre for w in ahead):
@@ -541,9 +551,10 @@ class BodyRenderer(TileOps):
         outer = set(self.defined)
         for tile, name in nxt.items():
             self._take(tile, name)
-        if ahead:
-            self.emit(f"{pvar}n = tl.minimum({pvar} + NPJ, {ext} - 1)")
-            load_ahead(f"{pvar}n")
+        if ahead:  # (past the program's last index: its own again, still in L1)
+            following = self.fresh("next")
+            self.emit(f"{following} = tl.where({pvar} + NPJ < {ext}, {pvar} + NPJ, {pvar})")
+            load_ahead(following)
         self.body(rest, [])
         self.defined = outer
         self.depth -= 1

@@ -6,7 +6,9 @@ Kernel contract:
 - grid ``(B, P)``: ``program_id(0)`` is the task of the batch, ``program_id(1)`` the index on the
   function's parallel axis (``P`` = the largest extent over the batch, 1 without an axis); a
   program whose index is not below its own task's extent does nothing. With ``GROUP > 0`` the
-  grid is 1-D, ``NB x NP`` programs in groups of ``GROUP`` tasks x every parallel index.
+  grid is 1-D, ``NB x NP`` programs in groups of ``GROUP`` tasks x every parallel index. In the
+  persistent "blocks" form ``program_id(1)`` is a program of the task's ``num_programs(1)``, which
+  takes the indices ``program_id(1) + k num_programs(1)`` itself (``RenderOptions.persistent``).
 - arguments: ``tab``, the per-task table (int32 or int64, ``B x F``, row-major), then for every
   memref parameter in declaration order its tensor pointer ``P_<p>`` and row stride ``S_<p>``, then
   the constexpr flags ``EVEN_<p>`` (every task's region is full: loads and stores skip their
@@ -78,6 +80,9 @@ class RenderedKernel:
     #: task's parallel indices, on a grid of tasks by at most BLOCK_PROGRAMS programs a
     #: multiprocessor
     persistent: str = ""
+    #: ("blocks") each block loads the next one's weights ahead (their registers: the backend
+    #: compiles such a kernel of 4 warps or fewer to at most BLOCK_MAXNREG registers)
+    block_ahead: bool = False
 
     @property
     def waits(self) -> bool:
@@ -176,7 +181,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     launch = launch_params(fn)
     if r.grouped:
         launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps, r.opts.qgemv_cols or 1024)
-    return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent)
+    return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
+                          r.block_ahead)
 
 
 #: a grouped GEMV whose program streams its weights over at least this many K steps runs at
