@@ -287,3 +287,25 @@ def test_the_block_loops_of_the_quantized_gemvs_compile_for_sm90(dtype, tmp_path
     jobs = [dict(j, options={**j["options"], "maxnreg": BLOCK_MAXNREG}) for j in jobs_sm90(pairs)]
     failed = [f"{r['name']}: {r['error'][:300]}" for r in compile_sm90(jobs, tmp_path) if not r["ok"]]
     assert not failed, "\n".join(failed)
+
+
+def test_a_kernel_carrying_the_next_blocks_weights_compiles_to_at_most_block_maxnreg_registers(monkeypatch):
+    """The backend's settings of a kernel's form (``kernel_settings``, what a launch and pto
+    tune's fit check compile): BLOCK_MAXNREG for a "blocks" kernel that loads the next block
+    ahead, 4 warps or fewer, on a GPU; not for the plain kernel, nor where the launch settings
+    name their own, nor at 8 warps, nor under the interpreter."""
+    from pto.backends.triton.launch import LaunchConfig
+    from pto.codegen.triton.common import BLOCK_MAXNREG
+
+    fn = specialize(gemv_norm_swiglu_tile(DType.F32, 1, 64, 96, 16, 64, 1e-6))
+    blocks, plain = render(fn, RenderOptions(persistent="blocks")), render(fn)
+    cfg = LaunchConfig.of(blocks.launch)
+    assert blocks.block_ahead and not plain.block_ahead and cfg.num_warps <= 4
+    interpreter = TritonBackend("cpu")
+    assert dict(interpreter.kernel_settings(blocks, cfg).extra) == {}
+    gpu = TritonBackend("cpu")
+    monkeypatch.setattr(TritonBackend, "compiles", property(lambda self: self is gpu))  # (as on a GPU)
+    assert dict(gpu.kernel_settings(blocks, cfg).extra) == {"maxnreg": BLOCK_MAXNREG}
+    assert dict(gpu.kernel_settings(plain, cfg).extra) == {}
+    assert dict(gpu.kernel_settings(blocks, cfg.updated({"maxnreg": 96})).extra) == {"maxnreg": 96}
+    assert dict(gpu.kernel_settings(blocks, cfg.updated({"num_warps": 8})).extra) == {}

@@ -257,10 +257,7 @@ class TritonBackend(Backend):
         cfg = self.launch_config(fn, batch.size)
         origin = self.launch_origin(fn, batch.size)
         kernel = self.kernel(fn, self.batch_options(cfg, batch))
-        if kernel.block_ahead and self.compiles and cfg.num_warps <= 4 and "maxnreg" not in dict(cfg.extra):
-            # (a loop over the blocks carries the next block's weights: at most BLOCK_MAXNREG
-            # registers keep BLOCK_PROGRAMS programs of 4 warps a multiprocessor)
-            cfg = cfg.updated({"maxnreg": BLOCK_MAXNREG})
+        cfg = self.kernel_settings(kernel, cfg)
         jit = load_kernel(kernel, self.kernel_copy)
         args = []
         for p in fn.memrefs:
@@ -352,10 +349,20 @@ class TritonBackend(Backend):
         check = self._unfit(fn, tasks)
         return ahead_call(load_kernel(check.args[0], self.kernel_copy), check, self.device)
 
+    def kernel_settings(self, kernel: RenderedKernel, cfg: LaunchConfig) -> LaunchConfig:
+        """``cfg`` with what ``kernel``'s form asks of the compiler where ``cfg`` does not say: a
+        loop over its blocks that carries the next block's weights (``block_ahead``), 4 warps or
+        fewer, at most BLOCK_MAXNREG registers a thread on a GPU, so that BLOCK_PROGRAMS programs
+        fit a multiprocessor."""
+        if kernel.block_ahead and self.compiles and cfg.num_warps <= 4 and "maxnreg" not in dict(cfg.extra):
+            return cfg.updated({"maxnreg": BLOCK_MAXNREG})
+        return cfg
+
     def _unfit(self, fn: IncoreFunction, tasks: int) -> partial:
         """The check of :meth:`unfit_specializations`, to call (its first argument the kernel)."""
         cfg = self.launch_config(fn, tasks)
         kernel = self.kernel(fn, self.render_options(fn, cfg))
+        cfg = self.kernel_settings(kernel, cfg)
         return partial(unfit_specializations, kernel, cfg, self.device, self.programs(kernel), self.shared_limit(),
                        self.kernel_copy)
 
