@@ -119,10 +119,11 @@ def copy_bandwidth() -> float:
 
 def events_rounds(fn, steps: int, rounds: int = ROUNDS) -> list[float]:
     """Milliseconds per call of ``fn`` in each of ``rounds`` rounds of ``steps / rounds`` calls
-    (at least one), CUDA events around each round's loop, after one untimed call."""
+    rounded up (at least ``steps`` in all), CUDA events around each round's loop, after one
+    untimed call."""
     fn()
     torch.cuda.synchronize()
-    per = max(1, steps // rounds)
+    per = max(1, -(-steps // rounds))
     out = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

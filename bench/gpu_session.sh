@@ -312,10 +312,12 @@ for stage in "$@"; do
               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 --executors waves \
                 --hf-configs none --quant 'bf16,q4_1,smollm2-135m:q4_1/q8_0,fp8' --prefill 0 \
                 --json "$OUT/halfdots_smol.json" > "$OUT/halfdots_smol.log" 2>&1; grep "B=1" "$OUT/halfdots_smol.log" | cut -c1-300 ;;
-    blocks) for p in ${BLOCKS:-off blocks off blocks}; do
+    blocks) n=0
+            for p in ${BLOCKS:-off blocks off blocks}; do
+              n=$((n + 1))
               PTO_PERSISTENT=$p python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches 1 --long 0 --steps 32 \
                 --executors waves --hf-configs none --prefill 0 --quant 'bf16,q4_k/q6_k,q8_0,fp8' \
-                --json "$OUT/blocks_$p.json" >> "$OUT/blocks_$p.log" 2>&1
+                --json "$OUT/blocks_${n}_$p.json" >> "$OUT/blocks_$p.log" 2>&1
               echo "PTO_PERSISTENT=$p"; grep -h "B=1" "$OUT/blocks_$p.log" | tail -n 8 | cut -c1-110
             done ;;
     forms) for i in 1 2; do
