@@ -211,18 +211,23 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
             exprs += [loop.lb, loop.ub, loop.step]
         return set().union(*(e.free_vars() for e in exprs)) if exprs else set()
 
+    def writes(s) -> set[str]:
+        return {i.dst for i in parts(s) if i.dst is not None and i.op is not Op.LOAD_SCALAR}
+
+    def reads(s) -> set[str]:
+        return set().union(*(instr_reads(i) for i in parts(s)))
+
     effect = next((k for k, s in enumerate(stmts) if any(i.op in _EFFECTS for i in parts(s))), len(stmts))
     dep = [k > effect and any(i.op in (Op.LOAD, Op.LOAD_SCALAR) for i in parts(s)) for k, s in enumerate(stmts)]
     while True:
         scalars = {var} | {i.dst for s, d in zip(stmts, dep) if d for i in parts(s) if i.op is Op.LOAD_SCALAR}
-        tiles = {i.dst for s, d in zip(stmts, dep) if d for i in parts(s)
-                 if i.dst is not None and i.op is not Op.LOAD_SCALAR}
-        now = [d or bool(names(s) & scalars) or any(i.op in _EFFECTS for i in parts(s))
-               or any((instr_reads(i) | ({i.dst} if i.op is not Op.LOAD_SCALAR else set())) & tiles
-                      for i in parts(s))
-               or any(i.dst in {r for t, e in zip(stmts[:k], dep[:k]) if e for j in parts(t) for r in instr_reads(j)}
-                      for i in parts(s) if i.dst is not None)
-               for k, (s, d) in enumerate(zip(stmts, dep))]
+        tiles = set().union(*(writes(s) for s, d in zip(stmts, dep) if d))
+        now, read = [], set()  # (read: what the dependent statements before this one read)
+        for s, d in zip(stmts, dep):
+            d = d or bool(names(s) & scalars) or any(i.op in _EFFECTS for i in parts(s)) \
+                or bool((reads(s) | writes(s)) & tiles) or bool(writes(s) & read)
+            now.append(d)
+            read |= reads(s) if d else set()
         if now == dep:
             return (tuple(s for s, d in zip(stmts, dep) if not d), tuple(s for s, d in zip(stmts, dep) if d))
         dep = now

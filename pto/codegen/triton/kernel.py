@@ -158,7 +158,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     args = [f"P_{p.name}, S_{p.name}" for p in fn.memrefs]
     args += [", ".join(f"{w}_{p.name}" for p in fn.memrefs) for w in ("EVEN", "ALIGN")]
     args += [f"D_{m}, TMA_{m}" for m in r.tma]
-    persistent = r.opts.persistent if fn.parallel is not None or r.opts.persistent != "blocks" else ""
+    persistent = "" if r.opts.persistent == "blocks" and fn.parallel is None else r.opts.persistent
     if fn.parallel is not None:  # ("blocks": the program's first index, then the programs of a task)
         args.insert(0, "tl.program_id(1), tl.num_programs(1)" if persistent == "blocks" else f"i_{fn.parallel.var}")
     extra, body = _program_lines(fn, f"{dname}(tab + task * {r.layout.width}, {', '.join(args)})", persistent)
