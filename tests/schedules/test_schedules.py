@@ -389,7 +389,7 @@ def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_sch
     assert [blocks.render_options(f, blocks.launch_config(f)).persistent for f in (gemm, gemv, norm, combine)] == \
         ["blocks", "blocks", "blocks", ""]
     monkeypatch.setenv("PTO_PERSISTENT", "spin")
-    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of loop, ws, flat, blocks or off"):
+    with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of auto, loop, ws, flat, blocks or off"):
         TritonBackend("cpu")
 
 

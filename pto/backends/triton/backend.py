@@ -59,12 +59,12 @@ from pto.backends.triton.modes import (
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
-from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS
+from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, BLOCKS_AUTO_MIN
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
-from pto.ir.expr import evaluate
+from pto.ir.expr import Const, evaluate
 from pto.ir.nodes import IncoreFunction
 from pto.machine.collectives import SumBuffers
 
@@ -305,10 +305,16 @@ class TritonBackend(Backend):
     def render_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
         """This backend's code-generation options with those ``cfg`` switches, and the backend's
         persistent tile loop (``self.persistent``) for a kernel whose loops multiply large tiles
-        where ``cfg`` does not say."""
+        where ``cfg`` does not say; "auto": "blocks" for a kernel whose plain form says so
+        (``RenderedKernel.blocks_auto``: the gate/up GEMVs measured faster so), no loop elsewhere."""
         opts = cfg.options(self.options)
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
+        if self.persistent == "auto":
+            extent = fn.parallel.extent if fn.parallel is not None else None
+            auto = isinstance(extent, Const) and extent.value >= BLOCKS_AUTO_MIN * self.block_programs() and \
+                self.kernel(fn, opts).blocks_auto
+            return replace(opts, persistent="blocks") if auto else opts
         if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
             return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
         # ("flat": also the kernels with a parallel axis, the GEMVs, whose loops it pipelines)
@@ -419,11 +425,18 @@ class TritonBackend(Backend):
         under the interpreter)."""
         if not kernel.persistent:
             return 0
-        blocks = kernel.persistent == "blocks"
+        if kernel.persistent == "blocks":
+            return self.block_programs()
         if self.device.type != "cuda":
-            return 2 if blocks else 3
-        sms = torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
-        return sms * BLOCK_PROGRAMS if blocks else sms
+            return 3
+        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
+
+    def block_programs(self) -> int:
+        """The programs a task of a "blocks" kernel launches: BLOCK_PROGRAMS a multiprocessor (2
+        under the interpreter)."""
+        if self.device.type != "cuda":
+            return 2
+        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count * BLOCK_PROGRAMS
 
     def shared_limit(self) -> int:
         """Bytes of shared memory one program may use on this device."""

@@ -68,8 +68,21 @@ PDL_MODES = ("early", "late", "chain")
 #: block's before the PDL wait). Measured alone on the H200 as hand-written forms of the 8B
 #: step's Q4_K gate/up projection (bench/qgemv_forms.py): the loop 29.6-30.7 us against the
 #: plain grid's 33.2-34.0, with the next block ahead at :data:`BLOCK_MAXNREG` registers
-#: 26.1-26.7 (docs/PERF.md, "fifteenth session"); not yet in a step.
+#: 26.1-26.7 (docs/PERF.md, "fifteenth session"). In the steps (sixteenth session) it pays
+#: only for the gate/up pair of Q4_K weights: :data:`BLOCKS_AUTO_FORMATS`.
 PERSISTENT_MODES = ("loop", "ws", "flat", "blocks")
+#: the weight formats whose gate/up GEMV (two weights read by integer dots in one K step) the
+#: backend's "auto" persistent policy runs in "blocks" form (``RenderedKernel.blocks_auto``):
+#: measured on an H200 in the steps, PTO_PERSISTENT=blocks against the plain grid, the gate/up
+#: kernel 28.6 -> 22.8 us a layer on the 8B (Q4_K), 15.9 -> 13.4 on the 1B; every other kernel
+#: as fast or slower in "blocks" form (one weight: q/k/v 6.7 -> 6.5 on the 8B, 3.2 -> 4.4 on the
+#: 1B; o 4.3 -> 4.8; the LM head's Q6_K 169 -> 177; Q8_0's gate/up 29.4 -> 43.0, fp8's slower
+#: too; bf16's every GEMV; docs/PERF.md, "sixteenth session")
+BLOCKS_AUTO_FORMATS = frozenset({"q4_k"})
+#: ... and only where a program of the launch takes this many of the task's blocks or more (the
+#: extent known when rendered): the gains above at 3.9 and 6.8 blocks a program (the 1B's and
+#: the 8B's gate/up on 528 programs); a loop of one block hoists nothing
+BLOCKS_AUTO_MIN = 2
 #: ("blocks") the programs a multiprocessor a kernel launches and the registers a thread it is
 #: compiled to at most on a GPU (unless its launch settings say): the loop form's best, 512
 #: programs on 132 multiprocessors at 128 registers with the next block's weights in registers

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import (
+    BLOCKS_AUTO_FORMATS,
     FLAT_STAGES,
     PDL_IMPORTS,
     PDL_MODES,
@@ -83,6 +84,9 @@ class RenderedKernel:
     #: ("blocks") each block loads the next one's weights ahead (their registers: the backend
     #: compiles such a kernel of 4 warps or fewer to at most BLOCK_MAXNREG registers)
     block_ahead: bool = False
+    #: the backend's "auto" persistent policy runs this kernel in "blocks" form: a gate/up GEMV
+    #: of :data:`~pto.codegen.triton.common.BLOCKS_AUTO_FORMATS` weights (:func:`blocks_auto`)
+    blocks_auto: bool = False
 
     @property
     def waits(self) -> bool:
@@ -182,7 +186,22 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     if r.grouped:
         launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps, r.opts.qgemv_cols or 1024)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
-                          r.block_ahead)
+                          r.block_ahead, blocks_auto(fn, r))
+
+
+def blocks_auto(fn: IncoreFunction, r) -> bool:
+    """Does the "auto" persistent policy run ``fn``'s kernel (rendered by ``r``, a
+    :class:`~.body.BodyRenderer`) as a loop over its task's blocks: a kernel with a parallel
+    axis whose GEMV reads two weight tensors or more (the gate/up pair; not one tensor's parts,
+    the RoPE halves of q/k/v), every one by groups in one K step with integer dots, of a format
+    of :data:`~.common.BLOCKS_AUTO_FORMATS` (the forms measured faster so on an H200; the rest
+    slower). The backend also asks for blocks enough a program (``BLOCKS_AUTO_MIN``)."""
+    if fn.parallel is None or not r.grouped:
+        return False
+    loads = [i for i in walk_instrs(fn.body) if i.op is Op.LOAD and i.dst in r.grouped]
+    formats = [r.memrefs[i.srcs[0]].dtype.quant for i in loads]
+    return len({i.srcs[0] for i in loads}) >= 2 and _load_trips(fn.body, frozenset(r.grouped)) < 2 and \
+        all(f.name in BLOCKS_AUTO_FORMATS and r.int_dots(f) for f in formats)
 
 
 #: a grouped GEMV whose program streams its weights over at least this many K steps runs at
