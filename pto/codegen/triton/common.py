@@ -69,16 +69,18 @@ PDL_MODES = ("early", "late", "chain")
 #: step's Q4_K gate/up projection (bench/qgemv_forms.py): the loop 29.6-30.7 us against the
 #: plain grid's 33.2-34.0, with the next block ahead at :data:`BLOCK_MAXNREG` registers
 #: 26.1-26.7 (docs/PERF.md, "fifteenth session"). In the steps (sixteenth session) it pays
-#: only for the gate/up pair of Q4_K weights: :data:`BLOCKS_AUTO_FORMATS`.
+#: only for the gate/up pair of 4-bit weights: :data:`BLOCKS_AUTO_FORMATS`.
 PERSISTENT_MODES = ("loop", "ws", "flat", "blocks")
 #: the weight formats whose gate/up GEMV (two weights read by integer dots in one K step) the
 #: backend's "auto" persistent policy runs in "blocks" form (``RenderedKernel.blocks_auto``):
 #: measured on an H200 in the steps, PTO_PERSISTENT=blocks against the plain grid, the gate/up
-#: kernel 28.6 -> 22.8 us a layer on the 8B (Q4_K), 15.9 -> 13.4 on the 1B; every other kernel
-#: as fast or slower in "blocks" form (one weight: q/k/v 6.7 -> 6.5 on the 8B, 3.2 -> 4.4 on the
-#: 1B; o 4.3 -> 4.8; the LM head's Q6_K 169 -> 177; Q8_0's gate/up 29.4 -> 43.0, fp8's slower
-#: too; bf16's every GEMV; docs/PERF.md, "sixteenth session")
-BLOCKS_AUTO_FORMATS = frozenset({"q4_k"})
+#: kernel a layer on the 8B 28.6 -> 22.8 us (Q4_K), 24.7 -> 18.0 (Q4_0), 26.2 -> 19.3 (Q4_1),
+#: on the 1B 15.9 -> 13.4, 14.2 -> 10.2, 15.0 -> 10.7; Q6_K's slower (40.8 -> 67.0 on the 8B),
+#: Q8_0's too (29.4 -> 43.0), fp8's and bf16's; every other kernel as fast or slower in "blocks"
+#: form (one weight: q/k/v 6.7 -> 6.5 on the 8B, 3.2 -> 4.4 on the 1B; o 4.3 -> 4.8; the down
+#: projection's K steps 15.7 -> 16.0; the LM head mixed: the 8B's Q6_K 169 -> 177, Q4_0 103 ->
+#: 144, the 1B's Q4_0 54 -> 41; docs/PERF.md, "sixteenth session")
+BLOCKS_AUTO_FORMATS = frozenset({"q4_0", "q4_1", "q4_k"})
 #: ... and only where a program of the launch takes this many of the task's blocks or more (the
 #: extent known when rendered): the gains above at 3.9 and 6.8 blocks a program (the 1B's and
 #: the 8B's gate/up on 528 programs); a loop of one block hoists nothing
