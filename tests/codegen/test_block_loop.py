@@ -301,3 +301,84 @@ def test_a_kernel_carrying_the_next_blocks_weights_compiles_to_at_most_block_max
     assert dict(gpu.kernel_settings(plain, cfg).extra) == {}
     assert dict(gpu.kernel_settings(blocks, cfg.updated({"maxnreg": 96})).extra) == {"maxnreg": 96}
     assert dict(gpu.kernel_settings(blocks, cfg.updated({"num_warps": 8})).extra) == {}
+
+
+# the "auto" policy (PTO_PERSISTENT's default): the 4-bit gate/up GEMVs in "blocks" form ------------
+
+def _step_kernels(config: str, spec: str, batch: int = 1) -> dict:
+    """The decode step's kernels of ``config`` with weights ``spec`` (``LAYERS/HEAD``) as a GPU
+    renders them (integer dots where "auto" takes them), by field name."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.ir.dtypes import dtype_of
+    from pto.machine.target import get
+
+    cfg = CONFIGS[config]
+    layers, _, head = spec.partition("/")
+    kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")} | {"lm_head": dtype_of(head or layers)}
+    wt = WeightTypes(tuple(sorted(kinds.items())))
+    fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch, wtypes=wt)
+    out = {}
+    for f in fields(fns):
+        fn = getattr(fns, f.name)
+        if fn is not None and hasattr(fn, "body"):
+            out[f.name] = render(specialize(fn) if fn.dims else fn, RenderOptions(qgemv="auto", asm=True))
+    return out
+
+
+@pytest.mark.parametrize("spec", ["q4_k/q6_k", "q4_0", "q4_1", "q8_0", "q6_k", "fp8"])
+def test_the_auto_policy_takes_the_gate_up_gemv_of_4bit_weights_only(spec):
+    """``RenderedKernel.blocks_auto`` in the 8B step as a GPU renders it: the gate/up GEMV of
+    Q4_K, Q4_0 or Q4_1 weights (two weight tensors by integer dots in one K step); not q/k/v (one
+    tensor), o, the down projection (K in steps), the LM head, nor any kernel of Q8_0, Q6_K or
+    fp8 weights (measured slower so); at batch 8 none; SmolLM2's q/k/v with RoPE (one tensor
+    loaded as two halves) neither."""
+    kernels = _step_kernels("llama3-8b", spec)
+    looped = {name for name, k in kernels.items() if k.blocks_auto}
+    assert looped == ({"gate_up"} if spec.split("/")[0] in ("q4_k", "q4_0", "q4_1") else set())
+    assert {"gate_up", "qkv", "proj", "lm"} <= set(kernels)
+    assert not any(k.blocks_auto for k in _step_kernels("llama3-8b", spec, batch=8).values())
+    if spec == "q4_0":
+        smol = _step_kernels("smollm2-135m", spec)
+        assert smol["qkv_rope"].fn.parallel is not None and not smol["qkv_rope"].blocks_auto
+    # the interpreter's reading by units takes no integer dots: nothing is looped there
+    assert not render(kernels["gate_up"].fn, RenderOptions(qgemv="units")).blocks_auto
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # (SwiGLU's exp of large random sums)
+def test_the_auto_policy_loops_a_4bit_gate_up_of_enough_blocks_with_the_plain_grids_bits(monkeypatch):
+    """The backend's "auto" (``PTO_PERSISTENT`` unset) renders a Q4_0 gate/up GEMV read by
+    integer dots (``qgemv`` "int16") in "blocks" form where a program takes BLOCKS_AUTO_MIN of
+    its blocks or more (5 blocks, 2 programs under the interpreter), and computes the plain
+    grid's bits (``PTO_PERSISTENT=off``); 3 blocks stay a plain grid; so does a launch setting
+    ``persistent: ""``."""
+    from pto.codegen.triton.common import BLOCKS_AUTO_MIN
+    from tests.quant.test_load import random_qtensor
+
+    monkeypatch.delenv("PTO_PERSISTENT", raising=False)
+    K, n = 256, 2
+
+    def run(N: int, env: str, launch: dict | None = None):
+        monkeypatch.setenv("PTO_PERSISTENT", env)
+        fn = specialize(gemv_norm_swiglu_tile(f32, 1, K, N, 8, K, 1e-5, wdtype=DType.Q4_0))
+        g = torch.Generator().manual_seed(N)
+        wg, wu = random_qtensor(DType.Q4_0, N, K, seed=1), random_qtensor(DType.Q4_0, N, K, seed=2)
+        x, gain = torch.randn(n, K, generator=g), 1 + 0.1 * torch.randn(1, K, generator=g)
+        y = torch.full((n, N), float("nan"))
+        rows, z, one = torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64)
+        mems = {"x": RegionBatch(x, rows, z, one, one * K), "g": RegionBatch(gain, z, z, one, one * K),
+                "wg": RegionBatch(wg.data, z, z, one * N, one * K), "wu": RegionBatch(wu.data, z, z, one * N, one * K),
+                "y": RegionBatch(y, rows, z, one, one * N)}
+        backend = TritonBackend("cpu", options=RenderOptions(qgemv="int16"), launch=launch)
+        backend.prepare(TaskBatch(fn, mems, {}, n))()
+        return y, backend.render_options(fn, backend.launch_config(fn, n)).persistent
+
+    assert BLOCKS_AUTO_MIN * TritonBackend("cpu").block_programs() == 4
+    (auto, mode), (off, plain) = run(40, "auto"), run(40, "off")
+    assert (mode, plain) == ("blocks", "") and not off.isnan().any() and torch.equal(auto, off)
+    assert run(24, "auto")[1] == ""  # (3 blocks of 8: fewer than 2 a program)
+    assert run(40, "auto", {"gemv_norm_swiglu_tile": {"persistent": ""}})[1] == ""

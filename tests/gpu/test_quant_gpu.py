@@ -34,6 +34,21 @@ def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
 
 
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
+def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize):
+    """The 1B shape's one-sequence step with 4-bit layers on the wave executor: its gate/up GEMV
+    runs in the persistent "blocks" form (``PTO_PERSISTENT``'s default "auto":
+    ``BLOCKS_AUTO_FORMATS``, 2,048 blocks on 4 programs a multiprocessor), the other GEMVs in
+    the plain grid, and the step is float64's as :func:`check_step` bounds it."""
+
+    def blocks_kernels(runner, inputs, out):
+        kernels = runner.executor.backend._kernels.values()
+        looped = {k.fn.name for k in kernels if k.persistent == "blocks"}
+        assert looped == {"gemv_norm_swiglu_tile"}, looped
+
+    check_step("waves", 1, 512, blocks_kernels, config="llama3.2-1b", options={"quantize": quantize})
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
 def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
     """The prefill of a prompt with the layers' q8_0 (SmolLM2's shape) or q4_k (the 1B shape's
