@@ -102,7 +102,8 @@
 #               (--kernels) at $QCOLS_PROFILE (default 2048) in bf16 and Q4_K, and the quantized GPU tests at it
 #   blocks      issues 45, 46: the persistent "blocks" loops (PTO_PERSISTENT=blocks: each GEMV program over its
 #               task's blocks, x and the norm once a program) against the plain grid, alternated ($BLOCKS,
-#               default "off blocks off blocks"): the 8B and 1B steps in bf16, Q4_K, Q8_0 and fp8
+#               default "off blocks off blocks"; "auto", the default, loops the 4-bit gate/up GEMVs only):
+#               the 8B and 1B steps in bf16, Q4_K, Q8_0 and fp8
 #   forms       issue 46: the 8B's gate/up GEMV alone in bench/qgemv_forms.py's forms ($FORMS_SPECS, default
 #               Q4_K, Q8_0 and fp8), twice
 #   records     issue 45: the default megakernel steps of $RECORDS_CONFIGS (default SmolLM2, the 1B, the 8B) traced
