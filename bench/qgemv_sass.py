@@ -4,7 +4,7 @@ Triton backend, compiled for sm_90 by Triton's compiler, disassembled by its bun
 
     python bench/qgemv_sass.py [--specs bf16,q4_k/q6_k,q8_0,fp8] [--modes units,groups]
                                [--tilings 'default;bk=4096,ffn_bn=4,ffn_bk=4096,lm_bk=4096,bv=8']
-                               [--config llama3-8b] [--batch 1] [--warps 0]
+                               [--config llama3-8b] [--batch 1] [--warps 0] [--persistent auto]
                                [--python /tmp/t36/bin/python] [--json FILE]
 
 Per kernel (``qkv`` the norm and q, k, v projection, ``proj`` the residual projection, o and
@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -65,21 +65,24 @@ KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
 def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1, config: str = "llama3-8b",
-         warps: int = 0, cols: int = 0) -> list[dict]:
+         warps: int = 0, cols: int = 0, persistent: str = "") -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
     memory the launch before does not write) load before its wait; ``batch``: the step of that
     many sequences (from 2 the projections are the dot path's tensor-core products); ``config``:
     the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``; ``cols``:
-    ``RenderOptions.qgemv_cols``. The down projection
+    ``RenderOptions.qgemv_cols``; ``persistent``: "blocks", every kernel a loop over its task's
+    blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.blocks_auto``),
+    each compiled as the backend would (at most BLOCK_MAXNREG registers where it carries the next
+    block's weights in 4 warps or fewer). The down projection
     (``proj``) is specialized to the step's call (K the FFN's width)."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
     from pto.codegen.triton import render
-    from pto.codegen.triton.common import RenderOptions
+    from pto.codegen.triton.common import BLOCK_MAXNREG, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
     from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType, dtype_of
@@ -105,9 +108,11 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
             continue
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
-        kern = render(specialize(fn, dims), RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps,
-                                                          qgemv_cols=cols))
-        tag = f"{spec}|{mode}|{tiling}|{batch}|{f.name}".replace("/", "_")
+        opts = RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps, qgemv_cols=cols)
+        kern = render(specialize(fn, dims), opts)
+        if persistent == "blocks" or (persistent == "auto" and kern.blocks_auto):
+            kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))
+        tag = f"{spec}|{mode}|{tiling}|{batch}|{persistent}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
         flags = {f"{w}_{p.name}": True for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
@@ -115,7 +120,8 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         blocks = _blocks(specialize(fn, dims))  # (the down projection at the step's K)
         out.append({"tag": tag, "path": str(path), "name": kern.name, "signature": kern.signature(),
                     "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
-                    "options": {k: v for k, v in kern.launch.items() if not k.isupper()},
+                    "options": {k: v for k, v in kern.launch.items() if not k.isupper()} |
+                    ({"maxnreg": BLOCK_MAXNREG} if kern.block_ahead and kern.launch["num_warps"] <= 4 else {}),
                     "kernel": f.name, "spec": spec, "mode": mode, "tiling": tiling,
                     "weights_per_step": weights * blocks[0] * blocks[1], "K": blocks[2], "bk": blocks[1],
                     "bits_per_weight": _bits(fn),
@@ -199,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="llama3-8b", help="the model's configuration (pto's CONFIGS)")
     ap.add_argument("--warps", type=int, default=0, help="the grouped GEMVs' fewest warps (PTO_QGEMV_WARPS)")
     ap.add_argument("--cols", type=int, default=0, help="the grouped GEMVs' columns a warp (PTO_QGEMV_COLS)")
+    ap.add_argument("--persistent", default="", help="'blocks': every kernel a loop over its blocks; 'auto': those "
+                    "the backend's default policy loops (PTO_PERSISTENT's); '' (default): the plain grid")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -209,7 +217,7 @@ def main(argv=None) -> int:
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
                     todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch, args.config, args.warps,
-                                 args.cols)
+                                 args.cols, args.persistent)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

@@ -72,3 +72,20 @@ def test_the_sass_jobs_compile_the_down_projection_at_the_steps_contraction(tmp_
     jobs = {j["kernel"]: j for j in qgemv_sass.jobs("q4_k/q6_k", "auto", "default", tmp_path)}
     assert jobs["proj"]["K"] == layer.ffn and jobs["proj"]["K"] // jobs["proj"]["bk"] == 7
     assert all(jobs[k]["K"] == layer.hidden for k in ("qkv", "gate_up", "proj_o"))
+
+
+@pytest.mark.parametrize("spec", ["q4_0", "q8_0"])
+def test_the_sass_jobs_loop_over_the_blocks_as_the_backend_would(tmp_path, spec):
+    """``--persistent auto``: the kernels the backend's default policy loops over their blocks
+    (the 4-bit gate/up GEMV), compiled at BLOCK_MAXNREG registers, the others as the plain grid;
+    ``blocks``: every kernel; none by default."""
+    from pto.codegen.triton.common import BLOCK_MAXNREG
+
+    def looped(persistent: str) -> dict:
+        return {j["kernel"]: ("for _b in tl.range" in Path(j["path"]).read_text(), j["options"].get("maxnreg"))
+                for j in qgemv_sass.jobs(spec, "auto", "default", tmp_path, pdl="late", persistent=persistent)}
+
+    auto, every, plain = looped("auto"), looped("blocks"), looped("")
+    assert auto["gate_up"] == ((True, BLOCK_MAXNREG) if spec == "q4_0" else (False, None))
+    assert all(not loop for k, (loop, _) in auto.items() if k != "gate_up")
+    assert all(loop for loop, _ in every.values()) and not any(loop for loop, _ in plain.values())
