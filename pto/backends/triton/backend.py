@@ -312,8 +312,8 @@ class TritonBackend(Backend):
             return opts
         if self.persistent == "auto":
             extent = fn.parallel.extent if fn.parallel is not None else None
-            auto = isinstance(extent, Const) and extent.value >= BLOCKS_AUTO_MIN * self.block_programs() and \
-                self.kernel(fn, opts).blocks_auto
+            auto = isinstance(extent, Const) and self.kernel(fn, opts).blocks_auto and \
+                extent.value >= BLOCKS_AUTO_MIN * self.block_programs()
             return replace(opts, persistent="blocks") if auto else opts
         if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
             return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
