@@ -142,8 +142,8 @@ def relaid(rows, K: int):
     nb, n = K // 256, rows.shape[0]
     q, sc, mn = rows[:, :nb * 128], rows[:, nb * 128:nb * 136], rows[:, nb * 136:nb * 144]
     d, dmin = rows[:, nb * 144:nb * 146].reshape(n, nb, 2), rows[:, nb * 146:nb * 148].reshape(n, nb, 2)
-    return torch.cat([q, torch.stack((sc, mn), -1).reshape(n, nb * 16), torch.stack((d, dmin), 2).reshape(n, nb * 4)],
-                     1).contiguous()
+    return torch.cat([q, torch.stack((sc, mn), -1).reshape(n, nb * 16), torch.stack((d, dmin), 2).reshape(n, nb * 4),
+                      rows[:, nb * 148:]], 1).contiguous()  # (the row's padding to 16 bytes as it was)
 
 
 #: the rendered gate/up kernel's memref parameters (its device function's and kernel's)
