@@ -16,13 +16,10 @@ quantized layer), measured before either is built into the renderer:
   helpers are the rendered ones, x's rounding hoisted out of the loop by the compiler);
   ``ahead``: the next block's weights loaded into registers before this block's products;
   ``maxnreg R``: compiled to at most R registers a thread (Triton's ``maxnreg``);
-- ``blocks``: the kernel as pto renders it by default since the sixteenth session (persistent
-  "blocks": 4 programs a multiprocessor, each looping over its blocks with the next block's
-  weights ahead, at most 128 registers); ``blocks paired`` (Q4_K only): the same with each
-  group's scale and minimum bytes read by one 16-bit load and each 256-element block's ``d``
-  and ``dmin`` by one 32-bit load, from a row laid out with those planes interleaved (the same
-  bytes, the same arithmetic: its outputs are the rendered kernel's on the same weights
-  relaid).
+- ``blocks``: the kernel as pto renders it by default since the sixteenth session for the 4-bit
+  types (persistent "blocks": 4 programs a multiprocessor, each looping over its blocks with the
+  next block's weights ahead, at most 128 registers). (A ``blocks paired`` form measured the
+  Q4_K scale planes interleaved before pto stored them so: docs/PERF.md, sixteenth session.)
 
     python bench/qgemv_forms.py [--specs q4_k/q6_k,q8_0,fp8] [--sass /tmp/t36/bin/python] [--iters 100]
                                 [--json FILE]
@@ -105,45 +102,6 @@ def prequantized(src: str) -> str:
     new = ("    t_ss = tl.load(P_x.to(tl.pointer_type(tl.float32)))\n"
            "    _X = P_x.to(tl.pointer_type(tl.int32)) + 16\n" + dots)
     return src[:start] + new + src[end:]
-
-
-#: the Q4_K load helper's scale, minimum, d and dmin loads as rendered (``MASKED`` and not), and
-#: the same from the interleaved planes (``blocks paired``)
-_Q4K_SCALES = re.compile(r"    if MASKED:\n        _v8 = tl\.load.*?\n    _v15 = _v14\.to\(tl\.float32\)\n", re.S)
-_Q4K_PAIRED = """    if MASKED:
-        _s8 = tl.load((_v2 + nb * 128 + (c0 // 32) * 2).to(tl.pointer_type(tl.uint16)) + _v1 * _v5, mask=_v4, other=0)
-    else:
-        _s8 = tl.load((_v2 + nb * 128 + (c0 // 32) * 2).to(tl.pointer_type(tl.uint16)) + _v1 * _v5)
-    _v9 = (_s8 & 255).to(tl.float32)
-    _v11 = (_s8 >> 8).to(tl.float32)
-    if MASKED:
-        _s12 = tl.load((_v2 + nb * 128 + nb * 16 + (c0 // 256) * 4).to(tl.pointer_type(tl.uint32)) + _v1 // 8, mask=_v4, other=0)
-    else:
-        _s12 = tl.load((_v2 + nb * 128 + nb * 16 + (c0 // 256) * 4).to(tl.pointer_type(tl.uint32)) + _v1 // 8)
-    _v13 = (_s12 & 65535).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    _v15 = (_s12 >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-"""
-
-
-def paired(src: str) -> str:
-    """The kernel's source with its Q4_K load helper reading the interleaved planes (``blocks
-    paired``, module docstring)."""
-    m = re.search(r"def _pto_dqg_load_q4_k\(.*?\n(?=\n\n@triton.jit)", src, re.S)
-    if m is None or len(_Q4K_SCALES.findall(m.group(0))) != 1:
-        raise SystemExit("qgemv_forms: the rendered Q4_K load helper's scale loads are not where expected")
-    return src[:m.start()] + _Q4K_SCALES.sub(lambda _: _Q4K_PAIRED, m.group(0)) + src[m.end():]
-
-
-def relaid(rows, K: int):
-    """Q4_K rows (torch uint8, as pto repacks them: 4-bit values, scales, minimums, d, dmin) with
-    the scales and minimums interleaved a byte each and d and dmin two bytes each."""
-    import torch
-
-    nb, n = K // 256, rows.shape[0]
-    q, sc, mn = rows[:, :nb * 128], rows[:, nb * 128:nb * 136], rows[:, nb * 136:nb * 144]
-    d, dmin = rows[:, nb * 144:nb * 146].reshape(n, nb, 2), rows[:, nb * 146:nb * 148].reshape(n, nb, 2)
-    return torch.cat([q, torch.stack((sc, mn), -1).reshape(n, nb * 16), torch.stack((d, dmin), 2).reshape(n, nb * 4),
-                      rows[:, nb * 148:]], 1).contiguous()  # (the row's padding to 16 bytes as it was)
 
 
 #: the rendered gate/up kernel's memref parameters (its device function's and kernel's)
@@ -247,10 +205,6 @@ def _jobs(folder: Path, spec: str, loops=LOOPS) -> list[dict]:
                  for j in qgemv_sass.jobs(spec, "auto", "default", folder, pdl="late", persistent="blocks")
                  if j["kernel"] == "gate_up"]
     out.append(blocks)
-    if spec.startswith("q4_k"):
-        pair = dict(blocks, tag=f"{spec} blocks paired", path=str(folder / "paired_gate_up.py"), layout="paired")
-        Path(pair["path"]).write_text(paired(Path(blocks["path"]).read_text()))
-        out.append(pair)
     sig = dict(job["signature"], NPROG="i32", NIT="i32", STAGES="constexpr")
     for ahead in (False, True):
         loop = folder / f"loop_gate_up_{int(ahead)}.py"
@@ -309,17 +263,13 @@ def timed(iters: int, specs: list[str], only: tuple[str, ...] = ()) -> list[dict
             y = torch.zeros(N, device=dev, dtype=torch.bfloat16)
             programs = job.get("programs")
             grid = (1, min(N // bn, BLOCK_PROGRAMS * sms) if job.get("blocks") else programs or N // bn)
-            if job.get("layout") == "paired":
-                wcopies = [[relaid(w, K) for w in pair] for pair in copies]
-            else:
-                wcopies = copies
             extra = {"NPROG": programs, "NIT": N // bn // programs} if programs else {}
 
             def call(wg, wu, kern=kern, job=job, y=y, grid=grid, extra=extra):
                 kern[grid](tab, x, K, wg, row, wu, row, y, N, g, K, **job["constexprs"], NB=1, NP=N // bn, **extra,
                            **job["options"])
 
-            for wg, wu in reversed(wcopies):  # compile, warm; the first copy's results last
+            for wg, wu in reversed(copies):  # compile, warm; the first copy's results last
                 call(wg, wu)
             torch.cuda.synchronize()
             diff = None
@@ -329,7 +279,7 @@ def timed(iters: int, specs: list[str], only: tuple[str, ...] = ()) -> list[dict
                 diff = float((y.float() - first).abs().max() / first.abs().max())
             start.record()
             for k in range(iters):
-                call(*wcopies[k % len(wcopies)])
+                call(*copies[k % len(copies)])
             end.record()
             torch.cuda.synchronize()
             us = start.elapsed_time(end) * 1e3 / iters
@@ -361,7 +311,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", default=None, metavar="PYTHON", help="compile for sm_90 with this interpreter instead")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--specs", default="q4_k/q6_k,q8_0,fp8", help="the weights' types (bench/qgemv_sass.py's)")
-    ap.add_argument("--forms", default="", help="the forms to time, ','-separated (e.g. 'blocks,blocks paired'; "
+    ap.add_argument("--forms", default="", help="the forms to time, ','-separated (e.g. 'blocks,x prequantized'; "
                     "the rendered kernel always, first: the others' reference); default every form")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

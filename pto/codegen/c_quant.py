@@ -118,7 +118,7 @@ def _scales(fmt: QuantFormat) -> tuple[list[str], dict[str, _C]]:
             values[p.name] = _C(f"h_{p.name}")
         elif p.group > 1:
             lines.append(f"        const float g_{p.name} = "
-                         f"{_scalar(p, f'pl_{p.name} + k0 / {p.group} * {p.bits // 8}')};")
+                         f"{_scalar(p, f'pl_{p.name} + k0 / {p.group} * {fmt.stride(p.name)}')};")
             values[p.name] = _C(f"g_{p.name}")
     return lines, values
 

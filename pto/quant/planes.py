@@ -48,7 +48,16 @@ def pack_rows(fmt: QuantFormat, fields: dict[str, torch.Tensor], cols: int) -> t
     if parts:
         head = torch.cat(parts, 1)
         parts = [head, torch.zeros(rows, fmt.header_bytes - head.shape[1], dtype=torch.uint8, device=dev)]
-    body = [_field_bytes(p, fields[p.name]) for p in fmt.planes if not p.header]
+    body = []
+    for p in fmt.planes:
+        pair = fmt.pair_of(p.name)
+        if p.header or (pair and pair[1] == p.name):
+            continue
+        b = _field_bytes(p, fields[p.name])
+        if pair:  # interleaved: a value of the first, then the second's
+            v, second = p.bits // 8, _field_bytes(fmt.plane(pair[1]), fields[pair[1]])
+            b = torch.stack((b.view(rows, -1, v), second.view(rows, -1, v)), 2).reshape(rows, -1)
+        body.append(b)
     size = sum(b.shape[1] for b in body)
     body.append(torch.zeros(rows, round_up(size) - size, dtype=torch.uint8, device=dev))
     out = torch.cat(parts + body, 1)
@@ -73,12 +82,16 @@ def plane_values(fmt: QuantFormat, fetch: Fetch, blocks: int, c0, c: int, device
         if p.header:
             raw = fetch(off + torch.arange(vbytes, device=device))
         else:
+            stride = vbytes if p.group == 1 else fmt.stride(p.name)  # (a pair's values interleaved)
             if p.group == 1 and p.bits < 8:
                 local = c0 * p.bits // 8 + torch.arange(c * p.bits // 8, device=device)
             else:
-                local = (c0 // p.group) * vbytes + torch.arange(c // p.group * vbytes, device=device)
+                each = torch.arange(c // p.group, device=device)[:, None] * stride + torch.arange(vbytes, device=device)
+                local = (c0 // p.group) * stride + each.reshape(-1)
             if clamp:  # a tile past the row's last block reads the plane's last bytes again (masked)
-                local = local.clamp(0, blocks * p.block_bytes(fmt.block) - 1)
+                last = blocks * p.block_bytes(fmt.block) if p.group == 1 else \
+                    (blocks * fmt.block // p.group - 1) * stride + vbytes
+                local = local.clamp(0, last - 1)
             raw = fetch(off + local)
         out[p.name] = _values(p, raw, c)
     return out
@@ -114,8 +127,10 @@ def row_values(fmt: QuantFormat, data: torch.Tensor, cols: int, c0: int = 0,
     c = cols - c0 if c is None else c
 
     def fetch(offs: torch.Tensor) -> torch.Tensor:
-        lo = int(offs.reshape(-1)[0])  # offsets of one run: a slice, no gather
-        return data[:, lo:lo + offs.shape[-1]]
+        lo, n = int(offs.reshape(-1)[0]), offs.shape[-1]
+        if int(offs.reshape(-1)[-1]) == lo + n - 1:  # offsets of one run: a slice, no gather
+            return data[:, lo:lo + n]
+        return data[:, offs.reshape(-1)]  # (a pair's plane: every other value)
 
     return plane_values(fmt, fetch, cols // fmt.block, c0, c, data.device)
 

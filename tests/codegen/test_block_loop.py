@@ -69,9 +69,11 @@ def test_a_scalar_an_index_loads_and_a_tile_an_index_rewrites_make_their_readers
     assert any(isinstance(s, ForRange) for s in each)
 
 
-def _plain_and_blocks(fn, tensors: dict, out: str) -> list[torch.Tensor]:
+def _plain_and_blocks(fn, tensors: dict, out: str, qgemv: str = "", cols: dict | None = None) -> list[torch.Tensor]:
     """``out`` after one task of ``fn`` on the plain grid and in "blocks" form (each memref's
-    region its whole tensor; ``tensors`` may bind one tensor to two memrefs)."""
+    region its whole tensor, of ``cols[m]`` columns where given: a quantized matrix's logical
+    columns; ``tensors`` may bind one tensor to two memrefs; ``qgemv``: how the GEMVs read
+    quantized weights, the interpreter's by default)."""
     outs = []
     for mode in ("", "blocks"):
         ts = {}
@@ -79,8 +81,9 @@ def _plain_and_blocks(fn, tensors: dict, out: str) -> list[torch.Tensor]:
             ts[m] = next((ts[o] for o in ts if tensors[o] is t), None)
             ts[m] = t.clone() if ts[m] is None else ts[m]
         z = torch.zeros(1, dtype=torch.int64)
-        mems = {m: RegionBatch(t, z, z, z + t.shape[0], z + t.shape[1]) for m, t in ts.items()}
-        TritonBackend("cpu", launch={fn.name: {"persistent": mode}}).prepare(TaskBatch(fn, mems, {}, 1))()
+        mems = {m: RegionBatch(t, z, z, z + t.shape[0], z + (cols or {}).get(m, t.shape[1])) for m, t in ts.items()}
+        TritonBackend("cpu", options=RenderOptions(qgemv=qgemv), launch={fn.name: {"persistent": mode}}).prepare(
+            TaskBatch(fn, mems, {}, 1))()
         outs.append(ts[out])
     return outs
 
@@ -197,6 +200,34 @@ def test_a_residual_gemv_with_k_steps_loops_over_its_blocks_too():
     x, w, r = torch.randn(1, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(1, 64, generator=g)
     plain, blocks = _plain_and_blocks(fn, {"x": x, "w": w, "r": r, "y": r}, "y")
     assert torch.equal(plain, blocks) and torch.allclose(plain, r + x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qgemv", ["units", "groups", "int16"])
+@pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q5_K], ids=str)
+def test_the_k_quants_paired_scales_give_the_dequantized_product_on_every_path(dtype, qgemv):
+    """Q4_K's and Q5_K's scale and minimum, and d and dmin, stored as pairs (one load of twice the
+    width by groups): the residual GEMV read by units, by groups and (Q4_K) by 16-bit integer
+    dots, plain and in "blocks" form, is ``r + x w^T`` on the ``gguf``-exact dequantized weights:
+    f32 sums of 512 products (a few ulps of the largest) by units and groups; x rounded to 16
+    bits a group of 32 for the integer dots (half a step, 1/65534 of a group's largest |x|, times
+    the weights' magnitudes)."""
+    from tests.quant.test_load import random_qtensor
+
+    K, N = 512, 16
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, K, wdtype=dtype))
+    g = torch.Generator().manual_seed(6)
+    w, x, r = random_qtensor(dtype, N, K, seed=3), torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
+    plain, blocks = _plain_and_blocks(fn, {"x": x, "w": w.data, "r": r, "y": r}, "y", qgemv, {"w": K})
+    dense = w.dequantize().double()
+    want, scale = r.double() + x.double() @ dense.T, float((x.abs().double() @ dense.abs().T).max())
+    tol = 2e-5 * scale if qgemv == "int16" and dtype is DType.Q4_K else 1e-6 * scale
+    assert torch.equal(plain, blocks) and float((plain.double() - want).abs().max()) <= tol
+    src = render(fn, RenderOptions(qgemv=qgemv)).source
+    if qgemv != "units":  # the pairs' words: the scale and minimum of a group, d and dmin of a block
+        load = src[src.index(f"def _pto_dqg_load_{dtype.short}("):]
+        load = load[:load.index("\n\n")]  # (its masked and unmasked loads)
+        assert load.count("(c0 // 32) * 2).to(tl.pointer_type(tl.uint16))") == 2
+        assert load.count("(c0 // 256) * 4).to(tl.pointer_type(tl.uint32))") == 2 and "tl.float16)" not in load
 
 
 def test_a_decode_step_with_every_gemv_looping_over_its_blocks_computes_the_same_bits(monkeypatch):

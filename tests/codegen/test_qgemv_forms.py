@@ -90,35 +90,3 @@ def test_the_sass_jobs_loop_over_the_blocks_as_the_backend_would(tmp_path, spec)
     assert all(not loop for k, (loop, _) in auto.items() if k != "gate_up")
     assert all(loop for loop, _ in every.values()) and not any(loop for loop, _ in plain.values())
 
-
-def test_the_paired_form_reads_each_groups_scales_and_each_blocks_d_once_from_relaid_rows(tmp_path):
-    """``blocks paired``: the Q4_K load helper reads a group's scale and minimum as one 16-bit
-    word and a block's d and dmin as one 32-bit word (both branches, masked or not), the rest of
-    the kernel as rendered; ``relaid`` puts pto's Q4_K rows' planes where it reads them: byte for
-    byte the same values (scale, minimum; d, dmin) at the paired offsets."""
-    import torch
-
-    from pto.ir.dtypes import DType
-    from tests.quant.test_load import random_qtensor
-
-    (job,) = [j for j in qgemv_sass.jobs("q4_k/q6_k", "auto", "default", tmp_path, pdl="late", persistent="blocks")
-              if j["kernel"] == "gate_up"]
-    src = Path(job["path"]).read_text()
-    new = qgemv_forms.paired(src)
-    helper = _function(new, "_pto_dqg_load_q4_k")
-    assert helper.count("tl.pointer_type(tl.uint16)") == 2 and helper.count("tl.pointer_type(tl.uint32)") == 2
-    assert "tl.pointer_type(tl.uint8)" not in helper and "tl.pointer_type(tl.float16)" not in helper
-    assert new.replace(helper, "") == src.replace(_function(src, "_pto_dqg_load_q4_k"), "")
-    K, N = 512, 3
-    rows = random_qtensor(DType.Q4_K, N, K, seed=4).data
-    nb, got = K // 256, qgemv_forms.relaid(rows, K)
-    assert got.shape == rows.shape and torch.equal(got[:, :nb * 128], rows[:, :nb * 128])
-    for g in range(K // 32):
-        assert torch.equal(got[:, nb * 128 + 2 * g], rows[:, nb * 128 + g])  # the scale
-        assert torch.equal(got[:, nb * 128 + 2 * g + 1], rows[:, nb * 136 + g])  # the minimum
-    for b in range(nb):
-        at = nb * 144 + 4 * b
-        assert torch.equal(got[:, at:at + 2], rows[:, nb * 144 + 2 * b:nb * 144 + 2 * b + 2])  # d
-        assert torch.equal(got[:, at + 2:at + 4], rows[:, nb * 146 + 2 * b:nb * 146 + 2 * b + 2])  # dmin
-    with pytest.raises(SystemExit, match="scale loads"):
-        qgemv_forms.paired(src.replace("_v8 = tl.load", "_v8 = tl.dummy"))

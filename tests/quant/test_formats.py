@@ -125,3 +125,39 @@ def test_row_layout_sizes():
     assert dtype_of("q4_k") is DType.Q4_K and DType.Q4_K.torch is torch.uint8
     with pytest.raises(BuildError, match="unknown dtype"):  # a buffer's uint8 is no compute type
         dtype_of(torch.uint8)
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k"])
+def test_a_pair_of_scale_planes_is_stored_interleaved(qtype):
+    """Q4_K's and Q5_K's sub-block scale and minimum, and their block's d and dmin, are pairs:
+    each group's two values side by side (one load of twice the width reads both), where
+    ``plane_offset``, ``offset_code`` and ``stride`` say; every other plane as before; a pair of
+    planes that are not neighbours, or not alike, is refused."""
+    from pto.ir.quant import Plane, QuantFormat
+    from pto.quant.planes import pack_rows
+
+    fmt, rows, blocks = FORMATS[qtype], 3, 2
+    cols = blocks * fmt.block
+    g = torch.Generator().manual_seed(7)
+    fields = {p.name: (torch.randint(0, 64, (rows, cols // p.group), generator=g).to(torch.uint8) if p.kind == "u"
+                       else torch.rand(rows, cols // p.group, generator=g).to(torch.float16))
+              for p in fmt.planes}
+    data = pack_rows(fmt, fields, cols)
+    assert fmt.pairs == (("sc", "m"), ("d", "dmin")) and fmt.stride("sc") == 2 and fmt.stride("d") == 4
+    assert fmt.plane_offset("m", blocks) == fmt.plane_offset("sc", blocks) + 1
+    assert fmt.plane_offset("dmin", blocks) == fmt.plane_offset("d", blocks) + 2
+    for name in ("sc", "m"):
+        at = fmt.plane_offset(name, blocks)
+        assert torch.equal(data[:, at:at + 2 * cols // 32:2], fields[name])
+        assert eval(fmt.offset_code()[name], {"nb": blocks}) == at
+    for name in ("d", "dmin"):
+        at = fmt.plane_offset(name, blocks)
+        got = data[:, at:at + 4 * blocks].reshape(rows, blocks, 2, 2)[:, :, 0].contiguous().view(torch.float16)
+        assert torch.equal(got.reshape(rows, blocks), fields[name])
+        assert eval(fmt.offset_code()[name], {"nb": blocks}) == at
+    # (the pairs right after the element planes, the row's bytes as before)
+    assert fmt.plane_offset("sc", blocks) == blocks * sum(p.block_bytes(fmt.block) for p in fmt.planes if p.group == 1)
+    assert data.shape[1] == fmt.row_bytes(cols)
+    with pytest.raises(ValueError, match="cannot be a pair"):
+        QuantFormat("x", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 8, 32, "u")),
+                    fmt.dequantize, pairs=(("d", "m"),))

@@ -128,7 +128,10 @@ def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> d
         # a scale per group of elements (whole units): the same for the group's units
         assert p.group % U == 0, (fmt.name, p.name)
         index = unit if p.group == U else f"{unit} // {p.group // U}"
-        ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
+        stride = fmt.stride(p.name)
+        step = stride // (p.bits // 8)  # (2 in a pair: the other plane's value between)
+        index = index if step == 1 else f"({index}) * {step}"
+        ptr = f"({base} + (c0 // {p.group}) * {stride}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
         out[p.name] = em.let(f"{em.load(ptr, mask)}.to(tl.float32)")
     return out
 

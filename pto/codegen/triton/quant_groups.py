@@ -116,17 +116,39 @@ def render_load(fmt: QuantFormat) -> list[str]:
             raw = em.load(ptr, valid)
             out[p.name] = em.let(f"{raw}.to(tl.int32)") if word == "tl.uint16" else raw
         else:  # a value per subgroup (S of a group), or one a group for larger groups
+            pair = fmt.pair_of(p.name)
+            if pair and pair[1] == p.name:
+                continue  # (read with the first)
             if p.group >= T:
                 index = f"{g} * {one}" if p.group == T else f"{g} // {p.group // T}"
             else:
                 sub = em.let(f"tl.arange(0, {S})[None, None, :]")
                 per = p.group // Gs  # subgroups a value
                 index = f"{g} * {one} * {T // p.group} + " + (f"{sub}" if per == 1 else f"{sub} // {per}")
-            ptr = f"({base} + (c0 // {p.group}) * {p.bits // 8}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
+            at = f"{base} + (c0 // {p.group}) * {fmt.stride(p.name)}"
+            if pair:  # both planes' values as one word of twice the width, split in registers
+                raw = em.load(f"({at}).to(tl.pointer_type({_PAIR_WORD[p.bits]})) + {index}", valid)
+                for k, name in enumerate(pair):
+                    out[name] = em.let(_pair_value(fmt.plane(name), f"({raw} >> {k * p.bits})" if k else raw))
+                continue
+            ptr = f"({at}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
             out[p.name] = em.let(f"{em.load(ptr, valid)}.to(tl.float32)")
     return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
             "MASKED: tl.constexpr):", f"    # {fmt.name} by groups of {T}: {fmt.doc}", *_header(fmt), *em.lines,
             f"    return {', '.join(out[p.name] for p in fmt.planes)}"]
+
+
+#: the word a pair of scale planes' values is loaded as, by the planes' bits
+_PAIR_WORD = {8: "tl.uint16", 16: "tl.uint32"}
+
+
+def _pair_value(p: Plane, word: str) -> str:
+    """The f32 value of pair plane ``p`` in the low bits of ``word`` (its pair's load, shifted)."""
+    if p.kind == "u" and p.bits == 8:
+        return f"({word} & 255).to(tl.float32)"
+    if p.kind == "f16":
+        return f"({word} & 65535).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)"
+    raise ValueError(f"plane {p.name}: a pair of {p.kind} planes of {p.bits} bits is not read by groups")
 
 
 def _fraction(em: _Emitter, p: Plane, raw: str, k: int, one: str) -> str:
