@@ -130,14 +130,18 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     monkeypatch.setattr(pto.cli.commands.info, "detect", lambda dev: pto.machine.target.get("cuda_h100"))
     monkeypatch.setattr(pto.cli.commands.info, "resolve_device", lambda dev: "cuda")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("PTO_PERSISTENT", raising=False)
     gpu = info("auto")
     assert gpu["pdl"] == "auto"
     assert "programmatic dependent launch auto (PTO_PDL)" in format_info(gpu)
     assert gpu["tma"] == "on" and "tensor descriptors on (PTO_TMA)" in format_info(gpu)
+    assert gpu["persistent"] == "auto" and "persistent tile loops auto (PTO_PERSISTENT" in format_info(gpu)
     monkeypatch.setenv("PTO_PDL", "off")
     assert info("auto")["pdl"] == "off"
     monkeypatch.setenv("PTO_TMA", "off")
     assert info("auto")["tma"] == "off"
+    monkeypatch.setenv("PTO_PERSISTENT", "off")
+    assert info("auto")["persistent"] == "off"
 
 
 @pytest.mark.slow

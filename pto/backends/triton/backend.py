@@ -194,11 +194,12 @@ class TritonBackend(Backend):
 
     @classmethod
     def modes(cls, target) -> dict[str, str]:
-        """Programmatic dependent launch, tensor-descriptor loads and the quantized GEMVs' reads
-        (:mod:`.modes`)."""
+        """Programmatic dependent launch, tensor-descriptor loads, the quantized GEMVs' reads and
+        the persistent tile loops (:mod:`.modes`)."""
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
-                "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles)}
+                "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
+                "persistent": persistent_mode() or "off"}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
