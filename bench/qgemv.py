@@ -128,7 +128,7 @@ def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs:
     nbytes = sum(t.numel() * t.element_size() for t in one.values())
     copies = [one] + [weights(shape, wdtype, g) for _ in range(max(0, -(-L2_BYTES // nbytes) - 1))]
     launches = [backend.prepare(TaskBatch(fn, regions(fn, ws, shape, bn, g), {}, 1)) for ws in copies]
-    kernel = backend.kernel(fn)
+    kernel = backend.kernel(fn, backend.render_options(fn, backend.launch_config(fn)))  # (as launched)
     grouped = reads_by_groups_in(kernel.source)
 
     def rotate():
@@ -140,7 +140,7 @@ def measure(shape: str, wdtype: DType | None, mode: str, bn: int, bk: int, runs:
     n, ms = per[name]
     us = ms * 1e3 / n
     return {"us": round(us, 2), "GBps": round(nbytes / us / 1e3, 1), "weight_bytes": nbytes, "copies": len(copies),
-            "grouped": grouped, "num_warps": kernel.launch["num_warps"]}
+            "grouped": grouped, "num_warps": kernel.launch["num_warps"], "persistent": kernel.persistent}
 
 
 def parse_tiles(text: str) -> list[tuple[str, str]]:

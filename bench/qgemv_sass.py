@@ -65,7 +65,7 @@ KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
 def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: int = 1, config: str = "llama3-8b",
-         warps: int = 0, cols: int = 0, persistent: str = "") -> list[dict]:
+         warps: int = 0, cols: int = 0, persistent: str = "", sms: int = 132) -> list[dict]:
     """The compile jobs of the step's GEMV kernels for weights ``spec`` (``bf16`` or
     ``LAYERS/HEAD``) read by ``mode`` with ``tiling`` (``default`` or ``k=v,...``); ``pdl``: as
     the step launches them, a programmatic dependent launch whose weights and norm gains (the
@@ -73,8 +73,9 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     many sequences (from 2 the projections are the dot path's tensor-core products); ``config``:
     the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``; ``cols``:
     ``RenderOptions.qgemv_cols``; ``persistent``: "blocks", every kernel a loop over its task's
-    blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.blocks_auto``),
-    each compiled as the backend would (at most BLOCK_MAXNREG registers where it carries the next
+    blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.blocks_auto``
+    and blocks enough a program on a GPU of ``sms`` multiprocessors), each compiled as the backend
+    would (at most BLOCK_MAXNREG registers where it carries the next
     block's weights in 4 warps or fewer). The down projection
     (``proj``) is specialized to the step's call (K the FFN's width)."""
     from pto.orchestration.model.decode import functions
@@ -82,7 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
     from pto.codegen.triton import render
-    from pto.codegen.triton.common import BLOCK_MAXNREG, RenderOptions
+    from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, BLOCKS_AUTO_MIN, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
     from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType, dtype_of
@@ -110,7 +111,9 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
         opts = RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps, qgemv_cols=cols)
         kern = render(specialize(fn, dims), opts)
-        if persistent == "blocks" or (persistent == "auto" and kern.blocks_auto):
+        extent = kern.fn.parallel.extent if kern.fn.parallel is not None else None
+        enough = str(extent).isdigit() and int(str(extent)) >= BLOCKS_AUTO_MIN * BLOCK_PROGRAMS * sms
+        if persistent == "blocks" or (persistent == "auto" and kern.blocks_auto and enough):
             kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))
         tag = f"{spec}|{mode}|{tiling}|{batch}|{persistent}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
@@ -206,7 +209,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", type=int, default=0, help="the grouped GEMVs' fewest warps (PTO_QGEMV_WARPS)")
     ap.add_argument("--cols", type=int, default=0, help="the grouped GEMVs' columns a warp (PTO_QGEMV_COLS)")
     ap.add_argument("--persistent", default="", help="'blocks': every kernel a loop over its blocks; 'auto': those "
-                    "the backend's default policy loops (PTO_PERSISTENT's); '' (default): the plain grid")
+                    "the backend's default policy loops (PTO_PERSISTENT's) on --sms multiprocessors; '' (default): "
+                    "the plain grid")
+    ap.add_argument("--sms", type=int, default=132, help="the GPU's multiprocessors, for --persistent auto (an H200's)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -217,7 +222,7 @@ def main(argv=None) -> int:
             for mode in (args.modes.split(",") if spec != "bf16" else ["units"]):
                 for tiling in args.tilings.split(";"):
                     todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch, args.config, args.warps,
-                                 args.cols, args.persistent)
+                                 args.cols, args.persistent, args.sms)
         (folder / "jobs.json").write_text(json.dumps(todo))
         (folder / "driver.py").write_text(_DRIVER)
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}

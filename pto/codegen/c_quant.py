@@ -5,7 +5,8 @@ renderer run) on symbolic values that stand for C expressions.
 
 ``pto_dq_<format>(row, nb, b0, n, out)`` writes the f32 values of blocks ``b0 .. b0 + n - 1`` of
 one quantized row (``row``: its first byte, ``nb``: its blocks; the layout of
-:mod:`pto.ir.quant`: header planes, then each block plane) to ``out``, ``n * block`` floats.
+:mod:`pto.ir.quant`: header planes, then each block plane, a pair of scale planes interleaved)
+to ``out``, ``n * block`` floats.
 Within a block it walks *groups* (the smallest run of elements that share every scale, e.g. 32
 for Q4_K's sub-blocks): the scales of a group are read once, then every element of it is the
 routine over its element planes' fields. The fields are read in *units* (``U`` elements whose

@@ -98,11 +98,20 @@ class QuantFormat:
     pairs: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
+        """A pair is two neighbouring scale planes of one kind, width (8 or 16 bits) and group,
+        each plane in one pair at most, the pair's first value aligned to the pair's word in a
+        row of any length (every plane before it whole words a block, the header too)."""
         names = [p.name for p in self.planes]
+        paired = [n for pr in self.pairs for n in pr]
         for a, b in self.pairs:
+            if a not in names or b not in names or paired.count(a) > 1 or paired.count(b) > 1:
+                raise ValueError(f"{self.name}: planes {a} and {b} cannot be a pair")
             pa, pb = self.plane(a), self.plane(b)
-            if names.index(b) != names.index(a) + 1 or pa.bits != pb.bits or pa.group != pb.group or \
-                    pa.group <= 1 or pa.bits < 8:
+            word = 2 * pa.bits // 8
+            before = [p for p in self.planes[:names.index(a)] if not p.header]
+            if names.index(b) != names.index(a) + 1 or (pa.kind, pa.bits, pa.group) != (pb.kind, pb.bits, pb.group) \
+                    or pa.group <= 1 or pa.bits not in (8, 16) or self.header_bytes % word or \
+                    any(p.block_bytes(self.block) % word for p in before):
                 raise ValueError(f"{self.name}: planes {a} and {b} cannot be a pair")
 
     def pair_of(self, name: str) -> tuple[str, str] | None:

@@ -382,7 +382,7 @@ def test_the_auto_policy_takes_the_gate_up_gemv_of_4bit_weights_only(spec):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # (SwiGLU's exp of large random sums)
 def test_the_auto_policy_loops_a_4bit_gate_up_of_enough_blocks_with_the_plain_grids_bits(monkeypatch):
-    """The backend's "auto" (``PTO_PERSISTENT`` unset) renders a Q4_0 gate/up GEMV read by
+    """The backend's "auto" (``PTO_PERSISTENT``'s default) renders a Q4_0 gate/up GEMV read by
     integer dots (``qgemv`` "int16") in "blocks" form where a program takes BLOCKS_AUTO_MIN of
     its blocks or more (5 blocks, 2 programs under the interpreter), and computes the plain
     grid's bits (``PTO_PERSISTENT=off``); 3 blocks stay a plain grid; so does a launch setting

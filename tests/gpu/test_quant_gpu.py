@@ -27,7 +27,7 @@ def test_smollm2_step_with_quantized_weights(executor, quantize):
 
 
 @pytest.mark.parametrize("executor,quantize,batch", [("waves", "q4_k", 1), ("persistent", "q4_k", 1),
-                                                     ("waves", "q6_k", 1), ("waves", "q4_k", 2)])
+                                                     ("waves", "q6_k", 1), ("waves", "q4_k", 2), ("waves", "q5_k", 1)])
 def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     """The Llama-3.2-1B shape (hidden 2048: whole 256-element blocks; its one-sequence step takes
     the quantized tiles, two sequences the GEMVs' own), its tied head dense."""
@@ -35,7 +35,7 @@ def test_k_quants_in_the_1b_shape(executor, quantize, batch):
 
 
 @pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
-def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize):
+def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize, monkeypatch):
     """The 1B shape's one-sequence step with 4-bit layers on the wave executor: its gate/up GEMV
     runs in the persistent "blocks" form (``PTO_PERSISTENT``'s default "auto":
     ``BLOCKS_AUTO_FORMATS``, 2,048 blocks on 4 programs a multiprocessor), the other GEMVs in
@@ -46,6 +46,7 @@ def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize):
         looped = {k.fn.name for k in kernels if k.persistent == "blocks"}
         assert looped == {"gemv_norm_swiglu_tile"}, looped
 
+    monkeypatch.delenv("PTO_PERSISTENT", raising=False)
     check_step("waves", 1, 512, blocks_kernels, config="llama3.2-1b", options={"quantize": quantize})
 
 

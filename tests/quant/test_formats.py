@@ -158,6 +158,16 @@ def test_a_pair_of_scale_planes_is_stored_interleaved(qtype):
     # (the pairs right after the element planes, the row's bytes as before)
     assert fmt.plane_offset("sc", blocks) == blocks * sum(p.block_bytes(fmt.block) for p in fmt.planes if p.group == 1)
     assert data.shape[1] == fmt.row_bytes(cols)
-    with pytest.raises(ValueError, match="cannot be a pair"):
-        QuantFormat("x", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 8, 32, "u")),
-                    fmt.dequantize, pairs=(("d", "m"),))
+    planes = (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 16, 32, "f16"), Plane("s", 8, 32, "u"),
+              Plane("t", 8, 32, "u"), Plane("u", 16, 32, "u"))
+    QuantFormat("x", 32, planes, fmt.dequantize, pairs=(("d", "m"), ("s", "t")))  # (a well-formed pair)
+    for pairs in ((("m", "s"),),  # unlike planes
+                  (("d", "s"),),  # not neighbours
+                  (("d", "m"), ("m", "s")),  # a plane in two pairs
+                  (("t", "u"),),  # unlike kinds and widths
+                  (("d", "x"),)):  # no such plane
+        with pytest.raises(ValueError, match="cannot be a pair"):
+            QuantFormat("x", 32, planes, fmt.dequantize, pairs=pairs)
+    with pytest.raises(ValueError, match="cannot be a pair"):  # 2-byte words after a plane of 1 byte a block
+        QuantFormat("x", 8, (Plane("q", 1, 1, "u"), Plane("d", 8, 8, "u"), Plane("m", 8, 8, "u")), fmt.dequantize,
+                    pairs=(("d", "m"),))

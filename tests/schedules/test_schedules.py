@@ -388,6 +388,14 @@ def test_pto_persistent_loops_the_kernels_that_multiply_large_tiles_unless_a_sch
     blocks = TritonBackend("cpu")
     assert [blocks.render_options(f, blocks.launch_config(f)).persistent for f in (gemm, gemv, norm, combine)] == \
         ["blocks", "blocks", "blocks", ""]
+    from pto.backends.triton.modes import persistent_mode
+
+    monkeypatch.delenv("PTO_PERSISTENT")  # the default, "auto": the 4-bit gate/up GEMVs (test_block_loop.py)
+    assert persistent_mode() == "auto" and TritonBackend("cpu").persistent == "auto"
+    for off in ("off", ""):
+        monkeypatch.setenv("PTO_PERSISTENT", off)
+        none = TritonBackend("cpu")
+        assert persistent_mode() == "" and none.render_options(gemv, none.launch_config(gemv)).persistent == ""
     monkeypatch.setenv("PTO_PERSISTENT", "spin")
     with pytest.raises(UsageError, match=r"PTO_PERSISTENT='spin': one of auto, loop, ws, flat, blocks or off"):
         TritonBackend("cpu")

@@ -428,14 +428,14 @@ class TritonBackend(Backend):
             return 0
         if kernel.persistent == "blocks":
             return self.block_programs()
-        if self.device.type != "cuda":
+        if not self.compiles:
             return 3
         return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
 
     def block_programs(self) -> int:
         """The programs a task of a "blocks" kernel launches: BLOCK_PROGRAMS a multiprocessor (2
         under the interpreter)."""
-        if self.device.type != "cuda":
+        if not self.compiles:
             return 2
         return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count * BLOCK_PROGRAMS
 

@@ -39,14 +39,14 @@ def tma_mode(capability: tuple[int, int] | None, compiles: bool = True) -> bool:
 def persistent_mode() -> str:
     """The persistent tile loop of the batched kernels whose loops multiply large tiles (the
     GEMMs' K loops, attention's key loop; :func:`pto.codegen.triton.tma.tma_memrefs`) where no
-    schedule says: ``PTO_PERSISTENT`` (auto, loop, ws, flat, blocks, off; default auto: "blocks"
+    schedule says: ``PTO_PERSISTENT`` (auto, loop, ws, flat, blocks, off or empty; default auto: "blocks"
     for the gate/up GEMVs of the formats measured faster so, ``RenderedKernel.blocks_auto``, no
     loop elsewhere; flat also the kernels with a parallel axis, blocks only those: each program
     loops over its task's parallel indices; :data:`~pto.codegen.triton.common.PERSISTENT_MODES`)."""
     mode = os.environ.get("PTO_PERSISTENT", "auto")
     if mode not in PERSISTENT_MODES + ("auto", "off", ""):
         raise UsageError(f"PTO_PERSISTENT={mode!r}: one of auto, {', '.join(PERSISTENT_MODES)} or off")
-    return "" if mode == "off" else mode or "auto"
+    return "" if mode in ("off", "") else mode
 
 
 def qgemv_mode(compiles: bool = True) -> str:
