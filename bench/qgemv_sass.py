@@ -73,7 +73,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     many sequences (from 2 the projections are the dot path's tensor-core products); ``config``:
     the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``; ``cols``:
     ``RenderOptions.qgemv_cols``; ``persistent``: "blocks", every kernel a loop over its task's
-    blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.blocks_auto``
+    blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.loops_blocks``
     and blocks enough a program on a GPU of ``sms`` multiprocessors), each compiled as the backend
     would (at most BLOCK_MAXNREG registers where it carries the next
     block's weights in 4 warps or fewer). The down projection
@@ -83,7 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
     from pto.codegen.triton import render
-    from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, BLOCKS_AUTO_MIN, RenderOptions
+    from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
     from pto.ir.analysis import specialize
     from pto.ir.dtypes import DType, dtype_of
@@ -111,9 +111,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
         opts = RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps, qgemv_cols=cols)
         kern = render(specialize(fn, dims), opts)
-        extent = kern.fn.parallel.extent if kern.fn.parallel is not None else None
-        enough = str(extent).isdigit() and int(str(extent)) >= BLOCKS_AUTO_MIN * BLOCK_PROGRAMS * sms
-        if persistent == "blocks" or (persistent == "auto" and kern.blocks_auto and enough):
+        if persistent == "blocks" or (persistent == "auto" and kern.loops_blocks(BLOCK_PROGRAMS * sms)):
             kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))
         tag = f"{spec}|{mode}|{tiling}|{batch}|{persistent}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")

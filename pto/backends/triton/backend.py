@@ -59,12 +59,12 @@ from pto.backends.triton.modes import (
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
-from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, BLOCKS_AUTO_MIN
+from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
-from pto.ir.expr import Const, evaluate
+from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 from pto.machine.collectives import SumBuffers
 
@@ -312,9 +312,7 @@ class TritonBackend(Backend):
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
         if self.persistent == "auto":
-            extent = fn.parallel.extent if fn.parallel is not None else None
-            auto = isinstance(extent, Const) and self.kernel(fn, opts).blocks_auto and \
-                extent.value >= BLOCKS_AUTO_MIN * self.block_programs()
+            auto = fn.parallel is not None and self.kernel(fn, opts).loops_blocks(self.block_programs())
             return replace(opts, persistent="blocks") if auto else opts
         if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
             return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
@@ -430,14 +428,18 @@ class TritonBackend(Backend):
             return self.block_programs()
         if not self.compiles:
             return 3
-        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
+        return self._sms()
 
     def block_programs(self) -> int:
         """The programs a task of a "blocks" kernel launches: BLOCK_PROGRAMS a multiprocessor (2
         under the interpreter)."""
         if not self.compiles:
             return 2
-        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count * BLOCK_PROGRAMS
+        return self._sms() * BLOCK_PROGRAMS
+
+    def _sms(self) -> int:
+        """The device's multiprocessors."""
+        return torch.cuda.get_device_properties(self.device.index or 0).multi_processor_count
 
     def shared_limit(self) -> int:
         """Bytes of shared memory one program may use on this device."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pto.codegen.triton.body import BodyRenderer
 from pto.codegen.triton.common import (
     BLOCKS_AUTO_FORMATS,
+    BLOCKS_AUTO_MIN,
     FLAT_STAGES,
     PDL_IMPORTS,
     PDL_MODES,
@@ -49,7 +50,7 @@ from pto.codegen.triton.common import (
 from pto.errors import BuildError
 from pto.ir.analysis import specialize
 from pto.ir.bounds import bounds
-from pto.ir.expr import Expr
+from pto.ir.expr import Const, Expr
 from pto.ir.facts import constant_trips, loop_ranges, memref_accesses, tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction, walk_instrs
 from pto.ir.ops import MATMUL, Op
@@ -87,6 +88,13 @@ class RenderedKernel:
     #: the backend's "auto" persistent policy runs this kernel in "blocks" form: a gate/up GEMV
     #: of :data:`~pto.codegen.triton.common.BLOCKS_AUTO_FORMATS` weights (:func:`blocks_auto`)
     blocks_auto: bool = False
+
+    def loops_blocks(self, programs: int) -> bool:
+        """Does the "auto" persistent policy run this kernel in "blocks" form on ``programs``
+        programs a task: its form says so (:attr:`blocks_auto`) and its parallel axis, of a
+        constant extent, gives each program at least ``BLOCKS_AUTO_MIN`` blocks."""
+        extent = self.fn.parallel.extent if self.fn.parallel is not None else None
+        return self.blocks_auto and isinstance(extent, Const) and extent.value >= BLOCKS_AUTO_MIN * programs
 
     @property
     def waits(self) -> bool:
