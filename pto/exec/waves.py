@@ -312,7 +312,8 @@ class WaveExecutor(Executor):
             waves += 1
             if self.progress is not None:
                 self.progress(done, total())
-        self._issue_pending(len(self._pending))
+        while self._pending:  # (the last batch)
+            self._issue_first()
         if self.sync_each_launch or self.record:
             self.sync()
         compiled = self.backend.compile_ms - compiled  # (the backend's kernels compiled as prepared)
@@ -361,17 +362,16 @@ class WaveExecutor(Executor):
             self._issue(wave, ids, batch)
             return
         self._pending.append([wave, ids, batch])
-        if len(self._pending) > 1:  # the one before this
-            self._issue_pending(1)
+        if len(self._pending) > 1:  # the one before this: its successor is known now
+            self._issue_first()
 
-    def _issue_pending(self, n: int) -> None:
-        """Issue the first ``n`` pending batches, each signalling right after its wait where the
-        batch after it loads a weight early ("chain")."""
-        for _ in range(n):
-            wave, ids, batch = self._pending.pop(0)
-            if self._pending:
-                batch.chain = self._weights_early(self._pending[0][2])
-            self._issue(wave, ids, batch)
+    def _issue_first(self) -> None:
+        """Issue the first pending batch, signalling right after its wait where the batch after
+        it loads a weight early ("chain")."""
+        wave, ids, batch = self._pending.pop(0)
+        if self._pending:
+            batch.chain = self._weights_early(self._pending[0][2])
+        self._issue(wave, ids, batch)
 
     def _input_storages(self, module) -> set[int]:
         return {_storage(self.tensors[t.name]) for t in module.entry_function.tensors
