@@ -99,9 +99,10 @@ def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int 
 
 
 
-def kernel_jobs(functions, options=None) -> list[dict]:
+def kernel_jobs(functions, options=None, paths: tuple[bool, ...] = (False, True)) -> list[dict]:
     """Compile jobs (:func:`compile_sm90`) of the batched kernels of InCore ``functions`` (each
-    rendered once, with ``options``), every one on the masked and the mask-free path."""
+    rendered once, with ``options``), every one on each of ``paths``: the masked (False) and the
+    mask-free (True) path."""
     from pto.codegen.triton import render
     from pto.ir.analysis import specialize
 
@@ -111,7 +112,7 @@ def kernel_jobs(functions, options=None) -> list[dict]:
         if kern.digest in seen:
             continue
         seen.add(kern.digest)
-        for even in (False, True):
+        for even in paths:
             flags = {f"{w}_{p.name}": even for w in ("EVEN", "ALIGN") for p in kern.fn.memrefs}
             jobs.append({"source": kern.source, "name": kern.name, "signature": kern.signature(), "aligned": True,
                          "constexprs": {**flags, **{k: v for k, v in kern.launch.items() if k.isupper()}},
