@@ -52,7 +52,8 @@ def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[d
         path.write_text(job["source"])
         spec.append({"path": str(path), "aligned": False, **{k: v for k, v in job.items() if k != "source"}})
     (tmp_path / "driver.py").write_text(_DRIVER)
-    workers = max(1, min(len(spec), len(os.sched_getaffinity(0))))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(1, min(len(spec), cpus))
     procs = []
     for w in range(workers):
         (tmp_path / f"jobs{w}.json").write_text(json.dumps(spec[w::workers]))
