@@ -312,9 +312,9 @@ class TritonBackend(Backend):
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
         if self.persistent == "auto":
-            kernel = self.kernel(fn, opts) if fn.parallel is not None else None
-            # (the programs asked only of a kernel that could loop: a GPU's count is a device query)
-            auto = kernel is not None and kernel.blocks_auto and kernel.loops_blocks(self.block_programs())
+            kernel = self.kernel(fn, opts)  # (the plain kernel, launched where it does not loop)
+            # (blocks_auto first: the programs, a device query on a GPU, asked only of a kernel that could loop)
+            auto = kernel.blocks_auto and kernel.loops_blocks(self.block_programs())
             return replace(opts, persistent="blocks") if auto else opts
         if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
             return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
