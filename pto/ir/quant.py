@@ -20,7 +20,8 @@ structs"); here a row holds *planes* instead ("struct of arrays"), repacked once
   then the second's for the same group, so that a kernel reads both with one load of twice the
   width (Q4_K's and Q5_K's sub-block scale and minimum, a 16-bit word a group of 32, and their
   block's ``d`` and ``dmin``, 32 bits a block of 256: the 8B step's Q4_K gate/up 15% faster alone
-  on an H200, docs/PERF.md "The 4-bit gate/up GEMVs loop over their blocks").
+  on an H200, docs/PERF.md "The 4-bit gate/up GEMVs loop over their blocks"; Q4_1's ``d`` and
+  ``m``, 32 bits a block of 32).
 
 The row holds the same information as GGUF's blocks, in as many bytes (Q4_K and Q5_K unpack
 their 12 bytes of 6-bit sub-block scales and minimums to 16: 2.8% and 2.3% more) plus the
@@ -324,7 +325,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("q4_0", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16")), _q4_0, "Q4_0", 18,
                 "4-bit: d * (q - 8) per block of 32"),
     QuantFormat("q4_1", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 16, 32, "f16")), _q4_1,
-                "Q4_1", 20, "4-bit with a minimum: d * q + m per block of 32"),
+                "Q4_1", 20, "4-bit with a minimum: d * q + m per block of 32", (("d", "m"),)),
     QuantFormat("q8_0", 32, (Plane("q", 8, 1, "i"), Plane("d", 16, 32, "f16")), _q8_0, "Q8_0", 34,
                 "8-bit: d * q per block of 32"),
     QuantFormat("q4_k", 256, (Plane("q", 4, 1, "u"), Plane("sc", 8, 32, "u"), Plane("m", 8, 32, "u"),

@@ -158,6 +158,7 @@ def test_a_pair_of_scale_planes_is_stored_interleaved(qtype):
     # (the pairs right after the element planes, the row's bytes as before)
     assert fmt.plane_offset("sc", blocks) == blocks * sum(p.block_bytes(fmt.block) for p in fmt.planes if p.group == 1)
     assert data.shape[1] == fmt.row_bytes(cols)
+    assert FORMATS["q4_1"].pairs == (("d", "m"),) and FORMATS["q4_1"].stride("m") == 4  # (Q4_1's d and m too)
     planes = (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 16, 32, "f16"), Plane("s", 8, 32, "u"),
               Plane("t", 8, 32, "u"), Plane("u", 16, 32, "u"))
     QuantFormat("x", 32, planes, fmt.dequantize, pairs=(("d", "m"), ("s", "t")))  # (a well-formed pair)
