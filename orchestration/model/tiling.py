@@ -115,6 +115,10 @@ class DecodeTiling:
     #: bf16 step; docs/PERF.md, "The grouped GEMVs' warps measured, batch 8 profiled"). 0: off
     #: (by rows that step took 188 ms on an H200: each program prepares x for all its rows)
     quant_rows: int = 0
+    #: on a GPU, a step of 2 to this many sequences with dense weights keeps its rows unpadded:
+    #: its GEMVs multiply-sum each weight tile against every row, where padded to 16 rows they
+    #: are tensor-core dots (0: off, every step of 2 sequences or more padded)
+    dense_rows: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:
         """This tiling with ``fields`` replaced, each also where the weights are quantized (its
@@ -149,6 +153,9 @@ class DecodeTiling:
         unknown = [k for k, _ in self.quant_tiles if k not in self.__dataclass_fields__ or k == "quant_tiles"]
         if unknown:
             raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
+        if self.dense_rows < 0 or self.quant_rows < 0:
+            raise UsageError(f"decode tiling: dense_rows={self.dense_rows}, quant_rows={self.quant_rows}: counts of "
+                             "sequences are 0 or more")
         if self.span < 0 or self.span == 1:
             raise UsageError(f"decode tiling: span={self.span}: a span merges 2 chunks or more (0: no spans)")
         if self.chunk % self.tk:
@@ -200,8 +207,8 @@ def tile_rows(batch: int, target: Target | None = None, grouped: int = 0) -> int
 def grouped_rows(t: DecodeTiling, quantized: bool) -> int:
     """The most sequences a step of tiling ``t`` keeps unpadded on a GPU: ``t.quant_rows`` (at
     most the Triton renderer's ``GROUPED_ROWS``: more rows of x take the values and a
-    tensor-core dot) where the weights are ``quantized``, else 0."""
-    return min(t.quant_rows, GROUPED_ROWS) if quantized else 0
+    tensor-core dot) where the weights are ``quantized``, else ``t.dense_rows``."""
+    return min(t.quant_rows, GROUPED_ROWS) if quantized else t.dense_rows
 
 
 __all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "grouped_rows", "round_block", "spans", "tile_rows"]
