@@ -54,11 +54,14 @@ SETTING_NAMES = ("device", "backend", "executor", "config", "dtype", "target", "
 
 
 def resolve(program: str | Program, *, device: str = "auto", backend: str = "auto", executor: str = "auto",
-            target: str | Target | None = None, options: dict | None = None, **settings) -> Job:
+            target: str | Target | None = None, options: dict | None = None, shape: Mapping | None = None,
+            **settings) -> Job:
     """Every default resolved once, by the rule of :mod:`pto.program` (the same for every
     command), every value checked. ``program``: a registered name or the program itself;
     ``settings``: the program's common settings (``config``, ``dtype``, ``tp``: the
-    tensor-parallel ranks, one rank's module; :meth:`Program.settings`), ``options`` its own."""
+    tensor-parallel ranks, one rank's module; :meth:`Program.settings`), ``options`` its own;
+    ``shape``: the shape the job runs at where the executor ``auto`` depends on it
+    (:meth:`Program.auto_executor`; None: the program's default shape)."""
     prog = program if isinstance(program, Program) else programs.get(program)
     program = prog.name
     dev = resolve_device(device)
@@ -69,7 +72,7 @@ def resolve(program: str | Program, *, device: str = "auto", backend: str = "aut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    ex = _executor(prog, executor, dev, be, s.dtype, backend, prog.auto_executor(s))
+    ex = _executor(prog, executor, dev, be, s.dtype, backend, prog.auto_executor(s, shape))
     return Job(prog, prog.for_executor(s, ex), dev, be, ex)
 
 

@@ -194,10 +194,10 @@ class Program:
     schedules: tuple[Path, ...] = ()
 
     # -- settings ---------------------------------------------------------------------------------
-    def auto_executor(self, s: Settings) -> str | None:
-        """The executor ``--executor auto`` means for graphs of this program under ``s`` on a GPU,
-        where measurements settle it; None (the default): decided per built graph
-        (:func:`pto.exec.choose`)."""
+    def auto_executor(self, s: Settings, shape: Shape | Mapping | None = None) -> str | None:
+        """The executor ``--executor auto`` means for graphs of this program under ``s`` at
+        ``shape`` (None: the program's default shape) on a GPU, where measurements settle it; None
+        (the default): decided per built graph (:func:`pto.exec.choose`)."""
         return None
 
     def default_config(self, device: str) -> str:

@@ -159,15 +159,18 @@ class Generator:
         self.dtype = dtype
         #: what the step's weight inputs are stored as (quantized: :mod:`pto.orchestration.model.quantized`)
         self.wtypes = WeightTypes.of(weights)
-        # where the step and the layer run (the programs' own executor choices), checked now
-        auto = auto_step_executor(tp, self.wtypes.quantized)
-        self.step_place = placement(STEP, device, dtype, backend, executor, auto)
+        self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
+        # where the step and the layer run (the programs' own executor choices), checked now: the
+        # step of one sequence's; a batch's may differ (:meth:`step_placement`)
+        self._executor, self._tiling = executor, tiling
+        self._places: dict[int, tuple] = {}
+        self.step_place = placement(STEP, device, dtype, backend, executor, self._auto(1))
         self.layer_place = placement(LAYER, device, dtype, self.step_place.backend)
         self.device, self.backend = self.step_place.device, self.step_place.backend
         self.target = resolve_target(None, self.device)
-        # the step's block sizes (the bench sweeps them): the executor's (the megakernel's are wider)
+        # the step's block sizes (the bench sweeps them): the executor's (the megakernel's are wider;
+        # every executor's share the attention chunk and the weights' layout, which this one gives)
         self.tiling = tiling or tiling_for_executor(self.config, self.step_place.executor, self.target)
-        self.tp, self.rank = tp, dist.rank() if tp > 1 else 0
         # the dtype the ranks' partial sums are summed in (the model program's --allreduce-dtype)
         self.reduce = reduce_dtype(dtype, allreduce_dtype)
         if tp > 1 and dist.world_size() != tp:
@@ -200,6 +203,23 @@ class Generator:
         self.cos, self.sin = rope_tables(self.config.max_positions, self.config.layer, dtype, self.device)
 
     # -- the decode step ----------------------------------------------------------------------
+    def _auto(self, batch: int) -> str:
+        """What the executor ``auto`` means for a step of ``batch`` sequences (the model program's
+        rule: :func:`~pto.orchestration.model.program.auto_step_executor`)."""
+        return auto_step_executor(self.tp, self.wtypes.quantized, self.config.layer.hidden, batch)
+
+    def step_placement(self, batch: int):
+        """Where a step of ``batch`` sequences runs and its tiles: the executor asked, or ``auto``'s
+        for that batch (a narrow model's few sequences on the launches, more on the megakernel),
+        with that executor's tiles (unless the tiles were given)."""
+        if batch not in self._places:
+            from pto.engine import placement
+
+            place = placement(STEP, self.device, self.dtype, self.backend, self._executor, self._auto(batch))
+            tiling = self._tiling or tiling_for_executor(self.config, place.executor, self.target)
+            self._places[batch] = (place, tiling)
+        return self._places[batch]
+
     def step(self, batch: int, capacity: int):
         """The decode step's prepared graph for ``batch`` sequences of ``capacity`` slots."""
         key = (batch, capacity)
@@ -210,7 +230,8 @@ class Generator:
         if key not in self._steps:
             from pto.engine import Prepared, build_module_graph
 
-            module = build_step(self.config, self.dtype, self.target, batch, self.tiling, self.tp, self.reduce,
+            place, tiling = self.step_placement(batch)
+            module = build_step(self.config, self.dtype, self.target, batch, tiling, self.tp, self.reduce,
                                 cache=capacity, wtypes=self.wtypes, vocab_parallel=self.vocab_parallel)
             built = build_module_graph(module, {"B": batch, "C": capacity}, target=self.target)
             inputs = {**self._stacked(), "cos": self.cos, "sin": self.sin}
@@ -219,7 +240,7 @@ class Generator:
                 inputs[name] = torch.zeros(self.config.layers * batch * capacity, kvd, dtype=self.dtype.torch,
                                            device=self.device)
             inputs.update(tok=torch.zeros(batch, 1, device=self.device), pos=torch.zeros(batch, 1, device=self.device))
-            self._steps[key] = Prepared(built, self.step_place, inputs)
+            self._steps[key] = Prepared(built, place, inputs)
         return self._steps[key]
 
     def _stacked(self) -> dict[str, torch.Tensor]:

@@ -77,7 +77,12 @@ TINY_TILING = DecodeTiling(chunk=32, tk=16, bn=32, bk=32, bv=128, lm_bk=32, dot_
 #: H200: its down projection's 1536 columns in one step 2.91 against 3.65 us a layer in two of
 #: 1024; the head 22.2 against 25.2 us a step in blocks of 512); a model of this range with an
 #: FFN wider than 2048 takes several steps, one of them partly masked, unmeasured
-TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
+#: From 2 to 4 sequences the projections multiply-sum each weight tile against every row, unpadded
+#: (:attr:`~pto.orchestration.model.tiling.DecodeTiling.dense_rows`): SmolLM2's step on an H200
+#: at 2 sequences 0.555 against 0.986 ms padded to 16 rows for tensor-core dots, at 4 0.627
+#: against 1.048, at 8 0.949 against 1.058 on the launches but 1.588 against 0.953 on the
+#: megakernel, which 8 keep (docs/PERF.md, "Unpadded rows at 2-4 sequences")
+TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256, dense_rows=4)
 #: models of hidden 2048 and more: the gate/up projection in blocks of 8 outputs, K steps of 2048
 #: (an 8B model's, measured on an H100: DecodeTiling.ffn_bn); RoPE as its own task (the 8B
 #: model's projection with RoPE in its epilogue took 25.9 us a layer against 21.0 + 2.7 for the
@@ -92,10 +97,14 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256)
 #: Q8_0 gate/up 44.81 / 55.60, down 23.73 / 29.40, head 207 / 250; fp8 (by groups here, by units
 #: in the default tiles) gate/up 35.72 / 40.11, down 19.64 / 21.45, o 7.39 / 8.11, head 140 / 204.
 #: The whole step (waves): Q4_K with a Q6_K head 2.71 ms against 3.39-3.48, Q8_0 3.27 against
-#: 3.77-4.01, fp8 (by units) 2.61 against 3.16 (docs/PERF.md, "Quantized weights", 2026-11-29)
+#: 3.77-4.01, fp8 (by units) 2.61 against 3.16 (docs/PERF.md, "Quantized weights", 2026-11-29).
+#: Two sequences unpadded (``dense_rows``): on an H200 the 8B step at 2 sequences 5.300 against
+#: 5.820 ms padded (the megakernel), the 1B's 1.200 against 1.492; at 4 the 1B's 2.071 against
+#: 1.503 and at 8 the 8B's 20.25 against 5.91 (a broadcast sum of 8 rows against 4096-wide tiles)
 QUANT_WIDE = (("bn", 8), ("bk", 2048), ("o_bn", 8), ("o_bk", 4096), ("qkv_bn", 8), ("qkv_bk", 4096),
               ("ffn_bn", 4), ("ffn_bk", 4096), ("lm_bk", 2048), ("bv", 16))
-WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32, quant_tiles=QUANT_WIDE)
+WIDE_TILING = DecodeTiling(ffn_bn=8, ffn_bk=2048, rope_in_qkv=False, dot_bn=32, quant_tiles=QUANT_WIDE,
+                           dense_rows=2)
 
 
 #: on a CPU, the rest's projections in blocks of 32 outputs, K steps of 192 (both of SmolLM2's
@@ -173,18 +182,29 @@ def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None =
     return base
 
 
-def auto_step_executor(tp: int, quantized: bool) -> str:
-    """What ``--executor auto`` runs a decode step with on a GPU: the persistent executor in its
-    own tiles, which on an H200 in one call beat the launches at batch 8 on every model (Llama-3-8B
-    5.983 against 6.060 ms, the 1B shape 1.520 against 1.612, SmolLM2 0.953 against 1.053) and at
-    batch 1 on the wide ones (the 8B 4.19 against 4.24, the 1B 0.957 against 1.002), SmolLM2's
-    batch 1 within its noise (0.454 against 0.444 there, 0.463 against 0.478 in an earlier call;
-    docs/PERF.md, "The runs' L2 prefetch and K steps measured"); the waves for steps
-    with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights (the
-    8B step on an H200: Q4_K 2.72 against 6.47-6.95 ms, Q8_0 3.27 against 6.79-7.65, fp8 2.65
-    against 3.39-4.64 in the megakernel's tiles or the GEMVs'; docs/PERF.md, "Data dependencies
-    measured and on by default")."""
-    return "waves" if tp > 1 or quantized else "persistent"
+#: the widest model (hidden) whose steps of a few sequences run faster on the launches
+NARROW_HIDDEN = 2047
+#: the most sequences a narrow model's step runs on the launches (its rows unpadded, ``dense_rows``)
+NARROW_WAVES_BATCH = 4
+
+
+def auto_step_executor(tp: int, quantized: bool, hidden: int = 0, batch: int = 1) -> str:
+    """What ``--executor auto`` runs a decode step of ``batch`` sequences of a model of ``hidden``
+    with on a GPU: the persistent executor in its own tiles, which on an H200 beat the launches on
+    the wide models at every batch (2026-12-01, docs/PERF.md "The executors today": Llama-3-8B
+    4.257 against 4.361 ms at one sequence, 5.942 against 6.102 at 8; the 1B shape 0.960 against
+    1.020, 1.525 against 1.622; at 2 sequences, rows unpadded, 5.300 against 5.587 and 1.200
+    against 1.248) and on the narrow ones (hidden up to :data:`NARROW_HIDDEN`) from 5 sequences on
+    (SmolLM2 at 8: 0.953 against 0.949-1.058); the launches for a narrow model's 1 to
+    :data:`NARROW_WAVES_BATCH` sequences (SmolLM2 at 1: 0.401 against 0.454 ms in two calls of the
+    same session; at 2 and 4, rows unpadded, 0.555 against 0.600 and 0.627 against 0.932), for
+    steps with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights
+    (the 8B step on an H200: Q4_K 2.72 against 6.47-6.95 ms, Q8_0 3.27 against 6.79-7.65, fp8
+    2.65 against 3.39-4.64 in the megakernel's tiles or the GEMVs'; docs/PERF.md, "Data
+    dependencies measured and on by default"). ``hidden`` 0: not known (the persistent rule)."""
+    if tp > 1 or quantized:
+        return "waves"
+    return "waves" if 0 < hidden <= NARROW_HIDDEN and batch <= NARROW_WAVES_BATCH else "persistent"
 
 
 class ModelProgram(Program):
@@ -211,9 +231,12 @@ class ModelProgram(Program):
     outputs = ("logits", "tok", "pos")
     tensor_parallel = True
 
-    def auto_executor(self, s: Settings) -> str | None:
-        """:func:`auto_step_executor` of ``s``'s ranks and weights."""
-        return auto_step_executor(s.tp, self.weight_types(s).quantized)
+    def auto_executor(self, s: Settings, shape: Shape | dict | None = None) -> str | None:
+        """:func:`auto_step_executor` of ``s``'s ranks, weights and model at ``shape``'s batch
+        (the default's where not given)."""
+        given = (shape or {}).get("batch")  # (a sweeping command's flags may hold lists: the default then)
+        batch = given if isinstance(given, int) else self.shape()["batch"]
+        return auto_step_executor(s.tp, self.weight_types(s).quantized, self.config(s).layer.hidden, batch)
 
     def default_config(self, device: str) -> str:
         return "smollm2-135m" if device == "cuda" else "tiny"
@@ -547,5 +570,5 @@ def unstack_weights(cfg: ModelConfig, t: dict[str, torch.Tensor], wt: bool = Fal
 PROGRAM = ModelProgram()
 
 __all__ = ["ModelProgram", "PROGRAM", "CONFIGS", "stack_weights", "shard_inputs", "unstack_weights", "random_weights",
-           "tiling_for", "tiling_for_executor", "auto_step_executor", "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW",
-           "megakernel_block", "megakernel_programs", "TILES"]
+           "tiling_for", "tiling_for_executor", "auto_step_executor", "NARROW_HIDDEN", "NARROW_WAVES_BATCH",
+           "MEGAKERNEL_WIDE", "MEGAKERNEL_NARROW", "megakernel_block", "megakernel_programs", "TILES"]

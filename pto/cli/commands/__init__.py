@@ -23,7 +23,7 @@ def _job(args):
     options = {o.name: getattr(args, o.name) for o in prog.options}
     return resolve(prog, device=args.device, backend=getattr(args, "backend", "auto"),
                    executor=getattr(args, "executor", "auto"), config=args.config, dtype=args.dtype,
-                   target=args.target, options=options, tp=getattr(args, "tp", 1))
+                   target=args.target, options=options, tp=getattr(args, "tp", 1), shape=_given(args, prog))
 
 
 def _given(args, prog) -> dict[str, int]:

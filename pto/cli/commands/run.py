@@ -62,8 +62,8 @@ def job_of(program: str, shape, kw: dict) -> tuple[Job, Shape]:
     names = {p.name for p in prog.shape_params}
     sizes = {k: kw.pop(k) for k in list(kw) if k in names}
     settings = {k: kw.pop(k) for k in list(kw) if k in SETTING_NAMES}
-    job = resolve(program, options=kw, **settings)
-    return job, prog.shape(shape, **sizes)
+    shape = prog.shape(shape, **sizes)
+    return resolve(program, options=kw, shape=shape, **settings), shape
 
 
 def run(job: Job | str, shape: Shape | dict | int | None = None, options: RunOptions | None = None,

@@ -390,10 +390,11 @@ def test_a_tiling_or_cache_the_attention_cannot_cover_is_one_error():
 def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
     """On a GPU ``--executor auto`` is decided per graph, unless the program says which executor
     its measurements settle on: the model program's step runs the persistent executor in its own
-    tiles, except with collectives (``--tp 2``) or quantized weights, which take the waves; on the
-    CPU auto is the CPU's (resolved without a GPU by making torch report one; nothing is built or
-    run). ``pto generate``'s step takes the same rule (its placement, given the rule's choice)."""
-    from pto.orchestration.model.program import PROGRAM, auto_step_executor
+    tiles, except a narrow model's step of 1 to 4 sequences, with collectives (``--tp 2``) or
+    quantized weights, which take the waves; on the CPU auto is the CPU's (resolved without a GPU
+    by making torch report one; nothing is built or run). ``pto generate``'s step takes the same
+    rule (its placement, given the rule's choice)."""
+    from pto.orchestration.model.program import NARROW_WAVES_BATCH, PROGRAM, auto_step_executor
 
     import pto.machine.device
     from pto.engine import placement, resolve
@@ -401,21 +402,53 @@ def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
     from pto.ir.dtypes import DType
 
     monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
-    job = resolve("model", device="cuda", target="cuda_h200", config="smollm2-135m", dtype="bf16")
-    assert job.executor == "persistent" and job.settings["tiles"] == "persistent"
+    smol = dict(device="cuda", target="cuda_h200", config="smollm2-135m", dtype="bf16")
+    job = resolve("model", **smol)
+    assert job.executor == "waves" and job.settings["tiles"] == "waves"
+    for batch, expected in ((NARROW_WAVES_BATCH, "waves"), (NARROW_WAVES_BATCH + 1, "persistent"), (8, "persistent")):
+        job = resolve("model", **smol, shape={"batch": batch})
+        assert job.executor == expected and job.settings["tiles"] == expected, batch
     eight_b = dict(device="cuda", target="cuda_h200", config="llama3-8b")
+    for batch in (1, 2, 8):
+        job = resolve("model", **eight_b, shape={"batch": batch})
+        assert job.executor == "persistent" and job.settings["tiles"] == "persistent", batch
     assert resolve("model", **eight_b, tp=2).executor == "waves"
     for q in ("q4_k", "fp8"):
         assert resolve("model", **eight_b, options={"quantize": q}).executor == "waves"
     assert resolve("llama7b", device="cuda", target="cuda_h100").executor == "auto"
     assert resolve("model", device="cuda", target="cuda_h100", executor="waves").executor == "waves"
     assert resolve("model", device="cpu").executor != "persistent"
-    for tp, quantized, expected in ((1, False, "persistent"), (2, False, "waves"), (1, True, "waves")):
-        auto = auto_step_executor(tp, quantized)
+    for tp, quantized, hidden, batch, expected in ((1, False, 4096, 1, "persistent"), (2, False, 4096, 1, "waves"),
+                                                   (1, True, 4096, 1, "waves"), (1, False, 576, 1, "waves"),
+                                                   (1, False, 576, 5, "persistent"), (1, False, 2048, 1, "persistent"),
+                                                   (1, True, 576, 8, "waves"), (1, False, 0, 1, "persistent")):
+        auto = auto_step_executor(tp, quantized, hidden, batch)
         assert placement(PROGRAM, "cuda", DType.BF16, auto=auto).executor == expected
         assert placement(PROGRAM, "cuda", DType.BF16, executor="waves", auto=auto).executor == "waves"
     with pytest.raises(UsageError, match="model: unknown setting 'iterations'"):
         resolve("model", device="cpu", iterations=3)
+
+
+@pytest.mark.parametrize("config,batch,rows", [("smollm2-135m", 2, 2), ("smollm2-135m", 4, 4),
+                                               ("smollm2-135m", 5, 16), ("llama3-8b", 2, 2), ("llama3-8b", 3, 16),
+                                               ("llama3-8b", 8, 16)])
+def test_a_few_sequences_of_dense_weights_keep_their_rows_on_a_gpu(config, batch, rows):
+    """On a GPU a bf16 step of 2 to ``dense_rows`` sequences (4 for models narrower than 2048, 2
+    for the wide ones) keeps its projections' rows unpadded, under both executors' tiles, where
+    more are padded to 16 rows for the tensor cores' dots; the LM head alike."""
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, target = CONFIGS[config], get("cuda_h200")
+    for executor in ("waves", "persistent"):
+        fns = functions(cfg, DType.BF16, target, tiling_for_executor(cfg, executor, target), batch)
+        for fn in (fns.qkv, fns.proj, fns.proj_o, fns.gate_up, fns.lm):
+            x = next(p for p in specialize(fn).memrefs if p.name == "x")
+            assert x.shape[0].value == rows, (fn.name, executor)
 
 
 @pytest.mark.slow
