@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pto import programs
 from pto.cli.progress import iterate
 from pto.engine import Job, Runner, rel_err, resolve
 from pto.errors import UsageError
 from pto.exec.timing import samples_ms
-from pto.program import Shape
+from pto.program import Program, Shape
 
 COMPARE = ("eager", "compile")
 
@@ -70,14 +71,16 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
     bad = [c for c in compare if c not in COMPARE]
     if bad:
         raise UsageError(f"--compare {bad[0]!r}: choose from {', '.join(COMPARE)}")
+    prog = program if isinstance(program, Program) else programs.get(program)
+    shapes = [prog.shape(x) for x in shapes]
     jobs = []
     for e in executors:  # auto may resolve to an executor also asked for by name: time it once
-        job = resolve(program, executor=e, **resolve_kw)
+        # (auto by the first shape: a sweep's other parameters are the same at every shape)
+        job = resolve(prog, executor=e, shape=shapes[0] if shapes else None, **resolve_kw)
         if job.executor not in [j.executor for j in jobs]:
             jobs.append(job)
     job0 = jobs[0]
-    prog, s, cuda = job0.program, job0.settings, job0.device == "cuda"
-    shapes = [prog.shape(x) for x in shapes]
+    s, cuda = job0.settings, job0.device == "cuda"
     for shape in shapes:
         prog.check_size(s, shape)
     rows = []
