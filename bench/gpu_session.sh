@@ -56,6 +56,10 @@
 #   executors   issues 45, 49 (--executor auto on the H200): the decode step on both executors in their own tiles,
 #               batches 1 and 8, for $EXEC_CONFIGS (default the 8B, the 1B, SmolLM2); the 7B layer on both at
 #               $EXEC_SEQS (default 1537,4096), 3 rounds
+#   fewrows     issue 45: steps of a few sequences with dense weights, their rows unpadded (dense_rows) or
+#               padded to 16, for $FEW_CONFIGS (default the 1B, the 8B) at batches $FEW_BATCHES (default 3,4,8),
+#               both executors, under $FEW_TILINGS (default: the defaults, 8 rows unpadded, and 8 rows in K steps
+#               of 512: a multiply-sum of R rows holds R times the one row's product a K step)
 #   runpf       issue 45: the L2 prefetch now that runs take it (a run's first indices' weights before its wait):
 #               bench/megakernel.py --variants ';f=1;f=1,k=128;f=1,k=256;f=light' (k: PTO_MK_PREFETCH_KB, the
 #               budget an item, 64 by default: 128 widens the q/k/v runs' prefetch, 256 also gate/up's, to three
@@ -257,6 +261,10 @@ for stage in "$@"; do
     tiles) python3 bench/decode.py --configs "${TILES_CONFIGS:-llama3-8b,llama3.2-1b}" --batches 8 --long 0 --steps 32 \
              --executors persistent --hf-configs none --tilings "${TILES_B8:-default;+dot_bk=256;+dot_bk=512}" \
              --json "$OUT/tiles_b8.json" > "$OUT/tiles_b8.log" 2>&1; grep "B=" "$OUT/tiles_b8.log" ;;
+    fewrows) python3 bench/decode.py --configs "${FEW_CONFIGS:-llama3.2-1b,llama3-8b}" --batches "${FEW_BATCHES:-3,4,8}" \
+               --long 0 --steps 16 --executors persistent,waves --hf-configs none \
+               --tilings "${FEW_TILINGS:-default;+dense_rows=8;+dense_rows=8,bk=512,qkv_bk=512,o_bk=512,ffn_bk=512}" \
+               --json "$OUT/fewrows.json" > "$OUT/fewrows.log" 2>&1; grep "B=" "$OUT/fewrows.log" ;;
     executors) python3 bench/decode.py --configs "${EXEC_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}" --batches 1,8 \
                  --long 0 --steps 32 --executors persistent,waves --hf-configs none --tilings default \
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
