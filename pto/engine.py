@@ -10,6 +10,7 @@ program and its :class:`pto.program.Settings`, a :class:`pto.program.Shape` its 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -72,8 +73,18 @@ def resolve(program: str | Program, *, device: str = "auto", backend: str = "aut
         raise UsageError(f"{program}: unknown setting {sorted(unknown)[0]!r} (config, dtype, tp; the program's own "
                          "go in options)")
     s = prog.settings(device=dev, target=tg, **settings, **(options or {}))
-    ex = _executor(prog, executor, dev, be, s.dtype, backend, prog.auto_executor(s, shape))
+    ex = _executor(prog, executor, dev, be, s.dtype, backend, _auto_of(prog, s, shape))
     return Job(prog, prog.for_executor(s, ex), dev, be, ex)
+
+
+def _auto_of(prog: Program, s, shape) -> str | None:
+    """``prog``'s :meth:`Program.auto_executor` at ``shape`` (a plugin's that takes the settings
+    alone, as before it had the shape, without it)."""
+    try:
+        takes = len(inspect.signature(prog.auto_executor).parameters) > 1
+    except (TypeError, ValueError):  # (a builtin or C callable: as the base class's)
+        takes = True
+    return prog.auto_executor(s, shape) if takes else prog.auto_executor(s)
 
 
 def _executor(prog: Program, executor: str, device: str, backend: str, dtype: DType, asked_backend: str,

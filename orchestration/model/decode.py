@@ -327,6 +327,8 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     cfg = cfg.shard(tp)
     t = for_weights(tiling or DecodeTiling(), wtypes, batch).for_cache(cache)
     t = t.for_round(cache, batch * cfg.layer.kv_heads)  # (the rank's heads)
+    if tp > 1:  # (a rank's step pads a few sequences' rows as before: unpadded, its sums are not measured)
+        t = replace(t, dense_rows=0)
     spans_ = spans(cache, t)
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
                    spans_ or (cache // t.chunk if cache else None), wtypes, split)

@@ -11,6 +11,7 @@ token and the next position with :class:`.reference.ReferenceModel`'s step on th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -184,8 +185,8 @@ def tiling_for_executor(cfg: ModelConfig, executor: str, target: Target | None =
 
 #: the widest model (hidden) whose steps of a few sequences run faster on the launches
 NARROW_HIDDEN = 2047
-#: the most sequences a narrow model's step runs on the launches (its rows unpadded, ``dense_rows``)
-NARROW_WAVES_BATCH = 4
+#: the most sequences a narrow model's step runs on the launches: those whose rows stay unpadded
+NARROW_WAVES_BATCH = TILING.dense_rows
 
 
 def auto_step_executor(tp: int, quantized: bool, hidden: int = 0, batch: int = 1) -> str:
@@ -231,10 +232,11 @@ class ModelProgram(Program):
     outputs = ("logits", "tok", "pos")
     tensor_parallel = True
 
-    def auto_executor(self, s: Settings, shape: Shape | dict | None = None) -> str | None:
+    def auto_executor(self, s: Settings, shape: Shape | Mapping | int | None = None) -> str | None:
         """:func:`auto_step_executor` of ``s``'s ranks, weights and model at ``shape``'s batch
         (the default's where not given)."""
-        given = (shape or {}).get("batch")  # (a sweeping command's flags may hold lists: the default then)
+        # (a sweeping command's flags may hold lists, and an int is the swept cache: the default then)
+        given = shape.get("batch") if isinstance(shape, Mapping) else None
         batch = given if isinstance(given, int) else self.shape()["batch"]
         return auto_step_executor(s.tp, self.weight_types(s).quantized, self.config(s).layer.hidden, batch)
 

@@ -75,8 +75,12 @@ def bench(program: str, shapes: list[Shape | int], *, executors: tuple[str, ...]
     shapes = [prog.shape(x) for x in shapes]
     jobs = []
     for e in executors:  # auto may resolve to an executor also asked for by name: time it once
-        # (auto by the first shape: a sweep's other parameters are the same at every shape)
         job = resolve(prog, executor=e, shape=shapes[0] if shapes else None, **resolve_kw)
+        if e == "auto":  # (by the first shape: the command line sweeps one parameter, the same rule throughout)
+            other = {resolve(prog, executor=e, shape=x, **resolve_kw).executor for x in shapes[1:]} - {job.executor}
+            if other:
+                raise UsageError(f"bench: --executor auto is {job.executor} at {shapes[0]} but {sorted(other)[0]} "
+                                 "at another shape; name the executors (--executor waves,persistent)")
         if job.executor not in [j.executor for j in jobs]:
             jobs.append(job)
     job0 = jobs[0]

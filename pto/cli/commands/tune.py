@@ -279,7 +279,8 @@ def show(program: str, shapes: list[Shape | int], *, device: str = "auto", confi
          options: dict | None = None) -> str:
     """What applies to each variant the program runs at ``shapes``: the parameters, where they
     come from (user, shipped, heuristic) and why other entries do not apply."""
-    job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options)
+    job = resolve(program, device=device, config=config, dtype=dtype, target=target, options=options,
+                  shape=shapes[0] if shapes else None)
     db = for_device(job.device, job.program.schedules)
     be = TritonBackend(job.device if job.device == "cuda" else "cpu", schedules=db)
     if db is None:

@@ -429,14 +429,66 @@ def test_auto_means_the_programs_measured_executor_on_a_gpu(monkeypatch):
         resolve("model", device="cpu", iterations=3)
 
 
+def test_the_command_line_and_generation_take_auto_at_their_batch(monkeypatch):
+    """The executor ``auto`` at the batch the user gives: ``pto run model --batch N`` and ``pto
+    graph`` (the command line's shape, through ``resolve(..., shape=)``), ``pto.run``'s keywords
+    (``job_of``) and ``pto generate``'s steps (one placement and tiling per batch size: SmolLM2's 1
+    to 4 sequences on the launches in their tiles, 5 on the persistent executor in the
+    megakernel's blocks); a GPU faked, nothing built or run. ``bench`` of shapes whose ``auto``
+    differs is one error; a plugin's ``auto_executor`` that takes the settings alone is still
+    asked."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, PROGRAM, tiling_for_executor
+    from pto.orchestration.model.quantized import WeightTypes
+
+    import pto.machine.device
+    from pto.cli.commands import _job
+    from pto.cli.commands.bench import bench
+    from pto.cli.commands.run import job_of
+    from pto.cli.parser import build_parser
+    from pto.engine import resolve
+    from pto.errors import UsageError
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
+    for batch, expected in ((2, "waves"), (8, "persistent")):
+        for cmd in ("run", "graph"):
+            args = build_parser(PROGRAM).parse_args([cmd, "model", "--device", "cuda", "--target", "cuda_h200",
+                                                     "--config", "smollm2-135m", "--batch", str(batch)])
+            assert _job(args).executor == expected, (cmd, batch)
+        job, shape = job_of("model", None, {"device": "cuda", "target": "cuda_h200", "config": "smollm2-135m",
+                                            "batch": batch})
+        assert (job.executor, shape["batch"]) == (expected, batch)
+    gen = Generator.__new__(Generator)  # (what __init__ sets that step_placement reads; no GPU to make one)
+    smol, h200 = CONFIGS["smollm2-135m"], get("cuda_h200")
+    gen.config, gen.tp, gen.wtypes, gen.dtype, gen.device, gen.backend = smol, 1, WeightTypes(()), DType.BF16, \
+        "cuda", "triton"
+    gen.target, gen._executor, gen._tiling, gen._places = h200, "auto", None, {}
+    for batch, expected in ((1, "waves"), (4, "waves"), (5, "persistent"), (8, "persistent")):
+        place, tiling = gen.step_placement(batch)
+        assert place.executor == expected and tiling == tiling_for_executor(smol, expected, h200), batch
+
+    with pytest.raises(UsageError, match=r"auto is waves at cache 256, batch 1 but persistent at another shape"):
+        bench("model", [{"cache": 256, "batch": 1}, {"cache": 256, "batch": 8}], device="cuda", target="cuda_h200",
+              config="smollm2-135m")  # (a Python caller's shapes of two batches: named executors, not one guess)
+
+    class Plugin(type(PROGRAM)):
+        def auto_executor(self, s):  # (the signature before the shape)
+            return "waves"
+
+    assert resolve(Plugin(), device="cuda", target="cuda_h200", config="llama3-8b").executor == "waves"
+
+
 @pytest.mark.parametrize("config,batch,rows", [("smollm2-135m", 2, 2), ("smollm2-135m", 4, 4),
                                                ("smollm2-135m", 5, 16), ("llama3-8b", 2, 2), ("llama3-8b", 3, 16),
                                                ("llama3-8b", 8, 16)])
 def test_a_few_sequences_of_dense_weights_keep_their_rows_on_a_gpu(config, batch, rows):
     """On a GPU a bf16 step of 2 to ``dense_rows`` sequences (4 for models narrower than 2048, 2
     for the wide ones) keeps its projections' rows unpadded, under both executors' tiles, where
-    more are padded to 16 rows for the tensor cores' dots; the LM head alike."""
-    from pto.orchestration.model.decode import functions
+    more are padded to 16 rows for the tensor cores' dots; the LM head alike. A rank's step of
+    ``--tp 2`` pads them (its sums over the ranks are not measured unpadded)."""
+    from pto.orchestration.model.decode import build_step, functions
     from pto.orchestration.model.program import CONFIGS, tiling_for_executor
 
     from pto.ir.analysis import specialize
@@ -449,6 +501,11 @@ def test_a_few_sequences_of_dense_weights_keep_their_rows_on_a_gpu(config, batch
         for fn in (fns.qkv, fns.proj, fns.proj_o, fns.gate_up, fns.lm):
             x = next(p for p in specialize(fn).memrefs if p.name == "x")
             assert x.shape[0].value == rows, (fn.name, executor)
+    if config == "llama3-8b" and batch == 2:
+        step = build_step(cfg, DType.BF16, target, batch, tiling_for_executor(cfg, "waves", target), tp=2, cache=512)
+        gemvs = [f for f in step.functions if f.name.startswith("gemv")]
+        assert gemvs and all(next(p for p in specialize(f).memrefs if p.name == "x").shape[0].value == 16
+                             for f in gemvs)
 
 
 @pytest.mark.slow
@@ -765,11 +822,12 @@ def test_a_run_of_the_model_builds_the_tiles_of_its_executor(monkeypatch):
 
     monkeypatch.setattr(pto.machine.device, "cuda_available", lambda: True)
 
-    def job(executor, **options):
+    def job(executor, shape=None, **options):
         return resolve("model", device="cuda", target="cuda_h200", executor=executor, config="smollm2-135m",
-                       dtype="bf16", options=options)
+                       dtype="bf16", options=options, shape=shape)
 
-    assert job("persistent").settings["tiles"] == "persistent" == job("auto").settings["tiles"]
+    assert job("persistent").settings["tiles"] == "persistent" == job("auto", {"batch": 8}).settings["tiles"]
+    assert job("auto").settings["tiles"] == "waves"  # (one sequence of SmolLM2 runs on the launches)
     assert job("waves").settings["tiles"] == "waves" and job("persistent", tiles="waves").settings["tiles"] == "waves"
     assert resolve("model", device="cpu").settings["tiles"] == "waves"  # (the native executor: the launches')
 

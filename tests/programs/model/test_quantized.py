@@ -410,7 +410,8 @@ def test_a_few_sequences_keep_their_rows_where_the_tiling_says(quant_rows, batch
     ``quant_rows`` (at most 8) its projections' tiles have the batch's rows (their GEMVs read the
     weights by groups for every row, in f32 tiles of the one sequence's quantized blocks of
     outputs; the K steps as the target's on-chip memory holds them), more sequences or
-    ``quant_rows`` 0 pad them to 16 for the tensor cores' dots; dense weights always pad."""
+    ``quant_rows`` 0 pad them to 16 for the tensor cores' dots; dense weights pad past their
+    ``dense_rows`` (2 on the 8B)."""
     from pto.orchestration.model.decode import functions
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
