@@ -13,7 +13,8 @@ at most (``PTO_MK_PREFETCH_KB``), ``s=`` programs per multiprocessor
 as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the split into
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
 early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), ``r=`` runs (``PTO_MK_RUNS``: ``auto``, a
-count, 0), ``w=`` what an item waits for (``PTO_MK_DEPS``: ``task``, ``data``), e.g.
+count, 0), ``w=`` what an item waits for (``PTO_MK_DEPS``: ``task``, ``data``), ``p=`` how it polls
+(``PTO_MK_POLL``: ``one``, ``every``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS``: in the
@@ -53,7 +54,7 @@ from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for,
 
 #: the short names of a variant's settings
 ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "k": "PTO_MK_PREFETCH_KB", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS",
-       "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS", "w": "PTO_MK_DEPS"}
+       "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS", "w": "PTO_MK_DEPS", "p": "PTO_MK_POLL"}
 
 
 def variant_env(variant: str) -> dict[str, str]:

@@ -300,6 +300,60 @@ def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
     assert count[0] == 0 < count[1] < count[2], count  # (2: attention's keys and values too)
 
 
+@pytest.mark.slow
+def test_every_threads_poll_compiles_for_sm90_without_a_barrier_a_poll(tmp_path):
+    """``PTO_MK_POLL=every``: the decode step's megakernel for an H100/H200 (no GPU needed) polls
+    with each thread's ``ld.acquire.gpu`` and ends each wait at one ``bar.red.and.pred``, where
+    the default (``one``) takes Triton's one-thread acquire load (``ld.global.gpu.acquire``) and
+    no reduction barrier."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+
+    from pto.engine import build_module_graph
+    from pto.ir.dtypes import DType
+    from tests.sm90 import compile_sm90, megakernel_job
+
+    cfg = CONFIGS["tiny"]
+    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=64),
+                               {"B": 1, "C": 64})
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
+    finally:
+        built.graph.close()
+    opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
+    marks = ["ld.acquire.gpu.global", "ld.global.gpu.acquire", "bar.red.and.pred"]
+    jobs = [{**megakernel_job(render_megakernel(plan.branches, dispatch="static", poll=p), opts), "count": marks}
+            for p in ("one", "every")]
+    one, every = compile_sm90(jobs, tmp_path)
+    assert one["ok"] and every["ok"], (one.get("error"), every.get("error"))
+    assert one["counts"]["ld.acquire.gpu.global"] == 0 == one["counts"]["bar.red.and.pred"]
+    assert one["counts"]["ld.global.gpu.acquire"] > 0
+    assert every["counts"]["ld.acquire.gpu.global"] > 0 and every["counts"]["bar.red.and.pred"] > 0
+
+
+def test_the_poll_is_one_threads_unless_asked(monkeypatch):
+    """``PTO_MK_POLL`` (or the settings' ``poll``) picks the wait's poll: ``one`` by default (the
+    atomic poll), ``every`` renders each thread's acquire loads and the barrier that ANDs them;
+    anything else is one error naming the variable."""
+    from pto.backends.triton.megakernel import resolve_poll
+    from tests.exec.split_programs import decode_plan
+
+    plan, _ = decode_plan("smollm2-135m")
+    every = render_megakernel(plan.branches, dispatch="static", poll="every").source
+    one = render_megakernel(plan.branches, dispatch="static").source
+    assert "bar.red.and.pred" in every and "ld.acquire.gpu.global" in every
+    assert "bar.red" not in one and "inline_asm" not in one.split("def _pto_wait")[1].split("@triton.jit")[0]
+    monkeypatch.delenv("PTO_MK_POLL", raising=False)
+    assert resolve_poll(None) == "one" and resolve_poll("every") == "every"
+    monkeypatch.setenv("PTO_MK_POLL", "every")
+    assert resolve_poll(None) == "every"
+    monkeypatch.setenv("PTO_MK_POLL", "warp")
+    with pytest.raises(UsageError, match=r"PTO_MK_POLL='warp': the megakernel's poll is one or every"):
+        resolve_poll(None)
+    with pytest.raises(ValueError, match="unknown poll"):
+        render_megakernel(plan.branches, poll="warp")
+
+
 pytestmark_interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                           reason="needs the Triton interpreter (TRITON_INTERPRET=1)")
 
@@ -308,7 +362,8 @@ pytestmark_interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != 
 @pytestmark_interpret
 def test_stream_dispatch_runs_every_item_on_the_program_its_stream_names():
     """Softmax's independent row tiles on 3 programs, one after another under the interpreter:
-    every item once, on the program the list schedule gave it, the rows the wave executor's."""
+    every item once, on the program the list schedule gave it, the rows the wave executor's
+    (with ``poll="every"``, which the interpreter runs as the atomic poll)."""
     from pto.backends.triton import MegakernelSettings
     from pto.engine import Runner, resolve
 
@@ -316,8 +371,8 @@ def test_stream_dispatch_runs_every_item_on_the_program_its_stream_names():
     for executor in ("waves", "persistent"):
         job = resolve("softmax", device="cpu", backend="triton", executor=executor)
         runner = Runner(job, 300)
-        if executor == "persistent":
-            runner.executor.settings = MegakernelSettings(programs=3, dispatch="stream")
+        if executor == "persistent":  # (every thread's poll: the interpreter's is the atomic one)
+            runner.executor.settings = MegakernelSettings(programs=3, dispatch="stream", poll="every")
         outs[executor] = {k: v.clone() for k, v in
                           runner(job.program.inputs(job.settings, job.program.shape(300), "cpu", seed=2)).items()}
         if executor == "waves":

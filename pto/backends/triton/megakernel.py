@@ -24,6 +24,7 @@ from pto.codegen.triton.common import RenderOptions
 from pto.codegen.triton.megakernel import (
     DISPATCH,
     ITEM_COLS,
+    POLL,
     MegaKernel,
     fit_megakernel,
     render_megakernel,
@@ -88,10 +89,15 @@ class MegakernelSettings:
     #: data its own conflicts with (``data``: :mod:`pto.exec.item_deps`; None: ``PTO_MK_DEPS``,
     #: else ``task``); the persistent executor reads it
     deps: str | None = None
+    #: how an item polls its predecessors' counter on a GPU (:data:`pto.codegen.triton.megakernel.POLL`:
+    #: ``one`` thread, or ``every`` thread; None: ``PTO_MK_POLL``, else :data:`DEFAULT_POLL`)
+    poll: str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
+#: the poll where the settings and environment name none (``every`` is to be measured)
+DEFAULT_POLL = "one"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
 DEFAULT_PREFETCH = 0
@@ -138,6 +144,11 @@ def resolve_prefetch_kb(choice: int | str | None) -> int:
 def resolve_dispatch(choice: str | None) -> str:
     """``choice``, else ``PTO_DISPATCH``, else :data:`DEFAULT_DISPATCH`."""
     return env_choice(choice, "PTO_DISPATCH", DEFAULT_DISPATCH, DISPATCH, "dispatch")
+
+
+def resolve_poll(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_POLL``, else :data:`DEFAULT_POLL`."""
+    return env_choice(choice, "PTO_MK_POLL", DEFAULT_POLL, POLL, "poll")
 
 
 
@@ -242,6 +253,7 @@ class Megakernel:
         self.backend, self.plan, self.tensors, self.settings = backend, plan, tensors, settings
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
+        self.poll = resolve_poll(settings.poll)
         asked = per_sm_of(settings.per_sm, settings.segment)
         #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
         self.per_sm: int | None = None if asked == AUTO else asked
@@ -286,7 +298,7 @@ class Megakernel:
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
-                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch)
+                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch, poll=self.poll)
 
         self.stages = want
         self.rendered = render(want)

@@ -77,6 +77,13 @@ KERNEL = "pto_persistent"
 #: atomic, and every program must be resident at once; both read a program's items as a range of
 #: the uploaded item table (the same kernel source)
 DISPATCH = ("queue", "static", "stream")
+#: how an item polls its predecessors' counter on a GPU: ``one`` thread, each poll's value
+#: broadcast to the others through shared memory behind two barriers (Triton's lowering of a
+#: scalar atomic: the default); ``every`` thread with an acquire load of its own, no barrier a poll,
+#: and one barrier that ANDs the threads' outcomes at the end (``bar.red.and.pred``), so that
+#: every thread takes the same branch after a wait that gave up (docs/ARCHITECTURE.md, "The wait").
+#: Under the interpreter both are the atomic poll
+POLL = ("one", "every")
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has
 #: predecessors, and the parallel indices it runs from its own (1; a run branch's run, :attr:`Branch.runs`)
 ITEM_COLS = 8
@@ -172,23 +179,85 @@ _WAIT = [
     *PREFETCH_L2,
 ]
 
+#: ``poll="every"``: the wait with each thread's own acquire loads (:data:`POLL`); the threads
+#: leave the loop at different polls (each once it reads 0, or gives up), and meet at the
+#: barrier whose AND of ``pend == 0`` they all return (an error in one thread stops them all)
+_WAIT_EVERY = [
+    "@triton.jit",
+    "def _pto_ld(p, ACQUIRE: tl.constexpr):",
+    "    # one thread's load of a counter at L2 (acquire: the loads after it see what the releases",
+    "    # before the value it reads made visible)",
+    "    if ACQUIRE:",
+    "        v = tl.inline_asm_elementwise(\"ld.acquire.gpu.global.b32 $0, [$1];\", \"=r,l\", [p], dtype=tl.int32,",
+    "                                      is_pure=False, pack=1)",
+    "    else:",
+    "        v = tl.inline_asm_elementwise(\"ld.relaxed.gpu.global.b32 $0, [$1];\", \"=r,l\", [p], dtype=tl.int32,",
+    "                                      is_pure=False, pack=1)",
+    "    return v",
+    "",
+    "",
+    "@triton.jit",
+    "def _pto_all(v):",
+    "    # every thread of the program at one barrier: 1 in each if v is nonzero in all, else 0",
+    "    return tl.inline_asm_elementwise(\"{ .reg .pred p, q; setp.ne.s32 p, $1, 0; bar.red.and.pred q, 0, p; \"",
+    "                                     \"selp.s32 $0, 1, 0, q; }\", \"=r,r\", [v], dtype=tl.int32, is_pure=False,",
+    "                                     pack=1)",
+    "",
+    "",
+    "@triton.jit",
+    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
+    "    ok = tl.full((), 1, dtype=tl.int32)",
+    "    if on != 0:",
+    "        if GPU:",
+    "            pend = _pto_ld(cnt, True)",
+    "            polls = 0",
+    "            while (pend > 0) & (polls < MAX_POLLS):",
+    "                pend = _pto_ld(cnt, True)",
+    "                polls += 1",
+    "                if polls % 256 == 0:",
+    "                    if _pto_ld(err, False) != 0:",
+    "                        polls = MAX_POLLS",
+    "            ok = _pto_all((pend == 0).to(tl.int32))",
+    "        else:",
+    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "            polls = 0",
+    "            while (pend > 0) & (polls < MAX_POLLS):",
+    "                pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "                polls += 1",
+    "                if polls % 256 == 0:",
+    "                    if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
+    "                        polls = MAX_POLLS",
+    "            ok = (pend == 0).to(tl.int32)",
+    "    t0 = tl.zeros((), dtype=tl.int64)",
+    "    if tracing != 0:",
+    "        t0 = _now(clock, GPU)",
+    "    return ok, t0",
+    "",
+    "",
+    *PREFETCH_L2,
+]
+
 
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
                       sentinel: bool = False, ignore: frozenset[int] = frozenset(),
-                      stages: dict[str, int] | None = None, dispatch: str = "queue") -> MegaKernel:
+                      stages: dict[str, int] | None = None, dispatch: str = "queue",
+                      poll: str = "one") -> MegaKernel:
     """The source of the persistent kernel that dispatches ``branches`` (branch id = index);
     ``sentinel``: also record every task's first non-finite input and output element (NaN and
     the infinities whose codes are not in ``ignore``, :mod:`pto.codegen.triton.scan`);
-    ``dispatch``: how a program finds its next item (:data:`DISPATCH`)."""
+    ``dispatch``: how a program finds its next item (:data:`DISPATCH`); ``poll``: how it polls a
+    counter (:data:`POLL`)."""
     if dispatch not in DISPATCH:
         raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
+    if poll not in POLL:
+        raise ValueError(f"unknown poll {poll!r} (choose {', '.join(POLL)})")
     devices, calls = _branch_calls(branches, options or RenderOptions(), stages or {})
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
     body = _kernel_lines(calls, sentinel, dispatch != "queue")
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
                       "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
-                      [_CLOCK, _WAIT, *devices.values(), *scans, body])
+                      [_CLOCK, _WAIT_EVERY if poll == "every" else _WAIT, *devices.values(), *scans, body])
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
@@ -433,5 +502,5 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "ITEM_COLS",
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "POLL", "ITEM_COLS",
            "fit_megakernel", "stage_bytes", "shared_estimate"]
