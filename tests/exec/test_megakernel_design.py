@@ -273,16 +273,14 @@ def test_the_light_rule_prefetches_only_after_tasks_that_are_not_gemvs(monkeypat
         resolve_prefetch_rule(None)
 
 
-@pytest.mark.slow
-def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
-    """The decode step's megakernel with its L2 prefetch compiles for an H100/H200 (no GPU
-    needed), and its PTX prefetches."""
+def _tiny_step_plan():
+    """The persistent executor's plan of the tiny model's bf16 decode step for an H200 (batch 1,
+    a 64-slot cache)."""
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, tiling_for
 
     from pto.engine import build_module_graph
     from pto.ir.dtypes import DType
-    from tests.sm90 import compile_sm90, megakernel_job
 
     cfg = CONFIGS["tiny"]
     built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=64),
@@ -291,6 +289,16 @@ def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
         plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
     finally:
         built.graph.close()
+    return plan
+
+
+@pytest.mark.slow
+def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
+    """The decode step's megakernel with its L2 prefetch compiles for an H100/H200 (no GPU
+    needed), and its PTX prefetches."""
+    from tests.sm90 import compile_sm90, megakernel_job
+
+    plan = _tiny_step_plan()
     kernel = render_megakernel(plan.branches, dispatch="stream")
     opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
     jobs = [{**megakernel_job(kernel, opts, prefetch=f), "count": ["prefetch.global.L2"]} for f in (0, 1, 2)]
@@ -301,25 +309,14 @@ def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_threads_poll_compiles_for_sm90_without_a_barrier_a_poll(tmp_path):
+def test_every_threads_poll_compiles_for_sm90(tmp_path):
     """``PTO_MK_POLL=every``: the decode step's megakernel for an H100/H200 (no GPU needed) polls
     with each thread's ``ld.acquire.gpu`` and ends each wait at one ``bar.red.and.pred``, where
     the default (``one``) takes Triton's one-thread acquire load (``ld.global.gpu.acquire``) and
     no reduction barrier."""
-    from pto.orchestration.model.decode import build_step
-    from pto.orchestration.model.program import CONFIGS, tiling_for
-
-    from pto.engine import build_module_graph
-    from pto.ir.dtypes import DType
     from tests.sm90 import compile_sm90, megakernel_job
 
-    cfg = CONFIGS["tiny"]
-    built = build_module_graph(build_step(cfg, DType.BF16, target("cuda_h200"), 1, tiling_for(cfg), cache=64),
-                               {"B": 1, "C": 64})
-    try:
-        plan = make_plan(built.graph, list(built.graph.tensor_ids), {})
-    finally:
-        built.graph.close()
+    plan = _tiny_step_plan()
     opts = {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": True}
     marks = ["ld.acquire.gpu.global", "ld.global.gpu.acquire", "bar.red.and.pred"]
     jobs = [{**megakernel_job(render_megakernel(plan.branches, dispatch="static", poll=p), opts), "count": marks}
