@@ -151,42 +151,31 @@ _CLOCK = [
     "    return s",
 ]
 
-#: the wait for a task's predecessors, called inside each branch's device function after the
-#: loads it may issue first (:class:`pto.codegen.triton.body.BodyRenderer`'s megakernel form):
-#: ``(1, time)`` once the counter reads 0 (acquire: every predecessor's stores are visible to the
-#: loads that follow), ``(0, time)`` when the wait gave up (MAX_POLLS polls) or another program
-#: did; a task without predecessors, or one this program already saw ready, does not ask (``on``)
-_WAIT = [
+#: the poll of a counter until it reads 0 (acquire: every predecessor's stores are visible to the
+#: loads that follow), at most MAX_POLLS polls, or until another program gave up (the error flag,
+#: read every 256 polls, not on the path); the counter's last value (Triton makes the scalar
+#: atomic one thread's acquire load, broadcast through shared memory behind two barriers)
+_POLL_ONE = [
     "@triton.jit",
-    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
-    "    pend = tl.zeros((), dtype=tl.int32)",
-    "    if on != 0:",
+    "def _pto_poll(cnt, err, MAX_POLLS: tl.constexpr):",
+    "    pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
+    "    polls = 0",
+    "    while (pend > 0) & (polls < MAX_POLLS):",
     "        pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "        polls = 0",
-    "        while (pend > 0) & (polls < MAX_POLLS):",
-    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "            polls += 1",
-    "            # another program gave up: stop waiting (asked every 256 polls, not on the path)",
-    "            if polls % 256 == 0:",
-    "                if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
-    "                    polls = MAX_POLLS",
-    "    t0 = tl.zeros((), dtype=tl.int64)",
-    "    if tracing != 0:",
-    "        t0 = _now(clock, GPU)",
-    "    return (pend == 0).to(tl.int32), t0",
-    "",
-    "",
-    *PREFETCH_L2,
+    "        polls += 1",
+    "        if polls % 256 == 0:",
+    "            if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
+    "                polls = MAX_POLLS",
+    "    return pend",
 ]
 
-#: ``poll="every"``: the wait with each thread's own acquire loads (:data:`POLL`); the threads
-#: leave the loop at different polls (each once it reads 0, or gives up), and meet at the
-#: barrier whose AND of ``pend == 0`` they all return (an error in one thread stops them all)
-_WAIT_EVERY = [
+#: ``poll="every"`` on a GPU (:data:`POLL`): the same poll by each thread with an acquire load of
+#: its own (inline PTX), no barrier a poll; the threads leave the loop at different polls (each
+#: once it reads 0, or gives up) and meet at the barrier whose AND of ``pend == 0`` they all
+#: return, so an error in one thread stops them all (``_pto_poll_every``: 0 ready, 1 not)
+_POLL_EVERY = [
     "@triton.jit",
     "def _pto_ld(p, ACQUIRE: tl.constexpr):",
-    "    # one thread's load of a counter at L2 (acquire: the loads after it see what the releases",
-    "    # before the value it reads made visible)",
     "    if ACQUIRE:",
     "        v = tl.inline_asm_elementwise(\"ld.acquire.gpu.global.b32 $0, [$1];\", \"=r,l\", [p], dtype=tl.int32,",
     "                                      is_pure=False, pack=1)",
@@ -197,45 +186,52 @@ _WAIT_EVERY = [
     "",
     "",
     "@triton.jit",
-    "def _pto_all(v):",
-    "    # every thread of the program at one barrier: 1 in each if v is nonzero in all, else 0",
-    "    return tl.inline_asm_elementwise(\"{ .reg .pred p, q; setp.ne.s32 p, $1, 0; bar.red.and.pred q, 0, p; \"",
-    "                                     \"selp.s32 $0, 1, 0, q; }\", \"=r,r\", [v], dtype=tl.int32, is_pure=False,",
-    "                                     pack=1)",
-    "",
-    "",
-    "@triton.jit",
-    "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
-    "    ok = tl.full((), 1, dtype=tl.int32)",
-    "    if on != 0:",
-    "        if GPU:",
-    "            pend = _pto_ld(cnt, True)",
-    "            polls = 0",
-    "            while (pend > 0) & (polls < MAX_POLLS):",
-    "                pend = _pto_ld(cnt, True)",
-    "                polls += 1",
-    "                if polls % 256 == 0:",
-    "                    if _pto_ld(err, False) != 0:",
-    "                        polls = MAX_POLLS",
-    "            ok = _pto_all((pend == 0).to(tl.int32))",
-    "        else:",
-    "            pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "            polls = 0",
-    "            while (pend > 0) & (polls < MAX_POLLS):",
-    "                pend = tl.atomic_add(cnt, 0, sem=\"acquire\")",
-    "                polls += 1",
-    "                if polls % 256 == 0:",
-    "                    if tl.atomic_add(err, 0, sem=\"relaxed\") != 0:",
-    "                        polls = MAX_POLLS",
-    "            ok = (pend == 0).to(tl.int32)",
-    "    t0 = tl.zeros((), dtype=tl.int64)",
-    "    if tracing != 0:",
-    "        t0 = _now(clock, GPU)",
-    "    return ok, t0",
-    "",
-    "",
-    *PREFETCH_L2,
+    "def _pto_poll_every(cnt, err, MAX_POLLS: tl.constexpr):",
+    "    pend = _pto_ld(cnt, True)",
+    "    polls = 0",
+    "    while (pend > 0) & (polls < MAX_POLLS):",
+    "        pend = _pto_ld(cnt, True)",
+    "        polls += 1",
+    "        if polls % 256 == 0:",
+    "            if _pto_ld(err, False) != 0:",
+    "                polls = MAX_POLLS",
+    "    # every thread of the program at one barrier: 0 in each if all read 0, else 1",
+    "    return tl.inline_asm_elementwise(\"{ .reg .pred p, q; setp.eq.s32 p, $1, 0; bar.red.and.pred q, 0, p; \"",
+    "                                     \"selp.s32 $0, 0, 1, q; }\", \"=r,r\", [pend], dtype=tl.int32,",
+    "                                     is_pure=False, pack=1)",
 ]
+
+
+def _wait_lines(poll: str) -> list[str]:
+    """The wait for a task's predecessors, called inside each branch's device function after the
+    loads it may issue first (:class:`pto.codegen.triton.body.BodyRenderer`'s megakernel form):
+    ``(1, time)`` once the counter reads 0, ``(0, time)`` when the wait gave up (MAX_POLLS polls)
+    or another program did; a task without predecessors, or one this program already saw ready,
+    does not ask (``on``). ``poll`` (:data:`POLL`): ``every`` polls with every thread on a GPU
+    (:data:`_POLL_EVERY`), the atomic poll under the interpreter."""
+    if poll == "every":
+        polled = ["        if GPU:",
+                  "            pend = _pto_poll_every(cnt, err, MAX_POLLS)",
+                  "        else:",
+                  "            pend = _pto_poll(cnt, err, MAX_POLLS)"]
+    else:
+        polled = ["        pend = _pto_poll(cnt, err, MAX_POLLS)"]
+    return [
+        *_POLL_ONE, "", "",
+        *(_POLL_EVERY + ["", ""] if poll == "every" else []),
+        "@triton.jit",
+        "def _pto_wait(cnt, on, err, clock, tracing, MAX_POLLS: tl.constexpr, GPU: tl.constexpr):",
+        "    pend = tl.zeros((), dtype=tl.int32)",
+        "    if on != 0:",
+        *polled,
+        "    t0 = tl.zeros((), dtype=tl.int64)",
+        "    if tracing != 0:",
+        "        t0 = _now(clock, GPU)",
+        "    return (pend == 0).to(tl.int32), t0",
+        "",
+        "",
+        *PREFETCH_L2,
+    ]
 
 
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
@@ -257,7 +253,7 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
                       "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
-                      [_CLOCK, _WAIT_EVERY if poll == "every" else _WAIT, *devices.values(), *scans, body])
+                      [_CLOCK, _wait_lines(poll), *devices.values(), *scans, body])
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
