@@ -250,6 +250,12 @@ class InCore:
         """``dst[row : ..., col : ...] = src``; elements outside the valid extent are skipped."""
         self._emit(Op.STORE, None, [src, dst, row, col])
 
+    def store_add(self, dst, row: ExprLike, col: ExprLike, src) -> None:
+        """``dst[row : ..., col : ...] += src``, one atomic add an element (f32 tile, f32 memref):
+        the items of a task may add into the same region, in any order (a split-K sum); the task
+        reads and writes ``dst``. Elements outside the valid extent are skipped."""
+        self._emit(Op.STORE_ADD, None, [src, dst, row, col])
+
     def matmul(self, dst, a, b, ta: bool = False, tb: bool = False, acc="f32") -> None:
         """``dst = op(a) @ op(b)`` accumulated in ``acc`` (op transposes when ``ta``/``tb``)."""
         self._emit(Op.MATMUL, dst, [a, b], {"ta": bool(ta), "tb": bool(tb), "acc": acc})

@@ -28,7 +28,7 @@ from pto.ir.analysis import DOT_ROWS, gemv_quantized_loads, instr_reads, param_a
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Const, Expr, const_value
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
-from pto.ir.ops import Op
+from pto.ir.ops import STORES, Op
 from pto.version import __version__
 
 ALIGN_FLOATS = 16  # 64 bytes: every tile starts on a cache line (and a full AVX-512 vector)
@@ -89,7 +89,7 @@ def first_access(body, tile: str) -> str | None:
 
 
 def _stores(s) -> bool:
-    return any(i.op is Op.STORE for i in (walk_instrs((s,)) if isinstance(s, ForRange) else (s,)))
+    return any(i.op in STORES for i in (walk_instrs((s,)) if isinstance(s, ForRange) else (s,)))
 
 
 def view_tiles(fn: IncoreFunction) -> frozenset[str]:

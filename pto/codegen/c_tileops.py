@@ -372,11 +372,12 @@ class CTileOps:
         mdt = self.memrefs[mem].dtype
         ro, co = self.expr(row), self.expr(col)
         value = STORE[mdt].format(x=f"{ptr}[i * {ld} + j]")
+        assign = "+=" if ins.op is Op.STORE_ADD else "="  # a task's items run one after another
         self.emit(f"if ({ro} >= 0 && {ro} + {r} <= m_{mem}_rows && {co} >= 0 && {co} + {c} <= m_{mem}_cols) {{")
         self.depth += 1
         self.open_loop("i", r)
         self.open_loop("j", c)
-        self.emit(f"P_{mem}[(i + {ro}) * S_{mem} + j + {co}] = {value};")
+        self.emit(f"P_{mem}[(i + {ro}) * S_{mem} + j + {co}] {assign} {value};")
         self.close()
         self.close()
         self.depth -= 1
@@ -386,7 +387,7 @@ class CTileOps:
         self.open_loop("i", r)
         self.emit(f"const int64_t row_ = i + {ro};")
         self.emit(f"if (row_ < 0 || row_ >= m_{mem}_rows) continue;")
-        self.emit(f"for (int64_t j = jl_; j < jh_; j++) P_{mem}[row_ * S_{mem} + j + {co}] = {value};")
+        self.emit(f"for (int64_t j = jl_; j < jh_; j++) P_{mem}[row_ * S_{mem} + j + {co}] {assign} {value};")
         self.close()
         self.depth -= 1
         self.emit("}")

@@ -67,7 +67,7 @@ from pto.quant.planes import dequantize_tiles
 
 #: op -> the kind of rule that runs it (one dictionary lookup per instruction, not a chain of
 #: set lookups: an Op's hash is computed in Python)
-_KIND = {Op.LOAD: "load", Op.STORE: "store", Op.FULL: "full", Op.LOAD_SCALAR: "load_scalar",
+_KIND = {Op.LOAD: "load", Op.STORE: "store", Op.STORE_ADD: "store_add", Op.FULL: "full", Op.LOAD_SCALAR: "load_scalar",
          Op.ROWTAKEMAX: "takemax", Op.DEINTERLEAVE: "deinterleave"}
 for _kind, _ops in (("binary", BINARY), ("scalar", SCALAR_BINARY), ("unary", UNARY), ("row_reduce", ROW_REDUCE),
                     ("col_reduce", COL_REDUCE), ("broadcast", BROADCAST), ("matmul", MATMUL), ("cast", CAST),
@@ -283,6 +283,22 @@ class _Machine:
         if bad.shape[0]:
             regions.masked_write(mem, regions.subset(place, bad), row, col, r, c, vals[bad], bad)
 
+    def _store_add(self, ins: Instr) -> None:
+        """Every active instance's tile added into its region, the elements inside it (instances
+        may add into the same elements: each value is added)."""
+        tile, mem, row, col = ins.srcs
+        r, c = self.shapes[tile]
+        vals = as_dtype(self.tiles[tile], self.mems[mem].tensor.dtype)
+        row, col = self._offset(row), self._offset(col)
+        regions = self.regions
+        keep = regions.valid(mem, row, col, r, c, None)
+        if not self.all_active:
+            keep = keep & self.active.view(-1, 1, 1)
+        shape = (self.n, r, c)
+        keep, vals = keep.expand(shape), vals.expand(shape)
+        flat = regions.flat(mem, regions.place(mem, row, col, r, c), r, c).expand(shape)
+        regions.add(mem, flat[keep], vals[keep])
+
     def _instr(self, ins: Instr) -> None:
         op = ins.op
         kind = _KIND.get(op)
@@ -290,6 +306,8 @@ class _Machine:
             self._load(ins)
         elif kind == "store":
             self._store(ins)
+        elif kind == "store_add":
+            self._store_add(ins)
         elif kind == "binary":
             a, b = ins.srcs
             self._write(ins.dst, ARITH_FN[ARITH[op]](self._f32(a), self._f32(b)))

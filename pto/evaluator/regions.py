@@ -305,6 +305,11 @@ class Regions:
         """``vals`` at flat indices ``flat`` (vectors)."""
         self.bound(mem).tensor.view(-1).index_copy_(0, flat, vals)
 
+    def add(self, mem: str, flat: torch.Tensor, vals: torch.Tensor) -> None:
+        """``vals`` added at flat indices ``flat`` (vectors; an index may repeat: each value is
+        added, in order on the CPU)."""
+        self.bound(mem).tensor.view(-1).index_add_(0, flat, vals)
+
     def clamped(self, mem: str, flat: torch.Tensor) -> torch.Tensor:
         """``flat`` clamped into the tensor (indices of elements inside their regions are)."""
         return flat.clamp(0, self.bound(mem).tensor.numel() - 1)

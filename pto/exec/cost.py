@@ -17,7 +17,7 @@ from pto.ir.analysis import staged_bytes
 from pto.ir.expr import evaluate
 from pto.ir.facts import tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction
-from pto.ir.ops import MATMUL, Op
+from pto.ir.ops import MATMUL, STORES, Op
 
 FLOPS = 6.0e3  # flop per ns and SM (790 TFLOP/s over 132 SMs)
 BYTES = 75.0  # bytes per ns and SM (about 10 TB/s of L2 over 132 SMs)
@@ -59,9 +59,9 @@ def item_costs(fn: IncoreFunction, env: dict[str, torch.Tensor], n: int) -> np.n
             elif s.op is Op.LOAD:  # a quantized memref's tile: its packed blocks
                 r, c = shapes[s.dst]
                 nbytes = nbytes + mult * (staged_bytes(fn, s, dims) or r * c * itemsize[s.dst])
-            elif s.op is Op.STORE:
+            elif s.op in STORES:  # an add reads what it adds to
                 r, c = shapes[s.srcs[0]]
-                nbytes = nbytes + mult * r * c * itemsize[s.srcs[0]]
+                nbytes = nbytes + mult * r * c * itemsize[s.srcs[0]] * (2 if s.op is Op.STORE_ADD else 1)
 
     walk(fn.body, np.ones(n))
     return np.maximum(flops / FLOPS, nbytes / BYTES) + OVERHEAD

@@ -36,9 +36,8 @@ import torch
 from pto.errors import BuildError, UsageError
 from pto.ir.bounds import bounds
 from pto.ir.expr import Var, evaluate, fold
-from pto.ir.facts import loop_ranges, memref_accesses
+from pto.ir.facts import loop_ranges, memref_accesses, reads_memref, writes_memref
 from pto.ir.nodes import IncoreFunction
-from pto.ir.ops import Op
 
 #: the dependency granularities (``PTO_MK_DEPS``, ``MegakernelSettings.deps``)
 DEPS = ("task", "data")
@@ -129,10 +128,8 @@ def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, fi
     whole = set()
     for mem, ins, row, col, tile in memref_accesses(fn):
         j = slot[mem]
-        if ins.op is Op.STORE:
-            write[j] = True
-        else:
-            read[j] = True
+        write[j] |= writes_memref(ins)
+        read[j] |= reads_memref(ins)
         if ranges is None or j in whole:
             whole.add(j)
             continue
@@ -140,7 +137,7 @@ def variant_boxes(fn: IncoreFunction, region: np.ndarray, values: np.ndarray, fi
                       _span(col, tile.cols, ranges, env, cols[:, j])], axis=1).reshape(size, 4)
         # (in the tensor's coordinates)
         found[j].append(b + np.stack([r0[:, j], r0[:, j], c0[:, j], c0[:, j]], axis=1))
-        stored[j].append(ins.op is Op.STORE)
+        stored[j].append(writes_memref(ins))
     accesses = np.array([1 if j in whole else len(found[j]) for j in range(m)], np.int64)
     box = np.zeros((size, m, max([1, *accesses]), 4), np.int64)
     stores = np.zeros((m, box.shape[2]), bool)

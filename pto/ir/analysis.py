@@ -17,7 +17,7 @@ from pto.errors import BuildError
 from pto.ir.bounds import bounds
 from pto.ir.dtypes import DType
 from pto.ir.expr import Const, Expr, const_value, emax, fold, substitute
-from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
+from pto.ir.facts import loop_ranges, memref_accesses, reads_memref, tile_shape, writes_memref
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, MemRefParam, Parallel, walk_instrs
 from pto.ir.ops import COLLECTIVE, SIGNATURE, Op
 from pto.ir.verify_incore import verify_incore
@@ -53,10 +53,8 @@ def param_access(fn: IncoreFunction) -> dict[str, Access]:
     ext_cols: dict[str, list[Expr]] = {}
     shaped = {p.name for p in fn.memrefs if p.shape is not None}
     for mem, ins, row, col, tile in memref_accesses(fn):
-        if ins.op in (Op.LOAD, Op.LOAD_SCALAR):
-            reads[mem] = True
-        else:
-            writes[mem] = True
+        reads[mem] = reads.get(mem, False) or reads_memref(ins)
+        writes[mem] = writes.get(mem, False) or writes_memref(ins)
         if mem in shaped:  # the declared shape is the extent (offsets may be device data)
             ext_rows.setdefault(mem, [])
             continue

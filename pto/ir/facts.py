@@ -14,7 +14,7 @@ from pto.errors import BuildError
 from pto.ir.bounds import bounds
 from pto.ir.expr import Const, Expr, const_value, evaluate, fold
 from pto.ir.nodes import ForRange, IncoreFunction, Tile
-from pto.ir.ops import Op
+from pto.ir.ops import STORES, Op
 
 
 def loop_ranges(fn: IncoreFunction, parallel: tuple[Expr, Expr] | None = None) -> dict[str, tuple[Expr, Expr]]:
@@ -56,7 +56,8 @@ def spanned(tile: Tile, step: int) -> Tile:
 
 
 def memref_accesses(fn: IncoreFunction):
-    """Yield (memref name, instr, row expr, col expr, tile) for every load and store; a
+    """Yield (memref name, instr, row expr, col expr, tile) for every load and store (a
+    ``store_add`` too, which reads its region as well as writing it: :func:`reads_memref`); a
     load_scalar reads a 1 x 1 tile of its memref's dtype; a strided load the rows it spans
     (:func:`spanned`)."""
 
@@ -70,7 +71,7 @@ def memref_accesses(fn: IncoreFunction):
             elif s.op is Op.LOAD:
                 mem, row, col = s.srcs
                 yield mem, s, row, col, spanned(tiles[s.dst], int(s.attr("step")))
-            elif s.op is Op.STORE:
+            elif s.op in STORES:
                 tile, mem, row, col = s.srcs
                 yield mem, s, row, col, tiles[tile]
             elif s.op is Op.LOAD_SCALAR:
@@ -78,6 +79,17 @@ def memref_accesses(fn: IncoreFunction):
                 yield mem, s, row, col, Tile(s.dst, Const(1), Const(1), dtypes[mem])
 
     yield from visit(fn.body)
+
+
+def reads_memref(ins) -> bool:
+    """Does this access of :func:`memref_accesses` read its memref (a load, or a ``store_add``,
+    which adds to what is there)?"""
+    return ins.op not in STORES or ins.op is Op.STORE_ADD
+
+
+def writes_memref(ins) -> bool:
+    """Does this access of :func:`memref_accesses` write its memref (a store or ``store_add``)?"""
+    return ins.op in STORES
 
 
 def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
@@ -89,4 +101,5 @@ def tile_shape(tile: Tile, dims: dict[str, int]) -> tuple[int, int]:
     return int(r), int(c)
 
 
-__all__ = ["constant_trips", "loop_ranges", "memref_accesses", "spanned", "tile_shape"]
+__all__ = ["constant_trips", "loop_ranges", "memref_accesses", "reads_memref", "spanned", "tile_shape",
+           "writes_memref"]

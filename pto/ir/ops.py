@@ -17,6 +17,7 @@ class Op(enum.Enum):
     # memory
     LOAD = "load"
     STORE = "store"
+    STORE_ADD = "store_add"
     LOAD_SCALAR = "load_scalar"
     # elementwise binary, tile (op) tile
     ADD = "add"
@@ -83,7 +84,13 @@ class Op(enum.Enum):
         return self.value
 
 
-MEMORY = frozenset({Op.LOAD, Op.STORE})
+#: ``store_add %t, %mem[row, col]``: ``mem[region] += t`` (an f32 tile into an f32 memref) as one
+#: atomic add an element, so that the items of one task may add into the same region (split-K
+#: accumulation: a down projection summed over its intermediate's blocks); a task with one reads
+#: and writes its memref (``inout``); the order of the adds, and so the f32 rounding of the sum,
+#: is the executor's
+STORES = frozenset({Op.STORE, Op.STORE_ADD})
+MEMORY = frozenset({Op.LOAD}) | STORES
 #: ``load_scalar %p, %mem[row, col]``: the integer value of one element of a region (device data:
 #: a decode step's position or token id), a scalar the instructions after it may use
 SCALAR_LOAD = frozenset({Op.LOAD_SCALAR})
@@ -172,6 +179,7 @@ SIGNATURE[Op.DEINTERLEAVE] = ("T", True)
 SIGNATURE[Op.FULL] = ("E", True)
 SIGNATURE[Op.LOAD] = ("MEE", True)
 SIGNATURE[Op.STORE] = ("TMEE", False)
+SIGNATURE[Op.STORE_ADD] = ("TMEE", False)
 SIGNATURE[Op.LOAD_SCALAR] = ("MEE", True)  # the destination is a scalar name, not a tile
 
 # Attributes each op accepts, with their defaults. Anything else is a build error.

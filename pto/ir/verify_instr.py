@@ -22,6 +22,7 @@ from pto.ir.ops import (
     FILL,
     MASK,
     MATMUL,
+    MEMORY,
     ROW_BROADCAST,
     ROW_REDUCE,
     SCALAR_BINARY,
@@ -92,7 +93,7 @@ def check_instr(ctx: IncoreCtx, ins: Instr, scope: set[str]) -> None:
         else:
             if not isinstance(src, Expr):
                 ctx.fail(ins, f"expected a scalar expression, got `{src}`")
-            _check_expr(ctx, ins, src, scope, allow_attr=ins.op not in (Op.LOAD, Op.STORE, Op.LOAD_SCALAR))
+            _check_expr(ctx, ins, src, scope, allow_attr=ins.op not in MEMORY | SCALAR_LOAD)
     allowed = ATTRS[ins.op]
     for k, _ in ins.attrs:
         if k not in allowed:
@@ -262,6 +263,15 @@ def _store(ctx, ins):
     _check_access(ctx, ins, ctx.tiles[tile], ctx.memrefs[mem], row, col)
 
 
+def _store_add(ctx, ins):
+    tile, mem, row, col = ins.srcs
+    t, m = ctx.tiles[tile], ctx.memrefs[mem]
+    if m.dtype is not DType.F32 or t.dtype is not DType.F32:
+        ctx.fail(ins, f"store_add adds an f32 tile into an f32 memref (atomic adds, each rounded to f32); "
+                      f"`{tile}` is {t.dtype} and `{mem}` is {m.dtype}")
+    _check_access(ctx, ins, t, m, row, col)
+
+
 def _load_scalar(ctx, ins):
     mem, row, col = ins.srcs
     m = ctx.memrefs[mem]
@@ -325,6 +335,7 @@ RULES = {
     "deinterleave": _deinterleave,
     "load": _load,
     "store": _store,
+    "store_add": _store_add,
     "scalar_load": _load_scalar,
 }
 

@@ -27,7 +27,7 @@ from pto.ir.nodes import (
     TensorDecl,
     Tile,
 )
-from pto.ir.ops import ATTRS, BY_NAME, SIGNATURE, Op
+from pto.ir.ops import ATTRS, BY_NAME, SIGNATURE, STORES, Op
 from pto.ir.verify import verify_module
 from pto.text.expr_parser import ExprParser
 
@@ -126,7 +126,7 @@ class Parser(ExprParser):
             mem = self.var()
             row, col = self._shape()
             srcs = (mem, row, col)
-        elif op is Op.STORE:
+        elif op in STORES:
             dst = None
             mem = self.var()
             row, col = self._shape()

@@ -21,7 +21,7 @@ from pto.ir.nodes import (
     OrchFunction,
     RegionBinding,
 )
-from pto.ir.ops import SIGNATURE, Op
+from pto.ir.ops import SIGNATURE, STORES, Op
 
 
 def _attr_value(v) -> str:
@@ -48,9 +48,9 @@ def format_instr(ins: Instr) -> str:
     if ins.op is Op.LOAD:
         mem, row, col = ins.srcs
         body = f"load %{ins.dst}, %{mem}[{format_expr(row)}, {format_expr(col)}]"
-    elif ins.op is Op.STORE:
+    elif ins.op in STORES:
         tile, mem, row, col = ins.srcs
-        body = f"store %{mem}[{format_expr(row)}, {format_expr(col)}], %{tile}"
+        body = f"{ins.op.value} %{mem}[{format_expr(row)}, {format_expr(col)}], %{tile}"
     elif ins.op is Op.LOAD_SCALAR:
         mem, row, col = ins.srcs
         body = f"load_scalar %{ins.dst}, %{mem}[{format_expr(row)}, {format_expr(col)}]"

@@ -305,6 +305,18 @@ def _halves(k):
                         "y": torch.full((R, C), math.nan, dtype=torch.float16)}
 
 
+@structured("e_store_add", regions={"y": (1, 2, 6, 20)})
+def _store_add(k):
+    """A parallel axis of 3 adding tiles into one region (each element's adds in order: the
+    reference's), the tile overhanging the region's last row and its columns past 20."""
+    x, y = k.memref("x", F32), k.memref("y", F32)
+    j = k.parallel("j", 3)
+    t = k.tile("t", 4, C, F32)
+    k.load(t, x, j * 4, 0)
+    k.store_add(y, 3, 0, t)
+    return lambda rng: {"x": rand((12, C), F32, rng), "y": rand((8, C + 4), F32, rng)}
+
+
 @structured("e_scalar_load", scalars={"n": 3})
 def _scalar_load(k):
     """A position read from memory (load_scalar) places a load and bounds a loop; a scalar

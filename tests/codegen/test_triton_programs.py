@@ -220,7 +220,7 @@ def _every_op_fn(dtype):
     """One kernel using every op group (and a K loop) in ``dtype``."""
     k = InCore("every_op")
     n = k.scalar("n")
-    x, y = k.memref("x", dtype), k.memref("y", dtype)
+    x, y, z = k.memref("x", dtype), k.memref("y", dtype), k.memref("z", f32)
     a, b = k.tile("a", 32, 64, dtype), k.tile("b", 32, 64, dtype)
     s, w = k.tile("s", 32, 32, f32), k.tile("w", 32, 32, dtype)
     r, cv = k.tile("r", 32, 1, f32), k.tile("cv", 1, 64, f32)
@@ -253,6 +253,7 @@ def _every_op_fn(dtype):
     k.store(y, 32, 0, w)
     k.cast(sm3, sm2)
     k.store(y, 64, 0, sm3)
+    k.store_add(z, 0, 0, sm2)
     return k.build()
 
 

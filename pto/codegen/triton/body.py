@@ -50,7 +50,7 @@ from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.facts import constant_trips, loop_ranges
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, walk_instrs
-from pto.ir.ops import SIGNATURE, Op
+from pto.ir.ops import MEMORY, SCALAR_LOAD, SIGNATURE, STORES, Op
 from pto.ir.quant import FORMATS
 
 # scalar-expression operators: Python spelling that keeps the IR's integer semantics
@@ -121,7 +121,7 @@ def _live_after(frames: list[tuple[tuple, int]], tile: str) -> bool:
 def _touches(s, pre: frozenset) -> bool:
     """Does statement ``s`` access memory other than by a load of a ``pre`` memref (what must
     come after the wait for the previous launch)?"""
-    return any(i.op in (Op.LOAD, Op.STORE, Op.LOAD_SCALAR) and not _pre_load(i, pre)
+    return any(i.op in MEMORY | SCALAR_LOAD and not _pre_load(i, pre)
                for i in (walk_instrs((s,)) if isinstance(s, ForRange) else (s,)))
 
 
@@ -168,7 +168,7 @@ def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
             tiles |= instr_reads(i) | ({i.dst} if i.dst is not None else set())
             if i.op is Op.LOAD_SCALAR:
                 scalars.add(i.dst)
-            stored = stored or i.op is Op.STORE  # it may write what a later load reads (aliases)
+            stored = stored or i.op in STORES  # it may write what a later load reads (aliases)
     early = any(_pre_load(s, pre) or (isinstance(s, ForRange) and any(_pre_load(i, pre) for i in walk_instrs(s.body)))
                 for s in stmts[:first]) or bool(moved)
     return stmts[:first] + tuple(moved) + tuple(rest) if early else None
@@ -187,7 +187,7 @@ def _before_wait(stmts: tuple, pre: frozenset) -> frozenset[str]:
 # the loop over a task's parallel indices (RenderOptions.persistent "blocks") ----------------------
 
 #: the operations with effects past their destination tile: they run for every block
-_EFFECTS = frozenset({Op.STORE, Op.ALLREDUCE})
+_EFFECTS = STORES | {Op.ALLREDUCE}
 
 
 def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pto.ir.nodes import ForRange, IncoreFunction, Instr, Tile, walk_instrs
-from pto.ir.ops import MATMUL, Op
+from pto.ir.ops import MATMUL, STORES, Op
 
 
 def separate_operand_loads(fn: IncoreFunction) -> tuple[IncoreFunction, frozenset[str]]:
@@ -55,7 +55,7 @@ def _loop(body: tuple, tiles: dict, extra: list) -> tuple:
     written = {}
     for i in every:
         written[i.dst] = written.get(i.dst, 0) + 1
-    stored = {i.srcs[1] for i in every if i.op is Op.STORE}  # the memref a store writes
+    stored = {i.srcs[1] for i in every if i.op in STORES}  # the memref a store writes
     out, copies = list(body), {}  # position of a load -> the copy's load, right after it
     for pos in range(len(body)):
         ins = body[pos]

@@ -42,6 +42,7 @@ from pto.ir.ops import (
     LAYOUT,
     MASK,
     MATMUL,
+    MEMORY,
     REDUCE_KIND,
     ROW_REDUCE,
     SCALAR_BINARY,
@@ -350,6 +351,10 @@ class TileOps:
             self.emit("else:")
             self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad}{cg})")
             self.defined.add(tile)
+        elif ins.op is Op.STORE_ADD:  # the adds of a task's programs in any order (f32 rounding)
+            self.emit(f"    tl.atomic_add({ptr}, t_{tile}{even}, sem=\"relaxed\")")
+            self.emit("else:")
+            self.emit(f"    tl.atomic_add({ptr}, t_{tile}, mask={mask}, sem=\"relaxed\")")
         else:
             self.emit(f"    tl.store({ptr}, t_{tile}{even})")
             self.emit("else:")
@@ -413,7 +418,7 @@ class TileOps:
 
 
 _DISPATCH = (
-    (frozenset({Op.LOAD, Op.STORE}), TileOps._memory),
+    (MEMORY, TileOps._memory),
     (SCALAR_LOAD, TileOps._load_scalar),
     (BINARY, TileOps._binary),
     (SCALAR_BINARY, TileOps._scalar),

@@ -32,7 +32,7 @@ from pto.ir.bounds import bounds
 from pto.ir.expr import Bin, const_value
 from pto.ir.facts import loop_ranges, tile_shape
 from pto.ir.nodes import IncoreFunction, walk_instrs
-from pto.ir.ops import MATMUL, Op
+from pto.ir.ops import MATMUL, STORES, Op
 
 
 def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
@@ -46,7 +46,7 @@ def tma_memrefs(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
             # a descriptor fills zeros past the tensor, and reads whole blocks of rows
             if float(ins.attr("pad")) != 0.0 or int(ins.attr("step")) != 1:
                 stored.add(ins.srcs[0])
-        elif ins.op is Op.STORE:
+        elif ins.op in STORES:
             stored.add(ins.srcs[1])
     fed = set()  # memrefs loaded in a loop that multiplies tiles and may run more than once
     ranges = loop_ranges(fn)

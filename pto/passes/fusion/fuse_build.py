@@ -12,7 +12,7 @@ from __future__ import annotations
 from pto.errors import BuildError
 from pto.ir.analysis import param_access
 from pto.ir.expr import Attr, Const, as_expr, fold, substitute
-from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, Tile
+from pto.ir.nodes import Call, ForRange, IncoreFunction, Parallel, ScalarParam, Tile, walk_instrs
 from pto.ir.ops import Op
 from pto.ir.verify_incore import verify_incore
 from pto.passes.fusion.chains import region_key
@@ -165,6 +165,10 @@ def build(name: str, calls: list[Call], fns: list[IncoreFunction], chain: ChainL
     and what stays on chip. ``dead``: tensors nothing outside the members reads; ``full``:
     each tensor's (rows, cols). Raises :class:`Refused` with the reason it cannot."""
     names = Names()
+    for f in fns:  # its items' adds land in any order: no member of a loop or of a producer's chain
+        adds = sorted({i.srcs[1] for i in walk_instrs(f.body) if i.op is Op.STORE_ADD})
+        if adds:
+            raise Refused(f"`{f.name}` adds into `{adds[0]}` (store_add): its programs' adds are not ordered")
     if len({f.parallel is None for f in fns}) > 1:
         raise Refused("some members have a parallel axis and some do not")
     pvar = names.fresh(fns[0].parallel.var) if fns[0].parallel is not None else None

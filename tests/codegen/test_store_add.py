@@ -1,0 +1,172 @@
+"""``store_add``: a task's programs adding their tiles into one region (a split-K product), on
+every backend against float64, with the rule's errors, the text form, the task's ``inout``
+access and the fusion pass's refusal."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from pto import InCore, Orchestration, f32
+from pto.backends.c.build import kernel_module
+from pto.backends.torch_backend import TorchBackend
+from pto.data.batch import TaskBatch
+from pto.errors import BuildError
+from pto.interp.incore import run_incore
+from pto.ir.analysis import param_access
+from pto.ir.dtypes import DType
+from pto.ir.facts import memref_accesses, reads_memref, writes_memref
+from pto.passes.fusion.fuse import fuse
+from pto.text import format_module, parse_module
+from pto.text.printer import format_function
+from tests.codegen.test_c_incore import run_c
+from tests.opkit import run_incore_triton
+
+U = 2.0 ** -24  # f32's unit roundoff
+
+
+def splitk_fn(R: int, K: int, N: int, bk: int, bn: int | None = None):
+    """``y += x @ w.T`` for R rows of K against an ``[N, K]`` weight: one program a K block of
+    ``bk`` (and an N block of ``bn``), each adding its partial product into y."""
+    bn = bn or N
+    k = InCore("splitk")
+    x, w, y = k.memref("x", f32), k.memref("w", f32), k.memref("y", f32)
+    j = k.parallel("j", (K // bk) * (N // bn))
+    a, b, acc = k.tile("a", R, bk, f32), k.tile("b", bn, bk, f32), k.tile("acc", R, bn, f32)
+    kb, nb = j % (K // bk), j // (K // bk)
+    k.load(a, x, 0, kb * bk)
+    k.load(b, w, nb * bn, kb * bk)
+    k.matmul(acc, a, b, tb=True)
+    k.store_add(y, 0, nb * bn, acc)
+    return k.build()
+
+
+def _inputs(R, K, N, seed, rows=None, cols=None):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(R, K, generator=g), torch.randn(N, K, generator=g)
+    y = torch.randn(rows or R, cols or N, generator=g)
+    return x, w, y
+
+
+def _check(got: torch.Tensor, x, w, y0, K: int, blocks: int, region=None):
+    """got against y0 + x @ w.T in float64 over ``region`` (rows, cols from 0; elsewhere y0
+    untouched): each element is a sum of K products and ``blocks`` + 1 partial sums in f32, so
+    its error is within (K + blocks + 1) u of the sum of the terms' magnitudes."""
+    r, c = region or y0.shape
+    want = y0.double().clone()
+    want[:r, :c] += (x.double() @ w.double().T)[:r, :c]
+    mag = y0.double().abs().clone()
+    mag[:r, :c] += (x.double().abs() @ w.double().abs().T)[:r, :c]
+    err = (got.double() - want).abs()
+    bound = (K + blocks + 1) * U * mag
+    assert bool((err <= bound).all()), f"error {float(err.max()):.3e} over the bound {float(bound.max()):.3e}"
+    outside = torch.ones_like(got, dtype=torch.bool)
+    outside[:r, :c] = False
+    assert torch.equal(got[outside], y0[outside])
+
+
+def _run(runner, fn, x, w, y, region=None):
+    r, c = region or y.shape
+    regions = {"x": (x, 0, 0, *x.shape), "w": (w, 0, 0, *w.shape), "y": (y, 0, 0, r, c)}
+    runner(fn, regions, {})
+
+
+def _run_torch(fn, regions, scalars):
+    TorchBackend().prepare(TaskBatch.one(fn, regions, scalars))()
+
+
+def _run_c(fn, regions, scalars):
+    """One task through the C backend (a kernel module of its own: the functions differ in
+    shape under one name)."""
+    km = kernel_module([fn], f"store_add_{abs(hash(format_function(fn))):x}")
+    run_c(km, 0, fn, {p: v[0] for p, v in regions.items()}, scalars, {p: v[1:] for p, v in regions.items()})
+
+
+RUNNERS = {"interpreter": run_incore, "torch": _run_torch, "c": _run_c}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize("R,K,N,bk,bn", [(1, 256, 48, 32, None), (3, 128, 64, 16, 16), (16, 64, 32, 64, 8)])
+def test_programs_add_their_partial_products(runner, R, K, N, bk, bn):
+    fn = splitk_fn(R, K, N, bk, bn)
+    x, w, y = _inputs(R, K, N, seed=R * 1000 + K + N)
+    y0 = y.clone()
+    _run(RUNNERS[runner], fn, x, w, y)
+    _check(y, x, w, y0, K, K // bk)
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_adds_outside_the_region_are_skipped(runner):
+    """The tile is 4 x 32, the region 3 x 20 of a 5 x 40 tensor: only the region changes."""
+    fn = splitk_fn(4, 64, 32, 16)
+    x, w, y = _inputs(4, 64, 32, seed=7, rows=5, cols=40)
+    y0 = y.clone()
+    _run(RUNNERS[runner], fn, x, w, y, region=(3, 20))
+    _check(y, x, w, y0, 64, 4, region=(3, 20))
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+@pytest.mark.parametrize("region", [None, (3, 20)])
+def test_triton_programs_add_atomically(region):
+    pytest.importorskip("triton")
+    fn = splitk_fn(4, 64, 32, 16)
+    x, w, y = _inputs(4, 64, 32, seed=11, rows=5 if region else None, cols=40 if region else None)
+    y0 = y.clone()
+    _run(run_incore_triton, fn, x, w, y, region=region)
+    _check(y, x, w, y0, 64, 4, region=region)
+
+
+def test_the_task_reads_and_writes_its_sum():
+    fn = splitk_fn(2, 64, 16, 16)
+    assert param_access(fn)["y"].direction == "inout"
+    (add,) = [ins for mem, ins, *_ in memref_accesses(fn) if mem == "y"]
+    assert reads_memref(add) and writes_memref(add)
+
+
+def test_text_round_trip():
+    text = format_module(_chain())
+    assert "store_add %y[0, %j // 4 * 16], %acc" in text
+    assert format_module(parse_module(text)) == text
+
+
+@pytest.mark.parametrize("mem_dt,tile_dt", [(DType.BF16, DType.BF16), (DType.F32, DType.BF16),
+                                            (DType.BF16, DType.F32)])
+def test_only_f32_adds(mem_dt, tile_dt):
+    k = InCore("bad_add")
+    y = k.memref("y", mem_dt)
+    t = k.tile("t", 2, 8, tile_dt)
+    k.full(t, 1.0)
+    with pytest.raises(BuildError, match=f"store_add adds an f32 tile into an f32 memref.*`t` is {tile_dt} "
+                                         f"and `y` is {mem_dt}"):
+        k.store_add(y, 0, 0, t)
+
+
+def _chain():
+    """A loop of a split-K task and a task that scales its sum: a chain the fusion pass would
+    fuse, but for the adds."""
+    add = splitk_fn(1, 64, 16, 16)
+    k = InCore("scale")
+    y = k.memref("y", f32)
+    t = k.tile("t", 1, 16, f32)
+    k.load(t, y, 0, 0)
+    k.muls(t, t, 0.5)
+    k.store(y, 0, 0, t)
+    scale = k.build()
+    o = Orchestration("chain")
+    X, W, Y = o.input("X", 1, 64, f32), o.input("W", 16, 64, f32), o.inout("Y", 1, 16, f32)
+    with o.for_loop("i", 0, 3):
+        o.call(add, {"x": X, "w": W, "y": Y})
+        o.call(scale, {"y": Y})
+    return o.module()
+
+
+def test_fusion_leaves_an_adding_task_alone():
+    """The chain is not fused: its programs' adds have no order a fused loop could keep; the
+    report names the reason."""
+    fused, report = fuse(_chain())
+    assert any("adds into `y` (store_add)" in line for line in report.describe()), report.describe()
+    assert {f.name for f in fused.functions} == {"splitk", "scale", "chain"}
