@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pto.incore.fused import RowNorm
-from pto.incore.matmul import swiglu_epilogue
+from pto.incore.matmul import swiglu_epilogue, swiglu_rounded
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emax, emin, f32
@@ -155,6 +155,34 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
     return k.build(target)
 
 
+def gemv_norm_swiglu_down_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, dn: int, eps: float,
+                               target=None) -> IncoreFunction:
+    """The whole FFN of R rows, one level: ``y += swiglu(rmsnorm(x)) @ wd.T`` with ``[N, K]``
+    gate and up weights and an ``[K, N]`` down weight (``N`` the intermediate size). Program
+    ``j`` computes its block of ``bn`` intermediate columns ``h_j`` as
+    :func:`gemv_norm_swiglu_tile` does (rounded to ``dtype``), then its share of the down
+    projection, ``h_j @ wd[:, j bn : (j + 1) bn].T``, in steps of ``dn`` outputs, each added into
+    the f32 sum ``y`` (``store_add``: a split-K product over the programs). ``y`` holds the
+    residual before the task (the layer's x2, as f32), the next layer's x after it."""
+    k = InCore("gemv_norm_swiglu_down_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    wg = k.memref("wg", dtype, shape=(N, K))
+    wu = k.memref("wu", dtype, shape=(N, K))
+    wd = k.memref("wd", dtype, shape=(K, N))
+    y = k.memref("y", f32, shape=(R, K))
+    j = k.parallel("j", cdiv(N, bn))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    h = swiglu_rounded(k, g, u, R, bn, dtype)
+    b = k.tile("bd", dn, bn, dtype)
+    part = k.tile("part_d", R, dn, f32)
+    with k.for_range("nn", 0, K, dn) as nn:
+        k.load(b, wd, nn, j * bn)
+        k.matmul(part, h, b, tb=True)
+        k.store_add(y, 0, nn, part)
+    return k.build(target)
+
+
 def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: int, bk: int, eps: float,
                                positions: int, target=None, wdtype=None) -> IncoreFunction:
     """One sequence's ``rmsnorm(x) @ w.T`` against the ``[N, K]`` q, k, v weight (``heads``: the
@@ -238,4 +266,4 @@ def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
 
 
 __all__ = ["Gemv", "weight_tiles", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
-           "gemv_norm_rope_append_tile"]
+           "gemv_norm_swiglu_down_tile", "gemv_norm_rope_append_tile"]

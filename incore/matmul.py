@@ -114,6 +114,13 @@ def matmul_nk_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, 
 def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
     """``y[:, col:] = silu(g) * u`` from the gate and up accumulators (f32), each rounded to the
     storage dtype first, as the unfused layer stores the two projections."""
+    k.store(y, 0, col, swiglu_rounded(k, g, u, R, bn, dtype))
+
+
+def swiglu_rounded(k: InCore, g, u, R, bn: int, dtype):
+    """``silu(g) * u`` from the gate and up accumulators (f32), each rounded to ``dtype`` first
+    and the product too, as the unfused layer stores them: a ``dtype`` tile (``g`` and ``u``
+    are overwritten)."""
     gb = k.tile("gb", R, bn, dtype)
     if dtype != f32:
         ub = k.tile("ub", R, bn, dtype)
@@ -124,7 +131,7 @@ def swiglu_epilogue(k: InCore, g, u, y, col, R, bn: int, dtype) -> None:
     k.silu(g, g)
     k.mul(g, g, u)
     k.cast(gb, g)
-    k.store(y, 0, col, gb)
+    return gb
 
 
 def _row_tile_swiglu(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +15,7 @@ from pto.backends.torch_backend import TorchBackend
 from pto.data.batch import TaskBatch
 from pto.errors import BuildError
 from pto.interp.incore import run_incore
-from pto.ir.analysis import param_access
+from pto.ir.analysis import param_access, specialize
 from pto.ir.dtypes import DType
 from pto.ir.facts import memref_accesses, reads_memref, writes_memref
 from pto.passes.fusion.fuse import fuse
@@ -170,3 +169,46 @@ def test_fusion_leaves_an_adding_task_alone():
     fused, report = fuse(_chain())
     assert any("adds into `y` (store_add)" in line for line in report.describe()), report.describe()
     assert {f.name for f in fused.functions} == {"splitk", "scale", "chain"}
+
+
+# the FFN in one level: gate, up and down in one task, its programs adding into the residual -----
+
+
+def _ffn_case(dtype: DType, R: int, K: int, N: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    t = dtype.torch
+    x = torch.randn(R, K, generator=g).to(t)
+    gain = (1 + 0.1 * torch.randn(1, K, generator=g)).to(t)
+    wg, wu = (torch.randn(N, K, generator=g) / K ** 0.5).to(t), (torch.randn(N, K, generator=g) / K ** 0.5).to(t)
+    wd = (torch.randn(K, N, generator=g) / N ** 0.5).to(t)
+    r = torch.randn(R, K, generator=g).to(t)
+    return x, gain, wg, wu, wd, r
+
+
+@pytest.mark.parametrize("runner", ["interpreter", "triton"])
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+@pytest.mark.parametrize("R,K,N,bn,bk,dn", [(1, 64, 96, 16, 32, 16), (2, 48, 64, 32, 48, 48)])
+def test_the_ffn_in_one_level_adds_the_unfused_down_projection(runner, dtype, R, K, N, bn, bk, dn):
+    """``gemv_norm_swiglu_down_tile`` against the FFN as two tasks: its intermediate is the
+    gate/up task's, bit for bit (the same K loop), and its sum is ``r + h @ wd.T`` up to f32's
+    rounding of N products and N / bn + 1 partial sums."""
+    from pto.incore.gemv import gemv_norm_swiglu_down_tile, gemv_norm_swiglu_tile
+
+    if runner == "triton" and dtype is DType.BF16:
+        pytest.skip("bf16 under the Triton interpreter is not rounded as on the GPU")
+    run = run_incore if runner == "interpreter" else run_incore_triton
+    x, gain, wg, wu, wd, r = _ffn_case(dtype, R, K, N, seed=R * 100 + K + N)
+    h = torch.full((R, N), float("nan")).to(dtype.torch)
+    run(specialize(gemv_norm_swiglu_tile(dtype, R, K, N, bn, bk, 1e-5)),
+        {"x": (x, 0, 0, R, K), "g": (gain, 0, 0, 1, K), "wg": (wg, 0, 0, N, K), "wu": (wu, 0, 0, N, K),
+         "y": (h, 0, 0, R, N)})
+    y = r.float().clone()
+    run(specialize(gemv_norm_swiglu_down_tile(dtype, R, K, N, bn, bk, dn, 1e-5)),
+        {"x": (x, 0, 0, R, K), "g": (gain, 0, 0, 1, K), "wg": (wg, 0, 0, N, K), "wu": (wu, 0, 0, N, K),
+         "wd": (wd, 0, 0, K, N), "y": (y, 0, 0, R, K)})
+    assert torch.isfinite(h).all()
+    want = r.double() + h.double() @ wd.double().T
+    mag = r.double().abs() + h.double().abs() @ wd.double().abs().T
+    err = (y.double() - want).abs()
+    bound = (N + N // bn + 1) * U * mag
+    assert bool((err <= bound).all()), f"error {float(err.max()):.3e} over the bound {float(bound.max()):.3e}"
