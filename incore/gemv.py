@@ -156,29 +156,35 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
 
 
 def gemv_norm_swiglu_down_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, dn: int, eps: float,
-                               target=None) -> IncoreFunction:
+                               target=None, wd_rows: bool = False) -> IncoreFunction:
     """The whole FFN of R rows, one level: ``y += swiglu(rmsnorm(x)) @ wd.T`` with ``[N, K]``
     gate and up weights and an ``[K, N]`` down weight (``N`` the intermediate size). Program
     ``j`` computes its block of ``bn`` intermediate columns ``h_j`` as
     :func:`gemv_norm_swiglu_tile` does (rounded to ``dtype``), then its share of the down
     projection, ``h_j @ wd[:, j bn : (j + 1) bn].T``, in steps of ``dn`` outputs, each added into
     the f32 sum ``y`` (``store_add``: a split-K product over the programs). ``y`` holds the
-    residual before the task (the layer's x2, as f32), the next layer's x after it."""
+    residual before the task (the layer's x2, as f32), the next layer's x after it. With
+    ``wd_rows`` the down weight is stored ``[N, K]`` (transposed once at load): a program's share
+    is ``bn`` whole rows of it, contiguous, where ``[K, N]`` gives it ``K`` runs of ``bn``
+    elements (short, strided reads for narrow blocks)."""
     k = InCore("gemv_norm_swiglu_down_tile")
     R = k.dim("R", rows)
     x = k.memref("x", dtype, shape=(R, K))
     wg = k.memref("wg", dtype, shape=(N, K))
     wu = k.memref("wu", dtype, shape=(N, K))
-    wd = k.memref("wd", dtype, shape=(K, N))
+    wd = k.memref("wd", dtype, shape=(N, K) if wd_rows else (K, N))
     y = k.memref("y", f32, shape=(R, K))
     j = k.parallel("j", cdiv(N, bn))
     g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
     h = swiglu_rounded(k, g, u, R, bn, dtype)
-    b = k.tile("bd", dn, bn, dtype)
+    b = k.tile("bd", *((bn, dn) if wd_rows else (dn, bn)), dtype)
     part = k.tile("part_d", R, dn, f32)
     with k.for_range("nn", 0, K, dn) as nn:
-        k.load(b, wd, nn, j * bn)
-        k.matmul(part, h, b, tb=True)
+        if wd_rows:
+            k.load(b, wd, j * bn, nn)
+        else:
+            k.load(b, wd, nn, j * bn)
+        k.matmul(part, h, b, tb=not wd_rows)
         k.store_add(y, 0, nn, part)
     return k.build(target)
 

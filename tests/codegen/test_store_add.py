@@ -186,12 +186,14 @@ def _ffn_case(dtype: DType, R: int, K: int, N: int, seed: int):
 
 
 @pytest.mark.parametrize("runner", ["interpreter", "triton"])
+@pytest.mark.parametrize("wd_rows", [False, True])
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
 @pytest.mark.parametrize("R,K,N,bn,bk,dn", [(1, 64, 96, 16, 32, 16), (2, 48, 64, 32, 48, 48)])
-def test_the_ffn_in_one_level_adds_the_unfused_down_projection(runner, dtype, R, K, N, bn, bk, dn):
+def test_the_ffn_in_one_level_adds_the_unfused_down_projection(runner, dtype, R, K, N, bn, bk, dn, wd_rows):
     """``gemv_norm_swiglu_down_tile`` against the FFN as two tasks: its intermediate is the
     gate/up task's, bit for bit (the same K loop), and its sum is ``r + h @ wd.T`` up to f32's
-    rounding of N products and N / bn + 1 partial sums."""
+    rounding of N products and N / bn + 1 partial sums; the down weight as stored (``[K, N]``) or
+    transposed (``wd_rows``)."""
     from pto.incore.gemv import gemv_norm_swiglu_down_tile, gemv_norm_swiglu_tile
 
     if runner == "triton" and dtype is DType.BF16:
@@ -203,12 +205,27 @@ def test_the_ffn_in_one_level_adds_the_unfused_down_projection(runner, dtype, R,
         {"x": (x, 0, 0, R, K), "g": (gain, 0, 0, 1, K), "wg": (wg, 0, 0, N, K), "wu": (wu, 0, 0, N, K),
          "y": (h, 0, 0, R, N)})
     y = r.float().clone()
-    run(specialize(gemv_norm_swiglu_down_tile(dtype, R, K, N, bn, bk, dn, 1e-5)),
+    wdt = wd.T.contiguous() if wd_rows else wd
+    run(specialize(gemv_norm_swiglu_down_tile(dtype, R, K, N, bn, bk, dn, 1e-5, wd_rows=wd_rows)),
         {"x": (x, 0, 0, R, K), "g": (gain, 0, 0, 1, K), "wg": (wg, 0, 0, N, K), "wu": (wu, 0, 0, N, K),
-         "wd": (wd, 0, 0, K, N), "y": (y, 0, 0, R, K)})
+         "wd": (wdt, 0, 0, *wdt.shape), "y": (y, 0, 0, R, K)})
     assert torch.isfinite(h).all()
     want = r.double() + h.double() @ wd.double().T
     mag = r.double().abs() + h.double().abs() @ wd.double().abs().T
     err = (y.double() - want).abs()
     bound = (N + N // bn + 1) * U * mag
     assert bool((err <= bound).all()), f"error {float(err.max()):.3e} over the bound {float(bound.max()):.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA GPU (compiled Triton)")
+@pytest.mark.parametrize("region", [None, (3, 20)])
+def test_gpu_programs_add_atomically(region):
+    """The compiled kernel's atomic adds: 16 programs into one region, on the GPU."""
+    fn = splitk_fn(4, 256, 32, 16)
+    x, w, y = (t.cuda() for t in _inputs(4, 256, 32, seed=13, rows=5 if region else None,
+                                           cols=40 if region else None))
+    y0 = y.clone()
+    _run(run_incore_triton, fn, x, w, y, region=region)
+    _check(y.cpu(), x.cpu(), w.cpu(), y0.cpu(), 256, 16, region=region)
