@@ -30,18 +30,22 @@ from pto import InCore, cdiv, emin, f32
 from pto.ir.nodes import IncoreFunction
 
 
-def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None, wdtype=None) -> IncoreFunction:
+def embed_row(dtype, hidden: int, vocab: int, chunk: int, target=None, wdtype=None, xdtype=None) -> IncoreFunction:
     """``x[0, :] = emb[tok, :]`` with ``tok`` read from memory (the whole table is the region;
-    a quantized table, ``wdtype``, dequantized by the load)."""
+    a quantized table, ``wdtype``, dequantized by the load; x of ``xdtype``, by default
+    ``dtype``: an f32 residual stream takes the row as it is)."""
     k = InCore("embed_row")
     tok = k.memref("tok", f32)
     emb = k.memref("emb", wdtype or dtype, shape=(vocab, hidden))
-    x = k.memref("x", dtype)
+    x = k.memref("x", xdtype or dtype)
     t = k.load_scalar("t", tok, 0, 0)
     row = k.tile("row", 1, chunk, dtype)
+    wide = k.tile("row_x", 1, chunk, xdtype) if xdtype not in (None, dtype) else row
     with k.for_range("c", 0, hidden, chunk) as c:
         k.load(row, emb, t, c)
-        k.store(x, 0, c, row)
+        if wide is not row:
+            k.cast(wide, row)
+        k.store(x, 0, c, wide)
     return k.build(target)
 
 
@@ -262,36 +266,37 @@ def _merge(k: InCore, src, n, stride, D: int):
 
 
 def lmhead_argmax_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                       target=None) -> IncoreFunction:
+                       target=None, xdtype=None) -> IncoreFunction:
     """``logits = rmsnorm(x; g, eps) @ w`` for the R rows of x against a ``[K, N]`` LM head,
     column blocks of ``bn`` on the parallel axis, with the first stage of greedy sampling in the
     epilogue: each row's largest logit of the block to ``best[r, j]`` and its column (in the
-    whole vocabulary) to ``index[r, j]``."""
+    whole vocabulary) to ``index[r, j]``. x is ``xdtype`` (by default ``dtype``)."""
     k = InCore("lmhead_argmax_tile")
-    _lmhead(k, Gemv(rows, K, bn, bk, dtype), N, eps, wt=False)
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype), N, eps, wt=False, xdtype=xdtype)
     return k.build(target)
 
 
 def lmhead_argmax_gemv_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                            target=None, wdtype=None) -> IncoreFunction:
+                            target=None, wdtype=None, xdtype=None) -> IncoreFunction:
     """:func:`lmhead_argmax_tile` against an output-major ``[N, K]`` LM head (a tied model's
     embedding table as it is): blocks of ``bn`` vocabulary rows, the GEMV of
     :mod:`pto.incore.gemv` (its weights of ``wdtype``, quantized or not)."""
     k = InCore("lmhead_argmax_gemv_tile")
-    _lmhead(k, Gemv(rows, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), N, eps, wt=True)
+    _lmhead(k, Gemv(rows, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), N, eps, wt=True,
+            xdtype=xdtype)
     return k.build(target)
 
 
-def _lmhead(k: InCore, g: Gemv, N: int, eps: float, wt: bool) -> None:
+def _lmhead(k: InCore, g: Gemv, N: int, eps: float, wt: bool, xdtype=None) -> None:
     """The LM head's body: ``g.R`` rows (the R dim's default) against a ``[K, N]`` weight, or
-    ``[N, K]`` with ``wt``."""
+    ``[N, K]`` with ``wt``; x of ``xdtype`` (None: ``g.dtype``)."""
     R = k.dim("R", g.R)
-    x = k.memref("x", g.dtype, shape=(R, g.K))
+    x = k.memref("x", xdtype or g.dtype, shape=(R, g.K))
     w = k.memref("w", g.weights, shape=(N, g.K) if wt else (g.K, N))
     y = k.memref("y", f32, shape=(R, N))
     best, index = k.memref("best", f32), k.memref("index", f32)
     j = k.parallel("j", cdiv(N, g.bn))
-    norm = RowNorm(k, R, g.bk, g.dtype, eps, g.K)
+    norm = RowNorm(k, R, g.bk, g.dtype, eps, g.K, xdtype)
     if wt:
         (acc,) = gemv_accumulate(k, x, {"": w}, replace(g, R=R), j, norm)
     else:

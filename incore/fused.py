@@ -38,12 +38,13 @@ from pto.ir.nodes import IncoreFunction
 
 class RowNorm:
     """The tiles and steps of the folded RMSNorm in a row-tile matmul's K loop: R rows of K
-    columns in steps of ``bk``."""
+    columns in steps of ``bk``; x is ``xdtype`` (None: ``dtype``; f32 where the residual stream is
+    an f32 sum: :func:`pto.incore.gemv.gemv_norm_swiglu_down_tile`)."""
 
-    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int):
+    def __init__(self, k: InCore, R, bk: int, dtype, eps: float, K: int, xdtype=None):
         self.k, self.dtype, self.eps, self.K, self.R, self.bk = k, dtype, eps, K, R, bk
         self.g = k.memref("g", dtype)
-        self.xt = k.tile("xt", R, bk, dtype)
+        self.xt = k.tile("xt", R, bk, xdtype or dtype)
         self.xf = k.tile("xf", R, bk, f32)
         self.sq = k.tile("sq", R, bk, f32)
         self.gt = k.tile("gt", 1, bk, dtype)

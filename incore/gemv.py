@@ -98,18 +98,18 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
 
 
 def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float, target=None,
-                   wdtype=None) -> IncoreFunction:
+                   wdtype=None, xdtype=None) -> IncoreFunction:
     """``y = rmsnorm(x; g, eps) @ w.T`` for R rows of K against an ``[N, K]`` weight, blocks of
     ``bn`` outputs on the parallel axis (weights of ``wdtype``, by default ``dtype``: the
-    module docstring)."""
+    module docstring; x of ``xdtype``, by default ``dtype``)."""
     k = InCore("gemv_norm_tile")
     R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
+    x = k.memref("x", xdtype or dtype, shape=(R, K))
     w = k.memref("w", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
     g = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
-    (acc,) = gemv_accumulate(k, x, {"": w}, g, j, RowNorm(k, R, bk, dtype, eps, K))
+    (acc,) = gemv_accumulate(k, x, {"": w}, g, j, RowNorm(k, R, bk, dtype, eps, K, xdtype))
     out = k.tile("out", R, bn, dtype)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
@@ -117,23 +117,29 @@ def gemv_norm_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: floa
 
 
 def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, target=None,
-                       wdtype=None) -> IncoreFunction:
+                       wdtype=None, rdtype=None, copy: bool = False) -> IncoreFunction:
     """``y = r + x @ w.T`` for R rows of K against an ``[N, K]`` weight (the residual in the
-    epilogue); K and N are dims (a call binds them)."""
+    epilogue); K and N are dims (a call binds them). ``rdtype``: the residual's and y's dtype (by
+    default ``dtype``); ``copy``: the sum stored to ``y2`` too (the FFN's f32 sum starts from it:
+    :func:`gemv_norm_swiglu_down_tile`)."""
     k = InCore("gemv_residual_tile")
     R = k.dim("R", rows)
     KD, ND = k.dim("K", K), k.dim("N", N)  # one function for every projection a call binds
     x = k.memref("x", dtype, shape=(R, KD))
     w = k.memref("w", wdtype or dtype, shape=(ND, KD))
-    r = k.memref("r", dtype, shape=(R, ND))
-    y = k.memref("y", dtype, shape=(R, ND))
+    rdt = rdtype or dtype
+    r = k.memref("r", rdt, shape=(R, ND))
+    y = k.memref("y", rdt, shape=(R, ND))
+    y2 = k.memref("y2", rdt, shape=(R, ND)) if copy else None
     j = k.parallel("j", cdiv(ND, bn))
     (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), j)
-    out = k.tile("out", R, bn, dtype)
+    out = k.tile("out", R, bn, rdt)
     k.load(out, r, 0, j * bn)
     k.add(acc, acc, out)
     k.cast(out, acc)
     k.store(y, 0, j * bn, out)
+    if y2 is not None:
+        k.store(y2, 0, j * bn, out)
     return k.build(target)
 
 
@@ -156,7 +162,7 @@ def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, ep
 
 
 def gemv_norm_swiglu_down_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, dn: int, eps: float,
-                               target=None, wd_rows: bool = False) -> IncoreFunction:
+                               target=None, wd_rows: bool = False, xdtype=None) -> IncoreFunction:
     """The whole FFN of R rows, one level: ``y += swiglu(rmsnorm(x)) @ wd.T`` with ``[N, K]``
     gate and up weights and an ``[K, N]`` down weight (``N`` the intermediate size). Program
     ``j`` computes its block of ``bn`` intermediate columns ``h_j`` as
@@ -166,16 +172,18 @@ def gemv_norm_swiglu_down_tile(dtype, rows: int, K: int, N: int, bn: int, bk: in
     residual before the task (the layer's x2, as f32), the next layer's x after it. With
     ``wd_rows`` the down weight is stored ``[N, K]`` (transposed once at load): a program's share
     is ``bn`` whole rows of it, contiguous, where ``[K, N]`` gives it ``K`` runs of ``bn``
-    elements (short, strided reads for narrow blocks)."""
+    elements (short, strided reads for narrow blocks). ``xdtype``: x's (by default ``dtype``; f32
+    in the step that folds the down projection: x2 is the f32 residual)."""
     k = InCore("gemv_norm_swiglu_down_tile")
     R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
+    x = k.memref("x", xdtype or dtype, shape=(R, K))
     wg = k.memref("wg", dtype, shape=(N, K))
     wu = k.memref("wu", dtype, shape=(N, K))
     wd = k.memref("wd", dtype, shape=(N, K) if wd_rows else (K, N))
     y = k.memref("y", f32, shape=(R, K))
     j = k.parallel("j", cdiv(N, bn))
-    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j, RowNorm(k, R, bk, dtype, eps, K))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, Gemv(R, K, bn, bk, dtype), j,
+                           RowNorm(k, R, bk, dtype, eps, K, xdtype))
     h = swiglu_rounded(k, g, u, R, bn, dtype)
     b = k.tile("bd", *((bn, dn) if wd_rows else (dn, bn)), dtype)
     part = k.tile("part_d", R, dn, f32)
@@ -190,7 +198,7 @@ def gemv_norm_swiglu_down_tile(dtype, rows: int, K: int, N: int, bn: int, bk: in
 
 
 def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: int, bk: int, eps: float,
-                               positions: int, target=None, wdtype=None) -> IncoreFunction:
+                               positions: int, target=None, wdtype=None, xdtype=None) -> IncoreFunction:
     """One sequence's ``rmsnorm(x) @ w.T`` against the ``[N, K]`` q, k, v weight (``heads``: the
     query heads, the key/value heads, the head size D; N = (query + 2 key/value) heads x D),
     with RoPE at the sequence's position p (read from ``pos``) and the append in the epilogue:
@@ -199,14 +207,15 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     stores a query head's to ``q`` ([heads, D]), a key head's to the cache block ``kc`` and a
     value head's (not rotated) to ``vc`` at slot ``p mod cap`` (the ring of
     :func:`~pto.incore.decode.rope_qkv_append`, which this replaces for one sequence). The
-    three stores are one-trip loops on the head index: a program takes one of them."""
+    three stores are one-trip loops on the head index: a program takes one of them. x is
+    ``xdtype`` (by default ``dtype``)."""
     nq, nkv, D = heads
     half = D // 2
     if half % bh:  # a block past its half would store into the next half or head
         raise ValueError(f"gemv_norm_rope_append_tile: {bh} pairs a block do not divide a head's {half}")
     k = InCore("gemv_norm_rope_append_tile")
     cap = k.scalar("cap")
-    x = k.memref("x", dtype, shape=(1, K))
+    x = k.memref("x", xdtype or dtype, shape=(1, K))
     w = k.memref("w", wdtype or dtype, shape=((nq + 2 * nkv) * D, K))
     pos = k.memref("pos", f32)
     cos, sin = (k.memref(n, dtype, shape=(positions, half)) for n in ("cos", "sin"))
@@ -217,7 +226,7 @@ def gemv_norm_rope_append_tile(dtype, K: int, heads: tuple[int, int, int], bh: i
     j = k.parallel("j", (nq + 2 * nkv) * cdiv(half, bh))
     t, i0 = j // cdiv(half, bh), (j % cdiv(half, bh)) * bh  # the head (q, then k, then v) and pair
     p = k.load_scalar("p", pos, 0, 0)
-    norm = RowNorm(k, 1, bk, dtype, eps, K)
+    norm = RowNorm(k, 1, bk, dtype, eps, K, xdtype)
     a = k.tile("a", 1, bk, dtype)
     wt = weight_tiles(dtype, wdtype, 1)
     wide = k.tile("a32", 1, bk, wt) if wt != dtype else a

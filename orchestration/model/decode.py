@@ -53,7 +53,13 @@ from functools import lru_cache
 from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
-from pto.incore.gemv import gemv_norm_rope_append_tile, gemv_norm_swiglu_tile, gemv_norm_tile, gemv_residual_tile
+from pto.incore.gemv import (
+    gemv_norm_rope_append_tile,
+    gemv_norm_swiglu_down_tile,
+    gemv_norm_swiglu_tile,
+    gemv_norm_tile,
+    gemv_residual_tile,
+)
 from pto.incore.matmul import matmul_residual_tile
 from pto.incore.vocab import argmax_candidates_tile
 from pto.orchestration.llama.tiling import allreduce_dtype
@@ -63,6 +69,7 @@ from pto.orchestration.model.tiling import (
     COMBINE_ROWS,
     DOT_ROUND_MAX,
     DecodeTiling,
+    folds_down,
     grouped_rows,
     round_block,
     spans,
@@ -93,6 +100,10 @@ class DecodeFunctions:
     proj_o: IncoreFunction | None = None  # attn @ wo + x (None: proj)
     combine_parts: IncoreFunction | None = None  # the combine reading a head's states at once
     candidates: IncoreFunction | None = None  # vocabulary-parallel: every rank's best token gathered
+    #: the FFN in one level (DecodeTiling.fold_down): x2's norm, gate, up and the down projection
+    #: added into x, the residual stream then f32 (``proj`` the o projection, which stores its
+    #: sum to x2 and to x)
+    ffn: IncoreFunction | None = None
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -140,14 +151,16 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         its divisors where it does not fit."""
         return t.quant_whole_k and all(wtypes.get(k, dt).is_quantized for k in kinds)
 
-    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None)
+    fold = folds_down(t, batch, wtypes.quantized, 1 if reduce is None else 2)
+    xkw = {"xdtype": f32} if fold else {}  # the residual stream's dtype, where not dt
+    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None, fold)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
     # batch of 32 rows in steps of 1024 does not fit an H100's 227 KiB)
     qkv_bn, qkv_bk = t.qkv_bn or t.bn, t.qkv_bk or t.bk
-    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target, **wkw("w_qkv")), qkv_bk,
-                  least["w_qkv"], whole("w_qkv"))[0]
+    qkv = _widest(lambda bk: norm(dt, batch, H, QD + 2 * KVD, qkv_bn, bk, c.eps, target, **wkw("w_qkv"), **xkw),
+                  qkv_bk, least["w_qkv"], whole("w_qkv"))[0]
 
     def projection(bn: int, bk: int, kind: str) -> IncoreFunction:
         if reduce is not None:  # the product, its sum over the ranks and the residual: one task
@@ -156,12 +169,20 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         return _widest(lambda b: residual(dt, batch, QD, H, bn, b, target, **wkw(kind)), bk, least[kind],
                        whole(kind))[0]
 
-    proj = projection(t.bn, t.bk, "wd")
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
-    # tiles (or weights) of its own: a function of its own (a module's InCore functions have
-    # distinct names)
-    same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
-    proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
+    ffn = None
+    if fold:  # the o projection's f32 sum to x2 and x; the FFN adds the down projection into x
+        proj = _widest(lambda b: gemv_residual_tile(dt, batch, QD, H, o_tiles[0], b, target, rdtype=f32, copy=True),
+                       o_tiles[1])[0]
+        proj_o = None
+        ffn = _widest(lambda bk: gemv_norm_swiglu_down_tile(dt, batch, H, F, t.fold_down, bk, t.fold_dn or min(H, 1024),
+                                                            c.eps, target, xdtype=f32), t.ffn_bk or t.bk)[0]
+    else:
+        proj = projection(t.bn, t.bk, "wd")
+        # tiles (or weights) of its own: a function of its own (a module's InCore functions have
+        # distinct names)
+        same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
+        proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
     gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
                       t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_parts = None
@@ -169,7 +190,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
     return DecodeFunctions(
         combine_parts=combine_parts,
-        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk), wkw("w_qkv"))
+        qkv_rope=_qkv_rope(cfg, dt, target, t, (qkv_bn, qkv_bk), {**wkw("w_qkv"), **xkw})
         if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
@@ -181,9 +202,10 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         proj_o=proj_o,
         gate_up=gate_up,
         lm=lm,
-        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target, **wkw("emb")),
+        embed=dk.embed_row(dt, H, cfg.vocab, min(H, 1024), target, **wkw("emb"), **xkw),
         advance=dk.argmax_advance(split.ranks if split else cdiv_int(cfg.vocab, bv), target),
         candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
+        ffn=ffn,
     )
 
 
@@ -212,10 +234,10 @@ def _qkv_rope(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
               wkw: dict):
     """One sequence's q, k, v projection with RoPE and the append in its epilogue, ``tiles`` the
     plain projection's (bn, bk): by default a program's pairs are its rows (``wkw``: its weights'
-    dtype, where quantized)."""
+    dtype, where quantized, and x's, where not the step's)."""
     c, (bn, bk) = cfg.layer, tiles
     bh = math.gcd(t.rope_bh or max(1, bn // 2), c.head_dim // 2)
-    least = wkw["wdtype"].quant.block if wkw else 16
+    least = wkw["wdtype"].quant.block if "wdtype" in wkw else 16
     return _widest(lambda b: gemv_norm_rope_append_tile(dt, c.hidden, (c.heads, c.kv_heads, c.head_dim), bh, b, c.eps,
                                                          cfg.max_positions, target, **wkw), bk, least)[0]
 
@@ -244,14 +266,17 @@ def _widest(build, size: int, least: int = 16, whole: bool = False):
 
 
 def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-             wtypes: WeightTypes = DENSE, vocab: int | None = None):
+             wtypes: WeightTypes = DENSE, vocab: int | None = None, fold: bool = False):
     """The LM head over ``vocab`` ids (None: the whole vocabulary; a rank's share under the
     vocabulary-parallel head) with the widest vocabulary block up to ``t.bv`` whose tiles fit the
-    target's on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width."""
+    target's on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width;
+    ``fold``: x is the f32 residual stream of a folded FFN."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
     c, V = cfg.layer, vocab or cfg.vocab
     w = wtypes.get("lm_head", dt)
     kw = {"wdtype": w} if w.is_quantized else {}
+    if fold:
+        kw["xdtype"] = f32
 
     def widest(bk: int):
         return _widest(lambda bv: build(dt, batch, c.hidden, V, bv, bk, c.eps, target, **kw), min(t.bv, V))
@@ -293,11 +318,12 @@ def whole_steps(cfg: ModelConfig, dt: DType, t: DecodeTiling, wtypes: WeightType
 
 
 def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-             wtypes: WeightTypes = DENSE, vocab: int | None = None) -> int:
+             wtypes: WeightTypes = DENSE, vocab: int | None = None, ranks: int = 1) -> int:
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
-    ``vocab`` as there)."""
+    ``vocab`` as there; ``ranks``: the step's)."""
     rows = tile_rows(batch, target, grouped_rows(t, wtypes.quantized))
-    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab)[1]
+    fold = folds_down(t, rows, wtypes.quantized, ranks)
+    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab, fold)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
@@ -333,7 +359,7 @@ def build_step(cfg: ModelConfig, dt: DType, target: Target | None, batch: int,
     fn = functions(cfg, dt, target, t, batch, reduce if tp > 1 else None,
                    spans_ or (cache // t.chunk if cache else None), wtypes, split)
     vocab = split.height if split else cfg.vocab
-    nbv = cdiv_int(vocab, lm_block(cfg, dt, target, t, batch, wtypes, vocab))
+    nbv = cdiv_int(vocab, lm_block(cfg, dt, target, t, batch, wtypes, vocab, tp))
     return _Step(cfg, dt, t, fn, nbv, spans_, wtypes, split).module()
 
 
@@ -351,7 +377,8 @@ class _Step:
         self.V = split.height if split else cfg.vocab  # the LM head's ids on this rank
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
-        self.T = self._tensors(("qkv",) if fn.qkv_rope is not None else ())
+        self.T = self._tensors((("qkv",) if fn.qkv_rope is not None else ()) + (("hb",) if fn.ffn is not None else ()),
+                               f32 if fn.ffn is not None else dt)
         self.ws = weight_shapes(cfg, t.wt)
 
     def W(self, kind: str, l):
@@ -365,7 +392,7 @@ class _Step:
 
     def module(self) -> Module:
         o, fn, T, c, C = self.o, self.fn, self.T, self.c, self.C
-        H, D, QD, KVD, F, NQ = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.ffn, c.heads
+        H, D, QD, KVD, NQ = c.hidden, c.head_dim, c.q_dim, c.kv_dim, c.heads
         self.J = o.let("J", C // self.t.chunk)  # attention chunks per sequence
         with o.for_loop("b0", 0, self.B) as b:
             o.call(fn.embed, {"tok": (T["tok"], b, 0, 1, 1), "emb": T["emb"], "x": (T["x"], b, 0, 1, H)})
@@ -379,14 +406,27 @@ class _Step:
                 o.call(fn.qkv, {**projection, "y": self.A("qkv", QD + 2 * KVD)})
             with o.for_loop("b", 0, self.B) as b:
                 self._attention(l, b)
-            o.call(fn.proj_o or fn.proj, {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H),
-                                          "y": self.A("x2", H)})
-            o.call(fn.gate_up, {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l),
-                                "wu": self.W("wu", l), "y": self.A("hb", F)})
-            o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
-                   dims={"K": F, "N": H})
+            self._ffn(l)
         self._sample()
         return o.module()
+
+    def _ffn(self, l) -> None:
+        """Layer l's o projection with the residual, then the FFN with its own: two tasks where
+        the FFN is one level (``fn.ffn``: x2 = x + attn @ wo.T, stored to x too; then x += the
+        FFN of x2, added by its programs), else three (x2 as above; h = swiglu of x2; x = x2 +
+        h @ wd.T)."""
+        o, fn, T, c = self.o, self.fn, self.T, self.c
+        H, QD, F = c.hidden, c.q_dim, c.ffn
+        attn = {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H), "y": self.A("x2", H)}
+        norm = {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l), "wu": self.W("wu", l)}
+        if fn.ffn is not None:
+            o.call(fn.proj, {**attn, "y2": self.A("x", H)})
+            o.call(fn.ffn, {**norm, "wd": self.W("wd", l), "y": self.A("x", H)})
+            return
+        o.call(fn.proj_o or fn.proj, attn)
+        o.call(fn.gate_up, {**norm, "y": self.A("hb", F)})
+        o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
+               dims={"K": F, "N": H})
 
     def _attention(self, l, b) -> None:
         """Layer l's attention of sequence b: RoPE and the append (unless the projection did
@@ -460,10 +500,10 @@ class _Step:
             o.call(fn.advance, {"best": (T["cand"], b, 0, 1, N), "index": (T["cand"], b, N, 1, N),
                                 "tok": (T["tok"], b, 0, 1, 1), "pos": (T["pos"], b, 0, 1, 1)})
 
-    def _tensors(self, unused: tuple[str, ...] = ()) -> dict:
+    def _tensors(self, unused: tuple[str, ...] = (), xdt: DType | None = None) -> dict:
         """The step's tensors: weights (inputs, of ``wtypes``), the state (cache, token, position:
         inout), the logits (output) and the activations between tasks (temps; those in ``unused``
-        not declared)."""
+        not declared; the residual stream x, x2 of ``xdt``, by default the step's dtype)."""
         o, cfg, dt, c, t, B, C, S = self.o, self.cfg, self.dt, self.c, self.t, self.B, self.C, self.S
         wtypes = self.wtypes
         J = C // t.chunk
@@ -482,7 +522,7 @@ class _Step:
              "cos": o.input("cos", cfg.max_positions, D // 2, dt), "sin": o.input("sin", cfg.max_positions, D // 2, dt)}
         T.update(k_cache=o.inout("k_cache", L * B * C, KVD, dt), v_cache=o.inout("v_cache", L * B * C, KVD, dt),
                  tok=o.inout("tok", B, 1, f32), pos=o.inout("pos", B, 1, f32), logits=o.output("logits", B, V, f32))
-        for name, rows, cols, dtype in (("x", B, H, dt), ("x2", B, H, dt), ("qkv", B, QD + 2 * KVD, dt),
+        for name, rows, cols, dtype in (("x", B, H, xdt or dt), ("x2", B, H, xdt or dt), ("qkv", B, QD + 2 * KVD, dt),
                                         ("q", B * c.heads, D, dt), ("attn", B, QD, dt), ("hb", B, F, dt),
                                         ("o_part", B * J * c.heads, D, f32), ("ml_part", B * J * c.heads, 2, f32),
                                         ("best", B, self.nbv, f32), ("index", B, self.nbv, f32)):

@@ -119,6 +119,15 @@ class DecodeTiling:
     #: its GEMVs multiply-sum each weight tile against every row, where padded to 16 rows they
     #: are tensor-core dots (0: off, every step of 2 sequences or more padded)
     dense_rows: int = 0
+    #: the FFN in one level (:func:`~pto.incore.gemv.gemv_norm_swiglu_down_tile`): each program
+    #: computes this many of the intermediate's columns and adds its share of the down projection
+    #: into the residual stream, which is then f32 (``store_add``: the programs' adds in any
+    #: order); 0: two tasks, gate/up then the down projection with the residual. Where the
+    #: projections are GEMVs of unpadded rows (output-major weights, fewer than 16 tile rows),
+    #: the weights dense, one rank (:func:`folds_down`); elsewhere the two tasks
+    fold_down: int = 0
+    #: the folded FFN's down projection: outputs a step (None: the hidden size, at most 1024)
+    fold_dn: int | None = None
 
     def with_fields(self, **fields) -> DecodeTiling:
         """This tiling with ``fields`` replaced, each also where the weights are quantized (its
@@ -146,13 +155,15 @@ class DecodeTiling:
 
         bad = [f"{k}={getattr(self, k)}" for k in ("chunk", "tk", "bn", "bk", "bv", "lm_bk", "dot_bk", "long_chunks",
                                                   "ffn_bn", "ffn_bk", "qkv_bn", "qkv_bk", "o_bn", "o_bk", "rope_bh",
-                                                  "dot_bn", "round_programs")
+                                                  "dot_bn", "round_programs", "fold_dn")
                if getattr(self, k) is not None and getattr(self, k) < 1]
         if bad:
             raise UsageError(f"decode tiling: {', '.join(bad)}: block sizes are positive")
         unknown = [k for k, _ in self.quant_tiles if k not in self.__dataclass_fields__ or k == "quant_tiles"]
         if unknown:
             raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
+        if self.fold_down < 0:
+            raise UsageError(f"decode tiling: fold_down={self.fold_down}: the folded FFN's block is positive (0: off)")
         if self.dense_rows < 0 or self.quant_rows < 0:
             raise UsageError(f"decode tiling: dense_rows={self.dense_rows}, quant_rows={self.quant_rows}: counts of "
                              "sequences are 0 or more")
@@ -211,4 +222,12 @@ def grouped_rows(t: DecodeTiling, quantized: bool) -> int:
     return min(t.quant_rows, GROUPED_ROWS) if quantized else t.dense_rows
 
 
-__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "grouped_rows", "round_block", "spans", "tile_rows"]
+def folds_down(t: DecodeTiling, rows: int, quantized: bool, ranks: int) -> bool:
+    """Whether a step of ``rows`` tile rows runs its FFN in one level (:attr:`DecodeTiling.fold_down`):
+    asked for, output-major GEMVs of fewer than 16 rows (a tensor-core dot's K would be the
+    fold's block), dense weights, one rank."""
+    return bool(t.fold_down) and t.wt and rows < 16 and not quantized and ranks == 1
+
+
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "folds_down", "grouped_rows", "round_block", "spans",
+           "tile_rows"]

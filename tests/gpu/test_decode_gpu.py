@@ -50,6 +50,19 @@ def test_thirty_two_chunks_combine_at_once_on_the_gpu(batch):
     check_step("waves", batch, 2048)
 
 
+@pytest.mark.parametrize("executor", ["persistent", "waves"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_ffn_in_one_level_on_the_gpu(executor, batch, monkeypatch):
+    """``fold_down``: the FFN one task a layer whose programs add the down projection into the f32
+    residual stream (atomic adds in any order) on the GPU: as close to float64 as torch's bf16."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TILING", replace(mp.TILING, fold_down=8))  # (SmolLM2's; 3 rows unpadded)
+    check_step(executor, batch, 1024)
+
+
 @pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])
 def test_data_dependencies_on_the_gpu(config, batch, monkeypatch):
     """The persistent executor with ``PTO_MK_DEPS=data`` (an item waits only for the predecessor

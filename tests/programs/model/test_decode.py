@@ -863,3 +863,97 @@ def test_the_megakernels_block_makes_one_round_of_items_over_its_programs():
             block = megakernel_block(outputs, target)
             fits = [b for b in (4, 8, 16) if -(-outputs // b) <= programs]
             assert block == (fits[0] if fits else 16), (outputs, target.name)
+
+
+# the FFN in one level (DecodeTiling.fold_down) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("config,batch", [("tiny", 1), ("tiny", 3), ("tiny-swa", 2)])
+def test_the_ffn_in_one_level_matches_the_reference(monkeypatch, config, batch):
+    """``fold_down``: the FFN one task a layer (its programs add the down projection into the
+    f32 residual stream), the o projection storing its sum to x2 and x; on the torch backend the
+    step gives the reference's logits and tokens, with one task a layer fewer."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+
+    # (hidden 64: the down projection's second step runs past its end; dense_rows: a GPU's
+    # build, as the names below are taken from, keeps 3 rows unpadded, as a CPU does)
+    folded = replace(mp.TINY_TILING, fold_down=8, fold_dn=48, dense_rows=4)
+    m = build_step(mp.CONFIGS[config], DType.F32, None, batch, folded)
+    names = {f.name for f in m.functions}
+    assert "gemv_norm_swiglu_down_tile" in names and "gemv_norm_swiglu_tile" not in names
+    x = {t.name: t.dtype for t in m.entry_function.tensors}
+    assert x["x"] is DType.F32 and x["x2"] is DType.F32 and "hb" not in x
+    tasks = {}
+    for t in (mp.TINY_TILING, folded):
+        monkeypatch.setattr(mp, "TINY_TILING", t)
+        res = run("model", config=config, cache=64, batch=batch, device="cpu", check=True, seed=21)
+        assert res["rel_err"] <= 1e-5, res
+        tasks[t.fold_down] = res["tasks"]
+    assert tasks[0] - tasks[8] == mp.CONFIGS[config].layers
+
+
+def test_the_ffn_folds_only_where_its_gemvs_run_unpadded_dense_rows_on_one_rank():
+    from dataclasses import replace
+
+    from pto.orchestration.model.tiling import DecodeTiling, folds_down
+
+    t = DecodeTiling(fold_down=8)
+    assert folds_down(t, 1, False, 1) and folds_down(t, 15, False, 1)
+    assert not folds_down(t, 16, False, 1)  # tensor-core dots of 16 rows
+    assert not folds_down(t, 1, True, 1)  # quantized weights
+    assert not folds_down(t, 1, False, 2)  # a rank's partial sums
+    assert not folds_down(replace(t, wt=False), 1, False, 1)
+    assert not folds_down(DecodeTiling(), 1, False, 1)
+
+
+def test_a_negative_fold_is_one_error():
+    from pto.orchestration.model.tiling import DecodeTiling
+
+    from pto.errors import UsageError
+
+    with pytest.raises(UsageError, match="fold_down=-2: the folded FFN's block is positive"):
+        DecodeTiling(fold_down=-2)
+    with pytest.raises(UsageError, match="fold_dn=0"):
+        DecodeTiling(fold_dn=0)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("executor,batch", [("waves", 1), ("persistent", 1), ("persistent", 2)])
+def test_the_ffn_in_one_level_on_triton(monkeypatch, executor, batch):
+    """The folded FFN's kernel (atomic adds) and the o projection's two stores under the Triton
+    interpreter, both executors."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, fold_down=8))
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", backend="triton", executor=executor,
+              check=True, seed=23)
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_generation_with_the_ffn_in_one_level_gives_the_reference_tokens():
+    from dataclasses import replace
+
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights("tiny-swa", seed=25)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (5, 11)]
+    want = ReferenceModel(w).generate(prompts, 70, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), fold_down=8))
+    try:
+        got = gen.generate(prompts, 70, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
