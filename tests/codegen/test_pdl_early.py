@@ -126,6 +126,24 @@ def test_a_load_at_a_device_position_and_stores_wait():
     assert moved < _at(dev, "_gdc_wait()") < _at(dev, "tl.store(")
 
 
+def test_a_later_phases_weights_wait_for_their_phase():
+    """No load moves past a product: the folded FFN's gate and up weights load before the wait,
+    its down projection's weights (after the gate and up products) where they are, not held in
+    registers through the first phase (at one row that took a 16 KiB stack frame of spills)."""
+    from pto.incore.gemv import gemv_norm_swiglu_down_tile
+
+    from pto.ir.nodes import walk_instrs
+    from pto.ir.ops import MATMUL, Op
+
+    fn = specialize(gemv_norm_swiglu_down_tile(DType.BF16, 1, 64, 96, 8, 64, 64, 1e-5, xdtype=DType.F32))
+    body = list(walk_instrs(early_loads(fn.body, frozenset({"g", "wg", "wu", "wd"}))))
+    at = {(i.op, i.srcs[0] if i.op is Op.LOAD else i.dst): n for n, i in enumerate(body)}
+    first_product = min(n for n, i in enumerate(body) if i.op in MATMUL)
+    x_load = at[(Op.LOAD, "x")]
+    assert at[(Op.LOAD, "wg")] < x_load and at[(Op.LOAD, "wu")] < x_load  # before the wait
+    assert at[(Op.LOAD, "wd")] > first_product
+
+
 @pytest.mark.slow
 def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
     """Compiled for an H100 (no GPU needed): a 16-byte weight load is issued before
