@@ -96,7 +96,9 @@ class MegakernelSettings:
 
 #: the dispatch of a megakernel whose settings and environment name none
 DEFAULT_DISPATCH = "static"
-#: the poll where the settings and environment name none (``every`` is to be measured)
+#: the poll where the settings and environment name none: ``every`` measured slower on an H200
+#: (SmolLM2's step 0.4934-0.5008 ms against 0.4537-0.4558, its median wait 1.06-1.09 us against
+#: 0.90-0.93; the 8B's 4.296-4.314 against 4.246-4.261; docs/PERF.md, "Nineteenth session")
 DEFAULT_POLL = "one"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
