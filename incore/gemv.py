@@ -134,6 +134,8 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
     j = k.parallel("j", cdiv(ND, bn))
     (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), j)
     out = k.tile("out", R, bn, rdt)
+    # (r and y2 may bind one tensor, the folded FFN's x: each program reads and writes its own bn
+    # columns of it, so no program reads what another writes)
     k.load(out, r, 0, j * bn)
     k.add(acc, acc, out)
     k.cast(out, acc)

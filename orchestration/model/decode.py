@@ -175,16 +175,16 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         proj = _widest(lambda b: gemv_residual_tile(dt, batch, QD, H, o_tiles[0], b, target, rdtype=f32, copy=True),
                        o_tiles[1])[0]
         proj_o = None
-        ffn = _widest(lambda bk: gemv_norm_swiglu_down_tile(dt, batch, H, F, t.fold_down, bk, t.fold_dn or min(H, 1024),
-                                                            c.eps, target, xdtype=f32), t.ffn_bk or t.bk)[0]
+        ffn = _folded_ffn(cfg, dt, target, t, batch)
     else:
         proj = projection(t.bn, t.bk, "wd")
         # tiles (or weights) of its own: a function of its own (a module's InCore functions have
         # distinct names)
         same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
         proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
-    gate_up = _widest(lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
-                      t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
+    gate_up = proj if fold else _widest(  # (folded: unused)
+        lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
+        t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
@@ -207,6 +207,25 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
         ffn=ffn,
     )
+
+
+def _folded_ffn(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, rows: int) -> IncoreFunction:
+    """The FFN in one level (:attr:`DecodeTiling.fold_down`) for ``rows`` tile rows: the widest
+    gate/up K step up to ``ffn_bk`` (else ``bk``) whose tiles fit the target, and the down
+    projection's step ``fold_dn`` (by default the hidden size up to 1024, halved until the tiles
+    fit: a CPU's 48 KiB holds 8 rows of the 1B's FFN in steps of 256)."""
+    from pto.errors import SramError
+
+    c = cfg.layer
+    dn = t.fold_dn or min(c.hidden, 1024)
+    while True:
+        try:
+            return _widest(lambda bk, dn=dn: gemv_norm_swiglu_down_tile(dt, rows, c.hidden, c.ffn, t.fold_down, bk, dn,
+                                                                        c.eps, target, xdtype=f32), t.ffn_bk or t.bk)[0]
+        except SramError:
+            if t.fold_dn or dn <= 16:
+                raise
+            dn //= 2
 
 
 def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int, blocks: int = 1) -> DecodeTiling:

@@ -14,7 +14,7 @@ from pto.ir.expr import Bin, Expr, Var, const_value, evaluate
 from pto.ir.facts import loop_ranges, memref_accesses, tile_shape
 from pto.ir.names import check_name
 from pto.ir.nodes import ForRange, IncoreFunction
-from pto.ir.ops import SCALAR_LOAD
+from pto.ir.ops import SCALAR_LOAD, Op
 from pto.ir.verify_instr import IncoreCtx, check_instr
 
 
@@ -26,6 +26,7 @@ def verify_incore(fn: IncoreFunction, dims: dict[str, int] | None = None) -> Non
     used = _check_body(ctx, fn, names, base_scope)
     _check_uses(ctx, fn, names, used)
     _check_region_bounds(ctx)
+    _check_adds_alone(ctx)
     _check_block_offsets(ctx)
 
 
@@ -140,6 +141,20 @@ def _check_region_bounds(ctx: IncoreCtx) -> None:
                 if hi_v is not None and lim_v is not None and hi_v >= lim_v:
                     ctx.fail(ins, f"{what} offset `{e}` reaches {hi_v}, outside `{mem}`'s declared "
                                   f"region of {what}s [0, {lim_v})")
+
+
+def _check_adds_alone(ctx: IncoreCtx) -> None:
+    """A memref a function adds into (``store_add``) is not also loaded or stored there: one
+    program's load of what another adds, or a store beside the adds, would give each backend
+    another answer (the evaluator runs the programs in lock step, C one after another, a GPU at
+    once)."""
+    accesses = list(memref_accesses(ctx.fn))
+    added = {mem for mem, ins, *_ in accesses if ins.op is Op.STORE_ADD}
+    for mem, ins, *_ in accesses:
+        if mem in added and ins.op is not Op.STORE_ADD:
+            how = {Op.LOAD: "loaded", Op.STORE: "stored"}.get(ins.op, "read with load_scalar")
+            ctx.fail(ins, f"memref `{mem}` is added into (store_add) and also {how} here: a function that "
+                          "adds into a memref only adds into it (its programs' adds land in any order)")
 
 
 def _check_block_offsets(ctx: IncoreCtx) -> None:

@@ -292,7 +292,7 @@ def _check_access(ctx, ins, tile: Tile, mem: MemRefParam, row: Expr, col: Expr):
     if mem.dtype.is_quantized:
         _check_quantized_access(ctx, ins, tile, mem)
     elif tile.dtype != mem.dtype:
-        verb = "load" if ins.op is Op.LOAD else "store"
+        verb = "load" if ins.op is Op.LOAD else ins.op.value
         ctx.fail(ins, f"{verb} between {mem.dtype} memref `{mem.name}` and {tile.dtype} tile "
                       f"`{tile.name}`; dtypes must match (use cast)")
     for what, e in (("row", row), ("col", col)):

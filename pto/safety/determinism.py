@@ -6,6 +6,9 @@ What holds (docs/SAFETY.md, "Deterministic replay"; tests/safety/test_determinis
   runner and in every process, for every executor and backend. No task's numerics depend on the
   schedule: a task computes its outputs alone (no atomics on data, no reduction across tasks
   except through an ``inout`` region, whose updates the dependencies order in program order),
+  except a function that adds into a region with ``store_add`` (the programs of its task add in
+  any order on a GPU: such a run's bits may differ between replays there; :func:`guarantee`'s
+  ``adds``),
   launch settings come from the program, the renderer and the schedule database, never from
   timing, and the persistent executor's queue order and program count decide only when an item
   runs, not what it computes.
@@ -53,9 +56,13 @@ def breaking(options: dict) -> list[str]:
     return out
 
 
-def guarantee(device: str, backend: str, deterministic: bool, options: dict | None = None) -> dict:
-    """What this run's outputs are bitwise-identical with (for ``pto run --json``)."""
+def guarantee(device: str, backend: str, deterministic: bool, options: dict | None = None,
+              adds: tuple[str, ...] = ()) -> dict:
+    """What this run's outputs are bitwise-identical with (for ``pto run --json``); ``adds``: the
+    run's functions with a ``store_add`` (their programs' adds in any order off the CPU)."""
     broken = breaking(options or {})
+    if adds and device != "cpu":
+        broken.append(f"`{adds[0]}` adds into a region with store_add: on a GPU its programs add in any order")
     across = capable(backend, "megakernel") and (device == "cpu" or deterministic)
     if not capable(backend, "megakernel"):
         note = "the persistent executor needs the triton backend"
@@ -68,4 +75,13 @@ def guarantee(device: str, backend: str, deterministic: bool, options: dict | No
             "note": "; ".join([*broken, note])}
 
 
-__all__ = ["guarantee", "breaking", "RUN_OPTIONS"]
+def adding_functions(module) -> tuple[str, ...]:
+    """The InCore functions of ``module`` with a ``store_add`` (for :func:`guarantee`)."""
+    from pto.ir.nodes import IncoreFunction, walk_instrs
+    from pto.ir.ops import Op
+
+    return tuple(f.name for f in module.functions if isinstance(f, IncoreFunction)
+                 and any(i.op is Op.STORE_ADD for i in walk_instrs(f.body)))
+
+
+__all__ = ["guarantee", "breaking", "adding_functions", "RUN_OPTIONS"]

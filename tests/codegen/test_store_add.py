@@ -144,6 +144,40 @@ def test_only_f32_adds(mem_dt, tile_dt):
         k.store_add(y, 0, 0, t)
 
 
+@pytest.mark.parametrize("other", ["load", "store", "load_scalar"])
+def test_a_memref_added_into_is_only_added_into(other):
+    """One program's load of what another adds (or a store beside the adds) would give the
+    evaluator (programs in lock step), C (one after another) and a GPU (at once) three answers:
+    the verifier refuses it, naming the memref."""
+    k = InCore("add_and_" + other)
+    y = k.memref("y", f32, shape=(1, 8))
+    k.parallel("j", 2)
+    t = k.tile("t", 1, 8, f32)
+    if other == "load":
+        k.load(t, y, 0, 0)
+    else:
+        k.full(t, 1.0)
+    if other == "store":
+        k.store(y, 0, 0, t)
+    if other == "load_scalar":
+        k.load_scalar("p", y, 0, 0)
+    k.store_add(y, 0, 0, t)
+    how = {"load": "loaded", "store": "stored", "load_scalar": "read with load_scalar"}[other]
+    with pytest.raises(BuildError, match=f"memref `y` is added into \\(store_add\\) and also {how} here"):
+        k.build()
+
+
+def test_a_gpu_run_with_adds_says_its_replays_may_differ():
+    """``pto run --json``'s determinism: a module with store_add off the CPU may give other bits
+    on a replay (its programs add in any order); on the CPU it replays."""
+    from pto.safety.determinism import adding_functions, guarantee
+
+    assert adding_functions(_chain()) == ("splitk",)
+    g = guarantee("cuda", "triton", True, adds=("splitk",))
+    assert not g["replays"] and not g["processes"] and "`splitk` adds into a region with store_add" in g["note"]
+    assert guarantee("cpu", "triton", False, adds=("splitk",))["replays"]
+
+
 def _chain():
     """A loop of a split-K task and a task that scales its sum: a chain the fusion pass would
     fuse, but for the adds."""

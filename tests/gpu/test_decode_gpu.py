@@ -60,7 +60,11 @@ def test_the_ffn_in_one_level_on_the_gpu(executor, batch, monkeypatch):
     from pto.orchestration.model import program as mp
 
     monkeypatch.setattr(mp, "TILING", replace(mp.TILING, fold_down=8))  # (SmolLM2's; 3 rows unpadded)
-    check_step(executor, batch, 1024)
+
+    def folded(runner, inputs, out):
+        assert "gemv_norm_swiglu_down_tile" in {f.name for f in runner.module.functions}
+
+    check_step(executor, batch, 1024, folded)
 
 
 @pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])

@@ -200,7 +200,7 @@ def _report(job: Job, shape: Shape, runner: Runner, exec_ms: float, kernels_ms: 
 
 def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: dict) -> None:
     """The schedule check, determinism, the saved files, the trace, the profile, the replays."""
-    from pto.safety.determinism import guarantee
+    from pto.safety.determinism import adding_functions, guarantee
 
     stats, graph, job = runner.stats, runner.graph, runner.job
     if opts.inputs:
@@ -209,7 +209,8 @@ def _extras(out: dict, opts: RunOptions, runner: Runner, outputs: dict, meta: di
         from pto.safety.trace_check import verify_schedule
 
         out["schedule"] = verify_schedule(graph.runtime.export(), stats.records).to_json()
-    out["determinism"] = guarantee(job.device, job.backend, opts.deterministic)
+    out["determinism"] = guarantee(job.device, job.backend, opts.deterministic,
+                                   adds=adding_functions(runner.module))
     fusion = job.program.fusion(job.settings)
     if fusion is not None and fusion.fused:
         out["fused"] = [f.describe() for f in fusion.fused]

@@ -954,6 +954,44 @@ def test_generation_with_the_ffn_in_one_level_gives_the_reference_tokens():
     gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), fold_down=8))
     try:
         got = gen.generate(prompts, 70, stop_ids=())
+        assert got.tasks_per_step == _tasks_per_step(w, len(prompts)) - w.config.layers  # one FFN task a layer
     finally:
         gen.close()
     assert got.tokens == want
+
+
+def _tasks_per_step(w, batch: int) -> int:
+    """The tasks of the unfolded step of ``batch`` sequences (its generation's count)."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model import program as mp
+
+    from pto.ir.dtypes import DType
+
+    gen = Generator(w, "cpu", DType.F32, tiling=mp.tiling_for(w.config))
+    try:
+        return gen.generate([[1] * 3] * batch, 1, stop_ids=()).tasks_per_step
+    finally:
+        gen.close()
+
+
+def test_the_folded_ffn_takes_a_narrower_down_step_where_its_tiles_do_not_fit():
+    """On a CPU (48 KiB of on-chip memory) the 1B's folded FFN at 8 rows takes the down
+    projection in steps of 512 (its default, 1024, does not fit); a step given does not narrow."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.errors import SramError
+    from pto.ir.dtypes import DType
+    from pto.machine.target import host
+
+    def down_step(t):
+        m = build_step(mp.CONFIGS["llama3.2-1b"], DType.F32, host(), 8, t)
+        (f,) = [f for f in m.functions if f.name == "gemv_norm_swiglu_down_tile"]
+        return {x.name: x for x in f.tiles}["bd"].rows
+
+    t = replace(mp.CPU_TILING, fold_down=8)
+    assert str(down_step(t)) == "512" and str(down_step(replace(t, fold_dn=256))) == "256"
+    with pytest.raises(SramError):
+        down_step(replace(t, fold_dn=2048))
