@@ -194,7 +194,8 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         if batch == 1 and t.wt and t.rope_in_qkv else None,
         qkv=qkv,
         rope=dk.rope_qkv_append(dt, c.heads, c.kv_heads, D, cfg.max_positions, target),
-        part=dk.decode_attn_part(dt, G, D, t.chunk, t.tk, target),
+        # the widest key tile up to tk that fits (a CPU's 48 KiB holds a head of 128 in tiles of 16)
+        part=_widest(lambda tk: dk.decode_attn_part(dt, G, D, t.chunk, tk, target), t.tk)[0],
         combine=dk.decode_attn_combine(dt, D, t.chunk, target),
         merge=dk.decode_attn_merge(D, t.chunk, max(t.span, 2), target),
         combine_spans=dk.decode_attn_combine(dt, D, t.chunk * max(t.span, 2), target),

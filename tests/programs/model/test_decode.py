@@ -995,3 +995,18 @@ def test_the_folded_ffn_takes_a_narrower_down_step_where_its_tiles_do_not_fit():
     assert str(down_step(t)) == "512" and str(down_step(replace(t, fold_dn=256))) == "256"
     with pytest.raises(SramError):
         down_step(replace(t, fold_dn=2048))
+
+
+def test_a_wide_heads_attention_part_takes_the_key_tile_that_fits_a_cpu():
+    """The 8B's heads of 128 in f32: tiles of 64 keys need 84 KiB of a CPU's 48; the step takes
+    the widest that fits (16), where it was one SramError before any work."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+    from pto.machine.target import host
+
+    cfg = mp.CONFIGS["llama3-8b"]
+    m = build_step(cfg, DType.F32, host(), 1, mp.tiling_for(cfg, host()), cache=1024)
+    (part,) = [f for f in m.functions if f.name == "decode_attn_part"]
+    assert str({t.name: t for t in part.tiles}["kt"].rows) == "16"
