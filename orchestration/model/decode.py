@@ -90,7 +90,7 @@ class DecodeFunctions:
     part: IncoreFunction
     combine: IncoreFunction
     proj: IncoreFunction  # h @ wd + x2 (K and N dims: also attn @ wo + x, as proj_o may be)
-    gate_up: IncoreFunction
+    gate_up: IncoreFunction | None  # None where the FFN is one level (ffn)
     lm: IncoreFunction
     embed: IncoreFunction
     advance: IncoreFunction
@@ -151,7 +151,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         its divisors where it does not fit."""
         return t.quant_whole_k and all(wtypes.get(k, dt).is_quantized for k in kinds)
 
-    fold = folds_down(t, batch, wtypes.quantized, 1 if reduce is None else 2)
+    fold = folds_down(t, batch, wtypes.quantized, reduce is None)
     xkw = {"xdtype": f32} if fold else {}  # the residual stream's dtype, where not dt
     lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None, fold)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
@@ -182,7 +182,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         # distinct names)
         same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
         proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
-    gate_up = proj if fold else _widest(  # (folded: unused)
+    gate_up = None if fold else _widest(
         lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
         t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_parts = None
@@ -214,19 +214,15 @@ def _folded_ffn(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTil
     """The FFN in one level (:attr:`DecodeTiling.fold_down`) for ``rows`` tile rows: the widest
     gate/up K step up to ``ffn_bk`` (else ``bk``) whose tiles fit the target, and the down
     projection's step ``fold_dn`` (by default the hidden size up to 1024, halved until the tiles
-    fit: a CPU's 48 KiB holds 8 rows of the 1B's FFN in steps of 256)."""
-    from pto.errors import SramError
-
+    fit: a CPU's 48 KiB holds 8 rows of the 1B's FFN in steps of 512)."""
     c = cfg.layer
     dn = t.fold_dn or min(c.hidden, 1024)
-    while True:
-        try:
-            return _widest(lambda bk, dn=dn: gemv_norm_swiglu_down_tile(dt, rows, c.hidden, c.ffn, t.fold_down, bk, dn,
-                                                                        c.eps, target, xdtype=f32), t.ffn_bk or t.bk)[0]
-        except SramError:
-            if t.fold_dn or dn <= 16:
-                raise
-            dn //= 2
+
+    def with_step(dn: int) -> IncoreFunction:
+        return _widest(lambda bk: gemv_norm_swiglu_down_tile(dt, rows, c.hidden, c.ffn, t.fold_down, bk, dn, c.eps,
+                                                             target, xdtype=f32), t.ffn_bk or t.bk)[0]
+
+    return _widest(with_step, dn, dn if t.fold_dn else 16)[0]  # (a step given is not narrowed)
 
 
 def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int, blocks: int = 1) -> DecodeTiling:
@@ -342,7 +338,7 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there; ``ranks``: the step's)."""
     rows = tile_rows(batch, target, grouped_rows(t, wtypes.quantized))
-    fold = folds_down(t, rows, wtypes.quantized, ranks)
+    fold = folds_down(t, rows, wtypes.quantized, ranks == 1)
     return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab, fold)[1]
 
 

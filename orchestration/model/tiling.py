@@ -222,11 +222,11 @@ def grouped_rows(t: DecodeTiling, quantized: bool) -> int:
     return min(t.quant_rows, GROUPED_ROWS) if quantized else t.dense_rows
 
 
-def folds_down(t: DecodeTiling, rows: int, quantized: bool, ranks: int) -> bool:
+def folds_down(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool) -> bool:
     """Whether a step of ``rows`` tile rows runs its FFN in one level (:attr:`DecodeTiling.fold_down`):
     asked for, output-major GEMVs of fewer than 16 rows (a tensor-core dot's K would be the
     fold's block), dense weights, one rank."""
-    return bool(t.fold_down) and t.wt and rows < 16 and not quantized and ranks == 1
+    return bool(t.fold_down) and t.wt and rows < 16 and not quantized and one_rank
 
 
 __all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "folds_down", "grouped_rows", "round_block", "spans",

@@ -84,7 +84,7 @@ def memref_accesses(fn: IncoreFunction):
 def reads_memref(ins) -> bool:
     """Does this access of :func:`memref_accesses` read its memref (a load, or a ``store_add``,
     which adds to what is there)?"""
-    return ins.op not in STORES or ins.op is Op.STORE_ADD
+    return ins.op is not Op.STORE
 
 
 def writes_memref(ins) -> bool:

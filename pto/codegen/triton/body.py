@@ -161,10 +161,10 @@ def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
     an H100."""
     stmts = _flat(stmts)
     first = next((i for i, s in enumerate(stmts) if _touches(s, pre)), len(stmts))
-    moved, rest, tiles, scalars, stored = [], [], set(), set(), False
+    moved, rest, tiles, scalars, closed = [], [], set(), set(), False
     for s in stmts[first:]:
         offsets = set().union(*(e.free_vars() for e in s.srcs[1:])) if _pre_load(s, pre) else set()
-        if _pre_load(s, pre) and not stored and s.dst not in tiles and not offsets & scalars:
+        if _pre_load(s, pre) and not closed and s.dst not in tiles and not offsets & scalars:
             moved.append(s)
             continue
         rest.append(s)
@@ -173,7 +173,7 @@ def early_loads(stmts: tuple, pre: frozenset) -> tuple | None:
             if i.op is Op.LOAD_SCALAR:
                 scalars.add(i.dst)
             # a store may write what a later load reads (aliases); a product ends the first phase
-            stored = stored or i.op in STORES or i.op in MATMUL
+            closed = closed or i.op in STORES or i.op in MATMUL
     early = any(_pre_load(s, pre) or (isinstance(s, ForRange) and any(_pre_load(i, pre) for i in walk_instrs(s.body)))
                 for s in stmts[:first]) or bool(moved)
     return stmts[:first] + tuple(moved) + tuple(rest) if early else None

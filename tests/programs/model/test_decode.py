@@ -903,12 +903,12 @@ def test_the_ffn_folds_only_where_its_gemvs_run_unpadded_dense_rows_on_one_rank(
     from pto.orchestration.model.tiling import DecodeTiling, folds_down
 
     t = DecodeTiling(fold_down=8)
-    assert folds_down(t, 1, False, 1) and folds_down(t, 15, False, 1)
-    assert not folds_down(t, 16, False, 1)  # tensor-core dots of 16 rows
-    assert not folds_down(t, 1, True, 1)  # quantized weights
-    assert not folds_down(t, 1, False, 2)  # a rank's partial sums
-    assert not folds_down(replace(t, wt=False), 1, False, 1)
-    assert not folds_down(DecodeTiling(), 1, False, 1)
+    assert folds_down(t, 1, False, True) and folds_down(t, 15, False, True)
+    assert not folds_down(t, 16, False, True)  # tensor-core dots of 16 rows
+    assert not folds_down(t, 1, True, True)  # quantized weights
+    assert not folds_down(t, 1, False, False)  # a rank's partial sums
+    assert not folds_down(replace(t, wt=False), 1, False, True)
+    assert not folds_down(DecodeTiling(), 1, False, True)
 
 
 def test_a_negative_fold_is_one_error():
