@@ -75,7 +75,7 @@
 #               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
 #               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
-#   fold        issue 45: the FFN in one level (DecodeTiling.fold_down: gate, up and the down projection
+#   ffnfold     issue 45: the FFN in one level (DecodeTiling.fold_down: gate, up and the down projection
 #               in one task, its programs adding into the f32 residual): the GPU test, then bench/ffn_fold.py
 #               (the task alone against its two) and bench/megakernel.py for $FOLD_CONFIGS (default SmolLM2)
 #               at batches $FOLD_BATCHES (default 1,2) under $FOLD_TILINGS (default "default;+fold_down=8;
@@ -275,7 +275,7 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
-    fold) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k one_level 2>&1 | tail -2
+    ffnfold) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k one_level 2>&1 | tail -2
           python3 bench/ffn_fold.py --configs "${FOLD_CONFIGS:-smollm2-135m}" --json "$OUT/ffn_fold.json" \
             > "$OUT/ffn_fold.log" 2>&1; tail -8 "$OUT/ffn_fold.log"
           T="${FOLD_TILINGS:-default;+fold_down=8;+fold_down=4}"
