@@ -75,6 +75,10 @@
 #               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
 #               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
+#   combo       issue 45: one sequence's attention combine folded into the o projection
+#               (DecodeTiling.fold_combine): the GPU test, then bench/megakernel.py for $COMBO_CONFIGS
+#               (default SmolLM2 and the 1B) at batch 1 under $COMBO_TILINGS (default the default and
+#               fold_combine 8, 16, 32), both executors
 #   ffnfold     issue 45: the FFN in one level (DecodeTiling.fold_down: gate, up and the down projection
 #               in one task, its programs adding into the f32 residual): the GPU test, then bench/ffn_fold.py
 #               (the task alone against its two) and bench/megakernel.py for $FOLD_CONFIGS (default SmolLM2)
@@ -275,6 +279,11 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    combo) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k combine_in_the_o 2>&1 | tail -2
+           T="${COMBO_TILINGS:-default;+fold_combine=8;+fold_combine=16;+fold_combine=32}"
+           python3 bench/megakernel.py --configs "${COMBO_CONFIGS:-smollm2-135m,llama3.2-1b}" --batches 1 \
+             --variants '' --tilings "$T" --waves "$T" --budget 330 --json "$OUT/combo.json" > "$OUT/combo.log" 2>&1
+           grep -E " ms  floor|skipped" "$OUT/combo.log" ;;
     ffnfold) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k one_level 2>&1 | tail -2
           python3 bench/ffn_fold.py --configs "${FOLD_CONFIGS:-smollm2-135m}" --json "$OUT/ffn_fold.json" \
             > "$OUT/ffn_fold.log" 2>&1; tail -8 "$OUT/ffn_fold.log"

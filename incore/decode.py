@@ -9,6 +9,8 @@ from device memory (``load_scalar``), so one task graph serves every step.
   unnormalized output), then one combine per query head;
 - :func:`decode_attn_combine_parts`: the combine with a head's partial states read at once
   (strided loads) where they are few;
+- :func:`decode_attn_combine_o`: one sequence's combine folded into the o projection (each
+  program combines the heads itself);
 - :func:`lmhead_argmax_tile` and :func:`argmax_advance`: the LM head with greedy sampling in its
   epilogue (each vocabulary block's maximum and its index), the second stage of the argmax, and
   the step's end: the chosen token and the next position written back for the next step.
@@ -195,9 +197,22 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
     y = k.memref("y", dtype, shape=(1, D))
     m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
-    k.load(m, ml, 0, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
-    k.load(lw, ml, 0, 1, step=heads)
-    k.load(oh, o, 0, 0, step=heads)
+    av = _combine_states(k, (o, ml), 0, heads, D, (m, lw, oh))
+    out = k.tile("out", 1, D, dtype)
+    k.cast(out, av)
+    k.store(y, 0, 0, out)
+    return k.build(target)
+
+
+def _combine_states(k: InCore, src, row, heads: int, D: int, tiles):
+    """One head's output (a ``[1, D]`` f32 tile) from its partial states in ``src`` (``o``, ``ml``),
+    read at once from ``row`` on, every ``heads``-th row, into ``tiles`` (``m``, ``l``: ``[parts,
+    1]``; ``o``: ``[parts, D]``, D the head size): ``sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i``."""
+    o, ml = src
+    m, lw, oh = tiles
+    k.load(m, ml, row, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
+    k.load(lw, ml, row, 1, step=heads)
+    k.load(oh, o, row, 0, step=heads)
     top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
     k.colmax(top, m)
     k.colexpandsub(m, m, top)
@@ -207,9 +222,45 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     k.rowexpandmul(oh, oh, m)
     k.colsum(av, oh)
     k.rowexpanddiv(av, av, lsum)
-    out = k.tile("out", 1, D, dtype)
-    k.cast(out, av)
-    k.store(y, 0, 0, out)
+    return av
+
+
+def decode_attn_combine_o(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int, target=None,
+                          rdtype=None, copy: bool = False) -> IncoreFunction:
+    """One sequence's attention combine folded into the o projection (one level where the combine
+    per head and the projection were two): ``y = r + attn @ w.T`` against the ``[N, heads * D]``
+    weight, ``attn`` every query head's output from its ``parts`` partial states as
+    :func:`decode_attn_combine_parts` computes it (rounded to ``dtype``, as the combine's store
+    rounds it). ``o`` and ``ml`` are the sequence's states, ``parts * heads`` rows (part ``i`` of
+    head ``h`` at row ``i * heads + h``). Program ``j`` computes ``bn`` outputs in K steps of one
+    head each: the head's states read at once, combined, times its ``D`` columns of the block
+    (every program combines every head: the states, ``parts * heads * (D + 2)`` f32, are read by
+    each, from L2). ``rdtype`` and ``copy`` as :func:`~pto.incore.gemv.gemv_residual_tile`'s."""
+    k = InCore("decode_attn_combine_o")
+    D = head_dim
+    o = k.memref("o", f32, shape=(parts * heads, D))
+    ml = k.memref("ml", f32, shape=(parts * heads, 2))
+    w = k.memref("w", dtype, shape=(N, heads * D))
+    rdt = rdtype or dtype
+    r = k.memref("r", rdt, shape=(1, N))
+    y = k.memref("y", rdt, shape=(1, N))
+    y2 = k.memref("y2", rdt, shape=(1, N)) if copy else None
+    j = k.parallel("j", cdiv(N, bn))
+    states = (k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32))
+    a, b = k.tile("a", 1, D, dtype), k.tile("b", bn, D, dtype)
+    acc = k.tile("acc", 1, bn, f32)
+    k.full(acc, 0.0)
+    with k.for_range("h", 0, heads) as h:
+        k.load(b, w, j * bn, h * D)
+        k.cast(a, _combine_states(k, (o, ml), h, heads, D, states))
+        k.matmul_acc(acc, a, b, tb=True)
+    out = k.tile("out", 1, bn, rdt)
+    k.load(out, r, 0, j * bn)
+    k.add(acc, acc, out)
+    k.cast(out, acc)
+    k.store(y, 0, j * bn, out)
+    if y2 is not None:
+        k.store(y2, 0, j * bn, out)
     return k.build(target)
 
 

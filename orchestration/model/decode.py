@@ -69,6 +69,7 @@ from pto.orchestration.model.tiling import (
     COMBINE_ROWS,
     DOT_ROUND_MAX,
     DecodeTiling,
+    folds_combine,
     folds_down,
     grouped_rows,
     round_block,
@@ -104,6 +105,9 @@ class DecodeFunctions:
     #: added into x, the residual stream then f32 (``proj`` the o projection, which stores its
     #: sum to x2 and to x)
     ffn: IncoreFunction | None = None
+    #: one sequence's attention combine folded into the o projection (DecodeTiling.fold_combine;
+    #: None: the combine per head, then ``proj_o`` or ``proj``)
+    combine_o: IncoreFunction | None = None
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -185,6 +189,10 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
     gate_up = None if fold else _widest(
         lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
         t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
+    combine_o = None
+    if folds_combine(t, batch, wtypes.get("wo", dt).is_quantized, reduce is None, parts):
+        combine_o = dk.decode_attn_combine_o(dt, c.heads, D, parts, H, t.fold_combine, target,
+                                             **({"rdtype": f32, "copy": True} if fold else {}))
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
@@ -207,6 +215,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         advance=dk.argmax_advance(split.ranks if split else cdiv_int(cfg.vocab, bv), target),
         candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
         ffn=ffn,
+        combine_o=combine_o,
     )
 
 
@@ -393,8 +402,8 @@ class _Step:
         self.V = split.height if split else cfg.vocab  # the LM head's ids on this rank
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
-        self.T = self._tensors((("qkv",) if fn.qkv_rope is not None else ()) + (("hb",) if fn.ffn is not None else ()),
-                               f32 if fn.ffn is not None else dt)
+        self.T = self._tensors((("qkv",) if fn.qkv_rope is not None else ()) + (("hb",) if fn.ffn is not None else ())
+                               + (("attn",) if fn.combine_o is not None else ()), f32 if fn.ffn is not None else dt)
         self.ws = weight_shapes(cfg, t.wt)
 
     def W(self, kind: str, l):
@@ -430,16 +439,24 @@ class _Step:
         """Layer l's o projection with the residual, then the FFN with its own: two tasks where
         the FFN is one level (``fn.ffn``: x2 = x + attn @ wo.T, stored to x too; then x += the
         FFN of x2, added by its programs), else three (x2 as above; h = swiglu of x2; x = x2 +
-        h @ wd.T)."""
+        h @ wd.T). With ``fn.combine_o`` the o projection's task combines the heads' partial
+        states itself (one sequence: its rows of them)."""
         o, fn, T, c = self.o, self.fn, self.T, self.c
         H, QD, F = c.hidden, c.q_dim, c.ffn
-        attn = {"x": self.A("attn", QD), "w": self.W("wo", l), "r": self.A("x", H), "y": self.A("x2", H)}
+        attn = {"w": self.W("wo", l), "r": self.A("x", H), "y": self.A("x2", H)}
+        proj = fn.proj if fn.ffn is not None else fn.proj_o or fn.proj
+        if fn.combine_o is not None:
+            (so, sml), n = ("o_span", "ml_span") if self.S else ("o_part", "ml_part"), self.S or self.J
+            attn.update(o=(T[so], 0, 0, n * c.heads, c.head_dim), ml=(T[sml], 0, 0, n * c.heads, 2))
+            proj = fn.combine_o
+        else:
+            attn["x"] = self.A("attn", QD)
         norm = {"x": self.A("x2", H), "g": (T["g_ffn"], l, 0, 1, H), "wg": self.W("wg", l), "wu": self.W("wu", l)}
         if fn.ffn is not None:
-            o.call(fn.proj, {**attn, "y2": self.A("x", H)})
+            o.call(proj, {**attn, "y2": self.A("x", H)})
             o.call(fn.ffn, {**norm, "wd": self.W("wd", l), "y": self.A("x", H)})
             return
-        o.call(fn.proj_o or fn.proj, attn)
+        o.call(proj, attn)
         o.call(fn.gate_up, {**norm, "y": self.A("hb", F)})
         o.call(fn.proj, {"x": self.A("hb", F), "w": self.W("wd", l), "r": self.A("x2", H), "y": self.A("x", H)},
                dims={"K": F, "N": H})
@@ -468,7 +485,8 @@ class _Step:
         """Sequence b's attention output of every query head from its chunks' partial states: one
         combine over the J chunks, or (``S`` spans) a merge per span of ``t.span`` chunks, then a
         combine over the spans; each combine reads its head's states at once where they are few
-        (``fn.combine_parts``), else in a loop."""
+        (``fn.combine_parts``), else in a loop; with ``fn.combine_o`` the o projection's task
+        makes the last combine (the spans' merges stay here)."""
         o, fn, T, S, SPAN, C, J = self.o, self.fn, self.T, self.S, self.t.span, self.C, self.J
         NQ, D = self.c.heads, self.c.head_dim
         pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
@@ -481,6 +499,8 @@ class _Step:
                                       "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
                                       "stride": NQ, "j0": s * SPAN, "cap": C})
             src, n = ("o_span", "ml_span"), S
+        if fn.combine_o is not None:
+            return
         for h in range(NQ):
             first = b * n * NQ + h
             region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),

@@ -128,6 +128,12 @@ class DecodeTiling:
     fold_down: int = 0
     #: the folded FFN's down projection: outputs a step (None: the hidden size, at most 1024)
     fold_dn: int | None = None
+    #: one sequence's attention combine folded into the o projection
+    #: (:func:`~pto.incore.decode.decode_attn_combine_o`): each program of this many outputs
+    #: combines every head's partial states itself (a level fewer a layer, the states read by
+    #: every program); 0: the combine per head, then the projection. Where :func:`folds_combine`
+    #: allows it; elsewhere the two tasks
+    fold_combine: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:
         """This tiling with ``fields`` replaced, each also where the weights are quantized (its
@@ -164,6 +170,9 @@ class DecodeTiling:
             raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
         if self.fold_down < 0:
             raise UsageError(f"decode tiling: fold_down={self.fold_down}: the folded FFN's block is positive (0: off)")
+        if self.fold_combine < 0:
+            raise UsageError(f"decode tiling: fold_combine={self.fold_combine}: the folded o projection's block is "
+                             "positive (0: off)")
         if self.dense_rows < 0 or self.quant_rows < 0:
             raise UsageError(f"decode tiling: dense_rows={self.dense_rows}, quant_rows={self.quant_rows}: counts of "
                              "sequences are 0 or more")
@@ -229,5 +238,15 @@ def folds_down(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool) -> b
     return bool(t.fold_down) and t.wt and rows < 16 and not quantized and one_rank
 
 
-__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "folds_down", "grouped_rows", "round_block", "spans",
-           "tile_rows"]
+def folds_combine(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool, parts: int | None) -> bool:
+    """Whether a step of ``rows`` tile rows folds the attention combine into the o projection
+    (:attr:`DecodeTiling.fold_combine`): asked for, one sequence's output-major GEMV, the o
+    weight dense (its K steps are one head: not whole blocks of a quantized type), one rank, and
+    a head's ``parts`` partial states known at build and few enough to read at once
+    (:data:`COMBINE_ROWS`, with ``combine_parts``)."""
+    return (bool(t.fold_combine) and t.wt and rows == 1 and not quantized and one_rank and t.combine_parts
+            and parts is not None and parts <= COMBINE_ROWS)
+
+
+__all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "folds_combine", "folds_down", "grouped_rows",
+           "round_block", "spans", "tile_rows"]

@@ -67,6 +67,24 @@ def test_the_ffn_in_one_level_on_the_gpu(executor, batch, monkeypatch):
     check_step(executor, batch, 1024, folded)
 
 
+@pytest.mark.parametrize("executor", ["persistent", "waves"])
+@pytest.mark.parametrize("cache,fields", [(1024, {}), (8192, {"long_chunks": 64, "span": 8})])
+def test_the_combine_in_the_o_projection_on_the_gpu(executor, cache, fields, monkeypatch):
+    """``fold_combine``: one sequence's o projection combining the heads' partial states itself
+    (a long cache's spans merged first) on the GPU: as close to float64 as torch's bf16."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TILING", replace(mp.TILING, fold_combine=16, **fields))
+
+    def folded(runner, inputs, out):
+        names = {f.name for f in runner.module.functions}
+        assert "decode_attn_combine_o" in names and "decode_attn_combine_parts" not in names
+
+    check_step(executor, 1, cache, folded)
+
+
 @pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])
 def test_data_dependencies_on_the_gpu(config, batch, monkeypatch):
     """The persistent executor with ``PTO_MK_DEPS=data`` (an item waits only for the predecessor
