@@ -21,7 +21,7 @@ Positions and token ids are f32 numbers in ``[B, 1]`` tensors (exact below 2**24
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
@@ -29,6 +29,7 @@ from pto.incore.gemv import Gemv, gemv_accumulate, weight_tiles
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
+from pto.builder import TileRef
 from pto.ir.nodes import IncoreFunction
 
 
@@ -196,33 +197,47 @@ def decode_attn_combine_parts(dtype, heads: int, head_dim: int, parts: int, targ
     o = k.memref("o", f32, shape=((parts - 1) * heads + 1, D))
     ml = k.memref("ml", f32, shape=((parts - 1) * heads + 1, 2))
     y = k.memref("y", dtype, shape=(1, D))
-    m, lw, oh = k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32)
-    av = _combine_states(k, (o, ml), 0, heads, D, (m, lw, oh))
+    av = _combine_states(k, (o, ml), 0, heads, _CombineTiles.declare(k, parts, D))
     out = k.tile("out", 1, D, dtype)
     k.cast(out, av)
     k.store(y, 0, 0, out)
     return k.build(target)
 
 
-def _combine_states(k: InCore, src, row, heads: int, D: int, tiles):
-    """One head's output (a ``[1, D]`` f32 tile) from its partial states in ``src`` (``o``, ``ml``),
-    read at once from ``row`` on, every ``heads``-th row, into ``tiles`` (``m``, ``l``: ``[parts,
-    1]``; ``o``: ``[parts, D]``, D the head size): ``sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i``."""
+@dataclass(frozen=True)
+class _CombineTiles:
+    """The tiles of a head's combine over ``parts`` partial states of ``D`` (:func:`_combine_states`)."""
+
+    m: TileRef  # [parts, 1]: the maxima, then the weights
+    l: TileRef  # [parts, 1]: the sums, then weighted
+    o: TileRef  # [parts, D]: the outputs, then weighted
+    top: TileRef  # [1, 1]: the largest maximum
+    lsum: TileRef  # [1, 1]: the weighted sums' sum
+    av: TileRef  # [1, D]: the head's output
+
+    @classmethod
+    def declare(cls, k: InCore, parts: int, D: int) -> _CombineTiles:
+        return cls(k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32),
+                   k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32))
+
+
+def _combine_states(k: InCore, src, row, heads: int, t: _CombineTiles):
+    """One head's output (``t.av``, f32) from its partial states in ``src`` (``o``, ``ml``), read
+    at once from ``row`` on, every ``heads``-th row: ``sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M)
+    l_i``."""
     o, ml = src
-    m, lw, oh = tiles
-    k.load(m, ml, row, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
-    k.load(lw, ml, row, 1, step=heads)
-    k.load(oh, o, row, 0, step=heads)
-    top, lsum, av = k.tile("top", 1, 1, f32), k.tile("lsum", 1, 1, f32), k.tile("av", 1, D, f32)
-    k.colmax(top, m)
-    k.colexpandsub(m, m, top)
-    k.exp2(m, m)
-    k.mul(lw, lw, m)
-    k.colsum(lsum, lw)
-    k.rowexpandmul(oh, oh, m)
-    k.colsum(av, oh)
-    k.rowexpanddiv(av, av, lsum)
-    return av
+    k.load(t.m, ml, row, 0, pad=float("-inf"), step=heads)  # (-inf past the memref: weight 0)
+    k.load(t.l, ml, row, 1, step=heads)
+    k.load(t.o, o, row, 0, step=heads)
+    k.colmax(t.top, t.m)
+    k.colexpandsub(t.m, t.m, t.top)
+    k.exp2(t.m, t.m)
+    k.mul(t.l, t.l, t.m)
+    k.colsum(t.lsum, t.l)
+    k.rowexpandmul(t.o, t.o, t.m)
+    k.colsum(t.av, t.o)
+    k.rowexpanddiv(t.av, t.av, t.lsum)
+    return t.av
 
 
 def decode_attn_combine_o(dtype, heads: int, head_dim: int, parts: int, N: int, bn: int, target=None,
@@ -246,13 +261,13 @@ def decode_attn_combine_o(dtype, heads: int, head_dim: int, parts: int, N: int, 
     y = k.memref("y", rdt, shape=(1, N))
     y2 = k.memref("y2", rdt, shape=(1, N)) if copy else None
     j = k.parallel("j", cdiv(N, bn))
-    states = (k.tile("m", parts, 1, f32), k.tile("lw", parts, 1, f32), k.tile("oh", parts, D, f32))
+    states = _CombineTiles.declare(k, parts, D)
     a, b = k.tile("a", 1, D, dtype), k.tile("b", bn, D, dtype)
     acc = k.tile("acc", 1, bn, f32)
     k.full(acc, 0.0)
-    with k.for_range("h", 0, heads) as h:
+    for h in range(heads):  # (unrolled: each head's loads independent of the last's arithmetic)
         k.load(b, w, j * bn, h * D)
-        k.cast(a, _combine_states(k, (o, ml), h, heads, D, states))
+        k.cast(a, _combine_states(k, (o, ml), h, heads, states))
         k.matmul_acc(acc, a, b, tb=True)
     out = k.tile("out", 1, bn, rdt)
     k.load(out, r, 0, j * bn)
