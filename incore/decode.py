@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from pto.incore.attention import FlashTiles, online_softmax_step
 from pto.incore.fused import RowNorm, normed_gemm
-from pto.incore.gemv import Gemv, gemv_accumulate, weight_tiles
+from pto.incore.gemv import Gemv, gemv_accumulate, residual_epilogue, weight_tiles
 from pto.incore.rope import rotate_half
 
 from pto import InCore, cdiv, emin, f32
@@ -271,13 +271,7 @@ def decode_attn_combine_o(dtype, heads: int, head_dim: int, parts: int, N: int, 
         k.load(b, w, j * bn, h * D)
         k.cast(a, _combine_states(k, (o, ml), h, heads, states))
         k.matmul_acc(acc, a, b, tb=True)
-    out = k.tile("out", 1, bn, rdt)
-    k.load(out, r, 0, j * bn)
-    k.add(acc, acc, out)
-    k.cast(out, acc)
-    k.store(y, 0, j * bn, out)
-    if y2 is not None:
-        k.store(y2, 0, j * bn, out)
+    residual_epilogue(k, acc, (r, y, y2), j * bn, rdt)
     return k.build(target)
 
 

@@ -133,16 +133,24 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
     y2 = k.memref("y2", rdt, shape=(R, ND)) if copy else None
     j = k.parallel("j", cdiv(ND, bn))
     (acc,) = gemv_accumulate(k, x, {"": w}, Gemv(R, KD, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows)), j)
-    out = k.tile("out", R, bn, rdt)
     # (r and y2 may bind one tensor, the folded FFN's x: each program reads and writes its own bn
     # columns of it, so no program reads what another writes)
-    k.load(out, r, 0, j * bn)
+    residual_epilogue(k, acc, (r, y, y2), j * bn, rdt)
+    return k.build(target)
+
+
+def residual_epilogue(k: InCore, acc, memrefs, col, rdtype) -> None:
+    """``y = r + acc`` at column ``col`` (``memrefs``: ``r``, ``y`` and ``y2``, where the sum is
+    stored too, or None), rounded to ``rdtype``; ``acc`` is ``[R, bn]`` f32 (added into)."""
+    r, y, y2 = memrefs
+    R, bn = acc.tile.rows, acc.tile.cols
+    out = k.tile("out", R, bn, rdtype)
+    k.load(out, r, 0, col)
     k.add(acc, acc, out)
     k.cast(out, acc)
-    k.store(y, 0, j * bn, out)
+    k.store(y, 0, col, out)
     if y2 is not None:
-        k.store(y2, 0, j * bn, out)
-    return k.build(target)
+        k.store(y2, 0, col, out)
 
 
 def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
