@@ -126,9 +126,9 @@
 #   tune        issue 49: pto tune on this GPU for $TUNE_PROGRAMS (default "llama7b:16384,4096,1537"; entries
 #               PROGRAM[/CONFIG]:SEQS, space-separated, e.g. "llama/mistral-7b:5555"; --config 7b for llama7b,
 #               llama3-8b for llama where none is named) within $TUNE_BUDGET s each (default 480; the first
-#               run of each length's layer, which compiles it, counts), into a fresh database copied to
-#               $OUT/schedules_<device>/: the winners over what the device ran (its shipped entries), to
-#               merge into orchestration/llama/schedules/<device>/ with bench/ship_schedules.py
+#               run of each length's layer, which compiles it, counts), into a fresh database archived to
+#               $OUT/schedules_<device>.tar.gz: the winners over what the device ran (its shipped entries),
+#               to merge into orchestration/llama/schedules/<device>/ with bench/ship_schedules.py
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -399,9 +399,10 @@ for stage in "$@"; do
               --budget-s "${TUNE_BUDGET:-480}" --json "$OUT/tune_$tag.json" > "$OUT/tune_$tag.log" 2>&1
             echo "rc=$? $entry"; tail -4 "$OUT/tune_$tag.log"
           done
-          for d in /tmp/tune_pto/schedules/*/; do
+          for d in /tmp/tune_pto/schedules/*/; do  # (one archive: a call returns at most 8 files)
             [ -d "$d" ] || continue
-            cp -r "$d" "$OUT/schedules_$(basename "$d")"; ls "$OUT/schedules_$(basename "$d")"
+            tar -C /tmp/tune_pto/schedules -czf "$OUT/schedules_$(basename "$d").tar.gz" "$(basename "$d")"
+            tar -tzf "$OUT/schedules_$(basename "$d").tar.gz"
           done ;;
     cold) ( export PTO_CACHE_DIR=/tmp/cold_pto; rm -rf /tmp/cold_pto /tmp/cold_triton*
             TIMEFORMAT="empty pto and Triton caches, seq 3333: %R s wall"

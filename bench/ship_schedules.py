@@ -2,7 +2,10 @@
 bench/gpu_session.sh copies it to ``$OUT/schedules_<device>/``) into a program's shipped
 schedules (``orchestration/llama/schedules/<device>/`` by default), one line per entry.
 
-    python bench/ship_schedules.py FOLDER [--into orchestration/llama/schedules]
+    python bench/ship_schedules.py FOLDER_OR_ARCHIVE [--into orchestration/llama/schedules]
+
+FOLDER_OR_ARCHIVE is the folder, or a tar archive of it (``schedules_<device>.tar.gz``, as the
+``tune`` stage writes it: a device call returns at most 8 files, fewer than a tuned folder holds).
 
 Each entry is stored as ``pto tune`` stores it (``ScheduleDB.store``): it replaces the shipped
 entry of the same variant, bucket and kernel source, or joins the file. The device is the one
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,22 +27,38 @@ sys.path.insert(0, str(ROOT))
 from pto.backends.triton.schedules import FORMAT, Entry, ScheduleDB  # noqa: E402
 
 
+def _files(source: Path) -> list[tuple[str, str]]:
+    """``(name, text)`` of the ``*.json`` files of a folder, or of a tar archive's regular files
+    (any folder inside it), sorted by name; ValueError where ``source`` is neither."""
+    if source.is_dir():
+        return [(str(f), f.read_text()) for f in sorted(source.glob("*.json"))]
+    if source.is_file():
+        try:
+            with tarfile.open(source) as tar:
+                members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")),
+                                 key=lambda m: m.name)
+                return [(f"{source}:{m.name}", tar.extractfile(m).read().decode()) for m in members]
+        except (tarfile.TarError, UnicodeDecodeError) as e:
+            raise ValueError(f"{source}: not a folder or a tar archive of one ({e})") from e
+    return []
+
+
 def read_folder(folder: Path) -> tuple[str, dict[str, list[Entry]]]:
-    """``(device, {function: entries})`` of a tuned database folder; ValueError naming what is
-    wrong with it."""
-    files = sorted(folder.glob("*.json"))
-    if not folder.is_dir() or not files:
+    """``(device, {function: entries})`` of a tuned database folder (or a tar archive of it);
+    ValueError naming what is wrong with it."""
+    files = _files(folder)
+    if not files:
         raise ValueError(f"{folder}: no schedule files (*.json) there")
     devices, out = set(), {}
-    for f in files:
+    for name, text in files:
         try:
-            data = json.loads(f.read_text())
+            data = json.loads(text)
             if data.get("format") != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
             out[data["function"]] = [Entry(**e) for e in data["entries"]]
             devices.add(data["device"])
         except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{f}: not a schedule database file ({e})") from e
+            raise ValueError(f"{name}: not a schedule database file ({e})") from e
     if len(devices) != 1:
         raise ValueError(f"{folder}: files of {len(devices)} devices ({', '.join(sorted(devices))}), not one")
     return devices.pop(), out

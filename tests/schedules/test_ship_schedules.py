@@ -65,3 +65,32 @@ def test_what_is_not_one_devices_database_is_refused_before_writing(tmp_path, ca
         with pytest.raises(SystemExit, match=rf"^ship_schedules: {folder}.*{why}"):
             ship.main([str(folder), "--into", str(into)])
     assert not into.exists()
+
+
+def test_a_tar_archive_of_the_tuned_folder_ships_as_the_folder_does(tmp_path):
+    """The tune stage's ``schedules_<device>.tar.gz`` (the folder inside it) merges as the folder
+    itself; an archive of nothing, or a file that is no archive, is one line before any write."""
+    import tarfile
+
+    tuned = ScheduleDB(H200, user_dir=tmp_path / "tuned")
+    tuned.store("matmul_tile", _entry("mm", "small", 8))
+    tuned.store("rope_tile", _entry("rope", "large", 2))
+    archive = tmp_path / "schedules_nvidia_h200.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "tuned" / device_key(H200), arcname=device_key(H200))
+    from_folder = ship.ship(tmp_path / "tuned" / device_key(H200), tmp_path / "a")
+    from_archive = ship.ship(archive, tmp_path / "b")
+    assert [line.split()[:3] for line in from_archive] == [line.split()[:3] for line in from_folder] == [
+        ["added", "mm", "small"], ["added", "rope", "large"]]
+    files = {p.name: p.read_text() for p in (tmp_path / "a" / device_key(H200)).glob("*.json")}
+    assert {p.name: p.read_text() for p in (tmp_path / "b" / device_key(H200)).glob("*.json")} == files
+    empty = tmp_path / "empty.tar.gz"
+    with tarfile.open(empty, "w:gz"):
+        pass
+    not_tar = tmp_path / "notes.txt"
+    not_tar.write_text("not an archive")
+    into = tmp_path / "c"
+    for source, why in ((empty, "no schedule files"), (not_tar, "not a folder or a tar archive")):
+        with pytest.raises(SystemExit, match=rf"^ship_schedules: {source}.*{why}"):
+            ship.main([str(source), "--into", str(into)])
+    assert not into.exists()
