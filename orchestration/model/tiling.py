@@ -124,7 +124,8 @@ class DecodeTiling:
     #: into the residual stream, which is then f32 (``store_add``: the programs' adds in any
     #: order); 0: two tasks, gate/up then the down projection with the residual. Where the
     #: projections are GEMVs of unpadded rows (output-major weights, fewer than 16 tile rows),
-    #: the weights dense, one rank (:func:`folds_down`); elsewhere the two tasks
+    #: the weights dense, one rank (:func:`folds_down`); elsewhere the two tasks. Slower than the
+    #: two tasks on an H200 (SmolLM2's step 7-11% at one sequence: docs/PERF.md, "Twentieth session")
     fold_down: int = 0
     #: the folded FFN's down projection: outputs a step (None: the hidden size, at most 1024)
     fold_dn: int | None = None
@@ -132,7 +133,8 @@ class DecodeTiling:
     #: (:func:`~pto.incore.decode.decode_attn_combine_o`): each program of this many outputs
     #: combines every head's partial states itself (a level fewer a layer, the states read by
     #: every program); 0: the combine per head, then the projection. Where :func:`folds_combine`
-    #: allows it; elsewhere the two tasks
+    #: allows it; elsewhere the two tasks. Slower on an H200 (SmolLM2's step about 50%: each
+    #: program combines the heads one after another; docs/PERF.md, "Twentieth session")
     fold_combine: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:
