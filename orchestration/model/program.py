@@ -217,7 +217,7 @@ class ModelProgram(Program):
                       "(replaces --config)"),
                Option("quantize", "auto", "how the weights are stored: auto (a GGUF file's own types, floats as "
                       "they are), none (all dequantized), or a type: fp8, q8_0, q4_0 quantized by pto at load (random "
-                      "weights also q4_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
+                      "weights also q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: random blocks); the embedding as it is",
                       choices=("auto", "none", *RANDOM_TYPES)),
                Option("allreduce_dtype", "storage", "with --tp N: the dtype the ranks' partial sums are all-reduced "
                       "in: the storage dtype (as Megatron) or f32", choices=("storage", "f32"), tp_only=True),

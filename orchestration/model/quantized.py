@@ -10,8 +10,8 @@ output-major (``[out, in]``, as GGUF and ``nn.Linear`` store it: its blocks run 
 contraction), where a dense one is ``[in, out]``. The decode step stacks each kind of layer
 matrix into one tensor (``w_qkv``: q, k and v; ``wo``, ``wg``, ``wu``, ``wd``: :data:`STACKED`,
 their shapes :func:`weight_shapes`), so a kind stays
-quantized only where all its matrices have one type that runs natively (Q4_0, Q4_1, Q8_0, Q4_K,
-Q5_K, Q6_K); the others are dequantized at load, and the loader says which and why in one line.
+quantized only where all its matrices have one type that runs natively (Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K); the others are dequantized at load, and the loader says which and why in one line.
 The embedding and the LM head are two more inputs, each of its own type (a tied model's are one
 tensor).
 
@@ -43,7 +43,7 @@ MATRICES = tuple(m for ms in STACKED.values() for m in ms)
 #: what ``--quantize`` takes: pto's quantizers (float weights in), and for random weights also
 #: GGUF's other types (random blocks)
 QUANTIZERS = ("fp8", "q8_0", "q4_0")
-RANDOM_TYPES = ("fp8", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+RANDOM_TYPES = ("fp8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 
 def is_quantized(t) -> bool:
@@ -286,7 +286,7 @@ def random_quantized(dtype: DType, rows: int, cols: int, scale: float, g: torch.
     """A ``rows x cols`` matrix of random blocks of ``dtype`` whose values have about the
     standard deviation ``scale`` (every field random: quantized values uniform, scales around
     what a quantizer would pick), made on the generator's device: the benchmarks' weights of a
-    real shape in a type pto does not quantize to itself (q4_k, q5_k, q6_k, q4_1)."""
+    real shape in a type pto does not quantize to itself (q4_k, q5_k, q6_k, q4_1, q5_0, q5_1)."""
     fmt = dtype.quant
     _check_blocks(dtype, cols, dtype.short)
     dev = g.device
@@ -308,16 +308,16 @@ def random_quantized(dtype: DType, rows: int, cols: int, scale: float, g: torch.
             fields[p.name] = torch.full((rows, n), 1.0, device=dev)
     # scales chosen so the weights' standard deviation is about `scale`: the quantized values'
     # spread times each format's scale factors
-    spread = {"q4_0": 4.6, "q4_1": 4.6, "q8_0": 74.0, "q4_k": 4.6 * 32, "q5_k": 9.2 * 32, "q6_k": 18.5 * 74,
-              "fp8": 150.0}[fmt.name]
+    spread = {"q4_0": 4.6, "q4_1": 4.6, "q5_0": 9.2, "q5_1": 9.2, "q8_0": 74.0, "q4_k": 4.6 * 32, "q5_k": 9.2 * 32,
+              "q6_k": 18.5 * 74, "fp8": 150.0}[fmt.name]
     for name in ("d", "s"):
         if name in fields:
             fields[name] = fields[name] * (scale / spread)
     # the minimums: the quantized values' mean, so that the weights centre near 0
     if "dmin" in fields:
         fields["dmin"] = fields["d"] * (7.5 if fmt.name == "q4_k" else 15.5)
-    if fmt.name == "q4_1":
-        fields["m"] = fields["d"] * -7.5
+    if fmt.name in ("q4_1", "q5_1"):
+        fields["m"] = fields["d"] * (-7.5 if fmt.name == "q4_1" else -15.5)
     return QTensor(dtype, pack_rows(fmt, fields, cols), cols)
 
 

@@ -1,7 +1,7 @@
 """Element types of tensors and tiles.
 
 Compute types are f32, f16 and bf16: every tile has one, and so has every tensor a task writes.
-The block-quantized types (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k: GGUF's; fp8: E4M3 with a scale
+The block-quantized types (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k: GGUF's; fp8: E4M3 with a scale
 per row) are storage types of weights only (:mod:`pto.ir.quant`: the row layout and the
 dequantization): a memref or a tensor may have one, a tile never; a load from such a memref
 dequantizes into a tile of a compute type, and nothing stores into one. Their buffers are
@@ -22,6 +22,8 @@ class DType(enum.Enum):
     BF16 = ("bf16", 2)
     Q4_0 = ("q4_0", 1)
     Q4_1 = ("q4_1", 1)
+    Q5_0 = ("q5_0", 1)
+    Q5_1 = ("q5_1", 1)
     Q8_0 = ("q8_0", 1)
     Q4_K = ("q4_k", 1)
     Q5_K = ("q5_k", 1)

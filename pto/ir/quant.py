@@ -4,7 +4,7 @@ one dequantization routine of each format, which every backend runs.
 A quantized matrix is ``rows x cols`` logical elements stored row by row, each row ``cols //
 block`` blocks of ``block`` consecutive elements (the blocks run along the columns: a weight is
 stored output-major, ``[N, K]``, so a block is a run of the contraction). The formats are GGUF's
-(llama.cpp's ``ggml-quants``: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and fp8 (E4M3 with a scale per
+(llama.cpp's ``ggml-quants``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and fp8 (E4M3 with a scale per
 row, the output channel). GGUF interleaves each block's scales and quantized values ("array of
 structs"); here a row holds *planes* instead ("struct of arrays"), repacked once at load:
 
@@ -21,7 +21,8 @@ structs"); here a row holds *planes* instead ("struct of arrays"), repacked once
   width (Q4_K's and Q5_K's sub-block scale and minimum, a 16-bit word a group of 32, and their
   block's ``d`` and ``dmin``, 32 bits a block of 256: the 8B step's Q4_K gate/up 15% faster alone
   on an H200, docs/PERF.md "The 4-bit gate/up GEMVs loop over their blocks"; Q4_1's ``d`` and
-  ``m``, 32 bits a block of 32: the 8B's Q4_1 step 3% faster, "Eighteenth session").
+  ``m``, 32 bits a block of 32: the 8B's Q4_1 step 3% faster, "Eighteenth session"; Q5_1's the
+  same way).
 
 The row holds the same information as GGUF's blocks, in as many bytes (Q4_K and Q5_K unpack
 their 12 bytes of 6-bit sub-block scales and minimums to 16: 2.8% and 2.3% more) plus the
@@ -301,6 +302,14 @@ def _q4_1(p):
     return p["d"] * p["q"] + p["m"]
 
 
+def _q5_0(p):
+    return p["d"] * (p["ql"] + p["qh"] * 16 - 16)
+
+
+def _q5_1(p):
+    return p["d"] * (p["ql"] + p["qh"] * 16) + p["m"]
+
+
 def _q8_0(p):
     return p["d"] * p["q"]
 
@@ -326,6 +335,11 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 "4-bit: d * (q - 8) per block of 32"),
     QuantFormat("q4_1", 32, (Plane("q", 4, 1, "u"), Plane("d", 16, 32, "f16"), Plane("m", 16, 32, "f16")), _q4_1,
                 "Q4_1", 20, "4-bit with a minimum: d * q + m per block of 32", (("d", "m"),)),
+    QuantFormat("q5_0", 32, (Plane("ql", 4, 1, "u"), Plane("qh", 1, 1, "u"), Plane("d", 16, 32, "f16")), _q5_0,
+                "Q5_0", 22, "5-bit: d * (q - 16) per block of 32"),
+    QuantFormat("q5_1", 32, (Plane("ql", 4, 1, "u"), Plane("qh", 1, 1, "u"), Plane("d", 16, 32, "f16"),
+                             Plane("m", 16, 32, "f16")), _q5_1, "Q5_1", 24,
+                "5-bit with a minimum: d * q + m per block of 32", (("d", "m"),)),
     QuantFormat("q8_0", 32, (Plane("q", 8, 1, "i"), Plane("d", 16, 32, "f16")), _q8_0, "Q8_0", 34,
                 "8-bit: d * q per block of 32"),
     QuantFormat("q4_k", 256, (Plane("q", 4, 1, "u"), Plane("sc", 8, 32, "u"), Plane("m", 8, 32, "u"),

@@ -46,6 +46,21 @@ def _q4_1(b):
     return {"q": _flat(_nibbles(b[..., 4:20])), "d": _f16(b, 0), "m": _f16(b, 2)}
 
 
+def _q5_high(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0's and Q5_1's fifth bits: 4 bytes a block, a 32-bit little-endian word whose bit k is
+    value k's (``[..., 4]`` -> ``[..., 32]``)."""
+    return (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=qh.device)) & 1
+
+
+def _q5_0(b):
+    return {"ql": _flat(_nibbles(b[..., 6:22])), "qh": _flat(_q5_high(b[..., 2:6])), "d": _f16(b, 0)}
+
+
+def _q5_1(b):
+    return {"ql": _flat(_nibbles(b[..., 8:24])), "qh": _flat(_q5_high(b[..., 4:8])), "d": _f16(b, 0),
+            "m": _f16(b, 2)}
+
+
 def _q8_0(b):
     return {"q": _flat(b[..., 2:34].contiguous().view(torch.int8)), "d": _f16(b, 0)}
 
@@ -78,7 +93,8 @@ def _q6_k(b):
             "d": _f16(b, 208)}
 
 
-_DECODE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+_DECODE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k,
+           "Q6_K": _q6_k}
 
 
 def format_of_gguf(qtype: str) -> QuantFormat | None:

@@ -26,7 +26,7 @@ from pto.ir.dtypes import QUANTIZED, DType, bf16, f32
 from tests.codegen.test_c_incore import _strict_compile
 from tests.quant.test_load import copy_fn, random_qtensor
 
-GEMV_TYPES = (DType.Q4_0, DType.Q4_1, DType.Q8_0, DType.Q5_K, DType.Q6_K, DType.FP8)
+GEMV_TYPES = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q5_K, DType.Q6_K, DType.FP8)
 
 
 def named(fn, name: str):

@@ -113,7 +113,7 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
 @pytest.mark.parametrize("mode,bits", [("int8", 8), ("int16", 16), ("auto", 16)])
 def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
     """Planes of 2-, 4- or 8-bit integers in 32-bit words, each scale's elements whole words:
-    Q4_0, Q4_1, Q8_0, Q4_K, Q6_K (two planes, scales per 16); Q5_K (a 1-bit plane) read by
+    Q4_0, Q4_1, Q8_0, Q4_K, Q6_K (two planes, scales per 16); Q5_0, Q5_1, Q5_K (a 1-bit plane) read by
     groups' float dots, fp8 by half dots (tests/codegen/test_triton_half_dots.py); "auto" (a
     GPU's default) takes 16-bit x for every format that allows it."""
     from pto.incore.gemv import gemv_residual_tile
@@ -123,7 +123,8 @@ def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
     assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"}
     ptx = "dp4a.s32.s32" if bits == 8 else "dp2a.lo.s32.s32"
     for name, dot in (("q6_k", f"_pto_dqx{bits}_dot_q6_k("), ("fp8", "_pto_dqh_dot_fp8("),
-                      ("q5_k", "_pto_dqg_dot_q5_k("), ("q4_k", f"_pto_dqx{bits}_dot_q4_k("),
+                      ("q5_k", "_pto_dqg_dot_q5_k("), ("q5_0", "_pto_dqg_dot_q5_0("),
+                      ("q5_1", "_pto_dqg_dot_q5_1("), ("q4_k", f"_pto_dqx{bits}_dot_q4_k("),
                       ("q8_0", f"_pto_dqx{bits}_dot_q8_0(")):
         fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
         src = render(fn, RenderOptions(qgemv=mode, asm=True)).source

@@ -64,7 +64,7 @@ def test_tile_loads_are_the_evaluators_bit_for_bit(dtype, where):
     assert "_pto_dq_" + dtype.short in render(fn).source
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q5_K, DType.FP8], ids=str)
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q5_1, DType.Q5_K, DType.FP8], ids=str)
 def test_a_gemv_against_quantized_weights_agrees_with_the_evaluator(dtype):
     K, N = 512, 40
     g = torch.Generator().manual_seed(4)
@@ -244,7 +244,7 @@ def test_the_grouped_gemvs_settings_come_from_the_environment(monkeypatch, env, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
+@pytest.mark.parametrize("quantize", ["q4_0", "q5_1", "q4_k"])
 def test_a_step_reading_its_weights_by_groups_is_the_reference_on_its_values(quantize, monkeypatch):
     """The decode step through the Triton interpreter with ``PTO_QGEMV=groups``: every GEMV's
     product by groups (q4_k: a one-layer model of hidden 256, whole 256-element blocks), the

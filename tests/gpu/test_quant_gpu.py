@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("executor,quantize", [("waves", "q8_0"), ("persistent", "q8_0"), ("waves", "q4_1"),
-                                               ("persistent", "q4_1"), ("waves", "fp8")])
+                                               ("persistent", "q4_1"), ("waves", "fp8"), ("waves", "q5_0"),
+                                               ("persistent", "q5_1")])
 def test_smollm2_step_with_quantized_weights(executor, quantize):
     """SmolLM2's shape (hidden 576: blocks of 32), batch 1."""
     check_step(executor, 1, 768, options={"quantize": quantize})

@@ -17,7 +17,8 @@ from pto.quant import QTensor, dequantize_rows, dequantize_tiles, from_gguf, qua
 gguf = pytest.importorskip("gguf", reason="needs `gguf` (pip install 'pto[model]')")
 
 #: where each GGUF block keeps its f16 scales (made finite: random bytes may be inf or NaN)
-F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+           "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def random_blocks(qtype: str, rows: int, blocks: int, seed: int) -> np.ndarray:

@@ -52,8 +52,8 @@ def persistent_mode() -> str:
 def qgemv_mode(compiles: bool = True) -> str:
     """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
     ``PTO_QGEMV`` (auto, units, groups, int8, int16; default auto: integer dots with 16-bit x for
-    Q4_0, Q4_1, Q8_0, Q4_K and Q6_K, half dots for fp8, groups for Q5_K), "auto" where kernels
-    are ``compiles``'d for a GPU; the interpreter reads by units unless asked (its f32
+    Q4_0, Q4_1, Q8_0, Q4_K and Q6_K, half dots for fp8, groups for the 5-bit formats), "auto"
+    where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless asked (its f32
     arithmetic is the CPU tests' reference; the other paths have tests of their own)."""
     mode = os.environ.get("PTO_QGEMV", "auto")
     if mode not in QGEMV_MODES:

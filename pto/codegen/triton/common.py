@@ -101,7 +101,7 @@ FLAT_STAGES = 3
 #: products integer dots where the format's values are planes of 2-, 4- or 8-bit integers in
 #: words (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: :func:`pto.codegen.triton.quant_groups.render_dot_int`),
 #: fp8's products as half dots (x as f16 per group, f16x2 fused multiply-adds of the e4m3 bytes:
-#: :func:`pto.codegen.triton.quant_groups.render_dot_half`), the other formats (Q5_K) by
+#: :func:`pto.codegen.triton.quant_groups.render_dot_half`), the other formats (Q5_0, Q5_1, Q5_K) by
 #: groups; or "auto": int16 for :data:`QGEMV_INT_AUTO` (16-bit x rounds a group's larger values
 #: finer than bf16), half dots for fp8, groups for Q5_K. Measured on an H200, the Llama-3-8B
 #: step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16 dots, 2.29

@@ -17,7 +17,8 @@ from pto.engine import rel_err
 from tests.programs.model.conftest import greedy_prompts, transformers_greedy
 
 
-@pytest.mark.parametrize("quantize,batch", [("q8_0", 1), ("q4_0", 2), ("q4_1", 1), ("fp8", 3)])
+@pytest.mark.parametrize("quantize,batch", [("q8_0", 1), ("q4_0", 2), ("q4_1", 1), ("q5_0", 1), ("q5_1", 2),
+                                            ("fp8", 3)])
 def test_a_quantized_step_is_the_reference_on_its_values(quantize, batch):
     """f32: the step's GEMVs dequantize the blocks they load into f32 tiles, so the logits are
     the reference's on the dequantized weights but for the order of the sums (about 1e-6)."""
@@ -174,12 +175,13 @@ def test_smollm2_quantized_generates_what_transformers_generates(smollm, hf_mode
     assert got.tokens == want
 
 
-@pytest.mark.parametrize("qtype,tied", [("Q8_0", True), ("Q4_0", False), ("Q5_0", False)])
+@pytest.mark.parametrize("qtype,tied", [("Q8_0", True), ("Q4_0", False), ("Q5_0", False), ("Q5_1", True),
+                                        ("TQ2_0", False)])
 def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
-    """A GGUF file written as llama.cpp's converter writes one: its Q8_0 or Q4_0 matrices stay
-    quantized (the layers', the embedding, the LM head), Q5_0 (no kernel in pto) is dequantized
-    with one note naming the tensors and why; the Generator's greedy tokens and last logits are
-    those of the file dequantized at load."""
+    """A GGUF file written as llama.cpp's converter writes one: its Q8_0, Q4_0, Q5_0 or Q5_1
+    matrices stay quantized (the layers', the embedding, the LM head), TQ2_0 (no kernel in pto;
+    blocks of 256, so a model of hidden 256) is dequantized with one note naming the tensors and
+    why; the Generator's greedy tokens and last logits are those of the file dequantized at load."""
     pytest.importorskip("transformers")
     from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.checkpoint import load_weights
@@ -188,12 +190,13 @@ def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
     from pto.ir.dtypes import DType
     from tests.programs.model.tiny import tiny_model, write_gguf
 
-    path = write_gguf(tmp_path / f"tiny-{qtype}.gguf", tiny_model(tied=tied, seed=5), qtype)
+    wide = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64} if qtype == "TQ2_0" else {}
+    path = write_gguf(tmp_path / f"tiny-{qtype}.gguf", tiny_model(tied=tied, seed=5, **wide), qtype)
     keep = KeepFileTypes()
     w = load_weights(path, torch.float32, keep=keep)
     types = WeightTypes.of(w).to_json()
-    if qtype == "Q5_0":
-        assert types == {} and len(keep.notes) == 6 and all("Q5_0 has no kernel in pto" in n for n in keep.notes)
+    if qtype == "TQ2_0":
+        assert types == {} and len(keep.notes) == 6 and all("TQ2_0 has no kernel in pto" in n for n in keep.notes)
         assert "blk.0.attn_q.weight, blk.1.attn_q.weight, blk.0.attn_k.weight and 3 more (6 tensors)" in keep.notes[0]
         return
     assert keep.notes == [] and set(types.values()) == {qtype.lower()} and len(types) == 7
