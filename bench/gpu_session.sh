@@ -75,6 +75,8 @@
 #               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
 #               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
+#   q5          issue 46: Q5_0 and Q5_1 as stored: their GPU tests, then bench/decode.py on SmolLM2 at batch 1
+#               with $Q5_SPECS (default bf16, the file's Q4_1 with its Q8_0 head, Q5_0, Q5_1), both executors
 #   combo       issue 45: one sequence's attention combine folded into the o projection
 #               (DecodeTiling.fold_combine): the GPU test, then bench/megakernel.py for $COMBO_CONFIGS
 #               (default SmolLM2 and the 1B) at batch 1 under $COMBO_TILINGS (default the default and
@@ -279,6 +281,10 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    q5) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "q5_0 or q5_1" 2>&1 | tail -2
+        python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --hf-configs none \
+          --executors waves,persistent --quant "${Q5_SPECS:-bf16,smollm2-135m:q4_1/q8_0,smollm2-135m:q5_0,smollm2-135m:q5_1}" \
+          --json "$OUT/q5.json" > "$OUT/q5.log" 2>&1; grep "B=1" "$OUT/q5.log" | cut -c1-200 ;;
     combo) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k combine_in_the_o 2>&1 | tail -2
            T="${COMBO_TILINGS:-default;+fold_combine=8;+fold_combine=16;+fold_combine=32}"
            python3 bench/megakernel.py --configs "${COMBO_CONFIGS:-smollm2-135m,llama3.2-1b}" --batches 1 \
