@@ -1,5 +1,5 @@
 """Ship what ``pto tune`` found on a device: merge a tuned database folder (the ``tune`` stage of
-bench/gpu_session.sh copies it to ``$OUT/schedules_<device>/``) into a program's shipped
+bench/gpu_session.sh archives it to ``$OUT/schedules_<device>.tar.gz``) into a program's shipped
 schedules (``orchestration/llama/schedules/<device>/`` by default), one line per entry.
 
     python bench/ship_schedules.py FOLDER_OR_ARCHIVE [--into orchestration/llama/schedules]
@@ -27,38 +27,42 @@ sys.path.insert(0, str(ROOT))
 from pto.backends.triton.schedules import FORMAT, Entry, ScheduleDB  # noqa: E402
 
 
-def _files(source: Path) -> list[tuple[str, str]]:
-    """``(name, text)`` of the ``*.json`` files of a folder, or of a tar archive's regular files
+def _files(source: Path) -> list[tuple[str, bytes]]:
+    """``(name, bytes)`` of the ``*.json`` files of a folder, or of a tar archive's regular files
     (any folder inside it), sorted by name; ValueError where ``source`` is neither."""
     if source.is_dir():
-        return [(str(f), f.read_text()) for f in sorted(source.glob("*.json"))]
+        return [(str(f), f.read_bytes()) for f in sorted(source.glob("*.json"))]
     if source.is_file():
         try:
             with tarfile.open(source) as tar:
                 members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")),
                                  key=lambda m: m.name)
-                return [(f"{source}:{m.name}", tar.extractfile(m).read().decode()) for m in members]
-        except (tarfile.TarError, UnicodeDecodeError) as e:
+                return [(f"{source}:{m.name}", tar.extractfile(m).read()) for m in members]
+        except tarfile.TarError as e:
             raise ValueError(f"{source}: not a folder or a tar archive of one ({e})") from e
     return []
 
 
 def read_folder(folder: Path) -> tuple[str, dict[str, list[Entry]]]:
     """``(device, {function: entries})`` of a tuned database folder (or a tar archive of it);
-    ValueError naming what is wrong with it."""
+    ValueError naming what is wrong with it (and the file, where one is)."""
     files = _files(folder)
     if not files:
         raise ValueError(f"{folder}: no schedule files (*.json) there")
-    devices, out = set(), {}
-    for name, text in files:
+    devices, out, where = set(), {}, {}
+    for name, raw in files:
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode())
             if data.get("format") != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-            out[data["function"]] = [Entry(**e) for e in data["entries"]]
+            function = data["function"]
+            entries = [Entry(**e) for e in data["entries"]]
             devices.add(data["device"])
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError) as e:  # (UnicodeDecodeError is a ValueError)
             raise ValueError(f"{name}: not a schedule database file ({e})") from e
+        if function in out:
+            raise ValueError(f"{name}: a second file of {function} (the first: {where[function]})")
+        out[function], where[function] = entries, name
     if len(devices) != 1:
         raise ValueError(f"{folder}: files of {len(devices)} devices ({', '.join(sorted(devices))}), not one")
     return devices.pop(), out

@@ -191,8 +191,10 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_o = None
     if folds_combine(t, batch, wtypes.get("wo", dt).is_quantized, reduce is None, parts):
-        combine_o = dk.decode_attn_combine_o(dt, c.heads, D, parts, H, t.fold_combine, target,
-                                             **({"rdtype": f32, "copy": True} if fold else {}))
+        # the widest block up to fold_combine whose tiles fit (a CPU's 48 KiB: the 8B's heads of 128
+        # in f32 take 32 outputs a program where 64 were asked)
+        combine_o = _widest(lambda bn: dk.decode_attn_combine_o(dt, c.heads, D, parts, H, bn, target, **(
+            {"rdtype": f32, "copy": True} if fold else {})), t.fold_combine, 1)[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)

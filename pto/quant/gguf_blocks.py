@@ -49,7 +49,8 @@ def _q4_1(b):
 def _q5_high(qh: torch.Tensor) -> torch.Tensor:
     """Q5_0's and Q5_1's fifth bits: 4 bytes a block, a 32-bit little-endian word whose bit k is
     value k's (``[..., 4]`` -> ``[..., 32]``)."""
-    return (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=qh.device)) & 1
+    bits = (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=qh.device)) & 1
+    return bits.reshape(*qh.shape[:-1], 32)
 
 
 def _q5_0(b):

@@ -69,7 +69,8 @@ def test_what_is_not_one_devices_database_is_refused_before_writing(tmp_path, ca
 
 def test_a_tar_archive_of_the_tuned_folder_ships_as_the_folder_does(tmp_path):
     """The tune stage's ``schedules_<device>.tar.gz`` (the folder inside it) merges as the folder
-    itself; an archive of nothing, or a file that is no archive, is one line before any write."""
+    itself; an archive of nothing, a file that is no archive, a member that is no database file
+    (named) or two of one function is one line before any write."""
     import tarfile
 
     tuned = ScheduleDB(H200, user_dir=tmp_path / "tuned")
@@ -89,8 +90,19 @@ def test_a_tar_archive_of_the_tuned_folder_ships_as_the_folder_does(tmp_path):
         pass
     not_tar = tmp_path / "notes.txt"
     not_tar.write_text("not an archive")
+    bad = tmp_path / "bad.tar.gz"  # a member that is not text: named
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "rope_tile.json").write_bytes(b"\xff\xfe")
+    twice = tmp_path / "twice.tar.gz"  # two folders' files of one function: refused, not one dropped
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "bad", arcname="bad")
+    with tarfile.open(twice, "w:gz") as tar:
+        tar.add(tmp_path / "tuned" / device_key(H200), arcname="a")
+        tar.add(tmp_path / "tuned" / device_key(H200), arcname="b")
     into = tmp_path / "c"
-    for source, why in ((empty, "no schedule files"), (not_tar, "not a folder or a tar archive")):
+    for source, why in ((empty, "no schedule files"), (not_tar, "not a folder or a tar archive"),
+                        (bad, "bad/rope_tile.json: not a schedule database file"),
+                        (twice, "b/matmul_tile.json: a second file of matmul_tile")):
         with pytest.raises(SystemExit, match=rf"^ship_schedules: {source}.*{why}"):
             ship.main([str(source), "--into", str(into)])
     assert not into.exists()

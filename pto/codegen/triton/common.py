@@ -103,7 +103,7 @@ FLAT_STAGES = 3
 #: fp8's products as half dots (x as f16 per group, f16x2 fused multiply-adds of the e4m3 bytes:
 #: :func:`pto.codegen.triton.quant_groups.render_dot_half`), the other formats (Q5_0, Q5_1, Q5_K) by
 #: groups; or "auto": int16 for :data:`QGEMV_INT_AUTO` (16-bit x rounds a group's larger values
-#: finer than bf16), half dots for fp8, groups for Q5_K. Measured on an H200, the Llama-3-8B
+#: finer than bf16), half dots for fp8, groups for the 5-bit formats. Measured on an H200, the Llama-3-8B
 #: step: Q4_K 4.89 -> 3.48 ms by groups (2.71 in the quantized tiles), 2.36 by int16 dots, 2.29
 #: by int8; Q8_0 5.71 -> 4.01 -> 3.27 -> 2.62 (int16), 2.58 (int8); Q6_K 4.02 -> 3.00 (int16);
 #: fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the quantized tiles of

@@ -200,6 +200,23 @@ def test_where_the_o_projection_combines_the_heads():
     assert not folds_combine(DecodeTiling(), 1, False, True, 8)
 
 
+def test_the_folded_combine_takes_the_widest_block_that_fits_a_cpu():
+    """The 8B's heads of 128 in f32 with 32 partial states a head: 64 outputs a program need 48.8
+    KiB of a CPU's 48; the step takes the widest block that fits (32), where it was one
+    SramError."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+    from pto.machine.target import host
+
+    cfg = mp.CONFIGS["llama3-8b"]
+    t = replace(mp.tiling_for(cfg, host()), fold_combine=64)
+    m = build_step(cfg, DType.F32, host(), 1, t, cache=2048)  # (32 chunks of 64)
+    (f,) = [f for f in m.functions if f.name == "decode_attn_combine_o"]
+    assert str({x.name: x for x in f.tiles}["b"].rows) == "32"
+
+
 def test_a_negative_combine_fold_is_one_error():
     from pto.orchestration.model.tiling import DecodeTiling
 
