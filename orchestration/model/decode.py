@@ -448,7 +448,7 @@ class _Step:
         attn = {"w": self.W("wo", l), "r": self.A("x", H), "y": self.A("x2", H)}
         proj = fn.proj if fn.ffn is not None else fn.proj_o or fn.proj
         if fn.combine_o is not None:
-            (so, sml), n = ("o_span", "ml_span") if self.S else ("o_part", "ml_part"), self.S or self.J
+            (so, sml), n = self._states()
             attn.update(o=(T[so], 0, 0, n * c.heads, c.head_dim), ml=(T[sml], 0, 0, n * c.heads, 2))
             proj = fn.combine_o
         else:
@@ -483,6 +483,11 @@ class _Step:
                                  "j0": j * t.chunk, "cap": C})
         self._combine(b)
 
+    def _states(self) -> tuple[tuple[str, str], object]:
+        """The partial states the last combine reads (the tensors of their outputs and of their
+        m and l) and how many a head has: the spans' merged ones (``S``), else the chunks'."""
+        return (("o_span", "ml_span"), self.S) if self.S else (("o_part", "ml_part"), self.J)
+
     def _combine(self, b) -> None:
         """Sequence b's attention output of every query head from its chunks' partial states: one
         combine over the J chunks, or (``S`` spans) a merge per span of ``t.span`` chunks, then a
@@ -491,7 +496,7 @@ class _Step:
         makes the last combine (the spans' merges stay here)."""
         o, fn, T, S, SPAN, C, J = self.o, self.fn, self.T, self.S, self.t.span, self.C, self.J
         NQ, D = self.c.heads, self.c.head_dim
-        pos, src, n = (T["pos"], b, 0, 1, 1), ("o_part", "ml_part"), J
+        pos = (T["pos"], b, 0, 1, 1)
         if S:
             with o.for_loop("s", 0, S) as s:
                 for h in range(NQ):
@@ -500,9 +505,9 @@ class _Step:
                                       "ml_in": (T["ml_part"], first, 0, (SPAN - 1) * NQ + 1, 2),
                                       "o": (T["o_span"], into, 0, 1, D), "ml": (T["ml_span"], into, 0, 1, 2),
                                       "stride": NQ, "j0": s * SPAN, "cap": C})
-            src, n = ("o_span", "ml_span"), S
         if fn.combine_o is not None:
             return
+        src, n = self._states()
         for h in range(NQ):
             first = b * n * NQ + h
             region = {"o": (T[src[0]], first, 0, (n - 1) * NQ + 1, D),

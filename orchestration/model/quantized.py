@@ -313,11 +313,13 @@ def random_quantized(dtype: DType, rows: int, cols: int, scale: float, g: torch.
     for name in ("d", "s"):
         if name in fields:
             fields[name] = fields[name] * (scale / spread)
-    # the minimums: the quantized values' mean, so that the weights centre near 0
+    # the minimums: the quantized values' mean (their element planes' bits together), so that the
+    # weights centre near 0: a k-quant's dmin, or the block's f16 minimum (q4_1, q5_1)
+    mid = (2 ** sum(p.bits for p in fmt.planes if p.group == 1) - 1) / 2
     if "dmin" in fields:
-        fields["dmin"] = fields["d"] * (7.5 if fmt.name == "q4_k" else 15.5)
-    if fmt.name in ("q4_1", "q5_1"):
-        fields["m"] = fields["d"] * (-7.5 if fmt.name == "q4_1" else -15.5)
+        fields["dmin"] = fields["d"] * mid
+    elif "m" in fields and fmt.plane("m").kind == "f16":
+        fields["m"] = fields["d"] * -mid
     return QTensor(dtype, pack_rows(fmt, fields, cols), cols)
 
 
