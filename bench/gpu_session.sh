@@ -285,6 +285,16 @@ for stage in "$@"; do
         python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --hf-configs none \
           --executors waves,persistent --quant "${Q5_SPECS:-bf16,smollm2-135m:q4_1/q8_0,smollm2-135m:q5_0,smollm2-135m:q5_1}" \
           --json "$OUT/q5.json" > "$OUT/q5.log" 2>&1; grep "B=1" "$OUT/q5.log" | cut -c1-200 ;;
+    splitdown) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k by_parts 2>&1 | tail -2
+           T="${SPLIT_TILINGS:-default;+split_down=2048;+split_down=4096}"
+           python3 bench/decode.py --configs "${SPLIT_CONFIGS:-llama3-8b}" --batches 1 --long 0 --steps 32 \
+             --executors waves --hf-configs none --prefill 0 --quant "${SPLIT_QUANT:-q4_k/q6_k,q8_0,fp8}" \
+             --tilings "$T" --json "$OUT/split_q.json" > "$OUT/split_q.log" 2>&1; grep "B=1" "$OUT/split_q.log" | cut -c1-160
+           python3 bench/megakernel.py --configs "${SPLIT_MK_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --batches 1 \
+             --variants '' --tilings "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" \
+             --waves "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" --budget "${SPLIT_BUDGET:-240}" \
+             --json "$OUT/split_mk.json" > "$OUT/split_mk.log" 2>&1
+           grep -E " ms  floor|skipped" "$OUT/split_mk.log" ;;
     combo) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k combine_in_the_o 2>&1 | tail -2
            T="${COMBO_TILINGS:-default;+fold_combine=8;+fold_combine=16;+fold_combine=32}"
            python3 bench/megakernel.py --configs "${COMBO_CONFIGS:-smollm2-135m,llama3.2-1b}" --batches 1 \

@@ -12,6 +12,8 @@ contiguous axis (no transposed copy).
 - :func:`gemv_norm_tile`: ``y = rmsnorm(x) @ w.T`` (the norm folded in, as
   :func:`pto.incore.fused.matmul_norm_tile`);
 - :func:`gemv_residual_tile`: ``y = r + x @ w.T``;
+- :func:`gemv_add_tile`: ``y += x @ w.T`` with the contraction split across programs, each
+  adding its part's product into the f32 ``y`` (a split-K GEMV);
 - :func:`gemv_norm_swiglu_tile`: ``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x)``;
 - :func:`gemv_norm_rope_append_tile`: one sequence's q, k, v projection with the norm folded in
   and RoPE and the KV-cache append in its epilogue (a decode step of one sequence: one task
@@ -63,9 +65,13 @@ def weight_tiles(dtype, wdtype, rows: int):
     return f32 if wdtype is not None and wdtype.is_quantized and rows < 16 else dtype
 
 
-def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None) -> list:
+def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | None = None,
+                    part: tuple | None = None) -> list:
     """The f32 accumulators ``x @ w[j * bn: (j + 1) * bn].T`` of each weight (scaled by the
-    folded norm's row factors with ``norm``, declared just before)."""
+    folded norm's row factors with ``norm``, declared just before); ``part``: ``(k0, n)``, the
+    contraction's ``n`` columns from ``k0`` (None: all of ``g.K``; a constant ``n``, so that a part
+    of one K step is a one-trip loop, whose loads a launch may issue before its wait; columns past
+    K load as zeros)."""
     wt = g.wtile or g.dtype
     a = k.tile("a", g.R, g.bk, g.dtype)
     wide = k.tile("a32", g.R, g.bk, wt) if wt != g.dtype else a  # x as the weight tiles' dtype
@@ -78,19 +84,21 @@ def gemv_accumulate(k: InCore, x, weights: dict, g: Gemv, j, norm: RowNorm | Non
     # SmolLM2's gate/up 4.13 against 4.31 us on an H200); a longer loop is pipelined as it is
     # (the 8B model's gate/up, two steps, took 3% longer with its weights first)
     early = norm is not None and g.bk >= norm.K
-    with k.for_range("kk", 0, g.K, g.bk) as kk:
+    k0, n_cols = part or (0, g.K)
+    with k.for_range("kk", 0, n_cols, g.bk) as kk:
+        col = kk + k0 if part else kk
         if early:
             for n, w in weights.items():
-                k.load(blocks[n], w, j * g.bn, kk)
+                k.load(blocks[n], w, j * g.bn, col)
         if norm is not None:
-            norm.step(x, kk, a)
+            norm.step(x, col, a)
         else:
-            k.load(a, x, 0, kk)
+            k.load(a, x, 0, col)
         if wide is not a:
             k.cast(wide, a)
         for n, w in weights.items():
             if not early:
-                k.load(blocks[n], w, j * g.bn, kk)
+                k.load(blocks[n], w, j * g.bn, col)
             k.matmul_acc(accs[n], wide, blocks[n], tb=True)
     if norm is not None:
         norm.scale(*accs.values())
@@ -139,6 +147,32 @@ def gemv_residual_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, targe
     return k.build(target)
 
 
+def gemv_add_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, part: int, target=None,
+                  wdtype=None) -> IncoreFunction:
+    """``y += x @ w.T`` for R rows of K against an ``[N, K]`` weight, the contraction split in
+    parts of ``part`` columns (a multiple of the K step ``bk``): program ``j`` takes part ``j //
+    blocks`` of output block ``j % blocks`` (``blocks`` of ``bn`` outputs; the programs of one
+    part are consecutive, so the first parts' programs need only the first columns of x) and adds
+    its f32 product into ``y`` (``store_add``: the parts' sums in any order). ``y`` is f32 and
+    holds the residual before the task (the decode step's down projection with
+    :attr:`~pto.orchestration.model.tiling.DecodeTiling.split_down`: each program has one part's
+    weights to stream, all of them loaded before its wait where the part is one K step)."""
+    if part % bk:
+        raise ValueError(f"gemv_add_tile: a part of {part} columns is not whole K steps of {bk}")
+    k = InCore("gemv_add_tile")
+    R = k.dim("R", rows)
+    x = k.memref("x", dtype, shape=(R, K))
+    w = k.memref("w", wdtype or dtype, shape=(N, K))
+    y = k.memref("y", f32, shape=(R, N))
+    blocks = cdiv(N, bn)
+    j = k.parallel("j", blocks * cdiv(K, part))
+    s, b = j // blocks, j % blocks
+    g = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
+    (acc,) = gemv_accumulate(k, x, {"": w}, g, b, part=(s * part, part))
+    k.store_add(y, 0, b * bn, acc)
+    return k.build(target)
+
+
 def residual_epilogue(k: InCore, acc, memrefs, col, rdtype) -> None:
     """``y = r + acc`` at column ``col`` (``memrefs``: ``r``, ``y`` and ``y2``, where the sum is
     stored too, or None), rounded to ``rdtype``; ``acc`` is ``[R, bn]`` f32 (added into)."""
@@ -154,19 +188,19 @@ def residual_epilogue(k: InCore, acc, memrefs, col, rdtype) -> None:
 
 
 def gemv_norm_swiglu_tile(dtype, rows: int, K: int, N: int, bn: int, bk: int, eps: float,
-                          target=None, wdtype=None) -> IncoreFunction:
+                          target=None, wdtype=None, xdtype=None) -> IncoreFunction:
     """``y = silu(xn @ wg.T) * (xn @ wu.T)``, ``xn = rmsnorm(x; g, eps)``, against ``[N, K]``
     gate and up weights: the FFN's norm, gate and up projections and SwiGLU in one program per
-    block of ``bn`` outputs."""
+    block of ``bn`` outputs (x of ``xdtype``, by default ``dtype``)."""
     k = InCore("gemv_norm_swiglu_tile")
     R = k.dim("R", rows)
-    x = k.memref("x", dtype, shape=(R, K))
+    x = k.memref("x", xdtype or dtype, shape=(R, K))
     wg = k.memref("wg", wdtype or dtype, shape=(N, K))
     wu = k.memref("wu", wdtype or dtype, shape=(N, K))
     y = k.memref("y", dtype, shape=(R, N))
     j = k.parallel("j", cdiv(N, bn))
     gv = Gemv(R, K, bn, bk, dtype, wdtype, weight_tiles(dtype, wdtype, rows))
-    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, gv, j, RowNorm(k, R, bk, dtype, eps, K))
+    g, u = gemv_accumulate(k, x, {"g": wg, "u": wu}, gv, j, RowNorm(k, R, bk, dtype, eps, K, xdtype))
     swiglu_epilogue(k, g, u, y, j * bn, R, bn, dtype)
     return k.build(target)
 
@@ -290,5 +324,6 @@ def _rotate_pairs(k: InCore, y, tables, at, bh: int, dtype):
     return r1, r2, out
 
 
-__all__ = ["Gemv", "weight_tiles", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_norm_swiglu_tile",
+__all__ = ["Gemv", "weight_tiles", "gemv_accumulate", "gemv_norm_tile", "gemv_residual_tile", "gemv_add_tile",
+           "gemv_norm_swiglu_tile",
            "gemv_norm_swiglu_down_tile", "gemv_norm_rope_append_tile"]

@@ -54,6 +54,7 @@ from pto.incore import decode as dk
 from pto.incore.collective import gemv_allreduce_residual_tile, matmul_allreduce_residual_tile
 from pto.incore.fused import matmul_norm_swiglu_tile, matmul_norm_tile
 from pto.incore.gemv import (
+    gemv_add_tile,
     gemv_norm_rope_append_tile,
     gemv_norm_swiglu_down_tile,
     gemv_norm_swiglu_tile,
@@ -72,8 +73,10 @@ from pto.orchestration.model.tiling import (
     folds_combine,
     folds_down,
     grouped_rows,
+    residual_f32,
     round_block,
     spans,
+    splits_down,
     tile_rows,
 )
 from pto.orchestration.model.vocab import VocabSplit
@@ -108,6 +111,16 @@ class DecodeFunctions:
     #: one sequence's attention combine folded into the o projection (DecodeTiling.fold_combine;
     #: None: the combine per head, then ``proj_o`` or ``proj``)
     combine_o: IncoreFunction | None = None
+    #: the down projection by parts of its contraction, each program adding its product into x
+    #: (DecodeTiling.split_down; the residual stream then f32, and ``proj`` the o projection, which
+    #: stores its sum to x2 and to x); None: ``proj``
+    down: IncoreFunction | None = None
+
+    @property
+    def adds(self) -> bool:
+        """Whether a task adds into the residual stream (the folded FFN, the split down
+        projection), which is then f32."""
+        return self.ffn is not None or self.down is not None
 
 
 def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
@@ -156,8 +169,10 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         return t.quant_whole_k and all(wtypes.get(k, dt).is_quantized for k in kinds)
 
     fold = folds_down(t, batch, wtypes.quantized, reduce is None)
-    xkw = {"xdtype": f32} if fold else {}  # the residual stream's dtype, where not dt
-    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None, fold)
+    split_k = not fold and splits_down(t, batch, reduce is None)
+    stream32 = fold or split_k
+    xkw = {"xdtype": f32} if stream32 else {}  # the residual stream's dtype, where not dt
+    lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None, stream32)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \
         (matmul_norm_tile, matmul_residual_tile, matmul_norm_swiglu_tile)
     # each projection with the widest contraction step up to bk whose tiles fit the target (a
@@ -174,12 +189,15 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
                        whole(kind))[0]
 
     o_tiles = (t.o_bn or t.bn, t.o_bk or t.bk)
-    ffn = None
-    if fold:  # the o projection's f32 sum to x2 and x; the FFN adds the down projection into x
-        proj = _widest(lambda b: gemv_residual_tile(dt, batch, QD, H, o_tiles[0], b, target, rdtype=f32, copy=True),
-                       o_tiles[1])[0]
+    ffn = down = None
+    if stream32:  # the o projection's f32 sum to x2 and x; the FFN or its down projection adds into x
+        proj = _widest(lambda b: gemv_residual_tile(dt, batch, QD, H, o_tiles[0], b, target, rdtype=f32, copy=True,
+                                                    **wkw("wo")), o_tiles[1], least["wo"], whole("wo"))[0]
         proj_o = None
-        ffn = _folded_ffn(cfg, dt, target, t, batch)
+        if fold:
+            ffn = _folded_ffn(cfg, dt, target, t, batch)
+        else:
+            down = _split_down(cfg, dt, target, t, batch, least["wd"], wkw("wd"))
     else:
         proj = projection(t.bn, t.bk, "wd")
         # tiles (or weights) of its own: a function of its own (a module's InCore functions have
@@ -187,14 +205,14 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         same = o_tiles == (t.bn, t.bk) and wtypes.get("wo", dt) == wtypes.get("wd", dt)
         proj_o = proj if same else replace(projection(*o_tiles, "wo"), name=f"{proj.name}_o")
     gate_up = None if fold else _widest(
-        lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu")),
+        lambda bk: swiglu(dt, batch, H, F, t.ffn_bn or t.bn, bk, c.eps, target, **wkw("wg", "wu"), **xkw),
         t.ffn_bk or t.bk, least["wg"], whole("wg", "wu"))[0]
     combine_o = None
     if folds_combine(t, batch, wtypes.get("wo", dt).is_quantized, reduce is None, parts):
         # the widest block up to fold_combine whose tiles fit (a CPU's 48 KiB: the 8B's heads of 128
         # in f32 take 32 outputs a program where 64 were asked)
         combine_o = _widest(lambda bn: dk.decode_attn_combine_o(dt, c.heads, D, parts, H, bn, target, **(
-            {"rdtype": f32, "copy": True} if fold else {})), t.fold_combine, 1)[0]
+            {"rdtype": f32, "copy": True} if stream32 else {})), t.fold_combine, 1)[0]
     combine_parts = None
     if t.combine_parts and parts and parts <= COMBINE_ROWS:  # a head's states fit one strided tile
         combine_parts = dk.decode_attn_combine_parts(dt, c.heads, D, parts, target)
@@ -218,6 +236,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         candidates=argmax_candidates_tile(rows, cdiv_int(split.height, bv), split.ranks, target) if split else None,
         ffn=ffn,
         combine_o=combine_o,
+        down=down,
     )
 
 
@@ -234,6 +253,21 @@ def _folded_ffn(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTil
                                                              target, xdtype=f32), t.ffn_bk or t.bk)[0]
 
     return _widest(with_step, dn, dn if t.fold_dn else 16)[0]  # (a step given is not narrowed)
+
+
+def _split_down(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, rows: int, least: int,
+                wkw: dict) -> IncoreFunction:
+    """The down projection by parts (:attr:`DecodeTiling.split_down`) for ``rows`` tile rows:
+    parts of equal width, the widest that divides the contraction in whole ``least`` (16 or the
+    weight's block) and is at most ``split_down`` (the whole contraction where none is), each in
+    the widest K step up to ``bk`` that divides it and whose tiles fit the target (``wkw``: the
+    weight's dtype where quantized). SmolLM2's 1,536 in parts of at most 1,024: two of 768."""
+    K = cfg.layer.ffn
+    widths = [p for p in range(least, min(t.split_down, K) + 1, least) if K % p == 0]
+    part = widths[-1] if widths else K
+    step = max((b for b in range(least, min(t.bk, part) + 1, least) if part % b == 0), default=part)
+    return _widest(lambda bk: gemv_add_tile(dt, rows, K, cfg.layer.hidden, t.bn, bk, part, target, **wkw),
+                   step, least, whole=True)[0]
 
 
 def dot_tiles(t: DecodeTiling, hidden: int, qkv: int, ffn: int, blocks: int = 1) -> DecodeTiling:
@@ -293,16 +327,16 @@ def _widest(build, size: int, least: int = 16, whole: bool = False):
 
 
 def _lm_head(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling, batch: int,
-             wtypes: WeightTypes = DENSE, vocab: int | None = None, fold: bool = False):
+             wtypes: WeightTypes = DENSE, vocab: int | None = None, stream32: bool = False):
     """The LM head over ``vocab`` ids (None: the whole vocabulary; a rank's share under the
     vocabulary-parallel head) with the widest vocabulary block up to ``t.bv`` whose tiles fit the
     target's on-chip memory (a CPU's 48 KiB takes narrower blocks than an H100), and that width;
-    ``fold``: x is the f32 residual stream of a folded FFN."""
+    ``stream32``: x is the f32 residual stream (a task adds into it: :func:`~.tiling.residual_f32`)."""
     build = dk.lmhead_argmax_gemv_tile if t.lm_wt else dk.lmhead_argmax_tile
     c, V = cfg.layer, vocab or cfg.vocab
     w = wtypes.get("lm_head", dt)
     kw = {"wdtype": w} if w.is_quantized else {}
-    if fold:
+    if stream32:
         kw["xdtype"] = f32
 
     def widest(bk: int):
@@ -349,8 +383,8 @@ def lm_block(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTiling
     """The LM head's vocabulary block (what :func:`functions` picks, from the same steps;
     ``vocab`` as there; ``ranks``: the step's)."""
     rows = tile_rows(batch, target, grouped_rows(t, wtypes.quantized))
-    fold = folds_down(t, rows, wtypes.quantized, ranks == 1)
-    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab, fold)[1]
+    stream32 = residual_f32(t, rows, wtypes.quantized, ranks == 1)
+    return _lm_head(cfg, dt, target, whole_steps(cfg, dt, t, wtypes), rows, wtypes, vocab, stream32)[1]
 
 
 def cdiv_int(a: int, b: int) -> int:
@@ -405,7 +439,7 @@ class _Step:
         self.o = Orchestration("decode_step")
         self.B, self.C = self.o.scalar("B"), self.o.scalar("C")
         self.T = self._tensors((("qkv",) if fn.qkv_rope is not None else ()) + (("hb",) if fn.ffn is not None else ())
-                               + (("attn",) if fn.combine_o is not None else ()), f32 if fn.ffn is not None else dt)
+                               + (("attn",) if fn.combine_o is not None else ()), f32 if fn.adds else dt)
         self.ws = weight_shapes(cfg, t.wt)
 
     def W(self, kind: str, l):
@@ -441,12 +475,13 @@ class _Step:
         """Layer l's o projection with the residual, then the FFN with its own: two tasks where
         the FFN is one level (``fn.ffn``: x2 = x + attn @ wo.T, stored to x too; then x += the
         FFN of x2, added by its programs), else three (x2 as above; h = swiglu of x2; x = x2 +
-        h @ wd.T). With ``fn.combine_o`` the o projection's task combines the heads' partial
-        states itself (one sequence: its rows of them)."""
+        h @ wd.T, or with ``fn.down`` x += h @ wd.T added by the parts' programs into the x the
+        o projection stored). With ``fn.combine_o`` the o projection's task combines the heads'
+        partial states itself (one sequence: its rows of them)."""
         o, fn, T, c = self.o, self.fn, self.T, self.c
         H, QD, F = c.hidden, c.q_dim, c.ffn
         attn = {"w": self.W("wo", l), "r": self.A("x", H), "y": self.A("x2", H)}
-        proj = fn.proj if fn.ffn is not None else fn.proj_o or fn.proj
+        proj = fn.proj if fn.adds else fn.proj_o or fn.proj
         if fn.combine_o is not None:
             (so, sml), n = self._states()
             attn.update(o=(T[so], 0, 0, n * c.heads, c.head_dim), ml=(T[sml], 0, 0, n * c.heads, 2))
@@ -457,6 +492,11 @@ class _Step:
         if fn.ffn is not None:
             o.call(proj, {**attn, "y2": self.A("x", H)})
             o.call(fn.ffn, {**norm, "wd": self.W("wd", l), "y": self.A("x", H)})
+            return
+        if fn.down is not None:
+            o.call(proj, {**attn, "y2": self.A("x", H)})
+            o.call(fn.gate_up, {**norm, "y": self.A("hb", F)})
+            o.call(fn.down, {"x": self.A("hb", F), "w": self.W("wd", l), "y": self.A("x", H)})
             return
         o.call(proj, attn)
         o.call(fn.gate_up, {**norm, "y": self.A("hb", F)})

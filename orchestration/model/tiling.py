@@ -136,6 +136,15 @@ class DecodeTiling:
     #: allows it; elsewhere the two tasks. Slower on an H200 (SmolLM2's step about 50%: each
     #: program combines the heads one after another; docs/PERF.md, "Twentieth session")
     fold_combine: int = 0
+    #: the down projection's contraction split in parts of this many columns (rounded to whole K
+    #: steps; the K step at most this), a program each part of each output block, adding its
+    #: product into the residual stream, which is then f32 (:func:`~pto.incore.gemv.gemv_add_tile`:
+    #: ``store_add``, the parts' sums in any order). A part of one K step has all its weights to
+    #: load before the program's wait (a longer K loop loads nothing before it), and on the
+    #: persistent executor the first parts' items wait only for the gate/up items of their
+    #: columns. Where the projections are GEMVs of unpadded rows and one rank (:func:`splits_down`;
+    #: quantized weights too); 0: off (the down projection with the residual, whole contractions)
+    split_down: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:
         """This tiling with ``fields`` replaced, each also where the weights are quantized (its
@@ -172,6 +181,9 @@ class DecodeTiling:
             raise UsageError(f"decode tiling: quant_tiles names {', '.join(unknown)}: not a field of the tiling")
         if self.fold_down < 0:
             raise UsageError(f"decode tiling: fold_down={self.fold_down}: the folded FFN's block is positive (0: off)")
+        if self.split_down < 0:
+            raise UsageError(f"decode tiling: split_down={self.split_down}: the down projection's part is positive "
+                             "(0: off)")
         if self.fold_combine < 0:
             raise UsageError(f"decode tiling: fold_combine={self.fold_combine}: the folded o projection's block is "
                              "positive (0: off)")
@@ -240,6 +252,19 @@ def folds_down(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool) -> b
     return bool(t.fold_down) and t.wt and rows < 16 and not quantized and one_rank
 
 
+def splits_down(t: DecodeTiling, rows: int, one_rank: bool) -> bool:
+    """Whether a step of ``rows`` tile rows splits its down projection's contraction across
+    programs (:attr:`DecodeTiling.split_down`): asked for, output-major GEMVs of fewer than 16
+    rows, one rank (the FFN folded in one level takes precedence: :func:`folds_down`)."""
+    return bool(t.split_down) and t.wt and rows < 16 and one_rank
+
+
+def residual_f32(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool) -> bool:
+    """Whether the step's residual stream (x, x2) is f32: where a task adds into it
+    (:func:`folds_down`, :func:`splits_down`)."""
+    return folds_down(t, rows, quantized, one_rank) or splits_down(t, rows, one_rank)
+
+
 def folds_combine(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool, parts: int | None) -> bool:
     """Whether a step of ``rows`` tile rows folds the attention combine into the o projection
     (:attr:`DecodeTiling.fold_combine`): asked for, one sequence's output-major GEMV, the o
@@ -251,4 +276,4 @@ def folds_combine(t: DecodeTiling, rows: int, quantized: bool, one_rank: bool, p
 
 
 __all__ = ["DecodeTiling", "COMBINE_ROWS", "DOT_ROUND_MAX", "folds_combine", "folds_down", "grouped_rows",
-           "round_block", "spans", "tile_rows"]
+           "residual_f32", "round_block", "spans", "splits_down", "tile_rows"]

@@ -68,6 +68,24 @@ def test_the_ffn_in_one_level_on_the_gpu(executor, batch, monkeypatch):
 
 
 @pytest.mark.parametrize("executor", ["persistent", "waves"])
+@pytest.mark.parametrize("batch,quantize", [(1, None), (3, None), (1, "q4_0")])
+def test_the_down_projection_by_parts_on_the_gpu(executor, batch, quantize, monkeypatch):
+    """``split_down``: the down projection's contraction in parts, each program adding its product
+    into the f32 residual stream (atomic adds in any order), dense and quantized, on the GPU: as
+    close to float64 as torch's bf16."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TILING", replace(mp.TILING, split_down=512))  # (SmolLM2's 1536: three parts)
+
+    def split(runner, inputs, out):
+        assert "gemv_add_tile" in {f.name for f in runner.module.functions}
+
+    check_step(executor, batch, 1024, split, options={"quantize": quantize} if quantize else None)
+
+
+@pytest.mark.parametrize("executor", ["persistent", "waves"])
 @pytest.mark.parametrize("cache,fields", [(1024, {}), (8192, {"long_chunks": 64, "span": 8})])
 def test_the_combine_in_the_o_projection_on_the_gpu(executor, cache, fields, monkeypatch):
     """``fold_combine``: one sequence's o projection combining the heads' partial states itself
