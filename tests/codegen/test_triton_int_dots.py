@@ -14,7 +14,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from pto.backends.triton import TritonBackend  # noqa: E402
-from pto.codegen.triton.common import INT_DOT_BITS, RenderOptions  # noqa: E402
+from pto.codegen.triton.common import INT_DOT_BITS, QGEMV_INT_AUTO, RenderOptions  # noqa: E402
 from pto.codegen.triton.quant_groups import group_of, int_dots_apply, render_int_dots  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
@@ -112,24 +112,24 @@ def test_integer_dots_are_the_rounded_arithmetic(dtype, K, bk, xbits):
 
 @pytest.mark.parametrize("mode,bits", [("int8", 8), ("int16", 16), ("auto", 16)])
 def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
-    """Planes of 2-, 4- or 8-bit integers in 32-bit words, each scale's elements whole words:
-    Q4_0, Q4_1, Q8_0, Q4_K, Q6_K (two planes, scales per 16); Q5_0, Q5_1, Q5_K (a 1-bit plane) read by
-    groups' float dots, fp8 by half dots (tests/codegen/test_triton_half_dots.py); "auto" (a
-    GPU's default) takes 16-bit x for every format that allows it."""
+    """Planes of 1-, 2-, 4- or 8-bit integers, each scale's elements whole 32-bit words: Q4_0,
+    Q4_1, Q8_0, Q4_K, Q6_K (two planes, scales per 16), Q5_0, Q5_1, Q5_K (a 1-bit plane, two
+    16-bit words a group joined); fp8 by half dots (tests/codegen/test_triton_half_dots.py);
+    "auto" (a GPU's default) takes 16-bit x for every format that allows it."""
     from pto.incore.gemv import gemv_residual_tile
 
     from pto.codegen.triton import render
 
-    assert {d.short for d in INT8} == {"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"}
+    assert {d.short for d in INT8} == {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"}
     ptx = "dp4a.s32.s32" if bits == 8 else "dp2a.lo.s32.s32"
-    for name, dot in (("q6_k", f"_pto_dqx{bits}_dot_q6_k("), ("fp8", "_pto_dqh_dot_fp8("),
-                      ("q5_k", "_pto_dqg_dot_q5_k("), ("q5_0", "_pto_dqg_dot_q5_0("),
-                      ("q5_1", "_pto_dqg_dot_q5_1("), ("q4_k", f"_pto_dqx{bits}_dot_q4_k("),
-                      ("q8_0", f"_pto_dqx{bits}_dot_q8_0(")):
+    for name in ("q6_k", "fp8", "q5_k", "q5_0", "q5_1", "q4_k", "q8_0"):
+        ints = name != "fp8" and (mode != "auto" or name in QGEMV_INT_AUTO)
+        dot = f"_pto_dqx{bits}_dot_{name}(" if ints else "_pto_dqh_dot_fp8(" if name == "fp8" else \
+            f"_pto_dqg_dot_{name}("
         fn = specialize(gemv_residual_tile(f32, 1, 1024, 64, 8, 1024, wdtype=dtype_of(name)))
         src = render(fn, RenderOptions(qgemv=mode, asm=True)).source
         assert dot in src, name
-        assert (ptx in src) == (name in ("q4_k", "q8_0", "q6_k")), name
+        assert (ptx in src) == ints, name
 
 
 def test_the_interpreters_integer_dots_are_ptxs():

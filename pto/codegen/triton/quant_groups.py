@@ -257,13 +257,20 @@ def _dot_function(em: _Emitter, fmt: QuantFormat, esums: dict[str, str], xsum: s
 
 def int_dots_apply(fmt: QuantFormat) -> bool:
     """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int`): element
-    planes of unsigned 2-, 4- or 8-bit or signed 8-bit integers read as int32 words, each
-    subgroup (the values that share every scale) whole words of every plane (Q4_0, Q4_1, Q8_0,
-    Q4_K, Q6_K; not Q5_K's 1-bit plane, nor fp8)."""
+    planes of unsigned 1-, 2-, 4- or 8-bit or signed 8-bit integers, each subgroup (the values
+    that share every scale) whole 32-bit words of every plane (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    Q4_K, Q5_K, Q6_K; not fp8)."""
     planes = [p for p in fmt.planes if p.group == 1]
     S = group_of(fmt) // subgroup_of(fmt)
-    return all((p.kind == "u" and p.bits in (2, 4, 8) or p.kind == "i" and p.bits == 8)
-               and words_of(fmt, p)[0] == "tl.int32" and words_of(fmt, p)[1] % S == 0 for p in planes)
+    return all((p.kind == "u" and p.bits in (1, 2, 4, 8) or p.kind == "i" and p.bits == 8)
+               and _int_words(fmt, p) % S == 0 for p in planes)
+
+
+def _int_words(fmt: QuantFormat, p: Plane) -> int:
+    """The 32-bit words a group of element plane ``p`` fills (0 where it does not fill whole ones):
+    a 1-bit plane's two 16-bit words (:func:`words_of`) are joined into one for the integer dots."""
+    bits = group_of(fmt) * p.bits
+    return bits // 32 if bits % 32 == 0 else 0
 
 
 def reads_by_groups_in(source: str) -> bool:
@@ -378,7 +385,11 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
     xsum = em.let(f"tl.sum(tl.reshape({xg}, ({L}{G}, 1, {S}, {Gs})), axis={3 + a})")  # x summed per subgroup
     esums = {}
     for p in [q for q in fmt.planes if q.group == 1]:
-        _, V, _ = words_of(fmt, p)
+        word, V, _ = words_of(fmt, p)
+        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
+        if word == "tl.uint16":  # (1-bit values: the group's two 16-bit words as one, the first low)
+            rw = [em.let(f"{rw[2 * v]} | ({rw[2 * v + 1]} << 16)") for v in range(V // 2)]
+            V //= 2
         per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
         # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
         lanes = [em.let(f"tl.reshape({w}, ({L}{G}, 1, {V}, 4))")
@@ -393,7 +404,6 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
             else:
                 pairs = em.let(f"_pto_pack2({even}, {odd})")
                 xw.append([_words(em, em.let(f"{h} + {zero}"), f"{L}{G}, 1", V) for h in em.split(pairs)])
-        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
         mask = 0x01010101 * ((1 << p.bits) - 1)
         accs = []
         for sub in range(S):  # each subgroup's words, one chain
