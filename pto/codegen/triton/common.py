@@ -113,8 +113,9 @@ QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
 #: the bits of x of the modes whose GEMVs take integer dots ("auto": for :data:`QGEMV_INT_AUTO`)
 INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
 #: the formats "auto" takes as integer dots: those measured faster so on an H200 (every format
-#: that allows them: Q6_K's since 2026-11-30, the 8B step with Q6_K weights 4.02 -> 3.00 ms)
-QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
+#: that allows them: Q6_K's since 2026-11-30, the 8B step with Q6_K weights 4.02 -> 3.00 ms; the
+#: 5-bit formats' since 2026-12-01, the 8B's Q5_K step 3.77 -> 3.18 ms, SmolLM2's Q5_0 0.588 -> 0.500)
+QGEMV_INT_AUTO = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 
 #: the most rows of x a GEMV's product reads quantized weights by groups for (a few sequences'
