@@ -77,6 +77,11 @@
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
 #   q5          issue 46: Q5_0 and Q5_1 as stored: their GPU tests, then bench/decode.py on SmolLM2 at batch 1
 #               with $Q5_SPECS (default bf16, the file's Q4_1 with its Q8_0 head, Q5_0, Q5_1), both executors
+#   splitdown   issues 45, 46: the down projection by parts (DecodeTiling.split_down, its programs adding
+#               into the f32 residual): the GPU test, then bench/decode.py on $SPLIT_CONFIGS (default the 8B)
+#               with $SPLIT_QUANT (default Q4_K with a Q6_K head, Q8_0, fp8) under $SPLIT_TILINGS (default
+#               the default and parts of 2048, 4096), then bench/megakernel.py for $SPLIT_MK_CONFIGS
+#               (default SmolLM2, the 1B, the 8B; "none" skips it) under $SPLIT_MK_TILINGS, both executors
 #   combo       issue 45: one sequence's attention combine folded into the o projection
 #               (DecodeTiling.fold_combine): the GPU test, then bench/megakernel.py for $COMBO_CONFIGS
 #               (default SmolLM2 and the 1B) at batch 1 under $COMBO_TILINGS (default the default and
@@ -290,6 +295,7 @@ for stage in "$@"; do
            python3 bench/decode.py --configs "${SPLIT_CONFIGS:-llama3-8b}" --batches 1 --long 0 --steps 32 \
              --executors waves --hf-configs none --prefill 0 --quant "${SPLIT_QUANT:-q4_k/q6_k,q8_0,fp8}" \
              --tilings "$T" --json "$OUT/split_q.json" > "$OUT/split_q.log" 2>&1; grep "B=1" "$OUT/split_q.log" | cut -c1-160
+           [ "${SPLIT_MK_CONFIGS:-}" = none ] && continue
            python3 bench/megakernel.py --configs "${SPLIT_MK_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --batches 1 \
              --variants '' --tilings "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" \
              --waves "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" --budget "${SPLIT_BUDGET:-240}" \

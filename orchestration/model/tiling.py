@@ -143,7 +143,10 @@ class DecodeTiling:
     #: load before the program's wait (a longer K loop loads nothing before it), and on the
     #: persistent executor the first parts' items wait only for the gate/up items of their
     #: columns. Where the projections are GEMVs of unpadded rows and one rank (:func:`splits_down`;
-    #: quantized weights too); 0: off (the down projection with the residual, whole contractions)
+    #: quantized weights too); 0: off (the down projection with the residual, whole contractions).
+    #: Slower on an H200 (the 8B's Q4_K step 1.930 against 1.907 ms, SmolLM2's 0.476 against 0.465
+    #: persistent): the down kernel gains (13.3 against 15.7 us a layer) but every reader of the
+    #: f32 stream loads twice the bytes of x (docs/PERF.md, "Twenty-first session")
     split_down: int = 0
 
     def with_fields(self, **fields) -> DecodeTiling:

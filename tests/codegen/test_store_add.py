@@ -263,3 +263,41 @@ def test_gpu_programs_add_atomically(region):
     y0 = y.clone()
     _run(run_incore_triton, fn, x, w, y, region=region)
     _check(y.cpu(), x.cpu(), w.cpu(), y0.cpu(), 256, 16, region=region)
+
+
+@pytest.mark.parametrize("runner", ["interpreter", "torch", "c", "triton"])
+@pytest.mark.parametrize("R,K,N,bn,bk,part,wdtype", [(1, 96, 40, 8, 32, 32, None), (3, 96, 24, 16, 16, 48, None),
+                                                     (1, 128, 16, 8, 32, 64, DType.Q4_0),
+                                                     (2, 64, 16, 4, 32, 32, DType.Q5_1)])
+def test_the_down_projection_by_parts_adds_each_parts_product(runner, R, K, N, bn, bk, part, wdtype):
+    """``gemv_add_tile``: ``K / part`` programs an output block (N not a multiple of the block:
+    the last block's adds past N skipped), each adding its part of ``x @ w.T`` into y, which
+    holds the residual: the sum is float64's up to f32's rounding of K products and the parts'
+    partial sums; quantized weights dequantize as they load (their values against the
+    dequantized matrix)."""
+    if runner == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
+    from pto.incore.gemv import gemv_add_tile
+
+    from tests.quant.test_load import random_qtensor
+
+    fn = specialize(gemv_add_tile(f32, R, K, N, bn, bk, part, wdtype=wdtype))
+    g = torch.Generator().manual_seed(R * 1000 + K + N)
+    x, y = torch.randn(R, K, generator=g), torch.randn(R, N, generator=g)
+    if wdtype is None:
+        w = torch.randn(N, K, generator=g)
+        stored, values = w, w
+    else:
+        q = random_qtensor(wdtype, N, K, seed=R + K)
+        stored, values = q.data, q.dequantize().float()
+    y0 = y.clone()
+    runner_fn = {**RUNNERS, "triton": run_incore_triton}[runner]
+    runner_fn(fn, {"x": (x, 0, 0, R, K), "w": (stored, 0, 0, N, K), "y": (y, 0, 0, R, N)}, {})
+    _check(y, x, values, y0, K, K // part)
+
+
+def test_a_part_is_whole_k_steps():
+    from pto.incore.gemv import gemv_add_tile
+
+    with pytest.raises(ValueError, match="a part of 48 columns is not whole K steps of 32"):
+        gemv_add_tile(f32, 1, 96, 16, 8, 32, 48)

@@ -1,7 +1,7 @@
 """The quantized GEMV's product by *groups* (``RenderOptions.qgemv == "groups"``): the helpers
 ``_pto_dqg_load_<format>`` and ``_pto_dqg_dot_<format>`` that replace the unit helpers of
 :mod:`pto.codegen.triton.quant` for a GEMV's fused tiles
-(:func:`pto.codegen.triton.body.fused_quantized_loads`).
+(:func:`pto.ir.analysis.gemv_quantized_loads`).
 
 Why: the unit helpers read a tile as ``[BR, BC / U]`` integers (U elements a unit) with every
 scale loaded once per unit (a k-quant's sub-block scale four times, one byte load each), the

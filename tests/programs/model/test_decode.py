@@ -974,6 +974,121 @@ def _tasks_per_step(w, batch: int) -> int:
         gen.close()
 
 
+# the down projection by parts (DecodeTiling.split_down) --------------------------------------------
+
+
+@pytest.mark.parametrize("config,batch,quantize", [("tiny", 1, None), ("tiny", 3, None), ("tiny-swa", 2, None),
+                                                   ("tiny", 1, "q4_0"), ("tiny", 2, "q8_0")])
+def test_the_down_projection_by_parts_matches_the_reference(monkeypatch, config, batch, quantize):
+    """``split_down``: the down projection a program per part of its contraction and output
+    block, each adding into the f32 residual stream, the o projection storing its sum to x2 and
+    x; the step gives the reference's logits and tokens with as many tasks (dense and quantized
+    weights, the CPU's C kernels)."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+
+    from pto.ir.dtypes import DType
+
+    split = replace(mp.TINY_TILING, split_down=64, dense_rows=4)  # (tiny's 160 in parts of 32)
+    m = build_step(mp.CONFIGS[config], DType.F32, None, batch, split)
+    (down,) = [f for f in m.functions if f.name == "gemv_add_tile"]
+    assert str(down.parallel.extent) == str(5 * 2)  # 5 parts of 2 output blocks of 32
+    x = {t.name: t.dtype for t in m.entry_function.tensors}
+    assert x["x"] is DType.F32 and x["x2"] is DType.F32 and "hb" in x
+    tasks = {}
+    for t in (mp.TINY_TILING, split):
+        monkeypatch.setattr(mp, "TINY_TILING", t)
+        res = run("model", config=config, cache=64, batch=batch, device="cpu", check=True, seed=31,
+                  **({"quantize": quantize} if quantize else {}))
+        assert res["rel_err"] <= 1e-5, res
+        tasks[t.split_down] = res["tasks"]
+    assert tasks[0] == tasks[64]
+
+
+def test_the_down_projection_splits_where_its_gemvs_run_unpadded_rows_on_one_rank():
+    from dataclasses import replace
+
+    from pto.orchestration.model.tiling import DecodeTiling, residual_f32, splits_down
+
+    t = DecodeTiling(split_down=2048)
+    assert splits_down(t, 1, True) and splits_down(t, 15, True) and residual_f32(t, 1, True, True)
+    assert not splits_down(t, 16, True)  # tensor-core dots of 16 rows
+    assert not splits_down(t, 1, False)  # a rank's partial sums
+    assert not splits_down(replace(t, wt=False), 1, True)
+    assert not splits_down(DecodeTiling(), 1, True) and not residual_f32(DecodeTiling(), 1, False, True)
+    from pto.errors import UsageError
+
+    with pytest.raises(UsageError, match="split_down=-1: the down projection's part is positive"):
+        DecodeTiling(split_down=-1)
+
+
+@pytest.mark.parametrize("config,split,wd,part,step", [("smollm2-135m", 1024, None, 768, 768),
+                                                        ("smollm2-135m", 512, None, 512, 512),
+                                                        ("llama3-8b", 2048, None, 2048, 1024),
+                                                        ("llama3-8b", 4096, "q4_k", 3584, 1792),
+                                                        ("llama3.2-1b", 100, None, 64, 64)])
+def test_the_parts_are_equal_and_whole_steps(config, split, wd, part, step):
+    """The parts: the widest width that divides the contraction in whole blocks (16, or the
+    weight's block) and is at most ``split_down``; the K step the widest up to ``bk`` that divides
+    a part (SmolLM2's 1,536 in parts of at most 1,024: two of 768; the 8B's 14,336 in Q4_K blocks of
+    256, parts of at most 4,096: four of 3,584, in steps of 1,792)."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.quantized import DENSE, WeightTypes, for_weights
+
+    from pto.ir.dtypes import DType, dtype_of
+    from pto.machine.target import get
+
+    cfg = mp.CONFIGS[config]
+    wt = DENSE if wd is None else WeightTypes(tuple(sorted({k: dtype_of(wd) for k in ("w_qkv", "wo", "wg", "wu",
+                                                                                          "wd")}.items())))
+    t = for_weights(mp.tiling_for(cfg).with_fields(split_down=split), wt, 1)
+    fn = functions(cfg, DType.BF16, get("cuda_h200"), t, 1, wtypes=wt).down
+    blocks = -(-cfg.layer.hidden // t.bn)
+    assert str(fn.parallel.extent) == str(cfg.layer.ffn // part * blocks)
+    tiles = {x.name: x for x in fn.tiles}
+    assert str(tiles["b"].cols) == str(step)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("executor,batch", [("waves", 1), ("persistent", 1), ("persistent", 2)])
+def test_the_down_projection_by_parts_on_triton(monkeypatch, executor, batch):
+    """The parts' kernel (atomic adds, a program per part and block) and the o projection's two
+    stores under the Triton interpreter, both executors."""
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, split_down=32))
+    res = run("model", config="tiny", cache=64, batch=batch, device="cpu", backend="triton", executor=executor,
+              check=True, seed=29)
+    assert res["rel_err"] <= 1e-5, res
+
+
+def test_generation_with_the_down_projection_by_parts_gives_the_reference_tokens():
+    from dataclasses import replace
+
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights("tiny-swa", seed=27)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (4, 9)]
+    want = ReferenceModel(w).generate(prompts, 70, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), split_down=32))
+    try:
+        got = gen.generate(prompts, 70, stop_ids=())
+    finally:
+        gen.close()
+    assert got.tokens == want
+
+
 def test_the_folded_ffn_takes_a_narrower_down_step_where_its_tiles_do_not_fit():
     """On a CPU (48 KiB of on-chip memory) the 1B's folded FFN at 8 rows takes the down
     projection in steps of 512 (its default, 1024, does not fit); a step given does not narrow."""
