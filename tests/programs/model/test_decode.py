@@ -938,7 +938,10 @@ def test_the_ffn_in_one_level_on_triton(monkeypatch, executor, batch):
     assert res["rel_err"] <= 1e-5, res
 
 
-def test_generation_with_the_ffn_in_one_level_gives_the_reference_tokens():
+@pytest.mark.parametrize("fields,fewer", [({"fold_down": 8}, 1), ({"split_down": 32}, 0)], ids=["fold", "parts"])
+def test_generation_adding_into_the_residual_gives_the_reference_tokens(fields, fewer):
+    """The FFN in one level (a task a layer fewer) and the down projection by parts (as many
+    tasks): 70 tokens of two prompts on the f32 residual stream, the reference's."""
     from dataclasses import replace
 
     from pto.orchestration.llm.generate import Generator
@@ -951,10 +954,10 @@ def test_generation_with_the_ffn_in_one_level_gives_the_reference_tokens():
     prompts = [torch.randint(0, w.config.vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (5, 11)]
     want = ReferenceModel(w).generate(prompts, 70, stop_ids=())
-    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), fold_down=8))
+    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), **fields))
     try:
         got = gen.generate(prompts, 70, stop_ids=())
-        assert got.tasks_per_step == _tasks_per_step(w, len(prompts)) - w.config.layers  # one FFN task a layer
+        assert got.tasks_per_step == _tasks_per_step(w, len(prompts)) - fewer * w.config.layers
     finally:
         gen.close()
     assert got.tokens == want
@@ -1066,27 +1069,6 @@ def test_the_down_projection_by_parts_on_triton(monkeypatch, executor, batch):
     res = run("model", config="tiny", cache=64, batch=batch, device="cpu", backend="triton", executor=executor,
               check=True, seed=29)
     assert res["rel_err"] <= 1e-5, res
-
-
-def test_generation_with_the_down_projection_by_parts_gives_the_reference_tokens():
-    from dataclasses import replace
-
-    from pto.orchestration.llm.generate import Generator
-    from pto.orchestration.model import program as mp
-    from pto.orchestration.model.reference import ReferenceModel
-
-    from pto.ir.dtypes import DType
-
-    w = _random_weights("tiny-swa", seed=27)
-    prompts = [torch.randint(0, w.config.vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in (4, 9)]
-    want = ReferenceModel(w).generate(prompts, 70, stop_ids=())
-    gen = Generator(w, "cpu", DType.F32, tiling=replace(mp.tiling_for(w.config), split_down=32))
-    try:
-        got = gen.generate(prompts, 70, stop_ids=())
-    finally:
-        gen.close()
-    assert got.tokens == want
 
 
 def test_the_folded_ffn_takes_a_narrower_down_step_where_its_tiles_do_not_fit():
