@@ -8,18 +8,31 @@ from pto import InCore, cdiv
 from pto.ir.nodes import IncoreFunction
 
 
-def dequantize_rows(wdtype, dtype, rows: int, cols: int, bk: int, target=None) -> IncoreFunction:
+def dequantize_rows(wdtype, dtype, rows: int, cols: int, bk: int, target=None, br: int = 16) -> IncoreFunction:
     """``y = w`` for a ``rows x cols`` matrix ``w`` of the quantized ``wdtype`` into ``dtype``:
-    blocks of ``16`` rows on the parallel axis, ``bk`` columns (whole blocks) a step."""
+    a program per tile of ``br`` rows and ``bk`` columns (whole blocks), the programs of a row
+    block consecutive."""
     k = InCore("dequantize_rows")
     w = k.memref("w", wdtype, shape=(rows, cols))
     y = k.memref("y", dtype, shape=(rows, cols))
-    j = k.parallel("j", cdiv(rows, 16))
-    t = k.tile("t", 16, bk, dtype)
-    with k.for_range("kk", 0, cols, bk) as kk:
-        k.load(t, w, j * 16, kk)
-        k.store(y, j * 16, kk, t)
+    steps = cdiv(cols, bk)
+    j = k.parallel("j", cdiv(rows, br) * steps)
+    r, c = (j // steps) * br, (j % steps) * bk
+    t = k.tile("t", br, bk, dtype)
+    k.load(t, w, r, c)
+    k.store(y, r, c, t)
     return k.build(target)
 
 
-__all__ = ["dequantize_rows"]
+def dequantize_tile_shape(block: int, cols: int, values: int = 8192) -> tuple[int, int]:
+    """``(br, bk)`` of :func:`dequantize_rows` for a matrix of ``cols`` columns in blocks of
+    ``block``: the widest power-of-two step up to 1024 that divides the columns (no program's
+    tile overhangs them: on a GPU an overhanging tile takes the masked path, an element a store;
+    SmolLM2's 576 in 64), else the widest of whole blocks up to 1024, and rows for about
+    ``values`` values a tile (up to 32; at least 1)."""
+    steps = [s for s in (1024, 512, 256, 128, 64, 32, 16) if s >= block and s % block == 0 and cols % s == 0]
+    bk = steps[0] if steps else max(block, 1024 // block * block)
+    return max(1, min(32, values // bk)), bk
+
+
+__all__ = ["dequantize_rows", "dequantize_tile_shape"]

@@ -237,7 +237,7 @@ class LayerDequantizer:
         return out
 
     def _prepare(self, kind: str, layer: int):
-        from pto.incore.dequantize import dequantize_rows
+        from pto.incore.dequantize import dequantize_rows, dequantize_tile_shape
 
         from pto.data.batch import RegionBatch, TaskBatch
         from pto.ir.analysis import specialize
@@ -246,8 +246,8 @@ class LayerDequantizer:
         fn = self.functions.get(kind)
         if fn is None:  # one function per kind (every layer's block has its shape)
             d = self.kinds[kind]
-            bk = max(d.quant.block, min(1024, 1 << (cols - 1).bit_length()))
-            fn = self.functions[kind] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk))
+            br, bk = dequantize_tile_shape(d.quant.block, cols)
+            fn = self.functions[kind] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk, br=br))
 
         def region(t: torch.Tensor, r0: int) -> RegionBatch:
             return RegionBatch(t, *(torch.tensor([v]) for v in (r0, 0, rows, cols)))

@@ -103,6 +103,46 @@ def test_the_prefills_dequantization_through_the_triton_backend():
 
 
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
+@pytest.mark.parametrize("runner", ["torch", "triton"])
+def test_dequantize_rows_tiles_cover_the_matrix_once(dtype, runner):
+    """``dequantize_rows`` a program per tile: 37 rows in tiles of 8 (the last past the end) and
+    768 columns in steps of 512 (the last overhanging), the matrix's region not at the tensor's
+    first row: every value the format's own dequantization's, bit for bit, nothing written past
+    the region."""
+    from pto.incore.dequantize import dequantize_rows
+
+    from pto.backends.torch_backend import TorchBackend
+    from pto.backends.triton import TritonBackend
+    from pto.data.batch import RegionBatch, TaskBatch
+    from tests.quant.test_load import random_qtensor
+
+    if 768 % dtype.quant.block:
+        pytest.skip(f"{dtype}: 768 columns are not whole blocks")
+    rows, skip, bk = 37, 2, max(512, dtype.quant.block)
+    w = random_qtensor(dtype, rows + skip + 3, 768, seed=9)
+    y = torch.full((rows + 4, 768), float("nan"))
+    fn = specialize(dequantize_rows(dtype, f32, rows, 768, bk, br=8))
+    mems = {"w": RegionBatch(w.data, *(torch.tensor([v]) for v in (skip, 0, rows, 768))),
+            "y": RegionBatch(y, *(torch.tensor([v]) for v in (0, 0, rows, 768)))}
+    backend = TorchBackend() if runner == "torch" else TritonBackend("cpu")
+    backend.prepare(TaskBatch(fn, mems, {}, 1))()
+    assert torch.equal(y[:rows], w.dequantize()[skip:skip + rows].float())
+    assert torch.isnan(y[rows:]).all()
+
+
+@pytest.mark.parametrize("block,cols,shape", [(32, 576, (32, 64)), (32, 1536, (16, 512)), (256, 14336, (8, 1024)),
+                                              (256, 4096, (8, 1024)), (32, 96, (32, 32)), (256, 2816, (32, 256)),
+                                              (256, 768, (32, 256))])
+def test_dequantizing_tiles_divide_the_columns(block, cols, shape):
+    """The prefill's dequantizing tiles: the widest power-of-two step up to 1024 that divides the
+    columns in whole blocks (SmolLM2's 576 in 64: no program overhangs them), rows for about 8,192
+    values a tile (up to 32)."""
+    from pto.incore.dequantize import dequantize_tile_shape
+
+    assert dequantize_tile_shape(block, cols) == shape
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
 @pytest.mark.parametrize("K,bk", [(768, 512), (576, 576)], ids=["overhang", "padded"])
 def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K, bk):
     """``RenderOptions(qgemv="groups")`` (pto.codegen.triton.quant_groups): every format, a K
