@@ -213,6 +213,40 @@ def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
 
 
 @pytest.mark.slow
+def test_the_5bit_steps_kernels_compile_for_sm90(tmp_path):
+    """Every quantized kernel of a step with 5-bit weights as a GPU runs it (``auto``: integer dots,
+    the 1-bit plane's two 16-bit words a group joined; inline PTX): SmolLM2 in Q5_0 and in Q5_1
+    (layers and head) at one and four sequences (the few rows' dots), the 8B in Q5_K at one,
+    through Triton's compiler for an H100, the mask-free path."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.codegen.triton.common import RenderOptions
+    from pto.ir.dtypes import DType, dtype_of
+    from pto.machine.target import get
+    from tests.sm90 import compile_sm90, kernel_jobs
+
+    chosen = []
+    for name, qtype, batch in (("smollm2-135m", "q5_0", 1), ("smollm2-135m", "q5_1", 4), ("llama3-8b", "q5_k", 1)):
+        cfg = CONFIGS[name]
+        kinds = ("w_qkv", "wo", "wg", "wu", "wd", "lm_head")
+        wt = WeightTypes(tuple(sorted({k: dtype_of(qtype) for k in kinds}.items())))
+        t = for_weights(tiling_for(cfg).with_fields(quant_rows=8), wt, batch)
+        fns = functions(cfg, DType.BF16, get("cuda_h100"), t, batch, wtypes=wt)
+        chosen += [fn for f in fields(fns) if (fn := getattr(fns, f.name)) is not None
+                   and any(p.dtype.is_quantized for p in fn.memrefs)]
+    jobs = kernel_jobs(chosen, RenderOptions(qgemv="auto", asm=True), (True,))
+    results = compile_sm90(jobs, tmp_path)
+    failed = [f"{r['name']}: {r['error'][:300]}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    assert sum("_pto_dqx16_dot_q5_" in j["source"] for j in jobs) >= 6
+    assert any("_pto_dqx16_rows_q5_1(" in j["source"] for j in jobs)
+
+
+@pytest.mark.slow
 def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     """Every InCore function of a step with quantized weights (SmolLM2 in its file's Q4_1 and
     Q8_0, the 8B model in Q4_K with a Q6_K head, in Q8_0 and in fp8; one sequence: the GEMVs'
@@ -380,11 +414,11 @@ def test_a_cpus_batch_takes_whole_k_steps_of_whole_blocks(batch):
                                                   ("q6_k", "_pto_dqx16_rows_q6_k", False),
                                                   ("q8_0", "_pto_dqx16_rows_q8_0", False),
                                                   ("fp8", "_pto_dqh_rows_fp8", False),
-                                                  ("q5_k", "_pto_dqg_rows_q5_k", False)])
+                                                  ("q5_k", "_pto_dqx16_rows_q5_k", False)])
 def test_the_steps_gemvs_of_a_few_rows_compile_for_sm90(tmp_path, layers, helper, masked):
     """The 8B model's quantized o projection at eight sequences unpadded
-    (``DecodeTiling.quant_rows``): the dots of a few rows of x (integer dots of Q4_K, Q6_K and
-    Q8_0, fp8's half dots, Q5_K's float dot) through Triton's compiler for an H100, their inline
+    (``DecodeTiling.quant_rows``): the dots of a few rows of x (integer dots of Q4_K, Q6_K, Q8_0
+    and Q5_K, fp8's half dots) through Triton's compiler for an H100, their inline
     PTX assembled by ptxas; the mask-free path of each, the masked path of Q4_K's (the others' masked
     kernels take minutes each: Q5_K's 318 s, 103 s in LLVM and 215 s in ptxas on a 2-core VM, Q6_K's
     about 180 s; docs/PERF.md, "Seventeenth session")."""
