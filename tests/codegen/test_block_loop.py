@@ -206,8 +206,8 @@ def test_a_residual_gemv_with_k_steps_loops_over_its_blocks_too():
 @pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q5_K], ids=str)
 def test_the_k_quants_paired_scales_give_the_dequantized_product_on_every_path(dtype, qgemv):
     """Q4_K's and Q5_K's scale and minimum, and d and dmin, stored as pairs (one load of twice the
-    width by groups): the residual GEMV read by units, by groups and (Q4_K) by 16-bit integer
-    dots, plain and in "blocks" form, is ``r + x w^T`` on the ``gguf``-exact dequantized weights:
+    width by groups): the residual GEMV read by units, by groups and by 16-bit integer dots,
+    plain and in "blocks" form, is ``r + x w^T`` on the ``gguf``-exact dequantized weights:
     f32 sums of 512 products (a few ulps of the largest) by units and groups; x rounded to 16
     bits a group of 32 for the integer dots (half a step, 1/65534 of a group's largest |x|, times
     the weights' magnitudes)."""
@@ -220,7 +220,7 @@ def test_the_k_quants_paired_scales_give_the_dequantized_product_on_every_path(d
     plain, blocks = _plain_and_blocks(fn, {"x": x, "w": w.data, "r": r, "y": r}, "y", qgemv, {"w": K})
     dense = w.dequantize().double()
     want, scale = r.double() + x.double() @ dense.T, float((x.abs().double() @ dense.abs().T).max())
-    tol = 2e-5 * scale if qgemv == "int16" and dtype is DType.Q4_K else 1e-6 * scale
+    tol = 2e-5 * scale if qgemv == "int16" else 1e-6 * scale
     assert torch.equal(plain, blocks) and float((plain.double() - want).abs().max()) <= tol
     src = render(fn, RenderOptions(qgemv=qgemv)).source
     if qgemv != "units":  # the pairs' words: the scale and minimum of a group, d and dmin of a block
