@@ -257,20 +257,27 @@ def _dot_function(em: _Emitter, fmt: QuantFormat, esums: dict[str, str], xsum: s
 
 def int_dots_apply(fmt: QuantFormat) -> bool:
     """Can a GEMV take ``fmt``'s products as integer dots (:func:`render_dot_int`): element
-    planes of unsigned 1-, 2-, 4- or 8-bit or signed 8-bit integers, each subgroup (the values
-    that share every scale) whole 32-bit words of every plane (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    Q4_K, Q5_K, Q6_K; not fp8)."""
-    planes = [p for p in fmt.planes if p.group == 1]
+    planes of unsigned 2-, 4- or 8-bit or signed 8-bit integers read as int32 words, each
+    subgroup (the values that share every scale) whole words of every plane, and a 5-bit
+    format's 1-bit plane, which goes into its 4-bit fields (:func:`_high_bit`): Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; not fp8."""
+    high = _high_bit(fmt)
+    planes = [p for p in fmt.planes if p.group == 1 and (high is None or p.name != high[1])]
     S = group_of(fmt) // subgroup_of(fmt)
-    return all((p.kind == "u" and p.bits in (1, 2, 4, 8) or p.kind == "i" and p.bits == 8)
-               and _int_words(fmt, p) % S == 0 for p in planes)
+    return all((p.kind == "u" and p.bits in (2, 4, 8) or p.kind == "i" and p.bits == 8)
+               and words_of(fmt, p)[0] == "tl.int32" and words_of(fmt, p)[1] % S == 0 for p in planes)
 
 
-def _int_words(fmt: QuantFormat, p: Plane) -> int:
-    """The 32-bit words a group of element plane ``p`` fills (0 where it does not fill whole ones):
-    a 1-bit plane's two 16-bit words (:func:`words_of`) are joined into one for the integer dots."""
-    bits = group_of(fmt) * p.bits
-    return bits // 32 if bits % 32 == 0 else 0
+def _high_bit(fmt: QuantFormat) -> tuple[str, str] | None:
+    """The (4-bit, 1-bit) element planes of a 5-bit format whose routine weighs the 1-bit plane
+    16 times the 4-bit one (Q5_0, Q5_1, Q5_K: ``ql + 16 qh``), a group of 32 (its high bits two
+    16-bit words); None for the others. The integer dots move each high bit into its 4-bit
+    field's byte (the 5-bit value): one pair of dots a field word, on the 4-bit plane's x words."""
+    planes = {p.name: p for p in fmt.planes if p.group == 1}
+    lo, hi = planes.get("ql"), planes.get("qh")
+    if lo is None or hi is None or len(planes) != 2 or (lo.bits, hi.bits) != (4, 1) or group_of(fmt) != 32:
+        return None
+    return "ql", "qh"
 
 
 def reads_by_groups_in(source: str) -> bool:
@@ -384,12 +391,16 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
     xi = em.let(f"({xg} * {inv} + {_ROUND}).to(tl.int32, bitcast=True)")  # [G, 1, T]: the low bits
     xsum = em.let(f"tl.sum(tl.reshape({xg}, ({L}{G}, 1, {S}, {Gs})), axis={3 + a})")  # x summed per subgroup
     esums = {}
-    for p in [q for q in fmt.planes if q.group == 1]:
-        word, V, _ = words_of(fmt, p)
+    high = _high_bit(fmt)
+    joined = None
+    if high is not None:  # the 1-bit plane's two 16-bit words a group as one (the first low), its bits
+        # moved into the 4-bit fields' bytes below
+        (w0, w1) = _words(em, f"R_{high[1]}", f"{G}, BR", 2)
+        joined = em.let(f"{w0} | ({w1} << 16)")
+        esums[high[1]] = "0.0"  # (its products are in the 4-bit plane's: its coefficient is 16 times that one's)
+    for p in [q for q in fmt.planes if q.group == 1 and (high is None or q.name != high[1])]:
+        _, V, _ = words_of(fmt, p)
         rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
-        if word == "tl.uint16":  # (1-bit values: the group's two 16-bit words as one, the first low)
-            rw = [em.let(f"{rw[2 * v]} | ({rw[2 * v + 1]} << 16)") for v in range(V // 2)]
-            V //= 2
         per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
         # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
         lanes = [em.let(f"tl.reshape({w}, ({L}{G}, 1, {V}, 4))")
@@ -413,6 +424,11 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
                 for k in range(per):
                     field = word if p.bits == 8 else \
                         em.let(f"({word} >> {k * p.bits}) & {mask}" if k else f"{word} & {mask}")
+                    if joined is not None and p.name == high[0]:
+                        # byte j holds element 8 v + 2 j + k: its high bit (bit 8 v + 2 j + k of the
+                        # joined word) to bit 4 of byte j: bits 0, 2, 4, 6 times 0x410410
+                        shifted = em.let(f"{joined} >> {8 * v + k}" if 8 * v + k else joined)
+                        field = em.let(f"{field} | ((({shifted} & 85) * 4260880) & 269488144)")
                     if xbits == 8:
                         acc = em.let(f"_pto_dp4a({field}, {xw[k][0][v]}, {acc})")
                     else:
