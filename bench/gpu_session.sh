@@ -75,8 +75,9 @@
 #               quantized weights until this says otherwise): the 8B in $QUANTMK_TYPES (default Q4_K with a Q6_K
 #               head, Q8_0, fp8), batch 1, both in the launches' tiles (--executors waves,persistent: the order
 #               that names both; bench/decode.py's --quant takes the wave executor's tiles)
-#   q5          issue 46: Q5_0 and Q5_1 as stored: their GPU tests, then bench/decode.py on SmolLM2 at batch 1
-#               with $Q5_SPECS (default bf16, the file's Q4_1 with its Q8_0 head, Q5_0, Q5_1), both executors
+#   q5          issue 46: the 5-bit formats as stored: their GPU tests, then bench/decode.py on SmolLM2 at batch 1
+#               with $Q5_SPECS (default bf16, the file's Q4_1 with its Q8_0 head, Q5_0, Q5_1), both executors,
+#               and on the 8B with $Q5_SPECS_8B (default Q5_K, Q4_K with a Q6_K head), the launches
 #   splitdown   issues 45, 46: the down projection by parts (DecodeTiling.split_down, its programs adding
 #               into the f32 residual): the GPU test, then bench/decode.py on $SPLIT_CONFIGS (default the 8B)
 #               with $SPLIT_QUANT (default Q4_K with a Q6_K head, Q8_0, fp8) under $SPLIT_TILINGS (default
@@ -289,10 +290,13 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
-    q5) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "q5_0 or q5_1" 2>&1 | tail -2
+    q5) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "q5" 2>&1 | tail -2
         python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --hf-configs none \
           --executors waves,persistent --quant "${Q5_SPECS:-bf16,smollm2-135m:q4_1/q8_0,smollm2-135m:q5_0,smollm2-135m:q5_1}" \
-          --json "$OUT/q5.json" > "$OUT/q5.log" 2>&1; grep "B=1" "$OUT/q5.log" | cut -c1-200 ;;
+          --json "$OUT/q5.json" > "$OUT/q5.log" 2>&1; grep "B=1" "$OUT/q5.log" | cut -c1-200
+        python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --hf-configs none --prefill 0 \
+          --executors waves --quant "${Q5_SPECS_8B:-q5_k,q4_k/q6_k}" --json "$OUT/q5_8b.json" > "$OUT/q5_8b.log" 2>&1
+        grep "B=1" "$OUT/q5_8b.log" | cut -c1-200 ;;
     splitdown) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k by_parts 2>&1 | tail -2
            T="${SPLIT_TILINGS:-default;+split_down=2048;+split_down=4096}"
            python3 bench/decode.py --configs "${SPLIT_CONFIGS:-llama3-8b}" --batches 1 --long 0 --steps 32 \
