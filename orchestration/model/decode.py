@@ -76,7 +76,6 @@ from pto.orchestration.model.tiling import (
     residual_f32,
     round_block,
     spans,
-    splits_down,
     tile_rows,
 )
 from pto.orchestration.model.vocab import VocabSplit
@@ -169,8 +168,7 @@ def functions(cfg: ModelConfig, dt: DType, target: Target | None, t: DecodeTilin
         return t.quant_whole_k and all(wtypes.get(k, dt).is_quantized for k in kinds)
 
     fold = folds_down(t, batch, wtypes.quantized, reduce is None)
-    split_k = not fold and splits_down(t, batch, reduce is None)
-    stream32 = fold or split_k
+    stream32 = residual_f32(t, batch, wtypes.quantized, reduce is None)  # (the fold, else the parts)
     xkw = {"xdtype": f32} if stream32 else {}  # the residual stream's dtype, where not dt
     lm, bv = _lm_head(cfg, dt, target, t, batch, wtypes, split.height if split else None, stream32)
     norm, residual, swiglu = (gemv_norm_tile, gemv_residual_tile, gemv_norm_swiglu_tile) if t.wt else \

@@ -130,6 +130,8 @@ def test_which_formats_take_integer_dots_and_the_others_fall_back(mode, bits):
         src = render(fn, RenderOptions(qgemv=mode, asm=True)).source
         assert dot in src, name
         assert (ptx in src) == ints, name
+        # the 5-bit formats' high bits spread into their nibbles' bytes (times 0x410410), no dots of their own
+        assert ("* 4260880)" in src) == (ints and name.startswith("q5")), name
 
 
 def test_the_interpreters_integer_dots_are_ptxs():

@@ -400,7 +400,6 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
         esums[high[1]] = "0.0"  # (its products are in the 4-bit plane's: its coefficient is 16 times that one's)
     for p in [q for q in fmt.planes if q.group == 1 and (high is None or q.name != high[1])]:
         _, V, _ = words_of(fmt, p)
-        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
         per = 8 // p.bits  # fields a byte: shift k's field of byte j is the word's lane j * per + k
         # x by lane k: [G, 1, V, 4], byte j of the field words of shift k
         lanes = [em.let(f"tl.reshape({w}, ({L}{G}, 1, {V}, 4))")
@@ -415,6 +414,7 @@ def render_dot_int(fmt: QuantFormat, xbits: int, rows: bool = False) -> list[str
             else:
                 pairs = em.let(f"_pto_pack2({even}, {odd})")
                 xw.append([_words(em, em.let(f"{h} + {zero}"), f"{L}{G}, 1", V) for h in em.split(pairs)])
+        rw = _words(em, f"R_{p.name}", f"{G}, BR", V)
         mask = 0x01010101 * ((1 << p.bits) - 1)
         accs = []
         for sub in range(S):  # each subgroup's words, one chain
