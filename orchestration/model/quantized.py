@@ -198,61 +198,87 @@ def stored_layer(step: dict[str, torch.Tensor], wtypes: WeightTypes, cfg: ModelC
     return out
 
 
+#: the bytes of dense matrices the prefill's dequantizer keeps at once: as many layers' matrices
+#: as fit are made dense by one launch a kind (a prefill of SmolLM2 makes 5 launches, not 150: on
+#: an H200 its 512-token prefill is host-bound, about 20 us a launch); a layer larger than this
+#: (the 8B's 436 MB in bf16) one at a time
+DEQUANT_BUDGET = 256 << 20
+
+
 class LayerDequantizer:
     """Each layer's quantized matrices made dense for the prefill's layer program (``[in, out]``
     views of ``dtype``), from the decode step's stacked tensors ``step`` on their device (nothing
     copied from the host), by ``backend`` (a :class:`pto.backends.Backend`: on a GPU the format's
     Triton helper, the GEMVs' own dequantization; on the CPU the routine on whole rows,
-    :meth:`pto.quant.QTensor.dequantize`, ten times faster than the evaluator's tiles). One
-    prepared launch per kind and layer, kept (a prefill replays them), into one buffer per kind:
-    one layer's dense matrices at a time, overwritten by the next layer's (the layer program
-    copies its inputs in first)."""
+    :meth:`pto.quant.QTensor.dequantize`, ten times faster than the evaluator's tiles).
+
+    The layers go in spans of :attr:`span` consecutive layers, as many as ``budget`` bytes of
+    dense matrices hold (at least one): a layer's first call in a span makes the whole span's
+    matrices dense, one prepared launch per kind (kept: a prefill replays them), into one buffer
+    per kind, overwritten by the next span's (the layer program copies its inputs in first, and
+    the launches run in order on the device)."""
 
     def __init__(self, backend, wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, dtype: DType,
-                 launches: bool | None = None):
+                 launches: bool | None = None, budget: int = DEQUANT_BUDGET):
         self.backend, self.step, self.cfg, self.dtype = backend, step, cfg, dtype
         #: through the backend's launches (None: where the weights are on a GPU)
         self.use_launches = launches if launches is not None else step["w_qkv"].device.type == "cuda"
         self.kinds = {k: d for k, d in wtypes.types if k in STACKED}
         self.shapes = weight_shapes(cfg, True)
-        self.buffers = {k: torch.empty(*self.shapes[k], dtype=dtype.torch, device=step[k].device) for k in self.kinds}
-        self.launches: dict[tuple[str, int], object] = {}
-        self.functions: dict[str, object] = {}
+        layer_bytes = sum(r * c for r, c in (self.shapes[k] for k in self.kinds)) * dtype.torch.itemsize
+        #: layers made dense together
+        self.span = max(1, min(cfg.layers, budget // max(1, layer_bytes)))
+        dev = step["w_qkv"].device
+        self.buffers = {k: torch.empty(self.span * self.shapes[k][0], self.shapes[k][1], dtype=dtype.torch,
+                                       device=dev) for k in self.kinds}
+        self.launches: dict[tuple[str, int], object] = {}  # by kind and a span's first layer
+        self.functions: dict[tuple[str, int], object] = {}  # by kind and layers
+        self.dense_span: int | None = None  # the first layer of the span the buffers hold
 
     def __call__(self, layer: int) -> dict[str, torch.Tensor]:
+        first = layer - layer % self.span
+        if self.dense_span != first:
+            n = min(self.span, self.cfg.layers - first)
+            for kind in self.kinds:
+                self._dequantize(kind, first, n)
+            self.dense_span = first
         out = {}
-        for kind, d in self.kinds.items():
-            if not self.use_launches:  # the routine on whole rows: one op per plane
-                rows, cols = self.shapes[kind]
-                block = QTensor(d, self.step[kind][layer * rows:(layer + 1) * rows], cols)
-                self.buffers[kind].copy_(block.dequantize())
-            else:
-                launch = self.launches.get((kind, layer))
-                if launch is None:
-                    launch = self.launches[(kind, layer)] = self._prepare(kind, layer)
-                launch()
-            block = self.buffers[kind].t()
+        for kind in self.kinds:
+            rows = self.shapes[kind][0]
+            block = self.buffers[kind][(layer - first) * rows:(layer - first + 1) * rows].t()
             for m, at, n in matrix_rows(self.cfg, kind):
                 out[m] = block[:, at:at + n]
         return out
 
-    def _prepare(self, kind: str, layer: int):
+    def _dequantize(self, kind: str, first: int, layers: int) -> None:
+        rows, cols = self.shapes[kind]
+        if not self.use_launches:  # the routine on whole rows: one op per plane
+            block = QTensor(self.kinds[kind], self.step[kind][first * rows:(first + layers) * rows], cols)
+            self.buffers[kind][:layers * rows].copy_(block.dequantize())
+            return
+        launch = self.launches.get((kind, first))
+        if launch is None:
+            launch = self.launches[(kind, first)] = self._prepare(kind, first, layers)
+        launch()
+
+    def _prepare(self, kind: str, first: int, layers: int):
         from pto.incore.dequantize import dequantize_rows, dequantize_tile_shape
 
         from pto.data.batch import RegionBatch, TaskBatch
         from pto.ir.analysis import specialize
 
         rows, cols = self.shapes[kind]
-        fn = self.functions.get(kind)
-        if fn is None:  # one function per kind (every layer's block has its shape)
+        rows *= layers
+        fn = self.functions.get((kind, layers))
+        if fn is None:  # one function per kind and span length (every span's block has its shape)
             d = self.kinds[kind]
             br, bk = dequantize_tile_shape(d.quant.block, cols)
-            fn = self.functions[kind] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk, br=br))
+            fn = self.functions[(kind, layers)] = specialize(dequantize_rows(d, self.dtype, rows, cols, bk, br=br))
 
         def region(t: torch.Tensor, r0: int) -> RegionBatch:
             return RegionBatch(t, *(torch.tensor([v]) for v in (r0, 0, rows, cols)))
 
-        mems = {"w": region(self.step[kind], layer * rows), "y": region(self.buffers[kind], 0)}
+        mems = {"w": region(self.step[kind], first * self.shapes[kind][0]), "y": region(self.buffers[kind], 0)}
         return self.backend.prepare(TaskBatch(fn, mems, {}, 1))
 
 

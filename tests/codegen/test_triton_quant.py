@@ -81,25 +81,35 @@ def test_a_gemv_against_quantized_weights_agrees_with_the_evaluator(dtype):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-def test_the_prefills_dequantization_through_the_triton_backend():
-    """The prefill's dense copies of a layer's quantized matrices (``LayerDequantizer``) through
-    the Triton backend's launches, prepared once and replayed: the layer's values, as ``[in,
-    out]``, bit for bit."""
+@pytest.mark.parametrize("span", [1, 2, 3])
+@pytest.mark.parametrize("launches", [True, False])
+def test_the_prefills_dequantization_in_spans_of_layers(span, launches):
+    """The prefill's dense copies of a layer's quantized matrices (``LayerDequantizer``), through
+    the Triton backend's launches (prepared once and replayed) or the routine on whole rows, in
+    spans of as many layers as the budget holds (3 layers: spans of one, of two and a last one of
+    one, all three): each layer's values, as ``[in, out]``, bit for bit, whichever span the
+    buffers held before; one launch per kind and span."""
+    from dataclasses import replace
+
     from pto.orchestration.model.program import CONFIGS, random_weights, stack_weights
     from pto.orchestration.model.quantized import LayerDequantizer, WeightTypes, dense_weights, quantize_weights
 
     from pto.backends.triton import TritonBackend
 
-    w = quantize_weights(random_weights(CONFIGS["tiny"], torch.float32, torch.Generator().manual_seed(2)), "q4_0")
+    cfg = replace(CONFIGS["tiny"], layers=3)
+    w = quantize_weights(random_weights(cfg, torch.float32, torch.Generator().manual_seed(2)), "q4_0")
     step = stack_weights(w, True, False)
-    dq = LayerDequantizer(TritonBackend("cpu"), WeightTypes.of(w), step, w.config, f32, launches=True)
+    layer_bytes = sum(v.rows * v.cols for v in w.layers[0].values() if hasattr(v, "rows")) * 4
+    dq = LayerDequantizer(TritonBackend("cpu"), WeightTypes.of(w), step, cfg, f32, launches=launches,
+                          budget=span * layer_bytes + layer_bytes // 2)
+    assert dq.span == span
     want = dense_weights(w)
-    for layer in (1, 1):
+    for layer in (1, 1, 0, 2, 1):
         got = dq(layer)
         assert set(got) == {"wq", "wk", "wv", "wo", "wg", "wu", "wd"}
         for k, v in got.items():
             assert torch.equal(v, want.layers[layer][k]), (layer, k)
-    assert len(dq.launches) == 5  # prepared once per kind and layer
+    assert len(dq.launches) == (5 * -(-3 // span) if launches else 0)
 
 
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
