@@ -199,10 +199,11 @@ def stored_layer(step: dict[str, torch.Tensor], wtypes: WeightTypes, cfg: ModelC
 
 
 #: the bytes of dense matrices the prefill's dequantizer keeps at once: as many layers' matrices
-#: as fit are made dense by one launch a kind (a prefill of SmolLM2 makes 5 launches, not 150: on
-#: an H200 its 512-token prefill is host-bound, about 20 us a launch); a layer larger than this
+#: as fit are made dense by one launch a kind (SmolLM2 in bf16: 9 layers a span, 20 launches a
+#: prefill where a layer at a time took 150; its 512-token prefill on an H200 waits on the host,
+#: 12.8-13.3 ms at one layer a span, 8.8-10.7 at 9 or 30: docs/PERF.md); a layer larger than this
 #: (the 8B's 436 MB in bf16) one at a time
-DEQUANT_BUDGET = 256 << 20
+DEQUANT_BUDGET = 64 << 20
 
 
 class LayerDequantizer:
@@ -219,7 +220,7 @@ class LayerDequantizer:
     the launches run in order on the device)."""
 
     def __init__(self, backend, wtypes: WeightTypes, step: dict[str, torch.Tensor], cfg, dtype: DType,
-                 launches: bool | None = None, budget: int = DEQUANT_BUDGET):
+                 launches: bool | None = None, budget: int | None = None):
         self.backend, self.step, self.cfg, self.dtype = backend, step, cfg, dtype
         #: through the backend's launches (None: where the weights are on a GPU)
         self.use_launches = launches if launches is not None else step["w_qkv"].device.type == "cuda"
@@ -227,6 +228,7 @@ class LayerDequantizer:
         self.shapes = weight_shapes(cfg, True)
         layer_bytes = sum(r * c for r, c in (self.shapes[k] for k in self.kinds)) * dtype.torch.itemsize
         #: layers made dense together
+        budget = DEQUANT_BUDGET if budget is None else budget
         self.span = max(1, min(cfg.layers, budget // max(1, layer_bytes)))
         dev = step["w_qkv"].device
         self.buffers = {k: torch.empty(self.span * self.shapes[k][0], self.shapes[k][1], dtype=dtype.torch,
