@@ -122,6 +122,20 @@ def prefill_kinds(wtypes: WeightTypes, mode: str, device: str) -> tuple[WeightTy
     return WeightTypes(stored), WeightTypes(tuple(kd for kd in layers if kd not in stored))
 
 
+def ring_runs(n: int, capacity: int) -> list[tuple[int, int, int]]:
+    """Where a prompt of ``n`` positions goes in a cache ring of ``capacity`` slots: the last
+    ``capacity`` positions (all, when they fit), position ``p`` in slot ``p % capacity``, as
+    runs of consecutive slots, (first position, its slot, positions): one run, two once the
+    ring has wrapped."""
+    p, runs = max(0, n - capacity), []
+    while p < n:
+        slot = p % capacity
+        count = min(n - p, capacity - slot)
+        runs.append((p, slot, count))
+        p += count
+    return runs
+
+
 def capacity_for(weights: ModelWeights, longest: int, chunk: int | None = None) -> int:
     """The cache slots a generation needs: the window of a sliding-window model, else the
     smallest power of two of whole attention chunks holding ``longest`` positions."""
@@ -295,21 +309,29 @@ class Generator:
                 fresh, t0 = n not in self._layers, time.perf_counter()
                 layer = self._layer(n)
                 prepare_ms += (time.perf_counter() - t0) * 1e3 if fresh else 0.0
-                slots = torch.arange(n, device=self.device) % capacity
-                keep = slots if n <= capacity else slots[n - capacity:]
+                # each layer's host work is what a GPU's prefill waits on (docs/PERF.md): the
+                # RoPE tables copied in once per graph (every call of it takes the same rows),
+                # the keys and values stored by slices, each layer's output copied straight in
+                # as the next one's input
+                runs = ring_runs(n, capacity)
+                fixed = {"cos": self.cos[:n], "sin": self.sin[:n]} if layer.stats is None else {}
+                layer_in = {"x": x}
                 for i in range(L):
                     first = layer.stats is None
-                    out = layer({"x": x, **self._layer_inputs(i, n)})
+                    out = layer({**layer_in, **fixed, **self._layer_inputs(i)})
+                    fixed, layer_in = {}, {}
                     prepare_ms += layer.stats.kernel_compile_ms if first else 0.0
                     row = (i * B + b) * capacity
                     for src, dst in ((keys, "k_cache"), (values, "v_cache")):
-                        t[dst][row + keep] = out[src][n - len(keep):, heads]
-                    x = out["y"].clone()
+                        for at, slot, count in runs:
+                            t[dst][row + slot:row + slot + count] = out[src][at:at + count, heads]
+                    if i + 1 < L:  # (the last layer's output is not wanted: the step makes the logits)
+                        layer.tensors["x"].copy_(out["y"])
             t["tok"][b, 0] = float(prompt[-1])
             t["pos"][b, 0] = float(n)
         return prepare_ms
 
-    def _layer_inputs(self, layer: int, seq: int) -> dict[str, torch.Tensor]:
+    def _layer_inputs(self, layer: int) -> dict[str, torch.Tensor]:
         """Layer ``layer``'s weights for the layer's graph: quantized kinds as stored (``native``:
         views of the step's own output-major rows of blocks) or dequantized (dense, ``[in, out]``)
         on the device from the step's own tensors, a layer at a time
@@ -321,14 +343,15 @@ class Generator:
                 if self.wtypes.quantized:  # (the quantized kinds come as stored or from the dequantizer)
                     self._layer_views = [{k: v.to(self.device) for k, v in w.items() if not is_quantized(v)}
                                          for w in self.weights.layers]
+                    if self.native:  # the step's own quantized rows, as the layer's nk projections take them
+                        for i, w in enumerate(self._layer_views):
+                            w.update(stored_layer(self._stacked(), self.stored, self.config, i))
                 else:
                     self._layer_views = unstack_weights(self.config, self._stacked(), self.tiling.wt,
                                                         self.tiling.lm_wt).layers
             w = dict(self._layer_views[layer])
         else:
-            w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}
-        if self.native:  # the step's own quantized rows, as the layer's nk projections take them
-            w.update(stored_layer(self._stacked(), self.stored, self.config, layer))
+            w = {k: v.to(self.device) for k, v in self.weights.layers[layer].items()}  # (dense: quantized on one rank)
         if self.dequantized.quantized:
             if self._dequantizer is None:
                 from pto.backends import get_backend
@@ -337,7 +360,7 @@ class Generator:
                 self._dequantizer = LayerDequantizer(backend, self.dequantized, self._stacked(), self.config,
                                                      self.dtype)
             w.update(self._dequantizer(layer))
-        return {**w, "cos": self.cos[:seq], "sin": self.sin[:seq]}
+        return w
 
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,

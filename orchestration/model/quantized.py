@@ -236,6 +236,7 @@ class LayerDequantizer:
         self.launches: dict[tuple[str, int], object] = {}  # by kind and a span's first layer
         self.functions: dict[tuple[str, int], object] = {}  # by kind and layers
         self.dense_span: int | None = None  # the first layer of the span the buffers hold
+        self.views: dict[int, dict[str, torch.Tensor]] = {}
 
     def __call__(self, layer: int) -> dict[str, torch.Tensor]:
         first = layer - layer % self.span
@@ -244,13 +245,15 @@ class LayerDequantizer:
             for kind in self.kinds:
                 self._dequantize(kind, first, n)
             self.dense_span = first
-        out = {}
-        for kind in self.kinds:
-            rows = self.shapes[kind][0]
-            block = self.buffers[kind][(layer - first) * rows:(layer - first + 1) * rows].t()
-            for m, at, n in matrix_rows(self.cfg, kind):
-                out[m] = block[:, at:at + n]
-        return out
+        out = self.views.get(layer)
+        if out is None:  # (views of the buffers, the same for every span: made once a layer)
+            out = self.views[layer] = {}
+            for kind in self.kinds:
+                rows = self.shapes[kind][0]
+                block = self.buffers[kind][(layer - first) * rows:(layer - first + 1) * rows].t()
+                for m, at, n in matrix_rows(self.cfg, kind):
+                    out[m] = block[:, at:at + n]
+        return dict(out)
 
     def _dequantize(self, kind: str, first: int, layers: int) -> None:
         rows, cols = self.shapes[kind]

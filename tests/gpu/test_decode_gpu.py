@@ -324,3 +324,50 @@ def _generator_step(w, executor: str, pos: list[int], tok: list[int], cache: int
     t["pos"].copy_(torch.tensor(pos, dtype=t["pos"].dtype, device="cuda")[:, None])
     t["tok"].copy_(torch.tensor(tok, dtype=t["tok"].dtype, device="cuda")[:, None])
     return gen, step
+
+
+@pytest.mark.parametrize("config,prompts,cache", [("smollm2-135m", [77, 30, 77], 128), ("tiny-swa", [101, 101], 64)])
+def test_the_prefill_on_the_gpu_fills_the_caches_the_cpus_does(config, prompts, cache):
+    """The prefill as ``pto generate`` runs it on the GPU in bf16 (each layer's graph replayed,
+    its RoPE tables copied in once a graph, the keys and values stored by runs of slots, the
+    layers chained in the graph's own input): every sequence's cache block and its first token
+    and position those of the same prefill on the CPU in f32 (the torch backend, which the
+    reference model checks), to bf16's rounding over two layers (rel 1e-2: a wrong slot or layer
+    would be of the caches' own size). SmolLM2's shape in two layers, two prompts of one
+    length (the graph reused); tiny-swa's prompts past its 64-slot ring (two runs of slots)."""
+    from dataclasses import replace
+
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.program import CONFIGS, random_weights
+
+    from pto.engine import rel_err
+    from pto.ir.dtypes import DType
+
+    cfg = replace(CONFIGS[config], layers=2)
+    g = torch.Generator().manual_seed(43)
+    w = random_weights(cfg, torch.float32, g)
+    toks = [torch.randint(0, cfg.vocab, (n,), generator=g).tolist() for n in prompts]
+    got = {}
+    for device, dtype in (("cuda", DType.BF16), ("cpu", DType.F32)):
+        gen = Generator(w if device == "cpu" else _to(w, torch.bfloat16), device, dtype,
+                        backend="auto" if device == "cuda" else "torch")
+        try:
+            step = gen.step(len(toks), cache)
+            gen.prefill(step, toks, cache)
+            got[device] = {k: step.tensors[k].float().cpu() for k in ("k_cache", "v_cache", "tok", "pos")}
+        finally:
+            gen.close()
+    for k in ("k_cache", "v_cache"):
+        ref = got["cpu"][k]
+        assert float(ref.abs().sum()) > 0, k
+        assert rel_err(got["cuda"][k], ref) <= 1e-2, k
+    for k in ("tok", "pos"):
+        assert torch.equal(got["cuda"][k], got["cpu"][k]), k
+
+
+def _to(w, dtype):
+    """Model weights ``w`` (dense) in ``dtype``."""
+    from dataclasses import replace
+
+    return replace(w, embedding=w.embedding.to(dtype), norm=w.norm.to(dtype), lm_head=w.lm_head.to(dtype),
+                   layers=[{k: v.to(dtype) for k, v in layer.items()} for layer in w.layers])

@@ -136,6 +136,39 @@ def test_generation_replays_one_graph_and_matches_the_reference(config):
     assert len(got.decode_ms) == new and got.tasks_per_step > 0
 
 
+def test_a_prompt_longer_than_the_window_prefills_the_ring_and_matches_the_reference():
+    """tiny-swa's 64-slot ring and prompts of 100 and 64 positions (plus the last token): the
+    prefill keeps each one's last 64 positions, in two runs of slots once the ring has wrapped;
+    two prefills of the same length in one batch (the layer's graph reused, its RoPE tables
+    copied in once); the reference model's greedy tokens."""
+    from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model.reference import ReferenceModel
+
+    from pto.ir.dtypes import DType
+
+    w = _random_weights("tiny-swa", seed=8)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, w.config.vocab, (n,), generator=g).tolist() for n in (101, 65, 101)]
+    want = ReferenceModel(w).generate(prompts, 6, stop_ids=())
+    gen = Generator(w, "cpu", DType.F32)
+    try:
+        assert gen.generate(prompts, 6, stop_ids=()).tokens == want
+    finally:
+        gen.close()
+
+
+@pytest.mark.parametrize("n,capacity,runs", [(5, 64, [(0, 0, 5)]), (64, 64, [(0, 0, 64)]),
+                                             (100, 64, [(36, 36, 28), (64, 0, 36)]), (128, 64, [(64, 0, 64)]),
+                                             (130, 64, [(66, 2, 62), (128, 0, 2)])])
+def test_a_prompts_positions_go_to_the_rings_slots_in_runs(n, capacity, runs):
+    from pto.orchestration.llm.generate import ring_runs
+
+    assert ring_runs(n, capacity) == runs
+    slots = [s + k for _, s, c in runs for k in range(c)]
+    positions = [p + k for p, _, c in runs for k in range(c)]
+    assert positions == list(range(max(0, n - capacity), n)) and slots == [p % capacity for p in positions]
+
+
 def test_sampled_generation_draws_what_the_reference_draws():
     """Temperature, top-k and top-p with a seed: the step's logits sampled on the device and the
     token written back into its state; the same draws as the reference model's sampler on its
