@@ -84,7 +84,9 @@
 #               the default and parts of 2048, 4096), then bench/megakernel.py for $SPLIT_MK_CONFIGS
 #               (default SmolLM2, the 1B, the 8B; "none" skips it) under $SPLIT_MK_TILINGS, both executors
 #   qprefill    issue 46: the prefill with quantized weights (each layer's matrices dequantized first, a
-#               program a tile): the GPU test, then bench/decode.py's 512-token prefill of SmolLM2 (bf16, the
+#               program a tile, in spans of layers): the GPU tests (the prefill's caches against the CPU's too),
+#               bench/prefill_profile.py (SmolLM2 in bf16 and Q4_1: host against device time), then
+#               bench/decode.py's 512-token prefill of SmolLM2 (bf16, the
 #               file's Q4_1 with a Q8_0 head, Q5_0) and of the 8B (bf16, Q4_K with a Q6_K head, Q8_0), both ways
 #   combo       issue 45: one sequence's attention combine folded into the o projection
 #               (DecodeTiling.fold_combine): the GPU test, then bench/megakernel.py for $COMBO_CONFIGS
@@ -308,11 +310,20 @@ for stage in "$@"; do
              --waves "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" --budget "${SPLIT_BUDGET:-240}" \
              --json "$OUT/split_mk.json" > "$OUT/split_mk.log" 2>&1
            grep -E " ms  floor|skipped" "$OUT/split_mk.log" ;;
-    qprefill) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k prefill 2>&1 | tail -2
+    qprefill) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py tests/gpu/test_decode_gpu.py \
+                -k prefill 2>&1 | tail -2
+           python3 bench/prefill_profile.py --specs bf16,q4_1/q8_0 --ways dequantize,native --repeat 10 --top 0 \
+             2>&1 | grep "prefill ms\|profiled"
            for c in "smollm2-135m:bf16,q4_1/q8_0,q5_0" "llama3-8b:bf16,q4_k/q6_k,q8_0"; do
              python3 bench/decode.py --configs "${c%%:*}" --batches 1 --long 0 --steps 8 --executors waves \
                --hf-configs none --prefill 512 --quant "${c#*:}" --quant-prefill dequantize,native \
-               > "$OUT/qprefill_${c%%:*}.log" 2>&1; grep "B=1" "$OUT/qprefill_${c%%:*}.log" | cut -c1-240
+               > "$OUT/qprefill_${c%%:*}.log" 2>&1
+             python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["config"], r["quant"], {k: v for k, v in r.items() if k.startswith("prefill")})' \
+               "$OUT/qprefill_${c%%:*}.log"
            done ;;
     combo) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k combine_in_the_o 2>&1 | tail -2
            T="${COMBO_TILINGS:-default;+fold_combine=8;+fold_combine=16;+fold_combine=32}"
