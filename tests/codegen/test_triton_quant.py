@@ -103,12 +103,18 @@ def test_the_prefills_dequantization_in_spans_of_layers(span, launches):
     dq = LayerDequantizer(TritonBackend("cpu"), WeightTypes.of(w), step, cfg, f32, launches=launches,
                           budget=span * layer_bytes + layer_bytes // 2)
     assert dq.span == span
+    made = []  # the spans made dense, a kind at a time
+    dequantize = dq._dequantize
+    dq._dequantize = lambda kind, first, layers: (made.append((first, layers)), dequantize(kind, first, layers))
     want = dense_weights(w)
     for layer in (1, 1, 0, 2, 1):
         got = dq(layer)
         assert set(got) == {"wq", "wk", "wv", "wo", "wg", "wu", "wd"}
         for k, v in got.items():
             assert torch.equal(v, want.layers[layer][k]), (layer, k)
+    # a layer of the span the buffers hold makes nothing dense again
+    spans = {1: [(1, 1), (0, 1), (2, 1), (1, 1)], 2: [(0, 2), (2, 1), (0, 2)], 3: [(0, 3)]}[span]
+    assert made == [s for s in spans for _ in range(5)]
     assert len(dq.launches) == (5 * -(-3 // span) if launches else 0)
 
 

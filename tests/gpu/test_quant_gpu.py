@@ -52,7 +52,7 @@ def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize, monkey
 
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
-def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
+def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype, monkeypatch):
     """The prefill of a prompt with the layers' q8_0 (SmolLM2's shape) or q4_k (the 1B shape's
     whole blocks) matrices read as stored (``native``, what ``auto`` takes for q8_0 on a GPU) and
     dequantized first: the same bf16 values multiplied (both round the dequantized weights to
@@ -61,6 +61,7 @@ def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
     from dataclasses import replace
 
     from pto.orchestration.llm.generate import Generator
+    from pto.orchestration.model import quantized
     from pto.orchestration.model.program import CONFIGS, random_weights
     from pto.orchestration.model.quantized import random_quantized_weights
 
@@ -68,7 +69,9 @@ def test_the_prefill_as_stored_is_the_dequantizing_one_on_the_gpu(qtype):
     from pto.ir.dtypes import DType
 
     cfg = CONFIGS["smollm2-135m" if qtype == "q8_0" else "llama3.2-1b"]
-    cfg = replace(cfg, layers=2)
+    cfg = replace(cfg, layers=3)
+    # SmolLM2's dense layers (7.1 MB in bf16) two a span, then one; the 1B's (122 MB) one a span
+    monkeypatch.setattr(quantized, "DEQUANT_BUDGET", 15 << 20)
     g = torch.Generator().manual_seed(41)
     w = random_quantized_weights(random_weights(cfg, torch.bfloat16, g), qtype, g)
     prompt = torch.randint(0, cfg.vocab, (77,), generator=g).tolist()
