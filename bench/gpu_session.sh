@@ -78,6 +78,9 @@
 #   q5          issue 46: the 5-bit formats as stored: their GPU tests, then bench/decode.py on SmolLM2 at batch 1
 #               with $Q5_SPECS (default bf16, the file's Q4_1 with its Q8_0 head, Q5_0, Q5_1), both executors,
 #               and on the 8B with $Q5_SPECS_8B (default Q5_K, Q4_K with a Q6_K head), the launches
+#   q5blocks    issue 46: the 5-bit formats' gate/up GEMV in "blocks" form (PTO_BLOCKS_FORMATS=+q5_0,q5_1,q5_k;
+#               from their SASS the 8B's Q5_K gate/up 6.41 -> 4.51 instructions a weight): the GPU tests -k q5 with
+#               it, then bench/decode.py on the 8B (Q5_K) and SmolLM2 (Q5_0, Q5_1) at batch 1 without and with it
 #   splitdown   issues 45, 46: the down projection by parts (DecodeTiling.split_down, its programs adding
 #               into the f32 residual): the GPU test, then bench/decode.py on $SPLIT_CONFIGS (default the 8B)
 #               with $SPLIT_QUANT (default Q4_K with a Q6_K head, Q8_0, fp8) under $SPLIT_TILINGS (default
@@ -310,6 +313,15 @@ for stage in "$@"; do
              --waves "${SPLIT_MK_TILINGS:-default;+split_down=768;+split_down=2048}" --budget "${SPLIT_BUDGET:-240}" \
              --json "$OUT/split_mk.json" > "$OUT/split_mk.log" 2>&1
            grep -E " ms  floor|skipped" "$OUT/split_mk.log" ;;
+    q5blocks) PTO_BLOCKS_FORMATS=+q5_0,q5_1,q5_k python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py \
+                -k q5 2>&1 | tail -2
+              for f in "" "+q5_0,q5_1,q5_k"; do
+                for c in "llama3-8b:q5_k" "smollm2-135m:q5_0,q5_1"; do
+                  PTO_BLOCKS_FORMATS="$f" python3 bench/decode.py --configs "${c%%:*}" --batches 1 --long 0 --steps 32 \
+                    --executors waves --hf-configs none --prefill 0 --quant "${c#*:}" \
+                    --json "$OUT/q5blocks_${c%%:*}_${f:+on}.json" 2>&1 | grep "B=1" | sed "s/^/[${f:-default}] /"
+                done
+              done ;;
     qprefill) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py tests/gpu/test_decode_gpu.py \
                 -k prefill 2>&1 | tail -2
            python3 bench/prefill_profile.py --specs bf16,q4_1/q8_0 --ways dequantize,native --repeat 10 --top 0 \

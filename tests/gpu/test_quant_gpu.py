@@ -1,6 +1,6 @@
 """Quantized weights on the GPU (skipped without CUDA): the decode step with its layers' weights
 stored in a block format (random blocks, or pto's quantizers where they apply) or fp8, read as
-they are stored by the GEMVs (integer dots for the block formats but the 5-bit ones, half dots for fp8:
+they are stored by the GEMVs (integer dots for the integer formats, half dots for fp8:
 ``PTO_QGEMV=auto``; the whole-K quantized tiles of models of hidden 2048 and more at one sequence), on each
 executor. Its logits must be no further from a float64 run of the reference model on the same
 weights dequantized than torch's bf16 run of it is (within 5%, tests/gpu/test_decode_gpu.py's

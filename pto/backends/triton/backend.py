@@ -48,6 +48,7 @@ from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occupancy
 from pto.backends.triton.modes import (
     PDL_POLICIES,
+    blocks_formats,
     pdl_mode,
     persistent_mode,
     qgemv_cols,
@@ -123,6 +124,8 @@ class TritonBackend(Backend):
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
+        #: the weight formats whose gate/up GEMV "auto" runs in "blocks" form (PTO_BLOCKS_FORMATS)
+        self.blocks_formats = blocks_formats()
         if self.persistent == "ws" and self.compiles and tuple(torch.cuda.get_device_capability(self.device)) < (9, 0):
             raise UsageError("persistent tile loops 'ws' (warp-specialized) need compute capability 9.0 or later; "
                              "use 'loop'")
@@ -199,7 +202,7 @@ class TritonBackend(Backend):
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
                 "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
-                "persistent": persistent_mode() or "off"}
+                "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats()))}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
@@ -306,15 +309,17 @@ class TritonBackend(Backend):
     def render_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
         """This backend's code-generation options with those ``cfg`` switches, and the backend's
         persistent tile loop (``self.persistent``) for a kernel whose loops multiply large tiles
-        where ``cfg`` does not say; "auto": "blocks" for a kernel whose plain form says so
-        (``RenderedKernel.blocks_auto``: the gate/up GEMVs measured faster so), no loop elsewhere."""
+        where ``cfg`` does not say; "auto": "blocks" for a kernel whose plain form says so in the
+        formats this backend takes so (``RenderedKernel.blocks_auto_in`` :attr:`blocks_formats`:
+        the gate/up GEMVs measured faster so), no loop elsewhere."""
         opts = cfg.options(self.options)
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
         if self.persistent == "auto":
             kernel = self.kernel(fn, opts)  # (the plain kernel, launched where it does not loop)
-            # (blocks_auto first: the programs, a device query on a GPU, asked only of a kernel that could loop)
-            auto = kernel.blocks_auto and kernel.loops_blocks(self.block_programs())
+            # (the formats first: the programs, a device query on a GPU, asked only of a kernel that could loop)
+            fmts = self.blocks_formats
+            auto = kernel.blocks_auto_in(fmts) and kernel.loops_blocks(self.block_programs(), fmts)
             return replace(opts, persistent="blocks") if auto else opts
         if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
             return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts

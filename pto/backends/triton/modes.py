@@ -1,14 +1,15 @@
 """The Triton backend's modes that the environment may set: how a batch splits into launches
 (``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``), programmatic dependent launch
-(``PTO_PDL``), persistent tile loops (``PTO_PERSISTENT``) and how the GEMVs read quantized
+(``PTO_PDL``), persistent tile loops (``PTO_PERSISTENT``, ``PTO_BLOCKS_FORMATS``) and how the GEMVs read quantized
 weights (``PTO_QGEMV``), each with its default for the GPU the kernels are compiled for."""
 
 from __future__ import annotations
 
 import os
 
-from pto.codegen.triton.common import PDL_MODES, PERSISTENT_MODES, QGEMV_MODES
+from pto.codegen.triton.common import BLOCKS_AUTO_FORMATS, PDL_MODES, PERSISTENT_MODES, QGEMV_MODES
 from pto.errors import UsageError
+from pto.ir.dtypes import DType
 
 #: the PDL policies a backend takes (``pdl=``, ``PTO_PDL``): the render modes, and "auto" (each
 #: launch "late", but "chain" where the next launch loads memory before its wait; the executor
@@ -49,10 +50,29 @@ def persistent_mode() -> str:
     return "" if mode in ("off", "") else mode
 
 
+def blocks_formats() -> frozenset:
+    """The weight formats whose gate/up GEMV the "auto" persistent policy runs in "blocks" form
+    (``RenderedKernel.blocks_auto_in``): ``PTO_BLOCKS_FORMATS``, formats by their short names
+    separated by commas (``q4_0,q4_1,q4_k``), or with a leading "+" added to the default (``+q5_k``:
+    the measured set and Q5_K, for an A/B); by default
+    :data:`~pto.codegen.triton.common.BLOCKS_AUTO_FORMATS` (measured faster so on an H200)."""
+    text = os.environ.get("PTO_BLOCKS_FORMATS", "").strip()
+    if not text:
+        return BLOCKS_AUTO_FORMATS
+    add = text.startswith("+")
+    names = [t.strip() for t in text.lstrip("+").split(",") if t.strip()]
+    known = [d.short for d in DType if d.is_quantized]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise UsageError(f"PTO_BLOCKS_FORMATS={text!r}: quantized formats separated by commas ({', '.join(known)}), "
+                         "or a leading + to add them to the default")
+    return frozenset(names) | (BLOCKS_AUTO_FORMATS if add else frozenset())
+
+
 def qgemv_mode(compiles: bool = True) -> str:
     """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
     ``PTO_QGEMV`` (auto, units, groups, int8, int16; default auto: integer dots with 16-bit x for
-    Q4_0, Q4_1, Q8_0, Q4_K and Q6_K, half dots for fp8, groups for the 5-bit formats), "auto"
+    every integer format, Q4_0 to Q6_K and Q8_0, half dots for fp8), "auto"
     where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless asked (its f32
     arithmetic is the CPU tests' reference; the other paths have tests of their own)."""
     mode = os.environ.get("PTO_QGEMV", "auto")
@@ -110,5 +130,5 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "pdl_mode", "persistent_mode", "qgemv_cols",
-           "qgemv_mode", "qgemv_warps", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "pdl_mode", "persistent_mode",
+           "qgemv_cols", "qgemv_mode", "qgemv_warps", "split_mode", "tma_mode"]

@@ -78,11 +78,12 @@ def format_info(d: dict) -> str:
     if "pdl" in d:
         tri += f"; programmatic dependent launch {d['pdl']} (PTO_PDL)"
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
-        tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the block "
-                "formats but the 5-bit ones, by groups, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
+        tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the integer "
+                "formats, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
                 "program, PTO_QGEMV_COLS: a warp's columns)")
+        blocks = d.get("blocks_formats", "").replace(",", ", ")
         tri += (f"; persistent tile loops {d.get('persistent', 'off')} (PTO_PERSISTENT; auto: the gate/up GEMVs of "
-                "Q4_0, Q4_1 and Q4_K weights loop over their blocks)")
+                f"{blocks} weights loop over their blocks, PTO_BLOCKS_FORMATS)")
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     if d.get("quantized"):

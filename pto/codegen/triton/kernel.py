@@ -85,16 +85,28 @@ class RenderedKernel:
     #: ("blocks") each block loads the next one's weights ahead (their registers: the backend
     #: compiles such a kernel of 4 warps or fewer to at most BLOCK_MAXNREG registers)
     block_ahead: bool = False
-    #: the backend's "auto" persistent policy runs this kernel in "blocks" form: a gate/up GEMV
-    #: of :data:`~pto.codegen.triton.common.BLOCKS_AUTO_FORMATS` weights (:func:`blocks_auto`)
-    blocks_auto: bool = False
+    #: the weight formats of a GEMV whose form the "blocks" loop takes (:func:`blocks_formats`: the
+    #: gate/up pair by integer dots in one K step); empty for any other kernel
+    blocks_formats: frozenset = frozenset()
 
-    def loops_blocks(self, programs: int) -> bool:
+    def blocks_auto_in(self, formats: frozenset = BLOCKS_AUTO_FORMATS) -> bool:
+        """Does the "auto" persistent policy run this kernel in "blocks" form where it takes the
+        weight formats ``formats`` so (the backend's: ``PTO_BLOCKS_FORMATS``, by default
+        :data:`~pto.codegen.triton.common.BLOCKS_AUTO_FORMATS`): its GEMV's are all of them."""
+        return bool(self.blocks_formats) and self.blocks_formats <= formats
+
+    @property
+    def blocks_auto(self) -> bool:
+        """:meth:`blocks_auto_in` the formats measured faster so (``BLOCKS_AUTO_FORMATS``)."""
+        return self.blocks_auto_in()
+
+    def loops_blocks(self, programs: int, formats: frozenset = BLOCKS_AUTO_FORMATS) -> bool:
         """Does the "auto" persistent policy run this kernel in "blocks" form on ``programs``
-        programs a task: its form says so (:attr:`blocks_auto`) and its parallel axis, of a
-        constant extent, gives each program at least ``BLOCKS_AUTO_MIN`` blocks."""
+        programs a task: its form and formats say so (:meth:`blocks_auto_in` ``formats``) and its
+        parallel axis, of a constant extent, gives each program at least ``BLOCKS_AUTO_MIN`` blocks."""
         extent = self.fn.parallel.extent if self.fn.parallel is not None else None
-        return self.blocks_auto and isinstance(extent, Const) and extent.value >= BLOCKS_AUTO_MIN * programs
+        return self.blocks_auto_in(formats) and isinstance(extent, Const) and \
+            extent.value >= BLOCKS_AUTO_MIN * programs
 
     @property
     def waits(self) -> bool:
@@ -194,22 +206,25 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     if r.grouped:
         launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps, r.opts.qgemv_cols or 1024)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
-                          r.block_ahead, blocks_auto(fn, r))
+                          r.block_ahead, blocks_formats(fn, r))
 
 
-def blocks_auto(fn: IncoreFunction, r) -> bool:
-    """Does the "auto" persistent policy run ``fn``'s kernel (rendered by ``r``, a
-    :class:`~.body.BodyRenderer`) as a loop over its task's blocks: a kernel with a parallel
-    axis whose GEMV reads two weight tensors or more (the gate/up pair; not one tensor's parts,
-    the RoPE halves of q/k/v), every one by groups in one K step with integer dots, of a format
-    of :data:`~.common.BLOCKS_AUTO_FORMATS` (the forms measured faster so on an H200; the rest
-    slower). The backend also asks for blocks enough a program (``BLOCKS_AUTO_MIN``)."""
+def blocks_formats(fn: IncoreFunction, r) -> frozenset:
+    """The weight formats of ``fn``'s kernel (rendered by ``r``, a :class:`~.body.BodyRenderer`)
+    where the "auto" persistent policy may run it as a loop over its task's blocks (empty where
+    it may not): a kernel with a parallel axis whose GEMV reads two weight tensors or more (the
+    gate/up pair; not one tensor's parts, the RoPE halves of q/k/v), every one by groups in one K
+    step with integer dots. The backend loops it where it takes all these formats so
+    (:data:`~.common.BLOCKS_AUTO_FORMATS`, the forms measured faster so on an H200; the rest
+    slower) and a program gets blocks enough (``BLOCKS_AUTO_MIN``)."""
     if fn.parallel is None or not r.grouped:
-        return False
+        return frozenset()
     loads = [i for i in walk_instrs(fn.body) if i.op is Op.LOAD and i.dst in r.grouped]
     formats = [r.memrefs[i.srcs[0]].dtype.quant for i in loads]
-    return len({i.srcs[0] for i in loads}) >= 2 and _load_trips(fn.body, frozenset(r.grouped)) < 2 and \
-        all(f.name in BLOCKS_AUTO_FORMATS and r.int_dots(f) for f in formats)
+    if len({i.srcs[0] for i in loads}) >= 2 and _load_trips(fn.body, frozenset(r.grouped)) < 2 and \
+            all(r.int_dots(f) for f in formats):
+        return frozenset(f.name for f in formats)
+    return frozenset()
 
 
 #: a grouped GEMV whose program streams its weights over at least this many K steps runs at
