@@ -74,6 +74,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     the model's configuration; ``warps``: ``RenderOptions.qgemv_warps``; ``cols``:
     ``RenderOptions.qgemv_cols``; ``persistent``: "blocks", every kernel a loop over its task's
     blocks, "auto" the kernels the backend's default policy loops (``RenderedKernel.loops_blocks``
+    in the formats ``PTO_BLOCKS_FORMATS`` names
     and blocks enough a program on a GPU of ``sms`` multiprocessors), each compiled as the backend
     would (at most BLOCK_MAXNREG registers where it carries the next
     block's weights in 4 warps or fewer). The down projection
@@ -82,6 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
+    from pto.backends.triton.modes import blocks_formats
     from pto.codegen.triton import render
     from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
@@ -90,6 +92,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.machine.target import get
 
     cfg = CONFIGS[config]
+    formats = blocks_formats()  # (the formats "auto" loops: PTO_BLOCKS_FORMATS, as the backend's)
     if spec == "bf16":
         wt = WeightTypes()
     else:
@@ -111,7 +114,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
         opts = RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps, qgemv_cols=cols)
         kern = render(specialize(fn, dims), opts)
-        if persistent == "blocks" or (persistent == "auto" and kern.loops_blocks(BLOCK_PROGRAMS * sms)):
+        if persistent == "blocks" or (persistent == "auto" and kern.loops_blocks(BLOCK_PROGRAMS * sms, formats)):
             kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))
         tag = f"{spec}|{mode}|{tiling}|{batch}|{persistent}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")

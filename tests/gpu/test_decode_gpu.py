@@ -339,6 +339,7 @@ def test_the_prefill_on_the_gpu_fills_the_caches_the_cpus_does(config, prompts, 
 
     from pto.orchestration.llm.generate import Generator
     from pto.orchestration.model.program import CONFIGS, random_weights
+    from pto.orchestration.model.quantized import dense_weights
 
     from pto.engine import rel_err
     from pto.ir.dtypes import DType
@@ -349,7 +350,7 @@ def test_the_prefill_on_the_gpu_fills_the_caches_the_cpus_does(config, prompts, 
     toks = [torch.randint(0, cfg.vocab, (n,), generator=g).tolist() for n in prompts]
     got = {}
     for device, dtype in (("cuda", DType.BF16), ("cpu", DType.F32)):
-        gen = Generator(w if device == "cpu" else _to(w, torch.bfloat16), device, dtype,
+        gen = Generator(w if device == "cpu" else dense_weights(w, torch.bfloat16), device, dtype,
                         backend="auto" if device == "cuda" else "torch")
         try:
             step = gen.step(len(toks), cache)
@@ -364,10 +365,3 @@ def test_the_prefill_on_the_gpu_fills_the_caches_the_cpus_does(config, prompts, 
     for k in ("tok", "pos"):
         assert torch.equal(got["cuda"][k], got["cpu"][k]), k
 
-
-def _to(w, dtype):
-    """Model weights ``w`` (dense) in ``dtype``."""
-    from dataclasses import replace
-
-    return replace(w, embedding=w.embedding.to(dtype), norm=w.norm.to(dtype), lm_head=w.lm_head.to(dtype),
-                   layers=[{k: v.to(dtype) for k, v in layer.items()} for layer in w.layers])
