@@ -137,9 +137,9 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     assert gpu["tma"] == "on" and "tensor descriptors on (PTO_TMA)" in format_info(gpu)
     assert gpu["persistent"] == "auto" and "persistent tile loops auto (PTO_PERSISTENT" in format_info(gpu)
     monkeypatch.delenv("PTO_BLOCKS_FORMATS", raising=False)
-    assert "the gate/up GEMVs of q4_0, q4_1, q4_k weights loop" in format_info(gpu)
-    monkeypatch.setenv("PTO_BLOCKS_FORMATS", "+q5_k")
-    assert "the gate/up GEMVs of q4_0, q4_1, q4_k, q5_k weights loop" in format_info(info("auto"))
+    assert "the gate/up GEMVs of q4_0, q4_1, q4_k, q5_k weights loop" in format_info(gpu)
+    monkeypatch.setenv("PTO_BLOCKS_FORMATS", "+q5_0")
+    assert "the gate/up GEMVs of q4_0, q4_1, q4_k, q5_0, q5_k weights loop" in format_info(info("auto"))
     monkeypatch.setenv("PTO_PDL", "off")
     assert info("auto")["pdl"] == "off"
     monkeypatch.setenv("PTO_TMA", "off")

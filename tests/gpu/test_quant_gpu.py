@@ -35,9 +35,9 @@ def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
 
 
-@pytest.mark.parametrize("quantize", ["q4_0", "q4_k"])
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_k", "q5_k"])
 def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize, monkeypatch):
-    """The 1B shape's one-sequence step with 4-bit layers on the wave executor: its gate/up GEMV
+    """The 1B shape's one-sequence step with 4-bit (and Q5_K) layers on the wave executor: its gate/up GEMV
     runs in the persistent "blocks" form (``PTO_PERSISTENT``'s default "auto":
     ``BLOCKS_AUTO_FORMATS``, 2,048 blocks on 4 programs a multiprocessor), the other GEMVs in
     the plain grid, and the step is float64's as :func:`check_step` bounds it."""

@@ -79,8 +79,11 @@ PERSISTENT_MODES = ("loop", "ws", "flat", "blocks")
 #: Q8_0's too (29.4 -> 43.0), fp8's and bf16's; every other kernel as fast or slower in "blocks"
 #: form (one weight: q/k/v 6.7 -> 6.5 on the 8B, 3.2 -> 4.4 on the 1B; o 4.3 -> 4.8; the down
 #: projection's K steps 15.7 -> 16.0; the LM head mixed: the 8B's Q6_K 169 -> 177, Q4_0 103 ->
-#: 144, the 1B's Q4_0 54 -> 41; docs/PERF.md, "sixteenth session")
-BLOCKS_AUTO_FORMATS = frozenset({"q4_0", "q4_1", "q4_k"})
+#: 144, the 1B's Q4_0 54 -> 41; docs/PERF.md, "sixteenth session"); and Q5_K, whose high bits
+#: join its 4-bit fields' bytes (the 8B's Q5_K step 2.510 -> 2.307 ms; SmolLM2's Q5_0 and Q5_1
+#: steps 0.455 -> 0.467 and 0.469 -> 0.456, within their noise, so left out; docs/PERF.md,
+#: "Twenty-third session")
+BLOCKS_AUTO_FORMATS = frozenset({"q4_0", "q4_1", "q4_k", "q5_k"})
 #: ... and only where a program of the launch takes this many of the task's blocks or more (the
 #: extent known when rendered): the gains above at 3.9 and 6.8 blocks a program (the 1B's and
 #: the 8B's gate/up on 528 programs); a loop of one block hoists nothing
