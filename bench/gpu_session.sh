@@ -337,6 +337,26 @@ for line in open(sys.argv[1]):
         print(r["config"], r["quant"], {k: v for k, v in r.items() if k.startswith("prefill")})' \
                "$OUT/qprefill_${c%%:*}.log"
            done ;;
+    q41) # issue 46: the 8B's Q4_1 prefill both ways (is "auto" native for q4_1 right on a GPU?), then
+         # SmolLM2's Q4_1 step against bf16 kernel by kernel, in one process (twice)
+         python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "blocks or prefill" 2>&1 | tail -2
+         for c in "llama3-8b:bf16,q4_1" "smollm2-135m:bf16,q4_1/q8_0"; do
+           python3 bench/decode.py --configs "${c%%:*}" --batches 1 --long 0 --steps 8 --executors waves \
+             --hf-configs none --prefill 512 --quant "${c#*:}" --quant-prefill dequantize,native,auto \
+             > "$OUT/q41_prefill_${c%%:*}.log" 2>&1
+           python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["config"], r["quant"], {k: v for k, v in r.items() if k.startswith("prefill")})' \
+             "$OUT/q41_prefill_${c%%:*}.log"
+         done
+         for i in 1 2; do
+           python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 32 --executors waves \
+             --hf-configs none --prefill 0 --quant bf16,q4_1/q8_0,bf16,q4_1/q8_0 --timeline > "$OUT/q41_tl_$i.log" 2>&1
+           grep "B=1" "$OUT/q41_tl_$i.log" | cut -c1-160
+         done
+         grep -A14 "span" "$OUT/q41_tl_1.log" | cut -c1-110 ;;
     combo) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k combine_in_the_o 2>&1 | tail -2
            T="${COMBO_TILINGS:-default;+fold_combine=8;+fold_combine=16;+fold_combine=32}"
            python3 bench/megakernel.py --configs "${COMBO_CONFIGS:-smollm2-135m,llama3.2-1b}" --batches 1 \
