@@ -337,6 +337,12 @@ for line in open(sys.argv[1]):
         print(r["config"], r["quant"], {k: v for k, v in r.items() if k.startswith("prefill")})' \
                "$OUT/qprefill_${c%%:*}.log"
            done ;;
+    order) # the wave executor's step slower when built fourth or later in a process (bench/step_order.py)
+           for v in "" "--keep" "--gc" "--executor persistent"; do
+             echo "[step_order $v]"; timeout 150 python3 bench/step_order.py --steps 6 $v 2>&1 | grep '^{' | cut -c1-200
+           done
+           echo "[step_order, PTO_PDL=off]"; PTO_PDL=off timeout 150 python3 bench/step_order.py --steps 6 2>&1 \
+             | grep '^{' | cut -c1-200 ;;
     q41) # issue 46: the 8B's Q4_1 prefill both ways (is "auto" native for q4_1 right on a GPU?), then
          # SmolLM2's Q4_1 step against bf16 kernel by kernel, in one process (twice)
          python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "blocks or prefill" 2>&1 | tail -2

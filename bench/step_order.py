@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Is a decode step slower for being built later in a process?
+
+Measured on an H200 (2026-12-02, docs/PERF.md "Twenty-third session"): SmolLM2's bf16 step on the
+wave executor, built six times in one process by ``bench/decode.py --quant bf16,bf16,...`` (a new
+Generator each time, closed after its timing), took 0.399-0.411 ms the first three times and
+0.443-0.461 ms from the fourth on, with or without the profiler, under PDL "auto" and "late"
+alike; the persistent executor's did not move. This script tells the explanations apart in one
+run:
+
+- ``--keep``: every step stays alive (its Generator open) instead of being closed after its
+  timing, so no step reuses the memory of another;
+- at the end, the first and the last steps are timed again (``--keep`` keeps the first; without
+  it the first is kept alone): if the first is slow now, something of the process or the GPU
+  changed (global state), if it is still fast, the later steps themselves differ (where their
+  buffers lie, their graphs);
+- ``--gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()`` between steps;
+- per step: the caching allocator's bytes and segments, the address span of the step's own
+  tensors, and how the step replays (a CUDA graph or launches).
+
+``python3 bench/step_order.py --config smollm2-135m --steps 6 [--keep] [--gc] [--executor waves]``;
+one JSON line a step, then the re-timings. On a machine without a GPU it runs the tiny model on
+the CPU (the mechanics, not the times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pto.orchestration.llm.generate import Generator  # noqa: E402
+from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
+
+from pto.ir.dtypes import DType  # noqa: E402
+
+
+def step_ms(fn, calls: int, cuda: bool) -> float:
+    """The median of three rounds' milliseconds a call of ``fn``, after one untimed call."""
+    fn()
+    rounds = []
+    for _ in range(3):
+        if cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(calls):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            rounds.append(a.elapsed_time(b) / calls)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            rounds.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(rounds)
+
+
+def memory(cuda: bool) -> dict:
+    """The caching allocator's allocated and reserved bytes and its segments (GPU only)."""
+    if not cuda:
+        return {}
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "segments": len(torch.cuda.memory_snapshot())}
+
+
+class Built:
+    """One step of ``batch`` sequences and a ``cache``-slot cache on a Generator of its own,
+    its cache half full, and how to time it."""
+
+    def __init__(self, w, device: str, dtype: DType, executor: str, batch: int, cache: int):
+        self.gen = Generator(w, device, dtype, executor=executor)
+        self.step = self.gen.step(batch, cache)
+        t = self.step.tensors
+        t["k_cache"].normal_()
+        t["v_cache"].normal_()
+        t["pos"].fill_(cache // 2)
+        t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
+        self.step()  # the first run: compiles, fits, uploads
+        self.start = t["pos"].clone()
+        ptrs = [v.data_ptr() for v in t.values() if v.numel()]
+        self.span = (min(ptrs), max(ptrs))
+
+    def replay(self) -> str:
+        self.step.tensors["pos"].copy_(self.start)  # the same position every call
+        return self.step.replay()
+
+    def close(self) -> None:
+        self.gen.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=None,
+                    help="a model configuration (default: smollm2-135m on a GPU, tiny on the CPU)")
+    ap.add_argument("--steps", type=int, default=6, help="steps built one after another")
+    ap.add_argument("--executor", default="waves")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--cache", type=int, default=1024)
+    ap.add_argument("--calls", type=int, default=32, help="replays a timing round (three rounds)")
+    ap.add_argument("--keep", action="store_true", help="keep every step alive")
+    ap.add_argument("--gc", action="store_true", help="collect garbage and empty the CUDA cache between steps")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", DType.BF16) if cuda else ("cpu", DType.F32)
+    name = args.config or ("smollm2-135m" if cuda else "tiny")
+    cfg = CONFIGS[name]
+    g = torch.Generator(device=device).manual_seed(0)
+    w = random_weights(cfg, torch.bfloat16 if cuda else torch.float32, g)
+    cache = args.cache if cuda else min(args.cache, 64)
+    kept: list[Built] = []
+    first = last = None
+    for i in range(args.steps):
+        b = Built(w, device, dtype, args.executor, args.batch, cache)
+        mode = b.replay()
+        ms = step_ms(b.replay, args.calls, cuda)
+        print(json.dumps({"config": name, "executor": args.executor, "step": i + 1, "ms": round(ms, 4),
+                          "replay": mode, "tensors_span": [hex(p) for p in b.span], **memory(cuda)}), flush=True)
+        if i == 0:
+            first = b
+        elif args.keep:
+            kept.append(b)
+        elif i < args.steps - 1:
+            b.close()
+        last = b
+        if args.gc:
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+    for tag, b in (("first", first), ("last", last)):
+        if b is not None:
+            print(json.dumps({"again": tag, "ms": round(step_ms(b.replay, args.calls, cuda), 4)}), flush=True)
+    for b in {id(x): x for x in [first, last, *kept] if x is not None}.values():
+        b.close()
+
+
+if __name__ == "__main__":
+    main()
