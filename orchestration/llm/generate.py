@@ -362,6 +362,13 @@ class Generator:
             w.update(self._dequantizer(layer))
         return w
 
+    @property
+    def prefill_buffer_bytes(self) -> int:
+        """The bytes of the dense copies the prefill made of quantized layer matrices (the
+        dequantizer's buffers: at most ``DEQUANT_BUDGET``, or one layer's where a layer is larger;
+        0 where the prefill read every kind as stored or none is quantized)."""
+        return self._dequantizer.nbytes if self._dequantizer is not None else 0
+
     # -- generating ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  on_step: Callable[[list[int | None]], None] | None = None, stop_ids=None,

@@ -18,7 +18,8 @@ GGUF file's quantized weights run as the file stores them (``--dequantize``: flo
 type that has no kernel, or a projection whose layers mix types, is dequantized with one line on
 stderr saying which and why); ``--quantize fp8|q8_0|q4_0`` quantizes float weights at load
 (:mod:`pto.orchestration.model.quantized`). The report gives the weights' resident bytes and the
-bytes a step reads of them.
+bytes a step reads of them, and the dense copies of quantized matrices the prefill keeps where it
+made any (``prefill_dense_bytes``: the dequantizer's buffers).
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def run(req: GenerateRequest, stream: TextIO | None = None) -> dict:
     nbytes = weight_bytes(weights)
     stored = {"types": WeightTypes.of(weights).to_json(), "resident_bytes": nbytes["resident"],
               "step_read_bytes": nbytes["step_read"]}
+    if gen.prefill_buffer_bytes:  # dense copies of quantized matrices the prefill kept
+        stored["prefill_dense_bytes"] = gen.prefill_buffer_bytes
     out = {"model": req.path, "device": device, "dtype": dtype.short, "texts": texts, "tokens": result.tokens,
            "load_ms": load_ms, **result.to_json(), "weights": stored}
     if req.tp > 1:  # this rank's sums over the ranks, by algorithm (pto.machine.collectives)
@@ -194,6 +197,8 @@ def format_speed(res: dict) -> str:
     types = ", ".join(sorted(set(w["types"].values()))) if w and w["types"] else res["dtype"]
     weights = "" if w is None else (f"; weights {w['resident_bytes'] / 1e6:,.1f} MB ({types}), "
                                     f"{w['step_read_bytes'] / 1e6:,.1f} MB read a step")
+    if w and w.get("prefill_dense_bytes"):
+        weights += f", {w['prefill_dense_bytes'] / 1e6:,.1f} MB of dense copies for the prefill"
     return (f"{_prompt(res)}; decode {per}, "
             f"{res['steps']} steps of {res['tasks_per_step']:,} tasks ({res['executor']} executor, "
             f"{res['device']}, {res['dtype']}, batch {len(res['tokens'])}, cache {res['cache']}){weights}")

@@ -238,6 +238,12 @@ class LayerDequantizer:
         self.dense_span: int | None = None  # the first layer of the span the buffers hold
         self.views: dict[int, dict[str, torch.Tensor]] = {}
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its dense buffers (kept for the Generator's life: a prefill replays the
+        prepared launches into them)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
     def __call__(self, layer: int) -> dict[str, torch.Tensor]:
         first = layer - layer % self.span
         if self.dense_span != first:

@@ -103,6 +103,7 @@ def test_the_prefills_dequantization_in_spans_of_layers(span, launches):
     dq = LayerDequantizer(TritonBackend("cpu"), WeightTypes.of(w), step, cfg, f32, launches=launches,
                           budget=span * layer_bytes + layer_bytes // 2)
     assert dq.span == span
+    assert dq.nbytes == span * layer_bytes  # (a span's matrices, in f32: what pto generate reports)
     made = []  # the spans made dense, a kind at a time
     dequantize = dq._dequantize
     dq._dequantize = lambda kind, first, layers: (made.append((first, layers)), dequantize(kind, first, layers))

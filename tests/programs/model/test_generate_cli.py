@@ -101,14 +101,31 @@ def test_tp_that_does_not_divide_the_heads_is_one_line_before_loading(smollm):
         "ranks\n", r.stderr
 
 
+def _result(prompts: tuple[int, ...] = (4,), prefill_ms: float = 30.0, step_ms: float = 8.0) -> dict:
+    """``pto generate``'s result for prompts of these lengths (a sequence each), its weights unsaid."""
+    from pto.orchestration.llm.generate import Generation
+
+    gen = Generation(tokens=[[5, 6, 7]] * len(prompts), prompt_tokens=list(prompts), prefill_ms=prefill_ms,
+                     decode_ms=[step_ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
+    return {**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"}
+
+
 def _speed_line(prompts: list[int], prefill_ms: float = 30.0, step_ms: float = 8.0) -> str:
     """``pto generate``'s speed line for prompts of these lengths (a sequence each)."""
-    from pto.orchestration.llm.generate import Generation
     from pto.orchestration.llm.textgen import format_speed
 
-    gen = Generation(tokens=[[5, 6, 7]] * len(prompts), prompt_tokens=prompts, prefill_ms=prefill_ms,
-                     decode_ms=[step_ms] * 3, capacity=64, tasks_per_step=905, executor="waves")
-    return format_speed({**gen.to_json(), "tokens": gen.tokens, "device": "cpu", "dtype": "f32"})
+    return format_speed(_result(tuple(prompts), prefill_ms, step_ms))
+
+
+def test_the_speed_line_gives_the_prefills_dense_copies_where_it_kept_any():
+    from pto.orchestration.llm.textgen import format_speed
+
+    line = _speed_line([4])
+    w = {"types": {"wg": "q4_k"}, "resident_bytes": 98_300_000, "step_read_bytes": 97_000_000}
+    assert "dense copies" not in format_speed({**_result(), "weights": w})
+    assert format_speed({**_result(), "weights": {**w, "prefill_dense_bytes": 56_623_104}}).endswith(
+        "; weights 98.3 MB (q4_k), 97.0 MB read a step, 56.6 MB of dense copies for the prefill")
+    assert "dense copies" not in line
 
 
 @pytest.mark.parametrize("data,says", [

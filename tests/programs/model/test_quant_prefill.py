@@ -41,6 +41,11 @@ def prefill(weights, mode: str, prompt: list[int], backend: str, native: tuple[s
         assert bool(nk) == (mode == "native" or bool(native)), nk  # (the layer that ran is the one asked for)
         if native is not None:
             assert sorted(m for m, _ in gen.native) == sorted(native)
+        # the dequantizer's dense copies (pto generate's prefill_dense_bytes): every layer of the
+        # tiny models in one span, in f32, of the matrices not taken as stored
+        taken = set(native or ()) | ({"wq", "wk", "wv", "wo", "wg", "wu", "wd"} if mode == "native" else set())
+        dense = sum(v.rows * v.cols for k, v in weights.layers[0].items() if hasattr(v, "rows") and k not in taken)
+        assert gen.prefill_buffer_bytes == dense * 4 * len(weights.layers)
         caches = {k: step.tensors[k].clone() for k in ("k_cache", "v_cache")}
         step()
         return caches, step.tensors["logits"].clone()
