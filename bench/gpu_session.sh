@@ -343,6 +343,15 @@ for line in open(sys.argv[1]):
            done
            echo "[step_order, PTO_PDL=off]"; PTO_PDL=off timeout 150 python3 bench/step_order.py --steps 6 2>&1 \
              | grep '^{' | cut -c1-200 ;;
+    q41warps) # issue 46: SmolLM2's Q4_1 residual GEMVs (o, down) 0.5-0.8 us a layer behind bf16's after their
+              # waits: their warps, kernel by kernel (a process per setting: the first steps of a process)
+              for w in ${Q41_WARPS:-1 2 4}; do
+                PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 32 \
+                  --executors waves --hf-configs none --prefill 0 --quant bf16,q4_1/q8_0 --timeline \
+                  > "$OUT/q41warps_$w.log" 2>&1
+                echo "[PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/q41warps_$w.log" | cut -c1-120
+                grep -A8 "q4_1/q8_0 B=1 waves: span" "$OUT/q41warps_$w.log" | grep "span\|gemv" | cut -c1-110
+              done ;;
     q41) # issue 46: the 8B's Q4_1 prefill both ways (is "auto" native for q4_1 right on a GPU?), then
          # SmolLM2's Q4_1 step against bf16 kernel by kernel, in one process (twice)
          python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "blocks or prefill" 2>&1 | tail -2
