@@ -14,7 +14,7 @@ as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the s
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
 early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), ``r=`` runs (``PTO_MK_RUNS``: ``auto``, a
 count, 0), ``w=`` what an item waits for (``PTO_MK_DEPS``: ``task``, ``data``), ``p=`` how it polls
-(``PTO_MK_POLL``: ``one``, ``every``), e.g.
+(``PTO_MK_POLL``: ``one``, ``every``), ``i=`` inline items (``PTO_MK_INLINE``: ``off``, ``on``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS``: in the
@@ -54,7 +54,8 @@ from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for,
 
 #: the short names of a variant's settings
 ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "k": "PTO_MK_PREFETCH_KB", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS",
-       "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS", "w": "PTO_MK_DEPS", "p": "PTO_MK_POLL"}
+       "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS", "w": "PTO_MK_DEPS", "p": "PTO_MK_POLL",
+       "i": "PTO_MK_INLINE"}
 
 
 def variant_env(variant: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ import torch
 from pto.codegen.triton.megakernel import Branch
 from pto.errors import BuildError, ExecutionError, UsageError
 from pto.exec.cost import item_costs
+from pto.exec.inline import inline_items, inline_layout
 from pto.exec.item_deps import DEFAULT_DEPS, DEPS, Counters, ItemBoxes, data_counters, item_boxes, task_counters
 from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
 from pto.ir.analysis import param_access
@@ -191,6 +192,17 @@ class Plan:
         """The programs' streams of ranged dispatch (:func:`pto.exec.order.streams` of
         :meth:`workers`): the queue indices grouped by program, and each program's offset."""
         return streams(self.workers(programs, dispatch), programs)
+
+    def inline_items(self, counters: Counters) -> np.ndarray:
+        """Per counter of ``counters`` (:meth:`counters`), the queue index of the item run where
+        its count ends, or -1 (:func:`pto.exec.inline.inline_items`)."""
+        return inline_items(counters)
+
+    def inline_streams(self, programs: int, dispatch: str, inline: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`streams` without the ``inline`` items (:meth:`inline_items`), which follow every
+        program's range in the table, and per counter its inline item's table index or -1
+        (:func:`pto.exec.inline.inline_layout`)."""
+        return inline_layout(self.workers(programs, dispatch), programs, inline)
 
 
 def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.ndarray, flags: FlagRule):

@@ -121,6 +121,23 @@ def test_data_dependencies_on_the_gpu(config, batch, monkeypatch):
     check_step("persistent", batch, 1024, inspect, config=config)
 
 
+@pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])
+def test_inline_items_on_the_gpu(config, batch, monkeypatch):
+    """The persistent executor with inline items (``PTO_MK_INLINE=on``: the item that alone waits
+    on a counter, the attention combine among them, runs on the program whose release ends the
+    count, without a poll; its acquire the release's acq_rel atomic) on the GPU, where the parts
+    finish on many programs at once: the step as close to float64 as torch's bf16, and every
+    segment's items taken once (``check``)."""
+    monkeypatch.setenv("PTO_MK_INLINE", "on")
+
+    def inspect(runner, inputs, out):
+        kernels = runner.executor.kernels
+        assert all(k.inline for k in kernels) and any((k.inline_items >= 0).any() for k in kernels)
+        runner.executor.check()
+
+    check_step("persistent", batch, 1024, inspect, config=config)
+
+
 @pytest.mark.parametrize("env,value", [("PTO_MK_RUNS", "8"), ("PTO_MK_PREFETCH", "light")])
 def test_the_megakernels_runs_and_light_prefetch_on_the_gpu(env, value, monkeypatch):
     """SmolLM2's step on the persistent executor with its GEMVs in runs (8 items a task at most:

@@ -92,6 +92,10 @@ class MegakernelSettings:
     #: how an item polls its predecessors' counter on a GPU (:data:`pto.codegen.triton.megakernel.POLL`:
     #: ``one`` thread, or ``every`` thread; None: ``PTO_MK_POLL``, else :data:`DEFAULT_POLL`)
     poll: str | None = None
+    #: ``on``: an item that alone waits on its counter runs on the program whose release ends the
+    #: count, next, without a poll (:mod:`pto.exec.inline`; ranged dispatch, not with the sentinel);
+    #: None: ``PTO_MK_INLINE``, else :data:`DEFAULT_INLINE`
+    inline: str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -103,6 +107,10 @@ DEFAULT_POLL = "one"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
 DEFAULT_PREFETCH = 0
+#: the settings of ``PTO_MK_INLINE`` (:attr:`MegakernelSettings.inline`, :mod:`pto.exec.inline`)
+INLINE = ("off", "on")
+#: inline items where the settings and environment do not say: off until measured on a GPU
+DEFAULT_INLINE = "off"
 #: the settings of ``PTO_MK_PREFETCH`` (:attr:`MegakernelSettings.prefetch`)
 PREFETCH_CHOICES = ("0", "1", "2", "light")
 #: the KiB an item prefetches into L2 at most where the settings and environment do not say
@@ -151,6 +159,11 @@ def resolve_dispatch(choice: str | None) -> str:
 def resolve_poll(choice: str | None) -> str:
     """``choice``, else ``PTO_MK_POLL``, else :data:`DEFAULT_POLL`."""
     return env_choice(choice, "PTO_MK_POLL", DEFAULT_POLL, POLL, "poll")
+
+
+def resolve_inline(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_INLINE``, else :data:`DEFAULT_INLINE`."""
+    return env_choice(choice, "PTO_MK_INLINE", DEFAULT_INLINE, INLINE, "inline")
 
 
 
@@ -256,6 +269,8 @@ class Megakernel:
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
+        #: inline items (:mod:`pto.exec.inline`): asked, with ranged dispatch and no sentinel
+        self.inline = resolve_inline(settings.inline) == "on" and self.dispatch != "queue" and not settings.sentinel
         asked = per_sm_of(settings.per_sm, settings.segment)
         #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
         self.per_sm: int | None = None if asked == AUTO else asked
@@ -300,7 +315,8 @@ class Megakernel:
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
-                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch, poll=self.poll)
+                                     ignore=s.ignore, stages=stages, dispatch=self.dispatch, poll=self.poll,
+                                     inline=self.inline)
 
         self.stages = want
         self.rendered = render(want)
@@ -355,6 +371,8 @@ class Megakernel:
         # with the sentinel (a task's last item releases), else their predecessors' items (each
         # item releases), with data dependencies those items that write what it reads
         self.counters = c = p.counters(self.settings.sentinel)
+        #: per counter, the queue index of the item run where its count ends, or -1
+        self.inline_items = p.inline_items(c) if self.inline else np.full(len(c.init), -1, np.int64)
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in (
             ("task_branch", p.task_branch), ("task_row", p.task_row), ("tab", p.tab),
             ("task_tensor", task_tensor), ("pending0", c.init if len(c.init) else np.zeros(1, np.int32)),
@@ -364,6 +382,7 @@ class Megakernel:
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
         t["items"] = torch.from_numpy(item_descriptors(p, counters=c)).to(dev)
         t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
+        t["inl"] = torch.full((max(len(c.init), 1),), -1, dtype=torch.int64, device=dev)  # (and this)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
         idx = t["task_tensor"].long()
@@ -390,7 +409,12 @@ class Megakernel:
         if self.dispatch == "queue":
             return
         p, dev = self.plan, self.device
-        self.order, start = p.streams(self.programs, self.dispatch)
+        if self.inline:  # the inline items after every program's stream
+            self.order, start, table = p.inline_streams(self.programs, self.dispatch, self.inline_items)
+            if len(table):
+                self.buf["inl"] = torch.from_numpy(table.astype(np.int64)).to(dev)
+        else:
+            self.order, start = p.streams(self.programs, self.dispatch)
         self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order, self.counters)).to(dev)
         self.buf["stream"] = torch.from_numpy(start).to(dev)
 
@@ -401,7 +425,8 @@ class Megakernel:
                 b["task_tensor"], b["ptrs"], b["strides"], b["task_ptr"], b["task_stride"], b["pending"],
                 b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
-                *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()))
+                *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()),
+                *((b["inl"],) if self.inline else ()))
 
     def consts(self) -> dict:
         cfg = self.config
@@ -522,6 +547,7 @@ class Megakernel:
 
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
-           "DEFAULT_DISPATCH", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB", "PREFETCH_CHOICES", "resolve_prefetch",
+           "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
+           "PREFETCH_CHOICES", "resolve_prefetch",
            "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
