@@ -207,6 +207,22 @@ def _run_in_order(ex, kernel, order: np.ndarray, inputs: dict, want: dict) -> No
         assert torch.equal(ex.tensors[k], want[k]), k
 
 
+def run_program(program: str, executor: str, seq, options: dict | None, shape: dict | None):
+    """``program`` (the model program's ``config`` among ``options``, in f32) on the CPU's Triton
+    backend and ``executor`` at ``shape`` or ``seq``, on seeded inputs: its runner, the inputs
+    and every output (copied)."""
+    from pto.engine import Runner, resolve
+
+    options = dict(options or {})
+    config = options.pop("config", None)
+    job = resolve(program, executor=executor, device="cpu", backend="triton", options=options or None,
+                  **({"config": config} if config else {}), **({"dtype": "f32"} if program == "model" else {}))
+    at = shape if shape is not None else seq
+    runner = Runner(job, at)
+    inputs = job.program.inputs(job.settings, job.program.shape(at), "cpu", seed=3)
+    return runner, inputs, {k: v.clone() for k, v in runner(inputs).items()}
+
+
 CASES = [("model", None, {"config": "tiny"}, {"batch": 2, "cache": 128}),
          ("llama7b", 40, {"attention": "fused"}, None),
          ("llama7b", 40, {"attention": "split"}, None),
@@ -222,25 +238,12 @@ def test_an_order_only_data_dependencies_allow_gives_the_waves_results(program, 
     ahead of items of their tasks' predecessors where no data conflicts, the wave executor's
     outputs bit for bit (an item that ran before a producer of what it reads would read stale
     values), and no wait gives up."""
-    from pto.engine import Runner, resolve
-
     monkeypatch.setenv("PTO_MK_SPLIT", "off")
     monkeypatch.setenv("PTO_DISPATCH", "static")
-    config = options.pop("config", None) if options else None
-    common = dict(device="cpu", backend="triton", options=options, **({"config": config} if config else {}),
-                  **({"dtype": "f32"} if program == "model" else {}))
-
-    def run(executor):
-        job = resolve(program, executor=executor, **common)
-        size = job.program.shape(shape if shape is not None else seq)
-        runner = Runner(job, shape if shape is not None else seq)
-        inputs = job.program.inputs(job.settings, size, "cpu", seed=3)
-        return runner, inputs, {k: v.clone() for k, v in runner(inputs).items()}
-
-    rw, inputs, want = run("waves")
+    rw, inputs, want = run_program(program, "waves", seq, options, shape)
     rw.close()
     monkeypatch.setenv("PTO_MK_DEPS", "data")
-    rp, _, got = run("persistent")
+    rp, _, got = run_program(program, "persistent", seq, options, shape)
     try:
         for k in want:
             assert torch.equal(got[k], want[k]), k

@@ -142,26 +142,15 @@ def test_inline_items_give_the_waves_results(program, seq, options, shape, deps,
     the interpreter): the wave executor's outputs bit for bit, every item taken once, the
     inline items (the decode step's attention combine among them) after the program's stream in
     the table, and the kernel's releases acq_rel atomics."""
-    from pto.engine import Runner, resolve
+    from tests.exec.test_item_deps import run_program
 
     monkeypatch.setenv("PTO_MK_SPLIT", "off")
     monkeypatch.setenv("PTO_DISPATCH", "static")
     monkeypatch.setenv("PTO_MK_DEPS", deps)
-    config = options.pop("config", None) if options else None
-    common = dict(device="cpu", backend="triton", options=options, **({"config": config} if config else {}),
-                  **({"dtype": "f32"} if program == "model" else {}))
-
-    def run(executor):
-        job = resolve(program, executor=executor, **common)
-        size = job.program.shape(shape if shape is not None else seq)
-        runner = Runner(job, shape if shape is not None else seq)
-        inputs = job.program.inputs(job.settings, size, "cpu", seed=3)
-        return runner, {k: v.clone() for k, v in runner(inputs).items()}
-
-    rw, want = run("waves")
+    rw, _, want = run_program(program, "waves", seq, options, shape)
     rw.close()
     monkeypatch.setenv("PTO_MK_INLINE", "on")
-    rp, got = run("persistent")
+    rp, _, got = run_program(program, "persistent", seq, options, shape)
     try:
         for k in want:
             assert torch.equal(got[k], want[k]), k
