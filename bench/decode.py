@@ -207,6 +207,12 @@ def print_timeline(title: str, tl: dict) -> None:
         print(f"    {name:48} {k['per_step']:6.1f}  {k['advance_us']:8.2f} {k['busy_us']:8.2f} {k['lead_us']:8.2f}")
 
 
+#: the decode steps this process has built so far (a row's ``process_step``): from the fourth on
+#: the wave executor's SmolLM2 step measured 8-12% slower on an H200, cause unknown
+#: (bench/step_order.py; docs/PERF.md, "Twenty-third session"): compare rows of like positions
+BUILT = [0]
+
+
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
          kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False,
          branches: bool = False, records: str | None = None, overlap: bool = False) -> dict:
@@ -240,7 +246,9 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
 
         rounds = events_rounds(one, steps)
         ms = statistics.median(rounds)
+        BUILT[0] += 1
         out = {"ms": round(ms, 4), "ms_rounds": [round(r, 4) for r in rounds], "tasks": step.graph.tasks,
+               "process_step": BUILT[0],
                "executor": step.executor.name,
                # the megakernel is one plain launch
                "pdl": (getattr(step.executor.backend, "pdl", "") or "off") if step.executor.name == "waves" else "off"}
