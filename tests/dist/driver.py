@@ -93,11 +93,21 @@ def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
 
 
+#: the tries a launch makes when its port was taken between choosing it and binding it (another
+#: test process, under pytest-xdist, may have been handed the same free port)
+PORT_TRIES = 3
+
+
 def launch(n: int, *args: str, env: dict | None = None, timeout: int = LAUNCH_TIMEOUT_S):
-    """``python -m torch.distributed.run --nproc-per-node n --master-port FREE args``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
-           str(free_port()), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**clean_env(), **(env or {})}, timeout=timeout)
+    """``python -m torch.distributed.run --nproc-per-node n --master-port FREE args``, again on
+    another free port where the store could not bind the one chosen."""
+    for _ in range(PORT_TRIES):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+               str(free_port()), *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**clean_env(), **(env or {})}, timeout=timeout)
+        if r.returncode == 0 or "address already in use" not in (r.stderr or "").lower():
+            return r
+    return r
 
 
 def run_cases(tp: int, cases: list[dict], folder: Path, env: dict | None = None) -> dict[str, dict]:

@@ -194,3 +194,29 @@ def test_the_cases_divide_as_the_docstring_says():
     with pytest.raises(ValueError, match="key/value heads"):
         CONFIGS["tiny-gqa"].shard(4)
     assert torch.distributed.is_available()
+
+
+def test_a_launch_whose_port_was_taken_tries_another(tmp_path, monkeypatch):
+    """Under pytest-xdist another test process may be handed the free port a launch chose before
+    the launch binds it: torchrun's store then fails with "address already in use", and the
+    launch tries again on another free port (its first choice here a port held open)."""
+    import socket
+
+    from tests.dist import driver
+
+    script = tmp_path / "ranks.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+                      "dist.destroy_process_group()\n")
+    real, given = driver.free_port, []
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+
+        def port() -> int:
+            given.append(real() if given else held.getsockname()[1])
+            return given[-1]
+
+        monkeypatch.setattr(driver, "free_port", port)
+        r = driver.launch(2, str(script), timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(given) == 2 and given[0] != given[1], given
