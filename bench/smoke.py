@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every job's result here")
     ap.add_argument("--shard", default="", metavar="K/N",
                     help="every N-th job from the K-th (1 to N): the check split over N device calls (the whole "
-                         "takes 550 s of a call's 600 on an H200 at --jobs 16)")
+                         "takes 510-600 s on an H200 at --jobs 16 with empty caches: a shard of 2 took more than "
+                         "300 s once, so 3 shards leave a call room)")
     ap.add_argument("--list", action="store_true", help="list the jobs and exit")
     ap.add_argument("--timeout", type=int, default=420, help="seconds one job may take")
     ap.add_argument("--make-model", metavar="DIR", help=argparse.SUPPRESS)
