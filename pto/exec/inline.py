@@ -10,7 +10,9 @@ polled at all: the release that brings it to zero is an atomic whose old value s
 program that made it can run the waiting item right there, next, with nothing to poll (its
 acquire was that atomic). Such an item is *inline*: it is in no program's stream (the uploaded
 item table holds it after every stream's range), and the program whose release ends its
-counter's count runs it.
+counter's count runs it. The kernel releases a row's inline counter by a scalar acq_rel atomic
+and the row's other counters as before (release reductions that return nothing), so an item
+whose row has no inline counter pays nothing for the feature (:func:`row_inline`).
 
 A release row (the counters one item decrements) may end at most one inline counter, since the
 program runs one item next: where a row would release several, all but the first of them are
@@ -60,7 +62,7 @@ def inline_layout(workers: np.ndarray, programs: int, inline: np.ndarray) -> tup
     """The uploaded item table's order with inline items: each program's stream of the other
     items (``workers``: the program of each queue index) in queue order, then the inline items
     (``inline``: :func:`inline_items`) in queue order; each program's offset into it
-    (``[programs + 1]``); and per counter the table index of its inline item, or -1 (int32)."""
+    (``[programs + 1]``); and per counter the table index of its inline item, or -1 (int64)."""
     run_inline = np.zeros(len(workers), bool)
     run_inline[inline[inline >= 0]] = True
     ranged = np.nonzero(~run_inline)[0]
@@ -69,8 +71,23 @@ def inline_layout(workers: np.ndarray, programs: int, inline: np.ndarray) -> tup
     order = np.concatenate([ranged[perm], tail]).astype(np.int64)
     at = np.empty(len(workers), np.int64)
     at[order] = np.arange(len(order))
-    table = np.where(inline >= 0, at[np.maximum(inline, 0)], -1).astype(np.int32)
+    table = np.where(inline >= 0, at[np.maximum(inline, 0)], -1).astype(np.int64)
     return order, start, table
 
 
-__all__ = ["inline_items", "inline_layout"]
+def row_inline(c: Counters, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per release row of ``c``, its inline counter and that counter's item's table index
+    (``table``: :func:`inline_layout`'s), or -1 and -1 (int64): what the kernel's release reads
+    (:func:`inline_items` leaves at most one a row)."""
+    rows = len(c.rel_ptr) - 1
+    counter = np.full(max(rows, 0), -1, np.int64)
+    item = np.full(max(rows, 0), -1, np.int64)
+    if rows > 0 and len(c.rel):
+        row_of = np.repeat(np.arange(rows), np.diff(c.rel_ptr))
+        hit = table[c.rel] >= 0
+        counter[row_of[hit]] = c.rel[hit]
+        item[row_of[hit]] = table[c.rel[hit]]
+    return counter, item
+
+
+__all__ = ["inline_items", "inline_layout", "row_inline"]

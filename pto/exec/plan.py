@@ -19,7 +19,7 @@ import torch
 from pto.codegen.triton.megakernel import Branch
 from pto.errors import BuildError, ExecutionError, UsageError
 from pto.exec.cost import item_costs
-from pto.exec.inline import inline_items, inline_layout
+from pto.exec.inline import inline_items, inline_layout, row_inline
 from pto.exec.item_deps import DEFAULT_DEPS, DEPS, Counters, ItemBoxes, data_counters, item_boxes, task_counters
 from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
 from pto.ir.analysis import param_access
@@ -198,11 +198,14 @@ class Plan:
         its count ends, or -1 (:func:`pto.exec.inline.inline_items`)."""
         return inline_items(counters)
 
-    def inline_streams(self, programs: int, dispatch: str, inline: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`streams` without the ``inline`` items (:meth:`inline_items`), which follow every
-        program's range in the table, and per counter its inline item's table index or -1
-        (:func:`pto.exec.inline.inline_layout`)."""
-        return inline_layout(self.workers(programs, dispatch), programs, inline)
+    def inline_streams(self, programs: int, dispatch: str, counters: Counters,
+                       inline: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`streams` without the ``inline`` items (:meth:`inline_items` of ``counters``),
+        which follow every program's range in the table (:func:`pto.exec.inline.inline_layout`),
+        and per release row of ``counters`` its inline counter and that item's table index, or -1
+        (:func:`pto.exec.inline.row_inline`): order, offsets, row counters, row items."""
+        order, start, table = inline_layout(self.workers(programs, dispatch), programs, inline)
+        return (order, start, *row_inline(counters, table))
 
 
 def _task_tables(fn: IncoreFunction, tens: np.ndarray, reg: np.ndarray, sca: np.ndarray, flags: FlagRule):

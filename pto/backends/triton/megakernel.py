@@ -269,8 +269,12 @@ class Megakernel:
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
-        #: inline items (:mod:`pto.exec.inline`): asked, with ranged dispatch and no sentinel
-        self.inline = resolve_inline(settings.inline) == "on" and self.dispatch != "queue" and not settings.sentinel
+        #: inline items (:mod:`pto.exec.inline`): asked, and not in the sentinel's kernel (whose
+        #: releases count tasks); with ranged dispatch only
+        self.inline = resolve_inline(settings.inline) == "on" and not settings.sentinel
+        if self.inline and self.dispatch == "queue":
+            raise UsageError("the megakernel's inline items (PTO_MK_INLINE=on) need ranged dispatch "
+                             "(PTO_DISPATCH=static or stream), not the queue")
         asked = per_sm_of(settings.per_sm, settings.segment)
         #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
         self.per_sm: int | None = None if asked == AUTO else asked
@@ -382,7 +386,9 @@ class Megakernel:
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
         t["items"] = torch.from_numpy(item_descriptors(p, counters=c)).to(dev)
         t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
-        t["inl"] = torch.full((max(len(c.init), 1),), -1, dtype=torch.int64, device=dev)  # (and this)
+        rows = max(len(c.rel_ptr) - 1, 1)  # (and these: per release row, its inline counter and item)
+        t["inl_cnt"] = torch.full((rows,), -1, dtype=torch.int64, device=dev)
+        t["inl_item"] = torch.full((rows,), -1, dtype=torch.int64, device=dev)
         # each task's memrefs resolved to their tensors' base and row stride (one load, not two);
         # the columns past a task's memrefs hold tensor 0's and are never read
         idx = t["task_tensor"].long()
@@ -410,9 +416,11 @@ class Megakernel:
             return
         p, dev = self.plan, self.device
         if self.inline:  # the inline items after every program's stream
-            self.order, start, table = p.inline_streams(self.programs, self.dispatch, self.inline_items)
-            if len(table):
-                self.buf["inl"] = torch.from_numpy(table.astype(np.int64)).to(dev)
+            self.order, start, counter, item = p.inline_streams(self.programs, self.dispatch, self.counters,
+                                                                self.inline_items)
+            if len(counter):
+                self.buf["inl_cnt"] = torch.from_numpy(counter).to(dev)
+                self.buf["inl_item"] = torch.from_numpy(item).to(dev)
         else:
             self.order, start = p.streams(self.programs, self.dispatch)
         self.buf["items"] = torch.from_numpy(item_descriptors(p, self.order, self.counters)).to(dev)
@@ -426,7 +434,7 @@ class Megakernel:
                 b["done"], b["nitems"],
                 b["succ_ptr"], b["succ"], b["err"], b["trace"], b["clock"], b["tracing"],
                 *((b["spend"], b["sread"], b["swrite"], b["stab"]) if self.settings.sentinel else ()),
-                *((b["inl"],) if self.inline else ()))
+                *((b["inl_cnt"], b["inl_item"]) if self.inline else ()))
 
     def consts(self) -> dict:
         cfg = self.config

@@ -244,7 +244,8 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     ``dispatch``: how a program finds its next item (:data:`DISPATCH`); ``poll``: how it polls a
     counter (:data:`POLL`); ``inline``: a program whose release ends the count of a counter that
     one item waits on runs that item next (:mod:`pto.exec.inline`; ranged dispatch, no sentinel:
-    the kernel takes a parameter ``inl``, per counter that item's table index or -1)."""
+    the kernel takes the parameters ``inl_cnt`` and ``inl_item``, per release row its inline
+    counter and that counter's item's table index, or -1)."""
     if dispatch not in DISPATCH:
         raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
     if poll not in POLL:
@@ -327,7 +328,7 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = Fals
         "@triton.jit(do_not_specialize=[\"tracing\"])",
         f"def {KERNEL}(items, n_items, nxt, stream, task_branch, task_row, tab, task_tensor, ptrs, strides,",
         "        task_ptr, task_stride, pending, done, nitems, succ_ptr, succ, err, trace, clock, tracing,"
-        + (" spend, sread, swrite, stab," if sentinel else "") + (" inl," if inline else ""),
+        + (" spend, sread, swrite, stab," if sentinel else "") + (" inl_cnt, inl_item," if inline else ""),
         "        MAXM: tl.constexpr, MAX_POLLS: tl.constexpr, SUCC_BLOCK: tl.constexpr, GPU_CLOCK: tl.constexpr,",
         "        PREFETCH: tl.constexpr):",
         "    # the queue head and the error flag order no data: relaxed (no fence around them); with",
@@ -355,7 +356,9 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = Fals
             "        # the first block of successors too: the release after the item waits for no load",
             "        first = s0 + tl.arange(0, SUCC_BLOCK)",
             "        ids0 = tl.load(succ + first, mask=first < s1, other=0)",
-            *(["        in0 = tl.load(inl + ids0, mask=first < s1, other=-1)"] if inline else [])]),
+            *(["        # the row's inline counter (-1: none) and its item's table row",
+               "        ic = tl.load(inl_cnt + rrow)",
+               "        it = tl.load(inl_item + rrow)"] if inline else [])]),
         "        row = tab + roff",
         "        tptr = task_ptr + task.to(tl.int64) * MAXM",
         "        tstride = task_stride + task.to(tl.int64) * MAXM",
@@ -407,19 +410,22 @@ _LAST_RELEASES = [
 ]
 
 
-#: the end of an item that may make an inline item ready (:mod:`pto.exec.inline`): each
-#: release an acq_rel atomic whose old value 1 says this program ended the count; ``j``, the
-#: table index of the item that waits on such a counter (at most one a release row), or -1
+#: the end of an item whose release row may hold an inline counter (:mod:`pto.exec.inline`; at
+#: most one a row, ``ic``): the row's other counters released as before, that one by a scalar
+#: acq_rel atomic (one thread's, its old value broadcast behind a barrier, so every thread of the
+#: program is ordered after the acquire) whose old value 1 says this program ended the count:
+#: ``j``, the table row of the item to run next, else -1
 _INLINE_RELEASES = [
-    "            old0 = tl.atomic_add(pending + ids0, -1, mask=first < s1, sem=\"acq_rel\")",
-    "            j = tl.max(tl.where((old0 == 1) & (first < s1), in0, -1), axis=0)",
+    "            tl.atomic_add(pending + ids0, -1, mask=(first < s1) & (ids0 != ic), sem=\"release\")",
     "            for k in range(s0 + SUCC_BLOCK, s1, SUCC_BLOCK):",
     "                offs = k + tl.arange(0, SUCC_BLOCK)",
     "                live = offs < s1",
     "                ids = tl.load(succ + offs, mask=live, other=0)",
-    "                old = tl.atomic_add(pending + ids, -1, mask=live, sem=\"acq_rel\")",
-    "                ink = tl.load(inl + ids, mask=live, other=-1)",
-    "                j = tl.maximum(j, tl.max(tl.where((old == 1) & live, ink, -1), axis=0))",
+    "                tl.atomic_add(pending + ids, -1, mask=live & (ids != ic), sem=\"release\")",
+    "            j = tl.full((), -1, tl.int64)",
+    "            if ic >= 0:",
+    "                if tl.atomic_add(pending + ic, -1, sem=\"acq_rel\") == 1:",
+    "                    j = it",
 ]
 
 
@@ -438,6 +444,7 @@ def _next_lines(inline: bool) -> list[str]:
     return [
         "            taken += 1",
         "            if j >= 0:",
+        "                tl.debug_barrier()  # (every thread after the acquire, however the old value reached it)",
         "                i = j",
         *_descriptor_lines("                ", "j", "dj", ""),
         "                ready = cnt",
