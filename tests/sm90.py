@@ -92,7 +92,8 @@ def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int 
     """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``
     (``prefetch``: its L2 prefetch, :class:`pto.backends.triton.MegakernelSettings`; ``inline``:
     rendered with inline items, its ``inl_cnt`` and ``inl_item`` tables)."""
-    sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}), **({"inl_cnt": "*i64", "inl_item": "*i64"} if inline else {}),
+    sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
+           **({"inl_cnt": "*i64", "inl_item": "*i64"} if inline else {}),
            **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "PREFETCH"), "constexpr")}
     return {"source": kernel.source, "name": kernel.name, "signature": sig,
             "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
