@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from decode import events_rounds  # noqa: E402
 from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
 
@@ -44,24 +46,17 @@ from pto.ir.dtypes import DType  # noqa: E402
 
 
 def step_ms(fn, calls: int, cuda: bool) -> float:
-    """The median of three rounds' milliseconds a call of ``fn``, after one untimed call."""
+    """The median of three rounds' milliseconds a call of ``fn`` (``calls`` a round), after one
+    untimed call: CUDA events around each round on a GPU (bench/decode.py's), else the host's clock."""
+    if cuda:
+        return statistics.median(events_rounds(fn, 3 * calls))
     fn()
     rounds = []
     for _ in range(3):
-        if cuda:
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(calls):
-                fn()
-            b.record()
-            torch.cuda.synchronize()
-            rounds.append(a.elapsed_time(b) / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            rounds.append((time.perf_counter() - t0) * 1e3 / calls)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - t0) * 1e3 / calls)
     return statistics.median(rounds)
 
 
