@@ -5,14 +5,14 @@ With ranged dispatch every work item belongs to one program's stream, and an ite
 predecessors finish elsewhere waits for them by polling its counter: the last release reaches
 the counter in L2, and the waiting program sees it one poll's round trip later (about a
 microsecond a level on an H200: docs/PERF.md). A counter that exactly one item waits on (a
-decode step's attention combine, one head's, waits for that head's parts alone) need not be
+decode step's attention combine waits for its layer's attention parts alone) need not be
 polled at all: the release that brings it to zero is an atomic whose old value says so, and the
 program that made it can run the waiting item right there, next, with nothing to poll (its
 acquire was that atomic). Such an item is *inline*: it is in no program's stream (the uploaded
 item table holds it after every stream's range), and the program whose release ends its
 counter's count runs it. The kernel releases a row's inline counter by a scalar acq_rel atomic
-and the row's other counters as before (release reductions that return nothing), so an item
-whose row has no inline counter pays nothing for the feature (:func:`row_inline`).
+and the row's other counters as before (release atomics whose old values nothing reads), so an
+item whose row has no inline counter pays nothing for the feature (:func:`row_inline`).
 
 A release row (the counters one item decrements) may end at most one inline counter, since the
 program runs one item next: where a row would release several, all but the first of them are
