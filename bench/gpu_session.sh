@@ -352,7 +352,7 @@ for line in open(sys.argv[1]):
                 echo "[PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/q41warps_$w.log" | cut -c1-120
                 grep -A8 "q4_1/q8_0 B=1 waves: span" "$OUT/q41warps_$w.log" | grep "span\|gemv" | cut -c1-110
               done ;;
-    inline) # issue 45: the item that alone waits on a counter (the attention combine) run where its count
+    inline) # issue 45: the item that alone waits on a counter (one combine a layer) run where its count
             # ends (PTO_MK_INLINE=on, off by default): the GPU test, then the steps alternated
             python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k inline_items 2>&1 | tail -2
             python3 bench/megakernel.py --configs "${INLINE_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --batches 1 \

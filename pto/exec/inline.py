@@ -4,9 +4,8 @@ the backend's kernel runs them: :func:`pto.codegen.triton.megakernel.render_mega
 With ranged dispatch every work item belongs to one program's stream, and an item whose
 predecessors finish elsewhere waits for them by polling its counter: the last release reaches
 the counter in L2, and the waiting program sees it one poll's round trip later (about a
-microsecond a level on an H200: docs/PERF.md). A counter that exactly one item waits on (a
-decode step's attention combine waits for its layer's attention parts alone) need not be
-polled at all: the release that brings it to zero is an atomic whose old value says so, and the
+microsecond a level on an H200: docs/PERF.md). A counter that exactly one item waits on need
+not be polled at all: the release that brings it to zero is an atomic whose old value says so, and the
 program that made it can run the waiting item right there, next, with nothing to poll (its
 acquire was that atomic). Such an item is *inline*: it is in no program's stream (the uploaded
 item table holds it after every stream's range), and the program whose release ends its
@@ -16,7 +15,11 @@ item whose row has no inline counter pays nothing for the feature (:func:`row_in
 
 A release row (the counters one item decrements) may end at most one inline counter, since the
 program runs one item next: where a row would release several, all but the first of them are
-polled as before (:func:`inline_items`).
+polled as before (:func:`inline_items`). So a level gains only where each of its items is the
+one inline counter of its last releaser's row: a decode step's attention combines (one a head)
+are each alone on their counters, but every attention part's row ends several heads' combines,
+so one combine a layer runs inline and the o projection, which waits for all of them, still
+waits on the others' polls.
 
 Deadlock-freedom (docs/ARCHITECTURE.md, "Why it cannot deadlock", ranged dispatch): an inline
 item never waits, so a program that runs one returns to its stream in bounded time; take the

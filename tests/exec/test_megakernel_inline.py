@@ -224,7 +224,7 @@ def test_the_kernels_loop_runs_each_inline_item_where_its_count_ends(tmp_path):
 def test_inline_items_give_the_waves_results(program, seq, options, shape, deps, monkeypatch):
     """The persistent executor with inline items (one kernel, static dispatch, one program under
     the interpreter): the wave executor's outputs bit for bit, every item taken once, the
-    inline items (the decode step's attention combine among them) after the program's stream in
+    inline items (one attention combine a layer among them) after the program's stream in
     the table, and the kernel's releases acq_rel atomics."""
     from tests.exec.test_item_deps import run_program
 

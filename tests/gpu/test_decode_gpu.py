@@ -124,7 +124,7 @@ def test_data_dependencies_on_the_gpu(config, batch, monkeypatch):
 @pytest.mark.parametrize("config,batch", [("smollm2-135m", 1), ("smollm2-135m", 3), ("llama3.2-1b", 1)])
 def test_inline_items_on_the_gpu(config, batch, monkeypatch):
     """The persistent executor with inline items (``PTO_MK_INLINE=on``: the item that alone waits
-    on a counter, the attention combine among them, runs on the program whose release ends the
+    on a counter, one attention combine a layer among them, runs on the program whose release ends the
     count, without a poll; its acquire the release's acq_rel atomic) on the GPU, where the parts
     finish on many programs at once: the step as close to float64 as torch's bf16, and every
     segment's items taken once (``check``)."""
