@@ -5,9 +5,9 @@ With ranged dispatch every work item belongs to one program's stream, and an ite
 predecessors finish elsewhere waits for them by polling its counter: the last release reaches
 the counter in L2, and the waiting program sees it one poll's round trip later (about a
 microsecond a level on an H200: docs/PERF.md). A counter that exactly one item waits on need
-not be polled at all: the release that brings it to zero is an atomic whose old value says so, and the
-program that made it can run the waiting item right there, next, with nothing to poll (its
-acquire was that atomic). Such an item is *inline*: it is in no program's stream (the uploaded
+not be polled at all: the release that brings it to zero is an atomic whose old value says so,
+and the program that made it can run the waiting item right there, next, with nothing to poll
+(its acquire was that atomic). Such an item is *inline*: it is in no program's stream (the uploaded
 item table holds it after every stream's range), and the program whose release ends its
 counter's count runs it. The kernel releases a row's inline counter by a scalar acq_rel atomic
 and the row's other counters as before (release atomics whose old values nothing reads), so an
