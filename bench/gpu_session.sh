@@ -337,12 +337,12 @@ for line in open(sys.argv[1]):
         print(r["config"], r["quant"], {k: v for k, v in r.items() if k.startswith("prefill")})' \
                "$OUT/qprefill_${c%%:*}.log"
            done ;;
-    order) # the wave executor's step slower when built fourth or later in a process (bench/step_order.py)
-           for v in "" "--keep" "--gc" "--executor persistent"; do
-             echo "[step_order $v]"; timeout 150 python3 bench/step_order.py --steps 6 $v 2>&1 | grep '^{' | cut -c1-200
-           done
-           echo "[step_order, PTO_PDL=off]"; PTO_PDL=off timeout 150 python3 bench/step_order.py --steps 6 2>&1 \
-             | grep '^{' | cut -c1-200 ;;
+    order) # a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py; found on
+           # the H200, 2026-12-02): still so on this driver? (a step alone, then 2 and 3 throwaway graphs)
+           nvidia-smi --query-gpu=driver_version --format=csv,noheader
+           for v in "--steps 6" "--steps 1 --graphs 2" "--steps 1 --graphs 3 --graph-kernels 1 --no-launch --drop"; do
+             echo "[step_order $v]"; timeout 150 python3 bench/step_order.py $v 2>&1 | grep '^{' | cut -c1-120
+           done ;;
     q41warps) # issue 46: SmolLM2's Q4_1 residual GEMVs (o, down) 0.5-0.8 us a layer behind bf16's after their
               # waits: their warps, kernel by kernel (a process per setting: the first steps of a process)
               for w in ${Q41_WARPS:-1 2 4}; do

@@ -49,7 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import copy_bandwidth, floor_ms, ours, parse_tiling, path_lines, write_rows  # noqa: E402
+from decode import copy_bandwidth, floor_ms, ours, parse_tiling, path_lines, settle_graphs, write_rows  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
@@ -98,12 +98,17 @@ def main(argv=None) -> int:
                     help="seconds after which no further run starts (each is skipped, said in its line): the rows "
                          "measured so far and the table still print within a call's time limit")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--settle", action="store_true",
+                    help="make three throwaway CUDA graphs first (bench/decode.py's settle_graphs): the wave "
+                         "executor's rows all timed in the state a process reaches at its fourth graph")
     ap.add_argument("--records", default=None,
                     help="a folder for each persistent run's traced items (CONFIG_TILING_VARIANT.npz), to study off "
                          "the GPU with bench/records.py")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     bw = copy_bandwidth()
+    if args.settle:
+        settle_graphs()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
     rows = []

@@ -16,7 +16,25 @@ run:
   buffers lie, their graphs);
 - ``--gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()`` between steps;
 - per step: the caching allocator's bytes and segments, the address span of the step's own
-  tensors, and how the step replays (a CUDA graph or launches).
+  tensors, how the step replays (a CUDA graph or launches), and the GPU's clocks, temperature and
+  throttle reasons (``nvidia-smi``);
+- per step and re-timing: the host's microseconds to issue one replay, and the live threads;
+- ``--no-capture``: the later steps are built and run once but never captured in a CUDA graph;
+- ``--graphs K``: K CUDA graphs of plain torch kernels captured before the second step is built
+  (``--graph-kernels N`` a graph, ``--no-launch`` never replayed, ``--drop`` then freed);
+- ``--hold S``: before building the second step, time the first again every two seconds for S
+  seconds with nothing else built: if it slows down, time alone (clocks, heat) does it.
+
+Found on the H200 (2026-12-02, twenty-fourth session; docs/PERF.md): **the fourth CUDA graph a
+process instantiates, of anything, slows every later replay of a many-kernel graph by 8-13%, for
+good.** The first step timed again after the sixth was built is as slow as the sixth (0.447
+against 0.399 ms), with ``--keep`` and ``--gc`` alike and with PDL off (0.654 -> 0.722); 40 s of
+replays alone (``--hold``) do not slow it and the clocks stay at 1,980 MHz with no throttle; the
+host issues a replay in 50-100 us (far ahead); later steps built and run but never captured
+(``--no-capture``) leave it fast; two graphs of plain torch kernels leave it fast, a third (the
+process's fourth) slows it, captured and never replayed, of one kernel or of 300, and sixteen do
+no worse, and freeing them (``--drop``) does not undo it. The persistent executor's one-launch
+step does not move. So compare steps in like states: ``bench/decode.py --settle``.
 
 ``python3 bench/step_order.py --config smollm2-135m --steps 6 [--keep] [--gc] [--executor waves]``;
 one JSON line a step, then the re-timings. On a machine without a GPU it runs the tiny model on
@@ -29,7 +47,9 @@ import argparse
 import gc
 import json
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +78,59 @@ def step_ms(fn, calls: int, cuda: bool) -> float:
             fn()
         rounds.append((time.perf_counter() - t0) * 1e3 / calls)
     return statistics.median(rounds)
+
+
+def host_us(fn, calls: int, cuda: bool) -> float:
+    """Microseconds the host takes to issue one call of ``fn`` (``calls`` issued back to back
+    after a synchronization, the clock stopped before the next): a step the host cannot issue
+    as fast as the GPU runs it is bound by the host."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) * 1e6 / calls
+    if cuda:
+        torch.cuda.synchronize()
+    return round(us, 1)
+
+
+def torch_graphs(k: int, kernels: int, launch: bool) -> list:
+    """``k`` CUDA graphs of ``kernels`` small torch kernels each, captured (and replayed once
+    where ``launch``)."""
+    x = torch.zeros(1024, device="cuda")
+    out = []
+    for _ in range(k):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(kernels):
+                x.add_(1.0)
+        if launch:
+            g.replay()
+        out.append(g)
+    torch.cuda.synchronize()
+    return out
+
+
+def threads() -> list[str]:
+    """The names of the process's live threads (a thread left running by a build competes for
+    the interpreter's lock with the thread that issues the replays)."""
+    return sorted(t.name for t in threading.enumerate())
+
+
+def gpu_state(cuda: bool) -> dict:
+    """The GPU's SM and memory clocks, temperature and active throttle reasons, as ``nvidia-smi``
+    reports them (empty without a GPU or without nvidia-smi)."""
+    if not cuda:
+        return {}
+    fields = "clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+                              f"--id={torch.cuda.current_device()}"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(zip(["sm_mhz", "mem_mhz", "temp_c", "power_w", "throttle"], out.split(", ")))
 
 
 def memory(cuda: bool) -> dict:
@@ -104,6 +177,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=32, help="replays a timing round (three rounds)")
     ap.add_argument("--keep", action="store_true", help="keep every step alive")
     ap.add_argument("--gc", action="store_true", help="collect garbage and empty the CUDA cache between steps")
+    ap.add_argument("--hold", type=float, default=0.0, metavar="S",
+                    help="time the first step again every two seconds for S seconds before building the second")
+    ap.add_argument("--no-capture", action="store_true",
+                    help="build and run the later steps once, never capturing or timing them")
+    ap.add_argument("--graphs", type=int, default=0, metavar="K",
+                    help="before building the second step, capture K CUDA graphs of 300 small torch kernels each "
+                         "(kept alive) and time the first step again")
+    ap.add_argument("--graph-kernels", type=int, default=300, help="with --graphs: kernels a graph")
+    ap.add_argument("--no-launch", action="store_true", help="with --graphs: capture them, never replay them")
+    ap.add_argument("--drop", action="store_true", help="with --graphs: then reset and free them, and time again")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", DType.BF16) if cuda else ("cpu", DType.F32)
@@ -114,12 +197,39 @@ def main() -> None:
     cache = args.cache if cuda else min(args.cache, 64)
     kept: list[Built] = []
     first = last = None
+    others = []
     for i in range(args.steps):
         b = Built(w, device, dtype, args.executor, args.batch, cache)
+        if i and args.no_capture:
+            print(json.dumps({"step": i + 1, "built": "run once, not captured"}), flush=True)
+            b.close()
+            continue
         mode = b.replay()
         ms = step_ms(b.replay, args.calls, cuda)
         print(json.dumps({"config": name, "executor": args.executor, "step": i + 1, "ms": round(ms, 4),
-                          "replay": mode, "tensors_span": [hex(p) for p in b.span], **memory(cuda)}), flush=True)
+                          "replay": mode, "tensors_span": [hex(p) for p in b.span], **memory(cuda),
+                          **gpu_state(cuda), "host_us": host_us(b.replay, args.calls, cuda),
+                          "threads": threads()}), flush=True)
+        if i == 0 and args.hold > 0:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < args.hold:
+                time.sleep(2.0)
+                print(json.dumps({"hold_s": round(time.monotonic() - t0, 1),
+                                  "ms": round(step_ms(b.replay, args.calls, cuda), 4), **gpu_state(cuda)}),
+                      flush=True)
+        if i == 0 and args.graphs and cuda:
+            others = torch_graphs(args.graphs, args.graph_kernels, not args.no_launch)
+            print(json.dumps({"graphs": args.graphs, "kernels": args.graph_kernels, "launched": not args.no_launch,
+                              "ms": round(step_ms(b.replay, args.calls, cuda), 4)}),
+                  flush=True)
+            if args.drop:
+                for other in others:
+                    other.reset()
+                others = []
+                gc.collect()
+                torch.cuda.empty_cache()
+                print(json.dumps({"graphs": "dropped", "ms": round(step_ms(b.replay, args.calls, cuda), 4)}),
+                      flush=True)
         if i == 0:
             first = b
         elif args.keep:
@@ -131,11 +241,13 @@ def main() -> None:
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
-    for tag, b in (("first", first), ("last", last)):
+    for tag, b in (("first", first), ("last", None if last is first else last)):
         if b is not None:
-            print(json.dumps({"again": tag, "ms": round(step_ms(b.replay, args.calls, cuda), 4)}), flush=True)
+            print(json.dumps({"again": tag, "ms": round(step_ms(b.replay, args.calls, cuda), 4),
+                              "host_us": host_us(b.replay, args.calls, cuda), "threads": threads()}), flush=True)
     for b in {id(x): x for x in [first, last, *kept] if x is not None}.values():
         b.close()
+    del others
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ are each alone on their counters, but every attention part's row ends several he
 so one combine a layer runs inline and the o projection, which waits for all of them, still
 waits on the others' polls.
 
+Measured on an H200 (docs/PERF.md, "Twenty-fourth session"), it is slower, so it is off by
+default: SmolLM2's step 0.454-0.467 -> 0.536-0.540 ms, the 8B's 4.19 -> 4.30-4.32. The atomic
+whose old value the program reads is an L2 round trip before the program can go on (a release
+whose value nothing reads is posted), so the inline combine starts later than a poll would have
+seen its counter, and the longer code around every release widens every item's gap.
+
 Deadlock-freedom (docs/ARCHITECTURE.md, "Why it cannot deadlock", ranged dispatch): an inline
 item never waits, so a program that runs one returns to its stream in bounded time; take the
 unfinished item of the smallest queue index. If it is inline, its predecessors come earlier in

@@ -109,7 +109,8 @@ DEFAULT_POLL = "one"
 DEFAULT_PREFETCH = 0
 #: the settings of ``PTO_MK_INLINE`` (:attr:`MegakernelSettings.inline`, :mod:`pto.exec.inline`)
 INLINE = ("off", "on")
-#: inline items where the settings and environment do not say: off until measured on a GPU
+#: inline items where the settings and environment do not say: off (measured slower on an H200,
+#: SmolLM2 0.454 -> 0.536 ms, the 8B 4.19 -> 4.30: docs/PERF.md, "Twenty-fourth session")
 DEFAULT_INLINE = "off"
 #: the settings of ``PTO_MK_PREFETCH`` (:attr:`MegakernelSettings.prefetch`)
 PREFETCH_CHOICES = ("0", "1", "2", "light")
