@@ -340,7 +340,9 @@ for line in open(sys.argv[1]):
     order) # a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py; found on
            # the H200, 2026-12-02): still so on this driver? (a step alone, then 2 and 3 throwaway graphs)
            nvidia-smi --query-gpu=driver_version --format=csv,noheader
-           for v in "--steps 6" "--steps 1 --graphs 2" "--steps 1 --graphs 3 --graph-kernels 1 --no-launch --drop"; do
+           # (pool: torch's graphs in one shared memory pool; raw: empty graphs through the driver's API alone)
+           for v in "--steps 6" "--steps 1 --graphs 2" "--steps 1 --graphs 3 --graph-kernels 1 --no-launch --drop" \
+                    "--steps 1 --graphs 3 --graph-kind pool" "--steps 1 --graphs 3 --graph-kind raw"; do
              echo "[step_order $v]"; timeout 150 python3 bench/step_order.py $v 2>&1 | grep '^{' | cut -c1-120
            done ;;
     q41warps) # issue 46: SmolLM2's Q4_1 residual GEMVs (o, down) 0.5-0.8 us a layer behind bf16's after their

@@ -21,7 +21,8 @@ run:
 - per step and re-timing: the host's microseconds to issue one replay, and the live threads;
 - ``--no-capture``: the later steps are built and run once but never captured in a CUDA graph;
 - ``--graphs K``: K CUDA graphs of plain torch kernels captured before the second step is built
-  (``--graph-kernels N`` a graph, ``--no-launch`` never replayed, ``--drop`` then freed);
+  (``--graph-kernels N`` a graph, ``--no-launch`` never replayed, ``--drop`` then freed,
+  ``--graph-kind pool`` in one shared memory pool, ``raw`` empty ones through the driver's API);
 - ``--hold S``: before building the second step, time the first again every two seconds for S
   seconds with nothing else built: if it slows down, time alone (clocks, heat) does it.
 
@@ -95,20 +96,42 @@ def host_us(fn, calls: int, cuda: bool) -> float:
     return round(us, 1)
 
 
-def torch_graphs(k: int, kernels: int, launch: bool) -> list:
+def torch_graphs(k: int, kernels: int, launch: bool, kind: str = "torch") -> list:
     """``k`` CUDA graphs of ``kernels`` small torch kernels each, captured (and replayed once
-    where ``launch``)."""
+    where ``launch``): ``kind`` "torch" each in a memory pool of its own (torch's default),
+    "pool" all in one shared pool, "raw" empty graphs made and instantiated through the driver's
+    API alone (``libcuda``: no torch, no kernel, no pool)."""
+    if kind == "raw":
+        return raw_graphs(k)
     x = torch.zeros(1024, device="cuda")
+    pool = torch.cuda.graph_pool_handle() if kind == "pool" else None
     out = []
     for _ in range(k):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, pool=pool):
             for _ in range(kernels):
                 x.add_(1.0)
         if launch:
             g.replay()
         out.append(g)
     torch.cuda.synchronize()
+    return out
+
+
+def raw_graphs(k: int) -> list:
+    """``k`` empty CUDA graphs created and instantiated by the driver API (``cuGraphCreate``,
+    ``cuGraphInstantiateWithFlags``) in the current context, kept (as their handles)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    out = []
+    for _ in range(k):
+        graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+        for rc in (cuda.cuGraphCreate(ctypes.byref(graph), ctypes.c_uint(0)),
+                   cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0))):
+            if rc != 0:
+                raise RuntimeError(f"the CUDA driver API failed with error {rc}")
+        out.append((graph, exe))
     return out
 
 
@@ -185,6 +208,9 @@ def main() -> None:
                     help="before building the second step, capture K CUDA graphs of 300 small torch kernels each "
                          "(kept alive) and time the first step again")
     ap.add_argument("--graph-kernels", type=int, default=300, help="with --graphs: kernels a graph")
+    ap.add_argument("--graph-kind", choices=("torch", "pool", "raw"), default="torch",
+                    help="with --graphs: torch's (a memory pool each), torch's in one shared pool, or empty graphs "
+                         "through the driver's API alone")
     ap.add_argument("--no-launch", action="store_true", help="with --graphs: capture them, never replay them")
     ap.add_argument("--drop", action="store_true", help="with --graphs: then reset and free them, and time again")
     args = ap.parse_args()
@@ -218,13 +244,15 @@ def main() -> None:
                                   "ms": round(step_ms(b.replay, args.calls, cuda), 4), **gpu_state(cuda)}),
                       flush=True)
         if i == 0 and args.graphs and cuda:
-            others = torch_graphs(args.graphs, args.graph_kernels, not args.no_launch)
-            print(json.dumps({"graphs": args.graphs, "kernels": args.graph_kernels, "launched": not args.no_launch,
+            others = torch_graphs(args.graphs, args.graph_kernels, not args.no_launch, args.graph_kind)
+            print(json.dumps({"graphs": args.graphs, "kind": args.graph_kind, "kernels": args.graph_kernels,
+                              "launched": not args.no_launch,
                               "ms": round(step_ms(b.replay, args.calls, cuda), 4)}),
                   flush=True)
             if args.drop:
                 for other in others:
-                    other.reset()
+                    if hasattr(other, "reset"):
+                        other.reset()
                 others = []
                 gc.collect()
                 torch.cuda.empty_cache()
