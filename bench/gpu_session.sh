@@ -295,6 +295,13 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    fair) # issue 45: the executors compared with no process past its third CUDA graph (a process a
+          # configuration and batch: its two steps; docs/PERF.md, "Twenty-fourth session"), then
+          # SETTLED=1: the same with three throwaway graphs first (every step in the slower state)
+          for c in ${FAIR_CONFIGS:-smollm2-135m llama3.2-1b llama3-8b}; do for b in ${FAIR_BATCHES:-1 8}; do
+            python3 bench/decode.py --configs "$c" --batches "$b" --long 0 --steps 32 --executors persistent,waves \
+              --hf-configs none ${SETTLED:+--settle} > "$OUT/fair_${c}_$b.log" 2>&1; grep "B=" "$OUT/fair_${c}_$b.log"
+          done; done ;;
     q5) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "q5" 2>&1 | tail -2
         python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --hf-configs none \
           --executors waves,persistent --quant "${Q5_SPECS:-bf16,smollm2-135m:q4_1/q8_0,smollm2-135m:q5_0,smollm2-135m:q5_1}" \
