@@ -361,6 +361,15 @@ for line in open(sys.argv[1]):
                 echo "[PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/q41warps_$w.log" | cut -c1-120
                 grep -A8 "q4_1/q8_0 B=1 waves: span" "$OUT/q41warps_$w.log" | grep "span\|gemv" | cut -c1-110
               done ;;
+    q41by) # issue 46: SmolLM2's Q4_1 residual GEMVs at four warps, the rest by the rule (PTO_QGEMV_WARPS's
+           # FUNCTION=N entries; the twenty-fourth session: o 1.95 -> 1.54 us a layer at four, gate/up and q/k/v
+           # slower at four), against the default; a process a setting, twice, alternated (two steps each)
+           for i in 1 2; do for w in 1 "1,gemv_residual_tile_o=4,gemv_residual_tile=4"; do
+             PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
+               --executors waves --hf-configs none --prefill 0 --quant bf16,q4_1/q8_0 --timeline > "$OUT/q41by.log" 2>&1
+             echo "[PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/q41by.log" | cut -c1-100
+             grep -A8 "q4_1/q8_0 B=1 waves: span" "$OUT/q41by.log" | grep "span\|residual" | cut -c1-110
+           done; done ;;
     inline) # issue 45: the item that alone waits on a counter (one combine a layer) run where its count
             # ends (PTO_MK_INLINE=on, off by default): the GPU test, then the steps alternated
             python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_gpu.py -k inline_items 2>&1 | tail -2

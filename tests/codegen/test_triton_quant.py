@@ -250,6 +250,44 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
         LaunchConfig.of({"num_warps": 4, "qgemv_warps": 4})
 
 
+def test_pto_qgemv_warps_by_function_overrides_the_floor_for_that_function_alone(monkeypatch):
+    """``PTO_QGEMV_WARPS=N,NAME=M`` (``RenderOptions.qgemv_warps_by``): the function of that
+    generic name takes at least M warps in place of N, every other grouped GEMV N (the rule's
+    count where it gives more); the environment's entries reach the backend's options, and an
+    entry that is not ``NAME=`` one of the counts is one line naming the variable."""
+    from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_residual_tile
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton import render
+    from pto.codegen.triton.common import RenderOptions
+    from pto.errors import UsageError
+
+    o = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))  # SmolLM2's o: the rule's 1
+    assert o.name == "gemv_residual_tile"
+    by = (("gemv_residual_tile", 4),)
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=by)).launch["num_warps"] == 4
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=2, qgemv_warps_by=by)).launch["num_warps"] == 4
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=8, qgemv_warps_by=by)).launch["num_warps"] == 4
+    other = (("gemv_norm_swiglu_tile", 8),)
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=2, qgemv_warps_by=other)).launch["num_warps"] == 2
+    swiglu = specialize(gemv_norm_swiglu_tile(f32, 1, 576, 1536, 8, 1024, 1e-5, wdtype=DType.Q4_1))
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps_by=other)).launch["num_warps"] == 8
+    # the kernel's text is the same: the launch's warps alone
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=by)).source == \
+        render(o, RenderOptions(qgemv="int16")).source
+
+    monkeypatch.setenv("PTO_QGEMV_WARPS", "2, gemv_residual_tile_o=4,gemv_residual_tile=8")
+    opts = TritonBackend("cpu").options
+    assert (opts.qgemv_warps, opts.qgemv_warps_by) == (2, (("gemv_residual_tile_o", 4), ("gemv_residual_tile", 8)))
+    monkeypatch.setenv("PTO_QGEMV_WARPS", "gemv_residual_tile=4")
+    opts = TritonBackend("cpu").options
+    assert (opts.qgemv_warps, opts.qgemv_warps_by) == (1, (("gemv_residual_tile", 4),))
+    for bad in ("gemv_residual_tile=3", "4,2", "=4", "gemv residual=4", "1,gemv_residual_tile"):
+        monkeypatch.setenv("PTO_QGEMV_WARPS", bad)
+        with pytest.raises(UsageError, match=f"PTO_QGEMV_WARPS='{bad}': one of 1, 2, 4, 8, optionally first"):
+            TritonBackend("cpu")
+
+
 def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups():
     """``PTO_QGEMV_COLS`` (``RenderOptions.qgemv_cols``): the rule's warp per 1,024 columns of a K
     step becomes a warp per 2,048 or 4,096 (each thread two or four groups of a row), the streaming

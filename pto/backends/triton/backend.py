@@ -54,6 +54,7 @@ from pto.backends.triton.modes import (
     qgemv_cols,
     qgemv_mode,
     qgemv_warps,
+    qgemv_warps_by,
     split_mode,
     tma_mode,
 )
@@ -120,6 +121,7 @@ class TritonBackend(Backend):
         self.options = replace(self.options, pdl="late" if self.pdl == "auto" else self.pdl, pre=())
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
+                               qgemv_warps_by=self.options.qgemv_warps_by or qgemv_warps_by(),
                                qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`

@@ -23,10 +23,10 @@ log_fit = logging.getLogger("pto.schedules")  # a launch's depth lowered to fit 
 #: the RenderOptions a schedule may switch: not ``pdl``, ``tma`` and ``pre``, which are the
 #: backend's (they need a compiled kernel on sm_90; PDL goes with the launch keyword; what a kernel
 #: may load before its wait depends on the launch before it; TritonBackend checks all three), nor
-#: ``qgemv_warps`` and ``qgemv_cols``, which set the rendered kernel's warps (a launch sets
-#: ``num_warps`` itself)
+#: ``qgemv_warps``, ``qgemv_warps_by`` and ``qgemv_cols``, which set the rendered kernel's warps
+#: (a launch sets ``num_warps`` itself)
 CODEGEN = tuple(f.name for f in fields(RenderOptions)
-                if f.name not in ("pdl", "tma", "pre", "qgemv_warps", "qgemv_cols"))
+                if f.name not in ("pdl", "tma", "pre", "qgemv_warps", "qgemv_warps_by", "qgemv_cols"))
 #: Triton launch options passed through as given (a schedule file may name them)
 _TRITON_EXTRA = ("maxnreg", "num_ctas")
 

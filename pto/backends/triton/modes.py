@@ -98,8 +98,37 @@ def qgemv_warps() -> int:
     """The fewest warps a program of a GEMV that reads by groups takes
     (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
     count, a warp per 1,024 columns and per 8 rows past the first 8, four where a program streams
-    its weights over four K steps or more: :func:`pto.codegen.triton.kernel.grouped_warps`)."""
-    return _one_of("PTO_QGEMV_WARPS", QGEMV_WARPS)
+    its weights over four K steps or more: :func:`pto.codegen.triton.kernel.grouped_warps`); its
+    entries ``FUNCTION=N`` after it are :func:`qgemv_warps_by`'s."""
+    return _qgemv_warps_setting()[0]
+
+
+def qgemv_warps_by() -> tuple[tuple[str, int], ...]:
+    """Per InCore function, the fewest warps of its GEMV read by groups, in place of
+    :func:`qgemv_warps`'s (``RenderOptions.qgemv_warps_by``): ``PTO_QGEMV_WARPS``'s entries
+    ``NAME=N`` (a function's generic name, as a trace or ``--timeline`` shows it without its
+    ``__`` suffix), e.g. ``1,gemv_residual_tile_o=4,gemv_residual_tile=4``: the o and down
+    projections at four, every other such GEMV by the rule."""
+    return _qgemv_warps_setting()[1]
+
+
+def _qgemv_warps_setting() -> tuple[int, tuple[tuple[str, int], ...]]:
+    """``PTO_QGEMV_WARPS``: an optional count for every grouped GEMV, then ``NAME=N`` entries,
+    separated by commas; UsageError naming it otherwise."""
+    text = os.environ.get("PTO_QGEMV_WARPS", "").strip()
+    allowed = ", ".join(map(str, QGEMV_WARPS))
+    floor, by = QGEMV_WARPS[0], []
+    for i, entry in enumerate(e.strip() for e in text.split(",") if e.strip()):
+        name, eq, count = entry.rpartition("=")
+        if (not eq and i) or (eq and not name.strip().isidentifier()) or not count.strip().isdigit() \
+                or int(count) not in QGEMV_WARPS:
+            raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {allowed}, optionally first, then FUNCTION={allowed} "
+                             "entries, separated by commas (e.g. 1,gemv_residual_tile_o=4)")
+        if eq:
+            by.append((name.strip(), int(count)))
+        else:
+            floor = int(count)
+    return floor, tuple(by)
 
 
 #: the settings of ``PTO_QGEMV_COLS`` (:func:`qgemv_cols`)
@@ -131,4 +160,4 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
 
 
 __all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "pdl_mode", "persistent_mode",
-           "qgemv_cols", "qgemv_mode", "qgemv_warps", "split_mode", "tma_mode"]
+           "qgemv_cols", "qgemv_mode", "qgemv_warps", "qgemv_warps_by", "split_mode", "tma_mode"]

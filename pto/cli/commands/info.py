@@ -80,7 +80,7 @@ def format_info(d: dict) -> str:
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
         tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the integer "
                 "formats, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
-                "program, PTO_QGEMV_COLS: a warp's columns)")
+                "program, N or N,FUNCTION=M; PTO_QGEMV_COLS: a warp's columns)")
         blocks = d.get("blocks_formats", "").replace(",", ", ")
         tri += (f"; persistent tile loops {d.get('persistent', 'off')} (PTO_PERSISTENT; auto: the gate/up GEMVs of "
                 f"{blocks} weights loop over their blocks, PTO_BLOCKS_FORMATS)")

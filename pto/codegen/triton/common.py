@@ -172,6 +172,8 @@ class RenderOptions:
     gives a warp per 1,024 columns and per 8 rows past the first 8 (measured on the 8B model's
     shapes), which leaves a small model's GEMVs (SmolLM2's 576 columns, 4 rows) one warp a
     program where its bf16 ones run four.
+    ``qgemv_warps_by``: per InCore function (its generic name), the fewest warps in place of
+    ``qgemv_warps`` (empty: the backend's, :func:`pto.backends.triton.modes.qgemv_warps_by`).
     ``qgemv_cols``: the columns of a K step a warp of such a GEMV takes (1,024, 2,048 or 4,096;
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
@@ -193,6 +195,7 @@ class RenderOptions:
     persistent: str = ""
     qgemv: str = ""
     qgemv_warps: int = 0
+    qgemv_warps_by: tuple[tuple[str, int], ...] = ()
     qgemv_cols: int = 0
     asm: bool = False
     prefetch_bytes: int = 64 * 1024

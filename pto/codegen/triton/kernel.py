@@ -204,7 +204,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
     if r.grouped:
-        launch["num_warps"] = grouped_warps(fn, r.grouped, r.opts.qgemv_warps, r.opts.qgemv_cols or 1024)
+        floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
+        launch["num_warps"] = grouped_warps(fn, r.grouped, floor, r.opts.qgemv_cols or 1024)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
                           r.block_ahead, blocks_formats(fn, r))
 
