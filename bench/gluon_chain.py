@@ -18,13 +18,26 @@ stores them and releases the next layer's counter (the megakernel's release). Th
   compiler adds a barrier after each wait and before each refill of a buffer); a layer's x is
   loaded once after the wait (one round trip) and staged in shared memory for its chunks.
 
+Two more ways, which take a program's whole block of a layer's weights in one load issued before
+the wait (as a megakernel's GEMV item takes them: its weights do not depend on the wait) and
+differ in how a layer waits for x (issue 45: a SmolLM2 step's megakernel pays 0.7-1.2 us a level
+on the wait, six levels a layer; measure at SmolLM2's width, ``--d 576``):
+
+- ``pre``: the counter, as the megakernel does: an acquire poll of the layer's counter, then x's
+  load (two round trips after the last writer's release), the writer's stores ordered before its
+  release by a barrier and a fence;
+- ``ll``: no counter: x passed as 8-byte words of the value's bits and a flag (NCCL's "LL"
+  protocol), the reader loading x until every word carries the layer's flag: one round trip, no
+  fence. What a megakernel would gain by passing its small activations so.
+
 Per variant, with the waits and without them (the layers' streaming alone): microseconds a layer,
 its multiple of the floor, and the last layer's error against torch. The floor is the weights at
 the copy's bandwidth; a layer's cost above it is what the wait and the pipeline's fill add (the
 megakernel's 8B layer: six GEMV levels, each paying it; docs/PERF.md, "A layer's budget").
 
     python3 bench/gluon_chain.py [--d 2048,4096] [--rows 16,32] [--layers 32] [--nbuf 4,8]
-                                 [--bk 256] [--waits on,off] [--json FILE]
+                                 [--bk 256] [--waits on,off] [--ways triton,early,gluon,pre,ll]
+                                 [--warps 4] [--json FILE]
 
 Needs a CUDA GPU of sm_80 or later (``cp.async``); the Gluon chain needs Gluon's API of Triton
 3.5-3.6 (the GPU machine's 3.6; later versions renamed its copy), else the Triton chain runs alone.
@@ -89,6 +102,64 @@ def chain_early(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, 
         tl.store(X + (layer + 1) * D + rows, acc)
         tl.debug_barrier()
         tl.atomic_add(C + layer + 1, 1, sem="release")
+
+
+@triton.jit
+def chain_pre(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, P: tl.constexpr,
+              WAIT: tl.constexpr):
+    """A layer as a megakernel's GEMV item runs it: the program's whole ``R x D`` block of weights
+    loaded first (before the wait: nothing before writes them), then the counter's acquire poll,
+    then x in one load, the product, the store, a barrier and the release. ``NKP``: the chunks of
+    ``BK`` a row, a power of two (those past ``D`` masked), so a row is one load."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
+    inside = offs < D
+    for layer in range(L):
+        w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+        if WAIT:
+            while tl.atomic_add(C + layer, 0, sem="acquire") < P:
+                pass
+        x = tl.load(X + layer * D + offs, mask=inside, other=0.0)
+        acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+        tl.store(X + (layer + 1) * D + rows, acc)
+        tl.debug_barrier()
+        tl.atomic_add(C + layer + 1, 1, sem="release")
+
+
+@triton.jit
+def chain_ll(W, XW, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
+             WAIT: tl.constexpr):
+    """``chain_pre`` with no counters: a layer's x is passed as 8-byte words, the value's f32
+    bits low and a flag high (``EPOCH * (L + 1) + layer``), each word stored whole (NCCL's "LL"
+    protocol), and a program waits for x by loading it again until every word carries the
+    layer's flag: the load that sees the data is the one that waits, so a dependency costs one
+    round trip where the counter's acquire and then x's load cost two, and no barrier or fence
+    orders the writer's stores before a release."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
+    inside = offs < D
+    for layer in range(L):
+        flag = (EPOCH * (L + 1) + layer).to(tl.int64)
+        w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+        words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
+        if WAIT:
+            while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
+                words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
+        x = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+        out = acc.to(tl.uint32, bitcast=True).to(tl.int64) | ((flag + 1) << 32)
+        tl.store(XW + (layer + 1) * D + rows, out)
+
+
+def ll_words(x: torch.Tensor, flag: int) -> torch.Tensor:
+    """``x`` (f32) as :func:`chain_ll`'s words: its bits low, ``flag`` high (int64 storage)."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return bits | (flag << 32)
+
+
+def ll_values(words: torch.Tensor) -> torch.Tensor:
+    """The f32 values of :func:`chain_ll`'s words."""
+    return (words & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
 
 
 if gluon is not None:
@@ -183,12 +254,24 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     for layer in range(L):
         ref = W[layer].float() @ ref
 
+    XW = torch.zeros(L + 1, D, dtype=torch.int64, device="cuda")  # the "ll" chain's words
+    epoch = [0]
+
     def reset():
         C.zero_()
         C[0] = P
+        epoch[0] += 1  # a new flag for every run: the words of the last one are stale
+        XW[0] = ll_words(X[0], epoch[0] * (L + 1))
 
     def kernel():  # (cooperative: a grid that cannot be resident at once fails, not hangs)
-        if variant in ("triton", "early"):
+        nkp = 1 << (-(-D // BK) - 1).bit_length()  # the chunks a row, to a power of two
+        if variant == "ll":
+            chain_ll[(P,)](W, XW, L, epoch[0], D=D, R=R, BK=BK, NKP=nkp, WAIT=wait, num_warps=param,
+                           launch_cooperative_grid=True)
+        elif variant == "pre":
+            chain_pre[(P,)](W, X, C, L, D=D, R=R, BK=BK, NKP=nkp, P=P, WAIT=wait, num_warps=param,
+                            launch_cooperative_grid=True)
+        elif variant in ("triton", "early"):
             (chain_triton if variant == "triton" else chain_early)[(P,)](
                 W, X, C, L, D=D, R=R, BK=BK, P=P, STAGES=param, WAIT=wait, num_warps=4, launch_cooperative_grid=True)
         else:
@@ -202,7 +285,8 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     except RuntimeError as e:  # a cooperative grid larger than what can be resident at once
         raise SystemExit(f"--d {D} --rows {R} {variant} {param}: {P} programs cannot all be resident at once "
                          f"({str(e).splitlines()[0][:120]})") from None
-    err = float((X[L] - ref).norm() / ref.norm())
+    last = ll_values(XW[L]) if variant == "ll" else X[L]
+    err = float((last - ref).norm() / ref.norm())
     times = []
     for _ in range(reps):
         torch.cuda._sleep(2_000_000)  # the GPU busy while the launch is queued: the events time the GPU alone
@@ -227,6 +311,10 @@ def main() -> None:
     ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the Gluon chain's ring buffers")
     ap.add_argument("--waits", default="on,off", help="on: the layers' waits; off: the streaming alone")
+    ap.add_argument("--ways", default="triton,early,gluon,pre,ll",
+                    help="the chains to run: triton, early, gluon (K loops), pre and ll (a row's weights in one load "
+                         "before the wait; the counter's poll or the LL words)")
+    ap.add_argument("--warps", default="4", help="the pre and ll chains' warps a program")
     ap.add_argument("--json")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -239,6 +327,8 @@ def main() -> None:
         floor_us = D * D * 2 / bw * 1e6
         ways = [(v, int(s)) for v in ("triton", "early") for s in a.stages.split(",")]
         ways += [] if gluon is None else [("gluon", int(n)) for n in a.nbuf.split(",")]
+        ways += [(v, int(w)) for v in ("pre", "ll") for w in a.warps.split(",")]
+        ways = [(v, p) for v, p in ways if v in a.ways.split(",")]
         for variant, param in ways:
             smem = param * R * a.bk * 2 + D * 4  # the ring, and x staged
             if variant == "gluon" and smem > 200 * 1024:
@@ -250,7 +340,8 @@ def main() -> None:
                 r["x_floor"] = r["us_per_layer"] / floor_us
                 out.append(r)
                 err = f"rel_err {r['rel_err']:.1e}" if wait else "no waits"
-                print(f"D={D} R={R} {variant:6s} {'nbuf' if variant == 'gluon' else 'stages'}={param}: "
+                what = {"gluon": "nbuf", "pre": "warps", "ll": "warps"}.get(variant, "stages")
+                print(f"D={D} R={R} {variant:6s} {what}={param}: "
                       f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), {err}")
     if a.json:
         with open(a.json, "w") as f:

@@ -474,6 +474,10 @@ for line in open(sys.argv[1]):
            done ;;
     chain) python3 bench/gluon_chain.py ${CHAIN_ARGS:---d 2048,2048,4096,4096 --rows 16,8,32,16} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
            tail -n 40 "$OUT/chain.log" ;;
+    llchain) # issue 45: a layer's wait by the counter (the megakernel's) against x passed as flagged words
+             # (NCCL's LL), the weights loaded before either; at SmolLM2's width and the 1B's half
+             python3 bench/gluon_chain.py --d "${LL_D:-576,576,1024}" --rows "${LL_ROWS:-8,4,8}" --layers 32 --bk 64 \
+               --ways pre,ll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -30 ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
