@@ -217,13 +217,14 @@ def settle_graphs(count: int = 3) -> None:
     """Make ``count`` throwaway CUDA graphs of one small kernel each (captured, never replayed).
 
     On the H200 the fourth CUDA graph a process instantiates, of anything, slows the replay of
-    every many-kernel graph of the process from then on by 8-13% (the wave executor's SmolLM2
+    every many-kernel graph of the process from then on by 10-15% (the wave executor's SmolLM2
     step 0.394-0.400 -> 0.445-0.454 ms; freeing the graphs does not undo it; the persistent
     executor's single launch does not move; bench/step_order.py, docs/PERF.md "Twenty-fourth
     session"). Our steps are each a graph, so in a process that times more than three, the
     first three are in the faster state and the rest in the slower one. ``--settle`` makes three
     graphs first, so that every step of the process is timed in the slower state and rows
-    compare like with like (a row's ``graphs_before``: the graphs made before its own)."""
+    compare like with like (a row's ``graphs_before``: the steps timed before its own and the
+    throwaway graphs; a prefill's graph, where ``--quant`` times one, is not counted)."""
     x = torch.zeros(16, device="cuda")
     keep = []
     for _ in range(count):
@@ -272,7 +273,7 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
         BUILT[0] += 1
         if BUILT[0] + SETTLED[0] == 4 and not SETTLED[0]:
             print("note: this is the fourth step timed in this process; from here the GPU replays every CUDA graph "
-                  "slower (8-13% on the wave executor's steps on an H200): compare rows of like graphs_before, or "
+                  "slower (10-15% on SmolLM2's steps on an H200): compare rows of like graphs_before, or "
                   "run with --settle", flush=True)
         out = {"ms": round(ms, 4), "ms_rounds": [round(r, 4) for r in rounds], "tasks": step.graph.tasks,
                "process_step": BUILT[0], "graphs_before": BUILT[0] - 1 + SETTLED[0],
