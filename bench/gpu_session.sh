@@ -120,6 +120,20 @@
 #               the megakernel's wait-then-load in Triton against a Gluon loader whose ring of cp.async
 #               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS; default
 #               one and two programs a multiprocessor at D 2,048 and 4,096)
+#   llchain     issue 45: bench/gluon_chain.py --ways pre,ll: a layer's wait by the megakernel's counter against x
+#               passed as flagged 8-byte words (NCCL's LL), the weights loaded before either, at $LL_D (default
+#               576,576,1024) with $LL_ROWS rows a program, $LL_WARPS warps, with and without the waits
+#   order       a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py): the driver's
+#               version, six steps in turn, then two and three throwaway graphs (torch's, in one shared pool,
+#               and empty ones through the driver's API alone)
+#   fair        issue 45: the executors, a process a configuration and batch ($FAIR_CONFIGS, $FAIR_BATCHES), so
+#               no process passes its third graph; SETTLED=1: each after three throwaway graphs (--settle)
+#   inline      issue 45: the megakernel's inline items (PTO_MK_INLINE=on): the GPU test, then SmolLM2, the 1B
+#               and the 8B with and without, alternated ($INLINE_CONFIGS, $INLINE_BUDGET)
+#   q41         issue 46: the 8B's Q4_1 prefill both ways, then SmolLM2's Q4_1 step against bf16 by kernel
+#   q41warps    issue 46: SmolLM2's Q4_1 step by kernel at PTO_QGEMV_WARPS $Q41_WARPS (default 1 2 4)
+#   q41by       issue 46: SmolLM2's Q4_1 residual GEMVs at four warps, the rest by the rule
+#               (PTO_QGEMV_WARPS=1,gemv_residual_tile_o=4,gemv_residual_tile=4), against the default, twice
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
