@@ -28,7 +28,12 @@ on the wait, six levels a layer; measure at SmolLM2's width, ``--d 576``):
   release by a barrier and a fence;
 - ``ll``: no counter: x passed as 8-byte words of the value's bits and a flag (NCCL's "LL"
   protocol), the reader loading x until every word carries the layer's flag: one round trip, no
-  fence. What a megakernel would gain by passing its small activations so.
+  fence. What a megakernel would gain by passing its small activations so;
+- ``lpdl`` and ``lll``: a launch a layer, as the wave executor runs its GEMVs, each launch let in
+  by the one before at its start (programmatic dependent launch): ``lpdl`` waits for the previous
+  launch to finish (``griddepcontrol.wait``, the wave executor's way), ``lll`` for its x's words
+  alone, starting while the previous launch's other programs still run. What the wave executor
+  would gain by the words.
 
 Per variant, with the waits and without them (the layers' streaming alone): microseconds a layer,
 its multiple of the floor, and the last layer's error against torch. The floor is the weights at
@@ -52,6 +57,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 gluon = None
 if triton.__version__.startswith(("3.5", "3.6")):  # Gluon's copy as these name it (3.9 renamed it)
@@ -149,6 +155,49 @@ def chain_ll(W, XW, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr
         acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
         out = acc.to(tl.uint32, bitcast=True).to(tl.int64) | ((flag + 1) << 32)
         tl.store(XW + (layer + 1) * D + rows, out)
+
+
+@triton.jit
+def layer_pdl(W, X, layer, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
+              WAIT: tl.constexpr, PDL: tl.constexpr):
+    """One layer of the chain as a launch of its own, as the wave executor runs a GEMV: the next
+    launch let in at once (PDL's trigger), the program's weights loaded, then the wait for the
+    previous launch to finish (``griddepcontrol.wait``: the whole grid done and its stores
+    flushed), x, the product, the store."""
+    if PDL:
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
+    inside = offs < D
+    w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+    if PDL and WAIT:
+        gdc_wait()
+    x = tl.load(X + layer * D + offs, mask=inside, other=0.0)
+    acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+    tl.store(X + (layer + 1) * D + rows, acc)
+
+
+@triton.jit
+def layer_ll(W, XW, layer, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
+             WAIT: tl.constexpr, PDL: tl.constexpr):
+    """``layer_pdl`` with x as :func:`chain_ll`'s words and no ``griddepcontrol.wait``: a program
+    starts on x as soon as every word of it carries the layer's flag, while the previous launch's
+    other programs may still run. Safe from deadlock: a launch is let in only once every program
+    of the one before has triggered, i.e. is resident, so every program polled for will run."""
+    if PDL:
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
+    inside = offs < D
+    flag = (EPOCH * (L + 1) + layer).to(tl.int64)
+    w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+    words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
+    if WAIT:
+        while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
+            words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
+    x = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+    tl.store(XW + (layer + 1) * D + rows, acc.to(tl.uint32, bitcast=True).to(tl.int64) | ((flag + 1) << 32))
 
 
 def ll_words(x: torch.Tensor, flag: int) -> torch.Tensor:
@@ -265,7 +314,15 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
 
     def kernel():  # (cooperative: a grid that cannot be resident at once fails, not hangs)
         nkp = 1 << (-(-D // BK) - 1).bit_length()  # the chunks a row, to a power of two
-        if variant == "ll":
+        if variant in ("lpdl", "lll"):  # a launch a layer, each let in by the one before (PDL)
+            for layer in range(L):
+                if variant == "lpdl":
+                    layer_pdl[(P,)](W, X, layer, D=D, R=R, BK=BK, NKP=nkp, WAIT=wait, PDL=True, num_warps=param,
+                                    launch_pdl=True)
+                else:
+                    layer_ll[(P,)](W, XW, layer, L, epoch[0], D=D, R=R, BK=BK, NKP=nkp, WAIT=wait, PDL=True,
+                                   num_warps=param, launch_pdl=True)
+        elif variant == "ll":
             chain_ll[(P,)](W, XW, L, epoch[0], D=D, R=R, BK=BK, NKP=nkp, WAIT=wait, num_warps=param,
                            launch_cooperative_grid=True)
         elif variant == "pre":
@@ -285,7 +342,7 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     except RuntimeError as e:  # a cooperative grid larger than what can be resident at once
         raise SystemExit(f"--d {D} --rows {R} {variant} {param}: {P} programs cannot all be resident at once "
                          f"({str(e).splitlines()[0][:120]})") from None
-    last = ll_values(XW[L]) if variant == "ll" else X[L]
+    last = ll_values(XW[L]) if variant in ("ll", "lll") else X[L]
     err = float((last - ref).norm() / ref.norm())
     times = []
     for _ in range(reps):
@@ -311,9 +368,10 @@ def main() -> None:
     ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the Gluon chain's ring buffers")
     ap.add_argument("--waits", default="on,off", help="on: the layers' waits; off: the streaming alone")
-    ap.add_argument("--ways", default="triton,early,gluon,pre,ll",
+    ap.add_argument("--ways", default="triton,early,gluon,pre,ll,lpdl,lll",
                     help="the chains to run: triton, early, gluon (K loops), pre and ll (a row's weights in one load "
-                         "before the wait; the counter's poll or the LL words)")
+                         "before the wait; the counter's poll or the LL words), lpdl and lll (a launch a layer, "
+                         "PDL: griddepcontrol.wait, or the LL words and no wait)")
     ap.add_argument("--warps", default="4", help="the pre and ll chains' warps a program")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -327,7 +385,7 @@ def main() -> None:
         floor_us = D * D * 2 / bw * 1e6
         ways = [(v, int(s)) for v in ("triton", "early") for s in a.stages.split(",")]
         ways += [] if gluon is None else [("gluon", int(n)) for n in a.nbuf.split(",")]
-        ways += [(v, int(w)) for v in ("pre", "ll") for w in a.warps.split(",")]
+        ways += [(v, int(w)) for v in ("pre", "ll", "lpdl", "lll") for w in a.warps.split(",")]
         ways = [(v, p) for v, p in ways if v in a.ways.split(",")]
         for variant, param in ways:
             smem = param * R * a.bk * 2 + D * 4  # the ring, and x staged
@@ -340,7 +398,8 @@ def main() -> None:
                 r["x_floor"] = r["us_per_layer"] / floor_us
                 out.append(r)
                 err = f"rel_err {r['rel_err']:.1e}" if wait else "no waits"
-                what = {"gluon": "nbuf", "pre": "warps", "ll": "warps"}.get(variant, "stages")
+                what = {"gluon": "nbuf", "pre": "warps", "ll": "warps", "lpdl": "warps", "lll": "warps"}.get(
+                    variant, "stages")
                 print(f"D={D} R={R} {variant:6s} {what}={param}: "
                       f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), {err}")
     if a.json:

@@ -120,9 +120,11 @@
 #               the megakernel's wait-then-load in Triton against a Gluon loader whose ring of cp.async
 #               buffers streams the next layer's weights while the program waits ($CHAIN_ARGS; default
 #               one and two programs a multiprocessor at D 2,048 and 4,096)
-#   llchain     issue 45: bench/gluon_chain.py --ways pre,ll: a layer's wait by the megakernel's counter against x
-#               passed as flagged 8-byte words (NCCL's LL), the weights loaded before either, at $LL_D (default
-#               576,576,1024) with $LL_ROWS rows a program, $LL_WARPS warps, with and without the waits
+#   llchain     issue 45: bench/gluon_chain.py --ways pre,ll,lpdl,lll: a layer's wait by the megakernel's counter
+#               against x passed as flagged 8-byte words (NCCL's LL), in one persistent launch, then a launch a
+#               layer under PDL (griddepcontrol.wait, the wave executor's, against the words and no wait); the
+#               weights loaded before the wait in all; at $LL_D (default 576,576,1024) with $LL_ROWS rows a
+#               program, $LL_WARPS warps, with and without the waits
 #   order       a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py): the driver's
 #               version, six steps in turn, then two and three throwaway graphs (torch's, in one shared pool,
 #               and empty ones through the driver's API alone)
@@ -491,7 +493,7 @@ for line in open(sys.argv[1]):
     llchain) # issue 45: a layer's wait by the counter (the megakernel's) against x passed as flagged words
              # (NCCL's LL), the weights loaded before either; at SmolLM2's width and the 1B's half
              python3 bench/gluon_chain.py --d "${LL_D:-576,576,1024}" --rows "${LL_ROWS:-8,4,8}" --layers 32 --bk 64 \
-               --ways pre,ll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -30 ;;
+               --ways pre,ll,lpdl,lll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -30 ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;

@@ -1,7 +1,9 @@
 """bench/gluon_chain.py's ``pre`` and ``ll`` chains under the Triton interpreter: one layer (the
 interpreter runs programs one after another, so no program may wait on a later one), the
-layer's product against torch's in float64, the written flags the next layer's, and the "LL"
-words' packing of f32 bits (signs, infinities and NaNs' payloads kept)."""
+layer's product against torch's in float64, the written flags the next layer's; the launch a
+layer ways (``lpdl``, ``lll``) over three layers, launch after launch (without PDL, which the
+interpreter does not run); and the "LL" words' packing of f32 bits (signs, infinities and NaNs'
+payloads kept)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,30 @@ def test_the_pre_chain_computes_a_layer_and_releases_its_counter(D, R, BK, NKP):
     chain.chain_pre[(P,)](W, X, C, 1, D=D, R=R, BK=BK, NKP=NKP, P=P, WAIT=True, num_warps=4)
     assert int(C[1]) == P
     assert float((X[1].double() - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("D,R,BK,NKP", [(96, 8, 32, 4), (80, 16, 16, 8)])
+def test_a_launch_a_layer_chains_the_layers_by_words_or_by_launch_order(D, R, BK, NKP):
+    L, P = 3, D // R
+    g = torch.Generator().manual_seed(D)
+    W = (torch.randn(L, D, D, generator=g) / D ** 0.5).to(torch.bfloat16)
+    x = torch.randn(D, generator=g)
+    ref, bound = x.double(), x.double().abs()
+    for layer in range(L):
+        ref, bound = W[layer].double() @ ref, W[layer].double().abs() @ bound
+    tol = L * D * 2.0 ** -24 * float(bound.max())  # each layer's f32 sums, and its rounding carried on
+    X = torch.zeros(L + 1, D)
+    X[0] = x
+    for layer in range(L):
+        chain.layer_pdl[(P,)](W, X, layer, D=D, R=R, BK=BK, NKP=NKP, WAIT=True, PDL=False, num_warps=4)
+    assert float((X[L].double() - ref).abs().max()) <= tol
+    epoch = 4
+    XW = torch.zeros(L + 1, D, dtype=torch.int64)
+    XW[0] = chain.ll_words(x, epoch * (L + 1))
+    for layer in range(L):
+        chain.layer_ll[(P,)](W, XW, layer, L, epoch, D=D, R=R, BK=BK, NKP=NKP, WAIT=True, PDL=False, num_warps=4)
+    assert torch.equal(XW[1:] >> 32, (epoch * (L + 1) + 1 + torch.arange(L))[:, None].expand(L, D))
+    assert torch.equal(chain.ll_values(XW[L]), X[L])  # the same arithmetic, bit for bit
 
 
 def test_ll_words_keep_every_f32_bit_pattern():
