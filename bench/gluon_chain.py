@@ -111,23 +111,52 @@ def chain_early(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, 
 
 
 @triton.jit
+def _block(W, layer, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr):
+    """The program's rows, a row's offsets as ``[NKP, BK]`` chunks (``NKP`` a power of two, those
+    past ``D`` masked, so a row is one load) and its whole ``R x D`` block of layer ``layer``'s
+    weights."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
+    inside = offs < D
+    w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+    return rows, offs, inside, w
+
+
+@triton.jit
+def _product(w, x):
+    """The block's rows times x (``[NKP, BK]``), in f32."""
+    return tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
+
+
+@triton.jit
+def _ll_x(XW, offs, inside, flag, WAIT: tl.constexpr):
+    """x from its words at ``XW + offs``: loaded (strong, from L2) until every word carries
+    ``flag`` (where ``WAIT``), then their low halves as f32."""
+    words = tl.load(XW + offs, mask=inside, other=flag << 32, volatile=True)
+    if WAIT:
+        while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
+            words = tl.load(XW + offs, mask=inside, other=flag << 32, volatile=True)
+    return (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ll_store(XW, rows, acc, flag):
+    """``acc`` stored as words of ``flag``: each value's f32 bits low, the flag high."""
+    tl.store(XW + rows, acc.to(tl.uint32, bitcast=True).to(tl.int64) | (flag << 32))
+
+
+@triton.jit
 def chain_pre(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr, P: tl.constexpr,
               WAIT: tl.constexpr):
     """A layer as a megakernel's GEMV item runs it: the program's whole ``R x D`` block of weights
     loaded first (before the wait: nothing before writes them), then the counter's acquire poll,
-    then x in one load, the product, the store, a barrier and the release. ``NKP``: the chunks of
-    ``BK`` a row, a power of two (those past ``D`` masked), so a row is one load."""
-    rows = tl.program_id(0) * R + tl.arange(0, R)
-    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
-    inside = offs < D
+    then x in one load, the product, the store, a barrier and the release."""
     for layer in range(L):
-        w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+        rows, offs, inside, w = _block(W, layer, D, R, BK, NKP)
         if WAIT:
             while tl.atomic_add(C + layer, 0, sem="acquire") < P:
                 pass
-        x = tl.load(X + layer * D + offs, mask=inside, other=0.0)
-        acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
-        tl.store(X + (layer + 1) * D + rows, acc)
+        tl.store(X + (layer + 1) * D + rows, _product(w, tl.load(X + layer * D + offs, mask=inside, other=0.0)))
         tl.debug_barrier()
         tl.atomic_add(C + layer + 1, 1, sem="release")
 
@@ -141,20 +170,11 @@ def chain_ll(W, XW, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr
     layer's flag: the load that sees the data is the one that waits, so a dependency costs one
     round trip where the counter's acquire and then x's load cost two, and no barrier or fence
     orders the writer's stores before a release."""
-    rows = tl.program_id(0) * R + tl.arange(0, R)
-    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
-    inside = offs < D
     for layer in range(L):
         flag = (EPOCH * (L + 1) + layer).to(tl.int64)
-        w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
-        words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
-        if WAIT:
-            while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
-                words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
-        x = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-        acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
-        out = acc.to(tl.uint32, bitcast=True).to(tl.int64) | ((flag + 1) << 32)
-        tl.store(XW + (layer + 1) * D + rows, out)
+        rows, offs, inside, w = _block(W, layer, D, R, BK, NKP)
+        x = _ll_x(XW + layer * D, offs, inside, flag, WAIT)
+        _ll_store(XW + (layer + 1) * D, rows, _product(w, x), flag + 1)
 
 
 @triton.jit
@@ -166,15 +186,10 @@ def layer_pdl(W, X, layer, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, N
     flushed), x, the product, the store."""
     if PDL:
         gdc_launch_dependents()
-    rows = tl.program_id(0) * R + tl.arange(0, R)
-    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
-    inside = offs < D
-    w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
+    rows, offs, inside, w = _block(W, layer, D, R, BK, NKP)
     if PDL and WAIT:
         gdc_wait()
-    x = tl.load(X + layer * D + offs, mask=inside, other=0.0)
-    acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
-    tl.store(X + (layer + 1) * D + rows, acc)
+    tl.store(X + (layer + 1) * D + rows, _product(w, tl.load(X + layer * D + offs, mask=inside, other=0.0)))
 
 
 @triton.jit
@@ -186,18 +201,10 @@ def layer_ll(W, XW, layer, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.co
     of the one before has triggered, i.e. is resident, so every program polled for will run."""
     if PDL:
         gdc_launch_dependents()
-    rows = tl.program_id(0) * R + tl.arange(0, R)
-    offs = tl.arange(0, NKP)[:, None] * BK + tl.arange(0, BK)[None, :]
-    inside = offs < D
     flag = (EPOCH * (L + 1) + layer).to(tl.int64)
-    w = tl.load(W + layer * D * D + rows[:, None, None] * D + offs[None, :, :], mask=inside[None, :, :], other=0.0)
-    words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
-    if WAIT:
-        while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
-            words = tl.load(XW + layer * D + offs, mask=inside, other=flag << 32, volatile=True)
-    x = (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-    acc = tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
-    tl.store(XW + (layer + 1) * D + rows, acc.to(tl.uint32, bitcast=True).to(tl.int64) | ((flag + 1) << 32))
+    rows, offs, inside, w = _block(W, layer, D, R, BK, NKP)
+    x = _ll_x(XW + layer * D, offs, inside, flag, WAIT)
+    _ll_store(XW + (layer + 1) * D, rows, _product(w, x), flag + 1)
 
 
 def ll_words(x: torch.Tensor, flag: int) -> torch.Tensor:
