@@ -375,10 +375,11 @@ def main() -> None:
     ap.add_argument("--stages", default="3,4", help="the Triton chain's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the Gluon chain's ring buffers")
     ap.add_argument("--waits", default="on,off", help="on: the layers' waits; off: the streaming alone")
-    ap.add_argument("--ways", default="triton,early,gluon,pre,ll,lpdl,lll",
+    ap.add_argument("--ways", default="triton,early,gluon",
                     help="the chains to run: triton, early, gluon (K loops), pre and ll (a row's weights in one load "
                          "before the wait; the counter's poll or the LL words), lpdl and lll (a launch a layer, "
-                         "PDL: griddepcontrol.wait, or the LL words and no wait)")
+                         "PDL: griddepcontrol.wait, or the LL words and no wait; a row's weights in registers: "
+                         "for narrow layers, SmolLM2's 576)")
     ap.add_argument("--warps", default="4", help="the pre and ll chains' warps a program")
     ap.add_argument("--json")
     a = ap.parse_args()
