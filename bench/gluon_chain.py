@@ -380,7 +380,7 @@ def main() -> None:
                          "before the wait; the counter's poll or the LL words), lpdl and lll (a launch a layer, "
                          "PDL: griddepcontrol.wait, or the LL words and no wait; a row's weights in registers: "
                          "for narrow layers, SmolLM2's 576)")
-    ap.add_argument("--warps", default="4", help="the pre and ll chains' warps a program")
+    ap.add_argument("--warps", default="4", help="the pre, ll, lpdl and lll chains' warps a program")
     ap.add_argument("--json")
     a = ap.parse_args()
     if not torch.cuda.is_available():
