@@ -284,7 +284,8 @@ def test_pto_qgemv_warps_by_function_overrides_the_floor_for_that_function_alone
     assert (opts.qgemv_warps, opts.qgemv_warps_by) == (1, (("gemv_residual_tile", 4),))
     for bad in ("gemv_residual_tile=3", "4,2", "=4", "gemv residual=4", "1,gemv_residual_tile"):
         monkeypatch.setenv("PTO_QGEMV_WARPS", bad)
-        with pytest.raises(UsageError, match=f"PTO_QGEMV_WARPS='{bad}': one of 1, 2, 4, 8, optionally first"):
+        with pytest.raises(UsageError, match=f"PTO_QGEMV_WARPS='{bad}': one of 1, 2, 4, 8 .every grouped GEMV's., "
+                           "then or instead FUNCTION=N entries"):
             TritonBackend("cpu")
 
 

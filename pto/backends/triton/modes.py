@@ -122,8 +122,9 @@ def _qgemv_warps_setting() -> tuple[int, tuple[tuple[str, int], ...]]:
         name, eq, count = entry.rpartition("=")
         if (not eq and i) or (eq and not name.strip().isidentifier()) or not count.strip().isdigit() \
                 or int(count) not in QGEMV_WARPS:
-            raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {allowed}, optionally first, then FUNCTION={allowed} "
-                             "entries, separated by commas (e.g. 1,gemv_residual_tile_o=4)")
+            raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {allowed} (every grouped GEMV's), then or instead "
+                             "FUNCTION=N entries (one InCore function's), separated by commas, e.g. "
+                             "1,gemv_residual_tile_o=4")
         if eq:
             by.append((name.strip(), int(count)))
         else:
