@@ -128,14 +128,21 @@ def _product(w, x):
     return tl.sum(tl.sum(w.to(tl.float32) * x[None, :, :], axis=2), axis=1)
 
 
+#: the most polls of x's words before a program gives up and goes on with what it has (a bug that
+#: would hang the GPU becomes a wrong result: the run's check after its timing says so)
+LL_TRIES = tl.constexpr(1 << 24)
+
+
 @triton.jit
 def _ll_x(XW, offs, inside, flag, WAIT: tl.constexpr):
     """x from its words at ``XW + offs``: loaded (strong, from L2) until every word carries
-    ``flag`` (where ``WAIT``), then their low halves as f32."""
+    ``flag`` (where ``WAIT``; at most :data:`LL_TRIES` loads), then their low halves as f32."""
     words = tl.load(XW + offs, mask=inside, other=flag << 32, volatile=True)
     if WAIT:
-        while tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0:
+        tries = 0
+        while (tl.min(tl.min(((words >> 32) == flag).to(tl.int32), axis=1), axis=0) == 0) & (tries < LL_TRIES):
             words = tl.load(XW + offs, mask=inside, other=flag << 32, volatile=True)
+            tries += 1
     return (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
 
 
@@ -161,7 +168,7 @@ def chain_pre(W, X, C, L, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NK
         tl.atomic_add(C + layer + 1, 1, sem="release")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["EPOCH", "L"])
 def chain_ll(W, XW, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
              WAIT: tl.constexpr):
     """``chain_pre`` with no counters: a layer's x is passed as 8-byte words, the value's f32
@@ -177,7 +184,7 @@ def chain_ll(W, XW, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr
         _ll_store(XW + (layer + 1) * D, rows, _product(w, x), flag + 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])
 def layer_pdl(W, X, layer, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
               WAIT: tl.constexpr, PDL: tl.constexpr):
     """One layer of the chain as a launch of its own, as the wave executor runs a GEMV: the next
@@ -192,7 +199,7 @@ def layer_pdl(W, X, layer, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, N
     tl.store(X + (layer + 1) * D + rows, _product(w, tl.load(X + layer * D + offs, mask=inside, other=0.0)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["EPOCH", "layer", "L"])
 def layer_ll(W, XW, layer, L, EPOCH, D: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NKP: tl.constexpr,
              WAIT: tl.constexpr, PDL: tl.constexpr):
     """``layer_pdl`` with x as :func:`chain_ll`'s words and no ``griddepcontrol.wait``: a program
@@ -292,6 +299,10 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / sorted(times[2:])[len(times[2:]) // 2]
 
 
+class Skipped(Exception):
+    """A chain this GPU cannot run as asked (said in its line; the others go on)."""
+
+
 def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, reps: int = 20) -> dict:
     """One chain ``reps`` times (counters reset before each, outside the timing): the median
     microseconds a layer and the last layer's error against torch (f32 sums of the same bf16
@@ -304,8 +315,10 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     C = torch.zeros(L + 1, dtype=torch.int32, device="cuda")
     P = D // R
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if D % R:  # (rows no program writes: their readers would wait for them)
+        raise Skipped(f"--d {D} --rows {R}: {R} does not divide {D}")
     if 2 * sms < P:  # (two a multiprocessor at most: the megakernel's default)
-        raise SystemExit(f"--d {D} --rows {R}: {P} programs, more than two a multiprocessor ({sms})")
+        raise Skipped(f"--d {D} --rows {R}: {P} programs, more than two a multiprocessor ({sms})")
     ref = X[0].clone()
     for layer in range(L):
         ref = W[layer].float() @ ref
@@ -347,22 +360,39 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
         kernel()
         torch.cuda.synchronize()
     except RuntimeError as e:  # a cooperative grid larger than what can be resident at once
-        raise SystemExit(f"--d {D} --rows {R} {variant} {param}: {P} programs cannot all be resident at once "
-                         f"({str(e).splitlines()[0][:120]})") from None
-    last = ll_values(XW[L]) if variant in ("ll", "lll") else X[L]
-    err = float((last - ref).norm() / ref.norm())
-    times = []
+        raise Skipped(f"--d {D} --rows {R} {variant} {param}: {P} programs cannot all be resident at once "
+                      f"({str(e).splitlines()[0][:120]})") from None
+    words = variant in ("ll", "lll")
+
+    def result() -> torch.Tensor:
+        return ll_values(XW[L]) if words else X[L]
+
+    first = result().clone()
+    err = float((first - ref).norm() / ref.norm())
+    times, host_late = [], 0
     for _ in range(reps):
-        torch.cuda._sleep(2_000_000)  # the GPU busy while the launch is queued: the events time the GPU alone
+        # the GPU busy (about 5 ms) while the runs' reset and launches are queued, so that the
+        # events time the GPU alone; a run whose start the GPU reached before the host had issued
+        # it is the host's time, and is not counted
+        torch.cuda._sleep(10_000_000)
         reset()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         kernel()
+        late = s.query()
         e.record()
         e.synchronize()
+        if late:
+            host_late += 1
+            continue
         times.append(s.elapsed_time(e) * 1e3 / L)
+    # the last timed run's result the checked first run's, bit for bit (each program sums in a
+    # fixed order), and for the words every flag its own: no program gave up waiting, none read
+    # a stale x
+    done = torch.equal(result(), first) and (not words or bool(((XW[L] >> 32) == epoch[0] * (L + 1) + L).all()))
     return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param, "wait": wait,
-            "us_per_layer": sorted(times)[len(times) // 2], "rel_err": err if wait else None}
+            "us_per_layer": sorted(times)[len(times) // 2] if times else None, "rel_err": err if wait else None,
+            "host_late": host_late, "last_run_complete": done if wait else None}
 
 
 def main() -> None:
@@ -387,7 +417,7 @@ def main() -> None:
         sys.exit("bench/gluon_chain.py needs a CUDA GPU")
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; triton {triton.__version__}"
-          + ("" if gluon is not None else " (no Gluon chain: this Triton's Gluon is not 3.5-3.6's)"))
+          + ("" if gluon is not None else " (no Gluon chain: this Triton's Gluon is not 3.5-3.6's)"), flush=True)
     out = []
     for D, R in zip((int(v) for v in a.d.split(",")), (int(v) for v in a.rows.split(","))):
         floor_us = D * D * 2 / bw * 1e6
@@ -398,21 +428,28 @@ def main() -> None:
         for variant, param in ways:
             smem = param * R * a.bk * 2 + D * 4  # the ring, and x staged
             if variant == "gluon" and smem > 200 * 1024:
-                print(f"D={D} gluon nbuf={param}: {smem // 1024} KiB of shared memory, skipped")
+                print(f"D={D} gluon nbuf={param}: {smem // 1024} KiB of shared memory, skipped", flush=True)
                 continue
+            what = {"gluon": "nbuf", "pre": "warps", "ll": "warps", "lpdl": "warps", "lll": "warps"}.get(
+                variant, "stages")
             for wait in (w == "on" for w in a.waits.split(",")):
-                r = run(variant, D, R, a.layers, a.bk, param, wait)
+                try:
+                    r = run(variant, D, R, a.layers, a.bk, param, wait)
+                except Skipped as e:
+                    print(f"D={D} R={R} {variant:6s} {what}={param}: skipped: {e}", flush=True)
+                    continue
+                us = r["us_per_layer"]
                 r["floor_us"] = floor_us
-                r["x_floor"] = r["us_per_layer"] / floor_us
+                r["x_floor"] = None if us is None else us / floor_us
                 out.append(r)
-                err = f"rel_err {r['rel_err']:.1e}" if wait else "no waits"
-                what = {"gluon": "nbuf", "pre": "warps", "ll": "warps", "lpdl": "warps", "lll": "warps"}.get(
-                    variant, "stages")
-                print(f"D={D} R={R} {variant:6s} {what}={param}: "
-                      f"{r['us_per_layer']:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f}), {err}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
+                err = f"rel_err {r['rel_err']:.1e}, last run complete {r['last_run_complete']}" if wait else "no waits"
+                late = f", {r['host_late']} runs the host's (not counted)" if r["host_late"] else ""
+                timed = "no run timed on the GPU alone" if us is None else \
+                    f"{us:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f})"
+                print(f"D={D} R={R} {variant:6s} {what}={param}: {timed}, {err}{late}", flush=True)
+                if a.json:  # (after every row: a later hang or kill keeps what was measured)
+                    with open(a.json, "w") as f:
+                        json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
 
 
 if __name__ == "__main__":

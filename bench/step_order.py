@@ -135,6 +135,17 @@ def raw_graphs(k: int) -> list:
     return out
 
 
+def destroy_raw(graph) -> None:
+    """Free one of :func:`raw_graphs`' graphs (its executable, then the graph)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    g, exe = graph
+    for rc in (cuda.cuGraphExecDestroy(exe), cuda.cuGraphDestroy(g)):
+        if rc != 0:
+            raise RuntimeError(f"the CUDA driver API failed with error {rc}")
+
+
 def threads() -> list[str]:
     """The names of the process's live threads (a thread left running by a build competes for
     the interpreter's lock with the thread that issues the replays)."""
@@ -251,8 +262,10 @@ def main() -> None:
                   flush=True)
             if args.drop:
                 for other in others:
-                    if hasattr(other, "reset"):
+                    if isinstance(other, torch.cuda.CUDAGraph):
                         other.reset()
+                    else:
+                        destroy_raw(other)
                 others = []
                 gc.collect()
                 torch.cuda.empty_cache()

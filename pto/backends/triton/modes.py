@@ -108,7 +108,8 @@ def qgemv_warps_by() -> tuple[tuple[str, int], ...]:
     :func:`qgemv_warps`'s (``RenderOptions.qgemv_warps_by``): ``PTO_QGEMV_WARPS``'s entries
     ``NAME=N`` (a function's generic name, as a trace or ``--timeline`` shows it without its
     ``__`` suffix), e.g. ``1,gemv_residual_tile_o=4,gemv_residual_tile=4``: the o and down
-    projections at four, every other such GEMV by the rule."""
+    projections at four, every other such GEMV by the rule. A name no kernel has changes nothing
+    (the names are made as the program is built, so they are not checked here)."""
     return _qgemv_warps_setting()[1]
 
 
@@ -120,7 +121,7 @@ def _qgemv_warps_setting() -> tuple[int, tuple[tuple[str, int], ...]]:
     floor, by = QGEMV_WARPS[0], []
     for i, entry in enumerate(e.strip() for e in text.split(",") if e.strip()):
         name, eq, count = entry.rpartition("=")
-        if (not eq and i) or (eq and not name.strip().isidentifier()) or not count.strip().isdigit() \
+        if (not eq and i) or (eq and not name.strip().isidentifier()) or not count.strip().isdecimal() \
                 or int(count) not in QGEMV_WARPS:
             raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {allowed} (every grouped GEMV's), then or instead "
                              "FUNCTION=N entries (one InCore function's), separated by commas, e.g. "
