@@ -223,6 +223,26 @@ def run_program(program: str, executor: str, seq, options: dict | None, shape: d
     return runner, inputs, {k: v.clone() for k, v in runner(inputs).items()}
 
 
+def persistent_against_waves(monkeypatch, program: str, seq, options: dict | None, shape: dict | None, **env):
+    """``program`` on the wave executor, then, with ``env`` set, on the persistent executor as one
+    kernel of static dispatch: its outputs the waves' bit for bit (asserted). Returns the
+    persistent runner (the caller closes it), the inputs and the waves' outputs."""
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
+    monkeypatch.setenv("PTO_DISPATCH", "static")
+    rw, inputs, want = run_program(program, "waves", seq, options, shape)
+    rw.close()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rp, _, got = run_program(program, "persistent", seq, options, shape)
+    try:
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+    except BaseException:
+        rp.close()
+        raise
+    return rp, inputs, want
+
+
 CASES = [("model", None, {"config": "tiny"}, {"batch": 2, "cache": 128}),
          ("llama7b", 40, {"attention": "fused"}, None),
          ("llama7b", 40, {"attention": "split"}, None),
@@ -238,15 +258,8 @@ def test_an_order_only_data_dependencies_allow_gives_the_waves_results(program, 
     ahead of items of their tasks' predecessors where no data conflicts, the wave executor's
     outputs bit for bit (an item that ran before a producer of what it reads would read stale
     values), and no wait gives up."""
-    monkeypatch.setenv("PTO_MK_SPLIT", "off")
-    monkeypatch.setenv("PTO_DISPATCH", "static")
-    rw, inputs, want = run_program(program, "waves", seq, options, shape)
-    rw.close()
-    monkeypatch.setenv("PTO_MK_DEPS", "data")
-    rp, _, got = run_program(program, "persistent", seq, options, shape)
+    rp, inputs, want = persistent_against_waves(monkeypatch, program, seq, options, shape, PTO_MK_DEPS="data")
     try:
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
         ex = rp.executor
         (kernel,) = ex.kernels
         plan = kernel.plan

@@ -226,18 +226,11 @@ def test_inline_items_give_the_waves_results(program, seq, options, shape, deps,
     the interpreter): the wave executor's outputs bit for bit, every item taken once, the
     inline items (one attention combine a layer among them) after the program's stream in
     the table, and the kernel's releases acq_rel atomics."""
-    from tests.exec.test_item_deps import run_program
+    from tests.exec.test_item_deps import persistent_against_waves
 
-    monkeypatch.setenv("PTO_MK_SPLIT", "off")
-    monkeypatch.setenv("PTO_DISPATCH", "static")
-    monkeypatch.setenv("PTO_MK_DEPS", deps)
-    rw, _, want = run_program(program, "waves", seq, options, shape)
-    rw.close()
-    monkeypatch.setenv("PTO_MK_INLINE", "on")
-    rp, _, got = run_program(program, "persistent", seq, options, shape)
+    rp, _, _ = persistent_against_waves(monkeypatch, program, seq, options, shape, PTO_MK_DEPS=deps,
+                                        PTO_MK_INLINE="on")
     try:
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
         ex = rp.executor
         ex.check()  # (every item taken: each program counts the inline items it ran)
         (kernel,) = ex.kernels
