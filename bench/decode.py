@@ -226,15 +226,12 @@ def settle_graphs(count: int = 3) -> None:
     compare like with like (a row's ``graphs_before``: the steps timed before its own and the
     throwaway graphs; a prefill's graph, where ``--quant`` times one, is not counted)."""
     x = torch.zeros(16, device="cuda")
-    keep = []
-    for _ in range(count):
+    for _ in range(count):  # (each freed at once: freeing does not undo the state)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             x.add_(1.0)
-        keep.append(g)
     torch.cuda.synchronize()
     SETTLED[0] += count
-    del keep
 
 
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,

@@ -118,32 +118,34 @@ def torch_graphs(k: int, kernels: int, launch: bool, kind: str = "torch") -> lis
     return out
 
 
+def _driver(name: str, *args) -> None:
+    """Call the CUDA driver API's ``name`` (``libcuda``) with ``args``; RuntimeError where it fails."""
+    import ctypes
+
+    rc = getattr(ctypes.CDLL("libcuda.so.1"), name)(*args)
+    if rc != 0:
+        raise RuntimeError(f"the CUDA driver API's {name} failed with error {rc}")
+
+
 def raw_graphs(k: int) -> list:
     """``k`` empty CUDA graphs created and instantiated by the driver API (``cuGraphCreate``,
     ``cuGraphInstantiateWithFlags``) in the current context, kept (as their handles)."""
     import ctypes
 
-    cuda = ctypes.CDLL("libcuda.so.1")
     out = []
     for _ in range(k):
         graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
-        for rc in (cuda.cuGraphCreate(ctypes.byref(graph), ctypes.c_uint(0)),
-                   cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0))):
-            if rc != 0:
-                raise RuntimeError(f"the CUDA driver API failed with error {rc}")
+        _driver("cuGraphCreate", ctypes.byref(graph), ctypes.c_uint(0))
+        _driver("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0))
         out.append((graph, exe))
     return out
 
 
 def destroy_raw(graph) -> None:
     """Free one of :func:`raw_graphs`' graphs (its executable, then the graph)."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
     g, exe = graph
-    for rc in (cuda.cuGraphExecDestroy(exe), cuda.cuGraphDestroy(g)):
-        if rc != 0:
-            raise RuntimeError(f"the CUDA driver API failed with error {rc}")
+    _driver("cuGraphExecDestroy", exe)
+    _driver("cuGraphDestroy", g)
 
 
 def threads() -> list[str]:
