@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import triton
@@ -299,6 +300,33 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / sorted(times[2:])[len(times[2:]) // 2]
 
 
+_PROFILED: list = []
+
+
+def _profile_host(reset, kernel, cycles: int) -> None:
+    """Print, once a process, the GPU's milliseconds for a spin of ``cycles`` and the host's
+    microseconds for each part of a run issued behind it (reset, event, launches, query)."""
+    _PROFILED.append(True)
+    a, b, s = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    t = [time.perf_counter()]
+    reset()
+    t.append(time.perf_counter())
+    s.record()
+    t.append(time.perf_counter())
+    kernel()
+    t.append(time.perf_counter())
+    late = s.query()
+    t.append(time.perf_counter())
+    torch.cuda.synchronize()
+    names = ("reset", "record", "launch", "query")
+    parts = ", ".join(f"{n} {(t[i + 1] - t[i]) * 1e6:.0f}" for i, n in enumerate(names))
+    print(f"a spin of {cycles:.1e} cycles: {a.elapsed_time(b):.2f} ms on the GPU; the host's us: {parts}; "
+          f"late {late}", flush=True)
+
+
 class Skipped(Exception):
     """A chain this GPU cannot run as asked (said in its line; the others go on)."""
 
@@ -328,7 +356,7 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
 
     def reset():
         C.zero_()
-        C[0] = P
+        C[:1].fill_(P)  # (not C[0] = P: a Python number set into a CUDA tensor waits for the GPU)
         epoch[0] += 1  # a new flag for every run: the words of the last one are stale
         XW[0] = ll_words(X[0], epoch[0] * (L + 1))
 
@@ -369,21 +397,29 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
 
     first = result().clone()
     err = float((first - ref).norm() / ref.norm())
-    times, host_late = [], 0
+    times, host_late, issue_us = [], 0, []
+    cycles = 10_000_000  # the GPU's busy spin before a run: about 5 ms at 2 GHz, longer where the host is late
     for _ in range(reps):
-        # the GPU busy (about 5 ms) while the runs' reset and launches are queued, so that the
-        # events time the GPU alone; a run whose start the GPU reached before the host had issued
-        # it is the host's time, and is not counted
-        torch.cuda._sleep(10_000_000)
+        # the GPU busy while the run's reset and launches are queued, so that the events time the
+        # GPU alone; a run whose start the GPU reached before the host had issued it is the host's
+        # time: not counted, and the next spin four times longer (up to about 1.3 s, then no more runs)
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
         reset()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         kernel()
         late = s.query()
         e.record()
+        issue_us.append((time.perf_counter() - t0) * 1e6)
         e.synchronize()
         if late:
             host_late += 1
+            if not _PROFILED:  # once a process: where the host's time goes
+                _profile_host(reset, kernel, cycles)
+            if cycles >= 2_560_000_000:  # late after a 1.3 s spin: the host is not what is late
+                break
+            cycles *= 4
             continue
         times.append(s.elapsed_time(e) * 1e3 / L)
     # the last timed run's result the checked first run's, bit for bit (each program sums in a
@@ -392,7 +428,8 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     done = torch.equal(result(), first) and (not words or bool(((XW[L] >> 32) == epoch[0] * (L + 1) + L).all()))
     return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param, "wait": wait,
             "us_per_layer": sorted(times)[len(times) // 2] if times else None, "rel_err": err if wait else None,
-            "host_late": host_late, "last_run_complete": done if wait else None}
+            "host_late": host_late, "spin_cycles": cycles, "issue_us": sorted(issue_us)[len(issue_us) // 2],
+            "last_run_complete": done if wait else None}
 
 
 def main() -> None:
@@ -443,7 +480,8 @@ def main() -> None:
                 r["x_floor"] = None if us is None else us / floor_us
                 out.append(r)
                 err = f"rel_err {r['rel_err']:.1e}, last run complete {r['last_run_complete']}" if wait else "no waits"
-                late = f", {r['host_late']} runs the host's (not counted)" if r["host_late"] else ""
+                late = f", {r['host_late']} runs the host's (not counted; issued in {r['issue_us']:.0f} us, " \
+                    f"spin {r['spin_cycles']:.1e} cycles)" if r["host_late"] else ""
                 timed = "no run timed on the GPU alone" if us is None else \
                     f"{us:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f})"
                 print(f"D={D} R={R} {variant:6s} {what}={param}: {timed}, {err}{late}", flush=True)

@@ -363,9 +363,12 @@ for line in open(sys.argv[1]):
     order) # a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py; found on
            # the H200, 2026-12-02): still so on this driver? (a step alone, then 2 and 3 throwaway graphs)
            nvidia-smi --query-gpu=driver_version --format=csv,noheader
-           # (pool: torch's graphs in one shared memory pool; raw: empty graphs through the driver's API alone)
-           for v in "--steps 6" "--steps 1 --graphs 2" "--steps 1 --graphs 3 --graph-kernels 1 --no-launch --drop" \
-                    "--steps 1 --graphs 3 --graph-kind pool" "--steps 1 --graphs 3 --graph-kind raw"; do
+           # (pool: torch's graphs in one shared memory pool; raw: empty graphs through the driver's API alone;
+           # bare: torch's capture without torch.cuda.graph's synchronize, collect and empty_cache; driver:
+           # torch's kernels captured and instantiated through the driver. Found 2026-12-02: torch's and pool
+           # slow it; raw, bare and driver (flags 0, 1, 9) do not. emptied: bare after torch.cuda.empty_cache())
+           for v in "--steps 6" "--steps 1 --graphs 3" "--steps 1 --graphs 3 --graph-kind bare" \
+                    "--steps 1 --graphs 3 --graph-kind emptied" "--steps 1 --graphs 3 --graph-kind emptied --graph-kernels 1"; do
              echo "[step_order $v]"; timeout 150 python3 bench/step_order.py $v 2>&1 | grep '^{' | cut -c1-120
            done ;;
     q41warps) # issue 46: SmolLM2's Q4_1 residual GEMVs (o, down) 0.5-0.8 us a layer behind bf16's after their
@@ -493,7 +496,7 @@ for line in open(sys.argv[1]):
     llchain) # issue 45: a layer's wait by the counter (the megakernel's) against x passed as flagged words
              # (NCCL's LL), the weights loaded before either; at SmolLM2's width and the 1B's half
              python3 bench/gluon_chain.py --d "${LL_D:-576,576,1024}" --rows "${LL_ROWS:-8,4,8}" --layers 32 --bk 64 \
-               --ways pre,ll,lpdl,lll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -30 ;;
+               --ways pre,ll,lpdl,lll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -60 ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;

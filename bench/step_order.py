@@ -22,7 +22,9 @@ run:
 - ``--no-capture``: the later steps are built and run once but never captured in a CUDA graph;
 - ``--graphs K``: K CUDA graphs of plain torch kernels captured before the second step is built
   (``--graph-kernels N`` a graph, ``--no-launch`` never replayed, ``--drop`` then freed,
-  ``--graph-kind pool`` in one shared memory pool, ``raw`` empty ones through the driver's API);
+  ``--graph-kind pool`` in one shared memory pool, ``bare`` through ``capture_begin``/``capture_end``
+  alone, ``driver`` captured and instantiated through the driver's API with ``--graph-flags``,
+  ``raw`` empty ones through the driver's API);
 - ``--hold S``: before building the second step, time the first again every two seconds for S
   seconds with nothing else built: if it slows down, time alone (clocks, heat) does it.
 
@@ -96,21 +98,38 @@ def host_us(fn, calls: int, cuda: bool) -> float:
     return round(us, 1)
 
 
-def torch_graphs(k: int, kernels: int, launch: bool, kind: str = "torch") -> list:
+def torch_graphs(k: int, kernels: int, launch: bool, kind: str = "torch", flags: int = 0) -> list:
     """``k`` CUDA graphs of ``kernels`` small torch kernels each, captured (and replayed once
-    where ``launch``): ``kind`` "torch" each in a memory pool of its own (torch's default),
-    "pool" all in one shared pool, "raw" empty graphs made and instantiated through the driver's
-    API alone (``libcuda``: no torch, no kernel, no pool)."""
+    where ``launch``): ``kind`` "torch" through ``torch.cuda.graph`` (which synchronizes,
+    collects garbage and empties the allocator's cache first), each in a memory pool of its own,
+    "pool" the same in one shared pool, "bare" through ``CUDAGraph.capture_begin``/``capture_end``
+    alone (none of that first; "emptied" the same after ``torch.cuda.empty_cache()``), "driver"
+    captured and instantiated through the driver's API
+    (``libcuda``, instantiated with ``flags``: no torch graph, no pool), "raw" empty graphs made
+    and instantiated through the driver's API alone (no capture, no kernel)."""
     if kind == "raw":
         return raw_graphs(k)
+    if kind == "driver":
+        return driver_graphs(k, kernels, launch, flags)
     x = torch.zeros(1024, device="cuda")
     pool = torch.cuda.graph_pool_handle() if kind == "pool" else None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     out = []
     for _ in range(k):
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            for _ in range(kernels):
-                x.add_(1.0)
+        if kind in ("bare", "emptied"):
+            if kind == "emptied":
+                torch.cuda.empty_cache()
+            with torch.cuda.stream(side):
+                g.capture_begin()
+                for _ in range(kernels):
+                    x.add_(1.0)
+                g.capture_end()
+        else:
+            with torch.cuda.graph(g, pool=pool):
+                for _ in range(kernels):
+                    x.add_(1.0)
         if launch:
             g.replay()
         out.append(g)
@@ -138,6 +157,33 @@ def raw_graphs(k: int) -> list:
         _driver("cuGraphCreate", ctypes.byref(graph), ctypes.c_uint(0))
         _driver("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0))
         out.append((graph, exe))
+    return out
+
+
+def driver_graphs(k: int, kernels: int, launch: bool, flags: int) -> list:
+    """``k`` graphs of ``kernels`` small torch kernels each, captured on a side stream by the
+    driver's ``cuStreamBeginCapture`` (relaxed mode) and ``cuStreamEndCapture`` and instantiated by
+    ``cuGraphInstantiateWithFlags(flags)`` (launched once where ``launch``), kept as handles: the
+    kernels torch's, nothing else of torch's graph machinery."""
+    import ctypes
+
+    x = torch.zeros(1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    stream = ctypes.c_void_p(side.cuda_stream)
+    out = []
+    for _ in range(k):
+        graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+        with torch.cuda.stream(side):
+            _driver("cuStreamBeginCapture_v2", stream, ctypes.c_uint(2))
+            for _ in range(kernels):
+                x.add_(1.0)
+            _driver("cuStreamEndCapture", stream, ctypes.byref(graph))
+        _driver("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(flags))
+        if launch:
+            _driver("cuGraphLaunch", exe, stream)
+        out.append((graph, exe))
+    torch.cuda.synchronize()
     return out
 
 
@@ -221,9 +267,13 @@ def main() -> None:
                     help="before building the second step, capture K CUDA graphs of 300 small torch kernels each "
                          "(kept alive) and time the first step again")
     ap.add_argument("--graph-kernels", type=int, default=300, help="with --graphs: kernels a graph")
-    ap.add_argument("--graph-kind", choices=("torch", "pool", "raw"), default="torch",
-                    help="with --graphs: torch's (a memory pool each), torch's in one shared pool, or empty graphs "
-                         "through the driver's API alone")
+    ap.add_argument("--graph-kind", choices=("torch", "pool", "bare", "emptied", "driver", "raw"), default="torch",
+                    help="with --graphs: torch.cuda.graph's (a memory pool each), the same in one shared pool, "
+                         "CUDAGraph.capture_begin/end alone (emptied: after torch.cuda.empty_cache()), "
+                         "captured and instantiated through the driver's API, "
+                         "or empty graphs through the driver's API alone")
+    ap.add_argument("--graph-flags", type=int, default=0,
+                    help="with --graph-kind driver: cuGraphInstantiateWithFlags' flags (1: auto-free on launch)")
     ap.add_argument("--no-launch", action="store_true", help="with --graphs: capture them, never replay them")
     ap.add_argument("--drop", action="store_true", help="with --graphs: then reset and free them, and time again")
     args = ap.parse_args()
@@ -257,8 +307,10 @@ def main() -> None:
                                   "ms": round(step_ms(b.replay, args.calls, cuda), 4), **gpu_state(cuda)}),
                       flush=True)
         if i == 0 and args.graphs and cuda:
-            others = torch_graphs(args.graphs, args.graph_kernels, not args.no_launch, args.graph_kind)
-            print(json.dumps({"graphs": args.graphs, "kind": args.graph_kind, "kernels": args.graph_kernels,
+            others = torch_graphs(args.graphs, args.graph_kernels, not args.no_launch, args.graph_kind,
+                                  args.graph_flags)
+            print(json.dumps({"graphs": args.graphs, "kind": args.graph_kind, "flags": args.graph_flags,
+                              "kernels": args.graph_kernels,
                               "launched": not args.no_launch,
                               "ms": round(step_ms(b.replay, args.calls, cuda), 4)}),
                   flush=True)
