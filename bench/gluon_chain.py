@@ -35,6 +35,12 @@ on the wait, six levels a layer; measure at SmolLM2's width, ``--d 576``):
   alone, starting while the previous launch's other programs still run. What the wave executor
   would gain by the words.
 
+Measured on an H200 (2026-12-02, docs/PERF.md "Twenty-fifth session"; 32 layers, BK 64, 4 warps,
+us a layer with the waits): at 576 wide the words take 0.24-0.25 us a layer off the counter and
+tie the launch a layer under PDL (R 4: pre 1.60, ll 1.35, lpdl 1.37, lll 1.82; R 8: 1.51, 1.27,
+1.29); at 1,024 and 2,048 they lose (1.91, 2.19, 1.69, 2.51; and 3.84, 4.56, 3.93), each program
+reading all of x as words, twice its bytes.
+
 Per variant, with the waits and without them (the layers' streaming alone): microseconds a layer,
 its multiple of the floor, and the last layer's error against torch. The floor is the weights at
 the copy's bandwidth; a layer's cost above it is what the wait and the pipeline's fill add (the

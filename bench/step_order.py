@@ -39,6 +39,14 @@ process's fourth) slows it, captured and never replayed, of one kernel or of 300
 no worse, and freeing them (``--drop``) does not undo it. The persistent executor's one-launch
 step does not move. So compare steps in like states: ``bench/decode.py --settle``.
 
+Later the same day (twenty-fifth session): it is not the count of graphs alone, nor one thing of
+torch's. Three graphs of 300 torch kernels slow the step through ``torch.cuda.graph`` (0.3942 ->
+0.4428) and in one pool, not through ``capture_begin``/``capture_end`` on a side stream (``bare``:
+0.3943), nor the same after ``torch.cuda.empty_cache()`` (``emptied``: 0.3911), nor captured and
+instantiated through the driver (``driver``, flags 0, 1 or 9: 0.3950-0.3963); but three
+``emptied`` graphs of one kernel do (0.4469); and pto's own steps captured ``bare`` (tried, not
+kept) still slowed from the fourth (0.3957 -> 0.4469).
+
 ``python3 bench/step_order.py --config smollm2-135m --steps 6 [--keep] [--gc] [--executor waves]``;
 one JSON line a step, then the re-timings. On a machine without a GPU it runs the tiny model on
 the CPU (the mechanics, not the times).
