@@ -126,8 +126,8 @@
 #               weights loaded before the wait in all; at $LL_D (default 576,576,1024) with $LL_ROWS rows a
 #               program, $LL_WARPS warps, with and without the waits
 #   order       a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py): the driver's
-#               version, six steps in turn, then two and three throwaway graphs (torch's, in one shared pool,
-#               and empty ones through the driver's API alone)
+#               version, six steps in turn, then three throwaway graphs made five ways (torch.cuda.graph's,
+#               capture_begin/end alone, the same after empty_cache, of 300 kernels and of one)
 #   fair        issue 45: the executors, a process a configuration and batch ($FAIR_CONFIGS, $FAIR_BATCHES), so
 #               no process passes its third graph; SETTLED=1: each after three throwaway graphs (--settle)
 #   inline      issue 45: the megakernel's inline items (PTO_MK_INLINE=on): the GPU test, then SmolLM2, the 1B
@@ -136,6 +136,9 @@
 #   q41warps    issue 46: SmolLM2's Q4_1 step by kernel at PTO_QGEMV_WARPS $Q41_WARPS (default 1 2 4)
 #   q41by       issue 46: SmolLM2's Q4_1 residual GEMVs at four warps, the rest by the rule
 #               (PTO_QGEMV_WARPS=1,gemv_residual_tile_o=4,gemv_residual_tile=4), against the default, twice
+#   qres4       issue 46: the residual GEMVs (o, down) at four warps on the wider models (SmolLM2's Q4_1 step
+#               gained 8-17 us so, the twenty-fifth session): the 1B in Q4_K and Q4_1, the 8B in Q4_K, each
+#               against the default, a process a setting ($QRES4_SPECS)
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -497,6 +500,17 @@ for line in open(sys.argv[1]):
              # (NCCL's LL), the weights loaded before either; at SmolLM2's width and the 1B's half
              python3 bench/gluon_chain.py --d "${LL_D:-576,576,1024}" --rows "${LL_ROWS:-8,4,8}" --layers 32 --bk 64 \
                --ways pre,ll,lpdl,lll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -60 ;;
+    qres4) # issue 46: does four warps for the residual GEMVs (o, down) hold past SmolLM2? (the wider models'
+           # o projections take the rule's 2 warps, their down projections 4 already where K streams)
+           for spec in ${QRES4_SPECS:-llama3.2-1b:q4_k/q6_k llama3.2-1b:q4_1/q8_0 llama3-8b:q4_k/q6_k}; do
+             for w in 1 "1,gemv_residual_tile_o=4,gemv_residual_tile=4"; do
+               PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs "${spec%%:*}" --batches 1 --long 0 --steps 32 \
+                 --executors waves --hf-configs none --prefill 0 --quant "${spec#*:}" --timeline \
+                 > "$OUT/qres4.log" 2>&1
+               echo "[${spec} PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/qres4.log" | cut -c1-100
+               grep -A12 "B=1 waves: span" "$OUT/qres4.log" | grep "span\|residual" | cut -c1-110
+             done
+           done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
