@@ -29,7 +29,7 @@ run:
   seconds with nothing else built: if it slows down, time alone (clocks, heat) does it.
 
 Found on the H200 (2026-12-02, twenty-fourth session; docs/PERF.md): **the fourth CUDA graph a
-process instantiates, of anything, slows every later replay of a many-kernel graph by 10-15%, for
+process captures through ``torch.cuda.graph``, slows every later replay of a many-kernel graph by 10-15%, for
 good.** The first step timed again after the sixth was built is as slow as the sixth (0.447
 against 0.399 ms), with ``--keep`` and ``--gc`` alike and with PDL off (0.654 -> 0.722); 40 s of
 replays alone (``--hold``) do not slow it and the clocks stay at 1,980 MHz with no throttle; the
