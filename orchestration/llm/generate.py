@@ -327,8 +327,11 @@ class Generator:
                             t[dst][row + slot:row + slot + count] = out[src][at:at + count, heads]
                     if i + 1 < L:  # (the last layer's output is not wanted: the step makes the logits)
                         layer.tensors["x"].copy_(out["y"])
-            t["tok"][b, 0] = float(prompt[-1])
-            t["pos"][b, 0] = float(n)
+        # each sequence's token and position in one copy a tensor after every prompt's layers are
+        # queued (a number set into a device tensor waits for the device: per prompt, the next
+        # prompt's host work would wait for this one's layers)
+        for name, values in (("tok", [p[-1] for p in prompts]), ("pos", [len(p) - 1 for p in prompts])):
+            t[name][:B, 0] = torch.tensor(values, dtype=t[name].dtype)
         return prepare_ms
 
     def _layer_inputs(self, layer: int) -> dict[str, torch.Tensor]:
