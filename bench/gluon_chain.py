@@ -403,13 +403,14 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
 
     first = result().clone()
     err = float((first - ref).norm() / ref.norm())
-    times, host_late, issue_us = [], 0, []
+    times, host_late, issue_us, spun = [], 0, [], 0
     cycles = 10_000_000  # the GPU's busy spin before a run: about 5 ms at 2 GHz, longer where the host is late
     for _ in range(reps):
         # the GPU busy while the run's reset and launches are queued, so that the events time the
         # GPU alone; a run whose start the GPU reached before the host had issued it is the host's
         # time: not counted, and the next spin four times longer (up to about 1.3 s, then no more runs)
         torch.cuda._sleep(cycles)
+        spun = cycles
         t0 = time.perf_counter()
         reset()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -434,7 +435,8 @@ def run(variant: str, D: int, R: int, L: int, BK: int, param: int, wait: bool, r
     done = torch.equal(result(), first) and (not words or bool(((XW[L] >> 32) == epoch[0] * (L + 1) + L).all()))
     return {"variant": variant, "D": D, "R": R, "L": L, "BK": BK, "param": param, "wait": wait,
             "us_per_layer": sorted(times)[len(times) // 2] if times else None, "rel_err": err if wait else None,
-            "host_late": host_late, "spin_cycles": cycles, "issue_us": sorted(issue_us)[len(issue_us) // 2],
+            "host_late": host_late, "spin_cycles": spun,
+            "issue_us": sorted(issue_us)[len(issue_us) // 2] if issue_us else None,
             "last_run_complete": done if wait else None}
 
 
@@ -486,8 +488,8 @@ def main() -> None:
                 r["x_floor"] = None if us is None else us / floor_us
                 out.append(r)
                 err = f"rel_err {r['rel_err']:.1e}, last run complete {r['last_run_complete']}" if wait else "no waits"
-                late = f", {r['host_late']} runs the host's (not counted; issued in {r['issue_us']:.0f} us, " \
-                    f"spin {r['spin_cycles']:.1e} cycles)" if r["host_late"] else ""
+                late = f", {r['host_late']} runs the host's (not counted; the runs' median issue " \
+                    f"{r['issue_us']:.0f} us, the last spin {r['spin_cycles']:.1e} cycles)" if r["host_late"] else ""
                 timed = "no run timed on the GPU alone" if us is None else \
                     f"{us:7.2f} us a layer ({r['x_floor']:.2f}x the floor {floor_us:.2f})"
                 print(f"D={D} R={R} {variant:6s} {what}={param}: {timed}, {err}{late}", flush=True)

@@ -126,8 +126,8 @@
 #               weights loaded before the wait in all; at $LL_D (default 576,576,1024) with $LL_ROWS rows a
 #               program, $LL_WARPS warps, with and without the waits
 #   order       a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py): the driver's
-#               version, six steps in turn, then three throwaway graphs made five ways (torch.cuda.graph's,
-#               capture_begin/end alone, the same after empty_cache, of 300 kernels and of one)
+#               version, six steps in turn, then three throwaway graphs made four ways (torch.cuda.graph's;
+#               capture_begin/end alone; the same after empty_cache, of 300 kernels and of one)
 #   fair        issue 45: the executors, a process a configuration and batch ($FAIR_CONFIGS, $FAIR_BATCHES), so
 #               no process passes its third graph; SETTLED=1: each after three throwaway graphs (--settle)
 #   inline      issue 45: the megakernel's inline items (PTO_MK_INLINE=on): the GPU test, then SmolLM2, the 1B
@@ -364,12 +364,12 @@ for line in open(sys.argv[1]):
                "$OUT/qprefill_${c%%:*}.log"
            done ;;
     order) # a process's fourth CUDA graph slows every many-kernel replay (bench/step_order.py; found on
-           # the H200, 2026-12-02): still so on this driver? (a step alone, then 2 and 3 throwaway graphs)
+           # the H200, 2026-12-02): still so on this driver? (six steps, then a step and 3 throwaway graphs)
            nvidia-smi --query-gpu=driver_version --format=csv,noheader
-           # (pool: torch's graphs in one shared memory pool; raw: empty graphs through the driver's API alone;
-           # bare: torch's capture without torch.cuda.graph's synchronize, collect and empty_cache; driver:
-           # torch's kernels captured and instantiated through the driver. Found 2026-12-02: torch's and pool
-           # slow it; raw, bare and driver (flags 0, 1, 9) do not. emptied: bare after torch.cuda.empty_cache())
+           # (bare: torch's capture without torch.cuda.graph's synchronize, collect and empty_cache; emptied:
+           # bare after torch.cuda.empty_cache(). Run by hand on 2026-12-02: --graph-kind pool (one shared pool)
+           # slows it as torch's does; raw (empty graphs through the driver) and driver (torch's kernels
+           # captured and instantiated through the driver, --graph-flags 0, 1, 9) do not)
            for v in "--steps 6" "--steps 1 --graphs 3" "--steps 1 --graphs 3 --graph-kind bare" \
                     "--steps 1 --graphs 3 --graph-kind emptied" "--steps 1 --graphs 3 --graph-kind emptied --graph-kernels 1"; do
              echo "[step_order $v]"; timeout 150 python3 bench/step_order.py $v 2>&1 | grep '^{' | cut -c1-120

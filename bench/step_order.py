@@ -29,15 +29,16 @@ run:
   seconds with nothing else built: if it slows down, time alone (clocks, heat) does it.
 
 Found on the H200 (2026-12-02, twenty-fourth session; docs/PERF.md): **the fourth CUDA graph a
-process captures through ``torch.cuda.graph``, slows every later replay of a many-kernel graph by 10-15%, for
-good.** The first step timed again after the sixth was built is as slow as the sixth (0.447
-against 0.399 ms), with ``--keep`` and ``--gc`` alike and with PDL off (0.654 -> 0.722); 40 s of
-replays alone (``--hold``) do not slow it and the clocks stay at 1,980 MHz with no throttle; the
-host issues a replay in 50-100 us (far ahead); later steps built and run but never captured
-(``--no-capture``) leave it fast; two graphs of plain torch kernels leave it fast, a third (the
-process's fourth) slows it, captured and never replayed, of one kernel or of 300, and sixteen do
-no worse, and freeing them (``--drop``) does not undo it. The persistent executor's one-launch
-step does not move. So compare steps in like states: ``bench/decode.py --settle``.
+process captures with torch (``torch.cuda.graph``, as pto's are), slows every later replay of a
+many-kernel graph by 10-15%, for good.** The first step timed again after the sixth was built is
+as slow as the sixth (0.447 against 0.399 ms), with ``--keep`` and ``--gc`` alike and with PDL off
+(0.654 -> 0.722); 40 s of replays alone (``--hold``) do not slow it and the clocks stay at 1,980
+MHz with no throttle; the host issues a replay in 50-100 us (far ahead); later steps built and run
+but never captured (``--no-capture``) leave it fast; two graphs of plain torch kernels leave it
+fast, a third (the process's fourth) slows it, captured and never replayed, of one kernel or of
+300, and sixteen do no worse, and freeing them (``--drop``) does not undo it. The persistent
+executor's one-launch step does not move. So compare steps in like states: ``bench/decode.py
+--settle``.
 
 Later the same day (twenty-fifth session): it is not the count of graphs alone, nor one thing of
 torch's. Three graphs of 300 torch kernels slow the step through ``torch.cuda.graph`` (0.3942 ->
@@ -196,7 +197,7 @@ def driver_graphs(k: int, kernels: int, launch: bool, flags: int) -> list:
 
 
 def destroy_raw(graph) -> None:
-    """Free one of :func:`raw_graphs`' graphs (its executable, then the graph)."""
+    """Free one of :func:`raw_graphs`' or :func:`driver_graphs`' graphs (its executable, then the graph)."""
     g, exe = graph
     _driver("cuGraphExecDestroy", exe)
     _driver("cuGraphDestroy", g)
@@ -281,7 +282,8 @@ def main() -> None:
                          "captured and instantiated through the driver's API, "
                          "or empty graphs through the driver's API alone")
     ap.add_argument("--graph-flags", type=int, default=0,
-                    help="with --graph-kind driver: cuGraphInstantiateWithFlags' flags (1: auto-free on launch)")
+                    help="with --graph-kind driver: cuGraphInstantiateWithFlags' flags (1: auto-free on launch, "
+                         "8: node priority; 9 both, as torch instantiates)")
     ap.add_argument("--no-launch", action="store_true", help="with --graphs: capture them, never replay them")
     ap.add_argument("--drop", action="store_true", help="with --graphs: then reset and free them, and time again")
     args = ap.parse_args()

@@ -327,11 +327,13 @@ class Generator:
                             t[dst][row + slot:row + slot + count] = out[src][at:at + count, heads]
                     if i + 1 < L:  # (the last layer's output is not wanted: the step makes the logits)
                         layer.tensors["x"].copy_(out["y"])
-        # each sequence's token and position in one copy a tensor after every prompt's layers are
-        # queued (a number set into a device tensor waits for the device: per prompt, the next
-        # prompt's host work would wait for this one's layers)
+        # each sequence's token and position in one copy a tensor, from pinned memory and not
+        # waited for, after every prompt's layers are queued (a number set into a device tensor, or
+        # a copy from pageable memory, makes the host wait for the device: per prompt, the next
+        # prompt's host work waited for this one's layers)
         for name, values in (("tok", [p[-1] for p in prompts]), ("pos", [len(p) - 1 for p in prompts])):
-            t[name][:B, 0] = torch.tensor(values, dtype=t[name].dtype)
+            src = torch.tensor(values, dtype=t[name].dtype)
+            t[name][:B, 0].copy_(src.pin_memory() if t[name].is_cuda else src, non_blocking=True)
         return prepare_ms
 
     def _layer_inputs(self, layer: int) -> dict[str, torch.Tensor]:
