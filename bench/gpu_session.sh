@@ -136,12 +136,9 @@
 #   q41warps    issue 46: SmolLM2's Q4_1 step by kernel at PTO_QGEMV_WARPS $Q41_WARPS (default 1 2 4)
 #   q41by       issue 46: SmolLM2's Q4_1 residual GEMVs at four warps, the rest by the rule
 #               (PTO_QGEMV_WARPS=1,gemv_residual_tile_o=4,gemv_residual_tile=4), against the default, twice
-#   qres4       issue 46: the residual GEMVs (o, down) at four warps on the wider models (SmolLM2's Q4_1 step
-#               gained 8-17 us so, the twenty-fifth session): the 1B in Q4_K and Q4_1, the 8B in Q4_K, each
-#               against the default, a process a setting ($QRES4_SPECS)
 #   q41tile     issue 46: SmolLM2's Q4_1 residual GEMVs' tiles ($Q41_TILINGS; from their SASS, o at 8 rows and
 #               512 columns a K step has 4.41 instructions a weight and 8 barriers at four warps, the default
-#               11.06 and 18), at the rule's warps and with o and down at four, bf16 beside; settled
+#               11.06 and 18), bf16 beside, settled; twice
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -503,27 +500,16 @@ for line in open(sys.argv[1]):
              # (NCCL's LL), the weights loaded before either; at SmolLM2's width and the 1B's half
              python3 bench/gluon_chain.py --d "${LL_D:-576,576,1024}" --rows "${LL_ROWS:-8,4,8}" --layers 32 --bk 64 \
                --ways pre,ll,lpdl,lll --warps "${LL_WARPS:-4,8}" --waits on,off --json "$OUT/llchain.json" 2>&1 | tail -60 ;;
-    qres4) # issue 46: does four warps for the residual GEMVs (o, down) hold past SmolLM2? (the wider models'
-           # o projections take the rule's 2 warps, their down projections 4 already where K streams)
-           for spec in ${QRES4_SPECS:-llama3.2-1b:q4_k/q6_k llama3.2-1b:q4_1/q8_0 llama3-8b:q4_k/q6_k}; do
-             for w in 1 "1,gemv_residual_tile_o=4,gemv_residual_tile=4"; do
-               PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs "${spec%%:*}" --batches 1 --long 0 --steps 32 \
-                 --executors waves --hf-configs none --prefill 0 --quant "${spec#*:}" --timeline \
-                 > "$OUT/qres4.log" 2>&1
-               echo "[${spec} PTO_QGEMV_WARPS=$w]"; grep "B=1:" "$OUT/qres4.log" | cut -c1-100
-               grep -A12 "B=1 waves: span" "$OUT/qres4.log" | grep "span\|residual" | cut -c1-110
-             done
-           done ;;
     q41tile) # issue 46: the residual GEMVs' tiles (bench/qgemv_sass.py: the default o tile, 4 rows x 1,024
              # columns for K 576, puts a warp a row where x's quantization puts the warps over the groups:
-             # 18 barriers at four warps; 8 rows x 512 columns 8), a process a warps setting, every tiling in
-             # it after three throwaway graphs (--settle: all timed past the fourth graph)
-             for w in 1 "1,gemv_residual_tile_o=4,gemv_residual_tile=4"; do
-               PTO_QGEMV_WARPS=$w python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
+             # 18 barriers at four warps, the plain GEMVs' rule; 8 rows x 512 columns 8), every tiling in one
+             # process after three throwaway graphs (--settle: all timed past the fourth graph), twice
+             for i in 1 2; do
+               python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
                  --executors waves --hf-configs none --prefill 0 --quant bf16,q4_1/q8_0 --settle --timeline \
                  --tilings "${Q41_TILINGS:-default;o_bn=8,o_bk=512;bn=8,bk=1024;o_bn=8,o_bk=512,bn=8,bk=1024}" \
                  > "$OUT/q41tile.log" 2>&1
-               echo "[PTO_QGEMV_WARPS=$w]"; grep "B=1: " "$OUT/q41tile.log" | cut -c1-400
+               echo "[round $i]"; grep "B=1: " "$OUT/q41tile.log" | cut -c1-400
                grep -A12 "B=1.*span" "$OUT/q41tile.log" | grep "span\|residual" | cut -c1-110
              done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \

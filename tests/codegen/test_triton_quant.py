@@ -219,17 +219,21 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
 def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
     """``PTO_QGEMV_WARPS`` (``RenderOptions.qgemv_warps``): a GEMV that reads by groups takes at
     least that many warps a program, the rule's count where it gives more (a warp per 1,024
-    columns, per 8 rows past 8, four where its weights stream over four K steps or more); by
-    default the rule's alone."""
-    from pto.incore.gemv import gemv_residual_tile
+    columns, per 8 rows past 8, four where its weights stream over four K steps or more, four for
+    a plain GEMV of one row of x: nothing reduced but its product); by default the rule's alone."""
+    from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_residual_tile
 
     from pto.codegen.triton import render
     from pto.codegen.triton.common import RenderOptions
     from pto.errors import UsageError
 
-    small = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))  # SmolLM2's o
+    small = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))  # SmolLM2's o: plain
     wide = specialize(gemv_residual_tile(f32, 1, 4096, 64, 8, 4096, wdtype=DType.Q4_1))  # the 8B model's
-    for fn, rule in ((small, 1), (wide, 4)):
+    # SmolLM2's gate/up: x normalized in the program (a row sum), so not plain: a warp a 1,024 columns
+    swiglu = specialize(gemv_norm_swiglu_tile(f32, 1, 576, 1536, 8, 1024, 1e-5, wdtype=DType.Q4_1))
+    # x of two rows (two sequences, read by groups): not plain, the rule's count
+    pair = specialize(gemv_residual_tile(f32, 2, 576, 64, 4, 1024, wdtype=DType.Q4_1))
+    for fn, rule in ((small, 4), (wide, 4), (swiglu, 1), (pair, 1)):
         for warps in (0, 1, 2, 4, 8):
             kern = render(fn, RenderOptions(qgemv="int16", qgemv_warps=warps))
             assert kern.launch["num_warps"] == max(rule, warps), (fn.name, warps)
@@ -237,11 +241,15 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
         units = render(fn, RenderOptions(qgemv="units")).launch
         assert render(fn, RenderOptions(qgemv="units", qgemv_warps=8)).launch == units
     # a program that streams its weights over four K steps or more (the 8B model's down
-    # projection: 14,336 columns in steps of 2,048) takes at least four warps; two steps, the rule's
+    # projection: 14,336 columns in steps of 2,048) takes at least four warps; two steps, the
+    # rule's (the count alone, as for x of several rows: these one-row GEMVs are plain, four)
+    from pto.codegen.triton.kernel import grouped_warps
+
     for k, rule in ((14336, 4), (8192, 4), (4096, 2), (2048, 2)):
         down = specialize(gemv_residual_tile(f32, 1, k, 64, 8, 2048, wdtype=DType.Q4_K))
         for warps in (0, 2, 8):
-            assert render(down, RenderOptions(qgemv="auto", qgemv_warps=warps)).launch["num_warps"] == max(rule, warps)
+            assert grouped_warps(down, {"b": (8, 2048)}, warps) == max(rule, warps), (k, warps)
+            assert render(down, RenderOptions(qgemv="auto", qgemv_warps=warps)).launch["num_warps"] == max(4, warps)
     # a launch's own num_warps is its warps: a schedule or override naming the floor is refused,
     # not taken and lost (the launch's warps come from the kernel rendered without it)
     from pto.backends.triton.launch import LaunchConfig
@@ -262,19 +270,23 @@ def test_pto_qgemv_warps_by_function_overrides_the_floor_for_that_function_alone
     from pto.codegen.triton.common import RenderOptions
     from pto.errors import UsageError
 
-    o = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))  # SmolLM2's o: the rule's 1
-    assert o.name == "gemv_residual_tile"
-    by = (("gemv_residual_tile", 4),)
-    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=by)).launch["num_warps"] == 4
-    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=2, qgemv_warps_by=by)).launch["num_warps"] == 4
-    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=8, qgemv_warps_by=by)).launch["num_warps"] == 4
-    other = (("gemv_norm_swiglu_tile", 8),)
-    assert render(o, RenderOptions(qgemv="int16", qgemv_warps=2, qgemv_warps_by=other)).launch["num_warps"] == 2
+    # SmolLM2's gate/up (x normalized in the program: the rule's 1) and o (plain: the rule's 4)
     swiglu = specialize(gemv_norm_swiglu_tile(f32, 1, 576, 1536, 8, 1024, 1e-5, wdtype=DType.Q4_1))
-    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps_by=other)).launch["num_warps"] == 8
+    o = specialize(gemv_residual_tile(f32, 1, 576, 64, 4, 1024, wdtype=DType.Q4_1))
+    assert (swiglu.name, o.name) == ("gemv_norm_swiglu_tile", "gemv_residual_tile")
+    by = (("gemv_norm_swiglu_tile", 2),)
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps_by=by)).launch["num_warps"] == 2
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps=4, qgemv_warps_by=by)).launch["num_warps"] == 2
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps=8, qgemv_warps_by=by)).launch["num_warps"] == 2
+    other = (("gemv_residual_tile", 8),)
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps=2, qgemv_warps_by=other)).launch["num_warps"] == 2
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=other)).launch["num_warps"] == 8
+    # an entry asks for the fewest: the rule's four for a plain GEMV stand above an entry of one
+    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=(("gemv_residual_tile", 1),))).launch[
+        "num_warps"] == 4
     # the kernel's text is the same: the launch's warps alone
-    assert render(o, RenderOptions(qgemv="int16", qgemv_warps_by=by)).source == \
-        render(o, RenderOptions(qgemv="int16")).source
+    assert render(swiglu, RenderOptions(qgemv="int16", qgemv_warps_by=by)).source == \
+        render(swiglu, RenderOptions(qgemv="int16")).source
 
     monkeypatch.setenv("PTO_QGEMV_WARPS", "2, gemv_residual_tile_o=4,gemv_residual_tile=8")
     opts = TritonBackend("cpu").options

@@ -98,7 +98,8 @@ def qgemv_warps() -> int:
     """The fewest warps a program of a GEMV that reads by groups takes
     (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
     count, a warp per 1,024 columns and per 8 rows past the first 8, four where a program streams
-    its weights over four K steps or more: :func:`pto.codegen.triton.kernel.grouped_warps`); its
+    its weights over four K steps or more or where the GEMV is plain (one row of x, no norm):
+    :func:`pto.codegen.triton.kernel.grouped_warps`); its
     entries ``FUNCTION=N`` after it are :func:`qgemv_warps_by`'s."""
     return _qgemv_warps_setting()[0]
 
@@ -107,8 +108,9 @@ def qgemv_warps_by() -> tuple[tuple[str, int], ...]:
     """Per InCore function, the fewest warps of its GEMV read by groups, in place of
     :func:`qgemv_warps`'s (``RenderOptions.qgemv_warps_by``): ``PTO_QGEMV_WARPS``'s entries
     ``NAME=N`` (a function's generic name, as a trace or ``--timeline`` shows it without its
-    ``__`` suffix), e.g. ``1,gemv_residual_tile_o=4,gemv_residual_tile=4``: the o and down
-    projections at four, every other such GEMV by the rule. A name no kernel has changes nothing
+    ``__`` suffix), e.g. ``1,gemv_norm_swiglu_tile=2``: the gate/up projection at two or more,
+    every other such GEMV by the rule (an entry is a floor: the rule's own four for the plain o
+    and down projections stand above an entry of one). A name no kernel has changes nothing
     (the names are made as the program is built, so they are not checked here)."""
     return _qgemv_warps_setting()[1]
 

@@ -170,8 +170,9 @@ class RenderOptions:
     ``qgemv_warps``: the fewest warps a program of a GEMV that reads by groups takes (a power
     of two up to 8; 0: the backend's, :func:`pto.backends.triton.modes.qgemv_warps`); the rule
     gives a warp per 1,024 columns and per 8 rows past the first 8 (measured on the 8B model's
-    shapes), which leaves a small model's GEMVs (SmolLM2's 576 columns, 4 rows) one warp a
-    program where its bf16 ones run four.
+    shapes), which leaves a small model's normalizing GEMVs (SmolLM2's 576 columns, 4 rows) one
+    warp a program where its bf16 ones run four, and four to a plain one (one row of x, no norm:
+    the o and down projections; :func:`pto.codegen.triton.kernel.grouped_warps`).
     ``qgemv_warps_by``: per InCore function (its generic name), the fewest warps in place of
     ``qgemv_warps`` (empty: the backend's, :func:`pto.backends.triton.modes.qgemv_warps_by`).
     ``qgemv_cols``: the columns of a K step a warp of such a GEMV takes (1,024, 2,048 or 4,096;

@@ -53,7 +53,7 @@ from pto.ir.bounds import bounds
 from pto.ir.expr import Const, Expr
 from pto.ir.facts import constant_trips, loop_ranges, memref_accesses, tile_shape
 from pto.ir.nodes import ForRange, IncoreFunction, walk_instrs
-from pto.ir.ops import MATMUL, Op
+from pto.ir.ops import MATMUL, REDUCE, Op
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
     launch = launch_params(fn)
     if r.grouped:
         floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
-        launch["num_warps"] = grouped_warps(fn, r.grouped, floor, r.opts.qgemv_cols or 1024)
+        one_row = all(r.x_rows.get(t, 1) == 1 for t in r.grouped)
+        launch["num_warps"] = grouped_warps(fn, r.grouped, floor, r.opts.qgemv_cols or 1024, one_row)
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
                           r.block_ahead, blocks_formats(fn, r))
 
@@ -231,20 +232,31 @@ def blocks_formats(fn: IncoreFunction, r) -> frozenset:
 #: a grouped GEMV whose program streams its weights over at least this many K steps runs at
 #: least STREAM_WARPS warps (docs/PERF.md, "The grouped GEMVs' warps measured")
 STREAM_TRIPS, STREAM_WARPS = 4, 4
+#: a plain grouped GEMV (one row of x, nothing reduced but its product: the residual o and down
+#: projections, not the ones that normalize x first) runs at least PLAIN_WARPS warps: SmolLM2's
+#: Q4_1 o projection 1.95 -> 1.50 us a layer, down 2.06-2.11 -> 1.73, the step 2-4% faster, where
+#: four warps made the normalizing q/k/v and gate/up slower (docs/PERF.md, "Twenty-fourth
+#: session" and "Twenty-fifth session"); the wider models' such GEMVs had four already
+PLAIN_WARPS = 4
 
 
-def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int, span: int = 1024) -> int:
-    """The warps of a program of ``fn``, a GEMV whose ``grouped`` tiles (name: rows, columns of a
-    K step) read quantized weights by groups: a warp per ``span`` columns of the step (1,024: a
+def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor: int, span: int = 1024,
+                  one_row: bool = False) -> int:
+    """The warps of a program of ``fn``, a GEMV whose ``grouped`` tiles (name: rows, columns of a K
+    step) read quantized weights by groups: a warp per ``span`` columns of the step (1,024: a
     thread's 32 weights a row; ``RenderOptions.qgemv_cols``) and per 8 rows past the first 8; at
     least ``STREAM_WARPS`` where a tile is loaded in a loop of ``STREAM_TRIPS`` or more trips (a
     long K, the down projection's: its few programs each stream a row block's weights, and two
     warps a program leave a multiprocessor too few to hide the dequantization's latency); at
-    least ``floor``
+    least ``PLAIN_WARPS`` (divided by ``span / 1024``, the columns a warp) where ``one_row`` (x
+    one row) and the program reduces nothing but its product (no norm: a program that waits,
+    then runs once through its inputs, gets the warps to share them); at least ``floor``
     (``RenderOptions.qgemv_warps``); a power of two, at most 8."""
     warps = min(max(1, cols // span) * max(1, rows // 8) for rows, cols in grouped.values())
     if _load_trips(fn.body, frozenset(grouped)) >= STREAM_TRIPS:
         warps = max(warps, STREAM_WARPS)
+    if one_row and not any(i.op in REDUCE for i in walk_instrs(fn.body)):
+        warps = max(warps, PLAIN_WARPS * 1024 // span)  # (fewer where a warp takes more columns)
     warps = max(warps, floor)
     return min(8, 1 << (warps.bit_length() - 1))
 
