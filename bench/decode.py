@@ -218,13 +218,14 @@ def settle_graphs(count: int = 3) -> None:
 
     On the H200 the fourth CUDA graph a process captures with torch (``torch.cuda.graph``, as
     these are) slows the replay of every many-kernel graph of the process from then on by 10-15%
-    (the wave executor's SmolLM2 step 0.394-0.400 -> 0.445-0.454 ms; freeing the graphs does not undo it; the persistent
-    executor's single launch does not move; bench/step_order.py, docs/PERF.md "Twenty-fourth
-    session"). Our steps are each a graph, so in a process that times more than three, the
-    first three are in the faster state and the rest in the slower one. ``--settle`` makes three
-    graphs first, so that every step of the process is timed in the slower state and rows
-    compare like with like (a row's ``graphs_before``: the steps timed before its own and the
-    throwaway graphs; a prefill's graph, where ``--quant`` times one, is not counted)."""
+    (the wave executor's SmolLM2 step 0.394-0.400 -> 0.445-0.454 ms; freeing the graphs does not
+    undo it; the persistent executor's single launch does not move; bench/step_order.py,
+    docs/PERF.md "Twenty-fourth session"). Our steps are each a graph, so in a process that times
+    more than three, the first three are in the faster state and the rest in the slower one.
+    ``--settle`` makes three graphs first, so that every step of the process is timed in the
+    slower state and rows compare like with like (a row's ``graphs_before``: the steps timed
+    before its own and the throwaway graphs; a prefill's graph, where ``--quant`` times one, is
+    not counted)."""
     x = torch.zeros(16, device="cuda")
     for _ in range(count):  # (each freed at once: freeing does not undo the state)
         g = torch.cuda.CUDAGraph()

@@ -113,16 +113,16 @@ def torch_graphs(k: int, kernels: int, launch: bool, kind: str = "torch", flags:
     collects garbage and empties the allocator's cache first), each in a memory pool of its own,
     "pool" the same in one shared pool, "bare" through ``CUDAGraph.capture_begin``/``capture_end``
     alone (none of that first; "emptied" the same after ``torch.cuda.empty_cache()``), "driver"
-    captured and instantiated through the driver's API
-    (``libcuda``, instantiated with ``flags``: no torch graph, no pool), "raw" empty graphs made
-    and instantiated through the driver's API alone (no capture, no kernel)."""
+    captured and instantiated through the driver's API (``libcuda``, instantiated with ``flags``:
+    no torch graph, no pool), "raw" empty graphs made and instantiated through the driver's API
+    alone (no capture, no kernel)."""
     if kind == "raw":
         return raw_graphs(k)
     if kind == "driver":
         return driver_graphs(k, kernels, launch, flags)
     x = torch.zeros(1024, device="cuda")
     pool = torch.cuda.graph_pool_handle() if kind == "pool" else None
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # (the bare captures' stream; torch.cuda.graph takes its own)
     side.wait_stream(torch.cuda.current_stream())
     out = []
     for _ in range(k):

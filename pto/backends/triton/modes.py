@@ -127,7 +127,7 @@ def _qgemv_warps_setting() -> tuple[int, tuple[tuple[str, int], ...]]:
                 or int(count) not in QGEMV_WARPS:
             raise UsageError(f"PTO_QGEMV_WARPS={text!r}: one of {allowed} (every grouped GEMV's), then or instead "
                              "FUNCTION=N entries (one InCore function's), separated by commas, e.g. "
-                             "1,gemv_residual_tile_o=4")
+                             "1,gemv_norm_swiglu_tile=2")
         if eq:
             by.append((name.strip(), int(count)))
         else:
