@@ -114,7 +114,7 @@ def q4_plain(Q, SC, XLO, XHI, DX, SX, Y, K: tl.constexpr, R: tl.constexpr, BK: t
 if gluon is not None:
     @gluon.jit
     def _ring_issue(Q, SC, wring, sring, i, pid, wofs, sofs, P: gl.constexpr, K: gl.constexpr,
-                    R: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, TOTAL):
+                    R: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, TOTAL, TILED: gl.constexpr):
         """Chunk ``i`` of the program's stream (its block ``i // NK``, K step ``i % NK``) into ring
         buffer ``i % NBUF``, weights and scales; every call commits a group (an empty one past the
         stream's end), so that ``wait_group(NBUF - 1)`` always means "chunk i has landed"."""
@@ -122,15 +122,19 @@ if gluon is not None:
         if i < TOTAL:
             block = pid + (i // NK) * P
             kk = i % NK
-            async_copy.async_copy_global_to_shared(wring.index(i % NBUF),
-                                                   Q + block * R * (K // 8) + kk * (BK // 8) + wofs)
-            async_copy.async_copy_global_to_shared(sring.index(i % NBUF),
-                                                   SC + block * R * (K // 32) + kk * (BK // 32) + sofs)
+            if TILED:  # a chunk's rows contiguous, a block's chunks in order
+                wbase = (block * NK + kk) * R * (BK // 8)
+                sbase = (block * NK + kk) * R * (BK // 32)
+            else:
+                wbase = block * R * (K // 8) + kk * (BK // 8)
+                sbase = block * R * (K // 32) + kk * (BK // 32)
+            async_copy.async_copy_global_to_shared(wring.index(i % NBUF), Q + wbase + wofs)
+            async_copy.async_copy_global_to_shared(sring.index(i % NBUF), SC + sbase + sofs)
         async_copy.commit_group()
 
     @gluon.jit
     def q4_ring(Q, SC, XLO, XHI, DX, SX, Y, N: gl.constexpr, K: gl.constexpr, R: gl.constexpr,
-                BK: gl.constexpr, NBUF: gl.constexpr, P: gl.constexpr):
+                BK: gl.constexpr, NBUF: gl.constexpr, P: gl.constexpr, TILED: gl.constexpr):
         G: gl.constexpr = BK // 32
         NK: gl.constexpr = K // BK
         RT: gl.constexpr = R // gl.num_warps()
@@ -158,13 +162,13 @@ if gluon is not None:
         r3 = gl.expand_dims(gl.expand_dims(r, 1), 2)
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)
         e3 = gl.expand_dims(gl.expand_dims(e, 0), 0)
-        wofs = r3 * (K // 8) + g3 * 4 + e3
-        sofs = gl.expand_dims(r, 1) * (K // 32) + gl.expand_dims(g, 0)
+        wofs = r3 * (BK // 8 if TILED else K // 8) + g3 * 4 + e3
+        sofs = gl.expand_dims(r, 1) * (G if TILED else K // 32) + gl.expand_dims(g, 0)
         nblocks: gl.constexpr = N // R
         mine = (nblocks - pid + P - 1) // P
         TOTAL = mine * NK
         for i in gl.static_range(NBUF):  # the first chunks in flight before x is staged
-            _ring_issue(Q, SC, wring, sring, i, pid, wofs, sofs, P, K, R, BK, NBUF, TOTAL)
+            _ring_issue(Q, SC, wring, sring, i, pid, wofs, sofs, P, K, R, BK, NBUF, TOTAL, TILED)
         gx = gl.arange(0, G, layout=gl.SliceLayout(1, LX))
         xofs = gl.expand_dims(gx, 1) * 4 + gl.expand_dims(e, 0)
         for c in gl.static_range(NK):  # x once a program: its words, scales and sums
@@ -180,7 +184,7 @@ if gluon is not None:
             w = wring.index(i % NBUF).load(L3)
             sc = sring.index(i % NBUF).load(LS)
             # the buffer just read (each thread's own bytes, now in registers) takes chunk i + NBUF
-            _ring_issue(Q, SC, wring, sring, i + NBUF, pid, wofs, sofs, P, K, R, BK, NBUF, TOTAL)
+            _ring_issue(Q, SC, wring, sring, i + NBUF, pid, wofs, sofs, P, K, R, BK, NBUF, TOTAL, TILED)
             xl = gl.expand_dims(xlo_s.index(kk).load(LX), 0)
             xh = gl.expand_dims(xhi_s.index(kk).load(LX), 0)
             dx = gl.expand_dims(dx_s.index(kk).load(LG), 0)
@@ -231,17 +235,31 @@ class Operands:
         d, m = dm[..., 0].double(), dm[..., 1].double()
         self.ref = (d * dx.double() * idot + m * self.SX.double()).sum(dim=1)
         self.bytes = self.Q[0].numel() * 4 + self.SC[0].numel() * 4
+        self._tiled: dict[int, tuple[list, list]] = {}
+
+    def tiled(self, R: int) -> tuple[list, list]:
+        """The weights and scales repacked so that each ``R``-row block's chunk is contiguous and a
+        block's chunks follow each other (a program's whole stream one run of memory)."""
+        if R not in self._tiled:
+            NK = self.K // BK
+
+            def tile(t: torch.Tensor) -> torch.Tensor:
+                return t.reshape(self.N // R, R, NK, -1).transpose(1, 2).contiguous()
+
+            self._tiled[R] = ([tile(q) for q in self.Q], [tile(sc) for sc in self.SC])
+        return self._tiled[R]
 
 
 def launch(way: str, ops: Operands, c: int, Y: torch.Tensor, R: int, param: int, per_sm: int) -> None:
     """One call of ``way`` on copy ``c`` of the weights (``param``: the stages, or the ring's buffers)."""
-    args = (ops.Q[c], ops.SC[c], ops.XLO, ops.XHI, ops.DX, ops.SX, Y)
+    Qs, SCs = ops.tiled(R) if way == "tiled" else (ops.Q, ops.SC)
+    args = (Qs[c], SCs[c], ops.XLO, ops.XHI, ops.DX, ops.SX, Y)
     if way == "plain":
         q4_plain[(ops.N // R,)](*args, K=ops.K, R=R, BK=BK, STAGES=param, num_warps=4)
     else:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         P = min(per_sm * sms, ops.N // R)
-        q4_ring[(P,)](*args, N=ops.N, K=ops.K, R=R, BK=BK, NBUF=param, P=P, num_warps=4)
+        q4_ring[(P,)](*args, N=ops.N, K=ops.K, R=R, BK=BK, NBUF=param, P=P, TILED=way == "tiled", num_warps=4)
 
 
 def measure(way: str, ops: Operands, R: int, param: int, per_sm: int, runs: int, bw: float) -> dict:
@@ -258,7 +276,7 @@ def measure(way: str, ops: Operands, R: int, param: int, per_sm: int, runs: int,
         launch(way, ops, turn[0], Y, R, param, per_sm)
 
     per, _ = timing.kernel_times(rotate, runs)
-    name = "q4_plain" if way == "plain" else "q4_ring"
+    name = "q4_plain" if way == "plain" else "q4_ring"  # (tiled: the ring on the repacked weights)
     us = sum(ms for k, (_, ms) in per.items() if name in k) * 1e3
     return {"way": way, "N": ops.N, "K": ops.K, "R": R, "param": param, "per_sm": per_sm, "us": us,
             "x_copy": ops.bytes / (us * 1e-6) / bw, "max_err": err}
@@ -285,8 +303,8 @@ def compile_only() -> None:
                                     constexprs={"K": K, "R": R, "BK": BK, "STAGES": 3}, attrs=attrs))]
         if gluon is not None:
             srcs.append(("ring", gluon._runtime.GluonASTSource(
-                q4_ring, sig | dict.fromkeys(("N", "K", "R", "BK", "NBUF", "P"), "constexpr"),
-                constexprs={"N": N, "K": K, "R": R, "BK": BK, "NBUF": 4, "P": 264}, attrs=attrs)))
+                q4_ring, sig | dict.fromkeys(("N", "K", "R", "BK", "NBUF", "P", "TILED"), "constexpr"),
+                constexprs={"N": N, "K": K, "R": R, "BK": BK, "NBUF": 4, "P": 264, "TILED": False}, attrs=attrs)))
         for way, src in srcs:
             cc = triton.compile(src, target=target, options={"num_warps": 4})
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -331,8 +349,9 @@ def main() -> None:
         ops = Operands(N, K, copies=max(2, -(-200_000_000 // (N * K // 2))))
         print(f"{shape} ({N} x {K}): {ops.bytes / 1e6:.1f} MB a call, floor {ops.bytes / bw * 1e6:.2f} us", flush=True)
         ways = [("plain", int(s), 1) for s in a.stages.split(",")] if "plain" in a.ways else []
-        if "ring" in a.ways and gluon is not None:
-            ways += [("ring", int(n), int(p)) for n in a.nbuf.split(",") for p in a.per_sm.split(",")]
+        for ring in ("ring", "tiled"):
+            if ring in a.ways and gluon is not None:
+                ways += [(ring, int(n), int(p)) for n in a.nbuf.split(",") for p in a.per_sm.split(",")]
         for R in (int(v) for v in a.rows.split(",")):
             for way, param, per_sm in ways:
                 tag = f"stages={param}" if way == "plain" else f"nbuf={param} per_sm={per_sm}"
