@@ -27,14 +27,21 @@ Two kernels of that arithmetic:
 - ``ring``: Gluon (Triton's layout-explicit dialect), persistent programs (``P`` a
   multiprocessor), each streaming its blocks' chunks of weights and scales through a ring of
   ``NBUF`` shared-memory buffers by ``cp.async``, refilled as each chunk is read, so that the next
-  chunks, the next block's too, are in flight while the warps compute; x staged once a program.
+  chunks, the next block's too, are in flight while the warps compute; x staged once a program;
+- ``tiled``: the ring on the weights and scales repacked so that each block's chunks follow each
+  other (a program's whole stream one run of memory).
+
+Measured on an H200 (2026-12-02, docs/PERF.md "Twenty-sixth session"): on the gate/up shape the
+ring reads at 0.87-0.89 of a copy against the Triton loop's 0.65, where pto's own "blocks" loop
+already reads at 0.80-0.83; on down and o the ring stays at 0.58-0.62 and 0.48 whatever its
+depth, rows, programs or layout: their limit is a fixed cost a kernel, not the stream's overlap.
 
 Shapes: the 8B's gate/up (4,096 -> 2 x 14,336: one matrix of 28,672 rows), down (14,336 -> 4,096)
 and o (4,096 x 4,096). Each kernel's time is its own (CUPTI, :func:`pto.exec.timing.kernel_times`),
 rotating over enough copies of the weights that they never stay in L2; every result against a
 float64 reference of the same arithmetic (the integer dots exact, so the error is the f32 sums').
 
-    python3 bench/gluon_q4.py [--shapes gate_up,down,o] [--ways plain,ring] [--rows 16,32]
+    python3 bench/gluon_q4.py [--shapes gate_up,down,o] [--ways plain,ring,tiled] [--rows 16,32]
                               [--nbuf 4,8] [--stages 1,3] [--per-sm 1,2] [--runs 50] [--json FILE]
 
 Needs a CUDA GPU of sm_80 or later and Triton 3.5-3.6's Gluon (the GPU machine's 3.6); without
@@ -211,16 +218,16 @@ class Operands:
     """One shape's random operands (weights, ``copies`` of them for the rotation past L2) and
     the float64 reference of their product."""
 
-    def __init__(self, N: int, K: int, copies: int, seed: int = 0):
+    def __init__(self, N: int, K: int, copies: int, seed: int = 0, device: str = "cuda"):
         if K % BK or N % 32:
             raise SystemExit(f"bench/gluon_q4.py: a shape {N} x {K} needs K a multiple of {BK} and N of 32")
-        gen = torch.Generator(device="cuda").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         self.N, self.K = N, K
-        self.Q = [torch.randint(-2 ** 31, 2 ** 31 - 1, (N, K // 8), dtype=torch.int32, device="cuda", generator=gen)
+        self.Q = [torch.randint(-2 ** 31, 2 ** 31 - 1, (N, K // 8), dtype=torch.int32, device=device, generator=gen)
                   for _ in range(copies)]
-        dm = (torch.randn(N, K // 32, 2, device="cuda", generator=gen) * 0.01).to(torch.float16)
+        dm = (torch.randn(N, K // 32, 2, device=device, generator=gen) * 0.01).to(torch.float16)
         self.SC = [dm.view(torch.int32).reshape(N, K // 32).clone() for _ in range(copies)]
-        x = torch.randn(K, device="cuda", generator=gen)
+        x = torch.randn(K, device=device, generator=gen)
         xg = x.reshape(K // 32, 32)
         dx = xg.abs().amax(dim=1) / 127
         xq = torch.round(xg / dx[:, None]).clamp(-127, 127).to(torch.int8)
@@ -325,7 +332,7 @@ def compile_only() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="gate_up,down,o")
-    ap.add_argument("--ways", default="plain,ring")
+    ap.add_argument("--ways", default="plain,ring", help="plain, ring, tiled (the ring on repacked weights)")
     ap.add_argument("--rows", default="16,32", help="rows a block (a thread R / 4 of them: four warps)")
     ap.add_argument("--stages", default="1,3", help="the plain kernel's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the ring's buffers")

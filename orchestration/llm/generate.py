@@ -305,7 +305,12 @@ class Generator:
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
-                x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.device, self.dtype.torch)
+                # the prompt's rows gathered on the host, then copied from pinned memory and not
+                # waited for (from pageable memory the host would wait for the prompt before)
+                x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.dtype.torch)
+                if x.device.type == "cpu" and torch.device(self.device).type == "cuda":
+                    x = x.pin_memory().to(self.device, non_blocking=True)
+                x = x.to(self.device)  # (a no-op but where the embedding is on another device)
                 fresh, t0 = n not in self._layers, time.perf_counter()
                 layer = self._layer(n)
                 prepare_ms += (time.perf_counter() - t0) * 1e3 if fresh else 0.0
