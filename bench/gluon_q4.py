@@ -29,7 +29,9 @@ Two kernels of that arithmetic:
   ``NBUF`` shared-memory buffers by ``cp.async``, refilled as each chunk is read, so that the next
   chunks, the next block's too, are in flight while the warps compute; x staged once a program;
 - ``tiled``: the ring on the weights and scales repacked so that each block's chunks follow each
-  other (a program's whole stream one run of memory).
+  other (a program's whole stream one run of memory);
+- ``read``: no product, every word of the weights and scales read once (16 KiB a program) and
+  summed: what any kernel of this size streams the bytes at.
 
 Measured on an H200 (2026-12-02, docs/PERF.md "Twenty-sixth session"): on the gate/up shape the
 ring reads at 0.87-0.89 of a copy against the Triton loop's 0.65, where pto's own "blocks" loop
@@ -41,7 +43,7 @@ and o (4,096 x 4,096). Each kernel's time is its own (CUPTI, :func:`pto.exec.tim
 rotating over enough copies of the weights that they never stay in L2; every result against a
 float64 reference of the same arithmetic (the integer dots exact, so the error is the f32 sums').
 
-    python3 bench/gluon_q4.py [--shapes gate_up,down,o] [--ways plain,ring,tiled] [--rows 16,32]
+    python3 bench/gluon_q4.py [--shapes gate_up,down,o] [--ways read,plain,ring,tiled] [--rows 16,32]
                               [--nbuf 4,8] [--stages 1,3] [--per-sm 1,2] [--runs 50] [--json FILE]
 
 Needs a CUDA GPU of sm_80 or later and Triton 3.5-3.6's Gluon (the GPU machine's 3.6); without
@@ -76,6 +78,8 @@ if triton.__version__.startswith(("3.5", "3.6")):  # Gluon's copy as these name 
 SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "o": (4096, 4096)}
 #: columns a chunk (a K step): 32 groups of 32, a warp's lanes one group each
 BK = 1024
+#: the read kernel's words a program (16 KiB)
+READ_BLOCK = 4096
 _DP4A = tl.constexpr("dp4a.s32.s32 $0, $1, $2, $3;")
 
 
@@ -116,6 +120,21 @@ def q4_plain(Q, SC, XLO, XHI, DX, SX, Y, K: tl.constexpr, R: tl.constexpr, BK: t
         d, m = _scales(sc)
         acc += d * (dx * idot.to(tl.float32)) + m * sx
     tl.store(Y + rows, tl.sum(acc, axis=1))
+
+
+@triton.jit
+def read_words(Q, SC, OUT, NQ: tl.constexpr, NS: tl.constexpr, BLOCK: tl.constexpr):
+    """Every word of the weights and the scales read once and summed a program: what a kernel
+    of this size streams the same bytes at, with no arithmetic to speak of."""
+    pid = tl.program_id(0)
+    nqb: tl.constexpr = (NQ + BLOCK - 1) // BLOCK
+    if pid < nqb:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(Q + offs, mask=offs < NQ, other=0)
+    else:
+        offs = (pid - nqb) * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(SC + offs, mask=offs < NS, other=0)
+    tl.store(OUT + pid, tl.sum(v, axis=0))
 
 
 if gluon is not None:
@@ -259,6 +278,10 @@ class Operands:
 
 def launch(way: str, ops: Operands, c: int, Y: torch.Tensor, R: int, param: int, per_sm: int) -> None:
     """One call of ``way`` on copy ``c`` of the weights (``param``: the stages, or the ring's buffers)."""
+    if way == "read":  # (Y: the programs' sums)
+        nq, ns = ops.Q[c].numel(), ops.SC[c].numel()
+        read_words[(Y.numel(),)](ops.Q[c], ops.SC[c], Y, NQ=nq, NS=ns, BLOCK=READ_BLOCK, num_warps=4)
+        return
     Qs, SCs = ops.tiled(R) if way == "tiled" else (ops.Q, ops.SC)
     args = (Qs[c], SCs[c], ops.XLO, ops.XHI, ops.DX, ops.SX, Y)
     if way == "plain":
@@ -272,10 +295,18 @@ def launch(way: str, ops: Operands, c: int, Y: torch.Tensor, R: int, param: int,
 def measure(way: str, ops: Operands, R: int, param: int, per_sm: int, runs: int, bw: float) -> dict:
     from pto.exec import timing
 
-    Y = torch.zeros(ops.N, dtype=torch.float32, device="cuda")
+    if way == "read":
+        Y = torch.zeros(-(-ops.Q[0].numel() // READ_BLOCK) - (-ops.SC[0].numel() // READ_BLOCK), dtype=torch.int32,
+                        device="cuda")
+    else:
+        Y = torch.zeros(ops.N, dtype=torch.float32, device="cuda")
     launch(way, ops, 0, Y, R, param, per_sm)
     torch.cuda.synchronize()
-    err = float((Y.double() - ops.ref).abs().max() / ops.ref.abs().max())
+    if way == "read":  # (the words' sum modulo 2^32: 0 where every word was read once)
+        want = int(ops.Q[0].long().sum() + ops.SC[0].long().sum())
+        err = float((int(Y.long().sum()) - want) % 2 ** 32)
+    else:
+        err = float((Y.double() - ops.ref).abs().max() / ops.ref.abs().max())
     turn = [0]
 
     def rotate():
@@ -283,7 +314,7 @@ def measure(way: str, ops: Operands, R: int, param: int, per_sm: int, runs: int,
         launch(way, ops, turn[0], Y, R, param, per_sm)
 
     per, _ = timing.kernel_times(rotate, runs)
-    name = "q4_plain" if way == "plain" else "q4_ring"  # (tiled: the ring on the repacked weights)
+    name = {"plain": "q4_plain", "read": "read_words"}.get(way, "q4_ring")  # (tiled: the ring, repacked)
     us = sum(ms for k, (_, ms) in per.items() if name in k) * 1e3
     return {"way": way, "N": ops.N, "K": ops.K, "R": R, "param": param, "per_sm": per_sm, "us": us,
             "x_copy": ops.bytes / (us * 1e-6) / bw, "max_err": err}
@@ -332,7 +363,8 @@ def compile_only() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="gate_up,down,o")
-    ap.add_argument("--ways", default="plain,ring", help="plain, ring, tiled (the ring on repacked weights)")
+    ap.add_argument("--ways", default="read,plain,ring", help="read (the bytes alone), plain, ring, tiled (the ring "
+                    "on repacked weights)")
     ap.add_argument("--rows", default="16,32", help="rows a block (a thread R / 4 of them: four warps)")
     ap.add_argument("--stages", default="1,3", help="the plain kernel's pipeline depths")
     ap.add_argument("--nbuf", default="4,8", help="the ring's buffers")
@@ -355,6 +387,12 @@ def main() -> None:
         N, K = SHAPES[shape]
         ops = Operands(N, K, copies=max(2, -(-200_000_000 // (N * K // 2))))
         print(f"{shape} ({N} x {K}): {ops.bytes / 1e6:.1f} MB a call, floor {ops.bytes / bw * 1e6:.2f} us", flush=True)
+        if "read" in a.ways:
+            r = measure("read", ops, 0, 0, 0, a.runs, bw)
+            r["shape"] = shape
+            out.append(r)
+            print(f"  read  (every byte once, {READ_BLOCK * 4 // 1024} KiB a program): {r['us']:7.2f} us, "
+                  f"{r['x_copy']:.2f} of a copy, {'sums right' if r['max_err'] == 0 else 'SUMS WRONG'}", flush=True)
         ways = [("plain", int(s), 1) for s in a.stages.split(",")] if "plain" in a.ways else []
         for ring in ("ring", "tiled"):
             if ring in a.ways and gluon is not None:

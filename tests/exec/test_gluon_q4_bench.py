@@ -72,3 +72,16 @@ def test_tiled_puts_each_blocks_chunk_where_the_ring_reads_it(ops, R):
             assert torch.equal(got, ops.Q[0][block * R:(block + 1) * R, kk * wpc:(kk + 1) * wpc])
             got = flat_s[base * gpc:(base + R) * gpc].reshape(R, gpc)
             assert torch.equal(got, ops.SC[0][block * R:(block + 1) * R, kk * gpc:(kk + 1) * gpc])
+
+
+@pytest.mark.interpret
+def test_the_read_kernel_reads_every_word_once():
+    g = torch.Generator().manual_seed(2)
+    Q = torch.randint(-2 ** 31, 2 ** 31 - 1, (3 * 64 + 5,), dtype=torch.int32, generator=g)
+    SC = torch.randint(-2 ** 31, 2 ** 31 - 1, (64 + 9,), dtype=torch.int32, generator=g)
+    block = 64
+    out = torch.zeros(-(-Q.numel() // block) - (-SC.numel() // block), dtype=torch.int32)
+    q4.read_words[(out.numel(),)](Q, SC, out, NQ=Q.numel(), NS=SC.numel(), BLOCK=block)
+    want = torch.cat([Q, torch.zeros(-Q.numel() % block, dtype=torch.int32), SC,
+                      torch.zeros(-SC.numel() % block, dtype=torch.int32)]).reshape(-1, block).long().sum(dim=1)
+    assert torch.equal(out.long() % 2 ** 32, want % 2 ** 32)
