@@ -1,9 +1,10 @@
 """Does a shared-memory ring make a 4-bit GEMV stream at the copy's rate? (issue 46), measured apart
 from pto.
 
-pto's 4-bit GEMVs read their weights at 0.5-0.7 of a copy's bandwidth on the 8B step (docs/PERF.md,
-"Quantized weights": Q4_K's gate/up 0.55-0.61, down 0.50), where Q8_0's, with twice the bytes for
-the same instructions, reach 0.85-0.96. The fifteenth session's analysis: a program's time is
+pto's 4-bit GEMVs read their weights below a copy's bandwidth on the 8B's shapes alone: by this
+session's `bench/qgemv.py`, Q4_K's gate/up at 0.80 (0.55-0.61 before the sixteenth session's
+"blocks" loops), down at 0.53, o at 0.38, where Q8_0's, with twice the bytes for the same
+instructions, reached 0.85-0.96 on gate/up. The fifteenth session's analysis: a program's time is
 close to the *sum* of its instructions' issue time and its bytes' streaming time, since the
 programs of a multiprocessor load together and then compute together; a producer that keeps the
 weights streaming into a ring of shared memory while the warps compute would make it their
@@ -20,23 +21,27 @@ instructions a weight are few and the question is the streaming alone:
   word's low nibbles against the even values, its high nibbles against the odd): about one SASS
   instruction a weight in all.
 
-Two kernels of that arithmetic:
+The ways:
 
 - ``plain``: Triton, a program a block of ``R`` rows, a K loop of ``BK`` columns pipelined by
   Triton (``num_stages`` S), as pto renders its GEMVs;
 - ``ring``: Gluon (Triton's layout-explicit dialect), persistent programs (``P`` a
   multiprocessor), each streaming its blocks' chunks of weights and scales through a ring of
   ``NBUF`` shared-memory buffers by ``cp.async``, refilled as each chunk is read, so that the next
-  chunks, the next block's too, are in flight while the warps compute; x staged once a program;
+  chunks, the next block's too, are in flight while the warps compute; x staged once a program.
+  The compiler still puts two barriers in each chunk (after the wait for the chunk, before its
+  refill), so a program's warps go chunk by chunk together;
 - ``tiled``: the ring on the weights and scales repacked so that each block's chunks follow each
-  other (a program's whole stream one run of memory);
-- ``read``: no product, every word of the weights and scales read once (16 KiB a program) and
-  summed: what any kernel of this size streams the bytes at.
+  other (a block one run of memory; a program's blocks are still ``P`` blocks apart);
+- ``read``: no product, every word of the weights and scales read once (16 KiB a program, a plain
+  grid) and summed: what one simple kernel of this size streams the same bytes at.
 
 Measured on an H200 (2026-12-02, docs/PERF.md "Twenty-sixth session"): on the gate/up shape the
 ring reads at 0.87-0.89 of a copy against the Triton loop's 0.65, where pto's own "blocks" loop
-already reads at 0.80-0.83; on down and o the ring stays at 0.58-0.62 and 0.48 whatever its
-depth, rows, programs or layout: their limit is a fixed cost a kernel, not the stream's overlap.
+already reads at 0.80-0.83; on down and o the ring reads at 0.58-0.62 and at best 0.48 whatever
+its depth, rows, programs or layout, so what limits them is not the stream's overlap (by
+inference a fixed cost a kernel; ``read``, added after, measures what a simple kernel of their
+size reaches).
 
 Shapes: the 8B's gate/up (4,096 -> 2 x 14,336: one matrix of 28,672 rows), down (14,336 -> 4,096)
 and o (4,096 x 4,096). Each kernel's time is its own (CUPTI, :func:`pto.exec.timing.kernel_times`),
@@ -210,6 +215,7 @@ if gluon is not None:
             w = wring.index(i % NBUF).load(L3)
             sc = sring.index(i % NBUF).load(LS)
             # the buffer just read (each thread's own bytes, now in registers) takes chunk i + NBUF
+            # (the compiler still puts a barrier before the refill, and one after each wait)
             _ring_issue(Q, SC, wring, sring, i + NBUF, pid, wofs, sofs, P, K, R, BK, NBUF, TOTAL, TILED)
             xl = gl.expand_dims(xlo_s.index(kk).load(LX), 0)
             xh = gl.expand_dims(xhi_s.index(kk).load(LX), 0)
@@ -265,7 +271,7 @@ class Operands:
 
     def tiled(self, R: int) -> tuple[list, list]:
         """The weights and scales repacked so that each ``R``-row block's chunk is contiguous and a
-        block's chunks follow each other (a program's whole stream one run of memory)."""
+        block's chunks follow each other (a block one run of memory)."""
         if R not in self._tiled:
             NK = self.K // BK
 
@@ -292,8 +298,26 @@ def launch(way: str, ops: Operands, c: int, Y: torch.Tensor, R: int, param: int,
         q4_ring[(P,)](*args, N=ops.N, K=ops.K, R=R, BK=BK, NBUF=param, P=P, TILED=way == "tiled", num_warps=4)
 
 
+class Skipped(Exception):
+    """A form these rows or this GPU cannot run (said in its line; the others go on)."""
+
+
+def ring_smem(ops: Operands, R: int, nbuf: int) -> int:
+    """The ring kernel's shared memory: its buffers (weights and scale words) and x staged."""
+    G, NK = BK // 32, ops.K // BK
+    return nbuf * (R * G * 4 * 4 + R * G * 4) + NK * (2 * G * 4 * 4 + 2 * G * 4)
+
+
 def measure(way: str, ops: Operands, R: int, param: int, per_sm: int, runs: int, bw: float) -> dict:
     from pto.exec import timing
+
+    if way != "read":
+        if R < 4 or R & (R - 1) or ops.N % R:
+            raise Skipped(f"--rows {R}: a block's rows must be a power of two from 4 (four warps) dividing {ops.N}")
+        smem_max = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_multiprocessor
+        if way != "plain" and per_sm * ring_smem(ops, R, param) > smem_max:
+            raise Skipped(f"{per_sm} programs of {ring_smem(ops, R, param) // 1024} KiB of shared memory do not fit "
+                          f"a multiprocessor's {smem_max // 1024} KiB (they would run in waves)")
 
     if way == "read":
         Y = torch.zeros(-(-ops.Q[0].numel() // READ_BLOCK) - (-ops.SC[0].numel() // READ_BLOCK), dtype=torch.int32,
@@ -375,6 +399,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.compile_only:
         return compile_only()
+    chosen, known = set(a.ways.split(",")), {"read", "plain", "ring", "tiled"}
+    if chosen - known:
+        sys.exit(f"bench/gluon_q4.py: --ways {a.ways}: {', '.join(sorted(chosen - known))} is not one of "
+                 "read, plain, ring, tiled")
     if not torch.cuda.is_available():
         sys.exit("bench/gluon_q4.py needs a CUDA GPU (or --compile-only)")
     from decode import copy_bandwidth  # (bench/decode.py: the floors' bandwidth)
@@ -383,35 +411,42 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; triton {triton.__version__}"
           + ("" if gluon is not None else " (no ring: this Triton's Gluon is not 3.5-3.6's)"), flush=True)
     out = []
+
+    def keep(r: dict) -> None:  # (the JSON after every row: a later failure keeps what was measured)
+        out.append(r)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
+
     for shape in a.shapes.split(","):
         N, K = SHAPES[shape]
         ops = Operands(N, K, copies=max(2, -(-200_000_000 // (N * K // 2))))
         print(f"{shape} ({N} x {K}): {ops.bytes / 1e6:.1f} MB a call, floor {ops.bytes / bw * 1e6:.2f} us", flush=True)
-        if "read" in a.ways:
+        if "read" in chosen:
             r = measure("read", ops, 0, 0, 0, a.runs, bw)
             r["shape"] = shape
-            out.append(r)
+            keep(r)
             print(f"  read  (every byte once, {READ_BLOCK * 4 // 1024} KiB a program): {r['us']:7.2f} us, "
                   f"{r['x_copy']:.2f} of a copy, {'sums right' if r['max_err'] == 0 else 'SUMS WRONG'}", flush=True)
-        ways = [("plain", int(s), 1) for s in a.stages.split(",")] if "plain" in a.ways else []
+        ways = [("plain", int(s), 1) for s in a.stages.split(",")] if "plain" in chosen else []
         for ring in ("ring", "tiled"):
-            if ring in a.ways and gluon is not None:
+            if ring in chosen and gluon is not None:
                 ways += [(ring, int(n), int(p)) for n in a.nbuf.split(",") for p in a.per_sm.split(",")]
         for R in (int(v) for v in a.rows.split(",")):
             for way, param, per_sm in ways:
                 tag = f"stages={param}" if way == "plain" else f"nbuf={param} per_sm={per_sm}"
                 try:
                     r = measure(way, ops, R, param, per_sm, a.runs, bw)
-                except Exception as exc:  # (a form that does not fit this GPU: said, the others go on)
+                except Skipped as exc:
+                    print(f"  {way:5s} R={R:2d} {tag}: skipped: {exc}", flush=True)
+                    continue
+                except Exception as exc:  # (a form this GPU or Triton refuses: said, the others go on)
                     print(f"  {way:5s} R={R:2d} {tag}: failed: {str(exc).splitlines()[0][:160]}", flush=True)
                     continue
                 r["shape"] = shape
-                out.append(r)
+                keep(r)
                 print(f"  {way:5s} R={R:2d} {tag}: {r['us']:7.2f} us, {r['x_copy']:.2f} of a copy, "
                       f"max err {r['max_err']:.1e}", flush=True)
-                if a.json:
-                    with open(a.json, "w") as f:
-                        json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "rows": out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -142,10 +142,10 @@
 #   gluonq4     issue 46: a 4-bit GEMV's streaming with a shared-memory ring (bench/gluon_q4.py: Q4_1's
 #               arithmetic on x rounded once, a Triton K loop against a Gluon cp.async ring), then pto's own Q4_1
 #               and Q4_K GEMVs of the same shapes alone (bench/qgemv.py) for the comparison
-#   tuneship    issue 49: one layer tuned and checked in one call: the layer as shipped ($TS_PROGRAM, default
-#               llama/llama3-8b, at $TS_SEQ, default 4096, against torch.compile), then `pto tune` there
-#               ($TS_BUDGET s), the winners merged into this copy's shipped folder (bench/ship_schedules.py), the
-#               layer again; the database archived to $OUT for shipping here
+#   tuneship    issue 49: one layer tuned and checked in one call: the layer as shipped ($TS_PROGRAM, PROGRAM[/CONFIG],
+#               default llama/llama3-8b, at $TS_SEQ, default 4096), then `pto tune` there ($TS_BUDGET s), the winners
+#               merged into this copy's shipped folder (bench/ship_schedules.py), the layer again; each layer run
+#               against torch.compile in its process; the database archived to $OUT for shipping here
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -522,12 +522,16 @@ for line in open(sys.argv[1]):
     gluonq4) python3 bench/gluon_q4.py --json "$OUT/gluon_q4.json" 2>&1 | tee "$OUT/gluon_q4.log" | cut -c1-200
              python3 bench/qgemv.py --specs q4_1/q8_0,q4_k/q6_k --shapes o,down,gate_up --tiles 'int16:default' \
                --json "$OUT/gluon_q4_pto.json" > "$OUT/gluon_q4_pto.log" 2>&1; tail -n 16 "$OUT/gluon_q4_pto.log" | cut -c1-200 ;;
-    tuneship) prog=${TS_PROGRAM:-llama/llama3-8b}; seq=${TS_SEQ:-4096}; rm -rf /tmp/tune_pto
-              layer() { python3 -m pto.cli bench "${prog%%/*}" --config "${prog#*/}" --dtype bf16 --iterations 20 \
-                          --seq "$seq" --executor waves --rounds 3 --compare "$2" --json "$OUT/tuneship_$1.json" \
-                          > "$OUT/tuneship_$1.log" 2>&1; echo "[$1]"; tail -4 "$OUT/tuneship_$1.log" | cut -c1-200; }
-              layer shipped compile
-              PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "${prog%%/*}" --config "${prog#*/}" --seq "$seq" \
+    tuneship) entry=${TS_PROGRAM:-llama/llama3-8b}; seq=${TS_SEQ:-4096}; rm -rf /tmp/tune_pto /tmp/tuneship_cache
+              prog=${entry%%/*}; cfg=7b; [ "$prog" = llama ] && cfg=llama3-8b  # (the tune stage's defaults)
+              case $entry in */*) cfg=${entry#*/} ;; esac
+              # (the layer's runs in a cache of their own: a tuned database in the usual one is not "as shipped")
+              layer() { PTO_CACHE_DIR=/tmp/tuneship_cache python3 -m pto.cli bench "$prog" --config "$cfg" --dtype bf16 \
+                          --iterations 20 --seq "$seq" --executor waves --rounds 3 --compare compile \
+                          --json "$OUT/tuneship_$1.json" > "$OUT/tuneship_$1.log" 2>&1
+                        echo "[$1]"; tail -4 "$OUT/tuneship_$1.log" | cut -c1-200; }
+              layer shipped
+              PTO_CACHE_DIR=/tmp/tune_pto python3 -m pto.cli tune "$prog" --config "$cfg" --seq "$seq" \
                 --budget-s "${TS_BUDGET:-300}" --json "$OUT/tuneship_tune.json" > "$OUT/tuneship_tune.log" 2>&1
               echo "tune rc=$?"; tail -12 "$OUT/tuneship_tune.log" | cut -c1-200
               for d in /tmp/tune_pto/schedules/*/; do
@@ -535,7 +539,7 @@ for line in open(sys.argv[1]):
                 tar -C /tmp/tune_pto/schedules -czf "$OUT/schedules_$(basename "$d").tar.gz" "$(basename "$d")"
                 python3 bench/ship_schedules.py "$d" 2>&1 | tail -20
               done
-              layer tuned none ;;
+              layer tuned ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;

@@ -305,8 +305,9 @@ class Generator:
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
             if n > 0:
-                # the prompt's rows gathered on the host, then copied from pinned memory and not
-                # waited for (from pageable memory the host would wait for the prompt before)
+                # the prompt's rows gathered where the embedding is (on the host: the model's weights
+                # as loaded), then copied from pinned memory and not waited for (from pageable
+                # memory the host would wait for the prompt before)
                 x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.dtype.torch)
                 if x.device.type == "cpu" and torch.device(self.device).type == "cuda":
                     x = x.pin_memory().to(self.device, non_blocking=True)
