@@ -146,6 +146,10 @@
 #               default llama/llama3-8b, at $TS_SEQ, default 4096), then `pto tune` there ($TS_BUDGET s), the winners
 #               merged into this copy's shipped folder (bench/ship_schedules.py), the layer again; each layer run
 #               against torch.compile in its process; the database archived to $OUT for shipping here
+#   lmbk        issue 46: the 8B's quantized LM heads at K steps of 1,024 (bench/qgemv_sass.py: Q6_K's head 128
+#               registers and 4 programs a multiprocessor where the default 2,048 takes 254 and 2; Q8_0 147 and 3
+#               against 229 and 2; fp8 117 and 4 against 160 and 3), the steps in Q4_K (Q6_K head), Q8_0 and fp8,
+#               --timeline, twice
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -540,6 +544,13 @@ for line in open(sys.argv[1]):
                 python3 bench/ship_schedules.py "$d" 2>&1 | tail -20
               done
               layer tuned ;;
+    lmbk) for i in 1 2; do
+            python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+              --hf-configs none --prefill 0 --quant 'q4_k/q6_k,q8_0,fp8' --tilings 'default;lm_bk=1024' --timeline \
+              --json "$OUT/lmbk_$i.json" > "$OUT/lmbk_$i.log" 2>&1
+            echo "[round $i]"; grep "B=1: " "$OUT/lmbk_$i.log" | cut -c1-300
+            grep -A30 "B=1.*span" "$OUT/lmbk_$i.log" | grep "span\|lmhead" | cut -c1-110
+          done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
