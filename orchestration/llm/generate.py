@@ -311,7 +311,8 @@ class Generator:
                 x = embedding_rows(self.weights.embedding, torch.tensor(prompt[:n])).to(self.dtype.torch)
                 if x.device.type == "cpu" and torch.device(self.device).type == "cuda":
                     x = x.pin_memory().to(self.device, non_blocking=True)
-                x = x.to(self.device)  # (a no-op but where the embedding is on another device)
+                else:
+                    x = x.to(self.device)
                 fresh, t0 = n not in self._layers, time.perf_counter()
                 layer = self._layer(n)
                 prepare_ms += (time.perf_counter() - t0) * 1e3 if fresh else 0.0
