@@ -150,6 +150,11 @@
 #               registers and 4 programs a multiprocessor where the default 2,048 takes 254 and 2; Q8_0 147 and 3
 #               against 229 and 2; fp8 117 and 4 against 160 and 3), the steps in Q4_K (Q6_K head), Q8_0 and fp8,
 #               --timeline, twice
+#   q6head      issue 46: Q6_K heads at K steps of 1,024 by default (quantized.HEAD_STEPS) checked and measured:
+#               the 8B's Q6_K step against its f32 reference on both executors (pto run --check), then the 1B
+#               (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head against the old steps of 2,048
+#               (lm_bk=2048), --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's
+#               600 s on a fresh machine compiling every kernel: run it alone)
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -551,6 +556,15 @@ for line in open(sys.argv[1]):
             echo "[round $i]"; grep "B=1: " "$OUT/lmbk_$i.log" | cut -c1-300
             grep -A30 "B=1.*span" "$OUT/lmbk_$i.log" | grep "span\|lmhead" | cut -c1-110
           done ;;
+    q6head) for ex in waves persistent; do
+              python3 -m pto.cli run model --config llama3-8b --quantize q6_k --cache 512 --executor $ex --check \
+                2>&1 | tail -3 | cut -c1-200
+            done
+            python3 bench/decode.py --configs llama3.2-1b,llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
+              --hf-configs none --prefill 0 --quant 'q4_k/q6_k' --tilings 'default;lm_bk=2048' --timeline \
+              --json "$OUT/q6head.json" > "$OUT/q6head.log" 2>&1
+            grep "B=1: " "$OUT/q6head.log" | cut -c1-300
+            grep -A30 "B=1.*span" "$OUT/q6head.log" | grep "span\|lmhead" | cut -c1-110 ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;

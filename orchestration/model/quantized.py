@@ -389,6 +389,15 @@ def weight_bytes(w) -> dict[str, int]:
     return {"resident": layers + emb + norm + (0 if w.config.tied else head), "step_read": layers + norm + head}
 
 
+#: LM-head formats whose one-sequence GEMV takes shorter K steps than the stacked matrices'
+#: (:attr:`~.tiling.DecodeTiling.quant_tiles`' ``lm_bk``): Q6_K's head (Q4_K_M and Q5_K_M files
+#: have one) at steps of 2,048 runs 254 registers, two programs a multiprocessor, at 1,024 128
+#: and four. On an H200 the 8B's Q6_K head took 140.5-141.0 us against 168.5-168.8 a step at
+#: 2,048 (the step 1.888-1.900 against 1.908 ms); Q8_0's and fp8's heads lose there (157.8-158.6
+#: against 156.3-156.9 us, 141.9-143.5 against 136.2-136.5): docs/PERF.md, "Twenty-seventh session"
+HEAD_STEPS = {DType.Q6_K: 1024}
+
+
 def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     """The decode tiling ``t`` (:class:`~.tiling.DecodeTiling`) fitted to quantized weights for
     a step of ``rows`` sequences: for one (or up to :attr:`~.tiling.DecodeTiling.quant_rows`,
@@ -400,7 +409,11 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
         return t
     if t.quant_tiles and (rows == 1 or rows <= grouped_rows(t, True)):
         # (applied once: a tiling fitted again keeps what was set since)
-        t = replace(t, **dict(t.quant_tiles), quant_tiles=())
+        tiles = dict(t.quant_tiles)
+        head_step = HEAD_STEPS.get(wtypes.get("lm_head", None))
+        if "lm_bk" in tiles and head_step:  # (not where the user set lm_bk: it is then not in quant_tiles)
+            tiles["lm_bk"] = min(tiles["lm_bk"], head_step)
+        t = replace(t, **tiles, quant_tiles=())
     layers = wtypes.blocks(STACKED)
     head = wtypes.blocks(("lm_head",))
 
@@ -421,4 +434,4 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
 __all__ = ["KeepFileTypes", "WeightTypes", "DENSE", "SAME_TYPE", "STACKED", "weight_shapes",
            "MATRICES", "QUANTIZERS", "RANDOM_TYPES", "is_quantized", "dense", "dense_weights", "embedding_rows",
            "LayerDequantizer", "matrix_rows", "layer_wtypes", "stored_layer", "quantize_weights", "random_quantized",
-           "random_quantized_weights", "weight_bytes", "for_weights"]
+           "random_quantized_weights", "weight_bytes", "HEAD_STEPS", "for_weights"]

@@ -344,7 +344,7 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
     ``quant_tiles`` (K steps of whole blocks); a field set with ``with_fields`` holds for both;
     a quant tile naming no field is one line."""
     from pto.orchestration.model.program import CONFIGS, QUANT_WIDE, tiling_for
-    from pto.orchestration.model.quantized import WeightTypes, for_weights
+    from pto.orchestration.model.quantized import HEAD_STEPS, WeightTypes, for_weights
     from pto.orchestration.model.tiling import DecodeTiling
 
     from pto.errors import UsageError
@@ -355,7 +355,12 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
                                     "lm_head": DType.Q6_K}.items())))
     assert for_weights(t, WeightTypes(())) is t
     q = for_weights(t, q4k)
-    assert all(getattr(q, k) == v for k, v in QUANT_WIDE) and q.wt and q.lm_wt
+    assert all(getattr(q, k) == v for k, v in QUANT_WIDE if k != "lm_bk") and q.wt and q.lm_wt
+    # a Q6_K head in K steps of HEAD_STEPS' 1,024, a Q8_0 one in the tiles' 2,048; lm_bk set holds
+    assert (q.lm_bk, q.bv) == (HEAD_STEPS[DType.Q6_K], dict(QUANT_WIDE)["bv"]) == (1024, 16)
+    q8 = WeightTypes(tuple(sorted({**dict(q4k.types), "lm_head": DType.Q8_0}.items())))
+    assert for_weights(t, q8).lm_bk == dict(QUANT_WIDE)["lm_bk"] == 2048
+    assert for_weights(t.with_fields(lm_bk=2048), q4k).lm_bk == 2048
     assert (t.ffn_bn, t.ffn_bk) != (q.ffn_bn, q.ffn_bk)
     mine = for_weights(t.with_fields(ffn_bn=16, ffn_bk=1024), q4k)
     assert (mine.ffn_bn, mine.ffn_bk, mine.o_bk) == (16, 1024, dict(QUANT_WIDE)["o_bk"])
