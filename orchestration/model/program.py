@@ -93,8 +93,9 @@ TILING = DecodeTiling(bk=2048, qkv_bk=1024, o_bk=1024, ffn_bk=1024, bv=256, dens
 #: With quantized weights (read by groups, :mod:`pto.codegen.triton.quant_groups`) longer K
 #: steps: the q, k, v and o projections 8 outputs a block over the whole of an 8B model's 4096,
 #: the down projection 8 in steps of 2048, gate/up 4 over 4096, the LM head 16 vocabulary rows in
-#: steps of 2048. The 8B model's GEMVs alone on an H200 (bench/qgemv.py, weights past L2): Q4_K
-#: gate/up 36.97 against 51.24 us, down 20.19 / 22.47, o 7.50 / 8.29, its Q6_K head 245 / 352;
+#: steps of 2048 (a Q6_K head's of 1024: quantized.HEAD_STEPS). The 8B model's GEMVs alone on an
+#: H200 (bench/qgemv.py, weights past L2): Q4_K gate/up 36.97 against 51.24 us, down 20.19 /
+#: 22.47, o 7.50 / 8.29, its Q6_K head 245 / 352;
 #: Q8_0 gate/up 44.81 / 55.60, down 23.73 / 29.40, head 207 / 250; fp8 (by groups here, by units
 #: in the default tiles) gate/up 35.72 / 40.11, down 19.64 / 21.45, o 7.39 / 8.11, head 140 / 204.
 #: The whole step (waves): Q4_K with a Q6_K head 2.71 ms against 3.39-3.48, Q8_0 3.27 against
