@@ -155,6 +155,11 @@
 #               (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head against the old steps of 2,048
 #               (lm_bk=2048), --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's
 #               600 s on a fresh machine compiling every kernel: run it alone)
+#   downblocks  issue 46: the 8B's down projection alone (bench/qgemv.py) as the plain grid and as a "blocks" loop
+#               (PTO_PERSISTENT=blocks: the next block's weights loaded ahead) in blocks of 1, 2 and 4 rows of
+#               the whole K (one step of 16,384: by their SASS 104-128 registers, 8 warps, 2 programs a
+#               multiprocessor, 2.7-5.1 instructions a weight), Q4_K, Q4_1, Q8_0 and fp8: a plain read of its
+#               bytes reaches 0.89 of a copy, pto's Q4_K 0.53 (docs/PERF.md, "Twenty-seventh session")
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -565,6 +570,12 @@ for line in open(sys.argv[1]):
               --json "$OUT/q6head.json" > "$OUT/q6head.log" 2>&1
             grep "B=1: " "$OUT/q6head.log" | cut -c1-300
             grep -A30 "B=1.*span" "$OUT/q6head.log" | grep "span\|lmhead" | cut -c1-110 ;;
+    downblocks) for p in off blocks; do
+                  PTO_PERSISTENT=$p python3 bench/qgemv.py --specs q4_k/q6_k,q4_1/q8_0,q8_0,fp8 --shapes down \
+                    --tiles 'auto:default;auto:bn=1,bk=16384;auto:bn=2,bk=16384;auto:bn=4,bk=16384' \
+                    --json "$OUT/downblocks_$p.json" > "$OUT/downblocks_$p.log" 2>&1
+                  echo "[PTO_PERSISTENT=$p]"; tail -n 17 "$OUT/downblocks_$p.log" | cut -c1-200
+                done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;
