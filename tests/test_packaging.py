@@ -26,6 +26,24 @@ def test_every_subpackage_is_installed():
     assert cfg["package-data"]["pto.runtime_c"] == ["*.c", "*.h"]
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
+def test_every_shipped_schedule_folder_is_installed():
+    """Each device's folder of shipped schedules (``orchestration/llama/schedules/<device>/``, as
+    bench/ship_schedules.py makes it) is a package of its own with its JSON files as data: so a
+    wheel holds them, and setuptools does not warn of an importable folder left out of
+    ``packages`` (a screenful a folder on every install)."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = sorted(d.name for d in (ROOT / "orchestration" / "llama" / "schedules").iterdir()
+                     if d.is_dir() and any(d.glob("*.json")))
+    assert folders, "no shipped schedules found"
+    for name in folders:
+        pkg = f"pto.orchestration.llama.schedules.{name}"
+        assert pkg in cfg["packages"], f"pyproject.toml: {pkg} missing from packages"
+        assert cfg["package-data"].get(pkg) == ["*.json"], f"pyproject.toml: {pkg} missing from package-data"
+
+
 _CHECKOUT = """
 import sys
 # a plain checkout: no installed pto (the editable install's finder removed), the root on the path
