@@ -149,7 +149,8 @@
 #   lmbk        issue 46: the 8B's quantized LM heads at K steps of 1,024 (bench/qgemv_sass.py: Q6_K's head 128
 #               registers and 4 programs a multiprocessor where the default 2,048 takes 254 and 2; Q8_0 147 and 3
 #               against 229 and 2; fp8 117 and 4 against 160 and 3), the steps in Q4_K (Q6_K head), Q8_0 and fp8,
-#               --timeline, twice
+#               --timeline, twice (run 2026-12-02: Q6_K's head gained and takes 1,024 by default since, so its
+#               "default" and "lm_bk=1024" are now the same; Q8_0's and fp8's lost)
 #   q6head      issue 46: Q6_K heads at K steps of 1,024 by default (quantized.HEAD_STEPS) checked and measured:
 #               the 8B's Q6_K step against its f32 reference on both executors (pto run --check), then the 1B
 #               (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head against the old steps of 2,048
