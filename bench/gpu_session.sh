@@ -564,10 +564,10 @@ for line in open(sys.argv[1]):
           done ;;
     q6head) for ex in waves persistent; do
               python3 -m pto.cli run model --config llama3-8b --quantize q6_k --cache 512 --executor $ex --check \
-                2>&1 | tail -3 | cut -c1-200
+                > "$OUT/q6head_check_$ex.log" 2>&1; tail -3 "$OUT/q6head_check_$ex.log" | cut -c1-200
             done
             python3 bench/decode.py --configs llama3.2-1b,llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
-              --hf-configs none --prefill 0 --quant 'q4_k/q6_k' --tilings 'default;lm_bk=2048' --timeline \
+              --hf-configs none --prefill 0 --quant 'q4_k/q6_k' --tilings 'default;lm_bk=2048' --timeline --settle \
               --json "$OUT/q6head.json" > "$OUT/q6head.log" 2>&1
             grep "B=1: " "$OUT/q6head.log" | cut -c1-300
             grep -A30 "B=1.*span" "$OUT/q6head.log" | grep "span\|lmhead" | cut -c1-110 ;;
@@ -575,7 +575,7 @@ for line in open(sys.argv[1]):
                   PTO_PERSISTENT=$p python3 bench/qgemv.py --specs q4_k/q6_k,q4_1/q8_0,q8_0,fp8 --shapes down \
                     --tiles 'auto:default;auto:bn=1,bk=16384;auto:bn=2,bk=16384;auto:bn=4,bk=16384' \
                     --json "$OUT/downblocks_$p.json" > "$OUT/downblocks_$p.log" 2>&1
-                  echo "[PTO_PERSISTENT=$p]"; tail -n 17 "$OUT/downblocks_$p.log" | cut -c1-200
+                  echo "[PTO_PERSISTENT=$p]"; tail -n 18 "$OUT/downblocks_$p.log" | cut -c1-200
                 done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \

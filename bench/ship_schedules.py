@@ -11,8 +11,8 @@ Each entry is stored as ``pto tune`` stores it (``ScheduleDB.store``): it replac
 entry of the same variant, bucket and kernel source, or joins the file. The device is the one
 the folder's files name; a folder of several devices, or of files that are not a database, is
 refused with one line before anything is written. Then run
-``python -m pytest tests/schedules`` (every shipped entry must match today's kernels). A device's
-first folder is also a package to list in pyproject.toml (``packages`` and ``package-data``;
+``python -m pytest tests/schedules`` (every shipped entry must match today's kernels). A new
+device's folder is also a package to list in pyproject.toml (``packages`` and ``package-data``;
 tests/test_packaging.py checks)."""
 
 from __future__ import annotations

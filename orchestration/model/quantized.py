@@ -389,10 +389,11 @@ def weight_bytes(w) -> dict[str, int]:
     return {"resident": layers + emb + norm + (0 if w.config.tied else head), "step_read": layers + norm + head}
 
 
-#: LM-head formats whose one-sequence GEMV takes shorter K steps than the stacked matrices'
-#: (:attr:`~.tiling.DecodeTiling.quant_tiles`' ``lm_bk``): Q6_K's head (Q4_K_M and Q5_K_M files
-#: have one) at steps of 2,048 runs 254 registers, two programs a multiprocessor, at 1,024 128
-#: and four. On an H200 the 8B's Q6_K head took 140.5-141.0 us against 168.5-168.8 a step at
+#: LM-head formats whose GEMV takes shorter K steps than :attr:`~.tiling.DecodeTiling.quant_tiles`'
+#: ``lm_bk`` where those tiles apply (one sequence, or up to ``quant_rows``): Q6_K's head (Q4_K_M
+#: and Q5_K_M files have one) in the 8B model at steps of 2,048 runs 254 registers, two programs a
+#: multiprocessor, at 1,024 128 and four (the 1B's, one step of 2,048 against two of 1,024: 99.8
+#: against 122.3 us). On an H200 the 8B's Q6_K head took 140.5-141.0 us against 168.5-168.8 a step at
 #: 2,048 (the step 1.888-1.900 against 1.908 ms); Q8_0's and fp8's heads lose there (157.8-158.6
 #: against 156.3-156.9 us, 141.9-143.5 against 136.2-136.5): docs/PERF.md, "Twenty-seventh session"
 HEAD_STEPS = {DType.Q6_K: 1024}
@@ -410,7 +411,7 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     if t.quant_tiles and (rows == 1 or rows <= grouped_rows(t, True)):
         # (applied once: a tiling fitted again keeps what was set since)
         tiles = dict(t.quant_tiles)
-        head_step = HEAD_STEPS.get(wtypes.get("lm_head", None))
+        head_step = HEAD_STEPS.get(dict(wtypes.types).get("lm_head"))
         if "lm_bk" in tiles and head_step:  # (not where the user set lm_bk: it is then not in quant_tiles)
             tiles["lm_bk"] = min(tiles["lm_bk"], head_step)
         t = replace(t, **tiles, quant_tiles=())

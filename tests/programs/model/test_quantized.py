@@ -361,6 +361,7 @@ def test_quantized_weights_take_the_tilings_quant_tiles_and_set_fields_win():
     q8 = WeightTypes(tuple(sorted({**dict(q4k.types), "lm_head": DType.Q8_0}.items())))
     assert for_weights(t, q8).lm_bk == dict(QUANT_WIDE)["lm_bk"] == 2048
     assert for_weights(t.with_fields(lm_bk=2048), q4k).lm_bk == 2048
+    assert for_weights(t, q4k, rows=8).lm_bk == max(t.lm_bk, DType.Q6_K.quant.block)  # (the dot path: whole blocks)
     assert (t.ffn_bn, t.ffn_bk) != (q.ffn_bn, q.ffn_bk)
     mine = for_weights(t.with_fields(ffn_bn=16, ffn_bk=1024), q4k)
     assert (mine.ffn_bn, mine.ffn_bk, mine.o_bk) == (16, 1024, dict(QUANT_WIDE)["o_bk"])
