@@ -161,6 +161,9 @@
 #               the whole K (one step of 16,384: by their SASS 104-128 registers, 8 warps, 2 programs a
 #               multiprocessor, 2.7-5.1 instructions a weight), Q4_K, Q4_1, Q8_0 and fp8: a plain read of its
 #               bytes reaches 0.89 of a copy, pto's Q4_K 0.53 (docs/PERF.md, "Twenty-seventh session")
+#   downstep    issue 46: the same in the 8B's whole step (bench/decode.py --timeline --settle): the down
+#               projection's tiles as they are and in blocks of 1 and 2 whole-K rows, as the plain grid and as a loop
+#               over its blocks (PTO_BLOCKS_FUNCTIONS=gemv_residual_tile), Q4_K (Q6_K head) and Q8_0
 #   quant8      issue 46: where batch 8's quantized step goes (Q4_K 15.9 ms against 2.3 at batch 1): the 8B
 #               step at 1 and 8 sequences in Q4_K (Q6_K head) and fp8, each kernel profiled (--kernels)
 #   qwarps      issue 46: the grouped GEMVs' fewest warps a program (PTO_QGEMV_WARPS=1, the rule's, then 2
@@ -577,6 +580,13 @@ for line in open(sys.argv[1]):
                     --json "$OUT/downblocks_$p.json" > "$OUT/downblocks_$p.log" 2>&1
                   echo "[PTO_PERSISTENT=$p]"; tail -n 18 "$OUT/downblocks_$p.log" | cut -c1-200
                 done ;;
+    downstep) for f in none gemv_residual_tile; do
+                PTO_BLOCKS_FUNCTIONS=${f#none} python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 \
+                  --steps 32 --executors waves --hf-configs none --prefill 0 --quant 'q4_k/q6_k,q8_0' --timeline --settle \
+                  --tilings 'default;bn=1,bk=16384;bn=2,bk=16384' --json "$OUT/downstep_$f.json" > "$OUT/downstep_$f.log" 2>&1
+                echo "[PTO_BLOCKS_FUNCTIONS=${f#none}]"; grep "B=1: " "$OUT/downstep_$f.log" | cut -c1-300
+                grep -A30 "B=1.*span" "$OUT/downstep_$f.log" | grep "span\|gemv_residual_tile__" | cut -c1-110
+              done ;;
     quant8) python3 bench/decode.py --configs llama3-8b --batches 1,8 --long 0 --steps 16 --executors waves \
               --hf-configs none --quant 'llama3-8b:q4_k/q6_k,fp8' --prefill 0 --kernels \
               --json "$OUT/quant8.json" > "$OUT/quant8.log" 2>&1; tail -n 40 "$OUT/quant8.log" | cut -c1-300 ;;

@@ -467,3 +467,53 @@ def test_the_auto_policy_loops_a_5bit_gate_up_where_its_format_is_asked(monkeypa
     (auto, mode), (off, plain) = _gate_up_run(monkeypatch, DType.Q5_K, 40, "auto"), \
         _gate_up_run(monkeypatch, DType.Q5_K, 40, "off")
     assert (mode, plain) == ("blocks", "") and not off.isnan().any() and torch.equal(auto, off)
+
+
+def test_the_functions_the_blocks_form_takes_from_the_environment(monkeypatch):
+    """``PTO_BLOCKS_FUNCTIONS``: none by default; InCore function names separated by commas;
+    anything else is one line naming it, from the backend's construction on."""
+    from pto.backends.triton.modes import blocks_functions
+    from pto.errors import UsageError
+
+    monkeypatch.delenv("PTO_BLOCKS_FUNCTIONS", raising=False)
+    assert blocks_functions() == frozenset()
+    monkeypatch.setenv("PTO_BLOCKS_FUNCTIONS", " gemv_residual_tile, gemv_residual_tile_o ")
+    assert blocks_functions() == {"gemv_residual_tile", "gemv_residual_tile_o"}
+    for bad in ("gemv-residual", "a,b c"):
+        monkeypatch.setenv("PTO_BLOCKS_FUNCTIONS", bad)
+        with pytest.raises(UsageError, match=rf"PTO_BLOCKS_FUNCTIONS='{re.escape(bad)}': InCore function names"):
+            TritonBackend("cpu")
+
+
+@pytest.mark.parametrize("bk", [512, 256])
+def test_a_function_named_in_the_environment_loops_over_its_blocks_with_the_plain_grids_bits(monkeypatch, bk):
+    """A Q4_K residual GEMV (the decode step's down projection, one weight tensor: never looped by
+    format) read by integer dots stays a plain grid under "auto", and takes the "blocks" form
+    where ``PTO_BLOCKS_FUNCTIONS`` names it, with the plain grid's bits: its K in one step (the
+    next block's weights loaded ahead) and in two (the K loop inside each block); naming another
+    function changes nothing."""
+    from tests.quant.test_load import random_qtensor
+
+    K, N, n = 512, 40, 2
+    fn = specialize(gemv_residual_tile(f32, 1, K, N, 8, bk, wdtype=DType.Q4_K))
+    w = random_qtensor(DType.Q4_K, N, K, seed=3)
+    g = torch.Generator().manual_seed(bk)
+    x, r = torch.randn(n, K, generator=g), torch.randn(n, N, generator=g)
+    rows, z, one = torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64)
+
+    def run(names: str):
+        monkeypatch.setenv("PTO_PERSISTENT", "auto")
+        monkeypatch.setenv("PTO_BLOCKS_FUNCTIONS", names)
+        y = torch.full((n, N), float("nan"))
+        mems = {"x": RegionBatch(x, rows, z, one, one * K), "w": RegionBatch(w.data, z, z, one * N, one * K),
+                "r": RegionBatch(r, rows, z, one, one * N), "y": RegionBatch(y, rows, z, one, one * N)}
+        backend = TritonBackend("cpu", options=RenderOptions(qgemv="int16"))
+        backend.prepare(TaskBatch(fn, mems, {}, n))()
+        return y, backend.render_options(fn, backend.launch_config(fn, n)).persistent
+
+    (plain, mode), (other, other_mode), (looped, looped_mode) = \
+        run(""), run("gemv_residual_tile_o"), run("gemv_residual_tile")
+    assert (mode, other_mode, looped_mode) == ("", "", "blocks")
+    assert not plain.isnan().any() and torch.equal(other, plain) and torch.equal(looped, plain)
+    ref = r + x @ w.dequantize(torch.float32).t()
+    assert torch.allclose(plain, ref, rtol=1e-3, atol=1e-3)

@@ -49,6 +49,7 @@ from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occup
 from pto.backends.triton.modes import (
     PDL_POLICIES,
     blocks_formats,
+    blocks_functions,
     pdl_mode,
     persistent_mode,
     qgemv_cols,
@@ -128,6 +129,8 @@ class TritonBackend(Backend):
         self.persistent = self.options.persistent or persistent_mode()
         #: the weight formats whose gate/up GEMV "auto" runs in "blocks" form (PTO_BLOCKS_FORMATS)
         self.blocks_formats = blocks_formats()
+        #: the functions "auto" also runs in "blocks" form, whatever their weights (PTO_BLOCKS_FUNCTIONS)
+        self.blocks_functions = blocks_functions()
         if self.persistent == "ws" and self.compiles and tuple(torch.cuda.get_device_capability(self.device)) < (9, 0):
             raise UsageError("persistent tile loops 'ws' (warp-specialized) need compute capability 9.0 or later; "
                              "use 'loop'")
@@ -204,7 +207,8 @@ class TritonBackend(Backend):
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
                 "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
-                "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats()))}
+                "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats())),
+                "blocks_functions": ",".join(sorted(blocks_functions()))}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's
@@ -318,6 +322,8 @@ class TritonBackend(Backend):
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
         if self.persistent == "auto":
+            if fn.name in self.blocks_functions and fn.parallel is not None and not has_collective(fn):
+                return replace(opts, persistent="blocks")
             kernel = self.kernel(fn, opts)  # (the plain kernel, launched where it does not loop)
             # (the formats first: the programs, a device query on a GPU, asked only of a kernel that could loop)
             fmts = self.blocks_formats

@@ -1,6 +1,7 @@
 """The Triton backend's modes that the environment may set: how a batch splits into launches
 (``PTO_SPLIT``), tensor-descriptor loads (``PTO_TMA``), programmatic dependent launch
-(``PTO_PDL``), persistent tile loops (``PTO_PERSISTENT``, ``PTO_BLOCKS_FORMATS``) and how the GEMVs read quantized
+(``PTO_PDL``), persistent tile loops (``PTO_PERSISTENT``, ``PTO_BLOCKS_FORMATS``,
+``PTO_BLOCKS_FUNCTIONS``) and how the GEMVs read quantized
 weights (``PTO_QGEMV``), each with its default for the GPU the kernels are compiled for."""
 
 from __future__ import annotations
@@ -67,6 +68,22 @@ def blocks_formats() -> frozenset:
         raise UsageError(f"PTO_BLOCKS_FORMATS={text!r}: quantized formats separated by commas ({', '.join(known)}), "
                          "or a leading + to add them to the default")
     return frozenset(names) | (BLOCKS_AUTO_FORMATS if add else frozenset())
+
+
+def blocks_functions() -> frozenset:
+    """InCore functions (generic names, as ``--timeline`` shows a kernel without its ``__``
+    suffix) that the "auto" persistent policy also runs in "blocks" form, whatever their weights:
+    ``PTO_BLOCKS_FUNCTIONS``, names separated by commas (``gemv_residual_tile``: the decode step's
+    down projection; its o projection is ``gemv_residual_tile_o``); none by default. A switch for
+    measuring one kernel's loop in the whole step, as ``PTO_PERSISTENT=blocks`` would loop them all
+    (a kernel without a parallel axis, or with a collective, stays as it is; a schedule's own
+    ``persistent`` still wins; a name no kernel has changes nothing)."""
+    text = os.environ.get("PTO_BLOCKS_FUNCTIONS", "").strip()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if any(not n.isidentifier() for n in names):
+        raise UsageError(f"PTO_BLOCKS_FUNCTIONS={text!r}: InCore function names separated by commas "
+                         "(e.g. gemv_residual_tile)")
+    return frozenset(names)
 
 
 def qgemv_mode(compiles: bool = True) -> str:
@@ -163,5 +180,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "pdl_mode", "persistent_mode",
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions", "pdl_mode",
+           "persistent_mode",
            "qgemv_cols", "qgemv_mode", "qgemv_warps", "qgemv_warps_by", "split_mode", "tma_mode"]

@@ -82,8 +82,10 @@ def format_info(d: dict) -> str:
                 "formats, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
                 "program, N or N,FUNCTION=M; PTO_QGEMV_COLS: a warp's columns)")
         blocks = d.get("blocks_formats", "").replace(",", ", ")
+        funcs = d.get("blocks_functions", "").replace(",", ", ")
         tri += (f"; persistent tile loops {d.get('persistent', 'off')} (PTO_PERSISTENT; auto: the gate/up GEMVs of "
-                f"{blocks} weights loop over their blocks, PTO_BLOCKS_FORMATS)")
+                f"{blocks} weights loop over their blocks, PTO_BLOCKS_FORMATS"
+                + (f"; and {funcs}, PTO_BLOCKS_FUNCTIONS" if funcs else "") + ")")
     lines.append(f"backend:   {d['backend']} (auto; {', '.join(d['backends'])}); {tri}")
     lines.append(f"executor:  {d['executor']} (auto; {', '.join(d['executors'])})")
     if d.get("quantized"):
