@@ -160,7 +160,8 @@
 #               (PTO_PERSISTENT=blocks: the next block's weights loaded ahead) in blocks of 1, 2 and 4 rows of
 #               the whole K (one step of 16,384: by their SASS 104-128 registers, 8 warps, 2 programs a
 #               multiprocessor, 2.7-5.1 instructions a weight), Q4_K, Q4_1, Q8_0 and fp8: a plain read of its
-#               bytes reaches 0.89 of a copy, pto's Q4_K 0.53 (docs/PERF.md, "Twenty-seventh session")
+#               bytes reaches 0.89 of a copy, pto's Q4_K 0.53 (docs/PERF.md, "Twenty-seventh session"); then the o
+#               projection the same ways in blocks of 8 (its default), 2 and 4 rows of its whole K (Q4_K, Q4_1)
 #   downstep    issue 46: the same in the 8B's whole step (bench/decode.py --timeline --settle): the down
 #               projection's tiles as they are and in blocks of 1 and 2 whole-K rows, as the plain grid and as a loop
 #               over its blocks (PTO_BLOCKS_FUNCTIONS=gemv_residual_tile), Q4_K (Q6_K head) and Q8_0
@@ -579,6 +580,9 @@ for line in open(sys.argv[1]):
                     --tiles 'auto:default;auto:bn=1,bk=16384;auto:bn=2,bk=16384;auto:bn=4,bk=16384' \
                     --json "$OUT/downblocks_$p.json" > "$OUT/downblocks_$p.log" 2>&1
                   echo "[PTO_PERSISTENT=$p]"; tail -n 18 "$OUT/downblocks_$p.log" | cut -c1-200
+                  PTO_PERSISTENT=$p python3 bench/qgemv.py --specs q4_k/q6_k,q4_1/q8_0 --shapes o \
+                    --tiles 'auto:default;auto:o_bn=2;auto:o_bn=4' --json "$OUT/oblocks_$p.json" > "$OUT/oblocks_$p.log" 2>&1
+                  tail -n 7 "$OUT/oblocks_$p.log" | cut -c1-200
                 done ;;
     downstep) for f in none gemv_residual_tile; do
                 PTO_BLOCKS_FUNCTIONS=${f#none} python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 \
