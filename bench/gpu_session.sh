@@ -582,7 +582,7 @@ for line in open(sys.argv[1]):
                   echo "[PTO_PERSISTENT=$p]"; tail -n 18 "$OUT/downblocks_$p.log" | cut -c1-200
                   PTO_PERSISTENT=$p python3 bench/qgemv.py --specs q4_k/q6_k,q4_1/q8_0 --shapes o \
                     --tiles 'auto:default;auto:o_bn=2;auto:o_bn=4' --json "$OUT/oblocks_$p.json" > "$OUT/oblocks_$p.log" 2>&1
-                  tail -n 7 "$OUT/oblocks_$p.log" | cut -c1-200
+                  tail -n 8 "$OUT/oblocks_$p.log" | cut -c1-200
                 done ;;
     downstep) for f in none gemv_residual_tile; do
                 PTO_BLOCKS_FUNCTIONS=${f#none} python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 \
