@@ -411,7 +411,7 @@ def for_weights(t, wtypes: WeightTypes, rows: int = 1):
     if t.quant_tiles and (rows == 1 or rows <= grouped_rows(t, True)):
         # (applied once: a tiling fitted again keeps what was set since)
         tiles = dict(t.quant_tiles)
-        head_step = HEAD_STEPS.get(dict(wtypes.types).get("lm_head"))
+        head_step = HEAD_STEPS.get(wtypes.get("lm_head", None))
         if "lm_bk" in tiles and head_step:  # (not where the user set lm_bk: it is then not in quant_tiles)
             tiles["lm_bk"] = min(tiles["lm_bk"], head_step)
         t = replace(t, **tiles, quant_tiles=())

@@ -196,6 +196,53 @@ def test_a_gemv_reading_its_weights_by_groups_agrees_with_the_evaluator(dtype, K
     torch.testing.assert_close(got, want["y"][0], rtol=1e-5, atol=2e-6 * scale)
 
 
+@pytest.mark.parametrize("bk", [1024, 2048])
+def test_a_q6k_lm_head_in_k_steps_is_the_evaluators(bk):
+    """The LM head's GEMV of a Q6_K head (its folded norm, the argmax's first stage) as a GPU
+    reads it (integer dots of 16-bit x, ``qgemv="int16"``) in K steps of 1,024 (the default
+    since quantized.HEAD_STEPS: two steps of a 2,048-wide row, the norm's statistics over both)
+    and in one of 2,048: its logits against the evaluator's within x's rounding, each block's
+    best logit and column the evaluator's where its top two are apart beyond that."""
+    from pto.incore.decode import lmhead_argmax_gemv_tile
+
+    from pto.backends.triton import TritonBackend
+    from pto.codegen.triton.common import RenderOptions
+    from pto.data.batch import RegionBatch, TaskBatch
+
+    K, N, bn = 2048, 64, 16
+    g = torch.Generator().manual_seed(bk)
+    w = random_qtensor(DType.Q6_K, N, K, seed=7)
+    x, gain = torch.randn(1, K, generator=g), 1 + 0.1 * torch.randn(1, K, generator=g)
+    fn = specialize(lmhead_argmax_gemv_tile(f32, 1, K, N, bn, bk, 1e-5, wdtype=DType.Q6_K))
+    blocks = N // bn
+    regions = {"x": (x, 0, 0, 1, K), "g": (gain, 0, 0, 1, K), "w": (w.data, 0, 0, N, K),
+               "y": (torch.full((1, N), float("nan")), 0, 0, 1, N),
+               "best": (torch.full((1, blocks), float("nan")), 0, 0, 1, blocks),
+               "index": (torch.full((1, blocks), float("nan")), 0, 0, 1, blocks)}
+    want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
+    run_incore(fn, want, {})
+    backend = TritonBackend("cpu", options=RenderOptions(qgemv="int16"))
+    mems = {n: RegionBatch(t, *(torch.tensor([v]) for v in rest)) for n, (t, *rest) in regions.items()}
+    backend.prepare(TaskBatch(fn, mems, {}, 1))()
+    assert "_pto_dqx16_dot_q6_k" in backend.kernel(fn).source
+    got, ref = regions["y"][0], want["y"][0]
+    # the normalized x rounded to 16-bit integers a group of T: half a step (its group's largest
+    # |x| / 32767) of each x times its weights' magnitudes, and f32 sums in another order
+    from pto.codegen.triton.quant_groups import group_of
+
+    xn = (x * torch.rsqrt(x.pow(2).mean() + 1e-5) * gain).double()
+    step = xn.view(-1, group_of(DType.Q6_K.quant)).abs().amax(1, keepdim=True) / 32767
+    mags = w.dequantize(torch.float32).abs().double()
+    bound = float(((step / 2).expand(-1, group_of(DType.Q6_K.quant)).reshape(1, K) @ mags.T).max())
+    bound += 1e-5 * float((xn.abs() @ mags.T).max())
+    torch.testing.assert_close(got, ref, rtol=0, atol=bound)
+    top2 = ref.view(blocks, bn).topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
+    assert clear.sum() >= 2
+    assert torch.equal(regions["index"][0].view(-1)[clear], want["index"][0].view(-1)[clear])
+    torch.testing.assert_close(regions["best"][0], want["best"][0], rtol=0, atol=bound)
+
+
 def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
     """``PTO_QGEMV`` sets the backend's ``RenderOptions.qgemv`` (units by default; explicit
     options win); a value not a mode is one line naming it."""

@@ -317,20 +317,23 @@ class TritonBackend(Backend):
         persistent tile loop (``self.persistent``) for a kernel whose loops multiply large tiles
         where ``cfg`` does not say; "auto": "blocks" for a kernel whose plain form says so in the
         formats this backend takes so (``RenderedKernel.blocks_auto_in`` :attr:`blocks_formats`:
-        the gate/up GEMVs measured faster so), no loop elsewhere."""
+        the gate/up GEMVs measured faster so, and the functions :attr:`blocks_functions` names),
+        no loop elsewhere."""
         opts = cfg.options(self.options)
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts
+        # (the kernels with a parallel axis may loop over it, a collective's excepted)
+        loopable = fn.parallel is not None and not has_collective(fn)
         if self.persistent == "auto":
-            if fn.name in self.blocks_functions and fn.parallel is not None and not has_collective(fn):
+            if fn.name in self.blocks_functions and loopable:
                 return replace(opts, persistent="blocks")
             kernel = self.kernel(fn, opts)  # (the plain kernel, launched where it does not loop)
             # (the formats first: the programs, a device query on a GPU, asked only of a kernel that could loop)
             fmts = self.blocks_formats
             auto = kernel.blocks_auto_in(fmts) and kernel.loops_blocks(self.block_programs(), fmts)
             return replace(opts, persistent="blocks") if auto else opts
-        if self.persistent == "blocks":  # the kernels with a parallel axis (a collective's excepted)
-            return replace(opts, persistent="blocks") if fn.parallel is not None and not has_collective(fn) else opts
+        if self.persistent == "blocks":
+            return replace(opts, persistent="blocks") if loopable else opts
         # ("flat": also the kernels with a parallel axis, the GEMVs, whose loops it pipelines)
         if (self.persistent == "flat" and fn.parallel is not None) or tma_memrefs(fn):
             opts = replace(opts, persistent=self.persistent)
