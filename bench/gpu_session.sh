@@ -586,8 +586,8 @@ for line in open(sys.argv[1]):
                 done ;;
     downstep) for f in none gemv_residual_tile; do
                 PTO_BLOCKS_FUNCTIONS=${f#none} python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 \
-                  --steps 32 --executors waves --hf-configs none --prefill 0 --quant 'q4_k/q6_k,q8_0' --timeline --settle \
-                  --tilings 'default;bn=1,bk=16384;bn=2,bk=16384' --json "$OUT/downstep_$f.json" > "$OUT/downstep_$f.log" 2>&1
+                  --steps 32 --executors waves --hf-configs none --prefill 0 --quant "${DOWNSTEP_QUANT:-fp8,q8_0}" --timeline --settle \
+                  --tilings "${DOWNSTEP_TILINGS:-default}" --json "$OUT/downstep_$f.json" > "$OUT/downstep_$f.log" 2>&1
                 echo "[PTO_BLOCKS_FUNCTIONS=${f#none}]"; grep "B=1: " "$OUT/downstep_$f.log" | cut -c1-300
                 grep -A30 "B=1.*span" "$OUT/downstep_$f.log" | grep "span\|gemv_residual_tile__" | cut -c1-110
               done ;;
