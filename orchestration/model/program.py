@@ -196,8 +196,10 @@ def auto_step_executor(tp: int, quantized: bool, hidden: int = 0, batch: int = 1
     the wide models at every batch (2026-12-01, docs/PERF.md "The executors today": Llama-3-8B
     4.257 against 4.361 ms at one sequence, 5.942 against 6.102 at 8; the 1B shape 0.960 against
     1.020, 1.525 against 1.622; at 2 sequences, rows unpadded, 5.300 against 5.587 and 1.200
-    against 1.248) and on the narrow ones (hidden up to :data:`NARROW_HIDDEN`) from 5 sequences on
-    (SmolLM2 at 8: 0.953 against 0.949-1.058); the launches for a narrow model's 1 to
+    against 1.248; on 2026-12-02 the 8B's two within 1% either way, 4.2045 against 4.2394 and
+    then 4.2482 against 4.2032, the 1B's 0.9459 against 0.9654: "Twenty-eighth session") and on
+    the narrow ones (hidden up to :data:`NARROW_HIDDEN`) from 5 sequences on (SmolLM2 at 8: 0.953
+    against 0.949-1.058); the launches for a narrow model's 1 to
     :data:`NARROW_WAVES_BATCH` sequences (SmolLM2 at 1: 0.401 against 0.454 ms in two calls of the
     same session; at 2 and 4, rows unpadded, 0.555 against 0.600 and 0.627 against 0.932), for
     steps with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights
