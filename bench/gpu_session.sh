@@ -190,6 +190,12 @@
 #               run of each length's layer, which compiles it, counts), into a fresh database archived to
 #               $OUT/schedules_<device>.tar.gz: the winners over what the device ran (its shipped entries),
 #               to merge into orchestration/llama/schedules/<device>/ with bench/ship_schedules.py
+#   mkstages    issue 45: the megakernel's pipelines deepened (PTO_MK_STAGES: every loading loop at N stages, lowered
+#               where shared memory runs out; "schedule": the schedules' alone; "default": unset, the schedules' with
+#               5 in the lone dot projections) for N in $MKS_STAGES (default "schedule default 4 5 6"), a process
+#               each: bench/decode.py's persistent step for $MKS_CONFIGS (default the 8B, the 1B) at batches
+#               $MKS_BATCHES (default 8,1) in the tilings $MKS_TILINGS (default "default"). At batch 8 the
+#               projections' dot loops stream about 10-17 GB/s a program with 3 stages (docs/PERF.md)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -340,6 +346,13 @@ for stage in "$@"; do
                  --json "$OUT/executors.json" > "$OUT/executors.log" 2>&1; grep "B=" "$OUT/executors.log"
                $BENCH --seq "${EXEC_SEQS:-1537,4096}" --executor waves,persistent --compare none --rounds 3 \
                  --json "$OUT/executors_7b.json" > "$OUT/executors_7b.log" 2>&1; tail -5 "$OUT/executors_7b.log" ;;
+    mkstages) for n in ${MKS_STAGES:-schedule default 4 5 6}; do
+                if [ "$n" = default ]; then unset PTO_MK_STAGES; else export PTO_MK_STAGES=$n; fi
+                python3 bench/decode.py --configs "${MKS_CONFIGS:-llama3-8b,llama3.2-1b}" --batches "${MKS_BATCHES:-8,1}" \
+                  --long 0 --steps 24 --executors persistent --hf-configs none --tilings "${MKS_TILINGS:-default}" \
+                  --json "$OUT/mkstages_$n.json" \
+                  > "$OUT/mkstages_$n.log" 2>&1; echo "stages $n"; grep "B=" "$OUT/mkstages_$n.log"
+              done; unset PTO_MK_STAGES ;;
     fair) # issue 45: the executors compared with no process past its third CUDA graph (a process a
           # configuration and batch: its two steps; docs/PERF.md, "Twenty-fourth session"), then
           # SETTLED=1: the same with three throwaway graphs first (every step in the slower state)

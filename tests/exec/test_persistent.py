@@ -221,6 +221,126 @@ def test_trace_schedule_respects_every_dependency():
         runner.close()
 
 
+def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkeypatch):
+    """``PTO_MK_STAGES=N`` renders every pipelined loop of the megakernel at N stages in place of
+    its schedule's (the rendered source and the kernel's stages say so) and changes no bit of the
+    result; anything but a whole number from 1 to 8 is one line naming it, before any work."""
+    from pto.backends.triton.megakernel import MAX_STAGES, resolve_stages
+
+    monkeypatch.delenv("PTO_MK_STAGES", raising=False)
+    job, rd, _, want = _run("bgemm", 45, {}, "persistent")
+    rd.close()
+    plain = rd.executor.kernels[0].stages
+    monkeypatch.setenv("PTO_MK_STAGES", "5")
+    job, rp, _, got = _run("bgemm", 45, {}, "persistent")
+    try:
+        kernel = rp.executor.kernels[0]
+        loading = {v for v, n in kernel.stages.items() if n > 1}
+        assert loading and all(kernel.stages[v] == 5 for v in loading) and plain != kernel.stages
+        assert "num_stages=5)" in kernel.rendered.source
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+    finally:
+        rp.close()
+    assert resolve_stages(3) == 3 and resolve_stages(None) == 5 and resolve_stages("schedule") == "schedule"
+    for bad in ("0", str(MAX_STAGES + 1), "deep", "2.5"):
+        monkeypatch.setenv("PTO_MK_STAGES", bad)
+        with pytest.raises(UsageError, match=rf"^PTO_MK_STAGES='{bad}': the megakernel's pipeline stages are a whole "
+                                             f"number from 1 to {MAX_STAGES}, or schedule$"):
+            resolve_stages(None)
+
+
+def _step_plan(config: str, batch: int):
+    """``config``'s bf16 decode step on an H200 in the persistent executor's tiles (cache 1,024)."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, megakernel_programs, tiling_for_executor
+
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, tg = CONFIGS[config], get("cuda_h200")
+    m = build_step(cfg, DType.BF16, tg, batch, tiling_for_executor(cfg, "persistent", tg), cache=1024)
+    graph = build_module_graph(m, {"B": batch, "C": 1024}).graph
+    try:
+        return make_plan(graph, list(graph.tensor_ids), {}, programs=megakernel_programs(tg), runs=264)
+    finally:
+        graph.close()
+
+
+def test_lone_dot_projections_are_the_few_row_dots_of_one_item_a_multiprocessor():
+    """On an H200's 132 multiprocessors the 1B shape's step at 8 sequences runs its q/k/v, o and
+    down projections in 96, 64 and 64 items (tensor-core dots of its rows padded to 16): those are
+    lone dot projections, its gate/up (256 items) is not; the 8B's projections all take more
+    items than multiprocessors, and a step of one sequence has GEMVs, not dots."""
+    from pto.backends.triton.megakernel import lone_dots
+
+    plan = _step_plan("llama3.2-1b", 8)
+    items = {b.fn.variant_name: int(plan.nitems[plan.task_branch == k].max()) for k, b in enumerate(plan.branches)}
+    lone = lone_dots(plan, 132)
+    assert lone == {v for v in items if v.startswith(("gemv_residual_tile", "gemv_norm_tile"))} and len(lone) == 3
+    assert sorted(items[v] for v in lone) == [64, 64, 96] and items["gemv_norm_swiglu_tile__R16"] == 256
+    assert lone_dots(plan, 95) == {v for v in lone if v.startswith("gemv_residual_tile")}  # (q/k/v: 96 items)
+    assert lone_dots(_step_plan("llama3-8b", 8), 132) == set()
+    assert lone_dots(_step_plan("llama3.2-1b", 1), 132) == set()
+
+
+def test_a_lone_dot_projection_takes_five_stages(monkeypatch):
+    """The tiny model's step at 2 sequences in an H200's tiles (its rows padded to tensor-core dots
+    of 16) as the megakernel of 4 programs under the interpreter: every projection of 4 items or
+    fewer (all but gate/up) renders its K loop at :data:`LONE_DOT_STAGES` where its schedule asks
+    for fewer, the other branches as their schedules say; ``PTO_MK_STAGES=schedule`` turns the
+    rule off (the kernel's stages are its schedules' alone) and keeps the same bits."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.backends.triton import TritonBackend
+    from pto.backends.triton.megakernel import LONE_DOT_STAGES, MegakernelSettings, lone_dots
+    from pto.data.buffers import allocate, tensor_shapes
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, tg = CONFIGS["tiny"], get("cuda_h200")
+    built = build_module_graph(build_step(cfg, DType.F32, tg, 2, tiling_for_executor(cfg, "persistent", tg),
+                                          cache=128), {"B": 2, "C": 128})
+    backend = TritonBackend("cpu")
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, programs=4, flags=backend.task_flags)
+        fn = built.module.entry_function
+        outs = []
+        for stages in (None, "schedule"):
+            if stages:
+                monkeypatch.setenv("PTO_MK_STAGES", stages)
+            else:
+                monkeypatch.delenv("PTO_MK_STAGES", raising=False)
+            g, shapes = torch.Generator().manual_seed(5), tensor_shapes(fn, built.scalars)
+            given = {t.name: (torch.randn(shapes[t.name], generator=g) * 0.1).to(t.dtype.torch)
+                     if t.dtype.torch.is_floating_point else torch.zeros(shapes[t.name], dtype=t.dtype.torch)
+                     for t in fn.tensors if t.role in ("input", "inout")}
+            tensors = allocate(fn, shapes, given, "cpu")
+            kernel = backend.megakernel(plan, tensors, MegakernelSettings(dispatch="static", programs=1, split="off"))
+            lone = lone_dots(plan, 4)
+            names = {b.fn.variant_name for b in plan.branches}
+            if stages is None:
+                assert {v.split("__")[0] for v in lone} == {"gemv_norm_tile", "gemv_residual_tile",
+                                                            "lmhead_argmax_tile"}  # (gate/up: 5 items)
+                assert all(kernel.stages[v] == LONE_DOT_STAGES for v in lone)
+                assert all(kernel.stages[v] < LONE_DOT_STAGES for v in names - lone)
+                assert kernel.rendered.source.count(f"num_stages={LONE_DOT_STAGES})") >= len(lone)
+            else:
+                assert all(n < LONE_DOT_STAGES for n in kernel.stages.values())
+            kernel.launch()
+            assert kernel.gave_up() is None
+            outs.append({k: v.clone() for k, v in tensors.items()})
+        for k in outs[0]:
+            assert torch.equal(outs[0][k], outs[1][k]), k
+    finally:
+        built.graph.close()
+
+
 def test_persistent_needs_the_triton_backend():
     """Refused when the job is resolved, before any graph is built."""
     with pytest.raises(UsageError, match="persistent executor runs Triton kernels; --backend torch needs"):

@@ -31,7 +31,7 @@ from pto.codegen.triton.megakernel import (
     shared_estimate,
 )
 from pto.codegen.triton.scan import scan_table
-from pto.errors import ResourceError, UsageError
+from pto.errors import BuildError, ResourceError, UsageError
 
 #: polls of a predecessor counter before a program gives up (seconds on an H100: a poll is an atomic round trip)
 MAX_POLLS = 1 << 24
@@ -96,6 +96,12 @@ class MegakernelSettings:
     #: count, next, without a poll (:mod:`pto.exec.inline`; ranged dispatch, not with the sentinel);
     #: None: ``PTO_MK_INLINE``, else :data:`DEFAULT_INLINE`
     inline: str | None = None
+    #: the pipeline stages of every branch whose loops load through shared memory, in place of
+    #: its schedule's (lowered, as those are, until the kernel fits its share of shared memory:
+    #: :func:`~pto.codegen.triton.megakernel.fit_megakernel`), or ``schedule``: the schedules'
+    #: alone; None: ``PTO_MK_STAGES``, else the schedules' with :data:`LONE_DOT_STAGES` in the
+    #: lone dot projections (:func:`resolve_stages`)
+    stages: int | str | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -207,6 +213,66 @@ def _env_count(name: str) -> int | None:
     return int(text)
 
 
+def resolve_stages(asked: int | str | None) -> int | str | None:
+    """``asked``, else ``PTO_MK_STAGES``, else None: the pipeline stages of the megakernel's
+    loops, a whole number from 1 to :data:`MAX_STAGES` for every loading loop, ``schedule`` for
+    each branch's schedule's alone, None for those with :data:`LONE_DOT_STAGES` in the lone dot
+    projections (:func:`lone_dots`); UsageError naming anything else."""
+    src, text = ("stages", asked) if asked is not None else \
+        ("PTO_MK_STAGES", os.environ.get("PTO_MK_STAGES", "").strip())
+    if text in (None, ""):
+        return None
+    if str(text) == "schedule":
+        return "schedule"
+    n = int(text) if str(text).isdigit() else 0
+    if not 1 <= n <= MAX_STAGES:
+        raise UsageError(f"{src}={text!r}: the megakernel's pipeline stages are a whole number from 1 to {MAX_STAGES}, "
+                         "or schedule")
+    return n
+
+
+#: the deepest pipeline ``PTO_MK_STAGES`` asks for
+MAX_STAGES = 8
+#: the pipeline stages of a lone dot projection's loop (:func:`lone_dots`), where its schedule
+#: asks for fewer: such an item streams its weights as its multiprocessor's only program, and three
+#: stages keep too few bytes in flight for the memory's latency. On an H200 Llama-3.2-1B's step at 8
+#: sequences 1.386 against 1.539 ms with every loop at 5 stages (4: 1.409, 6: 1.406), its o and down
+#: projections (128 items each) 5.6 and 17.4 against 7.4 and 26.5 us a layer and the others as they
+#: were; the 8B's, whose projections put two items on a multiprocessor, gained nothing at any depth
+#: (docs/PERF.md, "Twenty-ninth session")
+LONE_DOT_STAGES = 5
+#: the most rows of a product's left tile that :func:`lone_dots` takes for a few sequences'
+#: (padded to a tensor-core dot's 16)
+FEW_ROWS = 16
+
+
+def lone_dots(plan, multiprocessors: int) -> set[str]:
+    """The variants of ``plan``'s branches that are lone dot projections: products that are all
+    tensor-core dots of a few rows (left tiles of exactly :data:`FEW_ROWS`: a decode step's
+    sequences padded; not a GEMV's multiply-sum, not a prefill GEMM's 128 rows) whose every task
+    has at most one item a multiprocessor (``multiprocessors``), so that each item streams alone
+    on its multiprocessor."""
+    from pto.ir.facts import tile_shape
+    from pto.ir.nodes import walk_instrs
+    from pto.ir.ops import MATMUL
+
+    out = set()
+    for k, b in enumerate(plan.branches):
+        fn = b.fn
+        if b.runs or fn.parallel is None:
+            continue
+        tiles, dims = {t.name: t for t in fn.tiles}, dict(fn.variant)
+        products = [i for i in walk_instrs(fn.body) if i.op in MATMUL]
+        try:
+            few = bool(products) and all(tile_shape(tiles[i.srcs[0]], dims)[0] == FEW_ROWS for i in products)
+        except BuildError:
+            continue
+        mine = plan.task_branch == k
+        if few and mine.any() and int(plan.nitems[mine].max()) <= multiprocessors:
+            out.add(fn.variant_name)
+    return out
+
+
 def branch_configs(backend, plan) -> list[LaunchConfig]:
     """Each branch's launch configuration: its schedule for the number of tasks it runs."""
     tasks = np.bincount(plan.task_branch, minlength=len(plan.branches))
@@ -313,10 +379,13 @@ class Megakernel:
     # -- building ---------------------------------------------------------------------------------
     def _build(self, configs: list[LaunchConfig]) -> None:
         want: dict[str, int] = {}
+        s = self.settings
+        forced = resolve_stages(s.stages)
+        lone = lone_dots(self.plan, self._multiprocessors()) if forced is None else set()
         for b, c in zip(self.plan.branches, configs):
             v = b.fn.variant_name
-            want[v] = max(want.get(v, 1), c.num_stages)
-        s = self.settings
+            deepest = max(want.get(v, 1), c.num_stages, LONE_DOT_STAGES if v in lone else 1)
+            want[v] = forced if isinstance(forced, int) else deepest
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
@@ -447,6 +516,15 @@ class Megakernel:
             out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)
         return out
 
+    def _multiprocessors(self) -> int:
+        """The GPU's multiprocessors; under the interpreter the programs the plan was made for
+        (:func:`lone_dots` then takes what that GPU would)."""
+        if self.device.type != "cuda":
+            return self.plan.programs
+        from pto.machine.target import detect
+
+        return detect("cuda", self.device.index or 0).sm_count or self.plan.programs
+
     def _sram(self) -> int:
         """Shared memory per multiprocessor (the target's)."""
         return sram_per_sm(self.device)
@@ -487,7 +565,8 @@ class Megakernel:
         by_threads = 2048 // (32 * warps)
         per_sm = max(1, min(by_regs, by_smem, by_threads, 32))
         self.compiled_info = {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": smem,
-                              "programs_per_sm": per_sm, "warps": warps}
+                              "programs_per_sm": per_sm, "warps": warps,
+                              "stages": {v: n for v, n in self.stages.items() if n > 1}}
         return per_sm * (tg.sm_count or 1)
 
     def _translated(self, e: Exception) -> Exception:
@@ -557,6 +636,7 @@ class Megakernel:
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
-           "PREFETCH_CHOICES", "resolve_prefetch",
+           "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
+           "lone_dots",
            "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
