@@ -382,3 +382,40 @@ def test_the_prefill_on_the_gpu_fills_the_caches_the_cpus_does(config, prompts, 
     for k in ("tok", "pos"):
         assert torch.equal(got["cuda"][k], got["cpu"][k]), k
 
+
+
+def test_lone_dot_projections_at_five_stages_change_no_bit(monkeypatch):
+    """SmolLM2's step at 8 sequences on the persistent executor (its projections tensor-core dots
+    of the rows padded to 16, each at most one item a multiprocessor): the lone dot projections'
+    loops at five stages (the default) compute what the schedules' stages compute
+    (``PTO_MK_STAGES=schedule``), bit for bit, in three steps; only the pipeline's depth moves."""
+    from pto.backends.triton.megakernel import LONE_DOT_STAGES, lone_dots
+    from pto.engine import Runner, resolve
+
+    outs = []
+    for stages in ("default", "schedule"):
+        if stages == "default":
+            monkeypatch.delenv("PTO_MK_STAGES", raising=False)
+        else:
+            monkeypatch.setenv("PTO_MK_STAGES", stages)
+        job = resolve("model", device="cuda", backend="triton", executor="persistent", config="smollm2-135m",
+                      dtype="bf16")
+        shape = job.program.shape({"cache": 1024, "batch": 8})
+        runner = Runner(job, shape)
+        try:
+            inputs = job.program.inputs(job.settings, shape, "cuda", seed=8)
+            steps = []
+            for _ in range(3):
+                out = runner(inputs)
+                steps.append({k: v.clone() for k, v in out.items()})
+                inputs = {**inputs, "tok": steps[-1]["tok"]}
+            outs.append(steps)
+            kernel = runner.executor.kernels[0]
+            lone = lone_dots(kernel.plan, torch.cuda.get_device_properties(0).multi_processor_count)
+            deep = {v for v, n in kernel.stages.items() if n == LONE_DOT_STAGES}
+            assert (deep >= lone and lone) if stages == "default" else not deep & lone
+        finally:
+            runner.close()
+    for a, b in zip(*outs):
+        for name in ("logits", "tok", "pos"):
+            assert torch.equal(a[name], b[name]), name
