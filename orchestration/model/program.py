@@ -199,7 +199,8 @@ def auto_step_executor(tp: int, quantized: bool, hidden: int = 0, batch: int = 1
     against 1.248; on 2026-12-02 the 8B's two within 1% either way, 4.2045 against 4.2394 and
     then 4.2482 against 4.2032, the 1B's 0.9459 against 0.9654: "Twenty-eighth session") and on
     the narrow ones (hidden up to :data:`NARROW_HIDDEN`) from 5 sequences on (SmolLM2 at 8: 0.953
-    against 0.949-1.058; 0.879 since its lone dot projections take five stages, 2026-12-03); the launches for a narrow model's 1 to
+    against 0.949-1.058; 0.879 since its lone dot projections take five stages, 2026-12-03); the
+    launches for a narrow model's 1 to
     :data:`NARROW_WAVES_BATCH` sequences (SmolLM2 at 1: 0.401 against 0.454 ms in two calls of the
     same session; at 2 and 4, rows unpadded, 0.555 against 0.600 and 0.627 against 0.932), for
     steps with collectives (``tp`` > 1: the persistent kernel runs none) and for quantized weights
