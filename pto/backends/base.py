@@ -142,11 +142,11 @@ class Backend(ABC):
         raise UsageError(f"the persistent executor needs a backend that compiles a megakernel; --backend {self.name} "
                          "needs --executor waves")
 
-    def megakernel_occupancy(self, plan) -> tuple[tuple[str, ...], np.ndarray]:
+    def megakernel_occupancy(self, plan, stages: int | str | None = None) -> tuple[tuple[str, ...], np.ndarray]:
         """Per branch of ``plan`` and resource (the names), how many programs a multiprocessor
         the branch alone allows, estimated before compiling (``[branches, resources]`` int): what
-        the persistent executor's cut rule reads (:mod:`pto.exec.segments`). No resource by
-        default (the rule never cuts)."""
+        the persistent executor's cut rule reads (:mod:`pto.exec.segments`); ``stages``: the
+        megakernel settings' pipeline stages. No resource by default (the rule never cuts)."""
         return (), np.zeros((len(plan.branches), 0), np.int64)
 
     def task_flags(self, fn, env: dict, regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -137,8 +137,20 @@ class Dag(NamedTuple):
     level: np.ndarray
 
 
+class Affinity(NamedTuple):
+    """Each work item's producers, by its row (task ``t``'s item ``k`` at ``base[t] + k``, the
+    items' rows in :class:`pto.exec.item_deps.ItemBoxes`): the rows of the predecessor items it
+    waits for (``ptr``, ``rows``: CSR), and ``narrow``, whether those are fewer than its task's
+    predecessors' items (dependencies at the granularity of data that leave some out)."""
+
+    base: np.ndarray
+    ptr: np.ndarray
+    rows: np.ndarray
+    narrow: np.ndarray
+
+
 def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray, dag: Dag, programs: int,
-                  bucket: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+                  bucket: float = 0.05, affinity: Affinity | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The queue as a list schedule: simulate ``programs`` workers taking, whenever one is free,
     the ready item whose task has the longest estimated critical path to the end (``cost``:
     nanoseconds per item), and queue the items in the order the simulation starts them. Returns
@@ -151,7 +163,12 @@ def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray
     the L2-friendly grouping. Critical path first keeps the longest chains (the last q tiles of
     causal attention, the kv chains of the split and pair modes) moving, and starts a task's
     successors as soon as it is done, which keeps the data they read in L2.
-    """
+
+    ``affinity``: an item that waits for only some of its task's predecessors' items
+    (:attr:`Affinity.narrow`) starts on the free worker that ran the last queued of its own
+    producers, where one is free, instead of the lowest: on the GPU it then waits for its data,
+    not besides for an unrelated item that its program runs first (a decode step's RoPE item of
+    one head after another head's projection item)."""
     import heapq
 
     n = len(cost)
@@ -176,17 +193,40 @@ def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray
         release(int(t))
     running: list = []
     free, now = list(range(programs)), 0.0
+    idle = np.ones(programs, bool)  # (``free`` is a heap of the idle workers and stale entries)
+    n_idle = programs
     out = np.empty((len(static_items), 2), np.int32)
     worker = np.empty(len(static_items), np.int32)
+    # per row of ``affinity``: the worker that ran it and its queue position (-1: not run here, a
+    # task of another segment)
+    ran_on = np.full(len(affinity.ptr) - 1 if affinity is not None else 0, -1, np.int64)
+    queued = ran_on.copy()
     k = 0
     while ready or running:
-        while ready and free:
+        while ready and n_idle:
             _, _, t, p = heapq.heappop(ready)
+            w = -1
+            if affinity is not None and affinity.narrow[affinity.base[t] + p]:
+                r = affinity.base[t] + p
+                mine = affinity.rows[affinity.ptr[r]:affinity.ptr[r + 1]]
+                mine = mine[(ran_on[mine] >= 0) & idle[np.maximum(ran_on[mine], 0)]]
+                if len(mine):
+                    w = int(ran_on[mine[np.argmax(queued[mine])]])
+            if w < 0:
+                while not idle[free[0]]:
+                    heapq.heappop(free)
+                w = heapq.heappop(free)
+            idle[w] = False
+            n_idle -= 1
             out[k] = (t, p)
-            worker[k] = heapq.heappop(free)
-            heapq.heappush(running, (now + float(cost[t]), t, int(worker[k])))
+            worker[k] = w
+            if affinity is not None:
+                ran_on[affinity.base[t] + p], queued[affinity.base[t] + p] = w, k
+            heapq.heappush(running, (now + float(cost[t]), t, w))
             k += 1
         now, t, w = heapq.heappop(running)
+        idle[w] = True
+        n_idle += 1
         heapq.heappush(free, w)
         left[t] -= 1
         if left[t] == 0:
@@ -215,5 +255,5 @@ def streams(worker: np.ndarray, programs: int) -> tuple[np.ndarray, np.ndarray]:
     return perm, start
 
 
-__all__ = ["Dag", "levels", "bottom_levels", "item_order", "weighted_bottom", "list_schedule", "streams",
+__all__ = ["Affinity", "Dag", "levels", "bottom_levels", "item_order", "weighted_bottom", "list_schedule", "streams",
            "wave_batches"]

@@ -35,7 +35,7 @@ from pto.backends.base import Backend, capable
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.item_deps import resolve_deps
-from pto.exec.plan import Plan, make_plan, resolve_early, resolve_prefetch_rule, resolve_runs
+from pto.exec.plan import Plan, make_plan, resolve_affinity, resolve_early, resolve_prefetch_rule, resolve_runs
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.exec.trace import traced_critical_path, traced_item_path
@@ -82,6 +82,7 @@ class PersistentExecutor(Executor):
         return max(k.programs for k in self.kernels)
 
     def run(self, graph) -> ExecStats:
+        from pto.backends.triton.megakernel import resolve_stages
         from pto.machine.target import detect
 
         t0 = time.perf_counter()
@@ -98,14 +99,16 @@ class PersistentExecutor(Executor):
         settings = self.backend.megakernel_settings(
             self.settings, sentinel=self.sentinel,
             ignore=declared_infinities(graph.variants) if self.sentinel else frozenset())
+        resolve_stages(settings.stages)  # (a bad setting named before the plan is built)
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)
         self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
                               early=resolve_early(settings.early),
                               flags=self.backend.task_flags, runs=resolve_runs(settings.runs, sms),
-                              prefetch=resolve_prefetch_rule(settings.prefetch), deps=resolve_deps(settings.deps))
-        self.split, self.segments = split_plan(self.plan, self.backend, settings.split)
+                              prefetch=resolve_prefetch_rule(settings.prefetch), deps=resolve_deps(settings.deps),
+                              affinity=resolve_affinity(settings.affinity))
+        self.split, self.segments = split_plan(self.plan, self.backend, settings.split, settings.stages)
         self.kernels = []
         for k, segment in enumerate(self.segments):
             self.kernels.append(self.backend.megakernel(segment, self.tensors,
@@ -229,7 +232,7 @@ class PersistentExecutor(Executor):
         memory, programs a multiprocessor: the compiled kernel's metadata; compiled, never
         launched). Under the interpreter nothing is compiled, so only the estimate. For reports
         (bench/decode.py and bench/megakernel.py ``--branches``): a compile per branch."""
-        names, occ = self.backend.megakernel_occupancy(self.plan)
+        names, occ = self.backend.megakernel_occupancy(self.plan, self.settings.stages if self.settings else None)
         settings = self.backend.megakernel_settings(self.settings, sentinel=False, per_sm=0, programs=None,
                                                     split="off")
         out = []

@@ -21,7 +21,7 @@ from pto.errors import BuildError, ExecutionError, UsageError
 from pto.exec.cost import item_costs
 from pto.exec.inline import inline_items, inline_layout, row_inline
 from pto.exec.item_deps import DEFAULT_DEPS, DEPS, Counters, ItemBoxes, data_counters, item_boxes, task_counters
-from pto.exec.order import Dag, bottom_levels, item_order, levels, list_schedule, streams
+from pto.exec.order import Affinity, Dag, bottom_levels, item_order, levels, list_schedule, streams
 from pto.ir.analysis import param_access
 from pto.ir.expr import evaluate
 from pto.ir.facts import tile_shape
@@ -88,6 +88,14 @@ class Plan:
     #: the granularity of data (``make_plan(deps="data")``); None: a task's items wait for every
     #: item of its predecessors
     boxes: ItemBoxes | None = None
+    #: the list schedule's affinity (:class:`pto.exec.order.Affinity`: each item's producers,
+    #: :func:`item_affinity`), which :meth:`workers` keeps when it simulates the schedule again;
+    #: None: every item to the lowest free program
+    affinity: Affinity | None = None
+    #: the data counters of this plan's edges (:func:`pto.exec.item_deps.data_counters`), in the
+    #: queue order they were computed for: :meth:`counters` reorders them for :attr:`items`
+    #: (a segment, whose edges are its own, computes its own)
+    data_counts: Counters | None = None
 
     @property
     def n_tasks(self) -> int:
@@ -125,7 +133,7 @@ class Plan:
                        pending=np.bincount(succ, minlength=self.n_tasks).astype(np.int32),
                        nitems=np.where(member, self.nitems, 0).astype(np.int32),
                        succ_ptr=succ_ptr.astype(np.int32), succ=succ.astype(np.int32), worker=None,
-                       member=member)
+                       member=member, data_counts=None)
 
     @property
     def edge_sources(self) -> np.ndarray:
@@ -163,7 +171,16 @@ class Plan:
             return task_counters(self, self.pending)
         if self.boxes is None:
             return task_counters(self, self.pending_items)
+        if self.data_counts is not None:
+            return self.data_counts.reordered(self.rows(self.items))
         return data_counters(self, self.boxes)
+
+    def rows(self, items: np.ndarray) -> np.ndarray:
+        """Each item's row (task ``t``'s item ``k`` at the items of the tasks before it plus
+        ``k``: the rows of :class:`pto.exec.item_deps.ItemBoxes` and :class:`Counters`)."""
+        base = np.zeros(self.n_tasks, np.int64)
+        np.cumsum(self.nitems[:-1], out=base[1:])
+        return base[items[:, 0].astype(np.int64)] + items[:, 1].astype(np.int64)
 
     def item_indices(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per item of ``items`` (rows of :attr:`items`: task, item index), the first parallel
@@ -185,7 +202,8 @@ class Plan:
         if dispatch == "stream" and self.cost is not None:
             if programs == self.programs and self.worker is not None:
                 return self.worker
-            return list_schedule(self.items, self.cost, self.nitems.astype(np.int64), self.dag, programs)[1]
+            return list_schedule(self.items, self.cost, self.nitems.astype(np.int64), self.dag, programs,
+                                 affinity=self.affinity)[1]
         return (np.arange(self.n_items) % max(programs, 1)).astype(np.int32)
 
     def streams(self, programs: int, dispatch: str) -> tuple[np.ndarray, np.ndarray]:
@@ -352,6 +370,33 @@ def predecessor_writes(ex, variants: dict[int, IncoreFunction], tensor_index: di
 #: of tensors no task of the graph writes (weights, tables); ``preds``, per task, those of tensors
 #: none of its predecessors writes (also, e.g., a decode step's positions, written after it by
 #: the step's last task: :func:`predecessor_writes`)
+def item_affinity(plan: Plan, c: Counters) -> Affinity:
+    """Each item's producers in ``plan`` by its row, for the list schedule
+    (:class:`pto.exec.order.Affinity`), from its counters ``c`` (:meth:`Plan.counters` with
+    :attr:`Plan.boxes`: dependencies at the granularity of data): the predecessor items whose
+    release its counter counts, and whether they are fewer than every item of its task's
+    predecessors."""
+    rows_total = int(np.sum(plan.nitems, dtype=np.int64))
+    # (producer row, counter) pairs, by counter
+    src = np.repeat(np.arange(len(c.rel_ptr) - 1), np.diff(c.rel_ptr.astype(np.int64)))
+    by = np.argsort(c.rel, kind="stable")
+    src, cnt = src[by], c.rel[by].astype(np.int64)
+    cptr = np.zeros(len(c.init) + 1, np.int64)
+    np.cumsum(np.bincount(cnt, minlength=len(c.init)), out=cptr[1:])
+    counter_of_row = np.full(rows_total, len(c.init) - 1, np.int64)  # (the last counter: 0, nothing to wait for)
+    counter_of_row[c.row] = c.counter
+    n_of_row = cptr[counter_of_row + 1] - cptr[counter_of_row]
+    ptr = np.zeros(rows_total + 1, np.int64)
+    np.cumsum(n_of_row, out=ptr[1:])
+    starts = np.repeat(cptr[counter_of_row], n_of_row)
+    rows = src[starts + np.arange(int(ptr[-1])) - np.repeat(ptr[:-1], n_of_row)]
+    task = np.repeat(np.arange(plan.n_tasks), plan.nitems.astype(np.int64))
+    narrow = (n_of_row > 0) & (n_of_row < plan.pending_items.astype(np.int64)[task])
+    base = np.zeros(plan.n_tasks, np.int64)
+    np.cumsum(plan.nitems[:-1], out=base[1:])
+    return Affinity(base, ptr, rows, narrow)
+
+
 EARLY_RULES = ("graph", "preds")
 #: the rule where the settings and the environment name none: ``preds``, 0.9-1.5% faster than
 #: ``graph`` on SmolLM2's and the 1B model's steps on an H200 in each of four pairs in one call
@@ -406,6 +451,20 @@ def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> n
     return out
 
 
+#: the list schedule's affinity (``PTO_MK_AFFINITY``, :func:`make_plan`'s ``affinity``)
+AFFINITY = ("off", "on")
+#: the affinity where the settings and the environment name none
+DEFAULT_AFFINITY = "off"
+
+
+def resolve_affinity(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_AFFINITY``, else :data:`DEFAULT_AFFINITY`; UsageError naming an
+    unknown one."""
+    from pto.backends.triton.megakernel import env_choice
+
+    return env_choice(choice, "PTO_MK_AFFINITY", DEFAULT_AFFINITY, AFFINITY, "affinity")
+
+
 def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
     """The most work items a task's parallel indices become (0: an item an index) that ``asked``
     (the settings', else ``PTO_MK_RUNS``: a count, ``auto`` or 0, off; else :data:`DEFAULT_RUNS`)
@@ -422,7 +481,7 @@ def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
               programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY,
-              runs: int = 0, prefetch: str = "all", deps: str = DEFAULT_DEPS) -> Plan:
+              runs: int = 0, prefetch: str = "all", deps: str = DEFAULT_DEPS, affinity: str = DEFAULT_AFFINITY) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
@@ -434,7 +493,10 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     item an index); ``prefetch``: which tasks' branches may prefetch into L2 before their wait,
     :data:`PREFETCH_RULES`; ``deps``: what an item waits for, every item of its task's
     predecessors (``task``) or those whose data its own conflicts with (``data``,
-    :mod:`pto.exec.item_deps`))."""
+    :mod:`pto.exec.item_deps`); ``affinity``: ``on``, with data dependencies the list schedule
+    starts an item that waits for some of its task's predecessors' items on the program of its
+    last producer where that is free (:class:`pto.exec.order.Affinity`), ``off`` on the lowest
+    free one)."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if early not in EARLY_RULES:
@@ -443,6 +505,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
         raise UsageError(f"unknown prefetch rule {prefetch!r} (choose {' or '.join(PREFETCH_RULES)})")
     if deps not in DEPS:
         raise UsageError(f"unknown dependencies {deps!r} (choose {' or '.join(DEPS)})")
+    if affinity not in AFFINITY:
+        raise UsageError(f"unknown affinity {affinity!r} (choose {' or '.join(AFFINITY)})")
     if tensor_aligned is None:
         tensor_aligned = np.ones(len(tensor_names), bool)
     ex = graph.runtime.export()
@@ -471,18 +535,22 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     bottom = bottom_levels(n, succ_ptr, succ, lv)
     _, binding = np.unique(t.task_tensor, axis=0, return_inverse=True)
     items = item_order(lv, bottom, t.task_branch, t.extent, t.group, binding.reshape(-1), t.work)
-    worker = None
-    if order == "list":
-        items, worker = list_schedule(items, t.cost, t.extent, Dag(succ_ptr, succ, pending, lv), programs)
     if len(succ) > _INT32_MAX or len(items) > _INT32_MAX // 2:
         raise ExecutionError(f"the graph has {len(succ):,} edges and {len(items):,} work items: more than the "
                              "persistent kernel's int32 indices hold; use --executor waves")
-    return Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
+    plan = Plan(t.branches, items, t.task_branch, t.task_row, t.table(), t.task_tensor, tensor_names, pending,
                 t.extent.astype(np.int32), succ_ptr.astype(np.int32), succ.astype(np.int32), int(ex.first_task),
-                t.variant, dict(launch_group), t.cost, programs, worker, member=None,
+                t.variant, dict(launch_group), t.cost, programs, None, member=None,
                 run=t.run if (t.run > 1).any() else None, parallel=t.parallel, boxes=boxes)
+    if order != "list":
+        return plan
+    counts = plan.counters() if boxes is not None and affinity == "on" else None
+    aff = item_affinity(plan, counts) if counts is not None else None
+    items, worker = list_schedule(items, t.cost, t.extent, Dag(succ_ptr, succ, pending, lv), programs, affinity=aff)
+    return replace(plan, items=items, worker=worker, affinity=aff, data_counts=counts)
 
 
-__all__ = ["Plan", "make_plan", "no_flags", "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
+__all__ = ["AFFINITY", "DEFAULT_AFFINITY", "resolve_affinity", "item_affinity", "Plan", "make_plan", "no_flags",
+           "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
            "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "takes_runs", "PREFETCH_RULES",
            "resolve_prefetch_rule", "after_gemvs"]

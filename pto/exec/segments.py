@@ -164,17 +164,18 @@ def auto_cuts(level: np.ndarray, task_branch: np.ndarray, occupancy: np.ndarray,
     return Split(tuple(a for a, _ in found[1:]), "auto by " + "; ".join(why))
 
 
-def split_plan(plan, backend, choice: str | None) -> tuple[Split, list]:
+def split_plan(plan, backend, choice: str | None, stages: int | str | None = None) -> tuple[Split, list]:
     """``plan`` (:class:`pto.exec.plan.Plan`) cut as ``choice`` says (None: ``PTO_MK_SPLIT``,
     else :data:`DEFAULT_SPLIT`): the :class:`Split` and the segments' plans in launch order
     (``[plan]`` itself when uncut). ``auto`` reads ``backend``'s estimate
-    (:meth:`Backend.megakernel_occupancy <pto.backends.base.Backend.megakernel_occupancy>`)."""
+    (:meth:`Backend.megakernel_occupancy <pto.backends.base.Backend.megakernel_occupancy>`, at the
+    megakernel settings' pipeline ``stages``)."""
     mode = resolve_split(choice)
     if mode == "off":
         return Split((), "off"), [plan]
     level = plan.levels()
     if mode == "auto":
-        names, occ = backend.megakernel_occupancy(plan)
+        names, occ = backend.megakernel_occupancy(plan, stages)
         split = auto_cuts(level, plan.task_branch, occ, names, plan.cost if plan.cost is not None
                           else np.ones(plan.n_tasks), plan.nitems.astype(np.float64), plan.succ_ptr.astype(np.int64),
                           plan.succ.astype(np.int64), [b.fn.variant_name for b in plan.branches])

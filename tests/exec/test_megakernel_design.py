@@ -89,6 +89,101 @@ def test_the_list_schedule_gives_a_free_program_the_next_item():
     assert perm.tolist() == [0, 1, 2, 3] and start.tolist() == [0, 1, 4]
 
 
+def test_affinity_starts_an_item_on_the_program_of_its_last_producer():
+    """Four programs; task 0's four items, then task 1's, item k of task 1 waiting only for items k
+    and 3 - k of task 0 (data dependencies narrower than the task's): with affinity each starts on
+    the program that ran the later queued of its producers while that program is free, else on the
+    other's (items 0 and 1 take programs 3 and 2, item 2 finds program 2 taken and takes 1, item 3
+    program 0), without it on the lowest free program. The queue is the same; deadlock-free
+    either way (any assignment of a topological queue)."""
+    from pto.exec.order import Affinity
+
+    dag = Dag(np.array([0, 1, 1], np.int64), np.array([1], np.int64), np.array([0, 1], np.int32),
+              np.array([0, 1], np.int64))
+    extent, cost = np.array([4, 4], np.int64), np.array([1.0, 1.0])
+    static = np.array([(0, p) for p in range(4)] + [(1, p) for p in range(4)], np.int32)
+    # rows: task 0's items 0-3, task 1's 4-7; item k of task 1 (row 4 + k) waits for rows k and 3 - k
+    ptr = np.r_[np.zeros(5, np.int64), 2 * np.arange(1, 5)]
+    aff = Affinity(np.array([0, 4], np.int64), ptr, np.array([0, 3, 1, 2, 2, 1, 3, 0], np.int64),
+                   np.r_[np.zeros(4, bool), np.ones(4, bool)])
+    plain = list_schedule(static, cost, extent, dag, 4)
+    items, worker = list_schedule(static, cost, extent, dag, 4, affinity=aff)
+    assert items.tolist() == plain[0].tolist()
+
+    def programs_of(w):
+        return [int(x) for (t, _), x in zip(items.tolist(), w.tolist()) if t == 1]
+
+    assert worker[:4].tolist() == [0, 1, 2, 3]
+    assert programs_of(worker) == [3, 2, 1, 0] and programs_of(plain[1]) == [0, 1, 2, 3]
+    for w in (worker, plain[1]):
+        assert _simulate(items, w.astype(np.int32), extent, dag, 4)
+
+
+def test_a_decode_steps_rope_items_follow_one_of_their_producers_with_affinity(monkeypatch):
+    """The 1B shape's step in the persistent executor's tiles for an H200 (264 programs, data
+    dependencies): with affinity every RoPE item runs right after one of its own q/k/v producers
+    on its program (without, 16 of 512: the lowest free programs, after other heads' items); the
+    counters the plan keeps are those computed afresh, in its new order, and every item's
+    producers come before it in the queue; the plan's layers as a segment of their own keep it.
+    ``PTO_MK_AFFINITY`` takes on or off, anything else is one line naming it."""
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import CONFIGS, tiling_for_executor
+
+    from pto.engine import build_module_graph
+    from pto.exec.item_deps import data_counters
+    from pto.exec.plan import resolve_affinity
+    from pto.ir.dtypes import DType
+
+    cfg, tg = CONFIGS["llama3.2-1b"], target("cuda_h200")
+    built = build_module_graph(build_step(cfg, DType.BF16, tg, 1, tiling_for_executor(cfg, "persistent", tg),
+                                          cache=1024), {"B": 1, "C": 1024})
+    try:
+        plans = {a: make_plan(built.graph, list(built.graph.tensor_ids), {}, programs=264, runs=264, deps="data",
+                              affinity=a) for a in ("off", "on")}
+    finally:
+        built.graph.close()
+
+    def after_a_producer(plan, member=None):
+        c = plan.counters()
+        w = plan.workers(264, "stream")
+        producers: dict[int, set] = {}
+        src = np.repeat(np.arange(len(c.rel_ptr) - 1), np.diff(c.rel_ptr.astype(np.int64)))
+        for r, k in zip(src.tolist(), c.rel.tolist()):
+            producers.setdefault(k, set()).add(r)
+        last, got, n = {}, 0, 0
+        for q in np.argsort(w, kind="stable").tolist():  # (each program's stream in queue order)
+            t = int(plan.items[q, 0])
+            if plan.variants[t].name == "rope_qkv_append" and (member is None or member[t]):
+                n += 1
+                got += last.get(int(w[q]), -1) in producers.get(int(c.counter[q]), ())
+            last[int(w[q])] = int(c.row[q])
+        return got, n
+
+    assert after_a_producer(plans["off"]) == (16, 512)
+    assert after_a_producer(plans["on"]) == (512, 512)
+    on = plans["on"]
+    fresh, kept = data_counters(on, on.boxes), on.counters()
+    for f in ("counter", "init", "row", "rel_ptr", "rel"):
+        assert np.array_equal(getattr(fresh, f), getattr(kept, f)), f
+    position = np.empty(on.n_items, np.int64)
+    position[kept.row] = np.arange(on.n_items)  # (each row's queue position)
+    src = np.repeat(np.arange(len(kept.rel_ptr) - 1), np.diff(kept.rel_ptr.astype(np.int64)))
+    waiting = {}
+    for q, k in enumerate(kept.counter.tolist()):
+        waiting.setdefault(k, []).append(q)
+    for r, k in zip(src.tolist(), kept.rel.tolist()):
+        assert all(position[r] < q for q in waiting.get(k, ()))
+    layers = np.array([not v.name.startswith(("lmhead", "argmax")) for v in on.variants])
+    segment = on.segment(layers)
+    assert segment.data_counts is None and segment.affinity is on.affinity
+    assert after_a_producer(segment, layers) == (512, 512)
+    monkeypatch.setenv("PTO_MK_AFFINITY", "on")
+    assert resolve_affinity(None) == "on" and resolve_affinity("off") == "off"
+    monkeypatch.setenv("PTO_MK_AFFINITY", "yes")
+    with pytest.raises(UsageError, match=r"^PTO_MK_AFFINITY='yes': the megakernel's affinity is off or on$"):
+        resolve_affinity(None)
+
+
 def test_the_tensors_no_task_writes_are_the_programs_inputs():
     """The LLaMA layer: the tensors its tasks never write are exactly the ones the program declares
     inputs (x, the weights and gains, the RoPE tables); every output and temporary is written."""

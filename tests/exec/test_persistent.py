@@ -223,8 +223,9 @@ def test_trace_schedule_respects_every_dependency():
 
 def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkeypatch):
     """``PTO_MK_STAGES=N`` renders every pipelined loop of the megakernel at N stages in place of
-    its schedule's (the rendered source and the kernel's stages say so) and changes no bit of the
-    result; anything but a whole number from 1 to 8 is one line naming it, before any work."""
+    its schedule's (the rendered source and the kernel's stages say so; the interpreter, which
+    runs no pipeline, computes the same bits: the GPU test checks them where the pipeline is
+    real); anything but a whole number from 1 to 8, or ``schedule``, is one line naming it."""
     from pto.backends.triton.megakernel import MAX_STAGES, resolve_stages
 
     monkeypatch.delenv("PTO_MK_STAGES", raising=False)
@@ -243,7 +244,7 @@ def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkey
     finally:
         rp.close()
     assert resolve_stages(3) == 3 and resolve_stages(None) == 5 and resolve_stages("schedule") == "schedule"
-    for bad in ("0", str(MAX_STAGES + 1), "deep", "2.5"):
+    for bad in ("0", str(MAX_STAGES + 1), "deep", "2.5", "\u00b2", "\u0665"):
         monkeypatch.setenv("PTO_MK_STAGES", bad)
         with pytest.raises(UsageError, match=rf"^PTO_MK_STAGES='{bad}': the megakernel's pipeline stages are a whole "
                                              f"number from 1 to {MAX_STAGES}, or schedule$"):

@@ -426,9 +426,9 @@ class TritonBackend(Backend):
                                 "shared": meta.shared, "warps": meta.num_warps, "stages": meta.num_stages})
         return out
 
-    def megakernel_occupancy(self, plan) -> tuple[tuple[str, ...], np.ndarray]:
+    def megakernel_occupancy(self, plan, stages: int | str | None = None) -> tuple[tuple[str, ...], np.ndarray]:
         """By threads and by shared memory (:func:`.megakernel.occupancy`)."""
-        return occupancy(self, plan)
+        return occupancy(self, plan, stages)
 
     @property
     def compiles(self) -> bool:

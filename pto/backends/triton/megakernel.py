@@ -13,6 +13,7 @@ device (two memsets and a copy) and launches again, so it can be captured in a C
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -96,6 +97,11 @@ class MegakernelSettings:
     #: count, next, without a poll (:mod:`pto.exec.inline`; ranged dispatch, not with the sentinel);
     #: None: ``PTO_MK_INLINE``, else :data:`DEFAULT_INLINE`
     inline: str | None = None
+    #: ``on``: with dependencies at the granularity of data, the list schedule starts an item that
+    #: waits for some of its task's predecessors' items on the program of its last producer where
+    #: that is free (:func:`pto.exec.plan.item_affinity`); None: ``PTO_MK_AFFINITY``, else
+    #: :data:`pto.exec.plan.DEFAULT_AFFINITY`; the persistent executor reads it
+    affinity: str | None = None
     #: the pipeline stages of every branch whose loops load through shared memory, in place of
     #: its schedule's (lowered, as those are, until the kernel fits its share of shared memory:
     #: :func:`~pto.codegen.triton.megakernel.fit_megakernel`), or ``schedule``: the schedules'
@@ -224,7 +230,7 @@ def resolve_stages(asked: int | str | None) -> int | str | None:
         return None
     if str(text) == "schedule":
         return "schedule"
-    n = int(text) if str(text).isdigit() else 0
+    n = int(text) if re.fullmatch(r"[0-9]+", str(text)) else 0
     if not 1 <= n <= MAX_STAGES:
         raise UsageError(f"{src}={text!r}: the megakernel's pipeline stages are a whole number from 1 to {MAX_STAGES}, "
                          "or schedule")
@@ -247,30 +253,65 @@ FEW_ROWS = 16
 
 
 def lone_dots(plan, multiprocessors: int) -> set[str]:
-    """The variants of ``plan``'s branches that are lone dot projections: products that are all
-    tensor-core dots of a few rows (left tiles of exactly :data:`FEW_ROWS`: a decode step's
-    sequences padded; not a GEMV's multiply-sum, not a prefill GEMM's 128 rows) whose every task
-    has at most one item a multiprocessor (``multiprocessors``), so that each item streams alone
-    on its multiprocessor."""
+    """The variants of ``plan``'s branches that are lone dot projections: a parallel axis, products
+    that are all tensor-core dots of a few rows (left tiles of exactly :data:`FEW_ROWS`: a decode
+    step's sequences padded, or a prefill of a few tokens in 16-row tiles; not a GEMV's
+    multiply-sum, not a prefill GEMM's 128 rows) against tiles of memrefs the item loads before
+    its wait (weights, not a predecessor's keys and values: attention is none), and every task of
+    every branch of the variant at most one item a multiprocessor (``multiprocessors``), so that
+    each item streams alone on its multiprocessor."""
     from pto.ir.facts import tile_shape
     from pto.ir.nodes import walk_instrs
-    from pto.ir.ops import MATMUL
+    from pto.ir.ops import MATMUL, Op
 
-    out = set()
+    out, crowded = set(), set()
     for k, b in enumerate(plan.branches):
         fn = b.fn
         if b.runs or fn.parallel is None:
             continue
         tiles, dims = {t.name: t for t in fn.tiles}, dict(fn.variant)
-        products = [i for i in walk_instrs(fn.body) if i.op in MATMUL]
+        instrs = list(walk_instrs(fn.body))
+        products = [i for i in instrs if i.op in MATMUL]
+        # (each product's right operand a tile loaded from a memref the item loads before its wait:
+        # weights, not a predecessor's keys and values)
+        loaded = {i.dst: i.srcs[0] for i in instrs if i.op is Op.LOAD}
         try:
-            few = bool(products) and all(tile_shape(tiles[i.srcs[0]], dims)[0] == FEW_ROWS for i in products)
+            few = bool(products) and all(tile_shape(tiles[i.srcs[0]], dims)[0] == FEW_ROWS
+                                         and loaded.get(i.srcs[1]) in b.early for i in products)
         except BuildError:
             continue
-        mine = plan.task_branch == k
-        if few and mine.any() and int(plan.nitems[mine].max()) <= multiprocessors:
-            out.add(fn.variant_name)
-    return out
+        mine = (plan.task_branch == k) & plan.tasks
+        if not (few and mine.any()):
+            continue
+        # (a variant is one compiled function: every branch of it must qualify)
+        (out if int(plan.nitems[mine].max()) <= multiprocessors else crowded).add(fn.variant_name)
+    return out - crowded
+
+
+def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked: int | str | None = None,
+                  ) -> dict[str, int]:
+    """The pipeline stages each variant of ``plan``'s branches asks for (``configs``: each
+    branch's, :func:`branch_configs`) as ``asked`` (:func:`resolve_stages`) says: every loop's,
+    the schedules' alone, or the schedules' with :data:`LONE_DOT_STAGES` in the lone dot
+    projections on ``multiprocessors`` (:func:`lone_dots`); the kernel lowers them where shared
+    memory runs out (:func:`~pto.codegen.triton.megakernel.fit_megakernel`)."""
+    forced = resolve_stages(asked)
+    lone = lone_dots(plan, multiprocessors) if forced is None else set()
+    want: dict[str, int] = {}
+    for b, c in zip(plan.branches, configs):
+        v = b.fn.variant_name
+        want[v] = forced if isinstance(forced, int) else \
+            max(want.get(v, 1), c.num_stages, LONE_DOT_STAGES if v in lone else 1)
+    return want
+
+
+def multiprocessors_of(device: torch.device, plan) -> int:
+    """``device``'s multiprocessors; off a GPU (the interpreter) the programs ``plan`` was made for."""
+    if device.type != "cuda":
+        return plan.programs
+    from pto.machine.target import detect
+
+    return detect("cuda", device.index or 0).sm_count or plan.programs
 
 
 def branch_configs(backend, plan) -> list[LaunchConfig]:
@@ -290,17 +331,19 @@ def sram_per_sm(device: torch.device) -> int:
     return (detect("cuda", device.index or 0) if device.type == "cuda" else get(ESTIMATE_TARGET)).sram_bytes
 
 
-def occupancy(backend, plan) -> tuple[tuple[str, ...], np.ndarray]:
+def occupancy(backend, plan, asked: int | str | None = None) -> tuple[tuple[str, ...], np.ndarray]:
     """Per branch of ``plan``, the programs a multiprocessor its launch configuration allows
     alone, by threads (its warps) and by shared memory (:func:`~pto.codegen.triton.megakernel.shared_estimate`
-    at its schedule's pipelining depth), before compiling: registers are known only after
-    (the compiled kernel's, :attr:`Megakernel.compiled_info`)."""
+    at the pipelining depth the kernel asks for: :func:`branch_stages`, ``asked`` the settings'
+    stages), before compiling: registers are known only after (the compiled kernel's,
+    :attr:`Megakernel.compiled_info`)."""
     configs = branch_configs(backend, plan)
+    stages = branch_stages(plan, configs, multiprocessors_of(backend.device, plan), asked)
     sram = sram_per_sm(backend.device)
     threads = [min(32, 2048 // (32 * c.num_warps)) for c in configs]
     # (at least one: the fit lowers the pipelines of a branch that asks for more than there is)
-    shared = [max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, c.num_stages, b.runs) + 1024)))
-              for b, c in zip(plan.branches, configs)]
+    shared = [max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, stages[b.fn.variant_name], b.runs) + 1024)))
+              for b in plan.branches]
     return ("threads", "shared memory"), np.array([threads, shared], np.int64).T.reshape(len(configs), 2)
 
 
@@ -380,12 +423,7 @@ class Megakernel:
     def _build(self, configs: list[LaunchConfig]) -> None:
         want: dict[str, int] = {}
         s = self.settings
-        forced = resolve_stages(s.stages)
-        lone = lone_dots(self.plan, self._multiprocessors()) if forced is None else set()
-        for b, c in zip(self.plan.branches, configs):
-            v = b.fn.variant_name
-            deepest = max(want.get(v, 1), c.num_stages, LONE_DOT_STAGES if v in lone else 1)
-            want[v] = forced if isinstance(forced, int) else deepest
+        want.update(branch_stages(self.plan, configs, multiprocessors_of(self.device, self.plan), s.stages))
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
@@ -516,15 +554,6 @@ class Megakernel:
             out["maxnreg"] = min(255, 65536 // (self.per_sm * 32 * cfg.num_warps) // 8 * 8)
         return out
 
-    def _multiprocessors(self) -> int:
-        """The GPU's multiprocessors; under the interpreter the programs the plan was made for
-        (:func:`lone_dots` then takes what that GPU would)."""
-        if self.device.type != "cuda":
-            return self.plan.programs
-        from pto.machine.target import detect
-
-        return detect("cuda", self.device.index or 0).sm_count or self.plan.programs
-
     def _sram(self) -> int:
         """Shared memory per multiprocessor (the target's)."""
         return sram_per_sm(self.device)
@@ -637,6 +666,6 @@ class Megakernel:
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
-           "lone_dots",
+           "lone_dots", "branch_stages", "multiprocessors_of",
            "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

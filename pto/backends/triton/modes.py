@@ -74,7 +74,8 @@ def blocks_functions() -> frozenset:
     """InCore functions (generic names, as ``--timeline`` shows a kernel without its ``__``
     suffix) that the "auto" persistent policy also runs in "blocks" form, whatever their weights:
     ``PTO_BLOCKS_FUNCTIONS``, names separated by commas (``gemv_residual_tile``: the decode step's
-    down projection; its o projection is ``gemv_residual_tile_o``); none by default. A switch for
+    down projection, and its o projection too where that shares the function; an o projection of
+    other tiles or weights is ``gemv_residual_tile_o``); none by default. A switch for
     measuring one kernel's loop in the whole step, as ``PTO_PERSISTENT=blocks`` would loop them all
     (a kernel without a parallel axis, or with a collective, stays as it is; a schedule's own
     ``persistent`` still wins; a name no kernel has changes nothing)."""
