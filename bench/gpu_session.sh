@@ -196,6 +196,10 @@
 #               each: bench/decode.py's persistent step for $MKS_CONFIGS (default the 8B, the 1B) at batches
 #               $MKS_BATCHES (default 8,1) in the tilings $MKS_TILINGS (default "default"). At batch 8 the
 #               projections' dot loops stream about 10-17 GB/s a program with 3 stages (docs/PERF.md)
+#   affinity    issue 45: the list schedule's affinity (PTO_MK_AFFINITY off, on: an item of narrower data
+#               dependencies, a RoPE item of one head, starts on the program of its last producer), a process
+#               each: bench/decode.py's persistent step for $AFF_CONFIGS (default the 8B) at batches $AFF_BATCHES
+#               (default 1), with the item path (the RoPE items' dispatch on the 8B's: 43-46 us a step)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -353,6 +357,12 @@ for stage in "$@"; do
                   --json "$OUT/mkstages_$n.json" \
                   > "$OUT/mkstages_$n.log" 2>&1; echo "stages $n"; grep "B=" "$OUT/mkstages_$n.log"
               done; unset PTO_MK_STAGES ;;
+    affinity) for a in off on; do
+                PTO_MK_AFFINITY=$a python3 bench/decode.py --configs "${AFF_CONFIGS:-llama3-8b}" \
+                  --batches "${AFF_BATCHES:-1}" --long 0 --steps 24 --executors persistent --hf-configs none \
+                  --json "$OUT/affinity_$a.json" > "$OUT/affinity_$a.log" 2>&1
+                echo "affinity $a"; grep "B=\|item path" "$OUT/affinity_$a.log"
+              done ;;
     fair) # issue 45: the executors compared with no process past its third CUDA graph (a process a
           # configuration and batch: its two steps; docs/PERF.md, "Twenty-fourth session"), then
           # SETTLED=1: the same with three throwaway graphs first (every step in the slower state)
