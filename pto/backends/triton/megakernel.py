@@ -243,12 +243,12 @@ MAX_STAGES = 8
 #: asks for fewer: such an item streams its weights as its multiprocessor's only program, and three
 #: stages keep too few bytes in flight for the memory's latency. On an H200 Llama-3.2-1B's step at 8
 #: sequences 1.386 against 1.539 ms with every loop at 5 stages (4: 1.409, 6: 1.406), its o and down
-#: projections (128 items each) 5.6 and 17.4 against 7.4 and 26.5 us a layer and the others as they
+#: projections (64 items each) 5.6 and 17.4 against 7.4 and 26.5 us a layer and the others as they
 #: were; the 8B's, whose projections put two items on a multiprocessor, gained nothing at any depth
 #: (docs/PERF.md, "Twenty-ninth session")
 LONE_DOT_STAGES = 5
-#: the most rows of a product's left tile that :func:`lone_dots` takes for a few sequences'
-#: (padded to a tensor-core dot's 16)
+#: the rows of a product's left tile that :func:`lone_dots` takes for a few sequences' (padded to
+#: a tensor-core dot's 16)
 FEW_ROWS = 16
 
 
