@@ -241,12 +241,16 @@ class Counters:
         """[k] bool: the item has something to wait for."""
         return self.init[self.counter] > 0
 
+    def by_row(self) -> np.ndarray:
+        """Per item row (data counters': :attr:`rel_ptr` a row each), the counter it waits on."""
+        of_row = np.empty(len(self.rel_ptr) - 1, np.int64)
+        of_row[self.row] = self.counter
+        return of_row
+
     def reordered(self, row: np.ndarray) -> Counters:
         """These counters for a queue of the same items in another order (``row``: each queued
         item's row): each item keeps its counter, each row its releases."""
-        of_row = np.empty(len(self.rel_ptr) - 1, np.int64)
-        of_row[self.row] = self.counter
-        return Counters(of_row[row], self.init, np.asarray(row, np.int64), self.rel_ptr, self.rel)
+        return Counters(self.by_row()[row], self.init, np.asarray(row, np.int64), self.rel_ptr, self.rel)
 
 
 def task_counters(plan, pending: np.ndarray) -> Counters:

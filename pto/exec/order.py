@@ -205,9 +205,8 @@ def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray
     while ready or running:
         while ready and n_idle:
             _, _, t, p = heapq.heappop(ready)
-            w = -1
-            if affinity is not None and affinity.narrow[affinity.base[t] + p]:
-                r = affinity.base[t] + p
+            w, r = -1, (affinity.base[t] + p if affinity is not None else -1)
+            if r >= 0 and affinity.narrow[r]:
                 mine = affinity.rows[affinity.ptr[r]:affinity.ptr[r + 1]]
                 mine = mine[(ran_on[mine] >= 0) & idle[np.maximum(ran_on[mine], 0)]]
                 if len(mine):
@@ -220,8 +219,8 @@ def list_schedule(static_items: np.ndarray, cost: np.ndarray, extent: np.ndarray
             n_idle -= 1
             out[k] = (t, p)
             worker[k] = w
-            if affinity is not None:
-                ran_on[affinity.base[t] + p], queued[affinity.base[t] + p] = w, k
+            if r >= 0:
+                ran_on[r], queued[r] = w, k
             heapq.heappush(running, (now + float(cost[t]), t, w))
             k += 1
         now, t, w = heapq.heappop(running)

@@ -175,12 +175,17 @@ class Plan:
             return self.data_counts.reordered(self.rows(self.items))
         return data_counters(self, self.boxes)
 
-    def rows(self, items: np.ndarray) -> np.ndarray:
-        """Each item's row (task ``t``'s item ``k`` at the items of the tasks before it plus
-        ``k``: the rows of :class:`pto.exec.item_deps.ItemBoxes` and :class:`Counters`)."""
+    @property
+    def row_base(self) -> np.ndarray:
+        """[n] int64: each task's first item row (the items of the tasks before it: the rows of
+        :class:`pto.exec.item_deps.ItemBoxes` and :class:`Counters`)."""
         base = np.zeros(self.n_tasks, np.int64)
         np.cumsum(self.nitems[:-1], out=base[1:])
-        return base[items[:, 0].astype(np.int64)] + items[:, 1].astype(np.int64)
+        return base
+
+    def rows(self, items: np.ndarray) -> np.ndarray:
+        """Each item's row (task ``t``'s item ``k`` at :attr:`row_base` ``[t] + k``)."""
+        return self.row_base[items[:, 0].astype(np.int64)] + items[:, 1].astype(np.int64)
 
     def item_indices(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per item of ``items`` (rows of :attr:`items`: task, item index), the first parallel
@@ -370,33 +375,6 @@ def predecessor_writes(ex, variants: dict[int, IncoreFunction], tensor_index: di
 #: of tensors no task of the graph writes (weights, tables); ``preds``, per task, those of tensors
 #: none of its predecessors writes (also, e.g., a decode step's positions, written after it by
 #: the step's last task: :func:`predecessor_writes`)
-def item_affinity(plan: Plan, c: Counters) -> Affinity:
-    """Each item's producers in ``plan`` by its row, for the list schedule
-    (:class:`pto.exec.order.Affinity`), from its counters ``c`` (:meth:`Plan.counters` with
-    :attr:`Plan.boxes`: dependencies at the granularity of data): the predecessor items whose
-    release its counter counts, and whether they are fewer than every item of its task's
-    predecessors."""
-    rows_total = int(np.sum(plan.nitems, dtype=np.int64))
-    # (producer row, counter) pairs, by counter
-    src = np.repeat(np.arange(len(c.rel_ptr) - 1), np.diff(c.rel_ptr.astype(np.int64)))
-    by = np.argsort(c.rel, kind="stable")
-    src, cnt = src[by], c.rel[by].astype(np.int64)
-    cptr = np.zeros(len(c.init) + 1, np.int64)
-    np.cumsum(np.bincount(cnt, minlength=len(c.init)), out=cptr[1:])
-    counter_of_row = np.full(rows_total, len(c.init) - 1, np.int64)  # (the last counter: 0, nothing to wait for)
-    counter_of_row[c.row] = c.counter
-    n_of_row = cptr[counter_of_row + 1] - cptr[counter_of_row]
-    ptr = np.zeros(rows_total + 1, np.int64)
-    np.cumsum(n_of_row, out=ptr[1:])
-    starts = np.repeat(cptr[counter_of_row], n_of_row)
-    rows = src[starts + np.arange(int(ptr[-1])) - np.repeat(ptr[:-1], n_of_row)]
-    task = np.repeat(np.arange(plan.n_tasks), plan.nitems.astype(np.int64))
-    narrow = (n_of_row > 0) & (n_of_row < plan.pending_items.astype(np.int64)[task])
-    base = np.zeros(plan.n_tasks, np.int64)
-    np.cumsum(plan.nitems[:-1], out=base[1:])
-    return Affinity(base, ptr, rows, narrow)
-
-
 EARLY_RULES = ("graph", "preds")
 #: the rule where the settings and the environment name none: ``preds``, 0.9-1.5% faster than
 #: ``graph`` on SmolLM2's and the 1B model's steps on an H200 in each of four pairs in one call
@@ -449,6 +427,29 @@ def after_gemvs(ex, variants: dict[int, IncoreFunction], level: np.ndarray) -> n
     out = np.zeros(n, bool)
     out[succ[gemv[source] & (level[source] == level[succ] - 1)]] = True
     return out
+
+
+def item_affinity(plan: Plan, c: Counters) -> Affinity:
+    """Each item's producers in ``plan`` by its row, for the list schedule
+    (:class:`pto.exec.order.Affinity`), from its counters ``c`` (:meth:`Plan.counters` with
+    :attr:`Plan.boxes`: dependencies at the granularity of data): the predecessor items whose
+    release its counter counts, and whether they are fewer than every item of its task's
+    predecessors."""
+    # (producer row, counter) pairs, by counter
+    src = np.repeat(np.arange(len(c.rel_ptr) - 1), np.diff(c.rel_ptr.astype(np.int64)))
+    by = np.argsort(c.rel, kind="stable")
+    src, cnt = src[by], c.rel[by].astype(np.int64)
+    cptr = np.zeros(len(c.init) + 1, np.int64)
+    np.cumsum(np.bincount(cnt, minlength=len(c.init)), out=cptr[1:])
+    counter = c.by_row()
+    n_of_row = cptr[counter + 1] - cptr[counter]
+    ptr = np.zeros(len(counter) + 1, np.int64)
+    np.cumsum(n_of_row, out=ptr[1:])
+    starts = np.repeat(cptr[counter], n_of_row)
+    rows = src[starts + np.arange(int(ptr[-1])) - np.repeat(ptr[:-1], n_of_row)]
+    task = np.repeat(np.arange(plan.n_tasks), plan.nitems.astype(np.int64))
+    narrow = (n_of_row > 0) & (n_of_row < plan.pending_items.astype(np.int64)[task])
+    return Affinity(plan.row_base, ptr, rows, narrow)
 
 
 #: the list schedule's affinity (``PTO_MK_AFFINITY``, :func:`make_plan`'s ``affinity``)

@@ -285,6 +285,16 @@ def test_lone_dot_projections_are_the_few_row_dots_of_one_item_a_multiprocessor(
     assert lone_dots(plan, 95) == {v for v in lone if v.startswith("gemv_residual_tile")}  # (q/k/v: 96 items)
     assert lone_dots(_step_plan("llama3-8b", 8), 132) == set()
     assert lone_dots(_step_plan("llama3.2-1b", 1), 132) == set()
+    # the cut rule's shared-memory estimate takes the stages the kernel will (programs a
+    # multiprocessor by shared memory: fewer for a lone projection at five stages, the rest alike)
+    from pto.backends.triton import TritonBackend
+
+    backend, plan.programs = TritonBackend("cpu"), 132
+    names, deep = backend.megakernel_occupancy(plan)
+    _, plain = backend.megakernel_occupancy(plan, "schedule")
+    col = names.index("shared memory")
+    for k, b in enumerate(plan.branches):
+        assert (deep[k, col] < plain[k, col]) if b.fn.variant_name in lone else deep[k, col] == plain[k, col]
 
 
 def test_a_lone_dot_projection_takes_five_stages(monkeypatch):

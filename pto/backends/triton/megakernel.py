@@ -421,9 +421,8 @@ class Megakernel:
 
     # -- building ---------------------------------------------------------------------------------
     def _build(self, configs: list[LaunchConfig]) -> None:
-        want: dict[str, int] = {}
         s = self.settings
-        want.update(branch_stages(self.plan, configs, multiprocessors_of(self.device, self.plan), s.stages))
+        want = branch_stages(self.plan, configs, multiprocessors_of(self.device, self.plan), s.stages)
 
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
