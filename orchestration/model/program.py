@@ -197,7 +197,9 @@ def auto_step_executor(tp: int, quantized: bool, hidden: int = 0, batch: int = 1
     4.257 against 4.361 ms at one sequence, 5.942 against 6.102 at 8; the 1B shape 0.960 against
     1.020, 1.525 against 1.622; at 2 sequences, rows unpadded, 5.300 against 5.587 and 1.200
     against 1.248; on 2026-12-02 the 8B's two within 1% either way, 4.2045 against 4.2394 and
-    then 4.2482 against 4.2032, the 1B's 0.9459 against 0.9654: "Twenty-eighth session") and on
+    then 4.2482 against 4.2032, the 1B's 0.9459 against 0.9654: "Twenty-eighth session"; on
+    2026-12-03 level at one sequence, 4.2033 against 4.1687 and 0.9564 against 0.9535, ahead at
+    8, 5.927 against 5.999 and 1.3488 against 1.5847: "Thirtieth session") and on
     the narrow ones (hidden up to :data:`NARROW_HIDDEN`) from 5 sequences on (SmolLM2 at 8: 0.953
     against 0.949-1.058; 0.879 since its lone dot projections take five stages, 2026-12-03); the
     launches for a narrow model's 1 to

@@ -454,7 +454,9 @@ def item_affinity(plan: Plan, c: Counters) -> Affinity:
 
 #: the list schedule's affinity (``PTO_MK_AFFINITY``, :func:`make_plan`'s ``affinity``)
 AFFINITY = ("off", "on")
-#: the affinity where the settings and the environment name none
+#: the affinity where the settings and the environment name none: off, measured no faster on an
+#: H200 (the 8B's step 4.2146 against 4.2148 ms, the 1B's within a call's spread: docs/PERF.md,
+#: "Thirtieth session"), and an 8B plan builds seconds longer with it
 DEFAULT_AFFINITY = "off"
 
 
