@@ -80,6 +80,18 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("pto: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as e:  # a package pto needs, missing from this environment
+        missing = (e.name or "").split(".")[0]
+        if os.environ.get("PTO_DEBUG"):
+            raise
+        if missing and missing != "pto":  # (every package pto imports installs under its own name)
+            print(f"pto: error: {_rank_prefix()}the Python package `{missing}` is not installed in this "
+                  f"environment ({' '.join(str(e).split())}): pip install {missing}, or reinstall pto "
+                  "(pip install -e .) for all of its dependencies", file=sys.stderr)
+            return 1
+        print(f"pto: internal error: {_rank_prefix()}{type(e).__name__}: {e} (set PTO_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 3
     except (OSError, MemoryError) as e:
         print(f"pto: error: {_rank_prefix()}{' '.join(str(e).split())}", file=sys.stderr)
         return 1

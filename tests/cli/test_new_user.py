@@ -213,3 +213,20 @@ def test_a_gguf_file_where_none_goes_says_where_it_does(tmp_path, monkeypatch, c
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("pto: error: ") and says in err and err.count("\n") == 1, err
+
+
+def test_a_missing_dependency_is_one_line_naming_the_package(tmp_path):
+    """A broken install (here cffi, which the C runtime's build imports, blocked in the child)
+    says which package is missing and how to install it, not an internal error; a module of
+    pto's own that will not import stays an internal error."""
+    run = ("import sys; sys.modules[{mod!r}] = None; from pto.cli.main import main; "
+           "raise SystemExit(main(['run', 'softmax', '--seq', '64']))")
+    env = {**os.environ, "PTO_CACHE_DIR": str(tmp_path)}  # (a cold cache: the runtime is built)
+    env.pop("PTO_DEBUG", None)
+    r = subprocess.run([sys.executable, "-c", run.format(mod="cffi")], capture_output=True, text=True, timeout=300,
+                       env=env)
+    err = one_line_error(r, rc=1)
+    assert "the Python package `cffi` is not installed" in err and "pip install cffi" in err, err
+    r = subprocess.run([sys.executable, "-c", run.format(mod="pto.cache.cbuild")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 3 and r.stderr.startswith("pto: internal error: ModuleNotFoundError"), r.stderr
