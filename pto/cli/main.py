@@ -85,9 +85,9 @@ def _main(argv: list[str] | None) -> int:
         if os.environ.get("PTO_DEBUG"):
             raise
         if missing and missing != "pto":  # (every package pto imports installs under its own name)
-            print(f"pto: error: {_rank_prefix()}the Python package `{missing}` is not installed in this "
-                  f"environment ({' '.join(str(e).split())}): pip install {missing}, or reinstall pto "
-                  "(pip install -e .) for all of its dependencies", file=sys.stderr)
+            print(f"pto: error: {_rank_prefix()}the module `{e.name}`, which pto imports, is not installed in this "
+                  f"environment: pip install {missing}, or reinstall pto (pip install -e .) for the versions of all "
+                  "of its dependencies", file=sys.stderr)
             return 1
         print(f"pto: internal error: {_rank_prefix()}{type(e).__name__}: {e} (set PTO_DEBUG=1 for the traceback)",
               file=sys.stderr)

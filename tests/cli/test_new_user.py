@@ -226,7 +226,7 @@ def test_a_missing_dependency_is_one_line_naming_the_package(tmp_path):
     r = subprocess.run([sys.executable, "-c", run.format(mod="cffi")], capture_output=True, text=True, timeout=300,
                        env=env)
     err = one_line_error(r, rc=1)
-    assert "the Python package `cffi` is not installed" in err and "pip install cffi" in err, err
+    assert "the module `cffi`, which pto imports, is not installed" in err and "pip install cffi," in err, err
     r = subprocess.run([sys.executable, "-c", run.format(mod="pto.cache.cbuild")], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 3 and r.stderr.startswith("pto: internal error: ModuleNotFoundError"), r.stderr
