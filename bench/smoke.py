@@ -18,6 +18,7 @@ failed. Timings are not measurements: the jobs share the GPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -286,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         print("\n".join(j.name for j in jobs))
         return 0
+    if importlib.util.find_spec("cffi") is None:  # (every job would fail on it, one by one)
+        raise SystemExit("smoke: cffi is not importable, and every job runs the C runtime: on the device machine "
+                         "install the carried wheels first (python3 -m pip install -q --no-index --no-deps --target "
+                         "/tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD), as bench/gpu_session.sh does")
     # a fresh cache: the user's schedule database is empty, every kernel is compiled here
     base = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
             "PTO_CACHE_DIR": str(tmp / "cache")}
