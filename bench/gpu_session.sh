@@ -16,7 +16,8 @@
 #               auto; PTO_PDL): bench/decode.py for $PDL_CONFIGS at batches $DEC_BATCHES (default 1,8)
 #               with the tilings $TILINGS, and the fused layer at $PDL_SEQS (none: skipped)
 #   rows        issue 23's lengths with whole row tiles (eager, torch.compile), the same with
-#               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT)
+#               adaptive (residual) tiles, and the next multiples of 128 ($ROW_SEQS, $ROW_NEXT), on each
+#               executor of $ROW_EXECUTORS (default waves; torch.compile beside the first)
 #   fnr         --fuse-norm-rope against the unfused layer at $FNR_SEQ, both profiled per function
 #   fold        --fuse-norm-rope (the norms' gains folded into the weights) against the unfused layer:
 #               the 7B layer at $FOLD_SEQS (unfused with eager and torch.compile), the Llama-3-8B layer
@@ -287,12 +288,17 @@ for stage in "$@"; do
            echo "PTO_PDL=$p"; tail -4 "$OUT/fused_pdl_$p.log"
          done ;;
     rows) R=${ROW_SEQS:-1024,1537,4096,5555,16384,20001}
-          $BENCH --seq "$R" --row-tiles whole --executor waves --json "$OUT/rows_whole.json" > "$OUT/rows_whole.log" 2>&1
-          tail -8 "$OUT/rows_whole.log"
-          $BENCH --seq "$R" --row-tiles adaptive --executor waves --compare none --json "$OUT/rows_adaptive.json" \
-            > "$OUT/rows_adaptive.log" 2>&1; tail -8 "$OUT/rows_adaptive.log"
-          $BENCH --seq "${ROW_NEXT:-1664,5632,20096}" --row-tiles whole --executor waves --compare none \
-            --json "$OUT/rows_next.json" > "$OUT/rows_next.log" 2>&1; tail -5 "$OUT/rows_next.log" ;;
+          exs=${ROW_EXECUTORS:-waves}
+          for ex in $exs; do  # (the persistent executor runs a short tail's items in idle programs)
+            cmp=none; [ "$ex" = "${exs%% *}" ] && cmp=eager,compile
+            echo "[$ex]"
+            $BENCH --seq "$R" --row-tiles whole --executor "$ex" --compare $cmp --json "$OUT/rows_whole_$ex.json" \
+              > "$OUT/rows_whole_$ex.log" 2>&1; tail -8 "$OUT/rows_whole_$ex.log"
+            $BENCH --seq "$R" --row-tiles adaptive --executor "$ex" --compare none --json "$OUT/rows_adaptive_$ex.json" \
+              > "$OUT/rows_adaptive_$ex.log" 2>&1; tail -8 "$OUT/rows_adaptive_$ex.log"
+            $BENCH --seq "${ROW_NEXT:-1664,5632,20096}" --row-tiles whole --executor "$ex" --compare none \
+              --json "$OUT/rows_next_$ex.json" > "$OUT/rows_next_$ex.log" 2>&1; tail -5 "$OUT/rows_next_$ex.log"
+          done ;;
     fnr) for f in --no-fuse-norm-rope --fuse-norm-rope; do
            python3 -m pto.cli run llama7b --config 7b --seq ${FNR_SEQ:-4096} $f --executor waves --profile --json \
              > "$OUT/fnr$f.json" 2> "$OUT/fnr$f.err"; tail -c 1500 "$OUT/fnr$f.json"; echo
