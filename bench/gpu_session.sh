@@ -201,6 +201,9 @@
 #               dependencies, a RoPE item of one head, starts on the program of its last producer), a process
 #               each: bench/decode.py's persistent step for $AFF_CONFIGS (default the 8B) at batches $AFF_BATCHES
 #               (default 1), with the item path (the RoPE items' dispatch on the 8B's: 43-46 us a step)
+#   pdllate     issues 45, 46: the 8B's steps (bf16 and quantized, $LATE_TYPES) and SmolLM2's (bf16, its file's
+#               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
+#               before its PDL wait (PTO_PDL_LATE)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -647,6 +650,20 @@ for line in open(sys.argv[1]):
     quantmk) python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 --executors waves,persistent \
                --hf-configs none --quant "${QUANTMK_TYPES:-llama3-8b:q4_k/q6_k,q8_0,fp8}" --prefill 0 --tilings auto:default \
                --json "$OUT/quantmk.json" > "$OUT/quantmk.log" 2>&1; tail -n 4 "$OUT/quantmk.log" | cut -c1-600 ;;
+    pdllate) # issues 45, 46: a quantized o projection's early loads against the combine they overlap
+             # (PTO_PDL_LATE: the named functions load nothing before their wait, so none is chained for)
+             for late in none gemv_residual_tile,gemv_residual_tile_o; do
+               tag=${late%%,*}
+               PTO_PDL_LATE=${late#none} python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
+                 --executors waves --hf-configs none --quant "${LATE_TYPES:-bf16,q4_k/q6_k,q8_0,fp8}" --prefill 0 \
+                 --settle --timeline --json "$OUT/pdllate_8b_$tag.json" > "$OUT/pdllate_8b_$tag.log" 2>&1
+               PTO_PDL_LATE=${late#none} python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 \
+                 --steps 64 --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0' --prefill 0 \
+                 --settle --timeline --json "$OUT/pdllate_smol_$tag.json" > "$OUT/pdllate_smol_$tag.log" 2>&1
+               echo "[PTO_PDL_LATE=${late#none}]"; grep -h "B=1" "$OUT/pdllate_8b_$tag.log" "$OUT/pdllate_smol_$tag.log" \
+                 | cut -c1-200
+               grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
+             done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \

@@ -197,6 +197,25 @@ def test_auto_renders_late_and_chains_where_the_next_loads_early(monkeypatch):
     assert given.batch_options(given.launch_config(one), _batch(one)).pre == ()
 
 
+def test_a_function_named_late_loads_nothing_early_and_is_not_chained_for(monkeypatch):
+    """``PTO_PDL_LATE`` names functions whose launches load nothing before their wait under
+    "auto": their batches' early loads go (so the batch before them is not chained for them),
+    another function's stay; anything but names separated by commas is one line naming it."""
+    monkeypatch.delenv("PTO_PDL", raising=False)
+    one = _gemv(576, 1024)
+    monkeypatch.setenv("PTO_PDL_LATE", f" {one.name}, other_tile ")
+    be = _hopper(monkeypatch)
+    opts = be.batch_options(be.launch_config(one), _batch(one, {"w"}, chain=True))
+    assert opts.pre == () and opts.pdl == "chain" and not be.loads_early(_batch(one, {"w"}))
+    monkeypatch.setenv("PTO_PDL_LATE", "other_tile")
+    be = _hopper(monkeypatch)
+    assert be.batch_options(be.launch_config(one), _batch(one, {"w"})).pre == ("w",)
+    assert be.loads_early(_batch(one, {"w"}))
+    monkeypatch.setenv("PTO_PDL_LATE", "gemv-residual")
+    with pytest.raises(UsageError, match="PTO_PDL_LATE='gemv-residual': InCore function names"):
+        _hopper(monkeypatch)
+
+
 class _EarlyLoadsEvaluator(TorchBackend):
     """The reference evaluator running every batch's function with its loads moved as the Triton
     kernel issues them before its wait; the "auto" policy's questions answered by a compiling

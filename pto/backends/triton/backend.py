@@ -50,6 +50,7 @@ from pto.backends.triton.modes import (
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
+    pdl_late_functions,
     pdl_mode,
     persistent_mode,
     qgemv_cols,
@@ -131,6 +132,8 @@ class TritonBackend(Backend):
         self.blocks_formats = blocks_formats()
         #: the functions "auto" also runs in "blocks" form, whatever their weights (PTO_BLOCKS_FUNCTIONS)
         self.blocks_functions = blocks_functions()
+        #: the functions whose launches load nothing before their PDL wait (PTO_PDL_LATE)
+        self.pdl_late = pdl_late_functions()
         if self.persistent == "ws" and self.compiles and tuple(torch.cuda.get_device_capability(self.device)) < (9, 0):
             raise UsageError("persistent tile loops 'ws' (warp-specialized) need compute capability 9.0 or later; "
                              "use 'loop'")
@@ -306,7 +309,7 @@ class TritonBackend(Backend):
         before its wait (``TaskBatch.readonly``) and, "auto", where it signals (``TaskBatch.chain``)."""
         opts = self.render_options(batch.fn, cfg)
         # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
-        early = self.pdl in ("auto", "chain") and opts.persistent != "ws"
+        early = self.pdl in ("auto", "chain") and opts.persistent != "ws" and batch.fn.name not in self.pdl_late
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")

@@ -79,11 +79,26 @@ def blocks_functions() -> frozenset:
     measuring one kernel's loop in the whole step, as ``PTO_PERSISTENT=blocks`` would loop them all
     (a kernel without a parallel axis, or with a collective, stays as it is; a schedule's own
     ``persistent`` still wins; a name no kernel has changes nothing)."""
-    text = os.environ.get("PTO_BLOCKS_FUNCTIONS", "").strip()
+    return _function_names("PTO_BLOCKS_FUNCTIONS", "gemv_residual_tile")
+
+
+def pdl_late_functions() -> frozenset:
+    """InCore functions (generic names, as :func:`blocks_functions`'s) whose launches load
+    nothing before their PDL wait under the "auto" and "chain" policies, so that the launch
+    before them does not signal early for them either: ``PTO_PDL_LATE``, names separated by
+    commas; none by default. A switch for measuring what a launch's early loads cost the
+    latency-bound launch they overlap (a quantized step's o projection, ``gemv_residual_tile_o``,
+    during attention's combine; docs/PERF.md, "Thirty-first session")."""
+    return _function_names("PTO_PDL_LATE", "gemv_residual_tile_o")
+
+
+def _function_names(env: str, example: str) -> frozenset:
+    """The InCore function names the environment variable ``env`` lists (commas between them);
+    UsageError naming the text where one is not an identifier."""
+    text = os.environ.get(env, "").strip()
     names = [t.strip() for t in text.split(",") if t.strip()]
     if any(not n.isidentifier() for n in names):
-        raise UsageError(f"PTO_BLOCKS_FUNCTIONS={text!r}: InCore function names separated by commas "
-                         "(e.g. gemv_residual_tile)")
+        raise UsageError(f"{env}={text!r}: InCore function names separated by commas (e.g. {example})")
     return frozenset(names)
 
 
@@ -181,6 +196,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions", "pdl_mode",
-           "persistent_mode",
-           "qgemv_cols", "qgemv_mode", "qgemv_warps", "qgemv_warps_by", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions",
+           "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
+           "qgemv_warps_by", "split_mode", "tma_mode"]
