@@ -204,9 +204,8 @@
 #   pdllate     issues 45, 46: the 8B's steps (bf16 and quantized, $LATE_TYPES) and SmolLM2's (bf16, its file's
 #               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
 #               before its PDL wait (PTO_PDL_LATE)
-#   qvalues     issues 45, 46: the GEMVs' weights as f32 values where they load, before the PDL wait
-#               (PTO_QGEMV=values with PTO_GEMV_WIDEN=on) against the defaults ($QVALUES_MODES), a process each:
-#               SmolLM2's bf16 step and its file types' (Q4_1, Q8_0 head), then the 1B's and 8B's bf16 steps
+#   qvalues     issue 46: SmolLM2's file types (Q4_1, Q8_0 head) with every quantized tile dequantized where it
+#               loads, before the PDL wait (PTO_QGEMV=values), against the default ($QVALUES_MODES), a process each
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -667,25 +666,16 @@ for line in open(sys.argv[1]):
                  | cut -c1-200
                grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
              done ;;
-    qvalues) # issues 45, 46: the GEMVs' weights made f32 values where they load (before the PDL wait):
-             # PTO_QGEMV=values (quantized tiles dequantized there) with PTO_GEMV_WIDEN=on (half tiles
-             # converted there), against the defaults, a process each, in turn; SmolLM2's bf16 step and
-             # its file types', then the 1B's and the 8B's bf16 steps
+    qvalues) # issue 46: SmolLM2's file types with every quantized tile dequantized where it loads (before the
+             # PDL wait: PTO_QGEMV=values) against the default integer dots, a process each, twice
              for m in ${QVALUES_MODES:-auto values auto values}; do
-               w=off; [ $m = values ] && w=on
-               PTO_QGEMV=$m PTO_GEMV_WIDEN=$w python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 \
-                 --steps 64 --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0' --prefill 0 \
-                 --settle --timeline --json "$OUT/qvalues_$m.json" >> "$OUT/qvalues_$m.log" 2>&1
-               echo "[PTO_QGEMV=$m PTO_GEMV_WIDEN=$w]"; grep -h "B=1:" "$OUT/qvalues_$m.log" | tail -n 2 | cut -c1-200
+               PTO_QGEMV=$m python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
+                 --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0' --prefill 0 --settle \
+                 --timeline --json "$OUT/qvalues_$m.json" >> "$OUT/qvalues_$m.log" 2>&1
+               echo "[PTO_QGEMV=$m]"; grep -h "B=1:" "$OUT/qvalues_$m.log" | tail -n 2 | cut -c1-200
              done
-             for m in auto values; do echo "[PTO_QGEMV=$m] timelines"
-               grep -A14 "B=1 waves: span" "$OUT/qvalues_$m.log" | tail -n 30 | cut -c1-120; done
-             for w in ${WIDEN_WIDE:-off on}; do
-               PTO_GEMV_WIDEN=$w python3 bench/decode.py --configs llama3.2-1b,llama3-8b --batches 1 --long 0 \
-                 --steps 32 --executors waves,persistent --hf-configs none --prefill 0 --settle \
-                 --json "$OUT/widen_$w.json" > "$OUT/widen_$w.log" 2>&1
-               echo "[PTO_GEMV_WIDEN=$w]"; grep -h "B=1:" "$OUT/widen_$w.log" | cut -c1-200
-             done ;;
+             for m in auto values; do echo "[PTO_QGEMV=$m] q4_1/q8_0 timeline"
+               grep -A14 "q4_1/q8_0 B=1 waves: span" "$OUT/qvalues_$m.log" | tail -n 14 | cut -c1-120; done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \

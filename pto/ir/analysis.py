@@ -261,25 +261,6 @@ def gemv_quantized_loads(fn: IncoreFunction, few_rows) -> frozenset[str]:
     multiply-sum, in the same loop body): a backend's product may take the tile's blocks as
     they are stored instead of a tile of values (the Triton renderer sums per unit, the C one
     dequantizes into the dot product; the sums reassociated, as a half-precision kernel's may be)."""
-    dtypes = {t.name: t.dtype for t in fn.tiles}
-    return _gemv_weight_loads(fn, lambda mem, t, x: mem.is_quantized and dtypes[t] is DType.F32 and few_rows(x)
-                              and dtypes[x] is DType.F32)
-
-
-def gemv_half_loads(fn: IncoreFunction, one_row) -> frozenset[str]:
-    """The half-precision tiles loaded (pad 0) from a memref of their dtype whose one reader is a
-    ``matmul_acc`` into an f32 tile by a left operand of one row (``one_row(tile)``: a GEMV's
-    multiply-sum against weights stored output-major, ``tb``, in the same loop body): the product
-    converts them to f32 lane by lane, so a renderer may convert them where they load instead
-    (the same values; before a PDL wait where the load is early)."""
-    dtypes = {t.name: t.dtype for t in fn.tiles}
-    return _gemv_weight_loads(fn, lambda mem, t, x: mem.is_half and dtypes[t] is mem and one_row(x))
-
-
-def _gemv_weight_loads(fn: IncoreFunction, fits) -> frozenset[str]:
-    """The tiles loaded (pad 0) whose one other use, in the same loop body, is as the right
-    operand of a ``matmul_acc`` (``tb``, not ``ta``) into an f32 accumulator, a GEMV's: those for
-    which ``fits(memref dtype, tile, left operand)``."""
     memrefs = {p.name: p for p in fn.memrefs}
     dtypes = {t.name: t.dtype for t in fn.tiles}
     where: dict[str, list[tuple[int, Instr]]] = {}  # tile -> (body id, instr) of its loads and reads
@@ -295,13 +276,14 @@ def _gemv_weight_loads(fn: IncoreFunction, fits) -> frozenset[str]:
     visit(fn.body)
     out = set()
     for t, uses in where.items():
-        if len(uses) != 2 or t not in dtypes or uses[0][0] != uses[1][0]:
+        if len(uses) != 2 or dtypes.get(t) is not DType.F32 or uses[0][0] != uses[1][0]:
             continue
         (_, load), (_, mm) = uses
-        if not (load.op is Op.LOAD and load.dst == t and float(load.attr("pad")) == 0.0
-                and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t and mm.dst != t and mm.srcs[0] != t
-                and mm.attr("tb") and not mm.attr("ta") and str(mm.attr("acc")) == "f32"
-                and dtypes[mm.dst] is DType.F32 and fits(memrefs[load.srcs[0]].dtype, t, mm.srcs[0])):
+        if not (load.op is Op.LOAD and load.dst == t and memrefs[load.srcs[0]].dtype.is_quantized
+                and float(load.attr("pad")) == 0.0 and mm.op is Op.MATMUL_ACC and mm.srcs[1] == t
+                and mm.dst != t and mm.srcs[0] != t and mm.attr("tb") and not mm.attr("ta")
+                and str(mm.attr("acc")) == "f32" and few_rows(mm.srcs[0]) and dtypes[mm.srcs[0]] is DType.F32
+                and dtypes[mm.dst] is DType.F32):
             continue
         out.add(t)
     return frozenset(out)

@@ -159,35 +159,6 @@ def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
     assert wait < ptx.index("st.global")
 
 
-def test_a_widened_gemv_converts_its_weights_where_they_load_before_the_wait(monkeypatch):
-    """``RenderOptions.widen`` (``PTO_GEMV_WIDEN=on``): a one-row GEMV's half weight tile is
-    converted to f32 right where it loads, so before the PDL wait where it loads early; its
-    results are the plain kernel's bit for bit (the interpreter, f16: the same conversion, the
-    same products); a tile a GEMV of several rows reads is left as it is."""
-    late = RenderOptions(pdl="late", pre=("w",))
-    lines = _device_lines(render(_gemv(576, 1024), RenderOptions(pdl="late", pre=("w",), widen=True)))
-    assert _at(lines, "t_b = tl.load(") < _at(lines, "t_b = t_b.to(tl.float32)") < _at(lines, "_gdc_wait()")
-    assert not any(".to(tl.float32)" in s and "t_b = t_b" in s for s in _device_lines(render(_gemv(576, 1024), late)))
-    rows = specialize(gemv_residual_tile(DType.BF16, 2, 576, 64, 4, 1024))
-    assert "t_b = t_b.to(" not in render(rows, RenderOptions(widen=True)).source
-    fn = specialize(gemv_residual_tile(DType.F16, 1, 96, 24, 4, 32))
-    g = torch.Generator().manual_seed(7)
-    x, w, r = (torch.randn(*s, generator=g).half() for s in ((1, 96), (24, 96), (1, 24)))
-    out = []
-    for widen in (False, True):
-        monkeypatch.setenv("PTO_GEMV_WIDEN", "on" if widen else "off")
-        be = TritonBackend("cpu")
-        assert be.options.widen is widen
-        y = torch.full((1, 24), float("nan")).half()
-        be.prepare(TaskBatch.one(fn, {"x": (x, 0, 0, 1, 96), "w": (w, 0, 0, 24, 96), "r": (r, 0, 0, 1, 24),
-                                      "y": (y, 0, 0, 1, 24)}, {}))()
-        out.append(y)
-    assert not out[0].isnan().any() and torch.equal(out[0], out[1])
-    monkeypatch.setenv("PTO_GEMV_WIDEN", "yes")
-    with pytest.raises(UsageError, match="PTO_GEMV_WIDEN='yes': on or off"):
-        TritonBackend("cpu")
-
-
 def _hopper(monkeypatch, policy: str | None = None) -> TritonBackend:
     """A compiling backend as on an H100 (the capability as its driver reports it; nothing runs)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

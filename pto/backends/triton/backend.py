@@ -50,7 +50,6 @@ from pto.backends.triton.modes import (
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
-    gemv_widen,
     pdl_late_functions,
     pdl_mode,
     persistent_mode,
@@ -125,8 +124,7 @@ class TritonBackend(Backend):
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
                                qgemv_warps_by=self.options.qgemv_warps_by or qgemv_warps_by(),
-                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
-                               widen=self.options.widen or gemv_widen(), asm=self.compiles)
+                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

@@ -114,17 +114,6 @@ def qgemv_mode(compiles: bool = True) -> str:
     return "units" if mode == "auto" and not compiles else mode
 
 
-def gemv_widen() -> bool:
-    """Do the GEMVs' half-precision weight tiles convert to f32 where they load
-    (``RenderOptions.widen``): ``PTO_GEMV_WIDEN`` (on, off; default off). A switch for measuring
-    what the conversion costs a latency-bound step after its PDL wait (docs/PERF.md,
-    "Thirty-first session")."""
-    env = os.environ.get("PTO_GEMV_WIDEN", "off")
-    if env not in ("on", "off"):
-        raise UsageError(f"PTO_GEMV_WIDEN={env!r}: on or off")
-    return env == "on"
-
-
 def _one_of(env: str, allowed: tuple[int, ...]) -> int:
     """The number the environment variable ``env`` names, one of ``allowed`` (the first where it
     names none); UsageError naming it otherwise."""
@@ -208,5 +197,5 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
 
 
 __all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions",
-           "gemv_widen", "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
+           "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
            "qgemv_warps_by", "split_mode", "tma_mode"]

@@ -45,7 +45,7 @@ from pto.codegen.triton.quant import render_helpers
 from pto.codegen.triton.tileops import TileOps
 from pto.codegen.triton.tma import tma_memrefs
 from pto.errors import BuildError
-from pto.ir.analysis import gemv_half_loads, gemv_quantized_loads, instr_reads, param_access, substitute_stmt
+from pto.ir.analysis import gemv_quantized_loads, instr_reads, param_access, substitute_stmt
 from pto.ir.dtypes import DType
 from pto.ir.expr import Attr, Bin, Const, Expr, Fn, Var, const_value
 from pto.ir.facts import constant_trips, loop_ranges
@@ -375,8 +375,6 @@ class BodyRenderer(TileOps):
         self.quantized: set[str] = set()
         #: ``x_rows``: each fused tile's x's block rows (past one: read by groups, a few rows of x)
         self.fused, self.x_rows = self._fused_loads(fn)
-        #: the half tiles converted to f32 where they load (``RenderOptions.widen``)
-        self.widened = gemv_half_loads(fn, lambda a: self.blocks[a][0] == 1) if opts.widen else frozenset()
         self.planes: dict[str, list[str]] = {}
         #: the fused tiles read by groups (RenderOptions.qgemv), with their block's rows and columns
         self.grouped: dict[str, tuple[int, int]] = {}

@@ -181,9 +181,6 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
-    ``widen``: a half-precision weight tile only a one-row GEMV's product reads
-    (:func:`pto.ir.analysis.gemv_half_loads`) converted to f32 where it loads, not in the product
-    (the same values; before a PDL wait where the load is early).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -203,7 +200,6 @@ class RenderOptions:
     qgemv_warps: int = 0
     qgemv_warps_by: tuple[tuple[str, int], ...] = ()
     qgemv_cols: int = 0
-    widen: bool = False
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

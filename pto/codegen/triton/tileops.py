@@ -350,8 +350,6 @@ class TileOps:
             self.emit(f"    t_{tile} = tl.load({ptr}{even}{other}{cg})")
             self.emit("else:")
             self.emit(f"    t_{tile} = tl.load({ptr}, mask={mask}, other={pad}{cg})")
-            if tile in self.widened:  # (RenderOptions.widen: the product's conversion, here)
-                self.emit(f"t_{tile} = t_{tile}.to(tl.float32)")
             self.defined.add(tile)
         elif ins.op is Op.STORE_ADD:  # the adds of a task's programs in any order (f32 rounding)
             self.emit(f"    tl.atomic_add({ptr}, t_{tile}{even}, sem=\"relaxed\")")
