@@ -204,8 +204,6 @@
 #   pdllate     issues 45, 46: the 8B's steps (bf16 and quantized, $LATE_TYPES) and SmolLM2's (bf16, its file's
 #               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
 #               before its PDL wait (PTO_PDL_LATE)
-#   qvalues     issue 46: SmolLM2's file types (Q4_1, Q8_0 head) with every quantized tile dequantized where it
-#               loads, before the PDL wait (PTO_QGEMV=values), against the default ($QVALUES_MODES), a process each
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -666,16 +664,6 @@ for line in open(sys.argv[1]):
                  | cut -c1-200
                grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
              done ;;
-    qvalues) # issue 46: SmolLM2's file types with every quantized tile dequantized where it loads (before the
-             # PDL wait: PTO_QGEMV=values) against the default integer dots, a process each, twice
-             for m in ${QVALUES_MODES:-auto values auto values}; do
-               PTO_QGEMV=$m python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
-                 --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0' --prefill 0 --settle \
-                 --timeline --json "$OUT/qvalues_$m.json" >> "$OUT/qvalues_$m.log" 2>&1
-               echo "[PTO_QGEMV=$m]"; grep -h "B=1:" "$OUT/qvalues_$m.log" | tail -n 2 | cut -c1-200
-             done
-             for m in auto values; do echo "[PTO_QGEMV=$m] q4_1/q8_0 timeline"
-               grep -A14 "q4_1/q8_0 B=1 waves: span" "$OUT/qvalues_$m.log" | tail -n 14 | cut -c1-120; done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \

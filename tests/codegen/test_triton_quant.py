@@ -81,31 +81,6 @@ def test_a_gemv_against_quantized_weights_agrees_with_the_evaluator(dtype):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("dtype", [DType.Q4_1, DType.Q8_0, DType.Q6_K, DType.FP8], ids=str)
-def test_a_gemv_in_values_mode_dequantizes_where_it_loads_before_the_wait(dtype):
-    """``qgemv="values"``: every quantized tile's values where it is loaded (the load's values bit
-    for bit, the dense product: the evaluator's sums in another order), so that with the weights
-    loaded before a PDL wait their dequantization comes before it too, and no fused dot."""
-    from pto.backends.triton import TritonBackend
-    from pto.codegen.triton.common import RenderOptions
-    from pto.data.batch import TaskBatch
-
-    K, N = 512, 40
-    g = torch.Generator().manual_seed(5)
-    wg, wu = random_qtensor(dtype, N, K, seed=3), random_qtensor(dtype, N, K, seed=4)
-    x, gain = torch.randn(1, K, generator=g), 1 + 0.1 * torch.randn(1, K, generator=g)
-    fn = specialize(gemv_norm_swiglu_tile(f32, 1, K, N, 8, K, 1e-5, wdtype=dtype))  # (one K step: loaded early)
-    regions = {"x": (x, 0, 0, 1, K), "g": (gain, 0, 0, 1, K), "wg": (wg.data, 0, 0, N, K),
-               "wu": (wu.data, 0, 0, N, K), "y": (torch.full((1, N), float("nan")), 0, 0, 1, N)}
-    want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
-    run_incore(fn, want, {})
-    TritonBackend("cpu", options=RenderOptions(qgemv="values")).prepare(TaskBatch.one(fn, regions, {}))()
-    torch.testing.assert_close(regions["y"][0], want["y"][0], rtol=1e-5, atol=1e-5 * float(want["y"][0].abs().max()))
-    body = render(fn, RenderOptions(qgemv="values", pdl="late", pre=("wg", "wu"))).source.split("def d_")[1]
-    assert "_dot_" not in body
-    assert body.index(f"_pto_dq_{dtype.short}(") < body.index("_gdc_wait()") < body.index("tl.sum(")
-
-
 @pytest.mark.parametrize("span", [1, 2, 3])
 @pytest.mark.parametrize("launches", [True, False])
 def test_the_prefills_dequantization_in_spans_of_layers(span, launches):

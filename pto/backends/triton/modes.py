@@ -104,7 +104,7 @@ def _function_names(env: str, example: str) -> frozenset:
 
 def qgemv_mode(compiles: bool = True) -> str:
     """How the GEMVs' products read quantized weights (:data:`~pto.codegen.triton.common.QGEMV_MODES`):
-    ``PTO_QGEMV`` (auto, units, groups, int8, int16, values; default auto: integer dots with 16-bit x for
+    ``PTO_QGEMV`` (auto, units, groups, int8, int16; default auto: integer dots with 16-bit x for
     every integer format, Q4_0 to Q6_K and Q8_0, half dots for fp8), "auto"
     where kernels are ``compiles``'d for a GPU; the interpreter reads by units unless asked (its f32
     arithmetic is the CPU tests' reference; the other paths have tests of their own)."""

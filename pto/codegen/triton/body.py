@@ -385,8 +385,6 @@ class BodyRenderer(TileOps):
         (``RenderOptions.qgemv``) and the tile's format and columns allow it
         (:func:`quant_groups.applies`: the other tiles of a few rows keep their values and the
         plain product); with each one's x's block rows."""
-        if self.opts.qgemv == "values":  # every tile's values at its load, the dense product
-            return frozenset(), {}
         grouped = reads_by_groups(self.opts.qgemv)
         fused = gemv_quantized_loads(fn, lambda a: self.blocks[a][0] == 1 or
                                      (grouped and self.blocks[a][0] <= GROUPED_ROWS))

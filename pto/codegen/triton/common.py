@@ -112,7 +112,7 @@ FLAT_STAGES = 3
 #: fp8 3.16 by units against 3.65 by groups (2.61 against 2.77 in the quantized tiles of
 #: :data:`pto.orchestration.model.program.QUANT_WIDE`), 2.48 by half dots against 2.61 by units
 #: in one call; docs/PERF.md.
-QGEMV_MODES = ("auto", "units", "groups", "int8", "int16", "values")
+QGEMV_MODES = ("auto", "units", "groups", "int8", "int16")
 #: the bits of x of the modes whose GEMVs take integer dots ("auto": for :data:`QGEMV_INT_AUTO`)
 INT_DOT_BITS = {"int8": 8, "int16": 16, "auto": 16}
 #: the formats "auto" takes as integer dots: those measured faster so on an H200 (every format
@@ -166,9 +166,7 @@ class RenderOptions:
     a launch setting a schedule may switch (the arithmetic is the same).
     ``qgemv``: how a GEMV's product reads quantized weights (:data:`QGEMV_MODES`; "": the
     backend's choice, :func:`pto.backends.triton.modes.qgemv_mode`, "units" where rendered
-    directly); a tile that is not whole groups of its format takes "units"; "values": every
-    quantized tile dequantized to f32 values where it is loaded (before a PDL wait where the load
-    is early), the product the dense one.
+    directly); a tile that is not whole groups of its format takes "units".
     ``qgemv_warps``: the fewest warps a program of a GEMV that reads by groups takes (a power
     of two up to 8; 0: the backend's, :func:`pto.backends.triton.modes.qgemv_warps`); the rule
     gives a warp per 1,024 columns and per 8 rows past the first 8 (measured on the 8B model's
