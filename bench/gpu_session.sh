@@ -204,9 +204,6 @@
 #   pdllate     issues 45, 46: the 8B's steps (bf16 and quantized, $LATE_TYPES) and SmolLM2's (bf16, its file's
 #               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
 #               before its PDL wait (PTO_PDL_LATE)
-#   pdlpf       issue 45: PTO_PDL_PREFETCH off and on ($PDLPF_MODES): what a launch only reads though the one
-#               before may write (attention's keys and values) prefetched into L2 before its PDL wait;
-#               SmolLM2 (bf16, its file's types) a process each, then the 1B and the 8B ($PDLPF_WIDE)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -667,23 +664,6 @@ for line in open(sys.argv[1]):
                  | cut -c1-200
                grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
              done ;;
-    pdlpf) # issue 45: what a launch only reads though the one before may write (attention's keys and
-           # values) prefetched into L2 before its PDL wait (PTO_PDL_PREFETCH), a process each, in turn
-           for pf in ${PDLPF_MODES:-off on off on}; do
-             PTO_PDL_PREFETCH=$pf python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 64 \
-               --executors waves --hf-configs none --quant 'bf16,smollm2-135m:q4_1/q8_0' --prefill 0 --settle \
-               --timeline --json "$OUT/pdlpf_smol_$pf.json" >> "$OUT/pdlpf_smol_$pf.log" 2>&1
-             echo "[PTO_PDL_PREFETCH=$pf]"; grep -h "B=1:" "$OUT/pdlpf_smol_$pf.log" | tail -n 2 | cut -c1-200
-           done
-           for pf in off on; do echo "[PTO_PDL_PREFETCH=$pf] SmolLM2 bf16 timeline"
-             grep -A7 "bf16 B=1 waves: span" "$OUT/pdlpf_smol_$pf.log" | tail -n 7 | cut -c1-120; done
-           for pf in ${PDLPF_WIDE:-off on}; do
-             PTO_PDL_PREFETCH=$pf python3 bench/decode.py --configs llama3.2-1b,llama3-8b --batches 1 --long 0 \
-               --steps 32 --executors waves --hf-configs none --prefill 0 --settle --timeline \
-               --json "$OUT/pdlpf_wide_$pf.json" > "$OUT/pdlpf_wide_$pf.log" 2>&1
-             echo "[PTO_PDL_PREFETCH=$pf]"; grep -h "B=1:" "$OUT/pdlpf_wide_$pf.log" | cut -c1-200
-             grep -h "decode_attn_part\|rope" "$OUT/pdlpf_wide_$pf.log" | cut -c1-120 | head -n 6
-           done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \

@@ -159,69 +159,6 @@ def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
     assert wait < ptx.index("st.global")
 
 
-def _part_kernel(l2_pre: tuple[str, ...]):
-    """SmolLM2's attention part (3 heads of 64, a chunk of 64 keys) as the step launches it: its
-    position loaded before the PDL wait, ``l2_pre`` prefetched into L2 before it."""
-    from pto.incore.decode import decode_attn_part
-
-    fn = specialize(decode_attn_part(DType.BF16, 3, 64, 64, 64))
-    return render(fn, RenderOptions(pdl="late", pre=("pos",), l2_pre=l2_pre, asm=True))
-
-
-def test_a_kernel_prefetches_what_the_launch_before_writes_into_l2_before_its_wait():
-    """``RenderOptions.l2_pre`` (``PTO_PDL_PREFETCH=on``): the attention part's keys and values,
-    which the launch before it appends to, are prefetched into L2 before the PDL wait (a line of
-    each of the chunk's rows the position says hold a key), the loads themselves after it; the
-    prefetch's helper comes with the file; not under the interpreter (no ``asm``), nor without
-    ``l2_pre``; the arithmetic's digest is the plain kernel's."""
-    kern = _part_kernel(("kc", "q", "vc"))
-    lines = _device_lines(kern)
-    wait = _at(lines, "_gdc_wait()")
-    pf = [i for i, s in enumerate(lines) if "_prefetch_l2(" in s]
-    assert len(pf) == 2 and max(pf) < wait and "def _prefetch_l2(" in kern.source
-    assert _at(lines, "s_p = tl.load(P_pos") < min(pf)  # (the rows that hold a key: from the position)
-    assert all(i > wait for i, s in enumerate(lines) if "tl.load(" in s and ("P_kc" in s or "P_vc" in s))
-    plain = _part_kernel(())
-    assert "_prefetch_l2" not in plain.source and kern.schedule_digest == plain.schedule_digest
-    interp = render(kern.fn, RenderOptions(pdl="late", pre=("pos",), l2_pre=("kc", "vc")))
-    assert "_prefetch_l2" not in interp.source
-
-
-def test_the_backend_prefetches_a_batchs_reads_the_launch_before_may_write(monkeypatch):
-    """``PTO_PDL_PREFETCH=on`` on a compiling backend under "auto": a batch's ``l2_pre`` is what its
-    function only reads less what it may load early (``TaskBatch.readonly``); none for the run's
-    first batch, nor by default; anything but on or off is one line naming it."""
-    from pto.incore.decode import decode_attn_part
-
-    monkeypatch.delenv("PTO_PDL", raising=False)
-    part = specialize(decode_attn_part(DType.BF16, 3, 64, 64, 64))
-    monkeypatch.setenv("PTO_PDL_PREFETCH", "on")
-    be = _hopper(monkeypatch)
-    cfg = be.launch_config(part)
-    assert be.batch_options(cfg, _batch(part, {"pos"})).l2_pre == ("kc", "q", "vc")
-    assert be.batch_options(cfg, _batch(part)).l2_pre == ()
-    monkeypatch.delenv("PTO_PDL_PREFETCH")
-    be = _hopper(monkeypatch)
-    assert be.batch_options(be.launch_config(part), _batch(part, {"pos"})).l2_pre == ()
-    monkeypatch.setenv("PTO_PDL_PREFETCH", "1")
-    with pytest.raises(UsageError, match="PTO_PDL_PREFETCH='1': on or off"):
-        _hopper(monkeypatch)
-
-
-@pytest.mark.slow
-def test_the_l2_prefetch_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
-    """Compiled for an H100 (no GPU needed): the attention part's ``prefetch.global.L2`` comes
-    before ``griddepcontrol.wait``, its keys' loads after."""
-    kern = _part_kernel(("kc", "q", "vc"))
-    (job,) = jobs_sm90([(kern, path_flags(kern.fn, True))])
-    job["options"]["launch_pdl"] = True
-    (res,) = compile_sm90([job], tmp_path)
-    assert res["ok"], res.get("error")
-    ptx = res["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    assert ptx.index("prefetch.global.L2") < wait < ptx.rindex("ld.global")
-
-
 def _hopper(monkeypatch, policy: str | None = None) -> TritonBackend:
     """A compiling backend as on an H100 (the capability as its driver reports it; nothing runs)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

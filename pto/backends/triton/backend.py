@@ -52,7 +52,6 @@ from pto.backends.triton.modes import (
     blocks_functions,
     pdl_late_functions,
     pdl_mode,
-    pdl_prefetch,
     persistent_mode,
     qgemv_cols,
     qgemv_mode,
@@ -68,7 +67,7 @@ from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
-from pto.ir.analysis import has_collective, param_access
+from pto.ir.analysis import has_collective
 from pto.ir.expr import evaluate
 from pto.ir.nodes import IncoreFunction
 from pto.machine.collectives import SumBuffers
@@ -135,8 +134,6 @@ class TritonBackend(Backend):
         self.blocks_functions = blocks_functions()
         #: the functions whose launches load nothing before their PDL wait (PTO_PDL_LATE)
         self.pdl_late = pdl_late_functions()
-        #: the kernels prefetch into L2 before their PDL wait what the launch before may write (PTO_PDL_PREFETCH)
-        self.pdl_l2 = pdl_prefetch() and self.compiles
         if self.persistent == "ws" and self.compiles and tuple(torch.cuda.get_device_capability(self.device)) < (9, 0):
             raise UsageError("persistent tile loops 'ws' (warp-specialized) need compute capability 9.0 or later; "
                              "use 'loop'")
@@ -314,9 +311,6 @@ class TritonBackend(Backend):
         # a warp-specialized loop keeps the PDL wait before it: no loads move above the wait
         early = self.pdl in ("auto", "chain") and opts.persistent != "ws" and batch.fn.name not in self.pdl_late
         opts = replace(opts, pre=tuple(sorted(batch.readonly)) if early else ())
-        if early and self.pdl_l2 and batch.readonly:  # (the batch's own reads the launch before may write)
-            reads = {p for p, a in param_access(batch.fn).items() if a.direction == "in"}
-            opts = replace(opts, l2_pre=tuple(sorted(reads - batch.readonly)))
         if self.pdl == "auto" and batch.chain:
             opts = replace(opts, pdl="chain")
         return opts

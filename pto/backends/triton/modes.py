@@ -92,16 +92,6 @@ def pdl_late_functions() -> frozenset:
     return _function_names("PTO_PDL_LATE", "gemv_residual_tile_o")
 
 
-def pdl_prefetch() -> bool:
-    """Do the batched kernels prefetch into L2, before their PDL wait, what they only read though
-    the launch before may write (``RenderOptions.l2_pre``: a decode step's attention parts' keys
-    and values): ``PTO_PDL_PREFETCH`` (on, off; default off)."""
-    env = os.environ.get("PTO_PDL_PREFETCH", "off")
-    if env not in ("on", "off"):
-        raise UsageError(f"PTO_PDL_PREFETCH={env!r}: on or off")
-    return env == "on"
-
-
 def _function_names(env: str, example: str) -> frozenset:
     """The InCore function names the environment variable ``env`` lists (commas between them);
     UsageError naming the text where one is not an identifier."""
@@ -207,5 +197,5 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
 
 
 __all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions",
-           "pdl_late_functions", "pdl_mode", "pdl_prefetch", "persistent_mode", "qgemv_cols", "qgemv_mode",
-           "qgemv_warps", "qgemv_warps_by", "split_mode", "tma_mode"]
+           "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
+           "qgemv_warps_by", "split_mode", "tma_mode"]

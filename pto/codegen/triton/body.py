@@ -367,8 +367,6 @@ class BodyRenderer(TileOps):
         #: kernel waits before it calls the device function); ``waiting``: that wait is to come
         self.early: frozenset[str] = frozenset()
         self.waiting = False
-        #: (a batched kernel) it prefetches into L2 before its PDL wait (:meth:`pdl_prefetch`)
-        self.l2_prefetching = False
         #: (a run) the memrefs it prefetches into L2 before its wait (:meth:`run_prefetch`)
         self.prefetched: frozenset[str] = frozenset()
         #: the quantized formats the body loads (their helpers come with the device function);
@@ -633,7 +631,6 @@ class BodyRenderer(TileOps):
             self.prefetch(rest)
             self.emit(MK_WAIT)
         else:
-            self.pdl_prefetch(rest)
             self.emit(PDL_WAIT)
             if self.opts.pdl == "chain":
                 self.emit(PDL_SIGNAL)
@@ -662,18 +659,6 @@ class BodyRenderer(TileOps):
             for loop, trips in plan:
                 self.prefetch_loop(loop, trips, mems)
             self.depth -= 1
-
-    def pdl_prefetch(self, rest: tuple) -> None:
-        """(a batched kernel compiled for a GPU, before its PDL wait) L2 prefetches of the loads of
-        ``opts.l2_pre`` memrefs in the loops of ``rest``: their first trips, up to
-        ``opts.prefetch_bytes`` (:func:`prefetch_plan`); quantized memrefs left out."""
-        mems = self._prefetchable(frozenset(self.opts.l2_pre))
-        if not (mems and self.opts.asm):
-            return
-        plan = prefetch_plan(rest, mems, self.blocks, self.dtypes, set(self.names), self.opts.prefetch_bytes)
-        for loop, trips in plan:
-            self.prefetch_loop(loop, trips, mems)
-        self.l2_prefetching = self.l2_prefetching or bool(plan)
 
     def _prefetchable(self, mems) -> frozenset[str]:
         """``mems`` less the quantized memrefs: a quantized tile is rows of packed blocks and

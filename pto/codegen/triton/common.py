@@ -179,12 +179,6 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
-    ``l2_pre``: (under PDL) memrefs the kernel only reads though the launch before it may write
-    them (a decode step's keys and values, of which the append writes one row): the first trips
-    of the loops that load them, up to ``prefetch_bytes``, prefetched into L2 before the PDL
-    wait, where the kernel waits in its body (it loads something early) and is compiled for a
-    GPU (``asm``): L2 is the point of coherence, so a store of the launch before updates a line
-    fetched early, and the loads after the wait read it (:meth:`pto.codegen.triton.body.BodyRenderer.pdl_prefetch`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -204,7 +198,6 @@ class RenderOptions:
     qgemv_warps: int = 0
     qgemv_warps_by: tuple[tuple[str, int], ...] = ()
     qgemv_cols: int = 0
-    l2_pre: tuple[str, ...] = ()
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

@@ -39,7 +39,6 @@ from pto.codegen.triton.common import (
     PDL_SIGNAL,
     PDL_WAIT,
     PERSISTENT_MODES,
-    PREFETCH_L2,
     TL_PTR,
     RenderOptions,
     TableLayout,
@@ -193,11 +192,11 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
 
     def source(lines: list[str], imports: str = "") -> str:
         kernel = [f"@triton.jit\ndef {kname}(\n        {sig}):"] + ["    " + line for line in lines]
-        return file_source(title, ([PREFETCH_L2] if r.l2_prefetching else []) + [dlines, kernel], imports)
+        return file_source(title, [dlines, kernel], imports)
 
     src = source(body)
     # the arithmetic: with or without PDL and tensor-descriptor loads
-    plain = render(fn, replace(r.opts, pdl="", tma=False, pre=(), l2_pre=(), persistent="")).schedule_digest \
+    plain = render(fn, replace(r.opts, pdl="", tma=False, pre=(), persistent="")).schedule_digest \
         if r.tma or r.opts.tma or r.early or persistent else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
     if pdl:
