@@ -133,7 +133,11 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     monkeypatch.delenv("PTO_PERSISTENT", raising=False)
     gpu = info("auto")
     assert gpu["pdl"] == "auto"
-    assert "programmatic dependent launch auto (PTO_PDL)" in format_info(gpu)
+    assert "programmatic dependent launch auto (PTO_PDL)" in format_info(gpu) and "PTO_PDL_LATE" not in format_info(gpu)
+    monkeypatch.setenv("PTO_PDL_LATE", "gemv_residual_tile_o,gemv_residual_tile")
+    assert ("programmatic dependent launch auto (PTO_PDL), nothing loaded before the wait by gemv_residual_tile, "
+            "gemv_residual_tile_o (PTO_PDL_LATE)") in format_info(info("auto"))
+    monkeypatch.delenv("PTO_PDL_LATE")
     assert gpu["tma"] == "on" and "tensor descriptors on (PTO_TMA)" in format_info(gpu)
     assert gpu["persistent"] == "auto" and "persistent tile loops auto (PTO_PERSISTENT" in format_info(gpu)
     monkeypatch.delenv("PTO_BLOCKS_FORMATS", raising=False)

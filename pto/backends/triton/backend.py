@@ -211,7 +211,8 @@ class TritonBackend(Backend):
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
                 "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
                 "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats())),
-                "blocks_functions": ",".join(sorted(blocks_functions()))}
+                "blocks_functions": ",".join(sorted(blocks_functions())),
+                "pdl_late": ",".join(sorted(pdl_late_functions()))}
 
     def launch_config(self, fn: IncoreFunction, tasks: int = 1) -> LaunchConfig:
         """Launch parameters for a batch of ``tasks`` tasks of ``fn``: the renderer's

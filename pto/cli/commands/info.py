@@ -77,6 +77,8 @@ def format_info(d: dict) -> str:
         tri += " (on the CPU only through its interpreter: TRITON_INTERPRET=1)"
     if "pdl" in d:
         tri += f"; programmatic dependent launch {d['pdl']} (PTO_PDL)"
+        if d.get("pdl_late"):
+            tri += f", nothing loaded before the wait by {d['pdl_late'].replace(',', ', ')} (PTO_PDL_LATE)"
         tri += f"; tensor descriptors {d.get('tma', 'off')} (PTO_TMA)"
         tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the integer "
                 "formats, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
