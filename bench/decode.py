@@ -235,6 +235,27 @@ def settle_graphs(count: int = 3) -> None:
     SETTLED[0] += count
 
 
+def half_filled(step, vocab: int, batch: int, cache: int):
+    """``step`` (a decode step of ``batch`` sequences and ``cache`` slots) at half its cache: random
+    keys and values, the same seeded tokens on every rank; its first run (it compiles, fits the
+    megakernel, uploads the plan); then a call that replays it at that position every time (the
+    cost at that length)."""
+    t = step.tensors
+    t["k_cache"].normal_()
+    t["v_cache"].normal_()
+    t["pos"].fill_(cache // 2)
+    t["tok"].copy_(torch.randint(0, vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
+    step()
+    torch.cuda.synchronize()
+    start = t["pos"].clone()
+
+    def one():
+        t["pos"].copy_(start)
+        step.replay()
+
+    return one
+
+
 def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTiling | None = None,
          kernels: bool = False, tp: int = 1, vocab_parallel: bool = True, comm: bool = False,
          branches: bool = False, records: str | None = None, overlap: bool = False) -> dict:
@@ -250,22 +271,9 @@ def ours(w, batch: int, cache: int, executor: str, steps: int, tiling: DecodeTil
     gen = Generator(w, "cuda", DType.BF16, executor=executor, tiling=tiling, tp=tp, vocab_parallel=vocab_parallel)
     try:
         step = gen.step(batch, cache)
-        t = step.tensors
-        t["k_cache"].normal_()
-        t["v_cache"].normal_()
-        t["pos"].fill_(cache // 2)
-        # the same tokens on every rank (seeded)
-        t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
         dist.counters(reset=True)
-        step()  # the first run: compiles, fits the megakernel, uploads the plan
-        torch.cuda.synchronize()
+        one = half_filled(step, w.config.vocab, batch, cache)
         sums = dist.counters(reset=True)
-        start = t["pos"].clone()
-
-        def one():
-            t["pos"].copy_(start)  # the same position every step: the cost at that length
-            step.replay()
-
         rounds = events_rounds(one, steps)
         ms = statistics.median(rounds)
         BUILT[0] += 1

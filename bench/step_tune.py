@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode import events_rounds, quantized_spec, settle_graphs  # noqa: E402
+from decode import events_rounds, half_filled, quantized_spec, settle_graphs  # noqa: E402
 from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
 
@@ -56,20 +56,7 @@ def step_ms(w, batch: int, cache: int, steps: int, settings: dict[str, dict]) ->
     gen = Generator(w, "cuda", DType.BF16, executor="waves")
     try:
         step = gen.step(batch, cache)
-        t = step.tensors
-        t["k_cache"].normal_()
-        t["v_cache"].normal_()
-        t["pos"].fill_(cache // 2)
-        t["tok"].copy_(torch.randint(0, w.config.vocab, (batch, 1), generator=torch.Generator().manual_seed(0)))
-        step()
-        torch.cuda.synchronize()
-        start = t["pos"].clone()
-
-        def one():
-            t["pos"].copy_(start)
-            step.replay()
-
-        ms = statistics.median(events_rounds(one, steps))
+        ms = statistics.median(events_rounds(half_filled(step, w.config.vocab, batch, cache), steps))
         kernels = {}
         for k in step.executor.backend.compiled_kernels():
             kernels.setdefault(k["kernel"].split("__")[0], {"num_warps": k["warps"], "num_stages": k["stages"]})
