@@ -9,7 +9,7 @@ kept only where the step it runs in is faster.
                                [--stages 1,2,3] [--functions all] [--steps 64] [--budget 420]
                                [--keep 0.5] [--json FILE]
 
-Per function (in the order of its kernels' share of the step, the slowest first), each
+Per function (in the order ``--functions`` gives, else the order the step compiles them), each
 candidate's step ms against the best so far; a candidate is kept where it is ``--keep`` percent
 faster. At the end the defaults and the settings found, in turn, twice each. Nothing is written
 to a schedule database."""
@@ -32,30 +32,17 @@ from decode import events_rounds, half_filled, quantized_spec, settle_graphs  # 
 from pto.orchestration.llm.generate import Generator  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights  # noqa: E402
 
-from pto.backends.triton import backend as triton_backend  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
-
-#: the launch settings each function's kernels take in place of their own (by the function's name)
-OVERRIDES: dict[str, dict] = {}
-_own_launch_config = triton_backend.TritonBackend.launch_config
-
-
-def _launch_config(self, fn, tasks: int = 1):
-    """The backend's settings for ``fn``, then :data:`OVERRIDES`' for its name."""
-    return _own_launch_config(self, fn, tasks).updated(OVERRIDES.get(fn.name, {}), f"step_tune's `{fn.name}`")
-
-
-triton_backend.TritonBackend.launch_config = _launch_config
 
 
 def step_ms(w, batch: int, cache: int, steps: int, settings: dict[str, dict]) -> tuple[float, dict]:
     """The wave executor's step of ``batch`` sequences at half of ``cache`` with ``settings`` (function
     name: launch settings), ms (the median of the rounds), and its kernels' own settings."""
-    OVERRIDES.clear()
-    OVERRIDES.update(settings)
     gen = Generator(w, "cuda", DType.BF16, executor="waves")
     try:
         step = gen.step(batch, cache)
+        # (the backend's own launch settings given per function: they apply from the first run on)
+        step.executor.backend.launch_overrides.update(settings)
         ms = statistics.median(events_rounds(half_filled(step, w.config.vocab, batch, cache), steps))
         kernels = {}
         for k in step.executor.backend.compiled_kernels():
