@@ -203,6 +203,8 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
+    if not r.grouped:
+        launch.update(dequant_dot_launch(fn, launch))
     if r.grouped:
         floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
         one_row = all(r.x_rows.get(t, 1) == 1 for t in r.grouped)
@@ -259,6 +261,41 @@ def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor
         warps = max(warps, PLAIN_WARPS * 1024 // span)  # (fewer where a warp takes more columns)
     warps = max(warps, floor)
     return min(8, 1 << (warps.bit_length() - 1))
+
+
+#: a K loop of DEQ_TRIPS trips or more whose products on tensor cores (16 rows of x or fewer: a
+#: decode step's batch) take weight tiles a GGUF block format dequantizes in the loop, two such
+#: products a step (gate/up) or DEQ_ELEMS weights a step or more (the LM head), runs unpipelined
+#: (1 stage) at no more than 4 warps: the dequantizing loop's registers, not its loads, bound it
+#: (Llama-3-8B at 8 sequences, Q4_K 15.90 -> 13.68 ms a step, Q8_0 13.97 -> 12.72; the 1B shape's
+#: Q4_K 3.60 -> 3.25; docs/PERF.md, "Thirty-second session"). The residual GEMVs (one product of a
+#: narrower tile: slower unpipelined), SmolLM2's short loops and fp8 (a conversion, not a block
+#: format's arithmetic) keep the heuristics'.
+DEQ_TRIPS, DEQ_ELEMS = 8, 16384
+
+
+def dequant_dot_launch(fn: IncoreFunction, launch: dict) -> dict:
+    """What :data:`DEQ_TRIPS`'s rule changes in ``launch`` (the heuristics' settings of ``fn``):
+    ``num_stages`` 1 and ``num_warps`` at most 4 where every K loop with products qualifies,
+    else nothing."""
+    memrefs = {m.name: m.dtype for m in fn.memrefs}
+    shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
+    qualified = False
+    for loop in _loops(fn.body):
+        instrs = list(walk_instrs(loop.body))
+        products = [i for i in instrs if i.op in MATMUL]
+        if not products:
+            continue
+        dequantized = {i.dst for i in instrs if i.op is Op.LOAD and memrefs[i.srcs[0]].is_quantized
+                       and memrefs[i.srcs[0]].quant.gguf is not None}
+        weights = [i.srcs[1] for i in products if i.srcs[1] in dequantized]
+        elems = sum(shapes[t][0] * shapes[t][1] for t in weights)
+        few_rows = all(shapes[i.dst][0] <= 16 for i in products)
+        if not (weights and few_rows and (constant_trips(loop) or 0) >= DEQ_TRIPS
+                and (len(weights) >= 2 or elems >= DEQ_ELEMS)):
+            return {}
+        qualified = True
+    return {"num_stages": 1, "num_warps": min(4, launch["num_warps"])} if qualified else {}
 
 
 def _load_trips(body, tiles: frozenset[str], trips: int = 1) -> int:
