@@ -57,6 +57,7 @@ from pto.backends.triton.modes import (
     qgemv_mode,
     qgemv_warps,
     qgemv_warps_by,
+    qscales_mode,
     split_mode,
     tma_mode,
 )
@@ -124,7 +125,8 @@ class TritonBackend(Backend):
         self.options = replace(self.options, tma=self._tma(), qgemv=self.options.qgemv or qgemv_mode(self.compiles),
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
                                qgemv_warps_by=self.options.qgemv_warps_by or qgemv_warps_by(),
-                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(), asm=self.compiles)
+                               qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
+                               qscales=self.options.qscales or qscales_mode(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
@@ -210,6 +212,7 @@ class TritonBackend(Backend):
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
                 "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
+                "qscales": qscales_mode(),
                 "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats())),
                 "blocks_functions": ",".join(sorted(blocks_functions())),
                 "pdl_late": ",".join(sorted(pdl_late_functions()))}

@@ -114,6 +114,24 @@ def qgemv_mode(compiles: bool = True) -> str:
     return "units" if mode == "auto" and not compiles else mode
 
 
+#: how the tensor-core paths' tile loads read a quantized format's scales (``PTO_QSCALES``,
+#: :func:`qscales_mode`)
+QSCALES_MODES = ("units", "groups")
+
+
+def qscales_mode() -> str:
+    """How a quantized tile load read by units (the dot path's tiles at a few sequences, the
+    prefill's GEMMs, ``PTO_QGEMV=units``) takes a scale plane whose group spans four units or
+    more (``RenderOptions.qscales``): ``PTO_QSCALES`` "units" (the default: a value a unit, the
+    group's units loading it again) or "groups" (a value a group, broadcast to its units: the
+    8B's Q4_K down projection at 8 sequences 10.78 -> 8.88 SASS instructions a weight; not yet
+    measured on a GPU, docs/PERF.md "Thirty-second session")."""
+    mode = os.environ.get("PTO_QSCALES", "").strip() or QSCALES_MODES[0]
+    if mode not in QSCALES_MODES:
+        raise UsageError(f"PTO_QSCALES={mode!r}: one of {', '.join(QSCALES_MODES)}")
+    return mode
+
+
 def _one_of(env: str, allowed: tuple[int, ...]) -> int:
     """The number the environment variable ``env`` names, one of ``allowed`` (the first where it
     names none); UsageError naming it otherwise."""
@@ -196,6 +214,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "SPLIT_MODES", "blocks_formats", "blocks_functions",
-           "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
-           "qgemv_warps_by", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES", "SPLIT_MODES", "blocks_formats",
+           "blocks_functions", "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode",
+           "qgemv_warps", "qgemv_warps_by", "qscales_mode", "split_mode", "tma_mode"]

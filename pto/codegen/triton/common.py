@@ -179,6 +179,10 @@ class RenderOptions:
     0: the backend's, :func:`pto.backends.triton.modes.qgemv_cols`, 1,024 rendered directly):
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
+    ``qscales``: how a tile load read by units takes a scale plane whose group spans four units
+    or more: "units" (a value a unit) or "groups" (a value a group, broadcast to its units; the
+    same values); "" the backend's (:func:`pto.backends.triton.modes.qscales_mode`), "units"
+    rendered directly.
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -198,6 +202,7 @@ class RenderOptions:
     qgemv_warps: int = 0
     qgemv_warps_by: tuple[tuple[str, int], ...] = ()
     qgemv_cols: int = 0
+    qscales: str = ""
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

@@ -107,9 +107,11 @@ def unit_of(fmt: QuantFormat) -> int:
 _INT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.int32"}
 
 
-def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> dict[str, str]:
+def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int, groups: bool = False) -> dict[str, str]:
     """Each plane of the tile's rows as one ``[BR, BC / U]`` tensor (a header plane ``[BR, 1]``):
-    an element plane's integer per unit (int32), a scale plane's f32 value per unit."""
+    an element plane's integer per unit (int32), a scale plane's f32 value per unit. ``groups``:
+    a scale plane whose group spans four units or more is loaded a value a group and broadcast to
+    its units: the same values from fewer loads and addresses (``RenderOptions.qscales``)."""
     unit = em.let(f"tl.arange(0, BC // {U})[None, :]")
     out = {}
     for p in fmt.planes:
@@ -127,13 +129,26 @@ def _loads(em: _Emitter, fmt: QuantFormat, offsets: dict[str, str], U: int) -> d
             continue
         # a scale per group of elements (whole units): the same for the group's units
         assert p.group % U == 0, (fmt.name, p.name)
-        index = unit if p.group == U else f"{unit} // {p.group // U}"
         stride = fmt.stride(p.name)
         step = stride // (p.bits // 8)  # (2 in a pair: the other plane's value between)
+        at = f"({base} + (c0 // {p.group}) * {stride}).to(tl.pointer_type({_TL[(p.kind, p.bits)]}))"
+        if groups and p.group >= 4 * U:
+            out[p.name] = _group_scale(em, p, at, step, U)
+            continue
+        index = unit if p.group == U else f"{unit} // {p.group // U}"
         index = index if step == 1 else f"({index}) * {step}"
-        ptr = f"({base} + (c0 // {p.group}) * {stride}).to(tl.pointer_type({_TL[(p.kind, p.bits)]})) + {index}"
-        out[p.name] = em.let(f"{em.load(ptr, mask)}.to(tl.float32)")
+        out[p.name] = em.let(f"{em.load(f'{at} + {index}', mask)}.to(tl.float32)")
     return out
+
+
+def _group_scale(em: _Emitter, p: Plane, at: str, step: int, U: int) -> str:
+    """Scale plane ``p``'s f32 value of each unit (``[BR, BC / U]``), loaded a value a group and
+    broadcast to the group's units (a tile holds whole blocks: ``BC`` is at least the group)."""
+    group = f"tl.arange(0, BC // {p.group})[None, :]"
+    ptr = f"{at} + {group}" + (f" * {step}" if step != 1 else "")
+    raw = em.load(ptr, f"rmask & (c0 + {group} * {p.group} < lim)")
+    return em.let(f"tl.reshape(tl.broadcast_to({raw}.to(tl.float32)[:, :, None], (BR, BC // {p.group}, "
+                  f"{p.group // U})), (BR, BC // {U}))")
 
 
 def header_load(em: _Emitter, p: Plane, base: str, mask: str) -> str:
@@ -180,11 +195,12 @@ def _header(fmt: QuantFormat) -> list[str]:
     return [f"    nb = {blocks}", "    rowp = P + ri.to(tl.int64) * S"]
 
 
-def render_load(fmt: QuantFormat) -> list[str]:
+def render_load(fmt: QuantFormat, groups: bool = False) -> list[str]:
     """``_pto_dq_load_<format>(P, S, ri, c0, rmask, lim, BR, BC, MASKED)``: every plane of the
-    tile's rows (:func:`_loads`), returned in the format's plane order."""
+    tile's rows (:func:`_loads`; ``groups``: its wide groups' scales a value a group), returned in
+    the format's plane order."""
     em = _Emitter()
-    raw = _loads(em, fmt, fmt.offset_code(), unit_of(fmt))
+    raw = _loads(em, fmt, fmt.offset_code(), unit_of(fmt), groups)
     return [f"@triton.jit\ndef {load_name(fmt)}(P, S, ri, c0, rmask, lim, BR: tl.constexpr, BC: tl.constexpr, "
             "MASKED: tl.constexpr):", f"    # {fmt.name}: {fmt.doc}", *_header(fmt), *em.lines,
             f"    return {', '.join(raw[p.name] for p in fmt.planes)}"]
@@ -288,9 +304,11 @@ def dot_name(fmt: QuantFormat) -> str:
     return f"_pto_dq_dot_{fmt.name}"
 
 
-def render_helpers(fmt: QuantFormat) -> list[str]:
-    """Every helper of ``fmt`` (the load, the values, the dot), one after the other."""
-    return [line for f in (render_load, render_values, render_dot) for line in (*f(fmt), "", "")]
+def render_helpers(fmt: QuantFormat, groups: bool = False) -> list[str]:
+    """Every helper of ``fmt`` (the load, the values, the dot), one after the other; ``groups``:
+    the load's wide groups' scales a value a group (:func:`render_load`)."""
+    return [line for lines in (render_load(fmt, groups), render_values(fmt), render_dot(fmt))
+            for line in (*lines, "", "")]
 
 
 __all__ = ["helper_name", "load_name", "dot_name", "render_helpers", "render_load", "render_values", "render_dot",
