@@ -204,6 +204,9 @@
 #   pdllate     issues 45, 46: the 8B's steps (bf16 and quantized, $LATE_TYPES) and SmolLM2's (bf16, its file's
 #               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
 #               before its PDL wait (PTO_PDL_LATE)
+#   qscales     issue 46: the quantized steps at $QS_BATCHES (default 8,1) for $QS_TYPES on the waves, and the
+#               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (the default) and a
+#               value a group (PTO_QSCALES=groups), a process each, twice in turn
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -663,6 +666,22 @@ for line in open(sys.argv[1]):
                echo "[PTO_PDL_LATE=${late#none}]"; grep -h "B=1" "$OUT/pdllate_8b_$tag.log" "$OUT/pdllate_smol_$tag.log" \
                  | cut -c1-200
                grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
+             done ;;
+    qscales) # issue 46: the dot path's scale planes loaded a value a group (built 2026-12-04, unmeasured)
+             for round in 1 2; do
+               for qs in units groups; do
+                 PTO_QSCALES=$qs python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches "${QS_BATCHES:-8,1}" \
+                   --long 0 --steps 32 --executors waves --hf-configs none --prefill 0 --settle \
+                   --quant "${QS_TYPES:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k}" \
+                   --json "$OUT/qscales_${qs}_$round.json" > "$OUT/qscales_${qs}_$round.log" 2>&1
+                 echo "[PTO_QSCALES=$qs, round $round]"; grep -h " B=" "$OUT/qscales_${qs}_$round.log" | cut -c1-120
+               done
+             done
+             for qs in units groups; do  # (the prefill's GEMMs load through the same helper)
+               PTO_QSCALES=$qs python3 bench/decode.py --configs smollm2-135m --batches 1 --long 0 --steps 8 \
+                 --executors waves --hf-configs none --quant 'smollm2-135m:q4_1/q8_0' --prefill 512 \
+                 --quant-prefill native > "$OUT/qscales_prefill_$qs.log" 2>&1
+               echo "[PTO_QSCALES=$qs prefill]"; grep -h "prefill" "$OUT/qscales_prefill_$qs.log" | tail -n 1 | cut -c1-200
              done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
