@@ -47,17 +47,23 @@ def both(fn, regions: dict, out: str) -> tuple[torch.Tensor, torch.Tensor]:
     return res[0], res[1]
 
 
+def tile_case(dtype: DType, where: str, seed: int):
+    """A copy of random blocks of ``dtype`` (:func:`copy_fn`), its width and the weights' region:
+    ``full``, ``edges`` (the region's last rows and block missing: pad there) or ``padded`` (tiles
+    of 3 blocks in a block of 4, and 3 rows in 4)."""
+    b = dtype.quant.block
+    q = random_qtensor(dtype, 10, 4 * b, seed=seed)
+    if where == "padded":
+        return copy_fn(dtype, 3, 3 * b, 3 * b), 3 * b, (q.data, 4, b, 6, 3 * b)
+    if where == "edges":
+        return copy_fn(dtype, 4, b, 4 * b), 4 * b, (q.data, 3, 0, 7, 3 * b)
+    return copy_fn(dtype, 4, 2 * b, 4 * b), 4 * b, (q.data, 2, 0, 8, 4 * b)
+
+
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
 @pytest.mark.parametrize("where", ["full", "edges", "padded"])
 def test_tile_loads_are_the_evaluators_bit_for_bit(dtype, where):
-    b = dtype.quant.block
-    q = random_qtensor(dtype, 10, 4 * b, seed=11)
-    if where == "padded":  # tiles of 3 blocks in a block of 4 (and 3 rows in 4)
-        fn, K, region = copy_fn(dtype, 3, 3 * b, 3 * b), 3 * b, (q.data, 4, b, 6, 3 * b)
-    elif where == "edges":  # the region's last rows and block missing: pad there
-        fn, K, region = copy_fn(dtype, 4, b, 4 * b), 4 * b, (q.data, 3, 0, 7, 3 * b)
-    else:
-        fn, K, region = copy_fn(dtype, 4, 2 * b, 4 * b), 4 * b, (q.data, 2, 0, 8, 4 * b)
+    fn, K, region = tile_case(dtype, where, 11)
     y = torch.full((8, K), float("nan"))
     got, want = both(fn, {"w": region, "y": (y, 0, 0, 8, K)}, "y")
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
@@ -457,14 +463,7 @@ def test_scales_loaded_a_value_a_group_are_the_evaluators_bit_for_bit(dtype, whe
     from pto.codegen.triton.quant import unit_of
     from pto.data.batch import RegionBatch, TaskBatch
 
-    b = dtype.quant.block
-    q = random_qtensor(dtype, 10, 4 * b, seed=12)
-    if where == "padded":
-        fn, K, region = copy_fn(dtype, 3, 3 * b, 3 * b), 3 * b, (q.data, 4, b, 6, 3 * b)
-    elif where == "edges":
-        fn, K, region = copy_fn(dtype, 4, b, 4 * b), 4 * b, (q.data, 3, 0, 7, 3 * b)
-    else:
-        fn, K, region = copy_fn(dtype, 4, 2 * b, 4 * b), 4 * b, (q.data, 2, 0, 8, 4 * b)
+    fn, K, region = tile_case(dtype, where, 12)
     regions = {"w": region, "y": (torch.full((8, K), float("nan")), 0, 0, 8, K)}
     want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
     run_incore(fn, want, {})
