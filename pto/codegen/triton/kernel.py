@@ -267,8 +267,8 @@ def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor
 #: decode step's batch) take weight tiles a GGUF block format dequantizes in the loop, two such
 #: products a step (gate/up) or DEQ_ELEMS weights a step or more (the LM head), runs unpipelined
 #: (1 stage) at no more than 4 warps: the dequantizing loop's registers, not its loads, bound it
-#: (Llama-3-8B at 8 sequences, Q4_K 15.90 -> 13.68 ms a step, Q8_0 13.97 -> 12.72; the 1B shape's
-#: Q4_K 3.60 -> 3.25; docs/PERF.md, "Thirty-second session"). The residual GEMVs (one product of a
+#: (Llama-3-8B at 8 sequences, Q4_K 15.80 -> 13.93 ms a step, Q8_0 13.98 -> 12.72; the 1B shape's
+#: Q4_K 3.61 -> 3.26; docs/PERF.md, "Thirty-second session"). The residual GEMVs (one product of a
 #: narrower tile: slower unpipelined), SmolLM2's short loops and fp8 (a conversion, not a block
 #: format's arithmetic) keep the heuristics'.
 DEQ_TRIPS, DEQ_ELEMS = 8, 16384
