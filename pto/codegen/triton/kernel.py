@@ -203,12 +203,12 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
     digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
     launch = launch_params(fn)
-    if not r.grouped:
-        launch.update(dequant_dot_launch(fn, launch))
     if r.grouped:
         floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
         one_row = all(r.x_rows.get(t, 1) == 1 for t in r.grouped)
         launch["num_warps"] = grouped_warps(fn, r.grouped, floor, r.opts.qgemv_cols or 1024, one_row)
+    else:
+        launch.update(dequant_dot_launch(fn, launch))
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
                           r.block_ahead, blocks_formats(fn, r))
 
