@@ -88,18 +88,12 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
     from pto.ir.analysis import specialize
-    from pto.ir.dtypes import DType, dtype_of
+    from pto.ir.dtypes import DType
     from pto.machine.target import get
 
     cfg = CONFIGS[config]
     formats = blocks_formats()  # (the formats "auto" loops: PTO_BLOCKS_FORMATS, as the backend's)
-    if spec == "bf16":
-        wt = WeightTypes()
-    else:
-        layers, _, head = spec.partition("/")
-        kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")}
-        kinds["lm_head"] = dtype_of(head or layers)
-        wt = WeightTypes(tuple(sorted(kinds.items())))
+    wt = WeightTypes() if spec == "bf16" else WeightTypes.of_spec(spec)
     t = tiling_for(cfg)
     if tiling != "default":
         t = t.with_fields(**{k: int(v) for k, v in (kv.split("=") for kv in tiling.split(","))})

@@ -108,6 +108,15 @@ class WeightTypes:
         return {k: d.short for k, d in self.types}
 
     @staticmethod
+    def of_spec(spec: str) -> WeightTypes:
+        """``LAYERS[/HEAD]`` (type names, e.g. ``q4_k/q6_k``): every stacked kind (:data:`STACKED`)
+        of type LAYERS, the LM head of HEAD (of LAYERS where none is given), the embedding dense;
+        a name that is no type is :func:`~pto.ir.dtypes.dtype_of`'s BuildError."""
+        layers, _, head = spec.partition("/")
+        kinds = {k: dtype_of(layers) for k in STACKED} | {"lm_head": dtype_of(head or layers)}
+        return WeightTypes(tuple(sorted(kinds.items())))
+
+    @staticmethod
     def of(w) -> WeightTypes:
         """The types of ``w``'s (:class:`~.checkpoint.ModelWeights`) step inputs (each kind's
         matrices share a type: :class:`KeepFileTypes`, :func:`quantize_weights`)."""

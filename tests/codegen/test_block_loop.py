@@ -24,7 +24,7 @@ from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
 from pto.ir.nodes import ForRange, walk_instrs  # noqa: E402
 from pto.ir.ops import Op  # noqa: E402
-from tests.codegen.tritonkit import temp_cache_dir, tiny_decode_runner  # noqa: E402,F401 (applies itself)
+from tests.codegen.tritonkit import step_kernels, temp_cache_dir, tiny_decode_runner  # noqa: E402,F401 (applies itself)
 
 
 def _ops(stmts) -> list[tuple[Op, str]]:
@@ -336,30 +336,6 @@ def test_a_kernel_carrying_the_next_blocks_weights_compiles_to_at_most_block_max
 
 # the "auto" policy (PTO_PERSISTENT's default): the 4-bit gate/up GEMVs in "blocks" form ------------
 
-def _step_kernels(config: str, spec: str, batch: int = 1) -> dict:
-    """The decode step's kernels of ``config`` with weights ``spec`` (``LAYERS/HEAD``) as a GPU
-    renders them (integer dots where "auto" takes them), by field name."""
-    from dataclasses import fields
-
-    from pto.orchestration.model.decode import functions
-    from pto.orchestration.model.program import CONFIGS, tiling_for
-    from pto.orchestration.model.quantized import WeightTypes, for_weights
-
-    from pto.ir.dtypes import dtype_of
-    from pto.machine.target import get
-
-    cfg = CONFIGS[config]
-    layers, _, head = spec.partition("/")
-    kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")} | {"lm_head": dtype_of(head or layers)}
-    wt = WeightTypes(tuple(sorted(kinds.items())))
-    fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch, wtypes=wt)
-    out = {}
-    for f in fields(fns):
-        fn = getattr(fns, f.name)
-        if fn is not None and hasattr(fn, "body"):
-            out[f.name] = render(specialize(fn) if fn.dims else fn, RenderOptions(qgemv="auto", asm=True))
-    return out
-
 
 @pytest.mark.parametrize("spec", ["q4_k/q6_k", "q4_0", "q4_1", "q8_0", "q6_k", "fp8"])
 def test_the_auto_policy_takes_the_gate_up_gemv_of_4bit_weights_only(spec):
@@ -368,13 +344,13 @@ def test_the_auto_policy_takes_the_gate_up_gemv_of_4bit_weights_only(spec):
     tensor), o, the down projection (K in steps), the LM head, nor any kernel of Q8_0, Q6_K or
     fp8 weights (measured slower so); at batch 8 none; SmolLM2's q/k/v with RoPE (one tensor
     loaded as two halves) neither."""
-    kernels = _step_kernels("llama3-8b", spec)
+    kernels = step_kernels("llama3-8b", spec)
     looped = {name for name, k in kernels.items() if k.blocks_auto}
     assert looped == ({"gate_up"} if spec.split("/")[0] in ("q4_k", "q4_0", "q4_1") else set())
     assert {"gate_up", "qkv", "proj", "lm"} <= set(kernels)
-    assert not any(k.blocks_auto for k in _step_kernels("llama3-8b", spec, batch=8).values())
+    assert not any(k.blocks_auto for k in step_kernels("llama3-8b", spec, batch=8).values())
     if spec == "q4_0":
-        smol = _step_kernels("smollm2-135m", spec)
+        smol = step_kernels("smollm2-135m", spec)
         assert smol["qkv_rope"].fn.parallel is not None and not smol["qkv_rope"].blocks_auto
     # the interpreter's reading by units takes no integer dots: nothing is looped there
     assert not render(kernels["gate_up"].fn, RenderOptions(qgemv="units")).blocks_auto
@@ -388,7 +364,7 @@ def test_a_5bit_gate_up_loops_where_its_format_is_asked(spec):
     faster on the 8B), not Q5_0 or Q5_1 (within noise on SmolLM2)."""
     from pto.codegen.triton.common import BLOCKS_AUTO_FORMATS
 
-    kernels = _step_kernels("llama3-8b", spec)
+    kernels = step_kernels("llama3-8b", spec)
     assert kernels["gate_up"].blocks_formats == {spec}
     assert kernels["gate_up"].blocks_auto == (spec == "q5_k")
     assert kernels["gate_up"].blocks_auto_in(BLOCKS_AUTO_FORMATS | {spec})

@@ -6,40 +6,20 @@ a narrow model's short loops and the one-sequence GEMVs keep the heuristics'."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
 pytest.importorskip("triton")
 
-from pto.orchestration.model.decode import functions  # noqa: E402
-from pto.orchestration.model.program import CONFIGS, tiling_for  # noqa: E402
-from pto.orchestration.model.quantized import WeightTypes, for_weights  # noqa: E402
-
-from pto.codegen.triton import render  # noqa: E402
 from pto.codegen.triton.kernel import launch_params  # noqa: E402
-from pto.ir.analysis import specialize  # noqa: E402
-from pto.ir.dtypes import DType, dtype_of  # noqa: E402
-from pto.machine.target import get  # noqa: E402
+from tests.codegen.tritonkit import step_kernels, temp_cache_dir  # noqa: E402,F401 (applies itself)
 
 GEMVS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
 def _launches(config: str, spec: str, batch: int) -> dict[str, tuple[dict, dict]]:
-    """Per GEMV of the step (``spec``: the layers' type / the head's): the launch it renders with
-    and the heuristics' (:func:`launch_params`)."""
-    layers, _, head = spec.partition("/")
-    kinds = {k: dtype_of(layers) for k in ("w_qkv", "wo", "wg", "wu", "wd")}
-    wt = WeightTypes(tuple(sorted({**kinds, "lm_head": dtype_of(head or layers)}.items())))
-    cfg = CONFIGS[config]
-    fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch, wtypes=wt)
-    out = {}
-    for f in fields(fns):
-        fn = getattr(fns, f.name)
-        if f.name in GEMVS and fn is not None:
-            fn = specialize(fn, {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None)
-            out[f.name] = (render(fn).launch, launch_params(fn))
-    return out
+    """Per GEMV of the step: the launch it renders with and the heuristics' (:func:`launch_params`)."""
+    return {name: (k.launch, launch_params(k.fn)) for name, k in step_kernels(config, spec, batch).items()
+            if name in GEMVS}
 
 
 @pytest.mark.parametrize("config,spec", [("llama3-8b", "q4_k/q6_k"), ("llama3-8b", "q8_0"),
@@ -72,3 +52,19 @@ def test_fp8_one_sequence_and_short_loops_keep_the_heuristics(config, spec, batc
             assert launch["num_stages"] == heuristics["num_stages"], name
             continue
         assert launch == heuristics, (name, launch)
+
+
+def test_a_spec_names_the_layers_and_the_heads_types():
+    """``WeightTypes.of_spec``: the stacked kinds of the first type, the head of the second (the
+    first where none), the embedding dense; a name that is no type is one line."""
+    from pto.orchestration.model.quantized import STACKED, WeightTypes
+
+    from pto.errors import BuildError
+    from pto.ir.dtypes import DType
+
+    wt = WeightTypes.of_spec("q4_k/q6_k")
+    assert {k: wt.get(k, DType.BF16) for k in STACKED} == dict.fromkeys(STACKED, DType.Q4_K)
+    assert wt.get("lm_head", DType.BF16) is DType.Q6_K and wt.get("emb", DType.BF16) is DType.BF16
+    assert WeightTypes.of_spec("q8_0").get("lm_head", DType.BF16) is DType.Q8_0
+    with pytest.raises(BuildError, match="unknown dtype 'q9_9'"):
+        WeightTypes.of_spec("q9_9")

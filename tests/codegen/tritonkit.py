@@ -168,6 +168,31 @@ def compile_both_paths_sm90(functions, tmp_path) -> list[dict]:
     return results
 
 
+def step_kernels(config: str, spec: str, batch: int = 1) -> dict:
+    """The decode step's kernels of ``config`` with weights ``spec`` (``LAYERS/HEAD``:
+    :meth:`~pto.orchestration.model.quantized.WeightTypes.of_spec`) at ``batch`` sequences as a
+    GPU renders them (integer dots where "auto" takes them), by field name."""
+    from dataclasses import fields
+
+    from pto.orchestration.model.decode import functions
+    from pto.orchestration.model.program import CONFIGS, tiling_for
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.codegen.triton import RenderOptions, render
+    from pto.ir.analysis import specialize
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, wt = CONFIGS[config], WeightTypes.of_spec(spec)
+    fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch, wtypes=wt)
+    out = {}
+    for f in fields(fns):
+        fn = getattr(fns, f.name)
+        if fn is not None and hasattr(fn, "body"):
+            out[f.name] = render(specialize(fn) if fn.dims else fn, RenderOptions(qgemv="auto", asm=True))
+    return out
+
+
 def tiny_decode_runner(seed: int):
     """The tiny model's decode step (batch 1, a 128-slot cache; the tiles ``TINY_TILING`` has
     when called) run by the wave executor on the CPU: ``run(backend, setup=None)`` returns the

@@ -137,6 +137,11 @@ class RenderedKernel:
         return sig
 
 
+def _block_shapes(fn: IncoreFunction) -> dict[str, tuple[int, int]]:
+    """Each tile's block (its shape in the variant, padded dims rounded up to powers of two)."""
+    return {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
+
+
 def launch_params(fn: IncoreFunction) -> dict:
     """Default launch parameters from the static tile sizes.
 
@@ -146,7 +151,7 @@ def launch_params(fn: IncoreFunction) -> dict:
     all-f32 kernels keep the interpreter's rounding, instruction by instruction. Sizes are the
     blocks' (a padded tile takes its whole block of registers).
     """
-    shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
+    shapes = _block_shapes(fn)
     biggest = max((r * c for r, c in shapes.values()), default=1)
     big_dot = any(i.op in MATMUL and shapes[i.dst][0] * shapes[i.dst][1] >= 128 * 128
                   for i in walk_instrs(fn.body))
@@ -279,7 +284,7 @@ def dequant_dot_launch(fn: IncoreFunction, launch: dict) -> dict:
     ``num_stages`` 1 and ``num_warps`` at most 4 where every K loop with products qualifies,
     else nothing."""
     memrefs = {m.name: m.dtype for m in fn.memrefs}
-    shapes = {t.name: block_shape(tile_shape(t, dict(fn.variant))) for t in fn.tiles}
+    shapes = _block_shapes(fn)
     qualified = False
     for loop in _loops(fn.body):
         instrs = list(walk_instrs(loop.body))
