@@ -384,7 +384,7 @@ def test_pto_qgemv_cols_gives_each_warp_of_a_grouped_gemv_more_groups():
 @pytest.mark.parametrize("env,field,default,value,given,bad,allowed", [
     ("PTO_QGEMV_WARPS", "qgemv_warps", 1, 4, 2, "3", "1, 2, 4, 8"),
     ("PTO_QGEMV_COLS", "qgemv_cols", 1024, 2048, 4096, "512", "1024, 2048, 4096"),
-    ("PTO_QSCALES", "qscales", "units", "groups", "units", "group", "units, groups"),
+    ("PTO_QSCALES", "qscales", "groups", "units", "groups", "group", "groups, units"),
 ])
 def test_the_grouped_gemvs_settings_come_from_the_environment(monkeypatch, env, field, default, value, given, bad,
                                                               allowed):
@@ -454,10 +454,12 @@ def test_the_quantized_helpers_are_the_same_code_in_every_process():
 
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=str)
 @pytest.mark.parametrize("where", ["full", "edges", "padded"])
-def test_scales_loaded_a_value_a_group_are_the_evaluators_bit_for_bit(dtype, where):
-    """``RenderOptions(qscales="groups")``: a scale plane whose group spans four units or more is
-    loaded once a group and broadcast to its units; the tile's values are the evaluator's bit for
-    bit, as they are loaded a value a unit, over a region's edges and in a padded block."""
+@pytest.mark.parametrize("qscales", ["groups", "units"])
+def test_scales_loaded_a_value_a_group_or_a_unit_are_the_evaluators_bit_for_bit(dtype, where, qscales):
+    """``RenderOptions(qscales="groups")`` (the default): a scale plane whose group spans four
+    units or more is loaded once a group and broadcast to its units; "units" loads it a value a
+    unit. Either way the tile's values are the evaluator's bit for bit, over a region's edges and
+    in a padded block."""
     from pto.backends.triton import TritonBackend
     from pto.codegen.triton.common import RenderOptions
     from pto.codegen.triton.quant import unit_of
@@ -467,10 +469,10 @@ def test_scales_loaded_a_value_a_group_are_the_evaluators_bit_for_bit(dtype, whe
     regions = {"w": region, "y": (torch.full((8, K), float("nan")), 0, 0, 8, K)}
     want = {n: (t.clone(), *rest) for n, (t, *rest) in regions.items()}
     run_incore(fn, want, {})
-    backend = TritonBackend("cpu", options=RenderOptions(qscales="groups"))
+    backend = TritonBackend("cpu", options=RenderOptions(qscales=qscales))
     mems = {n: RegionBatch(t, *(torch.tensor([v]) for v in rest)) for n, (t, *rest) in regions.items()}
     backend.prepare(TaskBatch(fn, mems, {}, 1))()
     assert torch.equal(regions["y"][0].view(torch.int32), want["y"][0].view(torch.int32))
     # the formats with a group of four units or more load those planes by groups
     wide = [p for p in dtype.quant.planes if not p.header and p.group >= 4 * unit_of(dtype.quant)]
-    assert ("tl.broadcast_to(" in backend.kernel(fn).source) == bool(wide)
+    assert ("tl.broadcast_to(" in backend.kernel(fn).source) == (bool(wide) and qscales == "groups")

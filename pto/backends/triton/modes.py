@@ -116,16 +116,17 @@ def qgemv_mode(compiles: bool = True) -> str:
 
 #: how the tensor-core paths' tile loads read a quantized format's scales (``PTO_QSCALES``,
 #: :func:`qscales_mode`)
-QSCALES_MODES = ("units", "groups")
+QSCALES_MODES = ("groups", "units")
 
 
 def qscales_mode() -> str:
     """How a quantized tile load read by units (the dot path's tiles at a few sequences, the
     prefill's GEMMs, ``PTO_QGEMV=units``) takes a scale plane whose group spans four units or
-    more (``RenderOptions.qscales``): ``PTO_QSCALES`` "units" (the default: a value a unit, the
-    group's units loading it again) or "groups" (a value a group, broadcast to its units: the
-    8B's Q4_K down projection at 8 sequences 10.78 -> 8.88 SASS instructions a weight; not yet
-    measured on a GPU, docs/PERF.md "Thirty-second session")."""
+    more (``RenderOptions.qscales``): ``PTO_QSCALES`` "groups" (the default: a value a group,
+    broadcast to its units) or "units" (a value a unit, the group's units loading it again; the
+    same values). On the H200 at 8 sequences, groups took the 8B's Q4_K step 13.9 -> 9.3 ms,
+    Q8_0 12.6 -> 7.8, the 1B's Q4_K 3.26 -> 2.15, SmolLM2's Q4_1 1.39 -> 1.28; the one-sequence
+    steps are level (docs/PERF.md, "Thirty-third session")."""
     mode = os.environ.get("PTO_QSCALES", "").strip() or QSCALES_MODES[0]
     if mode not in QSCALES_MODES:
         raise UsageError(f"PTO_QSCALES={mode!r}: one of {', '.join(QSCALES_MODES)}")

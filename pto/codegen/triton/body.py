@@ -601,7 +601,7 @@ class BodyRenderer(TileOps):
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized)
-                   for line in render_helpers(FORMATS[f], self.opts.qscales == "groups")]
+                   for line in render_helpers(FORMATS[f], self.opts.qscales != "units")]
         grouped = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)
                    if i.op is Op.LOAD and i.dst in self.grouped}
         rows = {self.memrefs[i.srcs[0]].dtype.quant.name for i in walk_instrs(fn.body)

@@ -180,8 +180,8 @@ class RenderOptions:
     the rule's warp per 1,024 columns, each thread a group of a row, becomes a warp per
     ``qgemv_cols``, each thread ``qgemv_cols / 1024`` groups.
     ``qscales``: how a tile load read by units takes a scale plane whose group spans four units
-    or more: "units" (a value a unit) or "groups" (a value a group, broadcast to its units; the
-    same values); "" the backend's (:func:`pto.backends.triton.modes.qscales_mode`), "units"
+    or more: "groups" (a value a group, broadcast to its units) or "units" (a value a unit; the
+    same values); "" the backend's (:func:`pto.backends.triton.modes.qscales_mode`), "groups"
     rendered directly.
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
