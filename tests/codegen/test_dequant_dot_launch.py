@@ -1,8 +1,9 @@
 """The launch rule for the decode step's tensor-core products of dequantized weight tiles
 (``dequant_dot_launch`` in pto/codegen/triton/kernel.py): at a few sequences, a GGUF block
-format's gate/up (two products a K step) and LM head (a wide tile a step) run unpipelined at no
-more than four warps, in the steps of the shapes it was measured on; every other kernel, fp8's,
-a narrow model's short loops and the one-sequence GEMVs keep the heuristics'."""
+format's LM head (a wide tile a step), and with the tiles' scales loaded a value a unit its
+gate/up (two products a K step), run unpipelined at no more than four warps, in the steps of the
+shapes it was measured on; every other kernel, fp8's, a narrow model's short loops and the
+one-sequence GEMVs keep the heuristics'."""
 
 from __future__ import annotations
 
@@ -16,23 +17,27 @@ from tests.codegen.tritonkit import step_kernels, temp_cache_dir  # noqa: E402,F
 GEMVS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
 
-def _launches(config: str, spec: str, batch: int) -> dict[str, tuple[dict, dict]]:
+def _launches(config: str, spec: str, batch: int, qscales: str = "") -> dict[str, tuple[dict, dict]]:
     """Per GEMV of the step: the launch it renders with and the heuristics' (:func:`launch_params`)."""
-    return {name: (k.launch, launch_params(k.fn)) for name, k in step_kernels(config, spec, batch).items()
+    return {name: (k.launch, launch_params(k.fn)) for name, k in step_kernels(config, spec, batch, qscales).items()
             if name in GEMVS}
 
 
 @pytest.mark.parametrize("config,spec", [("llama3-8b", "q4_k/q6_k"), ("llama3-8b", "q8_0"),
                                          ("llama3.2-1b", "q4_k/q6_k")])
-def test_a_block_formats_gate_up_and_head_at_eight_sequences_run_unpipelined(config, spec):
-    got = _launches(config, spec, 8)
-    for name in ("gate_up", "lm"):
+@pytest.mark.parametrize("qscales", ["", "units"])
+def test_a_block_formats_head_at_eight_sequences_runs_unpipelined(config, spec, qscales):
+    """The head always; gate/up only with the scales a value a unit (by groups it is pipelined,
+    as measured faster)."""
+    got = _launches(config, spec, 8, qscales)
+    for name in ("gate_up", "lm") if qscales == "units" else ("lm",):
         launch, heuristics = got[name]
         assert heuristics["num_stages"] == 3  # (what the rule changes: the K loop's pipeline)
         assert launch["num_stages"] == 1 and launch["num_warps"] == min(4, heuristics["num_warps"]), (name, launch)
     # the head's tile is wide enough that the heuristics give it eight warps; the rule four
     assert got["lm"][1]["num_warps"] == 8 and got["lm"][0]["num_warps"] == 4
-    for name in ("qkv", "proj", "proj_o"):  # one narrow product a step: pipelined, as measured faster
+    for name in ("qkv", "proj", "proj_o") + (("gate_up",) if qscales != "units" else ()):
+        # one narrow product a step, or the scales by groups: pipelined, as measured faster
         launch, heuristics = got[name]
         assert launch == heuristics, name
 

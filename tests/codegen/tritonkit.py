@@ -168,10 +168,11 @@ def compile_both_paths_sm90(functions, tmp_path) -> list[dict]:
     return results
 
 
-def step_kernels(config: str, spec: str, batch: int = 1) -> dict:
+def step_kernels(config: str, spec: str, batch: int = 1, qscales: str = "") -> dict:
     """The decode step's kernels of ``config`` with weights ``spec`` (``LAYERS/HEAD``:
     :meth:`~pto.orchestration.model.quantized.WeightTypes.of_spec`) at ``batch`` sequences as a
-    GPU renders them (integer dots where "auto" takes them), by field name."""
+    GPU renders them (integer dots where "auto" takes them; the tiles' scales by ``qscales``,
+    ``RenderOptions.qscales``), by field name."""
     from dataclasses import fields
 
     from pto.orchestration.model.decode import functions
@@ -185,11 +186,11 @@ def step_kernels(config: str, spec: str, batch: int = 1) -> dict:
 
     cfg, wt = CONFIGS[config], WeightTypes.of_spec(spec)
     fns = functions(cfg, DType.BF16, get("cuda_h100"), for_weights(tiling_for(cfg), wt, batch), batch, wtypes=wt)
-    out = {}
+    out, opts = {}, RenderOptions(qgemv="auto", asm=True, qscales=qscales)
     for f in fields(fns):
         fn = getattr(fns, f.name)
         if fn is not None and hasattr(fn, "body"):
-            out[f.name] = render(specialize(fn) if fn.dims else fn, RenderOptions(qgemv="auto", asm=True))
+            out[f.name] = render(specialize(fn) if fn.dims else fn, opts)
     return out
 
 

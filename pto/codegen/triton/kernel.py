@@ -213,7 +213,7 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
         one_row = all(r.x_rows.get(t, 1) == 1 for t in r.grouped)
         launch["num_warps"] = grouped_warps(fn, r.grouped, floor, r.opts.qgemv_cols or 1024, one_row)
     else:
-        launch.update(dequant_dot_launch(fn, launch))
+        launch.update(dequant_dot_launch(fn, launch, r.opts.qscales != "units"))
     return RenderedKernel(fn, kname, src, r.layout, launch, digest, pdl, plain, dict(r.tma), r.early, persistent,
                           r.block_ahead, blocks_formats(fn, r))
 
@@ -269,20 +269,24 @@ def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor
 
 
 #: a K loop of DEQ_TRIPS trips or more whose products on tensor cores (16 rows of x or fewer: a
-#: decode step's batch) take weight tiles a GGUF block format dequantizes in the loop, two such
-#: products a step (gate/up) or DEQ_ELEMS weights a step or more (the LM head), runs unpipelined
-#: (1 stage) at no more than 4 warps: the dequantizing loop's registers, not its loads, bound it
-#: (Llama-3-8B at 8 sequences, Q4_K 15.80 -> 13.93 ms a step, Q8_0 13.98 -> 12.72; the 1B shape's
-#: Q4_K 3.61 -> 3.26; docs/PERF.md, "Thirty-second session"). The residual GEMVs (one product of a
+#: decode step's batch) take weight tiles a GGUF block format dequantizes in the loop, one such
+#: product of DEQ_ELEMS weights a step or more (the LM head) runs unpipelined (1 stage) at no more
+#: than 4 warps: the dequantizing loop's registers, not its loads, bound it. With the tiles' scales
+#: loaded a value a unit (``PTO_QSCALES=units``) so do two such products a step (gate/up): the 8B
+#: at 8 sequences, Q4_K 15.80 -> 13.93 ms a step, Q8_0 13.98 -> 12.72, the 1B shape's Q4_K 3.61 ->
+#: 3.26 (docs/PERF.md, "Thirty-second session"); with them a value a group (the default) gate/up is
+#: faster pipelined again (the 8B's Q4_K 9.35 -> 8.63, the 1B's Q5_0 2.95 -> 2.86; "Thirty-third
+#: session") and the head still unpipelined (9.27 pipelined). The residual GEMVs (one product of a
 #: narrower tile: slower unpipelined), SmolLM2's short loops and fp8 (a conversion, not a block
 #: format's arithmetic) keep the heuristics'.
 DEQ_TRIPS, DEQ_ELEMS = 8, 16384
 
 
-def dequant_dot_launch(fn: IncoreFunction, launch: dict) -> dict:
+def dequant_dot_launch(fn: IncoreFunction, launch: dict, scales_by_groups: bool = True) -> dict:
     """What :data:`DEQ_TRIPS`'s rule changes in ``launch`` (the heuristics' settings of ``fn``):
     ``num_stages`` 1 and ``num_warps`` at most 4 where every K loop with products qualifies,
-    else nothing."""
+    else nothing. ``scales_by_groups``: the tiles' scale planes are loaded a value a group
+    (``RenderOptions.qscales``), so only the one wide product a step qualifies."""
     memrefs = {m.name: m.dtype for m in fn.memrefs}
     shapes = _block_shapes(fn)
     qualified = False
@@ -296,8 +300,9 @@ def dequant_dot_launch(fn: IncoreFunction, launch: dict) -> dict:
         weights = [i.srcs[1] for i in products if i.srcs[1] in dequantized]
         elems = sum(shapes[t][0] * shapes[t][1] for t in weights)
         few_rows = all(shapes[i.dst][0] <= 16 for i in products)
+        wide = len(weights) == 1 and elems >= DEQ_ELEMS
         if not (weights and few_rows and (constant_trips(loop) or 0) >= DEQ_TRIPS
-                and (len(weights) >= 2 or elems >= DEQ_ELEMS)):
+                and (wide or (not scales_by_groups and (len(weights) >= 2 or elems >= DEQ_ELEMS)))):
             return {}
         qualified = True
     return {"num_stages": 1, "num_warps": min(4, launch["num_warps"])} if qualified else {}
