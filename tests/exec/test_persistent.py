@@ -251,10 +251,13 @@ def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkey
             resolve_stages(None)
 
 
-def _step_plan(config: str, batch: int):
-    """``config``'s bf16 decode step on an H200 in the persistent executor's tiles (cache 1,024)."""
+def _step_plan(config: str, batch: int, spec: str = "bf16"):
+    """``config``'s decode step on an H200 in the persistent executor's tiles (cache 1,024), its
+    weights bf16 or ``spec`` (``LAYERS/HEAD``: :meth:`WeightTypes.of_spec`) in the tiles the
+    executor takes for them."""
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, megakernel_programs, tiling_for_executor
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
 
     from pto.engine import build_module_graph
     from pto.exec.plan import make_plan
@@ -262,7 +265,9 @@ def _step_plan(config: str, batch: int):
     from pto.machine.target import get
 
     cfg, tg = CONFIGS[config], get("cuda_h200")
-    m = build_step(cfg, DType.BF16, tg, batch, tiling_for_executor(cfg, "persistent", tg), cache=1024)
+    wt = WeightTypes() if spec == "bf16" else WeightTypes.of_spec(spec)
+    tiling = for_weights(tiling_for_executor(cfg, "persistent", tg), wt, batch)
+    m = build_step(cfg, DType.BF16, tg, batch, tiling, cache=1024, wtypes=wt)
     graph = build_module_graph(m, {"B": batch, "C": 1024}).graph
     try:
         return make_plan(graph, list(graph.tensor_ids), {}, programs=megakernel_programs(tg), runs=264)
@@ -295,6 +300,47 @@ def test_lone_dot_projections_are_the_few_row_dots_of_one_item_a_multiprocessor(
     col = names.index("shared memory")
     for k, b in enumerate(plan.branches):
         assert (deep[k, col] < plain[k, col]) if b.fn.variant_name in lone else deep[k, col] == plain[k, col]
+
+
+@pytest.mark.parametrize("config,spec", [("llama3-8b", "q4_k/q6_k"), ("llama3-8b", "fp8"),
+                                         ("smollm2-135m", "q4_1/q8_0")])
+def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, spec):
+    """A step of one sequence on quantized weights: every GEMV (q/k/v, o, gate/up, down, the
+    head) takes its weight tiles' blocks as stored, and the megakernel runs those branches at
+    :data:`QUANT_GEMV_STAGES` (their runs would otherwise stage x and the norm's gain through
+    shared memory every block); attention keeps its schedule's stages. bf16 weights, eight
+    sequences (tensor-core dots of dequantized tiles) and ``PTO_MK_STAGES`` keep the old rule."""
+    from pto.backends.triton import TritonBackend
+    from pto.backends.triton.megakernel import QUANT_GEMV_STAGES, branch_configs, branch_stages, quantized_gemvs
+
+    monkeypatch.delenv("PTO_MK_STAGES", raising=False)
+    plan = _step_plan(config, 1, spec)
+    quantized = quantized_gemvs(plan)
+    gemvs = {v for v in (b.fn.variant_name for b in plan.branches) if "gemv" in v}
+    assert quantized == gemvs and len(gemvs) == 5, sorted(quantized)
+    configs = branch_configs(TritonBackend("cpu"), plan)
+    stages = branch_stages(plan, configs, 132)
+    assert QUANT_GEMV_STAGES == 1 and all(stages[v] == QUANT_GEMV_STAGES for v in quantized)
+    attention = next(k for k, b in enumerate(plan.branches) if b.fn.name == "decode_attn_part")
+    assert stages[plan.branches[attention].fn.variant_name] == configs[attention].num_stages == 3
+    assert all(stages[v] == 2 for v in stages if v in ("embed_row", "rope_qkv_append"))
+    assert branch_stages(plan, configs, 132, "schedule") != stages  # (the schedules' alone: the GEMVs' 3)
+    assert set(branch_stages(plan, configs, 132, 4).values()) == {4}
+    assert quantized_gemvs(_step_plan(config, 1)) == set()
+    if config == "llama3-8b":
+        assert quantized_gemvs(_step_plan(config, 8, spec)) == set()
+
+
+@pytest.mark.parametrize("quantize", ["q8_0", "q4_1"])
+def test_the_quantized_step_on_the_megakernel_with_its_gemvs_unpipelined_is_the_waves_bit_for_bit(quantize):
+    """The tiny model's quantized step of one sequence on the megakernel under the interpreter,
+    its GEMV branches at one stage: the waves executor's bits, the float64 reference within f32
+    rounding."""
+    from pto.cli.commands.run import run
+
+    res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
+              check=True, quantize=quantize)
+    assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
 
 
 def test_a_lone_dot_projection_takes_five_stages(monkeypatch):
