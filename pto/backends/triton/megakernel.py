@@ -247,12 +247,13 @@ MAX_STAGES = 8
 #: were; the 8B's, whose projections put two items on a multiprocessor, gained nothing at any depth
 #: (docs/PERF.md, "Twenty-ninth session")
 LONE_DOT_STAGES = 5
-#: the pipeline stages of a quantized GEMV's run of one sequence (:func:`quantized_gemvs`): the
-#: dequantizing loop is bound by issue, and a pipelined run stages x and the norm's gain through
-#: shared memory again every block (Llama-3-8B's Q4_K GEMV items issue 1.1-2.4x the wave kernels'
-#: instructions a block at 3 stages). On an H200 every loop at 1 stage took the 8B's Q4_K step
-#: 5.70 -> 3.63 ms, Q8_0 5.06 -> 3.81, fp8 4.56 -> 3.35, the 1B's Q4_K 1.62 -> 1.01, SmolLM2's
-#: Q4_1 0.498 -> 0.491 (docs/PERF.md, "Thirty-third session")
+#: the pipeline stages of every loop of a megakernel with a quantized GEMV of one sequence
+#: (:func:`quantized_gemvs`): the dequantizing loop is bound by issue, and a pipelined run stages
+#: x and the norm's gain through shared memory again every block (Llama-3-8B's Q4_K GEMV items
+#: issue 1.1-2.4x the wave kernels' instructions a block at 3 stages). On an H200 every loop at 1
+#: stage took the 8B's Q4_K step 5.70 -> 3.62 ms, Q8_0 5.06 -> 3.81, fp8 4.56 -> 3.35, the 1B's
+#: Q4_K 1.62 -> 1.01, SmolLM2's Q4_1 0.498 -> 0.489; the GEMVs alone at 1 stage (attention at its
+#: 3) gave 3.67, 4.17, 3.62, 0.997 and 0.497 (docs/PERF.md, "Thirty-third session")
 QUANT_GEMV_STAGES = 1
 #: the rows of a product's left tile that :func:`lone_dots` takes for a few sequences' (padded to
 #: a tensor-core dot's 16)
@@ -319,21 +320,19 @@ def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked
     """The pipeline stages each variant of ``plan``'s branches asks for (``configs``: each
     branch's, :func:`branch_configs`) as ``asked`` (:func:`resolve_stages`) says: every loop's,
     the schedules' alone, or the schedules' with :data:`LONE_DOT_STAGES` in the lone dot
-    projections on ``multiprocessors`` (:func:`lone_dots`) and :data:`QUANT_GEMV_STAGES` in the
-    quantized GEMVs of one sequence (:func:`quantized_gemvs`); the kernel lowers them where
-    shared memory runs out (:func:`~pto.codegen.triton.megakernel.fit_megakernel`)."""
+    projections on ``multiprocessors`` (:func:`lone_dots`), or, in a kernel with a quantized GEMV
+    of one sequence (:func:`quantized_gemvs`), :data:`QUANT_GEMV_STAGES` in every loop; the
+    kernel lowers them where shared memory runs out
+    (:func:`~pto.codegen.triton.megakernel.fit_megakernel`)."""
     forced = resolve_stages(asked)
+    if forced is None and quantized_gemvs(plan):
+        forced = QUANT_GEMV_STAGES
     lone = lone_dots(plan, multiprocessors) if forced is None else set()
-    quantized = quantized_gemvs(plan) if forced is None else set()
     want: dict[str, int] = {}
     for b, c in zip(plan.branches, configs):
         v = b.fn.variant_name
-        if isinstance(forced, int):
-            want[v] = forced
-        elif v in quantized:
-            want[v] = QUANT_GEMV_STAGES
-        else:
-            want[v] = max(want.get(v, 1), c.num_stages, LONE_DOT_STAGES if v in lone else 1)
+        want[v] = forced if isinstance(forced, int) else \
+            max(want.get(v, 1), c.num_stages, LONE_DOT_STAGES if v in lone else 1)
     return want
 
 
