@@ -346,6 +346,53 @@ def test_the_quantized_step_on_the_megakernel_with_its_gemvs_unpipelined_is_the_
     assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
 
 
+def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead():
+    """``RenderOptions(run_loop="blocks")``: the 8B's quantized step of one sequence, its GEMVs'
+    runs rendered as the wave kernels' loop over blocks. q/k/v, whose K is one step, loads and
+    normalizes x once after the wait, before the run's loop, and loads each index's weights an
+    index ahead; the flat form loads x in the loop, each index."""
+    import re
+
+    from pto.codegen.triton.common import RenderOptions
+    from pto.codegen.triton.megakernel import render_megakernel
+
+    plan = _step_plan("llama3-8b", 1, "q4_k/q6_k")
+    runs = [b for b in plan.branches if b.runs]
+    assert {b.fn.name for b in runs} >= {"gemv_norm_tile", "gemv_norm_swiglu_tile", "gemv_residual_tile"}
+
+    def qkv(run_loop: str) -> str:
+        src = render_megakernel(plan.branches, RenderOptions(qgemv="auto", asm=True, run_loop=run_loop)).source
+        start = re.search(r"def d_gemv_norm_tile\w*__run\w*\(", src)
+        return src[start.start():src.index("return _ok, _t0", start.start())]
+
+    blocks, flat = qkv("blocks"), qkv("flat")
+    assert "__run__blocks(" in blocks and "__blocks" not in flat.split("(")[0]
+    wait = blocks.index("_pto_wait(")
+    loop = blocks.index("for _b in tl.range(0, n_run):")
+    x_load = blocks.index("P_x + ", wait)
+    assert wait < x_load < loop  # (x once a run, after its wait)
+    assert "__n" in blocks[wait:loop] and "tl.where(_b + 1 < n_run," in blocks[loop:]
+    assert flat.index("P_x + ", flat.index("for _r in tl.range(0, n_run")) > 0 and "__n" not in flat
+
+
+@pytest.mark.parametrize("quantize", ["q8_0", "q4_1", None])
+def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quantize):
+    """The tiny model's step on the megakernel under the interpreter, every GEMV task one item
+    (``PTO_MK_RUNS=1``: a run of all its indices) rendered as a loop over blocks
+    (``PTO_MK_RUNLOOP=blocks``): the waves executor's bits, the float64 reference within f32
+    rounding; a value of ``PTO_MK_RUNLOOP`` that is no form is one line naming it."""
+    from pto.cli.commands.run import run
+
+    monkeypatch.setenv("PTO_MK_RUNS", "1")
+    monkeypatch.setenv("PTO_MK_RUNLOOP", "blocks")
+    res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
+              check=True, **({"quantize": quantize} if quantize else {}))
+    assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
+    monkeypatch.setenv("PTO_MK_RUNLOOP", "block")
+    with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of flat, blocks"):
+        run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent")
+
+
 def test_a_lone_dot_projection_takes_five_stages(monkeypatch):
     """The tiny model's step at 2 sequences in an H200's tiles (its rows padded to tensor-core dots
     of 16) as the megakernel of 4 programs under the interpreter: every projection of 4 items or

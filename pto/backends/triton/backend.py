@@ -58,6 +58,7 @@ from pto.backends.triton.modes import (
     qgemv_warps,
     qgemv_warps_by,
     qscales_mode,
+    run_loop_mode,
     split_mode,
     tma_mode,
 )
@@ -126,7 +127,8 @@ class TritonBackend(Backend):
                                qgemv_warps=self.options.qgemv_warps or qgemv_warps(),
                                qgemv_warps_by=self.options.qgemv_warps_by or qgemv_warps_by(),
                                qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
-                               qscales=self.options.qscales or qscales_mode(), asm=self.compiles)
+                               qscales=self.options.qscales or qscales_mode(),
+                               run_loop=self.options.run_loop or run_loop_mode(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()

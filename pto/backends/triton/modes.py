@@ -133,6 +133,23 @@ def qscales_mode() -> str:
     return mode
 
 
+#: how the megakernel renders a run of a GEMV's parallel indices (``PTO_MK_RUNLOOP``,
+#: :func:`run_loop_mode`)
+RUN_LOOP_MODES = ("flat", "blocks")
+
+
+def run_loop_mode() -> str:
+    """How a megakernel item's run of consecutive parallel indices is rendered
+    (``RenderOptions.run_loop``): ``PTO_MK_RUNLOOP`` "flat" (the default: the whole body each
+    index, pipelined as one flattened loop) or "blocks" (the wave kernels' loop over blocks: the
+    statements of no index once after the wait, each index's weights loaded an index ahead in
+    registers; built 2026-12-04, not yet measured on a GPU: docs/PERF.md, "Thirty-third session")."""
+    mode = os.environ.get("PTO_MK_RUNLOOP", "").strip() or RUN_LOOP_MODES[0]
+    if mode not in RUN_LOOP_MODES:
+        raise UsageError(f"PTO_MK_RUNLOOP={mode!r}: one of {', '.join(RUN_LOOP_MODES)}")
+    return mode
+
+
 def _one_of(env: str, allowed: tuple[int, ...]) -> int:
     """The number the environment variable ``env`` names, one of ``allowed`` (the first where it
     names none); UsageError naming it otherwise."""
@@ -215,6 +232,6 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES", "SPLIT_MODES", "blocks_formats",
-           "blocks_functions", "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode",
-           "qgemv_warps", "qgemv_warps_by", "qscales_mode", "split_mode", "tma_mode"]
+__all__ = ["PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES", "RUN_LOOP_MODES", "SPLIT_MODES",
+           "blocks_formats", "blocks_functions", "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols",
+           "qgemv_mode", "qgemv_warps", "qgemv_warps_by", "qscales_mode", "run_loop_mode", "split_mode", "tma_mode"]

@@ -329,6 +329,10 @@ class BodyRenderer(TileOps):
         #: :data:`FLAT_STAGES`), so the next indices' tiles stream into shared memory while this
         #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early
         self.runs = runs and megakernel and fn.parallel is not None
+        #: (a run, ``RenderOptions.run_loop`` "blocks", a constant extent) the run rendered as the
+        #: loop over blocks (:meth:`_block_loop`): after the wait, the statements of no index once
+        #: and the first index's weights, then each index's next weights loaded ahead in registers
+        self.run_blocks = self.runs and opts.run_loop == "blocks" and const_value(fn.parallel.extent) is not None
         #: (the megakernel's form) the L2 prefetch before the wait is rendered (``PREFETCH`` picks
         #: its level at compile time); False: this branch's tasks do not prefetch
         self.l2 = prefetch
@@ -492,6 +496,13 @@ class BodyRenderer(TileOps):
             self._block_loop(fn)
             return self._finish(fn, params)
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
+        if self.run_blocks:  # one wait, then the run as a loop over blocks
+            self.run_prefetch()
+            self.emit(MK_WAIT)
+            self._block_loop(fn, run=True)
+            self.depth = 1
+            self.emit("return _ok, _t0")
+            return self._finish(fn, params)
         if self.runs:  # one wait, then the run's loop (the body's statements each index)
             self.run_prefetch()
             self.emit(MK_WAIT)
@@ -518,13 +529,15 @@ class BodyRenderer(TileOps):
             self.emit("return _ok, _t0")
         return self._finish(fn, params)
 
-    def _block_loop(self, fn: IncoreFunction) -> None:
+    def _block_loop(self, fn: IncoreFunction, run: bool = False) -> None:
         """(persistent "blocks") The program's blocks: the block's weights of its first block
         (:func:`block_weights`; a constant extent, so that every program has one) loaded into
         ``<tile>__n`` (before the PDL wait where they are all ``pre`` memrefs), the statements of
         no index (:func:`block_invariant`; none for an extent not constant), then a loop over the
         program's indices, each taking the weights loaded ahead as its own and loading the next
-        index's (past its last, its own again) before its other statements."""
+        index's (past its last, its own again) before its other statements. ``run``: the
+        megakernel item's run instead (:attr:`run_blocks`, after its wait): the ``n_run``
+        consecutive indices from its first."""
         var = fn.parallel.var
         pvar, ext = self.names[var], self.expr(fn.parallel.extent)
         # (a constant extent: every program has a first index; otherwise a task of none, or a
@@ -555,15 +568,21 @@ class BodyRenderer(TileOps):
             else:
                 self.instr(s)
         # (the index from the program's first, a tensor: under the interpreter a loop's variable is an int)
-        self.emit(f"for _b in tl.range(0, tl.cdiv({ext} - {pvar}0, NPJ)):")
-        self.depth += 1
-        self.emit(f"{pvar} = {pvar}0 + _b * NPJ")
+        if run:
+            self.emit("for _b in tl.range(0, n_run):")
+            self.depth += 1
+            self.emit(f"{pvar} = {pvar}0 + _b")
+        else:
+            self.emit(f"for _b in tl.range(0, tl.cdiv({ext} - {pvar}0, NPJ)):")
+            self.depth += 1
+            self.emit(f"{pvar} = {pvar}0 + _b * NPJ")
         outer = set(self.defined)
         for tile, name in nxt.items():
             self._take(tile, name)
-        if ahead:  # (past the program's last index: its own again, still in L1)
+        if ahead:  # (past the program's (run's) last index: its own again, still in L1)
             following = self.fresh("next")
-            self.emit(f"{following} = tl.where({pvar} + NPJ < {ext}, {pvar} + NPJ, {pvar})")
+            more, step = ("_b + 1 < n_run", "1") if run else (f"{pvar} + NPJ < {ext}", "NPJ")
+            self.emit(f"{following} = tl.where({more}, {pvar} + {step}, {pvar})")
             load_ahead(following)
         self.body(rest, [])
         self.defined = outer
@@ -597,7 +616,7 @@ class BodyRenderer(TileOps):
             else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
             + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "") \
-            + ("__blocks" if self.block_loop else "")
+            + ("__blocks" if self.block_loop or self.run_blocks else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized)

@@ -183,6 +183,10 @@ class RenderOptions:
     or more: "groups" (a value a group, broadcast to its units) or "units" (a value a unit; the
     same values); "" the backend's (:func:`pto.backends.triton.modes.qscales_mode`), "groups"
     rendered directly.
+    ``run_loop``: how a megakernel item renders its run of consecutive parallel indices
+    (:attr:`pto.codegen.triton.body.BodyRenderer.run_blocks`): "blocks" as the loop over blocks
+    (the statements of no index once, the next index's weights loaded ahead in registers); ""
+    or "flat" the whole body each index in one flattened, pipelined loop.
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -203,6 +207,7 @@ class RenderOptions:
     qgemv_warps_by: tuple[tuple[str, int], ...] = ()
     qgemv_cols: int = 0
     qscales: str = ""
+    run_loop: str = ""
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 
