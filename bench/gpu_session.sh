@@ -207,6 +207,10 @@
 #   qscales     issue 46: the quantized steps at $QS_BATCHES (default 8,1) for $QS_TYPES on the waves, and the
 #               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (the default) and a
 #               value a group (PTO_QSCALES=groups), a process each, twice in turn
+#   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, built 2026-12-04)
+#               against the flat runs, a process each, twice in turn: the persistent executor at one sequence for
+#               $RL_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and
+#               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -682,6 +686,24 @@ for line in open(sys.argv[1]):
                  --executors waves --hf-configs none --quant 'smollm2-135m:q4_1/q8_0' --prefill 512 \
                  --quant-prefill native > "$OUT/qscales_prefill_$qs.log" 2>&1
                echo "[PTO_QSCALES=$qs prefill]"; grep -h "prefill" "$OUT/qscales_prefill_$qs.log" | tail -n 1 | cut -c1-200
+             done ;;
+    runloop) # issues 45, 46: the megakernel's runs as loops over blocks (built 2026-12-04, unmeasured)
+             RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
+             RLC=${RL_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}
+             python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 --executors waves \
+               --hf-configs none --prefill 0 --quant "$RLQ" > "$OUT/runloop_waves.log" 2>&1
+             echo "[waves]"; grep -h " B=" "$OUT/runloop_waves.log" | cut -c1-100
+             for round in 1 2; do
+               for rl in flat blocks; do
+                 PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 \
+                   --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
+                   --json "$OUT/runloop_q_${rl}_$round.json" > "$OUT/runloop_q_${rl}_$round.log" 2>&1
+                 PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 \
+                   --executors persistent --hf-configs none \
+                   --json "$OUT/runloop_bf16_${rl}_$round.json" > "$OUT/runloop_bf16_${rl}_$round.log" 2>&1
+                 echo "[PTO_MK_RUNLOOP=$rl, round $round]"
+                 grep -h " B=" "$OUT/runloop_q_${rl}_$round.log" "$OUT/runloop_bf16_${rl}_$round.log" | cut -c1-100
+               done
              done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
