@@ -251,10 +251,10 @@ def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkey
             resolve_stages(None)
 
 
-def _step_plan(config: str, batch: int, spec: str = "bf16"):
+def _step_plan(config: str, batch: int, spec="bf16"):
     """``config``'s decode step on an H200 in the persistent executor's tiles (cache 1,024), its
-    weights bf16 or ``spec`` (``LAYERS/HEAD``: :meth:`WeightTypes.of_spec`) in the tiles the
-    executor takes for them."""
+    weights bf16 or ``spec`` (``LAYERS/HEAD``: :meth:`WeightTypes.of_spec`, or the
+    :class:`WeightTypes`) in the tiles the executor takes for them."""
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import CONFIGS, megakernel_programs, tiling_for_executor
     from pto.orchestration.model.quantized import WeightTypes, for_weights
@@ -265,7 +265,7 @@ def _step_plan(config: str, batch: int, spec: str = "bf16"):
     from pto.machine.target import get
 
     cfg, tg = CONFIGS[config], get("cuda_h200")
-    wt = WeightTypes() if spec == "bf16" else WeightTypes.of_spec(spec)
+    wt = spec if isinstance(spec, WeightTypes) else WeightTypes() if spec == "bf16" else WeightTypes.of_spec(spec)
     tiling = for_weights(tiling_for_executor(cfg, "persistent", tg), wt, batch)
     m = build_step(cfg, DType.BF16, tg, batch, tiling, cache=1024, wtypes=wt)
     graph = build_module_graph(m, {"B": batch, "C": 1024}).graph
@@ -310,14 +310,23 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
     :data:`QUANT_GEMV_STAGES` (the GEMVs' runs would otherwise stage x and the norm's gain through
     shared memory every block), where attention's schedule asks for three. bf16 weights, eight
     sequences (tensor-core dots of dequantized tiles) and ``PTO_MK_STAGES`` keep the old rule."""
+    from pto.orchestration.model.quantized import WeightTypes
+
     from pto.backends.triton import TritonBackend
-    from pto.backends.triton.megakernel import QUANT_GEMV_STAGES, branch_configs, branch_stages, quantized_gemvs
+    from pto.backends.triton.megakernel import (
+        QUANT_GEMV_STAGES,
+        all_gemvs_quantized,
+        branch_configs,
+        branch_stages,
+        quantized_gemvs,
+    )
+    from pto.ir.dtypes import DType
 
     monkeypatch.delenv("PTO_MK_STAGES", raising=False)
     plan = _step_plan(config, 1, spec)
     quantized = quantized_gemvs(plan)
     gemvs = {v for v in (b.fn.variant_name for b in plan.branches) if "gemv" in v}
-    assert quantized == gemvs and len(gemvs) == 5, sorted(quantized)
+    assert quantized == gemvs and len(gemvs) == 5 and all_gemvs_quantized(plan), sorted(quantized)
     configs = branch_configs(TritonBackend("cpu"), plan)
     stages = branch_stages(plan, configs, 132)
     assert QUANT_GEMV_STAGES == 1 and set(stages.values()) == {QUANT_GEMV_STAGES}
@@ -328,8 +337,12 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
     assert set(branch_stages(plan, configs, 132, 1).values()) == {1}
     assert set(branch_stages(plan, configs, 132, 4).values()) == {4}
     bf16 = _step_plan(config, 1)
-    assert quantized_gemvs(bf16) == set()
+    assert quantized_gemvs(bf16) == set() and not all_gemvs_quantized(bf16)
     assert max(branch_stages(bf16, branch_configs(TritonBackend("cpu"), bf16), 132).values()) == 3
+    # dense layers and a quantized head: the layers' GEMVs keep their pipelines
+    head = _step_plan(config, 1, WeightTypes((("lm_head", DType.Q8_0),)))
+    assert quantized_gemvs(head) and not all_gemvs_quantized(head)
+    assert max(branch_stages(head, branch_configs(TritonBackend("cpu"), head), 132).values()) == 3
     if config == "llama3-8b":
         assert quantized_gemvs(_step_plan(config, 8, spec)) == set()
 
@@ -337,13 +350,56 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
 @pytest.mark.parametrize("quantize", ["q8_0", "q4_1"])
 def test_the_quantized_step_on_the_megakernel_with_its_gemvs_unpipelined_is_the_waves_bit_for_bit(quantize):
     """The tiny model's quantized step of one sequence on the megakernel under the interpreter,
-    every loop at one stage: the waves executor's bits, the float64 reference within f32
-    rounding."""
+    every loop at one stage (its kernels' device functions rendered so, and none at more): the
+    waves executor's bits, the float64 reference within f32 rounding."""
+    import re
+
     from pto.cli.commands.run import run
 
     res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
               check=True, quantize=quantize)
     assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
+    kernel = _tiny_megakernel(quantize, runs=0)
+    assert set(kernel.stages.values()) == {1}
+    assert {int(n) for n in re.findall(r"def d_\w*?__S(\d+)__mk", kernel.rendered.source)} == {1}
+    assert max(_tiny_megakernel(None, runs=0).stages.values()) == 3  # (bf16: the schedules' pipelines)
+
+
+def _tiny_megakernel(quantize: str | None, runs: int):
+    """The megakernel the persistent executor builds for the tiny model's step of one sequence
+    (cache 64; ``quantize``: its layers' and head's weights in that type) on the CPU backend,
+    its GEMV tasks in items of runs of up to ``runs`` indices (0: an item an index): built and
+    rendered, not launched (its tensors zeros)."""
+    from pto.orchestration.model import program as mp
+    from pto.orchestration.model.decode import build_step
+    from pto.orchestration.model.program import tiling_for_executor
+    from pto.orchestration.model.quantized import WeightTypes, for_weights
+
+    from pto.backends.triton import TritonBackend
+    from pto.backends.triton.megakernel import MegakernelSettings
+    from pto.data.buffers import allocate, tensor_shapes
+    from pto.engine import build_module_graph
+    from pto.exec.plan import make_plan
+    from pto.ir.dtypes import DType
+    from pto.machine.target import get
+
+    cfg, tg = mp.CONFIGS["tiny"], get("cuda_h200")
+    wt = WeightTypes.of_spec(quantize) if quantize else WeightTypes()
+    built = build_module_graph(build_step(cfg, DType.F32, tg, 1, for_weights(tiling_for_executor(cfg, "persistent", tg),
+                                                                               wt, 1), cache=64, wtypes=wt),
+                               {"B": 1, "C": 64})
+    backend = TritonBackend("cpu")
+    try:
+        plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, programs=4, flags=backend.task_flags,
+                         runs=runs)
+        fn = built.module.entry_function
+        shapes = tensor_shapes(fn, built.scalars)
+        given = {t.name: torch.zeros(t.dtype.storage_shape(*shapes[t.name]), dtype=t.dtype.torch)
+                 for t in fn.tensors if t.role in ("input", "inout")}
+        tensors = allocate(fn, shapes, given, "cpu")
+        return backend.megakernel(plan, tensors, MegakernelSettings(dispatch="static", programs=1, split="off"))
+    finally:
+        built.graph.close()
 
 
 def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead():
@@ -377,17 +433,30 @@ def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead()
 
 @pytest.mark.parametrize("quantize", ["q8_0", "q4_1", None])
 def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quantize):
-    """The tiny model's step on the megakernel under the interpreter, every GEMV task one item
-    (``PTO_MK_RUNS=1``: a run of all its indices) rendered as a loop over blocks
-    (``PTO_MK_RUNLOOP=blocks``): the waves executor's bits, the float64 reference within f32
-    rounding; a value of ``PTO_MK_RUNLOOP`` that is no form is one line naming it."""
+    """The tiny model's step on the megakernel under the interpreter, its GEMV tasks in runs of
+    consecutive indices (``PTO_MK_RUNS=3``) rendered as loops over blocks
+    (``PTO_MK_RUNLOOP=blocks``), each index's weights loaded an index ahead: the waves
+    executor's bits, the float64 reference within f32 rounding; a value of ``PTO_MK_RUNLOOP``
+    that is no form is one line naming it."""
+    import re
+    from dataclasses import replace
+
+    from pto.orchestration.model import program as mp
+
     from pto.cli.commands.run import run
 
-    monkeypatch.setenv("PTO_MK_RUNS", "1")
+    # (K in one step of 64 and blocks of 16 rows: four indices a task in runs of up to three, so a
+    # run's next weights load ahead and a task's second run starts past its first index)
+    monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bn=16, bk=64, qkv_bk=64, ffn_bk=64))
+    monkeypatch.setenv("PTO_MK_RUNS", "3")
     monkeypatch.setenv("PTO_MK_RUNLOOP", "blocks")
     res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
               check=True, **({"quantize": quantize} if quantize else {}))
     assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
+    src = _tiny_megakernel(quantize, runs=3).rendered.source
+    # (a weight tile loaded ahead is ``t_<tile>__n``, a quantized one's planes ``t_<tile>__n__<plane>``)
+    assert "__run__blocks(" in src and re.search(r"\bt_\w+?__n(__\w+)? = ", src) and \
+        "tl.where(_b + 1 < n_run," in src
     monkeypatch.setenv("PTO_MK_RUNLOOP", "block")
     with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of flat, blocks"):
         run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent")

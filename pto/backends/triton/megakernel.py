@@ -106,7 +106,8 @@ class MegakernelSettings:
     #: its schedule's (lowered, as those are, until the kernel fits its share of shared memory:
     #: :func:`~pto.codegen.triton.megakernel.fit_megakernel`), or ``schedule``: the schedules'
     #: alone; None: ``PTO_MK_STAGES``, else the schedules' with :data:`LONE_DOT_STAGES` in the
-    #: lone dot projections (:func:`resolve_stages`)
+    #: lone dot projections, or :data:`QUANT_GEMV_STAGES` everywhere in a step of quantized GEMVs
+    #: (:func:`resolve_stages`, :func:`branch_stages`)
     stages: int | str | None = None
 
 
@@ -223,7 +224,8 @@ def resolve_stages(asked: int | str | None) -> int | str | None:
     """``asked``, else ``PTO_MK_STAGES``, else None: the pipeline stages of the megakernel's
     loops, a whole number from 1 to :data:`MAX_STAGES` for every loading loop, ``schedule`` for
     each branch's schedule's alone, None for those with :data:`LONE_DOT_STAGES` in the lone dot
-    projections (:func:`lone_dots`); UsageError naming anything else."""
+    projections (:func:`lone_dots`) or :data:`QUANT_GEMV_STAGES` everywhere in a step of quantized
+    GEMVs (:func:`branch_stages`); UsageError naming anything else."""
     src, text = ("stages", asked) if asked is not None else \
         ("PTO_MK_STAGES", os.environ.get("PTO_MK_STAGES", "").strip())
     if text in (None, ""):
@@ -247,8 +249,8 @@ MAX_STAGES = 8
 #: were; the 8B's, whose projections put two items on a multiprocessor, gained nothing at any depth
 #: (docs/PERF.md, "Twenty-ninth session")
 LONE_DOT_STAGES = 5
-#: the pipeline stages of every loop of a megakernel with a quantized GEMV of one sequence
-#: (:func:`quantized_gemvs`): the dequantizing loop is bound by issue, and a pipelined run stages
+#: the pipeline stages of every loop of a megakernel whose GEMVs of one sequence all take
+#: quantized weights (:func:`all_gemvs_quantized`): the dequantizing loop is bound by issue, and a pipelined run stages
 #: x and the norm's gain through shared memory again every block (Llama-3-8B's Q4_K GEMV items
 #: issue 1.1-2.4x the wave kernels' instructions a block at 3 stages). On an H200 every loop at 1
 #: stage took the 8B's Q4_K step 5.70 -> 3.62 ms, Q8_0 5.06 -> 3.81, fp8 4.56 -> 3.35, the 1B's
@@ -300,19 +302,39 @@ def quantized_gemvs(plan) -> set[str]:
     """The variants of ``plan``'s branches with a GEMV of one row of x that takes a quantized
     weight tile's blocks as stored (:func:`pto.ir.analysis.gemv_quantized_loads`: a decode step's
     quantized projections at one sequence, the integer or half dots by groups)."""
+    return {v for v, quantized in _one_row_gemvs(plan).items() if quantized}
+
+
+def _one_row_gemvs(plan) -> dict[str, bool]:
+    """The variants of ``plan``'s branches with a multiply-sum of one row of x (a GEMV of one
+    sequence), each with whether its weights are quantized tiles it takes as stored."""
     from pto.ir.analysis import gemv_quantized_loads
     from pto.ir.facts import tile_shape
+    from pto.ir.nodes import walk_instrs
+    from pto.ir.ops import Op
 
-    out = set()
+    out: dict[str, bool] = {}
     for b in plan.branches:
         fn = b.fn
         tiles, dims = {t.name: t for t in fn.tiles}, dict(fn.variant)
+
+        def one_row(t, tiles=tiles, dims=dims) -> bool:
+            return tile_shape(tiles[t], dims)[0] == 1
+
         try:
-            if gemv_quantized_loads(fn, lambda t, tiles=tiles, dims=dims: tile_shape(tiles[t], dims)[0] == 1):
-                out.add(fn.variant_name)
+            if any(i.op is Op.MATMUL_ACC and i.attr("tb") and one_row(i.srcs[0]) for i in walk_instrs(fn.body)):
+                out[fn.variant_name] = out.get(fn.variant_name, False) or bool(gemv_quantized_loads(fn, one_row))
         except BuildError:
             continue
     return out
+
+
+def all_gemvs_quantized(plan) -> bool:
+    """Whether ``plan`` has GEMVs of one sequence and every one takes quantized weight tiles as
+    stored (:func:`quantized_gemvs`): the steps :data:`QUANT_GEMV_STAGES` was measured on (a
+    step with dense layers and only a quantized head keeps its pipelines)."""
+    gemvs = _one_row_gemvs(plan)
+    return bool(gemvs) and all(gemvs.values())
 
 
 def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked: int | str | None = None,
@@ -320,12 +342,12 @@ def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked
     """The pipeline stages each variant of ``plan``'s branches asks for (``configs``: each
     branch's, :func:`branch_configs`) as ``asked`` (:func:`resolve_stages`) says: every loop's,
     the schedules' alone, or the schedules' with :data:`LONE_DOT_STAGES` in the lone dot
-    projections on ``multiprocessors`` (:func:`lone_dots`), or, in a kernel with a quantized GEMV
-    of one sequence (:func:`quantized_gemvs`), :data:`QUANT_GEMV_STAGES` in every loop; the
-    kernel lowers them where shared memory runs out
+    projections on ``multiprocessors`` (:func:`lone_dots`), or, in a kernel whose GEMVs of one
+    sequence all take quantized weights (:func:`all_gemvs_quantized`), :data:`QUANT_GEMV_STAGES`
+    in every loop; the kernel lowers them where shared memory runs out
     (:func:`~pto.codegen.triton.megakernel.fit_megakernel`)."""
     forced = resolve_stages(asked)
-    if forced is None and quantized_gemvs(plan):
+    if forced is None and all_gemvs_quantized(plan):
         forced = QUANT_GEMV_STAGES
     lone = lone_dots(plan, multiprocessors) if forced is None else set()
     want: dict[str, int] = {}
@@ -696,6 +718,6 @@ class Megakernel:
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
-           "lone_dots", "branch_stages", "multiprocessors_of",
-           "resolve_prefetch_kb", "resolve_dispatch",
+           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "branch_stages",
+           "multiprocessors_of", "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

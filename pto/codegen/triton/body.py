@@ -327,7 +327,8 @@ class BodyRenderer(TileOps):
         #: ``n_run`` consecutive parallel indices from its first, one wait for all: a loop over
         #: them flattened with the function's own and pipelined ``stages`` deep (else
         #: :data:`FLAT_STAGES`), so the next indices' tiles stream into shared memory while this
-        #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early
+        #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early.
+        #: (:attr:`run_blocks`: a loop over blocks instead, its own loops ``stages`` deep)
         self.runs = runs and megakernel and fn.parallel is not None
         #: (a run, ``RenderOptions.run_loop`` "blocks", a constant extent) the run rendered as the
         #: loop over blocks (:meth:`_block_loop`): after the wait, the statements of no index once
@@ -780,7 +781,7 @@ class BodyRenderer(TileOps):
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
-        if self.runs:  # (flattened into the run's loop, which carries the pipelining depth)
+        if self.runs and not self.run_blocks:  # (flattened into the run's loop, which carries the depth)
             self.emit(f"for {var} in tl.range({bounds}):")
         elif self.stages is None:
             self.emit(f"for {var} in range({bounds}):")
