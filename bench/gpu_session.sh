@@ -691,7 +691,7 @@ for line in open(sys.argv[1]):
              RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
              RLC=${RL_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}
              python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 --executors waves \
-               --hf-configs none --prefill 0 --quant "$RLQ" > "$OUT/runloop_waves.log" 2>&1
+               --hf-configs none --prefill 0 --quant "bf16,$RLQ" > "$OUT/runloop_waves.log" 2>&1
              echo "[waves]"; grep -h " B=" "$OUT/runloop_waves.log" | cut -c1-100
              for round in 1 2; do
                for rl in flat blocks; do
