@@ -210,7 +210,8 @@
 #   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, built 2026-12-04)
 #               against the flat runs, a process each, twice in turn: the persistent executor at one sequence for
 #               $RL_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and
-#               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them
+#               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them; $RL_ENV (default
+#               none) is more environment for both forms, e.g. "PTO_MK_SPLIT=-2 PTO_PER_SM=4,0 PTO_MK_RUNS=528"
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -695,11 +696,11 @@ for line in open(sys.argv[1]):
              echo "[waves]"; grep -h " B=" "$OUT/runloop_waves.log" | cut -c1-100
              for round in 1 2; do
                for rl in flat blocks; do
-                 PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 \
-                   --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
+                 env ${RL_ENV:-} PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 \
+                   --steps 32 --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
                    --json "$OUT/runloop_q_${rl}_$round.json" > "$OUT/runloop_q_${rl}_$round.log" 2>&1
-                 PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 \
-                   --executors persistent --hf-configs none \
+                 env ${RL_ENV:-} PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 \
+                   --steps 32 --executors persistent --hf-configs none \
                    --json "$OUT/runloop_bf16_${rl}_$round.json" > "$OUT/runloop_bf16_${rl}_$round.log" 2>&1
                  echo "[PTO_MK_RUNLOOP=$rl, round $round]"
                  grep -h " B=" "$OUT/runloop_q_${rl}_$round.log" "$OUT/runloop_bf16_${rl}_$round.log" | cut -c1-100
