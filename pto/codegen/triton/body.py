@@ -497,16 +497,13 @@ class BodyRenderer(TileOps):
             self._block_loop(fn)
             return self._finish(fn, params)
         guarded = fn.parallel is not None and const_value(fn.parallel.extent) is None
-        if self.run_blocks:  # one wait, then the run as a loop over blocks
-            self.run_prefetch()
-            self.emit(MK_WAIT)
-            self._block_loop(fn, run=True)
-            self.depth = 1
-            self.emit("return _ok, _t0")
-            return self._finish(fn, params)
         if self.runs:  # one wait, then the run's loop (the body's statements each index)
             self.run_prefetch()
             self.emit(MK_WAIT)
+            if self.run_blocks:  # (or a loop over blocks)
+                self._block_loop(fn, run=True)
+                self.emit("return _ok, _t0")
+                return self._finish(fn, params)
             pvar = self.names[fn.parallel.var]
             # (the index from the run's first, a tensor: under the interpreter a loop's variable is an int)
             self.emit(f"for _r in tl.range(0, n_run, num_stages={self.stages or FLAT_STAGES}, flatten=True):")

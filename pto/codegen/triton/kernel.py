@@ -300,9 +300,10 @@ def dequant_dot_launch(fn: IncoreFunction, launch: dict, scales_by_groups: bool 
         weights = [i.srcs[1] for i in products if i.srcs[1] in dequantized]
         elems = sum(shapes[t][0] * shapes[t][1] for t in weights)
         few_rows = all(shapes[i.dst][0] <= 16 for i in products)
-        wide = len(weights) == 1 and elems >= DEQ_ELEMS
-        if not (weights and few_rows and (constant_trips(loop) or 0) >= DEQ_TRIPS
-                and (wide or (not scales_by_groups and (len(weights) >= 2 or elems >= DEQ_ELEMS)))):
+        # (by groups the one wide product, the head; by units gate/up's pair too)
+        shaped = (len(weights) == 1 and elems >= DEQ_ELEMS) if scales_by_groups else \
+            (len(weights) >= 2 or elems >= DEQ_ELEMS)
+        if not (weights and few_rows and (constant_trips(loop) or 0) >= DEQ_TRIPS and shaped):
             return {}
         qualified = True
     return {"num_stages": 1, "num_warps": min(4, launch["num_warps"])} if qualified else {}
