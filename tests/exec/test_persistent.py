@@ -319,6 +319,7 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
         branch_configs,
         branch_stages,
         quantized_gemvs,
+        run_loop_of,
     )
     from pto.ir.dtypes import DType
 
@@ -336,15 +337,20 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
     assert max(schedules[v] for v in quantized) == 3
     assert set(branch_stages(plan, configs, 132, 1).values()) == {1}
     assert set(branch_stages(plan, configs, 132, 4).values()) == {4}
+    # (runs as loops over blocks: auto's choice here, and what is asked where it is)
+    assert [run_loop_of(plan, a) for a in ("auto", "", "flat", "blocks")] == ["blocks", "blocks", "flat", "blocks"]
     bf16 = _step_plan(config, 1)
     assert quantized_gemvs(bf16) == set() and not all_gemvs_quantized(bf16)
     assert max(branch_stages(bf16, branch_configs(TritonBackend("cpu"), bf16), 132).values()) == 3
-    # dense layers and a quantized head: the layers' GEMVs keep their pipelines
+    assert run_loop_of(bf16, "auto") == "flat" and run_loop_of(bf16, "blocks") == "blocks"
+    # dense layers and a quantized head: the layers' GEMVs keep their pipelines and flat runs
     head = _step_plan(config, 1, WeightTypes((("lm_head", DType.Q8_0),)))
     assert quantized_gemvs(head) and not all_gemvs_quantized(head)
     assert max(branch_stages(head, branch_configs(TritonBackend("cpu"), head), 132).values()) == 3
+    assert run_loop_of(head, "auto") == "flat"
     if config == "llama3-8b":
-        assert quantized_gemvs(_step_plan(config, 8, spec)) == set()
+        eight = _step_plan(config, 8, spec)
+        assert quantized_gemvs(eight) == set() and run_loop_of(eight, "auto") == "flat"
 
 
 @pytest.mark.parametrize("quantize", ["q8_0", "q4_1"])
@@ -436,8 +442,9 @@ def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quanti
     """The tiny model's step on the megakernel under the interpreter, its GEMV tasks in runs of
     consecutive indices (``PTO_MK_RUNS=3``) rendered as loops over blocks
     (``PTO_MK_RUNLOOP=blocks``), each index's weights loaded an index ahead: the waves
-    executor's bits, the float64 reference within f32 rounding; a value of ``PTO_MK_RUNLOOP``
-    that is no form is one line naming it."""
+    executor's bits, the float64 reference within f32 rounding; by default the quantized steps'
+    runs render so and bf16's flat; a value of ``PTO_MK_RUNLOOP`` that is no form is one line
+    naming it."""
     import re
     from dataclasses import replace
 
@@ -457,8 +464,11 @@ def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quanti
     # (a weight tile loaded ahead is ``t_<tile>__n``, a quantized one's planes ``t_<tile>__n__<plane>``)
     assert "__run__blocks(" in src and re.search(r"\bt_\w+?__n(__\w+)? = ", src) and \
         "tl.where(_b + 1 < n_run," in src
+    # by default (auto) the quantized kernels' runs are loops over blocks, bf16's flat
+    monkeypatch.delenv("PTO_MK_RUNLOOP")
+    assert ("__run__blocks(" in _tiny_megakernel(quantize, runs=3).rendered.source) == (quantize is not None)
     monkeypatch.setenv("PTO_MK_RUNLOOP", "block")
-    with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of flat, blocks"):
+    with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of auto, flat, blocks"):
         run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent")
 
 

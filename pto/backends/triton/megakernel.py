@@ -337,6 +337,16 @@ def all_gemvs_quantized(plan) -> bool:
     return bool(gemvs) and all(gemvs.values())
 
 
+def run_loop_of(plan, asked: str) -> str:
+    """How ``plan``'s megakernel renders its items' runs (``RenderOptions.run_loop``): as
+    ``asked`` ("flat", "blocks", :func:`~pto.backends.triton.modes.run_loop_mode`) or, for "auto"
+    (or nothing), "blocks" in a kernel whose GEMVs of one sequence all take quantized weights
+    (:func:`all_gemvs_quantized`, the kernels measured faster so) and "flat" in any other."""
+    if asked in ("flat", "blocks"):
+        return asked
+    return "blocks" if all_gemvs_quantized(plan) else "flat"
+
+
 def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked: int | str | None = None,
                   ) -> dict[str, int]:
     """The pipeline stages each variant of ``plan``'s branches asks for (``configs``: each
@@ -447,8 +457,10 @@ class Megakernel:
         prefetch = resolve_prefetch(settings.prefetch)
         #: the kernel's ``PREFETCH`` level (``light``: 1, in the branches the plan lets prefetch)
         self.prefetch = 1 if prefetch == "light" else int(prefetch)
-        #: the render's options: the backend's, with the L2 prefetch's budget
-        self.options = replace(backend.options, prefetch_bytes=resolve_prefetch_kb(settings.prefetch_kb) * 1024)
+        #: the render's options: the backend's, with the L2 prefetch's budget and the runs' form
+        #: (:func:`run_loop_of`)
+        self.options = replace(backend.options, prefetch_bytes=resolve_prefetch_kb(settings.prefetch_kb) * 1024,
+                               run_loop=run_loop_of(plan, backend.options.run_loop))
         #: the uploaded item table's order: queue indices grouped by program (ranged dispatch),
         #: or the queue (None)
         self.order: np.ndarray | None = None
@@ -718,6 +730,6 @@ class Megakernel:
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
-           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "branch_stages",
+           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "run_loop_of", "branch_stages",
            "multiprocessors_of", "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

@@ -135,15 +135,19 @@ def qscales_mode() -> str:
 
 #: how the megakernel renders a run of a GEMV's parallel indices (``PTO_MK_RUNLOOP``,
 #: :func:`run_loop_mode`)
-RUN_LOOP_MODES = ("flat", "blocks")
+RUN_LOOP_MODES = ("auto", "flat", "blocks")
 
 
 def run_loop_mode() -> str:
     """How a megakernel item's run of consecutive parallel indices is rendered
-    (``RenderOptions.run_loop``): ``PTO_MK_RUNLOOP`` "flat" (the default: the whole body each
-    index, pipelined as one flattened loop) or "blocks" (the wave kernels' loop over blocks: the
+    (``RenderOptions.run_loop``): ``PTO_MK_RUNLOOP`` "flat" (the whole body each index,
+    pipelined as one flattened loop), "blocks" (the wave kernels' loop over blocks: the
     statements of no index once after the wait, each index's weights loaded an index ahead in
-    registers; built 2026-12-04, not yet measured on a GPU: docs/PERF.md, "Thirty-third session")."""
+    registers) or "auto" (the default: blocks in a kernel whose GEMVs of one sequence all take
+    quantized weights, flat otherwise: :func:`pto.backends.triton.megakernel.run_loop_of`). On
+    an H200 blocks took the 8B's Q4_K step of one sequence 3.61 -> 2.71 ms, Q8_0 3.79 -> 3.10,
+    fp8 3.35 -> 2.72, the 1B's Q4_K 1.05 -> 0.82 and SmolLM2's Q4_1 level, but the bf16 8B's
+    4.19 -> 4.52 and the 1B's 0.94 -> 1.05 (docs/PERF.md, "Thirty-fourth session")."""
     mode = os.environ.get("PTO_MK_RUNLOOP", "").strip() or RUN_LOOP_MODES[0]
     if mode not in RUN_LOOP_MODES:
         raise UsageError(f"PTO_MK_RUNLOOP={mode!r}: one of {', '.join(RUN_LOOP_MODES)}")
