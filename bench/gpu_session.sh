@@ -207,7 +207,8 @@
 #   qscales     issue 46: the quantized steps at $QS_BATCHES (default 8,1) for $QS_TYPES on the waves, and the
 #               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (the default) and a
 #               value a group (PTO_QSCALES=groups), a process each, twice in turn
-#   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, built 2026-12-04)
+#   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, the default
+#               where the GEMVs are quantized) against flat (near 10 minutes: RL_CONFIGS/RL_QUANT for fewer)
 #               against the flat runs, a process each, twice in turn: the persistent executor at one sequence for
 #               $RL_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and
 #               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them; $RL_ENV (default
@@ -688,7 +689,7 @@ for line in open(sys.argv[1]):
                  --quant-prefill native > "$OUT/qscales_prefill_$qs.log" 2>&1
                echo "[PTO_QSCALES=$qs prefill]"; grep -h "prefill" "$OUT/qscales_prefill_$qs.log" | tail -n 1 | cut -c1-200
              done ;;
-    runloop) # issues 45, 46: the megakernel's runs as loops over blocks (built 2026-12-04, unmeasured)
+    runloop) # issues 45, 46: the megakernel's runs as loops over blocks (measured 2026-12-04: PERF.md, thirty-fourth)
              RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
              RLC=${RL_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}
              python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 --executors waves \
