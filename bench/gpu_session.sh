@@ -205,10 +205,10 @@
 #               types) on the waves, timed by kernel, as they are and with the o projection loading nothing
 #               before its PDL wait (PTO_PDL_LATE)
 #   qscales     issue 46: the quantized steps at $QS_BATCHES (default 8,1) for $QS_TYPES on the waves, and the
-#               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (the default) and a
-#               value a group (PTO_QSCALES=groups), a process each, twice in turn
+#               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (PTO_QSCALES=units) and a
+#               value a group (groups, the default since 2026-12-04), a process each, twice in turn
 #   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, the default
-#               where the GEMVs are quantized) against flat (near 10 minutes: RL_CONFIGS/RL_QUANT for fewer)
+#               where the GEMVs are quantized; near a call's 10 minutes: RL_CONFIGS/RL_QUANT for fewer)
 #               against the flat runs, a process each, twice in turn: the persistent executor at one sequence for
 #               $RL_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and
 #               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them; $RL_ENV (default
@@ -673,7 +673,7 @@ for line in open(sys.argv[1]):
                  | cut -c1-200
                grep -h "combine\|gemv_residual\|span" "$OUT/pdllate_8b_$tag.log" | cut -c1-130 | head -n 40
              done ;;
-    qscales) # issue 46: the dot path's scale planes loaded a value a group (built 2026-12-04, unmeasured)
+    qscales) # issue 46: the dot path's scale planes loaded a value a group (measured 2026-12-04: PERF.md, thirty-third)
              for round in 1 2; do
                for qs in units groups; do
                  PTO_QSCALES=$qs python3 bench/decode.py --configs llama3-8b,llama3.2-1b --batches "${QS_BATCHES:-8,1}" \
