@@ -435,16 +435,36 @@ def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead()
     assert wait < x_load < loop  # (x once a run, after its wait)
     assert "__n" in blocks[wait:loop] and "tl.where(_b + 1 < n_run," in blocks[loop:]
     assert flat.index("P_x + ", flat.index("for _r in tl.range(0, n_run")) > 0 and "__n" not in flat
+    # "steps", every loop at one stage: the down projection's K loop (7 steps of 2,048) takes its
+    # weights and x loaded a step ahead and loads the next step's (past the last, the next index's
+    # first); blocks loads them in the step
+    stages = {b.fn.variant_name: 1 for b in plan.branches}
+
+    def down(run_loop: str) -> str:
+        src = render_megakernel(plan.branches, RenderOptions(qgemv="auto", asm=True, run_loop=run_loop),
+                                stages=stages).source
+        start = re.search(r"def d_gemv_residual_tile__K14336\w*__run\w*\(", src)
+        return src[start.start():src.index("return _ok, _t0", start.start())]
+
+    steps, plain = down("steps"), down("blocks")
+    index_loop, k_loop = steps.index("for _b in tl.range(0, n_run):"), steps.index("for i_kk in tl.range(0, 14336, 2048")
+    assert steps.index("t_b__k__q, ") < index_loop < k_loop  # (the run's first step, before its loop)
+    k_body = steps[k_loop:]
+    assert k_body.index("t_b__q = t_b__k__q") < k_body.index("t_b__k__q, ") < k_body.index("_pto_dqx16_dot_q4_k(")
+    assert "tl.where(_b + 1 < n_run, i_j + 1, i_j)" in k_body and "t_a = t_a__k" in k_body
+    assert "__k" not in plain and "__run__blocks_steps(" not in plain
 
 
+@pytest.mark.parametrize("form", ["blocks", "steps"])
 @pytest.mark.parametrize("quantize", ["q8_0", "q4_1", None])
-def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quantize):
+def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quantize, form):
     """The tiny model's step on the megakernel under the interpreter, its GEMV tasks in runs of
     consecutive indices (``PTO_MK_RUNS=3``) rendered as loops over blocks
-    (``PTO_MK_RUNLOOP=blocks``), each index's weights loaded an index ahead: the waves
-    executor's bits, the float64 reference within f32 rounding; by default the quantized steps'
-    runs render so and bf16's flat; a value of ``PTO_MK_RUNLOOP`` that is no form is one line
-    naming it."""
+    (``PTO_MK_RUNLOOP=blocks``), each index's weights loaded an index ahead, or (``steps``, every
+    loop at one stage) with the K loops' next steps' weights loaded ahead too, past an index's
+    last step the next index's first: the waves executor's bits, the float64 reference within
+    f32 rounding; by default the quantized steps' runs render as blocks and bf16's flat; a value
+    of ``PTO_MK_RUNLOOP`` that is no form is one line naming it."""
     import re
     from dataclasses import replace
 
@@ -452,23 +472,30 @@ def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quanti
 
     from pto.cli.commands.run import run
 
-    # (K in one step of 64 and blocks of 16 rows: four indices a task in runs of up to three, so a
-    # run's next weights load ahead and a task's second run starts past its first index)
+    # (blocks of 16 rows: four indices a task in runs of up to three, so a run's next weights load
+    # ahead and a task's second run starts past its first index; K loops of more than one step:
+    # the down projection's 160 in three of 64, the last masked, the LM head's 64 in two of 32)
     monkeypatch.setattr(mp, "TINY_TILING", replace(mp.TINY_TILING, bn=16, bk=64, qkv_bk=64, ffn_bk=64))
     monkeypatch.setenv("PTO_MK_RUNS", "3")
-    monkeypatch.setenv("PTO_MK_RUNLOOP", "blocks")
+    monkeypatch.setenv("PTO_MK_RUNLOOP", form)
+    if form == "steps":
+        monkeypatch.setenv("PTO_MK_STAGES", "1")
     res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
               check=True, **({"quantize": quantize} if quantize else {}))
     assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
     src = _tiny_megakernel(quantize, runs=3).rendered.source
-    # (a weight tile loaded ahead is ``t_<tile>__n``, a quantized one's planes ``t_<tile>__n__<plane>``)
-    assert "__run__blocks(" in src and re.search(r"\bt_\w+?__n(__\w+)? = ", src) and \
+    # (a weight tile loaded ahead is ``t_<tile>__n``, a quantized one's planes ``t_<tile>__n__<plane>``;
+    # a step ahead ``t_<tile>__k``)
+    assert "__run__blocks" in src and re.search(r"\bt_\w+?__n(__\w+)? = ", src) and \
         "tl.where(_b + 1 < n_run," in src
-    # by default (auto) the quantized kernels' runs are loops over blocks, bf16's flat
-    monkeypatch.delenv("PTO_MK_RUNLOOP")
-    assert ("__run__blocks(" in _tiny_megakernel(quantize, runs=3).rendered.source) == (quantize is not None)
+    stepped = re.search(r"\bt_\w+?__k(__\w+)? = ", src)
+    assert bool(stepped) == (form == "steps") and ("__run__blocks_steps(" in src) == (form == "steps")
+    if form == "blocks":
+        # by default (auto) the quantized kernels' runs are loops over blocks, bf16's flat
+        monkeypatch.delenv("PTO_MK_RUNLOOP")
+        assert ("__run__blocks(" in _tiny_megakernel(quantize, runs=3).rendered.source) == (quantize is not None)
     monkeypatch.setenv("PTO_MK_RUNLOOP", "block")
-    with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of auto, flat, blocks"):
+    with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of auto, flat, blocks, steps"):
         run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent")
 
 

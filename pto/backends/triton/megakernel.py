@@ -339,10 +339,10 @@ def all_gemvs_quantized(plan) -> bool:
 
 def run_loop_of(plan, asked: str) -> str:
     """How ``plan``'s megakernel renders its items' runs (``RenderOptions.run_loop``): as
-    ``asked`` ("flat", "blocks", :func:`~pto.backends.triton.modes.run_loop_mode`) or, for "auto"
+    ``asked`` ("flat", "blocks", "steps": :func:`~pto.backends.triton.modes.run_loop_mode`) or, for "auto"
     (or nothing), "blocks" in a kernel whose GEMVs of one sequence all take quantized weights
     (:func:`all_gemvs_quantized`, the kernels measured faster so) and "flat" in any other."""
-    if asked in ("flat", "blocks"):
+    if asked in ("flat", "blocks", "steps"):
         return asked
     return "blocks" if all_gemvs_quantized(plan) else "flat"
 

@@ -135,7 +135,7 @@ def qscales_mode() -> str:
 
 #: how the megakernel renders a run of a GEMV's parallel indices (``PTO_MK_RUNLOOP``,
 #: :func:`run_loop_mode`)
-RUN_LOOP_MODES = ("auto", "flat", "blocks")
+RUN_LOOP_MODES = ("auto", "flat", "blocks", "steps")
 
 
 def run_loop_mode() -> str:
@@ -143,7 +143,9 @@ def run_loop_mode() -> str:
     (``RenderOptions.run_loop``): ``PTO_MK_RUNLOOP`` "flat" (the whole body each index,
     pipelined as one flattened loop), "blocks" (the wave kernels' loop over blocks: the
     statements of no index once after the wait, each index's weights loaded an index ahead in
-    registers) or "auto" (the default: blocks in a kernel whose GEMVs of one sequence all take
+    registers), "steps" (blocks, with each K loop's next step's weights loaded ahead as well:
+    the down projection's and the LM head's; built 2026-12-04, not yet measured) or "auto" (the
+    default: blocks in a kernel whose GEMVs of one sequence all take
     quantized weights, flat otherwise: :func:`pto.backends.triton.megakernel.run_loop_of`). On
     an H200 blocks took the 8B's Q4_K step of one sequence 3.61 -> 2.71 ms, Q8_0 3.79 -> 3.10,
     fp8 3.35 -> 2.72, the 1B's Q4_K 1.05 -> 0.82 and SmolLM2's Q4_1 level, but the bf16 8B's

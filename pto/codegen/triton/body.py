@@ -238,16 +238,18 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
         dep = now
 
 
-def block_weights(each: tuple, var: str, readonly: frozenset[str]) -> tuple:
+def block_weights(each: tuple, var: str | set[str], readonly: frozenset[str]) -> tuple:
     """The loads of ``each`` (a block's statements, :func:`block_invariant`'s) that a program may
     issue a block ahead (the next block's while this one computes; the first block's before the
     PDL wait): loads of memrefs the function only reads, outside any loop, addressed by the index
-    alone, into tiles no other statement of the block writes nor reads before them."""
+    alone (``var``; or by the names of a set: :func:`step_weights`), into tiles no other statement
+    of the block writes nor reads before them."""
+    allowed = {var} if isinstance(var, str) else var
     out = []
     for k, s in enumerate(each):
         if not (isinstance(s, Instr) and s.op is Op.LOAD and s.srcs[0] in readonly):
             continue
-        if not set().union(*(e.free_vars() for e in s.srcs[1:] if isinstance(e, Expr))) <= {var}:
+        if not set().union(*(e.free_vars() for e in s.srcs[1:] if isinstance(e, Expr))) <= allowed:
             continue
         others = [i for j, t in enumerate(each) if j != k for i in walk_instrs((t,))]
         before = [i for t in each[:k] for i in walk_instrs((t,))]
@@ -255,6 +257,15 @@ def block_weights(each: tuple, var: str, readonly: frozenset[str]) -> tuple:
             continue
         out.append(s)
     return tuple(out)
+
+
+def step_weights(loop: ForRange, var: str, readonly: frozenset[str]) -> tuple:
+    """The loads of ``loop`` (a K loop of a run's index, rendered as a loop over blocks) that a
+    program may issue a step ahead, the next step's (past the last, the next index's first) while
+    this one computes: :func:`block_weights` of its body addressed by its variable and the index
+    ``var``, in a loop whose bounds do not depend on the index (none where they do)."""
+    bounds = set().union(*(e.free_vars() for e in (loop.lb, loop.ub, loop.step)))
+    return () if var in bounds or loop.var in bounds else block_weights(loop.body, {loop.var, var}, readonly)
 
 
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
@@ -330,10 +341,12 @@ class BodyRenderer(TileOps):
         #: one's compute (Triton 3.6 pipelines a multiply-sum's loads only so); nothing loads early.
         #: (:attr:`run_blocks`: a loop over blocks instead, its own loops ``stages`` deep)
         self.runs = runs and megakernel and fn.parallel is not None
-        #: (a run, ``RenderOptions.run_loop`` "blocks", a constant extent) the run rendered as the
-        #: loop over blocks (:meth:`_block_loop`): after the wait, the statements of no index once
-        #: and the first index's weights, then each index's next weights loaded ahead in registers
-        self.run_blocks = self.runs and opts.run_loop == "blocks" and const_value(fn.parallel.extent) is not None
+        #: (a run, ``RenderOptions.run_loop`` "blocks" or "steps", a constant extent) the run
+        #: rendered as the loop over blocks (:meth:`_block_loop`): after the wait, the statements
+        #: of no index once and the first index's weights, then each index's next weights loaded
+        #: ahead in registers ("steps": and its K loops' next steps' too, :meth:`_step_loop`)
+        self.run_blocks = self.runs and opts.run_loop in ("blocks", "steps") and \
+            const_value(fn.parallel.extent) is not None
         #: (the megakernel's form) the L2 prefetch before the wait is rendered (``PREFETCH`` picks
         #: its level at compile time); False: this branch's tasks do not prefetch
         self.l2 = prefetch
@@ -363,6 +376,9 @@ class BodyRenderer(TileOps):
         #: megakernel) the program loops over its task's parallel indices (:func:`block_invariant`)
         self.block_loop = opts.persistent == "blocks" and fn.parallel is not None and not megakernel
         self.block_ahead = False  # (set by _block_loop: its blocks load the next one's weights ahead)
+        #: (set by _block_loop, a run's) the K loops whose weights load a step ahead, by id, with
+        #: those loads (:func:`step_weights`)
+        self.step_ahead: dict[int, tuple] = {}
         self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
@@ -557,6 +573,17 @@ class BodyRenderer(TileOps):
             del self.names["__block"], self.ranges["__block"]
 
         load_ahead(f"{pvar}0")
+        # (a run's K loops at one stage: each step's weights a step ahead, the first index's first
+        # step's here; :meth:`_step_loop`)
+        self.step_ahead = {}
+        if run and self.opts.run_loop == "steps" and (self.stages or 1) == 1:
+            for s in rest:
+                weights = step_weights(s, var, readonly) if isinstance(s, ForRange) else ()
+                if weights:
+                    self.step_ahead[id(s)] = weights
+                    for w in weights:
+                        self._alias(w.dst, f"{w.dst}__k")
+                    self._load_step(s, weights, f"{pvar}0", self.expr(s.lb))
         if ahead and self.pre and all(w.srcs[0] in self.pre for w in ahead):
             self.early = frozenset(w.srcs[0] for w in ahead)
             self.wait(())
@@ -584,6 +611,38 @@ class BodyRenderer(TileOps):
             load_ahead(following)
         self.body(rest, [])
         self.defined = outer
+        self.depth -= 1
+
+    def _load_step(self, loop: ForRange, weights: tuple, index: str, step: str) -> None:
+        """``weights`` (:func:`step_weights` of ``loop``) of parallel index ``index`` and the
+        loop's step ``step`` into their ``<tile>__k`` tiles."""
+        var = self.fn.parallel.var
+        self.names["__kidx"], self.ranges["__kidx"] = index, self.ranges[var]
+        self.names["__kstep"], self.ranges["__kstep"] = step, self.ranges[loop.var]
+        for w in weights:
+            moved = substitute_stmt(replace(w, dst=f"{w.dst}__k"), {var: Var("__kidx"), loop.var: Var("__kstep")})
+            self.instr(moved)
+        for n in ("__kidx", "__kstep"):
+            del self.names[n], self.ranges[n]
+
+    def _step_loop(self, s: ForRange, weights: tuple, frames: list) -> None:
+        """(a run's loop over blocks) K loop ``s`` with its ``weights`` (:func:`step_weights`)
+        a step ahead: each step takes the tiles loaded ahead as its own and loads the next step's
+        (past its last step the next index's first, past the run's last index its own first
+        again, still in L1) before its other statements."""
+        var = self.names[s.var]
+        lb, ub, step = self.expr(s.lb), self.expr(s.ub), self.expr(s.step)
+        pvar = self.names[self.fn.parallel.var]
+        self.emit(f"for {var} in tl.range({lb}, {ub}, {step}, num_stages=1):")
+        self.depth += 1
+        for w in weights:
+            self._take(w.dst, f"{w.dst}__k")
+        more, kn, jn = self.fresh("more"), self.fresh("kn"), self.fresh("jn")
+        self.emit(f"{more} = {var} + {step} < {ub}")
+        self.emit(f"{kn} = tl.where({more}, {var} + {step}, {lb})")
+        self.emit(f"{jn} = tl.where({more}, {pvar}, tl.where(_b + 1 < n_run, {pvar} + 1, {pvar}))")
+        self._load_step(s, weights, jn, kn)
+        self.body(tuple(t for t in s.body if not any(t is w for w in weights)), frames)
         self.depth -= 1
 
     def _alias(self, tile: str, name: str) -> None:
@@ -614,7 +673,7 @@ class BodyRenderer(TileOps):
             else 0
         name = device_name(fn) + ("" if self.stages is None else f"__S{self.stages}") + ("__mk" if self.mk else "") \
             + (f"_e{early}" if early else "") + ("_nopf" if self.withheld else "") + ("__run" if self.runs else "") \
-            + ("__blocks" if self.block_loop or self.run_blocks else "")
+            + ("__blocks" if self.block_loop or self.run_blocks else "") + ("_steps" if self.step_ahead else "")
         sig = ",\n        ".join(params)
         # the quantized loads' helpers come with the device function (a file may define one twice)
         helpers = [line for f in sorted(self.quantized)
@@ -778,6 +837,12 @@ class BodyRenderer(TileOps):
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
+        weights = self.step_ahead.get(id(s)) if self.run_blocks else None
+        if weights:
+            self._step_loop(s, weights, frames)
+            self.defined = outer
+            del self.names[s.var]
+            return
         if self.runs and not self.run_blocks:  # (flattened into the run's loop, which carries the depth)
             self.emit(f"for {var} in tl.range({bounds}):")
         elif self.stages is None:
