@@ -315,9 +315,11 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
     from pto.backends.triton import TritonBackend
     from pto.backends.triton.megakernel import (
         QUANT_GEMV_STAGES,
+        STEPS_MAX_BITS,
         all_gemvs_quantized,
         branch_configs,
         branch_stages,
+        gemv_weight_bits,
         quantized_gemvs,
         run_loop_of,
     )
@@ -337,8 +339,13 @@ def test_a_quantized_gemv_of_one_sequence_runs_unpipelined(monkeypatch, config, 
     assert max(schedules[v] for v in quantized) == 3
     assert set(branch_stages(plan, configs, 132, 1).values()) == {1}
     assert set(branch_stages(plan, configs, 132, 4).values()) == {4}
-    # (runs as loops over blocks: auto's choice here, and what is asked where it is)
-    assert [run_loop_of(plan, a) for a in ("auto", "", "flat", "blocks")] == ["blocks", "blocks", "flat", "blocks"]
+    # (runs as loops over blocks, their K loops' steps ahead where the weights have under 8 bits:
+    # auto's choice here, and what is asked where it is)
+    bits = {"q4_k/q6_k": 6.5625, "fp8": 8.0, "q4_1/q8_0": 8.5}[spec]
+    assert gemv_weight_bits(plan) == bits and STEPS_MAX_BITS == 8
+    auto = "steps" if bits < 8 else "blocks"
+    assert [run_loop_of(plan, a) for a in ("auto", "", "flat", "blocks", "steps")] == \
+        [auto, auto, "flat", "blocks", "steps"]
     bf16 = _step_plan(config, 1)
     assert quantized_gemvs(bf16) == set() and not all_gemvs_quantized(bf16)
     assert max(branch_stages(bf16, branch_configs(TritonBackend("cpu"), bf16), 132).values()) == 3
@@ -447,7 +454,8 @@ def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead()
         return src[start.start():src.index("return _ok, _t0", start.start())]
 
     steps, plain = down("steps"), down("blocks")
-    index_loop, k_loop = steps.index("for _b in tl.range(0, n_run):"), steps.index("for i_kk in tl.range(0, 14336, 2048")
+    index_loop = steps.index("for _b in tl.range(0, n_run):")
+    k_loop = steps.index("for i_kk in tl.range(0, 14336, 2048")
     assert steps.index("t_b__k__q, ") < index_loop < k_loop  # (the run's first step, before its loop)
     k_body = steps[k_loop:]
     assert k_body.index("t_b__q = t_b__k__q") < k_body.index("t_b__k__q, ") < k_body.index("_pto_dqx16_dot_q4_k(")
@@ -491,9 +499,13 @@ def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quanti
     stepped = re.search(r"\bt_\w+?__k(__\w+)? = ", src)
     assert bool(stepped) == (form == "steps") and ("__run__blocks_steps(" in src) == (form == "steps")
     if form == "blocks":
-        # by default (auto) the quantized kernels' runs are loops over blocks, bf16's flat
+        # by default (auto) the quantized kernels' runs are loops over blocks (Q4_1's, of 5 bits a
+        # weight, with their steps ahead; Q8_0's, of 8.5, without), bf16's flat
         monkeypatch.delenv("PTO_MK_RUNLOOP")
-        assert ("__run__blocks(" in _tiny_megakernel(quantize, runs=3).rendered.source) == (quantize is not None)
+        monkeypatch.delenv("PTO_MK_STAGES", raising=False)
+        src = _tiny_megakernel(quantize, runs=3).rendered.source
+        assert ("__run__blocks" in src) == (quantize is not None)
+        assert ("__run__blocks_steps(" in src) == (quantize == "q4_1")
     monkeypatch.setenv("PTO_MK_RUNLOOP", "block")
     with pytest.raises(UsageError, match="PTO_MK_RUNLOOP='block': one of auto, flat, blocks, steps"):
         run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent")

@@ -337,14 +337,34 @@ def all_gemvs_quantized(plan) -> bool:
     return bool(gemvs) and all(gemvs.values())
 
 
+#: the most bits a weight of the quantized GEMVs of a kernel whose runs "auto" renders as loops over
+#: blocks with their K loops' next steps loaded ahead ("steps"; blocks alone at this many or more):
+#: a step's weights ahead in registers cost registers by their bits. On an H200 steps took the 8B's
+#: Q4_K step (Q6_K head) of one sequence 2.71 -> 2.45 ms and the 1B's 0.813 -> 0.787, but Q8_0's
+#: 3.08 -> 3.37 and fp8's 2.69-2.72 -> 2.78 (docs/PERF.md, "Thirty-fourth session")
+STEPS_MAX_BITS = 8
+
+
+def gemv_weight_bits(plan) -> float:
+    """The most bits a weight of the quantized weights the GEMVs of one sequence of ``plan`` take
+    as stored (:func:`quantized_gemvs`; 0 where none)."""
+    gemvs = quantized_gemvs(plan)
+    return max((p.dtype.quant.bits_per_weight for b in plan.branches if b.fn.variant_name in gemvs
+                for p in b.fn.memrefs if p.dtype.is_quantized), default=0)
+
+
 def run_loop_of(plan, asked: str) -> str:
     """How ``plan``'s megakernel renders its items' runs (``RenderOptions.run_loop``): as
-    ``asked`` ("flat", "blocks", "steps": :func:`~pto.backends.triton.modes.run_loop_mode`) or, for "auto"
-    (or nothing), "blocks" in a kernel whose GEMVs of one sequence all take quantized weights
-    (:func:`all_gemvs_quantized`, the kernels measured faster so) and "flat" in any other."""
+    ``asked`` ("flat", "blocks", "steps": :func:`~pto.backends.triton.modes.run_loop_mode`) or,
+    for "auto" (or nothing), in a kernel whose GEMVs of one sequence all take quantized weights
+    (:func:`all_gemvs_quantized`, the kernels measured faster so) "steps" where those weights have
+    fewer than :data:`STEPS_MAX_BITS` bits (:func:`gemv_weight_bits`) and "blocks" where they have
+    more, and "flat" in any other."""
     if asked in ("flat", "blocks", "steps"):
         return asked
-    return "blocks" if all_gemvs_quantized(plan) else "flat"
+    if not all_gemvs_quantized(plan):
+        return "flat"
+    return "steps" if gemv_weight_bits(plan) < STEPS_MAX_BITS else "blocks"
 
 
 def branch_stages(plan, configs: list[LaunchConfig], multiprocessors: int, asked: int | str | None = None,
@@ -730,6 +750,7 @@ class Megakernel:
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
-           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "run_loop_of", "branch_stages",
+           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "STEPS_MAX_BITS",
+           "gemv_weight_bits", "run_loop_of", "branch_stages",
            "multiprocessors_of", "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]

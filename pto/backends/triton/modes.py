@@ -144,12 +144,13 @@ def run_loop_mode() -> str:
     pipelined as one flattened loop), "blocks" (the wave kernels' loop over blocks: the
     statements of no index once after the wait, each index's weights loaded an index ahead in
     registers), "steps" (blocks, with each K loop's next step's weights loaded ahead as well:
-    the down projection's and the LM head's; built 2026-12-04, not yet measured) or "auto" (the
-    default: blocks in a kernel whose GEMVs of one sequence all take
-    quantized weights, flat otherwise: :func:`pto.backends.triton.megakernel.run_loop_of`). On
-    an H200 blocks took the 8B's Q4_K step of one sequence 3.61 -> 2.71 ms, Q8_0 3.79 -> 3.10,
-    fp8 3.35 -> 2.72, the 1B's Q4_K 1.05 -> 0.82 and SmolLM2's Q4_1 level, but the bf16 8B's
-    4.19 -> 4.52 and the 1B's 0.94 -> 1.05 (docs/PERF.md, "Thirty-fourth session")."""
+    the down projection's and the LM head's) or "auto" (the default: in a kernel whose GEMVs of
+    one sequence all take quantized weights, steps where those have under 8 bits a weight and
+    blocks where not, flat otherwise: :func:`pto.backends.triton.megakernel.run_loop_of`). On an
+    H200 blocks took the 8B's Q4_K step of one sequence 3.61 -> 2.71 ms and steps to 2.45,
+    Q8_0's 3.79 -> 3.10 (steps 3.37), fp8's 3.35 -> 2.72 (steps 2.78), the 1B's Q4_K 1.05 ->
+    0.82 (steps 0.79), SmolLM2's Q4_1 level; the bf16 8B's 4.19 -> 4.52 and the 1B's 0.94 ->
+    1.05 with blocks (docs/PERF.md, "Thirty-fourth session")."""
     mode = os.environ.get("PTO_MK_RUNLOOP", "").strip() or RUN_LOOP_MODES[0]
     if mode not in RUN_LOOP_MODES:
         raise UsageError(f"PTO_MK_RUNLOOP={mode!r}: one of {', '.join(RUN_LOOP_MODES)}")
