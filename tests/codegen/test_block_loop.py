@@ -18,7 +18,7 @@ from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_residual_tile  # noqa: E
 from pto import InCore, f32  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
-from pto.codegen.triton.body import _flat, block_invariant  # noqa: E402
+from pto.codegen.triton.body import _flat, block_invariant, step_weights  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType  # noqa: E402
@@ -43,6 +43,33 @@ def test_a_gemvs_x_and_norm_run_once_and_its_weights_products_and_stores_each_bl
     assert not any(fn.parallel.var in e.free_vars() for i in walk_instrs(once) for e in i.srcs
                    if hasattr(e, "free_vars"))
     assert len(once) + len(each) == len(_flat(fn.body))
+
+
+def test_a_k_loops_weights_load_a_step_ahead_only_in_a_loop_of_constant_trips():
+    """:func:`step_weights`: in a residual GEMV's K loop (7 steps), x and the weights, addressed by
+    the step and the index alone, load a step ahead (of the memrefs the function only reads); a
+    loop whose bounds a scalar sets, or of no trip, loads nothing ahead."""
+    fn = specialize(gemv_residual_tile(DType.F32, 1, 7 * 64, 96, 16, 64))
+    loop = next(s for s in _flat(fn.body) if isinstance(s, ForRange))
+    assert [(i.srcs[0], i.dst) for i in step_weights(loop, "j", frozenset({"x", "w"}))] == [("x", "a"), ("w", "b")]
+    assert [i.dst for i in step_weights(loop, "j", frozenset({"w"}))] == ["b"]  # (x written in the graph)
+
+    k = InCore("bounded")
+    x, y, n = k.memref("x", f32, shape=(1, 256)), k.memref("y", f32), k.memref("n", f32)
+    j = k.parallel("j", 4)
+    a, acc = k.tile("a", 1, 16, f32), k.tile("acc", 1, 16, f32)
+    k.full(acc, 0.0)
+    m = k.load_scalar("m", n, 0, 0)
+    for ub in (m, 64, 0):
+        with k.for_range(f"kk{ub}" if isinstance(ub, int) else "kkm", 0, ub, 16) as kk:
+            k.load(a, x, 0, kk)
+            k.add(acc, acc, a)
+    k.store(y, j, 0, acc)
+    fn = k.build()
+    by_scalar, constant, empty = [s for s in _flat(fn.body) if isinstance(s, ForRange)]
+    assert step_weights(by_scalar, "j", frozenset({"x"})) == ()
+    assert [i.srcs[0] for i in step_weights(constant, "j", frozenset({"x"}))] == ["x"]
+    assert step_weights(empty, "j", frozenset({"x"})) == ()
 
 
 def test_a_scalar_an_index_loads_and_a_tile_an_index_rewrites_make_their_readers_each_blocks():

@@ -263,9 +263,10 @@ def step_weights(loop: ForRange, var: str, readonly: frozenset[str]) -> tuple:
     """The loads of ``loop`` (a K loop of a run's index, rendered as a loop over blocks) that a
     program may issue a step ahead, the next step's (past the last, the next index's first) while
     this one computes: :func:`block_weights` of its body addressed by its variable and the index
-    ``var``, in a loop whose bounds do not depend on the index (none where they do)."""
-    bounds = set().union(*(e.free_vars() for e in (loop.lb, loop.ub, loop.step)))
-    return () if var in bounds or loop.var in bounds else block_weights(loop.body, {loop.var, var}, readonly)
+    ``var``, in a loop of constant bounds and one trip or more (none in another: a load at its
+    first step before it, or the next index's, must be one the loop makes)."""
+    trips = constant_trips(loop)
+    return block_weights(loop.body, {loop.var, var}, readonly) if trips and trips > 0 else ()
 
 
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
