@@ -207,12 +207,14 @@
 #   qscales     issue 46: the quantized steps at $QS_BATCHES (default 8,1) for $QS_TYPES on the waves, and the
 #               SmolLM2 Q4_1 prefill as stored, with the tiles' scales a value a unit (PTO_QSCALES=units) and a
 #               value a group (groups, the default since 2026-12-04), a process each, twice in turn
-#   runloop     issues 45, 46: the megakernel's runs as loops over blocks (PTO_MK_RUNLOOP=blocks, the default
-#               where the GEMVs are quantized; near a call's 10 minutes: RL_CONFIGS/RL_QUANT for fewer)
-#               against the flat runs, a process each, twice in turn: the persistent executor at one sequence for
-#               $RL_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and
-#               bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them; $RL_ENV (default
-#               none) is more environment for both forms, e.g. "PTO_MK_SPLIT=-2 PTO_PER_SM=4,0 PTO_MK_RUNS=528"
+#   runloop     issues 45, 46: the megakernel's runs by form (PTO_MK_RUNLOOP: $RL_FORMS, default "blocks steps";
+#               flat, blocks and steps all near a call's 10 minutes: RL_CONFIGS/RL_QUANT for fewer), first the
+#               quantized persistent GPU tests (tests/gpu/test_quant_gpu.py -k persistent, the default forms),
+#               then a process a form, twice in turn: the persistent executor at one sequence for $RL_QUANT
+#               (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K, SmolLM2's Q4_1) and, with
+#               RL_BF16=1, bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them
+#               with RL_WAVES=1; $RL_ENV (default none) is more environment for every form, e.g.
+#               "PTO_MK_SPLIT=-2 PTO_PER_SM=4,0 PTO_MK_RUNS=528"
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -689,22 +691,26 @@ for line in open(sys.argv[1]):
                  --quant-prefill native > "$OUT/qscales_prefill_$qs.log" 2>&1
                echo "[PTO_QSCALES=$qs prefill]"; grep -h "prefill" "$OUT/qscales_prefill_$qs.log" | tail -n 1 | cut -c1-200
              done ;;
-    runloop) # issues 45, 46: the megakernel's runs as loops over blocks (measured 2026-12-04: PERF.md, thirty-fourth)
+    runloop) # issues 45, 46: the megakernel's runs by form (measured 2026-12-04: PERF.md, thirty-fourth)
              RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
              RLC=${RL_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m}
-             python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 --executors waves \
-               --hf-configs none --prefill 0 --quant "bf16,$RLQ" > "$OUT/runloop_waves.log" 2>&1
-             echo "[waves]"; grep -h " B=" "$OUT/runloop_waves.log" | cut -c1-100
+             python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k persistent 2>&1 | tail -2
+             if [ "${RL_WAVES:-0}" = 1 ]; then
+               python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 --steps 32 --executors waves \
+                 --hf-configs none --prefill 0 --quant "bf16,$RLQ" > "$OUT/runloop_waves.log" 2>&1
+               echo "[waves]"; grep -h " B=" "$OUT/runloop_waves.log" | cut -c1-100
+             fi
              for round in 1 2; do
-               for rl in flat blocks; do
+               for rl in ${RL_FORMS:-blocks steps}; do
                  env ${RL_ENV:-} PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 \
                    --steps 32 --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
                    --json "$OUT/runloop_q_${rl}_$round.json" > "$OUT/runloop_q_${rl}_$round.log" 2>&1
+                 echo "[PTO_MK_RUNLOOP=$rl, round $round]"; grep -h " B=" "$OUT/runloop_q_${rl}_$round.log" | cut -c1-100
+                 [ "${RL_BF16:-0}" = 1 ] || continue
                  env ${RL_ENV:-} PTO_MK_RUNLOOP=$rl python3 bench/decode.py --configs "$RLC" --batches 1 --long 0 \
                    --steps 32 --executors persistent --hf-configs none \
                    --json "$OUT/runloop_bf16_${rl}_$round.json" > "$OUT/runloop_bf16_${rl}_$round.log" 2>&1
-                 echo "[PTO_MK_RUNLOOP=$rl, round $round]"
-                 grep -h " B=" "$OUT/runloop_q_${rl}_$round.log" "$OUT/runloop_bf16_${rl}_$round.log" | cut -c1-100
+                 grep -h " B=" "$OUT/runloop_bf16_${rl}_$round.log" | cut -c1-100
                done
              done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
