@@ -72,6 +72,41 @@ def test_a_k_loops_weights_load_a_step_ahead_only_in_a_loop_of_constant_trips():
     assert step_weights(empty, "j", frozenset({"x"})) == ()
 
 
+def test_two_k_loops_loading_one_tile_load_it_ahead_under_names_of_their_own():
+    """("steps") Two K loops of a run that both load tile ``a`` (weights, then x) each load their
+    next step into a tile of their own, the first steps of both before the run's loop; a loop that
+    stores loads nothing ahead (its next step's load would pass its store)."""
+    from pto.codegen.triton.body import BodyRenderer
+
+    k = InCore("two_loops")
+    x, w, y = k.memref("x", f32, shape=(1, 128)), k.memref("w", f32, shape=(4, 128)), k.memref("y", f32, shape=(4, 16))
+    j = k.parallel("j", 4)
+    a, acc, acc2 = k.tile("a", 1, 16, f32), k.tile("acc", 1, 16, f32), k.tile("acc2", 1, 16, f32)
+    k.full(acc, 0.0)
+    k.full(acc2, 0.0)
+    with k.for_range("kk", 0, 64, 16) as kk:
+        k.load(a, w, j, kk)
+        k.add(acc, acc, a)
+    with k.for_range("ll", 64, 128, 16) as ll:
+        k.load(a, x, 0, ll)
+        k.add(acc2, acc2, a)
+    with k.for_range("mm", 0, 32, 16) as mm:  # (stores: not ahead)
+        k.load(a, w, j, mm)
+        k.store(y, j, 0, a)
+    k.add(acc, acc, acc2)
+    k.store(y, j, 0, acc)
+    fn = specialize(k.build())
+    _, lines = BodyRenderer(fn, RenderOptions(run_loop="steps"), 1, megakernel=True, runs=True,
+                            prefetch=False).device_function()
+    src = "\n".join(lines)
+    run = src.index("for _b in tl.range(0, n_run):")
+    assert src.index("t_a__k0 = ") < run and src.index("t_a__k1 = ") < run
+    first, second, third = (src.index(f"for i_{v} in ") for v in ("kk", "ll", "mm"))
+    assert "t_a = t_a__k0" in src[first:second] and "t_a__k0 = " in src[first:second]
+    assert "t_a = t_a__k1" in src[second:third] and "t_a__k1 = " in src[second:third] and "__k0" not in src[second:]
+    assert "__k2" not in src and "__k" not in src[third:]
+
+
 def test_a_scalar_an_index_loads_and_a_tile_an_index_rewrites_make_their_readers_each_blocks():
     """A scalar loaded at the index taints what its value addresses; a tile the index's statements
     write is written afresh each block, its earlier writer too; a loop with anything of the index

@@ -456,10 +456,10 @@ def test_a_run_as_a_loop_over_blocks_hoists_x_and_loads_the_next_weights_ahead()
     steps, plain = down("steps"), down("blocks")
     index_loop = steps.index("for _b in tl.range(0, n_run):")
     k_loop = steps.index("for i_kk in tl.range(0, 14336, 2048")
-    assert steps.index("t_b__k__q, ") < index_loop < k_loop  # (the run's first step, before its loop)
+    assert steps.index("t_b__k0__q, ") < index_loop < k_loop  # (the run's first step, before its loop)
     k_body = steps[k_loop:]
-    assert k_body.index("t_b__q = t_b__k__q") < k_body.index("t_b__k__q, ") < k_body.index("_pto_dqx16_dot_q4_k(")
-    assert "tl.where(_b + 1 < n_run, i_j + 1, i_j)" in k_body and "t_a = t_a__k" in k_body
+    assert k_body.index("t_b__q = t_b__k0__q") < k_body.index("t_b__k0__q, ") < k_body.index("_pto_dqx16_dot_q4_k(")
+    assert "tl.where(_b + 1 < n_run, i_j + 1, i_j)" in k_body and "t_a = t_a__k0" in k_body
     assert "__k" not in plain and "__run__blocks_steps(" not in plain
 
 
@@ -493,10 +493,10 @@ def test_runs_as_loops_over_blocks_are_the_waves_bit_for_bit(monkeypatch, quanti
     assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
     src = _tiny_megakernel(quantize, runs=3).rendered.source
     # (a weight tile loaded ahead is ``t_<tile>__n``, a quantized one's planes ``t_<tile>__n__<plane>``;
-    # a step ahead ``t_<tile>__k``)
+    # a step ahead ``t_<tile>__k<loop>``)
     assert "__run__blocks" in src and re.search(r"\bt_\w+?__n(__\w+)? = ", src) and \
         "tl.where(_b + 1 < n_run," in src
-    stepped = re.search(r"\bt_\w+?__k(__\w+)? = ", src)
+    stepped = re.search(r"\bt_\w+?__k\d+(__\w+)? = ", src)
     assert bool(stepped) == (form == "steps") and ("__run__blocks_steps(" in src) == (form == "steps")
     if form == "blocks":
         # by default (auto) the quantized kernels' runs are loops over blocks (Q4_1's, of 5 bits a

@@ -143,10 +143,13 @@ def run_loop_mode() -> str:
     (``RenderOptions.run_loop``): ``PTO_MK_RUNLOOP`` "flat" (the whole body each index,
     pipelined as one flattened loop), "blocks" (the wave kernels' loop over blocks: the
     statements of no index once after the wait, each index's weights loaded an index ahead in
-    registers), "steps" (blocks, with each K loop's next step's weights loaded ahead as well:
-    the down projection's and the LM head's) or "auto" (the default: in a kernel whose GEMVs of
-    one sequence all take quantized weights, steps where those have under 8 bits a weight and
-    blocks where not, flat otherwise: :func:`pto.backends.triton.megakernel.run_loop_of`). On an
+    registers), "steps" (blocks, with each K loop of constant bounds that stores nothing loading
+    its next step's read-only tiles, weights and x, ahead as well: in a quantized step the down
+    projection's and the LM head's; only in functions at one pipeline stage, a pipelined loop
+    keeping its pipeline) or "auto" (the default: in a kernel whose GEMVs of one sequence all
+    take quantized weights, steps where those have under 8 bits a weight and blocks where not,
+    flat otherwise; a kernel of a split plan by its own GEMVs:
+    :func:`pto.backends.triton.megakernel.run_loop_of`). On an
     H200 blocks took the 8B's Q4_K step of one sequence 3.61 -> 2.71 ms and steps to 2.45,
     Q8_0's 3.79 -> 3.10 (steps 3.37), fp8's 3.35 -> 2.72 (steps 2.78), the 1B's Q4_K 1.05 ->
     0.82 (steps 0.79), SmolLM2's Q4_1 level; the bf16 8B's 4.19 -> 4.52 and the 1B's 0.94 ->

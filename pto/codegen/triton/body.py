@@ -264,9 +264,13 @@ def step_weights(loop: ForRange, var: str, readonly: frozenset[str]) -> tuple:
     program may issue a step ahead, the next step's (past the last, the next index's first) while
     this one computes: :func:`block_weights` of its body addressed by its variable and the index
     ``var``, in a loop of constant bounds and one trip or more (none in another: a load at its
-    first step before it, or the next index's, must be one the loop makes)."""
+    first step before it, or the next index's, must be one the loop makes) that stores nothing
+    and runs no collective (a next step's load would come before this step's store, and two
+    memrefs may bind one tensor)."""
     trips = constant_trips(loop)
-    return block_weights(loop.body, {loop.var, var}, readonly) if trips and trips > 0 else ()
+    if not trips or trips <= 0 or any(i.op in _EFFECTS for i in walk_instrs(loop.body)):
+        return ()
+    return block_weights(loop.body, {loop.var, var}, readonly)
 
 
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
@@ -378,8 +382,8 @@ class BodyRenderer(TileOps):
         self.block_loop = opts.persistent == "blocks" and fn.parallel is not None and not megakernel
         self.block_ahead = False  # (set by _block_loop: its blocks load the next one's weights ahead)
         #: (set by _block_loop, a run's) the K loops whose weights load a step ahead, by id, with
-        #: those loads (:func:`step_weights`)
-        self.step_ahead: dict[int, tuple] = {}
+        #: those loads (:func:`step_weights`) and the suffix of the tiles they load into
+        self.step_ahead: dict[int, tuple[tuple, str]] = {}
         self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
@@ -581,10 +585,12 @@ class BodyRenderer(TileOps):
             for s in rest:
                 weights = step_weights(s, var, readonly) if isinstance(s, ForRange) else ()
                 if weights:
-                    self.step_ahead[id(s)] = weights
+                    # (a loop's own names: two loops may load ahead into one tile)
+                    ahead_of = f"__k{len(self.step_ahead)}"
+                    self.step_ahead[id(s)] = (weights, ahead_of)
                     for w in weights:
-                        self._alias(w.dst, f"{w.dst}__k")
-                    self._load_step(s, weights, f"{pvar}0", self.expr(s.lb))
+                        self._alias(w.dst, w.dst + ahead_of)
+                    self._load_step(s, weights, ahead_of, f"{pvar}0", self.expr(s.lb))
         if ahead and self.pre and all(w.srcs[0] in self.pre for w in ahead):
             self.early = frozenset(w.srcs[0] for w in ahead)
             self.wait(())
@@ -614,21 +620,22 @@ class BodyRenderer(TileOps):
         self.defined = outer
         self.depth -= 1
 
-    def _load_step(self, loop: ForRange, weights: tuple, index: str, step: str) -> None:
+    def _load_step(self, loop: ForRange, weights: tuple, ahead_of: str, index: str, step: str) -> None:
         """``weights`` (:func:`step_weights` of ``loop``) of parallel index ``index`` and the
-        loop's step ``step`` into their ``<tile>__k`` tiles."""
+        loop's step ``step`` into their tiles loaded ahead, ``<tile><ahead_of>``."""
         var = self.fn.parallel.var
         self.names["__kidx"], self.ranges["__kidx"] = index, self.ranges[var]
         self.names["__kstep"], self.ranges["__kstep"] = step, self.ranges[loop.var]
         for w in weights:
-            moved = substitute_stmt(replace(w, dst=f"{w.dst}__k"), {var: Var("__kidx"), loop.var: Var("__kstep")})
+            moved = substitute_stmt(replace(w, dst=w.dst + ahead_of), {var: Var("__kidx"), loop.var: Var("__kstep")})
             self.instr(moved)
         for n in ("__kidx", "__kstep"):
             del self.names[n], self.ranges[n]
 
-    def _step_loop(self, s: ForRange, weights: tuple, frames: list) -> None:
+    def _step_loop(self, s: ForRange, weights: tuple, ahead_of: str, frames: list) -> None:
         """(a run's loop over blocks) K loop ``s`` with its ``weights`` (:func:`step_weights`)
-        a step ahead: each step takes the tiles loaded ahead as its own and loads the next step's
+        a step ahead, into ``<tile><ahead_of>``: each step takes the tiles loaded ahead as its
+        own and loads the next step's
         (past its last step the next index's first, past the run's last index its own first
         again, still in L1) before its other statements."""
         var = self.names[s.var]
@@ -637,12 +644,12 @@ class BodyRenderer(TileOps):
         self.emit(f"for {var} in tl.range({lb}, {ub}, {step}, num_stages=1):")
         self.depth += 1
         for w in weights:
-            self._take(w.dst, f"{w.dst}__k")
+            self._take(w.dst, w.dst + ahead_of)
         more, kn, jn = self.fresh("more"), self.fresh("kn"), self.fresh("jn")
         self.emit(f"{more} = {var} + {step} < {ub}")
         self.emit(f"{kn} = tl.where({more}, {var} + {step}, {lb})")
         self.emit(f"{jn} = tl.where({more}, {pvar}, tl.where(_b + 1 < n_run, {pvar} + 1, {pvar}))")
-        self._load_step(s, weights, jn, kn)
+        self._load_step(s, weights, ahead_of, jn, kn)
         self.body(tuple(t for t in s.body if not any(t is w for w in weights)), frames)
         self.depth -= 1
 
@@ -838,9 +845,9 @@ class BodyRenderer(TileOps):
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
-        weights = self.step_ahead.get(id(s)) if self.run_blocks else None
-        if weights:
-            self._step_loop(s, weights, frames)
+        ahead = self.step_ahead.get(id(s)) if self.run_blocks else None
+        if ahead:
+            self._step_loop(s, *ahead, frames)
             self.defined = outer
             del self.names[s.var]
             return

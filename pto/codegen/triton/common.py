@@ -187,8 +187,9 @@ class RenderOptions:
     (:attr:`pto.codegen.triton.body.BodyRenderer.run_blocks`): "blocks" as the loop over blocks
     (the statements of no index once, the next index's weights loaded ahead in registers),
     "steps" as that loop with each K loop's next step's weights loaded ahead too (past an index's
-    last step the next index's first); "" or "flat" the whole body each index in one flattened,
-    pipelined loop.
+    last step the next index's first; at one pipeline stage only); "flat" the whole body each
+    index in one flattened, pipelined loop; "" or "auto" the megakernel's choice by its GEMVs
+    (:func:`pto.backends.triton.megakernel.run_loop_of`), rendered directly flat.
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
