@@ -238,13 +238,12 @@ def block_invariant(stmts: tuple, var: str) -> tuple[tuple, tuple]:
         dep = now
 
 
-def block_weights(each: tuple, var: str | set[str], readonly: frozenset[str]) -> tuple:
+def block_weights(each: tuple, allowed: set[str], readonly: frozenset[str]) -> tuple:
     """The loads of ``each`` (a block's statements, :func:`block_invariant`'s) that a program may
     issue a block ahead (the next block's while this one computes; the first block's before the
     PDL wait): loads of memrefs the function only reads, outside any loop, addressed by the index
-    alone (``var``; or by the names of a set: :func:`step_weights`), into tiles no other statement
-    of the block writes nor reads before them."""
-    allowed = {var} if isinstance(var, str) else var
+    alone (the names ``allowed``: the index, and a K loop's variable for :func:`step_weights`),
+    into tiles no other statement of the block writes nor reads before them."""
     out = []
     for k, s in enumerate(each):
         if not (isinstance(s, Instr) and s.op is Op.LOAD and s.srcs[0] in readonly):
@@ -268,7 +267,7 @@ def step_weights(loop: ForRange, var: str, readonly: frozenset[str]) -> tuple:
     and runs no collective (a next step's load would come before this step's store, and two
     memrefs may bind one tensor)."""
     trips = constant_trips(loop)
-    if not trips or trips <= 0 or any(i.op in _EFFECTS for i in walk_instrs(loop.body)):
+    if not trips or any(i.op in _EFFECTS for i in walk_instrs(loop.body)):
         return ()
     return block_weights(loop.body, {loop.var, var}, readonly)
 
@@ -349,7 +348,7 @@ class BodyRenderer(TileOps):
         #: (a run, ``RenderOptions.run_loop`` "blocks" or "steps", a constant extent) the run
         #: rendered as the loop over blocks (:meth:`_block_loop`): after the wait, the statements
         #: of no index once and the first index's weights, then each index's next weights loaded
-        #: ahead in registers ("steps": and its K loops' next steps' too, :meth:`_step_loop`)
+        #: ahead in registers ("steps": and its K loops' next steps' too, :meth:`_step_ahead`)
         self.run_blocks = self.runs and opts.run_loop in ("blocks", "steps") and \
             const_value(fn.parallel.extent) is not None
         #: (the megakernel's form) the L2 prefetch before the wait is rendered (``PREFETCH`` picks
@@ -564,7 +563,7 @@ class BodyRenderer(TileOps):
         constant = const_value(fn.parallel.extent) is not None
         hoisted, each = block_invariant(_flat(fn.body), var) if constant else ((), _flat(fn.body))
         readonly = frozenset(p for p, a in param_access(fn).items() if a.direction == "in")
-        ahead = block_weights(each, var, readonly) if constant else ()
+        ahead = block_weights(each, {var}, readonly) if constant else ()
         self.block_ahead = bool(ahead)
         rest = tuple(s for s in each if not any(s is w for w in ahead))
         nxt = {w.dst: f"{w.dst}__n" for w in ahead}
@@ -579,8 +578,7 @@ class BodyRenderer(TileOps):
 
         load_ahead(f"{pvar}0")
         # (a run's K loops at one stage: each step's weights a step ahead, the first index's first
-        # step's here; :meth:`_step_loop`)
-        self.step_ahead = {}
+        # step's here; :meth:`_step_ahead`)
         if run and self.opts.run_loop == "steps" and (self.stages or 1) == 1:
             for s in rest:
                 weights = step_weights(s, var, readonly) if isinstance(s, ForRange) else ()
@@ -632,17 +630,13 @@ class BodyRenderer(TileOps):
         for n in ("__kidx", "__kstep"):
             del self.names[n], self.ranges[n]
 
-    def _step_loop(self, s: ForRange, weights: tuple, ahead_of: str, frames: list) -> None:
-        """(a run's loop over blocks) K loop ``s`` with its ``weights`` (:func:`step_weights`)
-        a step ahead, into ``<tile><ahead_of>``: each step takes the tiles loaded ahead as its
-        own and loads the next step's
-        (past its last step the next index's first, past the run's last index its own first
-        again, still in L1) before its other statements."""
-        var = self.names[s.var]
+    def _step_ahead(self, s: ForRange, weights: tuple, ahead_of: str) -> tuple:
+        """(a run's loop over blocks, in K loop ``s``'s body) the step's ``weights``
+        (:func:`step_weights`) taken from ``<tile><ahead_of>``, where they were loaded a step
+        ahead, and the next step's loaded there (past its last step the next index's first, past
+        the run's last index its own first again, still in L1); the body's other statements."""
+        var, pvar = self.names[s.var], self.names[self.fn.parallel.var]
         lb, ub, step = self.expr(s.lb), self.expr(s.ub), self.expr(s.step)
-        pvar = self.names[self.fn.parallel.var]
-        self.emit(f"for {var} in tl.range({lb}, {ub}, {step}, num_stages=1):")
-        self.depth += 1
         for w in weights:
             self._take(w.dst, w.dst + ahead_of)
         more, kn, jn = self.fresh("more"), self.fresh("kn"), self.fresh("jn")
@@ -650,8 +644,7 @@ class BodyRenderer(TileOps):
         self.emit(f"{kn} = tl.where({more}, {var} + {step}, {lb})")
         self.emit(f"{jn} = tl.where({more}, {pvar}, tl.where(_b + 1 < n_run, {pvar} + 1, {pvar}))")
         self._load_step(s, weights, ahead_of, jn, kn)
-        self.body(tuple(t for t in s.body if not any(t is w for w in weights)), frames)
-        self.depth -= 1
+        return tuple(t for t in s.body if not any(t is w for w in weights))
 
     def _alias(self, tile: str, name: str) -> None:
         """Tile ``name`` of ``tile``'s shape, type and product (a block's weights loaded ahead)."""
@@ -846,19 +839,14 @@ class BodyRenderer(TileOps):
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
         ahead = self.step_ahead.get(id(s)) if self.run_blocks else None
-        if ahead:
-            self._step_loop(s, *ahead, frames)
-            self.defined = outer
-            del self.names[s.var]
-            return
         if self.runs and not self.run_blocks:  # (flattened into the run's loop, which carries the depth)
             self.emit(f"for {var} in tl.range({bounds}):")
         elif self.stages is None:
             self.emit(f"for {var} in range({bounds}):")
-        else:
+        else:  # (a loop loading its steps ahead is at one stage: step_ahead)
             self.emit(f"for {var} in tl.range({bounds}, num_stages={self.stages}):")
         self.depth += 1
-        self.body(s.body, frames)
+        self.body(self._step_ahead(s, *ahead) if ahead else s.body, frames)
         self.depth -= 1
         self.defined = outer
         del self.names[s.var]
