@@ -215,6 +215,10 @@
 #               RL_BF16=1, bf16 for $RL_CONFIGS (default the 8B, the 1B, SmolLM2); the waves once beside them
 #               with RL_WAVES=1; $RL_ENV (default none) is more environment for every form, e.g.
 #               "PTO_MK_SPLIT=-2 PTO_PER_SM=4,0 PTO_MK_RUNS=528"
+#   mkwarps     issue 45: the quantized persistent steps at one sequence (RL_QUANT's) under each environment of
+#               $MKW_ENVS (";"-separated; default the megakernel's warps and programs a multiprocessor measured on
+#               2026-12-04: "PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4"), then the
+#               defaults, each with its megakernels' registers, spills, programs a multiprocessor and warps
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -712,6 +716,27 @@ for line in open(sys.argv[1]):
                    --json "$OUT/runloop_bf16_${rl}_$round.json" > "$OUT/runloop_bf16_${rl}_$round.log" 2>&1
                  grep -h " B=" "$OUT/runloop_bf16_${rl}_$round.log" | cut -c1-100
                done
+             done ;;
+    mkwarps) # issue 45 (measured 2026-12-04: PERF.md, thirty-fifth)
+             RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
+             IFS=';' read -ra envs <<< "${MKW_ENVS:-PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4}"
+             envs+=("")  # (the defaults last, in the same call)
+             k=0
+             for e in "${envs[@]}"; do
+               k=$((k + 1))
+               env $e python3 bench/decode.py --configs llama3-8b,llama3.2-1b,smollm2-135m --batches 1 --long 0 \
+                 --steps 32 --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
+                 --json "$OUT/mkwarps_$k.json" > "$OUT/mkwarps_$k.log" 2>&1
+               echo "[${e:-defaults}] rc=$?"; grep -h " B=" "$OUT/mkwarps_$k.log" | cut -c1-80
+               python3 - "$OUT/mkwarps_$k.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    rep = r.get("persistent", {}).get("report", {})
+    segs = rep.get("segments", [rep])
+    print(" ", r["config"], r["quant"], "regs/spills/programs/warps",
+          [(s.get("regs"), s.get("spills"), s.get("programs_per_sm"), s.get("warps")) for s in segs],
+          "gap", rep.get("item_gap_us"), "wait", rep.get("dependency_wait_us"))
+PY
              done ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \

@@ -82,7 +82,7 @@ class PersistentExecutor(Executor):
         return max(k.programs for k in self.kernels)
 
     def run(self, graph) -> ExecStats:
-        from pto.backends.triton.megakernel import resolve_stages
+        from pto.backends.triton.megakernel import resolve_stages, resolve_warps
         from pto.machine.target import detect
 
         t0 = time.perf_counter()
@@ -99,7 +99,8 @@ class PersistentExecutor(Executor):
         settings = self.backend.megakernel_settings(
             self.settings, sentinel=self.sentinel,
             ignore=declared_infinities(graph.variants) if self.sentinel else frozenset())
-        resolve_stages(settings.stages)  # (a bad setting named before the plan is built)
+        resolve_stages(settings.stages)  # (bad settings named before the plan is built)
+        resolve_warps(settings.warps)
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)

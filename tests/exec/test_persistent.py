@@ -251,6 +251,36 @@ def test_the_stages_setting_deepens_every_loading_loop_and_keeps_the_bits(monkey
             resolve_stages(None)
 
 
+def test_the_warps_setting_sets_the_programs_warps_and_keeps_the_bits(monkeypatch):
+    """``PTO_MK_WARPS=N`` launches the megakernel's programs with N warps in place of the most
+    its branches' schedules ask for (the same bits under the interpreter); anything but one of
+    :data:`WARPS` is one line naming it, before the plan is built."""
+    from pto.backends.triton.megakernel import WARPS, resolve_warps
+
+    monkeypatch.delenv("PTO_MK_WARPS", raising=False)
+    job, rd, _, want = _run("bgemm", 45, {}, "persistent")
+    rd.close()
+    plain = rd.executor.kernels[0].config.num_warps
+    asked = 2 if plain != 2 else 8
+    monkeypatch.setenv("PTO_MK_WARPS", str(asked))
+    job, rp, _, got = _run("bgemm", 45, {}, "persistent")
+    try:
+        kernel = rp.executor.kernels[0]
+        assert kernel.config.num_warps == asked and kernel.consts()["num_warps"] == asked
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+    finally:
+        rp.close()
+    assert resolve_warps(16) == 16 and resolve_warps(None) == asked
+    for bad in ("0", "3", "32", "many", "\u00b2"):
+        monkeypatch.setenv("PTO_MK_WARPS", bad)
+        with pytest.raises(UsageError, match=rf"^PTO_MK_WARPS='{bad}': the megakernel's warps a program are one of "
+                                             f"{', '.join(map(str, WARPS))}$"):
+            resolve_warps(None)
+        with pytest.raises(UsageError, match=r"^PTO_MK_WARPS="):
+            _run("bgemm", 45, {}, "persistent")
+
+
 def _step_plan(config: str, batch: int, spec="bf16"):
     """``config``'s decode step on an H200 in the persistent executor's tiles (cache 1,024), its
     weights bf16 or ``spec`` (``LAYERS/HEAD``: :meth:`WeightTypes.of_spec`, or the

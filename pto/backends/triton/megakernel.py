@@ -109,6 +109,9 @@ class MegakernelSettings:
     #: lone dot projections, or :data:`QUANT_GEMV_STAGES` everywhere in a step of quantized GEMVs
     #: (:func:`resolve_stages`, :func:`branch_stages`)
     stages: int | str | None = None
+    #: the warps of a program, in place of the most any branch's schedule asks for (:func:`merged`):
+    #: one of :data:`WARPS` (None: ``PTO_MK_WARPS``, else the branches' most; :func:`resolve_warps`)
+    warps: int | None = None
 
 
 #: the dispatch of a megakernel whose settings and environment name none
@@ -237,6 +240,23 @@ def resolve_stages(asked: int | str | None) -> int | str | None:
         raise UsageError(f"{src}={text!r}: the megakernel's pipeline stages are a whole number from 1 to {MAX_STAGES}, "
                          "or schedule")
     return n
+
+
+#: the warps a program ``PTO_MK_WARPS`` may ask for
+WARPS = (1, 2, 4, 8, 16)
+
+
+def resolve_warps(asked: int | None) -> int | None:
+    """``asked``, else ``PTO_MK_WARPS``, else None (the branches' most): the warps of a
+    megakernel's program, one of :data:`WARPS`; UsageError naming anything else."""
+    src, text = ("warps", asked) if asked is not None else \
+        ("PTO_MK_WARPS", os.environ.get("PTO_MK_WARPS", "").strip())
+    if text in (None, ""):
+        return None
+    if not re.fullmatch(r"[0-9]+", str(text)) or int(text) not in WARPS:
+        raise UsageError(f"{src}={text!r}: the megakernel's warps a program are one of "
+                         f"{', '.join(map(str, WARPS))}")
+    return int(text)
 
 
 #: the deepest pipeline ``PTO_MK_STAGES`` asks for
@@ -491,6 +511,9 @@ class Megakernel:
         #: one configuration for the whole kernel (:func:`merged`); pipelining is per loop, in the
         #: source (``self.stages``)
         self.config = merged(configs)
+        warps = resolve_warps(settings.warps)
+        if warps is not None:
+            self.config = replace(self.config, num_warps=warps)
         try:
             self._build(configs)
             self.jit = load_kernel(self.rendered)
@@ -749,8 +772,9 @@ class Megakernel:
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
-           "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "LONE_DOT_STAGES", "FEW_ROWS",
-           "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized", "STEPS_MAX_BITS",
+           "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "WARPS", "resolve_warps",
+           "LONE_DOT_STAGES", "FEW_ROWS", "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized",
+           "STEPS_MAX_BITS",
            "gemv_weight_bits", "run_loop_of", "branch_stages",
            "multiprocessors_of", "resolve_prefetch_kb", "resolve_dispatch",
            "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
