@@ -83,7 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
-    from pto.backends.triton.modes import blocks_formats, qscales_mode
+    from pto.backends.triton.modes import blocks_formats, k_ahead_mode, qscales_mode
     from pto.codegen.triton import render
     from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, RenderOptions
     from pto.codegen.triton.quant_groups import reads_by_groups_in
@@ -107,7 +107,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         pre = tuple(p.name for p in fn.memrefs if p.name.startswith(("w", "g"))) if pdl else ()
         dims = {"K": cfg.layer.ffn, "N": cfg.layer.hidden} if f.name == "proj" else None
         opts = RenderOptions(qgemv=mode, pdl=pdl, pre=pre, asm=True, qgemv_warps=warps, qgemv_cols=cols,
-                             qscales=qscales_mode())
+                             qscales=qscales_mode(), k_ahead=k_ahead_mode())
         kern = render(specialize(fn, dims), opts)
         if persistent == "blocks" or (persistent == "auto" and kern.loops_blocks(BLOCK_PROGRAMS * sms, formats)):
             kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))

@@ -50,6 +50,7 @@ from pto.backends.triton.modes import (
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
+    k_ahead_mode,
     pdl_late_functions,
     pdl_mode,
     persistent_mode,
@@ -128,7 +129,8 @@ class TritonBackend(Backend):
                                qgemv_warps_by=self.options.qgemv_warps_by or qgemv_warps_by(),
                                qgemv_cols=self.options.qgemv_cols or qgemv_cols(),
                                qscales=self.options.qscales or qscales_mode(),
-                               run_loop=self.options.run_loop or run_loop_mode(), asm=self.compiles)
+                               run_loop=self.options.run_loop or run_loop_mode(),
+                               k_ahead=self.options.k_ahead or k_ahead_mode(), asm=self.compiles)
         #: the persistent tile loop of the kernels whose loops multiply large tiles, where no
         #: schedule says (options, else PTO_PERSISTENT): :meth:`render_options`
         self.persistent = self.options.persistent or persistent_mode()
@@ -214,7 +216,7 @@ class TritonBackend(Backend):
         compiles = os.environ.get("TRITON_INTERPRET") != "1"
         return {"pdl": pdl_mode(target.capability, compiles) or "off",
                 "tma": "on" if tma_mode(target.capability, compiles) else "off", "qgemv": qgemv_mode(compiles),
-                "qscales": qscales_mode(),
+                "qscales": qscales_mode(), "k_ahead": k_ahead_mode(),
                 "persistent": persistent_mode() or "off", "blocks_formats": ",".join(sorted(blocks_formats())),
                 "blocks_functions": ",".join(sorted(blocks_functions())),
                 "pdl_late": ",".join(sorted(pdl_late_functions()))}

@@ -383,6 +383,10 @@ class BodyRenderer(TileOps):
         #: (set by _block_loop, a run's) the K loops whose weights load a step ahead, by id, with
         #: those loads (:func:`step_weights`) and the suffix of the tiles they load into
         self.step_ahead: dict[int, tuple[tuple, str]] = {}
+        #: (a batched kernel, ``RenderOptions.k_ahead`` "on") the K loops of a quantized GEMV
+        #: whose next step's read-only tiles load ahead, by id, with those loads and the suffix of
+        #: their tiles (:meth:`_plan_k_ahead`); each moves to :attr:`step_ahead` as it is rendered
+        self.k_loops: dict[int, tuple[tuple, str]] = {}
         self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
@@ -536,6 +540,8 @@ class BodyRenderer(TileOps):
         early = early_loads(fn.body, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
         self.waiting = bool(self.early) or (self.mk and not self.runs)
+        if self.opts.k_ahead == "on" and not self.mk:
+            self._plan_k_ahead(fn.body if early is None else early)
         self.body(fn.body if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
             self.wait(())
@@ -618,16 +624,46 @@ class BodyRenderer(TileOps):
         self.defined = outer
         self.depth -= 1
 
+    def _plan_k_ahead(self, stmts: tuple) -> None:
+        """(a batched kernel, ``RenderOptions.k_ahead`` "on") The loops among ``stmts`` (the
+        body's statements, as the wait leaves them) whose next step's read-only tiles load a step
+        ahead in registers while this one computes (:func:`step_weights`: constant bounds, no
+        store; here also two trips or more and a quantized GEMV's weight tile among them, the
+        issue-bound dequantizing loops that no pipeline of Triton's streams), into
+        :attr:`k_loops`. Where such a loop is the body's first statement to touch memory the
+        previous launch may write, its first step's weights (``pre`` memrefs) load before the
+        PDL wait, so the device function waits itself (:attr:`early`)."""
+        var = self.fn.parallel.var if self.fn.parallel is not None else ""
+        readonly = frozenset(p for p, a in param_access(self.fn).items() if a.direction == "in")
+        for s in stmts:
+            if not isinstance(s, ForRange) or (constant_trips(s) or 0) < 2:
+                continue
+            weights = step_weights(s, var, readonly)
+            if any(w.dst in self.fused for w in weights):
+                self.k_loops[id(s)] = (weights, f"__k{len(self.k_loops)}")
+        first = next((s for s in stmts if _touches(s, self.pre)), None)
+        if self.pre and first is not None and id(first) in self.k_loops:
+            before = frozenset(w.srcs[0] for w in self.k_loops[id(first)][0] if w.srcs[0] in self.pre)
+            if before:
+                self.early, self.waiting = self.early | before, True
+
+    def _first_steps(self, s: ForRange, weights: tuple, ahead_of: str) -> None:
+        """Loop ``s``'s first step of ``weights`` (:attr:`k_loops`) into their tiles loaded ahead."""
+        index = self.names[self.fn.parallel.var] if self.fn.parallel is not None else ""
+        self._load_step(s, weights, ahead_of, index, self.expr(s.lb))
+
     def _load_step(self, loop: ForRange, weights: tuple, ahead_of: str, index: str, step: str) -> None:
         """``weights`` (:func:`step_weights` of ``loop``) of parallel index ``index`` and the
         loop's step ``step`` into their tiles loaded ahead, ``<tile><ahead_of>``."""
-        var = self.fn.parallel.var
-        self.names["__kidx"], self.ranges["__kidx"] = index, self.ranges[var]
+        var = self.fn.parallel.var if self.fn.parallel is not None else None
+        moves = {loop.var: Var("__kstep")}
+        if var is not None:
+            self.names["__kidx"], self.ranges["__kidx"] = index, self.ranges[var]
+            moves[var] = Var("__kidx")
         self.names["__kstep"], self.ranges["__kstep"] = step, self.ranges[loop.var]
         for w in weights:
-            moved = substitute_stmt(replace(w, dst=w.dst + ahead_of), {var: Var("__kidx"), loop.var: Var("__kstep")})
-            self.instr(moved)
-        for n in ("__kidx", "__kstep"):
+            self.instr(substitute_stmt(replace(w, dst=w.dst + ahead_of), moves))
+        for n in ("__kidx", "__kstep") if var is not None else ("__kstep",):
             del self.names[n], self.ranges[n]
 
     def _step_ahead(self, s: ForRange, weights: tuple, ahead_of: str) -> tuple:
@@ -635,14 +671,20 @@ class BodyRenderer(TileOps):
         (:func:`step_weights`) taken from ``<tile><ahead_of>``, where they were loaded a step
         ahead, and the next step's loaded there (past its last step the next index's first, past
         the run's last index its own first again, still in L1); the body's other statements."""
-        var, pvar = self.names[s.var], self.names[self.fn.parallel.var]
+        var = self.names[s.var]
+        pvar = self.names[self.fn.parallel.var] if self.fn.parallel is not None else ""
         lb, ub, step = self.expr(s.lb), self.expr(s.ub), self.expr(s.step)
         for w in weights:
             self._take(w.dst, w.dst + ahead_of)
-        more, kn, jn = self.fresh("more"), self.fresh("kn"), self.fresh("jn")
+        more, kn = self.fresh("more"), self.fresh("kn")
         self.emit(f"{more} = {var} + {step} < {ub}")
-        self.emit(f"{kn} = tl.where({more}, {var} + {step}, {lb})")
-        self.emit(f"{jn} = tl.where({more}, {pvar}, tl.where(_b + 1 < n_run, {pvar} + 1, {pvar}))")
+        if self.run_blocks:
+            jn = self.fresh("jn")
+            self.emit(f"{kn} = tl.where({more}, {var} + {step}, {lb})")
+            self.emit(f"{jn} = tl.where({more}, {pvar}, tl.where(_b + 1 < n_run, {pvar} + 1, {pvar}))")
+        else:  # (a batched kernel's loop: past its last step this one's again, still in L1)
+            jn = pvar
+            self.emit(f"{kn} = tl.where({more}, {var} + {step}, {var})")
         self._load_step(s, weights, ahead_of, jn, kn)
         return tuple(t for t in s.body if not any(t is w for w in weights))
 
@@ -694,8 +736,18 @@ class BodyRenderer(TileOps):
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):
+            ahead = self.k_loops.pop(id(s), None)
+            if ahead:  # (its first step's weights before the wait, the rest after: _plan_k_ahead)
+                weights, ahead_of = ahead
+                self.step_ahead[id(s)] = ahead
+                for w in weights:
+                    self._alias(w.dst, w.dst + ahead_of)
+                early = tuple(w for w in weights if w.srcs[0] in self.pre) if self.waiting else ()
+                self._first_steps(s, early, ahead_of)
             if self.waiting and _touches(s, self.pre):
                 self.wait(stmts[idx:])
+            if ahead:
+                self._first_steps(s, tuple(w for w in weights if not any(w is e for e in early)), ahead_of)
             if isinstance(s, ForRange):
                 self.loop(s, [(stmts, idx), *frames])
             else:
@@ -838,9 +890,11 @@ class BodyRenderer(TileOps):
         self.names[s.var] = var
         outer = set(self.defined)
         bounds = f"{self.expr(s.lb)}, {self.expr(s.ub)}, {self.expr(s.step)}"
-        ahead = self.step_ahead.get(id(s)) if self.run_blocks else None
+        ahead = self.step_ahead.get(id(s)) if self.run_blocks or not self.mk else None
         if self.runs and not self.run_blocks:  # (flattened into the run's loop, which carries the depth)
             self.emit(f"for {var} in tl.range({bounds}):")
+        elif ahead and not self.mk:  # (its steps loaded ahead in registers: no pipeline of Triton's)
+            self.emit(f"for {var} in tl.range({bounds}, num_stages=1):")
         elif self.stages is None:
             self.emit(f"for {var} in range({bounds}):")
         else:  # (a loop loading its steps ahead is at one stage: step_ahead)

@@ -190,6 +190,12 @@ class RenderOptions:
     last step the next index's first; at one pipeline stage only); "flat" the whole body each
     index in one flattened, pipelined loop; "" or "auto" the megakernel's choice by its GEMVs
     (:func:`pto.backends.triton.megakernel.run_loop_of`), rendered directly flat.
+    ``k_ahead``: "on": a batched kernel's K loops of a quantized GEMV (constant bounds, two
+    steps or more, no store) load their next step's read-only tiles (weights, x) ahead in
+    registers while this one computes, at one pipeline stage, the first step's weights before the
+    PDL wait where the loop is the body's first access to memory the launch before may write
+    (:meth:`pto.codegen.triton.body.BodyRenderer._plan_k_ahead`); "off" or "" not (the backend's
+    choice: :func:`pto.backends.triton.modes.k_ahead_mode`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
@@ -211,6 +217,7 @@ class RenderOptions:
     qgemv_cols: int = 0
     qscales: str = ""
     run_loop: str = ""
+    k_ahead: str = ""
     asm: bool = False
     prefetch_bytes: int = 64 * 1024
 

@@ -201,12 +201,13 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
 
     src = source(body)
     # the arithmetic: with or without PDL and tensor-descriptor loads
-    plain = render(fn, replace(r.opts, pdl="", tma=False, pre=(), persistent="")).schedule_digest \
-        if r.tma or r.opts.tma or r.early or persistent else hashlib.sha256(src.encode()).hexdigest()[:20]
+    moved = r.tma or r.opts.tma or r.early or persistent or r.step_ahead  # (loads moved, the arithmetic not)
+    plain = render(fn, replace(r.opts, pdl="", tma=False, pre=(), persistent="", k_ahead="")).schedule_digest \
+        if moved else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
     if pdl:
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
-    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent else plain
+    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent or r.step_ahead else plain
     launch = launch_params(fn)
     if r.grouped:
         floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
