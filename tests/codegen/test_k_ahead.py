@@ -122,5 +122,22 @@ def test_a_decode_steps_k_loops_loaded_ahead_give_the_same_bits(monkeypatch, tmp
     ahead = [p.read_text() for p in cache_dir().rglob("*.py") if "__k0" in p.read_text()]
     assert any("tl.range(0, 160, 64, num_stages=1)" in src and "gemv_residual_tile" in src for src in ahead)
     monkeypatch.setenv("PTO_K_AHEAD", "yes")
-    with pytest.raises(UsageError, match="PTO_K_AHEAD='yes': one of off, on"):
+    with pytest.raises(UsageError, match="PTO_K_AHEAD='yes': one of auto, off, on$"):
         run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="waves")
+
+
+def test_auto_loads_ahead_where_a_tasks_programs_fit_one_round(monkeypatch):
+    """``PTO_K_AHEAD`` unset is "auto": the 1B's Q4_K down projection (256 programs, under three
+    a multiprocessor of an H100's or H200's 132) loads its steps ahead, the 8B's (512) does not."""
+    from pto.backends.triton.modes import K_AHEAD_PROGRAMS
+
+    monkeypatch.delenv("PTO_K_AHEAD", raising=False)
+    backend = TritonBackend("cpu")
+    assert backend.options.k_ahead == "auto" and K_AHEAD_PROGRAMS * 132 == 396
+    eight = specialize(gemv_residual_tile(DType.BF16, 1, 14336, 4096, 8, 2048, wdtype=DType.Q4_K))
+    one = specialize(gemv_residual_tile(DType.BF16, 1, 8192, 2048, 8, 2048, wdtype=DType.Q4_K))
+    assert backend.k_ahead_of(eight) == "off" and backend.k_ahead_of(one) == "on"
+    for fn, ahead in ((eight, False), (one, True)):
+        opts = backend.render_options(fn, backend.launch_config(fn, 1))
+        assert opts.k_ahead == ("on" if ahead else "off")
+        assert ("t_b__k0" in backend.kernel(fn, opts).source) == ahead

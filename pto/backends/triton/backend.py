@@ -45,8 +45,9 @@ from pto.backends.triton.launch import (
     with_descriptors,
 )
 from pto.backends.triton.loader import load_kernel
-from pto.backends.triton.megakernel import Megakernel, MegakernelSettings, occupancy
+from pto.backends.triton.megakernel import ESTIMATE_TARGET, Megakernel, MegakernelSettings, occupancy
 from pto.backends.triton.modes import (
+    K_AHEAD_PROGRAMS,
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
@@ -71,9 +72,10 @@ from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
-from pto.ir.expr import evaluate
+from pto.ir.expr import Const, evaluate
 from pto.ir.nodes import IncoreFunction
 from pto.machine.collectives import SumBuffers
+from pto.machine.target import get as get_target
 
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
@@ -329,7 +331,29 @@ class TritonBackend(Backend):
         where ``cfg`` does not say; "auto": "blocks" for a kernel whose plain form says so in the
         formats this backend takes so (``RenderedKernel.blocks_auto_in`` :attr:`blocks_formats`:
         the gate/up GEMVs measured faster so, and the functions :attr:`blocks_functions` names),
-        no loop elsewhere."""
+        no loop elsewhere. ``k_ahead`` "auto" (:func:`~.modes.k_ahead_mode`) is decided per
+        function (:meth:`k_ahead_of`)."""
+        opts = self._loop_options(fn, cfg)
+        if opts.k_ahead == "auto":
+            opts = replace(opts, k_ahead=self.k_ahead_of(fn))
+        return opts
+
+    def k_ahead_of(self, fn: IncoreFunction) -> str:
+        """``k_ahead`` "auto" for ``fn``: "on" where a task's programs (its parallel axis's
+        constant extent) fit one round of :data:`~.modes.K_AHEAD_PROGRAMS` a multiprocessor (a
+        K loop carrying its next step takes 150-170 registers at 4 warps, three programs a
+        multiprocessor, where the plain loop's 120-128 fit four: a task of more programs runs a
+        second round), "off" elsewhere. On an H200 the 1B's Q4_K down projection (256 programs)
+        8.2 -> 6.1 us; the 8B's (512) 16.1 -> 18.9, the LM heads slower (docs/PERF.md,
+        "Thirty-fifth session")."""
+        extent = fn.parallel.extent if fn.parallel is not None else None
+        if not isinstance(extent, Const):
+            return "off"
+        sms = self._sms() if self.device.type == "cuda" else get_target(ESTIMATE_TARGET).sm_count
+        return "on" if extent.value <= K_AHEAD_PROGRAMS * sms else "off"
+
+    def _loop_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
+        """:meth:`render_options` but ``k_ahead``."""
         opts = cfg.options(self.options)
         if not self.persistent or "persistent" in dict(cfg.codegen):
             return opts

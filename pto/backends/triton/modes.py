@@ -162,14 +162,18 @@ def run_loop_mode() -> str:
 
 #: whether the batched kernels' quantized GEMV K loops load their next step ahead (``PTO_K_AHEAD``,
 #: :func:`k_ahead_mode`)
-K_AHEAD_MODES = ("off", "on")
+K_AHEAD_MODES = ("auto", "off", "on")
+#: the programs a multiprocessor a kernel whose K loop carries its next step holds ("auto" takes
+#: the form where a task's programs fit one round of them: ``TritonBackend.k_ahead_of``)
+K_AHEAD_PROGRAMS = 3
 
 
 def k_ahead_mode() -> str:
     """``RenderOptions.k_ahead``: ``PTO_K_AHEAD`` "on" (a wave kernel's K loops of a quantized
     GEMV, the down projection's and the LM head's at one sequence, load their next step's weights
-    and x ahead in registers, the first step's weights before the PDL wait) or "off" (the
-    default: each step's loads after the step before)."""
+    and x ahead in registers, the first step's weights before the PDL wait), "off" (each step's
+    loads after the step before) or "auto" (the default: on where a task's programs fit one
+    round at the registers the form takes, ``TritonBackend.k_ahead_of``)."""
     mode = os.environ.get("PTO_K_AHEAD", "").strip() or K_AHEAD_MODES[0]
     if mode not in K_AHEAD_MODES:
         raise UsageError(f"PTO_K_AHEAD={mode!r}: one of {', '.join(K_AHEAD_MODES)}")
@@ -258,7 +262,7 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["K_AHEAD_MODES", "PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES", "RUN_LOOP_MODES",
-           "SPLIT_MODES", "blocks_formats", "blocks_functions", "k_ahead_mode", "pdl_late_functions", "pdl_mode",
-           "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps", "qgemv_warps_by", "qscales_mode",
-           "run_loop_mode", "split_mode", "tma_mode"]
+__all__ = ["K_AHEAD_MODES", "K_AHEAD_PROGRAMS", "PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES",
+           "RUN_LOOP_MODES", "SPLIT_MODES", "blocks_formats", "blocks_functions", "k_ahead_mode",
+           "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
+           "qgemv_warps_by", "qscales_mode", "run_loop_mode", "split_mode", "tma_mode"]

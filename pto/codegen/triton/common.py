@@ -194,8 +194,8 @@ class RenderOptions:
     steps or more, no store) load their next step's read-only tiles (weights, x) ahead in
     registers while this one computes, at one pipeline stage, the first step's weights before the
     PDL wait where the loop is the body's first access to memory the launch before may write
-    (:meth:`pto.codegen.triton.body.BodyRenderer._plan_k_ahead`); "off" or "" not (the backend's
-    choice: :func:`pto.backends.triton.modes.k_ahead_mode`).
+    (:meth:`pto.codegen.triton.body.BodyRenderer._plan_k_ahead`); "off", "" or "auto" not ("auto"
+    is the backend's to decide per function: :func:`pto.backends.triton.modes.k_ahead_mode`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).
     ``prefetch_bytes``: the most bytes a megakernel item prefetches into L2 before its wait
