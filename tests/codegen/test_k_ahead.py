@@ -127,16 +127,19 @@ def test_a_decode_steps_k_loops_loaded_ahead_give_the_same_bits(monkeypatch, tmp
 
 
 def test_auto_loads_ahead_where_a_tasks_programs_fit_one_round(monkeypatch):
-    """``PTO_K_AHEAD`` unset is "auto": the 1B's Q4_K down projection (256 programs, under three
-    a multiprocessor of an H100's or H200's 132) loads its steps ahead, the 8B's (512) does not."""
-    from pto.backends.triton.modes import K_AHEAD_PROGRAMS
+    """``PTO_K_AHEAD`` unset is "auto": the 1B's Q4_K down projection (256 programs of 4 warps,
+    under three a multiprocessor of an H100's or H200's 132 at K_AHEAD_REGS) loads its steps
+    ahead; the 8B's (512) does not, nor the 1B's at 8 warps (one program a multiprocessor)."""
+    from pto.backends.triton.modes import K_AHEAD_REGS
 
     monkeypatch.delenv("PTO_K_AHEAD", raising=False)
     backend = TritonBackend("cpu")
-    assert backend.options.k_ahead == "auto" and K_AHEAD_PROGRAMS * 132 == 396
+    assert backend.options.k_ahead == "auto" and 65536 // (K_AHEAD_REGS * 32 * 4) * 132 == 396
     eight = specialize(gemv_residual_tile(DType.BF16, 1, 14336, 4096, 8, 2048, wdtype=DType.Q4_K))
     one = specialize(gemv_residual_tile(DType.BF16, 1, 8192, 2048, 8, 2048, wdtype=DType.Q4_K))
-    assert backend.k_ahead_of(eight) == "off" and backend.k_ahead_of(one) == "on"
+    assert backend.k_ahead_of(eight, 4) == "off" and backend.k_ahead_of(one, 4) == "on"
+    assert backend.k_ahead_of(one, 8) == "off"
+    assert backend.launch_config(one, 1).num_warps == 4
     for fn, ahead in ((eight, False), (one, True)):
         opts = backend.render_options(fn, backend.launch_config(fn, 1))
         assert opts.k_ahead == ("on" if ahead else "off")

@@ -47,7 +47,7 @@ from pto.backends.triton.launch import (
 from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import ESTIMATE_TARGET, Megakernel, MegakernelSettings, occupancy
 from pto.backends.triton.modes import (
-    K_AHEAD_PROGRAMS,
+    K_AHEAD_REGS,
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
@@ -335,22 +335,24 @@ class TritonBackend(Backend):
         function (:meth:`k_ahead_of`)."""
         opts = self._loop_options(fn, cfg)
         if opts.k_ahead == "auto":
-            opts = replace(opts, k_ahead=self.k_ahead_of(fn))
+            opts = replace(opts, k_ahead=self.k_ahead_of(fn, cfg.num_warps))
         return opts
 
-    def k_ahead_of(self, fn: IncoreFunction) -> str:
-        """``k_ahead`` "auto" for ``fn``: "on" where a task's programs (its parallel axis's
-        constant extent) fit one round of :data:`~.modes.K_AHEAD_PROGRAMS` a multiprocessor (a
-        K loop carrying its next step takes 150-170 registers at 4 warps, three programs a
-        multiprocessor, where the plain loop's 120-128 fit four: a task of more programs runs a
-        second round), "off" elsewhere. On an H200 the 1B's Q4_K down projection (256 programs)
-        8.2 -> 6.1 us; the 8B's (512) 16.1 -> 18.9, the LM heads slower (docs/PERF.md,
+    def k_ahead_of(self, fn: IncoreFunction, warps: int) -> str:
+        """``k_ahead`` "auto" for ``fn`` launched with ``warps`` warps a program: "on" where a
+        task's programs (its parallel axis's constant extent) fit one round on the GPU at
+        :data:`~.modes.K_AHEAD_REGS` registers a thread (a K loop carrying its next step takes
+        155-168 at 4 warps, three programs a multiprocessor, where the plain loop's 120-128 fit
+        four: a task of more programs runs a second round), "off" elsewhere. On an H200 the 1B's
+        Q4_K down projection (256 programs) 8.4 -> 6.1 us a layer, its Q8_0 one 8.4 -> 7.8; the
+        8B's (512) 16.1 -> 18.9, SmolLM2's LM head (8 warps) 16.4 -> 20.0 (docs/PERF.md,
         "Thirty-fifth session")."""
         extent = fn.parallel.extent if fn.parallel is not None else None
         if not isinstance(extent, Const):
             return "off"
         sms = self._sms() if self.device.type == "cuda" else get_target(ESTIMATE_TARGET).sm_count
-        return "on" if extent.value <= K_AHEAD_PROGRAMS * sms else "off"
+        per_sm = 65536 // (K_AHEAD_REGS * 32 * warps)
+        return "on" if extent.value <= per_sm * sms else "off"
 
     def _loop_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
         """:meth:`render_options` but ``k_ahead``."""
