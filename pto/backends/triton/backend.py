@@ -67,17 +67,28 @@ from pto.backends.triton.modes import (
 from pto.backends.triton.schedules import for_device
 from pto.backends.triton.tables import build_table, check_batch, descriptor_masks, even_masks, task_env
 from pto.codegen.triton import ALIGN, RenderedKernel, RenderOptions, render, render_sources
-from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS
+from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, _loops
 from pto.codegen.triton.tma import tma_memrefs
 from pto.data.batch import TaskBatch
 from pto.errors import ExecutionError, UsageError
 from pto.ir.analysis import has_collective
 from pto.ir.expr import Const, evaluate
-from pto.ir.nodes import IncoreFunction
+from pto.ir.facts import constant_trips
+from pto.ir.nodes import IncoreFunction, walk_instrs
+from pto.ir.ops import Op
 from pto.machine.collectives import SumBuffers
 from pto.machine.target import get as get_target
 
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
+
+
+def _quantized_k_loop(fn: IncoreFunction) -> bool:
+    """Has ``fn`` a loop of two constant trips or more that loads a quantized memref (what
+    ``RenderOptions.k_ahead`` may load a step ahead)?"""
+    quantized = {p.name for p in fn.memrefs if p.dtype.is_quantized}
+    return any((constant_trips(s) or 0) >= 2 and any(i.op is Op.LOAD and i.srcs[0] in quantized
+                                                     for i in walk_instrs(s.body))
+               for s in _loops(fn.body))
 
 
 class TritonBackend(Backend):
@@ -348,8 +359,9 @@ class TritonBackend(Backend):
         8B's (512) 16.1 -> 18.9, SmolLM2's LM head (8 warps) 16.4 -> 20.0 (docs/PERF.md,
         "Thirty-fifth session")."""
         extent = fn.parallel.extent if fn.parallel is not None else None
-        if not isinstance(extent, Const):
+        if not isinstance(extent, Const) or not _quantized_k_loop(fn):
             return "off"
+        # (the multiprocessors, a device query on a GPU, asked only of a kernel the form may change)
         sms = self._sms() if self.device.type == "cuda" else get_target(ESTIMATE_TARGET).sm_count
         per_sm = 65536 // (K_AHEAD_REGS * 32 * warps)
         return "on" if extent.value <= per_sm * sms else "off"
