@@ -48,6 +48,7 @@ from pto.backends.triton.loader import load_kernel
 from pto.backends.triton.megakernel import ESTIMATE_TARGET, Megakernel, MegakernelSettings, occupancy
 from pto.backends.triton.modes import (
     K_AHEAD_REGS,
+    K_FIRST_TRIPS,
     PDL_POLICIES,
     blocks_formats,
     blocks_functions,
@@ -82,13 +83,12 @@ from pto.machine.target import get as get_target
 _MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
 
-def _quantized_k_loop(fn: IncoreFunction) -> bool:
-    """Has ``fn`` a loop of two constant trips or more that loads a quantized memref (what
-    ``RenderOptions.k_ahead`` may load a step ahead)?"""
+def _quantized_k_trips(fn: IncoreFunction) -> int:
+    """The most constant trips of a loop of ``fn`` that loads a quantized memref (what
+    ``RenderOptions.k_ahead`` may load a step ahead, or peel), 0 where none."""
     quantized = {p.name for p in fn.memrefs if p.dtype.is_quantized}
-    return any((constant_trips(s) or 0) >= 2 and any(i.op is Op.LOAD and i.srcs[0] in quantized
-                                                     for i in walk_instrs(s.body))
-               for s in _loops(fn.body))
+    return max(((constant_trips(s) or 0) for s in _loops(fn.body)
+                if any(i.op is Op.LOAD and i.srcs[0] in quantized for i in walk_instrs(s.body))), default=0)
 
 
 class TritonBackend(Backend):
@@ -354,17 +354,23 @@ class TritonBackend(Backend):
         task's programs (its parallel axis's constant extent) fit one round on the GPU at
         :data:`~.modes.K_AHEAD_REGS` registers a thread (a K loop carrying its next step takes
         155-168 at 4 warps, three programs a multiprocessor, where the plain loop's 120-128 fit
-        four: a task of more programs runs a second round), "off" elsewhere. On an H200 the 1B's
-        Q4_K down projection (256 programs) 8.4 -> 6.1 us a layer, its Q8_0 one 8.4 -> 7.8; the
-        8B's (512) 16.1 -> 18.9, SmolLM2's LM head (8 warps) 16.4 -> 20.0 (docs/PERF.md,
-        "Thirty-fifth session")."""
+        four: a task of more programs runs a second round); elsewhere "first" where the loop has
+        :data:`~.modes.K_FIRST_TRIPS` steps or more (its first step peeled, its weights before
+        the PDL wait, no register carried), else "off". On an H200 the 1B's Q4_K down projection
+        (256 programs) 8.4 -> 6.1 us a layer on, its Q8_0 one 8.4 -> 7.8; the 8B's (512 programs,
+        7 steps) 16.1 -> 18.9 on, 16.3 -> 14.8 first (Q8_0 20.0 -> 18.3, fp8 21.2 -> 20.4); the LM
+        heads' loops of 2-4 steps mixed first (the Q6_K head 142 -> 184 us, Q8_0's 157 -> 154),
+        SmolLM2's head (8 warps) 16.4 -> 20.0 on (docs/PERF.md, "Thirty-fifth session")."""
         extent = fn.parallel.extent if fn.parallel is not None else None
-        if not isinstance(extent, Const) or not _quantized_k_loop(fn):
+        trips = _quantized_k_trips(fn)
+        if not isinstance(extent, Const) or trips < 2:
             return "off"
         # (the multiprocessors, a device query on a GPU, asked only of a kernel the form may change)
         sms = self._sms() if self.device.type == "cuda" else get_target(ESTIMATE_TARGET).sm_count
         per_sm = 65536 // (K_AHEAD_REGS * 32 * warps)
-        return "on" if extent.value <= per_sm * sms else "off"
+        if extent.value <= per_sm * sms:
+            return "on"
+        return "first" if trips >= K_FIRST_TRIPS else "off"
 
     def _loop_options(self, fn: IncoreFunction, cfg: LaunchConfig) -> RenderOptions:
         """:meth:`render_options` but ``k_ahead``."""

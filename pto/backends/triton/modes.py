@@ -162,22 +162,28 @@ def run_loop_mode() -> str:
 
 #: whether the batched kernels' quantized GEMV K loops load their next step ahead (``PTO_K_AHEAD``,
 #: :func:`k_ahead_mode`)
-K_AHEAD_MODES = ("auto", "off", "on")
+K_AHEAD_MODES = ("auto", "off", "on", "first")
 #: the registers a thread a kernel whose K loop carries its next step takes (155-168 compiled for
 #: sm_90 at 4 warps: three programs a multiprocessor); "auto" takes the form where a task's
 #: programs fit one round at them (``TritonBackend.k_ahead_of``)
 K_AHEAD_REGS = 168
+#: the steps of a quantized GEMV's K loop from which "auto", where the step ahead does not fit,
+#: peels its first step ("first"): the 8B's down projection (7 steps) measured faster so in every
+#: format, the LM heads' loops of 2-4 steps mixed (``TritonBackend.k_ahead_of``)
+K_FIRST_TRIPS = 7
 
 
 def k_ahead_mode() -> str:
     """``RenderOptions.k_ahead``: ``PTO_K_AHEAD`` "on" (a wave kernel's K loops of a quantized
     GEMV, the down projection's and the LM head's at one sequence, load their next step's weights
     and x ahead in registers, the first step's weights before the PDL wait), "off" (each step's
-    loads after the step before) or "auto" (the default: on where a task's programs fit one
-    round at the registers the form takes, ``TritonBackend.k_ahead_of``: on an H200 the 1B
-    shape's Q4_K step 0.683 -> 0.650 ms, its Q8_0 step 0.710 -> 0.687; where a task's programs
-    would take a second round, the 8B's down projection and the LM heads, slower: docs/PERF.md,
-    "Thirty-fifth session")."""
+    loads after the step before), "first" (only the first step peeled off the loop, its weights
+    loaded before the PDL wait, no register carried) or "auto" (the default: on where a task's
+    programs fit one round at the registers the form takes, else first for a loop of
+    ``K_FIRST_TRIPS`` steps or more, ``TritonBackend.k_ahead_of``: on an H200 the 1B shape's Q4_K
+    step 0.683 -> 0.650 ms, its Q8_0 step 0.710 -> 0.687; on, the 8B's down projection (a second
+    round) and the LM heads slower; first, the 8B's down projection 1.5 us a layer faster:
+    docs/PERF.md, "Thirty-fifth session")."""
     mode = os.environ.get("PTO_K_AHEAD", "").strip() or K_AHEAD_MODES[0]
     if mode not in K_AHEAD_MODES:
         raise UsageError(f"PTO_K_AHEAD={mode!r}: one of {', '.join(K_AHEAD_MODES)}")
@@ -266,7 +272,7 @@ def pdl_mode(capability: tuple[int, int] | None, compiles: bool = True) -> str:
     return mode
 
 
-__all__ = ["K_AHEAD_MODES", "K_AHEAD_REGS", "PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS", "QSCALES_MODES",
-           "RUN_LOOP_MODES", "SPLIT_MODES", "blocks_formats", "blocks_functions", "k_ahead_mode",
+__all__ = ["K_AHEAD_MODES", "K_AHEAD_REGS", "K_FIRST_TRIPS", "PDL_POLICIES", "QGEMV_COLS", "QGEMV_WARPS",
+           "QSCALES_MODES", "RUN_LOOP_MODES", "SPLIT_MODES", "blocks_formats", "blocks_functions", "k_ahead_mode",
            "pdl_late_functions", "pdl_mode", "persistent_mode", "qgemv_cols", "qgemv_mode", "qgemv_warps",
            "qgemv_warps_by", "qscales_mode", "run_loop_mode", "split_mode", "tma_mode"]

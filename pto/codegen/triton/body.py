@@ -387,6 +387,7 @@ class BodyRenderer(TileOps):
         #: whose next step's read-only tiles load ahead, by id, with those loads and the suffix of
         #: their tiles (:meth:`_plan_k_ahead`); each moves to :attr:`step_ahead` as it is rendered
         self.k_loops: dict[int, tuple[tuple, str]] = {}
+        self.peeled = False  # (k_ahead "first") a loop's first step was peeled off it
         self.pre = frozenset(opts.pre) if (opts.pdl or megakernel) and not self.runs else frozenset()
         #: the memrefs the function only reads (the megakernel's ``PREFETCH >= 2`` prefetches their
         #: loops' first trips into L2 before the wait even where a predecessor writes them)
@@ -537,12 +538,13 @@ class BodyRenderer(TileOps):
             # a task's own extent may be below the grid's (a constant extent is the grid itself)
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
-        early = early_loads(fn.body, self.pre) if self.pre else None
+        stmts = self._peel_first(fn.body) if self.opts.k_ahead == "first" and not self.mk else fn.body
+        early = early_loads(stmts, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
         self.waiting = bool(self.early) or (self.mk and not self.runs)
         if self.opts.k_ahead == "on" and not self.mk:
-            self._plan_k_ahead(fn.body if early is None else early)
-        self.body(fn.body if early is None else early, [])
+            self._plan_k_ahead(stmts if early is None else early)
+        self.body(stmts if early is None else early, [])
         if self.waiting:  # pragma: no cover - every task stores
             self.wait(())
         if self.mk:
@@ -633,19 +635,41 @@ class BodyRenderer(TileOps):
         :attr:`k_loops`. Where such a loop is the body's first statement to touch memory the
         previous launch may write, its first step's weights (``pre`` memrefs) load before the
         PDL wait, so the device function waits itself (:attr:`early`)."""
-        var = self.fn.parallel.var if self.fn.parallel is not None else ""
-        readonly = frozenset(p for p, a in param_access(self.fn).items() if a.direction == "in")
         for s in stmts:
-            if not isinstance(s, ForRange) or (constant_trips(s) or 0) < 2:
-                continue
-            weights = step_weights(s, var, readonly)
-            if any(w.dst in self.fused for w in weights):
+            weights = self._k_weights(s)
+            if weights:
                 self.k_loops[id(s)] = (weights, f"__k{len(self.k_loops)}")
         first = next((s for s in stmts if _touches(s, self.pre)), None)
         if self.pre and first is not None and id(first) in self.k_loops:
             before = frozenset(w.srcs[0] for w in self.k_loops[id(first)][0] if w.srcs[0] in self.pre)
             if before:
                 self.early, self.waiting = self.early | before, True
+
+    def _k_weights(self, s) -> tuple:
+        """(``RenderOptions.k_ahead``) The loads loop ``s`` may issue a step ahead
+        (:func:`step_weights`) where it is a loop of two constant trips or more with a quantized
+        GEMV's weight tile among them (:attr:`fused`), else none."""
+        if not isinstance(s, ForRange) or (constant_trips(s) or 0) < 2:
+            return ()
+        var = self.fn.parallel.var if self.fn.parallel is not None else ""
+        readonly = frozenset(p for p, a in param_access(self.fn).items() if a.direction == "in")
+        weights = step_weights(s, var, readonly)
+        return weights if any(w.dst in self.fused for w in weights) else ()
+
+    def _peel_first(self, stmts: tuple) -> tuple:
+        """(``RenderOptions.k_ahead`` "first") ``stmts`` with each loop :meth:`_k_weights` takes
+        peeled of its first step (its body at the loop's start, then the loop from its second
+        step): the same operations in the same order, so that :func:`early_loads` may move that
+        step's weights before the PDL wait, and no register carries a step into the loop."""
+        out: list = []
+        for s in stmts:
+            if self._k_weights(s):
+                self.peeled = True
+                out += [substitute_stmt(b, {s.var: s.lb}) for b in s.body]
+                out.append(replace(s, lb=s.lb + s.step))
+            else:
+                out.append(s)
+        return tuple(out)
 
     def _first_steps(self, s: ForRange, weights: tuple, ahead_of: str) -> None:
         """Loop ``s``'s first step of ``weights`` (:attr:`k_loops`) into their tiles loaded ahead."""

@@ -194,7 +194,9 @@ class RenderOptions:
     steps or more, no store) load their next step's read-only tiles (weights, x) ahead in
     registers while this one computes, at one pipeline stage, the first step's weights before the
     PDL wait where the loop is the body's first access to memory the launch before may write
-    (:meth:`pto.codegen.triton.body.BodyRenderer._plan_k_ahead`); "off", "" or "auto" not ("auto"
+    (:meth:`pto.codegen.triton.body.BodyRenderer._plan_k_ahead`); "first": such a loop's first step
+    peeled off it, its weights loaded before the PDL wait, no step carried in registers
+    (:meth:`~pto.codegen.triton.body.BodyRenderer._peel_first`); "off", "" or "auto" not ("auto"
     is the backend's to decide per function: :func:`pto.backends.triton.modes.k_ahead_mode`).
     ``asm``: helpers may be inline PTX (kernels compiled for an NVIDIA GPU; the interpreter runs
     the same arithmetic in Triton's operations: :func:`pto.codegen.triton.quant_groups.render_int_dots`).

@@ -201,13 +201,15 @@ def render(fn: IncoreFunction, options: RenderOptions | None = None) -> Rendered
 
     src = source(body)
     # the arithmetic: with or without PDL and tensor-descriptor loads
-    moved = r.tma or r.opts.tma or r.early or persistent or r.step_ahead  # (loads moved, the arithmetic not)
+    # (loads moved or a loop's first step peeled, the arithmetic not)
+    moved = r.tma or r.opts.tma or r.early or persistent or r.step_ahead or r.peeled
     plain = render(fn, replace(r.opts, pdl="", tma=False, pre=(), persistent="", k_ahead="")).schedule_digest \
         if moved else hashlib.sha256(src.encode()).hexdigest()[:20]
     pdl = r.opts.pdl
     if pdl:
         src = source(_with_pdl(body, pdl, bool(r.early)), PDL_IMPORTS)
-    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent or r.step_ahead else plain
+    digest = hashlib.sha256(src.encode()).hexdigest()[:20] if pdl or r.tma or persistent or r.step_ahead \
+        or r.peeled else plain
     launch = launch_params(fn)
     if r.grouped:
         floor = dict(r.opts.qgemv_warps_by).get(fn.name, r.opts.qgemv_warps)
