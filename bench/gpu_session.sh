@@ -220,7 +220,8 @@
 #               2026-12-04: "PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4"), then the
 #               defaults, each with its megakernels' registers, spills, programs a multiprocessor and warps
 #   kahead      issue 46: the wave kernels' quantized K loops with their next step loaded ahead (PTO_K_AHEAD in
-#               $KA_MODES, default "off on"): the GPU's quantized wave tests with it on (KA_TESTS=0: not), then the
+#               $KA_MODES, default "off on"): the GPU's quantized wave tests in each mode of $KA_TESTS (default
+#               "on first"; empty: none), then the
 #               one-sequence steps of $KA_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K,
 #               SmolLM2's Q4_1), a process a mode, twice in turn, with each kernel's advance (--timeline)
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
@@ -723,8 +724,11 @@ for line in open(sys.argv[1]):
              done ;;
     kahead) # issue 46 (measured 2026-12-04: PERF.md, thirty-fifth)
             KAQ=${KA_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
-            [ "${KA_TESTS:-1}" = 0 ] || PTO_K_AHEAD=on python3 -m pytest -q -p no:cacheprovider \
-              tests/gpu/test_quant_gpu.py -k "waves and (k_quants or smollm2) and (q4_k or q8_0 or fp8)" 2>&1 | tail -2
+            for m in ${KA_TESTS-on first}; do  # (KA_TESTS="": none)
+              echo "[tests, PTO_K_AHEAD=$m]"
+              PTO_K_AHEAD=$m python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py \
+                -k "waves and (k_quants or smollm2) and (q4_k or q8_0 or fp8)" 2>&1 | tail -2
+            done
             for round in 1 2; do
               for mode in ${KA_MODES:-off on}; do
                 PTO_K_AHEAD=$mode python3 bench/decode.py --configs llama3-8b,llama3.2-1b,smollm2-135m --batches 1 \
