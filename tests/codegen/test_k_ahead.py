@@ -17,7 +17,7 @@ from pto.incore.gemv import gemv_residual_tile  # noqa: E402
 from pto.backends.triton import TritonBackend  # noqa: E402
 from pto.codegen.triton import RenderOptions, render  # noqa: E402
 from pto.data.batch import RegionBatch, TaskBatch  # noqa: E402
-from pto.errors import UsageError  # noqa: E402
+from pto.errors import BuildError, UsageError  # noqa: E402
 from pto.ir.analysis import specialize  # noqa: E402
 from pto.ir.dtypes import DType, f32  # noqa: E402
 from tests.codegen.tritonkit import temp_cache_dir  # noqa: E402,F401 (applies itself)
@@ -105,6 +105,8 @@ def test_the_first_steps_weights_load_before_the_pdl_wait_and_x_after():
     assert "__k0" not in dev
     dense = specialize(gemv_residual_tile(DType.BF16, 1, 14336, 4096, 8, 2048))
     assert render(dense, opts).source == render(dense, RenderOptions(pdl="late", pre=("w",))).source
+    with pytest.raises(BuildError, match=r"^RenderOptions.k_ahead='yes': one of '', 'off', 'auto', 'on', 'first'$"):
+        render(fn, replace(opts, k_ahead="yes"))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # (SwiGLU's exp of large random sums)

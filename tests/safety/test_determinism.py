@@ -149,11 +149,12 @@ def test_every_run_option_says_what_it_does_to_the_bits():
     assert guarantee("cuda", "triton", True)["executors"]
 
 
-def test_deterministic_launch_settings_are_the_megakernels():
+def test_deterministic_launch_settings_are_the_megakernels(monkeypatch):
     """bf16 LLaMA variants (compiled for a GPU, nothing launched): their own launch settings
     differ (warps, FMA contraction); with the backend's uniform_launch every batched kernel gets the
     persistent kernel's num_warps and fp fusion, and the same code options (pipelining depth is
-    each variant's own on both: it reorders loads, not arithmetic)."""
+    each variant's own on both: it reorders loads, not arithmetic); with ``PTO_MK_WARPS`` the
+    warps it sets the megakernel's programs."""
     from pto.backends.triton import TritonBackend, merged
     from pto.backends.triton.megakernel import branch_configs
     from pto.exec.plan import make_plan
@@ -175,5 +176,7 @@ def test_deterministic_launch_settings_are_the_megakernels():
                 cfg = backend.launch_config(f, tasks)
                 assert {k: cfg[k] for k in mega} == mega, f.variant_name
                 assert cfg["input_precision"] == backend.options.input_precision
+        monkeypatch.setenv("PTO_MK_WARPS", "2")
+        assert {v["num_warps"] for v in backend.uniform_launch(graph).values()} == {2}
     finally:
         graph.close()

@@ -45,7 +45,7 @@ from pto.backends.triton.launch import (
     with_descriptors,
 )
 from pto.backends.triton.loader import load_kernel
-from pto.backends.triton.megakernel import ESTIMATE_TARGET, Megakernel, MegakernelSettings, occupancy
+from pto.backends.triton.megakernel import ESTIMATE_TARGET, Megakernel, MegakernelSettings, occupancy, resolve_warps
 from pto.backends.triton.modes import (
     K_AHEAD_REGS,
     K_FIRST_TRIPS,
@@ -345,12 +345,13 @@ class TritonBackend(Backend):
         no loop elsewhere. ``k_ahead`` "auto" (:func:`~.modes.k_ahead_mode`) is decided per
         function (:meth:`k_ahead_of`)."""
         opts = self._loop_options(fn, cfg)
-        if opts.k_ahead == "auto":
-            opts = replace(opts, k_ahead=self.k_ahead_of(fn, cfg.num_warps))
+        if opts.k_ahead == "auto":  # (a persistent tile loop has no rounds of programs: not there)
+            opts = replace(opts, k_ahead="off" if opts.persistent else self.k_ahead_of(fn, cfg.num_warps))
         return opts
 
     def k_ahead_of(self, fn: IncoreFunction, warps: int) -> str:
-        """``k_ahead`` "auto" for ``fn`` launched with ``warps`` warps a program: "on" where a
+        """``k_ahead`` "auto" for ``fn`` launched with ``warps`` warps a program, one task a launch
+        (a decode step's GEMV: each layer's weights a launch): "on" where a
         task's programs (its parallel axis's constant extent) fit one round on the GPU at
         :data:`~.modes.K_AHEAD_REGS` registers a thread (a K loop carrying its next step takes
         155-168 at 4 warps, three programs a multiprocessor, where the plain loop's 120-128 fit
@@ -412,7 +413,8 @@ class TritonBackend(Backend):
         by_id = graph.variant_of_func_id()
         fids, counts = np.unique(ex.func, return_counts=True)
         one = merged([self.launch_config(by_id[int(f)], int(n)) for f, n in zip(fids, counts)])
-        same = {"num_warps": one.num_warps, "enable_fp_fusion": one.enable_fp_fusion}
+        # (the megakernel's warps where PTO_MK_WARPS sets them: a reduction over other warps rounds otherwise)
+        same = {"num_warps": resolve_warps(None) or one.num_warps, "enable_fp_fusion": one.enable_fp_fusion}
         same.update({f: getattr(self.options, f) for f in CODEGEN})
         return {by_id[int(f)].variant_name: dict(same) for f in fids}
 

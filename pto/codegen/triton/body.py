@@ -272,6 +272,11 @@ def step_weights(loop: ForRange, var: str, readonly: frozenset[str]) -> tuple:
     return block_weights(loop.body, {loop.var, var}, readonly)
 
 
+#: the values of ``RenderOptions.k_ahead`` ("" and "auto" render as "off": "auto" is the backend's
+#: to decide per function)
+K_AHEAD = ("", "off", "auto", "on", "first")
+
+
 # the megakernel's wait and its L2 prefetch ------------------------------------------------------
 
 #: the megakernel form's extra parameters (:class:`BodyRenderer`'s ``megakernel``): the task's
@@ -538,6 +543,8 @@ class BodyRenderer(TileOps):
             # a task's own extent may be below the grid's (a constant extent is the grid itself)
             self.emit(f"if {self.names[fn.parallel.var]} < {self.expr(fn.parallel.extent)}:")
             self.depth += 1
+        if self.opts.k_ahead not in K_AHEAD:
+            raise BuildError(f"RenderOptions.k_ahead={self.opts.k_ahead!r}: one of {', '.join(map(repr, K_AHEAD))}")
         stmts = self._peel_first(fn.body) if self.opts.k_ahead == "first" and not self.mk else fn.body
         early = early_loads(stmts, self.pre) if self.pre else None
         self.early = frozenset() if early is None else _before_wait(early, self.pre)
@@ -654,7 +661,9 @@ class BodyRenderer(TileOps):
         var = self.fn.parallel.var if self.fn.parallel is not None else ""
         readonly = frozenset(p for p, a in param_access(self.fn).items() if a.direction == "in")
         weights = step_weights(s, var, readonly)
-        return weights if any(w.dst in self.fused for w in weights) else ()
+        # (a GEMV of one row of x: the form measured; a few rows' grouped products not)
+        fused = [w.dst for w in weights if w.dst in self.fused]
+        return weights if fused and all(self.x_rows.get(t, 1) == 1 for t in fused) else ()
 
     def _peel_first(self, stmts: tuple) -> tuple:
         """(``RenderOptions.k_ahead`` "first") ``stmts`` with each loop :meth:`_k_weights` takes
