@@ -83,6 +83,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.orchestration.model.program import CONFIGS, tiling_for
     from pto.orchestration.model.quantized import WeightTypes, for_weights
 
+    from pto.backends.triton import TritonBackend
     from pto.backends.triton.modes import blocks_formats, k_ahead_mode, qscales_mode
     from pto.codegen.triton import render
     from pto.codegen.triton.common import BLOCK_MAXNREG, BLOCK_PROGRAMS, RenderOptions
@@ -92,6 +93,7 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
     from pto.machine.target import get
 
     cfg = CONFIGS[config]
+    ahead_rule = TritonBackend("cpu")  # (its k_ahead_of: the interpreter's estimate of the multiprocessors, 132)
     formats = blocks_formats()  # (the formats "auto" loops: PTO_BLOCKS_FORMATS, as the backend's)
     wt = WeightTypes() if spec == "bf16" else WeightTypes.of_spec(spec)
     t = tiling_for(cfg)
@@ -111,6 +113,9 @@ def jobs(spec: str, mode: str, tiling: str, folder: Path, pdl: str = "", batch: 
         kern = render(specialize(fn, dims), opts)
         if persistent == "blocks" or (persistent == "auto" and kern.loops_blocks(BLOCK_PROGRAMS * sms, formats)):
             kern = render(specialize(fn, dims), replace(opts, persistent="blocks"))
+        elif opts.k_ahead == "auto":  # (the backend's rule at the launch's warps, an H200's multiprocessors)
+            ahead = ahead_rule.k_ahead_of(kern.fn, kern.launch["num_warps"])
+            kern = render(specialize(fn, dims), replace(opts, k_ahead=ahead)) if ahead != "off" else kern
         tag = f"{spec}|{mode}|{tiling}|{batch}|{persistent}|{f.name}".replace("/", "_")
         path = folder / (re.sub(r"[^\w.-]", "_", tag) + ".py")
         path.write_text(kern.source)
