@@ -166,3 +166,36 @@ def test_auto_loads_ahead_where_a_tasks_programs_fit_one_round(monkeypatch):
         assert opts.k_ahead == mode
         src = backend.kernel(fn, opts).source
         assert ("t_b__k0" in src) == (mode == "on") and ("range(2048, 14336, 2048)" in src) == (mode == "first")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # (SwiGLU's exp of large random sums)
+@pytest.mark.parametrize("mode", ["on", "first"])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["norm", "swiglu"])
+def test_the_normalizing_gemvs_k_steps_loaded_ahead_give_the_plain_loops_bits(swiglu, mode):
+    """The norm GEMV (q/k/v's) and the norm, gate/up and SwiGLU GEMV in 3 K steps of 256 of Q8_0
+    weights, whose norm's loop and gain load before the product's loop: with the product's loop's
+    steps ahead or its first step peeled, the plain loops' bits (two tasks)."""
+    from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_norm_tile
+
+    from tests.quant.test_load import random_qtensor
+
+    K, N, n = 768, 16, 2
+    make = gemv_norm_swiglu_tile if swiglu else gemv_norm_tile
+    fn = specialize(make(f32, 1, K, N, 8, 256, 1e-5, wdtype=DType.Q8_0))
+    g = torch.Generator().manual_seed(11)
+    weights = {w: random_qtensor(DType.Q8_0, N, K, seed=k).data
+               for k, w in enumerate(("wg", "wu") if swiglu else ("w",))}
+    x, gain = torch.randn(n, K, generator=g), 1 + 0.1 * torch.randn(1, K, generator=g)
+    outs, sources = [], []
+    for k_ahead in ("off", mode):
+        y = torch.full((n, N), float("nan"))
+        rows, z, one = torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64)
+        mems = {"x": RegionBatch(x, rows, z, one, one * K), "g": RegionBatch(gain, z, z, one, one * K),
+                "y": RegionBatch(y, rows, z, one, one * N),
+                **{w: RegionBatch(t, z, z, one * N, one * K) for w, t in weights.items()}}
+        backend = TritonBackend("cpu", options=RenderOptions(k_ahead=k_ahead))
+        backend.prepare(TaskBatch(fn, mems, {}, n))()
+        outs.append(y)
+        sources.append(backend.kernel(fn, backend.render_options(fn, backend.launch_config(fn, n))).source)
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+    assert sources[0] != sources[1] and ("__k0" in sources[1]) == (mode == "on")
