@@ -83,7 +83,7 @@ def format_info(d: dict) -> str:
         tri += (f"; quantized GEMVs by {d.get('qgemv', 'units')} (PTO_QGEMV; auto: integer dots for the integer "
                 "formats, half dots for fp8; PTO_QGEMV_WARPS: their fewest warps a "
                 "program, N or N,FUNCTION=M; PTO_QGEMV_COLS: a warp's columns); the tiles' scales by "
-                f"{d.get('qscales', 'groups')} (PTO_QSCALES); their K steps loaded ahead {d.get('k_ahead', 'off')} "
+                f"{d.get('qscales', 'groups')} (PTO_QSCALES); their K steps loaded ahead {d.get('k_ahead', 'auto')} "
                 "(PTO_K_AHEAD)")
         blocks = d.get("blocks_formats", "").replace(",", ", ")
         funcs = d.get("blocks_functions", "").replace(",", ", ")
