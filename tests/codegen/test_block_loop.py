@@ -351,6 +351,7 @@ def test_the_first_blocks_weights_load_before_the_pdl_wait_and_the_rest_after():
     assert "_gdc_wait()" not in k.source[k.source.index(f"def {k.name}("):]
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [DType.Q4_K, DType.Q8_0, DType.FP8], ids=str)
 def test_the_block_loops_of_the_quantized_gemvs_compile_for_sm90(dtype, tmp_path):

@@ -162,6 +162,7 @@ def test_the_mode_follows_the_gpu_and_the_environment(monkeypatch):
     assert info("auto")["persistent"] == "off"
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_pdl_kernel_compiles_for_sm90(tmp_path):
     """Triton turns the prologue into ``griddepcontrol`` instructions ahead of the first load."""

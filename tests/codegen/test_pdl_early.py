@@ -144,6 +144,7 @@ def test_a_later_phases_weights_wait_for_their_phase():
     assert at[(Op.LOAD, "wd")] > first_product
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_early_load_stays_ahead_of_the_wait_in_the_ptx(tmp_path):
     """Compiled for an H100 (no GPU needed): a 16-byte weight load is issued before

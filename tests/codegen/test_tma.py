@@ -158,6 +158,7 @@ def test_a_schedule_cannot_switch_descriptors_on():
         be.launch_config(_matmul())
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
     """Triton turns the descriptor loads into TMA copies (``cp.async.bulk.tensor``)."""
@@ -174,6 +175,7 @@ def test_descriptor_path_compiles_to_bulk_tensor_copies_for_sm90(tmp_path):
     assert "cp.async.bulk.tensor" in res["ptx"]
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_folded_norm_projections_feed_the_mma_from_shared_memory(tmp_path):
     """With the norm's gain in the weights and the rows' scale from a statistics task

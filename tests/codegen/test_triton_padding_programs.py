@@ -165,6 +165,7 @@ def _sm90_functions():
     return [*fns.values(), *map(specialize, whole)]
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_padded_kernels_compile_for_sm90(tmp_path):
     """Both the masked and the mask-free path; the products of padded blocks stay on the tensor

@@ -277,6 +277,7 @@ def _aot_functions():
     yield specialize(matmul_norm_swiglu_tile(DType.BF16, 128, 512, 1024, 128, 64, stats))
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_kernels_compile_for_sm90(tmp_path):
     """The generated code passes Triton's compiler for an H100 (bf16 included, both the masked

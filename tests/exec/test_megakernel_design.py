@@ -387,6 +387,7 @@ def _tiny_step_plan():
     return plan
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
     """The decode step's megakernel with its L2 prefetch compiles for an H100/H200 (no GPU
@@ -403,6 +404,7 @@ def test_the_early_loads_and_the_prefetch_compile_for_sm90(tmp_path):
     assert count[0] == 0 < count[1] < count[2], count  # (2: attention's keys and values too)
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_every_threads_poll_compiles_for_sm90(tmp_path):
     """``PTO_MK_POLL=every``: the decode step's megakernel for an H100/H200 (no GPU needed) polls

@@ -48,6 +48,7 @@ def _compiler(tmp_path):
     return shared, sizes
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_shipped_h100_schedules_fit_the_7b_megakernel(tmp_path):
     """The crash of `pto run llama7b --seq 1537` on an H100: the shipped schedules ask for 4
@@ -76,6 +77,7 @@ def test_shipped_h100_schedules_fit_the_7b_megakernel(tmp_path):
     assert "num_stages=" in kernel.source
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_a_kernel_that_never_fits_is_one_error_naming_its_branches(tmp_path):
     plan = _plan("llama7b", "tiny", 300, attention="fused")
@@ -135,6 +137,7 @@ def test_a_run_branch_is_estimated_with_its_one_step_k_loops():
     assert occ[k, 1] == max(1, min(32, (sram + 1024) // (shared_estimate(b.fn, stages, runs=True) + 1024))) < 32
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_a_run_branchs_shared_memory_is_what_triton_compiles(tmp_path):
     """The 1B shape's run branches (q/k/v and gate/up in runs), each compiled alone in a
@@ -152,6 +155,7 @@ def test_a_run_branchs_shared_memory_is_what_triton_compiles(tmp_path):
         assert abs(r["shared"] - shared_estimate(b.fn, 2, runs=True)) <= 1024, (b.fn.variant_name, r["shared"])
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_shared_estimate_is_what_triton_compiles(tmp_path):
     """Each branch of SmolLM2's decode step compiled alone in a one-branch megakernel for sm_90

@@ -270,6 +270,7 @@ def test_inline_items_with_the_queue_are_one_line(monkeypatch):
         run_program("bgemm", "persistent", 45, None, None)
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_a_decode_steps_megakernel_with_inline_items_compiles_for_sm90(tmp_path):
     """The tiny model's decode step (data dependencies) rendered with inline items, compiled by

@@ -262,6 +262,7 @@ def test_runs_are_bit_identical_to_the_wave_executor(program, seq, options, runs
         assert sorted(ps) == list(range(0, int(plan.parallel[t]), int(plan.run[t]))), t
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_a_decode_steps_megakernel_with_runs_compiles_for_sm90(tmp_path):
     """The 1B shape's step in the megakernel's tiles, gate/up in one K step of 2,048 (a loop of

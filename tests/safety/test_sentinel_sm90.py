@@ -17,6 +17,7 @@ from pto.runtime.graph import CompiledProgram
 from tests.sm90 import compile_sm90, megakernel_job
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_sentinel_megakernel_compiles_for_sm90(tmp_path):
     prog = programs.get("llama7b")

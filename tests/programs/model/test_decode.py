@@ -541,6 +541,7 @@ def test_a_few_sequences_of_dense_weights_keep_their_rows_on_a_gpu(config, batch
                              for f in gemvs)
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_steps_kernels_compile_for_sm90(tmp_path):
     """Every InCore function of SmolLM2's bf16 step (one sequence: the GEMVs; sixteen: the dot

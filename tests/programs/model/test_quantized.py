@@ -212,6 +212,7 @@ def test_a_tiny_gguf_runs_as_it_is_stored(tmp_path, qtype, tied):
     assert rel_err(out[0][1], out[1][1]) <= 1e-5
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_5bit_steps_kernels_compile_for_sm90(tmp_path):
     """The quantized kernels of steps with 5-bit weights as a GPU runs them (``auto``: integer
@@ -250,6 +251,7 @@ def test_the_5bit_steps_kernels_compile_for_sm90(tmp_path):
     assert any("_pto_dqx16_rows_q5_1(" in j["source"] for j in jobs)
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 def test_the_quantized_steps_kernels_compile_for_sm90(tmp_path):
     """Every InCore function of a step with quantized weights (SmolLM2 in its file's Q4_1 and
@@ -419,6 +421,7 @@ def test_a_cpus_batch_takes_whole_k_steps_of_whole_blocks(batch):
     assert res["rel_err"] <= 1e-5, res
 
 
+@pytest.mark.sm90
 @pytest.mark.slow
 @pytest.mark.parametrize("layers,helper,masked", [("q4_k", "_pto_dqx16_rows_q4_k", True),
                                                   ("q6_k", "_pto_dqx16_rows_q6_k", False),
