@@ -64,12 +64,11 @@ def _compiling(functions) -> set[str]:
 def test_every_test_that_compiles_for_sm90_is_marked_sm90_and_slow_and_only_those():
     functions = _functions()
     reach = _compiling(functions)
-    tests = [(p, fn) for p, fn in functions if fn.name.startswith("test_")]
-    compiling = {(p.relative_to(TESTS).as_posix(), fn.name) for p, fn in tests if fn.name in reach}
-    marked = {(p.relative_to(TESTS).as_posix(), fn.name) for p, fn in tests if "sm90" in _marks(fn)}
+    tests = {(p.relative_to(TESTS).as_posix(), fn.name): _marks(fn) for p, fn in functions
+             if fn.name.startswith("test_")}
+    compiling = {key for key in tests if key[1] in reach}
+    marked = {key for key, marks in tests.items() if "sm90" in marks}
     assert len(compiling) >= 15  # (the reader finds them: the renderers' compile checks)
     assert compiling - marked == set(), "compile for sm_90 without @pytest.mark.sm90"
     assert marked - compiling == set(), "marked sm90 but compile nothing"
-    unslow = {(p.relative_to(TESTS).as_posix(), fn.name) for p, fn in tests
-              if "sm90" in _marks(fn) and "slow" not in _marks(fn)}
-    assert unslow == set(), "marked sm90 but not slow"
+    assert {key for key in marked if "slow" not in tests[key]} == set(), "marked sm90 but not slow"
