@@ -224,6 +224,12 @@
 #               "on first"; empty: none), then the
 #               one-sequence steps of $KA_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K,
 #               SmolLM2's Q4_1), a process a mode, twice in turn, with each kernel's advance (--timeline)
+#   downrows    issue 46: the 8B's down projection in blocks of 16 rows at 8 warps (x rounded and packed
+#               once for twice the rows: 2.73 SASS instructions a weight against 3.18 for Q4_K) against the
+#               default 8 rows at 4 warps, a process each, twice in turn ($DR_QUANT), with --timeline
+#   variants    one-sequence steps of $V_CONFIGS (default llama3-8b) in $V_QUANT (default fp8) under each of
+#               $VARIANTS ("NAME|ENV...|TILING" entries separated by ';', the ENV words as env takes them; the
+#               first is the base), a process each, twice in turn, with --timeline
 #   cold        the first run of a new shape: empty pto and Triton caches, an empty Triton cache
 #               compiling on 1 and 16 threads (PTO_COMPILE_THREADS), warm caches (wall seconds)
 #   ab          an unmerged change measured against this tree in one call: $AB_CMD run with this
@@ -738,6 +744,30 @@ for line in open(sys.argv[1]):
                 grep -h "B=1 waves: span\|gemv_residual_tile__K\|lmhead" "$OUT/kahead_${mode}_$round.log" | cut -c1-110
               done
             done ;;
+    downrows) # issue 46
+              DRQ=${DR_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8}
+              for round in 1 2; do
+                for v in rows8 rows16; do
+                  envs=() til=default
+                  [ $v = rows16 ] && envs=(PTO_QGEMV_WARPS=gemv_residual_tile=8) til=bn=16
+                  env "${envs[@]}" python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
+                    --executors waves --hf-configs none --prefill 0 --settle --timeline --quant "$DRQ" \
+                    --tilings "$til" --json "$OUT/downrows_${v}_$round.json" > "$OUT/downrows_${v}_$round.log" 2>&1
+                  echo "[$v, round $round] rc=$?"; grep -h " B=1: waves" "$OUT/downrows_${v}_$round.log" | cut -c1-70
+                  grep -h "B=1 waves: span\|gemv_residual_tile__K14336" "$OUT/downrows_${v}_$round.log" | cut -c1-110
+                done
+              done ;;
+    variants) IFS=';' read -ra vs <<< "${VARIANTS:-base||default}"
+              for round in 1 2; do
+                for v in "${vs[@]}"; do
+                  IFS='|' read -r name envs til <<< "$v"
+                  env $envs python3 bench/decode.py --configs "${V_CONFIGS:-llama3-8b}" --batches 1 --long 0 \
+                    --steps 32 --executors waves --hf-configs none --prefill 0 --settle --timeline \
+                    --quant "${V_QUANT:-fp8}" --tilings "${til:-default}" --json "$OUT/v_${name}_$round.json" \
+                    > "$OUT/v_${name}_$round.log" 2>&1
+                  echo "[$name, round $round] rc=$?"; grep -h " B=1: waves" "$OUT/v_${name}_$round.log" | cut -c1-70
+                done
+              done ;;
     mkwarps) # issue 45 (measured 2026-12-04: PERF.md, thirty-fifth)
              RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
              IFS=';' read -ra envs <<< "${MKW_ENVS:-PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4}"
