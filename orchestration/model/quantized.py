@@ -402,9 +402,10 @@ def weight_bytes(w) -> dict[str, int]:
 #: ``lm_bk`` where those tiles apply (one sequence, or up to ``quant_rows``): Q6_K's head (Q4_K_M
 #: and Q5_K_M files have one) in the 8B model at steps of 2,048 runs 254 registers, two programs a
 #: multiprocessor, at 1,024 128 and four (the 1B's head in two steps of 1,024 against one of 2,048:
-#: 99.8 against 122.3 us). On an H200 the 8B's Q6_K head took 140.5-141.0 us against 168.5-168.8 a step at
-#: 2,048 (the step 1.888-1.900 against 1.908 ms); Q8_0's and fp8's heads lose there (157.8-158.6
-#: against 156.3-156.9 us, 141.9-143.5 against 136.2-136.5): docs/PERF.md, "Twenty-seventh session"
+#: 99.8 against 122.3 us; 78.8 since its two steps take four warps, ``kernel.STREAM_TRIPS``). On
+#: an H200 the 8B's Q6_K head took 140.5-141.0 us against 168.5-168.8 a step at 2,048 (the step
+#: 1.888-1.900 against 1.908 ms); Q8_0's and fp8's heads lose there (157.8-158.6 against
+#: 156.3-156.9 us, 141.9-143.5 against 136.2-136.5): docs/PERF.md, "Twenty-seventh session"
 HEAD_STEPS = {DType.Q6_K: 1024}
 
 

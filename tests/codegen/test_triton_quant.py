@@ -272,7 +272,7 @@ def test_the_backend_reads_how_from_pto_qgemv(monkeypatch):
 def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
     """``PTO_QGEMV_WARPS`` (``RenderOptions.qgemv_warps``): a GEMV that reads by groups takes at
     least that many warps a program, the rule's count where it gives more (a warp per 1,024
-    columns, per 8 rows past 8, four where its weights stream over four K steps or more, four for
+    columns, per 8 rows past 8, four where its weights stream over two K steps or more, four for
     a plain GEMV of one row of x: nothing reduced but its product); by default the rule's alone."""
     from pto.incore.gemv import gemv_norm_swiglu_tile, gemv_residual_tile
 
@@ -293,12 +293,13 @@ def test_pto_qgemv_warps_sets_the_fewest_warps_of_a_grouped_gemv():
         # the units' GEMVs keep their own warps
         units = render(fn, RenderOptions(qgemv="units")).launch
         assert render(fn, RenderOptions(qgemv="units", qgemv_warps=8)).launch == units
-    # a program that streams its weights over four K steps or more (the 8B model's down
-    # projection: 14,336 columns in steps of 2,048) takes at least four warps; two steps, the
-    # rule's (the count alone, as for x of several rows: these one-row GEMVs are plain, four)
+    # a program that streams its weights over two K steps or more (the 8B model's down
+    # projection: 14,336 columns in steps of 2,048; the 1B's Q6_K LM head, 2,048 in steps of
+    # 1,024) takes at least four warps; one step, the rule's (the count alone, as for x of several
+    # rows: these one-row GEMVs are plain, four)
     from pto.codegen.triton.kernel import grouped_warps
 
-    for k, rule in ((14336, 4), (8192, 4), (4096, 2), (2048, 2)):
+    for k, rule in ((14336, 4), (8192, 4), (4096, 4), (2048, 2)):
         down = specialize(gemv_residual_tile(f32, 1, k, 64, 8, 2048, wdtype=DType.Q4_K))
         for warps in (0, 2, 8):
             assert grouped_warps(down, {"b": (8, 2048)}, warps) == max(rule, warps), (k, warps)

@@ -207,7 +207,7 @@ def qgemv_warps() -> int:
     """The fewest warps a program of a GEMV that reads by groups takes
     (``RenderOptions.qgemv_warps``): ``PTO_QGEMV_WARPS`` (1, 2, 4 or 8; default 1: the rule's own
     count, a warp per 1,024 columns and per 8 rows past the first 8, four where a program streams
-    its weights over four K steps or more or where the GEMV is plain (one row of x, no norm):
+    its weights over two K steps or more or where the GEMV is plain (one row of x, no norm):
     :func:`pto.codegen.triton.kernel.grouped_warps`); its
     entries ``FUNCTION=N`` after it are :func:`qgemv_warps_by`'s."""
     return _qgemv_warps_setting()[0]

@@ -240,8 +240,11 @@ def blocks_formats(fn: IncoreFunction, r) -> frozenset:
 
 
 #: a grouped GEMV whose program streams its weights over at least this many K steps runs at
-#: least STREAM_WARPS warps (docs/PERF.md, "The grouped GEMVs' warps measured")
-STREAM_TRIPS, STREAM_WARPS = 4, 4
+#: least STREAM_WARPS warps: the 8B's and 1B's down projections (7 and 4 steps; docs/PERF.md, "The
+#: grouped GEMVs' warps measured"), and since the 1B's Q6_K LM head (2 steps of 1,024) measured
+#: 100.2 -> 78.8 us a step at four warps where the count gave it two, the 1B's Q4_K step 0.634 ->
+#: 0.607-0.612 ms ("Thirty-seventh session"); no other kernel of the real models' steps changes
+STREAM_TRIPS, STREAM_WARPS = 2, 4
 #: a plain grouped GEMV (one row of x, nothing reduced but its product: the residual o and down
 #: projections, not the ones that normalize x first) runs at least PLAIN_WARPS warps: SmolLM2's
 #: Q4_1 o projection 1.95 -> 1.50 us a layer, down 2.06-2.11 -> 1.73, the step 2-4% faster, where
@@ -256,8 +259,9 @@ def grouped_warps(fn: IncoreFunction, grouped: dict[str, tuple[int, int]], floor
     step) read quantized weights by groups: a warp per ``span`` columns of the step (1,024: a
     thread's 32 weights a row; ``RenderOptions.qgemv_cols``) and per 8 rows past the first 8; at
     least ``STREAM_WARPS`` where a tile is loaded in a loop of ``STREAM_TRIPS`` or more trips (a
-    long K, the down projection's: its few programs each stream a row block's weights, and two
-    warps a program leave a multiprocessor too few to hide the dequantization's latency); at
+    K longer than a step, the down projections' and the LM heads': a program streams its row
+    block's weights, and two warps a program leave a multiprocessor too few to hide the
+    dequantization's latency); at
     least ``PLAIN_WARPS`` (divided by ``span / 1024``, the columns a warp) where ``one_row`` (x
     one row) and the program reduces nothing but its product (no norm: a program that waits,
     then runs once through its inputs, gets the warps to share them); at least ``floor``
