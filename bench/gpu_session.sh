@@ -153,9 +153,9 @@
 #               --timeline, twice (run 2026-12-02: Q6_K's head gained and takes 1,024 by default since, so its
 #               "default" and "lm_bk=1024" are now the same; Q8_0's and fp8's lost)
 #   q6head      issue 46: Q6_K heads at K steps of 1,024 by default (quantized.HEAD_STEPS) checked and measured:
-#               the 8B's Q6_K step against its f32 reference on both executors (pto run --check), then the 1B
-#               (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head against the old steps of 2,048
-#               (lm_bk=2048), --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's
+#               the Q6_K step of $Q6H_CONFIG (default llama3-8b) against its f32 reference on both executors
+#               (pto run --check), then the 1B (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head in
+#               the tilings $Q6H_TILINGS (default 'default;lm_bk=2048': against the old steps of 2,048), --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's
 #               600 s on a fresh machine compiling every kernel: run it alone)
 #   downblocks  issue 46: the 8B's down projection alone (bench/qgemv.py) as the plain grid and as a "blocks" loop
 #               (PTO_PERSISTENT=blocks: the next block's weights loaded ahead) in blocks of 1, 2 and 4 rows of
@@ -625,11 +625,11 @@ for line in open(sys.argv[1]):
             grep -A30 "B=1.*span" "$OUT/lmbk_$i.log" | grep "span\|lmhead" | cut -c1-110
           done ;;
     q6head) for ex in waves persistent; do
-              python3 -m pto.cli run model --config llama3-8b --quantize q6_k --cache 512 --executor $ex --check \
+              python3 -m pto.cli run model --config "${Q6H_CONFIG:-llama3-8b}" --quantize q6_k --cache 512 --executor $ex --check \
                 > "$OUT/q6head_check_$ex.log" 2>&1; tail -3 "$OUT/q6head_check_$ex.log" | cut -c1-200
             done
             python3 bench/decode.py --configs llama3.2-1b,llama3-8b --batches 1 --long 0 --steps 32 --executors waves \
-              --hf-configs none --prefill 0 --quant 'q4_k/q6_k' --tilings 'default;lm_bk=2048' --timeline --settle \
+              --hf-configs none --prefill 0 --quant 'q4_k/q6_k' --tilings "${Q6H_TILINGS:-default;lm_bk=2048}" --timeline --settle \
               --json "$OUT/q6head.json" > "$OUT/q6head.log" 2>&1
             grep "B=1: " "$OUT/q6head.log" | cut -c1-300
             grep -A30 "B=1.*span" "$OUT/q6head.log" | grep "span\|lmhead" | cut -c1-110 ;;
