@@ -35,7 +35,15 @@ from pto.backends.base import Backend, capable
 from pto.errors import ExecutionError, UsageError
 from pto.exec.base import ExecStats, Executor, ItemRecord, Progress
 from pto.exec.item_deps import resolve_deps
-from pto.exec.plan import Plan, make_plan, resolve_affinity, resolve_early, resolve_prefetch_rule, resolve_runs
+from pto.exec.plan import (
+    Plan,
+    make_plan,
+    resolve_affinity,
+    resolve_early,
+    resolve_prefetch_rule,
+    resolve_runs,
+    resolve_strides,
+)
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
 from pto.exec.trace import traced_critical_path, traced_item_path
@@ -101,6 +109,9 @@ class PersistentExecutor(Executor):
             ignore=declared_infinities(graph.variants) if self.sentinel else frozenset())
         resolve_stages(settings.stages)  # (bad settings named before the plan is built)
         resolve_warps(settings.warps)
+        strides = None
+        if resolve_strides(settings.strides) == "constant":
+            strides = np.array([self.tensors[n].stride(0) for n in names], np.int64)
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)
@@ -108,7 +119,7 @@ class PersistentExecutor(Executor):
                               early=resolve_early(settings.early),
                               flags=self.backend.task_flags, runs=resolve_runs(settings.runs, sms),
                               prefetch=resolve_prefetch_rule(settings.prefetch), deps=resolve_deps(settings.deps),
-                              affinity=resolve_affinity(settings.affinity))
+                              affinity=resolve_affinity(settings.affinity), tensor_strides=strides)
         self.split, self.segments = split_plan(self.plan, self.backend, settings.split, settings.stages)
         self.kernels = []
         for k, segment in enumerate(self.segments):

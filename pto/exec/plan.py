@@ -277,14 +277,16 @@ class _Tables:
         self.offset = 0
 
     def add_variant(self, fid: int, fn, idx, args, tensor_index, tensor_flags, flags, group: int,
-                    early: np.ndarray | None = None, runs: int = 0, l2: np.ndarray | None = None) -> None:
+                    early: np.ndarray | None = None, runs: int = 0, l2: np.ndarray | None = None,
+                    tensor_strides: np.ndarray | None = None) -> None:
         """The tables of ``fn``'s tasks ``idx`` (``args``: their tensors, regions and scalars;
         ``tensor_flags``: per tensor, ``(aligned, read-only in the graph)``, the branch keys it
         adds to the task's own specializations, ``flags``; ``early``: per task and tensor, no
         predecessor writes it, in place of read-only for the early loads; ``runs``: a GEMV's
         (:func:`takes_runs`) tasks' indices in at most that many runs of consecutive ones, a run
         an item of a run branch; 0: an item an index; ``l2``: per task, whether it may prefetch
-        into L2 before its wait, :attr:`Branch.prefetch`, all by default)."""
+        into L2 before its wait, :attr:`Branch.prefetch`, all by default; ``tensor_strides``:
+        per tensor, its row stride, which the branch keys add, :attr:`Branch.strides`; None: none)."""
         tens, reg, sca = args
         rows, ext, even, align, cost = _task_tables(fn, tens, reg, sca, flags)
         mem_k = [k for k, p in enumerate(fn.params) if p.name in {m.name for m in fn.memrefs}]
@@ -313,14 +315,18 @@ class _Tables:
         # there: pto.codegen.triton.body.BodyRenderer.run_prefetch)
         # (a task with nothing to prefetch keeps the key of those that may: no branch of its own)
         l2 = np.ones(len(idx), bool) if l2 is None else l2 | ~pre.any(axis=1)
-        keys = np.concatenate([even, align, tensor_flags[own, 0], pre, (run > 1)[:, None], l2[:, None]], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        keys = [even, align, tensor_flags[own, 0], pre, (run > 1)[:, None], l2[:, None]]
+        if tensor_strides is not None:  # (a branch a combination of its memrefs' strides)
+            keys.append(tensor_strides[own])
+        uniq, inv = np.unique(np.concatenate([k.astype(np.int64) for k in keys], axis=1), axis=0, return_inverse=True)
         for u, row in enumerate(uniq):
-            key = (fid, tuple(bool(x) for x in row))
+            key = (fid, tuple(int(x) for x in row))
             if key not in self.branch_ids:
                 self.branch_ids[key] = len(self.branches)
                 parts = [tuple(bool(x) for x in row[k * m:(k + 1) * m]) for k in range(4)]
-                self.branches.append(Branch(fn, *parts, runs=bool(row[4 * m]), prefetch=bool(row[4 * m + 1])))
+                strides = tuple(int(x) for x in row[4 * m + 2:]) if tensor_strides is not None else ()
+                self.branches.append(Branch(fn, *parts, runs=bool(row[4 * m]), prefetch=bool(row[4 * m + 1]),
+                                            strides=strides))
             self.task_branch[idx[inv.reshape(-1) == u]] = self.branch_ids[key]
         for t in idx:
             self.variant[t] = fn
@@ -468,6 +474,25 @@ def resolve_affinity(choice: str | None) -> str:
     return env_choice(choice, "PTO_MK_AFFINITY", DEFAULT_AFFINITY, AFFINITY, "affinity")
 
 
+#: where a branch takes its memrefs' row strides (``PTO_MK_STRIDES``, :func:`make_plan`'s
+#: ``tensor_strides``): ``table``, loaded from its task's row of the stride table; ``constant``,
+#: a constant of the branch where every task of it has the same (:attr:`Branch.strides`)
+STRIDES = ("table", "constant")
+#: the strides where the settings and the environment name none: the table, until constants are
+#: measured on a GPU (compiled for sm_90, the 8B's Q4_K step's megakernel with constants has 13%
+#: fewer SASS instructions, its GEMV loops 7-16% fewer, at the same 255 registers: docs/PERF.md,
+#: "Thirty-seventh session")
+DEFAULT_STRIDES = "table"
+
+
+def resolve_strides(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_STRIDES``, else :data:`DEFAULT_STRIDES`; UsageError naming an
+    unknown one."""
+    from pto.backends.triton.megakernel import env_choice
+
+    return env_choice(choice, "PTO_MK_STRIDES", DEFAULT_STRIDES, STRIDES, "strides' source")
+
+
 def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
     """The most work items a task's parallel indices become (0: an item an index) that ``asked``
     (the settings', else ``PTO_MK_RUNS``: a count, ``auto`` or 0, off; else :data:`DEFAULT_RUNS`)
@@ -484,7 +509,8 @@ def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
 
 def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tensor_aligned: np.ndarray | None = None,
               programs: int = 132, order: str = "list", flags: FlagRule = no_flags, early: str = DEFAULT_EARLY,
-              runs: int = 0, prefetch: str = "all", deps: str = DEFAULT_DEPS, affinity: str = DEFAULT_AFFINITY) -> Plan:
+              runs: int = 0, prefetch: str = "all", deps: str = DEFAULT_DEPS, affinity: str = DEFAULT_AFFINITY,
+              tensor_strides: np.ndarray | None = None) -> Plan:
     """The device tables of a fully built graph (``launch_group``: GROUP per InCore function;
     ``tensor_aligned``: per tensor, a row stride that is a multiple of 16 elements and a 16-byte
     aligned base; all by default; ``order``: ``list`` (a list schedule for ``programs``
@@ -499,7 +525,9 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
     :mod:`pto.exec.item_deps`); ``affinity``: ``on``, with data dependencies the list schedule
     starts an item that waits for some of its task's predecessors' items on the program of its
     last producer where that is free (:class:`pto.exec.order.Affinity`), ``off`` on the lowest
-    free one)."""
+    free one); ``tensor_strides``: per tensor, its row stride, each branch's constants where its
+    tasks' tensors share one (:attr:`~pto.codegen.triton.megakernel.Branch.strides`; None: every
+    stride loaded from the stride table)."""
     if order not in ("list", "levels"):
         raise UsageError(f"unknown queue order {order!r} (choose list or levels)")
     if early not in EARLY_RULES:
@@ -531,7 +559,8 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
         base = ex.arg_ptr[idx][:, None] + np.arange(len(fn.params))[None, :]
         args = ex.arg_tensor[base], ex.arg_region[base], ex.arg_scalar[base]
         t.add_variant(int(fid), fn, idx, args, tensor_index, tensor_flags, flags, launch_group.get(fn.name, 0),
-                      None if before is None else ~before[idx], runs, None if light is None else light[idx])
+                      None if before is None else ~before[idx], runs, None if light is None else light[idx],
+                      tensor_strides)
         exported.append((fn, idx, args[1], args[2]))
     boxes = item_boxes(exported, t.extent, t.run, t.parallel, t.task_tensor.shape[1]) if deps == "data" else None
     pending = np.bincount(succ, minlength=n).astype(np.int32)

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from pto.engine import Runner, resolve  # noqa: E402
-from pto.errors import ExecutionError, UsageError  # noqa: E402
+from pto.errors import BuildError, ExecutionError, UsageError  # noqa: E402
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -408,11 +408,49 @@ def test_the_quantized_step_on_the_megakernel_with_its_gemvs_unpipelined_is_the_
     assert max(_tiny_megakernel(None, runs=0).stages.values()) == 3  # (bf16: the schedules' pipelines)
 
 
-def _tiny_megakernel(quantize: str | None, runs: int):
+def test_constant_strides_keep_the_bits_and_leave_no_stride_loads(monkeypatch):
+    """``PTO_MK_STRIDES=constant``: every branch takes its memrefs' row strides as constants of
+    its own (the plan's tensors), the megakernel loads none from the stride table, and the tiny
+    model's Q4_1 step keeps the waves executor's bits; a branch a combination of strides (a
+    variant whose tasks' tensors differ in stride is two branches); anything but ``table`` or
+    ``constant`` is one line naming it."""
+    from pto.cli.commands.run import run
+    from pto.exec.plan import resolve_strides
+
+    monkeypatch.setenv("PTO_MK_STRIDES", "constant")
+    res = run("model", config="tiny", cache=64, batch=1, device="cpu", backend="triton", executor="persistent",
+              check=True, quantize="q4_1")
+    assert res["determinism"]["executors"] is True and res["rel_err"] <= 1e-5, res
+    table, const = (_tiny_megakernel("q4_1", runs=0, strides=s) for s in (False, True))
+    assert "tl.load(tstride + " in table.rendered.source and "tl.load(tstride + " not in const.rendered.source
+    assert all(len(b.strides) == len(b.fn.memrefs) for b in const.rendered.branches)
+    assert all(b.strides == () for b in table.rendered.branches)
+    # each task's tensors have its branch's strides (so tasks of other strides are other branches)
+    p = const.plan
+    strides = np.array([const.tensors[n].stride(0) for n in p.tensor_names])
+    for task in range(p.n_tasks):
+        b = p.branches[p.task_branch[task]]
+        got = tuple(int(v) for v in strides[p.task_tensor[task, :len(b.fn.memrefs)]])
+        assert got == b.strides, (b.fn.variant_name, got, b.strides)
+    # tensors of other strides than the plan's: refused before a launch, naming the tensor
+    name = next(n for n in p.tensor_names if const.tensors[n].dim() == 2 and const.tensors[n].shape[1] > 1)
+    const.tensors[name] = torch.zeros(const.tensors[name].shape[0], 2 * const.tensors[name].shape[1],
+                                      dtype=const.tensors[name].dtype)[:, :const.tensors[name].shape[1]]
+    with pytest.raises(BuildError, match=rf"tensor '{name}' has row stride \d+ where the kernel's branch of "):
+        const._upload()
+    assert resolve_strides("table") == "table" and resolve_strides(None) == "constant"
+    monkeypatch.setenv("PTO_MK_STRIDES", "fixed")
+    with pytest.raises(UsageError, match=r"^PTO_MK_STRIDES='fixed': the megakernel's strides' source is table or "
+                                         r"constant$"):
+        resolve_strides(None)
+
+
+def _tiny_megakernel(quantize: str | None, runs: int, strides: bool = False):
     """The megakernel the persistent executor builds for the tiny model's step of one sequence
     (cache 64; ``quantize``: its layers' and head's weights in that type) on the CPU backend,
-    its GEMV tasks in items of runs of up to ``runs`` indices (0: an item an index): built and
-    rendered, not launched (its tensors zeros)."""
+    its GEMV tasks in items of runs of up to ``runs`` indices (0: an item an index; ``strides``:
+    its branches' strides constants, ``PTO_MK_STRIDES=constant``): built and rendered, not
+    launched (its tensors zeros)."""
     from pto.orchestration.model import program as mp
     from pto.orchestration.model.decode import build_step
     from pto.orchestration.model.program import tiling_for_executor
@@ -433,13 +471,14 @@ def _tiny_megakernel(quantize: str | None, runs: int):
                                {"B": 1, "C": 64})
     backend = TritonBackend("cpu")
     try:
-        plan = make_plan(built.graph, list(built.graph.tensor_ids), {}, programs=4, flags=backend.task_flags,
-                         runs=runs)
         fn = built.module.entry_function
         shapes = tensor_shapes(fn, built.scalars)
         given = {t.name: torch.zeros(t.dtype.storage_shape(*shapes[t.name]), dtype=t.dtype.torch)
                  for t in fn.tensors if t.role in ("input", "inout")}
         tensors = allocate(fn, shapes, given, "cpu")
+        names = list(built.graph.tensor_ids)
+        plan = make_plan(built.graph, names, {}, programs=4, flags=backend.task_flags, runs=runs,
+                         tensor_strides=np.array([tensors[n].stride(0) for n in names]) if strides else None)
         return backend.megakernel(plan, tensors, MegakernelSettings(dispatch="static", programs=1, split="off"))
     finally:
         built.graph.close()

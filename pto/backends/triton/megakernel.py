@@ -102,6 +102,11 @@ class MegakernelSettings:
     #: that is free (:func:`pto.exec.plan.item_affinity`); None: ``PTO_MK_AFFINITY``, else
     #: :data:`pto.exec.plan.DEFAULT_AFFINITY`; the persistent executor reads it
     affinity: str | None = None
+    #: where a branch takes its memrefs' row strides: ``table`` (each item loads its task's) or
+    #: ``constant`` (constants of the branch, one branch per combination of strides;
+    #: :attr:`pto.codegen.triton.megakernel.Branch.strides`); None: ``PTO_MK_STRIDES``, else
+    #: :data:`pto.exec.plan.DEFAULT_STRIDES`; the persistent executor reads it
+    strides: str | None = None
     #: the pipeline stages of every branch whose loops load through shared memory, in place of
     #: its schedule's (lowered, as those are, until the kernel fits its share of shared memory:
     #: :func:`~pto.codegen.triton.megakernel.fit_megakernel`), or ``schedule``: the schedules'
@@ -472,6 +477,23 @@ def item_descriptors(plan, order: np.ndarray | None = None, counters=None) -> np
     return out
 
 
+def _check_constant_strides(plan, strides: np.ndarray) -> None:
+    """A branch whose row strides are constants of the kernel (``PTO_MK_STRIDES=constant``) runs
+    only on tensors of those strides (``strides``: per tensor of ``plan``): BuildError naming the
+    first that differs (a plan built for other tensors), not wrong addresses."""
+    for k, b in enumerate(plan.branches):
+        if not b.strides:
+            continue
+        rows = plan.task_tensor[plan.task_branch == k, :len(b.strides)].astype(np.int64)
+        bad = np.argwhere(strides[rows] != np.array(b.strides, np.int64)[None, :])
+        if len(bad):
+            task, j = (int(v) for v in bad[0])
+            name = plan.tensor_names[int(rows[task, j])]
+            raise BuildError(f"megakernel: tensor {name!r} has row stride {int(strides[rows[task, j]])} where the "
+                             f"kernel's branch of {b.fn.variant_name} takes {b.strides[j]} as a constant "
+                             "(PTO_MK_STRIDES=constant: build the plan for these tensors)")
+
+
 class Megakernel:
     """``plan`` (a :class:`pto.exec.plan.Plan`) as one compiled persistent kernel over
     ``tensors``, ready to launch."""
@@ -597,6 +619,7 @@ class Megakernel:
             ("task_tensor", task_tensor), ("pending0", c.init if len(c.init) else np.zeros(1, np.int32)),
             ("nitems", p.nitems), ("succ_ptr", c.rel_ptr), ("succ", c.rel if len(c.rel) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
+        _check_constant_strides(p, np.array([x.stride(0) for x in tensors], np.int64))
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
         t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
         t["items"] = torch.from_numpy(item_descriptors(p, counters=c)).to(dev)

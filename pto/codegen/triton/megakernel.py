@@ -112,6 +112,11 @@ class Branch:
     #: the item may prefetch into L2 before its wait where the kernel's ``PREFETCH`` asks (the
     #: plan's prefetch rule, :data:`pto.exec.plan.PREFETCH_RULES`, clears it)
     prefetch: bool = True
+    #: per memref: the row stride of every task's tensor, a constant of the branch (so that the
+    #: compiler folds the address arithmetic that uses it, on the uniform datapath), or empty:
+    #: each item loads its task's from the stride table (``PTO_MK_STRIDES``,
+    #: :func:`pto.exec.plan.resolve_strides`)
+    strides: tuple[int, ...] = ()
 
     @property
     def early(self) -> tuple[str, ...]:
@@ -262,23 +267,6 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
-def _pointer_loads(b: Branch, table: str, mems) -> tuple[list[str], list[str]]:
-    """The loads of the pointers and strides of ``mems`` (memrefs of ``b``) from the task's rows
-    ``{table}ptr`` and ``{table}stride``, and the arguments they become."""
-    loads, args = [], []
-    for j, p in enumerate(b.fn.memrefs):
-        if p not in mems:
-            continue
-        ptr = f"tl.load({table}ptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
-        stride = f"tl.load({table}stride + {j})"
-        if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
-            ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
-        loads.append(f"P_{p.name} = {ptr}")
-        loads.append(f"S_{p.name} = {stride}")
-        args.append(f"P_{p.name}, S_{p.name}")
-    return loads, args
-
-
 def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str, int]):
     """The device functions (name -> lines) and, per branch, ``(id, the loads of its memrefs'
     pointers and strides, the call of its device function)``."""
@@ -296,6 +284,8 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
             stride = f"tl.load(tstride + {j})"
             if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
                 ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
+            if b.strides:  # (a constant says its own divisibility)
+                stride = str(b.strides[j])
             loads.append(f"P_{p.name} = {ptr}")
             loads.append(f"S_{p.name} = {stride}")
             args.append(f"P_{p.name}, S_{p.name}")
