@@ -155,8 +155,9 @@
 #   q6head      issue 46: Q6_K heads at K steps of 1,024 by default (quantized.HEAD_STEPS) checked and measured:
 #               the Q6_K step of $Q6H_CONFIG (default llama3-8b) against its f32 reference on both executors
 #               (pto run --check), then the 1B (its tied head Q6_K) and the 8B in Q4_K with a Q6_K head in
-#               the tilings $Q6H_TILINGS (default 'default;lm_bk=2048': against the old steps of 2,048), --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's
-#               600 s on a fresh machine compiling every kernel: run it alone)
+#               the tilings $Q6H_TILINGS (default 'default;lm_bk=2048': against the old steps of 2,048),
+#               --timeline (tests/gpu/test_quant_gpu.py, once between them, ran past a call's 600 s on a
+#               fresh machine compiling every kernel: run it alone)
 #   downblocks  issue 46: the 8B's down projection alone (bench/qgemv.py) as the plain grid and as a "blocks" loop
 #               (PTO_PERSISTENT=blocks: the next block's weights loaded ahead) in blocks of 1, 2 and 4 rows of
 #               the whole K (one step of 16,384: by their SASS 104-128 registers, 8 warps, 2 programs a
@@ -224,9 +225,6 @@
 #               "on first"; empty: none), then the
 #               one-sequence steps of $KA_QUANT (default the 8B's Q4_K with a Q6_K head, Q8_0, fp8, the 1B's Q4_K,
 #               SmolLM2's Q4_1), a process a mode, twice in turn, with each kernel's advance (--timeline)
-#   downrows    issue 46: the 8B's down projection in blocks of 16 rows at 8 warps (x rounded and packed
-#               once for twice the rows: 2.73 SASS instructions a weight against 3.18 for Q4_K) against the
-#               default 8 rows at 4 warps, a process each, twice in turn ($DR_QUANT), with --timeline
 #   variants    one-sequence steps of $V_CONFIGS (default llama3-8b) in $V_QUANT (default fp8) under each of
 #               $VARIANTS ("NAME|ENV...|TILING" entries separated by ';', the ENV words as env takes them; the
 #               first is the base), a process each, twice in turn, with --timeline
@@ -744,19 +742,6 @@ for line in open(sys.argv[1]):
                 grep -h "B=1 waves: span\|gemv_residual_tile__K\|lmhead" "$OUT/kahead_${mode}_$round.log" | cut -c1-110
               done
             done ;;
-    downrows) # issue 46
-              DRQ=${DR_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3-8b:fp8}
-              for round in 1 2; do
-                for v in rows8 rows16; do
-                  envs=() til=default
-                  [ $v = rows16 ] && envs=(PTO_QGEMV_WARPS=gemv_residual_tile=8) til=bn=16
-                  env "${envs[@]}" python3 bench/decode.py --configs llama3-8b --batches 1 --long 0 --steps 32 \
-                    --executors waves --hf-configs none --prefill 0 --settle --timeline --quant "$DRQ" \
-                    --tilings "$til" --json "$OUT/downrows_${v}_$round.json" > "$OUT/downrows_${v}_$round.log" 2>&1
-                  echo "[$v, round $round] rc=$?"; grep -h " B=1: waves" "$OUT/downrows_${v}_$round.log" | cut -c1-70
-                  grep -h "B=1 waves: span\|gemv_residual_tile__K14336" "$OUT/downrows_${v}_$round.log" | cut -c1-110
-                done
-              done ;;
     variants) IFS=';' read -ra vs <<< "${VARIANTS:-base||default}"
               for round in 1 2; do
                 for v in "${vs[@]}"; do

@@ -619,9 +619,10 @@ class Megakernel:
             ("task_tensor", task_tensor), ("pending0", c.init if len(c.init) else np.zeros(1, np.int32)),
             ("nitems", p.nitems), ("succ_ptr", c.rel_ptr), ("succ", c.rel if len(c.rel) else np.zeros(1, np.int32)))}
         tensors = [self.tensors[name] for name in p.tensor_names]
-        _check_constant_strides(p, np.array([x.stride(0) for x in tensors], np.int64))
+        strides = np.array([x.stride(0) for x in tensors], np.int64)
+        _check_constant_strides(p, strides)
         t["ptrs"] = torch.tensor([x.data_ptr() for x in tensors], dtype=torch.int64, device=dev)
-        t["strides"] = torch.tensor([x.stride(0) for x in tensors], dtype=torch.int64, device=dev)
+        t["strides"] = torch.from_numpy(strides).to(dev)
         t["items"] = torch.from_numpy(item_descriptors(p, counters=c)).to(dev)
         t["stream"] = torch.zeros(2, dtype=torch.int64, device=dev)  # (ranged dispatch: _upload_streams)
         rows = max(len(c.rel_ptr) - 1, 1)  # (and these: per release row, its inline counter and item)

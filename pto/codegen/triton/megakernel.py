@@ -281,11 +281,11 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
         args, loads = [], []
         for j, p in enumerate(b.fn.memrefs):
             ptr = f"tl.load(tptr + {j}).to(tl.pointer_type({TL_DTYPE[p.dtype]}))"
-            stride = f"tl.load(tstride + {j})"
+            # (a constant stride says its own divisibility)
+            stride = str(b.strides[j]) if b.strides else f"tl.load(tstride + {j})"
             if b.aligned and b.aligned[j]:  # (on the pointer, not the integer: the cast drops it)
-                ptr, stride = f"tl.multiple_of({ptr}, 16)", f"tl.multiple_of({stride}, 16)"
-            if b.strides:  # (a constant says its own divisibility)
-                stride = str(b.strides[j])
+                ptr = f"tl.multiple_of({ptr}, 16)"
+                stride = stride if b.strides else f"tl.multiple_of({stride}, 16)"
             loads.append(f"P_{p.name} = {ptr}")
             loads.append(f"S_{p.name} = {stride}")
             args.append(f"P_{p.name}, S_{p.name}")
