@@ -220,6 +220,10 @@
 #               $MKW_ENVS (";"-separated; default the megakernel's warps and programs a multiprocessor measured on
 #               2026-12-04: "PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4"), then the
 #               defaults, each with its megakernels' registers, spills, programs a multiprocessor and warps
+#   mkregs      issue 45: the megakernel's register-saving forms ($MKR_ENV, default the descriptor after the
+#               release, branches not inlined, constant strides): the GPU's persistent tests under them, then the
+#               steps of $RL_QUANT (default bf16 and the quantized ones of mkwarps) under $MKW_ENVS (default
+#               $MKR_ENV), then the defaults with the waves beside them
 #   kahead      issue 46: the wave kernels' quantized K loops with their next step loaded ahead (PTO_K_AHEAD in
 #               $KA_MODES, default "off on"): the GPU's quantized wave tests in each mode of $KA_TESTS (default
 #               "on first"; empty: none), then the
@@ -242,6 +246,32 @@ python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl
 [ -d /tmp/site/cffi ] || exit 1
 export PYTHONPATH=/tmp/site:$PWD PTO_CACHE_DIR=${PTO_CACHE_DIR:-/tmp/ptocache} PYTHONUNBUFFERED=1
 BENCH="python3 -m pto.cli bench llama7b --config 7b --dtype bf16 --iterations ${ITER:-20}"
+# the register study's forms of the megakernel together (mkregs)
+MKR_ENV=${MKR_ENV:-PTO_MK_AHEAD=after PTO_MK_CALLS=noinline PTO_MK_STRIDES=constant}
+# mk_envs ENVS QUANT TAG: the persistent steps at one sequence of the three models in QUANT (bench/decode.py's
+# --quant) under each ";"-separated environment of ENVS, then the defaults with the waves beside them, each with
+# its megakernels' registers, spills, programs a multiprocessor and warps
+mk_envs() {
+  local envs e k=0 ex
+  IFS=';' read -ra envs <<< "$1"
+  envs+=("")  # (the defaults last, in the same call)
+  for e in "${envs[@]}"; do
+    k=$((k + 1)); ex=persistent; [ -z "$e" ] && ex=waves,persistent
+    env $e python3 bench/decode.py --configs llama3-8b,llama3.2-1b,smollm2-135m --batches 1 --long 0 \
+      --steps 32 --executors $ex --hf-configs none --prefill 0 --quant "$2" \
+      --json "$OUT/$3_$k.json" > "$OUT/$3_$k.log" 2>&1
+    echo "[${e:-defaults}] rc=$?"; grep -h " B=" "$OUT/$3_$k.log" | cut -c1-80
+    python3 - "$OUT/$3_$k.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    rep = r.get("persistent", {}).get("report", {})
+    segs = rep.get("segments", [rep])
+    print(" ", r["config"], r["quant"], "regs/spills/programs/warps",
+          [(s.get("regs"), s.get("spills"), s.get("programs_per_sm"), s.get("warps")) for s in segs],
+          "gap", rep.get("item_gap_us"), "wait", rep.get("dependency_wait_us"))
+PY
+  done
+}
 # ab VAR "A B" SEQS SEQS_8B: VAR=A, then VAR=B (the last with eager and torch.compile beside it):
 # the fused 7B layer at SEQS, the Llama-3-8B layer at SEQS_8B, the decode step at batches 1 and 8
 ab() {
@@ -754,26 +784,14 @@ for line in open(sys.argv[1]):
                 done
               done ;;
     mkwarps) # issue 45 (measured 2026-12-04: PERF.md, thirty-fifth)
-             RLQ=${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}
-             IFS=';' read -ra envs <<< "${MKW_ENVS:-PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4}"
-             envs+=("")  # (the defaults last, in the same call)
-             k=0
-             for e in "${envs[@]}"; do
-               k=$((k + 1))
-               env $e python3 bench/decode.py --configs llama3-8b,llama3.2-1b,smollm2-135m --batches 1 --long 0 \
-                 --steps 32 --executors persistent --hf-configs none --prefill 0 --quant "$RLQ" \
-                 --json "$OUT/mkwarps_$k.json" > "$OUT/mkwarps_$k.log" 2>&1
-               echo "[${e:-defaults}] rc=$?"; grep -h " B=" "$OUT/mkwarps_$k.log" | cut -c1-80
-               python3 - "$OUT/mkwarps_$k.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    rep = r.get("persistent", {}).get("report", {})
-    segs = rep.get("segments", [rep])
-    print(" ", r["config"], r["quant"], "regs/spills/programs/warps",
-          [(s.get("regs"), s.get("spills"), s.get("programs_per_sm"), s.get("warps")) for s in segs],
-          "gap", rep.get("item_gap_us"), "wait", rep.get("dependency_wait_us"))
-PY
-             done ;;
+             mk_envs "${MKW_ENVS:-PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4}" \
+               "${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}" mkwarps ;;
+    mkregs) # issue 45: the register-saving forms (bench/megakernel_sass.py, PERF.md thirty-eighth) checked, then timed
+            env $MKR_ENV python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_gpu.py \
+              tests/gpu/test_quant_gpu.py -k persistent > "$OUT/mkregs_tests.log" 2>&1
+            echo "[$MKR_ENV] tests rc=$?"; tail -2 "$OUT/mkregs_tests.log"
+            mk_envs "${MKW_ENVS:-$MKR_ENV}" \
+              "${RL_QUANT:-bf16,llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}" mkregs ;;
     records) mkdir -p "$OUT/records"  # (static dispatch only: the device tool returns a handful of files a call)
              python3 bench/megakernel.py --configs "${RECORDS_CONFIGS:-smollm2-135m,llama3.2-1b,llama3-8b}" --waves "" \
                --variants "${RECORDS_VARIANTS:-d=static}" --batches "${RECORDS_BATCHES:-1}" --budget 240 \

@@ -14,7 +14,10 @@ as many as fit for the others), ``g=`` programs (``PTO_PROGRAMS``), ``x=`` the s
 launches by resource class (``PTO_MK_SPLIT``: ``off``, ``auto``, levels ``181/182``), ``e=`` the
 early loads (``PTO_MK_EARLY``: ``graph``, ``preds``), ``r=`` runs (``PTO_MK_RUNS``: ``auto``, a
 count, 0), ``w=`` what an item waits for (``PTO_MK_DEPS``: ``task``, ``data``), ``p=`` how it polls
-(``PTO_MK_POLL``: ``one``, ``every``), ``i=`` inline items (``PTO_MK_INLINE``: ``off``, ``on``), e.g.
+(``PTO_MK_POLL``: ``one``, ``every``), ``i=`` inline items (``PTO_MK_INLINE``: ``off``, ``on``), ``a=``
+when the next item's descriptor loads (``PTO_MK_AHEAD``: ``held``, ``after``), ``c=`` the branches'
+calls (``PTO_MK_CALLS``: ``inline``, ``noinline``), ``t=`` where the strides come from
+(``PTO_MK_STRIDES``: ``table``, ``constant``), e.g.
 ``d=static,f=1``. A tiling is ``default`` (the executor's own,
 :func:`pto.orchestration.model.program.tiling_for_executor`), ``waves`` (the wave executor's) or
 fields replaced in the wave executor's, as bench/decode.py takes them (``+FIELDS``: in the
@@ -50,12 +53,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode import copy_bandwidth, floor_ms, ours, parse_tiling, path_lines, settle_graphs, write_rows  # noqa: E402
+from megakernel_sass import environment  # noqa: E402
 from pto.orchestration.model.program import CONFIGS, random_weights, tiling_for, tiling_for_executor  # noqa: E402
 
 #: the short names of a variant's settings
 ENV = {"d": "PTO_DISPATCH", "f": "PTO_MK_PREFETCH", "k": "PTO_MK_PREFETCH_KB", "s": "PTO_PER_SM", "g": "PTO_PROGRAMS",
        "x": "PTO_MK_SPLIT", "e": "PTO_MK_EARLY", "r": "PTO_MK_RUNS", "w": "PTO_MK_DEPS", "p": "PTO_MK_POLL",
-       "i": "PTO_MK_INLINE"}
+       "i": "PTO_MK_INLINE", "a": "PTO_MK_AHEAD", "c": "PTO_MK_CALLS", "t": "PTO_MK_STRIDES"}
 
 
 def variant_env(variant: str) -> dict[str, str]:
@@ -127,24 +131,16 @@ def main(argv=None) -> int:
                 print(json.dumps({**base, "executor": executor, "tiling": tl, "variant": variant,
                                   "skipped": f"past --budget {args.budget} s"}), flush=True)
                 continue
-            env = variant_env(variant)
-            old = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
             branches = args.branches and executor == "persistent" and (batch, tl) not in alone
             if branches:
                 alone.add((batch, tl))
             try:
-                res = ours(w, batch, args.cache, executor, args.steps, tiling(tl, cfg, executor), branches=branches,
-                           records=records_path(args.records, name, tl, variant, batch)
-                           if executor == "persistent" else None)
+                with environment(variant_env(variant)):
+                    res = ours(w, batch, args.cache, executor, args.steps, tiling(tl, cfg, executor),
+                               branches=branches, records=records_path(args.records, name, tl, variant, batch)
+                               if executor == "persistent" else None)
             except Exception as e:  # report it, measure the rest
                 res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             row = {**base, "executor": executor, "tiling": tl, "variant": variant, **res}
             if "ms" in res:
                 row["x_floor"] = round(base["floor_ms"] / res["ms"], 3)

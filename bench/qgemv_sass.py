@@ -27,39 +27,15 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-_DRIVER = r"""
-import importlib.util, json, os, subprocess, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import triton
-
-bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-out = []
-for job in json.load(open(sys.argv[1])):
-    spec = importlib.util.spec_from_file_location("k", job["path"])
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sig = job["signature"]
-    attrs = {(a,): [["tt.divisibility", 16]] for a, t in enumerate(sig.values()) if t != "constexpr"}
-    src = ASTSource(getattr(mod, job["name"]), sig, constexprs=job["constexprs"], attrs=attrs)
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-    cubin = job["path"] + ".cubin"
-    open(cubin, "wb").write(cc.asm["cubin"])
-    sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", cubin], capture_output=True,
-                         text=True).stdout
-    out.append({"tag": job["tag"], "sass": sass, "res": res, "shared": cc.metadata.shared,
-                "triton": triton.__version__})
-print(json.dumps(out))
-"""
+from sm90_compile import compile_jobs  # noqa: E402
 
 KERNELS = ("qkv", "proj", "proj_o", "gate_up", "lm")
 
@@ -213,6 +189,7 @@ def main(argv=None) -> int:
                     "the backend's default policy loops (PTO_PERSISTENT's) on --sms multiprocessors; '' (default): "
                     "the plain grid")
     ap.add_argument("--sms", type=int, default=132, help="the GPU's multiprocessors, for --persistent auto (an H200's)")
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="compiles at once")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sass", default=None, help="a folder to write each kernel's SASS and Triton source in")
     args = ap.parse_args(argv)
@@ -224,16 +201,11 @@ def main(argv=None) -> int:
                 for tiling in args.tilings.split(";"):
                     todo += jobs(spec, mode, tiling, folder, args.pdl, args.batch, args.config, args.warps,
                                  args.cols, args.persistent, args.sms)
-        (folder / "jobs.json").write_text(json.dumps(todo))
-        (folder / "driver.py").write_text(_DRIVER)
-        env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
-        env["TRITON_CACHE_DIR"] = str(folder / "cache")
-        proc = subprocess.run([args.python, str(folder / "driver.py"), str(folder / "jobs.json")], capture_output=True,
-                              text=True, env=env)
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
+        got = {g["tag"]: g for g in compile_jobs(todo, folder, args.python, args.workers)}
+        failed = [g for g in got.values() if "error" in g]
+        if failed:
+            print(f"{failed[0]['tag']}: {failed[0]['error']}", file=sys.stderr)
             return 1
-        got = {g["tag"]: g for g in json.loads(proc.stdout.strip().splitlines()[-1])}
         if args.sass:
             Path(args.sass).mkdir(parents=True, exist_ok=True)
             for j in todo:

@@ -79,27 +79,17 @@ def compile_sm90(jobs: list[dict], tmp_path: Path, timeout: int = 900) -> list[d
     return results
 
 
-_MEGAKERNEL_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": "*i64", "task_branch": "*i32",
-                    "task_row": "*i64",
-                    "tab": "*i32", "task_tensor": "*i32", "ptrs": "*i64", "strides": "*i64", "task_ptr": "*i64",
-                    "task_stride": "*i64", "pending": "*i32",
-                    "done": "*i32", "nitems": "*i32", "succ_ptr": "*i32", "succ": "*i32", "err": "*i32",
-                    "trace": "*i64", "clock": "*i32", "tracing": "i32"}
-_SENTINEL_ARGS = {"spend": "*i32", "sread": "*i64", "swrite": "*i64", "stab": "*i32"}
-
-
 def megakernel_job(kernel, options: dict, sentinel: bool = False, prefetch: int = 0, inline: bool = False) -> dict:
     """A :func:`compile_sm90` job for a rendered persistent megakernel with launch ``options``
     (``prefetch``: its L2 prefetch, :class:`pto.backends.triton.MegakernelSettings`; ``inline``:
     rendered with inline items, its ``inl_cnt`` and ``inl_item`` tables)."""
-    sig = {**_MEGAKERNEL_ARGS, **(_SENTINEL_ARGS if sentinel else {}),
-           **({"inl_cnt": "*i64", "inl_item": "*i64"} if inline else {}),
-           **dict.fromkeys(("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "PREFETCH"), "constexpr")}
+    from pto.codegen.triton.megakernel import kernel_signature
+
+    sig = kernel_signature(sentinel, inline)
     return {"source": kernel.source, "name": kernel.name, "signature": sig,
             "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
                            "SUCC_BLOCK": 32 * options["num_warps"], "GPU_CLOCK": True, "PREFETCH": prefetch},
             "options": options}
-
 
 
 def kernel_jobs(functions, options=None, paths: tuple[bool, ...] = (False, True)) -> list[dict]:

@@ -130,17 +130,18 @@ def test_inline_items_on_random_graphs_run_once_and_nothing_waits_forever(seed):
     assert not any(_simulate(items, c, greedy, np.arange(len(items)) % programs, programs, rng) for _ in range(3))
 
 
-def _dispatch_loop(tmp_path):
+def _dispatch_loop(tmp_path, ahead: str = "held"):
     """The rendered kernel's own loop with inline items and no branches, each item run at once
     (the dispatch's ``ok`` set where a branch would: nothing to wait for or compute), under the
-    interpreter: what takes items, releases counters and runs the inline ones."""
+    interpreter: what takes items, releases counters and runs the inline ones (``ahead``: when
+    it loads the next item's descriptor, ``PTO_MK_AHEAD``)."""
     import importlib.util
 
     from pto.codegen.triton.megakernel import render_megakernel
 
-    src = render_megakernel([], dispatch="static", inline=True).source
+    src = render_megakernel([], dispatch="static", inline=True, ahead=ahead).source
     assert src.count("ok = tl.zeros((), dtype=tl.int32)") == 1
-    path = tmp_path / "loop.py"
+    path = tmp_path / f"loop_{ahead}.py"
     path.write_text(src.replace("ok = tl.zeros((), dtype=tl.int32)", "ok = tl.full((), 1, tl.int32)"))
     spec = importlib.util.spec_from_file_location("inline_loop", path)
     mod = importlib.util.module_from_spec(spec)
@@ -192,13 +193,15 @@ def _drive(kernel, items: np.ndarray, c: Counters, worker: np.ndarray, programs:
 
 @pytest.mark.interpret
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
-def test_the_kernels_loop_runs_each_inline_item_where_its_count_ends(tmp_path):
+@pytest.mark.parametrize("ahead", ["held", "after"])
+def test_the_kernels_loop_runs_each_inline_item_where_its_count_ends(tmp_path, ahead):
     """The rendered loop on random graphs (tasks of 1 to 3 items, counters a task), 1 to 6
     programs round robin or at random, successor blocks of 1, 2 and 32 (a row's counters over
     several blocks): every item once, streams in order, each inline item run next by the program
     whose release ended its count; and a chain, item 0's release ending item 1's count and item
-    1's item 2's, both inline, after the one stream, a second program with none."""
-    kernel = _dispatch_loop(tmp_path)
+    1's item 2's, both inline, after the one stream, a second program with none. The same with
+    the next item's descriptor and the release row loaded after the item (``after``)."""
+    kernel = _dispatch_loop(tmp_path, ahead)
     chain = _counters(waits=[0, 1, 2], init=[0, 1, 1], rows=[[1], [2], []], row_of=[0, 1, 2])
     assert inline_items(chain).tolist() == [-1, 1, 2]
     for block in (1, 32):

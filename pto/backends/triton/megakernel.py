@@ -23,6 +23,8 @@ from pto.backends.triton.launch import LaunchConfig, merged, triton_error
 from pto.backends.triton.loader import load_kernel
 from pto.codegen.triton.common import RenderOptions
 from pto.codegen.triton.megakernel import (
+    AHEAD,
+    CALLS,
     DISPATCH,
     ITEM_COLS,
     POLL,
@@ -114,6 +116,14 @@ class MegakernelSettings:
     #: lone dot projections, or :data:`QUANT_GEMV_STAGES` everywhere in a step of quantized GEMVs
     #: (:func:`resolve_stages`, :func:`branch_stages`)
     stages: int | str | None = None
+    #: when a program loads its next item's descriptor: before the item runs (``held``) or after
+    #: its release (``after``; :data:`pto.codegen.triton.megakernel.AHEAD`); None: ``PTO_MK_AHEAD``,
+    #: else :data:`DEFAULT_AHEAD`
+    ahead: str | None = None
+    #: how the kernel calls its branches: ``inline`` or ``noinline`` (each a function of its own,
+    #: nothing hoisted across branches; :data:`pto.codegen.triton.megakernel.CALLS`); None:
+    #: ``PTO_MK_CALLS``, else :data:`DEFAULT_CALLS`
+    calls: str | None = None
     #: the warps of a program, in place of the most any branch's schedule asks for (:func:`merged`):
     #: one of :data:`WARPS` (None: ``PTO_MK_WARPS``, else the branches' most; :func:`resolve_warps`)
     warps: int | None = None
@@ -128,6 +138,13 @@ DEFAULT_POLL = "one"
 #: the L2 prefetch where the settings and environment do not say: off (on SmolLM2's step on an
 #: H200 0.5768 against 0.5774 ms without: no measured gain, docs/PERF.md)
 DEFAULT_PREFETCH = 0
+#: the look-ahead where the settings and environment do not say: ``held`` (``after`` frees the
+#: registers of the next item's descriptor in every branch, about 17 in the 8B's quantized GEMV
+#: loops compiled for sm_90: docs/PERF.md, "Thirty-seventh session"; not yet timed on a GPU)
+DEFAULT_AHEAD = "held"
+#: the branch calls where the settings and environment do not say: ``inline`` (``noinline`` keeps
+#: each branch's thread-index values out of the others' items; not yet timed on a GPU)
+DEFAULT_CALLS = "inline"
 #: the settings of ``PTO_MK_INLINE`` (:attr:`MegakernelSettings.inline`, :mod:`pto.exec.inline`)
 INLINE = ("off", "on")
 #: inline items where the settings and environment do not say: off (measured slower on an H200,
@@ -181,6 +198,16 @@ def resolve_dispatch(choice: str | None) -> str:
 def resolve_poll(choice: str | None) -> str:
     """``choice``, else ``PTO_MK_POLL``, else :data:`DEFAULT_POLL`."""
     return env_choice(choice, "PTO_MK_POLL", DEFAULT_POLL, POLL, "poll")
+
+
+def resolve_ahead(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_AHEAD``, else :data:`DEFAULT_AHEAD`."""
+    return env_choice(choice, "PTO_MK_AHEAD", DEFAULT_AHEAD, AHEAD, "look-ahead")
+
+
+def resolve_calls(choice: str | None) -> str:
+    """``choice``, else ``PTO_MK_CALLS``, else :data:`DEFAULT_CALLS`."""
+    return env_choice(choice, "PTO_MK_CALLS", DEFAULT_CALLS, CALLS, "branch calls")
 
 
 def resolve_inline(choice: str | None) -> str:
@@ -504,6 +531,8 @@ class Megakernel:
         self.max_polls = settings.max_polls  # tests lower it to provoke a give-up
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
+        self.ahead = resolve_ahead(settings.ahead)
+        self.calls = resolve_calls(settings.calls)
         #: inline items (:mod:`pto.exec.inline`): asked, and not in the sentinel's kernel (whose
         #: releases count tasks); with ranged dispatch only
         self.inline = resolve_inline(settings.inline) == "on" and not settings.sentinel
@@ -557,7 +586,7 @@ class Megakernel:
         def render(stages: dict[str, int]) -> MegaKernel:
             return render_megakernel(self.plan.branches, self.options, sentinel=s.sentinel,
                                      ignore=s.ignore, stages=stages, dispatch=self.dispatch, poll=self.poll,
-                                     inline=self.inline)
+                                     inline=self.inline, ahead=self.ahead, calls=self.calls)
 
         self.stages = want
         self.rendered = render(want)
@@ -795,7 +824,8 @@ class Megakernel:
 
 
 __all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
-           "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
+           "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_AHEAD", "resolve_ahead",
+           "DEFAULT_CALLS", "resolve_calls", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "WARPS", "resolve_warps",
            "LONE_DOT_STAGES", "FEW_ROWS", "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized",
            "STEPS_MAX_BITS",

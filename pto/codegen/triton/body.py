@@ -336,7 +336,7 @@ class BodyRenderer(TileOps):
     """Walks a specialized InCore function's body into Triton source lines."""
 
     def __init__(self, fn: IncoreFunction, opts: RenderOptions, stages: int | None = None,
-                 megakernel: bool = False, runs: bool = False, prefetch: bool = True):
+                 megakernel: bool = False, runs: bool = False, prefetch: bool = True, noinline: bool = False):
         # Triton 3.6's pipelining and a multiplied tile read otherwise: the other readers' own load
         fn, self.copies = separate_operand_loads(fn)
         #: the megakernel's form (:data:`MK_PARAMS`): the function waits for its task's
@@ -359,6 +359,9 @@ class BodyRenderer(TileOps):
         #: (the megakernel's form) the L2 prefetch before the wait is rendered (``PREFETCH`` picks
         #: its level at compile time); False: this branch's tasks do not prefetch
         self.l2 = prefetch
+        #: (the megakernel's form) the device function is compiled as a function of its own, not
+        #: inlined into the kernel (:data:`pto.codegen.triton.megakernel.CALLS`)
+        self.noinline = noinline and megakernel
         self.withheld = False  # a prefetch the body would have had is left out (not ``l2``)
         self.fn = fn
         self.opts = opts
@@ -765,7 +768,8 @@ class BodyRenderer(TileOps):
             helpers += quant_groups.render_int_dots(self.opts.asm)
         if any(self.half_dots(FORMATS[f]) for f in grouped):
             helpers += quant_groups.render_half_dots(self.opts.asm)
-        return name, helpers + [f"@triton.jit\ndef {name}(\n        {sig}):"] + self.lines
+        jit = "@triton.jit(noinline=True)" if self.noinline else "@triton.jit"
+        return name, helpers + [f"{jit}\ndef {name}(\n        {sig}):"] + self.lines
 
     def body(self, stmts: tuple, frames: list) -> None:
         for idx, s in enumerate(stmts):

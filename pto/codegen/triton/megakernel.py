@@ -84,6 +84,17 @@ DISPATCH = ("queue", "static", "stream")
 #: every thread takes the same branch after a wait that gave up (docs/ARCHITECTURE.md, "The wait").
 #: Under the interpreter both are the atomic poll
 POLL = ("one", "every")
+#: when a program loads its next item's descriptor (and the first block of the current item's
+#: release row): ``held``, before it runs the current item, so those loads' latency hides behind
+#: the work (their values live across the item: about 17 registers in a GEMV's loop); ``after``,
+#: after the current item's release, nothing of them live across the item (a load's latency an
+#: item, on the descriptor's cache line)
+AHEAD = ("held", "after")
+#: how the kernel calls the branches' device functions: ``inline`` (Triton's default: the
+#: compiler may hoist any branch's values computed from the thread index alone out of the run
+#: loop, so all branches' stay live in every item) or ``noinline`` (each a function of its own:
+#: nothing moves across a branch, at a call's cost an item)
+CALLS = ("inline", "noinline")
 #: int64 columns of an item's descriptor: task, parallel index, branch, table row, has
 #: predecessors, and the parallel indices it runs from its own (1; a run branch's run, :attr:`Branch.runs`)
 ITEM_COLS = 8
@@ -239,10 +250,29 @@ def _wait_lines(poll: str) -> list[str]:
     ]
 
 
+#: the kernel's arguments and their Triton types (the contract in the module docstring)
+_ARGS = {"items": "*i64", "n_items": "i32", "nxt": "*i32", "stream": "*i64", "task_branch": "*i32", "task_row": "*i64",
+         "tab": "*i32", "task_tensor": "*i32", "ptrs": "*i64", "strides": "*i64", "task_ptr": "*i64",
+         "task_stride": "*i64", "pending": "*i32", "done": "*i32", "nitems": "*i32", "succ_ptr": "*i32",
+         "succ": "*i32", "err": "*i32", "trace": "*i64", "clock": "*i32", "tracing": "i32"}
+_SENTINEL_ARGS = {"spend": "*i32", "sread": "*i64", "swrite": "*i64", "stab": "*i32"}
+_INLINE_ARGS = {"inl_cnt": "*i64", "inl_item": "*i64"}
+_CONSTEXPRS = ("MAXM", "MAX_POLLS", "SUCC_BLOCK", "GPU_CLOCK", "PREFETCH")
+
+
+def kernel_signature(sentinel: bool = False, inline: bool = False) -> dict[str, str]:
+    """The rendered kernel's parameters in order, each its Triton type (``constexpr`` for the
+    compile-time ones): what a compile without a launch (``triton.compile`` of an ``ASTSource``)
+    needs; ``sentinel``, ``inline``: as :func:`render_megakernel` was given them."""
+    return {**_ARGS, **(_SENTINEL_ARGS if sentinel else {}), **(_INLINE_ARGS if inline else {}),
+            **dict.fromkeys(_CONSTEXPRS, "constexpr")}
+
+
 def render_megakernel(branches: list[Branch], options: RenderOptions | None = None,
                       sentinel: bool = False, ignore: frozenset[int] = frozenset(),
                       stages: dict[str, int] | None = None, dispatch: str = "queue",
-                      poll: str = "one", inline: bool = False) -> MegaKernel:
+                      poll: str = "one", inline: bool = False, ahead: str = "held",
+                      calls: str = "inline") -> MegaKernel:
     """The source of the persistent kernel that dispatches ``branches`` (branch id = index);
     ``sentinel``: also record every task's first non-finite input and output element (NaN and
     the infinities whose codes are not in ``ignore``, :mod:`pto.codegen.triton.scan`);
@@ -250,31 +280,39 @@ def render_megakernel(branches: list[Branch], options: RenderOptions | None = No
     counter (:data:`POLL`); ``inline``: a program whose release ends the count of a counter that
     one item waits on runs that item next (:mod:`pto.exec.inline`; ranged dispatch, no sentinel:
     the kernel takes the parameters ``inl_cnt`` and ``inl_item``, per release row its inline
-    counter and that counter's item's table index, or -1)."""
+    counter and that counter's item's table index, or -1); ``ahead``: when a program loads its
+    next item's descriptor (:data:`AHEAD`); ``calls``: how it calls the branches (:data:`CALLS`)."""
     if dispatch not in DISPATCH:
         raise ValueError(f"unknown dispatch {dispatch!r} (choose {', '.join(DISPATCH)})")
     if poll not in POLL:
         raise ValueError(f"unknown poll {poll!r} (choose {', '.join(POLL)})")
+    if ahead not in AHEAD:
+        raise ValueError(f"unknown look-ahead {ahead!r} (choose {', '.join(AHEAD)})")
+    if calls not in CALLS:
+        raise ValueError(f"unknown branch calls {calls!r} (choose {', '.join(CALLS)})")
     if inline and (sentinel or dispatch == "queue"):
         raise ValueError("inline items need ranged dispatch and no sentinel")
-    devices, calls = _branch_calls(branches, options or RenderOptions(), stages or {})
+    devices, branch_calls = _branch_calls(branches, options or RenderOptions(), stages or {}, calls == "noinline")
     maxm = max((len(b.fn.memrefs) for b in branches), default=1) or 1
-    body = _kernel_lines(calls, sentinel, dispatch != "queue", inline)
+    body = _kernel_lines(branch_calls, sentinel, dispatch != "queue", inline, ahead == "held")
     scans = scan_functions([b.fn for b in branches], ignore) if sentinel else []
     src = file_source(f"Generated by pto.codegen.triton.megakernel: a persistent kernel over {len(branches)} "
-                      "InCore branches." + (" With the non-finite sentinel." if sentinel else ""),
+                      "InCore branches." + (" With the non-finite sentinel." if sentinel else "")
+                      + (" Branches not inlined." if calls == "noinline" else "")
+                      + (" The next item's descriptor loaded after the release." if ahead == "after" else ""),
                       [_CLOCK, _wait_lines(poll), *devices.values(), *scans, body])
     return MegaKernel(KERNEL, src, hashlib.sha256(src.encode()).hexdigest()[:20], tuple(branches), maxm)
 
 
-def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str, int]):
-    """The device functions (name -> lines) and, per branch, ``(id, the loads of its memrefs'
-    pointers and strides, the call of its device function)``."""
+def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str, int], noinline: bool = False):
+    """The device functions (name -> lines; ``noinline``: each compiled as a function of its own)
+    and, per branch, ``(id, the loads of its memrefs' pointers and strides, the call of its device
+    function)``."""
     devices: dict[str, list[str]] = {}
     calls = []
     for k, b in enumerate(branches):
         r = BodyRenderer(b.fn, replace(opts, pre=b.early), stages.get(b.fn.variant_name), megakernel=True,
-                         runs=b.runs, prefetch=b.prefetch)
+                         runs=b.runs, prefetch=b.prefetch, noinline=noinline)
         name, lines = r.device_function()
         if devices.setdefault(name, lines) != lines:  # (the name must say all that shapes the body)
             raise BuildError(f"megakernel: two branches render different bodies as {name}")
@@ -298,12 +336,14 @@ def _branch_calls(branches: list[Branch], opts: RenderOptions, stages: dict[str,
     return devices, calls
 
 
-def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = False) -> list[str]:
+def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = False, held: bool = True) -> list[str]:
     """The kernel: take an item, dispatch on its branch (whose device function waits for the
     task's predecessors after its early loads), complete it (see the module docstring);
     ``ranged``: a program runs a range of the item table (static and stream dispatch);
     ``inline``: and the items its releases make ready where one item waits (``s_next``: the
-    stream's next index, which an inline item does not advance)."""
+    stream's next index, which an inline item does not advance); ``held``: the next item's
+    descriptor and the release row's first block are loaded before the item runs (else after its
+    release, :data:`AHEAD`)."""
     if ranged:
         first = ["    i = tl.load(stream + tl.program_id(0))", "    end = tl.load(stream + tl.program_id(0) + 1)"]
         then = "i + 1"
@@ -313,6 +353,18 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = Fals
     else:
         first = ["    i = tl.atomic_add(nxt, 1, sem=\"relaxed\")", "    end = n_items"]
         then = "tl.atomic_add(nxt, 1, sem=\"relaxed\")"
+    if held:
+        ahead = [
+            "        # take the next item now (a queue atomic's result is broadcast behind a barrier: its",
+            "        # round trip overlaps the wait; still deadlock-free, docs/ARCHITECTURE.md), and load its",
+            "        # descriptor and this task's successors (with the sentinel its item count too): loads in",
+            "        # flight while the item waits and runs",
+            f"        i_next = {then}",
+            *_descriptor_lines("        ", "i_next", "dn", "_n"),
+        ]
+    else:
+        ahead = ["        # this task's successors (with the sentinel its item count too); the next item is taken",
+                 "        # after the release, so nothing of it is live while this one runs"]
     body = [
         "# (``tracing`` is a run-time switch: not specialized on its value, one compiled kernel serves both)",
         "@triton.jit(do_not_specialize=[\"tracing\"])",
@@ -333,22 +385,11 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = Fals
         "    # one row of zeros when there are none, and stops)",
         *_descriptor_lines("    ", "i", "d", ""),
         "    while running:",
-        "        # take the next item now (a queue atomic's result is broadcast behind a barrier: its",
-        "        # round trip overlaps the wait; still deadlock-free, docs/ARCHITECTURE.md), and load its",
-        "        # descriptor and this task's successors (with the sentinel its item count too): loads in",
-        "        # flight while the item waits and runs",
-        f"        i_next = {then}",
-        *_descriptor_lines("        ", "i_next", "dn", "_n"),
+        *ahead,
         *(["        want = tl.load(nitems + task)"] if sentinel else []),
         "        s0 = tl.load(succ_ptr + rrow)",
         "        s1 = tl.load(succ_ptr + rrow + 1)",
-        *([] if sentinel else [
-            "        # the first block of successors too: the release after the item waits for no load",
-            "        first = s0 + tl.arange(0, SUCC_BLOCK)",
-            "        ids0 = tl.load(succ + first, mask=first < s1, other=0)",
-            *(["        # the row's inline counter (-1: none) and its item's table row",
-               "        ic = tl.load(inl_cnt + rrow)",
-               "        it = tl.load(inl_item + rrow)"] if inline else [])]),
+        *([] if sentinel or not held else _release_row_lines("        ", inline)),
         "        row = tab + roff",
         "        tptr = task_ptr + task.to(tl.int64) * MAXM",
         "        tstride = task_stride + task.to(tl.int64) * MAXM",
@@ -361,7 +402,21 @@ def _kernel_lines(calls: list, sentinel: bool, ranged: bool, inline: bool = Fals
         body += [f"            {line}" for line in loads]
         body.append(f"            {call}")
     tail = ["    if taken > 0:", "        tl.atomic_add(nxt, taken, sem=\"relaxed\")"] if ranged else []
-    return body + _completion_lines(sentinel, inline) + tail
+    return body + _completion_lines(sentinel, inline, held, then) + tail
+
+
+def _release_row_lines(indent: str, inline: bool) -> list[str]:
+    """The loads of the first block of the item's release row (``ids0``; ``inline``: and the row's
+    inline counter and its item), which the releases (:data:`_ITEM_RELEASES`,
+    :data:`_INLINE_RELEASES`) read."""
+    out = ["# the first block of successors too: the release after the item waits for no load",
+           "first = s0 + tl.arange(0, SUCC_BLOCK)",
+           "ids0 = tl.load(succ + first, mask=first < s1, other=0)"]
+    if inline:
+        out += ["# the row's inline counter (-1: none) and its item's table row",
+                "ic = tl.load(inl_cnt + rrow)",
+                "it = tl.load(inl_item + rrow)"]
+    return [indent + line for line in out]
 
 
 def _descriptor_lines(indent: str, index: str, ptr: str, suffix: str) -> list[str]:
@@ -419,16 +474,20 @@ _INLINE_RELEASES = [
 ]
 
 
-def _next_lines(inline: bool) -> list[str]:
-    """After an item's release: the stream's next item, or (``inline``) first the inline item
+def _next_lines(inline: bool, held: bool, then: str) -> list[str]:
+    """After an item's release: the stream's next item (``held``: its descriptor loaded before
+    the item ran, else loaded now; ``then``: its index), or (``inline``) first the inline item
     the release made ready, whose counter this program saw end (so it does not poll) and which
     leaves the stream where it was."""
-    advance = [
-        "i = i_next",
-        "running = i < end",
-        "task, p, branch, roff, waits, n = task_n, p_n, branch_n, roff_n, waits_n, n_n",
-        "cnt, rrow = cnt_n, rrow_n",
-    ]
+    if held:
+        advance = [
+            "i = i_next",
+            "running = i < end",
+            "task, p, branch, roff, waits, n = task_n, p_n, branch_n, roff_n, waits_n, n_n",
+            "cnt, rrow = cnt_n, rrow_n",
+        ]
+    else:
+        advance = [f"i = {then}", "running = i < end", *_descriptor_lines("", "i", "d", "")]
     if not inline:
         return [f"            {line}" for line in advance[:1] + ["taken += 1"] + advance[1:]]
     return [
@@ -440,15 +499,17 @@ def _next_lines(inline: bool) -> list[str]:
         "                ready = cnt",
         "            else:",
         *[f"                {line}" for line in advance],
-        "                s_next = i_next + 1",
+        f"                s_next = {'i_next' if held else 'i'} + 1",
     ]
 
 
-def _completion_lines(sentinel: bool, inline: bool = False) -> list[str]:
+def _completion_lines(sentinel: bool, inline: bool, held: bool, then: str) -> list[str]:
     """The end of an item: its trace record, the successors' release (each item's, or with the
-    sentinel the task's last item's), the next item; or, after a wait that gave up, the error and
-    the stop."""
+    sentinel the task's last item's; ``held``: the release row's first block loaded before the
+    item, else now), the next item (:func:`_next_lines`); or, after a wait that gave up, the
+    error and the stop."""
     releases = _LAST_RELEASES if sentinel else _INLINE_RELEASES if inline else _ITEM_RELEASES
+    row = [] if sentinel or held else _release_row_lines("            ", inline)
     return [
         "        if ok != 0:",
         "            ready = cnt",
@@ -458,10 +519,11 @@ def _completion_lines(sentinel: bool, inline: bool = False) -> list[str]:
         "                tl.store(trace + 3 * i + 1, t1)",
         "                sm = _sm(GPU_CLOCK).to(tl.int64)",
         "                tl.store(trace + 3 * i + 2, tl.program_id(0).to(tl.int64) + (sm << 32))",
+        *row,
         "            # every thread's stores before the release",
         "            tl.debug_barrier()",
         *releases,
-        *_next_lines(inline),
+        *_next_lines(inline, held, then),
         "        else:",
         "            # the wait exceeded its bound (or another program's did): the first to give up",
         "            # reports the task it waited on; every program stops",
@@ -542,5 +604,6 @@ def fit_megakernel(branches: list[Branch], stages: dict[str, int], shared: Calla
                 cur[v] -= 1
 
 
-__all__ = ["Branch", "MegaKernel", "render_megakernel", "KERNEL", "DISPATCH", "POLL", "ITEM_COLS",
+__all__ = ["Branch", "MegaKernel", "render_megakernel", "kernel_signature", "KERNEL", "DISPATCH", "POLL", "AHEAD",
+           "CALLS", "ITEM_COLS",
            "fit_megakernel", "stage_bytes", "shared_estimate"]
