@@ -5,7 +5,7 @@ sm_90 by Triton's compiler and read back with its bundled ``cuobjdump``.
 
     python bench/megakernel_sass.py [--config llama3-8b] [--quant q4_k/q6_k] [--batch 1]
         [--cache 1024] [--variants 'base|;after|PTO_MK_AHEAD=after;calls|PTO_MK_CALLS=noinline']
-        [--python /tmp/t36/bin/python] [--json FILE]
+        [--python /tmp/t36/bin/python] [--branches] [--json FILE]
 
 A variant is ``NAME|ENV`` (space-separated ``KEY=VALUE`` settings of the megakernel's environment:
 ``PTO_MK_AHEAD``, ``PTO_MK_CALLS``, ``PTO_MK_STRIDES``, ``PTO_MK_SPLIT``, ``PTO_PER_SM``,
@@ -17,7 +17,8 @@ its branches, warps, the register cap, registers, the stack a thread (spills: lo
 local loads and stores in its SASS and those of them in a loop other than the run loop over the
 items (``hot``: a GEMV's K loop, a wait's poll: they cost every trip), its calls (branches not
 inlined are calls), its SASS instructions, and the programs a multiprocessor its registers and
-warps allow.
+warps allow; ``--branches``: each branch of a segment compiled alone too (a kernel of one branch,
+the segment's warps and cap), which says which branches set the kernel's registers.
 ``--python``: the interpreter whose Triton compiles (the GPU machine's version, 3.6: a scratch venv
 with ``triton==3.6.0`` installed will do). Numbers go in docs/PERF.md (issue 45)."""
 
@@ -122,9 +123,10 @@ def h200_backend():
     return be
 
 
-def segment_jobs(graph, strides, tag: str, folder: Path) -> list[dict]:
-    """The compile jobs of the step's megakernels (one a segment of the split plan) under the
-    current environment's settings, planned and rendered as the persistent executor and
+def segment_jobs(graph, strides, tag: str, folder: Path, alone: bool = False) -> list[dict]:
+    """The compile jobs of the step's megakernels (one a segment of the split plan; ``alone``: and
+    one of each branch of a segment by itself, at the segment's warps) under the current
+    environment's settings, planned and rendered as the persistent executor and
     :class:`pto.backends.triton.megakernel.Megakernel` plan and render them on an H200 (the
     pipeline stages before the fit to shared memory, which needs a GPU: a step of quantized
     GEMVs runs one stage, which fits)."""
@@ -177,20 +179,27 @@ def segment_jobs(graph, strides, tag: str, folder: Path) -> list[dict]:
                        run_loop=run_loop_of(seg, be.options.run_loop))
         stages = branch_stages(seg, configs, SMS, s.stages)
         dispatch = resolve_dispatch(s.dispatch)
-        kernel = render_megakernel(seg.branches, opts, stages=stages, dispatch=dispatch, poll=resolve_poll(s.poll),
-                                   ahead=resolve_ahead(s.ahead), calls=resolve_calls(s.calls))
         per_sm = per_sm_of(s.per_sm, k)
-        options = {k: v for k, v in cfg.kwargs().items() if k != "GROUP"}
+        options = {key: v for key, v in cfg.kwargs().items() if key != "GROUP"}
         if isinstance(per_sm, int) and per_sm > 0:  # (as Megakernel.consts caps them)
             options["maxnreg"] = min(255, 65536 // (per_sm * 32 * cfg.num_warps) // 8 * 8)
-        path = folder / f"{tag}_{k}.py"
-        path.write_text(kernel.source)
-        out.append({"tag": f"{tag}/{k}", "path": str(path), "name": kernel.name, "signature": kernel_signature(),
-                    "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
-                                   "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": True,
-                                   "PREFETCH": 1 if prefetch == "light" else int(prefetch)},
-                    "options": options, "branches": len(seg.branches), "items": seg.n_items,
-                    "functions": sorted({b.fn.name for b in seg.branches})})
+        # the segment's kernel, then (``alone``) each of its branches in a kernel of its own
+        kernels = [(f"{tag}/{k}", seg.branches, seg.n_items)]
+        if alone:
+            counts = np.bincount(seg.items[:, 0], minlength=seg.n_tasks)  # (items a task)
+            kernels += [(f"{tag}/{k}:{b.fn.variant_name}", [b], int(counts[seg.task_branch == j].sum()))
+                        for j, b in enumerate(seg.branches)]
+        for job_tag, branches, items in kernels:
+            kernel = render_megakernel(branches, opts, stages=stages, dispatch=dispatch, poll=resolve_poll(s.poll),
+                                       ahead=resolve_ahead(s.ahead), calls=resolve_calls(s.calls))
+            path = folder / (re.sub(r"\W", "_", job_tag) + ".py")
+            path.write_text(kernel.source)
+            out.append({"tag": job_tag, "path": str(path), "name": kernel.name, "signature": kernel_signature(),
+                        "constexprs": {"MAXM": kernel.max_memrefs, "MAX_POLLS": 1 << 24,
+                                       "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": True,
+                                       "PREFETCH": 1 if prefetch == "light" else int(prefetch)},
+                        "options": options, "branches": len(branches), "items": items,
+                        "functions": sorted({b.fn.name for b in branches})})
     return out
 
 
@@ -232,6 +241,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose Triton compiles")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--branches", action="store_true", help="also compile each branch alone (a kernel of one)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -244,7 +254,7 @@ def main(argv=None) -> int:
             jobs = []
             for name, settings in variants:
                 with environment(settings):
-                    for job in segment_jobs(graph, strides, re.sub(r"\W", "_", name), folder):
+                    for job in segment_jobs(graph, strides, re.sub(r"\W", "_", name), folder, args.branches):
                         jobs.append({**job, "variant": name})
             got = compile_jobs(jobs, folder, args.python, args.workers)
             for job, res in zip(jobs, got):
@@ -253,14 +263,14 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
     finally:
         graph.close()
-    head = f"{'variant':<12} {'segment':<16} {'branches':>8} {'warps':>5} {'cap':>4} {'regs':>4} {'stack':>5} " \
+    head = f"{'variant':<12} {'segment':<36} {'branches':>8} {'warps':>5} {'cap':>4} {'regs':>4} {'stack':>5} " \
            f"{'LDL':>4} {'STL':>4} {'hot':>4} {'calls':>5} {'SASS':>6} {'per SM':>6}"
     print(f"\n{args.config} {args.quant}, batch {args.batch}, cache {args.cache}\n{head}")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<12} {r['segment']:<16} {r['error'][:80]}")
+            print(f"{r['variant']:<12} {r['segment'][:36]:<36} {r['error'][:80]}")
             continue
-        print(f"{r['variant']:<12} {r['segment']:<16} {r['branches']:>8} {r['warps']:>5} {r['maxnreg'] or '-':>4} "
+        print(f"{r['variant']:<12} {r['segment'][:36]:<36} {r['branches']:>8} {r['warps']:>5} {r['maxnreg'] or '-':>4} "
               f"{r['regs']:>4} {r['stack']:>5} {r['local_loads']:>4} {r['local_stores']:>4} {r['hot_local']:>4} "
               f"{r['calls']:>5} {r['sass']:>6} {r['programs_per_sm']:>6}")
     if args.json:
