@@ -248,7 +248,8 @@ export PYTHONPATH=/tmp/site:$PWD PTO_CACHE_DIR=${PTO_CACHE_DIR:-/tmp/ptocache} P
 BENCH="python3 -m pto.cli bench llama7b --config 7b --dtype bf16 --iterations ${ITER:-20}"
 # the register study's forms of the megakernel together (mkregs)
 MKR_ENV=${MKR_ENV:-PTO_MK_AHEAD=after PTO_MK_CALLS=noinline PTO_MK_STRIDES=constant}
-# mk_envs ENVS QUANT TAG: the persistent steps at one sequence of the three models in QUANT (bench/decode.py's
+# mk_envs ENVS QUANT TAG: the persistent steps at one sequence ($MK_BATCHES: those batches) of the three models
+# ($MK_CONFIGS: those) in QUANT (bench/decode.py's
 # --quant) under each ";"-separated environment of ENVS, then the defaults with the waves beside them, each with
 # its megakernels' registers, spills, programs a multiprocessor and warps
 mk_envs() {
@@ -257,7 +258,8 @@ mk_envs() {
   envs+=("")  # (the defaults last, in the same call)
   for e in "${envs[@]}"; do
     k=$((k + 1)); ex=persistent; [ -z "$e" ] && ex=waves,persistent
-    env $e python3 bench/decode.py --configs llama3-8b,llama3.2-1b,smollm2-135m --batches 1 --long 0 \
+    env $e python3 bench/decode.py --configs ${MK_CONFIGS:-llama3-8b,llama3.2-1b,smollm2-135m} \
+      --batches ${MK_BATCHES:-1} --long 0 \
       --steps 32 --executors $ex --hf-configs none --prefill 0 --quant "$2" \
       --json "$OUT/$3_$k.json" > "$OUT/$3_$k.log" 2>&1
     echo "[${e:-defaults}] rc=$?"; grep -h " B=" "$OUT/$3_$k.log" | cut -c1-80
