@@ -790,7 +790,8 @@ for line in open(sys.argv[1]):
                "${RL_QUANT:-llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}" mkwarps ;;
     mkregs) # issue 45: the register-saving forms (bench/megakernel_sass.py, PERF.md thirty-eighth) checked, then timed
             env $MKR_ENV python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_gpu.py \
-              tests/gpu/test_quant_gpu.py -k persistent > "$OUT/mkregs_tests.log" 2>&1
+              tests/gpu/test_quant_gpu.py tests/gpu/test_decode_gpu.py::test_more_makes_room_while_the_megakernel_does_not_spill \
+              -k "persistent or more_makes_room" > "$OUT/mkregs_tests.log" 2>&1
             echo "[$MKR_ENV] tests rc=$?"; tail -2 "$OUT/mkregs_tests.log"
             mk_envs "${MKW_ENVS:-$MKR_ENV}" \
               "${RL_QUANT:-bf16,llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}" mkregs ;;

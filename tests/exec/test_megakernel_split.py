@@ -139,11 +139,13 @@ def test_per_sm_is_per_segment(monkeypatch):
     assert (per_sm_of(None, 0), per_sm_of(None, 1), per_sm_of(None, 2)) == (2, 1, 1)
     monkeypatch.setenv("PTO_PER_SM", "auto,0")
     assert (per_sm_of(None, 0), per_sm_of(None, 1)) == ("auto", None)
+    monkeypatch.setenv("PTO_PER_SM", "more,2")  # (room for more while the kernel does not spill)
+    assert (per_sm_of(None, 0), per_sm_of(None, 1)) == ("more", 2)
     monkeypatch.delenv("PTO_PER_SM")
     assert per_sm_of(None, 0) == per_sm_of(None, 3) == "auto" and per_sm_of(("auto", 2), 1) == 2
     monkeypatch.setenv("PTO_PER_SM", "0")  # as many as the compiled kernel allows, no room made
     assert per_sm_of(None, 0) is None
-    for bad in ("two", "2,-1", "auto,x", "2,"):
+    for bad in ("two", "2,-1", "auto,x", "2,", "most"):
         monkeypatch.setenv("PTO_PER_SM", bad)
         with pytest.raises(UsageError, match=rf"PTO_PER_SM='{bad}': programs per multiprocessor"):
             per_sm_of(None, 0)

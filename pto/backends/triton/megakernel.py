@@ -215,7 +215,6 @@ def resolve_inline(choice: str | None) -> str:
     return env_choice(choice, "PTO_MK_INLINE", DEFAULT_INLINE, INLINE, "inline")
 
 
-
 #: ``PTO_PER_SM=auto`` (the default): as many programs as the compiled kernel allows, and where
 #: that is one and the kernel runs at most :data:`ROOM_WARPS` warps a program, room for a second
 #: (its pipelines lowered to half the shared memory, its registers capped to half the file), kept
@@ -225,20 +224,28 @@ def resolve_inline(choice: str | None) -> str:
 #: by default"); wider programs (the prefill GEMMs' 8 warps) keep their pipelines
 AUTO = "auto"
 ROOM_WARPS = 4
+#: ``PTO_PER_SM=more``: as many programs as the compiled kernel allows, then room for one more a
+#: multiprocessor (registers capped to that share, pipelines lowered to fit), again while the
+#: kernel so built compiles without spills: the kernel of the register-saving forms
+#: (``PTO_MK_AHEAD=after``, ``PTO_MK_CALLS=noinline``, ``PTO_MK_STRIDES=constant``) of the 8B's
+#: and the 1B's Q4_K steps at 3 programs where uncapped it allows 2 (docs/PERF.md, "Thirty-eighth
+#: session"); a compile each step, so not the default until timed
+MORE = "more"
 
 
 def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None:
     """The programs a multiprocessor that ``asked`` (the settings', else ``PTO_PER_SM``: ``auto``,
-    ``2``, or one per segment, ``2,0``) makes room for in segment ``segment`` (the last entry
-    repeats): a count, None (0) for as many as the compiled kernel allows, :data:`AUTO`
-    (unset); UsageError naming a bad ``PTO_PER_SM``."""
+    ``more``, ``2``, or one per segment, ``2,0``) makes room for in segment ``segment`` (the last
+    entry repeats): a count, None (0) for as many as the compiled kernel allows, :data:`AUTO`
+    (unset) or :data:`MORE`; UsageError naming a bad ``PTO_PER_SM``."""
     if asked is None:
         text = os.environ.get("PTO_PER_SM", "").strip() or AUTO
         parts = [p.strip() for p in text.split(",")]
-        if not all(p.isdigit() or p == AUTO for p in parts):
+        if not all(p.isdigit() or p in (AUTO, MORE) for p in parts):
             raise UsageError(f"PTO_PER_SM={text!r}: programs per multiprocessor, one number or one per segment of a "
-                             "split plan (e.g. 2 or 2,0; 0: as many as fit; auto: room for a second where one fits)")
-        asked = tuple(p if p == AUTO else int(p) for p in parts)
+                             "split plan (e.g. 2 or 2,0; 0: as many as fit; auto: room for a second where one fits; "
+                             "more: room for more while the kernel does not spill)")
+        asked = tuple(p if p in (AUTO, MORE) else int(p) for p in parts)
     if not isinstance(asked, tuple):
         return asked or None
     return asked[min(segment, len(asked) - 1)] or None
@@ -541,7 +548,7 @@ class Megakernel:
                              "(PTO_DISPATCH=static or stream), not the queue")
         asked = per_sm_of(settings.per_sm, settings.segment)
         #: the programs a multiprocessor this kernel made room for (None: as many as it allows)
-        self.per_sm: int | None = None if asked == AUTO else asked
+        self.per_sm: int | None = None if asked in (AUTO, MORE) else asked
         #: the kernel launched before this one (a split plan's previous segment): its logical
         #: clock is this one's, so the interpreter's trace ticks order the segments' items
         self.after = after
@@ -571,6 +578,8 @@ class Megakernel:
             self.programs = self._resident_programs()
             if asked == AUTO:
                 self._room_for_two(configs)
+            elif asked == MORE:
+                self._room_for_more(configs)
             self._upload_streams()
         except Exception as e:
             one_line = self._translated(e)
@@ -608,23 +617,42 @@ class Megakernel:
         runs at most :data:`ROOM_WARPS` warps, rebuild it with room for two; keep that unless it
         spills, cannot fit or holds fewer (then the kernel as it was)."""
         if not (self.compiles and self.compiled_info.get("programs_per_sm") == 1
-                and self.config.num_warps <= ROOM_WARPS and not self.settings.programs
-                and not _env_count("PTO_PROGRAMS")):
+                and self.config.num_warps <= ROOM_WARPS and self._count_free()):
             return
-        kept = (self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf)
-        self.per_sm = 2
+        self._try_room(configs, 2)
+
+    def _room_for_more(self, configs: list[LaunchConfig]) -> None:
+        """:data:`MORE`: rebuild the kernel with room for one more program a multiprocessor than
+        it holds, while that kernel compiles without spills and holds them (each step kept only
+        so; the threads of a multiprocessor bound the count)."""
+        if not (self.compiles and self._count_free()):
+            return
+        while True:
+            more = self.compiled_info["programs_per_sm"] + 1
+            if more * self.config.num_warps > 64 or more > 32 or not self._try_room(configs, more):
+                return
+
+    def _count_free(self) -> bool:
+        """No count of programs is asked for (the settings' ``programs``, ``PTO_PROGRAMS``)."""
+        return not self.settings.programs and not _env_count("PTO_PROGRAMS")
+
+    def _try_room(self, configs: list[LaunchConfig], per_sm: int) -> bool:
+        """Rebuild the kernel with room for ``per_sm`` programs a multiprocessor; keep it (True)
+        unless it spills, cannot fit or holds fewer (then the kernel as it was, False)."""
+        kept = (self.per_sm, self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf)
+        self.per_sm = per_sm
         try:
             self._build(configs)
             self.jit = load_kernel(self.rendered)
             self.programs = self._resident_programs()
-            if self.compiled_info["spills"] == 0 and self.compiled_info["programs_per_sm"] >= 2:
-                return
-        except Exception as e:  # one stage everywhere is still more than half the shared memory, or
-            # Triton found no way to compile it in half the registers
+            if self.compiled_info["spills"] == 0 and self.compiled_info["programs_per_sm"] >= per_sm:
+                return True
+        except Exception as e:  # one stage everywhere is still more than that share of the shared
+            # memory, or Triton found no way to compile it in that share of the registers
             if not isinstance(e, ResourceError) and self._translated(e) is e:
                 raise
-        self.per_sm = None
-        self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf = kept
+        self.per_sm, self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf = kept
+        return False
 
     @property
     def compiles(self) -> bool:
@@ -823,7 +851,7 @@ class Megakernel:
         return self.buf["sread"].cpu().numpy()[:n], self.buf["swrite"].cpu().numpy()[:n]
 
 
-__all__ = ["AUTO", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
+__all__ = ["AUTO", "MORE", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_AHEAD", "resolve_ahead",
            "DEFAULT_CALLS", "resolve_calls", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "WARPS", "resolve_warps",
