@@ -16,9 +16,12 @@ multiprocessor where one fits: that second compile is a variant with ``PTO_PER_S
 its branches, warps, the register cap, registers, the stack a thread (spills: local memory), the
 local loads and stores in its SASS and those of them in a loop other than the run loop over the
 items (``hot``: a GEMV's K loop, a wait's poll: they cost every trip), its calls (branches not
-inlined are calls), its SASS instructions, and the programs a multiprocessor its registers and
-warps allow; ``--branches``: each branch of a segment compiled alone too (a kernel of one branch,
-the segment's warps and cap), which says which branches set the kernel's registers.
+inlined are calls), its SASS instructions, its shared memory (the pipelines lowered to the
+segment's share where ``PTO_PER_SM`` asks, by the estimate the executor's fit starts from: the
+fit itself compiles on a GPU), and the programs a multiprocessor its registers, warps and shared
+memory allow (and which holds them); ``--branches``: each branch of a segment compiled alone too
+(a kernel of one branch, the segment's warps, cap and stages), which says which branches set the
+kernel's registers.
 ``--python``: the interpreter whose Triton compiles (the GPU machine's version, 3.6: a scratch venv
 with ``triton==3.6.0`` installed will do). Numbers go in docs/PERF.md (issue 45)."""
 
@@ -50,8 +53,10 @@ DEFAULT_VARIANTS = ("base|;after|PTO_MK_AHEAD=after;noinline|PTO_MK_CALLS=noinli
                     "all168|PTO_MK_AHEAD=after PTO_MK_CALLS=noinline PTO_MK_STRIDES=constant PTO_PER_SM=3;"
                     "all128head|PTO_MK_AHEAD=after PTO_MK_CALLS=noinline PTO_MK_STRIDES=constant PTO_PER_SM=4,2 "
                     "PTO_MK_SPLIT=-2")
-#: an H200's multiprocessors (the plan's programs)
+#: an H200's multiprocessors (the plan's programs), registers and shared memory a multiprocessor
 SMS = 132
+REGS = 65536
+SRAM = 232448
 
 
 @contextmanager
@@ -177,21 +182,22 @@ def segment_jobs(graph, strides, tag: str, folder: Path, alone: bool = False) ->
             cfg = replace(cfg, num_warps=warps)
         opts = replace(be.options, prefetch_bytes=resolve_prefetch_kb(s.prefetch_kb) * 1024,
                        run_loop=run_loop_of(seg, be.options.run_loop))
-        stages = branch_stages(seg, configs, SMS, s.stages)
         dispatch = resolve_dispatch(s.dispatch)
         per_sm = per_sm_of(s.per_sm, k)
         options = {key: v for key, v in cfg.kwargs().items() if key != "GROUP"}
         if isinstance(per_sm, int) and per_sm > 0:  # (as Megakernel.consts caps them)
-            options["maxnreg"] = min(255, 65536 // (per_sm * 32 * cfg.num_warps) // 8 * 8)
-        # the segment's kernel, then (``alone``) each of its branches in a kernel of its own
-        kernels = [(f"{tag}/{k}", seg.branches, seg.n_items)]
+            options["maxnreg"] = min(255, REGS // (per_sm * 32 * cfg.num_warps) // 8 * 8)
+        limit = SRAM if not isinstance(per_sm, int) else min(SRAM, SRAM // per_sm - 1024)
+        kw = {"dispatch": dispatch, "poll": resolve_poll(s.poll), "ahead": resolve_ahead(s.ahead),
+              "calls": resolve_calls(s.calls)}
+        whole, stages = fitted(seg.branches, opts, kw, branch_stages(seg, configs, SMS, s.stages), limit)
+        kernels = [(f"{tag}/{k}", whole, seg.n_items)]
         if alone:
             counts = np.bincount(seg.items[:, 0], minlength=seg.n_tasks)  # (items a task)
-            kernels += [(f"{tag}/{k}:{b.fn.variant_name}", [b], int(counts[seg.task_branch == j].sum()))
-                        for j, b in enumerate(seg.branches)]
-        for job_tag, branches, items in kernels:
-            kernel = render_megakernel(branches, opts, stages=stages, dispatch=dispatch, poll=resolve_poll(s.poll),
-                                       ahead=resolve_ahead(s.ahead), calls=resolve_calls(s.calls))
+            kernels += [(f"{tag}/{k}:{b.fn.variant_name}", render_megakernel([b], opts, stages=stages, **kw),
+                         int(counts[seg.task_branch == j].sum())) for j, b in enumerate(seg.branches)]
+        for job_tag, kernel, items in kernels:
+            branches = kernel.branches
             path = folder / (re.sub(r"\W", "_", job_tag) + ".py")
             path.write_text(kernel.source)
             out.append({"tag": job_tag, "path": str(path), "name": kernel.name, "signature": kernel_signature(),
@@ -199,8 +205,31 @@ def segment_jobs(graph, strides, tag: str, folder: Path, alone: bool = False) ->
                                        "SUCC_BLOCK": 32 * cfg.num_warps, "GPU_CLOCK": True,
                                        "PREFETCH": 1 if prefetch == "light" else int(prefetch)},
                         "options": options, "branches": len(branches), "items": items,
+                        "stages": {v: n for v, n in stages.items() if n > 1}, "share": limit,
                         "functions": sorted({b.fn.name for b in branches})})
     return out
+
+
+def fitted(branches, opts, kw: dict, stages: dict[str, int], limit: int):
+    """The megakernel of ``branches`` (rendered with ``opts`` and the keywords ``kw``) with its
+    pipelines lowered from ``stages`` to ``limit`` bytes of shared memory as the executor's fit
+    lowers them, but by the estimate (the fit compiles on the GPU; the estimate is within a few
+    hundred bytes for the GEMVs, a third short for attention's products): (kernel, stages)."""
+    from pto.codegen.triton.megakernel import fit_megakernel, render_megakernel, shared_estimate
+
+    last: dict[str, int] = {}
+
+    def render(st: dict[str, int]):
+        last.clear()
+        last.update(st)
+        return render_megakernel(branches, opts, stages=st, **kw)
+
+    def estimate(kernel) -> int:
+        return max((shared_estimate(b.fn, last.get(b.fn.variant_name, 1), b.runs) for b in kernel.branches),
+                   default=0)
+
+    kernel, st, _ = fit_megakernel(branches, stages, estimate, limit, render)
+    return kernel, st
 
 
 def facts(job: dict, got: dict) -> dict:
@@ -223,13 +252,20 @@ def facts(job: dict, got: dict) -> dict:
               and next((lp for lp in loops if lp[0] <= at <= lp[1]), run) != run)
     warps = job["options"]["num_warps"]
     regs = int(res.group(1)) if res else None
-    per_sm = min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32 * warps)) if regs else None
+    # the programs a multiprocessor holds, by each resource (as the executor counts them)
+    by = {"registers": REGS // (regs * 32 * warps) if regs else 0, "threads": 2048 // (32 * warps),
+          "shared memory": (SRAM + 1024) // (got["shared"] + 1024) if got["shared"] else 32}
+    per_sm = max(1, min(32, *by.values()))
     return {"segment": job["tag"], "functions": job["functions"], "branches": job["branches"], "items": job["items"],
             "warps": warps, "maxnreg": job["options"].get("maxnreg"), "regs": regs,
             "stack": int(res.group(2)) if res else None, "local_loads": sum(o.startswith("LDL") for o in ops),
             "local_stores": sum(o.startswith("STL") for o in ops), "hot_local": hot,
             "calls": sum(o.startswith("CALL") for o in ops), "sass": len(ops), "shared": got["shared"],
-            "programs_per_sm": per_sm, "triton": got["triton"]}
+            "programs_per_sm": per_sm, "held_by": min(by, key=by.get), "stages": job["stages"],
+            # (the estimate fitted the pipelines, the compiled kernel needs more: the executor's
+            # fit, which compiles, lowers them further)
+            "over_share": got["shared"] > job["share"],
+            "triton": got["triton"]}
 
 
 def main(argv=None) -> int:
@@ -264,7 +300,7 @@ def main(argv=None) -> int:
     finally:
         graph.close()
     head = f"{'variant':<12} {'segment':<36} {'branches':>8} {'warps':>5} {'cap':>4} {'regs':>4} {'stack':>5} " \
-           f"{'LDL':>4} {'STL':>4} {'hot':>4} {'calls':>5} {'SASS':>6} {'per SM':>6}"
+           f"{'LDL':>4} {'STL':>4} {'hot':>4} {'calls':>5} {'SASS':>6} {'smem':>6} {'per SM':>6}"
     print(f"\n{args.config} {args.quant}, batch {args.batch}, cache {args.cache}\n{head}")
     for r in rows:
         if "error" in r:
@@ -272,7 +308,8 @@ def main(argv=None) -> int:
             continue
         print(f"{r['variant']:<12} {r['segment'][:36]:<36} {r['branches']:>8} {r['warps']:>5} {r['maxnreg'] or '-':>4} "
               f"{r['regs']:>4} {r['stack']:>5} {r['local_loads']:>4} {r['local_stores']:>4} {r['hot_local']:>4} "
-              f"{r['calls']:>5} {r['sass']:>6} {r['programs_per_sm']:>6}")
+              f"{r['calls']:>5} {r['sass']:>6} {r['shared']:>6} {r['programs_per_sm']:>3} "
+              f"({r['held_by']}){' (past its share: the fit lowers more)' if r['over_share'] else ''}")
     if args.json:
         Path(args.json).write_text(json.dumps({"config": args.config, "quant": args.quant, "batch": args.batch,
                                                "cache": args.cache, "rows": rows}, indent=1))
