@@ -514,11 +514,12 @@ def item_descriptors(plan, order: np.ndarray | None = None, counters=None) -> np
 def _check_constant_strides(plan, strides: np.ndarray) -> None:
     """A branch whose row strides are constants of the kernel (``PTO_MK_STRIDES=constant``) runs
     only on tensors of those strides (``strides``: per tensor of ``plan``): BuildError naming the
-    first that differs (a plan built for other tensors), not wrong addresses."""
+    first that differs (a plan built for other tensors), not wrong addresses. A segment's tasks
+    alone (those of other segments are its branch 0's in its table, and run in other kernels)."""
     for k, b in enumerate(plan.branches):
         if not b.strides:
             continue
-        rows = plan.task_tensor[plan.task_branch == k, :len(b.strides)].astype(np.int64)
+        rows = plan.task_tensor[(plan.task_branch == k) & plan.tasks, :len(b.strides)].astype(np.int64)
         bad = np.argwhere(strides[rows] != np.array(b.strides, np.int64)[None, :])
         if len(bad):
             task, j = (int(v) for v in bad[0])
