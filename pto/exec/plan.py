@@ -478,10 +478,12 @@ def resolve_affinity(choice: str | None) -> str:
 #: ``tensor_strides``): ``table``, loaded from its task's row of the stride table; ``constant``,
 #: a constant of the branch where every task of it has the same (:attr:`Branch.strides`)
 STRIDES = ("table", "constant")
-#: the strides where the settings and the environment name none: the table, until constants are
-#: measured on a GPU (compiled for sm_90, the 8B's Q4_K step's megakernel with constants has 13%
-#: fewer SASS instructions, its GEMV loops 7-16% fewer, at the same 255 registers: docs/PERF.md,
-#: "Thirty-seventh session")
+#: the strides where the settings and the environment name none: the table (compiled for sm_90,
+#: the 8B's Q4_K step's megakernel with constants has 13% fewer SASS instructions, its GEMV loops
+#: 7-16% fewer, at the same 255 registers: docs/PERF.md, "Thirty-seventh session"; timed on an
+#: H200 the quantized steps 3-6% faster, the 8B's Q4_K 2.368 against 2.447 ms, the 1B's 0.756
+#: against 0.803, SmolLM2's Q4_1 0.464 against 0.493: "Thirty-ninth session"; the default once
+#: the bf16 steps and the smoke check have run with it)
 DEFAULT_STRIDES = "table"
 
 

@@ -59,6 +59,21 @@ def test_the_register_saving_forms_give_the_waves_results(program, seq, options,
         rp.close()
 
 
+@pytest.mark.interpret
+@needs_interp
+def test_auto_calls_inline_where_nothing_is_compiled(monkeypatch):
+    """``PTO_MK_CALLS=auto`` decides by the compiled kernel's spills; under the interpreter
+    nothing is compiled, so the branches stay inlined and the step is the waves executor's bit
+    for bit."""
+    rp, _, _ = persistent_against_waves(monkeypatch, "model", None, {"config": "tiny"}, {"batch": 1, "cache": 128},
+                                        PTO_MK_CALLS="auto")
+    try:
+        (kernel,) = rp.executor.kernels
+        assert kernel.calls == "inline" and "noinline" not in kernel.rendered.source
+    finally:
+        rp.close()
+
+
 def test_the_defaults_hold_the_descriptor_ahead_and_inline_the_branches(monkeypatch):
     """Unset, the kernel is today's: the next item's descriptor loaded before the item runs (as
     the ``_n`` names) and every branch inlined; anything but the settings' words is one line
@@ -81,7 +96,7 @@ def test_the_defaults_hold_the_descriptor_ahead_and_inline_the_branches(monkeypa
         resolve_ahead(None)
     monkeypatch.setenv("PTO_MK_CALLS", "call")
     with pytest.raises(UsageError, match=r"^PTO_MK_CALLS='call': the megakernel's branch calls is inline or "
-                                         r"noinline$"):
+                                         r"noinline or auto$"):
         resolve_calls(None)
     with pytest.raises(ValueError, match="unknown look-ahead 'late'"):
         render_megakernel(plan.branches, ahead="late")

@@ -35,6 +35,27 @@ def test_k_quants_in_the_1b_shape(executor, quantize, batch):
     check_step(executor, batch, 512, config="llama3.2-1b", options={"quantize": quantize})
 
 
+def test_auto_calls_leave_the_branches_uninlined_where_the_inlined_kernel_spills(monkeypatch):
+    """``PTO_MK_CALLS=auto`` on the 1B shape's Q4_K step (its inlined megakernel spills on an
+    H200: 28 registers, 2026-12-05): each kernel spills no more than the inlined one, a kernel
+    that spilled inlined and spills less is the ``noinline`` one, one that did not spill stays
+    inlined (as many programs a multiprocessor as each allows); the step is float64's as
+    :func:`check_step` bounds it."""
+    infos = {}
+    monkeypatch.setenv("PTO_PER_SM", "0")  # (as many programs as each compiles for: no rebuild for room)
+
+    def kernels(runner, inputs, out):
+        infos[calls] = [(k.calls, k.compiled_info["spills"]) for k in runner.executor.kernels]
+
+    for calls in ("inline", "auto"):
+        monkeypatch.setenv("PTO_MK_CALLS", calls)
+        check_step("persistent", 1, 512, kernels, config="llama3.2-1b", options={"quantize": "q4_k"})
+    assert any(spills for _, spills in infos["inline"]), infos  # (what the rule is for)
+    for (_, inlined), (form, spills) in zip(infos["inline"], infos["auto"]):
+        assert spills <= inlined, infos
+        assert form == ("noinline" if spills < inlined else "inline"), infos
+
+
 @pytest.mark.parametrize("quantize", ["q4_0", "q4_k", "q5_k"])
 def test_the_4bit_gate_up_loops_over_its_blocks_in_the_1b_shape(quantize, monkeypatch):
     """The 1B shape's one-sequence step with 4-bit (and Q5_K) layers on the wave executor: its gate/up GEMV

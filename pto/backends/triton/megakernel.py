@@ -120,9 +120,10 @@ class MegakernelSettings:
     #: its release (``after``; :data:`pto.codegen.triton.megakernel.AHEAD`); None: ``PTO_MK_AHEAD``,
     #: else :data:`DEFAULT_AHEAD`
     ahead: str | None = None
-    #: how the kernel calls its branches: ``inline`` or ``noinline`` (each a function of its own,
-    #: nothing hoisted across branches; :data:`pto.codegen.triton.megakernel.CALLS`); None:
-    #: ``PTO_MK_CALLS``, else :data:`DEFAULT_CALLS`
+    #: how the kernel calls its branches: ``inline``, ``noinline`` (each a function of its own,
+    #: nothing hoisted across branches; :data:`pto.codegen.triton.megakernel.CALLS`) or ``auto``
+    #: (:data:`AUTO_CALLS`: inline unless that kernel spills); None: ``PTO_MK_CALLS``, else
+    #: :data:`DEFAULT_CALLS`
     calls: str | None = None
     #: the warps of a program, in place of the most any branch's schedule asks for (:func:`merged`):
     #: one of :data:`WARPS` (None: ``PTO_MK_WARPS``, else the branches' most; :func:`resolve_warps`)
@@ -140,10 +141,22 @@ DEFAULT_POLL = "one"
 DEFAULT_PREFETCH = 0
 #: the look-ahead where the settings and environment do not say: ``held`` (``after`` frees the
 #: registers of the next item's descriptor in every branch, about 17 in the 8B's quantized GEMV
-#: loops compiled for sm_90: docs/PERF.md, "Thirty-seventh session"; not yet timed on a GPU)
+#: loops compiled for sm_90: docs/PERF.md, "Thirty-seventh session"; timed on an H200 alone it
+#: is no faster: the 8B's Q4_K step 2.453 against 2.447 ms, the 1B's 0.850 against 0.803,
+#: SmolLM2's Q4_1 0.550 against 0.493, "Thirty-ninth session")
 DEFAULT_AHEAD = "held"
-#: the branch calls where the settings and environment do not say: ``inline`` (``noinline`` keeps
-#: each branch's thread-index values out of the others' items; not yet timed on a GPU)
+#: ``PTO_MK_CALLS=auto``: the branches inlined, and where that kernel compiled for the GPU spills,
+#: the kernel rebuilt with none inlined, kept where it spills less. Timed on an H200 (2026-12-05,
+#: docs/PERF.md "Thirty-ninth session"): ``noinline`` alone took the 8B's Q4_K step from 2.447 to
+#: 2.319 ms and the 1B's from 0.803 to 0.749 (their inlined kernels spill 14 and 28 registers),
+#: and SmolLM2's Q4_1 step, whose kernel does not spill, from 0.493 to 0.511: a call an item
+#: costs where nothing spills
+AUTO_CALLS = "auto"
+#: the settings' branch calls: the renderer's (:data:`pto.codegen.triton.megakernel.CALLS`) and
+#: :data:`AUTO_CALLS`
+CALLS_SETTINGS = (*CALLS, AUTO_CALLS)
+#: the branch calls where the settings and environment do not say: ``inline`` (``auto`` is built
+#: and its rule timed by its parts; the default until ``auto`` itself is timed and smoke-checked)
 DEFAULT_CALLS = "inline"
 #: the settings of ``PTO_MK_INLINE`` (:attr:`MegakernelSettings.inline`, :mod:`pto.exec.inline`)
 INLINE = ("off", "on")
@@ -206,8 +219,9 @@ def resolve_ahead(choice: str | None) -> str:
 
 
 def resolve_calls(choice: str | None) -> str:
-    """``choice``, else ``PTO_MK_CALLS``, else :data:`DEFAULT_CALLS`."""
-    return env_choice(choice, "PTO_MK_CALLS", DEFAULT_CALLS, CALLS, "branch calls")
+    """``choice``, else ``PTO_MK_CALLS``, else :data:`DEFAULT_CALLS`: one of
+    :data:`CALLS_SETTINGS`."""
+    return env_choice(choice, "PTO_MK_CALLS", DEFAULT_CALLS, CALLS_SETTINGS, "branch calls")
 
 
 def resolve_inline(choice: str | None) -> str:
@@ -229,7 +243,9 @@ ROOM_WARPS = 4
 #: kernel so built compiles without spills: the kernel of the register-saving forms
 #: (``PTO_MK_AHEAD=after``, ``PTO_MK_CALLS=noinline``, ``PTO_MK_STRIDES=constant``) of the 8B's
 #: and the 1B's Q4_K steps at 3 programs where uncapped it allows 2 (docs/PERF.md, "Thirty-eighth
-#: session"); a compile each step, so not the default until timed
+#: session"); timed on an H200 with those forms no faster (the 8B's Q4_K step 2.351 against
+#: 2.335 ms, the 1B's 0.714 against 0.717) and slower on the 8B's bf16 step (4.755 against
+#: 4.184: 4 programs of its layers' kernel, "Thirty-ninth session"), so not the default
 MORE = "more"
 
 
@@ -540,7 +556,9 @@ class Megakernel:
         self.dispatch = resolve_dispatch(settings.dispatch)
         self.poll = resolve_poll(settings.poll)
         self.ahead = resolve_ahead(settings.ahead)
-        self.calls = resolve_calls(settings.calls)
+        calls = resolve_calls(settings.calls)
+        #: how the rendered kernel calls its branches (``auto`` starts inlined: :meth:`_calls_for_spills`)
+        self.calls = "inline" if calls == AUTO_CALLS else calls
         #: inline items (:mod:`pto.exec.inline`): asked, and not in the sentinel's kernel (whose
         #: releases count tasks); with ranged dispatch only
         self.inline = resolve_inline(settings.inline) == "on" and not settings.sentinel
@@ -577,6 +595,8 @@ class Megakernel:
             self._build(configs)
             self.jit = load_kernel(self.rendered)
             self.programs = self._resident_programs()
+            if calls == AUTO_CALLS:
+                self._calls_for_spills(configs)
             if asked == AUTO:
                 self._room_for_two(configs)
             elif asked == MORE:
@@ -613,6 +633,34 @@ class Megakernel:
 
         self.rendered, self.stages, _ = fit_megakernel(self.plan.branches, want, shared, limit, render)
 
+    def _calls_for_spills(self, configs: list[LaunchConfig]) -> None:
+        """:data:`AUTO_CALLS`: where the kernel compiled for the GPU with its branches inlined
+        spills, rebuild it with none inlined; keep that where it spills less (else the kernel as it
+        was)."""
+        spills = self.compiled_info.get("spills", 0)
+        if not (self.compiles and spills):
+            return
+        kept = self._state()
+        self.calls = "noinline"
+        self._rebuild(configs)
+        if self.compiled_info["spills"] >= spills:
+            self._restore(kept)
+
+    def _state(self) -> tuple:
+        """What a rebuild replaces (:meth:`_restore` puts it back)."""
+        return (self.per_sm, self.calls, self.rendered, self.stages, self.jit, self.programs, self.compiled_info,
+                self.buf)
+
+    def _restore(self, kept: tuple) -> None:
+        (self.per_sm, self.calls, self.rendered, self.stages, self.jit, self.programs, self.compiled_info,
+         self.buf) = kept
+
+    def _rebuild(self, configs: list[LaunchConfig]) -> None:
+        """Render, fit, upload and compile the kernel again (its form as the attributes now say)."""
+        self._build(configs)
+        self.jit = load_kernel(self.rendered)
+        self.programs = self._resident_programs()
+
     def _room_for_two(self, configs: list[LaunchConfig]) -> None:
         """:data:`AUTO`: where the GPU holds one program of this kernel a multiprocessor and it
         runs at most :data:`ROOM_WARPS` warps, rebuild it with room for two; keep that unless it
@@ -640,19 +688,17 @@ class Megakernel:
     def _try_room(self, configs: list[LaunchConfig], per_sm: int) -> bool:
         """Rebuild the kernel with room for ``per_sm`` programs a multiprocessor; keep it (True)
         unless it spills, cannot fit or holds fewer (then the kernel as it was, False)."""
-        kept = (self.per_sm, self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf)
+        kept = self._state()
         self.per_sm = per_sm
         try:
-            self._build(configs)
-            self.jit = load_kernel(self.rendered)
-            self.programs = self._resident_programs()
+            self._rebuild(configs)
             if self.compiled_info["spills"] == 0 and self.compiled_info["programs_per_sm"] >= per_sm:
                 return True
         except Exception as e:  # one stage everywhere is still more than that share of the shared
             # memory, or Triton found no way to compile it in that share of the registers
             if not isinstance(e, ResourceError) and self._translated(e) is e:
                 raise
-        self.per_sm, self.rendered, self.stages, self.jit, self.programs, self.compiled_info, self.buf = kept
+        self._restore(kept)
         return False
 
     @property
@@ -854,7 +900,7 @@ class Megakernel:
 
 __all__ = ["AUTO", "MORE", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "env_choice", "MAX_POLLS",
            "DEFAULT_DISPATCH", "DEFAULT_INLINE", "INLINE", "resolve_inline", "DEFAULT_AHEAD", "resolve_ahead",
-           "DEFAULT_CALLS", "resolve_calls", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
+           "DEFAULT_CALLS", "resolve_calls", "AUTO_CALLS", "CALLS_SETTINGS", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_KB",
            "PREFETCH_CHOICES", "resolve_prefetch", "MAX_STAGES", "resolve_stages", "WARPS", "resolve_warps",
            "LONE_DOT_STAGES", "FEW_ROWS", "lone_dots", "QUANT_GEMV_STAGES", "quantized_gemvs", "all_gemvs_quantized",
            "STEPS_MAX_BITS",
