@@ -149,6 +149,7 @@ def segment_jobs(graph, strides, tag: str, folder: Path, alone: bool = False) ->
         resolve_prefetch_kb,
         resolve_warps,
         run_loop_of,
+        runs_share,
     )
     from pto.codegen.triton.megakernel import kernel_signature, render_megakernel
     from pto.exec.item_deps import resolve_deps
@@ -168,7 +169,7 @@ def segment_jobs(graph, strides, tag: str, folder: Path, alone: bool = False) ->
     per_variant = graph.tasks_per_variant()
     groups = {fn.name: be.launch_config(fn, per_variant.get(fn, 1)).get("GROUP", 0) for fn in graph.variants}
     plan = make_plan(graph, names, groups, None, programs=SMS, early=resolve_early(s.early), flags=be.task_flags,
-                     runs=resolve_runs(s.runs, SMS), prefetch=resolve_prefetch_rule(s.prefetch),
+                     runs=resolve_runs(s.runs, SMS, runs_share(s.per_sm)), prefetch=resolve_prefetch_rule(s.prefetch),
                      deps=resolve_deps(s.deps), affinity=resolve_affinity(s.affinity),
                      tensor_strides=strides if resolve_strides(s.strides) == "constant" else None)
     _, segments = split_plan(plan, be, s.split, s.stages)

@@ -43,6 +43,7 @@ from pto.exec.plan import (
     resolve_prefetch_rule,
     resolve_runs,
     resolve_strides,
+    runs_auto,
 )
 from pto.exec.segments import Split, split_plan
 from pto.exec.sentinel import TaskFlags, declared_infinities
@@ -90,7 +91,7 @@ class PersistentExecutor(Executor):
         return max(k.programs for k in self.kernels)
 
     def run(self, graph) -> ExecStats:
-        from pto.backends.triton.megakernel import resolve_stages, resolve_warps
+        from pto.backends.triton.megakernel import programs_found, resolve_stages, resolve_warps, runs_share
         from pto.machine.target import detect
 
         t0 = time.perf_counter()
@@ -115,17 +116,32 @@ class PersistentExecutor(Executor):
         # the list schedule assumes one program per SM (what the megakernels' shared memory allows)
         sms = settings.programs or (detect("cuda", self.device.index or 0).sm_count
                                     if self.device.type == "cuda" else 4)
-        self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
-                              early=resolve_early(settings.early),
-                              flags=self.backend.task_flags, runs=resolve_runs(settings.runs, sms),
-                              prefetch=resolve_prefetch_rule(settings.prefetch), deps=resolve_deps(settings.deps),
-                              affinity=resolve_affinity(settings.affinity), tensor_strides=strides)
-        self.split, self.segments = split_plan(self.plan, self.backend, settings.split, settings.stages)
-        self.kernels = []
-        for k, segment in enumerate(self.segments):
-            self.kernels.append(self.backend.megakernel(segment, self.tensors,
-                                                        self.backend.megakernel_settings(settings, segment=k),
-                                                        self.kernels[-1] if self.kernels else None))
+
+        def build(share: int, split: str | None, per_sm) -> None:
+            """The plan with its runs cut for ``share`` programs a multiprocessor, split as
+            ``split`` says, and its segments' kernels (``per_sm``: the settings' unless given)."""
+            self.plan = make_plan(graph, names, groups, aligned, programs=sms, order=self.order,
+                                  early=resolve_early(settings.early),
+                                  flags=self.backend.task_flags, runs=resolve_runs(settings.runs, sms, share),
+                                  prefetch=resolve_prefetch_rule(settings.prefetch),
+                                  deps=resolve_deps(settings.deps),
+                                  affinity=resolve_affinity(settings.affinity), tensor_strides=strides)
+            self.split, self.segments = split_plan(self.plan, self.backend, split, settings.stages)
+            self.kernels = []
+            for k, segment in enumerate(self.segments):
+                one = self.backend.megakernel_settings(settings, segment=k, **({"per_sm": per_sm} if per_sm else {}))
+                self.kernels.append(self.backend.megakernel(segment, self.tensors, one,
+                                                            self.kernels[-1] if self.kernels else None))
+
+        share = runs_share(settings.per_sm)
+        build(share, settings.split, None)
+        found = programs_found(self.kernels, settings.per_sm, share)
+        if found is not None and runs_auto(settings.runs):
+            # PTO_PER_SM=more made room for more programs than the runs were cut for: the
+            # plan again with runs for them, the same cuts, each kernel at the count it found
+            split = self.split
+            build(found[0], ",".join(map(str, split.cuts)) or "off", found[1])
+            self.split = Split(self.split.cuts, split.reason)
         if self.sentinel:
             self.flags = TaskFlags(graph.runtime.export(), {graph.tensor_ids[n]: self.tensors[n] for n in names},
                                    declared_infinities(graph.variants))

@@ -495,14 +495,21 @@ def resolve_strides(choice: str | None) -> str:
     return env_choice(choice, "PTO_MK_STRIDES", DEFAULT_STRIDES, STRIDES, "strides' source")
 
 
-def resolve_runs(asked: int | str | None, multiprocessors: int) -> int:
+def runs_auto(asked: int | str | None) -> bool:
+    """``asked`` (the settings', else ``PTO_MK_RUNS``, else :data:`DEFAULT_RUNS`) is ``auto``:
+    the runs follow the programs (:func:`resolve_runs`)."""
+    return (str(asked if asked is not None else os.environ.get("PTO_MK_RUNS", "")).strip() or DEFAULT_RUNS) == "auto"
+
+
+def resolve_runs(asked: int | str | None, multiprocessors: int, share: int = 2) -> int:
     """The most work items a task's parallel indices become (0: an item an index) that ``asked``
     (the settings', else ``PTO_MK_RUNS``: a count, ``auto`` or 0, off; else :data:`DEFAULT_RUNS`)
     means for a schedule of ``multiprocessors`` programs (a multiprocessor each unless
-    ``PTO_PROGRAMS`` says; ``auto``: two each); UsageError naming anything else."""
+    ``PTO_PROGRAMS`` says; ``auto``: ``share`` each, the programs a multiprocessor the kernel
+    holds); UsageError naming anything else."""
     text = str(asked if asked is not None else os.environ.get("PTO_MK_RUNS", "")).strip() or DEFAULT_RUNS
     if text == "auto":
-        return 2 * multiprocessors
+        return share * multiprocessors
     if not text.isdigit():
         src = "runs" if asked is not None else "PTO_MK_RUNS"
         raise UsageError(f"{src}={text!r}: the most work items of a task's runs, a count, auto or 0 (off)")
@@ -586,5 +593,5 @@ def make_plan(graph, tensor_names: list[str], launch_group: dict[str, int], tens
 
 __all__ = ["AFFINITY", "DEFAULT_AFFINITY", "resolve_affinity", "item_affinity", "Plan", "make_plan", "no_flags",
            "FlagRule", "written_tensors", "writes_by_task", "predecessor_writes",
-           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "takes_runs", "PREFETCH_RULES",
+           "EARLY_RULES", "DEFAULT_EARLY", "resolve_early", "resolve_runs", "runs_auto", "takes_runs", "PREFETCH_RULES",
            "resolve_prefetch_rule", "after_gemvs"]

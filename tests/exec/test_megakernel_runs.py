@@ -207,6 +207,42 @@ def test_the_setting_takes_counts_auto_and_off(monkeypatch):
         resolve_runs("-1", 132)
 
 
+def test_the_runs_follow_the_programs_a_multiprocessor_asked(monkeypatch):
+    """``auto`` cuts a GEMV's indices for the programs a multiprocessor the settings ask
+    (``PTO_PER_SM``'s largest count, two where none or fewer): at one program a launch, the tiny
+    step's q/k/v task (8 indices) is 2 items by default, 4 at ``per_sm=4``, 3 at ``(3, 1)``; the
+    outputs stay the waves executor's, bit for bit. ``more``'s count is known compiled alone
+    (a GPU's: tests/gpu/test_decode_gpu.py)."""
+    from pto.backends.triton.megakernel import MegakernelSettings, runs_share
+    from tests.exec.test_item_deps import run_program
+
+    monkeypatch.delenv("PTO_MK_RUNS", raising=False)
+    monkeypatch.setenv("PTO_MK_SPLIT", "off")
+    assert resolve_runs("auto", 132, 4) == 528 and resolve_runs(7, 132, 4) == 7
+    assert [runs_share(a) for a in (None, 0, 1, 4, (3, 1), (0, 5), "more", ("more", 3))] == [2, 2, 2, 4, 3, 5, 2, 3]
+    monkeypatch.setenv("PTO_PER_SM", "6,0")
+    assert runs_share(None) == 6
+    monkeypatch.delenv("PTO_PER_SM")
+    rw, inputs, want = run_program("model", "waves", None, {"config": "tiny"}, {"batch": 1, "cache": 128})
+    rw.close()
+    for per_sm, items in ((None, 2), (4, 4), ((3, 1), 3)):
+        from pto.engine import Runner, resolve
+
+        job = resolve("model", executor="persistent", device="cpu", backend="triton", config="tiny", dtype="f32")
+        runner = Runner(job, {"batch": 1, "cache": 128})
+        runner.executor.settings = MegakernelSettings(programs=1, dispatch="static", per_sm=per_sm)
+        try:
+            got = runner(inputs)
+            p = runner.executor.plan
+            qkv = [t for t in range(p.n_tasks) if p.variants[t].name == "gemv_norm_rope_append_tile"]
+            assert qkv and {int(p.parallel[t]) for t in qkv} == {8}
+            assert {int(p.nitems[t]) for t in qkv} == {items}, per_sm
+            for k in want:
+                assert torch.equal(got[k], want[k]), (per_sm, k)
+        finally:
+            runner.close()
+
+
 def test_only_the_gemvs_take_runs():
     """A decode step's projections and LM head (products of one row: multiply-sums) take runs;
     a prefill layer's GEMMs (tensor-core tiles of 16 rows and more, pipelined already) and

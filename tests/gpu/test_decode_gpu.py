@@ -7,6 +7,7 @@ bf16's rounding."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -297,9 +298,10 @@ def test_more_makes_room_while_the_megakernel_does_not_spill(monkeypatch):
     """``PTO_PER_SM=more`` with the register-saving forms (``PTO_MK_AHEAD=after``,
     ``PTO_MK_CALLS=noinline``, ``PTO_MK_STRIDES=constant``) on the Llama-3.2-1B shape's step: each
     kernel holds at least the programs a multiprocessor it holds uncapped (``PTO_PER_SM=0``) and
-    spills nothing where that one did not; its logits are the wave executor's within the rounding
-    of bf16 sums in another order (relative 2e-2), and so is its token where the top two logits
-    differ by more."""
+    spills nothing where that one did not, the GEMVs' runs cut for the most programs a
+    multiprocessor a kernel holds (the plan built again where that is more than two); its logits
+    are the wave executor's within the rounding of bf16 sums in another order (relative 2e-2), and
+    so is its token where the top two logits differ by more."""
     from pto.orchestration.model.program import CONFIGS, random_weights
 
     from pto.engine import rel_err
@@ -308,7 +310,7 @@ def test_more_makes_room_while_the_megakernel_does_not_spill(monkeypatch):
         monkeypatch.setenv(name, value)
     cfg = CONFIGS["llama3.2-1b"]
     w = random_weights(cfg, torch.bfloat16, torch.Generator(device="cuda").manual_seed(0))
-    logits, infos = {}, {}
+    logits, infos, plans = {}, {}, {}
     for executor, per_sm in (("waves", "0"), ("persistent", "0"), ("persistent", "more")):
         monkeypatch.setenv("PTO_PER_SM", per_sm)
         gen, step = _generator_step(w, executor, [300], [17], cache=512, seed=1)
@@ -317,11 +319,19 @@ def test_more_makes_room_while_the_megakernel_does_not_spill(monkeypatch):
             logits[executor, per_sm] = step.tensors["logits"].float().clone()
             if executor == "persistent":
                 infos[per_sm] = [k.compiled_info for k in step.executor.kernels]
+                plans[per_sm] = step.executor.plan
         finally:
             gen.close()
     for uncapped, more in zip(infos["0"], infos["more"]):
         assert more["programs_per_sm"] >= uncapped["programs_per_sm"], (infos["0"], infos["more"])
         assert more["spills"] == 0 or more["spills"] <= uncapped["spills"], (infos["0"], infos["more"])
+    # the runs cut for the most programs a multiprocessor any kernel holds (at least two)
+    share = max(2, *(i["programs_per_sm"] for i in infos["more"]))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    p = plans["more"]
+    runs = p.run > 1
+    assert runs.any()
+    assert np.array_equal(p.run[runs], -(-p.parallel[runs] // (share * sms))), share
     waves = logits["waves", "0"]
     top2 = waves.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * top2[:, 0].abs().clamp(min=1)

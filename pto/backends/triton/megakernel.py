@@ -254,6 +254,12 @@ def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None
     ``more``, ``2``, or one per segment, ``2,0``) makes room for in segment ``segment`` (the last
     entry repeats): a count, None (0) for as many as the compiled kernel allows, :data:`AUTO`
     (unset) or :data:`MORE`; UsageError naming a bad ``PTO_PER_SM``."""
+    entries = _per_sm_entries(asked)
+    return entries[min(segment, len(entries) - 1)] or None
+
+
+def _per_sm_entries(asked: int | str | tuple | None) -> tuple:
+    """``asked`` (else ``PTO_PER_SM``) as its entries, a segment each (the last repeats)."""
     if asked is None:
         text = os.environ.get("PTO_PER_SM", "").strip() or AUTO
         parts = [p.strip() for p in text.split(",")]
@@ -261,10 +267,28 @@ def per_sm_of(asked: int | str | tuple | None, segment: int) -> int | str | None
             raise UsageError(f"PTO_PER_SM={text!r}: programs per multiprocessor, one number or one per segment of a "
                              "split plan (e.g. 2 or 2,0; 0: as many as fit; auto: room for a second where one fits; "
                              "more: room for more while the kernel does not spill)")
-        asked = tuple(p if p in (AUTO, MORE) else int(p) for p in parts)
-    if not isinstance(asked, tuple):
-        return asked or None
-    return asked[min(segment, len(asked) - 1)] or None
+        return tuple(p if p in (AUTO, MORE) else int(p) for p in parts)
+    return asked if isinstance(asked, tuple) else (asked,)
+
+
+def runs_share(asked: int | str | tuple | None) -> int:
+    """The programs a multiprocessor a plan's runs are cut for (``PTO_MK_RUNS=auto``:
+    :func:`pto.exec.plan.resolve_runs`) where ``asked`` (as :func:`per_sm_of` reads it): the most
+    any segment asks a count of, at least two (what :data:`AUTO` makes room for; :data:`MORE`'s
+    and "as many as fit" are known only compiled: :func:`programs_found`)."""
+    return max([2] + [c for c in _per_sm_entries(asked) if isinstance(c, int)])
+
+
+def programs_found(kernels: list, asked: int | str | tuple | None, share: int) -> tuple[int, tuple[int, ...]] | None:
+    """Where :data:`MORE` (``asked``, as :func:`per_sm_of` reads it, for some segment) made room
+    for more programs a multiprocessor than the plan's runs were cut for (``share``): the most
+    any kernel holds and, per kernel, the count it made room for (0: as many as it allows), to
+    build the plan again with runs for them and each kernel pinned to its count (no second
+    search); None elsewhere (the defaults never build twice)."""
+    if not kernels or MORE not in _per_sm_entries(asked):
+        return None
+    wide = max(k.compiled_info.get("programs_per_sm", 0) for k in kernels)
+    return (wide, tuple(k.per_sm or 0 for k in kernels)) if wide > share else None
 
 
 def _env_count(name: str) -> int | None:
@@ -906,4 +930,5 @@ __all__ = ["AUTO", "MORE", "ROOM_WARPS", "Megakernel", "MegakernelSettings", "en
            "STEPS_MAX_BITS",
            "gemv_weight_bits", "run_loop_of", "branch_stages",
            "multiprocessors_of", "resolve_prefetch_kb", "resolve_dispatch",
-           "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm"]
+           "branch_configs", "item_descriptors", "occupancy", "per_sm_of", "sram_per_sm", "runs_share",
+           "programs_found"]
