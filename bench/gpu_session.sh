@@ -220,8 +220,9 @@
 #               $MKW_ENVS (";"-separated; default the megakernel's warps and programs a multiprocessor measured on
 #               2026-12-04: "PTO_MK_WARPS=8 PTO_PER_SM=2;PTO_MK_WARPS=8;PTO_MK_WARPS=2 PTO_PER_SM=4"), then the
 #               defaults, each with its megakernels' registers, spills, programs a multiprocessor and warps
-#   mkregs      issue 45: the megakernel's register-saving forms ($MKR_ENV, default the descriptor after the
-#               release, branches not inlined, constant strides): the GPU's persistent tests under them, then the
+#   mkregs      issue 45: the megakernel's register-saving forms ($MKR_ENV, default the branches not inlined
+#               where the inlined kernel spills and constant strides, the winners of 2026-12-05, PERF.md
+#               thirty-ninth): the GPU's persistent tests under them, then the
 #               steps of $RL_QUANT (default bf16 and the quantized ones of mkwarps) under $MKW_ENVS (default
 #               $MKR_ENV), then the defaults with the waves beside them
 #   kahead      issue 46: the wave kernels' quantized K loops with their next step loaded ahead (PTO_K_AHEAD in
@@ -247,7 +248,7 @@ python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl
 export PYTHONPATH=/tmp/site:$PWD PTO_CACHE_DIR=${PTO_CACHE_DIR:-/tmp/ptocache} PYTHONUNBUFFERED=1
 BENCH="python3 -m pto.cli bench llama7b --config 7b --dtype bf16 --iterations ${ITER:-20}"
 # the register study's forms of the megakernel together (mkregs)
-MKR_ENV=${MKR_ENV:-PTO_MK_AHEAD=after PTO_MK_CALLS=noinline PTO_MK_STRIDES=constant}
+MKR_ENV=${MKR_ENV:-PTO_MK_CALLS=auto PTO_MK_STRIDES=constant}
 # mk_envs ENVS QUANT TAG: the persistent steps at one sequence ($MK_BATCHES: those batches) of the three models
 # ($MK_CONFIGS: those) in QUANT (bench/decode.py's
 # --quant) under each ";"-separated environment of ENVS, then the defaults with the waves beside them, each with
@@ -791,7 +792,7 @@ for line in open(sys.argv[1]):
     mkregs) # issue 45: the register-saving forms (bench/megakernel_sass.py, PERF.md thirty-eighth) checked, then timed
             env $MKR_ENV python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_gpu.py \
               tests/gpu/test_quant_gpu.py tests/gpu/test_decode_gpu.py::test_more_makes_room_while_the_megakernel_does_not_spill \
-              -k "persistent or more_makes_room" > "$OUT/mkregs_tests.log" 2>&1
+              -k "persistent or more_makes_room or auto_calls" > "$OUT/mkregs_tests.log" 2>&1
             echo "[$MKR_ENV] tests rc=$?"; tail -2 "$OUT/mkregs_tests.log"
             mk_envs "${MKW_ENVS:-$MKR_ENV}" \
               "${RL_QUANT:-bf16,llama3-8b:q4_k/q6_k,llama3-8b:q8_0,llama3.2-1b:q4_k/q6_k,smollm2-135m:q4_1/q8_0}" mkregs ;;
