@@ -616,9 +616,7 @@ class Megakernel:
         if warps is not None:
             self.config = replace(self.config, num_warps=warps)
         try:
-            self._build(configs)
-            self.jit = load_kernel(self.rendered)
-            self.programs = self._resident_programs()
+            self._rebuild(configs)
             if calls == AUTO_CALLS:
                 self._calls_for_spills(configs)
             if asked == AUTO:
@@ -680,7 +678,7 @@ class Megakernel:
          self.buf) = kept
 
     def _rebuild(self, configs: list[LaunchConfig]) -> None:
-        """Render, fit, upload and compile the kernel again (its form as the attributes now say)."""
+        """Render, fit, upload and compile the kernel (again: its form as the attributes now say)."""
         self._build(configs)
         self.jit = load_kernel(self.rendered)
         self.programs = self._resident_programs()
